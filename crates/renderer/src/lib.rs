@@ -1,0 +1,99 @@
+//! The renderer: a request in, exactly the token ids and SGLang page hashes
+//! the engine will compute out. One token off and every later hash misses,
+//! so each step mirrors the engines' own code and is pinned by golden tests
+//! (`tests/fixtures/`, generated from SGLang and transformers).
+//!
+//! ```text
+//! chat request ──chat.rs──► template vars ──template.rs──► text
+//!      text ──tokenizer.rs (segment cache)──► token ids ──hash.rs──► block hashes
+//! ```
+
+mod chat;
+mod error;
+pub mod hash;
+mod model;
+mod prompt;
+mod pyjson;
+mod strftime;
+mod template;
+mod tokenizer;
+
+use std::path::Path;
+
+use minijinja::Value;
+use serde_json::{Map, Value as Json};
+
+pub use chat::ChatRequest;
+pub use error::RenderError;
+pub use hash::{HashError, HashMode, PageDigest, PageHasher};
+pub use model::{ChatTemplates, ModelConfig};
+pub use prompt::{Prompt, token_ids};
+pub use template::{ChatTemplate, ContentFormat, detect_content_format};
+pub use tokenizer::{CacheStats, DEFAULT_SEGMENT_CACHE_BYTES, DEFAULT_SEGMENT_CACHE_ENTRIES, TextTokenizer};
+
+/// A rendered chat: the prompt text and its token ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered {
+    /// The prompt as the template produced it.
+    pub text: String,
+    /// The ids the engine will see (`add_special_tokens = false`).
+    pub token_ids: Vec<u32>,
+}
+
+/// Tokenizer, chat templates and special tokens of one model.
+#[derive(Debug)]
+pub struct Renderer {
+    tokenizer: TextTokenizer,
+    config: ModelConfig,
+}
+
+// === impl Renderer ===
+
+impl Renderer {
+    /// Loads a model directory (`tokenizer.json` required); `chat_template`
+    /// overrides the directory's template.
+    pub fn from_dir(dir: &Path, chat_template: Option<&Path>) -> Result<Self, RenderError> {
+        let tokenizer = TextTokenizer::from_file(&dir.join("tokenizer.json"))?;
+        let config = ModelConfig::load(dir, chat_template)?;
+        Ok(Self { tokenizer, config })
+    }
+
+    /// Builds from parts (the built-in tokenizer, tests).
+    pub fn new(tokenizer: TextTokenizer, config: ModelConfig) -> Self {
+        Self { tokenizer, config }
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        &self.tokenizer
+    }
+
+    /// The chat template's output for `req`.
+    pub fn render_text(&self, req: &ChatRequest) -> Result<String, RenderError> {
+        let has_tools = req.tools.as_ref().is_some_and(|t| !t.is_empty());
+        let template = self.config.templates.select(has_tools).ok_or(RenderError::MissingTemplate)?;
+        let input = req.template_input(template.content_format())?;
+        let mut vars: Map<String, Json> = self.config.special_tokens.clone();
+        vars.extend(input.vars);
+        let text = template.render(Value::from(minijinja::value::Serde(&vars)))?;
+        match input.continue_text {
+            Some(last) => chat::cut_after_final_message(&text, &last),
+            None => Ok(text),
+        }
+    }
+
+    /// Renders and tokenizes a chat request as the engine does.
+    pub fn render_chat(&self, req: &ChatRequest) -> Result<Rendered, RenderError> {
+        let text = self.render_text(req)?;
+        let token_ids = self.tokenizer.encode(&text, false)?;
+        Ok(Rendered { text, token_ids })
+    }
+
+    /// Token ids of a non-chat prompt (text gets the tokenizer's special tokens, like the engines).
+    pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, RenderError> {
+        match prompt {
+            Prompt::Text(text) => self.tokenizer.encode(text, true),
+            Prompt::Tokens(ids) => Ok(ids.clone()),
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! The normalized KV event: what either engine's wire format decodes into and
+//! what the index applies. Decoding and encoding live in `kv-events`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{DpRank, Namespace, Tier};
+
+/// A block hash exactly as an engine published it. SGLang sends signed
+/// 64-bit values, vLLM unsigned 64-bit values or raw digest bytes; the
+/// router keeps them opaque and uses them only to find parents and removals.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum EngineBlockHash {
+    /// A signed 64-bit hash (SGLang).
+    I64(i64),
+    /// An unsigned 64-bit hash above `i64::MAX` (vLLM).
+    U64(u64),
+    /// Raw digest bytes (vLLM with integer hashes turned off).
+    Bytes(Box<[u8]>),
+}
+
+/// The payload of a `BlockStored` event: one or more chained blocks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StoredBlocks {
+    /// The engine's hash of each block, in chain order.
+    pub block_hashes: Vec<EngineBlockHash>,
+    /// The engine hash of the block this chain continues, if any.
+    pub parent: Option<EngineBlockHash>,
+    /// All tokens of all blocks, concatenated. For bigram engines this is the
+    /// raw sequence the pairs were built from (one longer than the positions).
+    pub token_ids: Vec<u64>,
+    /// True when the engine sent `[t_i, t_i+1]` pairs (EAGLE-style bigram keys).
+    pub bigram: bool,
+    /// Tokens per block as the engine stated it.
+    pub block_size: u32,
+    /// Storage tier of the blocks.
+    pub tier: Tier,
+    /// LoRA adapter and cache salt the blocks belong to.
+    pub namespace: Namespace,
+    /// KV cache group (hybrid models); `None` when the engine sent none.
+    pub group_idx: Option<u32>,
+}
+
+/// One cache event from one (worker, rank).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum KvEvent {
+    /// Blocks entered the cache in `tier`.
+    Stored(StoredBlocks),
+    /// Blocks left the cache in `tier`.
+    Removed {
+        /// Engine hashes of the removed blocks.
+        block_hashes: Vec<EngineBlockHash>,
+        /// The tier they left.
+        tier: Tier,
+        /// KV cache group, if the engine sent one.
+        group_idx: Option<u32>,
+    },
+    /// The whole cache of this rank was cleared.
+    AllCleared,
+}
+
+/// One published batch: the events of one scheduler step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EventBatch {
+    /// Publisher wall-clock time, seconds since the Unix epoch.
+    pub ts: f64,
+    /// The events, in order.
+    pub events: Vec<KvEvent>,
+    /// The publishing rank, when the engine states it.
+    pub dp_rank: Option<DpRank>,
+}
