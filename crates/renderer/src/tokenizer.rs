@@ -77,15 +77,26 @@ impl TextTokenizer {
 
     /// Parses a `tokenizer.json` document.
     pub fn from_bytes(json: &[u8]) -> Result<Self, RenderError> {
-        let mut inner = tokenizers::Tokenizer::from_bytes(json).map_err(|e| RenderError::Tokenizer(e.to_string()))?;
+        let mut inner = tokenizers::Tokenizer::from_bytes(json)
+            .map_err(|e| RenderError::Tokenizer(e.to_string()))?;
         // transformers applies truncation and padding itself, never the backend's defaults.
         inner.with_padding(None);
-        inner.with_truncation(None).map_err(|e| RenderError::Tokenizer(e.to_string()))?;
-        Ok(Self::with_tokenizer(inner, DEFAULT_SEGMENT_CACHE_ENTRIES, DEFAULT_SEGMENT_CACHE_BYTES))
+        inner
+            .with_truncation(None)
+            .map_err(|e| RenderError::Tokenizer(e.to_string()))?;
+        Ok(Self::with_tokenizer(
+            inner,
+            DEFAULT_SEGMENT_CACHE_ENTRIES,
+            DEFAULT_SEGMENT_CACHE_BYTES,
+        ))
     }
 
     /// Wraps a tokenizer with a segment cache of the given bounds (0 entries disables it).
-    pub fn with_tokenizer(inner: tokenizers::Tokenizer, max_entries: usize, max_bytes: usize) -> Self {
+    pub fn with_tokenizer(
+        inner: tokenizers::Tokenizer,
+        max_entries: usize,
+        max_bytes: usize,
+    ) -> Self {
         let vocab_size = inner.get_vocab_size(true);
         let splitter = match NonZeroUsize::new(max_entries) {
             Some(_) => Splitter::new(&inner),
@@ -95,7 +106,11 @@ impl TextTokenizer {
         Self {
             inner,
             splitter,
-            cache: Mutex::new(SegmentCache { map: LruCache::new(cap), bytes: 0, max_bytes }),
+            cache: Mutex::new(SegmentCache {
+                map: LruCache::new(cap),
+                bytes: 0,
+                max_bytes,
+            }),
             vocab_size,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -119,7 +134,10 @@ impl TextTokenizer {
 
     /// Hit and miss counts so far.
     pub fn cache_stats(&self) -> CacheStats {
-        CacheStats { hits: self.hits.load(Ordering::Relaxed), misses: self.misses.load(Ordering::Relaxed) }
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+        }
     }
 
     /// Encodes `text`; with `add_special_tokens = false` (rendered chats) pieces
@@ -132,21 +150,32 @@ impl TextTokenizer {
     }
 
     /// Encodes with the tokenizer alone, no cache: the reference path.
-    pub fn encode_uncached(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, RenderError> {
-        let enc = self.inner.encode_fast(text, add_special_tokens).map_err(|e| RenderError::Tokenizer(e.to_string()))?;
+    pub fn encode_uncached(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, RenderError> {
+        let enc = self
+            .inner
+            .encode_fast(text, add_special_tokens)
+            .map_err(|e| RenderError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Turns ids back into text.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, RenderError> {
-        self.inner.decode(ids, skip_special_tokens).map_err(|e| RenderError::Tokenizer(e.to_string()))
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| RenderError::Tokenizer(e.to_string()))
     }
 
     fn encode_segmented(&self, splitter: &Splitter, text: &str) -> Result<Vec<u32>, RenderError> {
         let mut ids = Vec::with_capacity(text.len() / 3 + 8);
         let mut start = 0;
         for m in splitter.automaton.find_iter(text) {
-            let Some(id) = splitter.exact_ids[m.pattern().as_usize()] else { continue };
+            let Some(id) = splitter.exact_ids[m.pattern().as_usize()] else {
+                continue;
+            };
             self.push_segment(&text[start..m.start()], &mut ids)?;
             ids.push(id);
             start = m.end();
@@ -173,7 +202,9 @@ impl TextTokenizer {
 
     fn lock_cache(&self) -> std::sync::MutexGuard<'_, SegmentCache> {
         // A panic while holding the lock cannot leave the LRU inconsistent for readers.
-        self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -187,7 +218,8 @@ impl Splitter {
         }
         let mut patterns = Vec::new();
         let mut exact_ids = Vec::new();
-        let mut added: Vec<(u32, tokenizers::AddedToken)> = tokenizer.get_added_tokens_decoder().into_iter().collect();
+        let mut added: Vec<(u32, tokenizers::AddedToken)> =
+            tokenizer.get_added_tokens_decoder().into_iter().collect();
         added.sort_by_key(|(id, _)| *id);
         for (id, tok) in added {
             if tok.normalized || tok.content.is_empty() {
@@ -202,14 +234,22 @@ impl Splitter {
         if !exact_ids.iter().any(Option::is_some) {
             return None;
         }
-        let automaton = AhoCorasick::builder().match_kind(MatchKind::LeftmostLongest).build(&patterns).ok()?;
-        Some(Self { automaton, exact_ids })
+        let automaton = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&patterns)
+            .ok()?;
+        Some(Self {
+            automaton,
+            exact_ids,
+        })
     }
 }
 
 /// True if encoding a piece depends on where it sits in the text.
 fn position_dependent(tokenizer: &tokenizers::Tokenizer) -> bool {
-    let Some(pre) = tokenizer.get_pre_tokenizer() else { return false };
+    let Some(pre) = tokenizer.get_pre_tokenizer() else {
+        return false;
+    };
     match serde_json::to_string(pre) {
         Ok(json) => json.contains("\"prepend_scheme\":\"first\""),
         Err(_) => true,

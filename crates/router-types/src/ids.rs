@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 pub struct WorkerUrl(String);
 
 /// A data-parallel rank inside one engine replica (SGLang `dp_size`).
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct DpRank(pub u32);
 
@@ -32,12 +34,16 @@ pub struct WorkerKey {
 pub struct BlockHash(pub i64);
 
 /// A number of tokens (prompt length, matched prefix, uncached work).
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct TokenCount(pub u64);
 
 /// Where an engine holds a block. Ordered from fastest to slowest.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Tier {
     /// GPU memory (the engines' `"GPU"` medium, also the default when absent).
@@ -203,7 +209,10 @@ mod tests {
         digest[0] = 0xff;
         digest[7] = 0x01;
         digest[8] = 0xaa; // ignored
-        assert_eq!(BlockHash::from_digest(&digest).0, i64::from_be_bytes([0xff, 0, 0, 0, 0, 0, 0, 1]));
+        assert_eq!(
+            BlockHash::from_digest(&digest).0,
+            i64::from_be_bytes([0xff, 0, 0, 0, 0, 0, 0, 1])
+        );
     }
 
     #[test]

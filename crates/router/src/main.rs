@@ -1,1 +1,40 @@
-fn main() {}
+//! `sgl-router`: the binary. Parses the command line, runs the chosen tool,
+//! and turns every failure into one line on stderr and a non-zero exit.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+mod cli;
+mod tools;
+
+/// Exit status for a command-line usage error (BSD `EX_USAGE`).
+const EXIT_USAGE: u8 = 64;
+/// Exit status for bad input data (BSD `EX_DATAERR`).
+const EXIT_DATA: u8 = 65;
+
+fn main() -> ExitCode {
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let code = if err.use_stderr() { EXIT_USAGE } else { 0 };
+            let _ = err.print();
+            return ExitCode::from(code);
+        }
+    };
+    let result = match cli.command {
+        Some(cli::Command::Hash(args)) => tools::hash(&args),
+        Some(cli::Command::Render(args)) => tools::render(&args),
+        None => Err(anyhow::anyhow!(
+            "the HTTP router arrives in a later release; available now: `sgl-router hash` and `sgl-router render` (see --help)"
+        )),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // One line: the error and its causes, never a panic trace.
+            eprintln!("sgl-router: {}", format!("{err:#}").replace('\n', " "));
+            ExitCode::from(EXIT_DATA)
+        }
+    }
+}
