@@ -8,6 +8,7 @@
 //!      text ──tokenizer.rs (segment cache)──► token ids ──hash.rs──► block hashes
 //! ```
 
+mod builtin;
 mod chat;
 mod error;
 pub mod hash;
@@ -23,6 +24,7 @@ use std::path::Path;
 use minijinja::Value;
 use serde_json::{Map, Value as Json};
 
+pub use builtin::{BUILTIN_CHAT_TEMPLATE, BUILTIN_SPECIAL_TOKENS, builtin_tokenizer_json};
 pub use chat::ChatRequest;
 pub use error::RenderError;
 pub use hash::{HashError, HashMode, PageDigest, PageHasher};

@@ -1,0 +1,145 @@
+//! The segment cache is exact: cached and uncached tokenization agree on
+//! random texts built to stress the split points (special tokens adjacent,
+//! partial special tokens, whitespace, non-ASCII, texts with no special token
+//! at all), for real tokenizers and for tokenizers whose added tokens strip
+//! whitespace or whose pre-tokenizer depends on position.
+
+use std::path::PathBuf;
+
+use renderer::{Renderer, TextTokenizer, builtin_tokenizer_json};
+
+const PIECES: &[&str] = &[
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "<｜begin▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜end▁of▁sentence｜>",
+    "<MASK>",
+    "<|im_",
+    "|>",
+    "<",
+    "hello",
+    " world",
+    "system",
+    "user\n",
+    "\n",
+    "\n\n",
+    "  ",
+    " ",
+    "\t",
+    "é",
+    "東京",
+    "😀",
+    "12345",
+    "don't",
+    "'s",
+    "!?",
+    "The quick brown fox jumps over the lazy dog.",
+];
+
+/// xorshift64*: deterministic, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+fn random_text(rng: &mut Rng, specials: bool) -> String {
+    let n = rng.below(40);
+    let mut s = String::new();
+    for _ in 0..n {
+        let piece = PIECES[rng.below(PIECES.len())];
+        if !specials && piece.starts_with('<') && piece.len() > 1 {
+            continue;
+        }
+        s.push_str(piece);
+    }
+    s
+}
+
+fn check(tok: &TextTokenizer, label: &str, rounds: usize) {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let shared_prefix = "<|im_start|>system\nYou are helpful. 東京 😀<|im_end|>\n<｜User｜>Hi there<｜Assistant｜>";
+    for round in 0..rounds {
+        let text = match round % 3 {
+            0 => random_text(&mut rng, true),
+            1 => format!("{shared_prefix}{}", random_text(&mut rng, true)),
+            _ => random_text(&mut rng, false), // no special token: one segment, no split
+        };
+        let want = tok.encode_uncached(&text, false).unwrap();
+        assert_eq!(tok.encode(&text, false).unwrap(), want, "{label}: first encode of {text:?}");
+        assert_eq!(tok.encode(&text, false).unwrap(), want, "{label}: cached encode of {text:?}");
+    }
+}
+
+fn fixture_tokenizer(name: &str) -> TextTokenizer {
+    let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/tokenizers")).join(name);
+    TextTokenizer::from_file(&path.join("tokenizer.json")).unwrap()
+}
+
+#[test]
+fn qwen3_cached_equals_uncached() {
+    let tok = fixture_tokenizer("qwen3");
+    assert!(tok.segment_cache_enabled());
+    check(&tok, "qwen3", 600);
+    assert!(tok.cache_stats().hits > 0, "the shared prefix must hit: {:?}", tok.cache_stats());
+}
+
+#[test]
+fn deepseek_v3_cached_equals_uncached() {
+    let tok = fixture_tokenizer("deepseek-v3");
+    assert!(tok.segment_cache_enabled());
+    check(&tok, "deepseek-v3", 600);
+    assert!(tok.cache_stats().hits > 0);
+}
+
+#[test]
+fn builtin_cached_equals_uncached() {
+    let r = Renderer::builtin().unwrap();
+    check(r.tokenizer(), "builtin", 600);
+}
+
+/// Added tokens that strip whitespace or must be whole words are never split points.
+#[test]
+fn stripping_and_single_word_tokens_stay_exact() {
+    let mut doc: serde_json::Value = serde_json::from_str(&builtin_tokenizer_json()).unwrap();
+    let added = doc["added_tokens"].as_array_mut().unwrap();
+    added.push(serde_json::json!({"id": 259, "content": "<MASK>", "single_word": false, "lstrip": true, "rstrip": true, "normalized": false, "special": true}));
+    added.push(serde_json::json!({"id": 260, "content": "hello", "single_word": true, "lstrip": false, "rstrip": false, "normalized": false, "special": false}));
+    added.push(serde_json::json!({"id": 261, "content": "world", "single_word": false, "lstrip": false, "rstrip": false, "normalized": true, "special": false}));
+    for (id, t) in [(259, "<MASK>"), (260, "hello"), (261, "world")] {
+        doc["model"]["vocab"][t] = serde_json::json!(id);
+    }
+    let tok = TextTokenizer::from_bytes(doc.to_string().as_bytes()).unwrap();
+    assert!(tok.segment_cache_enabled());
+    // The lstrip/rstrip token swallows the spaces around it.
+    let ids = tok.encode("a  <MASK>  b", false).unwrap();
+    assert_eq!(ids, vec![97, 259, 98]);
+    check(&tok, "stripping", 600);
+}
+
+/// Metaspace with `prepend_scheme: first` treats the first piece differently: no split at all.
+#[test]
+fn position_dependent_pretokenizer_disables_splitting() {
+    let mut doc: serde_json::Value = serde_json::from_str(&builtin_tokenizer_json()).unwrap();
+    doc["pre_tokenizer"] = serde_json::json!({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": true});
+    doc["decoder"] = serde_json::Value::Null;
+    doc["model"]["vocab"]["▁"] = serde_json::json!(259);
+    let tok = TextTokenizer::from_bytes(doc.to_string().as_bytes()).unwrap();
+    assert!(!tok.segment_cache_enabled());
+    check(&tok, "metaspace-first", 200);
+}
