@@ -1,1 +1,128 @@
-fn main() {}
+//! Renderer hot path: chat template → tokens → page hashes.
+//!
+//! Run: `cargo bench -p sgl-router-benches --bench renderer`; baseline:
+//! `python3 benches/renderer_transformers.py` (same chats, HF transformers).
+//! Groups: `render_cold/*` (segment cache off: template + full tokenization +
+//! hashing), `render_warm/*` (cache on, the conversation so far already seen,
+//! only the last user message is new, as in a live chat), `hash/*` (the
+//! SHA-256 page chain alone, throughput in bytes of token ids).
+//! Last result (2-core VM): see docs/benchmarks.md.
+
+use std::hint::black_box;
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use renderer::{ChatRequest, HashMode, ModelConfig, PageHasher, Renderer, TextTokenizer};
+use serde_json::{Value, json};
+
+fn root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+fn renderer(cache_entries: usize) -> Renderer {
+    let dir = root().join("tests/fixtures/tokenizers/qwen3");
+    let json = std::fs::read(dir.join("tokenizer.json")).expect("qwen3 tokenizer fixture");
+    let tok = TextTokenizer::from_bytes_with_cache(&json, cache_entries, 64 << 20).unwrap();
+    Renderer::new(tok, ModelConfig::load(&dir, None).unwrap())
+}
+
+fn chats() -> Vec<(String, Value)> {
+    let path = root().join("benches/data/renderer_chats.json");
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(path).expect("renderer_chats.json")).unwrap();
+    doc["chats"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// The chat with its last user message made unique by `i`.
+fn variant(messages: &Value, i: u64) -> ChatRequest {
+    let mut messages = messages.clone();
+    let last = messages.as_array_mut().unwrap().last_mut().unwrap();
+    let text = format!("{} (variant {i})", last["content"].as_str().unwrap());
+    last["content"] = Value::String(text);
+    ChatRequest::from_value(json!({"messages": messages})).unwrap()
+}
+
+fn render_and_hash(r: &Renderer, hasher: &PageHasher, req: &ChatRequest) -> usize {
+    let out = r.render_chat(req).unwrap();
+    hasher.block_hashes(&out.token_ids, None).unwrap().len()
+}
+
+fn bench_render(c: &mut Criterion) {
+    let hasher = PageHasher::new(NonZeroUsize::new(16).unwrap(), HashMode::Unigram);
+    for (group, cache) in [("render_cold", 0), ("render_warm", 16_384)] {
+        let mut g = c.benchmark_group(group);
+        g.sample_size(20);
+        for (name, messages) in chats() {
+            let r = renderer(cache);
+            let bytes = r.render_text(&variant(&messages, 0)).unwrap().len() as u64;
+            g.throughput(Throughput::Bytes(bytes));
+            // Warm: the conversation so far has been seen once.
+            black_box(render_and_hash(&r, &hasher, &variant(&messages, 0)));
+            let mut i = 1u64;
+            g.bench_function(BenchmarkId::from_parameter(&name), |b| {
+                b.iter(|| {
+                    i += 1;
+                    black_box(render_and_hash(&r, &hasher, &variant(&messages, i)))
+                })
+            });
+        }
+        g.finish();
+    }
+}
+
+fn bench_hash(c: &mut Criterion) {
+    let mut g = c.benchmark_group("hash");
+    let tokens: Vec<u32> = (0..37_256u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) % 151_000)
+        .collect();
+    for (name, size, mode) in [
+        ("page16", 16, HashMode::Unigram),
+        ("page64", 64, HashMode::Unigram),
+        ("bigram16", 16, HashMode::Bigram),
+    ] {
+        let hasher = PageHasher::new(NonZeroUsize::new(size).unwrap(), mode);
+        g.throughput(Throughput::Bytes((tokens.len() * 4) as u64));
+        let mut out = Vec::with_capacity(tokens.len());
+        g.bench_function(BenchmarkId::new(name, tokens.len()), |b| {
+            b.iter(|| {
+                out.clear();
+                hasher
+                    .block_hashes_into(black_box(&tokens), None, &mut out)
+                    .unwrap();
+                out.len()
+            })
+        });
+    }
+    g.finish();
+}
+
+/// Where the cold time goes: the template alone, and tokenization alone (fast path, no segment cache).
+fn bench_parts(c: &mut Criterion) {
+    let mut g = c.benchmark_group("render_parts");
+    g.sample_size(20);
+    let r = renderer(0);
+    for (name, messages) in chats() {
+        let req = variant(&messages, 0);
+        let text = r.render_text(&req).unwrap();
+        g.throughput(Throughput::Bytes(text.len() as u64));
+        g.bench_function(BenchmarkId::new("template", &name), |b| {
+            b.iter(|| black_box(r.render_text(&req).unwrap().len()))
+        });
+        g.bench_function(BenchmarkId::new("tokenize", &name), |b| {
+            b.iter(|| black_box(r.tokenizer().encode(&text, false).unwrap().len()))
+        });
+        g.bench_function(BenchmarkId::new("tokenize_reference", &name), |b| {
+            b.iter(|| black_box(r.tokenizer().encode_uncached(&text, false).unwrap().len()))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_render, bench_parts, bench_hash);
+criterion_main!(benches);

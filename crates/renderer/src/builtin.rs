@@ -30,26 +30,10 @@ pub const BUILTIN_CHAT_TEMPLATE: &str = r#"{%- if tools %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
 "#;
 
-/// GPT-2's byte → printable character map, in byte order.
-fn byte_chars() -> Vec<char> {
-    let mut shifted = 0u32;
-    (0u32..256)
-        .map(|b| {
-            let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-            if printable {
-                char::from_u32(b).unwrap_or('?')
-            } else {
-                shifted += 1;
-                char::from_u32(255 + shifted).unwrap_or('?')
-            }
-        })
-        .collect()
-}
-
 /// The `tokenizer.json` document of the built-in tokenizer.
 pub fn builtin_tokenizer_json() -> String {
     let mut vocab = Map::new();
-    for (id, c) in byte_chars().into_iter().enumerate() {
+    for (id, c) in crate::fast_bpe::byte_chars().into_iter().enumerate() {
         vocab.insert(c.to_string(), json!(id));
     }
     let added: Vec<Json> = BUILTIN_SPECIAL_TOKENS
@@ -103,7 +87,10 @@ mod tests {
         let t = r.tokenizer();
         assert_eq!(t.vocab_size(), 259);
         assert_eq!(t.encode("Aé", false).unwrap(), vec![65, 0xc3, 0xa9]);
-        assert_eq!(t.encode("<|im_start|>a<|im_end|>", false).unwrap(), vec![257, 97, 258]);
+        assert_eq!(
+            t.encode("<|im_start|>a<|im_end|>", false).unwrap(),
+            vec![257, 97, 258]
+        );
         assert_eq!(t.decode(&[72, 105, 0xc3, 0xa9], false).unwrap(), "Hié");
     }
 
@@ -115,7 +102,10 @@ mod tests {
         ]}))
         .unwrap();
         let out = r.render_chat(&req).unwrap();
-        assert_eq!(out.text, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(
+            out.text,
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
         assert_eq!(out.token_ids[0], 257);
         // Three starts and two ends are one token each; every other byte is one token.
         let specials = 3 * "<|im_start|>".len() + 2 * "<|im_end|>".len();

@@ -11,6 +11,7 @@
 mod builtin;
 mod chat;
 mod error;
+mod fast_bpe;
 pub mod hash;
 mod model;
 mod prompt;

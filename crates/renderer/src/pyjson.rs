@@ -91,7 +91,7 @@ fn dump_into(
                 return Ok(());
             }
             if opts.sort_keys {
-                keys.sort_by_key(|k| key_string(k));
+                keys.sort_by_key(key_string);
             }
             out.push('{');
             for (i, key) in keys.iter().enumerate() {

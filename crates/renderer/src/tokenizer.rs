@@ -1,16 +1,22 @@
-//! HF `tokenizers` with an exact segment cache.
+//! HF `tokenizers` with exact segment splitting, a segment cache and a fast
+//! byte-level BPE path.
 //!
 //! HF tokenizers first split the text on added tokens that match the raw text
-//! (`normalized: false`), then normalize, pre-tokenize and encode each piece
-//! on its own. So the ids of a text are the concatenation of the ids of its
-//! pieces, and the piece between two added tokens (a system prompt, an earlier
-//! turn) can be cached by its text. We split where the tokenizer would (same
-//! leftmost-longest automaton over the same tokens) and only at tokens without
-//! `lstrip`/`rstrip`/`single_word`, whose boundaries are exact. A tokenizer
-//! whose pre-tokenizer depends on a piece's position (Metaspace
+//! (`normalized: false`), then normalize each piece, split it on the added
+//! tokens marked `normalized`, pre-tokenize and encode each piece on its own.
+//! So the ids of a text are the concatenation of the ids of its pieces, and
+//! the piece between two added tokens (a system prompt, an earlier turn) can
+//! be cached by its text. We split where the tokenizer would (the same
+//! leftmost-longest automaton over the same tokens, in the same two phases)
+//! and only at tokens without `lstrip`/`rstrip`/`single_word`, whose
+//! boundaries are exact; the second phase only when the normalizer is the
+//! identity, so that raw and normalized text agree. A tokenizer whose
+//! pre-tokenizer depends on a piece's position (Metaspace
 //! `prepend_scheme: first`) is never split.
 //!
-//! Owns: loading, encoding (cached and not), decoding, vocabulary checks.
+//! Pieces are encoded by [`crate::fast_bpe`] when it supports the tokenizer,
+//! else by `tokenizers` itself. `encode_uncached` is always `tokenizers` alone:
+//! the reference every test compares against.
 
 use std::num::NonZeroUsize;
 use std::path::Path;
@@ -22,18 +28,20 @@ use aho_corasick::{AhoCorasick, MatchKind};
 use lru::LruCache;
 
 use crate::RenderError;
+use crate::fast_bpe::{FastBpe, Normalizer};
 
 /// Default bound on the number of cached segments.
 pub const DEFAULT_SEGMENT_CACHE_ENTRIES: usize = 16_384;
 /// Default bound on the text bytes held by the segment cache.
 pub const DEFAULT_SEGMENT_CACHE_BYTES: usize = 64 << 20;
 
-/// A tokenizer plus the segment cache that makes repeated prefixes nearly free.
+/// A tokenizer plus what makes it fast: exact splitting, a segment cache, a fast BPE path.
 #[derive(Debug)]
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
     splitter: Option<Splitter>,
-    cache: Mutex<SegmentCache>,
+    fast: Option<FastBpe>,
+    cache: Option<Mutex<SegmentCache>>,
     vocab_size: usize,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -51,6 +59,17 @@ pub struct CacheStats {
 /// Finds the added tokens the tokenizer splits on before anything else.
 #[derive(Debug)]
 struct Splitter {
+    /// Phase 1: tokens matched on the raw text.
+    raw: Phase,
+    /// Phase 2: tokens matched after normalization (identity normalizer only).
+    normalized: Option<Phase>,
+    /// True if every added token is covered by an exact split, so a piece
+    /// between split points holds no added token at all.
+    complete: bool,
+}
+
+#[derive(Debug)]
+struct Phase {
     automaton: AhoCorasick,
     /// Per pattern: its id if a split there is exact, `None` if not.
     exact_ids: Vec<Option<u32>>,
@@ -66,7 +85,7 @@ struct SegmentCache {
 // === impl TextTokenizer ===
 
 impl TextTokenizer {
-    /// Loads `tokenizer.json`.
+    /// Loads `tokenizer.json` with the default segment cache.
     pub fn from_file(path: &Path) -> Result<Self, RenderError> {
         let bytes = std::fs::read(path).map_err(|e| RenderError::load(path, e))?;
         Self::from_bytes(&bytes).map_err(|e| match e {
@@ -75,8 +94,22 @@ impl TextTokenizer {
         })
     }
 
-    /// Parses a `tokenizer.json` document.
+    /// Parses a `tokenizer.json` document with the default segment cache.
     pub fn from_bytes(json: &[u8]) -> Result<Self, RenderError> {
+        Self::from_bytes_with_cache(
+            json,
+            DEFAULT_SEGMENT_CACHE_ENTRIES,
+            DEFAULT_SEGMENT_CACHE_BYTES,
+        )
+    }
+
+    /// Parses a `tokenizer.json` document with a segment cache of the given
+    /// bounds; 0 entries disables the cache.
+    pub fn from_bytes_with_cache(
+        json: &[u8],
+        max_entries: usize,
+        max_bytes: usize,
+    ) -> Result<Self, RenderError> {
         let mut inner = tokenizers::Tokenizer::from_bytes(json)
             .map_err(|e| RenderError::Tokenizer(e.to_string()))?;
         // transformers applies truncation and padding itself, never the backend's defaults.
@@ -84,37 +117,36 @@ impl TextTokenizer {
         inner
             .with_truncation(None)
             .map_err(|e| RenderError::Tokenizer(e.to_string()))?;
-        Ok(Self::with_tokenizer(
-            inner,
-            DEFAULT_SEGMENT_CACHE_ENTRIES,
-            DEFAULT_SEGMENT_CACHE_BYTES,
-        ))
-    }
-
-    /// Wraps a tokenizer with a segment cache of the given bounds (0 entries disables it).
-    pub fn with_tokenizer(
-        inner: tokenizers::Tokenizer,
-        max_entries: usize,
-        max_bytes: usize,
-    ) -> Self {
         let vocab_size = inner.get_vocab_size(true);
-        let splitter = match NonZeroUsize::new(max_entries) {
-            Some(_) => Splitter::new(&inner),
-            None => None,
+        let fast = FastBpe::new(&inner);
+        let identity = fast
+            .as_ref()
+            .is_some_and(|f| f.normalizer() == Normalizer::Identity)
+            || inner.get_normalizer().is_none();
+        let splitter = Splitter::new(&inner, identity);
+        // The fast path must never see an added token: only behind a complete splitter,
+        // or when the tokenizer has no added tokens at all.
+        let fast = match &splitter {
+            Some(s) if s.complete => fast,
+            None if inner.get_added_tokens_decoder().is_empty() => fast,
+            _ => None,
         };
-        let cap = NonZeroUsize::new(max_entries).unwrap_or(NonZeroUsize::MIN);
-        Self {
-            inner,
-            splitter,
-            cache: Mutex::new(SegmentCache {
+        let cache = NonZeroUsize::new(max_entries).map(|cap| {
+            Mutex::new(SegmentCache {
                 map: LruCache::new(cap),
                 bytes: 0,
                 max_bytes,
-            }),
+            })
+        });
+        Ok(Self {
+            inner,
+            splitter,
+            fast,
+            cache,
             vocab_size,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
-        }
+        })
     }
 
     /// Vocabulary size including added tokens: valid ids are below it.
@@ -127,9 +159,14 @@ impl TextTokenizer {
         self.inner.token_to_id(token)
     }
 
-    /// True when repeated segments are served from the cache.
+    /// True when rendered text is split at added tokens and repeated segments are cached.
     pub fn segment_cache_enabled(&self) -> bool {
-        self.splitter.is_some()
+        self.splitter.is_some() && self.cache.is_some()
+    }
+
+    /// True when pieces are encoded by the fast byte-level BPE path.
+    pub fn fast_path_enabled(&self) -> bool {
+        self.fast.is_some()
     }
 
     /// Hit and miss counts so far.
@@ -140,16 +177,31 @@ impl TextTokenizer {
         }
     }
 
-    /// Encodes `text`; with `add_special_tokens = false` (rendered chats) pieces
-    /// between added tokens come from the cache when seen before.
+    /// Encodes `text`. With `add_special_tokens = false` (rendered chats) the
+    /// text is split at added tokens, pieces seen before come from the cache,
+    /// and new pieces take the fast path when it applies.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, RenderError> {
-        match (&self.splitter, add_special_tokens) {
-            (Some(splitter), false) => self.encode_segmented(splitter, text),
-            _ => self.encode_uncached(text, add_special_tokens),
+        if add_special_tokens {
+            return self.encode_uncached(text, true);
         }
+        let mut ids = Vec::with_capacity(text.len() / 3 + 8);
+        match &self.splitter {
+            Some(splitter) => {
+                let mut on_piece = |piece: Piece<'_>| match piece {
+                    Piece::Token(id) => {
+                        ids.push(id);
+                        Ok(())
+                    }
+                    Piece::Text(segment) => self.push_segment(segment, &mut ids),
+                };
+                splitter.split(text, &mut on_piece)?;
+            }
+            None => self.encode_piece(text, &mut ids)?,
+        }
+        Ok(ids)
     }
 
-    /// Encodes with the tokenizer alone, no cache: the reference path.
+    /// Encodes with the `tokenizers` pipeline alone: the reference path.
     pub fn encode_uncached(
         &self,
         text: &str,
@@ -169,71 +221,137 @@ impl TextTokenizer {
             .map_err(|e| RenderError::Tokenizer(e.to_string()))
     }
 
-    fn encode_segmented(&self, splitter: &Splitter, text: &str) -> Result<Vec<u32>, RenderError> {
-        let mut ids = Vec::with_capacity(text.len() / 3 + 8);
-        let mut start = 0;
-        for m in splitter.automaton.find_iter(text) {
-            let Some(id) = splitter.exact_ids[m.pattern().as_usize()] else {
-                continue;
-            };
-            self.push_segment(&text[start..m.start()], &mut ids)?;
-            ids.push(id);
-            start = m.end();
+    fn encode_piece(&self, piece: &str, ids: &mut Vec<u32>) -> Result<(), RenderError> {
+        match &self.fast {
+            Some(fast) => fast.encode(self.inner.get_model(), piece, ids),
+            None => {
+                ids.extend_from_slice(&self.encode_uncached(piece, false)?);
+                Ok(())
+            }
         }
-        self.push_segment(&text[start..], &mut ids)?;
-        Ok(ids)
     }
 
     fn push_segment(&self, segment: &str, ids: &mut Vec<u32>) -> Result<(), RenderError> {
         if segment.is_empty() {
             return Ok(());
         }
-        if let Some(hit) = self.lock_cache().map.get(segment).cloned() {
+        let Some(cache) = &self.cache else {
+            return self.encode_piece(segment, ids);
+        };
+        if let Some(hit) = lock(cache).map.get(segment).cloned() {
             self.hits.fetch_add(1, Ordering::Relaxed);
             ids.extend_from_slice(&hit);
             return Ok(());
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
-        let encoded: Arc<[u32]> = self.encode_uncached(segment, false)?.into();
-        ids.extend_from_slice(&encoded);
-        self.lock_cache().insert(segment, encoded);
+        let start = ids.len();
+        self.encode_piece(segment, ids)?;
+        let encoded: Arc<[u32]> = ids[start..].into();
+        lock(cache).insert(segment, encoded);
         Ok(())
     }
+}
 
-    fn lock_cache(&self) -> std::sync::MutexGuard<'_, SegmentCache> {
-        // A panic while holding the lock cannot leave the LRU inconsistent for readers.
-        self.cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
+fn lock(cache: &Mutex<SegmentCache>) -> std::sync::MutexGuard<'_, SegmentCache> {
+    // A panic while holding the lock cannot leave the LRU inconsistent for readers.
+    cache
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One piece of split text.
+enum Piece<'a> {
+    Text(&'a str),
+    Token(u32),
 }
 
 // === impl Splitter ===
 
 impl Splitter {
     /// `None` when no exact split exists for this tokenizer.
-    fn new(tokenizer: &tokenizers::Tokenizer) -> Option<Self> {
+    fn new(tokenizer: &tokenizers::Tokenizer, identity_normalizer: bool) -> Option<Self> {
         if position_dependent(tokenizer) {
             return None;
         }
-        let mut patterns = Vec::new();
-        let mut exact_ids = Vec::new();
         let mut added: Vec<(u32, tokenizers::AddedToken)> =
             tokenizer.get_added_tokens_decoder().into_iter().collect();
         added.sort_by_key(|(id, _)| *id);
-        for (id, tok) in added {
-            if tok.normalized || tok.content.is_empty() {
-                continue;
+        // Returns the phase for tokens of one kind, and whether all of them split exactly.
+        let phase = |normalized: bool| {
+            let mut patterns = Vec::new();
+            let mut exact_ids = Vec::new();
+            let mut all_exact = true;
+            for (id, tok) in added
+                .iter()
+                .filter(|(_, t)| t.normalized == normalized && !t.content.is_empty())
+            {
+                let exact = !(tok.lstrip || tok.rstrip || tok.single_word);
+                all_exact &= exact;
+                // The tokenizer maps each content to one id; use the same one.
+                let id = tokenizer.token_to_id(&tok.content).unwrap_or(*id);
+                patterns.push(tok.content.clone());
+                exact_ids.push(exact.then_some(id));
             }
-            let exact = !(tok.lstrip || tok.rstrip || tok.single_word);
-            // The tokenizer maps each content to one id; use the same one.
-            let id = tokenizer.token_to_id(&tok.content).unwrap_or(id);
-            patterns.push(tok.content);
-            exact_ids.push(exact.then_some(id));
-        }
-        if !exact_ids.iter().any(Option::is_some) {
+            (Phase::new(patterns, exact_ids), all_exact)
+        };
+        let (raw, raw_exact) = phase(false);
+        let (normalized, normalized_exact) = phase(true);
+        let has_normalized = normalized.as_ref().is_some_and(|p| !p.exact_ids.is_empty());
+        // Phase 2 at raw-text level is exact only if the normalizer changes nothing
+        // and phase 1 has no stripping token whose piece boundaries we would blur.
+        let normalized = if identity_normalizer && raw_exact && has_normalized {
+            normalized
+        } else {
+            None
+        };
+        let complete = raw_exact && (!has_normalized || (normalized.is_some() && normalized_exact));
+        let raw = raw?;
+        if raw
+            .exact_ids
+            .iter()
+            .chain(normalized.iter().flat_map(|p| p.exact_ids.iter()))
+            .all(Option::is_none)
+        {
             return None;
         }
+        Some(Self {
+            raw,
+            normalized,
+            complete,
+        })
+    }
+
+    /// Calls `each` for every text segment and exact added token, in order.
+    fn split<'t>(
+        &self,
+        text: &'t str,
+        each: &mut dyn FnMut(Piece<'t>) -> Result<(), RenderError>,
+    ) -> Result<(), RenderError> {
+        let inner =
+            |segment: &'t str, each: &mut dyn FnMut(Piece<'t>) -> Result<(), RenderError>| {
+                match &self.normalized {
+                    Some(phase) => phase.split(segment, &mut |p| each(p)),
+                    None if segment.is_empty() => Ok(()),
+                    None => each(Piece::Text(segment)),
+                }
+            };
+        let mut start = 0;
+        for m in self.raw.automaton.find_iter(text) {
+            let Some(id) = self.raw.exact_ids[m.pattern().as_usize()] else {
+                continue;
+            };
+            inner(&text[start..m.start()], each)?;
+            each(Piece::Token(id))?;
+            start = m.end();
+        }
+        inner(&text[start..], each)
+    }
+}
+
+// === impl Phase ===
+
+impl Phase {
+    fn new(patterns: Vec<String>, exact_ids: Vec<Option<u32>>) -> Option<Self> {
         let automaton = AhoCorasick::builder()
             .match_kind(MatchKind::LeftmostLongest)
             .build(&patterns)
@@ -242,6 +360,28 @@ impl Splitter {
             automaton,
             exact_ids,
         })
+    }
+
+    fn split<'t>(
+        &self,
+        text: &'t str,
+        each: &mut dyn FnMut(Piece<'t>) -> Result<(), RenderError>,
+    ) -> Result<(), RenderError> {
+        let mut start = 0;
+        for m in self.automaton.find_iter(text) {
+            let Some(id) = self.exact_ids[m.pattern().as_usize()] else {
+                continue;
+            };
+            if start < m.start() {
+                each(Piece::Text(&text[start..m.start()]))?;
+            }
+            each(Piece::Token(id))?;
+            start = m.end();
+        }
+        if start < text.len() {
+            each(Piece::Text(&text[start..]))?;
+        }
+        Ok(())
     }
 }
 
@@ -264,11 +404,10 @@ impl SegmentCache {
             return; // one giant segment must not flush everything else
         }
         if let Some((old_key, _)) = self.map.push(segment.into(), ids) {
-            if &*old_key != segment {
-                self.bytes -= old_key.len();
-            } else {
+            if &*old_key == segment {
                 return;
             }
+            self.bytes -= old_key.len();
         }
         self.bytes += segment.len();
         while self.bytes > self.max_bytes {

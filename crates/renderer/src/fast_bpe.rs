@@ -1,0 +1,430 @@
+//! A fast, exact encoder for byte-level BPE tokenizers (GPT-2 lineage: Qwen,
+//! Llama 3, DeepSeek): the same normalizer, the same split regexes and the
+//! same BPE model as HF `tokenizers`, without its per-piece bookkeeping
+//! (offset alignments, per-split vectors sized to the input, token strings),
+//! plus a bounded word → ids cache in front of the model.
+//!
+//! Owns: deciding from a tokenizer's own configuration whether the fast path
+//! is exact for it ([`FastBpe::new`] returns `None` otherwise), and encoding a
+//! piece of text that contains no added token. Splitting on added tokens is
+//! `tokenizer.rs`'s job; anything unsupported stays on the `tokenizers` path.
+
+use std::borrow::Cow;
+use std::sync::RwLock;
+
+use ahash::AHashMap;
+use serde_json::Value as Json;
+use tokenizers::Model;
+use tokenizers::models::ModelWrapper;
+use unicode_normalization_alignments::UnicodeNormalization;
+
+use crate::RenderError;
+
+/// Words cached before the cache is cleared and refilled.
+const WORD_CACHE_ENTRIES: usize = 1 << 18;
+/// Longer pieces are not cached (they are rare and would crowd out words).
+const WORD_CACHE_MAX_BYTES: usize = 256;
+
+/// Which normalizer runs before splitting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Normalizer {
+    /// None, or an empty sequence.
+    Identity,
+    /// Unicode NFC.
+    Nfc,
+}
+
+/// One `Split(regex, Isolated)` step.
+#[derive(Debug)]
+enum SplitRegex {
+    /// A pattern without look-around: the `regex` crate's DFA, as fancy-regex would delegate.
+    Plain(regex::Regex),
+    /// A GPT-style pattern ending in `\s*[\r\n]+|\s+(?!\S)|\s+`, run without the
+    /// look-ahead: a whitespace run without a newline that the final `\s+` matched
+    /// and a non-space follows gives its last character back, which is exactly
+    /// what `\s+(?!\S)` does.
+    WhitespaceLookahead(regex::Regex),
+    /// Anything else: fancy-regex, exactly as tokenizers runs it.
+    Fancy(fancy_regex::Regex),
+}
+
+/// The GPT-style pattern tail whose look-ahead `SplitRegex::WhitespaceLookahead`
+/// emulates, with `\r\n` escaped or as raw characters (DeepSeek's file has both).
+const LOOKAHEAD_TAILS: [&str; 2] = [
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+];
+/// Known patterns whose earlier alternatives never match pure whitespace, so the
+/// emulation is exact (Qwen2/2.5/3, Llama 3, DeepSeek V3's last split, GPT-4o).
+const LOOKAHEAD_PREFIXES: &[&str] = &[
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*",
+];
+
+/// The fast encoder of one tokenizer.
+#[derive(Debug)]
+pub(crate) struct FastBpe {
+    normalizer: Normalizer,
+    /// `Split(regex, Isolated)` pre-tokenizers, applied in order.
+    splits: Vec<SplitRegex>,
+    /// GPT-2's byte → character map.
+    byte_chars: [char; 256],
+    words: RwLock<AHashMap<Box<str>, Box<[u32]>>>,
+}
+
+// === impl FastBpe ===
+
+impl FastBpe {
+    /// `Some` only if this tokenizer's normalizer, pre-tokenizer and model are
+    /// all of the supported, position-independent kinds.
+    pub(crate) fn new(tokenizer: &tokenizers::Tokenizer) -> Option<Self> {
+        match tokenizer.get_model() {
+            ModelWrapper::BPE(bpe) if bpe.dropout.is_none() => {}
+            _ => return None,
+        }
+        let normalizer = match tokenizer.get_normalizer() {
+            None => Normalizer::Identity,
+            Some(n) => parse_normalizer(&serde_json::to_value(n).ok()?)?,
+        };
+        let pre = serde_json::to_value(tokenizer.get_pre_tokenizer()?).ok()?;
+        let splits = parse_pre_tokenizer(&pre)?;
+        Some(Self {
+            normalizer,
+            splits,
+            byte_chars: byte_chars(),
+            words: RwLock::new(AHashMap::new()),
+        })
+    }
+
+    /// The normalizer kind (added tokens marked `normalized` can be split on
+    /// the raw text only when it is the identity).
+    pub(crate) fn normalizer(&self) -> Normalizer {
+        self.normalizer
+    }
+
+    /// Appends the ids of `text`, which must contain no added token.
+    pub(crate) fn encode(
+        &self,
+        model: &ModelWrapper,
+        text: &str,
+        out: &mut Vec<u32>,
+    ) -> Result<(), RenderError> {
+        let text: Cow<'_, str> = match self.normalizer {
+            Normalizer::Nfc if !surely_nfc(text) => {
+                Cow::Owned(text.nfc().map(|(c, _)| c).collect())
+            }
+            _ => Cow::Borrowed(text),
+        };
+        let mut misses: Vec<(Box<str>, Box<[u32]>)> = Vec::new();
+        {
+            let words = self.words.read().unwrap_or_else(|p| p.into_inner());
+            let mut mapped = String::with_capacity(64);
+            let mut emit = |piece: &str| -> Result<(), RenderError> {
+                mapped.clear();
+                mapped.extend(piece.bytes().map(|b| self.byte_chars[b as usize]));
+                if let Some(ids) = words.get(mapped.as_str()) {
+                    out.extend_from_slice(ids);
+                    return Ok(());
+                }
+                let tokens = model
+                    .tokenize(&mapped)
+                    .map_err(|e| RenderError::Tokenizer(e.to_string()))?;
+                let start = out.len();
+                out.extend(tokens.iter().map(|t| t.id));
+                if mapped.len() <= WORD_CACHE_MAX_BYTES {
+                    misses.push((mapped.as_str().into(), out[start..].into()));
+                }
+                Ok(())
+            };
+            split_into(&self.splits, &text, &mut emit)?;
+        }
+        if !misses.is_empty() {
+            let mut words = self.words.write().unwrap_or_else(|p| p.into_inner());
+            if words.len() + misses.len() > WORD_CACHE_ENTRIES {
+                words.clear();
+            }
+            words.extend(misses);
+        }
+        Ok(())
+    }
+}
+
+/// A conservative NFC quick check: true only if every character is one that
+/// NFC leaves alone and that never composes with a neighbour (Unicode
+/// `NFC_QC = Yes` and canonical combining class 0): everything below U+0300,
+/// kana letters, Hangul syllables, CJK ideographs and emoji. A combining mark
+/// or conjoining jamo anywhere sends the text through full NFC.
+fn surely_nfc(text: &str) -> bool {
+    text.chars().all(|c| {
+        matches!(c as u32,
+            0..=0x2FF
+            | 0x3041..=0x3096
+            | 0x30A1..=0x30FA
+            | 0x4E00..=0x9FFF
+            | 0xAC00..=0xD7A3
+            | 0x1F300..=0x1FAFF)
+    })
+}
+
+/// Applies `splits[0]` to `text` (matches and the gaps between them become
+/// pieces, empty pieces dropped, as `Split(.., Isolated)` does), then the rest
+/// of the splits to each piece, and hands every final piece to `emit`.
+fn split_into(
+    splits: &[SplitRegex],
+    text: &str,
+    emit: &mut dyn FnMut(&str) -> Result<(), RenderError>,
+) -> Result<(), RenderError> {
+    let Some((regex, rest)) = splits.split_first() else {
+        return if text.is_empty() { Ok(()) } else { emit(text) };
+    };
+    let mut prev = 0;
+    let mut piece = |start: usize, end: usize, prev: &mut usize| -> Result<(), RenderError> {
+        if *prev != start {
+            split_into(rest, &text[*prev..start], emit)?;
+        }
+        if start != end {
+            split_into(rest, &text[start..end], emit)?;
+        }
+        *prev = end;
+        Ok(())
+    };
+    match regex {
+        SplitRegex::Plain(re) => {
+            for m in re.find_iter(text) {
+                piece(m.start(), m.end(), &mut prev)?;
+            }
+        }
+        SplitRegex::WhitespaceLookahead(re) => {
+            let mut at = 0;
+            while let Some(m) = re.find_at(text, at) {
+                let mut end = m.end();
+                let s = m.as_str();
+                if end < text.len()
+                    && !s.contains(['\r', '\n'])
+                    && s.chars().all(char::is_whitespace)
+                {
+                    if let Some((last, _)) = s.char_indices().nth(1).and(s.char_indices().last()) {
+                        end = m.start() + last; // give the last whitespace char back
+                    }
+                }
+                piece(m.start(), end, &mut prev)?;
+                at = if end > m.start() {
+                    end
+                } else {
+                    end + text[end..].chars().next().map_or(1, char::len_utf8)
+                };
+                if at > text.len() {
+                    break;
+                }
+            }
+        }
+        SplitRegex::Fancy(re) => {
+            for m in re.find_iter(text) {
+                // tokenizers stops at a regex error (backtrack limit) and keeps the rest as one piece.
+                let Ok(m) = m else { break };
+                piece(m.start(), m.end(), &mut prev)?;
+            }
+        }
+    }
+    if prev != text.len() {
+        split_into(rest, &text[prev..], emit)?;
+    }
+    Ok(())
+}
+
+impl SplitRegex {
+    fn new(source: &str) -> Option<Self> {
+        Self::compile(source, true)
+    }
+
+    /// `emulate = false` forces fancy-regex for the look-ahead patterns (tests compare both).
+    fn compile(source: &str, emulate: bool) -> Option<Self> {
+        if let Some(prefix) = LOOKAHEAD_TAILS
+            .iter()
+            .find_map(|tail| source.strip_suffix(tail))
+            && LOOKAHEAD_PREFIXES.contains(&prefix)
+            && emulate
+        {
+            let plain = format!(r"{prefix}|\s*[\r\n]+|\s+");
+            return regex::Regex::new(&plain)
+                .ok()
+                .map(SplitRegex::WhitespaceLookahead);
+        }
+        if !["(?=", "(?!", "(?<=", "(?<!"]
+            .iter()
+            .any(|l| source.contains(l))
+            && let Ok(re) = regex::Regex::new(source)
+        {
+            return Some(SplitRegex::Plain(re));
+        }
+        fancy_regex::Regex::new(source).ok().map(SplitRegex::Fancy)
+    }
+}
+
+fn parse_normalizer(n: &Json) -> Option<Normalizer> {
+    match n.get("type")?.as_str()? {
+        "NFC" => Some(Normalizer::Nfc),
+        "Sequence" => {
+            let list = n.get("normalizers")?.as_array()?;
+            match list.as_slice() {
+                [] => Some(Normalizer::Identity),
+                [one] => parse_normalizer(one),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Accepts `Sequence[Split(Regex, Isolated)*, ByteLevel(no prefix space, no regex)]`
+/// or a bare `ByteLevel` of that kind; returns the compiled split regexes.
+fn parse_pre_tokenizer(pre: &Json) -> Option<Vec<SplitRegex>> {
+    let steps: Vec<&Json> = match pre.get("type")?.as_str()? {
+        "Sequence" => pre.get("pretokenizers")?.as_array()?.iter().collect(),
+        _ => vec![pre],
+    };
+    let (last, splits) = steps.split_last()?;
+    let byte_level_ok = last.get("type")?.as_str()? == "ByteLevel"
+        && !last.get("add_prefix_space")?.as_bool()?
+        && !last.get("use_regex")?.as_bool()?;
+    if !byte_level_ok {
+        return None;
+    }
+    splits
+        .iter()
+        .map(|s| {
+            let ok = s.get("type")?.as_str()? == "Split"
+                && s.get("behavior")?.as_str()? == "Isolated"
+                && !s.get("invert")?.as_bool()?;
+            if !ok {
+                return None;
+            }
+            let pattern = s.get("pattern")?;
+            let source = match (pattern.get("Regex"), pattern.get("String")) {
+                (Some(Json::String(r)), _) => r.clone(),
+                (_, Some(Json::String(lit))) => fancy_regex::escape(lit).into_owned(),
+                _ => return None,
+            };
+            SplitRegex::new(&source)
+        })
+        .collect()
+}
+
+/// GPT-2's byte → printable character map, in byte order.
+pub(crate) fn byte_chars() -> [char; 256] {
+    let mut out = ['\0'; 256];
+    let mut shifted = 0u32;
+    for (b, slot) in out.iter_mut().enumerate() {
+        let b = b as u32;
+        let printable =
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        *slot = if printable {
+            char::from_u32(b).unwrap_or('?')
+        } else {
+            shifted += 1;
+            char::from_u32(255 + shifted).unwrap_or('?')
+        };
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pieces(re: &SplitRegex, text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        split_into(std::slice::from_ref(re), text, &mut |p| {
+            out.push(p.to_string());
+            Ok(())
+        })
+        .unwrap();
+        out
+    }
+
+    /// The quick check never skips a text that NFC would change.
+    #[test]
+    fn nfc_quick_check_is_conservative() {
+        for c in (0u32..0x20000).filter_map(char::from_u32) {
+            let s = c.to_string();
+            if surely_nfc(&s) {
+                let normalized: String = s.nfc().map(|(c, _)| c).collect();
+                assert_eq!(normalized, s, "U+{:04X}", c as u32);
+                // Nor does it compose with a following allowed character.
+                for next in ['a', 'é', '中', 'が', '한', '😀'] {
+                    let pair = format!("{c}{next}");
+                    let normalized: String = pair.nfc().map(|(c, _)| c).collect();
+                    assert_eq!(normalized, pair, "U+{:04X} + {next}", c as u32);
+                }
+            }
+        }
+    }
+
+    /// The look-ahead emulation splits exactly like fancy-regex on whitespace-heavy text.
+    #[test]
+    fn lookahead_emulation_matches_fancy_regex() {
+        let deepseek_prefix = LOOKAHEAD_PREFIXES[2];
+        let sources = [
+            format!("{}{}", LOOKAHEAD_PREFIXES[0], LOOKAHEAD_TAILS[0]),
+            format!("{}{}", LOOKAHEAD_PREFIXES[1], LOOKAHEAD_TAILS[0]),
+            format!("{deepseek_prefix}{}", LOOKAHEAD_TAILS[1]),
+        ];
+        let alphabet = [
+            " ", "  ", "\t", "\n", "\r\n", "a", "Bc", "1", "22", "!", "'s", "'LL", "é", "中",
+            "\u{3000}", "\u{85}", "\u{2028}", "x ",
+        ];
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        for source in &sources {
+            let fast = SplitRegex::compile(source, true).unwrap();
+            let slow = SplitRegex::compile(source, false).unwrap();
+            assert!(
+                matches!(fast, SplitRegex::WhitespaceLookahead(_)),
+                "{source:?}"
+            );
+            assert!(matches!(slow, SplitRegex::Fancy(_)));
+            for _ in 0..3000 {
+                let mut text = String::new();
+                for _ in 0..(state % 12) {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    text.push_str(alphabet[(state % alphabet.len() as u64) as usize]);
+                }
+                assert_eq!(
+                    pieces(&fast, &text),
+                    pieces(&slow, &text),
+                    "{text:?} under {source:?}"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod fixture_tests {
+    use super::*;
+
+    /// The real tokenizers' look-ahead splits run on the DFA, not on fancy-regex.
+    #[test]
+    fn fixture_tokenizers_avoid_fancy_regex() {
+        for name in ["qwen3", "deepseek-v3"] {
+            let path = format!(
+                "{}/../../tests/fixtures/tokenizers/{name}/tokenizer.json",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            let tok = tokenizers::Tokenizer::from_file(&path).unwrap();
+            let fast = FastBpe::new(&tok).expect("fast path supported");
+            assert!(!fast.splits.is_empty());
+            for split in &fast.splits {
+                assert!(!matches!(split, SplitRegex::Fancy(_)), "{name}: {split:?}");
+            }
+            assert!(
+                fast.splits
+                    .iter()
+                    .any(|s| matches!(s, SplitRegex::WhitespaceLookahead(_))),
+                "{name}"
+            );
+        }
+    }
+}
