@@ -19,10 +19,8 @@
 use std::num::NonZeroUsize;
 
 use router_types::BlockHash;
+pub use router_types::PageDigest;
 use sha2::{Digest as _, Sha256};
-
-/// A full SHA-256 page digest: the chain state between pages.
-pub type PageDigest = [u8; 32];
 
 /// Bytes staged at a time on the stack before feeding SHA-256.
 const STAGE_BYTES: usize = 512;

@@ -18,6 +18,27 @@ pub enum EngineBlockHash {
     Bytes(Box<[u8]>),
 }
 
+// === impl EngineBlockHash ===
+
+impl EngineBlockHash {
+    /// A 64-bit key for per-stream maps: the value's bits for integer hashes,
+    /// FNV-1a over the bytes for digest hashes.
+    pub fn key(&self) -> u64 {
+        match self {
+            EngineBlockHash::I64(v) => *v as u64,
+            EngineBlockHash::U64(v) => *v,
+            EngineBlockHash::Bytes(b) => {
+                let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+                for byte in b.iter() {
+                    h ^= u64::from(*byte);
+                    h = h.wrapping_mul(0x0100_0000_01b3);
+                }
+                h
+            }
+        }
+    }
+}
+
 /// The payload of a `BlockStored` event: one or more chained blocks.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StoredBlocks {

@@ -33,6 +33,10 @@ pub struct WorkerKey {
 #[serde(transparent)]
 pub struct BlockHash(pub i64);
 
+/// A full SHA-256 page digest: the state of the page-hash chain after a
+/// block, from which the next block's hash continues.
+pub type PageDigest = [u8; 32];
+
 /// A number of tokens (prompt length, matched prefix, uncached work).
 #[derive(
     Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,

@@ -1,0 +1,674 @@
+//! `KvIndex`: the public face of the tree. Maps engine hashes to nodes per
+//! stream, picks the shard of a chain by its root block, takes the locks in
+//! one order (stream state, then shard), bounds memory, answers
+//! `prefix_depths`, and keeps pending prefixes.
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::time::Duration;
+
+use hashbrown::HashTable;
+use router_types::{BlockHash, DpRank, PageDigest, Tier, WorkerKey, WorkerUrl};
+
+use crate::pending::Pending;
+use crate::shard::{Evicted, NO_PARENT, Shard, TierBits, mix};
+use crate::{Clock, StreamId, WorkerId};
+
+/// Default number of shards (the reference router's).
+pub const DEFAULT_SHARDS: usize = 32;
+/// Default bound on pending credits (hash, worker) kept at once.
+pub const DEFAULT_PENDING_MAX_ENTRIES: usize = 1 << 20;
+
+/// How the index is sized and what it remembers.
+#[derive(Debug, Clone)]
+pub struct IndexConfig {
+    /// Number of shards; a chain lives in the shard of its root block.
+    pub shards: NonZeroUsize,
+    /// Upper bound on nodes; least recently used tails go first. `None`: unbounded.
+    pub max_nodes: Option<NonZeroUsize>,
+    /// How long a routing decision credits the chosen worker. `None`: off.
+    pub pending_ttl: Option<Duration>,
+    /// Upper bound on pending (block, worker) credits.
+    pub pending_max_entries: usize,
+}
+
+/// One block of a chain to store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredBlock {
+    /// The engine's hash, as `EngineBlockHash::key()`.
+    pub engine: u64,
+    /// The router's hash of the block (content chain, namespaced).
+    pub hash: BlockHash,
+    /// The chain digest after this block.
+    pub digest: PageDigest,
+}
+
+/// A block a new chain continues from, found by its engine hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parent {
+    /// The router's hash of the parent block.
+    pub hash: BlockHash,
+    /// The digest the child chain continues from.
+    pub digest: PageDigest,
+    shard: u16,
+    slot: u32,
+    generation: u16,
+}
+
+/// What a store changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreOutcome {
+    /// Nodes created.
+    pub new_nodes: usize,
+    /// (node, stream) holdings created.
+    pub new_holdings: usize,
+    /// Nodes evicted to stay under the bound.
+    pub evicted: usize,
+}
+
+/// Which tiers count for a match, and how much.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MatchOptions {
+    /// Tiers that count (bit `Tier as u8`); all by default.
+    pub tiers: u8,
+    /// Weight of a block by its best tier, for `WorkerMatch::weighted`.
+    pub weights: [f32; 4],
+    /// Count pending prefixes (when enabled in the config).
+    pub include_pending: bool,
+}
+
+/// How many leading blocks of a query one worker holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorkerMatch {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Contiguous leading blocks held (max over its ranks, and over pending credit).
+    pub blocks: u32,
+    /// The same blocks, each weighted by its best tier (events only).
+    pub weighted: f32,
+    /// The rank holding the most blocks, if any rank holds one.
+    pub rank: Option<DpRank>,
+    /// Leading blocks credited as pending.
+    pub pending_blocks: u32,
+}
+
+/// Sizes and counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexStats {
+    /// Live nodes.
+    pub nodes: usize,
+    /// (node, stream) holdings.
+    pub holdings: usize,
+    /// Registered, not removed streams.
+    pub streams: usize,
+    /// Nodes evicted by the bound, since start.
+    pub evicted_nodes: u64,
+    /// Pending credits held.
+    pub pending: usize,
+    /// Bytes allocated by the index.
+    pub memory_bytes: usize,
+}
+
+/// Why a write was not applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IndexError {
+    /// The stream was never registered or its worker was removed.
+    #[error("unknown or removed stream")]
+    UnknownStream,
+    /// The parent block is no longer in the index (evicted or cleared).
+    #[error("parent block is no longer indexed")]
+    ParentGone,
+}
+
+/// The index.
+#[derive(Debug)]
+pub struct KvIndex {
+    shards: Box<[RwLock<Shard>]>,
+    max_per_shard: usize,
+    registry: RwLock<Registry>,
+    pending: Option<RwLock<Pending>>,
+    clock: Arc<dyn Clock>,
+    tick: AtomicU32,
+    evicted: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Registry {
+    streams: Vec<Arc<StreamSlot>>,
+    by_key: HashMap<WorkerKey, StreamId>,
+    workers: Vec<WorkerUrl>,
+    worker_ids: HashMap<WorkerUrl, WorkerId>,
+}
+
+#[derive(Debug)]
+struct StreamSlot {
+    key: WorkerKey,
+    worker: WorkerId,
+    removed: AtomicBool,
+    /// (node, stream) holdings of this stream; the engine map may hold more (stale) entries.
+    live: AtomicUsize,
+    engine: Mutex<HashTable<EngineEntry>>,
+}
+
+/// Engine hash → node, validated by generation on use.
+#[derive(Debug, Clone, Copy)]
+struct EngineEntry {
+    engine: u64,
+    slot: u32,
+    shard: u16,
+    generation: u16,
+}
+
+fn tier_bit(tier: Tier) -> TierBits {
+    1 << tier as u8
+}
+
+fn engine_hash(engine: u64) -> u64 {
+    let x = engine.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x ^ (x >> 31)
+}
+
+// === impl IndexConfig ===
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        Self {
+            shards: NonZeroUsize::new(DEFAULT_SHARDS).unwrap_or(NonZeroUsize::MIN),
+            max_nodes: None,
+            pending_ttl: None,
+            pending_max_entries: DEFAULT_PENDING_MAX_ENTRIES,
+        }
+    }
+}
+
+// === impl MatchOptions ===
+
+impl Default for MatchOptions {
+    fn default() -> Self {
+        Self {
+            tiers: 0b1111,
+            weights: [1.0; 4],
+            include_pending: true,
+        }
+    }
+}
+
+impl MatchOptions {
+    /// Only blocks in these tiers count.
+    pub fn only(tiers: &[Tier]) -> Self {
+        Self {
+            tiers: tiers.iter().fold(0, |m, t| m | tier_bit(*t)),
+            ..Self::default()
+        }
+    }
+}
+
+// === impl KvIndex ===
+
+impl KvIndex {
+    /// An empty index.
+    pub fn new(config: IndexConfig, clock: Arc<dyn Clock>) -> Self {
+        let n = config.shards.get().min(u16::MAX as usize);
+        let shards = (0..n)
+            .map(|i| RwLock::new(Shard::new(0x5EED ^ (i as u64 * 0x9E37_79B9))))
+            .collect();
+        let max_per_shard = config.max_nodes.map_or(usize::MAX, |m| m.get().div_ceil(n));
+        let pending = config.pending_ttl.map(|ttl| {
+            RwLock::new(Pending::new(
+                ttl.as_millis() as u64,
+                config.pending_max_entries,
+            ))
+        });
+        Self {
+            shards,
+            max_per_shard,
+            registry: RwLock::new(Registry::default()),
+            pending,
+            clock,
+            tick: AtomicU32::new(0),
+            evicted: AtomicU64::new(0),
+        }
+    }
+
+    fn shard_index(&self, root: BlockHash) -> usize {
+        (mix(root) >> 32) as usize % self.shards.len()
+    }
+
+    fn registry(&self) -> RwLockReadGuard<'_, Registry> {
+        self.registry.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn slot(&self, stream: StreamId) -> Result<Arc<StreamSlot>, IndexError> {
+        let slot = self
+            .registry()
+            .streams
+            .get(stream.index())
+            .cloned()
+            .ok_or(IndexError::UnknownStream)?;
+        if slot.removed.load(Ordering::Acquire) {
+            return Err(IndexError::UnknownStream);
+        }
+        Ok(slot)
+    }
+
+    /// The id of `url`, registering it on first use.
+    pub fn worker_id(&self, url: &WorkerUrl) -> WorkerId {
+        if let Some(id) = self.registry().worker_ids.get(url) {
+            return *id;
+        }
+        let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(id) = reg.worker_ids.get(url) {
+            return *id;
+        }
+        let id = WorkerId(reg.workers.len() as u32);
+        reg.workers.push(url.clone());
+        reg.worker_ids.insert(url.clone(), id);
+        id
+    }
+
+    /// The URL of a worker id.
+    pub fn worker_url(&self, id: WorkerId) -> Option<WorkerUrl> {
+        self.registry().workers.get(id.index()).cloned()
+    }
+
+    /// The id of a (worker, rank) stream, registering it on first use.
+    pub fn stream(&self, key: &WorkerKey) -> StreamId {
+        if let Some(id) = self.registry().by_key.get(key) {
+            return *id;
+        }
+        let worker = self.worker_id(&key.worker);
+        let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(id) = reg.by_key.get(key) {
+            return *id;
+        }
+        let id = StreamId(reg.streams.len() as u32);
+        reg.streams.push(Arc::new(StreamSlot {
+            key: key.clone(),
+            worker,
+            removed: AtomicBool::new(false),
+            live: AtomicUsize::new(0),
+            engine: Mutex::new(HashTable::new()),
+        }));
+        reg.by_key.insert(key.clone(), id);
+        id
+    }
+
+    /// The block `stream` published as `engine`, for continuing a chain under it.
+    pub fn parent(&self, stream: StreamId, engine: u64) -> Option<Parent> {
+        let slot = self.slot(stream).ok()?;
+        let map = slot.engine.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = *map.find(engine_hash(engine), |e| e.engine == engine)?;
+        drop(map);
+        let shard = self.shards[entry.shard as usize]
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        if !shard.is_live(entry.slot, entry.generation) {
+            return None;
+        }
+        let node = shard.node(entry.slot);
+        if !node.holders.as_slice().iter().any(|h| h.stream == stream) {
+            return None;
+        }
+        Some(Parent {
+            hash: node.hash,
+            digest: node.digest,
+            shard: entry.shard,
+            slot: entry.slot,
+            generation: entry.generation,
+        })
+    }
+
+    /// Records that `stream` holds `blocks` (a chain, in order) in `tier`,
+    /// under `parent` or as a new root chain. Idempotent.
+    pub fn store(
+        &self,
+        stream: StreamId,
+        parent: Option<&Parent>,
+        blocks: &[StoredBlock],
+        tier: Tier,
+    ) -> Result<StoreOutcome, IndexError> {
+        let slot = self.slot(stream)?;
+        let Some(first) = blocks.first() else {
+            return Ok(StoreOutcome::default());
+        };
+        let shard_ix = match parent {
+            Some(p) => p.shard as usize,
+            None => self.shard_index(first.hash),
+        };
+        // Stores stamp even ticks, matches the odd tick after the last store:
+        // LRU order at store granularity without a shared write on the read path.
+        let now = self.tick.fetch_add(2, Ordering::Relaxed).wrapping_add(2);
+        let mut outcome = StoreOutcome::default();
+        let mut evicted = Evicted::default();
+        {
+            let mut map = slot.engine.lock().unwrap_or_else(|p| p.into_inner());
+            let mut shard = self.shards[shard_ix]
+                .write()
+                .unwrap_or_else(|p| p.into_inner());
+            let mut prev = match parent {
+                Some(p)
+                    if shard.is_live(p.slot, p.generation) && shard.node(p.slot).hash == p.hash =>
+                {
+                    p.slot
+                }
+                Some(_) => return Err(IndexError::ParentGone),
+                None => NO_PARENT,
+            };
+            for block in blocks {
+                let (node, created) = shard.get_or_insert(prev, block.hash, &block.digest, now);
+                outcome.new_nodes += usize::from(created);
+                if shard.hold(node, stream, tier_bit(tier), now) {
+                    outcome.new_holdings += 1;
+                    slot.live.fetch_add(1, Ordering::Relaxed);
+                }
+                let entry = EngineEntry {
+                    engine: block.engine,
+                    slot: node,
+                    shard: shard_ix as u16,
+                    generation: shard.node(node).generation,
+                };
+                match map.find_mut(engine_hash(block.engine), |e| e.engine == block.engine) {
+                    Some(e) => *e = entry,
+                    None => {
+                        map.insert_unique(engine_hash(block.engine), entry, |e| {
+                            engine_hash(e.engine)
+                        });
+                    }
+                }
+                prev = node;
+            }
+            if shard.len() > self.max_per_shard {
+                shard.evict_to(self.max_per_shard, now, &mut evicted);
+            }
+            drop(shard);
+            if map.len() > 2 * slot.live.load(Ordering::Relaxed) + 1024 {
+                self.sweep(stream, &mut map);
+            }
+        }
+        outcome.evicted = evicted.nodes;
+        if evicted.nodes > 0 {
+            self.evicted
+                .fetch_add(evicted.nodes as u64, Ordering::Relaxed);
+            let reg = self.registry();
+            for lost in evicted.lost {
+                if let Some(s) = reg.streams.get(lost.index()) {
+                    s.live.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Drops engine-map entries whose node was evicted.
+    fn sweep(&self, stream: StreamId, map: &mut HashTable<EngineEntry>) {
+        map.retain(|e| {
+            let shard = self.shards[e.shard as usize]
+                .read()
+                .unwrap_or_else(|p| p.into_inner());
+            shard.is_live(e.slot, e.generation)
+                && shard
+                    .node(e.slot)
+                    .holders
+                    .as_slice()
+                    .iter()
+                    .any(|h| h.stream == stream)
+        });
+    }
+
+    /// Records that `stream` no longer holds the blocks published as `engines`
+    /// in `tier`. Unknown hashes are ignored. Returns the holdings that ended.
+    pub fn remove(
+        &self,
+        stream: StreamId,
+        engines: &[u64],
+        tier: Tier,
+    ) -> Result<usize, IndexError> {
+        let slot = self.slot(stream)?;
+        let mut map = slot.engine.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ended = 0;
+        for &engine in engines {
+            let Some(entry) = map
+                .find(engine_hash(engine), |e| e.engine == engine)
+                .copied()
+            else {
+                continue;
+            };
+            let mut shard = self.shards[entry.shard as usize]
+                .write()
+                .unwrap_or_else(|p| p.into_inner());
+            let gone = shard.is_live(entry.slot, entry.generation)
+                && shard.release(entry.slot, stream, tier_bit(tier));
+            let stale = !shard.is_live(entry.slot, entry.generation)
+                || !shard
+                    .node(entry.slot)
+                    .holders
+                    .as_slice()
+                    .iter()
+                    .any(|h| h.stream == stream);
+            drop(shard);
+            if gone {
+                ended += 1;
+                slot.live.fetch_sub(1, Ordering::Relaxed);
+            }
+            if stale && let Ok(e) = map.find_entry(engine_hash(engine), |e| e.engine == engine) {
+                e.remove();
+            }
+        }
+        Ok(ended)
+    }
+
+    /// Forgets everything `stream` holds (a publisher restart or `AllBlocksCleared`).
+    pub fn clear_stream(&self, stream: StreamId) -> Result<usize, IndexError> {
+        let slot = self.slot(stream)?;
+        Ok(self.clear_slot(stream, &slot))
+    }
+
+    fn clear_slot(&self, stream: StreamId, slot: &StreamSlot) -> usize {
+        let mut map = slot.engine.lock().unwrap_or_else(|p| p.into_inner());
+        let mut entries: Vec<EngineEntry> = map.drain().collect();
+        // Deepest first is not needed: release prunes only empty, childless nodes.
+        entries.sort_unstable_by_key(|e| e.shard);
+        let mut ended = 0;
+        let mut i = 0;
+        while i < entries.len() {
+            let shard_ix = entries[i].shard;
+            let mut shard = self.shards[shard_ix as usize]
+                .write()
+                .unwrap_or_else(|p| p.into_inner());
+            while i < entries.len() && entries[i].shard == shard_ix {
+                let e = entries[i];
+                if shard.is_live(e.slot, e.generation) && shard.release(e.slot, stream, 0b1111) {
+                    ended += 1;
+                }
+                i += 1;
+            }
+        }
+        slot.live.store(0, Ordering::Relaxed);
+        ended
+    }
+
+    /// Forgets a worker: all its streams and its pending credits. Its ids are
+    /// not reused; registering it again starts fresh streams.
+    pub fn remove_worker(&self, url: &WorkerUrl) {
+        let (streams, worker) = {
+            let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
+            let keys: Vec<WorkerKey> = reg
+                .by_key
+                .keys()
+                .filter(|k| &k.worker == url)
+                .cloned()
+                .collect();
+            let ids: Vec<StreamId> = keys.iter().filter_map(|k| reg.by_key.remove(k)).collect();
+            let worker = reg.worker_ids.get(url).copied();
+            (
+                ids.into_iter()
+                    .map(|id| (id, reg.streams[id.index()].clone()))
+                    .collect::<Vec<_>>(),
+                worker,
+            )
+        };
+        for (id, slot) in streams {
+            slot.removed.store(true, Ordering::Release);
+            self.clear_slot(id, &slot);
+        }
+        if let (Some(pending), Some(worker)) = (&self.pending, worker) {
+            pending
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove_worker(worker);
+        }
+    }
+
+    /// Credits `worker` with `hashes` for the pending TTL (no-op when off).
+    pub fn credit_pending(&self, worker: WorkerId, hashes: &[BlockHash]) {
+        if let Some(pending) = &self.pending {
+            let now = self.clock.now_ms();
+            pending
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .credit(worker, hashes, now);
+        }
+    }
+
+    /// For each worker holding at least the first of `hashes` (a request's
+    /// block chain), how many leading blocks it holds contiguously.
+    pub fn prefix_depths(&self, hashes: &[BlockHash], opts: &MatchOptions) -> Vec<WorkerMatch> {
+        let Some(first) = hashes.first() else {
+            return Vec::new();
+        };
+        // (stream, depth, weighted) for streams still matching.
+        let mut active: Vec<(StreamId, u32, f32)> = Vec::new();
+        {
+            let shard = self.shards[self.shard_index(*first)]
+                .read()
+                .unwrap_or_else(|p| p.into_inner());
+            let now = self.tick.load(Ordering::Relaxed).wrapping_add(1);
+            let mut prev = NO_PARENT;
+            for (i, hash) in hashes.iter().enumerate() {
+                let Some(slot) = shard.find(*hash) else { break };
+                let node = shard.node(slot);
+                if node.parent != prev {
+                    break; // a foreign chain under the same hash: never seen in practice
+                }
+                node.last_used.store(now, Ordering::Relaxed);
+                let mut advanced = false;
+                for h in node.holders.as_slice() {
+                    let tiers = h.tiers & opts.tiers;
+                    if tiers == 0 {
+                        continue;
+                    }
+                    let weight = opts.weights[tiers.trailing_zeros() as usize];
+                    if i == 0 {
+                        active.push((h.stream, 1, weight));
+                        advanced = true;
+                    } else if let Some(a) = active
+                        .iter_mut()
+                        .find(|a| a.0 == h.stream && a.1 as usize == i)
+                    {
+                        a.1 += 1;
+                        a.2 += weight;
+                        advanced = true;
+                    }
+                }
+                if !advanced {
+                    break;
+                }
+                prev = slot;
+            }
+        }
+        let mut out: Vec<WorkerMatch> = Vec::with_capacity(active.len());
+        {
+            let reg = self.registry();
+            for (stream, depth, weighted) in active {
+                let Some(slot) = reg.streams.get(stream.index()) else {
+                    continue;
+                };
+                if slot.removed.load(Ordering::Relaxed) {
+                    continue;
+                }
+                let rank = Some(slot.key.rank);
+                match out.iter_mut().find(|m| m.worker == slot.worker) {
+                    Some(m) if m.blocks < depth => {
+                        m.blocks = depth;
+                        m.weighted = weighted;
+                        m.rank = rank;
+                    }
+                    Some(_) => {}
+                    None => out.push(WorkerMatch {
+                        worker: slot.worker,
+                        blocks: depth,
+                        weighted,
+                        rank,
+                        pending_blocks: 0,
+                    }),
+                }
+            }
+        }
+        if opts.include_pending
+            && let Some(pending) = &self.pending
+        {
+            let now = self.clock.now_ms();
+            for (worker, depth) in pending
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .depths(hashes, now)
+            {
+                match out.iter_mut().find(|m| m.worker == worker) {
+                    Some(m) => {
+                        m.pending_blocks = depth;
+                        m.blocks = m.blocks.max(depth);
+                    }
+                    None => out.push(WorkerMatch {
+                        worker,
+                        blocks: depth,
+                        weighted: 0.0,
+                        rank: None,
+                        pending_blocks: depth,
+                    }),
+                }
+            }
+        }
+        out
+    }
+
+    /// Drops pending credits that expired (also done on every credit).
+    pub fn expire_pending(&self) {
+        if let Some(pending) = &self.pending {
+            let now = self.clock.now_ms();
+            pending
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .expire(now);
+        }
+    }
+
+    /// Sizes and counters. Walks every shard: O(nodes); call at scrape rate.
+    pub fn stats(&self) -> IndexStats {
+        let mut stats = IndexStats {
+            evicted_nodes: self.evicted.load(Ordering::Relaxed),
+            ..IndexStats::default()
+        };
+        for shard in self.shards.iter() {
+            let shard = shard.read().unwrap_or_else(|p| p.into_inner());
+            stats.nodes += shard.len();
+            stats.holdings += shard.holdings();
+            stats.memory_bytes += shard.memory_bytes();
+        }
+        let reg = self.registry();
+        for slot in &reg.streams {
+            if !slot.removed.load(Ordering::Relaxed) {
+                stats.streams += 1;
+            }
+            let map = slot.engine.lock().unwrap_or_else(|p| p.into_inner());
+            stats.memory_bytes += map.allocation_size() + std::mem::size_of::<StreamSlot>();
+        }
+        if let Some(pending) = &self.pending {
+            let p = pending.read().unwrap_or_else(|p| p.into_inner());
+            stats.pending = p.len();
+            stats.memory_bytes += p.memory_bytes();
+        }
+        stats
+    }
+}
