@@ -29,14 +29,8 @@ fn renderer(cache_entries: usize) -> Renderer {
 
 fn chats() -> Vec<(String, Value)> {
     let path = root().join("benches/data/renderer_chats.json");
-    let doc: Value =
-        serde_json::from_slice(&std::fs::read(path).expect("renderer_chats.json")).unwrap();
-    doc["chats"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
+    let doc: Value = serde_json::from_slice(&std::fs::read(path).expect("renderer_chats.json")).unwrap();
+    doc["chats"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
 /// The chat with its last user message made unique by `i`.
@@ -78,23 +72,17 @@ fn bench_render(c: &mut Criterion) {
 
 fn bench_hash(c: &mut Criterion) {
     let mut g = c.benchmark_group("hash");
-    let tokens: Vec<u32> = (0..37_256u32)
-        .map(|i| i.wrapping_mul(2_654_435_761) % 151_000)
-        .collect();
-    for (name, size, mode) in [
-        ("page16", 16, HashMode::Unigram),
-        ("page64", 64, HashMode::Unigram),
-        ("bigram16", 16, HashMode::Bigram),
-    ] {
+    let tokens: Vec<u32> = (0..37_256u32).map(|i| i.wrapping_mul(2_654_435_761) % 151_000).collect();
+    for (name, size, mode) in
+        [("page16", 16, HashMode::Unigram), ("page64", 64, HashMode::Unigram), ("bigram16", 16, HashMode::Bigram)]
+    {
         let hasher = PageHasher::new(NonZeroUsize::new(size).unwrap(), mode);
         g.throughput(Throughput::Bytes((tokens.len() * 4) as u64));
         let mut out = Vec::with_capacity(tokens.len());
         g.bench_function(BenchmarkId::new(name, tokens.len()), |b| {
             b.iter(|| {
                 out.clear();
-                hasher
-                    .block_hashes_into(black_box(&tokens), None, &mut out)
-                    .unwrap();
+                hasher.block_hashes_into(black_box(&tokens), None, &mut out).unwrap();
                 out.len()
             })
         });

@@ -27,9 +27,7 @@ pub struct ManualClock {
 impl SystemClock {
     /// A clock starting now.
     pub fn new() -> Self {
-        Self {
-            origin: Instant::now(),
-        }
+        Self { origin: Instant::now() }
     }
 }
 

@@ -13,7 +13,7 @@ use hashbrown::HashTable;
 use router_types::{BlockHash, DpRank, PageDigest, Tier, WorkerKey, WorkerUrl};
 
 use crate::pending::Pending;
-use crate::shard::{Evicted, NO_PARENT, Shard, TierBits, mix};
+use crate::shard::{Evicted, NO_PARENT, Shard, TICK_MASK, TierBits, mix};
 use crate::{Clock, StreamId, WorkerId};
 
 /// Default number of shards (the reference router's).
@@ -117,6 +117,9 @@ pub enum IndexError {
     /// The stream was never registered or its worker was removed.
     #[error("unknown or removed stream")]
     UnknownStream,
+    /// 65,535 streams were registered already.
+    #[error("too many streams registered (at most 65535)")]
+    TooManyStreams,
     /// The parent block is no longer in the index (evicted or cleared).
     #[error("parent block is no longer indexed")]
     ParentGone,
@@ -187,21 +190,14 @@ impl Default for IndexConfig {
 
 impl Default for MatchOptions {
     fn default() -> Self {
-        Self {
-            tiers: 0b1111,
-            weights: [1.0; 4],
-            include_pending: true,
-        }
+        Self { tiers: 0b1111, weights: [1.0; 4], include_pending: true }
     }
 }
 
 impl MatchOptions {
     /// Only blocks in these tiers count.
     pub fn only(tiers: &[Tier]) -> Self {
-        Self {
-            tiers: tiers.iter().fold(0, |m, t| m | tier_bit(*t)),
-            ..Self::default()
-        }
+        Self { tiers: tiers.iter().fold(0, |m, t| m | tier_bit(*t)), ..Self::default() }
     }
 }
 
@@ -211,16 +207,10 @@ impl KvIndex {
     /// An empty index.
     pub fn new(config: IndexConfig, clock: Arc<dyn Clock>) -> Self {
         let n = config.shards.get().min(u16::MAX as usize);
-        let shards = (0..n)
-            .map(|i| RwLock::new(Shard::new(0x5EED ^ (i as u64 * 0x9E37_79B9))))
-            .collect();
+        let shards = (0..n).map(|_| RwLock::new(Shard::default())).collect();
         let max_per_shard = config.max_nodes.map_or(usize::MAX, |m| m.get().div_ceil(n));
-        let pending = config.pending_ttl.map(|ttl| {
-            RwLock::new(Pending::new(
-                ttl.as_millis() as u64,
-                config.pending_max_entries,
-            ))
-        });
+        let pending =
+            config.pending_ttl.map(|ttl| RwLock::new(Pending::new(ttl.as_millis() as u64, config.pending_max_entries)));
         Self {
             shards,
             max_per_shard,
@@ -241,12 +231,7 @@ impl KvIndex {
     }
 
     fn slot(&self, stream: StreamId) -> Result<Arc<StreamSlot>, IndexError> {
-        let slot = self
-            .registry()
-            .streams
-            .get(stream.index())
-            .cloned()
-            .ok_or(IndexError::UnknownStream)?;
+        let slot = self.registry().streams.get(stream.index()).cloned().ok_or(IndexError::UnknownStream)?;
         if slot.removed.load(Ordering::Acquire) {
             return Err(IndexError::UnknownStream);
         }
@@ -274,14 +259,18 @@ impl KvIndex {
     }
 
     /// The id of a (worker, rank) stream, registering it on first use.
-    pub fn stream(&self, key: &WorkerKey) -> StreamId {
+    /// At most 65,535 streams are ever registered (holdings store 16-bit ids).
+    pub fn stream(&self, key: &WorkerKey) -> Result<StreamId, IndexError> {
         if let Some(id) = self.registry().by_key.get(key) {
-            return *id;
+            return Ok(*id);
         }
         let worker = self.worker_id(&key.worker);
         let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
         if let Some(id) = reg.by_key.get(key) {
-            return *id;
+            return Ok(*id);
+        }
+        if reg.streams.len() >= usize::from(u16::MAX) {
+            return Err(IndexError::TooManyStreams);
         }
         let id = StreamId(reg.streams.len() as u32);
         reg.streams.push(Arc::new(StreamSlot {
@@ -292,7 +281,7 @@ impl KvIndex {
             engine: Mutex::new(HashTable::new()),
         }));
         reg.by_key.insert(key.clone(), id);
-        id
+        Ok(id)
     }
 
     /// The block `stream` published as `engine`, for continuing a chain under it.
@@ -301,14 +290,12 @@ impl KvIndex {
         let map = slot.engine.lock().unwrap_or_else(|p| p.into_inner());
         let entry = *map.find(engine_hash(engine), |e| e.engine == engine)?;
         drop(map);
-        let shard = self.shards[entry.shard as usize]
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
+        let shard = self.shards[entry.shard as usize].read().unwrap_or_else(|p| p.into_inner());
         if !shard.is_live(entry.slot, entry.generation) {
             return None;
         }
         let node = shard.node(entry.slot);
-        if !node.holders.as_slice().iter().any(|h| h.stream == stream) {
+        if !shard.held_by(entry.slot, stream.0 as u16) {
             return None;
         }
         Some(Parent {
@@ -337,29 +324,22 @@ impl KvIndex {
             Some(p) => p.shard as usize,
             None => self.shard_index(first.hash),
         };
-        // Stores stamp even ticks, matches the odd tick after the last store:
-        // LRU order at store granularity without a shared write on the read path.
-        let now = self.tick.fetch_add(2, Ordering::Relaxed).wrapping_add(2);
+        // Ticks mark "touched" for CLOCK eviction and order a child against its parent.
+        let now = self.tick.fetch_add(1, Ordering::Relaxed) & TICK_MASK;
         let mut outcome = StoreOutcome::default();
         let mut evicted = Evicted::default();
         {
             let mut map = slot.engine.lock().unwrap_or_else(|p| p.into_inner());
-            let mut shard = self.shards[shard_ix]
-                .write()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut shard = self.shards[shard_ix].write().unwrap_or_else(|p| p.into_inner());
             let mut prev = match parent {
-                Some(p)
-                    if shard.is_live(p.slot, p.generation) && shard.node(p.slot).hash == p.hash =>
-                {
-                    p.slot
-                }
+                Some(p) if shard.is_live(p.slot, p.generation) && shard.node(p.slot).hash == p.hash => p.slot,
                 Some(_) => return Err(IndexError::ParentGone),
                 None => NO_PARENT,
             };
             for block in blocks {
                 let (node, created) = shard.get_or_insert(prev, block.hash, &block.digest, now);
                 outcome.new_nodes += usize::from(created);
-                if shard.hold(node, stream, tier_bit(tier), now) {
+                if shard.hold(node, stream.0 as u16, tier_bit(tier), now, !created) {
                     outcome.new_holdings += 1;
                     slot.live.fetch_add(1, Ordering::Relaxed);
                 }
@@ -372,9 +352,7 @@ impl KvIndex {
                 match map.find_mut(engine_hash(block.engine), |e| e.engine == block.engine) {
                     Some(e) => *e = entry,
                     None => {
-                        map.insert_unique(engine_hash(block.engine), entry, |e| {
-                            engine_hash(e.engine)
-                        });
+                        map.insert_unique(engine_hash(block.engine), entry, |e| engine_hash(e.engine));
                     }
                 }
                 prev = node;
@@ -389,11 +367,10 @@ impl KvIndex {
         }
         outcome.evicted = evicted.nodes;
         if evicted.nodes > 0 {
-            self.evicted
-                .fetch_add(evicted.nodes as u64, Ordering::Relaxed);
+            self.evicted.fetch_add(evicted.nodes as u64, Ordering::Relaxed);
             let reg = self.registry();
             for lost in evicted.lost {
-                if let Some(s) = reg.streams.get(lost.index()) {
+                if let Some(s) = reg.streams.get(lost as usize) {
                     s.live.fetch_sub(1, Ordering::Relaxed);
                 }
             }
@@ -404,49 +381,25 @@ impl KvIndex {
     /// Drops engine-map entries whose node was evicted.
     fn sweep(&self, stream: StreamId, map: &mut HashTable<EngineEntry>) {
         map.retain(|e| {
-            let shard = self.shards[e.shard as usize]
-                .read()
-                .unwrap_or_else(|p| p.into_inner());
-            shard.is_live(e.slot, e.generation)
-                && shard
-                    .node(e.slot)
-                    .holders
-                    .as_slice()
-                    .iter()
-                    .any(|h| h.stream == stream)
+            let shard = self.shards[e.shard as usize].read().unwrap_or_else(|p| p.into_inner());
+            shard.is_live(e.slot, e.generation) && shard.held_by(e.slot, stream.0 as u16)
         });
     }
 
     /// Records that `stream` no longer holds the blocks published as `engines`
     /// in `tier`. Unknown hashes are ignored. Returns the holdings that ended.
-    pub fn remove(
-        &self,
-        stream: StreamId,
-        engines: &[u64],
-        tier: Tier,
-    ) -> Result<usize, IndexError> {
+    pub fn remove(&self, stream: StreamId, engines: &[u64], tier: Tier) -> Result<usize, IndexError> {
         let slot = self.slot(stream)?;
         let mut map = slot.engine.lock().unwrap_or_else(|p| p.into_inner());
         let mut ended = 0;
         for &engine in engines {
-            let Some(entry) = map
-                .find(engine_hash(engine), |e| e.engine == engine)
-                .copied()
-            else {
+            let Some(entry) = map.find(engine_hash(engine), |e| e.engine == engine).copied() else {
                 continue;
             };
-            let mut shard = self.shards[entry.shard as usize]
-                .write()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut shard = self.shards[entry.shard as usize].write().unwrap_or_else(|p| p.into_inner());
             let gone = shard.is_live(entry.slot, entry.generation)
-                && shard.release(entry.slot, stream, tier_bit(tier));
-            let stale = !shard.is_live(entry.slot, entry.generation)
-                || !shard
-                    .node(entry.slot)
-                    .holders
-                    .as_slice()
-                    .iter()
-                    .any(|h| h.stream == stream);
+                && shard.release(entry.slot, stream.0 as u16, tier_bit(tier));
+            let stale = !shard.is_live(entry.slot, entry.generation) || !shard.held_by(entry.slot, stream.0 as u16);
             drop(shard);
             if gone {
                 ended += 1;
@@ -474,12 +427,10 @@ impl KvIndex {
         let mut i = 0;
         while i < entries.len() {
             let shard_ix = entries[i].shard;
-            let mut shard = self.shards[shard_ix as usize]
-                .write()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut shard = self.shards[shard_ix as usize].write().unwrap_or_else(|p| p.into_inner());
             while i < entries.len() && entries[i].shard == shard_ix {
                 let e = entries[i];
-                if shard.is_live(e.slot, e.generation) && shard.release(e.slot, stream, 0b1111) {
+                if shard.is_live(e.slot, e.generation) && shard.release(e.slot, stream.0 as u16, 0b1111) {
                     ended += 1;
                 }
                 i += 1;
@@ -494,30 +445,17 @@ impl KvIndex {
     pub fn remove_worker(&self, url: &WorkerUrl) {
         let (streams, worker) = {
             let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
-            let keys: Vec<WorkerKey> = reg
-                .by_key
-                .keys()
-                .filter(|k| &k.worker == url)
-                .cloned()
-                .collect();
+            let keys: Vec<WorkerKey> = reg.by_key.keys().filter(|k| &k.worker == url).cloned().collect();
             let ids: Vec<StreamId> = keys.iter().filter_map(|k| reg.by_key.remove(k)).collect();
             let worker = reg.worker_ids.get(url).copied();
-            (
-                ids.into_iter()
-                    .map(|id| (id, reg.streams[id.index()].clone()))
-                    .collect::<Vec<_>>(),
-                worker,
-            )
+            (ids.into_iter().map(|id| (id, reg.streams[id.index()].clone())).collect::<Vec<_>>(), worker)
         };
         for (id, slot) in streams {
             slot.removed.store(true, Ordering::Release);
             self.clear_slot(id, &slot);
         }
         if let (Some(pending), Some(worker)) = (&self.pending, worker) {
-            pending
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove_worker(worker);
+            pending.write().unwrap_or_else(|p| p.into_inner()).remove_worker(worker);
         }
     }
 
@@ -525,10 +463,7 @@ impl KvIndex {
     pub fn credit_pending(&self, worker: WorkerId, hashes: &[BlockHash]) {
         if let Some(pending) = &self.pending {
             let now = self.clock.now_ms();
-            pending
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .credit(worker, hashes, now);
+            pending.write().unwrap_or_else(|p| p.into_inner()).credit(worker, hashes, now);
         }
     }
 
@@ -541,10 +476,8 @@ impl KvIndex {
         // (stream, depth, weighted) for streams still matching.
         let mut active: Vec<(StreamId, u32, f32)> = Vec::new();
         {
-            let shard = self.shards[self.shard_index(*first)]
-                .read()
-                .unwrap_or_else(|p| p.into_inner());
-            let now = self.tick.load(Ordering::Relaxed).wrapping_add(1);
+            let shard = self.shards[self.shard_index(*first)].read().unwrap_or_else(|p| p.into_inner());
+            let now = self.tick.load(Ordering::Relaxed) & TICK_MASK;
             let mut prev = NO_PARENT;
             for (i, hash) in hashes.iter().enumerate() {
                 let Some(slot) = shard.find(*hash) else { break };
@@ -554,19 +487,17 @@ impl KvIndex {
                 }
                 node.last_used.store(now, Ordering::Relaxed);
                 let mut advanced = false;
-                for h in node.holders.as_slice() {
+                for h in shard.holders(slot) {
                     let tiers = h.tiers & opts.tiers;
                     if tiers == 0 {
                         continue;
                     }
                     let weight = opts.weights[tiers.trailing_zeros() as usize];
+                    let stream = StreamId(u32::from(h.stream));
                     if i == 0 {
-                        active.push((h.stream, 1, weight));
+                        active.push((stream, 1, weight));
                         advanced = true;
-                    } else if let Some(a) = active
-                        .iter_mut()
-                        .find(|a| a.0 == h.stream && a.1 as usize == i)
-                    {
+                    } else if let Some(a) = active.iter_mut().find(|a| a.0 == stream && a.1 as usize == i) {
                         a.1 += 1;
                         a.2 += weight;
                         advanced = true;
@@ -596,13 +527,9 @@ impl KvIndex {
                         m.rank = rank;
                     }
                     Some(_) => {}
-                    None => out.push(WorkerMatch {
-                        worker: slot.worker,
-                        blocks: depth,
-                        weighted,
-                        rank,
-                        pending_blocks: 0,
-                    }),
+                    None => {
+                        out.push(WorkerMatch { worker: slot.worker, blocks: depth, weighted, rank, pending_blocks: 0 })
+                    }
                 }
             }
         }
@@ -610,11 +537,7 @@ impl KvIndex {
             && let Some(pending) = &self.pending
         {
             let now = self.clock.now_ms();
-            for (worker, depth) in pending
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .depths(hashes, now)
-            {
+            for (worker, depth) in pending.read().unwrap_or_else(|p| p.into_inner()).depths(hashes, now) {
                 match out.iter_mut().find(|m| m.worker == worker) {
                     Some(m) => {
                         m.pending_blocks = depth;
@@ -637,19 +560,13 @@ impl KvIndex {
     pub fn expire_pending(&self) {
         if let Some(pending) = &self.pending {
             let now = self.clock.now_ms();
-            pending
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .expire(now);
+            pending.write().unwrap_or_else(|p| p.into_inner()).expire(now);
         }
     }
 
     /// Sizes and counters. Walks every shard: O(nodes); call at scrape rate.
     pub fn stats(&self) -> IndexStats {
-        let mut stats = IndexStats {
-            evicted_nodes: self.evicted.load(Ordering::Relaxed),
-            ..IndexStats::default()
-        };
+        let mut stats = IndexStats { evicted_nodes: self.evicted.load(Ordering::Relaxed), ..IndexStats::default() };
         for shard in self.shards.iter() {
             let shard = shard.read().unwrap_or_else(|p| p.into_inner());
             stats.nodes += shard.len();

@@ -25,12 +25,7 @@ pub(crate) struct Pending {
 
 impl Pending {
     pub(crate) fn new(ttl_ms: u64, max_entries: usize) -> Self {
-        Self {
-            ttl_ms,
-            max_entries,
-            by_hash: HashMap::new(),
-            queue: VecDeque::new(),
-        }
+        Self { ttl_ms, max_entries, by_hash: HashMap::new(), queue: VecDeque::new() }
     }
 
     /// Credits `worker` with `hashes` until `now + ttl`.
@@ -77,12 +72,7 @@ impl Pending {
     /// Per worker, the number of leading `hashes` credited and unexpired at `now`.
     pub(crate) fn depths(&self, hashes: &[BlockHash], now: u64) -> Vec<(WorkerId, u32)> {
         let live = |hash: &BlockHash| {
-            self.by_hash
-                .get(hash)
-                .into_iter()
-                .flatten()
-                .filter(move |(_, expiry)| *expiry > now)
-                .map(|(w, _)| *w)
+            self.by_hash.get(hash).into_iter().flatten().filter(move |(_, expiry)| *expiry > now).map(|(w, _)| *w)
         };
         let Some(first) = hashes.first() else {
             return Vec::new();
@@ -119,12 +109,7 @@ impl Pending {
 
     pub(crate) fn memory_bytes(&self) -> usize {
         self.queue.capacity() * std::mem::size_of::<(u64, BlockHash, WorkerId)>()
-            + self.by_hash.capacity()
-                * (std::mem::size_of::<(BlockHash, Vec<(WorkerId, u64)>)>() + 1)
-            + self
-                .by_hash
-                .values()
-                .map(|v| v.capacity() * 16)
-                .sum::<usize>()
+            + self.by_hash.capacity() * (std::mem::size_of::<(BlockHash, Vec<(WorkerId, u64)>)>() + 1)
+            + self.by_hash.values().map(|v| v.capacity() * 16).sum::<usize>()
     }
 }

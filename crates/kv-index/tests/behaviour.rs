@@ -18,18 +18,12 @@ fn hasher() -> PageHasher {
 /// The stored blocks of `tokens` (engine hash = router hash, as SGLang publishes).
 fn blocks(tokens: &[u32], salt: Option<&str>) -> Vec<StoredBlock> {
     let mut digests = Vec::new();
-    hasher()
-        .digests(tokens, chain_prior(salt).as_ref(), &mut digests)
-        .unwrap();
+    hasher().digests(tokens, chain_prior(salt).as_ref(), &mut digests).unwrap();
     digests
         .iter()
         .map(|d| {
             let hash = BlockHash::from_digest(d);
-            StoredBlock {
-                engine: hash.0 as u64,
-                hash,
-                digest: *d,
-            }
+            StoredBlock { engine: hash.0 as u64, hash, digest: *d }
         })
         .collect()
 }
@@ -44,36 +38,23 @@ fn key(w: &str, rank: u32) -> WorkerKey {
 
 fn depth_of(index: &KvIndex, worker: &str, q: &[BlockHash]) -> u32 {
     let id = index.worker_id(&WorkerUrl::new(worker));
-    index
-        .prefix_depths(q, &MatchOptions::default())
-        .iter()
-        .find(|m| m.worker == id)
-        .map_or(0, |m| m.blocks)
+    index.prefix_depths(q, &MatchOptions::default()).iter().find(|m| m.worker == id).map_or(0, |m| m.blocks)
 }
 
 #[test]
 fn bounded_index_evicts_lru_tails_first() {
-    let config = IndexConfig {
-        max_nodes: NonZeroUsize::new(256),
-        shards: NonZeroUsize::new(4).unwrap(),
-        ..Default::default()
-    };
+    let config =
+        IndexConfig { max_nodes: NonZeroUsize::new(256), shards: NonZeroUsize::new(4).unwrap(), ..Default::default() };
     let index = KvIndex::new(config, Arc::new(ManualClock::default()));
-    let s = index.stream(&key("http://a:1", 0));
+    let s = index.stream(&key("http://a:1", 0)).unwrap();
     let hot: Vec<u32> = (0..32).map(|i| 1_000_000 + i).collect();
     let hot_blocks = blocks(&hot, None);
     index.store(s, None, &hot_blocks, Tier::Device).unwrap();
     for i in 0..2000u32 {
         let tokens: Vec<u32> = (0..32).map(|t| i * 100 + t).collect();
-        index
-            .store(s, None, &blocks(&tokens, None), Tier::Device)
-            .unwrap();
+        index.store(s, None, &blocks(&tokens, None), Tier::Device).unwrap();
         // Keep the hot chain in use.
-        assert_eq!(
-            depth_of(&index, "http://a:1", &hashes(&hot_blocks)),
-            8,
-            "hot chain kept at step {i}"
-        );
+        assert_eq!(depth_of(&index, "http://a:1", &hashes(&hot_blocks)), 8, "hot chain kept at step {i}");
         let stats = index.stats();
         assert!(stats.nodes <= 256, "bound holds: {}", stats.nodes);
     }
@@ -85,25 +66,14 @@ fn bounded_index_evicts_lru_tails_first() {
     // Evicted blocks are no longer parents; storing under a stale parent is refused.
     let last: Vec<u32> = (0..32).map(|t| 1999 * 100 + t).collect();
     let last_blocks = blocks(&last, None);
-    let parent = index
-        .parent(s, last_blocks[7].engine)
-        .expect("newest chain's tail is indexed");
+    let parent = index.parent(s, last_blocks[7].engine).expect("newest chain's tail is indexed");
     for i in 0..400u32 {
         let tokens: Vec<u32> = (0..32).map(|t| 5_000_000 + i * 100 + t).collect();
-        index
-            .store(s, None, &blocks(&tokens, None), Tier::Device)
-            .unwrap();
+        index.store(s, None, &blocks(&tokens, None), Tier::Device).unwrap();
     }
     if index.parent(s, last_blocks[7].engine).is_none() {
-        let more = StoredBlock {
-            engine: 7,
-            hash: BlockHash(7),
-            digest: [7; 32],
-        };
-        assert_eq!(
-            index.store(s, Some(&parent), &[more], Tier::Device),
-            Err(IndexError::ParentGone)
-        );
+        let more = StoredBlock { engine: 7, hash: BlockHash(7), digest: [7; 32] };
+        assert_eq!(index.store(s, Some(&parent), &[more], Tier::Device), Err(IndexError::ParentGone));
     }
     // Memory is bounded too: engine maps were swept of evicted entries.
     assert!(index.stats().memory_bytes < 1 << 20, "{:?}", index.stats());
@@ -112,51 +82,28 @@ fn bounded_index_evicts_lru_tails_first() {
 #[test]
 fn pending_prefixes_expire_on_the_injected_clock() {
     let clock = ManualClock::default();
-    let config = IndexConfig {
-        pending_ttl: Some(Duration::from_millis(500)),
-        ..Default::default()
-    };
+    let config = IndexConfig { pending_ttl: Some(Duration::from_millis(500)), ..Default::default() };
     let index = KvIndex::new(config, Arc::new(clock.clone()));
     let w = index.worker_id(&WorkerUrl::new("http://a:1"));
     let q = hashes(&blocks(&(0..40).collect::<Vec<u32>>(), None));
     index.credit_pending(w, &q[..6]);
     let m = index.prefix_depths(&q, &MatchOptions::default());
-    assert_eq!(
-        (m.len(), m[0].blocks, m[0].pending_blocks, m[0].rank),
-        (1, 6, 6, None)
-    );
-    let without = MatchOptions {
-        include_pending: false,
-        ..MatchOptions::default()
-    };
+    assert_eq!((m.len(), m[0].blocks, m[0].pending_blocks, m[0].rank), (1, 6, 6, None));
+    let without = MatchOptions { include_pending: false, ..MatchOptions::default() };
     assert!(index.prefix_depths(&q, &without).is_empty());
     clock.advance_ms(499);
     assert_eq!(depth_of(&index, "http://a:1", &q), 6);
     clock.advance_ms(1);
-    assert_eq!(
-        depth_of(&index, "http://a:1", &q),
-        0,
-        "expired at exactly the TTL"
-    );
+    assert_eq!(depth_of(&index, "http://a:1", &q), 0, "expired at exactly the TTL");
     index.expire_pending();
     assert_eq!(index.stats().pending, 0);
 
     // Pending and events combine: the larger depth wins.
-    let s = index.stream(&key("http://a:1", 1));
-    index
-        .store(
-            s,
-            None,
-            &blocks(&(0..12).collect::<Vec<u32>>(), None),
-            Tier::Device,
-        )
-        .unwrap();
+    let s = index.stream(&key("http://a:1", 1)).unwrap();
+    index.store(s, None, &blocks(&(0..12).collect::<Vec<u32>>(), None), Tier::Device).unwrap();
     index.credit_pending(w, &q[..5]);
     let m = index.prefix_depths(&q, &MatchOptions::default());
-    assert_eq!(
-        (m[0].blocks, m[0].pending_blocks, m[0].rank),
-        (5, 5, Some(DpRank(1)))
-    );
+    assert_eq!((m[0].blocks, m[0].pending_blocks, m[0].rank), (5, 5, Some(DpRank(1))));
 
     // Off by default: crediting does nothing.
     let off = KvIndex::new(IndexConfig::default(), Arc::new(clock.clone()));
@@ -176,42 +123,13 @@ fn namespaces_keep_identical_tokens_apart() {
         .iter()
         .map(|b| {
             let hash = namespaced_block_hash(b.hash, seed.as_ref());
-            StoredBlock {
-                engine: hash.0 as u64,
-                hash,
-                digest: b.digest,
-            }
+            StoredBlock { engine: hash.0 as u64, hash, digest: b.digest }
         })
         .collect();
-    index
-        .store(
-            index.stream(&key("http://plain:1", 0)),
-            None,
-            &plain,
-            Tier::Device,
-        )
-        .unwrap();
-    index
-        .store(
-            index.stream(&key("http://salted:1", 0)),
-            None,
-            &salted,
-            Tier::Device,
-        )
-        .unwrap();
-    index
-        .store(
-            index.stream(&key("http://lora:1", 0)),
-            None,
-            &lora,
-            Tier::Device,
-        )
-        .unwrap();
-    for (q, owner) in [
-        (&plain, "http://plain:1"),
-        (&salted, "http://salted:1"),
-        (&lora, "http://lora:1"),
-    ] {
+    index.store(index.stream(&key("http://plain:1", 0)).unwrap(), None, &plain, Tier::Device).unwrap();
+    index.store(index.stream(&key("http://salted:1", 0)).unwrap(), None, &salted, Tier::Device).unwrap();
+    index.store(index.stream(&key("http://lora:1", 0)).unwrap(), None, &lora, Tier::Device).unwrap();
+    for (q, owner) in [(&plain, "http://plain:1"), (&salted, "http://salted:1"), (&lora, "http://lora:1")] {
         let m = index.prefix_depths(&hashes(q), &MatchOptions::default());
         assert_eq!(m.len(), 1, "only {owner} matches");
         assert_eq!(index.worker_url(m[0].worker).unwrap().as_str(), owner);
@@ -223,22 +141,17 @@ fn namespaces_keep_identical_tokens_apart() {
 fn best_rank_and_tier_filters() {
     let index = KvIndex::new(IndexConfig::default(), Arc::new(ManualClock::default()));
     let b = blocks(&(0..32).collect::<Vec<u32>>(), None);
-    let r0 = index.stream(&key("http://a:1", 0));
-    let r1 = index.stream(&key("http://a:1", 1));
+    let r0 = index.stream(&key("http://a:1", 0)).unwrap();
+    let r1 = index.stream(&key("http://a:1", 1)).unwrap();
     index.store(r0, None, &b[..3], Tier::Device).unwrap();
     index.store(r1, None, &b[..2], Tier::Device).unwrap();
     let parent = index.parent(r1, b[1].engine).unwrap();
-    index
-        .store(r1, Some(&parent), &b[2..6], Tier::Host)
-        .unwrap();
+    index.store(r1, Some(&parent), &b[2..6], Tier::Host).unwrap();
     let m = index.prefix_depths(&hashes(&b), &MatchOptions::default());
     assert_eq!((m[0].blocks, m[0].rank), (6, Some(DpRank(1))));
     let m = index.prefix_depths(&hashes(&b), &MatchOptions::only(&[Tier::Device]));
     assert_eq!((m[0].blocks, m[0].rank), (3, Some(DpRank(0))));
-    let weighted = MatchOptions {
-        weights: [1.0, 0.5, 0.0, 0.0],
-        ..MatchOptions::default()
-    };
+    let weighted = MatchOptions { weights: [1.0, 0.5, 0.0, 0.0], ..MatchOptions::default() };
     let m = index.prefix_depths(&hashes(&b), &weighted);
     assert_eq!(m[0].weighted, 2.0 + 4.0 * 0.5);
     // Storing again is harmless.
@@ -251,21 +164,16 @@ fn best_rank_and_tier_filters() {
 /// torn depth would mean a reader saw a half-applied write.
 #[test]
 fn readers_never_see_torn_writes() {
-    let index = Arc::new(KvIndex::new(
-        IndexConfig::default(),
-        Arc::new(ManualClock::default()),
-    ));
-    let chains: Vec<Vec<StoredBlock>> = (0..8u32)
-        .map(|c| blocks(&(0..32).map(|t| c * 1000 + t).collect::<Vec<u32>>(), None))
-        .collect();
+    let index = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(ManualClock::default())));
+    let chains: Vec<Vec<StoredBlock>> =
+        (0..8u32).map(|c| blocks(&(0..32).map(|t| c * 1000 + t).collect::<Vec<u32>>(), None)).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let barrier = Arc::new(Barrier::new(4));
     let mut handles = Vec::new();
     for w in 0..2 {
-        let (index, chains, stop, barrier) =
-            (index.clone(), chains.clone(), stop.clone(), barrier.clone());
+        let (index, chains, stop, barrier) = (index.clone(), chains.clone(), stop.clone(), barrier.clone());
         handles.push(std::thread::spawn(move || {
-            let s = index.stream(&key(&format!("http://w{w}:1"), 0));
+            let s = index.stream(&key(&format!("http://w{w}:1"), 0)).unwrap();
             barrier.wait();
             let mut rounds = 0u32;
             while !stop.load(Ordering::Relaxed) || rounds < 200 {

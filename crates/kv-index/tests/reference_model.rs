@@ -32,10 +32,7 @@ fn chain(rng: &mut Rng, max_blocks: usize) -> Vec<(BlockHash, PageDigest)> {
     let tokens: Vec<u32> = (0..blocks * 2).map(|_| rng.below(3) as u32).collect();
     let mut digests = Vec::new();
     hasher.digests(&tokens, None, &mut digests).unwrap();
-    digests
-        .iter()
-        .map(|d| (BlockHash::from_digest(d), *d))
-        .collect()
+    digests.iter().map(|d| (BlockHash::from_digest(d), *d)).collect()
 }
 
 /// The naive model: per stream, held hash → tier bits.
@@ -65,9 +62,7 @@ impl Model {
                 }
             }
             if depth > 0 {
-                out.entry(key.worker.clone())
-                    .or_default()
-                    .push((key.rank, depth, weighted));
+                out.entry(key.worker.clone()).or_default().push((key.rank, depth, weighted));
             }
         }
         out
@@ -76,55 +71,36 @@ impl Model {
 
 /// Engine hashes: SGLang-like streams publish the router hash, vLLM-like ones another value.
 fn engine(key: &WorkerKey, hash: BlockHash) -> u64 {
-    if key.rank.0 == 0 {
-        hash.0 as u64
-    } else {
-        (hash.0 as u64) ^ 0xA5A5_0000_0000_0001 ^ u64::from(key.rank.0) << 40
-    }
+    if key.rank.0 == 0 { hash.0 as u64 } else { (hash.0 as u64) ^ 0xA5A5_0000_0000_0001 ^ u64::from(key.rank.0) << 40 }
 }
 
 const TIERS: [Tier; 4] = [Tier::Device, Tier::Host, Tier::Disk, Tier::External];
 
 fn run(seed: u64, ops: usize, shards: usize) {
     let mut rng = Rng(seed);
-    let config = IndexConfig {
-        shards: NonZeroUsize::new(shards).unwrap(),
-        ..IndexConfig::default()
-    };
+    let config = IndexConfig { shards: NonZeroUsize::new(shards).unwrap(), ..IndexConfig::default() };
     let index = KvIndex::new(config, Arc::new(ManualClock::default()));
     let mut model = Model::default();
-    let workers: Vec<WorkerUrl> = (0..3)
-        .map(|w| WorkerUrl::new(format!("http://w{w}:1")))
-        .collect();
-    let keys: Vec<WorkerKey> = workers
-        .iter()
-        .flat_map(|w| (0..2).map(|r| WorkerKey::new(w.clone(), DpRank(r))))
-        .collect();
+    let workers: Vec<WorkerUrl> = (0..3).map(|w| WorkerUrl::new(format!("http://w{w}:1"))).collect();
+    let keys: Vec<WorkerKey> =
+        workers.iter().flat_map(|w| (0..2).map(|r| WorkerKey::new(w.clone(), DpRank(r)))).collect();
     let weights = [1.0, 0.5, 0.25, 0.125];
     let (mut stores, mut orphans, mut queries, mut nonzero) = (0, 0, 0, 0);
 
     for step in 0..ops {
         let key = keys[rng.below(keys.len())].clone();
-        let stream = index.stream(&key);
+        let stream = index.stream(&key).unwrap();
         match rng.below(100) {
             // Store a chain, maybe under a parent.
             0..=44 => {
                 let c = chain(&mut rng, 6);
-                let split = if rng.below(2) == 0 {
-                    0
-                } else {
-                    rng.below(c.len())
-                };
+                let split = if rng.below(2) == 0 { 0 } else { rng.below(c.len()) };
                 let tier = TIERS[[0, 0, 0, 1, 2, 3][rng.below(6)]];
                 let held = model.held.entry(key.clone()).or_default();
                 let parent = if split > 0 {
                     let p = c[split - 1].0;
                     let found = index.parent(stream, engine(&key, p));
-                    assert_eq!(
-                        found.is_some(),
-                        held.contains_key(&p),
-                        "step {step}: parent lookup"
-                    );
+                    assert_eq!(found.is_some(), held.contains_key(&p), "step {step}: parent lookup");
                     match found {
                         Some(f) => {
                             assert_eq!(f.hash, p);
@@ -141,11 +117,7 @@ fn run(seed: u64, ops: usize, shards: usize) {
                 };
                 let blocks: Vec<StoredBlock> = c[split..]
                     .iter()
-                    .map(|(h, d)| StoredBlock {
-                        engine: engine(&key, *h),
-                        hash: *h,
-                        digest: *d,
-                    })
+                    .map(|(h, d)| StoredBlock { engine: engine(&key, *h), hash: *h, digest: *d })
                     .collect();
                 index.store(stream, parent.as_ref(), &blocks, tier).unwrap();
                 for (h, _) in &c[split..] {
@@ -157,8 +129,7 @@ fn run(seed: u64, ops: usize, shards: usize) {
             45..=64 => {
                 let tier = TIERS[rng.below(4)];
                 let held = model.held.entry(key.clone()).or_default();
-                let mut victims: Vec<BlockHash> =
-                    held.keys().copied().filter(|_| rng.below(3) == 0).collect();
+                let mut victims: Vec<BlockHash> = held.keys().copied().filter(|_| rng.below(3) == 0).collect();
                 victims.push(BlockHash(rng.next() as i64));
                 let engines: Vec<u64> = victims.iter().map(|h| engine(&key, *h)).collect();
                 let mut ended = 0;
@@ -171,64 +142,38 @@ fn run(seed: u64, ops: usize, shards: usize) {
                         }
                     }
                 }
-                assert_eq!(
-                    index.remove(stream, &engines, tier).unwrap(),
-                    ended,
-                    "step {step}: removals"
-                );
+                assert_eq!(index.remove(stream, &engines, tier).unwrap(), ended, "step {step}: removals");
             }
             // Clear a stream (publisher restart).
             65..=67 => {
                 let held = model.held.remove(&key).unwrap_or_default();
-                assert_eq!(
-                    index.clear_stream(stream).unwrap(),
-                    held.len(),
-                    "step {step}: clear"
-                );
+                assert_eq!(index.clear_stream(stream).unwrap(), held.len(), "step {step}: clear");
             }
             // Remove a whole worker.
             68 => {
                 let worker = key.worker.clone();
                 model.held.retain(|k, _| k.worker != worker);
                 index.remove_worker(&worker);
-                assert!(
-                    index.store(stream, None, &[], Tier::Device).is_err(),
-                    "removed streams refuse writes"
-                );
+                assert!(index.store(stream, None, &[], Tier::Device).is_err(), "removed streams refuse writes");
             }
             // Query a chain, with some tier mask.
             _ => {
                 let c = chain(&mut rng, 8);
                 let hashes: Vec<BlockHash> = c.iter().map(|(h, _)| *h).collect();
                 let mask = [0b1111u8, 0b0001, 0b0011, 0b0110][rng.below(4)];
-                let opts = MatchOptions {
-                    tiers: mask,
-                    weights,
-                    include_pending: false,
-                };
+                let opts = MatchOptions { tiers: mask, weights, include_pending: false };
                 let want = model.depths(&hashes, mask, weights);
                 let got = index.prefix_depths(&hashes, &opts);
-                assert_eq!(
-                    got.len(),
-                    want.len(),
-                    "step {step}: workers matched {got:?} vs {want:?}"
-                );
+                assert_eq!(got.len(), want.len(), "step {step}: workers matched {got:?} vs {want:?}");
                 for m in &got {
                     let url = index.worker_url(m.worker).unwrap();
                     let ranks = &want[&url];
                     let best = ranks.iter().map(|r| r.1).max().unwrap();
                     assert_eq!(m.blocks, best, "step {step}: depth of {url}");
                     let rank = m.rank.expect("a rank");
-                    let (_, d, w) = ranks
-                        .iter()
-                        .find(|r| r.0 == rank)
-                        .expect("reported rank holds blocks");
+                    let (_, d, w) = ranks.iter().find(|r| r.0 == rank).expect("reported rank holds blocks");
                     assert_eq!(*d, best, "step {step}: reported rank is a best rank");
-                    assert!(
-                        (m.weighted - w).abs() < 1e-4,
-                        "step {step}: weighted {} vs {w}",
-                        m.weighted
-                    );
+                    assert!((m.weighted - w).abs() < 1e-4, "step {step}: weighted {} vs {w}", m.weighted);
                     nonzero += usize::from(m.blocks > 0);
                 }
                 queries += 1;
@@ -247,11 +192,7 @@ fn run(seed: u64, ops: usize, shards: usize) {
 #[test]
 fn random_interleavings_match_the_reference_model() {
     for seed in 1..=12u64 {
-        run(
-            seed.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-            4000,
-            [1, 2, 32][seed as usize % 3],
-        );
+        run(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15), 4000, [1, 2, 32][seed as usize % 3]);
     }
 }
 
@@ -261,17 +202,11 @@ fn clears_leave_nothing_behind() {
     let index = KvIndex::new(IndexConfig::default(), Arc::new(ManualClock::default()));
     let mut rng = Rng(42);
     let key = WorkerKey::new(WorkerUrl::new("http://a:1"), DpRank(0));
-    let stream = index.stream(&key);
+    let stream = index.stream(&key).unwrap();
     for _ in 0..500 {
         let c = chain(&mut rng, 6);
-        let blocks: Vec<StoredBlock> = c
-            .iter()
-            .map(|(h, d)| StoredBlock {
-                engine: h.0 as u64,
-                hash: *h,
-                digest: *d,
-            })
-            .collect();
+        let blocks: Vec<StoredBlock> =
+            c.iter().map(|(h, d)| StoredBlock { engine: h.0 as u64, hash: *h, digest: *d }).collect();
         index.store(stream, None, &blocks, Tier::Device).unwrap();
     }
     assert!(index.stats().nodes > 0);

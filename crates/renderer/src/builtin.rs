@@ -68,10 +68,8 @@ impl Renderer {
         let tokenizer = TextTokenizer::from_bytes(builtin_tokenizer_json().as_bytes())?;
         let mut special_tokens = Map::new();
         special_tokens.insert("eos_token".into(), Json::String("<|im_end|>".into()));
-        let config = ModelConfig {
-            templates: ChatTemplates::single(ChatTemplate::new(BUILTIN_CHAT_TEMPLATE)?),
-            special_tokens,
-        };
+        let config =
+            ModelConfig { templates: ChatTemplates::single(ChatTemplate::new(BUILTIN_CHAT_TEMPLATE)?), special_tokens };
         Ok(Renderer::new(tokenizer, config))
     }
 }
@@ -87,10 +85,7 @@ mod tests {
         let t = r.tokenizer();
         assert_eq!(t.vocab_size(), 259);
         assert_eq!(t.encode("Aé", false).unwrap(), vec![65, 0xc3, 0xa9]);
-        assert_eq!(
-            t.encode("<|im_start|>a<|im_end|>", false).unwrap(),
-            vec![257, 97, 258]
-        );
+        assert_eq!(t.encode("<|im_start|>a<|im_end|>", false).unwrap(), vec![257, 97, 258]);
         assert_eq!(t.decode(&[72, 105, 0xc3, 0xa9], false).unwrap(), "Hié");
     }
 

@@ -46,33 +46,29 @@ pub(crate) struct TemplateInput {
 impl ChatRequest {
     /// Parses a request body; an error names the field that is wrong.
     pub fn from_json(body: &[u8]) -> Result<Self, RenderError> {
-        let req: ChatRequest = serde_json::from_slice(body)
-            .map_err(|e| RenderError::InvalidRequest(format!("chat request: {e}")))?;
+        let req: ChatRequest =
+            serde_json::from_slice(body).map_err(|e| RenderError::InvalidRequest(format!("chat request: {e}")))?;
         req.validate()?;
         Ok(req)
     }
 
     /// Parses an already-decoded JSON body.
     pub fn from_value(body: Json) -> Result<Self, RenderError> {
-        let req: ChatRequest = serde_json::from_value(body)
-            .map_err(|e| RenderError::InvalidRequest(format!("chat request: {e}")))?;
+        let req: ChatRequest =
+            serde_json::from_value(body).map_err(|e| RenderError::InvalidRequest(format!("chat request: {e}")))?;
         req.validate()?;
         Ok(req)
     }
 
     fn validate(&self) -> Result<(), RenderError> {
         if self.messages.is_empty() {
-            return Err(RenderError::InvalidRequest(
-                "`messages` must not be empty".into(),
-            ));
+            return Err(RenderError::InvalidRequest("`messages` must not be empty".into()));
         }
         for (i, m) in self.messages.iter().enumerate() {
             match m.get("role") {
                 Some(Json::String(_)) => {}
                 _ => {
-                    return Err(RenderError::InvalidRequest(format!(
-                        "messages[{i}].role must be a string"
-                    )));
+                    return Err(RenderError::InvalidRequest(format!("messages[{i}].role must be a string")));
                 }
             }
             match m.get("content") {
@@ -93,21 +89,10 @@ impl ChatRequest {
     }
 
     /// The template variables for this request (special tokens are added by the caller).
-    pub(crate) fn template_input(
-        &self,
-        format: ContentFormat,
-    ) -> Result<TemplateInput, RenderError> {
-        let messages: Vec<Json> = self
-            .messages
-            .iter()
-            .map(|m| Json::Object(normalize_message(m, format)))
-            .collect();
+    pub(crate) fn template_input(&self, format: ContentFormat) -> Result<TemplateInput, RenderError> {
+        let messages: Vec<Json> = self.messages.iter().map(|m| Json::Object(normalize_message(m, format))).collect();
         let continuing = self.continue_final_message.unwrap_or(false);
-        let continue_text = if continuing {
-            Some(final_text(&messages)?)
-        } else {
-            None
-        };
+        let continue_text = if continuing { Some(final_text(&messages)?) } else { None };
 
         let mut vars = Map::new();
         if let Some(kwargs) = &self.chat_template_kwargs {
@@ -116,21 +101,11 @@ impl ChatRequest {
             }
         }
         vars.insert("messages".into(), Json::Array(messages));
-        vars.insert(
-            "tools".into(),
-            self.tools.clone().map_or(Json::Null, Json::Array),
-        );
+        vars.insert("tools".into(), self.tools.clone().map_or(Json::Null, Json::Array));
         vars.insert("documents".into(), Json::Null);
-        let agp = if continuing {
-            false
-        } else {
-            self.add_generation_prompt.unwrap_or(true)
-        };
+        let agp = if continuing { false } else { self.add_generation_prompt.unwrap_or(true) };
         vars.insert("add_generation_prompt".into(), Json::Bool(agp));
-        Ok(TemplateInput {
-            vars,
-            continue_text,
-        })
+        Ok(TemplateInput { vars, continue_text })
     }
 }
 
@@ -152,34 +127,20 @@ fn normalize_message(message: &Map<String, Json>, format: ContentFormat) -> Map<
 
 fn normalize_content(content: &Json, format: ContentFormat) -> Json {
     let Json::Array(parts) = content else {
-        return if content.is_null() {
-            Json::String(String::new())
-        } else {
-            content.clone()
-        };
+        return if content.is_null() { Json::String(String::new()) } else { content.clone() };
     };
-    let is_text = |p: &Json| {
-        matches!(
-            p.get("type").and_then(Json::as_str),
-            Some("text" | "input_text")
-        )
-    };
+    let is_text = |p: &Json| matches!(p.get("type").and_then(Json::as_str), Some("text" | "input_text"));
     match format {
         ContentFormat::String => {
-            let texts: Vec<&str> = parts
-                .iter()
-                .filter(|p| is_text(p))
-                .filter_map(|p| p.get("text")?.as_str())
-                .collect();
+            let texts: Vec<&str> =
+                parts.iter().filter(|p| is_text(p)).filter_map(|p| p.get("text")?.as_str()).collect();
             Json::String(texts.join(" "))
         }
         ContentFormat::OpenAi => Json::Array(
             parts
                 .iter()
                 .filter_map(|p| match p.get("type").and_then(Json::as_str) {
-                    Some("text" | "input_text") => {
-                        Some(serde_json::json!({"type": "text", "text": p.get("text")?}))
-                    }
+                    Some("text" | "input_text") => Some(serde_json::json!({"type": "text", "text": p.get("text")?})),
                     Some("image_url" | "input_image") => Some(serde_json::json!({"type": "image"})),
                     Some("video_url") => Some(serde_json::json!({"type": "video"})),
                     Some("audio_url") => Some(serde_json::json!({"type": "audio"})),
@@ -195,29 +156,19 @@ fn final_text(messages: &[Json]) -> Result<String, RenderError> {
     let last = messages.last().and_then(|m| m.get("content"));
     match last {
         Some(Json::String(s)) => Ok(s.clone()),
-        Some(Json::Array(parts)) => parts
-            .iter()
-            .rev()
-            .find_map(|p| p.get("text").and_then(Json::as_str))
-            .map(str::to_string)
-            .ok_or_else(|| {
-                RenderError::InvalidRequest(
-                    "continue_final_message: the final message has no text".into(),
-                )
-            }),
-        _ => Err(RenderError::InvalidRequest(
-            "continue_final_message: the final message has no content".into(),
-        )),
+        Some(Json::Array(parts)) => {
+            parts.iter().rev().find_map(|p| p.get("text").and_then(Json::as_str)).map(str::to_string).ok_or_else(|| {
+                RenderError::InvalidRequest("continue_final_message: the final message has no text".into())
+            })
+        }
+        _ => Err(RenderError::InvalidRequest("continue_final_message: the final message has no content".into())),
     }
 }
 
 /// transformers' cut for `continue_final_message`: end the prompt right after
 /// the final message's text, keeping its trailing whitespace only if the
 /// template kept it.
-pub(crate) fn cut_after_final_message(
-    rendered: &str,
-    final_message: &str,
-) -> Result<String, RenderError> {
+pub(crate) fn cut_after_final_message(rendered: &str, final_message: &str) -> Result<String, RenderError> {
     let stripped = final_message.trim();
     let Some(loc) = rendered.rfind(stripped) else {
         return Err(RenderError::InvalidRequest(
@@ -225,13 +176,12 @@ pub(crate) fn cut_after_final_message(
         ));
     };
     let lstripped = final_message.trim_start();
-    let end = if rendered[loc..].starts_with(lstripped)
-        && rendered.get(loc..loc + lstripped.len()) == Some(final_message)
-    {
-        loc + lstripped.len()
-    } else {
-        loc + stripped.len()
-    };
+    let end =
+        if rendered[loc..].starts_with(lstripped) && rendered.get(loc..loc + lstripped.len()) == Some(final_message) {
+            loc + lstripped.len()
+        } else {
+            loc + stripped.len()
+        };
     Ok(rendered[..end].to_string())
 }
 
@@ -271,8 +221,7 @@ mod tests {
         assert!(err.to_string().contains("must not be empty"));
         let err = ChatRequest::from_json(b"{not json").unwrap_err();
         assert_eq!(err.kind(), "invalid_request");
-        let err = ChatRequest::from_json(br#"{"messages": [{"role": "user", "content": 5}]}"#)
-            .unwrap_err();
+        let err = ChatRequest::from_json(br#"{"messages": [{"role": "user", "content": 5}]}"#).unwrap_err();
         assert!(err.to_string().contains("messages[0].content"));
     }
 
@@ -280,16 +229,10 @@ mod tests {
     fn continue_final_message_cuts_after_the_text() {
         // The template trimmed the trailing space: cut after the stripped text.
         let rendered = "<u>hi</u><a>Once upon</a>";
-        assert_eq!(
-            cut_after_final_message(rendered, "Once upon ").unwrap(),
-            "<u>hi</u><a>Once upon"
-        );
+        assert_eq!(cut_after_final_message(rendered, "Once upon ").unwrap(), "<u>hi</u><a>Once upon");
         // The template kept it: keep it too.
         let rendered = "<a>Once upon </a>";
-        assert_eq!(
-            cut_after_final_message(rendered, "Once upon ").unwrap(),
-            "<a>Once upon "
-        );
+        assert_eq!(cut_after_final_message(rendered, "Once upon ").unwrap(), "<a>Once upon ");
         assert!(cut_after_final_message("<a></a>", "missing").is_err());
     }
 }

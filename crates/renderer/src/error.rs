@@ -84,9 +84,6 @@ impl RenderError {
     }
 
     pub(crate) fn load(path: impl Into<PathBuf>, message: impl ToString) -> Self {
-        RenderError::Load {
-            path: path.into(),
-            message: message.to_string(),
-        }
+        RenderError::Load { path: path.into(), message: message.to_string() }
     }
 }

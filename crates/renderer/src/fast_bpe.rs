@@ -50,10 +50,7 @@ enum SplitRegex {
 
 /// The GPT-style pattern tail whose look-ahead `SplitRegex::WhitespaceLookahead`
 /// emulates, with `\r\n` escaped or as raw characters (DeepSeek's file has both).
-const LOOKAHEAD_TAILS: [&str; 2] = [
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+",
-    "|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
-];
+const LOOKAHEAD_TAILS: [&str; 2] = [r"|\s*[\r\n]+|\s+(?!\S)|\s+", "|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"];
 /// Known patterns whose earlier alternatives never match pure whitespace, so the
 /// emulation is exact (Qwen2/2.5/3, Llama 3, DeepSeek V3's last split, GPT-4o).
 const LOOKAHEAD_PREFIXES: &[&str] = &[
@@ -89,12 +86,7 @@ impl FastBpe {
         };
         let pre = serde_json::to_value(tokenizer.get_pre_tokenizer()?).ok()?;
         let splits = parse_pre_tokenizer(&pre)?;
-        Some(Self {
-            normalizer,
-            splits,
-            byte_chars: byte_chars(),
-            words: RwLock::new(AHashMap::new()),
-        })
+        Some(Self { normalizer, splits, byte_chars: byte_chars(), words: RwLock::new(AHashMap::new()) })
     }
 
     /// The normalizer kind (added tokens marked `normalized` can be split on
@@ -104,16 +96,9 @@ impl FastBpe {
     }
 
     /// Appends the ids of `text`, which must contain no added token.
-    pub(crate) fn encode(
-        &self,
-        model: &ModelWrapper,
-        text: &str,
-        out: &mut Vec<u32>,
-    ) -> Result<(), RenderError> {
+    pub(crate) fn encode(&self, model: &ModelWrapper, text: &str, out: &mut Vec<u32>) -> Result<(), RenderError> {
         let text: Cow<'_, str> = match self.normalizer {
-            Normalizer::Nfc if !surely_nfc(text) => {
-                Cow::Owned(text.nfc().map(|(c, _)| c).collect())
-            }
+            Normalizer::Nfc if !surely_nfc(text) => Cow::Owned(text.nfc().map(|(c, _)| c).collect()),
             _ => Cow::Borrowed(text),
         };
         let mut misses: Vec<(Box<str>, Box<[u32]>)> = Vec::new();
@@ -127,9 +112,7 @@ impl FastBpe {
                     out.extend_from_slice(ids);
                     return Ok(());
                 }
-                let tokens = model
-                    .tokenize(&mapped)
-                    .map_err(|e| RenderError::Tokenizer(e.to_string()))?;
+                let tokens = model.tokenize(&mapped).map_err(|e| RenderError::Tokenizer(e.to_string()))?;
                 let start = out.len();
                 out.extend(tokens.iter().map(|t| t.id));
                 if mapped.len() <= WORD_CACHE_MAX_BYTES {
@@ -200,20 +183,13 @@ fn split_into(
             while let Some(m) = re.find_at(text, at) {
                 let mut end = m.end();
                 let s = m.as_str();
-                if end < text.len()
-                    && !s.contains(['\r', '\n'])
-                    && s.chars().all(char::is_whitespace)
-                {
+                if end < text.len() && !s.contains(['\r', '\n']) && s.chars().all(char::is_whitespace) {
                     if let Some((last, _)) = s.char_indices().nth(1).and(s.char_indices().last()) {
                         end = m.start() + last; // give the last whitespace char back
                     }
                 }
                 piece(m.start(), end, &mut prev)?;
-                at = if end > m.start() {
-                    end
-                } else {
-                    end + text[end..].chars().next().map_or(1, char::len_utf8)
-                };
+                at = if end > m.start() { end } else { end + text[end..].chars().next().map_or(1, char::len_utf8) };
                 if at > text.len() {
                     break;
                 }
@@ -240,20 +216,14 @@ impl SplitRegex {
 
     /// `emulate = false` forces fancy-regex for the look-ahead patterns (tests compare both).
     fn compile(source: &str, emulate: bool) -> Option<Self> {
-        if let Some(prefix) = LOOKAHEAD_TAILS
-            .iter()
-            .find_map(|tail| source.strip_suffix(tail))
+        if let Some(prefix) = LOOKAHEAD_TAILS.iter().find_map(|tail| source.strip_suffix(tail))
             && LOOKAHEAD_PREFIXES.contains(&prefix)
             && emulate
         {
             let plain = format!(r"{prefix}|\s*[\r\n]+|\s+");
-            return regex::Regex::new(&plain)
-                .ok()
-                .map(SplitRegex::WhitespaceLookahead);
+            return regex::Regex::new(&plain).ok().map(SplitRegex::WhitespaceLookahead);
         }
-        if !["(?=", "(?!", "(?<=", "(?<!"]
-            .iter()
-            .any(|l| source.contains(l))
+        if !["(?=", "(?!", "(?<=", "(?<!"].iter().any(|l| source.contains(l))
             && let Ok(re) = regex::Regex::new(source)
         {
             return Some(SplitRegex::Plain(re));
@@ -317,8 +287,7 @@ pub(crate) fn byte_chars() -> [char; 256] {
     let mut shifted = 0u32;
     for (b, slot) in out.iter_mut().enumerate() {
         let b = b as u32;
-        let printable =
-            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
         *slot = if printable {
             char::from_u32(b).unwrap_or('?')
         } else {
@@ -371,17 +340,14 @@ mod tests {
             format!("{deepseek_prefix}{}", LOOKAHEAD_TAILS[1]),
         ];
         let alphabet = [
-            " ", "  ", "\t", "\n", "\r\n", "a", "Bc", "1", "22", "!", "'s", "'LL", "é", "中",
-            "\u{3000}", "\u{85}", "\u{2028}", "x ",
+            " ", "  ", "\t", "\n", "\r\n", "a", "Bc", "1", "22", "!", "'s", "'LL", "é", "中", "\u{3000}", "\u{85}",
+            "\u{2028}", "x ",
         ];
         let mut state = 0x2545_F491_4F6C_DD1Du64;
         for source in &sources {
             let fast = SplitRegex::compile(source, true).unwrap();
             let slow = SplitRegex::compile(source, false).unwrap();
-            assert!(
-                matches!(fast, SplitRegex::WhitespaceLookahead(_)),
-                "{source:?}"
-            );
+            assert!(matches!(fast, SplitRegex::WhitespaceLookahead(_)), "{source:?}");
             assert!(matches!(slow, SplitRegex::Fancy(_)));
             for _ in 0..3000 {
                 let mut text = String::new();
@@ -391,11 +357,7 @@ mod tests {
                     state ^= state << 17;
                     text.push_str(alphabet[(state % alphabet.len() as u64) as usize]);
                 }
-                assert_eq!(
-                    pieces(&fast, &text),
-                    pieces(&slow, &text),
-                    "{text:?} under {source:?}"
-                );
+                assert_eq!(pieces(&fast, &text), pieces(&slow, &text), "{text:?} under {source:?}");
             }
         }
     }
@@ -409,22 +371,14 @@ mod fixture_tests {
     #[test]
     fn fixture_tokenizers_avoid_fancy_regex() {
         for name in ["qwen3", "deepseek-v3"] {
-            let path = format!(
-                "{}/../../tests/fixtures/tokenizers/{name}/tokenizer.json",
-                env!("CARGO_MANIFEST_DIR")
-            );
+            let path = format!("{}/../../tests/fixtures/tokenizers/{name}/tokenizer.json", env!("CARGO_MANIFEST_DIR"));
             let tok = tokenizers::Tokenizer::from_file(&path).unwrap();
             let fast = FastBpe::new(&tok).expect("fast path supported");
             assert!(!fast.splits.is_empty());
             for split in &fast.splits {
                 assert!(!matches!(split, SplitRegex::Fancy(_)), "{name}: {split:?}");
             }
-            assert!(
-                fast.splits
-                    .iter()
-                    .any(|s| matches!(s, SplitRegex::WhitespaceLookahead(_))),
-                "{name}"
-            );
+            assert!(fast.splits.iter().any(|s| matches!(s, SplitRegex::WhitespaceLookahead(_))), "{name}");
         }
     }
 }

@@ -134,12 +134,8 @@ impl PageHasher {
         while start < positions {
             let units = size.min(positions - start);
             let digest = match self.mode {
-                HashMode::Unigram => {
-                    hash_unigram_page(&tokens[start..start + units], state.as_ref(), start)?
-                }
-                HashMode::Bigram => {
-                    hash_bigram_page(&tokens[start..start + units + 1], state.as_ref(), start)?
-                }
+                HashMode::Unigram => hash_unigram_page(&tokens[start..start + units], state.as_ref(), start)?,
+                HashMode::Bigram => hash_bigram_page(&tokens[start..start + units + 1], state.as_ref(), start)?,
             };
             each(page, &digest);
             state = Some(digest);
@@ -203,11 +199,7 @@ fn hash_unigram_page<T: TokenId>(
 }
 
 /// Hashes one bigram page from its `units + 1` raw tokens.
-fn hash_bigram_page<T: TokenId>(
-    raw: &[T],
-    prior: Option<&PageDigest>,
-    offset: usize,
-) -> Result<PageDigest, HashError> {
+fn hash_bigram_page<T: TokenId>(raw: &[T], prior: Option<&PageDigest>, offset: usize) -> Result<PageDigest, HashError> {
     let mut sha = Sha256::new();
     if let Some(p) = prior {
         sha.update(p);
@@ -330,18 +322,11 @@ mod tests {
     fn reference_check_values() {
         let h = hasher(4, HashMode::Unigram);
         let tokens: Vec<u32> = (1..=8).collect();
-        assert_eq!(
-            ids(h.block_hashes(&tokens, None).unwrap()),
-            [-3488128144981237669, 5674439469042975057]
-        );
+        assert_eq!(ids(h.block_hashes(&tokens, None).unwrap()), [-3488128144981237669, 5674439469042975057]);
         let h = hasher(2, HashMode::Unigram);
         assert_eq!(
             ids(h.block_hashes(&[0u32, 1, 2, 3, 4], None).unwrap()),
-            [
-                120731552294108698,
-                -5785398976907936554,
-                -1760925733444217280
-            ]
+            [120731552294108698, -5785398976907936554, -1760925733444217280]
         );
     }
 
@@ -350,10 +335,7 @@ mod tests {
         let h = hasher(16, HashMode::Unigram);
         let a: Vec<u32> = (0..100).map(|i| i * 1000 + 7).collect();
         let b: Vec<u64> = a.iter().map(|&t| u64::from(t)).collect();
-        assert_eq!(
-            h.block_hashes(&a, None).unwrap(),
-            h.block_hashes(&b, None).unwrap()
-        );
+        assert_eq!(h.block_hashes(&a, None).unwrap(), h.block_hashes(&b, None).unwrap());
     }
 
     #[test]
@@ -392,14 +374,8 @@ mod tests {
     #[test]
     fn namespace_seed_separates_joined_parts() {
         assert_eq!(namespace_seed(None, None), None);
-        assert_ne!(
-            namespace_seed(Some("a"), Some("bc")),
-            namespace_seed(Some("ab"), Some("c"))
-        );
-        assert_ne!(
-            namespace_seed(Some(""), None),
-            namespace_seed(None, Some(""))
-        );
+        assert_ne!(namespace_seed(Some("a"), Some("bc")), namespace_seed(Some("ab"), Some("c")));
+        assert_ne!(namespace_seed(Some(""), None), namespace_seed(None, Some("")));
         let h = BlockHash(42);
         assert_eq!(namespaced_block_hash(h, None), h);
     }

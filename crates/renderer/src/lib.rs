@@ -32,9 +32,7 @@ pub use hash::{HashError, HashMode, PageDigest, PageHasher};
 pub use model::{ChatTemplates, ModelConfig};
 pub use prompt::{Prompt, token_ids};
 pub use template::{ChatTemplate, ContentFormat, detect_content_format};
-pub use tokenizer::{
-    CacheStats, DEFAULT_SEGMENT_CACHE_BYTES, DEFAULT_SEGMENT_CACHE_ENTRIES, TextTokenizer,
-};
+pub use tokenizer::{CacheStats, DEFAULT_SEGMENT_CACHE_BYTES, DEFAULT_SEGMENT_CACHE_ENTRIES, TextTokenizer};
 
 /// A rendered chat: the prompt text and its token ids.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,11 +74,7 @@ impl Renderer {
     /// The chat template's output for `req`.
     pub fn render_text(&self, req: &ChatRequest) -> Result<String, RenderError> {
         let has_tools = req.tools.as_ref().is_some_and(|t| !t.is_empty());
-        let template = self
-            .config
-            .templates
-            .select(has_tools)
-            .ok_or(RenderError::MissingTemplate)?;
+        let template = self.config.templates.select(has_tools).ok_or(RenderError::MissingTemplate)?;
         let input = req.template_input(template.content_format())?;
         let mut vars: Map<String, Json> = self.config.special_tokens.clone();
         vars.extend(input.vars);

@@ -11,15 +11,8 @@ use crate::RenderError;
 use crate::template::ChatTemplate;
 
 /// The template variables transformers adds from the special-tokens map.
-const SPECIAL_TOKEN_KEYS: [&str; 7] = [
-    "bos_token",
-    "eos_token",
-    "unk_token",
-    "sep_token",
-    "pad_token",
-    "cls_token",
-    "mask_token",
-];
+const SPECIAL_TOKEN_KEYS: [&str; 7] =
+    ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"];
 
 /// The chat templates of a model: one default, optionally a `tool_use` variant.
 #[derive(Debug, Default)]
@@ -44,10 +37,7 @@ pub struct ModelConfig {
 impl ChatTemplates {
     /// One template for every request.
     pub fn single(template: ChatTemplate) -> Self {
-        Self {
-            default: Some(template),
-            tool_use: None,
-        }
+        Self { default: Some(template), tool_use: None }
     }
 
     /// transformers' choice: `tool_use` when tools are given and it exists, else the default.
@@ -66,9 +56,7 @@ impl ModelConfig {
     pub fn load(dir: &Path, chat_template: Option<&Path>) -> Result<Self, RenderError> {
         let config_path = dir.join("tokenizer_config.json");
         let config: Map<String, Json> = match std::fs::read(&config_path) {
-            Ok(bytes) => {
-                serde_json::from_slice(&bytes).map_err(|e| RenderError::load(&config_path, e))?
-            }
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| RenderError::load(&config_path, e))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Map::new(),
             Err(e) => return Err(RenderError::load(&config_path, e)),
         };
@@ -94,10 +82,7 @@ impl ModelConfig {
         } else {
             ChatTemplates::default()
         };
-        Ok(Self {
-            templates,
-            special_tokens,
-        })
+        Ok(Self { templates, special_tokens })
     }
 }
 
@@ -123,20 +108,14 @@ fn parse_templates(value: &Json, path: &Path) -> Result<ChatTemplates, RenderErr
                     (Some("tool_use"), Some(src)) => out.tool_use = Some(ChatTemplate::new(src)?),
                     (Some(_), Some(_)) => {}
                     _ => {
-                        return Err(RenderError::load(
-                            path,
-                            "chat_template entries need `name` and `template`",
-                        ));
+                        return Err(RenderError::load(path, "chat_template entries need `name` and `template`"));
                     }
                 }
             }
             Ok(out)
         }
         Json::Null => Ok(ChatTemplates::default()),
-        _ => Err(RenderError::load(
-            path,
-            "chat_template must be a string or a list of named templates",
-        )),
+        _ => Err(RenderError::load(path, "chat_template must be a string or a list of named templates")),
     }
 }
 

@@ -25,13 +25,7 @@ impl DumpOptions {
     /// Python's defaults for the given indent: `", "` without indent, `","` with one.
     pub(crate) fn new(indent: Option<String>) -> Self {
         let item_sep = if indent.is_some() { "," } else { ", " }.to_string();
-        Self {
-            indent,
-            item_sep,
-            key_sep: ": ".to_string(),
-            sort_keys: false,
-            ensure_ascii: false,
-        }
+        Self { indent, item_sep, key_sep: ": ".to_string(), sort_keys: false, ensure_ascii: false }
     }
 }
 
@@ -51,12 +45,7 @@ fn newline(out: &mut String, opts: &DumpOptions, depth: usize) {
     }
 }
 
-fn dump_into(
-    out: &mut String,
-    value: &Value,
-    opts: &DumpOptions,
-    depth: usize,
-) -> Result<(), String> {
+fn dump_into(out: &mut String, value: &Value, opts: &DumpOptions, depth: usize) -> Result<(), String> {
     match value.kind() {
         ValueKind::None => out.push_str("null"),
         ValueKind::Undefined => {
@@ -64,9 +53,7 @@ fn dump_into(
         }
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::Number => write_number(out, value, true),
-        ValueKind::String => {
-            write_json_str(out, value.as_str().unwrap_or_default(), opts.ensure_ascii)
-        }
+        ValueKind::String => write_json_str(out, value.as_str().unwrap_or_default(), opts.ensure_ascii),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter().map_err(|e| e.to_string())?.collect();
             if items.is_empty() {
@@ -175,11 +162,7 @@ pub(crate) fn py_float(f: f64, json: bool) -> String {
     }
     if f.is_infinite() {
         let s = if json { "Infinity" } else { "inf" };
-        return if f < 0.0 {
-            format!("-{s}")
-        } else {
-            s.to_string()
-        };
+        return if f < 0.0 { format!("-{s}") } else { s.to_string() };
     }
     if f == 0.0 {
         return if f.is_sign_negative() { "-0.0" } else { "0.0" }.to_string();
@@ -188,9 +171,7 @@ pub(crate) fn py_float(f: f64, json: bool) -> String {
     let sci = format!("{f:e}");
     let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
     let exp: i32 = exp.parse().unwrap_or(0);
-    let (sign, mantissa) = mantissa
-        .strip_prefix('-')
-        .map_or(("", mantissa), |m| ("-", m));
+    let (sign, mantissa) = mantissa.strip_prefix('-').map_or(("", mantissa), |m| ("-", m));
     let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
     if (-4..16).contains(&exp) {
         let point = exp + 1; // digits before the decimal point
@@ -199,19 +180,11 @@ pub(crate) fn py_float(f: f64, json: bool) -> String {
         } else if point as usize >= digits.len() {
             format!("{}{}.0", digits, "0".repeat(point as usize - digits.len()))
         } else {
-            format!(
-                "{}.{}",
-                &digits[..point as usize],
-                &digits[point as usize..]
-            )
+            format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
         };
         format!("{sign}{body}")
     } else {
-        let frac = if digits.len() > 1 {
-            format!("{}.{}", &digits[..1], &digits[1..])
-        } else {
-            digits
-        };
+        let frac = if digits.len() > 1 { format!("{}.{}", &digits[..1], &digits[1..]) } else { digits };
         let esign = if exp < 0 { '-' } else { '+' };
         format!("{sign}{frac}e{esign}{:02}", exp.abs())
     }
@@ -220,11 +193,7 @@ pub(crate) fn py_float(f: f64, json: bool) -> String {
 /// Python's `repr` of a string: single quotes unless the text holds a single
 /// quote and no double quote.
 fn py_repr_str(out: &mut String, s: &str) {
-    let quote = if s.contains('\'') && !s.contains('"') {
-        '"'
-    } else {
-        '\''
-    };
+    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
     out.push(quote);
     for c in s.chars() {
         match c {
@@ -301,16 +270,12 @@ mod tests {
     use super::*;
 
     fn v(json: &str) -> Value {
-        Value::from(minijinja::value::Serde(
-            serde_json::from_str::<serde_json::Value>(json).unwrap(),
-        ))
+        Value::from(minijinja::value::Serde(serde_json::from_str::<serde_json::Value>(json).unwrap()))
     }
 
     #[test]
     fn dumps_matches_python_defaults() {
-        let value = v(
-            r#"{"name":"get_weather","args":{"city":"Zürich","n":[1,2.5,true,null]},"e":{},"l":[]}"#,
-        );
+        let value = v(r#"{"name":"get_weather","args":{"city":"Zürich","n":[1,2.5,true,null]},"e":{},"l":[]}"#);
         assert_eq!(
             dumps(&value, &DumpOptions::new(None)).unwrap(),
             r#"{"name": "get_weather", "args": {"city": "Zürich", "n": [1, 2.5, true, null]}, "e": {}, "l": []}"#
@@ -326,10 +291,7 @@ mod tests {
         );
         let mut ascii = DumpOptions::new(None);
         ascii.ensure_ascii = true;
-        assert_eq!(
-            dumps(&v(r#""é😀""#), &ascii).unwrap(),
-            r#""\u00e9\ud83d\ude00""#
-        );
+        assert_eq!(dumps(&v(r#""é😀""#), &ascii).unwrap(), r#""\u00e9\ud83d\ude00""#);
     }
 
     #[test]
@@ -351,13 +313,7 @@ mod tests {
     #[test]
     fn repr_matches_python() {
         let mut out = String::new();
-        py_repr(
-            &mut out,
-            &v(r#"[{"type":"text","text":"it's"},true,null,"a'b\"c"]"#),
-        );
-        assert_eq!(
-            out,
-            r#"[{'type': 'text', 'text': "it's"}, True, None, 'a\'b"c']"#
-        );
+        py_repr(&mut out, &v(r#"[{"type":"text","text":"it's"},true,null,"a'b\"c"]"#));
+        assert_eq!(out, r#"[{'type': 'text', 'text': "it's"}, True, None, 'a\'b"c']"#);
     }
 }

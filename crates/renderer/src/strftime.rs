@@ -17,22 +17,11 @@ const MONTHS: [&str; 12] = [
     "November",
     "December",
 ];
-const DAYS: [&str; 7] = [
-    "Monday",
-    "Tuesday",
-    "Wednesday",
-    "Thursday",
-    "Friday",
-    "Saturday",
-    "Sunday",
-];
+const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
 
 /// Formats the current UTC time with Python `strftime` codes.
 pub(crate) fn strftime_now(format: &str) -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     strftime(format, secs as i64)
 }
 
@@ -124,10 +113,7 @@ mod tests {
         // 2024-02-29 13:05:09 UTC, a Thursday.
         let t = 1_709_211_909;
         assert_eq!(strftime("%d %b %Y", t), "29 Feb 2024");
-        assert_eq!(
-            strftime("%A %B %-d, %H:%M:%S %p %j %%", t),
-            "Thursday February 29, 13:05:09 PM 060 %"
-        );
+        assert_eq!(strftime("%A %B %-d, %H:%M:%S %p %j %%", t), "Thursday February 29, 13:05:09 PM 060 %");
         assert_eq!(strftime("%Y-%m-%d", 0), "1970-01-01");
         assert_eq!(strftime("%a %I", 0), "Thu 12");
     }

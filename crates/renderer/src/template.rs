@@ -51,23 +51,13 @@ impl ChatTemplate {
             pyjson::py_str(&mut text, value);
             out.write_str(&text).map_err(Error::from)
         });
-        env.add_function(
-            "raise_exception",
-            |message: String| -> Result<Value, Error> {
-                Err(Error::new(
-                    ErrorKind::InvalidOperation,
-                    format!("{RAISED}{message}"),
-                ))
-            },
-        );
+        env.add_function("raise_exception", |message: String| -> Result<Value, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, format!("{RAISED}{message}")))
+        });
         env.add_function("strftime_now", |format: String| strftime_now(&format));
         env.add_filter("tojson", tojson);
-        env.add_template_owned(TEMPLATE_NAME, rewrite_generation_tags(source))
-            .map_err(template_error)?;
-        Ok(Self {
-            env,
-            content_format,
-        })
+        env.add_template_owned(TEMPLATE_NAME, rewrite_generation_tags(source)).map_err(template_error)?;
+        Ok(Self { env, content_format })
     }
 
     /// The content format the template expects (SGLang's detection rule).
@@ -77,10 +67,7 @@ impl ChatTemplate {
 
     /// Renders with `ctx` as the template's variables.
     pub fn render(&self, ctx: Value) -> Result<String, RenderError> {
-        let template = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(template_error)?;
+        let template = self.env.get_template(TEMPLATE_NAME).map_err(template_error)?;
         template.render(ctx).map_err(template_error)
     }
 }
@@ -90,9 +77,7 @@ fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value,
     let indent = match indent.or(kwargs.get::<Option<Value>>("indent")?) {
         None => None,
         Some(v) if v.is_none() => None,
-        Some(v) if v.kind() == ValueKind::String => {
-            Some(v.as_str().unwrap_or_default().to_string())
-        }
+        Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or_default().to_string()),
         Some(v) => Some(" ".repeat(usize::try_from(v)?)),
     };
     let mut opts = DumpOptions::new(indent);
@@ -104,17 +89,13 @@ fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value,
             opts.item_sep = item.clone();
             opts.key_sep = key.clone();
         } else {
-            return Err(Error::new(
-                ErrorKind::InvalidOperation,
-                "separators must be a pair",
-            ));
+            return Err(Error::new(ErrorKind::InvalidOperation, "separators must be a pair"));
         }
     }
     opts.sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
     opts.ensure_ascii = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
     kwargs.assert_all_used()?;
-    let text =
-        pyjson::dumps(value, &opts).map_err(|e| Error::new(ErrorKind::InvalidOperation, e))?;
+    let text = pyjson::dumps(value, &opts).map_err(|e| Error::new(ErrorKind::InvalidOperation, e))?;
     Ok(Value::from_safe_string(text))
 }
 
@@ -126,10 +107,7 @@ fn template_error(err: Error) -> RenderError {
         if let Some(mj) = e.downcast_ref::<Error>()
             && let Some(message) = mj.detail().and_then(|d| d.strip_prefix(RAISED))
         {
-            return RenderError::TemplateRaised {
-                message: message.to_string(),
-                line: mj.line().unwrap_or(line),
-            };
+            return RenderError::TemplateRaised { message: message.to_string(), line: mj.line().unwrap_or(line) };
         }
         source = e.source();
     }
@@ -188,10 +166,7 @@ fn split_ws_control(s: &str, leading: bool) -> (&str, &str) {
 /// SGLang's `detect_jinja_template_content_format`: templates that mention
 /// media, or loop over `message['content']` (also `msg`/`m`), take content parts.
 pub fn detect_content_format(source: &str) -> ContentFormat {
-    if ["image", "audio", "video", "vision"]
-        .iter()
-        .any(|k| source.contains(k))
-    {
+    if ["image", "audio", "video", "vision"].iter().any(|k| source.contains(k)) {
         return ContentFormat::OpenAi;
     }
     let mut rest = source;
@@ -213,16 +188,11 @@ pub fn detect_content_format(source: &str) -> ContentFormat {
 fn iterates_content(iter: &str) -> bool {
     let compact: String = iter.chars().filter(|c| !c.is_whitespace()).collect();
     ["message", "msg", "m"].iter().any(|var| {
-        ["['content']", "[\"content\"]", ".content"]
-            .iter()
-            .any(|access| {
-                let pat = format!("{var}{access}");
-                compact.starts_with(&pat)
-                    && compact[pat.len()..]
-                        .chars()
-                        .next()
-                        .is_none_or(|c| !c.is_alphanumeric() && c != '_')
-            })
+        ["['content']", "[\"content\"]", ".content"].iter().any(|access| {
+            let pat = format!("{var}{access}");
+            compact.starts_with(&pat)
+                && compact[pat.len()..].chars().next().is_none_or(|c| !c.is_alphanumeric() && c != '_')
+        })
     })
 }
 
@@ -236,12 +206,9 @@ mod tests {
 
     #[test]
     fn trims_blocks_and_lstrips_like_hf() {
-        let src = "{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}";
-        let out = render(
-            src,
-            serde_json::json!({"messages": [{"role": "user", "content": "hi"}]}),
-        )
-        .unwrap();
+        let src =
+            "{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}";
+        let out = render(src, serde_json::json!({"messages": [{"role": "user", "content": "hi"}]})).unwrap();
         assert_eq!(out, "[hi]\n");
     }
 
@@ -253,10 +220,7 @@ mod tests {
             serde_json::json!({"flag": true, "nothing": null, "items": [1, "é"], "tools": {"name": "f<", "p": [1.0]}, "d": {}}),
         )
         .unwrap();
-        assert_eq!(
-            out,
-            r#"True None [1, 'é'] {"name": "f<", "p": [1.0]} ['a', 'b'] x"#
-        );
+        assert_eq!(out, r#"True None [1, 'é'] {"name": "f<", "p": [1.0]} ['a', 'b'] x"#);
     }
 
     #[test]
@@ -287,24 +251,13 @@ mod tests {
 
     #[test]
     fn content_format_detection() {
+        assert_eq!(detect_content_format("{{ message['content'] }}"), ContentFormat::String);
         assert_eq!(
-            detect_content_format("{{ message['content'] }}"),
-            ContentFormat::String
-        );
-        assert_eq!(
-            detect_content_format(
-                "{%- for content in message['content'] -%}{{ content.text }}{% endfor %}"
-            ),
+            detect_content_format("{%- for content in message['content'] -%}{{ content.text }}{% endfor %}"),
             ContentFormat::OpenAi
         );
-        assert_eq!(
-            detect_content_format("{% for c in msg.content %}{% endfor %}"),
-            ContentFormat::OpenAi
-        );
-        assert_eq!(
-            detect_content_format("{% for c in message.contents %}{% endfor %}"),
-            ContentFormat::String
-        );
+        assert_eq!(detect_content_format("{% for c in msg.content %}{% endfor %}"), ContentFormat::OpenAi);
+        assert_eq!(detect_content_format("{% for c in message.contents %}{% endfor %}"), ContentFormat::String);
         assert_eq!(detect_content_format("<image>"), ContentFormat::OpenAi);
     }
 }

@@ -96,33 +96,20 @@ impl TextTokenizer {
 
     /// Parses a `tokenizer.json` document with the default segment cache.
     pub fn from_bytes(json: &[u8]) -> Result<Self, RenderError> {
-        Self::from_bytes_with_cache(
-            json,
-            DEFAULT_SEGMENT_CACHE_ENTRIES,
-            DEFAULT_SEGMENT_CACHE_BYTES,
-        )
+        Self::from_bytes_with_cache(json, DEFAULT_SEGMENT_CACHE_ENTRIES, DEFAULT_SEGMENT_CACHE_BYTES)
     }
 
     /// Parses a `tokenizer.json` document with a segment cache of the given
     /// bounds; 0 entries disables the cache.
-    pub fn from_bytes_with_cache(
-        json: &[u8],
-        max_entries: usize,
-        max_bytes: usize,
-    ) -> Result<Self, RenderError> {
-        let mut inner = tokenizers::Tokenizer::from_bytes(json)
-            .map_err(|e| RenderError::Tokenizer(e.to_string()))?;
+    pub fn from_bytes_with_cache(json: &[u8], max_entries: usize, max_bytes: usize) -> Result<Self, RenderError> {
+        let mut inner = tokenizers::Tokenizer::from_bytes(json).map_err(|e| RenderError::Tokenizer(e.to_string()))?;
         // transformers applies truncation and padding itself, never the backend's defaults.
         inner.with_padding(None);
-        inner
-            .with_truncation(None)
-            .map_err(|e| RenderError::Tokenizer(e.to_string()))?;
+        inner.with_truncation(None).map_err(|e| RenderError::Tokenizer(e.to_string()))?;
         let vocab_size = inner.get_vocab_size(true);
         let fast = FastBpe::new(&inner);
-        let identity = fast
-            .as_ref()
-            .is_some_and(|f| f.normalizer() == Normalizer::Identity)
-            || inner.get_normalizer().is_none();
+        let identity =
+            fast.as_ref().is_some_and(|f| f.normalizer() == Normalizer::Identity) || inner.get_normalizer().is_none();
         let splitter = Splitter::new(&inner, identity);
         // The fast path must never see an added token: only behind a complete splitter,
         // or when the tokenizer has no added tokens at all.
@@ -131,22 +118,9 @@ impl TextTokenizer {
             None if inner.get_added_tokens_decoder().is_empty() => fast,
             _ => None,
         };
-        let cache = NonZeroUsize::new(max_entries).map(|cap| {
-            Mutex::new(SegmentCache {
-                map: LruCache::new(cap),
-                bytes: 0,
-                max_bytes,
-            })
-        });
-        Ok(Self {
-            inner,
-            splitter,
-            fast,
-            cache,
-            vocab_size,
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-        })
+        let cache = NonZeroUsize::new(max_entries)
+            .map(|cap| Mutex::new(SegmentCache { map: LruCache::new(cap), bytes: 0, max_bytes }));
+        Ok(Self { inner, splitter, fast, cache, vocab_size, hits: AtomicU64::new(0), misses: AtomicU64::new(0) })
     }
 
     /// Vocabulary size including added tokens: valid ids are below it.
@@ -171,10 +145,7 @@ impl TextTokenizer {
 
     /// Hit and miss counts so far.
     pub fn cache_stats(&self) -> CacheStats {
-        CacheStats {
-            hits: self.hits.load(Ordering::Relaxed),
-            misses: self.misses.load(Ordering::Relaxed),
-        }
+        CacheStats { hits: self.hits.load(Ordering::Relaxed), misses: self.misses.load(Ordering::Relaxed) }
     }
 
     /// Encodes `text`. With `add_special_tokens = false` (rendered chats) the
@@ -202,23 +173,15 @@ impl TextTokenizer {
     }
 
     /// Encodes with the `tokenizers` pipeline alone: the reference path.
-    pub fn encode_uncached(
-        &self,
-        text: &str,
-        add_special_tokens: bool,
-    ) -> Result<Vec<u32>, RenderError> {
-        let enc = self
-            .inner
-            .encode_fast(text, add_special_tokens)
-            .map_err(|e| RenderError::Tokenizer(e.to_string()))?;
+    pub fn encode_uncached(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, RenderError> {
+        let enc =
+            self.inner.encode_fast(text, add_special_tokens).map_err(|e| RenderError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Turns ids back into text.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, RenderError> {
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| RenderError::Tokenizer(e.to_string()))
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| RenderError::Tokenizer(e.to_string()))
     }
 
     fn encode_piece(&self, piece: &str, ids: &mut Vec<u32>) -> Result<(), RenderError> {
@@ -254,9 +217,7 @@ impl TextTokenizer {
 
 fn lock(cache: &Mutex<SegmentCache>) -> std::sync::MutexGuard<'_, SegmentCache> {
     // A panic while holding the lock cannot leave the LRU inconsistent for readers.
-    cache
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// One piece of split text.
@@ -273,18 +234,14 @@ impl Splitter {
         if position_dependent(tokenizer) {
             return None;
         }
-        let mut added: Vec<(u32, tokenizers::AddedToken)> =
-            tokenizer.get_added_tokens_decoder().into_iter().collect();
+        let mut added: Vec<(u32, tokenizers::AddedToken)> = tokenizer.get_added_tokens_decoder().into_iter().collect();
         added.sort_by_key(|(id, _)| *id);
         // Returns the phase for tokens of one kind, and whether all of them split exactly.
         let phase = |normalized: bool| {
             let mut patterns = Vec::new();
             let mut exact_ids = Vec::new();
             let mut all_exact = true;
-            for (id, tok) in added
-                .iter()
-                .filter(|(_, t)| t.normalized == normalized && !t.content.is_empty())
-            {
+            for (id, tok) in added.iter().filter(|(_, t)| t.normalized == normalized && !t.content.is_empty()) {
                 let exact = !(tok.lstrip || tok.rstrip || tok.single_word);
                 all_exact &= exact;
                 // The tokenizer maps each content to one id; use the same one.
@@ -299,26 +256,13 @@ impl Splitter {
         let has_normalized = normalized.as_ref().is_some_and(|p| !p.exact_ids.is_empty());
         // Phase 2 at raw-text level is exact only if the normalizer changes nothing
         // and phase 1 has no stripping token whose piece boundaries we would blur.
-        let normalized = if identity_normalizer && raw_exact && has_normalized {
-            normalized
-        } else {
-            None
-        };
+        let normalized = if identity_normalizer && raw_exact && has_normalized { normalized } else { None };
         let complete = raw_exact && (!has_normalized || (normalized.is_some() && normalized_exact));
         let raw = raw?;
-        if raw
-            .exact_ids
-            .iter()
-            .chain(normalized.iter().flat_map(|p| p.exact_ids.iter()))
-            .all(Option::is_none)
-        {
+        if raw.exact_ids.iter().chain(normalized.iter().flat_map(|p| p.exact_ids.iter())).all(Option::is_none) {
             return None;
         }
-        Some(Self {
-            raw,
-            normalized,
-            complete,
-        })
+        Some(Self { raw, normalized, complete })
     }
 
     /// Calls `each` for every text segment and exact added token, in order.
@@ -328,12 +272,10 @@ impl Splitter {
         each: &mut dyn FnMut(Piece<'t>) -> Result<(), RenderError>,
     ) -> Result<(), RenderError> {
         let inner =
-            |segment: &'t str, each: &mut dyn FnMut(Piece<'t>) -> Result<(), RenderError>| {
-                match &self.normalized {
-                    Some(phase) => phase.split(segment, &mut |p| each(p)),
-                    None if segment.is_empty() => Ok(()),
-                    None => each(Piece::Text(segment)),
-                }
+            |segment: &'t str, each: &mut dyn FnMut(Piece<'t>) -> Result<(), RenderError>| match &self.normalized {
+                Some(phase) => phase.split(segment, &mut |p| each(p)),
+                None if segment.is_empty() => Ok(()),
+                None => each(Piece::Text(segment)),
             };
         let mut start = 0;
         for m in self.raw.automaton.find_iter(text) {
@@ -352,14 +294,8 @@ impl Splitter {
 
 impl Phase {
     fn new(patterns: Vec<String>, exact_ids: Vec<Option<u32>>) -> Option<Self> {
-        let automaton = AhoCorasick::builder()
-            .match_kind(MatchKind::LeftmostLongest)
-            .build(&patterns)
-            .ok()?;
-        Some(Self {
-            automaton,
-            exact_ids,
-        })
+        let automaton = AhoCorasick::builder().match_kind(MatchKind::LeftmostLongest).build(&patterns).ok()?;
+        Some(Self { automaton, exact_ids })
     }
 
     fn split<'t>(

@@ -46,46 +46,30 @@ fn load<T: for<'de> Deserialize<'de>>(path: PathBuf) -> T {
 
 fn check_model(name: &str) {
     let dir = fixtures_dir();
-    let renderer =
-        Renderer::from_dir(&dir.join("tokenizers").join(name), None).expect("load tokenizer dir");
+    let renderer = Renderer::from_dir(&dir.join("tokenizers").join(name), None).expect("load tokenizer dir");
     let fx: ChatFixture = load(dir.join("chat").join(format!("{name}.json")));
     assert_eq!(fx.tokenizer, name);
-    assert!(
-        fx.cases.len() >= 12,
-        "{name}: only {} cases",
-        fx.cases.len()
-    );
+    assert!(fx.cases.len() >= 12, "{name}: only {} cases", fx.cases.len());
     let mut failures = Vec::new();
     for case in &fx.cases {
-        let result = ChatRequest::from_value(case.request.clone())
-            .and_then(|req| renderer.render_chat(&req));
+        let result = ChatRequest::from_value(case.request.clone()).and_then(|req| renderer.render_chat(&req));
         match (&case.error, result) {
             (Some(_), Err(_)) => {}
-            (Some(expected), Ok(r)) => failures.push(format!(
-                "{}: expected error {expected:?}, rendered {:?}",
-                case.name, r.text
-            )),
+            (Some(expected), Ok(r)) => {
+                failures.push(format!("{}: expected error {expected:?}, rendered {:?}", case.name, r.text))
+            }
             (None, Err(e)) => failures.push(format!("{}: {e}", case.name)),
             (None, Ok(r)) => {
                 let text = case.text.as_deref().expect("text");
                 if r.text != text {
-                    failures.push(format!(
-                        "{}: text differs\n  want {text:?}\n  got  {:?}",
-                        case.name, r.text
-                    ));
+                    failures.push(format!("{}: text differs\n  want {text:?}\n  got  {:?}", case.name, r.text));
                 } else if Some(&r.token_ids) != case.token_ids.as_ref() {
                     failures.push(format!("{}: token ids differ", case.name));
                 }
                 // The uncached path must agree with the segment-cached one.
-                let uncached = renderer
-                    .tokenizer()
-                    .encode_uncached(&r.text, false)
-                    .unwrap();
+                let uncached = renderer.tokenizer().encode_uncached(&r.text, false).unwrap();
                 if uncached != r.token_ids {
-                    failures.push(format!(
-                        "{}: cached and uncached tokenization differ",
-                        case.name
-                    ));
+                    failures.push(format!("{}: cached and uncached tokenization differ", case.name));
                 }
             }
         }
@@ -101,25 +85,14 @@ fn check_model(name: &str) {
 
 fn check_plain(name: &str) {
     let dir = fixtures_dir();
-    let renderer =
-        Renderer::from_dir(&dir.join("tokenizers").join(name), None).expect("load tokenizer dir");
+    let renderer = Renderer::from_dir(&dir.join("tokenizers").join(name), None).expect("load tokenizer dir");
     let fx: PlainFixture = load(dir.join("chat").join(format!("{name}.plain.json")));
     assert!(!fx.cases.is_empty());
     for (i, case) in fx.cases.iter().enumerate() {
-        let got = renderer
-            .tokenizer()
-            .encode(&case.text, case.add_special_tokens)
-            .unwrap();
-        assert_eq!(
-            got, case.token_ids,
-            "{name} plain case {i} (add_special_tokens={})",
-            case.add_special_tokens
-        );
+        let got = renderer.tokenizer().encode(&case.text, case.add_special_tokens).unwrap();
+        assert_eq!(got, case.token_ids, "{name} plain case {i} (add_special_tokens={})", case.add_special_tokens);
         // Twice: the second time from the segment cache.
-        let again = renderer
-            .tokenizer()
-            .encode(&case.text, case.add_special_tokens)
-            .unwrap();
+        let again = renderer.tokenizer().encode(&case.text, case.add_special_tokens).unwrap();
         assert_eq!(again, case.token_ids, "{name} plain case {i}, cached");
     }
 }

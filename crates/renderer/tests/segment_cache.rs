@@ -96,8 +96,7 @@ fn random_text(rng: &mut Rng, specials: bool) -> String {
 /// Cached, fast and reference paths agree on random texts; also with the cache off.
 fn check(tok: &TextTokenizer, label: &str, rounds: usize) {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let shared_prefix =
-        "<|im_start|>system\nYou are helpful. 東京 😀<|im_end|>\n<｜User｜>Hi there<｜Assistant｜>";
+    let shared_prefix = "<|im_start|>system\nYou are helpful. 東京 😀<|im_end|>\n<｜User｜>Hi there<｜Assistant｜>";
     for round in 0..rounds {
         let text = match round % 3 {
             0 => random_text(&mut rng, true),
@@ -105,25 +104,13 @@ fn check(tok: &TextTokenizer, label: &str, rounds: usize) {
             _ => random_text(&mut rng, false), // no special token: one segment, no split
         };
         let want = tok.encode_uncached(&text, false).unwrap();
-        assert_eq!(
-            tok.encode(&text, false).unwrap(),
-            want,
-            "{label}: first encode of {text:?}"
-        );
-        assert_eq!(
-            tok.encode(&text, false).unwrap(),
-            want,
-            "{label}: cached encode of {text:?}"
-        );
+        assert_eq!(tok.encode(&text, false).unwrap(), want, "{label}: first encode of {text:?}");
+        assert_eq!(tok.encode(&text, false).unwrap(), want, "{label}: cached encode of {text:?}");
     }
 }
 
 fn fixture_tokenizer(name: &str) -> TextTokenizer {
-    let path = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/fixtures/tokenizers"
-    ))
-    .join(name);
+    let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/tokenizers")).join(name);
     TextTokenizer::from_file(&path.join("tokenizer.json")).unwrap()
 }
 
@@ -131,26 +118,16 @@ fn fixture_tokenizer(name: &str) -> TextTokenizer {
 fn qwen3_cached_equals_uncached() {
     let tok = fixture_tokenizer("qwen3");
     assert!(tok.segment_cache_enabled());
-    assert!(
-        tok.fast_path_enabled(),
-        "NFC + Split + ByteLevel BPE takes the fast path"
-    );
+    assert!(tok.fast_path_enabled(), "NFC + Split + ByteLevel BPE takes the fast path");
     check(&tok, "qwen3", 600);
-    assert!(
-        tok.cache_stats().hits > 0,
-        "the shared prefix must hit: {:?}",
-        tok.cache_stats()
-    );
+    assert!(tok.cache_stats().hits > 0, "the shared prefix must hit: {:?}", tok.cache_stats());
 }
 
 #[test]
 fn deepseek_v3_cached_equals_uncached() {
     let tok = fixture_tokenizer("deepseek-v3");
     assert!(tok.segment_cache_enabled());
-    assert!(
-        tok.fast_path_enabled(),
-        "three Splits + ByteLevel BPE, normalized added tokens split in phase 2"
-    );
+    assert!(tok.fast_path_enabled(), "three Splits + ByteLevel BPE, normalized added tokens split in phase 2");
     check(&tok, "deepseek-v3", 600);
     assert!(tok.cache_stats().hits > 0);
 }
@@ -175,10 +152,7 @@ fn stripping_and_single_word_tokens_stay_exact() {
     }
     let tok = TextTokenizer::from_bytes(doc.to_string().as_bytes()).unwrap();
     assert!(tok.segment_cache_enabled());
-    assert!(
-        !tok.fast_path_enabled(),
-        "pieces may hold stripping tokens: tokenizers encodes them"
-    );
+    assert!(!tok.fast_path_enabled(), "pieces may hold stripping tokens: tokenizers encodes them");
     // The lstrip/rstrip token swallows the spaces around it.
     let ids = tok.encode("a  <MASK>  b", false).unwrap();
     assert_eq!(ids, vec![97, 259, 98]);
@@ -189,7 +163,8 @@ fn stripping_and_single_word_tokens_stay_exact() {
 #[test]
 fn position_dependent_pretokenizer_disables_splitting() {
     let mut doc: serde_json::Value = serde_json::from_str(&builtin_tokenizer_json()).unwrap();
-    doc["pre_tokenizer"] = serde_json::json!({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": true});
+    doc["pre_tokenizer"] =
+        serde_json::json!({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": true});
     doc["decoder"] = serde_json::Value::Null;
     doc["model"]["vocab"]["▁"] = serde_json::json!(259);
     let tok = TextTokenizer::from_bytes(doc.to_string().as_bytes()).unwrap();
@@ -201,11 +176,7 @@ fn position_dependent_pretokenizer_disables_splitting() {
 #[test]
 fn fast_path_without_cache_equals_reference() {
     for name in ["qwen3", "deepseek-v3"] {
-        let path = PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/fixtures/tokenizers"
-        ))
-        .join(name);
+        let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/tokenizers")).join(name);
         let json = std::fs::read(path.join("tokenizer.json")).unwrap();
         let tok = TextTokenizer::from_bytes_with_cache(&json, 0, 0).unwrap();
         assert!(!tok.segment_cache_enabled());
@@ -220,11 +191,6 @@ fn fast_path_without_cache_equals_reference() {
 fn long_plain_text_equals_reference() {
     let tok = fixture_tokenizer("qwen3");
     let mut rng = Rng(7);
-    let text: String = (0..5000)
-        .map(|_| PIECES[14 + rng.below(PIECES.len() - 14)])
-        .collect();
-    assert_eq!(
-        tok.encode(&text, false).unwrap(),
-        tok.encode_uncached(&text, false).unwrap()
-    );
+    let text: String = (0..5000).map(|_| PIECES[14 + rng.below(PIECES.len() - 14)]).collect();
+    assert_eq!(tok.encode(&text, false).unwrap(), tok.encode_uncached(&text, false).unwrap());
 }

@@ -11,9 +11,7 @@ use serde::{Deserialize, Serialize};
 pub struct WorkerUrl(String);
 
 /// A data-parallel rank inside one engine replica (SGLang `dp_size`).
-#[derive(
-    Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
-)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct DpRank(pub u32);
 
@@ -38,16 +36,12 @@ pub struct BlockHash(pub i64);
 pub type PageDigest = [u8; 32];
 
 /// A number of tokens (prompt length, matched prefix, uncached work).
-#[derive(
-    Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
-)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct TokenCount(pub u64);
 
 /// Where an engine holds a block. Ordered from fastest to slowest.
-#[derive(
-    Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
-)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Tier {
     /// GPU memory (the engines' `"GPU"` medium, also the default when absent).
@@ -213,10 +207,7 @@ mod tests {
         digest[0] = 0xff;
         digest[7] = 0x01;
         digest[8] = 0xaa; // ignored
-        assert_eq!(
-            BlockHash::from_digest(&digest).0,
-            i64::from_be_bytes([0xff, 0, 0, 0, 0, 0, 0, 1])
-        );
+        assert_eq!(BlockHash::from_digest(&digest).0, i64::from_be_bytes([0xff, 0, 0, 0, 0, 0, 0, 1]));
     }
 
     #[test]

@@ -13,13 +13,7 @@ use clap::{Args, Parser, Subcommand};
 /// engines publish. The tools below compute exactly the tokens and block
 /// hashes the engine computes, to check a deployment by hand.
 #[derive(Debug, Parser)]
-#[command(
-    name = "sgl-router",
-    version,
-    about,
-    long_about,
-    propagate_version = true
-)]
+#[command(name = "sgl-router", version, about, long_about, propagate_version = true)]
 pub(crate) struct Cli {
     #[command(subcommand)]
     pub(crate) command: Option<Command>,

@@ -23,9 +23,7 @@ struct RenderOutput<'a> {
 pub(crate) fn hash(args: &HashArgs) -> Result<()> {
     let input = read_input(args.tokens_file.as_deref(), "token ids")?;
     let json: Value = serde_json::from_slice(&input).context("token ids are not valid JSON")?;
-    let Value::Array(items) = json else {
-        bail!("expected a JSON array of token ids")
-    };
+    let Value::Array(items) = json else { bail!("expected a JSON array of token ids") };
     let tokens = items
         .iter()
         .enumerate()
@@ -45,19 +43,10 @@ pub(crate) fn render(args: &RenderArgs) -> Result<()> {
     let request = ChatRequest::from_json(&body)?;
     let rendered = renderer.render_chat(&request)?;
     let block_hashes = match args.page_size {
-        Some(size) => Some(
-            block_hashes(&rendered.token_ids, size, &args.hash)?
-                .into_iter()
-                .map(|h| h.0)
-                .collect(),
-        ),
+        Some(size) => Some(block_hashes(&rendered.token_ids, size, &args.hash)?.into_iter().map(|h| h.0).collect()),
         None => None,
     };
-    print_json(&RenderOutput {
-        text: &rendered.text,
-        token_ids: &rendered.token_ids,
-        block_hashes,
-    })
+    print_json(&RenderOutput { text: &rendered.text, token_ids: &rendered.token_ids, block_hashes })
 }
 
 fn block_hashes<T: renderer::hash::TokenId>(
@@ -65,25 +54,17 @@ fn block_hashes<T: renderer::hash::TokenId>(
     page_size: std::num::NonZeroUsize,
     opts: &HashOptions,
 ) -> Result<Vec<BlockHash>> {
-    let mode = if opts.bigram {
-        HashMode::Bigram
-    } else {
-        HashMode::Unigram
-    };
+    let mode = if opts.bigram { HashMode::Bigram } else { HashMode::Unigram };
     let prior: Option<PageDigest> = chain_prior(opts.cache_salt.as_deref());
     Ok(PageHasher::new(page_size, mode).block_hashes(tokens, prior.as_ref())?)
 }
 
 fn read_input(path: Option<&Path>, what: &str) -> Result<Vec<u8>> {
     match path {
-        Some(p) => {
-            std::fs::read(p).with_context(|| format!("cannot read {what} from {}", p.display()))
-        }
+        Some(p) => std::fs::read(p).with_context(|| format!("cannot read {what} from {}", p.display())),
         None => {
             let mut buf = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut buf)
-                .with_context(|| format!("cannot read {what} from stdin"))?;
+            std::io::stdin().read_to_end(&mut buf).with_context(|| format!("cannot read {what} from stdin"))?;
             Ok(buf)
         }
     }

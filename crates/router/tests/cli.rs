@@ -15,38 +15,20 @@ fn run(args: &[&str], stdin: &str) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn sgl-router");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
     child.wait_with_output().unwrap()
 }
 
 fn stdout_json(out: &Output) -> Value {
-    assert!(
-        out.status.success(),
-        "exit {:?}, stderr {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "exit {:?}, stderr {}", out.status, String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).expect("stdout is JSON")
 }
 
 /// A failure is one line on stderr, no panic, a non-zero exit.
 fn assert_clean_error(out: &Output, needle: &str) {
-    assert!(
-        !out.status.success(),
-        "expected failure, got {:?}",
-        out.status
-    );
+    assert!(!out.status.success(), "expected failure, got {:?}", out.status);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        err.trim_end().lines().count(),
-        1,
-        "one line expected: {err}"
-    );
+    assert_eq!(err.trim_end().lines().count(), 1, "one line expected: {err}");
     assert!(err.contains(needle), "{needle:?} not in {err:?}");
     assert!(!err.contains("panicked"), "{err}");
     assert!(out.stdout.is_empty());
@@ -70,16 +52,9 @@ fn hash_prints_the_reference_values() {
     );
     assert_eq!(
         stdout_json(&run(&["hash", "--page-size", "2"], "[0, 1, 2, 3, 4]")),
-        json!([
-            120731552294108698i64,
-            -5785398976907936554i64,
-            -1760925733444217280i64
-        ])
+        json!([120731552294108698i64, -5785398976907936554i64, -1760925733444217280i64])
     );
-    assert_eq!(
-        stdout_json(&run(&["hash", "--page-size", "16"], "[]")),
-        json!([])
-    );
+    assert_eq!(stdout_json(&run(&["hash", "--page-size", "16"], "[]")), json!([]));
 }
 
 #[test]
@@ -90,128 +65,51 @@ fn hash_reads_a_file_and_takes_bigram_and_salt() {
     let f = file.to_str().unwrap();
     let plain = stdout_json(&run(&["hash", "--page-size", "2", "--tokens-file", f], ""));
     assert_eq!(plain.as_array().unwrap().len(), 3);
-    let bigram = stdout_json(&run(
-        &["hash", "--page-size", "2", "--bigram", "--tokens-file", f],
-        "",
-    ));
-    assert_eq!(
-        bigram.as_array().unwrap().len(),
-        2,
-        "5 raw tokens are 4 bigram positions"
-    );
-    let salted = stdout_json(&run(
-        &[
-            "hash",
-            "--page-size",
-            "2",
-            "--cache-salt",
-            "t",
-            "--tokens-file",
-            f,
-        ],
-        "",
-    ));
+    let bigram = stdout_json(&run(&["hash", "--page-size", "2", "--bigram", "--tokens-file", f], ""));
+    assert_eq!(bigram.as_array().unwrap().len(), 2, "5 raw tokens are 4 bigram positions");
+    let salted = stdout_json(&run(&["hash", "--page-size", "2", "--cache-salt", "t", "--tokens-file", f], ""));
     assert_ne!(salted, plain);
-    let empty_salt = stdout_json(&run(
-        &[
-            "hash",
-            "--page-size",
-            "2",
-            "--cache-salt",
-            "",
-            "--tokens-file",
-            f,
-        ],
-        "",
-    ));
+    let empty_salt = stdout_json(&run(&["hash", "--page-size", "2", "--cache-salt", "", "--tokens-file", f], ""));
     assert_eq!(empty_salt, plain, "an empty salt is no salt, as in SGLang");
 }
 
 #[test]
 fn hash_rejects_bad_input_cleanly() {
-    assert_clean_error(
-        &run(&["hash", "--page-size", "4"], "[1, 2,"),
-        "not valid JSON",
-    );
-    assert_clean_error(
-        &run(&["hash", "--page-size", "4"], r#"{"a": 1}"#),
-        "JSON array",
-    );
+    assert_clean_error(&run(&["hash", "--page-size", "4"], "[1, 2,"), "not valid JSON");
+    assert_clean_error(&run(&["hash", "--page-size", "4"], r#"{"a": 1}"#), "JSON array");
     assert_clean_error(&run(&["hash", "--page-size", "4"], "[1, -2]"), "position 1");
-    assert_clean_error(
-        &run(&["hash", "--page-size", "4"], "[9223372036854775808]"),
-        "position 0",
-    );
+    assert_clean_error(&run(&["hash", "--page-size", "4"], "[9223372036854775808]"), "position 0");
     assert_clean_error(&run(&["hash", "--page-size", "4"], "[1.5]"), "position 0");
-    assert_clean_error(
-        &run(
-            &[
-                "hash",
-                "--page-size",
-                "4",
-                "--tokens-file",
-                "/nonexistent/t.json",
-            ],
-            "",
-        ),
-        "cannot read",
-    );
+    assert_clean_error(&run(&["hash", "--page-size", "4", "--tokens-file", "/nonexistent/t.json"], ""), "cannot read");
     let usage = run(&["hash", "--page-size", "0"], "[]");
     assert_eq!(usage.status.code(), Some(64), "usage errors exit 64");
 }
 
 #[test]
 fn render_matches_the_golden_case_and_hashes_its_tokens() {
-    let fx: Value =
-        serde_json::from_slice(&std::fs::read(fixtures().join("chat/qwen3.json")).unwrap())
-            .unwrap();
-    let case = fx["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "multi_turn")
-        .expect("multi_turn case");
+    let fx: Value = serde_json::from_slice(&std::fs::read(fixtures().join("chat/qwen3.json")).unwrap()).unwrap();
+    let case = fx["cases"].as_array().unwrap().iter().find(|c| c["name"] == "multi_turn").expect("multi_turn case");
     let dir = fixtures().join("tokenizers/qwen3");
     let out = stdout_json(&run(
-        &[
-            "render",
-            "--tokenizer",
-            dir.to_str().unwrap(),
-            "--page-size",
-            "16",
-        ],
+        &["render", "--tokenizer", dir.to_str().unwrap(), "--page-size", "16"],
         &case["request"].to_string(),
     ));
     assert_eq!(out["text"], case["text"]);
     assert_eq!(out["token_ids"], case["token_ids"]);
-    let hashes = stdout_json(&run(
-        &["hash", "--page-size", "16"],
-        &out["token_ids"].to_string(),
-    ));
+    let hashes = stdout_json(&run(&["hash", "--page-size", "16"], &out["token_ids"].to_string()));
     assert_eq!(out["block_hashes"], hashes);
     // Without --page-size there are no hashes.
-    let out = stdout_json(&run(
-        &["render", "--tokenizer", dir.to_str().unwrap()],
-        &case["request"].to_string(),
-    ));
+    let out = stdout_json(&run(&["render", "--tokenizer", dir.to_str().unwrap()], &case["request"].to_string()));
     assert!(out.get("block_hashes").is_none());
 }
 
 #[test]
 fn render_with_an_explicit_template_file() {
     let dir = temp_dir("render");
-    std::fs::write(
-        dir.join("t.jinja"),
-        "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}",
-    )
-    .unwrap();
+    std::fs::write(dir.join("t.jinja"), "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}").unwrap();
     let tok_dir = fixtures().join("tokenizers/qwen3");
     let request = dir.join("req.json");
-    std::fs::write(
-        &request,
-        r#"{"messages": [{"role": "user", "content": "hi"}]}"#,
-    )
-    .unwrap();
+    std::fs::write(&request, r#"{"messages": [{"role": "user", "content": "hi"}]}"#).unwrap();
     let out = stdout_json(&run(
         &[
             "render",
@@ -231,44 +129,22 @@ fn render_with_an_explicit_template_file() {
 fn render_rejects_bad_input_cleanly() {
     let qwen = fixtures().join("tokenizers/qwen3");
     let q = qwen.to_str().unwrap();
-    assert_clean_error(
-        &run(&["render", "--tokenizer", q], "{oops"),
-        "invalid request",
-    );
-    assert_clean_error(
-        &run(&["render", "--tokenizer", q], r#"{"messages": "x"}"#),
-        "invalid request",
-    );
-    assert_clean_error(
-        &run(&["render", "--tokenizer", "/nonexistent"], "{}"),
-        "cannot load",
-    );
+    assert_clean_error(&run(&["render", "--tokenizer", q], "{oops"), "invalid request");
+    assert_clean_error(&run(&["render", "--tokenizer", q], r#"{"messages": "x"}"#), "invalid request");
+    assert_clean_error(&run(&["render", "--tokenizer", "/nonexistent"], "{}"), "cannot load");
     // A tokenizer directory without any chat template.
     let bare = temp_dir("bare");
     std::fs::copy(qwen.join("tokenizer.json"), bare.join("tokenizer.json")).unwrap();
     assert_clean_error(
-        &run(
-            &["render", "--tokenizer", bare.to_str().unwrap()],
-            r#"{"messages": [{"role": "user", "content": "x"}]}"#,
-        ),
+        &run(&["render", "--tokenizer", bare.to_str().unwrap()], r#"{"messages": [{"role": "user", "content": "x"}]}"#),
         "no chat template",
     );
     // A template that raises names its message and line.
     let dir = temp_dir("raise");
-    std::fs::write(
-        dir.join("t.jinja"),
-        "a\n{{ raise_exception('only user roles') }}",
-    )
-    .unwrap();
+    std::fs::write(dir.join("t.jinja"), "a\n{{ raise_exception('only user roles') }}").unwrap();
     assert_clean_error(
         &run(
-            &[
-                "render",
-                "--tokenizer",
-                q,
-                "--chat-template",
-                dir.join("t.jinja").to_str().unwrap(),
-            ],
+            &["render", "--tokenizer", q, "--chat-template", dir.join("t.jinja").to_str().unwrap()],
             r#"{"messages": [{"role": "user", "content": "x"}]}"#,
         ),
         "only user roles (template line 2)",

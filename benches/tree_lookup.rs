@@ -1,0 +1,170 @@
+//! The index's hot paths, with the reference router's grid and names.
+//!
+//! Run: `cargo bench -p sgl-router-benches --bench tree_lookup`.
+//! - `hashtree_insert/{8,32,128,512}`: store a new chain of N blocks into an
+//!   index kept full at 1 M nodes (so each insert also evicts N LRU tails).
+//! - `hashtree_match_prefix/{w4_bpw32_q8,...}` (`_hit`/`_miss`): w workers,
+//!   each holding bpw blocks (half of them a prefix shared by all), a q-block probe.
+//! - `hashtree_match_under_writes/w16_bpw64_q32`: the same probe while another
+//!   thread stores and removes chains continuously.
+//! - `hashtree_large/match_q64` on 1 M blocks over 16 workers; prints bytes per
+//!   (block, worker) of the index to stderr.
+//!
+//! Last result: docs/benchmarks.md.
+
+use std::hint::black_box;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use kv_index::{IndexConfig, KvIndex, MatchOptions, StoredBlock, SystemClock};
+use router_types::{BlockHash, DpRank, Tier, WorkerKey, WorkerUrl};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// A chain of `n` blocks with random hashes (the index trusts the caller's chaining).
+fn chain(rng: &mut Rng, n: usize) -> Vec<StoredBlock> {
+    (0..n)
+        .map(|_| {
+            let h = rng.next();
+            StoredBlock { engine: h, hash: BlockHash(h as i64), digest: [0; 32] }
+        })
+        .collect()
+}
+
+fn key(w: usize) -> WorkerKey {
+    WorkerKey::new(WorkerUrl::new(format!("http://worker-{w}:30000")), DpRank(0))
+}
+
+fn index(max_nodes: Option<usize>) -> KvIndex {
+    let config = IndexConfig { max_nodes: max_nodes.and_then(NonZeroUsize::new), ..IndexConfig::default() };
+    KvIndex::new(config, Arc::new(SystemClock::new()))
+}
+
+/// w workers; each stores `shared` (common prefix) and then its own tail of `bpw - shared.len()` blocks.
+fn populated(workers: usize, bpw: usize, rng: &mut Rng) -> (KvIndex, Vec<Vec<StoredBlock>>) {
+    let idx = index(None);
+    let shared = chain(rng, bpw / 2);
+    let mut chains = Vec::new();
+    for w in 0..workers {
+        let s = idx.stream(&key(w)).unwrap();
+        let mut c = shared.clone();
+        c.extend(chain(rng, bpw - shared.len()));
+        idx.store(s, None, &c, Tier::Device).unwrap();
+        chains.push(c);
+    }
+    (idx, chains)
+}
+
+fn bench_insert(c: &mut Criterion) {
+    let mut g = c.benchmark_group("hashtree_insert");
+    let mut rng = Rng(0x1234_5678);
+    let idx = index(Some(1_000_000));
+    let streams: Vec<_> = (0..16).map(|w| idx.stream(&key(w)).unwrap()).collect();
+    for i in 0..(1_000_000 / 64) {
+        idx.store(streams[i % 16], None, &chain(&mut rng, 64), Tier::Device).unwrap();
+    }
+    for n in [8usize, 32, 128, 512] {
+        let pool: Vec<Vec<StoredBlock>> = (0..256).map(|_| chain(&mut rng, n)).collect();
+        let mut i = 0usize;
+        g.bench_function(BenchmarkId::from_parameter(n), |b| {
+            b.iter(|| {
+                // Fresh hashes every time: rotate the pool's first hash so each chain is new.
+                i += 1;
+                let mut c = pool[i % pool.len()].clone();
+                c[0].hash = BlockHash(c[0].hash.0 ^ (i as i64).wrapping_mul(0x9E37_79B9));
+                idx.store(streams[i % 16], None, black_box(&c), Tier::Device).unwrap()
+            })
+        });
+    }
+    eprintln!("hashtree_insert: index at {:?}", idx.stats());
+    g.finish();
+}
+
+fn bench_match(c: &mut Criterion) {
+    let mut g = c.benchmark_group("hashtree_match_prefix");
+    let opts = MatchOptions::default();
+    for (w, bpw, q) in [(4usize, 32usize, 8usize), (16, 64, 32), (64, 128, 64), (128, 256, 128)] {
+        let mut rng = Rng(0xABCD ^ w as u64);
+        let (idx, chains) = populated(w, bpw, &mut rng);
+        let hit: Vec<BlockHash> = chains[w / 2][..q].iter().map(|b| b.hash).collect();
+        let miss: Vec<BlockHash> = chain(&mut rng, q).iter().map(|b| b.hash).collect();
+        assert_eq!(idx.prefix_depths(&hit, &opts).len(), if q > bpw / 2 { 1 } else { w });
+        g.bench_function(format!("w{w}_bpw{bpw}_q{q}_hit"), |b| b.iter(|| idx.prefix_depths(black_box(&hit), &opts)));
+        g.bench_function(format!("w{w}_bpw{bpw}_q{q}_miss"), |b| b.iter(|| idx.prefix_depths(black_box(&miss), &opts)));
+    }
+    g.finish();
+}
+
+fn bench_match_under_writes(c: &mut Criterion) {
+    let mut g = c.benchmark_group("hashtree_match_under_writes");
+    let mut rng = Rng(77);
+    let (idx, chains) = populated(16, 64, &mut rng);
+    let idx = Arc::new(idx);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (idx, stop) = (idx.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut rng = Rng(99);
+            let s = idx.stream(&key(1000)).unwrap();
+            let mut writes = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // Writes land in random shards, sometimes the probe's own.
+                let c = chain(&mut rng, 32);
+                idx.store(s, None, &c, Tier::Device).unwrap();
+                let engines: Vec<u64> = c.iter().map(|b| b.engine).collect();
+                idx.remove(s, &engines, Tier::Device).unwrap();
+                writes += 1;
+            }
+            writes
+        })
+    };
+    let probe: Vec<BlockHash> = chains[3][..32].iter().map(|b| b.hash).collect();
+    let opts = MatchOptions::default();
+    g.bench_function("w16_bpw64_q32", |b| b.iter(|| idx.prefix_depths(black_box(&probe), &opts)));
+    stop.store(true, Ordering::Relaxed);
+    let writes = writer.join().unwrap();
+    eprintln!("hashtree_match_under_writes: {writes} store+remove pairs of 32 blocks ran alongside");
+    g.finish();
+}
+
+fn bench_large(c: &mut Criterion) {
+    let mut g = c.benchmark_group("hashtree_large");
+    g.sample_size(30);
+    let mut rng = Rng(4242);
+    let idx = index(None);
+    let streams: Vec<_> = (0..16).map(|w| idx.stream(&key(w)).unwrap()).collect();
+    let mut chains = Vec::new();
+    for i in 0..(1_000_000 / 64) {
+        let c = chain(&mut rng, 64);
+        idx.store(streams[i % 16], None, &c, Tier::Device).unwrap();
+        if i % 1000 == 0 {
+            chains.push(c);
+        }
+    }
+    let stats = idx.stats();
+    eprintln!(
+        "hashtree_large: {} nodes, {} holdings, {} bytes = {:.1} bytes per (block, worker)",
+        stats.nodes,
+        stats.holdings,
+        stats.memory_bytes,
+        stats.memory_bytes as f64 / stats.holdings as f64
+    );
+    let probe: Vec<BlockHash> = chains[7].iter().map(|b| b.hash).collect();
+    let opts = MatchOptions::default();
+    g.bench_function("match_q64", |b| b.iter(|| idx.prefix_depths(black_box(&probe), &opts)));
+    g.finish();
+}
+
+criterion_group!(benches, bench_insert, bench_match, bench_match_under_writes, bench_large);
+criterion_main!(benches);
