@@ -2,9 +2,12 @@
 //!
 //! Run: `cargo bench -p sgl-router-benches --bench tree_lookup`.
 //! - `hashtree_insert/{8,32,128,512}`: store a new chain of N blocks into an
-//!   index kept full at 1 M nodes (so each insert also evicts N LRU tails).
-//! - `hashtree_match_prefix/{w4_bpw32_q8,...}` (`_hit`/`_miss`): w workers,
-//!   each holding bpw blocks (half of them a prefix shared by all), a q-block probe.
+//!   index of 64 k blocks over 16 workers.
+//! - `hashtree_insert_evicting/{8,...}`: the same into an index kept full at
+//!   1 M nodes, so each insert also evicts N least recently used tails.
+//! - `hashtree_match_prefix/{w4_bpw32_q8,...}`: w workers each holding its own
+//!   chain of bpw blocks, a q-block probe that hits one of them; `_miss` probes
+//!   an unknown chain; `_shared` makes half of every chain a prefix all share.
 //! - `hashtree_match_under_writes/w16_bpw64_q32`: the same probe while another
 //!   thread stores and removes chains continuously.
 //! - `hashtree_large/match_q64` on 1 M blocks over 16 workers; prints bytes per
@@ -51,15 +54,16 @@ fn index(max_nodes: Option<usize>) -> KvIndex {
     KvIndex::new(config, Arc::new(SystemClock::new()))
 }
 
-/// w workers; each stores `shared` (common prefix) and then its own tail of `bpw - shared.len()` blocks.
-fn populated(workers: usize, bpw: usize, rng: &mut Rng) -> (KvIndex, Vec<Vec<StoredBlock>>) {
+/// w workers, each holding its own chain of `bpw` blocks, the first `shared`
+/// of which are common to all (a shared system prompt).
+fn populated(workers: usize, bpw: usize, shared: usize, rng: &mut Rng) -> (KvIndex, Vec<Vec<StoredBlock>>) {
     let idx = index(None);
-    let shared = chain(rng, bpw / 2);
+    let common = chain(rng, shared);
     let mut chains = Vec::new();
     for w in 0..workers {
         let s = idx.stream(&key(w)).unwrap();
-        let mut c = shared.clone();
-        c.extend(chain(rng, bpw - shared.len()));
+        let mut c = common.clone();
+        c.extend(chain(rng, bpw - shared));
         idx.store(s, None, &c, Tier::Device).unwrap();
         chains.push(c);
     }
@@ -67,8 +71,40 @@ fn populated(workers: usize, bpw: usize, rng: &mut Rng) -> (KvIndex, Vec<Vec<Sto
 }
 
 fn bench_insert(c: &mut Criterion) {
+    // Into an index of 64k blocks over 16 workers; every 256 inserts the
+    // inserting stream is cleared outside the timed section to bound growth.
     let mut g = c.benchmark_group("hashtree_insert");
     let mut rng = Rng(0x1234_5678);
+    for n in [8usize, 32, 128, 512] {
+        let idx = index(None);
+        let streams: Vec<_> = (0..16).map(|w| idx.stream(&key(w)).unwrap()).collect();
+        for i in 0..1024 {
+            idx.store(streams[i % 16], None, &chain(&mut rng, 64), Tier::Device).unwrap();
+        }
+        let writer = idx.stream(&key(99)).unwrap();
+        let chains: Vec<Vec<StoredBlock>> = (0..256).map(|_| chain(&mut rng, n)).collect();
+        g.bench_function(BenchmarkId::from_parameter(n), |b| {
+            b.iter_custom(|iters| {
+                let mut total = std::time::Duration::ZERO;
+                let mut done = 0u64;
+                while done < iters {
+                    let batch = (iters - done).min(chains.len() as u64) as usize;
+                    let start = std::time::Instant::now();
+                    for c in &chains[..batch] {
+                        black_box(idx.store(writer, None, c, Tier::Device).unwrap());
+                    }
+                    total += start.elapsed();
+                    idx.clear_stream(writer).unwrap();
+                    done += batch as u64;
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+
+    // Steady state of a bounded index: full at 1 M nodes, each insert evicts N LRU tails.
+    let mut g = c.benchmark_group("hashtree_insert_evicting");
     let idx = index(Some(1_000_000));
     let streams: Vec<_> = (0..16).map(|w| idx.stream(&key(w)).unwrap()).collect();
     for i in 0..(1_000_000 / 64) {
@@ -79,7 +115,7 @@ fn bench_insert(c: &mut Criterion) {
         let mut i = 0usize;
         g.bench_function(BenchmarkId::from_parameter(n), |b| {
             b.iter(|| {
-                // Fresh hashes every time: rotate the pool's first hash so each chain is new.
+                // A fresh root every time, so every block is new.
                 i += 1;
                 let mut c = pool[i % pool.len()].clone();
                 c[0].hash = BlockHash(c[0].hash.0 ^ (i as i64).wrapping_mul(0x9E37_79B9));
@@ -87,7 +123,7 @@ fn bench_insert(c: &mut Criterion) {
             })
         });
     }
-    eprintln!("hashtree_insert: index at {:?}", idx.stats());
+    eprintln!("hashtree_insert_evicting: index at {:?}", idx.stats());
     g.finish();
 }
 
@@ -95,13 +131,20 @@ fn bench_match(c: &mut Criterion) {
     let mut g = c.benchmark_group("hashtree_match_prefix");
     let opts = MatchOptions::default();
     for (w, bpw, q) in [(4usize, 32usize, 8usize), (16, 64, 32), (64, 128, 64), (128, 256, 128)] {
+        // The reference grid: every worker its own chain; the probe is one worker's prefix.
         let mut rng = Rng(0xABCD ^ w as u64);
-        let (idx, chains) = populated(w, bpw, &mut rng);
+        let (idx, chains) = populated(w, bpw, 0, &mut rng);
         let hit: Vec<BlockHash> = chains[w / 2][..q].iter().map(|b| b.hash).collect();
         let miss: Vec<BlockHash> = chain(&mut rng, q).iter().map(|b| b.hash).collect();
-        assert_eq!(idx.prefix_depths(&hit, &opts).len(), if q > bpw / 2 { 1 } else { w });
-        g.bench_function(format!("w{w}_bpw{bpw}_q{q}_hit"), |b| b.iter(|| idx.prefix_depths(black_box(&hit), &opts)));
+        assert_eq!(idx.prefix_depths(&hit, &opts)[0].blocks as usize, q);
+        g.bench_function(format!("w{w}_bpw{bpw}_q{q}"), |b| b.iter(|| idx.prefix_depths(black_box(&hit), &opts)));
         g.bench_function(format!("w{w}_bpw{bpw}_q{q}_miss"), |b| b.iter(|| idx.prefix_depths(black_box(&miss), &opts)));
+        // Harder: half of every chain is a prefix all workers share, so every
+        // shared block has w holders.
+        let (idx, chains) = populated(w, bpw, bpw / 2, &mut rng);
+        let hit: Vec<BlockHash> = chains[w / 2][..q].iter().map(|b| b.hash).collect();
+        assert_eq!(idx.prefix_depths(&hit, &opts).len(), if q > bpw / 2 { w } else { w });
+        g.bench_function(format!("w{w}_bpw{bpw}_q{q}_shared"), |b| b.iter(|| idx.prefix_depths(black_box(&hit), &opts)));
     }
     g.finish();
 }
@@ -109,7 +152,7 @@ fn bench_match(c: &mut Criterion) {
 fn bench_match_under_writes(c: &mut Criterion) {
     let mut g = c.benchmark_group("hashtree_match_under_writes");
     let mut rng = Rng(77);
-    let (idx, chains) = populated(16, 64, &mut rng);
+    let (idx, chains) = populated(16, 64, 0, &mut rng);
     let idx = Arc::new(idx);
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {

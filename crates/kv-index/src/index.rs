@@ -155,6 +155,32 @@ struct StreamSlot {
     engine: Mutex<HashTable<EngineEntry>>,
 }
 
+/// A stream still matching during `prefix_depths`.
+#[derive(Debug, Clone, Copy)]
+struct Active {
+    stream: StreamId,
+    depth: u32,
+    weighted: f32,
+    /// The weight it gained at the last block it matched.
+    last_weight: f32,
+}
+
+// === impl Active ===
+
+impl Active {
+    /// Applies `run` blocks whose holders equal the last matched block's: every
+    /// stream that matched that block (depth == `matched`) matches them too.
+    fn advance_run(active: &mut [Active], matched: u32, run: u32) {
+        if run == 0 {
+            return;
+        }
+        for a in active.iter_mut().filter(|a| a.depth == matched) {
+            a.depth += run;
+            a.weighted += run as f32 * a.last_weight;
+        }
+    }
+}
+
 /// Engine hash → node, validated by generation on use.
 #[derive(Debug, Clone, Copy)]
 struct EngineEntry {
@@ -470,69 +496,25 @@ impl KvIndex {
     /// For each worker holding at least the first of `hashes` (a request's
     /// block chain), how many leading blocks it holds contiguously.
     pub fn prefix_depths(&self, hashes: &[BlockHash], opts: &MatchOptions) -> Vec<WorkerMatch> {
-        let Some(first) = hashes.first() else {
+        if hashes.is_empty() {
             return Vec::new();
-        };
-        // (stream, depth, weighted) for streams still matching.
-        let mut active: Vec<(StreamId, u32, f32)> = Vec::new();
-        {
-            let shard = self.shards[self.shard_index(*first)].read().unwrap_or_else(|p| p.into_inner());
-            let now = self.tick.load(Ordering::Relaxed) & TICK_MASK;
-            let mut prev = NO_PARENT;
-            for (i, hash) in hashes.iter().enumerate() {
-                let Some(slot) = shard.find(*hash) else { break };
-                let node = shard.node(slot);
-                if node.parent != prev {
-                    break; // a foreign chain under the same hash: never seen in practice
-                }
-                node.last_used.store(now, Ordering::Relaxed);
-                let mut advanced = false;
-                for h in shard.holders(slot) {
-                    let tiers = h.tiers & opts.tiers;
-                    if tiers == 0 {
-                        continue;
-                    }
-                    let weight = opts.weights[tiers.trailing_zeros() as usize];
-                    let stream = StreamId(u32::from(h.stream));
-                    if i == 0 {
-                        active.push((stream, 1, weight));
-                        advanced = true;
-                    } else if let Some(a) = active.iter_mut().find(|a| a.0 == stream && a.1 as usize == i) {
-                        a.1 += 1;
-                        a.2 += weight;
-                        advanced = true;
-                    }
-                }
-                if !advanced {
-                    break;
-                }
-                prev = slot;
-            }
         }
+        let active = self.match_streams(hashes, opts);
         let mut out: Vec<WorkerMatch> = Vec::with_capacity(active.len());
         {
             let reg = self.registry();
-            for (stream, depth, weighted) in active {
-                let Some(slot) = reg.streams.get(stream.index()) else {
-                    continue;
-                };
+            for Active { stream, depth, weighted, .. } in active {
+                let Some(slot) = reg.streams.get(stream.index()) else { continue };
                 if slot.removed.load(Ordering::Relaxed) {
                     continue;
                 }
                 let rank = Some(slot.key.rank);
-                match out.iter_mut().find(|m| m.worker == slot.worker) {
-                    Some(m) if m.blocks < depth => {
-                        m.blocks = depth;
-                        m.weighted = weighted;
-                        m.rank = rank;
-                    }
-                    Some(_) => {}
-                    None => {
-                        out.push(WorkerMatch { worker: slot.worker, blocks: depth, weighted, rank, pending_blocks: 0 })
-                    }
-                }
+                out.push(WorkerMatch { worker: slot.worker, blocks: depth, weighted, rank, pending_blocks: 0 });
             }
         }
+        // One entry per worker: its best rank (deepest, then lowest rank id).
+        out.sort_unstable_by(|a, b| a.worker.cmp(&b.worker).then(b.blocks.cmp(&a.blocks)).then(a.rank.cmp(&b.rank)));
+        out.dedup_by_key(|m| m.worker);
         if opts.include_pending
             && let Some(pending) = &self.pending
         {
@@ -554,6 +536,72 @@ impl KvIndex {
             }
         }
         out
+    }
+
+    /// Per stream holding the first block: its contiguous depth along `hashes`.
+    ///
+    /// Cost: one hash lookup per matched block plus, per block whose holders
+    /// differ from its parent's, one binary search per holder. Runs of blocks
+    /// with identical holders (a prefix every worker caches) cost one
+    /// comparison of the holder lists each.
+    fn match_streams(&self, hashes: &[BlockHash], opts: &MatchOptions) -> Vec<Active> {
+        let mut active: Vec<Active> = Vec::new();
+        let shard = self.shards[self.shard_index(hashes[0])].read().unwrap_or_else(|p| p.into_inner());
+        let now = self.tick.load(Ordering::Relaxed) & TICK_MASK;
+        // Blocks fully matched so far, and blocks skipped as identical to their parent.
+        let (mut matched, mut run) = (0u32, 0u32);
+        let mut prev = NO_PARENT;
+        for (i, hash) in hashes.iter().enumerate() {
+            let Some(slot) = shard.find(*hash) else { break };
+            let node = shard.node(slot);
+            if node.parent != prev {
+                break; // a foreign chain under the same hash: never seen in practice
+            }
+            // Readers on many cores: write the shared line only when it changes.
+            if node.last_used.load(Ordering::Relaxed) != now {
+                node.last_used.store(now, Ordering::Relaxed);
+            }
+            if i > 0 && shard.same_holders(slot, prev) {
+                run += 1;
+                prev = slot;
+                continue;
+            }
+            Active::advance_run(&mut active, matched, run);
+            matched += run;
+            run = 0;
+            let mut advanced = false;
+            for h in shard.holders(slot) {
+                let tiers = h.tiers & opts.tiers;
+                if tiers == 0 {
+                    continue;
+                }
+                let weight = opts.weights[tiers.trailing_zeros() as usize];
+                let stream = StreamId(u32::from(h.stream));
+                if i == 0 {
+                    active.push(Active { stream, depth: 1, weighted: weight, last_weight: weight });
+                    advanced = true;
+                } else if let Ok(at) = active.binary_search_by_key(&stream, |a| a.stream)
+                    && active[at].depth == matched
+                {
+                    let a = &mut active[at];
+                    a.depth += 1;
+                    a.weighted += weight;
+                    a.last_weight = weight;
+                    advanced = true;
+                }
+            }
+            if !advanced {
+                break;
+            }
+            if i == 0 {
+                // Holders are unordered: sort once, then each later holder is a binary search.
+                active.sort_unstable_by_key(|a| a.stream);
+            }
+            matched += 1;
+            prev = slot;
+        }
+        Active::advance_run(&mut active, matched, run);
+        active
     }
 
     /// Drops pending credits that expired (also done on every credit).

@@ -32,6 +32,24 @@ pub(crate) struct Holding {
     pub(crate) tiers: TierBits,
 }
 
+/// A `Holding` packed in a `u32` (stream in the high half, tiers in the low
+/// byte): holder lists compare with one `memcmp`.
+type Packed = u32;
+
+// === impl Holding ===
+
+impl Holding {
+    #[inline]
+    fn pack(self) -> Packed {
+        (u32::from(self.stream) << 16) | u32::from(self.tiers)
+    }
+
+    #[inline]
+    fn unpack(p: Packed) -> Self {
+        Holding { stream: (p >> 16) as u16, tiers: p as u8 }
+    }
+}
+
 /// One block: 64 bytes. Its hash, the digest its children continue from, its
 /// place in the tree, its first holder inline and any others in `overflow`.
 #[derive(Debug)]
@@ -45,7 +63,7 @@ pub(crate) struct Node {
     pub(crate) last_used: AtomicU32,
     /// Bumped whenever the slot is reused, so stale references can be detected.
     pub(crate) generation: u16,
-    first: Holding,
+    first: Packed,
     /// Index into `Shard::overflow` (0: none).
     more: u32,
 }
@@ -58,7 +76,7 @@ pub(crate) struct Shard {
     table: HashTable<u32>,
     leaves: Vec<u32>,
     /// Holders beyond the first, per node that has them (slot 0 unused).
-    overflow: Vec<Vec<Holding>>,
+    overflow: Vec<Vec<Packed>>,
     free_overflow: Vec<u32>,
     live: usize,
     /// CLOCK hand over `leaves`.
@@ -74,8 +92,8 @@ pub(crate) struct Evicted {
 
 /// Iterates the holders of one node.
 pub(crate) struct Holders<'a> {
-    first: Option<Holding>,
-    rest: std::slice::Iter<'a, Holding>,
+    first: Option<Packed>,
+    rest: std::slice::Iter<'a, Packed>,
 }
 
 /// Spreads a block hash over 64 bits (hashes from tests use tiny alphabets).
@@ -92,7 +110,7 @@ impl Iterator for Holders<'_> {
 
     #[inline]
     fn next(&mut self) -> Option<Holding> {
-        self.first.take().or_else(|| self.rest.next().copied())
+        self.first.take().or_else(|| self.rest.next().copied()).map(Holding::unpack)
     }
 }
 
@@ -147,7 +165,14 @@ impl Shard {
     #[inline]
     pub(crate) fn holders(&self, slot: u32) -> Holders<'_> {
         let node = &self.nodes[slot as usize];
-        Holders { first: (node.first.tiers != 0).then_some(node.first), rest: self.overflow[node.more as usize].iter() }
+        Holders { first: (node.first != 0).then_some(node.first), rest: self.overflow[node.more as usize].iter() }
+    }
+
+    /// True if two nodes have exactly the same holders in the same tiers and order.
+    #[inline]
+    pub(crate) fn same_holders(&self, a: u32, b: u32) -> bool {
+        let (na, nb) = (&self.nodes[a as usize], &self.nodes[b as usize]);
+        na.first == nb.first && self.overflow[na.more as usize] == self.overflow[nb.more as usize]
     }
 
     /// True if `stream` holds `slot` in some tier.
@@ -175,7 +200,7 @@ impl Shard {
             // store) earns a second chance, so one-off chains cannot push out hot ones.
             last_used: AtomicU32::new((now & TICK_MASK) | PASSED),
             generation: 0,
-            first: Holding::default(),
+            first: 0,
             more: 0,
         };
         let slot = match self.free.pop() {
@@ -233,18 +258,18 @@ impl Shard {
         if touch {
             node.last_used.store(now & TICK_MASK, Ordering::Relaxed);
         }
-        if node.first.tiers != 0 && node.first.stream == stream {
-            node.first.tiers |= tiers;
+        if node.first != 0 && Holding::unpack(node.first).stream == stream {
+            node.first |= Packed::from(tiers);
             return false;
         }
         let more = node.more as usize;
-        if let Some(h) = self.overflow[more].iter_mut().find(|h| h.stream == stream) {
-            h.tiers |= tiers;
+        if let Some(h) = self.overflow[more].iter_mut().find(|h| Holding::unpack(**h).stream == stream) {
+            *h |= Packed::from(tiers);
             return false;
         }
-        let holding = Holding { stream, tiers };
+        let holding = Holding { stream, tiers }.pack();
         let node = &mut self.nodes[slot as usize];
-        if node.first.tiers == 0 {
+        if node.first == 0 {
             node.first = holding;
         } else if more == 0 {
             let ix = match self.free_overflow.pop() {
@@ -265,16 +290,17 @@ impl Shard {
     /// Clears `tiers` of `stream` on `slot`; true if the stream now holds it in
     /// no tier (its holding is gone). Prunes nodes left empty.
     pub(crate) fn release(&mut self, slot: u32, stream: u16, tiers: TierBits) -> bool {
+        let clear = !Packed::from(tiers);
         let node = &mut self.nodes[slot as usize];
-        let gone = if node.first.tiers != 0 && node.first.stream == stream {
-            node.first.tiers &= !tiers;
-            node.first.tiers == 0
+        let gone = if node.first != 0 && Holding::unpack(node.first).stream == stream {
+            node.first &= clear;
+            node.first & 0xff == 0
         } else {
             let more = node.more as usize;
-            match self.overflow[more].iter_mut().find(|h| h.stream == stream) {
+            match self.overflow[more].iter_mut().find(|h| Holding::unpack(**h).stream == stream) {
                 Some(h) => {
-                    h.tiers &= !tiers;
-                    h.tiers == 0
+                    *h &= clear;
+                    *h & 0xff == 0
                 }
                 None => return false,
             }
@@ -286,14 +312,14 @@ impl Shard {
         gone
     }
 
-    /// Removes `stream`'s (now empty) holding, refilling `first` from the overflow.
+    /// Removes `stream`'s (now tier-less) holding, refilling `first` from the overflow.
     fn drop_holder(&mut self, slot: u32, stream: u16) {
         let more = self.nodes[slot as usize].more as usize;
-        if self.nodes[slot as usize].first.stream == stream && self.nodes[slot as usize].first.tiers == 0 {
-            self.nodes[slot as usize].first =
-                if more != 0 { self.overflow[more].pop().unwrap_or_default() } else { Holding::default() };
+        let first = self.nodes[slot as usize].first;
+        if first != 0 && Holding::unpack(first).stream == stream {
+            self.nodes[slot as usize].first = if more != 0 { self.overflow[more].remove(0) } else { 0 };
         } else if more != 0 {
-            self.overflow[more].retain(|h| h.stream != stream);
+            self.overflow[more].retain(|h| Holding::unpack(*h).stream != stream);
         }
         if more != 0 && self.overflow[more].is_empty() {
             self.overflow[more] = Vec::new();
@@ -306,7 +332,7 @@ impl Shard {
     fn prune(&mut self, mut slot: u32) {
         loop {
             let node = &self.nodes[slot as usize];
-            if node.parent == VACANT || node.children() > 0 || node.first.tiers != 0 || node.more != 0 {
+            if node.parent == VACANT || node.children() > 0 || node.first != 0 || node.more != 0 {
                 return;
             }
             let parent = node.parent;
@@ -334,7 +360,7 @@ impl Shard {
         let node = &mut self.nodes[slot as usize];
         node.parent = VACANT;
         node.links = 0;
-        node.first = Holding::default();
+        node.first = 0;
         node.more = 0;
         self.free.push(slot);
         self.live -= 1;
@@ -369,7 +395,7 @@ impl Shard {
             out.lost.extend(self.holders(slot).map(|h| h.stream));
             out.nodes += 1;
             let node = &mut self.nodes[slot as usize];
-            node.first = Holding::default();
+            node.first = 0;
             if node.more != 0 {
                 let more = node.more;
                 node.more = 0;
@@ -397,8 +423,8 @@ impl Shard {
         self.nodes.capacity() * std::mem::size_of::<Node>()
             + (self.free.capacity() + self.leaves.capacity() + self.free_overflow.capacity()) * 4
             + self.table.allocation_size()
-            + self.overflow.capacity() * std::mem::size_of::<Vec<Holding>>()
-            + self.overflow.iter().map(|v| v.capacity() * std::mem::size_of::<Holding>()).sum::<usize>()
+            + self.overflow.capacity() * std::mem::size_of::<Vec<Packed>>()
+            + self.overflow.iter().map(|v| v.capacity() * std::mem::size_of::<Packed>()).sum::<usize>()
     }
 
     /// Number of (node, stream) holdings, for stats.
@@ -406,7 +432,7 @@ impl Shard {
         self.nodes
             .iter()
             .filter(|n| n.parent != VACANT)
-            .map(|n| usize::from(n.first.tiers != 0) + self.overflow[n.more as usize].len())
+            .map(|n| usize::from(n.first != 0) + self.overflow[n.more as usize].len())
             .sum()
     }
 }
