@@ -144,7 +144,9 @@ fn bench_match(c: &mut Criterion) {
         let (idx, chains) = populated(w, bpw, bpw / 2, &mut rng);
         let hit: Vec<BlockHash> = chains[w / 2][..q].iter().map(|b| b.hash).collect();
         assert_eq!(idx.prefix_depths(&hit, &opts).len(), if q > bpw / 2 { w } else { w });
-        g.bench_function(format!("w{w}_bpw{bpw}_q{q}_shared"), |b| b.iter(|| idx.prefix_depths(black_box(&hit), &opts)));
+        g.bench_function(format!("w{w}_bpw{bpw}_q{q}_shared"), |b| {
+            b.iter(|| idx.prefix_depths(black_box(&hit), &opts))
+        });
     }
     g.finish();
 }

@@ -172,7 +172,11 @@ impl Shard {
     #[inline]
     pub(crate) fn same_holders(&self, a: u32, b: u32) -> bool {
         let (na, nb) = (&self.nodes[a as usize], &self.nodes[b as usize]);
-        na.first == nb.first && self.overflow[na.more as usize] == self.overflow[nb.more as usize]
+        if na.first != nb.first {
+            return false;
+        }
+        let (a, b) = (&self.overflow[na.more as usize], &self.overflow[nb.more as usize]);
+        a.len() == b.len() && (a.is_empty() || a == b)
     }
 
     /// True if `stream` holds `slot` in some tier.
@@ -498,5 +502,24 @@ mod tests {
         assert_eq!(s.len(), 2, "b pruned, a keeps c");
         assert!(s.release(c, 2, 1));
         assert_eq!((s.len(), s.leaves.len()), (0, 0), "c, then a pruned");
+    }
+}
+#[cfg(test)]
+mod overflow_tests {
+    use super::*;
+
+    /// Slot 0 of the overflow table is the shared "no extra holders" list.
+    #[test]
+    fn overflow_zero_stays_empty() {
+        let mut s = Shard::default();
+        for w in 0..4u16 {
+            let mut prev = NO_PARENT;
+            for i in 0..32i64 {
+                let (slot, _) = s.get_or_insert(prev, BlockHash(i64::from(w) * 1000 + i), &[0; 32], 1);
+                s.hold(slot, w, 1, 1, false);
+                prev = slot;
+            }
+        }
+        assert_eq!(s.overflow[0].len(), 0, "overflow[0] {:?}", &s.overflow[0][..s.overflow[0].len().min(10)]);
     }
 }
