@@ -40,7 +40,9 @@ fn chain(rng: &mut Rng, n: usize) -> Vec<StoredBlock> {
     (0..n)
         .map(|_| {
             let h = rng.next();
-            StoredBlock { engine: h, hash: BlockHash(h as i64), digest: [0; 32] }
+            let mut digest = [0u8; 32];
+            digest[..8].copy_from_slice(&h.to_be_bytes());
+            StoredBlock { engine: h, digest }
         })
         .collect()
 }
@@ -118,7 +120,9 @@ fn bench_insert(c: &mut Criterion) {
                 // A fresh root every time, so every block is new.
                 i += 1;
                 let mut c = pool[i % pool.len()].clone();
-                c[0].hash = BlockHash(c[0].hash.0 ^ (i as i64).wrapping_mul(0x9E37_79B9));
+                c[0].digest[8..16].copy_from_slice(&(i as u64).to_le_bytes());
+                c[0].digest[0] ^= i as u8;
+                c[0].digest[1..5].copy_from_slice(&(i as u32).to_be_bytes());
                 idx.store(streams[i % 16], None, black_box(&c), Tier::Device).unwrap()
             })
         });
@@ -134,16 +138,16 @@ fn bench_match(c: &mut Criterion) {
         // The reference grid: every worker its own chain; the probe is one worker's prefix.
         let mut rng = Rng(0xABCD ^ w as u64);
         let (idx, chains) = populated(w, bpw, 0, &mut rng);
-        let hit: Vec<BlockHash> = chains[w / 2][..q].iter().map(|b| b.hash).collect();
-        let miss: Vec<BlockHash> = chain(&mut rng, q).iter().map(|b| b.hash).collect();
+        let hit: Vec<BlockHash> = chains[w / 2][..q].iter().map(StoredBlock::hash).collect();
+        let miss: Vec<BlockHash> = chain(&mut rng, q).iter().map(StoredBlock::hash).collect();
         assert_eq!(idx.prefix_depths(&hit, &opts)[0].blocks as usize, q);
         g.bench_function(format!("w{w}_bpw{bpw}_q{q}"), |b| b.iter(|| idx.prefix_depths(black_box(&hit), &opts)));
         g.bench_function(format!("w{w}_bpw{bpw}_q{q}_miss"), |b| b.iter(|| idx.prefix_depths(black_box(&miss), &opts)));
         // Harder: half of every chain is a prefix all workers share, so every
         // shared block has w holders.
         let (idx, chains) = populated(w, bpw, bpw / 2, &mut rng);
-        let hit: Vec<BlockHash> = chains[w / 2][..q].iter().map(|b| b.hash).collect();
-        assert_eq!(idx.prefix_depths(&hit, &opts).len(), if q > bpw / 2 { w } else { w });
+        let hit: Vec<BlockHash> = chains[w / 2][..q].iter().map(StoredBlock::hash).collect();
+        assert_eq!(idx.prefix_depths(&hit, &opts).len(), w, "every worker holds the shared half");
         g.bench_function(format!("w{w}_bpw{bpw}_q{q}_shared"), |b| {
             b.iter(|| idx.prefix_depths(black_box(&hit), &opts))
         });
@@ -174,7 +178,7 @@ fn bench_match_under_writes(c: &mut Criterion) {
             writes
         })
     };
-    let probe: Vec<BlockHash> = chains[3][..32].iter().map(|b| b.hash).collect();
+    let probe: Vec<BlockHash> = chains[3][..32].iter().map(StoredBlock::hash).collect();
     let opts = MatchOptions::default();
     g.bench_function("w16_bpw64_q32", |b| b.iter(|| idx.prefix_depths(black_box(&probe), &opts)));
     stop.store(true, Ordering::Relaxed);
@@ -205,7 +209,7 @@ fn bench_large(c: &mut Criterion) {
         stats.memory_bytes,
         stats.memory_bytes as f64 / stats.holdings as f64
     );
-    let probe: Vec<BlockHash> = chains[7].iter().map(|b| b.hash).collect();
+    let probe: Vec<BlockHash> = chains[7].iter().map(StoredBlock::hash).collect();
     let opts = MatchOptions::default();
     g.bench_function("match_q64", |b| b.iter(|| idx.prefix_depths(black_box(&probe), &opts)));
     g.finish();

@@ -20,6 +20,8 @@ use crate::{Clock, StreamId, WorkerId};
 pub const DEFAULT_SHARDS: usize = 32;
 /// Default bound on pending credits (hash, worker) kept at once.
 pub const DEFAULT_PENDING_MAX_ENTRIES: usize = 1 << 20;
+/// Longest chain one `store` takes (the event decoder's limit).
+pub const MAX_CHAIN_BLOCKS: usize = 65_536;
 
 /// How the index is sized and what it remembers.
 #[derive(Debug, Clone)]
@@ -39,10 +41,19 @@ pub struct IndexConfig {
 pub struct StoredBlock {
     /// The engine's hash, as `EngineBlockHash::key()`.
     pub engine: u64,
-    /// The router's hash of the block (content chain, namespaced).
-    pub hash: BlockHash,
-    /// The chain digest after this block.
+    /// The router's chain digest after this block. The block's router hash is
+    /// its first eight bytes (`BlockHash::from_digest`): namespaces (LoRA,
+    /// cache salt) enter the chain through its prior, never after it.
     pub digest: PageDigest,
+}
+
+// === impl StoredBlock ===
+
+impl StoredBlock {
+    /// The router's hash of the block.
+    pub fn hash(&self) -> BlockHash {
+        BlockHash::from_digest(&self.digest)
+    }
 }
 
 /// A block a new chain continues from, found by its engine hash.
@@ -52,9 +63,7 @@ pub struct Parent {
     pub hash: BlockHash,
     /// The digest the child chain continues from.
     pub digest: PageDigest,
-    shard: u16,
-    slot: u32,
-    generation: u16,
+    loc: Loc,
 }
 
 /// What a store changed.
@@ -120,6 +129,9 @@ pub enum IndexError {
     /// 65,535 streams were registered already.
     #[error("too many streams registered (at most 65535)")]
     TooManyStreams,
+    /// A chain longer than `MAX_CHAIN_BLOCKS`.
+    #[error("chain of {0} blocks is longer than 65536")]
+    ChainTooLong(usize),
     /// The parent block is no longer in the index (evicted or cleared).
     #[error("parent block is no longer indexed")]
     ParentGone,
@@ -130,6 +142,7 @@ pub enum IndexError {
 pub struct KvIndex {
     shards: Box<[RwLock<Shard>]>,
     max_per_shard: usize,
+    layout: Layout,
     registry: RwLock<Registry>,
     pending: Option<RwLock<Pending>>,
     clock: Arc<dyn Clock>,
@@ -181,13 +194,64 @@ impl Active {
     }
 }
 
-/// Engine hash → node, validated by generation on use.
+/// Engine hash → node in 12 bytes: the key, and `shard | slot | generation`
+/// packed by the index's `Layout`. Validated on use: the slot must be live
+/// with the same (low 8 bits of) generation and held by the stream.
 #[derive(Debug, Clone, Copy)]
 struct EngineEntry {
-    engine: u64,
-    slot: u32,
+    engine: [u32; 2],
+    loc: u32,
+}
+
+/// Where a node is: unpacked `EngineEntry::loc`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Loc {
     shard: u16,
-    generation: u16,
+    slot: u32,
+    generation: u8,
+}
+
+/// How `loc` is packed: shard in the high bits, then slot, then 8 bits of generation.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    slot_bits: u32,
+}
+
+// === impl EngineEntry ===
+
+impl EngineEntry {
+    fn engine(&self) -> u64 {
+        u64::from(self.engine[0]) | (u64::from(self.engine[1]) << 32)
+    }
+}
+
+// === impl Layout ===
+
+impl Layout {
+    fn new(shards: usize) -> Self {
+        let shard_bits = usize::BITS - (shards - 1).leading_zeros();
+        Self { slot_bits: 24 - shard_bits.min(16) }
+    }
+
+    /// Slots a shard may use.
+    fn slots_per_shard(&self) -> usize {
+        1 << self.slot_bits
+    }
+
+    fn pack(&self, engine: u64, loc: Loc) -> EngineEntry {
+        // With one shard the shard field has no bits (a shift by 32 is not a shift).
+        let shard = u32::from(loc.shard).checked_shl(self.slot_bits + 8).unwrap_or(0);
+        let packed = shard | (loc.slot << 8) | u32::from(loc.generation);
+        EngineEntry { engine: [engine as u32, (engine >> 32) as u32], loc: packed }
+    }
+
+    fn unpack(&self, e: &EngineEntry) -> Loc {
+        Loc {
+            shard: e.loc.checked_shr(self.slot_bits + 8).unwrap_or(0) as u16,
+            slot: (e.loc >> 8) & ((1 << self.slot_bits) - 1),
+            generation: e.loc as u8,
+        }
+    }
 }
 
 fn tier_bit(tier: Tier) -> TierBits {
@@ -234,12 +298,16 @@ impl KvIndex {
     pub fn new(config: IndexConfig, clock: Arc<dyn Clock>) -> Self {
         let n = config.shards.get().min(u16::MAX as usize);
         let shards = (0..n).map(|_| RwLock::new(Shard::default())).collect();
-        let max_per_shard = config.max_nodes.map_or(usize::MAX, |m| m.get().div_ceil(n));
+        let layout = Layout::new(n);
+        // Room for one maximal chain above the bound, within the packed slot range.
+        let hard_cap = layout.slots_per_shard().saturating_sub(MAX_CHAIN_BLOCKS).max(1);
+        let max_per_shard = config.max_nodes.map_or(hard_cap, |m| m.get().div_ceil(n).min(hard_cap));
         let pending =
             config.pending_ttl.map(|ttl| RwLock::new(Pending::new(ttl.as_millis() as u64, config.pending_max_entries)));
         Self {
             shards,
             max_per_shard,
+            layout,
             registry: RwLock::new(Registry::default()),
             pending,
             clock,
@@ -314,23 +382,14 @@ impl KvIndex {
     pub fn parent(&self, stream: StreamId, engine: u64) -> Option<Parent> {
         let slot = self.slot(stream).ok()?;
         let map = slot.engine.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = *map.find(engine_hash(engine), |e| e.engine == engine)?;
+        let loc = self.layout.unpack(map.find(engine_hash(engine), |e| e.engine() == engine)?);
         drop(map);
-        let shard = self.shards[entry.shard as usize].read().unwrap_or_else(|p| p.into_inner());
-        if !shard.is_live(entry.slot, entry.generation) {
+        let shard = self.shards[loc.shard as usize].read().unwrap_or_else(|p| p.into_inner());
+        if !shard.is_live(loc.slot, loc.generation) || !shard.held_by(loc.slot, stream.0 as u16) {
             return None;
         }
-        let node = shard.node(entry.slot);
-        if !shard.held_by(entry.slot, stream.0 as u16) {
-            return None;
-        }
-        Some(Parent {
-            hash: node.hash,
-            digest: node.digest,
-            shard: entry.shard,
-            slot: entry.slot,
-            generation: entry.generation,
-        })
+        let node = shard.node(loc.slot);
+        Some(Parent { hash: node.hash(), digest: node.digest, loc })
     }
 
     /// Records that `stream` holds `blocks` (a chain, in order) in `tier`,
@@ -346,9 +405,12 @@ impl KvIndex {
         let Some(first) = blocks.first() else {
             return Ok(StoreOutcome::default());
         };
+        if blocks.len() > MAX_CHAIN_BLOCKS {
+            return Err(IndexError::ChainTooLong(blocks.len()));
+        }
         let shard_ix = match parent {
-            Some(p) => p.shard as usize,
-            None => self.shard_index(first.hash),
+            Some(p) => p.loc.shard as usize,
+            None => self.shard_index(first.hash()),
         };
         // Ticks mark "touched" for CLOCK eviction and order a child against its parent.
         let now = self.tick.fetch_add(1, Ordering::Relaxed) & TICK_MASK;
@@ -358,27 +420,25 @@ impl KvIndex {
             let mut map = slot.engine.lock().unwrap_or_else(|p| p.into_inner());
             let mut shard = self.shards[shard_ix].write().unwrap_or_else(|p| p.into_inner());
             let mut prev = match parent {
-                Some(p) if shard.is_live(p.slot, p.generation) && shard.node(p.slot).hash == p.hash => p.slot,
+                Some(p) if shard.is_live(p.loc.slot, p.loc.generation) && shard.node(p.loc.slot).hash() == p.hash => {
+                    p.loc.slot
+                }
                 Some(_) => return Err(IndexError::ParentGone),
                 None => NO_PARENT,
             };
             for block in blocks {
-                let (node, created) = shard.get_or_insert(prev, block.hash, &block.digest, now);
+                let (node, created) = shard.get_or_insert(prev, &block.digest, now);
                 outcome.new_nodes += usize::from(created);
                 if shard.hold(node, stream.0 as u16, tier_bit(tier), now, !created) {
                     outcome.new_holdings += 1;
                     slot.live.fetch_add(1, Ordering::Relaxed);
                 }
-                let entry = EngineEntry {
-                    engine: block.engine,
-                    slot: node,
-                    shard: shard_ix as u16,
-                    generation: shard.node(node).generation,
-                };
-                match map.find_mut(engine_hash(block.engine), |e| e.engine == block.engine) {
+                let loc = Loc { shard: shard_ix as u16, slot: node, generation: shard.node(node).generation as u8 };
+                let entry = self.layout.pack(block.engine, loc);
+                match map.find_mut(engine_hash(block.engine), |e| e.engine() == block.engine) {
                     Some(e) => *e = entry,
                     None => {
-                        map.insert_unique(engine_hash(block.engine), entry, |e| engine_hash(e.engine));
+                        map.insert_unique(engine_hash(block.engine), entry, |e| engine_hash(e.engine()));
                     }
                 }
                 prev = node;
@@ -407,8 +467,9 @@ impl KvIndex {
     /// Drops engine-map entries whose node was evicted.
     fn sweep(&self, stream: StreamId, map: &mut HashTable<EngineEntry>) {
         map.retain(|e| {
-            let shard = self.shards[e.shard as usize].read().unwrap_or_else(|p| p.into_inner());
-            shard.is_live(e.slot, e.generation) && shard.held_by(e.slot, stream.0 as u16)
+            let loc = self.layout.unpack(e);
+            let shard = self.shards[loc.shard as usize].read().unwrap_or_else(|p| p.into_inner());
+            shard.is_live(loc.slot, loc.generation) && shard.held_by(loc.slot, stream.0 as u16)
         });
     }
 
@@ -419,19 +480,20 @@ impl KvIndex {
         let mut map = slot.engine.lock().unwrap_or_else(|p| p.into_inner());
         let mut ended = 0;
         for &engine in engines {
-            let Some(entry) = map.find(engine_hash(engine), |e| e.engine == engine).copied() else {
+            let Some(entry) = map.find(engine_hash(engine), |e| e.engine() == engine) else {
                 continue;
             };
-            let mut shard = self.shards[entry.shard as usize].write().unwrap_or_else(|p| p.into_inner());
-            let gone = shard.is_live(entry.slot, entry.generation)
-                && shard.release(entry.slot, stream.0 as u16, tier_bit(tier));
-            let stale = !shard.is_live(entry.slot, entry.generation) || !shard.held_by(entry.slot, stream.0 as u16);
+            let loc = self.layout.unpack(entry);
+            let mut shard = self.shards[loc.shard as usize].write().unwrap_or_else(|p| p.into_inner());
+            let gone =
+                shard.is_live(loc.slot, loc.generation) && shard.release(loc.slot, stream.0 as u16, tier_bit(tier));
+            let stale = !shard.is_live(loc.slot, loc.generation) || !shard.held_by(loc.slot, stream.0 as u16);
             drop(shard);
             if gone {
                 ended += 1;
                 slot.live.fetch_sub(1, Ordering::Relaxed);
             }
-            if stale && let Ok(e) = map.find_entry(engine_hash(engine), |e| e.engine == engine) {
+            if stale && let Ok(e) = map.find_entry(engine_hash(engine), |e| e.engine() == engine) {
                 e.remove();
             }
         }
@@ -446,7 +508,7 @@ impl KvIndex {
 
     fn clear_slot(&self, stream: StreamId, slot: &StreamSlot) -> usize {
         let mut map = slot.engine.lock().unwrap_or_else(|p| p.into_inner());
-        let mut entries: Vec<EngineEntry> = map.drain().collect();
+        let mut entries: Vec<Loc> = map.drain().map(|e| self.layout.unpack(&e)).collect();
         // Deepest first is not needed: release prunes only empty, childless nodes.
         entries.sort_unstable_by_key(|e| e.shard);
         let mut ended = 0;
@@ -635,5 +697,28 @@ impl KvIndex {
             stats.memory_bytes += p.memory_bytes();
         }
         stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_round_trips() {
+        for shards in [1usize, 2, 3, 32, 33, 4096] {
+            let layout = Layout::new(shards);
+            for (shard, slot, generation) in [
+                (0, 0, 0),
+                (shards - 1, layout.slots_per_shard() as u32 - 1, 255),
+                (shards / 2, 12345 % layout.slots_per_shard() as u32, 7),
+            ] {
+                let loc = Loc { shard: shard as u16, slot, generation };
+                let e = layout.pack(0xDEAD_BEEF_0123_4567, loc);
+                assert_eq!(layout.unpack(&e), loc, "{shards} shards");
+                assert_eq!(e.engine(), 0xDEAD_BEEF_0123_4567);
+            }
+        }
+        assert_eq!(std::mem::size_of::<EngineEntry>(), 12);
     }
 }

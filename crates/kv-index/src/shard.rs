@@ -50,11 +50,11 @@ impl Holding {
     }
 }
 
-/// One block: 64 bytes. Its hash, the digest its children continue from, its
-/// place in the tree, its first holder inline and any others in `overflow`.
+/// One block: 56 bytes. The digest its children continue from (its block
+/// hash is the digest's first eight bytes), its place in the tree, its first
+/// holder inline and any others in `overflow`.
 #[derive(Debug)]
 pub(crate) struct Node {
-    pub(crate) hash: BlockHash,
     pub(crate) digest: PageDigest,
     pub(crate) parent: u32,
     /// `LEAF | position in leaves`, or the number of children.
@@ -68,10 +68,20 @@ pub(crate) struct Node {
     more: u32,
 }
 
+/// Nodes per slab chunk: growth wastes at most one chunk per shard.
+const CHUNK: usize = 1024;
+
+/// Nodes by slot, in fixed chunks (a `Vec` doubling would waste up to half).
+#[derive(Debug, Default)]
+pub(crate) struct Slab {
+    chunks: Vec<Vec<Node>>,
+    len: usize,
+}
+
 /// A shard: nodes by slot, slots by hash.
 #[derive(Debug)]
 pub(crate) struct Shard {
-    nodes: Vec<Node>,
+    nodes: Slab,
     free: Vec<u32>,
     table: HashTable<u32>,
     leaves: Vec<u32>,
@@ -114,9 +124,59 @@ impl Iterator for Holders<'_> {
     }
 }
 
+// === impl Slab ===
+
+impl Slab {
+    fn get(&self, slot: u32) -> Option<&Node> {
+        self.chunks.get(slot as usize / CHUNK).and_then(|c| c.get(slot as usize % CHUNK))
+    }
+
+    fn push(&mut self, node: Node) -> u32 {
+        if self.len % CHUNK == 0 {
+            self.chunks.push(Vec::with_capacity(CHUNK));
+        }
+        if let Some(chunk) = self.chunks.last_mut() {
+            chunk.push(node);
+        }
+        self.len += 1;
+        (self.len - 1) as u32
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Node> {
+        self.chunks.iter().flatten()
+    }
+
+    fn memory_bytes(&self) -> usize {
+        self.chunks.capacity() * std::mem::size_of::<Vec<Node>>()
+            + self.chunks.iter().map(|c| c.capacity() * std::mem::size_of::<Node>()).sum::<usize>()
+    }
+}
+
+impl std::ops::Index<u32> for Slab {
+    type Output = Node;
+
+    #[inline]
+    fn index(&self, slot: u32) -> &Node {
+        &self.chunks[slot as usize / CHUNK][slot as usize % CHUNK]
+    }
+}
+
+impl std::ops::IndexMut<u32> for Slab {
+    #[inline]
+    fn index_mut(&mut self, slot: u32) -> &mut Node {
+        &mut self.chunks[slot as usize / CHUNK][slot as usize % CHUNK]
+    }
+}
+
 // === impl Node ===
 
 impl Node {
+    /// The block hash: the digest's first eight bytes, big-endian, signed.
+    #[inline]
+    pub(crate) fn hash(&self) -> BlockHash {
+        BlockHash::from_digest(&self.digest)
+    }
+
     pub(crate) fn is_leaf(&self) -> bool {
         self.links & LEAF != 0
     }
@@ -131,7 +191,7 @@ impl Node {
 impl Default for Shard {
     fn default() -> Self {
         Self {
-            nodes: Vec::new(),
+            nodes: Slab::default(),
             free: Vec::new(),
             table: HashTable::new(),
             leaves: Vec::new(),
@@ -153,25 +213,25 @@ impl Shard {
     #[inline]
     pub(crate) fn find(&self, hash: BlockHash) -> Option<u32> {
         let nodes = &self.nodes;
-        self.table.find(mix(hash), |&slot| nodes[slot as usize].hash == hash).copied()
+        self.table.find(mix(hash), |&slot| nodes[slot].hash() == hash).copied()
     }
 
     #[inline]
     pub(crate) fn node(&self, slot: u32) -> &Node {
-        &self.nodes[slot as usize]
+        &self.nodes[slot]
     }
 
     /// The holders of `slot`.
     #[inline]
     pub(crate) fn holders(&self, slot: u32) -> Holders<'_> {
-        let node = &self.nodes[slot as usize];
+        let node = &self.nodes[slot];
         Holders { first: (node.first != 0).then_some(node.first), rest: self.overflow[node.more as usize].iter() }
     }
 
     /// True if two nodes have exactly the same holders in the same tiers and order.
     #[inline]
     pub(crate) fn same_holders(&self, a: u32, b: u32) -> bool {
-        let (na, nb) = (&self.nodes[a as usize], &self.nodes[b as usize]);
+        let (na, nb) = (&self.nodes[a], &self.nodes[b]);
         if na.first != nb.first {
             return false;
         }
@@ -184,19 +244,19 @@ impl Shard {
         self.holders(slot).any(|h| h.stream == stream)
     }
 
-    /// True if `slot` holds a live node of this generation.
-    pub(crate) fn is_live(&self, slot: u32, generation: u16) -> bool {
-        self.nodes.get(slot as usize).is_some_and(|n| n.parent != VACANT && n.generation == generation)
+    /// True if `slot` holds a live node of this generation (its low 8 bits).
+    pub(crate) fn is_live(&self, slot: u32, generation: u8) -> bool {
+        self.nodes.get(slot).is_some_and(|n| n.parent != VACANT && n.generation as u8 == generation)
     }
 
-    /// The slot of `hash` under `parent`, creating the node if needed.
-    pub(crate) fn get_or_insert(&mut self, parent: u32, hash: BlockHash, digest: &PageDigest, now: u32) -> (u32, bool) {
+    /// The slot of the block with `digest` under `parent`, creating it if needed.
+    pub(crate) fn get_or_insert(&mut self, parent: u32, digest: &PageDigest, now: u32) -> (u32, bool) {
+        let hash = BlockHash::from_digest(digest);
         if let Some(slot) = self.find(hash) {
             return (slot, false);
         }
         let leaf_pos = self.leaves.len() as u32;
         let node = Node {
-            hash,
             digest: *digest,
             parent,
             links: LEAF | leaf_pos,
@@ -209,18 +269,15 @@ impl Shard {
         };
         let slot = match self.free.pop() {
             Some(slot) => {
-                let generation = self.nodes[slot as usize].generation.wrapping_add(1);
-                self.nodes[slot as usize] = Node { generation, ..node };
+                let generation = self.nodes[slot].generation.wrapping_add(1);
+                self.nodes[slot] = Node { generation, ..node };
                 slot
             }
-            None => {
-                self.nodes.push(node);
-                (self.nodes.len() - 1) as u32
-            }
+            None => self.nodes.push(node),
         };
         self.leaves.push(slot);
         let nodes = &self.nodes;
-        self.table.insert_unique(mix(hash), slot, |&s| mix(nodes[s as usize].hash));
+        self.table.insert_unique(mix(hash), slot, |&s| mix(nodes[s].hash()));
         if parent != NO_PARENT {
             self.add_child(parent);
         }
@@ -229,17 +286,17 @@ impl Shard {
     }
 
     fn add_child(&mut self, slot: u32) {
-        let node = &self.nodes[slot as usize];
+        let node = &self.nodes[slot];
         if node.is_leaf() {
             self.unlist_leaf(slot);
-            self.nodes[slot as usize].links = 1;
+            self.nodes[slot].links = 1;
         } else {
-            self.nodes[slot as usize].links += 1;
+            self.nodes[slot].links += 1;
         }
     }
 
     fn remove_child(&mut self, slot: u32) {
-        let node = &mut self.nodes[slot as usize];
+        let node = &mut self.nodes[slot];
         node.links -= 1;
         if node.links == 0 {
             node.links = LEAF | self.leaves.len() as u32;
@@ -248,17 +305,17 @@ impl Shard {
     }
 
     fn unlist_leaf(&mut self, slot: u32) {
-        let pos = (self.nodes[slot as usize].links & !LEAF) as usize;
+        let pos = (self.nodes[slot].links & !LEAF) as usize;
         self.leaves.swap_remove(pos);
         if let Some(&moved) = self.leaves.get(pos) {
-            self.nodes[moved as usize].links = LEAF | pos as u32;
+            self.nodes[moved].links = LEAF | pos as u32;
         }
     }
 
     /// Adds `tiers` for `stream` on `slot`; true if the stream did not hold it
     /// before. `touch` marks the node used (a store of a block that existed).
     pub(crate) fn hold(&mut self, slot: u32, stream: u16, tiers: TierBits, now: u32, touch: bool) -> bool {
-        let node = &mut self.nodes[slot as usize];
+        let node = &mut self.nodes[slot];
         if touch {
             node.last_used.store(now & TICK_MASK, Ordering::Relaxed);
         }
@@ -272,7 +329,7 @@ impl Shard {
             return false;
         }
         let holding = Holding { stream, tiers }.pack();
-        let node = &mut self.nodes[slot as usize];
+        let node = &mut self.nodes[slot];
         if node.first == 0 {
             node.first = holding;
         } else if more == 0 {
@@ -284,7 +341,7 @@ impl Shard {
                 }
             };
             self.overflow[ix as usize].push(holding);
-            self.nodes[slot as usize].more = ix;
+            self.nodes[slot].more = ix;
         } else {
             self.overflow[more].push(holding);
         }
@@ -295,7 +352,7 @@ impl Shard {
     /// no tier (its holding is gone). Prunes nodes left empty.
     pub(crate) fn release(&mut self, slot: u32, stream: u16, tiers: TierBits) -> bool {
         let clear = !Packed::from(tiers);
-        let node = &mut self.nodes[slot as usize];
+        let node = &mut self.nodes[slot];
         let gone = if node.first != 0 && Holding::unpack(node.first).stream == stream {
             node.first &= clear;
             node.first & 0xff == 0
@@ -318,24 +375,24 @@ impl Shard {
 
     /// Removes `stream`'s (now tier-less) holding, refilling `first` from the overflow.
     fn drop_holder(&mut self, slot: u32, stream: u16) {
-        let more = self.nodes[slot as usize].more as usize;
-        let first = self.nodes[slot as usize].first;
+        let more = self.nodes[slot].more as usize;
+        let first = self.nodes[slot].first;
         if first != 0 && Holding::unpack(first).stream == stream {
-            self.nodes[slot as usize].first = if more != 0 { self.overflow[more].remove(0) } else { 0 };
+            self.nodes[slot].first = if more != 0 { self.overflow[more].remove(0) } else { 0 };
         } else if more != 0 {
             self.overflow[more].retain(|h| Holding::unpack(*h).stream != stream);
         }
         if more != 0 && self.overflow[more].is_empty() {
             self.overflow[more] = Vec::new();
             self.free_overflow.push(more as u32);
-            self.nodes[slot as usize].more = 0;
+            self.nodes[slot].more = 0;
         }
     }
 
     /// Removes `slot` and then its ancestors while they hold nothing and have no children.
     fn prune(&mut self, mut slot: u32) {
         loop {
-            let node = &self.nodes[slot as usize];
+            let node = &self.nodes[slot];
             if node.parent == VACANT || node.children() > 0 || node.first != 0 || node.more != 0 {
                 return;
             }
@@ -351,17 +408,17 @@ impl Shard {
 
     /// Frees a childless node (it is a leaf).
     fn free_slot(&mut self, slot: u32) {
-        let hash = self.nodes[slot as usize].hash;
+        let hash = self.nodes[slot].hash();
         if let Ok(entry) = self.table.find_entry(mix(hash), |&s| s == slot) {
             entry.remove();
         }
         self.unlist_leaf(slot);
-        let more = self.nodes[slot as usize].more;
+        let more = self.nodes[slot].more;
         if more != 0 {
             self.overflow[more as usize] = Vec::new();
             self.free_overflow.push(more);
         }
-        let node = &mut self.nodes[slot as usize];
+        let node = &mut self.nodes[slot];
         node.parent = VACANT;
         node.links = 0;
         node.first = 0;
@@ -382,7 +439,7 @@ impl Shard {
                 self.hand = 0;
             }
             let slot = self.leaves[self.hand];
-            let used = self.nodes[slot as usize].last_used.load(Ordering::Relaxed);
+            let used = self.nodes[slot].last_used.load(Ordering::Relaxed);
             if used == just_stored {
                 spared += 1;
                 if spared > self.leaves.len() {
@@ -392,13 +449,13 @@ impl Shard {
                 continue;
             }
             if used & PASSED == 0 {
-                self.nodes[slot as usize].last_used.fetch_or(PASSED, Ordering::Relaxed);
+                self.nodes[slot].last_used.fetch_or(PASSED, Ordering::Relaxed);
                 self.hand += 1;
                 continue;
             }
             out.lost.extend(self.holders(slot).map(|h| h.stream));
             out.nodes += 1;
-            let node = &mut self.nodes[slot as usize];
+            let node = &mut self.nodes[slot];
             node.first = 0;
             if node.more != 0 {
                 let more = node.more;
@@ -411,8 +468,8 @@ impl Shard {
             self.prune(slot);
             // Tails first: a parent exposed as a leaf that was not touched after
             // its evicted child is as cold as it, and goes on the hand's next visit.
-            if parent != NO_PARENT && self.nodes[parent as usize].is_leaf() {
-                let p = &self.nodes[parent as usize].last_used;
+            if parent != NO_PARENT && self.nodes[parent].is_leaf() {
+                let p = &self.nodes[parent].last_used;
                 let age = (p.load(Ordering::Relaxed) & TICK_MASK).wrapping_sub(used & TICK_MASK) & TICK_MASK;
                 let touched_after_child = age != 0 && age < PASSED / 2;
                 if !touched_after_child {
@@ -424,7 +481,7 @@ impl Shard {
 
     /// Bytes allocated by this shard.
     pub(crate) fn memory_bytes(&self) -> usize {
-        self.nodes.capacity() * std::mem::size_of::<Node>()
+        self.nodes.memory_bytes()
             + (self.free.capacity() + self.leaves.capacity() + self.free_overflow.capacity()) * 4
             + self.table.allocation_size()
             + self.overflow.capacity() * std::mem::size_of::<Vec<Packed>>()
@@ -441,6 +498,14 @@ impl Shard {
     }
 }
 
+/// A digest whose block hash is `h` (tests).
+#[cfg(test)]
+pub(crate) fn digest(h: i64) -> PageDigest {
+    let mut d = [0u8; 32];
+    d[..8].copy_from_slice(&h.to_be_bytes());
+    d
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -453,7 +518,7 @@ mod tests {
         let mut hot = Vec::new();
         let mut prev = NO_PARENT;
         for i in 0..8 {
-            let (slot, _) = s.get_or_insert(prev, BlockHash(1000 + i), &[0; 32], tick);
+            let (slot, _) = s.get_or_insert(prev, &digest(1000 + i), tick);
             s.hold(slot, 0, 1, tick, false);
             hot.push(slot);
             prev = slot;
@@ -462,13 +527,15 @@ mod tests {
             tick += 1;
             let mut prev = NO_PARENT;
             for i in 0..8 {
-                let (slot, _) = s.get_or_insert(prev, BlockHash(step * 100 + i + 1_000_000), &[0; 32], tick);
+                let (slot, _) = s.get_or_insert(prev, &digest(step * 100 + i + 1_000_000), tick);
                 s.hold(slot, 0, 1, tick, false);
                 prev = slot;
             }
             let mut ev = Evicted::default();
             s.evict_to(64, tick, &mut ev);
-            let alive = hot.iter().all(|&h| s.node(h).hash.0 >= 1000 && s.node(h).hash.0 < 1008 && s.is_live(h, 0));
+            let alive = hot.iter().all(|&h| {
+                s.node(h).hash().0 >= 1000 && s.node(h).hash().0 < 1008 && s.is_live(h, s.node(h).generation as u8)
+            });
             assert!(alive, "hot chain lost a block at step {step}");
             assert!(s.len() <= 64);
             tick += 1;
@@ -479,16 +546,16 @@ mod tests {
     }
 
     #[test]
-    fn a_node_is_64_bytes() {
-        assert_eq!(std::mem::size_of::<Node>(), 64);
+    fn a_node_is_56_bytes() {
+        assert_eq!(std::mem::size_of::<Node>(), 56);
     }
 
     #[test]
     fn leaves_track_children() {
         let mut s = Shard::default();
-        let (a, _) = s.get_or_insert(NO_PARENT, BlockHash(1), &[0; 32], 0);
-        let (b, _) = s.get_or_insert(a, BlockHash(2), &[0; 32], 0);
-        let (c, _) = s.get_or_insert(a, BlockHash(3), &[0; 32], 0);
+        let (a, _) = s.get_or_insert(NO_PARENT, &digest(1), 0);
+        let (b, _) = s.get_or_insert(a, &digest(2), 0);
+        let (c, _) = s.get_or_insert(a, &digest(3), 0);
         assert!(!s.node(a).is_leaf() && s.node(b).is_leaf() && s.node(c).is_leaf());
         assert_eq!(s.leaves.len(), 2);
         for (slot, stream) in [(b, 1), (c, 2)] {
@@ -515,7 +582,7 @@ mod overflow_tests {
         for w in 0..4u16 {
             let mut prev = NO_PARENT;
             for i in 0..32i64 {
-                let (slot, _) = s.get_or_insert(prev, BlockHash(i64::from(w) * 1000 + i), &[0; 32], 1);
+                let (slot, _) = s.get_or_insert(prev, &digest(i64::from(w) * 1000 + i), 1);
                 s.hold(slot, w, 1, 1, false);
                 prev = slot;
             }

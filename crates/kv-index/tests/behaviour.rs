@@ -7,7 +7,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use kv_index::{IndexConfig, IndexError, KvIndex, ManualClock, MatchOptions, StoredBlock};
-use renderer::hash::{chain_prior, namespace_seed, namespaced_block_hash};
+use renderer::hash::{chain_prior, namespace_seed};
 use renderer::{HashMode, PageHasher};
 use router_types::{BlockHash, DpRank, Tier, WorkerKey, WorkerUrl};
 
@@ -23,13 +23,13 @@ fn blocks(tokens: &[u32], salt: Option<&str>) -> Vec<StoredBlock> {
         .iter()
         .map(|d| {
             let hash = BlockHash::from_digest(d);
-            StoredBlock { engine: hash.0 as u64, hash, digest: *d }
+            StoredBlock { engine: hash.0 as u64, digest: *d }
         })
         .collect()
 }
 
 fn hashes(b: &[StoredBlock]) -> Vec<BlockHash> {
-    b.iter().map(|b| b.hash).collect()
+    b.iter().map(StoredBlock::hash).collect()
 }
 
 fn key(w: &str, rank: u32) -> WorkerKey {
@@ -72,7 +72,7 @@ fn bounded_index_evicts_lru_tails_first() {
         index.store(s, None, &blocks(&tokens, None), Tier::Device).unwrap();
     }
     if index.parent(s, last_blocks[7].engine).is_none() {
-        let more = StoredBlock { engine: 7, hash: BlockHash(7), digest: [7; 32] };
+        let more = StoredBlock { engine: 7, digest: [7; 32] };
         assert_eq!(index.store(s, Some(&parent), &[more], Tier::Device), Err(IndexError::ParentGone));
     }
     // Memory is bounded too: engine maps were swept of evicted entries.
@@ -118,14 +118,13 @@ fn namespaces_keep_identical_tokens_apart() {
     let tokens: Vec<u32> = (0..16).collect();
     let plain = blocks(&tokens, None);
     let salted = blocks(&tokens, Some("tenant-a"));
+    // A LoRA chain starts from the namespace seed of its adapter name, so it
+    // shares nothing with the base model's chain; its engine hashes are opaque.
     let seed = namespace_seed(Some("my-lora"), None);
-    let lora: Vec<StoredBlock> = plain
-        .iter()
-        .map(|b| {
-            let hash = namespaced_block_hash(b.hash, seed.as_ref());
-            StoredBlock { engine: hash.0 as u64, hash, digest: b.digest }
-        })
-        .collect();
+    let mut digests = Vec::new();
+    hasher().digests(&tokens, seed.as_ref(), &mut digests).unwrap();
+    let lora: Vec<StoredBlock> =
+        digests.iter().enumerate().map(|(i, d)| StoredBlock { engine: 0xA000 + i as u64, digest: *d }).collect();
     index.store(index.stream(&key("http://plain:1", 0)).unwrap(), None, &plain, Tier::Device).unwrap();
     index.store(index.stream(&key("http://salted:1", 0)).unwrap(), None, &salted, Tier::Device).unwrap();
     index.store(index.stream(&key("http://lora:1", 0)).unwrap(), None, &lora, Tier::Device).unwrap();

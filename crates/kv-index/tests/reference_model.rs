@@ -115,10 +115,8 @@ fn run(seed: u64, ops: usize, shards: usize) {
                 } else {
                     None
                 };
-                let blocks: Vec<StoredBlock> = c[split..]
-                    .iter()
-                    .map(|(h, d)| StoredBlock { engine: engine(&key, *h), hash: *h, digest: *d })
-                    .collect();
+                let blocks: Vec<StoredBlock> =
+                    c[split..].iter().map(|(h, d)| StoredBlock { engine: engine(&key, *h), digest: *d }).collect();
                 index.store(stream, parent.as_ref(), &blocks, tier).unwrap();
                 for (h, _) in &c[split..] {
                     *held.entry(*h).or_default() |= 1 << tier as u8;
@@ -205,8 +203,7 @@ fn clears_leave_nothing_behind() {
     let stream = index.stream(&key).unwrap();
     for _ in 0..500 {
         let c = chain(&mut rng, 6);
-        let blocks: Vec<StoredBlock> =
-            c.iter().map(|(h, d)| StoredBlock { engine: h.0 as u64, hash: *h, digest: *d }).collect();
+        let blocks: Vec<StoredBlock> = c.iter().map(|(h, d)| StoredBlock { engine: h.0 as u64, digest: *d }).collect();
         index.store(stream, None, &blocks, Tier::Device).unwrap();
     }
     assert!(index.stats().nodes > 0);

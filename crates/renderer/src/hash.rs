@@ -261,6 +261,19 @@ pub fn chain_prior(cache_salt: Option<&str>) -> Option<PageDigest> {
     cache_salt.filter(|s| !s.is_empty()).map(salt_prior)
 }
 
+/// The prior of the router's chain for a namespace. Without a LoRA adapter it
+/// is SGLang's own (`chain_prior`), so router and engine hashes agree. With
+/// one, SGLang namespaces published hashes by an internal id the router cannot
+/// know, so the router defines its own chain: it starts from SGLang's
+/// namespace seed of the adapter's public name and the salt. Either way the
+/// block hash stays the first eight bytes of the page digest.
+pub fn namespace_prior(lora_name: Option<&str>, cache_salt: Option<&str>) -> Option<PageDigest> {
+    match lora_name {
+        None => chain_prior(cache_salt),
+        Some(lora) => namespace_seed(Some(lora), cache_salt.filter(|s| !s.is_empty())),
+    }
+}
+
 /// The prior digest a salted request's chain starts from:
 /// `SHA256("sglang-cache-salt-v1\0" ‖ salt)`.
 pub fn salt_prior(cache_salt: &str) -> PageDigest {
@@ -362,6 +375,17 @@ mod tests {
         let h = hasher(2, HashMode::Unigram);
         let err = h.block_hashes(&[1u64, 2, u64::MAX], None).unwrap_err();
         assert_eq!(err, HashError::TokenOutOfRange(u64::MAX, 2));
+    }
+
+    #[test]
+    fn namespace_priors_keep_chains_apart() {
+        assert_eq!(namespace_prior(None, None), None);
+        assert_eq!(namespace_prior(None, Some("t")), Some(salt_prior("t")));
+        let lora = namespace_prior(Some("a"), None);
+        assert!(lora.is_some());
+        assert_ne!(lora, namespace_prior(Some("a"), Some("t")));
+        assert_ne!(lora, namespace_prior(Some("b"), None));
+        assert_eq!(namespace_prior(Some("a"), Some("")), lora, "an empty salt is no salt");
     }
 
     #[test]
