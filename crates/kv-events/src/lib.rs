@@ -1,0 +1,64 @@
+//! KV events from SGLang and vLLM engines: the wire format (decode and encode,
+//! pure functions), and, in later modules, the ZMQ subscriber with sequence
+//! tracking, replay and reset detection.
+
+mod msgpack;
+pub mod wire;
+
+pub use wire::{Decoded, EventForm, Limits, decode_batch, encode_batch};
+
+/// Why a payload could not be decoded. Never a panic: every malformed,
+/// truncated or oversized input maps to one of these.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// The payload ended inside an item.
+    #[error("payload truncated at byte {at}")]
+    Truncated {
+        /// Byte offset where more was expected.
+        at: usize,
+    },
+    /// An item has the wrong type or an impossible value.
+    #[error("malformed payload at byte {at}: {what}")]
+    Malformed {
+        /// Byte offset just after the offending item.
+        at: usize,
+        /// What was expected.
+        what: &'static str,
+    },
+    /// A list is longer than the decoder allows.
+    #[error("{what} has {len} entries, more than the limit of {limit}")]
+    TooLong {
+        /// Which list.
+        what: &'static str,
+        /// Its declared length.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// An error inside one event of the batch.
+    #[error("event {index}: {source}")]
+    InEvent {
+        /// The event's position in the batch.
+        index: usize,
+        /// What went wrong.
+        source: Box<WireError>,
+    },
+}
+
+// === impl WireError ===
+
+impl WireError {
+    /// A stable label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WireError::Truncated { .. } => "truncated",
+            WireError::Malformed { .. } => "malformed",
+            WireError::TooLong { .. } => "too_long",
+            WireError::InEvent { source, .. } => source.kind(),
+        }
+    }
+
+    pub(crate) fn in_event(self, index: usize) -> Self {
+        WireError::InEvent { index, source: Box::new(self) }
+    }
+}
