@@ -1,10 +1,20 @@
 //! KV events from SGLang and vLLM engines: the wire format (decode and encode,
-//! pure functions), and, in later modules, the ZMQ subscriber with sequence
-//! tracking, replay and reset detection.
+//! pure functions), sequence tracking, the replay client, the per-stream ZMQ
+//! subscriber, and a publisher in the engines' format for the simulated
+//! engine and the tests.
 
+pub mod metrics;
 mod msgpack;
+pub mod publisher;
+pub mod replay;
+pub mod seq;
+pub mod subscriber;
 pub mod wire;
 
+pub use metrics::{EventMetrics, ReplayOutcome};
+pub use publisher::{Publisher, PublisherConfig, PublisherError};
+pub use seq::{SeqAction, SeqTracker};
+pub use subscriber::{StreamEndpoints, StreamMessage, StreamUpdate, SubscriberConfig, spawn_subscriber};
 pub use wire::{Decoded, EventForm, Limits, decode_batch, encode_batch};
 
 /// Why a payload could not be decoded. Never a panic: every malformed,

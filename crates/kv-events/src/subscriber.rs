@@ -1,0 +1,267 @@
+//! One SUB task per (worker, dp rank): connect with backoff, receive 3-frame
+//! messages, track the sequence, repair gaps by replay, detect publisher
+//! restarts, decode, and hand ordered batches to the pump over a bounded
+//! channel. The socket loop frames, checks seq, backs off and hands off;
+//! everything about bytes is in `wire`, everything about seqs in `seq`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use router_types::WorkerKey;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+use zeromq::{Socket, SocketRecv, SubSocket};
+
+use crate::metrics::{EventMetrics, ReplayOutcome};
+use crate::replay::{END_SEQ, fetch, parse_seq};
+use crate::seq::{SeqAction, SeqTracker};
+use crate::wire::{Decoded, Limits, decode_batch};
+
+/// Default first reconnect delay.
+pub const DEFAULT_BACKOFF_INITIAL: Duration = Duration::from_millis(50);
+/// Default longest reconnect delay.
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Default time a replay may take.
+pub const DEFAULT_REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where one stream publishes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamEndpoints {
+    /// The (worker, rank) this stream belongs to.
+    pub key: WorkerKey,
+    /// The PUB endpoint, `tcp://host:port`.
+    pub endpoint: String,
+    /// The replay ROUTER endpoint, if the publisher has one.
+    pub replay_endpoint: Option<String>,
+    /// Topic prefix to subscribe to (engines default to empty).
+    pub topic: String,
+}
+
+/// Tuning of every subscriber.
+#[derive(Debug, Clone, Copy)]
+pub struct SubscriberConfig {
+    /// Decoder limits.
+    pub limits: Limits,
+    /// First reconnect delay, doubled up to `backoff_max`.
+    pub backoff_initial: Duration,
+    /// Longest reconnect delay.
+    pub backoff_max: Duration,
+    /// Time a replay may take.
+    pub replay_timeout: Duration,
+}
+
+/// What a subscriber sends the pump, in seq order per stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamMessage {
+    /// The stream.
+    pub key: WorkerKey,
+    /// The batch's seq (for a reset, the seq that revealed it).
+    pub seq: u64,
+    /// The update.
+    pub update: StreamUpdate,
+}
+
+/// One update of a stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamUpdate {
+    /// The publisher restarted: forget everything this stream holds.
+    Reset,
+    /// A decoded batch, to apply.
+    Batch(Decoded),
+}
+
+// === impl SubscriberConfig ===
+
+impl Default for SubscriberConfig {
+    fn default() -> Self {
+        Self {
+            limits: Limits::default(),
+            backoff_initial: DEFAULT_BACKOFF_INITIAL,
+            backoff_max: DEFAULT_BACKOFF_MAX,
+            replay_timeout: DEFAULT_REPLAY_TIMEOUT,
+        }
+    }
+}
+
+/// Starts the subscriber task of one stream. It runs until `cancel` fires or
+/// the pump's channel closes, and logs why it exited.
+pub fn spawn_subscriber(
+    stream: StreamEndpoints,
+    config: SubscriberConfig,
+    tx: mpsc::Sender<StreamMessage>,
+    metrics: Arc<EventMetrics>,
+    cancel: CancellationToken,
+) -> JoinHandle<()> {
+    let task = Subscriber { stream, config, tx, metrics, cancel, tracker: SeqTracker::new() };
+    tokio::spawn(task.run())
+}
+
+struct Subscriber {
+    stream: StreamEndpoints,
+    config: SubscriberConfig,
+    tx: mpsc::Sender<StreamMessage>,
+    metrics: Arc<EventMetrics>,
+    cancel: CancellationToken,
+    tracker: SeqTracker,
+}
+
+/// The pump went away: stop.
+struct Closed;
+
+// === impl Subscriber ===
+
+impl Subscriber {
+    #[tracing::instrument(name = "kv_subscriber", skip_all, fields(worker = %self.stream.key.worker, dp_rank = %self.stream.key.rank))]
+    async fn run(mut self) {
+        let mut backoff = self.config.backoff_initial;
+        let why = 'outer: loop {
+            let mut sub = SubSocket::new();
+            let connected = tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => break 'outer "cancelled",
+                r = tokio::time::timeout(self.config.backoff_max, sub.connect(&self.stream.endpoint)) => matches!(r, Ok(Ok(()))),
+            };
+            if !connected || sub.subscribe(&self.stream.topic).await.is_err() {
+                EventMetrics::inc(&self.metrics.connect_failures);
+                debug!(endpoint = %self.stream.endpoint, ?backoff, "kv events: connect failed, backing off");
+                tokio::select! {
+                    biased;
+                    _ = self.cancel.cancelled() => break 'outer "cancelled",
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(self.config.backoff_max);
+                continue;
+            }
+            info!(endpoint = %self.stream.endpoint, "kv events: subscribed");
+            self.metrics.set_connected(&self.stream.key, true);
+            backoff = self.config.backoff_initial;
+            loop {
+                let message = tokio::select! {
+                    biased;
+                    _ = self.cancel.cancelled() => break 'outer "cancelled",
+                    m = sub.recv() => m,
+                };
+                match message {
+                    Ok(m) => {
+                        if self.on_message(m.into_vec()).await.is_err() {
+                            break 'outer "pump channel closed";
+                        }
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "kv events: receive failed, reconnecting");
+                        self.metrics.set_connected(&self.stream.key, false);
+                        break;
+                    }
+                }
+            }
+        };
+        self.metrics.set_connected(&self.stream.key, false);
+        info!(reason = why, "kv events: subscriber exited");
+    }
+
+    async fn on_message(&mut self, frames: Vec<Bytes>) -> Result<(), Closed> {
+        let [_topic, seq, payload] = frames.as_slice() else {
+            EventMetrics::inc(&self.metrics.malformed_frames);
+            return Ok(());
+        };
+        let Some(seq) = parse_seq(seq) else {
+            EventMetrics::inc(&self.metrics.malformed_frames);
+            return Ok(());
+        };
+        if seq == END_SEQ {
+            return self.reset(seq).await;
+        }
+        match self.tracker.on_live(seq) {
+            SeqAction::Apply => self.emit(seq, payload).await,
+            SeqAction::Gap { from, to } => {
+                self.repair(from, to).await?;
+                self.emit(seq, payload).await
+            }
+            SeqAction::Reset => {
+                self.reset(seq).await?;
+                if let SeqAction::Gap { from, to } = self.tracker.on_live(seq) {
+                    self.repair(from, to).await?;
+                }
+                self.emit(seq, payload).await
+            }
+        }
+    }
+
+    async fn reset(&mut self, seq: u64) -> Result<(), Closed> {
+        warn!(seq, expected = ?self.tracker.next(), "kv events: publisher restarted, resetting stream");
+        EventMetrics::inc(&self.metrics.resets);
+        self.tracker.reset();
+        self.send(StreamMessage { key: self.stream.key.clone(), seq, update: StreamUpdate::Reset }).await
+    }
+
+    /// Fetches `from..to` from the replay socket and emits what arrives, in order.
+    async fn repair(&mut self, from: u64, to: u64) -> Result<(), Closed> {
+        let Some(endpoint) = self.stream.replay_endpoint.clone() else {
+            warn!(from, to, "kv events: gap and no replay endpoint");
+            self.metrics.replay(ReplayOutcome::Failed);
+            return Ok(());
+        };
+        match fetch(&endpoint, from, self.config.replay_timeout).await {
+            Ok(batches) => {
+                let mut recovered = 0;
+                for (seq, payload) in &batches {
+                    if self.tracker.wants_replayed(*seq, to) {
+                        self.emit(*seq, payload).await?;
+                        recovered += 1;
+                    }
+                }
+                // Buffers hold the newest batches: a hole can only be at the start.
+                let complete = recovered == to - from;
+                let outcome = if complete { ReplayOutcome::Repaired } else { ReplayOutcome::Incomplete };
+                debug!(from, to, got = batches.len(), ?outcome, "kv events: replay");
+                self.metrics.replay(outcome);
+            }
+            Err(e) => {
+                warn!(from, to, error = %e, "kv events: replay failed");
+                self.metrics.replay(ReplayOutcome::Failed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes and sends one batch; its seq is consumed even if it fails to decode.
+    async fn emit(&mut self, seq: u64, payload: &[u8]) -> Result<(), Closed> {
+        self.tracker.applied(seq);
+        match decode_batch(payload, &self.config.limits) {
+            Ok(decoded) => {
+                EventMetrics::inc(&self.metrics.batches);
+                if decoded.unknown_events > 0 {
+                    self.metrics
+                        .unknown_events
+                        .fetch_add(decoded.unknown_events as u64, std::sync::atomic::Ordering::Relaxed);
+                }
+                self.send(StreamMessage { key: self.stream.key.clone(), seq, update: StreamUpdate::Batch(decoded) })
+                    .await
+            }
+            Err(e) => {
+                warn!(seq, error = %e, kind = e.kind(), "kv events: undecodable batch dropped");
+                self.metrics.decode_error(e.kind());
+                Ok(())
+            }
+        }
+    }
+
+    /// Sends to the pump, counting the waits when the channel is full.
+    async fn send(&self, message: StreamMessage) -> Result<(), Closed> {
+        match self.tx.try_send(message) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(Closed),
+            Err(mpsc::error::TrySendError::Full(message)) => {
+                EventMetrics::inc(&self.metrics.channel_full_waits);
+                tokio::select! {
+                    biased;
+                    _ = self.cancel.cancelled() => Err(Closed),
+                    r = self.tx.send(message) => r.map_err(|_| Closed),
+                }
+            }
+        }
+    }
+}
