@@ -139,7 +139,7 @@ async fn restart_and_end_seq_reset_the_stream() {
     assert_eq!(next(&mut h).await.update, StreamUpdate::Reset);
     h.publisher.publish(&batch(8)).await.unwrap();
     // After END_SEQ the stream starts over: seq 1 from this publisher is a late join, replayed from 0.
-    let mut after = vec![next(&mut h).await, next(&mut h).await];
+    let mut after = [next(&mut h).await, next(&mut h).await];
     after.sort_by_key(|m| m.seq);
     assert_eq!(after.iter().map(tag_of).collect::<Vec<_>>(), vec![Some(7), Some(8)]);
     assert_eq!(EventMetrics::get(&h.metrics.resets), 2);
