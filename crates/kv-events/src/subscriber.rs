@@ -95,7 +95,7 @@ pub fn spawn_subscriber(
     metrics: Arc<EventMetrics>,
     cancel: CancellationToken,
 ) -> JoinHandle<()> {
-    let task = Subscriber { stream, config, tx, metrics, cancel, tracker: SeqTracker::new() };
+    let task = Subscriber { stream, config, tx, metrics, cancel, tracker: SeqTracker::new(), caught_up: Vec::new() };
     tokio::spawn(task.run())
 }
 
@@ -106,6 +106,10 @@ struct Subscriber {
     metrics: Arc<EventMetrics>,
     cancel: CancellationToken,
     tracker: SeqTracker,
+    /// The batches a catch-up replay applied: a live batch with the same seq
+    /// and the same bytes was queued in the socket meanwhile (a duplicate); a
+    /// different one at an old seq is a restart.
+    caught_up: Vec<(u64, Bytes)>,
 }
 
 /// The pump went away: stop.
@@ -138,6 +142,11 @@ impl Subscriber {
             info!(endpoint = %self.stream.endpoint, "kv events: subscribed");
             self.metrics.set_connected(&self.stream.key, true);
             backoff = self.config.backoff_initial;
+            // PUB drops what was sent before our subscription arrived, and an
+            // idle engine may send nothing more for a long time: catch up now.
+            if self.catch_up().await.is_err() {
+                break 'outer "pump channel closed";
+            }
             loop {
                 let message = tokio::select! {
                     biased;
@@ -172,7 +181,15 @@ impl Subscriber {
             return Ok(());
         };
         if seq == END_SEQ {
+            self.caught_up.clear();
             return self.reset(seq).await;
+        }
+        if !self.caught_up.is_empty() {
+            let duplicate = self.caught_up.iter().any(|(s, p)| *s == seq && p == payload);
+            if duplicate {
+                return Ok(()); // already applied by the catch-up replay
+            }
+            self.caught_up.clear();
         }
         match self.tracker.on_live(seq) {
             SeqAction::Apply => self.emit(seq, payload).await,
@@ -188,6 +205,47 @@ impl Subscriber {
                 self.emit(seq, payload).await
             }
         }
+    }
+
+    /// Replays everything the publisher buffered from our cursor on. A replay
+    /// that ends before our cursor means the publisher restarted meanwhile.
+    async fn catch_up(&mut self) -> Result<(), Closed> {
+        let Some(endpoint) = self.stream.replay_endpoint.clone() else { return Ok(()) };
+        let from = self.tracker.next().unwrap_or(0);
+        let batches = match fetch(&endpoint, from, self.config.replay_timeout).await {
+            Ok(b) => b,
+            Err(e) => {
+                debug!(error = %e, "kv events: catch-up replay failed; waiting for live batches");
+                return Ok(());
+            }
+        };
+        let Some(&(last, _)) = batches.last() else {
+            // Nothing at or after our cursor. If we had a cursor, ask from 0 to tell an idle
+            // publisher from a restarted one.
+            if from > 0
+                && let Ok(all) = fetch(&endpoint, 0, self.config.replay_timeout).await
+                && all.last().is_some_and(|(s, _)| *s + 1 < from)
+            {
+                self.reset(all[0].0).await?;
+                return self.apply_replayed(all).await;
+            }
+            return Ok(());
+        };
+        if from > 0 && last < from {
+            self.reset(last).await?;
+        }
+        self.apply_replayed(batches).await
+    }
+
+    async fn apply_replayed(&mut self, batches: Vec<(u64, Bytes)>) -> Result<(), Closed> {
+        self.caught_up.clear();
+        for (seq, payload) in batches {
+            if self.tracker.next().is_none_or(|n| seq >= n) {
+                self.emit(seq, &payload).await?;
+                self.caught_up.push((seq, payload));
+            }
+        }
+        Ok(())
     }
 
     async fn reset(&mut self, seq: u64) -> Result<(), Closed> {

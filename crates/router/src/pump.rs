@@ -1,0 +1,248 @@
+//! The pump: applies each stream's batches to the index, strictly in seq
+//! order and never twice. A `BlockStored` is indexed by the router's own hash
+//! of its `token_ids` (the SGLang page chain, continued from the parent's
+//! digest or started from the namespace prior); the engine's hashes are kept
+//! only as keys for parents and removals.
+//!
+//! ```text
+//! subscribers ──bounded mpsc (seq-ordered per stream)──► Pump::run ──► KvIndex
+//! ```
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use kv_events::{StreamMessage, StreamUpdate};
+use kv_index::{KvIndex, StoredBlock, StreamId};
+use renderer::hash::namespace_prior;
+use renderer::{HashMode, PageDigest, PageHasher};
+use router_types::{BlockHash, EngineBlockHash, EventBatch, KvEvent, StoredBlocks, WorkerKey};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::metrics::Histogram;
+
+/// How one stream's blocks are hashed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamHashing {
+    /// The engine's page size, used when an event states none.
+    pub page_size: NonZeroUsize,
+    /// Unigram or bigram (EAGLE) keys.
+    pub mode: HashMode,
+    /// True for SGLang streams, whose engine hashes should equal the router's.
+    pub engine_hash_is_router_hash: bool,
+}
+
+/// What the pump counted.
+#[derive(Debug)]
+pub struct PumpMetrics {
+    /// Batches applied.
+    pub batches: AtomicU64,
+    /// Batches dropped because their seq was not after the last applied one.
+    pub duplicates: AtomicU64,
+    /// Events applied, by kind.
+    pub stored: AtomicU64,
+    /// ...
+    pub removed: AtomicU64,
+    /// ...
+    pub cleared: AtomicU64,
+    /// Stores skipped: their parent is not indexed for that stream.
+    pub orphan_stores: AtomicU64,
+    /// Stores skipped: token count does not match the hashes and block size.
+    pub malformed_stores: AtomicU64,
+    /// Stores skipped: the index refused them (evicted parent, too long).
+    pub rejected_stores: AtomicU64,
+    /// Stored blocks whose SGLang engine hash differs from the router's:
+    /// a wrong page size, tokenizer or namespace.
+    pub hash_mismatches: AtomicU64,
+    /// Streams reset (publisher restarts).
+    pub resets: AtomicU64,
+    /// Batches from streams the pump was not told about.
+    pub unknown_streams: AtomicU64,
+    /// Seconds from a batch's publish time to its application.
+    pub lag_seconds: Histogram,
+}
+
+/// Applies stream messages to the index.
+#[derive(Debug)]
+pub struct Pump {
+    index: Arc<KvIndex>,
+    streams: HashMap<WorkerKey, StreamState>,
+    metrics: Arc<PumpMetrics>,
+}
+
+#[derive(Debug)]
+struct StreamState {
+    id: StreamId,
+    hashing: StreamHashing,
+    /// Last applied seq; `None` after a reset.
+    cursor: Option<u64>,
+}
+
+/// Buckets of the event lag histogram: engines publish every scheduler step
+/// (milliseconds); seconds of lag mean a stalled pump or a clock skew.
+pub const LAG_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 30.0];
+
+// === impl PumpMetrics ===
+
+impl Default for PumpMetrics {
+    fn default() -> Self {
+        Self {
+            batches: AtomicU64::new(0),
+            duplicates: AtomicU64::new(0),
+            stored: AtomicU64::new(0),
+            removed: AtomicU64::new(0),
+            cleared: AtomicU64::new(0),
+            orphan_stores: AtomicU64::new(0),
+            malformed_stores: AtomicU64::new(0),
+            rejected_stores: AtomicU64::new(0),
+            hash_mismatches: AtomicU64::new(0),
+            resets: AtomicU64::new(0),
+            unknown_streams: AtomicU64::new(0),
+            lag_seconds: Histogram::new(&LAG_BUCKETS),
+        }
+    }
+}
+
+fn inc(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+// === impl Pump ===
+
+impl Pump {
+    /// A pump writing into `index`.
+    pub fn new(index: Arc<KvIndex>, metrics: Arc<PumpMetrics>) -> Self {
+        Self { index, streams: HashMap::new(), metrics }
+    }
+
+    /// Registers a stream and how to hash its blocks.
+    pub fn add_stream(&mut self, key: WorkerKey, hashing: StreamHashing) -> Result<(), kv_index::IndexError> {
+        let id = self.index.stream(&key)?;
+        self.streams.insert(key, StreamState { id, hashing, cursor: None });
+        Ok(())
+    }
+
+    /// Applies messages until the channel closes or `cancel` fires.
+    pub async fn run(mut self, mut rx: mpsc::Receiver<StreamMessage>, cancel: CancellationToken) {
+        let why = loop {
+            let message = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break "cancelled",
+                m = rx.recv() => match m {
+                    Some(m) => m,
+                    None => break "all subscribers gone",
+                },
+            };
+            self.apply(message);
+        };
+        info!(reason = why, "kv pump exited");
+    }
+
+    /// Applies one message (also used directly by tests and the simulator).
+    pub fn apply(&mut self, message: StreamMessage) {
+        let Some(state) = self.streams.get_mut(&message.key) else {
+            inc(&self.metrics.unknown_streams);
+            return;
+        };
+        match message.update {
+            StreamUpdate::Reset => {
+                inc(&self.metrics.resets);
+                state.cursor = None;
+                match self.index.clear_stream(state.id) {
+                    Ok(n) => debug!(stream = %message.key, cleared = n, "kv pump: stream reset"),
+                    Err(e) => warn!(stream = %message.key, error = %e, "kv pump: reset failed"),
+                }
+            }
+            StreamUpdate::Batch(decoded) => {
+                if state.cursor.is_some_and(|c| message.seq <= c) {
+                    inc(&self.metrics.duplicates);
+                    return;
+                }
+                state.cursor = Some(message.seq);
+                let (id, hashing) = (state.id, state.hashing);
+                self.apply_batch(&message.key, id, hashing, &decoded.batch);
+            }
+        }
+    }
+
+    fn apply_batch(&self, key: &WorkerKey, id: StreamId, hashing: StreamHashing, batch: &EventBatch) {
+        inc(&self.metrics.batches);
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        if batch.ts > 0.0 {
+            self.metrics.lag_seconds.observe((now - batch.ts).max(0.0));
+        }
+        for event in &batch.events {
+            match event {
+                KvEvent::Stored(s) => self.store(key, id, hashing, s),
+                KvEvent::Removed { block_hashes, tier, .. } => {
+                    let keys: Vec<u64> = block_hashes.iter().map(EngineBlockHash::key).collect();
+                    if self.index.remove(id, &keys, *tier).is_ok() {
+                        inc(&self.metrics.removed);
+                    }
+                }
+                KvEvent::AllCleared => {
+                    if self.index.clear_stream(id).is_ok() {
+                        inc(&self.metrics.cleared);
+                    }
+                }
+            }
+        }
+    }
+
+    fn store(&self, key: &WorkerKey, id: StreamId, hashing: StreamHashing, s: &StoredBlocks) {
+        let page = NonZeroUsize::new(s.block_size as usize).unwrap_or(hashing.page_size);
+        let mode = if s.bigram { HashMode::Bigram } else { hashing.mode };
+        let hasher = PageHasher::new(page, mode);
+        if hasher.page_count(s.token_ids.len()) != s.block_hashes.len() || s.block_hashes.is_empty() {
+            inc(&self.metrics.malformed_stores);
+            warn!(stream = %key, hashes = s.block_hashes.len(), tokens = s.token_ids.len(), block_size = page, "kv pump: store shape does not match, skipped");
+            return;
+        }
+        let parent = match &s.parent {
+            Some(p) => match self.index.parent(id, p.key()) {
+                Some(found) => Some(found),
+                None => {
+                    inc(&self.metrics.orphan_stores);
+                    debug!(stream = %key, "kv pump: parent not indexed, store skipped");
+                    return;
+                }
+            },
+            None => None,
+        };
+        let prior: Option<PageDigest> = match &parent {
+            Some(p) => Some(p.digest),
+            None => namespace_prior(s.namespace.lora_name.as_deref(), s.namespace.cache_salt.as_deref()),
+        };
+        let mut digests = Vec::with_capacity(s.block_hashes.len());
+        if let Err(e) = hasher.digests(&s.token_ids, prior.as_ref(), &mut digests) {
+            inc(&self.metrics.malformed_stores);
+            warn!(stream = %key, error = %e, "kv pump: tokens cannot be hashed, skipped");
+            return;
+        }
+        let check = hashing.engine_hash_is_router_hash && s.namespace.lora_name.is_none();
+        let blocks: Vec<StoredBlock> = s
+            .block_hashes
+            .iter()
+            .zip(&digests)
+            .map(|(engine, digest)| {
+                if check
+                    && !matches!(engine, EngineBlockHash::I64(v) if BlockHash(*v) == BlockHash::from_digest(digest))
+                {
+                    inc(&self.metrics.hash_mismatches);
+                }
+                StoredBlock { engine: engine.key(), digest: *digest }
+            })
+            .collect();
+        match self.index.store(id, parent.as_ref(), &blocks, s.tier) {
+            Ok(_) => inc(&self.metrics.stored),
+            Err(e) => {
+                inc(&self.metrics.rejected_stores);
+                debug!(stream = %key, error = %e, "kv pump: store rejected");
+            }
+        }
+    }
+}

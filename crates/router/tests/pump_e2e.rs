@@ -1,0 +1,187 @@
+//! Events over real ZMQ sockets on 127.0.0.1 into the index: publisher →
+//! subscriber → pump → `KvIndex`, checked with the block hashes a request for
+//! the same tokens produces. SGLang-style streams (engine hash = router hash)
+//! and vLLM-style streams (opaque unsigned engine hashes) both index by content.
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kv_events::{EventMetrics, Publisher, PublisherConfig, StreamEndpoints, SubscriberConfig, spawn_subscriber};
+use kv_index::{IndexConfig, KvIndex, MatchOptions, SystemClock};
+use renderer::{HashMode, PageHasher};
+use router_types::{
+    BlockHash, DpRank, EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier, WorkerKey, WorkerUrl,
+};
+use sgl_router::pump::{Pump, PumpMetrics, StreamHashing};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+const PAGE: usize = 4;
+
+fn hasher() -> PageHasher {
+    PageHasher::new(NonZeroUsize::new(PAGE).unwrap(), HashMode::Unigram)
+}
+
+fn router_hashes(tokens: &[u32]) -> Vec<BlockHash> {
+    hasher().block_hashes(tokens, None).unwrap()
+}
+
+/// A `BlockStored` as SGLang publishes it for `tokens[from..]` under the block before `from`.
+fn sglang_store(tokens: &[u32], from_block: usize) -> KvEvent {
+    let hashes = router_hashes(tokens);
+    KvEvent::Stored(StoredBlocks {
+        block_hashes: hashes[from_block..].iter().map(|h| EngineBlockHash::I64(h.0)).collect(),
+        parent: from_block.checked_sub(1).map(|p| EngineBlockHash::I64(hashes[p].0)),
+        token_ids: tokens[from_block * PAGE..].iter().map(|t| u64::from(*t)).collect(),
+        bigram: false,
+        block_size: PAGE as u32,
+        tier: Tier::Device,
+        namespace: Namespace::default(),
+        group_idx: None,
+    })
+}
+
+/// The same as vLLM would: opaque unsigned hashes above i64::MAX.
+fn vllm_store(tokens: &[u32], from_block: usize, salt: u64) -> KvEvent {
+    let opaque = |i: usize| EngineBlockHash::U64(u64::MAX - salt - i as u64);
+    let blocks = tokens.len() / PAGE;
+    KvEvent::Stored(StoredBlocks {
+        block_hashes: (from_block..blocks).map(opaque).collect(),
+        parent: from_block.checked_sub(1).map(opaque),
+        token_ids: tokens[from_block * PAGE..].iter().map(|t| u64::from(*t)).collect(),
+        bigram: false,
+        block_size: PAGE as u32,
+        tier: Tier::Device,
+        namespace: Namespace::default(),
+        group_idx: None,
+    })
+}
+
+fn batch(events: Vec<KvEvent>) -> EventBatch {
+    let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    EventBatch { ts, events, dp_rank: None }
+}
+
+struct World {
+    index: Arc<KvIndex>,
+    pumps: Arc<PumpMetrics>,
+    events: Arc<EventMetrics>,
+    publishers: Vec<Publisher>,
+    cancel: CancellationToken,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+async fn world(engines: &[bool]) -> World {
+    let index = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new())));
+    let pumps = Arc::new(PumpMetrics::default());
+    let events = Arc::new(EventMetrics::default());
+    let cancel = CancellationToken::new();
+    let (tx, rx) = mpsc::channel(64);
+    let mut pump = Pump::new(index.clone(), pumps.clone());
+    let mut publishers = Vec::new();
+    for (w, sglang) in engines.iter().enumerate() {
+        let publisher = Publisher::bind(PublisherConfig::loopback()).await.unwrap();
+        let key = WorkerKey::new(WorkerUrl::new(format!("http://worker-{w}:30000")), DpRank(0));
+        let hashing = StreamHashing {
+            page_size: NonZeroUsize::new(PAGE).unwrap(),
+            mode: HashMode::Unigram,
+            engine_hash_is_router_hash: *sglang,
+        };
+        pump.add_stream(key.clone(), hashing).unwrap();
+        let stream = StreamEndpoints {
+            key,
+            endpoint: publisher.endpoint().into(),
+            replay_endpoint: publisher.replay_endpoint().map(Into::into),
+            topic: String::new(),
+        };
+        spawn_subscriber(stream, SubscriberConfig::default(), tx.clone(), events.clone(), cancel.clone());
+        publishers.push(publisher);
+    }
+    tokio::spawn(pump.run(rx, cancel.clone()));
+    World { index, pumps, events, publishers, cancel }
+}
+
+fn depth(w: &World, worker: usize, q: &[BlockHash]) -> u32 {
+    let id = w.index.worker_id(&WorkerUrl::new(format!("http://worker-{worker}:30000")));
+    w.index.prefix_depths(q, &MatchOptions::default()).iter().find(|m| m.worker == id).map_or(0, |m| m.blocks)
+}
+
+/// Waits (bounded) until `cond` holds, re-publishing nothing: events are repaired by replay.
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_and_vllm_streams_index_by_content() {
+    let w = world(&[true, false]).await;
+    let prompt: Vec<u32> = (0..40).map(|i| 1000 + i).collect(); // 10 blocks
+    let q = router_hashes(&prompt);
+    // SGLang worker 0: the first 6 blocks, then 2 more under block 5.
+    w.publishers[0].publish(&batch(vec![sglang_store(&prompt[..24], 0)])).await.unwrap();
+    w.publishers[0].publish(&batch(vec![sglang_store(&prompt[..32], 6)])).await.unwrap();
+    // vLLM worker 1: the first 3 blocks.
+    w.publishers[1].publish(&batch(vec![vllm_store(&prompt[..12], 0, 7)])).await.unwrap();
+    eventually("both workers indexed", || depth(&w, 0, &q) == 8 && depth(&w, 1, &q) == 3).await;
+    assert_eq!(EventMetrics::get(&w.pumps.hash_mismatches), 0, "router hashes equal SGLang's");
+
+    // vLLM continues under its opaque parent hash; SGLang removes its tail.
+    w.publishers[1].publish(&batch(vec![vllm_store(&prompt[..20], 3, 7)])).await.unwrap();
+    let tail: Vec<EngineBlockHash> = q[6..8].iter().map(|h| EngineBlockHash::I64(h.0)).collect();
+    w.publishers[0]
+        .publish(&batch(vec![KvEvent::Removed { block_hashes: tail, tier: Tier::Device, group_idx: None }]))
+        .await
+        .unwrap();
+    eventually("continuation and removal applied", || depth(&w, 0, &q) == 6 && depth(&w, 1, &q) == 5).await;
+
+    // A batch lost on the live stream is repaired by replay, then applied in order.
+    w.publishers[0].drop_next(1);
+    w.publishers[0].publish(&batch(vec![sglang_store(&prompt[..28], 6)])).await.unwrap();
+    w.publishers[0].publish(&batch(vec![sglang_store(&prompt[..40], 7)])).await.unwrap();
+    eventually("gap repaired", || depth(&w, 0, &q) == 10).await;
+    assert!(EventMetrics::get(&w.events.replay_repaired) >= 1);
+
+    // A publisher restart clears that worker only.
+    w.publishers[0].restart().await;
+    w.publishers[0].publish(&batch(vec![sglang_store(&prompt[..8], 0)])).await.unwrap();
+    eventually("restart reset worker 0", || depth(&w, 0, &q) == 2).await;
+    assert_eq!(depth(&w, 1, &q), 5);
+    assert!(EventMetrics::get(&w.pumps.resets) >= 1);
+
+    // AllBlocksCleared.
+    w.publishers[1].publish(&batch(vec![KvEvent::AllCleared])).await.unwrap();
+    eventually("vLLM worker cleared", || depth(&w, 1, &q) == 0).await;
+    assert_eq!(EventMetrics::get(&w.pumps.hash_mismatches), 0);
+    assert!(w.pumps.lag_seconds.count() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_page_size_shows_as_hash_mismatches() {
+    let w = world(&[true]).await;
+    let prompt: Vec<u32> = (0..16).collect();
+    // The engine hashed with page 2, but says block_size 4: hashes cannot match.
+    let engine = PageHasher::new(NonZeroUsize::new(2).unwrap(), HashMode::Unigram).block_hashes(&prompt, None).unwrap();
+    let event = KvEvent::Stored(StoredBlocks {
+        block_hashes: engine[..4].iter().map(|h| EngineBlockHash::I64(h.0)).collect(),
+        parent: None,
+        token_ids: prompt.iter().map(|t| u64::from(*t)).collect(),
+        bigram: false,
+        block_size: 4,
+        tier: Tier::Device,
+        namespace: Namespace::default(),
+        group_idx: None,
+    });
+    w.publishers[0].publish(&batch(vec![event])).await.unwrap();
+    eventually("mismatches counted", || EventMetrics::get(&w.pumps.hash_mismatches) == 4).await;
+}
