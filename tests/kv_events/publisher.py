@@ -144,7 +144,6 @@ class Driver:
                 pub = self._construct()
                 break
             except zmq.ZMQError as e:  # port still held by the previous publisher's sockets
-                print("bind retry:", e, file=sys.stderr)
                 if e.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)

@@ -148,7 +148,12 @@ def run(engine, topic, dp_rank, verbose) -> dict:
     assert r["ok"], r
     msgs = replay(ctx, rep_ep, 0, False)
     assert msgs == [[b"", b"", END_SEQ, b""]], msgs  # empty buffer after restart
-    time.sleep(3.0)  # SUB reconnects and re-subscribes to the new PUB
+    # libzmq resends a SUB's subscriptions after a reconnect only when the SUB's
+    # own thread calls into it (commands are processed on send/recv/poll), so
+    # keep polling while the SUB reconnects; a sleeping SUB stays unsubscribed.
+    t_end = time.monotonic() + 1.0
+    while time.monotonic() < t_end:
+        assert not sub.poll(50)
     a5 = pr.cmd(cmd="publish", events=[{"type": "AllBlocksCleared"}])
     assert a5["seq"] == 0, a5
     live = recv_all(sub)
