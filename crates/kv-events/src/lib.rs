@@ -3,6 +3,7 @@
 //! subscriber, and a publisher in the engines' format for the simulated
 //! engine and the tests.
 
+pub mod discovery;
 pub mod metrics;
 mod msgpack;
 pub mod publisher;
@@ -11,6 +12,9 @@ pub mod seq;
 pub mod subscriber;
 pub mod wire;
 
+pub use discovery::{
+    DiscoveryError, ExplicitEndpoints, WorkerEvents, discover, explicit_streams, parse_server_info, parse_worker_flag,
+};
 pub use metrics::{EventMetrics, ReplayOutcome};
 pub use publisher::{Publisher, PublisherConfig, PublisherError};
 pub use seq::{SeqAction, SeqTracker};
