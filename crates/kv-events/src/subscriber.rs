@@ -8,12 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use router_types::WorkerKey;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
-use zeromq::{Socket, SocketRecv, SubSocket};
+use zeromq::{Socket, SocketEvent, SocketRecv, SubSocket};
 
 use crate::metrics::{EventMetrics, ReplayOutcome};
 use crate::replay::{END_SEQ, fetch, parse_seq};
@@ -123,6 +124,12 @@ impl Subscriber {
         let mut backoff = self.config.backoff_initial;
         let why = 'outer: loop {
             let mut sub = SubSocket::new();
+            // The socket reconnects by itself (a restarted engine rebinds the same
+            // port); its monitor tells us when, so we can catch up by replay.
+            let mut monitor = sub.monitor();
+            let mut monitor_alive = true;
+            // The monitor also reports the connection we just made: only later ones are reconnects.
+            let mut first_connect_seen = false;
             let connected = tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => break 'outer "cancelled",
@@ -151,6 +158,25 @@ impl Subscriber {
                 let message = tokio::select! {
                     biased;
                     _ = self.cancel.cancelled() => break 'outer "cancelled",
+                    event = monitor.next(), if monitor_alive => {
+                        match event {
+                            Some(SocketEvent::Connected(..)) if !first_connect_seen => first_connect_seen = true,
+                            Some(SocketEvent::Connected(..)) => {
+                                info!("kv events: reconnected, catching up");
+                                self.metrics.set_connected(&self.stream.key, true);
+                                if self.catch_up().await.is_err() {
+                                    break 'outer "pump channel closed";
+                                }
+                            }
+                            Some(SocketEvent::Disconnected(_)) => {
+                                warn!("kv events: publisher disconnected; the socket reconnects");
+                                self.metrics.set_connected(&self.stream.key, false);
+                            }
+                            Some(_) => {}
+                            None => monitor_alive = false, // keep receiving without it
+                        }
+                        continue;
+                    }
                     m = sub.recv() => m,
                 };
                 match message {

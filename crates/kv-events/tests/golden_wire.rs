@@ -112,7 +112,8 @@ fn every_engine_payload_decodes_exactly() {
                     failures.push(format!("{}: dp_rank {:?} vs {}", case.name, d.batch.dp_rank, expect["dp_rank"]));
                 }
                 if d.unknown_events as u64 != expect["unknown_skipped"].as_u64().unwrap_or(0) {
-                    failures.push(format!("{}: unknown {} vs {}", case.name, d.unknown_events, expect["unknown_skipped"]));
+                    failures
+                        .push(format!("{}: unknown {} vs {}", case.name, d.unknown_events, expect["unknown_skipped"]));
                 }
             }
         }

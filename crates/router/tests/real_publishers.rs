@@ -1,0 +1,232 @@
+//! SGLang 0.5.23's and vLLM 0.33.0's own `ZmqEventPublisher`s (driven by
+//! `tests/kv_events/publisher.py`) feeding the real subscriber, pump and index:
+//! a late join, chained and multi-block stores, a batch kept off the live
+//! stream (repaired by replay), a removal, a publisher restart (seq back to 0),
+//! and a clear. The index must end in exactly the expected state.
+//!
+//! Needs the venv of `tests/kv_events/setup_venv.sh`: its python is taken from
+//! `SGL_ROUTER_KV_PYTHON` (set by `.ci/run`, then required) or the default
+//! `/tmp/sgl-router-kv-venv/bin/python` (skipped with a message if absent).
+
+use std::io::{BufRead, BufReader, Write};
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kv_events::{EventMetrics, StreamEndpoints, SubscriberConfig, spawn_subscriber};
+use kv_index::{IndexConfig, KvIndex, MatchOptions, SystemClock};
+use renderer::{HashMode, PageHasher};
+use router_types::{BlockHash, DpRank, WorkerKey, WorkerUrl};
+use serde_json::{Value, json};
+use sgl_router::pump::{Pump, PumpMetrics, StreamHashing};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+const PAGE: usize = 4;
+const WORKER: &str = "http://engine:30000";
+
+fn python() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("SGL_ROUTER_KV_PYTHON") {
+        let p = PathBuf::from(p);
+        assert!(p.exists(), "SGL_ROUTER_KV_PYTHON={} does not exist", p.display());
+        return Some(p);
+    }
+    let default = PathBuf::from("/tmp/sgl-router-kv-venv/bin/python");
+    if default.exists() {
+        Some(default)
+    } else {
+        eprintln!(
+            "SKIPPED: real engine publishers need the venv of tests/kv_events/setup_venv.sh \
+             (set SGL_ROUTER_KV_PYTHON or create /tmp/sgl-router-kv-venv)"
+        );
+        None
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The driver process; killed on drop.
+struct Driver {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Driver {
+    fn start(py: &PathBuf, engine: &str, port: u16, replay: u16) -> (Self, Value) {
+        let script = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/kv_events/publisher.py"));
+        let mut child = Command::new(py)
+            .arg(script)
+            .args(["--engine", engine])
+            .args(["--endpoint", &format!("tcp://127.0.0.1:{port}")])
+            .args(["--replay-endpoint", &format!("tcp://127.0.0.1:{replay}")])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn publisher.py");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut driver = Driver { child, stdin, stdout };
+        let ready = driver.read();
+        assert_eq!(ready["ready"], true, "driver not ready: {ready}");
+        (driver, ready)
+    }
+
+    fn read(&mut self) -> Value {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("driver output");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("driver said {line:?}: {e}"))
+    }
+
+    fn cmd(&mut self, c: Value) -> Value {
+        writeln!(self.stdin, "{c}").unwrap();
+        self.stdin.flush().unwrap();
+        let ack = self.read();
+        assert_eq!(ack["ok"], true, "{c} -> {ack}");
+        ack
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "{}", json!({"cmd": "quit"}));
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The engine's hash of block `i` of prompt `p`: SGLang publishes the router
+/// hash itself; vLLM an opaque unsigned value (indexed by content anyway).
+fn engine_hash(engine: &str, hashes: &[BlockHash], i: usize, p: u64) -> Value {
+    if engine == "sglang" { json!({"i64": hashes[i].0}) } else { json!({"u64": u64::MAX - p * 1000 - i as u64}) }
+}
+
+struct Prompt {
+    id: u64,
+    tokens: Vec<u32>,
+    hashes: Vec<BlockHash>,
+}
+
+impl Prompt {
+    fn new(id: u64, blocks: usize) -> Self {
+        let tokens: Vec<u32> = (0..blocks * PAGE).map(|i| (id * 10_000 + i as u64) as u32).collect();
+        let hashes =
+            PageHasher::new(NonZeroUsize::new(PAGE).unwrap(), HashMode::Unigram).block_hashes(&tokens, None).unwrap();
+        Self { id, tokens, hashes }
+    }
+
+    /// `BlockStored` of blocks `from..to`, under block `from - 1`.
+    fn store(&self, engine: &str, from: usize, to: usize) -> Value {
+        json!({
+            "type": "BlockStored",
+            "block_hashes": (from..to).map(|i| engine_hash(engine, &self.hashes, i, self.id)).collect::<Vec<_>>(),
+            "parent": from.checked_sub(1).map(|p| engine_hash(engine, &self.hashes, p, self.id)),
+            "token_ids": self.tokens[from * PAGE..to * PAGE],
+            "bigram": false,
+            "block_size": PAGE,
+            "medium": "GPU",
+        })
+    }
+
+    fn remove(&self, engine: &str, blocks: &[usize]) -> Value {
+        json!({"type": "BlockRemoved", "block_hashes": blocks.iter().map(|i| engine_hash(engine, &self.hashes, *i, self.id)).collect::<Vec<_>>(), "medium": "GPU"})
+    }
+}
+
+fn publish(d: &mut Driver, events: Vec<Value>) -> Value {
+    d.cmd(json!({"cmd": "publish", "events": events, "dp_rank": null}))
+}
+
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..400 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+async fn scenario(engine: &str) {
+    let Some(py) = python() else { return };
+    let (port, replay) = (free_port(), free_port());
+    let (mut d, ready) = Driver::start(&py, engine, port, replay);
+    eprintln!("{engine}: {ready}");
+    let (a, b, c) = (Prompt::new(1, 8), Prompt::new(2, 3), Prompt::new(3, 2));
+
+    // Published before anyone subscribes: only the replay can deliver them.
+    publish(&mut d, vec![a.store(engine, 0, 3)]);
+    publish(&mut d, vec![a.store(engine, 3, 5)]);
+
+    let index = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new())));
+    let pump_metrics = Arc::new(PumpMetrics::default());
+    let events = Arc::new(EventMetrics::default());
+    let mut pump = Pump::new(index.clone(), pump_metrics.clone());
+    let key = WorkerKey::new(WorkerUrl::new(WORKER), DpRank(0));
+    let hashing = StreamHashing {
+        page_size: NonZeroUsize::new(PAGE).unwrap(),
+        mode: HashMode::Unigram,
+        engine_hash_is_router_hash: engine == "sglang",
+    };
+    pump.add_stream(key.clone(), hashing).unwrap();
+    let cancel = CancellationToken::new();
+    let _stop = cancel.clone().drop_guard();
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(pump.run(rx, cancel.clone()));
+    let stream = StreamEndpoints {
+        key,
+        endpoint: format!("tcp://127.0.0.1:{port}"),
+        replay_endpoint: Some(format!("tcp://127.0.0.1:{replay}")),
+        topic: String::new(),
+    };
+    spawn_subscriber(stream, SubscriberConfig::default(), tx, events.clone(), cancel.clone());
+
+    let depth = |p: &Prompt| -> u32 {
+        index.prefix_depths(&p.hashes, &MatchOptions::default()).first().map_or(0, |m| m.blocks)
+    };
+    eventually("late join caught up", || depth(&a) == 5).await;
+
+    // A batch kept off the live stream, then a live one: the gap is repaired.
+    d.cmd(json!({"cmd": "drop_next"}));
+    publish(&mut d, vec![a.store(engine, 5, 7)]);
+    publish(&mut d, vec![b.store(engine, 0, 3), a.remove(engine, &[6])]);
+    // Depth 6 needs block 5, which only the dropped batch carried.
+    eventually("gap repaired, removal applied", || depth(&a) == 6 && depth(&b) == 3).await;
+
+    // The publisher restarts: seq back to 0, everything it had is forgotten.
+    d.cmd(json!({"cmd": "restart"}));
+    publish(&mut d, vec![c.store(engine, 0, 2)]);
+    eventually("restart reset the stream", || depth(&c) == 2 && depth(&a) == 0 && depth(&b) == 0).await;
+    assert!(EventMetrics::get(&events.resets) >= 1);
+
+    publish(&mut d, vec![json!({"type": "AllBlocksCleared"}), c.store(engine, 0, 1)]);
+    eventually("cleared then one block", || depth(&c) == 1).await;
+
+    let stats = index.stats();
+    eprintln!(
+        "{engine}: batches {} resets {} replays repaired {} / failed {}; index {stats:?}",
+        EventMetrics::get(&events.batches),
+        EventMetrics::get(&events.resets),
+        EventMetrics::get(&events.replay_repaired),
+        EventMetrics::get(&events.replay_failed)
+    );
+    assert_eq!((stats.nodes, stats.holdings), (1, 1), "exactly one block left: {stats:?}");
+    assert_eq!(EventMetrics::get(&pump_metrics.hash_mismatches), 0, "router hashes equal the engine's");
+    assert_eq!(EventMetrics::get(&pump_metrics.orphan_stores), 0);
+    assert_eq!(EventMetrics::get(&events.decode_errors), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_publisher_drives_the_index() {
+    scenario("sglang").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_publisher_drives_the_index() {
+    scenario("vllm").await;
+}
