@@ -35,6 +35,15 @@ pub(crate) enum Command {
     /// `{"text": ..., "token_ids": [...], "block_hashes": [...]}` (hashes only
     /// with --page-size).
     Render(RenderArgs),
+    /// Follow the workers' KV events and print what the router learns from them.
+    ///
+    /// Finds each worker's publishers (from SGLang's `/server_info`, or from
+    /// --kv-events-endpoint for engines that advertise nothing, like vLLM),
+    /// subscribes to every (worker, dp rank), and applies the events to an
+    /// index exactly as the router does. Prints one JSON line per interval
+    /// (index size, event counters, workers followed or refused) and, with
+    /// --metrics, the Prometheus metrics at the end.
+    KvEvents(KvEventsArgs),
 }
 
 /// How to hash pages; shared by `hash` and `render`.
@@ -76,4 +85,47 @@ pub(crate) struct RenderArgs {
     pub(crate) request: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) hash: HashOptions,
+}
+
+/// Where the workers' KV events come from; shared with the server.
+#[derive(Debug, Args)]
+pub(crate) struct KvEventFlags {
+    /// PUB endpoint of a worker that does not advertise one, as WORKER_URL=tcp://HOST:PORT
+    /// (dp rank r publishes at PORT + r). Repeatable.
+    #[arg(long = "kv-events-endpoint", env = "SGL_ROUTER_KV_EVENTS_ENDPOINT", value_name = "WORKER=ENDPOINT")]
+    pub(crate) endpoints: Vec<String>,
+    /// Replay (ROUTER) endpoint of such a worker, as WORKER_URL=tcp://HOST:PORT (rank r at PORT + r). Repeatable.
+    #[arg(
+        long = "kv-events-replay-endpoint",
+        env = "SGL_ROUTER_KV_EVENTS_REPLAY_ENDPOINT",
+        value_name = "WORKER=ENDPOINT"
+    )]
+    pub(crate) replay_endpoints: Vec<String>,
+    /// Number of dp ranks (publishers) of such a worker, as WORKER_URL=N (default 1). Repeatable.
+    #[arg(long = "kv-events-dp-size", env = "SGL_ROUTER_KV_EVENTS_DP_SIZE", value_name = "WORKER=N")]
+    pub(crate) dp_sizes: Vec<String>,
+    /// Page size of workers that do not advertise one; every followed worker must share one page size.
+    #[arg(long = "kv-events-block-size", env = "SGL_ROUTER_KV_EVENTS_BLOCK_SIZE", value_name = "N", default_value_t = crate::defaults::KV_EVENTS_BLOCK_SIZE)]
+    pub(crate) block_size: NonZeroUsize,
+    /// Topic to subscribe to on explicit endpoints (engines publish with an empty topic by default).
+    #[arg(long = "kv-events-topic", env = "SGL_ROUTER_KV_EVENTS_TOPIC", value_name = "TOPIC", default_value = "")]
+    pub(crate) topic: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct KvEventsArgs {
+    /// Base URLs of the engine workers, comma separated or repeated.
+    #[arg(long, env = "SGL_ROUTER_WORKER_URLS", value_delimiter = ',', required = true, value_name = "URL")]
+    pub(crate) worker_urls: Vec<String>,
+    #[command(flatten)]
+    pub(crate) events: KvEventFlags,
+    /// Milliseconds between two printed lines.
+    #[arg(long, env = "SGL_ROUTER_INTERVAL_MS", value_name = "MS", default_value_t = crate::defaults::WATCH_INTERVAL_MS)]
+    pub(crate) interval_ms: u64,
+    /// Stop after this many seconds (default: run until interrupted).
+    #[arg(long, env = "SGL_ROUTER_DURATION_SECS", value_name = "SECS")]
+    pub(crate) duration_secs: Option<u64>,
+    /// Print the Prometheus metrics when stopping.
+    #[arg(long, env = "SGL_ROUTER_METRICS")]
+    pub(crate) metrics: bool,
 }

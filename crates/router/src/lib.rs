@@ -1,5 +1,6 @@
-//! The `sgl-router` library: what the binary wires together. Today: the pump
-//! from KV-event subscribers into the index, and its metrics.
+//! The `sgl-router` library: what the binary wires together. Today: the
+//! KV-event side (discovery, subscribers, the pump into the index) and its metrics.
 
+pub mod events;
 pub mod metrics;
 pub mod pump;

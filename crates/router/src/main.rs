@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 mod cli;
+mod defaults;
 mod tools;
 
 /// Exit status for a command-line usage error (BSD `EX_USAGE`).
@@ -25,6 +26,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(cli::Command::Hash(args)) => tools::hash(&args),
         Some(cli::Command::Render(args)) => tools::render(&args),
+        Some(cli::Command::KvEvents(args)) => tools::kv_events(&args),
         None => Err(anyhow::anyhow!(
             "the HTTP router arrives in a later release; available now: `sgl-router hash` and `sgl-router render` (see --help)"
         )),
