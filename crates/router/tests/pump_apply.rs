@@ -1,0 +1,141 @@
+//! The pump without sockets: bigram stores, salted and LoRA namespaces,
+//! orphans, duplicates, unknown streams and malformed stores, each counted.
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use kv_events::{Decoded, StreamMessage, StreamUpdate};
+use kv_index::{IndexConfig, KvIndex, MatchOptions, SystemClock};
+use renderer::hash::namespace_prior;
+use renderer::{HashMode, PageHasher};
+use router_types::{DpRank, EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier, WorkerKey, WorkerUrl};
+use sgl_router::pump::{Pump, PumpMetrics, StreamHashing};
+
+const PAGE: usize = 4;
+
+fn key() -> WorkerKey {
+    WorkerKey::new(WorkerUrl::new("http://w:1"), DpRank(0))
+}
+
+fn setup(mode: HashMode) -> (Arc<KvIndex>, Pump, Arc<PumpMetrics>) {
+    let index = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new())));
+    let metrics = Arc::new(PumpMetrics::default());
+    let mut pump = Pump::new(index.clone(), metrics.clone());
+    let hashing = StreamHashing { page_size: NonZeroUsize::new(PAGE).unwrap(), mode, engine_hash_is_router_hash: true };
+    pump.add_stream(key(), hashing).unwrap();
+    (index, pump, metrics)
+}
+
+fn message(seq: u64, events: Vec<KvEvent>) -> StreamMessage {
+    StreamMessage {
+        key: key(),
+        seq,
+        update: StreamUpdate::Batch(Decoded {
+            batch: EventBatch { ts: 0.0, events, dp_rank: None },
+            unknown_events: 0,
+        }),
+    }
+}
+
+fn stored(
+    hashes: Vec<EngineBlockHash>,
+    parent: Option<EngineBlockHash>,
+    tokens: &[u32],
+    bigram: bool,
+    ns: Namespace,
+) -> KvEvent {
+    KvEvent::Stored(StoredBlocks {
+        block_hashes: hashes,
+        parent,
+        token_ids: tokens.iter().map(|t| u64::from(*t)).collect(),
+        bigram,
+        block_size: PAGE as u32,
+        tier: Tier::Device,
+        namespace: ns,
+        group_idx: None,
+    })
+}
+
+fn get(c: &std::sync::atomic::AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}
+
+#[test]
+fn bigram_stores_match_bigram_requests() {
+    let (index, mut pump, metrics) = setup(HashMode::Bigram);
+    let raw: Vec<u32> = (0..13).collect(); // 12 bigram positions = 3 pages
+    let hasher = PageHasher::new(NonZeroUsize::new(PAGE).unwrap(), HashMode::Bigram);
+    let hashes = hasher.block_hashes(&raw, None).unwrap();
+    let engine: Vec<EngineBlockHash> = hashes.iter().map(|h| EngineBlockHash::I64(h.0)).collect();
+    pump.apply(message(0, vec![stored(engine, None, &raw, true, Namespace::default())]));
+    let m = index.prefix_depths(&hashes, &MatchOptions::default());
+    assert_eq!(m[0].blocks, 3);
+    assert_eq!(get(&metrics.hash_mismatches), 0, "bigram hashes equal SGLang's");
+}
+
+#[test]
+fn namespaces_orphans_duplicates_and_bad_stores_are_handled() {
+    let (index, mut pump, metrics) = setup(HashMode::Unigram);
+    let tokens: Vec<u32> = (0..8).collect();
+    let hasher = PageHasher::new(NonZeroUsize::new(PAGE).unwrap(), HashMode::Unigram);
+
+    // A salted store: SGLang's own salted chain, so no mismatch; a request without the salt does not match.
+    let salted = hasher.block_hashes(&tokens, namespace_prior(None, Some("tenant")).as_ref()).unwrap();
+    let ns = Namespace { lora_name: None, cache_salt: Some("tenant".into()) };
+    let engine: Vec<EngineBlockHash> = salted.iter().map(|h| EngineBlockHash::I64(h.0)).collect();
+    pump.apply(message(0, vec![stored(engine, None, &tokens, false, ns)]));
+    assert_eq!(index.prefix_depths(&salted, &MatchOptions::default())[0].blocks, 2);
+    let plain = hasher.block_hashes(&tokens, None).unwrap();
+    assert!(index.prefix_depths(&plain, &MatchOptions::default()).is_empty());
+    assert_eq!(get(&metrics.hash_mismatches), 0);
+
+    // A LoRA store: opaque engine hashes, indexed under the router's LoRA chain, never a mismatch.
+    let lora_ns = Namespace { lora_name: Some("sql".into()), cache_salt: None };
+    pump.apply(message(
+        1,
+        vec![stored(vec![EngineBlockHash::I64(11), EngineBlockHash::I64(12)], None, &tokens, false, lora_ns)],
+    ));
+    let lora = hasher.block_hashes(&tokens, namespace_prior(Some("sql"), None).as_ref()).unwrap();
+    assert_eq!(index.prefix_depths(&lora, &MatchOptions::default())[0].blocks, 2);
+    assert_eq!(get(&metrics.hash_mismatches), 0);
+
+    // A store under a parent this stream never stored: skipped and counted.
+    pump.apply(message(
+        2,
+        vec![stored(
+            vec![EngineBlockHash::I64(5)],
+            Some(EngineBlockHash::I64(99)),
+            &tokens[..4],
+            false,
+            Namespace::default(),
+        )],
+    ));
+    assert_eq!(get(&metrics.orphan_stores), 1);
+
+    // Tokens that do not fit the hashes: skipped and counted.
+    pump.apply(message(3, vec![stored(vec![EngineBlockHash::I64(5)], None, &tokens, false, Namespace::default())]));
+    assert_eq!(get(&metrics.malformed_stores), 1);
+
+    // A batch at an old seq is never applied twice.
+    pump.apply(message(3, vec![KvEvent::AllCleared]));
+    assert_eq!(get(&metrics.duplicates), 1);
+    assert_eq!(
+        index.prefix_depths(&salted, &MatchOptions::default())[0].blocks,
+        2,
+        "the duplicate clear was not applied"
+    );
+
+    // A stream nobody registered.
+    let mut stray = message(9, vec![KvEvent::AllCleared]);
+    stray.key = WorkerKey::new(WorkerUrl::new("http://other:1"), DpRank(0));
+    pump.apply(stray);
+    assert_eq!(get(&metrics.unknown_streams), 1);
+
+    // A reset forgets everything, and the next batch may start at seq 0 again.
+    pump.apply(StreamMessage { key: key(), seq: 0, update: StreamUpdate::Reset });
+    assert!(index.prefix_depths(&salted, &MatchOptions::default()).is_empty());
+    let engine: Vec<EngineBlockHash> = plain.iter().map(|h| EngineBlockHash::I64(h.0)).collect();
+    pump.apply(message(0, vec![stored(engine, None, &tokens, false, Namespace::default())]));
+    assert_eq!(index.prefix_depths(&plain, &MatchOptions::default())[0].blocks, 2);
+}
