@@ -37,7 +37,9 @@ fn python() -> Option<PathBuf> {
     if default.exists() {
         Some(default)
     } else {
-        eprintln!(
+        // Written to the stream directly: libtest captures `eprintln!` of passing tests.
+        let _ = writeln!(
+            std::io::stderr(),
             "SKIPPED: real engine publishers need the venv of tests/kv_events/setup_venv.sh \
              (set SGL_ROUTER_KV_PYTHON or create /tmp/sgl-router-kv-venv)"
         );
