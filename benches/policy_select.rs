@@ -1,0 +1,67 @@
+//! One selection per iteration over n healthy workers, with the reference
+//! router's names: `policy_select::{round_robin,random,power_of_two}/{4,16,64,256}`,
+//! plus `least_load`, `cache_aware` (a third of the workers hold part of the
+//! prompt, loads vary) and `approx_tree` (a 2 KiB prompt sharing a system
+//! prompt with earlier requests; includes the tree match and insert).
+//!
+//! Run: `cargo bench -p sgl-router-benches --bench policy_select`.
+//! Last result: docs/benchmarks.md.
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use policy::{
+    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, Candidate, LeastLoad, Load, Policy, PowerOfTwo,
+    Random, RequestInfo, RoundRobin,
+};
+
+fn candidates(n: usize) -> Vec<Candidate> {
+    (0..n)
+        .map(|i| Candidate {
+            worker: i,
+            load: Load { in_flight: (i * 7 % 13) as u32, uncached_tokens: (i * 1543 % 9000) as u64 },
+            matched_tokens: if i % 3 == 0 { ((i * 911) % 8000) as u64 + 1024 } else { 0 },
+        })
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let policies: Vec<Box<dyn Policy>> = vec![
+        Box::new(RoundRobin::default()),
+        Box::new(Random::new(1)),
+        Box::new(PowerOfTwo::new(2)),
+        Box::new(LeastLoad::default()),
+        Box::new(CacheAware::new(CacheAwareConfig::default(), 3)),
+    ];
+    let mut g = c.benchmark_group("policy_select");
+    for p in &policies {
+        for n in [4usize, 16, 64, 256] {
+            let cs = candidates(n);
+            let req = RequestInfo { input_tokens: 8192, text: None };
+            g.bench_with_input(BenchmarkId::new(p.name(), n), &cs, |b, cs| {
+                b.iter(|| p.select(black_box(cs), &req).unwrap())
+            });
+        }
+    }
+    let system = "You are a helpful assistant for the serving team. ".repeat(20);
+    for n in [4usize, 16, 64, 256] {
+        let p = ApproxTreePolicy::new(ApproxTreeConfig::default());
+        let cs = candidates(n);
+        for i in 0..n * 4 {
+            let text = format!("{system} earlier question {i}");
+            p.select(&cs, &RequestInfo { input_tokens: 0, text: Some(&text) }).unwrap();
+        }
+        let mut i = 0u64;
+        g.bench_with_input(BenchmarkId::new("approx_tree", n), &cs, |b, cs| {
+            b.iter(|| {
+                i += 1;
+                let text = format!("{system} question {}", i % 512);
+                p.select(black_box(cs), &RequestInfo { input_tokens: 0, text: Some(&text) }).unwrap()
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,342 @@
+//! The approximate policy for fleets that publish no KV events (SGLang Model
+//! Gateway's `cache_aware`): a per-router radix tree of the prompt text this
+//! router sent to each worker. A request goes to the worker whose past
+//! requests share the longest prefix, if the match covers more than a
+//! threshold of the prompt; else to the least loaded worker; and always to the
+//! least loaded one while the fleet is imbalanced. The tree is trimmed to a
+//! size bound, least recently used leaves first.
+//!
+//! The tree works on bytes of UTF-8 text (a character tree would count a
+//! CJK character as one unit instead of three; the ratio differs, the choice
+//! rarely does).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::simple::{check, lighter};
+use crate::{Candidate, Decision, Policy, PolicyError, Reason, RequestInfo};
+
+/// The knobs, with SGLang Model Gateway's defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ApproxTreeConfig {
+    /// Follow the tree only if the match covers more than this fraction of the prompt.
+    pub cache_threshold: f64,
+    /// The fleet is imbalanced when the most and least loaded differ by more than this many requests...
+    pub balance_abs: u32,
+    /// ...and the most loaded has more than this multiple of the least.
+    pub balance_rel: f64,
+    /// Upper bound on text bytes kept in the tree.
+    pub max_tree_bytes: usize,
+}
+
+/// A radix tree of text → the workers that were sent it.
+#[derive(Debug, Default)]
+pub struct ApproxTree {
+    nodes: Vec<TreeNode>,
+    free: Vec<usize>,
+    bytes: usize,
+}
+
+#[derive(Debug, Default)]
+struct TreeNode {
+    /// The edge label leading here.
+    label: Vec<u8>,
+    parent: usize,
+    children: HashMap<u8, usize>,
+    /// Workers whose requests passed through here, with the last time.
+    workers: HashMap<usize, u64>,
+    live: bool,
+}
+
+/// The policy: the tree behind a mutex, and a logical clock.
+#[derive(Debug)]
+pub struct ApproxTreePolicy {
+    config: ApproxTreeConfig,
+    tree: Mutex<ApproxTree>,
+    clock: AtomicU64,
+}
+
+const ROOT: usize = 0;
+
+// === impl ApproxTreeConfig ===
+
+impl Default for ApproxTreeConfig {
+    fn default() -> Self {
+        Self { cache_threshold: 0.3, balance_abs: 64, balance_rel: 1.5, max_tree_bytes: 1 << 26 }
+    }
+}
+
+// === impl ApproxTree ===
+
+impl ApproxTree {
+    /// An empty tree.
+    pub fn new() -> Self {
+        Self { nodes: vec![TreeNode { live: true, ..TreeNode::default() }], free: Vec::new(), bytes: 0 }
+    }
+
+    /// Text bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    fn alloc(&mut self, node: TreeNode) -> usize {
+        self.bytes += node.label.len();
+        match self.free.pop() {
+            Some(i) => {
+                self.nodes[i] = node;
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                self.nodes.len() - 1
+            }
+        }
+    }
+
+    /// Records that `text` was sent to `worker` at time `now`.
+    pub fn insert(&mut self, text: &[u8], worker: usize, now: u64) {
+        let mut node = ROOT;
+        let mut rest = text;
+        self.nodes[ROOT].workers.insert(worker, now);
+        while let Some(&first) = rest.first() {
+            let Some(&found) = self.nodes[node].children.get(&first) else {
+                let leaf = self.alloc(TreeNode {
+                    label: rest.to_vec(),
+                    parent: node,
+                    workers: HashMap::from([(worker, now)]),
+                    live: true,
+                    ..TreeNode::default()
+                });
+                self.nodes[node].children.insert(first, leaf);
+                return;
+            };
+            let common = common_prefix(&self.nodes[found].label, rest);
+            // A partial match splits the edge; the new upper node is the one on our path.
+            let child = if common < self.nodes[found].label.len() { self.split(found, common) } else { found };
+            self.nodes[child].workers.insert(worker, now);
+            node = child;
+            rest = &rest[common..];
+        }
+    }
+
+    /// Splits `node`'s edge after `at` bytes: a new parent takes the first part. Returns it.
+    fn split(&mut self, node: usize, at: usize) -> usize {
+        let parent = self.nodes[node].parent;
+        let head: Vec<u8> = self.nodes[node].label[..at].to_vec();
+        let tail: Vec<u8> = self.nodes[node].label[at..].to_vec();
+        let workers = self.nodes[node].workers.clone();
+        self.bytes -= self.nodes[node].label.len();
+        let mid = self.alloc(TreeNode { label: head.clone(), parent, workers, live: true, ..TreeNode::default() });
+        self.bytes += tail.len();
+        self.nodes[node].label = tail;
+        self.nodes[node].parent = mid;
+        let tail_first = self.nodes[node].label[0];
+        self.nodes[mid].children.insert(tail_first, node);
+        self.nodes[parent].children.insert(head[0], mid);
+        mid
+    }
+
+    /// The longest prefix of `text` in the tree, and the workers at its end.
+    pub fn longest_match(&self, text: &[u8]) -> (usize, Vec<usize>) {
+        let mut node = ROOT;
+        let mut matched = 0;
+        let mut rest = text;
+        while let Some(&first) = rest.first() {
+            let Some(&child) = self.nodes[node].children.get(&first) else { break };
+            let common = common_prefix(&self.nodes[child].label, rest);
+            matched += common;
+            node = child;
+            if common < self.nodes[child].label.len() {
+                break;
+            }
+            rest = &rest[common..];
+        }
+        let mut workers: Vec<usize> = self.nodes[node].workers.keys().copied().collect();
+        workers.sort_unstable();
+        (matched, if node == ROOT { Vec::new() } else { workers })
+    }
+
+    /// Forgets a worker everywhere (it left the fleet).
+    pub fn remove_worker(&mut self, worker: usize) {
+        for n in &mut self.nodes {
+            n.workers.remove(&worker);
+        }
+        self.prune_empty();
+    }
+
+    /// Removes leaves that no worker uses any more.
+    fn prune_empty(&mut self) {
+        loop {
+            let dead: Vec<usize> = (1..self.nodes.len())
+                .filter(|&i| {
+                    self.nodes[i].live && self.nodes[i].children.is_empty() && self.nodes[i].workers.is_empty()
+                })
+                .collect();
+            if dead.is_empty() {
+                return;
+            }
+            for i in dead {
+                self.remove_leaf(i);
+            }
+        }
+    }
+
+    fn remove_leaf(&mut self, i: usize) {
+        let parent = self.nodes[i].parent;
+        let first = self.nodes[i].label[0];
+        self.nodes[parent].children.remove(&first);
+        self.bytes -= self.nodes[i].label.len();
+        self.nodes[i] = TreeNode::default();
+        self.free.push(i);
+    }
+
+    /// Evicts least recently used leaves until at most `max_bytes` of text remain.
+    /// Each pass sorts the current leaves by last use once (O(n log n)); a parent
+    /// left childless becomes a leaf for the next pass.
+    pub fn trim(&mut self, max_bytes: usize) -> usize {
+        let mut evicted = 0;
+        while self.bytes > max_bytes {
+            let mut leaves: Vec<(u64, usize)> = (1..self.nodes.len())
+                .filter(|&i| self.nodes[i].live && self.nodes[i].children.is_empty())
+                .map(|i| (self.nodes[i].workers.values().copied().max().unwrap_or(0), i))
+                .collect();
+            if leaves.is_empty() {
+                break;
+            }
+            leaves.sort_unstable();
+            for (_, leaf) in leaves {
+                if self.bytes <= max_bytes {
+                    break;
+                }
+                self.remove_leaf(leaf);
+                evicted += 1;
+            }
+        }
+        evicted
+    }
+}
+
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+// === impl ApproxTreePolicy ===
+
+impl ApproxTreePolicy {
+    /// The policy with `config`.
+    pub fn new(config: ApproxTreeConfig) -> Self {
+        Self { config, tree: Mutex::new(ApproxTree::new()), clock: AtomicU64::new(0) }
+    }
+
+    fn tree(&self) -> std::sync::MutexGuard<'_, ApproxTree> {
+        self.tree.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Trims the tree to its bound (the gateway calls this periodically).
+    pub fn trim(&self) -> usize {
+        self.tree().trim(self.config.max_tree_bytes)
+    }
+
+    /// Forgets a worker that left.
+    pub fn remove_worker(&self, worker: usize) {
+        self.tree().remove_worker(worker);
+    }
+
+    /// Text bytes held by the tree.
+    pub fn tree_bytes(&self) -> usize {
+        self.tree().bytes()
+    }
+}
+
+impl Policy for ApproxTreePolicy {
+    fn name(&self) -> &'static str {
+        "approx_tree"
+    }
+
+    fn select(&self, candidates: &[Candidate], request: &RequestInfo<'_>) -> Result<Decision, PolicyError> {
+        check(candidates)?;
+        let least = candidates.iter().fold(&candidates[0], |b, c| if lighter(c, b) { c } else { b });
+        let most = candidates.iter().map(|c| c.load.in_flight).max().unwrap_or(0);
+        let min = least.load.in_flight;
+        let imbalanced = most.saturating_sub(min) > self.config.balance_abs
+            && f64::from(most) > self.config.balance_rel * f64::from(min);
+        let text = request.text.unwrap_or("").as_bytes();
+        let now = self.clock.fetch_add(1, Ordering::Relaxed);
+        let mut tree = self.tree();
+        let decision = if imbalanced {
+            Decision { worker: least.worker, reason: Reason::Imbalanced }
+        } else {
+            let (matched, holders) = tree.longest_match(text);
+            let ratio = if text.is_empty() { 0.0 } else { matched as f64 / text.len() as f64 };
+            let followed = candidates.iter().filter(|c| holders.binary_search(&c.worker).is_ok()).fold(
+                None::<&Candidate>,
+                |b, c| match b {
+                    Some(b) if !lighter(c, b) => Some(b),
+                    _ => Some(c),
+                },
+            );
+            match followed {
+                Some(c) if ratio > self.config.cache_threshold => {
+                    Decision { worker: c.worker, reason: Reason::TreeMatch }
+                }
+                _ => Decision { worker: least.worker, reason: Reason::TreeMiss },
+            }
+        };
+        if !text.is_empty() {
+            tree.insert(text, decision.worker, now);
+        }
+        Ok(decision)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Load;
+
+    fn cand(worker: usize, in_flight: u32) -> Candidate {
+        Candidate { worker, load: Load { in_flight, uncached_tokens: 0 }, matched_tokens: 0 }
+    }
+
+    #[test]
+    fn tree_splits_and_matches() {
+        let mut t = ApproxTree::new();
+        t.insert(b"hello world", 1, 1);
+        t.insert(b"hello there", 2, 2);
+        assert_eq!(t.longest_match(b"hello world, again"), (11, vec![1]));
+        assert_eq!(t.longest_match(b"hello th"), (8, vec![2]));
+        assert_eq!(t.longest_match(b"help"), (3, vec![1, 2]));
+        assert_eq!(t.longest_match(b"xyz"), (0, vec![]));
+        assert_eq!(t.bytes(), "hello ".len() + "world".len() + "there".len());
+        t.remove_worker(1);
+        assert_eq!(t.longest_match(b"hello world"), (6, vec![2]));
+        assert_eq!(t.bytes(), "hello ".len() + "there".len());
+    }
+
+    #[test]
+    fn trim_drops_least_recently_used_leaves() {
+        let mut t = ApproxTree::new();
+        t.insert(b"aaaa-old", 1, 1);
+        t.insert(b"bbbb-new", 2, 5);
+        assert_eq!(t.trim(8), 1);
+        assert_eq!(t.longest_match(b"aaaa-old").0, 0);
+        assert_eq!(t.longest_match(b"bbbb-new").0, 8);
+    }
+
+    #[test]
+    fn follows_matches_falls_back_to_load_and_rebalances() {
+        let p = ApproxTreePolicy::new(ApproxTreeConfig::default());
+        let prompt = "You are a helpful assistant. Question one?";
+        let first = p.select(&[cand(0, 5), cand(1, 0)], &RequestInfo { input_tokens: 0, text: Some(prompt) }).unwrap();
+        assert_eq!(first, Decision { worker: 1, reason: Reason::TreeMiss });
+        let again = "You are a helpful assistant. Question two?";
+        let d = p.select(&[cand(0, 0), cand(1, 3)], &RequestInfo { input_tokens: 0, text: Some(again) }).unwrap();
+        assert_eq!(d, Decision { worker: 1, reason: Reason::TreeMatch }, "the shared prefix wins over load");
+        let d = p.select(&[cand(0, 0), cand(1, 100)], &RequestInfo { input_tokens: 0, text: Some(again) }).unwrap();
+        assert_eq!(d, Decision { worker: 0, reason: Reason::Imbalanced });
+        let d =
+            p.select(&[cand(0, 2), cand(1, 1)], &RequestInfo { input_tokens: 0, text: Some("zzz unrelated") }).unwrap();
+        assert_eq!(d, Decision { worker: 1, reason: Reason::TreeMiss });
+    }
+}

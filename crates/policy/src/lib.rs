@@ -1,0 +1,117 @@
+//! Worker selection: given the healthy candidates of one request (their load
+//! and, for cache-aware routing, how many of the request's tokens each already
+//! holds), pick one and say why. Pure: no I/O, no clocks, no index access;
+//! the gateway gathers the inputs and records the decision.
+
+mod approx_tree;
+mod cache_aware;
+mod simple;
+
+pub use approx_tree::{ApproxTree, ApproxTreeConfig, ApproxTreePolicy};
+pub use cache_aware::{CacheAware, CacheAwareConfig};
+pub use simple::{LeastLoad, PowerOfTwo, Random, RoundRobin, SplitMix};
+
+/// Router-side load of one worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Load {
+    /// Requests this router sent that have not finished.
+    pub in_flight: u32,
+    /// Prompt tokens of those requests the worker did not have cached (prefill still owed).
+    pub uncached_tokens: u64,
+}
+
+/// One healthy worker the request may go to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate {
+    /// The caller's index of the worker (stable for the caller, opaque here).
+    pub worker: usize,
+    /// Its load.
+    pub load: Load,
+    /// Prompt tokens it already holds (cache-aware routing; 0 otherwise).
+    pub matched_tokens: u64,
+}
+
+/// Why a worker was chosen: a closed set, used as a metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// Next in turn.
+    RoundRobin,
+    /// Uniformly at random.
+    Random,
+    /// The less loaded of two random workers.
+    PowerOfTwo,
+    /// The least loaded worker.
+    LeastLoad,
+    /// The worker holding the longest cached prefix.
+    CacheHit,
+    /// A near-equal cache hit on a materially less loaded worker.
+    CacheHitLessLoaded,
+    /// No worker held enough of the prompt: power of two on load.
+    NoCacheCandidate,
+    /// Approximate tree: the worker whose past requests share the longest text prefix.
+    TreeMatch,
+    /// Approximate tree: no good match, the least loaded worker.
+    TreeMiss,
+    /// Approximate tree: the fleet is imbalanced, the least loaded worker.
+    Imbalanced,
+}
+
+/// A choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// The chosen candidate's `worker`.
+    pub worker: usize,
+    /// Why.
+    pub reason: Reason,
+}
+
+/// Why no choice could be made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// No healthy worker.
+    #[error("no healthy worker")]
+    NoCandidates,
+}
+
+/// What a policy may know of the request.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RequestInfo<'a> {
+    /// Prompt tokens (0 when the router does not tokenize).
+    pub input_tokens: u64,
+    /// The prompt as text, for the approximate tree.
+    pub text: Option<&'a str>,
+}
+
+/// A stateless-or-internally-synchronized selection rule.
+pub trait Policy: Send + Sync + std::fmt::Debug {
+    /// The policy's name as given on the command line.
+    fn name(&self) -> &'static str;
+    /// Picks one of `candidates` for `request`.
+    fn select(&self, candidates: &[Candidate], request: &RequestInfo<'_>) -> Result<Decision, PolicyError>;
+}
+
+// === impl Reason ===
+
+impl Reason {
+    /// A stable label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::RoundRobin => "round_robin",
+            Reason::Random => "random",
+            Reason::PowerOfTwo => "power_of_two",
+            Reason::LeastLoad => "least_load",
+            Reason::CacheHit => "cache_hit",
+            Reason::CacheHitLessLoaded => "cache_hit_less_loaded",
+            Reason::NoCacheCandidate => "no_cache_candidate",
+            Reason::TreeMatch => "tree_match",
+            Reason::TreeMiss => "tree_miss",
+            Reason::Imbalanced => "imbalanced",
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
