@@ -1,0 +1,81 @@
+//! `sgl-mock-engine`: one simulated engine on a port, for demos and benchmarks.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use mock_engine::{MockEngine, MockEngineConfig};
+
+/// A simulated SGLang-like engine: real HTTP API, real KV events, a paged
+/// prefix cache and a prefill/decode timing model. No GPU.
+#[derive(Debug, Parser)]
+#[command(name = "sgl-mock-engine", version, about)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "SGL_MOCK_LISTEN", default_value = "127.0.0.1:30001")]
+    listen: SocketAddr,
+    /// Model directory (tokenizer.json + chat template); the built-in byte-level model if absent.
+    #[arg(long, env = "SGL_MOCK_TOKENIZER_PATH")]
+    tokenizer_path: Option<PathBuf>,
+    /// Model id to report.
+    #[arg(long, env = "SGL_MOCK_MODEL_ID", default_value = "mock-model")]
+    model_id: String,
+    /// Tokens per KV page.
+    #[arg(long, env = "SGL_MOCK_PAGE_SIZE", default_value_t = 16)]
+    page_size: usize,
+    /// KV cache capacity per dp rank, in tokens.
+    #[arg(long, env = "SGL_MOCK_CAPACITY_TOKENS", default_value_t = 400_000)]
+    capacity_tokens: usize,
+    /// Data-parallel ranks.
+    #[arg(long, env = "SGL_MOCK_DP_SIZE", default_value_t = 1)]
+    dp_size: usize,
+    /// Do not publish KV events.
+    #[arg(long, env = "SGL_MOCK_NO_KV_EVENTS")]
+    no_kv_events: bool,
+    /// Fixed prefill cost in milliseconds.
+    #[arg(long, env = "SGL_MOCK_PREFILL_FIXED_MS", default_value_t = 5)]
+    prefill_fixed_ms: u64,
+    /// Prefill speed in uncached tokens per second.
+    #[arg(long, env = "SGL_MOCK_PREFILL_TOKENS_PER_S", default_value_t = 20_000.0)]
+    prefill_tokens_per_s: f64,
+    /// Milliseconds per generated token.
+    #[arg(long, env = "SGL_MOCK_DECODE_MS_PER_TOKEN", default_value_t = 10)]
+    decode_ms_per_token: u64,
+    /// Divide all simulated times by this.
+    #[arg(long, env = "SGL_MOCK_SPEEDUP", default_value_t = 1.0)]
+    speedup: f64,
+    /// No simulated time at all (overhead benchmarks).
+    #[arg(long, env = "SGL_MOCK_FAST")]
+    fast: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter("info").init();
+    let a = Args::parse();
+    let config = MockEngineConfig {
+        listen: a.listen,
+        model_id: a.model_id,
+        page_size: a.page_size,
+        capacity_tokens: a.capacity_tokens,
+        dp_size: a.dp_size,
+        kv_events: !a.no_kv_events,
+        prefill_fixed: Duration::from_millis(a.prefill_fixed_ms),
+        prefill_tokens_per_s: a.prefill_tokens_per_s,
+        decode_per_token: Duration::from_millis(a.decode_ms_per_token),
+        speedup: a.speedup,
+        fast: a.fast,
+        ..MockEngineConfig::default()
+    };
+    let engine = match a.tokenizer_path {
+        Some(dir) => MockEngine::spawn_with(config, renderer::Renderer::from_dir(&dir, None)?).await?,
+        None => MockEngine::spawn(config).await?,
+    };
+    println!("sgl-mock-engine listening on {}", engine.url());
+    for (rank, (pub_ep, replay)) in engine.engine().publisher_endpoints().iter().enumerate() {
+        println!("  dp rank {rank}: KV events {pub_ep}, replay {}", replay.as_deref().unwrap_or("-"));
+    }
+    tokio::signal::ctrl_c().await?;
+    Ok(())
+}

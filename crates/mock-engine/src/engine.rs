@@ -1,0 +1,296 @@
+//! The simulated engine's core, independent of HTTP: turn a request into
+//! tokens, admit it to a dp rank (cache lookup, FCFS prefill lane, cache
+//! insert with eviction, KV events), pace decoding, release it; and the
+//! fault knobs.
+
+use std::num::NonZeroUsize;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use kv_events::Publisher;
+use renderer::{HashMode, PageHasher, Renderer};
+use router_types::{BlockHash, EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::MockEngineConfig;
+use crate::cache::PagedCache;
+
+/// Fault knobs, set through `POST /admin/faults` or directly in tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Faults {
+    /// The next N event batches are kept for replay but not sent live.
+    pub drop_next_batches: usize,
+    /// Restart the publishers now: seq back to 0, caches cleared.
+    pub restart_publisher: bool,
+    /// Delay every event batch by this many milliseconds.
+    pub event_delay_ms: u64,
+    /// The next N requests fail with HTTP 500.
+    pub fail_next: usize,
+    /// The next N requests never answer.
+    pub hang_next: usize,
+    /// The next N streamed requests die after their first chunk.
+    pub die_mid_stream_next: usize,
+}
+
+/// A fault that hits one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestFault {
+    /// Answer 500.
+    Fail,
+    /// Never answer.
+    Hang,
+    /// Stream one chunk, then break the connection.
+    DieMidStream,
+}
+
+/// Why a request cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The request body is wrong (HTTP 400).
+    #[error(transparent)]
+    Render(#[from] renderer::RenderError),
+}
+
+/// One dp rank: a cache, a prefill lane, an event queue.
+#[derive(Debug)]
+struct Rank {
+    cache: Mutex<PagedCache>,
+    lane: tokio::sync::Mutex<()>,
+    events: Option<mpsc::Sender<(Instant, EventBatch)>>,
+}
+
+/// The engine.
+#[derive(Debug)]
+pub struct Engine {
+    config: MockEngineConfig,
+    renderer: Renderer,
+    hasher: PageHasher,
+    ranks: Vec<Rank>,
+    publishers: Vec<std::sync::Arc<Publisher>>,
+    next_rank: AtomicUsize,
+    faults: Mutex<Faults>,
+    /// Requests served, prompt tokens, cached prompt tokens.
+    pub requests: AtomicU64,
+    /// ...
+    pub prompt_tokens: AtomicU64,
+    /// ...
+    pub cached_tokens: AtomicU64,
+}
+
+/// An admitted request: its rank and pinned pages. Release with [`Engine::release`].
+#[derive(Debug)]
+pub struct Admission {
+    rank: usize,
+    chain: Vec<BlockHash>,
+    pinned: usize,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens that were already cached.
+    pub cached_tokens: usize,
+}
+
+// === impl Engine ===
+
+impl Engine {
+    pub(crate) fn new(config: MockEngineConfig, renderer: Renderer, publishers: Vec<Publisher>) -> Self {
+        let page = NonZeroUsize::new(config.page_size).unwrap_or(NonZeroUsize::MIN);
+        let publishers: Vec<std::sync::Arc<Publisher>> = publishers.into_iter().map(std::sync::Arc::new).collect();
+        let ranks = (0..config.dp_size.max(1))
+            .map(|r| {
+                let events = publishers.get(r).map(|p| spawn_event_queue(p.clone()));
+                Rank {
+                    cache: Mutex::new(PagedCache::new(config.capacity_tokens / page.get())),
+                    lane: tokio::sync::Mutex::new(()),
+                    events,
+                }
+            })
+            .collect();
+        Self {
+            hasher: PageHasher::new(page, HashMode::Unigram),
+            config,
+            renderer,
+            ranks,
+            publishers,
+            next_rank: AtomicUsize::new(0),
+            faults: Mutex::new(Faults::default()),
+            requests: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            cached_tokens: AtomicU64::new(0),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &MockEngineConfig {
+        &self.config
+    }
+
+    /// The renderer (tokenizer and chat template).
+    pub fn renderer(&self) -> &Renderer {
+        &self.renderer
+    }
+
+    /// The PUB and replay endpoints of each rank's publisher.
+    pub fn publisher_endpoints(&self) -> Vec<(String, Option<String>)> {
+        self.publishers.iter().map(|p| (p.endpoint().to_string(), p.replay_endpoint().map(str::to_string))).collect()
+    }
+
+    /// Pages cached per rank.
+    pub fn cached_pages(&self) -> Vec<usize> {
+        self.ranks.iter().map(|r| r.cache.lock().unwrap_or_else(|p| p.into_inner()).len()).collect()
+    }
+
+    /// Applies fault knobs (counts add up; `restart_publisher` acts at once).
+    pub async fn set_faults(&self, f: Faults) {
+        if f.restart_publisher {
+            for (rank, p) in self.ranks.iter().zip(&self.publishers) {
+                rank.cache.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                p.restart().await;
+            }
+        }
+        if f.drop_next_batches > 0 {
+            for p in &self.publishers {
+                p.drop_next(f.drop_next_batches);
+            }
+        }
+        let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        faults.event_delay_ms = f.event_delay_ms;
+        faults.fail_next += f.fail_next;
+        faults.hang_next += f.hang_next;
+        faults.die_mid_stream_next += f.die_mid_stream_next;
+    }
+
+    /// The fault this request suffers before anything is sent, if any (consumes one).
+    pub fn take_fault(&self, _streaming: bool) -> Option<RequestFault> {
+        let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        if f.fail_next > 0 {
+            f.fail_next -= 1;
+            return Some(RequestFault::Fail);
+        }
+        if f.hang_next > 0 {
+            f.hang_next -= 1;
+            return Some(RequestFault::Hang);
+        }
+        None
+    }
+
+    /// True if this streamed request must die after its first chunk (consumes one).
+    pub fn take_fault_mid_stream_pending(&self) -> bool {
+        let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        if f.die_mid_stream_next > 0 {
+            f.die_mid_stream_next -= 1;
+            return true;
+        }
+        false
+    }
+
+    fn scaled(&self, d: Duration) -> Duration {
+        if self.config.fast { Duration::ZERO } else { d.div_f64(self.config.speedup.max(1e-9)) }
+    }
+
+    /// Admits a request: picks the rank, looks the prompt up, waits its turn
+    /// in the prefill lane for the uncached tokens, stores its pages and
+    /// publishes the events.
+    pub async fn admit(&self, tokens: &[u32], rank_hint: Option<usize>) -> Admission {
+        let rank = match rank_hint {
+            Some(r) if r < self.ranks.len() => r,
+            _ => self.next_rank.fetch_add(1, Ordering::Relaxed) % self.ranks.len(),
+        };
+        let full = tokens.len() / self.config.page_size.max(1) * self.config.page_size.max(1);
+        let chain = self.hasher.block_hashes(&tokens[..full], None).unwrap_or_default();
+        let r = &self.ranks[rank];
+        let hit = r.cache.lock().unwrap_or_else(|p| p.into_inner()).lookup_and_pin(&chain);
+        let cached_tokens = hit * self.config.page_size;
+        let uncached = tokens.len() - cached_tokens;
+        {
+            let _lane = r.lane.lock().await;
+            let prefill = self.config.prefill_fixed
+                + Duration::from_secs_f64(uncached as f64 / self.config.prefill_tokens_per_s.max(1.0));
+            let prefill = self.scaled(prefill);
+            if !prefill.is_zero() {
+                tokio::time::sleep(prefill).await;
+            }
+        }
+        let change = r.cache.lock().unwrap_or_else(|p| p.into_inner()).insert_pinned(&chain, hit);
+        self.publish(rank, &chain, tokens, change.stored_from, change.stored, &change.evicted).await;
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.prompt_tokens.fetch_add(tokens.len() as u64, Ordering::Relaxed);
+        self.cached_tokens.fetch_add(cached_tokens as u64, Ordering::Relaxed);
+        Admission {
+            rank,
+            chain,
+            pinned: change.stored_from + change.stored,
+            prompt_tokens: tokens.len(),
+            cached_tokens,
+        }
+    }
+
+    async fn publish(
+        &self,
+        rank: usize,
+        chain: &[BlockHash],
+        tokens: &[u32],
+        from: usize,
+        stored: usize,
+        evicted: &[BlockHash],
+    ) {
+        let Some(queue) = &self.ranks[rank].events else { return };
+        let ps = self.config.page_size;
+        let mut events = Vec::new();
+        if !evicted.is_empty() {
+            events.push(KvEvent::Removed {
+                block_hashes: evicted.iter().map(|h| EngineBlockHash::I64(h.0)).collect(),
+                tier: Tier::Device,
+                group_idx: None,
+            });
+        }
+        if stored > 0 {
+            events.push(KvEvent::Stored(StoredBlocks {
+                block_hashes: chain[from..from + stored].iter().map(|h| EngineBlockHash::I64(h.0)).collect(),
+                parent: from.checked_sub(1).map(|p| EngineBlockHash::I64(chain[p].0)),
+                token_ids: tokens[from * ps..(from + stored) * ps].iter().map(|t| u64::from(*t)).collect(),
+                bigram: false,
+                block_size: ps as u32,
+                tier: Tier::Device,
+                namespace: Namespace::default(),
+                group_idx: None,
+            }));
+        }
+        if events.is_empty() {
+            return;
+        }
+        let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        let delay = Duration::from_millis(self.faults.lock().unwrap_or_else(|p| p.into_inner()).event_delay_ms);
+        let batch = EventBatch { ts, events, dp_rank: Some(router_types::DpRank(rank as u32)) };
+        let _ = queue.send((Instant::now() + delay, batch)).await;
+    }
+
+    /// Waits the time of one generated token.
+    pub async fn decode_step(&self) {
+        let d = self.scaled(self.config.decode_per_token);
+        if !d.is_zero() {
+            tokio::time::sleep(d).await;
+        }
+    }
+
+    /// Unpins the request's pages.
+    pub fn release(&self, a: &Admission) {
+        self.ranks[a.rank].cache.lock().unwrap_or_else(|p| p.into_inner()).unpin(&a.chain, a.pinned);
+    }
+}
+
+/// Publishes batches in order, each no earlier than its due time.
+fn spawn_event_queue(publisher: std::sync::Arc<Publisher>) -> mpsc::Sender<(Instant, EventBatch)> {
+    let (tx, mut rx) = mpsc::channel::<(Instant, EventBatch)>(4096);
+    tokio::spawn(async move {
+        while let Some((due, batch)) = rx.recv().await {
+            tokio::time::sleep_until(due.into()).await;
+            if let Err(e) = publisher.publish(&batch).await {
+                tracing::warn!(error = %e, "mock engine: event publish failed");
+            }
+        }
+    });
+    tx
+}

@@ -1,0 +1,272 @@
+//! The simulated engine's HTTP API, shaped like SGLang's: OpenAI chat and
+//! completions, `/generate`, streaming as server-sent events, `usage` with
+//! `prompt_tokens_details.cached_tokens`, and `/server_info` with the
+//! `kv_events` block routers discover publishers from.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use renderer::{ChatRequest, Prompt};
+use serde_json::{Value, json};
+
+use crate::engine::{Admission, Engine, Faults, RequestFault};
+
+/// What kind of response to shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Chat,
+    Completions,
+    Generate,
+}
+
+pub(crate) fn router(engine: Arc<Engine>) -> axum::Router {
+    axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/health_generate", get(|| async { "ok" }))
+        .route("/server_info", get(server_info))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/generate", post(generate))
+        .route("/admin/faults", post(faults))
+        .route("/admin/state", get(state))
+        .with_state(engine)
+}
+
+fn error(status: StatusCode, message: &str, kind: &str) -> Response {
+    (status, Json(json!({"error": {"message": message, "type": kind, "code": status.as_u16()}}))).into_response()
+}
+
+async fn server_info(State(e): State<Arc<Engine>>) -> Json<Value> {
+    let c = e.config();
+    let eps = e.publisher_endpoints();
+    let port = |ep: &str| ep.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
+    let kv = eps.first().map(|(pub_ep, replay)| {
+        json!({
+            "publisher": "zmq",
+            "endpoint_host": "127.0.0.1",
+            "endpoint_port_base": port(pub_ep),
+            "replay_endpoint_port_base": replay.as_deref().and_then(port),
+            "topic": "",
+            "block_size": c.page_size,
+            "dp_size": c.dp_size,
+        })
+    });
+    // Ranks bind free ports one by one, so `base + rank` only holds for one rank;
+    // with more, the real ports are listed too (SGLang itself binds base + rank).
+    Json(json!({
+        "model_path": c.model_id,
+        "served_model_name": c.model_id,
+        "page_size": c.page_size,
+        "dp_size": c.dp_size,
+        "kv_events": kv,
+        "kv_events_endpoints": eps,
+        "speculative_algorithm": null,
+    }))
+}
+
+async fn models(State(e): State<Arc<Engine>>) -> Json<Value> {
+    Json(
+        json!({"object": "list", "data": [{"id": e.config().model_id, "object": "model", "owned_by": "sgl-mock-engine"}]}),
+    )
+}
+
+async fn faults(State(e): State<Arc<Engine>>, Json(f): Json<Faults>) -> Json<Value> {
+    e.set_faults(f).await;
+    Json(json!({"ok": true}))
+}
+
+async fn state(State(e): State<Arc<Engine>>) -> Json<Value> {
+    use std::sync::atomic::Ordering::Relaxed;
+    Json(json!({
+        "cached_pages": e.cached_pages(),
+        "requests": e.requests.load(Relaxed),
+        "prompt_tokens": e.prompt_tokens.load(Relaxed),
+        "cached_tokens": e.cached_tokens.load(Relaxed),
+    }))
+}
+
+fn bad_json(err: serde_json::Error) -> Response {
+    error(StatusCode::BAD_REQUEST, &format!("invalid JSON body: {err}"), "invalid_request_error")
+}
+
+fn max_tokens(v: &Value, default: usize) -> usize {
+    ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|k| v.get(*k).and_then(Value::as_u64))
+        .or_else(|| v.pointer("/sampling_params/max_new_tokens").and_then(Value::as_u64))
+        .map_or(default, |n| n as usize)
+        .min(4096)
+}
+
+fn rank_hint(v: &Value) -> Option<usize> {
+    ["routed_dp_rank", "data_parallel_rank"].iter().find_map(|k| v.get(*k).and_then(Value::as_u64)).map(|r| r as usize)
+}
+
+async fn chat(State(e): State<Arc<Engine>>, body: Bytes) -> Response {
+    let v: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(err) => return bad_json(err),
+    };
+    let tokens = match ChatRequest::from_value(v.clone()).and_then(|req| e.renderer().render_chat(&req)) {
+        Ok(r) => r.token_ids,
+        Err(err) => return error(StatusCode::BAD_REQUEST, &err.to_string(), "invalid_request_error"),
+    };
+    serve(e, Route::Chat, &v, tokens).await
+}
+
+async fn completions(State(e): State<Arc<Engine>>, body: Bytes) -> Response {
+    let v: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(err) => return bad_json(err),
+    };
+    let vocab = e.renderer().tokenizer().vocab_size();
+    let tokens = match Prompt::from_completions(v.get("prompt").unwrap_or(&Value::Null), vocab)
+        .and_then(|p| e.renderer().prompt_tokens(&p))
+    {
+        Ok(t) => t,
+        Err(err) => return error(StatusCode::BAD_REQUEST, &err.to_string(), "invalid_request_error"),
+    };
+    serve(e, Route::Completions, &v, tokens).await
+}
+
+async fn generate(State(e): State<Arc<Engine>>, body: Bytes) -> Response {
+    let v: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(err) => return bad_json(err),
+    };
+    let vocab = e.renderer().tokenizer().vocab_size();
+    let tokens = match Prompt::from_generate(&v, vocab).and_then(|p| e.renderer().prompt_tokens(&p)) {
+        Ok(t) => t,
+        Err(err) => return error(StatusCode::BAD_REQUEST, &err.to_string(), "invalid_request_error"),
+    };
+    serve(e, Route::Generate, &v, tokens).await
+}
+
+/// The word generated at position `i`.
+fn word(i: usize) -> &'static str {
+    const WORDS: [&str; 8] = [" the", " cache", " is", " warm", " and", " routing", " works", "."];
+    WORDS[i % WORDS.len()]
+}
+
+fn usage(a: &Admission, completion: usize) -> Value {
+    json!({
+        "prompt_tokens": a.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": a.prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": a.cached_tokens},
+    })
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Releases a request's pinned pages however its response ends.
+struct Release {
+    engine: Arc<Engine>,
+    admission: Admission,
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.engine.release(&self.admission);
+    }
+}
+
+async fn serve(e: Arc<Engine>, route: Route, v: &Value, tokens: Vec<u32>) -> Response {
+    let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    match e.take_fault(stream) {
+        Some(RequestFault::Fail) => {
+            return error(StatusCode::INTERNAL_SERVER_ERROR, "injected failure", "server_error");
+        }
+        Some(RequestFault::Hang) => {
+            std::future::pending::<()>().await;
+        }
+        _ => {}
+    }
+    let die = stream && e.take_fault_mid_stream_pending();
+    let n = max_tokens(v, e.config().default_max_tokens);
+    let model = v.get("model").and_then(Value::as_str).unwrap_or(&e.config().model_id).to_string();
+    let admission = e.admit(&tokens, rank_hint(v)).await;
+    let guard = Release { engine: e.clone(), admission };
+    let id = format!("mock-{}", now_secs());
+    if !stream {
+        for _ in 0..n {
+            e.decode_step().await;
+        }
+        let text: String = (0..n).map(word).collect();
+        let body = match route {
+            Route::Chat => json!({
+                "id": id, "object": "chat.completion", "created": now_secs(), "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+                "usage": usage(&guard.admission, n),
+            }),
+            Route::Completions => json!({
+                "id": id, "object": "text_completion", "created": now_secs(), "model": model,
+                "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+                "usage": usage(&guard.admission, n),
+            }),
+            Route::Generate => json!({
+                "text": text,
+                "meta_info": {"id": id, "prompt_tokens": guard.admission.prompt_tokens, "completion_tokens": n,
+                              "cached_tokens": guard.admission.cached_tokens, "finish_reason": {"type": "length"}},
+            }),
+        };
+        return Json(body).into_response();
+    }
+    let state = (0usize, Some(guard), e, model, id);
+    let events = futures_util::stream::unfold(state, move |(i, guard, e, model, id)| async move {
+        let guard = guard?;
+        if i > n {
+            return None;
+        }
+        if i == n {
+            // The last event: usage, then [DONE]; the guard drops here and releases the pages.
+            let last = match route {
+                Route::Generate => String::new(),
+                _ => format!(
+                    "data: {}\n\n",
+                    json!({"id": id, "object": chunk_object(route), "model": model, "choices": [], "usage": usage(&guard.admission, n)})
+                ),
+            };
+            return Some((
+                Ok::<Bytes, std::io::Error>(Bytes::from(format!("{last}data: [DONE]\n\n"))),
+                (i + 1, None, e, model, id),
+            ));
+        }
+        if die && i == 1 {
+            // Let the headers and the first chunk reach the client, then break the connection.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            return Some((Err(std::io::Error::other("injected: engine died mid-stream")), (n + 1, None, e, model, id)));
+        }
+        e.decode_step().await;
+        let chunk = match route {
+            Route::Chat => json!({"id": id, "object": "chat.completion.chunk", "created": now_secs(), "model": model,
+                "choices": [{"index": 0, "delta": if i == 0 { json!({"role": "assistant", "content": word(i)}) } else { json!({"content": word(i)}) }, "finish_reason": if i + 1 == n { json!("length") } else { Value::Null }}]}),
+            Route::Completions => json!({"id": id, "object": "text_completion", "created": now_secs(), "model": model,
+                "choices": [{"index": 0, "text": word(i), "finish_reason": if i + 1 == n { json!("length") } else { Value::Null }}]}),
+            Route::Generate => json!({"text": (0..=i).map(word).collect::<String>(),
+                "meta_info": {"prompt_tokens": guard.admission.prompt_tokens, "completion_tokens": i + 1, "cached_tokens": guard.admission.cached_tokens}}),
+        };
+        Some((Ok(Bytes::from(format!("data: {chunk}\n\n"))), (i + 1, Some(guard), e, model, id)))
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(events))
+        .unwrap_or_else(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "response build failed", "server_error"))
+}
+
+fn chunk_object(route: Route) -> &'static str {
+    match route {
+        Route::Chat => "chat.completion.chunk",
+        _ => "text_completion",
+    }
+}

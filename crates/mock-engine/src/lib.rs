@@ -1,0 +1,138 @@
+//! A simulated SGLang-like engine for tests, the demo and benchmarks: the
+//! real HTTP API (`/health`, `/server_info`, `/v1/models`,
+//! `/v1/chat/completions`, `/v1/completions`, `/generate`, streaming or not),
+//! a paged prefix cache per dp rank with capacity and LRU eviction, real KV
+//! events over ZMQ in SGLang's format (one publisher and replay socket per
+//! rank), a prefill/decode timing model, and fault knobs.
+//!
+//! `MockEngine::spawn` binds 127.0.0.1:0 and shuts down when dropped.
+
+mod cache;
+mod engine;
+mod http;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kv_events::{EventForm, PublisherConfig};
+use renderer::Renderer;
+use tokio_util::sync::CancellationToken;
+
+pub use cache::{CacheChange, PagedCache};
+pub use engine::{Engine, EngineError, Faults};
+
+/// How the simulated engine behaves.
+#[derive(Debug, Clone)]
+pub struct MockEngineConfig {
+    /// Address to serve HTTP on (`127.0.0.1:0`: any free port).
+    pub listen: SocketAddr,
+    /// Model id reported by `/v1/models` and in responses.
+    pub model_id: String,
+    /// Tokens per KV page.
+    pub page_size: usize,
+    /// KV cache capacity per dp rank, in tokens.
+    pub capacity_tokens: usize,
+    /// Data-parallel ranks (one cache and one publisher each).
+    pub dp_size: usize,
+    /// Publish KV events (PUB + replay ROUTER per rank on free loopback ports).
+    pub kv_events: bool,
+    /// Event layout (SGLang's maps by default).
+    pub event_form: EventForm,
+    /// Fixed cost of a prefill, before scaling.
+    pub prefill_fixed: Duration,
+    /// Prefill speed, uncached tokens per second.
+    pub prefill_tokens_per_s: f64,
+    /// Time per generated token.
+    pub decode_per_token: Duration,
+    /// All times are divided by this.
+    pub speedup: f64,
+    /// No sleeping at all (overhead benchmarks).
+    pub fast: bool,
+    /// Tokens generated when a request does not say.
+    pub default_max_tokens: usize,
+}
+
+/// A running simulated engine. Dropping it stops the server and the publishers.
+#[derive(Debug)]
+pub struct MockEngine {
+    addr: SocketAddr,
+    engine: Arc<Engine>,
+    cancel: CancellationToken,
+}
+
+// === impl MockEngineConfig ===
+
+impl Default for MockEngineConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            model_id: "mock-model".into(),
+            page_size: 16,
+            capacity_tokens: 400_000,
+            dp_size: 1,
+            kv_events: true,
+            event_form: EventForm::Map,
+            prefill_fixed: Duration::from_millis(5),
+            prefill_tokens_per_s: 20_000.0,
+            decode_per_token: Duration::from_millis(10),
+            speedup: 1.0,
+            fast: false,
+            default_max_tokens: 16,
+        }
+    }
+}
+
+// === impl MockEngine ===
+
+impl MockEngine {
+    /// Starts the engine with the built-in byte-level model.
+    pub async fn spawn(config: MockEngineConfig) -> anyhow::Result<Self> {
+        Self::spawn_with(config, Renderer::builtin()?).await
+    }
+
+    /// Starts the engine with a given renderer (a real tokenizer and template).
+    pub async fn spawn_with(config: MockEngineConfig, renderer: Renderer) -> anyhow::Result<Self> {
+        let mut publishers = Vec::new();
+        if config.kv_events {
+            for _ in 0..config.dp_size.max(1) {
+                let pc = PublisherConfig { form: config.event_form, ..PublisherConfig::loopback() };
+                publishers.push(kv_events::Publisher::bind(pc).await?);
+            }
+        }
+        let engine = Arc::new(Engine::new(config.clone(), renderer, publishers));
+        let listener = tokio::net::TcpListener::bind(config.listen).await?;
+        let addr = listener.local_addr()?;
+        let cancel = CancellationToken::new();
+        let app = http::router(engine.clone());
+        let shutdown = cancel.clone();
+        tokio::spawn(async move {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await });
+            if let Err(e) = serve.await {
+                tracing::warn!(error = %e, "mock engine server stopped");
+            }
+        });
+        Ok(Self { addr, engine, cancel })
+    }
+
+    /// The HTTP base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The engine (cache state, faults).
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// Stops serving (also done on drop).
+    pub fn shutdown(&self) {
+        self.cancel.cancel();
+    }
+}
+
+impl Drop for MockEngine {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
