@@ -13,10 +13,144 @@ use clap::{Args, Parser, Subcommand};
 /// engines publish. The tools below compute exactly the tokens and block
 /// hashes the engine computes, to check a deployment by hand.
 #[derive(Debug, Parser)]
-#[command(name = "sgl-router", version, about, long_about, propagate_version = true)]
+#[command(
+    name = "sgl-router",
+    version,
+    about,
+    long_about,
+    propagate_version = true,
+    args_conflicts_with_subcommands = true
+)]
 pub(crate) struct Cli {
     #[command(subcommand)]
     pub(crate) command: Option<Command>,
+    /// Without a subcommand: run the router.
+    #[command(flatten)]
+    pub(crate) serve: ServeArgs,
+}
+
+/// The routing policies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum PolicyName {
+    /// Next worker in turn.
+    RoundRobin,
+    /// A uniformly random worker.
+    Random,
+    /// The less loaded of two random workers.
+    PowerOfTwo,
+    /// The least loaded worker.
+    LeastLoad,
+    /// Approximate: a tree of the text this router sent where (no KV events needed).
+    ApproxTree,
+    /// KV-event cache-aware: the worker holding the longest prefix, with load guards (needs --kv-events).
+    CacheAware,
+}
+
+/// The router's own flags.
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "SGL_ROUTER_HOST", default_value = crate::defaults::HOST)]
+    pub(crate) host: String,
+    /// Port to listen on.
+    #[arg(long, env = "SGL_ROUTER_PORT", default_value_t = crate::defaults::PORT)]
+    pub(crate) port: u16,
+    /// Base URLs of the engine workers, comma separated or repeated.
+    #[arg(long, env = "SGL_ROUTER_WORKER_URLS", value_delimiter = ',', value_name = "URL")]
+    pub(crate) worker_urls: Vec<String>,
+    /// Start this many simulated engines in-process (no GPU) and route to them: the demo.
+    #[arg(long, env = "SGL_ROUTER_MOCK_WORKERS", default_value_t = 0, value_name = "N")]
+    pub(crate) mock_workers: usize,
+    /// How to pick a worker.
+    #[arg(long, env = "SGL_ROUTER_POLICY", value_enum, default_value = "round-robin")]
+    pub(crate) policy: PolicyName,
+    /// Follow the workers' KV events (discovered from /server_info, or given below).
+    #[arg(long, env = "SGL_ROUTER_KV_EVENTS")]
+    pub(crate) kv_events: bool,
+    #[command(flatten)]
+    pub(crate) events: KvEventFlags,
+    /// Model directory (tokenizer.json and chat template) the workers serve; the built-in byte-level model if absent.
+    #[arg(long, env = "SGL_ROUTER_TOKENIZER_PATH", value_name = "DIR")]
+    pub(crate) tokenizer_path: Option<PathBuf>,
+    /// Chat template file overriding the model directory's.
+    #[arg(long, env = "SGL_ROUTER_CHAT_TEMPLATE_FILE", value_name = "FILE")]
+    pub(crate) chat_template: Option<PathBuf>,
+    /// Model id reported by /v1/models.
+    #[arg(long, env = "SGL_ROUTER_MODEL_ID", default_value = crate::defaults::MODEL_ID)]
+    pub(crate) model_id: String,
+    /// cache_aware: a worker is a candidate only if it holds this many prompt tokens [default: 1024].
+    #[arg(long, env = "SGL_ROUTER_CACHE_AFFINITY_MIN_MATCHED_TOKENS", value_name = "N")]
+    pub(crate) cache_affinity_min_matched_tokens: Option<u64>,
+    /// cache_aware: keep at least this many candidates [default: 8].
+    #[arg(long, env = "SGL_ROUTER_CACHE_CANDIDATES_MIN", value_name = "N")]
+    pub(crate) cache_candidates_min: Option<usize>,
+    /// cache_aware: or this fraction of the healthy workers [default: 0.05].
+    #[arg(long, env = "SGL_ROUTER_CACHE_CANDIDATES_RATIO", value_name = "R")]
+    pub(crate) cache_candidates_ratio: Option<f64>,
+    /// cache_aware: and at most this many [default: 32].
+    #[arg(long, env = "SGL_ROUTER_CACHE_CANDIDATES_MAX", value_name = "N")]
+    pub(crate) cache_candidates_max: Option<usize>,
+    /// cache_aware: hits within this many tokens of the best count as equal [default: 1024].
+    #[arg(long, env = "SGL_ROUTER_CACHE_SWITCH_MARGIN_TOKENS", value_name = "N")]
+    pub(crate) cache_switch_margin_tokens: Option<u64>,
+    /// cache_aware: the best hit is overloaded if it owes this many more uncached prefill tokens [default: 1024]...
+    #[arg(long, env = "SGL_ROUTER_CACHE_PRESSURE_ABS_TOKENS", value_name = "N")]
+    pub(crate) cache_pressure_abs_tokens: Option<u64>,
+    /// cache_aware: ...and more than this multiple of the alternative's [default: 1.5].
+    #[arg(long, env = "SGL_ROUTER_CACHE_PRESSURE_REL", value_name = "R")]
+    pub(crate) cache_pressure_rel: Option<f64>,
+    /// cache_aware: never move a hit to a less loaded worker.
+    #[arg(long, env = "SGL_ROUTER_NO_CACHE_PRESSURE_GUARD")]
+    pub(crate) no_cache_pressure_guard: bool,
+    /// cache_aware: credit the chosen worker with the request's blocks for this long, so a burst
+    /// sharing a cold prefix lands together before the events arrive [default: 0, off].
+    #[arg(long, env = "SGL_ROUTER_CACHE_PENDING_PREFIX_TTL_MS", value_name = "MS")]
+    pub(crate) cache_pending_prefix_ttl_ms: Option<u64>,
+    /// cache_aware: most blocks the index keeps (least recently used tails go first) [default: unbounded].
+    #[arg(long, env = "SGL_ROUTER_MAX_INDEX_BLOCKS", value_name = "N")]
+    pub(crate) max_index_blocks: Option<NonZeroUsize>,
+    /// approx_tree: follow the tree when the match covers more than this fraction [default: 0.3].
+    #[arg(long, env = "SGL_ROUTER_APPROX_CACHE_THRESHOLD", value_name = "R")]
+    pub(crate) approx_cache_threshold: Option<f64>,
+    /// approx_tree: imbalanced when loads differ by more than this many requests [default: 64]...
+    #[arg(long, env = "SGL_ROUTER_APPROX_BALANCE_ABS", value_name = "N")]
+    pub(crate) approx_balance_abs: Option<u32>,
+    /// approx_tree: ...and the most loaded has more than this multiple of the least [default: 1.5].
+    #[arg(long, env = "SGL_ROUTER_APPROX_BALANCE_REL", value_name = "R")]
+    pub(crate) approx_balance_rel: Option<f64>,
+    /// approx_tree: seconds between two trims of the tree [default: 60].
+    #[arg(long, env = "SGL_ROUTER_APPROX_EVICTION_INTERVAL_SECS", value_name = "S")]
+    pub(crate) approx_eviction_interval_secs: Option<u64>,
+    /// approx_tree: most text bytes kept in the tree [default: 67108864].
+    #[arg(long, env = "SGL_ROUTER_APPROX_MAX_TREE_BYTES", value_name = "N")]
+    pub(crate) approx_max_tree_bytes: Option<usize>,
+    /// Longest a request may wait for the worker's response headers.
+    #[arg(long, env = "SGL_ROUTER_REQUEST_TIMEOUT_SECS", default_value_t = crate::defaults::REQUEST_TIMEOUT_SECS, value_name = "S")]
+    pub(crate) request_timeout_secs: u64,
+    /// Largest request body accepted (413 above).
+    #[arg(long, env = "SGL_ROUTER_MAX_BODY_BYTES", default_value_t = crate::defaults::MAX_BODY_BYTES, value_name = "N")]
+    pub(crate) max_body_bytes: usize,
+    /// Most requests in flight (429 above).
+    #[arg(long, env = "SGL_ROUTER_MAX_CONCURRENT_REQUESTS", default_value_t = crate::defaults::MAX_CONCURRENT_REQUESTS, value_name = "N")]
+    pub(crate) max_concurrent_requests: usize,
+    /// Seconds between two health checks of every worker.
+    #[arg(long, env = "SGL_ROUTER_HEALTH_CHECK_INTERVAL_SECS", default_value_t = crate::defaults::HEALTH_CHECK_INTERVAL_SECS, value_name = "S")]
+    pub(crate) health_check_interval_secs: u64,
+    /// Seconds to let in-flight requests finish after SIGTERM.
+    #[arg(long, env = "SGL_ROUTER_SHUTDOWN_GRACE_SECS", default_value_t = crate::defaults::SHUTDOWN_GRACE_SECS, value_name = "S")]
+    pub(crate) shutdown_grace_secs: u64,
+    /// Log format on stderr.
+    #[arg(long, env = "SGL_ROUTER_LOG_FORMAT", value_enum, default_value = "text")]
+    pub(crate) log_format: LogFormat,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Human-readable.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]

@@ -4,3 +4,19 @@
 pub(crate) const KV_EVENTS_BLOCK_SIZE: std::num::NonZeroUsize = std::num::NonZeroUsize::new(16).unwrap();
 /// Milliseconds between two lines of `sgl-router kv-events`.
 pub(crate) const WATCH_INTERVAL_MS: u64 = 1000;
+/// Listen address.
+pub(crate) const HOST: &str = "127.0.0.1";
+/// Listen port (SGLang's router default).
+pub(crate) const PORT: u16 = 30000;
+/// Model id reported by `/v1/models` when none is given.
+pub(crate) const MODEL_ID: &str = "default";
+/// Seconds a request may wait for the worker's response headers.
+pub(crate) const REQUEST_TIMEOUT_SECS: u64 = 600;
+/// Largest request body (the reference router's 5 MiB).
+pub(crate) const MAX_BODY_BYTES: usize = 5 << 20;
+/// Most requests in flight.
+pub(crate) const MAX_CONCURRENT_REQUESTS: usize = 4096;
+/// Seconds between health checks.
+pub(crate) const HEALTH_CHECK_INTERVAL_SECS: u64 = 10;
+/// Seconds to drain on shutdown.
+pub(crate) const SHUTDOWN_GRACE_SECS: u64 = 30;

@@ -7,6 +7,7 @@ use clap::Parser;
 
 mod cli;
 mod defaults;
+mod serve;
 mod tools;
 
 /// Exit status for a command-line usage error (BSD `EX_USAGE`).
@@ -27,9 +28,13 @@ fn main() -> ExitCode {
         Some(cli::Command::Hash(args)) => tools::hash(&args),
         Some(cli::Command::Render(args)) => tools::render(&args),
         Some(cli::Command::KvEvents(args)) => tools::kv_events(&args),
-        None => Err(anyhow::anyhow!(
-            "the HTTP router arrives in a later release; available now: `sgl-router hash` and `sgl-router render` (see --help)"
-        )),
+        None => match serve::config(&cli.serve) {
+            Ok(config) => serve::serve(config, cli.serve.log_format),
+            Err(usage) => {
+                eprintln!("sgl-router: {usage}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::metrics::Histogram;
+use gateway::metrics::Histogram;
 
 /// How one stream's blocks are hashed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -78,7 +78,7 @@ fn print_json<T: Serialize>(value: &T) -> Result<()> {
 }
 
 /// The explicit endpoint flags, parsed.
-fn explicit(flags: &KvEventFlags) -> Result<kv_events::ExplicitEndpoints> {
+pub(crate) fn explicit(flags: &KvEventFlags) -> Result<kv_events::ExplicitEndpoints> {
     let mut out = kv_events::ExplicitEndpoints::default();
     for v in &flags.endpoints {
         let (worker, ep) = kv_events::parse_worker_flag(v)?;

@@ -1,0 +1,127 @@
+//! The OpenAI-compatible gateway: axum routes in front of the engine workers.
+//! For each request it renders and tokenizes (when the policy needs tokens),
+//! asks the index how much of the prompt each worker holds, lets the policy
+//! choose, charges the worker's load, and proxies the request, streaming the
+//! answer back chunk by chunk.
+//!
+//! ```text
+//! body ─► parse ─► tokens ─► page hashes ─► index.prefix_depths ─► policy ─► worker
+//!                                                                   └─► proxy (stream) ─► client
+//! ```
+
+pub mod error;
+pub mod metrics;
+mod proxy;
+pub mod workers;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::time::Duration;
+
+use kv_index::KvIndex;
+use policy::Policy;
+use renderer::Renderer;
+
+pub use error::GatewayError;
+pub use metrics::GatewayMetrics;
+pub use proxy::router;
+pub use workers::{LoadGuard, Worker, Workers, health_loop};
+
+/// Default request body limit (the reference router's).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 5 << 20;
+
+/// How the gateway behaves.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// Page size requests are hashed with (the fleet's).
+    pub block_size: usize,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// Longest a proxied request may take.
+    pub request_timeout: Duration,
+    /// Most requests in flight at once; more get 429.
+    pub max_concurrent: usize,
+    /// Credit the chosen worker with the request's blocks (pending prefixes).
+    pub credit_pending: bool,
+    /// The model id `/v1/models` reports.
+    pub model_id: String,
+}
+
+/// Extra Prometheus text appended to `/metrics` (the KV-event side).
+pub type MetricsHook = Box<dyn Fn(&mut String) + Send + Sync>;
+/// Extra readiness condition (KV-event subscriptions up).
+pub type ReadyHook = Box<dyn Fn() -> bool + Send + Sync>;
+
+/// The gateway's shared state.
+pub struct Gateway {
+    /// Configuration.
+    pub config: GatewayConfig,
+    /// The workers.
+    pub workers: Arc<Workers>,
+    /// The selection policy.
+    pub policy: Arc<dyn Policy>,
+    /// The KV index, when routing by KV events.
+    pub index: Option<Arc<KvIndex>>,
+    /// The model's renderer (template, tokenizer).
+    pub renderer: Arc<Renderer>,
+    /// The upstream HTTP client.
+    pub client: reqwest::Client,
+    /// Counters and histograms.
+    pub metrics: GatewayMetrics,
+    /// Set on shutdown: readiness turns 503, new requests are refused.
+    pub draining: AtomicBool,
+    in_flight: AtomicUsize,
+    extra_metrics: Option<MetricsHook>,
+    ready: Option<ReadyHook>,
+}
+
+// === impl Gateway ===
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").field("config", &self.config).field("policy", &self.policy.name()).finish()
+    }
+}
+
+impl Gateway {
+    /// A gateway over `workers`.
+    pub fn new(
+        config: GatewayConfig,
+        workers: Arc<Workers>,
+        policy: Arc<dyn Policy>,
+        index: Option<Arc<KvIndex>>,
+        renderer: Arc<Renderer>,
+    ) -> Self {
+        let client = reqwest::Client::builder().pool_idle_timeout(Duration::from_secs(60)).build().unwrap_or_default();
+        Self {
+            config,
+            workers,
+            policy,
+            index,
+            renderer,
+            client,
+            metrics: GatewayMetrics::default(),
+            draining: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            extra_metrics: None,
+            ready: None,
+        }
+    }
+
+    /// Appends more metrics to `/metrics`.
+    pub fn with_metrics_hook(mut self, hook: MetricsHook) -> Self {
+        self.extra_metrics = Some(hook);
+        self
+    }
+
+    /// Adds a readiness condition.
+    pub fn with_ready_hook(mut self, hook: ReadyHook) -> Self {
+        self.ready = Some(hook);
+        self
+    }
+
+    /// Requests being served now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,471 @@
+//! The routes: request handling (parse, plan, charge, forward, stream back),
+//! `/debug/route`, health and readiness, `/metrics`, and the worker admin API.
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use futures_util::StreamExt;
+use policy::{Candidate, Decision, RequestInfo};
+use renderer::{ChatRequest, HashMode, PageHasher, Prompt};
+use router_types::{BlockHash, DpRank, WorkerUrl};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tracing::{Instrument, info_span, warn};
+
+use crate::metrics::{escape, head};
+use crate::workers::{LoadGuard, Worker};
+use crate::{Gateway, GatewayError};
+
+/// The proxied routes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Chat,
+    Completions,
+    Generate,
+}
+
+/// A routing decision and what it was based on.
+#[derive(Debug)]
+struct Plan {
+    workers: Vec<Arc<Worker>>,
+    candidates: Vec<Candidate>,
+    decision: Decision,
+    input_tokens: u64,
+    rank: Option<DpRank>,
+    hashes: Vec<BlockHash>,
+}
+
+/// Load and accounting of one forwarded request, released once on drop.
+struct InFlight {
+    gw: Arc<Gateway>,
+    _load: LoadGuard,
+    route: Route,
+    status: u16,
+    start: Instant,
+}
+
+#[derive(Debug, Deserialize)]
+struct DebugQuery {
+    route: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct AddWorker {
+    url: String,
+}
+
+// === impl Route ===
+
+impl Route {
+    fn path(self) -> &'static str {
+        match self {
+            Route::Chat => "/v1/chat/completions",
+            Route::Completions => "/v1/completions",
+            Route::Generate => "/generate",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Route::Chat => "chat",
+            Route::Completions => "completions",
+            Route::Generate => "generate",
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let m = &self.gw.metrics;
+        m.latency.observe(self.start.elapsed().as_secs_f64());
+        // Status 0: the request failed before an answer; `handle` counts its error.
+        if self.status != 0 {
+            m.requests.inc(format!("route=\"{}\",status=\"{}\"", self.route.label(), self.status));
+        }
+        self.gw.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The gateway's routes.
+pub fn router(gw: Arc<Gateway>) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/chat/completions", post(|s, b| handle(s, b, Route::Chat)))
+        .route("/v1/completions", post(|s, b| handle(s, b, Route::Completions)))
+        .route("/generate", post(|s, b| handle(s, b, Route::Generate)))
+        .route("/debug/route", post(debug_route))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { "ok" }))
+        .route("/readiness", get(readiness))
+        .route("/metrics", get(metrics))
+        .route("/workers", get(list_workers).post(add_worker))
+        .route("/workers/{*url}", delete(remove_worker))
+        .fallback(|uri: axum::http::Uri| async move { GatewayError::NotFound(uri.path().to_string()) })
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(gw)
+}
+
+async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, GatewayError> {
+    axum::body::to_bytes(body, gw.config.max_body_bytes)
+        .await
+        .map_err(|_| GatewayError::TooLarge(gw.config.max_body_bytes))
+}
+
+fn parse_json(bytes: &[u8]) -> Result<Value, GatewayError> {
+    let v: Value =
+        serde_json::from_slice(bytes).map_err(|e| GatewayError::BadRequest(format!("invalid JSON body: {e}")))?;
+    if !v.is_object() {
+        return Err(GatewayError::BadRequest("the body must be a JSON object".into()));
+    }
+    Ok(v)
+}
+
+/// Tokens and text of the request, as much as the policy needs.
+fn prompt(gw: &Gateway, route: Route, v: &Value) -> Result<(Vec<u32>, Option<String>), GatewayError> {
+    let need_tokens = gw.index.is_some();
+    let need_text = gw.policy.name() == "approx_tree";
+    if !need_tokens && !need_text {
+        // Still validate the shape the route requires.
+        match route {
+            Route::Chat if v.get("messages").and_then(Value::as_array).is_none() => {
+                return Err(GatewayError::BadRequest("`messages` must be an array".into()));
+            }
+            Route::Completions if v.get("prompt").is_none() => {
+                return Err(GatewayError::BadRequest("`prompt` is required".into()));
+            }
+            Route::Generate if v.get("text").is_none() && v.get("input_ids").is_none() => {
+                return Err(GatewayError::BadRequest("`/generate` needs `text` or `input_ids`".into()));
+            }
+            _ => return Ok((Vec::new(), None)),
+        }
+    }
+    let vocab = gw.renderer.tokenizer().vocab_size();
+    match route {
+        Route::Chat => {
+            let req = ChatRequest::from_value(v.clone())?;
+            if need_tokens {
+                let r = gw.renderer.render_chat(&req)?;
+                Ok((r.token_ids, Some(r.text)))
+            } else {
+                Ok((Vec::new(), Some(gw.renderer.render_text(&req)?)))
+            }
+        }
+        Route::Completions | Route::Generate => {
+            let p = if route == Route::Completions {
+                Prompt::from_completions(v.get("prompt").unwrap_or(&Value::Null), vocab)?
+            } else {
+                Prompt::from_generate(v, vocab)?
+            };
+            let text = match &p {
+                Prompt::Text(t) => Some(t.clone()),
+                Prompt::Tokens(_) => None,
+            };
+            let tokens = if need_tokens { gw.renderer.prompt_tokens(&p)? } else { Vec::new() };
+            Ok((tokens, text))
+        }
+    }
+}
+
+/// Chooses a worker: candidates with their load and cached prefix, then the policy.
+fn plan(gw: &Gateway, route: Route, v: &Value) -> Result<Plan, GatewayError> {
+    let (tokens, text) = prompt(gw, route, v)?;
+    let workers: Vec<Arc<Worker>> = gw.workers.all().into_iter().filter(|w| w.is_healthy()).collect();
+    if workers.is_empty() {
+        return Err(GatewayError::NoWorker);
+    }
+    let input_tokens = tokens.len() as u64;
+    let mut matched: HashMap<kv_index::WorkerId, (u32, Option<DpRank>)> = HashMap::new();
+    let mut hashes = Vec::new();
+    if let Some(index) = &gw.index {
+        let page = NonZeroUsize::new(gw.config.block_size).unwrap_or(NonZeroUsize::MIN);
+        hashes = PageHasher::new(page, HashMode::Unigram)
+            .block_hashes(&tokens, None)
+            .map_err(renderer::RenderError::from)?;
+        for m in index.prefix_depths(&hashes, &kv_index::MatchOptions::default()) {
+            matched.insert(m.worker, (m.blocks, m.rank));
+        }
+    }
+    let bs = gw.config.block_size as u64;
+    let candidates: Vec<Candidate> = workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let blocks = w.index_id.and_then(|id| matched.get(&id)).map_or(0, |m| u64::from(m.0));
+            Candidate { worker: i, load: w.load(), matched_tokens: (blocks * bs).min(input_tokens) }
+        })
+        .collect();
+    let decision = gw
+        .policy
+        .select(&candidates, &RequestInfo { input_tokens, text: text.as_deref() })
+        .map_err(|_| GatewayError::NoWorker)?;
+    let rank = workers[decision.worker].index_id.and_then(|id| matched.get(&id)).and_then(|m| m.1);
+    Ok(Plan { workers, candidates, decision, input_tokens, rank, hashes })
+}
+
+async fn handle(State(gw): State<Arc<Gateway>>, body: Body, route: Route) -> Response {
+    let span = info_span!(
+        "request",
+        route = route.label(),
+        policy = gw.policy.name(),
+        worker = tracing::field::Empty,
+        matched_tokens = tracing::field::Empty,
+        reason = tracing::field::Empty
+    );
+    async move {
+        match serve(gw.clone(), body, route).await {
+            Ok(r) => r,
+            Err(e) => {
+                gw.metrics.requests.inc(format!("route=\"{}\",status=\"{}\"", route.label(), e.status().as_u16()));
+                e.into_response()
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, GatewayError> {
+    if gw.draining.load(Ordering::Relaxed) {
+        return Err(GatewayError::NoWorker);
+    }
+    let start = Instant::now();
+    let bytes = read_body(&gw, body).await?;
+    let mut v = parse_json(&bytes)?;
+    let plan = plan(&gw, route, &v)?;
+    let chosen = &plan.workers[plan.decision.worker];
+    let matched = plan.candidates[plan.decision.worker].matched_tokens;
+    let span = tracing::Span::current();
+    span.record("worker", chosen.url.as_str());
+    span.record("matched_tokens", matched);
+    span.record("reason", plan.decision.reason.as_str());
+    gw.metrics.decisions.inc(format!("policy=\"{}\",reason=\"{}\"", gw.policy.name(), plan.decision.reason));
+    gw.metrics.matched_tokens.observe(matched as f64);
+    if gw.config.credit_pending
+        && let (Some(index), Some(id)) = (&gw.index, chosen.index_id)
+    {
+        index.credit_pending(id, &plan.hashes);
+    }
+    // Tell a data-parallel engine which rank holds the prefix.
+    let body = match plan.rank {
+        Some(rank) if rank.0 > 0 => {
+            v["routed_dp_rank"] = json!(rank.0);
+            Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+        }
+        _ => bytes,
+    };
+    if gw.in_flight.fetch_add(1, Ordering::Relaxed) >= gw.config.max_concurrent {
+        gw.in_flight.fetch_sub(1, Ordering::Relaxed);
+        return Err(GatewayError::Overloaded(gw.config.max_concurrent));
+    }
+    let uncached = plan.input_tokens - matched;
+    let mut worker = chosen.clone();
+    let mut retried = false;
+    loop {
+        let guard = InFlight { gw: gw.clone(), _load: worker.charge(uncached), route, status: 0, start };
+        let send = gw
+            .client
+            .post(format!("{}{}", worker.url, route.path()))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body.clone())
+            .send();
+        match tokio::time::timeout(gw.config.request_timeout, send).await {
+            Ok(Ok(resp)) => {
+                gw.metrics.ttfb.observe(start.elapsed().as_secs_f64());
+                return Ok(stream_back(guard, worker, resp));
+            }
+            Ok(Err(e)) if e.is_connect() && !retried => {
+                // Nothing was sent: try once more on another worker.
+                warn!(worker = %worker.url, error = %e, "worker unreachable, retrying elsewhere");
+                worker.set_healthy(false);
+                gw.metrics.retries.fetch_add(1, Ordering::Relaxed);
+                retried = true;
+                let others: Vec<Arc<Worker>> =
+                    gw.workers.all().into_iter().filter(|w| w.is_healthy() && w.url != worker.url).collect();
+                let Some(next) = others.iter().min_by_key(|w| (w.load().in_flight, w.load().uncached_tokens)) else {
+                    drop(guard);
+                    return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: e.to_string() });
+                };
+                drop(guard);
+                gw.in_flight.fetch_add(1, Ordering::Relaxed); // the dropped guard released one
+                worker = next.clone();
+            }
+            Ok(Err(e)) => {
+                if e.is_connect() {
+                    worker.set_healthy(false);
+                }
+                drop(guard);
+                return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: e.to_string() });
+            }
+            Err(_) => {
+                drop(guard);
+                return Err(GatewayError::Timeout(worker.url.to_string()));
+            }
+        }
+    }
+}
+
+/// Passes the worker's answer through chunk by chunk. A worker that dies
+/// mid-stream ends the stream with an error event (server-sent events) and
+/// leaves rotation; a client that goes away drops the upstream request.
+fn stream_back(mut guard: InFlight, worker: Arc<Worker>, resp: reqwest::Response) -> Response {
+    let status = resp.status();
+    guard.status = status.as_u16();
+    let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
+    let sse = content_type.as_ref().and_then(|c| c.to_str().ok()).is_some_and(|c| c.starts_with("text/event-stream"));
+    let mut upstream = resp.bytes_stream();
+    let mut guard = Some(guard);
+    let stream = futures_util::stream::poll_fn(move |cx| {
+        let Some(g) = guard.as_mut() else { return std::task::Poll::Ready(None) };
+        match upstream.poll_next_unpin(cx) {
+            std::task::Poll::Ready(Some(Ok(chunk))) => std::task::Poll::Ready(Some(Ok::<Bytes, std::io::Error>(chunk))),
+            std::task::Poll::Ready(Some(Err(e))) => {
+                warn!(worker = %worker.url, error = %e, "worker failed mid-response");
+                worker.set_healthy(false);
+                g.status = 502;
+                guard = None;
+                if sse {
+                    let event = json!({"error": {"message": format!("upstream worker {} failed mid-stream: {e}", worker.url), "type": "upstream_unreachable", "code": 502}});
+                    std::task::Poll::Ready(Some(Ok(Bytes::from(format!("data: {event}\n\ndata: [DONE]\n\n")))))
+                } else {
+                    std::task::Poll::Ready(Some(Err(std::io::Error::other(e.to_string()))))
+                }
+            }
+            std::task::Poll::Ready(None) => {
+                guard = None;
+                std::task::Poll::Ready(None)
+            }
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    });
+    let mut response = Response::new(Body::from_stream(stream));
+    *response.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    if let Some(ct) = content_type {
+        response.headers_mut().insert(header::CONTENT_TYPE, ct);
+    }
+    response
+}
+
+async fn debug_route(
+    State(gw): State<Arc<Gateway>>,
+    Query(q): Query<DebugQuery>,
+    body: Body,
+) -> Result<Json<Value>, GatewayError> {
+    let route = match q.route.as_deref() {
+        None | Some("chat") => Route::Chat,
+        Some("completions") => Route::Completions,
+        Some("generate") => Route::Generate,
+        Some(other) => {
+            return Err(GatewayError::BadRequest(format!("unknown route {other:?}: chat, completions or generate")));
+        }
+    };
+    let bytes = read_body(&gw, body).await?;
+    let v = parse_json(&bytes)?;
+    let plan = plan(&gw, route, &v)?;
+    let candidates: Vec<Value> = plan
+        .candidates
+        .iter()
+        .map(|c| json!({"worker": plan.workers[c.worker].url, "matched_tokens": c.matched_tokens, "in_flight": c.load.in_flight}))
+        .collect();
+    Ok(Json(json!({
+        "worker": plan.workers[plan.decision.worker].url,
+        "dp_rank": plan.rank.map(|r| r.0),
+        "policy": gw.policy.name(),
+        "reason": plan.decision.reason.as_str(),
+        "input_tokens": plan.input_tokens,
+        "candidates": candidates,
+    })))
+}
+
+async fn models(State(gw): State<Arc<Gateway>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [{"id": gw.config.model_id, "object": "model", "owned_by": "sgl-router"}]}))
+}
+
+async fn readiness(State(gw): State<Arc<Gateway>>) -> Response {
+    let workers_up = gw.workers.all().iter().any(|w| w.is_healthy());
+    let hook = gw.ready.as_ref().is_none_or(|h| h());
+    let draining = gw.draining.load(Ordering::Relaxed);
+    let ready = workers_up && hook && !draining;
+    let body = json!({"ready": ready, "healthy_workers": workers_up, "subscriptions": hook, "draining": draining});
+    (if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, Json(body)).into_response()
+}
+
+async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
+    let mut out = String::new();
+    let m = &gw.metrics;
+    m.requests.render(&mut out, "router_http_requests_total", "Requests by route and status.");
+    m.decisions.render(&mut out, "router_policy_decisions_total", "Routing decisions by policy and reason.");
+    head(
+        &mut out,
+        "router_http_retries_total",
+        "counter",
+        "Requests retried on another worker after a connect failure.",
+    );
+    out.push_str(&format!("router_http_retries_total {}\n", m.retries.load(Ordering::Relaxed)));
+    m.latency.render(&mut out, "router_http_request_duration_seconds", "Whole-request latency, streaming included.");
+    m.ttfb.render(&mut out, "router_http_time_to_first_byte_seconds", "Time until the worker's response headers.");
+    m.matched_tokens.render(&mut out, "router_policy_matched_tokens", "Prompt tokens the chosen worker already held.");
+    head(&mut out, "router_worker_in_flight", "gauge", "Requests in flight per worker.");
+    let workers = gw.workers.all();
+    for w in &workers {
+        out.push_str(&format!(
+            "router_worker_in_flight{{worker=\"{}\"}} {}\n",
+            escape(w.url.as_str()),
+            w.load().in_flight
+        ));
+    }
+    head(&mut out, "router_worker_healthy", "gauge", "1 while the worker is in rotation.");
+    for w in &workers {
+        out.push_str(&format!(
+            "router_worker_healthy{{worker=\"{}\"}} {}\n",
+            escape(w.url.as_str()),
+            u8::from(w.is_healthy())
+        ));
+    }
+    if let Some(hook) = &gw.extra_metrics {
+        hook(&mut out);
+    }
+    let mut r = Response::new(Body::from(out));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+    r
+}
+
+async fn list_workers(State(gw): State<Arc<Gateway>>) -> Json<Value> {
+    let list: Vec<Value> = gw
+        .workers
+        .all()
+        .iter()
+        .map(|w| json!({"url": w.url, "healthy": w.is_healthy(), "in_flight": w.load().in_flight, "uncached_tokens": w.load().uncached_tokens}))
+        .collect();
+    Json(json!({"workers": list}))
+}
+
+async fn add_worker(State(gw): State<Arc<Gateway>>, body: Body) -> Result<Response, GatewayError> {
+    let bytes = read_body(&gw, body).await?;
+    let req: AddWorker = serde_json::from_slice(&bytes)
+        .map_err(|e| GatewayError::BadRequest(format!("expected {{\"url\": ...}}: {e}")))?;
+    if !(req.url.starts_with("http://") || req.url.starts_with("https://")) {
+        return Err(GatewayError::BadRequest(format!("not an http(s) URL: {}", req.url)));
+    }
+    let added = gw.workers.add(WorkerUrl::new(req.url.as_str()), gw.index.as_deref());
+    let status = if added { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(json!({"url": WorkerUrl::new(req.url.as_str()), "added": added}))).into_response())
+}
+
+async fn remove_worker(State(gw): State<Arc<Gateway>>, Path(url): Path<String>) -> Result<Json<Value>, GatewayError> {
+    let url = WorkerUrl::new(url.as_str());
+    if !gw.workers.remove(&url) {
+        return Err(GatewayError::NotFound(format!("worker {url}")));
+    }
+    if let Some(index) = &gw.index {
+        index.remove_worker(&url);
+    }
+    Ok(Json(json!({"removed": url})))
+}

@@ -1,0 +1,154 @@
+//! The worker registry: URLs, health, router-side load, and the guard that
+//! releases a request's load exactly once however the request ends.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use kv_index::{KvIndex, WorkerId};
+use policy::Load;
+use router_types::WorkerUrl;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// One engine replica as the router sees it.
+#[derive(Debug)]
+pub struct Worker {
+    /// Its base URL.
+    pub url: WorkerUrl,
+    /// Its id in the KV index, when there is one.
+    pub index_id: Option<WorkerId>,
+    healthy: AtomicBool,
+    in_flight: AtomicU32,
+    uncached_tokens: AtomicU64,
+}
+
+/// All workers.
+#[derive(Debug, Default)]
+pub struct Workers {
+    list: RwLock<Vec<Arc<Worker>>>,
+}
+
+/// Holds one request's load on a worker; dropping it releases the load.
+#[derive(Debug)]
+pub struct LoadGuard {
+    worker: Arc<Worker>,
+    uncached: u64,
+}
+
+// === impl Worker ===
+
+impl Worker {
+    /// A healthy worker with no load.
+    pub fn new(url: WorkerUrl, index: Option<&KvIndex>) -> Self {
+        let index_id = index.map(|i| i.worker_id(&url));
+        Self {
+            url,
+            index_id,
+            healthy: AtomicBool::new(true),
+            in_flight: AtomicU32::new(0),
+            uncached_tokens: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether it is in rotation.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Takes it out of (or back into) rotation.
+    pub fn set_healthy(&self, up: bool) {
+        let was = self.healthy.swap(up, Ordering::Relaxed);
+        if was != up {
+            if up {
+                info!(worker = %self.url, "worker back in rotation");
+            } else {
+                warn!(worker = %self.url, "worker out of rotation");
+            }
+        }
+    }
+
+    /// Its current load.
+    pub fn load(&self) -> Load {
+        Load {
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            uncached_tokens: self.uncached_tokens.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Charges a request to it until the guard drops.
+    pub fn charge(self: &Arc<Self>, uncached: u64) -> LoadGuard {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.uncached_tokens.fetch_add(uncached, Ordering::Relaxed);
+        LoadGuard { worker: self.clone(), uncached }
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.worker.uncached_tokens.fetch_sub(self.uncached, Ordering::Relaxed);
+    }
+}
+
+// === impl Workers ===
+
+impl Workers {
+    /// The registry of `urls`.
+    pub fn new(urls: &[WorkerUrl], index: Option<&KvIndex>) -> Self {
+        Self { list: RwLock::new(urls.iter().map(|u| Arc::new(Worker::new(u.clone(), index))).collect()) }
+    }
+
+    /// Every worker, healthy or not, in a stable order.
+    pub fn all(&self) -> Vec<Arc<Worker>> {
+        self.list.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Adds a worker; false if it is known already.
+    pub fn add(&self, url: WorkerUrl, index: Option<&KvIndex>) -> bool {
+        let mut list = self.list.write().unwrap_or_else(|p| p.into_inner());
+        if list.iter().any(|w| w.url == url) {
+            return false;
+        }
+        list.push(Arc::new(Worker::new(url, index)));
+        true
+    }
+
+    /// Removes a worker; false if unknown.
+    pub fn remove(&self, url: &WorkerUrl) -> bool {
+        let mut list = self.list.write().unwrap_or_else(|p| p.into_inner());
+        let before = list.len();
+        list.retain(|w| &w.url != url);
+        list.len() != before
+    }
+}
+
+/// Polls every worker's `/health` each `interval` until `cancel` fires.
+pub async fn health_loop(
+    workers: Arc<Workers>,
+    client: reqwest::Client,
+    interval: Duration,
+    cancel: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(interval);
+    loop {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        for w in workers.all() {
+            let ok = match client
+                .get(format!("{}/health", w.url))
+                .timeout(interval.max(Duration::from_secs(1)))
+                .send()
+                .await
+            {
+                Ok(r) => r.status().is_success(),
+                Err(_) => false,
+            };
+            w.set_healthy(ok);
+        }
+    }
+    info!("health checks stopped");
+}

@@ -1,0 +1,231 @@
+//! The router as a library `App`: builds everything from a typed config
+//! (simulated workers if asked, the renderer, the index and KV-event side,
+//! the policy, the gateway), binds the listener, serves until told to stop,
+//! then drains in-flight requests within a grace period.
+
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use gateway::{Gateway, GatewayConfig, Workers, health_loop};
+use kv_index::{IndexConfig, KvIndex, SystemClock};
+use mock_engine::{MockEngine, MockEngineConfig};
+use policy::{
+    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, LeastLoad, Policy, PowerOfTwo, Random, RoundRobin,
+};
+use renderer::Renderer;
+use router_types::WorkerUrl;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::events::{KvEventsConfig, KvEventsRuntime, start_kv_events};
+
+/// The selection policy and its knobs.
+#[derive(Debug, Clone)]
+pub enum PolicyConfig {
+    /// Next in turn.
+    RoundRobin,
+    /// Uniform.
+    Random,
+    /// Less loaded of two.
+    PowerOfTwo,
+    /// Least loaded.
+    LeastLoad,
+    /// Approximate text tree (no KV events), trimmed every interval.
+    ApproxTree(ApproxTreeConfig, Duration),
+    /// KV-event cache-aware.
+    CacheAware(CacheAwareConfig),
+}
+
+/// Everything the router needs to start.
+#[derive(Debug, Clone)]
+pub struct AppConfig {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The workers (more are added by `mock_workers`).
+    pub workers: Vec<WorkerUrl>,
+    /// Start this many simulated engines in-process and route to them.
+    pub mock_workers: usize,
+    /// The policy.
+    pub policy: PolicyConfig,
+    /// Follow the workers' KV events.
+    pub kv_events: Option<KvEventsConfig>,
+    /// Model directory; the built-in byte-level model if absent.
+    pub tokenizer_path: Option<PathBuf>,
+    /// Chat template override.
+    pub chat_template: Option<PathBuf>,
+    /// Model id reported by `/v1/models`.
+    pub model_id: String,
+    /// Pending-prefix TTL (cache_aware; zero: off).
+    pub pending_ttl: Duration,
+    /// Upper bound on index nodes.
+    pub max_index_nodes: Option<NonZeroUsize>,
+    /// Gateway limits.
+    pub max_body_bytes: usize,
+    /// ...
+    pub request_timeout: Duration,
+    /// ...
+    pub max_concurrent: usize,
+    /// Health-check period.
+    pub health_interval: Duration,
+    /// How long to wait for in-flight requests on shutdown.
+    pub shutdown_grace: Duration,
+}
+
+/// A built router, bound to its port.
+#[derive(Debug)]
+pub struct App {
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    cancel: CancellationToken,
+    grace: Duration,
+    _mocks: Vec<MockEngine>,
+    /// The KV-event side, when enabled.
+    pub kv: Option<Arc<KvEventsRuntime>>,
+}
+
+// === impl App ===
+
+impl App {
+    /// Builds everything and binds the listener.
+    pub async fn build(config: AppConfig) -> anyhow::Result<Self> {
+        let renderer = match &config.tokenizer_path {
+            Some(dir) => Renderer::from_dir(dir, config.chat_template.as_deref())
+                .with_context(|| format!("loading the model at {}", dir.display()))?,
+            None => Renderer::builtin()?,
+        };
+        let renderer = Arc::new(renderer);
+        let mut workers = config.workers.clone();
+        let mut mocks = Vec::new();
+        for _ in 0..config.mock_workers {
+            let engine_renderer = match &config.tokenizer_path {
+                Some(dir) => Renderer::from_dir(dir, config.chat_template.as_deref())?,
+                None => Renderer::builtin()?,
+            };
+            let mock = MockEngine::spawn_with(
+                MockEngineConfig { speedup: 10.0, ..MockEngineConfig::default() },
+                engine_renderer,
+            )
+            .await?;
+            workers.push(WorkerUrl::new(mock.url()));
+            mocks.push(mock);
+        }
+        if workers.is_empty() {
+            bail!("no workers: give --worker-urls or --mock-workers");
+        }
+        let cancel = CancellationToken::new();
+        let (index, kv, block_size) = match &config.kv_events {
+            Some(kv_config) => {
+                let index = Arc::new(KvIndex::new(
+                    IndexConfig {
+                        max_nodes: config.max_index_nodes,
+                        pending_ttl: (!config.pending_ttl.is_zero()).then_some(config.pending_ttl),
+                        ..IndexConfig::default()
+                    },
+                    Arc::new(SystemClock::new()),
+                ));
+                let kv_config = KvEventsConfig { workers: workers.clone(), ..kv_config.clone() };
+                let rt = start_kv_events(kv_config, index.clone(), cancel.clone()).await;
+                let bs = rt.block_size;
+                (Some(index), Some(Arc::new(rt)), bs)
+            }
+            None => (None, None, 16),
+        };
+        let policy: Arc<dyn Policy> = match &config.policy {
+            PolicyConfig::RoundRobin => Arc::new(RoundRobin::default()),
+            PolicyConfig::Random => Arc::new(Random::new(seed())),
+            PolicyConfig::PowerOfTwo => Arc::new(PowerOfTwo::new(seed())),
+            PolicyConfig::LeastLoad => Arc::new(LeastLoad::default()),
+            PolicyConfig::CacheAware(c) => Arc::new(CacheAware::new(*c, seed())),
+            PolicyConfig::ApproxTree(c, interval) => {
+                let p = Arc::new(ApproxTreePolicy::new(*c));
+                let (trim, every, stop) = (p.clone(), *interval, cancel.clone());
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(every);
+                    loop {
+                        tokio::select! { biased; _ = stop.cancelled() => break, _ = tick.tick() => { trim.trim(); } }
+                    }
+                });
+                p
+            }
+        };
+        let gw_config = GatewayConfig {
+            block_size,
+            max_body_bytes: config.max_body_bytes,
+            request_timeout: config.request_timeout,
+            max_concurrent: config.max_concurrent,
+            credit_pending: !config.pending_ttl.is_zero(),
+            model_id: config.model_id.clone(),
+        };
+        let registry = Arc::new(Workers::new(&workers, index.as_deref()));
+        let mut gateway = Gateway::new(gw_config, registry.clone(), policy, index.clone(), renderer);
+        if let (Some(kv), Some(index)) = (kv.clone(), index.clone()) {
+            let ready_kv = kv.clone();
+            gateway = gateway
+                .with_metrics_hook(Box::new(move |out| {
+                    crate::metrics::prometheus::render_kv_events(out, &kv.events, &kv.pump, &kv.fleet, &index.stats());
+                }))
+                .with_ready_hook(Box::new(move || {
+                    let streams = ready_kv.fleet.streams.load(Ordering::Relaxed) as usize;
+                    let up = ready_kv.events.connected().iter().filter(|(_, c)| *c).count();
+                    streams > 0 && up >= streams
+                }));
+        }
+        let client = reqwest::Client::new();
+        tokio::spawn(health_loop(registry, client, config.health_interval, cancel.clone()));
+        let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+        Ok(Self { listener, gateway: Arc::new(gateway), cancel, grace: config.shutdown_grace, _mocks: mocks, kv })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    /// The gateway (tests inspect it).
+    pub fn gateway(&self) -> &Arc<Gateway> {
+        &self.gateway
+    }
+
+    /// The workers routed to (the simulated ones included).
+    pub fn worker_urls(&self) -> Vec<WorkerUrl> {
+        self.gateway.workers.all().iter().map(|w| w.url.clone()).collect()
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting, waits for
+    /// in-flight requests up to the grace period, and stops every task.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        let gateway = self.gateway.clone();
+        let drain = CancellationToken::new();
+        let drain_signal = drain.clone();
+        let gw = gateway.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            info!("shutting down: draining in-flight requests");
+            gw.draining.store(true, Ordering::Relaxed);
+            drain_signal.cancel();
+        });
+        let app = gateway::router(gateway.clone());
+        let serve = axum::serve(self.listener, app).with_graceful_shutdown(drain.clone().cancelled_owned());
+        let grace = self.grace;
+        let result = tokio::select! {
+            r = serve => r.map_err(anyhow::Error::from),
+            _ = async { drain.cancelled().await; tokio::time::sleep(grace).await } => {
+                warn!(in_flight = gateway.in_flight(), "grace period over, closing remaining requests");
+                Ok(())
+            }
+        };
+        self.cancel.cancel();
+        info!("router stopped");
+        result
+    }
+}
+
+fn seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.as_nanos() as u64)
+}

@@ -1,0 +1,177 @@
+//! `sgl-router` without a subcommand: validate the flags into an
+//! `AppConfig`, build the `App`, print where it listens, serve until SIGTERM
+//! or Ctrl-C, drain.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use policy::{ApproxTreeConfig, CacheAwareConfig};
+use router_types::WorkerUrl;
+use sgl_router::app::{App, AppConfig, PolicyConfig};
+use sgl_router::events::{DEFAULT_DISCOVERY_DEADLINE, KvEventsConfig};
+
+use crate::cli::{LogFormat, PolicyName, ServeArgs};
+
+/// A command-line mistake: reported with exit status 64.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct UsageError(pub(crate) String);
+
+/// Turns flags into a config; tuning a policy that is not selected is an error.
+pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
+    let usage = |m: String| Err(UsageError(m));
+    let cache_flags = [
+        ("--cache-affinity-min-matched-tokens", a.cache_affinity_min_matched_tokens.is_some()),
+        ("--cache-candidates-min", a.cache_candidates_min.is_some()),
+        ("--cache-candidates-ratio", a.cache_candidates_ratio.is_some()),
+        ("--cache-candidates-max", a.cache_candidates_max.is_some()),
+        ("--cache-switch-margin-tokens", a.cache_switch_margin_tokens.is_some()),
+        ("--cache-pressure-abs-tokens", a.cache_pressure_abs_tokens.is_some()),
+        ("--cache-pressure-rel", a.cache_pressure_rel.is_some()),
+        ("--no-cache-pressure-guard", a.no_cache_pressure_guard),
+        ("--cache-pending-prefix-ttl-ms", a.cache_pending_prefix_ttl_ms.is_some()),
+        ("--max-index-blocks", a.max_index_blocks.is_some()),
+    ];
+    let approx_flags = [
+        ("--approx-cache-threshold", a.approx_cache_threshold.is_some()),
+        ("--approx-balance-abs", a.approx_balance_abs.is_some()),
+        ("--approx-balance-rel", a.approx_balance_rel.is_some()),
+        ("--approx-eviction-interval-secs", a.approx_eviction_interval_secs.is_some()),
+        ("--approx-max-tree-bytes", a.approx_max_tree_bytes.is_some()),
+    ];
+    if a.policy != PolicyName::CacheAware
+        && let Some((flag, _)) = cache_flags.iter().find(|(_, set)| *set)
+    {
+        return usage(format!("{flag} tunes the cache_aware policy, but --policy is {:?}", a.policy));
+    }
+    if a.policy != PolicyName::ApproxTree
+        && let Some((flag, _)) = approx_flags.iter().find(|(_, set)| *set)
+    {
+        return usage(format!("{flag} tunes the approx_tree policy, but --policy is {:?}", a.policy));
+    }
+    if a.policy == PolicyName::CacheAware && !a.kv_events {
+        return usage("--policy cache-aware routes by the engines' KV events: add --kv-events".into());
+    }
+    if a.worker_urls.is_empty() && a.mock_workers == 0 {
+        return usage("no workers: give --worker-urls URL,... or --mock-workers N".into());
+    }
+    for u in &a.worker_urls {
+        if !(u.starts_with("http://") || u.starts_with("https://")) {
+            return usage(format!("--worker-urls: {u:?} is not an http(s) URL"));
+        }
+    }
+    let listen: SocketAddr = match format!("{}:{}", a.host, a.port).parse() {
+        Ok(s) => s,
+        Err(e) => return usage(format!("--host {} --port {}: {e}", a.host, a.port)),
+    };
+    let d = CacheAwareConfig::default();
+    let policy = match a.policy {
+        PolicyName::RoundRobin => PolicyConfig::RoundRobin,
+        PolicyName::Random => PolicyConfig::Random,
+        PolicyName::PowerOfTwo => PolicyConfig::PowerOfTwo,
+        PolicyName::LeastLoad => PolicyConfig::LeastLoad,
+        PolicyName::CacheAware => PolicyConfig::CacheAware(CacheAwareConfig {
+            min_matched_tokens: a.cache_affinity_min_matched_tokens.unwrap_or(d.min_matched_tokens),
+            candidates_min: a.cache_candidates_min.unwrap_or(d.candidates_min),
+            candidates_ratio: a.cache_candidates_ratio.unwrap_or(d.candidates_ratio),
+            candidates_max: a.cache_candidates_max.unwrap_or(d.candidates_max),
+            switch_margin_tokens: a.cache_switch_margin_tokens.unwrap_or(d.switch_margin_tokens),
+            pressure_guard: !a.no_cache_pressure_guard,
+            pressure_abs_tokens: a.cache_pressure_abs_tokens.unwrap_or(d.pressure_abs_tokens),
+            pressure_rel: a.cache_pressure_rel.unwrap_or(d.pressure_rel),
+        }),
+        PolicyName::ApproxTree => {
+            let t = ApproxTreeConfig::default();
+            PolicyConfig::ApproxTree(
+                ApproxTreeConfig {
+                    cache_threshold: a.approx_cache_threshold.unwrap_or(t.cache_threshold),
+                    balance_abs: a.approx_balance_abs.unwrap_or(t.balance_abs),
+                    balance_rel: a.approx_balance_rel.unwrap_or(t.balance_rel),
+                    max_tree_bytes: a.approx_max_tree_bytes.unwrap_or(t.max_tree_bytes),
+                },
+                Duration::from_secs(a.approx_eviction_interval_secs.unwrap_or(60).max(1)),
+            )
+        }
+    };
+    let kv_events = if a.kv_events {
+        let explicit = crate::tools::explicit(&a.events).map_err(|e| UsageError(e.to_string()))?;
+        Some(KvEventsConfig {
+            workers: Vec::new(),
+            explicit,
+            default_block_size: a.events.block_size,
+            topic: a.events.topic.clone(),
+            discovery_deadline: DEFAULT_DISCOVERY_DEADLINE,
+            subscriber: kv_events::SubscriberConfig::default(),
+        })
+    } else {
+        if !a.events.endpoints.is_empty() || !a.events.replay_endpoints.is_empty() || !a.events.dp_sizes.is_empty() {
+            return usage("--kv-events-* endpoints given without --kv-events".into());
+        }
+        None
+    };
+    Ok(AppConfig {
+        listen,
+        workers: a.worker_urls.iter().map(|u| WorkerUrl::new(u.as_str())).collect(),
+        mock_workers: a.mock_workers,
+        policy,
+        kv_events,
+        tokenizer_path: a.tokenizer_path.clone(),
+        chat_template: a.chat_template.clone(),
+        model_id: a.model_id.clone(),
+        pending_ttl: Duration::from_millis(a.cache_pending_prefix_ttl_ms.unwrap_or(0)),
+        max_index_nodes: a.max_index_blocks,
+        max_body_bytes: a.max_body_bytes,
+        request_timeout: Duration::from_secs(a.request_timeout_secs.max(1)),
+        max_concurrent: a.max_concurrent_requests.max(1),
+        health_interval: Duration::from_secs(a.health_check_interval_secs.max(1)),
+        shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
+    })
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Runs the router until SIGTERM or Ctrl-C.
+pub(crate) fn serve(config: AppConfig, log_format: LogFormat) -> Result<()> {
+    init_tracing(log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let app = App::build(config).await?;
+        let addr = app.local_addr();
+        println!("sgl-router listening on http://{addr}");
+        for w in app.worker_urls() {
+            println!("  worker {w}");
+        }
+        println!(
+            "try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n       -d '{{\"model\": \"default\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'"
+        );
+        if app.worker_urls().is_empty() {
+            bail!("no workers");
+        }
+        app.run(shutdown_signal()).await
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
