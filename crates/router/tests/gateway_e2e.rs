@@ -1,0 +1,280 @@
+//! The router end to end: the real `App` on 127.0.0.1 in front of simulated
+//! engines (real HTTP and real ZMQ KV events). Cache-aware routing follows the
+//! events and moves away from an overloaded holder; streams pass through; a
+//! worker dying mid-stream gives the client a clean error and leaves rotation;
+//! bad requests get precise statuses; `/debug/route` changes nothing;
+//! `/metrics` is valid Prometheus text.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use mock_engine::{Faults, MockEngine, MockEngineConfig};
+use router_types::WorkerUrl;
+use serde_json::{Value, json};
+use sgl_router::app::{App, AppConfig, PolicyConfig};
+use sgl_router::events::KvEventsConfig;
+
+fn engine_config() -> MockEngineConfig {
+    MockEngineConfig { fast: true, default_max_tokens: 4, ..MockEngineConfig::default() }
+}
+
+fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) -> AppConfig {
+    AppConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        workers: workers.iter().map(|m| WorkerUrl::new(m.url())).collect(),
+        mock_workers: 0,
+        policy,
+        kv_events: kv.then(|| KvEventsConfig {
+            workers: Vec::new(),
+            explicit: Default::default(),
+            default_block_size: std::num::NonZeroUsize::new(16).unwrap(),
+            topic: String::new(),
+            discovery_deadline: Duration::from_secs(5),
+            subscriber: Default::default(),
+        }),
+        tokenizer_path: None,
+        chat_template: None,
+        model_id: "default".into(),
+        pending_ttl: Duration::ZERO,
+        max_index_nodes: None,
+        max_body_bytes: 64 * 1024,
+        request_timeout: Duration::from_secs(5),
+        max_concurrent: 64,
+        health_interval: Duration::from_secs(3600),
+        shutdown_grace: Duration::from_secs(1),
+    }
+}
+
+struct Running {
+    url: String,
+    gateway: std::sync::Arc<gateway::Gateway>,
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn start(config: AppConfig) -> Running {
+    let app = App::build(config).await.unwrap();
+    let url = format!("http://{}", app.local_addr());
+    let gateway = app.gateway().clone();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(app.run(async move {
+        let _ = rx.await;
+    }));
+    Running { url, gateway, stop }
+}
+
+fn chat(system: &str, user: &str) -> Value {
+    json!({"model": "default", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
+}
+
+async fn post(url: &str, body: &Value) -> reqwest::Response {
+    reqwest::Client::new().post(url).json(body).timeout(Duration::from_secs(10)).send().await.unwrap()
+}
+
+async fn debug(r: &Running, body: &Value) -> Value {
+    post(&format!("{}/debug/route", r.url), body).await.json().await.unwrap()
+}
+
+/// Sends a request straight to an engine (not through the router), so its cache warms.
+async fn warm(m: &MockEngine, body: &Value) {
+    let r = post(&format!("{}/v1/chat/completions", m.url()), body).await;
+    assert_eq!(r.status(), 200);
+}
+
+async fn until(what: &str, mut cond: impl AsyncFnMut() -> bool) {
+    for _ in 0..200 {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_aware_follows_events_and_the_pressure_guard() {
+    let (w0, w1) =
+        (MockEngine::spawn(engine_config()).await.unwrap(), MockEngine::spawn(engine_config()).await.unwrap());
+    let r = start(config(&[&w0, &w1], PolicyConfig::CacheAware(Default::default()), true)).await;
+    let system = "Shared system prompt about KV caches. ".repeat(60); // ~2.2 k byte tokens
+    // w1 alone holds the system prompt: the router must send there.
+    warm(&w1, &chat(&system, "warm up")).await;
+    let q = chat(&system, "a question");
+    until("the index learned w1's cache", async || debug(&r, &q).await["worker"] == w1.url()).await;
+    let d = debug(&r, &q).await;
+    assert_eq!(d["reason"], "cache_hit");
+    assert_eq!(d["policy"], "cache_aware");
+    assert_eq!(d["candidates"].as_array().unwrap().len(), 2, "every healthy worker listed");
+    let w1_matched =
+        d["candidates"].as_array().unwrap().iter().find(|c| c["worker"] == w1.url()).unwrap()["matched_tokens"]
+            .as_u64()
+            .unwrap();
+    assert!(w1_matched >= 2048 && w1_matched % 16 == 0, "{d}");
+    let resp: Value = post(&format!("{}/v1/chat/completions", r.url), &q).await.json().await.unwrap();
+    assert!(resp["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() >= 2048, "{resp}");
+
+    // w0 holds the system prompt too, w1 a bit more of the conversation: w1 is the best hit...
+    let longer = format!("{system}Shared follow-up context. {}", "x".repeat(200));
+    warm(&w0, &chat(&system, "warm up")).await;
+    warm(&w1, &chat(&longer, "warm up")).await;
+    let probe = chat(&longer, "next");
+    until("both hold the prefix, w1 more of it", async || {
+        let d = debug(&r, &probe).await;
+        let m = |url: String| {
+            d["candidates"].as_array().unwrap().iter().find(|c| c["worker"] == url).unwrap()["matched_tokens"]
+                .as_u64()
+                .unwrap()
+        };
+        m(w0.url()) >= 2048 && m(w1.url()) > m(w0.url())
+    })
+    .await;
+    assert_eq!(debug(&r, &probe).await["worker"], w1.url());
+    // ...until it owes much more prefill than w0: a request with a long new tail hangs on w1.
+    w1.engine().set_faults(Faults { hang_next: 1, ..Faults::default() }).await;
+    let heavy = chat(&longer, &"new material ".repeat(400));
+    let hung = {
+        let url = format!("{}/v1/chat/completions", r.url);
+        tokio::spawn(async move { reqwest::Client::new().post(url).json(&heavy).send().await })
+    };
+    until("the heavy request is in flight on w1", async || {
+        r.gateway.workers.all().iter().any(|w| w.load().uncached_tokens > 4000)
+    })
+    .await;
+    let d = debug(&r, &probe).await;
+    assert_eq!(
+        (d["worker"].as_str().unwrap(), d["reason"].as_str().unwrap()),
+        (w0.url().as_str(), "cache_hit_less_loaded"),
+        "{d}"
+    );
+    hung.abort();
+    until("load released once", async || r.gateway.workers.all().iter().all(|w| w.load().in_flight == 0)).await;
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_pass_through_and_a_dying_worker_leaves_rotation() {
+    let w = MockEngine::spawn(engine_config()).await.unwrap();
+    let r = start(config(&[&w], PolicyConfig::RoundRobin, false)).await;
+    let mut body = chat("sys", "stream this");
+    body["stream"] = json!(true);
+    let direct = post(&format!("{}/v1/chat/completions", w.url()), &body).await.text().await.unwrap();
+    let routed = post(&format!("{}/v1/chat/completions", r.url), &body).await;
+    assert_eq!(routed.headers()["content-type"], "text/event-stream");
+    let routed = routed.text().await.unwrap();
+    let contents = |s: &str| -> Vec<Value> {
+        s.split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .map(|d| {
+                serde_json::from_str::<Value>(d)
+                    .map(|mut v| {
+                        // Times, ids and the cache state differ between the two calls; the rest must not.
+                        if let Some(o) = v.as_object_mut() {
+                            o.remove("created");
+                            o.remove("id");
+                        }
+                        if let Some(u) = v.get_mut("usage").and_then(Value::as_object_mut) {
+                            u.remove("prompt_tokens_details");
+                        }
+                        v
+                    })
+                    .unwrap_or(json!(d))
+            })
+            .collect()
+    };
+    assert_eq!(contents(&routed), contents(&direct), "chunks pass through unchanged");
+
+    // The worker dies after its first chunk: the client gets a clean error event.
+    w.engine().set_faults(Faults { die_mid_stream_next: 1, ..Faults::default() }).await;
+    let text = post(&format!("{}/v1/chat/completions", r.url), &body).await.text().await.unwrap();
+    assert!(text.contains("\"type\":\"upstream_unreachable\"") && text.ends_with("data: [DONE]\n\n"), "{text}");
+    let workers: Value = reqwest::get(format!("{}/workers", r.url)).await.unwrap().json().await.unwrap();
+    assert_eq!(workers["workers"][0]["healthy"], false, "the failed worker left rotation");
+    assert_eq!(workers["workers"][0]["in_flight"], 0, "its load was released");
+    let after = post(&format!("{}/v1/chat/completions", r.url), &chat("s", "u")).await;
+    assert_eq!(after.status(), 503);
+    let ready = reqwest::get(format!("{}/readiness", r.url)).await.unwrap();
+    assert_eq!(ready.status(), 503);
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_have_precise_statuses_and_debug_route_changes_nothing() {
+    let w = MockEngine::spawn(engine_config()).await.unwrap();
+    // A second worker that is not there: its requests fail to connect and are retried on w.
+    let gone = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let mut cfg = config(&[&w], PolicyConfig::RoundRobin, false);
+    cfg.workers.push(WorkerUrl::new(gone.as_str()));
+    let r = start(cfg).await;
+    let url = format!("{}/v1/chat/completions", r.url);
+    let client = reqwest::Client::new();
+
+    let bad = client.post(&url).body("{oops").send().await.unwrap();
+    assert_eq!(bad.status(), 400);
+    let e: Value = bad.json().await.unwrap();
+    assert_eq!(e["error"]["type"], "invalid_request_error");
+    assert_eq!(e["error"]["code"], 400);
+    assert_eq!(client.post(&url).json(&json!({"messages": "no"})).send().await.unwrap().status(), 400);
+    let big = json!({"messages": [{"role": "user", "content": "x".repeat(100_000)}]});
+    assert_eq!(client.post(&url).json(&big).send().await.unwrap().status(), 413);
+    let nf = client.get(format!("{}/v2/nothing", r.url)).send().await.unwrap();
+    assert_eq!(nf.status(), 404);
+    let e: Value = nf.json().await.unwrap();
+    assert_eq!(e["error"]["type"], "not_found");
+
+    // The first health check took the dead worker out; put it back so round robin reaches it:
+    // the request is retried once on w, and the dead one leaves rotation again.
+    until("the first health check ran", async || r.gateway.workers.all().iter().any(|x| !x.is_healthy())).await;
+    for x in r.gateway.workers.all() {
+        x.set_healthy(true);
+    }
+    for _ in 0..3 {
+        assert_eq!(post(&url, &chat("s", "u")).await.status(), 200);
+    }
+    let workers: Value = reqwest::get(format!("{}/workers", r.url)).await.unwrap().json().await.unwrap();
+    let dead = workers["workers"].as_array().unwrap().iter().find(|x| x["url"] == gone).unwrap().clone();
+    assert_eq!(dead["healthy"], false);
+
+    // /debug/route: an answer, and nothing charged or counted.
+    let before = reqwest::get(format!("{}/metrics", r.url)).await.unwrap().text().await.unwrap();
+    let d = debug(&r, &chat("s", "u")).await;
+    assert_eq!(d["worker"], w.url());
+    assert_eq!(d["policy"], "round_robin");
+    let d = post(&format!("{}/debug/route?route=generate", r.url), &json!({"text": "hello"})).await;
+    assert_eq!(d.status(), 200);
+    let after = reqwest::get(format!("{}/metrics", r.url)).await.unwrap().text().await.unwrap();
+    let requests = |m: &str| {
+        m.lines().filter(|l| l.starts_with("router_http_requests_total")).map(str::to_string).collect::<Vec<_>>()
+    };
+    assert_eq!(requests(&before), requests(&after), "debug/route is not a request");
+    assert!(r.gateway.workers.all().iter().all(|w| w.load().in_flight == 0));
+
+    // /metrics is Prometheus text: comments, or `name{labels} number`.
+    for line in after.lines().filter(|l| !l.is_empty()) {
+        if line.starts_with('#') {
+            assert!(line.starts_with("# HELP ") || line.starts_with("# TYPE "), "{line}");
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("no value: {line}"));
+        assert!(value.parse::<f64>().is_ok() || value == "+Inf", "value of {line}");
+        let name = series.split('{').next().unwrap();
+        assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "name of {line}");
+        assert!(!series.contains('{') || series.ends_with('}'), "labels of {line}");
+    }
+    assert!(after.contains("router_http_requests_total{route=\"chat\",status=\"400\"} 2"), "{after}");
+    assert!(after.contains("router_http_requests_total{route=\"chat\",status=\"413\"} 1"));
+    assert!(
+        after.contains("router_http_retries_total 1"),
+        "{}",
+        after.lines().filter(|l| l.contains("retr") || l.contains("requests_total")).collect::<Vec<_>>().join("\n")
+    );
+
+    // Every worker gone: 503.
+    w.shutdown();
+    for x in r.gateway.workers.all() {
+        x.set_healthy(false);
+    }
+    assert_eq!(post(&url, &chat("s", "u")).await.status(), 503);
+    let _ = r.stop.send(());
+}
