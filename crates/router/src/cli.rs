@@ -8,10 +8,16 @@ use clap::{Args, Parser, Subcommand};
 
 /// KV-cache-aware router for SGLang and vLLM engine replicas.
 ///
-/// The router sends each request to the replica that already holds its prompt
-/// prefix in KV cache, knowing what each one holds from the KV events the
-/// engines publish. The tools below compute exactly the tokens and block
-/// hashes the engine computes, to check a deployment by hand.
+/// Without a command, runs the router: an OpenAI-compatible gateway
+/// (/v1/chat/completions, /v1/completions, /generate, /v1/models, /health,
+/// /readiness, /metrics, /debug/route, /workers) in front of --worker-urls,
+/// sending each request where --policy says. With --policy cache_aware
+/// --kv-events it follows the KV events the engines publish and sends each
+/// request to the replica already holding its prompt prefix. --mock-workers N
+/// starts N simulated engines in-process instead (no GPU): the demo.
+///
+/// The commands compute exactly the tokens and block hashes the engine
+/// computes, and show what the router learns from the engines' events.
 #[derive(Debug, Parser)]
 #[command(
     name = "sgl-router",
@@ -33,16 +39,22 @@ pub(crate) struct Cli {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum PolicyName {
     /// Next worker in turn.
+    #[value(name = "round_robin", alias = "round-robin")]
     RoundRobin,
     /// A uniformly random worker.
+    #[value(name = "random")]
     Random,
     /// The less loaded of two random workers.
+    #[value(name = "power_of_two", alias = "power-of-two")]
     PowerOfTwo,
     /// The least loaded worker.
+    #[value(name = "least_load", alias = "least-load")]
     LeastLoad,
     /// Approximate: a tree of the text this router sent where (no KV events needed).
+    #[value(name = "approx_tree", alias = "approx-tree")]
     ApproxTree,
     /// KV-event cache-aware: the worker holding the longest prefix, with load guards (needs --kv-events).
+    #[value(name = "cache_aware", alias = "cache-aware")]
     CacheAware,
 }
 
@@ -62,7 +74,7 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "SGL_ROUTER_MOCK_WORKERS", default_value_t = 0, value_name = "N")]
     pub(crate) mock_workers: usize,
     /// How to pick a worker.
-    #[arg(long, env = "SGL_ROUTER_POLICY", value_enum, default_value = "round-robin")]
+    #[arg(long, env = "SGL_ROUTER_POLICY", value_enum, default_value = "round_robin")]
     pub(crate) policy: PolicyName,
     /// Follow the workers' KV events (discovered from /server_info, or given below).
     #[arg(long, env = "SGL_ROUTER_KV_EVENTS")]

@@ -43,15 +43,15 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     if a.policy != PolicyName::CacheAware
         && let Some((flag, _)) = cache_flags.iter().find(|(_, set)| *set)
     {
-        return usage(format!("{flag} tunes the cache_aware policy, but --policy is {:?}", a.policy));
+        return usage(format!("{flag} tunes the cache_aware policy, but --policy is {}", policy_name(a.policy)));
     }
     if a.policy != PolicyName::ApproxTree
         && let Some((flag, _)) = approx_flags.iter().find(|(_, set)| *set)
     {
-        return usage(format!("{flag} tunes the approx_tree policy, but --policy is {:?}", a.policy));
+        return usage(format!("{flag} tunes the approx_tree policy, but --policy is {}", policy_name(a.policy)));
     }
     if a.policy == PolicyName::CacheAware && !a.kv_events {
-        return usage("--policy cache-aware routes by the engines' KV events: add --kv-events".into());
+        return usage("--policy cache_aware routes by the engines' KV events: add --kv-events".into());
     }
     if a.worker_urls.is_empty() && a.mock_workers == 0 {
         return usage("no workers: give --worker-urls URL,... or --mock-workers N".into());
@@ -127,6 +127,10 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         health_interval: Duration::from_secs(a.health_check_interval_secs.max(1)),
         shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
     })
+}
+
+fn policy_name(p: PolicyName) -> String {
+    clap::ValueEnum::to_possible_value(&p).map_or_else(String::new, |v| v.get_name().to_string())
 }
 
 fn init_tracing(format: LogFormat) {
