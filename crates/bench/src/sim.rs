@@ -16,8 +16,8 @@ use anyhow::{Result, bail};
 use kv_index::{IndexConfig, KvIndex, ManualClock, MatchOptions, StoredBlock, StreamId};
 use mock_engine::PagedCache;
 use policy::{
-    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, Candidate, LeastLoad, Load, Policy, PowerOfTwo,
-    Random, RequestInfo, RoundRobin,
+    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, Candidate, LeastLoad, Load, MinTtft,
+    MinTtftConfig, Policy, PowerOfTwo, Random, RequestInfo, RoundRobin,
 };
 use router_types::{BlockHash, DpRank, Tier, WorkerKey, WorkerUrl};
 use serde::Serialize;
@@ -102,6 +102,7 @@ fn make_policy(name: &str, seed: u64) -> Result<Box<dyn Policy>> {
         "least_load" => Box::new(LeastLoad::default()),
         "approx_tree" => Box::new(ApproxTreePolicy::new(ApproxTreeConfig::default())),
         "cache_aware" => Box::new(CacheAware::new(CacheAwareConfig::default(), seed)),
+        "min_ttft" => Box::new(MinTtft::new(MinTtftConfig::default())),
         other => bail!("unknown policy {other:?}"),
     })
 }
@@ -121,7 +122,7 @@ pub(crate) fn run(trace: &[TraceRequest], policy: &str, cfg: &SimConfig) -> Resu
         .collect();
     let mut routers: Vec<Router> = (0..cfg.routers.max(1))
         .map(|r| -> Result<Router> {
-            let index = (policy == "cache_aware").then(|| {
+            let index = matches!(policy, "cache_aware" | "min_ttft").then(|| {
                 let index = KvIndex::new(IndexConfig::default(), Arc::new(ManualClock::default()));
                 let streams = (0..cfg.workers)
                     .map(|w| {

@@ -5,10 +5,12 @@
 
 mod approx_tree;
 mod cache_aware;
+mod min_ttft;
 mod simple;
 
 pub use approx_tree::{ApproxTree, ApproxTreeConfig, ApproxTreePolicy};
 pub use cache_aware::{CacheAware, CacheAwareConfig};
+pub use min_ttft::{MinTtft, MinTtftConfig};
 pub use simple::{LeastLoad, PowerOfTwo, Random, RoundRobin, SplitMix};
 
 /// Router-side load of one worker.
