@@ -3,9 +3,11 @@
 //! the same tokens produces. SGLang-style streams (engine hash = router hash)
 //! and vLLM-style streams (opaque unsigned engine hashes) both index by content.
 
+mod common;
+use common::eventually;
+
 use std::num::NonZeroUsize;
 use std::sync::Arc;
-use std::time::Duration;
 
 use kv_events::{EventMetrics, Publisher, PublisherConfig, StreamEndpoints, SubscriberConfig, spawn_subscriber};
 use kv_index::{IndexConfig, KvIndex, MatchOptions, SystemClock};
@@ -110,17 +112,6 @@ async fn world(engines: &[bool]) -> World {
 fn depth(w: &World, worker: usize, q: &[BlockHash]) -> u32 {
     let id = w.index.worker_id(&WorkerUrl::new(format!("http://worker-{worker}:30000")));
     w.index.prefix_depths(q, &MatchOptions::default()).iter().find(|m| m.worker == id).map_or(0, |m| m.blocks)
-}
-
-/// Waits (bounded) until `cond` holds, re-publishing nothing: events are repaired by replay.
-async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    for _ in 0..200 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

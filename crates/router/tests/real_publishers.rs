@@ -8,6 +8,9 @@
 //! `SGL_ROUTER_KV_PYTHON` (set by `.ci/run`, then required) or the default
 //! `/tmp/sgl-router-kv-venv/bin/python` (skipped with a message if absent).
 
+mod common;
+use common::eventually;
+
 use std::io::{BufRead, BufReader, Write};
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
@@ -142,16 +145,6 @@ impl Prompt {
 
 fn publish(d: &mut Driver, events: Vec<Value>) -> Value {
     d.cmd(json!({"cmd": "publish", "events": events, "dp_rank": null}))
-}
-
-async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    for _ in 0..400 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 async fn scenario(engine: &str) {
