@@ -16,7 +16,6 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
 
 use kv_events::{EventMetrics, StreamEndpoints, SubscriberConfig, spawn_subscriber};
 use kv_index::{IndexConfig, KvIndex, MatchOptions, SystemClock};
