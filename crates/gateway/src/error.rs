@@ -32,6 +32,9 @@ pub enum GatewayError {
     /// The worker did not answer in time (504).
     #[error("upstream worker {0} timed out")]
     Timeout(String),
+    /// A well-formed request that cannot be carried out (422).
+    #[error("{0}")]
+    Unprocessable(String),
     /// Unknown route (404).
     #[error("no route for {0}")]
     NotFound(String),
@@ -50,6 +53,7 @@ impl GatewayError {
             GatewayError::Upstream { .. } => "upstream_unreachable",
             GatewayError::Timeout(_) => "upstream_timeout",
             GatewayError::NotFound(_) => "not_found",
+            GatewayError::Unprocessable(_) => "unprocessable",
         }
     }
 
@@ -63,6 +67,7 @@ impl GatewayError {
             GatewayError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
+            GatewayError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
         }
     }
 }

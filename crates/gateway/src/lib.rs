@@ -51,6 +51,13 @@ pub struct GatewayConfig {
 pub type MetricsHook = Box<dyn Fn(&mut String) + Send + Sync>;
 /// Extra readiness condition (KV-event subscriptions up).
 pub type ReadyHook = Box<dyn Fn() -> bool + Send + Sync>;
+/// Prepares a worker added through `POST /workers` (subscribes to its KV
+/// events); an error refuses the worker with that reason.
+pub type AddWorkerHook = Box<
+    dyn Fn(router_types::WorkerUrl) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+        + Send
+        + Sync,
+>;
 
 /// The gateway's shared state.
 pub struct Gateway {
@@ -73,6 +80,7 @@ pub struct Gateway {
     in_flight: AtomicUsize,
     extra_metrics: Option<MetricsHook>,
     ready: Option<ReadyHook>,
+    add_worker: Option<AddWorkerHook>,
 }
 
 // === impl Gateway ===
@@ -105,6 +113,7 @@ impl Gateway {
             in_flight: AtomicUsize::new(0),
             extra_metrics: None,
             ready: None,
+            add_worker: None,
         }
     }
 
@@ -117,6 +126,12 @@ impl Gateway {
     /// Adds a readiness condition.
     pub fn with_ready_hook(mut self, hook: ReadyHook) -> Self {
         self.ready = Some(hook);
+        self
+    }
+
+    /// Prepares workers added at run time.
+    pub fn with_add_worker_hook(mut self, hook: AddWorkerHook) -> Self {
+        self.add_worker = Some(hook);
         self
     }
 

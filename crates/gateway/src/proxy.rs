@@ -454,7 +454,15 @@ async fn add_worker(State(gw): State<Arc<Gateway>>, body: Body) -> Result<Respon
     if !(req.url.starts_with("http://") || req.url.starts_with("https://")) {
         return Err(GatewayError::BadRequest(format!("not an http(s) URL: {}", req.url)));
     }
-    let added = gw.workers.add(WorkerUrl::new(req.url.as_str()), gw.index.as_deref());
+    let url = WorkerUrl::new(req.url.as_str());
+    let known = gw.workers.all().iter().any(|w| w.url == url);
+    if !known && let Some(hook) = &gw.add_worker {
+        // Follow its KV events first: routing to it before would be blind.
+        if let Err(reason) = hook(url.clone()).await {
+            return Err(GatewayError::Unprocessable(format!("worker {url} refused: {reason}")));
+        }
+    }
+    let added = gw.workers.add(url, gw.index.as_deref());
     let status = if added { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(json!({"url": WorkerUrl::new(req.url.as_str()), "added": added}))).into_response())
 }

@@ -166,7 +166,17 @@ impl App {
         let mut gateway = Gateway::new(gw_config, registry.clone(), policy, index.clone(), renderer);
         if let (Some(kv), Some(index)) = (kv.clone(), index.clone()) {
             let ready_kv = kv.clone();
+            let adder_kv = kv.clone();
             gateway = gateway
+                .with_add_worker_hook(Box::new(move |url| {
+                    let kv = adder_kv.clone();
+                    Box::pin(async move {
+                        match kv.adder.add_worker(&url).await {
+                            crate::events::WorkerStatus::Subscribed { .. } => Ok(()),
+                            crate::events::WorkerStatus::Refused { reason, .. } => Err(reason),
+                        }
+                    })
+                }))
                 .with_metrics_hook(Box::new(move |out| {
                     crate::metrics::prometheus::render_kv_events(out, &kv.events, &kv.pump, &kv.fleet, &index.stats());
                 }))

@@ -24,7 +24,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::pump::{Pump, PumpMetrics, StreamHashing};
+use crate::pump::{Pump, PumpControl, PumpMetrics, StreamHashing};
 
 /// Capacity of the channel from all subscribers to the pump (the reference router's).
 pub const PUMP_CHANNEL_CAPACITY: usize = 1024;
@@ -82,6 +82,19 @@ pub enum WorkerStatus {
     },
 }
 
+/// Adds workers to the running KV-event side (`POST /workers`).
+#[derive(Debug)]
+pub struct WorkerAdder {
+    config: KvEventsConfig,
+    block_size: usize,
+    client: reqwest::Client,
+    control: mpsc::Sender<PumpControl>,
+    tx: mpsc::Sender<kv_events::StreamMessage>,
+    events: Arc<EventMetrics>,
+    fleet: Arc<FleetMetrics>,
+    cancel: CancellationToken,
+}
+
 /// The running KV-event side. Stops when the cancellation token fires.
 #[derive(Debug)]
 pub struct KvEventsRuntime {
@@ -97,6 +110,8 @@ pub struct KvEventsRuntime {
     pub fleet: Arc<FleetMetrics>,
     /// The subscriber and pump tasks.
     pub tasks: JoinSet<()>,
+    /// Follows workers added later.
+    pub adder: WorkerAdder,
 }
 
 struct Found {
@@ -131,6 +146,7 @@ pub async fn start_kv_events(
     let block_size = found.iter().find_map(|f| f.block_size).unwrap_or(config.default_block_size.get());
     let events = Arc::new(EventMetrics::default());
     let pump_metrics = Arc::new(PumpMetrics::default());
+    let config_for_adder = config.clone();
     let mut pump = Pump::new(index, pump_metrics.clone());
     let (tx, rx) = mpsc::channel(PUMP_CHANNEL_CAPACITY);
     let mut tasks = JoinSet::new();
@@ -163,9 +179,69 @@ pub async fn start_kv_events(
         info!(worker = %f.worker, streams = subscribed, block_size, bigram = f.bigram, "kv events: following worker");
         statuses.push(WorkerStatus::Subscribed { worker: f.worker, streams: subscribed, block_size });
     }
-    drop(tx);
-    tasks.spawn(pump.run(rx, cancel));
-    KvEventsRuntime { block_size, workers: statuses, events, pump: pump_metrics, fleet, tasks }
+    let (control, control_rx) = mpsc::channel(16);
+    tasks.spawn(pump.run_with_control(rx, control_rx, cancel.clone()));
+    let adder = WorkerAdder {
+        config: config_for_adder,
+        block_size,
+        client,
+        control,
+        tx,
+        events: events.clone(),
+        fleet: fleet.clone(),
+        cancel,
+    };
+    KvEventsRuntime { block_size, workers: statuses, events, pump: pump_metrics, fleet, tasks, adder }
+}
+
+// === impl WorkerAdder ===
+
+impl WorkerAdder {
+    /// Finds a new worker's publishers, checks its page size against the
+    /// fleet's, registers its streams and starts their subscribers.
+    pub async fn add_worker(&self, worker: &WorkerUrl) -> WorkerStatus {
+        let refuse = |reason: String| WorkerStatus::Refused { worker: worker.clone(), reason };
+        let found = match find(&self.client, worker, &self.config).await {
+            Ok(f) => f,
+            Err(e) => {
+                self.fleet.discovery_failures.fetch_add(1, Ordering::Relaxed);
+                return refuse(e.to_string());
+            }
+        };
+        let worker_block = found.block_size.unwrap_or(self.block_size);
+        if worker_block != self.block_size {
+            self.fleet.refused_block_size.fetch_add(1, Ordering::Relaxed);
+            return refuse(format!("page size {worker_block} differs from the fleet's {}", self.block_size));
+        }
+        let hashing = StreamHashing {
+            page_size: NonZeroUsize::new(self.block_size).unwrap_or(NonZeroUsize::MIN),
+            mode: if found.bigram { HashMode::Bigram } else { HashMode::Unigram },
+            engine_hash_is_router_hash: found.sglang,
+        };
+        let mut subscribed = 0;
+        for stream in found.streams {
+            let (done, registered) = tokio::sync::oneshot::channel();
+            if self.control.send(PumpControl::AddStream(stream.key.clone(), hashing, done)).await.is_err() {
+                return refuse("the KV-event pump stopped".into());
+            }
+            match registered.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return refuse(e),
+                Err(_) => return refuse("the KV-event pump stopped".into()),
+            }
+            let _ = spawn_subscriber(
+                stream,
+                self.config.subscriber,
+                self.tx.clone(),
+                self.events.clone(),
+                self.cancel.clone(),
+            );
+            subscribed += 1;
+        }
+        self.fleet.streams.fetch_add(subscribed as u64, Ordering::Relaxed);
+        info!(%worker, streams = subscribed, "kv events: following added worker");
+        WorkerStatus::Subscribed { worker: worker.clone(), streams: subscribed, block_size: self.block_size }
+    }
 }
 
 async fn spawn_subscriber_task(

@@ -66,6 +66,13 @@ pub struct PumpMetrics {
     pub lag_seconds: Histogram,
 }
 
+/// A change to the set of streams while the pump runs.
+#[derive(Debug)]
+pub enum PumpControl {
+    /// Register a stream before its subscriber starts; the result is sent back.
+    AddStream(WorkerKey, StreamHashing, tokio::sync::oneshot::Sender<Result<(), String>>),
+}
+
 /// Applies stream messages to the index.
 #[derive(Debug)]
 pub struct Pump {
@@ -127,17 +134,32 @@ impl Pump {
     }
 
     /// Applies messages until the channel closes or `cancel` fires.
-    pub async fn run(mut self, mut rx: mpsc::Receiver<StreamMessage>, cancel: CancellationToken) {
+    pub async fn run(self, rx: mpsc::Receiver<StreamMessage>, cancel: CancellationToken) {
+        let (_keep, control) = mpsc::channel(1);
+        self.run_with_control(rx, control, cancel).await;
+    }
+
+    /// Like `run`, also taking streams registered while running (workers added later).
+    pub async fn run_with_control(
+        mut self,
+        mut rx: mpsc::Receiver<StreamMessage>,
+        mut control: mpsc::Receiver<PumpControl>,
+        cancel: CancellationToken,
+    ) {
         let why = loop {
-            let message = tokio::select! {
+            tokio::select! {
                 biased;
                 _ = cancel.cancelled() => break "cancelled",
+                Some(c) = control.recv() => match c {
+                    PumpControl::AddStream(key, hashing, done) => {
+                        let _ = done.send(self.add_stream(key, hashing).map_err(|e| e.to_string()));
+                    }
+                },
                 m = rx.recv() => match m {
-                    Some(m) => m,
+                    Some(m) => self.apply(m),
                     None => break "all subscribers gone",
                 },
-            };
-            self.apply(message);
+            }
         };
         info!(reason = why, "kv pump exited");
     }

@@ -278,3 +278,35 @@ async fn errors_have_precise_statuses_and_debug_route_changes_nothing() {
     assert_eq!(post(&url, &chat("s", "u")).await.status(), 503);
     let _ = r.stop.send(());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_added_at_run_time_are_followed_by_their_events() {
+    let w0 = MockEngine::spawn(engine_config()).await.unwrap();
+    let r = start(config(&[&w0], PolicyConfig::CacheAware(Default::default()), true)).await;
+    let w1 = MockEngine::spawn(engine_config()).await.unwrap();
+    let added = post(&format!("{}/workers", r.url), &json!({"url": w1.url()})).await;
+    assert_eq!(added.status(), 201);
+    // Its events are followed: warm it directly, and the router sends the prefix there.
+    let system = "Another long shared system prompt. ".repeat(70);
+    warm(&w1, &chat(&system, "warm")).await;
+    let q = chat(&system, "question");
+    until("the added worker's cache is indexed", async || debug(&r, &q).await["worker"] == w1.url()).await;
+    assert_eq!(debug(&r, &q).await["reason"], "cache_hit");
+
+    // A worker hashing with another page size is refused, with the reason.
+    let odd = MockEngine::spawn(MockEngineConfig { page_size: 32, ..engine_config() }).await.unwrap();
+    let refused = post(&format!("{}/workers", r.url), &json!({"url": odd.url()})).await;
+    assert_eq!(refused.status(), 422);
+    let e: Value = refused.json().await.unwrap();
+    assert!(e["error"]["message"].as_str().unwrap().contains("page size 32"), "{e}");
+    assert_eq!(post(&format!("{}/workers", r.url), &json!({"url": "ftp://x"})).await.status(), 400);
+    let listed: Value = reqwest::get(format!("{}/workers", r.url)).await.unwrap().json().await.unwrap();
+    assert_eq!(listed["workers"].as_array().unwrap().len(), 2);
+
+    // Removal takes it out of rotation and out of the index.
+    let encoded = w1.url().replace(':', "%3A").replace('/', "%2F");
+    let del = reqwest::Client::new().delete(format!("{}/workers/{encoded}", r.url)).send().await.unwrap();
+    assert_eq!(del.status(), 200, "{}", del.text().await.unwrap());
+    assert_eq!(debug(&r, &q).await["worker"], w0.url());
+    let _ = r.stop.send(());
+}
