@@ -229,13 +229,14 @@ impl WorkerAdder {
                 Ok(Err(e)) => return refuse(e),
                 Err(_) => return refuse("the KV-event pump stopped".into()),
             }
-            let _ = spawn_subscriber(
+            // Detached: it stops with the cancellation token.
+            drop(spawn_subscriber(
                 stream,
                 self.config.subscriber,
                 self.tx.clone(),
                 self.events.clone(),
                 self.cancel.clone(),
-            );
+            ));
             subscribed += 1;
         }
         self.fleet.streams.fetch_add(subscribed as u64, Ordering::Relaxed);
