@@ -310,3 +310,29 @@ async fn workers_added_at_run_time_are_followed_by_their_events() {
     assert_eq!(debug(&r, &q).await["worker"], w0.url());
     let _ = r.stop.send(());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_and_timeouts_get_429_and_504() {
+    let w = MockEngine::spawn(engine_config()).await.unwrap();
+    let mut cfg = config(&[&w], PolicyConfig::LeastLoad, false);
+    cfg.max_concurrent = 1;
+    cfg.request_timeout = Duration::from_millis(500);
+    let r = start(cfg).await;
+    let url = format!("{}/v1/chat/completions", r.url);
+    // One request hangs on the worker: it holds the only slot, then times out.
+    w.engine().set_faults(Faults { hang_next: 1, ..Faults::default() }).await;
+    let first = tokio::spawn({
+        let url = url.clone();
+        async move { reqwest::Client::new().post(url).json(&chat("s", "hang")).send().await.unwrap().status() }
+    });
+    until("the hanging request holds the slot", async || r.gateway.in_flight() == 1).await;
+    let second = post(&url, &chat("s", "u")).await;
+    assert_eq!(second.status(), 429);
+    let e: Value = second.json().await.unwrap();
+    assert_eq!(e["error"]["type"], "overloaded");
+    assert_eq!(first.await.unwrap(), 504);
+    assert_eq!(r.gateway.in_flight(), 0);
+    assert!(r.gateway.workers.all().iter().all(|w| w.load().in_flight == 0), "load released after the timeout");
+    assert_eq!(post(&url, &chat("s", "u")).await.status(), 200);
+    let _ = r.stop.send(());
+}
