@@ -1,4 +1,5 @@
 //! `sgl-mock-engine`: one simulated engine on a port, for demos and benchmarks.
+//! Faults can be set at start with flags, or at any time with `POST /admin/faults`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -48,6 +49,24 @@ struct Args {
     /// No simulated time at all (overhead benchmarks).
     #[arg(long, env = "SGL_MOCK_FAST")]
     fast: bool,
+    /// Event layout: `map` (SGLang and vLLM today) or `positional` (vLLM <= 0.23, older SGLang).
+    #[arg(long, env = "SGL_MOCK_KV_EVENTS_FORMAT", default_value = "map", value_parser = ["map", "positional"])]
+    kv_events_format: String,
+    /// Fault: keep the first N event batches out of the live stream (replay still has them).
+    #[arg(long, env = "SGL_MOCK_FAULT_DROP_BATCHES", default_value_t = 0)]
+    fault_drop_batches: usize,
+    /// Fault: delay every event batch by this many milliseconds.
+    #[arg(long, env = "SGL_MOCK_FAULT_EVENT_DELAY_MS", default_value_t = 0)]
+    fault_event_delay_ms: u64,
+    /// Fault: the first N requests fail with HTTP 500.
+    #[arg(long, env = "SGL_MOCK_FAULT_FAIL_NEXT", default_value_t = 0)]
+    fault_fail_next: usize,
+    /// Fault: the first N requests never answer.
+    #[arg(long, env = "SGL_MOCK_FAULT_HANG_NEXT", default_value_t = 0)]
+    fault_hang_next: usize,
+    /// Fault: the first N streamed requests die after their first chunk.
+    #[arg(long, env = "SGL_MOCK_FAULT_DIE_MID_STREAM_NEXT", default_value_t = 0)]
+    fault_die_mid_stream_next: usize,
 }
 
 #[tokio::main]
@@ -66,12 +85,28 @@ async fn main() -> anyhow::Result<()> {
         decode_per_token: Duration::from_millis(a.decode_ms_per_token),
         speedup: a.speedup,
         fast: a.fast,
+        event_form: if a.kv_events_format == "positional" {
+            kv_events::EventForm::Positional
+        } else {
+            kv_events::EventForm::Map
+        },
         ..MockEngineConfig::default()
     };
     let engine = match a.tokenizer_path {
         Some(dir) => MockEngine::spawn_with(config, renderer::Renderer::from_dir(&dir, None)?).await?,
         None => MockEngine::spawn(config).await?,
     };
+    engine
+        .engine()
+        .set_faults(mock_engine::Faults {
+            drop_next_batches: a.fault_drop_batches,
+            event_delay_ms: a.fault_event_delay_ms,
+            fail_next: a.fault_fail_next,
+            hang_next: a.fault_hang_next,
+            die_mid_stream_next: a.fault_die_mid_stream_next,
+            restart_publisher: false,
+        })
+        .await;
     println!("sgl-mock-engine listening on {}", engine.url());
     for (rank, (pub_ep, replay)) in engine.engine().publisher_endpoints().iter().enumerate() {
         println!("  dp rank {rank}: KV events {pub_ep}, replay {}", replay.as_deref().unwrap_or("-"));
