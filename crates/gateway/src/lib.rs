@@ -35,6 +35,8 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 5 << 20;
 pub struct GatewayConfig {
     /// Page size requests are hashed with (the fleet's).
     pub block_size: usize,
+    /// The fleet keys blocks by bigrams (EAGLE-style speculative decoding).
+    pub bigram: bool,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
     /// Longest a proxied request may take.

@@ -186,9 +186,12 @@ fn plan(gw: &Gateway, route: Route, v: &Value) -> Result<Plan, GatewayError> {
     let mut hashes = Vec::new();
     if let Some(index) = &gw.index {
         let page = NonZeroUsize::new(gw.config.block_size).unwrap_or(NonZeroUsize::MIN);
-        hashes = PageHasher::new(page, HashMode::Unigram)
-            .block_hashes(&tokens, None)
-            .map_err(renderer::RenderError::from)?;
+        let mode = if gw.config.bigram { HashMode::Bigram } else { HashMode::Unigram };
+        // The request's namespace starts its chain, as the engine's does.
+        let salt = v.get("cache_salt").and_then(Value::as_str);
+        let prior = renderer::hash::namespace_prior(None, salt);
+        hashes =
+            PageHasher::new(page, mode).block_hashes(&tokens, prior.as_ref()).map_err(renderer::RenderError::from)?;
         for m in index.prefix_depths(&hashes, &kv_index::MatchOptions::default()) {
             matched.insert(m.worker, (m.blocks, m.rank));
         }

@@ -119,7 +119,7 @@ impl App {
             bail!("no workers: give --worker-urls or --mock-workers");
         }
         let cancel = CancellationToken::new();
-        let (index, kv, block_size) = match &config.kv_events {
+        let (index, kv, block_size, bigram) = match &config.kv_events {
             Some(kv_config) => {
                 let index = Arc::new(KvIndex::new(
                     IndexConfig {
@@ -131,10 +131,10 @@ impl App {
                 ));
                 let kv_config = KvEventsConfig { workers: workers.clone(), ..kv_config.clone() };
                 let rt = start_kv_events(kv_config, index.clone(), cancel.clone()).await;
-                let bs = rt.block_size;
-                (Some(index), Some(Arc::new(rt)), bs)
+                let (bs, bigram) = (rt.block_size, rt.bigram);
+                (Some(index), Some(Arc::new(rt)), bs, bigram)
             }
-            None => (None, None, 16),
+            None => (None, None, 16, false),
         };
         let policy: Arc<dyn Policy> = match &config.policy {
             PolicyConfig::RoundRobin => Arc::new(RoundRobin::default()),
@@ -156,6 +156,7 @@ impl App {
         };
         let gw_config = GatewayConfig {
             block_size,
+            bigram,
             max_body_bytes: config.max_body_bytes,
             request_timeout: config.request_timeout,
             max_concurrent: config.max_concurrent,

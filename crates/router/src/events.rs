@@ -100,6 +100,8 @@ pub struct WorkerAdder {
 pub struct KvEventsRuntime {
     /// The fleet's page size (what requests must be hashed with).
     pub block_size: usize,
+    /// Whether the followed workers key blocks by bigrams (all of them, or none is assumed).
+    pub bigram: bool,
     /// What happened to each worker.
     pub workers: Vec<WorkerStatus>,
     /// Subscriber counters.
@@ -150,6 +152,7 @@ pub async fn start_kv_events(
     let mut pump = Pump::new(index, pump_metrics.clone());
     let (tx, rx) = mpsc::channel(PUMP_CHANNEL_CAPACITY);
     let mut tasks = JoinSet::new();
+    let bigram = !found.is_empty() && found.iter().all(|f| f.bigram);
     for f in found {
         let worker_block = f.block_size.unwrap_or(block_size);
         if worker_block != block_size {
@@ -191,7 +194,7 @@ pub async fn start_kv_events(
         fleet: fleet.clone(),
         cancel,
     };
-    KvEventsRuntime { block_size, workers: statuses, events, pump: pump_metrics, fleet, tasks, adder }
+    KvEventsRuntime { block_size, bigram, workers: statuses, events, pump: pump_metrics, fleet, tasks, adder }
 }
 
 // === impl WorkerAdder ===

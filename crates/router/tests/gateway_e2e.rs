@@ -103,6 +103,11 @@ async fn cache_aware_follows_events_and_the_pressure_guard() {
     let d = debug(&r, &q).await;
     assert_eq!(d["reason"], "cache_hit");
     assert_eq!(d["policy"], "cache_aware");
+    // A salted request has its own chain: w1's unsalted cache is no match for it.
+    let mut salted = q.clone();
+    salted["cache_salt"] = json!("tenant-b");
+    let ds = debug(&r, &salted).await;
+    assert!(ds["candidates"].as_array().unwrap().iter().all(|c| c["matched_tokens"] == 0), "{ds}");
     assert_eq!(d["candidates"].as_array().unwrap().len(), 2, "every healthy worker listed");
     let w1_matched =
         d["candidates"].as_array().unwrap().iter().find(|c| c["worker"] == w1.url()).unwrap()["matched_tokens"]
