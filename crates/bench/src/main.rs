@@ -3,6 +3,7 @@
 //! `sim` replays a Mooncake-format trace through the real policies and index
 //! over simulated workers and prints hit rate, TTFT and balance per policy.
 
+mod overhead;
 mod sim;
 mod trace;
 
@@ -24,6 +25,30 @@ struct Cli {
 enum Command {
     /// Simulate a fleet on a trace, for each policy (and the oracle bounds).
     Sim(SimArgs),
+    /// Latency and throughput straight to an engine and through routers, in one run.
+    Overhead(OverheadArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct OverheadArgs {
+    /// The engine, measured directly (the baseline).
+    #[arg(long)]
+    engine_url: String,
+    /// Routers in front of it, as NAME=URL, comma separated.
+    #[arg(long, value_delimiter = ',')]
+    router: Vec<String>,
+    /// Requests per measurement.
+    #[arg(long, default_value_t = 2000)]
+    requests: usize,
+    /// Concurrencies to measure.
+    #[arg(long, value_delimiter = ',', default_value = "1,64")]
+    concurrency: Vec<usize>,
+    /// Request body sizes to measure.
+    #[arg(long, value_delimiter = ',', default_value = "200,16384")]
+    body_bytes: Vec<usize>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -79,7 +104,10 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let Command::Sim(a) = cli.command;
+    let a = match cli.command {
+        Command::Sim(a) => a,
+        Command::Overhead(o) => return overhead(o),
+    };
     let trace = trace::load(&a.trace)?;
     let cfg = sim::SimConfig {
         workers: a.workers.max(1),
@@ -114,6 +142,51 @@ fn run(cli: Cli) -> Result<()> {
         println!(
             "{:<18} {:>9.3} {:>10.3}s {:>9.3}s {:>9.3}s {:>12.2}",
             r.policy, r.hit_rate, r.ttft_mean_s, r.ttft_p50_s, r.ttft_p99_s, r.prefill_work_max_over_mean
+        );
+    }
+    Ok(())
+}
+
+fn overhead(a: OverheadArgs) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut targets = vec![("direct".to_string(), a.engine_url.clone())];
+    for r in &a.router {
+        let (name, url) = r.split_once('=').ok_or_else(|| anyhow::anyhow!("--router wants NAME=URL, got {r}"))?;
+        targets.push((name.to_string(), url.to_string()));
+    }
+    let mut rows = Vec::new();
+    for &c in &a.concurrency {
+        for &b in &a.body_bytes {
+            for (name, url) in &targets {
+                rows.push(runtime.block_on(overhead::measure(name, url, c, b, a.requests))?);
+            }
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "{:<22} {:>5} {:>7} {:>9} {:>9} {:>9} {:>10} {:>11}",
+        "target", "conc", "body", "p50 ms", "p99 ms", "+p50 ms", "req/s", "req/s ratio"
+    );
+    for r in &rows {
+        let base = rows
+            .iter()
+            .find(|d| d.target == "direct" && d.concurrency == r.concurrency && d.body_bytes == r.body_bytes);
+        let (add, ratio) =
+            base.map_or((0.0, 1.0), |d| (r.p50_ms - d.p50_ms, r.throughput_rps / d.throughput_rps.max(1e-9)));
+        println!(
+            "{:<22} {:>5} {:>7} {:>9.3} {:>9.3} {:>+9.3} {:>10.0} {:>11.2}{}",
+            r.target,
+            r.concurrency,
+            r.body_bytes,
+            r.p50_ms,
+            r.p99_ms,
+            add,
+            r.throughput_rps,
+            ratio,
+            if r.errors > 0 { format!("  ({} errors)", r.errors) } else { String::new() }
         );
     }
     Ok(())

@@ -1,0 +1,111 @@
+//! Router overhead: the same requests sent straight to an engine and through
+//! each router, at several concurrencies and body sizes; latency percentiles,
+//! throughput, and what the router adds, measured in one run.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use serde_json::json;
+
+/// One (target, concurrency, body size) measurement.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Row {
+    pub(crate) target: String,
+    pub(crate) concurrency: usize,
+    pub(crate) body_bytes: usize,
+    pub(crate) requests: usize,
+    pub(crate) errors: usize,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) throughput_rps: f64,
+}
+
+/// A chat body of about `bytes` bytes: a fixed system prompt (repeated across
+/// requests, as in production) and a unique question.
+fn body(bytes: usize, i: usize) -> serde_json::Value {
+    let question = format!("question number {i}");
+    let system = "You are a helpful assistant. ".repeat((bytes.saturating_sub(question.len() + 120)) / 28 + 1);
+    json!({"model": "default", "max_tokens": 1, "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]})
+}
+
+/// Sends `requests` chat requests to `base` with `concurrency` in flight.
+pub(crate) async fn measure(
+    target: &str,
+    base: &str,
+    concurrency: usize,
+    body_bytes: usize,
+    requests: usize,
+) -> Result<Row> {
+    let client = reqwest::Client::builder().pool_max_idle_per_host(concurrency * 2).build()?;
+    let url = format!("{base}/v1/chat/completions");
+    // Warm up: connections, caches.
+    for i in 0..concurrency.min(8) {
+        let warm = serde_json::to_vec(&body(body_bytes, i))?;
+        let _ = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(warm)
+            .send()
+            .await
+            .context("warm-up request")?
+            .bytes()
+            .await;
+    }
+    let bodies: Vec<Vec<u8>> =
+        (0..requests).map(|i| serde_json::to_vec(&body(body_bytes, 1000 + i)).unwrap_or_default()).collect();
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let bodies = std::sync::Arc::new(bodies);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (client, url, next, bodies) = (client.clone(), url.clone(), next.clone(), bodies.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut errors = 0;
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= bodies.len() {
+                    break;
+                }
+                let t0 = Instant::now();
+                let ok = match client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(bodies[i].clone())
+                    .send()
+                    .await
+                {
+                    Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
+                    Err(_) => false,
+                };
+                if ok {
+                    lat.push(t0.elapsed());
+                } else {
+                    errors += 1;
+                }
+            }
+            (lat, errors)
+        }));
+    }
+    let mut lat: Vec<Duration> = Vec::with_capacity(requests);
+    let mut errors = 0;
+    for t in tasks {
+        let (l, e) = t.await?;
+        lat.extend(l);
+        errors += e;
+    }
+    let wall = start.elapsed().as_secs_f64();
+    lat.sort();
+    let pct = |p: f64| lat.get(((lat.len() as f64 - 1.0) * p).round() as usize).map_or(0.0, |d| d.as_secs_f64() * 1e3);
+    Ok(Row {
+        target: target.to_string(),
+        concurrency,
+        body_bytes,
+        requests: lat.len(),
+        errors,
+        p50_ms: pct(0.5),
+        p99_ms: pct(0.99),
+        throughput_rps: lat.len() as f64 / wall,
+    })
+}
