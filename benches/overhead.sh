@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REQUESTS="${1:-2000}"
-cargo build --release -q --bin sgl-router --bin sgl-mock-engine --bin sgl-router-bench
+cargo build --release -q -p sgl-router -p mock-engine -p bench
 BIN=target/release
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
