@@ -341,3 +341,37 @@ async fn overload_and_timeouts_get_429_and_504() {
     assert_eq!(post(&url, &chat("s", "u")).await.status(), 200);
     let _ = r.stop.send(());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_releases_its_load_and_the_upstream() {
+    // A slow engine: 20 ms per token, so a 500-token stream takes 10 s.
+    let w = MockEngine::spawn(MockEngineConfig {
+        fast: false,
+        speedup: 1.0,
+        decode_per_token: Duration::from_millis(20),
+        ..engine_config()
+    })
+    .await
+    .unwrap();
+    let r = start(config(&[&w], PolicyConfig::LeastLoad, false)).await;
+    let mut body = chat("s", "long stream");
+    body["stream"] = json!(true);
+    body["max_tokens"] = json!(500);
+    let mut resp = post(&format!("{}/v1/chat/completions", r.url), &body).await;
+    let first = resp.chunk().await.unwrap();
+    assert!(first.is_some(), "the stream started");
+    assert_eq!(r.gateway.in_flight(), 1);
+    drop(resp); // the client hangs up
+    until("the router released the request", async || r.gateway.in_flight() == 0).await;
+    assert!(r.gateway.workers.all().iter().all(|x| x.load().in_flight == 0 && x.load().uncached_tokens == 0));
+    // And serves the next request at once.
+    let t0 = std::time::Instant::now();
+    let quick = post(
+        &format!("{}/v1/chat/completions", r.url),
+        &json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(quick.status(), 200);
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    let _ = r.stop.send(());
+}
