@@ -10,6 +10,7 @@
 //! ```
 
 pub mod error;
+pub mod health;
 pub mod metrics;
 mod proxy;
 pub mod workers;
@@ -23,9 +24,10 @@ use policy::Policy;
 use renderer::Renderer;
 
 pub use error::GatewayError;
+pub use health::{HealthConfig, health_loop};
 pub use metrics::GatewayMetrics;
 pub use proxy::router;
-pub use workers::{LoadGuard, Worker, Workers, health_loop};
+pub use workers::{LoadGuard, Worker, WorkerInfo, Workers};
 
 /// Default request body limit (the reference router's).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 5 << 20;

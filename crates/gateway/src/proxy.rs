@@ -445,7 +445,20 @@ async fn list_workers(State(gw): State<Arc<Gateway>>) -> Json<Value> {
         .workers
         .all()
         .iter()
-        .map(|w| json!({"url": w.url, "healthy": w.is_healthy(), "in_flight": w.load().in_flight, "uncached_tokens": w.load().uncached_tokens}))
+        .map(|w| {
+            let load = w.load();
+            let info = w.info().unwrap_or_default();
+            json!({
+                "url": w.url,
+                "healthy": w.is_healthy(),
+                "down_for_s": w.down_for().map(|d| d.as_secs()),
+                "in_flight": load.in_flight,
+                "uncached_tokens": load.uncached_tokens,
+                "model_id": info.model_id,
+                "dp_size": info.dp_size,
+                "page_size": info.page_size,
+            })
+        })
         .collect();
     Json(json!({"workers": list}))
 }

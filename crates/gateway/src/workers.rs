@@ -1,14 +1,14 @@
-//! The worker registry: URLs, health, router-side load, and the guard that
-//! releases a request's load exactly once however the request ends.
+//! The worker registry: URLs, health, what each worker told us about itself
+//! (model, dp size, page size), router-side load, and the guard that releases
+//! a request's load exactly once however the request ends.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use kv_index::{KvIndex, WorkerId};
 use policy::Load;
 use router_types::WorkerUrl;
-use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 /// One engine replica as the router sees it.
@@ -21,6 +21,21 @@ pub struct Worker {
     healthy: AtomicBool,
     in_flight: AtomicU32,
     uncached_tokens: AtomicU64,
+    info: RwLock<Option<WorkerInfo>>,
+    down_since: Mutex<Option<Instant>>,
+    index_cleared: AtomicBool,
+}
+
+/// What a worker reports about itself (SGLang's `/server_info`, or vLLM's
+/// `/v1/models`); a field it does not report is `None`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct WorkerInfo {
+    /// The model it serves (`served_model_name`, `model_path`, or the first `/v1/models` id).
+    pub model_id: Option<String>,
+    /// Its data-parallel size.
+    pub dp_size: Option<u32>,
+    /// Its KV page (block) size in tokens.
+    pub page_size: Option<u32>,
 }
 
 /// All workers.
@@ -48,7 +63,30 @@ impl Worker {
             healthy: AtomicBool::new(true),
             in_flight: AtomicU32::new(0),
             uncached_tokens: AtomicU64::new(0),
+            info: RwLock::new(None),
+            down_since: Mutex::new(None),
+            index_cleared: AtomicBool::new(false),
         }
+    }
+
+    /// What it reported about itself, once introspected.
+    pub fn info(&self) -> Option<WorkerInfo> {
+        self.info.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Records what it reported about itself.
+    pub fn set_info(&self, info: WorkerInfo) {
+        *self.info.write().unwrap_or_else(|p| p.into_inner()) = Some(info);
+    }
+
+    /// How long it has been out of rotation (`None` while healthy).
+    pub fn down_for(&self) -> Option<Duration> {
+        self.down_since.lock().unwrap_or_else(|p| p.into_inner()).map(|t| t.elapsed())
+    }
+
+    /// Marks its index state as dropped; true the first time since it went down.
+    pub(crate) fn mark_index_cleared(&self) -> bool {
+        !self.index_cleared.swap(true, Ordering::Relaxed)
     }
 
     /// Whether it is in rotation.
@@ -60,7 +98,10 @@ impl Worker {
     pub fn set_healthy(&self, up: bool) {
         let was = self.healthy.swap(up, Ordering::Relaxed);
         if was != up {
+            let mut since = self.down_since.lock().unwrap_or_else(|p| p.into_inner());
+            *since = if up { None } else { Some(Instant::now()) };
             if up {
+                self.index_cleared.store(false, Ordering::Relaxed);
                 info!(worker = %self.url, "worker back in rotation");
             } else {
                 warn!(worker = %self.url, "worker out of rotation");
@@ -121,34 +162,4 @@ impl Workers {
         list.retain(|w| &w.url != url);
         list.len() != before
     }
-}
-
-/// Polls every worker's `/health` each `interval` until `cancel` fires.
-pub async fn health_loop(
-    workers: Arc<Workers>,
-    client: reqwest::Client,
-    interval: Duration,
-    cancel: CancellationToken,
-) {
-    let mut tick = tokio::time::interval(interval);
-    loop {
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => break,
-            _ = tick.tick() => {}
-        }
-        for w in workers.all() {
-            let ok = match client
-                .get(format!("{}/health", w.url))
-                .timeout(interval.max(Duration::from_secs(1)))
-                .send()
-                .await
-            {
-                Ok(r) => r.status().is_success(),
-                Err(_) => false,
-            };
-            w.set_healthy(ok);
-        }
-    }
-    info!("health checks stopped");
 }

@@ -528,6 +528,26 @@ impl KvIndex {
         ended
     }
 
+    /// Drops everything `url`'s streams hold but keeps the streams registered,
+    /// so its subscribers keep feeding them if it comes back. Used when a
+    /// worker has been down longer than the retention period. Returns how many
+    /// (block, stream) holdings ended.
+    pub fn clear_worker(&self, url: &WorkerUrl) -> usize {
+        let streams: Vec<(StreamId, Arc<StreamSlot>)> = {
+            let reg = self.registry();
+            reg.by_key
+                .iter()
+                .filter(|(k, _)| &k.worker == url)
+                .map(|(_, id)| (*id, reg.streams[id.index()].clone()))
+                .collect()
+        };
+        let ended = streams.iter().map(|(id, slot)| self.clear_slot(*id, slot)).sum();
+        if let (Some(pending), Some(worker)) = (&self.pending, self.registry().worker_ids.get(url).copied()) {
+            pending.write().unwrap_or_else(|p| p.into_inner()).remove_worker(worker);
+        }
+        ended
+    }
+
     /// Forgets a worker: all its streams and its pending credits. Its ids are
     /// not reused; registering it again starts fresh streams.
     pub fn remove_worker(&self, url: &WorkerUrl) {

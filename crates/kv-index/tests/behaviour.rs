@@ -211,3 +211,25 @@ fn readers_never_see_torn_writes() {
     assert!(seen > 0, "readers saw writes land");
     assert_eq!(index.stats().nodes, 0, "every chain was removed in the end");
 }
+
+#[test]
+fn clear_worker_drops_holdings_but_keeps_streams() {
+    let index = KvIndex::new(IndexConfig::default(), Arc::new(ManualClock::default()));
+    let tokens: Vec<u32> = (0..32).collect();
+    let b = blocks(&tokens, None);
+    let a0 = index.stream(&key("http://a:1", 0)).unwrap();
+    let a1 = index.stream(&key("http://a:1", 1)).unwrap();
+    let other = index.stream(&key("http://b:1", 0)).unwrap();
+    index.store(a0, None, &b, Tier::Device).unwrap();
+    index.store(a1, None, &b[..4], Tier::Device).unwrap();
+    index.store(other, None, &b[..2], Tier::Device).unwrap();
+
+    assert_eq!(index.clear_worker(&WorkerUrl::new("http://a:1")), 12, "8 + 4 holdings of both ranks end");
+    assert_eq!(depth_of(&index, "http://a:1", &hashes(&b)), 0);
+    assert_eq!(depth_of(&index, "http://b:1", &hashes(&b)), 2, "other workers untouched");
+    // The streams are still registered: the same ids, and they accept events again.
+    assert_eq!(index.stream(&key("http://a:1", 0)).unwrap(), a0);
+    index.store(a0, None, &b[..3], Tier::Device).unwrap();
+    assert_eq!(depth_of(&index, "http://a:1", &hashes(&b)), 3);
+    assert_eq!(index.clear_worker(&WorkerUrl::new("http://unknown:1")), 0);
+}

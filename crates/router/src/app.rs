@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use gateway::{Gateway, GatewayConfig, Workers, health_loop};
+use gateway::{Gateway, GatewayConfig, HealthConfig, Workers, health_loop};
 use kv_index::{IndexConfig, KvIndex, SystemClock};
 use mock_engine::{MockEngine, MockEngineConfig};
 use policy::{
@@ -73,6 +73,8 @@ pub struct AppConfig {
     pub max_concurrent: usize,
     /// Health-check period.
     pub health_interval: Duration,
+    /// How long a down worker's index state is kept.
+    pub index_retention: Duration,
     /// How long to wait for in-flight requests on shutdown.
     pub shutdown_grace: Duration,
 }
@@ -188,7 +190,8 @@ impl App {
                 }));
         }
         let client = reqwest::Client::new();
-        tokio::spawn(health_loop(registry, client, config.health_interval, cancel.clone()));
+        let health = HealthConfig { interval: config.health_interval, index_retention: config.index_retention };
+        tokio::spawn(health_loop(registry, client, health, index.clone(), cancel.clone()));
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
         Ok(Self { listener, gateway: Arc::new(gateway), cancel, grace: config.shutdown_grace, _mocks: mocks, kv })
     }

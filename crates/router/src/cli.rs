@@ -148,6 +148,10 @@ pub(crate) struct ServeArgs {
     /// Seconds between two health checks of every worker.
     #[arg(long, env = "SGL_ROUTER_HEALTH_CHECK_INTERVAL_SECS", default_value_t = crate::defaults::HEALTH_CHECK_INTERVAL_SECS, value_name = "S")]
     pub(crate) health_check_interval_secs: u64,
+    /// Seconds a worker may stay out of rotation before its KV-index state is
+    /// dropped (until then it is kept: a worker that comes back keeps its cache).
+    #[arg(long, env = "SGL_ROUTER_WORKER_INDEX_RETENTION_SECS", default_value_t = crate::defaults::WORKER_INDEX_RETENTION_SECS, value_name = "S")]
+    pub(crate) worker_index_retention_secs: u64,
     /// Seconds to let in-flight requests finish after SIGTERM.
     #[arg(long, env = "SGL_ROUTER_SHUTDOWN_GRACE_SECS", default_value_t = crate::defaults::SHUTDOWN_GRACE_SECS, value_name = "S")]
     pub(crate) shutdown_grace_secs: u64,

@@ -41,6 +41,7 @@ fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) -> AppConfig 
         request_timeout: Duration::from_secs(5),
         max_concurrent: 64,
         health_interval: Duration::from_secs(3600),
+        index_retention: Duration::from_secs(300),
         shutdown_grace: Duration::from_secs(1),
     }
 }
@@ -373,5 +374,54 @@ async fn a_client_that_goes_away_releases_its_load_and_the_upstream() {
     .await;
     assert_eq!(quick.status(), 200);
     assert!(t0.elapsed() < Duration::from_secs(5));
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_are_introspected_and_a_dead_worker_index_is_dropped_after_retention() {
+    let w0 = MockEngine::spawn(MockEngineConfig { model_id: "model-a".into(), dp_size: 2, ..engine_config() })
+        .await
+        .unwrap();
+    let w1 = MockEngine::spawn(MockEngineConfig { model_id: "model-a".into(), ..engine_config() }).await.unwrap();
+    let mut cfg = config(&[&w0, &w1], PolicyConfig::CacheAware(Default::default()), true);
+    cfg.health_interval = Duration::from_millis(100);
+    cfg.index_retention = Duration::from_secs(2);
+    let r = start(cfg).await;
+
+    // Start-up introspection: what each worker serves, from its /server_info.
+    let workers = async || -> Value { reqwest::get(format!("{}/workers", r.url)).await.unwrap().json().await.unwrap() };
+    until("both workers introspected", async || {
+        workers().await["workers"].as_array().unwrap().iter().all(|w| w["model_id"] == "model-a")
+    })
+    .await;
+    let list = workers().await;
+    let by_url = |url: String| list["workers"].as_array().unwrap().iter().find(|w| w["url"] == url).unwrap().clone();
+    assert_eq!((by_url(w0.url())["dp_size"].clone(), by_url(w0.url())["page_size"].clone()), (json!(2), json!(16)));
+    assert_eq!(by_url(w1.url())["dp_size"], 1);
+    assert_eq!(by_url(w1.url())["down_for_s"], Value::Null);
+
+    // w1 caches a prefix, then dies: it leaves rotation but its index state is
+    // kept (it may come back with its cache) until the retention period ends.
+    let system = "Retention test system prompt. ".repeat(40);
+    warm(&w1, &chat(&system, "warm up")).await;
+    let index = r.gateway.index.clone().unwrap();
+    until("the index learned w1's cache", async || debug(&r, &chat(&system, "q")).await["worker"] == w1.url()).await;
+    let held = index.stats().holdings;
+    w1.shutdown();
+    until("w1 out of rotation", async || {
+        !r.gateway.workers.all().iter().find(|w| w.url.as_str() == w1.url()).unwrap().is_healthy()
+    })
+    .await;
+    assert_eq!(index.stats().holdings, held, "kept while w1 may come back");
+    let d = debug(&r, &chat(&system, "q")).await;
+    assert_eq!(d["worker"], w0.url(), "only healthy workers are routed to: {d}");
+    for _ in 0..100 {
+        if index.stats().holdings == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(index.stats().holdings, 0, "dropped after the retention period");
+    assert!(by_url(w0.url())["healthy"].as_bool().unwrap());
     let _ = r.stop.send(());
 }

@@ -1,0 +1,143 @@
+//! The background health loop: probes every worker's `/health` concurrently,
+//! takes failing workers out of rotation and puts recovered ones back, asks
+//! each worker once what it serves (`/server_info`, else `/v1/models`), and
+//! drops the index state of a worker that stayed down past the retention
+//! period (kept until then, since a worker that comes back keeps its cache).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use kv_index::KvIndex;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::workers::{Worker, WorkerInfo, Workers};
+
+/// Default interval between health probes.
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(10);
+/// Default time a down worker's index state is kept.
+pub const DEFAULT_INDEX_RETENTION: Duration = Duration::from_secs(300);
+
+/// How the health loop runs.
+#[derive(Debug, Clone)]
+pub struct HealthConfig {
+    /// Interval between probes (also the probe timeout, at least 1 s).
+    pub interval: Duration,
+    /// How long a worker may stay down before its index state is dropped.
+    pub index_retention: Duration,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self { interval: DEFAULT_HEALTH_INTERVAL, index_retention: DEFAULT_INDEX_RETENTION }
+    }
+}
+
+/// Probes every worker each `config.interval` until `cancel` fires.
+pub async fn health_loop(
+    workers: Arc<Workers>,
+    client: reqwest::Client,
+    config: HealthConfig,
+    index: Option<Arc<KvIndex>>,
+    cancel: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(config.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let timeout = config.interval.max(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        let all = workers.all();
+        join_all(all.iter().map(|w| check(w, &client, timeout, &config, index.as_deref()))).await;
+    }
+    info!("health checks stopped");
+}
+
+async fn check(
+    w: &Arc<Worker>,
+    client: &reqwest::Client,
+    timeout: Duration,
+    config: &HealthConfig,
+    index: Option<&KvIndex>,
+) {
+    let ok = matches!(client.get(format!("{}/health", w.url)).timeout(timeout).send().await, Ok(r) if r.status().is_success());
+    w.set_healthy(ok);
+    if ok {
+        if w.info().is_none()
+            && let Some(found) = introspect(client, w, timeout).await
+        {
+            info!(worker = %w.url, model = ?found.model_id, dp_size = ?found.dp_size, page_size = ?found.page_size, "worker introspected");
+            w.set_info(found);
+        }
+        return;
+    }
+    if let Some(index) = index
+        && w.down_for().is_some_and(|d| d >= config.index_retention)
+        && w.mark_index_cleared()
+    {
+        let ended = index.clear_worker(&w.url);
+        warn!(worker = %w.url, holdings = ended, retention_s = config.index_retention.as_secs(), "worker down past retention: its index state dropped");
+    }
+}
+
+/// Asks a worker what it serves: SGLang's `/server_info` first, then the
+/// OpenAI `/v1/models` list. `None` when neither answers (tried again next tick).
+pub async fn introspect(client: &reqwest::Client, w: &Worker, timeout: Duration) -> Option<WorkerInfo> {
+    let get = |path: &'static str| {
+        let url = format!("{}{path}", w.url);
+        async move {
+            let r = client.get(url).timeout(timeout).send().await.ok()?;
+            if !r.status().is_success() {
+                return None;
+            }
+            r.json::<Value>().await.ok()
+        }
+    };
+    if let Some(v) = get("/server_info").await {
+        let info = from_server_info(&v);
+        if info.model_id.is_some() {
+            return Some(info);
+        }
+    }
+    let models = get("/v1/models").await;
+    debug!(worker = %w.url, found = models.is_some(), "no /server_info; asked /v1/models");
+    models.map(|v| WorkerInfo {
+        model_id: v.pointer("/data/0/id").and_then(Value::as_str).map(str::to_owned),
+        ..WorkerInfo::default()
+    })
+}
+
+/// Reads SGLang's `/server_info` (its server args, flattened).
+pub fn from_server_info(v: &Value) -> WorkerInfo {
+    let text = |k: &str| v.get(k).and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_owned);
+    let num = |k: &str| v.get(k).and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok());
+    WorkerInfo {
+        model_id: text("served_model_name").or_else(|| text("model_path")),
+        dp_size: num("dp_size"),
+        page_size: num("page_size"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn server_info_fields() {
+        let v = json!({"model_path": "/models/qwen", "served_model_name": "qwen", "dp_size": 4, "page_size": 64});
+        let i = from_server_info(&v);
+        assert_eq!(i, WorkerInfo { model_id: Some("qwen".into()), dp_size: Some(4), page_size: Some(64) });
+        // SGLang leaves served_model_name empty-ish in some versions: fall back to the path.
+        let v = json!({"model_path": "/models/qwen", "served_model_name": "", "page_size": 1});
+        let i = from_server_info(&v);
+        assert_eq!(i.model_id.as_deref(), Some("/models/qwen"));
+        assert_eq!(i.dp_size, None);
+        assert_eq!(from_server_info(&json!({"dp_size": -1})), WorkerInfo::default());
+    }
+}
