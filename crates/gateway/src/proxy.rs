@@ -25,6 +25,9 @@ use crate::metrics::{escape, head};
 use crate::workers::{LoadGuard, Worker};
 use crate::{Gateway, GatewayError};
 
+/// The header SGLang and vLLM read a data-parallel rank hint from.
+const RANK_HEADER: &str = "x-data-parallel-rank";
+
 /// The proxied routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
@@ -256,14 +259,18 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
     {
         index.credit_pending(id, &plan.hashes);
     }
-    // Tell a data-parallel engine which rank holds the prefix.
-    let body = match plan.rank {
-        Some(rank) if rank.0 > 0 => {
+    // Tell a data-parallel engine which rank holds the prefix: SGLang's and
+    // vLLM's OpenAI routes read the `X-Data-Parallel-Rank` header (rank 0 on a
+    // single-rank engine is accepted by both); SGLang's native `/generate`
+    // reads only the body field `routed_dp_rank`.
+    let mut body = match (plan.rank, route) {
+        (Some(rank), Route::Generate) if v.get("routed_dp_rank").is_none() => {
             v["routed_dp_rank"] = json!(rank.0);
             Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
         }
-        _ => bytes,
+        _ => bytes.clone(),
     };
+    let mut rank_header = plan.rank.map(|r| HeaderValue::from(r.0));
     if gw.in_flight.fetch_add(1, Ordering::Relaxed) >= gw.config.max_concurrent {
         gw.in_flight.fetch_sub(1, Ordering::Relaxed);
         return Err(GatewayError::Overloaded(gw.config.max_concurrent));
@@ -273,12 +280,12 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
     let mut retried = false;
     loop {
         let guard = InFlight { gw: gw.clone(), _load: worker.charge(uncached), route, status: 0, start };
-        let send = gw
-            .client
-            .post(format!("{}{}", worker.url, route.path()))
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(body.clone())
-            .send();
+        let mut req =
+            gw.client.post(format!("{}{}", worker.url, route.path())).header(header::CONTENT_TYPE, "application/json");
+        if let Some(rank) = &rank_header {
+            req = req.header(RANK_HEADER, rank.clone());
+        }
+        let send = req.body(body.clone()).send();
         match tokio::time::timeout(gw.config.request_timeout, send).await {
             Ok(Ok(resp)) => {
                 gw.metrics.ttfb.observe(start.elapsed().as_secs_f64());
@@ -299,6 +306,8 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
                 drop(guard);
                 gw.in_flight.fetch_add(1, Ordering::Relaxed); // the dropped guard released one
                 worker = next.clone();
+                // The rank hint was for the first worker; the next one places it itself.
+                (body, rank_header) = (bytes.clone(), None);
             }
             Ok(Err(e)) => {
                 if e.is_connect() {

@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use renderer::{ChatRequest, Prompt};
@@ -58,8 +58,7 @@ async fn server_info(State(e): State<Arc<Engine>>) -> Json<Value> {
             "dp_size": c.dp_size,
         })
     });
-    // Ranks bind free ports one by one, so `base + rank` only holds for one rank;
-    // with more, the real ports are listed too (SGLang itself binds base + rank).
+    // Rank r binds base + r, as in SGLang; the real endpoints are listed too.
     Json(json!({
         "model_path": c.model_id,
         "served_model_name": c.model_id,
@@ -105,11 +104,19 @@ fn max_tokens(v: &Value, default: usize) -> usize {
         .min(4096)
 }
 
-fn rank_hint(v: &Value) -> Option<usize> {
-    ["routed_dp_rank", "data_parallel_rank"].iter().find_map(|k| v.get(*k).and_then(Value::as_u64)).map(|r| r as usize)
+/// The requested dp rank: the `X-Data-Parallel-Rank` header (SGLang and vLLM),
+/// which wins over SGLang's body field `routed_dp_rank` (or its deprecated name).
+fn rank_hint(headers: &HeaderMap, v: &Value) -> Option<usize> {
+    let header = headers.get("x-data-parallel-rank").and_then(|h| h.to_str().ok()).and_then(|h| h.trim().parse().ok());
+    header.or_else(|| {
+        ["routed_dp_rank", "data_parallel_rank"]
+            .iter()
+            .find_map(|k| v.get(*k).and_then(Value::as_u64))
+            .map(|r| r as usize)
+    })
 }
 
-async fn chat(State(e): State<Arc<Engine>>, body: Bytes) -> Response {
+async fn chat(State(e): State<Arc<Engine>>, headers: HeaderMap, body: Bytes) -> Response {
     let v: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(err) => return bad_json(err),
@@ -118,10 +125,10 @@ async fn chat(State(e): State<Arc<Engine>>, body: Bytes) -> Response {
         Ok(r) => r.token_ids,
         Err(err) => return error(StatusCode::BAD_REQUEST, &err.to_string(), "invalid_request_error"),
     };
-    serve(e, Route::Chat, &v, tokens).await
+    serve(e, Route::Chat, &v, tokens, rank_hint(&headers, &v)).await
 }
 
-async fn completions(State(e): State<Arc<Engine>>, body: Bytes) -> Response {
+async fn completions(State(e): State<Arc<Engine>>, headers: HeaderMap, body: Bytes) -> Response {
     let v: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(err) => return bad_json(err),
@@ -133,10 +140,10 @@ async fn completions(State(e): State<Arc<Engine>>, body: Bytes) -> Response {
         Ok(t) => t,
         Err(err) => return error(StatusCode::BAD_REQUEST, &err.to_string(), "invalid_request_error"),
     };
-    serve(e, Route::Completions, &v, tokens).await
+    serve(e, Route::Completions, &v, tokens, rank_hint(&headers, &v)).await
 }
 
-async fn generate(State(e): State<Arc<Engine>>, body: Bytes) -> Response {
+async fn generate(State(e): State<Arc<Engine>>, headers: HeaderMap, body: Bytes) -> Response {
     let v: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(err) => return bad_json(err),
@@ -146,7 +153,7 @@ async fn generate(State(e): State<Arc<Engine>>, body: Bytes) -> Response {
         Ok(t) => t,
         Err(err) => return error(StatusCode::BAD_REQUEST, &err.to_string(), "invalid_request_error"),
     };
-    serve(e, Route::Generate, &v, tokens).await
+    serve(e, Route::Generate, &v, tokens, rank_hint(&headers, &v)).await
 }
 
 /// The word generated at position `i`.
@@ -180,7 +187,7 @@ impl Drop for Release {
     }
 }
 
-async fn serve(e: Arc<Engine>, route: Route, v: &Value, tokens: Vec<u32>) -> Response {
+async fn serve(e: Arc<Engine>, route: Route, v: &Value, tokens: Vec<u32>, rank: Option<usize>) -> Response {
     let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
     match e.take_fault(stream) {
         Some(RequestFault::Fail) => {
@@ -194,7 +201,7 @@ async fn serve(e: Arc<Engine>, route: Route, v: &Value, tokens: Vec<u32>) -> Res
     let die = stream && e.take_fault_mid_stream_pending();
     let n = max_tokens(v, e.config().default_max_tokens);
     let model = v.get("model").and_then(Value::as_str).unwrap_or(&e.config().model_id).to_string();
-    let admission = e.admit(&tokens, rank_hint(v)).await;
+    let admission = e.admit(&tokens, rank).await;
     let guard = Release { engine: e.clone(), admission };
     let id = format!("mock-{}", now_secs());
     if !stream {

@@ -93,13 +93,7 @@ impl MockEngine {
 
     /// Starts the engine with a given renderer (a real tokenizer and template).
     pub async fn spawn_with(config: MockEngineConfig, renderer: Renderer) -> anyhow::Result<Self> {
-        let mut publishers = Vec::new();
-        if config.kv_events {
-            for _ in 0..config.dp_size.max(1) {
-                let pc = PublisherConfig { form: config.event_form, ..PublisherConfig::loopback() };
-                publishers.push(kv_events::Publisher::bind(pc).await?);
-            }
-        }
+        let publishers = if config.kv_events { bind_publishers(&config).await? } else { Vec::new() };
         let engine = Arc::new(Engine::new(config.clone(), renderer, publishers));
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?;
@@ -135,4 +129,48 @@ impl Drop for MockEngine {
     fn drop(&mut self) {
         self.cancel.cancel();
     }
+}
+
+/// One publisher per dp rank. Like SGLang, rank `r` binds `base + r` (and
+/// replay `replay_base + r`), so discovery from `/server_info` finds every
+/// rank; a single rank takes any free port.
+async fn bind_publishers(config: &MockEngineConfig) -> anyhow::Result<Vec<kv_events::Publisher>> {
+    let ranks = config.dp_size.max(1);
+    let one = |endpoint: String, replay: String| PublisherConfig {
+        endpoint,
+        replay_endpoint: Some(replay),
+        form: config.event_form,
+        ..PublisherConfig::loopback()
+    };
+    if ranks == 1 {
+        return Ok(vec![
+            kv_events::Publisher::bind(PublisherConfig { form: config.event_form, ..PublisherConfig::loopback() })
+                .await?,
+        ]);
+    }
+    let mut last = None;
+    for attempt in 0..32u64 {
+        // Spread attempts over the unprivileged range below the usual ephemeral ports.
+        let seed = std::process::id() as u64 * 7919 + attempt * 104_729 + now_nanos();
+        let base = 20_000 + (seed % 12_000) as usize;
+        let mut bound = Vec::with_capacity(ranks);
+        for r in 0..ranks {
+            let pc = one(format!("tcp://127.0.0.1:{}", base + r), format!("tcp://127.0.0.1:{}", base + ranks + r));
+            match kv_events::Publisher::bind(pc).await {
+                Ok(p) => bound.push(p),
+                Err(e) => {
+                    last = Some(e);
+                    break;
+                }
+            }
+        }
+        if bound.len() == ranks {
+            return Ok(bound);
+        }
+    }
+    Err(anyhow::anyhow!("no {ranks} consecutive free publisher ports: {last:?}"))
+}
+
+fn now_nanos() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() as u64)
 }

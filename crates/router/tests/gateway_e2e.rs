@@ -425,3 +425,41 @@ async fn workers_are_introspected_and_a_dead_worker_index_is_dropped_after_reten
     assert!(by_url(w0.url())["healthy"].as_bool().unwrap());
     let _ = r.stop.send(());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rank_holding_the_prefix_is_passed_to_a_data_parallel_engine() {
+    let w = MockEngine::spawn(MockEngineConfig { dp_size: 2, ..engine_config() }).await.unwrap();
+    let r = start(config(&[&w], PolicyConfig::CacheAware(Default::default()), true)).await;
+    let system = "Data-parallel rank hint test prompt. ".repeat(40);
+    // Rank 1 alone holds the prefix (warmed directly, with the engines' rank header).
+    for (path, body) in [
+        ("/v1/chat/completions", chat(&system, "warm up")),
+        ("/generate", json!({"text": system, "sampling_params": {"max_new_tokens": 1}})),
+    ] {
+        let warmed = reqwest::Client::new()
+            .post(format!("{}{path}", w.url()))
+            .header("x-data-parallel-rank", "1")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert!(warmed.status().is_success());
+    }
+    until("the index learned rank 1's cache", async || debug(&r, &chat(&system, "q")).await["dp_rank"] == 1).await;
+    // Without the hint the engine alternates ranks; with it every request lands on rank 1.
+    for i in 0..4 {
+        let (path, body) = if i % 2 == 0 {
+            ("/v1/chat/completions", chat(&system, &format!("question {i}")))
+        } else {
+            ("/generate", json!({"text": format!("{system}more {i}"), "sampling_params": {"max_new_tokens": 2}}))
+        };
+        let resp: Value = post(&format!("{}{path}", r.url), &body).await.json().await.unwrap();
+        let cached = resp
+            .pointer("/usage/prompt_tokens_details/cached_tokens")
+            .or_else(|| resp.pointer("/meta_info/cached_tokens"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        assert!(cached >= 1024, "request {i} to {path} reached the rank holding its prefix: {resp}");
+    }
+    let _ = r.stop.send(());
+}
