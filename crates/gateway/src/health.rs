@@ -95,7 +95,7 @@ pub async fn introspect(client: &reqwest::Client, w: &Worker, timeout: Duration)
             if !r.status().is_success() {
                 return None;
             }
-            r.json::<Value>().await.ok()
+            serde_json::from_slice::<Value>(&r.bytes().await.ok()?).ok()
         }
     };
     if let Some(v) = get("/server_info").await {

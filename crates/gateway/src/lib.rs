@@ -12,6 +12,7 @@
 pub mod error;
 pub mod health;
 pub mod metrics;
+pub mod namespace;
 mod proxy;
 pub mod workers;
 

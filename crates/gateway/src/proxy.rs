@@ -191,8 +191,10 @@ fn plan(gw: &Gateway, route: Route, v: &Value) -> Result<Plan, GatewayError> {
         let page = NonZeroUsize::new(gw.config.block_size).unwrap_or(NonZeroUsize::MIN);
         let mode = if gw.config.bigram { HashMode::Bigram } else { HashMode::Unigram };
         // The request's namespace starts its chain, as the engine's does.
-        let salt = v.get("cache_salt").and_then(Value::as_str);
-        let prior = renderer::hash::namespace_prior(None, salt);
+        let mut served: Vec<String> = gw.workers.all().iter().filter_map(|w| w.info()?.model_id).collect();
+        served.push(gw.config.model_id.clone());
+        let ns = crate::namespace::of_request(v, &served, Some(index));
+        let prior = renderer::hash::namespace_prior(ns.adapter, ns.salt);
         hashes =
             PageHasher::new(page, mode).block_hashes(&tokens, prior.as_ref()).map_err(renderer::RenderError::from)?;
         for m in index.prefix_depths(&hashes, &kv_index::MatchOptions::default()) {

@@ -12,6 +12,7 @@ use std::time::Duration;
 use hashbrown::HashTable;
 use router_types::{BlockHash, DpRank, PageDigest, Tier, WorkerKey, WorkerUrl};
 
+use crate::adapters::Adapters;
 use crate::pending::Pending;
 use crate::shard::{Evicted, NO_PARENT, Shard, TICK_MASK, TierBits, mix};
 use crate::{Clock, StreamId, WorkerId};
@@ -148,6 +149,7 @@ pub struct KvIndex {
     clock: Arc<dyn Clock>,
     tick: AtomicU32,
     evicted: AtomicU64,
+    adapters: Adapters,
 }
 
 #[derive(Debug, Default)]
@@ -313,6 +315,7 @@ impl KvIndex {
             clock,
             tick: AtomicU32::new(0),
             evicted: AtomicU64::new(0),
+            adapters: Adapters::default(),
         }
     }
 
@@ -330,6 +333,16 @@ impl KvIndex {
             return Err(IndexError::UnknownStream);
         }
         Ok(slot)
+    }
+
+    /// Remembers a LoRA adapter name an engine's event carried.
+    pub fn note_adapter(&self, name: &str) {
+        self.adapters.note(name);
+    }
+
+    /// Whether some engine's event carried the LoRA adapter name `name`.
+    pub fn knows_adapter(&self, name: &str) -> bool {
+        self.adapters.contains(name)
     }
 
     /// The id of `url`, registering it on first use.

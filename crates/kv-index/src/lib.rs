@@ -3,6 +3,7 @@
 //! pump writes, the request path reads. See `README.md` beside this crate for
 //! the layout, the invariants and the cost of each operation.
 
+mod adapters;
 mod clock;
 mod index;
 mod pending;

@@ -235,6 +235,9 @@ impl Pump {
             },
             None => None,
         };
+        if let Some(lora) = s.namespace.lora_name.as_deref() {
+            self.index.note_adapter(lora);
+        }
         let prior: Option<PageDigest> = match &parent {
             Some(p) => Some(p.digest),
             None => namespace_prior(s.namespace.lora_name.as_deref(), s.namespace.cache_salt.as_deref()),

@@ -463,3 +463,63 @@ async fn the_rank_holding_the_prefix_is_passed_to_a_data_parallel_engine() {
     }
     let _ = r.stop.send(());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lora_requests_match_the_adapter_chains_the_events_carry() {
+    use kv_events::{Publisher, PublisherConfig};
+    use router_types::{EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier};
+
+    let w = MockEngine::spawn(MockEngineConfig { model_id: "base".into(), kv_events: false, ..engine_config() })
+        .await
+        .unwrap();
+    let publisher = Publisher::bind(PublisherConfig::loopback()).await.unwrap();
+    let mut cfg = config(&[&w], PolicyConfig::CacheAware(Default::default()), true);
+    let kv = cfg.kv_events.as_mut().unwrap();
+    kv.explicit.endpoints.insert(WorkerUrl::new(w.url()), publisher.endpoint().to_owned());
+    cfg.model_id = "base".into();
+    let r = start(cfg).await;
+
+    // The engine cached this prompt under adapter "sql" (vLLM-style event: opaque hashes, lora_name).
+    let body = chat(&"LoRA namespace test. ".repeat(30), "q");
+    let tokens = renderer::Renderer::builtin()
+        .unwrap()
+        .render_chat(&renderer::ChatRequest::from_value(body.clone()).unwrap())
+        .unwrap()
+        .token_ids;
+    let blocks = tokens.len() / 16;
+    let event = EventBatch {
+        ts: 0.0,
+        dp_rank: None,
+        events: vec![KvEvent::Stored(StoredBlocks {
+            block_hashes: (0..blocks).map(|i| EngineBlockHash::U64(1_000 + i as u64)).collect(),
+            parent: None,
+            token_ids: tokens[..blocks * 16].iter().map(|t| u64::from(*t)).collect(),
+            bigram: false,
+            block_size: 16,
+            tier: Tier::Device,
+            namespace: Namespace { lora_name: Some("sql".into()), cache_salt: None },
+            group_idx: None,
+        })],
+    };
+    let matched = |d: &Value| d["candidates"][0]["matched_tokens"].as_u64().unwrap();
+    let with_model = |m: &str| {
+        let mut b = body.clone();
+        b["model"] = json!(m);
+        b
+    };
+    until("the adapter's chain is indexed", async || {
+        publisher.publish(&event).await.unwrap();
+        matched(&debug(&r, &with_model("base:sql")).await) == (blocks * 16) as u64
+    })
+    .await;
+    // SGLang's ways of naming the adapter, and vLLM's (the adapter as the model, once events named it).
+    let mut by_path = with_model("base");
+    by_path["lora_path"] = json!("sql");
+    assert_eq!(matched(&debug(&r, &by_path).await), (blocks * 16) as u64);
+    assert_eq!(matched(&debug(&r, &with_model("sql")).await), (blocks * 16) as u64);
+    // The base model and other adapters are other namespaces.
+    assert_eq!(matched(&debug(&r, &with_model("base")).await), 0);
+    assert_eq!(matched(&debug(&r, &with_model("base:chat")).await), 0);
+    assert_eq!(matched(&debug(&r, &with_model("some-client-name")).await), 0);
+    let _ = r.stop.send(());
+}
