@@ -46,6 +46,7 @@ pub async fn health_loop(
     let mut tick = tokio::time::interval(config.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let timeout = config.interval.max(Duration::from_secs(1));
+    let mut models_seen = Vec::new();
     loop {
         tokio::select! {
             biased;
@@ -54,6 +55,7 @@ pub async fn health_loop(
         }
         let all = workers.all();
         join_all(all.iter().map(|w| check(w, &client, timeout, &config, index.as_deref()))).await;
+        warn_mixed_models(&all, &mut models_seen);
     }
     info!("health checks stopped");
 }
@@ -83,6 +85,18 @@ async fn check(
         let ended = index.clear_worker(&w.url);
         warn!(worker = %w.url, holdings = ended, retention_s = config.index_retention.as_secs(), "worker down past retention: its index state dropped");
     }
+}
+
+/// Warns (once per set of models) when the workers serve different models: one
+/// router renders and hashes for one model, so the others would never match.
+fn warn_mixed_models(all: &[Arc<Worker>], last: &mut Vec<String>) {
+    let mut models: Vec<String> = all.iter().filter_map(|w| w.info()?.model_id).collect();
+    models.sort_unstable();
+    models.dedup();
+    if models.len() > 1 && *last != models {
+        warn!(?models, "workers serve different models: requests are rendered and hashed for one model only");
+    }
+    *last = models;
 }
 
 /// Asks a worker what it serves: SGLang's `/server_info` first, then the
