@@ -33,13 +33,43 @@ pub use workers::{LoadGuard, Worker, WorkerInfo, Workers};
 /// Default request body limit (the reference router's).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 5 << 20;
 
+/// The hash modes of the followed workers: unigram, bigram (EAGLE-style
+/// speculative decoding), or both in a mixed fleet; workers added at run time
+/// add theirs. With none known, requests are hashed unigram.
+#[derive(Debug, Default)]
+pub struct HashModes(std::sync::atomic::AtomicU8);
+
+impl HashModes {
+    const UNIGRAM: u8 = 1;
+    const BIGRAM: u8 = 2;
+
+    /// Records that a followed worker keys blocks in `mode`.
+    pub fn add(&self, mode: renderer::HashMode) {
+        let bit = match mode {
+            renderer::HashMode::Unigram => Self::UNIGRAM,
+            renderer::HashMode::Bigram => Self::BIGRAM,
+        };
+        self.0.fetch_or(bit, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The modes requests must be hashed in, unigram first.
+    pub fn modes(&self) -> impl Iterator<Item = renderer::HashMode> {
+        let bits = self.0.load(std::sync::atomic::Ordering::Relaxed);
+        let bits = if bits == 0 { Self::UNIGRAM } else { bits };
+        [(Self::UNIGRAM, renderer::HashMode::Unigram), (Self::BIGRAM, renderer::HashMode::Bigram)]
+            .into_iter()
+            .filter(move |(b, _)| bits & b != 0)
+            .map(|(_, m)| m)
+    }
+}
+
 /// How the gateway behaves.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
     /// Page size requests are hashed with (the fleet's).
     pub block_size: usize,
-    /// The fleet keys blocks by bigrams (EAGLE-style speculative decoding).
-    pub bigram: bool,
+    /// How the followed workers key blocks (plain tokens, bigrams, or both in a mixed fleet).
+    pub hash_modes: Arc<HashModes>,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
     /// Longest a proxied request may take.

@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use futures_util::StreamExt;
 use policy::{Candidate, Decision, RequestInfo};
-use renderer::{ChatRequest, HashMode, PageHasher, Prompt};
+use renderer::{ChatRequest, PageHasher, Prompt};
 use router_types::{BlockHash, DpRank, WorkerUrl};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -189,16 +189,25 @@ fn plan(gw: &Gateway, route: Route, v: &Value) -> Result<Plan, GatewayError> {
     let mut hashes = Vec::new();
     if let Some(index) = &gw.index {
         let page = NonZeroUsize::new(gw.config.block_size).unwrap_or(NonZeroUsize::MIN);
-        let mode = if gw.config.bigram { HashMode::Bigram } else { HashMode::Unigram };
         // The request's namespace starts its chain, as the engine's does.
         let mut served: Vec<String> = gw.workers.all().iter().filter_map(|w| w.info()?.model_id).collect();
         served.push(gw.config.model_id.clone());
         let ns = crate::namespace::of_request(v, &served, Some(index));
         let prior = renderer::hash::namespace_prior(ns.adapter, ns.salt);
-        hashes =
-            PageHasher::new(page, mode).block_hashes(&tokens, prior.as_ref()).map_err(renderer::RenderError::from)?;
-        for m in index.prefix_depths(&hashes, &kv_index::MatchOptions::default()) {
-            matched.insert(m.worker, (m.blocks, m.rank));
+        // A mixed fleet is matched in each mode; a worker's blocks exist in its own mode only.
+        for mode in gw.config.hash_modes.modes() {
+            let chain = PageHasher::new(page, mode)
+                .block_hashes(&tokens, prior.as_ref())
+                .map_err(renderer::RenderError::from)?;
+            for m in index.prefix_depths(&chain, &kv_index::MatchOptions::default()) {
+                let e = matched.entry(m.worker).or_insert((0, None));
+                if m.blocks > e.0 {
+                    *e = (m.blocks, m.rank);
+                }
+            }
+            if hashes.is_empty() {
+                hashes = chain;
+            }
         }
     }
     let bs = gw.config.block_size as u64;

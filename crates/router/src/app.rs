@@ -121,7 +121,7 @@ impl App {
             bail!("no workers: give --worker-urls or --mock-workers");
         }
         let cancel = CancellationToken::new();
-        let (index, kv, block_size, bigram) = match &config.kv_events {
+        let (index, kv, block_size, hash_modes) = match &config.kv_events {
             Some(kv_config) => {
                 let index = Arc::new(KvIndex::new(
                     IndexConfig {
@@ -133,10 +133,10 @@ impl App {
                 ));
                 let kv_config = KvEventsConfig { workers: workers.clone(), ..kv_config.clone() };
                 let rt = start_kv_events(kv_config, index.clone(), cancel.clone()).await;
-                let (bs, bigram) = (rt.block_size, rt.bigram);
-                (Some(index), Some(Arc::new(rt)), bs, bigram)
+                let (bs, modes) = (rt.block_size, rt.hash_modes.clone());
+                (Some(index), Some(Arc::new(rt)), bs, modes)
             }
-            None => (None, None, 16, false),
+            None => (None, None, 16, Arc::default()),
         };
         let policy: Arc<dyn Policy> = match &config.policy {
             PolicyConfig::RoundRobin => Arc::new(RoundRobin::default()),
@@ -158,7 +158,7 @@ impl App {
         };
         let gw_config = GatewayConfig {
             block_size,
-            bigram,
+            hash_modes,
             max_body_bytes: config.max_body_bytes,
             request_timeout: config.request_timeout,
             max_concurrent: config.max_concurrent,

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use gateway::HashModes;
 use kv_events::{
     DiscoveryError, EventMetrics, ExplicitEndpoints, StreamEndpoints, SubscriberConfig, discover, explicit_streams,
     spawn_subscriber,
@@ -92,6 +93,7 @@ pub struct WorkerAdder {
     tx: mpsc::Sender<kv_events::StreamMessage>,
     events: Arc<EventMetrics>,
     fleet: Arc<FleetMetrics>,
+    hash_modes: Arc<HashModes>,
     cancel: CancellationToken,
 }
 
@@ -100,8 +102,8 @@ pub struct WorkerAdder {
 pub struct KvEventsRuntime {
     /// The fleet's page size (what requests must be hashed with).
     pub block_size: usize,
-    /// Whether the followed workers key blocks by bigrams (all of them, or none is assumed).
-    pub bigram: bool,
+    /// How the followed workers key blocks (shared with the gateway; workers added later add theirs).
+    pub hash_modes: Arc<HashModes>,
     /// What happened to each worker.
     pub workers: Vec<WorkerStatus>,
     /// Subscriber counters.
@@ -152,7 +154,7 @@ pub async fn start_kv_events(
     let mut pump = Pump::new(index, pump_metrics.clone());
     let (tx, rx) = mpsc::channel(PUMP_CHANNEL_CAPACITY);
     let mut tasks = JoinSet::new();
-    let bigram = !found.is_empty() && found.iter().all(|f| f.bigram);
+    let hash_modes = Arc::new(HashModes::default());
     for f in found {
         let worker_block = f.block_size.unwrap_or(block_size);
         if worker_block != block_size {
@@ -180,6 +182,7 @@ pub async fn start_kv_events(
         }
         fleet.streams.fetch_add(subscribed as u64, Ordering::Relaxed);
         info!(worker = %f.worker, streams = subscribed, block_size, bigram = f.bigram, "kv events: following worker");
+        hash_modes.add(if f.bigram { HashMode::Bigram } else { HashMode::Unigram });
         statuses.push(WorkerStatus::Subscribed { worker: f.worker, streams: subscribed, block_size });
     }
     let (control, control_rx) = mpsc::channel(16);
@@ -192,9 +195,10 @@ pub async fn start_kv_events(
         tx,
         events: events.clone(),
         fleet: fleet.clone(),
+        hash_modes: hash_modes.clone(),
         cancel,
     };
-    KvEventsRuntime { block_size, bigram, workers: statuses, events, pump: pump_metrics, fleet, tasks, adder }
+    KvEventsRuntime { block_size, hash_modes, workers: statuses, events, pump: pump_metrics, fleet, tasks, adder }
 }
 
 // === impl WorkerAdder ===
@@ -243,6 +247,7 @@ impl WorkerAdder {
             subscribed += 1;
         }
         self.fleet.streams.fetch_add(subscribed as u64, Ordering::Relaxed);
+        self.hash_modes.add(hashing.mode);
         info!(%worker, streams = subscribed, "kv events: following added worker");
         WorkerStatus::Subscribed { worker: worker.clone(), streams: subscribed, block_size: self.block_size }
     }

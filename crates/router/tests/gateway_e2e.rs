@@ -5,6 +5,8 @@
 //! bad requests get precise statuses; `/debug/route` changes nothing;
 //! `/metrics` is valid Prometheus text.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -521,5 +523,68 @@ async fn lora_requests_match_the_adapter_chains_the_events_carry() {
     assert_eq!(matched(&debug(&r, &with_model("base")).await), 0);
     assert_eq!(matched(&debug(&r, &with_model("base:chat")).await), 0);
     assert_eq!(matched(&debug(&r, &with_model("some-client-name")).await), 0);
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_fleet_matches_bigram_and_unigram_workers_in_their_own_modes() {
+    use kv_events::{Publisher, PublisherConfig};
+    use renderer::{HashMode, PageHasher};
+    use router_types::{EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier};
+
+    // w0: a plain engine (unigram). eagle: an EAGLE3 engine, which keys blocks by bigrams.
+    let w0 = MockEngine::spawn(engine_config()).await.unwrap();
+    let publisher = Publisher::bind(PublisherConfig::loopback()).await.unwrap();
+    let port = |e: &str| e.rsplit(':').next().unwrap().to_owned();
+    let eagle = common::http_answering(format!(
+        r#"{{"served_model_name": "default", "page_size": 16, "dp_size": 1, "speculative_algorithm": "EAGLE3",
+            "kv_events": {{"publisher": "zmq", "endpoint_host": "127.0.0.1", "endpoint_port_base": {},
+            "topic": "", "block_size": 16, "dp_size": 1}}}}"#,
+        port(publisher.endpoint())
+    ))
+    .await;
+    let mut cfg = config(&[&w0], PolicyConfig::CacheAware(Default::default()), true);
+    cfg.workers.push(WorkerUrl::new(eagle.as_str()));
+    let r = start(cfg).await;
+
+    let body = chat(&"Mixed fleet test prompt. ".repeat(30), "q");
+    let tokens = renderer::Renderer::builtin()
+        .unwrap()
+        .render_chat(&renderer::ChatRequest::from_value(body.clone()).unwrap())
+        .unwrap()
+        .token_ids;
+    // The EAGLE engine caches the prompt's bigram pages (SGLang hashes: engine hash = router hash).
+    let pages = (tokens.len() - 1) / 16;
+    let raw = &tokens[..pages * 16 + 1];
+    let hashes =
+        PageHasher::new(std::num::NonZeroUsize::new(16).unwrap(), HashMode::Bigram).block_hashes(raw, None).unwrap();
+    let event = EventBatch {
+        ts: 0.0,
+        dp_rank: None,
+        events: vec![KvEvent::Stored(StoredBlocks {
+            block_hashes: hashes.iter().map(|h| EngineBlockHash::I64(h.0)).collect(),
+            parent: None,
+            token_ids: raw.iter().map(|t| u64::from(*t)).collect(),
+            bigram: true,
+            block_size: 16,
+            tier: Tier::Device,
+            namespace: Namespace::default(),
+            group_idx: None,
+        })],
+    };
+    let matched = |d: &Value, url: &str| {
+        d["candidates"].as_array().unwrap().iter().find(|c| c["worker"] == url).unwrap()["matched_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    until("the EAGLE worker's bigram pages are indexed", async || {
+        publisher.publish(&event).await.unwrap();
+        matched(&debug(&r, &body).await, &eagle) == (pages * 16) as u64
+    })
+    .await;
+    // And the plain worker's unigram pages, from its own events, in the same request.
+    warm(&w0, &body).await;
+    until("w0's unigram pages are indexed too", async || matched(&debug(&r, &body).await, &w0.url()) >= 512).await;
+    assert_eq!(matched(&debug(&r, &body).await, &eagle), (pages * 16) as u64, "{}", debug(&r, &body).await);
     let _ = r.stop.send(());
 }

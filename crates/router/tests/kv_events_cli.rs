@@ -7,34 +7,13 @@ use std::num::NonZeroUsize;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+mod common;
+
+use common::http_answering as http;
 use kv_events::{Publisher, PublisherConfig};
 use renderer::{HashMode, PageHasher};
 use router_types::{EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-
-/// An HTTP server answering every request with `body`.
-async fn http(body: String) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut socket, _)) = listener.accept().await else { return };
-            let body = body.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let _ = socket.read(&mut buf).await;
-                let response = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = socket.write_all(response.as_bytes()).await;
-            });
-        }
-    });
-    url
-}
 
 fn port(endpoint: &str) -> u16 {
     endpoint.rsplit(':').next().unwrap().parse().unwrap()

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 /// Polls `cond` every 25 ms for up to 10 s; panics naming `what` if it never holds.
+#[allow(dead_code)] // not every test binary uses it
 pub(crate) async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     for _ in 0..400 {
         if cond() {
@@ -11,4 +12,29 @@ pub(crate) async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     panic!("timed out waiting for {what}");
+}
+
+/// An HTTP server on 127.0.0.1 answering every request with 200 and `body`
+/// (a worker whose `/server_info` and `/health` are all we need). Returns its URL.
+#[allow(dead_code)] // not every test binary uses it
+pub(crate) async fn http_answering(body: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else { return };
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let _ = socket.read(&mut buf).await;
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    url
 }
