@@ -19,18 +19,20 @@ pub struct Namespace<'a> {
     pub salt: Option<&'a str>,
 }
 
-/// Reads the namespace of request body `v`; `served` are the served model names
-/// (configured and reported by workers).
-pub fn of_request<'a>(v: &'a Value, served: &[String], index: Option<&KvIndex>) -> Namespace<'a> {
+/// Reads the namespace of request body `v`; `served` lists the served model
+/// names (configured and reported by workers), asked only when the `model`
+/// field could name an adapter, so the common request pays nothing for it.
+pub fn of_request<'a>(v: &'a Value, served: impl Fn() -> Vec<String>, index: Option<&KvIndex>) -> Namespace<'a> {
     let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::trim).filter(|s| !s.is_empty());
-    let model = text("model").filter(|m| !served.iter().any(|s| s == m));
+    let known = |m: &str| index.is_some_and(|i| i.knows_adapter(m));
+    let model = text("model").filter(|m| m.contains(':') || known(m));
+    let served = model.map(|_| served()).unwrap_or_default();
+    let model = model.filter(|m| !served.iter().any(|s| s == m));
     let from_model = model.filter(|m| m.contains(':')).and_then(|m| {
         let rest = served.iter().find_map(|s| m.strip_prefix(s.as_str()).and_then(|r| r.strip_prefix(':')));
         rest.or_else(|| m.split_once(':').map(|(_, a)| a)).map(str::trim).filter(|a| !a.is_empty())
     });
-    let adapter = from_model
-        .or_else(|| text("lora_path"))
-        .or_else(|| model.filter(|m| index.is_some_and(|i| i.knows_adapter(m))));
+    let adapter = from_model.or_else(|| text("lora_path")).or_else(|| model.filter(|m| !m.contains(':')));
     Namespace { adapter, salt: v.get("cache_salt").and_then(Value::as_str) }
 }
 
@@ -44,8 +46,8 @@ mod tests {
     use super::*;
 
     fn adapter(v: Value, index: Option<&KvIndex>) -> Option<String> {
-        let served = ["qwen".to_owned(), "s3://bucket/model:v2".to_owned()];
-        of_request(&v, &served, index).adapter.map(str::to_owned)
+        let served = || vec!["qwen".to_owned(), "s3://bucket/model:v2".to_owned()];
+        of_request(&v, served, index).adapter.map(str::to_owned)
     }
 
     #[test]
@@ -68,6 +70,6 @@ mod tests {
         assert_eq!(adapter(json!({"model": "sql-adapter"}), Some(&index)).as_deref(), Some("sql-adapter"));
         assert_eq!(adapter(json!({"model": "gpt-4"}), Some(&index)), None);
         let v = json!({"model": "qwen", "cache_salt": "t1"});
-        assert_eq!(of_request(&v, &[], None).salt, Some("t1"));
+        assert_eq!(of_request(&v, Vec::new, None).salt, Some("t1"));
     }
 }

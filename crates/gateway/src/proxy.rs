@@ -190,9 +190,12 @@ fn plan(gw: &Gateway, route: Route, v: &Value) -> Result<Plan, GatewayError> {
     if let Some(index) = &gw.index {
         let page = NonZeroUsize::new(gw.config.block_size).unwrap_or(NonZeroUsize::MIN);
         // The request's namespace starts its chain, as the engine's does.
-        let mut served: Vec<String> = gw.workers.all().iter().filter_map(|w| w.info()?.model_id).collect();
-        served.push(gw.config.model_id.clone());
-        let ns = crate::namespace::of_request(v, &served, Some(index));
+        let served = || {
+            let mut names: Vec<String> = gw.workers.all().iter().filter_map(|w| w.info()?.model_id).collect();
+            names.push(gw.config.model_id.clone());
+            names
+        };
+        let ns = crate::namespace::of_request(v, served, Some(index));
         let prior = renderer::hash::namespace_prior(ns.adapter, ns.salt);
         // A mixed fleet is matched in each mode; a worker's blocks exist in its own mode only.
         for mode in gw.config.hash_modes.modes() {
