@@ -5,7 +5,7 @@
 
 FROM rust:1-bookworm AS builder
 WORKDIR /src
-# Dependencies first, for the layer cache: manifests and lock only.
+# The workspace: manifests, lock and crate sources (the test fixtures are not needed).
 COPY Cargo.toml Cargo.lock rustfmt.toml ./
 COPY crates ./crates
 COPY benches ./benches
