@@ -9,7 +9,7 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock rustfmt.toml ./
 COPY crates ./crates
 COPY benches ./benches
-RUN cargo build --release --locked --bin sgl-router --bin sgl-mock-engine \
+RUN cargo build --release --locked -p sgl-router -p mock-engine \
  && strip target/release/sgl-router target/release/sgl-mock-engine
 
 FROM debian:bookworm-slim
