@@ -1,8 +1,11 @@
 //! `sgl-router-bench`: measure routing quality on request traces.
 //!
 //! `sim` replays a Mooncake-format trace through the real policies and index
-//! over simulated workers and prints hit rate, TTFT and balance per policy.
+//! over simulated workers and prints hit rate, TTFT and balance per policy;
+//! `live` replays one as real HTTP requests against routers in front of
+//! simulated engines; `overhead` measures what a router adds.
 
+mod live;
 mod overhead;
 mod sim;
 mod trace;
@@ -27,6 +30,37 @@ enum Command {
     Sim(SimArgs),
     /// Latency and throughput straight to an engine and through routers, in one run.
     Overhead(OverheadArgs),
+    /// Replay a trace as real HTTP requests against routers in front of simulated engines.
+    Live(LiveArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct LiveArgs {
+    /// Mooncake-format JSONL trace.
+    #[arg(long)]
+    trace: PathBuf,
+    /// Routers to measure, as NAME=URL, comma separated (run one at a time against fresh engines
+    /// for a fair comparison: the engines' caches carry over).
+    #[arg(long, value_delimiter = ',', required = true)]
+    router: Vec<String>,
+    /// Replay only the first N requests of the trace.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Trace time is divided by this.
+    #[arg(long, default_value_t = 10.0)]
+    speedup: f64,
+    /// Most requests in flight; later arrivals wait, and the wait counts in their TTFT.
+    #[arg(long, default_value_t = 256)]
+    max_in_flight: usize,
+    /// Prompts as token ids or as text.
+    #[arg(long, value_enum, default_value = "tokens")]
+    prompt: live::PromptForm,
+    /// Per-request timeout, seconds.
+    #[arg(long, default_value_t = 120)]
+    timeout_secs: u64,
+    /// Print a JSON array instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -107,6 +141,7 @@ fn run(cli: Cli) -> Result<()> {
     let a = match cli.command {
         Command::Sim(a) => a,
         Command::Overhead(o) => return overhead(o),
+        Command::Live(l) => return live(l),
     };
     let trace = trace::load(&a.trace)?;
     let cfg = sim::SimConfig {
@@ -187,6 +222,41 @@ fn overhead(a: OverheadArgs) -> Result<()> {
             r.throughput_rps,
             ratio,
             if r.errors > 0 { format!("  ({} errors)", r.errors) } else { String::new() }
+        );
+    }
+    Ok(())
+}
+
+fn live(a: LiveArgs) -> Result<()> {
+    let mut trace = trace::load(&a.trace)?;
+    if let Some(n) = a.limit {
+        trace.truncate(n);
+    }
+    let cfg = live::LiveConfig {
+        speedup: a.speedup,
+        max_in_flight: a.max_in_flight,
+        form: a.prompt,
+        timeout: std::time::Duration::from_secs(a.timeout_secs.max(1)),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut results = Vec::new();
+    for r in &a.router {
+        let (name, url) = r.split_once('=').ok_or_else(|| anyhow::anyhow!("--router wants NAME=URL, got {r}"))?;
+        results.push(runtime.block_on(live::replay(name, url, &trace, &cfg))?);
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+        return Ok(());
+    }
+    println!("{} requests, speedup {}x, prompts as {:?}", trace.len(), a.speedup, a.prompt);
+    println!(
+        "{:<18} {:>8} {:>7} {:>9} {:>11} {:>10} {:>10} {:>8}",
+        "target", "requests", "errors", "hit rate", "TTFT mean", "TTFT p50", "TTFT p99", "wall"
+    );
+    for r in &results {
+        println!(
+            "{:<18} {:>8} {:>7} {:>9.3} {:>10.3}s {:>9.3}s {:>9.3}s {:>7.1}s",
+            r.target, r.requests, r.errors, r.hit_rate, r.ttft_mean_s, r.ttft_p50_s, r.ttft_p99_s, r.wall_s
         );
     }
     Ok(())
