@@ -5,14 +5,18 @@
 # carry over from one policy to the next). Reads cached_tokens from the
 # engines' responses. Prints one table row per policy.
 #   bash benches/live.sh [TRACE] [REQUESTS] [SPEEDUP]
-# Another router (a peer) is measured the same way: start it on the engines'
-# URLs, then run `sgl-router-bench live --trace T --router NAME=URL`.
+# With SMG=path/to/smg (SGLang Model Gateway: `pip install sglang-router`), its
+# round_robin and cache_aware run too, in the same harness. SMG takes no token-id
+# prompts, so then every run sends text prompts (PROMPT=text; default tokens).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TRACE="${1:-../shared/traces/mooncake/conversation_trace.jsonl}"
 REQUESTS="${2:-1000}"
 SPEEDUP="${3:-10}"
 WORKERS=8
+SMG="${SMG:-}"
+PROMPT="${PROMPT:-tokens}"
+[ -n "$SMG" ] && PROMPT=text
 cargo build --release -q -p sgl-router -p mock-engine -p bench
 BIN=target/release
 pids=()
@@ -22,7 +26,9 @@ trap cleanup EXIT
 ready() { for _ in $(seq 1 200); do curl -sf "$1" >/dev/null && return 0; sleep 0.1; done; echo "not ready: $1" >&2; return 1; }
 
 header=1
-for policy in round_robin power_of_two approx_tree cache_aware; do
+runs=(round_robin power_of_two approx_tree cache_aware)
+[ -n "$SMG" ] && runs+=(smg_round_robin smg_cache_aware)
+for policy in "${runs[@]}"; do
   urls=()
   for i in $(seq 1 "$WORKERS"); do
     port=$((32000 + i))
@@ -30,12 +36,18 @@ for policy in round_robin power_of_two approx_tree cache_aware; do
     urls+=("http://127.0.0.1:$port")
   done
   for u in "${urls[@]}"; do ready "$u/health"; done
-  extra=()
-  [ "$policy" = cache_aware ] && extra=(--kv-events)
-  "$BIN/sgl-router" --port 32100 --worker-urls "$(IFS=,; echo "${urls[*]}")" --policy "$policy" "${extra[@]}" \
-    >/dev/null 2>&1 & pids+=($!)
-  ready http://127.0.0.1:32100/readiness
-  out=$("$BIN/sgl-router-bench" live --trace "$TRACE" --limit "$REQUESTS" --speedup "$SPEEDUP" \
+  if [[ "$policy" == smg_* ]]; then
+    "$SMG" launch --worker-urls "${urls[@]}" --policy "${policy#smg_}" --port 32100 --log-level error \
+      >/dev/null 2>&1 & pids+=($!)
+    ready http://127.0.0.1:32100/health
+  else
+    extra=()
+    [ "$policy" = cache_aware ] && extra=(--kv-events)
+    "$BIN/sgl-router" --port 32100 --worker-urls "$(IFS=,; echo "${urls[*]}")" --policy "$policy" "${extra[@]}" \
+      >/dev/null 2>&1 & pids+=($!)
+    ready http://127.0.0.1:32100/readiness
+  fi
+  out=$("$BIN/sgl-router-bench" live --trace "$TRACE" --limit "$REQUESTS" --speedup "$SPEEDUP" --prompt "$PROMPT" \
     --router "$policy=http://127.0.0.1:32100")
   if [ $header = 1 ]; then echo "$out" | head -2; header=0; fi
   echo "$out" | tail -1
