@@ -15,24 +15,13 @@ use tracing::{debug, info, warn};
 
 use crate::workers::{Worker, WorkerInfo, Workers};
 
-/// Default interval between health probes.
-pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(10);
-/// Default time a down worker's index state is kept.
-pub const DEFAULT_INDEX_RETENTION: Duration = Duration::from_secs(300);
-
-/// How the health loop runs.
+/// How the health loop runs (defaults: the router's `defaults.rs`).
 #[derive(Debug, Clone)]
 pub struct HealthConfig {
     /// Interval between probes (also the probe timeout, at least 1 s).
     pub interval: Duration,
     /// How long a worker may stay down before its index state is dropped.
     pub index_retention: Duration,
-}
-
-impl Default for HealthConfig {
-    fn default() -> Self {
-        Self { interval: DEFAULT_HEALTH_INTERVAL, index_retention: DEFAULT_INDEX_RETENTION }
-    }
 }
 
 /// Probes every worker each `config.interval` until `cancel` fires.

@@ -191,7 +191,7 @@ fn plan(gw: &Gateway, route: Route, v: &Value) -> Result<Plan, GatewayError> {
         let page = NonZeroUsize::new(gw.config.block_size).unwrap_or(NonZeroUsize::MIN);
         // The request's namespace starts its chain, as the engine's does.
         let served = || {
-            let mut names: Vec<String> = gw.workers.all().iter().filter_map(|w| w.info()?.model_id).collect();
+            let mut names: Vec<String> = workers.iter().filter_map(|w| w.info()?.model_id).collect();
             names.push(gw.config.model_id.clone());
             names
         };

@@ -28,7 +28,7 @@ pub struct Worker {
 
 /// What a worker reports about itself (SGLang's `/server_info`, or vLLM's
 /// `/v1/models`); a field it does not report is `None`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WorkerInfo {
     /// The model it serves (`served_model_name`, `model_path`, or the first `/v1/models` id).
     pub model_id: Option<String>,
