@@ -546,38 +546,39 @@ impl KvIndex {
     /// worker has been down longer than the retention period. Returns how many
     /// (block, stream) holdings ended.
     pub fn clear_worker(&self, url: &WorkerUrl) -> usize {
-        let streams: Vec<(StreamId, Arc<StreamSlot>)> = {
-            let reg = self.registry();
-            reg.by_key
-                .iter()
-                .filter(|(k, _)| &k.worker == url)
-                .map(|(_, id)| (*id, reg.streams[id.index()].clone()))
-                .collect()
-        };
-        let ended = streams.iter().map(|(id, slot)| self.clear_slot(*id, slot)).sum();
-        if let (Some(pending), Some(worker)) = (&self.pending, self.registry().worker_ids.get(url).copied()) {
-            pending.write().unwrap_or_else(|p| p.into_inner()).remove_worker(worker);
-        }
-        ended
+        self.forget_worker(url, false)
     }
 
     /// Forgets a worker: all its streams and its pending credits. Its ids are
     /// not reused; registering it again starts fresh streams.
     pub fn remove_worker(&self, url: &WorkerUrl) {
+        self.forget_worker(url, true);
+    }
+
+    /// Ends every holding of `url`'s streams and its pending credits; with
+    /// `unregister`, its streams are also unregistered and marked removed.
+    fn forget_worker(&self, url: &WorkerUrl, unregister: bool) -> usize {
         let (streams, worker) = {
             let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
-            let keys: Vec<WorkerKey> = reg.by_key.keys().filter(|k| &k.worker == url).cloned().collect();
-            let ids: Vec<StreamId> = keys.iter().filter_map(|k| reg.by_key.remove(k)).collect();
-            let worker = reg.worker_ids.get(url).copied();
-            (ids.into_iter().map(|id| (id, reg.streams[id.index()].clone())).collect::<Vec<_>>(), worker)
+            let ids: Vec<StreamId> = reg.by_key.iter().filter(|(k, _)| &k.worker == url).map(|(_, id)| *id).collect();
+            if unregister {
+                reg.by_key.retain(|k, _| &k.worker != url);
+            }
+            let streams: Vec<(StreamId, Arc<StreamSlot>)> =
+                ids.into_iter().map(|id| (id, reg.streams[id.index()].clone())).collect();
+            (streams, reg.worker_ids.get(url).copied())
         };
+        let mut ended = 0;
         for (id, slot) in streams {
-            slot.removed.store(true, Ordering::Release);
-            self.clear_slot(id, &slot);
+            if unregister {
+                slot.removed.store(true, Ordering::Release);
+            }
+            ended += self.clear_slot(id, &slot);
         }
         if let (Some(pending), Some(worker)) = (&self.pending, worker) {
             pending.write().unwrap_or_else(|p| p.into_inner()).remove_worker(worker);
         }
+        ended
     }
 
     /// Credits `worker` with `hashes` for the pending TTL (no-op when off).
