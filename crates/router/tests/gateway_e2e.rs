@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::eventually as until;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -81,16 +83,6 @@ async fn debug(r: &Running, body: &Value) -> Value {
 async fn warm(m: &MockEngine, body: &Value) {
     let r = post(&format!("{}/v1/chat/completions", m.url()), body).await;
     assert_eq!(r.status(), 200);
-}
-
-async fn until(what: &str, mut cond: impl AsyncFnMut() -> bool) {
-    for _ in 0..200 {
-        if cond().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -124,7 +124,7 @@ async fn sglang_and_vllm_streams_index_by_content() {
     w.publishers[0].publish(&batch(vec![sglang_store(&prompt[..32], 6)])).await.unwrap();
     // vLLM worker 1: the first 3 blocks.
     w.publishers[1].publish(&batch(vec![vllm_store(&prompt[..12], 0, 7)])).await.unwrap();
-    eventually("both workers indexed", || depth(&w, 0, &q) == 8 && depth(&w, 1, &q) == 3).await;
+    eventually("both workers indexed", async || depth(&w, 0, &q) == 8 && depth(&w, 1, &q) == 3).await;
     assert_eq!(EventMetrics::get(&w.pumps.hash_mismatches), 0, "router hashes equal SGLang's");
 
     // vLLM continues under its opaque parent hash; SGLang removes its tail.
@@ -134,25 +134,25 @@ async fn sglang_and_vllm_streams_index_by_content() {
         .publish(&batch(vec![KvEvent::Removed { block_hashes: tail, tier: Tier::Device, group_idx: None }]))
         .await
         .unwrap();
-    eventually("continuation and removal applied", || depth(&w, 0, &q) == 6 && depth(&w, 1, &q) == 5).await;
+    eventually("continuation and removal applied", async || depth(&w, 0, &q) == 6 && depth(&w, 1, &q) == 5).await;
 
     // A batch lost on the live stream is repaired by replay, then applied in order.
     w.publishers[0].drop_next(1);
     w.publishers[0].publish(&batch(vec![sglang_store(&prompt[..28], 6)])).await.unwrap();
     w.publishers[0].publish(&batch(vec![sglang_store(&prompt[..40], 7)])).await.unwrap();
-    eventually("gap repaired", || depth(&w, 0, &q) == 10).await;
+    eventually("gap repaired", async || depth(&w, 0, &q) == 10).await;
     assert!(EventMetrics::get(&w.events.replay_repaired) >= 1);
 
     // A publisher restart clears that worker only.
     w.publishers[0].restart().await;
     w.publishers[0].publish(&batch(vec![sglang_store(&prompt[..8], 0)])).await.unwrap();
-    eventually("restart reset worker 0", || depth(&w, 0, &q) == 2).await;
+    eventually("restart reset worker 0", async || depth(&w, 0, &q) == 2).await;
     assert_eq!(depth(&w, 1, &q), 5);
     assert!(EventMetrics::get(&w.pumps.resets) >= 1);
 
     // AllBlocksCleared.
     w.publishers[1].publish(&batch(vec![KvEvent::AllCleared])).await.unwrap();
-    eventually("vLLM worker cleared", || depth(&w, 1, &q) == 0).await;
+    eventually("vLLM worker cleared", async || depth(&w, 1, &q) == 0).await;
     assert_eq!(EventMetrics::get(&w.pumps.hash_mismatches), 0);
     assert!(w.pumps.lag_seconds.count() > 0);
 }
@@ -174,5 +174,5 @@ async fn wrong_page_size_shows_as_hash_mismatches() {
         group_idx: None,
     });
     w.publishers[0].publish(&batch(vec![event])).await.unwrap();
-    eventually("mismatches counted", || EventMetrics::get(&w.pumps.hash_mismatches) == 4).await;
+    eventually("mismatches counted", async || EventMetrics::get(&w.pumps.hash_mismatches) == 4).await;
 }

@@ -183,23 +183,23 @@ async fn scenario(engine: &str) {
     let depth = |p: &Prompt| -> u32 {
         index.prefix_depths(&p.hashes, &MatchOptions::default()).first().map_or(0, |m| m.blocks)
     };
-    eventually("late join caught up", || depth(&a) == 5).await;
+    eventually("late join caught up", async || depth(&a) == 5).await;
 
     // A batch kept off the live stream, then a live one: the gap is repaired.
     d.cmd(json!({"cmd": "drop_next"}));
     publish(&mut d, vec![a.store(engine, 5, 7)]);
     publish(&mut d, vec![b.store(engine, 0, 3), a.remove(engine, &[6])]);
     // Depth 6 needs block 5, which only the dropped batch carried.
-    eventually("gap repaired, removal applied", || depth(&a) == 6 && depth(&b) == 3).await;
+    eventually("gap repaired, removal applied", async || depth(&a) == 6 && depth(&b) == 3).await;
 
     // The publisher restarts: seq back to 0, everything it had is forgotten.
     d.cmd(json!({"cmd": "restart"}));
     publish(&mut d, vec![c.store(engine, 0, 2)]);
-    eventually("restart reset the stream", || depth(&c) == 2 && depth(&a) == 0 && depth(&b) == 0).await;
+    eventually("restart reset the stream", async || depth(&c) == 2 && depth(&a) == 0 && depth(&b) == 0).await;
     assert!(EventMetrics::get(&events.resets) >= 1);
 
     publish(&mut d, vec![json!({"type": "AllBlocksCleared"}), c.store(engine, 0, 1)]);
-    eventually("cleared then one block", || depth(&c) == 1).await;
+    eventually("cleared then one block", async || depth(&c) == 1).await;
 
     let stats = index.stats();
     eprintln!(

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 /// Polls `cond` every 25 ms for up to 10 s; panics naming `what` if it never holds.
 #[allow(dead_code)] // not every test binary uses it
-pub(crate) async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+pub(crate) async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
     for _ in 0..400 {
-        if cond() {
+        if cond().await {
             return;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
