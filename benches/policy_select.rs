@@ -1,7 +1,7 @@
 //! One selection per iteration over n healthy workers, with the reference
 //! router's names: `policy_select::{round_robin,random,power_of_two}/{4,16,64,256}`,
-//! plus `least_load`, `cache_aware` (a third of the workers hold part of the
-//! prompt, loads vary) and `approx_tree` (a 2 KiB prompt sharing a system
+//! plus `least_load`, `cache_aware` and `min_ttft` (a third of the workers hold
+//! part of the prompt, loads vary) and `approx_tree` (a 2 KiB prompt sharing a system
 //! prompt with earlier requests; includes the tree match and insert).
 //!
 //! Run: `cargo bench -p sgl-router-benches --bench policy_select`.
@@ -11,8 +11,8 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use policy::{
-    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, Candidate, LeastLoad, Load, Policy, PowerOfTwo,
-    Random, RequestInfo, RoundRobin,
+    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, Candidate, LeastLoad, Load, MinTtft,
+    MinTtftConfig, Policy, PowerOfTwo, Random, RequestInfo, RoundRobin,
 };
 
 fn candidates(n: usize) -> Vec<Candidate> {
@@ -32,6 +32,7 @@ fn bench(c: &mut Criterion) {
         Box::new(PowerOfTwo::new(2)),
         Box::new(LeastLoad::default()),
         Box::new(CacheAware::new(CacheAwareConfig::default(), 3)),
+        Box::new(MinTtft::new(MinTtftConfig::default())),
     ];
     let mut g = c.benchmark_group("policy_select");
     for p in &policies {

@@ -7,6 +7,7 @@
 
 mod live;
 mod overhead;
+mod plot;
 mod sim;
 mod trace;
 
@@ -91,11 +92,11 @@ struct SimArgs {
     #[arg(long)]
     trace: PathBuf,
     /// Comma-separated policies: round_robin, random, power_of_two, least_load, approx_tree,
-    /// cache_aware, oracle_pooled_lru, oracle_infinite.
+    /// cache_aware, min_ttft, oracle_pooled_lru, oracle_infinite.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "round_robin,power_of_two,least_load,approx_tree,cache_aware,oracle_pooled_lru,oracle_infinite"
+        default_value = "round_robin,power_of_two,least_load,approx_tree,cache_aware,min_ttft,oracle_pooled_lru,oracle_infinite"
     )]
     policy: Vec<String>,
     /// Workers.
@@ -125,6 +126,9 @@ struct SimArgs {
     /// Print a JSON array instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also draw hit rate and TTFT by policy into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -156,6 +160,20 @@ fn run(cli: Cli) -> Result<()> {
     };
     let _ = sim::page_size();
     let results = a.policy.iter().map(|p| sim::run(&trace, p, &cfg)).collect::<Result<Vec<_>>>()?;
+    if let Some(path) = &a.plot {
+        let name = a.trace.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+        let title = format!(
+            "{name}: {} requests, {} workers x {} tokens, prefill {} tok/s, {} router(s), event lag {} ms",
+            trace.len(),
+            cfg.workers,
+            cfg.capacity_tokens,
+            a.speed,
+            cfg.routers,
+            a.event_lag_ms
+        );
+        std::fs::write(path, plot::svg(&title, &results))
+            .map_err(|e| anyhow::anyhow!("--plot {}: {e}", path.display()))?;
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&results)?);
         return Ok(());

@@ -50,7 +50,7 @@ struct Plan {
 /// Load and accounting of one forwarded request, released once on drop.
 struct InFlight {
     gw: Arc<Gateway>,
-    _load: LoadGuard,
+    load: LoadGuard,
     route: Route,
     status: u16,
     start: Instant,
@@ -133,8 +133,8 @@ fn parse_json(bytes: &[u8]) -> Result<Value, GatewayError> {
 
 /// Tokens and text of the request, as much as the policy needs.
 fn prompt(gw: &Gateway, route: Route, v: &Value) -> Result<(Vec<u32>, Option<String>), GatewayError> {
-    let need_tokens = gw.index.is_some();
-    let need_text = gw.policy.name() == "approx_tree";
+    let need_tokens = gw.index.is_some() || gw.policy.needs_tokens();
+    let need_text = gw.policy.needs_text();
     if !need_tokens && !need_text {
         // Still validate the shape the route requires.
         match route {
@@ -293,7 +293,7 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
     let mut worker = chosen.clone();
     let mut retried = false;
     loop {
-        let guard = InFlight { gw: gw.clone(), _load: worker.charge(uncached), route, status: 0, start };
+        let guard = InFlight { gw: gw.clone(), load: worker.charge(uncached), route, status: 0, start };
         let mut req =
             gw.client.post(format!("{}{}", worker.url, route.path())).header(header::CONTENT_TYPE, "application/json");
         if let Some(rank) = &rank_header {
@@ -351,7 +351,11 @@ fn stream_back(mut guard: InFlight, worker: Arc<Worker>, resp: reqwest::Response
     let stream = futures_util::stream::poll_fn(move |cx| {
         let Some(g) = guard.as_mut() else { return std::task::Poll::Ready(None) };
         match upstream.poll_next_unpin(cx) {
-            std::task::Poll::Ready(Some(Ok(chunk))) => std::task::Poll::Ready(Some(Ok::<Bytes, std::io::Error>(chunk))),
+            std::task::Poll::Ready(Some(Ok(chunk))) => {
+                // The first byte of a streamed answer follows the first token.
+                g.load.prefill_done();
+                std::task::Poll::Ready(Some(Ok::<Bytes, std::io::Error>(chunk)))
+            }
             std::task::Poll::Ready(Some(Err(e))) => {
                 warn!(worker = %worker.url, error = %e, "worker failed mid-response");
                 worker.set_healthy(false);

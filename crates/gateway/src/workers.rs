@@ -44,7 +44,9 @@ pub struct Workers {
     list: RwLock<Vec<Arc<Worker>>>,
 }
 
-/// Holds one request's load on a worker; dropping it releases the load.
+/// Holds one request's load on a worker; dropping it releases the load. The
+/// uncached tokens (prefill owed) go earlier, when the first byte of the
+/// answer shows the prefill is done.
 #[derive(Debug)]
 pub struct LoadGuard {
     worker: Arc<Worker>,
@@ -122,6 +124,14 @@ impl Worker {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.uncached_tokens.fetch_add(uncached, Ordering::Relaxed);
         LoadGuard { worker: self.clone(), uncached }
+    }
+}
+
+impl LoadGuard {
+    /// The worker has prefilled the prompt: it no longer owes those tokens.
+    pub fn prefill_done(&mut self) {
+        self.worker.uncached_tokens.fetch_sub(self.uncached, Ordering::Relaxed);
+        self.uncached = 0;
     }
 }
 

@@ -254,6 +254,10 @@ impl Policy for ApproxTreePolicy {
         "approx_tree"
     }
 
+    fn needs_text(&self) -> bool {
+        true
+    }
+
     fn select(&self, candidates: &[Candidate], request: &RequestInfo<'_>) -> Result<Decision, PolicyError> {
         check(candidates)?;
         let least = candidates.iter().fold(&candidates[0], |b, c| if lighter(c, b) { c } else { b });

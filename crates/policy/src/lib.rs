@@ -88,6 +88,15 @@ pub struct RequestInfo<'a> {
 pub trait Policy: Send + Sync + std::fmt::Debug {
     /// The policy's name as given on the command line.
     fn name(&self) -> &'static str;
+    /// Whether it needs the prompt's token count (`RequestInfo::input_tokens`),
+    /// so the gateway must tokenize even without a KV index.
+    fn needs_tokens(&self) -> bool {
+        false
+    }
+    /// Whether it needs the prompt's text (`RequestInfo::text`).
+    fn needs_text(&self) -> bool {
+        false
+    }
     /// Picks one of `candidates` for `request`.
     fn select(&self, candidates: &[Candidate], request: &RequestInfo<'_>) -> Result<Decision, PolicyError>;
 }

@@ -1,19 +1,19 @@
-//! Estimated-TTFT selection (Mooncake's conductor, simplified): each worker's
+//! Estimated-TTFT selection (Mooncake's conductor, simplified): a worker's
 //! time to first token is the prefill it already owes (uncached tokens of its
-//! in-flight requests) plus this request's uncached tokens, at the worker's
-//! prefill speed; the smallest wins. Cache hits shrink the second term, load
-//! grows the first, so one number trades them off.
+//! requests still prefilling) plus this request's uncached tokens on it. Both
+//! are in tokens, so no prefill speed is needed. Among the workers within
+//! `slack_tokens` of the smallest estimate, the longest cache hit wins: a
+//! little extra wait keeps a conversation where its prefix lives, so the
+//! fleet's caches do not fill with copies.
 
 use crate::simple::check;
 use crate::{Candidate, Decision, Policy, PolicyError, Reason, RequestInfo};
 
-/// The prefill model.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MinTtftConfig {
-    /// Uncached prompt tokens a worker prefills per second.
-    pub prefill_tokens_per_s: f64,
-    /// Fixed cost of each request's prefill, seconds.
-    pub prefill_fixed_s: f64,
+    /// Extra estimated prefill, in tokens, accepted to keep a longer cache hit.
+    pub slack_tokens: u64,
 }
 
 /// The policy.
@@ -25,8 +25,11 @@ pub struct MinTtft {
 // === impl MinTtftConfig ===
 
 impl Default for MinTtftConfig {
+    /// 32,768 tokens: about 1.6 s of prefill at 20 k tokens/s. Chosen by
+    /// `sgl-router-bench sim` on the Mooncake traces (docs/benchmarks.md):
+    /// 0 loses a tenth of cache_aware's hit rate, 64 k and more lose TTFT.
     fn default() -> Self {
-        Self { prefill_tokens_per_s: 20_000.0, prefill_fixed_s: 0.02 }
+        Self { slack_tokens: 32_768 }
     }
 }
 
@@ -38,11 +41,9 @@ impl MinTtft {
         Self { config }
     }
 
-    /// Estimated seconds to the first token of a request of `input` tokens on `c`.
-    pub fn estimate(&self, c: &Candidate, input: u64) -> f64 {
-        let owed = c.load.uncached_tokens as f64 / self.config.prefill_tokens_per_s + self.config.prefill_fixed_s;
-        let mine = input.saturating_sub(c.matched_tokens) as f64 / self.config.prefill_tokens_per_s;
-        owed + mine
+    /// Estimated prefill tokens ahead of the first token of a request of `input` tokens on `c`.
+    pub fn estimate(c: &Candidate, input: u64) -> u64 {
+        c.load.uncached_tokens.saturating_add(input.saturating_sub(c.matched_tokens))
     }
 }
 
@@ -51,14 +52,22 @@ impl Policy for MinTtft {
         "min_ttft"
     }
 
+    fn needs_tokens(&self) -> bool {
+        true
+    }
+
     fn select(&self, candidates: &[Candidate], request: &RequestInfo<'_>) -> Result<Decision, PolicyError> {
         check(candidates)?;
+        let input = request.input_tokens;
+        let fastest = candidates.iter().map(|c| Self::estimate(c, input)).min().ok_or(PolicyError::NoCandidates)?;
+        let limit = fastest.saturating_add(self.config.slack_tokens);
         let best = candidates
             .iter()
+            .filter(|c| Self::estimate(c, input) <= limit)
             .min_by(|a, b| {
-                self.estimate(a, request.input_tokens)
-                    .total_cmp(&self.estimate(b, request.input_tokens))
-                    .then(b.matched_tokens.cmp(&a.matched_tokens))
+                b.matched_tokens
+                    .cmp(&a.matched_tokens)
+                    .then(Self::estimate(a, input).cmp(&Self::estimate(b, input)))
                     .then(a.load.in_flight.cmp(&b.load.in_flight))
             })
             .ok_or(PolicyError::NoCandidates)?;
@@ -72,16 +81,49 @@ mod tests {
     use super::*;
     use crate::Load;
 
+    fn cand(worker: usize, matched: u64, owed: u64) -> Candidate {
+        Candidate {
+            worker,
+            load: Load { in_flight: (owed / 1000) as u32, uncached_tokens: owed },
+            matched_tokens: matched,
+        }
+    }
+
+    fn pick(p: &MinTtft, cs: &[Candidate], input: u64) -> Decision {
+        p.select(cs, &RequestInfo { input_tokens: input, text: None }).unwrap()
+    }
+
     #[test]
     fn trades_cache_hits_against_queued_prefill() {
-        let p = MinTtft::new(MinTtftConfig { prefill_tokens_per_s: 10_000.0, prefill_fixed_s: 0.0 });
-        let req = RequestInfo { input_tokens: 10_000, text: None };
-        let hit_idle = Candidate { worker: 0, load: Load::default(), matched_tokens: 8_000 };
-        let miss_idle = Candidate { worker: 1, load: Load::default(), matched_tokens: 0 };
-        assert_eq!(p.select(&[hit_idle, miss_idle], &req).unwrap().worker, 0);
-        // The holder owes 30,000 tokens of prefill (3 s); a cold idle worker needs 1 s.
-        let hit_busy =
-            Candidate { worker: 0, load: Load { in_flight: 3, uncached_tokens: 30_000 }, matched_tokens: 8_000 };
-        assert_eq!(p.select(&[hit_busy, miss_idle], &req).unwrap(), Decision { worker: 1, reason: Reason::LeastLoad });
+        let strict = MinTtft::new(MinTtftConfig { slack_tokens: 0 });
+        // Idle fleet: the hit is faster.
+        assert_eq!(pick(&strict, &[cand(0, 8_000, 0), cand(1, 0, 0)], 10_000).worker, 0);
+        // The holder owes 30,000 tokens (32,000 in all); a cold idle worker needs 10,000.
+        assert_eq!(
+            pick(&strict, &[cand(0, 8_000, 30_000), cand(1, 0, 0)], 10_000),
+            Decision { worker: 1, reason: Reason::LeastLoad }
+        );
+        // No hits anywhere: the least owed prefill, whatever the request count.
+        let d = pick(
+            &strict,
+            &[cand(0, 0, 5_000), Candidate { load: Load { in_flight: 9, uncached_tokens: 100 }, ..cand(1, 0, 0) }],
+            1,
+        );
+        assert_eq!(d.worker, 1);
+    }
+
+    #[test]
+    fn slack_keeps_the_hit_when_the_wait_is_small() {
+        let p = MinTtft::new(MinTtftConfig { slack_tokens: 4_096 });
+        // The holder is 2,000 tokens slower than the idle worker: within the slack, stay.
+        assert_eq!(
+            pick(&p, &[cand(0, 8_000, 4_000), cand(1, 0, 0)], 4_000),
+            Decision { worker: 0, reason: Reason::CacheHit }
+        );
+        // 20,000 slower: move.
+        assert_eq!(pick(&p, &[cand(0, 8_000, 22_000), cand(1, 0, 0)], 4_000).worker, 1);
+        // Within the slack, the longer hit wins over the faster shorter one.
+        assert_eq!(pick(&p, &[cand(0, 2_000, 0), cand(1, 3_000, 1_500), cand(2, 0, 0)], 4_000).worker, 1);
+        assert_eq!(p.select(&[], &RequestInfo::default()), Err(PolicyError::NoCandidates));
     }
 }

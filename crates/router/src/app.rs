@@ -15,7 +15,8 @@ use gateway::{Gateway, GatewayConfig, HealthConfig, Workers, health_loop};
 use kv_index::{IndexConfig, KvIndex, SystemClock};
 use mock_engine::{MockEngine, MockEngineConfig};
 use policy::{
-    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, LeastLoad, Policy, PowerOfTwo, Random, RoundRobin,
+    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, LeastLoad, MinTtft, MinTtftConfig, Policy,
+    PowerOfTwo, Random, RoundRobin,
 };
 use renderer::Renderer;
 use router_types::WorkerUrl;
@@ -40,6 +41,8 @@ pub enum PolicyConfig {
     ApproxTree(ApproxTreeConfig, Duration),
     /// KV-event cache-aware.
     CacheAware(CacheAwareConfig),
+    /// Estimated time to first token (cache hits from KV events when followed).
+    MinTtft(MinTtftConfig),
 }
 
 /// Everything the router needs to start.
@@ -144,6 +147,7 @@ impl App {
             PolicyConfig::PowerOfTwo => Arc::new(PowerOfTwo::new(seed())),
             PolicyConfig::LeastLoad => Arc::new(LeastLoad::default()),
             PolicyConfig::CacheAware(c) => Arc::new(CacheAware::new(*c, seed())),
+            PolicyConfig::MinTtft(c) => Arc::new(MinTtft::new(*c)),
             PolicyConfig::ApproxTree(c, interval) => {
                 let p = Arc::new(ApproxTreePolicy::new(*c));
                 let (trim, every, stop) = (p.clone(), *interval, cancel.clone());

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use policy::{ApproxTreeConfig, CacheAwareConfig};
+use policy::{ApproxTreeConfig, CacheAwareConfig, MinTtftConfig};
 use router_types::WorkerUrl;
 use sgl_router::app::{App, AppConfig, PolicyConfig};
 use sgl_router::events::{DEFAULT_DISCOVERY_DEADLINE, KvEventsConfig};
@@ -50,6 +50,12 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     {
         return usage(format!("{flag} tunes the approx_tree policy, but --policy is {}", policy_name(a.policy)));
     }
+    if a.policy != PolicyName::MinTtft && a.ttft_slack_tokens.is_some() {
+        return usage(format!(
+            "--ttft-slack-tokens tunes the min_ttft policy, but --policy is {}",
+            policy_name(a.policy)
+        ));
+    }
     if a.policy == PolicyName::CacheAware && !a.kv_events {
         return usage("--policy cache_aware routes by the engines' KV events: add --kv-events".into());
     }
@@ -80,6 +86,9 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             pressure_guard: !a.no_cache_pressure_guard,
             pressure_abs_tokens: a.cache_pressure_abs_tokens.unwrap_or(d.pressure_abs_tokens),
             pressure_rel: a.cache_pressure_rel.unwrap_or(d.pressure_rel),
+        }),
+        PolicyName::MinTtft => PolicyConfig::MinTtft(MinTtftConfig {
+            slack_tokens: a.ttft_slack_tokens.unwrap_or(MinTtftConfig::default().slack_tokens),
         }),
         PolicyName::ApproxTree => {
             let t = ApproxTreeConfig::default();

@@ -1,6 +1,6 @@
 //! The router end to end: the real `App` on 127.0.0.1 in front of simulated
-//! engines (real HTTP and real ZMQ KV events). Cache-aware routing follows the
-//! events and moves away from an overloaded holder; streams pass through; a
+//! engines (real HTTP and real ZMQ KV events). Cache-aware and min-TTFT routing
+//! follow the events and move away from an overloaded holder; streams pass through; a
 //! worker dying mid-stream gives the client a clean error and leaves rotation;
 //! bad requests get precise statuses; `/debug/route` changes nothing;
 //! `/metrics` is valid Prometheus text.
@@ -147,6 +147,45 @@ async fn cache_aware_follows_events_and_the_pressure_guard() {
     );
     hung.abort();
     until("load released once", async || r.gateway.workers.all().iter().all(|w| w.load().in_flight == 0)).await;
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_ttft_follows_the_hit_until_the_holder_owes_more_prefill() {
+    let (w0, w1) =
+        (MockEngine::spawn(engine_config()).await.unwrap(), MockEngine::spawn(engine_config()).await.unwrap());
+    let slack = policy::MinTtftConfig { slack_tokens: 1000 };
+    let r = start(config(&[&w0, &w1], PolicyConfig::MinTtft(slack), true)).await;
+    let system = "Shared system prompt about KV caches. ".repeat(60); // ~2.2 k byte tokens
+    warm(&w1, &chat(&system, "warm up")).await;
+    let q = chat(&system, "a question");
+    until("the index learned w1's cache", async || debug(&r, &q).await["worker"] == w1.url()).await;
+    let d = debug(&r, &q).await;
+    assert_eq!((d["policy"].as_str(), d["reason"].as_str()), (Some("min_ttft"), Some("cache_hit")), "{d}");
+    // A long request sharing the prefix also goes to w1, and hangs there before its first byte:
+    // w1 now owes its ~5 k uncached tokens of prefill.
+    w1.engine().set_faults(Faults { hang_next: 1, ..Faults::default() }).await;
+    let heavy = chat(&system, &"new material ".repeat(400));
+    assert_eq!(debug(&r, &heavy).await["worker"], w1.url());
+    let hung = {
+        let url = format!("{}/v1/chat/completions", r.url);
+        tokio::spawn(async move { reqwest::Client::new().post(url).json(&heavy).send().await })
+    };
+    let owed = |url: String| {
+        r.gateway.workers.all().iter().find(|w| w.url.as_str() == url).map_or(0, |w| w.load().uncached_tokens)
+    };
+    until("the heavy request is in flight on w1", async || owed(w1.url()) > 4000).await;
+    // The hit on w1 would wait behind 5 k tokens; all of the prompt on idle w0 is ~2.2 k: move.
+    let d = debug(&r, &q).await;
+    assert_eq!((d["worker"].as_str(), d["reason"].as_str()), (Some(w0.url().as_str()), Some("least_load")), "{d}");
+    // A completed request leaves no prefill owed behind.
+    let done = post(&format!("{}/v1/chat/completions", r.url), &q).await;
+    assert_eq!(done.status(), 200);
+    let _ = done.bytes().await;
+    until("the answered request released its load", async || owed(w0.url()) == 0).await;
+    hung.abort();
+    until("load released once", async || r.gateway.workers.all().iter().all(|w| w.load().in_flight == 0)).await;
+    assert_eq!(owed(w1.url()), 0);
     let _ = r.stop.send(());
 }
 
