@@ -56,8 +56,8 @@ pub(crate) enum PolicyName {
     /// KV-event cache-aware: the worker holding the longest prefix, with load guards (needs --kv-events).
     #[value(name = "cache_aware", alias = "cache-aware")]
     CacheAware,
-    /// Estimated time to first token: the least prefill owed plus this prompt's uncached part, keeping
-    /// the longest cache hit within --ttft-slack-tokens (cache hits need --kv-events; without, least work).
+    /// Estimated time to first token: the least prefill owed plus this prompt's uncached part, less
+    /// --ttft-hit-weight per cached token (cache hits need --kv-events; without, the least work).
     #[value(name = "min_ttft", alias = "min-ttft")]
     MinTtft,
 }
@@ -125,9 +125,9 @@ pub(crate) struct ServeArgs {
     /// cache_aware: most blocks the index keeps (least recently used tails go first) [default: unbounded].
     #[arg(long, env = "SGL_ROUTER_MAX_INDEX_BLOCKS", value_name = "N")]
     pub(crate) max_index_blocks: Option<NonZeroUsize>,
-    /// min_ttft: extra estimated prefill, in tokens, accepted to keep a longer cache hit [default: 32768].
-    #[arg(long, env = "SGL_ROUTER_TTFT_SLACK_TOKENS", value_name = "N")]
-    pub(crate) ttft_slack_tokens: Option<u64>,
+    /// min_ttft: credit per cached token, in tokens of prefill, on top of the prefill it saves [default: 4].
+    #[arg(long, env = "SGL_ROUTER_TTFT_HIT_WEIGHT", value_name = "W")]
+    pub(crate) ttft_hit_weight: Option<f64>,
     /// approx_tree: follow the tree when the match covers more than this fraction [default: 0.3].
     #[arg(long, env = "SGL_ROUTER_APPROX_CACHE_THRESHOLD", value_name = "R")]
     pub(crate) approx_cache_threshold: Option<f64>,

@@ -50,9 +50,9 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     {
         return usage(format!("{flag} tunes the approx_tree policy, but --policy is {}", policy_name(a.policy)));
     }
-    if a.policy != PolicyName::MinTtft && a.ttft_slack_tokens.is_some() {
+    if a.policy != PolicyName::MinTtft && a.ttft_hit_weight.is_some() {
         return usage(format!(
-            "--ttft-slack-tokens tunes the min_ttft policy, but --policy is {}",
+            "--ttft-hit-weight tunes the min_ttft policy, but --policy is {}",
             policy_name(a.policy)
         ));
     }
@@ -88,7 +88,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             pressure_rel: a.cache_pressure_rel.unwrap_or(d.pressure_rel),
         }),
         PolicyName::MinTtft => PolicyConfig::MinTtft(MinTtftConfig {
-            slack_tokens: a.ttft_slack_tokens.unwrap_or(MinTtftConfig::default().slack_tokens),
+            hit_weight: a.ttft_hit_weight.unwrap_or(MinTtftConfig::default().hit_weight).max(0.0),
         }),
         PolicyName::ApproxTree => {
             let t = ApproxTreeConfig::default();

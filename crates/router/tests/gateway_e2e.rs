@@ -154,8 +154,7 @@ async fn cache_aware_follows_events_and_the_pressure_guard() {
 async fn min_ttft_follows_the_hit_until_the_holder_owes_more_prefill() {
     let (w0, w1) =
         (MockEngine::spawn(engine_config()).await.unwrap(), MockEngine::spawn(engine_config()).await.unwrap());
-    let slack = policy::MinTtftConfig { slack_tokens: 1000 };
-    let r = start(config(&[&w0, &w1], PolicyConfig::MinTtft(slack), true)).await;
+    let r = start(config(&[&w0, &w1], PolicyConfig::MinTtft(Default::default()), true)).await;
     let system = "Shared system prompt about KV caches. ".repeat(60); // ~2.2 k byte tokens
     warm(&w1, &chat(&system, "warm up")).await;
     let q = chat(&system, "a question");
@@ -163,9 +162,9 @@ async fn min_ttft_follows_the_hit_until_the_holder_owes_more_prefill() {
     let d = debug(&r, &q).await;
     assert_eq!((d["policy"].as_str(), d["reason"].as_str()), (Some("min_ttft"), Some("cache_hit")), "{d}");
     // A long request sharing the prefix also goes to w1, and hangs there before its first byte:
-    // w1 now owes its ~5 k uncached tokens of prefill.
+    // w1 now owes its ~26 k uncached tokens of prefill.
     w1.engine().set_faults(Faults { hang_next: 1, ..Faults::default() }).await;
-    let heavy = chat(&system, &"new material ".repeat(400));
+    let heavy = chat(&system, &"new material ".repeat(2000));
     assert_eq!(debug(&r, &heavy).await["worker"], w1.url());
     let hung = {
         let url = format!("{}/v1/chat/completions", r.url);
@@ -174,8 +173,9 @@ async fn min_ttft_follows_the_hit_until_the_holder_owes_more_prefill() {
     let owed = |url: String| {
         r.gateway.workers.all().iter().find(|w| w.url.as_str() == url).map_or(0, |w| w.load().uncached_tokens)
     };
-    until("the heavy request is in flight on w1", async || owed(w1.url()) > 4000).await;
-    // The hit on w1 would wait behind 5 k tokens; all of the prompt on idle w0 is ~2.2 k: move.
+    until("the heavy request is in flight on w1", async || owed(w1.url()) > 20_000).await;
+    // The hit on w1 waits behind 26 k tokens, more than its ~2.2 k cached tokens' credit (x4):
+    // all of the prompt on idle w0 is faster.
     let d = debug(&r, &q).await;
     assert_eq!((d["worker"].as_str(), d["reason"].as_str()), (Some(w0.url().as_str()), Some("least_load")), "{d}");
     // A completed request leaves no prefill owed behind.
