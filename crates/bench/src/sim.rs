@@ -214,9 +214,6 @@ pub(crate) fn run(trace: &[TraceRequest], policy: &str, cfg: &SimConfig) -> Resu
         }
     }
     let work: Vec<f64> = workers.iter().map(|w| w.prefill_work).collect();
-    if std::env::var("DBG").is_ok() {
-        eprintln!("{policy}: work {:?} reasons {:?}", work.iter().map(|w| *w as u64).collect::<Vec<_>>(), dbg_reasons);
-    }
     Ok(summarize(policy, &mut ttfts, cached_total, input_total, &work))
 }
 
