@@ -1,35 +1,64 @@
 #!/usr/bin/env bash
 # Router overhead against a fast simulated engine (no simulated time), in one run:
 # direct, through sgl-router round_robin, and through sgl-router cache_aware
-# (KV events, chats with a repeated 16 KiB system prompt: tokenization included).
-# Also the router's CPU seconds per 1,000 requests. Prints the table of
+# (KV events, chats with a repeated system prompt: tokenization included); with
+# the peers in the same run when they are installed:
+#   SMG=path/to/smg                 SGLang Model Gateway (`pip install sglang-router`)
+#   VLLM_ROUTER=path/to/vllm-router vllm-router (`pip install vllm-router`)
+# each as round_robin and cache_aware (their approximate text tree). Also each
+# router's CPU seconds per 1,000 requests. Prints the tables of
 # docs/benchmarks.md ("Router overhead").
 #   bash benches/overhead.sh [REQUESTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REQUESTS="${1:-2000}"
+SMG="${SMG:-}"
+VLLM_ROUTER="${VLLM_ROUTER:-}"
 cargo build --release -q -p sgl-router -p mock-engine -p bench
 BIN=target/release
+ENGINE=http://127.0.0.1:31001
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
+ready() { for _ in $(seq 1 300); do curl -sf "$1" >/dev/null && return 0; sleep 0.1; done; echo "not ready: $1" >&2; return 1; }
 
 "$BIN/sgl-mock-engine" --listen 127.0.0.1:31001 --fast >/dev/null 2>&1 & pids+=($!)
-sleep 1
-"$BIN/sgl-router" --port 31010 --worker-urls http://127.0.0.1:31001 --policy round_robin >/dev/null 2>&1 & rr=$!; pids+=($rr)
-"$BIN/sgl-router" --port 31011 --worker-urls http://127.0.0.1:31001 --policy cache_aware --kv-events >/dev/null 2>&1 & ca=$!; pids+=($ca)
-for port in 31010 31011; do
-  for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$port/readiness" >/dev/null && break; sleep 0.1; done
-done
+ready "$ENGINE/health"
+
+names=(); urls=(); rpids=()
+start() { # NAME PORT READY_PATH COMMAND...
+  local name=$1 port=$2 path=$3; shift 3
+  "$@" >/dev/null 2>&1 & pids+=($!)
+  ready "http://127.0.0.1:$port$path"
+  names+=("$name"); urls+=("http://127.0.0.1:$port"); rpids+=($!)
+}
+start round_robin 31010 /readiness "$BIN/sgl-router" --port 31010 --worker-urls "$ENGINE" --policy round_robin
+start cache_aware 31011 /readiness "$BIN/sgl-router" --port 31011 --worker-urls "$ENGINE" --policy cache_aware --kv-events
+if [ -n "$SMG" ]; then
+  for p in round_robin cache_aware; do
+    port=$((31020 + ${#names[@]}))
+    start "smg_$p" "$port" /health "$SMG" launch --worker-urls "$ENGINE" --policy "$p" --port "$port" \
+      --prometheus-port $((port + 100)) --log-level error
+  done
+fi
+if [ -n "$VLLM_ROUTER" ]; then
+  for p in round_robin cache_aware; do
+    port=$((31030 + ${#names[@]}))
+    start "vllm_router_$p" "$port" /health "$VLLM_ROUTER" --worker-urls "$ENGINE" --policy "$p" --port "$port" \
+      --prometheus-port $((port + 100)) --log-level error
+  done
+fi
 
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-before_rr=$(cpu "$rr"); before_ca=$(cpu "$ca")
-"$BIN/sgl-router-bench" overhead --engine-url http://127.0.0.1:31001 \
-  --router round_robin=http://127.0.0.1:31010,cache_aware=http://127.0.0.1:31011 --requests "$REQUESTS"
-after_rr=$(cpu "$rr"); after_ca=$(cpu "$ca")
+before=(); for p in "${rpids[@]}"; do before+=("$(cpu "$p")"); done
+targets=$(for i in "${!names[@]}"; do printf '%s=%s,' "${names[$i]}" "${urls[$i]}"; done)
+"$BIN/sgl-router-bench" overhead --engine-url "$ENGINE" --router "${targets%,}" --requests "$REQUESTS"
 ticks=$(getconf CLK_TCK)
 # Each router served (warm-up + REQUESTS) x 4 configurations.
 served=$(( (REQUESTS + 8) * 4 ))
 echo
-echo "router CPU per 1,000 requests: round_robin $(echo "scale=3; ($after_rr - $before_rr) / $ticks * 1000 / $served" | bc) s," \
-     "cache_aware $(echo "scale=3; ($after_ca - $before_ca) / $ticks * 1000 / $served" | bc) s"
+echo "router CPU seconds per 1,000 requests:"
+for i in "${!names[@]}"; do
+  used=$(( $(cpu "${rpids[$i]}") - ${before[$i]} ))
+  printf '  %-26s %s\n' "${names[$i]}" "$(echo "scale=3; $used / $ticks * 1000 / $served" | bc)"
+done

@@ -108,6 +108,8 @@ pub struct Gateway {
     pub renderer: Arc<Renderer>,
     /// The upstream HTTP client.
     pub client: reqwest::Client,
+    /// Recent page-hash chains: a repeated prefix is not hashed again.
+    pub chain_memo: renderer::ChainMemo,
     /// Counters and histograms.
     pub metrics: GatewayMetrics,
     /// Set on shutdown: readiness turns 503, new requests are refused.
@@ -143,6 +145,7 @@ impl Gateway {
             index,
             renderer,
             client,
+            chain_memo: renderer::ChainMemo::new(renderer::DEFAULT_CHAIN_MEMO_PAGES),
             metrics: GatewayMetrics::default(),
             draining: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),

@@ -199,9 +199,7 @@ fn plan(gw: &Gateway, route: Route, v: &Value) -> Result<Plan, GatewayError> {
         let prior = renderer::hash::namespace_prior(ns.adapter, ns.salt);
         // A mixed fleet is matched in each mode; a worker's blocks exist in its own mode only.
         for mode in gw.config.hash_modes.modes() {
-            let chain = PageHasher::new(page, mode)
-                .block_hashes(&tokens, prior.as_ref())
-                .map_err(renderer::RenderError::from)?;
+            let chain = gw.chain_memo.block_hashes(&PageHasher::new(page, mode), &tokens, prior.as_ref());
             for m in index.prefix_depths(&chain, &kv_index::MatchOptions::default()) {
                 let e = matched.entry(m.worker).or_insert((0, None));
                 if m.blocks > e.0 {
@@ -294,8 +292,14 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
     let mut retried = false;
     loop {
         let guard = InFlight { gw: gw.clone(), load: worker.charge(uncached), route, status: 0, start };
-        let mut req =
-            gw.client.post(format!("{}{}", worker.url, route.path())).header(header::CONTENT_TYPE, "application/json");
+        let Some(endpoint) = worker.endpoint(route.path()) else {
+            drop(guard);
+            return Err(GatewayError::Upstream {
+                worker: worker.url.to_string(),
+                message: "invalid worker URL".into(),
+            });
+        };
+        let mut req = gw.client.post(endpoint).header(header::CONTENT_TYPE, "application/json");
         if let Some(rank) = &rank_header {
             req = req.header(RANK_HEADER, rank.clone());
         }
@@ -442,6 +446,15 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     m.latency.render(&mut out, "router_http_request_duration_seconds", "Whole-request latency, streaming included.");
     m.ttfb.render(&mut out, "router_http_time_to_first_byte_seconds", "Time until the worker's response headers.");
     m.matched_tokens.render(&mut out, "router_policy_matched_tokens", "Prompt tokens the chosen worker already held.");
+    let memo = gw.chain_memo.stats();
+    head(
+        &mut out,
+        "router_page_hashes_total",
+        "counter",
+        "Request pages hashed (SHA-256) or reused from the chain memo.",
+    );
+    out.push_str(&format!("router_page_hashes_total{{source=\"hashed\"}} {}\n", memo.pages_hashed));
+    out.push_str(&format!("router_page_hashes_total{{source=\"memo\"}} {}\n", memo.pages_reused));
     head(&mut out, "router_worker_in_flight", "gauge", "Requests in flight per worker.");
     let workers = gw.workers.all();
     for w in &workers {

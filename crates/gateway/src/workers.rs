@@ -22,6 +22,8 @@ pub struct Worker {
     in_flight: AtomicU32,
     uncached_tokens: AtomicU64,
     info: RwLock<Option<WorkerInfo>>,
+    /// The proxied routes' URLs, parsed once.
+    endpoints: Vec<(&'static str, reqwest::Url)>,
     down_since: Mutex<Option<Instant>>,
     index_cleared: AtomicBool,
 }
@@ -53,15 +55,21 @@ pub struct LoadGuard {
     uncached: u64,
 }
 
+/// The routes the gateway proxies.
+const PROXIED_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/generate"];
+
 // === impl Worker ===
 
 impl Worker {
     /// A healthy worker with no load.
     pub fn new(url: WorkerUrl, index: Option<&KvIndex>) -> Self {
         let index_id = index.map(|i| i.worker_id(&url));
+        let endpoints =
+            PROXIED_PATHS.iter().filter_map(|p| Some((*p, reqwest::Url::parse(&format!("{url}{p}")).ok()?))).collect();
         Self {
             url,
             index_id,
+            endpoints,
             healthy: AtomicBool::new(true),
             in_flight: AtomicU32::new(0),
             uncached_tokens: AtomicU64::new(0),
@@ -69,6 +77,12 @@ impl Worker {
             down_since: Mutex::new(None),
             index_cleared: AtomicBool::new(false),
         }
+    }
+
+    /// The URL of a proxied route's `path` on this worker (parsed once); `None` if the
+    /// worker's URL does not parse.
+    pub fn endpoint(&self, path: &str) -> Option<reqwest::Url> {
+        self.endpoints.iter().find(|(p, _)| *p == path).map(|(_, u)| u.clone())
     }
 
     /// What it reported about itself, once introspected.

@@ -9,6 +9,7 @@
 //! ```
 
 mod builtin;
+mod chain_memo;
 mod chat;
 mod error;
 mod fast_bpe;
@@ -26,6 +27,7 @@ use minijinja::Value;
 use serde_json::{Map, Value as Json};
 
 pub use builtin::{BUILTIN_CHAT_TEMPLATE, BUILTIN_SPECIAL_TOKENS, builtin_tokenizer_json};
+pub use chain_memo::{ChainMemo, ChainMemoStats, DEFAULT_CHAIN_MEMO_PAGES};
 pub use chat::ChatRequest;
 pub use error::RenderError;
 pub use hash::{HashError, HashMode, PageDigest, PageHasher};
