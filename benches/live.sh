@@ -5,8 +5,9 @@
 # carry over from one policy to the next). Reads cached_tokens from the
 # engines' responses. Prints one table row per policy.
 #   bash benches/live.sh [TRACE] [REQUESTS] [SPEEDUP]
-# With SMG=path/to/smg (SGLang Model Gateway: `pip install sglang-router`), its
-# round_robin and cache_aware run too, in the same harness. SMG takes no token-id
+# With SMG=path/to/smg (SGLang Model Gateway: `pip install sglang-router`) and
+# VLLM_ROUTER=path/to/vllm-router (`pip install vllm-router`), their round_robin
+# and cache_aware run too, in the same harness. The peers take no token-id
 # prompts, so then every run sends text prompts (PROMPT=text; default tokens).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,8 +16,9 @@ REQUESTS="${2:-1000}"
 SPEEDUP="${3:-10}"
 WORKERS=8
 SMG="${SMG:-}"
+VLLM_ROUTER="${VLLM_ROUTER:-}"
 PROMPT="${PROMPT:-tokens}"
-[ -n "$SMG" ] && PROMPT=text
+[ -n "$SMG$VLLM_ROUTER" ] && PROMPT=text
 cargo build --release -q -p sgl-router -p mock-engine -p bench
 BIN=target/release
 pids=()
@@ -26,8 +28,9 @@ trap cleanup EXIT
 ready() { for _ in $(seq 1 200); do curl -sf "$1" >/dev/null && return 0; sleep 0.1; done; echo "not ready: $1" >&2; return 1; }
 
 header=1
-runs=(round_robin power_of_two approx_tree cache_aware)
+runs=(round_robin power_of_two approx_tree cache_aware min_ttft)
 [ -n "$SMG" ] && runs+=(smg_round_robin smg_cache_aware)
+[ -n "$VLLM_ROUTER" ] && runs+=(vllm_round_robin vllm_cache_aware)
 for policy in "${runs[@]}"; do
   urls=()
   for i in $(seq 1 "$WORKERS"); do
@@ -40,9 +43,13 @@ for policy in "${runs[@]}"; do
     "$SMG" launch --worker-urls "${urls[@]}" --policy "${policy#smg_}" --port 32100 --log-level error \
       >/dev/null 2>&1 & pids+=($!)
     ready http://127.0.0.1:32100/health
+  elif [[ "$policy" == vllm_* ]]; then
+    "$VLLM_ROUTER" --worker-urls "${urls[@]}" --policy "${policy#vllm_}" --port 32100 --log-level error \
+      >/dev/null 2>&1 & pids+=($!)
+    ready http://127.0.0.1:32100/health
   else
     extra=()
-    [ "$policy" = cache_aware ] && extra=(--kv-events)
+    [[ "$policy" == cache_aware || "$policy" == min_ttft ]] && extra=(--kv-events)
     "$BIN/sgl-router" --port 32100 --worker-urls "$(IFS=,; echo "${urls[*]}")" --policy "$policy" "${extra[@]}" \
       >/dev/null 2>&1 & pids+=($!)
     ready http://127.0.0.1:32100/readiness

@@ -5,8 +5,10 @@
 # the peers in the same run when they are installed:
 #   SMG=path/to/smg                 SGLang Model Gateway (`pip install sglang-router`)
 #   VLLM_ROUTER=path/to/vllm-router vllm-router (`pip install vllm-router`)
-# each as round_robin and cache_aware (their approximate text tree). Also each
-# router's CPU seconds per 1,000 requests. Prints the tables of
+# each as round_robin and cache_aware (their approximate text tree); and, when
+# nginx is installed (`apt-get install nginx-light`), nginx as a plain reverse
+# proxy with upstream keep-alive: the floor a proxy hop costs on this machine.
+# Also each router's CPU seconds per 1,000 requests. Prints the tables of
 # docs/benchmarks.md ("Router overhead").
 #   bash benches/overhead.sh [REQUESTS]
 set -euo pipefail
@@ -49,7 +51,39 @@ if [ -n "$VLLM_ROUTER" ]; then
   done
 fi
 
-cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+if command -v nginx >/dev/null; then
+  conf=$(mktemp -d)
+  cat > "$conf/nginx.conf" <<NGINX
+worker_processes 2;
+pid $conf/nginx.pid;
+error_log $conf/error.log error;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  upstream engine { server 127.0.0.1:31001; keepalive 128; }
+  server {
+    listen 127.0.0.1:31040;
+    client_body_buffer_size 64k;
+    location / {
+      proxy_pass http://engine;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+NGINX
+  start nginx_proxy 31040 /health nginx -c "$conf/nginx.conf" -g "daemon off;"
+fi
+
+# CPU ticks of a process and its children (nginx's workers).
+cpu() {
+  local total=0 p
+  for p in "$1" $(pgrep -P "$1" || true); do
+    total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+  done
+  echo "$total"
+}
 before=(); for p in "${rpids[@]}"; do before+=("$(cpu "$p")"); done
 targets=$(for i in "${!names[@]}"; do printf '%s=%s,' "${names[$i]}" "${urls[$i]}"; done)
 "$BIN/sgl-router-bench" overhead --engine-url "$ENGINE" --router "${targets%,}" --requests "$REQUESTS"

@@ -28,7 +28,7 @@ pub use error::GatewayError;
 pub use health::{HealthConfig, health_loop};
 pub use metrics::GatewayMetrics;
 pub use proxy::router;
-pub use workers::{LoadGuard, Worker, WorkerInfo, Workers};
+pub use workers::{LoadGuard, Worker, WorkerInfo, Workers, check_worker_url};
 
 /// Default request body limit (the reference router's).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 5 << 20;
@@ -137,7 +137,13 @@ impl Gateway {
         index: Option<Arc<KvIndex>>,
         renderer: Arc<Renderer>,
     ) -> Self {
-        let client = reqwest::Client::builder().pool_idle_timeout(Duration::from_secs(60)).build().unwrap_or_default();
+        // A proxy passes a worker's redirect back to the client rather than following it.
+        let client = reqwest::Client::builder()
+            .pool_idle_timeout(Duration::from_secs(60))
+            .redirect(reqwest::redirect::Policy::none())
+            .tcp_nodelay(true)
+            .build()
+            .unwrap_or_default();
         Self {
             config,
             workers,

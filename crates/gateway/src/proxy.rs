@@ -13,7 +13,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
-use futures_util::StreamExt;
 use policy::{Candidate, Decision, RequestInfo};
 use renderer::{ChatRequest, PageHasher, Prompt};
 use router_types::{BlockHash, DpRank, WorkerUrl};
@@ -342,7 +341,9 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
     }
 }
 
-/// Passes the worker's answer through chunk by chunk. A worker that dies
+/// Passes the worker's answer through frame by frame: its status, its
+/// end-to-end headers and its length (a sized answer goes out in one write,
+/// not chunked); a redirect goes back to the client, not followed. A worker that dies
 /// mid-stream ends the stream with an error event (server-sent events) and
 /// leaves rotation; a client that goes away drops the upstream request.
 fn stream_back(mut guard: InFlight, worker: Arc<Worker>, resp: reqwest::Response) -> Response {
@@ -350,41 +351,82 @@ fn stream_back(mut guard: InFlight, worker: Arc<Worker>, resp: reqwest::Response
     guard.status = status.as_u16();
     let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
     let sse = content_type.as_ref().and_then(|c| c.to_str().ok()).is_some_and(|c| c.starts_with("text/event-stream"));
-    let mut upstream = resp.bytes_stream();
-    let mut guard = Some(guard);
-    let stream = futures_util::stream::poll_fn(move |cx| {
-        let Some(g) = guard.as_mut() else { return std::task::Poll::Ready(None) };
-        match upstream.poll_next_unpin(cx) {
-            std::task::Poll::Ready(Some(Ok(chunk))) => {
-                // The first byte of a streamed answer follows the first token.
-                g.load.prefill_done();
-                std::task::Poll::Ready(Some(Ok::<Bytes, std::io::Error>(chunk)))
+    // The worker's headers pass through, except hop-by-hop ones and the length (set from the body).
+    let mut headers = resp.headers().clone();
+    for h in [
+        header::CONNECTION,
+        header::TRANSFER_ENCODING,
+        header::CONTENT_LENGTH,
+        header::TE,
+        header::TRAILER,
+        header::UPGRADE,
+    ] {
+        headers.remove(h);
+    }
+    headers.remove("keep-alive");
+    let relay = Relay { inner: reqwest::Body::from(resp), guard: Some(guard), worker, sse };
+    let mut response = Response::new(Body::new(relay));
+    *response.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    *response.headers_mut() = headers;
+    response
+}
+
+/// The body of a proxied answer; holds the request's load until it ends.
+struct Relay {
+    inner: reqwest::Body,
+    guard: Option<InFlight>,
+    worker: Arc<Worker>,
+    sse: bool,
+}
+
+impl http_body::Body for Relay {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        let Some(g) = this.guard.as_mut() else { return Poll::Ready(None) };
+        match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if frame.is_data() {
+                    // The first byte of a streamed answer follows the first token.
+                    g.load.prefill_done();
+                }
+                Poll::Ready(Some(Ok(frame)))
             }
-            std::task::Poll::Ready(Some(Err(e))) => {
-                warn!(worker = %worker.url, error = %e, "worker failed mid-response");
-                worker.set_healthy(false);
+            Poll::Ready(Some(Err(e))) => {
+                warn!(worker = %this.worker.url, error = %e, "worker failed mid-response");
+                this.worker.set_healthy(false);
                 g.status = 502;
-                guard = None;
-                if sse {
-                    let event = json!({"error": {"message": format!("upstream worker {} failed mid-stream: {e}", worker.url), "type": "upstream_unreachable", "code": 502}});
-                    std::task::Poll::Ready(Some(Ok(Bytes::from(format!("data: {event}\n\ndata: [DONE]\n\n")))))
+                this.guard = None;
+                if this.sse {
+                    let event = json!({"error": {"message": format!("upstream worker {} failed mid-stream: {e}", this.worker.url), "type": "upstream_unreachable", "code": 502}});
+                    Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(format!(
+                        "data: {event}\n\ndata: [DONE]\n\n"
+                    ))))))
                 } else {
-                    std::task::Poll::Ready(Some(Err(std::io::Error::other(e.to_string()))))
+                    Poll::Ready(Some(Err(std::io::Error::other(e.to_string()))))
                 }
             }
-            std::task::Poll::Ready(None) => {
-                guard = None;
-                std::task::Poll::Ready(None)
+            Poll::Ready(None) => {
+                this.guard = None;
+                Poll::Ready(None)
             }
-            std::task::Poll::Pending => std::task::Poll::Pending,
+            Poll::Pending => Poll::Pending,
         }
-    });
-    let mut response = Response::new(Body::from_stream(stream));
-    *response.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    if let Some(ct) = content_type {
-        response.headers_mut().insert(header::CONTENT_TYPE, ct);
     }
-    response
+
+    fn is_end_stream(&self) -> bool {
+        self.guard.is_none() || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 async fn debug_route(
@@ -507,9 +549,7 @@ async fn add_worker(State(gw): State<Arc<Gateway>>, body: Body) -> Result<Respon
     let bytes = read_body(&gw, body).await?;
     let req: AddWorker = serde_json::from_slice(&bytes)
         .map_err(|e| GatewayError::BadRequest(format!("expected {{\"url\": ...}}: {e}")))?;
-    if !(req.url.starts_with("http://") || req.url.starts_with("https://")) {
-        return Err(GatewayError::BadRequest(format!("not an http(s) URL: {}", req.url)));
-    }
+    crate::check_worker_url(&req.url).map_err(GatewayError::BadRequest)?;
     let url = WorkerUrl::new(req.url.as_str());
     let known = gw.workers.all().iter().any(|w| w.url == url);
     if !known && let Some(hook) = &gw.add_worker {

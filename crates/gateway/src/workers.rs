@@ -55,6 +55,18 @@ pub struct LoadGuard {
     uncached: u64,
 }
 
+/// Checks a worker base URL: plain `http://` (the build carries no TLS client:
+/// engines are reached inside the cluster) that parses.
+pub fn check_worker_url(url: &str) -> Result<(), String> {
+    if url.starts_with("https://") {
+        return Err(format!("{url}: https workers are not supported (no TLS client in this build); use http://"));
+    }
+    if !url.starts_with("http://") {
+        return Err(format!("{url:?} is not an http:// URL"));
+    }
+    reqwest::Url::parse(url).map(|_| ()).map_err(|e| format!("{url:?}: {e}"))
+}
+
 /// The routes the gateway proxies.
 const PROXIED_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/generate"];
 

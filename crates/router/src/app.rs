@@ -229,7 +229,11 @@ impl App {
             drain_signal.cancel();
         });
         let app = gateway::router(gateway.clone());
-        let serve = axum::serve(self.listener, app).with_graceful_shutdown(drain.clone().cancelled_owned());
+        // Small answers go out at once: no Nagle delay behind an unacknowledged write.
+        let listener = axum::serve::ListenerExt::tap_io(self.listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let serve = axum::serve(listener, app).with_graceful_shutdown(drain.clone().cancelled_owned());
         let grace = self.grace;
         let result = tokio::select! {
             r = serve => r.map_err(anyhow::Error::from),

@@ -63,8 +63,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         return usage("no workers: give --worker-urls URL,... or --mock-workers N".into());
     }
     for u in &a.worker_urls {
-        if !(u.starts_with("http://") || u.starts_with("https://")) {
-            return usage(format!("--worker-urls: {u:?} is not an http(s) URL"));
+        if let Err(e) = gateway::check_worker_url(u) {
+            return usage(format!("--worker-urls: {e}"));
         }
     }
     let listen: SocketAddr = match format!("{}:{}", a.host, a.port).parse() {

@@ -153,3 +153,17 @@ fn render_rejects_bad_input_cleanly() {
         "only user roles (template line 2)",
     );
 }
+
+#[test]
+fn the_router_refuses_bad_flags_with_one_line_and_status_64() {
+    for (args, needle) in [
+        (&["--worker-urls", "https://w:30000"][..], "https workers are not supported"),
+        (&["--worker-urls", "w:30000"][..], "not an http:// URL"),
+        (&["--worker-urls", "http://w:1", "--policy", "cache_aware"][..], "add --kv-events"),
+        (&["--worker-urls", "http://w:1", "--ttft-hit-weight", "2"][..], "tunes the min_ttft policy"),
+    ] {
+        let out = run(args, "");
+        assert_clean_error(&out, needle);
+        assert_eq!(out.status.code(), Some(64), "{args:?}");
+    }
+}

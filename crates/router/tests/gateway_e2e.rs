@@ -190,6 +190,41 @@ async fn min_ttft_follows_the_hit_until_the_holder_owes_more_prefill() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_answer_passes_through_with_its_headers_and_length_unfollowed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A worker that is healthy but redirects every request elsewhere.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let worker = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let n = socket.read(&mut buf).await.unwrap_or(0);
+                let head = if buf[..n].starts_with(b"GET /health") {
+                    "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n"
+                } else {
+                    "HTTP/1.1 307 Temporary Redirect\r\nlocation: http://127.0.0.1:9/elsewhere\r\nx-worker-id: w7\r\ncontent-type: application/json\r\ncontent-length: 2\r\n"
+                };
+                let _ = socket.write_all(format!("{head}connection: close\r\n\r\n{{}}").as_bytes()).await;
+            });
+        }
+    });
+    let mut cfg = config(&[], PolicyConfig::RoundRobin, false);
+    cfg.workers.push(WorkerUrl::new(worker.as_str()));
+    let r = start(cfg).await;
+    let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let resp = client.post(format!("{}/v1/chat/completions", r.url)).json(&chat("s", "q")).send().await.unwrap();
+    assert_eq!(resp.status(), 307, "the redirect is the client's to follow");
+    let header = |name: &str| resp.headers().get(name).map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(header("location").as_deref(), Some("http://127.0.0.1:9/elsewhere"));
+    assert_eq!(header("x-worker-id").as_deref(), Some("w7"));
+    assert_eq!(header("content-length").as_deref(), Some("2"), "a sized answer stays sized");
+    assert_eq!(header("transfer-encoding"), None);
+    assert_eq!(resp.text().await.unwrap(), "{}");
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_pass_through_and_a_dying_worker_leaves_rotation() {
     let w = MockEngine::spawn(engine_config()).await.unwrap();
     let r = start(config(&[&w], PolicyConfig::RoundRobin, false)).await;
