@@ -82,6 +82,25 @@ pub struct GatewayConfig {
     pub model_id: String,
 }
 
+/// The HTTP/1.1 client requests are proxied with (hyper's own pool: the
+/// lightest path; health checks use reqwest).
+pub type UpstreamClient = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    http_body_util::Full<axum::body::Bytes>,
+>;
+
+/// The proxy's client: keep-alive (idle connections closed after 60 s), no
+/// Nagle delay, no redirect following (a worker's redirect goes back to the client).
+fn upstream_client() -> UpstreamClient {
+    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_timer(hyper_util::rt::TokioTimer::new())
+        .build(connector)
+}
+
 /// Extra Prometheus text appended to `/metrics` (the KV-event side).
 pub type MetricsHook = Box<dyn Fn(&mut String) + Send + Sync>;
 /// Extra readiness condition (KV-event subscriptions up).
@@ -106,8 +125,6 @@ pub struct Gateway {
     pub index: Option<Arc<KvIndex>>,
     /// The model's renderer (template, tokenizer).
     pub renderer: Arc<Renderer>,
-    /// The upstream HTTP client.
-    pub client: reqwest::Client,
     /// Recent page-hash chains: a repeated prefix is not hashed again.
     pub chain_memo: renderer::ChainMemo,
     /// Counters and histograms.
@@ -137,20 +154,12 @@ impl Gateway {
         index: Option<Arc<KvIndex>>,
         renderer: Arc<Renderer>,
     ) -> Self {
-        // A proxy passes a worker's redirect back to the client rather than following it.
-        let client = reqwest::Client::builder()
-            .pool_idle_timeout(Duration::from_secs(60))
-            .redirect(reqwest::redirect::Policy::none())
-            .tcp_nodelay(true)
-            .build()
-            .unwrap_or_default();
         Self {
             config,
             workers,
             policy,
             index,
             renderer,
-            client,
             chain_memo: renderer::ChainMemo::new(renderer::DEFAULT_CHAIN_MEMO_PAGES),
             metrics: GatewayMetrics::default(),
             draining: AtomicBool::new(false),
@@ -177,6 +186,16 @@ impl Gateway {
     pub fn with_add_worker_hook(mut self, hook: AddWorkerHook) -> Self {
         self.add_worker = Some(hook);
         self
+    }
+
+    /// The upstream HTTP client of the calling thread. Each serving thread has
+    /// its own connection pool, so a request and the upstream connection it
+    /// uses live on one thread (no cross-thread wake-ups on the hot path).
+    pub fn client(&self) -> UpstreamClient {
+        thread_local! {
+            static CLIENT: std::cell::OnceCell<UpstreamClient> = const { std::cell::OnceCell::new() };
+        }
+        CLIENT.with(|c| c.get_or_init(upstream_client).clone())
     }
 
     /// Requests being served now.

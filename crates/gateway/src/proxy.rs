@@ -298,12 +298,18 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
                 message: "invalid worker URL".into(),
             });
         };
-        let mut req = gw.client.post(endpoint).header(header::CONTENT_TYPE, "application/json");
+        let mut req = axum::http::Request::post(endpoint).header(header::CONTENT_TYPE, "application/json");
         if let Some(rank) = &rank_header {
             req = req.header(RANK_HEADER, rank.clone());
         }
-        let send = req.body(body.clone()).send();
-        match tokio::time::timeout(gw.config.request_timeout, send).await {
+        let req = match req.body(http_body_util::Full::new(body.clone())) {
+            Ok(r) => r,
+            Err(e) => {
+                drop(guard);
+                return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: e.to_string() });
+            }
+        };
+        match tokio::time::timeout(gw.config.request_timeout, gw.client().request(req)).await {
             Ok(Ok(resp)) => {
                 gw.metrics.ttfb.observe(start.elapsed().as_secs_f64());
                 return Ok(stream_back(guard, worker, resp));
@@ -318,7 +324,7 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
                     gw.workers.all().into_iter().filter(|w| w.is_healthy() && w.url != worker.url).collect();
                 let Some(next) = others.iter().min_by_key(|w| (w.load().in_flight, w.load().uncached_tokens)) else {
                     drop(guard);
-                    return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: e.to_string() });
+                    return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: describe(&e) });
                 };
                 drop(guard);
                 gw.in_flight.fetch_add(1, Ordering::Relaxed); // the dropped guard released one
@@ -331,7 +337,7 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
                     worker.set_healthy(false);
                 }
                 drop(guard);
-                return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: e.to_string() });
+                return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: describe(&e) });
             }
             Err(_) => {
                 drop(guard);
@@ -341,12 +347,28 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
     }
 }
 
+/// An error and its causes, on one line ("client error (Connect): tcp connect error: Connection refused").
+fn describe(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
+}
+
 /// Passes the worker's answer through frame by frame: its status, its
 /// end-to-end headers and its length (a sized answer goes out in one write,
 /// not chunked); a redirect goes back to the client, not followed. A worker that dies
 /// mid-stream ends the stream with an error event (server-sent events) and
 /// leaves rotation; a client that goes away drops the upstream request.
-fn stream_back(mut guard: InFlight, worker: Arc<Worker>, resp: reqwest::Response) -> Response {
+fn stream_back(
+    mut guard: InFlight,
+    worker: Arc<Worker>,
+    resp: axum::http::Response<hyper::body::Incoming>,
+) -> Response {
     let status = resp.status();
     guard.status = status.as_u16();
     let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
@@ -364,7 +386,7 @@ fn stream_back(mut guard: InFlight, worker: Arc<Worker>, resp: reqwest::Response
         headers.remove(h);
     }
     headers.remove("keep-alive");
-    let relay = Relay { inner: reqwest::Body::from(resp), guard: Some(guard), worker, sse };
+    let relay = Relay { inner: resp.into_body(), guard: Some(guard), worker, sse };
     let mut response = Response::new(Body::new(relay));
     *response.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     *response.headers_mut() = headers;
@@ -373,7 +395,7 @@ fn stream_back(mut guard: InFlight, worker: Arc<Worker>, resp: reqwest::Response
 
 /// The body of a proxied answer; holds the request's load until it ends.
 struct Relay {
-    inner: reqwest::Body,
+    inner: hyper::body::Incoming,
     guard: Option<InFlight>,
     worker: Arc<Worker>,
     sse: bool,

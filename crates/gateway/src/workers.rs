@@ -23,7 +23,7 @@ pub struct Worker {
     uncached_tokens: AtomicU64,
     info: RwLock<Option<WorkerInfo>>,
     /// The proxied routes' URLs, parsed once.
-    endpoints: Vec<(&'static str, reqwest::Url)>,
+    endpoints: Vec<(&'static str, axum::http::Uri)>,
     down_since: Mutex<Option<Instant>>,
     index_cleared: AtomicBool,
 }
@@ -64,7 +64,7 @@ pub fn check_worker_url(url: &str) -> Result<(), String> {
     if !url.starts_with("http://") {
         return Err(format!("{url:?} is not an http:// URL"));
     }
-    reqwest::Url::parse(url).map(|_| ()).map_err(|e| format!("{url:?}: {e}"))
+    url.parse::<axum::http::Uri>().map(|_| ()).map_err(|e| format!("{url:?}: {e}"))
 }
 
 /// The routes the gateway proxies.
@@ -76,8 +76,7 @@ impl Worker {
     /// A healthy worker with no load.
     pub fn new(url: WorkerUrl, index: Option<&KvIndex>) -> Self {
         let index_id = index.map(|i| i.worker_id(&url));
-        let endpoints =
-            PROXIED_PATHS.iter().filter_map(|p| Some((*p, reqwest::Url::parse(&format!("{url}{p}")).ok()?))).collect();
+        let endpoints = PROXIED_PATHS.iter().filter_map(|p| Some((*p, format!("{url}{p}").parse().ok()?))).collect();
         Self {
             url,
             index_id,
@@ -93,7 +92,7 @@ impl Worker {
 
     /// The URL of a proxied route's `path` on this worker (parsed once); `None` if the
     /// worker's URL does not parse.
-    pub fn endpoint(&self, path: &str) -> Option<reqwest::Url> {
+    pub fn endpoint(&self, path: &str) -> Option<axum::http::Uri> {
         self.endpoints.iter().find(|(p, _)| *p == path).map(|(_, u)| u.clone())
     }
 

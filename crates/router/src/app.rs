@@ -80,6 +80,9 @@ pub struct AppConfig {
     pub index_retention: Duration,
     /// How long to wait for in-flight requests on shutdown.
     pub shutdown_grace: Duration,
+    /// Threads serving requests, each with its own single-threaded runtime and
+    /// upstream connections (0: serve on the caller's runtime).
+    pub serve_threads: usize,
 }
 
 /// A built router, bound to its port.
@@ -89,6 +92,7 @@ pub struct App {
     gateway: Arc<Gateway>,
     cancel: CancellationToken,
     grace: Duration,
+    serve_threads: usize,
     _mocks: Vec<MockEngine>,
     /// The KV-event side, when enabled.
     pub kv: Option<Arc<KvEventsRuntime>>,
@@ -197,7 +201,15 @@ impl App {
         let health = HealthConfig { interval: config.health_interval, index_retention: config.index_retention };
         tokio::spawn(health_loop(registry, client, health, index.clone(), cancel.clone()));
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
-        Ok(Self { listener, gateway: Arc::new(gateway), cancel, grace: config.shutdown_grace, _mocks: mocks, kv })
+        Ok(Self {
+            listener,
+            gateway: Arc::new(gateway),
+            cancel,
+            grace: config.shutdown_grace,
+            serve_threads: config.serve_threads,
+            _mocks: mocks,
+            kv,
+        })
     }
 
     /// The bound address.
@@ -229,14 +241,10 @@ impl App {
             drain_signal.cancel();
         });
         let app = gateway::router(gateway.clone());
-        // Small answers go out at once: no Nagle delay behind an unacknowledged write.
-        let listener = axum::serve::ListenerExt::tap_io(self.listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let serve = axum::serve(listener, app).with_graceful_shutdown(drain.clone().cancelled_owned());
         let grace = self.grace;
+        let serve = serve_all(self.listener, app, self.serve_threads, drain.clone());
         let result = tokio::select! {
-            r = serve => r.map_err(anyhow::Error::from),
+            r = serve => r,
             _ = async { drain.cancelled().await; tokio::time::sleep(grace).await } => {
                 warn!(in_flight = gateway.in_flight(), "grace period over, closing remaining requests");
                 Ok(())
@@ -246,6 +254,59 @@ impl App {
         info!("router stopped");
         result
     }
+}
+
+/// Serves `app` on `listener` until `drain` is cancelled and the open
+/// requests are done: on the caller's runtime (`threads` 0), or on `threads`
+/// threads each running its own single-threaded runtime and accepting on the
+/// same socket. A request then stays on one thread from accept to answer,
+/// which on a small machine halves the latency the router adds (see
+/// docs/benchmarks.md, "Router overhead").
+async fn serve_all(
+    listener: TcpListener,
+    app: axum::Router,
+    threads: usize,
+    drain: CancellationToken,
+) -> anyhow::Result<()> {
+    if threads == 0 {
+        return serve_one(listener, app, drain).await;
+    }
+    let std_listener = listener.into_std().context("detaching the listener")?;
+    let mut joins = Vec::with_capacity(threads);
+    for i in 0..threads {
+        let (socket, app, drain) =
+            (std_listener.try_clone().context("sharing the listener")?, app.clone(), drain.clone());
+        let (done, joined) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name(format!("sgl-serve-{i}"))
+            .spawn(move || {
+                let result = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(anyhow::Error::from)
+                    .and_then(|rt| {
+                        rt.block_on(async move {
+                            let listener = TcpListener::from_std(socket)?;
+                            serve_one(listener, app, drain).await
+                        })
+                    });
+                let _ = done.send(result);
+            })
+            .context("starting a serving thread")?;
+        joins.push(joined);
+    }
+    for joined in joins {
+        joined.await.unwrap_or_else(|_| Err(anyhow::anyhow!("a serving thread panicked")))?;
+    }
+    Ok(())
+}
+
+/// One accept loop: small answers go out at once (no Nagle delay behind an unacknowledged write).
+async fn serve_one(listener: TcpListener, app: axum::Router, drain: CancellationToken) -> anyhow::Result<()> {
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, app).with_graceful_shutdown(drain.cancelled_owned()).await.map_err(anyhow::Error::from)
 }
 
 fn seed() -> u64 {

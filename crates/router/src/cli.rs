@@ -94,6 +94,10 @@ pub(crate) struct ServeArgs {
     /// Model id reported by /v1/models.
     #[arg(long, env = "SGL_ROUTER_MODEL_ID", default_value = crate::defaults::MODEL_ID)]
     pub(crate) model_id: String,
+    /// Threads serving requests, each with its own single-threaded runtime and upstream connections
+    /// (0: share the runtime of the background tasks) [default: the number of CPUs].
+    #[arg(long, env = "SGL_ROUTER_SERVE_THREADS", value_name = "N")]
+    pub(crate) serve_threads: Option<usize>,
     /// cache_aware: a worker is a candidate only if it holds this many prompt tokens [default: 1024].
     #[arg(long, env = "SGL_ROUTER_CACHE_AFFINITY_MIN_MATCHED_TOKENS", value_name = "N")]
     pub(crate) cache_affinity_min_matched_tokens: Option<u64>,

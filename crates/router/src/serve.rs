@@ -136,6 +136,9 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         health_interval: Duration::from_secs(a.health_check_interval_secs.max(1)),
         index_retention: Duration::from_secs(a.worker_index_retention_secs),
         shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
+        serve_threads: a
+            .serve_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)),
     })
 }
 
@@ -145,7 +148,9 @@ fn policy_name(p: PolicyName) -> String {
 
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
+    // Colour only on a terminal: log files and collectors get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).with_ansi(ansi);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),

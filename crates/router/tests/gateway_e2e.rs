@@ -47,6 +47,7 @@ fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) -> AppConfig 
         health_interval: Duration::from_secs(3600),
         index_retention: Duration::from_secs(300),
         shutdown_grace: Duration::from_secs(1),
+        serve_threads: 2,
     }
 }
 
