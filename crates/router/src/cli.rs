@@ -122,11 +122,11 @@ pub(crate) struct ServeArgs {
     /// cache_aware: never move a hit to a less loaded worker.
     #[arg(long, env = "SGL_ROUTER_NO_CACHE_PRESSURE_GUARD")]
     pub(crate) no_cache_pressure_guard: bool,
-    /// cache_aware: credit the chosen worker with the request's blocks for this long, so a burst
+    /// KV index: credit the chosen worker with the request's blocks for this long, so a burst
     /// sharing a cold prefix lands together before the events arrive [default: 0, off].
     #[arg(long, env = "SGL_ROUTER_CACHE_PENDING_PREFIX_TTL_MS", value_name = "MS")]
     pub(crate) cache_pending_prefix_ttl_ms: Option<u64>,
-    /// cache_aware: most blocks the index keeps (least recently used tails go first) [default: unbounded].
+    /// KV index: most blocks the index keeps (least recently used tails go first) [default: unbounded].
     #[arg(long, env = "SGL_ROUTER_MAX_INDEX_BLOCKS", value_name = "N")]
     pub(crate) max_index_blocks: Option<NonZeroUsize>,
     /// min_ttft: credit per cached token, in tokens of prefill, on top of the prefill it saves [default: 4].

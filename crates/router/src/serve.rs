@@ -30,6 +30,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         ("--cache-pressure-abs-tokens", a.cache_pressure_abs_tokens.is_some()),
         ("--cache-pressure-rel", a.cache_pressure_rel.is_some()),
         ("--no-cache-pressure-guard", a.no_cache_pressure_guard),
+    ];
+    let index_flags = [
         ("--cache-pending-prefix-ttl-ms", a.cache_pending_prefix_ttl_ms.is_some()),
         ("--max-index-blocks", a.max_index_blocks.is_some()),
     ];
@@ -44,6 +46,11 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         && let Some((flag, _)) = cache_flags.iter().find(|(_, set)| *set)
     {
         return usage(format!("{flag} tunes the cache_aware policy, but --policy is {}", policy_name(a.policy)));
+    }
+    if !a.kv_events
+        && let Some((flag, _)) = index_flags.iter().find(|(_, set)| *set)
+    {
+        return usage(format!("{flag} tunes the KV index, which only --kv-events builds"));
     }
     if a.policy != PolicyName::ApproxTree
         && let Some((flag, _)) = approx_flags.iter().find(|(_, set)| *set)
