@@ -14,6 +14,7 @@ pub mod health;
 pub mod metrics;
 pub mod namespace;
 mod proxy;
+mod shape;
 pub mod workers;
 
 use std::sync::Arc;

@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use tracing::{Instrument, info_span, warn};
 
 use crate::metrics::{escape, head};
+use crate::shape::Required;
 use crate::workers::{LoadGuard, Worker};
 use crate::{Gateway, GatewayError};
 
@@ -130,25 +131,24 @@ fn parse_json(bytes: &[u8]) -> Result<Value, GatewayError> {
     Ok(v)
 }
 
-/// Tokens and text of the request, as much as the policy needs.
+/// The body as far as the router needs it: the parsed JSON, or `None` when
+/// the policy needs nothing from it and only its shape was checked (no tree built).
+fn parse_body(gw: &Gateway, route: Route, bytes: &[u8]) -> Result<Option<Value>, GatewayError> {
+    if gw.index.is_some() || gw.policy.needs_tokens() || gw.policy.needs_text() {
+        return parse_json(bytes).map(Some);
+    }
+    let required = match route {
+        Route::Chat => Required::Messages,
+        Route::Completions => Required::Prompt,
+        Route::Generate => Required::TextOrIds,
+    };
+    crate::shape::check(bytes, required).map_err(GatewayError::BadRequest)?;
+    Ok(None)
+}
+
+/// Tokens and text of the request.
 fn prompt(gw: &Gateway, route: Route, v: &Value) -> Result<(Vec<u32>, Option<String>), GatewayError> {
     let need_tokens = gw.index.is_some() || gw.policy.needs_tokens();
-    let need_text = gw.policy.needs_text();
-    if !need_tokens && !need_text {
-        // Still validate the shape the route requires.
-        match route {
-            Route::Chat if v.get("messages").and_then(Value::as_array).is_none() => {
-                return Err(GatewayError::BadRequest("`messages` must be an array".into()));
-            }
-            Route::Completions if v.get("prompt").is_none() => {
-                return Err(GatewayError::BadRequest("`prompt` is required".into()));
-            }
-            Route::Generate if v.get("text").is_none() && v.get("input_ids").is_none() => {
-                return Err(GatewayError::BadRequest("`/generate` needs `text` or `input_ids`".into()));
-            }
-            _ => return Ok((Vec::new(), None)),
-        }
-    }
     let vocab = gw.renderer.tokenizer().vocab_size();
     match route {
         Route::Chat => {
@@ -177,8 +177,11 @@ fn prompt(gw: &Gateway, route: Route, v: &Value) -> Result<(Vec<u32>, Option<Str
 }
 
 /// Chooses a worker: candidates with their load and cached prefix, then the policy.
-fn plan(gw: &Gateway, route: Route, v: &Value) -> Result<Plan, GatewayError> {
-    let (tokens, text) = prompt(gw, route, v)?;
+fn plan(gw: &Gateway, route: Route, v: Option<&Value>) -> Result<Plan, GatewayError> {
+    let (tokens, text) = match v {
+        Some(v) => prompt(gw, route, v)?,
+        None => (Vec::new(), None),
+    };
     let workers: Vec<Arc<Worker>> = gw.workers.all().into_iter().filter(|w| w.is_healthy()).collect();
     if workers.is_empty() {
         return Err(GatewayError::NoWorker);
@@ -186,7 +189,7 @@ fn plan(gw: &Gateway, route: Route, v: &Value) -> Result<Plan, GatewayError> {
     let input_tokens = tokens.len() as u64;
     let mut matched: HashMap<kv_index::WorkerId, (u32, Option<DpRank>)> = HashMap::new();
     let mut hashes = Vec::new();
-    if let Some(index) = &gw.index {
+    if let (Some(index), Some(v)) = (&gw.index, v) {
         let page = NonZeroUsize::new(gw.config.block_size).unwrap_or(NonZeroUsize::MIN);
         // The request's namespace starts its chain, as the engine's does.
         let served = || {
@@ -255,8 +258,8 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
     }
     let start = Instant::now();
     let bytes = read_body(&gw, body).await?;
-    let mut v = parse_json(&bytes)?;
-    let plan = plan(&gw, route, &v)?;
+    let mut v = parse_body(&gw, route, &bytes)?;
+    let plan = plan(&gw, route, v.as_ref())?;
     let chosen = &plan.workers[plan.decision.worker];
     let matched = plan.candidates[plan.decision.worker].matched_tokens;
     let span = tracing::Span::current();
@@ -274,10 +277,10 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
     // vLLM's OpenAI routes read the `X-Data-Parallel-Rank` header (rank 0 on a
     // single-rank engine is accepted by both); SGLang's native `/generate`
     // reads only the body field `routed_dp_rank`.
-    let mut body = match (plan.rank, route) {
-        (Some(rank), Route::Generate) if v.get("routed_dp_rank").is_none() => {
+    let mut body = match (plan.rank, route, v.as_mut()) {
+        (Some(rank), Route::Generate, Some(v)) if v.get("routed_dp_rank").is_none() => {
             v["routed_dp_rank"] = json!(rank.0);
-            Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+            Bytes::from(serde_json::to_vec(&*v).unwrap_or_default())
         }
         _ => bytes.clone(),
     };
@@ -465,8 +468,8 @@ async fn debug_route(
         }
     };
     let bytes = read_body(&gw, body).await?;
-    let v = parse_json(&bytes)?;
-    let plan = plan(&gw, route, &v)?;
+    let v = parse_body(&gw, route, &bytes)?;
+    let plan = plan(&gw, route, v.as_ref())?;
     let candidates: Vec<Value> = plan
         .candidates
         .iter()
