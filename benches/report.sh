@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Every table of docs/benchmarks.md, in one run: routing quality in simulation
+# (and its SVG charts in docs/img), live HTTP replay of both Mooncake traces,
+# router overhead, and with --criterion the microbenchmarks. Peers join when
+# installed: SMG=path/to/smg VLLM_ROUTER=path/to/vllm-router (pip install
+# sglang-router vllm-router) and nginx (apt-get install nginx-light).
+# Each part's output goes to target/bench-report/<part>.txt and to stdout.
+#   bash benches/report.sh [--criterion] [TRACE_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CRITERION=0
+if [ "${1:-}" = "--criterion" ]; then CRITERION=1; shift; fi
+TRACES="${1:-../shared/traces/mooncake}"
+OUT=target/bench-report
+mkdir -p "$OUT"
+part() { # NAME COMMAND...
+  local name=$1; shift
+  echo "## $name"
+  "$@" 2>&1 | tee "$OUT/$name.txt"
+  echo
+}
+part routing_quality bash benches/routing_quality.sh "$TRACES"
+part live_conversation bash benches/live.sh "$TRACES/conversation_trace.jsonl" 1000 5
+part live_synthetic bash benches/live.sh "$TRACES/synthetic_trace.jsonl" 1000 5
+part overhead bash benches/overhead.sh 1000
+if [ "$CRITERION" = 1 ]; then
+  for b in renderer tree_lookup wire policy_select; do
+    part "criterion_$b" cargo bench -q -p sgl-router-benches --bench "$b"
+  done
+fi
+echo "reports in $OUT/"
