@@ -99,9 +99,24 @@ impl Histogram {
 // === impl LabeledCounter ===
 
 impl LabeledCounter {
-    /// Adds one to the series with these labels (already formatted `k="v",...`).
-    pub fn inc(&self, labels: String) {
-        *self.values.lock().unwrap_or_else(|p| p.into_inner()).entry(labels).or_default() += 1;
+    /// Adds one to the series with these labels (`k="v",...`, formatted into a
+    /// per-thread buffer: a series seen before costs no allocation).
+    pub fn inc(&self, labels: std::fmt::Arguments<'_>) {
+        thread_local! {
+            static BUF: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+        }
+        BUF.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            buf.clear();
+            let _ = buf.write_fmt(labels);
+            let mut values = self.values.lock().unwrap_or_else(|p| p.into_inner());
+            match values.get_mut(buf.as_str()) {
+                Some(v) => *v += 1,
+                None => {
+                    values.insert(buf.clone(), 1);
+                }
+            }
+        });
     }
 
     /// The value of one series.

@@ -92,7 +92,7 @@ impl Drop for InFlight {
         m.latency.observe(self.start.elapsed().as_secs_f64());
         // Status 0: the request failed before an answer; `handle` counts its error.
         if self.status != 0 {
-            m.requests.inc(format!("route=\"{}\",status=\"{}\"", self.route.label(), self.status));
+            m.requests.inc(format_args!("route=\"{}\",status=\"{}\"", self.route.label(), self.status));
         }
         self.gw.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
@@ -243,7 +243,7 @@ async fn handle(State(gw): State<Arc<Gateway>>, body: Body, route: Route) -> Res
         match serve(gw.clone(), body, route).await {
             Ok(r) => r,
             Err(e) => {
-                gw.metrics.requests.inc(format!("route=\"{}\",status=\"{}\"", route.label(), e.status().as_u16()));
+                gw.metrics.requests.inc(format_args!("route=\"{}\",status=\"{}\"", route.label(), e.status().as_u16()));
                 e.into_response()
             }
         }
@@ -266,7 +266,7 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
     span.record("worker", chosen.url.as_str());
     span.record("matched_tokens", matched);
     span.record("reason", plan.decision.reason.as_str());
-    gw.metrics.decisions.inc(format!("policy=\"{}\",reason=\"{}\"", gw.policy.name(), plan.decision.reason));
+    gw.metrics.decisions.inc(format_args!("policy=\"{}\",reason=\"{}\"", gw.policy.name(), plan.decision.reason));
     gw.metrics.matched_tokens.observe(matched as f64);
     if gw.config.credit_pending
         && let (Some(index), Some(id)) = (&gw.index, chosen.index_id)
