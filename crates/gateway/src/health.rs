@@ -1,11 +1,13 @@
 //! The background health loop: probes every worker's `/health` concurrently,
-//! takes failing workers out of rotation and puts recovered ones back, asks
+//! takes failing workers out of rotation and puts recovered ones back (a
+//! worker out of rotation is probed every second, so one that starts after the
+//! router, or restarts, is back within a second), asks
 //! each worker once what it serves (`/server_info`, else `/v1/models`), and
 //! drops the index state of a worker that stayed down past the retention
 //! period (kept until then, since a worker that comes back keeps its cache).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use kv_index::KvIndex;
@@ -14,6 +16,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::workers::{Worker, WorkerInfo, Workers};
+
+/// How often a worker out of rotation is probed.
+const DOWN_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How the health loop runs (defaults: the router's `defaults.rs`).
 #[derive(Debug, Clone)]
@@ -24,7 +29,8 @@ pub struct HealthConfig {
     pub index_retention: Duration,
 }
 
-/// Probes every worker each `config.interval` until `cancel` fires.
+/// Probes every worker each `config.interval`, and the workers out of
+/// rotation every second (at most every `config.interval`), until `cancel` fires.
 pub async fn health_loop(
     workers: Arc<Workers>,
     client: reqwest::Client,
@@ -32,10 +38,12 @@ pub async fn health_loop(
     index: Option<Arc<KvIndex>>,
     cancel: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval(config.interval);
+    let fast = config.interval.min(DOWN_PROBE_INTERVAL);
+    let mut tick = tokio::time::interval(fast);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let timeout = config.interval.max(Duration::from_secs(1));
     let mut models_seen = Vec::new();
+    let mut last_full: Option<Instant> = None;
     loop {
         tokio::select! {
             biased;
@@ -43,8 +51,16 @@ pub async fn health_loop(
             _ = tick.tick() => {}
         }
         let all = workers.all();
-        join_all(all.iter().map(|w| check(w, &client, timeout, &config, index.as_deref()))).await;
-        warn_mixed_models(&all, &mut models_seen);
+        let full = last_full.is_none_or(|t| t.elapsed() + fast / 2 >= config.interval);
+        if full {
+            last_full = Some(Instant::now());
+            join_all(all.iter().map(|w| check(w, &client, timeout, &config, index.as_deref()))).await;
+            warn_mixed_models(&all, &mut models_seen);
+        } else {
+            let down = all.iter().filter(|w| !w.is_healthy());
+            join_all(down.map(|w| check(w, &client, fast.max(Duration::from_millis(500)), &config, index.as_deref())))
+                .await;
+        }
     }
     info!("health checks stopped");
 }

@@ -226,6 +226,23 @@ async fn a_worker_answer_passes_through_with_its_headers_and_length_unfollowed()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_starts_after_the_router_joins_within_seconds() {
+    // A free port with nothing on it yet: the router's first probe is refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen: SocketAddr = ([127, 0, 0, 1], port).into();
+    let mut cfg = config(&[], PolicyConfig::RoundRobin, false);
+    cfg.workers.push(WorkerUrl::new(format!("http://{listen}")));
+    let r = start(cfg).await; // the health interval is an hour: only the down-worker probe can bring it back
+    let url = format!("{}/v1/chat/completions", r.url);
+    until("the worker is out of rotation", async || !r.gateway.workers.all()[0].is_healthy()).await;
+    assert_eq!(post(&url, &chat("s", "q")).await.status(), 503);
+    let _w = MockEngine::spawn(MockEngineConfig { listen, ..engine_config() }).await.unwrap();
+    until("the late worker is back in rotation", async || r.gateway.workers.all()[0].is_healthy()).await;
+    assert_eq!(post(&url, &chat("s", "q")).await.status(), 200);
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_pass_through_and_a_dying_worker_leaves_rotation() {
     let w = MockEngine::spawn(engine_config()).await.unwrap();
     let r = start(config(&[&w], PolicyConfig::RoundRobin, false)).await;
