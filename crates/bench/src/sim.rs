@@ -172,7 +172,13 @@ pub(crate) fn run(trace: &[TraceRequest], policy: &str, cfg: &SimConfig) -> Resu
             .map(|w| {
                 let own = &mut router.outstanding[w];
                 own.retain(|(finish, _, _)| *finish > now);
-                let uncached = own.iter().filter(|(_, pe, _)| *pe > now).map(|(_, _, u)| *u).sum();
+                let uncached: u64 = own.iter().filter(|(_, pe, _)| *pe > now).map(|(_, _, u)| *u).sum();
+                let uncached = if std::env::var("REPORTED").is_ok() {
+                    let backlog = ((workers[w].busy_until - now).max(0.0) * cfg.prefill_tokens_per_s) as u64;
+                    uncached.max(backlog)
+                } else {
+                    uncached
+                };
                 Candidate {
                     worker: w,
                     load: Load { in_flight: own.len() as u32, uncached_tokens: uncached },

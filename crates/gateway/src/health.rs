@@ -92,6 +92,51 @@ async fn check(
     }
 }
 
+/// Polls every healthy worker's SGLang `/v1/loads` each `every` until
+/// `cancel` fires, recording the uncached prompt tokens it has queued (over
+/// all its data-parallel ranks): the load other routers put on it, which this
+/// router cannot see. A worker without the endpoint (404: vLLM, older SGLang)
+/// is not asked again; a failed poll forgets the last report.
+pub async fn load_loop(workers: Arc<Workers>, client: reqwest::Client, every: Duration, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let timeout = every.max(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        let all = workers.all();
+        let due = all.iter().filter(|w| w.is_healthy() && w.reports_load());
+        join_all(due.map(|w| poll_load(w, &client, timeout))).await;
+    }
+}
+
+async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration) {
+    let url = format!("{}/v1/loads?include=core", w.url);
+    let resp = match client.get(url).timeout(timeout).send().await {
+        Ok(r) => r,
+        Err(e) => {
+            debug!(worker = %w.url, error = %e, "load poll failed");
+            w.set_reported_uncached_tokens(0);
+            return;
+        }
+    };
+    if matches!(resp.status().as_u16(), 404 | 405) {
+        info!(worker = %w.url, "worker has no /v1/loads: routing on this router's own view of its load");
+        w.set_no_load_reports();
+        return;
+    }
+    // SGLang: {"loads": [{"dp_rank": 0, "num_waiting_uncached_tokens": N, ...}, ...]}
+    let body = resp.bytes().await.ok();
+    let queued = body.as_deref().and_then(|b| serde_json::from_slice::<Value>(b).ok()).and_then(|v| {
+        let loads = v.get("loads")?.as_array()?;
+        Some(loads.iter().filter_map(|l| l.get("num_waiting_uncached_tokens")?.as_u64()).sum::<u64>())
+    });
+    w.set_reported_uncached_tokens(queued.unwrap_or(0));
+}
+
 /// Warns (once per set of models) when the workers serve different models: one
 /// router renders and hashes for one model, so the others would never match.
 fn warn_mixed_models(all: &[Arc<Worker>], last: &mut Vec<String>) {

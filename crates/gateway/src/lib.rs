@@ -26,7 +26,7 @@ use policy::Policy;
 use renderer::Renderer;
 
 pub use error::GatewayError;
-pub use health::{HealthConfig, health_loop};
+pub use health::{HealthConfig, health_loop, load_loop};
 pub use metrics::GatewayMetrics;
 pub use proxy::router;
 pub use workers::{LoadGuard, Worker, WorkerInfo, Workers, check_worker_url};

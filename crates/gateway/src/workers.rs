@@ -21,6 +21,10 @@ pub struct Worker {
     healthy: AtomicBool,
     in_flight: AtomicU32,
     uncached_tokens: AtomicU64,
+    /// Prefill the worker itself reports queued (all routers' requests); 0 when unknown.
+    reported_uncached: AtomicU64,
+    /// The worker answered that it has no load endpoint: stop asking.
+    loads_unsupported: AtomicBool,
     info: RwLock<Option<WorkerInfo>>,
     /// The proxied routes' URLs, parsed once.
     endpoints: Vec<(&'static str, axum::http::Uri)>,
@@ -84,6 +88,8 @@ impl Worker {
             healthy: AtomicBool::new(true),
             in_flight: AtomicU32::new(0),
             uncached_tokens: AtomicU64::new(0),
+            reported_uncached: AtomicU64::new(0),
+            loads_unsupported: AtomicBool::new(false),
             info: RwLock::new(None),
             down_since: Mutex::new(None),
             index_cleared: AtomicBool::new(false),
@@ -136,15 +142,44 @@ impl Worker {
         }
     }
 
-    /// Its current load.
+    /// Its current load: this router's requests in flight, and the prefill it
+    /// owes: this router's uncached tokens not yet answered, or what the worker
+    /// reports queued (every router's requests), whichever is larger.
     pub fn load(&self) -> Load {
+        let own = self.uncached_tokens.load(Ordering::Relaxed);
         Load {
             in_flight: self.in_flight.load(Ordering::Relaxed),
-            uncached_tokens: self.uncached_tokens.load(Ordering::Relaxed),
+            uncached_tokens: own.max(self.reported_uncached.load(Ordering::Relaxed)),
         }
     }
 
-    /// Charges a request to it until the guard drops.
+    /// This router's own view of the prefill it owes.
+    pub fn own_uncached_tokens(&self) -> u64 {
+        self.uncached_tokens.load(Ordering::Relaxed)
+    }
+
+    /// What the worker last reported queued (0 when unknown).
+    pub fn reported_uncached_tokens(&self) -> u64 {
+        self.reported_uncached.load(Ordering::Relaxed)
+    }
+
+    /// Records the worker's own report of its queued prefill (0: unknown).
+    pub fn set_reported_uncached_tokens(&self, tokens: u64) {
+        self.reported_uncached.store(tokens, Ordering::Relaxed);
+    }
+
+    /// Whether the worker has a load endpoint worth polling.
+    pub fn reports_load(&self) -> bool {
+        !self.loads_unsupported.load(Ordering::Relaxed)
+    }
+
+    /// The worker has no load endpoint.
+    pub fn set_no_load_reports(&self) {
+        self.loads_unsupported.store(true, Ordering::Relaxed);
+        self.reported_uncached.store(0, Ordering::Relaxed);
+    }
+
+    /// Charges a request to this router's view of its load until the guard drops.
     pub fn charge(self: &Arc<Self>, uncached: u64) -> LoadGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.uncached_tokens.fetch_add(uncached, Ordering::Relaxed);

@@ -60,6 +60,46 @@ struct Rank {
     cache: Mutex<PagedCache>,
     lane: tokio::sync::Mutex<()>,
     events: Option<mpsc::Sender<(Instant, EventBatch)>>,
+    /// Requests queued for the prefill lane, and their uncached tokens.
+    waiting: AtomicU64,
+    waiting_uncached: AtomicU64,
+    /// Requests admitted and not yet answered (prefilling or decoding).
+    running: AtomicU64,
+}
+
+/// One rank's load as SGLang's `/v1/loads` reports it (the fields a router reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct RankLoad {
+    /// The data-parallel rank.
+    pub dp_rank: usize,
+    /// Requests prefilling or decoding.
+    pub num_running_reqs: u64,
+    /// Requests queued for prefill.
+    pub num_waiting_reqs: u64,
+    /// Prompt tokens of the queued requests not in the cache.
+    pub num_waiting_uncached_tokens: u64,
+}
+
+/// Ends a running count if the request is dropped before it is admitted.
+struct Running<'a>(&'a Rank);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts a request as queued until it reaches the prefill lane (or is dropped).
+struct Queued<'a> {
+    rank: &'a Rank,
+    uncached: u64,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.rank.waiting.fetch_sub(1, Ordering::Relaxed);
+        self.rank.waiting_uncached.fetch_sub(self.uncached, Ordering::Relaxed);
+    }
 }
 
 /// The engine.
@@ -105,6 +145,9 @@ impl Engine {
                     cache: Mutex::new(PagedCache::new(config.capacity_tokens / page.get())),
                     lane: tokio::sync::Mutex::new(()),
                     events,
+                    waiting: AtomicU64::new(0),
+                    waiting_uncached: AtomicU64::new(0),
+                    running: AtomicU64::new(0),
                 }
             })
             .collect();
@@ -204,8 +247,16 @@ impl Engine {
         let hit = r.cache.lock().unwrap_or_else(|p| p.into_inner()).lookup_and_pin(&chain);
         let cached_tokens = hit * self.config.page_size;
         let uncached = tokens.len() - cached_tokens;
+        // Counted as running from the lane on; `release` ends it, or the guard if dropped mid-prefill.
+        let running;
         {
+            r.waiting.fetch_add(1, Ordering::Relaxed);
+            r.waiting_uncached.fetch_add(uncached as u64, Ordering::Relaxed);
+            let queued = Queued { rank: r, uncached: uncached as u64 };
             let _lane = r.lane.lock().await;
+            drop(queued);
+            r.running.fetch_add(1, Ordering::Relaxed);
+            running = Running(r);
             let prefill = self.config.prefill_fixed
                 + Duration::from_secs_f64(uncached as f64 / self.config.prefill_tokens_per_s.max(1.0));
             let prefill = self.scaled(prefill);
@@ -218,6 +269,7 @@ impl Engine {
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.prompt_tokens.fetch_add(tokens.len() as u64, Ordering::Relaxed);
         self.cached_tokens.fetch_add(cached_tokens as u64, Ordering::Relaxed);
+        std::mem::forget(running);
         Admission {
             rank,
             chain,
@@ -277,7 +329,23 @@ impl Engine {
 
     /// Unpins the request's pages.
     pub fn release(&self, a: &Admission) {
-        self.ranks[a.rank].cache.lock().unwrap_or_else(|p| p.into_inner()).unpin(&a.chain, a.pinned);
+        let r = &self.ranks[a.rank];
+        r.cache.lock().unwrap_or_else(|p| p.into_inner()).unpin(&a.chain, a.pinned);
+        r.running.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Each rank's load now (SGLang's `/v1/loads` core fields).
+    pub fn loads(&self) -> Vec<RankLoad> {
+        self.ranks
+            .iter()
+            .enumerate()
+            .map(|(dp_rank, r)| RankLoad {
+                dp_rank,
+                num_running_reqs: r.running.load(Ordering::Relaxed),
+                num_waiting_reqs: r.waiting.load(Ordering::Relaxed),
+                num_waiting_uncached_tokens: r.waiting_uncached.load(Ordering::Relaxed),
+            })
+            .collect()
     }
 }
 

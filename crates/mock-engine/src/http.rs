@@ -30,6 +30,7 @@ pub(crate) fn router(engine: Arc<Engine>) -> axum::Router {
         .route("/health", get(|| async { "ok" }))
         .route("/health_generate", get(|| async { "ok" }))
         .route("/server_info", get(server_info))
+        .route("/v1/loads", get(loads))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -185,6 +186,11 @@ impl Drop for Release {
     fn drop(&mut self) {
         self.engine.release(&self.admission);
     }
+}
+
+/// SGLang's `/v1/loads` (core fields): per rank, running and queued requests and the queued uncached tokens.
+async fn loads(State(e): State<Arc<Engine>>) -> Json<Value> {
+    Json(json!({"timestamp": now_secs(), "version": "mock", "loads": e.loads()}))
 }
 
 async fn serve(e: Arc<Engine>, route: Route, v: &Value, tokens: Vec<u32>, rank: Option<usize>) -> Response {

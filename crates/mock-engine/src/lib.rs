@@ -20,7 +20,7 @@ use renderer::Renderer;
 use tokio_util::sync::CancellationToken;
 
 pub use cache::{CacheChange, PagedCache};
-pub use engine::{Engine, EngineError, Faults};
+pub use engine::{Engine, EngineError, Faults, RankLoad};
 
 /// How the simulated engine behaves.
 #[derive(Debug, Clone)]

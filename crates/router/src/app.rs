@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use gateway::{Gateway, GatewayConfig, HealthConfig, Workers, health_loop};
+use gateway::{Gateway, GatewayConfig, HealthConfig, Workers, health_loop, load_loop};
 use kv_index::{IndexConfig, KvIndex, SystemClock};
 use mock_engine::{MockEngine, MockEngineConfig};
 use policy::{
@@ -76,6 +76,8 @@ pub struct AppConfig {
     pub max_concurrent: usize,
     /// Health-check period.
     pub health_interval: Duration,
+    /// Period of polling the workers' own load reports (zero: off).
+    pub load_poll: Duration,
     /// How long a down worker's index state is kept.
     pub index_retention: Duration,
     /// How long to wait for in-flight requests on shutdown.
@@ -198,6 +200,9 @@ impl App {
                 }));
         }
         let client = reqwest::Client::new();
+        if !config.load_poll.is_zero() {
+            tokio::spawn(load_loop(registry.clone(), client.clone(), config.load_poll, cancel.clone()));
+        }
         let health = HealthConfig { interval: config.health_interval, index_retention: config.index_retention };
         tokio::spawn(health_loop(registry, client, health, index.clone(), cancel.clone()));
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;

@@ -159,6 +159,10 @@ pub(crate) struct ServeArgs {
     /// Seconds between two health checks of every worker.
     #[arg(long, env = "SGL_ROUTER_HEALTH_CHECK_INTERVAL_SECS", default_value_t = crate::defaults::HEALTH_CHECK_INTERVAL_SECS, value_name = "S")]
     pub(crate) health_check_interval_secs: u64,
+    /// Milliseconds between polls of each worker's own load report (SGLang `/v1/loads`: the
+    /// prefill it has queued from every router); 0: route on this router's own view only.
+    #[arg(long, env = "SGL_ROUTER_WORKER_LOAD_POLL_MS", default_value_t = crate::defaults::WORKER_LOAD_POLL_MS, value_name = "MS")]
+    pub(crate) worker_load_poll_ms: u64,
     /// Seconds a worker may stay out of rotation before its KV-index state is
     /// dropped (until then it is kept: a worker that comes back keeps its cache).
     #[arg(long, env = "SGL_ROUTER_WORKER_INDEX_RETENTION_SECS", default_value_t = crate::defaults::WORKER_INDEX_RETENTION_SECS, value_name = "S")]

@@ -18,6 +18,8 @@ pub(crate) const MAX_BODY_BYTES: usize = 5 << 20;
 pub(crate) const MAX_CONCURRENT_REQUESTS: usize = 4096;
 /// Seconds between health checks.
 pub(crate) const HEALTH_CHECK_INTERVAL_SECS: u64 = 10;
+/// Milliseconds between polls of every worker's own load report (SGLang `/v1/loads`).
+pub(crate) const WORKER_LOAD_POLL_MS: u64 = 100;
 /// Seconds a down worker's KV-index state is kept (it keeps its cache if it comes back).
 pub(crate) const WORKER_INDEX_RETENTION_SECS: u64 = 300;
 /// Seconds to drain on shutdown.

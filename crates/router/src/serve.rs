@@ -141,6 +141,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         request_timeout: Duration::from_secs(a.request_timeout_secs.max(1)),
         max_concurrent: a.max_concurrent_requests.max(1),
         health_interval: Duration::from_secs(a.health_check_interval_secs.max(1)),
+        load_poll: Duration::from_millis(a.worker_load_poll_ms),
         index_retention: Duration::from_secs(a.worker_index_retention_secs),
         shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
         serve_threads: a

@@ -45,6 +45,7 @@ fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) -> AppConfig 
         request_timeout: Duration::from_secs(5),
         max_concurrent: 64,
         health_interval: Duration::from_secs(3600),
+        load_poll: Duration::from_millis(50),
         index_retention: Duration::from_secs(300),
         shutdown_grace: Duration::from_secs(1),
         serve_threads: 2,
@@ -239,6 +240,47 @@ async fn a_worker_that_starts_after_the_router_joins_within_seconds() {
     let _w = MockEngine::spawn(MockEngineConfig { listen, ..engine_config() }).await.unwrap();
     until("the late worker is back in rotation", async || r.gateway.workers.all()[0].is_healthy()).await;
     assert_eq!(post(&url, &chat("s", "q")).await.status(), 200);
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_that_other_routers_put_on_a_worker_is_seen_in_its_load_report() {
+    // Slow engines (1,000 prefill tokens a second) so that a long prompt queues.
+    let slow = MockEngineConfig {
+        fast: false,
+        speedup: 1.0,
+        prefill_tokens_per_s: 1000.0,
+        prefill_fixed: Duration::ZERO,
+        ..engine_config()
+    };
+    let (w0, w1) = (MockEngine::spawn(slow.clone()).await.unwrap(), MockEngine::spawn(slow).await.unwrap());
+    let r = start(config(&[&w0, &w1], PolicyConfig::MinTtft(Default::default()), false)).await;
+    // Another router's traffic, straight to w0: a long prompt prefilling and one queued behind it.
+    let heavy = chat("s", &"x".repeat(5000));
+    let others: Vec<_> = (0..2)
+        .map(|_| {
+            let (url, body) = (format!("{}/v1/chat/completions", w0.url()), heavy.clone());
+            tokio::spawn(async move { reqwest::Client::new().post(url).json(&body).send().await })
+        })
+        .collect();
+    let reported = |url: String| {
+        r.gateway.workers.all().iter().find(|w| w.url.as_str() == url).map_or(0, |w| w.reported_uncached_tokens())
+    };
+    until("w0 reports the queued prompt", async || reported(w0.url()) > 4000).await;
+    let loads: Value = reqwest::get(format!("{}/v1/loads", w0.url())).await.unwrap().json().await.unwrap();
+    assert_eq!(loads["loads"][0]["num_waiting_reqs"], 1, "{loads}");
+    assert_eq!(loads["loads"][0]["num_running_reqs"], 1, "{loads}");
+    // This router sent w0 nothing, yet it keeps away from it (idle workers would otherwise take turns).
+    for _ in 0..4 {
+        let d = debug(&r, &chat("s", "q")).await;
+        assert_eq!(d["worker"], w1.url(), "{d}");
+    }
+    let listed: Value = reqwest::get(format!("{}/workers", r.url)).await.unwrap().json().await.unwrap();
+    assert!(listed["workers"][0]["reported_uncached_tokens"].as_u64().unwrap() > 4000, "{listed}");
+    for t in others {
+        t.abort();
+    }
+    until("the report clears once the other router's requests are gone", async || reported(w0.url()) == 0).await;
     let _ = r.stop.send(());
 }
 
