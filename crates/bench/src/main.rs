@@ -120,6 +120,10 @@ struct SimArgs {
     /// Delay before routers see a cache change, milliseconds.
     #[arg(long, default_value_t = 0)]
     event_lag_ms: u64,
+    /// Routers also see each engine's report of its queued prefill (SGLang's `/v1/loads`, which
+    /// sgl-router polls every 100 ms); by default they see only their own requests.
+    #[arg(long)]
+    engine_load: bool,
     /// Seed of the random policies.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -157,6 +161,7 @@ fn run(cli: Cli) -> Result<()> {
         prefill_tokens_per_s: a.speed,
         decode_s_per_token: a.decode_s_per_token,
         seed: a.seed,
+        engine_load: a.engine_load,
     };
     let _ = sim::page_size();
     let results = a.policy.iter().map(|p| sim::run(&trace, p, &cfg)).collect::<Result<Vec<_>>>()?;
@@ -179,13 +184,14 @@ fn run(cli: Cli) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{} requests, {} workers x {} tokens, {} router(s), event lag {} ms, prefill {} tok/s",
+        "{} requests, {} workers x {} tokens, {} router(s), event lag {} ms, prefill {} tok/s, load seen: {}",
         trace.len(),
         cfg.workers,
         cfg.capacity_tokens,
         cfg.routers,
         a.event_lag_ms,
-        a.speed
+        a.speed,
+        if cfg.engine_load { "own + engine reports" } else { "own requests only" }
     );
     println!(
         "{:<18} {:>9} {:>11} {:>10} {:>10} {:>12}",

@@ -43,6 +43,9 @@ pub(crate) struct SimConfig {
     pub(crate) decode_s_per_token: f64,
     /// Seed of the random policies.
     pub(crate) seed: u64,
+    /// Routers also see each engine's own report of its queued prefill (SGLang `/v1/loads`,
+    /// which the router polls every 100 ms; read here without delay).
+    pub(crate) engine_load: bool,
 }
 
 /// One policy's outcome.
@@ -86,6 +89,8 @@ struct Worker {
     cache: PagedCache,
     busy_until: f64,
     prefill_work: f64,
+    /// Requests waiting for the prefill lane: (start, uncached tokens).
+    queued: Vec<(f64, u64)>,
 }
 
 fn digest(id: u64) -> [u8; 32] {
@@ -118,7 +123,7 @@ pub(crate) fn run(trace: &[TraceRequest], policy: &str, cfg: &SimConfig) -> Resu
     }
     let pages = (cfg.capacity_tokens / TRACE_BLOCK).max(1) as usize;
     let mut workers: Vec<Worker> = (0..cfg.workers)
-        .map(|_| Worker { cache: PagedCache::new(pages), busy_until: 0.0, prefill_work: 0.0 })
+        .map(|_| Worker { cache: PagedCache::new(pages), busy_until: 0.0, prefill_work: 0.0, queued: Vec::new() })
         .collect();
     let mut routers: Vec<Router> = (0..cfg.routers.max(1))
         .map(|r| -> Result<Router> {
@@ -172,12 +177,14 @@ pub(crate) fn run(trace: &[TraceRequest], policy: &str, cfg: &SimConfig) -> Resu
             .map(|w| {
                 let own = &mut router.outstanding[w];
                 own.retain(|(finish, _, _)| *finish > now);
-                let uncached: u64 = own.iter().filter(|(_, pe, _)| *pe > now).map(|(_, _, u)| *u).sum();
-                let uncached = if std::env::var("REPORTED").is_ok() {
-                    let backlog = ((workers[w].busy_until - now).max(0.0) * cfg.prefill_tokens_per_s) as u64;
-                    uncached.max(backlog)
+                let own_uncached: u64 = own.iter().filter(|(_, pe, _)| *pe > now).map(|(_, _, u)| *u).sum();
+                // The engine's own report (SGLang `/v1/loads`): uncached tokens queued, every router's.
+                let uncached = if cfg.engine_load {
+                    let queue = &mut workers[w].queued;
+                    queue.retain(|(start, _)| *start > now);
+                    own_uncached.max(queue.iter().map(|(_, u)| *u).sum())
                 } else {
-                    uncached
+                    own_uncached
                 };
                 Candidate {
                     worker: w,
@@ -198,6 +205,9 @@ pub(crate) fn run(trace: &[TraceRequest], policy: &str, cfg: &SimConfig) -> Resu
         let cached = (hit as u64 * TRACE_BLOCK).min(req.input_length);
         let uncached = req.input_length - cached;
         let prefill = cfg.prefill_fixed_s + uncached as f64 / cfg.prefill_tokens_per_s;
+        if start > now {
+            worker.queued.push((start, uncached));
+        }
         worker.busy_until = start + prefill;
         worker.prefill_work += prefill;
         let change = worker.cache.insert_pinned(&chain, hit);
@@ -324,6 +334,7 @@ mod tests {
             prefill_tokens_per_s: 50_000.0,
             decode_s_per_token: 0.001,
             seed: 3,
+            engine_load: true,
         }
     }
 

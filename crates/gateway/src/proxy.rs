@@ -531,6 +531,19 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
             w.load().in_flight
         ));
     }
+    head(
+        &mut out,
+        "router_worker_reported_queued_tokens",
+        "gauge",
+        "Uncached prompt tokens the worker last reported queued (SGLang /v1/loads; 0 when unknown).",
+    );
+    for w in &workers {
+        out.push_str(&format!(
+            "router_worker_reported_queued_tokens{{worker=\"{}\"}} {}\n",
+            escape(w.url.as_str()),
+            w.reported_uncached_tokens()
+        ));
+    }
     head(&mut out, "router_worker_healthy", "gauge", "1 while the worker is in rotation.");
     for w in &workers {
         out.push_str(&format!(
