@@ -39,7 +39,7 @@ fn variant(messages: &Value, i: u64) -> ChatRequest {
     let last = messages.as_array_mut().unwrap().last_mut().unwrap();
     let text = format!("{} (variant {i})", last["content"].as_str().unwrap());
     last["content"] = Value::String(text);
-    ChatRequest::from_value(json!({"messages": messages})).unwrap()
+    ChatRequest::from_value(&json!({"messages": messages})).unwrap()
 }
 
 fn render_and_hash(r: &Renderer, hasher: &PageHasher, req: &ChatRequest) -> usize {

@@ -5,6 +5,7 @@
 //! each worker once what it serves (`/server_info`, else `/v1/models`), and
 //! drops the index state of a worker that stayed down past the retention
 //! period (kept until then, since a worker that comes back keeps its cache).
+//! Also the load loop: each worker's own report of its queued prefill.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,17 +40,11 @@ pub async fn health_loop(
     cancel: CancellationToken,
 ) {
     let fast = config.interval.min(DOWN_PROBE_INTERVAL);
-    let mut tick = tokio::time::interval(fast);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = Ticks::new(fast, cancel);
     let timeout = config.interval.max(Duration::from_secs(1));
     let mut models_seen = Vec::new();
     let mut last_full: Option<Instant> = None;
-    loop {
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => break,
-            _ = tick.tick() => {}
-        }
+    while ticks.next().await {
         let all = workers.all();
         let full = last_full.is_none_or(|t| t.elapsed() + fast / 2 >= config.interval);
         if full {
@@ -98,15 +93,9 @@ async fn check(
 /// router cannot see. A worker without the endpoint (404: vLLM, older SGLang)
 /// is not asked again; a failed poll forgets the last report.
 pub async fn load_loop(workers: Arc<Workers>, client: reqwest::Client, every: Duration, cancel: CancellationToken) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = Ticks::new(every, cancel);
     let timeout = every.max(Duration::from_millis(250));
-    loop {
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => break,
-            _ = tick.tick() => {}
-        }
+    while ticks.next().await {
         let all = workers.all();
         let due = all.iter().filter(|w| w.is_healthy() && w.reports_load());
         join_all(due.map(|w| poll_load(w, &client, timeout))).await;
@@ -135,6 +124,29 @@ async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration) {
         Some(loads.iter().filter_map(|l| l.get("num_waiting_uncached_tokens")?.as_u64()).sum::<u64>())
     });
     w.set_reported_uncached_tokens(queued.unwrap_or(0));
+}
+
+/// A period for a background loop: late ticks are delayed, not bunched.
+struct Ticks {
+    interval: tokio::time::Interval,
+    cancel: CancellationToken,
+}
+
+impl Ticks {
+    fn new(period: Duration, cancel: CancellationToken) -> Self {
+        let mut interval = tokio::time::interval(period);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self { interval, cancel }
+    }
+
+    /// Waits for the next tick; false once cancelled.
+    async fn next(&mut self) -> bool {
+        tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => false,
+            _ = self.interval.tick() => true,
+        }
+    }
 }
 
 /// Warns (once per set of models) when the workers serve different models: one

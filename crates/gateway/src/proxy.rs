@@ -152,7 +152,7 @@ fn prompt(gw: &Gateway, route: Route, v: &Value) -> Result<(Vec<u32>, Option<Str
     let vocab = gw.renderer.tokenizer().vocab_size();
     match route {
         Route::Chat => {
-            let req = ChatRequest::from_value(v.clone())?;
+            let req = ChatRequest::from_value(v)?;
             if need_tokens {
                 let r = gw.renderer.render_chat(&req)?;
                 Ok((r.token_ids, Some(r.text)))
@@ -295,7 +295,6 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
     loop {
         let guard = InFlight { gw: gw.clone(), load: worker.charge(uncached), route, status: 0, start };
         let Some(endpoint) = worker.endpoint(route.path()) else {
-            drop(guard);
             return Err(GatewayError::Upstream {
                 worker: worker.url.to_string(),
                 message: "invalid worker URL".into(),
@@ -307,10 +306,7 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
         }
         let req = match req.body(http_body_util::Full::new(body.clone())) {
             Ok(r) => r,
-            Err(e) => {
-                drop(guard);
-                return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: e.to_string() });
-            }
+            Err(e) => return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: e.to_string() }),
         };
         match tokio::time::timeout(gw.config.request_timeout, gw.client().request(req)).await {
             Ok(Ok(resp)) => {
@@ -325,8 +321,10 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
                 retried = true;
                 let others: Vec<Arc<Worker>> =
                     gw.workers.all().into_iter().filter(|w| w.is_healthy() && w.url != worker.url).collect();
-                let Some(next) = others.iter().min_by_key(|w| (w.load().in_flight, w.load().uncached_tokens)) else {
-                    drop(guard);
+                let Some(next) = others.iter().min_by_key(|w| {
+                    let l = w.load();
+                    (l.in_flight, l.uncached_tokens)
+                }) else {
                     return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: describe(&e) });
                 };
                 drop(guard);
@@ -339,13 +337,9 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
                 if e.is_connect() {
                     worker.set_healthy(false);
                 }
-                drop(guard);
                 return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: describe(&e) });
             }
-            Err(_) => {
-                drop(guard);
-                return Err(GatewayError::Timeout(worker.url.to_string()));
-            }
+            Err(_) => return Err(GatewayError::Timeout(worker.url.to_string())),
         }
     }
 }
@@ -372,12 +366,14 @@ fn stream_back(
     worker: Arc<Worker>,
     resp: axum::http::Response<hyper::body::Incoming>,
 ) -> Response {
-    let status = resp.status();
-    guard.status = status.as_u16();
-    let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
-    let sse = content_type.as_ref().and_then(|c| c.to_str().ok()).is_some_and(|c| c.starts_with("text/event-stream"));
+    let (mut parts, body) = resp.into_parts();
+    guard.status = parts.status.as_u16();
+    let sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|c| c.to_str().ok())
+        .is_some_and(|c| c.starts_with("text/event-stream"));
     // The worker's headers pass through, except hop-by-hop ones and the length (set from the body).
-    let mut headers = resp.headers().clone();
     for h in [
         header::CONNECTION,
         header::TRANSFER_ENCODING,
@@ -386,13 +382,13 @@ fn stream_back(
         header::TRAILER,
         header::UPGRADE,
     ] {
-        headers.remove(h);
+        parts.headers.remove(h);
     }
-    headers.remove("keep-alive");
-    let relay = Relay { inner: resp.into_body(), guard: Some(guard), worker, sse };
+    parts.headers.remove("keep-alive");
+    let relay = Relay { inner: body, guard: Some(guard), worker, sse };
     let mut response = Response::new(Body::new(relay));
-    *response.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    *response.headers_mut() = headers;
+    *response.status_mut() = parts.status;
+    *response.headers_mut() = parts.headers;
     response
 }
 

@@ -40,9 +40,9 @@ pub(crate) enum Required {
 
 /// Why a body was refused: the message for a 400.
 pub(crate) fn check(bytes: &[u8], required: Required) -> Result<(), String> {
-    let shape = match serde_json::from_slice::<ObjectShape>(bytes) {
-        Ok(ObjectShape(Some(s))) => s,
-        Ok(ObjectShape(None)) => return Err("the body must be a JSON object".into()),
+    let shape = match serde_json::from_slice::<Probed>(bytes) {
+        Ok(Probed { shape: Some(s), .. }) => s,
+        Ok(_) => return Err("the body must be a JSON object".into()),
         Err(e) => return Err(format!("invalid JSON body: {e}")),
     };
     match required {
@@ -55,25 +55,51 @@ pub(crate) fn check(bytes: &[u8], required: Required) -> Result<(), String> {
     }
 }
 
-/// The shape of an object body; `None` for any other JSON value.
-struct ObjectShape(Option<Shape>);
+/// A JSON value's kind, its content skipped; for the top-level value, also
+/// the kinds of the required fields when it is an object.
+struct Probed {
+    kind: Kind,
+    shape: Option<Shape>,
+}
 
-impl<'de> de::Deserialize<'de> for ObjectShape {
+/// Probes one value: `top` collects the object's required fields, a nested value is only skipped.
+struct Probe {
+    top: bool,
+}
+
+impl<'de> de::Deserialize<'de> for Probed {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(ShapeVisitor)
+        d.deserialize_any(Probe { top: true })
     }
 }
 
-struct ShapeVisitor;
+/// A field's value: its kind only.
+struct Nested(Kind);
 
-impl<'de> Visitor<'de> for ShapeVisitor {
-    type Value = ObjectShape;
+impl<'de> de::Deserialize<'de> for Nested {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Probe { top: false }).map(|p| Nested(p.kind))
+    }
+}
+
+impl Probe {
+    fn other<E>(self) -> Result<Probed, E> {
+        Ok(Probed { kind: Kind::Other, shape: None })
+    }
+}
+
+impl<'de> Visitor<'de> for Probe {
+    type Value = Probed;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON value")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ObjectShape, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Probed, A::Error> {
+        if !self.top {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            return self.other();
+        }
         let mut shape = Shape::default();
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
             let slot = match key.as_ref() {
@@ -86,75 +112,33 @@ impl<'de> Visitor<'de> for ShapeVisitor {
                     continue;
                 }
             };
-            *slot = map.next_value::<KindOf>()?.0;
+            *slot = map.next_value::<Nested>()?.0;
         }
-        Ok(ObjectShape(Some(shape)))
+        Ok(Probed { kind: Kind::Other, shape: Some(shape) })
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ObjectShape, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Probed, A::Error> {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(ObjectShape(None))
+        Ok(Probed { kind: Kind::Array, shape: None })
     }
 
-    fn visit_bool<E>(self, _: bool) -> Result<ObjectShape, E> {
-        Ok(ObjectShape(None))
+    fn visit_bool<E>(self, _: bool) -> Result<Probed, E> {
+        self.other()
     }
-    fn visit_i64<E>(self, _: i64) -> Result<ObjectShape, E> {
-        Ok(ObjectShape(None))
+    fn visit_i64<E>(self, _: i64) -> Result<Probed, E> {
+        self.other()
     }
-    fn visit_u64<E>(self, _: u64) -> Result<ObjectShape, E> {
-        Ok(ObjectShape(None))
+    fn visit_u64<E>(self, _: u64) -> Result<Probed, E> {
+        self.other()
     }
-    fn visit_f64<E>(self, _: f64) -> Result<ObjectShape, E> {
-        Ok(ObjectShape(None))
+    fn visit_f64<E>(self, _: f64) -> Result<Probed, E> {
+        self.other()
     }
-    fn visit_str<E>(self, _: &str) -> Result<ObjectShape, E> {
-        Ok(ObjectShape(None))
+    fn visit_str<E>(self, _: &str) -> Result<Probed, E> {
+        self.other()
     }
-    fn visit_unit<E>(self) -> Result<ObjectShape, E> {
-        Ok(ObjectShape(None))
-    }
-}
-
-/// A field's kind, its content skipped.
-struct KindOf(Kind);
-
-impl<'de> de::Deserialize<'de> for KindOf {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = KindOf;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON value")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<KindOf, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(KindOf(Kind::Array))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<KindOf, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(KindOf(Kind::Other))
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<KindOf, E> {
-                Ok(KindOf(Kind::Other))
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<KindOf, E> {
-                Ok(KindOf(Kind::Other))
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<KindOf, E> {
-                Ok(KindOf(Kind::Other))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<KindOf, E> {
-                Ok(KindOf(Kind::Other))
-            }
-            fn visit_str<E>(self, _: &str) -> Result<KindOf, E> {
-                Ok(KindOf(Kind::Other))
-            }
-            fn visit_unit<E>(self) -> Result<KindOf, E> {
-                Ok(KindOf(Kind::Other))
-            }
-        }
-        d.deserialize_any(V)
+    fn visit_unit<E>(self) -> Result<Probed, E> {
+        self.other()
     }
 }
 

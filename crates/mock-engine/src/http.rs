@@ -122,7 +122,7 @@ async fn chat(State(e): State<Arc<Engine>>, headers: HeaderMap, body: Bytes) -> 
         Ok(v) => v,
         Err(err) => return bad_json(err),
     };
-    let tokens = match ChatRequest::from_value(v.clone()).and_then(|req| e.renderer().render_chat(&req)) {
+    let tokens = match ChatRequest::from_value(&v).and_then(|req| e.renderer().render_chat(&req)) {
         Ok(r) => r.token_ids,
         Err(err) => return error(StatusCode::BAD_REQUEST, &err.to_string(), "invalid_request_error"),
     };

@@ -136,7 +136,7 @@ async fn kv_events_drive_a_router_index_including_evictions() {
 
     let renderer = renderer::Renderer::builtin().unwrap();
     let hashes = |body: &Value| {
-        let tokens = renderer.render_chat(&ChatRequest::from_value(body.clone()).unwrap()).unwrap().token_ids;
+        let tokens = renderer.render_chat(&ChatRequest::from_value(body).unwrap()).unwrap().token_ids;
         let full = tokens.len() / 4 * 4;
         PageHasher::new(NonZeroUsize::new(4).unwrap(), HashMode::Unigram).block_hashes(&tokens[..full], None).unwrap()
     };

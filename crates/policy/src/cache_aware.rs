@@ -120,15 +120,7 @@ impl Policy for CacheAware {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Load;
-
-    fn cand(worker: usize, matched: u64, uncached: u64) -> Candidate {
-        Candidate {
-            worker,
-            load: Load { in_flight: (uncached / 1000) as u32, uncached_tokens: uncached },
-            matched_tokens: matched,
-        }
-    }
+    use crate::test_candidate as cand;
 
     fn pick(p: &CacheAware, cs: &[Candidate]) -> Decision {
         p.select(cs, &RequestInfo { input_tokens: 8000, text: None }).unwrap()

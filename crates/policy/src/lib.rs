@@ -101,6 +101,13 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
     fn select(&self, candidates: &[Candidate], request: &RequestInfo<'_>) -> Result<Decision, PolicyError>;
 }
 
+/// A candidate for the tests: `matched` prompt tokens cached and `owed`
+/// uncached tokens in flight (one request per 1,000 of them).
+#[cfg(test)]
+pub(crate) fn test_candidate(worker: usize, matched: u64, owed: u64) -> Candidate {
+    Candidate { worker, load: Load { in_flight: (owed / 1000) as u32, uncached_tokens: owed }, matched_tokens: matched }
+}
+
 // === impl Reason ===
 
 impl Reason {

@@ -85,15 +85,7 @@ impl Policy for MinTtft {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Load;
-
-    fn cand(worker: usize, matched: u64, owed: u64) -> Candidate {
-        Candidate {
-            worker,
-            load: Load { in_flight: (owed / 1000) as u32, uncached_tokens: owed },
-            matched_tokens: matched,
-        }
-    }
+    use crate::{Load, test_candidate as cand};
 
     fn pick(p: &MinTtft, cs: &[Candidate], input: u64) -> Decision {
         p.select(cs, &RequestInfo { input_tokens: input, text: None }).unwrap()

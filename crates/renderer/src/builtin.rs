@@ -92,7 +92,7 @@ mod tests {
     #[test]
     fn renders_chatml() {
         let r = Renderer::builtin().unwrap();
-        let req = ChatRequest::from_value(json!({"messages": [
+        let req = ChatRequest::from_value(&json!({"messages": [
             {"role": "system", "content": "S"}, {"role": "user", "content": "hi"}
         ]}))
         .unwrap();

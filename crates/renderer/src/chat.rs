@@ -53,9 +53,9 @@ impl ChatRequest {
     }
 
     /// Parses an already-decoded JSON body.
-    pub fn from_value(body: Json) -> Result<Self, RenderError> {
-        let req: ChatRequest =
-            serde_json::from_value(body).map_err(|e| RenderError::InvalidRequest(format!("chat request: {e}")))?;
+    pub fn from_value(body: &Json) -> Result<Self, RenderError> {
+        let req =
+            ChatRequest::deserialize(body).map_err(|e| RenderError::InvalidRequest(format!("chat request: {e}")))?;
         req.validate()?;
         Ok(req)
     }
@@ -190,7 +190,7 @@ mod tests {
     use super::*;
 
     fn req(json: serde_json::Value) -> ChatRequest {
-        ChatRequest::from_value(json).unwrap()
+        ChatRequest::from_value(&json).unwrap()
     }
 
     #[test]

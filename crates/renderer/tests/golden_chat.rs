@@ -52,7 +52,7 @@ fn check_model(name: &str) {
     assert!(fx.cases.len() >= 12, "{name}: only {} cases", fx.cases.len());
     let mut failures = Vec::new();
     for case in &fx.cases {
-        let result = ChatRequest::from_value(case.request.clone()).and_then(|req| renderer.render_chat(&req));
+        let result = ChatRequest::from_value(&case.request).and_then(|req| renderer.render_chat(&req));
         match (&case.error, result) {
             (Some(_), Err(_)) => {}
             (Some(expected), Ok(r)) => {

@@ -611,7 +611,7 @@ async fn lora_requests_match_the_adapter_chains_the_events_carry() {
     let body = chat(&"LoRA namespace test. ".repeat(30), "q");
     let tokens = renderer::Renderer::builtin()
         .unwrap()
-        .render_chat(&renderer::ChatRequest::from_value(body.clone()).unwrap())
+        .render_chat(&renderer::ChatRequest::from_value(&body).unwrap())
         .unwrap()
         .token_ids;
     let blocks = tokens.len() / 16;
@@ -676,7 +676,7 @@ async fn a_mixed_fleet_matches_bigram_and_unigram_workers_in_their_own_modes() {
     let body = chat(&"Mixed fleet test prompt. ".repeat(30), "q");
     let tokens = renderer::Renderer::builtin()
         .unwrap()
-        .render_chat(&renderer::ChatRequest::from_value(body.clone()).unwrap())
+        .render_chat(&renderer::ChatRequest::from_value(&body).unwrap())
         .unwrap()
         .token_ids;
     // The EAGLE engine caches the prompt's bigram pages (SGLang hashes: engine hash = router hash).
