@@ -161,6 +161,14 @@ def build_sglang_hash_extension(root: Path, build_dir: Path, avx2: bool) -> type
     return mod
 
 
+def _bind_event_types(handles, kv) -> None:
+    """The event module and the classes both engines name alike."""
+    handles.kv = kv
+    for name in ("EventBatch", "KVEventBatch", "BlockStored", "BlockRemoved", "AllBlocksCleared",
+                 "ZmqEventPublisher"):
+        setattr(handles, name, getattr(kv, name))
+
+
 class SGLang:
     """Handles to SGLang's real KV-event code."""
 
@@ -178,14 +186,8 @@ class SGLang:
         import sglang.srt.utils.network  # noqa: F401  (real; psutil + zmq)
         import sglang.srt.disaggregation.kv_events as kv
 
-        self.kv = kv
-        self.EventBatch = kv.EventBatch
-        self.KVEventBatch = kv.KVEventBatch
-        self.BlockStored = kv.BlockStored
-        self.BlockRemoved = kv.BlockRemoved
-        self.AllBlocksCleared = kv.AllBlocksCleared
+        _bind_event_types(self, kv)
         self.StorageMedium = kv.StorageMedium
-        self.ZmqEventPublisher = kv.ZmqEventPublisher
         if with_recorder:
             self._load_recorder(build_dir or Path("/tmp/kv-events-sglang-ext"))
 
@@ -281,10 +283,4 @@ class VLLM:
         self.envs = envs
         self.hashing = hashing
         self.kv_cache_utils = kcu
-        self.kv = kv
-        self.EventBatch = kv.EventBatch
-        self.KVEventBatch = kv.KVEventBatch
-        self.BlockStored = kv.BlockStored
-        self.BlockRemoved = kv.BlockRemoved
-        self.AllBlocksCleared = kv.AllBlocksCleared
-        self.ZmqEventPublisher = kv.ZmqEventPublisher
+        _bind_event_types(self, kv)

@@ -177,7 +177,18 @@ class Driver:
     def build_event(self, e: dict, ignored: list):
         m = self.m
         typ = e.get("type")
-        fields = getattr(m.BlockStored, "__struct_fields__", ())
+
+        def make(cls, kw):
+            # Fields this engine version lacks are dropped (and reported when set); "extra" adds raw ones.
+            fields = getattr(cls, "__struct_fields__", ())
+            for k in list(kw):
+                if k not in fields:
+                    if kw[k] is not None:
+                        ignored.append(k)
+                    del kw[k]
+            kw.update(e.get("extra") or {})
+            return cls(**kw)
+
         if typ == "BlockStored":
             toks = list(e.get("token_ids", []))
             if e.get("bigram"):
@@ -196,24 +207,10 @@ class Driver:
                 cache_salt=e.get("cache_salt"),
                 group_idx=e.get("group_idx"),
             )
-            for k in list(kw):
-                if k not in fields:
-                    if kw[k] is not None:
-                        ignored.append(k)
-                    del kw[k]
-            kw.update(e.get("extra") or {})
-            return m.BlockStored(**kw)
+            return make(m.BlockStored, kw)
         if typ == "BlockRemoved":
-            fields = m.BlockRemoved.__struct_fields__
-            kw = dict(block_hashes=[parse_hash(h) for h in e["block_hashes"]],
-                      medium=e.get("medium"), group_idx=e.get("group_idx"))
-            for k in list(kw):
-                if k not in fields:
-                    if kw[k] is not None:
-                        ignored.append(k)
-                    del kw[k]
-            kw.update(e.get("extra") or {})
-            return m.BlockRemoved(**kw)
+            return make(m.BlockRemoved, dict(block_hashes=[parse_hash(h) for h in e["block_hashes"]],
+                                             medium=e.get("medium"), group_idx=e.get("group_idx")))
         if typ == "AllBlocksCleared":
             return m.AllBlocksCleared()
         raise ValueError(f"unknown event type {typ!r}")
