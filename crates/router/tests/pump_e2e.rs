@@ -31,10 +31,20 @@ fn router_hashes(tokens: &[u32]) -> Vec<BlockHash> {
 
 /// A `BlockStored` as SGLang publishes it for `tokens[from..]` under the block before `from`.
 fn sglang_store(tokens: &[u32], from_block: usize) -> KvEvent {
-    let hashes = router_hashes(tokens);
+    let hashes: Vec<EngineBlockHash> = router_hashes(tokens).iter().map(|h| EngineBlockHash::I64(h.0)).collect();
+    stored(tokens, from_block, hashes[from_block..].to_vec(), from_block.checked_sub(1).map(|p| hashes[p].clone()))
+}
+
+/// `tokens[from_block..]` stored on the device under `parent`, with these engine hashes.
+fn stored(
+    tokens: &[u32],
+    from_block: usize,
+    block_hashes: Vec<EngineBlockHash>,
+    parent: Option<EngineBlockHash>,
+) -> KvEvent {
     KvEvent::Stored(StoredBlocks {
-        block_hashes: hashes[from_block..].iter().map(|h| EngineBlockHash::I64(h.0)).collect(),
-        parent: from_block.checked_sub(1).map(|p| EngineBlockHash::I64(hashes[p].0)),
+        block_hashes,
+        parent,
         token_ids: tokens[from_block * PAGE..].iter().map(|t| u64::from(*t)).collect(),
         bigram: false,
         block_size: PAGE as u32,
@@ -48,16 +58,7 @@ fn sglang_store(tokens: &[u32], from_block: usize) -> KvEvent {
 fn vllm_store(tokens: &[u32], from_block: usize, salt: u64) -> KvEvent {
     let opaque = |i: usize| EngineBlockHash::U64(u64::MAX - salt - i as u64);
     let blocks = tokens.len() / PAGE;
-    KvEvent::Stored(StoredBlocks {
-        block_hashes: (from_block..blocks).map(opaque).collect(),
-        parent: from_block.checked_sub(1).map(opaque),
-        token_ids: tokens[from_block * PAGE..].iter().map(|t| u64::from(*t)).collect(),
-        bigram: false,
-        block_size: PAGE as u32,
-        tier: Tier::Device,
-        namespace: Namespace::default(),
-        group_idx: None,
-    })
+    stored(tokens, from_block, (from_block..blocks).map(opaque).collect(), from_block.checked_sub(1).map(opaque))
 }
 
 fn batch(events: Vec<KvEvent>) -> EventBatch {
