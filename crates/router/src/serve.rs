@@ -21,47 +21,39 @@ pub(crate) struct UsageError(pub(crate) String);
 /// Turns flags into a config; tuning a policy that is not selected is an error.
 pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     let usage = |m: String| Err(UsageError(m));
-    let cache_flags = [
-        ("--cache-affinity-min-matched-tokens", a.cache_affinity_min_matched_tokens.is_some()),
-        ("--cache-candidates-min", a.cache_candidates_min.is_some()),
-        ("--cache-candidates-ratio", a.cache_candidates_ratio.is_some()),
-        ("--cache-candidates-max", a.cache_candidates_max.is_some()),
-        ("--cache-switch-margin-tokens", a.cache_switch_margin_tokens.is_some()),
-        ("--cache-pressure-abs-tokens", a.cache_pressure_abs_tokens.is_some()),
-        ("--cache-pressure-rel", a.cache_pressure_rel.is_some()),
-        ("--no-cache-pressure-guard", a.no_cache_pressure_guard),
+    // Each tuning flag belongs to one policy; setting it under another is a mistake.
+    use PolicyName::{ApproxTree, CacheAware, MinTtft};
+    let policy_flags = [
+        ("--cache-affinity-min-matched-tokens", a.cache_affinity_min_matched_tokens.is_some(), CacheAware),
+        ("--cache-candidates-min", a.cache_candidates_min.is_some(), CacheAware),
+        ("--cache-candidates-ratio", a.cache_candidates_ratio.is_some(), CacheAware),
+        ("--cache-candidates-max", a.cache_candidates_max.is_some(), CacheAware),
+        ("--cache-switch-margin-tokens", a.cache_switch_margin_tokens.is_some(), CacheAware),
+        ("--cache-pressure-abs-tokens", a.cache_pressure_abs_tokens.is_some(), CacheAware),
+        ("--cache-pressure-rel", a.cache_pressure_rel.is_some(), CacheAware),
+        ("--no-cache-pressure-guard", a.no_cache_pressure_guard, CacheAware),
+        ("--approx-cache-threshold", a.approx_cache_threshold.is_some(), ApproxTree),
+        ("--approx-balance-abs", a.approx_balance_abs.is_some(), ApproxTree),
+        ("--approx-balance-rel", a.approx_balance_rel.is_some(), ApproxTree),
+        ("--approx-eviction-interval-secs", a.approx_eviction_interval_secs.is_some(), ApproxTree),
+        ("--approx-max-tree-bytes", a.approx_max_tree_bytes.is_some(), ApproxTree),
+        ("--ttft-hit-weight", a.ttft_hit_weight.is_some(), MinTtft),
     ];
+    if let Some((flag, _, owner)) = policy_flags.iter().find(|(_, set, owner)| *set && *owner != a.policy) {
+        return usage(format!(
+            "{flag} tunes the {} policy, but --policy is {}",
+            policy_name(*owner),
+            policy_name(a.policy)
+        ));
+    }
     let index_flags = [
         ("--cache-pending-prefix-ttl-ms", a.cache_pending_prefix_ttl_ms.is_some()),
         ("--max-index-blocks", a.max_index_blocks.is_some()),
     ];
-    let approx_flags = [
-        ("--approx-cache-threshold", a.approx_cache_threshold.is_some()),
-        ("--approx-balance-abs", a.approx_balance_abs.is_some()),
-        ("--approx-balance-rel", a.approx_balance_rel.is_some()),
-        ("--approx-eviction-interval-secs", a.approx_eviction_interval_secs.is_some()),
-        ("--approx-max-tree-bytes", a.approx_max_tree_bytes.is_some()),
-    ];
-    if a.policy != PolicyName::CacheAware
-        && let Some((flag, _)) = cache_flags.iter().find(|(_, set)| *set)
-    {
-        return usage(format!("{flag} tunes the cache_aware policy, but --policy is {}", policy_name(a.policy)));
-    }
     if !a.kv_events
         && let Some((flag, _)) = index_flags.iter().find(|(_, set)| *set)
     {
         return usage(format!("{flag} tunes the KV index, which only --kv-events builds"));
-    }
-    if a.policy != PolicyName::ApproxTree
-        && let Some((flag, _)) = approx_flags.iter().find(|(_, set)| *set)
-    {
-        return usage(format!("{flag} tunes the approx_tree policy, but --policy is {}", policy_name(a.policy)));
-    }
-    if a.policy != PolicyName::MinTtft && a.ttft_hit_weight.is_some() {
-        return usage(format!(
-            "--ttft-hit-weight tunes the min_ttft policy, but --policy is {}",
-            policy_name(a.policy)
-        ));
     }
     if a.policy == PolicyName::CacheAware && !a.kv_events {
         return usage("--policy cache_aware routes by the engines' KV events: add --kv-events".into());
