@@ -21,11 +21,7 @@ PROMPT="${PROMPT:-tokens}"
 [ -n "$SMG$VLLM_ROUTER" ] && PROMPT=text
 cargo build --release -q -p sgl-router -p mock-engine -p bench
 BIN=target/release
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; pids=(); }
-trap cleanup EXIT
-
-ready() { for _ in $(seq 1 200); do curl -sf "$1" >/dev/null && return 0; sleep 0.1; done; echo "not ready: $1" >&2; return 1; }
+source benches/lib.sh
 
 header=1
 runs=(round_robin power_of_two approx_tree cache_aware min_ttft)
@@ -39,13 +35,9 @@ for policy in "${runs[@]}"; do
     urls+=("http://127.0.0.1:$port")
   done
   for u in "${urls[@]}"; do ready "$u/health"; done
-  if [[ "$policy" == smg_* ]]; then
-    "$SMG" launch --worker-urls "${urls[@]}" --policy "${policy#smg_}" --port 32100 --log-level error \
-      >/dev/null 2>&1 & pids+=($!)
-    ready http://127.0.0.1:32100/health
-  elif [[ "$policy" == vllm_* ]]; then
-    "$VLLM_ROUTER" --worker-urls "${urls[@]}" --policy "${policy#vllm_}" --port 32100 --log-level error \
-      >/dev/null 2>&1 & pids+=($!)
+  if [[ "$policy" == smg_* || "$policy" == vllm_* ]]; then
+    peer_command "${policy%%_*}" "${policy#*_}" 32100 "${urls[@]}"
+    "${PEER[@]}" >/dev/null 2>&1 & pids+=($!)
     ready http://127.0.0.1:32100/health
   else
     extra=()

@@ -19,10 +19,7 @@ VLLM_ROUTER="${VLLM_ROUTER:-}"
 cargo build --release -q -p sgl-router -p mock-engine -p bench
 BIN=target/release
 ENGINE=http://127.0.0.1:31001
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-ready() { for _ in $(seq 1 300); do curl -sf "$1" >/dev/null && return 0; sleep 0.1; done; echo "not ready: $1" >&2; return 1; }
+source benches/lib.sh
 
 "$BIN/sgl-mock-engine" --listen 127.0.0.1:31001 --fast >/dev/null 2>&1 & pids+=($!)
 ready "$ENGINE/health"
@@ -36,20 +33,15 @@ start() { # NAME PORT READY_PATH COMMAND...
 }
 start round_robin 31010 /readiness "$BIN/sgl-router" --port 31010 --worker-urls "$ENGINE" --policy round_robin
 start cache_aware 31011 /readiness "$BIN/sgl-router" --port 31011 --worker-urls "$ENGINE" --policy cache_aware --kv-events
-if [ -n "$SMG" ]; then
+for kind in smg vllm; do
+  [ "$kind" = smg ] && [ -z "$SMG" ] && continue
+  [ "$kind" = vllm ] && [ -z "$VLLM_ROUTER" ] && continue
   for p in round_robin cache_aware; do
     port=$((31020 + ${#names[@]}))
-    start "smg_$p" "$port" /health "$SMG" launch --worker-urls "$ENGINE" --policy "$p" --port "$port" \
-      --prometheus-port $((port + 100)) --log-level error
+    peer_command "$kind" "$p" "$port" "$ENGINE"
+    start "${kind/vllm/vllm_router}_$p" "$port" /health "${PEER[@]}"
   done
-fi
-if [ -n "$VLLM_ROUTER" ]; then
-  for p in round_robin cache_aware; do
-    port=$((31030 + ${#names[@]}))
-    start "vllm_router_$p" "$port" /health "$VLLM_ROUTER" --worker-urls "$ENGINE" --policy "$p" --port "$port" \
-      --prometheus-port $((port + 100)) --log-level error
-  done
-fi
+done
 
 if command -v nginx >/dev/null; then
   conf=$(mktemp -d)
