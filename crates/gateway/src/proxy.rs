@@ -518,36 +518,23 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     );
     out.push_str(&format!("router_page_hashes_total{{source=\"hashed\"}} {}\n", memo.pages_hashed));
     out.push_str(&format!("router_page_hashes_total{{source=\"memo\"}} {}\n", memo.pages_reused));
-    head(&mut out, "router_worker_in_flight", "gauge", "Requests in flight per worker.");
     let workers = gw.workers.all();
-    for w in &workers {
-        out.push_str(&format!(
-            "router_worker_in_flight{{worker=\"{}\"}} {}\n",
-            escape(w.url.as_str()),
-            w.load().in_flight
-        ));
-    }
-    head(
+    let per_worker = |out: &mut String, name: &str, help: &str, value: &dyn Fn(&Worker) -> u64| {
+        head(out, name, "gauge", help);
+        for w in &workers {
+            out.push_str(&format!("{name}{{worker=\"{}\"}} {}\n", escape(w.url.as_str()), value(w)));
+        }
+    };
+    per_worker(&mut out, "router_worker_in_flight", "Requests in flight per worker.", &|w| {
+        u64::from(w.load().in_flight)
+    });
+    per_worker(
         &mut out,
         "router_worker_reported_queued_tokens",
-        "gauge",
         "Uncached prompt tokens the worker last reported queued (SGLang /v1/loads; 0 when unknown).",
+        &|w| w.reported_uncached_tokens(),
     );
-    for w in &workers {
-        out.push_str(&format!(
-            "router_worker_reported_queued_tokens{{worker=\"{}\"}} {}\n",
-            escape(w.url.as_str()),
-            w.reported_uncached_tokens()
-        ));
-    }
-    head(&mut out, "router_worker_healthy", "gauge", "1 while the worker is in rotation.");
-    for w in &workers {
-        out.push_str(&format!(
-            "router_worker_healthy{{worker=\"{}\"}} {}\n",
-            escape(w.url.as_str()),
-            u8::from(w.is_healthy())
-        ));
-    }
+    per_worker(&mut out, "router_worker_healthy", "1 while the worker is in rotation.", &|w| u64::from(w.is_healthy()));
     if let Some(hook) = &gw.extra_metrics {
         hook(&mut out);
     }
