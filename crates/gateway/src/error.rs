@@ -72,11 +72,16 @@ impl GatewayError {
     }
 }
 
+impl GatewayError {
+    /// The JSON body of the error answer.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"message": self.to_string(), "type": self.kind(), "code": self.status().as_u16()}})
+    }
+}
+
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
-        let status = self.status();
-        let body = json!({"error": {"message": self.to_string(), "type": self.kind(), "code": status.as_u16()}});
-        (status, Json(body)).into_response()
+        (self.status(), Json(self.body())).into_response()
     }
 }
 

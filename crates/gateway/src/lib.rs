@@ -9,7 +9,9 @@
 //!                                                                   └─► proxy (stream) ─► client
 //! ```
 
+mod admin;
 pub mod error;
+mod h1;
 pub mod health;
 pub mod metrics;
 pub mod namespace;
@@ -26,6 +28,7 @@ use policy::Policy;
 use renderer::Renderer;
 
 pub use error::GatewayError;
+pub use h1::serve;
 pub use health::{HealthConfig, health_loop, load_loop};
 pub use metrics::GatewayMetrics;
 pub use proxy::router;

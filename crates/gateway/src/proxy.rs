@@ -1,5 +1,5 @@
-//! The routes: request handling (parse, plan, charge, forward, stream back),
-//! `/debug/route`, health and readiness, `/metrics`, and the worker admin API.
+//! The proxied routes: parse, plan, charge and forward a request (shared by
+//! both HTTP front ends), and the axum front end's relay of the answer.
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
@@ -7,30 +7,28 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use axum::Json;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::extract::State;
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use policy::{Candidate, Decision, RequestInfo};
 use renderer::{ChatRequest, PageHasher, Prompt};
-use router_types::{BlockHash, DpRank, WorkerUrl};
-use serde::Deserialize;
+use router_types::{BlockHash, DpRank};
 use serde_json::{Value, json};
-use tracing::{Instrument, info_span, warn};
+use tracing::{Instrument, Span, info_span, warn};
 
-use crate::metrics::{escape, head};
+use crate::admin;
 use crate::shape::Required;
 use crate::workers::{LoadGuard, Worker};
 use crate::{Gateway, GatewayError};
 
 /// The header SGLang and vLLM read a data-parallel rank hint from.
-const RANK_HEADER: &str = "x-data-parallel-rank";
+pub(crate) const RANK_HEADER: &str = "x-data-parallel-rank";
 
 /// The proxied routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Route {
+pub(crate) enum Route {
     Chat,
     Completions,
     Generate,
@@ -38,38 +36,49 @@ enum Route {
 
 /// A routing decision and what it was based on.
 #[derive(Debug)]
-struct Plan {
-    workers: Vec<Arc<Worker>>,
-    candidates: Vec<Candidate>,
-    decision: Decision,
-    input_tokens: u64,
-    rank: Option<DpRank>,
-    hashes: Vec<BlockHash>,
+pub(crate) struct Plan {
+    pub(crate) workers: Vec<Arc<Worker>>,
+    pub(crate) candidates: Vec<Candidate>,
+    pub(crate) decision: Decision,
+    pub(crate) input_tokens: u64,
+    pub(crate) rank: Option<DpRank>,
+    pub(crate) hashes: Vec<BlockHash>,
+}
+
+impl Plan {
+    pub(crate) fn chosen(&self) -> &Arc<Worker> {
+        &self.workers[self.decision.worker]
+    }
 }
 
 /// Load and accounting of one forwarded request, released once on drop.
-struct InFlight {
+pub(crate) struct InFlight {
     gw: Arc<Gateway>,
-    load: LoadGuard,
+    /// The chosen worker's load, held until the answer ends.
+    pub(crate) load: LoadGuard,
     route: Route,
-    status: u16,
+    /// The answer's status; 0 until there is one.
+    pub(crate) status: u16,
     start: Instant,
 }
 
-#[derive(Debug, Deserialize)]
-struct DebugQuery {
-    route: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct AddWorker {
-    url: String,
+/// Why a request could not be delivered to a worker.
+#[derive(Debug)]
+pub(crate) struct SendError {
+    /// Nothing reached the worker (it may be retried elsewhere).
+    pub(crate) connect: bool,
+    pub(crate) message: String,
 }
 
 // === impl Route ===
 
 impl Route {
-    fn path(self) -> &'static str {
+    /// The proxied route at `path`, if any.
+    pub(crate) fn from_path(path: &str) -> Option<Route> {
+        [Route::Chat, Route::Completions, Route::Generate].into_iter().find(|r| r.path() == path)
+    }
+
+    pub(crate) fn path(self) -> &'static str {
         match self {
             Route::Chat => "/v1/chat/completions",
             Route::Completions => "/v1/completions",
@@ -77,7 +86,7 @@ impl Route {
         }
     }
 
-    fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Route::Chat => "chat",
             Route::Completions => "completions",
@@ -104,19 +113,19 @@ pub fn router(gw: Arc<Gateway>) -> axum::Router {
         .route("/v1/chat/completions", post(|s, b| handle(s, b, Route::Chat)))
         .route("/v1/completions", post(|s, b| handle(s, b, Route::Completions)))
         .route("/generate", post(|s, b| handle(s, b, Route::Generate)))
-        .route("/debug/route", post(debug_route))
-        .route("/v1/models", get(models))
+        .route("/debug/route", post(admin::debug_route))
+        .route("/v1/models", get(admin::models))
         .route("/health", get(|| async { "ok" }))
-        .route("/readiness", get(readiness))
-        .route("/metrics", get(metrics))
-        .route("/workers", get(list_workers).post(add_worker))
-        .route("/workers/{*url}", delete(remove_worker))
+        .route("/readiness", get(admin::readiness))
+        .route("/metrics", get(admin::metrics))
+        .route("/workers", get(admin::list_workers).post(admin::add_worker))
+        .route("/workers/{*url}", delete(admin::remove_worker))
         .fallback(|uri: axum::http::Uri| async move { GatewayError::NotFound(uri.path().to_string()) })
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(gw)
 }
 
-async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, GatewayError> {
+pub(crate) async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, GatewayError> {
     axum::body::to_bytes(body, gw.config.max_body_bytes)
         .await
         .map_err(|_| GatewayError::TooLarge(gw.config.max_body_bytes))
@@ -133,7 +142,7 @@ fn parse_json(bytes: &[u8]) -> Result<Value, GatewayError> {
 
 /// The body as far as the router needs it: the parsed JSON, or `None` when
 /// the policy needs nothing from it and only its shape was checked (no tree built).
-fn parse_body(gw: &Gateway, route: Route, bytes: &[u8]) -> Result<Option<Value>, GatewayError> {
+pub(crate) fn parse_body(gw: &Gateway, route: Route, bytes: &[u8]) -> Result<Option<Value>, GatewayError> {
     if gw.index.is_some() || gw.policy.needs_tokens() || gw.policy.needs_text() {
         return parse_json(bytes).map(Some);
     }
@@ -177,7 +186,7 @@ fn prompt(gw: &Gateway, route: Route, v: &Value) -> Result<(Vec<u32>, Option<Str
 }
 
 /// Chooses a worker: candidates with their load and cached prefix, then the policy.
-fn plan(gw: &Gateway, route: Route, v: Option<&Value>) -> Result<Plan, GatewayError> {
+pub(crate) fn plan(gw: &Gateway, route: Route, v: Option<&Value>) -> Result<Plan, GatewayError> {
     let (tokens, text) = match v {
         Some(v) => prompt(gw, route, v)?,
         None => (Vec::new(), None),
@@ -230,20 +239,30 @@ fn plan(gw: &Gateway, route: Route, v: Option<&Value>) -> Result<Plan, GatewayEr
     Ok(Plan { workers, candidates, decision, input_tokens, rank, hashes })
 }
 
-async fn handle(State(gw): State<Arc<Gateway>>, body: Body, route: Route) -> Response {
-    let span = info_span!(
+/// The span a proxied request runs in; `forward` fills in the decision.
+pub(crate) fn request_span(gw: &Gateway, route: Route) -> Span {
+    info_span!(
         "request",
         route = route.label(),
         policy = gw.policy.name(),
         worker = tracing::field::Empty,
         matched_tokens = tracing::field::Empty,
         reason = tracing::field::Empty
-    );
+    )
+}
+
+/// Counts a request that failed before any answer from a worker.
+pub(crate) fn count_error(gw: &Gateway, route: Route, e: &GatewayError) {
+    gw.metrics.requests.inc(format_args!("route=\"{}\",status=\"{}\"", route.label(), e.status().as_u16()));
+}
+
+async fn handle(State(gw): State<Arc<Gateway>>, body: Body, route: Route) -> Response {
+    let span = request_span(&gw, route);
     async move {
         match serve(gw.clone(), body, route).await {
             Ok(r) => r,
             Err(e) => {
-                gw.metrics.requests.inc(format_args!("route=\"{}\",status=\"{}\"", route.label(), e.status().as_u16()));
+                count_error(&gw, route, &e);
                 e.into_response()
             }
         }
@@ -252,17 +271,54 @@ async fn handle(State(gw): State<Arc<Gateway>>, body: Body, route: Route) -> Res
     .await
 }
 
+/// The axum front end: read the body, forward with hyper's client, relay the answer.
 async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, GatewayError> {
+    let start = Instant::now();
+    let bytes = read_body(&gw, body).await?;
+    let client = gw.client();
+    let (guard, worker, resp) = forward(&gw, route, bytes, start, |worker, body, rank| {
+        let client = client.clone();
+        async move {
+            let Some(endpoint) = worker.endpoint(route.path()) else {
+                return Err(SendError { connect: false, message: "invalid worker URL".into() });
+            };
+            let mut req = axum::http::Request::post(endpoint).header(header::CONTENT_TYPE, "application/json");
+            if let Some(rank) = rank {
+                req = req.header(RANK_HEADER, HeaderValue::from(rank.0));
+            }
+            let req = req
+                .body(http_body_util::Full::new(body))
+                .map_err(|e| SendError { connect: false, message: e.to_string() })?;
+            client.request(req).await.map_err(|e| SendError { connect: e.is_connect(), message: describe(&e) })
+        }
+    })
+    .await?;
+    Ok(stream_back(guard, worker, resp))
+}
+
+/// Routes a request and delivers it: parse, plan, account, admit, then
+/// `send` it to the chosen worker, once more to another worker if nothing
+/// reached the first. Returns the request's load guard, the worker, and
+/// what `send` returned (the answer's head).
+pub(crate) async fn forward<T, F, Fut>(
+    gw: &Arc<Gateway>,
+    route: Route,
+    bytes: Bytes,
+    start: Instant,
+    mut send: F,
+) -> Result<(InFlight, Arc<Worker>, T), GatewayError>
+where
+    F: FnMut(Arc<Worker>, Bytes, Option<DpRank>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, SendError>>,
+{
     if gw.draining.load(Ordering::Relaxed) {
         return Err(GatewayError::NoWorker);
     }
-    let start = Instant::now();
-    let bytes = read_body(&gw, body).await?;
-    let mut v = parse_body(&gw, route, &bytes)?;
-    let plan = plan(&gw, route, v.as_ref())?;
-    let chosen = &plan.workers[plan.decision.worker];
+    let mut v = parse_body(gw, route, &bytes)?;
+    let plan = plan(gw, route, v.as_ref())?;
+    let chosen = plan.chosen();
     let matched = plan.candidates[plan.decision.worker].matched_tokens;
-    let span = tracing::Span::current();
+    let span = Span::current();
     span.record("worker", chosen.url.as_str());
     span.record("matched_tokens", matched);
     span.record("reason", plan.decision.reason.as_str());
@@ -284,7 +340,7 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
         }
         _ => bytes.clone(),
     };
-    let mut rank_header = plan.rank.map(|r| HeaderValue::from(r.0));
+    let mut rank = plan.rank;
     if gw.in_flight.fetch_add(1, Ordering::Relaxed) >= gw.config.max_concurrent {
         gw.in_flight.fetch_sub(1, Ordering::Relaxed);
         return Err(GatewayError::Overloaded(gw.config.max_concurrent));
@@ -294,28 +350,14 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
     let mut retried = false;
     loop {
         let guard = InFlight { gw: gw.clone(), load: worker.charge(uncached), route, status: 0, start };
-        let Some(endpoint) = worker.endpoint(route.path()) else {
-            return Err(GatewayError::Upstream {
-                worker: worker.url.to_string(),
-                message: "invalid worker URL".into(),
-            });
-        };
-        let mut req = axum::http::Request::post(endpoint).header(header::CONTENT_TYPE, "application/json");
-        if let Some(rank) = &rank_header {
-            req = req.header(RANK_HEADER, rank.clone());
-        }
-        let req = match req.body(http_body_util::Full::new(body.clone())) {
-            Ok(r) => r,
-            Err(e) => return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: e.to_string() }),
-        };
-        match tokio::time::timeout(gw.config.request_timeout, gw.client().request(req)).await {
-            Ok(Ok(resp)) => {
+        match tokio::time::timeout(gw.config.request_timeout, send(worker.clone(), body.clone(), rank)).await {
+            Ok(Ok(answer)) => {
                 gw.metrics.ttfb.observe(start.elapsed().as_secs_f64());
-                return Ok(stream_back(guard, worker, resp));
+                return Ok((guard, worker, answer));
             }
-            Ok(Err(e)) if e.is_connect() && !retried => {
+            Ok(Err(e)) if e.connect && !retried => {
                 // Nothing was sent: try once more on another worker.
-                warn!(worker = %worker.url, error = %e, "worker unreachable, retrying elsewhere");
+                warn!(worker = %worker.url, error = %e.message, "worker unreachable, retrying elsewhere");
                 worker.set_healthy(false);
                 gw.metrics.retries.fetch_add(1, Ordering::Relaxed);
                 retried = true;
@@ -325,19 +367,19 @@ async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, G
                     let l = w.load();
                     (l.in_flight, l.uncached_tokens)
                 }) else {
-                    return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: describe(&e) });
+                    return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: e.message });
                 };
                 drop(guard);
                 gw.in_flight.fetch_add(1, Ordering::Relaxed); // the dropped guard released one
                 worker = next.clone();
                 // The rank hint was for the first worker; the next one places it itself.
-                (body, rank_header) = (bytes.clone(), None);
+                (body, rank) = (bytes.clone(), None);
             }
             Ok(Err(e)) => {
-                if e.is_connect() {
+                if e.connect {
                     worker.set_healthy(false);
                 }
-                return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: describe(&e) });
+                return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: e.message });
             }
             Err(_) => return Err(GatewayError::Timeout(worker.url.to_string())),
         }
@@ -448,150 +490,4 @@ impl http_body::Body for Relay {
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
     }
-}
-
-async fn debug_route(
-    State(gw): State<Arc<Gateway>>,
-    Query(q): Query<DebugQuery>,
-    body: Body,
-) -> Result<Json<Value>, GatewayError> {
-    let route = match q.route.as_deref() {
-        None | Some("chat") => Route::Chat,
-        Some("completions") => Route::Completions,
-        Some("generate") => Route::Generate,
-        Some(other) => {
-            return Err(GatewayError::BadRequest(format!("unknown route {other:?}: chat, completions or generate")));
-        }
-    };
-    let bytes = read_body(&gw, body).await?;
-    let v = parse_body(&gw, route, &bytes)?;
-    let plan = plan(&gw, route, v.as_ref())?;
-    let candidates: Vec<Value> = plan
-        .candidates
-        .iter()
-        .map(|c| json!({"worker": plan.workers[c.worker].url, "matched_tokens": c.matched_tokens, "in_flight": c.load.in_flight}))
-        .collect();
-    Ok(Json(json!({
-        "worker": plan.workers[plan.decision.worker].url,
-        "dp_rank": plan.rank.map(|r| r.0),
-        "policy": gw.policy.name(),
-        "reason": plan.decision.reason.as_str(),
-        "input_tokens": plan.input_tokens,
-        "candidates": candidates,
-    })))
-}
-
-async fn models(State(gw): State<Arc<Gateway>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{"id": gw.config.model_id, "object": "model", "owned_by": "sgl-router"}]}))
-}
-
-async fn readiness(State(gw): State<Arc<Gateway>>) -> Response {
-    let workers_up = gw.workers.all().iter().any(|w| w.is_healthy());
-    let hook = gw.ready.as_ref().is_none_or(|h| h());
-    let draining = gw.draining.load(Ordering::Relaxed);
-    let ready = workers_up && hook && !draining;
-    let body = json!({"ready": ready, "healthy_workers": workers_up, "subscriptions": hook, "draining": draining});
-    (if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, Json(body)).into_response()
-}
-
-async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
-    let mut out = String::new();
-    let m = &gw.metrics;
-    m.requests.render(&mut out, "router_http_requests_total", "Requests by route and status.");
-    m.decisions.render(&mut out, "router_policy_decisions_total", "Routing decisions by policy and reason.");
-    head(
-        &mut out,
-        "router_http_retries_total",
-        "counter",
-        "Requests retried on another worker after a connect failure.",
-    );
-    out.push_str(&format!("router_http_retries_total {}\n", m.retries.load(Ordering::Relaxed)));
-    m.latency.render(&mut out, "router_http_request_duration_seconds", "Whole-request latency, streaming included.");
-    m.ttfb.render(&mut out, "router_http_time_to_first_byte_seconds", "Time until the worker's response headers.");
-    m.matched_tokens.render(&mut out, "router_policy_matched_tokens", "Prompt tokens the chosen worker already held.");
-    let memo = gw.chain_memo.stats();
-    head(
-        &mut out,
-        "router_page_hashes_total",
-        "counter",
-        "Request pages hashed (SHA-256) or reused from the chain memo.",
-    );
-    out.push_str(&format!("router_page_hashes_total{{source=\"hashed\"}} {}\n", memo.pages_hashed));
-    out.push_str(&format!("router_page_hashes_total{{source=\"memo\"}} {}\n", memo.pages_reused));
-    let workers = gw.workers.all();
-    let per_worker = |out: &mut String, name: &str, help: &str, value: &dyn Fn(&Worker) -> u64| {
-        head(out, name, "gauge", help);
-        for w in &workers {
-            out.push_str(&format!("{name}{{worker=\"{}\"}} {}\n", escape(w.url.as_str()), value(w)));
-        }
-    };
-    per_worker(&mut out, "router_worker_in_flight", "Requests in flight per worker.", &|w| {
-        u64::from(w.load().in_flight)
-    });
-    per_worker(
-        &mut out,
-        "router_worker_reported_queued_tokens",
-        "Uncached prompt tokens the worker last reported queued (SGLang /v1/loads; 0 when unknown).",
-        &|w| w.reported_uncached_tokens(),
-    );
-    per_worker(&mut out, "router_worker_healthy", "1 while the worker is in rotation.", &|w| u64::from(w.is_healthy()));
-    if let Some(hook) = &gw.extra_metrics {
-        hook(&mut out);
-    }
-    let mut r = Response::new(Body::from(out));
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
-    r
-}
-
-async fn list_workers(State(gw): State<Arc<Gateway>>) -> Json<Value> {
-    let list: Vec<Value> = gw
-        .workers
-        .all()
-        .iter()
-        .map(|w| {
-            let load = w.load();
-            let info = w.info().unwrap_or_default();
-            json!({
-                "url": w.url,
-                "healthy": w.is_healthy(),
-                "down_for_s": w.down_for().map(|d| d.as_secs()),
-                "in_flight": load.in_flight,
-                "uncached_tokens": w.own_uncached_tokens(),
-                "reported_uncached_tokens": w.reported_uncached_tokens(),
-                "model_id": info.model_id,
-                "dp_size": info.dp_size,
-                "page_size": info.page_size,
-            })
-        })
-        .collect();
-    Json(json!({"workers": list}))
-}
-
-async fn add_worker(State(gw): State<Arc<Gateway>>, body: Body) -> Result<Response, GatewayError> {
-    let bytes = read_body(&gw, body).await?;
-    let req: AddWorker = serde_json::from_slice(&bytes)
-        .map_err(|e| GatewayError::BadRequest(format!("expected {{\"url\": ...}}: {e}")))?;
-    crate::check_worker_url(&req.url).map_err(GatewayError::BadRequest)?;
-    let url = WorkerUrl::new(req.url.as_str());
-    let known = gw.workers.all().iter().any(|w| w.url == url);
-    if !known && let Some(hook) = &gw.add_worker {
-        // Follow its KV events first: routing to it before would be blind.
-        if let Err(reason) = hook(url.clone()).await {
-            return Err(GatewayError::Unprocessable(format!("worker {url} refused: {reason}")));
-        }
-    }
-    let added = gw.workers.add(url, gw.index.as_deref());
-    let status = if added { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(json!({"url": WorkerUrl::new(req.url.as_str()), "added": added}))).into_response())
-}
-
-async fn remove_worker(State(gw): State<Arc<Gateway>>, Path(url): Path<String>) -> Result<Json<Value>, GatewayError> {
-    let url = WorkerUrl::new(url.as_str());
-    if !gw.workers.remove(&url) {
-        return Err(GatewayError::NotFound(format!("worker {url}")));
-    }
-    if let Some(index) = &gw.index {
-        index.remove_worker(&url);
-    }
-    Ok(Json(json!({"removed": url})))
 }

@@ -85,6 +85,8 @@ pub struct AppConfig {
     /// Threads serving requests, each with its own single-threaded runtime and
     /// upstream connections (0: serve on the caller's runtime).
     pub serve_threads: usize,
+    /// Serve proxied requests on the gateway's own HTTP/1.1 path (false: through axum and hyper).
+    pub fast_proxy: bool,
 }
 
 /// A built router, bound to its port.
@@ -95,6 +97,7 @@ pub struct App {
     cancel: CancellationToken,
     grace: Duration,
     serve_threads: usize,
+    fast_proxy: bool,
     _mocks: Vec<MockEngine>,
     /// The KV-event side, when enabled.
     pub kv: Option<Arc<KvEventsRuntime>>,
@@ -212,6 +215,7 @@ impl App {
             cancel,
             grace: config.shutdown_grace,
             serve_threads: config.serve_threads,
+            fast_proxy: config.fast_proxy,
             _mocks: mocks,
             kv,
         })
@@ -247,7 +251,8 @@ impl App {
         });
         let app = gateway::router(gateway.clone());
         let grace = self.grace;
-        let serve = serve_all(self.listener, app, self.serve_threads, drain.clone());
+        let front = Front { gw: gateway.clone(), app, fast: self.fast_proxy };
+        let serve = serve_all(self.listener, front, self.serve_threads, drain.clone());
         let result = tokio::select! {
             r = serve => r,
             _ = async { drain.cancelled().await; tokio::time::sleep(grace).await } => {
@@ -261,7 +266,15 @@ impl App {
     }
 }
 
-/// Serves `app` on `listener` until `drain` is cancelled and the open
+/// What each serving thread runs: the gateway's HTTP/1.1 front end over the axum routes.
+#[derive(Clone)]
+struct Front {
+    gw: Arc<Gateway>,
+    app: axum::Router,
+    fast: bool,
+}
+
+/// Serves on `listener` until `drain` is cancelled and the open
 /// requests are done: on the caller's runtime (`threads` 0), or on `threads`
 /// threads each running its own single-threaded runtime and accepting on the
 /// same socket. A request then stays on one thread from accept to answer,
@@ -269,18 +282,18 @@ impl App {
 /// docs/benchmarks.md, "Router overhead").
 async fn serve_all(
     listener: TcpListener,
-    app: axum::Router,
+    front: Front,
     threads: usize,
     drain: CancellationToken,
 ) -> anyhow::Result<()> {
     if threads == 0 {
-        return serve_one(listener, app, drain).await;
+        return serve_one(listener, front, drain).await;
     }
     let std_listener = listener.into_std().context("detaching the listener")?;
     let mut joins = Vec::with_capacity(threads);
     for i in 0..threads {
-        let (socket, app, drain) =
-            (std_listener.try_clone().context("sharing the listener")?, app.clone(), drain.clone());
+        let (socket, front, drain) =
+            (std_listener.try_clone().context("sharing the listener")?, front.clone(), drain.clone());
         let (done, joined) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
             .name(format!("sgl-serve-{i}"))
@@ -292,7 +305,7 @@ async fn serve_all(
                     .and_then(|rt| {
                         rt.block_on(async move {
                             let listener = TcpListener::from_std(socket)?;
-                            serve_one(listener, app, drain).await
+                            serve_one(listener, front, drain).await
                         })
                     });
                 let _ = done.send(result);
@@ -306,12 +319,9 @@ async fn serve_all(
     Ok(())
 }
 
-/// One accept loop: small answers go out at once (no Nagle delay behind an unacknowledged write).
-async fn serve_one(listener: TcpListener, app: axum::Router, drain: CancellationToken) -> anyhow::Result<()> {
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, app).with_graceful_shutdown(drain.cancelled_owned()).await.map_err(anyhow::Error::from)
+/// One accept loop.
+async fn serve_one(listener: TcpListener, front: Front, drain: CancellationToken) -> anyhow::Result<()> {
+    gateway::serve(listener, front.gw, front.app, front.fast, drain).await.map_err(anyhow::Error::from)
 }
 
 fn seed() -> u64 {

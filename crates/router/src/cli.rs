@@ -98,6 +98,10 @@ pub(crate) struct ServeArgs {
     /// (0: share the runtime of the background tasks) [default: the number of CPUs].
     #[arg(long, env = "SGL_ROUTER_SERVE_THREADS", value_name = "N")]
     pub(crate) serve_threads: Option<usize>,
+    /// Serve proxied requests through axum and hyper instead of the router's own HTTP/1.1 path
+    /// (a fallback: the same answers, more latency and CPU per request).
+    #[arg(long, env = "SGL_ROUTER_NO_FAST_PROXY")]
+    pub(crate) no_fast_proxy: bool,
     /// cache_aware: a worker is a candidate only if it holds this many prompt tokens [default: 1024].
     #[arg(long, env = "SGL_ROUTER_CACHE_AFFINITY_MIN_MATCHED_TOKENS", value_name = "N")]
     pub(crate) cache_affinity_min_matched_tokens: Option<u64>,

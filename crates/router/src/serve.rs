@@ -136,6 +136,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         load_poll: Duration::from_millis(a.worker_load_poll_ms),
         index_retention: Duration::from_secs(a.worker_index_retention_secs),
         shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
+        fast_proxy: !a.no_fast_proxy,
         serve_threads: a
             .serve_threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)),

@@ -49,6 +49,7 @@ fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) -> AppConfig 
         index_retention: Duration::from_secs(300),
         shutdown_grace: Duration::from_secs(1),
         serve_threads: 2,
+        fast_proxy: true,
     }
 }
 
@@ -81,6 +82,12 @@ async fn debug(r: &Running, body: &Value) -> Value {
     post(&format!("{}/debug/route", r.url), body).await.json().await.unwrap()
 }
 
+/// The router sends `body` to `worker` because of a cache hit (a tie-break landing there does not count).
+async fn hit_on(r: &Running, body: &Value, worker: &str) -> bool {
+    let d = debug(r, body).await;
+    d["worker"] == worker && d["reason"] == "cache_hit"
+}
+
 /// Sends a request straight to an engine (not through the router), so its cache warms.
 async fn warm(m: &MockEngine, body: &Value) {
     let r = post(&format!("{}/v1/chat/completions", m.url()), body).await;
@@ -96,7 +103,7 @@ async fn cache_aware_follows_events_and_the_pressure_guard() {
     // w1 alone holds the system prompt: the router must send there.
     warm(&w1, &chat(&system, "warm up")).await;
     let q = chat(&system, "a question");
-    until("the index learned w1's cache", async || debug(&r, &q).await["worker"] == w1.url()).await;
+    until("the index learned w1's cache", async || hit_on(&r, &q, &w1.url()).await).await;
     let d = debug(&r, &q).await;
     assert_eq!(d["reason"], "cache_hit");
     assert_eq!(d["policy"], "cache_aware");
@@ -160,7 +167,7 @@ async fn min_ttft_follows_the_hit_until_the_holder_owes_more_prefill() {
     let system = "Shared system prompt about KV caches. ".repeat(60); // ~2.2 k byte tokens
     warm(&w1, &chat(&system, "warm up")).await;
     let q = chat(&system, "a question");
-    until("the index learned w1's cache", async || debug(&r, &q).await["worker"] == w1.url()).await;
+    until("the index learned w1's cache", async || hit_on(&r, &q, &w1.url()).await).await;
     let d = debug(&r, &q).await;
     assert_eq!((d["policy"].as_str(), d["reason"].as_str()), (Some("min_ttft"), Some("cache_hit")), "{d}");
     // A long request sharing the prefix also goes to w1, and hangs there before its first byte:
@@ -424,7 +431,7 @@ async fn workers_added_at_run_time_are_followed_by_their_events() {
     let system = "Another long shared system prompt. ".repeat(70);
     warm(&w1, &chat(&system, "warm")).await;
     let q = chat(&system, "question");
-    until("the added worker's cache is indexed", async || debug(&r, &q).await["worker"] == w1.url()).await;
+    until("the added worker's cache is indexed", async || hit_on(&r, &q, &w1.url()).await).await;
     assert_eq!(debug(&r, &q).await["reason"], "cache_hit");
 
     // A worker hashing with another page size is refused, with the reason.
@@ -533,8 +540,13 @@ async fn workers_are_introspected_and_a_dead_worker_index_is_dropped_after_reten
     let system = "Retention test system prompt. ".repeat(40);
     warm(&w1, &chat(&system, "warm up")).await;
     let index = r.gateway.index.clone().unwrap();
-    until("the index learned w1's cache", async || debug(&r, &chat(&system, "q")).await["worker"] == w1.url()).await;
-    let held = index.stats().holdings;
+    until("the index learned w1's cache", async || hit_on(&r, &chat(&system, "q"), &w1.url()).await).await;
+    let mut held = index.stats().holdings;
+    until("every batch of the warm-up is indexed", async || {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        std::mem::replace(&mut held, index.stats().holdings) == held
+    })
+    .await;
     w1.shutdown();
     until("w1 out of rotation", async || {
         !r.gateway.workers.all().iter().find(|w| w.url.as_str() == w1.url()).unwrap().is_healthy()

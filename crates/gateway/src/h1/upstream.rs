@@ -1,0 +1,365 @@
+//! The fast path's side towards the workers: a per-thread pool of idle
+//! keep-alive connections, sending a request, reading the answer's head, and
+//! relaying the answer's body to the client with the same rules as the axum
+//! front end (end-to-end headers and length kept, load released at the first
+//! body byte, a worker dying mid-stream ends server-sent events with an error
+//! event and leaves rotation).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io::{self, Write as _};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::StatusCode;
+use bytes::{Buf, BytesMut};
+use router_types::DpRank;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tracing::warn;
+
+use super::chunked::{self, Decoder};
+use crate::proxy::{InFlight, RANK_HEADER, Route, SendError};
+use crate::workers::Worker;
+
+/// How long an idle upstream connection is kept (hyper's pool keeps them as long).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Idle connections kept per worker and serving thread.
+const MAX_IDLE_PER_WORKER: usize = 64;
+/// Largest answer head read from a worker.
+const MAX_HEAD_BYTES: usize = 64 << 10;
+/// Longest wait for a connection to a worker.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Response headers that describe one hop, not the answer: never relayed.
+const HOP_BY_HOP: [&str; 8] =
+    ["connection", "keep-alive", "transfer-encoding", "content-length", "te", "trailer", "upgrade", "proxy-connection"];
+
+thread_local! {
+    /// Idle connections by worker authority, most recently used last.
+    static IDLE: RefCell<HashMap<String, Vec<(TcpStream, Instant)>>> = RefCell::new(HashMap::new());
+}
+
+/// How an answer's body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// No body (204, 304).
+    Empty,
+    Length(u64),
+    Chunked,
+    /// Until the worker closes.
+    Close,
+}
+
+/// A worker's answer, its head read.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    tcp: TcpStream,
+    /// Bytes read past the head.
+    buf: BytesMut,
+    /// The pool key.
+    authority: String,
+    status: u16,
+    /// The end-to-end headers, serialized.
+    headers: Vec<u8>,
+    framing: Framing,
+    /// `text/event-stream`.
+    sse: bool,
+    /// The connection may carry another request once the body is read.
+    reusable: bool,
+}
+
+/// An idle connection to `authority` that still looks open.
+fn checkout(authority: &str) -> Option<TcpStream> {
+    IDLE.with_borrow_mut(|idle| {
+        let list = idle.get_mut(authority)?;
+        while let Some((tcp, since)) = list.pop() {
+            // An idle connection has nothing to read: data or end of stream means the worker closed it.
+            let open = matches!(tcp.try_read(&mut [0u8; 1]), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+            if open && since.elapsed() < IDLE_TIMEOUT {
+                return Some(tcp);
+            }
+        }
+        None
+    })
+}
+
+fn checkin(authority: String, tcp: TcpStream) {
+    IDLE.with_borrow_mut(|idle| {
+        let list = idle.entry(authority).or_default();
+        list.retain(|(_, since)| since.elapsed() < IDLE_TIMEOUT);
+        if list.len() < MAX_IDLE_PER_WORKER {
+            list.push((tcp, Instant::now()));
+        }
+    });
+}
+
+async fn connect(host: &str, port: u16) -> Result<TcpStream, SendError> {
+    let refused = |e: String| SendError { connect: true, message: format!("tcp connect error: {e}") };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let tcp = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((host, port))).await {
+        Ok(Ok(tcp)) => tcp,
+        Ok(Err(e)) => return Err(refused(e.to_string())),
+        Err(_) => return Err(refused("timed out".into())),
+    };
+    let _ = tcp.set_nodelay(true);
+    Ok(tcp)
+}
+
+/// Sends the request to `worker` and reads its answer's head. A pooled
+/// connection the worker had closed is replaced by a new one.
+pub(crate) async fn send(
+    worker: Arc<Worker>,
+    route: Route,
+    body: Bytes,
+    rank: Option<DpRank>,
+) -> Result<Answer, SendError> {
+    let invalid = || SendError { connect: false, message: "invalid worker URL".into() };
+    let uri = worker.endpoint(route.path()).ok_or_else(invalid)?;
+    let (Some(authority), Some(host)) = (uri.authority(), uri.host()) else { return Err(invalid()) };
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut msg = Vec::with_capacity(192 + body.len());
+    let _ = write!(
+        msg,
+        "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    if let Some(rank) = rank {
+        let _ = write!(msg, "{RANK_HEADER}: {}\r\n", rank.0);
+    }
+    msg.extend_from_slice(b"\r\n");
+    msg.extend_from_slice(&body);
+    let mut pooled = checkout(authority.as_str());
+    loop {
+        let reused = pooled.is_some();
+        let mut tcp = match pooled.take() {
+            Some(tcp) => tcp,
+            None => connect(host, uri.port_u16().unwrap_or(80)).await?,
+        };
+        let mut buf = BytesMut::with_capacity(8192);
+        let head = match tcp.write_all(&msg).await {
+            Ok(()) => read_head(&mut tcp, &mut buf).await,
+            Err(e) => Err(e),
+        };
+        match head {
+            Ok((status, headers, framing, sse, keep_alive)) => {
+                let authority = authority.to_string();
+                return Ok(Answer { tcp, buf, authority, status, headers, framing, sse, reusable: keep_alive });
+            }
+            // The worker closed the idle connection as it was reused: nothing was processed.
+            Err(_) if reused && buf.is_empty() => continue,
+            Err(e) => return Err(SendError { connect: false, message: e.to_string() }),
+        }
+    }
+}
+
+type Head = (u16, Vec<u8>, Framing, bool, bool);
+
+/// Reads a final answer head (skipping 1xx ones) into its status, relayed
+/// headers, framing, whether it is an event stream, and whether the
+/// connection stays open; leaves the bytes after it in `buf`.
+async fn read_head(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Head> {
+    let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, format!("invalid answer from the worker: {m}"));
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 96];
+        let mut resp = httparse::Response::new(&mut headers);
+        match resp.parse(buf) {
+            Ok(httparse::Status::Complete(len)) => {
+                let status = resp.code.unwrap_or(0);
+                if (100..200).contains(&status) && status != 101 {
+                    buf.advance(len);
+                    continue;
+                }
+                let mut out = Vec::with_capacity(256);
+                let (mut length, mut chunked, mut te, mut close, mut sse) = (None, false, false, false, false);
+                for h in resp.headers.iter() {
+                    let value = std::str::from_utf8(h.value).unwrap_or("").trim();
+                    if h.name.eq_ignore_ascii_case("content-length") {
+                        length = Some(value.parse::<u64>().map_err(|_| bad("content-length"))?);
+                    } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                        te = true;
+                        chunked = value.rsplit(',').next().is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"));
+                    } else if h.name.eq_ignore_ascii_case("connection") {
+                        close |= value.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"));
+                    } else if h.name.eq_ignore_ascii_case("content-type") {
+                        sse = value.starts_with("text/event-stream");
+                    }
+                    if !HOP_BY_HOP.iter().any(|n| h.name.eq_ignore_ascii_case(n)) {
+                        out.extend_from_slice(h.name.as_bytes());
+                        out.extend_from_slice(b": ");
+                        out.extend_from_slice(h.value);
+                        out.extend_from_slice(b"\r\n");
+                    }
+                }
+                let framing = match (status, te, chunked, length) {
+                    (204 | 304, ..) => Framing::Empty,
+                    (_, true, true, _) => Framing::Chunked,
+                    (_, true, false, _) => Framing::Close,
+                    (_, false, _, Some(n)) => Framing::Length(n),
+                    _ => Framing::Close,
+                };
+                let keep_alive = resp.version == Some(1) && !close && framing != Framing::Close;
+                buf.advance(len);
+                return Ok((status, out, framing, sse, keep_alive));
+            }
+            Ok(httparse::Status::Partial) if buf.len() <= MAX_HEAD_BYTES => {}
+            Ok(httparse::Status::Partial) => return Err(bad("head too large")),
+            Err(e) => return Err(bad(&e.to_string())),
+        }
+        buf.reserve(8192);
+        if tcp.read_buf(buf).await? == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed before an answer"));
+        }
+    }
+}
+
+/// Relays `answer` to the client; true when it went out whole and the client
+/// connection can carry another request. `close` tells the client this answer is the last.
+pub(crate) async fn relay(
+    client: &mut TcpStream,
+    mut guard: InFlight,
+    worker: Arc<Worker>,
+    mut answer: Answer,
+    close: bool,
+) -> bool {
+    guard.status = answer.status;
+    let reason = StatusCode::from_u16(answer.status).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
+    let mut out = Vec::with_capacity(256 + answer.headers.len() + answer.buf.len());
+    let _ = write!(out, "HTTP/1.1 {} {reason}\r\n", answer.status);
+    out.extend_from_slice(&answer.headers);
+    match answer.framing {
+        Framing::Empty => {}
+        Framing::Length(n) => {
+            let _ = write!(out, "content-length: {n}\r\n");
+        }
+        Framing::Chunked | Framing::Close => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    let result = match answer.framing {
+        Framing::Empty => client.write_all(&out).await.map_err(|_| Failure::Client),
+        Framing::Length(n) => relay_sized(client, &mut guard, &mut answer, out, n).await,
+        Framing::Chunked | Framing::Close => relay_chunked(client, &mut guard, &mut answer, out).await,
+    };
+    match result {
+        Ok(()) => {
+            if answer.reusable && answer.buf.is_empty() {
+                checkin(answer.authority, answer.tcp);
+            }
+            true
+        }
+        // The client went away: dropping the upstream connection cancels the request.
+        Err(Failure::Client) => false,
+        Err(Failure::Worker(e)) => {
+            warn!(worker = %worker.url, error = %e, "worker failed mid-response");
+            worker.set_healthy(false);
+            guard.status = 502;
+            if answer.sse && matches!(answer.framing, Framing::Chunked | Framing::Close) {
+                // Server-sent events end with an error event and a clean end of stream.
+                let event = json!({"error": {"message": format!("upstream worker {} failed mid-stream: {e}", worker.url), "type": "upstream_unreachable", "code": 502}});
+                let mut end = Vec::new();
+                chunked::encode(format!("data: {event}\n\ndata: [DONE]\n\n").as_bytes(), &mut end);
+                end.extend_from_slice(chunked::LAST_CHUNK);
+                return client.write_all(&end).await.is_ok();
+            }
+            // A sized or plain body cannot be ended cleanly: the client sees the connection close.
+            false
+        }
+    }
+}
+
+/// Why a relay stopped.
+#[derive(Debug)]
+enum Failure {
+    Client,
+    Worker(io::Error),
+}
+
+/// Reads more of the worker's answer; end of stream is the worker's failure here.
+async fn more(answer: &mut Answer) -> Result<(), Failure> {
+    answer.buf.reserve(16 << 10);
+    match answer.tcp.read_buf(&mut answer.buf).await {
+        Ok(0) => Err(Failure::Worker(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed mid-body"))),
+        Ok(_) => Ok(()),
+        Err(e) => Err(Failure::Worker(e)),
+    }
+}
+
+/// A body of known length: the first bytes go out with the head.
+async fn relay_sized(
+    client: &mut TcpStream,
+    guard: &mut InFlight,
+    answer: &mut Answer,
+    mut out: Vec<u8>,
+    mut left: u64,
+) -> Result<(), Failure> {
+    loop {
+        let take = answer.buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        if take > 0 {
+            // The first byte of the answer follows the first token.
+            guard.load.prefill_done();
+            out.extend_from_slice(&answer.buf[..take]);
+            answer.buf.advance(take);
+            left -= take as u64;
+        }
+        if !out.is_empty() {
+            client.write_all(&out).await.map_err(|_| Failure::Client)?;
+            out.clear();
+        }
+        if left == 0 {
+            return Ok(());
+        }
+        more(answer).await?;
+    }
+}
+
+/// A chunked or close-delimited body, re-framed into chunks for the client.
+async fn relay_chunked(
+    client: &mut TcpStream,
+    guard: &mut InFlight,
+    answer: &mut Answer,
+    mut out: Vec<u8>,
+) -> Result<(), Failure> {
+    let mut decoder = Decoder::default();
+    let mut payload = Vec::new();
+    loop {
+        let done = if answer.framing == Framing::Chunked {
+            decoder.decode(&mut answer.buf, &mut payload).map_err(|e| Failure::Worker(io::Error::other(e)))?
+        } else {
+            payload.extend_from_slice(&answer.buf);
+            answer.buf.clear();
+            false
+        };
+        if !payload.is_empty() {
+            guard.load.prefill_done();
+            chunked::encode(&payload, &mut out);
+            payload.clear();
+        }
+        if done {
+            out.extend_from_slice(chunked::LAST_CHUNK);
+        }
+        if !out.is_empty() {
+            client.write_all(&out).await.map_err(|_| Failure::Client)?;
+            out.clear();
+        }
+        if done {
+            return Ok(());
+        }
+        if answer.framing == Framing::Close {
+            answer.buf.reserve(16 << 10);
+            match answer.tcp.read_buf(&mut answer.buf).await {
+                Ok(0) => {
+                    client.write_all(chunked::LAST_CHUNK).await.map_err(|_| Failure::Client)?;
+                    return Ok(());
+                }
+                Ok(_) => {}
+                Err(e) => return Err(Failure::Worker(e)),
+            }
+        } else {
+            more(answer).await?;
+        }
+    }
+}
