@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Router overhead against a fast simulated engine (no simulated time), in one run:
-# direct, through sgl-router round_robin, and through sgl-router cache_aware
-# (KV events, chats with a repeated system prompt: tokenization included); with
+# direct, through sgl-router round_robin, through sgl-router cache_aware (KV
+# events, chats with a repeated system prompt: tokenization included), and
+# round_robin again with `--no-fast-proxy` (axum and hyper only); with
 # the peers in the same run when they are installed:
 #   SMG=path/to/smg                 SGLang Model Gateway (`pip install sglang-router`)
 #   VLLM_ROUTER=path/to/vllm-router vllm-router (`pip install vllm-router`)
@@ -33,6 +34,8 @@ start() { # NAME PORT READY_PATH COMMAND...
 }
 start round_robin 31010 /readiness "$BIN/sgl-router" --port 31010 --worker-urls "$ENGINE" --policy round_robin
 start cache_aware 31011 /readiness "$BIN/sgl-router" --port 31011 --worker-urls "$ENGINE" --policy cache_aware --kv-events
+# The same router with its HTTP/1.1 fast path off (axum and hyper serve every request): what the fast path buys.
+start round_robin_no_fast 31012 /readiness "$BIN/sgl-router" --port 31012 --worker-urls "$ENGINE" --policy round_robin --no-fast-proxy
 for kind in smg vllm; do
   [ "$kind" = smg ] && [ -z "$SMG" ] && continue
   [ "$kind" = vllm ] && [ -z "$VLLM_ROUTER" ] && continue

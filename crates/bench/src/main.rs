@@ -81,6 +81,11 @@ struct OverheadArgs {
     /// Request body sizes to measure.
     #[arg(long, value_delimiter = ',', default_value = "200,16384")]
     body_bytes: Vec<usize>,
+    /// Rounds each measurement is split into, the targets taking turns in
+    /// each, so a machine that speeds up or slows down during the run weighs
+    /// on every target alike.
+    #[arg(long, default_value_t = 10)]
+    rounds: usize,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -214,10 +219,22 @@ fn overhead(a: OverheadArgs) -> Result<()> {
         targets.push((name.to_string(), url.to_string()));
     }
     let mut rows = Vec::new();
+    let rounds = a.rounds.clamp(1, a.requests.max(1));
     for &c in &a.concurrency {
         for &b in &a.body_bytes {
-            for (name, url) in &targets {
-                rows.push(runtime.block_on(overhead::measure(name, url, c, b, a.requests))?);
+            let mut samples: Vec<overhead::Sample> = targets.iter().map(|_| overhead::Sample::default()).collect();
+            for round in 0..rounds {
+                let n = a.requests / rounds + usize::from(round < a.requests % rounds);
+                // A different target goes first each round.
+                for k in 0..targets.len() {
+                    let t = (k + round) % targets.len();
+                    let (_, url) = &targets[t];
+                    let s = runtime.block_on(overhead::measure(url, c, b, n, round * a.requests))?;
+                    samples[t].merge(s);
+                }
+            }
+            for ((name, _), s) in targets.iter().zip(samples) {
+                rows.push(s.row(name, c, b));
             }
         }
     }

@@ -29,14 +29,50 @@ fn body(bytes: usize, i: usize) -> serde_json::Value {
     json!({"model": "default", "max_tokens": 1, "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]})
 }
 
-/// Sends `requests` chat requests to `base` with `concurrency` in flight.
+/// The latencies and errors of some requests to one target, and the time they took.
+#[derive(Debug, Default)]
+pub(crate) struct Sample {
+    lat: Vec<Duration>,
+    errors: usize,
+    wall: Duration,
+}
+
+impl Sample {
+    /// Adds another round's requests.
+    pub(crate) fn merge(&mut self, other: Sample) {
+        self.lat.extend(other.lat);
+        self.errors += other.errors;
+        self.wall += other.wall;
+    }
+
+    /// The measurement's row.
+    pub(crate) fn row(mut self, target: &str, concurrency: usize, body_bytes: usize) -> Row {
+        self.lat.sort();
+        let lat = &self.lat;
+        let pct =
+            |p: f64| lat.get(((lat.len() as f64 - 1.0) * p).round() as usize).map_or(0.0, |d| d.as_secs_f64() * 1e3);
+        Row {
+            target: target.to_string(),
+            concurrency,
+            body_bytes,
+            requests: lat.len(),
+            errors: self.errors,
+            p50_ms: pct(0.5),
+            p99_ms: pct(0.99),
+            throughput_rps: lat.len() as f64 / self.wall.as_secs_f64().max(1e-9),
+        }
+    }
+}
+
+/// Sends `requests` chat requests to `base` with `concurrency` in flight
+/// (after a warm-up); `first` numbers the first one (each question is new).
 pub(crate) async fn measure(
-    target: &str,
     base: &str,
     concurrency: usize,
     body_bytes: usize,
     requests: usize,
-) -> Result<Row> {
+    first: usize,
+) -> Result<Sample> {
     let client = reqwest::Client::builder().pool_max_idle_per_host(concurrency * 2).build()?;
     let url = format!("{base}/v1/chat/completions");
     // Warm up: connections, caches.
@@ -53,7 +89,7 @@ pub(crate) async fn measure(
             .await;
     }
     let bodies: Vec<Vec<u8>> =
-        (0..requests).map(|i| serde_json::to_vec(&body(body_bytes, 1000 + i)).unwrap_or_default()).collect();
+        (0..requests).map(|i| serde_json::to_vec(&body(body_bytes, 1000 + first + i)).unwrap_or_default()).collect();
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let bodies = std::sync::Arc::new(bodies);
     let start = Instant::now();
@@ -95,17 +131,5 @@ pub(crate) async fn measure(
         lat.extend(l);
         errors += e;
     }
-    let wall = start.elapsed().as_secs_f64();
-    lat.sort();
-    let pct = |p: f64| lat.get(((lat.len() as f64 - 1.0) * p).round() as usize).map_or(0.0, |d| d.as_secs_f64() * 1e3);
-    Ok(Row {
-        target: target.to_string(),
-        concurrency,
-        body_bytes,
-        requests: lat.len(),
-        errors,
-        p50_ms: pct(0.5),
-        p99_ms: pct(0.99),
-        throughput_rps: lat.len() as f64 / wall,
-    })
+    Ok(Sample { lat, errors, wall: start.elapsed() })
 }

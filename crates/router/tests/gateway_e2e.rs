@@ -7,6 +7,7 @@
 
 mod common;
 
+use common::app::{Running, chat, config, engine_config, post, start};
 use common::eventually as until;
 
 use std::net::SocketAddr;
@@ -15,68 +16,7 @@ use std::time::Duration;
 use mock_engine::{Faults, MockEngine, MockEngineConfig};
 use router_types::WorkerUrl;
 use serde_json::{Value, json};
-use sgl_router::app::{App, AppConfig, PolicyConfig};
-use sgl_router::events::KvEventsConfig;
-
-fn engine_config() -> MockEngineConfig {
-    MockEngineConfig { fast: true, default_max_tokens: 4, ..MockEngineConfig::default() }
-}
-
-fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) -> AppConfig {
-    AppConfig {
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        workers: workers.iter().map(|m| WorkerUrl::new(m.url())).collect(),
-        mock_workers: 0,
-        policy,
-        kv_events: kv.then(|| KvEventsConfig {
-            workers: Vec::new(),
-            explicit: Default::default(),
-            default_block_size: std::num::NonZeroUsize::new(16).unwrap(),
-            topic: String::new(),
-            discovery_deadline: Duration::from_secs(5),
-            subscriber: Default::default(),
-        }),
-        tokenizer_path: None,
-        chat_template: None,
-        model_id: "default".into(),
-        pending_ttl: Duration::ZERO,
-        max_index_nodes: None,
-        max_body_bytes: 64 * 1024,
-        request_timeout: Duration::from_secs(5),
-        max_concurrent: 64,
-        health_interval: Duration::from_secs(3600),
-        load_poll: Duration::from_millis(50),
-        index_retention: Duration::from_secs(300),
-        shutdown_grace: Duration::from_secs(1),
-        serve_threads: 2,
-        fast_proxy: true,
-    }
-}
-
-struct Running {
-    url: String,
-    gateway: std::sync::Arc<gateway::Gateway>,
-    stop: tokio::sync::oneshot::Sender<()>,
-}
-
-async fn start(config: AppConfig) -> Running {
-    let app = App::build(config).await.unwrap();
-    let url = format!("http://{}", app.local_addr());
-    let gateway = app.gateway().clone();
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(app.run(async move {
-        let _ = rx.await;
-    }));
-    Running { url, gateway, stop }
-}
-
-fn chat(system: &str, user: &str) -> Value {
-    json!({"model": "default", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
-}
-
-async fn post(url: &str, body: &Value) -> reqwest::Response {
-    reqwest::Client::new().post(url).json(body).timeout(Duration::from_secs(10)).send().await.unwrap()
-}
+use sgl_router::app::PolicyConfig;
 
 async fn debug(r: &Running, body: &Value) -> Value {
     post(&format!("{}/debug/route", r.url), body).await.json().await.unwrap()

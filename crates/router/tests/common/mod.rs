@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+pub(crate) mod app;
+
 /// Polls `cond` every 25 ms for up to 10 s; panics naming `what` if it never holds.
 #[allow(dead_code)] // not every test binary uses it
 pub(crate) async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {

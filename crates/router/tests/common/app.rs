@@ -1,0 +1,71 @@
+//! A router `App` on 127.0.0.1 in front of simulated engines, for the end-to-end tests.
+#![allow(dead_code)] // not every test binary uses all of it
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use mock_engine::{MockEngine, MockEngineConfig};
+use router_types::WorkerUrl;
+use serde_json::{Value, json};
+use sgl_router::app::{App, AppConfig, PolicyConfig};
+use sgl_router::events::KvEventsConfig;
+
+pub(crate) fn engine_config() -> MockEngineConfig {
+    MockEngineConfig { fast: true, default_max_tokens: 4, ..MockEngineConfig::default() }
+}
+
+pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) -> AppConfig {
+    AppConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        workers: workers.iter().map(|m| WorkerUrl::new(m.url())).collect(),
+        mock_workers: 0,
+        policy,
+        kv_events: kv.then(|| KvEventsConfig {
+            workers: Vec::new(),
+            explicit: Default::default(),
+            default_block_size: std::num::NonZeroUsize::new(16).unwrap(),
+            topic: String::new(),
+            discovery_deadline: Duration::from_secs(5),
+            subscriber: Default::default(),
+        }),
+        tokenizer_path: None,
+        chat_template: None,
+        model_id: "default".into(),
+        pending_ttl: Duration::ZERO,
+        max_index_nodes: None,
+        max_body_bytes: 64 * 1024,
+        request_timeout: Duration::from_secs(5),
+        max_concurrent: 64,
+        health_interval: Duration::from_secs(3600),
+        load_poll: Duration::from_millis(50),
+        index_retention: Duration::from_secs(300),
+        shutdown_grace: Duration::from_secs(1),
+        serve_threads: 2,
+        fast_proxy: true,
+    }
+}
+
+pub(crate) struct Running {
+    pub(crate) url: String,
+    pub(crate) gateway: std::sync::Arc<gateway::Gateway>,
+    pub(crate) stop: tokio::sync::oneshot::Sender<()>,
+}
+
+pub(crate) async fn start(config: AppConfig) -> Running {
+    let app = App::build(config).await.unwrap();
+    let url = format!("http://{}", app.local_addr());
+    let gateway = app.gateway().clone();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(app.run(async move {
+        let _ = rx.await;
+    }));
+    Running { url, gateway, stop }
+}
+
+pub(crate) fn chat(system: &str, user: &str) -> Value {
+    json!({"model": "default", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
+}
+
+pub(crate) async fn post(url: &str, body: &Value) -> reqwest::Response {
+    reqwest::Client::new().post(url).json(body).timeout(Duration::from_secs(10)).send().await.unwrap()
+}

@@ -1,0 +1,347 @@
+//! The router's HTTP/1.1 front end over raw sockets: its fast path for the
+//! proxied routes (keep-alive, pipelining, `Expect: 100-continue`,
+//! `Connection: close`, errors, a client leaving while its worker works) and
+//! the hand-off to hyper for everything else on the same connection; and the
+//! same answers with the fast path off.
+
+mod common;
+
+use std::time::Duration;
+
+use common::app::{Running, chat, config, engine_config, start};
+use common::eventually as until;
+use mock_engine::{Faults, MockEngine};
+use serde_json::{Value, json};
+use sgl_router::app::PolicyConfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// An answer read off a raw connection.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+/// A client connection that reads answers one by one (bytes past an answer are kept).
+struct Client {
+    tcp: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    async fn connect(r: &Running) -> Client {
+        Client { tcp: TcpStream::connect(r.url.trim_start_matches("http://")).await.unwrap(), buf: Vec::new() }
+    }
+
+    async fn send(&mut self, raw: &[u8]) {
+        self.tcp.write_all(raw).await.unwrap();
+    }
+
+    async fn fill(&mut self) -> usize {
+        let mut chunk = [0u8; 16384];
+        let n = tokio::time::timeout(Duration::from_secs(10), self.tcp.read(&mut chunk)).await.unwrap().unwrap_or(0);
+        self.buf.extend_from_slice(&chunk[..n]);
+        n
+    }
+
+    /// Reads until `n` bytes are buffered; false at end of stream.
+    async fn want(&mut self, n: usize) -> bool {
+        while self.buf.len() < n {
+            if self.fill().await == 0 {
+                return false;
+            }
+        }
+        true
+    }
+
+    async fn line(&mut self) -> String {
+        loop {
+            if let Some(i) = self.buf.windows(2).position(|w| w == b"\r\n") {
+                let line = String::from_utf8(self.buf[..i].to_vec()).unwrap();
+                self.buf.drain(..i + 2);
+                return line;
+            }
+            assert!(self.fill().await > 0, "connection closed mid-line");
+        }
+    }
+
+    async fn answer(&mut self) -> Answer {
+        let status_line = self.line().await;
+        let status =
+            status_line.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{status_line}"));
+        let mut headers = Vec::new();
+        loop {
+            let line = self.line().await;
+            if line.is_empty() {
+                break;
+            }
+            let (n, v) = line.split_once(':').unwrap();
+            headers.push((n.trim().to_string(), v.trim().to_string()));
+        }
+        let mut a = Answer { status, headers, body: Vec::new() };
+        if let Some(n) = a.header("content-length").map(|v| v.parse::<usize>().unwrap()) {
+            assert!(self.want(n).await, "body cut short");
+            a.body = self.buf.drain(..n).collect();
+        } else if a.header("transfer-encoding") == Some("chunked") {
+            loop {
+                let size = usize::from_str_radix(self.line().await.split(';').next().unwrap(), 16).unwrap();
+                if size == 0 {
+                    assert_eq!(self.line().await, "", "no trailers");
+                    break;
+                }
+                assert!(self.want(size + 2).await, "chunk cut short");
+                a.body.extend(self.buf.drain(..size));
+                assert_eq!(self.buf.drain(..2).collect::<Vec<_>>(), b"\r\n");
+            }
+        }
+        a
+    }
+
+    /// True once the router has closed the connection.
+    async fn closed(&mut self) -> bool {
+        self.buf.is_empty() && self.fill().await == 0
+    }
+}
+
+fn post(path: &str, body: &[u8], extra: &str) -> Vec<u8> {
+    let mut raw = format!(
+        "POST {path} HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}\r\n",
+        body.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(body);
+    raw
+}
+
+fn chat_body(user: &str) -> Vec<u8> {
+    serde_json::to_vec(&chat("You are terse.", user)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_pipelining_and_hand_off_on_one_connection() {
+    let w = MockEngine::spawn(engine_config()).await.unwrap();
+    let r = start(config(&[&w], PolicyConfig::RoundRobin, false)).await;
+    let mut c = Client::connect(&r).await;
+    // Two requests in one write: both answered, in order, on the same connection.
+    let mut two = post("/v1/chat/completions", &chat_body("one"), "");
+    two.extend(post("/v1/completions", br#"{"model":"default","prompt":"two","max_tokens":2}"#, ""));
+    c.send(&two).await;
+    let (a, b) = (c.answer().await, c.answer().await);
+    assert_eq!((a.status, b.status), (200, 200), "{a:?} {b:?}");
+    assert_eq!(a.json()["object"], "chat.completion");
+    assert_eq!(b.json()["object"], "text_completion");
+    assert_eq!(a.header("content-type"), Some("application/json"));
+    assert!(a.header("connection").is_none(), "keep-alive is the default: {a:?}");
+    // A streamed answer is re-framed into chunks and ends cleanly.
+    let mut streamed: Value = serde_json::from_slice(&chat_body("three")).unwrap();
+    streamed["stream"] = json!(true);
+    c.send(&post("/v1/chat/completions", &serde_json::to_vec(&streamed).unwrap(), "")).await;
+    let s = c.answer().await;
+    assert_eq!(s.header("content-type").map(|t| t.starts_with("text/event-stream")), Some(true), "{s:?}");
+    let text = String::from_utf8(s.body).unwrap();
+    assert!(text.starts_with("data: {") && text.ends_with("data: [DONE]\n\n"), "{text}");
+    // Another route on the same connection: hyper takes over and serves the rest.
+    c.send(b"GET /metrics HTTP/1.1\r\nhost: r\r\n\r\n").await;
+    let m = c.answer().await;
+    assert_eq!(m.status, 200);
+    let metrics = String::from_utf8(m.body).unwrap();
+    assert!(metrics.contains("router_http_requests_total{route=\"chat\",status=\"200\"} 2"), "{metrics}");
+    assert!(metrics.contains("router_http_requests_total{route=\"completions\",status=\"200\"} 1"), "{metrics}");
+    c.send(&post("/generate", br#"{"text":"four","sampling_params":{"max_new_tokens":2}}"#, "")).await;
+    assert_eq!(c.answer().await.status, 200);
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_continue_connection_close_and_chunked_requests() {
+    let w = MockEngine::spawn(engine_config()).await.unwrap();
+    let r = start(config(&[&w], PolicyConfig::RoundRobin, false)).await;
+    // The body follows the interim answer, as curl sends large bodies.
+    let body = chat_body("expect");
+    let mut c = Client::connect(&r).await;
+    let raw = post("/v1/chat/completions", &body, "expect: 100-continue\r\n");
+    c.send(&raw[..raw.len() - body.len()]).await;
+    assert_eq!(c.line().await, "HTTP/1.1 100 Continue");
+    assert_eq!(c.line().await, "");
+    c.send(&body).await;
+    assert_eq!(c.answer().await.status, 200);
+    // `Connection: close`: answered, marked, closed.
+    c.send(&post("/v1/chat/completions", &chat_body("bye"), "connection: close\r\n")).await;
+    let a = c.answer().await;
+    assert_eq!((a.status, a.header("connection")), (200, Some("close")));
+    assert!(c.closed().await);
+    // A chunked request body is hyper's to read.
+    let mut c = Client::connect(&r).await;
+    let body = chat_body("chunked");
+    let mut raw = b"POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    raw.extend(format!("{:x}\r\n", body.len()).as_bytes());
+    raw.extend(&body);
+    raw.extend(b"\r\n0\r\n\r\n");
+    c.send(&raw).await;
+    let a = c.answer().await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.json()["object"], "chat.completion");
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_path_and_fallback_answer_alike() {
+    let w = MockEngine::spawn(engine_config()).await.unwrap();
+    let fast = start(config(&[&w], PolicyConfig::RoundRobin, false)).await;
+    let mut cfg = config(&[&w], PolicyConfig::RoundRobin, false);
+    cfg.fast_proxy = false;
+    let slow = start(cfg).await;
+    let cases: [(&str, Vec<u8>); 5] = [
+        ("/v1/chat/completions", chat_body("same")),
+        ("/v1/chat/completions", b"{not json".to_vec()),
+        ("/v1/chat/completions", br#"{"messages": "not a list"}"#.to_vec()),
+        ("/v1/completions", br#"[1, 2]"#.to_vec()),
+        ("/generate", br#"{"sampling_params": {}}"#.to_vec()),
+    ];
+    for (path, body) in cases {
+        let mut answers = Vec::new();
+        for r in [&fast, &slow] {
+            let mut c = Client::connect(r).await;
+            c.send(&post(path, &body, "")).await;
+            answers.push(c.answer().await);
+        }
+        let (f, s) = (&answers[0], &answers[1]);
+        assert_eq!(f.status, s.status, "{path} {:?}", String::from_utf8_lossy(&body));
+        assert_eq!(f.header("content-type"), s.header("content-type"));
+        if f.status == 200 {
+            // The second one hit the engine's cache: compare what does not depend on it.
+            for field in ["prompt_tokens", "completion_tokens"] {
+                assert_eq!(f.json()["usage"][field], s.json()["usage"][field]);
+            }
+            assert_eq!(f.json()["choices"][0]["message"], s.json()["choices"][0]["message"]);
+        } else {
+            assert_eq!(f.json(), s.json(), "the same error, word for word");
+        }
+    }
+    // Over the body limit: 413, and the connection closes (the body is not read).
+    let mut c = Client::connect(&fast).await;
+    c.send(format!("POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\ncontent-length: {}\r\n\r\n", 1 << 20).as_bytes())
+        .await;
+    let a = c.answer().await;
+    assert_eq!((a.status, a.json()["error"]["type"].as_str()), (413, Some("request_too_large")));
+    assert!(c.closed().await);
+    let _ = (fast.stop.send(()), slow.stop.send(()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_while_its_worker_works_releases_the_request() {
+    let w = MockEngine::spawn(engine_config()).await.unwrap();
+    let r = start(config(&[&w], PolicyConfig::RoundRobin, false)).await;
+    w.engine().set_faults(Faults { hang_next: 1, ..Faults::default() }).await;
+    let mut c = Client::connect(&r).await;
+    c.send(&post("/v1/chat/completions", &chat_body("hang"), "")).await;
+    until("the request reached the worker", async || r.gateway.in_flight() == 1).await;
+    drop(c);
+    // Released well before the 5 s request timeout.
+    let t0 = std::time::Instant::now();
+    until("the router released the request", async || r.gateway.in_flight() == 0).await;
+    assert!(t0.elapsed() < Duration::from_secs(3), "released by the timeout, not the hang-up");
+    assert!(r.gateway.workers.all().iter().all(|x| x.load().in_flight == 0));
+    let _ = r.stop.send(());
+}
+
+/// A worker speaking raw HTTP/1.1: `GET /health` is 200, other GETs 404; the
+/// n-th POST gets `answers[n]` (then the connection closes if the answer
+/// said so, or silently 50 ms later, as a worker dropping idle connections does).
+async fn raw_worker(answers: Vec<&'static str>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let answers = std::sync::Arc::new(answers);
+    let posts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (answers, posts) = (answers.clone(), posts.clone());
+            tokio::spawn(async move {
+                let mut c = Client { tcp, buf: Vec::new() };
+                loop {
+                    if c.buf.is_empty() && c.fill().await == 0 {
+                        return;
+                    }
+                    let request = c.line().await;
+                    let mut length = 0;
+                    loop {
+                        let line = c.line().await;
+                        if line.is_empty() {
+                            break;
+                        }
+                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap();
+                        }
+                    }
+                    assert!(c.want(length).await);
+                    c.buf.drain(..length);
+                    let answer = if request.starts_with("GET /health ") {
+                        "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                    } else if request.starts_with("GET ") {
+                        "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
+                    } else {
+                        let n = posts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        answers[n % answers.len()]
+                    };
+                    c.send(answer.as_bytes()).await;
+                    if answer.contains("connection: close") {
+                        return;
+                    }
+                    if request.starts_with("POST ") {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_answers_are_relayed_whatever_their_framing() {
+    let url = raw_worker(vec![
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-engine: a\r\ncontent-length: 9\r\n\r\n{\"n\": 1}\n",
+        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\nuntil the end",
+        "HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n4;ext=1\r\nchun\r\n3\r\nked\r\n0\r\nx-trailer: t\r\n\r\n",
+        "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\nx-engine: d\r\n\r\n",
+    ])
+    .await;
+    let mut cfg = config(&[], PolicyConfig::RoundRobin, false);
+    cfg.workers = vec![router_types::WorkerUrl::new(url.as_str())];
+    let r = start(cfg).await;
+    let mut c = Client::connect(&r).await;
+    let mut bodies = Vec::new();
+    for i in 0..4 {
+        // Each time the worker has since closed the connection the router keeps: it reconnects.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        c.send(&post("/v1/chat/completions", &chat_body(&format!("q{i}")), "")).await;
+        let a = c.answer().await;
+        bodies.push((a.status, String::from_utf8(a.body.clone()).unwrap()));
+        match i {
+            0 => assert_eq!((a.header("x-engine"), a.header("content-length")), (Some("a"), Some("9"))),
+            1 => assert_eq!(a.header("transfer-encoding"), Some("chunked"), "close-delimited, re-framed"),
+            3 => assert_eq!((a.header("x-engine"), a.header("content-length")), (Some("d"), None)),
+            _ => {}
+        }
+        assert!(a.header("connection").is_none(), "the worker's hop headers stay with the worker: {a:?}");
+    }
+    let expected =
+        [(200, "{\"n\": 1}\n"), (200, "until the end"), (201, "chunked"), (204, "")].map(|(s, b)| (s, b.to_string()));
+    assert_eq!(bodies, expected);
+    // The answers all counted, none as an upstream failure.
+    assert!(r.gateway.workers.all()[0].is_healthy());
+    let _ = r.stop.send(());
+}
