@@ -81,10 +81,11 @@ cpu() {
 }
 before=(); for p in "${rpids[@]}"; do before+=("$(cpu "$p")"); done
 targets=$(for i in "${!names[@]}"; do printf '%s=%s,' "${names[$i]}" "${urls[$i]}"; done)
-"$BIN/sgl-router-bench" overhead --engine-url "$ENGINE" --router "${targets%,}" --requests "$REQUESTS"
+ROUNDS=10 # the targets take turns, each round a slice of the requests
+"$BIN/sgl-router-bench" overhead --engine-url "$ENGINE" --router "${targets%,}" --requests "$REQUESTS" --rounds "$ROUNDS"
 ticks=$(getconf CLK_TCK)
-# Each router served (warm-up + REQUESTS) x 4 configurations.
-served=$(( (REQUESTS + 8) * 4 ))
+# Each router served (REQUESTS + 8 warm-up requests a round) x 4 configurations.
+served=$(( (REQUESTS + 8 * ROUNDS) * 4 ))
 echo
 echo "router CPU seconds per 1,000 requests:"
 for i in "${!names[@]}"; do
