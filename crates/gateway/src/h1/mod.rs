@@ -201,7 +201,9 @@ async fn serve_fast(
         // The body is not read: answer and close.
         let e = GatewayError::TooLarge(gw.config.max_body_bytes);
         count_error(gw, route, &e);
-        let _ = write_error(tcp, &e, true).await;
+        if write_error(tcp, &e, true).await.is_ok() {
+            linger(tcp).await;
+        }
         return false;
     }
     if head.expect_continue
@@ -244,6 +246,20 @@ async fn client_gone(tcp: &mut TcpStream, buf: &mut BytesMut) {
         }
     }
     std::future::pending::<()>().await;
+}
+
+/// Closes our side and reads what the client still sends (the body of a
+/// refused request) for up to a second, so its socket does not answer the
+/// data with a reset that could destroy the answer before the client reads it.
+async fn linger(tcp: &mut TcpStream) {
+    if tcp.shutdown().await.is_err() {
+        return;
+    }
+    let mut sink = [0u8; 16384];
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
 }
 
 /// Writes a gateway error as the OpenAI-style JSON answer.
