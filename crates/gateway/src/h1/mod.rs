@@ -122,8 +122,8 @@ fn parse_head(buf: &[u8]) -> Option<Next> {
     for h in req.headers.iter() {
         let value = std::str::from_utf8(h.value).unwrap_or("\u{0}").trim();
         if h.name.eq_ignore_ascii_case("content-length") {
-            match (body_len, value.parse::<usize>()) {
-                (None, Ok(n)) => body_len = Some(n),
+            match (body_len, content_length(value).and_then(|n| usize::try_from(n).ok())) {
+                (None, Some(n)) => body_len = Some(n),
                 _ => return Some(Next::Hyper),
             }
         } else if h.name.eq_ignore_ascii_case("connection") {
@@ -143,6 +143,16 @@ fn parse_head(buf: &[u8]) -> Option<Next> {
     // No length (an empty body, or a chunked one refused above): hyper decides.
     let Some(body_len) = body_len else { return Some(Next::Hyper) };
     Some(Next::Fast(Head { route, len, body_len, close, expect_continue }))
+}
+
+/// A `Content-Length` value: digits only (`+5` or `5 5`, which a lenient
+/// parser would take, could make this hop and another disagree on where a
+/// message ends).
+pub(crate) fn content_length(value: &str) -> Option<u64> {
+    if value.is_empty() || value.len() > 19 || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    value.parse().ok()
 }
 
 /// Reads more of `tcp` into `buf`; 0 at end of stream.
@@ -379,6 +389,9 @@ mod tests {
             "POST /v1/chat/completions HTTP/1.1\r\n\r\n",
             "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n",
             "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: x\r\n\r\n",
+            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: +2\r\n\r\n",
+            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2, 2\r\n\r\n",
+            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
             "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\nExpect: something\r\n\r\n",
             "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
             "BAD\0 REQUEST\r\n\r\n",

@@ -27,7 +27,7 @@ use crate::workers::Worker;
 /// How long an idle upstream connection is kept (hyper's pool keeps them as long).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Idle connections kept per worker and serving thread.
-const MAX_IDLE_PER_WORKER: usize = 64;
+const MAX_IDLE_PER_WORKER: usize = 512;
 /// Largest answer head read from a worker.
 const MAX_HEAD_BYTES: usize = 64 << 10;
 /// Longest wait for a connection to a worker.
@@ -176,7 +176,7 @@ async fn read_head(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Head> 
                 for h in resp.headers.iter() {
                     let value = std::str::from_utf8(h.value).unwrap_or("").trim();
                     if h.name.eq_ignore_ascii_case("content-length") {
-                        length = Some(value.parse::<u64>().map_err(|_| bad("content-length"))?);
+                        length = Some(super::content_length(value).ok_or_else(|| bad("content-length"))?);
                     } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
                         te = true;
                         chunked = value.rsplit(',').next().is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"));
