@@ -266,20 +266,27 @@ async fn a_client_that_leaves_while_its_worker_works_releases_the_request() {
 }
 
 /// A worker speaking raw HTTP/1.1: `GET /health` is 200, other GETs 404; the
-/// n-th POST gets `answers[n]` (then the connection closes if the answer
-/// said so, or silently 50 ms later, as a worker dropping idle connections does).
-async fn raw_worker(answers: Vec<&'static str>) -> String {
+/// n-th POST gets `answers[n]`, then the connection closes if the answer
+/// said so, or silently after 300 ms idle, as workers drop idle connections.
+/// The answer `CRASH` closes the connection after 400 ms of "work" without
+/// answering; `DROP` closes it at once (an idle close racing the request).
+/// Returns its URL and the count of POSTs it received.
+async fn raw_worker(answers: Vec<&'static str>) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let answers = std::sync::Arc::new(answers);
     let posts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = posts.clone();
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
             let (answers, posts) = (answers.clone(), posts.clone());
             tokio::spawn(async move {
                 let mut c = Client { tcp, buf: Vec::new() };
                 loop {
-                    if c.buf.is_empty() && c.fill().await == 0 {
+                    // Idle connections are closed after 300 ms, without a word.
+                    if c.buf.is_empty()
+                        && !matches!(tokio::time::timeout(Duration::from_millis(300), c.fill()).await, Ok(n) if n > 0)
+                    {
                         return;
                     }
                     let request = c.line().await;
@@ -303,28 +310,34 @@ async fn raw_worker(answers: Vec<&'static str>) -> String {
                         let n = posts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         answers[n % answers.len()]
                     };
-                    c.send(answer.as_bytes()).await;
-                    if answer.contains("connection: close") {
+                    if answer == "CRASH" {
+                        tokio::time::sleep(Duration::from_millis(400)).await;
                         return;
                     }
-                    if request.starts_with("POST ") {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    if answer == "DROP" {
+                        return;
+                    }
+                    c.send(answer.as_bytes()).await;
+                    if answer.contains("connection: close") {
                         return;
                     }
                 }
             });
         }
     });
-    url
+    (url, counted)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_answers_are_relayed_whatever_their_framing() {
-    let url = raw_worker(vec![
+    let (url, posts) = raw_worker(vec![
         "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-engine: a\r\ncontent-length: 9\r\n\r\n{\"n\": 1}\n",
         "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\nuntil the end",
         "HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n4;ext=1\r\nchun\r\n3\r\nked\r\n0\r\nx-trailer: t\r\n\r\n",
         "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\nx-engine: d\r\n\r\n",
+        "DROP",
+        "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nagain",
+        "CRASH",
     ])
     .await;
     let mut cfg = config(&[], PolicyConfig::RoundRobin, false);
@@ -334,7 +347,7 @@ async fn worker_answers_are_relayed_whatever_their_framing() {
     let mut bodies = Vec::new();
     for i in 0..4 {
         // Each time the worker has since closed the connection the router keeps: it reconnects.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
         c.send(&post("/v1/chat/completions", &chat_body(&format!("q{i}")), "")).await;
         let a = c.answer().await;
         bodies.push((a.status, String::from_utf8(a.body.clone()).unwrap()));
@@ -349,7 +362,19 @@ async fn worker_answers_are_relayed_whatever_their_framing() {
     let expected =
         [(200, "{\"n\": 1}\n"), (200, "until the end"), (201, "chunked"), (204, "")].map(|(s, b)| (s, b.to_string()));
     assert_eq!(bodies, expected);
-    // The answers all counted, none as an upstream failure.
-    assert!(r.gateway.workers.all()[0].is_healthy());
+    assert!(r.gateway.workers.all()[0].is_healthy(), "none of those was an upstream failure");
+    // Each request reached the worker once, though each found its pooled connection closed.
+    assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 4);
+    // The worker closes the kept connection just as a request arrives on it:
+    // the request is sent again on a new connection, transparently.
+    c.send(&post("/v1/chat/completions", &chat_body("dropped"), "")).await;
+    let a = c.answer().await;
+    assert_eq!((a.status, a.body.as_slice()), (200, &b"again"[..]), "{a:?}");
+    assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 6);
+    // A worker that fails while working on a request: 502, and the request is not sent again.
+    c.send(&post("/v1/chat/completions", &chat_body("crash"), "")).await;
+    let a = c.answer().await;
+    assert_eq!((a.status, a.json()["error"]["type"].as_str()), (502, Some("upstream_unreachable")), "{a:?}");
+    assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 7);
     let _ = r.stop.send(());
 }

@@ -30,6 +30,10 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_IDLE_PER_WORKER: usize = 512;
 /// Largest answer head read from a worker.
 const MAX_HEAD_BYTES: usize = 64 << 10;
+/// A reused connection that fails this soon after the request was written,
+/// with no answer byte, was closed by the worker while idle: the request is
+/// sent again on a new connection. Later, the worker may have started on it.
+const STALE_WINDOW: Duration = Duration::from_millis(250);
 /// Longest wait for a connection to a worker.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Response headers that describe one hop, not the answer: never relayed.
@@ -138,6 +142,7 @@ pub(crate) async fn send(
             None => connect(host, uri.port_u16().unwrap_or(80)).await?,
         };
         let mut buf = BytesMut::with_capacity(8192);
+        let sent_at = Instant::now();
         let head = match tcp.write_all(&msg).await {
             Ok(()) => read_head(&mut tcp, &mut buf).await,
             Err(e) => Err(e),
@@ -147,8 +152,9 @@ pub(crate) async fn send(
                 let authority = authority.to_string();
                 return Ok(Answer { tcp, buf, authority, status, headers, framing, sse, reusable: keep_alive });
             }
-            // The worker closed the idle connection as it was reused: nothing was processed.
-            Err(_) if reused && buf.is_empty() => continue,
+            // The worker closed the idle connection as it was reused (at once,
+            // not a worker that failed while working on it): nothing was processed.
+            Err(_) if reused && buf.is_empty() && sent_at.elapsed() < STALE_WINDOW => continue,
             Err(e) => return Err(SendError { connect: false, message: e.to_string() }),
         }
     }
