@@ -199,6 +199,24 @@ pub fn from_server_info(v: &Value) -> WorkerInfo {
     }
 }
 
+/// The client for the router's own requests to workers (health, introspection,
+/// load reports, KV-event discovery): with the workers' bearer token when
+/// they require one, and an overall timeout when given.
+pub fn worker_client(api_key: Option<&str>, timeout: Option<Duration>) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(key) = api_key
+        && let Ok(mut v) = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
+    {
+        v.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, v);
+    }
+    let mut builder = reqwest::Client::builder().default_headers(headers);
+    if let Some(t) = timeout {
+        builder = builder.timeout(t);
+    }
+    builder.build().unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,7 +29,7 @@ use renderer::Renderer;
 
 pub use error::GatewayError;
 pub use h1::serve;
-pub use health::{HealthConfig, health_loop, load_loop};
+pub use health::{HealthConfig, health_loop, load_loop, worker_client};
 pub use metrics::GatewayMetrics;
 pub use proxy::router;
 pub use workers::{LoadGuard, Worker, WorkerInfo, Workers, check_worker_url};
@@ -84,6 +84,9 @@ pub struct GatewayConfig {
     pub credit_pending: bool,
     /// The model id `/v1/models` reports.
     pub model_id: String,
+    /// Bearer token for the workers, sent with proxied requests that carry
+    /// no `Authorization` of their own (engines started with `--api-key`).
+    pub worker_api_key: Option<String>,
 }
 
 /// The HTTP/1.1 client requests are proxied with (hyper's own pool: the

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use policy::{Candidate, Decision, RequestInfo};
@@ -25,6 +25,30 @@ use crate::{Gateway, GatewayError};
 
 /// The header SGLang and vLLM read a data-parallel rank hint from.
 pub(crate) const RANK_HEADER: &str = "x-data-parallel-rank";
+
+/// Request headers that describe the client's hop, or that the router sets
+/// itself: never forwarded to the worker.
+const NOT_FORWARDED: [&str; 11] = [
+    "host",
+    "content-length",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+];
+
+/// Whether a client's request header goes on to the worker: end-to-end
+/// headers do (`authorization`, `x-request-id`, `traceparent`, ...), hop-by-hop
+/// ones and those the client's `connection` header names do not.
+pub(crate) fn forwarded(name: &str, connection: &str) -> bool {
+    !NOT_FORWARDED.iter().any(|n| name.eq_ignore_ascii_case(n))
+        && !connection.split(',').any(|t| t.trim().eq_ignore_ascii_case(name))
+}
 
 /// The proxied routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,9 +134,9 @@ impl Drop for InFlight {
 /// The gateway's routes.
 pub fn router(gw: Arc<Gateway>) -> axum::Router {
     axum::Router::new()
-        .route("/v1/chat/completions", post(|s, b| handle(s, b, Route::Chat)))
-        .route("/v1/completions", post(|s, b| handle(s, b, Route::Completions)))
-        .route("/generate", post(|s, b| handle(s, b, Route::Generate)))
+        .route("/v1/chat/completions", post(|s, h, b| handle(s, h, b, Route::Chat)))
+        .route("/v1/completions", post(|s, h, b| handle(s, h, b, Route::Completions)))
+        .route("/generate", post(|s, h, b| handle(s, h, b, Route::Generate)))
         .route("/debug/route", post(admin::debug_route))
         .route("/v1/models", get(admin::models))
         .route("/health", get(|| async { "ok" }))
@@ -258,10 +282,10 @@ pub(crate) fn count_error(gw: &Gateway, route: Route, e: &GatewayError) {
     gw.metrics.requests.inc(format_args!("route=\"{}\",status=\"{}\"", route.label(), e.status().as_u16()));
 }
 
-async fn handle(State(gw): State<Arc<Gateway>>, body: Body, route: Route) -> Response {
+async fn handle(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body, route: Route) -> Response {
     let span = request_span(&gw, route);
     async move {
-        match serve(gw.clone(), body, route).await {
+        match serve(gw.clone(), headers, body, route).await {
             Ok(r) => r,
             Err(e) => {
                 count_error(&gw, route, &e);
@@ -274,19 +298,38 @@ async fn handle(State(gw): State<Arc<Gateway>>, body: Body, route: Route) -> Res
 }
 
 /// The axum front end: read the body, forward with hyper's client, relay the answer.
-async fn serve(gw: Arc<Gateway>, body: Body, route: Route) -> Result<Response, GatewayError> {
+async fn serve(gw: Arc<Gateway>, mut headers: HeaderMap, body: Body, route: Route) -> Result<Response, GatewayError> {
     let start = Instant::now();
     let bytes = read_body(&gw, body).await?;
     let client = gw.client();
+    let connection = headers.get(header::CONNECTION).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let names: Vec<HeaderName> = headers.keys().cloned().collect();
+    for name in names {
+        if !forwarded(name.as_str(), &connection) {
+            headers.remove(&name);
+        }
+    }
+    if !headers.contains_key(header::AUTHORIZATION)
+        && let Some(key) = gw.config.worker_api_key.as_deref()
+        && let Ok(v) = HeaderValue::from_str(&format!("Bearer {key}"))
+    {
+        headers.insert(header::AUTHORIZATION, v);
+    }
+    let headers = Arc::new(headers);
     let (guard, worker, resp) = forward(&gw, route, bytes, start, |worker, body, rank| {
-        let client = client.clone();
+        let (client, headers) = (client.clone(), headers.clone());
         async move {
             let Some(endpoint) = worker.endpoint(route.path()) else {
                 return Err(SendError { connect: false, message: "invalid worker URL".into() });
             };
-            let mut req = axum::http::Request::post(endpoint).header(header::CONTENT_TYPE, "application/json");
-            if let Some(rank) = rank {
-                req = req.header(RANK_HEADER, HeaderValue::from(rank.0));
+            let mut req = axum::http::Request::post(endpoint);
+            if let Some(h) = req.headers_mut() {
+                h.clone_from(&headers);
+                h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                // The router's rank hint wins over one the client sent.
+                if let Some(rank) = rank {
+                    h.insert(RANK_HEADER, HeaderValue::from(rank.0));
+                }
             }
             let req = req
                 .body(http_body_util::Full::new(body))

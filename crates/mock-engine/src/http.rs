@@ -26,7 +26,8 @@ enum Route {
 }
 
 pub(crate) fn router(engine: Arc<Engine>) -> axum::Router {
-    axum::Router::new()
+    let key = engine.config().api_key.clone();
+    let app = axum::Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/health_generate", get(|| async { "ok" }))
         .route("/server_info", get(server_info))
@@ -37,7 +38,24 @@ pub(crate) fn router(engine: Arc<Engine>) -> axum::Router {
         .route("/generate", post(generate))
         .route("/admin/faults", post(faults))
         .route("/admin/state", get(state))
-        .with_state(engine)
+        .with_state(engine);
+    match key {
+        Some(key) => app.layer(axum::middleware::from_fn(move |req, next| require_key(key.clone(), req, next))),
+        None => app,
+    }
+}
+
+/// SGLang's `--api-key` rule: probes and metrics are open, everything else
+/// needs the bearer token (401 otherwise).
+async fn require_key(key: String, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let path = req.uri().path();
+    let open = ["/health", "/ready", "/metrics"].iter().any(|p| path.starts_with(p));
+    let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let bearer = given.and_then(|v| v.split_once(' ')).filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"));
+    if open || bearer.is_some_and(|(_, token)| token == key) {
+        return next.run(req).await;
+    }
+    error(StatusCode::UNAUTHORIZED, "Unauthorized", "authentication_error")
 }
 
 fn error(status: StatusCode, message: &str, kind: &str) -> Response {

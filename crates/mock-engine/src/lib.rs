@@ -51,6 +51,9 @@ pub struct MockEngineConfig {
     pub fast: bool,
     /// Tokens generated when a request does not say.
     pub default_max_tokens: usize,
+    /// Require `Authorization: Bearer <key>` on every route but `/health*`,
+    /// `/ready*` and `/metrics*`, as SGLang does when started with `--api-key`.
+    pub api_key: Option<String>,
 }
 
 /// A running simulated engine. Dropping it stops the server and the publishers.
@@ -79,6 +82,7 @@ impl Default for MockEngineConfig {
             speedup: 1.0,
             fast: false,
             default_max_tokens: 16,
+            api_key: None,
         }
     }
 }

@@ -87,6 +87,9 @@ pub struct AppConfig {
     pub serve_threads: usize,
     /// Serve proxied requests on the gateway's own HTTP/1.1 path (false: through axum and hyper).
     pub fast_proxy: bool,
+    /// Bearer token for the workers: the router's own requests, and proxied
+    /// requests that carry no `Authorization` of their own.
+    pub worker_api_key: Option<String>,
 }
 
 /// A built router, bound to its port.
@@ -143,7 +146,11 @@ impl App {
                     },
                     Arc::new(SystemClock::new()),
                 ));
-                let kv_config = KvEventsConfig { workers: workers.clone(), ..kv_config.clone() };
+                let kv_config = KvEventsConfig {
+                    workers: workers.clone(),
+                    api_key: kv_config.api_key.clone().or_else(|| config.worker_api_key.clone()),
+                    ..kv_config.clone()
+                };
                 let rt = start_kv_events(kv_config, index.clone(), cancel.clone()).await;
                 let (bs, modes) = (rt.block_size, rt.hash_modes.clone());
                 (Some(index), Some(Arc::new(rt)), bs, modes)
@@ -177,6 +184,7 @@ impl App {
             max_concurrent: config.max_concurrent,
             credit_pending: !config.pending_ttl.is_zero(),
             model_id: config.model_id.clone(),
+            worker_api_key: config.worker_api_key.clone(),
         };
         let registry = Arc::new(Workers::new(&workers, index.as_deref()));
         let mut gateway = Gateway::new(gw_config, registry.clone(), policy, index.clone(), renderer);
@@ -202,7 +210,7 @@ impl App {
                     streams > 0 && up >= streams
                 }));
         }
-        let client = reqwest::Client::new();
+        let client = gateway::worker_client(config.worker_api_key.as_deref(), None);
         if !config.load_poll.is_zero() {
             tokio::spawn(load_loop(registry.clone(), client.clone(), config.load_poll, cancel.clone()));
         }

@@ -74,6 +74,10 @@ pub(crate) struct ServeArgs {
     /// Base URLs of the engine workers, comma separated or repeated.
     #[arg(long, env = "SGL_ROUTER_WORKER_URLS", value_delimiter = ',', value_name = "URL")]
     pub(crate) worker_urls: Vec<String>,
+    /// Bearer token for the workers (engines started with `--api-key`): sent on the router's own
+    /// requests to them and on proxied requests that carry no `Authorization` of their own.
+    #[arg(long, env = "SGL_ROUTER_API_KEY", hide_env_values = true, value_name = "KEY")]
+    pub(crate) api_key: Option<String>,
     /// Start this many simulated engines in-process (no GPU) and route to them: the demo.
     #[arg(long, env = "SGL_ROUTER_MOCK_WORKERS", default_value_t = 0, value_name = "N")]
     pub(crate) mock_workers: usize,
@@ -286,6 +290,10 @@ pub(crate) struct KvEventsArgs {
     /// Base URLs of the engine workers, comma separated or repeated.
     #[arg(long, env = "SGL_ROUTER_WORKER_URLS", value_delimiter = ',', required = true, value_name = "URL")]
     pub(crate) worker_urls: Vec<String>,
+    /// Bearer token for the workers (engines started with `--api-key`): sent on the router's own
+    /// requests to them and on proxied requests that carry no `Authorization` of their own.
+    #[arg(long, env = "SGL_ROUTER_API_KEY", hide_env_values = true, value_name = "KEY")]
+    pub(crate) api_key: Option<String>,
     #[command(flatten)]
     pub(crate) events: KvEventFlags,
     /// Milliseconds between two printed lines.

@@ -49,6 +49,8 @@ pub struct KvEventsConfig {
     pub discovery_deadline: Duration,
     /// Subscriber tuning.
     pub subscriber: SubscriberConfig,
+    /// Bearer token for the workers' `/server_info` (engines started with `--api-key`).
+    pub api_key: Option<String>,
 }
 
 /// Fleet-level counters.
@@ -133,7 +135,7 @@ pub async fn start_kv_events(
     cancel: CancellationToken,
 ) -> KvEventsRuntime {
     let fleet = Arc::new(FleetMetrics::default());
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap_or_default();
+    let client = gateway::worker_client(config.api_key.as_deref(), Some(Duration::from_secs(5)));
     let mut found = Vec::new();
     let mut statuses = Vec::new();
     for worker in &config.workers {

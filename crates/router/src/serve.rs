@@ -111,6 +111,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             topic: a.events.topic.clone(),
             discovery_deadline: DEFAULT_DISCOVERY_DEADLINE,
             subscriber: kv_events::SubscriberConfig::default(),
+            api_key: a.api_key.clone(),
         })
     } else {
         if !a.events.endpoints.is_empty() || !a.events.replay_endpoints.is_empty() || !a.events.dp_sizes.is_empty() {
@@ -137,6 +138,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         index_retention: Duration::from_secs(a.worker_index_retention_secs),
         shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
         fast_proxy: !a.no_fast_proxy,
+        worker_api_key: a.api_key.clone(),
         serve_threads: a
             .serve_threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)),

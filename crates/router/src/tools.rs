@@ -124,6 +124,7 @@ pub(crate) fn kv_events(args: &KvEventsArgs) -> Result<()> {
         topic: args.events.topic.clone(),
         discovery_deadline: sgl_router::events::DEFAULT_DISCOVERY_DEADLINE,
         subscriber: kv_events::SubscriberConfig::default(),
+        api_key: args.api_key.clone(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async {

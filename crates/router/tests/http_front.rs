@@ -6,6 +6,8 @@
 
 mod common;
 
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::app::{Running, chat, config, engine_config, start};
@@ -270,16 +272,18 @@ async fn a_client_that_leaves_while_its_worker_works_releases_the_request() {
 /// said so, or silently after 300 ms idle, as workers drop idle connections.
 /// The answer `CRASH` closes the connection after 400 ms of "work" without
 /// answering; `DROP` closes it at once (an idle close racing the request).
-/// Returns its URL and the count of POSTs it received.
-async fn raw_worker(answers: Vec<&'static str>) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+/// Returns its URL, the count of POSTs it received, and their heads.
+async fn raw_worker(answers: Vec<&'static str>) -> (String, Arc<AtomicUsize>, Arc<Mutex<Vec<String>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let answers = std::sync::Arc::new(answers);
-    let posts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let answers = Arc::new(answers);
+    let posts = Arc::new(AtomicUsize::new(0));
     let counted = posts.clone();
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let seen = heads.clone();
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
-            let (answers, posts) = (answers.clone(), posts.clone());
+            let (answers, posts, heads) = (answers.clone(), posts.clone(), heads.clone());
             tokio::spawn(async move {
                 let mut c = Client { tcp, buf: Vec::new() };
                 loop {
@@ -290,12 +294,15 @@ async fn raw_worker(answers: Vec<&'static str>) -> (String, std::sync::Arc<std::
                         return;
                     }
                     let request = c.line().await;
+                    let mut head = request.clone();
                     let mut length = 0;
                     loop {
                         let line = c.line().await;
                         if line.is_empty() {
                             break;
                         }
+                        head.push('\n');
+                        head.push_str(&line);
                         if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
                             length = v.trim().parse().unwrap();
                         }
@@ -307,6 +314,7 @@ async fn raw_worker(answers: Vec<&'static str>) -> (String, std::sync::Arc<std::
                     } else if request.starts_with("GET ") {
                         "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
                     } else {
+                        heads.lock().unwrap().push(head);
                         let n = posts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         answers[n % answers.len()]
                     };
@@ -325,12 +333,12 @@ async fn raw_worker(answers: Vec<&'static str>) -> (String, std::sync::Arc<std::
             });
         }
     });
-    (url, counted)
+    (url, counted, seen)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_answers_are_relayed_whatever_their_framing() {
-    let (url, posts) = raw_worker(vec![
+    let (url, posts, _) = raw_worker(vec![
         "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-engine: a\r\ncontent-length: 9\r\n\r\n{\"n\": 1}\n",
         "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\nuntil the end",
         "HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n4;ext=1\r\nchun\r\n3\r\nked\r\n0\r\nx-trailer: t\r\n\r\n",
@@ -377,4 +385,80 @@ async fn worker_answers_are_relayed_whatever_their_framing() {
     assert_eq!((a.status, a.json()["error"]["type"].as_str()), (502, Some("upstream_unreachable")), "{a:?}");
     assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 7);
     let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_to_end_headers_reach_the_worker_and_hop_headers_do_not() {
+    let ok = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
+    let (url, _, heads) = raw_worker(vec![ok]).await;
+    let mut runs = Vec::new();
+    for fast_proxy in [true, false] {
+        let mut cfg = config(&[], PolicyConfig::RoundRobin, false);
+        cfg.workers = vec![router_types::WorkerUrl::new(url.as_str())];
+        cfg.fast_proxy = fast_proxy;
+        cfg.worker_api_key = Some("router-key".into());
+        runs.push(start(cfg).await);
+    }
+    let hop = "authorization: Bearer client-key\r\nx-request-id: abc-1\r\ntraceparent: 00-t-s-01\r\n\
+               connection: keep-alive, x-hop\r\nx-hop: 1\r\nkeep-alive: timeout=5\r\nte: trailers\r\n\
+               x-data-parallel-rank: 1\r\n";
+    for r in &runs {
+        for (extra, auth) in [(hop, "Bearer client-key"), ("", "Bearer router-key")] {
+            let mut c = Client::connect(r).await;
+            c.send(&post("/v1/chat/completions", &chat_body("headers"), extra)).await;
+            assert_eq!(c.answer().await.status, 200);
+            let head = heads.lock().unwrap().pop().unwrap().to_ascii_lowercase();
+            let has = |line: &str| head.lines().any(|l| l == line);
+            assert!(has(&format!("host: {}", url.trim_start_matches("http://"))), "{head}");
+            assert!(has("content-type: application/json"), "{head}");
+            // The client's credentials win; without any, the router's key is sent.
+            assert!(has(&format!("authorization: {}", auth.to_ascii_lowercase())), "{head}");
+            assert_eq!(head.matches("authorization:").count(), 1, "{head}");
+            if !extra.is_empty() {
+                assert!(has("x-request-id: abc-1") && has("traceparent: 00-t-s-01"), "{head}");
+                assert!(
+                    has("x-data-parallel-rank: 1"),
+                    "the client's rank hint passes when the router has none: {head}"
+                );
+                for gone in ["x-hop:", "keep-alive:", "te:", "connection: keep-alive"] {
+                    assert!(!head.contains(gone), "{gone} is the client's hop only: {head}");
+                }
+            }
+        }
+    }
+    for r in runs {
+        let _ = r.stop.send(());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_that_require_an_api_key_are_followed_and_served() {
+    let key = |k: &str| mock_engine::MockEngineConfig { api_key: Some(k.into()), ..engine_config() };
+    let (w0, w1) = (MockEngine::spawn(key("s3cret")).await.unwrap(), MockEngine::spawn(key("s3cret")).await.unwrap());
+    let mut runs = Vec::new();
+    for (fast_proxy, api_key) in [(true, Some("s3cret")), (false, Some("s3cret")), (true, None)] {
+        let mut cfg = config(&[&w0, &w1], PolicyConfig::CacheAware(Default::default()), true);
+        cfg.fast_proxy = fast_proxy;
+        cfg.worker_api_key = api_key.map(str::to_string);
+        cfg.kv_events.as_mut().unwrap().discovery_deadline = Duration::from_millis(500);
+        runs.push(start(cfg).await);
+    }
+    for (i, r) in runs.iter().enumerate() {
+        let keyed = i < 2;
+        // With the key, /server_info gave up the publishers: every subscription is up.
+        let ready = async || reqwest::get(format!("{}/readiness", r.url)).await.unwrap().status() == 200;
+        if keyed {
+            until("subscribed to both workers' events", ready).await;
+        }
+        let mut c = Client::connect(r).await;
+        c.send(&post("/v1/chat/completions", &chat_body("keyed"), "")).await;
+        let a = c.answer().await;
+        assert_eq!(a.status, if keyed { 200 } else { 401 }, "{a:?}");
+        // A client's own (wrong) credentials are passed on, and refused by the worker.
+        c.send(&post("/v1/chat/completions", &chat_body("keyed"), "authorization: Bearer wrong\r\n")).await;
+        assert_eq!(c.answer().await.status, 401);
+    }
+    for r in runs {
+        let _ = r.stop.send(());
+    }
 }

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, warn};
 
-use crate::proxy::{Route, count_error, forward, request_span};
+use crate::proxy::{RANK_HEADER, Route, count_error, forward, forwarded, request_span};
 use crate::{Gateway, GatewayError};
 
 /// Largest request head the fast path reads; a larger one goes to hyper (which refuses it).
@@ -85,7 +85,7 @@ async fn timer_anchor(request_timeout: Duration, drain: CancellationToken) {
 }
 
 /// What the fast path needs of a proxied request's head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Head {
     route: Route,
     /// Bytes of the head, blank line included.
@@ -95,6 +95,13 @@ struct Head {
     close: bool,
     /// The client waits for `100 Continue` before sending the body.
     expect_continue: bool,
+    /// The end-to-end headers for the worker, as `name: value\r\n` lines
+    /// (the rank hint apart).
+    forward: Vec<u8>,
+    /// The client's data-parallel rank hint, used when the router has none.
+    rank: Option<Vec<u8>>,
+    /// The client sent `Authorization`.
+    authorized: bool,
 }
 
 /// Who serves the request at the front of the buffer.
@@ -119,7 +126,20 @@ fn parse_head(buf: &[u8]) -> Option<Next> {
         _ => return Some(Next::Hyper),
     };
     let (mut body_len, mut close, mut expect_continue) = (None, false, false);
+    let connection = req.headers.iter().filter(|h| h.name.eq_ignore_ascii_case("connection"));
+    let connection: Vec<&str> = connection.filter_map(|h| std::str::from_utf8(h.value).ok()).collect();
+    let connection = connection.join(",");
+    let (mut forward, mut rank, mut authorized) = (Vec::new(), None, false);
     for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case(RANK_HEADER) {
+            rank = Some(h.value.to_vec());
+        } else if forwarded(h.name, &connection) {
+            authorized |= h.name.eq_ignore_ascii_case("authorization");
+            forward.extend_from_slice(h.name.as_bytes());
+            forward.extend_from_slice(b": ");
+            forward.extend_from_slice(h.value);
+            forward.extend_from_slice(b"\r\n");
+        }
         let value = std::str::from_utf8(h.value).unwrap_or("\u{0}").trim();
         if h.name.eq_ignore_ascii_case("content-length") {
             match (body_len, content_length(value).and_then(|n| usize::try_from(n).ok())) {
@@ -142,7 +162,7 @@ fn parse_head(buf: &[u8]) -> Option<Next> {
     }
     // No length (an empty body, or a chunked one refused above): hyper decides.
     let Some(body_len) = body_len else { return Some(Next::Hyper) };
-    Some(Next::Fast(Head { route, len, body_len, close, expect_continue }))
+    Some(Next::Fast(Head { route, len, body_len, close, expect_continue, forward, rank, authorized }))
 }
 
 /// A `Content-Length` value: digits only (`+5` or `5 5`, which a lenient
@@ -230,9 +250,17 @@ async fn serve_fast(
     }
     let body = buf.split_to(head.body_len).freeze();
     let close = head.close || drain.is_cancelled();
+    let mut headers = head.forward;
+    if !head.authorized
+        && let Some(key) = &gw.config.worker_api_key
+    {
+        headers.extend_from_slice(format!("authorization: Bearer {key}\r\n").as_bytes());
+    }
+    let extra = upstream::Extra { headers: Bytes::from(headers), rank: head.rank.map(Bytes::from) };
     async move {
+        let send = |worker, body, rank| upstream::send(worker, route, body, rank, extra.clone());
         let sent = tokio::select! {
-            sent = forward(gw, route, body, start, |worker, body, rank| upstream::send(worker, route, body, rank)) => sent,
+            sent = forward(gw, route, body, start, send) => sent,
             // A client that goes away drops its upstream request.
             () = client_gone(tcp, buf) => return false,
         };

@@ -111,6 +111,16 @@ async fn connect(host: &str, port: u16) -> Result<TcpStream, SendError> {
     Ok(tcp)
 }
 
+/// What a request carries to the worker besides its body.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Extra {
+    /// The client's end-to-end headers as `name: value\r\n` lines (and the
+    /// router's `authorization` when the client sent none).
+    pub(crate) headers: Bytes,
+    /// The client's data-parallel rank hint, sent when the router has none.
+    pub(crate) rank: Option<Bytes>,
+}
+
 /// Sends the request to `worker` and reads its answer's head. A pooled
 /// connection the worker had closed is replaced by a new one.
 pub(crate) async fn send(
@@ -118,19 +128,31 @@ pub(crate) async fn send(
     route: Route,
     body: Bytes,
     rank: Option<DpRank>,
+    extra: Extra,
 ) -> Result<Answer, SendError> {
     let invalid = || SendError { connect: false, message: "invalid worker URL".into() };
     let uri = worker.endpoint(route.path()).ok_or_else(invalid)?;
     let (Some(authority), Some(host)) = (uri.authority(), uri.host()) else { return Err(invalid()) };
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut msg = Vec::with_capacity(192 + body.len());
+    let mut msg = Vec::with_capacity(192 + extra.headers.len() + body.len());
     let _ = write!(
         msg,
         "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
         body.len()
     );
-    if let Some(rank) = rank {
-        let _ = write!(msg, "{RANK_HEADER}: {}\r\n", rank.0);
+    msg.extend_from_slice(&extra.headers);
+    // The router's rank hint wins over one the client sent.
+    match (rank, &extra.rank) {
+        (Some(rank), _) => {
+            let _ = write!(msg, "{RANK_HEADER}: {}\r\n", rank.0);
+        }
+        (None, Some(client)) => {
+            msg.extend_from_slice(RANK_HEADER.as_bytes());
+            msg.extend_from_slice(b": ");
+            msg.extend_from_slice(client);
+            msg.extend_from_slice(b"\r\n");
+        }
+        (None, None) => {}
     }
     msg.extend_from_slice(b"\r\n");
     msg.extend_from_slice(&body);

@@ -64,6 +64,10 @@ struct Args {
     /// Fault: the first N requests never answer.
     #[arg(long, env = "SGL_MOCK_FAULT_HANG_NEXT", default_value_t = 0)]
     fault_hang_next: usize,
+    /// Require `Authorization: Bearer KEY` on every route but /health*, /ready* and /metrics*
+    /// (SGLang's `--api-key`).
+    #[arg(long, env = "SGL_MOCK_API_KEY", hide_env_values = true, value_name = "KEY")]
+    api_key: Option<String>,
     /// Fault: the first N streamed requests die after their first chunk.
     #[arg(long, env = "SGL_MOCK_FAULT_DIE_MID_STREAM_NEXT", default_value_t = 0)]
     fault_die_mid_stream_next: usize,
@@ -85,6 +89,7 @@ async fn main() -> anyhow::Result<()> {
         decode_per_token: Duration::from_millis(a.decode_ms_per_token),
         speedup: a.speedup,
         fast: a.fast,
+        api_key: a.api_key,
         event_form: if a.kv_events_format == "positional" {
             kv_events::EventForm::Positional
         } else {

@@ -27,6 +27,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
             topic: String::new(),
             discovery_deadline: Duration::from_secs(5),
             subscriber: Default::default(),
+            api_key: None,
         }),
         tokenizer_path: None,
         chat_template: None,
@@ -42,6 +43,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         shutdown_grace: Duration::from_secs(1),
         serve_threads: 2,
         fast_proxy: true,
+        worker_api_key: None,
     }
 }
 
