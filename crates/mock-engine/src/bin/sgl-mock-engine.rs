@@ -52,6 +52,10 @@ struct Args {
     /// Event layout: `map` (SGLang and vLLM today) or `positional` (vLLM <= 0.23, older SGLang).
     #[arg(long, env = "SGL_MOCK_KV_EVENTS_FORMAT", default_value = "map", value_parser = ["map", "positional"])]
     kv_events_format: String,
+    /// Require `Authorization: Bearer KEY` on every route but /health*, /ready* and /metrics*
+    /// (SGLang's `--api-key`).
+    #[arg(long, env = "SGL_MOCK_API_KEY", hide_env_values = true, value_name = "KEY")]
+    api_key: Option<String>,
     /// Fault: keep the first N event batches out of the live stream (replay still has them).
     #[arg(long, env = "SGL_MOCK_FAULT_DROP_BATCHES", default_value_t = 0)]
     fault_drop_batches: usize,
@@ -64,10 +68,6 @@ struct Args {
     /// Fault: the first N requests never answer.
     #[arg(long, env = "SGL_MOCK_FAULT_HANG_NEXT", default_value_t = 0)]
     fault_hang_next: usize,
-    /// Require `Authorization: Bearer KEY` on every route but /health*, /ready* and /metrics*
-    /// (SGLang's `--api-key`).
-    #[arg(long, env = "SGL_MOCK_API_KEY", hide_env_values = true, value_name = "KEY")]
-    api_key: Option<String>,
     /// Fault: the first N streamed requests die after their first chunk.
     #[arg(long, env = "SGL_MOCK_FAULT_DIE_MID_STREAM_NEXT", default_value_t = 0)]
     fault_die_mid_stream_next: usize,
