@@ -31,7 +31,6 @@ pub use error::GatewayError;
 pub use h1::serve;
 pub use health::{HealthConfig, health_loop, load_loop, worker_client};
 pub use metrics::GatewayMetrics;
-pub use proxy::router;
 pub use workers::{LoadGuard, Worker, WorkerInfo, Workers, check_worker_url};
 
 /// Default request body limit (the reference router's).

@@ -26,28 +26,43 @@ use crate::{Gateway, GatewayError};
 /// The header SGLang and vLLM read a data-parallel rank hint from.
 pub(crate) const RANK_HEADER: &str = "x-data-parallel-rank";
 
-/// Request headers that describe the client's hop, or that the router sets
-/// itself: never forwarded to the worker.
-const NOT_FORWARDED: [&str; 11] = [
-    "host",
-    "content-length",
-    "content-type",
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "upgrade",
-    "expect",
-];
+/// Headers that describe one hop of a message, not the message: never passed
+/// on, in either direction.
+const HOP_BY_HOP: [&str; 7] =
+    ["connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"];
+
+/// Request headers the router sets itself on the way to the worker.
+const SET_BY_ROUTER: [&str; 4] = ["host", "content-length", "content-type", "expect"];
+
+fn listed(name: &str, list: &[&str]) -> bool {
+    list.iter().any(|n| name.eq_ignore_ascii_case(n))
+}
 
 /// Whether a client's request header goes on to the worker: end-to-end
 /// headers do (`authorization`, `x-request-id`, `traceparent`, ...), hop-by-hop
-/// ones and those the client's `connection` header names do not.
+/// ones, those the client's `connection` header names, and those the router
+/// sets do not.
 pub(crate) fn forwarded(name: &str, connection: &str) -> bool {
-    !NOT_FORWARDED.iter().any(|n| name.eq_ignore_ascii_case(n))
+    !listed(name, &HOP_BY_HOP)
+        && !listed(name, &SET_BY_ROUTER)
         && !connection.split(',').any(|t| t.trim().eq_ignore_ascii_case(name))
+}
+
+/// Whether a worker's answer header goes back to the client: end-to-end ones
+/// do, except the length, which the relay sets from the body it sends.
+pub(crate) fn relayed(name: &str) -> bool {
+    !listed(name, &HOP_BY_HOP) && !name.eq_ignore_ascii_case("content-length")
+}
+
+/// A worker failed in the middle of its answer: it leaves rotation, and an
+/// event stream (`sse`) gets this last event, the error then `[DONE]`, so the
+/// client's stream ends cleanly.
+pub(crate) fn failed_mid_answer(worker: &Worker, e: &dyn std::fmt::Display, sse: bool) -> Option<Bytes> {
+    warn!(worker = %worker.url, error = %e, "worker failed mid-response");
+    worker.set_healthy(false);
+    let message = format!("upstream worker {} failed mid-stream: {e}", worker.url);
+    let event = json!({"error": {"message": message, "type": "upstream_unreachable", "code": 502}});
+    sse.then(|| Bytes::from(format!("data: {event}\n\ndata: [DONE]\n\n")))
 }
 
 /// The proxied routes.
@@ -97,9 +112,12 @@ pub(crate) struct SendError {
 // === impl Route ===
 
 impl Route {
+    /// Every proxied route.
+    pub(crate) const ALL: [Route; 3] = [Route::Chat, Route::Completions, Route::Generate];
+
     /// The proxied route at `path`, if any.
     pub(crate) fn from_path(path: &str) -> Option<Route> {
-        [Route::Chat, Route::Completions, Route::Generate].into_iter().find(|r| r.path() == path)
+        Route::ALL.into_iter().find(|r| r.path() == path)
     }
 
     pub(crate) fn path(self) -> &'static str {
@@ -131,8 +149,8 @@ impl Drop for InFlight {
     }
 }
 
-/// The gateway's routes.
-pub fn router(gw: Arc<Gateway>) -> axum::Router {
+/// The gateway's routes (axum).
+pub(crate) fn router(gw: Arc<Gateway>) -> axum::Router {
     axum::Router::new()
         .route("/v1/chat/completions", post(|s, h, b| handle(s, h, b, Route::Chat)))
         .route("/v1/completions", post(|s, h, b| handle(s, h, b, Route::Completions)))
@@ -302,7 +320,8 @@ async fn serve(gw: Arc<Gateway>, mut headers: HeaderMap, body: Body, route: Rout
     let start = Instant::now();
     let bytes = read_body(&gw, body).await?;
     let client = gw.client();
-    let connection = headers.get(header::CONNECTION).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let connection: Vec<&str> = headers.get_all(header::CONNECTION).iter().filter_map(|v| v.to_str().ok()).collect();
+    let connection = connection.join(",");
     let names: Vec<HeaderName> = headers.keys().cloned().collect();
     for name in names {
         if !forwarded(name.as_str(), &connection) {
@@ -392,9 +411,9 @@ where
     }
     let uncached = plan.input_tokens - matched;
     let mut worker = chosen.clone();
+    let mut guard = InFlight { gw: gw.clone(), load: worker.charge(uncached), route, status: 0, start };
     let mut retried = false;
     loop {
-        let guard = InFlight { gw: gw.clone(), load: worker.charge(uncached), route, status: 0, start };
         match tokio::time::timeout(gw.config.request_timeout, send(worker.clone(), body.clone(), rank)).await {
             Ok(Ok(answer)) => {
                 gw.metrics.ttfb.observe(start.elapsed().as_secs_f64());
@@ -414,9 +433,9 @@ where
                 }) else {
                     return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: e.message });
                 };
-                drop(guard);
-                gw.in_flight.fetch_add(1, Ordering::Relaxed); // the dropped guard released one
                 worker = next.clone();
+                // The load moves: the first worker's charge is released as it is replaced.
+                guard.load = worker.charge(uncached);
                 // The rank hint was for the first worker; the next one places it itself.
                 (body, rank) = (bytes.clone(), None);
             }
@@ -461,17 +480,10 @@ fn stream_back(
         .and_then(|c| c.to_str().ok())
         .is_some_and(|c| c.starts_with("text/event-stream"));
     // The worker's headers pass through, except hop-by-hop ones and the length (set from the body).
-    for h in [
-        header::CONNECTION,
-        header::TRANSFER_ENCODING,
-        header::CONTENT_LENGTH,
-        header::TE,
-        header::TRAILER,
-        header::UPGRADE,
-    ] {
-        parts.headers.remove(h);
+    let dropped: Vec<HeaderName> = parts.headers.keys().filter(|n| !relayed(n.as_str())).cloned().collect();
+    for name in dropped {
+        parts.headers.remove(name);
     }
-    parts.headers.remove("keep-alive");
     let relay = Relay { inner: body, guard: Some(guard), worker, sse };
     let mut response = Response::new(Body::new(relay));
     *response.status_mut() = parts.status;
@@ -507,17 +519,11 @@ impl http_body::Body for Relay {
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
-                warn!(worker = %this.worker.url, error = %e, "worker failed mid-response");
-                this.worker.set_healthy(false);
                 g.status = 502;
                 this.guard = None;
-                if this.sse {
-                    let event = json!({"error": {"message": format!("upstream worker {} failed mid-stream: {e}", this.worker.url), "type": "upstream_unreachable", "code": 502}});
-                    Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(format!(
-                        "data: {event}\n\ndata: [DONE]\n\n"
-                    ))))))
-                } else {
-                    Poll::Ready(Some(Err(std::io::Error::other(e.to_string()))))
+                match failed_mid_answer(&this.worker, &e, this.sse) {
+                    Some(tail) => Poll::Ready(Some(Ok(http_body::Frame::data(tail)))),
+                    None => Poll::Ready(Some(Err(std::io::Error::other(e.to_string())))),
                 }
             }
             Poll::Ready(None) => {

@@ -11,6 +11,8 @@ use policy::Load;
 use router_types::WorkerUrl;
 use tracing::{info, warn};
 
+use crate::proxy::Route;
+
 /// One engine replica as the router sees it.
 #[derive(Debug)]
 pub struct Worker {
@@ -71,16 +73,14 @@ pub fn check_worker_url(url: &str) -> Result<(), String> {
     url.parse::<axum::http::Uri>().map(|_| ()).map_err(|e| format!("{url:?}: {e}"))
 }
 
-/// The routes the gateway proxies.
-const PROXIED_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/generate"];
-
 // === impl Worker ===
 
 impl Worker {
     /// A healthy worker with no load.
     pub fn new(url: WorkerUrl, index: Option<&KvIndex>) -> Self {
         let index_id = index.map(|i| i.worker_id(&url));
-        let endpoints = PROXIED_PATHS.iter().filter_map(|p| Some((*p, format!("{url}{p}").parse().ok()?))).collect();
+        let endpoints =
+            Route::ALL.iter().filter_map(|r| Some((r.path(), format!("{url}{}", r.path()).parse().ok()?))).collect();
         Self {
             url,
             index_id,

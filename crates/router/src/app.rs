@@ -148,7 +148,7 @@ impl App {
                 ));
                 let kv_config = KvEventsConfig {
                     workers: workers.clone(),
-                    api_key: kv_config.api_key.clone().or_else(|| config.worker_api_key.clone()),
+                    api_key: config.worker_api_key.clone(),
                     ..kv_config.clone()
                 };
                 let rt = start_kv_events(kv_config, index.clone(), cancel.clone()).await;
@@ -257,9 +257,8 @@ impl App {
             gw.draining.store(true, Ordering::Relaxed);
             drain_signal.cancel();
         });
-        let app = gateway::router(gateway.clone());
         let grace = self.grace;
-        let front = Front { gw: gateway.clone(), app, fast: self.fast_proxy };
+        let front = Front { gw: gateway.clone(), fast: self.fast_proxy };
         let serve = serve_all(self.listener, front, self.serve_threads, drain.clone());
         let result = tokio::select! {
             r = serve => r,
@@ -274,11 +273,10 @@ impl App {
     }
 }
 
-/// What each serving thread runs: the gateway's HTTP/1.1 front end over the axum routes.
+/// What each serving thread runs: the gateway's HTTP/1.1 front end.
 #[derive(Clone)]
 struct Front {
     gw: Arc<Gateway>,
-    app: axum::Router,
     fast: bool,
 }
 
@@ -329,7 +327,7 @@ async fn serve_all(
 
 /// One accept loop.
 async fn serve_one(listener: TcpListener, front: Front, drain: CancellationToken) -> anyhow::Result<()> {
-    gateway::serve(listener, front.gw, front.app, front.fast, drain).await.map_err(anyhow::Error::from)
+    gateway::serve(listener, front.gw, front.fast, drain).await.map_err(anyhow::Error::from)
 }
 
 fn seed() -> u64 {

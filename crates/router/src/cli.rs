@@ -290,8 +290,7 @@ pub(crate) struct KvEventsArgs {
     /// Base URLs of the engine workers, comma separated or repeated.
     #[arg(long, env = "SGL_ROUTER_WORKER_URLS", value_delimiter = ',', required = true, value_name = "URL")]
     pub(crate) worker_urls: Vec<String>,
-    /// Bearer token for the workers (engines started with `--api-key`): sent on the router's own
-    /// requests to them and on proxied requests that carry no `Authorization` of their own.
+    /// Bearer token for the workers' `/server_info` (engines started with `--api-key`).
     #[arg(long, env = "SGL_ROUTER_API_KEY", hide_env_values = true, value_name = "KEY")]
     pub(crate) api_key: Option<String>,
     #[command(flatten)]

@@ -111,7 +111,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             topic: a.events.topic.clone(),
             discovery_deadline: DEFAULT_DISCOVERY_DEADLINE,
             subscriber: kv_events::SubscriberConfig::default(),
-            api_key: a.api_key.clone(),
+            api_key: None, // the App gives its workers' key (`worker_api_key`)
         })
     } else {
         if !a.events.endpoints.is_empty() || !a.events.replay_endpoints.is_empty() || !a.events.dp_sizes.is_empty() {

@@ -34,16 +34,23 @@ async fn warm(m: &MockEngine, body: &Value) {
     assert_eq!(r.status(), 200);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cache_aware_follows_events_and_the_pressure_guard() {
+/// Two workers behind a router with `policy` and KV events; w1 alone holds a
+/// ~2.2 k-token system prompt, and the router knows it. Returns the workers,
+/// the router, the prompt and a question under it.
+async fn w1_holds_a_system_prompt(policy: PolicyConfig) -> (MockEngine, MockEngine, Running, String, Value) {
     let (w0, w1) =
         (MockEngine::spawn(engine_config()).await.unwrap(), MockEngine::spawn(engine_config()).await.unwrap());
-    let r = start(config(&[&w0, &w1], PolicyConfig::CacheAware(Default::default()), true)).await;
-    let system = "Shared system prompt about KV caches. ".repeat(60); // ~2.2 k byte tokens
-    // w1 alone holds the system prompt: the router must send there.
+    let r = start(config(&[&w0, &w1], policy, true)).await;
+    let system = "Shared system prompt about KV caches. ".repeat(60);
     warm(&w1, &chat(&system, "warm up")).await;
     let q = chat(&system, "a question");
     until("the index learned w1's cache", async || hit_on(&r, &q, &w1.url()).await).await;
+    (w0, w1, r, system, q)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_aware_follows_events_and_the_pressure_guard() {
+    let (w0, w1, r, system, q) = w1_holds_a_system_prompt(PolicyConfig::CacheAware(Default::default())).await;
     let d = debug(&r, &q).await;
     assert_eq!(d["reason"], "cache_hit");
     assert_eq!(d["policy"], "cache_aware");
@@ -101,13 +108,7 @@ async fn cache_aware_follows_events_and_the_pressure_guard() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_ttft_follows_the_hit_until_the_holder_owes_more_prefill() {
-    let (w0, w1) =
-        (MockEngine::spawn(engine_config()).await.unwrap(), MockEngine::spawn(engine_config()).await.unwrap());
-    let r = start(config(&[&w0, &w1], PolicyConfig::MinTtft(Default::default()), true)).await;
-    let system = "Shared system prompt about KV caches. ".repeat(60); // ~2.2 k byte tokens
-    warm(&w1, &chat(&system, "warm up")).await;
-    let q = chat(&system, "a question");
-    until("the index learned w1's cache", async || hit_on(&r, &q, &w1.url()).await).await;
+    let (w0, w1, r, system, q) = w1_holds_a_system_prompt(PolicyConfig::MinTtft(Default::default())).await;
     let d = debug(&r, &q).await;
     assert_eq!((d["policy"].as_str(), d["reason"].as_str()), (Some("min_ttft"), Some("cache_hit")), "{d}");
     // A long request sharing the prefix also goes to w1, and hangs there before its first byte:
@@ -350,6 +351,8 @@ async fn errors_have_precise_statuses_and_debug_route_changes_nothing() {
         "{}",
         after.lines().filter(|l| l.contains("retr") || l.contains("requests_total")).collect::<Vec<_>>().join("\n")
     );
+    // The retried request is one request: one latency observation, like the other two.
+    assert!(after.contains("router_http_request_duration_seconds_count 3\n"), "{after}");
 
     // Every worker gone: 503.
     w.shutdown();

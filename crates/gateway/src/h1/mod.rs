@@ -34,16 +34,11 @@ const MAX_HEADERS: usize = 64;
 /// Pipelined bytes buffered while a request waits for its worker.
 const MAX_PIPELINED_BYTES: usize = 1 << 20;
 
-/// Serves `app` on `listener` until `drain` is cancelled and every open
-/// connection is done. With `fast`, proxied requests take the fast path;
-/// without it every request goes through axum.
-pub async fn serve(
-    listener: TcpListener,
-    gw: Arc<Gateway>,
-    app: axum::Router,
-    fast: bool,
-    drain: CancellationToken,
-) -> io::Result<()> {
+/// Serves the gateway's routes on `listener` until `drain` is cancelled and
+/// every open connection is done. With `fast`, proxied requests take the fast
+/// path; without it every request goes through axum.
+pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, fast: bool, drain: CancellationToken) -> io::Result<()> {
+    let app = crate::proxy::router(gw.clone());
     let tracker = TaskTracker::new();
     tracker.spawn(timer_anchor(gw.config.request_timeout, drain.clone()));
     loop {
@@ -125,34 +120,29 @@ fn parse_head(buf: &[u8]) -> Option<Next> {
         (Some("POST"), Some(1), Some(route)) => route,
         _ => return Some(Next::Hyper),
     };
-    let (mut body_len, mut close, mut expect_continue) = (None, false, false);
+    // Every `connection` header's tokens: options for this hop, and the headers that are hop-only.
     let connection = req.headers.iter().filter(|h| h.name.eq_ignore_ascii_case("connection"));
     let connection: Vec<&str> = connection.filter_map(|h| std::str::from_utf8(h.value).ok()).collect();
     let connection = connection.join(",");
+    let option = |o: &str| connection.split(',').any(|t| t.trim().eq_ignore_ascii_case(o));
+    if option("upgrade") {
+        return Some(Next::Hyper);
+    }
+    let close = option("close");
+    let (mut body_len, mut expect_continue) = (None, false);
     let (mut forward, mut rank, mut authorized) = (Vec::new(), None, false);
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case(RANK_HEADER) {
             rank = Some(h.value.to_vec());
         } else if forwarded(h.name, &connection) {
             authorized |= h.name.eq_ignore_ascii_case("authorization");
-            forward.extend_from_slice(h.name.as_bytes());
-            forward.extend_from_slice(b": ");
-            forward.extend_from_slice(h.value);
-            forward.extend_from_slice(b"\r\n");
+            push_header(&mut forward, h.name.as_bytes(), h.value);
         }
         let value = std::str::from_utf8(h.value).unwrap_or("\u{0}").trim();
         if h.name.eq_ignore_ascii_case("content-length") {
             match (body_len, content_length(value).and_then(|n| usize::try_from(n).ok())) {
                 (None, Some(n)) => body_len = Some(n),
                 _ => return Some(Next::Hyper),
-            }
-        } else if h.name.eq_ignore_ascii_case("connection") {
-            for token in value.split(',').map(str::trim) {
-                if token.eq_ignore_ascii_case("close") {
-                    close = true;
-                } else if token.eq_ignore_ascii_case("upgrade") {
-                    return Some(Next::Hyper);
-                }
             }
         } else if h.name.eq_ignore_ascii_case("expect") && value.eq_ignore_ascii_case("100-continue") {
             expect_continue = true;
@@ -173,6 +163,14 @@ pub(crate) fn content_length(value: &str) -> Option<u64> {
         return None;
     }
     value.parse().ok()
+}
+
+/// Appends a header line, `name: value\r\n`.
+pub(crate) fn push_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Reads more of `tcp` into `buf`; 0 at end of stream.

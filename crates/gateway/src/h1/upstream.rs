@@ -15,13 +15,12 @@ use axum::body::Bytes;
 use axum::http::StatusCode;
 use bytes::{Buf, BytesMut};
 use router_types::DpRank;
-use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tracing::warn;
 
 use super::chunked::{self, Decoder};
-use crate::proxy::{InFlight, RANK_HEADER, Route, SendError};
+use super::push_header;
+use crate::proxy::{InFlight, RANK_HEADER, Route, SendError, failed_mid_answer, relayed};
 use crate::workers::Worker;
 
 /// How long an idle upstream connection is kept (hyper's pool keeps them as long).
@@ -36,9 +35,6 @@ const MAX_HEAD_BYTES: usize = 64 << 10;
 const STALE_WINDOW: Duration = Duration::from_millis(250);
 /// Longest wait for a connection to a worker.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Response headers that describe one hop, not the answer: never relayed.
-const HOP_BY_HOP: [&str; 8] =
-    ["connection", "keep-alive", "transfer-encoding", "content-length", "te", "trailer", "upgrade", "proxy-connection"];
 
 thread_local! {
     /// Idle connections by worker authority, most recently used last.
@@ -56,14 +52,9 @@ enum Framing {
     Close,
 }
 
-/// A worker's answer, its head read.
+/// What the relay needs of a worker's answer head.
 #[derive(Debug)]
-pub(crate) struct Answer {
-    tcp: TcpStream,
-    /// Bytes read past the head.
-    buf: BytesMut,
-    /// The pool key.
-    authority: String,
+struct AnswerHead {
     status: u16,
     /// The end-to-end headers, serialized.
     headers: Vec<u8>,
@@ -72,6 +63,17 @@ pub(crate) struct Answer {
     sse: bool,
     /// The connection may carry another request once the body is read.
     reusable: bool,
+}
+
+/// A worker's answer, its head read.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    tcp: TcpStream,
+    /// Bytes read past the head.
+    buf: BytesMut,
+    /// The pool key.
+    authority: String,
+    head: AnswerHead,
 }
 
 /// An idle connection to `authority` that still looks open.
@@ -143,15 +145,8 @@ pub(crate) async fn send(
     msg.extend_from_slice(&extra.headers);
     // The router's rank hint wins over one the client sent.
     match (rank, &extra.rank) {
-        (Some(rank), _) => {
-            let _ = write!(msg, "{RANK_HEADER}: {}\r\n", rank.0);
-        }
-        (None, Some(client)) => {
-            msg.extend_from_slice(RANK_HEADER.as_bytes());
-            msg.extend_from_slice(b": ");
-            msg.extend_from_slice(client);
-            msg.extend_from_slice(b"\r\n");
-        }
+        (Some(rank), _) => push_header(&mut msg, RANK_HEADER.as_bytes(), rank.0.to_string().as_bytes()),
+        (None, Some(client)) => push_header(&mut msg, RANK_HEADER.as_bytes(), client),
         (None, None) => {}
     }
     msg.extend_from_slice(b"\r\n");
@@ -170,10 +165,7 @@ pub(crate) async fn send(
             Err(e) => Err(e),
         };
         match head {
-            Ok((status, headers, framing, sse, keep_alive)) => {
-                let authority = authority.to_string();
-                return Ok(Answer { tcp, buf, authority, status, headers, framing, sse, reusable: keep_alive });
-            }
+            Ok(head) => return Ok(Answer { tcp, buf, authority: authority.to_string(), head }),
             // The worker closed the idle connection as it was reused (at once,
             // not a worker that failed while working on it): nothing was processed.
             Err(_) if reused && buf.is_empty() && sent_at.elapsed() < STALE_WINDOW => continue,
@@ -182,12 +174,8 @@ pub(crate) async fn send(
     }
 }
 
-type Head = (u16, Vec<u8>, Framing, bool, bool);
-
-/// Reads a final answer head (skipping 1xx ones) into its status, relayed
-/// headers, framing, whether it is an event stream, and whether the
-/// connection stays open; leaves the bytes after it in `buf`.
-async fn read_head(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Head> {
+/// Reads a final answer head (skipping 1xx ones); leaves the bytes after it in `buf`.
+async fn read_head(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<AnswerHead> {
     let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, format!("invalid answer from the worker: {m}"));
     loop {
         let mut headers = [httparse::EMPTY_HEADER; 96];
@@ -213,11 +201,8 @@ async fn read_head(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Head> 
                     } else if h.name.eq_ignore_ascii_case("content-type") {
                         sse = value.starts_with("text/event-stream");
                     }
-                    if !HOP_BY_HOP.iter().any(|n| h.name.eq_ignore_ascii_case(n)) {
-                        out.extend_from_slice(h.name.as_bytes());
-                        out.extend_from_slice(b": ");
-                        out.extend_from_slice(h.value);
-                        out.extend_from_slice(b"\r\n");
+                    if relayed(h.name) {
+                        push_header(&mut out, h.name.as_bytes(), h.value);
                     }
                 }
                 let framing = match (status, te, chunked, length) {
@@ -227,9 +212,9 @@ async fn read_head(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Head> 
                     (_, false, _, Some(n)) => Framing::Length(n),
                     _ => Framing::Close,
                 };
-                let keep_alive = resp.version == Some(1) && !close && framing != Framing::Close;
+                let reusable = resp.version == Some(1) && !close && framing != Framing::Close;
                 buf.advance(len);
-                return Ok((status, out, framing, sse, keep_alive));
+                return Ok(AnswerHead { status, headers: out, framing, sse, reusable });
             }
             Ok(httparse::Status::Partial) if buf.len() <= MAX_HEAD_BYTES => {}
             Ok(httparse::Status::Partial) => return Err(bad("head too large")),
@@ -251,12 +236,13 @@ pub(crate) async fn relay(
     mut answer: Answer,
     close: bool,
 ) -> bool {
-    guard.status = answer.status;
-    let reason = StatusCode::from_u16(answer.status).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
-    let mut out = Vec::with_capacity(256 + answer.headers.len() + answer.buf.len());
-    let _ = write!(out, "HTTP/1.1 {} {reason}\r\n", answer.status);
-    out.extend_from_slice(&answer.headers);
-    match answer.framing {
+    guard.status = answer.head.status;
+    let reason = StatusCode::from_u16(answer.head.status).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
+    let mut out = Vec::with_capacity(256 + answer.head.headers.len() + answer.buf.len());
+    let _ = write!(out, "HTTP/1.1 {} {reason}\r\n", answer.head.status);
+    out.extend_from_slice(&answer.head.headers);
+    let framing = answer.head.framing;
+    match framing {
         Framing::Empty => {}
         Framing::Length(n) => {
             let _ = write!(out, "content-length: {n}\r\n");
@@ -267,14 +253,14 @@ pub(crate) async fn relay(
         out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    let result = match answer.framing {
+    let result = match framing {
         Framing::Empty => client.write_all(&out).await.map_err(|_| Failure::Client),
         Framing::Length(n) => relay_sized(client, &mut guard, &mut answer, out, n).await,
         Framing::Chunked | Framing::Close => relay_chunked(client, &mut guard, &mut answer, out).await,
     };
     match result {
         Ok(()) => {
-            if answer.reusable && answer.buf.is_empty() {
+            if answer.head.reusable && answer.buf.is_empty() {
                 checkin(answer.authority, answer.tcp);
             }
             true
@@ -282,19 +268,15 @@ pub(crate) async fn relay(
         // The client went away: dropping the upstream connection cancels the request.
         Err(Failure::Client) => false,
         Err(Failure::Worker(e)) => {
-            warn!(worker = %worker.url, error = %e, "worker failed mid-response");
-            worker.set_healthy(false);
             guard.status = 502;
-            if answer.sse && matches!(answer.framing, Framing::Chunked | Framing::Close) {
-                // Server-sent events end with an error event and a clean end of stream.
-                let event = json!({"error": {"message": format!("upstream worker {} failed mid-stream: {e}", worker.url), "type": "upstream_unreachable", "code": 502}});
-                let mut end = Vec::new();
-                chunked::encode(format!("data: {event}\n\ndata: [DONE]\n\n").as_bytes(), &mut end);
-                end.extend_from_slice(chunked::LAST_CHUNK);
-                return client.write_all(&end).await.is_ok();
-            }
-            // A sized or plain body cannot be ended cleanly: the client sees the connection close.
-            false
+            // Only a body the relay frames in chunks can still end cleanly; a
+            // sized one cannot, and the client sees the connection close.
+            let chunked = matches!(framing, Framing::Chunked | Framing::Close);
+            let Some(tail) = failed_mid_answer(&worker, &e, answer.head.sse && chunked) else { return false };
+            let mut end = Vec::new();
+            chunked::encode(&tail, &mut end);
+            end.extend_from_slice(chunked::LAST_CHUNK);
+            client.write_all(&end).await.is_ok()
         }
     }
 }
@@ -306,14 +288,15 @@ enum Failure {
     Worker(io::Error),
 }
 
-/// Reads more of the worker's answer; end of stream is the worker's failure here.
-async fn more(answer: &mut Answer) -> Result<(), Failure> {
+/// Reads more of the worker's answer; true at its end of stream.
+async fn read_more(answer: &mut Answer) -> Result<bool, Failure> {
     answer.buf.reserve(16 << 10);
-    match answer.tcp.read_buf(&mut answer.buf).await {
-        Ok(0) => Err(Failure::Worker(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed mid-body"))),
-        Ok(_) => Ok(()),
-        Err(e) => Err(Failure::Worker(e)),
-    }
+    answer.tcp.read_buf(&mut answer.buf).await.map(|n| n == 0).map_err(Failure::Worker)
+}
+
+/// The worker closed its connection before the body's end.
+fn cut_short() -> Failure {
+    Failure::Worker(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed mid-body"))
 }
 
 /// A body of known length: the first bytes go out with the head.
@@ -340,7 +323,9 @@ async fn relay_sized(
         if left == 0 {
             return Ok(());
         }
-        more(answer).await?;
+        if read_more(answer).await? {
+            return Err(cut_short());
+        }
     }
 }
 
@@ -351,15 +336,16 @@ async fn relay_chunked(
     answer: &mut Answer,
     mut out: Vec<u8>,
 ) -> Result<(), Failure> {
-    let mut decoder = Decoder::default();
-    let mut payload = Vec::new();
+    let chunked = answer.head.framing == Framing::Chunked;
+    let (mut decoder, mut payload, mut eof) = (Decoder::default(), Vec::new(), false);
     loop {
-        let done = if answer.framing == Framing::Chunked {
+        let done = if chunked {
             decoder.decode(&mut answer.buf, &mut payload).map_err(|e| Failure::Worker(io::Error::other(e)))?
         } else {
+            // Close-delimited: everything read is body, and the worker's close ends it.
             payload.extend_from_slice(&answer.buf);
             answer.buf.clear();
-            false
+            eof
         };
         if !payload.is_empty() {
             guard.load.prefill_done();
@@ -376,18 +362,9 @@ async fn relay_chunked(
         if done {
             return Ok(());
         }
-        if answer.framing == Framing::Close {
-            answer.buf.reserve(16 << 10);
-            match answer.tcp.read_buf(&mut answer.buf).await {
-                Ok(0) => {
-                    client.write_all(chunked::LAST_CHUNK).await.map_err(|_| Failure::Client)?;
-                    return Ok(());
-                }
-                Ok(_) => {}
-                Err(e) => return Err(Failure::Worker(e)),
-            }
-        } else {
-            more(answer).await?;
+        eof = read_more(answer).await?;
+        if eof && chunked {
+            return Err(cut_short());
         }
     }
 }
