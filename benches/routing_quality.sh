@@ -13,7 +13,7 @@ mkdir -p docs/img
 for t in synthetic conversation; do
   echo "## $t trace"
   "$BIN" sim --trace "$TRACES/${t}_trace.jsonl" --plot "docs/img/sim_${t}.svg" \
-    --policy round_robin,power_of_two,least_load,approx_tree,cache_aware,min_ttft,oracle_pooled_lru,oracle_infinite
+    --policy round_robin,power_of_two,least_load,approx_tree,cache_aware,min_ttft,oracle_pooled_lru,oracle_belady,oracle_infinite
   echo
   "$BIN" sim --trace "$TRACES/${t}_trace.jsonl" --policy cache_aware,min_ttft,approx_tree --routers 2 --event-lag-ms 500
   echo

@@ -97,11 +97,11 @@ struct SimArgs {
     #[arg(long)]
     trace: PathBuf,
     /// Comma-separated policies: round_robin, random, power_of_two, least_load, approx_tree,
-    /// cache_aware, min_ttft, oracle_pooled_lru, oracle_infinite.
+    /// cache_aware, min_ttft, oracle_pooled_lru, oracle_belady, oracle_infinite.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "round_robin,power_of_two,least_load,approx_tree,cache_aware,min_ttft,oracle_pooled_lru,oracle_infinite"
+        default_value = "round_robin,power_of_two,least_load,approx_tree,cache_aware,min_ttft,oracle_pooled_lru,oracle_belady,oracle_infinite"
     )]
     policy: Vec<String>,
     /// Workers.

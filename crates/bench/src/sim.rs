@@ -5,10 +5,11 @@
 //! cache). Reports the token hit rate, time to first token and prefill balance.
 //!
 //! Bounds: `oracle_pooled_lru` (one LRU cache of the whole fleet's capacity,
-//! the earliest free lane) and `oracle_infinite` (no eviction at all).
+//! the earliest free lane), `oracle_belady` (the same cache evicting with
+//! knowledge of the future) and `oracle_infinite` (no eviction at all).
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
@@ -119,6 +120,7 @@ pub(crate) fn run(trace: &[TraceRequest], policy: &str, cfg: &SimConfig) -> Resu
             return Ok(oracle(trace, policy, cfg, (cfg.capacity_tokens * cfg.workers as u64) / TRACE_BLOCK));
         }
         "oracle_infinite" => return Ok(oracle(trace, policy, cfg, u64::MAX / 2)),
+        "oracle_belady" => return Ok(oracle_belady(trace, cfg)),
         _ => {}
     }
     let pages = (cfg.capacity_tokens / TRACE_BLOCK).max(1) as usize;
@@ -256,20 +258,74 @@ fn apply(index: &KvIndex, stream: StreamId, u: &Update) {
     let _ = index.store(stream, parent.as_ref(), &blocks, Tier::Device);
 }
 
-/// The bounds: one cache for the whole fleet, each request on the earliest free lane.
+/// The LRU bounds: one cache for the whole fleet, each request on the earliest free lane.
 fn oracle(trace: &[TraceRequest], name: &str, cfg: &SimConfig, pages: u64) -> SimResult {
     let mut cache = PagedCache::new(pages.min(usize::MAX as u64 / 2) as usize);
-    let mut lanes = vec![0.0f64; cfg.workers];
-    let mut work = vec![0.0f64; cfg.workers];
-    let (mut cached_total, mut input_total) = (0u64, 0u64);
-    let mut ttfts = Vec::with_capacity(trace.len());
-    for req in trace {
-        let now = req.timestamp as f64 / 1000.0;
+    pooled(trace, name, cfg, |_, req| {
         let chain: Vec<BlockHash> = req.hash_ids.iter().map(|id| BlockHash(*id as i64)).collect();
         let hit = cache.lookup_and_pin(&chain);
         let change = cache.insert_pinned(&chain, hit);
         cache.unpin(&chain, change.stored_from + change.stored);
-        let cached = (hit as u64 * TRACE_BLOCK).min(req.input_length);
+        hit
+    })
+}
+
+/// The eviction bound: one cache of the whole fleet's capacity that knows
+/// the future (Belady's rule: it keeps the blocks used again soonest, and
+/// does not keep a block never used again). No router placement over LRU
+/// engines can beat it; the gap between it and `oracle_pooled_lru` is what
+/// LRU eviction itself loses.
+fn oracle_belady(trace: &[TraceRequest], cfg: &SimConfig) -> SimResult {
+    const NEVER: usize = usize::MAX;
+    // For each request, when each of its blocks is used next (a request index).
+    let mut next_use: Vec<Vec<usize>> = vec![Vec::new(); trace.len()];
+    let mut seen: HashMap<u64, usize> = HashMap::new();
+    for (i, req) in trace.iter().enumerate().rev() {
+        next_use[i] = req.hash_ids.iter().map(|id| seen.get(id).copied().unwrap_or(NEVER)).collect();
+        for id in &req.hash_ids {
+            seen.insert(*id, i);
+        }
+    }
+    let capacity = ((cfg.capacity_tokens * cfg.workers as u64) / TRACE_BLOCK) as usize;
+    // Cached block -> its next use; a max-heap of (next use, block) with stale entries skipped.
+    let mut cached: HashMap<u64, usize> = HashMap::new();
+    let mut farthest: BinaryHeap<(usize, u64)> = BinaryHeap::new();
+    pooled(trace, "oracle_belady", cfg, |i, req| {
+        let hit = req.hash_ids.iter().take_while(|id| cached.contains_key(id)).count();
+        for (id, next) in req.hash_ids.iter().zip(&next_use[i]) {
+            if *next == NEVER {
+                cached.remove(id);
+            } else {
+                cached.insert(*id, *next);
+                farthest.push((*next, *id));
+            }
+        }
+        while cached.len() > capacity {
+            let Some((next, id)) = farthest.pop() else { break };
+            if cached.get(&id) == Some(&next) {
+                cached.remove(&id);
+            }
+        }
+        hit
+    })
+}
+
+/// Runs `trace` over one pooled cache (`hit_blocks(i, request)` looks the
+/// request up and stores it, returning the blocks it found), each request on
+/// the earliest free prefill lane.
+fn pooled(
+    trace: &[TraceRequest],
+    name: &str,
+    cfg: &SimConfig,
+    mut hit_blocks: impl FnMut(usize, &TraceRequest) -> usize,
+) -> SimResult {
+    let mut lanes = vec![0.0f64; cfg.workers];
+    let mut work = vec![0.0f64; cfg.workers];
+    let (mut cached_total, mut input_total) = (0u64, 0u64);
+    let mut ttfts = Vec::with_capacity(trace.len());
+    for (i, req) in trace.iter().enumerate() {
+        let now = req.timestamp as f64 / 1000.0;
+        let cached = (hit_blocks(i, req) as u64 * TRACE_BLOCK).min(req.input_length);
         let lane = (0..lanes.len()).min_by(|a, b| lanes[*a].total_cmp(&lanes[*b])).unwrap_or(0);
         let prefill = cfg.prefill_fixed_s + (req.input_length - cached) as f64 / cfg.prefill_tokens_per_s;
         lanes[lane] = now.max(lanes[lane]) + prefill;
@@ -345,9 +401,11 @@ mod tests {
         let ca = run(&t, "cache_aware", &cfg()).unwrap();
         let pooled = run(&t, "oracle_pooled_lru", &cfg()).unwrap();
         let infinite = run(&t, "oracle_infinite", &cfg()).unwrap();
+        let belady = run(&t, "oracle_belady", &cfg()).unwrap();
         assert_eq!(ca.requests, t.len());
         assert!(ca.hit_rate > 2.0 * rr.hit_rate, "cache_aware {} vs round_robin {}", ca.hit_rate, rr.hit_rate);
-        assert!(infinite.hit_rate >= pooled.hit_rate && infinite.hit_rate >= ca.hit_rate);
+        assert!(infinite.hit_rate >= belady.hit_rate && belady.hit_rate >= pooled.hit_rate);
+        assert!(infinite.hit_rate >= ca.hit_rate);
         assert!(ca.ttft_mean_s < rr.ttft_mean_s);
         // Two routers with lagging events still find most of it.
         let lagged = run(&t, "cache_aware", &SimConfig { routers: 2, event_lag_s: 0.5, ..cfg() }).unwrap();

@@ -68,12 +68,13 @@ pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, fast: bool, drain: C
 /// timeout. Tokio wakes its own (even a running) driver through an eventfd
 /// whenever a timer is registered that is due before every other one; with
 /// this anchor in place, a request's timeout never is, which saves a system
-/// call and a spurious poll per request.
+/// call and a spurious poll per request. Each time it fires it also closes
+/// this thread's upstream connections that have been idle too long.
 async fn timer_anchor(request_timeout: Duration, drain: CancellationToken) {
     let period = (request_timeout / 2).clamp(Duration::from_millis(10), Duration::from_secs(60));
     loop {
         tokio::select! {
-            () = tokio::time::sleep(period) => {}
+            () = tokio::time::sleep(period) => upstream::sweep_idle(Instant::now()),
             () = drain.cancelled() => return,
         }
     }

@@ -91,6 +91,24 @@ fn checkout(authority: &str) -> Option<TcpStream> {
     })
 }
 
+/// Closes this thread's idle connections that have been idle for
+/// [`IDLE_TIMEOUT`] at `now`, for every worker: those of a worker that left
+/// the fleet would otherwise stay open until its address is used again.
+pub(crate) fn sweep_idle(now: Instant) {
+    IDLE.with_borrow_mut(|idle| {
+        idle.retain(|_, list| {
+            list.retain(|(_, since)| now.saturating_duration_since(*since) < IDLE_TIMEOUT);
+            !list.is_empty()
+        });
+    });
+}
+
+/// Idle connections this thread holds, over all workers.
+#[cfg(test)]
+fn idle_count() -> usize {
+    IDLE.with_borrow(|idle| idle.values().map(Vec::len).sum())
+}
+
 fn checkin(authority: String, tcp: TcpStream) {
     IDLE.with_borrow_mut(|idle| {
         let list = idle.entry(authority).or_default();
@@ -365,6 +383,41 @@ async fn relay_chunked(
         eof = read_more(answer).await?;
         if eof && chunked {
             return Err(cut_short());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_sweep_closes_connections_idle_too_long_for_every_worker() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accept = tokio::spawn(async move {
+            let mut held = Vec::new();
+            for _ in 0..2 {
+                held.push(listener.accept().await.unwrap().0);
+            }
+            held
+        });
+        checkin("gone:1".into(), TcpStream::connect(addr).await.unwrap());
+        checkin("kept:2".into(), TcpStream::connect(addr).await.unwrap());
+        let mut held = accept.await.unwrap();
+        assert_eq!(idle_count(), 2);
+
+        // Not yet idle for long: both stay.
+        sweep_idle(Instant::now());
+        assert_eq!(idle_count(), 2);
+        // Past the idle timeout every worker's connections go, and the worker's entry with them.
+        sweep_idle(Instant::now() + IDLE_TIMEOUT + Duration::from_secs(1));
+        assert_eq!(idle_count(), 0);
+        assert!(IDLE.with_borrow(HashMap::is_empty));
+        // The worker side sees them closed.
+        for peer in &mut held {
+            let mut byte = [0u8; 1];
+            assert_eq!(peer.read(&mut byte).await.unwrap(), 0);
         }
     }
 }
