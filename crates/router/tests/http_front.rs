@@ -96,7 +96,7 @@ impl Client {
         if let Some(n) = a.header("content-length").map(|v| v.parse::<usize>().unwrap()) {
             assert!(self.want(n).await, "body cut short");
             a.body = self.buf.drain(..n).collect();
-        } else if a.header("transfer-encoding") == Some("chunked") {
+        } else if a.header("transfer-encoding").is_some_and(|te| te.ends_with("chunked")) {
             loop {
                 let size = usize::from_str_radix(self.line().await.split(';').next().unwrap(), 16).unwrap();
                 if size == 0 {
@@ -343,6 +343,7 @@ async fn worker_answers_are_relayed_whatever_their_framing() {
         "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\nuntil the end",
         "HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n4;ext=1\r\nchun\r\n3\r\nked\r\n0\r\nx-trailer: t\r\n\r\n",
         "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\nx-engine: d\r\n\r\n",
+        "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n3\r\ngz!\r\n0\r\n\r\n",
         "DROP",
         "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nagain",
         "CRASH",
@@ -353,7 +354,7 @@ async fn worker_answers_are_relayed_whatever_their_framing() {
     let r = start(cfg).await;
     let mut c = Client::connect(&r).await;
     let mut bodies = Vec::new();
-    for i in 0..4 {
+    for i in 0..5 {
         // Each time the worker has since closed the connection the router keeps: it reconnects.
         tokio::time::sleep(Duration::from_millis(400)).await;
         c.send(&post("/v1/chat/completions", &chat_body(&format!("q{i}")), "")).await;
@@ -363,27 +364,29 @@ async fn worker_answers_are_relayed_whatever_their_framing() {
             0 => assert_eq!((a.header("x-engine"), a.header("content-length")), (Some("a"), Some("9"))),
             1 => assert_eq!(a.header("transfer-encoding"), Some("chunked"), "close-delimited, re-framed"),
             3 => assert_eq!((a.header("x-engine"), a.header("content-length")), (Some("d"), None)),
+            // Re-framed, the body keeps its other transfer coding.
+            4 => assert_eq!(a.header("transfer-encoding"), Some("gzip, chunked")),
             _ => {}
         }
         assert!(a.header("connection").is_none(), "the worker's hop headers stay with the worker: {a:?}");
     }
-    let expected =
-        [(200, "{\"n\": 1}\n"), (200, "until the end"), (201, "chunked"), (204, "")].map(|(s, b)| (s, b.to_string()));
+    let expected = [(200, "{\"n\": 1}\n"), (200, "until the end"), (201, "chunked"), (204, ""), (200, "gz!")]
+        .map(|(s, b)| (s, b.to_string()));
     assert_eq!(bodies, expected);
     assert!(r.gateway.workers.all()[0].is_healthy(), "none of those was an upstream failure");
     // Each request reached the worker once, though each found its pooled connection closed.
-    assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 4);
+    assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 5);
     // The worker closes the kept connection just as a request arrives on it:
     // the request is sent again on a new connection, transparently.
     c.send(&post("/v1/chat/completions", &chat_body("dropped"), "")).await;
     let a = c.answer().await;
     assert_eq!((a.status, a.body.as_slice()), (200, &b"again"[..]), "{a:?}");
-    assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 6);
+    assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 7);
     // A worker that fails while working on a request: 502, and the request is not sent again.
     c.send(&post("/v1/chat/completions", &chat_body("crash"), "")).await;
     let a = c.answer().await;
     assert_eq!((a.status, a.json()["error"]["type"].as_str()), (502, Some("upstream_unreachable")), "{a:?}");
-    assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 7);
+    assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 8);
     let _ = r.stop.send(());
 }
 

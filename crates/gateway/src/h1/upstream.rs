@@ -61,6 +61,8 @@ struct AnswerHead {
     framing: Framing,
     /// `text/event-stream`.
     sse: bool,
+    /// Transfer codings other than a final `chunked` (say `gzip`), kept when the body is re-framed.
+    codings: String,
     /// The connection may carry another request once the body is read.
     reusable: bool,
 }
@@ -207,13 +209,16 @@ async fn read_head(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Answer
                 }
                 let mut out = Vec::with_capacity(256);
                 let (mut length, mut chunked, mut te, mut close, mut sse) = (None, false, false, false, false);
+                let mut codings = String::new();
                 for h in resp.headers.iter() {
                     let value = std::str::from_utf8(h.value).unwrap_or("").trim();
                     if h.name.eq_ignore_ascii_case("content-length") {
                         length = Some(super::content_length(value).ok_or_else(|| bad("content-length"))?);
                     } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
                         te = true;
-                        chunked = value.rsplit(',').next().is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"));
+                        let (rest, last) = value.rsplit_once(',').unwrap_or(("", value));
+                        chunked = last.trim().eq_ignore_ascii_case("chunked");
+                        codings = if chunked { rest.trim() } else { value }.to_owned();
                     } else if h.name.eq_ignore_ascii_case("connection") {
                         close |= value.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"));
                     } else if h.name.eq_ignore_ascii_case("content-type") {
@@ -232,7 +237,7 @@ async fn read_head(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Answer
                 };
                 let reusable = resp.version == Some(1) && !close && framing != Framing::Close;
                 buf.advance(len);
-                return Ok(AnswerHead { status, headers: out, framing, sse, reusable });
+                return Ok(AnswerHead { status, headers: out, framing, sse, reusable, codings });
             }
             Ok(httparse::Status::Partial) if buf.len() <= MAX_HEAD_BYTES => {}
             Ok(httparse::Status::Partial) => return Err(bad("head too large")),
@@ -265,7 +270,12 @@ pub(crate) async fn relay(
         Framing::Length(n) => {
             let _ = write!(out, "content-length: {n}\r\n");
         }
-        Framing::Chunked | Framing::Close => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        Framing::Chunked | Framing::Close if answer.head.codings.is_empty() => {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        }
+        Framing::Chunked | Framing::Close => {
+            let _ = write!(out, "transfer-encoding: {}, chunked\r\n", answer.head.codings);
+        }
     }
     if close {
         out.extend_from_slice(b"connection: close\r\n");
