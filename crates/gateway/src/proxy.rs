@@ -480,7 +480,18 @@ fn stream_back(
         .and_then(|c| c.to_str().ok())
         .is_some_and(|c| c.starts_with("text/event-stream"));
     // The worker's headers pass through, except hop-by-hop ones and the length (set from the body).
-    let dropped: Vec<HeaderName> = parts.headers.keys().filter(|n| !relayed(n.as_str())).cloned().collect();
+    // Transfer codings other than `chunked` (say `gzip, chunked`) stay: the body is still coded,
+    // and hyper frames it in chunks whatever the worker's framing was.
+    let coded = parts
+        .headers
+        .get(header::TRANSFER_ENCODING)
+        .is_some_and(|te| !te.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked"));
+    let dropped: Vec<HeaderName> = parts
+        .headers
+        .keys()
+        .filter(|n| !relayed(n.as_str()) && (!coded || *n != header::TRANSFER_ENCODING))
+        .cloned()
+        .collect();
     for name in dropped {
         parts.headers.remove(name);
     }

@@ -391,6 +391,24 @@ async fn worker_answers_are_relayed_whatever_their_framing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_coded_answer_keeps_its_coding_on_both_paths() {
+    let (url, _, _) =
+        raw_worker(vec!["HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n3\r\ngz!\r\n0\r\n\r\n"]).await;
+    for fast_proxy in [true, false] {
+        let mut cfg = config(&[], PolicyConfig::RoundRobin, false);
+        cfg.workers = vec![router_types::WorkerUrl::new(url.as_str())];
+        cfg.fast_proxy = fast_proxy;
+        let r = start(cfg).await;
+        let mut c = Client::connect(&r).await;
+        c.send(&post("/v1/chat/completions", &chat_body("coded"), "")).await;
+        let a = c.answer().await;
+        assert_eq!(a.header("transfer-encoding"), Some("gzip, chunked"), "fast path {fast_proxy}: {a:?}");
+        assert_eq!((a.status, a.body.as_slice()), (200, &b"gz!"[..]), "fast path {fast_proxy}: {a:?}");
+        let _ = r.stop.send(());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn end_to_end_headers_reach_the_worker_and_hop_headers_do_not() {
     let ok = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
     let (url, _, heads) = raw_worker(vec![ok]).await;
