@@ -22,7 +22,7 @@ part() { # NAME COMMAND...
 part routing_quality bash benches/routing_quality.sh "$TRACES"
 part live_conversation bash benches/live.sh "$TRACES/conversation_trace.jsonl" 1000 5
 part live_synthetic bash benches/live.sh "$TRACES/synthetic_trace.jsonl" 1000 5
-part overhead bash benches/overhead.sh 1000
+part overhead bash benches/overhead.sh 2000
 if [ "$CRITERION" = 1 ]; then
   for b in renderer tree_lookup wire policy_select; do
     part "criterion_$b" cargo bench -q -p sgl-router-benches --bench "$b"
