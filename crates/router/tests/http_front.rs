@@ -154,12 +154,29 @@ async fn keep_alive_pipelining_and_hand_off_on_one_connection() {
     assert_eq!(s.header("content-type").map(|t| t.starts_with("text/event-stream")), Some(true), "{s:?}");
     let text = String::from_utf8(s.body).unwrap();
     assert!(text.starts_with("data: {") && text.ends_with("data: [DONE]\n\n"), "{text}");
+    // A body several times the read buffer reaches the worker whole: it counts the prompt as it does direct.
+    let big = chat_body(&"many words of a long question ".repeat(1400));
+    c.send(&post("/v1/chat/completions", &big, "")).await;
+    let via = c.answer().await;
+    let direct: Value = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", w.url()))
+        .header("content-type", "application/json")
+        .body(big)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(via.status, 200, "{via:?}");
+    assert!(direct["usage"]["prompt_tokens"].as_u64().is_some_and(|n| n > 40_000), "{direct}");
+    assert_eq!(via.json()["usage"]["prompt_tokens"], direct["usage"]["prompt_tokens"]);
     // Another route on the same connection: hyper takes over and serves the rest.
     c.send(b"GET /metrics HTTP/1.1\r\nhost: r\r\n\r\n").await;
     let m = c.answer().await;
     assert_eq!(m.status, 200);
     let metrics = String::from_utf8(m.body).unwrap();
-    assert!(metrics.contains("router_http_requests_total{route=\"chat\",status=\"200\"} 2"), "{metrics}");
+    assert!(metrics.contains("router_http_requests_total{route=\"chat\",status=\"200\"} 3"), "{metrics}");
     assert!(metrics.contains("router_http_requests_total{route=\"completions\",status=\"200\"} 1"), "{metrics}");
     c.send(&post("/generate", br#"{"text":"four","sampling_params":{"max_new_tokens":2}}"#, "")).await;
     assert_eq!(c.answer().await.status, 200);

@@ -156,7 +156,7 @@ pub(crate) async fn send(
     let uri = worker.endpoint(route.path()).ok_or_else(invalid)?;
     let (Some(authority), Some(host)) = (uri.authority(), uri.host()) else { return Err(invalid()) };
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut msg = Vec::with_capacity(192 + extra.headers.len() + body.len());
+    let mut msg = Vec::with_capacity(192 + extra.headers.len());
     let _ = write!(
         msg,
         "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
@@ -170,7 +170,6 @@ pub(crate) async fn send(
         (None, None) => {}
     }
     msg.extend_from_slice(b"\r\n");
-    msg.extend_from_slice(&body);
     let mut pooled = checkout(authority.as_str());
     loop {
         let reused = pooled.is_some();
@@ -180,7 +179,8 @@ pub(crate) async fn send(
         };
         let mut buf = BytesMut::with_capacity(8192);
         let sent_at = Instant::now();
-        let head = match tcp.write_all(&msg).await {
+        // Head and body in one vectored write: the body is not copied.
+        let head = match tcp.write_all_buf(&mut Buf::chain(&msg[..], &body[..])).await {
             Ok(()) => read_head(&mut tcp, &mut buf).await,
             Err(e) => Err(e),
         };
