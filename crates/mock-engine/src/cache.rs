@@ -193,11 +193,13 @@ mod tests {
             chain
                 .iter()
                 .take_while(|h| {
-                    self.pages.get_mut(h).map(|p| {
-                        p.last_used = self.clock;
-                        p.pins += 1;
-                    })
-                    .is_some()
+                    self.pages
+                        .get_mut(h)
+                        .map(|p| {
+                            p.last_used = self.clock;
+                            p.pins += 1;
+                        })
+                        .is_some()
                 })
                 .count()
         }
