@@ -287,21 +287,23 @@ fn oracle_belady(trace: &[TraceRequest], cfg: &SimConfig) -> SimResult {
         }
     }
     let capacity = ((cfg.capacity_tokens * cfg.workers as u64) / TRACE_BLOCK) as usize;
-    // Cached block -> its next use; a max-heap of (next use, block) with stale entries skipped.
+    // Cached block -> its next use; a max-heap of (next use, depth, block) with stale entries
+    // skipped. On equal next use the deeper block goes first: a chain is kept from its start,
+    // so what is kept can be hit (a hit is an unbroken run from the first block).
     let mut cached: HashMap<u64, usize> = HashMap::new();
-    let mut farthest: BinaryHeap<(usize, u64)> = BinaryHeap::new();
+    let mut farthest: BinaryHeap<(usize, usize, u64)> = BinaryHeap::new();
     pooled(trace, "oracle_belady", cfg, |i, req| {
         let hit = req.hash_ids.iter().take_while(|id| cached.contains_key(id)).count();
-        for (id, next) in req.hash_ids.iter().zip(&next_use[i]) {
+        for (depth, (id, next)) in req.hash_ids.iter().zip(&next_use[i]).enumerate() {
             if *next == NEVER {
                 cached.remove(id);
             } else {
                 cached.insert(*id, *next);
-                farthest.push((*next, *id));
+                farthest.push((*next, depth, *id));
             }
         }
         while cached.len() > capacity {
-            let Some((next, id)) = farthest.pop() else { break };
+            let Some((next, _, id)) = farthest.pop() else { break };
             if cached.get(&id) == Some(&next) {
                 cached.remove(&id);
             }

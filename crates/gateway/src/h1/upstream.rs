@@ -39,6 +39,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 thread_local! {
     /// Idle connections by worker authority, most recently used last.
     static IDLE: RefCell<HashMap<String, Vec<(TcpStream, Instant)>>> = RefCell::new(HashMap::new());
+    /// When this thread's pool was last swept.
+    static LAST_SWEEP: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
 }
 
 /// How an answer's body is delimited.
@@ -112,6 +114,13 @@ fn idle_count() -> usize {
 }
 
 fn checkin(authority: String, tcp: TcpStream) {
+    // Also swept here: on a shared multi-threaded runtime (`--serve-threads 0`)
+    // the timer anchor runs on one thread and sweeps only that thread's pool.
+    let now = Instant::now();
+    if LAST_SWEEP.get().is_none_or(|last| now.saturating_duration_since(last) >= IDLE_TIMEOUT) {
+        LAST_SWEEP.set(Some(now));
+        sweep_idle(now);
+    }
     IDLE.with_borrow_mut(|idle| {
         let list = idle.entry(authority).or_default();
         list.retain(|(_, since)| since.elapsed() < IDLE_TIMEOUT);
@@ -215,10 +224,12 @@ async fn read_head(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Answer
                     if h.name.eq_ignore_ascii_case("content-length") {
                         length = Some(super::content_length(value).ok_or_else(|| bad("content-length"))?);
                     } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                        // Several lines make one list, in order.
+                        if te {
+                            codings.push_str(", ");
+                        }
+                        codings.push_str(value);
                         te = true;
-                        let (rest, last) = value.rsplit_once(',').unwrap_or(("", value));
-                        chunked = last.trim().eq_ignore_ascii_case("chunked");
-                        codings = if chunked { rest.trim() } else { value }.to_owned();
                     } else if h.name.eq_ignore_ascii_case("connection") {
                         close |= value.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"));
                     } else if h.name.eq_ignore_ascii_case("content-type") {
@@ -226,6 +237,14 @@ async fn read_head(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Answer
                     }
                     if relayed(h.name) {
                         push_header(&mut out, h.name.as_bytes(), h.value);
+                    }
+                }
+                if te {
+                    // The codings other than a final `chunked`, kept when the body is re-framed.
+                    let (rest, last) = codings.rsplit_once(',').unwrap_or(("", &codings));
+                    chunked = last.trim().eq_ignore_ascii_case("chunked");
+                    if chunked {
+                        codings = rest.trim().to_owned();
                     }
                 }
                 let framing = match (status, te, chunked, length) {
