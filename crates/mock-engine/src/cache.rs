@@ -45,6 +45,8 @@ pub struct PagedCache {
     /// The evictable pages by (last use, hash): the first goes first.
     lru: BTreeSet<(u64, BlockHash)>,
     clock: u64,
+    /// Bumped by `clear`: pins taken before it are gone.
+    generation: u64,
 }
 
 // === impl PagedCache ===
@@ -52,7 +54,7 @@ pub struct PagedCache {
 impl PagedCache {
     /// A cache of `capacity` pages.
     pub fn new(capacity: usize) -> Self {
-        Self { capacity, pages: HashMap::new(), lru: BTreeSet::new(), clock: 0 }
+        Self { capacity, pages: HashMap::new(), lru: BTreeSet::new(), clock: 0, generation: 0 }
     }
 
     /// Pages held.
@@ -65,10 +67,17 @@ impl PagedCache {
         self.pages.is_empty()
     }
 
-    /// Forgets everything (a restart).
+    /// Forgets everything (a restart), pins included.
     pub fn clear(&mut self) {
         self.pages.clear();
         self.lru.clear();
+        self.generation += 1;
+    }
+
+    /// How many times the cache was cleared: a holder of pins taken in an
+    /// earlier generation holds none.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Changes page `h` with `f`, keeping the eviction order in step; false if absent.

@@ -126,6 +126,8 @@ pub struct Admission {
     rank: usize,
     chain: Vec<BlockHash>,
     pinned: usize,
+    /// The cache generation the pins belong to.
+    generation: u64,
     /// Prompt tokens.
     pub prompt_tokens: usize,
     /// Prompt tokens that were already cached.
@@ -244,7 +246,10 @@ impl Engine {
         let full = tokens.len() / self.config.page_size.max(1) * self.config.page_size.max(1);
         let chain = self.hasher.block_hashes(&tokens[..full], None).unwrap_or_default();
         let r = &self.ranks[rank];
-        let hit = r.cache.lock().unwrap_or_else(|p| p.into_inner()).lookup_and_pin(&chain);
+        let (hit, looked_up) = {
+            let mut cache = r.cache.lock().unwrap_or_else(|p| p.into_inner());
+            (cache.lookup_and_pin(&chain), cache.generation())
+        };
         let cached_tokens = hit * self.config.page_size;
         let uncached = tokens.len() - cached_tokens;
         // Counted as running from the lane on; `release` ends it, or the guard if dropped mid-prefill.
@@ -264,7 +269,13 @@ impl Engine {
                 tokio::time::sleep(prefill).await;
             }
         }
-        let change = r.cache.lock().unwrap_or_else(|p| p.into_inner()).insert_pinned(&chain, hit);
+        let (change, generation) = {
+            let mut cache = r.cache.lock().unwrap_or_else(|p| p.into_inner());
+            // A restart during the prefill took the pins: look the prompt up
+            // again, so the pins and the stored pages are this request's own.
+            let from = if cache.generation() == looked_up { hit } else { cache.lookup_and_pin(&chain) };
+            (cache.insert_pinned(&chain, from), cache.generation())
+        };
         self.publish(rank, &chain, tokens, change.stored_from, change.stored, &change.evicted).await;
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.prompt_tokens.fetch_add(tokens.len() as u64, Ordering::Relaxed);
@@ -274,6 +285,7 @@ impl Engine {
             rank,
             chain,
             pinned: change.stored_from + change.stored,
+            generation,
             prompt_tokens: tokens.len(),
             cached_tokens,
         }
@@ -330,7 +342,12 @@ impl Engine {
     /// Unpins the request's pages.
     pub fn release(&self, a: &Admission) {
         let r = &self.ranks[a.rank];
-        r.cache.lock().unwrap_or_else(|p| p.into_inner()).unpin(&a.chain, a.pinned);
+        let mut cache = r.cache.lock().unwrap_or_else(|p| p.into_inner());
+        // After a restart the pins are gone; the pages may be another request's now.
+        if cache.generation() == a.generation {
+            cache.unpin(&a.chain, a.pinned);
+        }
+        drop(cache);
         r.running.fetch_sub(1, Ordering::Relaxed);
     }
 

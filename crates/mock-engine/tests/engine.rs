@@ -167,3 +167,43 @@ async fn kv_events_drive_a_router_index_including_evictions() {
     assert!((depth(&qa) as usize) < qa.len(), "evictions reached the index");
     assert!(m.engine().cached_pages()[0] <= 40);
 }
+
+/// A restart (the publisher-restart fault clears the cache) while a request
+/// prefills takes that request's pins with it: the request must not later
+/// unpin pages another request stored and still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_mid_prefill_does_not_release_another_requests_pins() {
+    let config = MockEngineConfig {
+        page_size: 16,
+        capacity_tokens: 64, // 4 pages
+        prefill_fixed: Duration::from_millis(200),
+        decode_per_token: Duration::ZERO,
+        ..MockEngineConfig::default()
+    };
+    let w = MockEngine::spawn(config).await.unwrap();
+    let engine = w.engine().clone();
+    let p: Vec<u32> = (0..48).collect(); // 3 pages
+    let warm = engine.admit(&p, None).await;
+    engine.release(&warm);
+    // A finds p cached and pins it; the cache is cleared while A prefills.
+    let a = tokio::spawn({
+        let engine = engine.clone();
+        let p = p.clone();
+        async move { engine.admit(&p, None).await }
+    });
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    engine.set_faults(Faults { restart_publisher: true, ..Faults::default() }).await;
+    let a = a.await.unwrap();
+    assert_eq!(a.cached_tokens, 48, "A was served from the cache before the restart");
+    // B runs p too and holds it; A ends.
+    let b = engine.admit(&p, None).await;
+    engine.release(&a);
+    // Another prompt needs room: only the page B does not hold may go.
+    let other: Vec<u32> = (1000..1048).collect();
+    let d = engine.admit(&other, None).await;
+    engine.release(&d);
+    let e = engine.admit(&p, None).await;
+    assert_eq!(e.cached_tokens, 48, "B's pages stayed pinned while B ran");
+    engine.release(&e);
+    engine.release(&b);
+}
