@@ -199,15 +199,20 @@ pub fn from_server_info(v: &Value) -> WorkerInfo {
     }
 }
 
+/// The `Authorization` value for a workers' API key (kept out of debug output);
+/// `None` if the key cannot be a header value.
+pub(crate) fn bearer(key: &str) -> Option<reqwest::header::HeaderValue> {
+    let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).ok()?;
+    v.set_sensitive(true);
+    Some(v)
+}
+
 /// The client for the router's own requests to workers (health, introspection,
 /// load reports, KV-event discovery): with the workers' bearer token when
 /// they require one, and an overall timeout when given.
 pub fn worker_client(api_key: Option<&str>, timeout: Option<Duration>) -> reqwest::Client {
     let mut headers = reqwest::header::HeaderMap::new();
-    if let Some(key) = api_key
-        && let Ok(mut v) = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
-    {
-        v.set_sensitive(true);
+    if let Some(v) = api_key.and_then(bearer) {
         headers.insert(reqwest::header::AUTHORIZATION, v);
     }
     let mut builder = reqwest::Client::builder().default_headers(headers);

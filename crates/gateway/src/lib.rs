@@ -135,6 +135,9 @@ pub struct Gateway {
     pub chain_memo: renderer::ChainMemo,
     /// Counters and histograms.
     pub metrics: GatewayMetrics,
+    /// `Authorization` for the workers (from `config.worker_api_key`), added
+    /// to proxied requests that carry none of their own.
+    pub(crate) worker_auth: Option<axum::http::HeaderValue>,
     /// Set on shutdown: readiness turns 503, new requests are refused.
     pub draining: AtomicBool,
     in_flight: AtomicUsize,
@@ -161,6 +164,7 @@ impl Gateway {
         renderer: Arc<Renderer>,
     ) -> Self {
         Self {
+            worker_auth: config.worker_api_key.as_deref().and_then(health::bearer),
             config,
             workers,
             policy,

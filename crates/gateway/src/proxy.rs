@@ -329,10 +329,9 @@ async fn serve(gw: Arc<Gateway>, mut headers: HeaderMap, body: Body, route: Rout
         }
     }
     if !headers.contains_key(header::AUTHORIZATION)
-        && let Some(key) = gw.config.worker_api_key.as_deref()
-        && let Ok(v) = HeaderValue::from_str(&format!("Bearer {key}"))
+        && let Some(auth) = &gw.worker_auth
     {
-        headers.insert(header::AUTHORIZATION, v);
+        headers.insert(header::AUTHORIZATION, auth.clone());
     }
     let headers = Arc::new(headers);
     let (guard, worker, resp) = forward(&gw, route, bytes, start, |worker, body, rank| {

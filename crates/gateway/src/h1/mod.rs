@@ -254,9 +254,9 @@ async fn serve_fast(
     let close = head.close || drain.is_cancelled();
     let mut headers = head.forward;
     if !head.authorized
-        && let Some(key) = &gw.config.worker_api_key
+        && let Some(auth) = &gw.worker_auth
     {
-        headers.extend_from_slice(format!("authorization: Bearer {key}\r\n").as_bytes());
+        push_header(&mut headers, b"authorization", auth.as_bytes());
     }
     let extra = upstream::Extra { headers: Bytes::from(headers), rank: head.rank.map(Bytes::from) };
     async move {

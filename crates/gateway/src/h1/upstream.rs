@@ -95,13 +95,26 @@ fn checkout(authority: &str) -> Option<TcpStream> {
     })
 }
 
-/// Closes this thread's idle connections that have been idle for
-/// [`IDLE_TIMEOUT`] at `now`, for every worker: those of a worker that left
-/// the fleet would otherwise stay open until its address is used again.
+/// Closes the connections of `list` idle for [`IDLE_TIMEOUT`] at `now`. The
+/// list is in check-in order, so they are the ones at its front.
+fn expire(list: &mut Vec<(TcpStream, Instant)>, now: Instant) {
+    let expired = list.partition_point(|(_, since)| now.saturating_duration_since(*since) >= IDLE_TIMEOUT);
+    list.drain(..expired);
+}
+
+/// Closes this thread's expired idle connections for every worker, at most
+/// once per [`IDLE_TIMEOUT`]: those of a worker that left the fleet would
+/// otherwise stay open until its address is used again. Called from the
+/// serving thread's timer anchor and on check-in (on a shared multi-threaded
+/// runtime, `--serve-threads 0`, the anchor runs on one thread only).
 pub(crate) fn sweep_idle(now: Instant) {
+    if LAST_SWEEP.get().is_some_and(|last| now.saturating_duration_since(last) < IDLE_TIMEOUT) {
+        return;
+    }
+    LAST_SWEEP.set(Some(now));
     IDLE.with_borrow_mut(|idle| {
         idle.retain(|_, list| {
-            list.retain(|(_, since)| now.saturating_duration_since(*since) < IDLE_TIMEOUT);
+            expire(list, now);
             !list.is_empty()
         });
     });
@@ -114,18 +127,13 @@ fn idle_count() -> usize {
 }
 
 fn checkin(authority: String, tcp: TcpStream) {
-    // Also swept here: on a shared multi-threaded runtime (`--serve-threads 0`)
-    // the timer anchor runs on one thread and sweeps only that thread's pool.
     let now = Instant::now();
-    if LAST_SWEEP.get().is_none_or(|last| now.saturating_duration_since(last) >= IDLE_TIMEOUT) {
-        LAST_SWEEP.set(Some(now));
-        sweep_idle(now);
-    }
+    sweep_idle(now);
     IDLE.with_borrow_mut(|idle| {
         let list = idle.entry(authority).or_default();
-        list.retain(|(_, since)| since.elapsed() < IDLE_TIMEOUT);
+        expire(list, now);
         if list.len() < MAX_IDLE_PER_WORKER {
-            list.push((tcp, Instant::now()));
+            list.push((tcp, now));
         }
     });
 }
