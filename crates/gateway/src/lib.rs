@@ -95,14 +95,19 @@ pub type UpstreamClient = hyper_util::client::legacy::Client<
     http_body_util::Full<axum::body::Bytes>,
 >;
 
+/// How long an idle upstream connection is kept, by both front ends' pools.
+const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest wait for a connection to a worker, on both front ends.
+const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The proxy's client: keep-alive (idle connections closed after 60 s), no
 /// Nagle delay, no redirect following (a worker's redirect goes back to the client).
 fn upstream_client() -> UpstreamClient {
     let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
     connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    connector.set_connect_timeout(Some(UPSTREAM_CONNECT_TIMEOUT));
     hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_idle_timeout(UPSTREAM_IDLE_TIMEOUT)
         .pool_timer(hyper_util::rt::TokioTimer::new())
         .build(connector)
 }

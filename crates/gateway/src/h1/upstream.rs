@@ -22,9 +22,8 @@ use super::chunked::{self, Decoder};
 use super::push_header;
 use crate::proxy::{InFlight, RANK_HEADER, Route, SendError, failed_mid_answer, relayed};
 use crate::workers::Worker;
+use crate::{UPSTREAM_CONNECT_TIMEOUT, UPSTREAM_IDLE_TIMEOUT};
 
-/// How long an idle upstream connection is kept (hyper's pool keeps them as long).
-const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Idle connections kept per worker and serving thread.
 const MAX_IDLE_PER_WORKER: usize = 512;
 /// Largest answer head read from a worker.
@@ -33,8 +32,6 @@ const MAX_HEAD_BYTES: usize = 64 << 10;
 /// with no answer byte, was closed by the worker while idle: the request is
 /// sent again on a new connection. Later, the worker may have started on it.
 const STALE_WINDOW: Duration = Duration::from_millis(250);
-/// Longest wait for a connection to a worker.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 thread_local! {
     /// Idle connections by worker authority, most recently used last.
@@ -87,7 +84,7 @@ fn checkout(authority: &str) -> Option<TcpStream> {
         while let Some((tcp, since)) = list.pop() {
             // An idle connection has nothing to read: data or end of stream means the worker closed it.
             let open = matches!(tcp.try_read(&mut [0u8; 1]), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
-            if open && since.elapsed() < IDLE_TIMEOUT {
+            if open && since.elapsed() < UPSTREAM_IDLE_TIMEOUT {
                 return Some(tcp);
             }
         }
@@ -95,20 +92,20 @@ fn checkout(authority: &str) -> Option<TcpStream> {
     })
 }
 
-/// Closes the connections of `list` idle for [`IDLE_TIMEOUT`] at `now`. The
+/// Closes the connections of `list` idle for [`UPSTREAM_IDLE_TIMEOUT`] at `now`. The
 /// list is in check-in order, so they are the ones at its front.
 fn expire(list: &mut Vec<(TcpStream, Instant)>, now: Instant) {
-    let expired = list.partition_point(|(_, since)| now.saturating_duration_since(*since) >= IDLE_TIMEOUT);
+    let expired = list.partition_point(|(_, since)| now.saturating_duration_since(*since) >= UPSTREAM_IDLE_TIMEOUT);
     list.drain(..expired);
 }
 
 /// Closes this thread's expired idle connections for every worker, at most
-/// once per [`IDLE_TIMEOUT`]: those of a worker that left the fleet would
+/// once per [`UPSTREAM_IDLE_TIMEOUT`]: those of a worker that left the fleet would
 /// otherwise stay open until its address is used again. Called from the
 /// serving thread's timer anchor and on check-in (on a shared multi-threaded
 /// runtime, `--serve-threads 0`, the anchor runs on one thread only).
 pub(crate) fn sweep_idle(now: Instant) {
-    if LAST_SWEEP.get().is_some_and(|last| now.saturating_duration_since(last) < IDLE_TIMEOUT) {
+    if LAST_SWEEP.get().is_some_and(|last| now.saturating_duration_since(last) < UPSTREAM_IDLE_TIMEOUT) {
         return;
     }
     LAST_SWEEP.set(Some(now));
@@ -141,7 +138,7 @@ fn checkin(authority: String, tcp: TcpStream) {
 async fn connect(host: &str, port: u16) -> Result<TcpStream, SendError> {
     let refused = |e: String| SendError { connect: true, message: format!("tcp connect error: {e}") };
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let tcp = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((host, port))).await {
+    let tcp = match tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect((host, port))).await {
         Ok(Ok(tcp)) => tcp,
         Ok(Err(e)) => return Err(refused(e.to_string())),
         Err(_) => return Err(refused("timed out".into())),
@@ -448,7 +445,7 @@ mod tests {
         sweep_idle(Instant::now());
         assert_eq!(idle_count(), 2);
         // Past the idle timeout every worker's connections go, and the worker's entry with them.
-        sweep_idle(Instant::now() + IDLE_TIMEOUT + Duration::from_secs(1));
+        sweep_idle(Instant::now() + UPSTREAM_IDLE_TIMEOUT + Duration::from_secs(1));
         assert_eq!(idle_count(), 0);
         assert!(IDLE.with_borrow(HashMap::is_empty));
         // The worker side sees them closed.
