@@ -83,6 +83,13 @@ pub struct RankLoad {
 /// Ends a running count if the request is dropped before it is admitted.
 struct Running<'a>(&'a Rank);
 
+impl<'a> Running<'a> {
+    fn start(rank: &'a Rank) -> Self {
+        rank.running.fetch_add(1, Ordering::Relaxed);
+        Self(rank)
+    }
+}
+
 impl Drop for Running<'_> {
     fn drop(&mut self) {
         self.0.running.fetch_sub(1, Ordering::Relaxed);
@@ -93,6 +100,14 @@ impl Drop for Running<'_> {
 struct Queued<'a> {
     rank: &'a Rank,
     uncached: u64,
+}
+
+impl<'a> Queued<'a> {
+    fn start(rank: &'a Rank, uncached: u64) -> Self {
+        rank.waiting.fetch_add(1, Ordering::Relaxed);
+        rank.waiting_uncached.fetch_add(uncached, Ordering::Relaxed);
+        Self { rank, uncached }
+    }
 }
 
 impl Drop for Queued<'_> {
@@ -255,13 +270,10 @@ impl Engine {
         // Counted as running from the lane on; `release` ends it, or the guard if dropped mid-prefill.
         let running;
         {
-            r.waiting.fetch_add(1, Ordering::Relaxed);
-            r.waiting_uncached.fetch_add(uncached as u64, Ordering::Relaxed);
-            let queued = Queued { rank: r, uncached: uncached as u64 };
+            let queued = Queued::start(r, uncached as u64);
             let _lane = r.lane.lock().await;
             drop(queued);
-            r.running.fetch_add(1, Ordering::Relaxed);
-            running = Running(r);
+            running = Running::start(r);
             let prefill = self.config.prefill_fixed
                 + Duration::from_secs_f64(uncached as f64 / self.config.prefill_tokens_per_s.max(1.0));
             let prefill = self.scaled(prefill);
