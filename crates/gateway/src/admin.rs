@@ -63,12 +63,24 @@ pub(crate) async fn models(State(gw): State<Arc<Gateway>>) -> Json<Value> {
     Json(json!({"object": "list", "data": [{"id": gw.config.model_id, "object": "model", "owned_by": "sgl-router"}]}))
 }
 
+/// Ready means "can route": a healthy worker, the listener up (it answers
+/// this), and not draining. Subscriptions that are down degrade routing
+/// quality, not availability: they are reported here and in `/metrics`,
+/// never a readiness failure (one engine down must not take every router
+/// replica out of its Service).
 pub(crate) async fn readiness(State(gw): State<Arc<Gateway>>) -> Response {
-    let workers_up = gw.workers.all().iter().any(|w| w.is_healthy());
-    let hook = gw.ready.as_ref().is_none_or(|h| h());
+    let all = gw.workers.all();
+    let healthy = all.iter().filter(|w| w.is_healthy()).count();
+    let subscriptions_ok = gw.ready.as_ref().is_none_or(|h| h());
     let draining = gw.draining.load(Ordering::Relaxed);
-    let ready = workers_up && hook && !draining;
-    let body = json!({"ready": ready, "healthy_workers": workers_up, "subscriptions": hook, "draining": draining});
+    let ready = healthy > 0 && !draining;
+    let body = json!({
+        "ready": ready,
+        "healthy_workers": healthy,
+        "workers": all.len(),
+        "subscriptions_degraded": !subscriptions_ok,
+        "draining": draining,
+    });
     (if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, Json(body)).into_response()
 }
 
@@ -149,8 +161,7 @@ pub(crate) async fn add_worker(State(gw): State<Arc<Gateway>>, body: Body) -> Re
     let bytes = read_body(&gw, body).await?;
     let req: AddWorker = serde_json::from_slice(&bytes)
         .map_err(|e| GatewayError::BadRequest(format!("expected {{\"url\": ...}}: {e}")))?;
-    crate::check_worker_url(&req.url).map_err(GatewayError::BadRequest)?;
-    let url = WorkerUrl::new(req.url.as_str());
+    let url = crate::check_worker_url(&req.url).map_err(GatewayError::BadRequest)?;
     let known = gw.workers.all().iter().any(|w| w.url == url);
     if !known && let Some(hook) = &gw.add_worker {
         // Follow its KV events first: routing to it before would be blind.
@@ -158,16 +169,17 @@ pub(crate) async fn add_worker(State(gw): State<Arc<Gateway>>, body: Body) -> Re
             return Err(GatewayError::Unprocessable(format!("worker {url} refused: {reason}")));
         }
     }
-    let added = gw.workers.add(url, gw.index.as_deref());
+    let added = gw.workers.add(url.clone(), gw.index.as_deref());
     let status = if added { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(json!({"url": WorkerUrl::new(req.url.as_str()), "added": added}))).into_response())
+    Ok((status, Json(json!({"url": url, "added": added}))).into_response())
 }
 
 pub(crate) async fn remove_worker(
     State(gw): State<Arc<Gateway>>,
     Path(url): Path<String>,
 ) -> Result<Json<Value>, GatewayError> {
-    let url = WorkerUrl::new(url.as_str());
+    // The URL as listed by `/workers` (or any spelling of it).
+    let url = WorkerUrl::parse(&url).unwrap_or_else(|_| WorkerUrl::new(url.as_str()));
     if !gw.workers.remove(&url) {
         return Err(GatewayError::NotFound(format!("worker {url}")));
     }

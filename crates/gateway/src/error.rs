@@ -1,10 +1,16 @@
 //! The gateway's errors and their one mapping to HTTP: OpenAI-style JSON
-//! `{"error": {"message", "type", "code"}}` with a precise status.
+//! `{"error": {"message", "type", "code"}}` with a precise status, a
+//! `Retry-After` on the answers that invite a retry (429, 503), and for each
+//! error the side that caused it (the client, a worker, or the router itself)
+//! and whether another worker might succeed.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+
+/// Seconds a client is told to wait before retrying a 429 or 503.
+pub const RETRY_AFTER_SECS: u32 = 1;
 
 /// Everything a request can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -12,15 +18,30 @@ pub enum GatewayError {
     /// The body is not JSON or misses fields (400).
     #[error("{0}")]
     BadRequest(String),
+    /// No or a wrong bearer key (401).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// The route is closed to everyone (403).
+    #[error("{0}")]
+    Forbidden(String),
+    /// The client was too slow sending its request (408).
+    #[error("{0}")]
+    ClientTimeout(String),
     /// The body is over the size limit (413).
     #[error("request body larger than {0} bytes")]
     TooLarge(usize),
     /// No healthy worker (503).
     #[error("no healthy worker")]
     NoWorker,
+    /// The router is shutting down (503).
+    #[error("the router is shutting down")]
+    Draining,
     /// Too many requests in flight (429).
     #[error("too many requests in flight (limit {0})")]
     Overloaded(usize),
+    /// The bytes of requests in progress would exceed the memory budget (429).
+    #[error("the router's memory budget for requests in progress ({0} bytes) is spent; retry shortly")]
+    OverBudget(usize),
     /// The worker could not be reached (502).
     #[error("upstream worker {worker} unreachable: {message}")]
     Upstream {
@@ -28,6 +49,8 @@ pub enum GatewayError {
         worker: String,
         /// Why.
         message: String,
+        /// Nothing reached the worker: another worker may serve it.
+        retryable: bool,
     },
     /// The worker did not answer in time (504).
     #[error("upstream worker {0} timed out")]
@@ -38,6 +61,23 @@ pub enum GatewayError {
     /// Unknown route (404).
     #[error("no route for {0}")]
     NotFound(String),
+    /// A known route called with the wrong method (405).
+    #[error("method not allowed: {0}")]
+    MethodNotAllowed(String),
+    /// The router's own fault: its template or tokenizer failed on a valid request (500).
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// Who caused an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The request, or its sender.
+    Client,
+    /// A worker, or the way to it.
+    Upstream,
+    /// The router itself (configuration, load, a bug).
+    Internal,
 }
 
 // === impl GatewayError ===
@@ -47,13 +87,20 @@ impl GatewayError {
     pub fn kind(&self) -> &'static str {
         match self {
             GatewayError::BadRequest(_) => "invalid_request_error",
+            GatewayError::Unauthorized(_) => "authentication_error",
+            GatewayError::Forbidden(_) => "permission_error",
+            GatewayError::ClientTimeout(_) => "request_timeout",
             GatewayError::TooLarge(_) => "request_too_large",
             GatewayError::NoWorker => "no_healthy_worker",
+            GatewayError::Draining => "shutting_down",
             GatewayError::Overloaded(_) => "overloaded",
+            GatewayError::OverBudget(_) => "memory_budget_exceeded",
             GatewayError::Upstream { .. } => "upstream_unreachable",
             GatewayError::Timeout(_) => "upstream_timeout",
             GatewayError::NotFound(_) => "not_found",
+            GatewayError::MethodNotAllowed(_) => "method_not_allowed",
             GatewayError::Unprocessable(_) => "unprocessable",
+            GatewayError::Internal(_) => "internal_error",
         }
     }
 
@@ -61,32 +108,117 @@ impl GatewayError {
     pub fn status(&self) -> StatusCode {
         match self {
             GatewayError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            GatewayError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            GatewayError::Forbidden(_) => StatusCode::FORBIDDEN,
+            GatewayError::ClientTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             GatewayError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            GatewayError::NoWorker => StatusCode::SERVICE_UNAVAILABLE,
-            GatewayError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
+            GatewayError::NoWorker | GatewayError::Draining => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::Overloaded(_) | GatewayError::OverBudget(_) => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
+            GatewayError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            GatewayError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
-}
 
-impl GatewayError {
+    /// Who caused it.
+    pub fn side(&self) -> Side {
+        match self {
+            GatewayError::BadRequest(_)
+            | GatewayError::Unauthorized(_)
+            | GatewayError::Forbidden(_)
+            | GatewayError::ClientTimeout(_)
+            | GatewayError::TooLarge(_)
+            | GatewayError::NotFound(_)
+            | GatewayError::MethodNotAllowed(_)
+            | GatewayError::Unprocessable(_) => Side::Client,
+            GatewayError::Upstream { .. } | GatewayError::Timeout(_) => Side::Upstream,
+            GatewayError::NoWorker
+            | GatewayError::Draining
+            | GatewayError::Overloaded(_)
+            | GatewayError::OverBudget(_)
+            | GatewayError::Internal(_) => Side::Internal,
+        }
+    }
+
+    /// Whether the same request may succeed on another worker now.
+    pub fn retryable_elsewhere(&self) -> bool {
+        matches!(self, GatewayError::Upstream { retryable: true, .. })
+    }
+
+    /// Seconds to put in `Retry-After`: the answers that say "not now, later".
+    pub fn retry_after(&self) -> Option<u32> {
+        matches!(self.status(), StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
+            .then_some(RETRY_AFTER_SECS)
+    }
+
     /// The JSON body of the error answer.
     pub fn body(&self) -> serde_json::Value {
         json!({"error": {"message": self.to_string(), "type": self.kind(), "code": self.status().as_u16()}})
+    }
+
+    /// Extra header lines of the error answer (`name: value\r\n`), for the HTTP/1.1 fast path.
+    pub fn extra_head(&self) -> String {
+        let mut out = String::new();
+        if let Some(s) = self.retry_after() {
+            out.push_str(&format!("retry-after: {s}\r\n"));
+        }
+        if matches!(self, GatewayError::Unauthorized(_)) {
+            out.push_str("www-authenticate: Bearer\r\n");
+        }
+        out
     }
 }
 
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
-        (self.status(), Json(self.body())).into_response()
+        let mut r = (self.status(), Json(self.body())).into_response();
+        if let Some(s) = self.retry_after() {
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        if matches!(self, GatewayError::Unauthorized(_)) {
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        r
     }
 }
 
 impl From<renderer::RenderError> for GatewayError {
+    /// The client's mistakes are 400; a template or tokenizer that fails on a
+    /// valid request is the router's own fault (500).
     fn from(e: renderer::RenderError) -> Self {
-        GatewayError::BadRequest(e.to_string())
+        if e.is_client_error() {
+            GatewayError::BadRequest(e.to_string())
+        } else {
+            tracing::error!(error = %e, kind = e.kind(), "rendering failed on the router's side");
+            GatewayError::Internal(format!("the router could not render this request: {e}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_errors_keep_their_side() {
+        let client: GatewayError = renderer::RenderError::InvalidRequest("no messages".into()).into();
+        assert_eq!((client.status().as_u16(), client.side()), (400, Side::Client));
+        let ours: GatewayError = renderer::RenderError::Template { message: "undefined".into(), line: 3 }.into();
+        assert_eq!((ours.status().as_u16(), ours.side()), (500, Side::Internal));
+        let ours: GatewayError = renderer::RenderError::Tokenizer("bad".into()).into();
+        assert_eq!(ours.status().as_u16(), 500);
+    }
+
+    #[test]
+    fn not_now_answers_say_when_to_retry() {
+        for e in [GatewayError::Overloaded(1), GatewayError::NoWorker, GatewayError::OverBudget(1)] {
+            let r = e.into_response();
+            assert_eq!(r.headers().get(header::RETRY_AFTER).unwrap(), "1");
+        }
+        assert!(GatewayError::BadRequest("x".into()).into_response().headers().get(header::RETRY_AFTER).is_none());
+        assert_eq!(GatewayError::NoWorker.extra_head(), "retry-after: 1\r\n");
     }
 }

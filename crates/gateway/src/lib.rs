@@ -10,6 +10,7 @@
 //! ```
 
 mod admin;
+pub mod auth;
 pub mod error;
 mod h1;
 pub mod health;
@@ -86,6 +87,48 @@ pub struct GatewayConfig {
     /// Bearer token for the workers, sent with proxied requests that carry
     /// no `Authorization` of their own (engines started with `--api-key`).
     pub worker_api_key: Option<String>,
+    /// Limits on what a client connection may hold (both front ends).
+    pub limits: ClientLimits,
+    /// Bearer keys of the control plane (`--control-plane-api-keys`); none: it is closed.
+    pub control_plane_keys: Vec<String>,
+    /// Bearer keys clients must present on the OpenAI routes (`--client-api-keys`); none: open.
+    pub client_keys: Vec<String>,
+    /// The control plane has a listener of its own ([`serve_admin`]): the client
+    /// listener does not serve its routes.
+    pub admin_listener: bool,
+}
+
+/// What one client connection may hold, and for how long: the deadlines and
+/// caps that keep slow or idle clients (and stalled workers) from holding the
+/// router's connections, tasks and load slots without bound. Defaults: the
+/// router's `defaults.rs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// Longest wait for a request's complete head once its first byte arrived.
+    pub header_read_timeout: Duration,
+    /// Longest wait for a request's complete body once its head arrived.
+    pub body_read_timeout: Duration,
+    /// Longest a keep-alive connection may sit idle between requests.
+    pub idle_timeout: Duration,
+    /// Most client connections open at once; the accept loop stops accepting
+    /// past it (the kernel's backlog holds the rest) until one closes.
+    pub max_connections: usize,
+    /// Longest a worker may stay silent in the middle of an answer's body
+    /// (between two reads) before the answer is ended as a worker failure.
+    pub upstream_idle_timeout: Duration,
+}
+
+impl Default for ClientLimits {
+    /// Test-friendly defaults; the binary passes its own from `defaults.rs`.
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(30),
+            body_read_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 16_384,
+            upstream_idle_timeout: Duration::from_secs(300),
+        }
+    }
 }
 
 /// The HTTP/1.1 client requests are proxied with (hyper's own pool: the
@@ -143,6 +186,10 @@ pub struct Gateway {
     /// `Authorization` for the workers (from `config.worker_api_key`), added
     /// to proxied requests that carry none of their own.
     pub(crate) worker_auth: Option<axum::http::HeaderValue>,
+    /// Keys of the control plane.
+    pub(crate) control_keys: auth::Keys,
+    /// Keys of the data plane.
+    pub(crate) client_keys: auth::Keys,
     /// Set on shutdown: readiness turns 503, new requests are refused.
     pub draining: AtomicBool,
     in_flight: AtomicUsize,
@@ -170,6 +217,8 @@ impl Gateway {
     ) -> Self {
         Self {
             worker_auth: config.worker_api_key.as_deref().and_then(health::bearer),
+            control_keys: auth::Keys::new(&config.control_plane_keys),
+            client_keys: auth::Keys::new(&config.client_keys),
             config,
             workers,
             policy,
@@ -217,4 +266,58 @@ impl Gateway {
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(std::sync::atomic::Ordering::Relaxed)
     }
+}
+
+/// Serves the control plane (and the probes) on a listener of its own
+/// (`--admin-port`), through hyper with the same client limits as the main
+/// listener, until `drain` is cancelled and its connections are done.
+pub async fn serve_admin(
+    listener: tokio::net::TcpListener,
+    gw: Arc<Gateway>,
+    drain: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
+    let app = proxy::admin_router(gw.clone());
+    let tracker = tokio_util::task::TaskTracker::new();
+    let limits = gw.config.limits;
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            () = drain.cancelled() => break,
+        };
+        let tcp = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    tracing::warn!(error = %e, "admin accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = drain.cancelled() => break,
+        };
+        let (app, drain) = (app.clone(), drain.clone());
+        tracker.spawn(async move {
+            let _permit = permit;
+            let io = hyper_util::rt::TokioIo::new(tcp);
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .serve_connection(io, service);
+            let mut conn = std::pin::pin!(conn);
+            // The whole connection is bounded: the admin plane has no long answers.
+            let deadline = limits.idle_timeout + limits.body_read_timeout + limits.header_read_timeout;
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                () = drain.cancelled() => conn.as_mut().graceful_shutdown(),
+                () = tokio::time::sleep(deadline) => conn.as_mut().graceful_shutdown(),
+            }
+            let _ = tokio::time::timeout(limits.header_read_timeout, conn).await;
+        });
+    }
+    drop(listener);
+    tracker.close();
+    tracker.wait().await;
+    Ok(())
 }

@@ -27,9 +27,20 @@ use crate::{Gateway, GatewayError};
 pub(crate) const RANK_HEADER: &str = "x-data-parallel-rank";
 
 /// Headers that describe one hop of a message, not the message: never passed
-/// on, in either direction.
-const HOP_BY_HOP: [&str; 7] =
-    ["connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"];
+/// on, in either direction. `proxy-authorization` and `proxy-authenticate`
+/// are credentials for (and challenges from) a proxy on this hop: relayed,
+/// they would hand a client's proxy credentials to the worker.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
 
 /// Request headers the router sets itself on the way to the worker.
 const SET_BY_ROUTER: [&str; 4] = ["host", "content-length", "content-type", "expect"];
@@ -49,9 +60,13 @@ pub(crate) fn forwarded(name: &str, connection: &str) -> bool {
 }
 
 /// Whether a worker's answer header goes back to the client: end-to-end ones
-/// do, except the length, which the relay sets from the body it sends.
-pub(crate) fn relayed(name: &str) -> bool {
-    !listed(name, &HOP_BY_HOP) && !name.eq_ignore_ascii_case("content-length")
+/// do, except the length, which the relay sets from the body it sends, and
+/// those the answer's own `connection` header (`connection`, its tokens
+/// joined by commas) names as hop-only.
+pub(crate) fn relayed(name: &str, connection: &str) -> bool {
+    !listed(name, &HOP_BY_HOP)
+        && !name.eq_ignore_ascii_case("content-length")
+        && !connection.split(',').any(|t| t.trim().eq_ignore_ascii_case(name))
 }
 
 /// A worker failed in the middle of its answer: it leaves rotation, and an
@@ -149,28 +164,131 @@ impl Drop for InFlight {
     }
 }
 
-/// The gateway's routes (axum).
+/// The gateway's routes (axum): the data plane (the OpenAI routes, behind
+/// `--client-api-keys` when set), the probes (open), and, unless the control
+/// plane has a listener of its own (`--admin-port`), the control plane.
 pub(crate) fn router(gw: Arc<Gateway>) -> axum::Router {
-    axum::Router::new()
+    let data = axum::Router::new()
         .route("/v1/chat/completions", post(|s, h, b| handle(s, h, b, Route::Chat)))
         .route("/v1/completions", post(|s, h, b| handle(s, h, b, Route::Completions)))
         .route("/generate", post(|s, h, b| handle(s, h, b, Route::Generate)))
-        .route("/debug/route", post(admin::debug_route))
         .route("/v1/models", get(admin::models))
+        .route_layer(axum::middleware::from_fn_with_state(gw.clone(), require_client_key));
+    let router = probes().merge(data);
+    let router = if gw.config.admin_listener { router } else { router.merge(control_plane(gw.clone())) };
+    finish(router, gw)
+}
+
+/// The control plane's own listener (`--admin-port`): its routes and the probes.
+pub(crate) fn admin_router(gw: Arc<Gateway>) -> axum::Router {
+    finish(probes().merge(control_plane(gw.clone())), gw)
+}
+
+/// Liveness and readiness: open to all (orchestrators call them without keys).
+fn probes() -> axum::Router<Arc<Gateway>> {
+    axum::Router::new()
         .route("/health", get(|| async { "ok" }))
+        .route("/liveness", get(|| async { "ok" }))
         .route("/readiness", get(admin::readiness))
+}
+
+/// Fleet changes, topology and explain routes: a control-plane key each.
+fn control_plane(gw: Arc<Gateway>) -> axum::Router<Arc<Gateway>> {
+    axum::Router::new()
+        .route("/debug/route", post(admin::debug_route))
         .route("/metrics", get(admin::metrics))
         .route("/workers", get(admin::list_workers).post(admin::add_worker))
         .route("/workers/{*url}", delete(admin::remove_worker))
+        .route_layer(axum::middleware::from_fn_with_state(gw, require_control_key))
+}
+
+fn finish(router: axum::Router<Arc<Gateway>>, gw: Arc<Gateway>) -> axum::Router {
+    router
         .fallback(|uri: axum::http::Uri| async move { GatewayError::NotFound(uri.path().to_string()) })
+        .method_not_allowed_fallback(|method: axum::http::Method, uri: axum::http::Uri| async move {
+            GatewayError::MethodNotAllowed(format!("{method} {}", uri.path()))
+        })
+        .layer(axum::middleware::from_fn_with_state(gw.clone(), refuse_oversized))
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(gw)
 }
 
+async fn require_control_key(
+    State(gw): State<Arc<Gateway>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match gw.control_keys.check_headers(crate::auth::Plane::Control, req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn require_client_key(
+    State(gw): State<Arc<Gateway>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match gw.client_keys.check_headers(crate::auth::Plane::Data, req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err(e) => {
+            if let Some(route) = Route::from_path(req.uri().path()) {
+                count_error(&gw, route, &e);
+            }
+            e.into_response()
+        }
+    }
+}
+
+/// A declared length over the limit is refused before the body is polled, so
+/// a client waiting on `Expect: 100-continue` is never invited to send it.
+async fn refuse_oversized(
+    State(gw): State<Arc<Gateway>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > gw.config.max_body_bytes as u64) {
+        let mut r = GatewayError::TooLarge(gw.config.max_body_bytes).into_response();
+        r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return r;
+    }
+    next.run(req).await
+}
+
+/// What goes to the worker as `Authorization` for a client that sent
+/// `client`: with client keys configured, the client must present one (401
+/// otherwise) and the worker gets the workers' key (`--api-key`), never the
+/// client's key; without them, the client's own credentials pass through and
+/// the workers' key is never added (an anonymous client is not the router).
+pub(crate) fn worker_authorization(gw: &Gateway, client: Option<&[u8]>) -> Result<Option<Vec<u8>>, GatewayError> {
+    if gw.client_keys.is_empty() {
+        return Ok(client.map(<[u8]>::to_vec));
+    }
+    gw.client_keys.check(crate::auth::Plane::Data, client)?;
+    Ok(gw.worker_auth.as_ref().map(|v| v.as_bytes().to_vec()))
+}
+
+/// Reads a request body of at most `max_body_bytes`: over it is 413; a body
+/// that is not valid HTTP framing (a bad chunk size, a bare LF) is the
+/// client's malformed request (400), not a large one.
 pub(crate) async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, GatewayError> {
-    axum::body::to_bytes(body, gw.config.max_body_bytes)
-        .await
-        .map_err(|_| GatewayError::TooLarge(gw.config.max_body_bytes))
+    use http_body_util::BodyExt;
+    let limited = http_body_util::Limited::new(body, gw.config.max_body_bytes);
+    match limited.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(GatewayError::TooLarge(gw.config.max_body_bytes)),
+        Err(e) => {
+            let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*e);
+            while let Some(c) = cause {
+                if c.is::<http_body_util::LengthLimitError>() {
+                    return Err(GatewayError::TooLarge(gw.config.max_body_bytes));
+                }
+                cause = c.source();
+            }
+            Err(GatewayError::BadRequest(format!("the request body could not be read: {}", describe(&*e))))
+        }
+    }
 }
 
 fn parse_json(bytes: &[u8]) -> Result<Value, GatewayError> {
@@ -328,10 +446,13 @@ async fn serve(gw: Arc<Gateway>, mut headers: HeaderMap, body: Body, route: Rout
             headers.remove(&name);
         }
     }
-    if !headers.contains_key(header::AUTHORIZATION)
-        && let Some(auth) = &gw.worker_auth
+    // The client's credentials were checked by the route's layer; what the worker gets is decided here.
+    let client_auth = headers.remove(header::AUTHORIZATION);
+    if let Some(auth) = worker_authorization(&gw, client_auth.as_ref().map(HeaderValue::as_bytes))?
+        && let Ok(mut v) = HeaderValue::from_bytes(&auth)
     {
-        headers.insert(header::AUTHORIZATION, auth.clone());
+        v.set_sensitive(true);
+        headers.insert(header::AUTHORIZATION, v);
     }
     let headers = Arc::new(headers);
     let (guard, worker, resp) = forward(&gw, route, bytes, start, |worker, body, rank| {
@@ -375,7 +496,7 @@ where
     Fut: std::future::Future<Output = Result<T, SendError>>,
 {
     if gw.draining.load(Ordering::Relaxed) {
-        return Err(GatewayError::NoWorker);
+        return Err(GatewayError::Draining);
     }
     let mut v = parse_body(gw, route, &bytes)?;
     let plan = plan(gw, route, v.as_ref())?;
@@ -430,7 +551,11 @@ where
                     let l = w.load();
                     (l.in_flight, l.uncached_tokens)
                 }) else {
-                    return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: e.message });
+                    return Err(GatewayError::Upstream {
+                        worker: worker.url.to_string(),
+                        message: e.message,
+                        retryable: true,
+                    });
                 };
                 worker = next.clone();
                 // The load moves: the first worker's charge is released as it is replaced.
@@ -442,7 +567,11 @@ where
                 if e.connect {
                     worker.set_healthy(false);
                 }
-                return Err(GatewayError::Upstream { worker: worker.url.to_string(), message: e.message });
+                return Err(GatewayError::Upstream {
+                    worker: worker.url.to_string(),
+                    message: e.message,
+                    retryable: e.connect,
+                });
             }
             Err(_) => return Err(GatewayError::Timeout(worker.url.to_string())),
         }
@@ -485,10 +614,13 @@ fn stream_back(
         .headers
         .get(header::TRANSFER_ENCODING)
         .is_some_and(|te| !te.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked"));
+    let connection: Vec<&str> =
+        parts.headers.get_all(header::CONNECTION).iter().filter_map(|v| v.to_str().ok()).collect();
+    let connection = connection.join(",");
     let dropped: Vec<HeaderName> = parts
         .headers
         .keys()
-        .filter(|n| !relayed(n.as_str()) && (!coded || *n != header::TRANSFER_ENCODING))
+        .filter(|n| !relayed(n.as_str(), &connection) && (!coded || *n != header::TRANSFER_ENCODING))
         .cloned()
         .collect();
     for name in dropped {

@@ -61,16 +61,9 @@ pub struct LoadGuard {
     uncached: u64,
 }
 
-/// Checks a worker base URL: plain `http://` (the build carries no TLS client:
-/// engines are reached inside the cluster) that parses.
-pub fn check_worker_url(url: &str) -> Result<(), String> {
-    if url.starts_with("https://") {
-        return Err(format!("{url}: https workers are not supported (no TLS client in this build); use http://"));
-    }
-    if !url.starts_with("http://") {
-        return Err(format!("{url:?} is not an http:// URL"));
-    }
-    url.parse::<axum::http::Uri>().map(|_| ()).map_err(|e| format!("{url:?}: {e}"))
+/// Checks and normalizes a worker base URL (see [`WorkerUrl::parse`]).
+pub fn check_worker_url(url: &str) -> Result<WorkerUrl, String> {
+    WorkerUrl::parse(url).map_err(|e| e.to_string())
 }
 
 // === impl Worker ===

@@ -10,6 +10,13 @@ use serde::{Deserialize, Serialize};
 #[serde(transparent)]
 pub struct WorkerUrl(String);
 
+/// A worker's identity for its whole life in the fleet: assigned once when it
+/// is added, never reused (a worker removed and added again gets a new one),
+/// so a policy's memory of a worker can never be handed to another.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct WorkerId(pub u32);
+
 /// A data-parallel rank inside one engine replica (SGLang `dp_size`).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -82,7 +89,109 @@ impl WorkerUrl {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// Validates and normalizes a worker's base URL given by an operator or a
+    /// client of the admin API: `http://HOST[:PORT][/PATH]` with a DNS name,
+    /// an IPv4 address or a bracketed IPv6 address, a port in 1..=65535, and
+    /// nothing else: no credentials (they would be shown in `/workers` and
+    /// `/metrics`), query, fragment, dot segments or percent-escapes in the path.
+    /// The result is one spelling per engine: scheme and host in lower case,
+    /// addresses in their canonical form, the default port 80 and trailing
+    /// slashes dropped, so aliases of one engine are one worker.
+    pub fn parse(url: &str) -> Result<Self, UrlError> {
+        let err = |why: &'static str| Err(UrlError { url: url.chars().take(200).collect(), why });
+        if url.len() > 2048 {
+            return err("longer than 2048 bytes");
+        }
+        let Some((scheme, rest)) = url.split_once("://") else { return err("not an http:// URL") };
+        if scheme.eq_ignore_ascii_case("https") {
+            return err("https workers are not supported (no TLS client in this build); use http://");
+        }
+        if !scheme.eq_ignore_ascii_case("http") {
+            return err("not an http:// URL");
+        }
+        if rest.contains(['#', '?']) {
+            return err("a worker URL has no query or fragment");
+        }
+        let (authority, path) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
+        if authority.contains('@') {
+            return err("credentials in a worker URL would be shown in /workers and /metrics: use --api-key");
+        }
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let Some((addr, after)) = v6.split_once(']') else { return err("unclosed [ in the host") };
+            let Ok(ip) = addr.parse::<std::net::Ipv6Addr>() else { return err("invalid IPv6 address") };
+            (format!("[{ip}]"), after)
+        } else {
+            let (host, after) = authority.find(':').map_or((authority, ""), |i| authority.split_at(i));
+            let host = host.to_ascii_lowercase();
+            if host.is_empty() {
+                return err("no host");
+            }
+            let numeric = host.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+            if numeric {
+                let Ok(ip) = host.parse::<std::net::Ipv4Addr>() else { return err("invalid IPv4 address") };
+                (ip.to_string(), after)
+            } else {
+                let label_ok = |l: &str| {
+                    !l.is_empty()
+                        && l.len() <= 63
+                        && !l.starts_with('-')
+                        && !l.ends_with('-')
+                        && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                };
+                let trimmed = host.strip_suffix('.').unwrap_or(&host);
+                if host.len() > 253 || !trimmed.split('.').all(label_ok) {
+                    return err("invalid host name");
+                }
+                (trimmed.to_owned(), after)
+            }
+        };
+        let port = match port {
+            "" => None,
+            p => {
+                let digits = &p[1..];
+                if digits.is_empty() || digits.len() > 5 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                    return err("invalid port");
+                }
+                match digits.parse::<u32>() {
+                    Ok(n) if (1..=65535).contains(&n) => Some(n),
+                    _ => return err("port outside 1..=65535"),
+                }
+            }
+        };
+        let path = path.trim_end_matches('/');
+        for segment in path.split('/').skip(1) {
+            if segment.is_empty() || segment == "." || segment == ".." {
+                return err("empty or dot segments in the path");
+            }
+            if !segment.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~".contains(&b)) {
+                return err("the path may hold letters, digits and -._~ only");
+            }
+        }
+        let port = match port {
+            None | Some(80) => String::new(),
+            Some(p) => format!(":{p}"),
+        };
+        Ok(Self(format!("http://{host}{port}{path}")))
+    }
 }
+
+/// A worker URL that [`WorkerUrl::parse`] refused, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UrlError {
+    /// The refused URL (at most 200 characters of it).
+    pub url: String,
+    /// Why, in a few words.
+    pub why: &'static str,
+}
+
+impl fmt::Display for UrlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.url, self.why)
+    }
+}
+
+impl std::error::Error for UrlError {}
 
 impl fmt::Display for WorkerUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -93,6 +202,14 @@ impl fmt::Display for WorkerUrl {
 impl From<&str> for WorkerUrl {
     fn from(url: &str) -> Self {
         Self::new(url)
+    }
+}
+
+// === impl WorkerId ===
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "w{}", self.0)
     }
 }
 
@@ -199,6 +316,42 @@ mod tests {
     fn worker_url_drops_trailing_slashes() {
         assert_eq!(WorkerUrl::new("http://a:1//").as_str(), "http://a:1");
         assert_eq!(WorkerUrl::from("http://a:1"), WorkerUrl::new("http://a:1/"));
+    }
+
+    #[test]
+    fn worker_urls_are_validated_and_spelled_once() {
+        let ok = |u: &str| WorkerUrl::parse(u).unwrap_or_else(|e| panic!("{e}")).0;
+        assert_eq!(ok("http://w0:30000"), "http://w0:30000");
+        assert_eq!(ok("HTTP://W0.Example.COM:30000/"), "http://w0.example.com:30000");
+        assert_eq!(ok("http://10.0.0.1:80//"), "http://10.0.0.1");
+        assert_eq!(ok("http://[0:0::1]:8000"), "http://[::1]:8000");
+        assert_eq!(ok("http://gw:1/sglang-0/"), "http://gw:1/sglang-0");
+        // One engine, one worker: these spell the same one.
+        assert_eq!(ok("http://Host:80/"), ok("http://host"));
+        for bad in [
+            "http://:80",
+            "http://h:99999",
+            "http://h:0",
+            "http://h:+80",
+            "http://h:",
+            "http://h:8000#frag",
+            "http://h:8000?x=1",
+            "http://user:pass@h:8000",
+            "http://h:8000/../..",
+            "http://h:8000/a/./b",
+            "http://h:8000/%2e%2e",
+            "http://h_/:1",
+            "http://-h:1",
+            "http://1.2.3:1",
+            "http://[::1:1",
+            "ftp://h",
+            "https://h",
+            "h:8000",
+            "",
+        ] {
+            assert!(WorkerUrl::parse(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(WorkerUrl::parse("http://u@h").unwrap_err().to_string().contains("credentials"));
     }
 
     #[test]

@@ -8,4 +8,4 @@ mod event;
 mod ids;
 
 pub use event::{EngineBlockHash, EventBatch, KvEvent, StoredBlocks};
-pub use ids::{BlockHash, DpRank, Namespace, PageDigest, Tier, TokenCount, WorkerKey, WorkerUrl};
+pub use ids::{BlockHash, DpRank, Namespace, PageDigest, Tier, TokenCount, UrlError, WorkerId, WorkerKey, WorkerUrl};

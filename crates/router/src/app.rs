@@ -90,12 +90,21 @@ pub struct AppConfig {
     /// Bearer token for the workers: the router's own requests, and proxied
     /// requests that carry no `Authorization` of their own.
     pub worker_api_key: Option<String>,
+    /// Deadlines and caps on client connections (and mid-answer worker silence).
+    pub limits: gateway::ClientLimits,
+    /// Bearer keys of the control plane (none: closed, 403).
+    pub control_plane_keys: Vec<String>,
+    /// Bearer keys clients must present on the OpenAI routes (none: open).
+    pub client_keys: Vec<String>,
+    /// Serve the control plane on this address instead of `listen`.
+    pub admin_listen: Option<SocketAddr>,
 }
 
 /// A built router, bound to its port.
 #[derive(Debug)]
 pub struct App {
     listener: TcpListener,
+    admin: Option<TcpListener>,
     gateway: Arc<Gateway>,
     cancel: CancellationToken,
     grace: Duration,
@@ -185,6 +194,10 @@ impl App {
             credit_pending: !config.pending_ttl.is_zero(),
             model_id: config.model_id.clone(),
             worker_api_key: config.worker_api_key.clone(),
+            limits: config.limits,
+            control_plane_keys: config.control_plane_keys.clone(),
+            client_keys: config.client_keys.clone(),
+            admin_listener: config.admin_listen.is_some(),
         };
         let registry = Arc::new(Workers::new(&workers, index.as_deref()));
         let mut gateway = Gateway::new(gw_config, registry.clone(), policy, index.clone(), renderer);
@@ -217,8 +230,13 @@ impl App {
         let health = HealthConfig { interval: config.health_interval, index_retention: config.index_retention };
         tokio::spawn(health_loop(registry, client, health, index.clone(), cancel.clone()));
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+        let admin = match config.admin_listen {
+            Some(a) => Some(TcpListener::bind(a).await.with_context(|| format!("binding the admin port {a}"))?),
+            None => None,
+        };
         Ok(Self {
             listener,
+            admin,
             gateway: Arc::new(gateway),
             cancel,
             grace: config.shutdown_grace,
@@ -232,6 +250,11 @@ impl App {
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    /// The control plane's own address, when it has one (`--admin-port`).
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The gateway (tests inspect it).
@@ -258,6 +281,14 @@ impl App {
             drain_signal.cancel();
         });
         let grace = self.grace;
+        if let Some(admin) = self.admin {
+            let (gw, drain) = (gateway.clone(), drain.clone());
+            tokio::spawn(async move {
+                if let Err(e) = gateway::serve_admin(admin, gw, drain).await {
+                    warn!(error = %e, "admin listener stopped");
+                }
+            });
+        }
         let front = Front { gw: gateway.clone(), fast: self.fast_proxy };
         let serve = serve_all(self.listener, front, self.serve_threads, drain.clone());
         let result = tokio::select! {

@@ -75,9 +75,27 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "SGL_ROUTER_WORKER_URLS", value_delimiter = ',', value_name = "URL")]
     pub(crate) worker_urls: Vec<String>,
     /// Bearer token for the workers (engines started with `--api-key`): sent on the router's own
-    /// requests to them and on proxied requests that carry no `Authorization` of their own.
+    /// requests to them (health, load, discovery) and on proxied requests of clients that
+    /// presented a --client-api-keys key; never on an anonymous client's request.
     #[arg(long, env = "SGL_ROUTER_API_KEY", hide_env_values = true, value_name = "KEY")]
     pub(crate) api_key: Option<String>,
+    /// Bearer keys of the control plane: fleet changes (`POST`/`DELETE /workers`), `GET /workers`,
+    /// `/debug/route` and `/metrics` need `Authorization: Bearer KEY` with one of them. Without
+    /// any, those routes answer 403 (closed, never open). Space or comma separated, or repeated.
+    #[arg(long, env = "SGL_ROUTER_CONTROL_PLANE_API_KEYS", hide_env_values = true, num_args = 1.., value_delimiter = ',', value_name = "KEY")]
+    pub(crate) control_plane_api_keys: Vec<String>,
+    /// Bearer keys clients must present on the OpenAI routes (`/v1/*`, `/generate`); 401 without
+    /// one. Their requests reach the workers with --api-key instead of the client's key. Without
+    /// any, the OpenAI routes are open and a client's own `Authorization` passes through.
+    #[arg(long, env = "SGL_ROUTER_CLIENT_API_KEYS", hide_env_values = true, num_args = 1.., value_delimiter = ',', value_name = "KEY")]
+    pub(crate) client_api_keys: Vec<String>,
+    /// Serve the control plane (and the probes) on this port instead of the client port, which
+    /// then answers 404 on its routes.
+    #[arg(long, env = "SGL_ROUTER_ADMIN_PORT", value_name = "PORT")]
+    pub(crate) admin_port: Option<u16>,
+    /// Address of the --admin-port listener [default: --host].
+    #[arg(long, env = "SGL_ROUTER_ADMIN_HOST", value_name = "HOST", requires = "admin_port")]
+    pub(crate) admin_host: Option<String>,
     /// Start this many simulated engines in-process (no GPU) and route to them: the demo.
     #[arg(long, env = "SGL_ROUTER_MOCK_WORKERS", default_value_t = 0, value_name = "N")]
     pub(crate) mock_workers: usize,
@@ -164,6 +182,23 @@ pub(crate) struct ServeArgs {
     /// Most requests in flight (429 above).
     #[arg(long, env = "SGL_ROUTER_MAX_CONCURRENT_REQUESTS", default_value_t = crate::defaults::MAX_CONCURRENT_REQUESTS, value_name = "N")]
     pub(crate) max_concurrent_requests: usize,
+    /// Seconds a client may take to send a request's complete head once its first byte arrived
+    /// (slow-header clients are closed with 408).
+    #[arg(long, env = "SGL_ROUTER_CLIENT_HEADER_TIMEOUT_SECS", default_value_t = crate::defaults::CLIENT_HEADER_TIMEOUT_SECS, value_name = "S")]
+    pub(crate) client_header_timeout_secs: u64,
+    /// Seconds a client may take to send a request's complete body once its head arrived (408 after).
+    #[arg(long, env = "SGL_ROUTER_CLIENT_BODY_TIMEOUT_SECS", default_value_t = crate::defaults::CLIENT_BODY_TIMEOUT_SECS, value_name = "S")]
+    pub(crate) client_body_timeout_secs: u64,
+    /// Seconds a keep-alive client connection may stay idle between two requests before it is closed.
+    #[arg(long, env = "SGL_ROUTER_CLIENT_IDLE_TIMEOUT_SECS", default_value_t = crate::defaults::CLIENT_IDLE_TIMEOUT_SECS, value_name = "S")]
+    pub(crate) client_idle_timeout_secs: u64,
+    /// Most client connections open at once; past it the router stops accepting until one closes.
+    #[arg(long, env = "SGL_ROUTER_MAX_CONNECTIONS", default_value_t = crate::defaults::MAX_CONNECTIONS, value_name = "N")]
+    pub(crate) max_connections: usize,
+    /// Seconds a worker may stay silent in the middle of an answer's body before the answer is
+    /// ended as a worker failure (the worker leaves rotation).
+    #[arg(long, env = "SGL_ROUTER_UPSTREAM_IDLE_TIMEOUT_SECS", default_value_t = crate::defaults::UPSTREAM_IDLE_TIMEOUT_SECS, value_name = "S")]
+    pub(crate) upstream_idle_timeout_secs: u64,
     /// Seconds between two health checks of every worker.
     #[arg(long, env = "SGL_ROUTER_HEALTH_CHECK_INTERVAL_SECS", default_value_t = crate::defaults::HEALTH_CHECK_INTERVAL_SECS, value_name = "S")]
     pub(crate) health_check_interval_secs: u64,

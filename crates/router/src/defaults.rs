@@ -24,3 +24,13 @@ pub(crate) const WORKER_LOAD_POLL_MS: u64 = 100;
 pub(crate) const WORKER_INDEX_RETENTION_SECS: u64 = 300;
 /// Seconds to drain on shutdown.
 pub(crate) const SHUTDOWN_GRACE_SECS: u64 = 30;
+/// Seconds a client may take to send a request's head once it started it.
+pub(crate) const CLIENT_HEADER_TIMEOUT_SECS: u64 = 30;
+/// Seconds a client may take to send a request's body once its head arrived.
+pub(crate) const CLIENT_BODY_TIMEOUT_SECS: u64 = 60;
+/// Seconds a keep-alive client connection may stay idle between requests.
+pub(crate) const CLIENT_IDLE_TIMEOUT_SECS: u64 = 60;
+/// Most client connections open at once (more wait in the kernel's backlog).
+pub(crate) const MAX_CONNECTIONS: usize = 16_384;
+/// Seconds a worker may stay silent in the middle of an answer's body.
+pub(crate) const UPSTREAM_IDLE_TIMEOUT_SECS: u64 = 300;

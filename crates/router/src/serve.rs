@@ -61,15 +61,33 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     if a.worker_urls.is_empty() && a.mock_workers == 0 {
         return usage("no workers: give --worker-urls URL,... or --mock-workers N".into());
     }
-    for u in &a.worker_urls {
-        if let Err(e) = gateway::check_worker_url(u) {
-            return usage(format!("--worker-urls: {e}"));
+    let mut workers: Vec<WorkerUrl> = Vec::with_capacity(a.worker_urls.len());
+    for u in a.worker_urls.iter().filter(|u| !u.trim().is_empty()) {
+        match gateway::check_worker_url(u.trim()) {
+            // One engine, one worker, however often or however it is spelled.
+            Ok(w) if !workers.contains(&w) => workers.push(w),
+            Ok(_) => {}
+            Err(e) => return usage(format!("--worker-urls: {e}")),
         }
     }
     let listen: SocketAddr = match format!("{}:{}", a.host, a.port).parse() {
         Ok(s) => s,
         Err(e) => return usage(format!("--host {} --port {}: {e}", a.host, a.port)),
     };
+    let admin_listen = match a.admin_port {
+        None => None,
+        Some(port) => {
+            let host = a.admin_host.as_deref().unwrap_or(&a.host);
+            match format!("{host}:{port}").parse::<SocketAddr>() {
+                Ok(s) if s == listen => return usage(format!("--admin-port {port} is the client port")),
+                Ok(s) => Some(s),
+                Err(e) => return usage(format!("--admin-host {host} --admin-port {port}: {e}")),
+            }
+        }
+    };
+    if a.control_plane_api_keys.iter().chain(&a.client_api_keys).any(|k| k.trim().is_empty()) {
+        return usage("--control-plane-api-keys / --client-api-keys: a key cannot be empty".into());
+    }
     let d = CacheAwareConfig::default();
     let policy = match a.policy {
         PolicyName::RoundRobin => PolicyConfig::RoundRobin,
@@ -121,7 +139,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     };
     Ok(AppConfig {
         listen,
-        workers: a.worker_urls.iter().map(|u| WorkerUrl::new(u.as_str())).collect(),
+        workers,
         mock_workers: a.mock_workers,
         policy,
         kv_events,
@@ -139,6 +157,16 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
         fast_proxy: !a.no_fast_proxy,
         worker_api_key: a.api_key.clone(),
+        limits: gateway::ClientLimits {
+            header_read_timeout: Duration::from_secs(a.client_header_timeout_secs.max(1)),
+            body_read_timeout: Duration::from_secs(a.client_body_timeout_secs.max(1)),
+            idle_timeout: Duration::from_secs(a.client_idle_timeout_secs.max(1)),
+            max_connections: a.max_connections.max(1),
+            upstream_idle_timeout: Duration::from_secs(a.upstream_idle_timeout_secs.max(1)),
+        },
+        control_plane_keys: a.control_plane_api_keys.clone(),
+        client_keys: a.client_api_keys.clone(),
+        admin_listen,
         serve_threads: a
             .serve_threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)),

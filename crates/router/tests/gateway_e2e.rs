@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::app::{Running, chat, config, engine_config, post, start};
+use common::app::{Running, admin_get, admin_post, chat, config, engine_config, post, start};
 use common::eventually as until;
 
 use std::net::SocketAddr;
@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use sgl_router::app::PolicyConfig;
 
 async fn debug(r: &Running, body: &Value) -> Value {
-    post(&format!("{}/debug/route", r.url), body).await.json().await.unwrap()
+    admin_post(&format!("{}/debug/route", r.url), body).await.json().await.unwrap()
 }
 
 /// The router sends `body` to `worker` because of a cache hit (a tie-break landing there does not count).
@@ -223,7 +223,7 @@ async fn load_that_other_routers_put_on_a_worker_is_seen_in_its_load_report() {
         let d = debug(&r, &chat("s", "q")).await;
         assert_eq!(d["worker"], w1.url(), "{d}");
     }
-    let listed: Value = reqwest::get(format!("{}/workers", r.url)).await.unwrap().json().await.unwrap();
+    let listed: Value = admin_get(&format!("{}/workers", r.url)).await.json().await.unwrap();
     assert!(listed["workers"][0]["reported_uncached_tokens"].as_u64().unwrap() > 4000, "{listed}");
     for t in others {
         t.abort();
@@ -268,7 +268,7 @@ async fn streams_pass_through_and_a_dying_worker_leaves_rotation() {
     w.engine().set_faults(Faults { die_mid_stream_next: 1, ..Faults::default() }).await;
     let text = post(&format!("{}/v1/chat/completions", r.url), &body).await.text().await.unwrap();
     assert!(text.contains("\"type\":\"upstream_unreachable\"") && text.ends_with("data: [DONE]\n\n"), "{text}");
-    let workers: Value = reqwest::get(format!("{}/workers", r.url)).await.unwrap().json().await.unwrap();
+    let workers: Value = admin_get(&format!("{}/workers", r.url)).await.json().await.unwrap();
     assert_eq!(workers["workers"][0]["healthy"], false, "the failed worker left rotation");
     assert_eq!(workers["workers"][0]["in_flight"], 0, "its load was released");
     let after = post(&format!("{}/v1/chat/completions", r.url), &chat("s", "u")).await;
@@ -314,18 +314,18 @@ async fn errors_have_precise_statuses_and_debug_route_changes_nothing() {
     for _ in 0..3 {
         assert_eq!(post(&url, &chat("s", "u")).await.status(), 200);
     }
-    let workers: Value = reqwest::get(format!("{}/workers", r.url)).await.unwrap().json().await.unwrap();
+    let workers: Value = admin_get(&format!("{}/workers", r.url)).await.json().await.unwrap();
     let dead = workers["workers"].as_array().unwrap().iter().find(|x| x["url"] == gone).unwrap().clone();
     assert_eq!(dead["healthy"], false);
 
     // /debug/route: an answer, and nothing charged or counted.
-    let before = reqwest::get(format!("{}/metrics", r.url)).await.unwrap().text().await.unwrap();
+    let before = admin_get(&format!("{}/metrics", r.url)).await.text().await.unwrap();
     let d = debug(&r, &chat("s", "u")).await;
     assert_eq!(d["worker"], w.url());
     assert_eq!(d["policy"], "round_robin");
-    let d = post(&format!("{}/debug/route?route=generate", r.url), &json!({"text": "hello"})).await;
+    let d = admin_post(&format!("{}/debug/route?route=generate", r.url), &json!({"text": "hello"})).await;
     assert_eq!(d.status(), 200);
-    let after = reqwest::get(format!("{}/metrics", r.url)).await.unwrap().text().await.unwrap();
+    let after = admin_get(&format!("{}/metrics", r.url)).await.text().await.unwrap();
     let requests = |m: &str| {
         m.lines().filter(|l| l.starts_with("router_http_requests_total")).map(str::to_string).collect::<Vec<_>>()
     };
@@ -368,7 +368,7 @@ async fn workers_added_at_run_time_are_followed_by_their_events() {
     let w0 = MockEngine::spawn(engine_config()).await.unwrap();
     let r = start(config(&[&w0], PolicyConfig::CacheAware(Default::default()), true)).await;
     let w1 = MockEngine::spawn(engine_config()).await.unwrap();
-    let added = post(&format!("{}/workers", r.url), &json!({"url": w1.url()})).await;
+    let added = admin_post(&format!("{}/workers", r.url), &json!({"url": w1.url()})).await;
     assert_eq!(added.status(), 201);
     // Its events are followed: warm it directly, and the router sends the prefix there.
     let system = "Another long shared system prompt. ".repeat(70);
@@ -379,17 +379,17 @@ async fn workers_added_at_run_time_are_followed_by_their_events() {
 
     // A worker hashing with another page size is refused, with the reason.
     let odd = MockEngine::spawn(MockEngineConfig { page_size: 32, ..engine_config() }).await.unwrap();
-    let refused = post(&format!("{}/workers", r.url), &json!({"url": odd.url()})).await;
+    let refused = admin_post(&format!("{}/workers", r.url), &json!({"url": odd.url()})).await;
     assert_eq!(refused.status(), 422);
     let e: Value = refused.json().await.unwrap();
     assert!(e["error"]["message"].as_str().unwrap().contains("page size 32"), "{e}");
-    assert_eq!(post(&format!("{}/workers", r.url), &json!({"url": "ftp://x"})).await.status(), 400);
-    let listed: Value = reqwest::get(format!("{}/workers", r.url)).await.unwrap().json().await.unwrap();
+    assert_eq!(admin_post(&format!("{}/workers", r.url), &json!({"url": "ftp://x"})).await.status(), 400);
+    let listed: Value = admin_get(&format!("{}/workers", r.url)).await.json().await.unwrap();
     assert_eq!(listed["workers"].as_array().unwrap().len(), 2);
 
     // Removal takes it out of rotation and out of the index.
     let encoded = w1.url().replace(':', "%3A").replace('/', "%2F");
-    let del = reqwest::Client::new().delete(format!("{}/workers/{encoded}", r.url)).send().await.unwrap();
+    let del = common::app::admin_client().delete(format!("{}/workers/{encoded}", r.url)).send().await.unwrap();
     assert_eq!(del.status(), 200, "{}", del.text().await.unwrap());
     assert_eq!(debug(&r, &q).await["worker"], w0.url());
     let _ = r.stop.send(());
@@ -467,7 +467,7 @@ async fn workers_are_introspected_and_a_dead_worker_index_is_dropped_after_reten
     let r = start(cfg).await;
 
     // Start-up introspection: what each worker serves, from its /server_info.
-    let workers = async || -> Value { reqwest::get(format!("{}/workers", r.url)).await.unwrap().json().await.unwrap() };
+    let workers = async || -> Value { admin_get(&format!("{}/workers", r.url)).await.json().await.unwrap() };
     until("both workers introspected", async || {
         workers().await["workers"].as_array().unwrap().iter().all(|w| w["model_id"] == "model-a")
     })

@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::app::{Running, chat, config, engine_config, start};
+use common::app::{ADMIN_KEY, Running, admin_get, chat, config, engine_config, start};
 use common::eventually as until;
 use mock_engine::{Faults, MockEngine};
 use serde_json::{Value, json};
@@ -179,7 +179,7 @@ async fn keep_alive_pipelining_and_hand_off_on_one_connection() {
     assert!(direct["usage"]["prompt_tokens"].as_u64().is_some_and(|n| n > 40_000), "{direct}");
     assert_eq!(via.json()["usage"]["prompt_tokens"], direct["usage"]["prompt_tokens"]);
     // Another route on the same connection: hyper takes over and serves the rest.
-    c.send(b"GET /metrics HTTP/1.1\r\nhost: r\r\n\r\n").await;
+    c.send(format!("GET /metrics HTTP/1.1\r\nhost: r\r\nauthorization: Bearer {ADMIN_KEY}\r\n\r\n").as_bytes()).await;
     let m = c.answer().await;
     assert_eq!(m.status, 200);
     let metrics = String::from_utf8(m.body).unwrap();
@@ -440,7 +440,9 @@ async fn a_transfer_coded_answer_keeps_its_coding_on_both_paths() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn end_to_end_headers_reach_the_worker_and_hop_headers_do_not() {
-    let ok = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
+    // The worker's own hop-only headers (named by its `connection`, or proxy challenges) stay on its hop.
+    let ok = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: x-worker-hop\r\nx-worker-hop: 1\r\n\
+              proxy-authenticate: Basic\r\nx-kept: yes\r\n\r\n{}";
     let (url, _, heads) = raw_worker(vec![ok]).await;
     let mut runs = Vec::new();
     for fast_proxy in [true, false] {
@@ -452,19 +454,31 @@ async fn end_to_end_headers_reach_the_worker_and_hop_headers_do_not() {
     }
     let hop = "authorization: Bearer client-key\r\nx-request-id: abc-1\r\ntraceparent: 00-t-s-01\r\n\
                connection: keep-alive, x-hop\r\nx-hop: 1\r\nkeep-alive: timeout=5\r\nte: trailers\r\n\
-               x-data-parallel-rank: 1\r\n";
+               x-data-parallel-rank: 1\r\nproxy-authorization: Basic cHJveHk6cGFzcw==\r\n";
     for r in &runs {
-        for (extra, auth) in [(hop, "Bearer client-key"), ("", "Bearer router-key")] {
+        for (extra, auth) in [(hop, Some("Bearer client-key")), ("", None)] {
             let mut c = Client::connect(r).await;
             c.send(&post("/v1/chat/completions", &chat_body("headers"), extra)).await;
-            assert_eq!(c.answer().await.status, 200);
+            let a = c.answer().await;
+            assert_eq!(a.status, 200);
+            assert_eq!(a.list("x-kept"), "yes", "{a:?}");
+            for gone in ["x-worker-hop", "proxy-authenticate", "connection"] {
+                assert_eq!(a.list(gone), "", "{gone} is the worker's hop only: {a:?}");
+            }
             let head = heads.lock().unwrap().pop().unwrap().to_ascii_lowercase();
             let has = |line: &str| head.lines().any(|l| l == line);
             assert!(has(&format!("host: {}", url.trim_start_matches("http://"))), "{head}");
             assert!(has("content-type: application/json"), "{head}");
-            // The client's credentials win; without any, the router's key is sent.
-            assert!(has(&format!("authorization: {}", auth.to_ascii_lowercase())), "{head}");
-            assert_eq!(head.matches("authorization:").count(), 1, "{head}");
+            // The client's credentials pass; an anonymous client is never given the router's
+            // key for the workers (that takes a --client-api-keys key).
+            match auth {
+                Some(auth) => {
+                    assert!(has(&format!("authorization: {}", auth.to_ascii_lowercase())), "{head}");
+                    assert_eq!(head.matches("\nauthorization:").count(), 1, "{head}");
+                }
+                None => assert!(!head.contains("\nauthorization:"), "{head}"),
+            }
+            assert!(!head.contains("proxy-authorization"), "a proxy credential is for this hop: {head}");
             if !extra.is_empty() {
                 assert!(has("x-request-id: abc-1") && has("traceparent: 00-t-s-01"), "{head}");
                 assert!(
@@ -487,29 +501,86 @@ async fn workers_that_require_an_api_key_are_followed_and_served() {
     let key = |k: &str| mock_engine::MockEngineConfig { api_key: Some(k.into()), ..engine_config() };
     let (w0, w1) = (MockEngine::spawn(key("s3cret")).await.unwrap(), MockEngine::spawn(key("s3cret")).await.unwrap());
     let mut runs = Vec::new();
-    for (fast_proxy, api_key) in [(true, Some("s3cret")), (false, Some("s3cret")), (true, None)] {
+    // (fast path, the workers' key, client keys)
+    let setups = [
+        (true, Some("s3cret"), vec!["client-k"]),
+        (false, Some("s3cret"), vec!["client-k"]),
+        (true, Some("s3cret"), vec![]),
+        (true, None, vec![]),
+    ];
+    for (fast_proxy, api_key, client_keys) in &setups {
         let mut cfg = config(&[&w0, &w1], PolicyConfig::CacheAware(Default::default()), true);
-        cfg.fast_proxy = fast_proxy;
+        cfg.fast_proxy = *fast_proxy;
         cfg.worker_api_key = api_key.map(str::to_string);
+        cfg.client_keys = client_keys.iter().map(|k| k.to_string()).collect();
         cfg.kv_events.as_mut().unwrap().discovery_deadline = Duration::from_millis(500);
         runs.push(start(cfg).await);
     }
-    for (i, r) in runs.iter().enumerate() {
-        let keyed = i < 2;
+    for (r, (_, api_key, client_keys)) in runs.iter().zip(&setups) {
         // With the key, /server_info gave up the publishers: every subscription is up.
-        let ready = async || reqwest::get(format!("{}/readiness", r.url)).await.unwrap().status() == 200;
-        if keyed {
-            until("subscribed to both workers' events", ready).await;
+        if api_key.is_some() {
+            let connected = async || {
+                let m = admin_get(&format!("{}/metrics", r.url)).await.text().await.unwrap();
+                m.lines().filter(|l| l.starts_with("router_kv_events_connected{")).filter(|l| l.ends_with(" 1")).count()
+                    == 2
+            };
+            until("subscribed to both workers' events", connected).await;
         }
         let mut c = Client::connect(r).await;
+        // An anonymous client is never given the workers' key: refused by the router when it
+        // takes client keys, else by the worker.
         c.send(&post("/v1/chat/completions", &chat_body("keyed"), "")).await;
         let a = c.answer().await;
-        assert_eq!(a.status, if keyed { 200 } else { 401 }, "{a:?}");
-        // A client's own (wrong) credentials are passed on, and refused by the worker.
-        c.send(&post("/v1/chat/completions", &chat_body("keyed"), "authorization: Bearer wrong\r\n")).await;
-        assert_eq!(c.answer().await.status, 401);
+        assert_eq!(a.status, 401, "{a:?}");
+        if !client_keys.is_empty() {
+            assert!(String::from_utf8_lossy(&a.body).contains("--client-api-keys"), "{a:?}");
+            // Refused before its body is read: the connection closes.
+            let mut c = Client::connect(r).await;
+            // A client with a client key reaches the workers with the workers' key.
+            c.send(&post("/v1/chat/completions", &chat_body("keyed"), "authorization: Bearer client-k\r\n")).await;
+            assert_eq!(c.answer().await.status, 200);
+            c.send(&post("/v1/chat/completions", &chat_body("keyed"), "authorization: Bearer wrong\r\n")).await;
+            assert_eq!(c.answer().await.status, 401);
+        } else {
+            let mut c = Client::connect(r).await;
+            // A client's own credentials are passed on: the right ones are served, wrong ones refused.
+            c.send(&post("/v1/chat/completions", &chat_body("keyed"), "authorization: Bearer s3cret\r\n")).await;
+            assert_eq!(c.answer().await.status, 200);
+            c.send(&post("/v1/chat/completions", &chat_body("keyed"), "authorization: Bearer wrong\r\n")).await;
+            assert_eq!(c.answer().await.status, 401);
+        }
     }
     for r in runs {
         let _ = r.stop.send(());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn body_framing_errors_are_400_and_an_oversized_expect_is_refused_before_continue() {
+    let w = MockEngine::spawn(engine_config()).await.unwrap();
+    let r = start(config(&[&w], PolicyConfig::RoundRobin, false)).await;
+    // A chunked body with a chunk size that overflows, and one with a bare LF: malformed, not large.
+    for body in [&b"fffffffffffffffffffff\r\n{}\r\n0\r\n\r\n"[..], b"2\n{}\r\n0\r\n\r\n"] {
+        let mut c = Client::connect(&r).await;
+        let mut raw = b"POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        raw.extend_from_slice(body);
+        c.send(&raw).await;
+        let a = c.answer().await;
+        assert_eq!(a.status, 400, "{a:?}");
+        assert_eq!(a.json()["error"]["type"], "invalid_request_error", "{a:?}");
+    }
+    // Over the limit with `Expect: 100-continue` on the hyper path (a chunked-free GET-less route
+    // that the fast path hands over: /debug/route): 413 at once, never `100 Continue`.
+    let mut c = Client::connect(&r).await;
+    c.send(
+        format!(
+            "POST /debug/route HTTP/1.1\r\nhost: r\r\nauthorization: Bearer {ADMIN_KEY}\r\ncontent-length: 100000000\r\n\
+             expect: 100-continue\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await;
+    let a = c.answer().await;
+    assert_eq!(a.status, 413, "{a:?}");
+    let _ = r.stop.send(());
 }

@@ -96,8 +96,9 @@ struct Head {
     forward: Vec<u8>,
     /// The client's data-parallel rank hint, used when the router has none.
     rank: Option<Vec<u8>>,
-    /// The client sent `Authorization`.
-    authorized: bool,
+    /// The client's `Authorization` value: a client key to check
+    /// (`--client-api-keys`), or its own credentials for the worker.
+    authorization: Option<Vec<u8>>,
 }
 
 /// Who serves the request at the front of the buffer.
@@ -131,12 +132,16 @@ fn parse_head(buf: &[u8]) -> Option<Next> {
     }
     let close = option("close");
     let (mut body_len, mut expect_continue) = (None, false);
-    let (mut forward, mut rank, mut authorized) = (Vec::new(), None, false);
+    let (mut forward, mut rank, mut authorization) = (Vec::new(), None, None);
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case(RANK_HEADER) {
             rank = Some(h.value.to_vec());
+        } else if h.name.eq_ignore_ascii_case("authorization") {
+            // Two credentials are one too many: hyper answers (400).
+            if authorization.replace(h.value.to_vec()).is_some() {
+                return Some(Next::Hyper);
+            }
         } else if forwarded(h.name, &connection) {
-            authorized |= h.name.eq_ignore_ascii_case("authorization");
             push_header(&mut forward, h.name.as_bytes(), h.value);
         }
         let value = std::str::from_utf8(h.value).unwrap_or("\u{0}").trim();
@@ -153,7 +158,7 @@ fn parse_head(buf: &[u8]) -> Option<Next> {
     }
     // No length (an empty body, or a chunked one refused above): hyper decides.
     let Some(body_len) = body_len else { return Some(Next::Hyper) };
-    Some(Next::Fast(Head { route, len, body_len, close, expect_continue, forward, rank, authorized }))
+    Some(Next::Fast(Head { route, len, body_len, close, expect_continue, forward, rank, authorization }))
 }
 
 /// A `Content-Length` value: digits only (`+5` or `5 5`, which a lenient
@@ -235,6 +240,17 @@ async fn serve_fast(
         }
         return false;
     }
+    // A client without a valid key gets no further: its body is not read.
+    let worker_auth = match crate::proxy::worker_authorization(gw, head.authorization.as_deref()) {
+        Ok(auth) => auth,
+        Err(e) => {
+            count_error(gw, route, &e);
+            if write_error(tcp, &e, true).await.is_ok() {
+                linger(tcp).await;
+            }
+            return false;
+        }
+    };
     if head.expect_continue
         && buf.len() < head.body_len
         && tcp.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.is_err()
@@ -253,10 +269,8 @@ async fn serve_fast(
     let body = buf.split_to(head.body_len).freeze();
     let close = head.close || drain.is_cancelled();
     let mut headers = head.forward;
-    if !head.authorized
-        && let Some(auth) = &gw.worker_auth
-    {
-        push_header(&mut headers, b"authorization", auth.as_bytes());
+    if let Some(auth) = worker_auth {
+        push_header(&mut headers, b"authorization", &auth);
     }
     let extra = upstream::Extra { headers: Bytes::from(headers), rank: head.rank.map(Bytes::from) };
     async move {
@@ -307,10 +321,11 @@ async fn write_error(tcp: &mut TcpStream, e: &GatewayError, close: bool) -> io::
     let body = e.body().to_string();
     let status = e.status();
     let head = format!(
-        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{}\r\n",
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{}{}\r\n",
         status.as_u16(),
         status.canonical_reason().unwrap_or(""),
         body.len(),
+        e.extra_head(),
         if close { "connection: close\r\n" } else { "" }
     );
     let mut out = head.into_bytes();

@@ -224,6 +224,14 @@ async fn read_head(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Answer
                 let mut out = Vec::with_capacity(256);
                 let (mut length, mut chunked, mut te, mut close, mut sse) = (None, false, false, false, false);
                 let mut codings = String::new();
+                // The answer's `connection` tokens: options, and the headers that are hop-only.
+                let connection: Vec<&str> = resp
+                    .headers
+                    .iter()
+                    .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+                    .filter_map(|h| std::str::from_utf8(h.value).ok())
+                    .collect();
+                let connection = connection.join(",");
                 for h in resp.headers.iter() {
                     let value = std::str::from_utf8(h.value).unwrap_or("").trim();
                     if h.name.eq_ignore_ascii_case("content-length") {
@@ -240,7 +248,7 @@ async fn read_head(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Answer
                     } else if h.name.eq_ignore_ascii_case("content-type") {
                         sse = value.starts_with("text/event-stream");
                     }
-                    if relayed(h.name) {
+                    if relayed(h.name, &connection) {
                         push_header(&mut out, h.name.as_bytes(), h.value);
                     }
                 }

@@ -10,6 +10,16 @@ use serde_json::{Value, json};
 use sgl_router::app::{App, AppConfig, PolicyConfig};
 use sgl_router::events::KvEventsConfig;
 
+/// The control-plane key of the test routers.
+pub(crate) const ADMIN_KEY: &str = "test-admin-key";
+
+/// A client that presents the control-plane key.
+pub(crate) fn admin_client() -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {ADMIN_KEY}").parse().unwrap());
+    reqwest::Client::builder().default_headers(headers).build().unwrap()
+}
+
 pub(crate) fn engine_config() -> MockEngineConfig {
     MockEngineConfig { fast: true, default_max_tokens: 4, ..MockEngineConfig::default() }
 }
@@ -44,6 +54,10 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         serve_threads: 2,
         fast_proxy: true,
         worker_api_key: None,
+        limits: gateway::ClientLimits::default(),
+        control_plane_keys: vec![ADMIN_KEY.into()],
+        client_keys: Vec::new(),
+        admin_listen: None,
     }
 }
 
@@ -70,4 +84,14 @@ pub(crate) fn chat(system: &str, user: &str) -> Value {
 
 pub(crate) async fn post(url: &str, body: &Value) -> reqwest::Response {
     reqwest::Client::new().post(url).json(body).timeout(Duration::from_secs(10)).send().await.unwrap()
+}
+
+/// `GET` with the control-plane key.
+pub(crate) async fn admin_get(url: &str) -> reqwest::Response {
+    admin_client().get(url).timeout(Duration::from_secs(10)).send().await.unwrap()
+}
+
+/// `POST` of JSON with the control-plane key.
+pub(crate) async fn admin_post(url: &str, body: &Value) -> reqwest::Response {
+    admin_client().post(url).json(body).timeout(Duration::from_secs(10)).send().await.unwrap()
 }

@@ -1,0 +1,130 @@
+//! Who may call what: the bearer keys of the control plane
+//! (`--control-plane-api-keys`: fleet changes, `/workers`, `/debug/route`,
+//! `/metrics`) and of the data plane (`--client-api-keys`: the OpenAI routes),
+//! checked in constant time. Owns no keys of the workers': what goes to a
+//! worker is the proxy's business.
+//!
+//! With no control-plane key configured, the control plane is closed (403
+//! naming the flag), never open. With no client key configured, the data
+//! plane is open and a client's own `Authorization` passes through to the
+//! worker; the workers' key (`--api-key`) is attached only to requests of
+//! clients that presented a client key.
+
+use axum::http::HeaderMap;
+
+use crate::GatewayError;
+
+/// A set of accepted bearer keys.
+#[derive(Clone, Default)]
+pub struct Keys(Vec<Vec<u8>>);
+
+/// Which key set guards a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plane {
+    /// Fleet changes, topology and explain routes.
+    Control,
+    /// The OpenAI-compatible routes.
+    Data,
+}
+
+// === impl Keys ===
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the keys themselves.
+        write!(f, "Keys({} configured)", self.0.len())
+    }
+}
+
+impl Keys {
+    /// The keys, empty ones dropped.
+    pub fn new<S: AsRef<str>>(keys: &[S]) -> Self {
+        Self(keys.iter().map(|k| k.as_ref().trim().as_bytes().to_vec()).filter(|k| !k.is_empty()).collect())
+    }
+
+    /// No key configured.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether an `Authorization` header value (`Bearer KEY`) carries one of the keys.
+    pub fn accepts(&self, authorization: Option<&[u8]>) -> bool {
+        let Some(token) = authorization.and_then(bearer_token) else { return false };
+        // Every key is compared (no early exit), each in time independent of where it differs.
+        self.0.iter().fold(false, |found, key| found | constant_time_eq(key, token))
+    }
+
+    /// Checks a request to a route of `plane`: `Ok` when it may proceed.
+    pub fn check(&self, plane: Plane, authorization: Option<&[u8]>) -> Result<(), GatewayError> {
+        match plane {
+            Plane::Control if self.is_empty() => Err(GatewayError::Forbidden(
+                "the control plane is closed: start the router with --control-plane-api-keys KEY to use it".into(),
+            )),
+            Plane::Data if self.is_empty() => Ok(()),
+            _ if self.accepts(authorization) => Ok(()),
+            Plane::Control => Err(GatewayError::Unauthorized(
+                "this route needs `Authorization: Bearer KEY` with a key from --control-plane-api-keys".into(),
+            )),
+            Plane::Data => Err(GatewayError::Unauthorized(
+                "this route needs `Authorization: Bearer KEY` with a key from --client-api-keys".into(),
+            )),
+        }
+    }
+
+    /// [`Keys::check`] on a header map.
+    pub fn check_headers(&self, plane: Plane, headers: &HeaderMap) -> Result<(), GatewayError> {
+        let value = headers.get(axum::http::header::AUTHORIZATION).map(|v| v.as_bytes());
+        self.check(plane, value)
+    }
+}
+
+/// The token of `Bearer TOKEN` (scheme case-insensitive, surrounding blanks ignored).
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let value = value.trim_ascii();
+    let (scheme, rest) = value.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || !rest.first().is_some_and(|b| *b == b' ' || *b == b'\t') {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    (!token.is_empty()).then_some(token)
+}
+
+/// Equality whose time depends on the lengths only.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_keys_are_matched_exactly() {
+        let keys = Keys::new(&["k1", "second-key", ""]);
+        assert!(keys.accepts(Some(b"Bearer k1")));
+        assert!(keys.accepts(Some(b"bearer   second-key ")));
+        for bad in [&b"Bearer k"[..], b"Bearer k12", b"k1", b"Basic k1", b"Bearerk1", b"Bearer ", b""] {
+            assert!(!keys.accepts(Some(bad)), "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert!(!keys.accepts(None));
+        // The empty key was dropped: it cannot be presented.
+        assert_eq!(format!("{keys:?}"), "Keys(2 configured)");
+    }
+
+    #[test]
+    fn a_closed_control_plane_names_the_flag() {
+        let none = Keys::default();
+        let e = none.check(Plane::Control, Some(b"Bearer anything")).unwrap_err();
+        assert_eq!(e.status().as_u16(), 403);
+        assert!(e.to_string().contains("--control-plane-api-keys"), "{e}");
+        // An open data plane lets anyone through.
+        assert!(none.check(Plane::Data, None).is_ok());
+        let keys = Keys::new(&["a"]);
+        assert_eq!(keys.check(Plane::Data, None).unwrap_err().status().as_u16(), 401);
+        assert_eq!(keys.check(Plane::Control, Some(b"Bearer b")).unwrap_err().status().as_u16(), 401);
+        assert!(keys.check(Plane::Control, Some(b"Bearer a")).is_ok());
+    }
+}
