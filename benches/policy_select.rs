@@ -1,8 +1,9 @@
-//! One selection per iteration over n healthy workers, with the reference
-//! router's names: `policy_select::{round_robin,random,power_of_two}/{4,16,64,256}`,
-//! plus `least_load`, `cache_aware` and `min_ttft` (a third of the workers hold
+//! One routed request per iteration (`select`, then `commit`, as the gateway
+//! does) over n healthy workers, with the reference router's names:
+//! `policy_select::{round_robin,random,power_of_two}/{4,16,64,256}`, plus
+//! `least_load`, `cache_aware` and `min_ttft` (a third of the workers hold
 //! part of the prompt, loads vary) and `approx_tree` (a 2 KiB prompt sharing a system
-//! prompt with earlier requests; includes the tree match and insert).
+//! prompt with earlier requests; includes the tree match and, in `commit`, the insert).
 //!
 //! Run: `cargo bench -p sgl-router-benches --bench policy_select`.
 //! Last result: docs/benchmarks.md.
@@ -11,18 +12,26 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use policy::{
-    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, Candidate, LeastLoad, Load, MinTtft,
+    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, Candidate, Decision, LeastLoad, Load, MinTtft,
     MinTtftConfig, Policy, PowerOfTwo, Random, RequestInfo, RoundRobin,
 };
+use router_types::WorkerId;
 
 fn candidates(n: usize) -> Vec<Candidate> {
     (0..n)
         .map(|i| Candidate {
-            worker: i,
+            worker: WorkerId(i as u32),
             load: Load { in_flight: (i * 7 % 13) as u32, uncached_tokens: (i * 1543 % 9000) as u64 },
             matched_tokens: if i % 3 == 0 { ((i * 911) % 8000) as u64 + 1024 } else { 0 },
         })
         .collect()
+}
+
+/// What the gateway does for a request it sends: select, then commit.
+fn route(p: &dyn Policy, cs: &[Candidate], req: &RequestInfo<'_>) -> Decision {
+    let d = p.select(cs, req).unwrap();
+    p.commit(&d, cs, req);
+    d
 }
 
 fn bench(c: &mut Criterion) {
@@ -39,9 +48,7 @@ fn bench(c: &mut Criterion) {
         for n in [4usize, 16, 64, 256] {
             let cs = candidates(n);
             let req = RequestInfo { input_tokens: 8192, text: None };
-            g.bench_with_input(BenchmarkId::new(p.name(), n), &cs, |b, cs| {
-                b.iter(|| p.select(black_box(cs), &req).unwrap())
-            });
+            g.bench_with_input(BenchmarkId::new(p.name(), n), &cs, |b, cs| b.iter(|| route(&**p, black_box(cs), &req)));
         }
     }
     let system = "You are a helpful assistant for the serving team. ".repeat(20);
@@ -50,14 +57,14 @@ fn bench(c: &mut Criterion) {
         let cs = candidates(n);
         for i in 0..n * 4 {
             let text = format!("{system} earlier question {i}");
-            p.select(&cs, &RequestInfo { input_tokens: 0, text: Some(&text) }).unwrap();
+            route(&p, &cs, &RequestInfo { input_tokens: 0, text: Some(&text) });
         }
         let mut i = 0u64;
         g.bench_with_input(BenchmarkId::new("approx_tree", n), &cs, |b, cs| {
             b.iter(|| {
                 i += 1;
                 let text = format!("{system} question {}", i % 512);
-                p.select(black_box(cs), &RequestInfo { input_tokens: 0, text: Some(&text) }).unwrap()
+                route(&p, black_box(cs), &RequestInfo { input_tokens: 0, text: Some(&text) })
             })
         });
     }

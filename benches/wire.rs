@@ -12,9 +12,9 @@ use std::sync::Arc;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kv_events::{EventForm, Limits, StreamMessage, StreamUpdate, decode_batch, encode_batch};
 use kv_index::{IndexConfig, KvIndex, SystemClock};
+use kv_ingest::{Pump, PumpMetrics, StreamHashing};
 use renderer::{HashMode, PageHasher};
 use router_types::{DpRank, EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier, WorkerKey, WorkerUrl};
-use sgl_router::pump::{Pump, PumpMetrics, StreamHashing};
 
 const PAGE: usize = 16;
 const BLOCKS_PER_BATCH: usize = 32;

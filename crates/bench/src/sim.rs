@@ -20,7 +20,7 @@ use policy::{
     ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, Candidate, LeastLoad, Load, MinTtft,
     MinTtftConfig, Policy, PowerOfTwo, Random, RequestInfo, RoundRobin,
 };
-use router_types::{BlockHash, DpRank, Tier, WorkerKey, WorkerUrl};
+use router_types::{BlockHash, DpRank, Tier, WorkerId, WorkerKey, WorkerUrl};
 use serde::Serialize;
 
 use crate::trace::{TRACE_BLOCK, TraceRequest};
@@ -189,7 +189,7 @@ pub(crate) fn run(trace: &[TraceRequest], policy: &str, cfg: &SimConfig) -> Resu
                     own_uncached
                 };
                 Candidate {
-                    worker: w,
+                    worker: WorkerId(w as u32),
                     load: Load { in_flight: own.len() as u32, uncached_tokens: uncached },
                     matched_tokens: matched[w],
                 }
@@ -198,9 +198,11 @@ pub(crate) fn run(trace: &[TraceRequest], policy: &str, cfg: &SimConfig) -> Resu
         let text: Vec<u8> = req.hash_ids.iter().flat_map(|id| (*id as u32).to_le_bytes()).collect();
         // The tree works on text; block ids as bytes keep the prefix structure.
         let text = String::from_utf8_lossy(&text).into_owned();
-        let decision =
-            router.policy.select(&candidates, &RequestInfo { input_tokens: req.input_length, text: Some(&text) })?;
-        let w = decision.worker;
+        let request = RequestInfo { input_tokens: req.input_length, text: Some(&text) };
+        let decision = router.policy.select(&candidates, &request)?;
+        router.policy.commit(&decision, &candidates, &request);
+        // Simulated workers are numbered 0..n and never leave: id i is worker i.
+        let w = decision.worker.0 as usize;
         let worker = &mut workers[w];
         let start = now.max(worker.busy_until);
         let hit = worker.cache.lookup_and_pin(&chain);

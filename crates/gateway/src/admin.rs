@@ -13,9 +13,10 @@ use router_types::WorkerUrl;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::metrics::{escape, head};
+use crate::metrics::head;
+use fleet::{Events, Worker};
+
 use crate::proxy::{Route, parse_body, plan, read_body};
-use crate::workers::Worker;
 use crate::{Gateway, GatewayError};
 
 #[derive(Debug, Deserialize)]
@@ -44,13 +45,15 @@ pub(crate) async fn debug_route(
     let bytes = read_body(&gw, body).await?;
     let v = parse_body(&gw, route, &bytes)?;
     let plan = plan(&gw, route, v.as_ref())?;
+    // An explain: the policy's choice, never committed (nothing it learns or advances).
     let candidates: Vec<Value> = plan
         .candidates
         .iter()
-        .map(|c| json!({"worker": plan.workers[c.worker].url, "matched_tokens": c.matched_tokens, "in_flight": c.load.in_flight}))
+        .zip(&plan.workers)
+        .map(|(c, w)| json!({"worker": w.url, "id": w.id, "matched_tokens": c.matched_tokens, "in_flight": c.load.in_flight}))
         .collect();
     Ok(Json(json!({
-        "worker": plan.workers[plan.decision.worker].url,
+        "worker": plan.chosen().url,
         "dp_rank": plan.rank.map(|r| r.0),
         "policy": gw.policy.name(),
         "reason": plan.decision.reason.as_str(),
@@ -69,16 +72,17 @@ pub(crate) async fn models(State(gw): State<Arc<Gateway>>) -> Json<Value> {
 /// never a readiness failure (one engine down must not take every router
 /// replica out of its Service).
 pub(crate) async fn readiness(State(gw): State<Arc<Gateway>>) -> Response {
-    let all = gw.workers.all();
-    let healthy = all.iter().filter(|w| w.is_healthy()).count();
-    let subscriptions_ok = gw.ready.as_ref().is_none_or(|h| h());
+    let all = gw.fleet.snapshot();
+    let routable = all.iter().filter(|w| w.is_routable()).count();
+    // Followed workers whose subscribers are down: degraded cache knowledge, still routable.
+    let degraded = gw.fleet.event_metrics().map_or(0, |e| e.connected().iter().filter(|(_, up)| !*up).count());
     let draining = gw.draining.load(Ordering::Relaxed);
-    let ready = healthy > 0 && !draining;
+    let ready = routable > 0 && !draining;
     let body = json!({
         "ready": ready,
-        "healthy_workers": healthy,
+        "healthy_workers": routable,
         "workers": all.len(),
-        "subscriptions_degraded": !subscriptions_ok,
+        "degraded_subscriptions": degraded,
         "draining": draining,
     });
     (if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, Json(body)).into_response()
@@ -96,6 +100,15 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
         "Requests retried on another worker after a connect failure.",
     );
     out.push_str(&format!("router_http_retries_total {}\n", m.retries.load(Ordering::Relaxed)));
+    head(
+        &mut out,
+        "router_http_over_budget_total",
+        "counter",
+        "Requests refused (429) because the memory of requests in progress was at its budget.",
+    );
+    out.push_str(&format!("router_http_over_budget_total {}\n", m.over_budget.load(Ordering::Relaxed)));
+    head(&mut out, "router_http_request_memory_bytes", "gauge", "Memory reserved by the requests in progress.");
+    out.push_str(&format!("router_http_request_memory_bytes {}\n", gw.budget.used()));
     m.latency.render(&mut out, "router_http_request_duration_seconds", "Whole-request latency, streaming included.");
     m.ttfb.render(&mut out, "router_http_time_to_first_byte_seconds", "Time until the worker's response headers.");
     m.matched_tokens.render(&mut out, "router_policy_matched_tokens", "Prompt tokens the chosen worker already held.");
@@ -108,70 +121,72 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     );
     out.push_str(&format!("router_page_hashes_total{{source=\"hashed\"}} {}\n", memo.pages_hashed));
     out.push_str(&format!("router_page_hashes_total{{source=\"memo\"}} {}\n", memo.pages_reused));
-    let workers = gw.workers.all();
-    let per_worker = |out: &mut String, name: &str, help: &str, value: &dyn Fn(&Worker) -> u64| {
-        head(out, name, "gauge", help);
-        for w in &workers {
-            out.push_str(&format!("{name}{{worker=\"{}\"}} {}\n", escape(w.url.as_str()), value(w)));
-        }
-    };
-    per_worker(&mut out, "router_worker_in_flight", "Requests in flight per worker.", &|w| {
-        u64::from(w.load().in_flight)
-    });
-    per_worker(
-        &mut out,
-        "router_worker_reported_queued_tokens",
-        "Uncached prompt tokens the worker last reported queued (SGLang /v1/loads; 0 when unknown).",
-        &|w| w.reported_uncached_tokens(),
-    );
-    per_worker(&mut out, "router_worker_healthy", "1 while the worker is in rotation.", &|w| u64::from(w.is_healthy()));
-    if let Some(hook) = &gw.extra_metrics {
-        hook(&mut out);
-    }
+    gw.fleet.render_metrics(&mut out);
     let mut r = Response::new(Body::from(out));
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
     r
 }
 
 pub(crate) async fn list_workers(State(gw): State<Arc<Gateway>>) -> Json<Value> {
-    let list: Vec<Value> = gw
-        .workers
-        .all()
-        .iter()
-        .map(|w| {
-            let load = w.load();
-            let info = w.info().unwrap_or_default();
-            json!({
-                "url": w.url,
-                "healthy": w.is_healthy(),
-                "down_for_s": w.down_for().map(|d| d.as_secs()),
-                "in_flight": load.in_flight,
-                "uncached_tokens": w.own_uncached_tokens(),
-                "reported_uncached_tokens": w.reported_uncached_tokens(),
-                "model_id": info.model_id,
-                "dp_size": info.dp_size,
-                "page_size": info.page_size,
-            })
-        })
-        .collect();
+    let list: Vec<Value> = gw.fleet.all().iter().map(|w| describe(w)).collect();
     Json(json!({"workers": list}))
 }
+
+/// A worker as `/workers` shows it.
+fn describe(w: &Worker) -> Value {
+    let load = w.load();
+    let info = w.info().unwrap_or_default();
+    let (events, streams, reason) = match w.events() {
+        Events::Off => ("off", None, None),
+        Events::Discovering => ("discovering", None, None),
+        Events::Followed { streams } => ("followed", Some(streams), None),
+        Events::NotFollowed(reason) => ("not_followed", None, Some(reason)),
+        Events::Refused(reason) => ("refused", None, Some(reason)),
+    };
+    json!({
+        "id": w.id,
+        "url": w.url,
+        "role": w.role.as_str(),
+        "pool": w.pool,
+        "state": w.state().as_str(),
+        "healthy": w.is_routable(),
+        "down_for_s": w.down_for().map(|d| d.as_secs()),
+        "in_flight": load.in_flight,
+        "uncached_tokens": w.own_uncached_tokens(),
+        "reported_uncached_tokens": w.reported_uncached_tokens(),
+        "model_id": info.model_id,
+        "dp_size": info.dp_size,
+        "page_size": info.page_size,
+        "kv_events": events,
+        "kv_streams": streams,
+        "kv_events_reason": reason,
+    })
+}
+
+/// How long `POST /workers` waits for a new worker's publishers to be found
+/// before answering 202 (still discovering; followed when it comes up).
+const ADD_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub(crate) async fn add_worker(State(gw): State<Arc<Gateway>>, body: Body) -> Result<Response, GatewayError> {
     let bytes = read_body(&gw, body).await?;
     let req: AddWorker = serde_json::from_slice(&bytes)
         .map_err(|e| GatewayError::BadRequest(format!("expected {{\"url\": ...}}: {e}")))?;
     let url = crate::check_worker_url(&req.url).map_err(GatewayError::BadRequest)?;
-    let known = gw.workers.all().iter().any(|w| w.url == url);
-    if !known && let Some(hook) = &gw.add_worker {
-        // Follow its KV events first: routing to it before would be blind.
-        if let Err(reason) = hook(url.clone()).await {
+    let added = gw.fleet.add(url.clone(), fleet::Source::Admin);
+    if !added.new {
+        return Ok((StatusCode::OK, Json(json!({"url": url, "id": added.worker.id, "added": false}))).into_response());
+    }
+    // Follow its KV events first: routing to it before would be blind.
+    let status = match gw.fleet.wait_discovered(&added.worker, ADD_WAIT).await {
+        Events::Refused(reason) => {
+            gw.fleet.remove(&url).await;
             return Err(GatewayError::Unprocessable(format!("worker {url} refused: {reason}")));
         }
-    }
-    let added = gw.workers.add(url.clone(), gw.index.as_deref());
-    let status = if added { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(json!({"url": url, "added": added}))).into_response())
+        Events::Discovering => StatusCode::ACCEPTED,
+        _ => StatusCode::CREATED,
+    };
+    let body = json!({"url": url, "id": added.worker.id, "added": true, "worker": describe(&added.worker)});
+    Ok((status, Json(body)).into_response())
 }
 
 pub(crate) async fn remove_worker(
@@ -180,11 +195,8 @@ pub(crate) async fn remove_worker(
 ) -> Result<Json<Value>, GatewayError> {
     // The URL as listed by `/workers` (or any spelling of it).
     let url = WorkerUrl::parse(&url).unwrap_or_else(|_| WorkerUrl::new(url.as_str()));
-    if !gw.workers.remove(&url) {
+    let Some(w) = gw.fleet.remove(&url).await else {
         return Err(GatewayError::NotFound(format!("worker {url}")));
-    }
-    if let Some(index) = &gw.index {
-        index.remove_worker(&url);
-    }
-    Ok(Json(json!({"removed": url})))
+    };
+    Ok(Json(json!({"removed": url, "id": w.id, "in_flight": w.load().in_flight})))
 }

@@ -10,18 +10,19 @@
 //! ```
 
 mod admin;
+pub mod admission;
 pub mod auth;
 pub mod error;
 mod h1;
-pub mod health;
 pub mod metrics;
 pub mod namespace;
 mod proxy;
 mod shape;
-pub mod workers;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
+
+use router_types::WorkerUrl;
 use std::time::Duration;
 
 use kv_index::KvIndex;
@@ -29,51 +30,17 @@ use policy::Policy;
 use renderer::Renderer;
 
 pub use error::GatewayError;
+pub use fleet::{Fleet, HashModes, LoadGuard, Worker, WorkerInfo, worker_client};
 pub use h1::serve;
-pub use health::{HealthConfig, health_loop, load_loop, worker_client};
 pub use metrics::GatewayMetrics;
-pub use workers::{LoadGuard, Worker, WorkerInfo, Workers, check_worker_url};
+pub use proxy::PROXIED_PATHS;
 
 /// Default request body limit (the reference router's).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 5 << 20;
 
-/// The hash modes of the followed workers: unigram, bigram (EAGLE-style
-/// speculative decoding), or both in a mixed fleet; workers added at run time
-/// add theirs. With none known, requests are hashed unigram.
-#[derive(Debug, Default)]
-pub struct HashModes(std::sync::atomic::AtomicU8);
-
-impl HashModes {
-    const UNIGRAM: u8 = 1;
-    const BIGRAM: u8 = 2;
-
-    /// Records that a followed worker keys blocks in `mode`.
-    pub fn add(&self, mode: renderer::HashMode) {
-        let bit = match mode {
-            renderer::HashMode::Unigram => Self::UNIGRAM,
-            renderer::HashMode::Bigram => Self::BIGRAM,
-        };
-        self.0.fetch_or(bit, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// The modes requests must be hashed in, unigram first.
-    pub fn modes(&self) -> impl Iterator<Item = renderer::HashMode> {
-        let bits = self.0.load(std::sync::atomic::Ordering::Relaxed);
-        let bits = if bits == 0 { Self::UNIGRAM } else { bits };
-        [(Self::UNIGRAM, renderer::HashMode::Unigram), (Self::BIGRAM, renderer::HashMode::Bigram)]
-            .into_iter()
-            .filter(move |(b, _)| bits & b != 0)
-            .map(|(_, m)| m)
-    }
-}
-
 /// How the gateway behaves.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
-    /// Page size requests are hashed with (the fleet's).
-    pub block_size: usize,
-    /// How the followed workers key blocks (plain tokens, bigrams, or both in a mixed fleet).
-    pub hash_modes: Arc<HashModes>,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
     /// Longest a proxied request may take.
@@ -93,6 +60,10 @@ pub struct GatewayConfig {
     pub control_plane_keys: Vec<String>,
     /// Bearer keys clients must present on the OpenAI routes (`--client-api-keys`); none: open.
     pub client_keys: Vec<String>,
+    /// Bytes of memory the requests in progress may hold (429 past it; see [`admission`]).
+    pub max_request_memory: usize,
+    /// Large renders run at most this many at a time, off the serving threads.
+    pub render_threads: usize,
     /// The control plane has a listener of its own ([`serve_admin`]): the client
     /// listener does not serve its routes.
     pub admin_listener: bool,
@@ -155,24 +126,12 @@ fn upstream_client() -> UpstreamClient {
         .build(connector)
 }
 
-/// Extra Prometheus text appended to `/metrics` (the KV-event side).
-pub type MetricsHook = Box<dyn Fn(&mut String) + Send + Sync>;
-/// Extra readiness condition (KV-event subscriptions up).
-pub type ReadyHook = Box<dyn Fn() -> bool + Send + Sync>;
-/// Prepares a worker added through `POST /workers` (subscribes to its KV
-/// events); an error refuses the worker with that reason.
-pub type AddWorkerHook = Box<
-    dyn Fn(router_types::WorkerUrl) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
-        + Send
-        + Sync,
->;
-
 /// The gateway's shared state.
 pub struct Gateway {
     /// Configuration.
     pub config: GatewayConfig,
-    /// The workers.
-    pub workers: Arc<Workers>,
+    /// The workers (the fleet owns them; the gateway reads its snapshot and charges load).
+    pub fleet: Arc<Fleet>,
     /// The selection policy.
     pub policy: Arc<dyn Policy>,
     /// The KV index, when routing by KV events.
@@ -192,10 +151,11 @@ pub struct Gateway {
     pub(crate) client_keys: auth::Keys,
     /// Set on shutdown: readiness turns 503, new requests are refused.
     pub draining: AtomicBool,
-    in_flight: AtomicUsize,
-    extra_metrics: Option<MetricsHook>,
-    ready: Option<ReadyHook>,
-    add_worker: Option<AddWorkerHook>,
+    pub(crate) in_flight: AtomicUsize,
+    /// The memory of requests in progress.
+    pub budget: admission::Budget,
+    /// Slots of the render pool.
+    pub(crate) render_slots: tokio::sync::Semaphore,
 }
 
 // === impl Gateway ===
@@ -207,20 +167,22 @@ impl std::fmt::Debug for Gateway {
 }
 
 impl Gateway {
-    /// A gateway over `workers`.
+    /// A gateway over the fleet's workers.
     pub fn new(
         config: GatewayConfig,
-        workers: Arc<Workers>,
+        fleet: Arc<Fleet>,
         policy: Arc<dyn Policy>,
         index: Option<Arc<KvIndex>>,
         renderer: Arc<Renderer>,
     ) -> Self {
         Self {
-            worker_auth: config.worker_api_key.as_deref().and_then(health::bearer),
+            budget: admission::Budget::new(config.max_request_memory),
+            render_slots: tokio::sync::Semaphore::new(config.render_threads.max(1)),
+            worker_auth: config.worker_api_key.as_deref().and_then(fleet::bearer),
             control_keys: auth::Keys::new(&config.control_plane_keys),
             client_keys: auth::Keys::new(&config.client_keys),
             config,
-            workers,
+            fleet,
             policy,
             index,
             renderer,
@@ -228,28 +190,7 @@ impl Gateway {
             metrics: GatewayMetrics::default(),
             draining: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
-            extra_metrics: None,
-            ready: None,
-            add_worker: None,
         }
-    }
-
-    /// Appends more metrics to `/metrics`.
-    pub fn with_metrics_hook(mut self, hook: MetricsHook) -> Self {
-        self.extra_metrics = Some(hook);
-        self
-    }
-
-    /// Adds a readiness condition.
-    pub fn with_ready_hook(mut self, hook: ReadyHook) -> Self {
-        self.ready = Some(hook);
-        self
-    }
-
-    /// Prepares workers added at run time.
-    pub fn with_add_worker_hook(mut self, hook: AddWorkerHook) -> Self {
-        self.add_worker = Some(hook);
-        self
     }
 
     /// The upstream HTTP client of the calling thread. Each serving thread has
@@ -262,10 +203,20 @@ impl Gateway {
         CLIENT.with(|c| c.get_or_init(upstream_client).clone())
     }
 
+    /// Large renders running now.
+    pub fn render_slots_busy(&self) -> usize {
+        self.config.render_threads.max(1) - self.render_slots.available_permits()
+    }
+
     /// Requests being served now.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(std::sync::atomic::Ordering::Relaxed)
     }
+}
+
+/// Checks and normalizes a worker base URL (see [`WorkerUrl::parse`]).
+pub fn check_worker_url(url: &str) -> Result<WorkerUrl, String> {
+    WorkerUrl::parse(url).map_err(|e| e.to_string())
 }
 
 /// Serves the control plane (and the probes) on a listener of its own

@@ -19,9 +19,10 @@ use serde_json::{Value, json};
 use tracing::{Instrument, Span, debug_span, warn};
 
 use crate::admin;
+use crate::admission::Admission;
 use crate::shape::Required;
-use crate::workers::{LoadGuard, Worker};
 use crate::{Gateway, GatewayError};
+use fleet::{LoadGuard, Worker};
 
 /// The header SGLang and vLLM read a data-parallel rank hint from.
 pub(crate) const RANK_HEADER: &str = "x-data-parallel-rank";
@@ -74,11 +75,14 @@ pub(crate) fn relayed(name: &str, connection: &str) -> bool {
 /// client's stream ends cleanly.
 pub(crate) fn failed_mid_answer(worker: &Worker, e: &dyn std::fmt::Display, sse: bool) -> Option<Bytes> {
     warn!(worker = %worker.url, error = %e, "worker failed mid-response");
-    worker.set_healthy(false);
+    worker.request_failed();
     let message = format!("upstream worker {} failed mid-stream: {e}", worker.url);
     let event = json!({"error": {"message": message, "type": "upstream_unreachable", "code": 502}});
     sse.then(|| Bytes::from(format!("data: {event}\n\ndata: [DONE]\n\n")))
 }
+
+/// The paths requests are proxied to (every [`Route`]'s), for the fleet to parse once per worker.
+pub const PROXIED_PATHS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/generate"];
 
 /// The proxied routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,23 +95,40 @@ pub(crate) enum Route {
 /// A routing decision and what it was based on.
 #[derive(Debug)]
 pub(crate) struct Plan {
+    /// The routable workers, in the order of `candidates`.
     pub(crate) workers: Vec<Arc<Worker>>,
     pub(crate) candidates: Vec<Candidate>,
     pub(crate) decision: Decision,
+    /// The position of the chosen worker in `workers` and `candidates`.
+    pub(crate) chosen: usize,
     pub(crate) input_tokens: u64,
+    /// The prompt's text, when the policy reads it.
+    pub(crate) text: Option<String>,
     pub(crate) rank: Option<DpRank>,
     pub(crate) hashes: Vec<BlockHash>,
 }
 
 impl Plan {
     pub(crate) fn chosen(&self) -> &Arc<Worker> {
-        &self.workers[self.decision.worker]
+        &self.workers[self.chosen]
+    }
+
+    /// What the policy saw of the request.
+    pub(crate) fn request(&self) -> RequestInfo<'_> {
+        RequestInfo { input_tokens: self.input_tokens, text: self.text.as_deref() }
+    }
+
+    /// Tells the policy the request really goes where it decided (never for an explain).
+    pub(crate) fn commit(&self, gw: &Gateway) {
+        gw.policy.commit(&self.decision, &self.candidates, &self.request());
     }
 }
 
 /// Load and accounting of one forwarded request, released once on drop.
 pub(crate) struct InFlight {
     gw: Arc<Gateway>,
+    /// Its slot and memory reservation.
+    _admission: Admission,
     /// The chosen worker's load, held until the answer ends.
     pub(crate) load: LoadGuard,
     route: Route,
@@ -137,9 +158,9 @@ impl Route {
 
     pub(crate) fn path(self) -> &'static str {
         match self {
-            Route::Chat => "/v1/chat/completions",
-            Route::Completions => "/v1/completions",
-            Route::Generate => "/generate",
+            Route::Chat => PROXIED_PATHS[0],
+            Route::Completions => PROXIED_PATHS[1],
+            Route::Generate => PROXIED_PATHS[2],
         }
     }
 
@@ -160,7 +181,6 @@ impl Drop for InFlight {
         if self.status != 0 {
             m.requests.inc(format_args!("route=\"{}\",status=\"{}\"", self.route.label(), self.status));
         }
-        self.gw.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -351,7 +371,7 @@ pub(crate) fn plan(gw: &Gateway, route: Route, v: Option<&Value>) -> Result<Plan
         Some(v) => prompt(gw, route, v)?,
         None => (Vec::new(), None),
     };
-    let workers: Vec<Arc<Worker>> = gw.workers.all().into_iter().filter(|w| w.is_healthy()).collect();
+    let workers: Vec<Arc<Worker>> = gw.fleet.snapshot().iter().filter(|w| w.is_routable()).cloned().collect();
     if workers.is_empty() {
         return Err(GatewayError::NoWorker);
     }
@@ -359,7 +379,7 @@ pub(crate) fn plan(gw: &Gateway, route: Route, v: Option<&Value>) -> Result<Plan
     let mut matched: HashMap<kv_index::WorkerId, (u32, Option<DpRank>)> = HashMap::new();
     let mut hashes = Vec::new();
     if let (Some(index), Some(v)) = (&gw.index, v) {
-        let page = NonZeroUsize::new(gw.config.block_size).unwrap_or(NonZeroUsize::MIN);
+        let page = NonZeroUsize::new(gw.fleet.block_size()).unwrap_or(NonZeroUsize::MIN);
         // The request's namespace starts its chain, as the engine's does.
         let served = || {
             let mut names: Vec<String> = workers.iter().filter_map(|w| w.info()?.model_id).collect();
@@ -369,7 +389,7 @@ pub(crate) fn plan(gw: &Gateway, route: Route, v: Option<&Value>) -> Result<Plan
         let ns = crate::namespace::of_request(v, served, Some(index));
         let prior = renderer::hash::namespace_prior(ns.adapter, ns.salt);
         // A mixed fleet is matched in each mode; a worker's blocks exist in its own mode only.
-        for mode in gw.config.hash_modes.modes() {
+        for mode in gw.fleet.hash_modes().modes() {
             let chain = gw.chain_memo.block_hashes(&PageHasher::new(page, mode), &tokens, prior.as_ref());
             for m in index.prefix_depths(&chain, &kv_index::MatchOptions::default()) {
                 let e = matched.entry(m.worker).or_insert((0, None));
@@ -382,21 +402,21 @@ pub(crate) fn plan(gw: &Gateway, route: Route, v: Option<&Value>) -> Result<Plan
             }
         }
     }
-    let bs = gw.config.block_size as u64;
+    let bs = gw.fleet.block_size() as u64;
     let candidates: Vec<Candidate> = workers
         .iter()
-        .enumerate()
-        .map(|(i, w)| {
+        .map(|w| {
             let blocks = w.index_id.and_then(|id| matched.get(&id)).map_or(0, |m| u64::from(m.0));
-            Candidate { worker: i, load: w.load(), matched_tokens: (blocks * bs).min(input_tokens) }
+            Candidate { worker: w.id, load: w.load(), matched_tokens: (blocks * bs).min(input_tokens) }
         })
         .collect();
     let decision = gw
         .policy
         .select(&candidates, &RequestInfo { input_tokens, text: text.as_deref() })
         .map_err(|_| GatewayError::NoWorker)?;
-    let rank = workers[decision.worker].index_id.and_then(|id| matched.get(&id)).and_then(|m| m.1);
-    Ok(Plan { workers, candidates, decision, input_tokens, rank, hashes })
+    let chosen = workers.iter().position(|w| w.id == decision.worker).ok_or(GatewayError::NoWorker)?;
+    let rank = workers[chosen].index_id.and_then(|id| matched.get(&id)).and_then(|m| m.1);
+    Ok(Plan { workers, candidates, decision, chosen, input_tokens, text, rank, hashes })
 }
 
 /// The span a proxied request runs in; `forward` fills in the decision.
@@ -436,6 +456,9 @@ async fn handle(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body, 
 /// The axum front end: read the body, forward with hyper's client, relay the answer.
 async fn serve(gw: Arc<Gateway>, mut headers: HeaderMap, body: Body, route: Route) -> Result<Response, GatewayError> {
     let start = Instant::now();
+    // Admitted before the body is read: a chunked body of unknown size is charged the largest one.
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<usize>().ok());
+    let admission = Admission::admit(&gw, declared.unwrap_or(gw.config.max_body_bytes).min(gw.config.max_body_bytes))?;
     let bytes = read_body(&gw, body).await?;
     let client = gw.client();
     let connection: Vec<&str> = headers.get_all(header::CONNECTION).iter().filter_map(|v| v.to_str().ok()).collect();
@@ -455,7 +478,7 @@ async fn serve(gw: Arc<Gateway>, mut headers: HeaderMap, body: Body, route: Rout
         headers.insert(header::AUTHORIZATION, v);
     }
     let headers = Arc::new(headers);
-    let (guard, worker, resp) = forward(&gw, route, bytes, start, |worker, body, rank| {
+    let (guard, worker, resp) = forward_admitted(&gw, admission, route, bytes, start, |worker, body, rank| {
         let (client, headers) = (client.clone(), headers.clone());
         async move {
             let Some(endpoint) = worker.endpoint(route.path()) else {
@@ -480,12 +503,30 @@ async fn serve(gw: Arc<Gateway>, mut headers: HeaderMap, body: Body, route: Rout
     Ok(stream_back(guard, worker, resp))
 }
 
-/// Routes a request and delivers it: parse, plan, account, admit, then
-/// `send` it to the chosen worker, once more to another worker if nothing
-/// reached the first. Returns the request's load guard, the worker, and
-/// what `send` returned (the answer's head).
+/// Admits a request (see [`Admission`]), then [`forward_admitted`].
 pub(crate) async fn forward<T, F, Fut>(
     gw: &Arc<Gateway>,
+    route: Route,
+    bytes: Bytes,
+    start: Instant,
+    send: F,
+) -> Result<(InFlight, Arc<Worker>, T), GatewayError>
+where
+    F: FnMut(Arc<Worker>, Bytes, Option<DpRank>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, SendError>>,
+{
+    let admission = Admission::admit(gw, bytes.len())?;
+    forward_admitted(gw, admission, route, bytes, start, send).await
+}
+
+/// Routes an admitted request and delivers it: parse and plan (off the
+/// serving thread when the body is large), account, then `send` it to the
+/// chosen worker, once more to another worker if nothing reached the first.
+/// Returns the request's load guard, the worker, and what `send` returned
+/// (the answer's head).
+pub(crate) async fn forward_admitted<T, F, Fut>(
+    gw: &Arc<Gateway>,
+    admission: Admission,
     route: Route,
     bytes: Bytes,
     start: Instant,
@@ -495,13 +536,16 @@ where
     F: FnMut(Arc<Worker>, Bytes, Option<DpRank>) -> Fut,
     Fut: std::future::Future<Output = Result<T, SendError>>,
 {
-    if gw.draining.load(Ordering::Relaxed) {
-        return Err(GatewayError::Draining);
-    }
-    let mut v = parse_body(gw, route, &bytes)?;
-    let plan = plan(gw, route, v.as_ref())?;
+    let (gw2, body) = (gw.clone(), bytes.clone());
+    let (mut v, plan) = crate::admission::render(gw, bytes.len(), move || {
+        let v = parse_body(&gw2, route, &body)?;
+        let plan = plan(&gw2, route, v.as_ref())?;
+        Ok::<_, GatewayError>((v, plan))
+    })
+    .await??;
+    plan.commit(gw);
     let chosen = plan.chosen();
-    let matched = plan.candidates[plan.decision.worker].matched_tokens;
+    let matched = plan.candidates[plan.chosen].matched_tokens;
     let span = Span::current();
     span.record("worker", chosen.url.as_str());
     span.record("matched_tokens", matched);
@@ -525,28 +569,26 @@ where
         _ => bytes.clone(),
     };
     let mut rank = plan.rank;
-    if gw.in_flight.fetch_add(1, Ordering::Relaxed) >= gw.config.max_concurrent {
-        gw.in_flight.fetch_sub(1, Ordering::Relaxed);
-        return Err(GatewayError::Overloaded(gw.config.max_concurrent));
-    }
     let uncached = plan.input_tokens - matched;
     let mut worker = chosen.clone();
-    let mut guard = InFlight { gw: gw.clone(), load: worker.charge(uncached), route, status: 0, start };
+    let load = worker.charge(uncached);
+    let mut guard = InFlight { gw: gw.clone(), _admission: admission, load, route, status: 0, start };
     let mut retried = false;
     loop {
         match tokio::time::timeout(gw.config.request_timeout, send(worker.clone(), body.clone(), rank)).await {
             Ok(Ok(answer)) => {
                 gw.metrics.ttfb.observe(start.elapsed().as_secs_f64());
+                worker.request_succeeded();
                 return Ok((guard, worker, answer));
             }
             Ok(Err(e)) if e.connect && !retried => {
                 // Nothing was sent: try once more on another worker.
                 warn!(worker = %worker.url, error = %e.message, "worker unreachable, retrying elsewhere");
-                worker.set_healthy(false);
+                worker.request_failed();
                 gw.metrics.retries.fetch_add(1, Ordering::Relaxed);
                 retried = true;
                 let others: Vec<Arc<Worker>> =
-                    gw.workers.all().into_iter().filter(|w| w.is_healthy() && w.url != worker.url).collect();
+                    gw.fleet.snapshot().iter().filter(|w| w.is_routable() && w.id != worker.id).cloned().collect();
                 let Some(next) = others.iter().min_by_key(|w| {
                     let l = w.load();
                     (l.in_flight, l.uncached_tokens)
@@ -564,16 +606,18 @@ where
                 (body, rank) = (bytes.clone(), None);
             }
             Ok(Err(e)) => {
-                if e.connect {
-                    worker.set_healthy(false);
-                }
+                worker.request_failed();
                 return Err(GatewayError::Upstream {
                     worker: worker.url.to_string(),
                     message: e.message,
                     retryable: e.connect,
                 });
             }
-            Err(_) => return Err(GatewayError::Timeout(worker.url.to_string())),
+            Err(_) => {
+                // A worker that answers its probes but not its requests must not stay in rotation.
+                worker.request_failed();
+                return Err(GatewayError::Timeout(worker.url.to_string()));
+            }
         }
     }
 }

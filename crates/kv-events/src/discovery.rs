@@ -1,6 +1,13 @@
 //! Where each worker publishes: from SGLang's `GET /server_info` `kv_events`
 //! block, or from explicit flags for engines that advertise nothing (vLLM).
 //! Parsing is pure; fetching retries with backoff.
+//!
+//! A worker's answer decides how many subscriber tasks the router spawns and
+//! how much it reads, so both are bounded: at most [`MAX_DP_SIZE`] streams per
+//! worker (more is refused, [`DiscoveryError::TooManyRanks`], not clamped: a
+//! worker subscribed to in part would look healthy while half its cache is
+//! invisible), every port within range, and a body of at most
+//! [`MAX_SERVER_INFO_BYTES`].
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -14,6 +21,12 @@ use crate::subscriber::StreamEndpoints;
 
 /// Speculative algorithms whose engines key the KV cache by bigrams.
 const BIGRAM_ALGORITHMS: [&str; 3] = ["EAGLE", "EAGLE3", "FROZEN_KV_MTP"];
+/// Most dp ranks (one subscriber task and two sockets each) accepted from one
+/// worker, advertised or given by flag: above the largest data-parallel
+/// deployments, far below what would flood the router with tasks.
+pub const MAX_DP_SIZE: usize = 256;
+/// Largest `/server_info` body read: SGLang's is a few KiB of server args.
+pub const MAX_SERVER_INFO_BYTES: usize = 1024 * 1024;
 
 /// Everything needed to subscribe to one worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +71,16 @@ pub enum DiscoveryError {
         /// What is wrong.
         message: String,
     },
+    /// The worker advertises (or a flag gives) more dp ranks than [`MAX_DP_SIZE`].
+    #[error("{worker}: dp_size {dp_size} is more than the maximum of {max} streams per worker")]
+    TooManyRanks {
+        /// The worker.
+        worker: WorkerUrl,
+        /// The dp size asked for.
+        dp_size: usize,
+        /// [`MAX_DP_SIZE`].
+        max: usize,
+    },
     /// The worker publishes no KV events and no endpoint was given for it.
     #[error("{0}: publishes no KV events (kv_events is null) and no --kv-events-endpoint was given")]
     NotPublishing(WorkerUrl),
@@ -95,6 +118,7 @@ impl DiscoveryError {
         match self {
             DiscoveryError::Unreachable { .. } => "unreachable",
             DiscoveryError::Invalid { .. } => "invalid",
+            DiscoveryError::TooManyRanks { .. } => "too_many_ranks",
             DiscoveryError::NotPublishing(_) => "not_publishing",
             DiscoveryError::Flag { .. } => "flag",
         }
@@ -136,6 +160,15 @@ pub fn parse_server_info(worker: &WorkerUrl, body: &[u8]) -> Result<Option<Worke
         kv.endpoint_host.clone()
     };
     let dp_size = kv.dp_size.unwrap_or(1).max(1);
+    if dp_size > MAX_DP_SIZE {
+        return Err(DiscoveryError::TooManyRanks { worker: worker.clone(), dp_size, max: MAX_DP_SIZE });
+    }
+    let last_port = |base: u16| usize::from(base) + dp_size - 1;
+    if last_port(kv.endpoint_port_base) > usize::from(u16::MAX)
+        || kv.replay_endpoint_port_base.is_some_and(|b| last_port(b) > usize::from(u16::MAX))
+    {
+        return Err(invalid(format!("dp_size {dp_size} puts ports past 65535")));
+    }
     let block_size = kv.block_size.filter(|b| *b > 0).ok_or_else(|| invalid("kv_events.block_size missing".into()))?;
     let bigram = info
         .get("speculative_algorithm")
@@ -187,6 +220,9 @@ pub fn explicit_streams(
         None => None,
     };
     let dp = flags.dp_sizes.get(worker).copied().unwrap_or(1).max(1);
+    if dp > MAX_DP_SIZE {
+        return Err(DiscoveryError::TooManyRanks { worker: worker.clone(), dp_size: dp, max: MAX_DP_SIZE });
+    }
     let host = if is_wildcard(host) { url_host(worker).unwrap_or_else(|| host.to_string()) } else { host.to_string() };
     (0..dp)
         .map(|rank| {
@@ -224,12 +260,13 @@ pub async fn discover(
             if !response.status().is_success() {
                 return Err(format!("HTTP {}", response.status()));
             }
-            response.bytes().await.map_err(|e| e.to_string())
+            Ok(read_server_info(worker, response).await)
         };
         let remaining = deadline.saturating_sub(start.elapsed());
         let message = match tokio::time::timeout(remaining.max(Duration::from_millis(1)), attempt).await {
-            Ok(Ok(body)) => return parse_server_info(worker, &body),
-            Ok(Err(message)) => message,
+            Ok(Ok(Ok(body))) => return parse_server_info(worker, &body),
+            Ok(Ok(Err(DiscoveryError::Unreachable { message, .. }))) | Ok(Err(message)) => message,
+            Ok(Ok(Err(e))) => return Err(e),
             Err(_) => "timed out".to_string(),
         };
         if start.elapsed() + backoff >= deadline {
@@ -240,6 +277,32 @@ pub async fn discover(
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(2));
     }
+}
+
+/// Reads a `/server_info` response body, at most [`MAX_SERVER_INFO_BYTES`]
+/// of it: more is [`DiscoveryError::Invalid`] (asking again will not help), a
+/// failed read [`DiscoveryError::Unreachable`]. For callers that send the
+/// request themselves; [`discover`] uses it.
+pub async fn read_server_info(worker: &WorkerUrl, mut response: reqwest::Response) -> Result<Vec<u8>, DiscoveryError> {
+    let too_large = || DiscoveryError::Invalid {
+        worker: worker.clone(),
+        message: format!("/server_info body larger than {MAX_SERVER_INFO_BYTES} bytes"),
+    };
+    if response.content_length().is_some_and(|n| n > MAX_SERVER_INFO_BYTES as u64) {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| DiscoveryError::Unreachable { worker: worker.clone(), message: e.to_string() })?
+    {
+        if body.len() + chunk.len() > MAX_SERVER_INFO_BYTES {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 #[cfg(test)]
@@ -295,5 +358,24 @@ mod tests {
         assert_eq!(explicit_streams(&w("http://other:1"), &flags, "").unwrap(), None);
         flags.endpoints.insert(worker.clone(), "udp://x".into());
         assert_eq!(explicit_streams(&worker, &flags, "").unwrap_err().kind(), "flag");
+        flags.endpoints.insert(worker.clone(), "tcp://vllm-0:5557".into());
+        flags.dp_sizes.insert(worker.clone(), MAX_DP_SIZE + 1);
+        assert_eq!(explicit_streams(&worker, &flags, "").unwrap_err().kind(), "too_many_ranks");
+    }
+
+    #[test]
+    fn dp_size_and_ports_are_bounded() {
+        let body = |dp: usize, port: u16| {
+            format!(
+                r#"{{"kv_events": {{"endpoint_host": "h", "endpoint_port_base": {port}, "block_size": 16, "dp_size": {dp}}}}}"#
+            )
+        };
+        let worker = w("http://a:1");
+        assert_eq!(parse_server_info(&worker, body(MAX_DP_SIZE, 5000).as_bytes()).unwrap().unwrap().streams.len(), 256);
+        let err = parse_server_info(&worker, body(100_000, 5000).as_bytes()).unwrap_err();
+        assert_eq!(err, DiscoveryError::TooManyRanks { worker: worker.clone(), dp_size: 100_000, max: MAX_DP_SIZE });
+        assert!(err.to_string().contains("maximum of 256"), "{err}");
+        let err = parse_server_info(&worker, body(2, u16::MAX).as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("past 65535"), "{err}");
     }
 }

@@ -2,6 +2,27 @@
 //! pure functions), sequence tracking, the replay client, the per-stream ZMQ
 //! subscriber, and a publisher in the engines' format for the simulated
 //! engine and the tests.
+//!
+//! Workers are not trusted: whatever their answers control is bounded, with a
+//! named default for each bound, so that one broken or hostile worker costs
+//! the router a bounded amount of memory, time and tasks, and never a silently
+//! wrong index.
+//!
+//! | what a worker controls            | bound                                                        |
+//! |-----------------------------------|--------------------------------------------------------------|
+//! | streams (`dp_size`, /server_info) | [`discovery::MAX_DP_SIZE`], else [`DiscoveryError::TooManyRanks`] |
+//! | the /server_info body             | [`discovery::MAX_SERVER_INFO_BYTES`]                         |
+//! | one batch's payload               | [`wire::DEFAULT_MAX_PAYLOAD_BYTES`], list lengths, nesting   |
+//! | one replay                        | [`replay::DEFAULT_REPLAY_TIMEOUT`], [`replay::DEFAULT_MAX_REPLAY_BATCHES`], [`replay::DEFAULT_MAX_REPLAY_BYTES`] |
+//! | live batches held during a replay | [`subscriber::DEFAULT_LIVE_HOLD_BATCHES`], [`subscriber::DEFAULT_LIVE_HOLD_BYTES`] |
+//! | replays asked of a failing socket | none within [`subscriber::DEFAULT_REPLAY_BACKOFF`]           |
+//!
+//! What cannot be recovered (a gap no replay fills, a batch that decodes in no
+//! copy) resets the stream ([`StreamUpdate::Reset`]) and is counted in
+//! [`EventMetrics`]. Not bounded here: the size of one ZMQ frame, which the
+//! `zeromq` crate (0.7) reserves from the frame header before this crate sees
+//! a byte; a header claiming 2^40 bytes aborts the process
+//! (`tests/zmq_frame_bound.rs`, ignored until the dependency bounds it).
 
 pub mod discovery;
 pub mod metrics;
@@ -14,6 +35,7 @@ pub mod wire;
 
 pub use discovery::{
     DiscoveryError, ExplicitEndpoints, WorkerEvents, discover, explicit_streams, parse_server_info, parse_worker_flag,
+    read_server_info,
 };
 pub use metrics::{EventMetrics, ReplayOutcome};
 pub use publisher::{Publisher, PublisherConfig, PublisherError};
@@ -39,10 +61,10 @@ pub enum WireError {
         /// What was expected.
         what: &'static str,
     },
-    /// A list is longer than the decoder allows.
-    #[error("{what} has {len} entries, more than the limit of {limit}")]
+    /// A list, or the payload itself, is longer than the decoder allows.
+    #[error("{what}: {len}, more than the limit of {limit}")]
     TooLong {
-        /// Which list.
+        /// Which list (`block_hashes`, `token_ids`) or `payload bytes`.
         what: &'static str,
         /// Its declared length.
         len: usize,

@@ -1,5 +1,9 @@
 //! Counters owned by the subscriber side. Plain atomics: the router exports
 //! them in Prometheus text; labels come from closed sets (outcome, kind).
+//!
+//! Every way a stream's view can stop matching the engine's is counted here,
+//! with what the subscriber did about it: a replay that filled the gap, or a
+//! reset (by cause: publisher restart, unfillable gap, undecodable batch).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -12,7 +16,8 @@ use router_types::WorkerKey;
 pub struct EventMetrics {
     /// Batches decoded and handed to the pump.
     pub batches: AtomicU64,
-    /// Payloads that failed to decode (the batch is lost; counted per kind below).
+    /// Payloads that failed to decode, live or replayed copies alike (a bad
+    /// batch whose replayed copy is bad too counts twice; per kind below).
     pub decode_errors: AtomicU64,
     /// ... of which truncated.
     pub decode_truncated: AtomicU64,
@@ -20,6 +25,13 @@ pub struct EventMetrics {
     pub decode_malformed: AtomicU64,
     /// ... of which over the length limits.
     pub decode_too_long: AtomicU64,
+    /// Batches whose first copy (live, or replayed for a gap) did not decode.
+    /// Each ends in `bad_batches_replayed` or `bad_batch_resets`.
+    pub undecodable_batches: AtomicU64,
+    /// Undecodable live batches whose copy fetched by replay decoded.
+    pub bad_batches_replayed: AtomicU64,
+    /// Streams reset because a batch decoded in no copy (or replay was unavailable).
+    pub bad_batch_resets: AtomicU64,
     /// Events of unknown type or medium, skipped.
     pub unknown_events: AtomicU64,
     /// Live messages without 3 frames or with a bad seq frame.
@@ -28,10 +40,24 @@ pub struct EventMetrics {
     pub replay_repaired: AtomicU64,
     /// Gaps partly repaired (the publisher's buffer no longer had everything).
     pub replay_incomplete: AtomicU64,
-    /// Replays that failed (timeout, connection) or gaps with no replay endpoint.
+    /// Replays that failed on the socket (any caller), or batches missing
+    /// (a gap, an undecodable batch) with no replay endpoint to ask.
     pub replay_failed: AtomicU64,
+    /// Replays that hit their deadline (any caller).
+    pub replay_timeouts: AtomicU64,
+    /// Replays refused for sending more batches or bytes than the limits (any caller).
+    pub replay_over_limit: AtomicU64,
+    /// Replays not asked because the endpoint failed within the replay backoff.
+    pub replay_skipped: AtomicU64,
     /// Publisher restarts detected (seq regression or END_SEQ live).
     pub resets: AtomicU64,
+    /// Streams reset because a gap could not be filled (replay failed,
+    /// skipped or incomplete, or no replay endpoint) while the stream held state.
+    pub gap_resets: AtomicU64,
+    /// Live batches read and held while a replay ran (not left in the socket).
+    pub live_held: AtomicU64,
+    /// Live batches dropped because the hold buffer was full (a gap, repaired later).
+    pub live_dropped: AtomicU64,
     /// Times the channel to the pump was full and the subscriber waited.
     pub channel_full_waits: AtomicU64,
     /// Connection attempts that failed.
@@ -46,8 +72,14 @@ pub enum ReplayOutcome {
     Repaired,
     /// Some missing batches were no longer buffered.
     Incomplete,
-    /// The replay did not answer.
+    /// The replay socket failed, or there is none.
     Failed,
+    /// The replay did not finish before its deadline.
+    TimedOut,
+    /// The replay sent more than the limits allow.
+    OverLimit,
+    /// Not asked: the endpoint failed within the replay backoff.
+    Skipped,
 }
 
 // === impl EventMetrics ===
@@ -62,6 +94,9 @@ impl EventMetrics {
             ReplayOutcome::Repaired => &self.replay_repaired,
             ReplayOutcome::Incomplete => &self.replay_incomplete,
             ReplayOutcome::Failed => &self.replay_failed,
+            ReplayOutcome::TimedOut => &self.replay_timeouts,
+            ReplayOutcome::OverLimit => &self.replay_over_limit,
+            ReplayOutcome::Skipped => &self.replay_skipped,
         });
     }
 
@@ -76,6 +111,11 @@ impl EventMetrics {
 
     pub(crate) fn set_connected(&self, key: &WorkerKey, up: bool) {
         self.connected.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), up);
+    }
+
+    /// Forgets a stream whose worker left (its connection gauge goes).
+    pub fn forget(&self, key: &WorkerKey) {
+        self.connected.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
     }
 
     /// Whether each stream's subscriber is connected now.

@@ -2,7 +2,8 @@
 //! stream (3 frames: topic, seq, payload), a ROUTER socket answering replay
 //! requests from a ring buffer of the last batches. The simulated engine and
 //! the tests use it; it also has the fault knobs they need (drop batches from
-//! the live stream only, restart with seq back to 0).
+//! the live stream only, corrupt them on the live stream only, restart with
+//! seq back to 0).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -20,6 +21,8 @@ use crate::wire::{EventForm, encode_batch};
 
 /// Default number of batches kept for replay (the engines' default).
 pub const DEFAULT_BUFFER_STEPS: usize = 10_000;
+/// What [`Publisher::corrupt_next`] sends live: msgpack's reserved marker, never valid.
+const CORRUPTED: &[u8] = &[0xc1];
 
 /// Where and how to publish.
 #[derive(Debug, Clone)]
@@ -57,6 +60,7 @@ struct Shared {
     seq: AtomicU64,
     buffer: Mutex<VecDeque<(u64, Bytes)>>,
     drop_next: AtomicUsize,
+    corrupt_next: AtomicUsize,
 }
 
 // === impl PublisherConfig ===
@@ -86,6 +90,7 @@ impl Publisher {
             seq: AtomicU64::new(0),
             buffer: Mutex::new(VecDeque::new()),
             drop_next: AtomicUsize::new(0),
+            corrupt_next: AtomicUsize::new(0),
         });
         let cancel = CancellationToken::new();
         let replay_endpoint = match &config.replay_endpoint {
@@ -132,6 +137,14 @@ impl Publisher {
             debug!(seq, "publisher: batch kept for replay but not sent live");
             return Ok(seq);
         }
+        let corrupted =
+            self.state.corrupt_next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+        let payload = if corrupted {
+            debug!(seq, "publisher: batch kept for replay intact but sent live corrupted");
+            Bytes::from_static(CORRUPTED)
+        } else {
+            payload
+        };
         let message =
             ZmqMessage::try_from(vec![self.state.topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload])
                 .map_err(|e| PublisherError(e.to_string()))?;
@@ -142,6 +155,12 @@ impl Publisher {
     /// The next `n` batches are buffered for replay but not sent live.
     pub fn drop_next(&self, n: usize) {
         self.state.drop_next.store(n, Ordering::SeqCst);
+    }
+
+    /// The next `n` batches are buffered for replay intact but sent live as
+    /// bytes that do not decode (as if corrupted on the way).
+    pub fn corrupt_next(&self, n: usize) {
+        self.state.corrupt_next.store(n, Ordering::SeqCst);
     }
 
     /// Starts over as a restarted engine would: seq back to 0, replay buffer empty.

@@ -2,8 +2,26 @@
 //! messages, track the sequence, repair gaps by replay, detect publisher
 //! restarts, decode, and hand ordered batches to the pump over a bounded
 //! channel. The socket loop frames, checks seq, backs off and hands off;
-//! everything about bytes is in `wire`, everything about seqs in `seq`.
+//! everything about bytes is in `wire`, everything about seqs in `seq`, how a
+//! gap or a bad batch is recovered in `subscriber/recovery`.
+//!
+//! The invariant: the pump never applies a batch unless every earlier batch of
+//! the stream was applied too, since the last [`StreamUpdate::Reset`]. A gap
+//! the replay cannot fill and a batch that decodes in no copy both end in a
+//! reset (the pump drops the stream's blocks) rather than a silent skip: an
+//! index that lacks blocks routes a little worse; one that keeps blocks the
+//! engine evicted routes to cold caches.
+//!
+//! Bounded, because the worker on the other side is not trusted: a replay has
+//! a short deadline ([`DEFAULT_REPLAY_TIMEOUT`]) and size limits; while it runs
+//! live batches are read and held (at most [`DEFAULT_LIVE_HOLD_BATCHES`] and
+//! [`DEFAULT_LIVE_HOLD_BYTES`], beyond which they are dropped, counted, and
+//! repaired as a gap later) instead of left to the publisher's high-water mark;
+//! a replay endpoint that failed is not asked again for
+//! [`DEFAULT_REPLAY_BACKOFF`], its gaps reset at once; a payload over
+//! [`Limits::max_payload_bytes`] is not decoded.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,21 +30,33 @@ use futures_util::StreamExt;
 use router_types::WorkerKey;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use zeromq::{Socket, SocketEvent, SocketRecv, SubSocket};
 
-use crate::metrics::{EventMetrics, ReplayOutcome};
-use crate::replay::{END_SEQ, fetch, parse_seq};
+use crate::metrics::EventMetrics;
+use crate::replay::{DEFAULT_MAX_REPLAY_BATCHES, DEFAULT_MAX_REPLAY_BYTES, END_SEQ, ReplayLimits, parse_seq};
 use crate::seq::{SeqAction, SeqTracker};
-use crate::wire::{Decoded, Limits, decode_batch};
+use crate::wire::{Decoded, Limits};
+
+mod recovery;
+
+pub use crate::replay::DEFAULT_REPLAY_TIMEOUT;
 
 /// Default first reconnect delay.
 pub const DEFAULT_BACKOFF_INITIAL: Duration = Duration::from_millis(50);
 /// Default longest reconnect delay.
 pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(2);
-/// Default time a replay may take.
-pub const DEFAULT_REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default time a failed replay endpoint is left alone: an endpoint that did
+/// not answer is likely down (an engine restarting takes longer than this), and
+/// asking it at every gap would cost a replay deadline each time.
+pub const DEFAULT_REPLAY_BACKOFF: Duration = Duration::from_secs(5);
+/// Default number of live batches held while a replay runs: a replay deadline
+/// of engine steps at a few hundred steps a second, with margin.
+pub const DEFAULT_LIVE_HOLD_BATCHES: usize = 1024;
+/// Default bytes of live batches held while a replay runs.
+pub const DEFAULT_LIVE_HOLD_BYTES: usize = 64 * 1024 * 1024;
 
 /// Where one stream publishes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,7 +71,8 @@ pub struct StreamEndpoints {
     pub topic: String,
 }
 
-/// Tuning of every subscriber.
+/// Tuning of every subscriber. Build it from `Default` and override fields:
+/// fields may be added.
 #[derive(Debug, Clone, Copy)]
 pub struct SubscriberConfig {
     /// Decoder limits.
@@ -50,8 +81,18 @@ pub struct SubscriberConfig {
     pub backoff_initial: Duration,
     /// Longest reconnect delay.
     pub backoff_max: Duration,
-    /// Time a replay may take.
+    /// Time a whole replay may take (connect, request, every reply).
     pub replay_timeout: Duration,
+    /// After a replay failed, how long gaps reset without asking again.
+    pub replay_backoff: Duration,
+    /// Most messages one replay may return; past it the replay is refused.
+    pub max_replay_batches: usize,
+    /// Most payload bytes one replay may hold; past it the replay is refused.
+    pub max_replay_bytes: usize,
+    /// Most live batches held while a replay runs; more are dropped (a gap).
+    pub live_hold_batches: usize,
+    /// Most bytes of live batches held while a replay runs.
+    pub live_hold_bytes: usize,
 }
 
 /// What a subscriber sends the pump, in seq order per stream.
@@ -68,36 +109,11 @@ pub struct StreamMessage {
 /// One update of a stream.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StreamUpdate {
-    /// The publisher restarted: forget everything this stream holds.
+    /// Forget everything this stream holds: the publisher restarted, or a gap
+    /// or an undecodable batch made the stream's state unknowable.
     Reset,
     /// A decoded batch, to apply.
     Batch(Decoded),
-}
-
-// === impl SubscriberConfig ===
-
-impl Default for SubscriberConfig {
-    fn default() -> Self {
-        Self {
-            limits: Limits::default(),
-            backoff_initial: DEFAULT_BACKOFF_INITIAL,
-            backoff_max: DEFAULT_BACKOFF_MAX,
-            replay_timeout: DEFAULT_REPLAY_TIMEOUT,
-        }
-    }
-}
-
-/// Starts the subscriber task of one stream. It runs until `cancel` fires or
-/// the pump's channel closes, and logs why it exited.
-pub fn spawn_subscriber(
-    stream: StreamEndpoints,
-    config: SubscriberConfig,
-    tx: mpsc::Sender<StreamMessage>,
-    metrics: Arc<EventMetrics>,
-    cancel: CancellationToken,
-) -> JoinHandle<()> {
-    let task = Subscriber { stream, config, tx, metrics, cancel, tracker: SeqTracker::new(), caught_up: Vec::new() };
-    tokio::spawn(task.run())
 }
 
 struct Subscriber {
@@ -111,10 +127,94 @@ struct Subscriber {
     /// and the same bytes was queued in the socket meanwhile (a duplicate); a
     /// different one at an old seq is a restart.
     caught_up: Vec<(u64, Bytes)>,
+    /// Live messages read while a replay ran, handled before the socket's next.
+    held: VecDeque<Vec<Bytes>>,
+    /// Bytes in `held`.
+    held_bytes: usize,
+    /// A receive error met while holding; acted on once `held` is drained.
+    live_error: Option<String>,
+    /// Until when the replay endpoint, having failed, is not asked.
+    replay_suspended_until: Option<Instant>,
 }
 
-/// The pump went away: stop.
+/// Why the stream is reset: the metric it counts in and the log field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ResetCause {
+    /// Seq went back, or END_SEQ on the live stream.
+    Restart,
+    /// A gap no replay could fill while the stream held state.
+    Gap,
+    /// A batch that decoded in no copy.
+    BadBatch,
+}
+
+/// The pump went away, or cancellation: stop.
 struct Closed;
+
+// === impl SubscriberConfig ===
+
+impl Default for SubscriberConfig {
+    fn default() -> Self {
+        Self {
+            limits: Limits::default(),
+            backoff_initial: DEFAULT_BACKOFF_INITIAL,
+            backoff_max: DEFAULT_BACKOFF_MAX,
+            replay_timeout: DEFAULT_REPLAY_TIMEOUT,
+            replay_backoff: DEFAULT_REPLAY_BACKOFF,
+            max_replay_batches: DEFAULT_MAX_REPLAY_BATCHES,
+            max_replay_bytes: DEFAULT_MAX_REPLAY_BYTES,
+            live_hold_batches: DEFAULT_LIVE_HOLD_BATCHES,
+            live_hold_bytes: DEFAULT_LIVE_HOLD_BYTES,
+        }
+    }
+}
+
+impl SubscriberConfig {
+    fn replay_limits(&self) -> ReplayLimits {
+        ReplayLimits {
+            max_batches: self.max_replay_batches,
+            max_bytes: self.max_replay_bytes,
+            timeout: self.replay_timeout,
+        }
+    }
+}
+
+// === impl ResetCause ===
+
+impl ResetCause {
+    fn as_str(self) -> &'static str {
+        match self {
+            ResetCause::Restart => "restart",
+            ResetCause::Gap => "gap",
+            ResetCause::BadBatch => "bad_batch",
+        }
+    }
+}
+
+/// Starts the subscriber task of one stream. It runs until `cancel` fires or
+/// the pump's channel closes, and logs why it exited.
+pub fn spawn_subscriber(
+    stream: StreamEndpoints,
+    config: SubscriberConfig,
+    tx: mpsc::Sender<StreamMessage>,
+    metrics: Arc<EventMetrics>,
+    cancel: CancellationToken,
+) -> JoinHandle<()> {
+    let task = Subscriber {
+        stream,
+        config,
+        tx,
+        metrics,
+        cancel,
+        tracker: SeqTracker::new(),
+        caught_up: Vec::new(),
+        held: VecDeque::new(),
+        held_bytes: 0,
+        live_error: None,
+        replay_suspended_until: None,
+    };
+    tokio::spawn(task.run())
+}
 
 // === impl Subscriber ===
 
@@ -148,13 +248,30 @@ impl Subscriber {
             }
             info!(endpoint = %self.stream.endpoint, "kv events: subscribed");
             self.metrics.set_connected(&self.stream.key, true);
+            self.live_error = None;
             backoff = self.config.backoff_initial;
             // PUB drops what was sent before our subscription arrived, and an
             // idle engine may send nothing more for a long time: catch up now.
-            if self.catch_up().await.is_err() {
-                break 'outer "pump channel closed";
+            if self.catch_up(&mut sub).await.is_err() {
+                break 'outer self.stop_reason();
             }
             loop {
+                if self.cancel.is_cancelled() {
+                    break 'outer "cancelled";
+                }
+                // What a replay held came before anything still in the socket.
+                if let Some(frames) = self.held.pop_front() {
+                    self.held_bytes -= frames.iter().map(Bytes::len).sum::<usize>();
+                    if self.on_message(&mut sub, frames).await.is_err() {
+                        break 'outer self.stop_reason();
+                    }
+                    continue;
+                }
+                if let Some(error) = self.live_error.take() {
+                    warn!(%error, "kv events: receive failed, reconnecting");
+                    self.metrics.set_connected(&self.stream.key, false);
+                    break;
+                }
                 let message = tokio::select! {
                     biased;
                     _ = self.cancel.cancelled() => break 'outer "cancelled",
@@ -164,8 +281,8 @@ impl Subscriber {
                             Some(SocketEvent::Connected(..)) => {
                                 info!("kv events: reconnected, catching up");
                                 self.metrics.set_connected(&self.stream.key, true);
-                                if self.catch_up().await.is_err() {
-                                    break 'outer "pump channel closed";
+                                if self.catch_up(&mut sub).await.is_err() {
+                                    break 'outer self.stop_reason();
                                 }
                             }
                             Some(SocketEvent::Disconnected(_)) => {
@@ -181,8 +298,8 @@ impl Subscriber {
                 };
                 match message {
                     Ok(m) => {
-                        if self.on_message(m.into_vec()).await.is_err() {
-                            break 'outer "pump channel closed";
+                        if self.on_message(&mut sub, m.into_vec()).await.is_err() {
+                            break 'outer self.stop_reason();
                         }
                     }
                     Err(e) => {
@@ -197,7 +314,11 @@ impl Subscriber {
         info!(reason = why, "kv events: subscriber exited");
     }
 
-    async fn on_message(&mut self, frames: Vec<Bytes>) -> Result<(), Closed> {
+    fn stop_reason(&self) -> &'static str {
+        if self.cancel.is_cancelled() { "cancelled" } else { "pump channel closed" }
+    }
+
+    async fn on_message(&mut self, sub: &mut SubSocket, frames: Vec<Bytes>) -> Result<(), Closed> {
         let [_topic, seq, payload] = frames.as_slice() else {
             EventMetrics::inc(&self.metrics.malformed_frames);
             return Ok(());
@@ -208,7 +329,7 @@ impl Subscriber {
         };
         if seq == END_SEQ {
             self.caught_up.clear();
-            return self.reset(seq).await;
+            return self.reset(seq, ResetCause::Restart).await;
         }
         if !self.caught_up.is_empty() {
             let duplicate = self.caught_up.iter().any(|(s, p)| *s == seq && p == payload);
@@ -218,119 +339,38 @@ impl Subscriber {
             self.caught_up.clear();
         }
         match self.tracker.on_live(seq) {
-            SeqAction::Apply => self.emit(seq, payload).await,
-            SeqAction::Gap { from, to } => {
-                self.repair(from, to).await?;
-                self.emit(seq, payload).await
-            }
+            SeqAction::Apply => {}
+            SeqAction::Gap { from, to } => self.repair(sub, from, to).await?,
             SeqAction::Reset => {
-                self.reset(seq).await?;
+                self.reset(seq, ResetCause::Restart).await?;
                 if let SeqAction::Gap { from, to } = self.tracker.on_live(seq) {
-                    self.repair(from, to).await?;
+                    self.repair(sub, from, to).await?;
                 }
-                self.emit(seq, payload).await
             }
         }
+        self.emit_live(sub, seq, payload).await
     }
 
-    /// Replays everything the publisher buffered from our cursor on. A replay
-    /// that ends before our cursor means the publisher restarted meanwhile.
-    async fn catch_up(&mut self) -> Result<(), Closed> {
-        let Some(endpoint) = self.stream.replay_endpoint.clone() else { return Ok(()) };
-        let from = self.tracker.next().unwrap_or(0);
-        let batches = match fetch(&endpoint, from, self.config.replay_timeout).await {
-            Ok(b) => b,
-            Err(e) => {
-                debug!(error = %e, "kv events: catch-up replay failed; waiting for live batches");
-                return Ok(());
-            }
-        };
-        let Some(&(last, _)) = batches.last() else {
-            // Nothing at or after our cursor. If we had a cursor, ask from 0 to tell an idle
-            // publisher from a restarted one.
-            if from > 0
-                && let Ok(all) = fetch(&endpoint, 0, self.config.replay_timeout).await
-                && all.last().is_some_and(|(s, _)| *s + 1 < from)
-            {
-                self.reset(all[0].0).await?;
-                return self.apply_replayed(all).await;
-            }
-            return Ok(());
-        };
-        if from > 0 && last < from {
-            self.reset(last).await?;
-        }
-        self.apply_replayed(batches).await
-    }
-
-    async fn apply_replayed(&mut self, batches: Vec<(u64, Bytes)>) -> Result<(), Closed> {
-        self.caught_up.clear();
-        for (seq, payload) in batches {
-            if self.tracker.next().is_none_or(|n| seq >= n) {
-                self.emit(seq, &payload).await?;
-                self.caught_up.push((seq, payload));
-            }
-        }
-        Ok(())
-    }
-
-    async fn reset(&mut self, seq: u64) -> Result<(), Closed> {
-        warn!(seq, expected = ?self.tracker.next(), "kv events: publisher restarted, resetting stream");
-        EventMetrics::inc(&self.metrics.resets);
+    /// Tells the pump to forget the stream, and starts the seq over.
+    async fn reset(&mut self, seq: u64, cause: ResetCause) -> Result<(), Closed> {
+        warn!(seq, expected = ?self.tracker.next(), cause = cause.as_str(), "kv events: resetting stream");
+        EventMetrics::inc(match cause {
+            ResetCause::Restart => &self.metrics.resets,
+            ResetCause::Gap => &self.metrics.gap_resets,
+            ResetCause::BadBatch => &self.metrics.bad_batch_resets,
+        });
         self.tracker.reset();
         self.send(StreamMessage { key: self.stream.key.clone(), seq, update: StreamUpdate::Reset }).await
     }
 
-    /// Fetches `from..to` from the replay socket and emits what arrives, in order.
-    async fn repair(&mut self, from: u64, to: u64) -> Result<(), Closed> {
-        let Some(endpoint) = self.stream.replay_endpoint.clone() else {
-            warn!(from, to, "kv events: gap and no replay endpoint");
-            self.metrics.replay(ReplayOutcome::Failed);
-            return Ok(());
-        };
-        match fetch(&endpoint, from, self.config.replay_timeout).await {
-            Ok(batches) => {
-                let mut recovered = 0;
-                for (seq, payload) in &batches {
-                    if self.tracker.wants_replayed(*seq, to) {
-                        self.emit(*seq, payload).await?;
-                        recovered += 1;
-                    }
-                }
-                // Buffers hold the newest batches: a hole can only be at the start.
-                let complete = recovered == to - from;
-                let outcome = if complete { ReplayOutcome::Repaired } else { ReplayOutcome::Incomplete };
-                debug!(from, to, got = batches.len(), ?outcome, "kv events: replay");
-                self.metrics.replay(outcome);
-            }
-            Err(e) => {
-                warn!(from, to, error = %e, "kv events: replay failed");
-                self.metrics.replay(ReplayOutcome::Failed);
-            }
-        }
-        Ok(())
-    }
-
-    /// Decodes and sends one batch; its seq is consumed even if it fails to decode.
-    async fn emit(&mut self, seq: u64, payload: &[u8]) -> Result<(), Closed> {
+    /// Sends a decoded batch to the pump; `seq` is applied.
+    async fn apply(&mut self, seq: u64, decoded: Decoded) -> Result<(), Closed> {
         self.tracker.applied(seq);
-        match decode_batch(payload, &self.config.limits) {
-            Ok(decoded) => {
-                EventMetrics::inc(&self.metrics.batches);
-                if decoded.unknown_events > 0 {
-                    self.metrics
-                        .unknown_events
-                        .fetch_add(decoded.unknown_events as u64, std::sync::atomic::Ordering::Relaxed);
-                }
-                self.send(StreamMessage { key: self.stream.key.clone(), seq, update: StreamUpdate::Batch(decoded) })
-                    .await
-            }
-            Err(e) => {
-                warn!(seq, error = %e, kind = e.kind(), "kv events: undecodable batch dropped");
-                self.metrics.decode_error(e.kind());
-                Ok(())
-            }
+        EventMetrics::inc(&self.metrics.batches);
+        if decoded.unknown_events > 0 {
+            self.metrics.unknown_events.fetch_add(decoded.unknown_events as u64, std::sync::atomic::Ordering::Relaxed);
         }
+        self.send(StreamMessage { key: self.stream.key.clone(), seq, update: StreamUpdate::Batch(decoded) }).await
     }
 
     /// Sends to the pump, counting the waits when the channel is full.

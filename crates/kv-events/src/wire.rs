@@ -7,8 +7,14 @@
 //! block_size, lora_id, medium, lora_name, ...]` (older engines); hashes as
 //! signed or unsigned 64-bit integers or raw bytes; `token_ids` as scalars or
 //! bigram pairs. Unknown keys are ignored; an unknown event type skips that
-//! event and is counted. Every length is checked against the limits and the
-//! bytes left before anything is allocated.
+//! event and is counted.
+//!
+//! Bounded, because the bytes come from a worker: a payload longer than
+//! [`Limits::max_payload_bytes`] is refused before it is parsed; every list
+//! length is checked against the limits and against the bytes left before
+//! anything is allocated (a prefix claiming 2^32 items in a short payload is an
+//! error, not an allocation), so what one batch allocates is a bounded multiple
+//! of its size (a one-byte token becomes a `u64`); nesting is capped.
 
 use router_types::{DpRank, EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier};
 
@@ -19,6 +25,9 @@ use crate::msgpack::{Item, Reader, Writer};
 pub const DEFAULT_MAX_HASHES: usize = 65_536;
 /// Largest `token_ids` list one event may carry by default.
 pub const DEFAULT_MAX_TOKENS: usize = 1_048_576;
+/// Largest payload one batch may have by default: room for one event at the
+/// token limit in bigram pairs (about 11 bytes a pair), with margin.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 16 * 1024 * 1024;
 
 /// Decoder limits, checked before allocating.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +36,8 @@ pub struct Limits {
     pub max_hashes: usize,
     /// Most tokens in one event.
     pub max_tokens: usize,
+    /// Most bytes in one batch's payload.
+    pub max_payload_bytes: usize,
 }
 
 /// A decoded batch and what was skipped in it.
@@ -66,12 +77,19 @@ struct Fields {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_hashes: DEFAULT_MAX_HASHES, max_tokens: DEFAULT_MAX_TOKENS }
+        Self {
+            max_hashes: DEFAULT_MAX_HASHES,
+            max_tokens: DEFAULT_MAX_TOKENS,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+        }
     }
 }
 
 /// Decodes one published batch.
 pub fn decode_batch(payload: &[u8], limits: &Limits) -> Result<Decoded, WireError> {
+    if payload.len() > limits.max_payload_bytes {
+        return Err(WireError::TooLong { what: "payload bytes", len: payload.len(), limit: limits.max_payload_bytes });
+    }
     let mut r = Reader::new(payload);
     let n = match r.next()? {
         Item::Array(n) if n >= 2 => n,

@@ -1,101 +1,34 @@
 //! The subscriber against a real ZMQ publisher on 127.0.0.1: in-order batches,
-//! a gap repaired by replay, a late joiner, a publisher restart, END_SEQ, and
-//! an undecodable payload. Every wait has a timeout.
+//! a gap repaired by replay, a late joiner, a publisher restart, END_SEQ;
+//! undecodable batches (recovered by replay, or reset); and the bounds on
+//! what a worker's replay socket can cost: a deadline and a backoff, a hold
+//! buffer for live batches meanwhile, a limit on batches per replay. Every
+//! wait has a timeout.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
 use bytes::Bytes;
-use kv_events::{
-    EventMetrics, Publisher, PublisherConfig, StreamEndpoints, StreamMessage, StreamUpdate, SubscriberConfig,
-    spawn_subscriber,
+use common::{
+    Harness, Replay, ReplayStub, batch, eventually, harness, harness_on, harness_with, next, publish_until_joined,
+    seq_tag, seqs, tag_of,
 };
-use router_types::{DpRank, EngineBlockHash, EventBatch, KvEvent, WorkerKey, WorkerUrl};
-use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
+use kv_events::{
+    EventForm, EventMetrics, PublisherConfig, StreamMessage, StreamUpdate, SubscriberConfig, encode_batch,
+};
 
-const WAIT: Duration = Duration::from_secs(10);
-
-fn batch(tag: i64) -> EventBatch {
-    EventBatch {
-        ts: 1.0,
-        dp_rank: None,
-        events: vec![KvEvent::Removed {
-            block_hashes: vec![EngineBlockHash::I64(tag)],
-            tier: router_types::Tier::Device,
-            group_idx: None,
-        }],
-    }
+fn get(h: &Harness, counter: impl Fn(&EventMetrics) -> &std::sync::atomic::AtomicU64) -> u64 {
+    EventMetrics::get(counter(&h.metrics))
 }
 
-fn tag_of(m: &StreamMessage) -> Option<i64> {
-    match &m.update {
-        StreamUpdate::Batch(d) => match &d.batch.events[0] {
-            KvEvent::Removed { block_hashes, .. } => match block_hashes[0] {
-                EngineBlockHash::I64(t) => Some(t),
-                _ => None,
-            },
-            _ => None,
-        },
-        StreamUpdate::Reset => None,
-    }
+/// The seq the next published batch gets, after `joined`.
+fn after(joined: &[StreamMessage]) -> u64 {
+    joined.last().expect("joined").seq + 1
 }
 
-struct Harness {
-    publisher: Publisher,
-    rx: mpsc::Receiver<StreamMessage>,
-    metrics: Arc<EventMetrics>,
-    cancel: CancellationToken,
-}
-
-impl Drop for Harness {
-    fn drop(&mut self) {
-        self.cancel.cancel();
-    }
-}
-
-async fn harness(publish_before_subscribe: usize) -> Harness {
-    let publisher = Publisher::bind(PublisherConfig::loopback()).await.unwrap();
-    for i in 0..publish_before_subscribe {
-        publisher.publish(&batch(i as i64)).await.unwrap();
-    }
-    let (tx, rx) = mpsc::channel(4);
-    let metrics = Arc::new(EventMetrics::default());
-    let cancel = CancellationToken::new();
-    let stream = StreamEndpoints {
-        key: WorkerKey::new(WorkerUrl::new("http://w:1"), DpRank(0)),
-        endpoint: publisher.endpoint().to_string(),
-        replay_endpoint: publisher.replay_endpoint().map(str::to_string),
-        topic: String::new(),
-    };
-    spawn_subscriber(stream, SubscriberConfig::default(), tx, metrics.clone(), cancel.clone());
-    Harness { publisher, rx, metrics, cancel }
-}
-
-async fn next(h: &mut Harness) -> StreamMessage {
-    tokio::time::timeout(WAIT, h.rx.recv()).await.expect("a message in time").expect("channel open")
-}
-
-/// Publishes until the subscriber has joined: the first batches may be lost to
-/// the PUB slow-joiner effect, but the subscriber replays them from seq 0.
-async fn publish_until_joined(h: &mut Harness) -> Vec<StreamMessage> {
-    let mut got = Vec::new();
-    for i in 0..100 {
-        h.publisher.publish(&batch(100 + i)).await.unwrap();
-        if let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(100), h.rx.recv()).await {
-            got.push(m);
-            break;
-        }
-    }
-    // Drain what the replay delivered.
-    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(300), h.rx.recv()).await {
-        got.push(m);
-    }
-    got
-}
-
-fn seqs(ms: &[StreamMessage]) -> Vec<u64> {
-    ms.iter().map(|m| m.seq).collect()
+fn encoded(tag: i64) -> Bytes {
+    Bytes::from(encode_batch(&batch(tag), EventForm::Map))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,16 +78,181 @@ async fn restart_and_end_seq_reset_the_stream() {
     assert_eq!(EventMetrics::get(&h.metrics.resets), 2);
 }
 
+/// A batch that decodes in no copy (the replay buffer holds the same bad
+/// bytes) resets the stream, then the stream goes on from the next seq.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn undecodable_payload_is_counted_and_skipped() {
+async fn undecodable_batch_resets_the_stream_when_its_replayed_copy_is_bad_too() {
     let mut h = harness(0).await;
-    publish_until_joined(&mut h).await;
-    let replays = |m: &EventMetrics| EventMetrics::get(&m.replay_repaired) + EventMetrics::get(&m.replay_failed);
-    let replays_before = replays(&h.metrics);
+    let n = after(&publish_until_joined(&mut h).await);
     h.publisher.publish_raw(Bytes::from_static(&[0x93, 0xc1, 0x00])).await.unwrap();
     h.publisher.publish(&batch(9)).await.unwrap();
-    let m = next(&mut h).await;
-    assert_eq!(tag_of(&m), Some(9));
-    assert_eq!(EventMetrics::get(&h.metrics.decode_errors), 1);
-    assert_eq!(replays(&h.metrics), replays_before, "a bad payload is not a gap");
+    assert_eq!(next(&mut h).await, StreamMessage { key: common::key(), seq: n, update: StreamUpdate::Reset });
+    assert_eq!(seq_tag(&next(&mut h).await), (n + 1, Some(9)), "continues from the following seq, no gap");
+    assert_eq!(get(&h, |m| &m.undecodable_batches), 1);
+    assert_eq!(get(&h, |m| &m.decode_errors), 2, "the live copy and the replayed copy");
+    assert_eq!(get(&h, |m| &m.bad_batch_resets), 1);
+    assert_eq!(get(&h, |m| &m.bad_batches_replayed), 0);
+    assert_eq!((get(&h, |m| &m.resets), get(&h, |m| &m.gap_resets)), (0, 0));
+}
+
+/// A batch missing from the live stream whose replayed copy does not decode:
+/// there is no other copy, so the stream is reset and goes on after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_replayed_batch_resets_the_stream() {
+    let mut h = harness(0).await;
+    let n = after(&publish_until_joined(&mut h).await);
+    h.publisher.drop_next(1);
+    h.publisher.publish_raw(Bytes::from_static(&[0x93, 0xc1, 0x00])).await.unwrap();
+    h.publisher.publish(&batch(70)).await.unwrap();
+    assert_eq!(seq_tag(&next(&mut h).await), (n, None));
+    assert_eq!(seq_tag(&next(&mut h).await), (n + 1, Some(70)));
+    assert_eq!((get(&h, |m| &m.undecodable_batches), get(&h, |m| &m.bad_batch_resets)), (1, 1));
+    assert_eq!(get(&h, |m| &m.gap_resets), 0);
+}
+
+/// A gap whose start the publisher's buffer no longer holds: what the stream
+/// holds may be stale, so it is reset before the replayed rest is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_missing_the_start_of_a_gap_resets_the_stream() {
+    let publisher = PublisherConfig { buffer_steps: 2, ..PublisherConfig::loopback() };
+    let mut h = harness_on(publisher, 0, Replay::Publisher, SubscriberConfig::default()).await;
+    let n = after(&publish_until_joined(&mut h).await);
+    let incomplete = get(&h, |m| &m.replay_incomplete); // a late join may have been one
+    h.publisher.drop_next(3);
+    for tag in 80..84 {
+        h.publisher.publish(&batch(tag)).await.unwrap();
+    }
+    // The buffer holds n + 2 and n + 3 only: n and n + 1 are lost.
+    assert_eq!(seq_tag(&next(&mut h).await), (n + 2, None));
+    assert_eq!(seq_tag(&next(&mut h).await), (n + 2, Some(82)));
+    assert_eq!(seq_tag(&next(&mut h).await), (n + 3, Some(83)));
+    assert_eq!((get(&h, |m| &m.gap_resets), get(&h, |m| &m.replay_incomplete)), (1, incomplete + 1));
+}
+
+/// A live frame damaged on the way: the replay socket's copy decodes, and is
+/// applied in its place; nothing is reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupted_live_batch_is_recovered_from_the_replay() {
+    let mut h = harness(0).await;
+    let n = after(&publish_until_joined(&mut h).await);
+    h.publisher.corrupt_next(1);
+    h.publisher.publish(&batch(50)).await.unwrap();
+    h.publisher.publish(&batch(51)).await.unwrap();
+    assert_eq!(seq_tag(&next(&mut h).await), (n, Some(50)));
+    assert_eq!(seq_tag(&next(&mut h).await), (n + 1, Some(51)));
+    assert_eq!(get(&h, |m| &m.undecodable_batches), 1);
+    assert_eq!(get(&h, |m| &m.bad_batches_replayed), 1);
+    assert_eq!(get(&h, |m| &m.bad_batch_resets), 0);
+    assert_eq!(get(&h, |m| &m.resets), 0);
+}
+
+/// No replay socket to ask: an undecodable batch resets the stream at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_batch_without_replay_resets_the_stream() {
+    let mut h = harness_with(0, Replay::None, SubscriberConfig::default()).await;
+    let n = after(&publish_until_joined(&mut h).await);
+    h.publisher.corrupt_next(1);
+    h.publisher.publish(&batch(60)).await.unwrap();
+    h.publisher.publish(&batch(61)).await.unwrap();
+    assert_eq!(seq_tag(&next(&mut h).await), (n, None));
+    assert_eq!(seq_tag(&next(&mut h).await), (n + 1, Some(61)));
+    assert_eq!(get(&h, |m| &m.bad_batch_resets), 1);
+}
+
+/// A replay socket that never answers: the gap replay gives up at the
+/// deadline and resets the stream; the next gap, within the backoff, resets
+/// at once without asking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_replay_socket_times_out_resets_and_backs_off() {
+    let mut stub = ReplayStub::bind().await;
+    let config = SubscriberConfig {
+        replay_timeout: Duration::from_millis(200),
+        replay_backoff: Duration::from_secs(600),
+        ..SubscriberConfig::default()
+    };
+    let mut h = harness_with(0, Replay::At(stub.endpoint.clone()), config).await;
+    let n = after(&publish_until_joined(&mut h).await);
+    stub.script();
+    h.publisher.drop_next(1);
+    h.publisher.publish(&batch(1000)).await.unwrap();
+    h.publisher.publish(&batch(1001)).await.unwrap();
+    let request = stub.request().await;
+    assert_eq!(request.from, n);
+    drop(request); // never answered
+    assert_eq!(seq_tag(&next(&mut h).await), (n + 1, None), "a reset, revealed by the live batch");
+    assert_eq!(seq_tag(&next(&mut h).await), (n + 1, Some(1001)));
+    assert_eq!((get(&h, |m| &m.replay_timeouts), get(&h, |m| &m.gap_resets)), (1, 1));
+
+    h.publisher.drop_next(1);
+    h.publisher.publish(&batch(1002)).await.unwrap();
+    h.publisher.publish(&batch(1003)).await.unwrap();
+    assert_eq!(seq_tag(&next(&mut h).await), (n + 3, None));
+    assert_eq!(seq_tag(&next(&mut h).await), (n + 3, Some(1003)));
+    assert_eq!((get(&h, |m| &m.replay_skipped), get(&h, |m| &m.gap_resets)), (1, 2));
+    assert_eq!(get(&h, |m| &m.replay_timeouts), 1);
+    assert!(stub.requests.try_recv().is_err(), "not asked again within the backoff");
+}
+
+/// While a replay runs the subscriber keeps reading live batches, holding up
+/// to `live_hold_batches`; one more is dropped, counted, and repaired later
+/// as the gap it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_batches_are_held_while_a_replay_runs() {
+    let mut stub = ReplayStub::bind().await;
+    let config = SubscriberConfig { live_hold_batches: 2, replay_timeout: common::WAIT, ..SubscriberConfig::default() };
+    let mut h = harness_with(0, Replay::At(stub.endpoint.clone()), config).await;
+    let n = after(&publish_until_joined(&mut h).await);
+    stub.script();
+    let (held, dropped) = (get(&h, |m| &m.live_held), get(&h, |m| &m.live_dropped));
+    h.publisher.drop_next(1);
+    h.publisher.publish(&batch(2000)).await.unwrap();
+    h.publisher.publish(&batch(2001)).await.unwrap();
+    let request = stub.request().await;
+    assert_eq!(request.from, n);
+    for tag in 2002..=2004 {
+        h.publisher.publish(&batch(tag)).await.unwrap();
+    }
+    eventually("the third live batch dropped", || get(&h, |m| &m.live_dropped) == dropped + 1).await;
+    assert_eq!(get(&h, |m| &m.live_held), held + 2);
+    request.answer.send(vec![(n, encoded(2000))]).unwrap();
+    let got: Vec<_> =
+        [next(&mut h).await, next(&mut h).await, next(&mut h).await, next(&mut h).await].iter().map(seq_tag).collect();
+    assert_eq!(got, vec![(n, Some(2000)), (n + 1, Some(2001)), (n + 2, Some(2002)), (n + 3, Some(2003))]);
+
+    // The dropped batch is a gap the next live batch reveals.
+    h.publisher.publish(&batch(2005)).await.unwrap();
+    let request = stub.request().await;
+    assert_eq!(request.from, n + 4);
+    request.answer.send(vec![(n + 4, encoded(2004))]).unwrap();
+    assert_eq!(seq_tag(&next(&mut h).await), (n + 4, Some(2004)));
+    assert_eq!(seq_tag(&next(&mut h).await), (n + 5, Some(2005)));
+    assert_eq!((get(&h, |m| &m.resets), get(&h, |m| &m.gap_resets)), (0, 0));
+}
+
+/// A replay returning more batches than `max_replay_batches` is refused and
+/// the gap reset; one within the limit repairs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_over_the_batch_limit_resets_the_stream() {
+    let config =
+        SubscriberConfig { max_replay_batches: 3, replay_backoff: Duration::ZERO, ..SubscriberConfig::default() };
+    let mut h = harness_with(0, Replay::Publisher, config).await;
+    let n = after(&publish_until_joined(&mut h).await);
+    let over_limit = get(&h, |m| &m.replay_over_limit);
+    h.publisher.drop_next(4);
+    for tag in 3000..3005 {
+        h.publisher.publish(&batch(tag)).await.unwrap();
+    }
+    assert_eq!(seq_tag(&next(&mut h).await), (n + 4, None));
+    assert_eq!(seq_tag(&next(&mut h).await), (n + 4, Some(3004)));
+    assert_eq!(get(&h, |m| &m.replay_over_limit), over_limit + 1);
+    assert_eq!(get(&h, |m| &m.gap_resets), 1);
+
+    h.publisher.drop_next(3);
+    for tag in 3005..3009 {
+        h.publisher.publish(&batch(tag)).await.unwrap();
+    }
+    for i in 5..9 {
+        assert_eq!(seq_tag(&next(&mut h).await), (n + i, Some(3000 + i as i64)));
+    }
+    assert_eq!(get(&h, |m| &m.gap_resets), 1);
 }

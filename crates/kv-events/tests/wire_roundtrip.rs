@@ -75,15 +75,70 @@ fn positional_form_round_trips_what_it_carries() {
 fn limits_are_enforced_before_allocation() {
     let batch = sample();
     let bytes = encode_batch(&batch, EventForm::Map);
-    let tight = Limits { max_hashes: 1, max_tokens: 1_000 };
+    let tight = Limits { max_hashes: 1, max_tokens: 1_000, ..Limits::default() };
     match decode_batch(&bytes, &tight) {
         Err(WireError::InEvent { index: 0, source }) => {
             assert!(matches!(*source, WireError::TooLong { what: "block_hashes", len: 2, limit: 1 }))
         }
         other => panic!("unexpected {other:?}"),
     }
-    let tight = Limits { max_hashes: 10, max_tokens: 8 };
+    let tight = Limits { max_hashes: 10, max_tokens: 8, ..Limits::default() };
     assert_eq!(decode_batch(&bytes, &tight).unwrap_err().kind(), "too_long");
+}
+
+/// A payload over the byte limit is refused whole, before any of it is parsed.
+#[test]
+fn payload_over_the_byte_limit_is_refused() {
+    let bytes = encode_batch(&sample(), EventForm::Map);
+    let exact = Limits { max_payload_bytes: bytes.len(), ..Limits::default() };
+    assert!(decode_batch(&bytes, &exact).is_ok(), "a payload at the limit decodes");
+    let tight = Limits { max_payload_bytes: bytes.len() - 1, ..Limits::default() };
+    match decode_batch(&bytes, &tight) {
+        Err(WireError::TooLong { what: "payload bytes", len, limit }) => {
+            assert_eq!((len, limit), (bytes.len(), bytes.len() - 1))
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    // Refused before parsing: even bytes that are not msgpack at all say "too long".
+    let junk = vec![0xc1; 64];
+    let small = Limits { max_payload_bytes: 63, ..Limits::default() };
+    assert_eq!(decode_batch(&junk, &small).unwrap_err().kind(), "too_long");
+    assert!(
+        Limits::default().max_payload_bytes >= 11 * Limits::default().max_tokens,
+        "one event at the token limit fits"
+    );
+}
+
+/// Length prefixes claiming 2^32 - 1 items in a short payload: an error from
+/// the length check, not a 2^32-entry allocation (which would abort the test).
+#[test]
+fn huge_length_prefixes_in_short_payloads_do_not_allocate() {
+    let ts = [0xcb, 0, 0, 0, 0, 0, 0, 0, 0];
+    let u32_max = [0xff, 0xff, 0xff, 0xff];
+    let limits = Limits { max_hashes: usize::MAX, max_tokens: usize::MAX, ..Limits::default() };
+    // The batch array, the events array, an event map, block_hashes, token_ids, a bin hash.
+    let mut cases: Vec<Vec<u8>> =
+        vec![[&[0xdd][..], &u32_max].concat(), [&[0x93][..], &ts, &[0xdd], &u32_max].concat()];
+    cases.push([&[0x93][..], &ts, &[0x91, 0xdf], &u32_max].concat());
+    let event_with = |key: &str, tail: &[u8]| {
+        let mut e = vec![0x93];
+        e.extend_from_slice(&ts);
+        e.extend_from_slice(&[0x91, 0x82, 0xa4]);
+        e.extend_from_slice(b"type");
+        e.push(0xab);
+        e.extend_from_slice(b"BlockStored");
+        e.push(0xa0 | key.len() as u8);
+        e.extend_from_slice(key.as_bytes());
+        e.extend_from_slice(tail);
+        e
+    };
+    cases.push(event_with("block_hashes", &[&[0xdd][..], &u32_max, &[1, 2, 3]].concat()));
+    cases.push(event_with("token_ids", &[&[0xdd][..], &u32_max, &[1, 2, 3]].concat()));
+    cases.push(event_with("block_hashes", &[&[0x91, 0xc6][..], &u32_max, &[1, 2, 3]].concat()));
+    for (i, payload) in cases.iter().enumerate() {
+        let err = decode_batch(payload, &limits).unwrap_err();
+        assert_eq!(err.kind(), "truncated", "case {i}: {err}");
+    }
 }
 
 struct Rng(u64);

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use kv_events::{EventMetrics, discover, spawn_subscriber};
 use kv_index::{IndexConfig, KvIndex, MatchOptions, SystemClock};
+use kv_ingest::{Pump, PumpMetrics, StreamHashing};
 use mock_engine::{Faults, MockEngine, MockEngineConfig};
 use renderer::{ChatRequest, HashMode, PageHasher};
 use router_types::WorkerUrl;
 use serde_json::{Value, json};
-use sgl_router::pump::{Pump, PumpMetrics, StreamHashing};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 

@@ -6,6 +6,13 @@
 //! least loaded one while the fleet is imbalanced. The tree is trimmed to a
 //! size bound, least recently used leaves first.
 //!
+//! The tree learns on `commit` (a request really sent), never on `select`
+//! (which an explain endpoint may call), and it remembers workers by
+//! [`WorkerId`]: what one worker was sent stays with it whatever the order or
+//! the set of candidates later, until the fleet says it left
+//! (`remove_worker`). Ties on load go to the lowest id, so a choice does not
+//! depend on the order the candidates come in.
+//!
 //! The tree works on bytes of UTF-8 text (a character tree would count a
 //! CJK character as one unit instead of three; the ratio differs, the choice
 //! rarely does).
@@ -14,7 +21,9 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::simple::{check, lighter};
+use router_types::WorkerId;
+
+use crate::simple::check;
 use crate::{Candidate, Decision, Policy, PolicyError, Reason, RequestInfo};
 
 /// The knobs, with SGLang Model Gateway's defaults.
@@ -45,7 +54,7 @@ struct TreeNode {
     parent: usize,
     children: HashMap<u8, usize>,
     /// Workers whose requests passed through here, with the last time.
-    workers: HashMap<usize, u64>,
+    workers: HashMap<WorkerId, u64>,
     live: bool,
 }
 
@@ -95,7 +104,7 @@ impl ApproxTree {
     }
 
     /// Records that `text` was sent to `worker` at time `now`.
-    pub fn insert(&mut self, text: &[u8], worker: usize, now: u64) {
+    pub fn insert(&mut self, text: &[u8], worker: WorkerId, now: u64) {
         let mut node = ROOT;
         let mut rest = text;
         self.nodes[ROOT].workers.insert(worker, now);
@@ -137,8 +146,8 @@ impl ApproxTree {
         mid
     }
 
-    /// The longest prefix of `text` in the tree, and the workers at its end.
-    pub fn longest_match(&self, text: &[u8]) -> (usize, Vec<usize>) {
+    /// The longest prefix of `text` in the tree, and the workers at its end (in id order).
+    pub fn longest_match(&self, text: &[u8]) -> (usize, Vec<WorkerId>) {
         let mut node = ROOT;
         let mut matched = 0;
         let mut rest = text;
@@ -152,13 +161,13 @@ impl ApproxTree {
             }
             rest = &rest[common..];
         }
-        let mut workers: Vec<usize> = self.nodes[node].workers.keys().copied().collect();
+        let mut workers: Vec<WorkerId> = self.nodes[node].workers.keys().copied().collect();
         workers.sort_unstable();
         (matched, if node == ROOT { Vec::new() } else { workers })
     }
 
     /// Forgets a worker everywhere (it left the fleet).
-    pub fn remove_worker(&mut self, worker: usize) {
+    pub fn remove_worker(&mut self, worker: WorkerId) {
         for n in &mut self.nodes {
             n.workers.remove(&worker);
         }
@@ -221,6 +230,11 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
+/// The load order with ties to the lowest id, whatever the candidates' order.
+fn by_load(c: &&Candidate) -> (u32, u64, WorkerId) {
+    (c.load.in_flight, c.load.uncached_tokens, c.worker)
+}
+
 // === impl ApproxTreePolicy ===
 
 impl ApproxTreePolicy {
@@ -236,11 +250,6 @@ impl ApproxTreePolicy {
     /// Trims the tree to its bound (the gateway calls this periodically).
     pub fn trim(&self) -> usize {
         self.tree().trim(self.config.max_tree_bytes)
-    }
-
-    /// Forgets a worker that left.
-    pub fn remove_worker(&self, worker: usize) {
-        self.tree().remove_worker(worker);
     }
 
     /// Text bytes held by the tree.
@@ -260,37 +269,34 @@ impl Policy for ApproxTreePolicy {
 
     fn select(&self, candidates: &[Candidate], request: &RequestInfo<'_>) -> Result<Decision, PolicyError> {
         check(candidates)?;
-        let least = candidates.iter().fold(&candidates[0], |b, c| if lighter(c, b) { c } else { b });
+        let least = candidates.iter().min_by_key(by_load).ok_or(PolicyError::NoCandidates)?;
         let most = candidates.iter().map(|c| c.load.in_flight).max().unwrap_or(0);
         let min = least.load.in_flight;
         let imbalanced = most.saturating_sub(min) > self.config.balance_abs
             && f64::from(most) > self.config.balance_rel * f64::from(min);
-        let text = request.text.unwrap_or("").as_bytes();
-        let now = self.clock.fetch_add(1, Ordering::Relaxed);
-        let mut tree = self.tree();
-        let decision = if imbalanced {
-            Decision { worker: least.worker, reason: Reason::Imbalanced }
-        } else {
-            let (matched, holders) = tree.longest_match(text);
-            let ratio = if text.is_empty() { 0.0 } else { matched as f64 / text.len() as f64 };
-            let followed = candidates.iter().filter(|c| holders.binary_search(&c.worker).is_ok()).fold(
-                None::<&Candidate>,
-                |b, c| match b {
-                    Some(b) if !lighter(c, b) => Some(b),
-                    _ => Some(c),
-                },
-            );
-            match followed {
-                Some(c) if ratio > self.config.cache_threshold => {
-                    Decision { worker: c.worker, reason: Reason::TreeMatch }
-                }
-                _ => Decision { worker: least.worker, reason: Reason::TreeMiss },
-            }
-        };
-        if !text.is_empty() {
-            tree.insert(text, decision.worker, now);
+        if imbalanced {
+            return Ok(Decision { worker: least.worker, reason: Reason::Imbalanced });
         }
-        Ok(decision)
+        let text = request.text.unwrap_or("").as_bytes();
+        let (matched, holders) = self.tree().longest_match(text);
+        let ratio = if text.is_empty() { 0.0 } else { matched as f64 / text.len() as f64 };
+        let followed = candidates.iter().filter(|c| holders.binary_search(&c.worker).is_ok()).min_by_key(by_load);
+        Ok(match followed {
+            Some(c) if ratio > self.config.cache_threshold => Decision { worker: c.worker, reason: Reason::TreeMatch },
+            _ => Decision { worker: least.worker, reason: Reason::TreeMiss },
+        })
+    }
+
+    fn commit(&self, decision: &Decision, _candidates: &[Candidate], request: &RequestInfo<'_>) {
+        let now = self.clock.fetch_add(1, Ordering::Relaxed);
+        let text = request.text.unwrap_or("").as_bytes();
+        if !text.is_empty() {
+            self.tree().insert(text, decision.worker, now);
+        }
+    }
+
+    fn remove_worker(&self, worker: WorkerId) {
+        self.tree().remove_worker(worker);
     }
 }
 
@@ -299,30 +305,45 @@ mod tests {
     use super::*;
     use crate::Load;
 
-    fn cand(worker: usize, in_flight: u32) -> Candidate {
-        Candidate { worker, load: Load { in_flight, uncached_tokens: 0 }, matched_tokens: 0 }
+    fn cand(worker: u32, in_flight: u32) -> Candidate {
+        Candidate { worker: WorkerId(worker), load: Load { in_flight, uncached_tokens: 0 }, matched_tokens: 0 }
+    }
+
+    fn ask(text: &str) -> RequestInfo<'_> {
+        RequestInfo { input_tokens: 0, text: Some(text) }
+    }
+
+    /// A real request: select, then commit.
+    fn send(p: &ApproxTreePolicy, cs: &[Candidate], text: &str) -> Decision {
+        let d = p.select(cs, &ask(text)).unwrap();
+        p.commit(&d, cs, &ask(text));
+        d
+    }
+
+    fn ids(ids: &[u32]) -> Vec<WorkerId> {
+        ids.iter().copied().map(WorkerId).collect()
     }
 
     #[test]
     fn tree_splits_and_matches() {
         let mut t = ApproxTree::new();
-        t.insert(b"hello world", 1, 1);
-        t.insert(b"hello there", 2, 2);
-        assert_eq!(t.longest_match(b"hello world, again"), (11, vec![1]));
-        assert_eq!(t.longest_match(b"hello th"), (8, vec![2]));
-        assert_eq!(t.longest_match(b"help"), (3, vec![1, 2]));
+        t.insert(b"hello world", WorkerId(1), 1);
+        t.insert(b"hello there", WorkerId(2), 2);
+        assert_eq!(t.longest_match(b"hello world, again"), (11, ids(&[1])));
+        assert_eq!(t.longest_match(b"hello th"), (8, ids(&[2])));
+        assert_eq!(t.longest_match(b"help"), (3, ids(&[1, 2])));
         assert_eq!(t.longest_match(b"xyz"), (0, vec![]));
         assert_eq!(t.bytes(), "hello ".len() + "world".len() + "there".len());
-        t.remove_worker(1);
-        assert_eq!(t.longest_match(b"hello world"), (6, vec![2]));
+        t.remove_worker(WorkerId(1));
+        assert_eq!(t.longest_match(b"hello world"), (6, ids(&[2])));
         assert_eq!(t.bytes(), "hello ".len() + "there".len());
     }
 
     #[test]
     fn trim_drops_least_recently_used_leaves() {
         let mut t = ApproxTree::new();
-        t.insert(b"aaaa-old", 1, 1);
-        t.insert(b"bbbb-new", 2, 5);
+        t.insert(b"aaaa-old", WorkerId(1), 1);
+        t.insert(b"bbbb-new", WorkerId(2), 5);
         assert_eq!(t.trim(8), 1);
         assert_eq!(t.longest_match(b"aaaa-old").0, 0);
         assert_eq!(t.longest_match(b"bbbb-new").0, 8);
@@ -332,15 +353,39 @@ mod tests {
     fn follows_matches_falls_back_to_load_and_rebalances() {
         let p = ApproxTreePolicy::new(ApproxTreeConfig::default());
         let prompt = "You are a helpful assistant. Question one?";
-        let first = p.select(&[cand(0, 5), cand(1, 0)], &RequestInfo { input_tokens: 0, text: Some(prompt) }).unwrap();
-        assert_eq!(first, Decision { worker: 1, reason: Reason::TreeMiss });
+        let first = send(&p, &[cand(0, 5), cand(1, 0)], prompt);
+        assert_eq!(first, Decision { worker: WorkerId(1), reason: Reason::TreeMiss });
         let again = "You are a helpful assistant. Question two?";
-        let d = p.select(&[cand(0, 0), cand(1, 3)], &RequestInfo { input_tokens: 0, text: Some(again) }).unwrap();
-        assert_eq!(d, Decision { worker: 1, reason: Reason::TreeMatch }, "the shared prefix wins over load");
-        let d = p.select(&[cand(0, 0), cand(1, 100)], &RequestInfo { input_tokens: 0, text: Some(again) }).unwrap();
-        assert_eq!(d, Decision { worker: 0, reason: Reason::Imbalanced });
-        let d =
-            p.select(&[cand(0, 2), cand(1, 1)], &RequestInfo { input_tokens: 0, text: Some("zzz unrelated") }).unwrap();
-        assert_eq!(d, Decision { worker: 1, reason: Reason::TreeMiss });
+        let d = send(&p, &[cand(0, 0), cand(1, 3)], again);
+        assert_eq!(d, Decision { worker: WorkerId(1), reason: Reason::TreeMatch }, "the shared prefix wins over load");
+        let d = send(&p, &[cand(0, 0), cand(1, 100)], again);
+        assert_eq!(d, Decision { worker: WorkerId(0), reason: Reason::Imbalanced });
+        let d = send(&p, &[cand(0, 2), cand(1, 1)], "zzz unrelated");
+        assert_eq!(d, Decision { worker: WorkerId(1), reason: Reason::TreeMiss });
+    }
+
+    #[test]
+    fn a_learned_prompt_stays_with_its_worker_id() {
+        let p = ApproxTreePolicy::new(ApproxTreeConfig::default());
+        let prompt = "You are a helpful assistant. Summarize this report.";
+        // Explaining learns nothing: asked twice, still a miss.
+        for _ in 0..2 {
+            let d = p.select(&[cand(3, 0), cand(7, 1), cand(9, 2)], &ask(prompt)).unwrap();
+            assert_eq!(d, Decision { worker: WorkerId(3), reason: Reason::TreeMiss });
+        }
+        // Sent to 7, the least loaded then.
+        let d = send(&p, &[cand(3, 2), cand(7, 0), cand(9, 1)], prompt);
+        assert_eq!(d, Decision { worker: WorkerId(7), reason: Reason::TreeMiss });
+        // 3 left, and the survivors come in either order: 7 keeps the prompt.
+        for cs in [[cand(7, 1), cand(9, 0)], [cand(9, 0), cand(7, 1)]] {
+            let d = p.select(&cs, &ask(prompt)).unwrap();
+            assert_eq!(d, Decision { worker: WorkerId(7), reason: Reason::TreeMatch }, "{cs:?}");
+        }
+        // 7 leaves for good: the tree forgets what it was sent (were 7 still
+        // offered, the prompt would now go by load).
+        p.remove_worker(WorkerId(7));
+        assert_eq!(p.tree_bytes(), 0);
+        let d = p.select(&[cand(7, 1), cand(9, 0)], &ask(prompt)).unwrap();
+        assert_eq!(d, Decision { worker: WorkerId(9), reason: Reason::TreeMiss });
     }
 }

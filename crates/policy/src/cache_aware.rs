@@ -2,8 +2,9 @@
 //! workers holding enough of the prompt, keep the top K by matched tokens and
 //! take the one with the fewest uncached tokens, unless a near-equal hit sits
 //! on a materially less loaded worker; with no such worker, power of two.
+//! The random stream of that fallback moves on `commit` only.
 
-use crate::simple::{SplitMix, check, power_of_two};
+use crate::simple::{SplitMix, check, commit_power_of_two, power_of_two};
 use crate::{Candidate, Decision, Policy, PolicyError, Reason, RequestInfo};
 
 /// The knobs, with the reference router's defaults.
@@ -71,6 +72,11 @@ impl CacheAware {
     pub fn config(&self) -> &CacheAwareConfig {
         &self.config
     }
+
+    /// Whether `c` holds enough of the prompt to be a cache candidate.
+    fn is_hit(&self, c: &Candidate) -> bool {
+        c.matched_tokens > 0 && c.matched_tokens >= self.config.min_matched_tokens
+    }
 }
 
 impl Policy for CacheAware {
@@ -81,10 +87,10 @@ impl Policy for CacheAware {
     fn select(&self, candidates: &[Candidate], _request: &RequestInfo<'_>) -> Result<Decision, PolicyError> {
         check(candidates)?;
         let c = &self.config;
-        let mut hits: Vec<&Candidate> =
-            candidates.iter().filter(|x| x.matched_tokens > 0 && x.matched_tokens >= c.min_matched_tokens).collect();
+        let mut hits: Vec<&Candidate> = candidates.iter().filter(|x| self.is_hit(x)).collect();
         if hits.is_empty() {
-            return Ok(Decision { worker: power_of_two(&self.rng, candidates), reason: Reason::NoCacheCandidate });
+            let worker = power_of_two(&mut self.rng.peek(), candidates);
+            return Ok(Decision { worker, reason: Reason::NoCacheCandidate });
         }
         // Most matched first; among equals the lighter load.
         let by_hit = |a: &&Candidate, b: &&Candidate| {
@@ -115,15 +121,28 @@ impl Policy for CacheAware {
         }
         Ok(Decision { worker: best.worker, reason: Reason::CacheHit })
     }
+
+    fn commit(&self, _decision: &Decision, candidates: &[Candidate], _request: &RequestInfo<'_>) {
+        // Only the fallback draws.
+        if !candidates.iter().any(|x| self.is_hit(x)) {
+            commit_power_of_two(&self.rng, candidates);
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use router_types::WorkerId;
+
     use crate::test_candidate as cand;
 
+    /// A real request: select, then commit.
     fn pick(p: &CacheAware, cs: &[Candidate]) -> Decision {
-        p.select(cs, &RequestInfo { input_tokens: 8000, text: None }).unwrap()
+        let req = RequestInfo { input_tokens: 8000, text: None };
+        let d = p.select(cs, &req).unwrap();
+        p.commit(&d, cs, &req);
+        d
     }
 
     #[test]
@@ -140,19 +159,19 @@ mod tests {
         let p = CacheAware::new(CacheAwareConfig::default(), 1);
         // Worker 1 holds most of the prompt.
         let d = pick(&p, &[cand(0, 2048, 0), cand(1, 6144, 0), cand(2, 0, 0)]);
-        assert_eq!(d, Decision { worker: 1, reason: Reason::CacheHit });
+        assert_eq!(d, Decision { worker: WorkerId(1), reason: Reason::CacheHit });
         // Worker 0 is within the margin and worker 1 owes far more prefill: switch.
         let d = pick(&p, &[cand(0, 5500, 100), cand(1, 6144, 5000)]);
-        assert_eq!(d, Decision { worker: 0, reason: Reason::CacheHitLessLoaded });
+        assert_eq!(d, Decision { worker: WorkerId(0), reason: Reason::CacheHitLessLoaded });
         // Outside the margin: stay, however loaded.
         let d = pick(&p, &[cand(0, 2048, 0), cand(1, 6144, 50_000)]);
-        assert_eq!(d.worker, 1);
+        assert_eq!(d.worker, WorkerId(1));
         // Gap under the absolute threshold: stay.
         let d = pick(&p, &[cand(0, 5500, 100), cand(1, 6144, 1000)]);
-        assert_eq!(d.worker, 1);
+        assert_eq!(d.worker, WorkerId(1));
         // Guard off: stay.
         let off = CacheAware::new(CacheAwareConfig { pressure_guard: false, ..CacheAwareConfig::default() }, 1);
-        assert_eq!(pick(&off, &[cand(0, 5500, 100), cand(1, 6144, 5000)]).worker, 1);
+        assert_eq!(pick(&off, &[cand(0, 5500, 100), cand(1, 6144, 5000)]).worker, WorkerId(1));
     }
 
     #[test]
@@ -163,7 +182,7 @@ mod tests {
             let d = pick(&p, &cs);
             assert_eq!(
                 d,
-                Decision { worker: 1, reason: Reason::NoCacheCandidate },
+                Decision { worker: WorkerId(1), reason: Reason::NoCacheCandidate },
                 "two candidates: always the lighter"
             );
         }

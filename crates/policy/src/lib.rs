@@ -1,7 +1,18 @@
 //! Worker selection: given the healthy candidates of one request (their load
 //! and, for cache-aware routing, how many of the request's tokens each already
-//! holds), pick one and say why. Pure: no I/O, no clocks, no index access;
-//! the gateway gathers the inputs and records the decision.
+//! holds), pick one and say why. No I/O, no clocks, no index access: the
+//! gateway gathers the inputs.
+//!
+//! Choosing and recording are two steps. [`Policy::select`] only reads, so
+//! an explain endpoint (`/debug/route`) can ask as often as it likes;
+//! [`Policy::commit`] records that a request really went to the chosen
+//! worker (round robin's turn, the random stream, the approximate tree's
+//! memory of what each worker was sent). Workers are named by their
+//! [`WorkerId`], never by their position in a candidate list, so what a
+//! policy learned of a worker stays with that worker while others come and
+//! go; [`Policy::remove_worker`] says it left for good.
+
+use router_types::WorkerId;
 
 mod approx_tree;
 mod cache_aware;
@@ -11,22 +22,17 @@ mod simple;
 pub use approx_tree::{ApproxTree, ApproxTreeConfig, ApproxTreePolicy};
 pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use min_ttft::{MinTtft, MinTtftConfig};
-pub use simple::{LeastLoad, PowerOfTwo, Random, RoundRobin, SplitMix};
+pub use simple::{Draws, LeastLoad, PowerOfTwo, Random, RoundRobin, SplitMix};
 
-/// Router-side load of one worker.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Load {
-    /// Requests this router sent that have not finished.
-    pub in_flight: u32,
-    /// Prompt tokens of those requests the worker did not have cached (prefill still owed).
-    pub uncached_tokens: u64,
-}
+/// Router-side load of one worker (the fleet keeps it; the shared vocabulary holds the type).
+pub use router_types::Load;
 
 /// One healthy worker the request may go to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Candidate {
-    /// The caller's index of the worker (stable for the caller, opaque here).
-    pub worker: usize,
+    /// The worker (stable for its life in the fleet, never reused). Candidates
+    /// may come in any order and be any subset of the fleet.
+    pub worker: WorkerId,
     /// Its load.
     pub load: Load,
     /// Prompt tokens it already holds (cache-aware routing; 0 otherwise).
@@ -62,7 +68,7 @@ pub enum Reason {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
     /// The chosen candidate's `worker`.
-    pub worker: usize,
+    pub worker: WorkerId,
     /// Why.
     pub reason: Reason,
 }
@@ -84,7 +90,12 @@ pub struct RequestInfo<'a> {
     pub text: Option<&'a str>,
 }
 
-/// A stateless-or-internally-synchronized selection rule.
+/// A selection rule, internally synchronized: `select` reads, `commit` and
+/// `remove_worker` write.
+///
+/// Between the `select` and the `commit` of one request another thread may
+/// select (at most one per serving thread); it then sees the state before
+/// that commit, which costs a little spread, never correctness.
 pub trait Policy: Send + Sync + std::fmt::Debug {
     /// The policy's name as given on the command line.
     fn name(&self) -> &'static str;
@@ -97,15 +108,33 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
     fn needs_text(&self) -> bool {
         false
     }
-    /// Picks one of `candidates` for `request`.
+    /// Picks one of `candidates` for `request`, changing nothing: any number
+    /// of calls leave the policy as it was (no turn taken, no random draw
+    /// used, nothing learned), so it also serves to explain a choice.
     fn select(&self, candidates: &[Candidate], request: &RequestInfo<'_>) -> Result<Decision, PolicyError>;
+    /// Records that `request` really went to `decision.worker`, chosen by
+    /// [`select`](Policy::select) among `candidates`: the next `select` sees
+    /// the turn taken, the random draws used, the prompt learned. Call it
+    /// once per request that is sent, right after `select`.
+    fn commit(&self, decision: &Decision, candidates: &[Candidate], request: &RequestInfo<'_>) {
+        let _ = (decision, candidates, request);
+    }
+    /// A notice from the fleet that `worker` left for good (ids are never
+    /// reused): forget what was learned of it.
+    fn remove_worker(&self, worker: WorkerId) {
+        let _ = worker;
+    }
 }
 
 /// A candidate for the tests: `matched` prompt tokens cached and `owed`
 /// uncached tokens in flight (one request per 1,000 of them).
 #[cfg(test)]
-pub(crate) fn test_candidate(worker: usize, matched: u64, owed: u64) -> Candidate {
-    Candidate { worker, load: Load { in_flight: (owed / 1000) as u32, uncached_tokens: owed }, matched_tokens: matched }
+pub(crate) fn test_candidate(worker: u32, matched: u64, owed: u64) -> Candidate {
+    Candidate {
+        worker: WorkerId(worker),
+        load: Load { in_flight: (owed / 1000) as u32, uncached_tokens: owed },
+        matched_tokens: matched,
+    }
 }
 
 // === impl Reason ===

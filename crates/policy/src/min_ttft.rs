@@ -5,7 +5,8 @@
 //! `hit_weight` tokens of credit: a hit is worth more than the prefill it saves
 //! now, because keeping a conversation where its prefix lives stops the fleet's
 //! caches filling with copies. Ties go round the workers, so routers that
-//! cannot see each other's load do not all pick the same idle worker.
+//! cannot see each other's load do not all pick the same idle worker; the
+//! turn moves on `commit` only.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -69,7 +70,7 @@ impl Policy for MinTtft {
     fn select(&self, candidates: &[Candidate], request: &RequestInfo<'_>) -> Result<Decision, PolicyError> {
         check(candidates)?;
         let input = request.input_tokens;
-        let start = self.next.fetch_add(1, Ordering::Relaxed) % candidates.len();
+        let start = self.next.load(Ordering::Relaxed) % candidates.len();
         let best = candidates[start..]
             .iter()
             .chain(&candidates[..start])
@@ -80,30 +81,40 @@ impl Policy for MinTtft {
         let reason = if best.matched_tokens > 0 { Reason::CacheHit } else { Reason::LeastLoad };
         Ok(Decision { worker: best.worker, reason })
     }
+
+    fn commit(&self, _decision: &Decision, _candidates: &[Candidate], _request: &RequestInfo<'_>) {
+        self.next.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use router_types::WorkerId;
+
     use crate::{Load, test_candidate as cand};
 
+    /// A real request: select, then commit.
     fn pick(p: &MinTtft, cs: &[Candidate], input: u64) -> Decision {
-        p.select(cs, &RequestInfo { input_tokens: input, text: None }).unwrap()
+        let req = RequestInfo { input_tokens: input, text: None };
+        let d = p.select(cs, &req).unwrap();
+        p.commit(&d, cs, &req);
+        d
     }
 
     #[test]
     fn trades_cache_hits_against_queued_prefill() {
         let pure = MinTtft::new(MinTtftConfig { hit_weight: 0.0 });
         // Idle fleet: the hit is faster.
-        assert_eq!(pick(&pure, &[cand(0, 8_000, 0), cand(1, 0, 0)], 10_000).worker, 0);
+        assert_eq!(pick(&pure, &[cand(0, 8_000, 0), cand(1, 0, 0)], 10_000).worker, WorkerId(0));
         // The holder owes 30,000 tokens (32,000 in all); a cold idle worker needs 10,000.
         assert_eq!(
             pick(&pure, &[cand(0, 8_000, 30_000), cand(1, 0, 0)], 10_000),
-            Decision { worker: 1, reason: Reason::LeastLoad }
+            Decision { worker: WorkerId(1), reason: Reason::LeastLoad }
         );
         // No hits anywhere: the least owed prefill, whatever the request count.
         let light = Candidate { load: Load { in_flight: 9, uncached_tokens: 100 }, ..cand(1, 0, 0) };
-        assert_eq!(pick(&pure, &[cand(0, 0, 5_000), light], 1).worker, 1);
+        assert_eq!(pick(&pure, &[cand(0, 0, 5_000), light], 1).worker, WorkerId(1));
     }
 
     #[test]
@@ -112,12 +123,12 @@ mod tests {
         // The holder of 8,000 tokens is 4,000 tokens slower (cost 8,000 - 32,000 against 4,000): stay.
         assert_eq!(
             pick(&p, &[cand(0, 8_000, 12_000), cand(1, 0, 0)], 12_000),
-            Decision { worker: 0, reason: Reason::CacheHit }
+            Decision { worker: WorkerId(0), reason: Reason::CacheHit }
         );
         // 50,000 tokens slower: move.
-        assert_eq!(pick(&p, &[cand(0, 8_000, 58_000), cand(1, 0, 0)], 12_000).worker, 1);
+        assert_eq!(pick(&p, &[cand(0, 8_000, 58_000), cand(1, 0, 0)], 12_000).worker, WorkerId(1));
         // A one-page hit buys little: a busy holder of 16 tokens loses to an idle worker.
-        assert_eq!(pick(&p, &[cand(0, 16, 2_000), cand(1, 0, 0)], 4_000).worker, 1);
+        assert_eq!(pick(&p, &[cand(0, 16, 2_000), cand(1, 0, 0)], 4_000).worker, WorkerId(1));
         assert_eq!(p.select(&[], &RequestInfo::default()), Err(PolicyError::NoCandidates));
     }
 
@@ -125,7 +136,7 @@ mod tests {
     fn ties_go_round_the_workers() {
         let p = MinTtft::new(MinTtftConfig::default());
         let idle: Vec<Candidate> = (0..4).map(|w| cand(w, 0, 0)).collect();
-        let picks: Vec<usize> = (0..8).map(|_| pick(&p, &idle, 100).worker).collect();
+        let picks: Vec<u32> = (0..8).map(|_| pick(&p, &idle, 100).worker.0).collect();
         assert_eq!(picks, [0, 1, 2, 3, 0, 1, 2, 3]);
     }
 }

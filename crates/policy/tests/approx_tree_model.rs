@@ -3,6 +3,7 @@
 //! on the matched length and on the workers at the end of the match.
 
 use policy::ApproxTree;
+use router_types::WorkerId;
 
 struct Rng(u64);
 
@@ -28,11 +29,11 @@ fn random_inserts_and_queries_match_the_model() {
     for seed in 1..=20u64 {
         let mut rng = Rng(seed * 7919);
         let mut tree = ApproxTree::new();
-        let mut model: Vec<(Vec<u8>, usize)> = Vec::new();
+        let mut model: Vec<(Vec<u8>, WorkerId)> = Vec::new();
         for step in 0..400 {
             if rng.below(2) == 0 {
                 let t = text(&mut rng);
-                let w = rng.below(4);
+                let w = WorkerId(rng.below(4) as u32);
                 tree.insert(&t, w, step);
                 if !t.is_empty() {
                     model.push((t, w));
@@ -40,7 +41,7 @@ fn random_inserts_and_queries_match_the_model() {
             } else {
                 let q = text(&mut rng);
                 let matched = model.iter().map(|(t, _)| common(t, &q)).max().unwrap_or(0);
-                let mut workers: Vec<usize> = if matched == 0 {
+                let mut workers: Vec<WorkerId> = if matched == 0 {
                     Vec::new()
                 } else {
                     model

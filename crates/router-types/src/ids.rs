@@ -17,6 +17,36 @@ pub struct WorkerUrl(String);
 #[serde(transparent)]
 pub struct WorkerId(pub u32);
 
+/// What a worker does in the fleet.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "role")]
+pub enum Role {
+    /// Prefill and decode on one engine.
+    #[default]
+    Regular,
+    /// Prefill only (disaggregated), with the port its KV transfer bootstraps from.
+    Prefill {
+        /// The bootstrap port (SGLang `disaggregation_bootstrap_port`), when known.
+        bootstrap_port: Option<u16>,
+    },
+    /// Decode only (disaggregated).
+    Decode,
+}
+
+/// The model pool a worker belongs to: the model name it serves to clients.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct PoolId(pub String);
+
+/// Router-side load of one worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Load {
+    /// Requests this router sent that have not finished.
+    pub in_flight: u32,
+    /// Prompt tokens of those requests the worker did not have cached (prefill still owed).
+    pub uncached_tokens: u64,
+}
+
 /// A data-parallel rank inside one engine replica (SGLang `dp_size`).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -210,6 +240,34 @@ impl From<&str> for WorkerUrl {
 impl fmt::Display for WorkerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "w{}", self.0)
+    }
+}
+
+// === impl Role ===
+
+impl Role {
+    /// A stable label (metrics, `/workers`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Regular => "regular",
+            Role::Prefill { .. } => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+}
+
+// === impl PoolId ===
+
+impl PoolId {
+    /// The pool of a router serving one model (no routing configuration).
+    pub fn default_pool() -> Self {
+        Self("default".into())
+    }
+}
+
+impl fmt::Display for PoolId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
     }
 }
 

@@ -6,6 +6,10 @@
 
 mod event;
 mod ids;
+pub mod metrics;
 
 pub use event::{EngineBlockHash, EventBatch, KvEvent, StoredBlocks};
-pub use ids::{BlockHash, DpRank, Namespace, PageDigest, Tier, TokenCount, UrlError, WorkerId, WorkerKey, WorkerUrl};
+pub use ids::{
+    BlockHash, DpRank, Load, Namespace, PageDigest, PoolId, Role, Tier, TokenCount, UrlError, WorkerId, WorkerKey,
+    WorkerUrl,
+};

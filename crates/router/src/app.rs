@@ -11,7 +11,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use gateway::{Gateway, GatewayConfig, HealthConfig, Workers, health_loop, load_loop};
+use fleet::{EventsConfig, Fleet, FleetConfig, Source};
+use gateway::{Gateway, GatewayConfig};
 use kv_index::{IndexConfig, KvIndex, SystemClock};
 use mock_engine::{MockEngine, MockEngineConfig};
 use policy::{
@@ -23,8 +24,6 @@ use router_types::WorkerUrl;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
-
-use crate::events::{KvEventsConfig, KvEventsRuntime, start_kv_events};
 
 /// The selection policy and its knobs.
 #[derive(Debug, Clone)]
@@ -57,7 +56,7 @@ pub struct AppConfig {
     /// The policy.
     pub policy: PolicyConfig,
     /// Follow the workers' KV events.
-    pub kv_events: Option<KvEventsConfig>,
+    pub kv_events: Option<EventsConfig>,
     /// Model directory; the built-in byte-level model if absent.
     pub tokenizer_path: Option<PathBuf>,
     /// Chat template override.
@@ -98,6 +97,10 @@ pub struct AppConfig {
     pub client_keys: Vec<String>,
     /// Serve the control plane on this address instead of `listen`.
     pub admin_listen: Option<SocketAddr>,
+    /// Bytes of memory the requests in progress may hold (429 past it).
+    pub max_request_memory: usize,
+    /// Large renders at once, off the serving threads.
+    pub render_threads: usize,
 }
 
 /// A built router, bound to its port.
@@ -111,8 +114,8 @@ pub struct App {
     serve_threads: usize,
     fast_proxy: bool,
     _mocks: Vec<MockEngine>,
-    /// The KV-event side, when enabled.
-    pub kv: Option<Arc<KvEventsRuntime>>,
+    /// The workers.
+    pub fleet: Arc<Fleet>,
 }
 
 // === impl App ===
@@ -126,7 +129,6 @@ impl App {
             None => Renderer::builtin()?,
         };
         let renderer = Arc::new(renderer);
-        let mut workers = config.workers.clone();
         let mut mocks = Vec::new();
         for _ in 0..config.mock_workers {
             let engine_renderer = match &config.tokenizer_path {
@@ -138,34 +140,22 @@ impl App {
                 engine_renderer,
             )
             .await?;
-            workers.push(WorkerUrl::new(mock.url()));
             mocks.push(mock);
         }
-        if workers.is_empty() {
+        if config.workers.is_empty() && mocks.is_empty() {
             bail!("no workers: give --worker-urls or --mock-workers");
         }
         let cancel = CancellationToken::new();
-        let (index, kv, block_size, hash_modes) = match &config.kv_events {
-            Some(kv_config) => {
-                let index = Arc::new(KvIndex::new(
-                    IndexConfig {
-                        max_nodes: config.max_index_nodes,
-                        pending_ttl: (!config.pending_ttl.is_zero()).then_some(config.pending_ttl),
-                        ..IndexConfig::default()
-                    },
-                    Arc::new(SystemClock::new()),
-                ));
-                let kv_config = KvEventsConfig {
-                    workers: workers.clone(),
-                    api_key: config.worker_api_key.clone(),
-                    ..kv_config.clone()
-                };
-                let rt = start_kv_events(kv_config, index.clone(), cancel.clone()).await;
-                let (bs, modes) = (rt.block_size, rt.hash_modes.clone());
-                (Some(index), Some(Arc::new(rt)), bs, modes)
-            }
-            None => (None, None, 16, Arc::default()),
-        };
+        let index = config.kv_events.as_ref().map(|_| {
+            Arc::new(KvIndex::new(
+                IndexConfig {
+                    max_nodes: config.max_index_nodes,
+                    pending_ttl: (!config.pending_ttl.is_zero()).then_some(config.pending_ttl),
+                    ..IndexConfig::default()
+                },
+                Arc::new(SystemClock::new()),
+            ))
+        });
         let policy: Arc<dyn Policy> = match &config.policy {
             PolicyConfig::RoundRobin => Arc::new(RoundRobin::default()),
             PolicyConfig::Random => Arc::new(Random::new(seed())),
@@ -186,8 +176,6 @@ impl App {
             }
         };
         let gw_config = GatewayConfig {
-            block_size,
-            hash_modes,
             max_body_bytes: config.max_body_bytes,
             request_timeout: config.request_timeout,
             max_concurrent: config.max_concurrent,
@@ -198,42 +186,31 @@ impl App {
             control_plane_keys: config.control_plane_keys.clone(),
             client_keys: config.client_keys.clone(),
             admin_listener: config.admin_listen.is_some(),
+            max_request_memory: config.max_request_memory,
+            render_threads: config.render_threads,
         };
-        let registry = Arc::new(Workers::new(&workers, index.as_deref()));
-        let mut gateway = Gateway::new(gw_config, registry.clone(), policy, index.clone(), renderer);
-        if let (Some(kv), Some(index)) = (kv.clone(), index.clone()) {
-            let ready_kv = kv.clone();
-            let adder_kv = kv.clone();
-            gateway = gateway
-                .with_add_worker_hook(Box::new(move |url| {
-                    let kv = adder_kv.clone();
-                    Box::pin(async move {
-                        match kv.adder.add_worker(&url).await {
-                            crate::events::WorkerStatus::Subscribed { .. } => Ok(()),
-                            crate::events::WorkerStatus::Refused { reason, .. } => Err(reason),
-                        }
-                    })
-                }))
-                .with_metrics_hook(Box::new(move |out| {
-                    crate::metrics::prometheus::render_kv_events(out, &kv.events, &kv.pump, &kv.fleet, &index.stats());
-                }))
-                .with_ready_hook(Box::new(move || {
-                    let streams = ready_kv.fleet.streams.load(Ordering::Relaxed) as usize;
-                    let up = ready_kv.events.connected().iter().filter(|(_, c)| *c).count();
-                    streams > 0 && up >= streams
-                }));
-        }
-        let client = gateway::worker_client(config.worker_api_key.as_deref(), None);
-        if !config.load_poll.is_zero() {
-            tokio::spawn(load_loop(registry.clone(), client.clone(), config.load_poll, cancel.clone()));
-        }
-        let health = HealthConfig { interval: config.health_interval, index_retention: config.index_retention };
-        tokio::spawn(health_loop(registry, client, health, index.clone(), cancel.clone()));
+        // Bind first: discovery runs in the background, after the port is up.
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
         let admin = match config.admin_listen {
             Some(a) => Some(TcpListener::bind(a).await.with_context(|| format!("binding the admin port {a}"))?),
             None => None,
         };
+        let fleet_config = FleetConfig {
+            health_interval: config.health_interval,
+            index_retention: config.index_retention,
+            load_poll: config.load_poll,
+            api_key: config.worker_api_key.clone(),
+            events: config.kv_events.clone(),
+            proxied_paths: gateway::PROXIED_PATHS,
+        };
+        let fleet = Fleet::start(fleet_config, index.clone(), &config.workers, cancel.clone());
+        for mock in &mocks {
+            fleet.add(WorkerUrl::parse(&mock.url()).unwrap_or_else(|_| WorkerUrl::new(mock.url())), Source::Mock);
+        }
+        // The policies forget a worker that left for good.
+        let (notices, forget, stop) = (fleet.subscribe(), policy.clone(), cancel.clone());
+        tokio::spawn(forget_departed(notices, forget, fleet.clone(), stop));
+        let gateway = Gateway::new(gw_config, fleet.clone(), policy, index.clone(), renderer);
         Ok(Self {
             listener,
             admin,
@@ -243,7 +220,7 @@ impl App {
             serve_threads: config.serve_threads,
             fast_proxy: config.fast_proxy,
             _mocks: mocks,
-            kv,
+            fleet,
         })
     }
 
@@ -264,7 +241,7 @@ impl App {
 
     /// The workers routed to (the simulated ones included).
     pub fn worker_urls(&self) -> Vec<WorkerUrl> {
-        self.gateway.workers.all().iter().map(|w| w.url.clone()).collect()
+        self.fleet.all().iter().map(|w| w.url.clone()).collect()
     }
 
     /// Serves until `shutdown` resolves, then stops accepting, waits for
@@ -359,6 +336,38 @@ async fn serve_all(
 /// One accept loop.
 async fn serve_one(listener: TcpListener, front: Front, drain: CancellationToken) -> anyhow::Result<()> {
     gateway::serve(listener, front.gw, front.fast, drain).await.map_err(anyhow::Error::from)
+}
+
+/// Tells the policy of every worker that left the fleet; a subscriber that
+/// fell behind the notices resyncs from the fleet's snapshot.
+async fn forget_departed(
+    mut notices: tokio::sync::broadcast::Receiver<fleet::Notice>,
+    policy: Arc<dyn Policy>,
+    fleet: Arc<Fleet>,
+    cancel: CancellationToken,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    let mut known: std::collections::HashSet<router_types::WorkerId> = fleet.snapshot().iter().map(|w| w.id).collect();
+    loop {
+        let notice = tokio::select! { biased; () = cancel.cancelled() => return, n = notices.recv() => n };
+        match notice {
+            Ok(fleet::Notice::Added(id)) => {
+                known.insert(id);
+            }
+            Ok(fleet::Notice::Removed(id)) => {
+                known.remove(&id);
+                policy.remove_worker(id);
+            }
+            Err(RecvError::Lagged(_)) => {
+                let live: std::collections::HashSet<_> = fleet.snapshot().iter().map(|w| w.id).collect();
+                for gone in known.difference(&live) {
+                    policy.remove_worker(*gone);
+                }
+                known = live;
+            }
+            Err(RecvError::Closed) => return,
+        }
+    }
 }
 
 fn seed() -> u64 {

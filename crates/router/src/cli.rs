@@ -179,6 +179,14 @@ pub(crate) struct ServeArgs {
     /// Largest request body accepted (413 above).
     #[arg(long, env = "SGL_ROUTER_MAX_BODY_BYTES", default_value_t = crate::defaults::MAX_BODY_BYTES, value_name = "N")]
     pub(crate) max_body_bytes: usize,
+    /// Bytes of memory the requests in progress may hold: each is charged 8 bytes per body byte
+    /// (parsed, rendered, tokenized) from admission to its end; past it, 429 with Retry-After.
+    #[arg(long, env = "SGL_ROUTER_MAX_REQUEST_MEMORY_BYTES", default_value_t = crate::defaults::MAX_REQUEST_MEMORY_BYTES, value_name = "N")]
+    pub(crate) max_request_memory_bytes: usize,
+    /// Large prompts (over 64 KiB) rendered at once, off the serving threads, so they do not
+    /// stall small ones [default: the number of CPUs].
+    #[arg(long, env = "SGL_ROUTER_RENDER_THREADS", value_name = "N")]
+    pub(crate) render_threads: Option<usize>,
     /// Most requests in flight (429 above).
     #[arg(long, env = "SGL_ROUTER_MAX_CONCURRENT_REQUESTS", default_value_t = crate::defaults::MAX_CONCURRENT_REQUESTS, value_name = "N")]
     pub(crate) max_concurrent_requests: usize,

@@ -34,3 +34,6 @@ pub(crate) const CLIENT_IDLE_TIMEOUT_SECS: u64 = 60;
 pub(crate) const MAX_CONNECTIONS: usize = 16_384;
 /// Seconds a worker may stay silent in the middle of an answer's body.
 pub(crate) const UPSTREAM_IDLE_TIMEOUT_SECS: u64 = 300;
+/// Bytes of memory the requests in progress may hold: 1 GiB, about 25 requests
+/// of the largest body (5 MiB, charged 8 bytes per body byte) at once.
+pub(crate) const MAX_REQUEST_MEMORY_BYTES: usize = 1 << 30;

@@ -6,10 +6,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
+use fleet::{DEFAULT_DISCOVERY_DEADLINE, EventsConfig};
 use policy::{ApproxTreeConfig, CacheAwareConfig, MinTtftConfig};
 use router_types::WorkerUrl;
 use sgl_router::app::{App, AppConfig, PolicyConfig};
-use sgl_router::events::{DEFAULT_DISCOVERY_DEADLINE, KvEventsConfig};
 
 use crate::cli::{LogFormat, PolicyName, ServeArgs};
 
@@ -122,14 +122,12 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     };
     let kv_events = if a.kv_events {
         let explicit = crate::tools::explicit(&a.events).map_err(|e| UsageError(e.to_string()))?;
-        Some(KvEventsConfig {
-            workers: Vec::new(),
+        Some(EventsConfig {
             explicit,
             default_block_size: a.events.block_size,
             topic: a.events.topic.clone(),
             discovery_deadline: DEFAULT_DISCOVERY_DEADLINE,
             subscriber: kv_events::SubscriberConfig::default(),
-            api_key: None, // the App gives its workers' key (`worker_api_key`)
         })
     } else {
         if !a.events.endpoints.is_empty() || !a.events.replay_endpoints.is_empty() || !a.events.dp_sizes.is_empty() {
@@ -167,6 +165,11 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         control_plane_keys: a.control_plane_api_keys.clone(),
         client_keys: a.client_api_keys.clone(),
         admin_listen,
+        max_request_memory: a.max_request_memory_bytes.max(1),
+        render_threads: a
+            .render_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get))
+            .max(1),
         serve_threads: a
             .serve_threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)),

@@ -80,16 +80,22 @@ fn print_json<T: Serialize>(value: &T) -> Result<()> {
 /// The explicit endpoint flags, parsed.
 pub(crate) fn explicit(flags: &KvEventFlags) -> Result<kv_events::ExplicitEndpoints> {
     let mut out = kv_events::ExplicitEndpoints::default();
+    // The worker as the fleet spells it (normalized), so the flag finds its worker.
+    let flag = |v: &str| -> Result<(router_types::WorkerUrl, String)> {
+        let (worker, value) = kv_events::parse_worker_flag(v)?;
+        let worker = router_types::WorkerUrl::parse(worker.as_str()).map_err(|e| anyhow::anyhow!("{v}: {e}"))?;
+        Ok((worker, value))
+    };
     for v in &flags.endpoints {
-        let (worker, ep) = kv_events::parse_worker_flag(v)?;
+        let (worker, ep) = flag(v)?;
         out.endpoints.insert(worker, ep);
     }
     for v in &flags.replay_endpoints {
-        let (worker, ep) = kv_events::parse_worker_flag(v)?;
+        let (worker, ep) = flag(v)?;
         out.replay_endpoints.insert(worker, ep);
     }
     for v in &flags.dp_sizes {
-        let (worker, n) = kv_events::parse_worker_flag(v)?;
+        let (worker, n) = flag(v)?;
         let n: usize = n.parse().with_context(|| format!("--kv-events-dp-size {v}: not a number"))?;
         if n == 0 {
             bail!("--kv-events-dp-size {v}: must be at least 1");
@@ -104,46 +110,62 @@ pub(crate) fn explicit(flags: &KvEventFlags) -> Result<kv_events::ExplicitEndpoi
     Ok(out)
 }
 
-/// `sgl-router kv-events`.
+/// `sgl-router kv-events`: the fleet's own following of events, without a gateway.
 pub(crate) fn kv_events(args: &KvEventsArgs) -> Result<()> {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
+    use fleet::{Events, EventsConfig, Fleet, FleetConfig};
     use kv_index::{IndexConfig, KvIndex, SystemClock};
     use router_types::WorkerUrl;
-    use sgl_router::events::{KvEventsConfig, WorkerStatus, start_kv_events};
 
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .try_init();
-    let config = KvEventsConfig {
-        workers: args.worker_urls.iter().map(|u| WorkerUrl::new(u.as_str())).collect(),
-        explicit: explicit(&args.events)?,
-        default_block_size: args.events.block_size,
-        topic: args.events.topic.clone(),
-        discovery_deadline: sgl_router::events::DEFAULT_DISCOVERY_DEADLINE,
-        subscriber: kv_events::SubscriberConfig::default(),
+    let mut workers = Vec::new();
+    for u in &args.worker_urls {
+        workers.push(WorkerUrl::parse(u.trim()).map_err(|e| anyhow::anyhow!("--worker-urls: {e}"))?);
+    }
+    let config = FleetConfig {
+        health_interval: Duration::from_secs(crate::defaults::HEALTH_CHECK_INTERVAL_SECS),
+        index_retention: Duration::from_secs(crate::defaults::WORKER_INDEX_RETENTION_SECS),
+        load_poll: Duration::ZERO,
         api_key: args.api_key.clone(),
+        events: Some(EventsConfig {
+            explicit: explicit(&args.events)?,
+            default_block_size: args.events.block_size,
+            topic: args.events.topic.clone(),
+            discovery_deadline: fleet::DEFAULT_DISCOVERY_DEADLINE,
+            subscriber: kv_events::SubscriberConfig::default(),
+        }),
+        proxied_paths: &[],
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async {
         let index = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new())));
         let cancel = tokio_util::sync::CancellationToken::new();
-        let rt = start_kv_events(config, index.clone(), cancel.clone()).await;
-        let workers: Vec<serde_json::Value> = rt
-            .workers
-            .iter()
-            .map(|w| match w {
-                WorkerStatus::Subscribed { worker, streams, block_size } => {
-                    serde_json::json!({"worker": worker, "status": "subscribed", "streams": streams, "block_size": block_size})
+        let fleet = Fleet::start(config, Some(index.clone()), &workers, cancel.clone());
+        // Discovery runs in the background: report each worker once it is found (or not).
+        let mut statuses = Vec::new();
+        for w in fleet.snapshot().iter() {
+            let status = match fleet.wait_discovered(w, fleet::DEFAULT_DISCOVERY_DEADLINE).await {
+                Events::Followed { streams } => {
+                    serde_json::json!({"worker": w.url, "status": "subscribed", "streams": streams, "block_size": fleet.block_size()})
                 }
-                WorkerStatus::Refused { worker, reason } => {
-                    serde_json::json!({"worker": worker, "status": "refused", "reason": reason})
+                Events::NotFollowed(reason) | Events::Refused(reason) => {
+                    serde_json::json!({"worker": w.url, "status": "refused", "reason": reason})
                 }
-            })
-            .collect();
-        print_json(&serde_json::json!({"block_size": rt.block_size, "workers": workers}))?;
+                Events::Discovering | Events::Off => {
+                    serde_json::json!({"worker": w.url, "status": "discovering"})
+                }
+            };
+            statuses.push(status);
+        }
+        print_json(&serde_json::json!({"block_size": fleet.block_size(), "workers": statuses}))?;
+        let (Some(events), Some(pump)) = (fleet.event_metrics().cloned(), fleet.pump_metrics().cloned()) else {
+            bail!("the fleet follows no events");
+        };
         let start = Instant::now();
         let deadline = args.duration_secs.map(|s| start + Duration::from_secs(s));
         let mut tick = tokio::time::interval(Duration::from_millis(args.interval_ms.max(10)));
@@ -155,17 +177,17 @@ pub(crate) fn kv_events(args: &KvEventsArgs) -> Result<()> {
             }
             let get = kv_events::EventMetrics::get;
             let stats = index.stats();
-            let connected = rt.events.connected().iter().filter(|(_, up)| *up).count();
+            let connected = events.connected().iter().filter(|(_, up)| *up).count();
             print_json(&serde_json::json!({
                 "elapsed_s": start.elapsed().as_secs_f64(),
                 "connected_streams": connected,
-                "batches": get(&rt.events.batches),
-                "resets": get(&rt.events.resets),
-                "replays_repaired": get(&rt.events.replay_repaired),
-                "decode_errors": get(&rt.events.decode_errors),
-                "stores": get(&rt.pump.stored),
-                "removals": get(&rt.pump.removed),
-                "hash_mismatches": get(&rt.pump.hash_mismatches),
+                "batches": get(&events.batches),
+                "resets": get(&events.resets),
+                "replays_repaired": get(&events.replay_repaired),
+                "decode_errors": get(&events.decode_errors),
+                "stores": get(&pump.stored),
+                "removals": get(&pump.removed),
+                "hash_mismatches": get(&pump.hash_mismatches),
                 "nodes": stats.nodes,
                 "holdings": stats.holdings,
                 "memory_bytes": stats.memory_bytes,
@@ -174,12 +196,12 @@ pub(crate) fn kv_events(args: &KvEventsArgs) -> Result<()> {
                 break;
             }
         }
-        cancel.cancel();
         if args.metrics {
             let mut out = String::new();
-            sgl_router::metrics::prometheus::render_kv_events(&mut out, &rt.events, &rt.pump, &rt.fleet, &index.stats());
+            fleet.render_metrics(&mut out);
             print!("{out}");
         }
+        cancel.cancel();
         Ok(())
     })
 }

@@ -61,7 +61,7 @@ async fn without_control_plane_keys_nobody_changes_or_sees_the_fleet() {
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(hits.load(Ordering::SeqCst), 0, "the attacker's worker was contacted");
-    assert_eq!(r.gateway.workers.all().len(), 1);
+    assert_eq!(r.gateway.fleet.all().len(), 1);
     let _ = r.stop.send(());
 }
 
@@ -131,7 +131,7 @@ async fn one_engine_down_does_not_fail_readiness() {
     until("ready", async || ready().await.status() == 200).await;
     // One engine crashes: its subscription drops and it leaves rotation; the other still routes.
     w1.shutdown();
-    until("w1 out of rotation", async || r.gateway.workers.all().iter().any(|w| !w.is_healthy())).await;
+    until("w1 out of rotation", async || r.gateway.fleet.all().iter().any(|w| !w.is_healthy())).await;
     let resp = ready().await;
     assert_eq!(resp.status(), 200, "one engine down is not a router outage");
     let body: Value = resp.json().await.unwrap();
@@ -155,7 +155,7 @@ async fn not_now_answers_carry_retry_after_on_both_paths() {
         cfg.health_interval = Duration::from_millis(100);
         cfg.fast_proxy = fast_proxy;
         let r = start(cfg).await;
-        until("the dead worker is out", async || r.gateway.workers.all().iter().all(|w| !w.is_healthy())).await;
+        until("the dead worker is out", async || r.gateway.fleet.all().iter().all(|w| !w.is_healthy())).await;
         let resp = post(&format!("{}/v1/chat/completions", r.url), &chat("s", "u")).await;
         assert_eq!(resp.status(), 503, "fast path {fast_proxy}");
         assert_eq!(resp.headers()["retry-after"], "1", "fast path {fast_proxy}");

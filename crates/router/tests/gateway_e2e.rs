@@ -92,7 +92,7 @@ async fn cache_aware_follows_events_and_the_pressure_guard() {
         tokio::spawn(async move { reqwest::Client::new().post(url).json(&heavy).send().await })
     };
     until("the heavy request is in flight on w1", async || {
-        r.gateway.workers.all().iter().any(|w| w.load().uncached_tokens > 4000)
+        r.gateway.fleet.all().iter().any(|w| w.load().uncached_tokens > 4000)
     })
     .await;
     let d = debug(&r, &probe).await;
@@ -102,7 +102,7 @@ async fn cache_aware_follows_events_and_the_pressure_guard() {
         "{d}"
     );
     hung.abort();
-    until("load released once", async || r.gateway.workers.all().iter().all(|w| w.load().in_flight == 0)).await;
+    until("load released once", async || r.gateway.fleet.all().iter().all(|w| w.load().in_flight == 0)).await;
     let _ = r.stop.send(());
 }
 
@@ -121,7 +121,7 @@ async fn min_ttft_follows_the_hit_until_the_holder_owes_more_prefill() {
         tokio::spawn(async move { reqwest::Client::new().post(url).json(&heavy).send().await })
     };
     let owed = |url: String| {
-        r.gateway.workers.all().iter().find(|w| w.url.as_str() == url).map_or(0, |w| w.load().uncached_tokens)
+        r.gateway.fleet.all().iter().find(|w| w.url.as_str() == url).map_or(0, |w| w.load().uncached_tokens)
     };
     until("the heavy request is in flight on w1", async || owed(w1.url()) > 20_000).await;
     // The hit on w1 waits behind 26 k tokens, more than its ~2.2 k cached tokens' credit (x4):
@@ -134,7 +134,7 @@ async fn min_ttft_follows_the_hit_until_the_holder_owes_more_prefill() {
     let _ = done.bytes().await;
     until("the answered request released its load", async || owed(w0.url()) == 0).await;
     hung.abort();
-    until("load released once", async || r.gateway.workers.all().iter().all(|w| w.load().in_flight == 0)).await;
+    until("load released once", async || r.gateway.fleet.all().iter().all(|w| w.load().in_flight == 0)).await;
     assert_eq!(owed(w1.url()), 0);
     let _ = r.stop.send(());
 }
@@ -183,10 +183,10 @@ async fn a_worker_that_starts_after_the_router_joins_within_seconds() {
     cfg.workers.push(WorkerUrl::new(format!("http://{listen}")));
     let r = start(cfg).await; // the health interval is an hour: only the down-worker probe can bring it back
     let url = format!("{}/v1/chat/completions", r.url);
-    until("the worker is out of rotation", async || !r.gateway.workers.all()[0].is_healthy()).await;
+    until("the worker is out of rotation", async || !r.gateway.fleet.all()[0].is_healthy()).await;
     assert_eq!(post(&url, &chat("s", "q")).await.status(), 503);
     let _w = MockEngine::spawn(MockEngineConfig { listen, ..engine_config() }).await.unwrap();
-    until("the late worker is back in rotation", async || r.gateway.workers.all()[0].is_healthy()).await;
+    until("the late worker is back in rotation", async || r.gateway.fleet.all()[0].is_healthy()).await;
     assert_eq!(post(&url, &chat("s", "q")).await.status(), 200);
     let _ = r.stop.send(());
 }
@@ -212,7 +212,7 @@ async fn load_that_other_routers_put_on_a_worker_is_seen_in_its_load_report() {
         })
         .collect();
     let reported = |url: String| {
-        r.gateway.workers.all().iter().find(|w| w.url.as_str() == url).map_or(0, |w| w.reported_uncached_tokens())
+        r.gateway.fleet.all().iter().find(|w| w.url.as_str() == url).map_or(0, |w| w.reported_uncached_tokens())
     };
     until("w0 reports the queued prompt", async || reported(w0.url()) > 4000).await;
     let loads: Value = reqwest::get(format!("{}/v1/loads", w0.url())).await.unwrap().json().await.unwrap();
@@ -307,8 +307,8 @@ async fn errors_have_precise_statuses_and_debug_route_changes_nothing() {
 
     // The first health check took the dead worker out; put it back so round robin reaches it:
     // the request is retried once on w, and the dead one leaves rotation again.
-    until("the first health check ran", async || r.gateway.workers.all().iter().any(|x| !x.is_healthy())).await;
-    for x in r.gateway.workers.all() {
+    until("the first health check ran", async || r.gateway.fleet.all().iter().any(|x| !x.is_healthy())).await;
+    for x in r.gateway.fleet.all() {
         x.set_healthy(true);
     }
     for _ in 0..3 {
@@ -330,7 +330,7 @@ async fn errors_have_precise_statuses_and_debug_route_changes_nothing() {
         m.lines().filter(|l| l.starts_with("router_http_requests_total")).map(str::to_string).collect::<Vec<_>>()
     };
     assert_eq!(requests(&before), requests(&after), "debug/route is not a request");
-    assert!(r.gateway.workers.all().iter().all(|w| w.load().in_flight == 0));
+    assert!(r.gateway.fleet.all().iter().all(|w| w.load().in_flight == 0));
 
     // /metrics is Prometheus text: comments, or `name{labels} number`.
     for line in after.lines().filter(|l| !l.is_empty()) {
@@ -356,7 +356,7 @@ async fn errors_have_precise_statuses_and_debug_route_changes_nothing() {
 
     // Every worker gone: 503.
     w.shutdown();
-    for x in r.gateway.workers.all() {
+    for x in r.gateway.fleet.all() {
         x.set_healthy(false);
     }
     assert_eq!(post(&url, &chat("s", "u")).await.status(), 503);
@@ -416,7 +416,10 @@ async fn overload_and_timeouts_get_429_and_504() {
     assert_eq!(e["error"]["type"], "overloaded");
     assert_eq!(first.await.unwrap(), 504);
     assert_eq!(r.gateway.in_flight(), 0);
-    assert!(r.gateway.workers.all().iter().all(|w| w.load().in_flight == 0), "load released after the timeout");
+    assert!(r.gateway.fleet.all().iter().all(|w| w.load().in_flight == 0), "load released after the timeout");
+    // A worker that timed out is quarantined for a second, then its probe brings it back.
+    assert!(!r.gateway.fleet.all()[0].is_routable());
+    until("the worker is back after its quarantine", async || r.gateway.fleet.all()[0].is_routable()).await;
     assert_eq!(post(&url, &chat("s", "u")).await.status(), 200);
     let _ = r.stop.send(());
 }
@@ -442,7 +445,7 @@ async fn a_client_that_goes_away_releases_its_load_and_the_upstream() {
     assert_eq!(r.gateway.in_flight(), 1);
     drop(resp); // the client hangs up
     until("the router released the request", async || r.gateway.in_flight() == 0).await;
-    assert!(r.gateway.workers.all().iter().all(|x| x.load().in_flight == 0 && x.load().uncached_tokens == 0));
+    assert!(r.gateway.fleet.all().iter().all(|x| x.load().in_flight == 0 && x.load().uncached_tokens == 0));
     // And serves the next request at once.
     let t0 = std::time::Instant::now();
     let quick = post(
@@ -492,7 +495,7 @@ async fn workers_are_introspected_and_a_dead_worker_index_is_dropped_after_reten
     .await;
     w1.shutdown();
     until("w1 out of rotation", async || {
-        !r.gateway.workers.all().iter().find(|w| w.url.as_str() == w1.url()).unwrap().is_healthy()
+        !r.gateway.fleet.all().iter().find(|w| w.url.as_str() == w1.url()).unwrap().is_healthy()
     })
     .await;
     assert_eq!(index.stats().holdings, held, "kept while w1 may come back");

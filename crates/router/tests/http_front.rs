@@ -287,7 +287,7 @@ async fn a_client_that_leaves_while_its_worker_works_releases_the_request() {
     let t0 = std::time::Instant::now();
     until("the router released the request", async || r.gateway.in_flight() == 0).await;
     assert!(t0.elapsed() < Duration::from_secs(3), "released by the timeout, not the hang-up");
-    assert!(r.gateway.workers.all().iter().all(|x| x.load().in_flight == 0));
+    assert!(r.gateway.fleet.all().iter().all(|x| x.load().in_flight == 0));
     let _ = r.stop.send(());
 }
 
@@ -397,7 +397,7 @@ async fn worker_answers_are_relayed_whatever_their_framing() {
     let expected = [(200, "{\"n\": 1}\n"), (200, "until the end"), (201, "chunked"), (204, ""), (200, "gz!")]
         .map(|(s, b)| (s, b.to_string()));
     assert_eq!(bodies, expected);
-    assert!(r.gateway.workers.all()[0].is_healthy(), "none of those was an upstream failure");
+    assert!(r.gateway.fleet.all()[0].is_healthy(), "none of those was an upstream failure");
     // Each request reached the worker once, though each found its pooled connection closed.
     assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 5);
     // The worker closes the kept connection just as a request arrives on it:

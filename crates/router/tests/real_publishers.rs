@@ -19,10 +19,10 @@ use std::sync::Arc;
 
 use kv_events::{EventMetrics, StreamEndpoints, SubscriberConfig, spawn_subscriber};
 use kv_index::{IndexConfig, KvIndex, MatchOptions, SystemClock};
+use kv_ingest::{Pump, PumpMetrics, StreamHashing};
 use renderer::{HashMode, PageHasher};
 use router_types::{BlockHash, DpRank, WorkerKey, WorkerUrl};
 use serde_json::{Value, json};
-use sgl_router::pump::{Pump, PumpMetrics, StreamHashing};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 

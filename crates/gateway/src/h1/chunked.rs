@@ -1,7 +1,10 @@
 //! Chunked transfer coding for the fast path: a decoder that takes a worker's
-//! chunked body as it arrives, and the encoder of the chunks relayed to the
-//! client. Re-framing (not passing chunks through) lets the relay end a
-//! stream cleanly at any point, even when the worker dies inside a chunk.
+//! chunked body as it arrives (or, for the hyper fallback's guard, finds
+//! where a client's chunked body ends without copying it), and the encoder of
+//! the chunks relayed to the client. Re-framing (not passing chunks through)
+//! lets the relay end a stream cleanly at any point, even when the worker
+//! dies inside a chunk. Chunk sizes are strict: hex digits only, so this hop
+//! and another never disagree on where a chunk ends.
 
 use bytes::{Buf, BytesMut};
 
@@ -33,49 +36,74 @@ impl Decoder {
     /// Moves the payload at the front of `input` to `out`, consuming the
     /// framing; true once the body has ended (what follows it stays in `input`).
     pub(crate) fn decode(&mut self, input: &mut BytesMut, out: &mut Vec<u8>) -> Result<bool, Invalid> {
+        let (used, done) = self.run(input, |payload| out.extend_from_slice(payload))?;
+        input.advance(used);
+        Ok(done)
+    }
+
+    /// How many bytes at the front of `input` belong to the body, framing
+    /// included, and whether the body ends there; nothing is copied.
+    pub(crate) fn skip(&mut self, input: &[u8]) -> Result<(usize, bool), Invalid> {
+        self.run(input, |_| {})
+    }
+
+    /// Walks the framing at the front of `input`, handing each piece of
+    /// payload to `payload`: the bytes used and whether the body ended.
+    fn run(&mut self, input: &[u8], mut payload: impl FnMut(&[u8])) -> Result<(usize, bool), Invalid> {
+        let mut at = 0;
         loop {
+            let rest = &input[at..];
             match *self {
                 Decoder::Size => {
-                    let Some(eol) = line_end(input)? else { return Ok(false) };
-                    let digits = input[..eol].split(|b| *b == b';').next().unwrap_or_default();
-                    let digits = std::str::from_utf8(digits).map_err(|_| Invalid)?.trim_matches([' ', '\t']);
-                    if digits.is_empty() || digits.len() > 15 {
-                        return Err(Invalid);
-                    }
-                    let n = u64::from_str_radix(digits, 16).map_err(|_| Invalid)?;
-                    input.advance(eol + 2);
+                    let Some(eol) = line_end(rest)? else { return Ok((at, false)) };
+                    let n = chunk_size(&rest[..eol + 2])?;
+                    at += eol + 2;
                     *self = if n == 0 { Decoder::Trailer } else { Decoder::Data(n) };
                 }
                 Decoder::Data(n) => {
-                    if input.is_empty() {
-                        return Ok(false);
+                    if rest.is_empty() {
+                        return Ok((at, false));
                     }
-                    let take = input.len().min(usize::try_from(n).unwrap_or(usize::MAX));
-                    out.extend_from_slice(&input[..take]);
-                    input.advance(take);
+                    let take = rest.len().min(usize::try_from(n).unwrap_or(usize::MAX));
+                    payload(&rest[..take]);
+                    at += take;
                     let left = n - take as u64;
                     *self = if left == 0 { Decoder::DataEnd } else { Decoder::Data(left) };
                 }
                 Decoder::DataEnd => {
-                    if input.len() < 2 {
-                        return Ok(false);
+                    if rest.len() < 2 {
+                        return Ok((at, false));
                     }
-                    if &input[..2] != b"\r\n" {
+                    if &rest[..2] != b"\r\n" {
                         return Err(Invalid);
                     }
-                    input.advance(2);
+                    at += 2;
                     *self = Decoder::Size;
                 }
                 Decoder::Trailer => {
-                    let Some(eol) = line_end(input)? else { return Ok(false) };
-                    input.advance(eol + 2);
+                    let Some(eol) = line_end(rest)? else { return Ok((at, false)) };
+                    at += eol + 2;
                     if eol == 0 {
                         *self = Decoder::Done;
                     }
                 }
-                Decoder::Done => return Ok(true),
+                Decoder::Done => return Ok((at, true)),
             }
         }
+    }
+}
+
+/// The size on a chunk-size line (CRLF included): at least one hex digit and
+/// nothing else before the optional whitespace and extensions. httparse does
+/// the rest; on its own it takes an empty size as 0, which is checked first
+/// (`u64::from_str_radix`, used before, took a leading `+` as well).
+fn chunk_size(line: &[u8]) -> Result<u64, Invalid> {
+    if !line.first().is_some_and(u8::is_ascii_hexdigit) {
+        return Err(Invalid);
+    }
+    match httparse::parse_chunk_size(line) {
+        Ok(httparse::Status::Complete((used, n))) if used == line.len() => Ok(n),
+        _ => Err(Invalid),
     }
 }
 
@@ -141,10 +169,40 @@ mod tests {
 
     #[test]
     fn refuses_bad_framing() {
-        for raw in [&b"zz\r\n"[..], b"5\r\nhelloXX", b"\r\n", b"1234567890abcdef0\r\n", &[b'1'; MAX_LINE + 3]] {
+        for raw in [
+            &b"zz\r\n"[..],
+            b"5\r\nhelloXX",
+            b"\r\n",
+            b"1234567890abcdef0\r\n",
+            &[b'1'; MAX_LINE + 3],
+            // Signs, prefixes, inner and leading blanks: only hex digits make a size.
+            b"+5\r\nhello\r\n",
+            b"-0\r\n",
+            b"0x5\r\nhello\r\n",
+            b" 5\r\nhello\r\n",
+            b"5 5\r\nhello\r\n",
+            b";ext\r\n",
+        ] {
             let mut input = BytesMut::from(raw);
             assert_eq!(Decoder::default().decode(&mut input, &mut Vec::new()), Err(Invalid), "{raw:?}");
         }
+    }
+
+    #[test]
+    fn skips_a_body_in_pieces_without_copying() {
+        for piece in 1..=BODY.len() {
+            let (mut d, mut used, mut done) = (Decoder::default(), 0, false);
+            let mut seen = 0;
+            while !done && seen < BODY.len() {
+                seen = (seen + piece).min(BODY.len());
+                let (n, end) = d.skip(&BODY[used..seen]).expect("valid");
+                (used, done) = (used + n, end);
+            }
+            assert!(done, "piece {piece}");
+            assert_eq!(&BODY[used..], b"NEXT", "piece {piece}");
+        }
+        // Trailing blanks and extensions after the digits are fine.
+        assert_eq!(Decoder::default().skip(b"5 ;a=b\r\nhello\r\n0\r\n\r\n"), Ok((20, true)));
     }
 
     #[test]

@@ -4,35 +4,55 @@
 //! connection and relayed back in this one task, with no per-request hyper or
 //! tower machinery; that is most of what separates a proxy from a bare
 //! socket copy (see docs/benchmarks.md, "Router overhead"). Anything else
-//! (other routes, chunked or HTTP/1.0 requests, upgrades, malformed heads)
-//! hands the connection, with the bytes already read, to axum and hyper.
+//! (other routes, chunked or HTTP/1.0 requests, upgrades) hands the
+//! connection, with the bytes already read, to axum and hyper behind a guard
+//! (`fallback`). A malformed or oversized head is refused here with a JSON
+//! error (`head`), never handed to hyper.
+//!
+//! Every wait on a client has a deadline from [`ClientLimits`]: the head from
+//! its first byte, the body from its head (both 408, then close), and an idle
+//! keep-alive connection (closed without a word); the accept loop holds at
+//! most `max_connections`. Each deadline is one timer per phase, registered
+//! only when the phase has to wait. A client that half-closes its side after
+//! a whole request is still answered; one that resets is gone at once.
 
 mod chunked;
+mod fallback;
+mod head;
 mod upstream;
 
 use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, warn};
 
+use self::head::Refusal;
 use crate::proxy::{RANK_HEADER, Route, count_error, forward, forwarded, request_span};
-use crate::{Gateway, GatewayError};
+use crate::{ClientLimits, Gateway, GatewayError};
 
-/// Largest request head the fast path reads; a larger one goes to hyper (which refuses it).
+/// Largest request head either front end reads; a larger one is refused
+/// (431, or 414 when even the request line does not end within it).
 const MAX_HEAD_BYTES: usize = 64 << 10;
-/// Most headers the fast path parses; more go to hyper.
+/// Most header lines a request may have; more are refused (431).
 const MAX_HEADERS: usize = 64;
 /// Pipelined bytes buffered while a request waits for its worker.
 const MAX_PIPELINED_BYTES: usize = 1 << 20;
+/// How long a refused connection is kept to deliver its answer and take what
+/// the client still sends: long enough for a client that reads, short enough
+/// that refused connections do not pile up.
+const LINGER: Duration = Duration::from_secs(1);
+/// Sent to a client that ended its side while its request waits for a
+/// worker. A client that only half-closed still reads, and every HTTP/1.1
+/// client skips an interim answer it did not ask for; one that closed
+/// altogether answers it with a reset, so it is noticed as gone at once.
+const PROBE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
 /// Serves the gateway's routes on `listener` until `drain` is cancelled and
 /// every open connection is done. With `fast`, proxied requests take the fast
@@ -40,8 +60,23 @@ const MAX_PIPELINED_BYTES: usize = 1 << 20;
 pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, fast: bool, drain: CancellationToken) -> io::Result<()> {
     let app = crate::proxy::router(gw.clone());
     let tracker = TaskTracker::new();
-    tracker.spawn(timer_anchor(gw.config.request_timeout, drain.clone()));
+    tracker.spawn(timer_anchor(anchor_period(gw.config.request_timeout, &gw.config.limits), drain.clone()));
+    // One slot per open connection, held by its task: at the cap the loop stops accepting.
+    let max_connections = gw.config.limits.max_connections.max(1);
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    let mut at_cap = false;
     loop {
+        if slots.available_permits() == 0 && !std::mem::replace(&mut at_cap, true) {
+            warn!(max_connections, "connection cap reached: not accepting until a connection closes");
+        }
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+            () = drain.cancelled() => break,
+        };
+        at_cap &= slots.available_permits() == 0;
         let tcp = tokio::select! {
             r = listener.accept() => match r {
                 Ok((tcp, _)) => tcp,
@@ -56,7 +91,11 @@ pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, fast: bool, drain: C
         };
         // Small answers go out at once (no Nagle delay behind an unacknowledged write).
         let _ = tcp.set_nodelay(true);
-        tracker.spawn(connection(gw.clone(), app.clone(), tcp, fast, drain.clone()));
+        let conn = connection(gw.clone(), app.clone(), tcp, fast, drain.clone());
+        tracker.spawn(async move {
+            let _slot = slot;
+            conn.await;
+        });
     }
     drop(listener);
     tracker.close();
@@ -70,14 +109,22 @@ pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, fast: bool, drain: C
 /// this anchor in place, a request's timeout never is, which saves a system
 /// call and a spurious poll per request. Each time it fires it also closes
 /// this thread's upstream connections that have been idle too long.
-async fn timer_anchor(request_timeout: Duration, drain: CancellationToken) {
-    let period = (request_timeout / 2).clamp(Duration::from_millis(10), Duration::from_secs(60));
+async fn timer_anchor(period: Duration, drain: CancellationToken) {
     loop {
         tokio::select! {
             () = tokio::time::sleep(period) => upstream::sweep_idle(Instant::now()),
             () = drain.cancelled() => return,
         }
     }
+}
+
+/// The anchor's period: half the shortest deadline a request or connection
+/// sets (the request timeout and every client limit), so the anchor is
+/// always due before any of them.
+fn anchor_period(request_timeout: Duration, l: &ClientLimits) -> Duration {
+    let deadlines = [l.header_read_timeout, l.body_read_timeout, l.idle_timeout, l.upstream_idle_timeout];
+    let shortest = deadlines.into_iter().fold(request_timeout, Duration::min);
+    (shortest / 2).clamp(Duration::from_millis(10), Duration::from_secs(60))
 }
 
 /// What the fast path needs of a proxied request's head.
@@ -107,6 +154,8 @@ enum Next {
     Fast(Head),
     /// Not for the fast path: hyper serves the rest of the connection.
     Hyper,
+    /// Not a head to serve: answered with this refusal, then the connection closes.
+    Refuse(Refusal),
 }
 
 /// Reads the request head at the front of `buf`; `None` while incomplete.
@@ -114,9 +163,10 @@ fn parse_head(buf: &[u8]) -> Option<Next> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Complete(n)) if n <= MAX_HEAD_BYTES => n,
         Ok(httparse::Status::Partial) if buf.len() <= MAX_HEAD_BYTES => return None,
-        _ => return Some(Next::Hyper),
+        Ok(_) => return Some(Next::Refuse(Refusal::too_large(&buf[..buf.len().min(MAX_HEAD_BYTES)]))),
+        Err(e) => return Some(Next::Refuse(Refusal::parse(e))),
     };
     let route = match (req.method, req.version, req.path.and_then(Route::from_path)) {
         (Some("POST"), Some(1), Some(route)) => route,
@@ -189,36 +239,73 @@ async fn fill(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
 
 /// One client connection: fast-path requests until one is not, then hyper for the rest.
 async fn connection(gw: Arc<Gateway>, app: axum::Router, mut tcp: TcpStream, fast: bool, drain: CancellationToken) {
+    let limits = gw.config.limits;
     let mut buf = BytesMut::with_capacity(8192);
     if fast {
         loop {
-            let next = loop {
-                if !buf.is_empty()
-                    && let Some(next) = parse_head(&buf)
-                {
-                    break next;
-                }
-                let read = if buf.is_empty() {
-                    // Idle between requests: a drain closes the connection here.
-                    tokio::select! {
-                        r = fill(&mut tcp, &mut buf) => r,
-                        () = drain.cancelled() => return,
-                    }
-                } else {
-                    fill(&mut tcp, &mut buf).await
-                };
-                if !matches!(read, Ok(n) if n > 0) {
-                    return;
-                }
+            let next = match next_head(&mut tcp, &mut buf, &limits, &drain).await {
+                Ok(Some(next)) => next,
+                Ok(None) => return,
+                Err(refusal) => Next::Refuse(refusal),
             };
-            let Next::Fast(head) = next else { break };
+            let head = match next {
+                Next::Fast(head) => head,
+                Next::Hyper => break,
+                Next::Refuse(refusal) => return refuse(&mut tcp, &refusal).await,
+            };
             buf.advance(head.len);
             if !serve_fast(&gw, &mut tcp, &mut buf, head, &drain).await {
                 return;
             }
         }
     }
-    hand_off(app, tcp, buf.freeze(), drain).await;
+    fallback::hand_off(app, tcp, buf, limits, drain).await;
+}
+
+/// Reads until `buf` starts with a whole head (or one to refuse): `None`
+/// when the connection ends first (closed, idle too long, drained between
+/// requests), a refusal when the head is too slow to arrive.
+async fn next_head(
+    tcp: &mut TcpStream,
+    buf: &mut BytesMut,
+    limits: &ClientLimits,
+    drain: &CancellationToken,
+) -> Result<Option<Next>, Refusal> {
+    if buf.is_empty() {
+        // Idle between requests: a drain or the idle deadline closes the connection here.
+        let read = tokio::select! {
+            r = tokio::time::timeout(limits.idle_timeout, fill(tcp, buf)) => r,
+            () = drain.cancelled() => return Ok(None),
+        };
+        if !matches!(read, Ok(Ok(n)) if n > 0) {
+            return Ok(None);
+        }
+    }
+    if let Some(next) = parse_head(buf) {
+        return Ok(Some(next));
+    }
+    // Only a head that did not come whole in one read takes a timer: from (about) its first byte.
+    let whole = async {
+        loop {
+            if !matches!(fill(tcp, buf).await, Ok(n) if n > 0) {
+                return None;
+            }
+            if let Some(next) = parse_head(buf) {
+                return Some(next);
+            }
+        }
+    };
+    tokio::time::timeout(limits.header_read_timeout, whole)
+        .await
+        .map_err(|_| Refusal::HeadTimeout(limits.header_read_timeout))
+}
+
+/// Answers a refused request and closes the connection.
+async fn refuse(tcp: &mut TcpStream, refusal: &Refusal) {
+    let wrote = tokio::time::timeout(LINGER, tcp.write_all(&refusal.answer())).await;
+    if matches!(wrote, Ok(Ok(()))) {
+        linger(tcp).await;
+    }
 }
 
 /// Serves one fast-path request; false when the connection must close.
@@ -257,34 +344,46 @@ async fn serve_fast(
     {
         return false;
     }
-    while buf.len() < head.body_len {
-        // Room past the body: a read that ends short of the buffer's end tells
-        // tokio the socket is drained, so the next poll of it (waiting for a
-        // hang-up) costs no system call.
-        buf.reserve(head.body_len - buf.len() + 4096);
-        if !matches!(tcp.read_buf(buf).await, Ok(n) if n > 0) {
-            return false;
+    if buf.len() < head.body_len {
+        // Only a body that did not come with its head takes a timer.
+        let limit = gw.config.limits.body_read_timeout;
+        match tokio::time::timeout(limit, fill_body(tcp, buf, head.body_len)).await {
+            Ok(true) => {}
+            Ok(false) => return false,
+            Err(_) => {
+                let refusal = Refusal::BodyTimeout(limit);
+                if let Some(e) = refusal.gateway_error() {
+                    count_error(gw, route, &e);
+                }
+                refuse(tcp, &refusal).await;
+                return false;
+            }
         }
     }
     let body = buf.split_to(head.body_len).freeze();
-    let close = head.close || drain.is_cancelled();
     let mut headers = head.forward;
     if let Some(auth) = worker_auth {
         push_header(&mut headers, b"authorization", &auth);
     }
     let extra = upstream::Extra { headers: Bytes::from(headers), rank: head.rank.map(Bytes::from) };
+    let upstream_idle = gw.config.limits.upstream_idle_timeout;
+    let mut peer = Peer { tcp, pipelined: buf, open: true };
     async move {
         let send = |worker, body, rank| upstream::send(worker, route, body, rank, extra.clone());
         let sent = tokio::select! {
             sent = forward(gw, route, body, start, send) => sent,
-            // A client that goes away drops its upstream request.
-            () = client_gone(tcp, buf) => return false,
+            // A client that resets drops its upstream request; one that half-closed is still answered.
+            () = peer.gone() => return false,
         };
+        // After a half-close nothing more comes: the answer is the last unless requests were pipelined before it.
+        let close = head.close || drain.is_cancelled() || (!peer.open && peer.pipelined.is_empty());
         match sent {
-            Ok((guard, worker, answer)) => upstream::relay(tcp, guard, worker, answer, close).await && !close,
+            Ok((guard, worker, answer)) => {
+                upstream::relay(&mut peer, guard, worker, answer, close, upstream_idle).await && !close
+            }
             Err(e) => {
                 count_error(gw, route, &e);
-                write_error(tcp, &e, close).await.is_ok() && !close
+                write_error(peer.tcp, &e, close).await.is_ok() && !close
             }
         }
     }
@@ -292,14 +391,58 @@ async fn serve_fast(
     .await
 }
 
-/// Resolves when the client closes its side; bytes it pipelines meanwhile are kept.
-async fn client_gone(tcp: &mut TcpStream, buf: &mut BytesMut) {
-    while buf.len() < MAX_PIPELINED_BYTES {
-        if !matches!(fill(tcp, buf).await, Ok(n) if n > 0) {
-            return;
+/// Reads until `buf` holds `len` bytes; false when the client ends or fails first.
+async fn fill_body(tcp: &mut TcpStream, buf: &mut BytesMut, len: usize) -> bool {
+    while buf.len() < len {
+        // Room past the body: a read that ends short of the buffer's end tells
+        // tokio the socket is drained, so the next poll of it (waiting for a
+        // hang-up) costs no system call.
+        buf.reserve(len - buf.len() + 4096);
+        if !matches!(tcp.read_buf(buf).await, Ok(n) if n > 0) {
+            return false;
         }
     }
-    std::future::pending::<()>().await;
+    true
+}
+
+/// The client of a request in progress, watched while the request waits for
+/// (and streams from) its worker.
+#[derive(Debug)]
+pub(crate) struct Peer<'a> {
+    pub(crate) tcp: &'a mut TcpStream,
+    /// Bytes the client pipelines meanwhile, kept for the requests they hold.
+    pub(crate) pipelined: &'a mut BytesMut,
+    /// The client has not ended its side: a half-close (an end of stream
+    /// after a whole request) is no disconnect, the answer still goes out.
+    pub(crate) open: bool,
+}
+
+// === impl Peer ===
+
+impl Peer<'_> {
+    /// Resolves when the client is gone (its connection reset), keeping what
+    /// it pipelines; before the answer starts, an end of stream is probed.
+    async fn gone(&mut self) {
+        while self.watch(true).await.is_ok() {}
+    }
+
+    /// Waits for the client's next move: bytes it pipelines (kept) or a
+    /// half-close (`open` cleared; with `probe`, sent [`PROBE`]), or `Err`
+    /// once it is gone. With nothing more to read, only a reset is watched
+    /// for (an error on the socket), so an ended client costs no busy loop.
+    pub(crate) async fn watch(&mut self, probe: bool) -> io::Result<()> {
+        if !self.open || self.pipelined.len() >= MAX_PIPELINED_BYTES {
+            self.tcp.ready(Interest::ERROR).await?;
+            return Err(io::ErrorKind::ConnectionReset.into());
+        }
+        if fill(self.tcp, self.pipelined).await? == 0 {
+            self.open = false;
+            if probe {
+                let _ = self.tcp.try_write(PROBE);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Closes our side and reads what the client still sends (the body of a
@@ -310,10 +453,7 @@ async fn linger(tcp: &mut TcpStream) {
         return;
     }
     let mut sink = [0u8; 16384];
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {}
-    })
-    .await;
+    let _ = tokio::time::timeout(LINGER, async { while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {} }).await;
 }
 
 /// Writes a gateway error as the OpenAI-style JSON answer.
@@ -331,64 +471,6 @@ async fn write_error(tcp: &mut TcpStream, e: &GatewayError, close: bool) -> io::
     let mut out = head.into_bytes();
     out.extend_from_slice(body.as_bytes());
     tcp.write_all(&out).await
-}
-
-/// Lets hyper serve the rest of a connection, starting with the bytes already read.
-async fn hand_off(app: axum::Router, tcp: TcpStream, read: Bytes, drain: CancellationToken) {
-    let io = hyper_util::rt::TokioIo::new(Prefixed { read, tcp });
-    let service = hyper_util::service::TowerToHyperService::new(app);
-    let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
-    let mut conn = std::pin::pin!(conn);
-    tokio::select! {
-        _ = conn.as_mut() => return,
-        () = drain.cancelled() => conn.as_mut().graceful_shutdown(),
-    }
-    let _ = conn.await;
-}
-
-/// A connection whose first bytes were already read.
-#[derive(Debug)]
-struct Prefixed {
-    read: Bytes,
-    tcp: TcpStream,
-}
-
-impl AsyncRead for Prefixed {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if this.read.is_empty() {
-            return Pin::new(&mut this.tcp).poll_read(cx, buf);
-        }
-        let n = this.read.len().min(buf.remaining());
-        buf.put_slice(&this.read.split_to(n));
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncWrite for Prefixed {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().tcp).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().tcp).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.tcp.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
-    }
 }
 
 #[cfg(test)]
@@ -439,14 +521,38 @@ mod tests {
             "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
             "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\nExpect: something\r\n\r\n",
             "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
-            "BAD\0 REQUEST\r\n\r\n",
         ] {
             assert_eq!(parse_head(raw.as_bytes()), Some(Next::Hyper), "{raw:?}");
         }
+    }
+
+    #[test]
+    fn heads_hyper_could_only_refuse_are_refused_here() {
+        let refused = |raw: &[u8]| match parse_head(raw) {
+            Some(Next::Refuse(r)) => r,
+            other => panic!("{:?}: {other:?}", String::from_utf8_lossy(raw)),
+        };
+        assert!(matches!(refused(b"BAD\0 REQUEST\r\n\r\n"), Refusal::Malformed(_)));
+        assert!(matches!(refused(b"POST /generate HTTP/1.1\r\nbad header\r\n\r\n"), Refusal::Malformed(_)));
         let huge = format!("POST /v1/chat/completions HTTP/1.1\r\nx: {}", "a".repeat(MAX_HEAD_BYTES));
-        assert_eq!(parse_head(huge.as_bytes()), Some(Next::Hyper));
+        assert_eq!(refused(huge.as_bytes()), Refusal::HeadTooLarge);
+        // Whole, but over the limit (it came in one large read).
+        let whole = format!("POST /v1/chat/completions HTTP/1.1\r\nx: {}\r\n\r\n", "a".repeat(MAX_HEAD_BYTES));
+        assert_eq!(refused(whole.as_bytes()), Refusal::HeadTooLarge);
+        let long = format!("POST /{}", "a".repeat(MAX_HEAD_BYTES));
+        assert_eq!(refused(long.as_bytes()), Refusal::UriTooLong);
         let many: String = (0..=MAX_HEADERS).map(|i| format!("h{i}: v\r\n")).collect();
         let raw = format!("POST /generate HTTP/1.1\r\nContent-Length: 2\r\n{many}\r\n");
-        assert_eq!(parse_head(raw.as_bytes()), Some(Next::Hyper));
+        assert_eq!(refused(raw.as_bytes()), Refusal::TooManyHeaders);
+    }
+
+    #[test]
+    fn the_timer_anchor_is_due_before_every_deadline() {
+        let (request, mut limits) = (Duration::from_secs(600), ClientLimits::default());
+        limits.header_read_timeout = Duration::from_secs(4);
+        assert_eq!(anchor_period(request, &limits), Duration::from_secs(2));
+        limits.upstream_idle_timeout = Duration::from_millis(1);
+        assert_eq!(anchor_period(request, &limits), Duration::from_millis(10), "floored");
+        assert_eq!(anchor_period(Duration::from_secs(3600), &ClientLimits::default()), Duration::from_secs(15));
     }
 }

@@ -4,10 +4,19 @@
 //! front end (end-to-end headers and length kept, load released at the first
 //! body byte, a worker dying mid-stream ends server-sent events with an error
 //! event and leaves rotation).
+//!
+//! Strict towards the workers: an answer's length is one valid
+//! `Content-Length` (never two, never beside a `Transfer-Encoding`), chunk
+//! sizes are hex digits, and a request is sent again on a new connection only
+//! when nothing of it was written to the pooled one (once written, the worker
+//! may have started on it). A worker silent mid-body for longer than
+//! `upstream_idle_timeout` has failed; a client that resets meanwhile ends
+//! the relay at once (and with it the upstream request and its load).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{self, Write as _};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,19 +28,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::chunked::{self, Decoder};
-use super::push_header;
+use super::{Peer, push_header, write_error};
+use crate::GatewayError;
 use crate::proxy::{InFlight, RANK_HEADER, Route, SendError, failed_mid_answer, relayed};
-use crate::workers::Worker;
 use crate::{UPSTREAM_CONNECT_TIMEOUT, UPSTREAM_IDLE_TIMEOUT};
+use fleet::Worker;
 
 /// Idle connections kept per worker and serving thread.
 const MAX_IDLE_PER_WORKER: usize = 512;
 /// Largest answer head read from a worker.
 const MAX_HEAD_BYTES: usize = 64 << 10;
-/// A reused connection that fails this soon after the request was written,
-/// with no answer byte, was closed by the worker while idle: the request is
-/// sent again on a new connection. Later, the worker may have started on it.
-const STALE_WINDOW: Duration = Duration::from_millis(250);
 
 thread_local! {
     /// Idle connections by worker authority, most recently used last.
@@ -158,7 +164,9 @@ pub(crate) struct Extra {
 }
 
 /// Sends the request to `worker` and reads its answer's head. A pooled
-/// connection the worker had closed is replaced by a new one.
+/// connection that takes no byte of the request (the worker had closed it)
+/// is replaced by a new one; a request written in part or whole is never
+/// sent again (`connect` says whether nothing of it reached the worker).
 pub(crate) async fn send(
     worker: Arc<Worker>,
     route: Route,
@@ -191,20 +199,23 @@ pub(crate) async fn send(
             Some(tcp) => tcp,
             None => connect(host, uri.port_u16().unwrap_or(80)).await?,
         };
-        let mut buf = BytesMut::with_capacity(8192);
-        let sent_at = Instant::now();
         // Head and body in one vectored write: the body is not copied.
-        let head = match tcp.write_all_buf(&mut Buf::chain(&msg[..], &body[..])).await {
-            Ok(()) => read_head(&mut tcp, &mut buf).await,
-            Err(e) => Err(e),
-        };
-        match head {
-            Ok(head) => return Ok(Answer { tcp, buf, authority: authority.to_string(), head }),
-            // The worker closed the idle connection as it was reused (at once,
-            // not a worker that failed while working on it): nothing was processed.
-            Err(_) if reused && buf.is_empty() && sent_at.elapsed() < STALE_WINDOW => continue,
-            Err(e) => return Err(SendError { connect: false, message: e.to_string() }),
+        let mut request = Buf::chain(&msg[..], &body[..]);
+        let size = request.remaining();
+        if let Err(e) = tcp.write_all_buf(&mut request).await {
+            let untouched = request.remaining() == size;
+            // The worker had closed the idle connection: no byte went, nothing was processed.
+            if reused && untouched {
+                continue;
+            }
+            return Err(SendError { connect: untouched, message: e.to_string() });
         }
+        let mut buf = BytesMut::with_capacity(8192);
+        return match read_head(&mut tcp, &mut buf).await {
+            Ok(head) => Ok(Answer { tcp, buf, authority: authority.to_string(), head }),
+            // Written, then no answer: the worker may have started on it, so it is not sent again.
+            Err(e) => Err(SendError { connect: false, message: e.to_string() }),
+        };
     }
 }
 
@@ -235,7 +246,11 @@ async fn read_head(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Answer
                 for h in resp.headers.iter() {
                     let value = std::str::from_utf8(h.value).unwrap_or("").trim();
                     if h.name.eq_ignore_ascii_case("content-length") {
-                        length = Some(super::content_length(value).ok_or_else(|| bad("content-length"))?);
+                        let n = super::content_length(value).ok_or_else(|| bad("content-length"))?;
+                        // Two lengths (even equal) are no length: which one another hop takes is anyone's guess.
+                        if length.replace(n).is_some() {
+                            return Err(bad("several content-length headers"));
+                        }
                     } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
                         // Several lines make one list, in order.
                         if te {
@@ -251,6 +266,9 @@ async fn read_head(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Answer
                     if relayed(h.name, &connection) {
                         push_header(&mut out, h.name.as_bytes(), h.value);
                     }
+                }
+                if te && length.is_some() {
+                    return Err(bad("content-length with transfer-encoding"));
                 }
                 if te {
                     // The codings other than a final `chunked`, kept when the body is re-framed.
@@ -283,13 +301,15 @@ async fn read_head(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Answer
 }
 
 /// Relays `answer` to the client; true when it went out whole and the client
-/// connection can carry another request. `close` tells the client this answer is the last.
+/// connection can carry another request. `close` tells the client this
+/// answer is the last; `idle` is how long the worker may stay silent mid-body.
 pub(crate) async fn relay(
-    client: &mut TcpStream,
+    peer: &mut Peer<'_>,
     mut guard: InFlight,
     worker: Arc<Worker>,
     mut answer: Answer,
     close: bool,
+    idle: Duration,
 ) -> bool {
     guard.status = answer.head.status;
     let reason = StatusCode::from_u16(answer.head.status).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
@@ -313,10 +333,13 @@ pub(crate) async fn relay(
         out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
+    // One timer for the whole body, created here and registered only if a read has to wait.
+    let timer = std::pin::pin!(tokio::time::sleep(idle));
+    let mut stall = Stall { timer, last: tokio::time::Instant::now(), limit: idle };
     let result = match framing {
-        Framing::Empty => client.write_all(&out).await.map_err(|_| Failure::Client),
-        Framing::Length(n) => relay_sized(client, &mut guard, &mut answer, out, n).await,
-        Framing::Chunked | Framing::Close => relay_chunked(client, &mut guard, &mut answer, out).await,
+        Framing::Empty => peer.tcp.write_all(&out).await.map(|()| out.clear()).map_err(|_| Failure::Client),
+        Framing::Length(n) => relay_sized(peer, &mut guard, &mut answer, &mut out, n, &mut stall).await,
+        Framing::Chunked | Framing::Close => relay_chunked(peer, &mut guard, &mut answer, &mut out, &mut stall).await,
     };
     match result {
         Ok(()) => {
@@ -332,11 +355,19 @@ pub(crate) async fn relay(
             // Only a body the relay frames in chunks can still end cleanly; a
             // sized one cannot, and the client sees the connection close.
             let chunked = matches!(framing, Framing::Chunked | Framing::Close);
-            let Some(tail) = failed_mid_answer(&worker, &e, answer.head.sse && chunked) else { return false };
+            let tail = failed_mid_answer(&worker, &e, answer.head.sse && chunked);
+            // Nothing went out yet (the first bytes of the body were invalid): a plain 502.
+            if !out.is_empty() {
+                let e =
+                    GatewayError::Upstream { worker: worker.url.to_string(), message: e.to_string(), retryable: false };
+                let _ = write_error(peer.tcp, &e, true).await;
+                return false;
+            }
+            let Some(tail) = tail else { return false };
             let mut end = Vec::new();
             chunked::encode(&tail, &mut end);
             end.extend_from_slice(chunked::LAST_CHUNK);
-            client.write_all(&end).await.is_ok()
+            peer.tcp.write_all(&end).await.is_ok()
         }
     }
 }
@@ -348,10 +379,39 @@ enum Failure {
     Worker(io::Error),
 }
 
-/// Reads more of the worker's answer; true at its end of stream.
-async fn read_more(answer: &mut Answer) -> Result<bool, Failure> {
+/// How long the worker has been silent in a relay. A read only notes the
+/// time; the timer, when it fires, is pushed back to the last read's
+/// deadline, so a streamed token costs no timer update.
+struct Stall<'a> {
+    timer: Pin<&'a mut tokio::time::Sleep>,
+    last: tokio::time::Instant,
+    limit: Duration,
+}
+
+/// Reads more of the worker's answer; true at its end of stream. Meanwhile
+/// the client is watched: bytes it pipelines are kept, a half-close is no
+/// failure, a reset is (and the worker's silence past the limit is too).
+async fn read_more(answer: &mut Answer, peer: &mut Peer<'_>, stall: &mut Stall<'_>) -> Result<bool, Failure> {
     answer.buf.reserve(16 << 10);
-    answer.tcp.read_buf(&mut answer.buf).await.map(|n| n == 0).map_err(Failure::Worker)
+    loop {
+        tokio::select! {
+            biased;
+            read = answer.tcp.read_buf(&mut answer.buf) => {
+                let n = read.map_err(Failure::Worker)?;
+                stall.last = tokio::time::Instant::now();
+                return Ok(n == 0);
+            }
+            watched = peer.watch(false) => watched.map_err(|_| Failure::Client)?,
+            () = stall.timer.as_mut() => {
+                let due = stall.last + stall.limit;
+                if tokio::time::Instant::now() >= due {
+                    let silent = format!("the worker sent nothing for {:?} mid-answer", stall.limit);
+                    return Err(Failure::Worker(io::Error::new(io::ErrorKind::TimedOut, silent)));
+                }
+                stall.timer.as_mut().reset(due);
+            }
+        }
+    }
 }
 
 /// The worker closed its connection before the body's end.
@@ -359,13 +419,15 @@ fn cut_short() -> Failure {
     Failure::Worker(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed mid-body"))
 }
 
-/// A body of known length: the first bytes go out with the head.
+/// A body of known length: the first bytes go out with the head (`out`,
+/// emptied as it is written).
 async fn relay_sized(
-    client: &mut TcpStream,
+    peer: &mut Peer<'_>,
     guard: &mut InFlight,
     answer: &mut Answer,
-    mut out: Vec<u8>,
+    out: &mut Vec<u8>,
     mut left: u64,
+    stall: &mut Stall<'_>,
 ) -> Result<(), Failure> {
     loop {
         let take = answer.buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
@@ -377,13 +439,13 @@ async fn relay_sized(
             left -= take as u64;
         }
         if !out.is_empty() {
-            client.write_all(&out).await.map_err(|_| Failure::Client)?;
+            peer.tcp.write_all(out).await.map_err(|_| Failure::Client)?;
             out.clear();
         }
         if left == 0 {
             return Ok(());
         }
-        if read_more(answer).await? {
+        if read_more(answer, peer, stall).await? {
             return Err(cut_short());
         }
     }
@@ -391,10 +453,11 @@ async fn relay_sized(
 
 /// A chunked or close-delimited body, re-framed into chunks for the client.
 async fn relay_chunked(
-    client: &mut TcpStream,
+    peer: &mut Peer<'_>,
     guard: &mut InFlight,
     answer: &mut Answer,
-    mut out: Vec<u8>,
+    out: &mut Vec<u8>,
+    stall: &mut Stall<'_>,
 ) -> Result<(), Failure> {
     let chunked = answer.head.framing == Framing::Chunked;
     let (mut decoder, mut payload, mut eof) = (Decoder::default(), Vec::new(), false);
@@ -409,20 +472,20 @@ async fn relay_chunked(
         };
         if !payload.is_empty() {
             guard.load.prefill_done();
-            chunked::encode(&payload, &mut out);
+            chunked::encode(&payload, out);
             payload.clear();
         }
         if done {
             out.extend_from_slice(chunked::LAST_CHUNK);
         }
         if !out.is_empty() {
-            client.write_all(&out).await.map_err(|_| Failure::Client)?;
+            peer.tcp.write_all(out).await.map_err(|_| Failure::Client)?;
             out.clear();
         }
         if done {
             return Ok(());
         }
-        eof = read_more(answer).await?;
+        eof = read_more(answer, peer, stall).await?;
         if eof && chunked {
             return Err(cut_short());
         }

@@ -4,11 +4,11 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use fleet::EventsConfig;
 use mock_engine::{MockEngine, MockEngineConfig};
 use router_types::WorkerUrl;
 use serde_json::{Value, json};
 use sgl_router::app::{App, AppConfig, PolicyConfig};
-use sgl_router::events::KvEventsConfig;
 
 /// The control-plane key of the test routers.
 pub(crate) const ADMIN_KEY: &str = "test-admin-key";
@@ -27,17 +27,15 @@ pub(crate) fn engine_config() -> MockEngineConfig {
 pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) -> AppConfig {
     AppConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        workers: workers.iter().map(|m| WorkerUrl::new(m.url())).collect(),
+        workers: workers.iter().map(|m| WorkerUrl::parse(&m.url()).unwrap()).collect(),
         mock_workers: 0,
         policy,
-        kv_events: kv.then(|| KvEventsConfig {
-            workers: Vec::new(),
+        kv_events: kv.then(|| EventsConfig {
             explicit: Default::default(),
             default_block_size: std::num::NonZeroUsize::new(16).unwrap(),
             topic: String::new(),
             discovery_deadline: Duration::from_secs(5),
             subscriber: Default::default(),
-            api_key: None,
         }),
         tokenizer_path: None,
         chat_template: None,
@@ -58,6 +56,8 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         control_plane_keys: vec![ADMIN_KEY.into()],
         client_keys: Vec::new(),
         admin_listen: None,
+        max_request_memory: 1 << 30,
+        render_threads: 2,
     }
 }
 
@@ -75,6 +75,14 @@ pub(crate) async fn start(config: AppConfig) -> Running {
     tokio::spawn(app.run(async move {
         let _ = rx.await;
     }));
+    // Discovery runs in the background after the port is bound: let the reachable workers be found
+    // (a dead one stays discovering; it is not waited for past a few seconds).
+    for _ in 0..200 {
+        if gateway.fleet.all().iter().all(|w| w.state() != fleet::State::Discovering) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     Running { url, gateway, stop }
 }
 

@@ -7,10 +7,10 @@ use std::sync::atomic::Ordering;
 
 use kv_events::{Decoded, StreamMessage, StreamUpdate};
 use kv_index::{IndexConfig, KvIndex, MatchOptions, SystemClock};
+use kv_ingest::{Pump, PumpMetrics, StreamHashing};
 use renderer::hash::namespace_prior;
 use renderer::{HashMode, PageHasher};
 use router_types::{DpRank, EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier, WorkerKey, WorkerUrl};
-use sgl_router::pump::{Pump, PumpMetrics, StreamHashing};
 
 const PAGE: usize = 4;
 

@@ -1,74 +1,53 @@
-//! The background health loop: probes every worker's `/health` concurrently,
-//! takes failing workers out of rotation and puts recovered ones back (a
-//! worker out of rotation is probed every second, so one that starts after the
-//! router, or restarts, is back within a second), asks
-//! each worker once what it serves (`/server_info`, else `/v1/models`), and
-//! drops the index state of a worker that stayed down past the retention
-//! period (kept until then, since a worker that comes back keeps its cache).
-//! Also the load loop: each worker's own report of its queued prefill.
+//! The fleet's probes: every worker's `/health` (concurrently; a worker out
+//! of rotation is probed every second, so one that starts after the router,
+//! or restarts, is back within a second), what each worker serves (asked
+//! once: `/server_info`, else `/v1/models`), the index state of a worker
+//! down past the retention period (dropped; kept until then, since a worker
+//! that comes back keeps its cache), the retained workers whose requests are
+//! done (removed), and each worker's own report of its queued prefill.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use kv_index::KvIndex;
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::workers::{Worker, WorkerInfo, Workers};
+use crate::{Fleet, MAX_DP_SIZE, State, Worker, WorkerInfo};
 
 /// How often a worker out of rotation is probed.
 const DOWN_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// How the health loop runs (defaults: the router's `defaults.rs`).
-#[derive(Debug, Clone)]
-pub struct HealthConfig {
-    /// Interval between probes (also the probe timeout, at least 1 s).
-    pub interval: Duration,
-    /// How long a worker may stay down before its index state is dropped.
-    pub index_retention: Duration,
-}
-
-/// Probes every worker each `config.interval`, and the workers out of
-/// rotation every second (at most every `config.interval`), until `cancel` fires.
-pub async fn health_loop(
-    workers: Arc<Workers>,
-    client: reqwest::Client,
-    config: HealthConfig,
-    index: Option<Arc<KvIndex>>,
-    cancel: CancellationToken,
-) {
-    let fast = config.interval.min(DOWN_PROBE_INTERVAL);
-    let mut ticks = Ticks::new(fast, cancel);
-    let timeout = config.interval.max(Duration::from_secs(1));
+/// Probes every worker each health interval, and the workers out of
+/// rotation every second (at most every interval), until the fleet stops.
+pub(crate) async fn health_loop(fleet: Arc<Fleet>) {
+    let interval = fleet.config.health_interval;
+    let fast = interval.min(DOWN_PROBE_INTERVAL);
+    let mut ticks = Ticks::new(fast, fleet.cancel.clone());
+    let timeout = interval.max(Duration::from_secs(1));
     let mut models_seen = Vec::new();
     let mut last_full: Option<Instant> = None;
     while ticks.next().await {
-        let all = workers.all();
-        let full = last_full.is_none_or(|t| t.elapsed() + fast / 2 >= config.interval);
+        let all = fleet.snapshot();
+        let full = last_full.is_none_or(|t| t.elapsed() + fast / 2 >= interval);
         if full {
             last_full = Some(Instant::now());
-            join_all(all.iter().map(|w| check(w, &client, timeout, &config, index.as_deref()))).await;
+            join_all(all.iter().map(|w| check(&fleet, w, timeout))).await;
             warn_mixed_models(&all, &mut models_seen);
         } else {
-            let down = all.iter().filter(|w| !w.is_healthy());
-            join_all(down.map(|w| check(w, &client, fast.max(Duration::from_millis(500)), &config, index.as_deref())))
-                .await;
+            let down = all.iter().filter(|w| !w.is_routable() && w.state() != State::Retained);
+            join_all(down.map(|w| check(&fleet, w, fast.max(Duration::from_millis(500))))).await;
         }
+        fleet.sweep_retained();
     }
     info!("health checks stopped");
 }
 
-async fn check(
-    w: &Arc<Worker>,
-    client: &reqwest::Client,
-    timeout: Duration,
-    config: &HealthConfig,
-    index: Option<&KvIndex>,
-) {
-    let ok = matches!(client.get(format!("{}/health", w.url)).timeout(timeout).send().await, Ok(r) if r.status().is_success());
-    w.set_healthy(ok);
+async fn check(fleet: &Fleet, w: &Arc<Worker>, timeout: Duration) {
+    let client = &fleet.client;
+    let ok =
+        matches!(client.get(w.endpoint_url("/health")).timeout(timeout).send().await, Ok(r) if r.status().is_success());
+    w.set_probe_result(ok);
     if ok {
         if w.info().is_none()
             && let Some(found) = introspect(client, w, timeout).await
@@ -78,33 +57,34 @@ async fn check(
         }
         return;
     }
-    if let Some(index) = index
-        && w.down_for().is_some_and(|d| d >= config.index_retention)
+    let retention = fleet.config.index_retention;
+    if let Some(ev) = &fleet.events
+        && w.down_for().is_some_and(|d| d >= retention)
         && w.mark_index_cleared()
     {
-        let ended = index.clear_worker(&w.url);
-        warn!(worker = %w.url, holdings = ended, retention_s = config.index_retention.as_secs(), "worker down past retention: its index state dropped");
+        let ended = ev.index.clear_worker(&w.url);
+        warn!(worker = %w.url, holdings = ended, retention_s = retention.as_secs(), "worker down past retention: its index state dropped");
     }
 }
 
-/// Polls every healthy worker's SGLang `/v1/loads` each `every` until
-/// `cancel` fires, recording the uncached prompt tokens it has queued (over
-/// all its data-parallel ranks): the load other routers put on it, which this
-/// router cannot see. A worker without the endpoint (404: vLLM, older SGLang)
-/// is not asked again; a failed poll forgets the last report.
-pub async fn load_loop(workers: Arc<Workers>, client: reqwest::Client, every: Duration, cancel: CancellationToken) {
-    let mut ticks = Ticks::new(every, cancel);
+/// Polls every healthy worker's SGLang `/v1/loads` each load-poll period
+/// until the fleet stops, recording the uncached prompt tokens it has queued
+/// (over all its data-parallel ranks): the load other routers put on it,
+/// which this router cannot see. A worker without the endpoint (404: vLLM,
+/// older SGLang) is not asked again; a failed poll forgets the last report.
+pub(crate) async fn load_loop(fleet: Arc<Fleet>) {
+    let every = fleet.config.load_poll;
+    let mut ticks = Ticks::new(every, fleet.cancel.clone());
     let timeout = every.max(Duration::from_millis(250));
     while ticks.next().await {
-        let all = workers.all();
-        let due = all.iter().filter(|w| w.is_healthy() && w.reports_load());
-        join_all(due.map(|w| poll_load(w, &client, timeout))).await;
+        let all = fleet.snapshot();
+        let due = all.iter().filter(|w| w.is_routable() && w.reports_load());
+        join_all(due.map(|w| poll_load(w, &fleet.client, timeout))).await;
     }
 }
 
 async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration) {
-    let url = format!("{}/v1/loads?include=core", w.url);
-    let resp = match client.get(url).timeout(timeout).send().await {
+    let resp = match client.get(w.endpoint_url("/v1/loads?include=core")).timeout(timeout).send().await {
         Ok(r) => r,
         Err(e) => {
             debug!(worker = %w.url, error = %e, "load poll failed");
@@ -121,7 +101,9 @@ async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration) {
     let body = resp.bytes().await.ok();
     let queued = body.as_deref().and_then(|b| serde_json::from_slice::<Value>(b).ok()).and_then(|v| {
         let loads = v.get("loads")?.as_array()?;
-        Some(loads.iter().filter_map(|l| l.get("num_waiting_uncached_tokens")?.as_u64()).sum::<u64>())
+        Some(
+            loads.iter().filter_map(|l| l.get("num_waiting_uncached_tokens")?.as_u64()).fold(0u64, u64::saturating_add),
+        )
     });
     w.set_reported_uncached_tokens(queued.unwrap_or(0));
 }
@@ -129,11 +111,11 @@ async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration) {
 /// A period for a background loop: late ticks are delayed, not bunched.
 struct Ticks {
     interval: tokio::time::Interval,
-    cancel: CancellationToken,
+    cancel: tokio_util::sync::CancellationToken,
 }
 
 impl Ticks {
-    fn new(period: Duration, cancel: CancellationToken) -> Self {
+    fn new(period: Duration, cancel: tokio_util::sync::CancellationToken) -> Self {
         let mut interval = tokio::time::interval(period);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Self { interval, cancel }
@@ -165,7 +147,7 @@ fn warn_mixed_models(all: &[Arc<Worker>], last: &mut Vec<String>) {
 /// OpenAI `/v1/models` list. `None` when neither answers (tried again next tick).
 pub async fn introspect(client: &reqwest::Client, w: &Worker, timeout: Duration) -> Option<WorkerInfo> {
     let get = |path: &'static str| {
-        let url = format!("{}{path}", w.url);
+        let url = w.endpoint_url(path);
         async move {
             let r = client.get(url).timeout(timeout).send().await.ok()?;
             if !r.status().is_success() {
@@ -188,38 +170,17 @@ pub async fn introspect(client: &reqwest::Client, w: &Worker, timeout: Duration)
     })
 }
 
-/// Reads SGLang's `/server_info` (its server args, flattened).
+/// Reads SGLang's `/server_info` (its server args, flattened). A data-parallel
+/// size above [`MAX_DP_SIZE`] (a lying or broken worker) is not believed.
 pub fn from_server_info(v: &Value) -> WorkerInfo {
-    let text = |k: &str| v.get(k).and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_owned);
+    let text =
+        |k: &str| v.get(k).and_then(Value::as_str).filter(|s| !s.is_empty()).map(|s| s.chars().take(256).collect());
     let num = |k: &str| v.get(k).and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok());
     WorkerInfo {
         model_id: text("served_model_name").or_else(|| text("model_path")),
-        dp_size: num("dp_size"),
+        dp_size: num("dp_size").filter(|n| (1..=MAX_DP_SIZE).contains(n)),
         page_size: num("page_size"),
     }
-}
-
-/// The `Authorization` value for a workers' API key (kept out of debug output);
-/// `None` if the key cannot be a header value.
-pub(crate) fn bearer(key: &str) -> Option<reqwest::header::HeaderValue> {
-    let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).ok()?;
-    v.set_sensitive(true);
-    Some(v)
-}
-
-/// The client for the router's own requests to workers (health, introspection,
-/// load reports, KV-event discovery): with the workers' bearer token when
-/// they require one, and an overall timeout when given.
-pub fn worker_client(api_key: Option<&str>, timeout: Option<Duration>) -> reqwest::Client {
-    let mut headers = reqwest::header::HeaderMap::new();
-    if let Some(v) = api_key.and_then(bearer) {
-        headers.insert(reqwest::header::AUTHORIZATION, v);
-    }
-    let mut builder = reqwest::Client::builder().default_headers(headers);
-    if let Some(t) = timeout {
-        builder = builder.timeout(t);
-    }
-    builder.build().unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -238,5 +199,7 @@ mod tests {
         assert_eq!(i.model_id.as_deref(), Some("/models/qwen"));
         assert_eq!(i.dp_size, None);
         assert_eq!(from_server_info(&json!({"dp_size": -1})), WorkerInfo::default());
+        // A worker cannot make the router believe in a million ranks.
+        assert_eq!(from_server_info(&json!({"dp_size": 1_000_000})).dp_size, None);
     }
 }

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use gateway::metrics::Histogram;
+use router_types::metrics::Histogram;
 
 /// How one stream's blocks are hashed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +71,8 @@ pub struct PumpMetrics {
 pub enum PumpControl {
     /// Register a stream before its subscriber starts; the result is sent back.
     AddStream(WorkerKey, StreamHashing, tokio::sync::oneshot::Sender<Result<(), String>>),
+    /// Forget a stream (its worker left): its batches still queued are dropped as unknown.
+    RemoveStream(WorkerKey),
 }
 
 /// Applies stream messages to the index.
@@ -153,6 +155,9 @@ impl Pump {
                 Some(c) = control.recv() => match c {
                     PumpControl::AddStream(key, hashing, done) => {
                         let _ = done.send(self.add_stream(key, hashing).map_err(|e| e.to_string()));
+                    }
+                    PumpControl::RemoveStream(key) => {
+                        self.streams.remove(&key);
                     }
                 },
                 m = rx.recv() => match m {

@@ -3,19 +3,16 @@
 //! the same tokens produces. SGLang-style streams (engine hash = router hash)
 //! and vLLM-style streams (opaque unsigned engine hashes) both index by content.
 
-mod common;
-use common::eventually;
-
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use kv_events::{EventMetrics, Publisher, PublisherConfig, StreamEndpoints, SubscriberConfig, spawn_subscriber};
 use kv_index::{IndexConfig, KvIndex, MatchOptions, SystemClock};
+use kv_ingest::{Pump, PumpMetrics, StreamHashing};
 use renderer::{HashMode, PageHasher};
 use router_types::{
     BlockHash, DpRank, EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier, WorkerKey, WorkerUrl,
 };
-use sgl_router::pump::{Pump, PumpMetrics, StreamHashing};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -176,4 +173,15 @@ async fn wrong_page_size_shows_as_hash_mismatches() {
     });
     w.publishers[0].publish(&batch(vec![event])).await.unwrap();
     eventually("mismatches counted", async || EventMetrics::get(&w.pumps.hash_mismatches) == 4).await;
+}
+
+/// Polls `cond` every 25 ms for up to 10 s; panics naming `what` if it never holds.
+async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
+    for _ in 0..400 {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("timed out waiting for {what}");
 }

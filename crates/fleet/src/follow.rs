@@ -1,0 +1,172 @@
+//! Following one worker's KV events: find its publishers (explicit flags
+//! first, then SGLang's `/server_info`), in the background and with backoff
+//! for as long as the worker is in the fleet; check its page size against
+//! the fleet's; register its streams with the pump; and run one subscriber
+//! per dp rank under the worker's own tracker and cancellation token, so
+//! that removing the worker stops exactly its tasks.
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use kv_events::{DiscoveryError, StreamEndpoints, explicit_streams, parse_server_info, spawn_subscriber};
+use kv_ingest::{PumpControl, StreamHashing};
+use renderer::HashMode;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::{Events, EventsSide, Fleet, Worker};
+
+/// First wait between two discovery attempts of an unreachable worker.
+const BACKOFF_INITIAL: Duration = Duration::from_millis(50);
+/// Longest wait between two discovery attempts: a worker that comes up late
+/// is followed within this long of answering.
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Longest one `/server_info` request may take.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What one discovery attempt found.
+struct Found {
+    streams: Vec<StreamEndpoints>,
+    block_size: Option<usize>,
+    bigram: bool,
+    sglang: bool,
+}
+
+/// Finds the worker's publishers and follows them; returns when they are
+/// followed, when there is nothing to follow, or when the worker leaves.
+pub(crate) async fn follow(fleet: Arc<Fleet>, worker: Arc<Worker>) {
+    let Some(ev) = &fleet.events else { return };
+    let started = Instant::now();
+    let mut backoff = BACKOFF_INITIAL;
+    loop {
+        let attempt = tokio::select! {
+            biased;
+            () = worker.cancel.cancelled() => return,
+            r = find(&fleet, ev, &worker) => r,
+        };
+        match attempt {
+            Ok(Some(found)) => {
+                subscribe(&fleet, ev, &worker, found).await;
+                return;
+            }
+            Ok(None) => {
+                let reason = DiscoveryError::NotPublishing(worker.url.clone()).to_string();
+                fleet.unfollowed(&worker, Events::NotFollowed(reason));
+                return;
+            }
+            Err(e @ (DiscoveryError::Unreachable { .. } | DiscoveryError::Invalid { .. })) => {
+                fleet.metrics.discovery_failures.fetch_add(1, Ordering::Relaxed);
+                // A worker that answers its probes but not `/server_info` is served
+                // unfollowed after the deadline; discovery goes on meanwhile.
+                if worker.events() == Events::Discovering && started.elapsed() >= ev.config.discovery_deadline {
+                    warn!(worker = %worker.url, error = %e, "kv events: still not found, routing without them meanwhile");
+                    worker.set_events(Events::NotFollowed(format!("{e} (still trying)")));
+                    worker.discovered();
+                }
+                debug!(worker = %worker.url, error = %e, ?backoff, "kv events: discovery failed, retrying");
+            }
+            Err(e) => {
+                fleet.unfollowed(&worker, Events::NotFollowed(e.to_string()));
+                return;
+            }
+        }
+        tokio::select! {
+            biased;
+            () = worker.cancel.cancelled() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// One attempt: explicit endpoints, or one `/server_info`.
+async fn find(fleet: &Fleet, ev: &EventsSide, worker: &Worker) -> Result<Option<Found>, DiscoveryError> {
+    if let Some(streams) = explicit_streams(&worker.url, &ev.config.explicit, &ev.config.topic)? {
+        // An engine that advertises nothing (vLLM): page size from the flag.
+        return Ok(Some(Found { streams, block_size: None, bigram: false, sglang: false }));
+    }
+    let unreachable = |message: String| DiscoveryError::Unreachable { worker: worker.url.clone(), message };
+    let response = fleet
+        .client
+        .get(worker.endpoint_url("/server_info"))
+        .timeout(ATTEMPT_TIMEOUT)
+        .send()
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    if !response.status().is_success() {
+        return Err(unreachable(format!("HTTP {}", response.status())));
+    }
+    // Read with a cap: a worker cannot make the router buffer an endless answer.
+    let body = kv_events::read_server_info(&worker.url, response).await?;
+    Ok(parse_server_info(&worker.url, &body)?.map(|found| Found {
+        streams: found.streams,
+        block_size: Some(found.block_size),
+        bigram: found.bigram,
+        sglang: true,
+    }))
+}
+
+/// Checks the page size, registers the streams and starts their subscribers.
+async fn subscribe(fleet: &Fleet, ev: &EventsSide, worker: &Worker, found: Found) {
+    let fleet_block = ev.config.default_block_size.get();
+    // The first worker followed fixes the fleet's page size.
+    let block_size = match found.block_size {
+        Some(b) => match ev.block_size.compare_exchange(0, b, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => b,
+            Err(current) => current,
+        },
+        None => match ev.block_size.compare_exchange(0, fleet_block, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => fleet_block,
+            Err(current) => current,
+        },
+    };
+    let worker_block = found.block_size.unwrap_or(block_size);
+    if worker_block != block_size {
+        fleet.metrics.refused_block_size.fetch_add(1, Ordering::Relaxed);
+        let reason = format!(
+            "page size {worker_block} differs from the fleet's {block_size}: its block hashes could never match a request's"
+        );
+        fleet.unfollowed(worker, Events::Refused(reason));
+        return;
+    }
+    let hashing = StreamHashing {
+        page_size: NonZeroUsize::new(block_size).unwrap_or(NonZeroUsize::MIN),
+        mode: if found.bigram { HashMode::Bigram } else { HashMode::Unigram },
+        engine_hash_is_router_hash: found.sglang,
+    };
+    let mut subscribed = 0;
+    for stream in found.streams {
+        let (done, registered) = tokio::sync::oneshot::channel();
+        if ev.control.send(PumpControl::AddStream(stream.key.clone(), hashing, done)).await.is_err() {
+            return;
+        }
+        match registered.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                warn!(stream = %stream.key, error = %e, "kv events: stream not registered");
+                continue;
+            }
+            Err(_) => return,
+        }
+        // Registered under the worker: a removal that raced this sees the key and unregisters it.
+        worker.streams.lock().unwrap_or_else(|p| p.into_inner()).push(stream.key.clone());
+        if worker.cancel.is_cancelled() {
+            // Removed meanwhile: this stream may have been registered after the removal looked.
+            let _ = ev.control.send(PumpControl::RemoveStream(stream.key.clone())).await;
+            return;
+        }
+        let handle =
+            spawn_subscriber(stream, ev.config.subscriber, ev.tx.clone(), ev.events.clone(), worker.cancel.clone());
+        worker.tasks.spawn(async move {
+            let _ = handle.await;
+        });
+        subscribed += 1;
+    }
+    fleet.metrics.streams.fetch_add(subscribed as u64, Ordering::Relaxed);
+    ev.hash_modes.add(hashing.mode);
+    info!(worker = %worker.url, streams = subscribed, block_size, bigram = found.bigram, "kv events: following worker");
+    worker.set_events(Events::Followed { streams: subscribed });
+    worker.discovered();
+}

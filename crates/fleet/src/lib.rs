@@ -1,0 +1,444 @@
+//! The fleet: the one owner of every worker. A worker enters from a source
+//! (the command line, the admin API, the simulated engines), gets a stable
+//! [`WorkerId`], and moves through one state machine
+//! (discovering → following → healthy ⇄ down → retained → removed, see
+//! [`State`]). The fleet finds its KV-event publishers in the background
+//! (with backoff: a worker that comes up late is followed when it does),
+//! runs its subscribers under one tracker per worker and cancels them when
+//! it leaves, probes its health and load, and publishes what others need: a
+//! snapshot of the workers for the gateway, and [`Notice`]s of departures
+//! for the policies. The index learns of departures from the fleet directly.
+//!
+//! ```text
+//! sources ─add/remove─► Fleet ─► Worker (state, load, info, events)
+//!                         │ follow: discover ─► pump.add_stream ─► subscriber tasks (per-worker tracker)
+//!                         │ health / load probes ─► state
+//!                         └► snapshot() for the gateway, subscribe() for notices
+//! ```
+
+mod follow;
+mod health;
+mod metrics;
+mod worker;
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use kv_events::{EventMetrics, ExplicitEndpoints, SubscriberConfig};
+use kv_index::KvIndex;
+use kv_ingest::{PumpControl, PumpMetrics};
+use router_types::{PoolId, Role, WorkerId, WorkerUrl};
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+pub use health::{from_server_info, introspect};
+pub use worker::{Events, LoadGuard, MAX_QUARANTINE, State, Worker, WorkerInfo};
+
+/// The largest data-parallel size accepted from a worker's own report: a
+/// worker cannot make the router start more subscribers than this.
+pub const MAX_DP_SIZE: u32 = 256;
+/// Capacity of the channel from all subscribers to the pump (the reference router's).
+pub const PUMP_CHANNEL_CAPACITY: usize = 1024;
+/// How long a worker's `/server_info` may stay unreachable while its `/health`
+/// answers before it is routed to without following its events (discovery
+/// goes on in the background).
+pub const DEFAULT_DISCOVERY_DEADLINE: Duration = Duration::from_secs(30);
+/// How long a removal waits for the worker's tasks to stop.
+const TASKS_STOP_WAIT: Duration = Duration::from_secs(2);
+/// Notices buffered per subscriber; one that falls further behind resyncs from the snapshot.
+const NOTICE_CAPACITY: usize = 256;
+
+/// How the fleet runs (defaults: the router's `defaults.rs`).
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    /// Interval between health probes of every worker (also the probe timeout, at least 1 s).
+    pub health_interval: Duration,
+    /// How long a worker may stay down before its index state is dropped.
+    pub index_retention: Duration,
+    /// Period of polling the workers' own load reports (zero: off).
+    pub load_poll: Duration,
+    /// Bearer token for the router's own requests to workers.
+    pub api_key: Option<String>,
+    /// Follow the workers' KV events (with an index), or not.
+    pub events: Option<EventsConfig>,
+    /// The paths requests are proxied to, parsed once per worker ([`Worker::endpoint`]).
+    pub proxied_paths: &'static [&'static str],
+}
+
+/// Where the workers' KV events come from.
+#[derive(Debug, Clone)]
+pub struct EventsConfig {
+    /// Endpoints given on the command line (vLLM); they win over discovery.
+    pub explicit: ExplicitEndpoints,
+    /// Page size of workers that advertise none.
+    pub default_block_size: NonZeroUsize,
+    /// Topic to subscribe to on explicitly configured endpoints.
+    pub topic: String,
+    /// How long `/server_info` may stay unreachable before the worker is routed to unfollowed.
+    pub discovery_deadline: Duration,
+    /// Subscriber tuning.
+    pub subscriber: SubscriberConfig,
+}
+
+/// Where a worker came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// `--worker-urls`.
+    Flag,
+    /// `POST /workers`.
+    Admin,
+    /// `--mock-workers`.
+    Mock,
+}
+
+/// A change others must hear of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    /// A worker joined.
+    Added(WorkerId),
+    /// A worker left for good: forget what was learned of it.
+    Removed(WorkerId),
+}
+
+/// The hash modes of the followed workers: unigram, bigram (EAGLE-style
+/// speculative decoding), or both in a mixed fleet. With none known,
+/// requests are hashed unigram.
+#[derive(Debug, Default)]
+pub struct HashModes(AtomicU8);
+
+/// Fleet-level counters.
+#[derive(Debug, Default)]
+pub struct FleetMetrics {
+    /// Workers whose events are not followed because their page size differs from the fleet's.
+    pub refused_block_size: AtomicU64,
+    /// Discovery attempts that failed (unreachable or invalid `/server_info`).
+    pub discovery_failures: AtomicU64,
+    /// Streams subscribed now.
+    pub streams: AtomicU64,
+    /// Workers removed.
+    pub removed: AtomicU64,
+}
+
+/// The KV-event side the fleet feeds.
+#[derive(Debug)]
+struct EventsSide {
+    config: EventsConfig,
+    index: Arc<KvIndex>,
+    /// Subscribers' channel to the pump.
+    tx: mpsc::Sender<kv_events::StreamMessage>,
+    control: mpsc::Sender<PumpControl>,
+    events: Arc<EventMetrics>,
+    pump: Arc<PumpMetrics>,
+    /// The fleet's page size, fixed by the first worker followed (0: none yet).
+    block_size: AtomicUsize,
+    hash_modes: Arc<HashModes>,
+}
+
+#[derive(Debug, Default)]
+struct Members {
+    /// Live workers (not retained), in order of arrival.
+    live: Vec<Arc<Worker>>,
+    /// Workers leaving: in-flight requests finishing.
+    retained: Vec<Arc<Worker>>,
+}
+
+/// The fleet.
+#[derive(Debug)]
+pub struct Fleet {
+    config: FleetConfig,
+    members: RwLock<Members>,
+    /// The live workers, rebuilt on every change (readers clone one `Arc`).
+    snapshot: RwLock<Arc<[Arc<Worker>]>>,
+    next_id: AtomicU32,
+    notices: broadcast::Sender<Notice>,
+    events: Option<EventsSide>,
+    client: reqwest::Client,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+    /// Counters.
+    pub metrics: FleetMetrics,
+}
+
+/// What [`Fleet::add`] did.
+#[derive(Debug, Clone)]
+pub struct Added {
+    /// The worker (the one already there when `new` is false).
+    pub worker: Arc<Worker>,
+    /// False: it was known already (however it was spelled).
+    pub new: bool,
+}
+
+// === impl HashModes ===
+
+impl HashModes {
+    const UNIGRAM: u8 = 1;
+    const BIGRAM: u8 = 2;
+
+    /// Records that a followed worker keys blocks in `mode`.
+    pub fn add(&self, mode: renderer::HashMode) {
+        let bit = match mode {
+            renderer::HashMode::Unigram => Self::UNIGRAM,
+            renderer::HashMode::Bigram => Self::BIGRAM,
+        };
+        self.0.fetch_or(bit, Ordering::Relaxed);
+    }
+
+    /// The modes requests must be hashed in, unigram first.
+    pub fn modes(&self) -> impl Iterator<Item = renderer::HashMode> {
+        let bits = self.0.load(Ordering::Relaxed);
+        let bits = if bits == 0 { Self::UNIGRAM } else { bits };
+        [(Self::UNIGRAM, renderer::HashMode::Unigram), (Self::BIGRAM, renderer::HashMode::Bigram)]
+            .into_iter()
+            .filter(move |(b, _)| bits & b != 0)
+            .map(|(_, m)| m)
+    }
+}
+
+// === impl Fleet ===
+
+impl Fleet {
+    /// Starts the fleet: the pump (when following events into `index`), the
+    /// health and load loops, and `workers` from the command line. Returns at
+    /// once: discovery runs in the background. Everything stops with `cancel`.
+    pub fn start(
+        config: FleetConfig,
+        index: Option<Arc<KvIndex>>,
+        workers: &[WorkerUrl],
+        cancel: CancellationToken,
+    ) -> Arc<Self> {
+        let tasks = TaskTracker::new();
+        let events = match (&config.events, index) {
+            (Some(ev), Some(index)) => {
+                let pump_metrics = Arc::new(PumpMetrics::default());
+                let pump = kv_ingest::Pump::new(index.clone(), pump_metrics.clone());
+                let (tx, rx) = mpsc::channel(PUMP_CHANNEL_CAPACITY);
+                let (control, control_rx) = mpsc::channel(64);
+                tasks.spawn(pump.run_with_control(rx, control_rx, cancel.clone()));
+                Some(EventsSide {
+                    config: ev.clone(),
+                    index,
+                    tx,
+                    control,
+                    events: Arc::new(EventMetrics::default()),
+                    pump: pump_metrics,
+                    block_size: AtomicUsize::new(0),
+                    hash_modes: Arc::new(HashModes::default()),
+                })
+            }
+            _ => None,
+        };
+        let client = worker_client(config.api_key.as_deref(), Some(Duration::from_secs(5)));
+        let fleet = Arc::new(Self {
+            config,
+            members: RwLock::new(Members::default()),
+            snapshot: RwLock::new(Arc::from(Vec::new())),
+            next_id: AtomicU32::new(0),
+            notices: broadcast::channel(NOTICE_CAPACITY).0,
+            events,
+            client,
+            cancel: cancel.clone(),
+            tasks,
+            metrics: FleetMetrics::default(),
+        });
+        for url in workers {
+            fleet.add(url.clone(), Source::Flag);
+        }
+        fleet.tasks.spawn(health::health_loop(fleet.clone()));
+        if !fleet.config.load_poll.is_zero() {
+            fleet.tasks.spawn(health::load_loop(fleet.clone()));
+        }
+        fleet
+    }
+
+    /// The live workers (every state but retained and removed), in order of arrival.
+    pub fn snapshot(&self) -> Arc<[Arc<Worker>]> {
+        self.snapshot.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Every worker, the leaving ones too.
+    pub fn all(&self) -> Vec<Arc<Worker>> {
+        let m = self.members.read().unwrap_or_else(|p| p.into_inner());
+        m.live.iter().chain(&m.retained).cloned().collect()
+    }
+
+    /// The live worker with `id`.
+    pub fn get(&self, id: WorkerId) -> Option<Arc<Worker>> {
+        self.snapshot().iter().find(|w| w.id == id).cloned()
+    }
+
+    /// Notices of workers joining and leaving.
+    pub fn subscribe(&self) -> broadcast::Receiver<Notice> {
+        self.notices.subscribe()
+    }
+
+    /// Adds a worker (a regular one, in the default pool), or returns the one
+    /// already there. Its discovery starts in the background.
+    pub fn add(self: &Arc<Self>, url: WorkerUrl, source: Source) -> Added {
+        let worker = {
+            let mut m = self.members.write().unwrap_or_else(|p| p.into_inner());
+            if let Some(w) = m.live.iter().find(|w| w.url == url) {
+                return Added { worker: w.clone(), new: false };
+            }
+            let id = WorkerId(self.next_id.fetch_add(1, Ordering::Relaxed));
+            let index_id = self.events.as_ref().map(|e| e.index.worker_id(&url));
+            let events = if self.events.is_some() { Events::Discovering } else { Events::Off };
+            let spec = worker::Spec { id, url, role: Role::Regular, pool: PoolId::default_pool(), index_id, events };
+            let w = Arc::new(Worker::new(spec, self.cancel.child_token(), self.config.proxied_paths));
+            m.live.push(w.clone());
+            self.publish(&m);
+            w
+        };
+        info!(worker = %worker.url, id = %worker.id, ?source, "worker added");
+        let _ = self.notices.send(Notice::Added(worker.id));
+        match &self.events {
+            Some(_) => {
+                let (fleet, w) = (self.clone(), worker.clone());
+                worker.tasks.spawn(async move { follow::follow(fleet, w).await });
+            }
+            None => worker.discovered(),
+        }
+        Added { worker, new: true }
+    }
+
+    /// Removes the worker at `url`: out of rotation at once, its subscribers
+    /// cancelled, its streams and index state dropped, policies told; it
+    /// stays listed (retained) until its in-flight requests finish.
+    pub async fn remove(&self, url: &WorkerUrl) -> Option<Arc<Worker>> {
+        let worker = {
+            let mut m = self.members.write().unwrap_or_else(|p| p.into_inner());
+            let i = m.live.iter().position(|w| &w.url == url)?;
+            let w = m.live.remove(i);
+            w.retain();
+            m.retained.push(w.clone());
+            self.publish(&m);
+            w
+        };
+        worker.cancel.cancel();
+        worker.tasks.close();
+        // Its subscribers see the cancellation at their next await; wait for them (bounded), so
+        // nothing of theirs (a last gauge update, a batch) lands after the removal.
+        if tokio::time::timeout(TASKS_STOP_WAIT, worker.tasks.wait()).await.is_err() {
+            warn!(worker = %worker.url, "worker removed, some of its tasks still stopping");
+        }
+        if let Some(ev) = &self.events {
+            let keys = std::mem::take(&mut *worker.streams.lock().unwrap_or_else(|p| p.into_inner()));
+            self.metrics.streams.fetch_sub(keys.len() as u64, Ordering::Relaxed);
+            for key in keys {
+                let _ = ev.control.send(PumpControl::RemoveStream(key.clone())).await;
+                ev.events.forget(&key);
+            }
+            ev.index.remove_worker(&worker.url);
+        }
+        self.metrics.removed.fetch_add(1, Ordering::Relaxed);
+        let _ = self.notices.send(Notice::Removed(worker.id));
+        info!(worker = %worker.url, id = %worker.id, "worker removed: finishing its requests");
+        self.sweep_retained();
+        Some(worker)
+    }
+
+    /// Waits (up to `timeout`) until a worker's discovery is over, and tells how it ended.
+    pub async fn wait_discovered(&self, worker: &Worker, timeout: Duration) -> Events {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let events = worker.events();
+            if events != Events::Discovering || tokio::time::Instant::now() >= deadline {
+                return events;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The page size requests are hashed with: the followed workers' (the
+    /// configured default until one is followed).
+    pub fn block_size(&self) -> usize {
+        match &self.events {
+            Some(ev) => match ev.block_size.load(Ordering::Relaxed) {
+                0 => ev.config.default_block_size.get(),
+                n => n,
+            },
+            None => 16,
+        }
+    }
+
+    /// How the followed workers key blocks.
+    pub fn hash_modes(&self) -> Arc<HashModes> {
+        self.events.as_ref().map_or_else(Arc::default, |e| e.hash_modes.clone())
+    }
+
+    /// Subscriber counters, when following events.
+    pub fn event_metrics(&self) -> Option<&Arc<EventMetrics>> {
+        self.events.as_ref().map(|e| &e.events)
+    }
+
+    /// Pump counters, when following events.
+    pub fn pump_metrics(&self) -> Option<&Arc<PumpMetrics>> {
+        self.events.as_ref().map(|e| &e.pump)
+    }
+
+    /// The client of the router's own requests to workers.
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
+    /// Waits for every task of the fleet (after `cancel`).
+    pub async fn stopped(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+
+    /// Drops the retained workers whose requests are done.
+    pub(crate) fn sweep_retained(&self) {
+        let mut m = self.members.write().unwrap_or_else(|p| p.into_inner());
+        m.retained.retain(|w| {
+            let busy = w.load().in_flight > 0;
+            if !busy {
+                w.mark_removed();
+            }
+            busy
+        });
+    }
+
+    fn publish(&self, m: &Members) {
+        *self.snapshot.write().unwrap_or_else(|p| p.into_inner()) = Arc::from(m.live.clone());
+    }
+
+    /// Routes to a worker without following its events (it publishes none, or they cannot be used).
+    pub(crate) fn unfollowed(&self, worker: &Worker, events: Events) {
+        warn!(worker = %worker.url, ?events, "kv events: worker not followed");
+        worker.set_events(events);
+        worker.discovered();
+    }
+}
+
+/// The `Authorization` value for a workers' API key (kept out of debug output);
+/// `None` if the key cannot be a header value.
+pub fn bearer(key: &str) -> Option<reqwest::header::HeaderValue> {
+    let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).ok()?;
+    v.set_sensitive(true);
+    Some(v)
+}
+
+/// The client for the router's own requests to workers (health, introspection,
+/// load reports, KV-event discovery): with the workers' bearer token when
+/// they require one, and an overall timeout when given.
+pub fn worker_client(api_key: Option<&str>, timeout: Option<Duration>) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(v) = api_key.and_then(bearer) {
+        headers.insert(reqwest::header::AUTHORIZATION, v);
+    }
+    let mut builder = reqwest::Client::builder().default_headers(headers);
+    if let Some(t) = timeout {
+        builder = builder.timeout(t);
+    }
+    builder.build().unwrap_or_default()
+}
+
+/// Every worker by id, for a caller that holds a snapshot.
+pub fn by_id(workers: &[Arc<Worker>]) -> HashMap<WorkerId, Arc<Worker>> {
+    workers.iter().map(|w| (w.id, w.clone())).collect()
+}

@@ -1,0 +1,216 @@
+//! The fleet's metrics in Prometheus text: every worker's state and load,
+//! the KV-event subscribers, the pump and the index.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kv_events::EventMetrics;
+use kv_index::IndexStats;
+use kv_ingest::PumpMetrics;
+use router_types::metrics::{escape as esc, head};
+
+use crate::{Fleet, FleetMetrics, State, Worker};
+
+fn get(c: &AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}
+
+fn counter(out: &mut String, name: &str, help: &str, series: &[(&str, u64)]) {
+    head(out, name, "counter", help);
+    for (labels, v) in series {
+        let _ = writeln!(out, "{name}{labels} {v}");
+    }
+}
+
+// === impl Fleet ===
+
+impl Fleet {
+    /// Appends every metric the fleet owns.
+    pub fn render_metrics(&self, out: &mut String) {
+        let workers = self.all();
+        let per_worker = |out: &mut String, name: &str, help: &str, value: &dyn Fn(&Worker) -> u64| {
+            head(out, name, "gauge", help);
+            for w in &workers {
+                let _ = writeln!(out, "{name}{{worker=\"{}\"}} {}", esc(w.url.as_str()), value(w));
+            }
+        };
+        per_worker(out, "router_worker_in_flight", "Requests in flight per worker.", &|w| {
+            u64::from(w.load().in_flight)
+        });
+        per_worker(
+            out,
+            "router_worker_reported_queued_tokens",
+            "Uncached prompt tokens the worker last reported queued (SGLang /v1/loads; 0 when unknown).",
+            &|w| w.reported_uncached_tokens(),
+        );
+        per_worker(out, "router_worker_healthy", "1 while the worker is in rotation.", &|w| u64::from(w.is_routable()));
+        head(out, "router_workers", "gauge", "Workers by state.");
+        for state in State::ALL {
+            let n = workers.iter().filter(|w| w.state() == state).count();
+            let _ = writeln!(out, "router_workers{{state=\"{}\"}} {n}", state.as_str());
+        }
+        counter(
+            out,
+            "router_workers_removed_total",
+            "Workers removed from the fleet.",
+            &[("", get(&self.metrics.removed))],
+        );
+        head(out, "router_kv_events_streams", "gauge", "(worker, dp rank) streams subscribed.");
+        let _ = writeln!(out, "router_kv_events_streams {}", get(&self.metrics.streams));
+        if let Some(ev) = &self.events {
+            render_events(out, &ev.events, &ev.pump, &self.metrics, &ev.index.stats());
+        }
+    }
+}
+
+/// Appends every KV-event and index metric.
+fn render_events(out: &mut String, e: &EventMetrics, p: &PumpMetrics, f: &FleetMetrics, index: &IndexStats) {
+    counter(out, "router_kv_events_batches_total", "Batches received and decoded.", &[("", get(&e.batches))]);
+    counter(
+        out,
+        "router_kv_events_decode_errors_total",
+        "Batches that failed to decode, by kind.",
+        &[
+            ("{kind=\"truncated\"}", get(&e.decode_truncated)),
+            ("{kind=\"malformed\"}", get(&e.decode_malformed)),
+            ("{kind=\"too_long\"}", get(&e.decode_too_long)),
+        ],
+    );
+    counter(
+        out,
+        "router_kv_events_unknown_events_total",
+        "Events of unknown type or medium, skipped.",
+        &[("", get(&e.unknown_events))],
+    );
+    counter(
+        out,
+        "router_kv_events_malformed_frames_total",
+        "Live messages without 3 frames or an 8-byte seq.",
+        &[("", get(&e.malformed_frames))],
+    );
+    counter(
+        out,
+        "router_kv_events_replays_total",
+        "Gap replays by outcome.",
+        &[
+            ("{outcome=\"repaired\"}", get(&e.replay_repaired)),
+            ("{outcome=\"incomplete\"}", get(&e.replay_incomplete)),
+            ("{outcome=\"failed\"}", get(&e.replay_failed)),
+            ("{outcome=\"timed_out\"}", get(&e.replay_timeouts)),
+            ("{outcome=\"over_limit\"}", get(&e.replay_over_limit)),
+            ("{outcome=\"skipped\"}", get(&e.replay_skipped)),
+        ],
+    );
+    counter(
+        out,
+        "router_kv_events_resets_total",
+        "Streams reset (their index state dropped), by cause: a publisher restart, a gap replay could not fill, a batch no copy of which decodes.",
+        &[
+            ("{cause=\"restart\"}", get(&e.resets)),
+            ("{cause=\"gap\"}", get(&e.gap_resets)),
+            ("{cause=\"bad_batch\"}", get(&e.bad_batch_resets)),
+        ],
+    );
+    counter(
+        out,
+        "router_kv_events_undecodable_batches_total",
+        "Live batches that did not decode (each then replayed once, or its stream reset).",
+        &[("", get(&e.undecodable_batches))],
+    );
+    counter(
+        out,
+        "router_kv_events_bad_batches_total",
+        "Undecodable batches by outcome: a replayed copy decoded, or the stream was reset.",
+        &[("{outcome=\"replayed\"}", get(&e.bad_batches_replayed)), ("{outcome=\"reset\"}", get(&e.bad_batch_resets))],
+    );
+    counter(
+        out,
+        "router_kv_events_live_held_total",
+        "Live batches held while a replay ran.",
+        &[("", get(&e.live_held))],
+    );
+    counter(
+        out,
+        "router_kv_events_live_dropped_total",
+        "Live batches dropped while a replay ran (the hold was full; repaired as a gap later).",
+        &[("", get(&e.live_dropped))],
+    );
+    counter(
+        out,
+        "router_kv_events_channel_full_waits_total",
+        "Times a subscriber waited for the pump.",
+        &[("", get(&e.channel_full_waits))],
+    );
+    counter(
+        out,
+        "router_kv_events_connect_failures_total",
+        "Failed connection attempts.",
+        &[("", get(&e.connect_failures))],
+    );
+    counter(
+        out,
+        "router_kv_events_applied_total",
+        "Events applied to the index, by kind.",
+        &[
+            ("{kind=\"stored\"}", get(&p.stored)),
+            ("{kind=\"removed\"}", get(&p.removed)),
+            ("{kind=\"cleared\"}", get(&p.cleared)),
+        ],
+    );
+    counter(
+        out,
+        "router_kv_events_skipped_stores_total",
+        "Stores not applied, by reason.",
+        &[
+            ("{reason=\"orphan\"}", get(&p.orphan_stores)),
+            ("{reason=\"malformed\"}", get(&p.malformed_stores)),
+            ("{reason=\"rejected\"}", get(&p.rejected_stores)),
+        ],
+    );
+    counter(
+        out,
+        "router_kv_events_duplicate_batches_total",
+        "Batches at or before the applied seq, dropped.",
+        &[("", get(&p.duplicates))],
+    );
+    counter(
+        out,
+        "router_kv_events_hash_mismatches_total",
+        "SGLang stored blocks whose engine hash differs from the router's (wrong page size, tokenizer or namespace).",
+        &[("", get(&p.hash_mismatches))],
+    );
+    counter(
+        out,
+        "router_kv_events_refused_workers_total",
+        "Workers not followed, by reason.",
+        &[
+            ("{reason=\"block_size\"}", get(&f.refused_block_size)),
+            ("{reason=\"discovery\"}", get(&f.discovery_failures)),
+        ],
+    );
+    p.lag_seconds.render(out, "router_kv_events_lag_seconds", "Publish-to-apply delay of batches.");
+    head(out, "router_kv_events_connected", "gauge", "1 while the subscriber of a (worker, dp rank) is connected.");
+    for (key, up) in e.connected() {
+        let _ = writeln!(
+            out,
+            "router_kv_events_connected{{worker=\"{}\",dp_rank=\"{}\"}} {}",
+            esc(key.worker.as_str()),
+            key.rank,
+            u8::from(up)
+        );
+    }
+    head(out, "router_index_nodes", "gauge", "Blocks in the index.");
+    let _ = writeln!(out, "router_index_nodes {}", index.nodes);
+    head(out, "router_index_holdings", "gauge", "(block, stream) pairs in the index.");
+    let _ = writeln!(out, "router_index_holdings {}", index.holdings);
+    head(out, "router_index_memory_bytes", "gauge", "Bytes allocated by the index.");
+    let _ = writeln!(out, "router_index_memory_bytes {}", index.memory_bytes);
+    counter(
+        out,
+        "router_index_evicted_nodes_total",
+        "Blocks evicted to keep the index bounded.",
+        &[("", index.evicted_nodes)],
+    );
+    head(out, "router_index_pending_credits", "gauge", "Pending-prefix credits held.");
+    let _ = writeln!(out, "router_index_pending_credits {}", index.pending);
+}

@@ -1,0 +1,469 @@
+//! One worker as the fleet owns it: its identity (a stable [`WorkerId`],
+//! URL, role, pool), its place in the state machine, what it reported about
+//! itself, the router-side load on it, and the guard that releases a
+//! request's load exactly once however the request ends. Only the fleet
+//! moves a worker between states; the gateway reads and charges load.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use router_types::{Load, PoolId, Role, WorkerId, WorkerUrl};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+/// Longest a worker stays out of rotation after requests to it failed,
+/// whatever its health probe says (doubling from one second per failure in a row).
+pub const MAX_QUARANTINE: Duration = Duration::from_secs(60);
+
+/// Where a worker is in its life. A worker moves only forward through
+/// `Discovering` and `Following`, then between `Healthy` and `Down`, and
+/// leaves through `Retained` (no new requests; in-flight ones finish) to
+/// `Removed` (gone from the fleet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Added; its KV-event publishers are being found. Not routed to.
+    Discovering,
+    /// Its events are followed (or there are none to follow); waiting for a healthy probe.
+    Following,
+    /// In rotation.
+    Healthy,
+    /// Out of rotation: failing probes, or quarantined after failed requests. Its
+    /// subscriptions and index state are kept (a worker that comes back keeps its cache)
+    /// until the retention period passes.
+    Down,
+    /// Removed by its source: no new requests, in-flight ones finish; its
+    /// subscriptions are cancelled and its index state dropped.
+    Retained,
+    /// Gone.
+    Removed,
+}
+
+/// What the fleet knows of a worker's KV events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Events {
+    /// The router does not follow KV events (`--kv-events` off).
+    Off,
+    /// Being looked for (`/server_info` or explicit endpoints).
+    Discovering,
+    /// Followed: this many (worker, dp rank) streams.
+    Followed {
+        /// Streams subscribed.
+        streams: usize,
+    },
+    /// Not followed, and why (routed to without cache knowledge).
+    NotFollowed(String),
+    /// Its events could never match a request's hashes (another page size): not followed.
+    Refused(String),
+}
+
+/// What a worker reports about itself (SGLang's `/server_info`, or vLLM's
+/// `/v1/models`); a field it does not report is `None`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerInfo {
+    /// The model it serves (`served_model_name`, `model_path`, or the first `/v1/models` id).
+    pub model_id: Option<String>,
+    /// Its data-parallel size (at most [`crate::MAX_DP_SIZE`]).
+    pub dp_size: Option<u32>,
+    /// Its KV page (block) size in tokens.
+    pub page_size: Option<u32>,
+}
+
+/// One engine replica.
+#[derive(Debug)]
+pub struct Worker {
+    /// Its identity for its whole life (never reused).
+    pub id: WorkerId,
+    /// Its base URL (validated and normalized).
+    pub url: WorkerUrl,
+    /// Regular, prefill or decode.
+    pub role: Role,
+    /// The model pool it serves.
+    pub pool: PoolId,
+    /// Its id in the KV index, when the router follows events.
+    pub index_id: Option<kv_index::WorkerId>,
+    /// `host:port` of its URL, for `Host` headers and connections.
+    pub authority: String,
+    /// The host of its URL, without brackets.
+    pub host: String,
+    /// The port of its URL.
+    pub port: u16,
+    /// The path its URL carries (empty or `/prefix`), before a route's path.
+    pub base_path: String,
+    /// The proxied routes' URLs on it, parsed once.
+    endpoints: Vec<(&'static str, http::Uri)>,
+    state: AtomicU8,
+    /// The last verdict of probes and requests.
+    healthy: AtomicBool,
+    quarantine: Mutex<Option<Instant>>,
+    failures_in_a_row: AtomicU32,
+    in_flight: AtomicU32,
+    uncached_tokens: AtomicU64,
+    reported_uncached: AtomicU64,
+    loads_unsupported: AtomicBool,
+    info: RwLock<Option<WorkerInfo>>,
+    events: RwLock<Events>,
+    down_since: Mutex<Option<Instant>>,
+    index_cleared: AtomicBool,
+    /// Cancels every task of this worker (subscribers, discovery).
+    pub(crate) cancel: CancellationToken,
+    /// Tracks every task of this worker.
+    pub(crate) tasks: TaskTracker,
+    /// The streams registered with the pump, to unregister on removal.
+    pub(crate) streams: Mutex<Vec<router_types::WorkerKey>>,
+}
+
+/// Who a new worker is (what [`Worker::new`] needs besides its tasks' token).
+#[derive(Debug)]
+pub(crate) struct Spec {
+    pub(crate) id: WorkerId,
+    pub(crate) url: WorkerUrl,
+    pub(crate) role: Role,
+    pub(crate) pool: PoolId,
+    pub(crate) index_id: Option<kv_index::WorkerId>,
+    pub(crate) events: Events,
+}
+
+/// Holds one request's load on a worker; dropping it releases the load. The
+/// uncached tokens (prefill owed) go earlier, when the first byte of the
+/// answer shows the prefill is done.
+#[derive(Debug)]
+pub struct LoadGuard {
+    worker: Arc<Worker>,
+    uncached: u64,
+}
+
+// === impl State ===
+
+impl State {
+    /// A stable label (metrics, `/workers`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Discovering => "discovering",
+            State::Following => "following",
+            State::Healthy => "healthy",
+            State::Down => "down",
+            State::Retained => "retained",
+            State::Removed => "removed",
+        }
+    }
+
+    /// Every state, in order.
+    pub const ALL: [State; 6] =
+        [State::Discovering, State::Following, State::Healthy, State::Down, State::Retained, State::Removed];
+}
+
+// Stored phases; Healthy and Down are `Following` plus the health verdict.
+const DISCOVERING: u8 = 0;
+const FOLLOWING: u8 = 1;
+const RETAINED: u8 = 2;
+const REMOVED: u8 = 3;
+
+// === impl Worker ===
+
+impl Worker {
+    /// A worker just added (Discovering), believed healthy until a probe says otherwise.
+    pub(crate) fn new(spec: Spec, cancel: CancellationToken, paths: &[&'static str]) -> Self {
+        let Spec { id, url, role, pool, index_id, events } = spec;
+        let (authority, host, port, base_path) = split(&url);
+        let endpoints = paths.iter().filter_map(|p| Some((*p, format!("{url}{p}").parse().ok()?))).collect();
+        Self {
+            endpoints,
+            id,
+            url,
+            role,
+            pool,
+            index_id,
+            authority,
+            host,
+            port,
+            base_path,
+            state: AtomicU8::new(DISCOVERING),
+            healthy: AtomicBool::new(true),
+            quarantine: Mutex::new(None),
+            failures_in_a_row: AtomicU32::new(0),
+            in_flight: AtomicU32::new(0),
+            uncached_tokens: AtomicU64::new(0),
+            reported_uncached: AtomicU64::new(0),
+            loads_unsupported: AtomicBool::new(false),
+            info: RwLock::new(None),
+            events: RwLock::new(events),
+            down_since: Mutex::new(None),
+            index_cleared: AtomicBool::new(false),
+            cancel,
+            tasks: TaskTracker::new(),
+            streams: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Where it is in its life.
+    pub fn state(&self) -> State {
+        match self.state.load(Ordering::Acquire) {
+            DISCOVERING => State::Discovering,
+            FOLLOWING if self.healthy.load(Ordering::Relaxed) => State::Healthy,
+            FOLLOWING => State::Down,
+            RETAINED => State::Retained,
+            _ => State::Removed,
+        }
+    }
+
+    /// Whether new requests may go to it.
+    pub fn is_routable(&self) -> bool {
+        self.state.load(Ordering::Acquire) == FOLLOWING && self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Whether it is in rotation (an alias of [`Worker::is_routable`]).
+    pub fn is_healthy(&self) -> bool {
+        self.is_routable()
+    }
+
+    /// Discovery is over: it may be routed to once healthy.
+    pub(crate) fn discovered(&self) {
+        let _ = self.state.compare_exchange(DISCOVERING, FOLLOWING, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Taken out by its source; false if it already was.
+    pub(crate) fn retain(&self) -> bool {
+        let prev = self.state.swap(RETAINED, Ordering::AcqRel);
+        if prev == REMOVED {
+            self.state.store(REMOVED, Ordering::Release);
+        }
+        prev != RETAINED && prev != REMOVED
+    }
+
+    /// Gone.
+    pub(crate) fn mark_removed(&self) {
+        self.state.store(REMOVED, Ordering::Release);
+    }
+
+    /// What its KV events are.
+    pub fn events(&self) -> Events {
+        self.events.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) fn set_events(&self, events: Events) {
+        *self.events.write().unwrap_or_else(|p| p.into_inner()) = events;
+    }
+
+    /// The URL of a proxied route's `path` on this worker (parsed once, see
+    /// [`crate::FleetConfig::proxied_paths`]); `None` for another path.
+    pub fn endpoint(&self, path: &str) -> Option<http::Uri> {
+        self.endpoints.iter().find(|(p, _)| *p == path).map(|(_, u)| u.clone())
+    }
+
+    /// The URL of `path` (a route such as `/generate`) on this worker.
+    pub fn endpoint_url(&self, path: &str) -> String {
+        format!("{}{path}", self.url)
+    }
+
+    /// The request target of `path` on this worker (its base path, then `path`).
+    pub fn target(&self, path: &str) -> String {
+        format!("{}{path}", self.base_path)
+    }
+
+    /// What it reported about itself, once introspected.
+    pub fn info(&self) -> Option<WorkerInfo> {
+        self.info.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Records what it reported about itself.
+    pub fn set_info(&self, info: WorkerInfo) {
+        *self.info.write().unwrap_or_else(|p| p.into_inner()) = Some(info);
+    }
+
+    /// How long it has been out of rotation (`None` while healthy).
+    pub fn down_for(&self) -> Option<Duration> {
+        self.down_since.lock().unwrap_or_else(|p| p.into_inner()).map(|t| t.elapsed())
+    }
+
+    /// Marks its index state as dropped; true the first time since it went down.
+    pub(crate) fn mark_index_cleared(&self) -> bool {
+        !self.index_cleared.swap(true, Ordering::Relaxed)
+    }
+
+    /// Whether requests to it failed recently enough that probes cannot bring it back yet.
+    pub fn quarantined(&self) -> bool {
+        self.quarantine.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|until| Instant::now() < until)
+    }
+
+    /// A probe's verdict. A worker quarantined after failed requests stays out
+    /// however the probe went (a worker that answers `/health` but hangs on
+    /// requests must not come back every probe).
+    pub fn set_probe_result(&self, ok: bool) {
+        self.set_healthy(ok && !self.quarantined());
+    }
+
+    /// Takes it out of (or back into) rotation.
+    pub fn set_healthy(&self, up: bool) {
+        let was = self.healthy.swap(up, Ordering::Relaxed);
+        if was != up {
+            let mut since = self.down_since.lock().unwrap_or_else(|p| p.into_inner());
+            *since = if up { None } else { Some(Instant::now()) };
+            if up {
+                self.index_cleared.store(false, Ordering::Relaxed);
+                info!(worker = %self.url, "worker back in rotation");
+            } else {
+                warn!(worker = %self.url, "worker out of rotation");
+            }
+        }
+    }
+
+    /// A request to it failed on the worker's side (unreachable, timed out,
+    /// died mid-answer): out of rotation, and quarantined for a period that
+    /// doubles with each failure in a row (1 s up to [`MAX_QUARANTINE`]).
+    pub fn request_failed(&self) {
+        let n = self.failures_in_a_row.fetch_add(1, Ordering::Relaxed).min(16);
+        let period = Duration::from_secs(1u64 << n.min(6)).min(MAX_QUARANTINE);
+        *self.quarantine.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + period);
+        self.set_healthy(false);
+    }
+
+    /// A request to it got an answer: failures in a row start over.
+    pub fn request_succeeded(&self) {
+        if self.failures_in_a_row.load(Ordering::Relaxed) != 0 {
+            self.failures_in_a_row.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Its current load: this router's requests in flight, and the prefill it
+    /// owes: this router's uncached tokens not yet answered, or what the worker
+    /// reports queued (every router's requests), whichever is larger.
+    pub fn load(&self) -> Load {
+        let own = self.uncached_tokens.load(Ordering::Relaxed);
+        Load {
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            uncached_tokens: own.max(self.reported_uncached.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// This router's own view of the prefill it owes.
+    pub fn own_uncached_tokens(&self) -> u64 {
+        self.uncached_tokens.load(Ordering::Relaxed)
+    }
+
+    /// What the worker last reported queued (0 when unknown).
+    pub fn reported_uncached_tokens(&self) -> u64 {
+        self.reported_uncached.load(Ordering::Relaxed)
+    }
+
+    /// Records the worker's own report of its queued prefill (0: unknown).
+    pub fn set_reported_uncached_tokens(&self, tokens: u64) {
+        self.reported_uncached.store(tokens, Ordering::Relaxed);
+    }
+
+    /// Whether the worker has a load endpoint worth polling.
+    pub fn reports_load(&self) -> bool {
+        !self.loads_unsupported.load(Ordering::Relaxed)
+    }
+
+    /// The worker has no load endpoint.
+    pub fn set_no_load_reports(&self) {
+        self.loads_unsupported.store(true, Ordering::Relaxed);
+        self.reported_uncached.store(0, Ordering::Relaxed);
+    }
+
+    /// Charges a request to this router's view of its load until the guard drops.
+    pub fn charge(self: &Arc<Self>, uncached: u64) -> LoadGuard {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.uncached_tokens.fetch_add(uncached, Ordering::Relaxed);
+        LoadGuard { worker: self.clone(), uncached }
+    }
+}
+
+/// `(authority, host, port, base path)` of a normalized worker URL.
+fn split(url: &WorkerUrl) -> (String, String, u16, String) {
+    let rest = url.as_str().split_once("://").map_or(url.as_str(), |(_, r)| r);
+    let (authority, path) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
+    let (host, port) = match authority.rfind(':') {
+        Some(i) if !authority[i..].contains(']') => (&authority[..i], authority[i + 1..].parse().unwrap_or(80)),
+        _ => (authority, 80),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+    (authority.to_string(), host, port, path.to_string())
+}
+
+impl LoadGuard {
+    /// The worker has prefilled the prompt: it no longer owes those tokens.
+    pub fn prefill_done(&mut self) {
+        self.worker.uncached_tokens.fetch_sub(self.uncached, Ordering::Relaxed);
+        self.uncached = 0;
+    }
+
+    /// The worker this load is on.
+    pub fn worker(&self) -> &Arc<Worker> {
+        &self.worker
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.worker.uncached_tokens.fetch_sub(self.uncached, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker(url: &str) -> Worker {
+        let url = WorkerUrl::parse(url).unwrap();
+        let spec = Spec {
+            id: WorkerId(1),
+            url,
+            role: Role::Regular,
+            pool: PoolId::default_pool(),
+            index_id: None,
+            events: Events::Off,
+        };
+        Worker::new(spec, CancellationToken::new(), &["/generate"])
+    }
+
+    #[test]
+    fn urls_split_into_what_a_connection_needs() {
+        let w = worker("http://[::1]:8000/prefix");
+        assert_eq!((w.authority.as_str(), w.host.as_str(), w.port), ("[::1]:8000", "::1", 8000));
+        assert_eq!(w.target("/generate"), "/prefix/generate");
+        assert_eq!(w.endpoint("/generate").unwrap().path(), "/prefix/generate");
+        assert!(w.endpoint("/other").is_none());
+        let w = worker("http://engine");
+        assert_eq!((w.authority.as_str(), w.port, w.target("/x")), ("engine", 80, "/x".to_string()));
+    }
+
+    #[test]
+    fn states_move_forward_and_only_following_workers_route() {
+        let w = worker("http://e:1");
+        assert_eq!(w.state(), State::Discovering);
+        assert!(!w.is_routable(), "not routed to before its events are followed");
+        w.discovered();
+        assert_eq!(w.state(), State::Healthy);
+        w.set_probe_result(false);
+        assert_eq!(w.state(), State::Down);
+        w.set_probe_result(true);
+        assert!(w.is_routable());
+        assert!(w.retain());
+        assert!(!w.retain(), "retained once");
+        assert_eq!(w.state(), State::Retained);
+        assert!(!w.is_routable());
+        w.discovered();
+        assert_eq!(w.state(), State::Retained, "a retained worker never comes back");
+        w.mark_removed();
+        assert_eq!(w.state(), State::Removed);
+    }
+
+    #[test]
+    fn a_worker_whose_requests_fail_is_not_brought_back_by_its_probe() {
+        let w = worker("http://e:1");
+        w.discovered();
+        w.request_failed();
+        assert!(!w.is_routable());
+        w.set_probe_result(true);
+        assert!(!w.is_routable(), "quarantined: /health answering is not enough");
+        assert!(w.quarantined());
+        // Once the quarantine is over, a good probe brings it back.
+        *w.quarantine.lock().unwrap() = Some(Instant::now() - Duration::from_millis(1));
+        w.set_probe_result(true);
+        assert!(w.is_routable());
+    }
+}

@@ -1,0 +1,265 @@
+//! The fleet end to end: discovery after the port is bound, late engines
+//! followed, removal that stops exactly a worker's tasks, policies keyed by
+//! stable worker ids, explains that change nothing, workers that hang on
+//! requests, huge renders off the serving thread, and the memory budget.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::app::{admin_client, admin_get, admin_post, chat, config, engine_config, post, start};
+use common::eventually as until;
+use fleet::{Events, State};
+use mock_engine::{MockEngine, MockEngineConfig};
+use router_types::WorkerUrl;
+use serde_json::{Value, json};
+use sgl_router::app::PolicyConfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+async fn explain(url: &str, body: &Value) -> Value {
+    admin_post(&format!("{url}/debug/route"), body).await.json().await.unwrap()
+}
+
+/// The value of an unlabelled gauge or counter in `/metrics`.
+async fn metric(url: &str, name: &str) -> f64 {
+    let text = admin_get(&format!("{url}/metrics")).await.text().await.unwrap();
+    let line = text.lines().find(|l| l.split(' ').next() == Some(name)).unwrap_or_else(|| panic!("{name}: {text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// A worker that answers `/health` (and `/server_info` with no KV events) at
+/// once and never answers a request; counts the requests it swallowed.
+async fn hanging_worker() -> (String, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let posts = Arc::new(AtomicUsize::new(0));
+    let counted = posts.clone();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let posts = counted.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                loop {
+                    let Ok(n) = tcp.read(&mut buf).await else { return };
+                    if n == 0 {
+                        return;
+                    }
+                    if buf[..n].starts_with(b"POST") {
+                        posts.fetch_add(1, Ordering::SeqCst);
+                        // Never answers; holds the connection open.
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                    }
+                    let body = "{}";
+                    let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+                    if tcp.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, posts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_port_is_bound_before_discovery_and_a_late_engine_is_followed() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen: SocketAddr = ([127, 0, 0, 1], port).into();
+    let mut cfg = config(&[], PolicyConfig::CacheAware(Default::default()), true);
+    cfg.workers = vec![WorkerUrl::parse(&format!("http://{listen}")).unwrap()];
+    let t0 = Instant::now();
+    let r = start(cfg).await;
+    // Discovery of the absent engine did not hold the port back (it used to block up to its deadline).
+    assert!(t0.elapsed() < Duration::from_secs(4), "start-up took {:?}", t0.elapsed());
+    assert_eq!(reqwest::get(format!("{}/readiness", r.url)).await.unwrap().status(), 503);
+    assert_eq!(r.gateway.fleet.all()[0].state(), State::Discovering);
+    // The engine comes up: it is found, followed and routed to, with its cache known.
+    let w = MockEngine::spawn(MockEngineConfig { listen, ..engine_config() }).await.unwrap();
+    until("the late engine is followed", async || {
+        matches!(r.gateway.fleet.all()[0].events(), Events::Followed { streams: 1 })
+    })
+    .await;
+    until("and in rotation", async || r.gateway.fleet.all()[0].is_routable()).await;
+    let system = "A long system prompt the late engine caches. ".repeat(60);
+    let direct = post(&format!("{}/v1/chat/completions", w.url()), &chat(&system, "warm")).await;
+    assert_eq!(direct.status(), 200);
+    until("its cache is indexed", async || explain(&r.url, &chat(&system, "q")).await["reason"] == "cache_hit").await;
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_worker_stops_its_subscribers_and_adding_it_twice_follows_it_once() {
+    let (w0, w1) =
+        (MockEngine::spawn(engine_config()).await.unwrap(), MockEngine::spawn(engine_config()).await.unwrap());
+    let r = start(config(&[&w0], PolicyConfig::CacheAware(Default::default()), true)).await;
+    let connected = async || {
+        let text = admin_get(&format!("{}/metrics", r.url)).await.text().await.unwrap();
+        text.lines().filter(|l| l.starts_with("router_kv_events_connected{")).map(str::to_owned).collect::<Vec<_>>()
+    };
+    // Two concurrent adds of one engine: one worker, one subscription.
+    let (workers_url, body) = (format!("{}/workers", r.url), json!({"url": w1.url()}));
+    let add = || admin_post(&workers_url, &body);
+    let (a, b) = tokio::join!(add(), add());
+    let mut statuses = [a.status().as_u16(), b.status().as_u16()];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 201], "one add, one already known");
+    assert_eq!(metric(&r.url, "router_kv_events_streams").await, 2.0);
+    until("both subscribed", async || connected().await.iter().filter(|l| l.ends_with(" 1")).count() == 2).await;
+    // Removed: its subscriber stops, its stream leaves the pump and the gauges.
+    let encoded = w1.url().replace(':', "%3A").replace('/', "%2F");
+    let del = admin_client().delete(format!("{}/workers/{encoded}", r.url)).send().await.unwrap();
+    assert_eq!(del.status(), 200);
+    assert_eq!(metric(&r.url, "router_kv_events_streams").await, 1.0);
+    assert!(!connected().await.iter().any(|l| l.contains(&w1.url())), "{:?}", connected().await);
+    let removed = r.gateway.fleet.all();
+    assert_eq!(removed.len(), 1, "retained workers with nothing in flight are gone at once");
+    // Added again: followed once more, with a new id.
+    let again = add().await;
+    assert_eq!(again.status(), 201);
+    let again: Value = again.json().await.unwrap();
+    assert_ne!(again["id"], json!(1), "ids are never reused: {again}");
+    assert_eq!(metric(&r.url, "router_kv_events_streams").await, 2.0);
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approx_tree_learns_workers_not_list_positions() {
+    let ws: Vec<MockEngine> = futures_join(3).await;
+    let refs: Vec<&MockEngine> = ws.iter().collect();
+    let r = start(config(&refs, PolicyConfig::ApproxTree(Default::default(), Duration::from_secs(60)), false)).await;
+    let url = format!("{}/v1/chat/completions", r.url);
+    // The first worker is busy: a new prompt goes to (and is learned on) the second.
+    let busy = r.gateway.fleet.all()[0].charge(0);
+    let prompt = chat(&"a prompt the second worker learns ".repeat(40), "q");
+    assert_eq!(post(&url, &prompt).await.status(), 200);
+    drop(busy);
+    let d = explain(&r.url, &prompt).await;
+    assert_eq!((&d["worker"], &d["reason"]), (&json!(ws[1].url()), &json!("tree_match")), "{d}");
+    let holder = d["worker"].clone();
+    // The first worker flaps out of rotation: every later worker moves up one position.
+    r.gateway.fleet.all()[0].set_healthy(false);
+    let d = explain(&r.url, &prompt).await;
+    assert_eq!((&d["worker"], &d["reason"]), (&holder, &json!("tree_match")), "{d}");
+    let _ = r.stop.send(());
+}
+
+async fn futures_join(n: usize) -> Vec<MockEngine> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(MockEngine::spawn(engine_config()).await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explaining_a_decision_changes_no_policy_state() {
+    let ws = futures_join(2).await;
+    let r = start(config(&[&ws[0], &ws[1]], PolicyConfig::RoundRobin, false)).await;
+    let body = chat("s", "u");
+    let first = explain(&r.url, &body).await["worker"].clone();
+    for _ in 0..5 {
+        assert_eq!(explain(&r.url, &body).await["worker"], first, "an explain advanced round robin");
+    }
+    // A real request commits: the next explain names the other worker.
+    assert_eq!(post(&format!("{}/v1/chat/completions", r.url), &body).await.status(), 200);
+    assert_ne!(explain(&r.url, &body).await["worker"], first);
+    let _ = r.stop.send(());
+
+    // The approximate tree learns nothing from an explain.
+    let r =
+        start(config(&[&ws[0], &ws[1]], PolicyConfig::ApproxTree(Default::default(), Duration::from_secs(60)), false))
+            .await;
+    let prompt = chat(&"never sent, only explained ".repeat(40), "q");
+    for _ in 0..3 {
+        assert_eq!(explain(&r.url, &prompt).await["reason"], "tree_miss");
+    }
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_answers_health_but_hangs_on_requests_leaves_rotation() {
+    let (hang, posts) = hanging_worker().await;
+    let good = MockEngine::spawn(engine_config()).await.unwrap();
+    let mut cfg = config(&[&good], PolicyConfig::RoundRobin, false);
+    cfg.workers.insert(0, WorkerUrl::parse(&hang).unwrap());
+    cfg.request_timeout = Duration::from_millis(500);
+    cfg.health_interval = Duration::from_millis(100);
+    let r = start(cfg).await;
+    let url = format!("{}/v1/chat/completions", r.url);
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        statuses.push(post(&url, &chat("s", "u")).await.status().as_u16());
+        // Probes keep answering meanwhile.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    // At most the first request waited out the timeout there; its probes could not bring it back.
+    assert!(statuses.iter().filter(|s| **s == 504).count() <= 1, "{statuses:?}");
+    assert!(statuses.iter().filter(|s| **s == 200).count() >= 7, "{statuses:?}");
+    assert!(posts.load(Ordering::SeqCst) <= 1);
+    let hung = r.gateway.fleet.all().into_iter().find(|w| w.url.as_str() == hang).unwrap();
+    assert!(!hung.is_routable() && hung.quarantined());
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_render_runs_off_the_serving_thread() {
+    let w = MockEngine::spawn(MockEngineConfig { fast: true, ..engine_config() }).await.unwrap();
+    let mut cfg = config(&[&w], PolicyConfig::CacheAware(Default::default()), true);
+    cfg.serve_threads = 1;
+    cfg.render_threads = 1;
+    cfg.max_body_bytes = 8 << 20;
+    let r = start(cfg).await;
+    let url = format!("{}/v1/chat/completions", r.url);
+    // Under the simulated engine's 2 MiB body limit.
+    let huge = chat("s", &"a long prompt of many words ".repeat(60_000));
+    let big = tokio::spawn({
+        let url = url.clone();
+        async move {
+            let t = Instant::now();
+            let status = reqwest::Client::new().post(url).json(&huge).send().await.unwrap().status();
+            (status, t.elapsed())
+        }
+    });
+    until("the huge prompt is rendering", async || r.gateway.render_slots_busy() == 1).await;
+    let t = Instant::now();
+    for _ in 0..3 {
+        assert_eq!(post(&url, &chat("s", "small")).await.status(), 200);
+    }
+    let small = t.elapsed();
+    let busy_after_small = r.gateway.render_slots_busy();
+    let (status, big_took) = big.await.unwrap();
+    assert_eq!(status, 200);
+    // The small chats were served while the huge one was still rendering.
+    assert_eq!(busy_after_small, 1, "small {small:?}, big {big_took:?}");
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_of_requests_in_progress_is_bounded() {
+    let (hang, _) = hanging_worker().await;
+    let mut cfg = config(&[], PolicyConfig::RoundRobin, false);
+    cfg.workers = vec![WorkerUrl::parse(&hang).unwrap()];
+    cfg.max_body_bytes = 1 << 20;
+    cfg.max_request_memory = 4 << 20;
+    cfg.request_timeout = Duration::from_secs(2);
+    let r = start(cfg).await;
+    let url = format!("{}/v1/chat/completions", r.url);
+    let body = chat("s", &"x".repeat(300_000));
+    let first = tokio::spawn({
+        let (url, body) = (url.clone(), body.clone());
+        async move { reqwest::Client::new().post(url).json(&body).send().await.unwrap().status() }
+    });
+    until("the first holds its reservation", async || r.gateway.budget.used() > 2 << 20).await;
+    let second = post(&url, &body).await;
+    assert_eq!(second.status(), 429);
+    assert_eq!(second.headers()["retry-after"], "1");
+    let e: Value = second.json().await.unwrap();
+    assert_eq!(e["error"]["type"], "memory_budget_exceeded", "{e}");
+    assert_eq!(first.await.unwrap(), 504);
+    assert_eq!(r.gateway.budget.used(), 0, "released with the request");
+    assert!(metric(&r.url, "router_http_over_budget_total").await >= 1.0);
+    let _ = r.stop.send(());
+}
