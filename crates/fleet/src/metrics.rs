@@ -169,6 +169,12 @@ fn render_events(out: &mut String, e: &EventMetrics, p: &PumpMetrics, f: &FleetM
     );
     counter(
         out,
+        "router_kv_events_unknown_stream_batches_total",
+        "Batches of streams the pump does not know (a removed worker's last ones).",
+        &[("", get(&p.unknown_streams))],
+    );
+    counter(
+        out,
         "router_kv_events_duplicate_batches_total",
         "Batches at or before the applied seq, dropped.",
         &[("", get(&p.duplicates))],

@@ -16,13 +16,15 @@
 //! | one replay                        | [`replay::DEFAULT_REPLAY_TIMEOUT`], [`replay::DEFAULT_MAX_REPLAY_BATCHES`], [`replay::DEFAULT_MAX_REPLAY_BYTES`] |
 //! | live batches held during a replay | [`subscriber::DEFAULT_LIVE_HOLD_BATCHES`], [`subscriber::DEFAULT_LIVE_HOLD_BYTES`] |
 //! | replays asked of a failing socket | none within [`subscriber::DEFAULT_REPLAY_BACKOFF`]           |
+//! | one ZMQ frame, message, frames per message | `zeromq::MAX_FRAME_BYTES`, `MAX_MESSAGE_BYTES`, `MAX_MESSAGE_FRAMES` (vendored patch) |
 //!
 //! What cannot be recovered (a gap no replay fills, a batch that decodes in no
 //! copy) resets the stream ([`StreamUpdate::Reset`]) and is counted in
-//! [`EventMetrics`]. Not bounded here: the size of one ZMQ frame, which the
-//! `zeromq` crate (0.7) reserves from the frame header before this crate sees
-//! a byte; a header claiming 2^40 bytes aborts the process
-//! (`tests/zmq_frame_bound.rs`, ignored until the dependency bounds it).
+//! [`EventMetrics`]. Below this crate, the ZMTP codec bounds one frame, one
+//! message and its frame count (`zeromq::MAX_FRAME_BYTES` and friends): upstream
+//! `zeromq` 0.7 reserved whatever a frame header claimed, so 9 bytes claiming
+//! 2^40 aborted the process; the workspace builds a patched copy
+//! (`vendor/zeromq/PATCHES.md`), and `tests/zmq_frame_bound.rs` holds it to that.
 
 pub mod discovery;
 pub mod metrics;

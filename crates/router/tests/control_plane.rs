@@ -83,6 +83,10 @@ async fn the_control_plane_takes_its_keys_and_only_them() {
     // /debug/route reveals prompts' placement and worker URLs: only to the control plane.
     let d: Value = admin_post(&format!("{}/debug/route", r.url), &chat("s", "u")).await.json().await.unwrap();
     assert_eq!(d["worker"], w.url());
+    // A known route with the wrong method: 405, in the same JSON error shape as every error.
+    let wrong = anonymous.get(format!("{}/v1/chat/completions", r.url)).send().await.unwrap();
+    assert_eq!(wrong.status(), 405);
+    assert_eq!(wrong.json::<Value>().await.unwrap()["error"]["type"], "method_not_allowed");
     // The probes stay open: orchestrators call them without keys.
     assert_eq!(reqwest::get(format!("{}/health", r.url)).await.unwrap().status(), 200);
     assert_eq!(reqwest::get(format!("{}/readiness", r.url)).await.unwrap().status(), 200);
@@ -129,9 +133,14 @@ async fn one_engine_down_does_not_fail_readiness() {
     let r = start(cfg).await;
     let ready = async || reqwest::get(format!("{}/readiness", r.url)).await.unwrap();
     until("ready", async || ready().await.status() == 200).await;
-    // One engine crashes: its subscription drops and it leaves rotation; the other still routes.
-    w1.shutdown();
+    // One engine crashes (its HTTP server and its publishers go): its subscription drops and it
+    // leaves rotation; the other still routes.
+    drop(w1);
     until("w1 out of rotation", async || r.gateway.fleet.all().iter().any(|w| !w.is_healthy())).await;
+    until("its subscription is down", async || {
+        ready().await.json::<Value>().await.unwrap()["degraded_subscriptions"] == 1
+    })
+    .await;
     let resp = ready().await;
     assert_eq!(resp.status(), 200, "one engine down is not a router outage");
     let body: Value = resp.json().await.unwrap();

@@ -116,6 +116,19 @@ async fn removing_a_worker_stops_its_subscribers_and_adding_it_twice_follows_it_
     assert!(!connected().await.iter().any(|l| l.contains(&w1.url())), "{:?}", connected().await);
     let removed = r.gateway.fleet.all();
     assert_eq!(removed.len(), 1, "retained workers with nothing in flight are gone at once");
+    // Its subscriber is gone: what the engine publishes now reaches nobody. (The followed w0's
+    // events are the control: once they are indexed, w1's, sent first, would have arrived.)
+    let system = "A system prompt both engines see after the removal. ".repeat(40);
+    for w in [&w1, &w0] {
+        assert_eq!(post(&format!("{}/v1/chat/completions", w.url()), &chat(&system, "x")).await.status(), 200);
+    }
+    until("w0's events indexed", async || explain(&r.url, &chat(&system, "q")).await["reason"] == "cache_hit").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        metric(&r.url, "router_kv_events_unknown_stream_batches_total").await,
+        0.0,
+        "a removed worker's subscriber still runs"
+    );
     // Added again: followed once more, with a new id.
     let again = add().await;
     assert_eq!(again.status(), 201);

@@ -295,7 +295,8 @@ async fn a_client_that_leaves_while_its_worker_works_releases_the_request() {
 /// n-th POST gets `answers[n]`, then the connection closes if the answer
 /// said so, or silently after 300 ms idle, as workers drop idle connections.
 /// The answer `CRASH` closes the connection after 400 ms of "work" without
-/// answering; `DROP` closes it at once (an idle close racing the request).
+/// answering; `DROP` closes it at once (an idle close racing the request, which
+/// the router cannot tell from a worker that failed on it).
 /// Returns its URL, the count of POSTs it received, and their heads.
 async fn raw_worker(answers: Vec<&'static str>) -> (String, Arc<AtomicUsize>, Arc<Mutex<Vec<String>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -400,9 +401,15 @@ async fn worker_answers_are_relayed_whatever_their_framing() {
     assert!(r.gateway.fleet.all()[0].is_healthy(), "none of those was an upstream failure");
     // Each request reached the worker once, though each found its pooled connection closed.
     assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 5);
-    // The worker closes the kept connection just as a request arrives on it:
-    // the request is sent again on a new connection, transparently.
+    // The worker closes the kept connection just as a request arrives on it. The request was
+    // written: the worker may have started on it, so it is not sent again (a POST is not
+    // idempotent): 502, and the worker sits out its quarantine.
     c.send(&post("/v1/chat/completions", &chat_body("dropped"), "")).await;
+    let a = c.answer().await;
+    assert_eq!((a.status, a.json()["error"]["type"].as_str()), (502, Some("upstream_unreachable")), "{a:?}");
+    assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 6);
+    until("the worker is back after its quarantine", async || r.gateway.fleet.all()[0].is_routable()).await;
+    c.send(&post("/v1/chat/completions", &chat_body("again"), "")).await;
     let a = c.answer().await;
     assert_eq!((a.status, a.body.as_slice()), (200, &b"again"[..]), "{a:?}");
     assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 7);

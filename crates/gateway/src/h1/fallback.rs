@@ -242,14 +242,10 @@ impl Guarded {
         }
     }
 
-    /// Ends the connection with `refusal`: hyper sees the end of stream if it
-    /// is idle (and closes), or is dropped mid-request.
+    /// Ends the connection with `refusal` (see `poll_read` for how hyper learns of it).
     fn refuse(&mut self, refusal: Refusal) {
         let mid_body = !matches!(self.at, At::Head);
         self.refusal = Some((refusal, mid_body));
-        if self.busy() {
-            self.progress.abort.store(true, Ordering::Relaxed);
-        }
     }
 
     /// Reads more of the client into `input`; `Ready(Ok(0))` at its end of stream.
@@ -292,9 +288,14 @@ impl AsyncRead for Guarded {
                 return Poll::Ready(Ok(()));
             }
             if this.refusal.is_some() {
-                // Once idle, hyper takes the end of stream and closes (`finish` answers);
-                // mid-request it is dropped (`abort`) before it reads again.
-                return if this.busy() { Poll::Pending } else { Poll::Ready(Ok(())) };
+                // Mid-request, hyper is dropped (`abort`: the hand-off sees it as soon as
+                // this poll returns); idle, it takes the end of stream and closes. Either
+                // way `finish` answers.
+                if this.busy() {
+                    this.progress.abort.store(true, Ordering::Relaxed);
+                    return Poll::Pending;
+                }
+                return Poll::Ready(Ok(()));
             }
             if let Err(refusal) = this.advance() {
                 this.refuse(refusal);

@@ -334,8 +334,9 @@ pub(crate) async fn relay(
     }
     out.extend_from_slice(b"\r\n");
     // One timer for the whole body, created here and registered only if a read has to wait.
-    let timer = std::pin::pin!(tokio::time::sleep(idle));
-    let mut stall = Stall { timer, last: tokio::time::Instant::now(), limit: idle };
+    let now = tokio::time::Instant::now();
+    let timer = std::pin::pin!(tokio::time::sleep_until(now + idle));
+    let mut stall = Stall { timer, last: now, limit: idle };
     let result = match framing {
         Framing::Empty => peer.tcp.write_all(&out).await.map(|()| out.clear()).map_err(|_| Failure::Client),
         Framing::Length(n) => relay_sized(peer, &mut guard, &mut answer, &mut out, n, &mut stall).await,
