@@ -10,7 +10,10 @@
 # nginx is installed (`apt-get install nginx-light`), nginx as a plain reverse
 # proxy with upstream keep-alive: the floor a proxy hop costs on this machine.
 # Also each router's CPU seconds per 1,000 requests. Prints the tables of
-# docs/benchmarks.md ("Router overhead").
+# docs/benchmarks.md ("Router overhead"). With
+#   BASELINE=path/to/an/older/sgl-router
+# that build runs round_robin in the same run too (`round_robin_baseline`), so a
+# change is measured against the build before it, not against last week's numbers.
 #   bash benches/overhead.sh [REQUESTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +37,9 @@ start() { # NAME PORT READY_PATH COMMAND...
 }
 start round_robin 31010 /readiness "$BIN/sgl-router" --port 31010 --worker-urls "$ENGINE" --policy round_robin
 start cache_aware 31011 /readiness "$BIN/sgl-router" --port 31011 --worker-urls "$ENGINE" --policy cache_aware --kv-events
+if [ -n "${BASELINE:-}" ]; then
+  start round_robin_baseline 31013 /readiness "$BASELINE" --port 31013 --worker-urls "$ENGINE" --policy round_robin
+fi
 # The same router with its HTTP/1.1 fast path off (axum and hyper serve every request): what the fast path buys.
 start round_robin_no_fast 31012 /readiness "$BIN/sgl-router" --port 31012 --worker-urls "$ENGINE" --policy round_robin --no-fast-proxy
 for kind in smg vllm; do

@@ -43,6 +43,16 @@ pub(crate) async fn health_loop(fleet: Arc<Fleet>) {
     info!("health checks stopped");
 }
 
+/// A new worker's first probe, at once (not at the next tick).
+pub(crate) async fn first_probe(fleet: Arc<Fleet>, w: Arc<Worker>) {
+    let timeout = fleet.config.health_interval.clamp(Duration::from_millis(500), Duration::from_secs(5));
+    tokio::select! {
+        biased;
+        () = w.cancel.cancelled() => {}
+        () = check(&fleet, &w, timeout) => {}
+    }
+}
+
 async fn check(fleet: &Fleet, w: &Arc<Worker>, timeout: Duration) {
     let client = &fleet.client;
     let ok =

@@ -21,7 +21,6 @@ mod health;
 mod metrics;
 mod worker;
 
-use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -295,6 +294,8 @@ impl Fleet {
         };
         info!(worker = %worker.url, id = %worker.id, ?source, "worker added");
         let _ = self.notices.send(Notice::Added(worker.id));
+        let (fleet, w) = (self.clone(), worker.clone());
+        worker.tasks.spawn(health::first_probe(fleet, w));
         match &self.events {
             Some(_) => {
                 let (fleet, w) = (self.clone(), worker.clone());
@@ -436,9 +437,4 @@ pub fn worker_client(api_key: Option<&str>, timeout: Option<Duration>) -> reqwes
         builder = builder.timeout(t);
     }
     builder.build().unwrap_or_default()
-}
-
-/// Every worker by id, for a caller that holds a snapshot.
-pub fn by_id(workers: &[Arc<Worker>]) -> HashMap<WorkerId, Arc<Worker>> {
-    workers.iter().map(|w| (w.id, w.clone())).collect()
 }

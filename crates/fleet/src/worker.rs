@@ -94,8 +94,10 @@ pub struct Worker {
     /// The proxied routes' URLs on it, parsed once.
     endpoints: Vec<(&'static str, http::Uri)>,
     state: AtomicU8,
-    /// The last verdict of probes and requests.
+    /// The last verdict of probes and requests (false until the first probe).
     healthy: AtomicBool,
+    /// A probe has answered (or failed) at least once.
+    probed: AtomicBool,
     quarantine: Mutex<Option<Instant>>,
     failures_in_a_row: AtomicU32,
     in_flight: AtomicU32,
@@ -163,7 +165,7 @@ const REMOVED: u8 = 3;
 // === impl Worker ===
 
 impl Worker {
-    /// A worker just added (Discovering), believed healthy until a probe says otherwise.
+    /// A worker just added (Discovering), routed to once discovered and probed healthy.
     pub(crate) fn new(spec: Spec, cancel: CancellationToken, paths: &[&'static str]) -> Self {
         let Spec { id, url, role, pool, index_id, events } = spec;
         let (authority, host, port, base_path) = split(&url);
@@ -180,7 +182,8 @@ impl Worker {
             port,
             base_path,
             state: AtomicU8::new(DISCOVERING),
-            healthy: AtomicBool::new(true),
+            healthy: AtomicBool::new(false),
+            probed: AtomicBool::new(false),
             quarantine: Mutex::new(None),
             failures_in_a_row: AtomicU32::new(0),
             in_flight: AtomicU32::new(0),
@@ -201,6 +204,7 @@ impl Worker {
     pub fn state(&self) -> State {
         match self.state.load(Ordering::Acquire) {
             DISCOVERING => State::Discovering,
+            FOLLOWING if !self.probed.load(Ordering::Relaxed) => State::Following,
             FOLLOWING if self.healthy.load(Ordering::Relaxed) => State::Healthy,
             FOLLOWING => State::Down,
             RETAINED => State::Retained,
@@ -291,6 +295,10 @@ impl Worker {
     /// however the probe went (a worker that answers `/health` but hangs on
     /// requests must not come back every probe).
     pub fn set_probe_result(&self, ok: bool) {
+        if !self.probed.swap(true, Ordering::Relaxed) && !ok {
+            // Never up: down since now (for the retention clock).
+            *self.down_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        }
         self.set_healthy(ok && !self.quarantined());
     }
 
@@ -437,6 +445,9 @@ mod tests {
         assert_eq!(w.state(), State::Discovering);
         assert!(!w.is_routable(), "not routed to before its events are followed");
         w.discovered();
+        assert_eq!(w.state(), State::Following);
+        assert!(!w.is_routable(), "not routed to before a probe");
+        w.set_probe_result(true);
         assert_eq!(w.state(), State::Healthy);
         w.set_probe_result(false);
         assert_eq!(w.state(), State::Down);
@@ -456,6 +467,7 @@ mod tests {
     fn a_worker_whose_requests_fail_is_not_brought_back_by_its_probe() {
         let w = worker("http://e:1");
         w.discovered();
+        w.set_probe_result(true);
         w.request_failed();
         assert!(!w.is_routable());
         w.set_probe_result(true);

@@ -17,6 +17,7 @@ mod h1;
 pub mod metrics;
 pub mod namespace;
 mod proxy;
+mod routes;
 mod shape;
 
 use std::sync::Arc;
@@ -227,7 +228,7 @@ pub async fn serve_admin(
     gw: Arc<Gateway>,
     drain: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
-    let app = proxy::admin_router(gw.clone());
+    let app = routes::admin_router(gw.clone());
     let tracker = tokio_util::task::TaskTracker::new();
     let limits = gw.config.limits;
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));

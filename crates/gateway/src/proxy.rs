@@ -11,14 +11,12 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
 use policy::{Candidate, Decision, RequestInfo};
 use renderer::{ChatRequest, PageHasher, Prompt};
 use router_types::{BlockHash, DpRank};
 use serde_json::{Value, json};
 use tracing::{Instrument, Span, debug_span, warn};
 
-use crate::admin;
 use crate::admission::Admission;
 use crate::shape::Required;
 use crate::{Gateway, GatewayError};
@@ -184,98 +182,6 @@ impl Drop for InFlight {
     }
 }
 
-/// The gateway's routes (axum): the data plane (the OpenAI routes, behind
-/// `--client-api-keys` when set), the probes (open), and, unless the control
-/// plane has a listener of its own (`--admin-port`), the control plane.
-pub(crate) fn router(gw: Arc<Gateway>) -> axum::Router {
-    let data = axum::Router::new()
-        .route("/v1/chat/completions", post(|s, h, b| handle(s, h, b, Route::Chat)))
-        .route("/v1/completions", post(|s, h, b| handle(s, h, b, Route::Completions)))
-        .route("/generate", post(|s, h, b| handle(s, h, b, Route::Generate)))
-        .route("/v1/models", get(admin::models))
-        .route_layer(axum::middleware::from_fn_with_state(gw.clone(), require_client_key));
-    let router = probes().merge(data);
-    let router = if gw.config.admin_listener { router } else { router.merge(control_plane(gw.clone())) };
-    finish(router, gw)
-}
-
-/// The control plane's own listener (`--admin-port`): its routes and the probes.
-pub(crate) fn admin_router(gw: Arc<Gateway>) -> axum::Router {
-    finish(probes().merge(control_plane(gw.clone())), gw)
-}
-
-/// Liveness and readiness: open to all (orchestrators call them without keys).
-fn probes() -> axum::Router<Arc<Gateway>> {
-    axum::Router::new()
-        .route("/health", get(|| async { "ok" }))
-        .route("/liveness", get(|| async { "ok" }))
-        .route("/readiness", get(admin::readiness))
-}
-
-/// Fleet changes, topology and explain routes: a control-plane key each.
-fn control_plane(gw: Arc<Gateway>) -> axum::Router<Arc<Gateway>> {
-    axum::Router::new()
-        .route("/debug/route", post(admin::debug_route))
-        .route("/metrics", get(admin::metrics))
-        .route("/workers", get(admin::list_workers).post(admin::add_worker))
-        .route("/workers/{*url}", delete(admin::remove_worker))
-        .route_layer(axum::middleware::from_fn_with_state(gw, require_control_key))
-}
-
-fn finish(router: axum::Router<Arc<Gateway>>, gw: Arc<Gateway>) -> axum::Router {
-    router
-        .fallback(|uri: axum::http::Uri| async move { GatewayError::NotFound(uri.path().to_string()) })
-        .method_not_allowed_fallback(|method: axum::http::Method, uri: axum::http::Uri| async move {
-            GatewayError::MethodNotAllowed(format!("{method} {}", uri.path()))
-        })
-        .layer(axum::middleware::from_fn_with_state(gw.clone(), refuse_oversized))
-        .layer(axum::extract::DefaultBodyLimit::disable())
-        .with_state(gw)
-}
-
-async fn require_control_key(
-    State(gw): State<Arc<Gateway>>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    match gw.control_keys.check_headers(crate::auth::Plane::Control, req.headers()) {
-        Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn require_client_key(
-    State(gw): State<Arc<Gateway>>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    match gw.client_keys.check_headers(crate::auth::Plane::Data, req.headers()) {
-        Ok(()) => next.run(req).await,
-        Err(e) => {
-            if let Some(route) = Route::from_path(req.uri().path()) {
-                count_error(&gw, route, &e);
-            }
-            e.into_response()
-        }
-    }
-}
-
-/// A declared length over the limit is refused before the body is polled, so
-/// a client waiting on `Expect: 100-continue` is never invited to send it.
-async fn refuse_oversized(
-    State(gw): State<Arc<Gateway>>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
-    if declared.is_some_and(|n| n > gw.config.max_body_bytes as u64) {
-        let mut r = GatewayError::TooLarge(gw.config.max_body_bytes).into_response();
-        r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-        return r;
-    }
-    next.run(req).await
-}
-
 /// What goes to the worker as `Authorization` for a client that sent
 /// `client`: with client keys configured, the client must present one (401
 /// otherwise) and the worker gets the workers' key (`--api-key`), never the
@@ -438,7 +344,7 @@ pub(crate) fn count_error(gw: &Gateway, route: Route, e: &GatewayError) {
     gw.metrics.requests.inc(format_args!("route=\"{}\",status=\"{}\"", route.label(), e.status().as_u16()));
 }
 
-async fn handle(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body, route: Route) -> Response {
+pub(crate) async fn handle(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body, route: Route) -> Response {
     let span = request_span(&gw, route);
     async move {
         match serve(gw.clone(), headers, body, route).await {
@@ -478,7 +384,7 @@ async fn serve(gw: Arc<Gateway>, mut headers: HeaderMap, body: Body, route: Rout
         headers.insert(header::AUTHORIZATION, v);
     }
     let headers = Arc::new(headers);
-    let (guard, worker, resp) = forward_admitted(&gw, admission, route, bytes, start, |worker, body, rank| {
+    let (guard, worker, resp) = forward(&gw, admission, route, bytes, start, |worker, body, rank| {
         let (client, headers) = (client.clone(), headers.clone());
         async move {
             let Some(endpoint) = worker.endpoint(route.path()) else {
@@ -503,28 +409,12 @@ async fn serve(gw: Arc<Gateway>, mut headers: HeaderMap, body: Body, route: Rout
     Ok(stream_back(guard, worker, resp))
 }
 
-/// Admits a request (see [`Admission`]), then [`forward_admitted`].
-pub(crate) async fn forward<T, F, Fut>(
-    gw: &Arc<Gateway>,
-    route: Route,
-    bytes: Bytes,
-    start: Instant,
-    send: F,
-) -> Result<(InFlight, Arc<Worker>, T), GatewayError>
-where
-    F: FnMut(Arc<Worker>, Bytes, Option<DpRank>) -> Fut,
-    Fut: std::future::Future<Output = Result<T, SendError>>,
-{
-    let admission = Admission::admit(gw, bytes.len())?;
-    forward_admitted(gw, admission, route, bytes, start, send).await
-}
-
 /// Routes an admitted request and delivers it: parse and plan (off the
 /// serving thread when the body is large), account, then `send` it to the
 /// chosen worker, once more to another worker if nothing reached the first.
 /// Returns the request's load guard, the worker, and what `send` returned
 /// (the answer's head).
-pub(crate) async fn forward_admitted<T, F, Fut>(
+pub(crate) async fn forward<T, F, Fut>(
     gw: &Arc<Gateway>,
     admission: Admission,
     route: Route,

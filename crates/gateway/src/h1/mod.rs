@@ -58,7 +58,7 @@ const PROBE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 /// every open connection is done. With `fast`, proxied requests take the fast
 /// path; without it every request goes through axum.
 pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, fast: bool, drain: CancellationToken) -> io::Result<()> {
-    let app = crate::proxy::router(gw.clone());
+    let app = crate::routes::router(gw.clone());
     let tracker = TaskTracker::new();
     tracker.spawn(timer_anchor(anchor_period(gw.config.request_timeout, &gw.config.limits), drain.clone()));
     // One slot per open connection, held by its task: at the cap the loop stops accepting.
@@ -338,6 +338,17 @@ async fn serve_fast(
             return false;
         }
     };
+    // Admitted (a slot, and memory for its body and render) before its body is read.
+    let admission = match crate::admission::Admission::admit(gw, head.body_len) {
+        Ok(a) => a,
+        Err(e) => {
+            count_error(gw, route, &e);
+            if write_error(tcp, &e, true).await.is_ok() {
+                linger(tcp).await;
+            }
+            return false;
+        }
+    };
     if head.expect_continue
         && buf.len() < head.body_len
         && tcp.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.is_err()
@@ -371,7 +382,7 @@ async fn serve_fast(
     async move {
         let send = |worker, body, rank| upstream::send(worker, route, body, rank, extra.clone());
         let sent = tokio::select! {
-            sent = forward(gw, route, body, start, send) => sent,
+            sent = forward(gw, admission, route, body, start, send) => sent,
             // A client that resets drops its upstream request; one that half-closed is still answered.
             () = peer.gone() => return false,
         };

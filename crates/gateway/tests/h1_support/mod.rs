@@ -76,7 +76,14 @@ pub(crate) async fn start(workers: &[&str], limits: ClientLimits, fast: bool) ->
     };
     let renderer = Arc::new(renderer::Renderer::builtin().unwrap());
     let policy = Arc::new(policy::RoundRobin::default());
-    let gw = Arc::new(Gateway::new(config, fleet, policy, None, renderer));
+    let gw = Arc::new(Gateway::new(config, fleet.clone(), policy, None, renderer));
+    // The fleet probes new workers at once; a worker is routed to once its probe answered.
+    for _ in 0..200 {
+        if fleet.all().iter().all(|w| matches!(w.state(), fleet::State::Healthy | fleet::State::Down)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(gateway::serve(listener, gw.clone(), fast, stop.clone()));

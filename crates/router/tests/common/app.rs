@@ -75,10 +75,10 @@ pub(crate) async fn start(config: AppConfig) -> Running {
     tokio::spawn(app.run(async move {
         let _ = rx.await;
     }));
-    // Discovery runs in the background after the port is bound: let the reachable workers be found
-    // (a dead one stays discovering; it is not waited for past a few seconds).
+    // Discovery and the first probes run in the background after the port is bound: let the
+    // reachable workers be found and probed (a dead one is not waited for past a few seconds).
     for _ in 0..200 {
-        if gateway.fleet.all().iter().all(|w| w.state() != fleet::State::Discovering) {
+        if gateway.fleet.all().iter().all(|w| matches!(w.state(), fleet::State::Healthy | fleet::State::Down)) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
