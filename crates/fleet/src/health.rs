@@ -17,6 +17,24 @@ use crate::{Fleet, MAX_DP_SIZE, State, Worker, WorkerInfo};
 
 /// How often a worker out of rotation is probed.
 const DOWN_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// Largest answer read from a worker's `/server_info`, `/v1/models` or `/v1/loads`.
+const MAX_ANSWER_BYTES: usize = 1 << 20;
+
+/// The body of a worker's answer, `None` past [`MAX_ANSWER_BYTES`] (a broken
+/// or hostile worker cannot make the router buffer an endless answer).
+async fn read_capped(mut response: reqwest::Response) -> Option<Vec<u8>> {
+    if response.content_length().is_some_and(|n| n > MAX_ANSWER_BYTES as u64) {
+        return None;
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.ok()? {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return None;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Some(body)
+}
 
 /// Probes every worker each health interval, and the workers out of
 /// rotation every second (at most every interval), until the fleet stops.
@@ -108,7 +126,7 @@ async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration) {
         return;
     }
     // SGLang: {"loads": [{"dp_rank": 0, "num_waiting_uncached_tokens": N, ...}, ...]}
-    let body = resp.bytes().await.ok();
+    let body = read_capped(resp).await;
     let queued = body.as_deref().and_then(|b| serde_json::from_slice::<Value>(b).ok()).and_then(|v| {
         let loads = v.get("loads")?.as_array()?;
         Some(
@@ -163,7 +181,7 @@ pub async fn introspect(client: &reqwest::Client, w: &Worker, timeout: Duration)
             if !r.status().is_success() {
                 return None;
             }
-            serde_json::from_slice::<Value>(&r.bytes().await.ok()?).ok()
+            serde_json::from_slice::<Value>(&read_capped(r).await?).ok()
         }
     };
     if let Some(v) = get("/server_info").await {
@@ -175,7 +193,7 @@ pub async fn introspect(client: &reqwest::Client, w: &Worker, timeout: Duration)
     let models = get("/v1/models").await;
     debug!(worker = %w.url, found = models.is_some(), "no /server_info; asked /v1/models");
     models.map(|v| WorkerInfo {
-        model_id: v.pointer("/data/0/id").and_then(Value::as_str).map(str::to_owned),
+        model_id: v.pointer("/data/0/id").and_then(Value::as_str).map(|s| s.chars().take(256).collect()),
         ..WorkerInfo::default()
     })
 }

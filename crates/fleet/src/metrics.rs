@@ -188,11 +188,14 @@ fn render_events(out: &mut String, e: &EventMetrics, p: &PumpMetrics, f: &FleetM
     counter(
         out,
         "router_kv_events_refused_workers_total",
-        "Workers not followed, by reason.",
-        &[
-            ("{reason=\"block_size\"}", get(&f.refused_block_size)),
-            ("{reason=\"discovery\"}", get(&f.discovery_failures)),
-        ],
+        "Workers whose events are not followed because their page size differs from the fleet's.",
+        &[("{reason=\"block_size\"}", get(&f.refused_block_size))],
+    );
+    counter(
+        out,
+        "router_kv_events_discovery_failures_total",
+        "Attempts to find a worker's publishers that failed (each retried with backoff).",
+        &[("", get(&f.discovery_failures))],
     );
     p.lag_seconds.render(out, "router_kv_events_lag_seconds", "Publish-to-apply delay of batches.");
     head(out, "router_kv_events_connected", "gauge", "1 while the subscriber of a (worker, dp rank) is connected.");

@@ -43,8 +43,13 @@ pub(crate) async fn debug_route(
         }
     };
     let bytes = read_body(&gw, body).await?;
-    let v = parse_body(&gw, route, &bytes)?;
-    let plan = plan(&gw, route, v.as_ref())?;
+    // Rendered like a request: a large body off the serving thread.
+    let (gw2, len) = (gw.clone(), bytes.len());
+    let plan = crate::admission::render(&gw, len, move || {
+        let v = parse_body(&gw2, route, &bytes)?;
+        plan(&gw2, route, v.as_ref())
+    })
+    .await??;
     // An explain: the policy's choice, never committed (nothing it learns or advances).
     let candidates: Vec<Value> = plan
         .candidates
@@ -93,6 +98,11 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     let m = &gw.metrics;
     m.requests.render(&mut out, "router_http_requests_total", "Requests by route and status.");
     m.decisions.render(&mut out, "router_policy_decisions_total", "Routing decisions by policy and reason.");
+    m.errors.render(
+        &mut out,
+        "router_http_errors_total",
+        "Requests that failed before a worker's answer, by side (client, upstream, internal) and error type.",
+    );
     head(
         &mut out,
         "router_http_retries_total",

@@ -27,6 +27,12 @@ pub enum GatewayError {
     /// The client was too slow sending its request (408).
     #[error("{0}")]
     ClientTimeout(String),
+    /// The request line is longer than the head limit (414).
+    #[error("{0}")]
+    UriTooLong(String),
+    /// The head is over the size or header-count limit (431).
+    #[error("{0}")]
+    HeaderFieldsTooLarge(String),
     /// The body is over the size limit (413).
     #[error("request body larger than {0} bytes")]
     TooLarge(usize),
@@ -80,6 +86,19 @@ pub enum Side {
     Internal,
 }
 
+// === impl Side ===
+
+impl Side {
+    /// A stable label (metrics, logs).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Side::Client => "client",
+            Side::Upstream => "upstream",
+            Side::Internal => "internal",
+        }
+    }
+}
+
 // === impl GatewayError ===
 
 impl GatewayError {
@@ -90,6 +109,8 @@ impl GatewayError {
             GatewayError::Unauthorized(_) => "authentication_error",
             GatewayError::Forbidden(_) => "permission_error",
             GatewayError::ClientTimeout(_) => "request_timeout",
+            GatewayError::UriTooLong(_) => "uri_too_long",
+            GatewayError::HeaderFieldsTooLarge(_) => "request_header_fields_too_large",
             GatewayError::TooLarge(_) => "request_too_large",
             GatewayError::NoWorker => "no_healthy_worker",
             GatewayError::Draining => "shutting_down",
@@ -111,6 +132,8 @@ impl GatewayError {
             GatewayError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             GatewayError::Forbidden(_) => StatusCode::FORBIDDEN,
             GatewayError::ClientTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            GatewayError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
+            GatewayError::HeaderFieldsTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             GatewayError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::NoWorker | GatewayError::Draining => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Overloaded(_) | GatewayError::OverBudget(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -131,6 +154,8 @@ impl GatewayError {
             | GatewayError::Forbidden(_)
             | GatewayError::ClientTimeout(_)
             | GatewayError::TooLarge(_)
+            | GatewayError::UriTooLong(_)
+            | GatewayError::HeaderFieldsTooLarge(_)
             | GatewayError::NotFound(_)
             | GatewayError::MethodNotAllowed(_)
             | GatewayError::Unprocessable(_) => Side::Client,

@@ -32,7 +32,7 @@ use renderer::Renderer;
 
 pub use error::GatewayError;
 pub use fleet::{Fleet, HashModes, LoadGuard, Worker, WorkerInfo, worker_client};
-pub use h1::serve;
+pub use h1::{serve, serve_admin};
 pub use metrics::GatewayMetrics;
 pub use proxy::PROXIED_PATHS;
 
@@ -52,8 +52,9 @@ pub struct GatewayConfig {
     pub credit_pending: bool,
     /// The model id `/v1/models` reports.
     pub model_id: String,
-    /// Bearer token for the workers, sent with proxied requests that carry
-    /// no `Authorization` of their own (engines started with `--api-key`).
+    /// Bearer token for the workers (engines started with `--api-key`), sent
+    /// with proxied requests of clients that presented a client key; never
+    /// with an anonymous client's request.
     pub worker_api_key: Option<String>,
     /// Limits on what a client connection may hold (both front ends).
     pub limits: ClientLimits,
@@ -143,8 +144,8 @@ pub struct Gateway {
     pub chain_memo: renderer::ChainMemo,
     /// Counters and histograms.
     pub metrics: GatewayMetrics,
-    /// `Authorization` for the workers (from `config.worker_api_key`), added
-    /// to proxied requests that carry none of their own.
+    /// `Authorization` for the workers (from `config.worker_api_key`), put on
+    /// the proxied requests of authenticated clients (see `proxy::worker_authorization`).
     pub(crate) worker_auth: Option<axum::http::HeaderValue>,
     /// Keys of the control plane.
     pub(crate) control_keys: auth::Keys,
@@ -157,6 +158,8 @@ pub struct Gateway {
     pub budget: admission::Budget,
     /// Slots of the render pool.
     pub(crate) render_slots: tokio::sync::Semaphore,
+    /// One slot per open client connection (`--max-connections`), over every serving thread.
+    pub(crate) connections: Arc<tokio::sync::Semaphore>,
 }
 
 // === impl Gateway ===
@@ -179,6 +182,7 @@ impl Gateway {
         Self {
             budget: admission::Budget::new(config.max_request_memory),
             render_slots: tokio::sync::Semaphore::new(config.render_threads.max(1)),
+            connections: Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections.max(1))),
             worker_auth: config.worker_api_key.as_deref().and_then(fleet::bearer),
             control_keys: auth::Keys::new(&config.control_plane_keys),
             client_keys: auth::Keys::new(&config.client_keys),
@@ -218,58 +222,4 @@ impl Gateway {
 /// Checks and normalizes a worker base URL (see [`WorkerUrl::parse`]).
 pub fn check_worker_url(url: &str) -> Result<WorkerUrl, String> {
     WorkerUrl::parse(url).map_err(|e| e.to_string())
-}
-
-/// Serves the control plane (and the probes) on a listener of its own
-/// (`--admin-port`), through hyper with the same client limits as the main
-/// listener, until `drain` is cancelled and its connections are done.
-pub async fn serve_admin(
-    listener: tokio::net::TcpListener,
-    gw: Arc<Gateway>,
-    drain: tokio_util::sync::CancellationToken,
-) -> std::io::Result<()> {
-    let app = routes::admin_router(gw.clone());
-    let tracker = tokio_util::task::TaskTracker::new();
-    let limits = gw.config.limits;
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
-    loop {
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            () = drain.cancelled() => break,
-        };
-        let tcp = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((tcp, _)) => tcp,
-                Err(e) => {
-                    tracing::warn!(error = %e, "admin accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = drain.cancelled() => break,
-        };
-        let (app, drain) = (app.clone(), drain.clone());
-        tracker.spawn(async move {
-            let _permit = permit;
-            let io = hyper_util::rt::TokioIo::new(tcp);
-            let service = hyper_util::service::TowerToHyperService::new(app);
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
-                .serve_connection(io, service);
-            let mut conn = std::pin::pin!(conn);
-            // The whole connection is bounded: the admin plane has no long answers.
-            let deadline = limits.idle_timeout + limits.body_read_timeout + limits.header_read_timeout;
-            tokio::select! {
-                _ = conn.as_mut() => return,
-                () = drain.cancelled() => conn.as_mut().graceful_shutdown(),
-                () = tokio::time::sleep(deadline) => conn.as_mut().graceful_shutdown(),
-            }
-            let _ = tokio::time::timeout(limits.header_read_timeout, conn).await;
-        });
-    }
-    drop(listener);
-    tracker.close();
-    tracker.wait().await;
-    Ok(())
 }

@@ -16,6 +16,8 @@ pub const TOKEN_BUCKETS: [f64; 10] = [0.0, 256.0, 1024.0, 2048.0, 4096.0, 8192.0
 pub struct GatewayMetrics {
     /// Requests by `route` and `status`.
     pub requests: LabeledCounter,
+    /// Requests that failed before a worker's answer, by `side` and error `type`.
+    pub errors: LabeledCounter,
     /// Decisions by `reason` (the policy is fixed per router).
     pub decisions: LabeledCounter,
     /// Requests retried on another worker after a connect failure.
@@ -37,6 +39,7 @@ impl Default for GatewayMetrics {
         Self {
             requests: LabeledCounter::default(),
             decisions: LabeledCounter::default(),
+            errors: LabeledCounter::default(),
             retries: AtomicU64::new(0),
             over_budget: AtomicU64::new(0),
             latency: Histogram::new(&LATENCY_BUCKETS),

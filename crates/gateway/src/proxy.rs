@@ -15,7 +15,7 @@ use policy::{Candidate, Decision, RequestInfo};
 use renderer::{ChatRequest, PageHasher, Prompt};
 use router_types::{BlockHash, DpRank};
 use serde_json::{Value, json};
-use tracing::{Instrument, Span, debug_span, warn};
+use tracing::{Instrument, Span, debug, debug_span, warn};
 
 use crate::admission::Admission;
 use crate::shape::Required;
@@ -339,9 +339,18 @@ pub(crate) fn request_span(gw: &Gateway, route: Route) -> Span {
     )
 }
 
-/// Counts a request that failed before any answer from a worker.
+/// Counts (and logs, by side) a request that failed before any answer from a worker.
 pub(crate) fn count_error(gw: &Gateway, route: Route, e: &GatewayError) {
     gw.metrics.requests.inc(format_args!("route=\"{}\",status=\"{}\"", route.label(), e.status().as_u16()));
+    let side = e.side();
+    gw.metrics.errors.inc(format_args!("side=\"{}\",type=\"{}\"", side.as_str(), e.kind()));
+    // A worker's or our own failure is worth a line; refusals and load shedding are not (at that rate).
+    match e {
+        GatewayError::Upstream { .. } | GatewayError::Timeout(_) | GatewayError::Internal(_) => {
+            warn!(route = route.label(), kind = e.kind(), side = side.as_str(), error = %e, "request failed");
+        }
+        _ => debug!(route = route.label(), kind = e.kind(), side = side.as_str(), error = %e, "request refused"),
+    }
 }
 
 pub(crate) async fn handle(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body, route: Route) -> Response {
@@ -406,7 +415,7 @@ async fn serve(gw: Arc<Gateway>, mut headers: HeaderMap, body: Body, route: Rout
         }
     })
     .await?;
-    Ok(stream_back(guard, worker, resp))
+    Ok(stream_back(guard, worker, resp, gw.config.limits.upstream_idle_timeout))
 }
 
 /// Routes an admitted request and delivers it: parse and plan (off the
@@ -533,6 +542,7 @@ fn stream_back(
     mut guard: InFlight,
     worker: Arc<Worker>,
     resp: axum::http::Response<hyper::body::Incoming>,
+    idle_limit: std::time::Duration,
 ) -> Response {
     let (mut parts, body) = resp.into_parts();
     guard.status = parts.status.as_u16();
@@ -560,7 +570,8 @@ fn stream_back(
     for name in dropped {
         parts.headers.remove(name);
     }
-    let relay = Relay { inner: body, guard: Some(guard), worker, sse };
+    let idle = Box::pin(tokio::time::sleep(idle_limit));
+    let relay = Relay { inner: body, guard: Some(guard), worker, sse, idle, idle_limit };
     let mut response = Response::new(Body::new(relay));
     *response.status_mut() = parts.status;
     *response.headers_mut() = parts.headers;
@@ -573,6 +584,9 @@ struct Relay {
     guard: Option<InFlight>,
     worker: Arc<Worker>,
     sse: bool,
+    /// Fires when the worker has been silent mid-body for `idle_limit`.
+    idle: std::pin::Pin<Box<tokio::time::Sleep>>,
+    idle_limit: std::time::Duration,
 }
 
 impl http_body::Body for Relay {
@@ -592,6 +606,7 @@ impl http_body::Body for Relay {
                     // The first byte of a streamed answer follows the first token.
                     g.load.prefill_done();
                 }
+                this.idle.as_mut().reset(tokio::time::Instant::now() + this.idle_limit);
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
@@ -600,6 +615,16 @@ impl http_body::Body for Relay {
                 match failed_mid_answer(&this.worker, &e, this.sse) {
                     Some(tail) => Poll::Ready(Some(Ok(http_body::Frame::data(tail)))),
                     None => Poll::Ready(Some(Err(std::io::Error::other(e.to_string())))),
+                }
+            }
+            // A worker silent mid-body past the limit has failed, as one that broke the connection.
+            Poll::Pending if this.idle.as_mut().poll(cx).is_ready() => {
+                g.status = 502;
+                this.guard = None;
+                let e = format!("no data from the worker within {:?}", this.idle_limit);
+                match failed_mid_answer(&this.worker, &e, this.sse) {
+                    Some(tail) => Poll::Ready(Some(Ok(http_body::Frame::data(tail)))),
+                    None => Poll::Ready(Some(Err(std::io::Error::other(e)))),
                 }
             }
             Poll::Ready(None) => {

@@ -121,21 +121,25 @@ async fn the_accept_loop_holds_at_most_max_connections() {
 async fn a_worker_silent_mid_answer_fails_it_and_ends_the_answer() {
     let mut l = limits();
     l.idle_timeout = Duration::from_secs(30);
-    // A stream: its first event, then silence.
-    let w = RawWorker::spawn(vec![Reply::Stall(FIRST_EVENT)]).await;
-    let r = start(&[&w.url], l, true).await;
-    let mut c = Client::connect(r.addr).await;
-    c.send(&post("/v1/chat/completions", &chat(true), "")).await;
-    let t0 = Instant::now();
-    let a = c.answer().await;
-    assert!(t0.elapsed() < WAIT / 2, "ended by the upstream idle deadline");
-    let body = String::from_utf8(a.body.clone()).unwrap();
-    assert!(body.starts_with("data: 1\n\ndata: {\"error\""), "{body}");
-    assert!(body.contains("upstream_unreachable") && body.ends_with("data: [DONE]\n\n"), "{body}");
-    until("the worker left rotation", || r.gw.fleet.snapshot().iter().all(|w| !w.is_routable())).await;
-    until("the stalled request released its load", || r.gw.in_flight() == 0).await;
-    until("the stalled upstream connection was dropped", || w.hung_up.load(std::sync::atomic::Ordering::SeqCst) == 1)
+    // A stream: its first event, then silence; on both front ends.
+    for fast in [true, false] {
+        let w = RawWorker::spawn(vec![Reply::Stall(FIRST_EVENT)]).await;
+        let r = start(&[&w.url], l, fast).await;
+        let mut c = Client::connect(r.addr).await;
+        c.send(&post("/v1/chat/completions", &chat(true), "")).await;
+        let t0 = Instant::now();
+        let a = c.answer().await;
+        assert!(t0.elapsed() < WAIT / 2, "fast {fast}: ended by the upstream idle deadline");
+        let body = String::from_utf8(a.body.clone()).unwrap();
+        assert!(body.starts_with("data: 1\n\ndata: {\"error\""), "fast {fast}: {body}");
+        assert!(body.contains("upstream_unreachable") && body.ends_with("data: [DONE]\n\n"), "{body}");
+        until("the worker left rotation", || r.gw.fleet.snapshot().iter().all(|w| !w.is_routable())).await;
+        until("the stalled request released its load", || r.gw.in_flight() == 0).await;
+        until("the stalled upstream connection was dropped", || {
+            w.hung_up.load(std::sync::atomic::Ordering::SeqCst) == 1
+        })
         .await;
+    }
     // A sized answer (half its body, then silence) cannot end cleanly: the head and what came, then the close.
     let sized = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 10\r\n\r\n{\"a\":";
     let w = RawWorker::spawn(vec![Reply::Stall(sized)]).await;

@@ -87,7 +87,7 @@ pub struct AppConfig {
     /// Serve proxied requests on the gateway's own HTTP/1.1 path (false: through axum and hyper).
     pub fast_proxy: bool,
     /// Bearer token for the workers: the router's own requests, and proxied
-    /// requests that carry no `Authorization` of their own.
+    /// requests of clients that presented a client key.
     pub worker_api_key: Option<String>,
     /// Deadlines and caps on client connections (and mid-answer worker silence).
     pub limits: gateway::ClientLimits,

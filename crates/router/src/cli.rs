@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 ///
 /// Without a command, runs the router: an OpenAI-compatible gateway
 /// (/v1/chat/completions, /v1/completions, /generate, /v1/models, /health,
-/// /readiness, /metrics, /debug/route, /workers) in front of --worker-urls,
+/// /liveness, /readiness, and the control plane /metrics, /debug/route, /workers) in front of --worker-urls,
 /// sending each request where --policy says. With --policy cache_aware
 /// --kv-events it follows the KV events the engines publish and sends each
 /// request to the replica already holding its prompt prefix. --mock-workers N

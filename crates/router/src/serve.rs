@@ -79,7 +79,13 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         Some(port) => {
             let host = a.admin_host.as_deref().unwrap_or(&a.host);
             match format!("{host}:{port}").parse::<SocketAddr>() {
-                Ok(s) if s == listen => return usage(format!("--admin-port {port} is the client port")),
+                // One port on overlapping addresses cannot be bound twice.
+                Ok(s)
+                    if s.port() == listen.port()
+                        && (s.ip() == listen.ip() || s.ip().is_unspecified() || listen.ip().is_unspecified()) =>
+                {
+                    return usage(format!("--admin-port {port} is the client port"));
+                }
                 Ok(s) => Some(s),
                 Err(e) => return usage(format!("--admin-host {host} --admin-port {port}: {e}")),
             }
@@ -116,7 +122,9 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
                     balance_rel: a.approx_balance_rel.unwrap_or(t.balance_rel),
                     max_tree_bytes: a.approx_max_tree_bytes.unwrap_or(t.max_tree_bytes),
                 },
-                Duration::from_secs(a.approx_eviction_interval_secs.unwrap_or(60).max(1)),
+                Duration::from_secs(
+                    a.approx_eviction_interval_secs.unwrap_or(crate::defaults::APPROX_EVICTION_INTERVAL_SECS).max(1),
+                ),
             )
         }
     };

@@ -12,9 +12,6 @@
 
 use std::time::Duration;
 
-use axum::http::StatusCode;
-use serde_json::json;
-
 use super::{MAX_HEAD_BYTES, MAX_HEADERS, content_length};
 use crate::GatewayError;
 
@@ -63,51 +60,31 @@ impl Refusal {
         if buf.contains(&b'\n') { Refusal::HeadTooLarge } else { Refusal::UriTooLong }
     }
 
-    /// The status.
-    pub(crate) fn status(&self) -> StatusCode {
-        self.gateway_error().map_or_else(
-            || match self {
-                Refusal::UriTooLong => StatusCode::URI_TOO_LONG,
-                _ => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            },
-            |e| e.status(),
-        )
-    }
-
-    /// The refusals the gateway's error type has a variant for (400, 408);
-    /// 414 and 431 exist only here, at the head.
-    pub(crate) fn gateway_error(&self) -> Option<GatewayError> {
+    /// The gateway error this refusal answers with (its one mapping to HTTP).
+    pub(crate) fn gateway_error(&self) -> GatewayError {
         match self {
-            Refusal::Malformed(m) => Some(GatewayError::BadRequest(m.clone())),
+            Refusal::Malformed(m) => GatewayError::BadRequest(m.clone()),
             Refusal::HeadTimeout(t) => {
-                Some(GatewayError::ClientTimeout(format!("the request head did not arrive within {t:?}")))
+                GatewayError::ClientTimeout(format!("the request head did not arrive within {t:?}"))
             }
             Refusal::BodyTimeout(t) => {
-                Some(GatewayError::ClientTimeout(format!("the request body did not arrive within {t:?}")))
+                GatewayError::ClientTimeout(format!("the request body did not arrive within {t:?}"))
             }
-            Refusal::UriTooLong | Refusal::HeadTooLarge | Refusal::TooManyHeaders => None,
-        }
-    }
-
-    /// The JSON error body, `{"error": {"message", "type", "code"}}`.
-    fn body(&self) -> serde_json::Value {
-        if let Some(e) = self.gateway_error() {
-            return e.body();
-        }
-        let (kind, message) = match self {
-            Refusal::UriTooLong => ("uri_too_long", format!("request line longer than {MAX_HEAD_BYTES} bytes")),
+            Refusal::UriTooLong => GatewayError::UriTooLong(format!("request line longer than {MAX_HEAD_BYTES} bytes")),
             Refusal::TooManyHeaders => {
-                ("request_header_fields_too_large", format!("more than {MAX_HEADERS} header fields"))
+                GatewayError::HeaderFieldsTooLarge(format!("more than {MAX_HEADERS} header fields"))
             }
-            _ => ("request_header_fields_too_large", format!("request head larger than {MAX_HEAD_BYTES} bytes")),
-        };
-        json!({"error": {"message": message, "type": kind, "code": self.status().as_u16()}})
+            Refusal::HeadTooLarge => {
+                GatewayError::HeaderFieldsTooLarge(format!("request head larger than {MAX_HEAD_BYTES} bytes"))
+            }
+        }
     }
 
     /// The whole answer, closing the connection.
     pub(crate) fn answer(&self) -> Vec<u8> {
-        let body = self.body().to_string();
-        let status = self.status();
+        let e = self.gateway_error();
+        let body = e.body().to_string();
+        let status = e.status();
         let mut out = format!(
             "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
             status.as_u16(),
@@ -139,10 +116,16 @@ pub(crate) fn check(buf: &[u8]) -> Result<Option<(usize, BodyLen)>, Refusal> {
         return Err(Refusal::Malformed("malformed request target".into()));
     }
     let http11 = req.version == Some(1);
-    let (mut length, mut chunked) = (None, None);
+    let (mut length, mut chunked, mut credentials) = (None, None, 0);
     for h in req.headers.iter() {
         let value = std::str::from_utf8(h.value).unwrap_or("\u{0}").trim();
-        if h.name.eq_ignore_ascii_case("content-length") {
+        if h.name.eq_ignore_ascii_case("authorization") {
+            // Two credentials: which one a hop honours is a guess; none is.
+            credentials += 1;
+            if credentials > 1 {
+                return Err(Refusal::Malformed("more than one authorization header".into()));
+            }
+        } else if h.name.eq_ignore_ascii_case("content-length") {
             let n = content_length(value).ok_or_else(|| Refusal::Malformed("invalid content-length".into()))?;
             // Equal repeats are one length (hyper's rule); different ones are no length at all.
             if length.replace(n).is_some_and(|prev| prev != n) {

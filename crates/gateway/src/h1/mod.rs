@@ -58,12 +58,35 @@ const PROBE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 /// every open connection is done. With `fast`, proxied requests take the fast
 /// path; without it every request goes through axum.
 pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, fast: bool, drain: CancellationToken) -> io::Result<()> {
-    let app = crate::routes::router(gw.clone());
+    let (app, slots) = (crate::routes::router(gw.clone()), gw.connections.clone());
+    accept_loop(listener, gw, app, fast, slots, drain).await
+}
+
+/// Serves the control plane (and the probes) on a listener of its own
+/// (`--admin-port`), through hyper behind the same guard as the client
+/// listener's fallback (the same deadlines and JSON refusals), with its own
+/// connection cap, until `drain` is cancelled and its connections are done.
+pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>, drain: CancellationToken) -> io::Result<()> {
+    let app = crate::routes::admin_router(gw.clone());
+    let slots = Arc::new(tokio::sync::Semaphore::new(gw.config.limits.max_connections.max(1)));
+    accept_loop(listener, gw, app, false, slots, drain).await
+}
+
+/// Accepts connections on `listener`, each holding one of `slots`, each
+/// served by [`connection`].
+async fn accept_loop(
+    listener: TcpListener,
+    gw: Arc<Gateway>,
+    app: axum::Router,
+    fast: bool,
+    slots: Arc<tokio::sync::Semaphore>,
+    drain: CancellationToken,
+) -> io::Result<()> {
     let tracker = TaskTracker::new();
     tracker.spawn(timer_anchor(anchor_period(gw.config.request_timeout, &gw.config.limits), drain.clone()));
     // One slot per open connection, held by its task: at the cap the loop stops accepting.
+    // The client listener's slots are the gateway's, shared by every serving thread's loop.
     let max_connections = gw.config.limits.max_connections.max(1);
-    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let mut at_cap = false;
     loop {
         if slots.available_permits() == 0 && !std::mem::replace(&mut at_cap, true) {
@@ -187,9 +210,9 @@ fn parse_head(buf: &[u8]) -> Option<Next> {
         if h.name.eq_ignore_ascii_case(RANK_HEADER) {
             rank = Some(h.value.to_vec());
         } else if h.name.eq_ignore_ascii_case("authorization") {
-            // Two credentials are one too many: hyper answers (400).
+            // Two credentials: which one a hop honours is a guess; none is.
             if authorization.replace(h.value.to_vec()).is_some() {
-                return Some(Next::Hyper);
+                return Some(Next::Refuse(Refusal::Malformed("more than one authorization header".into())));
             }
         } else if forwarded(h.name, &connection) {
             push_header(&mut forward, h.name.as_bytes(), h.value);
@@ -363,9 +386,7 @@ async fn serve_fast(
             Ok(false) => return false,
             Err(_) => {
                 let refusal = Refusal::BodyTimeout(limit);
-                if let Some(e) = refusal.gateway_error() {
-                    count_error(gw, route, &e);
-                }
+                count_error(gw, route, &refusal.gateway_error());
                 refuse(tcp, &refusal).await;
                 return false;
             }

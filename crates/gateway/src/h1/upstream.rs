@@ -156,8 +156,8 @@ async fn connect(host: &str, port: u16) -> Result<TcpStream, SendError> {
 /// What a request carries to the worker besides its body.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Extra {
-    /// The client's end-to-end headers as `name: value\r\n` lines (and the
-    /// router's `authorization` when the client sent none).
+    /// The client's end-to-end headers as `name: value\r\n` lines, with the
+    /// `authorization` the router decided the worker gets (if any).
     pub(crate) headers: Bytes,
     /// The client's data-parallel rank hint, sent when the router has none.
     pub(crate) rank: Option<Bytes>,
