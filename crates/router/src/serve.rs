@@ -203,10 +203,18 @@ fn init_tracing(format: LogFormat) {
 pub(crate) fn serve(config: AppConfig, log_format: LogFormat) -> Result<()> {
     init_tracing(log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let control_plane_open = !config.control_plane_keys.is_empty();
     runtime.block_on(async move {
         let app = App::build(config).await?;
         let addr = app.local_addr();
         println!("sgl-router listening on http://{addr}");
+        match app.admin_addr() {
+            Some(admin) => println!("  control plane on http://{admin}"),
+            None if !control_plane_open => {
+                println!("  control plane closed (/workers, /debug/route, /metrics): start with --control-plane-api-keys KEY")
+            }
+            None => {}
+        }
         for w in app.worker_urls() {
             println!("  worker {w}");
         }

@@ -341,29 +341,18 @@ async fn serve_fast(
 ) -> bool {
     let start = Instant::now();
     let route = head.route;
-    if head.body_len > gw.config.max_body_bytes {
-        // The body is not read: answer and close.
-        let e = GatewayError::TooLarge(gw.config.max_body_bytes);
-        count_error(gw, route, &e);
-        if write_error(tcp, &e, true).await.is_ok() {
-            linger(tcp).await;
+    // Each check before the body is read; a refusal answers and closes, the body unread.
+    let checked = (|| {
+        if head.body_len > gw.config.max_body_bytes {
+            return Err(GatewayError::TooLarge(gw.config.max_body_bytes));
         }
-        return false;
-    }
-    // A client without a valid key gets no further: its body is not read.
-    let worker_auth = match crate::proxy::worker_authorization(gw, head.authorization.as_deref()) {
-        Ok(auth) => auth,
-        Err(e) => {
-            count_error(gw, route, &e);
-            if write_error(tcp, &e, true).await.is_ok() {
-                linger(tcp).await;
-            }
-            return false;
-        }
-    };
-    // Admitted (a slot, and memory for its body and render) before its body is read.
-    let admission = match crate::admission::Admission::admit(gw, head.body_len) {
-        Ok(a) => a,
+        // A client without a valid key gets no further.
+        let worker_auth = crate::proxy::worker_authorization(gw, head.authorization.as_deref())?;
+        // Admitted: a slot, and memory for its body and render.
+        Ok((worker_auth, crate::admission::Admission::admit(gw, head.body_len)?))
+    })();
+    let (worker_auth, admission) = match checked {
+        Ok(checked) => checked,
         Err(e) => {
             count_error(gw, route, &e);
             if write_error(tcp, &e, true).await.is_ok() {
