@@ -376,6 +376,13 @@ impl Fleet {
         self.events.as_ref().map(|e| &e.events)
     }
 
+    /// How many of `worker`'s event streams are connected now (`None` without events):
+    /// fewer than it has streams is a degraded subscription, never a readiness failure.
+    pub fn connected_streams(&self, worker: &Worker) -> Option<usize> {
+        let ev = self.events.as_ref()?;
+        Some(ev.events.connected().iter().filter(|(key, up)| *up && key.worker == worker.url).count())
+    }
+
     /// Pump counters, when following events.
     pub fn pump_metrics(&self) -> Option<&Arc<PumpMetrics>> {
         self.events.as_ref().map(|e| &e.pump)

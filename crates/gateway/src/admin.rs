@@ -138,7 +138,16 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
 }
 
 pub(crate) async fn list_workers(State(gw): State<Arc<Gateway>>) -> Json<Value> {
-    let list: Vec<Value> = gw.fleet.all().iter().map(|w| describe(w)).collect();
+    let list: Vec<Value> = gw
+        .fleet
+        .all()
+        .iter()
+        .map(|w| {
+            let mut v = describe(w);
+            v["kv_streams_connected"] = json!(gw.fleet.connected_streams(w));
+            v
+        })
+        .collect();
     Json(json!({"workers": list}))
 }
 

@@ -138,11 +138,20 @@ impl Policy for RoundRobin {
         check(candidates)?;
         let after = self.after.load(Ordering::Relaxed);
         // The smallest id past the last one served; when there is none, wrap to the smallest.
-        let next = candidates
-            .iter()
-            .map(|c| c.worker)
-            .min_by_key(|w| (u64::from(w.0) < after, w.0))
-            .ok_or(PolicyError::NoCandidates)?;
+        // The fleet's snapshot lists workers in id order: then a binary search finds it.
+        let next = if candidates.is_sorted_by_key(|c| c.worker) {
+            let i = candidates.partition_point(|c| u64::from(c.worker.0) < after);
+            candidates.get(i).unwrap_or(&candidates[0]).worker
+        } else {
+            let (mut past, mut least) = (None::<WorkerId>, candidates[0].worker);
+            for c in candidates {
+                least = least.min(c.worker);
+                if u64::from(c.worker.0) >= after && past.is_none_or(|p| c.worker < p) {
+                    past = Some(c.worker);
+                }
+            }
+            past.unwrap_or(least)
+        };
         Ok(Decision { worker: next, reason: Reason::RoundRobin })
     }
 

@@ -145,6 +145,11 @@ async fn one_engine_down_does_not_fail_readiness() {
     assert_eq!(resp.status(), 200, "one engine down is not a router outage");
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["healthy_workers"], 1, "{body}");
+    // The degraded subscription is a field of /workers too.
+    let listed: Value = admin_get(&format!("{}/workers", r.url)).await.json().await.unwrap();
+    let connected: Vec<&Value> =
+        listed["workers"].as_array().unwrap().iter().map(|w| &w["kv_streams_connected"]).collect();
+    assert_eq!(connected, [&json!(1), &json!(0)], "{listed}");
     assert_eq!(post(&format!("{}/v1/chat/completions", r.url), &chat("s", "u")).await.status(), 200);
     // Every engine down: not ready (nothing to route to).
     w0.shutdown();
