@@ -5,10 +5,11 @@
 
 FROM rust:1-bookworm AS builder
 WORKDIR /src
-# The workspace: manifests, lock and crate sources (the test fixtures are not needed).
+# The workspace: manifests, lock, crate sources and the patched zeromq (the test fixtures are not needed).
 COPY Cargo.toml Cargo.lock rustfmt.toml ./
 COPY crates ./crates
 COPY benches ./benches
+COPY vendor ./vendor
 RUN cargo build --release --locked -p sgl-router -p mock-engine \
  && strip target/release/sgl-router target/release/sgl-mock-engine
 
