@@ -265,11 +265,6 @@ impl Fleet {
         m.live.iter().chain(&m.retained).cloned().collect()
     }
 
-    /// The live worker with `id`.
-    pub fn get(&self, id: WorkerId) -> Option<Arc<Worker>> {
-        self.snapshot().iter().find(|w| w.id == id).cloned()
-    }
-
     /// Notices of workers joining and leaving.
     pub fn subscribe(&self) -> broadcast::Receiver<Notice> {
         self.notices.subscribe()
@@ -386,11 +381,6 @@ impl Fleet {
     /// Pump counters, when following events.
     pub fn pump_metrics(&self) -> Option<&Arc<PumpMetrics>> {
         self.events.as_ref().map(|e| &e.pump)
-    }
-
-    /// The client of the router's own requests to workers.
-    pub fn client(&self) -> &reqwest::Client {
-        &self.client
     }
 
     /// Waits for every task of the fleet (after `cancel`).

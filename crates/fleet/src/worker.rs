@@ -83,14 +83,6 @@ pub struct Worker {
     pub pool: PoolId,
     /// Its id in the KV index, when the router follows events.
     pub index_id: Option<kv_index::WorkerId>,
-    /// `host:port` of its URL, for `Host` headers and connections.
-    pub authority: String,
-    /// The host of its URL, without brackets.
-    pub host: String,
-    /// The port of its URL.
-    pub port: u16,
-    /// The path its URL carries (empty or `/prefix`), before a route's path.
-    pub base_path: String,
     /// The proxied routes' URLs on it, parsed once.
     endpoints: Vec<(&'static str, http::Uri)>,
     state: AtomicU8,
@@ -168,7 +160,6 @@ impl Worker {
     /// A worker just added (Discovering), routed to once discovered and probed healthy.
     pub(crate) fn new(spec: Spec, cancel: CancellationToken, paths: &[&'static str]) -> Self {
         let Spec { id, url, role, pool, index_id, events } = spec;
-        let (authority, host, port, base_path) = split(&url);
         let endpoints = paths.iter().filter_map(|p| Some((*p, format!("{url}{p}").parse().ok()?))).collect();
         Self {
             endpoints,
@@ -177,10 +168,6 @@ impl Worker {
             role,
             pool,
             index_id,
-            authority,
-            host,
-            port,
-            base_path,
             state: AtomicU8::new(DISCOVERING),
             healthy: AtomicBool::new(false),
             probed: AtomicBool::new(false),
@@ -259,11 +246,6 @@ impl Worker {
     /// The URL of `path` (a route such as `/generate`) on this worker.
     pub fn endpoint_url(&self, path: &str) -> String {
         format!("{}{path}", self.url)
-    }
-
-    /// The request target of `path` on this worker (its base path, then `path`).
-    pub fn target(&self, path: &str) -> String {
-        format!("{}{path}", self.base_path)
     }
 
     /// What it reported about itself, once introspected.
@@ -379,18 +361,6 @@ impl Worker {
     }
 }
 
-/// `(authority, host, port, base path)` of a normalized worker URL.
-fn split(url: &WorkerUrl) -> (String, String, u16, String) {
-    let rest = url.as_str().split_once("://").map_or(url.as_str(), |(_, r)| r);
-    let (authority, path) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
-    let (host, port) = match authority.rfind(':') {
-        Some(i) if !authority[i..].contains(']') => (&authority[..i], authority[i + 1..].parse().unwrap_or(80)),
-        _ => (authority, 80),
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
-    (authority.to_string(), host, port, path.to_string())
-}
-
 impl LoadGuard {
     /// The worker has prefilled the prompt: it no longer owes those tokens.
     pub fn prefill_done(&mut self) {
@@ -431,12 +401,16 @@ mod tests {
     #[test]
     fn urls_split_into_what_a_connection_needs() {
         let w = worker("http://[::1]:8000/prefix");
-        assert_eq!((w.authority.as_str(), w.host.as_str(), w.port), ("[::1]:8000", "::1", 8000));
-        assert_eq!(w.target("/generate"), "/prefix/generate");
-        assert_eq!(w.endpoint("/generate").unwrap().path(), "/prefix/generate");
+        let uri = w.endpoint("/generate").unwrap();
+        assert_eq!(
+            (uri.authority().unwrap().as_str(), uri.host(), uri.port_u16()),
+            ("[::1]:8000", Some("[::1]"), Some(8000))
+        );
+        assert_eq!(uri.path(), "/prefix/generate");
         assert!(w.endpoint("/other").is_none());
         let w = worker("http://engine");
-        assert_eq!((w.authority.as_str(), w.port, w.target("/x")), ("engine", 80, "/x".to_string()));
+        let uri = w.endpoint("/generate").unwrap();
+        assert_eq!((uri.authority().unwrap().as_str(), uri.port_u16(), uri.path()), ("engine", None, "/generate"));
     }
 
     #[test]

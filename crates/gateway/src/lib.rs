@@ -145,7 +145,7 @@ pub struct Gateway {
     /// Counters and histograms.
     pub metrics: GatewayMetrics,
     /// `Authorization` for the workers (from `config.worker_api_key`), put on
-    /// the proxied requests of authenticated clients (see `proxy::worker_authorization`).
+    /// the proxied requests of authenticated clients (see `proxy::worker_credentials`).
     pub(crate) worker_auth: Option<axum::http::HeaderValue>,
     /// Keys of the control plane.
     pub(crate) control_keys: auth::Keys,

@@ -182,17 +182,23 @@ impl Drop for InFlight {
     }
 }
 
-/// What goes to the worker as `Authorization` for a client that sent
-/// `client`: with client keys configured, the client must present one (401
-/// otherwise) and the worker gets the workers' key (`--api-key`), never the
-/// client's key; without them, the client's own credentials pass through and
-/// the workers' key is never added (an anonymous client is not the router).
-pub(crate) fn worker_authorization(gw: &Gateway, client: Option<&[u8]>) -> Result<Option<Vec<u8>>, GatewayError> {
+/// Whether a client that sent `client` may use the OpenAI routes: with
+/// client keys configured it must present one (401 otherwise); without them
+/// anyone may.
+pub(crate) fn check_client(gw: &Gateway, client: Option<&[u8]>) -> Result<(), GatewayError> {
+    gw.client_keys.check(crate::auth::Plane::Data, client)
+}
+
+/// What goes to the worker as `Authorization` for an admitted client that
+/// sent `client`: with client keys configured, the workers' key
+/// (`--api-key`), never the client's key; without them, the client's own
+/// credentials, and the workers' key never (an anonymous client is not the router).
+pub(crate) fn worker_credentials(gw: &Gateway, client: Option<&[u8]>) -> Option<Vec<u8>> {
     if gw.client_keys.is_empty() {
-        return Ok(client.map(<[u8]>::to_vec));
+        client.map(<[u8]>::to_vec)
+    } else {
+        gw.worker_auth.as_ref().map(|v| v.as_bytes().to_vec())
     }
-    gw.client_keys.check(crate::auth::Plane::Data, client)?;
-    Ok(gw.worker_auth.as_ref().map(|v| v.as_bytes().to_vec()))
 }
 
 /// Reads a request body of at most `max_body_bytes`: over it is 413; a body
@@ -203,7 +209,6 @@ pub(crate) async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, Gateway
     let limited = http_body_util::Limited::new(body, gw.config.max_body_bytes);
     match limited.collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(GatewayError::TooLarge(gw.config.max_body_bytes)),
         Err(e) => {
             let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*e);
             while let Some(c) = cause {
@@ -282,10 +287,12 @@ pub(crate) fn plan(gw: &Gateway, route: Route, v: Option<&Value>) -> Result<Plan
         return Err(GatewayError::NoWorker);
     }
     let input_tokens = tokens.len() as u64;
+    // The fleet's page size, read once: a worker followed meanwhile may fix it.
+    let block_size = gw.fleet.block_size();
     let mut matched: HashMap<kv_index::WorkerId, (u32, Option<DpRank>)> = HashMap::new();
     let mut hashes = Vec::new();
     if let (Some(index), Some(v)) = (&gw.index, v) {
-        let page = NonZeroUsize::new(gw.fleet.block_size()).unwrap_or(NonZeroUsize::MIN);
+        let page = NonZeroUsize::new(block_size).unwrap_or(NonZeroUsize::MIN);
         // The request's namespace starts its chain, as the engine's does.
         let served = || {
             let mut names: Vec<String> = workers.iter().filter_map(|w| w.info()?.model_id).collect();
@@ -308,7 +315,7 @@ pub(crate) fn plan(gw: &Gateway, route: Route, v: Option<&Value>) -> Result<Plan
             }
         }
     }
-    let bs = gw.fleet.block_size() as u64;
+    let bs = block_size as u64;
     let candidates: Vec<Candidate> = workers
         .iter()
         .map(|w| {
@@ -386,7 +393,7 @@ async fn serve(gw: Arc<Gateway>, mut headers: HeaderMap, body: Body, route: Rout
     }
     // The client's credentials were checked by the route's layer; what the worker gets is decided here.
     let client_auth = headers.remove(header::AUTHORIZATION);
-    if let Some(auth) = worker_authorization(&gw, client_auth.as_ref().map(HeaderValue::as_bytes))?
+    if let Some(auth) = worker_credentials(&gw, client_auth.as_ref().map(HeaderValue::as_bytes))
         && let Ok(mut v) = HeaderValue::from_bytes(&auth)
     {
         v.set_sensitive(true);
@@ -480,37 +487,27 @@ where
                 worker.request_succeeded();
                 return Ok((guard, worker, answer));
             }
-            Ok(Err(e)) if e.connect && !retried => {
-                // Nothing was sent: try once more on another worker.
-                warn!(worker = %worker.url, error = %e.message, "worker unreachable, retrying elsewhere");
+            Ok(Err(e)) => {
                 worker.request_failed();
+                let failed =
+                    GatewayError::Upstream { worker: worker.url.to_string(), message: e.message, retryable: e.connect };
+                // Nothing reached the worker: once more on the least loaded other worker.
+                let next = (!retried && failed.retryable_elsewhere())
+                    .then(|| {
+                        let snapshot = gw.fleet.snapshot();
+                        let others = snapshot.iter().filter(|w| w.is_routable() && w.id != worker.id);
+                        others.min_by_key(|w| (w.load().in_flight, w.load().uncached_tokens)).cloned()
+                    })
+                    .flatten();
+                let Some(next) = next else { return Err(failed) };
+                warn!(worker = %worker.url, error = %failed, "worker unreachable, retrying elsewhere");
                 gw.metrics.retries.fetch_add(1, Ordering::Relaxed);
                 retried = true;
-                let others: Vec<Arc<Worker>> =
-                    gw.fleet.snapshot().iter().filter(|w| w.is_routable() && w.id != worker.id).cloned().collect();
-                let Some(next) = others.iter().min_by_key(|w| {
-                    let l = w.load();
-                    (l.in_flight, l.uncached_tokens)
-                }) else {
-                    return Err(GatewayError::Upstream {
-                        worker: worker.url.to_string(),
-                        message: e.message,
-                        retryable: true,
-                    });
-                };
-                worker = next.clone();
+                worker = next;
                 // The load moves: the first worker's charge is released as it is replaced.
                 guard.load = worker.charge(uncached);
                 // The rank hint was for the first worker; the next one places it itself.
                 (body, rank) = (bytes.clone(), None);
-            }
-            Ok(Err(e)) => {
-                worker.request_failed();
-                return Err(GatewayError::Upstream {
-                    worker: worker.url.to_string(),
-                    message: e.message,
-                    retryable: e.connect,
-                });
             }
             Err(_) => {
                 // A worker that answers its probes but not its requests must not stay in rotation.

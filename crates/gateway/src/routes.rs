@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 
 use crate::admin;
+use crate::auth::Plane;
 use crate::proxy::{Route, count_error, handle};
 use crate::{Gateway, GatewayError};
 
@@ -24,7 +25,7 @@ pub(crate) fn router(gw: Arc<Gateway>) -> axum::Router {
         .route("/v1/completions", post(|s, h, b| handle(s, h, b, Route::Completions)))
         .route("/generate", post(|s, h, b| handle(s, h, b, Route::Generate)))
         .route("/v1/models", get(admin::models))
-        .route_layer(axum::middleware::from_fn_with_state(gw.clone(), require_client_key));
+        .route_layer(axum::middleware::from_fn_with_state((gw.clone(), Plane::Data), require_key));
     let router = probes().merge(data);
     let router = if gw.config.admin_listener { router } else { router.merge(control_plane(gw.clone())) };
     finish(router, gw)
@@ -50,7 +51,7 @@ fn control_plane(gw: Arc<Gateway>) -> axum::Router<Arc<Gateway>> {
         .route("/metrics", get(admin::metrics))
         .route("/workers", get(admin::list_workers).post(admin::add_worker))
         .route("/workers/{*url}", delete(admin::remove_worker))
-        .route_layer(axum::middleware::from_fn_with_state(gw, require_control_key))
+        .route_layer(axum::middleware::from_fn_with_state((gw, Plane::Control), require_key))
 }
 
 fn finish(router: axum::Router<Arc<Gateway>>, gw: Arc<Gateway>) -> axum::Router {
@@ -64,23 +65,17 @@ fn finish(router: axum::Router<Arc<Gateway>>, gw: Arc<Gateway>) -> axum::Router 
         .with_state(gw)
 }
 
-async fn require_control_key(
-    State(gw): State<Arc<Gateway>>,
+/// Lets a request through when it carries a key of `plane` (see [`crate::auth::Keys::check`]).
+async fn require_key(
+    State((gw, plane)): State<(Arc<Gateway>, Plane)>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    match gw.control_keys.check_headers(crate::auth::Plane::Control, req.headers()) {
-        Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn require_client_key(
-    State(gw): State<Arc<Gateway>>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    match gw.client_keys.check_headers(crate::auth::Plane::Data, req.headers()) {
+    let keys = match plane {
+        Plane::Control => &gw.control_keys,
+        Plane::Data => &gw.client_keys,
+    };
+    match keys.check_headers(plane, req.headers()) {
         Ok(()) => next.run(req).await,
         Err(e) => {
             if let Some(route) = Route::from_path(req.uri().path()) {

@@ -276,6 +276,10 @@ impl App {
             }
         };
         self.cancel.cancel();
+        // The fleet's tasks (pump, probes, subscribers) see the cancellation at their next await.
+        if tokio::time::timeout(Duration::from_secs(2), self.fleet.stopped()).await.is_err() {
+            warn!("some background tasks were still stopping");
+        }
         info!("router stopped");
         result
     }

@@ -347,7 +347,8 @@ async fn serve_fast(
             return Err(GatewayError::TooLarge(gw.config.max_body_bytes));
         }
         // A client without a valid key gets no further.
-        let worker_auth = crate::proxy::worker_authorization(gw, head.authorization.as_deref())?;
+        crate::proxy::check_client(gw, head.authorization.as_deref())?;
+        let worker_auth = crate::proxy::worker_credentials(gw, head.authorization.as_deref());
         // Admitted: a slot, and memory for its body and render.
         Ok((worker_auth, crate::admission::Admission::admit(gw, head.body_len)?))
     })();
