@@ -164,7 +164,6 @@ async fn subscribe(fleet: &Fleet, ev: &EventsSide, worker: &Worker, found: Found
         });
         subscribed += 1;
     }
-    fleet.metrics.streams.fetch_add(subscribed as u64, Ordering::Relaxed);
     ev.hash_modes.add(hashing.mode);
     info!(worker = %worker.url, streams = subscribed, block_size, bigram = found.bigram, "kv events: following worker");
     worker.set_events(Events::Followed { streams: subscribed });

@@ -117,8 +117,6 @@ pub struct FleetMetrics {
     pub refused_block_size: AtomicU64,
     /// Discovery attempts that failed (unreachable or invalid `/server_info`).
     pub discovery_failures: AtomicU64,
-    /// Streams subscribed now.
-    pub streams: AtomicU64,
     /// Workers removed.
     pub removed: AtomicU64,
 }
@@ -323,7 +321,6 @@ impl Fleet {
         }
         if let Some(ev) = &self.events {
             let keys = std::mem::take(&mut *worker.streams.lock().unwrap_or_else(|p| p.into_inner()));
-            self.metrics.streams.fetch_sub(keys.len() as u64, Ordering::Relaxed);
             for key in keys {
                 let _ = ev.control.send(PumpControl::RemoveStream(key.clone())).await;
                 ev.events.forget(&key);

@@ -56,7 +56,10 @@ impl Fleet {
             &[("", get(&self.metrics.removed))],
         );
         head(out, "router_kv_events_streams", "gauge", "(worker, dp rank) streams subscribed.");
-        let _ = writeln!(out, "router_kv_events_streams {}", get(&self.metrics.streams));
+        // Derived from the live workers' registered streams: one truth, no counter to keep in step.
+        let streams: usize =
+            self.snapshot().iter().map(|w| w.streams.lock().unwrap_or_else(|p| p.into_inner()).len()).sum();
+        let _ = writeln!(out, "router_kv_events_streams {streams}");
         if let Some(ev) = &self.events {
             render_events(out, &ev.events, &ev.pump, &self.metrics, &ev.index.stats());
         }
