@@ -192,6 +192,7 @@ pub(crate) fn run(trace: &[TraceRequest], policy: &str, cfg: &SimConfig) -> Resu
                     worker: WorkerId(w as u32),
                     load: Load { in_flight: own.len() as u32, uncached_tokens: uncached },
                     matched_tokens: matched[w],
+                    followed: true,
                 }
             })
             .collect();

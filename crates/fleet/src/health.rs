@@ -38,15 +38,25 @@ async fn read_capped(mut response: reqwest::Response) -> Option<Vec<u8>> {
 
 /// Probes every worker each health interval, and the workers out of
 /// rotation every second (at most every interval), until the fleet stops.
+/// With the probes off (`--disable-health-check`), only brings back every
+/// second the workers whose quarantine after failed requests is over.
 pub(crate) async fn health_loop(fleet: Arc<Fleet>) {
-    let interval = fleet.config.health_interval;
+    let interval = fleet.config.health.interval;
     let fast = interval.min(DOWN_PROBE_INTERVAL);
     let mut ticks = Ticks::new(fast, fleet.cancel.clone());
-    let timeout = interval.max(Duration::from_secs(1));
+    let timeout = fleet.config.health.timeout.max(Duration::from_millis(100));
     let mut models_seen = Vec::new();
     let mut last_full: Option<Instant> = None;
     while ticks.next().await {
         let all = fleet.snapshot();
+        if !fleet.config.health.enabled {
+            for w in all.iter().filter(|w| !w.is_routable() && !w.quarantined()) {
+                w.set_probe_result(true);
+            }
+            introspect_all(&fleet, &all, timeout).await;
+            fleet.sweep_retained();
+            continue;
+        }
         let full = last_full.is_none_or(|t| t.elapsed() + fast / 2 >= interval);
         if full {
             last_full = Some(Instant::now());
@@ -54,7 +64,7 @@ pub(crate) async fn health_loop(fleet: Arc<Fleet>) {
             warn_mixed_models(&all, &mut models_seen);
         } else {
             let down = all.iter().filter(|w| !w.is_routable() && w.state() != State::Retained);
-            join_all(down.map(|w| check(&fleet, w, fast.max(Duration::from_millis(500))))).await;
+            join_all(down.map(|w| check(&fleet, w, timeout.min(fast.max(Duration::from_millis(500)))))).await;
         }
         fleet.sweep_retained();
     }
@@ -63,7 +73,11 @@ pub(crate) async fn health_loop(fleet: Arc<Fleet>) {
 
 /// A new worker's first probe, at once (not at the next tick).
 pub(crate) async fn first_probe(fleet: Arc<Fleet>, w: Arc<Worker>) {
-    let timeout = fleet.config.health_interval.clamp(Duration::from_millis(500), Duration::from_secs(5));
+    if !fleet.config.health.enabled {
+        w.set_probe_result(true);
+        return;
+    }
+    let timeout = fleet.config.health.timeout.max(Duration::from_millis(100));
     tokio::select! {
         biased;
         () = w.cancel.cancelled() => {}
@@ -73,8 +87,8 @@ pub(crate) async fn first_probe(fleet: Arc<Fleet>, w: Arc<Worker>) {
 
 async fn check(fleet: &Fleet, w: &Arc<Worker>, timeout: Duration) {
     let client = &fleet.client;
-    let ok =
-        matches!(client.get(w.endpoint_url("/health")).timeout(timeout).send().await, Ok(r) if r.status().is_success());
+    let probe = client.get(w.endpoint_url(&fleet.config.health.endpoint)).timeout(timeout).send().await;
+    let ok = matches!(probe, Ok(r) if r.status().is_success());
     w.set_probe_result(ok);
     if ok {
         if w.info().is_none()
@@ -93,6 +107,18 @@ async fn check(fleet: &Fleet, w: &Arc<Worker>, timeout: Duration) {
         let ended = ev.index.clear_worker(&w.url);
         warn!(worker = %w.url, holdings = ended, retention_s = retention.as_secs(), "worker down past retention: its index state dropped");
     }
+}
+
+/// What every worker serves, asked of those not yet introspected (with the
+/// probes off, nothing else asks).
+async fn introspect_all(fleet: &Fleet, all: &[Arc<Worker>], timeout: Duration) {
+    let pending = all.iter().filter(|w| w.info().is_none() && w.is_routable());
+    join_all(pending.map(|w| async move {
+        if let Some(found) = introspect(&fleet.client, w, timeout).await {
+            w.set_info(found);
+        }
+    }))
+    .await;
 }
 
 /// Polls every healthy worker's SGLang `/v1/loads` each load-poll period

@@ -16,6 +16,7 @@
 //!                         └► snapshot() for the gateway, subscribe() for notices
 //! ```
 
+mod breaker;
 mod follow;
 mod health;
 mod metrics;
@@ -35,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+pub use breaker::{BreakerConfig, BreakerState};
 pub use health::{from_server_info, introspect};
 pub use worker::{Events, LoadGuard, MAX_QUARANTINE, State, Worker, WorkerInfo};
 
@@ -55,8 +57,10 @@ const NOTICE_CAPACITY: usize = 256;
 /// How the fleet runs (defaults: the router's `defaults.rs`).
 #[derive(Debug, Clone)]
 pub struct FleetConfig {
-    /// Interval between health probes of every worker (also the probe timeout, at least 1 s).
-    pub health_interval: Duration,
+    /// The health probes.
+    pub health: HealthConfig,
+    /// Every worker's circuit breaker.
+    pub breaker: BreakerConfig,
     /// How long a worker may stay down before its index state is dropped.
     pub index_retention: Duration,
     /// Period of polling the workers' own load reports (zero: off).
@@ -67,6 +71,39 @@ pub struct FleetConfig {
     pub events: Option<EventsConfig>,
     /// The paths requests are proxied to, parsed once per worker ([`Worker::endpoint`]).
     pub proxied_paths: &'static [&'static str],
+}
+
+/// The health probes (SGLang Model Gateway's `--health-*` flags).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthConfig {
+    /// Off: no probes, every worker is in rotation once discovered
+    /// (`--disable-health-check`); failed requests still take it out.
+    pub enabled: bool,
+    /// Interval between two probes of every worker (a worker out of rotation
+    /// is probed every second, at most every interval).
+    pub interval: Duration,
+    /// Longest a probe may take (a slower answer is a failure).
+    pub timeout: Duration,
+    /// The path probed (`/health`).
+    pub endpoint: String,
+    /// Failed probes in a row that take a worker out of rotation.
+    pub failure_threshold: u32,
+    /// Good probes in a row that bring it back (its first probe decides at once).
+    pub success_threshold: u32,
+}
+
+impl Default for HealthConfig {
+    /// The router's defaults (`defaults.rs` says why they differ from SGLang Model Gateway's).
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: Duration::from_secs(10),
+            timeout: Duration::from_secs(5),
+            endpoint: "/health".into(),
+            failure_threshold: 3,
+            success_threshold: 2,
+        }
+    }
 }
 
 /// Where the workers' KV events come from.
@@ -280,7 +317,7 @@ impl Fleet {
             let index_id = self.events.as_ref().map(|e| e.index.worker_id(&url));
             let events = if self.events.is_some() { Events::Discovering } else { Events::Off };
             let spec = worker::Spec { id, url, role: Role::Regular, pool: PoolId::default_pool(), index_id, events };
-            let w = Arc::new(Worker::new(spec, self.cancel.child_token(), self.config.proxied_paths));
+            let w = Arc::new(Worker::new(spec, self.cancel.child_token(), &self.config));
             m.live.push(w.clone());
             self.publish(&m);
             w

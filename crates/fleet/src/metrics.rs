@@ -44,6 +44,21 @@ impl Fleet {
             &|w| w.reported_uncached_tokens(),
         );
         per_worker(out, "router_worker_healthy", "1 while the worker is in rotation.", &|w| u64::from(w.is_routable()));
+        per_worker(
+            out,
+            "router_worker_circuit_state",
+            "The worker's circuit breaker: 0 closed, 1 open (out of rotation), 2 half-open (on trial).",
+            &|w| w.breaker_state().code(),
+        );
+        head(out, "router_worker_circuit_opened_total", "counter", "Times the worker's circuit breaker opened.");
+        for w in &workers {
+            let _ = writeln!(
+                out,
+                "router_worker_circuit_opened_total{{worker=\"{}\"}} {}",
+                esc(w.url.as_str()),
+                w.breaker_opened()
+            );
+        }
         head(out, "router_workers", "gauge", "Workers by state.");
         for state in State::ALL {
             let n = workers.iter().filter(|w| w.state() == state).count();

@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use router_types::{Load, PoolId, Role, WorkerId, WorkerUrl};
+
+use crate::breaker::{Breaker, BreakerState};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
@@ -92,6 +94,15 @@ pub struct Worker {
     probed: AtomicBool,
     quarantine: Mutex<Option<Instant>>,
     failures_in_a_row: AtomicU32,
+    /// Probes in a row that failed, and that answered.
+    probe_failures: AtomicU32,
+    probe_successes: AtomicU32,
+    /// `--health-failure-threshold`, `--health-success-threshold`.
+    probe_thresholds: (u32, u32),
+    /// Its circuit breaker.
+    breaker: Breaker,
+    /// Its events are followed (mirrors `events`, read on every routing decision).
+    followed: AtomicBool,
     in_flight: AtomicU32,
     uncached_tokens: AtomicU64,
     reported_uncached: AtomicU64,
@@ -158,10 +169,16 @@ const REMOVED: u8 = 3;
 
 impl Worker {
     /// A worker just added (Discovering), routed to once discovered and probed healthy.
-    pub(crate) fn new(spec: Spec, cancel: CancellationToken, paths: &[&'static str]) -> Self {
+    pub(crate) fn new(spec: Spec, cancel: CancellationToken, config: &crate::FleetConfig) -> Self {
         let Spec { id, url, role, pool, index_id, events } = spec;
+        let paths = config.proxied_paths;
         let endpoints = paths.iter().filter_map(|p| Some((*p, format!("{url}{p}").parse().ok()?))).collect();
         Self {
+            probe_failures: AtomicU32::new(0),
+            probe_successes: AtomicU32::new(0),
+            probe_thresholds: (config.health.failure_threshold.max(1), config.health.success_threshold.max(1)),
+            breaker: Breaker::new(config.breaker),
+            followed: AtomicBool::new(matches!(events, Events::Followed { .. })),
             endpoints,
             id,
             url,
@@ -201,7 +218,24 @@ impl Worker {
 
     /// Whether new requests may go to it.
     pub fn is_routable(&self) -> bool {
-        self.state.load(Ordering::Acquire) == FOLLOWING && self.healthy.load(Ordering::Relaxed)
+        self.state.load(Ordering::Acquire) == FOLLOWING
+            && self.healthy.load(Ordering::Relaxed)
+            && self.breaker.allows(&self.url)
+    }
+
+    /// Where its circuit breaker is.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.breaker.state()
+    }
+
+    /// Times its circuit breaker opened.
+    pub fn breaker_opened(&self) -> u64 {
+        self.breaker.opened.load(Ordering::Relaxed)
+    }
+
+    /// Whether its KV events are followed (its cache is known exactly).
+    pub fn is_followed(&self) -> bool {
+        self.followed.load(Ordering::Relaxed)
     }
 
     /// Whether it is in rotation (an alias of [`Worker::is_routable`]).
@@ -234,6 +268,7 @@ impl Worker {
     }
 
     pub(crate) fn set_events(&self, events: Events) {
+        self.followed.store(matches!(events, Events::Followed { .. }), Ordering::Relaxed);
         *self.events.write().unwrap_or_else(|p| p.into_inner()) = events;
     }
 
@@ -273,15 +308,35 @@ impl Worker {
         self.quarantine.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|until| Instant::now() < until)
     }
 
-    /// A probe's verdict. A worker quarantined after failed requests stays out
+    /// A probe's verdict. The first decides at once; after it, a worker in
+    /// rotation leaves after `--health-failure-threshold` failed probes in a
+    /// row, and one out of it comes back after `--health-success-threshold`
+    /// good ones. A worker quarantined after failed requests stays out
     /// however the probe went (a worker that answers `/health` but hangs on
     /// requests must not come back every probe).
     pub fn set_probe_result(&self, ok: bool) {
-        if !self.probed.swap(true, Ordering::Relaxed) && !ok {
+        let first = !self.probed.swap(true, Ordering::Relaxed);
+        if first && !ok {
             // Never up: down since now (for the retention clock).
             *self.down_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         }
-        self.set_healthy(ok && !self.quarantined());
+        let (fail_after, back_after) = self.probe_thresholds;
+        let (run, other) = if ok {
+            (&self.probe_successes, &self.probe_failures)
+        } else {
+            (&self.probe_failures, &self.probe_successes)
+        };
+        other.store(0, Ordering::Relaxed);
+        let n = run.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+        let up = self.healthy.load(Ordering::Relaxed);
+        let verdict = if first {
+            ok
+        } else if ok {
+            up || n >= back_after
+        } else {
+            up && n < fail_after
+        };
+        self.set_healthy(verdict && !self.quarantined());
     }
 
     /// Takes it out of (or back into) rotation.
@@ -303,14 +358,22 @@ impl Worker {
     /// died mid-answer): out of rotation, and quarantined for a period that
     /// doubles with each failure in a row (1 s up to [`MAX_QUARANTINE`]).
     pub fn request_failed(&self) {
+        self.breaker.failed(&self.url);
         let n = self.failures_in_a_row.fetch_add(1, Ordering::Relaxed).min(16);
         let period = Duration::from_secs(1u64 << n.min(6)).min(MAX_QUARANTINE);
         *self.quarantine.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + period);
         self.set_healthy(false);
     }
 
-    /// A request to it got an answer: failures in a row start over.
+    /// It answered a request with a server error (5xx): its circuit breaker
+    /// counts a failure (it stays in rotation until the breaker opens).
+    pub fn answer_failed(&self) {
+        self.breaker.failed(&self.url);
+    }
+
+    /// A request to it got a good answer: failures in a row start over.
     pub fn request_succeeded(&self) {
+        self.breaker.succeeded(&self.url);
         if self.failures_in_a_row.load(Ordering::Relaxed) != 0 {
             self.failures_in_a_row.store(0, Ordering::Relaxed);
         }
@@ -395,7 +458,16 @@ mod tests {
             index_id: None,
             events: Events::Off,
         };
-        Worker::new(spec, CancellationToken::new(), &["/generate"])
+        let config = crate::FleetConfig {
+            health: crate::HealthConfig { failure_threshold: 1, success_threshold: 1, ..Default::default() },
+            breaker: crate::BreakerConfig::default(),
+            index_retention: Duration::from_secs(300),
+            load_poll: Duration::ZERO,
+            api_key: None,
+            events: None,
+            proxied_paths: &["/generate"],
+        };
+        Worker::new(spec, CancellationToken::new(), &config)
     }
 
     #[test]
@@ -451,5 +523,60 @@ mod tests {
         *w.quarantine.lock().unwrap() = Some(Instant::now() - Duration::from_millis(1));
         w.set_probe_result(true);
         assert!(w.is_routable());
+    }
+
+    #[test]
+    fn probes_move_a_worker_only_past_their_thresholds() {
+        let url = WorkerUrl::parse("http://e:1").unwrap();
+        let spec = Spec {
+            id: WorkerId(2),
+            url,
+            role: Role::Regular,
+            pool: PoolId::default_pool(),
+            index_id: None,
+            events: Events::Off,
+        };
+        let config = crate::FleetConfig {
+            health: crate::HealthConfig { failure_threshold: 3, success_threshold: 2, ..Default::default() },
+            breaker: crate::BreakerConfig::default(),
+            index_retention: Duration::from_secs(300),
+            load_poll: Duration::ZERO,
+            api_key: None,
+            events: None,
+            proxied_paths: &[],
+        };
+        let w = Worker::new(spec, CancellationToken::new(), &config);
+        w.discovered();
+        w.set_probe_result(true);
+        assert!(w.is_routable(), "the first probe decides at once");
+        w.set_probe_result(false);
+        w.set_probe_result(false);
+        w.set_probe_result(true);
+        w.set_probe_result(false);
+        w.set_probe_result(false);
+        assert!(w.is_routable(), "never three failures in a row");
+        w.set_probe_result(false);
+        assert!(!w.is_routable(), "three in a row");
+        w.set_probe_result(true);
+        assert!(!w.is_routable(), "one good probe of two");
+        w.set_probe_result(true);
+        assert!(w.is_routable());
+    }
+
+    #[test]
+    fn server_errors_open_the_breaker_and_take_the_worker_out() {
+        let w = worker("http://e:1");
+        w.discovered();
+        w.set_probe_result(true);
+        for _ in 0..9 {
+            w.answer_failed();
+        }
+        assert!(w.is_routable(), "nine of ten");
+        w.answer_failed();
+        assert_eq!(w.breaker_state(), BreakerState::Open);
+        assert!(!w.is_routable());
+        w.set_probe_result(true);
+        assert!(!w.is_routable(), "a good probe does not close the breaker");
+        assert_eq!(w.breaker_opened(), 1);
     }
 }

@@ -107,9 +107,23 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
         &mut out,
         "router_http_retries_total",
         "counter",
-        "Requests retried on another worker after a connect failure.",
+        "Attempts sent again (--retry-*): after a worker could not be reached or answered 408, 429 or 5xx.",
     );
     out.push_str(&format!("router_http_retries_total {}\n", m.retries.load(Ordering::Relaxed)));
+    head(
+        &mut out,
+        "router_http_queue_rejected_total",
+        "counter",
+        "Requests refused while waiting for a slot, by cause.",
+    );
+    out.push_str(&format!(
+        "router_http_queue_rejected_total{{cause=\"full\"}} {}\nrouter_http_queue_rejected_total{{cause=\"timeout\"}} {}\n",
+        m.queue_full.load(Ordering::Relaxed),
+        m.queue_timeouts.load(Ordering::Relaxed)
+    ));
+    head(&mut out, "router_http_queue_waiting", "gauge", "Requests waiting for a slot now.");
+    out.push_str(&format!("router_http_queue_waiting {}\n", gw.queue.waiting.load(Ordering::Relaxed)));
+    m.queue_wait.render(&mut out, "router_http_queue_wait_seconds", "How long queued requests waited for a slot.");
     head(
         &mut out,
         "router_http_over_budget_total",
@@ -169,6 +183,8 @@ fn describe(w: &Worker) -> Value {
         "pool": w.pool,
         "state": w.state().as_str(),
         "healthy": w.is_routable(),
+        "circuit": w.breaker_state().as_str(),
+        "circuit_opened": w.breaker_opened(),
         "down_for_s": w.down_for().map(|d| d.as_secs()),
         "in_flight": load.in_flight,
         "uncached_tokens": w.own_uncached_tokens(),

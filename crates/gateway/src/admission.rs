@@ -1,6 +1,8 @@
 //! Admission: whether a request may start at all, decided before its body
 //! is parsed or rendered. Two limits: requests in flight
-//! (`--max-concurrent-requests`, 429) and the memory of requests in
+//! (`--max-concurrent-requests`; past it a request waits in a queue of
+//! `--queue-size` for up to `--queue-timeout-secs`, 408 after, and 429 when
+//! the queue is full) and the memory of requests in
 //! progress (`--max-request-memory-bytes`, 429): a request reserves its body
 //! size times [`MEMORY_PER_BODY_BYTE`] (the parsed JSON, the rendered
 //! prompt, its tokens and page hashes) until it ends. And the render pool:
@@ -75,19 +77,65 @@ impl Budget {
 // === impl Admission ===
 
 impl Admission {
-    /// Admits a request whose body is `body_len` bytes, or says why not
-    /// (draining: 503; too many in flight or over the memory budget: 429).
+    /// Admits a request whose body is `body_len` bytes at once, or says why
+    /// not (draining: 503; too many in flight or over the memory budget: 429).
     pub fn admit(gw: &Arc<Gateway>, body_len: usize) -> Result<Self, GatewayError> {
         if gw.draining.load(Ordering::Relaxed) {
             return Err(GatewayError::Draining);
         }
-        if gw.in_flight.fetch_add(1, Ordering::Relaxed) >= gw.config.max_concurrent {
-            gw.in_flight.fetch_sub(1, Ordering::Relaxed);
-            return Err(GatewayError::Overloaded(gw.config.max_concurrent));
+        take(gw).map_err(Wait::refusal(gw))?;
+        Self::reserve(gw, body_len)
+    }
+
+    /// Admits a request, waiting for a slot in the queue when every slot is
+    /// taken: 429 when the queue is full, 408 when no slot frees in time.
+    pub async fn admit_waiting(gw: &Arc<Gateway>, body_len: usize) -> Result<Self, GatewayError> {
+        match Self::admit(gw, body_len) {
+            Err(GatewayError::Overloaded(_) | GatewayError::RateLimited(_)) if gw.config.queue_size > 0 => {}
+            other => return other,
         }
+        let queue = &gw.queue;
+        if queue.waiting.fetch_add(1, Ordering::AcqRel) >= gw.config.queue_size {
+            queue.waiting.fetch_sub(1, Ordering::AcqRel);
+            gw.metrics.queue_full.fetch_add(1, Ordering::Relaxed);
+            return Err(GatewayError::QueueFull(gw.config.max_concurrent, gw.config.queue_size));
+        }
+        let _waiting = Waiting(queue);
+        let started = std::time::Instant::now();
+        let wait = async {
+            loop {
+                let freed = queue.freed.notified();
+                tokio::pin!(freed);
+                // Registered before the check: a slot freed in between wakes it.
+                freed.as_mut().enable();
+                if gw.draining.load(Ordering::Relaxed) {
+                    return Err(GatewayError::Draining);
+                }
+                match take(gw) {
+                    Ok(()) => return Ok(()),
+                    Err(Wait::Slot) => freed.await,
+                    // The next token is due then (a slot freed meanwhile changes nothing).
+                    Err(Wait::Token(due)) => tokio::time::sleep(due).await,
+                }
+            }
+        };
+        let waited = tokio::time::timeout(gw.config.queue_timeout, wait).await;
+        gw.metrics.queue_wait.observe(started.elapsed().as_secs_f64());
+        match waited {
+            Ok(Ok(())) => Self::reserve(gw, body_len),
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                gw.metrics.queue_timeouts.fetch_add(1, Ordering::Relaxed);
+                Err(GatewayError::QueueTimeout(gw.config.queue_timeout))
+            }
+        }
+    }
+
+    /// With a slot taken: reserves the request's memory, or gives the slot back.
+    fn reserve(gw: &Arc<Gateway>, body_len: usize) -> Result<Self, GatewayError> {
         let reserved = body_len.saturating_mul(MEMORY_PER_BODY_BYTE);
         if !gw.budget.try_reserve(reserved) {
-            gw.in_flight.fetch_sub(1, Ordering::Relaxed);
+            release_slot(gw);
             gw.metrics.over_budget.fetch_add(1, Ordering::Relaxed);
             return Err(GatewayError::OverBudget(gw.budget.limit()));
         }
@@ -98,7 +146,117 @@ impl Admission {
 impl Drop for Admission {
     fn drop(&mut self) {
         self.gw.budget.release(self.reserved);
-        self.gw.in_flight.fetch_sub(1, Ordering::Relaxed);
+        release_slot(&self.gw);
+    }
+}
+
+/// Requests waiting for a slot.
+#[derive(Debug, Default)]
+pub struct Queue {
+    /// How many wait now.
+    pub waiting: AtomicUsize,
+    /// Woken when a slot frees while some wait.
+    freed: tokio::sync::Notify,
+}
+
+/// One place in the queue, given back on drop.
+struct Waiting<'a>(&'a Queue);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What a request waits for.
+#[derive(Debug, Clone, Copy)]
+enum Wait {
+    /// A slot (another request to end).
+    Slot,
+    /// A rate-limit token, due in this long.
+    Token(std::time::Duration),
+}
+
+impl Wait {
+    /// The refusal of a request that may not wait.
+    fn refusal(gw: &Gateway) -> impl Fn(Wait) -> GatewayError + '_ {
+        move |w| match w {
+            Wait::Slot => GatewayError::Overloaded(gw.config.max_concurrent),
+            Wait::Token(_) => GatewayError::RateLimited(gw.config.rate_limit.unwrap_or(0)),
+        }
+    }
+}
+
+/// Takes a rate-limit token (when limited) and a slot, or says which is missing.
+fn take(gw: &Gateway) -> Result<(), Wait> {
+    if let Some(bucket) = &gw.rate {
+        bucket.take().map_err(Wait::Token)?;
+    }
+    if take_slot(gw) {
+        return Ok(());
+    }
+    if let Some(bucket) = &gw.rate {
+        bucket.give_back();
+    }
+    Err(Wait::Slot)
+}
+
+/// A token bucket (`--rate-limit-tokens-per-second`): `rate` tokens a
+/// second, at most one second of them held (the burst).
+#[derive(Debug)]
+pub struct TokenBucket {
+    rate: f64,
+    state: std::sync::Mutex<(f64, std::time::Instant)>,
+}
+
+impl TokenBucket {
+    /// A full bucket of `rate` tokens, refilled at `rate` a second.
+    pub fn per_second(rate: u32) -> Self {
+        let rate = f64::from(rate.max(1));
+        Self { rate, state: std::sync::Mutex::new((rate, std::time::Instant::now())) }
+    }
+
+    /// Takes a token, or says how long until one is due.
+    pub fn take(&self) -> Result<(), std::time::Duration> {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        s.0 = (s.0 + now.duration_since(s.1).as_secs_f64() * self.rate).min(self.rate);
+        s.1 = now;
+        if s.0 >= 1.0 {
+            s.0 -= 1.0;
+            return Ok(());
+        }
+        Err(std::time::Duration::from_secs_f64((1.0 - s.0) / self.rate))
+    }
+
+    /// Returns a token taken for a request that did not start.
+    fn give_back(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.0 = (s.0 + 1.0).min(self.rate);
+    }
+}
+
+/// Takes one of the `--max-concurrent-requests` slots if one is free.
+/// Never counts past the limit, even for a moment: a waiter woken by a freed
+/// slot cannot lose it to a request that is about to be refused.
+fn take_slot(gw: &Gateway) -> bool {
+    let mut n = gw.in_flight.load(Ordering::Relaxed);
+    loop {
+        if n >= gw.config.max_concurrent {
+            return false;
+        }
+        match gw.in_flight.compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => return true,
+            Err(now) => n = now,
+        }
+    }
+}
+
+/// Gives a slot back, and wakes a waiter if any (no cost when none waits).
+fn release_slot(gw: &Gateway) {
+    gw.in_flight.fetch_sub(1, Ordering::AcqRel);
+    if gw.queue.waiting.load(Ordering::Acquire) > 0 {
+        gw.queue.freed.notify_one();
     }
 }
 
@@ -133,5 +291,19 @@ mod tests {
         assert!(!b.try_reserve(1));
         b.release(500);
         assert_eq!(b.used(), 0);
+    }
+
+    #[test]
+    fn a_token_bucket_holds_one_second_and_refills() {
+        let b = TokenBucket::per_second(4);
+        for _ in 0..4 {
+            assert!(b.take().is_ok());
+        }
+        let due = b.take().unwrap_err();
+        assert!(due <= std::time::Duration::from_millis(250) && due > std::time::Duration::ZERO, "{due:?}");
+        std::thread::sleep(due + std::time::Duration::from_millis(5));
+        assert!(b.take().is_ok(), "refilled");
+        b.give_back();
+        assert!(b.take().is_ok(), "given back");
     }
 }

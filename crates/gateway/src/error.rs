@@ -45,6 +45,15 @@ pub enum GatewayError {
     /// Too many requests in flight (429).
     #[error("too many requests in flight (limit {0})")]
     Overloaded(usize),
+    /// Every slot is taken and the queue for one is full (429).
+    #[error("too many requests in flight (limit {0}) and the queue is full ({1} waiting)")]
+    QueueFull(usize, usize),
+    /// Over `--rate-limit-tokens-per-second` (429).
+    #[error("over the rate limit of {0} requests a second")]
+    RateLimited(u32),
+    /// The request waited its whole `--queue-timeout-secs` for a slot (408).
+    #[error("no slot for the request within {0:?} (too many requests in flight)")]
+    QueueTimeout(std::time::Duration),
     /// The bytes of requests in progress would exceed the memory budget (429).
     #[error("the router's memory budget for requests in progress ({0} bytes) is spent; retry shortly")]
     OverBudget(usize),
@@ -116,6 +125,9 @@ impl GatewayError {
             GatewayError::Draining => "shutting_down",
             GatewayError::Overloaded(_) => "overloaded",
             GatewayError::OverBudget(_) => "memory_budget_exceeded",
+            GatewayError::QueueFull(..) => "queue_full",
+            GatewayError::RateLimited(_) => "rate_limited",
+            GatewayError::QueueTimeout(_) => "queue_timeout",
             GatewayError::Upstream { .. } => "upstream_unreachable",
             GatewayError::Timeout(_) => "upstream_timeout",
             GatewayError::NotFound(_) => "not_found",
@@ -136,7 +148,11 @@ impl GatewayError {
             GatewayError::HeaderFieldsTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             GatewayError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::NoWorker | GatewayError::Draining => StatusCode::SERVICE_UNAVAILABLE,
-            GatewayError::Overloaded(_) | GatewayError::OverBudget(_) => StatusCode::TOO_MANY_REQUESTS,
+            GatewayError::Overloaded(_)
+            | GatewayError::OverBudget(_)
+            | GatewayError::QueueFull(..)
+            | GatewayError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            GatewayError::QueueTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             GatewayError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
@@ -164,6 +180,9 @@ impl GatewayError {
             | GatewayError::Draining
             | GatewayError::Overloaded(_)
             | GatewayError::OverBudget(_)
+            | GatewayError::QueueFull(..)
+            | GatewayError::RateLimited(_)
+            | GatewayError::QueueTimeout(_)
             | GatewayError::Internal(_) => Side::Internal,
         }
     }

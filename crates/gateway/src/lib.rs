@@ -12,12 +12,14 @@
 mod admin;
 pub mod admission;
 pub mod auth;
+pub mod context;
 pub mod error;
 mod h1;
 pub mod metrics;
 pub mod namespace;
 mod proxy;
 mod routes;
+mod served;
 mod shape;
 
 use std::sync::Arc;
@@ -32,7 +34,7 @@ use renderer::Renderer;
 
 pub use error::GatewayError;
 pub use fleet::{Fleet, HashModes, LoadGuard, Worker, WorkerInfo, worker_client};
-pub use h1::{serve, serve_admin};
+pub use h1::{serve, serve_admin, serve_metrics};
 pub use metrics::GatewayMetrics;
 pub use proxy::PROXIED_PATHS;
 
@@ -69,6 +71,105 @@ pub struct GatewayConfig {
     /// The control plane has a listener of its own ([`serve_admin`]): the client
     /// listener does not serve its routes.
     pub admin_listener: bool,
+    /// Retries of requests no byte of whose answer reached the client.
+    pub retry: RetryConfig,
+    /// Requests that may wait for a slot when all are taken (`--queue-size`; 0: refuse at once).
+    pub queue_size: usize,
+    /// Longest a request waits in that queue (`--queue-timeout-secs`; 408 after).
+    pub queue_timeout: Duration,
+    /// Bounds of the latency histograms, in seconds (`--prometheus-duration-buckets`).
+    pub duration_buckets: Vec<f64>,
+    /// Headers a client's request id is looked for in, in order (`--request-id-headers`).
+    pub request_id_headers: Vec<String>,
+    /// Which browser origins may call the router (`--cors-allowed-origins`).
+    pub cors: context::Cors,
+    /// Requests admitted per second on average (`--rate-limit-tokens-per-second`; none: no limit).
+    pub rate_limit: Option<u32>,
+}
+
+/// Retries (SGLang Model Gateway's `--retry-*` flags): a request whose worker
+/// could not be reached, or answered 408, 429, 500, 502, 503 or 504, is sent
+/// again after a backoff, to another worker when there is one, as long as no
+/// byte of the answer went to the client.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryConfig {
+    /// Off: every request is sent once (`--disable-retries`).
+    pub enabled: bool,
+    /// Most attempts in all, the first included (`--retry-max-retries`, as
+    /// SGLang Model Gateway counts it: 5 is one try and four retries).
+    pub max_retries: u32,
+    /// Wait before the first retry (`--retry-initial-backoff-ms`).
+    pub initial_backoff: Duration,
+    /// Longest wait between two attempts (`--retry-max-backoff-ms`).
+    pub max_backoff: Duration,
+    /// Each wait is the one before times this (`--retry-backoff-multiplier`).
+    pub multiplier: f64,
+    /// Each wait is moved by up to this fraction of it, at random (`--retry-jitter-factor`).
+    pub jitter: f64,
+}
+
+impl Default for RetryConfig {
+    /// SGLang Model Gateway's defaults.
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_retries: 5,
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_millis(30_000),
+            multiplier: 1.5,
+            jitter: 0.2,
+        }
+    }
+}
+
+impl RetryConfig {
+    /// Attempts in all, the first included (at least one).
+    pub fn max_attempts(&self) -> u32 {
+        self.max_retries.max(1)
+    }
+
+    /// Whether a worker's answer with `status` is worth another attempt.
+    pub fn retryable(status: u16) -> bool {
+        matches!(status, 408 | 429 | 500 | 502 | 503 | 504)
+    }
+
+    /// The wait before retry `n` (1 for the first): the initial backoff times
+    /// the multiplier `n - 1` times, capped, then moved by the jitter.
+    pub fn backoff(&self, n: u32) -> Duration {
+        let base =
+            self.initial_backoff.as_secs_f64() * self.multiplier.max(1.0).powi(n.saturating_sub(1).min(64) as i32);
+        let base = base.min(self.max_backoff.as_secs_f64());
+        let jitter = self.jitter.clamp(0.0, 1.0) * (2.0 * unit_random() - 1.0);
+        Duration::from_secs_f64((base * (1.0 + jitter)).max(0.0))
+    }
+}
+
+/// A number in [0, 1) for jitter.
+fn unit_random() -> f64 {
+    (random_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// A fast per-thread pseudo-random number (xorshift64*, seeded from the
+/// clock and the thread): for jitter and request ids, never for secrets.
+pub(crate) fn random_u64() -> u64 {
+    use std::cell::Cell;
+    thread_local! { static STATE: Cell<u64> = Cell::new(seed()); }
+    fn seed() -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        // The std hasher's per-process random keys tell two threads (and two processes) apart.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(t);
+        h.finish() | 1
+    }
+    STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        s.set(x);
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    })
 }
 
 /// What one client connection may hold, and for how long: the deadlines and
@@ -156,10 +257,16 @@ pub struct Gateway {
     pub(crate) in_flight: AtomicUsize,
     /// The memory of requests in progress.
     pub budget: admission::Budget,
+    /// Requests waiting for a slot.
+    pub queue: admission::Queue,
+    /// The rate limit's token bucket, when there is one.
+    pub(crate) rate: Option<admission::TokenBucket>,
     /// Slots of the render pool.
     pub(crate) render_slots: tokio::sync::Semaphore,
     /// One slot per open client connection (`--max-connections`), over every serving thread.
     pub(crate) connections: Arc<tokio::sync::Semaphore>,
+    /// The router's own calls to the workers (`/flush_cache`, `/get_model_info`), with `--api-key`.
+    pub(crate) workers_client: reqwest::Client,
 }
 
 // === impl Gateway ===
@@ -181,9 +288,13 @@ impl Gateway {
     ) -> Self {
         Self {
             budget: admission::Budget::new(config.max_request_memory),
+            queue: admission::Queue::default(),
+            rate: config.rate_limit.map(admission::TokenBucket::per_second),
+            metrics: GatewayMetrics::new(&config.duration_buckets),
             render_slots: tokio::sync::Semaphore::new(config.render_threads.max(1)),
             connections: Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections.max(1))),
             worker_auth: config.worker_api_key.as_deref().and_then(fleet::bearer),
+            workers_client: fleet::worker_client(config.worker_api_key.as_deref(), Some(Duration::from_secs(30))),
             control_keys: auth::Keys::new(&config.control_plane_keys),
             client_keys: auth::Keys::new(&config.client_keys),
             config,
@@ -192,7 +303,6 @@ impl Gateway {
             index,
             renderer,
             chain_memo: renderer::ChainMemo::new(renderer::DEFAULT_CHAIN_MEMO_PAGES),
-            metrics: GatewayMetrics::default(),
             draining: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
         }

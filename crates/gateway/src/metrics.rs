@@ -20,8 +20,14 @@ pub struct GatewayMetrics {
     pub errors: LabeledCounter,
     /// Decisions by `reason` (the policy is fixed per router).
     pub decisions: LabeledCounter,
-    /// Requests retried on another worker after a connect failure.
+    /// Retries: requests sent again after a connect failure or a retryable status.
     pub retries: AtomicU64,
+    /// Requests refused because the queue for a slot was full.
+    pub queue_full: AtomicU64,
+    /// Requests that waited their whole queue timeout.
+    pub queue_timeouts: AtomicU64,
+    /// How long queued requests waited for a slot.
+    pub queue_wait: Histogram,
     /// Requests refused because the memory budget was spent.
     pub over_budget: AtomicU64,
     /// Whole-request latency.
@@ -36,14 +42,25 @@ pub struct GatewayMetrics {
 
 impl Default for GatewayMetrics {
     fn default() -> Self {
+        Self::new(&LATENCY_BUCKETS)
+    }
+}
+
+impl GatewayMetrics {
+    /// The metrics, with `buckets` (seconds) for the latency histograms
+    /// (`--prometheus-duration-buckets`).
+    pub fn new(buckets: &[f64]) -> Self {
         Self {
+            queue_full: AtomicU64::new(0),
+            queue_timeouts: AtomicU64::new(0),
+            queue_wait: Histogram::new(buckets),
             requests: LabeledCounter::default(),
             decisions: LabeledCounter::default(),
             errors: LabeledCounter::default(),
             retries: AtomicU64::new(0),
             over_budget: AtomicU64::new(0),
-            latency: Histogram::new(&LATENCY_BUCKETS),
-            ttfb: Histogram::new(&LATENCY_BUCKETS),
+            latency: Histogram::new(buckets),
+            ttfb: Histogram::new(buckets),
             matched_tokens: Histogram::new(&TOKEN_BUCKETS),
         }
     }

@@ -19,7 +19,7 @@ use tracing::{Instrument, Span, debug, debug_span, warn};
 
 use crate::admission::Admission;
 use crate::shape::Required;
-use crate::{Gateway, GatewayError};
+use crate::{Gateway, GatewayError, RetryConfig};
 use fleet::{LoadGuard, Worker};
 
 /// The header SGLang and vLLM read a data-parallel rank hint from.
@@ -80,14 +80,20 @@ pub(crate) fn failed_mid_answer(worker: &Worker, e: &dyn std::fmt::Display, sse:
 }
 
 /// The paths requests are proxied to (every [`Route`]'s), for the fleet to parse once per worker.
-pub const PROXIED_PATHS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/generate"];
+pub const PROXIED_PATHS: &[&str] =
+    &["/v1/chat/completions", "/v1/completions", "/generate", "/v1/embeddings", "/v1/rerank", "/v1/classify"];
 
-/// The proxied routes.
+/// The proxied routes. The first three carry a prompt the policy may read;
+/// the others are passed through to the worker the policy picks by load
+/// (their bodies are checked to be JSON objects, never rendered).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Route {
     Chat,
     Completions,
     Generate,
+    Embeddings,
+    Rerank,
+    Classify,
 }
 
 /// A routing decision and what it was based on.
@@ -147,7 +153,13 @@ pub(crate) struct SendError {
 
 impl Route {
     /// Every proxied route.
-    pub(crate) const ALL: [Route; 3] = [Route::Chat, Route::Completions, Route::Generate];
+    pub(crate) const ALL: [Route; 6] =
+        [Route::Chat, Route::Completions, Route::Generate, Route::Embeddings, Route::Rerank, Route::Classify];
+
+    /// Whether the route carries a prompt (rendered, tokenized, matched against the index).
+    pub(crate) fn has_prompt(self) -> bool {
+        matches!(self, Route::Chat | Route::Completions | Route::Generate)
+    }
 
     /// The proxied route at `path`, if any.
     pub(crate) fn from_path(path: &str) -> Option<Route> {
@@ -159,6 +171,9 @@ impl Route {
             Route::Chat => PROXIED_PATHS[0],
             Route::Completions => PROXIED_PATHS[1],
             Route::Generate => PROXIED_PATHS[2],
+            Route::Embeddings => PROXIED_PATHS[3],
+            Route::Rerank => PROXIED_PATHS[4],
+            Route::Classify => PROXIED_PATHS[5],
         }
     }
 
@@ -167,6 +182,9 @@ impl Route {
             Route::Chat => "chat",
             Route::Completions => "completions",
             Route::Generate => "generate",
+            Route::Embeddings => "embeddings",
+            Route::Rerank => "rerank",
+            Route::Classify => "classify",
         }
     }
 }
@@ -234,13 +252,14 @@ fn parse_json(bytes: &[u8]) -> Result<Value, GatewayError> {
 /// The body as far as the router needs it: the parsed JSON, or `None` when
 /// the policy needs nothing from it and only its shape was checked (no tree built).
 pub(crate) fn parse_body(gw: &Gateway, route: Route, bytes: &[u8]) -> Result<Option<Value>, GatewayError> {
-    if gw.index.is_some() || gw.policy.needs_tokens() || gw.policy.needs_text() {
+    if route.has_prompt() && (gw.index.is_some() || gw.policy.needs_tokens() || gw.policy.needs_text()) {
         return parse_json(bytes).map(Some);
     }
     let required = match route {
         Route::Chat => Required::Messages,
         Route::Completions => Required::Prompt,
         Route::Generate => Required::TextOrIds,
+        Route::Embeddings | Route::Rerank | Route::Classify => Required::Object,
     };
     crate::shape::check(bytes, required).map_err(GatewayError::BadRequest)?;
     Ok(None)
@@ -260,6 +279,8 @@ fn prompt(gw: &Gateway, route: Route, v: &Value) -> Result<(Vec<u32>, Option<Str
                 Ok((Vec::new(), Some(gw.renderer.render_text(&req)?)))
             }
         }
+        // Never asked: these routes' bodies are not parsed (`parse_body`).
+        Route::Embeddings | Route::Rerank | Route::Classify => Ok((Vec::new(), None)),
         Route::Completions | Route::Generate => {
             let p = if route == Route::Completions {
                 Prompt::from_completions(v.get("prompt").unwrap_or(&Value::Null), vocab)?
@@ -320,7 +341,12 @@ pub(crate) fn plan(gw: &Gateway, route: Route, v: Option<&Value>) -> Result<Plan
         .iter()
         .map(|w| {
             let blocks = w.index_id.and_then(|id| matched.get(&id)).map_or(0, |m| u64::from(m.0));
-            Candidate { worker: w.id, load: w.load(), matched_tokens: (blocks * bs).min(input_tokens) }
+            Candidate {
+                worker: w.id,
+                load: w.load(),
+                matched_tokens: (blocks * bs).min(input_tokens),
+                followed: w.is_followed(),
+            }
         })
         .collect();
     let decision = gw
@@ -339,6 +365,7 @@ pub(crate) fn request_span(gw: &Gateway, route: Route) -> Span {
     debug_span!(
         "request",
         route = route.label(),
+        request_id = tracing::field::Empty,
         policy = gw.policy.name(),
         worker = tracing::field::Empty,
         matched_tokens = tracing::field::Empty,
@@ -347,26 +374,31 @@ pub(crate) fn request_span(gw: &Gateway, route: Route) -> Span {
 }
 
 /// Counts (and logs, by side) a request that failed before any answer from a worker.
-pub(crate) fn count_error(gw: &Gateway, route: Route, e: &GatewayError) {
+pub(crate) fn count_error(gw: &Gateway, route: Route, e: &GatewayError, id: Option<&str>) {
     gw.metrics.requests.inc(format_args!("route=\"{}\",status=\"{}\"", route.label(), e.status().as_u16()));
     let side = e.side();
     gw.metrics.errors.inc(format_args!("side=\"{}\",type=\"{}\"", side.as_str(), e.kind()));
     // A worker's or our own failure is worth a line; refusals and load shedding are not (at that rate).
     match e {
         GatewayError::Upstream { .. } | GatewayError::Timeout(_) | GatewayError::Internal(_) => {
-            warn!(route = route.label(), kind = e.kind(), side = side.as_str(), error = %e, "request failed");
+            warn!(request_id = id, route = route.label(), kind = e.kind(), side = side.as_str(), error = %e, "request failed");
         }
-        _ => debug!(route = route.label(), kind = e.kind(), side = side.as_str(), error = %e, "request refused"),
+        _ => {
+            debug!(request_id = id, route = route.label(), kind = e.kind(), side = side.as_str(), error = %e, "request refused")
+        }
     }
 }
 
 pub(crate) async fn handle(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body, route: Route) -> Response {
     let span = request_span(&gw, route);
+    // Set by the context layer on every request.
+    let id = headers.get(crate::context::REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    span.record("request_id", id.as_str());
     async move {
-        match serve(gw.clone(), headers, body, route).await {
+        match serve(gw.clone(), headers, body, route, &id).await {
             Ok(r) => r,
             Err(e) => {
-                count_error(&gw, route, &e);
+                count_error(&gw, route, &e, Some(&id));
                 e.into_response()
             }
         }
@@ -376,11 +408,18 @@ pub(crate) async fn handle(State(gw): State<Arc<Gateway>>, headers: HeaderMap, b
 }
 
 /// The axum front end: read the body, forward with hyper's client, relay the answer.
-async fn serve(gw: Arc<Gateway>, mut headers: HeaderMap, body: Body, route: Route) -> Result<Response, GatewayError> {
+async fn serve(
+    gw: Arc<Gateway>,
+    mut headers: HeaderMap,
+    body: Body,
+    route: Route,
+    id: &str,
+) -> Result<Response, GatewayError> {
     let start = Instant::now();
     // Admitted before the body is read: a chunked body of unknown size is charged the largest one.
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<usize>().ok());
-    let admission = Admission::admit(&gw, declared.unwrap_or(gw.config.max_body_bytes).min(gw.config.max_body_bytes))?;
+    let charged = declared.unwrap_or(gw.config.max_body_bytes).min(gw.config.max_body_bytes);
+    let admission = Admission::admit_waiting(&gw, charged).await?;
     let bytes = read_body(&gw, body).await?;
     let client = gw.client();
     let connection: Vec<&str> = headers.get_all(header::CONNECTION).iter().filter_map(|v| v.to_str().ok()).collect();
@@ -400,7 +439,7 @@ async fn serve(gw: Arc<Gateway>, mut headers: HeaderMap, body: Body, route: Rout
         headers.insert(header::AUTHORIZATION, v);
     }
     let headers = Arc::new(headers);
-    let (guard, worker, resp) = forward(&gw, admission, route, bytes, start, |worker, body, rank| {
+    let (guard, worker, resp) = forward(&gw, admission, route, bytes, start, id, |worker, body, rank| {
         let (client, headers) = (client.clone(), headers.clone());
         async move {
             let Some(endpoint) = worker.endpoint(route.path()) else {
@@ -427,7 +466,9 @@ async fn serve(gw: Arc<Gateway>, mut headers: HeaderMap, body: Body, route: Rout
 
 /// Routes an admitted request and delivers it: parse and plan (off the
 /// serving thread when the body is large), account, then `send` it to the
-/// chosen worker, once more to another worker if nothing reached the first.
+/// chosen worker, again (`--retry-*`, after a backoff, on another worker when
+/// there is one) while it could not be reached or answered a retryable
+/// status: nothing of that answer has reached the client.
 /// Returns the request's load guard, the worker, and what `send` returned
 /// (the answer's head).
 pub(crate) async fn forward<T, F, Fut>(
@@ -436,9 +477,11 @@ pub(crate) async fn forward<T, F, Fut>(
     route: Route,
     bytes: Bytes,
     start: Instant,
+    id: &str,
     mut send: F,
 ) -> Result<(InFlight, Arc<Worker>, T), GatewayError>
 where
+    T: AnswerHead,
     F: FnMut(Arc<Worker>, Bytes, Option<DpRank>) -> Fut,
     Fut: std::future::Future<Output = Result<T, SendError>>,
 {
@@ -479,42 +522,87 @@ where
     let mut worker = chosen.clone();
     let load = worker.charge(uncached);
     let mut guard = InFlight { gw: gw.clone(), _admission: admission, load, route, status: 0, start };
-    let mut retried = false;
+    let retry = &gw.config.retry;
+    let mut tried = vec![worker.id];
+    let mut attempt = 1u32;
     loop {
-        match tokio::time::timeout(gw.config.request_timeout, send(worker.clone(), body.clone(), rank)).await {
+        let may_retry = retry.enabled && attempt < retry.max_attempts();
+        let next = match tokio::time::timeout(gw.config.request_timeout, send(worker.clone(), body.clone(), rank)).await
+        {
             Ok(Ok(answer)) => {
-                gw.metrics.ttfb.observe(start.elapsed().as_secs_f64());
-                worker.request_succeeded();
-                return Ok((guard, worker, answer));
+                let status = answer.status();
+                if status >= 500 {
+                    worker.answer_failed();
+                } else {
+                    worker.request_succeeded();
+                }
+                // A retryable status goes back to the client unless another attempt is due and possible.
+                let next = (may_retry && RetryConfig::retryable(status)).then(|| next_worker(gw, &tried)).flatten();
+                let Some(next) = next else {
+                    gw.metrics.ttfb.observe(start.elapsed().as_secs_f64());
+                    return Ok((guard, worker, answer));
+                };
+                // Nothing of this answer reached the client: it is dropped (its connection closed).
+                drop(answer);
+                warn!(request_id = id, worker = %worker.url, status, next = %next.url, attempt, "worker answered a retryable status, retrying");
+                next
             }
             Ok(Err(e)) => {
                 worker.request_failed();
                 let failed =
                     GatewayError::Upstream { worker: worker.url.to_string(), message: e.message, retryable: e.connect };
-                // Nothing reached the worker: once more on the least loaded other worker.
-                let next = (!retried && failed.retryable_elsewhere())
-                    .then(|| {
-                        let snapshot = gw.fleet.snapshot();
-                        let others = snapshot.iter().filter(|w| w.is_routable() && w.id != worker.id);
-                        others.min_by_key(|w| (w.load().in_flight, w.load().uncached_tokens)).cloned()
-                    })
-                    .flatten();
+                // Nothing reached the worker: again, on another worker when there is one.
+                let next = (may_retry && failed.retryable_elsewhere()).then(|| next_worker(gw, &tried)).flatten();
                 let Some(next) = next else { return Err(failed) };
-                warn!(worker = %worker.url, error = %failed, "worker unreachable, retrying elsewhere");
-                gw.metrics.retries.fetch_add(1, Ordering::Relaxed);
-                retried = true;
-                worker = next;
-                // The load moves: the first worker's charge is released as it is replaced.
-                guard.load = worker.charge(uncached);
-                // The rank hint was for the first worker; the next one places it itself.
-                (body, rank) = (bytes.clone(), None);
+                warn!(request_id = id, worker = %worker.url, error = %failed, next = %next.url, attempt, "worker unreachable, retrying");
+                next
             }
             Err(_) => {
                 // A worker that answers its probes but not its requests must not stay in rotation.
+                // Not retried: the worker may be working on it.
                 worker.request_failed();
                 return Err(GatewayError::Timeout(worker.url.to_string()));
             }
+        };
+        gw.metrics.retries.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(retry.backoff(attempt)).await;
+        attempt += 1;
+        // The policy learns where the request really went (the text tree, the turn taken).
+        let moved = Decision { worker: next.id, reason: plan.decision.reason };
+        gw.policy.commit(&moved, &plan.candidates, &plan.request());
+        worker = next;
+        if !tried.contains(&worker.id) {
+            tried.push(worker.id);
         }
+        // The load moves: the first worker's charge is released as it is replaced.
+        guard.load = worker.charge(uncached);
+        // The rank hint was for the first worker; the next one places it itself.
+        (body, rank) = (bytes.clone(), None);
+    }
+}
+
+/// The worker a retry goes to: the least loaded routable one not tried yet,
+/// else the least loaded routable one (a retry may go back to a worker).
+fn next_worker(gw: &Gateway, tried: &[router_types::WorkerId]) -> Option<Arc<Worker>> {
+    let snapshot = gw.fleet.snapshot();
+    let routable = || snapshot.iter().filter(|w| w.is_routable());
+    let by_load = |w: &&Arc<Worker>| (w.load().in_flight, w.load().uncached_tokens);
+    routable()
+        .filter(|w| !tried.contains(&w.id))
+        .min_by_key(by_load)
+        .or_else(|| routable().min_by_key(by_load))
+        .cloned()
+}
+
+/// What `forward` needs of a worker's answer head.
+pub(crate) trait AnswerHead {
+    /// Its status code.
+    fn status(&self) -> u16;
+}
+
+impl AnswerHead for axum::http::Response<hyper::body::Incoming> {
+    fn status(&self) -> u16 {
+        self.status().as_u16()
     }
 }
 

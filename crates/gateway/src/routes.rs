@@ -11,10 +11,10 @@ use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 
-use crate::admin;
 use crate::auth::Plane;
 use crate::proxy::{Route, count_error, handle};
 use crate::{Gateway, GatewayError};
+use crate::{admin, served};
 
 /// The gateway's routes (axum): the data plane (the OpenAI routes, behind
 /// `--client-api-keys` when set), the probes (open), and, unless the control
@@ -24,7 +24,15 @@ pub(crate) fn router(gw: Arc<Gateway>) -> axum::Router {
         .route("/v1/chat/completions", post(|s, h, b| handle(s, h, b, Route::Chat)))
         .route("/v1/completions", post(|s, h, b| handle(s, h, b, Route::Completions)))
         .route("/generate", post(|s, h, b| handle(s, h, b, Route::Generate)))
+        .route("/v1/embeddings", post(|s, h, b| handle(s, h, b, Route::Embeddings)))
+        .route("/v1/rerank", post(|s, h, b| handle(s, h, b, Route::Rerank)))
+        .route("/rerank", post(|s, h, b| handle(s, h, b, Route::Rerank)))
+        .route("/v1/classify", post(|s, h, b| handle(s, h, b, Route::Classify)))
         .route("/v1/models", get(admin::models))
+        .route("/v1/tokenize", post(served::tokenize))
+        .route("/v1/detokenize", post(served::detokenize))
+        .route("/get_model_info", get(served::first_worker))
+        .route("/get_server_info", get(served::first_worker))
         .route_layer(axum::middleware::from_fn_with_state((gw.clone(), Plane::Data), require_key));
     let router = probes().merge(data);
     let router = if gw.config.admin_listener { router } else { router.merge(control_plane(gw.clone())) };
@@ -34,6 +42,11 @@ pub(crate) fn router(gw: Arc<Gateway>) -> axum::Router {
 /// The control plane's own listener (`--admin-port`): its routes and the probes.
 pub(crate) fn admin_router(gw: Arc<Gateway>) -> axum::Router {
     finish(probes().merge(control_plane(gw.clone())), gw)
+}
+
+/// The Prometheus listener's one route (`--prometheus-port`): `/metrics`, open.
+pub(crate) fn metrics_router(gw: Arc<Gateway>) -> axum::Router {
+    finish(axum::Router::new().route("/metrics", get(admin::metrics)), gw)
 }
 
 /// Liveness and readiness: open to all (orchestrators call them without keys).
@@ -51,6 +64,8 @@ fn control_plane(gw: Arc<Gateway>) -> axum::Router<Arc<Gateway>> {
         .route("/metrics", get(admin::metrics))
         .route("/workers", get(admin::list_workers).post(admin::add_worker))
         .route("/workers/{*url}", delete(admin::remove_worker))
+        .route("/flush_cache", post(served::flush_cache))
+        .route("/get_loads", get(served::get_loads))
         .route_layer(axum::middleware::from_fn_with_state((gw, Plane::Control), require_key))
 }
 
@@ -61,6 +76,7 @@ fn finish(router: axum::Router<Arc<Gateway>>, gw: Arc<Gateway>) -> axum::Router 
             GatewayError::MethodNotAllowed(format!("{method} {}", uri.path()))
         })
         .layer(axum::middleware::from_fn_with_state(gw.clone(), refuse_oversized))
+        .layer(axum::middleware::from_fn_with_state(gw.clone(), crate::context::layer))
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(gw)
 }
@@ -79,7 +95,8 @@ async fn require_key(
         Ok(()) => next.run(req).await,
         Err(e) => {
             if let Some(route) = Route::from_path(req.uri().path()) {
-                count_error(&gw, route, &e);
+                let id = req.headers().get(crate::context::REQUEST_ID_HEADER).and_then(|v| v.to_str().ok());
+                count_error(&gw, route, &e, id);
             }
             e.into_response()
         }

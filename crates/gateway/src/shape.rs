@@ -36,6 +36,8 @@ pub(crate) enum Required {
     Prompt,
     /// `text` or `input_ids` must be present.
     TextOrIds,
+    /// Any JSON object (the routes passed through without a prompt: embeddings, rerank, classify).
+    Object,
 }
 
 /// Why a body was refused: the message for a 400.

@@ -27,8 +27,10 @@ pub struct Faults {
     pub restart_publisher: bool,
     /// Delay every event batch by this many milliseconds.
     pub event_delay_ms: u64,
-    /// The next N requests fail with HTTP 500.
+    /// The next N requests fail with HTTP 500 (or `fail_status`).
     pub fail_next: usize,
+    /// The status of those failures (0: 500); 503 makes an overloaded engine.
+    pub fail_status: u16,
     /// The next N requests never answer.
     pub hang_next: usize,
     /// The next N streamed requests die after their first chunk.
@@ -38,8 +40,8 @@ pub struct Faults {
 /// A fault that hits one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestFault {
-    /// Answer 500.
-    Fail,
+    /// Answer this error status.
+    Fail(u16),
     /// Never answer.
     Hang,
     /// Stream one chunk, then break the connection.
@@ -129,6 +131,8 @@ pub struct Engine {
     faults: Mutex<Faults>,
     /// Requests served, prompt tokens, cached prompt tokens.
     pub requests: AtomicU64,
+    /// `/flush_cache` calls served.
+    pub flushes: AtomicU64,
     /// ...
     pub prompt_tokens: AtomicU64,
     /// ...
@@ -177,6 +181,7 @@ impl Engine {
             next_rank: AtomicUsize::new(0),
             faults: Mutex::new(Faults::default()),
             requests: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
             cached_tokens: AtomicU64::new(0),
         }
@@ -217,7 +222,10 @@ impl Engine {
         }
         let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
         faults.event_delay_ms = f.event_delay_ms;
-        faults.fail_next += f.fail_next;
+        faults.fail_next = faults.fail_next.saturating_add(f.fail_next);
+        if f.fail_status != 0 {
+            faults.fail_status = f.fail_status;
+        }
         faults.hang_next += f.hang_next;
         faults.die_mid_stream_next += f.die_mid_stream_next;
     }
@@ -227,7 +235,7 @@ impl Engine {
         let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
         if f.fail_next > 0 {
             f.fail_next -= 1;
-            return Some(RequestFault::Fail);
+            return Some(RequestFault::Fail(if f.fail_status == 0 { 500 } else { f.fail_status }));
         }
         if f.hang_next > 0 {
             f.hang_next -= 1;
@@ -341,6 +349,27 @@ impl Engine {
         let delay = Duration::from_millis(self.faults.lock().unwrap_or_else(|p| p.into_inner()).event_delay_ms);
         let batch = EventBatch { ts, events, dp_rank: Some(router_types::DpRank(rank as u32)) };
         let _ = queue.send((Instant::now() + delay, batch)).await;
+    }
+
+    /// Empties every rank's cache and publishes `AllBlocksCleared`, as
+    /// SGLang's `/flush_cache` does; the number of pages dropped.
+    pub async fn flush_cache(&self) -> usize {
+        let mut dropped = 0;
+        for (rank, r) in self.ranks.iter().enumerate() {
+            {
+                let mut cache = r.cache.lock().unwrap_or_else(|p| p.into_inner());
+                dropped += cache.len();
+                cache.clear();
+            }
+            let Some(queue) = &r.events else { continue };
+            let ts =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+            let batch =
+                EventBatch { ts, events: vec![KvEvent::AllCleared], dp_rank: Some(router_types::DpRank(rank as u32)) };
+            let _ = queue.send((Instant::now(), batch)).await;
+        }
+        self.flushes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        dropped
     }
 
     /// Waits the time of one generated token.

@@ -36,6 +36,8 @@ pub(crate) fn router(engine: Arc<Engine>) -> axum::Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/generate", post(generate))
+        .route("/flush_cache", post(flush_cache))
+        .route("/get_model_info", get(model_info))
         .route("/admin/faults", post(faults))
         .route("/admin/state", get(state))
         .with_state(engine);
@@ -95,6 +97,17 @@ async fn models(State(e): State<Arc<Engine>>) -> Json<Value> {
     )
 }
 
+/// SGLang answers a plain-text line.
+async fn flush_cache(State(e): State<Arc<Engine>>) -> &'static str {
+    e.flush_cache().await;
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n"
+}
+
+async fn model_info(State(e): State<Arc<Engine>>) -> Json<Value> {
+    let c = e.config();
+    Json(json!({"model_path": c.model_id, "tokenizer_path": c.model_id, "is_generation": true}))
+}
+
 async fn faults(State(e): State<Arc<Engine>>, Json(f): Json<Faults>) -> Json<Value> {
     e.set_faults(f).await;
     Json(json!({"ok": true}))
@@ -104,6 +117,7 @@ async fn state(State(e): State<Arc<Engine>>) -> Json<Value> {
     use std::sync::atomic::Ordering::Relaxed;
     Json(json!({
         "cached_pages": e.cached_pages(),
+        "flushes": e.flushes.load(Relaxed),
         "requests": e.requests.load(Relaxed),
         "prompt_tokens": e.prompt_tokens.load(Relaxed),
         "cached_tokens": e.cached_tokens.load(Relaxed),
@@ -214,8 +228,9 @@ async fn loads(State(e): State<Arc<Engine>>) -> Json<Value> {
 async fn serve(e: Arc<Engine>, route: Route, v: &Value, tokens: Vec<u32>, rank: Option<usize>) -> Response {
     let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
     match e.take_fault(stream) {
-        Some(RequestFault::Fail) => {
-            return error(StatusCode::INTERNAL_SERVER_ERROR, "injected failure", "server_error");
+        Some(RequestFault::Fail(status)) => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            return error(status, "injected failure", "server_error");
         }
         Some(RequestFault::Hang) => {
             std::future::pending::<()>().await;

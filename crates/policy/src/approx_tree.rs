@@ -306,7 +306,12 @@ mod tests {
     use crate::Load;
 
     fn cand(worker: u32, in_flight: u32) -> Candidate {
-        Candidate { worker: WorkerId(worker), load: Load { in_flight, uncached_tokens: 0 }, matched_tokens: 0 }
+        Candidate {
+            worker: WorkerId(worker),
+            load: Load { in_flight, uncached_tokens: 0 },
+            matched_tokens: 0,
+            followed: false,
+        }
     }
 
     fn ask(text: &str) -> RequestInfo<'_> {

@@ -3,7 +3,21 @@
 //! take the one with the fewest uncached tokens, unless a near-equal hit sits
 //! on a materially less loaded worker; with no such worker, power of two.
 //! The random stream of that fallback moves on `commit` only.
+//!
+//! With a text tree ([`CacheAware::with_text_tree`], SGLang Model Gateway's
+//! `cache_aware` for engines that publish no events), a worker whose events
+//! are not followed is judged by the tree of the text this router sent it:
+//! it is a hit when its match covers more than the tree's `cache_threshold`
+//! of the prompt, credited with that share of the prompt's tokens, and
+//! ranked with the followed workers' exact hits. The tree learns (on
+//! `commit`) only what goes to such workers.
 
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use router_types::WorkerId;
+
+use crate::approx_tree::{ApproxTree, ApproxTreeConfig};
 use crate::simple::{SplitMix, check, commit_power_of_two, power_of_two};
 use crate::{Candidate, Decision, Policy, PolicyError, Reason, RequestInfo};
 
@@ -33,6 +47,24 @@ pub struct CacheAwareConfig {
 pub struct CacheAware {
     config: CacheAwareConfig,
     rng: SplitMix,
+    /// The text tree for workers whose events are not followed.
+    text: Option<TextTree>,
+}
+
+/// What the router sent each unfollowed worker, as text.
+#[derive(Debug)]
+struct TextTree {
+    config: ApproxTreeConfig,
+    tree: Mutex<ApproxTree>,
+    clock: AtomicU64,
+}
+
+/// A candidate as judged: exact (events) or estimated (text tree).
+#[derive(Debug, Clone, Copy)]
+struct Judged {
+    c: Candidate,
+    hit: bool,
+    estimated: bool,
 }
 
 // === impl CacheAwareConfig ===
@@ -65,7 +97,24 @@ impl CacheAwareConfig {
 impl CacheAware {
     /// The policy with `config`; `seed` drives the power-of-two fallback.
     pub fn new(config: CacheAwareConfig, seed: u64) -> Self {
-        Self { config, rng: SplitMix::new(seed) }
+        Self { config, rng: SplitMix::new(seed), text: None }
+    }
+
+    /// Judges the workers whose events are not followed by a tree of the
+    /// text this router sent them (see the module's documentation).
+    pub fn with_text_tree(mut self, config: ApproxTreeConfig) -> Self {
+        self.text = Some(TextTree { config, tree: Mutex::new(ApproxTree::new()), clock: AtomicU64::new(0) });
+        self
+    }
+
+    /// Trims the text tree to its bound; the bytes removed (0 without a tree).
+    pub fn trim(&self) -> usize {
+        self.text.as_ref().map_or(0, |t| t.lock().trim(t.config.max_tree_bytes))
+    }
+
+    /// Text bytes held by the tree.
+    pub fn tree_bytes(&self) -> usize {
+        self.text.as_ref().map_or(0, |t| t.lock().bytes())
     }
 
     /// The configuration.
@@ -77,6 +126,47 @@ impl CacheAware {
     fn is_hit(&self, c: &Candidate) -> bool {
         c.matched_tokens > 0 && c.matched_tokens >= self.config.min_matched_tokens
     }
+
+    /// Every candidate with its verdict: followed ones by their exact match,
+    /// unfollowed ones by the text tree (when there is one).
+    fn judge(&self, candidates: &[Candidate], request: &RequestInfo<'_>) -> Vec<Judged> {
+        let exact = |c: &Candidate| Judged { c: *c, hit: self.is_hit(c), estimated: false };
+        let text = request.text.unwrap_or("").as_bytes();
+        let Some(tree) = self.text.as_ref().filter(|_| !text.is_empty() && candidates.iter().any(|c| !c.followed))
+        else {
+            return candidates.iter().map(exact).collect();
+        };
+        let (matched, holders) = tree.lock().longest_match(text);
+        let ratio = matched as f64 / text.len() as f64;
+        let tokens = (ratio * request.input_tokens as f64) as u64;
+        candidates
+            .iter()
+            .map(|c| {
+                if c.followed {
+                    return exact(c);
+                }
+                let hit = ratio > tree.config.cache_threshold && holders.binary_search(&c.worker).is_ok();
+                let matched_tokens = if hit { tokens.max(1) } else { 0 };
+                Judged { c: Candidate { matched_tokens, ..*c }, hit, estimated: true }
+            })
+            .collect()
+    }
+}
+
+/// The least loaded worker, when the most loaded has more than `balance_abs`
+/// requests more and more than `balance_rel` times as many (ties to the lowest id).
+fn imbalanced(candidates: &[Candidate], t: &ApproxTreeConfig) -> Option<WorkerId> {
+    let least = candidates.iter().min_by_key(|c| (c.load.in_flight, c.worker))?;
+    let most = candidates.iter().map(|c| c.load.in_flight).max()?;
+    let min = least.load.in_flight;
+    (most.saturating_sub(min) > t.balance_abs && f64::from(most) > t.balance_rel * f64::from(min))
+        .then_some(least.worker)
+}
+
+impl TextTree {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ApproxTree> {
+        self.tree.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl Policy for CacheAware {
@@ -84,20 +174,33 @@ impl Policy for CacheAware {
         "cache_aware"
     }
 
-    fn select(&self, candidates: &[Candidate], _request: &RequestInfo<'_>) -> Result<Decision, PolicyError> {
+    fn needs_text(&self) -> bool {
+        self.text.is_some()
+    }
+
+    fn select(&self, candidates: &[Candidate], request: &RequestInfo<'_>) -> Result<Decision, PolicyError> {
         check(candidates)?;
         let c = &self.config;
-        let mut hits: Vec<&Candidate> = candidates.iter().filter(|x| self.is_hit(x)).collect();
+        // SGLang Model Gateway's guard: a grossly imbalanced fleet goes to its least loaded worker.
+        if let Some(tree) = &self.text
+            && let Some(least) = imbalanced(candidates, &tree.config)
+        {
+            return Ok(Decision { worker: least, reason: Reason::Imbalanced });
+        }
+        let judged = self.judge(candidates, request);
+        let mut hits: Vec<&Judged> = judged.iter().filter(|x| x.hit).collect();
         if hits.is_empty() {
             let worker = power_of_two(&mut self.rng.peek(), candidates);
             return Ok(Decision { worker, reason: Reason::NoCacheCandidate });
         }
         // Most matched first; among equals the lighter load.
-        let by_hit = |a: &&Candidate, b: &&Candidate| {
+        let by_hit = |a: &&Judged, b: &&Judged| {
+            let (a, b) = (&a.c, &b.c);
             b.matched_tokens
                 .cmp(&a.matched_tokens)
                 .then(a.load.uncached_tokens.cmp(&b.load.uncached_tokens))
                 .then(a.load.in_flight.cmp(&b.load.in_flight))
+                .then(a.worker.cmp(&b.worker))
         };
         let k = c.top_k(candidates.len()).min(hits.len());
         if k < hits.len() {
@@ -106,26 +209,45 @@ impl Policy for CacheAware {
         }
         hits.sort_unstable_by(by_hit);
         let best = hits[0];
+        let reason = |j: &Judged, exact: Reason| if j.estimated { Reason::TextTreeHit } else { exact };
         if c.pressure_guard {
-            let floor = best.matched_tokens.saturating_sub(c.switch_margin_tokens);
+            let floor = best.c.matched_tokens.saturating_sub(c.switch_margin_tokens);
             let lightest = hits
                 .iter()
-                .filter(|x| x.matched_tokens >= floor)
-                .min_by_key(|x| (x.load.uncached_tokens, x.load.in_flight))
+                .filter(|x| x.c.matched_tokens >= floor)
+                .min_by_key(|x| (x.c.load.uncached_tokens, x.c.load.in_flight))
                 .copied()
                 .unwrap_or(best);
-            let (b, l) = (best.load.uncached_tokens, lightest.load.uncached_tokens);
+            let (b, l) = (best.c.load.uncached_tokens, lightest.c.load.uncached_tokens);
             if b > l + c.pressure_abs_tokens && b as f64 > c.pressure_rel * l as f64 {
-                return Ok(Decision { worker: lightest.worker, reason: Reason::CacheHitLessLoaded });
+                return Ok(Decision {
+                    worker: lightest.c.worker,
+                    reason: reason(lightest, Reason::CacheHitLessLoaded),
+                });
             }
         }
-        Ok(Decision { worker: best.worker, reason: Reason::CacheHit })
+        Ok(Decision { worker: best.c.worker, reason: reason(best, Reason::CacheHit) })
     }
 
-    fn commit(&self, _decision: &Decision, candidates: &[Candidate], _request: &RequestInfo<'_>) {
+    fn commit(&self, decision: &Decision, candidates: &[Candidate], request: &RequestInfo<'_>) {
         // Only the fallback draws.
-        if !candidates.iter().any(|x| self.is_hit(x)) {
+        if !self.judge(candidates, request).iter().any(|x| x.hit) {
             commit_power_of_two(&self.rng, candidates);
+        }
+        // The tree learns what goes to the workers it stands in for.
+        let text = request.text.unwrap_or("").as_bytes();
+        if let Some(tree) = &self.text
+            && !text.is_empty()
+            && candidates.iter().any(|c| c.worker == decision.worker && !c.followed)
+        {
+            let now = tree.clock.fetch_add(1, Ordering::Relaxed);
+            tree.lock().insert(text, decision.worker, now);
+        }
+    }
+
+    fn remove_worker(&self, worker: WorkerId) {
+        if let Some(tree) = &self.text {
+            tree.lock().remove_worker(worker);
         }
     }
 }
@@ -187,5 +309,79 @@ mod tests {
             );
         }
         assert_eq!(p.select(&[], &RequestInfo::default()), Err(PolicyError::NoCandidates));
+    }
+
+    fn unfollowed(worker: u32, owed: u64) -> Candidate {
+        Candidate { followed: false, ..cand(worker, 0, owed) }
+    }
+
+    fn send(p: &CacheAware, cs: &[Candidate], text: &str, tokens: u64) -> Decision {
+        let req = RequestInfo { input_tokens: tokens, text: Some(text) };
+        let d = p.select(cs, &req).unwrap();
+        p.commit(&d, cs, &req);
+        d
+    }
+
+    #[test]
+    fn unfollowed_workers_are_judged_by_the_text_they_were_sent() {
+        let p = CacheAware::new(CacheAwareConfig::default(), 3).with_text_tree(ApproxTreeConfig::default());
+        assert!(p.needs_text());
+        let cs = [unfollowed(0, 0), unfollowed(1, 0)];
+        let first = send(&p, &cs, "the long shared system prompt, then question one", 4000);
+        assert_eq!(first.reason, Reason::NoCacheCandidate, "nothing learned yet");
+        // The same prefix goes where it went, whatever the order of the candidates.
+        for cs in [[unfollowed(0, 0), unfollowed(1, 0)], [unfollowed(1, 0), unfollowed(0, 0)]] {
+            let d = send(&p, &cs, "the long shared system prompt, then question two", 4000);
+            assert_eq!(d, Decision { worker: first.worker, reason: Reason::TextTreeHit });
+        }
+        // A match under the threshold is no hit.
+        let d =
+            p.select(&cs, &RequestInfo { input_tokens: 4000, text: Some("th and something else entirely") }).unwrap();
+        assert_eq!(d.reason, Reason::NoCacheCandidate);
+        // Forgotten with the worker.
+        p.remove_worker(first.worker);
+        let d =
+            p.select(&cs, &RequestInfo { input_tokens: 4000, text: Some("the long shared system prompt") }).unwrap();
+        assert_eq!(d.reason, Reason::NoCacheCandidate);
+    }
+
+    #[test]
+    fn exact_hits_and_estimates_are_ranked_together() {
+        let p = CacheAware::new(CacheAwareConfig::default(), 3).with_text_tree(ApproxTreeConfig::default());
+        let text = "a prompt of one hundred characters, give or take: shared by every request of this conversation";
+        // Teach the tree that worker 1 (unfollowed) holds the whole text.
+        let only_1 = [unfollowed(1, 0)];
+        send(&p, &only_1, text, 8000);
+        // Worker 0 (followed) holds 2,000 of 8,000 tokens; worker 1 is estimated at about all of them.
+        let d = p.select(&[cand(0, 2000, 0), unfollowed(1, 0)], &RequestInfo { input_tokens: 8000, text: Some(text) });
+        assert_eq!(d.unwrap(), Decision { worker: WorkerId(1), reason: Reason::TextTreeHit });
+        // A followed worker holding more wins over the estimate.
+        let longer = format!("{text} and more");
+        let d =
+            p.select(&[cand(0, 8000, 0), unfollowed(1, 0)], &RequestInfo { input_tokens: 8000, text: Some(&longer) });
+        assert_eq!(d.unwrap(), Decision { worker: WorkerId(0), reason: Reason::CacheHit });
+        // The tree does not learn what goes to followed workers.
+        let other = "another conversation entirely, sent to the followed worker only";
+        send(&p, &[cand(0, 0, 0)], other, 8000);
+        let d = p.select(&[unfollowed(1, 0), unfollowed(2, 0)], &RequestInfo { input_tokens: 8000, text: Some(other) });
+        assert_eq!(d.unwrap().reason, Reason::NoCacheCandidate);
+        // Without a tree, unfollowed workers never hit.
+        let plain = CacheAware::new(CacheAwareConfig::default(), 3);
+        assert!(!plain.needs_text());
+        let d = plain.select(&only_1, &RequestInfo { input_tokens: 8000, text: Some(text) }).unwrap();
+        assert_eq!(d.reason, Reason::NoCacheCandidate);
+    }
+
+    #[test]
+    fn a_grossly_imbalanced_fleet_goes_to_its_least_loaded_worker() {
+        let p = CacheAware::new(CacheAwareConfig::default(), 3).with_text_tree(ApproxTreeConfig::default());
+        let busy = Candidate { load: crate::Load { in_flight: 100, uncached_tokens: 0 }, ..cand(0, 8000, 0) };
+        let idle = Candidate { load: crate::Load { in_flight: 10, uncached_tokens: 0 }, ..cand(1, 0, 0) };
+        let d = p.select(&[busy, idle], &RequestInfo { input_tokens: 8000, text: Some("x") }).unwrap();
+        assert_eq!(d, Decision { worker: WorkerId(1), reason: Reason::Imbalanced });
+        // Within the bounds the hit wins.
+        let near = Candidate { load: crate::Load { in_flight: 50, uncached_tokens: 0 }, ..cand(1, 0, 0) };
+        let d = p.select(&[busy, near], &RequestInfo { input_tokens: 8000, text: Some("x") }).unwrap();
+        assert_eq!(d.reason, Reason::CacheHit);
     }
 }

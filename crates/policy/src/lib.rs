@@ -37,6 +37,10 @@ pub struct Candidate {
     pub load: Load,
     /// Prompt tokens it already holds (cache-aware routing; 0 otherwise).
     pub matched_tokens: u64,
+    /// Its KV events are followed, so `matched_tokens` is what it really
+    /// holds; otherwise it is 0 and a policy may estimate (`cache_aware`
+    /// asks its text tree).
+    pub followed: bool,
 }
 
 /// Why a worker was chosen: a closed set, used as a metric label.
@@ -54,6 +58,8 @@ pub enum Reason {
     CacheHit,
     /// A near-equal cache hit on a materially less loaded worker.
     CacheHitLessLoaded,
+    /// cache_aware: a worker whose events are not followed, chosen by the text tree's match.
+    TextTreeHit,
     /// No worker held enough of the prompt: power of two on load.
     NoCacheCandidate,
     /// Approximate tree: the worker whose past requests share the longest text prefix.
@@ -134,6 +140,7 @@ pub(crate) fn test_candidate(worker: u32, matched: u64, owed: u64) -> Candidate 
         worker: WorkerId(worker),
         load: Load { in_flight: (owed / 1000) as u32, uncached_tokens: owed },
         matched_tokens: matched,
+        followed: true,
     }
 }
 
@@ -149,6 +156,7 @@ impl Reason {
             Reason::LeastLoad => "least_load",
             Reason::CacheHit => "cache_hit",
             Reason::CacheHitLessLoaded => "cache_hit_less_loaded",
+            Reason::TextTreeHit => "text_tree_hit",
             Reason::NoCacheCandidate => "no_cache_candidate",
             Reason::TreeMatch => "tree_match",
             Reason::TreeMiss => "tree_miss",

@@ -55,11 +55,17 @@ fn script(seed: u64, len: usize) -> Vec<Step> {
                         worker: WorkerId(w),
                         load: Load { in_flight: rng.below(3) as u32, uncached_tokens: 1000 * rng.below(3) as u64 },
                         matched_tokens: [0, 512, 2048, 4096][rng.below(4)],
+                        followed: rng.below(2) == 0,
                     });
                 }
             }
             if candidates.is_empty() {
-                candidates.push(Candidate { worker: WorkerId(fleet[0]), load: Load::default(), matched_tokens: 0 });
+                candidates.push(Candidate {
+                    worker: WorkerId(fleet[0]),
+                    load: Load::default(),
+                    matched_tokens: 0,
+                    followed: false,
+                });
             }
             for k in (1..candidates.len()).rev() {
                 candidates.swap(k, rng.below(k + 1));
@@ -134,6 +140,7 @@ fn least_load_conforms() {
 #[test]
 fn cache_aware_conforms() {
     conforms(|| Box::new(CacheAware::new(CacheAwareConfig::default(), 13)));
+    conforms(|| Box::new(CacheAware::new(CacheAwareConfig::default(), 13).with_text_tree(ApproxTreeConfig::default())));
 }
 
 #[test]

@@ -38,10 +38,18 @@ pub enum PolicyConfig {
     LeastLoad,
     /// Approximate text tree (no KV events), trimmed every interval.
     ApproxTree(ApproxTreeConfig, Duration),
-    /// KV-event cache-aware.
-    CacheAware(CacheAwareConfig),
+    /// KV-event cache-aware, with a text tree (trimmed every interval) for
+    /// the workers whose events are not followed.
+    CacheAware(CacheAwareConfig, ApproxTreeConfig, Duration),
     /// Estimated time to first token (cache hits from KV events when followed).
     MinTtft(MinTtftConfig),
+}
+
+impl PolicyConfig {
+    /// cache_aware with every default (its text tree trimmed every minute).
+    pub fn cache_aware() -> Self {
+        PolicyConfig::CacheAware(CacheAwareConfig::default(), ApproxTreeConfig::default(), Duration::from_secs(60))
+    }
 }
 
 /// Everything the router needs to start.
@@ -73,8 +81,26 @@ pub struct AppConfig {
     pub request_timeout: Duration,
     /// ...
     pub max_concurrent: usize,
-    /// Health-check period.
-    pub health_interval: Duration,
+    /// The workers' health probes.
+    pub health: fleet::HealthConfig,
+    /// Every worker's circuit breaker.
+    pub breaker: fleet::BreakerConfig,
+    /// Retries of requests whose answer has not started.
+    pub retry: gateway::RetryConfig,
+    /// Requests that may wait for a slot (0: refused at once).
+    pub queue_size: usize,
+    /// Longest wait for a slot.
+    pub queue_timeout: Duration,
+    /// Bounds of the latency histograms (seconds).
+    pub duration_buckets: Vec<f64>,
+    /// Requests admitted per second on average (none: no limit).
+    pub rate_limit: Option<u32>,
+    /// Headers a client's request id is read from, in order.
+    pub request_id_headers: Vec<String>,
+    /// Browser origins allowed (CORS).
+    pub cors: gateway::context::Cors,
+    /// Serve `/metrics` without a key on this address too (`--prometheus-port`).
+    pub metrics_listen: Option<SocketAddr>,
     /// Period of polling the workers' own load reports (zero: off).
     pub load_poll: Duration,
     /// How long a down worker's index state is kept.
@@ -108,6 +134,7 @@ pub struct AppConfig {
 pub struct App {
     listener: TcpListener,
     admin: Option<TcpListener>,
+    metrics: Option<TcpListener>,
     gateway: Arc<Gateway>,
     cancel: CancellationToken,
     grace: Duration,
@@ -161,17 +188,17 @@ impl App {
             PolicyConfig::Random => Arc::new(Random::new(seed())),
             PolicyConfig::PowerOfTwo => Arc::new(PowerOfTwo::new(seed())),
             PolicyConfig::LeastLoad => Arc::new(LeastLoad::default()),
-            PolicyConfig::CacheAware(c) => Arc::new(CacheAware::new(*c, seed())),
+            PolicyConfig::CacheAware(c, tree, interval) => {
+                let p = Arc::new(CacheAware::new(*c, seed()).with_text_tree(*tree));
+                let trim = p.clone();
+                spawn_trim(move || trim.trim(), *interval, cancel.clone());
+                p
+            }
             PolicyConfig::MinTtft(c) => Arc::new(MinTtft::new(*c)),
             PolicyConfig::ApproxTree(c, interval) => {
                 let p = Arc::new(ApproxTreePolicy::new(*c));
-                let (trim, every, stop) = (p.clone(), *interval, cancel.clone());
-                tokio::spawn(async move {
-                    let mut tick = tokio::time::interval(every);
-                    loop {
-                        tokio::select! { biased; _ = stop.cancelled() => break, _ = tick.tick() => { trim.trim(); } }
-                    }
-                });
+                let trim = p.clone();
+                spawn_trim(move || trim.trim(), *interval, cancel.clone());
                 p
             }
         };
@@ -188,6 +215,13 @@ impl App {
             admin_listener: config.admin_listen.is_some(),
             max_request_memory: config.max_request_memory,
             render_threads: config.render_threads,
+            retry: config.retry,
+            queue_size: config.queue_size,
+            queue_timeout: config.queue_timeout,
+            duration_buckets: config.duration_buckets.clone(),
+            rate_limit: config.rate_limit,
+            request_id_headers: config.request_id_headers.clone(),
+            cors: config.cors.clone(),
         };
         // Bind first: discovery runs in the background, after the port is up.
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
@@ -195,8 +229,13 @@ impl App {
             Some(a) => Some(TcpListener::bind(a).await.with_context(|| format!("binding the admin port {a}"))?),
             None => None,
         };
+        let metrics = match config.metrics_listen {
+            Some(a) => Some(TcpListener::bind(a).await.with_context(|| format!("binding the Prometheus port {a}"))?),
+            None => None,
+        };
         let fleet_config = FleetConfig {
-            health_interval: config.health_interval,
+            health: config.health.clone(),
+            breaker: config.breaker,
             index_retention: config.index_retention,
             load_poll: config.load_poll,
             api_key: config.worker_api_key.clone(),
@@ -214,6 +253,7 @@ impl App {
         Ok(Self {
             listener,
             admin,
+            metrics,
             gateway: Arc::new(gateway),
             cancel,
             grace: config.shutdown_grace,
@@ -227,6 +267,11 @@ impl App {
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    /// The Prometheus listener's address, when there is one (`--prometheus-port`).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The control plane's own address, when it has one (`--admin-port`).
@@ -263,6 +308,14 @@ impl App {
             tokio::spawn(async move {
                 if let Err(e) = gateway::serve_admin(admin, gw, drain).await {
                     warn!(error = %e, "admin listener stopped");
+                }
+            });
+        }
+        if let Some(metrics) = self.metrics {
+            let (gw, drain) = (gateway.clone(), drain.clone());
+            tokio::spawn(async move {
+                if let Err(e) = gateway::serve_metrics(metrics, gw, drain).await {
+                    warn!(error = %e, "Prometheus listener stopped");
                 }
             });
         }
@@ -340,6 +393,16 @@ async fn serve_all(
 /// One accept loop.
 async fn serve_one(listener: TcpListener, front: Front, drain: CancellationToken) -> anyhow::Result<()> {
     gateway::serve(listener, front.gw, front.fast, drain).await.map_err(anyhow::Error::from)
+}
+
+/// Trims a policy's text tree every `every` until `stop`.
+fn spawn_trim(trim: impl Fn() -> usize + Send + 'static, every: Duration, stop: CancellationToken) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tokio::select! { biased; _ = stop.cancelled() => break, _ = tick.tick() => { trim(); } }
+        }
+    });
 }
 
 /// Tells the policy of every worker that left the fleet; a subscriber that

@@ -71,12 +71,13 @@ pub(crate) struct ServeArgs {
     /// Port to listen on.
     #[arg(long, env = "SGL_ROUTER_PORT", default_value_t = crate::defaults::PORT)]
     pub(crate) port: u16,
-    /// Base URLs of the engine workers, comma separated or repeated.
-    #[arg(long, env = "SGL_ROUTER_WORKER_URLS", value_delimiter = ',', value_name = "URL")]
+    /// Base URLs of the engine workers: space or comma separated, or repeated.
+    #[arg(long, env = "SGL_ROUTER_WORKER_URLS", num_args = 1.., value_delimiter = ',', value_name = "URL")]
     pub(crate) worker_urls: Vec<String>,
     /// Bearer token for the workers (engines started with `--api-key`): sent on the router's own
     /// requests to them (health, load, discovery) and on proxied requests of clients that
-    /// presented a --client-api-keys key; never on an anonymous client's request.
+    /// presented a client key, never on an anonymous client's request. Without
+    /// --client-api-keys, clients must present this key (as SGLang Model Gateway requires).
     #[arg(long, env = "SGL_ROUTER_API_KEY", hide_env_values = true, value_name = "KEY")]
     pub(crate) api_key: Option<String>,
     /// Bearer keys of the control plane: fleet changes (`POST`/`DELETE /workers`), `GET /workers`,
@@ -158,26 +159,33 @@ pub(crate) struct ServeArgs {
     /// min_ttft: credit per cached token, in tokens of prefill, on top of the prefill it saves [default: 4].
     #[arg(long, env = "SGL_ROUTER_TTFT_HIT_WEIGHT", value_name = "W")]
     pub(crate) ttft_hit_weight: Option<f64>,
-    /// approx_tree: follow the tree when the match covers more than this fraction [default: 0.3].
-    #[arg(long, env = "SGL_ROUTER_APPROX_CACHE_THRESHOLD", value_name = "R")]
+    /// approx_tree, and cache_aware for workers without KV events: follow the text tree when the
+    /// match covers more than this fraction [default: 0.3].
+    #[arg(long, visible_alias = "cache-threshold", env = "SGL_ROUTER_APPROX_CACHE_THRESHOLD", value_name = "R")]
     pub(crate) approx_cache_threshold: Option<f64>,
-    /// approx_tree: imbalanced when loads differ by more than this many requests [default: 64]...
-    #[arg(long, env = "SGL_ROUTER_APPROX_BALANCE_ABS", value_name = "N")]
+    /// approx_tree and cache_aware: imbalanced when loads differ by more than this many requests
+    /// (then the least loaded worker is chosen) [default: 64]...
+    #[arg(long, visible_alias = "balance-abs-threshold", env = "SGL_ROUTER_APPROX_BALANCE_ABS", value_name = "N")]
     pub(crate) approx_balance_abs: Option<u32>,
-    /// approx_tree: ...and the most loaded has more than this multiple of the least [default: 1.5].
-    #[arg(long, env = "SGL_ROUTER_APPROX_BALANCE_REL", value_name = "R")]
+    /// approx_tree and cache_aware: ...and the most loaded has more than this multiple of the least [default: 1.5].
+    #[arg(long, visible_alias = "balance-rel-threshold", env = "SGL_ROUTER_APPROX_BALANCE_REL", value_name = "R")]
     pub(crate) approx_balance_rel: Option<f64>,
-    /// approx_tree: seconds between two trims of the tree [default: 60].
-    #[arg(long, env = "SGL_ROUTER_APPROX_EVICTION_INTERVAL_SECS", value_name = "S")]
+    /// approx_tree (and cache_aware's text tree): seconds between two trims of the tree [default: 60].
+    #[arg(
+        long,
+        visible_alias = "eviction-interval-secs",
+        env = "SGL_ROUTER_APPROX_EVICTION_INTERVAL_SECS",
+        value_name = "S"
+    )]
     pub(crate) approx_eviction_interval_secs: Option<u64>,
-    /// approx_tree: most text bytes kept in the tree [default: 67108864].
-    #[arg(long, env = "SGL_ROUTER_APPROX_MAX_TREE_BYTES", value_name = "N")]
+    /// approx_tree (and cache_aware's text tree): most text bytes kept in the tree [default: 67108864].
+    #[arg(long, visible_alias = "max-tree-size", env = "SGL_ROUTER_APPROX_MAX_TREE_BYTES", value_name = "N")]
     pub(crate) approx_max_tree_bytes: Option<usize>,
     /// Longest a request may wait for the worker's response headers.
     #[arg(long, env = "SGL_ROUTER_REQUEST_TIMEOUT_SECS", default_value_t = crate::defaults::REQUEST_TIMEOUT_SECS, value_name = "S")]
     pub(crate) request_timeout_secs: u64,
-    /// Largest request body accepted (413 above).
-    #[arg(long, env = "SGL_ROUTER_MAX_BODY_BYTES", default_value_t = crate::defaults::MAX_BODY_BYTES, value_name = "N")]
+    /// Largest request body accepted, in bytes (413 above).
+    #[arg(long, visible_alias = "max-payload-size", env = "SGL_ROUTER_MAX_BODY_BYTES", default_value_t = crate::defaults::MAX_BODY_BYTES, value_name = "N")]
     pub(crate) max_body_bytes: usize,
     /// Bytes of memory the requests in progress may hold: each is charged 8 bytes per body byte
     /// (parsed, rendered, tokenized) from admission to its end; past it, 429 with Retry-After.
@@ -187,9 +195,25 @@ pub(crate) struct ServeArgs {
     /// stall small ones [default: the number of CPUs].
     #[arg(long, env = "SGL_ROUTER_RENDER_THREADS", value_name = "N")]
     pub(crate) render_threads: Option<usize>,
-    /// Most requests in flight (429 above).
-    #[arg(long, env = "SGL_ROUTER_MAX_CONCURRENT_REQUESTS", default_value_t = crate::defaults::MAX_CONCURRENT_REQUESTS, value_name = "N")]
-    pub(crate) max_concurrent_requests: usize,
+    /// Most requests in flight; past it requests wait in the queue (--queue-size). 0 or less: no
+    /// limit (SGLang Model Gateway's -1).
+    #[arg(long, env = "SGL_ROUTER_MAX_CONCURRENT_REQUESTS", default_value_t = crate::defaults::MAX_CONCURRENT_REQUESTS, value_name = "N", allow_negative_numbers = true)]
+    pub(crate) max_concurrent_requests: i64,
+    /// Requests that may wait for a slot when --max-concurrent-requests are in flight (429 past
+    /// it; 0: refuse at once).
+    #[arg(long, env = "SGL_ROUTER_QUEUE_SIZE", default_value_t = crate::defaults::QUEUE_SIZE, value_name = "N")]
+    pub(crate) queue_size: usize,
+    /// Requests admitted per second on average (a token bucket holding one second of them);
+    /// past it requests wait in the queue like for a slot [default: no limit].
+    #[arg(long, env = "SGL_ROUTER_RATE_LIMIT_TOKENS_PER_SECOND", value_name = "N")]
+    pub(crate) rate_limit_tokens_per_second: Option<u32>,
+    /// Longest a request waits in that queue (408 after).
+    #[arg(long, env = "SGL_ROUTER_QUEUE_TIMEOUT_SECS", default_value_t = crate::defaults::QUEUE_TIMEOUT_SECS, value_name = "S")]
+    pub(crate) queue_timeout_secs: u64,
+    #[command(flatten)]
+    pub(crate) retry: RetryFlags,
+    #[command(flatten)]
+    pub(crate) breaker: BreakerFlags,
     /// Seconds a client may take to send a request's complete head once its first byte arrived
     /// (slow-header clients are closed with 408).
     #[arg(long, env = "SGL_ROUTER_CLIENT_HEADER_TIMEOUT_SECS", default_value_t = crate::defaults::CLIENT_HEADER_TIMEOUT_SECS, value_name = "S")]
@@ -207,9 +231,8 @@ pub(crate) struct ServeArgs {
     /// ended as a worker failure (the worker leaves rotation).
     #[arg(long, env = "SGL_ROUTER_UPSTREAM_IDLE_TIMEOUT_SECS", default_value_t = crate::defaults::UPSTREAM_IDLE_TIMEOUT_SECS, value_name = "S")]
     pub(crate) upstream_idle_timeout_secs: u64,
-    /// Seconds between two health checks of every worker.
-    #[arg(long, env = "SGL_ROUTER_HEALTH_CHECK_INTERVAL_SECS", default_value_t = crate::defaults::HEALTH_CHECK_INTERVAL_SECS, value_name = "S")]
-    pub(crate) health_check_interval_secs: u64,
+    #[command(flatten)]
+    pub(crate) health: HealthFlags,
     /// Milliseconds between polls of each worker's own load report (SGLang `/v1/loads`: the
     /// prefill it has queued from every router); 0: route on this router's own view only.
     #[arg(long, env = "SGL_ROUTER_WORKER_LOAD_POLL_MS", default_value_t = crate::defaults::WORKER_LOAD_POLL_MS, value_name = "MS")]
@@ -224,6 +247,101 @@ pub(crate) struct ServeArgs {
     /// Log format on stderr.
     #[arg(long, env = "SGL_ROUTER_LOG_FORMAT", value_enum, default_value = "text")]
     pub(crate) log_format: LogFormat,
+    /// Also write the log to daily files `DIR/sgl-router.YYYY-MM-DD` (UTC), besides stderr.
+    #[arg(long, env = "SGL_ROUTER_LOG_DIR", value_name = "DIR")]
+    pub(crate) log_dir: Option<PathBuf>,
+    /// Headers a client's request id is read from, first found wins; the id (or a new one when
+    /// none is sent) goes to the worker and back to the client as `x-request-id`
+    /// [default: x-request-id x-correlation-id x-trace-id request-id].
+    #[arg(long, env = "SGL_ROUTER_REQUEST_ID_HEADERS", num_args = 1.., value_delimiter = ',', value_name = "HEADER")]
+    pub(crate) request_id_headers: Vec<String>,
+    /// Origins a browser page may call the router from (`*`: any); preflights are answered.
+    /// Without it, no CORS headers are sent.
+    #[arg(long, env = "SGL_ROUTER_CORS_ALLOWED_ORIGINS", num_args = 1.., value_delimiter = ',', value_name = "ORIGIN")]
+    pub(crate) cors_allowed_origins: Vec<String>,
+    /// Also serve `/metrics` on this port, without a key (for a Prometheus scraper on a private
+    /// network); `/metrics` on the main port stays behind the control-plane keys.
+    #[arg(long, env = "SGL_ROUTER_PROMETHEUS_PORT", value_name = "PORT")]
+    pub(crate) prometheus_port: Option<u16>,
+    /// Address of the --prometheus-port listener.
+    #[arg(long, env = "SGL_ROUTER_PROMETHEUS_HOST", default_value = crate::defaults::HOST, value_name = "HOST", requires = "prometheus_port")]
+    pub(crate) prometheus_host: String,
+    /// Log level (error, warn, info, debug, trace); `RUST_LOG`, when set, wins.
+    #[arg(long, env = "SGL_ROUTER_LOG_LEVEL", default_value = crate::defaults::LOG_LEVEL, value_name = "LEVEL")]
+    pub(crate) log_level: String,
+    /// Bounds of the latency histograms, in seconds, space or comma separated
+    /// [default: 0.0005 0.001 0.0025 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 2.5 10 60].
+    #[arg(long, env = "SGL_ROUTER_PROMETHEUS_DURATION_BUCKETS", num_args = 1.., value_delimiter = ',', value_name = "S")]
+    pub(crate) prometheus_duration_buckets: Vec<f64>,
+}
+
+/// Retries (SGLang Model Gateway's names and defaults).
+#[derive(Debug, Args)]
+pub(crate) struct RetryFlags {
+    /// Attempts in all (the first included, as SGLang Model Gateway counts) of a request whose
+    /// worker could not be reached or answered 408, 429, 500, 502, 503 or 504 (never once a byte
+    /// of the answer reached the client).
+    #[arg(long, env = "SGL_ROUTER_RETRY_MAX_RETRIES", default_value_t = crate::defaults::RETRY_MAX_RETRIES, value_name = "N")]
+    pub(crate) retry_max_retries: u32,
+    /// Wait before the first retry.
+    #[arg(long, env = "SGL_ROUTER_RETRY_INITIAL_BACKOFF_MS", default_value_t = crate::defaults::RETRY_INITIAL_BACKOFF_MS, value_name = "MS")]
+    pub(crate) retry_initial_backoff_ms: u64,
+    /// Longest wait between two attempts.
+    #[arg(long, env = "SGL_ROUTER_RETRY_MAX_BACKOFF_MS", default_value_t = crate::defaults::RETRY_MAX_BACKOFF_MS, value_name = "MS")]
+    pub(crate) retry_max_backoff_ms: u64,
+    /// Each wait is the one before times this.
+    #[arg(long, env = "SGL_ROUTER_RETRY_BACKOFF_MULTIPLIER", default_value_t = crate::defaults::RETRY_BACKOFF_MULTIPLIER, value_name = "X")]
+    pub(crate) retry_backoff_multiplier: f64,
+    /// Each wait moves by up to this fraction of it, at random.
+    #[arg(long, env = "SGL_ROUTER_RETRY_JITTER_FACTOR", default_value_t = crate::defaults::RETRY_JITTER_FACTOR, value_name = "R")]
+    pub(crate) retry_jitter_factor: f64,
+    /// Send every request once.
+    #[arg(long, env = "SGL_ROUTER_DISABLE_RETRIES")]
+    pub(crate) disable_retries: bool,
+}
+
+/// The per-worker circuit breaker (SGLang Model Gateway's names and defaults).
+#[derive(Debug, Args)]
+pub(crate) struct BreakerFlags {
+    /// Failures in a row (unreachable, timed out, died mid-answer, 5xx) that open a worker's
+    /// breaker: out of rotation.
+    #[arg(long, env = "SGL_ROUTER_CB_FAILURE_THRESHOLD", default_value_t = crate::defaults::CB_FAILURE_THRESHOLD, value_name = "N")]
+    pub(crate) cb_failure_threshold: u32,
+    /// Successes in a row, half-open, that close it again.
+    #[arg(long, env = "SGL_ROUTER_CB_SUCCESS_THRESHOLD", default_value_t = crate::defaults::CB_SUCCESS_THRESHOLD, value_name = "N")]
+    pub(crate) cb_success_threshold: u32,
+    /// Seconds an open breaker waits before letting requests through on trial (half-open).
+    #[arg(long, env = "SGL_ROUTER_CB_TIMEOUT_DURATION_SECS", default_value_t = crate::defaults::CB_TIMEOUT_DURATION_SECS, value_name = "S")]
+    pub(crate) cb_timeout_duration_secs: u64,
+    /// Failures in a row count only within this many seconds of the first of them.
+    #[arg(long, env = "SGL_ROUTER_CB_WINDOW_DURATION_SECS", default_value_t = crate::defaults::CB_WINDOW_DURATION_SECS, value_name = "S")]
+    pub(crate) cb_window_duration_secs: u64,
+    /// Never open a breaker (failed requests still quarantine an unreachable worker).
+    #[arg(long, env = "SGL_ROUTER_DISABLE_CIRCUIT_BREAKER")]
+    pub(crate) disable_circuit_breaker: bool,
+}
+
+/// The workers' health probes (SGLang Model Gateway's names).
+#[derive(Debug, Args)]
+pub(crate) struct HealthFlags {
+    /// Seconds between two health checks of every worker (one out of rotation: every second).
+    #[arg(long, env = "SGL_ROUTER_HEALTH_CHECK_INTERVAL_SECS", default_value_t = crate::defaults::HEALTH_CHECK_INTERVAL_SECS, value_name = "S")]
+    pub(crate) health_check_interval_secs: u64,
+    /// Seconds a probe may take (slower is a failure).
+    #[arg(long, env = "SGL_ROUTER_HEALTH_CHECK_TIMEOUT_SECS", default_value_t = crate::defaults::HEALTH_CHECK_TIMEOUT_SECS, value_name = "S")]
+    pub(crate) health_check_timeout_secs: u64,
+    /// Path probed on every worker.
+    #[arg(long, env = "SGL_ROUTER_HEALTH_CHECK_ENDPOINT", default_value = crate::defaults::HEALTH_CHECK_ENDPOINT, value_name = "PATH")]
+    pub(crate) health_check_endpoint: String,
+    /// Failed probes in a row that take a worker out of rotation.
+    #[arg(long, env = "SGL_ROUTER_HEALTH_FAILURE_THRESHOLD", default_value_t = crate::defaults::HEALTH_FAILURE_THRESHOLD, value_name = "N")]
+    pub(crate) health_failure_threshold: u32,
+    /// Good probes in a row that bring it back (a worker's first probe decides at once).
+    #[arg(long, env = "SGL_ROUTER_HEALTH_SUCCESS_THRESHOLD", default_value_t = crate::defaults::HEALTH_SUCCESS_THRESHOLD, value_name = "N")]
+    pub(crate) health_success_threshold: u32,
+    /// No probes: every worker is in rotation once discovered (failed requests still take it out).
+    #[arg(long, env = "SGL_ROUTER_DISABLE_HEALTH_CHECK")]
+    pub(crate) disable_health_check: bool,
 }
 
 /// Log line format.
@@ -330,8 +448,8 @@ pub(crate) struct KvEventFlags {
 
 #[derive(Debug, Args)]
 pub(crate) struct KvEventsArgs {
-    /// Base URLs of the engine workers, comma separated or repeated.
-    #[arg(long, env = "SGL_ROUTER_WORKER_URLS", value_delimiter = ',', required = true, value_name = "URL")]
+    /// Base URLs of the engine workers: space or comma separated, or repeated.
+    #[arg(long, env = "SGL_ROUTER_WORKER_URLS", num_args = 1.., value_delimiter = ',', required = true, value_name = "URL")]
     pub(crate) worker_urls: Vec<String>,
     /// Bearer token for the workers' `/server_info` (engines started with `--api-key`).
     #[arg(long, env = "SGL_ROUTER_API_KEY", hide_env_values = true, value_name = "KEY")]

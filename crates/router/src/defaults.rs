@@ -15,8 +15,9 @@ pub(crate) const REQUEST_TIMEOUT_SECS: u64 = 600;
 /// Largest request body (the reference router's 5 MiB).
 pub(crate) const MAX_BODY_BYTES: usize = 5 << 20;
 /// Most requests in flight.
-pub(crate) const MAX_CONCURRENT_REQUESTS: usize = 4096;
-/// Seconds between health checks.
+pub(crate) const MAX_CONCURRENT_REQUESTS: i64 = 4096;
+/// Seconds between health checks (SGLang Model Gateway's is 60: a worker
+/// that hangs without closing its connections is noticed six times sooner).
 pub(crate) const HEALTH_CHECK_INTERVAL_SECS: u64 = 10;
 /// Milliseconds between polls of every worker's own load report (SGLang `/v1/loads`).
 pub(crate) const WORKER_LOAD_POLL_MS: u64 = 100;
@@ -39,3 +40,35 @@ pub(crate) const UPSTREAM_IDLE_TIMEOUT_SECS: u64 = 300;
 pub(crate) const MAX_REQUEST_MEMORY_BYTES: usize = 1 << 30;
 /// approx_tree: seconds between two trims of the tree.
 pub(crate) const APPROX_EVICTION_INTERVAL_SECS: u64 = 60;
+/// Requests that may wait for a slot past --max-concurrent-requests (SGLang Model Gateway's).
+pub(crate) const QUEUE_SIZE: usize = 100;
+/// Seconds a request may wait for a slot (SGLang Model Gateway's).
+pub(crate) const QUEUE_TIMEOUT_SECS: u64 = 60;
+/// Retries after the first attempt (SGLang Model Gateway's).
+pub(crate) const RETRY_MAX_RETRIES: u32 = 5;
+/// Milliseconds before the first retry.
+pub(crate) const RETRY_INITIAL_BACKOFF_MS: u64 = 50;
+/// Longest wait between two attempts, in milliseconds.
+pub(crate) const RETRY_MAX_BACKOFF_MS: u64 = 30_000;
+/// Growth of the wait between attempts.
+pub(crate) const RETRY_BACKOFF_MULTIPLIER: f64 = 1.5;
+/// Random share of each wait.
+pub(crate) const RETRY_JITTER_FACTOR: f64 = 0.2;
+/// Failures in a row that open a worker's circuit breaker.
+pub(crate) const CB_FAILURE_THRESHOLD: u32 = 10;
+/// Successes in a row, half-open, that close it.
+pub(crate) const CB_SUCCESS_THRESHOLD: u32 = 3;
+/// Seconds an open breaker waits before a trial.
+pub(crate) const CB_TIMEOUT_DURATION_SECS: u64 = 60;
+/// Seconds within which failures in a row add up.
+pub(crate) const CB_WINDOW_DURATION_SECS: u64 = 120;
+/// Seconds a health probe may take.
+pub(crate) const HEALTH_CHECK_TIMEOUT_SECS: u64 = 5;
+/// The path probed.
+pub(crate) const HEALTH_CHECK_ENDPOINT: &str = "/health";
+/// Failed probes in a row that take a worker out.
+pub(crate) const HEALTH_FAILURE_THRESHOLD: u32 = 3;
+/// Good probes in a row that bring it back.
+pub(crate) const HEALTH_SUCCESS_THRESHOLD: u32 = 2;
+/// Log level when `RUST_LOG` is not set.
+pub(crate) const LOG_LEVEL: &str = "info";

@@ -7,6 +7,7 @@ use clap::Parser;
 
 mod cli;
 mod defaults;
+mod logfile;
 mod serve;
 mod tools;
 
@@ -29,7 +30,7 @@ fn main() -> ExitCode {
         Some(cli::Command::Render(args)) => tools::render(&args),
         Some(cli::Command::KvEvents(args)) => tools::kv_events(&args),
         None => match serve::config(&cli.serve) {
-            Ok(config) => serve::serve(config, cli.serve.log_format),
+            Ok(config) => serve::serve(config, &cli.serve),
             Err(usage) => {
                 eprintln!("sgl-router: {usage}");
                 return ExitCode::from(EXIT_USAGE);

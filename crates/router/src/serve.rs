@@ -5,8 +5,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{Result, bail};
-use fleet::{DEFAULT_DISCOVERY_DEADLINE, EventsConfig};
+use anyhow::{Context, Result, bail};
+use fleet::{BreakerConfig, DEFAULT_DISCOVERY_DEADLINE, EventsConfig, HealthConfig};
+use gateway::RetryConfig;
 use policy::{ApproxTreeConfig, CacheAwareConfig, MinTtftConfig};
 use router_types::WorkerUrl;
 use sgl_router::app::{App, AppConfig, PolicyConfig};
@@ -21,42 +22,40 @@ pub(crate) struct UsageError(pub(crate) String);
 /// Turns flags into a config; tuning a policy that is not selected is an error.
 pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     let usage = |m: String| Err(UsageError(m));
-    // Each tuning flag belongs to one policy; setting it under another is a mistake.
-    use PolicyName::{ApproxTree, CacheAware, MinTtft};
+    // Each tuning flag belongs to one policy (the text tree's to two: approx_tree, and
+    // cache_aware for workers without KV events); setting it under another is a mistake.
+    use PolicyName::{CacheAware, MinTtft};
     let policy_flags = [
-        ("--cache-affinity-min-matched-tokens", a.cache_affinity_min_matched_tokens.is_some(), CacheAware),
-        ("--cache-candidates-min", a.cache_candidates_min.is_some(), CacheAware),
-        ("--cache-candidates-ratio", a.cache_candidates_ratio.is_some(), CacheAware),
-        ("--cache-candidates-max", a.cache_candidates_max.is_some(), CacheAware),
-        ("--cache-switch-margin-tokens", a.cache_switch_margin_tokens.is_some(), CacheAware),
-        ("--cache-pressure-abs-tokens", a.cache_pressure_abs_tokens.is_some(), CacheAware),
-        ("--cache-pressure-rel", a.cache_pressure_rel.is_some(), CacheAware),
-        ("--no-cache-pressure-guard", a.no_cache_pressure_guard, CacheAware),
-        ("--approx-cache-threshold", a.approx_cache_threshold.is_some(), ApproxTree),
-        ("--approx-balance-abs", a.approx_balance_abs.is_some(), ApproxTree),
-        ("--approx-balance-rel", a.approx_balance_rel.is_some(), ApproxTree),
-        ("--approx-eviction-interval-secs", a.approx_eviction_interval_secs.is_some(), ApproxTree),
-        ("--approx-max-tree-bytes", a.approx_max_tree_bytes.is_some(), ApproxTree),
-        ("--ttft-hit-weight", a.ttft_hit_weight.is_some(), MinTtft),
+        ("--cache-affinity-min-matched-tokens", a.cache_affinity_min_matched_tokens.is_some(), Owner(CacheAware)),
+        ("--cache-candidates-min", a.cache_candidates_min.is_some(), Owner(CacheAware)),
+        ("--cache-candidates-ratio", a.cache_candidates_ratio.is_some(), Owner(CacheAware)),
+        ("--cache-candidates-max", a.cache_candidates_max.is_some(), Owner(CacheAware)),
+        ("--cache-switch-margin-tokens", a.cache_switch_margin_tokens.is_some(), Owner(CacheAware)),
+        ("--cache-pressure-abs-tokens", a.cache_pressure_abs_tokens.is_some(), Owner(CacheAware)),
+        ("--cache-pressure-rel", a.cache_pressure_rel.is_some(), Owner(CacheAware)),
+        ("--no-cache-pressure-guard", a.no_cache_pressure_guard, Owner(CacheAware)),
+        ("--approx-cache-threshold", a.approx_cache_threshold.is_some(), TextTree),
+        ("--approx-balance-abs", a.approx_balance_abs.is_some(), TextTree),
+        ("--approx-balance-rel", a.approx_balance_rel.is_some(), TextTree),
+        ("--approx-eviction-interval-secs", a.approx_eviction_interval_secs.is_some(), TextTree),
+        ("--approx-max-tree-bytes", a.approx_max_tree_bytes.is_some(), TextTree),
+        ("--ttft-hit-weight", a.ttft_hit_weight.is_some(), Owner(MinTtft)),
     ];
-    if let Some((flag, _, owner)) = policy_flags.iter().find(|(_, set, owner)| *set && *owner != a.policy) {
-        return usage(format!(
-            "{flag} tunes the {} policy, but --policy is {}",
-            policy_name(*owner),
-            policy_name(a.policy)
-        ));
+    if let Some((flag, _, owner)) = policy_flags.iter().find(|(_, set, owner)| *set && !owner.owns(a.policy)) {
+        let owner = match owner {
+            Owner(p) => format!("the {} policy", policy_name(*p)),
+            TextTree => "the text tree of approx_tree and cache_aware".into(),
+        };
+        return usage(format!("{flag} tunes {owner}, but --policy is {}", policy_name(a.policy)));
     }
     let index_flags = [
         ("--cache-pending-prefix-ttl-ms", a.cache_pending_prefix_ttl_ms.is_some()),
         ("--max-index-blocks", a.max_index_blocks.is_some()),
     ];
-    if !a.kv_events
-        && let Some((flag, _)) = index_flags.iter().find(|(_, set)| *set)
-    {
-        return usage(format!("{flag} tunes the KV index, which only --kv-events builds"));
-    }
-    if a.policy == PolicyName::CacheAware && !a.kv_events {
-        return usage("--policy cache_aware routes by the engines' KV events: add --kv-events".into());
+    // cache_aware follows the events of every worker that advertises them, --kv-events or not.
+    let kv_events_on = a.kv_events || a.policy == PolicyName::CacheAware;
+    if !kv_events_on && let Some((flag, _)) = index_flags.iter().find(|(_, set)| *set) {
+        return usage(format!("{flag} tunes the KV index, which only --kv-events (or --policy cache_aware) builds"));
     }
     if a.worker_urls.is_empty() && a.mock_workers == 0 {
         return usage("no workers: give --worker-urls URL,... or --mock-workers N".into());
@@ -91,44 +90,95 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             }
         }
     };
-    if a.control_plane_api_keys.iter().chain(&a.client_api_keys).any(|k| k.trim().is_empty()) {
+    if !["off", "error", "warn", "info", "debug", "trace"].contains(&a.log_level.to_ascii_lowercase().as_str()) {
+        return usage(format!("--log-level {}: one of off, error, warn, info, debug, trace", a.log_level));
+    }
+    let health_endpoint = match a.health.health_check_endpoint.trim() {
+        p if p.starts_with('/') && !p.contains(char::is_whitespace) => p.to_string(),
+        p => return usage(format!("--health-check-endpoint {p:?}: a path starting with '/'")),
+    };
+    if !(a.retry.retry_backoff_multiplier.is_finite() && a.retry.retry_backoff_multiplier >= 1.0) {
+        return usage("--retry-backoff-multiplier: at least 1".into());
+    }
+    if !(0.0..=1.0).contains(&a.retry.retry_jitter_factor) {
+        return usage("--retry-jitter-factor: between 0 and 1".into());
+    }
+    let duration_buckets = if a.prometheus_duration_buckets.is_empty() {
+        gateway::metrics::LATENCY_BUCKETS.to_vec()
+    } else {
+        let b = a.prometheus_duration_buckets.clone();
+        if b.iter().any(|x| !x.is_finite() || *x <= 0.0) || b.windows(2).any(|w| w[0] >= w[1]) {
+            return usage("--prometheus-duration-buckets: positive seconds in increasing order".into());
+        }
+        b
+    };
+    let metrics_listen = match a.prometheus_port {
+        None => None,
+        Some(port) => match format!("{}:{port}", a.prometheus_host).parse::<SocketAddr>() {
+            Ok(s) if s.port() == listen.port() && port != 0 => {
+                return usage(format!("--prometheus-port {port} is the client port"));
+            }
+            Ok(s) => Some(s),
+            Err(e) => return usage(format!("--prometheus-host {} --prometheus-port {port}: {e}", a.prometheus_host)),
+        },
+    };
+    if let Some(bad) =
+        a.request_id_headers.iter().find(|h| axum::http::HeaderName::from_bytes(h.trim().as_bytes()).is_err())
+    {
+        return usage(format!("--request-id-headers {bad:?}: not a header name"));
+    }
+    // SGLang Model Gateway's form `id:name:role:key` is taken for its key; only the admin role exists here.
+    let mut control_keys = Vec::with_capacity(a.control_plane_api_keys.len());
+    for k in &a.control_plane_api_keys {
+        match k.splitn(4, ':').collect::<Vec<_>>()[..] {
+            [_, _, "admin", key] => control_keys.push(key.to_string()),
+            [_, _, role @ ("user" | "viewer"), _] => {
+                return usage(format!(
+                    "--control-plane-api-keys: role {role:?} is not supported (every control-plane key is an admin key)"
+                ));
+            }
+            _ => control_keys.push(k.clone()),
+        }
+    }
+    if control_keys.iter().chain(&a.client_api_keys).any(|k| k.trim().is_empty()) {
         return usage("--control-plane-api-keys / --client-api-keys: a key cannot be empty".into());
     }
     let d = CacheAwareConfig::default();
+    let t = ApproxTreeConfig::default();
+    let tree = ApproxTreeConfig {
+        cache_threshold: a.approx_cache_threshold.unwrap_or(t.cache_threshold),
+        balance_abs: a.approx_balance_abs.unwrap_or(t.balance_abs),
+        balance_rel: a.approx_balance_rel.unwrap_or(t.balance_rel),
+        max_tree_bytes: a.approx_max_tree_bytes.unwrap_or(t.max_tree_bytes),
+    };
+    let trim_every = Duration::from_secs(
+        a.approx_eviction_interval_secs.unwrap_or(crate::defaults::APPROX_EVICTION_INTERVAL_SECS).max(1),
+    );
     let policy = match a.policy {
         PolicyName::RoundRobin => PolicyConfig::RoundRobin,
         PolicyName::Random => PolicyConfig::Random,
         PolicyName::PowerOfTwo => PolicyConfig::PowerOfTwo,
         PolicyName::LeastLoad => PolicyConfig::LeastLoad,
-        PolicyName::CacheAware => PolicyConfig::CacheAware(CacheAwareConfig {
-            min_matched_tokens: a.cache_affinity_min_matched_tokens.unwrap_or(d.min_matched_tokens),
-            candidates_min: a.cache_candidates_min.unwrap_or(d.candidates_min),
-            candidates_ratio: a.cache_candidates_ratio.unwrap_or(d.candidates_ratio),
-            candidates_max: a.cache_candidates_max.unwrap_or(d.candidates_max),
-            switch_margin_tokens: a.cache_switch_margin_tokens.unwrap_or(d.switch_margin_tokens),
-            pressure_guard: !a.no_cache_pressure_guard,
-            pressure_abs_tokens: a.cache_pressure_abs_tokens.unwrap_or(d.pressure_abs_tokens),
-            pressure_rel: a.cache_pressure_rel.unwrap_or(d.pressure_rel),
-        }),
+        PolicyName::CacheAware => PolicyConfig::CacheAware(
+            CacheAwareConfig {
+                min_matched_tokens: a.cache_affinity_min_matched_tokens.unwrap_or(d.min_matched_tokens),
+                candidates_min: a.cache_candidates_min.unwrap_or(d.candidates_min),
+                candidates_ratio: a.cache_candidates_ratio.unwrap_or(d.candidates_ratio),
+                candidates_max: a.cache_candidates_max.unwrap_or(d.candidates_max),
+                switch_margin_tokens: a.cache_switch_margin_tokens.unwrap_or(d.switch_margin_tokens),
+                pressure_guard: !a.no_cache_pressure_guard,
+                pressure_abs_tokens: a.cache_pressure_abs_tokens.unwrap_or(d.pressure_abs_tokens),
+                pressure_rel: a.cache_pressure_rel.unwrap_or(d.pressure_rel),
+            },
+            tree,
+            trim_every,
+        ),
         PolicyName::MinTtft => PolicyConfig::MinTtft(MinTtftConfig {
             hit_weight: a.ttft_hit_weight.unwrap_or(MinTtftConfig::default().hit_weight).max(0.0),
         }),
-        PolicyName::ApproxTree => {
-            let t = ApproxTreeConfig::default();
-            PolicyConfig::ApproxTree(
-                ApproxTreeConfig {
-                    cache_threshold: a.approx_cache_threshold.unwrap_or(t.cache_threshold),
-                    balance_abs: a.approx_balance_abs.unwrap_or(t.balance_abs),
-                    balance_rel: a.approx_balance_rel.unwrap_or(t.balance_rel),
-                    max_tree_bytes: a.approx_max_tree_bytes.unwrap_or(t.max_tree_bytes),
-                },
-                Duration::from_secs(
-                    a.approx_eviction_interval_secs.unwrap_or(crate::defaults::APPROX_EVICTION_INTERVAL_SECS).max(1),
-                ),
-            )
-        }
+        PolicyName::ApproxTree => PolicyConfig::ApproxTree(tree, trim_every),
     };
-    let kv_events = if a.kv_events {
+    let kv_events = if kv_events_on {
         let explicit = crate::tools::explicit(&a.events).map_err(|e| UsageError(e.to_string()))?;
         Some(EventsConfig {
             explicit,
@@ -139,7 +189,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         })
     } else {
         if !a.events.endpoints.is_empty() || !a.events.replay_endpoints.is_empty() || !a.events.dp_sizes.is_empty() {
-            return usage("--kv-events-* endpoints given without --kv-events".into());
+            return usage("--kv-events-* endpoints given without --kv-events (or --policy cache_aware)".into());
         }
         None
     };
@@ -156,8 +206,41 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         max_index_nodes: a.max_index_blocks,
         max_body_bytes: a.max_body_bytes,
         request_timeout: Duration::from_secs(a.request_timeout_secs.max(1)),
-        max_concurrent: a.max_concurrent_requests.max(1),
-        health_interval: Duration::from_secs(a.health_check_interval_secs.max(1)),
+        max_concurrent: usize::try_from(a.max_concurrent_requests).ok().filter(|n| *n > 0).unwrap_or(usize::MAX),
+        health: HealthConfig {
+            enabled: !a.health.disable_health_check,
+            interval: Duration::from_secs(a.health.health_check_interval_secs.max(1)),
+            timeout: Duration::from_secs(a.health.health_check_timeout_secs.max(1)),
+            endpoint: health_endpoint,
+            failure_threshold: a.health.health_failure_threshold.max(1),
+            success_threshold: a.health.health_success_threshold.max(1),
+        },
+        breaker: BreakerConfig {
+            enabled: !a.breaker.disable_circuit_breaker,
+            failure_threshold: a.breaker.cb_failure_threshold.max(1),
+            success_threshold: a.breaker.cb_success_threshold.max(1),
+            timeout: Duration::from_secs(a.breaker.cb_timeout_duration_secs),
+            window: Duration::from_secs(a.breaker.cb_window_duration_secs.max(1)),
+        },
+        retry: RetryConfig {
+            enabled: !a.retry.disable_retries,
+            max_retries: a.retry.retry_max_retries,
+            initial_backoff: Duration::from_millis(a.retry.retry_initial_backoff_ms),
+            max_backoff: Duration::from_millis(a.retry.retry_max_backoff_ms.max(a.retry.retry_initial_backoff_ms)),
+            multiplier: a.retry.retry_backoff_multiplier,
+            jitter: a.retry.retry_jitter_factor,
+        },
+        queue_size: a.queue_size,
+        queue_timeout: Duration::from_secs(a.queue_timeout_secs.max(1)),
+        duration_buckets,
+        rate_limit: a.rate_limit_tokens_per_second.filter(|r| *r > 0),
+        request_id_headers: if a.request_id_headers.is_empty() {
+            gateway::context::DEFAULT_REQUEST_ID_HEADERS.iter().map(|h| h.to_string()).collect()
+        } else {
+            a.request_id_headers.iter().map(|h| h.trim().to_ascii_lowercase()).filter(|h| !h.is_empty()).collect()
+        },
+        cors: gateway::context::Cors::from_flag(&a.cors_allowed_origins),
+        metrics_listen,
         load_poll: Duration::from_millis(a.worker_load_poll_ms),
         index_retention: Duration::from_secs(a.worker_index_retention_secs),
         shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
@@ -170,8 +253,13 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             max_connections: a.max_connections.max(1),
             upstream_idle_timeout: Duration::from_secs(a.upstream_idle_timeout_secs.max(1)),
         },
-        control_plane_keys: a.control_plane_api_keys.clone(),
-        client_keys: a.client_api_keys.clone(),
+        control_plane_keys: control_keys,
+        // SGLang Model Gateway's --api-key also locks the data plane: clients present it.
+        client_keys: if a.client_api_keys.is_empty() {
+            a.api_key.iter().cloned().collect()
+        } else {
+            a.client_api_keys.clone()
+        },
         admin_listen,
         max_request_memory: a.max_request_memory_bytes.max(1),
         render_threads: a
@@ -184,26 +272,65 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     })
 }
 
+/// Who a policy tuning flag belongs to.
+#[derive(Debug, Clone, Copy)]
+enum FlagOwner {
+    /// One policy.
+    Owner(PolicyName),
+    /// The text tree: approx_tree's, and cache_aware's for workers without events.
+    TextTree,
+}
+use FlagOwner::{Owner, TextTree};
+
+impl FlagOwner {
+    fn owns(self, p: PolicyName) -> bool {
+        match self {
+            Owner(o) => o == p,
+            TextTree => matches!(p, PolicyName::ApproxTree | PolicyName::CacheAware),
+        }
+    }
+}
+
 fn policy_name(p: PolicyName) -> String {
     clap::ValueEnum::to_possible_value(&p).map_or_else(String::new, |v| v.get_name().to_string())
 }
 
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+fn init_tracing(format: LogFormat, level: &str, dir: Option<&std::path::Path>) -> Result<()> {
+    use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into());
     // Colour only on a terminal: log files and collectors get plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).with_ansi(ansi);
+    let ansi = dir.is_none() && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let writer = match dir {
+        Some(dir) => {
+            let file = crate::logfile::DailyFile::new(dir)
+                .with_context(|| format!("--log-dir {}: cannot write there", dir.display()))?;
+            BoxMakeWriter::new(std::io::stderr.and(file))
+        }
+        None => BoxMakeWriter::new(std::io::stderr),
+    };
+    let builder = tracing_subscriber::fmt().with_writer(writer).with_env_filter(filter).with_ansi(ansi);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+    Ok(())
 }
 
 /// Runs the router until SIGTERM or Ctrl-C.
-pub(crate) fn serve(config: AppConfig, log_format: LogFormat) -> Result<()> {
-    init_tracing(log_format);
+pub(crate) fn serve(config: AppConfig, a: &ServeArgs) -> Result<()> {
+    init_tracing(a.log_format, &a.log_level, a.log_dir.as_deref())?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let control_plane_open = !config.control_plane_keys.is_empty();
+    if matches!(config.policy, PolicyConfig::CacheAware(..)) && !a.kv_events {
+        tracing::info!(
+            "cache_aware: following the KV events of the workers that advertise them; the others are routed by a text tree of what this router sent them"
+        );
+    }
+    if a.client_api_keys.is_empty() && a.api_key.is_some() {
+        tracing::info!(
+            "--api-key without --client-api-keys: clients must present the --api-key key (as SGLang Model Gateway requires)"
+        );
+    }
     runtime.block_on(async move {
         let app = App::build(config).await?;
         let addr = app.local_addr();
@@ -214,6 +341,9 @@ pub(crate) fn serve(config: AppConfig, log_format: LogFormat) -> Result<()> {
                 println!("  control plane closed (/workers, /debug/route, /metrics): start with --control-plane-api-keys KEY")
             }
             None => {}
+        }
+        if let Some(m) = app.metrics_addr() {
+            println!("  metrics on http://{m}/metrics");
         }
         for w in app.worker_urls() {
             println!("  worker {w}");

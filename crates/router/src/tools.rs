@@ -128,7 +128,11 @@ pub(crate) fn kv_events(args: &KvEventsArgs) -> Result<()> {
         workers.push(WorkerUrl::parse(u.trim()).map_err(|e| anyhow::anyhow!("--worker-urls: {e}"))?);
     }
     let config = FleetConfig {
-        health_interval: Duration::from_secs(crate::defaults::HEALTH_CHECK_INTERVAL_SECS),
+        health: fleet::HealthConfig {
+            interval: Duration::from_secs(crate::defaults::HEALTH_CHECK_INTERVAL_SECS),
+            ..Default::default()
+        },
+        breaker: fleet::BreakerConfig::default(),
         index_retention: Duration::from_secs(crate::defaults::WORKER_INDEX_RETENTION_SECS),
         load_poll: Duration::ZERO,
         api_key: args.api_key.clone(),

@@ -159,7 +159,14 @@ fn the_router_refuses_bad_flags_with_one_line_and_status_64() {
     for (args, needle) in [
         (&["--worker-urls", "https://w:30000"][..], "https workers are not supported"),
         (&["--worker-urls", "w:30000"][..], "not an http:// URL"),
-        (&["--worker-urls", "http://w:1", "--policy", "cache_aware"][..], "add --kv-events"),
+        (
+            &["--worker-urls", "http://w:1", "--cache-threshold", "0.5"][..],
+            "tunes the text tree of approx_tree and cache_aware",
+        ),
+        (&["--worker-urls", "http://w:1", "--retry-jitter-factor", "2"][..], "--retry-jitter-factor"),
+        (&["--worker-urls", "http://w:1", "--health-check-endpoint", "health"][..], "--health-check-endpoint"),
+        (&["--worker-urls", "http://w:1", "--prometheus-duration-buckets", "1", "0.5"][..], "increasing order"),
+        (&["--worker-urls", "http://w:1", "--log-level", "loud"][..], "--log-level loud"),
         (&["--worker-urls", "http://w:1", "--ttft-hit-weight", "2"][..], "tunes the min_ttft policy"),
     ] {
         let out = run(args, "");

@@ -128,8 +128,8 @@ async fn worker_urls_are_validated_and_one_engine_is_one_worker() {
 async fn one_engine_down_does_not_fail_readiness() {
     let (w0, w1) =
         (MockEngine::spawn(engine_config()).await.unwrap(), MockEngine::spawn(engine_config()).await.unwrap());
-    let mut cfg = config(&[&w0, &w1], PolicyConfig::CacheAware(Default::default()), true);
-    cfg.health_interval = Duration::from_millis(200);
+    let mut cfg = config(&[&w0, &w1], PolicyConfig::cache_aware(), true);
+    cfg.health.interval = Duration::from_millis(200);
     let r = start(cfg).await;
     let ready = async || reqwest::get(format!("{}/readiness", r.url)).await.unwrap();
     until("ready", async || ready().await.status() == 200).await;
@@ -166,7 +166,7 @@ async fn not_now_answers_carry_retry_after_on_both_paths() {
     for fast_proxy in [true, false] {
         let mut cfg = config(&[], PolicyConfig::RoundRobin, false);
         cfg.workers = vec![router_types::WorkerUrl::new(gone.as_str())];
-        cfg.health_interval = Duration::from_millis(100);
+        cfg.health.interval = Duration::from_millis(100);
         cfg.fast_proxy = fast_proxy;
         let r = start(cfg).await;
         until("the dead worker is out", async || r.gateway.fleet.all().iter().all(|w| !w.is_healthy())).await;

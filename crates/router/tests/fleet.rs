@@ -68,7 +68,7 @@ async fn hanging_worker() -> (String, Arc<AtomicUsize>) {
 async fn the_port_is_bound_before_discovery_and_a_late_engine_is_followed() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let listen: SocketAddr = ([127, 0, 0, 1], port).into();
-    let mut cfg = config(&[], PolicyConfig::CacheAware(Default::default()), true);
+    let mut cfg = config(&[], PolicyConfig::cache_aware(), true);
     cfg.workers = vec![WorkerUrl::parse(&format!("http://{listen}")).unwrap()];
     let t0 = Instant::now();
     let r = start(cfg).await;
@@ -94,7 +94,7 @@ async fn the_port_is_bound_before_discovery_and_a_late_engine_is_followed() {
 async fn removing_a_worker_stops_its_subscribers_and_adding_it_twice_follows_it_once() {
     let (w0, w1) =
         (MockEngine::spawn(engine_config()).await.unwrap(), MockEngine::spawn(engine_config()).await.unwrap());
-    let r = start(config(&[&w0], PolicyConfig::CacheAware(Default::default()), true)).await;
+    let r = start(config(&[&w0], PolicyConfig::cache_aware(), true)).await;
     let connected = async || {
         let text = admin_get(&format!("{}/metrics", r.url)).await.text().await.unwrap();
         text.lines().filter(|l| l.starts_with("router_kv_events_connected{")).map(str::to_owned).collect::<Vec<_>>()
@@ -199,7 +199,7 @@ async fn a_worker_that_answers_health_but_hangs_on_requests_leaves_rotation() {
     let mut cfg = config(&[&good], PolicyConfig::RoundRobin, false);
     cfg.workers.insert(0, WorkerUrl::parse(&hang).unwrap());
     cfg.request_timeout = Duration::from_millis(500);
-    cfg.health_interval = Duration::from_millis(100);
+    cfg.health.interval = Duration::from_millis(100);
     let r = start(cfg).await;
     let url = format!("{}/v1/chat/completions", r.url);
     let mut statuses = Vec::new();
@@ -220,7 +220,7 @@ async fn a_worker_that_answers_health_but_hangs_on_requests_leaves_rotation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_render_runs_off_the_serving_thread() {
     let w = MockEngine::spawn(MockEngineConfig { fast: true, ..engine_config() }).await.unwrap();
-    let mut cfg = config(&[&w], PolicyConfig::CacheAware(Default::default()), true);
+    let mut cfg = config(&[&w], PolicyConfig::cache_aware(), true);
     cfg.serve_threads = 1;
     cfg.render_threads = 1;
     cfg.max_body_bytes = 8 << 20;

@@ -50,7 +50,7 @@ async fn w1_holds_a_system_prompt(policy: PolicyConfig) -> (MockEngine, MockEngi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_aware_follows_events_and_the_pressure_guard() {
-    let (w0, w1, r, system, q) = w1_holds_a_system_prompt(PolicyConfig::CacheAware(Default::default())).await;
+    let (w0, w1, r, system, q) = w1_holds_a_system_prompt(PolicyConfig::cache_aware()).await;
     let d = debug(&r, &q).await;
     assert_eq!(d["reason"], "cache_hit");
     assert_eq!(d["policy"], "cache_aware");
@@ -366,7 +366,7 @@ async fn errors_have_precise_statuses_and_debug_route_changes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_added_at_run_time_are_followed_by_their_events() {
     let w0 = MockEngine::spawn(engine_config()).await.unwrap();
-    let r = start(config(&[&w0], PolicyConfig::CacheAware(Default::default()), true)).await;
+    let r = start(config(&[&w0], PolicyConfig::cache_aware(), true)).await;
     let w1 = MockEngine::spawn(engine_config()).await.unwrap();
     let added = admin_post(&format!("{}/workers", r.url), &json!({"url": w1.url()})).await;
     assert_eq!(added.status(), 201);
@@ -464,8 +464,8 @@ async fn workers_are_introspected_and_a_dead_worker_index_is_dropped_after_reten
         .await
         .unwrap();
     let w1 = MockEngine::spawn(MockEngineConfig { model_id: "model-a".into(), ..engine_config() }).await.unwrap();
-    let mut cfg = config(&[&w0, &w1], PolicyConfig::CacheAware(Default::default()), true);
-    cfg.health_interval = Duration::from_millis(100);
+    let mut cfg = config(&[&w0, &w1], PolicyConfig::cache_aware(), true);
+    cfg.health.interval = Duration::from_millis(100);
     cfg.index_retention = Duration::from_secs(2);
     let r = start(cfg).await;
 
@@ -515,7 +515,7 @@ async fn workers_are_introspected_and_a_dead_worker_index_is_dropped_after_reten
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rank_holding_the_prefix_is_passed_to_a_data_parallel_engine() {
     let w = MockEngine::spawn(MockEngineConfig { dp_size: 2, ..engine_config() }).await.unwrap();
-    let r = start(config(&[&w], PolicyConfig::CacheAware(Default::default()), true)).await;
+    let r = start(config(&[&w], PolicyConfig::cache_aware(), true)).await;
     let system = "Data-parallel rank hint test prompt. ".repeat(40);
     // Rank 1 alone holds the prefix (warmed directly, with the engines' rank header).
     for (path, body) in [
@@ -559,7 +559,7 @@ async fn lora_requests_match_the_adapter_chains_the_events_carry() {
         .await
         .unwrap();
     let publisher = Publisher::bind(PublisherConfig::loopback()).await.unwrap();
-    let mut cfg = config(&[&w], PolicyConfig::CacheAware(Default::default()), true);
+    let mut cfg = config(&[&w], PolicyConfig::cache_aware(), true);
     let kv = cfg.kv_events.as_mut().unwrap();
     kv.explicit.endpoints.insert(WorkerUrl::new(w.url()), publisher.endpoint().to_owned());
     cfg.model_id = "base".into();
@@ -627,7 +627,7 @@ async fn a_mixed_fleet_matches_bigram_and_unigram_workers_in_their_own_modes() {
         port(publisher.endpoint())
     ))
     .await;
-    let mut cfg = config(&[&w0], PolicyConfig::CacheAware(Default::default()), true);
+    let mut cfg = config(&[&w0], PolicyConfig::cache_aware(), true);
     cfg.workers.push(WorkerUrl::new(eagle.as_str()));
     let r = start(cfg).await;
 

@@ -516,7 +516,7 @@ async fn workers_that_require_an_api_key_are_followed_and_served() {
         (true, None, vec![]),
     ];
     for (fast_proxy, api_key, client_keys) in &setups {
-        let mut cfg = config(&[&w0, &w1], PolicyConfig::CacheAware(Default::default()), true);
+        let mut cfg = config(&[&w0, &w1], PolicyConfig::cache_aware(), true);
         cfg.fast_proxy = *fast_proxy;
         cfg.worker_api_key = api_key.map(str::to_string);
         cfg.client_keys = client_keys.iter().map(|k| k.to_string()).collect();

@@ -72,6 +72,14 @@ pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>, drain: Cancell
     accept_loop(listener, gw, app, false, slots, drain).await
 }
 
+/// Serves `/metrics` alone, without a key, on a listener of its own
+/// (`--prometheus-port`), until `drain` is cancelled.
+pub async fn serve_metrics(listener: TcpListener, gw: Arc<Gateway>, drain: CancellationToken) -> io::Result<()> {
+    let app = crate::routes::metrics_router(gw.clone());
+    let slots = Arc::new(tokio::sync::Semaphore::new(64));
+    accept_loop(listener, gw, app, false, slots, drain).await
+}
+
 /// Accepts connections on `listener`, each holding one of `slots`, each
 /// served by [`connection`].
 async fn accept_loop(
@@ -169,6 +177,12 @@ struct Head {
     /// The client's `Authorization` value: a client key to check
     /// (`--client-api-keys`), or its own credentials for the worker.
     authorization: Option<Vec<u8>>,
+    /// The client's request id: the value of the first `--request-id-headers` header it sent.
+    request_id: Option<Vec<u8>>,
+    /// It sent `x-request-id` itself (the worker gets it as sent).
+    sent_x_request_id: bool,
+    /// The page's origin (CORS).
+    origin: Option<Vec<u8>>,
 }
 
 /// Who serves the request at the front of the buffer.
@@ -182,7 +196,8 @@ enum Next {
 }
 
 /// Reads the request head at the front of `buf`; `None` while incomplete.
-fn parse_head(buf: &[u8]) -> Option<Next> {
+/// `id_names` are the headers a request id is looked for in, in order.
+fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let len = match req.parse(buf) {
@@ -206,7 +221,18 @@ fn parse_head(buf: &[u8]) -> Option<Next> {
     let close = option("close");
     let (mut body_len, mut expect_continue) = (None, false);
     let (mut forward, mut rank, mut authorization) = (Vec::new(), None, None);
+    let (mut request_id, mut id_rank, mut sent_x_request_id, mut origin) = (None, usize::MAX, false, None);
     for h in req.headers.iter() {
+        if let Some(i) = id_names.iter().position(|n| h.name.eq_ignore_ascii_case(n))
+            && i < id_rank
+            && !h.value.is_empty()
+        {
+            (request_id, id_rank) = (Some(h.value.to_vec()), i);
+        }
+        sent_x_request_id |= h.name.eq_ignore_ascii_case(crate::context::REQUEST_ID_HEADER);
+        if h.name.eq_ignore_ascii_case("origin") {
+            origin = Some(h.value.to_vec());
+        }
         if h.name.eq_ignore_ascii_case(RANK_HEADER) {
             rank = Some(h.value.to_vec());
         } else if h.name.eq_ignore_ascii_case("authorization") {
@@ -231,7 +257,19 @@ fn parse_head(buf: &[u8]) -> Option<Next> {
     }
     // No length (an empty body, or a chunked one refused above): hyper decides.
     let Some(body_len) = body_len else { return Some(Next::Hyper) };
-    Some(Next::Fast(Head { route, len, body_len, close, expect_continue, forward, rank, authorization }))
+    Some(Next::Fast(Head {
+        route,
+        len,
+        body_len,
+        close,
+        expect_continue,
+        forward,
+        rank,
+        authorization,
+        request_id,
+        sent_x_request_id,
+        origin,
+    }))
 }
 
 /// A `Content-Length` value: digits only (`+5` or `5 5`, which a lenient
@@ -266,7 +304,7 @@ async fn connection(gw: Arc<Gateway>, app: axum::Router, mut tcp: TcpStream, fas
     let mut buf = BytesMut::with_capacity(8192);
     if fast {
         loop {
-            let next = match next_head(&mut tcp, &mut buf, &limits, &drain).await {
+            let next = match next_head(&mut tcp, &mut buf, &limits, &gw.config.request_id_headers, &drain).await {
                 Ok(Some(next)) => next,
                 Ok(None) => return,
                 Err(refusal) => Next::Refuse(refusal),
@@ -292,6 +330,7 @@ async fn next_head(
     tcp: &mut TcpStream,
     buf: &mut BytesMut,
     limits: &ClientLimits,
+    id_names: &[String],
     drain: &CancellationToken,
 ) -> Result<Option<Next>, Refusal> {
     if buf.is_empty() {
@@ -304,7 +343,7 @@ async fn next_head(
             return Ok(None);
         }
     }
-    if let Some(next) = parse_head(buf) {
+    if let Some(next) = parse_head(buf, id_names) {
         return Ok(Some(next));
     }
     // Only a head that did not come whole in one read takes a timer: from (about) its first byte.
@@ -313,7 +352,7 @@ async fn next_head(
             if !matches!(fill(tcp, buf).await, Ok(n) if n > 0) {
                 return None;
             }
-            if let Some(next) = parse_head(buf) {
+            if let Some(next) = parse_head(buf, id_names) {
                 return Some(next);
             }
         }
@@ -341,22 +380,29 @@ async fn serve_fast(
 ) -> bool {
     let start = Instant::now();
     let route = head.route;
+    let (id, made) =
+        crate::context::request_id(&gw.config.request_id_headers, |_| head.request_id.as_deref(), route.path());
+    // What every answer to this request carries: its id, and the CORS headers for its origin.
+    let mut answer_head = Vec::with_capacity(64);
+    push_header(&mut answer_head, crate::context::REQUEST_ID_HEADER.as_bytes(), id.as_bytes());
+    gw.config.cors.answer_lines(head.origin.as_deref(), &mut answer_head);
     // Each check before the body is read; a refusal answers and closes, the body unread.
-    let checked = (|| {
+    let checked = async {
         if head.body_len > gw.config.max_body_bytes {
             return Err(GatewayError::TooLarge(gw.config.max_body_bytes));
         }
         // A client without a valid key gets no further.
         crate::proxy::check_client(gw, head.authorization.as_deref())?;
         let worker_auth = crate::proxy::worker_credentials(gw, head.authorization.as_deref());
-        // Admitted: a slot, and memory for its body and render.
-        Ok((worker_auth, crate::admission::Admission::admit(gw, head.body_len)?))
-    })();
+        // Admitted: a slot (perhaps after a wait in the queue), and memory for its body and render.
+        Ok((worker_auth, crate::admission::Admission::admit_waiting(gw, head.body_len).await?))
+    }
+    .await;
     let (worker_auth, admission) = match checked {
         Ok(checked) => checked,
         Err(e) => {
-            count_error(gw, route, &e);
-            if write_error(tcp, &e, true).await.is_ok() {
+            count_error(gw, route, &e, Some(&id));
+            if write_error(tcp, &e, true, &answer_head).await.is_ok() {
                 linger(tcp).await;
             }
             return false;
@@ -376,7 +422,7 @@ async fn serve_fast(
             Ok(false) => return false,
             Err(_) => {
                 let refusal = Refusal::BodyTimeout(limit);
-                count_error(gw, route, &refusal.gateway_error());
+                count_error(gw, route, &refusal.gateway_error(), Some(&id));
                 refuse(tcp, &refusal).await;
                 return false;
             }
@@ -387,13 +433,19 @@ async fn serve_fast(
     if let Some(auth) = worker_auth {
         push_header(&mut headers, b"authorization", &auth);
     }
+    // The worker sees the id as `x-request-id`, whichever header it came in (or made here).
+    if made || !head.sent_x_request_id {
+        push_header(&mut headers, crate::context::REQUEST_ID_HEADER.as_bytes(), id.as_bytes());
+    }
     let extra = upstream::Extra { headers: Bytes::from(headers), rank: head.rank.map(Bytes::from) };
     let upstream_idle = gw.config.limits.upstream_idle_timeout;
     let mut peer = Peer { tcp, pipelined: buf, open: true };
+    let span = request_span(gw, route);
+    span.record("request_id", id.as_str());
     async move {
         let send = |worker, body, rank| upstream::send(worker, route, body, rank, extra.clone());
         let sent = tokio::select! {
-            sent = forward(gw, admission, route, body, start, send) => sent,
+            sent = forward(gw, admission, route, body, start, &id, send) => sent,
             // A client that resets drops its upstream request; one that half-closed is still answered.
             () = peer.gone() => return false,
         };
@@ -401,15 +453,16 @@ async fn serve_fast(
         let close = head.close || drain.is_cancelled() || (!peer.open && peer.pipelined.is_empty());
         match sent {
             Ok((guard, worker, answer)) => {
-                upstream::relay(&mut peer, guard, worker, answer, close, upstream_idle).await && !close
+                let to = upstream::Relayed { close, idle: upstream_idle, head: &answer_head };
+                upstream::relay(&mut peer, guard, worker, answer, to).await && !close
             }
             Err(e) => {
-                count_error(gw, route, &e);
-                write_error(peer.tcp, &e, close).await.is_ok() && !close
+                count_error(gw, route, &e, Some(&id));
+                write_error(peer.tcp, &e, close, &answer_head).await.is_ok() && !close
             }
         }
     }
-    .instrument(request_span(gw, route))
+    .instrument(span)
     .await
 }
 
@@ -478,12 +531,13 @@ async fn linger(tcp: &mut TcpStream) {
     let _ = tokio::time::timeout(LINGER, async { while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {} }).await;
 }
 
-/// Writes a gateway error as the OpenAI-style JSON answer.
-async fn write_error(tcp: &mut TcpStream, e: &GatewayError, close: bool) -> io::Result<()> {
+/// Writes a gateway error as the OpenAI-style JSON answer, with the header
+/// lines `extra` (the request's id and CORS headers).
+async fn write_error(tcp: &mut TcpStream, e: &GatewayError, close: bool, extra: &[u8]) -> io::Result<()> {
     let body = e.body().to_string();
     let status = e.status();
     let head = format!(
-        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{}{}\r\n",
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{}{}",
         status.as_u16(),
         status.canonical_reason().unwrap_or(""),
         body.len(),
@@ -491,6 +545,8 @@ async fn write_error(tcp: &mut TcpStream, e: &GatewayError, close: bool) -> io::
         if close { "connection: close\r\n" } else { "" }
     );
     let mut out = head.into_bytes();
+    out.extend_from_slice(extra);
+    out.extend_from_slice(b"\r\n");
     out.extend_from_slice(body.as_bytes());
     tcp.write_all(&out).await
 }
@@ -500,7 +556,7 @@ mod tests {
     use super::*;
 
     fn fast(raw: &str) -> Head {
-        match parse_head(raw.as_bytes()) {
+        match parse_head(raw.as_bytes(), &[]) {
             Some(Next::Fast(h)) => h,
             other => panic!("{raw:?}: {other:?}"),
         }
@@ -523,8 +579,8 @@ mod tests {
 
     #[test]
     fn an_incomplete_head_waits_for_more() {
-        assert_eq!(parse_head(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Len"), None);
-        assert_eq!(parse_head(b"POS"), None);
+        assert_eq!(parse_head(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Len", &[]), None);
+        assert_eq!(parse_head(b"POS", &[]), None);
     }
 
     #[test]
@@ -544,13 +600,13 @@ mod tests {
             "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\nExpect: something\r\n\r\n",
             "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
         ] {
-            assert_eq!(parse_head(raw.as_bytes()), Some(Next::Hyper), "{raw:?}");
+            assert_eq!(parse_head(raw.as_bytes(), &[]), Some(Next::Hyper), "{raw:?}");
         }
     }
 
     #[test]
     fn heads_hyper_could_only_refuse_are_refused_here() {
-        let refused = |raw: &[u8]| match parse_head(raw) {
+        let refused = |raw: &[u8]| match parse_head(raw, &[]) {
             Some(Next::Refuse(r)) => r,
             other => panic!("{:?}: {other:?}", String::from_utf8_lossy(raw)),
         };

@@ -83,6 +83,12 @@ pub(crate) struct Answer {
     head: AnswerHead,
 }
 
+impl crate::proxy::AnswerHead for Answer {
+    fn status(&self) -> u16 {
+        self.head.status
+    }
+}
+
 /// An idle connection to `authority` that still looks open.
 fn checkout(authority: &str) -> Option<TcpStream> {
     IDLE.with_borrow_mut(|idle| {
@@ -263,7 +269,8 @@ async fn read_head(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Answer
                     } else if h.name.eq_ignore_ascii_case("content-type") {
                         sse = value.starts_with("text/event-stream");
                     }
-                    if relayed(h.name, &connection) {
+                    // The router sets the answer's `x-request-id` itself.
+                    if relayed(h.name, &connection) && !h.name.eq_ignore_ascii_case(crate::context::REQUEST_ID_HEADER) {
                         push_header(&mut out, h.name.as_bytes(), h.value);
                     }
                 }
@@ -300,17 +307,27 @@ async fn read_head(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Answer
     }
 }
 
+/// How an answer goes to the client.
+#[derive(Debug)]
+pub(crate) struct Relayed<'a> {
+    /// Tell the client this answer is the last on its connection.
+    pub(crate) close: bool,
+    /// How long the worker may stay silent mid-body.
+    pub(crate) idle: Duration,
+    /// Header lines the router adds (the request's id, CORS).
+    pub(crate) head: &'a [u8],
+}
+
 /// Relays `answer` to the client; true when it went out whole and the client
-/// connection can carry another request. `close` tells the client this
-/// answer is the last; `idle` is how long the worker may stay silent mid-body.
+/// connection can carry another request.
 pub(crate) async fn relay(
     peer: &mut Peer<'_>,
     mut guard: InFlight,
     worker: Arc<Worker>,
     mut answer: Answer,
-    close: bool,
-    idle: Duration,
+    to: Relayed<'_>,
 ) -> bool {
+    let Relayed { close, idle, head: extra } = to;
     guard.status = answer.head.status;
     let reason = StatusCode::from_u16(answer.head.status).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
     let mut out = Vec::with_capacity(256 + answer.head.headers.len() + answer.buf.len());
@@ -329,6 +346,7 @@ pub(crate) async fn relay(
             let _ = write!(out, "transfer-encoding: {}, chunked\r\n", answer.head.codings);
         }
     }
+    out.extend_from_slice(extra);
     if close {
         out.extend_from_slice(b"connection: close\r\n");
     }
@@ -361,7 +379,7 @@ pub(crate) async fn relay(
             if !out.is_empty() {
                 let e =
                     GatewayError::Upstream { worker: worker.url.to_string(), message: e.to_string(), retryable: false };
-                let _ = write_error(peer.tcp, &e, true).await;
+                let _ = write_error(peer.tcp, &e, true, extra).await;
                 return false;
             }
             let Some(tail) = tail else { return false };

@@ -44,12 +44,28 @@ impl Drop for Running {
 
 /// Starts a gateway in front of `workers` (URLs) with `limits`, its fast path on or off.
 pub(crate) async fn start(workers: &[&str], limits: ClientLimits, fast: bool) -> Running {
+    start_with(workers, limits, fast, |_| {}).await
+}
+
+/// [`start`], with the gateway's configuration changed by `tweak` first.
+pub(crate) async fn start_with(
+    workers: &[&str],
+    limits: ClientLimits,
+    fast: bool,
+    tweak: impl FnOnce(&mut GatewayConfig),
+) -> Running {
     let stop = CancellationToken::new();
     let urls: Vec<router_types::WorkerUrl> =
         workers.iter().map(|u| router_types::WorkerUrl::parse(u).unwrap()).collect();
     let fleet = fleet::Fleet::start(
         fleet::FleetConfig {
-            health_interval: Duration::from_secs(3600),
+            health: fleet::HealthConfig {
+                interval: Duration::from_secs(3600),
+                failure_threshold: 1,
+                success_threshold: 1,
+                ..Default::default()
+            },
+            breaker: fleet::BreakerConfig::default(),
             index_retention: Duration::from_secs(300),
             load_poll: Duration::ZERO,
             api_key: None,
@@ -60,7 +76,7 @@ pub(crate) async fn start(workers: &[&str], limits: ClientLimits, fast: bool) ->
         &urls,
         stop.clone(),
     );
-    let config = GatewayConfig {
+    let mut config = GatewayConfig {
         max_body_bytes: gateway::DEFAULT_MAX_BODY_BYTES,
         request_timeout: Duration::from_secs(10),
         max_concurrent: 64,
@@ -73,7 +89,15 @@ pub(crate) async fn start(workers: &[&str], limits: ClientLimits, fast: bool) ->
         max_request_memory: 1 << 30,
         render_threads: 1,
         admin_listener: false,
+        retry: gateway::RetryConfig { initial_backoff: Duration::from_millis(1), ..Default::default() },
+        queue_size: 0,
+        queue_timeout: Duration::from_secs(1),
+        duration_buckets: gateway::metrics::LATENCY_BUCKETS.to_vec(),
+        rate_limit: None,
+        request_id_headers: gateway::context::DEFAULT_REQUEST_ID_HEADERS.iter().map(|h| h.to_string()).collect(),
+        cors: Default::default(),
     };
+    tweak(&mut config);
     let renderer = Arc::new(renderer::Renderer::builtin().unwrap());
     let policy = Arc::new(policy::RoundRobin::default());
     let gw = Arc::new(Gateway::new(config, fleet.clone(), policy, None, renderer));
@@ -122,6 +146,8 @@ pub(crate) struct RawWorker {
     pub(crate) posts: Arc<AtomicUsize>,
     /// Connections the router closed while the worker held them open after a [`Reply::Stall`].
     pub(crate) hung_up: Arc<AtomicUsize>,
+    /// The head of every POST received (request line and header lines, `\n` between them).
+    pub(crate) heads: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl RawWorker {
@@ -129,13 +155,19 @@ impl RawWorker {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (posts, hung_up) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let (p, h, replies) = (posts.clone(), hung_up.clone(), Arc::new(replies));
+        let heads = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (p, h, replies, hd) = (posts.clone(), hung_up.clone(), Arc::new(replies), heads.clone());
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
-                tokio::spawn(worker_connection(tcp, replies.clone(), p.clone(), h.clone()));
+                tokio::spawn(worker_connection(tcp, replies.clone(), p.clone(), h.clone(), hd.clone()));
             }
         });
-        RawWorker { url, posts, hung_up }
+        RawWorker { url, posts, hung_up, heads }
+    }
+
+    /// The heads of the POSTs received so far.
+    pub(crate) fn heads(&self) -> Vec<String> {
+        self.heads.lock().unwrap().clone()
     }
 
     pub(crate) fn posts(&self) -> usize {
@@ -148,17 +180,21 @@ async fn worker_connection(
     replies: Arc<Vec<Reply>>,
     posts: Arc<AtomicUsize>,
     hung_up: Arc<AtomicUsize>,
+    heads: Arc<std::sync::Mutex<Vec<String>>>,
 ) {
     // A worker waits for the router as long as it likes (its connections end with the test).
     let mut c = Client { tcp, buf: Vec::new(), patient: true };
     loop {
         let Some(request) = c.try_line().await else { return };
         let mut length = 0;
+        let mut head = request.clone();
         loop {
             let Some(line) = c.try_line().await else { return };
             if line.is_empty() {
                 break;
             }
+            head.push('\n');
+            head.push_str(&line);
             if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
                 length = v.trim().parse().unwrap();
             }
@@ -172,6 +208,7 @@ async fn worker_connection(
         } else if request.starts_with("GET ") {
             Reply::Send("HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
         } else {
+            heads.lock().unwrap().push(head);
             let n = posts.fetch_add(1, Ordering::SeqCst);
             replies[n.min(replies.len() - 1)]
         };

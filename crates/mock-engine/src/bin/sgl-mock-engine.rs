@@ -62,9 +62,12 @@ struct Args {
     /// Fault: delay every event batch by this many milliseconds.
     #[arg(long, env = "SGL_MOCK_FAULT_EVENT_DELAY_MS", default_value_t = 0)]
     fault_event_delay_ms: u64,
-    /// Fault: the first N requests fail with HTTP 500.
+    /// Fault: the first N requests fail with HTTP 500 (or --fault-fail-status).
     #[arg(long, env = "SGL_MOCK_FAULT_FAIL_NEXT", default_value_t = 0)]
     fault_fail_next: usize,
+    /// Fault: the status those requests fail with (503: an overloaded engine).
+    #[arg(long, env = "SGL_MOCK_FAULT_FAIL_STATUS", default_value_t = 500)]
+    fault_fail_status: u16,
     /// Fault: the first N requests never answer.
     #[arg(long, env = "SGL_MOCK_FAULT_HANG_NEXT", default_value_t = 0)]
     fault_hang_next: usize,
@@ -107,6 +110,7 @@ async fn main() -> anyhow::Result<()> {
             drop_next_batches: a.fault_drop_batches,
             event_delay_ms: a.fault_event_delay_ms,
             fail_next: a.fault_fail_next,
+            fail_status: a.fault_fail_status,
             hang_next: a.fault_hang_next,
             die_mid_stream_next: a.fault_die_mid_stream_next,
             restart_publisher: false,

@@ -1,0 +1,158 @@
+//! An SGLang Model Gateway command line, run unchanged by the real binary
+//! against simulated engines: space-separated `--worker-urls`,
+//! `--policy cache_aware` without `--kv-events` (one engine publishes no
+//! events and is routed by the text tree), SMG's retry, circuit-breaker,
+//! health, queue, request-id and metrics flags, and one engine that answers
+//! 503 to every request. Every client request succeeds and that engine's
+//! breaker opens.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use mock_engine::{Faults, MockEngine, MockEngineConfig};
+use serde_json::json;
+
+/// Kills the router when the test ends, however it ends.
+struct Router(Child);
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn engine(kv_events: bool) -> MockEngine {
+    let config = MockEngineConfig { kv_events, fast: true, ..MockEngineConfig::default() };
+    MockEngine::spawn(config).await.unwrap()
+}
+
+/// The value of the series `name{labels}` in a Prometheus text page.
+fn series(page: &str, name_and_labels: &str) -> Option<f64> {
+    page.lines().find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_smg_command_line_runs_unchanged_and_routes_around_a_failing_engine() {
+    let (followed, silent, failing) = (engine(true).await, engine(false).await, engine(true).await);
+    failing.engine().set_faults(Faults { fail_next: usize::MAX, fail_status: 503, ..Faults::default() }).await;
+    let (u0, u1, u2) = (followed.url(), silent.url(), failing.url());
+    #[rustfmt::skip]
+    let args = [
+        "--worker-urls", &u0, &u1, &u2,
+        "--policy", "cache_aware",
+        "--cache-threshold", "0.3", "--balance-abs-threshold", "64", "--balance-rel-threshold", "1.5",
+        "--eviction-interval-secs", "60", "--max-tree-size", "67108864",
+        "--max-payload-size", "1048576",
+        "--retry-max-retries", "5", "--retry-initial-backoff-ms", "10", "--retry-max-backoff-ms", "200",
+        "--retry-backoff-multiplier", "1.5", "--retry-jitter-factor", "0.2",
+        "--cb-failure-threshold", "3", "--cb-success-threshold", "2",
+        "--cb-timeout-duration-secs", "600", "--cb-window-duration-secs", "120",
+        "--health-failure-threshold", "3", "--health-success-threshold", "2",
+        "--health-check-timeout-secs", "5", "--health-check-interval-secs", "60", "--health-check-endpoint", "/health",
+        "--max-concurrent-requests", "-1", "--queue-size", "100", "--queue-timeout-secs", "60",
+        "--request-id-headers", "x-request-id", "x-trace-id",
+        "--log-level", "warn",
+        "--prometheus-port", "0", "--prometheus-host", "127.0.0.1",
+        "--host", "127.0.0.1", "--port", "0",
+    ];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sgl-router"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines: Vec<String> = {
+        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut lines = Vec::new();
+        // The listening line, then the metrics line.
+        for _ in 0..3 {
+            lines.push(out.next().unwrap().unwrap());
+        }
+        // The rest is read too: a router writing to a closed pipe would fail.
+        std::thread::spawn(move || out.for_each(drop));
+        lines
+    };
+    let router = Router(child);
+    let url = lines[0].strip_prefix("sgl-router listening on ").expect("the listening line").to_string();
+    let metrics_url = lines
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("metrics on "))
+        .unwrap_or_else(|| panic!("a metrics line in {lines:?}"))
+        .to_string();
+    let http = reqwest::Client::new();
+    // Every worker found and probed.
+    for _ in 0..500 {
+        let page = http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
+        if series(&page, "router_workers{state=\"healthy\"}") == Some(3.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // Short chats, each its own: every one succeeds, those sent to the failing engine retried
+    // elsewhere, until its breaker opens (the policy picks it about one time in three).
+    // Long and different from their first character: no text-tree match past the template's few bytes.
+    for i in 0..60u64 {
+        let words: Vec<String> =
+            (0..40u64).map(|k| format!("{:x}", (i * 7919 + 13) * (k + 104_729) % 1_000_003)).collect();
+        let body =
+            json!({"model": "default", "max_tokens": 2, "messages": [{"role": "user", "content": words.join(" ")}]});
+        let r = http.post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200, "chat {i}");
+        let id = r.headers()["x-request-id"].to_str().unwrap().to_string();
+        assert!(id.starts_with("chatcmpl-"), "an id made for a request without one: {id}");
+    }
+    let page = http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
+    let circuit = |u: &str| series(&page, &format!("router_worker_circuit_state{{worker=\"{u}\"}}"));
+    assert_eq!(circuit(&u2), Some(1.0), "the failing engine's breaker is open:\n{page}");
+    assert_eq!((circuit(&u0), circuit(&u1)), (Some(0.0), Some(0.0)));
+    assert_eq!(series(&page, &format!("router_worker_circuit_opened_total{{worker=\"{u2}\"}}")), Some(1.0));
+    assert!(series(&page, "router_http_retries_total") >= Some(3.0), "the 503s were retried:\n{page}");
+    let decided_before = |r: &str| {
+        series(&page, &format!("router_policy_decisions_total{{policy=\"cache_aware\",reason=\"{r}\"}}")).unwrap_or(0.0)
+    };
+    let (tree_before, exact_before) =
+        (decided_before("text_tree_hit"), decided_before("cache_hit") + decided_before("cache_hit_less_loaded"));
+
+    // Conversations with a long shared system prompt (over 1,024 tokens: an exact cache hit
+    // needs that many), each asked three times.
+    let conversations = 8;
+    let mut firsts_on_silent = 0.0;
+    for c in 0..conversations {
+        let system = format!("conversation {c}: {}", "you are a careful assistant who answers briefly. ".repeat(40));
+        for turn in 0..3 {
+            let before = silent.engine().requests.load(std::sync::atomic::Ordering::Relaxed);
+            let body = json!({"model": "default", "max_tokens": 4, "messages": [
+                {"role": "system", "content": system}, {"role": "user", "content": format!("question {turn}")}]});
+            let r = http.post(format!("{url}/v1/chat/completions")).header("x-trace-id", format!("c{c}t{turn}"));
+            let r = r.json(&body).send().await.unwrap();
+            assert_eq!(r.status(), 200, "conversation {c} turn {turn}");
+            assert_eq!(r.headers()["x-request-id"], format!("c{c}t{turn}").as_str());
+            let landed_on_silent = silent.engine().requests.load(std::sync::atomic::Ordering::Relaxed) > before;
+            if turn == 0 && landed_on_silent {
+                firsts_on_silent += 1.0;
+            }
+            // Give the followed engine's events time to reach the index before the next turn.
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+    }
+
+    let page = http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
+    assert_eq!(series(&page, &format!("router_worker_circuit_state{{worker=\"{u2}\"}}")), Some(1.0), "still open");
+    // Every follow-up stayed where its conversation began: on the engine without events by the
+    // text tree, on the followed one by its exact KV events.
+    let reason = |r: &str| {
+        series(&page, &format!("router_policy_decisions_total{{policy=\"cache_aware\",reason=\"{r}\"}}")).unwrap_or(0.0)
+    };
+    let tree = reason("text_tree_hit") - tree_before;
+    let exact = reason("cache_hit") + reason("cache_hit_less_loaded") - exact_before;
+    assert_eq!(tree, 2.0 * firsts_on_silent, "{page}");
+    assert_eq!(exact, 2.0 * (conversations as f64 - firsts_on_silent), "{page}");
+    // A body over --max-payload-size is refused.
+    let big = json!({"messages": [{"role": "user", "content": "x".repeat(1 << 20)}]});
+    let r = http.post(format!("{url}/v1/chat/completions")).json(&big).send().await.unwrap();
+    assert_eq!(r.status(), 413);
+    drop(router);
+}
