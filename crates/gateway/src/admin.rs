@@ -32,8 +32,10 @@ struct AddWorker {
 pub(crate) async fn debug_route(
     State(gw): State<Arc<Gateway>>,
     Query(q): Query<DebugQuery>,
+    headers: axum::http::HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, GatewayError> {
+    let key = crate::proxy::Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
     let route = match q.route.as_deref() {
         None | Some("chat") => Route::Chat,
         Some("completions") => Route::Completions,
@@ -44,10 +46,10 @@ pub(crate) async fn debug_route(
     };
     let bytes = read_body(&gw, body).await?;
     // Rendered like a request: a large body off the serving thread.
-    let (gw2, len) = (gw.clone(), bytes.len());
+    let (gw2, len, key) = (gw.clone(), bytes.len(), key);
     let plan = crate::admission::render(&gw, len, move || {
         let v = parse_body(&gw2, route, &bytes)?;
-        plan(&gw2, route, v.as_ref())
+        plan(&gw2, route, v.as_ref(), key.as_deref())
     })
     .await??;
     // An explain: the policy's choice, never committed (nothing it learns or advances).

@@ -297,8 +297,25 @@ fn prompt(gw: &Gateway, route: Route, v: &Value) -> Result<(Vec<u32>, Option<Str
     }
 }
 
-/// Chooses a worker: candidates with their load and cached prefix, then the policy.
-pub(crate) fn plan(gw: &Gateway, route: Route, v: Option<&Value>) -> Result<Plan, GatewayError> {
+/// What a request carries besides its route and body.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Meta {
+    /// Its id (`x-request-id`).
+    pub(crate) id: String,
+    /// The client's routing key (`x-smg-routing-key`): its worker by rendezvous hashing.
+    pub(crate) routing_key: Option<Vec<u8>>,
+}
+
+impl Meta {
+    /// A routing key worth routing by: not empty, at most 256 bytes.
+    pub(crate) fn key(value: Option<&[u8]>) -> Option<Vec<u8>> {
+        value.map(<[u8]>::trim_ascii).filter(|k| !k.is_empty() && k.len() <= 256).map(<[u8]>::to_vec)
+    }
+}
+
+/// Chooses a worker: candidates with their load and cached prefix, then the
+/// policy, unless the client's routing key names the worker.
+pub(crate) fn plan(gw: &Gateway, route: Route, v: Option<&Value>, key: Option<&[u8]>) -> Result<Plan, GatewayError> {
     let (tokens, text) = match v {
         Some(v) => prompt(gw, route, v)?,
         None => (Vec::new(), None),
@@ -349,10 +366,14 @@ pub(crate) fn plan(gw: &Gateway, route: Route, v: Option<&Value>) -> Result<Plan
             }
         })
         .collect();
-    let decision = gw
-        .policy
-        .select(&candidates, &RequestInfo { input_tokens, text: text.as_deref() })
-        .map_err(|_| GatewayError::NoWorker)?;
+    let by_key = key.and_then(|k| policy::by_key(k, workers.iter().map(|w| (w.id, w.url.as_str()))));
+    let decision = match by_key {
+        Some(worker) => Decision { worker, reason: policy::Reason::RoutingKey },
+        None => gw
+            .policy
+            .select(&candidates, &RequestInfo { input_tokens, text: text.as_deref() })
+            .map_err(|_| GatewayError::NoWorker)?,
+    };
     let chosen = workers.iter().position(|w| w.id == decision.worker).ok_or(GatewayError::NoWorker)?;
     let rank = workers[chosen].index_id.and_then(|id| matched.get(&id)).and_then(|m| m.1);
     Ok(Plan { workers, candidates, decision, chosen, input_tokens, text, rank, hashes })
@@ -439,7 +460,11 @@ async fn serve(
         headers.insert(header::AUTHORIZATION, v);
     }
     let headers = Arc::new(headers);
-    let (guard, worker, resp) = forward(&gw, admission, route, bytes, start, id, |worker, body, rank| {
+    let meta = Meta {
+        id: id.to_string(),
+        routing_key: Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes)),
+    };
+    let (guard, worker, resp) = forward(&gw, admission, route, bytes, start, &meta, |worker, body, rank| {
         let (client, headers) = (client.clone(), headers.clone());
         async move {
             let Some(endpoint) = worker.endpoint(route.path()) else {
@@ -477,7 +502,7 @@ pub(crate) async fn forward<T, F, Fut>(
     route: Route,
     bytes: Bytes,
     start: Instant,
-    id: &str,
+    meta: &Meta,
     mut send: F,
 ) -> Result<(InFlight, Arc<Worker>, T), GatewayError>
 where
@@ -485,10 +510,11 @@ where
     F: FnMut(Arc<Worker>, Bytes, Option<DpRank>) -> Fut,
     Fut: std::future::Future<Output = Result<T, SendError>>,
 {
-    let (gw2, body) = (gw.clone(), bytes.clone());
+    let id = meta.id.as_str();
+    let (gw2, body, key) = (gw.clone(), bytes.clone(), meta.routing_key.clone());
     let (mut v, plan) = crate::admission::render(gw, bytes.len(), move || {
         let v = parse_body(&gw2, route, &body)?;
-        let plan = plan(&gw2, route, v.as_ref())?;
+        let plan = plan(&gw2, route, v.as_ref(), key.as_deref())?;
         Ok::<_, GatewayError>((v, plan))
     })
     .await??;

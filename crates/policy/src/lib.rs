@@ -18,11 +18,13 @@ mod approx_tree;
 mod cache_aware;
 mod min_ttft;
 mod simple;
+mod sticky;
 
 pub use approx_tree::{ApproxTree, ApproxTreeConfig, ApproxTreePolicy};
 pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use min_ttft::{MinTtft, MinTtftConfig};
 pub use simple::{Draws, LeastLoad, PowerOfTwo, Random, RoundRobin, SplitMix};
+pub use sticky::{Manual, ROUTING_KEY_HEADER, by_key};
 
 /// Router-side load of one worker (the fleet keeps it; the shared vocabulary holds the type).
 pub use router_types::Load;
@@ -68,6 +70,8 @@ pub enum Reason {
     TreeMiss,
     /// Approximate tree: the fleet is imbalanced, the least loaded worker.
     Imbalanced,
+    /// The client's routing key (`x-smg-routing-key`) named the worker.
+    RoutingKey,
 }
 
 /// A choice.
@@ -161,6 +165,7 @@ impl Reason {
             Reason::TreeMatch => "tree_match",
             Reason::TreeMiss => "tree_miss",
             Reason::Imbalanced => "imbalanced",
+            Reason::RoutingKey => "routing_key",
         }
     }
 }

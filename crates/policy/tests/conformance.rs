@@ -133,6 +133,11 @@ fn power_of_two_conforms() {
 }
 
 #[test]
+fn manual_conforms() {
+    conforms(|| Box::new(policy::Manual::new(21)));
+}
+
+#[test]
 fn least_load_conforms() {
     conforms(|| Box::new(LeastLoad::default()));
 }

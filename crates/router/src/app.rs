@@ -36,6 +36,8 @@ pub enum PolicyConfig {
     PowerOfTwo,
     /// Least loaded.
     LeastLoad,
+    /// Sticky by `x-smg-routing-key`, random without it.
+    Manual,
     /// Approximate text tree (no KV events), trimmed every interval.
     ApproxTree(ApproxTreeConfig, Duration),
     /// KV-event cache-aware, with a text tree (trimmed every interval) for
@@ -188,6 +190,7 @@ impl App {
             PolicyConfig::Random => Arc::new(Random::new(seed())),
             PolicyConfig::PowerOfTwo => Arc::new(PowerOfTwo::new(seed())),
             PolicyConfig::LeastLoad => Arc::new(LeastLoad::default()),
+            PolicyConfig::Manual => Arc::new(policy::Manual::new(seed())),
             PolicyConfig::CacheAware(c, tree, interval) => {
                 let p = Arc::new(CacheAware::new(*c, seed()).with_text_tree(*tree));
                 let trim = p.clone();

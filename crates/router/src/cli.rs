@@ -56,6 +56,11 @@ pub(crate) enum PolicyName {
     /// KV-event cache-aware: the worker holding the longest prefix, with load guards (needs --kv-events).
     #[value(name = "cache_aware", alias = "cache-aware")]
     CacheAware,
+    /// Sticky sessions (SGLang Model Gateway's): a request with `x-smg-routing-key` goes to its
+    /// key's worker (rendezvous hashing: it stays there while that worker is healthy), one
+    /// without to a random worker. Every policy honours the key.
+    #[value(name = "manual")]
+    Manual,
     /// Estimated time to first token: the least prefill owed plus this prompt's uncached part, less
     /// --ttft-hit-weight per cached token (cache hits need --kv-events; without, the least work).
     #[value(name = "min_ttft", alias = "min-ttft")]

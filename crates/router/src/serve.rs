@@ -159,6 +159,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         PolicyName::Random => PolicyConfig::Random,
         PolicyName::PowerOfTwo => PolicyConfig::PowerOfTwo,
         PolicyName::LeastLoad => PolicyConfig::LeastLoad,
+        PolicyName::Manual => PolicyConfig::Manual,
         PolicyName::CacheAware => PolicyConfig::CacheAware(
             CacheAwareConfig {
                 min_matched_tokens: a.cache_affinity_min_matched_tokens.unwrap_or(d.min_matched_tokens),

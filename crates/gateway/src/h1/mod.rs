@@ -183,6 +183,8 @@ struct Head {
     sent_x_request_id: bool,
     /// The page's origin (CORS).
     origin: Option<Vec<u8>>,
+    /// The client's routing key (`x-smg-routing-key`).
+    routing_key: Option<Vec<u8>>,
 }
 
 /// Who serves the request at the front of the buffer.
@@ -222,6 +224,7 @@ fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
     let (mut body_len, mut expect_continue) = (None, false);
     let (mut forward, mut rank, mut authorization) = (Vec::new(), None, None);
     let (mut request_id, mut id_rank, mut sent_x_request_id, mut origin) = (None, usize::MAX, false, None);
+    let mut routing_key = None;
     for h in req.headers.iter() {
         if let Some(i) = id_names.iter().position(|n| h.name.eq_ignore_ascii_case(n))
             && i < id_rank
@@ -232,6 +235,8 @@ fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
         sent_x_request_id |= h.name.eq_ignore_ascii_case(crate::context::REQUEST_ID_HEADER);
         if h.name.eq_ignore_ascii_case("origin") {
             origin = Some(h.value.to_vec());
+        } else if h.name.eq_ignore_ascii_case(policy::ROUTING_KEY_HEADER) {
+            routing_key = crate::proxy::Meta::key(Some(h.value));
         }
         if h.name.eq_ignore_ascii_case(RANK_HEADER) {
             rank = Some(h.value.to_vec());
@@ -269,6 +274,7 @@ fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
         request_id,
         sent_x_request_id,
         origin,
+        routing_key,
     }))
 }
 
@@ -442,10 +448,11 @@ async fn serve_fast(
     let mut peer = Peer { tcp, pipelined: buf, open: true };
     let span = request_span(gw, route);
     span.record("request_id", id.as_str());
+    let meta = crate::proxy::Meta { id, routing_key: head.routing_key };
     async move {
         let send = |worker, body, rank| upstream::send(worker, route, body, rank, extra.clone());
         let sent = tokio::select! {
-            sent = forward(gw, admission, route, body, start, &id, send) => sent,
+            sent = forward(gw, admission, route, body, start, &meta, send) => sent,
             // A client that resets drops its upstream request; one that half-closed is still answered.
             () = peer.gone() => return false,
         };
@@ -457,7 +464,7 @@ async fn serve_fast(
                 upstream::relay(&mut peer, guard, worker, answer, to).await && !close
             }
             Err(e) => {
-                count_error(gw, route, &e, Some(&id));
+                count_error(gw, route, &e, Some(&meta.id));
                 write_error(peer.tcp, &e, close, &answer_head).await.is_ok() && !close
             }
         }
