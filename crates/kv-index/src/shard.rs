@@ -132,7 +132,7 @@ impl Slab {
     }
 
     fn push(&mut self, node: Node) -> u32 {
-        if self.len % CHUNK == 0 {
+        if self.len.is_multiple_of(CHUNK) {
             self.chunks.push(Vec::with_capacity(CHUNK));
         }
         if let Some(chunk) = self.chunks.last_mut() {

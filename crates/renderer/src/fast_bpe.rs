@@ -183,10 +183,12 @@ fn split_into(
             while let Some(m) = re.find_at(text, at) {
                 let mut end = m.end();
                 let s = m.as_str();
-                if end < text.len() && !s.contains(['\r', '\n']) && s.chars().all(char::is_whitespace) {
-                    if let Some((last, _)) = s.char_indices().nth(1).and(s.char_indices().last()) {
-                        end = m.start() + last; // give the last whitespace char back
-                    }
+                if end < text.len()
+                    && !s.contains(['\r', '\n'])
+                    && s.chars().all(char::is_whitespace)
+                    && let Some((last, _)) = s.char_indices().nth(1).and(s.char_indices().last())
+                {
+                    end = m.start() + last; // give the last whitespace char back
                 }
                 piece(m.start(), end, &mut prev)?;
                 at = if end > m.start() { end } else { end + text[end..].chars().next().map_or(1, char::len_utf8) };
