@@ -5,8 +5,8 @@
 //! `success_threshold` successes in a row, open again at the first failure.
 //!
 //! A failure is an answer the worker could not give: it could not be reached,
-//! it timed out, it died mid-answer, or it answered 5xx. A 4xx is the
-//! client's, and counts as neither. The closed state costs one atomic load
+//! it timed out, it died mid-answer, or it answered 5xx. Any other answer (a
+//! 4xx is the client's mistake, answered by a working worker) is a success. The closed state costs one atomic load
 //! per routing decision and one per answer.
 
 use std::sync::Mutex;

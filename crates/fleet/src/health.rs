@@ -153,13 +153,20 @@ async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration) {
     }
     // SGLang: {"loads": [{"dp_rank": 0, "num_waiting_uncached_tokens": N, ...}, ...]}
     let body = read_capped(resp).await;
-    let queued = body.as_deref().and_then(|b| serde_json::from_slice::<Value>(b).ok()).and_then(|v| {
+    let report = body.as_deref().and_then(|b| serde_json::from_slice::<Value>(b).ok()).and_then(|v| {
         let loads = v.get("loads")?.as_array()?;
-        Some(
-            loads.iter().filter_map(|l| l.get("num_waiting_uncached_tokens")?.as_u64()).fold(0u64, u64::saturating_add),
-        )
+        let per_rank: Vec<(usize, u64)> = loads
+            .iter()
+            .filter_map(|l| {
+                let rank = l.get("dp_rank").and_then(Value::as_u64).unwrap_or(0);
+                Some((usize::try_from(rank).ok()?, l.get("num_waiting_uncached_tokens")?.as_u64()?))
+            })
+            .collect();
+        Some(per_rank)
     });
-    w.set_reported_uncached_tokens(queued.unwrap_or(0));
+    let report = report.unwrap_or_default();
+    w.set_reported_uncached_tokens(report.iter().map(|(_, t)| *t).fold(0u64, u64::saturating_add));
+    w.set_reported_rank_loads(&report);
 }
 
 /// A period for a background loop: late ticks are delayed, not bunched.

@@ -20,6 +20,7 @@ mod breaker;
 mod follow;
 mod health;
 mod metrics;
+mod ranks;
 mod worker;
 
 use std::num::NonZeroUsize;
@@ -71,6 +72,9 @@ pub struct FleetConfig {
     pub events: Option<EventsConfig>,
     /// The paths requests are proxied to, parsed once per worker ([`Worker::endpoint`]).
     pub proxied_paths: &'static [&'static str],
+    /// Track each data-parallel rank's load, and send requests no rank holds
+    /// a prefix of to the least loaded rank (`--dp-aware`).
+    pub dp_aware: bool,
 }
 
 /// The health probes (SGLang Model Gateway's `--health-*` flags).
@@ -287,6 +291,11 @@ impl Fleet {
             fleet.tasks.spawn(health::load_loop(fleet.clone()));
         }
         fleet
+    }
+
+    /// Whether requests are balanced over each worker's data-parallel ranks (`--dp-aware`).
+    pub fn dp_aware(&self) -> bool {
+        self.config.dp_aware
     }
 
     /// The live workers (every state but retained and removed), in order of arrival.

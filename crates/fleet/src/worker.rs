@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use router_types::{Load, PoolId, Role, WorkerId, WorkerUrl};
+use router_types::{DpRank, Load, PoolId, Role, WorkerId, WorkerUrl};
 
 use crate::breaker::{Breaker, BreakerState};
 use tokio_util::sync::CancellationToken;
@@ -103,6 +103,8 @@ pub struct Worker {
     breaker: Breaker,
     /// Its events are followed (mirrors `events`, read on every routing decision).
     followed: AtomicBool,
+    /// Its load per data-parallel rank (`--dp-aware`; empty otherwise).
+    ranks: crate::ranks::RankLoads,
     in_flight: AtomicU32,
     uncached_tokens: AtomicU64,
     reported_uncached: AtomicU64,
@@ -137,6 +139,8 @@ pub(crate) struct Spec {
 pub struct LoadGuard {
     worker: Arc<Worker>,
     uncached: u64,
+    /// The data-parallel rank charged too (`--dp-aware`).
+    rank: Option<usize>,
 }
 
 // === impl State ===
@@ -179,6 +183,7 @@ impl Worker {
             probe_thresholds: (config.health.failure_threshold.max(1), config.health.success_threshold.max(1)),
             breaker: Breaker::new(config.breaker),
             followed: AtomicBool::new(matches!(events, Events::Followed { .. })),
+            ranks: crate::ranks::RankLoads::new(if config.dp_aware { crate::MAX_DP_SIZE as usize } else { 0 }),
             endpoints,
             id,
             url,
@@ -418,9 +423,30 @@ impl Worker {
 
     /// Charges a request to this router's view of its load until the guard drops.
     pub fn charge(self: &Arc<Self>, uncached: u64) -> LoadGuard {
+        self.charge_on(uncached, None)
+    }
+
+    /// Charges a request sent to data-parallel `rank` (when ranks are tracked, to it too).
+    pub fn charge_on(self: &Arc<Self>, uncached: u64, rank: Option<DpRank>) -> LoadGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.uncached_tokens.fetch_add(uncached, Ordering::Relaxed);
-        LoadGuard { worker: self.clone(), uncached }
+        let rank = rank.map(|r| r.0 as usize).filter(|r| self.ranks.charge(*r, uncached));
+        LoadGuard { worker: self.clone(), uncached, rank }
+    }
+
+    /// The rank to send a request no rank holds a prefix of (`--dp-aware`,
+    /// a worker of several ranks): the least loaded one.
+    pub fn least_loaded_rank(&self) -> Option<DpRank> {
+        if !self.ranks.tracked() {
+            return None;
+        }
+        let dp = self.info().and_then(|i| i.dp_size).unwrap_or(1);
+        self.ranks.least_loaded(dp as usize)
+    }
+
+    /// Records the worker's own report of its queued prefill per rank (`--dp-aware`).
+    pub fn set_reported_rank_loads(&self, report: &[(usize, u64)]) {
+        self.ranks.set_reported(report);
     }
 }
 
@@ -428,6 +454,9 @@ impl LoadGuard {
     /// The worker has prefilled the prompt: it no longer owes those tokens.
     pub fn prefill_done(&mut self) {
         self.worker.uncached_tokens.fetch_sub(self.uncached, Ordering::Relaxed);
+        if let Some(r) = self.rank {
+            self.worker.ranks.prefilled(r, self.uncached);
+        }
         self.uncached = 0;
     }
 
@@ -441,6 +470,9 @@ impl Drop for LoadGuard {
     fn drop(&mut self) {
         self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.worker.uncached_tokens.fetch_sub(self.uncached, Ordering::Relaxed);
+        if let Some(r) = self.rank {
+            self.worker.ranks.release(r, self.uncached);
+        }
     }
 }
 
@@ -466,6 +498,7 @@ mod tests {
             api_key: None,
             events: None,
             proxied_paths: &["/generate"],
+            dp_aware: false,
         };
         Worker::new(spec, CancellationToken::new(), &config)
     }
@@ -544,6 +577,7 @@ mod tests {
             api_key: None,
             events: None,
             proxied_paths: &[],
+            dp_aware: false,
         };
         let w = Worker::new(spec, CancellationToken::new(), &config);
         w.discovered();

@@ -252,7 +252,9 @@ fn parse_json(bytes: &[u8]) -> Result<Value, GatewayError> {
 /// The body as far as the router needs it: the parsed JSON, or `None` when
 /// the policy needs nothing from it and only its shape was checked (no tree built).
 pub(crate) fn parse_body(gw: &Gateway, route: Route, bytes: &[u8]) -> Result<Option<Value>, GatewayError> {
-    if route.has_prompt() && (gw.index.is_some() || gw.policy.needs_tokens() || gw.policy.needs_text()) {
+    // `/generate` is parsed for --dp-aware too: its rank goes in the body.
+    let dp_generate = route == Route::Generate && gw.fleet.dp_aware();
+    if route.has_prompt() && (gw.index.is_some() || gw.policy.needs_tokens() || gw.policy.needs_text() || dp_generate) {
         return parse_json(bytes).map(Some);
     }
     let required = match route {
@@ -512,7 +514,7 @@ where
 {
     let id = meta.id.as_str();
     let (gw2, body, key) = (gw.clone(), bytes.clone(), meta.routing_key.clone());
-    let (mut v, plan) = crate::admission::render(gw, bytes.len(), move || {
+    let (v, plan) = crate::admission::render(gw, bytes.len(), move || {
         let v = parse_body(&gw2, route, &body)?;
         let plan = plan(&gw2, route, v.as_ref(), key.as_deref())?;
         Ok::<_, GatewayError>((v, plan))
@@ -536,17 +538,12 @@ where
     // vLLM's OpenAI routes read the `X-Data-Parallel-Rank` header (rank 0 on a
     // single-rank engine is accepted by both); SGLang's native `/generate`
     // reads only the body field `routed_dp_rank`.
-    let mut body = match (plan.rank, route, v.as_mut()) {
-        (Some(rank), Route::Generate, Some(v)) if v.get("routed_dp_rank").is_none() => {
-            v["routed_dp_rank"] = json!(rank.0);
-            Bytes::from(serde_json::to_vec(&*v).unwrap_or_default())
-        }
-        _ => bytes.clone(),
-    };
-    let mut rank = plan.rank;
-    let uncached = plan.input_tokens - matched;
     let mut worker = chosen.clone();
-    let load = worker.charge(uncached);
+    // No rank holds a prefix of it: with --dp-aware, the least loaded rank.
+    let mut rank = plan.rank.or_else(|| worker.least_loaded_rank());
+    let mut body = with_rank(route, v.as_ref(), rank, &bytes);
+    let uncached = plan.input_tokens - matched;
+    let load = worker.charge_on(uncached, rank);
     let mut guard = InFlight { gw: gw.clone(), _admission: admission, load, route, status: 0, start };
     let retry = &gw.config.retry;
     let mut tried = vec![worker.id];
@@ -600,10 +597,25 @@ where
         if !tried.contains(&worker.id) {
             tried.push(worker.id);
         }
+        // The rank hint was for the first worker; the next one places it itself (or, with
+        // --dp-aware, its least loaded rank).
+        rank = worker.least_loaded_rank();
+        body = with_rank(route, v.as_ref(), rank, &bytes);
         // The load moves: the first worker's charge is released as it is replaced.
-        guard.load = worker.charge(uncached);
-        // The rank hint was for the first worker; the next one places it itself.
-        (body, rank) = (bytes.clone(), None);
+        guard.load = worker.charge_on(uncached, rank);
+    }
+}
+
+/// The body to send for `rank`: on `/generate`, `routed_dp_rank` set unless
+/// the client set it (SGLang's native route reads no header); else as it came.
+fn with_rank(route: Route, v: Option<&Value>, rank: Option<DpRank>, bytes: &Bytes) -> Bytes {
+    match (rank, route, v) {
+        (Some(rank), Route::Generate, Some(v)) if v.get("routed_dp_rank").is_none() => {
+            let mut v = v.clone();
+            v["routed_dp_rank"] = json!(rank.0);
+            Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+        }
+        _ => bytes.clone(),
     }
 }
 

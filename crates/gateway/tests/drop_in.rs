@@ -185,3 +185,46 @@ async fn a_queued_request_runs_when_a_slot_frees() {
     assert_eq!(w.posts(), 3);
     assert_eq!(r.gw.metrics.queue_timeouts.load(Ordering::Relaxed), 0);
 }
+
+#[tokio::test]
+async fn dp_aware_sends_each_request_to_the_least_loaded_rank() {
+    // A worker of four ranks whose report says ranks 0, 1 and 3 have prefill queued.
+    let info = r#"{"model_path": "m", "dp_size": 4, "page_size": 16}"#.to_string();
+    let loads = r#"{"loads": [{"dp_rank": 0, "num_waiting_uncached_tokens": 9000},
+        {"dp_rank": 1, "num_waiting_uncached_tokens": 4000}, {"dp_rank": 2, "num_waiting_uncached_tokens": 10},
+        {"dp_rank": 3, "num_waiting_uncached_tokens": 7000}]}"#
+        .to_string();
+    for dp_aware in [true, false] {
+        let w = RawWorker::spawn_with_gets(
+            vec![Reply::Send(OK)],
+            vec![("/server_info", info.clone()), ("/v1/loads", loads.clone())],
+        )
+        .await;
+        let r = h1_support::start_fleet(
+            &[&w.url],
+            limits(),
+            true,
+            |_| {},
+            |f| {
+                f.dp_aware = dp_aware;
+                f.load_poll = Duration::from_millis(20);
+            },
+        )
+        .await;
+        until("the worker's ranks and loads are known", || {
+            let all = r.gw.fleet.all();
+            all[0].info().is_some_and(|i| i.dp_size == Some(4)) && all[0].reported_uncached_tokens() == 20_010
+        })
+        .await;
+        for _ in 0..3 {
+            assert_eq!(chat_once(r.addr, "").await.status, 200);
+        }
+        for head in w.heads() {
+            let rank = head
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("x-data-parallel-rank: ").map(str::to_string));
+            let expected = dp_aware.then(|| "2".to_string());
+            assert_eq!(rank, expected, "dp_aware {dp_aware}: {head}");
+        }
+    }
+}

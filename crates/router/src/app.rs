@@ -101,6 +101,8 @@ pub struct AppConfig {
     pub request_id_headers: Vec<String>,
     /// Browser origins allowed (CORS).
     pub cors: gateway::context::Cors,
+    /// Balance requests over each worker's data-parallel ranks by their loads.
+    pub dp_aware: bool,
     /// Serve `/metrics` without a key on this address too (`--prometheus-port`).
     pub metrics_listen: Option<SocketAddr>,
     /// Period of polling the workers' own load reports (zero: off).
@@ -244,6 +246,7 @@ impl App {
             api_key: config.worker_api_key.clone(),
             events: config.kv_events.clone(),
             proxied_paths: gateway::PROXIED_PATHS,
+            dp_aware: config.dp_aware,
         };
         let fleet = Fleet::start(fleet_config, index.clone(), &config.workers, cancel.clone());
         for mock in &mocks {

@@ -113,6 +113,12 @@ pub(crate) struct ServeArgs {
     pub(crate) kv_events: bool,
     #[command(flatten)]
     pub(crate) events: KvEventFlags,
+    /// Balance requests over each worker's data-parallel ranks: one that no rank holds a prefix
+    /// of goes to the rank with the least prefill queued (the worker's own report per rank from
+    /// SGLang's `/v1/loads`, or this router's view, whichever is larger), with the
+    /// `X-Data-Parallel-Rank` hint (`routed_dp_rank` on `/generate`).
+    #[arg(long, env = "SGL_ROUTER_DP_AWARE")]
+    pub(crate) dp_aware: bool,
     /// Model directory (tokenizer.json and chat template) the workers serve; the built-in byte-level model if absent.
     #[arg(long, env = "SGL_ROUTER_TOKENIZER_PATH", value_name = "DIR")]
     pub(crate) tokenizer_path: Option<PathBuf>,

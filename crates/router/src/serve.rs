@@ -242,6 +242,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         },
         cors: gateway::context::Cors::from_flag(&a.cors_allowed_origins),
         metrics_listen,
+        dp_aware: a.dp_aware,
         load_poll: Duration::from_millis(a.worker_load_poll_ms),
         index_retention: Duration::from_secs(a.worker_index_retention_secs),
         shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),

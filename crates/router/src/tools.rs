@@ -144,6 +144,7 @@ pub(crate) fn kv_events(args: &KvEventsArgs) -> Result<()> {
             subscriber: kv_events::SubscriberConfig::default(),
         }),
         proxied_paths: &[],
+        dp_aware: false,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async {

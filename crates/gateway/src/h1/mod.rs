@@ -177,8 +177,8 @@ struct Head {
     /// The client's `Authorization` value: a client key to check
     /// (`--client-api-keys`), or its own credentials for the worker.
     authorization: Option<Vec<u8>>,
-    /// The client's request id: the value of the first `--request-id-headers` header it sent.
-    request_id: Option<Vec<u8>>,
+    /// The client's request-id headers: (position in `--request-id-headers`, value), each once.
+    request_ids: Vec<(usize, Vec<u8>)>,
     /// It sent `x-request-id` itself (the worker gets it as sent).
     sent_x_request_id: bool,
     /// The page's origin (CORS).
@@ -223,14 +223,13 @@ fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
     let close = option("close");
     let (mut body_len, mut expect_continue) = (None, false);
     let (mut forward, mut rank, mut authorization) = (Vec::new(), None, None);
-    let (mut request_id, mut id_rank, mut sent_x_request_id, mut origin) = (None, usize::MAX, false, None);
+    let (mut request_ids, mut sent_x_request_id, mut origin) = (Vec::new(), false, None);
     let mut routing_key = None;
     for h in req.headers.iter() {
         if let Some(i) = id_names.iter().position(|n| h.name.eq_ignore_ascii_case(n))
-            && i < id_rank
-            && !h.value.is_empty()
+            && !request_ids.iter().any(|(j, _)| *j == i)
         {
-            (request_id, id_rank) = (Some(h.value.to_vec()), i);
+            request_ids.push((i, h.value.to_vec()));
         }
         sent_x_request_id |= h.name.eq_ignore_ascii_case(crate::context::REQUEST_ID_HEADER);
         if h.name.eq_ignore_ascii_case("origin") {
@@ -271,7 +270,7 @@ fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
         forward,
         rank,
         authorization,
-        request_id,
+        request_ids,
         sent_x_request_id,
         origin,
         routing_key,
@@ -386,8 +385,12 @@ async fn serve_fast(
 ) -> bool {
     let start = Instant::now();
     let route = head.route;
-    let (id, made) =
-        crate::context::request_id(&gw.config.request_id_headers, |_| head.request_id.as_deref(), route.path());
+    let names = &gw.config.request_id_headers;
+    let sent = |name: &str| {
+        let i = names.iter().position(|n| n == name)?;
+        head.request_ids.iter().find(|(j, _)| *j == i).map(|(_, v)| v.as_slice())
+    };
+    let (id, made) = crate::context::request_id(names, sent, route.path());
     // What every answer to this request carries: its id, and the CORS headers for its origin.
     let mut answer_head = Vec::with_capacity(64);
     push_header(&mut answer_head, crate::context::REQUEST_ID_HEADER.as_bytes(), id.as_bytes());

@@ -54,28 +54,37 @@ pub(crate) async fn start_with(
     fast: bool,
     tweak: impl FnOnce(&mut GatewayConfig),
 ) -> Running {
+    start_fleet(workers, limits, fast, tweak, |_| {}).await
+}
+
+/// [`start_with`], with the fleet's configuration changed by `fleet_tweak` too.
+pub(crate) async fn start_fleet(
+    workers: &[&str],
+    limits: ClientLimits,
+    fast: bool,
+    tweak: impl FnOnce(&mut GatewayConfig),
+    fleet_tweak: impl FnOnce(&mut fleet::FleetConfig),
+) -> Running {
     let stop = CancellationToken::new();
     let urls: Vec<router_types::WorkerUrl> =
         workers.iter().map(|u| router_types::WorkerUrl::parse(u).unwrap()).collect();
-    let fleet = fleet::Fleet::start(
-        fleet::FleetConfig {
-            health: fleet::HealthConfig {
-                interval: Duration::from_secs(3600),
-                failure_threshold: 1,
-                success_threshold: 1,
-                ..Default::default()
-            },
-            breaker: fleet::BreakerConfig::default(),
-            index_retention: Duration::from_secs(300),
-            load_poll: Duration::ZERO,
-            api_key: None,
-            events: None,
-            proxied_paths: gateway::PROXIED_PATHS,
+    let mut fleet_config = fleet::FleetConfig {
+        health: fleet::HealthConfig {
+            interval: Duration::from_secs(3600),
+            failure_threshold: 1,
+            success_threshold: 1,
+            ..Default::default()
         },
-        None,
-        &urls,
-        stop.clone(),
-    );
+        breaker: fleet::BreakerConfig::default(),
+        index_retention: Duration::from_secs(300),
+        load_poll: Duration::ZERO,
+        api_key: None,
+        events: None,
+        proxied_paths: gateway::PROXIED_PATHS,
+        dp_aware: false,
+    };
+    fleet_tweak(&mut fleet_config);
+    let fleet = fleet::Fleet::start(fleet_config, None, &urls, stop.clone());
     let mut config = GatewayConfig {
         max_body_bytes: gateway::DEFAULT_MAX_BODY_BYTES,
         request_timeout: Duration::from_secs(10),
@@ -152,6 +161,22 @@ pub(crate) struct RawWorker {
 
 impl RawWorker {
     pub(crate) async fn spawn(replies: Vec<Reply>) -> RawWorker {
+        Self::spawn_with_gets(replies, Vec::new()).await
+    }
+
+    /// A worker that also answers `GET path` with the JSON `body` for each of `gets`.
+    pub(crate) async fn spawn_with_gets(replies: Vec<Reply>, gets: Vec<(&'static str, String)>) -> RawWorker {
+        let gets: Arc<Vec<(&'static str, &'static str)>> = Arc::new(
+            gets.into_iter()
+                .map(|(p, b)| {
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{b}",
+                        b.len()
+                    );
+                    (p, &*Box::leak(answer.into_boxed_str()))
+                })
+                .collect(),
+        );
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (posts, hung_up) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
@@ -159,7 +184,8 @@ impl RawWorker {
         let (p, h, replies, hd) = (posts.clone(), hung_up.clone(), Arc::new(replies), heads.clone());
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
-                tokio::spawn(worker_connection(tcp, replies.clone(), p.clone(), h.clone(), hd.clone()));
+                let conn = worker_connection(tcp, replies.clone(), p.clone(), h.clone(), hd.clone(), gets.clone());
+                tokio::spawn(conn);
             }
         });
         RawWorker { url, posts, hung_up, heads }
@@ -181,6 +207,7 @@ async fn worker_connection(
     posts: Arc<AtomicUsize>,
     hung_up: Arc<AtomicUsize>,
     heads: Arc<std::sync::Mutex<Vec<String>>>,
+    gets: Arc<Vec<(&'static str, &'static str)>>,
 ) {
     // A worker waits for the router as long as it likes (its connections end with the test).
     let mut c = Client { tcp, buf: Vec::new(), patient: true };
@@ -203,8 +230,12 @@ async fn worker_connection(
             return;
         }
         c.buf.drain(..length);
+        let path = request.split(' ').nth(1).unwrap_or("");
+        let scripted = gets.iter().find(|(p, _)| *p == path.split('?').next().unwrap_or(""));
         let reply = if request.starts_with("GET /health ") {
             Reply::Send("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        } else if let (true, Some((_, answer))) = (request.starts_with("GET "), scripted) {
+            Reply::Send(answer)
         } else if request.starts_with("GET ") {
             Reply::Send("HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
         } else {

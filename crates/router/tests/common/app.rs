@@ -60,6 +60,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         request_id_headers: gateway::context::DEFAULT_REQUEST_ID_HEADERS.iter().map(|h| h.to_string()).collect(),
         cors: Default::default(),
         metrics_listen: None,
+        dp_aware: false,
         load_poll: Duration::from_millis(50),
         index_retention: Duration::from_secs(300),
         shutdown_grace: Duration::from_secs(1),
