@@ -228,3 +228,55 @@ async fn dp_aware_sends_each_request_to_the_least_loaded_rank() {
         }
     }
 }
+
+#[tokio::test]
+async fn the_rate_limit_refuses_past_its_tokens_or_queues() {
+    let w = RawWorker::spawn(vec![Reply::Send(OK)]).await;
+    // No queue: one second's worth of tokens (2), then 429.
+    let r = start_with(&[&w.url], limits(), true, |c| c.rate_limit = Some(2)).await;
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(chat_once(r.addr, "").await.status);
+    }
+    assert_eq!(statuses, [200, 200, 429]);
+    let a = chat_once(r.addr, "").await;
+    a.assert_error(429, "rate_limited");
+    assert!(a.header("retry-after").is_some());
+    // With a queue, the request waits for its token instead.
+    let r = start_with(&[&w.url], limits(), true, |c| {
+        c.rate_limit = Some(4);
+        c.queue_size = 8;
+        c.queue_timeout = Duration::from_secs(3);
+    })
+    .await;
+    let started = std::time::Instant::now();
+    for _ in 0..6 {
+        assert_eq!(chat_once(r.addr, "").await.status, 200);
+    }
+    assert!(started.elapsed() >= Duration::from_millis(400), "two of them waited a quarter second each");
+}
+
+#[tokio::test]
+async fn embeddings_rerank_and_classify_pass_through_to_one_worker() {
+    for fast in [true, false] {
+        let w = RawWorker::spawn(vec![Reply::Send(OK)]).await;
+        let r = start(&[&w.url], limits(), fast).await;
+        for (path, to) in [
+            ("/v1/embeddings", "/v1/embeddings"),
+            ("/v1/rerank", "/v1/rerank"),
+            ("/rerank", "/v1/rerank"),
+            ("/v1/classify", "/v1/classify"),
+        ] {
+            let mut c = Client::connect(r.addr).await;
+            c.send(&post(path, br#"{"model": "m", "input": ["a", "b"], "query": "q"}"#, "")).await;
+            assert_eq!(c.answer().await.status, 200, "fast {fast}: {path}");
+            let head = w.heads().pop().unwrap();
+            assert!(head.starts_with(&format!("POST {to} HTTP/1.1")), "{path}: {head}");
+            // Not JSON: refused before any worker sees it.
+            let mut c = Client::connect(r.addr).await;
+            c.send(&post(path, b"[1, 2]", "")).await;
+            c.answer().await.assert_error(400, "invalid_request_error");
+        }
+        assert_eq!(w.posts(), 4, "fast {fast}");
+    }
+}

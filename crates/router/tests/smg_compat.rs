@@ -55,6 +55,7 @@ async fn an_smg_command_line_runs_unchanged_and_routes_around_a_failing_engine()
         "--request-id-headers", "x-request-id", "x-trace-id",
         "--log-level", "warn",
         "--prometheus-port", "0", "--prometheus-host", "127.0.0.1",
+        "--prometheus-duration-buckets", "0.005", "0.05", "0.5", "5",
         "--host", "127.0.0.1", "--port", "0",
     ];
     let mut child = Command::new(env!("CARGO_BIN_EXE_sgl-router"))
@@ -110,6 +111,11 @@ async fn an_smg_command_line_runs_unchanged_and_routes_around_a_failing_engine()
     assert_eq!((circuit(&u0), circuit(&u1)), (Some(0.0), Some(0.0)));
     assert_eq!(series(&page, &format!("router_worker_circuit_opened_total{{worker=\"{u2}\"}}")), Some(1.0));
     assert!(series(&page, "router_http_retries_total") >= Some(3.0), "the 503s were retried:\n{page}");
+    assert!(
+        page.contains("router_http_request_duration_seconds_bucket{le=\"0.05\"}"),
+        "the buckets asked for:\n{page}"
+    );
+    assert!(!page.contains("router_http_request_duration_seconds_bucket{le=\"0.0005\"}"), "and no others");
     let decided_before = |r: &str| {
         series(&page, &format!("router_policy_decisions_total{{policy=\"cache_aware\",reason=\"{r}\"}}")).unwrap_or(0.0)
     };

@@ -1,0 +1,273 @@
+#!/usr/bin/env bash
+# End-to-end router overhead, measured with wrk against an engine that answers at nginx speed.
+#
+# Method: an nginx instance (2 workers, 127.0.0.1:31001) plays the engine: /health answers "ok",
+# /v1/chat/completions a fixed small chat completion, anything else 404. Each target then runs
+# alone, one after the other (never two at once): the router is started right before its turn,
+# waited for (/readiness for sgl-router, /health for the others), warmed up (WARMUP s of wrk) and
+# stopped right after, so an idle router never steals CPU from a measured one. wrk
+# (benches/wrk/post.lua) POSTs a chat-completion JSON body over keep-alive connections for
+# DURATION s; its done() hook reports req/s, p50/p99 latency, requests and errors (status >= 400,
+# socket errors, timeouts). The router's CPU is utime + stime (/proc/PID/stat fields 14 and 15, all
+# threads) of its process and all its descendants (nginx's workers, anything a Python launcher
+# spawns), read right before and right after the measured window only, divided by the requests
+# wrk completed in that window. The engine nginx's CPU and wrk's own CPU (/usr/bin/time) over the
+# same window are printed too, so a reader can see whether the load generator or the engine, not
+# the router, was the bottleneck.
+#
+# Matrix: body sizes about 200 B and 16 KiB ("messages": a system prompt and a user message,
+# "max_tokens": 8) x concurrency 1 (wrk -t1 -c1) and 64 (wrk -t2 -c64). Targets:
+#   direct                     wrk straight at the engine (the floor; "added p50" is relative to it)
+#   sgl_router_round_robin     target/release/sgl-router --policy round_robin
+#   sgl_router_cache_aware     target/release/sgl-router --policy cache_aware (no --kv-events: the
+#                              engine has no /server_info, so it routes by a text tree, like the
+#                              peers' cache_aware)
+#   baseline_round_robin/_cache_aware        with BASELINE set (cache_aware is retried with
+#                              --kv-events, and labelled so, if the older build needs it)
+#   smg_round_robin/_cache_aware             with SMG set
+#   vllm_router_round_robin/_cache_aware     with VLLM_ROUTER set
+#   nginx_proxy                a second nginx as a plain reverse proxy with upstream keep-alive:
+#                              what one proxy hop costs on this machine
+#
+# Usage:
+#   bash benches/overhead_wrk.sh
+# Environment:
+#   DURATION=10       seconds of each measured wrk window
+#   ROUNDS=1          with ROUNDS>1 the whole target list runs ROUNDS times, interleaved (odd rounds
+#                     in list order, even rounds reversed), and the tables show per-target medians
+#                     (errors: the total); ratios stay sound on a noisy machine
+#   BASELINE=path     an older sgl-router build, measured in the same run
+#   SMG=path          SGLang Model Gateway's launcher (`pip install sglang-router`; run as `SMG launch`)
+#   VLLM_ROUTER=path  vllm-router (`pip install vllm-router`)
+# and, less often:
+#   WARMUP=1          seconds of wrk before each measured window (0: none)
+#   TARGETS="a b"     only these targets (names as above), in this order
+#   BUILD=0           do not run `cargo build --release -p sgl-router` first
+#   RAW_OUT=file      also keep the per-window measurements (TSV) in file
+# Needs wrk (`apt-get install wrk`), nginx (`apt-get install nginx-light`), curl, bc, GNU time
+# (`apt-get install time`), procps (pgrep). Ports: 31001-31099.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION="${DURATION:-10}"
+ROUNDS="${ROUNDS:-1}"
+WARMUP="${WARMUP:-1}"
+BASELINE="${BASELINE:-}"
+SMG="${SMG:-}"
+VLLM_ROUTER="${VLLM_ROUTER:-}"
+NGINX="${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}"
+LUA=benches/wrk/post.lua
+for tool in wrk curl bc pgrep; do
+  command -v "$tool" >/dev/null || { echo "$tool is not installed (see the top of $0)" >&2; exit 1; }
+done
+[ -x /usr/bin/time ] || { echo "/usr/bin/time is not installed: apt-get install time" >&2; exit 1; }
+[ -x "$NGINX" ] || { echo "nginx is not installed: apt-get install nginx-light" >&2; exit 1; }
+[ "${BUILD:-1}" = 0 ] || cargo build --release -q -p sgl-router
+BIN=target/release
+source benches/lib.sh
+trap 'exit 130' INT TERM # so the EXIT trap (cleanup) runs on ^C too
+PEER_PROMETHEUS_OFFSET=50 # the peers' Prometheus ports stay in 31001-31099
+TCK=$(getconf CLK_TCK)
+ENGINE_PORT=31001
+ENGINE=http://127.0.0.1:$ENGINE_PORT
+tmp=$(mktemp -d); tmpdirs+=("$tmp")
+RAW=$tmp/raw.tsv; : >"$RAW"
+
+# Request bodies: a chat completion of SIZE bytes (the user message pads it).
+make_body() { # SIZE FILE
+  local size=$1 file=$2 head tail pad
+  head='{"model":"bench","messages":[{"role":"system","content":"You are a helpful assistant. Answer briefly."},{"role":"user","content":"'
+  tail='"}],"max_tokens":8}'
+  pad=$((size - ${#head} - ${#tail}))
+  [ "$pad" -gt 0 ] || pad=1
+  { printf '%s' "$head"
+    awk -v n="$pad" 'BEGIN { s = ""; while (length(s) < n) s = s "the quick brown fox jumps over the lazy dog "; printf "%s", substr(s, 1, n) }'
+    printf '%s' "$tail"; } >"$file"
+}
+BODIES=(200 16384)
+for b in "${BODIES[@]}"; do make_body "$b" "$tmp/body_$b.json"; done
+body_label() { [ "$1" -ge 1024 ] && echo "$(($1 / 1024)) KiB" || echo "$1 B"; }
+
+# nginx_conf DIR PORT HTTP_EXTRA SERVER_BODY: a private nginx (2 workers, its pid, logs and temp
+# paths under DIR), keep-alive up to 100,000 requests a connection, no access log.
+nginx_conf() {
+  local dir=$1 port=$2 extra=$3 body=$4 user=""
+  mkdir -p "$dir"/{client_body,proxy,fastcgi,uwsgi,scgi}_temp
+  [ "$(id -u)" = 0 ] && user="user $(id -un);" # the workers can then use DIR (mode 700)
+  cat >"$dir/nginx.conf" <<NGINX
+$user
+worker_processes 2;
+pid $dir/nginx.pid;
+error_log $dir/error.log error;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 100000;
+  keepalive_timeout 300s;
+  client_max_body_size 16m;
+  client_body_buffer_size 64k;
+  client_body_temp_path $dir/client_body_temp;
+  proxy_temp_path $dir/proxy_temp;
+  fastcgi_temp_path $dir/fastcgi_temp;
+  uwsgi_temp_path $dir/uwsgi_temp;
+  scgi_temp_path $dir/scgi_temp;
+  $extra
+  server {
+    listen 127.0.0.1:$port;
+    $body
+  }
+}
+NGINX
+}
+nginx_cmd() { NGINX_CMD=("$NGINX" -p "$1" -e "$1/error.log" -c "$1/nginx.conf" -g "daemon off;"); }
+
+# The engine. `return` makes nginx discard the request body (read and dropped), so keep-alive
+# POSTs work; checked below with both body sizes.
+COMPLETION='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"ok ok ok ok ok ok ok ok"},"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":16,"completion_tokens":8,"total_tokens":24}}'
+nginx_conf "$tmp/engine" "$ENGINE_PORT" "" "
+    location = /health { default_type text/plain; return 200 \"ok\"; }
+    location = /v1/chat/completions { default_type application/json; return 200 '$COMPLETION'; }
+    location / { return 404; }"
+nginx_cmd "$tmp/engine"
+"${NGINX_CMD[@]}" >"$tmp/engine.log" 2>&1 & ENGINE_PID=$!; pids+=("$ENGINE_PID")
+ready_pid "$ENGINE/health" "$ENGINE_PID" || { cat "$tmp/engine.log" "$tmp/engine/error.log" >&2; exit 1; }
+for b in "${BODIES[@]}"; do
+  code=$(curl -s -o /dev/null -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' --data-binary "@$tmp/body_$b.json" \
+    "$ENGINE/v1/chat/completions" "$ENGINE/v1/chat/completions") # two on one connection: the body was consumed
+  [ "$code" = 200200 ] || { echo "engine answered $code to a $b-byte POST" >&2; exit 1; }
+done
+
+# Targets.
+all=(direct sgl_router_round_robin sgl_router_cache_aware)
+[ -n "$BASELINE" ] && all+=(baseline_round_robin baseline_cache_aware)
+[ -n "$SMG" ] && all+=(smg_round_robin smg_cache_aware)
+[ -n "$VLLM_ROUTER" ] && all+=(vllm_router_round_robin vllm_router_cache_aware)
+all+=(nginx_proxy)
+if [ -n "${TARGETS:-}" ]; then read -r -a targets <<<"$TARGETS"; else targets=("${all[@]}"); fi
+declare -A LABEL
+for t in "${targets[@]}"; do LABEL[$t]=$t; done
+
+# launch PORT READY_PATH TRIES COMMAND...: starts COMMAND, waits for it; sets TPID and TURL.
+launch() {
+  local port=$1 path=$2 tries=$3 pid; shift 3
+  "$@" >>"$tmp/target.log" 2>&1 & pid=$!; pids+=("$pid")
+  if ready_pid "http://127.0.0.1:$port$path" "$pid" "$tries"; then TPID=$pid; TURL=http://127.0.0.1:$port; return 0; fi
+  stop_pid "$pid"; return 1
+}
+# start_target NAME: starts the target (nothing for direct); TPID is the process whose tree is
+# charged (empty for direct), TURL where wrk sends.
+start_target() {
+  local name=$1 kind policy port
+  TPID=""; TURL=$ENGINE; : >"$tmp/target.log"
+  case "$name" in
+    direct) return 0 ;;
+    sgl_router_round_robin) launch 31010 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "$ENGINE" --policy round_robin --port 31010 ;;
+    sgl_router_cache_aware) launch 31011 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "$ENGINE" --policy cache_aware --port 31011 ;;
+    baseline_round_robin) launch 31012 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "$ENGINE" --policy round_robin --port 31012 ;;
+    baseline_cache_aware)
+      if [ "${LABEL[$name]}" = "$name" ] && launch 31013 /readiness 150 env RUST_LOG=error "$BASELINE" --worker-urls "$ENGINE" --policy cache_aware --port 31013; then
+        return 0
+      fi
+      echo "  $name: not ready without --kv-events; retrying with --kv-events" >&2
+      launch 31013 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "$ENGINE" --policy cache_aware --kv-events --port 31013 &&
+        LABEL[$name]="$name (--kv-events)" ;;
+    smg_* | vllm_router_*)
+      kind=${name%%_*}; policy=${name#smg_}; policy=${policy#vllm_router_}
+      case "$name" in smg_round_robin) port=31020 ;; smg_cache_aware) port=31021 ;; vllm_router_round_robin) port=31022 ;; *) port=31023 ;; esac
+      peer_command "$kind" "$policy" "$port" "$ENGINE"
+      launch "$port" /health 600 "${PEER[@]}" ;;
+    nginx_proxy)
+      nginx_conf "$tmp/proxy" 31040 "upstream engine { server 127.0.0.1:$ENGINE_PORT; keepalive 128; keepalive_requests 100000; }" "
+    location / {
+      proxy_pass http://engine;
+      proxy_http_version 1.1;
+      proxy_set_header Connection \"\";
+      proxy_buffering off;
+    }"
+      nginx_cmd "$tmp/proxy"
+      launch 31040 /health 300 "${NGINX_CMD[@]}" ;;
+    *) echo "unknown target $name" >&2; return 1 ;;
+  esac
+}
+
+# measure ROUND NAME CONC BODY: warm-up, then one measured window; appends a line to RAW:
+# round name conc body rps p50_us p99_us requests errors router_ticks engine_ticks wrk_cpu_s wall_s
+measure() {
+  local round=$1 name=$2 conc=$3 body=$4 threads=1 r0=0 r1=0 e0 e1 line kv wall user sys
+  [ "$conc" -gt 1 ] && threads=2
+  local args=(-t"$threads" -c"$conc" --timeout 10s -s "$LUA" "$TURL/v1/chat/completions")
+  export WRK_BODY_FILE=$tmp/body_$body.json
+  [ "$WARMUP" = 0 ] || wrk -d"${WARMUP}s" "${args[@]}" >/dev/null 2>&1 || true
+  [ -z "$TPID" ] || r0=$(tree_ticks "$TPID"); e0=$(tree_ticks "$ENGINE_PID")
+  /usr/bin/time -f '%e %U %S' -o "$tmp/time" wrk -d"${DURATION}s" "${args[@]}" >"$tmp/wrk.out" 2>&1 || true
+  [ -z "$TPID" ] || r1=$(tree_ticks "$TPID"); e1=$(tree_ticks "$ENGINE_PID")
+  line=$(grep '^RESULT ' "$tmp/wrk.out" || true)
+  if [ -z "$line" ]; then echo "  $name c=$conc body=$body: wrk failed:" >&2; cat "$tmp/wrk.out" >&2; return 0; fi
+  declare -A R=()
+  for kv in ${line#RESULT }; do R[${kv%%=*}]=${kv#*=}; done
+  read -r wall user sys < <(tail -n 1 "$tmp/time")
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$name" "$conc" "$body" \
+    "${R[rps]}" "${R[p50_us]}" "${R[p99_us]}" "${R[requests]}" "${R[errors]}" \
+    $((r1 - r0)) $((e1 - e0)) "$(echo "$user + $sys" | bc)" "$wall" >>"$RAW"
+  echo "  round $round $name c=$conc body=$body: ${R[rps]} req/s, p50 ${R[p50_us]} us, ${R[errors]} errors" >&2
+}
+
+CONCS=(1 64)
+for round in $(seq 1 "$ROUNDS"); do
+  order=("${targets[@]}")
+  if [ $((round % 2)) = 0 ]; then order=(); for ((i = ${#targets[@]} - 1; i >= 0; i--)); do order+=("${targets[$i]}"); done; fi
+  for name in "${order[@]}"; do
+    echo "round $round/$ROUNDS: $name" >&2
+    if ! start_target "$name"; then
+      echo "  $name did not become ready; skipped this round. Its output:" >&2; tail -n 20 "$tmp/target.log" >&2
+      continue
+    fi
+    for conc in "${CONCS[@]}"; do for body in "${BODIES[@]}"; do measure "$round" "$name" "$conc" "$body"; done; done
+    [ -z "$TPID" ] || stop_pid "$TPID"
+  done
+done
+[ -z "${RAW_OUT:-}" ] || cp "$RAW" "$RAW_OUT"
+
+# med NAME CONC BODY AWK_EXPR: the median over rounds of AWK_EXPR (fields as in RAW; tck is
+# CLK_TCK), over the windows with requests; empty when there are none.
+med() {
+  awk -F'\t' -v t="$1" -v c="$2" -v b="$3" -v tck="$TCK" "\$2 == t && \$3 == c && \$4 == b && \$8 > 0 { print $4 }" "$RAW" |
+    sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) exit; if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+}
+fmt() { [ -n "$2" ] && printf "$1" "$2" || printf '—'; } # FORMAT VALUE
+
+wrk_version=$(wrk -v 2>&1 | head -n 1 | awk '{ print $2 }' || true)
+nginx_version=$("$NGINX" -v 2>&1 | sed 's|.*nginx/||' || true)
+echo "Machine: $(nproc) cores (nproc), Linux $(uname -r); load generator wrk ${wrk_version:-?} ($LUA); engine nginx ${nginx_version:-?}, 2 workers, fixed chat completion; ${DURATION} s measured per window after ${WARMUP} s warm-up; ${ROUNDS} round(s)$([ "$ROUNDS" -gt 1 ] && echo ", medians over rounds, errors summed")."
+echo
+echo "Method: each target runs alone (started right before its turn, stopped right after) while wrk sends keep-alive chat-completion POSTs through it to an nginx engine, and its CPU (utime + stime of its whole process tree, from /proc) is read right before and after the measured window and divided by the requests wrk completed in that window."
+echo
+echo "Each table is followed by the other processes over the same windows, to show whether they, not the router, were the bottleneck: wrk = the load generator's own CPU (user + sys, /usr/bin/time); engine = the engine nginx (master + 2 workers); router = the target's process tree (as in \"router CPU\"); cores = CPU seconds / wall seconds of the window (this machine has $(nproc))."
+for conc in "${CONCS[@]}"; do
+  for body in "${BODIES[@]}"; do
+    threads=1; [ "$conc" -gt 1 ] && threads=2
+    echo
+    echo "### Concurrency $conc (wrk -t$threads -c$conc), body $(body_label "$body")"
+    echo
+    echo "| target | req/s | p50 (µs) | p99 (µs) | added p50 vs direct (µs) | router CPU s / 1,000 req | errors |"
+    echo "|---|---:|---:|---:|---:|---:|---:|"
+    direct_p50=$(med direct "$conc" "$body" '$6')
+    for name in "${targets[@]}"; do
+      rps=$(med "$name" "$conc" "$body" '$5')
+      if [ -z "$rps" ]; then echo "| ${LABEL[$name]} | not measured | | | | | |"; continue; fi
+      p50=$(med "$name" "$conc" "$body" '$6')
+      p99=$(med "$name" "$conc" "$body" '$7')
+      added=""; [ "$name" = direct ] || [ -z "$direct_p50" ] || added=$(echo "$p50 - $direct_p50" | bc)
+      cpu=""; [ "$name" = direct ] || cpu=$(med "$name" "$conc" "$body" '$10 / tck / $8 * 1000')
+      errors=$(awk -F'\t' -v t="$name" -v c="$conc" -v b="$body" '$2 == t && $3 == c && $4 == b { s += $9 } END { print s + 0 }' "$RAW")
+      echo "| ${LABEL[$name]} | $(fmt %.0f "$rps") | $(fmt %.0f "$p50") | $(fmt %.0f "$p99") | $(fmt %+.0f "$added") | $(fmt %.4f "$cpu") | $errors |"
+    done
+    echo
+    echo "| target | wrk CPU s / 1,000 req | wrk cores | engine CPU s / 1,000 req | engine cores | router cores |"
+    echo "|---|---:|---:|---:|---:|---:|"
+    for name in "${targets[@]}"; do
+      [ -n "$(med "$name" "$conc" "$body" '$5')" ] || continue
+      rc=""; [ "$name" = direct ] || rc=$(med "$name" "$conc" "$body" '$10 / tck / $13')
+      echo "| ${LABEL[$name]} | $(fmt %.4f "$(med "$name" "$conc" "$body" '$12 / $8 * 1000')") | $(fmt %.2f "$(med "$name" "$conc" "$body" '$12 / $13')") | $(fmt %.4f "$(med "$name" "$conc" "$body" '$11 / tck / $8 * 1000')") | $(fmt %.2f "$(med "$name" "$conc" "$body" '$11 / tck / $13')") | $(fmt %.2f "$rc") |"
+    done
+  done
+done
