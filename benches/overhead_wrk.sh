@@ -131,9 +131,10 @@ nginx_cmd "$tmp/engine"
 "${NGINX_CMD[@]}" >"$tmp/engine.log" 2>&1 & ENGINE_PID=$!; pids+=("$ENGINE_PID")
 ready_pid "$ENGINE/health" "$ENGINE_PID" || { cat "$tmp/engine.log" "$tmp/engine/error.log" >&2; exit 1; }
 for b in "${BODIES[@]}"; do
-  code=$(curl -s -o /dev/null -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' --data-binary "@$tmp/body_$b.json" \
-    "$ENGINE/v1/chat/completions" "$ENGINE/v1/chat/completions") # two on one connection: the body was consumed
-  [ "$code" = 200200 ] || { echo "engine answered $code to a $b-byte POST" >&2; exit 1; }
+  # Two POSTs: both 200, the second on the first one's connection (0 new connections).
+  code=$(curl -s -o /dev/null -o /dev/null -w '%{http_code}/%{num_connects} ' -H 'Content-Type: application/json' \
+    --data-binary "@$tmp/body_$b.json" "$ENGINE/v1/chat/completions" "$ENGINE/v1/chat/completions")
+  [ "$code" = "200/1 200/0 " ] || { echo "engine: two $b-byte POSTs got (status/new connections) $code" >&2; exit 1; }
 done
 
 # Targets.
@@ -164,10 +165,10 @@ start_target() {
     sgl_router_cache_aware) launch 31011 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "$ENGINE" --policy cache_aware --port 31011 ;;
     baseline_round_robin) launch 31012 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "$ENGINE" --policy round_robin --port 31012 ;;
     baseline_cache_aware)
-      if [ "${LABEL[$name]}" = "$name" ] && launch 31013 /readiness 150 env RUST_LOG=error "$BASELINE" --worker-urls "$ENGINE" --policy cache_aware --port 31013; then
-        return 0
+      if [ "${LABEL[$name]}" = "$name" ]; then # not yet known to need --kv-events
+        launch 31013 /readiness 150 env RUST_LOG=error "$BASELINE" --worker-urls "$ENGINE" --policy cache_aware --port 31013 && return 0
+        echo "  $name: not ready without --kv-events; retrying with --kv-events" >&2
       fi
-      echo "  $name: not ready without --kv-events; retrying with --kv-events" >&2
       launch 31013 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "$ENGINE" --policy cache_aware --kv-events --port 31013 &&
         LABEL[$name]="$name (--kv-events)" ;;
     smg_* | vllm_router_*)
@@ -261,6 +262,8 @@ for conc in "${CONCS[@]}"; do
       errors=$(awk -F'\t' -v t="$name" -v c="$conc" -v b="$body" '$2 == t && $3 == c && $4 == b { s += $9 } END { print s + 0 }' "$RAW")
       echo "| ${LABEL[$name]} | $(fmt %.0f "$rps") | $(fmt %.0f "$p50") | $(fmt %.0f "$p99") | $(fmt %+.0f "$added") | $(fmt %.4f "$cpu") | $errors |"
     done
+    echo
+    echo "Same windows, the other processes:"
     echo
     echo "| target | wrk CPU s / 1,000 req | wrk cores | engine CPU s / 1,000 req | engine cores | router cores |"
     echo "|---|---:|---:|---:|---:|---:|"

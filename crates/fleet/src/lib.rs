@@ -21,6 +21,7 @@ mod follow;
 mod health;
 mod metrics;
 mod ranks;
+mod tls;
 mod worker;
 
 use std::num::NonZeroUsize;
@@ -39,6 +40,7 @@ use tracing::{info, warn};
 
 pub use breaker::{BreakerConfig, BreakerState};
 pub use health::{from_server_info, introspect};
+pub use tls::{TlsError, WorkerTls, certificates, private_key};
 pub use worker::{Events, LoadGuard, MAX_QUARANTINE, State, Worker, WorkerInfo};
 
 /// The largest data-parallel size accepted from a worker's own report: a
@@ -75,6 +77,8 @@ pub struct FleetConfig {
     /// Track each data-parallel rank's load, and send requests no rank holds
     /// a prefix of to the least loaded rank (`--dp-aware`).
     pub dp_aware: bool,
+    /// TLS towards `https://` workers.
+    pub tls: WorkerTls,
 }
 
 /// The health probes (SGLang Model Gateway's `--health-*` flags).
@@ -270,7 +274,7 @@ impl Fleet {
             }
             _ => None,
         };
-        let client = worker_client(config.api_key.as_deref(), Some(Duration::from_secs(5)));
+        let client = worker_client(config.api_key.as_deref(), Some(Duration::from_secs(5)), &config.tls);
         let fleet = Arc::new(Self {
             config,
             members: RwLock::new(Members::default()),
@@ -291,6 +295,11 @@ impl Fleet {
             fleet.tasks.spawn(health::load_loop(fleet.clone()));
         }
         fleet
+    }
+
+    /// How connections to `https://` workers are secured.
+    pub fn tls(&self) -> &WorkerTls {
+        &self.config.tls
     }
 
     /// Whether requests are balanced over each worker's data-parallel ranks (`--dp-aware`).
@@ -467,12 +476,13 @@ pub fn bearer(key: &str) -> Option<reqwest::header::HeaderValue> {
 /// The client for the router's own requests to workers (health, introspection,
 /// load reports, KV-event discovery): with the workers' bearer token when
 /// they require one, and an overall timeout when given.
-pub fn worker_client(api_key: Option<&str>, timeout: Option<Duration>) -> reqwest::Client {
+pub fn worker_client(api_key: Option<&str>, timeout: Option<Duration>, tls: &WorkerTls) -> reqwest::Client {
     let mut headers = reqwest::header::HeaderMap::new();
     if let Some(v) = api_key.and_then(bearer) {
         headers.insert(reqwest::header::AUTHORIZATION, v);
     }
-    let mut builder = reqwest::Client::builder().default_headers(headers);
+    let tls: rustls::ClientConfig = (**tls.config()).clone();
+    let mut builder = reqwest::Client::builder().default_headers(headers).tls_backend_preconfigured(tls);
     if let Some(t) = timeout {
         builder = builder.timeout(t);
     }

@@ -499,6 +499,7 @@ mod tests {
             events: None,
             proxied_paths: &["/generate"],
             dp_aware: false,
+            tls: crate::WorkerTls::default(),
         };
         Worker::new(spec, CancellationToken::new(), &config)
     }
@@ -578,6 +579,7 @@ mod tests {
             events: None,
             proxied_paths: &[],
             dp_aware: false,
+            tls: crate::WorkerTls::default(),
         };
         let w = Worker::new(spec, CancellationToken::new(), &config);
         w.discovered();

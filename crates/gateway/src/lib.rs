@@ -21,6 +21,7 @@ mod proxy;
 mod routes;
 mod served;
 mod shape;
+pub mod tls;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -85,6 +86,9 @@ pub struct GatewayConfig {
     pub cors: context::Cors,
     /// Requests admitted per second on average (`--rate-limit-tokens-per-second`; none: no limit).
     pub rate_limit: Option<u32>,
+    /// Serve HTTPS with this configuration (`--tls-cert-path`, `--tls-key-path`) on the client
+    /// and admin listeners.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// Retries (SGLang Model Gateway's `--retry-*` flags): a request whose worker
@@ -208,7 +212,7 @@ impl Default for ClientLimits {
 /// The HTTP/1.1 client requests are proxied with (hyper's own pool: the
 /// lightest path; health checks use reqwest).
 pub type UpstreamClient = hyper_util::client::legacy::Client<
-    hyper_util::client::legacy::connect::HttpConnector,
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
     http_body_util::Full<axum::body::Bytes>,
 >;
 
@@ -218,11 +222,21 @@ const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The proxy's client: keep-alive (idle connections closed after 60 s), no
-/// Nagle delay, no redirect following (a worker's redirect goes back to the client).
-fn upstream_client() -> UpstreamClient {
-    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(UPSTREAM_CONNECT_TIMEOUT));
+/// Nagle delay, no redirect following (a worker's redirect goes back to the
+/// client), TLS with `tls` for `https://` workers.
+fn upstream_client(tls: &rustls::ClientConfig) -> UpstreamClient {
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(UPSTREAM_CONNECT_TIMEOUT));
+    http.enforce_http(false);
+    // hyper-rustls sets ALPN itself (http/1.1 here).
+    let mut tls = tls.clone();
+    tls.alpn_protocols.clear();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
     hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .pool_idle_timeout(UPSTREAM_IDLE_TIMEOUT)
         .pool_timer(hyper_util::rt::TokioTimer::new())
@@ -267,6 +281,8 @@ pub struct Gateway {
     pub(crate) connections: Arc<tokio::sync::Semaphore>,
     /// The router's own calls to the workers (`/flush_cache`, `/get_model_info`), with `--api-key`.
     pub(crate) workers_client: reqwest::Client,
+    /// TLS towards `https://` workers (the fleet's configuration), for the fast path.
+    pub(crate) upstream_tls: tokio_rustls::TlsConnector,
 }
 
 // === impl Gateway ===
@@ -294,7 +310,12 @@ impl Gateway {
             render_slots: tokio::sync::Semaphore::new(config.render_threads.max(1)),
             connections: Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections.max(1))),
             worker_auth: config.worker_api_key.as_deref().and_then(fleet::bearer),
-            workers_client: fleet::worker_client(config.worker_api_key.as_deref(), Some(Duration::from_secs(30))),
+            upstream_tls: tokio_rustls::TlsConnector::from(fleet.tls().config().clone()),
+            workers_client: fleet::worker_client(
+                config.worker_api_key.as_deref(),
+                Some(Duration::from_secs(30)),
+                fleet.tls(),
+            ),
             control_keys: auth::Keys::new(&config.control_plane_keys),
             client_keys: auth::Keys::new(&config.client_keys),
             config,
@@ -313,9 +334,15 @@ impl Gateway {
     /// uses live on one thread (no cross-thread wake-ups on the hot path).
     pub fn client(&self) -> UpstreamClient {
         thread_local! {
-            static CLIENT: std::cell::OnceCell<UpstreamClient> = const { std::cell::OnceCell::new() };
+            /// The client, and the TLS configuration it was built with.
+            static CLIENT: std::cell::RefCell<Option<(usize, UpstreamClient)>> = const { std::cell::RefCell::new(None) };
         }
-        CLIENT.with(|c| c.get_or_init(upstream_client).clone())
+        let tls = self.fleet.tls().config();
+        let key = Arc::as_ptr(tls) as usize;
+        CLIENT.with_borrow_mut(|c| match c {
+            Some((k, client)) if *k == key => client.clone(),
+            _ => c.insert((key, upstream_client(tls))).1.clone(),
+        })
     }
 
     /// Large renders running now.

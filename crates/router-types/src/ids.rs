@@ -121,24 +121,22 @@ impl WorkerUrl {
     }
 
     /// Validates and normalizes a worker's base URL given by an operator or a
-    /// client of the admin API: `http://HOST[:PORT][/PATH]` with a DNS name,
+    /// client of the admin API: `http[s]://HOST[:PORT][/PATH]` with a DNS name,
     /// an IPv4 address or a bracketed IPv6 address, a port in 1..=65535, and
     /// nothing else: no credentials (they would be shown in `/workers` and
     /// `/metrics`), query, fragment, dot segments or percent-escapes in the path.
     /// The result is one spelling per engine: scheme and host in lower case,
     /// addresses in their canonical form, the default port 80 and trailing
-    /// slashes dropped, so aliases of one engine are one worker.
+    /// slashes dropped (443 for `https`), so aliases of one engine are one worker.
     pub fn parse(url: &str) -> Result<Self, UrlError> {
         let err = |why: &'static str| Err(UrlError { url: url.chars().take(200).collect(), why });
         if url.len() > 2048 {
             return err("longer than 2048 bytes");
         }
-        let Some((scheme, rest)) = url.split_once("://") else { return err("not an http:// URL") };
-        if scheme.eq_ignore_ascii_case("https") {
-            return err("https workers are not supported (no TLS client in this build); use http://");
-        }
-        if !scheme.eq_ignore_ascii_case("http") {
-            return err("not an http:// URL");
+        let Some((scheme, rest)) = url.split_once("://") else { return err("not an http:// or https:// URL") };
+        let https = scheme.eq_ignore_ascii_case("https");
+        if !https && !scheme.eq_ignore_ascii_case("http") {
+            return err("not an http:// or https:// URL");
         }
         if rest.contains(['#', '?']) {
             return err("a worker URL has no query or fragment");
@@ -198,11 +196,13 @@ impl WorkerUrl {
                 return err("the path may hold letters, digits and -._~ only");
             }
         }
+        let (scheme, default_port) = if https { ("https", 443) } else { ("http", 80) };
         let port = match port {
-            None | Some(80) => String::new(),
+            None => String::new(),
+            Some(p) if p == default_port => String::new(),
             Some(p) => format!(":{p}"),
         };
-        Ok(Self(format!("http://{host}{port}{path}")))
+        Ok(Self(format!("{scheme}://{host}{port}{path}")))
     }
 }
 
@@ -403,13 +403,15 @@ mod tests {
             "http://1.2.3:1",
             "http://[::1:1",
             "ftp://h",
-            "https://h",
             "h:8000",
             "",
         ] {
             assert!(WorkerUrl::parse(bad).is_err(), "{bad:?} accepted");
         }
         assert!(WorkerUrl::parse("http://u@h").unwrap_err().to_string().contains("credentials"));
+        assert_eq!(WorkerUrl::parse("HTTPS://H:443/").unwrap().as_str(), "https://h");
+        assert_eq!(WorkerUrl::parse("https://h:80").unwrap().as_str(), "https://h:80");
+        assert_ne!(WorkerUrl::parse("https://h:8000").unwrap(), WorkerUrl::parse("http://h:8000").unwrap());
     }
 
     #[test]

@@ -103,6 +103,10 @@ pub struct AppConfig {
     pub cors: gateway::context::Cors,
     /// Balance requests over each worker's data-parallel ranks by their loads.
     pub dp_aware: bool,
+    /// Serve HTTPS with this configuration (the client and admin listeners).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// TLS towards `https://` workers: roots and client identity.
+    pub worker_tls: fleet::WorkerTls,
     /// Serve `/metrics` without a key on this address too (`--prometheus-port`).
     pub metrics_listen: Option<SocketAddr>,
     /// Period of polling the workers' own load reports (zero: off).
@@ -227,6 +231,7 @@ impl App {
             rate_limit: config.rate_limit,
             request_id_headers: config.request_id_headers.clone(),
             cors: config.cors.clone(),
+            tls: config.tls.clone(),
         };
         // Bind first: discovery runs in the background, after the port is up.
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
@@ -247,6 +252,7 @@ impl App {
             events: config.kv_events.clone(),
             proxied_paths: gateway::PROXIED_PATHS,
             dp_aware: config.dp_aware,
+            tls: config.worker_tls.clone(),
         };
         let fleet = Fleet::start(fleet_config, index.clone(), &config.workers, cancel.clone());
         for mock in &mocks {

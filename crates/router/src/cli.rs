@@ -270,6 +270,21 @@ pub(crate) struct ServeArgs {
     /// Without it, no CORS headers are sent.
     #[arg(long, env = "SGL_ROUTER_CORS_ALLOWED_ORIGINS", num_args = 1.., value_delimiter = ',', value_name = "ORIGIN")]
     pub(crate) cors_allowed_origins: Vec<String>,
+    /// Serve HTTPS: the certificate chain (PEM) of the client and admin listeners.
+    #[arg(long, env = "SGL_ROUTER_TLS_CERT_PATH", value_name = "FILE", requires = "tls_key_path")]
+    pub(crate) tls_cert_path: Option<PathBuf>,
+    /// Serve HTTPS: the private key (PEM) of --tls-cert-path.
+    #[arg(long, env = "SGL_ROUTER_TLS_KEY_PATH", value_name = "FILE", requires = "tls_cert_path")]
+    pub(crate) tls_key_path: Option<PathBuf>,
+    /// CA certificates (PEM) trusted for `https://` workers, besides the system's roots.
+    #[arg(long, env = "SGL_ROUTER_CA_CERT_PATHS", num_args = 1.., value_delimiter = ',', value_name = "FILE")]
+    pub(crate) ca_cert_paths: Vec<PathBuf>,
+    /// Client certificate (PEM) presented to `https://` workers (mutual TLS).
+    #[arg(long, env = "SGL_ROUTER_CLIENT_CERT_PATH", value_name = "FILE", requires = "client_key_path")]
+    pub(crate) client_cert_path: Option<PathBuf>,
+    /// Private key (PEM) of --client-cert-path.
+    #[arg(long, env = "SGL_ROUTER_CLIENT_KEY_PATH", value_name = "FILE", requires = "client_cert_path")]
+    pub(crate) client_key_path: Option<PathBuf>,
     /// Also serve `/metrics` on this port, without a key (for a Prometheus scraper on a private
     /// network); `/metrics` on the main port stays behind the control-plane keys.
     #[arg(long, env = "SGL_ROUTER_PROMETHEUS_PORT", value_name = "PORT")]

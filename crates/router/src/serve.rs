@@ -112,6 +112,16 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         }
         b
     };
+    let tls = match (&a.tls_cert_path, &a.tls_key_path) {
+        (Some(cert), Some(key)) => Some(
+            gateway::tls::server_config(cert, key)
+                .map_err(|e| UsageError(format!("--tls-cert-path/--tls-key-path: {e}")))?,
+        ),
+        _ => None,
+    };
+    let identity = a.client_cert_path.as_deref().zip(a.client_key_path.as_deref());
+    let worker_tls = fleet::WorkerTls::new(&a.ca_cert_paths, identity)
+        .map_err(|e| UsageError(format!("--ca-cert-paths/--client-cert-path/--client-key-path: {e}")))?;
     let metrics_listen = match a.prometheus_port {
         None => None,
         Some(port) => match format!("{}:{port}", a.prometheus_host).parse::<SocketAddr>() {
@@ -243,6 +253,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         cors: gateway::context::Cors::from_flag(&a.cors_allowed_origins),
         metrics_listen,
         dp_aware: a.dp_aware,
+        tls,
+        worker_tls,
         load_poll: Duration::from_millis(a.worker_load_poll_ms),
         index_retention: Duration::from_secs(a.worker_index_retention_secs),
         shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),

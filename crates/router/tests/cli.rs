@@ -157,8 +157,20 @@ fn render_rejects_bad_input_cleanly() {
 #[test]
 fn the_router_refuses_bad_flags_with_one_line_and_status_64() {
     for (args, needle) in [
-        (&["--worker-urls", "https://w:30000"][..], "https workers are not supported"),
-        (&["--worker-urls", "w:30000"][..], "not an http:// URL"),
+        (&["--worker-urls", "ftp://w:30000"][..], "not an http:// or https:// URL"),
+        (&["--worker-urls", "w:30000"][..], "not an http:// or https:// URL"),
+        (
+            &[
+                "--worker-urls",
+                "http://w:1",
+                "--tls-cert-path",
+                "/nonexistent.pem",
+                "--tls-key-path",
+                "/nonexistent.key",
+            ][..],
+            "--tls-cert-path",
+        ),
+        (&["--worker-urls", "http://w:1", "--ca-cert-paths", "/nonexistent-ca.pem"][..], "/nonexistent-ca.pem"),
         (
             &["--worker-urls", "http://w:1", "--cache-threshold", "0.5"][..],
             "tunes the text tree of approx_tree and cache_aware",

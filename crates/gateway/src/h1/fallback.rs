@@ -25,11 +25,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use crate::tls::ClientStream;
 use axum::http::{Request, Response};
 use bytes::{Buf, BytesMut};
 use hyper::body::Incoming;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
@@ -46,7 +46,7 @@ const HYPER_HEADER_SLACK: Duration = Duration::from_secs(1);
 /// Lets hyper serve the rest of a connection, starting with the bytes already read.
 pub(super) async fn hand_off(
     app: axum::Router,
-    tcp: TcpStream,
+    tcp: ClientStream,
     read: BytesMut,
     limits: ClientLimits,
     drain: CancellationToken,
@@ -91,7 +91,7 @@ struct Progress {
 /// The client's socket as hyper reads it (see the module docs).
 #[derive(Debug)]
 struct Guarded {
-    tcp: TcpStream,
+    tcp: ClientStream,
     /// Bytes read from the client that hyper has not read; hyper may read the first `checked`.
     input: BytesMut,
     checked: usize,
@@ -155,7 +155,7 @@ struct Answered<B> {
 // === impl Guarded ===
 
 impl Guarded {
-    fn new(tcp: TcpStream, input: BytesMut, limits: ClientLimits, progress: Arc<Progress>) -> Self {
+    fn new(tcp: ClientStream, input: BytesMut, limits: ClientLimits, progress: Arc<Progress>) -> Self {
         let timer = Box::pin(tokio::time::sleep(limits.idle_timeout));
         Self { tcp, input, checked: 0, at: At::Head, eof: false, refusal: None, lapse: None, timer, limits, progress }
     }
@@ -253,11 +253,18 @@ impl Guarded {
         if self.input.capacity() - self.input.len() < 4096 {
             self.input.reserve(8192);
         }
-        loop {
-            ready!(self.tcp.poll_read_ready(cx))?;
-            match self.tcp.try_read_buf(&mut self.input) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                r => return Poll::Ready(r),
+        match &mut self.tcp {
+            ClientStream::Plain(tcp) => loop {
+                ready!(tcp.poll_read_ready(cx))?;
+                match tcp.try_read_buf(&mut self.input) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    r => return Poll::Ready(r),
+                }
+            },
+            ClientStream::Tls(tls) => {
+                let before = self.input.len();
+                ready!(tokio_util::io::poll_read_buf(Pin::new(tls.as_mut()), cx, &mut self.input))?;
+                Poll::Ready(Ok(self.input.len() - before))
             }
         }
     }

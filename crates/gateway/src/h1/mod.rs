@@ -91,6 +91,7 @@ async fn accept_loop(
     drain: CancellationToken,
 ) -> io::Result<()> {
     let tracker = TaskTracker::new();
+    let tls = gw.config.tls.clone().map(tokio_rustls::TlsAcceptor::from);
     tracker.spawn(timer_anchor(anchor_period(gw.config.request_timeout, &gw.config.limits), drain.clone()));
     // One slot per open connection, held by its task: at the cap the loop stops accepting.
     // The client listener's slots are the gateway's, shared by every serving thread's loop.
@@ -122,10 +123,13 @@ async fn accept_loop(
         };
         // Small answers go out at once (no Nagle delay behind an unacknowledged write).
         let _ = tcp.set_nodelay(true);
-        let conn = connection(gw.clone(), app.clone(), tcp, fast, drain.clone());
+        let (gw, app, drain, tls) = (gw.clone(), app.clone(), drain.clone(), tls.clone());
         tracker.spawn(async move {
             let _slot = slot;
-            conn.await;
+            match tls {
+                None => connection(gw, app, tcp, fast, drain).await,
+                Some(acceptor) => tls_connection(acceptor, app, tcp, gw.config.limits, drain).await,
+            }
         });
     }
     drop(listener);
@@ -325,7 +329,26 @@ async fn connection(gw: Arc<Gateway>, app: axum::Router, mut tcp: TcpStream, fas
             }
         }
     }
-    fallback::hand_off(app, tcp, buf, limits, drain).await;
+    fallback::hand_off(app, crate::tls::ClientStream::Plain(tcp), buf, limits, drain).await;
+}
+
+/// One HTTPS client connection: the handshake (within the head deadline),
+/// then hyper for every request (the fast path is plain HTTP/1.1).
+async fn tls_connection(
+    acceptor: tokio_rustls::TlsAcceptor,
+    app: axum::Router,
+    tcp: TcpStream,
+    limits: ClientLimits,
+    drain: CancellationToken,
+) {
+    match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(tcp)).await {
+        Ok(Ok(tls)) => {
+            let stream = crate::tls::ClientStream::Tls(Box::new(tls));
+            fallback::hand_off(app, stream, BytesMut::new(), limits, drain).await;
+        }
+        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+        Err(_) => tracing::debug!("TLS handshake too slow"),
+    }
 }
 
 /// Reads until `buf` starts with a whole head (or one to refuse): `None`
@@ -446,7 +469,11 @@ async fn serve_fast(
     if made || !head.sent_x_request_id {
         push_header(&mut headers, crate::context::REQUEST_ID_HEADER.as_bytes(), id.as_bytes());
     }
-    let extra = upstream::Extra { headers: Bytes::from(headers), rank: head.rank.map(Bytes::from) };
+    let extra = upstream::Extra {
+        headers: Bytes::from(headers),
+        rank: head.rank.map(Bytes::from),
+        tls: gw.upstream_tls.clone(),
+    };
     let upstream_idle = gw.config.limits.upstream_idle_timeout;
     let mut peer = Peer { tcp, pipelined: buf, open: true };
     let span = request_span(gw, route);
@@ -533,7 +560,7 @@ impl Peer<'_> {
 /// Closes our side and reads what the client still sends (the body of a
 /// refused request) for up to a second, so its socket does not answer the
 /// data with a reset that could destroy the answer before the client reads it.
-async fn linger(tcp: &mut TcpStream) {
+async fn linger<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(tcp: &mut S) {
     if tcp.shutdown().await.is_err() {
         return;
     }

@@ -31,6 +31,7 @@ use super::chunked::{self, Decoder};
 use super::{Peer, push_header, write_error};
 use crate::GatewayError;
 use crate::proxy::{InFlight, RANK_HEADER, Route, SendError, failed_mid_answer, relayed};
+use crate::tls::Conn;
 use crate::{UPSTREAM_CONNECT_TIMEOUT, UPSTREAM_IDLE_TIMEOUT};
 use fleet::Worker;
 
@@ -41,7 +42,7 @@ const MAX_HEAD_BYTES: usize = 64 << 10;
 
 thread_local! {
     /// Idle connections by worker authority, most recently used last.
-    static IDLE: RefCell<HashMap<String, Vec<(TcpStream, Instant)>>> = RefCell::new(HashMap::new());
+    static IDLE: RefCell<HashMap<String, Vec<(Conn, Instant)>>> = RefCell::new(HashMap::new());
     /// When this thread's pool was last swept.
     static LAST_SWEEP: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
 }
@@ -75,7 +76,7 @@ struct AnswerHead {
 /// A worker's answer, its head read.
 #[derive(Debug)]
 pub(crate) struct Answer {
-    tcp: TcpStream,
+    tcp: Conn,
     /// Bytes read past the head.
     buf: BytesMut,
     /// The pool key.
@@ -90,13 +91,12 @@ impl crate::proxy::AnswerHead for Answer {
 }
 
 /// An idle connection to `authority` that still looks open.
-fn checkout(authority: &str) -> Option<TcpStream> {
+fn checkout(authority: &str) -> Option<Conn> {
     IDLE.with_borrow_mut(|idle| {
         let list = idle.get_mut(authority)?;
         while let Some((tcp, since)) = list.pop() {
             // An idle connection has nothing to read: data or end of stream means the worker closed it.
-            let open = matches!(tcp.try_read(&mut [0u8; 1]), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
-            if open && since.elapsed() < UPSTREAM_IDLE_TIMEOUT {
+            if tcp.looks_open() && since.elapsed() < UPSTREAM_IDLE_TIMEOUT {
                 return Some(tcp);
             }
         }
@@ -106,7 +106,7 @@ fn checkout(authority: &str) -> Option<TcpStream> {
 
 /// Closes the connections of `list` idle for [`UPSTREAM_IDLE_TIMEOUT`] at `now`. The
 /// list is in check-in order, so they are the ones at its front.
-fn expire(list: &mut Vec<(TcpStream, Instant)>, now: Instant) {
+fn expire(list: &mut Vec<(Conn, Instant)>, now: Instant) {
     let expired = list.partition_point(|(_, since)| now.saturating_duration_since(*since) >= UPSTREAM_IDLE_TIMEOUT);
     list.drain(..expired);
 }
@@ -135,7 +135,7 @@ fn idle_count() -> usize {
     IDLE.with_borrow(|idle| idle.values().map(Vec::len).sum())
 }
 
-fn checkin(authority: String, tcp: TcpStream) {
+fn checkin(authority: String, tcp: Conn) {
     let now = Instant::now();
     sweep_idle(now);
     IDLE.with_borrow_mut(|idle| {
@@ -147,7 +147,10 @@ fn checkin(authority: String, tcp: TcpStream) {
     });
 }
 
-async fn connect(host: &str, port: u16) -> Result<TcpStream, SendError> {
+/// A new connection to `host:port`, in TLS when `tls` is given (an
+/// `https://` worker). A failed handshake is a connect failure: nothing of
+/// the request reached the worker.
+async fn connect(host: &str, port: u16, tls: Option<&tokio_rustls::TlsConnector>) -> Result<Conn, SendError> {
     let refused = |e: String| SendError { connect: true, message: format!("tcp connect error: {e}") };
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let tcp = match tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect((host, port))).await {
@@ -156,17 +159,32 @@ async fn connect(host: &str, port: u16) -> Result<TcpStream, SendError> {
         Err(_) => return Err(refused("timed out".into())),
     };
     let _ = tcp.set_nodelay(true);
-    Ok(tcp)
+    let Some(tls) = tls else { return Ok(Conn::Plain(tcp)) };
+    let failed = |e: String| SendError { connect: true, message: format!("TLS handshake with the worker failed: {e}") };
+    let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| failed(e.to_string()))?;
+    match tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, tls.connect(name, tcp)).await {
+        Ok(Ok(s)) => Ok(Conn::Tls(Box::new(s))),
+        Ok(Err(e)) => Err(failed(e.to_string())),
+        Err(_) => Err(failed("timed out".into())),
+    }
 }
 
 /// What a request carries to the worker besides its body.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct Extra {
     /// The client's end-to-end headers as `name: value\r\n` lines, with the
     /// `authorization` the router decided the worker gets (if any).
     pub(crate) headers: Bytes,
     /// The client's data-parallel rank hint, sent when the router has none.
     pub(crate) rank: Option<Bytes>,
+    /// TLS towards `https://` workers.
+    pub(crate) tls: tokio_rustls::TlsConnector,
+}
+
+impl std::fmt::Debug for Extra {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Extra").field("headers", &self.headers.len()).field("rank", &self.rank).finish()
+    }
 }
 
 /// Sends the request to `worker` and reads its answer's head. A pooled
@@ -183,6 +201,9 @@ pub(crate) async fn send(
     let invalid = || SendError { connect: false, message: "invalid worker URL".into() };
     let uri = worker.endpoint(route.path()).ok_or_else(invalid)?;
     let (Some(authority), Some(host)) = (uri.authority(), uri.host()) else { return Err(invalid()) };
+    let https = uri.scheme_str() == Some("https");
+    // Pooled by scheme and authority: a TLS connection never carries a plain request.
+    let pool_key = if https { format!("https://{authority}") } else { authority.to_string() };
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
     let mut msg = Vec::with_capacity(192 + extra.headers.len());
     let _ = write!(
@@ -198,12 +219,15 @@ pub(crate) async fn send(
         (None, None) => {}
     }
     msg.extend_from_slice(b"\r\n");
-    let mut pooled = checkout(authority.as_str());
+    let mut pooled = checkout(&pool_key);
     loop {
         let reused = pooled.is_some();
         let mut tcp = match pooled.take() {
             Some(tcp) => tcp,
-            None => connect(host, uri.port_u16().unwrap_or(80)).await?,
+            None => {
+                let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+                connect(host, port, https.then_some(&extra.tls)).await?
+            }
         };
         // Head and body in one vectored write: the body is not copied.
         let mut request = Buf::chain(&msg[..], &body[..]);
@@ -218,7 +242,7 @@ pub(crate) async fn send(
         }
         let mut buf = BytesMut::with_capacity(8192);
         return match read_head(&mut tcp, &mut buf).await {
-            Ok(head) => Ok(Answer { tcp, buf, authority: authority.to_string(), head }),
+            Ok(head) => Ok(Answer { tcp, buf, authority: pool_key, head }),
             // Written, then no answer: the worker may have started on it, so it is not sent again.
             Err(e) => Err(SendError { connect: false, message: e.to_string() }),
         };
@@ -226,7 +250,7 @@ pub(crate) async fn send(
 }
 
 /// Reads a final answer head (skipping 1xx ones); leaves the bytes after it in `buf`.
-async fn read_head(tcp: &mut TcpStream, buf: &mut BytesMut) -> io::Result<AnswerHead> {
+async fn read_head(tcp: &mut Conn, buf: &mut BytesMut) -> io::Result<AnswerHead> {
     let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, format!("invalid answer from the worker: {m}"));
     loop {
         let mut headers = [httparse::EMPTY_HEADER; 96];
@@ -526,8 +550,8 @@ mod tests {
             }
             held
         });
-        checkin("gone:1".into(), TcpStream::connect(addr).await.unwrap());
-        checkin("kept:2".into(), TcpStream::connect(addr).await.unwrap());
+        checkin("gone:1".into(), Conn::Plain(TcpStream::connect(addr).await.unwrap()));
+        checkin("kept:2".into(), Conn::Plain(TcpStream::connect(addr).await.unwrap()));
         let mut held = accept.await.unwrap();
         assert_eq!(idle_count(), 2);
 

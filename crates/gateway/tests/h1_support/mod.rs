@@ -82,6 +82,7 @@ pub(crate) async fn start_fleet(
         events: None,
         proxied_paths: gateway::PROXIED_PATHS,
         dp_aware: false,
+        tls: fleet::WorkerTls::default(),
     };
     fleet_tweak(&mut fleet_config);
     let fleet = fleet::Fleet::start(fleet_config, None, &urls, stop.clone());
@@ -105,6 +106,7 @@ pub(crate) async fn start_fleet(
         rate_limit: None,
         request_id_headers: gateway::context::DEFAULT_REQUEST_ID_HEADERS.iter().map(|h| h.to_string()).collect(),
         cors: Default::default(),
+        tls: None,
     };
     tweak(&mut config);
     let renderer = Arc::new(renderer::Renderer::builtin().unwrap());

@@ -61,6 +61,8 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         cors: Default::default(),
         metrics_listen: None,
         dp_aware: false,
+        tls: None,
+        worker_tls: fleet::WorkerTls::default(),
         load_poll: Duration::from_millis(50),
         index_retention: Duration::from_secs(300),
         shutdown_grace: Duration::from_secs(1),
