@@ -87,7 +87,8 @@ async fn server_errors_open_a_breaker_which_closes_again_through_half_open() {
         enabled: true,
         failure_threshold: 2,
         success_threshold: 2,
-        timeout: Duration::from_millis(400),
+        // Long enough that the checks while it is open finish on a loaded machine.
+        timeout: Duration::from_millis(2000),
         window: Duration::from_secs(60),
     };
     cfg.retry.enabled = false;
@@ -115,7 +116,7 @@ async fn server_errors_open_a_breaker_which_closes_again_through_half_open() {
     let listed = workers["workers"].as_array().unwrap().iter().find(|w| w["url"] == es[0].url().as_str()).cloned();
     assert_eq!(listed.unwrap()["circuit"], "open");
     // After the timeout it is on trial; two good answers close it.
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     assert_eq!(bad.breaker_state(), fleet::BreakerState::HalfOpen);
     for n in 0..6 {
         assert_eq!(keyed(&r.url, None, n).await.status(), 200);
