@@ -59,9 +59,10 @@ async fn a_routing_key_keeps_its_worker_through_other_traffic_and_comes_back_wit
             assert_eq!(*home.get_or_insert(now), now, "{policy:?}: request {n} of the session moved");
         }
         let home = home.unwrap();
-        // Its worker leaves rotation: the session moves, always to the same other worker.
+        // Its worker leaves rotation (a failed request: a quarantine its probes cannot cut
+        // short): the session moves, always to the same other worker.
         let gone = r.gateway.fleet.all().into_iter().find(|w| w.url.as_str() == es[home].url()).unwrap();
-        gone.set_healthy(false);
+        gone.request_failed();
         let mut away = None;
         for n in 0..4 {
             let before = served(&es);
@@ -70,8 +71,8 @@ async fn a_routing_key_keeps_its_worker_through_other_traffic_and_comes_back_wit
             assert_ne!(now, home);
             assert_eq!(*away.get_or_insert(now), now);
         }
-        // And comes back with it.
-        gone.set_healthy(true);
+        // And comes back with it: the quarantine over, its next probe brings it back.
+        eventually("the worker is back in rotation", async || gone.is_routable()).await;
         let before = served(&es);
         assert_eq!(keyed(&r.url, Some("session-a"), 99).await.status(), 200);
         assert_eq!(which(&es, &before), home, "{policy:?}");
