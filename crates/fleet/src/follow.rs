@@ -95,6 +95,11 @@ async fn find(fleet: &Fleet, ev: &EventsSide, worker: &Worker) -> Result<Option<
         .send()
         .await
         .map_err(|e| unreachable(e.to_string()))?;
+    // No such route (vLLM, an OpenAI-compatible server): it advertises nothing, at once. Other
+    // errors (an engine still starting) are tried again.
+    if matches!(response.status().as_u16(), 404 | 405 | 501) {
+        return Ok(None);
+    }
     if !response.status().is_success() {
         return Err(unreachable(format!("HTTP {}", response.status())));
     }

@@ -208,3 +208,32 @@ async fn the_router_answers_tokenize_detokenize_loads_and_model_info() {
     assert_eq!(loads["workers"][0]["worker"], es[0].url().as_str(), "{loads}");
     assert!(loads["workers"][0]["load"].is_i64());
 }
+
+/// A worker without `/server_info` (vLLM, any OpenAI-compatible server): `/health` and chats only.
+async fn plain_openai_worker() -> String {
+    use axum::routing::{get, post};
+    let app = axum::Router::new().route("/health", get(|| async { "ok" })).route(
+        "/v1/chat/completions",
+        post(|| async { axum::Json(json!({"choices": [{"message": {"role": "assistant", "content": "hi"}}]})) }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+#[tokio::test]
+async fn cache_aware_routes_a_worker_without_server_info_at_once() {
+    let es = engines(1).await;
+    let mut cfg = config(&[&es[0]], PolicyConfig::cache_aware(), true);
+    cfg.workers.push(router_types::WorkerUrl::parse(&plain_openai_worker().await).unwrap());
+    let started = std::time::Instant::now();
+    let r = start(cfg).await;
+    eventually("both workers in rotation", async || r.gateway.fleet.all().iter().all(|w| w.is_routable())).await;
+    assert!(started.elapsed() < Duration::from_secs(5), "not after the 30 s discovery deadline");
+    let plain = r.gateway.fleet.all().into_iter().find(|w| w.url.as_str() != es[0].url()).unwrap();
+    assert!(matches!(plain.events(), fleet::Events::NotFollowed(_)), "{:?}", plain.events());
+    for n in 0..4 {
+        assert_eq!(post(&format!("{}/v1/chat/completions", r.url), &chat("s", &format!("q{n}"))).await.status(), 200);
+    }
+}
