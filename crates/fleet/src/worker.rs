@@ -480,7 +480,8 @@ impl Drop for LoadGuard {
 mod tests {
     use super::*;
 
-    fn worker(url: &str) -> Worker {
+    /// A worker at `url` whose probes move it after `fail` failures or `succeed` successes in a row.
+    fn worker_with(url: &str, fail: u32, succeed: u32) -> Worker {
         let url = WorkerUrl::parse(url).unwrap();
         let spec = Spec {
             id: WorkerId(1),
@@ -491,7 +492,7 @@ mod tests {
             events: Events::Off,
         };
         let config = crate::FleetConfig {
-            health: crate::HealthConfig { failure_threshold: 1, success_threshold: 1, ..Default::default() },
+            health: crate::HealthConfig { failure_threshold: fail, success_threshold: succeed, ..Default::default() },
             breaker: crate::BreakerConfig::default(),
             index_retention: Duration::from_secs(300),
             load_poll: Duration::ZERO,
@@ -502,6 +503,10 @@ mod tests {
             tls: crate::WorkerTls::default(),
         };
         Worker::new(spec, CancellationToken::new(), &config)
+    }
+
+    fn worker(url: &str) -> Worker {
+        worker_with(url, 1, 1)
     }
 
     #[test]
@@ -561,27 +566,7 @@ mod tests {
 
     #[test]
     fn probes_move_a_worker_only_past_their_thresholds() {
-        let url = WorkerUrl::parse("http://e:1").unwrap();
-        let spec = Spec {
-            id: WorkerId(2),
-            url,
-            role: Role::Regular,
-            pool: PoolId::default_pool(),
-            index_id: None,
-            events: Events::Off,
-        };
-        let config = crate::FleetConfig {
-            health: crate::HealthConfig { failure_threshold: 3, success_threshold: 2, ..Default::default() },
-            breaker: crate::BreakerConfig::default(),
-            index_retention: Duration::from_secs(300),
-            load_poll: Duration::ZERO,
-            api_key: None,
-            events: None,
-            proxied_paths: &[],
-            dp_aware: false,
-            tls: crate::WorkerTls::default(),
-        };
-        let w = Worker::new(spec, CancellationToken::new(), &config);
+        let w = worker_with("http://e:1", 3, 2);
         w.discovered();
         w.set_probe_result(true);
         assert!(w.is_routable(), "the first probe decides at once");
