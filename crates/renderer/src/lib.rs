@@ -18,6 +18,7 @@ mod model;
 mod prompt;
 mod pyjson;
 mod strftime;
+pub use strftime::strftime;
 mod template;
 mod tokenizer;
 

@@ -26,7 +26,7 @@ pub(crate) fn strftime_now(format: &str) -> String {
 }
 
 /// Formats `unix_secs` (UTC) with the common `strftime` codes; unknown codes are kept verbatim.
-pub(crate) fn strftime(format: &str, unix_secs: i64) -> String {
+pub fn strftime(format: &str, unix_secs: i64) -> String {
     let days = unix_secs.div_euclid(86_400);
     let secs_of_day = unix_secs.rem_euclid(86_400);
     let (year, month, day) = civil_from_days(days);

@@ -26,22 +26,13 @@ fn today() -> i64 {
     (secs / 86_400) as i64
 }
 
-/// The civil date of a day number (Howard Hinnant's algorithm).
-fn date(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
+/// The file of day number `day`: `DIR/sgl-router.YYYY-MM-DD`.
+fn file_name(day: i64) -> String {
+    renderer::strftime("sgl-router.%Y-%m-%d", day * 86_400)
 }
 
 fn open(dir: &Path, day: i64) -> io::Result<File> {
-    let (y, m, d) = date(day);
-    OpenOptions::new().create(true).append(true).open(dir.join(format!("sgl-router.{y:04}-{m:02}-{d:02}")))
+    OpenOptions::new().create(true).append(true).open(dir.join(file_name(day)))
 }
 
 impl DailyFile {
@@ -88,10 +79,10 @@ mod tests {
 
     #[test]
     fn day_numbers_become_dates() {
-        assert_eq!(date(0), (1970, 1, 1));
-        assert_eq!(date(19_723), (2024, 1, 1));
-        assert_eq!(date(19_782), (2024, 2, 29));
-        assert_eq!(date(20_788), (2026, 12, 1));
+        assert_eq!(file_name(0), "sgl-router.1970-01-01");
+        assert_eq!(file_name(19_723), "sgl-router.2024-01-01");
+        assert_eq!(file_name(19_782), "sgl-router.2024-02-29");
+        assert_eq!(file_name(20_788), "sgl-router.2026-12-01");
     }
 
     #[test]
@@ -99,8 +90,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("sgl-router-logs-{}", std::process::id()));
         let mut f = DailyFile::new(&dir).unwrap();
         f.write_all(b"one line\n").unwrap();
-        let (y, m, d) = date(today());
-        let written = std::fs::read_to_string(dir.join(format!("sgl-router.{y:04}-{m:02}-{d:02}"))).unwrap();
+        let written = std::fs::read_to_string(dir.join(file_name(today()))).unwrap();
         assert_eq!(written, "one line\n");
         let _ = std::fs::remove_dir_all(&dir);
     }
