@@ -514,7 +514,7 @@ where
 {
     let id = meta.id.as_str();
     let (gw2, body, key) = (gw.clone(), bytes.clone(), meta.routing_key.clone());
-    let (v, plan) = crate::admission::render(gw, bytes.len(), move || {
+    let (mut v, plan) = crate::admission::render(gw, bytes.len(), move || {
         let v = parse_body(&gw2, route, &body)?;
         let plan = plan(&gw2, route, v.as_ref(), key.as_deref())?;
         Ok::<_, GatewayError>((v, plan))
@@ -541,12 +541,15 @@ where
     let mut worker = chosen.clone();
     // No rank holds a prefix of it: with --dp-aware, the least loaded rank.
     let mut rank = plan.rank.or_else(|| worker.least_loaded_rank());
-    let mut body = with_rank(route, v.as_ref(), rank, &bytes);
+    // A rank the client put in the body is its own; the router's is set (and reset on a retry) only without one.
+    let client_rank = v.as_ref().is_some_and(|v| v.get("routed_dp_rank").is_some());
+    let mut body = if client_rank { bytes.clone() } else { with_rank(route, v.as_mut(), rank, &bytes) };
     let uncached = plan.input_tokens - matched;
     let load = worker.charge_on(uncached, rank);
     let mut guard = InFlight { gw: gw.clone(), _admission: admission, load, route, status: 0, start };
     let retry = &gw.config.retry;
-    let mut tried = vec![worker.id];
+    // The workers tried before the current one (allocated only on a retry).
+    let mut tried = Vec::new();
     let mut attempt = 1u32;
     loop {
         let may_retry = retry.enabled && attempt < retry.max_attempts();
@@ -560,7 +563,8 @@ where
                     worker.request_succeeded();
                 }
                 // A retryable status goes back to the client unless another attempt is due and possible.
-                let next = (may_retry && RetryConfig::retryable(status)).then(|| next_worker(gw, &tried)).flatten();
+                let next =
+                    (may_retry && RetryConfig::retryable(status)).then(|| next_worker(gw, &worker, &tried)).flatten();
                 let Some(next) = next else {
                     gw.metrics.ttfb.observe(start.elapsed().as_secs_f64());
                     return Ok((guard, worker, answer));
@@ -575,7 +579,8 @@ where
                 let failed =
                     GatewayError::Upstream { worker: worker.url.to_string(), message: e.message, retryable: e.connect };
                 // Nothing reached the worker: again, on another worker when there is one.
-                let next = (may_retry && failed.retryable_elsewhere()).then(|| next_worker(gw, &tried)).flatten();
+                let next =
+                    (may_retry && failed.retryable_elsewhere()).then(|| next_worker(gw, &worker, &tried)).flatten();
                 let Some(next) = next else { return Err(failed) };
                 warn!(request_id = id, worker = %worker.url, error = %failed, next = %next.url, attempt, "worker unreachable, retrying");
                 next
@@ -593,40 +598,42 @@ where
         // The policy learns where the request really went (the text tree, the turn taken).
         let moved = Decision { worker: next.id, reason: plan.decision.reason };
         gw.policy.commit(&moved, &plan.candidates, &plan.request());
-        worker = next;
         if !tried.contains(&worker.id) {
             tried.push(worker.id);
         }
+        worker = next;
         // The rank hint was for the first worker; the next one places it itself (or, with
         // --dp-aware, its least loaded rank).
         rank = worker.least_loaded_rank();
-        body = with_rank(route, v.as_ref(), rank, &bytes);
+        body = if client_rank { bytes.clone() } else { with_rank(route, v.as_mut(), rank, &bytes) };
         // The load moves: the first worker's charge is released as it is replaced.
         guard.load = worker.charge_on(uncached, rank);
     }
 }
 
-/// The body to send for `rank`: on `/generate`, `routed_dp_rank` set unless
-/// the client set it (SGLang's native route reads no header); else as it came.
-fn with_rank(route: Route, v: Option<&Value>, rank: Option<DpRank>, bytes: &Bytes) -> Bytes {
-    match (rank, route, v) {
-        (Some(rank), Route::Generate, Some(v)) if v.get("routed_dp_rank").is_none() => {
-            let mut v = v.clone();
-            v["routed_dp_rank"] = json!(rank.0);
-            Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
-        }
-        _ => bytes.clone(),
-    }
+/// The body to send for `rank` on a request whose client set no rank: on
+/// `/generate`, `routed_dp_rank` set in the parsed body (SGLang's native route
+/// reads no header), or taken out again for a retry without one; else as it came.
+fn with_rank(route: Route, v: Option<&mut Value>, rank: Option<DpRank>, bytes: &Bytes) -> Bytes {
+    let Some(v) = v.filter(|_| route == Route::Generate) else { return bytes.clone() };
+    let Some(fields) = v.as_object_mut() else { return bytes.clone() };
+    match rank {
+        Some(rank) => fields.insert("routed_dp_rank".into(), json!(rank.0)),
+        None if fields.remove("routed_dp_rank").is_some() => None,
+        None => return bytes.clone(),
+    };
+    Bytes::from(serde_json::to_vec(&*v).unwrap_or_default())
 }
 
-/// The worker a retry goes to: the least loaded routable one not tried yet,
-/// else the least loaded routable one (a retry may go back to a worker).
-fn next_worker(gw: &Gateway, tried: &[router_types::WorkerId]) -> Option<Arc<Worker>> {
+/// The worker a retry after `current` goes to: the least loaded routable one
+/// tried neither now nor before, else the least loaded routable one (a retry
+/// may go back to a worker).
+fn next_worker(gw: &Gateway, current: &Worker, tried: &[router_types::WorkerId]) -> Option<Arc<Worker>> {
     let snapshot = gw.fleet.snapshot();
     let routable = || snapshot.iter().filter(|w| w.is_routable());
     let by_load = |w: &&Arc<Worker>| (w.load().in_flight, w.load().uncached_tokens);
     routable()
-        .filter(|w| !tried.contains(&w.id))
+        .filter(|w| w.id != current.id && !tried.contains(&w.id))
         .min_by_key(by_load)
         .or_else(|| routable().min_by_key(by_load))
         .cloned()

@@ -230,8 +230,8 @@ impl Policy for CacheAware {
     }
 
     fn commit(&self, decision: &Decision, candidates: &[Candidate], request: &RequestInfo<'_>) {
-        // Only the fallback draws.
-        if !self.judge(candidates, request).iter().any(|x| x.hit) {
+        // Only the fallback draws (its reason says select took it; no second look at the tree).
+        if decision.reason == Reason::NoCacheCandidate {
             commit_power_of_two(&self.rng, candidates);
         }
         // The tree learns what goes to the workers it stands in for.
