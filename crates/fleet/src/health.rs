@@ -17,12 +17,14 @@ use crate::{Fleet, MAX_DP_SIZE, State, Worker, WorkerInfo};
 
 /// How often a worker out of rotation is probed.
 const DOWN_PROBE_INTERVAL: Duration = Duration::from_secs(1);
-/// Largest answer read from a worker's `/server_info`, `/v1/models` or `/v1/loads`.
-const MAX_ANSWER_BYTES: usize = 1 << 20;
+/// Largest answer read from a worker's `/server_info`, `/v1/models`, `/v1/loads`
+/// (or, by the gateway, `/get_model_info`).
+pub const MAX_ANSWER_BYTES: usize = 1 << 20;
 
-/// The body of a worker's answer, `None` past [`MAX_ANSWER_BYTES`] (a broken
-/// or hostile worker cannot make the router buffer an endless answer).
-async fn read_capped(mut response: reqwest::Response) -> Option<Vec<u8>> {
+/// The body of a worker's answer, `None` past [`MAX_ANSWER_BYTES`] or when it
+/// breaks off (a broken or hostile worker cannot make the router buffer an
+/// endless answer).
+pub async fn read_capped(mut response: reqwest::Response) -> Option<Vec<u8>> {
     if response.content_length().is_some_and(|n| n > MAX_ANSWER_BYTES as u64) {
         return None;
     }

@@ -39,7 +39,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 pub use breaker::{BreakerConfig, BreakerState};
-pub use health::{from_server_info, introspect};
+pub use health::{MAX_ANSWER_BYTES, from_server_info, introspect, read_capped};
 pub use tls::{TlsError, WorkerTls, certificates, private_key};
 pub use worker::{Events, LoadGuard, MAX_QUARANTINE, State, Worker, WorkerInfo};
 
@@ -295,6 +295,12 @@ impl Fleet {
             fleet.tasks.spawn(health::load_loop(fleet.clone()));
         }
         fleet
+    }
+
+    /// The client of the router's own requests to workers (`--api-key`, TLS,
+    /// a 5 s deadline per request); the gateway's calls to every worker use it too.
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
     }
 
     /// How connections to `https://` workers are secured.

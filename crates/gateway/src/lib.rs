@@ -279,8 +279,6 @@ pub struct Gateway {
     pub(crate) render_slots: tokio::sync::Semaphore,
     /// One slot per open client connection (`--max-connections`), over every serving thread.
     pub(crate) connections: Arc<tokio::sync::Semaphore>,
-    /// The router's own calls to the workers (`/flush_cache`, `/get_model_info`), with `--api-key`.
-    pub(crate) workers_client: reqwest::Client,
     /// TLS towards `https://` workers (the fleet's configuration), for the fast path.
     pub(crate) upstream_tls: tokio_rustls::TlsConnector,
 }
@@ -311,11 +309,6 @@ impl Gateway {
             connections: Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections.max(1))),
             worker_auth: config.worker_api_key.as_deref().and_then(fleet::bearer),
             upstream_tls: tokio_rustls::TlsConnector::from(fleet.tls().config().clone()),
-            workers_client: fleet::worker_client(
-                config.worker_api_key.as_deref(),
-                Some(Duration::from_secs(30)),
-                fleet.tls(),
-            ),
             control_keys: auth::Keys::new(&config.control_plane_keys),
             client_keys: auth::Keys::new(&config.client_keys),
             config,

@@ -22,8 +22,6 @@ use crate::{Gateway, GatewayError};
 
 /// Longest a worker may take on one of these calls.
 const WORKER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
-/// Largest worker answer passed through (`/get_model_info`, `/get_server_info`).
-const MAX_ANSWER_BYTES: usize = 1 << 20;
 /// Most token lists, or texts, one tokenize or detokenize call may carry.
 const MAX_BATCH: usize = 1024;
 
@@ -32,7 +30,7 @@ const MAX_BATCH: usize = 1024;
 pub(crate) async fn flush_cache(State(gw): State<Arc<Gateway>>) -> Response {
     let workers = gw.fleet.snapshot();
     let calls = workers.iter().map(|w| {
-        let client = gw.workers_client.clone();
+        let client = gw.fleet.client().clone();
         async move {
             let sent = client.post(w.endpoint_url("/flush_cache")).timeout(WORKER_CALL_TIMEOUT).send().await;
             let outcome = match sent {
@@ -107,8 +105,9 @@ pub(crate) async fn first_worker(
     let worker = gw.fleet.snapshot().iter().find(|w| w.is_routable()).cloned().ok_or(GatewayError::NoWorker)?;
     let upstream =
         |message: String| GatewayError::Upstream { worker: worker.url.to_string(), message, retryable: false };
-    let mut r = gw
-        .workers_client
+    let r = gw
+        .fleet
+        .client()
         .get(worker.endpoint_url(path))
         .timeout(WORKER_CALL_TIMEOUT)
         .send()
@@ -116,13 +115,8 @@ pub(crate) async fn first_worker(
         .map_err(|e| upstream(e.to_string()))?;
     let status = StatusCode::from_u16(r.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let content_type = r.headers().get(header::CONTENT_TYPE).and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
-    let mut body = Vec::new();
-    while let Some(chunk) = r.chunk().await.map_err(|e| upstream(e.to_string()))? {
-        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
-            return Err(upstream(format!("answer larger than {MAX_ANSWER_BYTES} bytes")));
-        }
-        body.extend_from_slice(&chunk);
-    }
+    let too_large = || upstream(format!("answer broken off or larger than {} bytes", fleet::MAX_ANSWER_BYTES));
+    let body = fleet::read_capped(r).await.ok_or_else(too_large)?;
     let mut out = Response::new(Body::from(body));
     *out.status_mut() = status;
     if let Some(ct) = content_type {
