@@ -13,6 +13,8 @@ use futures_util::future::join_all;
 use serde_json::Value;
 use tracing::{debug, info, warn};
 
+use router_types::Role;
+
 use crate::{Fleet, MAX_DP_SIZE, State, Worker, WorkerInfo};
 
 /// How often a worker out of rotation is probed.
@@ -91,16 +93,22 @@ async fn check(fleet: &Fleet, w: &Arc<Worker>, timeout: Duration) {
     let client = &fleet.client;
     let probe = client.get(w.endpoint_url(&fleet.config.health.endpoint)).timeout(timeout).send().await;
     let ok = matches!(probe, Ok(r) if r.status().is_success());
-    w.set_probe_result(ok);
     if ok {
+        // Asked before it enters rotation: a disaggregated worker's role and bootstrap port
+        // are known before its first request.
         if w.info().is_none()
             && let Some(found) = introspect(client, w, timeout).await
         {
-            info!(worker = %w.url, model = ?found.model_id, dp_size = ?found.dp_size, page_size = ?found.page_size, "worker introspected");
+            info!(worker = %w.url, model = ?found.model_id, dp_size = ?found.dp_size, page_size = ?found.page_size, mode = ?found.disaggregation_mode, "worker introspected");
+            if let Some(why) = contradiction(w.role, found.disaggregation_mode.as_deref()) {
+                w.refuse(&why);
+            }
             w.set_info(found);
         }
+        w.set_probe_result(true);
         return;
     }
+    w.set_probe_result(false);
     let retention = fleet.config.index_retention;
     if let Some(ev) = &fleet.events
         && w.down_for().is_some_and(|d| d >= retention)
@@ -233,6 +241,18 @@ pub async fn introspect(client: &reqwest::Client, w: &Worker, timeout: Duration)
     })
 }
 
+/// Why a worker added as `role` cannot be what it reports (`disaggregation_mode`), if it cannot.
+/// A worker that reports no mode (vLLM, older SGLang) is taken at its word.
+pub(crate) fn contradiction(role: Role, mode: Option<&str>) -> Option<String> {
+    let mode = mode?;
+    let fits = match role {
+        Role::Regular => mode == "null",
+        Role::Prefill { .. } => mode == "prefill",
+        Role::Decode => mode == "decode",
+    };
+    (!fits).then(|| format!("added as {} but its /server_info says disaggregation_mode {mode:?}", role.as_str()))
+}
+
 /// Reads SGLang's `/server_info` (its server args, flattened). A data-parallel
 /// size above [`MAX_DP_SIZE`] (a lying or broken worker) is not believed.
 pub fn from_server_info(v: &Value) -> WorkerInfo {
@@ -243,6 +263,8 @@ pub fn from_server_info(v: &Value) -> WorkerInfo {
         model_id: text("served_model_name").or_else(|| text("model_path")),
         dp_size: num("dp_size").filter(|n| (1..=MAX_DP_SIZE).contains(n)),
         page_size: num("page_size"),
+        disaggregation_mode: text("disaggregation_mode"),
+        bootstrap_port: num("disaggregation_bootstrap_port").and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0),
     }
 }
 
@@ -252,10 +274,28 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn roles_against_reports() {
+        assert_eq!(contradiction(Role::PREFILL, Some("prefill")), None);
+        assert_eq!(contradiction(Role::Decode, Some("decode")), None);
+        assert_eq!(contradiction(Role::Regular, Some("null")), None);
+        assert_eq!(contradiction(Role::Decode, None), None);
+        assert!(contradiction(Role::PREFILL, Some("decode")).unwrap().contains("added as prefill"));
+        assert!(contradiction(Role::Decode, Some("null")).is_some());
+        assert!(contradiction(Role::Regular, Some("prefill")).is_some());
+    }
+
+    #[test]
     fn server_info_fields() {
         let v = json!({"model_path": "/models/qwen", "served_model_name": "qwen", "dp_size": 4, "page_size": 64});
         let i = from_server_info(&v);
-        assert_eq!(i, WorkerInfo { model_id: Some("qwen".into()), dp_size: Some(4), page_size: Some(64) });
+        assert_eq!(
+            i,
+            WorkerInfo { model_id: Some("qwen".into()), dp_size: Some(4), page_size: Some(64), ..WorkerInfo::default() }
+        );
+        let v = json!({"model_path": "m", "disaggregation_mode": "prefill", "disaggregation_bootstrap_port": 8998});
+        let i = from_server_info(&v);
+        assert_eq!((i.disaggregation_mode.as_deref(), i.bootstrap_port), (Some("prefill"), Some(8998)));
+        assert_eq!(from_server_info(&json!({"disaggregation_bootstrap_port": 70000})).bootstrap_port, None);
         // SGLang leaves served_model_name empty-ish in some versions: fall back to the path.
         let v = json!({"model_path": "/models/qwen", "served_model_name": "", "page_size": 1});
         let i = from_server_info(&v);

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use router_types::{DpRank, Load, PoolId, Role, WorkerId, WorkerUrl};
+use router_types::{Bootstrap, DpRank, Load, PoolId, Role, WorkerId, WorkerUrl};
 
 use crate::breaker::{Breaker, BreakerState};
 use tokio_util::sync::CancellationToken;
@@ -35,6 +35,10 @@ pub enum State {
     /// subscriptions and index state are kept (a worker that comes back keeps its cache)
     /// until the retention period passes.
     Down,
+    /// Never routed to: what it reports of itself contradicts how it was added (a
+    /// `--prefill` worker whose `/server_info` says `disaggregation_mode: decode`).
+    /// Remove it and add it again with the right role.
+    Refused,
     /// Removed by its source: no new requests, in-flight ones finish; its
     /// subscriptions are cancelled and its index state dropped.
     Retained,
@@ -70,6 +74,10 @@ pub struct WorkerInfo {
     pub dp_size: Option<u32>,
     /// Its KV page (block) size in tokens.
     pub page_size: Option<u32>,
+    /// SGLang's `disaggregation_mode`: `null` (regular), `prefill` or `decode`.
+    pub disaggregation_mode: Option<String>,
+    /// SGLang's `disaggregation_bootstrap_port` (prefill workers).
+    pub bootstrap_port: Option<u16>,
 }
 
 /// One engine replica.
@@ -153,14 +161,22 @@ impl State {
             State::Following => "following",
             State::Healthy => "healthy",
             State::Down => "down",
+            State::Refused => "refused",
             State::Retained => "retained",
             State::Removed => "removed",
         }
     }
 
     /// Every state, in order.
-    pub const ALL: [State; 6] =
-        [State::Discovering, State::Following, State::Healthy, State::Down, State::Retained, State::Removed];
+    pub const ALL: [State; 7] = [
+        State::Discovering,
+        State::Following,
+        State::Healthy,
+        State::Down,
+        State::Refused,
+        State::Retained,
+        State::Removed,
+    ];
 }
 
 // Stored phases; Healthy and Down are `Following` plus the health verdict.
@@ -168,6 +184,7 @@ const DISCOVERING: u8 = 0;
 const FOLLOWING: u8 = 1;
 const RETAINED: u8 = 2;
 const REMOVED: u8 = 3;
+const REFUSED: u8 = 4;
 
 // === impl Worker ===
 
@@ -217,6 +234,7 @@ impl Worker {
             FOLLOWING if self.healthy.load(Ordering::Relaxed) => State::Healthy,
             FOLLOWING => State::Down,
             RETAINED => State::Retained,
+            REFUSED => State::Refused,
             _ => State::Removed,
         }
     }
@@ -246,6 +264,36 @@ impl Worker {
     /// Whether it is in rotation (an alias of [`Worker::is_routable`]).
     pub fn is_healthy(&self) -> bool {
         self.is_routable()
+    }
+
+    /// Takes it out of the fleet's rotation for good: `why` its report contradicts its role.
+    pub(crate) fn refuse(&self, why: &str) {
+        let mut state = self.state.load(Ordering::Acquire);
+        while matches!(state, DISCOVERING | FOLLOWING) {
+            match self.state.compare_exchange(state, REFUSED, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    warn!(worker = %self.url, role = self.role.as_str(), why, "worker refused: never routed to");
+                    return;
+                }
+                Err(now) => state = now,
+            }
+        }
+    }
+
+    /// The bootstrap port decode workers meet this prefill worker on: the
+    /// configured one, else the one it advertises; `None` (sent as JSON null)
+    /// for a worker that is not a prefill worker or has no known port.
+    pub fn bootstrap_port(&self) -> Option<u16> {
+        match self.role {
+            Role::Prefill { bootstrap: Bootstrap::Port(p) } => Some(p),
+            Role::Prefill { bootstrap: Bootstrap::Discover } => self.info().and_then(|i| i.bootstrap_port),
+            _ => None,
+        }
+    }
+
+    /// Its data-parallel size, as it reported it (1 when it did not).
+    pub fn dp_size(&self) -> u32 {
+        self.info().and_then(|i| i.dp_size).unwrap_or(1).max(1)
     }
 
     /// Discovery is over: it may be routed to once healthy.

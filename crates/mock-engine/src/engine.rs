@@ -129,6 +129,8 @@ pub struct Engine {
     publishers: Vec<std::sync::Arc<Publisher>>,
     next_rank: AtomicUsize,
     faults: Mutex<Faults>,
+    /// Its disaggregated role, when it has one.
+    pd: Option<std::sync::Arc<crate::pd::Pd>>,
     /// Requests served, prompt tokens, cached prompt tokens.
     pub requests: AtomicU64,
     /// `/flush_cache` calls served.
@@ -156,7 +158,12 @@ pub struct Admission {
 // === impl Engine ===
 
 impl Engine {
-    pub(crate) fn new(config: MockEngineConfig, renderer: Renderer, publishers: Vec<Publisher>) -> Self {
+    pub(crate) fn new(
+        config: MockEngineConfig,
+        renderer: Renderer,
+        publishers: Vec<Publisher>,
+        pd: Option<std::sync::Arc<crate::pd::Pd>>,
+    ) -> Self {
         let page = NonZeroUsize::new(config.page_size).unwrap_or(NonZeroUsize::MIN);
         let publishers: Vec<std::sync::Arc<Publisher>> = publishers.into_iter().map(std::sync::Arc::new).collect();
         let ranks = (0..config.dp_size.max(1))
@@ -180,6 +187,7 @@ impl Engine {
             publishers,
             next_rank: AtomicUsize::new(0),
             faults: Mutex::new(Faults::default()),
+            pd,
             requests: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
@@ -190,6 +198,22 @@ impl Engine {
     /// The configuration.
     pub fn config(&self) -> &MockEngineConfig {
         &self.config
+    }
+
+    /// Its disaggregated side (prefill or decode role), if any.
+    pub fn pd(&self) -> Option<&std::sync::Arc<crate::pd::Pd>> {
+        self.pd.as_ref()
+    }
+
+    /// Admits a request whose KV came from a prefill worker: no prefill, no
+    /// cache lookup or insert (a decode worker keeps no radix cache).
+    pub fn admit_remote(&self, tokens: &[u32]) -> Admission {
+        let r = &self.ranks[0];
+        r.running.fetch_add(1, Ordering::Relaxed);
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.prompt_tokens.fetch_add(tokens.len() as u64, Ordering::Relaxed);
+        let generation = r.cache.lock().unwrap_or_else(|p| p.into_inner()).generation();
+        Admission { rank: 0, chain: Vec::new(), pinned: 0, generation, prompt_tokens: tokens.len(), cached_tokens: 0 }
     }
 
     /// The renderer (tokenizer and chat template).
@@ -405,6 +429,14 @@ impl Engine {
             })
             .collect()
     }
+}
+
+/// A digest of a prompt (FNV-1a over its token ids): what two legs of one
+/// disaggregated request compare.
+pub fn digest(tokens: &[u32]) -> u64 {
+    tokens.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, t| {
+        t.to_le_bytes().iter().fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+    })
 }
 
 /// Publishes batches in order, each no earlier than its due time.

@@ -19,7 +19,7 @@ use crate::engine::{Admission, Engine, Faults, RequestFault};
 
 /// What kind of response to shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Route {
+pub(crate) enum Route {
     Chat,
     Completions,
     Generate,
@@ -37,6 +37,7 @@ pub(crate) fn router(engine: Arc<Engine>) -> axum::Router {
         .route("/v1/completions", post(completions))
         .route("/generate", post(generate))
         .route("/flush_cache", post(flush_cache))
+        .route("/abort_request", post(abort_request))
         .route("/get_model_info", get(model_info))
         .route("/admin/faults", post(faults))
         .route("/admin/state", get(state))
@@ -60,7 +61,7 @@ async fn require_key(key: String, req: axum::extract::Request, next: axum::middl
     error(StatusCode::UNAUTHORIZED, "Unauthorized", "authentication_error")
 }
 
-fn error(status: StatusCode, message: &str, kind: &str) -> Response {
+pub(crate) fn error(status: StatusCode, message: &str, kind: &str) -> Response {
     (status, Json(json!({"error": {"message": message, "type": kind, "code": status.as_u16()}}))).into_response()
 }
 
@@ -79,6 +80,12 @@ async fn server_info(State(e): State<Arc<Engine>>) -> Json<Value> {
             "dp_size": c.dp_size,
         })
     });
+    let mode = match e.pd().map(|pd| pd.config.role) {
+        Some(crate::PdRole::Prefill) => "prefill",
+        Some(crate::PdRole::Decode) => "decode",
+        _ => "null",
+    };
+    let bootstrap = e.pd().and_then(|pd| pd.bootstrap_port()).unwrap_or(crate::pd::DEFAULT_BOOTSTRAP_PORT);
     // Rank r binds base + r, as in SGLang; the real endpoints are listed too.
     Json(json!({
         "model_path": c.model_id,
@@ -88,6 +95,9 @@ async fn server_info(State(e): State<Arc<Engine>>) -> Json<Value> {
         "kv_events": kv,
         "kv_events_endpoints": eps,
         "speculative_algorithm": null,
+        "disaggregation_mode": mode,
+        "disaggregation_bootstrap_port": bootstrap,
+        "load_balance_method": if mode == "prefill" { "follow_bootstrap_room" } else { "round_robin" },
     }))
 }
 
@@ -101,6 +111,18 @@ async fn models(State(e): State<Arc<Engine>>) -> Json<Value> {
 async fn flush_cache(State(e): State<Arc<Engine>>) -> &'static str {
     e.flush_cache().await;
     "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n"
+}
+
+/// SGLang's `/abort_request`: `{"rid": ...}` or `{"abort_all": true}`.
+async fn abort_request(State(e): State<Arc<Engine>>, body: Bytes) -> Response {
+    let v: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(err) => return bad_json(err),
+    };
+    let rid = v.get("rid").and_then(Value::as_str);
+    let all = v.get("abort_all").and_then(Value::as_bool).unwrap_or(false);
+    let n = e.pd().map_or(0, |pd| pd.abort(rid, all));
+    Json(json!({"aborted": n})).into_response()
 }
 
 async fn model_info(State(e): State<Arc<Engine>>) -> Json<Value> {
@@ -124,11 +146,11 @@ async fn state(State(e): State<Arc<Engine>>) -> Json<Value> {
     }))
 }
 
-fn bad_json(err: serde_json::Error) -> Response {
+pub(crate) fn bad_json(err: serde_json::Error) -> Response {
     error(StatusCode::BAD_REQUEST, &format!("invalid JSON body: {err}"), "invalid_request_error")
 }
 
-fn max_tokens(v: &Value, default: usize) -> usize {
+pub(crate) fn max_tokens(v: &Value, default: usize) -> usize {
     ["max_completion_tokens", "max_tokens"]
         .iter()
         .find_map(|k| v.get(*k).and_then(Value::as_u64))
@@ -139,7 +161,7 @@ fn max_tokens(v: &Value, default: usize) -> usize {
 
 /// The requested dp rank: the `X-Data-Parallel-Rank` header (SGLang and vLLM),
 /// which wins over SGLang's body field `routed_dp_rank` (or its deprecated name).
-fn rank_hint(headers: &HeaderMap, v: &Value) -> Option<usize> {
+pub(crate) fn rank_hint(headers: &HeaderMap, v: &Value) -> Option<usize> {
     let header = headers.get("x-data-parallel-rank").and_then(|h| h.to_str().ok()).and_then(|h| h.trim().parse().ok());
     header.or_else(|| {
         ["routed_dp_rank", "data_parallel_rank"]
@@ -154,6 +176,9 @@ async fn chat(State(e): State<Arc<Engine>>, headers: HeaderMap, body: Bytes) -> 
         Ok(v) => v,
         Err(err) => return bad_json(err),
     };
+    if let Some(pd) = e.pd().filter(|pd| pd.config.role != crate::PdRole::Regular).cloned() {
+        return crate::legs::serve(e, pd, Route::Chat, v, headers).await;
+    }
     let tokens = match ChatRequest::from_value(&v).and_then(|req| e.renderer().render_chat(&req)) {
         Ok(r) => r.token_ids,
         Err(err) => return error(StatusCode::BAD_REQUEST, &err.to_string(), "invalid_request_error"),
@@ -166,6 +191,9 @@ async fn completions(State(e): State<Arc<Engine>>, headers: HeaderMap, body: Byt
         Ok(v) => v,
         Err(err) => return bad_json(err),
     };
+    if let Some(pd) = e.pd().filter(|pd| pd.config.role != crate::PdRole::Regular).cloned() {
+        return crate::legs::serve(e, pd, Route::Completions, v, headers).await;
+    }
     let vocab = e.renderer().tokenizer().vocab_size();
     let tokens = match Prompt::from_completions(v.get("prompt").unwrap_or(&Value::Null), vocab)
         .and_then(|p| e.renderer().prompt_tokens(&p))
@@ -181,6 +209,9 @@ async fn generate(State(e): State<Arc<Engine>>, headers: HeaderMap, body: Bytes)
         Ok(v) => v,
         Err(err) => return bad_json(err),
     };
+    if let Some(pd) = e.pd().filter(|pd| pd.config.role != crate::PdRole::Regular).cloned() {
+        return crate::legs::serve(e, pd, Route::Generate, v, headers).await;
+    }
     let vocab = e.renderer().tokenizer().vocab_size();
     let tokens = match Prompt::from_generate(&v, vocab).and_then(|p| e.renderer().prompt_tokens(&p)) {
         Ok(t) => t,
@@ -209,9 +240,9 @@ fn now_secs() -> u64 {
 }
 
 /// Releases a request's pinned pages however its response ends.
-struct Release {
-    engine: Arc<Engine>,
-    admission: Admission,
+pub(crate) struct Release {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) admission: Admission,
 }
 
 impl Drop for Release {
@@ -239,16 +270,37 @@ async fn serve(e: Arc<Engine>, route: Route, v: &Value, tokens: Vec<u32>, rank: 
     }
     let die = stream && e.take_fault_mid_stream_pending();
     let n = max_tokens(v, e.config().default_max_tokens);
-    let model = v.get("model").and_then(Value::as_str).unwrap_or(&e.config().model_id).to_string();
     let admission = e.admit(&tokens, rank).await;
     let guard = Release { engine: e.clone(), admission };
-    let id = format!("mock-{}", now_secs());
     if !stream {
+        return Json(answer(&e, route, v, &guard, n, Extras::default()).await).into_response();
+    }
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(events(e, route, v, guard, n, die)))
+        .unwrap_or_else(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "response build failed", "server_error"))
+}
+
+/// Fields a disaggregated leg adds to its answer.
+#[derive(Debug, Default)]
+pub(crate) struct Extras {
+    /// Top-level fields (vLLM's `kv_transfer_params`, `prompt_logprobs`).
+    pub(crate) top: serde_json::Map<String, Value>,
+    /// `/generate`'s `meta_info` fields (SGLang's logprobs).
+    pub(crate) meta: serde_json::Map<String, Value>,
+}
+
+/// The answer of a non-streamed request, once its `n` tokens are decoded.
+pub(crate) async fn answer(e: &Engine, route: Route, v: &Value, guard: &Release, n: usize, extras: Extras) -> Value {
+    let model = v.get("model").and_then(Value::as_str).unwrap_or(&e.config().model_id).to_string();
+    let id = format!("mock-{}", now_secs());
+    {
         for _ in 0..n {
             e.decode_step().await;
         }
         let text: String = (0..n).map(word).collect();
-        let body = match route {
+        let mut body = match route {
             Route::Chat => json!({
                 "id": id, "object": "chat.completion", "created": now_secs(), "model": model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
@@ -265,10 +317,29 @@ async fn serve(e: Arc<Engine>, route: Route, v: &Value, tokens: Vec<u32>, rank: 
                               "cached_tokens": guard.admission.cached_tokens, "finish_reason": {"type": "length"}},
             }),
         };
-        return Json(body).into_response();
+        if let Some(meta) = body.get_mut("meta_info").and_then(Value::as_object_mut) {
+            meta.extend(extras.meta);
+        }
+        if let Some(top) = body.as_object_mut() {
+            top.extend(extras.top);
+        }
+        body
     }
+}
+
+/// The events of a streamed request: `n` tokens, usage, `[DONE]`; `die`: break after the first.
+pub(crate) fn events(
+    e: Arc<Engine>,
+    route: Route,
+    v: &Value,
+    guard: Release,
+    n: usize,
+    die: bool,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + use<> {
+    let model = v.get("model").and_then(Value::as_str).unwrap_or(&e.config().model_id).to_string();
+    let id = format!("mock-{}", now_secs());
     let state = (0usize, Some(guard), e, model, id);
-    let events = futures_util::stream::unfold(state, move |(i, guard, e, model, id)| async move {
+    futures_util::stream::unfold(state, move |(i, guard, e, model, id)| async move {
         let guard = guard?;
         if i > n {
             return None;
@@ -302,12 +373,7 @@ async fn serve(e: Arc<Engine>, route: Route, v: &Value, tokens: Vec<u32>, rank: 
                 "meta_info": {"prompt_tokens": guard.admission.prompt_tokens, "completion_tokens": i + 1, "cached_tokens": guard.admission.cached_tokens}}),
         };
         Some((Ok(Bytes::from(format!("data: {chunk}\n\n"))), (i + 1, Some(guard), e, model, id)))
-    });
-    Response::builder()
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(events))
-        .unwrap_or_else(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "response build failed", "server_error"))
+    })
 }
 
 fn chunk_object(route: Route) -> &'static str {

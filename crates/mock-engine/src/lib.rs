@@ -10,6 +10,8 @@
 mod cache;
 mod engine;
 mod http;
+mod legs;
+mod pd;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,7 +22,8 @@ use renderer::Renderer;
 use tokio_util::sync::CancellationToken;
 
 pub use cache::{CacheChange, PagedCache};
-pub use engine::{Engine, EngineError, Faults, RankLoad};
+pub use engine::{Engine, EngineError, Faults, RankLoad, digest};
+pub use pd::{DEFAULT_BOOTSTRAP_PORT, Flavor, Pd, PdConfig, PdCounters, PdRole};
 
 /// How the simulated engine behaves.
 #[derive(Debug, Clone)]
@@ -54,6 +57,8 @@ pub struct MockEngineConfig {
     /// Require `Authorization: Bearer <key>` on every route but `/health*`,
     /// `/ready*` and `/metrics*`, as SGLang does when started with `--api-key`.
     pub api_key: Option<String>,
+    /// Its disaggregated role (regular by default).
+    pub pd: PdConfig,
 }
 
 /// A running simulated engine. Dropping it stops the server and the publishers.
@@ -83,6 +88,7 @@ impl Default for MockEngineConfig {
             fast: false,
             default_max_tokens: 16,
             api_key: None,
+            pd: PdConfig::default(),
         }
     }
 }
@@ -98,10 +104,14 @@ impl MockEngine {
     /// Starts the engine with a given renderer (a real tokenizer and template).
     pub async fn spawn_with(config: MockEngineConfig, renderer: Renderer) -> anyhow::Result<Self> {
         let publishers = if config.kv_events { bind_publishers(&config).await? } else { Vec::new() };
-        let engine = Arc::new(Engine::new(config.clone(), renderer, publishers));
+        let cancel = CancellationToken::new();
+        let pd = match config.pd.role {
+            PdRole::Regular => None,
+            _ => Some(Pd::start(config.pd.clone(), cancel.clone()).await?),
+        };
+        let engine = Arc::new(Engine::new(config.clone(), renderer, publishers, pd));
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?;
-        let cancel = CancellationToken::new();
         let app = http::router(engine.clone());
         let shutdown = cancel.clone();
         tokio::spawn(async move {

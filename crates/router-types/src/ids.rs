@@ -26,11 +26,26 @@ pub enum Role {
     Regular,
     /// Prefill only (disaggregated), with the port its KV transfer bootstraps from.
     Prefill {
-        /// The bootstrap port (SGLang `disaggregation_bootstrap_port`), when known.
-        bootstrap_port: Option<u16>,
+        /// Where decode workers meet it (SGLang `disaggregation_bootstrap_port`).
+        bootstrap: Bootstrap,
     },
     /// Decode only (disaggregated).
     Decode,
+}
+
+/// The bootstrap port of a prefill worker, as configured
+/// (`--prefill URL [BOOTSTRAP_PORT|none]`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bootstrap {
+    /// Not given: the port the worker advertises in `/server_info`
+    /// (`disaggregation_bootstrap_port`), else none.
+    #[default]
+    Discover,
+    /// `none`: no port is sent (JSON null); each engine uses its own configured one.
+    Null,
+    /// This port.
+    Port(u16),
 }
 
 /// The model pool a worker belongs to: the model name it serves to clients.
@@ -246,6 +261,14 @@ impl fmt::Display for WorkerId {
 // === impl Role ===
 
 impl Role {
+    /// A prefill worker whose bootstrap port is read from its `/server_info`.
+    pub const PREFILL: Role = Role::Prefill { bootstrap: Bootstrap::Discover };
+
+    /// Whether it serves one leg of a disaggregated request.
+    pub fn is_pd(self) -> bool {
+        !matches!(self, Role::Regular)
+    }
+
     /// A stable label (metrics, `/workers`).
     pub fn as_str(self) -> &'static str {
         match self {

@@ -10,6 +10,6 @@ pub mod metrics;
 
 pub use event::{EngineBlockHash, EventBatch, KvEvent, StoredBlocks};
 pub use ids::{
-    BlockHash, DpRank, Load, Namespace, PageDigest, PoolId, Role, Tier, TokenCount, UrlError, WorkerId, WorkerKey,
-    WorkerUrl,
+    BlockHash, Bootstrap, DpRank, Load, Namespace, PageDigest, PoolId, Role, Tier, TokenCount, UrlError, WorkerId,
+    WorkerKey, WorkerUrl,
 };

@@ -56,6 +56,21 @@ struct Args {
     /// (SGLang's `--api-key`).
     #[arg(long, env = "SGL_MOCK_API_KEY", hide_env_values = true, value_name = "KEY")]
     api_key: Option<String>,
+    /// Disaggregated role: `prefill` (with a bootstrap listener) or `decode` (no radix cache,
+    /// so no KV events).
+    #[arg(long, env = "SGL_MOCK_ROLE", value_enum, default_value = "regular")]
+    role: mock_engine::PdRole,
+    /// Whose disaggregation contract a PD role follows: `sglang` (one body to both legs, met by
+    /// `bootstrap_room`) or `vllm` (two stages linked by `kv_transfer_params`).
+    #[arg(long, env = "SGL_MOCK_FLAVOR", value_enum, default_value = "sglang")]
+    flavor: mock_engine::Flavor,
+    /// Prefill: the bootstrap port to listen on (0: any free port, shown in /server_info).
+    /// Decode: the port a request without `bootstrap_port` meets its prefill on (0: 8998).
+    #[arg(long, env = "SGL_MOCK_BOOTSTRAP_PORT", default_value_t = 0)]
+    bootstrap_port: u16,
+    /// Longest a PD leg waits for its peer, in seconds (SGLang waits 300).
+    #[arg(long, env = "SGL_MOCK_BOOTSTRAP_TIMEOUT_SECS", default_value_t = 30)]
+    bootstrap_timeout_secs: u64,
     /// Fault: keep the first N event batches out of the live stream (replay still has them).
     #[arg(long, env = "SGL_MOCK_FAULT_DROP_BATCHES", default_value_t = 0)]
     fault_drop_batches: usize,
@@ -86,7 +101,13 @@ async fn main() -> anyhow::Result<()> {
         page_size: a.page_size,
         capacity_tokens: a.capacity_tokens,
         dp_size: a.dp_size,
-        kv_events: !a.no_kv_events,
+        kv_events: !a.no_kv_events && a.role != mock_engine::PdRole::Decode,
+        pd: mock_engine::PdConfig {
+            role: a.role,
+            flavor: a.flavor,
+            bootstrap_port: a.bootstrap_port,
+            bootstrap_timeout: Duration::from_secs(a.bootstrap_timeout_secs),
+        },
         prefill_fixed: Duration::from_millis(a.prefill_fixed_ms),
         prefill_tokens_per_s: a.prefill_tokens_per_s,
         decode_per_token: Duration::from_millis(a.decode_ms_per_token),
@@ -117,6 +138,9 @@ async fn main() -> anyhow::Result<()> {
         })
         .await;
     println!("sgl-mock-engine listening on {}", engine.url());
+    if let Some(port) = engine.engine().pd().and_then(|pd| pd.bootstrap_port()) {
+        println!("  prefill bootstrap port {port}");
+    }
     for (rank, (pub_ep, replay)) in engine.engine().publisher_endpoints().iter().enumerate() {
         println!("  dp rank {rank}: KV events {pub_ep}, replay {}", replay.as_deref().unwrap_or("-"));
     }
