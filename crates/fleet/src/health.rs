@@ -105,7 +105,8 @@ async fn check(fleet: &Fleet, w: &Arc<Worker>, timeout: Duration) {
             }
             w.set_info(found);
         }
-        w.set_probe_result(true);
+        // A disaggregated worker enters rotation only once its report was checked against its role.
+        w.set_probe_result(!w.role.is_pd() || w.info().is_some());
         return;
     }
     w.set_probe_result(false);
@@ -153,6 +154,7 @@ async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration) {
         Err(e) => {
             debug!(worker = %w.url, error = %e, "load poll failed");
             w.set_reported_uncached_tokens(0);
+            w.set_reported_requests(0);
             return;
         }
     };
@@ -163,7 +165,8 @@ async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration) {
     }
     // SGLang: {"loads": [{"dp_rank": 0, "num_waiting_uncached_tokens": N, ...}, ...]}
     let body = read_capped(resp).await;
-    let report = body.as_deref().and_then(|b| serde_json::from_slice::<Value>(b).ok()).and_then(|v| {
+    let value = body.as_deref().and_then(|b| serde_json::from_slice::<Value>(b).ok());
+    let report = value.as_ref().and_then(|v| {
         let loads = v.get("loads")?.as_array()?;
         let per_rank: Vec<(usize, u64)> = loads
             .iter()
@@ -174,6 +177,11 @@ async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration) {
             .collect();
         Some(per_rank)
     });
+    let requests = value.as_ref().and_then(|v| v.get("loads")?.as_array()).map_or(0u64, |loads| {
+        let n = |l: &Value, k: &str| l.get(k).and_then(Value::as_u64).unwrap_or(0);
+        loads.iter().map(|l| n(l, "num_running_reqs") + n(l, "num_waiting_reqs")).fold(0, u64::saturating_add)
+    });
+    w.set_reported_requests(u32::try_from(requests).unwrap_or(u32::MAX));
     let report = report.unwrap_or_default();
     w.set_reported_uncached_tokens(report.iter().map(|(_, t)| *t).fold(0u64, u64::saturating_add));
     w.set_reported_rank_loads(&report);
@@ -290,7 +298,12 @@ mod tests {
         let i = from_server_info(&v);
         assert_eq!(
             i,
-            WorkerInfo { model_id: Some("qwen".into()), dp_size: Some(4), page_size: Some(64), ..WorkerInfo::default() }
+            WorkerInfo {
+                model_id: Some("qwen".into()),
+                dp_size: Some(4),
+                page_size: Some(64),
+                ..WorkerInfo::default()
+            }
         );
         let v = json!({"model_path": "m", "disaggregation_mode": "prefill", "disaggregation_bootstrap_port": 8998});
         let i = from_server_info(&v);

@@ -116,6 +116,8 @@ pub struct Worker {
     in_flight: AtomicU32,
     uncached_tokens: AtomicU64,
     reported_uncached: AtomicU64,
+    /// Requests it reports running or waiting (every router's), from `/v1/loads`.
+    reported_requests: AtomicU32,
     loads_unsupported: AtomicBool,
     info: RwLock<Option<WorkerInfo>>,
     events: RwLock<Events>,
@@ -215,6 +217,7 @@ impl Worker {
             in_flight: AtomicU32::new(0),
             uncached_tokens: AtomicU64::new(0),
             reported_uncached: AtomicU64::new(0),
+            reported_requests: AtomicU32::new(0),
             loads_unsupported: AtomicBool::new(false),
             info: RwLock::new(None),
             events: RwLock::new(events),
@@ -441,6 +444,19 @@ impl Worker {
             in_flight: self.in_flight.load(Ordering::Relaxed),
             uncached_tokens: own.max(self.reported_uncached.load(Ordering::Relaxed)),
         }
+    }
+
+    /// Its load as a decode worker: the requests it runs, this router's in
+    /// flight or what it reports running and waiting (every router's),
+    /// whichever is larger; no prefill is owed on it.
+    pub fn decode_load(&self) -> Load {
+        let own = self.in_flight.load(Ordering::Relaxed);
+        Load { in_flight: own.max(self.reported_requests.load(Ordering::Relaxed)), uncached_tokens: 0 }
+    }
+
+    /// Records the requests it reports running and waiting.
+    pub fn set_reported_requests(&self, n: u32) {
+        self.reported_requests.store(n, Ordering::Relaxed);
     }
 
     /// This router's own view of the prefill it owes.

@@ -45,6 +45,13 @@ pub(crate) async fn debug_route(
         }
     };
     let bytes = read_body(&gw, body).await?;
+    if gw.pd.is_some() {
+        // Both legs' choices and why.
+        let (gw2, len) = (gw.clone(), bytes.len());
+        let pair =
+            crate::admission::render(&gw, len, move || crate::pd::explain_pair(&gw2, route, &bytes, key.as_deref()));
+        return Ok(Json(pair.await??));
+    }
     // Rendered like a request: a large body off the serving thread.
     let (gw2, len, key) = (gw.clone(), bytes.len(), key);
     let plan = crate::admission::render(&gw, len, move || {
@@ -138,6 +145,24 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     m.latency.render(&mut out, "router_http_request_duration_seconds", "Whole-request latency, streaming included.");
     m.ttfb.render(&mut out, "router_http_time_to_first_byte_seconds", "Time until the worker's response headers.");
     m.matched_tokens.render(&mut out, "router_policy_matched_tokens", "Prompt tokens the chosen worker already held.");
+    if gw.pd.is_some() {
+        m.pd_decisions.render(
+            &mut out,
+            "router_pd_decisions_total",
+            "Disaggregated decisions by leg, policy and reason.",
+        );
+        m.pd_legs.render(&mut out, "router_pd_legs_total", "Disaggregated requests' legs by leg and outcome.");
+        m.pd_aborts.render(
+            &mut out,
+            "router_pd_aborts_total",
+            "Legs aborted (connection closed, /abort_request) because the other leg failed, by the leg aborted.",
+        );
+        m.pd_heads.render(
+            &mut out,
+            "router_pd_heads_seconds",
+            "Time from a disaggregated dispatch until both legs answered their heads.",
+        );
+    }
     let memo = gw.chain_memo.stats();
     head(
         &mut out,

@@ -17,6 +17,7 @@ pub mod error;
 mod h1;
 pub mod metrics;
 pub mod namespace;
+pub mod pd;
 mod proxy;
 mod routes;
 mod served;
@@ -281,6 +282,9 @@ pub struct Gateway {
     pub(crate) connections: Arc<tokio::sync::Semaphore>,
     /// TLS towards `https://` workers (the fleet's configuration), for the fast path.
     pub(crate) upstream_tls: tokio_rustls::TlsConnector,
+    /// Prefill/decode disaggregation, when on: requests go to a pair of
+    /// workers (`policy` chooses the prefill worker, this the decode worker).
+    pub pd: Option<pd::PdConfig>,
 }
 
 // === impl Gateway ===
@@ -319,7 +323,15 @@ impl Gateway {
             chain_memo: renderer::ChainMemo::new(renderer::DEFAULT_CHAIN_MEMO_PAGES),
             draining: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
+            pd: None,
         }
+    }
+
+    /// The same gateway, dispatching every request to a prefill/decode pair
+    /// (its policy chooses the prefill worker).
+    pub fn with_pd(mut self, pd: pd::PdConfig) -> Self {
+        self.pd = Some(pd);
+        self
     }
 
     /// The upstream HTTP client of the calling thread. Each serving thread has

@@ -36,6 +36,14 @@ pub struct GatewayMetrics {
     pub ttfb: Histogram,
     /// Prompt tokens the chosen worker already held.
     pub matched_tokens: Histogram,
+    /// Disaggregated requests' legs by `leg` (prefill, decode) and `outcome`.
+    pub pd_legs: LabeledCounter,
+    /// Legs aborted because the other leg failed, by `leg` (the one aborted).
+    pub pd_aborts: LabeledCounter,
+    /// Disaggregated decisions by `leg`, `policy` and `reason`.
+    pub pd_decisions: LabeledCounter,
+    /// Time from a disaggregated request's dispatch to both legs' answer heads.
+    pub pd_heads: Histogram,
 }
 
 // === impl GatewayMetrics ===
@@ -62,6 +70,10 @@ impl GatewayMetrics {
             latency: Histogram::new(buckets),
             ttfb: Histogram::new(buckets),
             matched_tokens: Histogram::new(&TOKEN_BUCKETS),
+            pd_legs: LabeledCounter::default(),
+            pd_aborts: LabeledCounter::default(),
+            pd_decisions: LabeledCounter::default(),
+            pd_heads: Histogram::new(buckets),
         }
     }
 }

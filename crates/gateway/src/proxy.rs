@@ -124,7 +124,12 @@ impl Plan {
 
     /// Tells the policy the request really goes where it decided (never for an explain).
     pub(crate) fn commit(&self, gw: &Gateway) {
-        gw.policy.commit(&self.decision, &self.candidates, &self.request());
+        self.commit_to(&*gw.policy);
+    }
+
+    /// Tells `policy` (the one that decided) the request really goes where it decided.
+    pub(crate) fn commit_to(&self, policy: &dyn policy::Policy) {
+        policy.commit(&self.decision, &self.candidates, &self.request());
     }
 }
 
@@ -189,6 +194,13 @@ impl Route {
     }
 }
 
+impl InFlight {
+    /// The accounting of a request about to be answered from `load`'s worker.
+    pub(crate) fn new(gw: Arc<Gateway>, admission: Admission, load: LoadGuard, route: Route, start: Instant) -> Self {
+        Self { gw, _admission: admission, load, route, status: 0, start }
+    }
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
         let m = &self.gw.metrics;
@@ -240,7 +252,7 @@ pub(crate) async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, Gateway
     }
 }
 
-fn parse_json(bytes: &[u8]) -> Result<Value, GatewayError> {
+pub(crate) fn parse_json(bytes: &[u8]) -> Result<Value, GatewayError> {
     let v: Value =
         serde_json::from_slice(bytes).map_err(|e| GatewayError::BadRequest(format!("invalid JSON body: {e}")))?;
     if !v.is_object() {
@@ -268,7 +280,7 @@ pub(crate) fn parse_body(gw: &Gateway, route: Route, bytes: &[u8]) -> Result<Opt
 }
 
 /// Tokens and text of the request.
-fn prompt(gw: &Gateway, route: Route, v: &Value) -> Result<(Vec<u32>, Option<String>), GatewayError> {
+pub(crate) fn prompt(gw: &Gateway, route: Route, v: &Value) -> Result<(Vec<u32>, Option<String>), GatewayError> {
     let need_tokens = gw.index.is_some() || gw.policy.needs_tokens();
     let vocab = gw.renderer.tokenizer().vocab_size();
     match route {
@@ -322,10 +334,41 @@ pub(crate) fn plan(gw: &Gateway, route: Route, v: Option<&Value>, key: Option<&[
         Some(v) => prompt(gw, route, v)?,
         None => (Vec::new(), None),
     };
-    let workers: Vec<Arc<Worker>> = gw.fleet.snapshot().iter().filter(|w| w.is_routable()).cloned().collect();
+    let workers = routable(gw, |role| role == router_types::Role::Regular);
+    plan_in(gw, &*gw.policy, workers, Prompted { v, tokens: &tokens, text, match_prefix: true }, key)
+}
+
+/// The routable workers whose role passes `role`.
+pub(crate) fn routable(gw: &Gateway, role: impl Fn(router_types::Role) -> bool) -> Vec<Arc<Worker>> {
+    gw.fleet.snapshot().iter().filter(|w| role(w.role) && w.is_routable()).cloned().collect()
+}
+
+/// What a plan knows of the request's prompt.
+pub(crate) struct Prompted<'a> {
+    /// The parsed body (`None`: not parsed, nothing to match).
+    pub(crate) v: Option<&'a Value>,
+    pub(crate) tokens: &'a [u32],
+    pub(crate) text: Option<String>,
+    /// Match the prompt against the index (false: every candidate holds nothing, as a decode
+    /// worker's KV comes from its prefill, never from its own cache).
+    pub(crate) match_prefix: bool,
+}
+
+/// Chooses one of `workers` with `policy`: candidates with their load and
+/// cached prefix, unless the client's routing key names the worker.
+pub(crate) fn plan_in(
+    gw: &Gateway,
+    policy: &dyn policy::Policy,
+    workers: Vec<Arc<Worker>>,
+    prompted: Prompted<'_>,
+    key: Option<&[u8]>,
+) -> Result<Plan, GatewayError> {
+    let Prompted { v, tokens, text, match_prefix } = prompted;
     if workers.is_empty() {
         return Err(GatewayError::NoWorker);
     }
+    let v = v.filter(|_| match_prefix);
+    let text = text.filter(|_| match_prefix);
     let input_tokens = tokens.len() as u64;
     // The fleet's page size, read once: a worker followed meanwhile may fix it.
     let block_size = gw.fleet.block_size();
@@ -343,7 +386,7 @@ pub(crate) fn plan(gw: &Gateway, route: Route, v: Option<&Value>, key: Option<&[
         let prior = renderer::hash::namespace_prior(ns.adapter, ns.salt);
         // A mixed fleet is matched in each mode; a worker's blocks exist in its own mode only.
         for mode in gw.fleet.hash_modes().modes() {
-            let chain = gw.chain_memo.block_hashes(&PageHasher::new(page, mode), &tokens, prior.as_ref());
+            let chain = gw.chain_memo.block_hashes(&PageHasher::new(page, mode), tokens, prior.as_ref());
             for m in index.prefix_depths(&chain, &kv_index::MatchOptions::default()) {
                 let e = matched.entry(m.worker).or_insert((0, None));
                 if m.blocks > e.0 {
@@ -362,17 +405,17 @@ pub(crate) fn plan(gw: &Gateway, route: Route, v: Option<&Value>, key: Option<&[
             let blocks = w.index_id.and_then(|id| matched.get(&id)).map_or(0, |m| u64::from(m.0));
             Candidate {
                 worker: w.id,
-                load: w.load(),
+                load: if match_prefix { w.load() } else { w.decode_load() },
                 matched_tokens: (blocks * bs).min(input_tokens),
-                followed: w.is_followed(),
+                // Nothing to match is known exactly: no text tree guesses (decode workers).
+                followed: w.is_followed() || !match_prefix,
             }
         })
         .collect();
     let by_key = key.and_then(|k| policy::by_key(k, workers.iter().map(|w| (w.id, w.url.as_str()))));
     let decision = match by_key {
         Some(worker) => Decision { worker, reason: policy::Reason::RoutingKey },
-        None => gw
-            .policy
+        None => policy
             .select(&candidates, &RequestInfo { input_tokens, text: text.as_deref() })
             .map_err(|_| GatewayError::NoWorker)?,
     };
@@ -445,6 +488,52 @@ async fn serve(
     let admission = Admission::admit_waiting(&gw, charged).await?;
     let bytes = read_body(&gw, body).await?;
     let client = gw.client();
+    upstream_headers(&gw, &mut headers);
+    let headers = Arc::new(headers);
+    let meta = Meta {
+        id: id.to_string(),
+        routing_key: Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes)),
+    };
+    if let Some(pd) = gw.pd.as_ref() {
+        return crate::pd::serve(&gw, pd, admission, route, bytes, headers, start, &meta).await;
+    }
+    let (guard, worker, resp) = forward(&gw, admission, route, bytes, start, &meta, |worker, body, rank| {
+        let (client, headers) = (client.clone(), headers.clone());
+        async move { send_to(&client, &headers, &worker, route.path(), body, rank).await }
+    })
+    .await?;
+    Ok(stream_back(guard, worker, resp, gw.config.limits.upstream_idle_timeout, Ending::default()))
+}
+
+/// POSTs a JSON `body` to `path` on `worker` with the client's (prepared)
+/// `headers`, and the router's rank hint, which wins over one the client sent.
+pub(crate) async fn send_to(
+    client: &crate::UpstreamClient,
+    headers: &HeaderMap,
+    worker: &Worker,
+    path: &str,
+    body: Bytes,
+    rank: Option<DpRank>,
+) -> Result<axum::http::Response<hyper::body::Incoming>, SendError> {
+    let Some(endpoint) = worker.endpoint(path) else {
+        return Err(SendError { connect: false, message: "invalid worker URL".into() });
+    };
+    let mut req = axum::http::Request::post(endpoint);
+    if let Some(h) = req.headers_mut() {
+        h.clone_from(headers);
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(rank) = rank {
+            h.insert(RANK_HEADER, HeaderValue::from(rank.0));
+        }
+    }
+    let req =
+        req.body(http_body_util::Full::new(body)).map_err(|e| SendError { connect: false, message: e.to_string() })?;
+    client.request(req).await.map_err(|e| SendError { connect: e.is_connect(), message: describe(&e) })
+}
+
+/// Makes a client's headers the worker's: hop-by-hop ones out, and the
+/// credentials the worker gets ([`worker_credentials`]) in.
+pub(crate) fn upstream_headers(gw: &Gateway, headers: &mut HeaderMap) {
     let connection: Vec<&str> = headers.get_all(header::CONNECTION).iter().filter_map(|v| v.to_str().ok()).collect();
     let connection = connection.join(",");
     let names: Vec<HeaderName> = headers.keys().cloned().collect();
@@ -455,40 +544,12 @@ async fn serve(
     }
     // The client's credentials were checked by the route's layer; what the worker gets is decided here.
     let client_auth = headers.remove(header::AUTHORIZATION);
-    if let Some(auth) = worker_credentials(&gw, client_auth.as_ref().map(HeaderValue::as_bytes))
+    if let Some(auth) = worker_credentials(gw, client_auth.as_ref().map(HeaderValue::as_bytes))
         && let Ok(mut v) = HeaderValue::from_bytes(&auth)
     {
         v.set_sensitive(true);
         headers.insert(header::AUTHORIZATION, v);
     }
-    let headers = Arc::new(headers);
-    let meta = Meta {
-        id: id.to_string(),
-        routing_key: Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes)),
-    };
-    let (guard, worker, resp) = forward(&gw, admission, route, bytes, start, &meta, |worker, body, rank| {
-        let (client, headers) = (client.clone(), headers.clone());
-        async move {
-            let Some(endpoint) = worker.endpoint(route.path()) else {
-                return Err(SendError { connect: false, message: "invalid worker URL".into() });
-            };
-            let mut req = axum::http::Request::post(endpoint);
-            if let Some(h) = req.headers_mut() {
-                h.clone_from(&headers);
-                h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-                // The router's rank hint wins over one the client sent.
-                if let Some(rank) = rank {
-                    h.insert(RANK_HEADER, HeaderValue::from(rank.0));
-                }
-            }
-            let req = req
-                .body(http_body_util::Full::new(body))
-                .map_err(|e| SendError { connect: false, message: e.to_string() })?;
-            client.request(req).await.map_err(|e| SendError { connect: e.is_connect(), message: describe(&e) })
-        }
-    })
-    .await?;
-    Ok(stream_back(guard, worker, resp, gw.config.limits.upstream_idle_timeout))
 }
 
 /// Routes an admitted request and delivers it: parse and plan (off the
@@ -652,7 +713,7 @@ impl AnswerHead for axum::http::Response<hyper::body::Incoming> {
 }
 
 /// An error and its causes, on one line ("client error (Connect): tcp connect error: Connection refused").
-fn describe(e: &dyn std::error::Error) -> String {
+pub(crate) fn describe(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
@@ -668,11 +729,12 @@ fn describe(e: &dyn std::error::Error) -> String {
 /// not chunked); a redirect goes back to the client, not followed. A worker that dies
 /// mid-stream ends the stream with an error event (server-sent events) and
 /// leaves rotation; a client that goes away drops the upstream request.
-fn stream_back(
+pub(crate) fn stream_back(
     mut guard: InFlight,
     worker: Arc<Worker>,
     resp: axum::http::Response<hyper::body::Incoming>,
     idle_limit: std::time::Duration,
+    ending: Ending,
 ) -> Response {
     let (mut parts, body) = resp.into_parts();
     guard.status = parts.status.as_u16();
@@ -701,11 +763,22 @@ fn stream_back(
         parts.headers.remove(name);
     }
     let idle = Box::pin(tokio::time::sleep(idle_limit));
-    let relay = Relay { inner: body, guard: Some(guard), worker, sse, idle, idle_limit };
+    let relay = Relay { inner: body, guard: Some(guard), worker, sse, idle, idle_limit, ending };
     let mut response = Response::new(Body::new(relay));
     *response.status_mut() = parts.status;
     *response.headers_mut() = parts.headers;
     response
+}
+
+/// How a relayed answer may end besides its own end (a disaggregated
+/// request's decode answer: cut when its prefill leg fails, and telling the
+/// prefill leg when it ends).
+#[derive(Default)]
+pub(crate) struct Ending {
+    /// Resolves with a reason to end the answer now, as a failure.
+    pub(crate) cut: Option<futures_util::future::BoxFuture<'static, String>>,
+    /// Dropped when the answer ends, however it ends (held, never sent on).
+    pub(crate) _ended: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// The body of a proxied answer; holds the request's load until it ends.
@@ -717,6 +790,7 @@ struct Relay {
     /// Fires when the worker has been silent mid-body for `idle_limit`.
     idle: std::pin::Pin<Box<tokio::time::Sleep>>,
     idle_limit: std::time::Duration,
+    ending: Ending,
 }
 
 impl http_body::Body for Relay {
@@ -730,6 +804,21 @@ impl http_body::Body for Relay {
         use std::task::Poll;
         let this = self.get_mut();
         let Some(g) = this.guard.as_mut() else { return Poll::Ready(None) };
+        if let Some(cut) = this.ending.cut.as_mut()
+            && let Poll::Ready(why) = cut.as_mut().poll(cx)
+        {
+            g.status = 502;
+            this.guard = None;
+            this.ending = Ending::default();
+            warn!(worker = %this.worker.url, why, "answer cut");
+            let event = json!({"error": {"message": why, "type": "upstream_unreachable", "code": 502}});
+            return match this.sse {
+                true => Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(format!(
+                    "data: {event}\n\ndata: [DONE]\n\n"
+                )))))),
+                false => Poll::Ready(Some(Err(std::io::Error::other(why)))),
+            };
+        }
         match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if frame.is_data() {

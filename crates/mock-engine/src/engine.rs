@@ -35,6 +35,8 @@ pub struct Faults {
     pub hang_next: usize,
     /// The next N streamed requests die after their first chunk.
     pub die_mid_stream_next: usize,
+    /// A vLLM prefill: the next N answers leave out `kv_transfer_params` (a broken prefill).
+    pub drop_kv_params_next: usize,
 }
 
 /// A fault that hits one request.
@@ -131,6 +133,8 @@ pub struct Engine {
     faults: Mutex<Faults>,
     /// Its disaggregated role, when it has one.
     pd: Option<std::sync::Arc<crate::pd::Pd>>,
+    /// The last PD legs it got (their `x-request-id`, rank header and body), for tests.
+    legs: Mutex<std::collections::VecDeque<Leg>>,
     /// Requests served, prompt tokens, cached prompt tokens.
     pub requests: AtomicU64,
     /// `/flush_cache` calls served.
@@ -140,6 +144,20 @@ pub struct Engine {
     /// ...
     pub cached_tokens: AtomicU64,
 }
+
+/// One disaggregated leg an engine got, as it came.
+#[derive(Debug, Clone)]
+pub struct Leg {
+    /// Its `X-Request-Id`.
+    pub request_id: Option<String>,
+    /// Its `X-Data-Parallel-Rank`.
+    pub rank_header: Option<String>,
+    /// Its body.
+    pub body: serde_json::Value,
+}
+
+/// Legs an engine remembers.
+const MAX_LEGS: usize = 256;
 
 /// An admitted request: its rank and pinned pages. Release with [`Engine::release`].
 #[derive(Debug)]
@@ -188,6 +206,7 @@ impl Engine {
             next_rank: AtomicUsize::new(0),
             faults: Mutex::new(Faults::default()),
             pd,
+            legs: Mutex::new(std::collections::VecDeque::new()),
             requests: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
@@ -203,6 +222,20 @@ impl Engine {
     /// Its disaggregated side (prefill or decode role), if any.
     pub fn pd(&self) -> Option<&std::sync::Arc<crate::pd::Pd>> {
         self.pd.as_ref()
+    }
+
+    /// Remembers a leg it got (the last [`MAX_LEGS`]).
+    pub(crate) fn record_leg(&self, leg: Leg) {
+        let mut legs = self.legs.lock().unwrap_or_else(|p| p.into_inner());
+        if legs.len() >= MAX_LEGS {
+            legs.pop_front();
+        }
+        legs.push_back(leg);
+    }
+
+    /// The disaggregated legs it got, oldest first.
+    pub fn legs(&self) -> Vec<Leg> {
+        self.legs.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
     }
 
     /// Admits a request whose KV came from a prefill worker: no prefill, no
@@ -252,6 +285,7 @@ impl Engine {
         }
         faults.hang_next += f.hang_next;
         faults.die_mid_stream_next += f.die_mid_stream_next;
+        faults.drop_kv_params_next += f.drop_kv_params_next;
     }
 
     /// The fault this request suffers before anything is sent, if any (consumes one).
@@ -266,6 +300,16 @@ impl Engine {
             return Some(RequestFault::Hang);
         }
         None
+    }
+
+    /// True if this vLLM prefill answer must leave out its params (consumes one).
+    pub fn take_drop_kv_params(&self) -> bool {
+        let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        if f.drop_kv_params_next > 0 {
+            f.drop_kv_params_next -= 1;
+            return true;
+        }
+        false
     }
 
     /// True if this streamed request must die after its first chunk (consumes one).

@@ -289,6 +289,8 @@ pub(crate) struct Extras {
     pub(crate) top: serde_json::Map<String, Value>,
     /// `/generate`'s `meta_info` fields (SGLang's logprobs).
     pub(crate) meta: serde_json::Map<String, Value>,
+    /// Fields of the first choice (vLLM completions' `prompt_logprobs`).
+    pub(crate) choice: serde_json::Map<String, Value>,
 }
 
 /// The answer of a non-streamed request, once its `n` tokens are decoded.
@@ -320,6 +322,9 @@ pub(crate) async fn answer(e: &Engine, route: Route, v: &Value, guard: &Release,
         if let Some(meta) = body.get_mut("meta_info").and_then(Value::as_object_mut) {
             meta.extend(extras.meta);
         }
+        if let Some(choice) = body.pointer_mut("/choices/0").and_then(Value::as_object_mut) {
+            choice.extend(extras.choice);
+        }
         if let Some(top) = body.as_object_mut() {
             top.extend(extras.top);
         }
@@ -338,6 +343,8 @@ pub(crate) fn events(
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + use<> {
     let model = v.get("model").and_then(Value::as_str).unwrap_or(&e.config().model_id).to_string();
     let id = format!("mock-{}", now_secs());
+    // SGLang's streamed /generate chunks carry the prompt logprobs the engine computed (none on a decode worker).
+    let logprobs = v.get("return_logprob").and_then(Value::as_bool) == Some(true) && e.pd().is_some();
     let state = (0usize, Some(guard), e, model, id);
     futures_util::stream::unfold(state, move |(i, guard, e, model, id)| async move {
         let guard = guard?;
@@ -369,6 +376,8 @@ pub(crate) fn events(
                 "choices": [{"index": 0, "delta": if i == 0 { json!({"role": "assistant", "content": word(i)}) } else { json!({"content": word(i)}) }, "finish_reason": if i + 1 == n { json!("length") } else { Value::Null }}]}),
             Route::Completions => json!({"id": id, "object": "text_completion", "created": now_secs(), "model": model,
                 "choices": [{"index": 0, "text": word(i), "finish_reason": if i + 1 == n { json!("length") } else { Value::Null }}]}),
+            Route::Generate if logprobs => json!({"text": (0..=i).map(word).collect::<String>(),
+                "meta_info": {"prompt_tokens": guard.admission.prompt_tokens, "completion_tokens": i + 1, "cached_tokens": guard.admission.cached_tokens, "input_token_logprobs": []}}),
             Route::Generate => json!({"text": (0..=i).map(word).collect::<String>(),
                 "meta_info": {"prompt_tokens": guard.admission.prompt_tokens, "completion_tokens": i + 1, "cached_tokens": guard.admission.cached_tokens}}),
         };

@@ -22,6 +22,12 @@ use crate::pd::{self, Flavor, LegError, Pd, PdRole};
 
 /// Serves one leg of a disaggregated request on an engine in a PD role.
 pub(crate) async fn serve(e: Arc<Engine>, pd: Arc<Pd>, route: Route, v: Value, headers: HeaderMap) -> Response {
+    let header = |name: &str| headers.get(name).and_then(|h| h.to_str().ok()).map(str::to_string);
+    e.record_leg(crate::engine::Leg {
+        request_id: header("x-request-id"),
+        rank_header: header("x-data-parallel-rank"),
+        body: v.clone(),
+    });
     let (items, batch) = match prompts(&e, route, &v) {
         Ok(p) => p,
         Err(m) => return error(StatusCode::BAD_REQUEST, &m, "invalid_request_error"),
@@ -262,6 +268,21 @@ async fn sglang_decode(
     respond(e, route, v, stream, batch, work).await
 }
 
+/// vLLM's internal id of a request with `X-Request-Id` `id`: the route's
+/// prefix, the id, a random 8-hex suffix (`chatcmpl-ID-1a2b3c4d`).
+fn internal_id(route: Route, id: &str) -> String {
+    let prefix = if route == Route::Chat { "chatcmpl" } else { "cmpl" };
+    format!("{prefix}-{id}-{:08x}", digest(&[id.len() as u32, std::process::id()]) as u32)
+}
+
+/// An internal id without its random suffix (vLLM's `get_base_request_id`).
+fn base_id(id: &str) -> String {
+    match id.rsplit_once('-') {
+        Some((base, tail)) if tail.len() == 8 && tail.bytes().all(|b| b.is_ascii_hexdigit()) => base.to_string(),
+        _ => id.to_string(),
+    }
+}
+
 /// vLLM's prompt logprobs: `null` for the first token, then one map per token.
 fn prompt_logprobs(tokens: &[u32]) -> Value {
     let mut out = vec![Value::Null];
@@ -307,21 +328,24 @@ async fn vllm_prefill(
     let pages = tokens.len().div_ceil(e.config().page_size.max(1));
     let block_ids = pd.keep(&request_id, digest(&tokens), pages);
     let mut extras = Extras::default();
+    let broken = e.take_drop_kv_params();
     extras.top.insert(
-        "kv_transfer_params".into(),
+        if broken { "no_kv_transfer_params" } else { "kv_transfer_params" }.into(),
         json!({
             "do_remote_prefill": true,
             "do_remote_decode": false,
             "remote_block_ids": block_ids,
             "remote_engine_id": pd.engine_id,
-            "remote_request_id": request_id,
+            "remote_request_id": internal_id(route, &request_id),
             "remote_host": "127.0.0.1",
             "remote_port": pd.bootstrap_port(),
             "tp_size": 1,
         }),
     );
     if wants_prompt_logprobs(&v) {
-        extras.top.insert("prompt_logprobs".into(), prompt_logprobs(&tokens));
+        // vLLM: chat reports them at the top, completions in each choice.
+        let at = if route == Route::Completions { &mut extras.choice } else { &mut extras.top };
+        at.insert("prompt_logprobs".into(), prompt_logprobs(&tokens));
     }
     let guard = Release { engine: e.clone(), admission };
     Json(answer(&e, route, &v, &guard, 1, extras).await).into_response()
@@ -340,9 +364,9 @@ async fn vllm_decode(
         return error(StatusCode::BAD_REQUEST, "no prompt", "invalid_request_error");
     };
     let params = v.get("kv_transfer_params").cloned().unwrap_or(Value::Null);
-    let own_id = headers.get("x-request-id").and_then(|h| h.to_str().ok()).map(str::to_string);
-    let served_id = params.get("remote_request_id").and_then(Value::as_str).map(str::to_string);
-    if own_id.is_some() && served_id.is_some() && own_id != served_id {
+    let own_id = headers.get("x-request-id").and_then(|h| h.to_str().ok()).map(|id| internal_id(route, id));
+    let served_id = params.get("remote_request_id").and_then(Value::as_str).map(base_id);
+    if own_id.is_some() && served_id.is_some() && own_id.as_deref().map(base_id) != served_id {
         pd.counters.request_id_mismatch.fetch_add(1, Ordering::Relaxed);
     }
     let n = max_tokens(&v, e.config().default_max_tokens);

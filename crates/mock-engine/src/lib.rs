@@ -22,7 +22,7 @@ use renderer::Renderer;
 use tokio_util::sync::CancellationToken;
 
 pub use cache::{CacheChange, PagedCache};
-pub use engine::{Engine, EngineError, Faults, RankLoad, digest};
+pub use engine::{Engine, EngineError, Faults, Leg, RankLoad, digest};
 pub use pd::{DEFAULT_BOOTSTRAP_PORT, Flavor, Pd, PdConfig, PdCounters, PdRole};
 
 /// How the simulated engine behaves.

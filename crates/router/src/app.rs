@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use fleet::{EventsConfig, Fleet, FleetConfig, Source};
+use gateway::pd::{PdConfig, PdMode};
 use gateway::{Gateway, GatewayConfig};
 use kv_index::{IndexConfig, KvIndex, SystemClock};
 use mock_engine::{MockEngine, MockEngineConfig};
@@ -20,7 +21,7 @@ use policy::{
     PowerOfTwo, Random, RoundRobin,
 };
 use renderer::Renderer;
-use router_types::WorkerUrl;
+use router_types::{Bootstrap, Role, WorkerUrl};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -61,6 +62,8 @@ pub struct AppConfig {
     pub listen: SocketAddr,
     /// The workers (more are added by `mock_workers`).
     pub workers: Vec<WorkerUrl>,
+    /// Prefill/decode disaggregation, when on (its workers are its own).
+    pub pd: Option<PdSetup>,
     /// Start this many simulated engines in-process and route to them.
     pub mock_workers: usize,
     /// The policy.
@@ -137,6 +140,25 @@ pub struct AppConfig {
     pub render_threads: usize,
 }
 
+/// Prefill/decode disaggregation: its workers and policies.
+#[derive(Debug, Clone)]
+pub struct PdSetup {
+    /// The engines' contract.
+    pub mode: PdMode,
+    /// Prefill workers and their bootstrap ports.
+    pub prefill: Vec<(WorkerUrl, Bootstrap)>,
+    /// Decode workers.
+    pub decode: Vec<WorkerUrl>,
+    /// Chooses the prefill worker.
+    pub prefill_policy: PolicyConfig,
+    /// Chooses the decode worker (by load: decode candidates hold no prefix).
+    pub decode_policy: PolicyConfig,
+    /// Simulated prefill engines to start in-process.
+    pub mock_prefill: usize,
+    /// Simulated decode engines to start in-process.
+    pub mock_decode: usize,
+}
+
 /// A built router, bound to its port.
 #[derive(Debug)]
 pub struct App {
@@ -148,7 +170,7 @@ pub struct App {
     grace: Duration,
     serve_threads: usize,
     fast_proxy: bool,
-    _mocks: Vec<MockEngine>,
+    _mocks: Vec<(mock_engine::PdRole, MockEngine)>,
     /// The workers.
     pub fleet: Arc<Fleet>,
 }
@@ -165,19 +187,30 @@ impl App {
         };
         let renderer = Arc::new(renderer);
         let mut mocks = Vec::new();
-        for _ in 0..config.mock_workers {
+        let (mock_prefill, mock_decode) = config.pd.as_ref().map_or((0, 0), |pd| (pd.mock_prefill, pd.mock_decode));
+        let flavor = match config.pd.as_ref().map(|pd| pd.mode) {
+            Some(PdMode::Vllm) => mock_engine::Flavor::Vllm,
+            _ => mock_engine::Flavor::Sglang,
+        };
+        let roles = std::iter::repeat_n(mock_engine::PdRole::Regular, config.mock_workers)
+            .chain(std::iter::repeat_n(mock_engine::PdRole::Prefill, mock_prefill))
+            .chain(std::iter::repeat_n(mock_engine::PdRole::Decode, mock_decode));
+        for role in roles {
             let engine_renderer = match &config.tokenizer_path {
                 Some(dir) => Renderer::from_dir(dir, config.chat_template.as_deref())?,
                 None => Renderer::builtin()?,
             };
-            let mock = MockEngine::spawn_with(
-                MockEngineConfig { speedup: 10.0, ..MockEngineConfig::default() },
-                engine_renderer,
-            )
-            .await?;
-            mocks.push(mock);
+            let pd = mock_engine::PdConfig { role, flavor, ..mock_engine::PdConfig::default() };
+            let mock_config = MockEngineConfig {
+                speedup: 10.0,
+                kv_events: role != mock_engine::PdRole::Decode,
+                pd,
+                ..MockEngineConfig::default()
+            };
+            mocks.push((role, MockEngine::spawn_with(mock_config, engine_renderer).await?));
         }
-        if config.workers.is_empty() && mocks.is_empty() {
+        let pd_workers = config.pd.as_ref().is_some_and(|pd| !pd.prefill.is_empty() || !pd.decode.is_empty());
+        if config.workers.is_empty() && mocks.is_empty() && !pd_workers {
             bail!("no workers: give --worker-urls or --mock-workers");
         }
         let cancel = CancellationToken::new();
@@ -191,26 +224,12 @@ impl App {
                 Arc::new(SystemClock::new()),
             ))
         });
-        let policy: Arc<dyn Policy> = match &config.policy {
-            PolicyConfig::RoundRobin => Arc::new(RoundRobin::default()),
-            PolicyConfig::Random => Arc::new(Random::new(seed())),
-            PolicyConfig::PowerOfTwo => Arc::new(PowerOfTwo::new(seed())),
-            PolicyConfig::LeastLoad => Arc::new(LeastLoad::default()),
-            PolicyConfig::Manual => Arc::new(policy::Manual::new(seed())),
-            PolicyConfig::CacheAware(c, tree, interval) => {
-                let p = Arc::new(CacheAware::new(*c, seed()).with_text_tree(*tree));
-                let trim = p.clone();
-                spawn_trim(move || trim.trim(), *interval, cancel.clone());
-                p
-            }
-            PolicyConfig::MinTtft(c) => Arc::new(MinTtft::new(*c)),
-            PolicyConfig::ApproxTree(c, interval) => {
-                let p = Arc::new(ApproxTreePolicy::new(*c));
-                let trim = p.clone();
-                spawn_trim(move || trim.trim(), *interval, cancel.clone());
-                p
-            }
-        };
+        // With disaggregation, the gateway's policy chooses the prefill worker.
+        let policy = build_policy(config.pd.as_ref().map_or(&config.policy, |pd| &pd.prefill_policy), &cancel);
+        let pd = config
+            .pd
+            .as_ref()
+            .map(|pd| PdConfig { mode: pd.mode, decode_policy: build_policy(&pd.decode_policy, &cancel) });
         let gw_config = GatewayConfig {
             max_body_bytes: config.max_body_bytes,
             request_timeout: config.request_timeout,
@@ -255,13 +274,33 @@ impl App {
             tls: config.worker_tls.clone(),
         };
         let fleet = Fleet::start(fleet_config, index.clone(), &config.workers, cancel.clone());
-        for mock in &mocks {
-            fleet.add(WorkerUrl::parse(&mock.url()).unwrap_or_else(|_| WorkerUrl::new(mock.url())), Source::Mock);
+        if let Some(pd) = &config.pd {
+            for (url, bootstrap) in &pd.prefill {
+                fleet.add_as(url.clone(), Role::Prefill { bootstrap: *bootstrap }, Source::Flag);
+            }
+            for url in &pd.decode {
+                fleet.add_as(url.clone(), Role::Decode, Source::Flag);
+            }
+        }
+        for (role, mock) in &mocks {
+            let url = WorkerUrl::parse(&mock.url()).unwrap_or_else(|_| WorkerUrl::new(mock.url()));
+            let role = match role {
+                mock_engine::PdRole::Regular => Role::Regular,
+                mock_engine::PdRole::Prefill => Role::PREFILL,
+                mock_engine::PdRole::Decode => Role::Decode,
+            };
+            fleet.add_as(url, role, Source::Mock);
         }
         // The policies forget a worker that left for good.
-        let (notices, forget, stop) = (fleet.subscribe(), policy.clone(), cancel.clone());
-        tokio::spawn(forget_departed(notices, forget, fleet.clone(), stop));
+        let mut policies = vec![policy.clone()];
+        policies.extend(pd.as_ref().map(|pd| pd.decode_policy.clone()));
+        let (notices, stop) = (fleet.subscribe(), cancel.clone());
+        tokio::spawn(forget_departed(notices, policies, fleet.clone(), stop));
         let gateway = Gateway::new(gw_config, fleet.clone(), policy, index.clone(), renderer);
+        let gateway = match pd {
+            Some(pd) => gateway.with_pd(pd),
+            None => gateway,
+        };
         Ok(Self {
             listener,
             admin,
@@ -407,6 +446,30 @@ async fn serve_one(listener: TcpListener, front: Front, drain: CancellationToken
     gateway::serve(listener, front.gw, front.fast, drain).await.map_err(anyhow::Error::from)
 }
 
+/// The policy `config` names (a text tree is trimmed until `cancel`).
+fn build_policy(config: &PolicyConfig, cancel: &CancellationToken) -> Arc<dyn Policy> {
+    match config {
+        PolicyConfig::RoundRobin => Arc::new(RoundRobin::default()),
+        PolicyConfig::Random => Arc::new(Random::new(seed())),
+        PolicyConfig::PowerOfTwo => Arc::new(PowerOfTwo::new(seed())),
+        PolicyConfig::LeastLoad => Arc::new(LeastLoad::default()),
+        PolicyConfig::Manual => Arc::new(policy::Manual::new(seed())),
+        PolicyConfig::CacheAware(c, tree, interval) => {
+            let p = Arc::new(CacheAware::new(*c, seed()).with_text_tree(*tree));
+            let trim = p.clone();
+            spawn_trim(move || trim.trim(), *interval, cancel.clone());
+            p
+        }
+        PolicyConfig::MinTtft(c) => Arc::new(MinTtft::new(*c)),
+        PolicyConfig::ApproxTree(c, interval) => {
+            let p = Arc::new(ApproxTreePolicy::new(*c));
+            let trim = p.clone();
+            spawn_trim(move || trim.trim(), *interval, cancel.clone());
+            p
+        }
+    }
+}
+
 /// Trims a policy's text tree every `every` until `stop`.
 fn spawn_trim(trim: impl Fn() -> usize + Send + 'static, every: Duration, stop: CancellationToken) {
     tokio::spawn(async move {
@@ -421,7 +484,7 @@ fn spawn_trim(trim: impl Fn() -> usize + Send + 'static, every: Duration, stop: 
 /// fell behind the notices resyncs from the fleet's snapshot.
 async fn forget_departed(
     mut notices: tokio::sync::broadcast::Receiver<fleet::Notice>,
-    policy: Arc<dyn Policy>,
+    policies: Vec<Arc<dyn Policy>>,
     fleet: Arc<Fleet>,
     cancel: CancellationToken,
 ) {
@@ -435,12 +498,12 @@ async fn forget_departed(
             }
             Ok(fleet::Notice::Removed(id)) => {
                 known.remove(&id);
-                policy.remove_worker(id);
+                policies.iter().for_each(|p| p.remove_worker(id));
             }
             Err(RecvError::Lagged(_)) => {
                 let live: std::collections::HashSet<_> = fleet.snapshot().iter().map(|w| w.id).collect();
                 for gone in known.difference(&live) {
-                    policy.remove_worker(*gone);
+                    policies.iter().for_each(|p| p.remove_worker(*gone));
                 }
                 known = live;
             }

@@ -102,9 +102,13 @@ pub(crate) struct ServeArgs {
     /// Address of the --admin-port listener [default: --host].
     #[arg(long, env = "SGL_ROUTER_ADMIN_HOST", value_name = "HOST", requires = "admin_port")]
     pub(crate) admin_host: Option<String>,
-    /// Start this many simulated engines in-process (no GPU) and route to them: the demo.
-    #[arg(long, env = "SGL_ROUTER_MOCK_WORKERS", default_value_t = 0, value_name = "N")]
-    pub(crate) mock_workers: usize,
+    /// Start simulated engines in-process (no GPU) and route to them: the demo. `N` regular
+    /// engines, or `NpMd` (`2p2d`) for N prefill and M decode engines, disaggregated (SGLang's
+    /// contract, or vLLM's with --vllm-pd-disaggregation); with a PD flag, `N` is N of each.
+    #[arg(long, env = "SGL_ROUTER_MOCK_WORKERS", default_value = "0", value_name = "N|NpMd", value_parser = parse_mock_workers)]
+    pub(crate) mock_workers: MockWorkers,
+    #[command(flatten)]
+    pub(crate) pd: PdFlags,
     /// How to pick a worker.
     #[arg(long, env = "SGL_ROUTER_POLICY", value_enum, default_value = "round_robin")]
     pub(crate) policy: PolicyName,
@@ -299,6 +303,59 @@ pub(crate) struct ServeArgs {
     /// [default: 0.0005 0.001 0.0025 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 2.5 10 60].
     #[arg(long, env = "SGL_ROUTER_PROMETHEUS_DURATION_BUCKETS", num_args = 1.., value_delimiter = ',', value_name = "S")]
     pub(crate) prometheus_duration_buckets: Vec<f64>,
+}
+
+/// The simulated engines to start (`--mock-workers`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct MockWorkers {
+    /// Regular engines, or prefill engines in the `NpMd` form.
+    pub(crate) n: usize,
+    /// Decode engines (`NpMd`), or `None` for the plain form.
+    pub(crate) decode: Option<usize>,
+}
+
+fn parse_mock_workers(s: &str) -> Result<MockWorkers, String> {
+    let s = s.trim().to_ascii_lowercase();
+    let bad = || format!("{s:?}: a count (4) or prefill and decode counts (2p2d)");
+    match s.split_once('p') {
+        None => Ok(MockWorkers { n: s.parse().map_err(|_| bad())?, decode: None }),
+        Some((p, d)) => {
+            let d = d.strip_suffix('d').ok_or_else(bad)?;
+            Ok(MockWorkers { n: p.parse().map_err(|_| bad())?, decode: Some(d.parse().map_err(|_| bad())?) })
+        }
+    }
+}
+
+/// Prefill/decode disaggregation (SGLang Model Gateway's and vllm-router's flags).
+#[derive(Debug, Args)]
+pub(crate) struct PdFlags {
+    /// Disaggregated SGLang workers: every request goes to a --prefill and a --decode worker at
+    /// once, one body with `bootstrap_host`, `bootstrap_port` and a fresh `bootstrap_room`.
+    #[arg(long, env = "SGL_ROUTER_PD_DISAGGREGATION", conflicts_with = "vllm_pd_disaggregation")]
+    pub(crate) pd_disaggregation: bool,
+    /// Disaggregated vLLM workers (NIXL): a --prefill worker first (one token, keeping the KV),
+    /// then a --decode worker with its `kv_transfer_params`.
+    #[arg(long, env = "SGL_ROUTER_VLLM_PD_DISAGGREGATION")]
+    pub(crate) vllm_pd_disaggregation: bool,
+    /// A prefill worker, and its bootstrap port: a number, `none` (sent as null: each engine
+    /// uses its own configured port), or omitted (read from its /server_info
+    /// `disaggregation_bootstrap_port`, else none). Repeat for more.
+    #[arg(long, num_args = 1..=2, action = clap::ArgAction::Append, value_names = ["URL", "BOOTSTRAP_PORT"])]
+    pub(crate) prefill: Vec<String>,
+    /// A decode worker. Repeat for more (or space or comma separated).
+    #[arg(long, num_args = 1.., value_delimiter = ',', action = clap::ArgAction::Append, value_name = "URL")]
+    pub(crate) decode: Vec<String>,
+    /// How to pick the prefill worker [default: --policy]. cache_aware and min_ttft use the
+    /// prefill workers' KV events.
+    #[arg(long, env = "SGL_ROUTER_PREFILL_POLICY", value_enum)]
+    pub(crate) prefill_policy: Option<PolicyName>,
+    /// How to pick the decode worker [default: --policy]. Decode workers are chosen by load
+    /// whatever the policy: their KV comes from the prefill, so none holds a prefix.
+    #[arg(long, env = "SGL_ROUTER_DECODE_POLICY", value_enum)]
+    pub(crate) decode_policy: Option<PolicyName>,
+    /// vLLM's KV connector: `nixl` (NixlConnector, pull: prefill, then decode).
+    #[arg(long, env = "SGL_ROUTER_KV_CONNECTOR", default_value = "nixl", value_parser = ["nixl", "mooncake", "moriio"])]
+    pub(crate) kv_connector: String,
 }
 
 /// Retries (SGLang Model Gateway's names and defaults).

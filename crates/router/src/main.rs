@@ -8,6 +8,7 @@ use clap::Parser;
 mod cli;
 mod defaults;
 mod logfile;
+mod pd;
 mod serve;
 mod tools;
 

@@ -41,7 +41,10 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         ("--approx-max-tree-bytes", a.approx_max_tree_bytes.is_some(), TextTree),
         ("--ttft-hit-weight", a.ttft_hit_weight.is_some(), Owner(MinTtft)),
     ];
-    if let Some((flag, _, owner)) = policy_flags.iter().find(|(_, set, owner)| *set && !owner.owns(a.policy)) {
+    let selected = [a.policy, a.pd.prefill_policy.unwrap_or(a.policy), a.pd.decode_policy.unwrap_or(a.policy)];
+    if let Some((flag, _, owner)) =
+        policy_flags.iter().find(|(_, set, owner)| *set && !selected.iter().any(|p| owner.owns(*p)))
+    {
         let owner = match owner {
             Owner(p) => format!("the {} policy", policy_name(*p)),
             TextTree => "the text tree of approx_tree and cache_aware".into(),
@@ -53,12 +56,16 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         ("--max-index-blocks", a.max_index_blocks.is_some()),
     ];
     // cache_aware follows the events of every worker that advertises them, --kv-events or not.
-    let kv_events_on = a.kv_events || a.policy == PolicyName::CacheAware;
+    let kv_events_on = a.kv_events || selected[..2].contains(&PolicyName::CacheAware);
     if !kv_events_on && let Some((flag, _)) = index_flags.iter().find(|(_, set)| *set) {
         return usage(format!("{flag} tunes the KV index, which only --kv-events (or --policy cache_aware) builds"));
     }
-    if a.worker_urls.is_empty() && a.mock_workers == 0 {
+    let pd_on = a.pd.pd_disaggregation || a.pd.vllm_pd_disaggregation || a.mock_workers.decode.is_some();
+    if a.worker_urls.is_empty() && a.mock_workers.n == 0 && a.mock_workers.decode.is_none() && !pd_on {
         return usage("no workers: give --worker-urls URL,... or --mock-workers N".into());
+    }
+    if pd_on && !a.worker_urls.is_empty() {
+        return usage("--worker-urls with disaggregation: give the workers as --prefill URL and --decode URL".into());
     }
     let mut workers: Vec<WorkerUrl> = Vec::with_capacity(a.worker_urls.len());
     for u in a.worker_urls.iter().filter(|u| !u.trim().is_empty()) {
@@ -164,7 +171,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     let trim_every = Duration::from_secs(
         a.approx_eviction_interval_secs.unwrap_or(crate::defaults::APPROX_EVICTION_INTERVAL_SECS).max(1),
     );
-    let policy = match a.policy {
+    let policy_config = |name: PolicyName| match name {
         PolicyName::RoundRobin => PolicyConfig::RoundRobin,
         PolicyName::Random => PolicyConfig::Random,
         PolicyName::PowerOfTwo => PolicyConfig::PowerOfTwo,
@@ -189,6 +196,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         }),
         PolicyName::ApproxTree => PolicyConfig::ApproxTree(tree, trim_every),
     };
+    let policy = policy_config(a.policy);
+    let pd = crate::pd::setup(a, policy_config)?;
     let kv_events = if kv_events_on {
         let explicit = crate::tools::explicit(&a.events).map_err(|e| UsageError(e.to_string()))?;
         Some(EventsConfig {
@@ -207,7 +216,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     Ok(AppConfig {
         listen,
         workers,
-        mock_workers: a.mock_workers,
+        mock_workers: if pd.is_some() { 0 } else { a.mock_workers.n },
+        pd,
         policy,
         kv_events,
         tokenizer_path: a.tokenizer_path.clone(),

@@ -135,6 +135,7 @@ async fn main() -> anyhow::Result<()> {
             hang_next: a.fault_hang_next,
             die_mid_stream_next: a.fault_die_mid_stream_next,
             restart_publisher: false,
+            drop_kv_params_next: 0,
         })
         .await;
     println!("sgl-mock-engine listening on {}", engine.url());

@@ -29,6 +29,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         workers: workers.iter().map(|m| WorkerUrl::parse(&m.url()).unwrap()).collect(),
         mock_workers: 0,
+        pd: None,
         policy,
         kv_events: kv.then(|| EventsConfig {
             explicit: Default::default(),

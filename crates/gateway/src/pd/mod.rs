@@ -1,0 +1,472 @@
+//! Prefill/decode disaggregation: each request goes to a pair of workers, a
+//! prefill worker chosen by the gateway's policy over the prefill workers
+//! (by KV events with cache_aware or min_ttft, pending prefixes credited so a
+//! burst of one cold prompt lands on one worker), and a decode worker chosen
+//! by load alone (its KV comes from the prefill, never from its own cache).
+//! The engines' contracts differ (`../shared/docs/pd.md`):
+//!
+//! ```text
+//! SGLang (sglang.rs): one body + bootstrap_host/port/room ─┬─► prefill ─┐ both at once; either failing
+//!                                                           └─► decode ──┴ aborts the other; decode answers
+//! vLLM   (vllm.rs):   prefill (max_tokens 1, kv_transfer_params) ─► its params ─► decode (original body + params)
+//! ```
+//!
+//! A leg that fails before the client got a byte (unreachable, or a
+//! retryable status) is retried on a new pair (and, for SGLang, in a new
+//! room), as `--retry-*` says. `n > 1` is refused: SGLang runs every sample
+//! of a request on one bootstrap room (they collide), and vLLM's prefill
+//! hands over the KV of one sequence.
+
+mod sglang;
+mod vllm;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use policy::Policy;
+use router_types::{Role, WorkerId};
+use serde_json::{Value, json};
+use tracing::{Span, warn};
+
+use crate::admission::Admission;
+use crate::proxy::{Meta, Plan, Prompted, Route, SendError, describe, parse_json, plan_in, prompt, routable};
+use crate::{Gateway, GatewayError, RetryConfig};
+use fleet::Worker;
+
+/// Whose disaggregation contract the workers follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PdMode {
+    /// SGLang (`--pd-disaggregation`): one body to both legs, at once, met by `bootstrap_room`.
+    Sglang,
+    /// vLLM (`--vllm-pd-disaggregation`) with the NIXL connector: prefill, then decode with its
+    /// `kv_transfer_params`.
+    Vllm,
+}
+
+/// Disaggregation's setup.
+pub struct PdConfig {
+    /// The engines' contract.
+    pub mode: PdMode,
+    /// Chooses the decode worker (`--decode-policy`), by load: decode candidates never hold a prefix.
+    pub decode_policy: Arc<dyn Policy>,
+}
+
+impl std::fmt::Debug for PdConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PdConfig").field("mode", &self.mode).field("decode_policy", &self.decode_policy.name()).finish()
+    }
+}
+
+/// One of a disaggregated request's two legs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Leg {
+    Prefill,
+    Decode,
+}
+
+impl Leg {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Leg::Prefill => "prefill",
+            Leg::Decode => "decode",
+        }
+    }
+}
+
+/// The two choices of one attempt.
+pub(crate) struct Pair {
+    pub(crate) prefill: Plan,
+    pub(crate) decode: Plan,
+}
+
+/// Why an attempt failed before any byte reached the client.
+pub(crate) enum Failure {
+    /// A leg answered this non-2xx head (its body read, capped).
+    Status { leg: Leg, worker: Arc<Worker>, status: u16, content_type: Option<HeaderValue>, body: Bytes },
+    /// A leg could not be delivered, or broke before its head.
+    Transport { leg: Leg, worker: Arc<Worker>, error: SendError },
+    /// The legs' heads did not come within the request timeout.
+    Timeout { leg: Leg, worker: Arc<Worker> },
+    /// vLLM's prefill answered without usable `kv_transfer_params` (decode is never sent one).
+    Params { worker: Arc<Worker>, message: String },
+}
+
+/// What every attempt of a request shares.
+pub(crate) struct Ctx<'a> {
+    pub(crate) gw: &'a Arc<Gateway>,
+    pub(crate) client: crate::UpstreamClient,
+    pub(crate) headers: Arc<HeaderMap>,
+    pub(crate) meta: &'a Meta,
+    pub(crate) route: Route,
+    /// The client's body, parsed.
+    pub(crate) v: Value,
+    /// Items of a batched prompt (`None`: one prompt).
+    pub(crate) batch: Option<usize>,
+    pub(crate) stream: bool,
+    pub(crate) start: Instant,
+}
+
+/// Largest leg answer the router reads whole (a prefill's answer, an error
+/// body, an answer whose logprobs are merged).
+pub(crate) const MAX_LEG_ANSWER: usize = 64 << 20;
+/// Longest the router waits for the rest of a failed leg's error body.
+const ERROR_BODY_WAIT: Duration = Duration::from_secs(1);
+/// Longest an `/abort_request` to a worker may take.
+const ABORT_TIMEOUT: Duration = Duration::from_secs(2);
+
+// === impl Failure ===
+
+impl Failure {
+    fn leg(&self) -> Leg {
+        match self {
+            Failure::Status { leg, .. } | Failure::Transport { leg, .. } | Failure::Timeout { leg, .. } => *leg,
+            Failure::Params { .. } => Leg::Prefill,
+        }
+    }
+
+    fn worker(&self) -> &Arc<Worker> {
+        match self {
+            Failure::Status { worker, .. }
+            | Failure::Transport { worker, .. }
+            | Failure::Timeout { worker, .. }
+            | Failure::Params { worker, .. } => worker,
+        }
+    }
+
+    /// Whether a new pair may be tried (nothing of this attempt reached the client).
+    fn retryable(&self) -> bool {
+        match self {
+            Failure::Status { status, .. } => RetryConfig::retryable(*status),
+            Failure::Transport { error, .. } => error.connect,
+            Failure::Timeout { .. } => false,
+            Failure::Params { .. } => true,
+        }
+    }
+
+    fn outcome(&self) -> &'static str {
+        match self {
+            Failure::Status { .. } => "status",
+            Failure::Transport { .. } => "unreachable",
+            Failure::Timeout { .. } => "timeout",
+            Failure::Params { .. } => "incomplete_params",
+        }
+    }
+
+    /// The worker's side of the failure: its breaker and rotation.
+    fn charge(&self) {
+        match self {
+            Failure::Status { worker, status, .. } if *status >= 500 => worker.answer_failed(),
+            Failure::Status { worker, .. } => worker.request_succeeded(),
+            Failure::Transport { worker, .. } | Failure::Timeout { worker, .. } => worker.request_failed(),
+            Failure::Params { worker, .. } => worker.answer_failed(),
+        }
+    }
+
+    /// The client's answer: a failed leg's own status and body (its error is
+    /// the precise one), or the router's error naming the leg.
+    fn into_response(self, gw: &Gateway, route: Route, id: &str) -> Response {
+        let leg = self.leg().as_str();
+        let e = match self {
+            Failure::Status { status, content_type, body, .. } => {
+                let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+                gw.metrics.requests.inc(format_args!("route=\"{}\",status=\"{}\"", route.label(), status.as_u16()));
+                let mut r = (status, body).into_response();
+                if let Some(ct) = content_type {
+                    r.headers_mut().insert(header::CONTENT_TYPE, ct);
+                }
+                r.headers_mut().insert("x-sgl-router-pd-leg", HeaderValue::from_static(leg));
+                return r;
+            }
+            Failure::Transport { worker, error, .. } => GatewayError::Upstream {
+                worker: worker.url.to_string(),
+                message: format!("{leg} leg: {}", error.message),
+                retryable: error.connect,
+            },
+            Failure::Timeout { worker, .. } => GatewayError::Timeout(worker.url.to_string()),
+            Failure::Params { worker, message } => {
+                GatewayError::Upstream { worker: worker.url.to_string(), message, retryable: false }
+            }
+        };
+        crate::proxy::count_error(gw, route, &e, Some(id));
+        let mut r = e.into_response();
+        r.headers_mut().insert("x-sgl-router-pd-leg", HeaderValue::from_static(leg));
+        r
+    }
+}
+
+/// Serves a request on a prefill/decode pair: parse, refuse what cannot be
+/// disaggregated, choose the pair, dispatch, retry on a new pair.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn serve(
+    gw: &Arc<Gateway>,
+    pd: &PdConfig,
+    admission: Admission,
+    route: Route,
+    bytes: Bytes,
+    headers: Arc<HeaderMap>,
+    start: Instant,
+    meta: &Meta,
+) -> Result<Response, GatewayError> {
+    if !route.has_prompt() {
+        return Err(GatewayError::BadRequest(format!(
+            "{} is not served with prefill/decode disaggregation",
+            route.path()
+        )));
+    }
+    let (gw2, key) = (gw.clone(), meta.routing_key.clone());
+    let mode = pd.mode;
+    let (v, batch, prompted, pair) = crate::admission::render(gw, bytes.len(), move || {
+        let v = parse_json(&bytes)?;
+        let batch = check(&v, route, mode)?;
+        // A batch is balanced by load: one prefill worker serves every item.
+        let (tokens, text) = if batch.is_some() { (Vec::new(), None) } else { prompt(&gw2, route, &v)? };
+        let pair = pair(&gw2, route, &v, (&tokens, text.clone()), key.as_deref(), &[])?;
+        Ok::<_, GatewayError>((v, batch, (tokens, text), pair))
+    })
+    .await??;
+    let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let ctx = Ctx { gw, client: gw.client(), headers, meta, route, v, batch, stream, start };
+    let retry = &gw.config.retry;
+    let mut admission = Some(admission);
+    let mut pair = pair;
+    let mut tried: Vec<WorkerId> = Vec::new();
+    let mut attempt = 1u32;
+    loop {
+        commit(gw, pd, &pair);
+        let Some(adm) = admission.take() else { return Err(GatewayError::Internal("admission lost".into())) };
+        let outcome = match pd.mode {
+            PdMode::Sglang => sglang::attempt(&ctx, &pair, adm).await,
+            PdMode::Vllm => vllm::attempt(&ctx, &pair, adm).await,
+        };
+        let (failure, adm) = match outcome {
+            Ok(response) => return Ok(response),
+            Err(f) => f,
+        };
+        failure.charge();
+        gw.metrics.pd_legs.inc(format_args!("leg=\"{}\",outcome=\"{}\"", failure.leg().as_str(), failure.outcome()));
+        let may_retry = retry.enabled && attempt < retry.max_attempts() && failure.retryable();
+        let failed = failure.worker().id;
+        if !tried.contains(&failed) {
+            tried.push(failed);
+        }
+        let next = if may_retry { pair_again(gw, &ctx, (&prompted.0, prompted.1.clone()), &tried) } else { None };
+        let Some(next) = next else { return Ok(failure.into_response(gw, route, &meta.id)) };
+        warn!(
+            request_id = meta.id,
+            leg = failure.leg().as_str(),
+            worker = %failure.worker().url,
+            outcome = failure.outcome(),
+            attempt,
+            "disaggregated attempt failed, retrying on a new pair"
+        );
+        gw.metrics.retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(retry.backoff(attempt)).await;
+        attempt += 1;
+        admission = Some(adm);
+        pair = next;
+    }
+}
+
+/// Refuses what cannot be disaggregated; returns the batch size of a batched prompt.
+fn check(v: &Value, route: Route, mode: PdMode) -> Result<Option<usize>, GatewayError> {
+    if let Some(n) = v
+        .get("n")
+        .and_then(Value::as_u64)
+        .filter(|n| *n > 1)
+        .or_else(|| v.pointer("/sampling_params/n").and_then(Value::as_u64).filter(|n| *n > 1))
+    {
+        return Err(GatewayError::BadRequest(format!(
+            "n = {n} is refused with prefill/decode disaggregation: {}; send {n} requests instead",
+            match mode {
+                PdMode::Sglang => "SGLang runs every sample of a request on one bootstrap room, where they collide",
+                PdMode::Vllm => "vLLM's prefill hands one sequence's KV to its decode",
+            }
+        )));
+    }
+    let batch = batch_size(v, route);
+    if batch.is_some() && mode == PdMode::Vllm {
+        return Err(GatewayError::BadRequest(
+            "batched prompts are refused with vLLM disaggregation: its prefill answers the kv_transfer_params of the first prompt only".into(),
+        ));
+    }
+    Ok(batch)
+}
+
+/// The items of a batched prompt: `/generate`'s `text` list or `input_ids`
+/// list of lists, completions' `prompt` list of prompts.
+pub(crate) fn batch_size(v: &Value, route: Route) -> Option<usize> {
+    let list = |field: &str| v.get(field).and_then(Value::as_array);
+    match route {
+        Route::Generate => match (list("text"), list("input_ids")) {
+            (Some(t), _) => Some(t.len()),
+            (_, Some(ids)) if ids.first().is_some_and(Value::is_array) => Some(ids.len()),
+            _ => None,
+        },
+        Route::Completions => {
+            list("prompt").filter(|p| p.first().is_some_and(|x| x.is_string() || x.is_array())).map(Vec::len)
+        }
+        _ => None,
+    }
+}
+
+/// Chooses a pair: the prefill worker by the gateway's policy (prefix and
+/// load), the decode worker by the decode policy over load only; workers in
+/// `avoid` are left out where others remain.
+fn pair(
+    gw: &Gateway,
+    route: Route,
+    v: &Value,
+    prompt: (&[u32], Option<String>),
+    key: Option<&[u8]>,
+    avoid: &[WorkerId],
+) -> Result<Pair, GatewayError> {
+    let Some(pd) = gw.pd.as_ref() else { return Err(GatewayError::Internal("not disaggregated".into())) };
+    let pick = |role: fn(Role) -> bool| {
+        let all = routable(gw, role);
+        let fresh: Vec<_> = all.iter().filter(|w| !avoid.contains(&w.id)).cloned().collect();
+        if fresh.is_empty() { all } else { fresh }
+    };
+    let prefills = pick(|r| matches!(r, Role::Prefill { .. }));
+    let decodes = pick(|r| r == Role::Decode);
+    if prefills.is_empty() || decodes.is_empty() {
+        return Err(GatewayError::NoWorker);
+    }
+    let _ = route;
+    let (tokens, text) = prompt;
+    let prompted = Prompted { v: Some(v), tokens, text, match_prefix: true };
+    let prefill = plan_in(gw, &*gw.policy, prefills, prompted, key)?;
+    let none = Prompted { v: None, tokens: &[], text: None, match_prefix: false };
+    let decode = plan_in(gw, &*pd.decode_policy, decodes, none, None)?;
+    Ok(Pair { prefill, decode })
+}
+
+/// A new pair for a retry, avoiding the workers that failed.
+fn pair_again(gw: &Gateway, ctx: &Ctx<'_>, prompt: (&[u32], Option<String>), avoid: &[WorkerId]) -> Option<Pair> {
+    pair(gw, ctx.route, &ctx.v, prompt, ctx.meta.routing_key.as_deref(), avoid).ok()
+}
+
+/// The policies learn where the request goes; the prefill worker is credited
+/// with the prompt's pages (pending until its events confirm them).
+fn commit(gw: &Gateway, pd: &PdConfig, pair: &Pair) {
+    pair.prefill.commit_to(&*gw.policy);
+    pair.decode.commit_to(&*pd.decode_policy);
+    let (p, d) = (pair.prefill.chosen(), pair.decode.chosen());
+    let matched = pair.prefill.candidates[pair.prefill.chosen].matched_tokens;
+    let span = Span::current();
+    span.record("worker", p.url.as_str());
+    span.record("matched_tokens", matched);
+    span.record("reason", pair.prefill.decision.reason.as_str());
+    let m = &gw.metrics;
+    m.pd_decisions.inc(format_args!(
+        "leg=\"prefill\",policy=\"{}\",reason=\"{}\"",
+        gw.policy.name(),
+        pair.prefill.decision.reason
+    ));
+    m.pd_decisions.inc(format_args!(
+        "leg=\"decode\",policy=\"{}\",reason=\"{}\"",
+        pd.decode_policy.name(),
+        pair.decode.decision.reason
+    ));
+    m.matched_tokens.observe(matched as f64);
+    if gw.config.credit_pending
+        && let (Some(index), Some(id)) = (&gw.index, p.index_id)
+    {
+        index.credit_pending(id, &pair.prefill.hashes);
+    }
+    tracing::debug!(prefill = %p.url, decode = %d.url, matched, "disaggregated pair");
+}
+
+/// Tells `worker` to abort request `rid` (SGLang's `/abort_request`), in the
+/// background; the leg's connection is closed too, which aborts it anyway.
+pub(crate) fn abort(gw: &Gateway, leg: Leg, worker: &Worker, rid: Option<&str>) {
+    gw.metrics.pd_aborts.inc(format_args!("leg=\"{}\"", leg.as_str()));
+    let Some(rid) = rid else { return };
+    let (client, url, rid) = (gw.fleet.client().clone(), worker.endpoint_url("/abort_request"), rid.to_string());
+    tokio::spawn(async move {
+        let body = json!({"rid": rid}).to_string();
+        let sent = client
+            .post(&url)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .timeout(ABORT_TIMEOUT)
+            .send()
+            .await;
+        if let Err(e) = sent {
+            tracing::debug!(url, error = %e, "abort_request failed");
+        }
+    });
+}
+
+/// A failed leg's answer head, with its body read (capped, briefly).
+pub(crate) async fn status_failure(
+    leg: Leg,
+    worker: &Arc<Worker>,
+    resp: axum::http::Response<hyper::body::Incoming>,
+) -> Failure {
+    let status = resp.status().as_u16();
+    let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
+    let body = tokio::time::timeout(ERROR_BODY_WAIT, read_all(resp.into_body(), 64 << 10)).await;
+    let body = match body {
+        Ok(Ok(b)) => b,
+        _ => Bytes::from(format!("{{\"error\":{{\"message\":\"the {} worker answered {status}\"}}}}", leg.as_str())),
+    };
+    Failure::Status { leg, worker: worker.clone(), status, content_type, body }
+}
+
+/// Reads a body whole, up to `cap` bytes.
+pub(crate) async fn read_all(body: hyper::body::Incoming, cap: usize) -> Result<Bytes, String> {
+    use http_body_util::BodyExt;
+    let limited = http_body_util::Limited::new(body, cap);
+    limited.collect().await.map(|c| c.to_bytes()).map_err(|e| describe(&*e))
+}
+
+/// A JSON answer built by the router (a merged one), with the leg's status.
+pub(crate) fn json_answer(status: u16, v: &Value) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    let mut r = (status, serde_json::to_vec(v).unwrap_or_default()).into_response();
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// Records a decided pair in an explain (`/debug/route`).
+pub(crate) fn explain(gw: &Gateway, pd: &PdConfig, pair: &Pair) -> Value {
+    let leg = |plan: &Plan, policy: &str| {
+        let candidates: Vec<Value> = plan
+            .candidates
+            .iter()
+            .zip(&plan.workers)
+            .map(|(c, w)| json!({"worker": w.url, "id": w.id, "matched_tokens": c.matched_tokens, "in_flight": c.load.in_flight}))
+            .collect();
+        json!({
+            "worker": plan.chosen().url,
+            "dp_rank": plan.rank.map(|r| r.0),
+            "policy": policy,
+            "reason": plan.decision.reason.as_str(),
+            "candidates": candidates,
+        })
+    };
+    json!({
+        "mode": match pd.mode { PdMode::Sglang => "sglang", PdMode::Vllm => "vllm" },
+        "input_tokens": pair.prefill.input_tokens,
+        "prefill": leg(&pair.prefill, gw.policy.name()),
+        "decode": leg(&pair.decode, pd.decode_policy.name()),
+    })
+}
+
+/// Plans a pair for an explain (never committed).
+pub(crate) fn explain_pair(
+    gw: &Gateway,
+    route: Route,
+    bytes: &[u8],
+    key: Option<&[u8]>,
+) -> Result<Value, GatewayError> {
+    let Some(pd) = gw.pd.as_ref() else { return Err(GatewayError::Internal("not disaggregated".into())) };
+    let v = parse_json(bytes)?;
+    let batch = check(&v, route, pd.mode)?;
+    let (tokens, text) = if batch.is_some() { (Vec::new(), None) } else { prompt(gw, route, &v)? };
+    let p = pair(gw, route, &v, (&tokens, text), key, &[])?;
+    Ok(explain(gw, pd, &p))
+}

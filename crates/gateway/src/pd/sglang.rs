@@ -1,0 +1,432 @@
+//! SGLang's disaggregation: one body, the client's plus `bootstrap_host`,
+//! `bootstrap_port` and a fresh `bootstrap_room` (one per item of a batch),
+//! to the same path on the prefill and the decode worker, at once (prefill
+//! answers only after decode pulled the KV: one after the other deadlocks).
+//!
+//! Rooms are chosen so that `room % dp_size` is the prefill rank the router
+//! wants (the rank holding the prefix, or the least loaded one), which is
+//! where SGLang's `follow_bootstrap_room` puts it; both legs also carry
+//! `disagg_prefill_dp_rank`, and the prefill leg `routed_dp_rank`, so the
+//! rank is right whatever the prefill's balancing method. Each attempt has
+//! a `rid` the router set, so a leg can be aborted by `/abort_request`.
+//!
+//! Either leg failing (unreachable, a non-2xx head, or, after the heads, an
+//! error in the prefill's answer) aborts the other at once: its connection
+//! closed and `/abort_request` sent, so no leg waits out the engine's 300 s
+//! bootstrap timeout. The client gets decode's answer, with prefill's prompt
+//! logprobs before decode's when `return_logprob` asks for them (as SGLang's
+//! own load balancer merges them, streamed or not).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use futures_util::FutureExt;
+use router_types::DpRank;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use super::{Ctx, Failure, Leg, MAX_LEG_ANSWER, Pair, abort, json_answer, read_all, status_failure};
+use crate::admission::Admission;
+use crate::proxy::{Ending, InFlight, RANK_HEADER, Route, SendError, send_to, stream_back};
+use fleet::{LoadGuard, Worker};
+
+/// One attempt on `pair`; on failure, why, and the admission back for the next attempt.
+pub(super) async fn attempt(
+    ctx: &Ctx<'_>,
+    pair: &Pair,
+    admission: Admission,
+) -> Result<Response, (Failure, Admission)> {
+    let gw = ctx.gw;
+    let (p, d) = (pair.prefill.chosen().clone(), pair.decode.chosen().clone());
+    let dp = p.dp_size();
+    let client_rank = ctx.v.get("routed_dp_rank").and_then(Value::as_u64).and_then(|r| u32::try_from(r).ok());
+    let rank = client_rank
+        .map(DpRank)
+        .or(pair.prefill.rank)
+        .or_else(|| p.least_loaded_rank())
+        .filter(|r| r.0 < dp)
+        .unwrap_or_else(|| DpRank((crate::random_u64() % u64::from(dp)) as u32));
+    let rooms: Vec<u64> = (0..ctx.batch.unwrap_or(1)).map(|_| room_for(rank.0, dp)).collect();
+    let (prefill_body, decode_body, rid) = bodies(ctx, &p, &rooms, rank, dp);
+    let matched = pair.prefill.candidates[pair.prefill.chosen].matched_tokens;
+    let p_load = p.charge_on(pair.prefill.input_tokens.saturating_sub(matched), (dp > 1).then_some(rank));
+    let d_load = d.charge(0);
+    // The client's rank hint is for the prefill: decode's own ranks are its business.
+    let decode_headers = if ctx.headers.contains_key(RANK_HEADER) {
+        let mut h = HeaderMap::clone(&ctx.headers);
+        h.remove(RANK_HEADER);
+        Arc::new(h)
+    } else {
+        ctx.headers.clone()
+    };
+    let path = ctx.route.path();
+    let sent = Instant::now();
+    let mut pf = Box::pin(send_to(&ctx.client, &ctx.headers, &p, path, prefill_body, (dp > 1).then_some(rank)));
+    let mut df = Box::pin(send_to(&ctx.client, &decode_headers, &d, path, decode_body, None));
+    let deadline = tokio::time::sleep(gw.config.request_timeout);
+    tokio::pin!(deadline);
+    let (mut ph, mut dh) = (None, None);
+    // Both heads, or the first failure.
+    let failed = loop {
+        if ph.is_some() && dh.is_some() {
+            break None;
+        }
+        tokio::select! {
+            r = &mut pf, if ph.is_none() => match r {
+                Ok(resp) if resp.status().is_success() => ph = Some(resp),
+                r => break Some((Leg::Prefill, r)),
+            },
+            r = &mut df, if dh.is_none() => match r {
+                Ok(resp) if resp.status().is_success() => dh = Some(resp),
+                r => break Some((Leg::Decode, r)),
+            },
+            () = &mut deadline => break Some((if ph.is_none() { Leg::Prefill } else { Leg::Decode }, Err(SendError { connect: false, message: String::new() }))),
+        }
+    };
+    // The legs still in flight are cancelled here: their connections close.
+    drop((pf, df));
+    if let Some((leg, r)) = failed {
+        let timed_out = deadline.is_elapsed();
+        // The other leg first: its connection closes now, and it is told to abort.
+        drop((ph, dh));
+        let (worker, other, other_leg) = match leg {
+            Leg::Prefill => (&p, &d, Leg::Decode),
+            Leg::Decode => (&d, &p, Leg::Prefill),
+        };
+        abort(gw, other_leg, other, rid.as_deref());
+        let failure = match r {
+            _ if timed_out => Failure::Timeout { leg, worker: worker.clone() },
+            Ok(resp) => status_failure(leg, worker, resp).await,
+            Err(error) => Failure::Transport { leg, worker: worker.clone(), error },
+        };
+        return Err((failure, admission));
+    }
+    let (Some(ph), Some(dh)) = (ph, dh) else { unreachable_pair() };
+    gw.metrics.pd_heads.observe(sent.elapsed().as_secs_f64());
+    gw.metrics.ttfb.observe(ctx.start.elapsed().as_secs_f64());
+    for (leg, w) in [(Leg::Prefill, &p), (Leg::Decode, &d)] {
+        w.request_succeeded();
+        gw.metrics.pd_legs.inc(format_args!("leg=\"{}\",outcome=\"ok\"", leg.as_str()));
+    }
+    let guard = InFlight::new(gw.clone(), admission, d_load, ctx.route, ctx.start);
+    let logprobs = ctx.route == Route::Generate && ctx.v.get("return_logprob").and_then(Value::as_bool) == Some(true);
+    if logprobs {
+        return Ok(merged(ctx, guard, p_load, ph, dh, &d).await);
+    }
+    let (cut_tx, cut_rx) = oneshot::channel::<String>();
+    let (ended_tx, ended_rx) = oneshot::channel::<()>();
+    let watch = Watch { gw: gw.clone(), prefill: p, decode: d.clone(), rid, load: p_load };
+    tokio::spawn(watch.run(ph, cut_tx, ended_rx));
+    let cut = async move {
+        match cut_rx.await {
+            Ok(why) => why,
+            Err(_) => std::future::pending().await,
+        }
+    };
+    let ending = Ending { cut: Some(cut.boxed()), _ended: Some(ended_tx) };
+    Ok(stream_back(guard, d, dh, gw.config.limits.upstream_idle_timeout, ending))
+}
+
+fn unreachable_pair() -> ! {
+    unreachable!("the loop breaks with both heads or a failure")
+}
+
+/// A room in [0, 2^63 - 1] with `room % dp == rank`.
+pub(crate) fn room_for(rank: u32, dp: u32) -> u64 {
+    let dp = u64::from(dp.max(1));
+    let r = crate::random_u64() >> 1;
+    let room = r - r % dp + u64::from(rank) % dp;
+    if room > i64::MAX as u64 { room - dp } else { room }
+}
+
+/// The two legs' bodies and the attempt's `rid` (the client's, if it set one).
+fn bodies(ctx: &Ctx<'_>, p: &Worker, rooms: &[u64], rank: DpRank, dp: u32) -> (Bytes, Bytes, Option<String>) {
+    let mut v = ctx.v.clone();
+    let host = p.endpoint(ctx.route.path()).and_then(|u| u.host().map(str::to_string)).unwrap_or_default();
+    let port = p.bootstrap_port().map_or(Value::Null, |p| json!(p));
+    let client_rid = ctx.v.get("rid").filter(|r| !r.is_null()).cloned();
+    let rid = match &client_rid {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(list)) => list.first().and_then(Value::as_str).map(str::to_string),
+        _ => Some(format!("{}-{:x}", ctx.meta.id, rooms[0])),
+    };
+    if let Some(o) = v.as_object_mut() {
+        match ctx.batch {
+            Some(n) => {
+                o.insert("bootstrap_host".into(), json!(vec![host; n]));
+                o.insert("bootstrap_port".into(), Value::Array(vec![port; n]));
+                o.insert("bootstrap_room".into(), json!(rooms));
+            }
+            None => {
+                o.insert("bootstrap_host".into(), json!(host));
+                o.insert("bootstrap_port".into(), port);
+                o.insert("bootstrap_room".into(), json!(rooms[0]));
+            }
+        }
+        if client_rid.is_none()
+            && let Some(rid) = &rid
+        {
+            o.insert("rid".into(), json!(rid));
+        }
+        o.remove("routed_dp_rank");
+        if dp > 1 {
+            o.insert("disagg_prefill_dp_rank".into(), json!(rank.0));
+        }
+    }
+    let decode = Bytes::from(serde_json::to_vec(&v).unwrap_or_default());
+    if dp > 1
+        && let Some(o) = v.as_object_mut()
+    {
+        o.insert("routed_dp_rank".into(), json!(rank.0));
+    }
+    (Bytes::from(serde_json::to_vec(&v).unwrap_or_default()), decode, rid)
+}
+
+/// The prefill leg after both heads came: its answer read to the end (its
+/// load released then); an error in it cuts decode's answer and aborts decode;
+/// decode's answer ending first aborts it.
+struct Watch {
+    gw: Arc<crate::Gateway>,
+    prefill: Arc<Worker>,
+    decode: Arc<Worker>,
+    rid: Option<String>,
+    load: LoadGuard,
+}
+
+impl Watch {
+    async fn run(
+        self,
+        resp: axum::http::Response<hyper::body::Incoming>,
+        cut: oneshot::Sender<String>,
+        mut ended: oneshot::Receiver<()>,
+    ) {
+        let body = read_all(resp.into_body(), MAX_LEG_ANSWER);
+        tokio::pin!(body);
+        let limit = tokio::time::sleep(self.gw.config.request_timeout);
+        let read = tokio::select! {
+            r = &mut body => r,
+            _ = &mut ended => {
+                // Decode's answer is over (or its client left) before prefill's: not needed any more.
+                drop(body);
+                abort(&self.gw, Leg::Prefill, &self.prefill, self.rid.as_deref());
+                return;
+            }
+            () = limit => Err(format!("no end of its answer within {:?}", self.gw.config.request_timeout)),
+        };
+        drop(self.load);
+        let why = match read {
+            Ok(bytes) => failed_in(&bytes),
+            Err(e) => {
+                self.prefill.request_failed();
+                Some(e)
+            }
+        };
+        if let Some(why) = why {
+            self.prefill.answer_failed();
+            self.gw.metrics.pd_legs.inc(format_args!("leg=\"prefill\",outcome=\"failed_after_head\""));
+            let _ = cut.send(format!("the prefill leg on {} failed: {why}", self.prefill.url));
+            abort(&self.gw, Leg::Decode, &self.decode, self.rid.as_deref());
+        }
+    }
+}
+
+/// The error an answer body reports, if any: an `error` object, or an
+/// aborted finish (SGLang reports a failed transfer as either), in a JSON
+/// answer, a batch of them, or any event of a stream.
+fn failed_in(bytes: &[u8]) -> Option<String> {
+    let check = |v: &Value| -> Option<String> {
+        let items: Vec<&Value> = match v {
+            Value::Array(list) => list.iter().collect(),
+            one => vec![one],
+        };
+        items.into_iter().find_map(|v| {
+            if let Some(e) = v.get("error") {
+                return Some(e.get("message").and_then(Value::as_str).map_or_else(|| e.to_string(), str::to_string));
+            }
+            let finish = v.pointer("/meta_info/finish_reason")?;
+            (finish.get("type").and_then(Value::as_str) == Some("abort"))
+                .then(|| finish.get("message").and_then(Value::as_str).unwrap_or("aborted").to_string())
+        })
+    };
+    let text = std::str::from_utf8(bytes).ok()?;
+    if text.trim_start().starts_with("data:") {
+        return text
+            .split("\n\n")
+            .filter_map(|e| e.trim().strip_prefix("data:"))
+            .filter(|d| d.trim() != "[DONE]")
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find_map(|v| check(&v));
+    }
+    serde_json::from_slice::<Value>(bytes).ok().and_then(|v| check(&v))
+}
+
+/// `return_logprob`: prefill's prompt logprobs go before decode's, in each
+/// answer of a batch, or in every event of decode's stream (SGLang's own load
+/// balancer's merge). Prefill's answer is read first.
+async fn merged(
+    ctx: &Ctx<'_>,
+    mut guard: InFlight,
+    p_load: LoadGuard,
+    ph: axum::http::Response<hyper::body::Incoming>,
+    dh: axum::http::Response<hyper::body::Incoming>,
+    d: &Arc<Worker>,
+) -> Response {
+    let status = dh.status().as_u16();
+    let prefill = read_all(ph.into_body(), MAX_LEG_ANSWER).await;
+    drop(p_load);
+    let prefill: Option<Value> = prefill.ok().and_then(|b| {
+        let text = std::str::from_utf8(&b).ok()?.trim().to_string();
+        let first = match text.strip_prefix("data:") {
+            Some(rest) => rest.split("\n\n").next()?.trim().to_string(),
+            None => text,
+        };
+        serde_json::from_str(&first).ok()
+    });
+    let prefix = |i: usize| -> Option<Value> {
+        let v = prefill.as_ref()?;
+        let item = match v {
+            Value::Array(list) => list.get(i)?,
+            one => one,
+        };
+        item.pointer("/meta_info/input_token_logprobs").cloned()
+    };
+    let merge = |answer: &mut Value, i: usize| {
+        if let (Some(Value::Array(mut head)), Some(Value::Array(tail))) =
+            (prefix(i), answer.pointer_mut("/meta_info/input_token_logprobs").map(Value::take))
+        {
+            head.extend(tail);
+            if let Some(slot) = answer.pointer_mut("/meta_info/input_token_logprobs") {
+                *slot = Value::Array(head);
+            }
+        }
+    };
+    if !ctx.stream {
+        guard.status = status;
+        let body = match read_all(dh.into_body(), MAX_LEG_ANSWER).await {
+            Ok(b) => b,
+            Err(e) => {
+                crate::proxy::failed_mid_answer(d, &e, false);
+                guard.status = 502;
+                let e = crate::GatewayError::Upstream { worker: d.url.to_string(), message: e, retryable: false };
+                return axum::response::IntoResponse::into_response(e);
+            }
+        };
+        let Ok(mut answer) = serde_json::from_slice::<Value>(&body) else {
+            return json_answer(status, &Value::String(String::from_utf8_lossy(&body).into_owned()));
+        };
+        match &mut answer {
+            Value::Array(list) => list.iter_mut().enumerate().for_each(|(i, a)| merge(a, i)),
+            one => merge(one, 0),
+        }
+        return json_answer(status, &answer);
+    }
+    guard.status = status;
+    let (parts, body) = dh.into_parts();
+    let d = d.clone();
+    let state = (body, Vec::<u8>::new(), Some(guard), false);
+    let events = futures_util::stream::unfold(state, move |(mut body, mut buf, guard, done)| {
+        let d = d.clone();
+        async move {
+            use http_body_util::BodyExt;
+            let guard = guard?;
+            if done {
+                return None;
+            }
+            loop {
+                if let Some(at) = buf.windows(2).position(|w| w == b"\n\n") {
+                    let event: Vec<u8> = buf.drain(..at + 2).collect();
+                    return Some((Ok::<Bytes, std::io::Error>(Bytes::from(event)), (body, buf, Some(guard), false)));
+                }
+                match body.frame().await {
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            buf.extend_from_slice(&data);
+                        }
+                    }
+                    Some(Err(e)) => {
+                        let tail = crate::proxy::failed_mid_answer(&d, &e, true).unwrap_or_default();
+                        return Some((Ok(tail), (body, buf, Some(guard), true)));
+                    }
+                    None => {
+                        let rest = Bytes::from(std::mem::take(&mut buf));
+                        return Some((Ok(rest), (body, buf, Some(guard), true)));
+                    }
+                }
+            }
+        }
+    });
+    let prefill_head = prefix(0);
+    let events = futures_util::StreamExt::map(events, move |chunk| {
+        chunk.map(|event| merge_event(&event, prefill_head.as_ref()))
+    });
+    let mut response = Response::new(Body::from_stream(events));
+    *response.status_mut() = parts.status;
+    for (name, value) in &parts.headers {
+        if crate::proxy::relayed(name.as_str(), "") {
+            response.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    response
+}
+
+/// One event of decode's stream with `prefix` before its prompt logprobs.
+fn merge_event(event: &Bytes, prefix: Option<&Value>) -> Bytes {
+    let Some(Value::Array(head)) = prefix else { return event.clone() };
+    let Ok(text) = std::str::from_utf8(event) else { return event.clone() };
+    let Some(data) = text.trim().strip_prefix("data:") else { return event.clone() };
+    let Ok(mut v) = serde_json::from_str::<Value>(data.trim()) else { return event.clone() };
+    let Some(slot) = v.pointer_mut("/meta_info/input_token_logprobs") else { return event.clone() };
+    let mut merged = head.clone();
+    if let Value::Array(tail) = slot.take() {
+        merged.extend(tail);
+    }
+    *slot = Value::Array(merged);
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rooms_follow_the_rank() {
+        for dp in [1u32, 2, 3, 8, 256] {
+            for rank in 0..dp.min(9) {
+                for _ in 0..50 {
+                    let room = room_for(rank, dp);
+                    assert!(room <= i64::MAX as u64);
+                    assert_eq!(room % u64::from(dp), u64::from(rank));
+                }
+            }
+        }
+        assert_ne!(room_for(0, 1), room_for(0, 1), "rooms are fresh");
+    }
+
+    #[test]
+    fn failures_inside_answers() {
+        assert_eq!(failed_in(br#"{"text": "a", "meta_info": {"finish_reason": {"type": "length"}}}"#), None);
+        assert_eq!(failed_in(br#"{"error": {"message": "boom"}}"#).as_deref(), Some("boom"));
+        let abort =
+            br#"{"text": "", "meta_info": {"finish_reason": {"type": "abort", "message": "KV transfer failed"}}}"#;
+        assert_eq!(failed_in(abort).as_deref(), Some("KV transfer failed"));
+        let sse = b"data: {\"text\": \"a\"}\n\ndata: {\"error\": {\"message\": \"late\"}}\n\ndata: [DONE]\n\n";
+        assert_eq!(failed_in(sse).as_deref(), Some("late"));
+        assert_eq!(failed_in(b"data: {\"text\": \"a\"}\n\ndata: [DONE]\n\n"), None);
+        assert_eq!(failed_in(br#"[{"text": "a"}, {"error": "second"}]"#).as_deref(), Some("\"second\""));
+    }
+
+    #[test]
+    fn stream_events_get_prefill_logprobs_first() {
+        let prefix = json!([[-0.1, 1, null], [-0.2, 2, null]]);
+        let event = Bytes::from("data: {\"meta_info\": {\"input_token_logprobs\": [[-0.3, 3, null]]}}\n\n");
+        let merged = merge_event(&event, Some(&prefix));
+        let v: Value =
+            serde_json::from_str(std::str::from_utf8(&merged).unwrap().trim().strip_prefix("data:").unwrap()).unwrap();
+        assert_eq!(v["meta_info"]["input_token_logprobs"], json!([[-0.1, 1, null], [-0.2, 2, null], [-0.3, 3, null]]));
+        let done = Bytes::from_static(b"data: [DONE]\n\n");
+        assert_eq!(merge_event(&done, Some(&prefix)), done);
+    }
+}

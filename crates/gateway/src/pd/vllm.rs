@@ -1,0 +1,265 @@
+//! vLLM's disaggregation with the NIXL connector (pull, vLLM's default): the
+//! prefill leg first, the client's body cut to one token (`max_tokens` 1,
+//! not streamed) with `kv_transfer_params.do_remote_decode`; its answer's
+//! `kv_transfer_params` name the blocks it kept; then the decode leg, the
+//! client's body as it came plus those params verbatim. Both legs carry the
+//! same `X-Request-Id`.
+//!
+//! Decode is never sent without complete params (`do_remote_prefill`, the
+//! remote engine, request, host, port and a non-empty block list): vLLM
+//! would prefill locally, silently, with a right answer and the
+//! disaggregation lost. Prompt logprobs come from prefill (decode computed
+//! none) and are merged into decode's answer, as vllm-router merges them.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::Response;
+use serde_json::{Value, json};
+
+use super::{Ctx, Failure, Leg, MAX_LEG_ANSWER, Pair, json_answer, read_all, status_failure};
+use crate::admission::Admission;
+use crate::proxy::{Ending, InFlight, SendError, send_to, stream_back};
+
+/// The params decode needs of prefill's answer for a real pull.
+const REQUIRED: [&str; 6] =
+    ["do_remote_prefill", "remote_engine_id", "remote_request_id", "remote_host", "remote_port", "remote_block_ids"];
+
+/// One attempt on `pair`; on failure, why, and the admission back for the next attempt.
+pub(super) async fn attempt(
+    ctx: &Ctx<'_>,
+    pair: &Pair,
+    admission: Admission,
+) -> Result<Response, (Failure, Admission)> {
+    let gw = ctx.gw;
+    let (p, d) = (pair.prefill.chosen().clone(), pair.decode.chosen().clone());
+    let dp = p.dp_size();
+    let rank = pair.prefill.rank.or_else(|| p.least_loaded_rank()).filter(|r| r.0 < dp && dp > 1);
+    let mut headers = HeaderMap::clone(&ctx.headers);
+    if let Ok(id) = HeaderValue::from_str(&ctx.meta.id) {
+        headers.insert(crate::context::REQUEST_ID_HEADER, id);
+    }
+    let headers = Arc::new(headers);
+    let path = ctx.route.path();
+    let limit = gw.config.request_timeout;
+    let matched = pair.prefill.candidates[pair.prefill.chosen].matched_tokens;
+    let p_load = p.charge_on(pair.prefill.input_tokens.saturating_sub(matched), rank);
+    let sent = std::time::Instant::now();
+    let answer =
+        match tokio::time::timeout(limit, send_to(&ctx.client, &headers, &p, path, prefill_body(&ctx.v), rank)).await {
+            Err(_) => return Err((Failure::Timeout { leg: Leg::Prefill, worker: p }, admission)),
+            Ok(Err(error)) => return Err((Failure::Transport { leg: Leg::Prefill, worker: p, error }, admission)),
+            Ok(Ok(resp)) if !resp.status().is_success() => {
+                return Err((status_failure(Leg::Prefill, &p, resp).await, admission));
+            }
+            Ok(Ok(resp)) => match tokio::time::timeout(limit, read_all(resp.into_body(), MAX_LEG_ANSWER)).await {
+                Ok(Ok(body)) => body,
+                Ok(Err(message)) => {
+                    let error = SendError { connect: false, message };
+                    return Err((Failure::Transport { leg: Leg::Prefill, worker: p, error }, admission));
+                }
+                Err(_) => return Err((Failure::Timeout { leg: Leg::Prefill, worker: p }, admission)),
+            },
+        };
+    drop(p_load);
+    let prefill: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
+    let params = match complete_params(&prefill) {
+        Ok(params) => params,
+        Err(missing) => {
+            let message = format!(
+                "the prefill worker answered without complete kv_transfer_params (missing {missing}); decode is not sent it (vLLM would prefill locally)"
+            );
+            return Err((Failure::Params { worker: p, message }, admission));
+        }
+    };
+    p.request_succeeded();
+    gw.metrics.pd_legs.inc(format_args!("leg=\"prefill\",outcome=\"ok\""));
+    let mut decode = ctx.v.clone();
+    if let Some(o) = decode.as_object_mut() {
+        o.insert("kv_transfer_params".into(), params);
+    }
+    let decode = Bytes::from(serde_json::to_vec(&decode).unwrap_or_default());
+    let d_load = d.charge(0);
+    let resp = match tokio::time::timeout(limit, send_to(&ctx.client, &headers, &d, path, decode, None)).await {
+        Err(_) => return Err((Failure::Timeout { leg: Leg::Decode, worker: d }, admission)),
+        Ok(Err(error)) => return Err((Failure::Transport { leg: Leg::Decode, worker: d, error }, admission)),
+        Ok(Ok(resp)) if !resp.status().is_success() => {
+            return Err((status_failure(Leg::Decode, &d, resp).await, admission));
+        }
+        Ok(Ok(resp)) => resp,
+    };
+    d.request_succeeded();
+    gw.metrics.pd_legs.inc(format_args!("leg=\"decode\",outcome=\"ok\""));
+    gw.metrics.pd_heads.observe(sent.elapsed().as_secs_f64());
+    gw.metrics.ttfb.observe(ctx.start.elapsed().as_secs_f64());
+    let mut guard = InFlight::new(gw.clone(), admission, d_load, ctx.route, ctx.start);
+    if ctx.stream || !wants_prompt_logprobs(&ctx.v) {
+        return Ok(stream_back(guard, d, resp, gw.config.limits.upstream_idle_timeout, Ending::default()));
+    }
+    let status = resp.status().as_u16();
+    guard.status = status;
+    let body = match read_all(resp.into_body(), MAX_LEG_ANSWER).await {
+        Ok(b) => b,
+        Err(e) => {
+            crate::proxy::failed_mid_answer(&d, &e, false);
+            guard.status = 502;
+            let e = crate::GatewayError::Upstream { worker: d.url.to_string(), message: e, retryable: false };
+            return Ok(axum::response::IntoResponse::into_response(e));
+        }
+    };
+    let Ok(mut answer) = serde_json::from_slice::<Value>(&body) else {
+        return Ok(json_answer(status, &Value::String(String::from_utf8_lossy(&body).into_owned())));
+    };
+    merge_prompt_logprobs(&prefill, &mut answer);
+    Ok(json_answer(status, &answer))
+}
+
+/// The prefill leg's body: one token, not streamed, asking to keep the KV for a remote decode.
+fn prefill_body(v: &Value) -> Bytes {
+    let mut v = v.clone();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("max_tokens".into(), json!(1));
+        if o.contains_key("max_completion_tokens") {
+            o.insert("max_completion_tokens".into(), json!(1));
+        }
+        if o.get("min_tokens").and_then(Value::as_u64).is_some_and(|n| n > 1) {
+            o.insert("min_tokens".into(), json!(1));
+        }
+        o.insert("stream".into(), json!(false));
+        o.remove("stream_options");
+        o.insert(
+            "kv_transfer_params".into(),
+            json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
+                   "remote_block_ids": null, "remote_host": null, "remote_port": null}),
+        );
+    }
+    Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+}
+
+/// Prefill's `kv_transfer_params` when a decode can pull with them; else the fields missing.
+fn complete_params(prefill: &Value) -> Result<Value, String> {
+    let params = prefill.get("kv_transfer_params").filter(|p| p.is_object()).ok_or("kv_transfer_params")?;
+    let missing: Vec<&str> = REQUIRED
+        .into_iter()
+        .filter(|k| match (*k, params.get(*k)) {
+            ("do_remote_prefill", Some(v)) => v.as_bool() != Some(true),
+            ("remote_port", Some(v)) => !v.is_u64(),
+            ("remote_block_ids", Some(Value::Array(ids))) => ids.is_empty(),
+            ("remote_block_ids", _) => true,
+            (_, Some(v)) => !v.is_string(),
+            (_, None) => true,
+        })
+        .collect();
+    if missing.is_empty() { Ok(params.clone()) } else { Err(missing.join(", ")) }
+}
+
+/// Whether the client asked for prompt logprobs (`prompt_logprobs`, or completions' `echo` with `logprobs`).
+fn wants_prompt_logprobs(v: &Value) -> bool {
+    let set = |k: &str| v.get(k).is_some_and(|x| !x.is_null() && x != &json!(false));
+    set("prompt_logprobs") || (v.get("echo") == Some(&json!(true)) && set("logprobs"))
+}
+
+/// Prefill's prompt logprobs into decode's answer: the top-level
+/// `prompt_logprobs` (chat), each choice's `prompt_logprobs`, and with
+/// `echo`, the prompt part of each choice's `logprobs` before decode's.
+fn merge_prompt_logprobs(prefill: &Value, decode: &mut Value) {
+    let missing = |v: Option<&Value>| v.is_none_or(Value::is_null);
+    if let Some(pl) = prefill.get("prompt_logprobs").filter(|p| !p.is_null())
+        && missing(decode.get("prompt_logprobs"))
+        && let Some(o) = decode.as_object_mut()
+    {
+        o.insert("prompt_logprobs".into(), pl.clone());
+    }
+    let (Some(pc), Some(dc)) =
+        (prefill.get("choices").and_then(Value::as_array), decode.get_mut("choices").and_then(Value::as_array_mut))
+    else {
+        return;
+    };
+    for (p, d) in pc.iter().zip(dc.iter_mut()) {
+        let Some(prompt) = p.get("prompt_logprobs").filter(|x| !x.is_null()) else { continue };
+        let n = prompt.as_array().map_or(0, Vec::len);
+        if missing(d.get("prompt_logprobs"))
+            && let Some(o) = d.as_object_mut()
+        {
+            o.insert("prompt_logprobs".into(), prompt.clone());
+        }
+        let (Some(pl), Some(dl)) = (p.get("logprobs").filter(|x| x.is_object()), d.get_mut("logprobs")) else {
+            continue;
+        };
+        let Some(dl) = dl.as_object_mut() else { continue };
+        for key in ["tokens", "token_logprobs", "top_logprobs"] {
+            let head: Vec<Value> =
+                pl.get(key).and_then(Value::as_array).map(|a| a.iter().take(n).cloned().collect()).unwrap_or_default();
+            let tail = dl.get(key).and_then(Value::as_array).cloned().unwrap_or_default();
+            dl.insert(key.into(), Value::Array(head.into_iter().chain(tail).collect()));
+        }
+        // Decode's offsets follow the prompt's text.
+        let offsets: Vec<u64> = pl
+            .get("text_offset")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().take(n).filter_map(Value::as_u64).collect())
+            .unwrap_or_default();
+        let last_token =
+            pl.get("tokens").and_then(|t| t.get(n.checked_sub(1)?)).and_then(Value::as_str).map_or(0, str::len);
+        let shift = offsets.last().map_or(0, |o| o + last_token as u64);
+        let tail: Vec<Value> = dl
+            .get("text_offset")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_u64).map(|o| json!(o + shift)).collect())
+            .unwrap_or_default();
+        if !offsets.is_empty() || !tail.is_empty() {
+            dl.insert("text_offset".into(), Value::Array(offsets.into_iter().map(Value::from).chain(tail).collect()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prefill_body_is_one_token_not_streamed() {
+        let v = json!({"model": "m", "prompt": "hi", "max_tokens": 50, "max_completion_tokens": 50, "min_tokens": 5,
+                       "stream": true, "stream_options": {"include_usage": true}});
+        let b: Value = serde_json::from_slice(&prefill_body(&v)).unwrap();
+        assert_eq!(
+            (b["max_tokens"].clone(), b["max_completion_tokens"].clone(), b["min_tokens"].clone()),
+            (json!(1), json!(1), json!(1))
+        );
+        assert_eq!(b["stream"], false);
+        assert!(b.get("stream_options").is_none());
+        assert_eq!(b["kv_transfer_params"]["do_remote_decode"], true);
+        assert_eq!(b["kv_transfer_params"]["remote_block_ids"], Value::Null);
+    }
+
+    #[test]
+    fn incomplete_params_are_named() {
+        let full = json!({"kv_transfer_params": {"do_remote_prefill": true, "do_remote_decode": false,
+            "remote_engine_id": "e", "remote_request_id": "cmpl-1-abcd", "remote_host": "10.0.0.1",
+            "remote_port": 5600, "remote_block_ids": [1, 2], "tp_size": 1}});
+        assert!(complete_params(&full).is_ok());
+        assert_eq!(complete_params(&json!({})).unwrap_err(), "kv_transfer_params");
+        let mut partial = full.clone();
+        partial["kv_transfer_params"]["remote_block_ids"] = json!([]);
+        partial["kv_transfer_params"].as_object_mut().unwrap().remove("remote_host");
+        assert_eq!(complete_params(&partial).unwrap_err(), "remote_host, remote_block_ids");
+        partial = full.clone();
+        partial["kv_transfer_params"]["do_remote_prefill"] = json!(false);
+        assert_eq!(complete_params(&partial).unwrap_err(), "do_remote_prefill");
+    }
+
+    #[test]
+    fn prompt_logprobs_come_from_prefill() {
+        let prefill = json!({"prompt_logprobs": [null, {"5": {"logprob": -1.0}}], "choices": [{"prompt_logprobs": [null, 1],
+            "logprobs": {"tokens": ["a", "bc", "x"], "token_logprobs": [null, -1.0, -0.5], "top_logprobs": [null, {}, {}], "text_offset": [0, 1, 3]}}]});
+        let mut decode = json!({"choices": [{"logprobs": {"tokens": ["y", "z"], "token_logprobs": [-0.1, -0.2], "top_logprobs": [{}, {}], "text_offset": [0, 1]}}]});
+        merge_prompt_logprobs(&prefill, &mut decode);
+        assert_eq!(decode["prompt_logprobs"], prefill["prompt_logprobs"]);
+        let l = &decode["choices"][0]["logprobs"];
+        assert_eq!(l["tokens"], json!(["a", "bc", "y", "z"]));
+        assert_eq!(l["token_logprobs"], json!([null, -1.0, -0.1, -0.2]));
+        assert_eq!(l["text_offset"], json!([0, 1, 3, 4]));
+        assert_eq!(decode["choices"][0]["prompt_logprobs"], json!([null, 1]));
+    }
+}
