@@ -278,7 +278,7 @@ async fn serve(e: Arc<Engine>, route: Route, v: &Value, tokens: Vec<u32>, rank: 
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(events(e, route, v, guard, n, die)))
+        .body(Body::from_stream(events(e, route, v, guard, n, die, serde_json::Map::new())))
         .unwrap_or_else(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "response build failed", "server_error"))
 }
 
@@ -340,48 +340,66 @@ pub(crate) fn events(
     guard: Release,
     n: usize,
     die: bool,
+    meta: serde_json::Map<String, Value>,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + use<> {
     let model = v.get("model").and_then(Value::as_str).unwrap_or(&e.config().model_id).to_string();
     let id = format!("mock-{}", now_secs());
     // SGLang's streamed /generate chunks carry the prompt logprobs the engine computed (none on a decode worker).
     let logprobs = v.get("return_logprob").and_then(Value::as_bool) == Some(true) && e.pd().is_some();
     let state = (0usize, Some(guard), e, model, id);
-    futures_util::stream::unfold(state, move |(i, guard, e, model, id)| async move {
-        let guard = guard?;
-        if i > n {
-            return None;
-        }
-        if i == n {
-            // The last event: usage, then [DONE]; the guard drops here and releases the pages.
-            let last = match route {
-                Route::Generate => String::new(),
-                _ => format!(
-                    "data: {}\n\n",
-                    json!({"id": id, "object": chunk_object(route), "model": model, "choices": [], "usage": usage(&guard.admission, n)})
-                ),
-            };
-            return Some((
-                Ok::<Bytes, std::io::Error>(Bytes::from(format!("{last}data: [DONE]\n\n"))),
-                (i + 1, None, e, model, id),
-            ));
-        }
-        if die && i == 1 {
-            // Let the headers and the first chunk reach the client, then break the connection.
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            return Some((Err(std::io::Error::other("injected: engine died mid-stream")), (n + 1, None, e, model, id)));
-        }
-        e.decode_step().await;
-        let chunk = match route {
-            Route::Chat => json!({"id": id, "object": "chat.completion.chunk", "created": now_secs(), "model": model,
-                "choices": [{"index": 0, "delta": if i == 0 { json!({"role": "assistant", "content": word(i)}) } else { json!({"content": word(i)}) }, "finish_reason": if i + 1 == n { json!("length") } else { Value::Null }}]}),
-            Route::Completions => json!({"id": id, "object": "text_completion", "created": now_secs(), "model": model,
-                "choices": [{"index": 0, "text": word(i), "finish_reason": if i + 1 == n { json!("length") } else { Value::Null }}]}),
-            Route::Generate if logprobs => json!({"text": (0..=i).map(word).collect::<String>(),
-                "meta_info": {"prompt_tokens": guard.admission.prompt_tokens, "completion_tokens": i + 1, "cached_tokens": guard.admission.cached_tokens, "input_token_logprobs": []}}),
-            Route::Generate => json!({"text": (0..=i).map(word).collect::<String>(),
+    let meta = std::sync::Arc::new(meta);
+    futures_util::stream::unfold(state, move |(i, guard, e, model, id)| {
+        let meta = meta.clone();
+        async move {
+            let guard = guard?;
+            if i > n {
+                return None;
+            }
+            if i == n {
+                // The last event: usage, then [DONE]; the guard drops here and releases the pages.
+                let last = match route {
+                    Route::Generate => String::new(),
+                    _ => format!(
+                        "data: {}\n\n",
+                        json!({"id": id, "object": chunk_object(route), "model": model, "choices": [], "usage": usage(&guard.admission, n)})
+                    ),
+                };
+                return Some((
+                    Ok::<Bytes, std::io::Error>(Bytes::from(format!("{last}data: [DONE]\n\n"))),
+                    (i + 1, None, e, model, id),
+                ));
+            }
+            if die && i == 1 {
+                // Let the headers and the first chunk reach the client, then break the connection.
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                return Some((
+                    Err(std::io::Error::other("injected: engine died mid-stream")),
+                    (n + 1, None, e, model, id),
+                ));
+            }
+            e.decode_step().await;
+            let chunk = match route {
+                Route::Chat => {
+                    json!({"id": id, "object": "chat.completion.chunk", "created": now_secs(), "model": model,
+                "choices": [{"index": 0, "delta": if i == 0 { json!({"role": "assistant", "content": word(i)}) } else { json!({"content": word(i)}) }, "finish_reason": if i + 1 == n { json!("length") } else { Value::Null }}]})
+                }
+                Route::Completions => {
+                    json!({"id": id, "object": "text_completion", "created": now_secs(), "model": model,
+                "choices": [{"index": 0, "text": word(i), "finish_reason": if i + 1 == n { json!("length") } else { Value::Null }}]})
+                }
+                Route::Generate if logprobs => {
+                    let mut chunk = json!({"text": (0..=i).map(word).collect::<String>(),
+                    "meta_info": {"prompt_tokens": guard.admission.prompt_tokens, "completion_tokens": i + 1, "cached_tokens": guard.admission.cached_tokens, "input_token_logprobs": []}});
+                    if let Some(m) = chunk.get_mut("meta_info").and_then(Value::as_object_mut) {
+                        m.extend(meta.as_ref().clone());
+                    }
+                    chunk
+                }
+                Route::Generate => json!({"text": (0..=i).map(word).collect::<String>(),
                 "meta_info": {"prompt_tokens": guard.admission.prompt_tokens, "completion_tokens": i + 1, "cached_tokens": guard.admission.cached_tokens}}),
-        };
-        Some((Ok(Bytes::from(format!("data: {chunk}\n\n"))), (i + 1, Some(guard), e, model, id)))
+            };
+            Some((Ok(Bytes::from(format!("data: {chunk}\n\n"))), (i + 1, Some(guard), e, model, id)))
+        }
     })
 }
 

@@ -133,7 +133,7 @@ where
     }
     let body = futures_util::stream::once(work).flat_map(move |r| match r {
         Ok(mut done) => match done.pop() {
-            Some((guard, n, _)) => events(e.clone(), route, &v, guard, n, false).left_stream(),
+            Some((guard, n, extras)) => events(e.clone(), route, &v, guard, n, false, extras.meta).left_stream(),
             None => futures_util::stream::empty().boxed().right_stream(),
         },
         Err((status, message)) => {
@@ -195,6 +195,7 @@ async fn sglang_prefill(
             met = join_all(legs) => met,
             () = abort.token.cancelled() => return Err((500, "the request was aborted".to_string())),
         };
+        abort.finish();
         let mut done = Vec::with_capacity(met.len());
         for (r, tokens) in met.into_iter().zip(&items) {
             let mut extras = Extras::default();
@@ -253,6 +254,7 @@ async fn sglang_decode(
             met = join_all(legs) => met,
             () = abort.token.cancelled() => return Err((500, "the request was aborted".to_string())),
         };
+        abort.finish();
         let mut done = Vec::with_capacity(met.len());
         for (r, tokens) in met.into_iter().zip(&items) {
             r?;
@@ -326,7 +328,8 @@ async fn vllm_prefill(
         .map_or_else(|| format!("mock-{:x}", digest(&tokens)), str::to_string);
     let admission = e.admit(&tokens, rank_hint(headers, &v)).await;
     let pages = tokens.len().div_ceil(e.config().page_size.max(1));
-    let block_ids = pd.keep(&request_id, digest(&tokens), pages);
+    let internal = internal_id(route, &request_id);
+    let block_ids = pd.keep(&internal, digest(&tokens), pages);
     let mut extras = Extras::default();
     let broken = e.take_drop_kv_params();
     extras.top.insert(
@@ -336,7 +339,7 @@ async fn vllm_prefill(
             "do_remote_decode": false,
             "remote_block_ids": block_ids,
             "remote_engine_id": pd.engine_id,
-            "remote_request_id": internal_id(route, &request_id),
+            "remote_request_id": internal,
             "remote_host": "127.0.0.1",
             "remote_port": pd.bootstrap_port(),
             "tp_size": 1,

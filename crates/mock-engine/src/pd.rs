@@ -85,6 +85,8 @@ pub struct PdCounters {
     pub peer_lost: AtomicU64,
     /// Requests aborted by `/abort_request`.
     pub aborted: AtomicU64,
+    /// Legs that ended before their rendezvous did: aborted, or their client went away.
+    pub cancelled: AtomicU64,
     /// vLLM prefill requests refused for their shape (not `do_remote_decode`, `max_tokens != 1`, streamed).
     pub bad_prefill_shape: AtomicU64,
     /// vLLM decode requests that prefilled locally (missing or incomplete params, or a failed pull).
@@ -229,7 +231,7 @@ impl Pd {
         if let Some(rid) = &rid {
             lock(&self.rids).insert(rid.clone(), token.clone());
         }
-        RidGuard { pd: self.clone(), rid, token }
+        RidGuard { pd: self.clone(), rid, token, done: std::sync::atomic::AtomicBool::new(false) }
     }
 
     /// `/abort_request`: aborts the request `rid` (or all with `abort_all`); how many were.
@@ -368,10 +370,21 @@ pub(crate) struct RidGuard {
     rid: Option<String>,
     /// Fires on `/abort_request`.
     pub(crate) token: CancellationToken,
+    done: std::sync::atomic::AtomicBool,
+}
+
+impl RidGuard {
+    /// The leg's rendezvous is over (met or failed on its own).
+    pub(crate) fn finish(&self) {
+        self.done.store(true, Ordering::Relaxed);
+    }
 }
 
 impl Drop for RidGuard {
     fn drop(&mut self) {
+        if !self.done.load(Ordering::Relaxed) {
+            self.pd.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(rid) = &self.rid {
             lock(&self.pd.rids).remove(rid);
         }

@@ -203,8 +203,7 @@ impl Watch {
         cut: oneshot::Sender<String>,
         mut ended: oneshot::Receiver<()>,
     ) {
-        let body = read_all(resp.into_body(), MAX_LEG_ANSWER);
-        tokio::pin!(body);
+        let mut body = Box::pin(read_all(resp.into_body(), MAX_LEG_ANSWER));
         let limit = tokio::time::sleep(self.gw.config.request_timeout);
         let read = tokio::select! {
             r = &mut body => r,

@@ -1,0 +1,413 @@
+//! Prefill/decode disaggregation end to end: the router in front of
+//! simulated engines in the prefill and decode roles (real HTTP, a real
+//! rendezvous over TCP, real KV events from the prefill workers). Each test
+//! fails on one of the router bugs `../shared/docs/pd.md` §4 lists: rooms or
+//! bootstrap addresses the legs cannot meet by, sequential dispatch (the
+//! legs deadlock), the answer taken from prefill, a failed leg left waiting,
+//! a retry in an old room, unaligned data-parallel rooms, logprobs not
+//! merged, prefill chosen without events, decode chosen by prefix, and for
+//! vLLM a decode leg sent without complete `kv_transfer_params`.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use common::app::{ADMIN_KEY, Running, admin_get, chat, config, post, start};
+use gateway::pd::PdMode;
+use mock_engine::{Faults, Flavor, MockEngine, MockEngineConfig, PdConfig, PdRole};
+use policy::CacheAwareConfig;
+use router_types::{Bootstrap, WorkerUrl};
+use serde_json::{Value, json};
+use sgl_router::app::{AppConfig, PdSetup, PolicyConfig};
+
+fn role_config(role: PdRole, flavor: Flavor, dp_size: usize) -> MockEngineConfig {
+    MockEngineConfig {
+        fast: true,
+        default_max_tokens: 4,
+        dp_size,
+        kv_events: role != PdRole::Decode,
+        pd: PdConfig { role, flavor, bootstrap_port: 0, bootstrap_timeout: Duration::from_secs(10) },
+        ..MockEngineConfig::default()
+    }
+}
+
+async fn engines(role: PdRole, flavor: Flavor, n: usize, dp_size: usize) -> Vec<MockEngine> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(MockEngine::spawn(role_config(role, flavor, dp_size)).await.unwrap());
+    }
+    out
+}
+
+fn url(m: &MockEngine) -> WorkerUrl {
+    WorkerUrl::parse(&m.url()).unwrap()
+}
+
+fn cache_aware(min_matched_tokens: u64) -> PolicyConfig {
+    match PolicyConfig::cache_aware() {
+        PolicyConfig::CacheAware(c, t, i) => {
+            PolicyConfig::CacheAware(CacheAwareConfig { min_matched_tokens, ..c }, t, i)
+        }
+        other => other,
+    }
+}
+
+/// A router over `prefill` and `decode`, prefill chosen by `policy` (with KV events), decode by `decode_policy`.
+fn pd_config(
+    mode: PdMode,
+    prefill: &[MockEngine],
+    decode: &[MockEngine],
+    policy: PolicyConfig,
+    decode_policy: PolicyConfig,
+) -> AppConfig {
+    let mut c = config(&[], policy.clone(), true);
+    c.pd = Some(PdSetup {
+        mode,
+        prefill: prefill.iter().map(|m| (url(m), Bootstrap::Discover)).collect(),
+        decode: decode.iter().map(url).collect(),
+        prefill_policy: policy,
+        decode_policy,
+        mock_prefill: 0,
+        mock_decode: 0,
+    });
+    c
+}
+
+async fn pd_router(mode: PdMode, prefill: &[MockEngine], decode: &[MockEngine]) -> Running {
+    start(pd_config(mode, prefill, decode, cache_aware(16), PolicyConfig::PowerOfTwo)).await
+}
+
+fn counters(m: &MockEngine) -> &mock_engine::PdCounters {
+    &m.engine().pd().unwrap().counters
+}
+
+fn sum(ms: &[MockEngine], f: impl Fn(&mock_engine::PdCounters) -> u64) -> u64 {
+    ms.iter().map(|m| f(counters(m))).sum()
+}
+
+fn requests(ms: &[MockEngine]) -> Vec<u64> {
+    ms.iter().map(|m| m.engine().requests.load(Relaxed)).collect()
+}
+
+const SYSTEM: &str = "You are a careful assistant who answers in full sentences. ";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_both_legs_meet_and_decode_answers_every_route() {
+    let prefill = engines(PdRole::Prefill, Flavor::Sglang, 2, 1).await;
+    let decode = engines(PdRole::Decode, Flavor::Sglang, 2, 1).await;
+    let r = pd_router(PdMode::Sglang, &prefill, &decode).await;
+    let bodies = [
+        ("/v1/chat/completions", chat(SYSTEM, "What is a KV cache?")),
+        ("/v1/completions", json!({"model": "default", "prompt": "Once upon a time", "max_tokens": 4})),
+        ("/generate", json!({"text": "Once upon a time", "sampling_params": {"max_new_tokens": 4}})),
+    ];
+    for (path, body) in &bodies {
+        for stream in [false, true] {
+            let mut body = body.clone();
+            body["stream"] = json!(stream);
+            let resp = post(&format!("{}{path}", r.url), &body).await;
+            assert_eq!(resp.status(), 200, "{path} stream={stream}");
+            let text = resp.text().await.unwrap();
+            if stream {
+                // Decode's stream: its four tokens (a prefill answers one), then [DONE].
+                assert_eq!(text.matches("data: ").count() - 1, if *path == "/generate" { 4 } else { 5 }, "{text}");
+                assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+            } else {
+                let v: Value = serde_json::from_str(&text).unwrap();
+                let n = v.pointer("/usage/completion_tokens").or_else(|| v.pointer("/meta_info/completion_tokens"));
+                assert_eq!(n, Some(&json!(4)), "the answer is decode's, not prefill's: {v}");
+            }
+        }
+    }
+    // Every request met in one room, on a prefill and a decode worker.
+    assert_eq!(sum(&prefill, |c| c.rendezvous.load(Relaxed)), 6);
+    assert_eq!(requests(&decode).iter().sum::<u64>(), 6, "decode legs went to decode workers");
+    assert_eq!(requests(&prefill).iter().sum::<u64>(), 6, "prefill legs went to prefill workers");
+    let legs: Vec<_> = prefill.iter().chain(&decode).flat_map(|m| m.engine().legs()).collect();
+    let rooms: HashSet<u64> = legs.iter().filter_map(|l| l.body["bootstrap_room"].as_u64()).collect();
+    assert_eq!(rooms.len(), 6, "one fresh room per request, the same on both legs");
+    for l in &legs {
+        let port = l.body["bootstrap_port"].as_u64().unwrap() as u16;
+        let own = prefill.iter().map(|p| p.engine().pd().unwrap().bootstrap_port().unwrap()).collect::<Vec<_>>();
+        assert!(own.contains(&port), "the bootstrap port is a prefill worker's: {}", l.body);
+        assert_eq!(l.body["bootstrap_host"], "127.0.0.1");
+        assert!(l.body["rid"].as_str().is_some_and(|rid| !rid.is_empty()), "the router sets a rid to abort by");
+    }
+    assert_eq!(sum(&prefill, |c| c.bootstrap_timeouts.load(Relaxed)), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_prefill_aborts_decode_at_once() {
+    let prefill = engines(PdRole::Prefill, Flavor::Sglang, 1, 1).await;
+    let decode = engines(PdRole::Decode, Flavor::Sglang, 1, 1).await;
+    let mut c = pd_config(PdMode::Sglang, &prefill, &decode, PolicyConfig::RoundRobin, PolicyConfig::RoundRobin);
+    c.retry.enabled = false;
+    let r = start(c).await;
+    // The prefill refuses the request; decode would wait its 10 s bootstrap timeout for a peer.
+    prefill[0].engine().set_faults(Faults { fail_next: 1, fail_status: 400, ..Faults::default() }).await;
+    let t = Instant::now();
+    let resp = post(&format!("{}/v1/chat/completions", r.url), &chat(SYSTEM, "hi")).await;
+    assert_eq!(resp.status(), 400, "the prefill's own error");
+    assert_eq!(resp.headers()["x-sgl-router-pd-leg"], "prefill");
+    assert!(t.elapsed() < Duration::from_secs(1), "answered in {:?}", t.elapsed());
+    // The decode leg was aborted (its connection closed, /abort_request by rid), not left waiting.
+    wait_for(|| counters(&decode[0]).cancelled.load(Relaxed) == 1).await;
+    assert_eq!(counters(&decode[0]).rendezvous.load(Relaxed), 0);
+    let m = common::app::admin_get(&format!("{}/metrics", r.url)).await.text().await.unwrap();
+    assert!(m.contains("router_pd_aborts_total{leg=\"decode\"} 1"), "{m}");
+    assert!(m.contains("router_pd_legs_total{leg=\"prefill\",outcome=\"status\"} 1"), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_decode_aborts_prefill_and_a_retry_takes_a_new_room() {
+    let prefill = engines(PdRole::Prefill, Flavor::Sglang, 2, 1).await;
+    let decode = engines(PdRole::Decode, Flavor::Sglang, 2, 1).await;
+    let r =
+        start(pd_config(PdMode::Sglang, &prefill, &decode, PolicyConfig::RoundRobin, PolicyConfig::RoundRobin)).await;
+    // One decode worker is overloaded (503, retryable): the attempt is retried on a new pair.
+    decode[0].engine().set_faults(Faults { fail_next: 1, fail_status: 503, ..Faults::default() }).await;
+    decode[1].engine().set_faults(Faults { fail_next: 1, fail_status: 503, ..Faults::default() }).await;
+    let t = Instant::now();
+    let resp = post(&format!("{}/v1/chat/completions", r.url), &chat(SYSTEM, "retry me")).await;
+    assert_eq!(resp.status(), 200);
+    assert!(t.elapsed() < Duration::from_secs(2), "no leg waited for a peer: {:?}", t.elapsed());
+    // The prefill legs of the failed attempts were aborted, not left in their rooms.
+    wait_for(|| sum(&prefill, |c| c.cancelled.load(Relaxed)) == 2).await;
+    let rooms: Vec<u64> =
+        prefill.iter().flat_map(|m| m.engine().legs()).filter_map(|l| l.body["bootstrap_room"].as_u64()).collect();
+    assert_eq!(rooms.len(), 3, "three attempts: {rooms:?}");
+    assert_eq!(rooms.iter().collect::<HashSet<_>>().len(), 3, "each attempt in a new room: {rooms:?}");
+    assert_eq!(sum(&prefill, |c| c.rendezvous.load(Relaxed)), 1);
+    assert_eq!(sum(&prefill, |c| c.duplicate_room.load(Relaxed)), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rooms_are_aligned_with_the_prefill_rank() {
+    let prefill = engines(PdRole::Prefill, Flavor::Sglang, 1, 4).await;
+    let decode = engines(PdRole::Decode, Flavor::Sglang, 1, 1).await;
+    let r = pd_router(PdMode::Sglang, &prefill, &decode).await;
+    let long = SYSTEM.repeat(8);
+    for i in 0..6 {
+        let body = json!({"text": format!("{long} question {}", i % 2), "sampling_params": {"max_new_tokens": 2}});
+        assert_eq!(post(&format!("{}/generate", r.url), &body).await.status(), 200);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert_eq!(counters(&prefill[0]).dp_mismatch.load(Relaxed), 0);
+    for leg in prefill[0].engine().legs() {
+        let (room, rank) = (leg.body["bootstrap_room"].as_u64().unwrap(), leg.body["routed_dp_rank"].as_u64().unwrap());
+        assert_eq!(room % 4, rank, "room {room} follows the rank it is sent to");
+        assert_eq!(leg.body["disagg_prefill_dp_rank"], rank);
+    }
+    for leg in decode[0].engine().legs() {
+        assert!(leg.body.get("routed_dp_rank").is_none(), "decode's own ranks are its business: {}", leg.body);
+        assert_eq!(leg.body["disagg_prefill_dp_rank"].as_u64(), Some(leg.body["bootstrap_room"].as_u64().unwrap() % 4));
+    }
+    // Repeated prompts went back to the rank holding them (the prefill's cache hits).
+    assert!(prefill[0].engine().cached_tokens.load(Relaxed) > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_logprobs_are_merged_from_prefill() {
+    let prefill = engines(PdRole::Prefill, Flavor::Sglang, 1, 1).await;
+    let decode = engines(PdRole::Decode, Flavor::Sglang, 1, 1).await;
+    let r = pd_router(PdMode::Sglang, &prefill, &decode).await;
+    let text = "Count the prompt tokens";
+    let body = json!({"text": text, "return_logprob": true, "sampling_params": {"max_new_tokens": 3}});
+    let v: Value = post(&format!("{}/generate", r.url), &body).await.json().await.unwrap();
+    assert_eq!(v["meta_info"]["input_token_logprobs"].as_array().map(Vec::len), Some(text.len()), "{v}");
+    let mut body = body;
+    body["stream"] = json!(true);
+    let s = post(&format!("{}/generate", r.url), &body).await.text().await.unwrap();
+    let events: Vec<Value> = s
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(events.len(), 3, "{s}");
+    for e in &events {
+        assert_eq!(e["meta_info"]["input_token_logprobs"].as_array().map(Vec::len), Some(text.len()), "{e}");
+    }
+    // A batch: one room per item, logprobs merged per item.
+    let body =
+        json!({"text": ["first prompt", "second"], "return_logprob": true, "sampling_params": {"max_new_tokens": 2}});
+    let v: Value = post(&format!("{}/generate", r.url), &body).await.json().await.unwrap();
+    let lens: Vec<usize> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["meta_info"]["input_token_logprobs"].as_array().unwrap().len())
+        .collect();
+    assert_eq!(lens, vec![12, 6]);
+    let batch = prefill[0].engine().legs().pop().unwrap().body;
+    assert_eq!(batch["bootstrap_room"].as_array().map(Vec::len), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefill_is_chosen_by_events_and_a_cold_burst_lands_on_one_worker() {
+    let prefill = engines(PdRole::Prefill, Flavor::Sglang, 2, 1).await;
+    let decode = engines(PdRole::Decode, Flavor::Sglang, 2, 1).await;
+    let mut c = pd_config(PdMode::Sglang, &prefill, &decode, cache_aware(16), PolicyConfig::PowerOfTwo);
+    c.pending_ttl = Duration::from_secs(2);
+    let r = start(c).await;
+    // A burst of one cold prompt: the pending prefix sends it all to one prefill worker.
+    let long = SYSTEM.repeat(10);
+    let burst: Vec<_> = (0..4)
+        .map(|i| {
+            let (url, body) = (format!("{}/v1/chat/completions", r.url), chat(&long, &format!("q{i}")));
+            tokio::spawn(async move { post(&url, &body).await.status() })
+        })
+        .collect();
+    for status in burst {
+        assert_eq!(status.await.unwrap(), 200);
+    }
+    let served = requests(&prefill);
+    assert!(served.contains(&4), "a cold burst of one prompt on one prefill worker: {served:?}");
+    // The prefill workers' events show where the prefix is: the next request goes there too.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let hot = served.iter().position(|n| *n == 4).unwrap();
+    for i in 0..3 {
+        post(&format!("{}/v1/chat/completions", r.url), &chat(&long, &format!("later {i}"))).await;
+    }
+    assert_eq!(requests(&prefill)[hot], 7, "{:?}", requests(&prefill));
+    // Decode legs were balanced by load: both decode workers served some.
+    assert!(requests(&decode).iter().all(|n| *n > 0), "{:?}", requests(&decode));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decode_is_chosen_by_load_not_by_prefix() {
+    let prefill = engines(PdRole::Prefill, Flavor::Sglang, 1, 1).await;
+    let mut slow = role_config(PdRole::Decode, Flavor::Sglang, 1);
+    slow.fast = false;
+    slow.decode_per_token = Duration::from_millis(100);
+    let decode = vec![MockEngine::spawn(slow.clone()).await.unwrap(), MockEngine::spawn(slow).await.unwrap()];
+    // cache_aware for both legs: a router that matched prefixes on decode would stick to one.
+    let r = start(pd_config(PdMode::Sglang, &prefill, &decode, cache_aware(16), cache_aware(16))).await;
+    let long = SYSTEM.repeat(10);
+    let mut first = chat(&long, "same question");
+    first["max_tokens"] = json!(20);
+    let url = format!("{}/v1/chat/completions", r.url);
+    let held = tokio::spawn({
+        let (url, first) = (url.clone(), first.clone());
+        async move { post(&url, &first).await.status() }
+    });
+    // While that one decodes (2 s), the same prompt again: the idle decode worker takes it.
+    wait_for(|| requests(&decode).iter().sum::<u64>() == 1).await;
+    let busy = requests(&decode).iter().position(|n| *n == 1).unwrap();
+    let mut second = first.clone();
+    second["max_tokens"] = json!(1);
+    assert_eq!(post(&url, &second).await.status(), 200);
+    assert_eq!(requests(&decode)[1 - busy], 1, "decode by load: {:?}", requests(&decode));
+    assert_eq!(held.await.unwrap(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_report_contradicts_its_role_is_refused() {
+    let decode = engines(PdRole::Decode, Flavor::Sglang, 2, 1).await;
+    // The first decode engine is given as a prefill worker.
+    let r = start(pd_config(
+        PdMode::Sglang,
+        &decode[..1],
+        &decode[1..],
+        PolicyConfig::RoundRobin,
+        PolicyConfig::RoundRobin,
+    ))
+    .await;
+    let w: Value = admin_get(&format!("{}/workers", r.url)).await.json().await.unwrap();
+    let states: Vec<(&str, &str)> = w["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| (w["role"].as_str().unwrap_or(""), w["state"].as_str().unwrap_or("")))
+        .collect();
+    assert!(states.contains(&("prefill", "refused")), "{w}");
+    let resp = post(&format!("{}/v1/chat/completions", r.url), &chat(SYSTEM, "hi")).await;
+    assert_eq!(resp.status(), 503, "no prefill worker to pair with");
+    let _ = ADMIN_KEY;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_two_stages_with_complete_params_and_never_without() {
+    let prefill = engines(PdRole::Prefill, Flavor::Vllm, 1, 1).await;
+    let decode = engines(PdRole::Decode, Flavor::Vllm, 1, 1).await;
+    let mut c = pd_config(PdMode::Vllm, &prefill, &decode, cache_aware(16), PolicyConfig::PowerOfTwo);
+    c.retry.enabled = false;
+    let r = start(c).await;
+    for (path, body) in [
+        ("/v1/chat/completions", chat(SYSTEM, "What is NIXL?")),
+        ("/v1/completions", json!({"model": "default", "prompt": "Once upon a time", "max_tokens": 4})),
+    ] {
+        for stream in [false, true] {
+            let mut body = body.clone();
+            body["stream"] = json!(stream);
+            let resp = post(&format!("{}{path}", r.url), &body).await;
+            assert_eq!(resp.status(), 200, "{path}");
+            let text = resp.text().await.unwrap();
+            if !stream {
+                let v: Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(v["usage"]["completion_tokens"], 4, "decode's answer: {v}");
+            }
+        }
+    }
+    let (p, d) = (counters(&prefill[0]), counters(&decode[0]));
+    assert_eq!(d.local_prefill_fallbacks.load(Relaxed), 0, "every decode pulled its KV");
+    assert_eq!(p.rendezvous.load(Relaxed), 4);
+    assert_eq!(p.bad_prefill_shape.load(Relaxed), 0);
+    assert_eq!(d.request_id_mismatch.load(Relaxed), 0, "one X-Request-Id on both legs");
+    let ids: Vec<Option<String>> = prefill[0].engine().legs().into_iter().map(|l| l.request_id).collect();
+    let decode_ids: Vec<Option<String>> = decode[0].engine().legs().into_iter().map(|l| l.request_id).collect();
+    assert_eq!(ids, decode_ids);
+    // Prompt logprobs come from prefill.
+    let body = json!({"model": "default", "prompt": "Score this prompt", "max_tokens": 2, "prompt_logprobs": 1});
+    let v: Value = post(&format!("{}/v1/completions", r.url), &body).await.json().await.unwrap();
+    assert_eq!(v["choices"][0]["prompt_logprobs"].as_array().map(Vec::len), Some("Score this prompt".len()), "{v}");
+    // A prefill answering without params: decode is never sent a leg it would prefill itself.
+    prefill[0].engine().set_faults(Faults { drop_kv_params_next: 1, ..Faults::default() }).await;
+    let before = decode[0].engine().requests.load(Relaxed);
+    let resp = post(&format!("{}/v1/chat/completions", r.url), &chat(SYSTEM, "broken prefill")).await;
+    assert_eq!(resp.status(), 502);
+    let e: Value = resp.json().await.unwrap();
+    assert!(e["error"]["message"].as_str().unwrap().contains("kv_transfer_params"), "{e}");
+    assert_eq!(decode[0].engine().requests.load(Relaxed), before, "no decode leg");
+    assert_eq!(d.local_prefill_fallbacks.load(Relaxed), 0);
+    // A failing prefill: no decode leg either.
+    prefill[0].engine().set_faults(Faults { fail_next: 1, ..Faults::default() }).await;
+    assert_eq!(post(&format!("{}/v1/chat/completions", r.url), &chat(SYSTEM, "x")).await.status(), 500);
+    assert_eq!(decode[0].engine().requests.load(Relaxed), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_cannot_be_disaggregated_is_refused_clearly() {
+    let prefill = engines(PdRole::Prefill, Flavor::Sglang, 1, 1).await;
+    let decode = engines(PdRole::Decode, Flavor::Sglang, 1, 1).await;
+    let r = pd_router(PdMode::Sglang, &prefill, &decode).await;
+    let mut body = chat(SYSTEM, "two samples");
+    body["n"] = json!(2);
+    let resp = post(&format!("{}/v1/chat/completions", r.url), &body).await;
+    assert_eq!(resp.status(), 400);
+    let e: Value = resp.json().await.unwrap();
+    assert!(e["error"]["message"].as_str().unwrap().contains("bootstrap room"), "{e}");
+    let resp = post(&format!("{}/v1/embeddings", r.url), &json!({"input": "x"})).await;
+    assert_eq!(resp.status(), 400);
+    // The explain shows both choices.
+    let v: Value = common::app::admin_post(&format!("{}/debug/route", r.url), &chat(SYSTEM, "explain"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["mode"], "sglang");
+    assert_eq!(v["prefill"]["worker"].as_str(), Some(prefill[0].url().as_str()), "{v}");
+    assert_eq!(v["decode"]["worker"].as_str(), Some(decode[0].url().as_str()), "{v}");
+}
+
+async fn wait_for(f: impl Fn() -> bool) {
+    for _ in 0..300 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(f(), "condition not met within 3 s");
+}
