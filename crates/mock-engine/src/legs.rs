@@ -327,6 +327,7 @@ async fn vllm_prefill(
         .and_then(|h| h.to_str().ok())
         .map_or_else(|| format!("mock-{:x}", digest(&tokens)), str::to_string);
     let admission = e.admit(&tokens, rank_hint(headers, &v)).await;
+    let admission_cached = admission.cached_tokens;
     let pages = tokens.len().div_ceil(e.config().page_size.max(1));
     let internal = internal_id(route, &request_id);
     let block_ids = pd.keep(&internal, digest(&tokens), pages);
@@ -343,6 +344,13 @@ async fn vllm_prefill(
             "remote_host": "127.0.0.1",
             "remote_port": pd.bootstrap_port(),
             "tp_size": 1,
+            "dcp_size": 1,
+            "pp_size": 1,
+            "remote_num_tokens": tokens.len(),
+            "remote_blocks_expiry_time": 480.0,
+            "remote_registration_generation": 0,
+            "transfer_mode": "pull",
+            "remote_prefill_cached_tokens": admission_cached,
         }),
     );
     if wants_prompt_logprobs(&v) {
