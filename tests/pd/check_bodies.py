@@ -217,7 +217,7 @@ def check(name, fn, *args):
     except Exception as e:  # noqa: BLE001 - every failure is a FAIL line
         RESULTS.append(False)
         where = traceback.extract_tb(e.__traceback__)[-1]
-        msg = (str(e).splitlines() or [f"at {Path(where.filename).name}:{where.lineno}: {where.line}"])[0]
+        msg = " | ".join(str(e).splitlines()[:3]) or f"at {Path(where.filename).name}:{where.lineno}: {where.line}"
         print(f"FAIL {name}: {type(e).__name__}: {msg[:300]}")
         return None
     RESULTS.append(True)

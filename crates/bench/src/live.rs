@@ -38,6 +38,10 @@ pub(crate) struct LiveConfig {
     pub(crate) form: PromptForm,
     /// Per-request timeout.
     pub(crate) timeout: Duration,
+    /// Generate the trace's output lengths, capped at this (0: one token, TTFT is the whole answer).
+    pub(crate) max_output: u64,
+    /// Stream answers: TTFT is the first event; throughput counts every token.
+    pub(crate) stream: bool,
 }
 
 /// One router's result.
@@ -52,6 +56,10 @@ pub(crate) struct LiveResult {
     pub(crate) ttft_mean_s: f64,
     pub(crate) ttft_p50_s: f64,
     pub(crate) ttft_p99_s: f64,
+    /// Whole-answer latency, from the scheduled arrival.
+    pub(crate) e2e_mean_s: f64,
+    /// Generated tokens per second of wall time.
+    pub(crate) output_tokens_per_s: f64,
     pub(crate) wall_s: f64,
 }
 
@@ -72,13 +80,55 @@ pub(crate) fn prompt_bytes(r: &TraceRequest) -> Vec<u8> {
     out
 }
 
-fn body(r: &TraceRequest, form: PromptForm) -> Value {
+fn body(r: &TraceRequest, cfg: &LiveConfig) -> Value {
     let bytes = prompt_bytes(r);
-    let prompt = match form {
+    let prompt = match cfg.form {
         PromptForm::Tokens => json!(bytes.iter().map(|b| u32::from(*b)).collect::<Vec<_>>()),
         PromptForm::Text => json!(String::from_utf8_lossy(&bytes)),
     };
-    json!({"model": "default", "prompt": prompt, "max_tokens": 1})
+    let max_tokens = if cfg.max_output == 0 { 1 } else { r.output_length.clamp(1, cfg.max_output) };
+    let mut v = json!({"model": "default", "prompt": prompt, "max_tokens": max_tokens});
+    if cfg.stream {
+        v["stream"] = json!(true);
+        v["stream_options"] = json!({"include_usage": true});
+    }
+    v
+}
+
+/// One answer: time to its first byte (first event when streamed), to its
+/// end, prompt, cached and generated tokens; `None` for a failed one.
+async fn one(
+    client: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+    arrived: Instant,
+) -> Option<(Duration, Duration, u64, u64, u64)> {
+    let mut resp = client.post(url).header("content-type", "application/json").body(body).send().await.ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    let mut first = None;
+    let mut bytes = Vec::new();
+    while let Some(chunk) = resp.chunk().await.ok()? {
+        first.get_or_insert_with(|| arrived.elapsed());
+        bytes.extend_from_slice(&chunk);
+    }
+    let end = arrived.elapsed();
+    // The usage: the body's, or the last event's that has one.
+    let text = String::from_utf8_lossy(&bytes);
+    let usage = if text.trim_start().starts_with("data:") {
+        text.split("\n\n")
+            .filter_map(|e| e.trim().strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .filter_map(|v| v.get("usage").filter(|u| u.is_object()).cloned())
+            .last()?
+    } else {
+        serde_json::from_str::<Value>(&text).ok()?.get("usage")?.clone()
+    };
+    let prompt = usage.get("prompt_tokens")?.as_u64()?;
+    let cached = usage.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
+    let generated = usage.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0);
+    Some((first?, end, prompt, cached, generated))
 }
 
 /// Replays `trace` against `base` (a router URL).
@@ -97,27 +147,23 @@ pub(crate) async fn replay(target: &str, base: &str, trace: &[TraceRequest], cfg
         tokio::time::sleep_until(at).await;
         let arrived = Instant::now();
         let permit = limit.clone().acquire_owned().await?;
-        let (client, url, body) = (client.clone(), url.clone(), serde_json::to_vec(&body(r, cfg.form))?);
+        let (client, url, body) = (client.clone(), url.clone(), serde_json::to_vec(&body(r, cfg))?);
         tasks.push(tokio::spawn(async move {
             let _permit = permit;
-            let resp = client.post(&url).header("content-type", "application/json").body(body).send().await.ok()?;
-            if !resp.status().is_success() {
-                return None;
-            }
-            let v: Value = serde_json::from_slice(&resp.bytes().await.ok()?).ok()?;
-            let usage = v.get("usage")?;
-            let prompt = usage.get("prompt_tokens")?.as_u64()?;
-            let cached = usage.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
-            Some((arrived.elapsed(), prompt, cached))
+            one(&client, &url, body, arrived).await
         }));
     }
-    let (mut lat, mut prompt, mut cached, mut errors) = (Vec::new(), 0u64, 0u64, 0usize);
+    let (mut lat, mut e2e, mut prompt, mut cached, mut generated, mut errors) =
+        (Vec::new(), 0f64, 0u64, 0u64, 0u64, 0usize);
     for t in tasks {
         match t.await? {
-            Some((l, p, c)) => {
-                lat.push(l.as_secs_f64());
+            Some((first, end, p, c, g)) => {
+                // Without streaming the first byte is the whole answer: one token, or all of them.
+                lat.push(first.as_secs_f64());
+                e2e += end.as_secs_f64();
                 prompt += p;
                 cached += c;
+                generated += g;
             }
             None => errors += 1,
         }
@@ -133,6 +179,8 @@ pub(crate) async fn replay(target: &str, base: &str, trace: &[TraceRequest], cfg
         ttft_mean_s: lat.iter().sum::<f64>() / lat.len().max(1) as f64,
         ttft_p50_s: pct(0.5),
         ttft_p99_s: pct(0.99),
+        e2e_mean_s: e2e / lat.len().max(1) as f64,
+        output_tokens_per_s: generated as f64 / wall_s.max(1e-9),
         wall_s,
     })
 }

@@ -59,6 +59,12 @@ struct LiveArgs {
     /// Per-request timeout, seconds.
     #[arg(long, default_value_t = 120)]
     timeout_secs: u64,
+    /// Generate each request's trace output length, capped at N tokens (0: one token each).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    max_output: u64,
+    /// Stream the answers (TTFT is then the first event).
+    #[arg(long)]
+    stream: bool,
     /// Print a JSON array instead of a table.
     #[arg(long)]
     json: bool,
@@ -278,6 +284,8 @@ fn live(a: LiveArgs) -> Result<()> {
         max_in_flight: a.max_in_flight,
         form: a.prompt,
         timeout: std::time::Duration::from_secs(a.timeout_secs.max(1)),
+        max_output: a.max_output,
+        stream: a.stream,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let mut results = Vec::new();
@@ -289,15 +297,31 @@ fn live(a: LiveArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&results)?);
         return Ok(());
     }
-    println!("{} requests, speedup {}x, prompts as {:?}", trace.len(), a.speedup, a.prompt);
     println!(
-        "{:<18} {:>8} {:>7} {:>9} {:>11} {:>10} {:>10} {:>8}",
-        "target", "requests", "errors", "hit rate", "TTFT mean", "TTFT p50", "TTFT p99", "wall"
+        "{} requests, speedup {}x, prompts as {:?}, output {}{}",
+        trace.len(),
+        a.speedup,
+        a.prompt,
+        if a.max_output == 0 { "1 token".to_string() } else { format!("trace lengths up to {}", a.max_output) },
+        if a.stream { ", streamed" } else { "" }
+    );
+    println!(
+        "{:<18} {:>8} {:>7} {:>9} {:>11} {:>10} {:>10} {:>10} {:>9} {:>8}",
+        "target", "requests", "errors", "hit rate", "TTFT mean", "TTFT p50", "TTFT p99", "e2e mean", "tok/s", "wall"
     );
     for r in &results {
         println!(
-            "{:<18} {:>8} {:>7} {:>9.3} {:>10.3}s {:>9.3}s {:>9.3}s {:>7.1}s",
-            r.target, r.requests, r.errors, r.hit_rate, r.ttft_mean_s, r.ttft_p50_s, r.ttft_p99_s, r.wall_s
+            "{:<18} {:>8} {:>7} {:>9.3} {:>10.3}s {:>9.3}s {:>9.3}s {:>9.3}s {:>9.0} {:>7.1}s",
+            r.target,
+            r.requests,
+            r.errors,
+            r.hit_rate,
+            r.ttft_mean_s,
+            r.ttft_p50_s,
+            r.ttft_p99_s,
+            r.e2e_mean_s,
+            r.output_tokens_per_s,
+            r.wall_s
         );
     }
     Ok(())
