@@ -78,6 +78,11 @@ pub(crate) async fn health_loop(fleet: Arc<Fleet>) {
 /// A new worker's first probe, at once (not at the next tick).
 pub(crate) async fn first_probe(fleet: Arc<Fleet>, w: Arc<Worker>) {
     if !fleet.config.health.enabled {
+        // Without probes a disaggregated worker is still checked against its role first.
+        if w.role.is_pd() {
+            let timeout = fleet.config.health.timeout.max(Duration::from_millis(100));
+            introspect_checked(&fleet.client, &w, timeout).await;
+        }
         w.set_probe_result(true);
         return;
     }
@@ -96,14 +101,8 @@ async fn check(fleet: &Fleet, w: &Arc<Worker>, timeout: Duration) {
     if ok {
         // Asked before it enters rotation: a disaggregated worker's role and bootstrap port
         // are known before its first request.
-        if w.info().is_none()
-            && let Some(found) = introspect(client, w, timeout).await
-        {
-            info!(worker = %w.url, model = ?found.model_id, dp_size = ?found.dp_size, page_size = ?found.page_size, mode = ?found.disaggregation_mode, "worker introspected");
-            if let Some(why) = contradiction(w.role, found.disaggregation_mode.as_deref()) {
-                w.refuse(&why);
-            }
-            w.set_info(found);
+        if w.info().is_none() {
+            introspect_checked(client, w, timeout).await;
         }
         // A disaggregated worker enters rotation only once its report was checked against its role.
         w.set_probe_result(!w.role.is_pd() || w.info().is_some());
@@ -124,12 +123,18 @@ async fn check(fleet: &Fleet, w: &Arc<Worker>, timeout: Duration) {
 /// probes off, nothing else asks).
 async fn introspect_all(fleet: &Fleet, all: &[Arc<Worker>], timeout: Duration) {
     let pending = all.iter().filter(|w| w.info().is_none() && w.is_routable());
-    join_all(pending.map(|w| async move {
-        if let Some(found) = introspect(&fleet.client, w, timeout).await {
-            w.set_info(found);
-        }
-    }))
-    .await;
+    join_all(pending.map(|w| introspect_checked(&fleet.client, w, timeout))).await;
+}
+
+/// Asks a worker what it serves, records it, and refuses the worker when its
+/// report contradicts its role.
+async fn introspect_checked(client: &reqwest::Client, w: &Worker, timeout: Duration) {
+    let Some(found) = introspect(client, w, timeout).await else { return };
+    info!(worker = %w.url, model = ?found.model_id, dp_size = ?found.dp_size, page_size = ?found.page_size, mode = ?found.disaggregation_mode, "worker introspected");
+    if let Some(why) = contradiction(w.role, found.disaggregation_mode.as_deref()) {
+        w.refuse(&why);
+    }
+    w.set_info(found);
 }
 
 /// Polls every healthy worker's SGLang `/v1/loads` each load-poll period

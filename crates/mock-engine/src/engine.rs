@@ -239,14 +239,16 @@ impl Engine {
     }
 
     /// Admits a request whose KV came from a prefill worker: no prefill, no
-    /// cache lookup or insert (a decode worker keeps no radix cache).
-    pub fn admit_remote(&self, tokens: &[u32]) -> Admission {
+    /// cache lookup or insert (a decode worker keeps no radix cache). Its
+    /// answer reports the `cached` prompt tokens the prefill worker had.
+    pub fn admit_remote(&self, tokens: &[u32], cached: usize) -> Admission {
         let r = &self.ranks[0];
         r.running.fetch_add(1, Ordering::Relaxed);
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.prompt_tokens.fetch_add(tokens.len() as u64, Ordering::Relaxed);
         let generation = r.cache.lock().unwrap_or_else(|p| p.into_inner()).generation();
-        Admission { rank: 0, chain: Vec::new(), pinned: 0, generation, prompt_tokens: tokens.len(), cached_tokens: 0 }
+        let cached_tokens = cached.min(tokens.len());
+        Admission { rank: 0, chain: Vec::new(), pinned: 0, generation, prompt_tokens: tokens.len(), cached_tokens }
     }
 
     /// The renderer (tokenizer and chat template).

@@ -188,7 +188,11 @@ async fn sglang_prefill(
         let legs = items.iter().zip(&rooms).map(|(tokens, room)| {
             let rank = routed.filter(|r| *r < dp).unwrap_or((*room % dp as u64) as usize);
             let e3 = e2.clone();
-            let admit = async move { Release { engine: e3.clone(), admission: e3.admit(tokens, Some(rank)).await } };
+            let admit = async move {
+                let admission = e3.admit(tokens, Some(rank)).await;
+                let cached = admission.cached_tokens;
+                (Release { engine: e3.clone(), admission }, cached)
+            };
             pd2.meet_as_prefill(*room, digest(tokens), rank, routed, dp, admit)
         });
         let met = tokio::select! {
@@ -257,13 +261,13 @@ async fn sglang_decode(
         abort.finish();
         let mut done = Vec::with_capacity(met.len());
         for (r, tokens) in met.into_iter().zip(&items) {
-            r?;
+            let cached = r?;
             let mut extras = Extras::default();
             if logprobs {
                 // Decode computed no prompt logprobs: the router prefixes prefill's.
                 extras.meta.insert("input_token_logprobs".into(), json!([]));
             }
-            done.push((Release { engine: e2.clone(), admission: e2.admit_remote(tokens) }, n, extras));
+            done.push((Release { engine: e2.clone(), admission: e2.admit_remote(tokens, cached) }, n, extras));
         }
         Ok(done)
     };
@@ -385,7 +389,7 @@ async fn vllm_decode(
     let e2 = e.clone();
     let work = async move {
         let admission = match pd::pull(&pd, &params, digest(&tokens)).await {
-            Ok(()) => e2.admit_remote(&tokens),
+            Ok(cached) => e2.admit_remote(&tokens, cached),
             Err(why) => {
                 // vLLM's silent fallback: the answer is right, the disaggregation is lost.
                 tracing::debug!(why, "mock vllm decode: prefilling locally");

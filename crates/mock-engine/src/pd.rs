@@ -267,7 +267,7 @@ impl Pd {
         prefill: F,
     ) -> Result<T, LegError>
     where
-        F: std::future::Future<Output = T>,
+        F: std::future::Future<Output = (T, usize)>,
     {
         let waiting = {
             let mut rooms = lock(&self.rooms);
@@ -319,8 +319,8 @@ impl Pd {
             )
             .await;
         }
-        let out = prefill.await;
-        let ok = format!("{}\n", json!({"ok": true}));
+        let (out, cached) = prefill.await;
+        let ok = format!("{}\n", json!({"ok": true, "cached_tokens": cached}));
         if peer.conn.get_mut().write_all(ok.as_bytes()).await.is_err() {
             self.counters.peer_lost.fetch_add(1, Ordering::Relaxed);
             return Err((500, format!("bootstrap_room {room}: the decode peer left")));
@@ -408,7 +408,7 @@ impl Drop for RoomGuard {
 }
 
 /// The SGLang decode side of a room: connect to the prefill's bootstrap
-/// listener, greet, wait until the KV is there.
+/// listener, greet, wait until the KV is there; the prompt tokens the prefill had cached.
 pub(crate) async fn meet_as_decode(
     pd: &Pd,
     host: &str,
@@ -416,18 +416,19 @@ pub(crate) async fn meet_as_decode(
     room: u64,
     digest: u64,
     prefill_dp_rank: Option<u64>,
-) -> Result<(), LegError> {
+) -> Result<usize, LegError> {
     let hello = Hello { room: Some(room), digest, prefill_dp_rank, request_id: None, engine_id: None, block_ids: None };
     let reply = exchange(pd, host, port, &hello, pd.config.bootstrap_timeout).await?;
     match reply.get("ok").and_then(Value::as_bool) {
-        Some(true) => Ok(()),
+        Some(true) => Ok(reply.get("cached_tokens").and_then(Value::as_u64).unwrap_or(0) as usize),
         _ => Err((500, reply.get("error").and_then(Value::as_str).unwrap_or("transfer failed").to_string())),
     }
 }
 
 /// The vLLM decode side: pull the blocks `params` name from their prefill.
-/// `Err` is why the pull could not happen (the caller prefills locally).
-pub(crate) async fn pull(pd: &Pd, params: &Value, digest: u64) -> Result<(), String> {
+/// `Err` is why the pull could not happen (the caller prefills locally);
+/// `Ok` the prompt tokens the prefill had cached.
+pub(crate) async fn pull(pd: &Pd, params: &Value, digest: u64) -> Result<usize, String> {
     let text = |k: &str| params.get(k).and_then(Value::as_str).map(str::to_string);
     let complete = params.get("do_remote_prefill").and_then(Value::as_bool) == Some(true)
         && text("remote_engine_id").is_some()
@@ -451,7 +452,7 @@ pub(crate) async fn pull(pd: &Pd, params: &Value, digest: u64) -> Result<(), Str
     let port = params["remote_port"].as_u64().and_then(|p| u16::try_from(p).ok()).unwrap_or(0);
     let reply = exchange(pd, &host, port, &hello, pd.config.bootstrap_timeout).await.map_err(|(_, e)| e)?;
     match reply.get("ok").and_then(Value::as_bool) {
-        Some(true) => Ok(()),
+        Some(true) => Ok(params.get("remote_prefill_cached_tokens").and_then(Value::as_u64).unwrap_or(0) as usize),
         _ => Err(reply.get("error").and_then(Value::as_str).unwrap_or("pull failed").to_string()),
     }
 }

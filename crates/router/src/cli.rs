@@ -353,9 +353,9 @@ pub(crate) struct PdFlags {
     /// whatever the policy: their KV comes from the prefill, so none holds a prefix.
     #[arg(long, env = "SGL_ROUTER_DECODE_POLICY", value_enum)]
     pub(crate) decode_policy: Option<PolicyName>,
-    /// vLLM's KV connector: `nixl` (NixlConnector, pull: prefill, then decode).
-    #[arg(long, env = "SGL_ROUTER_KV_CONNECTOR", default_value = "nixl", value_parser = ["nixl", "mooncake", "moriio"])]
-    pub(crate) kv_connector: String,
+    /// vLLM's KV connector [default: nixl]: `nixl` (NixlConnector, pull: prefill, then decode).
+    #[arg(long, env = "SGL_ROUTER_KV_CONNECTOR", value_parser = ["nixl", "mooncake", "moriio"])]
+    pub(crate) kv_connector: Option<String>,
 }
 
 /// Retries (SGLang Model Gateway's names and defaults).

@@ -30,11 +30,16 @@ pub(crate) fn setup(a: &ServeArgs, policy: impl Fn(PolicyName) -> PolicyConfig) 
             return Ok(None);
         }
     };
-    if mode == PdMode::Vllm && f.kv_connector != "nixl" {
-        return usage(format!(
-            "--kv-connector {}: only nixl (vLLM's default NixlConnector, pull) is supported so far",
-            f.kv_connector
-        ));
+    match (mode, f.kv_connector.as_deref()) {
+        (PdMode::Sglang, Some(c)) => {
+            return usage(format!("--kv-connector {c} is vLLM's: give --vllm-pd-disaggregation"));
+        }
+        (PdMode::Vllm, Some(c)) if c != "nixl" => {
+            return usage(format!(
+                "--kv-connector {c}: only nixl (vLLM's default NixlConnector, pull) is supported so far"
+            ));
+        }
+        _ => {}
     }
     let mut prefill: Vec<(WorkerUrl, Bootstrap)> = Vec::new();
     for (url, port) in group_prefill(&f.prefill)? {
