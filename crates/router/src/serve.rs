@@ -61,7 +61,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         return usage(format!("{flag} tunes the KV index, which only --kv-events (or --policy cache_aware) builds"));
     }
     let pd_on = a.pd.pd_disaggregation || a.pd.vllm_pd_disaggregation || a.mock_workers.decode.is_some();
-    if a.worker_urls.is_empty() && a.mock_workers.n == 0 && a.mock_workers.decode.is_none() && !pd_on {
+    let pd_workers = !a.pd.prefill.is_empty() || !a.pd.decode.is_empty();
+    if a.worker_urls.is_empty() && a.mock_workers.n == 0 && a.mock_workers.decode.is_none() && !pd_on && !pd_workers {
         return usage("no workers: give --worker-urls URL,... or --mock-workers N".into());
     }
     if pd_on && !a.worker_urls.is_empty() {

@@ -180,9 +180,50 @@ fn the_router_refuses_bad_flags_with_one_line_and_status_64() {
         (&["--worker-urls", "http://w:1", "--prometheus-duration-buckets", "1", "0.5"][..], "increasing order"),
         (&["--worker-urls", "http://w:1", "--log-level", "loud"][..], "--log-level loud"),
         (&["--worker-urls", "http://w:1", "--ttft-hit-weight", "2"][..], "tunes the min_ttft policy"),
+        // Disaggregation's flags.
+        (&["--prefill", "http://p:1", "--decode", "http://d:1"][..], "need --pd-disaggregation"),
+        (&["--pd-disaggregation", "--prefill", "http://p:1"][..], "at least one --prefill and one --decode"),
+        (&["--pd-disaggregation", "--prefill", "http://p:1", "99999", "--decode", "http://d:1"][..], "bootstrap port"),
+        (&["--pd-disaggregation", "--prefill", "8998", "--decode", "http://d:1"][..], "a worker URL first"),
+        (
+            &["--pd-disaggregation", "--prefill", "http://p:1", "--decode", "http://p:1"][..],
+            "both --prefill and --decode",
+        ),
+        (
+            &[
+                "--pd-disaggregation",
+                "--worker-urls",
+                "http://w:1",
+                "--prefill",
+                "http://p:1",
+                "--decode",
+                "http://d:1",
+            ][..],
+            "give the workers as --prefill URL and --decode URL",
+        ),
+        (
+            &[
+                "--vllm-pd-disaggregation",
+                "--prefill",
+                "http://p:1",
+                "--decode",
+                "http://d:1",
+                "--kv-connector",
+                "mooncake",
+            ][..],
+            "only nixl",
+        ),
+        (
+            &["--pd-disaggregation", "--prefill", "http://p:1", "--decode", "http://d:1", "--kv-connector", "nixl"][..],
+            "is vLLM's",
+        ),
     ] {
         let out = run(args, "");
         assert_clean_error(&out, needle);
         assert_eq!(out.status.code(), Some(64), "{args:?}");
     }
+    // A value clap refuses: its own message, the same status.
+    let out = run(&["--mock-workers", "2x3"], "");
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("prefill and decode counts (2p2d)"));
 }

@@ -223,7 +223,7 @@ pub(crate) async fn serve(
         let batch = check(&v, route, mode)?;
         // A batch is balanced by load: one prefill worker serves every item.
         let (tokens, text) = if batch.is_some() { (Vec::new(), None) } else { prompt(&gw2, route, &v)? };
-        let pair = pair(&gw2, route, &v, (&tokens, text.clone()), key.as_deref(), &[])?;
+        let pair = pair(&gw2, &v, (&tokens, text.clone()), key.as_deref(), &[])?;
         Ok::<_, GatewayError>((v, batch, (tokens, text), pair))
     })
     .await??;
@@ -317,7 +317,6 @@ pub(crate) fn batch_size(v: &Value, route: Route) -> Option<usize> {
 /// `avoid` are left out where others remain.
 fn pair(
     gw: &Gateway,
-    route: Route,
     v: &Value,
     prompt: (&[u32], Option<String>),
     key: Option<&[u8]>,
@@ -334,7 +333,6 @@ fn pair(
     if prefills.is_empty() || decodes.is_empty() {
         return Err(GatewayError::NoWorker);
     }
-    let _ = route;
     let (tokens, text) = prompt;
     let prompted = Prompted { v: Some(v), tokens, text, match_prefix: true };
     let prefill = plan_in(gw, &*gw.policy, prefills, prompted, key)?;
@@ -345,7 +343,7 @@ fn pair(
 
 /// A new pair for a retry, avoiding the workers that failed.
 fn pair_again(gw: &Gateway, ctx: &Ctx<'_>, prompt: (&[u32], Option<String>), avoid: &[WorkerId]) -> Option<Pair> {
-    pair(gw, ctx.route, &ctx.v, prompt, ctx.meta.routing_key.as_deref(), avoid).ok()
+    pair(gw, &ctx.v, prompt, ctx.meta.routing_key.as_deref(), avoid).ok()
 }
 
 /// The policies learn where the request goes; the prefill worker is credited
@@ -467,6 +465,6 @@ pub(crate) fn explain_pair(
     let v = parse_json(bytes)?;
     let batch = check(&v, route, pd.mode)?;
     let (tokens, text) = if batch.is_some() { (Vec::new(), None) } else { prompt(gw, route, &v)? };
-    let p = pair(gw, route, &v, (&tokens, text), key, &[])?;
+    let p = pair(gw, &v, (&tokens, text), key, &[])?;
     Ok(explain(gw, pd, &p))
 }
