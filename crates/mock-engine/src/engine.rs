@@ -154,6 +154,8 @@ pub struct Leg {
     pub rank_header: Option<String>,
     /// Its body.
     pub body: serde_json::Value,
+    /// When it arrived.
+    pub at: Instant,
 }
 
 /// Legs an engine remembers.

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 use crate::engine::{Engine, digest};
 use crate::http::{Extras, Release, Route, answer, error, events, max_tokens, rank_hint};
-use crate::pd::{self, Flavor, LegError, Pd, PdRole};
+use crate::pd::{self, Flavor, LegError, Pd, PdRole, base_id};
 
 /// Serves one leg of a disaggregated request on an engine in a PD role.
 pub(crate) async fn serve(e: Arc<Engine>, pd: Arc<Pd>, route: Route, v: Value, headers: HeaderMap) -> Response {
@@ -27,6 +27,7 @@ pub(crate) async fn serve(e: Arc<Engine>, pd: Arc<Pd>, route: Route, v: Value, h
         request_id: header("x-request-id"),
         rank_header: header("x-data-parallel-rank"),
         body: v.clone(),
+        at: std::time::Instant::now(),
     });
     let (items, batch) = match prompts(&e, route, &v) {
         Ok(p) => p,
@@ -281,14 +282,6 @@ fn internal_id(route: Route, id: &str) -> String {
     format!("{prefix}-{id}-{:08x}", digest(&[id.len() as u32, std::process::id()]) as u32)
 }
 
-/// An internal id without its random suffix (vLLM's `get_base_request_id`).
-fn base_id(id: &str) -> String {
-    match id.rsplit_once('-') {
-        Some((base, tail)) if tail.len() == 8 && tail.bytes().all(|b| b.is_ascii_hexdigit()) => base.to_string(),
-        _ => id.to_string(),
-    }
-}
-
 /// vLLM's prompt logprobs: `null` for the first token, then one map per token.
 fn prompt_logprobs(tokens: &[u32]) -> Value {
     let mut out = vec![Value::Null];
@@ -353,7 +346,7 @@ async fn vllm_prefill(
             "remote_num_tokens": tokens.len(),
             "remote_blocks_expiry_time": 480.0,
             "remote_registration_generation": 0,
-            "transfer_mode": "pull",
+            "transfer_mode": if pd.config.push { "push" } else { "pull" },
             "remote_prefill_cached_tokens": admission_cached,
         }),
     );
@@ -388,7 +381,7 @@ async fn vllm_decode(
     let rank = rank_hint(headers, &v);
     let e2 = e.clone();
     let work = async move {
-        let admission = match pd::pull(&pd, &params, digest(&tokens)).await {
+        let admission = match pd::pull(&pd, &params, digest(&tokens), own_id.as_deref()).await {
             Ok(cached) => e2.admit_remote(&tokens, cached),
             Err(why) => {
                 // vLLM's silent fallback: the answer is right, the disaggregation is lost.

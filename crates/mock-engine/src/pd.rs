@@ -107,6 +107,9 @@ pub struct PdConfig {
     pub bootstrap_port: u16,
     /// Longest a leg waits for its peer (SGLang: 300 s; shorter here).
     pub bootstrap_timeout: Duration,
+    /// vLLM prefill: NixlPushConnector (answers `transfer_mode: push`; its decode peers
+    /// register by request id, needing no block ids) instead of the pull connector.
+    pub push: bool,
 }
 
 impl Default for PdConfig {
@@ -116,6 +119,7 @@ impl Default for PdConfig {
             flavor: Flavor::Sglang,
             bootstrap_port: 0,
             bootstrap_timeout: Duration::from_secs(30),
+            push: false,
         }
     }
 }
@@ -181,6 +185,8 @@ pub struct Pd {
     /// Rooms of prefill requests in flight (SGLang refuses a second one).
     live_rooms: Mutex<HashSet<u64>>,
     kept: Mutex<VecDeque<Kept>>,
+    /// Woken when a prefill keeps blocks (push-mode decode peers may be waiting for them).
+    kept_changed: tokio::sync::Notify,
     rids: Mutex<HashMap<String, CancellationToken>>,
     /// What it saw.
     pub counters: PdCounters,
@@ -211,6 +217,7 @@ impl Pd {
             rooms: Mutex::new(HashMap::new()),
             live_rooms: Mutex::new(HashSet::new()),
             kept: Mutex::new(VecDeque::new()),
+            kept_changed: tokio::sync::Notify::new(),
             rids: Mutex::new(HashMap::new()),
             counters: PdCounters::default(),
         });
@@ -337,23 +344,48 @@ impl Pd {
             kept.pop_front();
         }
         kept.push_back(Kept { request_id: request_id.to_string(), digest, block_ids: block_ids.clone() });
+        drop(kept);
+        self.kept_changed.notify_waiters();
         block_ids
     }
 
+    /// Hands what a prefill kept to its decode peer: by the exact request id
+    /// and blocks (pull), or by the base request id (push: the peer knows no blocks).
     fn take_kept(&self, hello: &Hello) -> Result<(), String> {
         let mut kept = lock(&self.kept);
-        let Some(i) = kept.iter().position(|k| Some(&k.request_id) == hello.request_id.as_ref()) else {
+        let push = hello.block_ids.is_none();
+        let found = kept.iter().position(|k| match (push, hello.request_id.as_deref()) {
+            (false, Some(id)) => k.request_id == id,
+            (true, Some(id)) => base_id(&k.request_id) == base_id(id),
+            (_, None) => false,
+        });
+        let Some(i) = found else {
             return Err(format!("no prefill of request {:?} is kept here", hello.request_id));
         };
         let k = &kept[i];
         if hello.engine_id.as_deref() != Some(self.engine_id.as_str()) {
             return Err(format!("engine id {:?} is not this engine's", hello.engine_id));
         }
-        if Some(&k.block_ids) != hello.block_ids.as_ref() || k.digest != hello.digest {
+        if (!push && Some(&k.block_ids) != hello.block_ids.as_ref()) || k.digest != hello.digest {
             return Err("the blocks or the prompt differ from what prefill kept".into());
         }
         kept.remove(i);
         Ok(())
+    }
+
+    /// A push-mode peer waits (up to the bootstrap timeout) for its prefill to keep the blocks.
+    async fn take_kept_waiting(&self, hello: &Hello) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + self.config.bootstrap_timeout;
+        loop {
+            let changed = self.kept_changed.notified();
+            match self.take_kept(hello) {
+                Ok(()) => return Ok(()),
+                Err(e) if hello.block_ids.is_some() || tokio::time::Instant::now() >= deadline => return Err(e),
+                Err(_) => {
+                    let _ = tokio::time::timeout_at(deadline, changed).await;
+                }
+            }
+        }
     }
 }
 
@@ -428,8 +460,36 @@ pub(crate) async fn meet_as_decode(
 /// The vLLM decode side: pull the blocks `params` name from their prefill.
 /// `Err` is why the pull could not happen (the caller prefills locally);
 /// `Ok` the prompt tokens the prefill had cached.
-pub(crate) async fn pull(pd: &Pd, params: &Value, digest: u64) -> Result<usize, String> {
+pub(crate) async fn pull(pd: &Pd, params: &Value, digest: u64, own_id: Option<&str>) -> Result<usize, String> {
     let text = |k: &str| params.get(k).and_then(Value::as_str).map(str::to_string);
+    let push = params.get("transfer_mode").and_then(Value::as_str) == Some("push")
+        && params.get("remote_block_ids").is_none_or(Value::is_null);
+    if push {
+        // NixlPush: the prefill's identity only; it pushes the blocks of the request with our id.
+        let identity = params.get("do_remote_prefill").and_then(Value::as_bool) == Some(true)
+            && text("remote_engine_id").is_some()
+            && text("remote_host").is_some()
+            && params.get("remote_port").and_then(Value::as_u64).is_some()
+            && params.get("tp_size").and_then(Value::as_u64).is_some();
+        if !identity {
+            return Err(format!("incomplete push kv_transfer_params: {params}"));
+        }
+        let hello = Hello {
+            room: None,
+            digest,
+            prefill_dp_rank: None,
+            request_id: own_id.map(str::to_string),
+            engine_id: text("remote_engine_id"),
+            block_ids: None,
+        };
+        let host = text("remote_host").unwrap_or_default();
+        let port = params["remote_port"].as_u64().and_then(|p| u16::try_from(p).ok()).unwrap_or(0);
+        let reply = exchange(pd, &host, port, &hello, pd.config.bootstrap_timeout).await.map_err(|(_, e)| e)?;
+        return match reply.get("ok").and_then(Value::as_bool) {
+            Some(true) => Ok(0),
+            _ => Err(reply.get("error").and_then(Value::as_str).unwrap_or("push failed").to_string()),
+        };
+    }
     let complete = params.get("do_remote_prefill").and_then(Value::as_bool) == Some(true)
         && text("remote_engine_id").is_some()
         && text("remote_request_id").is_some()
@@ -510,7 +570,7 @@ async fn greeted(pd: Arc<Pd>, conn: TcpStream) {
     match hello.room {
         // vLLM: the blocks are there or not, at once.
         None => {
-            let answer = match pd.take_kept(&hello) {
+            let answer = match pd.take_kept_waiting(&hello).await {
                 Ok(()) => {
                     pd.counters.rendezvous.fetch_add(1, Ordering::Relaxed);
                     json!({"ok": true})
@@ -591,4 +651,12 @@ fn now_nanos() -> u32 {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An internal request id without vLLM's random 8-hex suffix (`get_base_request_id`).
+pub(crate) fn base_id(id: &str) -> String {
+    match id.rsplit_once('-') {
+        Some((base, tail)) if tail.len() == 8 && tail.bytes().all(|b| b.is_ascii_hexdigit()) => base.to_string(),
+        _ => id.to_string(),
+    }
 }

@@ -226,10 +226,7 @@ impl App {
         });
         // With disaggregation, the gateway's policy chooses the prefill worker.
         let policy = build_policy(config.pd.as_ref().map_or(&config.policy, |pd| &pd.prefill_policy), &cancel);
-        let pd = config
-            .pd
-            .as_ref()
-            .map(|pd| PdConfig { mode: pd.mode, decode_policy: build_policy(&pd.decode_policy, &cancel) });
+        let pd = config.pd.as_ref().map(|pd| PdConfig::new(pd.mode, build_policy(&pd.decode_policy, &cancel)));
         let gw_config = GatewayConfig {
             max_body_bytes: config.max_body_bytes,
             request_timeout: config.request_timeout,

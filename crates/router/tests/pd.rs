@@ -28,7 +28,7 @@ fn role_config(role: PdRole, flavor: Flavor, dp_size: usize) -> MockEngineConfig
         default_max_tokens: 4,
         dp_size,
         kv_events: role != PdRole::Decode,
-        pd: PdConfig { role, flavor, bootstrap_port: 0, bootstrap_timeout: Duration::from_secs(10) },
+        pd: PdConfig { role, flavor, bootstrap_port: 0, bootstrap_timeout: Duration::from_secs(10), push: false },
         ..MockEngineConfig::default()
     }
 }
@@ -376,6 +376,34 @@ async fn vllm_two_stages_with_complete_params_and_never_without() {
     prefill[0].engine().set_faults(Faults { fail_next: 1, ..Faults::default() }).await;
     assert_eq!(post(&format!("{}/v1/chat/completions", r.url), &chat(SYSTEM, "x")).await.status(), 500);
     assert_eq!(decode[0].engine().requests.load(Relaxed), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_push_mode_sends_both_legs_at_once_once_seen() {
+    let mut pc = role_config(PdRole::Prefill, Flavor::Vllm, 1);
+    pc.pd.push = true;
+    // A prefill that takes 300 ms: two stages put decode 300 ms after prefill, push mode at once.
+    pc.fast = false;
+    pc.prefill_fixed = Duration::from_millis(300);
+    pc.decode_per_token = Duration::ZERO;
+    let prefill = vec![MockEngine::spawn(pc).await.unwrap()];
+    let decode = engines(PdRole::Decode, Flavor::Vllm, 1, 1).await;
+    let r = pd_router(PdMode::Vllm, &prefill, &decode).await;
+    for i in 0..2 {
+        let resp = post(&format!("{}/v1/chat/completions", r.url), &chat(SYSTEM, &format!("push {i}"))).await;
+        assert_eq!(resp.status(), 200);
+    }
+    let (p, d) = (prefill[0].engine().legs(), decode[0].engine().legs());
+    assert_eq!((p.len(), d.len()), (2, 2));
+    let gap = |i: usize| d[i].at.saturating_duration_since(p[i].at);
+    assert!(gap(0) >= Duration::from_millis(250), "first request two-stage: decode after prefill ({:?})", gap(0));
+    assert!(gap(1) < Duration::from_millis(150), "then push mode: both at once ({:?})", gap(1));
+    let params = &d[1].body["kv_transfer_params"];
+    assert_eq!(params["transfer_mode"], "push");
+    assert!(params.get("remote_block_ids").is_none(), "push needs no block ids: {params}");
+    assert_eq!(d[1].request_id, p[1].request_id, "matched by one request id");
+    assert_eq!(counters(&decode[0]).local_prefill_fallbacks.load(Relaxed), 0, "the KV was pushed");
+    assert_eq!(counters(&prefill[0]).rendezvous.load(Relaxed), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

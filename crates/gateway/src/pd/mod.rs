@@ -17,6 +17,7 @@
 //! of a request on one bootstrap room (they collide), and vLLM's prefill
 //! hands over the KV of one sequence.
 
+mod dual;
 mod sglang;
 mod vllm;
 
@@ -52,6 +53,16 @@ pub struct PdConfig {
     pub mode: PdMode,
     /// Chooses the decode worker (`--decode-policy`), by load: decode candidates never hold a prefix.
     pub decode_policy: Arc<dyn Policy>,
+    /// vLLM prefill workers seen in NIXL push mode, and the identity their decode peers need
+    /// (their legs then go at once).
+    pub(crate) push: std::sync::Mutex<std::collections::HashMap<WorkerId, Value>>,
+}
+
+impl PdConfig {
+    /// Disaggregation following `mode`, the decode worker chosen by `decode_policy`.
+    pub fn new(mode: PdMode, decode_policy: Arc<dyn Policy>) -> Self {
+        Self { mode, decode_policy, push: Default::default() }
+    }
 }
 
 impl std::fmt::Debug for PdConfig {

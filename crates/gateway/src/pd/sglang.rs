@@ -23,14 +23,13 @@ use std::time::Instant;
 use axum::body::{Body, Bytes};
 use axum::http::HeaderMap;
 use axum::response::Response;
-use futures_util::FutureExt;
 use router_types::DpRank;
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
 
-use super::{Ctx, Failure, Leg, MAX_LEG_ANSWER, Pair, abort, json_answer, read_all, status_failure};
+use super::dual::{Watch, both_heads, heads_ok};
+use super::{Ctx, Failure, MAX_LEG_ANSWER, Pair, json_answer, read_all};
 use crate::admission::Admission;
-use crate::proxy::{Ending, InFlight, RANK_HEADER, Route, SendError, send_to, stream_back};
+use crate::proxy::{InFlight, RANK_HEADER, Route, send_to};
 use fleet::{LoadGuard, Worker};
 
 /// One attempt on `pair`; on failure, why, and the admission back for the next attempt.
@@ -64,74 +63,20 @@ pub(super) async fn attempt(
     };
     let path = ctx.route.path();
     let sent = Instant::now();
-    let mut pf = Box::pin(send_to(&ctx.client, &ctx.headers, &p, path, prefill_body, (dp > 1).then_some(rank)));
-    let mut df = Box::pin(send_to(&ctx.client, &decode_headers, &d, path, decode_body, None));
-    let deadline = tokio::time::sleep(gw.config.request_timeout);
-    tokio::pin!(deadline);
-    let (mut ph, mut dh) = (None, None);
-    // Both heads, or the first failure.
-    let failed = loop {
-        if ph.is_some() && dh.is_some() {
-            break None;
-        }
-        tokio::select! {
-            r = &mut pf, if ph.is_none() => match r {
-                Ok(resp) if resp.status().is_success() => ph = Some(resp),
-                r => break Some((Leg::Prefill, r)),
-            },
-            r = &mut df, if dh.is_none() => match r {
-                Ok(resp) if resp.status().is_success() => dh = Some(resp),
-                r => break Some((Leg::Decode, r)),
-            },
-            () = &mut deadline => break Some((if ph.is_none() { Leg::Prefill } else { Leg::Decode }, Err(SendError { connect: false, message: String::new() }))),
-        }
+    let pf = send_to(&ctx.client, &ctx.headers, &p, path, prefill_body, (dp > 1).then_some(rank));
+    let df = send_to(&ctx.client, &decode_headers, &d, path, decode_body, None);
+    let (ph, dh) = match both_heads(gw, pf, df, &p, &d, rid.as_deref()).await {
+        Ok(heads) => heads,
+        Err(failure) => return Err((failure, admission)),
     };
-    // The legs still in flight are cancelled here: their connections close.
-    drop((pf, df));
-    if let Some((leg, r)) = failed {
-        let timed_out = deadline.is_elapsed();
-        // The other leg first: its connection closes now, and it is told to abort.
-        drop((ph, dh));
-        let (worker, other, other_leg) = match leg {
-            Leg::Prefill => (&p, &d, Leg::Decode),
-            Leg::Decode => (&d, &p, Leg::Prefill),
-        };
-        abort(gw, other_leg, other, rid.as_deref());
-        let failure = match r {
-            _ if timed_out => Failure::Timeout { leg, worker: worker.clone() },
-            Ok(resp) => status_failure(leg, worker, resp).await,
-            Err(error) => Failure::Transport { leg, worker: worker.clone(), error },
-        };
-        return Err((failure, admission));
-    }
-    let (Some(ph), Some(dh)) = (ph, dh) else { unreachable_pair() };
-    gw.metrics.pd_heads.observe(sent.elapsed().as_secs_f64());
-    gw.metrics.ttfb.observe(ctx.start.elapsed().as_secs_f64());
-    for (leg, w) in [(Leg::Prefill, &p), (Leg::Decode, &d)] {
-        w.request_succeeded();
-        gw.metrics.pd_legs.inc(format_args!("leg=\"{}\",outcome=\"ok\"", leg.as_str()));
-    }
+    heads_ok(gw, ctx, sent, &p, &d);
     let guard = InFlight::new(gw.clone(), admission, d_load, ctx.route, ctx.start);
     let logprobs = ctx.route == Route::Generate && ctx.v.get("return_logprob").and_then(Value::as_bool) == Some(true);
     if logprobs {
         return Ok(merged(ctx, guard, p_load, ph, dh, &d).await);
     }
-    let (cut_tx, cut_rx) = oneshot::channel::<String>();
-    let (ended_tx, ended_rx) = oneshot::channel::<()>();
-    let watch = Watch { gw: gw.clone(), prefill: p, decode: d.clone(), rid, load: p_load };
-    tokio::spawn(watch.run(ph, cut_tx, ended_rx));
-    let cut = async move {
-        match cut_rx.await {
-            Ok(why) => why,
-            Err(_) => std::future::pending().await,
-        }
-    };
-    let ending = Ending { cut: Some(cut.boxed()), _ended: Some(ended_tx) };
-    Ok(stream_back(guard, d, dh, gw.config.limits.upstream_idle_timeout, ending))
-}
-
-fn unreachable_pair() -> ! {
-    unreachable!("the loop breaks with both heads or a failure")
+    let watch = Watch { gw: gw.clone(), prefill: p, decode: d.clone(), rid, load: p_load, push: false };
+    Ok(watch.relay(guard, ph, dh))
 }
 
 /// A room in [0, 2^63 - 1] with `room % dp == rank`.
@@ -183,83 +128,6 @@ fn bodies(ctx: &Ctx<'_>, p: &Worker, rooms: &[u64], rank: DpRank, dp: u32) -> (B
         o.insert("routed_dp_rank".into(), json!(rank.0));
     }
     (Bytes::from(serde_json::to_vec(&v).unwrap_or_default()), decode, rid)
-}
-
-/// The prefill leg after both heads came: its answer read to the end (its
-/// load released then); an error in it cuts decode's answer and aborts decode;
-/// decode's answer ending first aborts it.
-struct Watch {
-    gw: Arc<crate::Gateway>,
-    prefill: Arc<Worker>,
-    decode: Arc<Worker>,
-    rid: Option<String>,
-    load: LoadGuard,
-}
-
-impl Watch {
-    async fn run(
-        self,
-        resp: axum::http::Response<hyper::body::Incoming>,
-        cut: oneshot::Sender<String>,
-        mut ended: oneshot::Receiver<()>,
-    ) {
-        let mut body = Box::pin(read_all(resp.into_body(), MAX_LEG_ANSWER));
-        let limit = tokio::time::sleep(self.gw.config.request_timeout);
-        let read = tokio::select! {
-            r = &mut body => r,
-            _ = &mut ended => {
-                // Decode's answer is over (or its client left) before prefill's: not needed any more.
-                drop(body);
-                abort(&self.gw, Leg::Prefill, &self.prefill, self.rid.as_deref());
-                return;
-            }
-            () = limit => Err(format!("no end of its answer within {:?}", self.gw.config.request_timeout)),
-        };
-        drop(self.load);
-        let why = match read {
-            Ok(bytes) => failed_in(&bytes),
-            Err(e) => {
-                self.prefill.request_failed();
-                Some(e)
-            }
-        };
-        if let Some(why) = why {
-            self.prefill.answer_failed();
-            self.gw.metrics.pd_legs.inc(format_args!("leg=\"prefill\",outcome=\"failed_after_head\""));
-            let _ = cut.send(format!("the prefill leg on {} failed: {why}", self.prefill.url));
-            abort(&self.gw, Leg::Decode, &self.decode, self.rid.as_deref());
-        }
-    }
-}
-
-/// The error an answer body reports, if any: an `error` object, or an
-/// aborted finish (SGLang reports a failed transfer as either), in a JSON
-/// answer, a batch of them, or any event of a stream.
-fn failed_in(bytes: &[u8]) -> Option<String> {
-    let check = |v: &Value| -> Option<String> {
-        let items: Vec<&Value> = match v {
-            Value::Array(list) => list.iter().collect(),
-            one => vec![one],
-        };
-        items.into_iter().find_map(|v| {
-            if let Some(e) = v.get("error") {
-                return Some(e.get("message").and_then(Value::as_str).map_or_else(|| e.to_string(), str::to_string));
-            }
-            let finish = v.pointer("/meta_info/finish_reason")?;
-            (finish.get("type").and_then(Value::as_str) == Some("abort"))
-                .then(|| finish.get("message").and_then(Value::as_str).unwrap_or("aborted").to_string())
-        })
-    };
-    let text = std::str::from_utf8(bytes).ok()?;
-    if text.trim_start().starts_with("data:") {
-        return text
-            .split("\n\n")
-            .filter_map(|e| e.trim().strip_prefix("data:"))
-            .filter(|d| d.trim() != "[DONE]")
-            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-            .find_map(|v| check(&v));
-    }
-    serde_json::from_slice::<Value>(bytes).ok().and_then(|v| check(&v))
 }
 
 /// `return_logprob`: prefill's prompt logprobs go before decode's, in each
@@ -402,19 +270,6 @@ mod tests {
             }
         }
         assert_ne!(room_for(0, 1), room_for(0, 1), "rooms are fresh");
-    }
-
-    #[test]
-    fn failures_inside_answers() {
-        assert_eq!(failed_in(br#"{"text": "a", "meta_info": {"finish_reason": {"type": "length"}}}"#), None);
-        assert_eq!(failed_in(br#"{"error": {"message": "boom"}}"#).as_deref(), Some("boom"));
-        let abort =
-            br#"{"text": "", "meta_info": {"finish_reason": {"type": "abort", "message": "KV transfer failed"}}}"#;
-        assert_eq!(failed_in(abort).as_deref(), Some("KV transfer failed"));
-        let sse = b"data: {\"text\": \"a\"}\n\ndata: {\"error\": {\"message\": \"late\"}}\n\ndata: [DONE]\n\n";
-        assert_eq!(failed_in(sse).as_deref(), Some("late"));
-        assert_eq!(failed_in(b"data: {\"text\": \"a\"}\n\ndata: [DONE]\n\n"), None);
-        assert_eq!(failed_in(br#"[{"text": "a"}, {"error": "second"}]"#).as_deref(), Some("\"second\""));
     }
 
     #[test]

@@ -10,6 +10,13 @@
 //! would prefill locally, silently, with a right answer and the
 //! disaggregation lost. Prompt logprobs come from prefill (decode computed
 //! none) and are merged into decode's answer, as vllm-router merges them.
+//!
+//! A prefill whose params say `transfer_mode: push` (NixlPushConnector)
+//! pushes the KV to its decode peer, which needs only the prefill's identity
+//! (engine id, side-channel host and port, parallel sizes), matched by the
+//! shared request id: once a prefill worker is seen in push mode, its
+//! requests send both legs at once with that identity, and fall back to two
+//! stages when its answers stop saying push.
 
 use std::sync::Arc;
 
@@ -18,6 +25,7 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use serde_json::{Value, json};
 
+use super::dual::{Watch, both_heads, heads_ok};
 use super::{Ctx, Failure, Leg, MAX_LEG_ANSWER, Pair, json_answer, read_all, status_failure};
 use crate::admission::Admission;
 use crate::proxy::{Ending, InFlight, SendError, send_to, stream_back};
@@ -25,6 +33,9 @@ use crate::proxy::{Ending, InFlight, SendError, send_to, stream_back};
 /// The params decode needs of prefill's answer for a real pull.
 const REQUIRED: [&str; 6] =
     ["do_remote_prefill", "remote_engine_id", "remote_request_id", "remote_host", "remote_port", "remote_block_ids"];
+
+/// What a push-mode decode needs of its prefill: who it is, not what it kept.
+const PUSH_IDENTITY: [&str; 6] = ["remote_engine_id", "remote_host", "remote_port", "tp_size", "pp_size", "dcp_size"];
 
 /// One attempt on `pair`; on failure, why, and the admission back for the next attempt.
 pub(super) async fn attempt(
@@ -34,13 +45,12 @@ pub(super) async fn attempt(
 ) -> Result<Response, (Failure, Admission)> {
     let gw = ctx.gw;
     let (p, d) = (pair.prefill.chosen().clone(), pair.decode.chosen().clone());
+    if let Some(identity) = push_identity(gw, &p) {
+        return push_attempt(ctx, pair, admission, identity).await;
+    }
     let dp = p.dp_size();
     let rank = pair.prefill.rank.or_else(|| p.least_loaded_rank()).filter(|r| r.0 < dp && dp > 1);
-    let mut headers = HeaderMap::clone(&ctx.headers);
-    if let Ok(id) = HeaderValue::from_str(&ctx.meta.id) {
-        headers.insert(crate::context::REQUEST_ID_HEADER, id);
-    }
-    let headers = Arc::new(headers);
+    let headers = same_request_id(ctx);
     let path = ctx.route.path();
     let limit = gw.config.request_timeout;
     let matched = pair.prefill.candidates[pair.prefill.chosen].matched_tokens;
@@ -75,6 +85,7 @@ pub(super) async fn attempt(
     };
     p.request_succeeded();
     gw.metrics.pd_legs.inc(format_args!("leg=\"prefill\",outcome=\"ok\""));
+    learn_push(gw, &p, &params);
     let mut decode = ctx.v.clone();
     if let Some(o) = decode.as_object_mut() {
         o.insert("kv_transfer_params".into(), params);
@@ -113,6 +124,87 @@ pub(super) async fn attempt(
     };
     merge_prompt_logprobs(&prefill, &mut answer);
     Ok(json_answer(status, &answer))
+}
+
+/// Both legs at once to a prefill seen in push mode: decode with the
+/// prefill's identity, matched to it by the shared `X-Request-Id`.
+async fn push_attempt(
+    ctx: &Ctx<'_>,
+    pair: &Pair,
+    admission: Admission,
+    identity: Value,
+) -> Result<Response, (Failure, Admission)> {
+    let gw = ctx.gw;
+    let (p, d) = (pair.prefill.chosen().clone(), pair.decode.chosen().clone());
+    let dp = p.dp_size();
+    let rank = pair.prefill.rank.or_else(|| p.least_loaded_rank()).filter(|r| r.0 < dp && dp > 1);
+    let headers = same_request_id(ctx);
+    let mut decode = ctx.v.clone();
+    if let Some(o) = decode.as_object_mut() {
+        o.insert("kv_transfer_params".into(), identity);
+    }
+    let decode = Bytes::from(serde_json::to_vec(&decode).unwrap_or_default());
+    let matched = pair.prefill.candidates[pair.prefill.chosen].matched_tokens;
+    let p_load = p.charge_on(pair.prefill.input_tokens.saturating_sub(matched), rank);
+    let d_load = d.charge(0);
+    let path = ctx.route.path();
+    let sent = std::time::Instant::now();
+    let pf = send_to(&ctx.client, &headers, &p, path, prefill_body(&ctx.v), rank);
+    let df = send_to(&ctx.client, &headers, &d, path, decode, None);
+    let (ph, dh) = match both_heads(gw, pf, df, &p, &d, None).await {
+        Ok(heads) => heads,
+        Err(failure) => {
+            forget_push(gw, &p);
+            return Err((failure, admission));
+        }
+    };
+    heads_ok(gw, ctx, sent, &p, &d);
+    let guard = InFlight::new(gw.clone(), admission, d_load, ctx.route, ctx.start);
+    let watch = Watch { gw: gw.clone(), prefill: p, decode: d, rid: None, load: p_load, push: true };
+    Ok(watch.relay(guard, ph, dh))
+}
+
+/// The client's headers with the request's id as `X-Request-Id`: both legs carry it.
+fn same_request_id(ctx: &Ctx<'_>) -> Arc<HeaderMap> {
+    let mut headers = HeaderMap::clone(&ctx.headers);
+    if let Ok(id) = HeaderValue::from_str(&ctx.meta.id) {
+        headers.insert(crate::context::REQUEST_ID_HEADER, id);
+    }
+    Arc::new(headers)
+}
+
+/// The identity a push-mode decode leg gets for prefill `p`, if `p` was seen in push mode.
+fn push_identity(gw: &crate::Gateway, p: &fleet::Worker) -> Option<Value> {
+    let pd = gw.pd.as_ref()?;
+    pd.push.lock().unwrap_or_else(|e| e.into_inner()).get(&p.id).cloned()
+}
+
+/// Remembers `p` as a push-mode prefill when its params say so, with the identity a decode needs.
+fn learn_push(gw: &crate::Gateway, p: &fleet::Worker, params: &Value) {
+    let Some(pd) = gw.pd.as_ref() else { return };
+    if params.get("transfer_mode").and_then(Value::as_str) != Some("push") {
+        return;
+    }
+    let mut identity = serde_json::Map::new();
+    identity.insert("do_remote_prefill".into(), json!(true));
+    identity.insert("do_remote_decode".into(), json!(false));
+    identity.insert("transfer_mode".into(), json!("push"));
+    for k in PUSH_IDENTITY {
+        if let Some(v) = params.get(k) {
+            identity.insert(k.into(), v.clone());
+        }
+    }
+    let needed = ["remote_engine_id", "remote_host", "remote_port", "tp_size"];
+    if needed.iter().all(|k| identity.contains_key(*k)) {
+        pd.push.lock().unwrap_or_else(|e| e.into_inner()).insert(p.id, Value::Object(identity));
+    }
+}
+
+/// Forgets that `p` pushes (its answer failed, or stopped saying push): its next request goes two-stage.
+pub(super) fn forget_push(gw: &crate::Gateway, p: &fleet::Worker) {
+    if let Some(pd) = gw.pd.as_ref() {
+        pd.push.lock().unwrap_or_else(|e| e.into_inner()).remove(&p.id);
+    }
 }
 
 /// The prefill leg's body: one token, not streamed, asking to keep the KV for a remote decode.

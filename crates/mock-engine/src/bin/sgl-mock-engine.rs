@@ -71,6 +71,10 @@ struct Args {
     /// Longest a PD leg waits for its peer, in seconds (SGLang waits 300).
     #[arg(long, env = "SGL_MOCK_BOOTSTRAP_TIMEOUT_SECS", default_value_t = 30)]
     bootstrap_timeout_secs: u64,
+    /// vLLM prefill: NIXL push mode (NixlPushConnector): answers `transfer_mode: push`, and its
+    /// decode peers register by request id with no block ids, so both legs can go at once.
+    #[arg(long, env = "SGL_MOCK_PUSH")]
+    push: bool,
     /// Fault: keep the first N event batches out of the live stream (replay still has them).
     #[arg(long, env = "SGL_MOCK_FAULT_DROP_BATCHES", default_value_t = 0)]
     fault_drop_batches: usize,
@@ -107,6 +111,7 @@ async fn main() -> anyhow::Result<()> {
             flavor: a.flavor,
             bootstrap_port: a.bootstrap_port,
             bootstrap_timeout: Duration::from_secs(a.bootstrap_timeout_secs),
+            push: a.push,
         },
         prefill_fixed: Duration::from_millis(a.prefill_fixed_ms),
         prefill_tokens_per_s: a.prefill_tokens_per_s,
