@@ -309,6 +309,8 @@ async fn vllm_prefill(
         Some("a prefill request must have max_tokens 1")
     } else if v.get("stream").and_then(Value::as_bool) == Some(true) {
         Some("a prefill request must not stream")
+    } else if pd.config.mooncake && params.and_then(|p| p.get("transfer_id")).and_then(Value::as_str).is_none() {
+        Some("Missing transfer_id in kv_transfer_params from router!")
     } else {
         None
     };
@@ -327,6 +329,13 @@ async fn vllm_prefill(
     let admission_cached = admission.cached_tokens;
     let pages = tokens.len().div_ceil(e.config().page_size.max(1));
     let internal = internal_id(route, &request_id);
+    if pd.config.mooncake {
+        // Kept under the router's transfer id; Mooncake's prefill answers no params.
+        let transfer = params.and_then(|p| p.get("transfer_id")).and_then(Value::as_str).unwrap_or_default();
+        pd.keep(transfer, digest(&tokens), pages);
+        let guard = Release { engine: e.clone(), admission };
+        return Json(answer(&e, route, &v, &guard, 1, Extras::default()).await).into_response();
+    }
     let block_ids = pd.keep(&internal, digest(&tokens), pages);
     let mut extras = Extras::default();
     let broken = e.take_drop_kv_params();

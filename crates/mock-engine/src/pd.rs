@@ -110,6 +110,10 @@ pub struct PdConfig {
     /// vLLM prefill: NixlPushConnector (answers `transfer_mode: push`; its decode peers
     /// register by request id, needing no block ids) instead of the pull connector.
     pub push: bool,
+    /// vLLM: the MooncakeConnector. The prefill's bootstrap port also answers `GET /query`
+    /// (its engine id per data-parallel rank); a prefill request needs the router's
+    /// `transfer_id` and answers no params; decode pulls by that id from `remote_bootstrap_addr`.
+    pub mooncake: bool,
 }
 
 impl Default for PdConfig {
@@ -120,6 +124,7 @@ impl Default for PdConfig {
             bootstrap_port: 0,
             bootstrap_timeout: Duration::from_secs(30),
             push: false,
+            mooncake: false,
         }
     }
 }
@@ -462,6 +467,31 @@ pub(crate) async fn meet_as_decode(
 /// `Ok` the prompt tokens the prefill had cached.
 pub(crate) async fn pull(pd: &Pd, params: &Value, digest: u64, own_id: Option<&str>) -> Result<usize, String> {
     let text = |k: &str| params.get(k).and_then(Value::as_str).map(str::to_string);
+    if let Some(addr) = text("remote_bootstrap_addr") {
+        // Mooncake: the blocks the prefill kept under the router's transfer id.
+        let complete = params.get("do_remote_prefill").and_then(Value::as_bool) == Some(true)
+            && text("remote_engine_id").is_some()
+            && text("transfer_id").is_some();
+        let hostport = addr.strip_prefix("http://").map(|a| a.trim_end_matches('/').to_string());
+        let (Some(hostport), true) = (hostport, complete) else {
+            return Err(format!("incomplete Mooncake kv_transfer_params: {params}"));
+        };
+        let (host, port) = hostport.rsplit_once(':').unwrap_or((hostport.as_str(), "0"));
+        let hello = Hello {
+            room: None,
+            digest,
+            prefill_dp_rank: None,
+            request_id: text("transfer_id"),
+            engine_id: text("remote_engine_id"),
+            block_ids: None,
+        };
+        let port = port.parse::<u16>().unwrap_or(0);
+        let reply = exchange(pd, host, port, &hello, pd.config.bootstrap_timeout).await.map_err(|(_, e)| e)?;
+        return match reply.get("ok").and_then(Value::as_bool) {
+            Some(true) => Ok(0),
+            _ => Err(reply.get("error").and_then(Value::as_str).unwrap_or("pull failed").to_string()),
+        };
+    }
     let push = params.get("transfer_mode").and_then(Value::as_str) == Some("push")
         && params.get("remote_block_ids").is_none_or(Value::is_null);
     if push {
@@ -566,6 +596,9 @@ async fn greeted(pd: Arc<Pd>, conn: TcpStream) {
     let mut line = String::new();
     let read = tokio::time::timeout(pd.config.bootstrap_timeout, conn.read_line(&mut line)).await;
     let Ok(Ok(n)) = read else { return };
+    if line.starts_with("GET ") {
+        return query(&pd, conn, &line).await;
+    }
     let Ok(hello) = serde_json::from_str::<Hello>(&line[..n.min(line.len())]) else { return };
     match hello.room {
         // vLLM: the blocks are there or not, at once.
@@ -608,6 +641,31 @@ async fn greeted(pd: Arc<Pd>, conn: TcpStream) {
             }
         }
     }
+}
+
+/// vLLM Mooncake's bootstrap server: `GET /query` answers the engine id of
+/// each data-parallel rank (one HTTP/1.1 answer, then the connection closes).
+async fn query(pd: &Pd, mut conn: BufReader<TcpStream>, request_line: &str) {
+    // The rest of the head, bounded.
+    let mut header = String::new();
+    for _ in 0..64 {
+        header.clear();
+        match conn.read_line(&mut header).await {
+            Ok(n) if n > 2 => continue,
+            _ => break,
+        }
+    }
+    let (status, body) = if pd.config.mooncake && request_line.split_whitespace().nth(1) == Some("/query") {
+        let addr = pd.bootstrap.map(|a| a.to_string()).unwrap_or_default();
+        ("200 OK", json!({"0": {"engine_id": pd.engine_id, "worker_addr": {"0": {"0": addr}}}}).to_string())
+    } else {
+        ("404 Not Found", json!({"error": "not found"}).to_string())
+    };
+    let answer = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = conn.get_mut().write_all(answer.as_bytes()).await;
 }
 
 /// The prompt items of a request: one, or a batch (`/generate` with a `text`

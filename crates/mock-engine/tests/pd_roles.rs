@@ -15,7 +15,14 @@ async fn engine(role: PdRole, flavor: Flavor, dp_size: usize) -> MockEngine {
         default_max_tokens: 3,
         dp_size,
         kv_events: role != PdRole::Decode,
-        pd: PdConfig { role, flavor, bootstrap_port: 0, bootstrap_timeout: Duration::from_secs(2), push: false },
+        pd: PdConfig {
+            role,
+            flavor,
+            bootstrap_port: 0,
+            bootstrap_timeout: Duration::from_secs(2),
+            push: false,
+            mooncake: false,
+        },
         ..MockEngineConfig::default()
     };
     MockEngine::spawn(config).await.unwrap()

@@ -157,6 +157,8 @@ pub struct PdSetup {
     pub mock_prefill: usize,
     /// Simulated decode engines to start in-process.
     pub mock_decode: usize,
+    /// vLLM's KV connector.
+    pub connector: gateway::pd::KvConnector,
 }
 
 /// A built router, bound to its port.
@@ -200,7 +202,13 @@ impl App {
                 Some(dir) => Renderer::from_dir(dir, config.chat_template.as_deref())?,
                 None => Renderer::builtin()?,
             };
-            let pd = mock_engine::PdConfig { role, flavor, ..mock_engine::PdConfig::default() };
+            let mooncake = config.pd.as_ref().is_some_and(|pd| pd.connector == gateway::pd::KvConnector::Mooncake);
+            let pd = mock_engine::PdConfig {
+                role,
+                flavor,
+                mooncake: mooncake && role == mock_engine::PdRole::Prefill,
+                ..mock_engine::PdConfig::default()
+            };
             let mock_config = MockEngineConfig {
                 speedup: 10.0,
                 kv_events: role != mock_engine::PdRole::Decode,
@@ -226,7 +234,10 @@ impl App {
         });
         // With disaggregation, the gateway's policy chooses the prefill worker.
         let policy = build_policy(config.pd.as_ref().map_or(&config.policy, |pd| &pd.prefill_policy), &cancel);
-        let pd = config.pd.as_ref().map(|pd| PdConfig::new(pd.mode, build_policy(&pd.decode_policy, &cancel)));
+        let pd = config
+            .pd
+            .as_ref()
+            .map(|pd| PdConfig::new(pd.mode, build_policy(&pd.decode_policy, &cancel)).with_connector(pd.connector));
         let gw_config = GatewayConfig {
             max_body_bytes: config.max_body_bytes,
             request_timeout: config.request_timeout,

@@ -353,7 +353,10 @@ pub(crate) struct PdFlags {
     /// whatever the policy: their KV comes from the prefill, so none holds a prefix.
     #[arg(long, env = "SGL_ROUTER_DECODE_POLICY", value_enum)]
     pub(crate) decode_policy: Option<PolicyName>,
-    /// vLLM's KV connector [default: nixl]: `nixl` (NixlConnector, pull: prefill, then decode).
+    /// vLLM's KV connector [default: nixl]: `nixl` (NixlConnector: prefill, then decode with its
+    /// params; both at once once a prefill reports push mode) or `mooncake` (MooncakeConnector:
+    /// both at once, linked by a router-made `transfer_id`; the prefill's engine id is read from
+    /// its bootstrap server's `GET /query` on the --prefill bootstrap port, default 8998).
     #[arg(long, env = "SGL_ROUTER_KV_CONNECTOR", value_parser = ["nixl", "mooncake", "moriio"])]
     pub(crate) kv_connector: Option<String>,
 }

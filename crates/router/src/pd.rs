@@ -34,13 +34,15 @@ pub(crate) fn setup(a: &ServeArgs, policy: impl Fn(PolicyName) -> PolicyConfig) 
         (PdMode::Sglang, Some(c)) => {
             return usage(format!("--kv-connector {c} is vLLM's: give --vllm-pd-disaggregation"));
         }
-        (PdMode::Vllm, Some(c)) if c != "nixl" => {
-            return usage(format!(
-                "--kv-connector {c}: only nixl (vLLM's default NixlConnector, pull) is supported so far"
-            ));
+        (PdMode::Vllm, Some("moriio")) => {
+            return usage("--kv-connector moriio: only nixl and mooncake are supported so far".into());
         }
         _ => {}
     }
+    let connector = match f.kv_connector.as_deref() {
+        Some("mooncake") => gateway::pd::KvConnector::Mooncake,
+        _ => gateway::pd::KvConnector::Nixl,
+    };
     let mut prefill: Vec<(WorkerUrl, Bootstrap)> = Vec::new();
     for (url, port) in group_prefill(&f.prefill)? {
         let url = gateway::check_worker_url(url.trim()).map_err(|e| UsageError(format!("--prefill: {e}")))?;
@@ -84,6 +86,7 @@ pub(crate) fn setup(a: &ServeArgs, policy: impl Fn(PolicyName) -> PolicyConfig) 
         decode_policy: policy(f.decode_policy.unwrap_or(a.policy)),
         mock_prefill,
         mock_decode,
+        connector,
     }))
 }
 

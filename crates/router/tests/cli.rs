@@ -209,9 +209,9 @@ fn the_router_refuses_bad_flags_with_one_line_and_status_64() {
                 "--decode",
                 "http://d:1",
                 "--kv-connector",
-                "mooncake",
+                "moriio",
             ][..],
-            "only nixl",
+            "only nixl and mooncake",
         ),
         (
             &["--pd-disaggregation", "--prefill", "http://p:1", "--decode", "http://d:1", "--kv-connector", "nixl"][..],

@@ -46,7 +46,14 @@ async fn engine(role: PdRole, flavor: Flavor, dp_size: usize) -> MockEngine {
         default_max_tokens: 3,
         dp_size,
         kv_events: role != PdRole::Decode,
-        pd: PdConfig { role, flavor, bootstrap_port: 0, bootstrap_timeout: Duration::from_secs(10), push: false },
+        pd: PdConfig {
+            role,
+            flavor,
+            bootstrap_port: 0,
+            bootstrap_timeout: Duration::from_secs(10),
+            push: false,
+            mooncake: false,
+        },
         ..MockEngineConfig::default()
     })
     .await
@@ -85,6 +92,7 @@ async fn router(mode: PdMode, p: &MockEngine, d: &MockEngine) -> common::app::Ru
         decode_policy: PolicyConfig::PowerOfTwo,
         mock_prefill: 0,
         mock_decode: 0,
+        connector: gateway::pd::KvConnector::Nixl,
     });
     start(c).await
 }

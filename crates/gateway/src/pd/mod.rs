@@ -47,6 +47,17 @@ pub enum PdMode {
     Vllm,
 }
 
+/// vLLM's KV connector (`--kv-connector`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvConnector {
+    /// NixlConnector: pull (prefill, then decode with its params), or push once a prefill says so.
+    #[default]
+    Nixl,
+    /// MooncakeConnector: both legs at once, linked by the router's `transfer_id`, decode told
+    /// the prefill's engine id (its bootstrap server's `GET /query`).
+    Mooncake,
+}
+
 /// Disaggregation's setup.
 pub struct PdConfig {
     /// The engines' contract.
@@ -56,12 +67,28 @@ pub struct PdConfig {
     /// vLLM prefill workers seen in NIXL push mode, and the identity their decode peers need
     /// (their legs then go at once).
     pub(crate) push: std::sync::Mutex<std::collections::HashMap<WorkerId, Value>>,
+    /// vLLM's connector.
+    pub connector: KvConnector,
+    /// Mooncake prefill workers' engine ids by data-parallel rank, from their `GET /query`.
+    pub(crate) mooncake: std::sync::Mutex<std::collections::HashMap<WorkerId, std::collections::HashMap<u32, String>>>,
 }
 
 impl PdConfig {
     /// Disaggregation following `mode`, the decode worker chosen by `decode_policy`.
     pub fn new(mode: PdMode, decode_policy: Arc<dyn Policy>) -> Self {
-        Self { mode, decode_policy, push: Default::default() }
+        Self {
+            mode,
+            decode_policy,
+            push: Default::default(),
+            connector: KvConnector::Nixl,
+            mooncake: Default::default(),
+        }
+    }
+
+    /// The same, with vLLM's `connector`.
+    pub fn with_connector(mut self, connector: KvConnector) -> Self {
+        self.connector = connector;
+        self
     }
 }
 
@@ -127,6 +154,8 @@ pub(crate) const MAX_LEG_ANSWER: usize = 64 << 20;
 const ERROR_BODY_WAIT: Duration = Duration::from_secs(1);
 /// Longest an `/abort_request` to a worker may take.
 const ABORT_TIMEOUT: Duration = Duration::from_secs(2);
+/// When an `/abort_request` is sent again.
+const ABORT_AGAIN_AFTER: Duration = Duration::from_millis(300);
 
 // === impl Failure ===
 
@@ -395,16 +424,21 @@ pub(crate) fn abort(gw: &Gateway, leg: Leg, worker: &Worker, rid: Option<&str>) 
     let Some(rid) = rid else { return };
     let (client, url, rid) = (gw.fleet.client().clone(), worker.endpoint_url("/abort_request"), rid.to_string());
     tokio::spawn(async move {
-        let body = json!({"rid": rid}).to_string();
-        let sent = client
-            .post(&url)
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(body)
-            .timeout(ABORT_TIMEOUT)
-            .send()
-            .await;
-        if let Err(e) = sent {
-            tracing::debug!(url, error = %e, "abort_request failed");
+        // Sent twice: SGLang ignores a rid it has not registered yet, and a leg sent at the
+        // same moment may still be on its way in (its closed connection aborts it anyway, later).
+        for wait in [Duration::ZERO, ABORT_AGAIN_AFTER] {
+            tokio::time::sleep(wait).await;
+            let body = json!({"rid": rid}).to_string();
+            let sent = client
+                .post(&url)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(body)
+                .timeout(ABORT_TIMEOUT)
+                .send()
+                .await;
+            if let Err(e) = sent {
+                tracing::debug!(url, error = %e, "abort_request failed");
+            }
         }
     });
 }

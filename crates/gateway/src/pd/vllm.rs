@@ -45,6 +45,9 @@ pub(super) async fn attempt(
 ) -> Result<Response, (Failure, Admission)> {
     let gw = ctx.gw;
     let (p, d) = (pair.prefill.chosen().clone(), pair.decode.chosen().clone());
+    if gw.pd.as_ref().is_some_and(|pd| pd.connector == super::KvConnector::Mooncake) {
+        return mooncake_attempt(ctx, pair, admission).await;
+    }
     if let Some(identity) = push_identity(gw, &p) {
         return push_attempt(ctx, pair, admission, identity).await;
     }
@@ -56,22 +59,26 @@ pub(super) async fn attempt(
     let matched = pair.prefill.candidates[pair.prefill.chosen].matched_tokens;
     let p_load = p.charge_on(pair.prefill.input_tokens.saturating_sub(matched), rank);
     let sent = std::time::Instant::now();
-    let answer =
-        match tokio::time::timeout(limit, send_to(&ctx.client, &headers, &p, path, prefill_body(&ctx.v), rank)).await {
-            Err(_) => return Err((Failure::Timeout { leg: Leg::Prefill, worker: p }, admission)),
-            Ok(Err(error)) => return Err((Failure::Transport { leg: Leg::Prefill, worker: p, error }, admission)),
-            Ok(Ok(resp)) if !resp.status().is_success() => {
-                return Err((status_failure(Leg::Prefill, &p, resp).await, admission));
+    let answer = match tokio::time::timeout(
+        limit,
+        send_to(&ctx.client, &headers, &p, path, prefill_body(&ctx.v, nixl_pull()), rank),
+    )
+    .await
+    {
+        Err(_) => return Err((Failure::Timeout { leg: Leg::Prefill, worker: p }, admission)),
+        Ok(Err(error)) => return Err((Failure::Transport { leg: Leg::Prefill, worker: p, error }, admission)),
+        Ok(Ok(resp)) if !resp.status().is_success() => {
+            return Err((status_failure(Leg::Prefill, &p, resp).await, admission));
+        }
+        Ok(Ok(resp)) => match tokio::time::timeout(limit, read_all(resp.into_body(), MAX_LEG_ANSWER)).await {
+            Ok(Ok(body)) => body,
+            Ok(Err(message)) => {
+                let error = SendError { connect: false, message };
+                return Err((Failure::Transport { leg: Leg::Prefill, worker: p, error }, admission));
             }
-            Ok(Ok(resp)) => match tokio::time::timeout(limit, read_all(resp.into_body(), MAX_LEG_ANSWER)).await {
-                Ok(Ok(body)) => body,
-                Ok(Err(message)) => {
-                    let error = SendError { connect: false, message };
-                    return Err((Failure::Transport { leg: Leg::Prefill, worker: p, error }, admission));
-                }
-                Err(_) => return Err((Failure::Timeout { leg: Leg::Prefill, worker: p }, admission)),
-            },
-        };
+            Err(_) => return Err((Failure::Timeout { leg: Leg::Prefill, worker: p }, admission)),
+        },
+    };
     drop(p_load);
     let prefill: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
     let params = match complete_params(&prefill) {
@@ -149,7 +156,7 @@ async fn push_attempt(
     let d_load = d.charge(0);
     let path = ctx.route.path();
     let sent = std::time::Instant::now();
-    let pf = send_to(&ctx.client, &headers, &p, path, prefill_body(&ctx.v), rank);
+    let pf = send_to(&ctx.client, &headers, &p, path, prefill_body(&ctx.v, nixl_pull()), rank);
     let df = send_to(&ctx.client, &headers, &d, path, decode, None);
     let (ph, dh) = match both_heads(gw, pf, df, &p, &d, None).await {
         Ok(heads) => heads,
@@ -162,6 +169,96 @@ async fn push_attempt(
     let guard = InFlight::new(gw.clone(), admission, d_load, ctx.route, ctx.start);
     let watch = Watch { gw: gw.clone(), prefill: p, decode: d, rid: None, load: p_load, push: true };
     Ok(watch.relay(guard, ph, dh))
+}
+
+/// Mooncake: both legs at once, linked by a fresh `transfer_id`; decode is
+/// told the prefill's bootstrap address and engine id (from its `GET /query`).
+async fn mooncake_attempt(ctx: &Ctx<'_>, pair: &Pair, admission: Admission) -> Result<Response, (Failure, Admission)> {
+    let gw = ctx.gw;
+    let (p, d) = (pair.prefill.chosen().clone(), pair.decode.chosen().clone());
+    let dp = p.dp_size();
+    let rank = pair.prefill.rank.or_else(|| p.least_loaded_rank()).filter(|r| r.0 < dp && dp > 1);
+    let path = ctx.route.path();
+    let host = p.endpoint(path).and_then(|u| u.host().map(str::to_string)).unwrap_or_default();
+    let addr = format!("http://{host}:{}", p.bootstrap_port().unwrap_or(MOONCAKE_BOOTSTRAP_PORT));
+    let engines = match engine_ids(gw, &p, &addr).await {
+        Ok(e) => e,
+        Err(message) => return Err((Failure::Params { worker: p, message }, admission)),
+    };
+    let Some(engine_id) = engines.get(&rank.map_or(0, |r| r.0)).or_else(|| engines.values().next()).cloned() else {
+        let message = format!("the prefill worker's Mooncake bootstrap server {addr} lists no engine");
+        return Err((Failure::Params { worker: p, message }, admission));
+    };
+    let transfer_id = format!("xfer-{}.{:x}", ctx.meta.id, crate::random_u64() & 0xffff_ffff);
+    let prefill =
+        prefill_body(&ctx.v, json!({"do_remote_decode": true, "do_remote_prefill": false, "transfer_id": transfer_id}));
+    let mut decode = ctx.v.clone();
+    if let Some(o) = decode.as_object_mut() {
+        o.insert(
+            "kv_transfer_params".into(),
+            json!({"do_remote_decode": false, "do_remote_prefill": true, "remote_bootstrap_addr": addr,
+                   "remote_engine_id": engine_id, "transfer_id": transfer_id}),
+        );
+    }
+    let decode = Bytes::from(serde_json::to_vec(&decode).unwrap_or_default());
+    let headers = same_request_id(ctx);
+    let matched = pair.prefill.candidates[pair.prefill.chosen].matched_tokens;
+    let p_load = p.charge_on(pair.prefill.input_tokens.saturating_sub(matched), rank);
+    let d_load = d.charge(0);
+    let sent = std::time::Instant::now();
+    let pf = send_to(&ctx.client, &headers, &p, path, prefill, rank);
+    let df = send_to(&ctx.client, &headers, &d, path, decode, None);
+    let (ph, dh) = match both_heads(gw, pf, df, &p, &d, None).await {
+        Ok(heads) => heads,
+        Err(failure) => {
+            // The engine may have restarted under a new id: asked again next time.
+            if let Some(pd) = gw.pd.as_ref() {
+                pd.mooncake.lock().unwrap_or_else(|e| e.into_inner()).remove(&p.id);
+            }
+            return Err((failure, admission));
+        }
+    };
+    heads_ok(gw, ctx, sent, &p, &d);
+    let guard = InFlight::new(gw.clone(), admission, d_load, ctx.route, ctx.start);
+    let watch = Watch { gw: gw.clone(), prefill: p, decode: d, rid: None, load: p_load, push: false };
+    Ok(watch.relay(guard, ph, dh))
+}
+
+/// vLLM's default Mooncake bootstrap port (`VLLM_MOONCAKE_BOOTSTRAP_PORT`).
+const MOONCAKE_BOOTSTRAP_PORT: u16 = 8998;
+/// Most data-parallel ranks read from a bootstrap server's `/query`.
+const MAX_QUERY_RANKS: usize = 256;
+
+/// The engine ids of prefill `p` by rank: known, or asked of its bootstrap server at `addr`.
+async fn engine_ids(
+    gw: &crate::Gateway,
+    p: &fleet::Worker,
+    addr: &str,
+) -> Result<std::collections::HashMap<u32, String>, String> {
+    let pd = gw.pd.as_ref().ok_or("not disaggregated")?;
+    if let Some(known) = pd.mooncake.lock().unwrap_or_else(|e| e.into_inner()).get(&p.id) {
+        return Ok(known.clone());
+    }
+    let url = format!("{addr}/query");
+    let fail = |why: String| format!("the prefill worker's Mooncake bootstrap server {url}: {why}");
+    let resp = gw.fleet.client().get(&url).send().await.map_err(|e| fail(e.to_string()))?;
+    if !resp.status().is_success() {
+        return Err(fail(format!("answered {}", resp.status())));
+    }
+    let body = fleet::read_capped(resp).await.ok_or_else(|| fail("no answer within 1 MiB".into()))?;
+    let v: Value = serde_json::from_slice(&body).map_err(|e| fail(e.to_string()))?;
+    let ids: std::collections::HashMap<u32, String> = v
+        .as_object()
+        .into_iter()
+        .flatten()
+        .take(MAX_QUERY_RANKS)
+        .filter_map(|(rank, e)| Some((rank.parse().ok()?, e.get("engine_id")?.as_str()?.chars().take(256).collect())))
+        .collect();
+    if ids.is_empty() {
+        return Err(fail("no engine ids".into()));
+    }
+    pd.mooncake.lock().unwrap_or_else(|e| e.into_inner()).insert(p.id, ids.clone());
+    Ok(ids)
 }
 
 /// The client's headers with the request's id as `X-Request-Id`: both legs carry it.
@@ -207,8 +304,14 @@ pub(super) fn forget_push(gw: &crate::Gateway, p: &fleet::Worker) {
     }
 }
 
-/// The prefill leg's body: one token, not streamed, asking to keep the KV for a remote decode.
-fn prefill_body(v: &Value) -> Bytes {
+/// NIXL's prefill params: keep the KV for a remote decode.
+fn nixl_pull() -> Value {
+    json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
+           "remote_block_ids": null, "remote_host": null, "remote_port": null})
+}
+
+/// The prefill leg's body: one token, not streamed, with the connector's `params`.
+fn prefill_body(v: &Value, params: Value) -> Bytes {
     let mut v = v.clone();
     if let Some(o) = v.as_object_mut() {
         o.insert("max_tokens".into(), json!(1));
@@ -220,11 +323,7 @@ fn prefill_body(v: &Value) -> Bytes {
         }
         o.insert("stream".into(), json!(false));
         o.remove("stream_options");
-        o.insert(
-            "kv_transfer_params".into(),
-            json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
-                   "remote_block_ids": null, "remote_host": null, "remote_port": null}),
-        );
+        o.insert("kv_transfer_params".into(), params);
     }
     Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
 }
@@ -314,7 +413,7 @@ mod tests {
     fn the_prefill_body_is_one_token_not_streamed() {
         let v = json!({"model": "m", "prompt": "hi", "max_tokens": 50, "max_completion_tokens": 50, "min_tokens": 5,
                        "stream": true, "stream_options": {"include_usage": true}});
-        let b: Value = serde_json::from_slice(&prefill_body(&v)).unwrap();
+        let b: Value = serde_json::from_slice(&prefill_body(&v, nixl_pull())).unwrap();
         assert_eq!(
             (b["max_tokens"].clone(), b["max_completion_tokens"].clone(), b["min_tokens"].clone()),
             (json!(1), json!(1), json!(1))

@@ -75,6 +75,10 @@ struct Args {
     /// decode peers register by request id with no block ids, so both legs can go at once.
     #[arg(long, env = "SGL_MOCK_PUSH")]
     push: bool,
+    /// vLLM: the MooncakeConnector: the prefill's bootstrap port answers `GET /query`, prefill
+    /// requests need the router's `transfer_id`, decode pulls from `remote_bootstrap_addr`.
+    #[arg(long, env = "SGL_MOCK_MOONCAKE", conflicts_with = "push")]
+    mooncake: bool,
     /// Fault: keep the first N event batches out of the live stream (replay still has them).
     #[arg(long, env = "SGL_MOCK_FAULT_DROP_BATCHES", default_value_t = 0)]
     fault_drop_batches: usize,
@@ -112,6 +116,7 @@ async fn main() -> anyhow::Result<()> {
             bootstrap_port: a.bootstrap_port,
             bootstrap_timeout: Duration::from_secs(a.bootstrap_timeout_secs),
             push: a.push,
+            mooncake: a.mooncake,
         },
         prefill_fixed: Duration::from_millis(a.prefill_fixed_ms),
         prefill_tokens_per_s: a.prefill_tokens_per_s,
