@@ -60,12 +60,7 @@ pub(crate) async fn debug_route(
     })
     .await??;
     // An explain: the policy's choice, never committed (nothing it learns or advances).
-    let candidates: Vec<Value> = plan
-        .candidates
-        .iter()
-        .zip(&plan.workers)
-        .map(|(c, w)| json!({"worker": w.url, "id": w.id, "matched_tokens": c.matched_tokens, "in_flight": c.load.in_flight}))
-        .collect();
+    let candidates = plan.candidates_json();
     Ok(Json(json!({
         "worker": plan.chosen().url,
         "dp_rank": plan.rank.map(|r| r.0),

@@ -117,6 +117,15 @@ impl Plan {
         &self.workers[self.chosen]
     }
 
+    /// The candidates as an explain shows them.
+    pub(crate) fn candidates_json(&self) -> Vec<Value> {
+        self.candidates
+            .iter()
+            .zip(&self.workers)
+            .map(|(c, w)| json!({"worker": w.url, "id": w.id, "matched_tokens": c.matched_tokens, "in_flight": c.load.in_flight}))
+            .collect()
+    }
+
     /// What the policy saw of the request.
     pub(crate) fn request(&self) -> RequestInfo<'_> {
         RequestInfo { input_tokens: self.input_tokens, text: self.text.as_deref() }

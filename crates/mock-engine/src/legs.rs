@@ -151,6 +151,24 @@ where
         .unwrap_or_else(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "response build failed", "server_error"))
 }
 
+/// The request's rooms, or its 400 (counted).
+fn rooms(pd: &Pd, v: &Value, batch: Option<usize>) -> Result<Vec<u64>, Box<Response>> {
+    pd::rooms(v, batch).map_err(|m| {
+        pd.counters.missing_room.fetch_add(1, Ordering::Relaxed);
+        Box::new(error(StatusCode::BAD_REQUEST, &m, "invalid_request_error"))
+    })
+}
+
+/// Runs a leg's rendezvous unless `/abort_request` comes first.
+async fn until_aborted<T>(work: impl std::future::Future<Output = T>, abort: &pd::RidGuard) -> Result<T, LegError> {
+    let done = tokio::select! {
+        done = work => done,
+        () = abort.token.cancelled() => return Err((500, "the request was aborted".to_string())),
+    };
+    abort.finish();
+    Ok(done)
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn sglang_prefill(
     e: Arc<Engine>,
@@ -162,12 +180,9 @@ async fn sglang_prefill(
     batch: Option<usize>,
     stream: bool,
 ) -> Response {
-    let rooms = match pd::rooms(&v, batch) {
+    let rooms = match rooms(&pd, &v, batch) {
         Ok(r) => r,
-        Err(m) => {
-            pd.counters.missing_room.fetch_add(1, Ordering::Relaxed);
-            return error(StatusCode::BAD_REQUEST, &m, "invalid_request_error");
-        }
+        Err(refused) => return *refused,
     };
     let mut claimed = Vec::with_capacity(rooms.len());
     for room in &rooms {
@@ -196,11 +211,7 @@ async fn sglang_prefill(
             };
             pd2.meet_as_prefill(*room, digest(tokens), rank, routed, dp, admit)
         });
-        let met = tokio::select! {
-            met = join_all(legs) => met,
-            () = abort.token.cancelled() => return Err((500, "the request was aborted".to_string())),
-        };
-        abort.finish();
+        let met = until_aborted(join_all(legs), &abort).await?;
         let mut done = Vec::with_capacity(met.len());
         for (r, tokens) in met.into_iter().zip(&items) {
             let mut extras = Extras::default();
@@ -223,12 +234,9 @@ async fn sglang_decode(
     batch: Option<usize>,
     stream: bool,
 ) -> Response {
-    let rooms = match pd::rooms(&v, batch) {
+    let rooms = match rooms(&pd, &v, batch) {
         Ok(r) => r,
-        Err(m) => {
-            pd.counters.missing_room.fetch_add(1, Ordering::Relaxed);
-            return error(StatusCode::BAD_REQUEST, &m, "invalid_request_error");
-        }
+        Err(refused) => return *refused,
     };
     let mut peers = Vec::with_capacity(rooms.len());
     for i in 0..rooms.len() {
@@ -255,11 +263,7 @@ async fn sglang_decode(
         let legs = items.iter().zip(&rooms).zip(&peers).map(|((tokens, room), (host, port, rank))| {
             pd::meet_as_decode(&pd, host, *port, *room, digest(tokens), *rank)
         });
-        let met = tokio::select! {
-            met = join_all(legs) => met,
-            () = abort.token.cancelled() => return Err((500, "the request was aborted".to_string())),
-        };
-        abort.finish();
+        let met = until_aborted(join_all(legs), &abort).await?;
         let mut done = Vec::with_capacity(met.len());
         for (r, tokens) in met.into_iter().zip(&items) {
             let cached = r?;

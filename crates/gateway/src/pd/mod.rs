@@ -477,12 +477,7 @@ pub(crate) fn json_answer(status: u16, v: &Value) -> Response {
 /// Records a decided pair in an explain (`/debug/route`).
 pub(crate) fn explain(gw: &Gateway, pd: &PdConfig, pair: &Pair) -> Value {
     let leg = |plan: &Plan, policy: &str| {
-        let candidates: Vec<Value> = plan
-            .candidates
-            .iter()
-            .zip(&plan.workers)
-            .map(|(c, w)| json!({"worker": w.url, "id": w.id, "matched_tokens": c.matched_tokens, "in_flight": c.load.in_flight}))
-            .collect();
+        let candidates = plan.candidates_json();
         json!({
             "worker": plan.chosen().url,
             "dp_rank": plan.rank.map(|r| r.0),
