@@ -1,0 +1,393 @@
+//! The `signals`, `decisions` and `strategy` sections of the routing config
+//! (`docs/model-routing.md` §4) as serde types, and their validation. Owns
+//! the shape only: compiling signals is `signals`, evaluating rules is
+//! `decision`; pools, file loading and line numbers live elsewhere.
+
+use std::fmt;
+
+use serde::Deserialize;
+
+mod validate;
+
+pub use validate::validate;
+
+/// The part of a routing config this crate understands. Other top-level keys
+/// (`version`, `pools`, ...) are ignored here: their owner parses them.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct Config {
+    /// Signal rules, by type.
+    #[serde(default)]
+    pub signals: SignalsConfig,
+    /// Decisions, in config order (the last tie-breaker).
+    #[serde(default)]
+    pub decisions: Vec<DecisionConfig>,
+    /// How matched decisions are ranked when no tier is set.
+    #[serde(default)]
+    pub strategy: Strategy,
+}
+
+/// The `signals` section.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignalsConfig {
+    /// Keyword rules.
+    #[serde(default)]
+    pub keywords: Vec<KeywordRule>,
+    /// Regex rules.
+    #[serde(default)]
+    pub regex: Vec<RegexRule>,
+    /// PII rules.
+    #[serde(default)]
+    pub pii: Vec<PiiRule>,
+    /// Token-count rules.
+    #[serde(default)]
+    pub context: Vec<ContextRule>,
+    /// Language rules (parsed; detection is a later increment).
+    #[serde(default)]
+    pub language: Vec<LanguageRule>,
+}
+
+/// A keyword rule: matched when any (OR), all (AND) or none (NOR) of the
+/// keywords occur as whole words (multi-word phrases allowed).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeywordRule {
+    /// The signal's name.
+    pub name: String,
+    /// How the keywords combine.
+    #[serde(default)]
+    pub operator: KeywordOperator,
+    /// Words or phrases.
+    pub keywords: Vec<String>,
+    /// Match case exactly (default: case-insensitive).
+    #[serde(default)]
+    pub case_sensitive: bool,
+}
+
+/// How a keyword rule's keywords combine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum KeywordOperator {
+    /// Any keyword occurs.
+    #[default]
+    #[serde(rename = "OR", alias = "or")]
+    Or,
+    /// Every keyword occurs.
+    #[serde(rename = "AND", alias = "and")]
+    And,
+    /// No keyword occurs.
+    #[serde(rename = "NOR", alias = "nor")]
+    Nor,
+}
+
+/// A regex rule: matched when the pattern matches anywhere in the text.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegexRule {
+    /// The signal's name.
+    pub name: String,
+    /// A `regex`-crate pattern.
+    pub pattern: String,
+}
+
+/// A PII rule: matched when any finding of the listed types occurs.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PiiRule {
+    /// The signal's name.
+    pub name: String,
+    /// Type names as written (`email`, `phone`, `credit_card`, `iban`,
+    /// `us_ssn`, `ip_address`, `api_key`); kept as strings so that
+    /// [`validate`] can report every unknown one.
+    pub types: Vec<String>,
+}
+
+/// A context rule: matched when `min_tokens <= tokens <= max_tokens` (a
+/// missing bound is open).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContextRule {
+    /// The signal's name.
+    pub name: String,
+    /// Inclusive lower bound.
+    #[serde(default)]
+    pub min_tokens: Option<u64>,
+    /// Inclusive upper bound.
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+}
+
+/// A language rule (detection comes in a later increment).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LanguageRule {
+    /// The signal's name.
+    pub name: String,
+    /// ISO 639-1 codes.
+    pub languages: Vec<String>,
+}
+
+/// One decision: if its rules hold, its pools serve the request.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionConfig {
+    /// The decision's name (reported in `x-route-decision`).
+    pub name: String,
+    /// Higher wins under `strategy: priority`.
+    #[serde(default)]
+    pub priority: i64,
+    /// Lower wins before anything else; a decision without a tier ranks
+    /// after every decision with one.
+    #[serde(default)]
+    pub tier: Option<u32>,
+    /// The condition; none makes this the catch-all.
+    #[serde(default)]
+    pub rules: Option<RuleNode>,
+    /// Candidate pools, in preference order.
+    #[serde(default)]
+    pub pools: Vec<String>,
+    /// How to choose among the pools.
+    #[serde(default)]
+    pub algorithm: Option<AlgorithmConfig>,
+    /// Decision-driven processing, uninterpreted for now.
+    #[serde(default)]
+    pub plugins: Vec<serde_json::Value>,
+}
+
+/// A decision's algorithm: its `type` and any other keys, uninterpreted.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct AlgorithmConfig {
+    /// `static`, `multi_factor`, `bandit`, ...
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The remaining keys.
+    #[serde(flatten)]
+    pub params: serde_json::Map<String, serde_json::Value>,
+}
+
+/// How matched decisions are ranked (after tier).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    /// Priority, then confidence.
+    #[default]
+    Priority,
+    /// Confidence, then priority.
+    Confidence,
+}
+
+/// A rule node: a signal leaf or a combination.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(try_from = "RawRuleNode")]
+pub enum RuleNode {
+    /// `{type, name, gt?, gte?, lt?, lte?}`.
+    Signal(SignalCondition),
+    /// `{operator, conditions}`.
+    Composite {
+        /// AND, OR or NOT.
+        operator: RuleOperator,
+        /// The children (NOT: exactly one, checked by [`validate`]).
+        conditions: Vec<RuleNode>,
+    },
+}
+
+/// A leaf: a signal, and optionally a predicate on its value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SignalCondition {
+    /// The signal.
+    pub signal: SignalRef,
+    /// The predicate on the signal's value (all bounds must hold).
+    pub bounds: Bounds,
+}
+
+/// Numeric predicate on a signal's value.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Bounds {
+    /// value > gt.
+    pub gt: Option<f64>,
+    /// value >= gte.
+    pub gte: Option<f64>,
+    /// value < lt.
+    pub lt: Option<f64>,
+    /// value <= lte.
+    pub lte: Option<f64>,
+}
+
+/// A combining operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum RuleOperator {
+    /// All children.
+    #[serde(rename = "AND", alias = "and")]
+    And,
+    /// Any child.
+    #[serde(rename = "OR", alias = "or")]
+    Or,
+    /// The one child is false.
+    #[serde(rename = "NOT", alias = "not")]
+    Not,
+}
+
+/// A signal type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SignalKind {
+    /// `signals.keywords`.
+    #[serde(alias = "keywords")]
+    Keyword,
+    /// `signals.regex`.
+    Regex,
+    /// `signals.pii`.
+    Pii,
+    /// `signals.context`.
+    Context,
+    /// `signals.language`.
+    Language,
+}
+
+/// A signal named by type and name, e.g. `keyword:math`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SignalRef {
+    /// The type.
+    pub kind: SignalKind,
+    /// The rule's name.
+    pub name: String,
+}
+
+/// What a rule node looks like on the wire, before we know which kind it is.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRuleNode {
+    #[serde(rename = "type")]
+    kind: Option<SignalKind>,
+    name: Option<String>,
+    gt: Option<f64>,
+    gte: Option<f64>,
+    lt: Option<f64>,
+    lte: Option<f64>,
+    operator: Option<RuleOperator>,
+    conditions: Option<Vec<RuleNode>>,
+}
+
+// === impl RuleNode ===
+
+impl TryFrom<RawRuleNode> for RuleNode {
+    type Error = String;
+
+    fn try_from(raw: RawRuleNode) -> Result<Self, String> {
+        let has_bounds = raw.gt.is_some() || raw.gte.is_some() || raw.lt.is_some() || raw.lte.is_some();
+        match (raw.kind, raw.name, raw.operator) {
+            (Some(kind), Some(name), None) if raw.conditions.is_none() => Ok(RuleNode::Signal(SignalCondition {
+                signal: SignalRef { kind, name },
+                bounds: Bounds { gt: raw.gt, gte: raw.gte, lt: raw.lt, lte: raw.lte },
+            })),
+            (None, None, Some(operator)) if !has_bounds => {
+                Ok(RuleNode::Composite { operator, conditions: raw.conditions.unwrap_or_default() })
+            }
+            _ => Err("a rule node is either {type, name, gt/gte/lt/lte?} or {operator, conditions}".to_owned()),
+        }
+    }
+}
+
+// === impl DecisionConfig ===
+
+impl DecisionConfig {
+    /// Whether this is the catch-all (no rules).
+    pub fn is_catch_all(&self) -> bool {
+        self.rules.is_none()
+    }
+
+    /// Every signal its rules name, in order of appearance (may repeat).
+    pub fn signal_refs(&self) -> Vec<&SignalRef> {
+        fn walk<'a>(node: &'a RuleNode, out: &mut Vec<&'a SignalRef>) {
+            match node {
+                RuleNode::Signal(c) => out.push(&c.signal),
+                RuleNode::Composite { conditions, .. } => conditions.iter().for_each(|c| walk(c, out)),
+            }
+        }
+        let mut out = Vec::new();
+        if let Some(rules) = &self.rules {
+            walk(rules, &mut out);
+        }
+        out
+    }
+}
+
+// === impl Bounds ===
+
+impl Bounds {
+    /// Whether any bound is set.
+    pub fn is_empty(&self) -> bool {
+        self.gt.is_none() && self.gte.is_none() && self.lt.is_none() && self.lte.is_none()
+    }
+
+    /// Whether `value` satisfies every set bound.
+    pub fn holds(&self, value: f64) -> bool {
+        self.gt.is_none_or(|b| value > b)
+            && self.gte.is_none_or(|b| value >= b)
+            && self.lt.is_none_or(|b| value < b)
+            && self.lte.is_none_or(|b| value <= b)
+    }
+}
+
+impl fmt::Display for Bounds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut sep = "";
+        for (op, b) in [(">", self.gt), (">=", self.gte), ("<", self.lt), ("<=", self.lte)] {
+            if let Some(b) = b {
+                write!(f, "{sep}{op} {b}")?;
+                sep = " and ";
+            }
+        }
+        Ok(())
+    }
+}
+
+// === impl SignalKind ===
+
+impl SignalKind {
+    /// The type's name as in a rule leaf.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SignalKind::Keyword => "keyword",
+            SignalKind::Regex => "regex",
+            SignalKind::Pii => "pii",
+            SignalKind::Context => "context",
+            SignalKind::Language => "language",
+        }
+    }
+}
+
+impl fmt::Display for SignalKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+// === impl RuleOperator ===
+
+impl fmt::Display for RuleOperator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RuleOperator::And => "AND",
+            RuleOperator::Or => "OR",
+            RuleOperator::Not => "NOT",
+        })
+    }
+}
+
+// === impl SignalRef ===
+
+impl SignalRef {
+    /// A reference to signal `name` of type `kind`.
+    pub fn new(kind: SignalKind, name: impl Into<String>) -> Self {
+        SignalRef { kind, name: name.into() }
+    }
+}
+
+impl fmt::Display for SignalRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.kind, self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests;

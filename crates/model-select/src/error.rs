@@ -1,0 +1,142 @@
+//! The crate's one error type: what is wrong with a routing config. Owns the
+//! messages and the stable `kind()` labels; says nothing about where in a file
+//! the problem is (line numbers come with file loading).
+
+use crate::config::{RuleOperator, SignalKind, SignalRef};
+
+/// A problem in the `signals` / `decisions` part of a routing config.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A signal or decision without a name.
+    #[error("{what} has an empty name")]
+    EmptyName {
+        /// What is unnamed, e.g. "keyword signal #2".
+        what: String,
+    },
+    /// Two signals of one type share a name.
+    #[error("{kind} signal `{name}` is defined more than once")]
+    DuplicateSignal {
+        /// The signal type.
+        kind: SignalKind,
+        /// The repeated name.
+        name: String,
+    },
+    /// Two decisions share a name.
+    #[error("decision `{name}` is defined more than once")]
+    DuplicateDecision {
+        /// The repeated name.
+        name: String,
+    },
+    /// A keyword rule with an empty list.
+    #[error("keyword signal `{name}` has no keywords")]
+    EmptyKeywords {
+        /// The rule.
+        name: String,
+    },
+    /// A keyword rule with an empty or blank keyword.
+    #[error("keyword signal `{name}` has an empty keyword")]
+    BlankKeyword {
+        /// The rule.
+        name: String,
+    },
+    /// A pattern that does not compile.
+    #[error("{kind} signal `{name}`: the pattern does not compile: {message}")]
+    BadRegex {
+        /// The signal type (regex, or keyword when the list is too large).
+        kind: SignalKind,
+        /// The rule.
+        name: String,
+        /// The regex compiler's message.
+        message: String,
+    },
+    /// A PII rule naming a type we do not detect.
+    #[error(
+        "pii signal `{name}`: unknown type `{ty}` (known: email, phone, credit_card, iban, us_ssn, ip_address, api_key)"
+    )]
+    UnknownPiiType {
+        /// The rule.
+        name: String,
+        /// The unknown type as written.
+        ty: String,
+    },
+    /// A PII rule with no types.
+    #[error("pii signal `{name}` lists no types")]
+    EmptyPiiTypes {
+        /// The rule.
+        name: String,
+    },
+    /// A context rule without bounds, or with min above max.
+    #[error("context signal `{name}`: {reason}")]
+    BadContextBounds {
+        /// The rule.
+        name: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A language rule with no languages.
+    #[error("language signal `{name}` lists no languages")]
+    EmptyLanguages {
+        /// The rule.
+        name: String,
+    },
+    /// A decision's condition names a signal that is not defined.
+    #[error("decision `{decision}` refers to undefined signal {signal}")]
+    UnknownSignal {
+        /// The decision.
+        decision: String,
+        /// The missing signal.
+        signal: SignalRef,
+    },
+    /// A NOT node without exactly one condition.
+    #[error("decision `{decision}`: NOT at {path} needs exactly one condition, has {children}")]
+    NotArity {
+        /// The decision.
+        decision: String,
+        /// Where in its rules, e.g. "AND[1]".
+        path: String,
+        /// How many it has.
+        children: usize,
+    },
+    /// An AND or OR node without conditions.
+    #[error("decision `{decision}`: {operator} at {path} has no conditions")]
+    EmptyConditions {
+        /// The decision.
+        decision: String,
+        /// Where in its rules.
+        path: String,
+        /// AND or OR.
+        operator: RuleOperator,
+    },
+    /// More than one decision without rules.
+    #[error("decisions `{first}` and `{second}` both have no rules; only one catch-all is allowed")]
+    MultipleCatchAll {
+        /// The first catch-all.
+        first: String,
+        /// Another one.
+        second: String,
+    },
+}
+
+// === impl ConfigError ===
+
+impl ConfigError {
+    /// A stable label (metric label, JSON `error.type`, log field).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ConfigError::EmptyName { .. } => "empty_name",
+            ConfigError::DuplicateSignal { .. } => "duplicate_signal",
+            ConfigError::DuplicateDecision { .. } => "duplicate_decision",
+            ConfigError::EmptyKeywords { .. } => "empty_keywords",
+            ConfigError::BlankKeyword { .. } => "blank_keyword",
+            ConfigError::BadRegex { .. } => "bad_regex",
+            ConfigError::UnknownPiiType { .. } => "unknown_pii_type",
+            ConfigError::EmptyPiiTypes { .. } => "empty_pii_types",
+            ConfigError::BadContextBounds { .. } => "bad_context_bounds",
+            ConfigError::EmptyLanguages { .. } => "empty_languages",
+            ConfigError::UnknownSignal { .. } => "unknown_signal",
+            ConfigError::NotArity { .. } => "not_arity",
+            ConfigError::EmptyConditions { .. } => "empty_conditions",
+            ConfigError::MultipleCatchAll { .. } => "multiple_catch_all",
+        }
+    }
+}

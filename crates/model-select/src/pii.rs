@@ -1,0 +1,391 @@
+//! PII detection by pattern and validator: email, phone, credit card (Luhn),
+//! IBAN (mod 97), US SSN, IP address (std parse) and API keys. A finding is a
+//! type and a byte span; no matched value is copied or kept, so nothing here
+//! can leak one into a log. Redaction (a plugin) is not done here.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::ops::Range;
+
+use regex::Regex;
+
+/// A kind of personal or secret data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PiiType {
+    /// An email address.
+    Email,
+    /// A phone number: `+` international, US `(555) 123-4567`, or national with trunk `0`.
+    Phone,
+    /// A payment card number (13–19 digits, Luhn-valid).
+    CreditCard,
+    /// An IBAN (mod-97 valid, country length when known).
+    Iban,
+    /// A US social security number `AAA-GG-SSSS`.
+    UsSsn,
+    /// An IPv4 or IPv6 address.
+    IpAddress,
+    /// A cloud or SaaS API key with a well-known prefix.
+    ApiKey,
+}
+
+/// One occurrence of PII in a text: its type and byte span, never its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PiiFinding {
+    /// The type.
+    pub kind: PiiType,
+    /// Byte range in the text examined.
+    pub span: Range<usize>,
+}
+
+/// The compiled detectors (built once, shared by every request).
+#[derive(Debug, Clone)]
+pub struct PiiDetector {
+    email: Regex,
+    phone: Regex,
+    card: Regex,
+    iban: Regex,
+    ssn: Regex,
+    ipv4: Regex,
+    ipv6: Regex,
+    api_key: Regex,
+}
+
+/// IBAN lengths of common countries; others must be 15..=34 long.
+const IBAN_LENGTHS: &[(&str, usize)] = &[
+    ("AT", 20),
+    ("BE", 16),
+    ("CH", 21),
+    ("CZ", 24),
+    ("DE", 22),
+    ("DK", 18),
+    ("ES", 24),
+    ("FI", 18),
+    ("FR", 27),
+    ("GB", 22),
+    ("GR", 27),
+    ("HU", 28),
+    ("IE", 22),
+    ("IT", 27),
+    ("LU", 20),
+    ("NL", 18),
+    ("NO", 15),
+    ("PL", 28),
+    ("PT", 25),
+    ("RO", 24),
+    ("SE", 24),
+];
+
+// === impl PiiType ===
+
+impl PiiType {
+    /// Every type, in detection precedence order (an earlier type's finding
+    /// hides an overlapping later one: a card number is not also a phone).
+    pub const ALL: [PiiType; 7] = [
+        PiiType::ApiKey,
+        PiiType::Email,
+        PiiType::Iban,
+        PiiType::CreditCard,
+        PiiType::UsSsn,
+        PiiType::IpAddress,
+        PiiType::Phone,
+    ];
+
+    /// The config name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PiiType::Email => "email",
+            PiiType::Phone => "phone",
+            PiiType::CreditCard => "credit_card",
+            PiiType::Iban => "iban",
+            PiiType::UsSsn => "us_ssn",
+            PiiType::IpAddress => "ip_address",
+            PiiType::ApiKey => "api_key",
+        }
+    }
+
+    /// The type named `name` in a config, if any.
+    pub fn parse(name: &str) -> Option<PiiType> {
+        PiiType::ALL.into_iter().find(|t| t.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for PiiType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+// === impl PiiDetector ===
+
+impl Default for PiiDetector {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PiiDetector {
+    /// Compiles the detectors (constant patterns).
+    pub fn new() -> Self {
+        let re = |p: &str| Regex::new(p).expect("constant PII pattern compiles");
+        PiiDetector {
+            email: re(
+                r"[A-Za-z0-9._%+-]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\.[A-Za-z]{2,}",
+            ),
+            phone: re(concat!(
+                r"\+\d{1,3}(?:[ .-]?\(\d{1,4}\)|[ .-]?\d{1,5}){1,6}",
+                r"|\(\d{3}\) ?\d{3}[ .-]\d{4}",
+                r"|\b\d{3}[ .-]\d{3}[ .-]\d{4}\b",
+                r"|\b0\d{1,4}(?:[ /.-]?\d{2,4}){1,4}\b",
+            )),
+            card: re(r"\d(?:[ -]?\d)*"),
+            iban: re(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,32}"),
+            ssn: re(r"\b(\d{3})-(\d{2})-(\d{4})\b"),
+            ipv4: re(r"\b\d{1,3}(?:\.\d{1,3}){3}\b"),
+            ipv6: re(r"[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*"),
+            api_key: re(concat!(
+                r"\b(?:sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{22,}",
+                r"|(?:AKIA|ASIA)[0-9A-Z]{16}|xox[baprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35})",
+            )),
+        }
+    }
+
+    /// Every finding of the `wanted` types in `text`, sorted by position.
+    /// All types are scanned so that precedence ([`PiiType::ALL`]) can hide
+    /// overlaps; only `wanted` ones are returned.
+    pub fn detect(&self, text: &str, wanted: &[PiiType]) -> Vec<PiiFinding> {
+        if wanted.is_empty() {
+            return Vec::new();
+        }
+        let mut accepted: Vec<PiiFinding> = Vec::new();
+        for kind in PiiType::ALL {
+            for span in self.candidates(kind, text) {
+                if !accepted.iter().any(|f| f.span.start < span.end && span.start < f.span.end) {
+                    accepted.push(PiiFinding { kind, span });
+                }
+            }
+        }
+        accepted.retain(|f| wanted.contains(&f.kind));
+        accepted.sort_by_key(|f| (f.span.start, f.span.end));
+        accepted
+    }
+
+    /// Validated spans of one type, overlaps with other types not yet removed.
+    fn candidates(&self, kind: PiiType, text: &str) -> Vec<Range<usize>> {
+        match kind {
+            PiiType::Email => self.emails(text),
+            PiiType::Phone => self.phones(text),
+            PiiType::CreditCard => self.cards(text),
+            PiiType::Iban => self.ibans(text),
+            PiiType::UsSsn => self.ssns(text),
+            PiiType::IpAddress => self.ips(text),
+            PiiType::ApiKey => self.api_keys(text),
+        }
+    }
+
+    fn emails(&self, text: &str) -> Vec<Range<usize>> {
+        self.email
+            .find_iter(text)
+            .filter(|m| {
+                let local = &m.as_str()[..m.as_str().find('@').unwrap_or(0)];
+                !local.starts_with('.') && !local.ends_with('.') && !local.contains("..") && !alnum_after(text, m.end())
+            })
+            .map(|m| m.range())
+            .collect()
+    }
+
+    fn phones(&self, text: &str) -> Vec<Range<usize>> {
+        self.phone
+            .find_iter(text)
+            .filter(|m| {
+                let s = m.as_str();
+                let digits = s.bytes().filter(u8::is_ascii_digit).count();
+                let range = if s.starts_with('+') {
+                    7..=15
+                } else if s.starts_with('0') {
+                    9..=12
+                } else {
+                    10..=10
+                };
+                range.contains(&digits) && !word_before(text, m.start()) && !alnum_after(text, m.end())
+            })
+            .map(|m| m.range())
+            .collect()
+    }
+
+    fn cards(&self, text: &str) -> Vec<Range<usize>> {
+        let mut out = Vec::new();
+        for m in self.card.find_iter(text) {
+            if word_before(text, m.start()) || alnum_after(text, m.end()) {
+                continue;
+            }
+            // Groups of digits split by single separators; a card is a run of
+            // whole groups (a phone number may sit just before it).
+            let mut groups: Vec<Range<usize>> = Vec::new();
+            let mut start = m.start();
+            for (i, b) in m.as_str().bytes().enumerate() {
+                if !b.is_ascii_digit() {
+                    groups.push(start..m.start() + i);
+                    start = m.start() + i + 1;
+                }
+            }
+            groups.push(start..m.end());
+            let mut i = 0;
+            while i < groups.len() {
+                let found = (i..groups.len()).rev().find(|&j| {
+                    let digits: Vec<u8> = text[groups[i].start..groups[j].end]
+                        .bytes()
+                        .filter(u8::is_ascii_digit)
+                        .map(|b| b - b'0')
+                        .collect();
+                    (13..=19).contains(&digits.len()) && digits.iter().any(|&d| d != 0) && luhn(&digits)
+                });
+                match found {
+                    Some(j) => {
+                        out.push(groups[i].start..groups[j].end);
+                        i = j + 1;
+                    }
+                    None => i += 1,
+                }
+            }
+        }
+        out
+    }
+
+    fn ibans(&self, text: &str) -> Vec<Range<usize>> {
+        let mut out = Vec::new();
+        for m in self.iban.find_iter(text) {
+            // Byte end of each compact (space-free) prefix length.
+            let ends: Vec<usize> = m
+                .as_str()
+                .char_indices()
+                .filter(|(_, c)| *c != ' ')
+                .map(|(i, c)| m.start() + i + c.len_utf8())
+                .collect();
+            let country = &m.as_str()[..2];
+            let lengths: Vec<usize> = match IBAN_LENGTHS.iter().find(|(c, _)| *c == country) {
+                Some(&(_, len)) => vec![len],
+                None => (15..=34).rev().collect(),
+            };
+            let hit = lengths.into_iter().filter(|&len| len <= ends.len()).find(|&len| {
+                let end = ends[len - 1];
+                !alnum_after(text, end) && iban_mod97(&text[m.start()..end])
+            });
+            if let Some(len) = hit {
+                out.push(m.start()..ends[len - 1]);
+            }
+        }
+        out
+    }
+
+    fn ssns(&self, text: &str) -> Vec<Range<usize>> {
+        self.ssn
+            .captures_iter(text)
+            .filter(|c| {
+                let (area, group, serial) = (&c[1], &c[2], &c[3]);
+                area != "000" && area != "666" && !area.starts_with('9') && group != "00" && serial != "0000"
+            })
+            .filter_map(|c| c.get(0).map(|m| m.range()))
+            .filter(|r| !dash_digit_around(text, r))
+            .collect()
+    }
+
+    fn ips(&self, text: &str) -> Vec<Range<usize>> {
+        let mut out: Vec<Range<usize>> = self
+            .ipv6
+            .find_iter(text)
+            .filter_map(|m| {
+                let s = m.as_str().trim_end_matches('.');
+                let range = m.start()..m.start() + s.len();
+                let ok = s.bytes().filter(|&b| b == b':').count() >= 2
+                    && s.bytes().any(|b| b.is_ascii_hexdigit())
+                    && !word_before(text, range.start)
+                    && !word_after(text, range.end)
+                    && s.parse::<Ipv6Addr>().is_ok();
+                ok.then_some(range)
+            })
+            .collect();
+        out.extend(
+            self.ipv4
+                .find_iter(text)
+                .filter(|m| {
+                    let dotted_before = text[..m.start()].ends_with('.');
+                    let dotted_after = text[m.end()..].starts_with('.')
+                        && text[m.end() + 1..].bytes().next().is_some_and(|b| b.is_ascii_digit());
+                    !dotted_before && !dotted_after && m.as_str().parse::<Ipv4Addr>().is_ok()
+                })
+                .map(|m| m.range()),
+        );
+        out
+    }
+
+    fn api_keys(&self, text: &str) -> Vec<Range<usize>> {
+        self.api_key
+            .find_iter(text)
+            .filter(|m| {
+                !text[m.end()..].chars().next().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            })
+            .map(|m| m.range())
+            .collect()
+    }
+}
+
+/// Whether the char before `at` is a letter, digit or `_`.
+fn word_before(text: &str, at: usize) -> bool {
+    text[..at].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_')
+}
+
+/// Whether the char at `at` is a letter, digit or `_`.
+fn word_after(text: &str, at: usize) -> bool {
+    text[at..].chars().next().is_some_and(|c| c.is_alphanumeric() || c == '_')
+}
+
+/// Whether the char at `at` is a letter or digit.
+fn alnum_after(text: &str, at: usize) -> bool {
+    text[at..].chars().next().is_some_and(char::is_alphanumeric)
+}
+
+/// Whether `range` is glued to more digits by a dash (`1-123-45-6789`).
+fn dash_digit_around(text: &str, range: &Range<usize>) -> bool {
+    let before = text[..range.start].strip_suffix('-').is_some_and(|t| t.ends_with(|c: char| c.is_ascii_digit()));
+    let after = text[range.end..].strip_prefix('-').is_some_and(|t| t.starts_with(|c: char| c.is_ascii_digit()));
+    before || after
+}
+
+/// The Luhn checksum over decimal digits (most significant first).
+pub(crate) fn luhn(digits: &[u8]) -> bool {
+    let sum: u32 = digits
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, &d)| {
+            let d = u32::from(d);
+            if i % 2 == 1 {
+                let x = d * 2;
+                if x > 9 { x - 9 } else { x }
+            } else {
+                d
+            }
+        })
+        .sum();
+    sum.is_multiple_of(10)
+}
+
+/// The IBAN check: move the first four characters to the end, letters to
+/// 10..=35, the number mod 97 must be 1. Spaces are ignored.
+pub(crate) fn iban_mod97(iban: &str) -> bool {
+    let compact: Vec<u8> = iban.bytes().filter(|&b| b != b' ').collect();
+    if compact.len() < 5 || !compact[2..4].iter().all(u8::is_ascii_digit) {
+        return false;
+    }
+    let mut rem: u32 = 0;
+    for &b in compact[4..].iter().chain(&compact[..4]) {
+        match b {
+            b'0'..=b'9' => rem = (rem * 10 + u32::from(b - b'0')) % 97,
+            b'A'..=b'Z' => rem = (rem * 100 + u32::from(b - b'A' + 10)) % 97,
+            _ => return false,
+        }
+    }
+    rem == 1
+}
+
+#[cfg(test)]
+mod tests;
