@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod namespace;
 pub mod pd;
 mod proxy;
+mod relay;
 mod routes;
 mod served;
 mod shape;

@@ -1,0 +1,166 @@
+//! The relay of a worker's answer to the client on the axum front end: its
+//! head and end-to-end headers, its body frame by frame, holding the
+//! request's load until the body ends, with the mid-answer deadline, a clean
+//! end for a worker that fails mid-stream, and (for a disaggregated answer)
+//! a cut when the prefill leg fails.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderName, header};
+use axum::response::Response;
+use serde_json::json;
+use tracing::warn;
+
+use crate::proxy::{InFlight, relayed};
+use fleet::Worker;
+
+/// A worker failed in the middle of its answer: it leaves rotation, and an
+/// event stream (`sse`) gets this last event, the error then `[DONE]`, so the
+/// client's stream ends cleanly.
+pub(crate) fn failed_mid_answer(worker: &Worker, e: &dyn std::fmt::Display, sse: bool) -> Option<Bytes> {
+    warn!(worker = %worker.url, error = %e, "worker failed mid-response");
+    worker.request_failed();
+    let message = format!("upstream worker {} failed mid-stream: {e}", worker.url);
+    let event = json!({"error": {"message": message, "type": "upstream_unreachable", "code": 502}});
+    sse.then(|| Bytes::from(format!("data: {event}\n\ndata: [DONE]\n\n")))
+}
+
+/// Passes the worker's answer through frame by frame: its status, its
+/// end-to-end headers and its length (a sized answer goes out in one write,
+/// not chunked); a redirect goes back to the client, not followed. A worker that dies
+/// mid-stream ends the stream with an error event (server-sent events) and
+/// leaves rotation; a client that goes away drops the upstream request.
+pub(crate) fn stream_back(
+    mut guard: InFlight,
+    worker: Arc<Worker>,
+    resp: axum::http::Response<hyper::body::Incoming>,
+    idle_limit: std::time::Duration,
+    ending: Ending,
+) -> Response {
+    let (mut parts, body) = resp.into_parts();
+    guard.status = parts.status.as_u16();
+    let sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|c| c.to_str().ok())
+        .is_some_and(|c| c.starts_with("text/event-stream"));
+    // The worker's headers pass through, except hop-by-hop ones and the length (set from the body).
+    // Transfer codings other than `chunked` (say `gzip, chunked`) stay: the body is still coded,
+    // and hyper frames it in chunks whatever the worker's framing was.
+    let coded = parts
+        .headers
+        .get(header::TRANSFER_ENCODING)
+        .is_some_and(|te| !te.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked"));
+    let connection: Vec<&str> =
+        parts.headers.get_all(header::CONNECTION).iter().filter_map(|v| v.to_str().ok()).collect();
+    let connection = connection.join(",");
+    let dropped: Vec<HeaderName> = parts
+        .headers
+        .keys()
+        .filter(|n| !relayed(n.as_str(), &connection) && (!coded || *n != header::TRANSFER_ENCODING))
+        .cloned()
+        .collect();
+    for name in dropped {
+        parts.headers.remove(name);
+    }
+    let idle = Box::pin(tokio::time::sleep(idle_limit));
+    let relay = Relay { inner: body, guard: Some(guard), worker, sse, idle, idle_limit, ending };
+    let mut response = Response::new(Body::new(relay));
+    *response.status_mut() = parts.status;
+    *response.headers_mut() = parts.headers;
+    response
+}
+
+/// How a relayed answer may end besides its own end (a disaggregated
+/// request's decode answer: cut when its prefill leg fails, and telling the
+/// prefill leg when it ends).
+#[derive(Default)]
+pub(crate) struct Ending {
+    /// Resolves with a reason to end the answer now, as a failure.
+    pub(crate) cut: Option<futures_util::future::BoxFuture<'static, String>>,
+    /// Dropped when the answer ends, however it ends (held, never sent on).
+    pub(crate) _ended: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// The body of a proxied answer; holds the request's load until it ends.
+struct Relay {
+    inner: hyper::body::Incoming,
+    guard: Option<InFlight>,
+    worker: Arc<Worker>,
+    sse: bool,
+    /// Fires when the worker has been silent mid-body for `idle_limit`.
+    idle: std::pin::Pin<Box<tokio::time::Sleep>>,
+    idle_limit: std::time::Duration,
+    ending: Ending,
+}
+
+impl http_body::Body for Relay {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        let Some(g) = this.guard.as_mut() else { return Poll::Ready(None) };
+        if let Some(cut) = this.ending.cut.as_mut()
+            && let Poll::Ready(why) = cut.as_mut().poll(cx)
+        {
+            g.status = 502;
+            this.guard = None;
+            this.ending = Ending::default();
+            warn!(worker = %this.worker.url, why, "answer cut");
+            let event = json!({"error": {"message": why, "type": "upstream_unreachable", "code": 502}});
+            return match this.sse {
+                true => Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(format!(
+                    "data: {event}\n\ndata: [DONE]\n\n"
+                )))))),
+                false => Poll::Ready(Some(Err(std::io::Error::other(why)))),
+            };
+        }
+        match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if frame.is_data() {
+                    // The first byte of a streamed answer follows the first token.
+                    g.load.prefill_done();
+                }
+                this.idle.as_mut().reset(tokio::time::Instant::now() + this.idle_limit);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                g.status = 502;
+                this.guard = None;
+                match failed_mid_answer(&this.worker, &e, this.sse) {
+                    Some(tail) => Poll::Ready(Some(Ok(http_body::Frame::data(tail)))),
+                    None => Poll::Ready(Some(Err(std::io::Error::other(e.to_string())))),
+                }
+            }
+            // A worker silent mid-body past the limit has failed, as one that broke the connection.
+            Poll::Pending if this.idle.as_mut().poll(cx).is_ready() => {
+                g.status = 502;
+                this.guard = None;
+                let e = format!("no data from the worker within {:?}", this.idle_limit);
+                match failed_mid_answer(&this.worker, &e, this.sse) {
+                    Some(tail) => Poll::Ready(Some(Ok(http_body::Frame::data(tail)))),
+                    None => Poll::Ready(Some(Err(std::io::Error::other(e)))),
+                }
+            }
+            Poll::Ready(None) => {
+                this.guard = None;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.guard.is_none() || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
