@@ -93,6 +93,18 @@ impl Default for MockEngineConfig {
     }
 }
 
+impl MockEngineConfig {
+    /// An engine in a disaggregated `role` following `flavor`'s contract (a
+    /// decode worker keeps no radix cache, so publishes no KV events).
+    pub fn in_role(role: PdRole, flavor: Flavor) -> Self {
+        Self {
+            kv_events: role != PdRole::Decode,
+            pd: PdConfig { role, flavor, ..PdConfig::default() },
+            ..Self::default()
+        }
+    }
+}
+
 // === impl MockEngine ===
 
 impl MockEngine {

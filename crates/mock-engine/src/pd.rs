@@ -646,14 +646,19 @@ async fn greeted(pd: Arc<Pd>, conn: TcpStream) {
 /// vLLM Mooncake's bootstrap server: `GET /query` answers the engine id of
 /// each data-parallel rank (one HTTP/1.1 answer, then the connection closes).
 async fn query(pd: &Pd, mut conn: BufReader<TcpStream>, request_line: &str) {
-    // The rest of the head, bounded.
-    let mut header = String::new();
-    for _ in 0..64 {
-        header.clear();
-        match conn.read_line(&mut header).await {
-            Ok(n) if n > 2 => continue,
-            _ => break,
+    // The rest of the head, bounded in lines and time.
+    let head = async {
+        let mut header = String::new();
+        for _ in 0..64 {
+            header.clear();
+            match conn.read_line(&mut header).await {
+                Ok(n) if n > 2 => continue,
+                _ => break,
+            }
         }
+    };
+    if tokio::time::timeout(pd.config.bootstrap_timeout, head).await.is_err() {
+        return;
     }
     let (status, body) = if pd.config.mooncake && request_line.split_whitespace().nth(1) == Some("/query") {
         let addr = pd.bootstrap.map(|a| a.to_string()).unwrap_or_default();

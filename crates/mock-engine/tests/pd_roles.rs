@@ -6,25 +6,13 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use mock_engine::{Flavor, MockEngine, MockEngineConfig, PdConfig, PdRole};
+use mock_engine::{Flavor, MockEngine, MockEngineConfig, PdRole};
 use serde_json::{Value, json};
 
 async fn engine(role: PdRole, flavor: Flavor, dp_size: usize) -> MockEngine {
-    let config = MockEngineConfig {
-        fast: true,
-        default_max_tokens: 3,
-        dp_size,
-        kv_events: role != PdRole::Decode,
-        pd: PdConfig {
-            role,
-            flavor,
-            bootstrap_port: 0,
-            bootstrap_timeout: Duration::from_secs(2),
-            push: false,
-            mooncake: false,
-        },
-        ..MockEngineConfig::default()
-    };
+    let mut config =
+        MockEngineConfig { fast: true, default_max_tokens: 3, dp_size, ..MockEngineConfig::in_role(role, flavor) };
+    config.pd.bootstrap_timeout = Duration::from_secs(2);
     MockEngine::spawn(config).await.unwrap()
 }
 

@@ -202,19 +202,9 @@ impl App {
                 Some(dir) => Renderer::from_dir(dir, config.chat_template.as_deref())?,
                 None => Renderer::builtin()?,
             };
-            let mooncake = config.pd.as_ref().is_some_and(|pd| pd.connector == gateway::pd::KvConnector::Mooncake);
-            let pd = mock_engine::PdConfig {
-                role,
-                flavor,
-                mooncake: mooncake && role == mock_engine::PdRole::Prefill,
-                ..mock_engine::PdConfig::default()
-            };
-            let mock_config = MockEngineConfig {
-                speedup: 10.0,
-                kv_events: role != mock_engine::PdRole::Decode,
-                pd,
-                ..MockEngineConfig::default()
-            };
+            let mut mock_config = MockEngineConfig { speedup: 10.0, ..MockEngineConfig::in_role(role, flavor) };
+            mock_config.pd.mooncake = role == mock_engine::PdRole::Prefill
+                && config.pd.as_ref().is_some_and(|pd| pd.connector == gateway::pd::KvConnector::Mooncake);
             mocks.push((role, MockEngine::spawn_with(mock_config, engine_renderer).await?));
         }
         let pd_workers = config.pd.as_ref().is_some_and(|pd| !pd.prefill.is_empty() || !pd.decode.is_empty());

@@ -14,43 +14,13 @@ use std::collections::HashSet;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use common::app::{ADMIN_KEY, Running, admin_get, chat, config, post, start};
+use common::app::{ADMIN_KEY, Running, admin_get, chat, post, start};
+use common::pd::{engines, pd_config, role_config};
 use gateway::pd::PdMode;
-use mock_engine::{Faults, Flavor, MockEngine, MockEngineConfig, PdConfig, PdRole};
+use mock_engine::{Faults, Flavor, MockEngine, PdRole};
 use policy::CacheAwareConfig;
-use router_types::{Bootstrap, WorkerUrl};
 use serde_json::{Value, json};
-use sgl_router::app::{AppConfig, PdSetup, PolicyConfig};
-
-fn role_config(role: PdRole, flavor: Flavor, dp_size: usize) -> MockEngineConfig {
-    MockEngineConfig {
-        fast: true,
-        default_max_tokens: 4,
-        dp_size,
-        kv_events: role != PdRole::Decode,
-        pd: PdConfig {
-            role,
-            flavor,
-            bootstrap_port: 0,
-            bootstrap_timeout: Duration::from_secs(10),
-            push: false,
-            mooncake: false,
-        },
-        ..MockEngineConfig::default()
-    }
-}
-
-async fn engines(role: PdRole, flavor: Flavor, n: usize, dp_size: usize) -> Vec<MockEngine> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        out.push(MockEngine::spawn(role_config(role, flavor, dp_size)).await.unwrap());
-    }
-    out
-}
-
-fn url(m: &MockEngine) -> WorkerUrl {
-    WorkerUrl::parse(&m.url()).unwrap()
-}
+use sgl_router::app::PolicyConfig;
 
 fn cache_aware(min_matched_tokens: u64) -> PolicyConfig {
     match PolicyConfig::cache_aware() {
@@ -59,28 +29,6 @@ fn cache_aware(min_matched_tokens: u64) -> PolicyConfig {
         }
         other => other,
     }
-}
-
-/// A router over `prefill` and `decode`, prefill chosen by `policy` (with KV events), decode by `decode_policy`.
-fn pd_config(
-    mode: PdMode,
-    prefill: &[MockEngine],
-    decode: &[MockEngine],
-    policy: PolicyConfig,
-    decode_policy: PolicyConfig,
-) -> AppConfig {
-    let mut c = config(&[], policy.clone(), true);
-    c.pd = Some(PdSetup {
-        mode,
-        prefill: prefill.iter().map(|m| (url(m), Bootstrap::Discover)).collect(),
-        decode: decode.iter().map(url).collect(),
-        prefill_policy: policy,
-        decode_policy,
-        mock_prefill: 0,
-        mock_decode: 0,
-        connector: gateway::pd::KvConnector::Nixl,
-    });
-    c
 }
 
 async fn pd_router(mode: PdMode, prefill: &[MockEngine], decode: &[MockEngine]) -> Running {

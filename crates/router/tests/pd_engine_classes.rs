@@ -13,52 +13,12 @@ mod common;
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use common::app::{chat, config, post, start};
+use common::app::{chat, post, start};
 use gateway::pd::PdMode;
-use mock_engine::{Flavor, MockEngine, MockEngineConfig, PdConfig, PdRole};
-use router_types::{Bootstrap, WorkerUrl};
+use mock_engine::{Flavor, MockEngine, PdRole};
 use serde_json::{Value, json};
-use sgl_router::app::{PdSetup, PolicyConfig};
-
-fn python() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("SGL_ROUTER_KV_PYTHON") {
-        let p = PathBuf::from(p);
-        assert!(p.exists(), "SGL_ROUTER_KV_PYTHON={} does not exist", p.display());
-        return Some(p);
-    }
-    let default = PathBuf::from("/tmp/sgl-router-kv-venv/bin/python");
-    if default.exists() {
-        return Some(default);
-    }
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED: the engines' request classes need the venv of tests/kv_events/setup_venv.sh \
-         (set SGL_ROUTER_KV_PYTHON or create /tmp/sgl-router-kv-venv)"
-    );
-    None
-}
-
-async fn engine(role: PdRole, flavor: Flavor, dp_size: usize) -> MockEngine {
-    MockEngine::spawn(MockEngineConfig {
-        fast: true,
-        default_max_tokens: 3,
-        dp_size,
-        kv_events: role != PdRole::Decode,
-        pd: PdConfig {
-            role,
-            flavor,
-            bootstrap_port: 0,
-            bootstrap_timeout: Duration::from_secs(10),
-            push: false,
-            mooncake: false,
-        },
-        ..MockEngineConfig::default()
-    })
-    .await
-    .unwrap()
-}
+use sgl_router::app::PolicyConfig;
 
 /// The legs `prefill` and `decode` received, as the checker reads them.
 fn legs(prefill: &MockEngine, decode: &MockEngine, path_of: impl Fn(&Value) -> &'static str) -> Vec<Value> {
@@ -82,24 +42,18 @@ fn path_of(body: &Value) -> &'static str {
     }
 }
 
+async fn engine(role: PdRole, flavor: Flavor, dp_size: usize) -> MockEngine {
+    MockEngine::spawn(common::pd::role_config(role, flavor, dp_size)).await.unwrap()
+}
+
 async fn router(mode: PdMode, p: &MockEngine, d: &MockEngine) -> common::app::Running {
-    let mut c = config(&[], PolicyConfig::cache_aware(), true);
-    c.pd = Some(PdSetup {
-        mode,
-        prefill: vec![(WorkerUrl::parse(&p.url()).unwrap(), Bootstrap::Discover)],
-        decode: vec![WorkerUrl::parse(&d.url()).unwrap()],
-        prefill_policy: PolicyConfig::cache_aware(),
-        decode_policy: PolicyConfig::PowerOfTwo,
-        mock_prefill: 0,
-        mock_decode: 0,
-        connector: gateway::pd::KvConnector::Nixl,
-    });
-    start(c).await
+    let (p, d) = (std::slice::from_ref(p), std::slice::from_ref(d));
+    start(common::pd::pd_config(mode, p, d, PolicyConfig::cache_aware(), PolicyConfig::PowerOfTwo)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_engines_own_classes_accept_what_the_router_sends() {
-    let Some(python) = python() else { return };
+    let Some(python) = common::venv_python("the engines' request classes") else { return };
     // SGLang, with a data-parallel prefill, on every route and a batch of each kind.
     let (p, d) = (engine(PdRole::Prefill, Flavor::Sglang, 2).await, engine(PdRole::Decode, Flavor::Sglang, 1).await);
     let r = router(PdMode::Sglang, &p, &d).await;

@@ -30,23 +30,7 @@ const PAGE: usize = 4;
 const WORKER: &str = "http://engine:30000";
 
 fn python() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("SGL_ROUTER_KV_PYTHON") {
-        let p = PathBuf::from(p);
-        assert!(p.exists(), "SGL_ROUTER_KV_PYTHON={} does not exist", p.display());
-        return Some(p);
-    }
-    let default = PathBuf::from("/tmp/sgl-router-kv-venv/bin/python");
-    if default.exists() {
-        Some(default)
-    } else {
-        // Written to the stream directly: libtest captures `eprintln!` of passing tests.
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED: real engine publishers need the venv of tests/kv_events/setup_venv.sh \
-             (set SGL_ROUTER_KV_PYTHON or create /tmp/sgl-router-kv-venv)"
-        );
-        None
-    }
+    common::venv_python("real engine publishers")
 }
 
 fn free_port() -> u16 {

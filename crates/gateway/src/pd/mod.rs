@@ -120,6 +120,42 @@ pub(crate) struct Pair {
     pub(crate) decode: Plan,
 }
 
+impl Pair {
+    /// The prefill rank a vLLM leg is hinted to (the rank holding the prefix, else the least
+    /// loaded one), on a data-parallel prefill only.
+    pub(crate) fn vllm_rank(&self) -> Option<router_types::DpRank> {
+        let p = self.prefill.chosen();
+        let dp = p.dp_size();
+        self.prefill.rank.or_else(|| p.least_loaded_rank()).filter(|r| r.0 < dp && dp > 1)
+    }
+
+    /// Charges the prefill worker (on `rank`) with the prompt tokens it does not hold, and the
+    /// decode worker with the request: the loads held until each leg ends.
+    pub(crate) fn charge(&self, rank: Option<router_types::DpRank>) -> (fleet::LoadGuard, fleet::LoadGuard) {
+        let matched = self.prefill.candidates[self.prefill.chosen].matched_tokens;
+        let uncached = self.prefill.input_tokens.saturating_sub(matched);
+        (self.prefill.chosen().charge_on(uncached, rank), self.decode.chosen().charge(0))
+    }
+}
+
+/// The client's body with `kv_transfer_params` set to `params`.
+pub(crate) fn with_params(v: &Value, params: Value) -> Bytes {
+    let mut v = v.clone();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("kv_transfer_params".into(), params);
+    }
+    Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+}
+
+/// Reads a leg's answer whole (capped) within the request timeout.
+pub(crate) async fn read_answer(gw: &Gateway, body: hyper::body::Incoming) -> Result<Bytes, String> {
+    let limit = gw.config.request_timeout;
+    match tokio::time::timeout(limit, read_all(body, MAX_LEG_ANSWER)).await {
+        Ok(read) => read,
+        Err(_) => Err(format!("no end of the answer within {limit:?}")),
+    }
+}
+
 /// Why an attempt failed before any byte reached the client.
 pub(crate) enum Failure {
     /// A leg answered this non-2xx head (its body read, capped).

@@ -27,7 +27,7 @@ use router_types::DpRank;
 use serde_json::{Value, json};
 
 use super::dual::{Watch, both_heads, heads_ok};
-use super::{Ctx, Failure, MAX_LEG_ANSWER, Pair, json_answer, read_all};
+use super::{Ctx, Failure, Pair, json_answer, read_answer};
 use crate::admission::Admission;
 use crate::proxy::{InFlight, RANK_HEADER, Route, send_to};
 use fleet::{LoadGuard, Worker};
@@ -50,9 +50,7 @@ pub(super) async fn attempt(
         .unwrap_or_else(|| DpRank((crate::random_u64() % u64::from(dp)) as u32));
     let rooms: Vec<u64> = (0..ctx.batch.unwrap_or(1)).map(|_| room_for(rank.0, dp)).collect();
     let (prefill_body, decode_body, rid) = bodies(ctx, &p, &rooms, rank, dp);
-    let matched = pair.prefill.candidates[pair.prefill.chosen].matched_tokens;
-    let p_load = p.charge_on(pair.prefill.input_tokens.saturating_sub(matched), (dp > 1).then_some(rank));
-    let d_load = d.charge(0);
+    let (p_load, d_load) = pair.charge((dp > 1).then_some(rank));
     // The client's rank hint is for the prefill: decode's own ranks are its business.
     let decode_headers = if ctx.headers.contains_key(RANK_HEADER) {
         let mut h = HeaderMap::clone(&ctx.headers);
@@ -142,7 +140,7 @@ async fn merged(
     d: &Arc<Worker>,
 ) -> Response {
     let status = dh.status().as_u16();
-    let prefill = read_all(ph.into_body(), MAX_LEG_ANSWER).await;
+    let prefill = read_answer(ctx.gw, ph.into_body()).await;
     drop(p_load);
     let prefill: Option<Value> = prefill.ok().and_then(|b| {
         let text = std::str::from_utf8(&b).ok()?.trim().to_string();
@@ -172,7 +170,7 @@ async fn merged(
     };
     if !ctx.stream {
         guard.status = status;
-        let body = match read_all(dh.into_body(), MAX_LEG_ANSWER).await {
+        let body = match read_answer(ctx.gw, dh.into_body()).await {
             Ok(b) => b,
             Err(e) => {
                 crate::proxy::failed_mid_answer(d, &e, false);
@@ -192,7 +190,7 @@ async fn merged(
     }
     guard.status = status;
     let (parts, body) = dh.into_parts();
-    let d = d.clone();
+    let (d, idle) = (d.clone(), ctx.gw.config.limits.upstream_idle_timeout);
     let state = (body, Vec::<u8>::new(), Some(guard), false);
     let events = futures_util::stream::unfold(state, move |(mut body, mut buf, guard, done)| {
         let d = d.clone();
@@ -207,7 +205,15 @@ async fn merged(
                     let event: Vec<u8> = buf.drain(..at + 2).collect();
                     return Some((Ok::<Bytes, std::io::Error>(Bytes::from(event)), (body, buf, Some(guard), false)));
                 }
-                match body.frame().await {
+                let frame = match tokio::time::timeout(idle, body.frame()).await {
+                    Ok(frame) => frame,
+                    Err(_) => {
+                        let e = format!("no data from the worker within {idle:?}");
+                        let tail = crate::relay::failed_mid_answer(&d, &e, true).unwrap_or_default();
+                        return Some((Ok(tail), (body, buf, Some(guard), true)));
+                    }
+                };
+                match frame {
                     Some(Ok(frame)) => {
                         if let Ok(data) = frame.into_data() {
                             buf.extend_from_slice(&data);

@@ -26,7 +26,7 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::dual::{Watch, both_heads, heads_ok};
-use super::{Ctx, Failure, Leg, MAX_LEG_ANSWER, Pair, json_answer, read_all, status_failure};
+use super::{Ctx, Failure, Leg, MAX_LEG_ANSWER, Pair, json_answer, read_all, read_answer, status_failure, with_params};
 use crate::admission::Admission;
 use crate::proxy::{Ending, InFlight, SendError, send_to, stream_back};
 
@@ -51,13 +51,11 @@ pub(super) async fn attempt(
     if let Some(identity) = push_identity(gw, &p) {
         return push_attempt(ctx, pair, admission, identity).await;
     }
-    let dp = p.dp_size();
-    let rank = pair.prefill.rank.or_else(|| p.least_loaded_rank()).filter(|r| r.0 < dp && dp > 1);
+    let rank = pair.vllm_rank();
     let headers = same_request_id(ctx);
     let path = ctx.route.path();
     let limit = gw.config.request_timeout;
-    let matched = pair.prefill.candidates[pair.prefill.chosen].matched_tokens;
-    let p_load = p.charge_on(pair.prefill.input_tokens.saturating_sub(matched), rank);
+    let (p_load, d_load) = pair.charge(rank);
     let sent = std::time::Instant::now();
     let answer = match tokio::time::timeout(
         limit,
@@ -93,12 +91,7 @@ pub(super) async fn attempt(
     p.request_succeeded();
     gw.metrics.pd_legs.inc(format_args!("leg=\"prefill\",outcome=\"ok\""));
     learn_push(gw, &p, &params);
-    let mut decode = ctx.v.clone();
-    if let Some(o) = decode.as_object_mut() {
-        o.insert("kv_transfer_params".into(), params);
-    }
-    let decode = Bytes::from(serde_json::to_vec(&decode).unwrap_or_default());
-    let d_load = d.charge(0);
+    let decode = with_params(&ctx.v, params);
     let resp = match tokio::time::timeout(limit, send_to(&ctx.client, &headers, &d, path, decode, None)).await {
         Err(_) => return Err((Failure::Timeout { leg: Leg::Decode, worker: d }, admission)),
         Ok(Err(error)) => return Err((Failure::Transport { leg: Leg::Decode, worker: d, error }, admission)),
@@ -117,7 +110,7 @@ pub(super) async fn attempt(
     }
     let status = resp.status().as_u16();
     guard.status = status;
-    let body = match read_all(resp.into_body(), MAX_LEG_ANSWER).await {
+    let body = match read_answer(gw, resp.into_body()).await {
         Ok(b) => b,
         Err(e) => {
             crate::proxy::failed_mid_answer(&d, &e, false);
@@ -143,17 +136,10 @@ async fn push_attempt(
 ) -> Result<Response, (Failure, Admission)> {
     let gw = ctx.gw;
     let (p, d) = (pair.prefill.chosen().clone(), pair.decode.chosen().clone());
-    let dp = p.dp_size();
-    let rank = pair.prefill.rank.or_else(|| p.least_loaded_rank()).filter(|r| r.0 < dp && dp > 1);
+    let rank = pair.vllm_rank();
     let headers = same_request_id(ctx);
-    let mut decode = ctx.v.clone();
-    if let Some(o) = decode.as_object_mut() {
-        o.insert("kv_transfer_params".into(), identity);
-    }
-    let decode = Bytes::from(serde_json::to_vec(&decode).unwrap_or_default());
-    let matched = pair.prefill.candidates[pair.prefill.chosen].matched_tokens;
-    let p_load = p.charge_on(pair.prefill.input_tokens.saturating_sub(matched), rank);
-    let d_load = d.charge(0);
+    let decode = with_params(&ctx.v, identity);
+    let (p_load, d_load) = pair.charge(rank);
     let path = ctx.route.path();
     let sent = std::time::Instant::now();
     let pf = send_to(&ctx.client, &headers, &p, path, prefill_body(&ctx.v, nixl_pull()), rank);
@@ -176,8 +162,7 @@ async fn push_attempt(
 async fn mooncake_attempt(ctx: &Ctx<'_>, pair: &Pair, admission: Admission) -> Result<Response, (Failure, Admission)> {
     let gw = ctx.gw;
     let (p, d) = (pair.prefill.chosen().clone(), pair.decode.chosen().clone());
-    let dp = p.dp_size();
-    let rank = pair.prefill.rank.or_else(|| p.least_loaded_rank()).filter(|r| r.0 < dp && dp > 1);
+    let rank = pair.vllm_rank();
     let path = ctx.route.path();
     let host = p.endpoint(path).and_then(|u| u.host().map(str::to_string)).unwrap_or_default();
     let addr = format!("http://{host}:{}", p.bootstrap_port().unwrap_or(MOONCAKE_BOOTSTRAP_PORT));
@@ -192,19 +177,13 @@ async fn mooncake_attempt(ctx: &Ctx<'_>, pair: &Pair, admission: Admission) -> R
     let transfer_id = format!("xfer-{}.{:x}", ctx.meta.id, crate::random_u64() & 0xffff_ffff);
     let prefill =
         prefill_body(&ctx.v, json!({"do_remote_decode": true, "do_remote_prefill": false, "transfer_id": transfer_id}));
-    let mut decode = ctx.v.clone();
-    if let Some(o) = decode.as_object_mut() {
-        o.insert(
-            "kv_transfer_params".into(),
-            json!({"do_remote_decode": false, "do_remote_prefill": true, "remote_bootstrap_addr": addr,
+    let decode = with_params(
+        &ctx.v,
+        json!({"do_remote_decode": false, "do_remote_prefill": true, "remote_bootstrap_addr": addr,
                    "remote_engine_id": engine_id, "transfer_id": transfer_id}),
-        );
-    }
-    let decode = Bytes::from(serde_json::to_vec(&decode).unwrap_or_default());
+    );
     let headers = same_request_id(ctx);
-    let matched = pair.prefill.candidates[pair.prefill.chosen].matched_tokens;
-    let p_load = p.charge_on(pair.prefill.input_tokens.saturating_sub(matched), rank);
-    let d_load = d.charge(0);
+    let (p_load, d_load) = pair.charge(rank);
     let sent = std::time::Instant::now();
     let pf = send_to(&ctx.client, &headers, &p, path, prefill, rank);
     let df = send_to(&ctx.client, &headers, &d, path, decode, None);

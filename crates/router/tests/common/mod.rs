@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 pub(crate) mod app;
+pub(crate) mod pd;
 
 /// Polls `cond` every 25 ms for up to 10 s; panics naming `what` if it never holds.
 #[allow(dead_code)] // not every test binary uses it
@@ -39,4 +40,28 @@ pub(crate) async fn http_answering(body: String) -> String {
         }
     });
     url
+}
+
+/// The python of the venv of `tests/kv_events/setup_venv.sh`: `SGL_ROUTER_KV_PYTHON` (set by
+/// `.ci/run`, then required), else `/tmp/sgl-router-kv-venv/bin/python`; `None` (with a line
+/// saying `what` is skipped) when neither exists.
+#[allow(dead_code)] // not every test binary uses it
+pub(crate) fn venv_python(what: &str) -> Option<std::path::PathBuf> {
+    use std::io::Write;
+    if let Ok(p) = std::env::var("SGL_ROUTER_KV_PYTHON") {
+        let p = std::path::PathBuf::from(p);
+        assert!(p.exists(), "SGL_ROUTER_KV_PYTHON={} does not exist", p.display());
+        return Some(p);
+    }
+    let default = std::path::PathBuf::from("/tmp/sgl-router-kv-venv/bin/python");
+    if default.exists() {
+        return Some(default);
+    }
+    // Written to the stream directly: libtest captures `eprintln!` of passing tests.
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED: {what} need the venv of tests/kv_events/setup_venv.sh \
+         (set SGL_ROUTER_KV_PYTHON or create /tmp/sgl-router-kv-venv)"
+    );
+    None
 }
