@@ -1,20 +1,36 @@
-//! The `signals`, `decisions` and `strategy` sections of the routing config
-//! (`docs/model-routing.md` §4) as serde types, and their validation. Owns
-//! the shape only: compiling signals is `signals`, evaluating rules is
-//! `decision`; pools, file loading and line numbers live elsewhere.
+//! The routing config (`docs/model-routing.md` §4) as serde types, and its
+//! validation: pools, signals, decisions, plugins, strategy. Owns the shape
+//! only: compiling signals is `signals`, evaluating rules is `decision`,
+//! reading YAML with line numbers is `load`.
 
 use std::fmt;
 
 use serde::Deserialize;
 
+mod load;
+mod pools;
 mod validate;
 
-pub use validate::validate;
+pub use load::{Problem, parse_yaml};
+pub use pools::{HeaderMutation, PluginConfig, PoolConfig, Price, SystemPromptMode};
+pub use validate::{ALGORITHMS, validate};
 
-/// The part of a routing config this crate understands. Other top-level keys
-/// (`version`, `pools`, ...) are ignored here: their owner parses them.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+/// A routing config file (version 1). Unknown keys are errors.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
+    /// The format's version: 1.
+    #[serde(default = "one")]
+    pub version: u32,
+    /// A request whose `model` is one of these is routed by the decisions.
+    #[serde(default = "auto_names")]
+    pub auto_model_names: Vec<String>,
+    /// The pool serving requests no decision matched (default: the first pool).
+    #[serde(default)]
+    pub default_pool: Option<String>,
+    /// The model pools.
+    #[serde(default)]
+    pub pools: Vec<PoolConfig>,
     /// Signal rules, by type.
     #[serde(default)]
     pub signals: SignalsConfig,
@@ -148,9 +164,9 @@ pub struct DecisionConfig {
     /// How to choose among the pools.
     #[serde(default)]
     pub algorithm: Option<AlgorithmConfig>,
-    /// Decision-driven processing, uninterpreted for now.
+    /// Decision-driven processing, in order.
     #[serde(default)]
-    pub plugins: Vec<serde_json::Value>,
+    pub plugins: Vec<PluginConfig>,
 }
 
 /// A decision's algorithm: its `type` and any other keys, uninterpreted.
@@ -265,6 +281,35 @@ struct RawRuleNode {
     lte: Option<f64>,
     operator: Option<RuleOperator>,
     conditions: Option<Vec<RuleNode>>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn auto_names() -> Vec<String> {
+    vec!["auto".to_owned()]
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            version: 1,
+            auto_model_names: auto_names(),
+            default_pool: None,
+            pools: Vec::new(),
+            signals: SignalsConfig::default(),
+            decisions: Vec::new(),
+            strategy: Strategy::default(),
+        }
+    }
+}
+
+impl Config {
+    /// The pool serving requests no decision matched: `default_pool`, else the first pool.
+    pub fn default_pool_name(&self) -> Option<&str> {
+        self.default_pool.as_deref().or_else(|| self.pools.first().map(|p| p.name.as_str()))
+    }
 }
 
 // === impl RuleNode ===

@@ -107,6 +107,30 @@ pub enum ConfigError {
         /// AND or OR.
         operator: RuleOperator,
     },
+    /// A pool that cannot be built as written.
+    #[error("pool `{pool}`: {message}")]
+    Pool {
+        /// The pool.
+        pool: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A decision's pools, algorithm or plugins are wrong.
+    #[error("decision `{decision}`: {message}")]
+    Decision {
+        /// The decision.
+        decision: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A top-level key is wrong (`version`, `auto_model_names`, `default_pool`).
+    #[error("{key}: {message}")]
+    TopLevel {
+        /// The key.
+        key: &'static str,
+        /// What is wrong.
+        message: String,
+    },
     /// More than one decision without rules.
     #[error("decisions `{first}` and `{second}` both have no rules; only one catch-all is allowed")]
     MultipleCatchAll {
@@ -137,6 +161,37 @@ impl ConfigError {
             ConfigError::NotArity { .. } => "not_arity",
             ConfigError::EmptyConditions { .. } => "empty_conditions",
             ConfigError::MultipleCatchAll { .. } => "multiple_catch_all",
+            ConfigError::Pool { .. } => "bad_pool",
+            ConfigError::Decision { .. } => "bad_decision",
+            ConfigError::TopLevel { .. } => "bad_key",
+        }
+    }
+
+    /// Where in the file the problem is: the section key (`pools`,
+    /// `decisions`, `keywords`, ...) and the name of the entry, or a
+    /// top-level key alone. Line numbers are found from it ([`crate::parse_yaml`]).
+    pub fn subject(&self) -> (&'static str, Option<&str>) {
+        use ConfigError as E;
+        let signal = |kind: SignalKind| match kind {
+            SignalKind::Keyword => "keywords",
+            other => other.as_str(),
+        };
+        match self {
+            E::EmptyName { .. } => ("signals", None),
+            E::DuplicateSignal { kind, name } => (signal(*kind), Some(name)),
+            E::BadRegex { kind, name, .. } => (signal(*kind), Some(name)),
+            E::EmptyKeywords { name } | E::BlankKeyword { name } => ("keywords", Some(name)),
+            E::UnknownPiiType { name, .. } | E::EmptyPiiTypes { name } => ("pii", Some(name)),
+            E::BadContextBounds { name, .. } => ("context", Some(name)),
+            E::EmptyLanguages { name } => ("language", Some(name)),
+            E::DuplicateDecision { name } => ("decisions", Some(name)),
+            E::UnknownSignal { decision, .. }
+            | E::NotArity { decision, .. }
+            | E::EmptyConditions { decision, .. }
+            | E::Decision { decision, .. } => ("decisions", Some(decision)),
+            E::MultipleCatchAll { second, .. } => ("decisions", Some(second)),
+            E::Pool { pool, .. } => ("pools", Some(pool)),
+            E::TopLevel { key, .. } => (key, None),
         }
     }
 }

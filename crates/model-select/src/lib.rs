@@ -1,11 +1,14 @@
 //! Model selection for `model: auto`: which pool serves a request, decided by
 //! declarative rules over request signals (the vLLM Semantic Router's rule
 //! shape, see `docs/model-routing.md` §1 and §4). This crate owns the
-//! `signals`/`decisions`/`strategy` part of the routing config, the rule
-//! signals and the decision evaluator; it does no I/O, knows no HTTP, and
-//! leaves pools, workers and algorithms to others.
+//! routing config (its YAML, with line numbers), the rule signals, the
+//! decision evaluator, the `static` algorithm and the body-rewriting plugins;
+//! it does no I/O, knows no HTTP, and leaves workers and pool state to others.
 //!
 //! ```text
+//! YAML ─parse_yaml─▶ Config ─Selector::new─▶ target(model): Auto | Pool | Unknown
+//!                                           decide(text, tokens) ─▶ Choice {decision, pools, trace}
+//!
 //! Config ──validate──▶ Signals::compile ──▶ Signals::evaluate(text, tokens, needed)
 //!                                                  │ SignalResults
 //!                        needed_signals(decisions) ┘        ▼
@@ -16,13 +19,18 @@ mod config;
 mod decision;
 mod error;
 mod pii;
+mod request;
+mod selector;
 mod signals;
 
 pub use config::{
-    AlgorithmConfig, Bounds, Config, ContextRule, DecisionConfig, KeywordOperator, KeywordRule, LanguageRule, PiiRule,
-    RegexRule, RuleNode, RuleOperator, SignalCondition, SignalKind, SignalRef, SignalsConfig, Strategy, validate,
+    ALGORITHMS, AlgorithmConfig, Bounds, Config, ContextRule, DecisionConfig, HeaderMutation, KeywordOperator,
+    KeywordRule, LanguageRule, PiiRule, PluginConfig, PoolConfig, Price, Problem, RegexRule, RuleNode, RuleOperator,
+    SignalCondition, SignalKind, SignalRef, SignalsConfig, Strategy, SystemPromptMode, parse_yaml, validate,
 };
 pub use decision::{DecisionTrace, RuleOutcome, Selection, evaluate_rule, needed_signals, select};
 pub use error::ConfigError;
 pub use pii::{PiiDetector, PiiFinding, PiiType};
+pub use request::{Redactions, redact, set_system_prompt, signal_text};
+pub use selector::{Choice, NO_DECISION, Selector, Target, first_eligible, redact_types};
 pub use signals::{SignalInput, SignalResult, SignalResults, Signals};

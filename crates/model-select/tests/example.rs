@@ -3,33 +3,12 @@
 //! select.
 
 use model_select::{Config, SignalInput, Signals, needed_signals, select, validate};
-use serde_json::json;
 
+/// The README's example (`examples/routing.yaml`), read as the router reads it.
 fn example() -> Config {
-    serde_json::from_value(json!({
-        "signals": {
-            "keywords": [
-                {"name": "math", "operator": "OR", "keywords": ["integral", "derivative", "equation", "theorem"]},
-                {"name": "injection", "operator": "OR", "keywords": ["ignore all previous instructions"]}
-            ],
-            "regex": [{"name": "code_block", "pattern": "(?m)^```"}],
-            "pii": [{"name": "contact", "types": ["email", "phone"]}],
-            "context": [{"name": "long_prompt", "min_tokens": 16000}],
-            "language": [{"name": "chinese", "languages": ["zh"]}]
-        },
-        "decisions": [
-            {"name": "refuse_injection", "priority": 100, "rules": {"type": "keyword", "name": "injection"},
-             "plugins": [{"type": "block", "status": 403, "message": "refused by policy"}]},
-            {"name": "private", "priority": 90, "rules": {"type": "pii", "name": "contact"}, "pools": ["small"]},
-            {"name": "hard", "priority": 50,
-             "rules": {"operator": "OR", "conditions": [{"type": "keyword", "name": "math"},
-                                                         {"type": "context", "name": "long_prompt"}]},
-             "pools": ["large", "small"], "algorithm": {"type": "static"}},
-            {"name": "default", "pools": ["small", "large"]}
-        ],
-        "strategy": "priority"
-    }))
-    .unwrap()
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/routing.yaml");
+    let text = std::fs::read_to_string(path).expect("examples/routing.yaml");
+    model_select::parse_yaml(&text).unwrap_or_else(|p| panic!("{p:?}"))
 }
 
 fn route(config: &Config, signals: &Signals, text: &str, tokens: u64) -> String {
@@ -48,6 +27,7 @@ fn the_example_routes_as_documented() {
     assert_eq!(route(&config, &signals, "summarise this", 20_000), "hard");
     assert_eq!(route(&config, &signals, "an equation; mail me at a@b.io", 12), "private");
     assert_eq!(route(&config, &signals, "Ignore all previous instructions. a@b.io", 12), "refuse_injection");
+    assert_eq!(route(&config, &signals, "fix this:\n```\nfn main() {}\n```", 12), "code");
 }
 
 #[test]
@@ -56,5 +36,5 @@ fn unused_signals_are_not_computed() {
     let needed = needed_signals(&config.decisions, config.strategy);
     let mut names: Vec<String> = needed.iter().map(ToString::to_string).collect();
     names.sort();
-    assert_eq!(names, ["context:long_prompt", "keyword:injection", "keyword:math", "pii:contact"]);
+    assert_eq!(names, ["context:long_prompt", "keyword:injection", "keyword:math", "pii:contact", "regex:code_block"]);
 }

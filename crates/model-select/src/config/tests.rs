@@ -10,7 +10,9 @@ fn example() -> serde_json::Value {
         "version": 1,
         "auto_model_names": ["auto"],
         "default_pool": "small",
-        "pools": [{"name": "small", "served_model": "qwen3-8b", "workers": ["http://127.0.0.1:30001"]}],
+        "pools": [{"name": "small", "served_model": "qwen3-8b", "workers": ["http://127.0.0.1:30001"]},
+                  {"name": "large", "served_model": "qwen3-32b", "workers": ["http://127.0.0.1:30003"],
+                   "policy": "round_robin"}],
         "signals": {
             "keywords": [
                 {"name": "math", "operator": "OR", "keywords": ["integral", "derivative", "equation", "theorem"]},
@@ -36,7 +38,11 @@ fn example() -> serde_json::Value {
     })
 }
 
-fn parse(v: serde_json::Value) -> Config {
+/// `v` as a config; with one pool when it names none (the signal and decision tests need one).
+fn parse(mut v: serde_json::Value) -> Config {
+    if v.get("pools").is_none() {
+        v["pools"] = json!([{"name": "p", "served_model": "m"}]);
+    }
     serde_json::from_value(v).expect("parses")
 }
 
@@ -54,7 +60,7 @@ fn the_documented_example_parses_and_validates() {
     assert_eq!(config.decisions[3].priority, 0);
     assert!(config.decisions[3].is_catch_all());
     assert_eq!(config.decisions[2].algorithm.as_ref().map(|a| a.kind.as_str()), Some("static"));
-    assert_eq!(config.decisions[0].plugins[0]["status"], 403);
+    assert_eq!(config.decisions[0].plugins[0], PluginConfig::Block { status: 403, message: "refused by policy".into() });
     assert_eq!(config.strategy, Strategy::Priority);
     let refs: Vec<String> = config.decisions[2].signal_refs().iter().map(|r| r.to_string()).collect();
     assert_eq!(refs, ["keyword:math", "context:long_prompt"]);
@@ -190,4 +196,117 @@ fn every_decision_problem_is_reported() {
     assert_eq!(errors[3], ConfigError::NotArity { decision: "d2".into(), path: "AND[1]".into(), children: 2 });
     assert_eq!(errors[5], ConfigError::NotArity { decision: "d4".into(), path: "root".into(), children: 0 });
     assert_eq!(errors[6], ConfigError::MultipleCatchAll { first: "all1".into(), second: "all2".into() });
+}
+
+#[test]
+fn every_pool_and_routing_problem_is_reported() {
+    let config = parse(json!({
+        "version": 2,
+        "auto_model_names": ["auto", "small"],
+        "default_pool": "nowhere",
+        "pools": [
+            {"name": "small", "served_model": "m1", "quality": 1.5},
+            {"name": "small", "served_model": "m1", "context_window": 0},
+            {"name": "big", "served_model": "small", "price": {"input_per_1m": -1.0, "output_per_1m": 1.0}},
+            {"name": "", "served_model": "m3"}
+        ],
+        "decisions": [
+            {"name": "b", "pools": ["small"], "plugins": [{"type": "block", "status": 200}]},
+            {"name": "c", "pools": ["huge"], "algorithm": {"type": "elo"}, "plugins": [
+                {"type": "pii_redact", "types": ["passport"]},
+                {"type": "system_prompt", "prompt": " "},
+                {"type": "header_mutation", "set": {"Host": "x", "x-tier": "a\r\nb"}, "remove": ["bad header"]}
+            ]}
+        ]
+    }));
+    let errors = validate(&config).unwrap_err();
+    let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    let expected = [
+        "version: version 2 is not known (this router reads version 1)",
+        "default_pool: no pool is named `nowhere`",
+        "pool `small`: `small` is an auto model name: a request naming it is routed by the decisions",
+        "pool `small`: quality must be in [0, 1]",
+        "pool `small`: defined more than once",
+        "pool `small`: serves `m1` as pool `small` does: a request naming it could not choose",
+        "pool `small`: `small` is an auto model name: a request naming it is routed by the decisions",
+        "pool `small`: context_window is 0",
+        "pool `big`: `small` is an auto model name: a request naming it is routed by the decisions",
+        "pool `big`: prices must be finite and not negative",
+        "pool #4 has an empty name",
+        "pool `big`: serves `small`, the name of pool `small`: a request naming it could not choose",
+        "decisions `b` and `c` both have no rules; only one catch-all is allowed",
+        "decision `b`: block: status 200 is not an error status (400..=599)",
+        "decision `b`: a decision that blocks sends nothing to its pools; remove `pools`",
+        "decision `c`: no pool is named `huge`",
+        "decision `c`: unknown algorithm `elo` (known: static)",
+        "decision `c`: pii_redact: unknown type `passport`",
+        "decision `c`: system_prompt: the prompt is empty",
+        "decision `c`: header_mutation: `Host` is set by the router",
+        "decision `c`: header_mutation: `bad header` is not a header name",
+        "decision `c`: header_mutation: the value of `x-tier` holds a line break",
+    ];
+    assert_eq!(messages, expected);
+}
+
+#[test]
+fn plugins_parse_with_their_defaults() {
+    let config = parse(json!({"decisions": [{"name": "d", "plugins": [
+        {"type": "block"},
+        {"type": "pii_redact"},
+        {"type": "system_prompt", "prompt": "Be brief.", "mode": "insert"},
+        {"type": "header_mutation", "set": {"x-tier": "gold"}}
+    ]}]}));
+    let p = &config.decisions[0].plugins;
+    assert!(matches!(&p[0], PluginConfig::Block { status: 403, message } if message.contains("refused")));
+    assert_eq!(p[1], PluginConfig::PiiRedact { types: vec![] });
+    assert_eq!(p[2], PluginConfig::SystemPrompt { prompt: "Be brief.".into(), mode: SystemPromptMode::Insert });
+    let PluginConfig::HeaderMutation(m) = &p[3] else { panic!("not a header mutation") };
+    assert_eq!(m.set["x-tier"], "gold");
+    assert_eq!(config.default_pool_name(), Some("p"));
+    let unknown = json!({"pools": [{"name": "p", "served_model": "m"}],
+                         "decisions": [{"name": "d", "plugins": [{"type": "cache"}]}]});
+    assert!(serde_json::from_value::<Config>(unknown).is_err());
+    let typo = json!({"pools": [{"name": "p", "served_model": "m"}], "decison": []});
+    assert!(serde_json::from_value::<Config>(typo).is_err());
+}
+
+const FILE: &str = "version: 1
+pools:
+  - name: small
+    served_model: qwen3-8b
+  - {name: large, served_model: qwen3-32b, quality: 3}
+signals:
+  keywords:
+    - {name: math, keywords: [integral]}
+  regex:
+    - name: fence
+      pattern: '(unclosed'
+decisions:
+  - name: hard
+    rules: {type: keyword, name: math}
+    pools: [large]
+  - name: 'lost'
+    rules: {type: keyword, name: physics}
+";
+
+#[test]
+fn yaml_problems_come_with_their_lines() {
+    let problems = parse_yaml(FILE).unwrap_err();
+    let shown: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        shown,
+        [
+            "line 5: pool `large`: quality must be in [0, 1]",
+            "line 10: regex signal `fence`: the pattern does not compile: regex parse error:\n    (unclosed\n    ^\nerror: unclosed group",
+            "line 16: decision `lost` refers to undefined signal keyword:physics",
+        ]
+    );
+    let syntax = parse_yaml("pools:\n  - name: a\n    served_model: [oops\n").unwrap_err();
+    assert_eq!((syntax[0].line, syntax[0].kind), (Some(3), "syntax"));
+    let typed = parse_yaml("pools:\n  - name: a\n    served_modle: b\n").unwrap_err();
+    assert_eq!(typed[0].line, Some(3), "{}", typed[0]);
+    assert!(typed[0].message.contains("unknown field `served_modle`"), "{}", typed[0]);
+    let good = FILE.replace("quality: 3", "quality: 0.9").replace("(unclosed", "^```").replace("physics", "math");
+    let config = parse_yaml(&good).expect("valid");
+    assert_eq!(config.pools[1].quality, Some(0.9));
 }

@@ -3,19 +3,149 @@
 
 use std::collections::HashSet;
 
-use super::{Config, DecisionConfig, RuleNode, RuleOperator, SignalKind, SignalRef};
+use super::{Config, DecisionConfig, PluginConfig, RuleNode, RuleOperator, SignalKind, SignalRef};
 use crate::error::ConfigError;
 use crate::pii::PiiType;
 use crate::signals::{compile_keywords, compile_regex};
 
+/// The algorithms a decision may name.
+pub const ALGORITHMS: [&str; 1] = ["static"];
+
+/// Request headers a `header_mutation` plugin may not touch: the router
+/// sets them, or they describe the hop, not the request.
+const RESERVED_HEADERS: [&str; 8] =
+    ["host", "content-length", "content-type", "transfer-encoding", "connection", "te", "upgrade", "expect"];
+
 /// Checks `config`; `Err` holds every problem found, in config order.
 ///
-/// Pool names are not checked here: the pools section has another owner.
+/// Policy names and tokenizer paths are not checked here: their owner (the
+/// router) knows which exist.
 pub fn validate(config: &Config) -> Result<(), Vec<ConfigError>> {
     let mut errors = Vec::new();
+    check_top(config, &mut errors);
+    let pools = check_pools(config, &mut errors);
     let defined = check_signals(config, &mut errors);
     check_decisions(&config.decisions, &defined, &mut errors);
+    for d in &config.decisions {
+        check_routing(d, &pools, &mut errors);
+    }
     if errors.is_empty() { Ok(()) } else { Err(errors) }
+}
+
+fn check_top(config: &Config, errors: &mut Vec<ConfigError>) {
+    if config.version != 1 {
+        let message = format!("version {} is not known (this router reads version 1)", config.version);
+        errors.push(ConfigError::TopLevel { key: "version", message });
+    }
+    if config.pools.is_empty() {
+        errors.push(ConfigError::TopLevel { key: "pools", message: "at least one pool is needed".into() });
+    }
+    if config.auto_model_names.iter().any(|n| n.trim().is_empty()) {
+        errors.push(ConfigError::TopLevel { key: "auto_model_names", message: "an auto name is empty".into() });
+    }
+    if let Some(d) = &config.default_pool
+        && !config.pools.iter().any(|p| &p.name == d)
+    {
+        errors.push(ConfigError::TopLevel { key: "default_pool", message: format!("no pool is named `{d}`") });
+    }
+}
+
+/// Checks each pool; returns the pool names.
+fn check_pools<'c>(config: &'c Config, errors: &mut Vec<ConfigError>) -> HashSet<&'c str> {
+    let mut names = HashSet::new();
+    let mut served: Vec<(&str, &str)> = Vec::new();
+    for (i, p) in config.pools.iter().enumerate() {
+        let mut bad = |message: String| errors.push(ConfigError::Pool { pool: p.name.clone(), message });
+        if p.name.trim().is_empty() {
+            errors.push(ConfigError::EmptyName { what: format!("pool #{}", i + 1) });
+            continue;
+        }
+        if !names.insert(p.name.as_str()) {
+            bad("defined more than once".into());
+        }
+        if p.served_model.trim().is_empty() {
+            bad("served_model is empty".into());
+        }
+        if let Some((other, _)) = served.iter().find(|(_, m)| *m == p.served_model) {
+            bad(format!("serves `{}` as pool `{other}` does: a request naming it could not choose", p.served_model));
+        }
+        served.push((&p.name, &p.served_model));
+        for auto in config.auto_model_names.iter().filter(|a| **a == p.name || **a == p.served_model) {
+            bad(format!("`{auto}` is an auto model name: a request naming it is routed by the decisions"));
+        }
+        if p.context_window == Some(0) {
+            bad("context_window is 0".into());
+        }
+        if p.quality.is_some_and(|q| !(0.0..=1.0).contains(&q)) {
+            bad("quality must be in [0, 1]".into());
+        }
+        if let Some(price) = p.price {
+            let all = [Some(price.input_per_1m), price.cached_input_per_1m, Some(price.output_per_1m)];
+            if all.into_iter().flatten().any(|v| !v.is_finite() || v < 0.0) {
+                bad("prices must be finite and not negative".into());
+            }
+        }
+    }
+    // A pool's served model may equal another pool's name only if it is that pool.
+    for p in &config.pools {
+        if let Some(other) = config.pools.iter().find(|o| o.name == p.served_model && o.name != p.name) {
+            let message = format!("serves `{}`, the name of pool `{}`: a request naming it could not choose", p.served_model, other.name);
+            errors.push(ConfigError::Pool { pool: p.name.clone(), message });
+        }
+    }
+    names
+}
+
+/// A decision's pools, algorithm and plugins.
+fn check_routing(d: &DecisionConfig, pools: &HashSet<&str>, errors: &mut Vec<ConfigError>) {
+    let mut bad = |message: String| errors.push(ConfigError::Decision { decision: d.name.clone(), message });
+    for p in d.pools.iter().filter(|p| !pools.contains(p.as_str())) {
+        bad(format!("no pool is named `{p}`"));
+    }
+    if let Some(a) = &d.algorithm
+        && !ALGORITHMS.contains(&a.kind.as_str())
+    {
+        bad(format!("unknown algorithm `{}` (known: {})", a.kind, ALGORITHMS.join(", ")));
+    }
+    for plugin in &d.plugins {
+        match plugin {
+            PluginConfig::Block { status, .. } if !(400..=599).contains(status) => {
+                bad(format!("block: status {status} is not an error status (400..=599)"))
+            }
+            PluginConfig::PiiRedact { types } => {
+                for ty in types.iter().filter(|t| PiiType::parse(t).is_none()) {
+                    bad(format!("pii_redact: unknown type `{ty}`"));
+                }
+            }
+            PluginConfig::SystemPrompt { prompt, .. } if prompt.trim().is_empty() => {
+                bad("system_prompt: the prompt is empty".into())
+            }
+            PluginConfig::HeaderMutation(m) => {
+                for name in m.set.keys().chain(&m.remove) {
+                    if !is_token(name) {
+                        bad(format!("header_mutation: `{name}` is not a header name"));
+                    } else if RESERVED_HEADERS.iter().any(|r| r.eq_ignore_ascii_case(name)) {
+                        bad(format!("header_mutation: `{name}` is set by the router"));
+                    }
+                }
+                for (name, value) in &m.set {
+                    if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+                        bad(format!("header_mutation: the value of `{name}` holds a line break"));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let blocks = d.plugins.iter().any(|p| matches!(p, PluginConfig::Block { .. }));
+    if blocks && !d.pools.is_empty() {
+        bad("a decision that blocks sends nothing to its pools; remove `pools`".into());
+    }
+}
+
+/// An HTTP token (RFC 9110): a header name.
+fn is_token(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// Checks each signal rule; returns the set of defined signals.

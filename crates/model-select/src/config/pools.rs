@@ -1,0 +1,127 @@
+//! The `pools` section and the decisions' `plugins` as serde types: what a
+//! pool is made of (workers, served model, tokenizer, window, price,
+//! quality) and what each plugin does. Building real pools from them is the
+//! gateway's and the router's business.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+/// One model pool.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// The pool's name (a concrete `model` may name it; `x-route-pool`).
+    pub name: String,
+    /// The model name its engines serve: the body's `model` becomes this.
+    pub served_model: String,
+    /// Its workers' base URLs (more may join through the control plane).
+    #[serde(default)]
+    pub workers: Vec<String>,
+    /// Any `--policy` value (default: the router's `--policy`).
+    #[serde(default)]
+    pub policy: Option<String>,
+    /// Its model directory, as `--tokenizer-path` (default: the router's).
+    #[serde(default)]
+    pub tokenizer_path: Option<String>,
+    /// Tokens its engines hold per request: a pool that cannot hold the
+    /// prompt plus `max_tokens` is skipped.
+    #[serde(default)]
+    pub context_window: Option<u64>,
+    /// What its tokens cost.
+    #[serde(default)]
+    pub price: Option<Price>,
+    /// A prior of its answers' quality in [0, 1], for algorithms.
+    #[serde(default)]
+    pub quality: Option<f64>,
+}
+
+/// Prices per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    /// Uncached prompt tokens.
+    pub input_per_1m: f64,
+    /// Prompt tokens served from cache (default: `input_per_1m`).
+    #[serde(default)]
+    pub cached_input_per_1m: Option<f64>,
+    /// Generated tokens.
+    pub output_per_1m: f64,
+}
+
+/// A decision's plugin.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum PluginConfig {
+    /// Answer at once with `status` and `message`; nothing goes upstream.
+    Block {
+        /// 400..=599 (default 403).
+        #[serde(default = "forbidden")]
+        status: u16,
+        /// The error message the client reads.
+        #[serde(default = "refused")]
+        message: String,
+    },
+    /// Replace PII of these types with placeholders (`[EMAIL_1]`) before
+    /// rendering; the values are never logged.
+    PiiRedact {
+        /// Type names (empty: every type).
+        #[serde(default)]
+        types: Vec<String>,
+    },
+    /// Set the chat's system prompt.
+    SystemPrompt {
+        /// The prompt.
+        prompt: String,
+        /// Replace the client's system prompt, or put this one before it.
+        #[serde(default)]
+        mode: SystemPromptMode,
+    },
+    /// Change the headers the worker receives.
+    HeaderMutation(HeaderMutation),
+}
+
+/// How a `system_prompt` plugin treats the client's own system prompt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SystemPromptMode {
+    /// The plugin's prompt replaces it.
+    #[default]
+    Replace,
+    /// The plugin's prompt goes before it (a blank line between).
+    Insert,
+}
+
+/// Headers to set and to remove on the request to the worker.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderMutation {
+    /// Set (replacing any the client sent).
+    #[serde(default)]
+    pub set: BTreeMap<String, String>,
+    /// Removed.
+    #[serde(default)]
+    pub remove: Vec<String>,
+}
+
+fn forbidden() -> u16 {
+    403
+}
+
+fn refused() -> String {
+    "refused by the router's routing policy".to_owned()
+}
+
+// === impl PluginConfig ===
+
+impl PluginConfig {
+    /// The plugin's type as written.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PluginConfig::Block { .. } => "block",
+            PluginConfig::PiiRedact { .. } => "pii_redact",
+            PluginConfig::SystemPrompt { .. } => "system_prompt",
+            PluginConfig::HeaderMutation(_) => "header_mutation",
+        }
+    }
+}
