@@ -339,6 +339,12 @@ impl Fleet {
     /// already there (whatever its role). Its discovery starts in the
     /// background; it enters rotation once its report agrees with its role.
     pub fn add_as(self: &Arc<Self>, url: WorkerUrl, role: Role, source: Source) -> Added {
+        self.add_in(url, role, PoolId::default_pool(), source)
+    }
+
+    /// Adds a worker in `role` serving `pool`, or returns the one already
+    /// there (whatever its role and pool: a URL is one worker).
+    pub fn add_in(self: &Arc<Self>, url: WorkerUrl, role: Role, pool: PoolId, source: Source) -> Added {
         let worker = {
             let mut m = self.members.write().unwrap_or_else(|p| p.into_inner());
             if let Some(w) = m.live.iter().find(|w| w.url == url) {
@@ -347,13 +353,13 @@ impl Fleet {
             let id = WorkerId(self.next_id.fetch_add(1, Ordering::Relaxed));
             let index_id = self.events.as_ref().map(|e| e.index.worker_id(&url));
             let events = if self.events.is_some() { Events::Discovering } else { Events::Off };
-            let spec = worker::Spec { id, url, role, pool: PoolId::default_pool(), index_id, events };
+            let spec = worker::Spec { id, url, role, pool, index_id, events };
             let w = Arc::new(Worker::new(spec, self.cancel.child_token(), &self.config));
             m.live.push(w.clone());
             self.publish(&m);
             w
         };
-        info!(worker = %worker.url, id = %worker.id, role = worker.role.as_str(), ?source, "worker added");
+        info!(worker = %worker.url, id = %worker.id, role = worker.role.as_str(), pool = %worker.pool, ?source, "worker added");
         let _ = self.notices.send(Notice::Added(worker.id));
         let (fleet, w) = (self.clone(), worker.clone());
         worker.tasks.spawn(health::first_probe(fleet, w));

@@ -27,6 +27,82 @@ pub(crate) struct DebugQuery {
 #[derive(Debug, Deserialize)]
 struct AddWorker {
     url: String,
+    /// The pool it serves, by name or served model (SMG's `model_id`); the default pool without.
+    #[serde(default, alias = "model_id")]
+    pool: Option<String>,
+}
+
+/// `POST /v1/route/preview`: which pool, decision and worker a request would
+/// get, with every signal and every decision's outcome, through the same code
+/// as a real request; nothing is sent, counted or learned.
+pub(crate) async fn route_preview(
+    State(gw): State<Arc<Gateway>>,
+    Query(q): Query<DebugQuery>,
+    headers: axum::http::HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, GatewayError> {
+    let route = debug_route_of(q.route.as_deref())?;
+    let key = crate::proxy::Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
+    let bytes = read_body(&gw, body).await?;
+    let (gw2, len) = (gw.clone(), bytes.len());
+    let out = crate::admission::render(&gw, len, move || {
+        let mut v = crate::proxy::parse_json(&bytes)?;
+        let mut preview = crate::pools::Preview::default();
+        let routed = match &gw2.routing {
+            Some(routing) => crate::pools::route(&gw2, routing, route, &mut v, true, Some(&mut preview)),
+            None => Ok(crate::pools::Routed::default_pool()),
+        };
+        let mut out = json!({
+            "signals": preview.signals,
+            "decisions": preview.decisions,
+            "candidates": preview.candidates,
+            "passed_over": preview.passed_over,
+        });
+        let routed = match routed {
+            Ok(r) => r,
+            Err(GatewayError::Blocked { status, message, decision }) => {
+                out["decision"] = json!(decision);
+                out["blocked"] = json!({"status": status, "message": message});
+                return Ok(out);
+            }
+            Err(e @ GatewayError::NoPool(_)) => {
+                out["error"] = e.body()["error"].clone();
+                return Ok(out);
+            }
+            Err(e) => return Err(e),
+        };
+        let pool = &gw2.pools[routed.pool];
+        out["pool"] = json!(pool.id);
+        out["model"] = json!(pool.served_model);
+        out["decision"] = json!(routed.decision);
+        out["body_rewritten"] = json!(routed.rewritten);
+        // The worker the pool would pick: the policy's choice, never committed.
+        match plan(&gw2, routed.pool, route, Some(&v), key.as_deref()) {
+            Ok(plan) => {
+                out["worker"] = json!(plan.chosen().url);
+                out["policy"] = json!(pool.policy.name());
+                out["reason"] = json!(plan.decision.reason.as_str());
+                out["input_tokens"] = json!(plan.input_tokens);
+                out["workers"] = json!(plan.candidates_json());
+            }
+            Err(e) => {
+                out["worker"] = Value::Null;
+                out["error"] = e.body()["error"].clone();
+            }
+        }
+        Ok::<_, GatewayError>(out)
+    });
+    Ok(Json(out.await??))
+}
+
+/// The route an explain is about (`?route=`, chat by default).
+fn debug_route_of(q: Option<&str>) -> Result<Route, GatewayError> {
+    match q {
+        None | Some("chat") => Ok(Route::Chat),
+        Some("completions") => Ok(Route::Completions),
+        Some("generate") => Ok(Route::Generate),
+        Some(other) => Err(GatewayError::BadRequest(format!("unknown route {other:?}: chat, completions or generate"))),
+    }
 }
 
 pub(crate) async fn debug_route(
@@ -36,14 +112,7 @@ pub(crate) async fn debug_route(
     body: Body,
 ) -> Result<Json<Value>, GatewayError> {
     let key = crate::proxy::Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
-    let route = match q.route.as_deref() {
-        None | Some("chat") => Route::Chat,
-        Some("completions") => Route::Completions,
-        Some("generate") => Route::Generate,
-        Some(other) => {
-            return Err(GatewayError::BadRequest(format!("unknown route {other:?}: chat, completions or generate")));
-        }
-    };
+    let route = debug_route_of(q.route.as_deref())?;
     let bytes = read_body(&gw, body).await?;
     if gw.pd.is_some() {
         // Both legs' choices and why.
@@ -56,7 +125,7 @@ pub(crate) async fn debug_route(
     let (gw2, len, key) = (gw.clone(), bytes.len(), key);
     let plan = crate::admission::render(&gw, len, move || {
         let v = parse_body(&gw2, route, &bytes)?;
-        plan(&gw2, route, v.as_ref(), key.as_deref())
+        plan(&gw2, 0, route, v.as_ref(), key.as_deref())
     })
     .await??;
     // An explain: the policy's choice, never committed (nothing it learns or advances).
@@ -64,15 +133,27 @@ pub(crate) async fn debug_route(
     Ok(Json(json!({
         "worker": plan.chosen().url,
         "dp_rank": plan.rank.map(|r| r.0),
-        "policy": gw.policy.name(),
+        "policy": gw.pools[plan.pool].policy.name(),
         "reason": plan.decision.reason.as_str(),
         "input_tokens": plan.input_tokens,
         "candidates": candidates,
     })))
 }
 
+/// `GET /v1/models`: the served model, or with a routing config its auto
+/// names and every pool's served model.
 pub(crate) async fn models(State(gw): State<Arc<Gateway>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{"id": gw.config.model_id, "object": "model", "owned_by": "sgl-router"}]}))
+    let model = |id: &str| json!({"id": id, "object": "model", "owned_by": "sgl-router"});
+    let Some(routing) = &gw.routing else {
+        return Json(json!({"object": "list", "data": [model(&gw.config.model_id)]}));
+    };
+    let auto = routing.selector.config().auto_model_names.iter().map(|a| model(a));
+    let pools = gw.pools.iter().map(|p| {
+        let mut m = model(&p.served_model);
+        m["pool"] = json!(p.id);
+        m
+    });
+    Json(json!({"object": "list", "data": auto.chain(pools).collect::<Vec<_>>()}))
 }
 
 /// Ready means "can route": a healthy worker, the listener up (it answers
@@ -158,7 +239,30 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
             "Time from a disaggregated dispatch until both legs answered their heads.",
         );
     }
-    let memo = gw.chain_memo.stats();
+    if let Some(r) = &gw.routing {
+        let m = &r.metrics;
+        m.requests.render(
+            &mut out,
+            "router_model_requests_total",
+            "Requests by the pool that served them and the decision.",
+        );
+        m.blocks.render(
+            &mut out,
+            "router_model_blocks_total",
+            "Requests a decision's block plugin answered, by decision.",
+        );
+        m.redactions.render(
+            &mut out,
+            "router_model_redactions_total",
+            "Values pii_redact replaced with placeholders, by type.",
+        );
+        m.signal_seconds.render(
+            &mut out,
+            "router_model_signal_seconds",
+            "Time computing signals and choosing the decision, per auto-routed request.",
+        );
+    }
+    let memo = gw.default_pool().chain_memo.stats();
     head(
         &mut out,
         "router_page_hashes_total",
@@ -229,7 +333,14 @@ pub(crate) async fn add_worker(State(gw): State<Arc<Gateway>>, body: Body) -> Re
     let req: AddWorker = serde_json::from_slice(&bytes)
         .map_err(|e| GatewayError::BadRequest(format!("expected {{\"url\": ...}}: {e}")))?;
     let url = crate::check_worker_url(&req.url).map_err(GatewayError::BadRequest)?;
-    let added = gw.fleet.add(url.clone(), fleet::Source::Admin);
+    let pool = match req.pool.as_deref() {
+        None => gw.default_pool().id.clone(),
+        Some(name) => {
+            let found = gw.pools.iter().find(|p| p.id.0 == name || p.served_model == name);
+            found.ok_or_else(|| GatewayError::BadRequest(format!("no pool is named or serves `{name}`")))?.id.clone()
+        }
+    };
+    let added = gw.fleet.add_in(url.clone(), router_types::Role::Regular, pool, fleet::Source::Admin);
     if !added.new {
         return Ok((StatusCode::OK, Json(json!({"url": url, "id": added.worker.id, "added": false}))).into_response());
     }

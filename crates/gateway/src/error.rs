@@ -57,6 +57,22 @@ pub enum GatewayError {
     /// The bytes of requests in progress would exceed the memory budget (429).
     #[error("the router's memory budget for requests in progress ({0} bytes) is spent; retry shortly")]
     OverBudget(usize),
+    /// The request names a model no pool serves (400, OpenAI's `model_not_found`).
+    #[error("The model `{0}` does not exist")]
+    UnknownModel(String),
+    /// A decision's `block` plugin refused it (its status).
+    #[error("{message}")]
+    Blocked {
+        /// The answer's status (400..=599).
+        status: u16,
+        /// The plugin's message.
+        message: String,
+        /// The decision that blocked it.
+        decision: String,
+    },
+    /// No pool of the decision can serve the request (503).
+    #[error("{0}")]
+    NoPool(String),
     /// The worker could not be reached (502).
     #[error("upstream worker {worker} unreachable: {message}")]
     Upstream {
@@ -122,6 +138,9 @@ impl GatewayError {
             GatewayError::HeaderFieldsTooLarge(_) => "request_header_fields_too_large",
             GatewayError::TooLarge(_) => "request_too_large",
             GatewayError::NoWorker => "no_healthy_worker",
+            GatewayError::UnknownModel(_) => "invalid_request_error",
+            GatewayError::Blocked { .. } => "blocked_by_policy",
+            GatewayError::NoPool(_) => "no_pool_available",
             GatewayError::Draining => "shutting_down",
             GatewayError::Overloaded(_) => "overloaded",
             GatewayError::OverBudget(_) => "memory_budget_exceeded",
@@ -147,7 +166,11 @@ impl GatewayError {
             GatewayError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
             GatewayError::HeaderFieldsTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             GatewayError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            GatewayError::NoWorker | GatewayError::Draining => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::NoWorker | GatewayError::Draining | GatewayError::NoPool(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            GatewayError::UnknownModel(_) => StatusCode::BAD_REQUEST,
+            GatewayError::Blocked { status, .. } => StatusCode::from_u16(*status).unwrap_or(StatusCode::FORBIDDEN),
             GatewayError::Overloaded(_)
             | GatewayError::OverBudget(_)
             | GatewayError::QueueFull(..)
@@ -174,7 +197,9 @@ impl GatewayError {
             | GatewayError::HeaderFieldsTooLarge(_)
             | GatewayError::NotFound(_)
             | GatewayError::MethodNotAllowed(_)
-            | GatewayError::Unprocessable(_) => Side::Client,
+            | GatewayError::Unprocessable(_)
+            | GatewayError::UnknownModel(_)
+            | GatewayError::Blocked { .. } => Side::Client,
             GatewayError::Upstream { .. } | GatewayError::Timeout(_) => Side::Upstream,
             GatewayError::NoWorker
             | GatewayError::Draining
@@ -183,6 +208,7 @@ impl GatewayError {
             | GatewayError::QueueFull(..)
             | GatewayError::RateLimited(_)
             | GatewayError::QueueTimeout(_)
+            | GatewayError::NoPool(_)
             | GatewayError::Internal(_) => Side::Internal,
         }
     }
@@ -198,9 +224,22 @@ impl GatewayError {
             .then_some(RETRY_AFTER_SECS)
     }
 
-    /// The JSON body of the error answer.
+    /// The JSON body of the error answer (an unknown model in OpenAI's own shape).
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"message": self.to_string(), "type": self.kind(), "code": self.status().as_u16()}})
+        match self {
+            GatewayError::UnknownModel(_) => json!({"error": {
+                "message": self.to_string(), "type": self.kind(), "param": "model", "code": "model_not_found"
+            }}),
+            _ => json!({"error": {"message": self.to_string(), "type": self.kind(), "code": self.status().as_u16()}}),
+        }
+    }
+
+    /// The decision that answered, for `x-route-decision` on a blocked request.
+    fn decision(&self) -> Option<&str> {
+        match self {
+            GatewayError::Blocked { decision, .. } => Some(decision),
+            _ => None,
+        }
     }
 
     /// Extra header lines of the error answer (`name: value\r\n`), for the HTTP/1.1 fast path.
@@ -211,6 +250,9 @@ impl GatewayError {
         }
         if matches!(self, GatewayError::Unauthorized(_)) {
             out.push_str("www-authenticate: Bearer\r\n");
+        }
+        if let Some(d) = self.decision().filter(|d| d.bytes().all(|b| b.is_ascii_graphic() || b == b' ')) {
+            out.push_str(&format!("x-route-decision: {d}\r\n"));
         }
         out
     }
@@ -224,6 +266,9 @@ impl IntoResponse for GatewayError {
         }
         if matches!(self, GatewayError::Unauthorized(_)) {
             r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let Some(d) = self.decision().and_then(|d| HeaderValue::from_str(d).ok()) {
+            r.headers_mut().insert("x-route-decision", d);
         }
         r
     }

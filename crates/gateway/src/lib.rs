@@ -18,6 +18,7 @@ mod h1;
 pub mod metrics;
 pub mod namespace;
 pub mod pd;
+pub mod pools;
 mod proxy;
 mod relay;
 mod routes;
@@ -251,14 +252,14 @@ pub struct Gateway {
     pub config: GatewayConfig,
     /// The workers (the fleet owns them; the gateway reads its snapshot and charges load).
     pub fleet: Arc<Fleet>,
-    /// The selection policy.
-    pub policy: Arc<dyn Policy>,
-    /// The KV index, when routing by KV events.
+    /// The model pools (one, `default`, without a routing config), each
+    /// with its policy, renderer and chain memo.
+    pub pools: Vec<Arc<pools::Pool>>,
+    /// Which pool serves a request, with a routing config (`--routing-config`).
+    pub routing: Option<pools::Routing>,
+    /// The KV index, when routing by KV events (shared by every pool: its
+    /// entries are per worker, and a pool reads its own workers' only).
     pub index: Option<Arc<KvIndex>>,
-    /// The model's renderer (template, tokenizer).
-    pub renderer: Arc<Renderer>,
-    /// Recent page-hash chains: a repeated prefix is not hashed again.
-    pub chain_memo: renderer::ChainMemo,
     /// Counters and histograms.
     pub metrics: GatewayMetrics,
     /// `Authorization` for the workers (from `config.worker_api_key`), put on
@@ -292,12 +293,13 @@ pub struct Gateway {
 
 impl std::fmt::Debug for Gateway {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gateway").field("config", &self.config).field("policy", &self.policy.name()).finish()
+        f.debug_struct("Gateway").field("config", &self.config).field("pools", &self.pools).finish()
     }
 }
 
 impl Gateway {
-    /// A gateway over the fleet's workers.
+    /// A gateway over the fleet's workers, serving one model (`config.model_id`,
+    /// the default pool) with `policy`.
     pub fn new(
         config: GatewayConfig,
         fleet: Arc<Fleet>,
@@ -316,16 +318,35 @@ impl Gateway {
             upstream_tls: tokio_rustls::TlsConnector::from(fleet.tls().config().clone()),
             control_keys: auth::Keys::new(&config.control_plane_keys),
             client_keys: auth::Keys::new(&config.client_keys),
+            pools: vec![Arc::new(pools::Pool::new(
+                router_types::PoolId::default_pool(),
+                config.model_id.clone(),
+                policy,
+                renderer,
+                None,
+            ))],
+            routing: None,
             config,
             fleet,
-            policy,
             index,
-            renderer,
-            chain_memo: renderer::ChainMemo::new(renderer::DEFAULT_CHAIN_MEMO_PAGES),
             draining: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             pd: None,
         }
+    }
+
+    /// The same gateway serving `pools` (the selector's, in its order), each
+    /// request's pool chosen by `routing`.
+    pub fn with_routing(mut self, pools: Vec<pools::Pool>, routing: pools::Routing) -> Self {
+        self.pools = pools.into_iter().map(Arc::new).collect();
+        self.routing = Some(routing);
+        self
+    }
+
+    /// The pool of requests that name none: the only one without a routing config.
+    pub fn default_pool(&self) -> &Arc<pools::Pool> {
+        let i = self.routing.as_ref().map_or(0, |r| r.selector.default_pool());
+        &self.pools[i]
     }
 
     /// The same gateway, dispatching every request to a prefill/decode pair

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use tracing::{Instrument, Span, debug, debug_span, warn};
 
 use crate::admission::Admission;
+use crate::pools::HeaderEdits;
 pub(crate) use crate::relay::{Ending, failed_mid_answer, stream_back};
 use crate::shape::Required;
 use crate::{Gateway, GatewayError, RetryConfig};
@@ -90,6 +91,8 @@ pub(crate) enum Route {
 /// A routing decision and what it was based on.
 #[derive(Debug)]
 pub(crate) struct Plan {
+    /// The pool it chose in (its index in the gateway's pools).
+    pub(crate) pool: usize,
     /// The routable workers, in the order of `candidates`.
     pub(crate) workers: Vec<Arc<Worker>>,
     pub(crate) candidates: Vec<Candidate>,
@@ -124,7 +127,7 @@ impl Plan {
 
     /// Tells the policy the request really goes where it decided (never for an explain).
     pub(crate) fn commit(&self, gw: &Gateway) {
-        self.commit_to(&*gw.policy);
+        self.commit_to(&*gw.pools[self.pool].policy);
     }
 
     /// Tells `policy` (the one that decided) the request really goes where it decided.
@@ -140,6 +143,8 @@ pub(crate) struct InFlight {
     _admission: Admission,
     /// The chosen worker's load, held until the answer ends.
     pub(crate) load: LoadGuard,
+    /// What the answer tells of the pool and decision (with a routing config).
+    pub(crate) route_headers: Option<crate::pools::RouteHeaders>,
     route: Route,
     /// The answer's status; 0 until there is one.
     pub(crate) status: u16,
@@ -197,7 +202,7 @@ impl Route {
 impl InFlight {
     /// The accounting of a request about to be answered from `load`'s worker.
     pub(crate) fn new(gw: Arc<Gateway>, admission: Admission, load: LoadGuard, route: Route, start: Instant) -> Self {
-        Self { gw, _admission: admission, load, route, status: 0, start }
+        Self { gw, _admission: admission, load, route_headers: None, route, status: 0, start }
     }
 }
 
@@ -266,7 +271,10 @@ pub(crate) fn parse_json(bytes: &[u8]) -> Result<Value, GatewayError> {
 pub(crate) fn parse_body(gw: &Gateway, route: Route, bytes: &[u8]) -> Result<Option<Value>, GatewayError> {
     // `/generate` is parsed for --dp-aware too: its rank goes in the body.
     let dp_generate = route == Route::Generate && gw.fleet.dp_aware();
-    if route.has_prompt() && (gw.index.is_some() || gw.policy.needs_tokens() || gw.policy.needs_text() || dp_generate) {
+    let reads = |p: &Arc<crate::pools::Pool>| p.policy.needs_tokens() || p.policy.needs_text();
+    // With a routing config every body names its model.
+    if gw.routing.is_some() || (route.has_prompt() && (gw.index.is_some() || gw.pools.iter().any(reads) || dp_generate))
+    {
         return parse_json(bytes).map(Some);
     }
     let required = match route {
@@ -279,18 +287,34 @@ pub(crate) fn parse_body(gw: &Gateway, route: Route, bytes: &[u8]) -> Result<Opt
     Ok(None)
 }
 
-/// Tokens and text of the request.
-pub(crate) fn prompt(gw: &Gateway, route: Route, v: &Value) -> Result<(Vec<u32>, Option<String>), GatewayError> {
-    let need_tokens = gw.index.is_some() || gw.policy.needs_tokens();
-    let vocab = gw.renderer.tokenizer().vocab_size();
+/// Tokens and text of the request, by `pool`'s renderer (the tokens only
+/// when the index or the pool's policy reads them).
+pub(crate) fn prompt(
+    gw: &Gateway,
+    pool: &crate::pools::Pool,
+    route: Route,
+    v: &Value,
+) -> Result<(Vec<u32>, Option<String>), GatewayError> {
+    let need_tokens = gw.index.is_some() || pool.policy.needs_tokens();
+    render_prompt(&pool.renderer, route, v, need_tokens)
+}
+
+/// Tokens (when `need_tokens`) and text of the request, by `renderer`.
+pub(crate) fn render_prompt(
+    renderer: &renderer::Renderer,
+    route: Route,
+    v: &Value,
+    need_tokens: bool,
+) -> Result<(Vec<u32>, Option<String>), GatewayError> {
+    let vocab = renderer.tokenizer().vocab_size();
     match route {
         Route::Chat => {
             let req = ChatRequest::from_value(v)?;
             if need_tokens {
-                let r = gw.renderer.render_chat(&req)?;
+                let r = renderer.render_chat(&req)?;
                 Ok((r.token_ids, Some(r.text)))
             } else {
-                Ok((Vec::new(), Some(gw.renderer.render_text(&req)?)))
+                Ok((Vec::new(), Some(renderer.render_text(&req)?)))
             }
         }
         // Never asked: these routes' bodies are not parsed (`parse_body`).
@@ -305,7 +329,7 @@ pub(crate) fn prompt(gw: &Gateway, route: Route, v: &Value) -> Result<(Vec<u32>,
                 Prompt::Text(t) => Some(t.clone()),
                 Prompt::Tokens(_) => None,
             };
-            let tokens = if need_tokens { gw.renderer.prompt_tokens(&p)? } else { Vec::new() };
+            let tokens = if need_tokens { renderer.prompt_tokens(&p)? } else { Vec::new() };
             Ok((tokens, text))
         }
     }
@@ -318,29 +342,46 @@ pub(crate) struct Meta {
     pub(crate) id: String,
     /// The client's routing key (`x-smg-routing-key`): its worker by rendezvous hashing.
     pub(crate) routing_key: Option<Vec<u8>>,
+    /// The client asked for the routing explain in the answer's headers (`x-route-debug: true`).
+    pub(crate) route_debug: bool,
 }
 
+/// The request header asking for the routing explain.
+pub(crate) const ROUTE_DEBUG_HEADER: &str = "x-route-debug";
+
 impl Meta {
+    /// Whether an `x-route-debug` value asks for the explain.
+    pub(crate) fn wants_debug(value: Option<&[u8]>) -> bool {
+        value.is_some_and(|v| v.trim_ascii().eq_ignore_ascii_case(b"true") || v.trim_ascii() == b"1")
+    }
+
     /// A routing key worth routing by: not empty, at most 256 bytes.
     pub(crate) fn key(value: Option<&[u8]>) -> Option<Vec<u8>> {
         value.map(<[u8]>::trim_ascii).filter(|k| !k.is_empty() && k.len() <= 256).map(<[u8]>::to_vec)
     }
 }
 
-/// Chooses a worker: candidates with their load and cached prefix, then the
-/// policy, unless the client's routing key names the worker.
-pub(crate) fn plan(gw: &Gateway, route: Route, v: Option<&Value>, key: Option<&[u8]>) -> Result<Plan, GatewayError> {
+/// Chooses a worker of pool `pool`: candidates with their load and cached
+/// prefix, then the pool's policy, unless the client's routing key names the worker.
+pub(crate) fn plan(
+    gw: &Gateway,
+    pool: usize,
+    route: Route,
+    v: Option<&Value>,
+    key: Option<&[u8]>,
+) -> Result<Plan, GatewayError> {
+    let p = &gw.pools[pool];
     let (tokens, text) = match v {
-        Some(v) => prompt(gw, route, v)?,
+        Some(v) => prompt(gw, p, route, v)?,
         None => (Vec::new(), None),
     };
-    let workers = routable(gw, |role| role == router_types::Role::Regular);
-    plan_in(gw, &*gw.policy, workers, Prompted { v, tokens: &tokens, text, match_prefix: true }, key)
+    let workers = routable(gw, |w| w.role == router_types::Role::Regular && w.pool == p.id);
+    plan_in(gw, pool, &*p.policy, workers, Prompted { v, tokens: &tokens, text, match_prefix: true }, key)
 }
 
-/// The routable workers whose role passes `role`.
-pub(crate) fn routable(gw: &Gateway, role: impl Fn(router_types::Role) -> bool) -> Vec<Arc<Worker>> {
-    gw.fleet.snapshot().iter().filter(|w| role(w.role) && w.is_routable()).cloned().collect()
+/// The routable workers `keep` accepts.
+pub(crate) fn routable(gw: &Gateway, keep: impl Fn(&Worker) -> bool) -> Vec<Arc<Worker>> {
+    gw.fleet.snapshot().iter().filter(|w| keep(w) && w.is_routable()).cloned().collect()
 }
 
 /// What a plan knows of the request's prompt.
@@ -358,6 +399,7 @@ pub(crate) struct Prompted<'a> {
 /// cached prefix, unless the client's routing key names the worker.
 pub(crate) fn plan_in(
     gw: &Gateway,
+    pool: usize,
     policy: &dyn policy::Policy,
     workers: Vec<Arc<Worker>>,
     prompted: Prompted<'_>,
@@ -379,14 +421,14 @@ pub(crate) fn plan_in(
         // The request's namespace starts its chain, as the engine's does.
         let served = || {
             let mut names: Vec<String> = workers.iter().filter_map(|w| w.info()?.model_id).collect();
-            names.push(gw.config.model_id.clone());
+            names.push(gw.pools[pool].served_model.clone());
             names
         };
         let ns = crate::namespace::of_request(v, served, Some(index));
         let prior = renderer::hash::namespace_prior(ns.adapter, ns.salt);
         // A mixed fleet is matched in each mode; a worker's blocks exist in its own mode only.
         for mode in gw.fleet.hash_modes().modes() {
-            let chain = gw.chain_memo.block_hashes(&PageHasher::new(page, mode), tokens, prior.as_ref());
+            let chain = gw.pools[pool].chain_memo.block_hashes(&PageHasher::new(page, mode), tokens, prior.as_ref());
             for m in index.prefix_depths(&chain, &kv_index::MatchOptions::default()) {
                 let e = matched.entry(m.worker).or_insert((0, None));
                 if m.blocks > e.0 {
@@ -421,7 +463,7 @@ pub(crate) fn plan_in(
     };
     let chosen = workers.iter().position(|w| w.id == decision.worker).ok_or(GatewayError::NoWorker)?;
     let rank = workers[chosen].index_id.and_then(|id| matched.get(&id)).and_then(|m| m.1);
-    Ok(Plan { workers, candidates, decision, chosen, input_tokens, text, rank, hashes })
+    Ok(Plan { pool, workers, candidates, decision, chosen, input_tokens, text, rank, hashes })
 }
 
 /// The span a proxied request runs in; `forward` fills in the decision.
@@ -432,7 +474,7 @@ pub(crate) fn request_span(gw: &Gateway, route: Route) -> Span {
         "request",
         route = route.label(),
         request_id = tracing::field::Empty,
-        policy = gw.policy.name(),
+        policy = gw.default_pool().policy.name(),
         worker = tracing::field::Empty,
         matched_tokens = tracing::field::Empty,
         reason = tracing::field::Empty
@@ -493,16 +535,30 @@ async fn serve(
     let meta = Meta {
         id: id.to_string(),
         routing_key: Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes)),
+        route_debug: Meta::wants_debug(headers.get(ROUTE_DEBUG_HEADER).map(HeaderValue::as_bytes)),
     };
     if let Some(pd) = gw.pd.as_ref() {
         return crate::pd::serve(&gw, pd, admission, route, bytes, headers, start, &meta).await;
     }
-    let (guard, worker, resp) = forward(&gw, admission, route, bytes, start, &meta, |worker, body, rank| {
+    let (mut guard, worker, resp) = forward(&gw, admission, route, bytes, start, &meta, |worker, body, rank, edits| {
         let (client, headers) = (client.clone(), headers.clone());
-        async move { send_to(&client, &headers, &worker, route.path(), body, rank).await }
+        async move {
+            match edits {
+                None => send_to(&client, &headers, &worker, route.path(), body, rank).await,
+                Some(edits) => {
+                    let edited = edits.applied_to(&headers);
+                    send_to(&client, &edited, &worker, route.path(), body, rank).await
+                }
+            }
+        }
     })
     .await?;
-    Ok(stream_back(guard, worker, resp, gw.config.limits.upstream_idle_timeout, Ending::default()))
+    let route_headers = guard.route_headers.take();
+    let mut answer = stream_back(guard, worker, resp, gw.config.limits.upstream_idle_timeout, Ending::default());
+    if let Some(extra) = route_headers {
+        answer.headers_mut().extend(extra.0.into_iter().map(|(n, v)| (HeaderName::from_static(n), v)));
+    }
+    Ok(answer)
 }
 
 /// POSTs a JSON `body` to `path` on `worker` with the client's (prepared)
@@ -570,25 +626,35 @@ pub(crate) async fn forward<T, F, Fut>(
 ) -> Result<(InFlight, Arc<Worker>, T), GatewayError>
 where
     T: AnswerHead,
-    F: FnMut(Arc<Worker>, Bytes, Option<DpRank>) -> Fut,
+    F: FnMut(Arc<Worker>, Bytes, Option<DpRank>, Option<Arc<HeaderEdits>>) -> Fut,
     Fut: std::future::Future<Output = Result<T, SendError>>,
 {
     let id = meta.id.as_str();
-    let (gw2, body, key) = (gw.clone(), bytes.clone(), meta.routing_key.clone());
-    let (mut v, plan) = crate::admission::render(gw, bytes.len(), move || {
-        let v = parse_body(&gw2, route, &body)?;
-        let plan = plan(&gw2, route, v.as_ref(), key.as_deref())?;
-        Ok::<_, GatewayError>((v, plan))
+    let (gw2, body, key, debug) = (gw.clone(), bytes.clone(), meta.routing_key.clone(), meta.route_debug);
+    let (mut v, plan, routed, bytes) = crate::admission::render(gw, bytes.len(), move || {
+        let mut v = parse_body(&gw2, route, &body)?;
+        // With a routing config: the pool (the body names its model, the plugins may change it).
+        let routed = match (&gw2.routing, v.as_mut()) {
+            (Some(routing), Some(v)) => Some(crate::pools::route(&gw2, routing, route, v, debug, None)?),
+            _ => None,
+        };
+        let plan = plan(&gw2, routed.as_ref().map_or(0, |r| r.pool), route, v.as_ref(), key.as_deref())?;
+        let bytes = match (&routed, &v) {
+            (Some(r), Some(v)) if r.rewritten => Bytes::from(serde_json::to_vec(v).unwrap_or_default()),
+            _ => body,
+        };
+        Ok::<_, GatewayError>((v, plan, routed, bytes))
     })
     .await??;
     plan.commit(gw);
+    let pool = &gw.pools[plan.pool];
     let chosen = plan.chosen();
     let matched = plan.candidates[plan.chosen].matched_tokens;
     let span = Span::current();
     span.record("worker", chosen.url.as_str());
     span.record("matched_tokens", matched);
     span.record("reason", plan.decision.reason.as_str());
-    gw.metrics.decisions.inc(format_args!("policy=\"{}\",reason=\"{}\"", gw.policy.name(), plan.decision.reason));
+    gw.metrics.decisions.inc(format_args!("policy=\"{}\",reason=\"{}\"", pool.policy.name(), plan.decision.reason));
     gw.metrics.matched_tokens.observe(matched as f64);
     if gw.config.credit_pending
         && let (Some(index), Some(id)) = (&gw.index, chosen.index_id)
@@ -607,15 +673,17 @@ where
     let mut body = if client_rank { bytes.clone() } else { with_rank(route, v.as_mut(), rank, &bytes) };
     let uncached = plan.input_tokens - matched;
     let load = worker.charge_on(uncached, rank);
-    let mut guard = InFlight { gw: gw.clone(), _admission: admission, load, route, status: 0, start };
+    let route_headers = routed.as_ref().map(|r| crate::pools::RouteHeaders::of(r, pool));
+    let edits = routed.and_then(|r| r.edits);
+    let mut guard = InFlight { gw: gw.clone(), _admission: admission, load, route_headers, route, status: 0, start };
     let retry = &gw.config.retry;
     // The workers tried before the current one (allocated only on a retry).
     let mut tried = Vec::new();
     let mut attempt = 1u32;
     loop {
         let may_retry = retry.enabled && attempt < retry.max_attempts();
-        let next = match tokio::time::timeout(gw.config.request_timeout, send(worker.clone(), body.clone(), rank)).await
-        {
+        let attempt_sent = send(worker.clone(), body.clone(), rank, edits.clone());
+        let next = match tokio::time::timeout(gw.config.request_timeout, attempt_sent).await {
             Ok(Ok(answer)) => {
                 let status = answer.status();
                 if status >= 500 {
@@ -624,8 +692,9 @@ where
                     worker.request_succeeded();
                 }
                 // A retryable status goes back to the client unless another attempt is due and possible.
-                let next =
-                    (may_retry && RetryConfig::retryable(status)).then(|| next_worker(gw, &worker, &tried)).flatten();
+                let next = (may_retry && RetryConfig::retryable(status))
+                    .then(|| next_worker(gw, pool, &worker, &tried))
+                    .flatten();
                 let Some(next) = next else {
                     gw.metrics.ttfb.observe(start.elapsed().as_secs_f64());
                     return Ok((guard, worker, answer));
@@ -640,8 +709,9 @@ where
                 let failed =
                     GatewayError::Upstream { worker: worker.url.to_string(), message: e.message, retryable: e.connect };
                 // Nothing reached the worker: again, on another worker when there is one.
-                let next =
-                    (may_retry && failed.retryable_elsewhere()).then(|| next_worker(gw, &worker, &tried)).flatten();
+                let next = (may_retry && failed.retryable_elsewhere())
+                    .then(|| next_worker(gw, pool, &worker, &tried))
+                    .flatten();
                 let Some(next) = next else { return Err(failed) };
                 warn!(request_id = id, worker = %worker.url, error = %failed, next = %next.url, attempt, "worker unreachable, retrying");
                 next
@@ -658,7 +728,7 @@ where
         attempt += 1;
         // The policy learns where the request really went (the text tree, the turn taken).
         let moved = Decision { worker: next.id, reason: plan.decision.reason };
-        gw.policy.commit(&moved, &plan.candidates, &plan.request());
+        pool.policy.commit(&moved, &plan.candidates, &plan.request());
         if !tried.contains(&worker.id) {
             tried.push(worker.id);
         }
@@ -686,12 +756,18 @@ fn with_rank(route: Route, v: Option<&mut Value>, rank: Option<DpRank>, bytes: &
     Bytes::from(serde_json::to_vec(&*v).unwrap_or_default())
 }
 
-/// The worker a retry after `current` goes to: the least loaded routable one
-/// tried neither now nor before, else the least loaded routable one (a retry
-/// may go back to a worker).
-fn next_worker(gw: &Gateway, current: &Worker, tried: &[router_types::WorkerId]) -> Option<Arc<Worker>> {
+/// The worker of `pool` a retry after `current` goes to: the least loaded
+/// routable one tried neither now nor before, else the least loaded routable
+/// one (a retry may go back to a worker).
+fn next_worker(
+    gw: &Gateway,
+    pool: &crate::pools::Pool,
+    current: &Worker,
+    tried: &[router_types::WorkerId],
+) -> Option<Arc<Worker>> {
     let snapshot = gw.fleet.snapshot();
-    let routable = || snapshot.iter().filter(|w| w.is_routable());
+    let routable =
+        || snapshot.iter().filter(|w| w.is_routable() && w.role == router_types::Role::Regular && w.pool == pool.id);
     let by_load = |w: &&Arc<Worker>| (w.load().in_flight, w.load().uncached_tokens);
     routable()
         .filter(|w| w.id != current.id && !tried.contains(&w.id))

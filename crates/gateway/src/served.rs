@@ -161,7 +161,7 @@ pub(crate) async fn tokenize(State(gw): State<Arc<Gateway>>, body: Body) -> Resu
         }
         _ => return Err(GatewayError::BadRequest(format!("`prompt` must be a string or at most {MAX_BATCH} strings"))),
     };
-    let tokenizer = gw.renderer.tokenizer();
+    let tokenizer = gw.default_pool().renderer.tokenizer();
     let counted = prompt.map(|text| {
         let ids = tokenizer.encode(&text, false)?;
         Ok((ids, text.chars().count()))
@@ -186,7 +186,7 @@ pub(crate) async fn detokenize(State(gw): State<Arc<Gateway>>, body: Body) -> Re
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(GatewayError::BadRequest("`skip_special_tokens` must be a boolean".into())),
     };
-    let vocab = gw.renderer.tokenizer().vocab_size();
+    let vocab = gw.default_pool().renderer.tokenizer().vocab_size();
     let ids = |v: &Value| -> Option<Vec<u32>> {
         v.as_array()?
             .iter()
@@ -208,7 +208,7 @@ pub(crate) async fn detokenize(State(gw): State<Arc<Gateway>>, body: Body) -> Re
         Some(t @ Value::Array(_)) => OneOrMany::One(ids(&t).ok_or_else(bad)?),
         _ => return Err(bad()),
     };
-    let tokenizer = gw.renderer.tokenizer();
+    let tokenizer = gw.default_pool().renderer.tokenizer();
     Ok(Json(match tokens.map(|ids| Ok(tokenizer.decode(&ids, skip)?))? {
         OneOrMany::One(text) => json!({"text": text}),
         OneOrMany::Many(texts) => json!({"text": texts}),

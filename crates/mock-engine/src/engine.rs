@@ -154,8 +154,27 @@ pub struct Leg {
     pub rank_header: Option<String>,
     /// Its body.
     pub body: serde_json::Value,
+    /// Its headers (name, value), in order.
+    pub headers: Vec<(String, String)>,
     /// When it arrived.
     pub at: Instant,
+}
+
+impl Leg {
+    /// A request as it arrived.
+    pub(crate) fn of(headers: &axum::http::HeaderMap, body: &serde_json::Value) -> Self {
+        let header = |name: &str| headers.get(name).and_then(|h| h.to_str().ok()).map(str::to_string);
+        Leg {
+            request_id: header("x-request-id"),
+            rank_header: header("x-data-parallel-rank"),
+            body: body.clone(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| (n.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+                .collect(),
+            at: Instant::now(),
+        }
+    }
 }
 
 /// Legs an engine remembers.
@@ -235,7 +254,8 @@ impl Engine {
         legs.push_back(leg);
     }
 
-    /// The disaggregated legs it got, oldest first.
+    /// The disaggregated legs it got (and with `record_requests` every
+    /// request), oldest first.
     pub fn legs(&self) -> Vec<Leg> {
         self.legs.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
     }

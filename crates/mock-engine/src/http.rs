@@ -179,6 +179,9 @@ async fn chat(State(e): State<Arc<Engine>>, headers: HeaderMap, body: Bytes) -> 
     if let Some(pd) = e.pd().filter(|pd| pd.config.role != crate::PdRole::Regular).cloned() {
         return crate::legs::serve(e, pd, Route::Chat, v, headers).await;
     }
+    if e.config().record_requests {
+        e.record_leg(crate::engine::Leg::of(&headers, &v));
+    }
     let tokens = match ChatRequest::from_value(&v).and_then(|req| e.renderer().render_chat(&req)) {
         Ok(r) => r.token_ids,
         Err(err) => return error(StatusCode::BAD_REQUEST, &err.to_string(), "invalid_request_error"),
@@ -193,6 +196,9 @@ async fn completions(State(e): State<Arc<Engine>>, headers: HeaderMap, body: Byt
     };
     if let Some(pd) = e.pd().filter(|pd| pd.config.role != crate::PdRole::Regular).cloned() {
         return crate::legs::serve(e, pd, Route::Completions, v, headers).await;
+    }
+    if e.config().record_requests {
+        e.record_leg(crate::engine::Leg::of(&headers, &v));
     }
     let vocab = e.renderer().tokenizer().vocab_size();
     let tokens = match Prompt::from_completions(v.get("prompt").unwrap_or(&Value::Null), vocab)
@@ -211,6 +217,9 @@ async fn generate(State(e): State<Arc<Engine>>, headers: HeaderMap, body: Bytes)
     };
     if let Some(pd) = e.pd().filter(|pd| pd.config.role != crate::PdRole::Regular).cloned() {
         return crate::legs::serve(e, pd, Route::Generate, v, headers).await;
+    }
+    if e.config().record_requests {
+        e.record_leg(crate::engine::Leg::of(&headers, &v));
     }
     let vocab = e.renderer().tokenizer().vocab_size();
     let tokens = match Prompt::from_generate(&v, vocab).and_then(|p| e.renderer().prompt_tokens(&p)) {
@@ -258,6 +267,11 @@ async fn loads(State(e): State<Arc<Engine>>) -> Json<Value> {
 
 async fn serve(e: Arc<Engine>, route: Route, v: &Value, tokens: Vec<u32>, rank: Option<usize>) -> Response {
     let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    if let Some(model) =
+        v.get("model").and_then(Value::as_str).filter(|m| e.config().strict_model && *m != e.config().model_id)
+    {
+        return error(StatusCode::NOT_FOUND, &format!("The model `{model}` does not exist."), "NotFoundError");
+    }
     match e.take_fault(stream) {
         Some(RequestFault::Fail(status)) => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -22,13 +22,7 @@ use crate::pd::{self, Flavor, LegError, Pd, PdRole, base_id};
 
 /// Serves one leg of a disaggregated request on an engine in a PD role.
 pub(crate) async fn serve(e: Arc<Engine>, pd: Arc<Pd>, route: Route, v: Value, headers: HeaderMap) -> Response {
-    let header = |name: &str| headers.get(name).and_then(|h| h.to_str().ok()).map(str::to_string);
-    e.record_leg(crate::engine::Leg {
-        request_id: header("x-request-id"),
-        rank_header: header("x-data-parallel-rank"),
-        body: v.clone(),
-        at: std::time::Instant::now(),
-    });
+    e.record_leg(crate::engine::Leg::of(&headers, &v));
     let (items, batch) = match prompts(&e, route, &v) {
         Ok(p) => p,
         Err(m) => return error(StatusCode::BAD_REQUEST, &m, "invalid_request_error"),

@@ -59,6 +59,12 @@ pub struct MockEngineConfig {
     pub api_key: Option<String>,
     /// Its disaggregated role (regular by default).
     pub pd: PdConfig,
+    /// Answer 404 to a request naming another model than `model_id`, as vLLM
+    /// does (SGLang serves whatever `model` says: off by default).
+    pub strict_model: bool,
+    /// Remember every request (its headers and body, the last 256) for
+    /// [`Engine::legs`], not only the disaggregated legs.
+    pub record_requests: bool,
 }
 
 /// A running simulated engine. Dropping it stops the server and the publishers.
@@ -89,6 +95,8 @@ impl Default for MockEngineConfig {
             default_max_tokens: 16,
             api_key: None,
             pd: PdConfig::default(),
+            strict_model: false,
+            record_requests: false,
         }
     }
 }

@@ -207,7 +207,8 @@ mod tests {
 
     #[test]
     fn the_system_prompt_is_replaced_inserted_or_added() {
-        let mut chat = json!({"messages": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "hi"}]});
+        let mut chat =
+            json!({"messages": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "hi"}]});
         assert!(set_system_prompt(&mut chat, "Be brief.", SystemPromptMode::Insert));
         assert_eq!(chat["messages"][0]["content"], "Be brief.\n\nBe kind.");
         assert!(set_system_prompt(&mut chat, "Only this.", SystemPromptMode::Replace));

@@ -65,10 +65,8 @@ impl Selector {
             models.insert(p.name.clone(), i);
             models.insert(p.served_model.clone(), i);
         }
-        let default_pool = config
-            .default_pool_name()
-            .and_then(|name| config.pools.iter().position(|p| p.name == name))
-            .unwrap_or(0);
+        let default_pool =
+            config.default_pool_name().and_then(|name| config.pools.iter().position(|p| p.name == name)).unwrap_or(0);
         Ok(Selector { config, signals, needed, models, default_pool, detector: PiiDetector::new() })
     }
 
@@ -153,7 +151,8 @@ mod tests {
     use super::*;
 
     fn selector() -> Selector {
-        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/routing.yaml")).unwrap();
+        let text =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/routing.yaml")).unwrap();
         Selector::new(crate::parse_yaml(&text).unwrap()).unwrap()
     }
 

@@ -79,6 +79,11 @@ impl LabeledCounter {
     /// Adds one to the series with these labels (`k="v",...`, formatted into a
     /// per-thread buffer: a series seen before costs no allocation).
     pub fn inc(&self, labels: std::fmt::Arguments<'_>) {
+        self.add(labels, 1);
+    }
+
+    /// Adds `n` to the series with these labels (as [`inc`](Self::inc)).
+    pub fn add(&self, labels: std::fmt::Arguments<'_>, n: u64) {
         thread_local! {
             static BUF: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
         }
@@ -88,9 +93,9 @@ impl LabeledCounter {
             let _ = buf.write_fmt(labels);
             let mut values = self.values.lock().unwrap_or_else(|p| p.into_inner());
             match values.get_mut(buf.as_str()) {
-                Some(v) => *v += 1,
+                Some(v) => *v += n,
                 None => {
-                    values.insert(buf.clone(), 1);
+                    values.insert(buf.clone(), n);
                 }
             }
         });

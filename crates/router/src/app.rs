@@ -21,7 +21,7 @@ use policy::{
     PowerOfTwo, Random, RoundRobin,
 };
 use renderer::Renderer;
-use router_types::{Bootstrap, Role, WorkerUrl};
+use router_types::{Bootstrap, PoolId, Role, WorkerUrl};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -68,6 +68,8 @@ pub struct AppConfig {
     pub mock_workers: usize,
     /// The policy.
     pub policy: PolicyConfig,
+    /// Model pools and the decisions between them (`--routing-config`); none: one pool.
+    pub routing: Option<RoutingSetup>,
     /// Follow the workers' KV events.
     pub kv_events: Option<EventsConfig>,
     /// Model directory; the built-in byte-level model if absent.
@@ -140,6 +142,32 @@ pub struct AppConfig {
     pub render_threads: usize,
 }
 
+/// Model pools from a routing config, checked.
+#[derive(Debug, Clone)]
+pub struct RoutingSetup {
+    /// The config (compiled into the gateway's selector).
+    pub config: model_select::Config,
+    /// Its pools, in the config's order.
+    pub pools: Vec<PoolSetup>,
+}
+
+/// One pool to build.
+#[derive(Debug, Clone)]
+pub struct PoolSetup {
+    /// Its name.
+    pub name: String,
+    /// The model its engines serve.
+    pub served_model: String,
+    /// Its workers (`mock_workers` adds that many simulated engines serving `served_model`).
+    pub workers: Vec<WorkerUrl>,
+    /// Its policy.
+    pub policy: PolicyConfig,
+    /// Its model directory (the router's `tokenizer_path` when none).
+    pub tokenizer_path: Option<PathBuf>,
+    /// Its context window.
+    pub context_window: Option<u64>,
+}
+
 /// Prefill/decode disaggregation: its workers and policies.
 #[derive(Debug, Clone)]
 pub struct PdSetup {
@@ -172,7 +200,7 @@ pub struct App {
     grace: Duration,
     serve_threads: usize,
     fast_proxy: bool,
-    _mocks: Vec<(mock_engine::PdRole, MockEngine)>,
+    _mocks: Vec<(mock_engine::PdRole, Option<String>, MockEngine)>,
     /// The workers.
     pub fleet: Arc<Fleet>,
 }
@@ -196,19 +224,35 @@ impl App {
         };
         let roles = std::iter::repeat_n(mock_engine::PdRole::Regular, config.mock_workers)
             .chain(std::iter::repeat_n(mock_engine::PdRole::Prefill, mock_prefill))
-            .chain(std::iter::repeat_n(mock_engine::PdRole::Decode, mock_decode));
-        for role in roles {
-            let engine_renderer = match &config.tokenizer_path {
-                Some(dir) => Renderer::from_dir(dir, config.chat_template.as_deref())?,
-                None => Renderer::builtin()?,
-            };
-            let mut mock_config = MockEngineConfig { speedup: 10.0, ..MockEngineConfig::in_role(role, flavor) };
-            mock_config.pd.mooncake = role == mock_engine::PdRole::Prefill
-                && config.pd.as_ref().is_some_and(|pd| pd.connector == gateway::pd::KvConnector::Mooncake);
-            mocks.push((role, MockEngine::spawn_with(mock_config, engine_renderer).await?));
+            .chain(std::iter::repeat_n(mock_engine::PdRole::Decode, mock_decode))
+            .collect::<Vec<_>>();
+        // With pools, `mock_workers` engines for each pool, serving its model (strictly, as vLLM does).
+        let pools: Vec<Option<&PoolSetup>> = match &config.routing {
+            Some(r) => r.pools.iter().map(Some).collect(),
+            None => vec![None],
+        };
+        for pool in pools {
+            let roles = roles.clone();
+            for role in roles {
+                let dir = pool.and_then(|p| p.tokenizer_path.as_ref()).or(config.tokenizer_path.as_ref());
+                let engine_renderer = match dir {
+                    Some(dir) => Renderer::from_dir(dir, config.chat_template.as_deref())?,
+                    None => Renderer::builtin()?,
+                };
+                let mut mock_config = MockEngineConfig { speedup: 10.0, ..MockEngineConfig::in_role(role, flavor) };
+                mock_config.pd.mooncake = role == mock_engine::PdRole::Prefill
+                    && config.pd.as_ref().is_some_and(|pd| pd.connector == gateway::pd::KvConnector::Mooncake);
+                if let Some(p) = pool {
+                    mock_config.model_id.clone_from(&p.served_model);
+                    mock_config.strict_model = true;
+                }
+                let engine = MockEngine::spawn_with(mock_config, engine_renderer).await?;
+                mocks.push((role, pool.map(|p| p.name.clone()), engine));
+            }
         }
         let pd_workers = config.pd.as_ref().is_some_and(|pd| !pd.prefill.is_empty() || !pd.decode.is_empty());
-        if config.workers.is_empty() && mocks.is_empty() && !pd_workers {
+        let pool_workers = config.routing.as_ref().is_some_and(|r| r.pools.iter().any(|p| !p.workers.is_empty()));
+        if config.workers.is_empty() && mocks.is_empty() && !pd_workers && !pool_workers {
             bail!("no workers: give --worker-urls or --mock-workers");
         }
         let cancel = CancellationToken::new();
@@ -280,23 +324,45 @@ impl App {
                 fleet.add_as(url.clone(), Role::Decode, Source::Flag);
             }
         }
-        for (role, mock) in &mocks {
+        let built = match &config.routing {
+            Some(r) => Some(build_pools(r, &renderer, &config, &cancel)?),
+            None => None,
+        };
+        if let Some(r) = &config.routing {
+            for p in &r.pools {
+                for url in &p.workers {
+                    fleet.add_in(url.clone(), Role::Regular, PoolId(p.name.clone()), Source::Flag);
+                }
+            }
+        }
+        // Without a pool of its own, a worker serves the default pool (`--worker-urls` with a routing config).
+        let default_pool = match &config.routing {
+            Some(r) => PoolId(r.config.default_pool_name().unwrap_or_default().to_owned()),
+            None => PoolId::default_pool(),
+        };
+        for (role, pool, mock) in &mocks {
             let url = WorkerUrl::parse(&mock.url()).unwrap_or_else(|_| WorkerUrl::new(mock.url()));
             let role = match role {
                 mock_engine::PdRole::Regular => Role::Regular,
                 mock_engine::PdRole::Prefill => Role::PREFILL,
                 mock_engine::PdRole::Decode => Role::Decode,
             };
-            fleet.add_as(url, role, Source::Mock);
+            let pool = pool.clone().map_or_else(|| default_pool.clone(), PoolId);
+            fleet.add_in(url, role, pool, Source::Mock);
         }
         // The policies forget a worker that left for good.
         let mut policies = vec![policy.clone()];
         policies.extend(pd.as_ref().map(|pd| pd.decode_policy.clone()));
+        policies.extend(built.iter().flat_map(|(pools, _)| pools.iter().map(|p| p.policy.clone())));
         let (notices, stop) = (fleet.subscribe(), cancel.clone());
         tokio::spawn(forget_departed(notices, policies, fleet.clone(), stop));
         let gateway = Gateway::new(gw_config, fleet.clone(), policy, index.clone(), renderer);
         let gateway = match pd {
             Some(pd) => gateway.with_pd(pd),
+            None => gateway,
+        };
+        let gateway = match built {
+            Some((pools, routing)) => gateway.with_routing(pools, routing),
             None => gateway,
         };
         Ok(Self {
@@ -442,6 +508,39 @@ async fn serve_all(
 /// One accept loop.
 async fn serve_one(listener: TcpListener, front: Front, drain: CancellationToken) -> anyhow::Result<()> {
     gateway::serve(listener, front.gw, front.fast, drain).await.map_err(anyhow::Error::from)
+}
+
+/// The pools of a routing config (each with its policy, and its own renderer
+/// when it names a model directory), and the selector over them.
+fn build_pools(
+    r: &RoutingSetup,
+    renderer: &Arc<Renderer>,
+    config: &AppConfig,
+    cancel: &CancellationToken,
+) -> anyhow::Result<(Vec<gateway::pools::Pool>, gateway::pools::Routing)> {
+    let mut pools = Vec::with_capacity(r.pools.len());
+    for p in &r.pools {
+        let renderer = match &p.tokenizer_path {
+            Some(dir) => Arc::new(
+                Renderer::from_dir(dir, config.chat_template.as_deref())
+                    .with_context(|| format!("pool {}: loading the model at {}", p.name, dir.display()))?,
+            ),
+            None => renderer.clone(),
+        };
+        let policy = build_policy(&p.policy, cancel);
+        pools.push(gateway::pools::Pool::new(
+            PoolId(p.name.clone()),
+            p.served_model.clone(),
+            policy,
+            renderer,
+            p.context_window,
+        ));
+    }
+    let selector = model_select::Selector::new(r.config.clone()).map_err(|problems| {
+        let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        anyhow::anyhow!("the routing config: {}", problems.join("; "))
+    })?;
+    Ok((pools, gateway::pools::Routing::new(selector)))
 }
 
 /// The policy `config` names (a text tree is trimmed until `cancel`).

@@ -132,6 +132,11 @@ pub(crate) struct ServeArgs {
     /// Model id reported by /v1/models.
     #[arg(long, env = "SGL_ROUTER_MODEL_ID", default_value = crate::defaults::MODEL_ID)]
     pub(crate) model_id: String,
+    /// Model pools and the decisions that route `model: "auto"` among them (YAML,
+    /// docs/model-routing.md); check one with `sgl-router check-config FILE`. Without it, one
+    /// pool serves --model-id from --worker-urls; with it, --worker-urls join the default pool.
+    #[arg(long, env = "SGL_ROUTER_ROUTING_CONFIG", value_name = "FILE")]
+    pub(crate) routing_config: Option<PathBuf>,
     /// Threads serving requests, each with its own single-threaded runtime and upstream connections
     /// (0: share the runtime of the background tasks) [default: the number of CPUs].
     #[arg(long, env = "SGL_ROUTER_SERVE_THREADS", value_name = "N")]
@@ -464,6 +469,18 @@ pub(crate) enum Command {
     /// (index size, event counters, workers followed or refused) and, with
     /// --metrics, the Prometheus metrics at the end.
     KvEvents(KvEventsArgs),
+    /// Check a routing config: print its pools, each decision's signals, pools, algorithm and
+    /// plugins, the signals no reachable decision reads, and every problem with its line.
+    ///
+    /// Exits 0 when the file is valid, 65 when it is not.
+    CheckConfig(CheckConfigArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CheckConfigArgs {
+    /// The routing config (YAML).
+    #[arg(value_name = "FILE")]
+    pub(crate) file: PathBuf,
 }
 
 /// How to hash pages; shared by `hash` and `render`.

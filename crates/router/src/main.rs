@@ -9,6 +9,7 @@ mod cli;
 mod defaults;
 mod logfile;
 mod pd;
+mod routing;
 mod serve;
 mod tools;
 
@@ -30,6 +31,7 @@ fn main() -> ExitCode {
         Some(cli::Command::Hash(args)) => tools::hash(&args),
         Some(cli::Command::Render(args)) => tools::render(&args),
         Some(cli::Command::KvEvents(args)) => tools::kv_events(&args),
+        Some(cli::Command::CheckConfig(args)) => routing::check_config(&args.file),
         None => match serve::config(&cli.serve) {
             Ok(config) => serve::serve(config, &cli.serve),
             Err(usage) => {

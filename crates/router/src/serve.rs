@@ -22,6 +22,10 @@ pub(crate) struct UsageError(pub(crate) String);
 /// Turns flags into a config; tuning a policy that is not selected is an error.
 pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     let usage = |m: String| Err(UsageError(m));
+    let routing = match &a.routing_config {
+        None => None,
+        Some(path) => Some(crate::routing::load(path, a.policy).map_err(|p| UsageError(p.join("\n")))?),
+    };
     // Each tuning flag belongs to one policy (the text tree's to two: approx_tree, and
     // cache_aware for workers without KV events); setting it under another is a mistake.
     use PolicyName::{CacheAware, MinTtft};
@@ -41,7 +45,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         ("--approx-max-tree-bytes", a.approx_max_tree_bytes.is_some(), TextTree),
         ("--ttft-hit-weight", a.ttft_hit_weight.is_some(), Owner(MinTtft)),
     ];
-    let selected = [a.policy, a.pd.prefill_policy.unwrap_or(a.policy), a.pd.decode_policy.unwrap_or(a.policy)];
+    let mut selected = vec![a.policy, a.pd.prefill_policy.unwrap_or(a.policy), a.pd.decode_policy.unwrap_or(a.policy)];
+    selected.extend(routing.iter().flat_map(|r| r.pools.iter().map(|p| p.policy)));
     if let Some((flag, _, owner)) =
         policy_flags.iter().find(|(_, set, owner)| *set && !selected.iter().any(|p| owner.owns(*p)))
     {
@@ -56,14 +61,28 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         ("--max-index-blocks", a.max_index_blocks.is_some()),
     ];
     // cache_aware follows the events of every worker that advertises them, --kv-events or not.
-    let kv_events_on = a.kv_events || selected[..2].contains(&PolicyName::CacheAware);
+    let kv_events_on = a.kv_events
+        || selected[..2].contains(&PolicyName::CacheAware)
+        || routing.iter().any(|r| r.pools.iter().any(|p| p.policy == PolicyName::CacheAware));
     if !kv_events_on && let Some((flag, _)) = index_flags.iter().find(|(_, set)| *set) {
         return usage(format!("{flag} tunes the KV index, which only --kv-events (or --policy cache_aware) builds"));
     }
     let pd_on = a.pd.pd_disaggregation || a.pd.vllm_pd_disaggregation || a.mock_workers.decode.is_some();
     let pd_workers = !a.pd.prefill.is_empty() || !a.pd.decode.is_empty();
-    if a.worker_urls.is_empty() && a.mock_workers.n == 0 && a.mock_workers.decode.is_none() && !pd_on && !pd_workers {
+    let pool_workers = routing.iter().any(|r| r.pools.iter().any(|p| !p.workers.is_empty()));
+    if a.worker_urls.is_empty()
+        && a.mock_workers.n == 0
+        && a.mock_workers.decode.is_none()
+        && !pd_on
+        && !pd_workers
+        && !pool_workers
+    {
         return usage("no workers: give --worker-urls URL,... or --mock-workers N".into());
+    }
+    if routing.is_some() && (pd_on || pd_workers) {
+        return usage(
+            "--routing-config with prefill/decode disaggregation: model pools serve regular workers only so far".into(),
+        );
     }
     if pd_on && !a.worker_urls.is_empty() {
         return usage("--worker-urls with disaggregation: give the workers as --prefill URL and --decode URL".into());
@@ -198,6 +217,21 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         PolicyName::ApproxTree => PolicyConfig::ApproxTree(tree, trim_every),
     };
     let policy = policy_config(a.policy);
+    let routing = routing.map(|r| sgl_router::app::RoutingSetup {
+        pools: r
+            .pools
+            .into_iter()
+            .map(|p| sgl_router::app::PoolSetup {
+                name: p.name,
+                served_model: p.served_model,
+                workers: p.workers,
+                policy: policy_config(p.policy),
+                tokenizer_path: p.tokenizer_path,
+                context_window: p.context_window,
+            })
+            .collect(),
+        config: r.config,
+    });
     let pd = crate::pd::setup(a, policy_config)?;
     let kv_events = if kv_events_on {
         let explicit = crate::tools::explicit(&a.events).map_err(|e| UsageError(e.to_string()))?;
@@ -220,6 +254,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         mock_workers: if pd.is_some() { 0 } else { a.mock_workers.n },
         pd,
         policy,
+        routing,
         kv_events,
         tokenizer_path: a.tokenizer_path.clone(),
         chat_template: a.chat_template.clone(),

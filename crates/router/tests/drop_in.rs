@@ -173,7 +173,7 @@ async fn the_router_answers_tokenize_detokenize_loads_and_model_info() {
         .json()
         .await
         .unwrap();
-    let expected = r.gateway.renderer.tokenizer().encode("héllo", false).unwrap();
+    let expected = r.gateway.default_pool().renderer.tokenizer().encode("héllo", false).unwrap();
     assert_eq!(v["tokens"], json!(expected));
     assert_eq!((v["count"].as_u64(), v["char_count"].as_u64()), (Some(expected.len() as u64), Some(5)));
     let v: Value = http

@@ -191,6 +191,8 @@ struct Head {
     origin: Option<Vec<u8>>,
     /// The client's routing key (`x-smg-routing-key`).
     routing_key: Option<Vec<u8>>,
+    /// The client asked for the routing explain (`x-route-debug: true`).
+    route_debug: bool,
 }
 
 /// Who serves the request at the front of the buffer.
@@ -230,7 +232,7 @@ fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
     let (mut body_len, mut expect_continue) = (None, false);
     let (mut forward, mut rank, mut authorization) = (Vec::new(), None, None);
     let (mut request_ids, mut sent_x_request_id, mut origin) = (Vec::new(), false, None);
-    let mut routing_key = None;
+    let (mut routing_key, mut route_debug) = (None, false);
     for h in req.headers.iter() {
         if let Some(i) = id_names.iter().position(|n| h.name.eq_ignore_ascii_case(n))
             && !request_ids.iter().any(|(j, _)| *j == i)
@@ -242,6 +244,8 @@ fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
             origin = Some(h.value.to_vec());
         } else if h.name.eq_ignore_ascii_case(policy::ROUTING_KEY_HEADER) {
             routing_key = crate::proxy::Meta::key(Some(h.value));
+        } else if h.name.eq_ignore_ascii_case(crate::proxy::ROUTE_DEBUG_HEADER) {
+            route_debug = crate::proxy::Meta::wants_debug(Some(h.value));
         }
         if h.name.eq_ignore_ascii_case(RANK_HEADER) {
             rank = Some(h.value.to_vec());
@@ -280,6 +284,7 @@ fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
         sent_x_request_id,
         origin,
         routing_key,
+        route_debug,
     }))
 }
 
@@ -480,9 +485,15 @@ async fn serve_fast(
     let mut peer = Peer { tcp, pipelined: buf, open: true };
     let span = request_span(gw, route);
     span.record("request_id", id.as_str());
-    let meta = crate::proxy::Meta { id, routing_key: head.routing_key };
+    let meta = crate::proxy::Meta { id, routing_key: head.routing_key, route_debug: head.route_debug };
     async move {
-        let send = |worker, body, rank| upstream::send(worker, route, body, rank, extra.clone());
+        let send = |worker, body, rank, edits: Option<Arc<crate::pools::HeaderEdits>>| {
+            let mut extra = extra.clone();
+            if let Some(edits) = edits {
+                extra.headers = Bytes::from(edits.applied_to_lines(&extra.headers));
+            }
+            upstream::send(worker, route, body, rank, extra)
+        };
         let sent = tokio::select! {
             sent = forward(gw, admission, route, body, start, &meta, send) => sent,
             // A client that resets drops its upstream request; one that half-closed is still answered.
@@ -491,7 +502,12 @@ async fn serve_fast(
         // After a half-close nothing more comes: the answer is the last unless requests were pipelined before it.
         let close = head.close || drain.is_cancelled() || (!peer.open && peer.pipelined.is_empty());
         match sent {
-            Ok((guard, worker, answer)) => {
+            Ok((mut guard, worker, answer)) => {
+                if let Some(extra) = guard.route_headers.take() {
+                    for (name, value) in extra.0 {
+                        push_header(&mut answer_head, name.as_bytes(), value.as_bytes());
+                    }
+                }
                 let to = upstream::Relayed { close, idle: upstream_idle, head: &answer_head };
                 upstream::relay(&mut peer, guard, worker, answer, to).await && !close
             }

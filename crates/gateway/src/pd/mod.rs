@@ -298,7 +298,8 @@ pub(crate) async fn serve(
         let v = parse_json(&bytes)?;
         let batch = check(&v, route, mode)?;
         // A batch is balanced by load: one prefill worker serves every item.
-        let (tokens, text) = if batch.is_some() { (Vec::new(), None) } else { prompt(&gw2, route, &v)? };
+        let (tokens, text) =
+            if batch.is_some() { (Vec::new(), None) } else { prompt(&gw2, gw2.default_pool(), route, &v)? };
         let pair = pair(&gw2, &v, (&tokens, text.clone()), key.as_deref(), &[])?;
         Ok::<_, GatewayError>((v, batch, (tokens, text), pair))
     })
@@ -400,7 +401,7 @@ fn pair(
 ) -> Result<Pair, GatewayError> {
     let Some(pd) = gw.pd.as_ref() else { return Err(GatewayError::Internal("not disaggregated".into())) };
     let pick = |role: fn(Role) -> bool| {
-        let all = routable(gw, role);
+        let all = routable(gw, |w| role(w.role));
         let fresh: Vec<_> = all.iter().filter(|w| !avoid.contains(&w.id)).cloned().collect();
         if fresh.is_empty() { all } else { fresh }
     };
@@ -411,9 +412,9 @@ fn pair(
     }
     let (tokens, text) = prompt;
     let prompted = Prompted { v: Some(v), tokens, text, match_prefix: true };
-    let prefill = plan_in(gw, &*gw.policy, prefills, prompted, key)?;
+    let prefill = plan_in(gw, 0, &*gw.default_pool().policy, prefills, prompted, key)?;
     let none = Prompted { v: None, tokens: &[], text: None, match_prefix: false };
-    let decode = plan_in(gw, &*pd.decode_policy, decodes, none, None)?;
+    let decode = plan_in(gw, 0, &*pd.decode_policy, decodes, none, None)?;
     Ok(Pair { prefill, decode })
 }
 
@@ -425,7 +426,7 @@ fn pair_again(gw: &Gateway, ctx: &Ctx<'_>, prompt: (&[u32], Option<String>), avo
 /// The policies learn where the request goes; the prefill worker is credited
 /// with the prompt's pages (pending until its events confirm them).
 fn commit(gw: &Gateway, pd: &PdConfig, pair: &Pair) {
-    pair.prefill.commit_to(&*gw.policy);
+    pair.prefill.commit(gw);
     pair.decode.commit_to(&*pd.decode_policy);
     let (p, d) = (pair.prefill.chosen(), pair.decode.chosen());
     let matched = pair.prefill.candidates[pair.prefill.chosen].matched_tokens;
@@ -436,7 +437,7 @@ fn commit(gw: &Gateway, pd: &PdConfig, pair: &Pair) {
     let m = &gw.metrics;
     m.pd_decisions.inc(format_args!(
         "leg=\"prefill\",policy=\"{}\",reason=\"{}\"",
-        gw.policy.name(),
+        gw.default_pool().policy.name(),
         pair.prefill.decision.reason
     ));
     m.pd_decisions.inc(format_args!(
@@ -525,7 +526,7 @@ pub(crate) fn explain(gw: &Gateway, pd: &PdConfig, pair: &Pair) -> Value {
     json!({
         "mode": match pd.mode { PdMode::Sglang => "sglang", PdMode::Vllm => "vllm" },
         "input_tokens": pair.prefill.input_tokens,
-        "prefill": leg(&pair.prefill, gw.policy.name()),
+        "prefill": leg(&pair.prefill, gw.default_pool().policy.name()),
         "decode": leg(&pair.decode, pd.decode_policy.name()),
     })
 }
@@ -540,7 +541,7 @@ pub(crate) fn explain_pair(
     let Some(pd) = gw.pd.as_ref() else { return Err(GatewayError::Internal("not disaggregated".into())) };
     let v = parse_json(bytes)?;
     let batch = check(&v, route, pd.mode)?;
-    let (tokens, text) = if batch.is_some() { (Vec::new(), None) } else { prompt(gw, route, &v)? };
+    let (tokens, text) = if batch.is_some() { (Vec::new(), None) } else { prompt(gw, gw.default_pool(), route, &v)? };
     let p = pair(gw, &v, (&tokens, text), key, &[])?;
     Ok(explain(gw, pd, &p))
 }

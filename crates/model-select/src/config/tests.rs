@@ -60,7 +60,10 @@ fn the_documented_example_parses_and_validates() {
     assert_eq!(config.decisions[3].priority, 0);
     assert!(config.decisions[3].is_catch_all());
     assert_eq!(config.decisions[2].algorithm.as_ref().map(|a| a.kind.as_str()), Some("static"));
-    assert_eq!(config.decisions[0].plugins[0], PluginConfig::Block { status: 403, message: "refused by policy".into() });
+    assert_eq!(
+        config.decisions[0].plugins[0],
+        PluginConfig::Block { status: 403, message: "refused by policy".into() }
+    );
     assert_eq!(config.strategy, Strategy::Priority);
     let refs: Vec<String> = config.decisions[2].signal_refs().iter().map(|r| r.to_string()).collect();
     assert_eq!(refs, ["keyword:math", "context:long_prompt"]);

@@ -89,7 +89,10 @@ fn check_pools<'c>(config: &'c Config, errors: &mut Vec<ConfigError>) -> HashSet
     // A pool's served model may equal another pool's name only if it is that pool.
     for p in &config.pools {
         if let Some(other) = config.pools.iter().find(|o| o.name == p.served_model && o.name != p.name) {
-            let message = format!("serves `{}`, the name of pool `{}`: a request naming it could not choose", p.served_model, other.name);
+            let message = format!(
+                "serves `{}`, the name of pool `{}`: a request naming it could not choose",
+                p.served_model, other.name
+            );
             errors.push(ConfigError::Pool { pool: p.name.clone(), message });
         }
     }

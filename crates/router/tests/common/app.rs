@@ -31,6 +31,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         mock_workers: 0,
         pd: None,
         policy,
+        routing: None,
         kv_events: kv.then(|| EventsConfig {
             explicit: Default::default(),
             default_block_size: std::num::NonZeroUsize::new(16).unwrap(),

@@ -1,0 +1,422 @@
+//! Model pools: each pool's served model, policy, renderer and chain memo
+//! (its workers are the fleet's, tagged with the pool), and, with a routing
+//! config, which pool serves a request: the `model` it names, or for an
+//! auto name the decision over its signals, the decision's plugins (block,
+//! PII placeholders, system prompt, header changes) and the `static`
+//! algorithm over the pools that can serve it (a routable worker, a window
+//! that holds the prompt and `max_tokens`).
+//!
+//! ```text
+//! body.model ─► Target: Pool ───────────────────────────────┐
+//!                       Auto ─► signals ─► decision ─► plugins ─► candidates ─► first eligible ─► Routed
+//!                       Unknown ─► 400 model_not_found      │
+//!                                                            └► body.model = pool.served_model
+//! ```
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::http::{HeaderName, HeaderValue};
+use model_select::{PluginConfig, Selector, SignalInput, Target};
+use policy::Policy;
+use renderer::Renderer;
+use router_types::{PoolId, Role};
+use serde_json::Value;
+
+use crate::metrics::{Histogram, LabeledCounter};
+use crate::proxy::Route;
+use crate::{Gateway, GatewayError};
+
+/// The decision label of a request that named a pool's model.
+pub const EXPLICIT: &str = "explicit";
+/// The decision label of a request without a `model` (the default pool serves it).
+pub const NO_MODEL: &str = "no_model";
+/// Buckets of the signal-and-decision latency: microseconds to a few milliseconds.
+const SIGNAL_BUCKETS: [f64; 10] = [2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 5e-3, 2.5e-2];
+
+/// One model pool.
+pub struct Pool {
+    /// Its name (`x-route-pool`), the fleet's tag on its workers.
+    pub id: PoolId,
+    /// The model its engines serve: a routed body's `model` becomes this.
+    pub served_model: String,
+    /// Chooses the worker among the pool's.
+    pub policy: Arc<dyn Policy>,
+    /// Its template and tokenizer.
+    pub renderer: Arc<Renderer>,
+    /// Recent page-hash chains of its prompts.
+    pub chain_memo: renderer::ChainMemo,
+    /// Tokens a request may hold in all (prompt and `max_tokens`), when known.
+    pub context_window: Option<u64>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("id", &self.id).field("served_model", &self.served_model).finish()
+    }
+}
+
+impl Pool {
+    /// A pool with its own chain memo.
+    pub fn new(
+        id: PoolId,
+        served_model: String,
+        policy: Arc<dyn Policy>,
+        renderer: Arc<Renderer>,
+        context_window: Option<u64>,
+    ) -> Self {
+        let chain_memo = renderer::ChainMemo::new(renderer::DEFAULT_CHAIN_MEMO_PAGES);
+        Pool { id, served_model, policy, renderer, chain_memo, context_window }
+    }
+}
+
+/// A routing config at work: the selector, each decision's header changes, and what it counts.
+#[derive(Debug)]
+pub struct Routing {
+    /// The compiled config; its pools are the gateway's, in the same order.
+    pub selector: Selector,
+    /// Per decision (by index): the headers its `header_mutation` plugins change.
+    edits: Vec<Option<Arc<HeaderEdits>>>,
+    /// Counters.
+    pub metrics: RoutingMetrics,
+}
+
+/// What model selection counts.
+#[derive(Debug)]
+pub struct RoutingMetrics {
+    /// Routed requests by `pool` and `decision`.
+    pub requests: LabeledCounter,
+    /// Requests a `block` plugin answered, by `decision`.
+    pub blocks: LabeledCounter,
+    /// Values a `pii_redact` plugin replaced, by `type`.
+    pub redactions: LabeledCounter,
+    /// Time computing signals and the decision, per auto-routed request.
+    pub signal_seconds: Histogram,
+}
+
+/// Headers a decision sets and removes on the request to the worker.
+#[derive(Debug, Default)]
+pub struct HeaderEdits {
+    /// Set, replacing the client's.
+    pub set: Vec<(HeaderName, HeaderValue)>,
+    /// Removed.
+    pub remove: Vec<HeaderName>,
+}
+
+/// Which pool serves a request, and why.
+#[derive(Debug)]
+pub(crate) struct Routed {
+    /// Its index in the gateway's pools.
+    pub(crate) pool: usize,
+    /// The decision's name ([`EXPLICIT`] and [`NO_MODEL`] without signals).
+    pub(crate) decision: String,
+    /// The body was changed (model name, plugins): it is sent re-encoded.
+    pub(crate) rewritten: bool,
+    /// Header changes for the worker.
+    pub(crate) edits: Option<Arc<HeaderEdits>>,
+    /// What `x-route-debug` shows: the signals matched, the confidence, the candidates.
+    pub(crate) debug: Option<Explain>,
+}
+
+/// The explain a request asked for with `x-route-debug: true`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Explain {
+    pub(crate) signals: Vec<String>,
+    pub(crate) confidence: f64,
+    pub(crate) candidates: Vec<String>,
+}
+
+/// The headers an answer carries back: `x-route-pool`, `x-route-decision`,
+/// `x-selected-model`, and with a debug request the explain.
+#[derive(Debug, Clone)]
+pub(crate) struct RouteHeaders(pub(crate) Vec<(&'static str, HeaderValue)>);
+
+// === impl Routing ===
+
+impl Routing {
+    /// The routing config at work; its header changes are compiled here
+    /// (the config was validated: every name and value is sound).
+    pub fn new(selector: Selector) -> Self {
+        let edits = selector
+            .config()
+            .decisions
+            .iter()
+            .map(|d| {
+                let mut edits = HeaderEdits::default();
+                for p in &d.plugins {
+                    if let PluginConfig::HeaderMutation(m) = p {
+                        for (name, value) in &m.set {
+                            if let (Ok(n), Ok(v)) = (HeaderName::try_from(name.as_str()), HeaderValue::from_str(value))
+                            {
+                                edits.set.push((n, v));
+                            }
+                        }
+                        edits.remove.extend(m.remove.iter().filter_map(|n| HeaderName::try_from(n.as_str()).ok()));
+                    }
+                }
+                (!edits.set.is_empty() || !edits.remove.is_empty()).then(|| Arc::new(edits))
+            })
+            .collect();
+        let metrics = RoutingMetrics {
+            requests: LabeledCounter::default(),
+            blocks: LabeledCounter::default(),
+            redactions: LabeledCounter::default(),
+            signal_seconds: Histogram::new(&SIGNAL_BUCKETS),
+        };
+        Routing { selector, edits, metrics }
+    }
+}
+
+// === impl Routed ===
+
+impl Routed {
+    /// The only pool, without a routing config.
+    pub(crate) fn default_pool() -> Self {
+        Routed { pool: 0, decision: NO_MODEL.to_owned(), rewritten: false, edits: None, debug: None }
+    }
+}
+
+// === impl HeaderEdits ===
+
+impl HeaderEdits {
+    /// `headers` with these changes.
+    pub(crate) fn applied_to(&self, headers: &axum::http::HeaderMap) -> axum::http::HeaderMap {
+        let mut out = headers.clone();
+        for name in &self.remove {
+            out.remove(name);
+        }
+        for (name, value) in &self.set {
+            out.insert(name.clone(), value.clone());
+        }
+        out
+    }
+
+    /// Header lines (`name: value\r\n`, the fast path's) with these changes.
+    pub(crate) fn applied_to_lines(&self, lines: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(lines.len() + 64);
+        for line in lines.split_inclusive(|&b| b == b'\n') {
+            let name = line.split(|&b| b == b':').next().unwrap_or_default();
+            let name = std::str::from_utf8(name).unwrap_or_default().trim();
+            let touched = self.remove.iter().chain(self.set.iter().map(|(n, _)| n));
+            if !touched.into_iter().any(|n| n.as_str().eq_ignore_ascii_case(name)) {
+                out.extend_from_slice(line);
+            }
+        }
+        for (name, value) in &self.set {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        out
+    }
+}
+
+// === impl RouteHeaders ===
+
+impl RouteHeaders {
+    /// The headers of an answer routed as `routed` to `pool`.
+    pub(crate) fn of(routed: &Routed, pool: &Pool) -> Self {
+        let value = |s: &str| HeaderValue::from_str(s).unwrap_or(HeaderValue::from_static("-"));
+        let mut out = vec![
+            ("x-route-pool", value(&pool.id.0)),
+            ("x-route-decision", value(&routed.decision)),
+            ("x-selected-model", value(&pool.served_model)),
+        ];
+        if let Some(d) = &routed.debug {
+            if !d.signals.is_empty() {
+                out.push(("x-route-signals", value(&d.signals.join(","))));
+            }
+            out.push(("x-route-confidence", value(&format!("{:.3}", d.confidence))));
+            out.push(("x-route-candidates", value(&d.candidates.join(","))));
+        }
+        RouteHeaders(out)
+    }
+}
+
+/// What a preview (`POST /v1/route/preview`) learns on the way: every
+/// signal computed, every decision's outcome, and why pools were passed over.
+#[derive(Debug, Default)]
+pub(crate) struct Preview {
+    pub(crate) signals: serde_json::Map<String, Value>,
+    pub(crate) decisions: Vec<Value>,
+    pub(crate) candidates: Vec<String>,
+    pub(crate) passed_over: Vec<String>,
+}
+
+/// Chooses the pool for a request with a routing config (see the module
+/// doc). With `preview`, nothing is counted and the explain is filled in.
+/// The body is changed in place (model name, plugins); `Routed::rewritten` says so.
+pub(crate) fn route(
+    gw: &Gateway,
+    routing: &Routing,
+    route: Route,
+    v: &mut Value,
+    debug: bool,
+    mut preview: Option<&mut Preview>,
+) -> Result<Routed, GatewayError> {
+    let dry = preview.is_some();
+    let selector = &routing.selector;
+    let model = match v.get("model") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(m)) => Some(m.as_str()),
+        Some(_) => return Err(GatewayError::BadRequest("`model` must be a string".into())),
+    };
+    let (pool, decision, edits, explain) = match selector.target(model) {
+        Target::Unknown => return Err(GatewayError::UnknownModel(model.unwrap_or_default().to_owned())),
+        Target::Pool(i) => (i, if model.is_some() { EXPLICIT } else { NO_MODEL }.to_owned(), None, None),
+        // Only prompts have signals: an auto embedding (or rerank) goes to the default pool.
+        Target::Auto if !route.has_prompt() => {
+            (selector.default_pool(), model_select::NO_DECISION.to_owned(), None, None)
+        }
+        Target::Auto => {
+            let start = Instant::now();
+            let text = if selector.needs_text() { model_select::signal_text(v) } else { String::new() };
+            let default = &gw.pools[selector.default_pool()];
+            let tokens = if selector.needs_tokens() { count_tokens(default, route, v)? } else { 0 };
+            let choice = selector.decide(&SignalInput { text: &text, tokens });
+            if !dry {
+                routing.metrics.signal_seconds.observe(start.elapsed().as_secs_f64());
+            }
+            let name = choice.name().to_owned();
+            if let Some(p) = preview.as_deref_mut() {
+                for (signal, r) in choice.signals.iter() {
+                    let value = serde_json::json!({"matched": r.matched, "confidence": r.confidence, "value": r.value});
+                    p.signals.insert(signal.to_string(), value);
+                }
+                for signal in choice.signals.not_computed() {
+                    p.signals.insert(signal.to_string(), serde_json::json!({"matched": false, "not_computed": true}));
+                }
+                p.decisions = choice
+                    .trace
+                    .iter()
+                    .map(|t| serde_json::json!({"name": t.name, "matched": t.matched, "confidence": t.confidence, "failed": t.failed}))
+                    .collect();
+                p.candidates = choice.pools.iter().map(|&i| gw.pools[i].id.0.clone()).collect();
+            }
+            let mut changed = false;
+            for plugin in choice.plugins() {
+                match plugin {
+                    PluginConfig::Block { status, message } => {
+                        if !dry {
+                            routing.metrics.blocks.inc(format_args!("decision=\"{}\"", crate::metrics::escape(&name)));
+                        }
+                        return Err(GatewayError::Blocked {
+                            status: *status,
+                            message: message.clone(),
+                            decision: name,
+                        });
+                    }
+                    PluginConfig::PiiRedact { types } => {
+                        let types = model_select::redact_types(types);
+                        let r = model_select::redact(v, selector.detector(), &types);
+                        changed |= r.total() > 0;
+                        if !dry {
+                            for (ty, n) in r.counts {
+                                routing.metrics.redactions.add(format_args!("type=\"{}\"", ty.as_str()), n as u64);
+                            }
+                        }
+                    }
+                    PluginConfig::SystemPrompt { prompt, mode } => {
+                        changed |= model_select::set_system_prompt(v, prompt, *mode);
+                    }
+                    PluginConfig::HeaderMutation(_) => {}
+                }
+            }
+            // The static algorithm: the first pool, in the decision's order, that can serve it.
+            let max_tokens = max_tokens(v);
+            let mut why_not = Vec::new();
+            let mut fits = |i: usize| -> bool {
+                let p = &gw.pools[i];
+                let routable =
+                    gw.fleet.snapshot().iter().any(|w| w.pool == p.id && w.role == Role::Regular && w.is_routable());
+                if !routable {
+                    why_not.push(format!("{}: no healthy worker", p.id));
+                    return false;
+                }
+                let Some(window) = p.context_window else { return true };
+                // Counted by this pool's own tokenizer (the default pool's count when it is the same one and the prompt is unchanged).
+                let same = Arc::ptr_eq(&p.renderer, &default.renderer) && !changed && selector.needs_tokens();
+                let prompt = if same { Ok(tokens) } else { count_tokens(p, route, v) };
+                match prompt {
+                    Ok(n) if n + max_tokens <= window => true,
+                    Ok(n) => {
+                        why_not.push(format!(
+                            "{}: {n} prompt + {max_tokens} max tokens exceed its window of {window}",
+                            p.id
+                        ));
+                        false
+                    }
+                    Err(_) => true, // the pool's own render reports it
+                }
+            };
+            let chosen = model_select::first_eligible(&choice.pools, &mut fits);
+            if let Some(p) = preview {
+                p.passed_over.clone_from(&why_not);
+            }
+            let Some(pool) = chosen else {
+                return Err(GatewayError::NoPool(format!(
+                    "decision `{name}`: no pool can serve it ({})",
+                    why_not.join("; ")
+                )));
+            };
+            let explain = debug.then(|| Explain {
+                signals: choice.signals.iter().filter(|(_, r)| r.matched).map(|(s, _)| s.to_string()).collect(),
+                confidence: choice.trace.iter().find(|t| t.name == name).map_or(0.0, |t| t.confidence),
+                candidates: choice.pools.iter().map(|&i| gw.pools[i].id.0.clone()).collect(),
+            });
+            let edits = choice.decision.and_then(|d| {
+                let i = selector.config().decisions.iter().position(|x| std::ptr::eq(x, d))?;
+                routing.edits.get(i).cloned().flatten()
+            });
+            if changed {
+                return Ok(finish(
+                    gw,
+                    routing,
+                    v,
+                    Routed { pool, decision: name, rewritten: true, edits, debug: explain },
+                    dry,
+                ));
+            }
+            (pool, name, edits, explain)
+        }
+    };
+    Ok(finish(gw, routing, v, Routed { pool, decision, rewritten: false, edits, debug: explain }, dry))
+}
+
+/// Names the pool's served model in the body, and counts the request.
+fn finish(gw: &Gateway, routing: &Routing, v: &mut Value, mut routed: Routed, dry: bool) -> Routed {
+    let pool = &gw.pools[routed.pool];
+    if let Some(fields) = v.as_object_mut()
+        && fields.get("model").and_then(Value::as_str) != Some(pool.served_model.as_str())
+    {
+        fields.insert("model".into(), Value::String(pool.served_model.clone()));
+        routed.rewritten = true;
+    }
+    if !dry {
+        let labels = format_args!(
+            "pool=\"{}\",decision=\"{}\"",
+            crate::metrics::escape(&pool.id.0),
+            crate::metrics::escape(&routed.decision)
+        );
+        routing.metrics.requests.inc(labels);
+    }
+    routed
+}
+
+/// The prompt's exact token count by `pool`'s tokenizer.
+fn count_tokens(pool: &Pool, route: Route, v: &Value) -> Result<u64, GatewayError> {
+    let (tokens, _) = crate::proxy::render_prompt(&pool.renderer, route, v, true)?;
+    Ok(tokens.len() as u64)
+}
+
+/// The tokens the request may generate: `max_completion_tokens`,
+/// `max_tokens`, or SGLang's `sampling_params.max_new_tokens` (0 when unset:
+/// the engine's default is unknown here).
+fn max_tokens(v: &Value) -> u64 {
+    ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|k| v.get(*k).and_then(Value::as_u64))
+        .or_else(|| v.get("sampling_params")?.get("max_new_tokens")?.as_u64())
+        .unwrap_or(0)
+}

@@ -1,0 +1,299 @@
+//! Model pools and `model: "auto"` end to end: the README's routing config
+//! (`examples/routing.yaml`) in front of one simulated engine per pool, each
+//! serving its pool's model and refusing any other (as vLLM does). Every
+//! probe of `tests/routing_probes.yaml` goes to `POST /v1/route/preview` and
+//! as a real request; both must agree with the probe, and the engine must
+//! get the body the decision's plugins made. Then the fallbacks: a pool with
+//! no healthy worker is passed over, and a decision with none left is a 503.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use common::app::{ADMIN_KEY, admin_client, config, engine_config, start};
+use mock_engine::{MockEngine, MockEngineConfig};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sgl_router::app::{PolicyConfig, PoolSetup, RoutingSetup};
+
+#[derive(Debug, Deserialize)]
+struct Probes {
+    config: String,
+    probes: Vec<Probe>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Probe {
+    name: String,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    no_model: bool,
+    user: String,
+    #[serde(default = "once")]
+    repeat: usize,
+    expect: Expect,
+}
+
+#[derive(Debug, Deserialize)]
+struct Expect {
+    decision: Option<String>,
+    pool: Option<String>,
+    blocked: Option<u16>,
+    status: Option<u16>,
+    code: Option<String>,
+    #[serde(default)]
+    upstream_contains: Vec<String>,
+    #[serde(default)]
+    upstream_lacks: Vec<String>,
+    #[serde(default)]
+    upstream_header: BTreeMap<String, String>,
+}
+
+fn once() -> usize {
+    1
+}
+
+fn repo(path: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(path)
+}
+
+fn probes() -> Probes {
+    let text = std::fs::read_to_string(repo("tests/routing_probes.yaml")).unwrap();
+    serde_norway::from_str(&text).unwrap()
+}
+
+impl Probe {
+    fn body(&self) -> Value {
+        let mut body =
+            json!({"max_tokens": 2, "messages": [{"role": "user", "content": self.user.repeat(self.repeat)}]});
+        if !self.no_model {
+            body["model"] = json!(self.model.as_deref().unwrap_or("auto"));
+        }
+        body
+    }
+}
+
+/// The pools of `file` with one engine each (returned in pool order).
+async fn pools(file: &str) -> (RoutingSetup, Vec<MockEngine>) {
+    let text = std::fs::read_to_string(repo(file)).unwrap();
+    let config = model_select::parse_yaml(&text).unwrap();
+    let mut engines = Vec::new();
+    let mut pools = Vec::new();
+    for p in &config.pools {
+        let engine_config = MockEngineConfig {
+            model_id: p.served_model.clone(),
+            strict_model: true,
+            record_requests: true,
+            ..engine_config()
+        };
+        let engine = MockEngine::spawn(engine_config).await.unwrap();
+        let policy = match p.policy.as_deref() {
+            Some("cache_aware") => PolicyConfig::cache_aware(),
+            _ => PolicyConfig::RoundRobin,
+        };
+        pools.push(PoolSetup {
+            name: p.name.clone(),
+            served_model: p.served_model.clone(),
+            workers: vec![router_types::WorkerUrl::parse(&engine.url()).unwrap()],
+            policy,
+            tokenizer_path: None,
+            context_window: p.context_window,
+        });
+        engines.push(engine);
+    }
+    (RoutingSetup { config, pools }, engines)
+}
+
+async fn preview(url: &str, body: &Value) -> (u16, Value) {
+    let r = admin_client().post(format!("{url}/v1/route/preview")).json(body).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_probe_routes_as_written_in_preview_and_for_real() {
+    let probes = probes();
+    let (routing, engines) = pools(&probes.config).await;
+    let names: Vec<String> = routing.pools.iter().map(|p| p.name.clone()).collect();
+    let mut app = config(&[], PolicyConfig::RoundRobin, true);
+    app.routing = Some(routing);
+    let router = start(app).await;
+    let url = &router.url;
+    let http = reqwest::Client::new();
+    assert!(probes.probes.len() >= 12, "a probe per decision, and negative and fallback ones");
+    for p in &probes.probes {
+        let e = &p.expect;
+        let body = p.body();
+        // The preview: the same code, nothing sent.
+        let before: Vec<usize> = engines.iter().map(|m| m.engine().legs().len()).collect();
+        let (status, explain) = preview(url, &body).await;
+        let after: Vec<usize> = engines.iter().map(|m| m.engine().legs().len()).collect();
+        assert_eq!(before, after, "{}: a preview sends nothing", p.name);
+        if let Some(want) = e.status {
+            assert_eq!(status, want, "{}: preview {explain}", p.name);
+        } else {
+            assert_eq!(status, 200, "{}: preview {explain}", p.name);
+            assert_eq!(explain["decision"].as_str(), e.decision.as_deref(), "{}: preview {explain}", p.name);
+            match e.blocked {
+                Some(b) => assert_eq!(explain["blocked"]["status"], b, "{}: {explain}", p.name),
+                None => {
+                    assert_eq!(explain["pool"].as_str(), e.pool.as_deref(), "{}: preview {explain}", p.name);
+                    assert!(explain["worker"].is_string(), "{}: the pool's worker is named: {explain}", p.name);
+                }
+            }
+        }
+        // The real request.
+        let r = http.post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap();
+        let status = r.status().as_u16();
+        let header = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let (pool, decision) = (header("x-route-pool"), header("x-route-decision"));
+        let answer: Value = r.json().await.unwrap();
+        let sent_now: Vec<usize> = engines.iter().map(|m| m.engine().legs().len()).collect();
+        if let Some(want) = e.status {
+            assert_eq!(status, want, "{}: {answer}", p.name);
+            if let Some(code) = &e.code {
+                assert_eq!(answer["error"]["code"], code.as_str(), "{}: {answer}", p.name);
+            }
+            assert_eq!(sent_now, after, "{}: an error sends nothing", p.name);
+            continue;
+        }
+        assert_eq!(decision, e.decision, "{}: x-route-decision", p.name);
+        if let Some(b) = e.blocked {
+            assert_eq!(status, b, "{}: {answer}", p.name);
+            assert_eq!(sent_now, after, "{}: a blocked request reaches no engine", p.name);
+            continue;
+        }
+        assert_eq!(status, 200, "{}: {answer}", p.name);
+        assert_eq!(pool, e.pool, "{}: x-route-pool", p.name);
+        let i = names.iter().position(|n| Some(n) == e.pool.as_ref()).unwrap();
+        // The pool's engine answered (it refuses any model but its own) and no other got it.
+        assert_eq!(sent_now[i], after[i] + 1, "{}: its pool's engine got it", p.name);
+        assert_eq!(sent_now.iter().sum::<usize>(), after.iter().sum::<usize>() + 1, "{}: only it", p.name);
+        assert_eq!(answer["model"], routing_model(&router, i), "{}: {answer}", p.name);
+        let leg = engines[i].engine().legs().pop().unwrap();
+        let sent = leg.body.to_string();
+        for s in &e.upstream_contains {
+            let encoded = serde_json::to_string(s).unwrap();
+            let encoded = &encoded[1..encoded.len() - 1];
+            assert!(sent.contains(encoded), "{}: {s:?} in {sent}", p.name);
+        }
+        for s in &e.upstream_lacks {
+            assert!(!sent.contains(s.as_str()), "{}: {s:?} must not reach the engine: {sent}", p.name);
+        }
+        for (name, value) in &e.upstream_header {
+            let got = leg.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+            assert_eq!(got, Some(value.as_str()), "{}: header {name}", p.name);
+        }
+    }
+    // What the metrics say of it (no value of a redacted field).
+    let page = admin_client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(page.contains("router_model_requests_total{pool=\"large\",decision=\"hard\"} 2"), "{page}");
+    assert!(page.contains("router_model_blocks_total{decision=\"refuse_injection\"} 2"), "{page}");
+    assert!(page.contains("router_model_redactions_total{type=\"email\"} 1"), "{page}");
+    assert!(!page.contains("alice@"), "no redacted value in the metrics");
+    let _ = router.stop.send(());
+}
+
+fn routing_model(router: &common::app::Running, pool: usize) -> String {
+    router.gateway.pools[pool].served_model.clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_streams_and_fallbacks() {
+    let (routing, engines) = pools("examples/routing.yaml").await;
+    let mut app = config(&[], PolicyConfig::RoundRobin, true);
+    app.routing = Some(routing);
+    let router = start(app).await;
+    let url = &router.url;
+    let http = reqwest::Client::new();
+    // /v1/models: the auto name and every pool's model.
+    let models: Value = http.get(format!("{url}/v1/models")).send().await.unwrap().json().await.unwrap();
+    let ids: Vec<&str> = models["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["auto", "qwen3-8b", "qwen3-32b"]);
+    // A stream carries the headers too, with the explain when asked.
+    let math = json!({"model": "auto", "stream": true, "max_tokens": 2,
+                      "messages": [{"role": "user", "content": "prove this theorem"}]});
+    let r = http
+        .post(format!("{url}/v1/chat/completions"))
+        .header("x-route-debug", "true")
+        .json(&math)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-route-pool"], "large");
+    assert_eq!(r.headers()["x-route-decision"], "hard");
+    assert_eq!(r.headers()["x-route-signals"], "keyword:math");
+    assert_eq!(r.headers()["x-route-candidates"], "large,small");
+    assert!(r.text().await.unwrap().contains("data: [DONE]"));
+    // The large pool's only worker leaves: "hard" falls back to its second pool.
+    let large = engines[1].url();
+    let gone = admin_client().delete(format!("{url}/workers/{large}")).send().await.unwrap();
+    assert_eq!(gone.status(), 200);
+    let math =
+        json!({"model": "auto", "max_tokens": 2, "messages": [{"role": "user", "content": "prove this theorem"}]});
+    let r = http.post(format!("{url}/v1/chat/completions")).json(&math).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers()["x-route-pool"].to_str().unwrap()), (200, "small"));
+    // "code" has only the large pool: nothing can serve it, and the answer says why.
+    let code = json!({"model": "auto", "messages": [{"role": "user", "content": "```\nx\n```"}]});
+    let r = http.post(format!("{url}/v1/chat/completions")).json(&code).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    let err: Value = r.json().await.unwrap();
+    assert_eq!(err["error"]["message"], "decision `code`: no pool can serve it (large: no healthy worker)");
+    let (_, explain) = preview(url, &code).await;
+    assert_eq!(explain["passed_over"], json!(["large: no healthy worker"]), "{explain}");
+    // A concrete model of a pool with no worker: no healthy worker, not another pool's.
+    let r = http
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&json!({"model": "qwen3-32b", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    // The worker comes back through the control plane, into its pool by its model's name.
+    let back = admin_client()
+        .post(format!("{url}/workers"))
+        .json(&json!({"url": large, "model_id": "qwen3-32b"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(back.status().is_success(), "{}", back.text().await.unwrap());
+    common::eventually("the large pool serves again", async || {
+        let r = http.post(format!("{url}/v1/chat/completions")).json(&math).send().await.unwrap();
+        r.headers().get("x-route-pool").is_some_and(|p| p == "large")
+    })
+    .await;
+    let unknown = admin_client()
+        .post(format!("{url}/workers"))
+        .json(&json!({"url": "http://127.0.0.1:9", "pool": "medium"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 400);
+    // The preview is the control plane's: closed without its key.
+    let anonymous = http.post(format!("{url}/v1/route/preview")).json(&math).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    assert!(!ADMIN_KEY.is_empty());
+    let _ = router.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_too_small_for_the_prompt_passes_the_pool_over() {
+    let (mut routing, _engines) = pools("examples/routing.yaml").await;
+    // The small pool holds 200 tokens: a 300-token chat (byte-level tokens) cannot go there.
+    routing.config.pools[0].context_window = Some(200);
+    routing.pools[0].context_window = Some(200);
+    let mut app = config(&[], PolicyConfig::RoundRobin, true);
+    app.routing = Some(routing);
+    let router = start(app).await;
+    let long = json!({"model": "auto", "max_tokens": 10, "messages": [{"role": "user", "content": "x ".repeat(150)}]});
+    let (_, explain) = preview(&router.url, &long).await;
+    assert_eq!(explain["decision"], "default");
+    assert_eq!(explain["pool"], "large", "{explain}");
+    let passed = explain["passed_over"][0].as_str().unwrap();
+    assert!(passed.starts_with("small: ") && passed.ends_with("max tokens exceed its window of 200"), "{passed}");
+    let short = json!({"model": "auto", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(preview(&router.url, &short).await.1["pool"], "small");
+    let _ = router.stop.send(());
+}
