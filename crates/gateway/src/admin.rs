@@ -44,12 +44,16 @@ pub(crate) async fn route_preview(
     let route = debug_route_of(q.route.as_deref())?;
     let key = crate::proxy::Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
     let bytes = read_body(&gw, body).await?;
+    let signal_headers = crate::pools::wanted_headers(&gw, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
     let (gw2, len) = (gw.clone(), bytes.len());
     let out = crate::admission::render(&gw, len, move || {
         let mut v = crate::proxy::parse_json(&bytes)?;
         let mut preview = crate::pools::Preview::default();
         let routed = match &gw2.routing {
-            Some(routing) => crate::pools::route(&gw2, routing, route, &mut v, true, Some(&mut preview)),
+            Some(routing) => {
+                let ask = crate::pools::Asked { debug: true, headers: &signal_headers };
+                crate::pools::route(&gw2, routing, route, &mut v, &ask, Some(&mut preview))
+            }
             None => Ok(crate::pools::Routed::default_pool()),
         };
         let mut out = json!({
@@ -57,6 +61,7 @@ pub(crate) async fn route_preview(
             "decisions": preview.decisions,
             "candidates": preview.candidates,
             "passed_over": preview.passed_over,
+            "scores": preview.scores,
         });
         let routed = match routed {
             Ok(r) => r,

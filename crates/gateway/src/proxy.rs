@@ -344,6 +344,8 @@ pub(crate) struct Meta {
     pub(crate) routing_key: Option<Vec<u8>>,
     /// The client asked for the routing explain in the answer's headers (`x-route-debug: true`).
     pub(crate) route_debug: bool,
+    /// The headers the routing config's header rules read (none without such rules).
+    pub(crate) signal_headers: Vec<(String, String)>,
 }
 
 /// The request header asking for the routing explain.
@@ -536,6 +538,7 @@ async fn serve(
         id: id.to_string(),
         routing_key: Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes)),
         route_debug: Meta::wants_debug(headers.get(ROUTE_DEBUG_HEADER).map(HeaderValue::as_bytes)),
+        signal_headers: crate::pools::wanted_headers(&gw, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes()))),
     };
     if let Some(pd) = gw.pd.as_ref() {
         return crate::pd::serve(&gw, pd, admission, route, bytes, headers, start, &meta).await;
@@ -630,12 +633,16 @@ where
     Fut: std::future::Future<Output = Result<T, SendError>>,
 {
     let id = meta.id.as_str();
-    let (gw2, body, key, debug) = (gw.clone(), bytes.clone(), meta.routing_key.clone(), meta.route_debug);
+    let (gw2, body, key) = (gw.clone(), bytes.clone(), meta.routing_key.clone());
+    let (debug, signal_headers) = (meta.route_debug, meta.signal_headers.clone());
     let (mut v, plan, routed, bytes) = crate::admission::render(gw, bytes.len(), move || {
         let mut v = parse_body(&gw2, route, &body)?;
         // With a routing config: the pool (the body names its model, the plugins may change it).
         let routed = match (&gw2.routing, v.as_mut()) {
-            (Some(routing), Some(v)) => Some(crate::pools::route(&gw2, routing, route, v, debug, None)?),
+            (Some(routing), Some(v)) => {
+                let ask = crate::pools::Asked { debug, headers: &signal_headers };
+                Some(crate::pools::route(&gw2, routing, route, v, &ask, None)?)
+            }
             _ => None,
         };
         let plan = plan(&gw2, routed.as_ref().map_or(0, |r| r.pool), route, v.as_ref(), key.as_deref())?;

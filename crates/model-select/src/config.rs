@@ -12,7 +12,7 @@ mod pools;
 mod validate;
 
 pub use load::{Problem, parse_yaml};
-pub use pools::{HeaderMutation, PluginConfig, PoolConfig, Price, SystemPromptMode};
+pub use pools::{DEFAULT_PREFILL_TOKENS_PER_S, HeaderMutation, PluginConfig, PoolConfig, Price, SystemPromptMode};
 pub use validate::{ALGORITHMS, validate};
 
 /// A routing config file (version 1). Unknown keys are errors.
@@ -58,9 +58,80 @@ pub struct SignalsConfig {
     /// Token-count rules.
     #[serde(default)]
     pub context: Vec<ContextRule>,
-    /// Language rules (parsed; detection is a later increment).
+    /// Language rules.
     #[serde(default)]
     pub language: Vec<LanguageRule>,
+    /// Conversation-shape rules (turns, tools, tool loop, images).
+    #[serde(default)]
+    pub conversation: Vec<ConversationRule>,
+    /// Trusted request-header rules.
+    #[serde(default)]
+    pub headers: Vec<HeaderRule>,
+    /// Live pool-load rules (in flight, estimated TTFT).
+    #[serde(default)]
+    pub load: Vec<LoadRule>,
+}
+
+/// A conversation-shape rule: matched when every condition it sets holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConversationRule {
+    /// The signal's name.
+    pub name: String,
+    /// At least this many user turns.
+    #[serde(default)]
+    pub min_turns: Option<u32>,
+    /// At most this many user turns.
+    #[serde(default)]
+    pub max_turns: Option<u32>,
+    /// The request offers tools (or not).
+    #[serde(default)]
+    pub has_tools: Option<bool>,
+    /// The last message is a tool's result: an agent loop going on (or not).
+    #[serde(default)]
+    pub tool_loop: Option<bool>,
+    /// A message carries an image (or not).
+    #[serde(default)]
+    pub has_images: Option<bool>,
+}
+
+/// A trusted-header rule: matched when the request carries `header` with one
+/// of `values` (any value when the list is empty). Only headers an edge proxy
+/// sets (and strips from clients) are worth trusting.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderRule {
+    /// The signal's name.
+    pub name: String,
+    /// The header's name (case-insensitive).
+    pub header: String,
+    /// Accepted values, compared exactly (empty: present is enough).
+    #[serde(default)]
+    pub values: Vec<String>,
+}
+
+/// A live-load rule on one pool: matched when every bound it sets holds for
+/// the pool now (requests in flight on its workers, the estimated time to
+/// first token of this prompt on its least-loaded worker).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadRule {
+    /// The signal's name.
+    pub name: String,
+    /// The pool.
+    pub pool: String,
+    /// At least this many requests in flight on the pool.
+    #[serde(default)]
+    pub min_in_flight: Option<u64>,
+    /// At most this many.
+    #[serde(default)]
+    pub max_in_flight: Option<u64>,
+    /// An estimated TTFT of at least this (ms).
+    #[serde(default)]
+    pub min_ttft_ms: Option<f64>,
+    /// An estimated TTFT of at most this (ms).
+    #[serde(default)]
+    pub max_ttft_ms: Option<f64>,
 }
 
 /// A keyword rule: matched when any (OR), all (AND) or none (NOR) of the
@@ -132,14 +203,17 @@ pub struct ContextRule {
     pub max_tokens: Option<u64>,
 }
 
-/// A language rule (detection comes in a later increment).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// A language rule: matched when the text's language (whatlang) is one of these.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LanguageRule {
     /// The signal's name.
     pub name: String,
-    /// ISO 639-1 codes.
+    /// ISO 639-1 codes (`zh`, `de`; 639-3 `cmn` is read too).
     pub languages: Vec<String>,
+    /// The least detector confidence in [0, 1] that counts (default 0: any).
+    #[serde(default)]
+    pub min_confidence: Option<f64>,
 }
 
 /// One decision: if its rules hold, its pools serve the request.
@@ -257,6 +331,13 @@ pub enum SignalKind {
     Context,
     /// `signals.language`.
     Language,
+    /// `signals.conversation`.
+    Conversation,
+    /// `signals.headers`.
+    #[serde(alias = "headers")]
+    Header,
+    /// `signals.load`.
+    Load,
 }
 
 /// A signal named by type and name, e.g. `keyword:math`.
@@ -397,6 +478,9 @@ impl SignalKind {
             SignalKind::Pii => "pii",
             SignalKind::Context => "context",
             SignalKind::Language => "language",
+            SignalKind::Conversation => "conversation",
+            SignalKind::Header => "header",
+            SignalKind::Load => "load",
         }
     }
 }

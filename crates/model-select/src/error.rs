@@ -79,6 +79,30 @@ pub enum ConfigError {
         /// The rule.
         name: String,
     },
+    /// A language rule naming a language the detector does not know.
+    #[error("language signal `{name}`: unknown language `{code}` (ISO 639-1 codes such as en, zh, de)")]
+    UnknownLanguage {
+        /// The rule.
+        name: String,
+        /// The code as written.
+        code: String,
+    },
+    /// A language rule's `min_confidence` outside [0, 1].
+    #[error("language signal `{name}`: min_confidence must be in [0, 1]")]
+    BadConfidence {
+        /// The rule.
+        name: String,
+    },
+    /// A conversation, header or load rule that cannot match as written.
+    #[error("{kind} signal `{name}`: {reason}")]
+    BadRule {
+        /// The signal type.
+        kind: SignalKind,
+        /// The rule.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A decision's condition names a signal that is not defined.
     #[error("decision `{decision}` refers to undefined signal {signal}")]
     UnknownSignal {
@@ -157,6 +181,9 @@ impl ConfigError {
             ConfigError::EmptyPiiTypes { .. } => "empty_pii_types",
             ConfigError::BadContextBounds { .. } => "bad_context_bounds",
             ConfigError::EmptyLanguages { .. } => "empty_languages",
+            ConfigError::UnknownLanguage { .. } => "unknown_language",
+            ConfigError::BadRule { .. } => "bad_rule",
+            ConfigError::BadConfidence { .. } => "bad_confidence",
             ConfigError::UnknownSignal { .. } => "unknown_signal",
             ConfigError::NotArity { .. } => "not_arity",
             ConfigError::EmptyConditions { .. } => "empty_conditions",
@@ -174,16 +201,19 @@ impl ConfigError {
         use ConfigError as E;
         let signal = |kind: SignalKind| match kind {
             SignalKind::Keyword => "keywords",
+            SignalKind::Header => "headers",
             other => other.as_str(),
         };
         match self {
             E::EmptyName { .. } => ("signals", None),
             E::DuplicateSignal { kind, name } => (signal(*kind), Some(name)),
-            E::BadRegex { kind, name, .. } => (signal(*kind), Some(name)),
+            E::BadRegex { kind, name, .. } | E::BadRule { kind, name, .. } => (signal(*kind), Some(name)),
             E::EmptyKeywords { name } | E::BlankKeyword { name } => ("keywords", Some(name)),
             E::UnknownPiiType { name, .. } | E::EmptyPiiTypes { name } => ("pii", Some(name)),
             E::BadContextBounds { name, .. } => ("context", Some(name)),
-            E::EmptyLanguages { name } => ("language", Some(name)),
+            E::EmptyLanguages { name } | E::UnknownLanguage { name, .. } | E::BadConfidence { name } => {
+                ("language", Some(name))
+            }
             E::DuplicateDecision { name } => ("decisions", Some(name)),
             E::UnknownSignal { decision, .. }
             | E::NotArity { decision, .. }

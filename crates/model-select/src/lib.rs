@@ -15,22 +15,27 @@
 //!                                          decision::select ──▶ Selection {winner, trace}
 //! ```
 
+mod algorithm;
 mod config;
 mod decision;
 mod error;
+mod language;
 mod pii;
 mod request;
 mod selector;
 mod signals;
 
+pub use algorithm::{Algorithm, Candidate, MultiFactor, OnNoCandidates, Scales, Scored, Slo, Weights};
 pub use config::{
-    ALGORITHMS, AlgorithmConfig, Bounds, Config, ContextRule, DecisionConfig, HeaderMutation, KeywordOperator,
-    KeywordRule, LanguageRule, PiiRule, PluginConfig, PoolConfig, Price, Problem, RegexRule, RuleNode, RuleOperator,
-    SignalCondition, SignalKind, SignalRef, SignalsConfig, Strategy, SystemPromptMode, parse_yaml, validate,
+    ALGORITHMS, AlgorithmConfig, Bounds, Config, ContextRule, ConversationRule, DEFAULT_PREFILL_TOKENS_PER_S,
+    DecisionConfig, HeaderMutation, HeaderRule, KeywordOperator, KeywordRule, LanguageRule, LoadRule, PiiRule,
+    PluginConfig, PoolConfig, Price, Problem, RegexRule, RuleNode, RuleOperator, SignalCondition, SignalKind,
+    SignalRef, SignalsConfig, Strategy, SystemPromptMode, parse_yaml, validate,
 };
 pub use decision::{DecisionTrace, RuleOutcome, Selection, evaluate_rule, needed_signals, select};
 pub use error::ConfigError;
+pub use language::{Detected, detect as detect_language, normalize as language_code};
 pub use pii::{PiiDetector, PiiFinding, PiiType};
-pub use request::{Redactions, redact, set_system_prompt, signal_text};
+pub use request::{Redactions, redact, set_system_prompt, shape, signal_text};
 pub use selector::{Choice, NO_DECISION, Selector, Target, first_eligible, redact_types};
-pub use signals::{SignalInput, SignalResult, SignalResults, Signals};
+pub use signals::{PoolState, Shape, SignalInput, SignalResult, SignalResults, Signals};

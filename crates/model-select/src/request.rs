@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::config::SystemPromptMode;
 use crate::pii::{PiiDetector, PiiType};
+use crate::signals::Shape;
 
 /// The text signals read: every user message's text (string content, or
 /// the `text` parts of a content list) for a chat, the prompt (or each
@@ -30,6 +31,24 @@ pub fn signal_text(body: &Value) -> String {
         each_text(body.get("prompt").or_else(|| body.get("text")), &mut push);
     }
     out
+}
+
+/// The shape of a chat body (all zero for a completion): user turns, tools
+/// offered, a tool's result last, an image anywhere (`image_url`, `image`,
+/// `input_image` parts).
+pub fn shape(body: &Value) -> Shape {
+    let Some(messages) = body.get("messages").and_then(Value::as_array) else { return Shape::default() };
+    let role = |m: &Value| m.get("role").and_then(Value::as_str).unwrap_or_default().to_owned();
+    let image =
+        |part: &Value| matches!(part.get("type").and_then(Value::as_str), Some("image_url" | "image" | "input_image"));
+    Shape {
+        turns: messages.iter().filter(|m| role(m) == "user").count().try_into().unwrap_or(u32::MAX),
+        tools: body.get("tools").and_then(Value::as_array).is_some_and(|t| !t.is_empty()),
+        tool_loop: messages.last().is_some_and(|m| matches!(role(m).as_str(), "tool" | "function")),
+        images: messages
+            .iter()
+            .any(|m| m.get("content").and_then(Value::as_array).is_some_and(|c| c.iter().any(image))),
+    }
 }
 
 /// Calls `f` with each text in a content value: a string, a list of
@@ -183,6 +202,23 @@ mod tests {
         assert_eq!(signal_text(&json!({"prompt": ["a", "b"]})), "a\nb");
         assert_eq!(signal_text(&json!({"text": "native"})), "native");
         assert_eq!(signal_text(&json!({"input_ids": [1, 2]})), "");
+    }
+
+    #[test]
+    fn the_shape_counts_turns_and_sees_tools_loops_and_images() {
+        let chat = json!({"tools": [{"type": "function", "function": {"name": "f"}}], "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "tool_calls": [{"id": "1"}]},
+            {"role": "tool", "content": "42"}
+        ]});
+        assert_eq!(shape(&chat), Shape { turns: 1, tools: true, tool_loop: true, images: false });
+        let vision = json!({"tools": [], "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "x"}}]},
+            {"role": "assistant", "content": "a cat"},
+            {"role": "user", "content": "sure?"}
+        ]});
+        assert_eq!(shape(&vision), Shape { turns: 2, tools: false, tool_loop: false, images: true });
+        assert_eq!(shape(&json!({"prompt": "x"})), Shape::default());
     }
 
     #[test]

@@ -1,13 +1,16 @@
 //! Rule signals: compiled once from the config's `signals` section, then
 //! evaluated per request on its text and exact token count. Only the signals
 //! asked for are computed. Owns matching (keywords, regex, PII, context);
-//! does not decide anything (that is `decision`) and detects no language yet.
+//! does not decide anything (that is `decision`); languages come from `language`.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use regex::{Regex, RegexSet, RegexSetBuilder};
 
-use crate::config::{ContextRule, KeywordOperator, KeywordRule, RegexRule, SignalKind, SignalRef, SignalsConfig};
+use crate::config::{
+    ContextRule, ConversationRule, HeaderRule, KeywordOperator, KeywordRule, LoadRule, RegexRule, SignalKind,
+    SignalRef, SignalsConfig,
+};
 use crate::error::ConfigError;
 use crate::pii::{PiiDetector, PiiFinding, PiiType};
 
@@ -21,17 +24,58 @@ pub struct Signals {
     regex: Vec<(SignalRef, Regex)>,
     pii: Vec<(SignalRef, Vec<PiiType>)>,
     context: Vec<(SignalRef, ContextRule)>,
-    language: Vec<SignalRef>,
+    language: Vec<(SignalRef, Vec<&'static str>, f64)>,
+    conversation: Vec<(SignalRef, ConversationRule)>,
+    headers: Vec<(SignalRef, HeaderRule)>,
+    load: Vec<(SignalRef, LoadRule)>,
     detector: Option<PiiDetector>,
 }
 
 /// What a request offers the signals.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct SignalInput<'a> {
-    /// The concatenated user and system message text.
+    /// The text of the user's turns ([`crate::signal_text`]).
     pub text: &'a str,
     /// The prompt's exact token count from the pool's tokenizer.
     pub tokens: u64,
+    /// The conversation's shape ([`crate::shape`]).
+    pub shape: Shape,
+    /// The request headers header rules read: (lowercase name, value).
+    pub headers: &'a [(String, String)],
+    /// Every pool's live state, for load rules.
+    pub pools: &'a [PoolState<'a>],
+}
+
+/// The shape of a chat: turns, tools, an agent loop, images.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Shape {
+    /// User messages.
+    pub turns: u32,
+    /// The request offers tools.
+    pub tools: bool,
+    /// The last message is a tool's result.
+    pub tool_loop: bool,
+    /// Some message carries an image.
+    pub images: bool,
+}
+
+/// One pool now, as load rules see it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PoolState<'a> {
+    /// The pool's name.
+    pub name: &'a str,
+    /// Requests in flight on its routable workers.
+    pub in_flight: u64,
+    /// The estimated time to the first token of this prompt on its least
+    /// loaded worker, in ms (infinite without a routable worker).
+    pub est_ttft_ms: f64,
+}
+
+impl<'a> SignalInput<'a> {
+    /// A request's text and token count (no shape, headers or pools).
+    pub fn new(text: &'a str, tokens: u64) -> Self {
+        SignalInput { text, tokens, ..SignalInput::default() }
+    }
 }
 
 /// One computed signal.
@@ -104,12 +148,33 @@ impl Signals {
         let detector = (!pii.is_empty()).then(PiiDetector::new);
         let context =
             config.context.iter().map(|rule| (SignalRef::new(SignalKind::Context, &rule.name), rule.clone())).collect();
-        let language = config.language.iter().map(|rule| SignalRef::new(SignalKind::Language, &rule.name)).collect();
-        Ok(Signals { keywords, regex, pii, context, language, detector })
+        let language = config
+            .language
+            .iter()
+            .map(|rule| {
+                let codes = rule.languages.iter().filter_map(|c| crate::language::normalize(c)).collect();
+                (SignalRef::new(SignalKind::Language, &rule.name), codes, rule.min_confidence.unwrap_or(0.0))
+            })
+            .collect();
+        let named = |kind: SignalKind, name: &str| SignalRef::new(kind, name);
+        let conversation =
+            config.conversation.iter().map(|r| (named(SignalKind::Conversation, &r.name), r.clone())).collect();
+        let headers = config
+            .headers
+            .iter()
+            .map(|r| {
+                let rule = HeaderRule { header: r.header.to_ascii_lowercase(), ..r.clone() };
+                (named(SignalKind::Header, &r.name), rule)
+            })
+            .collect();
+        let load = config.load.iter().map(|r| (named(SignalKind::Load, &r.name), r.clone())).collect();
+        Ok(Signals { keywords, regex, pii, context, language, conversation, headers, load, detector })
     }
 
     /// Computes the signals in `needed` (others are skipped) for `input`.
-    /// Language signals are reported as not computed.
+    /// A language signal matches when the text's detected language is one of
+    /// its languages with at least its `min_confidence`; its confidence is the
+    /// detector's (text with no detectable language matches none).
     pub fn evaluate(&self, input: &SignalInput<'_>, needed: &HashSet<SignalRef>) -> SignalResults {
         let mut out = SignalResults::default();
         let rule = |matched: bool, value: Option<f64>| SignalResult { matched, confidence: 1.0, value };
@@ -141,10 +206,53 @@ impl Signals {
                 && c.max_tokens.is_none_or(|max| input.tokens <= max);
             out.results.insert(signal.clone(), rule(matched, Some(input.tokens as f64)));
         }
-        for signal in self.language.iter().filter(|s| needed.contains(s)) {
-            out.not_computed.insert(signal.clone());
+        self.evaluate_request(input, needed, &mut out);
+        let wanted_language: Vec<_> = self.language.iter().filter(|(s, _, _)| needed.contains(s)).collect();
+        if !wanted_language.is_empty() {
+            let detected = crate::language::detect(input.text);
+            for (signal, codes, min) in wanted_language {
+                let result = match detected {
+                    Some(d) if codes.contains(&d.code) && d.confidence >= *min => {
+                        SignalResult { matched: true, confidence: d.confidence, value: Some(d.confidence) }
+                    }
+                    _ => SignalResult { matched: false, confidence: 0.0, value: detected.map(|d| d.confidence) },
+                };
+                out.results.insert(signal.clone(), result);
+            }
         }
         out
+    }
+
+    /// The conversation, header and load rules.
+    fn evaluate_request(&self, input: &SignalInput<'_>, needed: &HashSet<SignalRef>, out: &mut SignalResults) {
+        let rule = |matched: bool, value: Option<f64>| SignalResult { matched, confidence: 1.0, value };
+        let shape = &input.shape;
+        for (signal, c) in self.conversation.iter().filter(|(s, _)| needed.contains(s)) {
+            let matched = c.min_turns.is_none_or(|m| shape.turns >= m)
+                && c.max_turns.is_none_or(|m| shape.turns <= m)
+                && c.has_tools.is_none_or(|t| shape.tools == t)
+                && c.tool_loop.is_none_or(|t| shape.tool_loop == t)
+                && c.has_images.is_none_or(|i| shape.images == i);
+            out.results.insert(signal.clone(), rule(matched, Some(f64::from(shape.turns))));
+        }
+        for (signal, h) in self.headers.iter().filter(|(s, _)| needed.contains(s)) {
+            let value = input.headers.iter().find(|(n, _)| *n == h.header).map(|(_, v)| v.as_str());
+            let matched = value.is_some_and(|v| h.values.is_empty() || h.values.iter().any(|x| x == v));
+            out.results.insert(signal.clone(), rule(matched, None));
+        }
+        for (signal, l) in self.load.iter().filter(|(s, _)| needed.contains(s)) {
+            let Some(pool) = input.pools.iter().find(|p| p.name == l.pool) else {
+                out.results.insert(signal.clone(), rule(false, None));
+                continue;
+            };
+            let matched = l.min_in_flight.is_none_or(|m| pool.in_flight >= m)
+                && l.max_in_flight.is_none_or(|m| pool.in_flight <= m)
+                && l.min_ttft_ms.is_none_or(|m| pool.est_ttft_ms >= m)
+                && l.max_ttft_ms.is_none_or(|m| pool.est_ttft_ms <= m);
+            let ttft = l.min_ttft_ms.is_some() || l.max_ttft_ms.is_some();
+            let value = if ttft { pool.est_ttft_ms } else { pool.in_flight as f64 };
+            out.results.insert(signal.clone(), rule(matched, Some(value)));
+        }
     }
 }
 

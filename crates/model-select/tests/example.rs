@@ -13,7 +13,7 @@ fn example() -> Config {
 
 fn route(config: &Config, signals: &Signals, text: &str, tokens: u64) -> String {
     let needed = needed_signals(&config.decisions, config.strategy);
-    let results = signals.evaluate(&SignalInput { text, tokens }, &needed);
+    let results = signals.evaluate(&SignalInput::new(text, tokens), &needed);
     select(&config.decisions, config.strategy, &results).winner.expect("the catch-all always matches").name.clone()
 }
 

@@ -528,13 +528,17 @@ fn build_pools(
             None => renderer.clone(),
         };
         let policy = build_policy(&p.policy, cancel);
-        pools.push(gateway::pools::Pool::new(
+        let mut pool = gateway::pools::Pool::new(
             PoolId(p.name.clone()),
             p.served_model.clone(),
             policy,
             renderer,
             p.context_window,
-        ));
+        );
+        if let Some(rate) = r.config.pools.iter().find(|c| c.name == p.name).and_then(|c| c.prefill_tokens_per_s) {
+            pool.prefill_tokens_per_s = rate;
+        }
+        pools.push(pool);
     }
     let selector = model_select::Selector::new(r.config.clone()).map_err(|problems| {
         let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();

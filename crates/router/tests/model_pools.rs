@@ -297,3 +297,58 @@ async fn a_window_too_small_for_the_prompt_passes_the_pool_over() {
     assert_eq!(preview(&router.url, &short).await.1["pool"], "small");
     let _ = router.stop.send(());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_signals_and_multi_factor_route_by_header_shape_load_and_slo() {
+    let (routing, _engines) = pools("tests/routing/live.yaml").await;
+    let mut app = config(&[], PolicyConfig::RoundRobin, true);
+    app.routing = Some(routing);
+    let router = start(app).await;
+    let url = &router.url;
+    let http = reqwest::Client::new();
+    let chat = |content: &str| json!({"model": "auto", "messages": [{"role": "user", "content": content}]});
+    // multi_factor: the large pool's quality wins while its estimated TTFT is under the ceiling.
+    let (_, short) = preview(url, &chat("hi")).await;
+    assert_eq!((short["decision"].as_str(), short["pool"].as_str()), (Some("balanced"), Some("large")), "{short}");
+    assert_eq!(short["scores"].as_array().map(Vec::len), Some(2), "{short}");
+    // A prompt whose TTFT there is over 1 s (100 tokens/s): dropped by the SLO, the small pool serves.
+    let (_, long) = preview(url, &chat(&"word ".repeat(40))).await;
+    assert_eq!(long["pool"], "small", "{long}");
+    let over = long["scores"].as_array().unwrap().iter().find(|s| s["pool"] == "large").unwrap();
+    assert!(over["over_slo"].as_str().unwrap().starts_with("estimated TTFT "), "{long}");
+    // The same through a real request, answered by the small pool's engine.
+    let r = http.post(format!("{url}/v1/chat/completions")).json(&chat(&"word ".repeat(40))).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers()["x-route-pool"].to_str().unwrap()), (200, "small"));
+    // A trusted header picks its decision (on both front ends' header paths).
+    let r = http
+        .post(format!("{url}/v1/chat/completions"))
+        .header("X-User-Tier", "gold")
+        .json(&chat(&"word ".repeat(40)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["x-route-decision"], "gold_customers");
+    assert_eq!(r.headers()["x-route-pool"], "large");
+    let gold = admin_client()
+        .post(format!("{url}/v1/route/preview"))
+        .header("x-user-tier", "gold")
+        .json(&chat("hi"))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(gold["decision"], "gold_customers", "{gold}");
+    assert_eq!(gold["signals"]["header:gold"]["matched"], true);
+    // An agent loop (a tool's result last) while the large pool is not slow: the agents decision.
+    let agent = json!({"model": "auto", "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+    ]});
+    let (_, a) = preview(url, &agent).await;
+    assert_eq!((a["decision"].as_str(), a["pool"].as_str()), (Some("agents"), Some("large")), "{a}");
+    assert_eq!(a["signals"]["load:large_slow"]["matched"], false, "{a}");
+    let _ = router.stop.send(());
+}

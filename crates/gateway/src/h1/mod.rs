@@ -469,6 +469,11 @@ async fn serve_fast(
     }
     let body = buf.split_to(head.body_len).freeze();
     let mut headers = head.forward;
+    let lines = headers.split(|&b| b == b'\n').filter_map(|l| {
+        let i = l.iter().position(|&b| b == b':')?;
+        Some((std::str::from_utf8(&l[..i]).ok()?, l[i + 1..].strip_suffix(b"\r").unwrap_or(&l[i + 1..])))
+    });
+    let signal_headers = crate::pools::wanted_headers(gw, lines);
     if let Some(auth) = worker_auth {
         push_header(&mut headers, b"authorization", &auth);
     }
@@ -485,7 +490,7 @@ async fn serve_fast(
     let mut peer = Peer { tcp, pipelined: buf, open: true };
     let span = request_span(gw, route);
     span.record("request_id", id.as_str());
-    let meta = crate::proxy::Meta { id, routing_key: head.routing_key, route_debug: head.route_debug };
+    let meta = crate::proxy::Meta { id, routing_key: head.routing_key, route_debug: head.route_debug, signal_headers };
     async move {
         let send = |worker, body, rank, edits: Option<Arc<crate::pools::HeaderEdits>>| {
             let mut extra = extra.clone();

@@ -34,7 +34,16 @@ pub struct PoolConfig {
     /// A prior of its answers' quality in [0, 1], for algorithms.
     #[serde(default)]
     pub quality: Option<f64>,
+    /// Prompt tokens one of its workers prefills per second: the estimated
+    /// time to first token is the worker's queued prefill plus this prompt
+    /// over this rate (default [`DEFAULT_PREFILL_TOKENS_PER_S`], an 8B model
+    /// on one H100; measure yours).
+    #[serde(default)]
+    pub prefill_tokens_per_s: Option<f64>,
 }
+
+/// The prefill rate a pool is assumed to have when its config states none.
+pub const DEFAULT_PREFILL_TOKENS_PER_S: f64 = 20_000.0;
 
 /// Prices per million tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]

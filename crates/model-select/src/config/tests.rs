@@ -129,7 +129,7 @@ fn every_signal_problem_is_reported() {
             "regex": [{"name": "r", "pattern": "(unclosed"}],
             "pii": [{"name": "p", "types": ["email", "passport"]}, {"name": "q", "types": []}],
             "context": [{"name": "c1"}, {"name": "c2", "min_tokens": 10, "max_tokens": 5}],
-            "language": [{"name": "l", "languages": []}]
+            "language": [{"name": "l", "languages": []}, {"name": "k", "languages": ["tlh"], "min_confidence": 2.0}]
         }
     }));
     assert_eq!(
@@ -144,7 +144,9 @@ fn every_signal_problem_is_reported() {
             "empty_pii_types",
             "bad_context_bounds",
             "bad_context_bounds",
-            "empty_languages"
+            "empty_languages",
+            "unknown_language",
+            "bad_confidence"
         ]
     );
     let errors = validate(&config).unwrap_err();
@@ -241,7 +243,7 @@ fn every_pool_and_routing_problem_is_reported() {
         "decision `b`: block: status 200 is not an error status (400..=599)",
         "decision `b`: a decision that blocks sends nothing to its pools; remove `pools`",
         "decision `c`: no pool is named `huge`",
-        "decision `c`: unknown algorithm `elo` (known: static)",
+        "decision `c`: unknown algorithm `elo` (known: static, multi_factor)",
         "decision `c`: pii_redact: unknown type `passport`",
         "decision `c`: system_prompt: the prompt is empty",
         "decision `c`: header_mutation: `Host` is set by the router",

@@ -9,7 +9,7 @@ use crate::pii::PiiType;
 use crate::signals::{compile_keywords, compile_regex};
 
 /// The algorithms a decision may name.
-pub const ALGORITHMS: [&str; 1] = ["static"];
+pub const ALGORITHMS: [&str; 2] = ["static", "multi_factor"];
 
 /// Request headers a `header_mutation` plugin may not touch: the router
 /// sets them, or they describe the hop, not the request.
@@ -76,6 +76,9 @@ fn check_pools<'c>(config: &'c Config, errors: &mut Vec<ConfigError>) -> HashSet
         if p.context_window == Some(0) {
             bad("context_window is 0".into());
         }
+        if p.prefill_tokens_per_s.is_some_and(|r| !r.is_finite() || r <= 0.0) {
+            bad("prefill_tokens_per_s must be a positive number".into());
+        }
         if p.quality.is_some_and(|q| !(0.0..=1.0).contains(&q)) {
             bad("quality must be in [0, 1]".into());
         }
@@ -105,10 +108,17 @@ fn check_routing(d: &DecisionConfig, pools: &HashSet<&str>, errors: &mut Vec<Con
     for p in d.pools.iter().filter(|p| !pools.contains(p.as_str())) {
         bad(format!("no pool is named `{p}`"));
     }
-    if let Some(a) = &d.algorithm
-        && !ALGORITHMS.contains(&a.kind.as_str())
-    {
-        bad(format!("unknown algorithm `{}` (known: {})", a.kind, ALGORITHMS.join(", ")));
+    if let Some(a) = &d.algorithm {
+        match a.kind.as_str() {
+            "static" if !a.params.is_empty() => bad("the static algorithm takes no parameters".into()),
+            "multi_factor" => {
+                if let Err(e) = crate::algorithm::MultiFactor::from_params(&a.params) {
+                    bad(format!("multi_factor: {e}"));
+                }
+            }
+            k if !ALGORITHMS.contains(&k) => bad(format!("unknown algorithm `{k}` (known: {})", ALGORITHMS.join(", "))),
+            _ => {}
+        }
     }
     for plugin in &d.plugins {
         match plugin {
@@ -202,6 +212,47 @@ fn check_signals(config: &Config, errors: &mut Vec<ConfigError>) -> HashSet<Sign
         define(SignalKind::Language, i, &rule.name, errors);
         if rule.languages.is_empty() {
             errors.push(ConfigError::EmptyLanguages { name: rule.name.clone() });
+        }
+        for code in rule.languages.iter().filter(|c| crate::language::normalize(c).is_none()) {
+            errors.push(ConfigError::UnknownLanguage { name: rule.name.clone(), code: code.clone() });
+        }
+        if rule.min_confidence.is_some_and(|c| !(0.0..=1.0).contains(&c)) {
+            errors.push(ConfigError::BadConfidence { name: rule.name.clone() });
+        }
+    }
+    let pools: HashSet<&str> = config.pools.iter().map(|p| p.name.as_str()).collect();
+    let bad = |errors: &mut Vec<ConfigError>, kind: SignalKind, name: &str, reason: &str| {
+        errors.push(ConfigError::BadRule { kind, name: name.to_owned(), reason: reason.to_owned() })
+    };
+    for (i, r) in s.conversation.iter().enumerate() {
+        define(SignalKind::Conversation, i, &r.name, errors);
+        let set = [r.min_turns.is_some(), r.max_turns.is_some(), r.has_tools.is_some(), r.tool_loop.is_some()];
+        if !set.contains(&true) && r.has_images.is_none() {
+            bad(errors, SignalKind::Conversation, &r.name, "sets no condition");
+        }
+        if let (Some(min), Some(max)) = (r.min_turns, r.max_turns)
+            && min > max
+        {
+            bad(errors, SignalKind::Conversation, &r.name, "min_turns is above max_turns");
+        }
+    }
+    for (i, r) in s.headers.iter().enumerate() {
+        define(SignalKind::Header, i, &r.name, errors);
+        if !is_token(&r.header) {
+            bad(errors, SignalKind::Header, &r.name, "`header` is not a header name");
+        }
+    }
+    for (i, r) in s.load.iter().enumerate() {
+        define(SignalKind::Load, i, &r.name, errors);
+        if !pools.contains(r.pool.as_str()) {
+            bad(errors, SignalKind::Load, &r.name, &format!("no pool is named `{}`", r.pool));
+        }
+        let bounds = [r.min_ttft_ms, r.max_ttft_ms];
+        if r.min_in_flight.is_none() && r.max_in_flight.is_none() && bounds.iter().all(Option::is_none) {
+            bad(errors, SignalKind::Load, &r.name, "sets no bound");
+        }
+        if bounds.iter().flatten().any(|b| !b.is_finite() || *b < 0.0) {
+            bad(errors, SignalKind::Load, &r.name, "a TTFT bound must be a finite, non-negative number of ms");
         }
     }
     defined

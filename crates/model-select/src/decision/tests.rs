@@ -84,15 +84,21 @@ fn failure_paths_name_the_first_failing_condition() {
 }
 
 #[test]
-fn language_leaves_fail_as_not_computed() {
+fn language_leaves_carry_the_detectors_confidence_and_unasked_signals_fail() {
     let s = crate::signals::Signals::compile(
-        &serde_json::from_value(json!({"language": [{"name": "zh", "languages": ["zh"]}]})).unwrap(),
+        &serde_json::from_value(
+            json!({"language": [{"name": "zh", "languages": ["zh"]}, {"name": "de", "languages": ["de"]}]}),
+        )
+        .unwrap(),
     )
     .unwrap();
     let needed: HashSet<SignalRef> = [sig(SignalKind::Language, "zh")].into();
-    let r = s.evaluate(&crate::signals::SignalInput { text: "你好", tokens: 2 }, &needed);
+    let r = s.evaluate(&crate::signals::SignalInput::new("请帮我写一封给客户的邮件。", 2), &needed);
     let out = evaluate_rule(&node(json!({"type": "language", "name": "zh"})), &r);
-    assert_eq!(out.failed.as_deref(), Some("language:zh (not computed)"));
+    let detected = r.get(&sig(SignalKind::Language, "zh")).unwrap().confidence;
+    assert!(out.matched && out.confidence == detected && detected > 0.0, "{out:?}");
+    let out = evaluate_rule(&node(json!({"type": "language", "name": "de"})), &r);
+    assert_eq!(out.failed.as_deref(), Some("language:de (not evaluated)"));
 }
 
 fn winner(c: &Config, r: &SignalResults) -> Option<String> {

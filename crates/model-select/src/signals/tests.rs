@@ -17,12 +17,15 @@ fn all(s: &Signals) -> HashSet<SignalRef> {
     set.extend(s.regex.iter().map(|(r, _)| r.clone()));
     set.extend(s.pii.iter().map(|(r, _)| r.clone()));
     set.extend(s.context.iter().map(|(r, _)| r.clone()));
-    set.extend(s.language.iter().cloned());
+    set.extend(s.language.iter().map(|(r, _, _)| r.clone()));
+    set.extend(s.conversation.iter().map(|(r, _)| r.clone()));
+    set.extend(s.headers.iter().map(|(r, _)| r.clone()));
+    set.extend(s.load.iter().map(|(r, _)| r.clone()));
     set
 }
 
 fn eval(s: &Signals, text: &str, tokens: u64) -> SignalResults {
-    s.evaluate(&SignalInput { text, tokens }, &all(s))
+    s.evaluate(&SignalInput::new(text, tokens), &all(s))
 }
 
 fn matched(r: &SignalResults, kind: SignalKind, name: &str) -> bool {
@@ -133,7 +136,7 @@ fn context_bounds_are_inclusive() {
 }
 
 #[test]
-fn only_needed_signals_are_computed_and_language_is_not_computed() {
+fn only_needed_signals_are_computed() {
     let s = signals(json!({
         "keywords": [{"name": "a", "keywords": ["x"]}, {"name": "b", "keywords": ["y"]}],
         "pii": [{"name": "p", "types": ["email"]}],
@@ -141,14 +144,36 @@ fn only_needed_signals_are_computed_and_language_is_not_computed() {
     }));
     let needed: HashSet<SignalRef> =
         [SignalRef::new(SignalKind::Keyword, "a"), SignalRef::new(SignalKind::Language, "zh")].into();
-    let r = s.evaluate(&SignalInput { text: "x y a@b.io", tokens: 3 }, &needed);
+    let r = s.evaluate(&SignalInput::new("x y a@b.io", 3), &needed);
     assert!(r.get(&SignalRef::new(SignalKind::Keyword, "a")).is_some());
     assert!(r.get(&SignalRef::new(SignalKind::Keyword, "b")).is_none());
     assert!(r.get(&SignalRef::new(SignalKind::Pii, "p")).is_none());
     assert!(r.pii_findings().is_empty());
-    assert!(r.is_not_computed(&SignalRef::new(SignalKind::Language, "zh")));
-    assert_eq!(r.iter().count(), 1);
-    assert_eq!(r.not_computed().count(), 1);
+    assert!(!matched(&r, SignalKind::Language, "zh"));
+    assert_eq!(r.iter().count(), 2);
+    assert_eq!(r.not_computed().count(), 0);
+}
+
+#[test]
+fn language_signals_match_the_detected_language_and_its_confidence() {
+    let s = signals(json!({"language": [
+        {"name": "chinese", "languages": ["zh"]},
+        {"name": "german_sure", "languages": ["de", "deu"], "min_confidence": 0.9},
+        {"name": "cjk", "languages": ["ja", "ko", "cmn"]}
+    ]}));
+    let needed = all(&s);
+    let zh = s.evaluate(&SignalInput::new("请帮我写一封给客户的邮件，说明发货时间会推迟。", 0), &needed);
+    assert!(matched(&zh, SignalKind::Language, "chinese") && matched(&zh, SignalKind::Language, "cjk"));
+    let c = zh.get(&SignalRef::new(SignalKind::Language, "chinese")).unwrap();
+    assert!(c.confidence > 0.0 && c.value == Some(c.confidence), "{c:?}");
+    let de = "Könnten Sie mir bitte erklären, wie die Abrechnung im nächsten Monat funktioniert?";
+    let de = s.evaluate(&SignalInput::new(de, 0), &needed);
+    assert!(!matched(&de, SignalKind::Language, "chinese"));
+    let sure = de.get(&SignalRef::new(SignalKind::Language, "german_sure")).unwrap();
+    // Matched exactly when the detector is that sure.
+    assert_eq!(sure.matched, sure.value.unwrap() >= 0.9, "{sure:?}");
+    let none = s.evaluate(&SignalInput::new("", 0), &needed);
+    assert!(!matched(&none, SignalKind::Language, "chinese"));
 }
 
 #[test]
@@ -159,4 +184,45 @@ fn compile_reports_the_first_problem() {
     assert_eq!(bad(json!({"keywords": [{"name": "k", "keywords": [""]}]})), "blank_keyword");
     assert_eq!(bad(json!({"pii": [{"name": "p", "types": ["ssn"]}]})), "unknown_pii_type");
     assert_eq!(bad(json!({"pii": [{"name": "p", "types": []}]})), "empty_pii_types");
+}
+
+#[test]
+fn conversation_header_and_load_rules_read_the_request_and_the_pools() {
+    let s = signals(json!({
+        "conversation": [
+            {"name": "agent", "has_tools": true, "tool_loop": true},
+            {"name": "long_chat", "min_turns": 3},
+            {"name": "text_only", "has_images": false, "max_turns": 5}
+        ],
+        "headers": [{"name": "gold", "header": "X-User-Tier", "values": ["gold", "platinum"]},
+                    {"name": "tagged", "header": "x-team"}],
+        "load": [{"name": "large_busy", "pool": "large", "min_in_flight": 8},
+                 {"name": "large_fast", "pool": "large", "max_ttft_ms": 500.0}]
+    }));
+    let headers = vec![("x-user-tier".to_owned(), "gold".to_owned())];
+    let pools = [PoolState { name: "large", in_flight: 9, est_ttft_ms: 650.0 }];
+    let shape = Shape { turns: 3, tools: true, tool_loop: true, images: false };
+    let input = SignalInput { text: "", tokens: 0, shape, headers: &headers, pools: &pools };
+    let r = s.evaluate(&input, &all(&s));
+    assert!(matched(&r, SignalKind::Conversation, "agent"));
+    assert!(matched(&r, SignalKind::Conversation, "long_chat"));
+    assert!(matched(&r, SignalKind::Conversation, "text_only"));
+    assert_eq!(r.get(&SignalRef::new(SignalKind::Conversation, "long_chat")).unwrap().value, Some(3.0));
+    assert!(matched(&r, SignalKind::Header, "gold"));
+    assert!(!matched(&r, SignalKind::Header, "tagged"), "absent header");
+    assert!(matched(&r, SignalKind::Load, "large_busy"));
+    assert!(!matched(&r, SignalKind::Load, "large_fast"));
+    assert_eq!(r.get(&SignalRef::new(SignalKind::Load, "large_fast")).unwrap().value, Some(650.0));
+    // A chat without tools, with an image; a header with another value; a quiet pool.
+    let headers = vec![("x-user-tier".to_owned(), "silver".to_owned()), ("x-team".to_owned(), "a".to_owned())];
+    let pools = [PoolState { name: "large", in_flight: 1, est_ttft_ms: 40.0 }];
+    let shape = Shape { turns: 1, tools: false, tool_loop: false, images: true };
+    let r = s.evaluate(&SignalInput { text: "", tokens: 0, shape, headers: &headers, pools: &pools }, &all(&s));
+    assert!(!matched(&r, SignalKind::Conversation, "agent"));
+    assert!(!matched(&r, SignalKind::Conversation, "text_only"));
+    assert!(!matched(&r, SignalKind::Header, "gold") && matched(&r, SignalKind::Header, "tagged"));
+    assert!(!matched(&r, SignalKind::Load, "large_busy") && matched(&r, SignalKind::Load, "large_fast"));
+    // No state of the pool (none given): no match.
+    let r = s.evaluate(&SignalInput::new("", 0), &all(&s));
+    assert!(!matched(&r, SignalKind::Load, "large_fast"));
 }

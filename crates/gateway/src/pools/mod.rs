@@ -20,10 +20,12 @@ use axum::http::{HeaderName, HeaderValue};
 use model_select::{PluginConfig, Selector, SignalInput, Target};
 use policy::Policy;
 use renderer::Renderer;
-use router_types::{PoolId, Role};
+use router_types::PoolId;
 use serde_json::Value;
 
 use crate::metrics::{Histogram, LabeledCounter};
+
+mod choose;
 use crate::proxy::Route;
 use crate::{Gateway, GatewayError};
 
@@ -48,6 +50,8 @@ pub struct Pool {
     pub chain_memo: renderer::ChainMemo,
     /// Tokens a request may hold in all (prompt and `max_tokens`), when known.
     pub context_window: Option<u64>,
+    /// Prompt tokens one worker prefills per second (the TTFT estimate's rate).
+    pub prefill_tokens_per_s: f64,
 }
 
 impl std::fmt::Debug for Pool {
@@ -66,7 +70,8 @@ impl Pool {
         context_window: Option<u64>,
     ) -> Self {
         let chain_memo = renderer::ChainMemo::new(renderer::DEFAULT_CHAIN_MEMO_PAGES);
-        Pool { id, served_model, policy, renderer, chain_memo, context_window }
+        let prefill_tokens_per_s = model_select::DEFAULT_PREFILL_TOKENS_PER_S;
+        Pool { id, served_model, policy, renderer, chain_memo, context_window, prefill_tokens_per_s }
     }
 }
 
@@ -242,6 +247,8 @@ pub(crate) struct Preview {
     pub(crate) decisions: Vec<Value>,
     pub(crate) candidates: Vec<String>,
     pub(crate) passed_over: Vec<String>,
+    /// `multi_factor`'s scores.
+    pub(crate) scores: Vec<Value>,
 }
 
 /// Chooses the pool for a request with a routing config (see the module
@@ -252,9 +259,10 @@ pub(crate) fn route(
     routing: &Routing,
     route: Route,
     v: &mut Value,
-    debug: bool,
+    ask: &Asked<'_>,
     mut preview: Option<&mut Preview>,
 ) -> Result<Routed, GatewayError> {
+    let debug = ask.debug;
     let dry = preview.is_some();
     let selector = &routing.selector;
     let model = match v.get("model") {
@@ -273,8 +281,11 @@ pub(crate) fn route(
             let start = Instant::now();
             let text = if selector.needs_text() { model_select::signal_text(v) } else { String::new() };
             let default = &gw.pools[selector.default_pool()];
-            let tokens = if selector.needs_tokens() { count_tokens(default, route, v)? } else { 0 };
-            let choice = selector.decide(&SignalInput { text: &text, tokens });
+            let tokens = if selector.needs_tokens() { choose::count_tokens(default, route, v)? } else { 0 };
+            let shape = if selector.needs_shape() { model_select::shape(v) } else { model_select::Shape::default() };
+            let pools = if selector.needs_load() { choose::pool_states(gw, tokens) } else { Vec::new() };
+            let input = SignalInput { text: &text, tokens, shape, headers: ask.headers, pools: &pools };
+            let choice = selector.decide(&input);
             if !dry {
                 routing.metrics.signal_seconds.observe(start.elapsed().as_secs_f64());
             }
@@ -323,43 +334,7 @@ pub(crate) fn route(
                     PluginConfig::HeaderMutation(_) => {}
                 }
             }
-            // The static algorithm: the first pool, in the decision's order, that can serve it.
-            let max_tokens = max_tokens(v);
-            let mut why_not = Vec::new();
-            let mut fits = |i: usize| -> bool {
-                let p = &gw.pools[i];
-                let routable =
-                    gw.fleet.snapshot().iter().any(|w| w.pool == p.id && w.role == Role::Regular && w.is_routable());
-                if !routable {
-                    why_not.push(format!("{}: no healthy worker", p.id));
-                    return false;
-                }
-                let Some(window) = p.context_window else { return true };
-                // Counted by this pool's own tokenizer (the default pool's count when it is the same one and the prompt is unchanged).
-                let same = Arc::ptr_eq(&p.renderer, &default.renderer) && !changed && selector.needs_tokens();
-                let prompt = if same { Ok(tokens) } else { count_tokens(p, route, v) };
-                match prompt {
-                    Ok(n) if n + max_tokens <= window => true,
-                    Ok(n) => {
-                        why_not.push(format!(
-                            "{}: {n} prompt + {max_tokens} max tokens exceed its window of {window}",
-                            p.id
-                        ));
-                        false
-                    }
-                    Err(_) => true, // the pool's own render reports it
-                }
-            };
-            let chosen = model_select::first_eligible(&choice.pools, &mut fits);
-            if let Some(p) = preview {
-                p.passed_over.clone_from(&why_not);
-            }
-            let Some(pool) = chosen else {
-                return Err(GatewayError::NoPool(format!(
-                    "decision `{name}`: no pool can serve it ({})",
-                    why_not.join("; ")
-                )));
-            };
+            let pool = choose::pool(gw, &choice, route, v, tokens, changed, preview)?;
             let explain = debug.then(|| Explain {
                 signals: choice.signals.iter().filter(|(_, r)| r.matched).map(|(s, _)| s.to_string()).collect(),
                 confidence: choice.trace.iter().find(|t| t.name == name).map_or(0.0, |t| t.confidence),
@@ -384,6 +359,33 @@ pub(crate) fn route(
     Ok(finish(gw, routing, v, Routed { pool, decision, rewritten: false, edits, debug: explain }, dry))
 }
 
+/// What the request asked of routing besides its body.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Asked<'a> {
+    /// `x-route-debug: true`: the explain in the answer's headers.
+    pub(crate) debug: bool,
+    /// The headers header rules read (lowercase name, value).
+    pub(crate) headers: &'a [(String, String)],
+}
+
+/// The headers of a request that header rules read: none without such rules
+/// (the common case costs one branch).
+pub(crate) fn wanted_headers<'h>(
+    gw: &Gateway,
+    headers: impl Iterator<Item = (&'h str, &'h [u8])>,
+) -> Vec<(String, String)> {
+    let Some(names) = gw.routing.as_ref().map(|r| r.selector.header_names()).filter(|n| !n.is_empty()) else {
+        return Vec::new();
+    };
+    headers
+        .filter_map(|(name, value)| {
+            let name = name.trim().to_ascii_lowercase();
+            let value = std::str::from_utf8(value).ok()?.trim();
+            names.contains(&name).then(|| (name, value.to_owned()))
+        })
+        .collect()
+}
+
 /// Names the pool's served model in the body, and counts the request.
 fn finish(gw: &Gateway, routing: &Routing, v: &mut Value, mut routed: Routed, dry: bool) -> Routed {
     let pool = &gw.pools[routed.pool];
@@ -402,21 +404,4 @@ fn finish(gw: &Gateway, routing: &Routing, v: &mut Value, mut routed: Routed, dr
         routing.metrics.requests.inc(labels);
     }
     routed
-}
-
-/// The prompt's exact token count by `pool`'s tokenizer.
-fn count_tokens(pool: &Pool, route: Route, v: &Value) -> Result<u64, GatewayError> {
-    let (tokens, _) = crate::proxy::render_prompt(&pool.renderer, route, v, true)?;
-    Ok(tokens.len() as u64)
-}
-
-/// The tokens the request may generate: `max_completion_tokens`,
-/// `max_tokens`, or SGLang's `sampling_params.max_new_tokens` (0 when unset:
-/// the engine's default is unknown here).
-fn max_tokens(v: &Value) -> u64 {
-    ["max_completion_tokens", "max_tokens"]
-        .iter()
-        .find_map(|k| v.get(*k).and_then(Value::as_u64))
-        .or_else(|| v.get("sampling_params")?.get("max_new_tokens")?.as_u64())
-        .unwrap_or(0)
 }

@@ -1,0 +1,161 @@
+//! Which of a decision's pools serves the request: the hard filters (a
+//! routable worker; a context window that holds the prompt, counted by the
+//! pool's own tokenizer, plus `max_tokens`), then the decision's algorithm
+//! (`static`: the first left; `multi_factor`: scored on the pools' live
+//! state and prices). Also the live state itself, which load signals read.
+
+use std::sync::Arc;
+
+use model_select::{Algorithm, Candidate, Choice};
+use router_types::Role;
+use serde_json::{Value, json};
+
+use super::{Pool, Preview};
+use crate::proxy::Route;
+use crate::{Gateway, GatewayError};
+
+/// A pool now: its routable workers' requests in flight, the prefill queued
+/// on the least loaded, and this prompt's estimated time to first token there.
+#[derive(Debug, Clone, Copy)]
+struct Live {
+    in_flight: u64,
+    /// `None`: no routable worker.
+    queued: Option<u64>,
+    est_ttft_ms: f64,
+}
+
+/// The pool (an index in the gateway's) the decision's algorithm picks among
+/// the candidates that pass the hard filters. `tokens` is the prompt's count
+/// by the default pool's tokenizer (0 when no signal needed it); `changed`:
+/// a plugin rewrote the prompt since.
+pub(super) fn pool(
+    gw: &Gateway,
+    choice: &Choice<'_>,
+    route: Route,
+    v: &Value,
+    tokens: u64,
+    changed: bool,
+    preview: Option<&mut Preview>,
+) -> Result<usize, GatewayError> {
+    let selector = &gw.routing.as_ref().ok_or_else(|| GatewayError::Internal("no routing config".into()))?.selector;
+    let default = &gw.pools[selector.default_pool()];
+    let max_tokens = max_tokens(v);
+    let mut why_not = Vec::new();
+    // Each candidate's prompt tokens by its own tokenizer (the default pool's count when it is
+    // the same tokenizer and the prompt is unchanged), counted only when needed.
+    let prompt_of = |p: &Pool| -> Option<u64> {
+        let same = Arc::ptr_eq(&p.renderer, &default.renderer) && !changed && selector.needs_tokens();
+        if same { Some(tokens) } else { count_tokens(p, route, v).ok() }
+    };
+    let mut fits = |i: usize| -> bool {
+        let p = &gw.pools[i];
+        let routable = gw.fleet.snapshot().iter().any(|w| w.pool == p.id && w.role == Role::Regular && w.is_routable());
+        if !routable {
+            why_not.push(format!("{}: no healthy worker", p.id));
+            return false;
+        }
+        let Some(window) = p.context_window else { return true };
+        match prompt_of(p) {
+            Some(n) if n + max_tokens > window => {
+                why_not.push(format!("{}: {n} prompt + {max_tokens} max tokens exceed its window of {window}", p.id));
+                false
+            }
+            // Fits, or cannot be rendered here: the pool's own render reports that.
+            _ => true,
+        }
+    };
+    let name = choice.name();
+    let chosen = match choice.algorithm {
+        Algorithm::Static => model_select::first_eligible(&choice.pools, &mut fits),
+        Algorithm::MultiFactor(m) => {
+            let eligible: Vec<usize> = choice.pools.iter().copied().filter(|&i| fits(i)).collect();
+            let config = selector.config();
+            let candidates: Vec<Candidate> = eligible
+                .iter()
+                .map(|&i| {
+                    let (p, c) = (&gw.pools[i], &config.pools[i]);
+                    let prompt = prompt_of(p).unwrap_or(tokens);
+                    let live = live(gw, p, prompt);
+                    let cost_usd = c.price.map_or(0.0, |price| {
+                        (prompt as f64 * price.input_per_1m + max_tokens as f64 * price.output_per_1m) / 1e6
+                    });
+                    Candidate {
+                        pool: i,
+                        quality: c.quality.unwrap_or(0.5),
+                        est_ttft_ms: live.est_ttft_ms,
+                        queued_tokens: live.queued.unwrap_or(0),
+                        in_flight: live.in_flight,
+                        cost_usd,
+                    }
+                })
+                .collect();
+            let (chosen, scored) = m.choose(&candidates, selector.default_pool());
+            for s in scored.iter().filter_map(|s| Some((s, s.over.as_ref()?))) {
+                why_not.push(format!("{}: {}", gw.pools[s.0.pool].id, s.1));
+            }
+            if let Some(p) = preview {
+                p.scores = scored
+                    .iter()
+                    .map(|s| json!({"pool": gw.pools[s.pool].id, "score": s.score, "over_slo": s.over}))
+                    .collect();
+                p.passed_over.clone_from(&why_not);
+                return chosen.ok_or_else(|| no_pool(name, &why_not));
+            }
+            chosen
+        }
+    };
+    if let Some(p) = preview {
+        p.passed_over.clone_from(&why_not);
+    }
+    chosen.ok_or_else(|| no_pool(name, &why_not))
+}
+
+fn no_pool(decision: &str, why_not: &[String]) -> GatewayError {
+    GatewayError::NoPool(format!("decision `{decision}`: no pool can serve it ({})", why_not.join("; ")))
+}
+
+/// `pool` now, for a prompt of `prompt_tokens`: requests in flight on its
+/// routable workers (the router's count, or the worker's own report when
+/// larger), the least queued prefill among them, and the estimated time to
+/// the first token there (that queue and this prompt over the pool's rate;
+/// infinite without a routable worker).
+fn live(gw: &Gateway, pool: &Pool, prompt_tokens: u64) -> Live {
+    let snapshot = gw.fleet.snapshot();
+    let workers = snapshot.iter().filter(|w| w.pool == pool.id && w.role == Role::Regular && w.is_routable());
+    let (mut in_flight, mut queued) = (0u64, None::<u64>);
+    for w in workers {
+        in_flight += u64::from(w.decode_load().in_flight);
+        let q = w.load().uncached_tokens;
+        queued = Some(queued.map_or(q, |m| m.min(q)));
+    }
+    let est_ttft_ms = queued.map_or(f64::INFINITY, |q| (q + prompt_tokens) as f64 / pool.prefill_tokens_per_s * 1e3);
+    Live { in_flight, queued, est_ttft_ms }
+}
+
+/// Every pool's live state, as load signals read it.
+pub(super) fn pool_states(gw: &Gateway, prompt_tokens: u64) -> Vec<model_select::PoolState<'_>> {
+    gw.pools
+        .iter()
+        .map(|p| {
+            let l = live(gw, p, prompt_tokens);
+            model_select::PoolState { name: &p.id.0, in_flight: l.in_flight, est_ttft_ms: l.est_ttft_ms }
+        })
+        .collect()
+}
+
+/// The prompt's exact token count by `pool`'s tokenizer.
+pub(super) fn count_tokens(pool: &Pool, route: Route, v: &Value) -> Result<u64, GatewayError> {
+    let (tokens, _) = crate::proxy::render_prompt(&pool.renderer, route, v, true)?;
+    Ok(tokens.len() as u64)
+}
+
+/// The tokens the request may generate: `max_completion_tokens`,
+/// `max_tokens`, or SGLang's `sampling_params.max_new_tokens` (0 when unset:
+/// the engine's default is unknown here).
+fn max_tokens(v: &Value) -> u64 {
+    ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|k| v.get(*k).and_then(Value::as_u64))
+        .or_else(|| v.get("sampling_params")?.get("max_new_tokens")?.as_u64())
+        .unwrap_or(0)
+}
