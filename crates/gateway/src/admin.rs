@@ -45,13 +45,14 @@ pub(crate) async fn route_preview(
     let key = crate::proxy::Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
     let bytes = read_body(&gw, body).await?;
     let signal_headers = crate::pools::wanted_headers(&gw, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
+    let session = crate::proxy::Meta::key(headers.get(crate::pools::SESSION_HEADER).map(HeaderValue::as_bytes));
     let (gw2, len) = (gw.clone(), bytes.len());
     let out = crate::admission::render(&gw, len, move || {
         let mut v = crate::proxy::parse_json(&bytes)?;
         let mut preview = crate::pools::Preview::default();
         let routed = match &gw2.routing {
             Some(routing) => {
-                let ask = crate::pools::Asked { debug: true, headers: &signal_headers };
+                let ask = crate::pools::Asked { debug: true, headers: &signal_headers, session: session.as_deref() };
                 crate::pools::route(&gw2, routing, route, &mut v, &ask, Some(&mut preview))
             }
             None => Ok(crate::pools::Routed::default_pool()),
@@ -62,6 +63,7 @@ pub(crate) async fn route_preview(
             "candidates": preview.candidates,
             "passed_over": preview.passed_over,
             "scores": preview.scores,
+            "session": preview.session,
         });
         let routed = match routed {
             Ok(r) => r,
@@ -261,6 +263,13 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
             "router_model_redactions_total",
             "Values pii_redact replaced with placeholders, by type.",
         );
+        m.sessions.render(
+            &mut out,
+            "router_model_sessions_total",
+            "Auto-routed conversations by what stickiness did: new, same pool, stayed (kept by its cached prefix), switched.",
+        );
+        head(&mut out, "router_model_sessions", "gauge", "Conversations remembered for stickiness now.");
+        out.push_str(&format!("router_model_sessions {}\n", r.sessions.len()));
         m.signal_seconds.render(
             &mut out,
             "router_model_signal_seconds",

@@ -346,6 +346,8 @@ pub(crate) struct Meta {
     pub(crate) route_debug: bool,
     /// The headers the routing config's header rules read (none without such rules).
     pub(crate) signal_headers: Vec<(String, String)>,
+    /// The client's conversation id (`x-session-id`), at most 256 bytes.
+    pub(crate) session: Option<Vec<u8>>,
 }
 
 /// The request header asking for the routing explain.
@@ -539,6 +541,7 @@ async fn serve(
         routing_key: Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes)),
         route_debug: Meta::wants_debug(headers.get(ROUTE_DEBUG_HEADER).map(HeaderValue::as_bytes)),
         signal_headers: crate::pools::wanted_headers(&gw, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes()))),
+        session: Meta::key(headers.get(crate::pools::SESSION_HEADER).map(HeaderValue::as_bytes)),
     };
     if let Some(pd) = gw.pd.as_ref() {
         return crate::pd::serve(&gw, pd, admission, route, bytes, headers, start, &meta).await;
@@ -634,13 +637,13 @@ where
 {
     let id = meta.id.as_str();
     let (gw2, body, key) = (gw.clone(), bytes.clone(), meta.routing_key.clone());
-    let (debug, signal_headers) = (meta.route_debug, meta.signal_headers.clone());
+    let (debug, signal_headers, session) = (meta.route_debug, meta.signal_headers.clone(), meta.session.clone());
     let (mut v, plan, routed, bytes) = crate::admission::render(gw, bytes.len(), move || {
         let mut v = parse_body(&gw2, route, &body)?;
         // With a routing config: the pool (the body names its model, the plugins may change it).
         let routed = match (&gw2.routing, v.as_mut()) {
             (Some(routing), Some(v)) => {
-                let ask = crate::pools::Asked { debug, headers: &signal_headers };
+                let ask = crate::pools::Asked { debug, headers: &signal_headers, session: session.as_deref() };
                 Some(crate::pools::route(&gw2, routing, route, v, &ask, None)?)
             }
             _ => None,

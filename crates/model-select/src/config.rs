@@ -40,6 +40,9 @@ pub struct Config {
     /// How matched decisions are ranked when no tier is set.
     #[serde(default)]
     pub strategy: Strategy,
+    /// Keeping a conversation on its pool while that pool holds its prefix.
+    #[serde(default)]
+    pub stickiness: Stickiness,
 }
 
 /// The `signals` section.
@@ -241,6 +244,10 @@ pub struct DecisionConfig {
     /// Decision-driven processing, in order.
     #[serde(default)]
     pub plugins: Vec<PluginConfig>,
+    /// A conversation may stay on its earlier pool (one of `pools`) while it
+    /// holds its prefix (default true; false: this decision always moves it).
+    #[serde(default = "yes")]
+    pub sticky: bool,
 }
 
 /// A decision's algorithm: its `type` and any other keys, uninterpreted.
@@ -252,6 +259,40 @@ pub struct AlgorithmConfig {
     /// The remaining keys.
     #[serde(flatten)]
     pub params: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Conversation stickiness: a conversation (by `x-session-id`, else a
+/// fingerprint of its first messages) stays on the pool that served its last
+/// turn while that pool's workers hold at least `min_cached_tokens_to_stick`
+/// of its prompt (measured in the KV index), unless its decision is not
+/// sticky or does not list that pool, or (`multi_factor`) the other pool's
+/// score wins by more than the re-prefill cost.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Stickiness {
+    /// Off: every turn is routed afresh.
+    pub enabled: bool,
+    /// Cached prompt tokens on the earlier pool that make a conversation stay.
+    pub min_cached_tokens_to_stick: u64,
+    /// Cached tokens worth one point of `multi_factor` score: the other pool
+    /// must win by more than `cached / reprefill_tokens_per_point`.
+    pub reprefill_tokens_per_point: u64,
+    /// Conversations remembered (least recently seen forgotten first).
+    pub max_sessions: usize,
+    /// A conversation not seen for this long is forgotten.
+    pub ttl_secs: u64,
+}
+
+impl Default for Stickiness {
+    fn default() -> Self {
+        Stickiness {
+            enabled: true,
+            min_cached_tokens_to_stick: 512,
+            reprefill_tokens_per_point: 8192,
+            max_sessions: 100_000,
+            ttl_secs: 3600,
+        }
+    }
 }
 
 /// How matched decisions are ranked (after tier).
@@ -368,6 +409,10 @@ fn one() -> u32 {
     1
 }
 
+fn yes() -> bool {
+    true
+}
+
 fn auto_names() -> Vec<String> {
     vec!["auto".to_owned()]
 }
@@ -382,6 +427,7 @@ impl Default for Config {
             signals: SignalsConfig::default(),
             decisions: Vec::new(),
             strategy: Strategy::default(),
+            stickiness: Stickiness::default(),
         }
     }
 }

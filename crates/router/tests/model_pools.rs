@@ -352,3 +352,84 @@ async fn live_signals_and_multi_factor_route_by_header_shape_load_and_slo() {
     assert_eq!(a["signals"]["load:large_slow"]["matched"], false, "{a}");
     let _ = router.stop.send(());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_stays_on_the_pool_that_holds_its_prefix() {
+    let (routing, _engines) = pools("examples/routing.yaml").await;
+    let mut app = config(&[], PolicyConfig::RoundRobin, true);
+    app.routing = Some(routing);
+    let router = start(app).await;
+    let url = &router.url;
+    let http = reqwest::Client::new();
+    let context = "The quarterly report covers revenue, churn and hiring across every region. ".repeat(20);
+    let first = json!({"model": "auto", "max_tokens": 2, "messages": [{"role": "user", "content": context}]});
+    let send = |body: Value, session: &'static str| {
+        let http = http.clone();
+        async move {
+            let r = http
+                .post(format!("{url}/v1/chat/completions"))
+                .header("x-session-id", session)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            r.headers()["x-route-pool"].to_str().unwrap().to_string()
+        }
+    };
+    // Turn one: small talk, the small pool.
+    assert_eq!(send(first.clone(), "conv-1").await, "small");
+    // Turn two asks for math ("hard" prefers the large pool), but the small pool holds the
+    // conversation's prefix (its engine's KV events say so): it stays.
+    let turn = |next: &str| {
+        json!({"model": "auto", "max_tokens": 2, "messages": [
+            {"role": "user", "content": context}, {"role": "assistant", "content": "Noted."},
+            {"role": "user", "content": next}
+        ]})
+    };
+    let math = turn("Now prove the theorem behind the churn model.");
+    common::eventually("the small pool's cache is known", async || {
+        let r = admin_client()
+            .post(format!("{url}/v1/route/preview"))
+            .header("x-session-id", "conv-1")
+            .json(&math)
+            .send()
+            .await
+            .unwrap();
+        let v: Value = r.json().await.unwrap();
+        v["session"]["outcome"] == "stayed"
+    })
+    .await;
+    let (_, explain) = preview_with_session(url, &math, "conv-1").await;
+    assert_eq!(explain["decision"], "hard");
+    assert_eq!(explain["pool"], "small", "{explain}");
+    assert_eq!(explain["session"]["previous_pool"], "small");
+    assert!(explain["session"]["cached_tokens"].as_u64().unwrap() >= 512, "{explain}");
+    assert_eq!(send(math.clone(), "conv-1").await, "small");
+    // A decision that lists only the large pool moves it.
+    let code = turn("```\nfn churn() {}\n```");
+    assert_eq!(send(code, "conv-1").await, "large");
+    // A new conversation with the same question and no cache anywhere goes where the decision says.
+    assert_eq!(send(math, "conv-2").await, "large");
+    let page = admin_client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    for series in [
+        "router_model_sessions_total{outcome=\"new\"} 2",
+        "router_model_sessions_total{outcome=\"stayed\"} 1",
+        "router_model_sessions_total{outcome=\"switched\"} 1",
+        "router_model_sessions 2",
+    ] {
+        assert!(page.contains(series), "{series} in\n{page}");
+    }
+    let _ = router.stop.send(());
+}
+
+async fn preview_with_session(url: &str, body: &Value, session: &str) -> (u16, Value) {
+    let r = admin_client()
+        .post(format!("{url}/v1/route/preview"))
+        .header("x-session-id", session)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}

@@ -193,6 +193,8 @@ struct Head {
     routing_key: Option<Vec<u8>>,
     /// The client asked for the routing explain (`x-route-debug: true`).
     route_debug: bool,
+    /// The client's conversation id (`x-session-id`).
+    session: Option<Vec<u8>>,
 }
 
 /// Who serves the request at the front of the buffer.
@@ -232,7 +234,7 @@ fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
     let (mut body_len, mut expect_continue) = (None, false);
     let (mut forward, mut rank, mut authorization) = (Vec::new(), None, None);
     let (mut request_ids, mut sent_x_request_id, mut origin) = (Vec::new(), false, None);
-    let (mut routing_key, mut route_debug) = (None, false);
+    let (mut routing_key, mut route_debug, mut session) = (None, false, None);
     for h in req.headers.iter() {
         if let Some(i) = id_names.iter().position(|n| h.name.eq_ignore_ascii_case(n))
             && !request_ids.iter().any(|(j, _)| *j == i)
@@ -246,6 +248,8 @@ fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
             routing_key = crate::proxy::Meta::key(Some(h.value));
         } else if h.name.eq_ignore_ascii_case(crate::proxy::ROUTE_DEBUG_HEADER) {
             route_debug = crate::proxy::Meta::wants_debug(Some(h.value));
+        } else if h.name.eq_ignore_ascii_case(crate::pools::SESSION_HEADER) {
+            session = crate::proxy::Meta::key(Some(h.value));
         }
         if h.name.eq_ignore_ascii_case(RANK_HEADER) {
             rank = Some(h.value.to_vec());
@@ -285,6 +289,7 @@ fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
         origin,
         routing_key,
         route_debug,
+        session,
     }))
 }
 
@@ -490,7 +495,13 @@ async fn serve_fast(
     let mut peer = Peer { tcp, pipelined: buf, open: true };
     let span = request_span(gw, route);
     span.record("request_id", id.as_str());
-    let meta = crate::proxy::Meta { id, routing_key: head.routing_key, route_debug: head.route_debug, signal_headers };
+    let meta = crate::proxy::Meta {
+        id,
+        routing_key: head.routing_key,
+        route_debug: head.route_debug,
+        signal_headers,
+        session: head.session,
+    };
     async move {
         let send = |worker, body, rank, edits: Option<Arc<crate::pools::HeaderEdits>>| {
             let mut extra = extra.clone();

@@ -24,8 +24,19 @@ struct Live {
     est_ttft_ms: f64,
 }
 
-/// The pool (an index in the gateway's) the decision's algorithm picks among
-/// the candidates that pass the hard filters. `tokens` is the prompt's count
+/// What the algorithm chose.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Chosen {
+    /// The pool (an index in the gateway's).
+    pub(super) pool: usize,
+    /// The pools that passed the hard filters.
+    pub(super) eligible: Vec<usize>,
+    /// `multi_factor`'s score of each candidate it scored (pool, score); empty for `static`.
+    pub(super) scores: Vec<(usize, f64)>,
+}
+
+/// The pool the decision's algorithm picks among the candidates that pass
+/// the hard filters. `tokens` is the prompt's count
 /// by the default pool's tokenizer (0 when no signal needed it); `changed`:
 /// a plugin rewrote the prompt since.
 pub(super) fn pool(
@@ -36,7 +47,7 @@ pub(super) fn pool(
     tokens: u64,
     changed: bool,
     preview: Option<&mut Preview>,
-) -> Result<usize, GatewayError> {
+) -> Result<Chosen, GatewayError> {
     let selector = &gw.routing.as_ref().ok_or_else(|| GatewayError::Internal("no routing config".into()))?.selector;
     let default = &gw.pools[selector.default_pool()];
     let max_tokens = max_tokens(v);
@@ -65,10 +76,11 @@ pub(super) fn pool(
         }
     };
     let name = choice.name();
-    let chosen = match choice.algorithm {
-        Algorithm::Static => model_select::first_eligible(&choice.pools, &mut fits),
+    // Every candidate is checked: stickiness may keep the conversation on any that can serve it.
+    let eligible: Vec<usize> = choice.pools.iter().copied().filter(|&i| fits(i)).collect();
+    let (chosen, scores) = match choice.algorithm {
+        Algorithm::Static => (eligible.first().copied(), Vec::new()),
         Algorithm::MultiFactor(m) => {
-            let eligible: Vec<usize> = choice.pools.iter().copied().filter(|&i| fits(i)).collect();
             let config = selector.config();
             let candidates: Vec<Candidate> = eligible
                 .iter()
@@ -90,6 +102,8 @@ pub(super) fn pool(
                 })
                 .collect();
             let (chosen, scored) = m.choose(&candidates, selector.default_pool());
+            // Stickiness may keep a conversation on a candidate only within its ceilings.
+            let eligible: Vec<usize> = scored.iter().filter(|s| s.over.is_none()).map(|s| s.pool).collect();
             for s in scored.iter().filter_map(|s| Some((s, s.over.as_ref()?))) {
                 why_not.push(format!("{}: {}", gw.pools[s.0.pool].id, s.1));
             }
@@ -99,15 +113,18 @@ pub(super) fn pool(
                     .map(|s| json!({"pool": gw.pools[s.pool].id, "score": s.score, "over_slo": s.over}))
                     .collect();
                 p.passed_over.clone_from(&why_not);
-                return chosen.ok_or_else(|| no_pool(name, &why_not));
+                let pool = chosen.ok_or_else(|| no_pool(name, &why_not))?;
+                let scores = scored.iter().map(|s| (s.pool, s.score)).collect();
+                return Ok(Chosen { pool, eligible, scores });
             }
-            chosen
+            (chosen, scored.iter().map(|s| (s.pool, s.score)).collect())
         }
     };
     if let Some(p) = preview {
         p.passed_over.clone_from(&why_not);
     }
-    chosen.ok_or_else(|| no_pool(name, &why_not))
+    let pool = chosen.ok_or_else(|| no_pool(name, &why_not))?;
+    Ok(Chosen { pool, eligible, scores })
 }
 
 fn no_pool(decision: &str, why_not: &[String]) -> GatewayError {

@@ -26,6 +26,7 @@ use serde_json::Value;
 use crate::metrics::{Histogram, LabeledCounter};
 
 mod choose;
+mod sticky;
 use crate::proxy::Route;
 use crate::{Gateway, GatewayError};
 
@@ -82,6 +83,8 @@ pub struct Routing {
     pub selector: Selector,
     /// Per decision (by index): the headers its `header_mutation` plugins change.
     edits: Vec<Option<Arc<HeaderEdits>>>,
+    /// The conversations seen lately and their pools.
+    pub(crate) sessions: sticky::Sessions,
     /// Counters.
     pub metrics: RoutingMetrics,
 }
@@ -97,6 +100,8 @@ pub struct RoutingMetrics {
     pub redactions: LabeledCounter,
     /// Time computing signals and the decision, per auto-routed request.
     pub signal_seconds: Histogram,
+    /// Auto-routed conversations by what stickiness did (`new`, `same`, `stayed`, `switched`).
+    pub sessions: LabeledCounter,
 }
 
 /// Headers a decision sets and removes on the request to the worker.
@@ -167,8 +172,10 @@ impl Routing {
             blocks: LabeledCounter::default(),
             redactions: LabeledCounter::default(),
             signal_seconds: Histogram::new(&SIGNAL_BUCKETS),
+            sessions: LabeledCounter::default(),
         };
-        Routing { selector, edits, metrics }
+        let sessions = sticky::Sessions::new(selector.config().stickiness);
+        Routing { selector, edits, sessions, metrics }
     }
 }
 
@@ -249,6 +256,8 @@ pub(crate) struct Preview {
     pub(crate) passed_over: Vec<String>,
     /// `multi_factor`'s scores.
     pub(crate) scores: Vec<Value>,
+    /// What stickiness found and did.
+    pub(crate) session: Value,
 }
 
 /// Chooses the pool for a request with a routing config (see the module
@@ -334,7 +343,14 @@ pub(crate) fn route(
                     PluginConfig::HeaderMutation(_) => {}
                 }
             }
-            let pool = choose::pool(gw, &choice, route, v, tokens, changed, preview)?;
+            let chosen = choose::pool(gw, &choice, route, v, tokens, changed, preview.as_deref_mut())?;
+            let key = sticky::key(ask.session, v);
+            let explain_session = preview.as_deref_mut().map(|p| &mut p.session);
+            let (pool, outcome) =
+                sticky::apply(gw, &routing.sessions, &choice, &chosen, route, v, key, explain_session);
+            if !dry && key.is_some() {
+                routing.metrics.sessions.inc(format_args!("outcome=\"{}\"", outcome.as_str()));
+            }
             let explain = debug.then(|| Explain {
                 signals: choice.signals.iter().filter(|(_, r)| r.matched).map(|(s, _)| s.to_string()).collect(),
                 confidence: choice.trace.iter().find(|t| t.name == name).map_or(0.0, |t| t.confidence),
@@ -366,7 +382,12 @@ pub(crate) struct Asked<'a> {
     pub(crate) debug: bool,
     /// The headers header rules read (lowercase name, value).
     pub(crate) headers: &'a [(String, String)],
+    /// The client's `x-session-id`.
+    pub(crate) session: Option<&'a [u8]>,
 }
+
+/// The request header naming a conversation.
+pub(crate) const SESSION_HEADER: &str = "x-session-id";
 
 /// The headers of a request that header rules read: none without such rules
 /// (the common case costs one branch).

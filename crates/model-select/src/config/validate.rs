@@ -37,6 +37,11 @@ fn check_top(config: &Config, errors: &mut Vec<ConfigError>) {
         let message = format!("version {} is not known (this router reads version 1)", config.version);
         errors.push(ConfigError::TopLevel { key: "version", message });
     }
+    let st = &config.stickiness;
+    if st.max_sessions == 0 || st.reprefill_tokens_per_point == 0 || st.ttl_secs == 0 {
+        let message = "max_sessions, reprefill_tokens_per_point and ttl_secs must be positive".into();
+        errors.push(ConfigError::TopLevel { key: "stickiness", message });
+    }
     if config.pools.is_empty() {
         errors.push(ConfigError::TopLevel { key: "pools", message: "at least one pool is needed".into() });
     }

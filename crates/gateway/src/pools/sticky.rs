@@ -1,0 +1,226 @@
+//! Conversation stickiness measured by the KV index: the pool that served a
+//! conversation's last turn keeps it while its workers hold at least
+//! `min_cached_tokens_to_stick` of the new prompt, unless the decision is not
+//! sticky or does not list that pool, or the algorithm's choice wins by more
+//! than re-prefilling the cached tokens costs. Owns the bounded table of
+//! conversations (session key → pool); a preview reads it, never writes it.
+
+use std::num::NonZeroUsize;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use model_select::{Choice, Stickiness};
+use serde_json::{Value, json};
+
+use super::choose::Chosen;
+use crate::Gateway;
+use crate::proxy::Route;
+
+/// Where a session key came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeySource {
+    /// The client's `x-session-id`.
+    Header,
+    /// A hash of the conversation's first messages.
+    Fingerprint,
+}
+
+/// The conversations seen lately and the pool each was served by.
+pub(crate) struct Sessions {
+    config: Stickiness,
+    table: Mutex<lru::LruCache<u64, (usize, Instant)>>,
+}
+
+impl std::fmt::Debug for Sessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sessions").field("config", &self.config).finish()
+    }
+}
+
+/// What stickiness did to one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Not seen before (or forgotten): routed afresh.
+    New,
+    /// Routed afresh to the pool it was on.
+    Same,
+    /// Kept on its earlier pool, which the algorithm would have left.
+    Stayed,
+    /// Moved to another pool.
+    Switched,
+}
+
+impl Outcome {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Outcome::New => "new",
+            Outcome::Same => "same",
+            Outcome::Stayed => "stayed",
+            Outcome::Switched => "switched",
+        }
+    }
+}
+
+// === impl Sessions ===
+
+impl Sessions {
+    pub(crate) fn new(config: Stickiness) -> Self {
+        let cap = NonZeroUsize::new(config.max_sessions).unwrap_or(NonZeroUsize::MIN);
+        Sessions { config, table: Mutex::new(lru::LruCache::new(cap)) }
+    }
+
+    /// The pool that served `key` last, if it is remembered and fresh.
+    fn previous(&self, key: u64) -> Option<usize> {
+        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let ttl = Duration::from_secs(self.config.ttl_secs);
+        match t.peek(&key) {
+            Some((pool, seen)) if seen.elapsed() <= ttl => Some(*pool),
+            Some(_) => {
+                t.pop(&key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn record(&self, key: u64, pool: usize) {
+        self.table.lock().unwrap_or_else(|p| p.into_inner()).put(key, (pool, Instant::now()));
+    }
+
+    /// Conversations remembered now.
+    pub(crate) fn len(&self) -> usize {
+        self.table.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+/// The session key of a request: its `x-session-id`, else a hash of its
+/// first system and first user message (the part of a conversation every
+/// turn repeats). `None`: nothing to key by (no chat, no header).
+pub(crate) fn key(session: Option<&[u8]>, v: &Value) -> Option<(u64, KeySource)> {
+    use std::hash::{Hash, Hasher};
+    // Fixed keys: every router replica fingerprints a conversation alike.
+    let mut h = std::hash::DefaultHasher::new();
+    if let Some(id) = session {
+        (b"session", id).hash(&mut h);
+        return Some((h.finish(), KeySource::Header));
+    }
+    let messages = v.get("messages")?.as_array()?;
+    let first = |role: &str| messages.iter().find(|m| m.get("role").and_then(Value::as_str) == Some(role));
+    let user = first("user")?;
+    (
+        b"conversation",
+        first("system").map(|m| m.get("content").map(Value::to_string)),
+        user.get("content").map(Value::to_string),
+    )
+        .hash(&mut h);
+    Some((h.finish(), KeySource::Fingerprint))
+}
+
+/// Applies stickiness to the algorithm's choice; returns the pool that
+/// serves the request. With `preview`, nothing is remembered or counted and
+/// the explain says what happened.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn apply(
+    gw: &Gateway,
+    sessions: &Sessions,
+    choice: &Choice<'_>,
+    chosen: &Chosen,
+    route: Route,
+    v: &Value,
+    key: Option<(u64, KeySource)>,
+    preview: Option<&mut Value>,
+) -> (usize, Outcome) {
+    let Some((key, source)) = key.filter(|_| sessions.config.enabled) else { return (chosen.pool, Outcome::New) };
+    let previous = sessions.previous(key);
+    let sticky = choice.decision.is_none_or(|d| d.sticky);
+    let mut cached = None;
+    let (pool, outcome) = match previous {
+        None => (chosen.pool, Outcome::New),
+        Some(p) if p == chosen.pool => (p, Outcome::Same),
+        // Not this decision's to keep: it does not list the pool, or that pool cannot serve it now.
+        Some(_) if !sticky => (chosen.pool, Outcome::Switched),
+        Some(p) if !chosen.eligible.contains(&p) => (chosen.pool, Outcome::Switched),
+        Some(p) => {
+            let held = cached_tokens(gw, p, route, v);
+            cached = Some(held);
+            let c = &sessions.config;
+            let score = |pool: usize| chosen.scores.iter().find(|(q, _)| *q == pool).map(|(_, s)| *s);
+            // The re-prefill cost in score points; without scores (static) nothing outweighs it.
+            let gain = match (score(chosen.pool), score(p)) {
+                (Some(new), Some(old)) => new - old,
+                _ => 0.0,
+            };
+            let cost = held as f64 / c.reprefill_tokens_per_point as f64;
+            if held >= c.min_cached_tokens_to_stick && gain <= cost {
+                (p, Outcome::Stayed)
+            } else {
+                (chosen.pool, Outcome::Switched)
+            }
+        }
+    };
+    match preview {
+        Some(out) => {
+            *out = json!({
+                "key": match source { KeySource::Header => "x-session-id", KeySource::Fingerprint => "fingerprint" },
+                "previous_pool": previous.map(|p| gw.pools[p].id.0.clone()),
+                "cached_tokens": cached,
+                "outcome": outcome.as_str(),
+            });
+        }
+        None => sessions.record(key, pool),
+    }
+    (pool, outcome)
+}
+
+/// The most prompt tokens any of `pool`'s workers holds, as the pool's own
+/// plan measures it (its tokenizer, page size and index); never committed.
+fn cached_tokens(gw: &Gateway, pool: usize, route: Route, v: &Value) -> u64 {
+    if gw.index.is_none() {
+        return 0;
+    }
+    // As it would be sent there: the body names the pool's model (the namespace of its blocks).
+    let mut v = v.clone();
+    if let Some(fields) = v.as_object_mut() {
+        fields.insert("model".into(), Value::String(gw.pools[pool].served_model.clone()));
+    }
+    match crate::proxy::plan(gw, pool, route, Some(&v), None) {
+        Ok(plan) => plan.candidates.iter().map(|c| c.matched_tokens).max().unwrap_or(0),
+        Err(_) => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_come_from_the_header_or_the_first_messages() {
+        let turn1 = json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q1"}]});
+        let turn2 = json!({"messages": [
+            {"role": "system", "content": "s"}, {"role": "user", "content": "q1"},
+            {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}
+        ]});
+        let other = json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "other"}]});
+        let (k1, s1) = key(None, &turn1).unwrap();
+        assert_eq!(s1, KeySource::Fingerprint);
+        assert_eq!(key(None, &turn2).unwrap().0, k1, "every turn of a conversation has its key");
+        assert_ne!(key(None, &other).unwrap().0, k1);
+        let (h, s) = key(Some(b"abc"), &other).unwrap();
+        assert_eq!(s, KeySource::Header);
+        assert_eq!(key(Some(b"abc"), &turn1).unwrap().0, h);
+        assert!(key(None, &json!({"prompt": "x"})).is_none());
+    }
+
+    #[test]
+    fn the_table_is_bounded_and_forgets_stale_sessions() {
+        let s = Sessions::new(Stickiness { max_sessions: 2, ..Stickiness::default() });
+        s.record(1, 0);
+        s.record(2, 1);
+        s.record(3, 1);
+        assert_eq!((s.len(), s.previous(1), s.previous(3)), (2, None, Some(1)));
+        let stale = Sessions::new(Stickiness { ttl_secs: 0, ..Stickiness::default() });
+        stale.record(1, 0);
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(stale.previous(1), None);
+    }
+}
