@@ -345,7 +345,7 @@ pub(crate) fn route(
             }
             let chosen = choose::pool(gw, &choice, route, v, tokens, changed, preview.as_deref_mut())?;
             let key = sticky::key(ask.session, v);
-            let explain_session = preview.as_deref_mut().map(|p| &mut p.session);
+            let explain_session = preview.map(|p| &mut p.session);
             let (pool, outcome) =
                 sticky::apply(gw, &routing.sessions, &choice, &chosen, route, v, key, explain_session);
             if !dry && key.is_some() {
