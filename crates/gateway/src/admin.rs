@@ -50,10 +50,10 @@ pub(crate) async fn route_preview(
     let out = crate::admission::render(&gw, len, move || {
         let mut v = crate::proxy::parse_json(&bytes)?;
         let mut preview = crate::pools::Preview::default();
-        let routed = match &gw2.routing {
+        let routed = match gw2.routing() {
             Some(routing) => {
                 let ask = crate::pools::Asked { debug: true, headers: &signal_headers, session: session.as_deref() };
-                crate::pools::route(&gw2, routing, route, &mut v, &ask, Some(&mut preview))
+                crate::pools::route(&gw2, &routing, route, &mut v, &ask, Some(&mut preview))
             }
             None => Ok(crate::pools::Routed::default_pool()),
         };
@@ -100,6 +100,28 @@ pub(crate) async fn route_preview(
         Ok::<_, GatewayError>(out)
     });
     Ok(Json(out.await??))
+}
+
+/// `POST /routing/reload`: reads the routing config file again and puts it
+/// in force if it is valid and keeps the pools; else 422 with every problem,
+/// the config in force unchanged.
+pub(crate) async fn reload_routing(State(gw): State<Arc<Gateway>>) -> Result<Response, GatewayError> {
+    let Some(slot) = &gw.routing else {
+        return Err(GatewayError::NotFound("a routing config (start the router with --routing-config)".into()));
+    };
+    match slot.reload() {
+        Ok(r) => {
+            tracing::info!(decisions = r.decisions, signals = r.signals, "routing config reloaded");
+            Ok(Json(json!({"reloaded": true, "decisions": r.decisions, "signals": r.signals})).into_response())
+        }
+        Err(problems) => {
+            tracing::warn!(?problems, "routing config not reloaded: the config in force is kept");
+            let body = json!({"reloaded": false, "problems": problems, "error": {
+                "message": "the routing config was not reloaded; the config in force is kept",
+                "type": "invalid_routing_config", "code": 422}});
+            Ok((StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response())
+        }
+    }
 }
 
 /// The route an explain is about (`?route=`, chat by default).
@@ -151,7 +173,7 @@ pub(crate) async fn debug_route(
 /// names and every pool's served model.
 pub(crate) async fn models(State(gw): State<Arc<Gateway>>) -> Json<Value> {
     let model = |id: &str| json!({"id": id, "object": "model", "owned_by": "sgl-router"});
-    let Some(routing) = &gw.routing else {
+    let Some(routing) = gw.routing() else {
         return Json(json!({"object": "list", "data": [model(&gw.config.model_id)]}));
     };
     let auto = routing.selector.config().auto_model_names.iter().map(|a| model(a));
@@ -246,7 +268,12 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
             "Time from a disaggregated dispatch until both legs answered their heads.",
         );
     }
-    if let Some(r) = &gw.routing {
+    if let (Some(slot), Some(r)) = (&gw.routing, gw.routing()) {
+        slot.reloads.render(
+            &mut out,
+            "router_model_reloads_total",
+            "Routing config reloads by outcome (ok, invalid, unreadable).",
+        );
         let m = &r.metrics;
         m.requests.render(
             &mut out,

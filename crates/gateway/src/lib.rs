@@ -255,8 +255,8 @@ pub struct Gateway {
     /// The model pools (one, `default`, without a routing config), each
     /// with its policy, renderer and chain memo.
     pub pools: Vec<Arc<pools::Pool>>,
-    /// Which pool serves a request, with a routing config (`--routing-config`).
-    pub routing: Option<pools::Routing>,
+    /// Which pool serves a request, with a routing config (`--routing-config`; reloadable).
+    pub routing: Option<pools::RoutingSlot>,
     /// The KV index, when routing by KV events (shared by every pool: its
     /// entries are per worker, and a pool reads its own workers' only).
     pub index: Option<Arc<KvIndex>>,
@@ -336,16 +336,26 @@ impl Gateway {
     }
 
     /// The same gateway serving `pools` (the selector's, in its order), each
-    /// request's pool chosen by `routing`.
-    pub fn with_routing(mut self, pools: Vec<pools::Pool>, routing: pools::Routing) -> Self {
+    /// request's pool chosen by `routing`, read from `source` (reloads read it again).
+    pub fn with_routing(
+        mut self,
+        pools: Vec<pools::Pool>,
+        routing: pools::Routing,
+        source: Option<std::path::PathBuf>,
+    ) -> Self {
         self.pools = pools.into_iter().map(Arc::new).collect();
-        self.routing = Some(routing);
+        self.routing = Some(pools::RoutingSlot::new(routing, source));
         self
+    }
+
+    /// The routing config in force, if there is one.
+    pub fn routing(&self) -> Option<Arc<pools::Routing>> {
+        self.routing.as_ref().map(pools::RoutingSlot::current)
     }
 
     /// The pool of requests that name none: the only one without a routing config.
     pub fn default_pool(&self) -> &Arc<pools::Pool> {
-        let i = self.routing.as_ref().map_or(0, |r| r.selector.default_pool());
+        let i = self.routing().map_or(0, |r| r.selector.default_pool());
         &self.pools[i]
     }
 

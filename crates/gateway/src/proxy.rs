@@ -641,10 +641,10 @@ where
     let (mut v, plan, routed, bytes) = crate::admission::render(gw, bytes.len(), move || {
         let mut v = parse_body(&gw2, route, &body)?;
         // With a routing config: the pool (the body names its model, the plugins may change it).
-        let routed = match (&gw2.routing, v.as_mut()) {
+        let routed = match (gw2.routing(), v.as_mut()) {
             (Some(routing), Some(v)) => {
                 let ask = crate::pools::Asked { debug, headers: &signal_headers, session: session.as_deref() };
-                Some(crate::pools::route(&gw2, routing, route, v, &ask, None)?)
+                Some(crate::pools::route(&gw2, &routing, route, v, &ask, None)?)
             }
             _ => None,
         };

@@ -62,6 +62,7 @@ fn control_plane(gw: Arc<Gateway>) -> axum::Router<Arc<Gateway>> {
     axum::Router::new()
         .route("/debug/route", post(admin::debug_route))
         .route("/v1/route/preview", post(admin::route_preview))
+        .route("/routing/reload", post(admin::reload_routing))
         .route("/metrics", get(admin::metrics))
         .route("/workers", get(admin::list_workers).post(admin::add_worker))
         .route("/workers/{*url}", delete(admin::remove_worker))

@@ -147,6 +147,8 @@ pub struct AppConfig {
 pub struct RoutingSetup {
     /// The config (compiled into the gateway's selector).
     pub config: model_select::Config,
+    /// The file it was read from: SIGHUP and `POST /routing/reload` read it again.
+    pub source: Option<PathBuf>,
     /// Its pools, in the config's order.
     pub pools: Vec<PoolSetup>,
 }
@@ -362,7 +364,9 @@ impl App {
             None => gateway,
         };
         let gateway = match built {
-            Some((pools, routing)) => gateway.with_routing(pools, routing),
+            Some((pools, routing)) => {
+                gateway.with_routing(pools, routing, config.routing.as_ref().and_then(|r| r.source.clone()))
+            }
             None => gateway,
         };
         Ok(Self {
@@ -418,6 +422,11 @@ impl App {
             drain_signal.cancel();
         });
         let grace = self.grace;
+        #[cfg(unix)]
+        if gateway.routing.is_some() {
+            let (gw, stop) = (gateway.clone(), self.cancel.clone());
+            tokio::spawn(reload_on_hangup(gw, stop));
+        }
         if let Some(admin) = self.admin {
             let (gw, drain) = (gateway.clone(), drain.clone());
             tokio::spawn(async move {
@@ -450,6 +459,25 @@ impl App {
         }
         info!("router stopped");
         result
+    }
+}
+
+/// Reloads the routing config on every SIGHUP until `stop` (a bad file keeps the config in force).
+#[cfg(unix)]
+async fn reload_on_hangup(gw: Arc<Gateway>, stop: CancellationToken) {
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        warn!("SIGHUP cannot be handled: reload the routing config with POST /routing/reload");
+        return;
+    };
+    loop {
+        tokio::select! { biased; () = stop.cancelled() => return, _ = hup.recv() => {} }
+        let Some(slot) = &gw.routing else { return };
+        match slot.reload() {
+            Ok(r) => info!(decisions = r.decisions, signals = r.signals, "SIGHUP: routing config reloaded"),
+            Err(problems) => {
+                warn!(problems = %problems.join("; "), "SIGHUP: routing config not reloaded, the config in force is kept")
+            }
+        }
     }
 }
 

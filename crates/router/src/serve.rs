@@ -231,6 +231,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             })
             .collect(),
         config: r.config,
+        source: a.routing_config.clone(),
     });
     let pd = crate::pd::setup(a, policy_config)?;
     let kv_events = if kv_events_on {
@@ -408,8 +409,9 @@ pub(crate) fn serve(config: AppConfig, a: &ServeArgs) -> Result<()> {
         for w in app.worker_urls() {
             println!("  worker {w}");
         }
+        let model = if a.routing_config.is_some() { "auto" } else { "default" };
         println!(
-            "try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n       -d '{{\"model\": \"default\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'"
+            "try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n       -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'"
         );
         if app.worker_urls().is_empty() {
             bail!("no workers");

@@ -103,7 +103,7 @@ async fn pools(file: &str) -> (RoutingSetup, Vec<MockEngine>) {
         });
         engines.push(engine);
     }
-    (RoutingSetup { config, pools }, engines)
+    (RoutingSetup { config, pools, source: Some(repo(file)) }, engines)
 }
 
 async fn preview(url: &str, body: &Value) -> (u16, Value) {
@@ -432,4 +432,53 @@ async fn preview_with_session(url: &str, body: &Value, session: &str) -> (u16, V
         .await
         .unwrap();
     (r.status().as_u16(), r.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_config_reloads_when_valid_and_stays_when_not() {
+    let dir = std::env::temp_dir().join(format!("sgl-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("routing.yaml");
+    let original = std::fs::read_to_string(repo("examples/routing.yaml")).unwrap();
+    std::fs::write(&file, &original).unwrap();
+    let (routing, _engines) = pools(file.to_str().unwrap()).await;
+    let mut app = config(&[], PolicyConfig::RoundRobin, true);
+    app.routing = Some(routing);
+    let router = start(app).await;
+    let url = &router.url;
+    let reload = || async {
+        let r = admin_client().post(format!("{url}/routing/reload")).send().await.unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    };
+    let ask = json!({"model": "auto", "messages": [{"role": "user", "content": "what is a matrix?"}]});
+    assert_eq!(preview(url, &ask).await.1["decision"], "default");
+    // "matrix" becomes a math keyword: after the reload, the same request is "hard".
+    std::fs::write(&file, original.replace("keywords: [integral,", "keywords: [matrix, integral,")).unwrap();
+    let (status, body) = reload().await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["decisions"], 5);
+    assert_eq!(preview(url, &ask).await.1["decision"], "hard");
+    // A broken file is refused with its line; the config in force stays.
+    let broken = original.replace("{type: keyword, name: math}", "{type: keyword, name: maths}");
+    std::fs::write(&file, &broken).unwrap();
+    let (status, body) = reload().await;
+    assert_eq!(status, 422, "{body}");
+    let line = broken.lines().position(|l| l.contains("name: hard")).unwrap() + 1;
+    let want = format!("{}:{line}: decision `hard` refers to undefined signal keyword:maths", file.display());
+    assert_eq!(body["problems"], json!([want]), "{body}");
+    assert_eq!(preview(url, &ask).await.1["decision"], "hard", "the config in force is kept");
+    // Pools are built at start: a changed pools section is refused.
+    std::fs::write(&file, original.replace("served_model: qwen3-32b", "served_model: qwen3-72b")).unwrap();
+    let (status, body) = reload().await;
+    assert_eq!(status, 422);
+    assert!(body["problems"][0].as_str().unwrap().contains("the pools section changed"), "{body}");
+    let page = admin_client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(page.contains("router_model_reloads_total{outcome=\"ok\"} 1"), "{page}");
+    assert!(page.contains("router_model_reloads_total{outcome=\"invalid\"} 2"), "{page}");
+    // The counters went on across the reload.
+    assert!(page.contains("router_model_requests_total") || page.contains("router_model_sessions"), "{page}");
+    let anonymous = reqwest::Client::new().post(format!("{url}/routing/reload")).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    let _ = router.stop.send(());
+    let _ = std::fs::remove_dir_all(&dir);
 }

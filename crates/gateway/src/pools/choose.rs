@@ -39,8 +39,10 @@ pub(super) struct Chosen {
 /// the hard filters. `tokens` is the prompt's count
 /// by the default pool's tokenizer (0 when no signal needed it); `changed`:
 /// a plugin rewrote the prompt since.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn pool(
     gw: &Gateway,
+    selector: &model_select::Selector,
     choice: &Choice<'_>,
     route: Route,
     v: &Value,
@@ -48,7 +50,6 @@ pub(super) fn pool(
     changed: bool,
     preview: Option<&mut Preview>,
 ) -> Result<Chosen, GatewayError> {
-    let selector = &gw.routing.as_ref().ok_or_else(|| GatewayError::Internal("no routing config".into()))?.selector;
     let default = &gw.pools[selector.default_pool()];
     let max_tokens = max_tokens(v);
     let mut why_not = Vec::new();

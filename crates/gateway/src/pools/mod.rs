@@ -26,9 +26,12 @@ use serde_json::Value;
 use crate::metrics::{Histogram, LabeledCounter};
 
 mod choose;
+mod reload;
 mod sticky;
+
 use crate::proxy::Route;
 use crate::{Gateway, GatewayError};
+pub use reload::{Reloaded, RoutingSlot};
 
 /// The decision label of a request that named a pool's model.
 pub const EXPLICIT: &str = "explicit";
@@ -84,9 +87,9 @@ pub struct Routing {
     /// Per decision (by index): the headers its `header_mutation` plugins change.
     edits: Vec<Option<Arc<HeaderEdits>>>,
     /// The conversations seen lately and their pools.
-    pub(crate) sessions: sticky::Sessions,
-    /// Counters.
-    pub metrics: RoutingMetrics,
+    pub(crate) sessions: Arc<sticky::Sessions>,
+    /// Counters (kept across reloads).
+    pub metrics: Arc<RoutingMetrics>,
 }
 
 /// What model selection counts.
@@ -167,15 +170,26 @@ impl Routing {
                 (!edits.set.is_empty() || !edits.remove.is_empty()).then(|| Arc::new(edits))
             })
             .collect();
-        let metrics = RoutingMetrics {
+        let metrics = Arc::new(RoutingMetrics {
             requests: LabeledCounter::default(),
             blocks: LabeledCounter::default(),
             redactions: LabeledCounter::default(),
             signal_seconds: Histogram::new(&SIGNAL_BUCKETS),
             sessions: LabeledCounter::default(),
-        };
-        let sessions = sticky::Sessions::new(selector.config().stickiness);
+        });
+        let sessions = Arc::new(sticky::Sessions::new(selector.config().stickiness));
         Routing { selector, edits, sessions, metrics }
+    }
+
+    /// The config after `old` (a reload): its counters go on, and so do the
+    /// conversations it remembers unless stickiness was reconfigured.
+    pub(crate) fn succeeding(selector: Selector, old: &Routing) -> Self {
+        let mut next = Routing::new(selector);
+        next.metrics = old.metrics.clone();
+        if next.selector.config().stickiness == old.selector.config().stickiness {
+            next.sessions = old.sessions.clone();
+        }
+        next
     }
 }
 
@@ -343,7 +357,7 @@ pub(crate) fn route(
                     PluginConfig::HeaderMutation(_) => {}
                 }
             }
-            let chosen = choose::pool(gw, &choice, route, v, tokens, changed, preview.as_deref_mut())?;
+            let chosen = choose::pool(gw, selector, &choice, route, v, tokens, changed, preview.as_deref_mut())?;
             let key = sticky::key(ask.session, v);
             let explain_session = preview.map(|p| &mut p.session);
             let (pool, outcome) =
@@ -395,9 +409,11 @@ pub(crate) fn wanted_headers<'h>(
     gw: &Gateway,
     headers: impl Iterator<Item = (&'h str, &'h [u8])>,
 ) -> Vec<(String, String)> {
-    let Some(names) = gw.routing.as_ref().map(|r| r.selector.header_names()).filter(|n| !n.is_empty()) else {
+    let Some(routing) = gw.routing() else { return Vec::new() };
+    let names = routing.selector.header_names();
+    if names.is_empty() {
         return Vec::new();
-    };
+    }
     headers
         .filter_map(|(name, value)| {
             let name = name.trim().to_ascii_lowercase();

@@ -1,0 +1,94 @@
+//! The routing config in force, and replacing it while serving (SIGHUP, or
+//! `POST /routing/reload` on the control plane): the new file is read and
+//! validated first, and must keep the pools as they are (their workers,
+//! models, policies and tokenizers were built at start); a bad file keeps
+//! the config in force and says why. Requests in flight finish on the config
+//! they started with.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use model_select::Selector;
+
+use super::Routing;
+use crate::metrics::LabeledCounter;
+
+/// The routing config in force.
+#[derive(Debug)]
+pub struct RoutingSlot {
+    current: RwLock<Arc<Routing>>,
+    /// The file it came from (reloads read it again).
+    source: Option<PathBuf>,
+    /// Reloads by `outcome` (`ok`, `invalid`, `unreadable`).
+    pub reloads: LabeledCounter,
+}
+
+/// What a reload did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Decisions in the new config.
+    pub decisions: usize,
+    /// Signals defined in it.
+    pub signals: usize,
+}
+
+// === impl RoutingSlot ===
+
+impl RoutingSlot {
+    /// `routing` in force, read from `source` (reloads need one).
+    pub fn new(routing: Routing, source: Option<PathBuf>) -> Self {
+        RoutingSlot { current: RwLock::new(Arc::new(routing)), source, reloads: LabeledCounter::default() }
+    }
+
+    /// The config in force now.
+    pub fn current(&self) -> Arc<Routing> {
+        self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Reads the source file again and puts it in force if it is valid and
+    /// keeps the pools; `Err` holds every problem (`FILE:LINE: message`).
+    pub fn reload(&self) -> Result<Reloaded, Vec<String>> {
+        let result = self.try_reload();
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err((unreadable, _)) if *unreadable => "unreadable",
+            Err(_) => "invalid",
+        };
+        self.reloads.inc(format_args!("outcome=\"{outcome}\""));
+        result.map_err(|(_, problems)| problems)
+    }
+
+    fn try_reload(&self) -> Result<Reloaded, (bool, Vec<String>)> {
+        let Some(path) = &self.source else {
+            return Err((true, vec!["the routing config was not read from a file: nothing to reload".into()]));
+        };
+        let shown = path.display();
+        let text = std::fs::read_to_string(path).map_err(|e| (true, vec![format!("{shown}: cannot read it: {e}")]))?;
+        let config = model_select::parse_yaml(&text).map_err(|problems| {
+            let at = |line: Option<usize>| line.map_or_else(|| shown.to_string(), |l| format!("{shown}:{l}"));
+            (false, problems.iter().map(|p| format!("{}: {}", at(p.line), p.message)).collect::<Vec<_>>())
+        })?;
+        let old = self.current();
+        if config.pools != old.selector.config().pools {
+            let message = format!(
+                "{shown}: the pools section changed; pools (their workers, models, policies, tokenizers) are built at start: restart the router to change them"
+            );
+            return Err((false, vec![message]));
+        }
+        let s = &config.signals;
+        let signals = s.keywords.len()
+            + s.regex.len()
+            + s.pii.len()
+            + s.context.len()
+            + s.language.len()
+            + s.conversation.len()
+            + s.headers.len()
+            + s.load.len();
+        let decisions = config.decisions.len();
+        let selector =
+            Selector::new(config).map_err(|p| (false, p.iter().map(|e| format!("{shown}: {e}")).collect()))?;
+        let next = Routing::succeeding(selector, &old);
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
+        Ok(Reloaded { decisions, signals })
+    }
+}
