@@ -19,6 +19,8 @@
 # "max_tokens": 8) x concurrency 1 (wrk -t1 -c1) and 64 (wrk -t2 -c64). Targets:
 #   direct                     wrk straight at the engine (the floor; "added p50" is relative to it)
 #   sgl_router_round_robin     target/release/sgl-router --policy round_robin
+#   sgl_router_routing         the same with --routing-config benches/data/routing_overhead.yaml:
+#                              every request decided by text signals (keywords, regex, PII)
 #   sgl_router_cache_aware     target/release/sgl-router --policy cache_aware (no --kv-events: the
 #                              engine has no /server_info, so it routes by a text tree, like the
 #                              peers' cache_aware)
@@ -138,7 +140,7 @@ for b in "${BODIES[@]}"; do
 done
 
 # Targets.
-all=(direct sgl_router_round_robin sgl_router_cache_aware)
+all=(direct sgl_router_round_robin sgl_router_routing sgl_router_cache_aware)
 [ -n "$BASELINE" ] && all+=(baseline_round_robin baseline_cache_aware)
 [ -n "$SMG" ] && all+=(smg_round_robin smg_cache_aware)
 [ -n "$VLLM_ROUTER" ] && all+=(vllm_router_round_robin vllm_router_cache_aware)
@@ -162,6 +164,7 @@ start_target() {
   case "$name" in
     direct) return 0 ;;
     sgl_router_round_robin) launch 31010 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "$ENGINE" --policy round_robin --port 31010 ;;
+    sgl_router_routing) launch 31014 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "$ENGINE" --policy round_robin --routing-config benches/data/routing_overhead.yaml --port 31014 ;;
     sgl_router_cache_aware) launch 31011 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "$ENGINE" --policy cache_aware --port 31011 ;;
     baseline_round_robin) launch 31012 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "$ENGINE" --policy round_robin --port 31012 ;;
     baseline_cache_aware)

@@ -3,9 +3,12 @@
 //! `sim` replays a Mooncake-format trace through the real policies and index
 //! over simulated workers and prints hit rate, TTFT and balance per policy;
 //! `live` replays one as real HTTP requests against routers in front of
-//! simulated engines; `overhead` measures what a router adds.
+//! simulated engines; `overhead` measures what a router adds; `model-routing`
+//! prices and grades `model: "auto"` against always-small, always-large and
+//! the true labels.
 
 mod live;
+mod model_routing;
 mod overhead;
 mod plot;
 mod sim;
@@ -33,6 +36,8 @@ enum Command {
     Overhead(OverheadArgs),
     /// Replay a trace as real HTTP requests against routers in front of simulated engines.
     Live(LiveArgs),
+    /// Cost and expected quality of model routing against a small and a large model.
+    ModelRouting(model_routing::ModelRoutingArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -161,6 +166,10 @@ fn run(cli: Cli) -> Result<()> {
         Command::Sim(a) => a,
         Command::Overhead(o) => return overhead(o),
         Command::Live(l) => return live(l),
+        Command::ModelRouting(m) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            return runtime.block_on(model_routing::run(&m));
+        }
     };
     let trace = trace::load(&a.trace)?;
     let cfg = sim::SimConfig {

@@ -73,6 +73,7 @@ pub(crate) async fn route_preview(
                 return Ok(out);
             }
             Err(e @ GatewayError::NoPool(_)) => {
+                out["decision"] = json!(preview.decision);
                 out["error"] = e.body()["error"].clone();
                 return Ok(out);
             }
@@ -150,17 +151,29 @@ pub(crate) async fn debug_route(
             crate::admission::render(&gw, len, move || crate::pd::explain_pair(&gw2, route, &bytes, key.as_deref()));
         return Ok(Json(pair.await??));
     }
-    // Rendered like a request: a large body off the serving thread.
+    // Rendered like a request: a large body off the serving thread; with a routing config, in
+    // the pool the request would get (nothing counted, remembered or learned).
+    let signal_headers = crate::pools::wanted_headers(&gw, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
+    let session = crate::proxy::Meta::key(headers.get(crate::pools::SESSION_HEADER).map(HeaderValue::as_bytes));
     let (gw2, len, key) = (gw.clone(), bytes.len(), key);
     let plan = crate::admission::render(&gw, len, move || {
-        let v = parse_body(&gw2, route, &bytes)?;
-        plan(&gw2, 0, route, v.as_ref(), key.as_deref())
+        let mut v = parse_body(&gw2, route, &bytes)?;
+        let pool = match (gw2.routing(), v.as_mut()) {
+            (Some(routing), Some(v)) => {
+                let ask = crate::pools::Asked { debug: false, headers: &signal_headers, session: session.as_deref() };
+                let mut preview = crate::pools::Preview::default();
+                crate::pools::route(&gw2, &routing, route, v, &ask, Some(&mut preview))?.pool
+            }
+            _ => 0,
+        };
+        plan(&gw2, pool, route, v.as_ref(), key.as_deref())
     })
     .await??;
     // An explain: the policy's choice, never committed (nothing it learns or advances).
     let candidates = plan.candidates_json();
     Ok(Json(json!({
         "worker": plan.chosen().url,
+        "pool": gw.pools[plan.pool].id,
         "dp_rank": plan.rank.map(|r| r.0),
         "policy": gw.pools[plan.pool].policy.name(),
         "reason": plan.decision.reason.as_str(),
@@ -303,15 +316,19 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
             "Time computing signals and choosing the decision, per auto-routed request.",
         );
     }
-    let memo = gw.default_pool().chain_memo.stats();
+    let (hashed, reused) = gw
+        .pools
+        .iter()
+        .map(|p| p.chain_memo.stats())
+        .fold((0, 0), |(h, r), s| (h + s.pages_hashed, r + s.pages_reused));
     head(
         &mut out,
         "router_page_hashes_total",
         "counter",
         "Request pages hashed (SHA-256) or reused from the chain memo.",
     );
-    out.push_str(&format!("router_page_hashes_total{{source=\"hashed\"}} {}\n", memo.pages_hashed));
-    out.push_str(&format!("router_page_hashes_total{{source=\"memo\"}} {}\n", memo.pages_reused));
+    out.push_str(&format!("router_page_hashes_total{{source=\"hashed\"}} {hashed}\n"));
+    out.push_str(&format!("router_page_hashes_total{{source=\"memo\"}} {reused}\n"));
     gw.fleet.render_metrics(&mut out);
     let mut r = Response::new(Body::from(out));
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
@@ -381,9 +398,18 @@ pub(crate) async fn add_worker(State(gw): State<Arc<Gateway>>, body: Body) -> Re
             found.ok_or_else(|| GatewayError::BadRequest(format!("no pool is named or serves `{name}`")))?.id.clone()
         }
     };
-    let added = gw.fleet.add_in(url.clone(), router_types::Role::Regular, pool, fleet::Source::Admin);
+    let added = gw.fleet.add_in(url.clone(), router_types::Role::Regular, pool.clone(), fleet::Source::Admin);
     if !added.new {
-        return Ok((StatusCode::OK, Json(json!({"url": url, "id": added.worker.id, "added": false}))).into_response());
+        let (id, serves) = (added.worker.id, &added.worker.pool);
+        if req.pool.is_some() && *serves != pool {
+            // A URL is one worker, in one pool.
+            let message = format!("worker {url} is already in the fleet, serving pool {serves}; remove it first");
+            let body = json!({"error": {"message": message, "type": "conflict", "code": 409}, "pool": serves});
+            return Ok((StatusCode::CONFLICT, Json(body)).into_response());
+        }
+        return Ok(
+            (StatusCode::OK, Json(json!({"url": url, "id": id, "added": false, "pool": serves}))).into_response()
+        );
     }
     // Follow its KV events first: routing to it before would be blind.
     let status = match gw.fleet.wait_discovered(&added.worker, ADD_WAIT).await {

@@ -13,7 +13,7 @@ mod validate;
 
 pub use load::{Problem, parse_yaml};
 pub use pools::{DEFAULT_PREFILL_TOKENS_PER_S, HeaderMutation, PluginConfig, PoolConfig, Price, SystemPromptMode};
-pub use validate::{ALGORITHMS, validate};
+pub use validate::{ALGORITHMS, RESERVED_DECISIONS, validate};
 
 /// A routing config file (version 1). Unknown keys are errors.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

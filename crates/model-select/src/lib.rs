@@ -29,8 +29,8 @@ pub use algorithm::{Algorithm, Candidate, MultiFactor, OnNoCandidates, Scales, S
 pub use config::{
     ALGORITHMS, AlgorithmConfig, Bounds, Config, ContextRule, ConversationRule, DEFAULT_PREFILL_TOKENS_PER_S,
     DecisionConfig, HeaderMutation, HeaderRule, KeywordOperator, KeywordRule, LanguageRule, LoadRule, PiiRule,
-    PluginConfig, PoolConfig, Price, Problem, RegexRule, RuleNode, RuleOperator, SignalCondition, SignalKind,
-    SignalRef, SignalsConfig, Stickiness, Strategy, SystemPromptMode, parse_yaml, validate,
+    PluginConfig, PoolConfig, Price, Problem, RESERVED_DECISIONS, RegexRule, RuleNode, RuleOperator, SignalCondition,
+    SignalKind, SignalRef, SignalsConfig, Stickiness, Strategy, SystemPromptMode, parse_yaml, validate,
 };
 pub use decision::{DecisionTrace, RuleOutcome, Selection, evaluate_rule, needed_signals, select};
 pub use error::ConfigError;

@@ -317,7 +317,9 @@ impl App {
             dp_aware: config.dp_aware,
             tls: config.worker_tls.clone(),
         };
-        let fleet = Fleet::start(fleet_config, index.clone(), &config.workers, cancel.clone());
+        // With a routing config, --worker-urls join its default pool (added below).
+        let flag_workers: &[WorkerUrl] = if config.routing.is_some() { &[] } else { &config.workers };
+        let fleet = Fleet::start(fleet_config, index.clone(), flag_workers, cancel.clone());
         if let Some(pd) = &config.pd {
             for (url, bootstrap) in &pd.prefill {
                 fleet.add_as(url.clone(), Role::Prefill { bootstrap: *bootstrap }, Source::Flag);
@@ -342,6 +344,11 @@ impl App {
             Some(r) => PoolId(r.config.default_pool_name().unwrap_or_default().to_owned()),
             None => PoolId::default_pool(),
         };
+        if config.routing.is_some() {
+            for url in &config.workers {
+                fleet.add_in(url.clone(), Role::Regular, default_pool.clone(), Source::Flag);
+            }
+        }
         for (role, pool, mock) in &mocks {
             let url = WorkerUrl::parse(&mock.url()).unwrap_or_else(|_| WorkerUrl::new(mock.url()));
             let role = match role {

@@ -165,7 +165,10 @@ fn describe(setup: &RoutingFile) -> String {
         .chain(s.regex.iter().map(|r| format!("regex:{}", r.name)))
         .chain(s.pii.iter().map(|r| format!("pii:{}", r.name)))
         .chain(s.context.iter().map(|r| format!("context:{}", r.name)))
-        .chain(s.language.iter().map(|r| format!("language:{}", r.name)));
+        .chain(s.language.iter().map(|r| format!("language:{}", r.name)))
+        .chain(s.conversation.iter().map(|r| format!("conversation:{}", r.name)))
+        .chain(s.headers.iter().map(|r| format!("header:{}", r.name)))
+        .chain(s.load.iter().map(|r| format!("load:{}", r.name)));
     let unused: Vec<String> = defined.filter(|d| !needed.iter().any(|n| &n.to_string() == d)).collect();
     if !unused.is_empty() {
         let _ = writeln!(out, "signals no reachable decision reads (never computed): {}", unused.join(", "));

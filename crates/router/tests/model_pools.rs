@@ -482,3 +482,32 @@ async fn the_config_reloads_when_valid_and_stays_when_not() {
     let _ = router.stop.send(());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_urls_join_the_default_pool_and_debug_route_follows_the_decisions() {
+    let (mut routing, engines) = pools("examples/routing.yaml").await;
+    // The small pool's engine comes from --worker-urls instead of the file.
+    routing.pools[0].workers.clear();
+    let mut app = config(&[&engines[0]], PolicyConfig::RoundRobin, true);
+    app.routing = Some(routing);
+    let router = start(app).await;
+    let url = &router.url;
+    let pools: Vec<String> = router.gateway.fleet.snapshot().iter().map(|w| w.pool.0.clone()).collect();
+    assert_eq!(pools, ["large", "small"], "the --worker-urls engine serves the default pool");
+    let hello = json!({"model": "auto", "messages": [{"role": "user", "content": "hello"}]});
+    let r = reqwest::Client::new().post(format!("{url}/v1/chat/completions")).json(&hello).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers()["x-route-pool"].to_str().unwrap()), (200, "small"));
+    let math = json!({"model": "auto", "messages": [{"role": "user", "content": "an integral"}]});
+    let r = admin_client().post(format!("{url}/debug/route")).json(&math).send().await.unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!((v["pool"].as_str(), v["worker"].as_str()), (Some("large"), Some(engines[1].url().as_str())), "{v}");
+    // A worker already in one pool cannot join another.
+    let again = admin_client()
+        .post(format!("{url}/workers"))
+        .json(&json!({"url": engines[1].url(), "pool": "small"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 409);
+    let _ = router.stop.send(());
+}

@@ -36,9 +36,8 @@ pub(super) struct Chosen {
 }
 
 /// The pool the decision's algorithm picks among the candidates that pass
-/// the hard filters. `tokens` is the prompt's count
-/// by the default pool's tokenizer (0 when no signal needed it); `changed`:
-/// a plugin rewrote the prompt since.
+/// the hard filters. `counted` is the prompt's count by the default pool's
+/// tokenizer, if a signal needed it; `changed`: a plugin rewrote the prompt since.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn pool(
     gw: &Gateway,
@@ -46,7 +45,7 @@ pub(super) fn pool(
     choice: &Choice<'_>,
     route: Route,
     v: &Value,
-    tokens: u64,
+    counted: Option<u64>,
     changed: bool,
     preview: Option<&mut Preview>,
 ) -> Result<Chosen, GatewayError> {
@@ -56,8 +55,10 @@ pub(super) fn pool(
     // Each candidate's prompt tokens by its own tokenizer (the default pool's count when it is
     // the same tokenizer and the prompt is unchanged), counted only when needed.
     let prompt_of = |p: &Pool| -> Option<u64> {
-        let same = Arc::ptr_eq(&p.renderer, &default.renderer) && !changed && selector.needs_tokens();
-        if same { Some(tokens) } else { count_tokens(p, route, v).ok() }
+        match counted {
+            Some(n) if Arc::ptr_eq(&p.renderer, &default.renderer) && !changed => Some(n),
+            _ => count_tokens(p, route, v).ok(),
+        }
     };
     let mut fits = |i: usize| -> bool {
         let p = &gw.pools[i];
@@ -87,7 +88,7 @@ pub(super) fn pool(
                 .iter()
                 .map(|&i| {
                     let (p, c) = (&gw.pools[i], &config.pools[i]);
-                    let prompt = prompt_of(p).unwrap_or(tokens);
+                    let prompt = prompt_of(p).or(counted).unwrap_or(0);
                     let live = live(gw, p, prompt);
                     let cost_usd = c.price.map_or(0.0, |price| {
                         (prompt as f64 * price.input_per_1m + max_tokens as f64 * price.output_per_1m) / 1e6

@@ -272,6 +272,8 @@ pub(crate) struct Preview {
     pub(crate) scores: Vec<Value>,
     /// What stickiness found and did.
     pub(crate) session: Value,
+    /// The decision that matched.
+    pub(crate) decision: Option<String>,
 }
 
 /// Chooses the pool for a request with a routing config (see the module
@@ -304,7 +306,13 @@ pub(crate) fn route(
             let start = Instant::now();
             let text = if selector.needs_text() { model_select::signal_text(v) } else { String::new() };
             let default = &gw.pools[selector.default_pool()];
-            let tokens = if selector.needs_tokens() { choose::count_tokens(default, route, v)? } else { 0 };
+            // Exact, by the default pool's tokenizer: for context signals, and for load signals' TTFT.
+            let counted = if selector.needs_tokens() || selector.needs_load() {
+                Some(choose::count_tokens(default, route, v)?)
+            } else {
+                None
+            };
+            let tokens = counted.unwrap_or(0);
             let shape = if selector.needs_shape() { model_select::shape(v) } else { model_select::Shape::default() };
             let pools = if selector.needs_load() { choose::pool_states(gw, tokens) } else { Vec::new() };
             let input = SignalInput { text: &text, tokens, shape, headers: ask.headers, pools: &pools };
@@ -314,6 +322,7 @@ pub(crate) fn route(
             }
             let name = choice.name().to_owned();
             if let Some(p) = preview.as_deref_mut() {
+                p.decision = Some(name.clone());
                 for (signal, r) in choice.signals.iter() {
                     let value = serde_json::json!({"matched": r.matched, "confidence": r.confidence, "value": r.value});
                     p.signals.insert(signal.to_string(), value);
@@ -329,18 +338,19 @@ pub(crate) fn route(
                 p.candidates = choice.pools.iter().map(|&i| gw.pools[i].id.0.clone()).collect();
             }
             let mut changed = false;
+            // A block answers before any other plugin runs (nothing redacted, counted or sent).
+            if let Some((status, message)) = choice.plugins().iter().find_map(|p| match p {
+                PluginConfig::Block { status, message } => Some((*status, message.clone())),
+                _ => None,
+            }) {
+                if !dry {
+                    routing.metrics.blocks.inc(format_args!("decision=\"{}\"", crate::metrics::escape(&name)));
+                }
+                return Err(GatewayError::Blocked { status, message, decision: name });
+            }
             for plugin in choice.plugins() {
                 match plugin {
-                    PluginConfig::Block { status, message } => {
-                        if !dry {
-                            routing.metrics.blocks.inc(format_args!("decision=\"{}\"", crate::metrics::escape(&name)));
-                        }
-                        return Err(GatewayError::Blocked {
-                            status: *status,
-                            message: message.clone(),
-                            decision: name,
-                        });
-                    }
+                    PluginConfig::Block { .. } => {}
                     PluginConfig::PiiRedact { types } => {
                         let types = model_select::redact_types(types);
                         let r = model_select::redact(v, selector.detector(), &types);
@@ -357,7 +367,7 @@ pub(crate) fn route(
                     PluginConfig::HeaderMutation(_) => {}
                 }
             }
-            let chosen = choose::pool(gw, selector, &choice, route, v, tokens, changed, preview.as_deref_mut())?;
+            let chosen = choose::pool(gw, selector, &choice, route, v, counted, changed, preview.as_deref_mut())?;
             let key = sticky::key(ask.session, v);
             let explain_session = preview.map(|p| &mut p.session);
             let (pool, outcome) =

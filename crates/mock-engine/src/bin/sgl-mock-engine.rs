@@ -22,6 +22,9 @@ struct Args {
     /// Model id to report.
     #[arg(long, env = "SGL_MOCK_MODEL_ID", default_value = "mock-model")]
     model_id: String,
+    /// Answer 404 to requests naming another model, as vLLM does.
+    #[arg(long, env = "SGL_MOCK_STRICT_MODEL")]
+    strict_model: bool,
     /// Tokens per KV page.
     #[arg(long, env = "SGL_MOCK_PAGE_SIZE", default_value_t = 16)]
     page_size: usize,
@@ -106,6 +109,7 @@ async fn main() -> anyhow::Result<()> {
     let config = MockEngineConfig {
         listen: a.listen,
         model_id: a.model_id,
+        strict_model: a.strict_model,
         page_size: a.page_size,
         capacity_tokens: a.capacity_tokens,
         dp_size: a.dp_size,

@@ -217,6 +217,7 @@ fn every_pool_and_routing_problem_is_reported() {
         ],
         "decisions": [
             {"name": "b", "pools": ["small"], "plugins": [{"type": "block", "status": 200}]},
+            {"name": "explicit", "rules": {"type": "keyword", "name": "nothing"}},
             {"name": "c", "pools": ["huge"], "algorithm": {"type": "elo"}, "plugins": [
                 {"type": "pii_redact", "types": ["passport"]},
                 {"type": "system_prompt", "prompt": " "},
@@ -239,9 +240,11 @@ fn every_pool_and_routing_problem_is_reported() {
         "pool `big`: prices must be finite and not negative",
         "pool #4 has an empty name",
         "pool `big`: serves `small`, the name of pool `small`: a request naming it could not choose",
+        "decision `explicit` refers to undefined signal keyword:nothing",
         "decisions `b` and `c` both have no rules; only one catch-all is allowed",
         "decision `b`: block: status 200 is not an error status (400..=599)",
         "decision `b`: a decision that blocks sends nothing to its pools; remove `pools`",
+        "decision `explicit`: `explicit` is a label the router uses itself (reserved: explicit, no_model, default_pool)",
         "decision `c`: no pool is named `huge`",
         "decision `c`: unknown algorithm `elo` (known: static, multi_factor)",
         "decision `c`: pii_redact: unknown type `passport`",

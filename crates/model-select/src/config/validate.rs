@@ -12,9 +12,24 @@ use crate::signals::{compile_keywords, compile_regex};
 pub const ALGORITHMS: [&str; 2] = ["static", "multi_factor"];
 
 /// Request headers a `header_mutation` plugin may not touch: the router
-/// sets them, or they describe the hop, not the request.
-const RESERVED_HEADERS: [&str; 8] =
-    ["host", "content-length", "content-type", "transfer-encoding", "connection", "te", "upgrade", "expect"];
+/// sets them (the workers' credentials, the request id, the rank hint), or
+/// they describe the hop, not the request.
+const RESERVED_HEADERS: [&str; 11] = [
+    "host",
+    "content-length",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+    "te",
+    "upgrade",
+    "expect",
+    "authorization",
+    "x-request-id",
+    "x-data-parallel-rank",
+];
+
+/// Decision labels the router uses itself (`x-route-decision`, metrics).
+pub const RESERVED_DECISIONS: [&str; 3] = ["explicit", "no_model", "default_pool"];
 
 /// Checks `config`; `Err` holds every problem found, in config order.
 ///
@@ -110,6 +125,9 @@ fn check_pools<'c>(config: &'c Config, errors: &mut Vec<ConfigError>) -> HashSet
 /// A decision's pools, algorithm and plugins.
 fn check_routing(d: &DecisionConfig, pools: &HashSet<&str>, errors: &mut Vec<ConfigError>) {
     let mut bad = |message: String| errors.push(ConfigError::Decision { decision: d.name.clone(), message });
+    if RESERVED_DECISIONS.contains(&d.name.as_str()) {
+        bad(format!("`{}` is a label the router uses itself (reserved: {})", d.name, RESERVED_DECISIONS.join(", ")));
+    }
     for p in d.pools.iter().filter(|p| !pools.contains(p.as_str())) {
         bad(format!("no pool is named `{p}`"));
     }
