@@ -272,9 +272,7 @@ pub(crate) fn parse_body(gw: &Gateway, route: Route, bytes: &[u8]) -> Result<Opt
     // `/generate` is parsed for --dp-aware too: its rank goes in the body.
     let dp_generate = route == Route::Generate && gw.fleet.dp_aware();
     let reads = |p: &Arc<crate::pools::Pool>| p.policy.needs_tokens() || p.policy.needs_text();
-    // With a routing config every body names its model.
-    if gw.routing.is_some() || (route.has_prompt() && (gw.index.is_some() || gw.pools.iter().any(reads) || dp_generate))
-    {
+    if route.has_prompt() && (gw.index.is_some() || gw.pools.iter().any(reads) || dp_generate) {
         return parse_json(bytes).map(Some);
     }
     let required = match route {
@@ -284,6 +282,10 @@ pub(crate) fn parse_body(gw: &Gateway, route: Route, bytes: &[u8]) -> Result<Opt
         Route::Embeddings | Route::Rerank | Route::Classify => Required::Object,
     };
     crate::shape::check(bytes, required).map_err(GatewayError::BadRequest)?;
+    // With a routing config every body names its model (its shape checked above: it may not be rendered).
+    if gw.routing.is_some() {
+        return parse_json(bytes).map(Some);
+    }
     Ok(None)
 }
 
@@ -375,9 +377,11 @@ pub(crate) fn plan(
     key: Option<&[u8]>,
 ) -> Result<Plan, GatewayError> {
     let p = &gw.pools[pool];
+    // Rendered only for what reads it (a body parsed for its model alone is not rendered).
+    let reads = gw.index.is_some() || p.policy.needs_tokens() || p.policy.needs_text();
     let (tokens, text) = match v {
-        Some(v) => prompt(gw, p, route, v)?,
-        None => (Vec::new(), None),
+        Some(v) if reads && route.has_prompt() => prompt(gw, p, route, v)?,
+        _ => (Vec::new(), None),
     };
     let workers = routable(gw, |w| w.role == router_types::Role::Regular && w.pool == p.id);
     plan_in(gw, pool, &*p.policy, workers, Prompted { v, tokens: &tokens, text, match_prefix: true }, key)

@@ -36,6 +36,26 @@ pub struct PiiFinding {
     pub span: Range<usize>,
 }
 
+/// Which trigger bytes a text holds (one pass over it).
+#[derive(Debug, Clone, Copy, Default)]
+struct Present {
+    digit: bool,
+    at: bool,
+    colon: bool,
+}
+
+impl Present {
+    fn of(text: &str) -> Self {
+        let mut p = Present::default();
+        for &b in text.as_bytes() {
+            p.digit |= b.is_ascii_digit();
+            p.at |= b == b'@';
+            p.colon |= b == b':';
+        }
+        p
+    }
+}
+
 /// The compiled detectors (built once, shared by every request).
 #[derive(Debug, Clone)]
 pub struct PiiDetector {
@@ -133,16 +153,18 @@ impl PiiDetector {
             phone: re(concat!(
                 r"\+\d{1,3}(?:[ .-]?\(\d{1,4}\)|[ .-]?\d{1,5}){1,6}",
                 r"|\(\d{3}\) ?\d{3}[ .-]\d{4}",
-                r"|\b\d{3}[ .-]\d{3}[ .-]\d{4}\b",
-                r"|\b0\d{1,4}(?:[ /.-]?\d{2,4}){1,4}\b",
+                r"|(?-u:\b)\d{3}[ .-]\d{3}[ .-]\d{4}(?-u:\b)",
+                r"|(?-u:\b)0\d{1,4}(?:[ /.-]?\d{2,4}){1,4}(?-u:\b)",
             )),
-            card: re(r"\d(?:[ -]?\d)*"),
-            iban: re(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,32}"),
-            ssn: re(r"\b(\d{3})-(\d{2})-(\d{4})\b"),
-            ipv4: re(r"\b\d{1,3}(?:\.\d{1,3}){3}\b"),
-            ipv6: re(r"[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*"),
+            // 13 digits at least (shorter runs are no card): short numbers make no candidates.
+            card: re(r"\d(?:[ -]?\d){12,}"),
+            iban: re(r"(?-u:\b)[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,32}"),
+            ssn: re(r"(?-u:\b)(\d{3})-(\d{2})-(\d{4})(?-u:\b)"),
+            ipv4: re(r"(?-u:\b)\d{1,3}(?:\.\d{1,3}){3}(?-u:\b)"),
+            // Two colons at least, as every IPv6 address has ("10:32" makes no candidate).
+            ipv6: re(r"[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*"),
             api_key: re(concat!(
-                r"\b(?:sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{22,}",
+                r"(?-u:\b)(?:sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{22,}",
                 r"|(?:AKIA|ASIA)[0-9A-Z]{16}|xox[baprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35})",
             )),
         }
@@ -156,8 +178,9 @@ impl PiiDetector {
             return Vec::new();
         }
         let mut accepted: Vec<PiiFinding> = Vec::new();
+        let has = Present::of(text);
         for kind in PiiType::ALL {
-            for span in self.candidates(kind, text) {
+            for span in self.candidates(kind, text, &has) {
                 if !accepted.iter().any(|f| f.span.start < span.end && span.start < f.span.end) {
                     accepted.push(PiiFinding { kind, span });
                 }
@@ -169,7 +192,18 @@ impl PiiDetector {
     }
 
     /// Validated spans of one type, overlaps with other types not yet removed.
-    fn candidates(&self, kind: PiiType, text: &str) -> Vec<Range<usize>> {
+    fn candidates(&self, kind: PiiType, text: &str, has: &Present) -> Vec<Range<usize>> {
+        // Each type needs a byte a text without it cannot hold: prose is not scanned.
+        let needs = match kind {
+            PiiType::Email => has.at,
+            PiiType::IpAddress => has.digit || has.colon,
+            // Its pattern's literal prefixes prefilter the scan already.
+            PiiType::ApiKey => true,
+            _ => has.digit,
+        };
+        if !needs {
+            return Vec::new();
+        }
         match kind {
             PiiType::Email => self.emails(text),
             PiiType::Phone => self.phones(text),

@@ -103,6 +103,9 @@ struct KeywordSignal {
     signal: SignalRef,
     operator: KeywordOperator,
     set: RegexSet,
+    /// Matched against the ASCII-lowercased text (a case-insensitive rule of
+    /// ASCII keywords: its literals then prefilter the scan).
+    lowered: bool,
 }
 
 // === impl Signals ===
@@ -119,6 +122,7 @@ impl Signals {
                     signal: SignalRef::new(SignalKind::Keyword, &rule.name),
                     operator: rule.operator,
                     set: compile_keywords(rule)?,
+                    lowered: lowers(rule),
                 })
             })
             .collect::<Result<_, ConfigError>>()?;
@@ -178,8 +182,11 @@ impl Signals {
     pub fn evaluate(&self, input: &SignalInput<'_>, needed: &HashSet<SignalRef>) -> SignalResults {
         let mut out = SignalResults::default();
         let rule = |matched: bool, value: Option<f64>| SignalResult { matched, confidence: 1.0, value };
+        let mut lowered: Option<String> = None;
         for k in self.keywords.iter().filter(|k| needed.contains(&k.signal)) {
-            let found = k.set.matches(input.text).iter().count();
+            let text =
+                if k.lowered { lowered.get_or_insert_with(|| input.text.to_ascii_lowercase()) } else { input.text };
+            let found = k.set.matches(text).iter().count();
             let matched = match k.operator {
                 KeywordOperator::Or => found > 0,
                 KeywordOperator::And => found == k.set.len(),
@@ -294,6 +301,12 @@ impl SignalResults {
 /// One pattern per keyword: whole words (a `\b` on each side that starts or
 /// ends with a word character, as the semantic router does), any run of
 /// whitespace inside a phrase matching any run, case-insensitive unless asked.
+/// Whether a keyword rule is matched case-sensitively against the lowercased
+/// text: case-insensitive, every keyword ASCII.
+fn lowers(rule: &KeywordRule) -> bool {
+    !rule.case_sensitive && rule.keywords.iter().all(|k| k.is_ascii())
+}
+
 pub(crate) fn compile_keywords(rule: &KeywordRule) -> Result<RegexSet, ConfigError> {
     if rule.keywords.is_empty() {
         return Err(ConfigError::EmptyKeywords { name: rule.name.clone() });
@@ -307,14 +320,22 @@ pub(crate) fn compile_keywords(rule: &KeywordRule) -> Result<RegexSet, ConfigErr
                 return Err(ConfigError::BlankKeyword { name: rule.name.clone() });
             }
             let is_word = |c: char| c.is_alphanumeric() || c == '_';
+            let k = if lowers(rule) { k.to_ascii_lowercase() } else { k.to_owned() };
             let body: Vec<String> = k.split_whitespace().map(regex::escape).collect();
-            let lead = if k.starts_with(is_word) { r"\b" } else { "" };
-            let trail = if k.ends_with(is_word) { r"\b" } else { "" };
+            // An ASCII end takes an ASCII word boundary (as the semantic router's Go regexps
+            // have): the lazy DFA then scans any text; a Unicode boundary makes it fall back.
+            let boundary = |c: Option<char>| match c {
+                Some(c) if c.is_ascii() && is_word(c) => r"(?-u:\b)",
+                Some(c) if is_word(c) => r"\b",
+                _ => "",
+            };
+            let lead = boundary(k.chars().next());
+            let trail = boundary(k.chars().next_back());
             Ok(format!("{lead}{}{trail}", body.join(r"\s+")))
         })
         .collect::<Result<Vec<_>, _>>()?;
     RegexSetBuilder::new(patterns)
-        .case_insensitive(!rule.case_sensitive)
+        .case_insensitive(!rule.case_sensitive && !lowers(rule))
         .size_limit(PATTERN_SIZE_LIMIT)
         .build()
         .map_err(|e| ConfigError::BadRegex {

@@ -70,6 +70,8 @@ pub struct AppConfig {
     pub policy: PolicyConfig,
     /// Model pools and the decisions between them (`--routing-config`); none: one pool.
     pub routing: Option<RoutingSetup>,
+    /// One pool per model the workers serve, read from their `/v1/models` at start (`--enable-igw`).
+    pub igw: bool,
     /// Follow the workers' KV events.
     pub kv_events: Option<EventsConfig>,
     /// Model directory; the built-in byte-level model if absent.
@@ -253,7 +255,22 @@ impl App {
             }
         }
         let pd_workers = config.pd.as_ref().is_some_and(|pd| !pd.prefill.is_empty() || !pd.decode.is_empty());
-        let pool_workers = config.routing.as_ref().is_some_and(|r| r.pools.iter().any(|p| !p.workers.is_empty()));
+        // --enable-igw: the pools come from the workers' own models.
+        let routing = match (&config.routing, config.igw) {
+            (Some(r), _) => Some(r.clone()),
+            (None, true) => {
+                let mut all = config.workers.clone();
+                all.extend(mocks.iter().filter_map(|(_, _, m)| WorkerUrl::parse(&m.url()).ok()));
+                let client = fleet::worker_client(
+                    config.worker_api_key.as_deref(),
+                    Some(Duration::from_secs(5)),
+                    &config.worker_tls,
+                );
+                Some(crate::igw::discover(&all, &client, &config.policy, &config.model_id).await?)
+            }
+            (None, false) => None,
+        };
+        let pool_workers = routing.as_ref().is_some_and(|r| r.pools.iter().any(|p| !p.workers.is_empty()));
         if config.workers.is_empty() && mocks.is_empty() && !pd_workers && !pool_workers {
             bail!("no workers: give --worker-urls or --mock-workers");
         }
@@ -318,7 +335,7 @@ impl App {
             tls: config.worker_tls.clone(),
         };
         // With a routing config, --worker-urls join its default pool (added below).
-        let flag_workers: &[WorkerUrl] = if config.routing.is_some() { &[] } else { &config.workers };
+        let flag_workers: &[WorkerUrl] = if routing.is_some() { &[] } else { &config.workers };
         let fleet = Fleet::start(fleet_config, index.clone(), flag_workers, cancel.clone());
         if let Some(pd) = &config.pd {
             for (url, bootstrap) in &pd.prefill {
@@ -328,11 +345,11 @@ impl App {
                 fleet.add_as(url.clone(), Role::Decode, Source::Flag);
             }
         }
-        let built = match &config.routing {
+        let built = match &routing {
             Some(r) => Some(build_pools(r, &renderer, &config, &cancel)?),
             None => None,
         };
-        if let Some(r) = &config.routing {
+        if let Some(r) = &routing {
             for p in &r.pools {
                 for url in &p.workers {
                     fleet.add_in(url.clone(), Role::Regular, PoolId(p.name.clone()), Source::Flag);
@@ -340,11 +357,11 @@ impl App {
             }
         }
         // Without a pool of its own, a worker serves the default pool (`--worker-urls` with a routing config).
-        let default_pool = match &config.routing {
+        let default_pool = match &routing {
             Some(r) => PoolId(r.config.default_pool_name().unwrap_or_default().to_owned()),
             None => PoolId::default_pool(),
         };
-        if config.routing.is_some() {
+        if routing.is_some() {
             for url in &config.workers {
                 fleet.add_in(url.clone(), Role::Regular, default_pool.clone(), Source::Flag);
             }

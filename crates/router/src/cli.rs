@@ -137,6 +137,11 @@ pub(crate) struct ServeArgs {
     /// pool serves --model-id from --worker-urls; with it, --worker-urls join the default pool.
     #[arg(long, env = "SGL_ROUTER_ROUTING_CONFIG", value_name = "FILE")]
     pub(crate) routing_config: Option<PathBuf>,
+    /// Inference-gateway mode (SGLang Model Gateway's): one model pool per model the workers
+    /// serve, each worker's model read from its `GET /v1/models` at start (for up to 30 s); a
+    /// request's `model` picks the pool. No auto names: --routing-config gives pools with decisions.
+    #[arg(long, env = "SGL_ROUTER_ENABLE_IGW", conflicts_with = "routing_config")]
+    pub(crate) enable_igw: bool,
     /// Threads serving requests, each with its own single-threaded runtime and upstream connections
     /// (0: share the runtime of the background tasks) [default: the number of CPUs].
     #[arg(long, env = "SGL_ROUTER_SERVE_THREADS", value_name = "N")]

@@ -3,3 +3,4 @@
 //! and runs it.
 
 pub mod app;
+mod igw;

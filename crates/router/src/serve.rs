@@ -79,9 +79,9 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     {
         return usage("no workers: give --worker-urls URL,... or --mock-workers N".into());
     }
-    if routing.is_some() && (pd_on || pd_workers) {
+    if (routing.is_some() || a.enable_igw) && (pd_on || pd_workers) {
         return usage(
-            "--routing-config with prefill/decode disaggregation: model pools serve regular workers only so far".into(),
+            "model pools (--routing-config, --enable-igw) with prefill/decode disaggregation: pools serve regular workers only so far".into(),
         );
     }
     if pd_on && !a.worker_urls.is_empty() {
@@ -256,6 +256,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         pd,
         policy,
         routing,
+        igw: a.enable_igw,
         kv_events,
         tokenizer_path: a.tokenizer_path.clone(),
         chat_template: a.chat_template.clone(),

@@ -511,3 +511,47 @@ async fn worker_urls_join_the_default_pool_and_debug_route_follows_the_decisions
     assert_eq!(again.status(), 409);
     let _ = router.stop.send(());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enable_igw_makes_a_pool_of_each_model_the_workers_serve() {
+    let engine = |model: &str| MockEngineConfig { model_id: model.into(), strict_model: true, ..engine_config() };
+    let (a1, a2, b) = (
+        MockEngine::spawn(engine("alpha")).await.unwrap(),
+        MockEngine::spawn(engine("alpha")).await.unwrap(),
+        MockEngine::spawn(engine("beta")).await.unwrap(),
+    );
+    let mut app = config(&[&a1, &b, &a2], PolicyConfig::RoundRobin, false);
+    app.igw = true;
+    app.model_id = "beta".into();
+    let router = start(app).await;
+    let url = &router.url;
+    let http = reqwest::Client::new();
+    let models: Value = http.get(format!("{url}/v1/models")).send().await.unwrap().json().await.unwrap();
+    let ids: Vec<&str> = models["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["alpha", "beta"], "no auto name; one pool per model, in the order found");
+    let ask = |model: &str| json!({"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]});
+    for _ in 0..4 {
+        let r = http.post(format!("{url}/v1/chat/completions")).json(&ask("alpha")).send().await.unwrap();
+        assert_eq!((r.status().as_u16(), r.headers()["x-route-pool"].to_str().unwrap()), (200, "alpha"));
+    }
+    // Both alpha workers served (round robin within the pool), the beta one none of them.
+    let served = |m: &MockEngine| m.engine().requests.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(served(&a1) > 0 && served(&a2) > 0);
+    assert_eq!(served(&b), 0);
+    let r = http.post(format!("{url}/v1/chat/completions")).json(&ask("beta")).send().await.unwrap();
+    assert_eq!(r.headers()["x-route-pool"], "beta");
+    assert_eq!(r.status(), 200);
+    // No model: the pool serving --model-id.
+    let r = http
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["x-route-pool"], "beta");
+    for unknown in ["gamma", "auto"] {
+        let r = http.post(format!("{url}/v1/chat/completions")).json(&ask(unknown)).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{unknown}");
+    }
+    let _ = router.stop.send(());
+}

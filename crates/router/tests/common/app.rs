@@ -32,6 +32,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         pd: None,
         policy,
         routing: None,
+        igw: false,
         kv_events: kv.then(|| EventsConfig {
             explicit: Default::default(),
             default_block_size: std::num::NonZeroUsize::new(16).unwrap(),
