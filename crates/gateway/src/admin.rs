@@ -44,8 +44,7 @@ pub(crate) async fn route_preview(
     let route = debug_route_of(q.route.as_deref())?;
     let key = crate::proxy::Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
     let bytes = read_body(&gw, body).await?;
-    let signal_headers = crate::pools::wanted_headers(&gw, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
-    let session = crate::proxy::Meta::key(headers.get(crate::pools::SESSION_HEADER).map(HeaderValue::as_bytes));
+    let (signal_headers, session) = routing_headers(&gw, &headers);
     let (gw2, len) = (gw.clone(), bytes.len());
     let out = crate::admission::render(&gw, len, move || {
         let mut v = crate::proxy::parse_json(&bytes)?;
@@ -125,6 +124,13 @@ pub(crate) async fn reload_routing(State(gw): State<Arc<Gateway>>) -> Result<Res
     }
 }
 
+/// What routing reads of an explain's headers: those header signals read, and `x-session-id`.
+fn routing_headers(gw: &Gateway, headers: &axum::http::HeaderMap) -> (Vec<(String, String)>, Option<Vec<u8>>) {
+    let signal_headers = crate::pools::wanted_headers(gw, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
+    let session = crate::proxy::Meta::key(headers.get(crate::pools::SESSION_HEADER).map(HeaderValue::as_bytes));
+    (signal_headers, session)
+}
+
 /// The route an explain is about (`?route=`, chat by default).
 fn debug_route_of(q: Option<&str>) -> Result<Route, GatewayError> {
     match q {
@@ -153,8 +159,7 @@ pub(crate) async fn debug_route(
     }
     // Rendered like a request: a large body off the serving thread; with a routing config, in
     // the pool the request would get (nothing counted, remembered or learned).
-    let signal_headers = crate::pools::wanted_headers(&gw, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
-    let session = crate::proxy::Meta::key(headers.get(crate::pools::SESSION_HEADER).map(HeaderValue::as_bytes));
+    let (signal_headers, session) = routing_headers(&gw, &headers);
     let (gw2, len, key) = (gw.clone(), bytes.len(), key);
     let plan = crate::admission::render(&gw, len, move || {
         let mut v = parse_body(&gw2, route, &bytes)?;
