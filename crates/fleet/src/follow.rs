@@ -116,22 +116,17 @@ async fn find(fleet: &Fleet, ev: &EventsSide, worker: &Worker) -> Result<Option<
 /// Checks the page size, registers the streams and starts their subscribers.
 async fn subscribe(fleet: &Fleet, ev: &EventsSide, worker: &Worker, found: Found) {
     let fleet_block = ev.config.default_block_size.get();
-    // The first worker followed fixes the fleet's page size.
-    let block_size = match found.block_size {
-        Some(b) => match ev.block_size.compare_exchange(0, b, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => b,
-            Err(current) => current,
-        },
-        None => match ev.block_size.compare_exchange(0, fleet_block, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => fleet_block,
-            Err(current) => current,
-        },
+    // The first worker of its pool followed fixes the pool's page size.
+    let block_size = {
+        let mut sizes = ev.block_sizes.write().unwrap_or_else(|p| p.into_inner());
+        *sizes.entry(worker.pool.clone()).or_insert(found.block_size.unwrap_or(fleet_block))
     };
     let worker_block = found.block_size.unwrap_or(block_size);
     if worker_block != block_size {
         fleet.metrics.refused_block_size.fetch_add(1, Ordering::Relaxed);
         let reason = format!(
-            "page size {worker_block} differs from the fleet's {block_size}: its block hashes could never match a request's"
+            "page size {worker_block} differs from pool {}'s {block_size}: its block hashes could never match a request's",
+            worker.pool
         );
         fleet.unfollowed(worker, Events::Refused(reason));
         return;

@@ -25,7 +25,7 @@ mod tls;
 mod worker;
 
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -158,7 +158,7 @@ pub struct HashModes(AtomicU8);
 /// Fleet-level counters.
 #[derive(Debug, Default)]
 pub struct FleetMetrics {
-    /// Workers whose events are not followed because their page size differs from the fleet's.
+    /// Workers whose events are not followed because their page size differs from their pool's.
     pub refused_block_size: AtomicU64,
     /// Discovery attempts that failed (unreachable or invalid `/server_info`).
     pub discovery_failures: AtomicU64,
@@ -176,8 +176,9 @@ struct EventsSide {
     control: mpsc::Sender<PumpControl>,
     events: Arc<EventMetrics>,
     pump: Arc<PumpMetrics>,
-    /// The fleet's page size, fixed by the first worker followed (0: none yet).
-    block_size: AtomicUsize,
+    /// Each pool's page size, fixed by the first of its workers followed (a
+    /// pool's requests are hashed with it; another pool may have another).
+    block_sizes: RwLock<std::collections::HashMap<PoolId, usize>>,
     hash_modes: Arc<HashModes>,
 }
 
@@ -268,7 +269,7 @@ impl Fleet {
                     control,
                     events: Arc::new(EventMetrics::default()),
                     pump: pump_metrics,
-                    block_size: AtomicUsize::new(0),
+                    block_sizes: RwLock::new(std::collections::HashMap::new()),
                     hash_modes: Arc::new(HashModes::default()),
                 })
             }
@@ -420,14 +421,19 @@ impl Fleet {
         }
     }
 
-    /// The page size requests are hashed with: the followed workers' (the
-    /// configured default until one is followed).
+    /// The page size the default pool's requests are hashed with (see [`Fleet::block_size_of`]).
     pub fn block_size(&self) -> usize {
+        self.block_size_of(&PoolId::default_pool())
+    }
+
+    /// The page size `pool`'s requests are hashed with: its followed workers'
+    /// (the configured default until one is followed).
+    pub fn block_size_of(&self, pool: &PoolId) -> usize {
         match &self.events {
-            Some(ev) => match ev.block_size.load(Ordering::Relaxed) {
-                0 => ev.config.default_block_size.get(),
-                n => n,
-            },
+            Some(ev) => {
+                let sizes = ev.block_sizes.read().unwrap_or_else(|p| p.into_inner());
+                sizes.get(pool).copied().unwrap_or(ev.config.default_block_size.get())
+            }
             None => 16,
         }
     }

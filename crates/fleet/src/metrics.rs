@@ -206,7 +206,7 @@ fn render_events(out: &mut String, e: &EventMetrics, p: &PumpMetrics, f: &FleetM
     counter(
         out,
         "router_kv_events_refused_workers_total",
-        "Workers whose events are not followed because their page size differs from the fleet's.",
+        "Workers whose events are not followed because their page size differs from their pool's.",
         &[("{reason=\"block_size\"}", get(&f.refused_block_size))],
     );
     counter(

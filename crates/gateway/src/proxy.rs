@@ -420,8 +420,8 @@ pub(crate) fn plan_in(
     let v = v.filter(|_| match_prefix);
     let text = text.filter(|_| match_prefix);
     let input_tokens = tokens.len() as u64;
-    // The fleet's page size, read once: a worker followed meanwhile may fix it.
-    let block_size = gw.fleet.block_size();
+    // The pool's page size, read once: a worker followed meanwhile may fix it.
+    let block_size = gw.fleet.block_size_of(&gw.pools[pool].id);
     let mut matched: HashMap<kv_index::WorkerId, (u32, Option<DpRank>)> = HashMap::new();
     let mut hashes = Vec::new();
     if let (Some(index), Some(v)) = (&gw.index, v) {

@@ -555,3 +555,42 @@ async fn enable_igw_makes_a_pool_of_each_model_the_workers_serve() {
     }
     let _ = router.stop.send(());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_may_have_different_page_sizes() {
+    let (mut routing, _engines) = pools("examples/routing.yaml").await;
+    // The large pool's engine pages by 32 tokens, the small one's by 16: both are followed.
+    let large = MockEngine::spawn(MockEngineConfig {
+        model_id: "qwen3-32b".into(),
+        strict_model: true,
+        page_size: 32,
+        ..engine_config()
+    })
+    .await
+    .unwrap();
+    routing.pools[1].workers = vec![router_types::WorkerUrl::parse(&large.url()).unwrap()];
+    routing.pools[1].policy = PolicyConfig::cache_aware();
+    let mut app = config(&[], PolicyConfig::RoundRobin, true);
+    app.routing = Some(routing);
+    let router = start(app).await;
+    let url = &router.url;
+    let fleet = &router.gateway.fleet;
+    common::eventually("both pools' workers followed", async || {
+        fleet.snapshot().iter().all(|w| matches!(w.events(), fleet::Events::Followed { .. }))
+    })
+    .await;
+    assert_eq!(fleet.block_size_of(&router_types::PoolId("small".into())), 16);
+    assert_eq!(fleet.block_size_of(&router_types::PoolId("large".into())), 32);
+    // A long prompt sent to the large pool is then found there, hashed by its 32-token pages.
+    let doc = "The incident report describes every step of the failed migration in detail. ".repeat(12);
+    let body = json!({"model": "qwen3-32b", "max_tokens": 2, "messages": [{"role": "user", "content": doc}]});
+    let r = reqwest::Client::new().post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    common::eventually("the large pool's cache is known", async || {
+        let v: Value =
+            admin_client().post(format!("{url}/debug/route")).json(&body).send().await.unwrap().json().await.unwrap();
+        v["pool"] == "large" && v["candidates"][0]["matched_tokens"].as_u64().unwrap_or(0) >= 512
+    })
+    .await;
+    let _ = router.stop.send(());
+}
