@@ -168,6 +168,8 @@ pub struct PoolSetup {
     pub policy: PolicyConfig,
     /// Its model directory (the router's `tokenizer_path` when none).
     pub tokenizer_path: Option<PathBuf>,
+    /// Its chat template (the router's `chat_template` when none).
+    pub chat_template: Option<PathBuf>,
     /// Its context window.
     pub context_window: Option<u64>,
 }
@@ -238,10 +240,14 @@ impl App {
         for pool in pools {
             let roles = roles.clone();
             for role in roles {
-                let dir = pool.and_then(|p| p.tokenizer_path.as_ref()).or(config.tokenizer_path.as_ref());
-                let engine_renderer = match dir {
-                    Some(dir) => Renderer::from_dir(dir, config.chat_template.as_deref())?,
-                    None => Renderer::builtin()?,
+                let engine_renderer = match pool {
+                    Some(p) => pool_renderer(p, &config)?,
+                    None => None,
+                };
+                let engine_renderer = match (engine_renderer, &config.tokenizer_path) {
+                    (Some(r), _) => r,
+                    (None, Some(dir)) => Renderer::from_dir(dir, config.chat_template.as_deref())?,
+                    (None, None) => Renderer::builtin()?,
                 };
                 let mut mock_config = MockEngineConfig { speedup: 10.0, ..MockEngineConfig::in_role(role, flavor) };
                 mock_config.pd.mooncake = role == mock_engine::PdRole::Prefill
@@ -572,11 +578,8 @@ fn build_pools(
 ) -> anyhow::Result<(Vec<gateway::pools::Pool>, gateway::pools::Routing)> {
     let mut pools = Vec::with_capacity(r.pools.len());
     for p in &r.pools {
-        let renderer = match &p.tokenizer_path {
-            Some(dir) => Arc::new(
-                Renderer::from_dir(dir, config.chat_template.as_deref())
-                    .with_context(|| format!("pool {}: loading the model at {}", p.name, dir.display()))?,
-            ),
+        let renderer = match pool_renderer(p, config)? {
+            Some(own) => Arc::new(own),
             None => renderer.clone(),
         };
         let policy = build_policy(&p.policy, cancel);
@@ -597,6 +600,21 @@ fn build_pools(
         anyhow::anyhow!("the routing config: {}", problems.join("; "))
     })?;
     Ok((pools, gateway::pools::Routing::new(selector)))
+}
+
+/// A pool's own renderer, when it names a model directory or a chat template
+/// (the router's for what it leaves out); `None`: the router's renderer.
+fn pool_renderer(p: &PoolSetup, config: &AppConfig) -> anyhow::Result<Option<Renderer>> {
+    if p.tokenizer_path.is_none() && p.chat_template.is_none() {
+        return Ok(None);
+    }
+    let Some(dir) = p.tokenizer_path.as_ref().or(config.tokenizer_path.as_ref()) else {
+        bail!("pool {}: chat_template needs a model directory (its tokenizer_path, or --tokenizer-path)", p.name);
+    };
+    let template = p.chat_template.as_deref().or(config.chat_template.as_deref());
+    let r = Renderer::from_dir(dir, template)
+        .with_context(|| format!("pool {}: loading the model at {}", p.name, dir.display()))?;
+    Ok(Some(r))
 }
 
 /// The policy `config` names (a text tree is trimmed until `cancel`).

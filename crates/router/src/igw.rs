@@ -56,6 +56,7 @@ pub(crate) async fn discover(
             workers: by_model[m].clone(),
             policy: policy.clone(),
             tokenizer_path: None,
+            chat_template: None,
             context_window: None,
         })
         .collect();
@@ -71,6 +72,7 @@ pub(crate) async fn discover(
                 workers: p.workers.iter().map(ToString::to_string).collect(),
                 policy: None,
                 tokenizer_path: None,
+                chat_template: None,
                 context_window: None,
                 price: None,
                 quality: None,

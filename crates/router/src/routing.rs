@@ -34,6 +34,8 @@ pub(crate) struct FilePool {
     pub(crate) policy: PolicyName,
     /// Its model directory (`--tokenizer-path` when it names none).
     pub(crate) tokenizer_path: Option<PathBuf>,
+    /// Its chat template (`--chat-template` when it names none).
+    pub(crate) chat_template: Option<PathBuf>,
     /// Its context window.
     pub(crate) context_window: Option<u64>,
 }
@@ -76,6 +78,7 @@ pub(crate) fn load(path: &Path, default_policy: PolicyName) -> Result<RoutingFil
             workers,
             policy,
             tokenizer_path: p.tokenizer_path.as_ref().map(PathBuf::from),
+            chat_template: p.chat_template.as_ref().map(PathBuf::from),
             context_window: p.context_window,
         });
     }

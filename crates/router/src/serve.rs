@@ -227,6 +227,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
                 workers: p.workers,
                 policy: policy_config(p.policy),
                 tokenizer_path: p.tokenizer_path,
+                chat_template: p.chat_template,
                 context_window: p.context_window,
             })
             .collect(),

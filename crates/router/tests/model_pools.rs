@@ -99,6 +99,7 @@ async fn pools(file: &str) -> (RoutingSetup, Vec<MockEngine>) {
             workers: vec![router_types::WorkerUrl::parse(&engine.url()).unwrap()],
             policy,
             tokenizer_path: None,
+            chat_template: None,
             context_window: p.context_window,
         });
         engines.push(engine);
@@ -593,4 +594,26 @@ async fn pools_may_have_different_page_sizes() {
     })
     .await;
     let _ = router.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_renders_with_its_own_tokenizer_and_chat_template() {
+    let (mut routing, _engines) = pools("examples/routing.yaml").await;
+    let dir = std::env::temp_dir().join(format!("sgl-pool-template-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let template = dir.join("template.jinja");
+    std::fs::write(&template, "{% for m in messages %}<<{{ m.role }}>>{{ m.content }}{% endfor %}").unwrap();
+    routing.pools[1].tokenizer_path = Some(repo("tests/fixtures/tokenizers/qwen3"));
+    routing.pools[1].chat_template = Some(template);
+    let mut app = config(&[], PolicyConfig::RoundRobin, true);
+    app.routing = Some(routing);
+    let router = start(app).await;
+    let chat = renderer::ChatRequest::from_value(&json!({"messages": [{"role": "user", "content": "hi"}]})).unwrap();
+    let pools = &router.gateway.pools;
+    assert_eq!(pools[1].renderer.render_text(&chat).unwrap(), "<<user>>hi");
+    // The other pool keeps the router's renderer (the built-in model's template).
+    assert_ne!(pools[0].renderer.render_text(&chat).unwrap(), "<<user>>hi");
+    assert!(pools[1].renderer.tokenizer().vocab_size() > pools[0].renderer.tokenizer().vocab_size());
+    let _ = router.stop.send(());
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -24,6 +24,10 @@ pub struct PoolConfig {
     /// Its model directory, as `--tokenizer-path` (default: the router's).
     #[serde(default)]
     pub tokenizer_path: Option<String>,
+    /// Its chat template file, as `--chat-template` (default: the router's;
+    /// needs a model directory).
+    #[serde(default)]
+    pub chat_template: Option<String>,
     /// Tokens its engines hold per request: a pool that cannot hold the
     /// prompt plus `max_tokens` is skipped.
     #[serde(default)]
