@@ -84,7 +84,7 @@ pub(crate) async fn route_preview(
         out["decision"] = json!(routed.decision);
         out["body_rewritten"] = json!(routed.rewritten);
         // The worker the pool would pick: the policy's choice, never committed.
-        match plan(&gw2, routed.pool, route, Some(&v), key.as_deref()) {
+        match plan(&gw2, routed.pool, route, Some(&v), key.as_deref(), routed.prompt) {
             Ok(plan) => {
                 out["worker"] = json!(plan.chosen().url);
                 out["policy"] = json!(pool.policy.name());
@@ -106,10 +106,10 @@ pub(crate) async fn route_preview(
 /// in force if it is valid and keeps the pools; else 422 with every problem,
 /// the config in force unchanged.
 pub(crate) async fn reload_routing(State(gw): State<Arc<Gateway>>) -> Result<Response, GatewayError> {
-    let Some(slot) = &gw.routing else {
+    if gw.routing.is_none() {
         return Err(GatewayError::NotFound("a routing config (start the router with --routing-config)".into()));
-    };
-    match slot.reload() {
+    }
+    match crate::pools::reload(&gw).await {
         Ok(r) => {
             tracing::info!(decisions = r.decisions, signals = r.signals, "routing config reloaded");
             Ok(Json(json!({"reloaded": true, "decisions": r.decisions, "signals": r.signals})).into_response())
@@ -163,15 +163,16 @@ pub(crate) async fn debug_route(
     let (gw2, len, key) = (gw.clone(), bytes.len(), key);
     let plan = crate::admission::render(&gw, len, move || {
         let mut v = parse_body(&gw2, route, &bytes)?;
-        let pool = match (gw2.routing(), v.as_mut()) {
+        let (pool, rendered) = match (gw2.routing(), v.as_mut()) {
             (Some(routing), Some(v)) => {
                 let ask = crate::pools::Asked { debug: false, headers: &signal_headers, session: session.as_deref() };
                 let mut preview = crate::pools::Preview::default();
-                crate::pools::route(&gw2, &routing, route, v, &ask, Some(&mut preview))?.pool
+                let routed = crate::pools::route(&gw2, &routing, route, v, &ask, Some(&mut preview))?;
+                (routed.pool, routed.prompt)
             }
-            _ => 0,
+            _ => (0, None),
         };
-        plan(&gw2, pool, route, v.as_ref(), key.as_deref())
+        plan(&gw2, pool, route, v.as_ref(), key.as_deref(), rendered)
     })
     .await??;
     // An explain: the policy's choice, never committed (nothing it learns or advances).

@@ -289,6 +289,9 @@ pub(crate) fn parse_body(gw: &Gateway, route: Route, bytes: &[u8]) -> Result<Opt
     Ok(None)
 }
 
+/// A prompt's tokens (empty when not needed) and text.
+pub(crate) type Rendered = (Vec<u32>, Option<String>);
+
 /// Tokens and text of the request, by `pool`'s renderer (the tokens only
 /// when the index or the pool's policy reads them).
 pub(crate) fn prompt(
@@ -368,19 +371,23 @@ impl Meta {
 }
 
 /// Chooses a worker of pool `pool`: candidates with their load and cached
-/// prefix, then the pool's policy, unless the client's routing key names the worker.
+/// prefix, then the pool's policy, unless the client's routing key names the
+/// worker. `rendered`: the prompt as the pool's renderer made it already (the
+/// routing config's signals), else it is rendered here when read.
 pub(crate) fn plan(
     gw: &Gateway,
     pool: usize,
     route: Route,
     v: Option<&Value>,
     key: Option<&[u8]>,
+    rendered: Option<Rendered>,
 ) -> Result<Plan, GatewayError> {
     let p = &gw.pools[pool];
     // Rendered only for what reads it (a body parsed for its model alone is not rendered).
     let reads = gw.index.is_some() || p.policy.needs_tokens() || p.policy.needs_text();
-    let (tokens, text) = match v {
-        Some(v) if reads && route.has_prompt() => prompt(gw, p, route, v)?,
+    let (tokens, text) = match (v, rendered) {
+        (Some(_), Some(r)) if reads => r,
+        (Some(v), _) if reads && route.has_prompt() => prompt(gw, p, route, v)?,
         _ => (Vec::new(), None),
     };
     let workers = routable(gw, |w| w.role == router_types::Role::Regular && w.pool == p.id);
@@ -645,14 +652,18 @@ where
     let (mut v, plan, routed, bytes) = crate::admission::render(gw, bytes.len(), move || {
         let mut v = parse_body(&gw2, route, &body)?;
         // With a routing config: the pool (the body names its model, the plugins may change it).
-        let routed = match (gw2.routing(), v.as_mut()) {
+        let mut routed = match (gw2.routing(), v.as_mut()) {
             (Some(routing), Some(v)) => {
                 let ask = crate::pools::Asked { debug, headers: &signal_headers, session: session.as_deref() };
                 Some(crate::pools::route(&gw2, &routing, route, v, &ask, None)?)
             }
             _ => None,
         };
-        let plan = plan(&gw2, routed.as_ref().map_or(0, |r| r.pool), route, v.as_ref(), key.as_deref())?;
+        let (pool, rendered) = match routed.as_mut() {
+            Some(r) => (r.pool, r.prompt.take()),
+            None => (0, None),
+        };
+        let plan = plan(&gw2, pool, route, v.as_ref(), key.as_deref(), rendered)?;
         let bytes = match (&routed, &v) {
             (Some(r), Some(v)) if r.rewritten => Bytes::from(serde_json::to_vec(v).unwrap_or_default()),
             _ => body,

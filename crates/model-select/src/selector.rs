@@ -31,6 +31,19 @@ pub struct Selector {
     header_names: Vec<String>,
     /// Each decision's algorithm, compiled.
     algorithms: Vec<Algorithm>,
+    /// Each decision's candidate pools, resolved (none for a decision that blocks).
+    candidates: Vec<Vec<usize>>,
+    /// What the reachable decisions read of a request, worked out once.
+    needs: Needs,
+}
+
+/// What the reachable decisions read of a request.
+#[derive(Debug, Clone, Copy, Default)]
+struct Needs {
+    tokens: bool,
+    text: bool,
+    shape: bool,
+    load: bool,
 }
 
 /// What a request's `model` names.
@@ -55,6 +68,8 @@ pub struct Choice<'s> {
     pub signals: SignalResults,
     /// Every decision's outcome.
     pub trace: Vec<DecisionTrace>,
+    /// The winning decision's position in the config.
+    pub index: Option<usize>,
     /// How to choose among `pools`.
     pub algorithm: &'s Algorithm,
 }
@@ -93,8 +108,39 @@ impl Selector {
                 _ => Algorithm::Static,
             })
             .collect();
+        let blocks = |d: &DecisionConfig| d.plugins.iter().any(|p| matches!(p, PluginConfig::Block { .. }));
+        let index_of = |name: &String| config.pools.iter().position(|p| &p.name == name);
+        let candidates = config
+            .decisions
+            .iter()
+            .map(|d| match d {
+                // A block answers itself: no pool.
+                d if blocks(d) => Vec::new(),
+                d if !d.pools.is_empty() => d.pools.iter().filter_map(index_of).collect(),
+                _ => vec![default_pool],
+            })
+            .collect();
+        use SignalKind as K;
+        let reads = |kinds: &[SignalKind]| needed.iter().any(|s| kinds.contains(&s.kind));
+        let needs = Needs {
+            tokens: reads(&[K::Context]),
+            text: reads(&[K::Keyword, K::Regex, K::Pii, K::Language]),
+            shape: reads(&[K::Conversation]),
+            load: reads(&[K::Load]),
+        };
         let detector = PiiDetector::new();
-        Ok(Selector { config, signals, needed, models, default_pool, detector, header_names, algorithms })
+        Ok(Selector {
+            config,
+            signals,
+            needed,
+            models,
+            default_pool,
+            detector,
+            header_names,
+            algorithms,
+            candidates,
+            needs,
+        })
     }
 
     /// The config it was built from.
@@ -119,23 +165,22 @@ impl Selector {
     /// Whether a reachable decision reads the prompt's token count (the
     /// caller tokenizes only then).
     pub fn needs_tokens(&self) -> bool {
-        self.needed.iter().any(|s| s.kind == SignalKind::Context)
+        self.needs.tokens
     }
 
     /// Whether a reachable decision reads the request's text.
     pub fn needs_text(&self) -> bool {
-        use SignalKind as K;
-        self.needed.iter().any(|s| matches!(s.kind, K::Keyword | K::Regex | K::Pii | K::Language))
+        self.needs.text
     }
 
     /// Whether a reachable decision reads the conversation's shape.
     pub fn needs_shape(&self) -> bool {
-        self.needed.iter().any(|s| s.kind == SignalKind::Conversation)
+        self.needs.shape
     }
 
     /// Whether a reachable decision reads the pools' live load.
     pub fn needs_load(&self) -> bool {
-        self.needed.iter().any(|s| s.kind == SignalKind::Load)
+        self.needs.load
     }
 
     /// The request headers reachable header rules read (lowercase names).
@@ -147,20 +192,10 @@ impl Selector {
     pub fn decide(&self, input: &SignalInput<'_>) -> Choice<'_> {
         let signals = self.signals.evaluate(input, &self.needed);
         let selection = select(&self.config.decisions, self.config.strategy, &signals);
-        let blocks = |d: &DecisionConfig| d.plugins.iter().any(|p| matches!(p, PluginConfig::Block { .. }));
-        let pools = match selection.winner {
-            // A block answers itself: no pool.
-            Some(d) if blocks(d) => Vec::new(),
-            Some(d) if !d.pools.is_empty() => d.pools.iter().filter_map(|p| self.pool_index(p)).collect(),
-            _ => vec![self.default_pool],
-        };
-        let algorithm = selection.winner_index.map_or(&Algorithm::Static, |i| &self.algorithms[i]);
-        Choice { decision: selection.winner, pools, signals, trace: selection.trace, algorithm }
-    }
-
-    /// The index of the pool named `name`.
-    pub fn pool_index(&self, name: &str) -> Option<usize> {
-        self.config.pools.iter().position(|p| p.name == name)
+        let index = selection.winner_index;
+        let pools = index.map_or_else(|| vec![self.default_pool], |i| self.candidates[i].clone());
+        let algorithm = index.map_or(&Algorithm::Static, |i| &self.algorithms[i]);
+        Choice { decision: selection.winner, pools, signals, trace: selection.trace, index, algorithm }
     }
 
     /// The PII detector `pii_redact` uses.

@@ -501,8 +501,7 @@ async fn reload_on_hangup(gw: Arc<Gateway>, stop: CancellationToken) {
     };
     loop {
         tokio::select! { biased; () = stop.cancelled() => return, _ = hup.recv() => {} }
-        let Some(slot) = &gw.routing else { return };
-        match slot.reload() {
+        match gateway::pools::reload(&gw).await {
             Ok(r) => info!(decisions = r.decisions, signals = r.signals, "SIGHUP: routing config reloaded"),
             Err(problems) => {
                 warn!(problems = %problems.join("; "), "SIGHUP: routing config not reloaded, the config in force is kept")

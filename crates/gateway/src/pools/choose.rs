@@ -163,7 +163,7 @@ pub(super) fn pool_states(gw: &Gateway, prompt_tokens: u64) -> Vec<model_select:
 }
 
 /// The prompt's exact token count by `pool`'s tokenizer.
-pub(super) fn count_tokens(pool: &Pool, route: Route, v: &Value) -> Result<u64, GatewayError> {
+fn count_tokens(pool: &Pool, route: Route, v: &Value) -> Result<u64, GatewayError> {
     let (tokens, _) = crate::proxy::render_prompt(&pool.renderer, route, v, true)?;
     Ok(tokens.len() as u64)
 }

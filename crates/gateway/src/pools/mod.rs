@@ -31,7 +31,7 @@ mod sticky;
 
 use crate::proxy::Route;
 use crate::{Gateway, GatewayError};
-pub use reload::{Reloaded, RoutingSlot};
+pub use reload::{Reloaded, RoutingSlot, reload};
 
 /// The decision label of a request that named a pool's model.
 pub const EXPLICIT: &str = "explicit";
@@ -129,6 +129,9 @@ pub(crate) struct Routed {
     pub(crate) edits: Option<Arc<HeaderEdits>>,
     /// What `x-route-debug` shows: the signals matched, the confidence, the candidates.
     pub(crate) debug: Option<Explain>,
+    /// The prompt's tokens and text as the pool's renderer makes them, when
+    /// the signals rendered it already (the plan reuses them).
+    pub(crate) prompt: Option<crate::proxy::Rendered>,
 }
 
 /// The explain a request asked for with `x-route-debug: true`.
@@ -198,7 +201,12 @@ impl Routing {
 impl Routed {
     /// The only pool, without a routing config.
     pub(crate) fn default_pool() -> Self {
-        Routed { pool: 0, decision: NO_MODEL.to_owned(), rewritten: false, edits: None, debug: None }
+        Routed::to(0, NO_MODEL)
+    }
+
+    /// To `pool` by `decision`, nothing else known yet.
+    fn to(pool: usize, decision: &str) -> Self {
+        Routed { pool, decision: decision.to_owned(), rewritten: false, edits: None, debug: None, prompt: None }
     }
 }
 
@@ -287,116 +295,129 @@ pub(crate) fn route(
     ask: &Asked<'_>,
     mut preview: Option<&mut Preview>,
 ) -> Result<Routed, GatewayError> {
-    let debug = ask.debug;
-    let dry = preview.is_some();
     let selector = &routing.selector;
     let model = match v.get("model") {
         None | Some(Value::Null) => None,
         Some(Value::String(m)) => Some(m.as_str()),
         Some(_) => return Err(GatewayError::BadRequest("`model` must be a string".into())),
     };
-    let (pool, decision, edits, explain) = match selector.target(model) {
+    let routed = match selector.target(model) {
         Target::Unknown => return Err(GatewayError::UnknownModel(model.unwrap_or_default().to_owned())),
-        Target::Pool(i) => (i, if model.is_some() { EXPLICIT } else { NO_MODEL }.to_owned(), None, None),
+        Target::Pool(i) => Routed::to(i, if model.is_some() { EXPLICIT } else { NO_MODEL }),
         // Only prompts have signals: an auto embedding (or rerank) goes to the default pool.
-        Target::Auto if !route.has_prompt() => {
-            (selector.default_pool(), model_select::NO_DECISION.to_owned(), None, None)
-        }
-        Target::Auto => {
-            let start = Instant::now();
-            let text = if selector.needs_text() { model_select::signal_text(v) } else { String::new() };
-            let default = &gw.pools[selector.default_pool()];
-            // Exact, by the default pool's tokenizer: for context signals, and for load signals' TTFT.
-            let counted = if selector.needs_tokens() || selector.needs_load() {
-                Some(choose::count_tokens(default, route, v)?)
-            } else {
-                None
-            };
-            let tokens = counted.unwrap_or(0);
-            let shape = if selector.needs_shape() { model_select::shape(v) } else { model_select::Shape::default() };
-            let pools = if selector.needs_load() { choose::pool_states(gw, tokens) } else { Vec::new() };
-            let input = SignalInput { text: &text, tokens, shape, headers: ask.headers, pools: &pools };
-            let choice = selector.decide(&input);
-            if !dry {
-                routing.metrics.signal_seconds.observe(start.elapsed().as_secs_f64());
-            }
-            let name = choice.name().to_owned();
-            if let Some(p) = preview.as_deref_mut() {
-                p.decision = Some(name.clone());
-                for (signal, r) in choice.signals.iter() {
-                    let value = serde_json::json!({"matched": r.matched, "confidence": r.confidence, "value": r.value});
-                    p.signals.insert(signal.to_string(), value);
-                }
-                for signal in choice.signals.not_computed() {
-                    p.signals.insert(signal.to_string(), serde_json::json!({"matched": false, "not_computed": true}));
-                }
-                p.decisions = choice
-                    .trace
-                    .iter()
-                    .map(|t| serde_json::json!({"name": t.name, "matched": t.matched, "confidence": t.confidence, "failed": t.failed}))
-                    .collect();
-                p.candidates = choice.pools.iter().map(|&i| gw.pools[i].id.0.clone()).collect();
-            }
-            let mut changed = false;
-            // A block answers before any other plugin runs (nothing redacted, counted or sent).
-            if let Some((status, message)) = choice.plugins().iter().find_map(|p| match p {
-                PluginConfig::Block { status, message } => Some((*status, message.clone())),
-                _ => None,
-            }) {
-                if !dry {
-                    routing.metrics.blocks.inc(format_args!("decision=\"{}\"", crate::metrics::escape(&name)));
-                }
-                return Err(GatewayError::Blocked { status, message, decision: name });
-            }
-            for plugin in choice.plugins() {
-                match plugin {
-                    PluginConfig::Block { .. } => {}
-                    PluginConfig::PiiRedact { types } => {
-                        let types = model_select::redact_types(types);
-                        let r = model_select::redact(v, selector.detector(), &types);
-                        changed |= r.total() > 0;
-                        if !dry {
-                            for (ty, n) in r.counts {
-                                routing.metrics.redactions.add(format_args!("type=\"{}\"", ty.as_str()), n as u64);
-                            }
-                        }
-                    }
-                    PluginConfig::SystemPrompt { prompt, mode } => {
-                        changed |= model_select::set_system_prompt(v, prompt, *mode);
-                    }
-                    PluginConfig::HeaderMutation(_) => {}
-                }
-            }
-            let chosen = choose::pool(gw, selector, &choice, route, v, counted, changed, preview.as_deref_mut())?;
-            let key = sticky::key(ask.session, v);
-            let explain_session = preview.map(|p| &mut p.session);
-            let (pool, outcome) =
-                sticky::apply(gw, &routing.sessions, &choice, &chosen, route, v, key, explain_session);
-            if !dry && key.is_some() {
-                routing.metrics.sessions.inc(format_args!("outcome=\"{}\"", outcome.as_str()));
-            }
-            let explain = debug.then(|| Explain {
-                signals: choice.signals.iter().filter(|(_, r)| r.matched).map(|(s, _)| s.to_string()).collect(),
-                confidence: choice.trace.iter().find(|t| t.name == name).map_or(0.0, |t| t.confidence),
-                candidates: choice.pools.iter().map(|&i| gw.pools[i].id.0.clone()).collect(),
-            });
-            let edits = choice.decision.and_then(|d| {
-                let i = selector.config().decisions.iter().position(|x| std::ptr::eq(x, d))?;
-                routing.edits.get(i).cloned().flatten()
-            });
-            if changed {
-                return Ok(finish(
-                    gw,
-                    routing,
-                    v,
-                    Routed { pool, decision: name, rewritten: true, edits, debug: explain },
-                    dry,
-                ));
-            }
-            (pool, name, edits, explain)
-        }
+        Target::Auto if !route.has_prompt() => Routed::to(selector.default_pool(), model_select::NO_DECISION),
+        Target::Auto => auto(gw, routing, route, v, ask, preview.as_deref_mut())?,
     };
-    Ok(finish(gw, routing, v, Routed { pool, decision, rewritten: false, edits, debug: explain }, dry))
+    Ok(finish(gw, routing, v, routed, preview.is_some()))
+}
+
+/// An auto name's route: signals, the decision, its plugins, the algorithm and stickiness.
+fn auto(
+    gw: &Gateway,
+    routing: &Routing,
+    route: Route,
+    v: &mut Value,
+    ask: &Asked<'_>,
+    mut preview: Option<&mut Preview>,
+) -> Result<Routed, GatewayError> {
+    let dry = preview.is_some();
+    let selector = &routing.selector;
+    let start = Instant::now();
+    let text = if selector.needs_text() { model_select::signal_text(v) } else { String::new() };
+    let default = &gw.pools[selector.default_pool()];
+    // Exact, by the default pool's tokenizer: for context signals, and for load signals' TTFT.
+    let rendered = if selector.needs_tokens() || selector.needs_load() {
+        Some(crate::proxy::render_prompt(&default.renderer, route, v, true)?)
+    } else {
+        None
+    };
+    let counted = rendered.as_ref().map(|(tokens, _)| tokens.len() as u64);
+    let tokens = counted.unwrap_or(0);
+    let shape = if selector.needs_shape() { model_select::shape(v) } else { model_select::Shape::default() };
+    let pools = if selector.needs_load() { choose::pool_states(gw, tokens) } else { Vec::new() };
+    let input = SignalInput { text: &text, tokens, shape, headers: ask.headers, pools: &pools };
+    let choice = selector.decide(&input);
+    if !dry {
+        routing.metrics.signal_seconds.observe(start.elapsed().as_secs_f64());
+    }
+    let name = choice.name().to_owned();
+    if let Some(p) = preview.as_deref_mut() {
+        p.decision = Some(name.clone());
+        for (signal, r) in choice.signals.iter() {
+            let value = serde_json::json!({"matched": r.matched, "confidence": r.confidence, "value": r.value});
+            p.signals.insert(signal.to_string(), value);
+        }
+        for signal in choice.signals.not_computed() {
+            p.signals.insert(signal.to_string(), serde_json::json!({"matched": false, "not_computed": true}));
+        }
+        p.decisions = choice
+            .trace
+            .iter()
+            .map(|t| serde_json::json!({"name": t.name, "matched": t.matched, "confidence": t.confidence, "failed": t.failed}))
+            .collect();
+        p.candidates = choice.pools.iter().map(|&i| gw.pools[i].id.0.clone()).collect();
+    }
+    let changed = plugins(routing, &choice, v, dry)?;
+    let chosen = choose::pool(gw, selector, &choice, route, v, counted, changed, preview.as_deref_mut())?;
+    let key = sticky::key(ask.session, v);
+    let (pool, outcome) =
+        sticky::apply(gw, &routing.sessions, &choice, &chosen, route, v, key, preview.map(|p| &mut p.session));
+    if !dry && key.is_some() {
+        routing.metrics.sessions.inc(format_args!("outcome=\"{}\"", outcome.as_str()));
+    }
+    let debug = ask.debug.then(|| Explain {
+        signals: choice.signals.iter().filter(|(_, r)| r.matched).map(|(s, _)| s.to_string()).collect(),
+        confidence: choice.index.map_or(0.0, |i| choice.trace[i].confidence),
+        candidates: choice.pools.iter().map(|&i| gw.pools[i].id.0.clone()).collect(),
+    });
+    // The signals' render is the plan's too when the pool renders alike and no plugin changed the prompt.
+    let prompt = rendered.filter(|_| !changed && Arc::ptr_eq(&gw.pools[pool].renderer, &default.renderer));
+    Ok(Routed {
+        pool,
+        decision: name,
+        rewritten: changed,
+        edits: choice.index.and_then(|i| routing.edits.get(i).cloned().flatten()),
+        debug,
+        prompt,
+    })
+}
+
+/// Runs the decision's plugins on the body; true when they changed it. A
+/// block answers before any other plugin runs (nothing redacted, counted or sent).
+fn plugins(
+    routing: &Routing,
+    choice: &model_select::Choice<'_>,
+    v: &mut Value,
+    dry: bool,
+) -> Result<bool, GatewayError> {
+    let name = choice.name();
+    if let Some((status, message)) = choice.plugins().iter().find_map(|p| match p {
+        PluginConfig::Block { status, message } => Some((*status, message.clone())),
+        _ => None,
+    }) {
+        if !dry {
+            routing.metrics.blocks.inc(format_args!("decision=\"{}\"", crate::metrics::escape(name)));
+        }
+        return Err(GatewayError::Blocked { status, message, decision: name.to_owned() });
+    }
+    let mut changed = false;
+    for plugin in choice.plugins() {
+        match plugin {
+            PluginConfig::PiiRedact { types } => {
+                let types = model_select::redact_types(types);
+                let r = model_select::redact(v, routing.selector.detector(), &types);
+                changed |= r.total() > 0;
+                if !dry {
+                    for (ty, n) in r.counts {
+                        routing.metrics.redactions.add(format_args!("type=\"{}\"", ty.as_str()), n as u64);
+                    }
+                }
+            }
+            PluginConfig::SystemPrompt { prompt, mode } => changed |= model_select::set_system_prompt(v, prompt, *mode),
+            PluginConfig::Block { .. } | PluginConfig::HeaderMutation(_) => {}
+        }
+    }
+    Ok(changed)
 }
 
 /// What the request asked of routing besides its body.

@@ -7,11 +7,31 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use model_select::Selector;
 
 use super::Routing;
+use crate::Gateway;
 use crate::metrics::LabeledCounter;
+
+/// Longest a reload may take to read and check the file (a stalled file system is refused).
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reloads `gw`'s routing config off the serving threads (reading a file
+/// blocks), within [`RELOAD_TIMEOUT`]: SIGHUP and `POST /routing/reload`.
+pub async fn reload(gw: &Arc<Gateway>) -> Result<Reloaded, Vec<String>> {
+    let gw2 = gw.clone();
+    let work = tokio::task::spawn_blocking(move || match &gw2.routing {
+        Some(slot) => slot.reload(),
+        None => Err(vec!["no routing config".to_owned()]),
+    });
+    match tokio::time::timeout(RELOAD_TIMEOUT, work).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(e)) => Err(vec![format!("the reload failed: {e}")]),
+        Err(_) => Err(vec![format!("the reload took over {RELOAD_TIMEOUT:?} (the file could not be read in time)")]),
+    }
+}
 
 /// The routing config in force.
 #[derive(Debug)]

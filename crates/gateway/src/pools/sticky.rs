@@ -107,13 +107,29 @@ pub(crate) fn key(session: Option<&[u8]>, v: &Value) -> Option<(u64, KeySource)>
     let messages = v.get("messages")?.as_array()?;
     let first = |role: &str| messages.iter().find(|m| m.get("role").and_then(Value::as_str) == Some(role));
     let user = first("user")?;
-    (
-        b"conversation",
-        first("system").map(|m| m.get("content").map(Value::to_string)),
-        user.get("content").map(Value::to_string),
-    )
-        .hash(&mut h);
+    // The contents as JSON, written straight into the hasher (no copy of a long message).
+    b"conversation".hash(&mut h);
+    for content in [first("system").and_then(|m| m.get("content")), user.get("content")] {
+        h.write_u8(u8::from(content.is_some()));
+        if let Some(c) = content {
+            let _ = serde_json::to_writer(HashWriter(&mut h), c);
+        }
+    }
     Some((h.finish(), KeySource::Fingerprint))
+}
+
+/// An `io::Write` into a hasher.
+struct HashWriter<'a, H: std::hash::Hasher>(&'a mut H);
+
+impl<H: std::hash::Hasher> std::io::Write for HashWriter<'_, H> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Applies stickiness to the algorithm's choice; returns the pool that
@@ -183,7 +199,7 @@ fn cached_tokens(gw: &Gateway, pool: usize, route: Route, v: &Value) -> u64 {
     if let Some(fields) = v.as_object_mut() {
         fields.insert("model".into(), Value::String(gw.pools[pool].served_model.clone()));
     }
-    match crate::proxy::plan(gw, pool, route, Some(&v), None) {
+    match crate::proxy::plan(gw, pool, route, Some(&v), None, None) {
         Ok(plan) => plan.candidates.iter().map(|c| c.matched_tokens).max().unwrap_or(0),
         Err(_) => 0,
     }
