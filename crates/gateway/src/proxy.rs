@@ -390,7 +390,7 @@ pub(crate) fn plan(
         (Some(v), _) if reads && route.has_prompt() => prompt(gw, p, route, v)?,
         _ => (Vec::new(), None),
     };
-    let workers = routable(gw, |w| w.role == router_types::Role::Regular && w.pool == p.id);
+    let workers = routable(gw, |w| p.serves(w));
     plan_in(gw, pool, &*p.policy, workers, Prompted { v, tokens: &tokens, text, match_prefix: true }, key)
 }
 
@@ -791,8 +791,7 @@ fn next_worker(
     tried: &[router_types::WorkerId],
 ) -> Option<Arc<Worker>> {
     let snapshot = gw.fleet.snapshot();
-    let routable =
-        || snapshot.iter().filter(|w| w.is_routable() && w.role == router_types::Role::Regular && w.pool == pool.id);
+    let routable = || snapshot.iter().filter(|w| w.is_routable() && pool.serves(w));
     let by_load = |w: &&Arc<Worker>| (w.load().in_flight, w.load().uncached_tokens);
     routable()
         .filter(|w| w.id != current.id && !tried.contains(&w.id))

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use model_select::{Algorithm, Candidate, Choice};
-use router_types::Role;
 use serde_json::{Value, json};
 
 use super::{Pool, Preview};
@@ -51,6 +50,8 @@ pub(super) fn pool(
 ) -> Result<Chosen, GatewayError> {
     let default = &gw.pools[selector.default_pool()];
     let max_tokens = max_tokens(v);
+    // One view of the fleet for every candidate.
+    let snapshot = gw.fleet.snapshot();
     let mut why_not = Vec::new();
     // Each candidate's prompt tokens by its own tokenizer (the default pool's count when it is
     // the same tokenizer and the prompt is unchanged), counted only when needed.
@@ -62,7 +63,7 @@ pub(super) fn pool(
     };
     let mut fits = |i: usize| -> bool {
         let p = &gw.pools[i];
-        let routable = gw.fleet.snapshot().iter().any(|w| w.pool == p.id && w.role == Role::Regular && w.is_routable());
+        let routable = pool_workers(&snapshot, p).next().is_some();
         if !routable {
             why_not.push(format!("{}: no healthy worker", p.id));
             return false;
@@ -89,7 +90,7 @@ pub(super) fn pool(
                 .map(|&i| {
                     let (p, c) = (&gw.pools[i], &config.pools[i]);
                     let prompt = prompt_of(p).or(counted).unwrap_or(0);
-                    let live = live(gw, p, prompt);
+                    let live = live(&snapshot, p, prompt);
                     let cost_usd = c.price.map_or(0.0, |price| {
                         (prompt as f64 * price.input_per_1m + max_tokens as f64 * price.output_per_1m) / 1e6
                     });
@@ -129,6 +130,14 @@ pub(super) fn pool(
     Ok(Chosen { pool, eligible, scores })
 }
 
+/// `pool`'s routable workers in `snapshot`.
+fn pool_workers<'a>(
+    snapshot: &'a [Arc<fleet::Worker>],
+    pool: &'a Pool,
+) -> impl Iterator<Item = &'a Arc<fleet::Worker>> {
+    snapshot.iter().filter(|w| pool.serves(w) && w.is_routable())
+}
+
 fn no_pool(decision: &str, why_not: &[String]) -> GatewayError {
     GatewayError::NoPool(format!("decision `{decision}`: no pool can serve it ({})", why_not.join("; ")))
 }
@@ -138,9 +147,8 @@ fn no_pool(decision: &str, why_not: &[String]) -> GatewayError {
 /// larger), the least queued prefill among them, and the estimated time to
 /// the first token there (that queue and this prompt over the pool's rate;
 /// infinite without a routable worker).
-fn live(gw: &Gateway, pool: &Pool, prompt_tokens: u64) -> Live {
-    let snapshot = gw.fleet.snapshot();
-    let workers = snapshot.iter().filter(|w| w.pool == pool.id && w.role == Role::Regular && w.is_routable());
+fn live(snapshot: &[Arc<fleet::Worker>], pool: &Pool, prompt_tokens: u64) -> Live {
+    let workers = pool_workers(snapshot, pool);
     let (mut in_flight, mut queued) = (0u64, None::<u64>);
     for w in workers {
         in_flight += u64::from(w.decode_load().in_flight);
@@ -153,10 +161,11 @@ fn live(gw: &Gateway, pool: &Pool, prompt_tokens: u64) -> Live {
 
 /// Every pool's live state, as load signals read it.
 pub(super) fn pool_states(gw: &Gateway, prompt_tokens: u64) -> Vec<model_select::PoolState<'_>> {
+    let snapshot = gw.fleet.snapshot();
     gw.pools
         .iter()
         .map(|p| {
-            let l = live(gw, p, prompt_tokens);
+            let l = live(&snapshot, p, prompt_tokens);
             model_select::PoolState { name: &p.id.0, in_flight: l.in_flight, est_ttft_ms: l.est_ttft_ms }
         })
         .collect()

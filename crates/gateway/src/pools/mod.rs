@@ -77,6 +77,11 @@ impl Pool {
         let prefill_tokens_per_s = model_select::DEFAULT_PREFILL_TOKENS_PER_S;
         Pool { id, served_model, policy, renderer, chain_memo, context_window, prefill_tokens_per_s }
     }
+
+    /// Whether `worker` serves this pool's requests (a regular worker in it).
+    pub fn serves(&self, worker: &fleet::Worker) -> bool {
+        worker.role == router_types::Role::Regular && worker.pool == self.id
+    }
 }
 
 /// A routing config at work: the selector, each decision's header changes, and what it counts.
