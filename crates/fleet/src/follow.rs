@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use kv_events::{DiscoveryError, StreamEndpoints, explicit_streams, parse_server_info, spawn_subscriber};
+use kv_events::{DiscoveryError, StreamEndpoints, explicit_streams, parse_server_info, spawn_subscriber_after};
 use kv_ingest::{PumpControl, StreamHashing};
 use renderer::HashMode;
 use tokio::time::Instant;
@@ -139,17 +139,18 @@ async fn subscribe(fleet: &Fleet, ev: &EventsSide, worker: &Worker, found: Found
     let mut subscribed = 0;
     for stream in found.streams {
         let (done, registered) = tokio::sync::oneshot::channel();
-        if ev.control.send(PumpControl::AddStream(stream.key.clone(), hashing, done)).await.is_err() {
+        let seed = ev.seeds.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream.key);
+        if ev.control.send(PumpControl::AddStream(stream.key.clone(), hashing, seed, done)).await.is_err() {
             return;
         }
-        match registered.await {
-            Ok(Ok(())) => {}
+        let resume = match registered.await {
+            Ok(Ok(resume)) => resume,
             Ok(Err(e)) => {
                 warn!(stream = %stream.key, error = %e, "kv events: stream not registered");
                 continue;
             }
             Err(_) => return,
-        }
+        };
         // Registered under the worker: a removal that raced this sees the key and unregisters it.
         worker.streams.lock().unwrap_or_else(|p| p.into_inner()).push(stream.key.clone());
         if worker.cancel.is_cancelled() {
@@ -157,8 +158,14 @@ async fn subscribe(fleet: &Fleet, ev: &EventsSide, worker: &Worker, found: Found
             let _ = ev.control.send(PumpControl::RemoveStream(stream.key.clone())).await;
             return;
         }
-        let handle =
-            spawn_subscriber(stream, ev.config.subscriber, ev.tx.clone(), ev.events.clone(), worker.cancel.clone());
+        let handle = spawn_subscriber_after(
+            stream,
+            ev.config.subscriber,
+            ev.tx.clone(),
+            ev.events.clone(),
+            worker.cancel.clone(),
+            resume,
+        );
         worker.tasks.spawn(async move {
             let _ = handle.await;
         });

@@ -19,6 +19,7 @@
 mod breaker;
 mod follow;
 mod health;
+pub mod k8s;
 mod metrics;
 mod ranks;
 mod tls;
@@ -40,6 +41,9 @@ use tracing::{info, warn};
 
 pub use breaker::{BreakerConfig, BreakerState};
 pub use health::{MAX_ANSWER_BYTES, from_server_info, introspect, read_capped};
+pub use kv_events::StreamHistory;
+pub use kv_ingest::snapshot::{DEFAULT_SNAPSHOT_MAX_BLOCKS, DEFAULT_SNAPSHOT_MAX_BYTES};
+pub use kv_ingest::{IndexSnapshot, SnapshotLimits, TakenSnapshot};
 pub use tls::{TlsError, WorkerTls, certificates, private_key};
 pub use worker::{Events, LoadGuard, MAX_QUARANTINE, State, Worker, WorkerInfo};
 
@@ -54,6 +58,8 @@ pub const PUMP_CHANNEL_CAPACITY: usize = 1024;
 pub const DEFAULT_DISCOVERY_DEADLINE: Duration = Duration::from_secs(30);
 /// How long a removal waits for the worker's tasks to stop.
 const TASKS_STOP_WAIT: Duration = Duration::from_secs(2);
+/// How long a peer's snapshot of a stream waits for its worker to be followed.
+pub const SEED_TTL: Duration = Duration::from_secs(300);
 /// Notices buffered per subscriber; one that falls further behind resyncs from the snapshot.
 const NOTICE_CAPACITY: usize = 256;
 
@@ -138,6 +144,8 @@ pub enum Source {
     Admin,
     /// `--mock-workers`.
     Mock,
+    /// Kubernetes discovery (`--service-discovery`).
+    Kubernetes,
 }
 
 /// A change others must hear of.
@@ -164,6 +172,12 @@ pub struct FleetMetrics {
     pub discovery_failures: AtomicU64,
     /// Workers removed.
     pub removed: AtomicU64,
+    /// Kubernetes discovery's counters.
+    pub discovery: k8s::DiscoveryMetrics,
+    /// Index snapshots served to peers.
+    pub snapshots_served: AtomicU64,
+    /// Index snapshots asked for and not served (no events, the pump did not answer in time).
+    pub snapshots_refused: AtomicU64,
 }
 
 /// The KV-event side the fleet feeds.
@@ -180,6 +194,9 @@ struct EventsSide {
     /// pool's requests are hashed with it; another pool may have another).
     block_sizes: RwLock<std::collections::HashMap<PoolId, usize>>,
     hash_modes: Arc<HashModes>,
+    /// A peer's snapshot, per stream, waiting for its worker to be followed
+    /// (taken once; dropped after [`SEED_TTL`]).
+    seeds: std::sync::Mutex<std::collections::HashMap<router_types::WorkerKey, kv_ingest::StreamSnapshot>>,
 }
 
 #[derive(Debug, Default)]
@@ -254,6 +271,19 @@ impl Fleet {
         workers: &[WorkerUrl],
         cancel: CancellationToken,
     ) -> Arc<Self> {
+        Self::start_seeded(config, index, workers, None, cancel)
+    }
+
+    /// Like [`Fleet::start`], with a peer replica's snapshot of the index:
+    /// each stream in it starts from the snapshot's holdings and replays
+    /// after its seq once its worker is followed.
+    pub fn start_seeded(
+        config: FleetConfig,
+        index: Option<Arc<KvIndex>>,
+        workers: &[WorkerUrl],
+        seed: Option<kv_ingest::IndexSnapshot>,
+        cancel: CancellationToken,
+    ) -> Arc<Self> {
         let tasks = TaskTracker::new();
         let events = match (&config.events, index) {
             (Some(ev), Some(index)) => {
@@ -271,6 +301,7 @@ impl Fleet {
                     pump: pump_metrics,
                     block_sizes: RwLock::new(std::collections::HashMap::new()),
                     hash_modes: Arc::new(HashModes::default()),
+                    seeds: std::sync::Mutex::new(std::collections::HashMap::new()),
                 })
             }
             _ => None,
@@ -288,6 +319,27 @@ impl Fleet {
             tasks,
             metrics: FleetMetrics::default(),
         });
+        if let (Some(ev), Some(seed)) = (&fleet.events, seed) {
+            let n = seed.streams.len();
+            let mut seeds = ev.seeds.lock().unwrap_or_else(|p| p.into_inner());
+            seeds.extend(seed.streams.into_iter().map(|s| (s.key.clone(), s)));
+            drop(seeds);
+            info!(streams = n, "kv index: a peer's snapshot waits for its workers");
+            let f = fleet.clone();
+            fleet.tasks.spawn(async move {
+                tokio::select! {
+                    _ = f.cancel.cancelled() => {}
+                    _ = tokio::time::sleep(SEED_TTL) => {
+                        if let Some(ev) = &f.events {
+                            let unused = std::mem::take(&mut *ev.seeds.lock().unwrap_or_else(|p| p.into_inner()));
+                            if !unused.is_empty() {
+                                info!(streams = unused.len(), "kv index: snapshot streams of workers never followed, dropped");
+                            }
+                        }
+                    }
+                }
+            });
+        }
         for url in workers {
             fleet.add(url.clone(), Source::Flag);
         }
@@ -453,6 +505,26 @@ impl Fleet {
     pub fn connected_streams(&self, worker: &Worker) -> Option<usize> {
         let ev = self.events.as_ref()?;
         Some(ev.events.connected().iter().filter(|(key, up)| *up && key.worker == worker.url).count())
+    }
+
+    /// A consistent snapshot of the index, taken by the pump between two
+    /// batches, within `max_blocks`; `None` without events, or when the pump
+    /// does not answer within `timeout`.
+    pub async fn snapshot_index(&self, max_blocks: usize, timeout: Duration) -> Option<kv_ingest::TakenSnapshot> {
+        let ev = self.events.as_ref()?;
+        let (done, taken) = tokio::sync::oneshot::channel();
+        let asked = async {
+            ev.control.send(PumpControl::Snapshot(max_blocks, done)).await.ok()?;
+            taken.await.ok()
+        };
+        tokio::time::timeout(timeout, asked).await.ok().flatten()
+    }
+
+    /// How each of `worker`'s streams got its history (missed batches, or a peer's snapshot).
+    pub fn stream_history(&self, worker: &Worker) -> Vec<(router_types::DpRank, kv_events::StreamHistory)> {
+        let Some(ev) = &self.events else { return Vec::new() };
+        let keys = worker.streams.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        keys.iter().filter_map(|k| ev.events.history(k).map(|h| (k.rank, h))).collect()
     }
 
     /// Pump counters, when following events.

@@ -77,8 +77,69 @@ impl Fleet {
         let _ = writeln!(out, "router_kv_events_streams {streams}");
         if let Some(ev) = &self.events {
             render_events(out, &ev.events, &ev.pump, &self.metrics, &ev.index.stats());
+            render_history(out, &ev.events, &self.metrics);
         }
+        render_discovery(out, &self.metrics.discovery);
     }
+}
+
+/// What each stream's history was, and the peer snapshots taken and served.
+fn render_history(out: &mut String, e: &EventMetrics, f: &FleetMetrics) {
+    counter(
+        out,
+        "router_kv_events_history_missed_batches_total",
+        "Batches of the streams' history never seen: published before this router subscribed and no longer held by the publishers (per stream: GET /workers, kv_history).",
+        &[("", get(&e.history_missed_batches))],
+    );
+    counter(
+        out,
+        "router_kv_snapshot_streams_total",
+        "Streams started from a peer replica's index snapshot, by outcome: resumed after its seq, or reset because the publisher no longer held what followed it.",
+        &[("{outcome=\"resumed\"}", get(&e.snapshot_resumed)), ("{outcome=\"reset\"}", get(&e.snapshot_resets))],
+    );
+    counter(
+        out,
+        "router_kv_snapshots_served_total",
+        "Index snapshots served to peer replicas (GET /index/snapshot), by outcome.",
+        &[("{outcome=\"ok\"}", get(&f.snapshots_served)), ("{outcome=\"unavailable\"}", get(&f.snapshots_refused))],
+    );
+}
+
+/// Kubernetes discovery's counters.
+fn render_discovery(out: &mut String, d: &crate::k8s::DiscoveryMetrics) {
+    let lists = get(&d.lists);
+    if lists == 0 && get(&d.failures) == 0 {
+        return; // discovery off
+    }
+    counter(out, "router_discovery_lists_total", "Pod lists done.", &[("", lists)]);
+    counter(out, "router_discovery_watches_total", "Pod watches opened.", &[("", get(&d.watches))]);
+    counter(
+        out,
+        "router_discovery_expired_total",
+        "Watches whose resource version expired (410): a fresh list followed.",
+        &[("", get(&d.expired))],
+    );
+    counter(
+        out,
+        "router_discovery_failures_total",
+        "Lists and watches that failed (connection, status, unreadable answer); each backs off.",
+        &[("", get(&d.failures))],
+    );
+    counter(out, "router_discovery_events_total", "Watch events read.", &[("", get(&d.events))]);
+    counter(
+        out,
+        "router_discovery_workers_total",
+        "Workers discovery added and removed.",
+        &[("{change=\"added\"}", get(&d.added)), ("{change=\"removed\"}", get(&d.removed))],
+    );
+    counter(
+        out,
+        "router_discovery_pods_skipped_total",
+        "Pods matching a selector that cannot be workers (a bad bootstrap-port annotation, an unknown pool, over the bound).",
+        &[("", get(&d.skipped))],
+    );
+    head(out, "router_discovery_workers", "gauge", "Workers discovery holds now.");
+    let _ = writeln!(out, "router_discovery_workers {}", get(&d.workers));
 }
 
 /// Appends every KV-event and index metric.

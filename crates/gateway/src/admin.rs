@@ -349,10 +349,52 @@ pub(crate) async fn list_workers(State(gw): State<Arc<Gateway>>) -> Json<Value> 
         .map(|w| {
             let mut v = describe(w);
             v["kv_streams_connected"] = json!(gw.fleet.connected_streams(w));
+            let history: Vec<Value> = gw
+                .fleet
+                .stream_history(w)
+                .into_iter()
+                .map(|(rank, h)| match h {
+                    fleet::StreamHistory::Missed { batches } => json!({"dp_rank": rank.0, "missed_batches": batches}),
+                    fleet::StreamHistory::Resumed { after } => json!({"dp_rank": rank.0, "resumed_after_seq": after}),
+                    fleet::StreamHistory::SnapshotReset => json!({"dp_rank": rank.0, "snapshot_reset": true}),
+                })
+                .collect();
+            if !history.is_empty() {
+                v["kv_history"] = json!(history);
+            }
             v
         })
         .collect();
     Json(json!({"workers": list}))
+}
+
+/// `GET /index/snapshot`: a consistent snapshot of the KV index for a peer
+/// replica starting late (`--index-peers`), in the binary form of
+/// `kv_ingest::snapshot`, within `--index-snapshot-max-blocks` and
+/// `--index-snapshot-timeout-secs`. 503 when the router follows no events
+/// or the pump does not answer in time.
+pub(crate) async fn index_snapshot(State(gw): State<Arc<Gateway>>) -> Result<Response, GatewayError> {
+    let limits = gw.config.index_snapshot;
+    let started = std::time::Instant::now();
+    let Some(taken) = gw.fleet.snapshot_index(limits.max_blocks, limits.timeout).await else {
+        gw.fleet.metrics.snapshots_refused.fetch_add(1, Ordering::Relaxed);
+        return Err(GatewayError::Unavailable(
+            "no index snapshot: this router follows no KV events, or its pump did not answer in time".into(),
+        ));
+    };
+    let (streams, blocks) = (taken.snapshot.streams.len(), taken.snapshot.blocks());
+    let body = tokio::task::spawn_blocking(move || taken.snapshot.encode())
+        .await
+        .map_err(|e| GatewayError::Internal(format!("snapshot encoding: {e}")))?;
+    gw.fleet.metrics.snapshots_served.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(streams, blocks, left_out = taken.left_out, bytes = body.len(), took = ?started.elapsed(), "kv index: snapshot served");
+    let mut r = Response::new(Body::from(body));
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    h.insert("x-index-streams", HeaderValue::from(streams));
+    h.insert("x-index-blocks", HeaderValue::from(blocks));
+    h.insert("x-index-streams-left-out", HeaderValue::from(taken.left_out));
+    Ok(r)
 }
 
 /// A worker as `/workers` shows it.

@@ -98,6 +98,10 @@ pub enum GatewayError {
     /// The router's own fault: its template or tokenizer failed on a valid request (500).
     #[error("{0}")]
     Internal(String),
+    /// A control-plane resource this router cannot give now (503: an index snapshot
+    /// without events, or while its pump is busy).
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// Who caused an error.
@@ -153,6 +157,7 @@ impl GatewayError {
             GatewayError::MethodNotAllowed(_) => "method_not_allowed",
             GatewayError::Unprocessable(_) => "unprocessable",
             GatewayError::Internal(_) => "internal_error",
+            GatewayError::Unavailable(_) => "unavailable",
         }
     }
 
@@ -166,9 +171,10 @@ impl GatewayError {
             GatewayError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
             GatewayError::HeaderFieldsTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             GatewayError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            GatewayError::NoWorker | GatewayError::Draining | GatewayError::NoPool(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            GatewayError::NoWorker
+            | GatewayError::Draining
+            | GatewayError::NoPool(_)
+            | GatewayError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::UnknownModel(_) => StatusCode::BAD_REQUEST,
             GatewayError::Blocked { status, .. } => StatusCode::from_u16(*status).unwrap_or(StatusCode::FORBIDDEN),
             GatewayError::Overloaded(_)
@@ -209,6 +215,7 @@ impl GatewayError {
             | GatewayError::RateLimited(_)
             | GatewayError::QueueTimeout(_)
             | GatewayError::NoPool(_)
+            | GatewayError::Unavailable(_)
             | GatewayError::Internal(_) => Side::Internal,
         }
     }

@@ -92,6 +92,23 @@ pub struct GatewayConfig {
     /// Serve HTTPS with this configuration (`--tls-cert-path`, `--tls-key-path`) on the client
     /// and admin listeners.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Bounds of the index snapshots served to peer replicas (`GET /index/snapshot`).
+    pub index_snapshot: SnapshotServing,
+}
+
+/// How index snapshots are served (`--index-snapshot-max-blocks`, `--index-snapshot-timeout-secs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotServing {
+    /// Most blocks in one snapshot (streams beyond are left out whole).
+    pub max_blocks: usize,
+    /// Longest wait for the pump to take it.
+    pub timeout: Duration,
+}
+
+impl Default for SnapshotServing {
+    fn default() -> Self {
+        Self { max_blocks: fleet::DEFAULT_SNAPSHOT_MAX_BLOCKS, timeout: Duration::from_secs(10) }
+    }
 }
 
 /// Retries (SGLang Model Gateway's `--retry-*` flags): a request whose worker

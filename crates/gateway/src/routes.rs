@@ -68,6 +68,7 @@ fn control_plane(gw: Arc<Gateway>) -> axum::Router<Arc<Gateway>> {
         .route("/workers/{*url}", delete(admin::remove_worker))
         .route("/flush_cache", post(served::flush_cache))
         .route("/get_loads", get(served::get_loads))
+        .route("/index/snapshot", get(admin::index_snapshot))
         .route_layer(axum::middleware::from_fn_with_state((gw, Plane::Control), require_key))
 }
 

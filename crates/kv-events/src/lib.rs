@@ -39,10 +39,12 @@ pub use discovery::{
     DiscoveryError, ExplicitEndpoints, WorkerEvents, discover, explicit_streams, parse_server_info, parse_worker_flag,
     read_server_info,
 };
-pub use metrics::{EventMetrics, ReplayOutcome};
+pub use metrics::{EventMetrics, ReplayOutcome, StreamHistory};
 pub use publisher::{Publisher, PublisherConfig, PublisherError};
 pub use seq::{SeqAction, SeqTracker};
-pub use subscriber::{StreamEndpoints, StreamMessage, StreamUpdate, SubscriberConfig, spawn_subscriber};
+pub use subscriber::{
+    StreamEndpoints, StreamMessage, StreamUpdate, SubscriberConfig, spawn_subscriber, spawn_subscriber_after,
+};
 pub use wire::{Decoded, EventForm, Limits, decode_batch, encode_batch};
 
 /// Why a payload could not be decoded. Never a panic: every malformed,

@@ -62,7 +62,35 @@ pub struct EventMetrics {
     pub channel_full_waits: AtomicU64,
     /// Connection attempts that failed.
     pub connect_failures: AtomicU64,
+    /// Batches of the streams' history this router never saw: published
+    /// before it subscribed and no longer held by the publishers (the first
+    /// applied seq of each stream started from nothing).
+    pub history_missed_batches: AtomicU64,
+    /// Streams resumed from a peer's snapshot.
+    pub snapshot_resumed: AtomicU64,
+    /// Streams resumed from a peer's snapshot that had to be reset: the
+    /// publisher no longer held the batches after the snapshot's seq, or restarted.
+    pub snapshot_resets: AtomicU64,
     connected: Mutex<HashMap<WorkerKey, bool>>,
+    history: Mutex<HashMap<WorkerKey, StreamHistory>>,
+}
+
+/// How a stream's history reached this router.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamHistory {
+    /// Started from nothing; the first batch applied was this seq, so this
+    /// many batches were never seen (0: none missed).
+    Missed {
+        /// Batches missed.
+        batches: u64,
+    },
+    /// Resumed from a peer's snapshot at this seq.
+    Resumed {
+        /// The snapshot's seq.
+        after: u64,
+    },
+    /// Resumed from a peer's snapshot the publisher could not continue: reset.
+    SnapshotReset,
 }
 
 /// Which replay outcome to count.
@@ -116,6 +144,19 @@ impl EventMetrics {
     /// Forgets a stream whose worker left (its connection gauge goes).
     pub fn forget(&self, key: &WorkerKey) {
         self.connected.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        self.history.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    }
+
+    pub(crate) fn set_history(&self, key: &WorkerKey, h: StreamHistory) {
+        if matches!(h, StreamHistory::Resumed { .. }) {
+            Self::inc(&self.snapshot_resumed);
+        }
+        self.history.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), h);
+    }
+
+    /// How each stream's history reached this router (streams with no batch yet are absent).
+    pub fn history(&self, key: &WorkerKey) -> Option<StreamHistory> {
+        self.history.lock().unwrap_or_else(|p| p.into_inner()).get(key).copied()
     }
 
     /// Whether each stream's subscriber is connected now.

@@ -34,6 +34,12 @@ impl SeqTracker {
         Self::default()
     }
 
+    /// A tracker resuming a stream whose batches up to `seq` are applied
+    /// already (from a peer's snapshot): the next batch expected is `seq + 1`.
+    pub fn resuming_after(seq: u64) -> Self {
+        Self { next: Some(seq.saturating_add(1)) }
+    }
+
     /// The next seq expected, if any batch was seen.
     pub fn next(&self) -> Option<u64> {
         self.next

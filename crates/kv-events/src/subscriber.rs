@@ -135,6 +135,12 @@ struct Subscriber {
     live_error: Option<String>,
     /// Until when the replay endpoint, having failed, is not asked.
     replay_suspended_until: Option<Instant>,
+    /// Resumed from a peer's snapshot and no batch applied since: a reset now
+    /// means the snapshot was too old for what the publisher still holds.
+    seeded: bool,
+    /// No batch applied yet since the task started from nothing: the first
+    /// one's seq is how many batches of the stream's history were missed.
+    fresh: bool,
 }
 
 /// Why the stream is reset: the metric it counts in and the log field.
@@ -200,18 +206,38 @@ pub fn spawn_subscriber(
     metrics: Arc<EventMetrics>,
     cancel: CancellationToken,
 ) -> JoinHandle<()> {
+    spawn_subscriber_after(stream, config, tx, metrics, cancel, None)
+}
+
+/// Like [`spawn_subscriber`], for a stream whose batches up to `resume` are
+/// applied already (a peer's snapshot): it replays from `resume + 1`, and a
+/// publisher that no longer holds those batches (or restarted) resets the
+/// stream, counted in [`EventMetrics::snapshot_resets`].
+pub fn spawn_subscriber_after(
+    stream: StreamEndpoints,
+    config: SubscriberConfig,
+    tx: mpsc::Sender<StreamMessage>,
+    metrics: Arc<EventMetrics>,
+    cancel: CancellationToken,
+    resume: Option<u64>,
+) -> JoinHandle<()> {
+    if let Some(seq) = resume {
+        metrics.set_history(&stream.key, crate::metrics::StreamHistory::Resumed { after: seq });
+    }
     let task = Subscriber {
         stream,
         config,
         tx,
         metrics,
         cancel,
-        tracker: SeqTracker::new(),
+        tracker: resume.map_or_else(SeqTracker::new, SeqTracker::resuming_after),
         caught_up: Vec::new(),
         held: VecDeque::new(),
         held_bytes: 0,
         live_error: None,
         replay_suspended_until: None,
+        seeded: resume.is_some(),
+        fresh: resume.is_none(),
     };
     tokio::spawn(task.run())
 }
@@ -359,12 +385,26 @@ impl Subscriber {
             ResetCause::Gap => &self.metrics.gap_resets,
             ResetCause::BadBatch => &self.metrics.bad_batch_resets,
         });
+        if std::mem::take(&mut self.seeded) && cause != ResetCause::BadBatch {
+            warn!(seq, "kv events: the peer's snapshot is older than what the publisher holds: stream reset");
+            EventMetrics::inc(&self.metrics.snapshot_resets);
+            self.metrics.set_history(&self.stream.key, crate::metrics::StreamHistory::SnapshotReset);
+        }
         self.tracker.reset();
         self.send(StreamMessage { key: self.stream.key.clone(), seq, update: StreamUpdate::Reset }).await
     }
 
     /// Sends a decoded batch to the pump; `seq` is applied.
     async fn apply(&mut self, seq: u64, decoded: Decoded) -> Result<(), Closed> {
+        self.seeded = false;
+        if std::mem::take(&mut self.fresh) {
+            // Batches 0..seq were published before this router could see them, and are gone.
+            if seq > 0 {
+                info!(missed = seq, "kv events: joined late: the stream's first batches are no longer held");
+            }
+            self.metrics.history_missed_batches.fetch_add(seq, std::sync::atomic::Ordering::Relaxed);
+            self.metrics.set_history(&self.stream.key, crate::metrics::StreamHistory::Missed { batches: seq });
+        }
         self.tracker.applied(seq);
         EventMetrics::inc(&self.metrics.batches);
         if decoded.unknown_events > 0 {

@@ -17,6 +17,9 @@ use crate::pending::Pending;
 use crate::shard::{Evicted, NO_PARENT, Shard, TICK_MASK, TierBits, mix};
 use crate::{Clock, StreamId, WorkerId};
 
+mod snapshot;
+pub use snapshot::{ExportedBlock, ImportError};
+
 /// Default number of shards (the reference router's).
 pub const DEFAULT_SHARDS: usize = 32;
 /// Default bound on pending credits (hash, worker) kept at once.

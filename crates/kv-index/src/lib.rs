@@ -11,8 +11,8 @@ mod shard;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use index::{
-    DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_SHARDS, IndexConfig, IndexError, IndexStats, KvIndex, MAX_CHAIN_BLOCKS,
-    MatchOptions, Parent, StoreOutcome, StoredBlock, WorkerMatch,
+    DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_SHARDS, ExportedBlock, ImportError, IndexConfig, IndexError, IndexStats,
+    KvIndex, MAX_CHAIN_BLOCKS, MatchOptions, Parent, StoreOutcome, StoredBlock, WorkerMatch,
 };
 
 /// A registered (worker, dp rank) event stream.

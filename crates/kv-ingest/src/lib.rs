@@ -4,5 +4,7 @@
 //! unregisters them) or the index (shared, synchronous).
 
 pub mod pump;
+pub mod snapshot;
 
-pub use pump::{LAG_BUCKETS, Pump, PumpControl, PumpMetrics, StreamHashing};
+pub use pump::{LAG_BUCKETS, Pump, PumpControl, PumpMetrics, StreamHashing, TakenSnapshot};
+pub use snapshot::{IndexSnapshot, SnapshotError, SnapshotLimits, StreamSnapshot};

@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kv_events::{StreamMessage, StreamUpdate};
+
+use crate::snapshot::{IndexSnapshot, StreamSnapshot};
 use kv_index::{KvIndex, StoredBlock, StreamId};
 use renderer::hash::namespace_prior;
 use renderer::{HashMode, PageDigest, PageHasher};
@@ -69,10 +71,29 @@ pub struct PumpMetrics {
 /// A change to the set of streams while the pump runs.
 #[derive(Debug)]
 pub enum PumpControl {
-    /// Register a stream before its subscriber starts; the result is sent back.
-    AddStream(WorkerKey, StreamHashing, tokio::sync::oneshot::Sender<Result<(), String>>),
+    /// Register a stream before its subscriber starts, seeded from a peer's
+    /// snapshot of it when given; the result is sent back: the seq the stream
+    /// resumes after (`None`: it starts empty).
+    AddStream(
+        WorkerKey,
+        StreamHashing,
+        Option<StreamSnapshot>,
+        tokio::sync::oneshot::Sender<Result<Option<u64>, String>>,
+    ),
+    /// Take a snapshot of every stream with applied batches, between two batches, within a
+    /// number of blocks (streams beyond are left out whole, and counted).
+    Snapshot(usize, tokio::sync::oneshot::Sender<TakenSnapshot>),
     /// Forget a stream (its worker left): its batches still queued are dropped as unknown.
     RemoveStream(WorkerKey),
+}
+
+/// A snapshot the pump took.
+#[derive(Debug, Clone, Default)]
+pub struct TakenSnapshot {
+    /// The streams in it.
+    pub snapshot: IndexSnapshot,
+    /// Streams left out: over the block bound.
+    pub left_out: usize,
 }
 
 /// Applies stream messages to the index.
@@ -130,9 +151,67 @@ impl Pump {
 
     /// Registers a stream and how to hash its blocks.
     pub fn add_stream(&mut self, key: WorkerKey, hashing: StreamHashing) -> Result<(), kv_index::IndexError> {
+        self.add_seeded(key, hashing, None).map(|_| ())
+    }
+
+    /// Registers a stream, with the holdings and seq of a peer's snapshot of
+    /// it when they were hashed alike; returns the seq it resumes after.
+    pub fn add_seeded(
+        &mut self,
+        key: WorkerKey,
+        hashing: StreamHashing,
+        seed: Option<StreamSnapshot>,
+    ) -> Result<Option<u64>, kv_index::IndexError> {
         let id = self.index.stream(&key)?;
-        self.streams.insert(key, StreamState { id, hashing, cursor: None });
-        Ok(())
+        let mut cursor = None;
+        if let Some(seed) = seed {
+            let alike =
+                seed.page_size as usize == hashing.page_size.get() && seed.bigram == (hashing.mode == HashMode::Bigram);
+            if !alike {
+                warn!(stream = %key, page_size = seed.page_size, bigram = seed.bigram, "kv pump: peer snapshot hashed otherwise, not used");
+            } else {
+                // The stream may hold blocks of an earlier life: the snapshot replaces them.
+                let _ = self.index.clear_stream(id);
+                match self.index.import_stream(id, &seed.blocks) {
+                    Ok(held) => {
+                        info!(stream = %key, seq = seed.seq, blocks = held, "kv pump: stream seeded from a peer's snapshot");
+                        cursor = Some(seed.seq);
+                    }
+                    Err(e) => {
+                        warn!(stream = %key, error = %e, "kv pump: peer snapshot not imported");
+                        let _ = self.index.clear_stream(id);
+                    }
+                }
+            }
+        }
+        self.streams.insert(key, StreamState { id, hashing, cursor });
+        Ok(cursor)
+    }
+
+    /// Every stream with applied batches at its cursor, within `max_blocks`.
+    pub fn snapshot(&self, max_blocks: usize) -> TakenSnapshot {
+        let mut taken = TakenSnapshot::default();
+        let mut total = 0usize;
+        let mut keys: Vec<&WorkerKey> = self.streams.keys().collect();
+        keys.sort();
+        for key in keys {
+            let state = &self.streams[key];
+            let Some(seq) = state.cursor else { continue };
+            let Ok(blocks) = self.index.export_stream(state.id) else { continue };
+            if total + blocks.len() > max_blocks {
+                taken.left_out += 1;
+                continue;
+            }
+            total += blocks.len();
+            taken.snapshot.streams.push(StreamSnapshot {
+                key: key.clone(),
+                seq,
+                page_size: state.hashing.page_size.get() as u32,
+                bigram: state.hashing.mode == HashMode::Bigram,
+                blocks,
+            });
+        }
+        taken
     }
 
     /// Applies messages until the channel closes or `cancel` fires.
@@ -153,8 +232,11 @@ impl Pump {
                 biased;
                 _ = cancel.cancelled() => break "cancelled",
                 Some(c) = control.recv() => match c {
-                    PumpControl::AddStream(key, hashing, done) => {
-                        let _ = done.send(self.add_stream(key, hashing).map_err(|e| e.to_string()));
+                    PumpControl::AddStream(key, hashing, seed, done) => {
+                        let _ = done.send(self.add_seeded(key, hashing, seed).map_err(|e| e.to_string()));
+                    }
+                    PumpControl::Snapshot(max_blocks, done) => {
+                        let _ = done.send(self.snapshot(max_blocks));
                     }
                     PumpControl::RemoveStream(key) => {
                         self.streams.remove(&key);

@@ -62,6 +62,8 @@ pub struct MockEngineConfig {
     /// Answer 404 to a request naming another model than `model_id`, as vLLM
     /// does (SGLang serves whatever `model` says: off by default).
     pub strict_model: bool,
+    /// Batches each publisher keeps for replay (SGLang's `buffer_steps`, 10,000).
+    pub replay_buffer_steps: usize,
     /// Remember every request (its headers and body, the last 256) for
     /// [`Engine::legs`], not only the disaggregated legs.
     pub record_requests: bool,
@@ -97,6 +99,7 @@ impl Default for MockEngineConfig {
             pd: PdConfig::default(),
             strict_model: false,
             record_requests: false,
+            replay_buffer_steps: kv_events::publisher::DEFAULT_BUFFER_STEPS,
         }
     }
 }
@@ -174,6 +177,7 @@ async fn bind_publishers(config: &MockEngineConfig) -> anyhow::Result<Vec<kv_eve
         endpoint,
         replay_endpoint: Some(replay),
         form: config.event_form,
+        buffer_steps: config.replay_buffer_steps.max(1),
         ..PublisherConfig::loopback()
     };
     if ranks == 1 {

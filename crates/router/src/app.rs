@@ -142,6 +142,21 @@ pub struct AppConfig {
     pub max_request_memory: usize,
     /// Large renders at once, off the serving threads.
     pub render_threads: usize,
+    /// Kubernetes discovery (`--service-discovery`).
+    pub discovery: Option<DiscoverySetup>,
+    /// Peers to catch up from (`--index-peers`, `--index-peer-selector`).
+    pub index_peers: Option<crate::peers::PeerSetup>,
+    /// How this router serves its own index snapshot to peers.
+    pub index_snapshot: gateway::SnapshotServing,
+}
+
+/// Kubernetes discovery: where the API server is, and what to watch.
+#[derive(Debug, Clone)]
+pub struct DiscoverySetup {
+    /// The API server.
+    pub api: fleet::k8s::api::ApiServer,
+    /// Selectors, namespace, port, annotation, pool label (`pools` is filled from the routing config).
+    pub config: fleet::k8s::DiscoveryConfig,
 }
 
 /// Model pools from a routing config, checked.
@@ -277,8 +292,8 @@ impl App {
             (None, false) => None,
         };
         let pool_workers = routing.as_ref().is_some_and(|r| r.pools.iter().any(|p| !p.workers.is_empty()));
-        if config.workers.is_empty() && mocks.is_empty() && !pd_workers && !pool_workers {
-            bail!("no workers: give --worker-urls or --mock-workers");
+        if config.workers.is_empty() && mocks.is_empty() && !pd_workers && !pool_workers && config.discovery.is_none() {
+            bail!("no workers: give --worker-urls, --mock-workers or --service-discovery");
         }
         let cancel = CancellationToken::new();
         let index = config.kv_events.as_ref().map(|_| {
@@ -318,6 +333,7 @@ impl App {
             request_id_headers: config.request_id_headers.clone(),
             cors: config.cors.clone(),
             tls: config.tls.clone(),
+            index_snapshot: config.index_snapshot,
         };
         // Bind first: discovery runs in the background, after the port is up.
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
@@ -342,7 +358,16 @@ impl App {
         };
         // With a routing config, --worker-urls join its default pool (added below).
         let flag_workers: &[WorkerUrl] = if routing.is_some() { &[] } else { &config.workers };
-        let fleet = Fleet::start(fleet_config, index.clone(), flag_workers, cancel.clone());
+        // A peer's snapshot first, so that every stream it covers resumes from it.
+        let seed = match (&config.index_peers, &config.kv_events) {
+            (Some(peers), Some(_)) => crate::peers::fetch(peers).await,
+            (Some(_), None) => {
+                warn!("--index-peers without --kv-events: there is no index to catch up");
+                None
+            }
+            _ => None,
+        };
+        let fleet = Fleet::start_seeded(fleet_config, index.clone(), flag_workers, seed, cancel.clone());
         if let Some(pd) = &config.pd {
             for (url, bootstrap) in &pd.prefill {
                 fleet.add_as(url.clone(), Role::Prefill { bootstrap: *bootstrap }, Source::Flag);
@@ -381,6 +406,12 @@ impl App {
             };
             let pool = pool.clone().map_or_else(|| default_pool.clone(), PoolId);
             fleet.add_in(url, role, pool, Source::Mock);
+        }
+        if let Some(d) = &config.discovery {
+            let mut dc = d.config.clone();
+            dc.pools = routing.as_ref().map(|r| r.pools.iter().map(|p| PoolId(p.name.clone())).collect());
+            info!(api = %d.api.base_url(), namespace = ?dc.namespace, selectors = dc.watched.len(), "kubernetes discovery: watching pods");
+            fleet::k8s::spawn(&fleet, d.api.clone(), dc);
         }
         // The policies forget a worker that left for good.
         let mut policies = vec![policy.clone()];

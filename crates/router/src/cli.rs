@@ -109,6 +109,10 @@ pub(crate) struct ServeArgs {
     pub(crate) mock_workers: MockWorkers,
     #[command(flatten)]
     pub(crate) pd: PdFlags,
+    #[command(flatten)]
+    pub(crate) discovery: crate::discovery::DiscoveryFlags,
+    #[command(flatten)]
+    pub(crate) peers: crate::discovery::PeerFlags,
     /// How to pick a worker.
     #[arg(long, env = "SGL_ROUTER_POLICY", value_enum, default_value = "round_robin")]
     pub(crate) policy: PolicyName,

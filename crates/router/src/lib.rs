@@ -4,3 +4,4 @@
 
 pub mod app;
 mod igw;
+pub mod peers;

@@ -7,6 +7,7 @@ use clap::Parser;
 
 mod cli;
 mod defaults;
+mod discovery;
 mod logfile;
 mod pd;
 mod routing;

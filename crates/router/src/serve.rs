@@ -235,6 +235,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         source: a.routing_config.clone(),
     });
     let pd = crate::pd::setup(a, policy_config)?;
+    let discovery = crate::discovery::setup(a)?;
+    let index_peers = crate::discovery::peers(a)?;
     let kv_events = if kv_events_on {
         let explicit = crate::tools::explicit(&a.events).map_err(|e| UsageError(e.to_string()))?;
         Some(EventsConfig {
@@ -251,6 +253,9 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         None
     };
     Ok(AppConfig {
+        discovery,
+        index_peers,
+        index_snapshot: crate::discovery::serving(a),
         listen,
         workers,
         mock_workers: if pd.is_some() { 0 } else { a.mock_workers.n },

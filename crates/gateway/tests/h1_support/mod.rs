@@ -107,6 +107,7 @@ pub(crate) async fn start_fleet(
         request_id_headers: gateway::context::DEFAULT_REQUEST_ID_HEADERS.iter().map(|h| h.to_string()).collect(),
         cors: Default::default(),
         tls: None,
+        index_snapshot: Default::default(),
     };
     tweak(&mut config);
     let renderer = Arc::new(renderer::Renderer::builtin().unwrap());

@@ -25,6 +25,9 @@ struct Args {
     /// Answer 404 to requests naming another model, as vLLM does.
     #[arg(long, env = "SGL_MOCK_STRICT_MODEL")]
     strict_model: bool,
+    /// Batches each KV-event publisher keeps for replay.
+    #[arg(long, default_value_t = kv_events::publisher::DEFAULT_BUFFER_STEPS)]
+    replay_buffer_steps: usize,
     /// Tokens per KV page.
     #[arg(long, env = "SGL_MOCK_PAGE_SIZE", default_value_t = 16)]
     page_size: usize,
@@ -110,6 +113,7 @@ async fn main() -> anyhow::Result<()> {
         listen: a.listen,
         model_id: a.model_id,
         strict_model: a.strict_model,
+        replay_buffer_steps: a.replay_buffer_steps,
         page_size: a.page_size,
         capacity_tokens: a.capacity_tokens,
         dp_size: a.dp_size,

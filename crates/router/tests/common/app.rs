@@ -78,6 +78,9 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         admin_listen: None,
         max_request_memory: 1 << 30,
         render_threads: 2,
+        discovery: None,
+        index_peers: None,
+        index_snapshot: Default::default(),
     }
 }
 

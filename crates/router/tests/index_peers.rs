@@ -1,0 +1,190 @@
+//! Router replicas that catch up: a router started after the engines'
+//! replay buffers rolled over learns only what is stored after it starts,
+//! unless it starts from a peer's index snapshot (`--index-peers`), in which
+//! case it knows what its peer knows and follows on from the snapshot's seqs.
+//! A snapshot older than what the publishers still hold resets those streams
+//! (counted), never keeps their stale blocks. Real engines' publishers are
+//! simulated here; the sockets, replay and HTTP are real.
+
+mod common;
+
+use common::app::{ADMIN_KEY, admin_get, chat, config, engine_config, post, start};
+use common::eventually;
+use mock_engine::{MockEngine, MockEngineConfig};
+use serde_json::Value;
+use sgl_router::app::PolicyConfig;
+use sgl_router::peers::PeerSetup;
+use std::time::Duration;
+
+/// Batches each publisher keeps: the tests outrun it.
+const BUFFER: usize = 16;
+
+async fn engines() -> Vec<MockEngine> {
+    let mut out = Vec::new();
+    for _ in 0..2 {
+        let c = MockEngineConfig { replay_buffer_steps: BUFFER, ..engine_config() };
+        out.push(MockEngine::spawn(c).await.unwrap());
+    }
+    out
+}
+
+/// The most prompt tokens a worker holds, as router `url` knows it.
+async fn known(url: &str, body: &Value) -> u64 {
+    let d: Value = common::app::admin_post(&format!("{url}/debug/route"), body).await.json().await.unwrap();
+    d["candidates"].as_array().unwrap().iter().map(|c| c["matched_tokens"].as_u64().unwrap_or(0)).max().unwrap_or(0)
+}
+
+fn prompt(i: usize) -> Value {
+    // Long enough to span many pages; distinct from the first characters on.
+    chat(&format!("conversation {i:04}: {}", "the quick brown fox jumps over the lazy dog ".repeat(20)), "hello")
+}
+
+fn peers(urls: Vec<String>) -> PeerSetup {
+    PeerSetup {
+        urls,
+        selector: None,
+        api_key: Some(ADMIN_KEY.into()),
+        timeout: Duration::from_secs(10),
+        limits: fleet::SnapshotLimits { max_blocks: 1 << 20, max_bytes: 64 << 20 },
+    }
+}
+
+async fn metrics(url: &str) -> String {
+    admin_get(&format!("{url}/metrics")).await.text().await.unwrap()
+}
+
+async fn workers(url: &str) -> Value {
+    admin_get(&format!("{url}/workers")).await.json().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_replica_knows_what_its_peer_knows_only_with_a_snapshot() {
+    let ws = engines().await;
+    let refs: Vec<&MockEngine> = ws.iter().collect();
+    let a = start(config(&refs, PolicyConfig::cache_aware(), true)).await;
+    // Far more requests than the publishers keep: their buffers roll over.
+    let n = 4 * BUFFER;
+    for i in 0..n {
+        assert!(post(&format!("{}/v1/chat/completions", a.url), &prompt(i)).await.status().is_success());
+    }
+    eventually("A indexes the last prompt", async || known(&a.url, &prompt(n - 1)).await > 0).await;
+    let mut held_by_a = Vec::with_capacity(n);
+    for i in 0..n {
+        held_by_a.push(known(&a.url, &prompt(i)).await);
+    }
+    assert!(held_by_a.iter().all(|t| *t > 200), "A knows every prompt: {held_by_a:?}");
+
+    // B starts late, alone: it learns only what the publishers still hold.
+    let b = start(config(&refs, PolicyConfig::cache_aware(), true)).await;
+    // C starts late from A's snapshot.
+    let mut cc = config(&refs, PolicyConfig::cache_aware(), true);
+    cc.index_peers = Some(peers(vec!["http://127.0.0.1:9".into(), a.url.clone()]));
+    let c = start(cc).await;
+    eventually("B and C follow both engines", async || {
+        let streams =
+            |v: &Value| v["workers"].as_array().unwrap().iter().filter(|w| w["kv_events"] == "followed").count();
+        streams(&workers(&b.url).await) == 2 && streams(&workers(&c.url).await) == 2
+    })
+    .await;
+    // A new conversation continues the shared template prefix the engines cached long ago: C,
+    // holding that prefix from the snapshot, indexes it; B never saw the prefix stored, so the
+    // engine's store (under a parent B does not know) is an orphan to it.
+    let orphans = |m: &str| -> u64 {
+        let l = m.lines().find(|l| l.starts_with("router_kv_events_skipped_stores_total{reason=\"orphan\"}")).unwrap();
+        l.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let b_orphans = orphans(&metrics(&b.url).await);
+    assert!(post(&format!("{}/v1/chat/completions", a.url), &prompt(n)).await.status().is_success());
+    eventually("C sees the new prompt", async || known(&c.url, &prompt(n)).await > 0).await;
+    eventually("B drops its store as an orphan", async || orphans(&metrics(&b.url).await) > b_orphans).await;
+    assert_eq!(known(&b.url, &prompt(n)).await, 0);
+    assert_eq!(orphans(&metrics(&c.url).await), 0, "C knows every parent");
+    let (mut b_sum, mut c_sum, a_sum): (u64, u64, u64) = (0, 0, held_by_a.iter().sum());
+    for (i, want) in held_by_a.iter().enumerate() {
+        let (bt, ct) = (known(&b.url, &prompt(i)).await, known(&c.url, &prompt(i)).await);
+        assert_eq!(ct, *want, "C knows prompt {i} as A does");
+        b_sum += bt;
+        c_sum += ct;
+    }
+    assert_eq!(c_sum, a_sum);
+    assert!(b_sum * 2 < a_sum, "B missed the early history: {b_sum} of {a_sum} tokens");
+
+    // What each reports of its streams' history.
+    let bw = workers(&b.url).await;
+    let missed: u64 = bw["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|w| w["kv_history"].as_array().cloned().unwrap_or_default())
+        .map(|h| h["missed_batches"].as_u64().unwrap())
+        .sum();
+    assert!(missed > 0, "B reports the batches it never saw: {bw}");
+    assert!(metrics(&b.url).await.contains(&format!("router_kv_events_history_missed_batches_total {missed}")));
+    let cw = workers(&c.url).await;
+    for w in cw["workers"].as_array().unwrap() {
+        let h = &w["kv_history"][0];
+        assert!(h["resumed_after_seq"].as_u64().is_some(), "C resumed each stream from the snapshot: {cw}");
+    }
+    let cm = metrics(&c.url).await;
+    assert!(cm.contains("router_kv_snapshot_streams_total{outcome=\"resumed\"} 2"), "{cm}");
+    assert!(cm.contains("router_kv_snapshot_streams_total{outcome=\"reset\"} 0"), "{cm}");
+    assert!(metrics(&a.url).await.contains("router_kv_snapshots_served_total{outcome=\"ok\"} 1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_older_than_the_publishers_hold_resets_its_streams() {
+    let ws = engines().await;
+    let refs: Vec<&MockEngine> = ws.iter().collect();
+    let a = start(config(&refs, PolicyConfig::cache_aware(), true)).await;
+    for i in 0..BUFFER / 2 {
+        assert!(post(&format!("{}/v1/chat/completions", a.url), &prompt(i)).await.status().is_success());
+    }
+    eventually("A indexes", async || known(&a.url, &prompt(BUFFER / 2 - 1)).await > 0).await;
+    // A snapshot now, served later by a stand-in peer, after the publishers moved on past it.
+    let old = admin_get(&format!("{}/index/snapshot", a.url)).await;
+    assert_eq!(old.status(), 200);
+    assert_eq!(old.headers()["x-index-streams"], "2");
+    let old = old.bytes().await.unwrap();
+    for i in BUFFER..4 * BUFFER {
+        assert!(post(&format!("{}/v1/chat/completions", a.url), &prompt(i)).await.status().is_success());
+    }
+    let peer = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let peer_url = format!("http://{}", peer.local_addr().unwrap());
+    let app = axum::Router::new().route(
+        "/index/snapshot",
+        axum::routing::get(move || {
+            let body = old.clone();
+            async move { body }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(peer, app).await });
+    let mut cc = config(&refs, PolicyConfig::cache_aware(), true);
+    cc.index_peers = Some(peers(vec![peer_url]));
+    let c = start(cc).await;
+    eventually("C resets both stale streams", async || {
+        metrics(&c.url).await.contains("router_kv_snapshot_streams_total{outcome=\"reset\"} 2")
+    })
+    .await;
+    // Nothing of the stale snapshot survives where the publishers could not vouch for it: the
+    // engines still hold the early prompts (A knows them), but what followed the snapshot is gone
+    // from the buffers, so C cannot know whether they were evicted since, and drops them.
+    for i in 0..BUFFER / 2 {
+        assert!(known(&a.url, &prompt(i)).await > 0);
+        assert_eq!(known(&c.url, &prompt(i)).await, 0, "a stale block of prompt {i} was kept");
+    }
+    let cw = workers(&c.url).await;
+    assert!(cw["workers"].as_array().unwrap().iter().all(|w| w["kv_history"][0]["snapshot_reset"] == true), "{cw}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_are_control_plane_and_need_events() {
+    let ws = engines().await;
+    let refs: Vec<&MockEngine> = ws.iter().collect();
+    let a = start(config(&refs, PolicyConfig::RoundRobin, false)).await;
+    let anonymous = reqwest::get(format!("{}/index/snapshot", a.url)).await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    let no_events = admin_get(&format!("{}/index/snapshot", a.url)).await;
+    assert_eq!(no_events.status(), 503);
+    let body: Value = no_events.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("no index snapshot"), "{body}");
+}
