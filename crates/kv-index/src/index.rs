@@ -450,13 +450,7 @@ impl KvIndex {
                     slot.live.fetch_add(1, Ordering::Relaxed);
                 }
                 let loc = Loc { shard: shard_ix as u16, slot: node, generation: shard.node(node).generation as u8 };
-                let entry = self.layout.pack(block.engine, loc);
-                match map.find_mut(engine_hash(block.engine), |e| e.engine() == block.engine) {
-                    Some(e) => *e = entry,
-                    None => {
-                        map.insert_unique(engine_hash(block.engine), entry, |e| engine_hash(e.engine()));
-                    }
-                }
+                self.record_engine(&mut map, block.engine, loc);
                 prev = node;
             }
             if shard.len() > self.max_per_shard {
@@ -468,16 +462,33 @@ impl KvIndex {
             }
         }
         outcome.evicted = evicted.nodes;
-        if evicted.nodes > 0 {
-            self.evicted.fetch_add(evicted.nodes as u64, Ordering::Relaxed);
-            let reg = self.registry();
-            for lost in evicted.lost {
-                if let Some(s) = reg.streams.get(lost as usize) {
-                    s.live.fetch_sub(1, Ordering::Relaxed);
-                }
+        self.account_evicted(evicted);
+        Ok(outcome)
+    }
+
+    /// Counts an eviction and takes the holdings it ended off their streams.
+    fn account_evicted(&self, evicted: Evicted) {
+        if evicted.nodes == 0 {
+            return;
+        }
+        self.evicted.fetch_add(evicted.nodes as u64, Ordering::Relaxed);
+        let reg = self.registry();
+        for lost in evicted.lost {
+            if let Some(s) = reg.streams.get(lost as usize) {
+                s.live.fetch_sub(1, Ordering::Relaxed);
             }
         }
-        Ok(outcome)
+    }
+
+    /// Points `engine` at `loc` in a stream's engine map.
+    fn record_engine(&self, map: &mut HashTable<EngineEntry>, engine: u64, loc: Loc) {
+        let entry = self.layout.pack(engine, loc);
+        match map.find_mut(engine_hash(engine), |e| e.engine() == engine) {
+            Some(e) => *e = entry,
+            None => {
+                map.insert_unique(engine_hash(engine), entry, |e| engine_hash(e.engine()));
+            }
+        }
     }
 
     /// Drops engine-map entries whose node was evicted.

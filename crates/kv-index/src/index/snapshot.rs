@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use router_types::PageDigest;
 
-use super::{KvIndex, Loc, engine_hash};
+use super::{KvIndex, Loc};
 use crate::shard::{Evicted, NO_PARENT, TICK_MASK};
 use crate::{IndexError, StreamId};
 
@@ -152,13 +152,7 @@ impl KvIndex {
                         slot.live.fetch_add(1, Ordering::Relaxed);
                     }
                     let loc = Loc { shard: shard_ix as u16, slot: node, generation: shard.node(node).generation as u8 };
-                    let entry = self.layout.pack(engine, loc);
-                    match map.find_mut(engine_hash(engine), |e| e.engine() == engine) {
-                        Some(e) => *e = entry,
-                        None => {
-                            map.insert_unique(engine_hash(engine), entry, |e| engine_hash(e.engine()));
-                        }
-                    }
+                    self.record_engine(&mut map, engine, loc);
                 }
                 i += 1;
             }
@@ -167,15 +161,7 @@ impl KvIndex {
             }
         }
         drop(map);
-        if evicted.nodes > 0 {
-            self.evicted.fetch_add(evicted.nodes as u64, Ordering::Relaxed);
-            let reg = self.registry();
-            for lost in evicted.lost {
-                if let Some(s) = reg.streams.get(lost as usize) {
-                    s.live.fetch_sub(1, Ordering::Relaxed);
-                }
-            }
-        }
+        self.account_evicted(evicted);
         Ok(held)
     }
 }
