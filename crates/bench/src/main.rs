@@ -5,12 +5,14 @@
 //! `live` replays one as real HTTP requests against routers in front of
 //! simulated engines; `overhead` measures what a router adds; `model-routing`
 //! prices and grades `model: "auto"` against always-small, always-large and
-//! the true labels.
+//! the true labels; `replica` measures a router replica started late, cold
+//! and from a peer's index snapshot, against the one that ran all along.
 
 mod live;
 mod model_routing;
 mod overhead;
 mod plot;
+mod replica;
 mod sim;
 mod trace;
 
@@ -38,6 +40,9 @@ enum Command {
     Live(LiveArgs),
     /// Cost and expected quality of model routing against a small and a large model.
     ModelRouting(model_routing::ModelRoutingArgs),
+    /// A router replica started late, cold and from a peer's index snapshot, against the one
+    /// that ran all along: hit rates on the same requests.
+    Replica(replica::ReplicaArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -166,6 +171,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Sim(a) => a,
         Command::Overhead(o) => return overhead(o),
         Command::Live(l) => return live(l),
+        Command::Replica(r) => return replica::run(&r),
         Command::ModelRouting(m) => {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             return runtime.block_on(model_routing::run(&m));

@@ -94,7 +94,7 @@ fn render_history(out: &mut String, e: &EventMetrics, f: &FleetMetrics) {
     counter(
         out,
         "router_kv_snapshot_streams_total",
-        "Streams started from a peer replica's index snapshot, by outcome: resumed after its seq, or reset because the publisher no longer held what followed it.",
+        "Streams started from a peer replica's index snapshot, by outcome: resumed (the first batch after the snapshot's seq followed on from it), or reset (the publisher no longer held what followed it, or restarted). A stream with no batch since counts in neither.",
         &[("{outcome=\"resumed\"}", get(&e.snapshot_resumed)), ("{outcome=\"reset\"}", get(&e.snapshot_resets))],
     );
     counter(

@@ -66,7 +66,8 @@ pub struct EventMetrics {
     /// before it subscribed and no longer held by the publishers (the first
     /// applied seq of each stream started from nothing).
     pub history_missed_batches: AtomicU64,
-    /// Streams resumed from a peer's snapshot.
+    /// Streams resumed from a peer's snapshot: their first batch after the
+    /// snapshot's seq followed on from it.
     pub snapshot_resumed: AtomicU64,
     /// Streams resumed from a peer's snapshot that had to be reset: the
     /// publisher no longer held the batches after the snapshot's seq, or restarted.
@@ -148,9 +149,6 @@ impl EventMetrics {
     }
 
     pub(crate) fn set_history(&self, key: &WorkerKey, h: StreamHistory) {
-        if matches!(h, StreamHistory::Resumed { .. }) {
-            Self::inc(&self.snapshot_resumed);
-        }
         self.history.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), h);
     }
 

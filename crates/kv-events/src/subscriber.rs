@@ -396,7 +396,10 @@ impl Subscriber {
 
     /// Sends a decoded batch to the pump; `seq` is applied.
     async fn apply(&mut self, seq: u64, decoded: Decoded) -> Result<(), Closed> {
-        self.seeded = false;
+        if std::mem::take(&mut self.seeded) {
+            // The first batch after the snapshot's seq follows on from it: the stream resumed.
+            EventMetrics::inc(&self.metrics.snapshot_resumed);
+        }
         if std::mem::take(&mut self.fresh) {
             // Batches 0..seq were published before this router could see them, and are gone.
             if seq > 0 {

@@ -110,6 +110,12 @@ impl PagedCache {
         n
     }
 
+    /// How many leading pages of `chain` are cached, touching nothing (no
+    /// pin, no use): what a request sent now would find.
+    pub fn peek(&self, chain: &[BlockHash]) -> usize {
+        chain.iter().take_while(|h| self.pages.contains_key(h)).count()
+    }
+
     /// Stores `chain[from..]` (pinned) under `chain[from - 1]`, evicting unpinned
     /// LRU leaves for room; stops early when everything left is pinned.
     pub fn insert_pinned(&mut self, chain: &[BlockHash], from: usize) -> CacheChange {
@@ -185,6 +191,8 @@ mod tests {
         assert_eq!(ch.evicted, vec![a[1], a[0]]);
         assert_eq!(ch.stored, 2, "the third page finds only pinned pages");
         assert_eq!(c.lookup_and_pin(&a), 0);
+        assert_eq!(c.peek(&d[..1]), 1);
+        assert_eq!(c.peek(&[BlockHash(7), d[0]]), 0, "a prefix, not any page");
     }
 
     /// The cache as it was specified: evict by scanning every page for the

@@ -288,6 +288,16 @@ impl Engine {
         self.ranks.iter().map(|r| r.cache.lock().unwrap_or_else(|p| p.into_inner()).len()).collect()
     }
 
+    /// The cached prompt tokens each rank holds of `tokens` (whole pages
+    /// only), without touching the cache: what a request sent now would find.
+    /// The truth a router's choice is measured against.
+    pub fn cached_prefix_tokens(&self, tokens: &[u32]) -> Vec<usize> {
+        let ps = self.config.page_size.max(1);
+        let full = tokens.len() / ps * ps;
+        let chain = self.hasher.block_hashes(&tokens[..full], None).unwrap_or_default();
+        self.ranks.iter().map(|r| r.cache.lock().unwrap_or_else(|p| p.into_inner()).peek(&chain) * ps).collect()
+    }
+
     /// Applies fault knobs (counts add up; `restart_publisher` acts at once).
     pub async fn set_faults(&self, f: Faults) {
         if f.restart_publisher {

@@ -409,7 +409,12 @@ impl App {
         }
         if let Some(d) = &config.discovery {
             let mut dc = d.config.clone();
-            dc.pools = routing.as_ref().map(|r| r.pools.iter().map(|p| PoolId(p.name.clone())).collect());
+            // A pod naming no pool joins the default one; one naming a pool no one routes to is refused.
+            dc.default_pool = default_pool.clone();
+            dc.pools = Some(match &routing {
+                Some(r) => r.pools.iter().map(|p| PoolId(p.name.clone())).collect(),
+                None => vec![default_pool.clone()],
+            });
             info!(api = %d.api.base_url(), namespace = ?dc.namespace, selectors = dc.watched.len(), "kubernetes discovery: watching pods");
             fleet::k8s::spawn(&fleet, d.api.clone(), dc);
         }

@@ -125,6 +125,10 @@ pub(crate) fn setup(a: &ServeArgs) -> Result<Option<DiscoverySetup>, UsageError>
             "--service-discovery needs --selector (or --prefill-selector and --decode-selector)".into(),
         ));
     }
+    let pool_label = f.service_discovery_pool_label.clone().filter(|l| !l.is_empty());
+    if pool_label.is_some() && a.routing_config.is_none() {
+        return Err(UsageError("--service-discovery-pool-label names model pools: it needs --routing-config".into()));
+    }
     if f.service_discovery_port == 0 {
         return Err(UsageError("--service-discovery-port: 1..=65535".into()));
     }
@@ -135,7 +139,9 @@ pub(crate) fn setup(a: &ServeArgs) -> Result<Option<DiscoverySetup>, UsageError>
             port: f.service_discovery_port,
             watched,
             bootstrap_annotation: f.bootstrap_port_annotation.clone(),
-            pool_label: f.service_discovery_pool_label.clone().filter(|l| !l.is_empty()),
+            pool_label,
+            // Set by the app, which knows the pools.
+            default_pool: router_types::PoolId::default_pool(),
             pools: None,
         },
     }))

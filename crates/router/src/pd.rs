@@ -73,7 +73,9 @@ pub(crate) fn setup(a: &ServeArgs, policy: impl Fn(PolicyName) -> PolicyConfig) 
         Some(d) => (a.mock_workers.n, d),
         None => (a.mock_workers.n, a.mock_workers.n),
     };
-    if prefill.len() + mock_prefill == 0 || decode.len() + mock_decode == 0 {
+    // Pods found by --prefill-selector and --decode-selector join later.
+    let discovered = a.discovery.service_discovery;
+    if !discovered && (prefill.len() + mock_prefill == 0 || decode.len() + mock_decode == 0) {
         return usage(
             "disaggregation needs at least one --prefill and one --decode worker (or --mock-workers 1p1d)".into(),
         );

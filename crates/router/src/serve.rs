@@ -76,8 +76,9 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         && !pd_on
         && !pd_workers
         && !pool_workers
+        && !a.discovery.service_discovery
     {
-        return usage("no workers: give --worker-urls URL,... or --mock-workers N".into());
+        return usage("no workers: give --worker-urls URL,... or --mock-workers N (or --service-discovery)".into());
     }
     if (routing.is_some() || a.enable_igw) && (pd_on || pd_workers) {
         return usage(
@@ -420,7 +421,7 @@ pub(crate) fn serve(config: AppConfig, a: &ServeArgs) -> Result<()> {
         println!(
             "try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n       -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'"
         );
-        if app.worker_urls().is_empty() {
+        if app.worker_urls().is_empty() && !a.discovery.service_discovery {
             bail!("no workers");
         }
         app.run(shutdown_signal()).await

@@ -125,8 +125,15 @@ async fn a_late_replica_knows_what_its_peer_knows_only_with_a_snapshot() {
         let h = &w["kv_history"][0];
         assert!(h["resumed_after_seq"].as_u64().is_some(), "C resumed each stream from the snapshot: {cw}");
     }
+    // A stream counts as resumed once a batch follows on from the snapshot: one to each engine.
+    for w in &ws {
+        assert!(post(&format!("{}/v1/chat/completions", w.url()), &prompt(n + 1)).await.status().is_success());
+    }
+    eventually("C resumed both streams", async || {
+        metrics(&c.url).await.contains("router_kv_snapshot_streams_total{outcome=\"resumed\"} 2")
+    })
+    .await;
     let cm = metrics(&c.url).await;
-    assert!(cm.contains("router_kv_snapshot_streams_total{outcome=\"resumed\"} 2"), "{cm}");
     assert!(cm.contains("router_kv_snapshot_streams_total{outcome=\"reset\"} 0"), "{cm}");
     assert!(metrics(&a.url).await.contains("router_kv_snapshots_served_total{outcome=\"ok\"} 1"));
 }
@@ -187,4 +194,74 @@ async fn snapshots_are_control_plane_and_need_events() {
     assert_eq!(no_events.status(), 503);
     let body: Value = no_events.json().await.unwrap();
     assert!(body["error"]["message"].as_str().unwrap().contains("no index snapshot"), "{body}");
+}
+
+/// `--index-peer-selector`: the peers are the router pods of a label selector, found through
+/// the Kubernetes API (the `mock-k8s` stand-in); only ready pods with an IP and no deletion
+/// timestamp are asked, on `--index-peer-port`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_found_by_a_selector_are_the_ready_router_pods() {
+    use mock_k8s::{MockApiConfig, MockApiServer, Pod};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const NS: &str = "routing";
+    let ws = engines().await;
+    let refs: Vec<&MockEngine> = ws.iter().collect();
+    let a = start(config(&refs, PolicyConfig::cache_aware(), true)).await;
+    let n = 2 * BUFFER;
+    for i in 0..n {
+        assert!(post(&format!("{}/v1/chat/completions", a.url), &prompt(i)).await.status().is_success());
+    }
+    eventually("A indexes the last prompt", async || known(&a.url, &prompt(n - 1)).await > 0).await;
+    let port: u16 = a.url.rsplit(':').next().unwrap().parse().unwrap();
+
+    // Pods that must not be asked answer on 127.0.0.3, same port, and count the asks.
+    let asked = Arc::new(AtomicUsize::new(0));
+    let poison = tokio::net::TcpListener::bind(("127.0.0.3", port)).await.unwrap();
+    let counter = asked.clone();
+    let app = axum::Router::new().route(
+        "/index/snapshot",
+        axum::routing::get(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async { (axum::http::StatusCode::SERVICE_UNAVAILABLE, "not me") }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(poison, app).await });
+
+    let k8s =
+        MockApiServer::spawn(MockApiConfig { token: Some("sa".into()), ..MockApiConfig::default() }).await.unwrap();
+    let router_pod = |name: &str, ip: &str| Pod::running(NS, name, ip).label("app", "sgl-router");
+    // Listed before the good pod (names in order): a starting pod, a terminating one, a
+    // pod of another app, and a ready router pod in another namespace.
+    k8s.upsert_pod(router_pod("a-starting", "127.0.0.3").ready(false));
+    k8s.upsert_pod(router_pod("b-terminating", "127.0.0.3").ready(true));
+    k8s.start_deleting(NS, "b-terminating");
+    k8s.upsert_pod(Pod::running(NS, "c-engine", "127.0.0.3").label("app", "sglang").ready(true));
+    k8s.upsert_pod(Pod::running("elsewhere", "d-router", "127.0.0.3").label("app", "sgl-router").ready(true));
+    k8s.upsert_pod(router_pod("router-a", "127.0.0.1").ready(true));
+
+    let mut cc = config(&refs, PolicyConfig::cache_aware(), true);
+    let mut setup = peers(Vec::new());
+    setup.selector = Some(sgl_router::peers::PeerSelector {
+        api: fleet::k8s::api::ApiServer::with_token(&k8s.url(), Some("sa")).unwrap(),
+        namespace: Some(NS.into()),
+        selector: "app=sgl-router".into(),
+        port,
+    });
+    cc.index_peers = Some(setup);
+    let c = start(cc).await;
+    eventually("C follows both engines", async || {
+        workers(&c.url).await["workers"].as_array().unwrap().iter().filter(|w| w["kv_events"] == "followed").count()
+            == 2
+    })
+    .await;
+    let cw = workers(&c.url).await;
+    for w in cw["workers"].as_array().unwrap() {
+        assert!(w["kv_history"][0]["resumed_after_seq"].as_u64().is_some(), "C resumed from A's snapshot: {cw}");
+    }
+    for i in 0..n {
+        assert_eq!(known(&c.url, &prompt(i)).await, known(&a.url, &prompt(i)).await, "prompt {i}");
+    }
+    assert_eq!(asked.load(Ordering::SeqCst), 0, "only the ready router pod of the namespace is asked");
+    assert!(k8s.requests().iter().any(|r| r.contains("labelSelector=app%3Dsgl-router")), "{:?}", k8s.requests());
 }

@@ -46,6 +46,7 @@ fn discovery(api: &MockApiServer, port: u16, watched: Vec<Watched>) -> Discovery
             watched,
             bootstrap_annotation: fleet::k8s::DEFAULT_BOOTSTRAP_ANNOTATION.into(),
             pool_label: None,
+            default_pool: router_types::PoolId::default_pool(),
             pools: None,
         },
     }
@@ -180,4 +181,78 @@ async fn pd_selectors_give_roles_and_bootstrap_ports() {
     assert_eq!((p.role.as_str(), p.bootstrap_port()), ("prefill", Some(9001)));
     assert_eq!(d.role.as_str(), "decode");
     drop((prefill, decode));
+}
+
+/// The `sgl-router` binary, killed when dropped.
+struct Binary(std::process::Child);
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the binary with `args` on a free port, the API server found through `KUBECONFIG`
+/// as a user's would be; its URL.
+fn binary(k8s: &MockApiServer, name: &str, args: &[&str]) -> (Binary, String) {
+    let kubeconfig = std::env::temp_dir().join(format!("sgl-router-k8s-{}-{name}.yaml", std::process::id()));
+    std::fs::write(&kubeconfig, k8s.kubeconfig(NS)).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_sgl-router"))
+        .args(["--host", "127.0.0.1", "--port", &port, "--control-plane-api-keys", common::app::ADMIN_KEY])
+        .args(["--service-discovery", "--service-discovery-namespace", NS, "--log-level", "warn"])
+        .args(args)
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    (Binary(child), format!("http://127.0.0.1:{port}"))
+}
+
+/// As a user runs it: no worker on the command line, every worker from the pods of the
+/// selector, the API server from `KUBECONFIG`; not ready until a pod joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_starts_with_no_worker_and_routes_to_the_pods_it_finds() {
+    let (_engines, port) = engines_on_one_port(1, engine_config).await;
+    let k8s = api().await;
+    let (_router, url) =
+        binary(&k8s, "regular", &["--selector", "app=sglang", "--service-discovery-port", &port.to_string()]);
+    let readiness = || async { reqwest::get(format!("{url}/readiness")).await.map(|r| r.status().as_u16()).ok() };
+    eventually("the router serves, not ready without workers", async || readiness().await == Some(503)).await;
+    k8s.upsert_pod(Pod::running(NS, "w0", ip(0)).label("app", "sglang").ready(true));
+    eventually("ready once the pod joins", async || readiness().await == Some(200)).await;
+    let answer = post(&format!("{url}/v1/chat/completions"), &chat("s", "u")).await;
+    assert!(answer.status().is_success());
+    assert_eq!(routable(&url).await, [worker(0, port)]);
+
+    // Disaggregated: both roles from their selectors, no --prefill or --decode.
+    let (_pd, pd_url) = binary(
+        &k8s,
+        "pd",
+        &["--pd-disaggregation", "--prefill-selector", "component=prefill", "--decode-selector", "component=decode"],
+    );
+    k8s.upsert_pod(
+        Pod::running(NS, "p0", ip(1))
+            .label("component", "prefill")
+            .annotation("sglang.ai/bootstrap-port", "9001")
+            .ready(true),
+    );
+    k8s.upsert_pod(Pod::running(NS, "d0", ip(2)).label("component", "decode").ready(true));
+    eventually("the PD router finds both pods", async || {
+        let Ok(answer) = common::app::admin_client().get(format!("{pd_url}/workers")).send().await else {
+            return false; // not listening yet
+        };
+        let Ok(v) = answer.json::<Value>().await else { return false };
+        let mut roles: Vec<String> = v["workers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|w| w["role"].as_str().map(str::to_owned))
+            .collect();
+        roles.sort();
+        roles == ["decode", "prefill"]
+    })
+    .await;
 }

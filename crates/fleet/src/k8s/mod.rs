@@ -69,8 +69,10 @@ pub struct DiscoveryConfig {
     /// The annotation holding a prefill pod's bootstrap port (vLLM's is read when it is absent).
     pub bootstrap_annotation: String,
     /// The label whose value names a pod's model pool; without it (or on a pod without the
-    /// label) pods join the default pool.
+    /// label) pods join `default_pool`.
     pub pool_label: Option<String>,
+    /// The pool of a pod that names none: the routing config's default pool, or the one pool.
+    pub default_pool: PoolId,
     /// The pools that exist (`--routing-config`); a pod labelled with another is skipped.
     /// `None`: any.
     pub pools: Option<Vec<PoolId>>,
@@ -373,7 +375,7 @@ impl Watcher {
                 }
                 pool
             }
-            None => PoolId::default_pool(),
+            None => self.config.default_pool.clone(),
         };
         Ok(Member { url, role, pool })
     }
