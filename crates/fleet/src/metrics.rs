@@ -183,9 +183,10 @@ fn render_events(out: &mut String, e: &EventMetrics, p: &PumpMetrics, f: &FleetM
     counter(
         out,
         "router_kv_events_resets_total",
-        "Streams reset (their index state dropped), by cause: a publisher restart, a gap replay could not fill, a batch no copy of which decodes.",
+        "Streams reset (their index state dropped), by cause: a publisher restart (seq back, END_SEQ), a restart only a reconnect's replay showed (a batch at an applied seq with other bytes), a gap replay could not fill, a batch no copy of which decodes.",
         &[
             ("{cause=\"restart\"}", get(&e.resets)),
+            ("{cause=\"restart_replay\"}", get(&e.rewritten_resets)),
             ("{cause=\"gap\"}", get(&e.gap_resets)),
             ("{cause=\"bad_batch\"}", get(&e.bad_batch_resets)),
         ],

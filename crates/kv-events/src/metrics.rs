@@ -54,6 +54,9 @@ pub struct EventMetrics {
     /// Streams reset because a gap could not be filled (replay failed,
     /// skipped or incomplete, or no replay endpoint) while the stream held state.
     pub gap_resets: AtomicU64,
+    /// Publisher restarts seen only by a reconnect's replay: a batch at a seq
+    /// already applied came back with other bytes.
+    pub rewritten_resets: AtomicU64,
     /// Live batches read and held while a replay ran (not left in the socket).
     pub live_held: AtomicU64,
     /// Live batches dropped because the hold buffer was full (a gap, repaired later).

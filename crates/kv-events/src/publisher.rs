@@ -170,6 +170,38 @@ impl Publisher {
         self.state.buffer.lock().await.clear();
     }
 
+    /// Dies and comes back as a crashed engine's publisher does: its PUB
+    /// socket closed (every subscriber's connection drops), then, `down`
+    /// later, bound again at the same endpoint with seq 0 and an empty replay
+    /// buffer. The replay socket stays up.
+    pub async fn crash(&self, down: std::time::Duration) -> Result<(), PublisherError> {
+        let mut socket = self.pub_socket.lock().await;
+        let old = std::mem::replace(&mut *socket, PubSocket::new());
+        drop(old.close().await);
+        self.state.seq.store(0, Ordering::SeqCst);
+        self.state.buffer.lock().await.clear();
+        tokio::time::sleep(down).await;
+        let mut last = None;
+        for _ in 0..50 {
+            match socket.bind(&self.endpoint).await {
+                Ok(_) => return Ok(()),
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        Err(PublisherError(format!("rebinding {}: {last:?}", self.endpoint)))
+    }
+
+    /// The seq the next batch gets (batches published since the last restart).
+    pub fn next_seq(&self) -> u64 {
+        self.state.seq.load(Ordering::SeqCst)
+    }
+
+    /// Batches still to be dropped from the live stream (`drop_next`).
+    pub fn pending_drops(&self) -> usize {
+        self.state.drop_next.load(Ordering::SeqCst)
+    }
+
     /// Sends `END_SEQ` on the live stream (a publisher announcing its end).
     pub async fn send_end(&self) -> Result<(), PublisherError> {
         let message = ZmqMessage::try_from(vec![

@@ -40,6 +40,7 @@ use crate::replay::{DEFAULT_MAX_REPLAY_BATCHES, DEFAULT_MAX_REPLAY_BYTES, END_SE
 use crate::seq::{SeqAction, SeqTracker};
 use crate::wire::{Decoded, Limits};
 
+mod applied;
 mod recovery;
 
 pub use crate::replay::DEFAULT_REPLAY_TIMEOUT;
@@ -127,6 +128,8 @@ struct Subscriber {
     /// and the same bytes was queued in the socket meanwhile (a duplicate); a
     /// different one at an old seq is a restart.
     caught_up: Vec<(u64, Bytes)>,
+    /// What the last batches applied were, for a reconnect's replay to compare with.
+    applied: applied::AppliedLog,
     /// Live messages read while a replay ran, handled before the socket's next.
     held: VecDeque<Vec<Bytes>>,
     /// Bytes in `held`.
@@ -152,6 +155,9 @@ enum ResetCause {
     Gap,
     /// A batch that decoded in no copy.
     BadBatch,
+    /// A reconnect's replay carried other bytes at a seq already applied: the
+    /// publisher restarted, and its seqs caught up with ours unseen.
+    Rewritten,
 }
 
 /// The pump went away, or cancellation: stop.
@@ -191,6 +197,7 @@ impl ResetCause {
     fn as_str(self) -> &'static str {
         match self {
             ResetCause::Restart => "restart",
+            ResetCause::Rewritten => "restart_replay",
             ResetCause::Gap => "gap",
             ResetCause::BadBatch => "bad_batch",
         }
@@ -232,6 +239,7 @@ pub fn spawn_subscriber_after(
         cancel,
         tracker: resume.map_or_else(SeqTracker::new, SeqTracker::resuming_after),
         caught_up: Vec::new(),
+        applied: applied::AppliedLog::default(),
         held: VecDeque::new(),
         held_bytes: 0,
         live_error: None,
@@ -382,6 +390,7 @@ impl Subscriber {
         warn!(seq, expected = ?self.tracker.next(), cause = cause.as_str(), "kv events: resetting stream");
         EventMetrics::inc(match cause {
             ResetCause::Restart => &self.metrics.resets,
+            ResetCause::Rewritten => &self.metrics.rewritten_resets,
             ResetCause::Gap => &self.metrics.gap_resets,
             ResetCause::BadBatch => &self.metrics.bad_batch_resets,
         });
@@ -391,11 +400,13 @@ impl Subscriber {
             self.metrics.set_history(&self.stream.key, crate::metrics::StreamHistory::SnapshotReset);
         }
         self.tracker.reset();
+        self.applied.clear();
         self.send(StreamMessage { key: self.stream.key.clone(), seq, update: StreamUpdate::Reset }).await
     }
 
-    /// Sends a decoded batch to the pump; `seq` is applied.
-    async fn apply(&mut self, seq: u64, decoded: Decoded) -> Result<(), Closed> {
+    /// Sends a decoded batch (of `payload`) to the pump; `seq` is applied.
+    async fn apply(&mut self, seq: u64, payload: &[u8], decoded: Decoded) -> Result<(), Closed> {
+        self.applied.record(seq, payload);
         if std::mem::take(&mut self.seeded) {
             // The first batch after the snapshot's seq follows on from it: the stream resumed.
             EventMetrics::inc(&self.metrics.snapshot_resumed);

@@ -67,6 +67,16 @@ impl PagedCache {
         self.pages.is_empty()
     }
 
+    /// The pages held, in no order.
+    pub fn hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.pages.keys().copied()
+    }
+
+    /// The page a cached page continues (`None` for a first page or one not cached).
+    pub fn parent(&self, h: BlockHash) -> Option<BlockHash> {
+        self.pages.get(&h).and_then(|p| p.parent)
+    }
+
     /// Forgets everything (a restart), pins included.
     pub fn clear(&mut self) {
         self.pages.clear();

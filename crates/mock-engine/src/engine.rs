@@ -8,14 +8,13 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::MockEngineConfig;
+use crate::cache::PagedCache;
+use crate::events::EventQueue;
 use kv_events::Publisher;
 use renderer::{HashMode, PageHasher, Renderer};
 use router_types::{BlockHash, EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier};
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
-
-use crate::MockEngineConfig;
-use crate::cache::PagedCache;
 
 /// Fault knobs, set through `POST /admin/faults` or directly in tests.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,7 +62,7 @@ pub enum EngineError {
 struct Rank {
     cache: Mutex<PagedCache>,
     lane: tokio::sync::Mutex<()>,
-    events: Option<mpsc::Sender<(Instant, EventBatch)>>,
+    events: Option<EventQueue>,
     /// Requests queued for the prefill lane, and their uncached tokens.
     waiting: AtomicU64,
     waiting_uncached: AtomicU64,
@@ -207,7 +206,7 @@ impl Engine {
         let publishers: Vec<std::sync::Arc<Publisher>> = publishers.into_iter().map(std::sync::Arc::new).collect();
         let ranks = (0..config.dp_size.max(1))
             .map(|r| {
-                let events = publishers.get(r).map(|p| spawn_event_queue(p.clone()));
+                let events = publishers.get(r).map(|p| EventQueue::spawn(p.clone()));
                 Rank {
                     cache: Mutex::new(PagedCache::new(config.capacity_tokens / page.get())),
                     lane: tokio::sync::Mutex::new(()),
@@ -298,12 +297,66 @@ impl Engine {
         self.ranks.iter().map(|r| r.cache.lock().unwrap_or_else(|p| p.into_inner()).peek(&chain) * ps).collect()
     }
 
+    /// The pages each rank holds now: what a router's index of it must equal.
+    pub fn cached_blocks(&self) -> Vec<Vec<BlockHash>> {
+        self.ranks.iter().map(|r| r.cache.lock().unwrap_or_else(|p| p.into_inner()).hashes().collect()).collect()
+    }
+
+    /// Per rank, the blocks its published events tell a subscriber the cache
+    /// holds: equal to [`Engine::cached_blocks`] once the queue is empty, or
+    /// the engine's events are wrong.
+    pub fn told_blocks(&self) -> Vec<std::collections::HashSet<u64>> {
+        self.ranks.iter().map(|r| r.events.as_ref().map(EventQueue::told).unwrap_or_default()).collect()
+    }
+
+    /// Event batches (and publisher restarts) queued and not yet published, all ranks.
+    pub fn queued_events(&self) -> usize {
+        self.ranks.iter().filter_map(|r| r.events.as_ref()).map(EventQueue::pending).sum()
+    }
+
+    /// Per rank, each page held and the page it continues.
+    pub fn cached_tree(&self) -> Vec<std::collections::HashMap<BlockHash, Option<BlockHash>>> {
+        self.ranks
+            .iter()
+            .map(|r| {
+                let cache = r.cache.lock().unwrap_or_else(|p| p.into_inner());
+                cache.hashes().map(|h| (h, cache.parent(h))).collect()
+            })
+            .collect()
+    }
+
+    /// Each rank's publisher (seqs, pending drops, corruption and END_SEQ knobs).
+    pub fn publishers(&self) -> &[std::sync::Arc<Publisher>] {
+        &self.publishers
+    }
+
+    /// Crashes every rank's publisher as a dying engine does: cache gone, the
+    /// PUB socket closed (after `END_SEQ` when `graceful`), and back `down`
+    /// later on the same port from seq 0. Batches of requests served
+    /// meanwhile are published once it is back. Resolves when it is.
+    pub async fn crash_publishers(&self, down: Duration, graceful: bool) {
+        let mut done = Vec::new();
+        for rank in &self.ranks {
+            let mut cache = rank.cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache.clear();
+            done.extend(rank.events.as_ref().map(|q| q.crash(down, graceful)));
+        }
+        for d in done {
+            let _ = d.await;
+        }
+    }
+
     /// Applies fault knobs (counts add up; `restart_publisher` acts at once).
     pub async fn set_faults(&self, f: Faults) {
         if f.restart_publisher {
-            for (rank, p) in self.ranks.iter().zip(&self.publishers) {
-                rank.cache.lock().unwrap_or_else(|p| p.into_inner()).clear();
-                p.restart().await;
+            let mut done = Vec::new();
+            for rank in &self.ranks {
+                let mut cache = rank.cache.lock().unwrap_or_else(|p| p.into_inner());
+                cache.clear();
+                done.extend(rank.events.as_ref().map(EventQueue::restart));
+            }
+            for d in done {
+                let _ = d.await;
             }
         }
         if f.drop_next_batches > 0 {
@@ -396,9 +449,11 @@ impl Engine {
             // A restart during the prefill took the pins: look the prompt up
             // again, so the pins and the stored pages are this request's own.
             let from = if cache.generation() == looked_up { hit } else { cache.lookup_and_pin(&chain) };
-            (cache.insert_pinned(&chain, from), cache.generation())
+            let change = cache.insert_pinned(&chain, from);
+            // Queued under the lock: batches leave in the order the cache changed.
+            self.publish(rank, &chain, tokens, change.stored_from, change.stored, &change.evicted);
+            (change, cache.generation())
         };
-        self.publish(rank, &chain, tokens, change.stored_from, change.stored, &change.evicted).await;
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.prompt_tokens.fetch_add(tokens.len() as u64, Ordering::Relaxed);
         self.cached_tokens.fetch_add(cached_tokens as u64, Ordering::Relaxed);
@@ -413,7 +468,7 @@ impl Engine {
         }
     }
 
-    async fn publish(
+    fn publish(
         &self,
         rank: usize,
         chain: &[BlockHash],
@@ -449,8 +504,7 @@ impl Engine {
         }
         let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
         let delay = Duration::from_millis(self.faults.lock().unwrap_or_else(|p| p.into_inner()).event_delay_ms);
-        let batch = EventBatch { ts, events, dp_rank: Some(router_types::DpRank(rank as u32)) };
-        let _ = queue.send((Instant::now() + delay, batch)).await;
+        queue.batch(delay, EventBatch { ts, events, dp_rank: Some(router_types::DpRank(rank as u32)) });
     }
 
     /// Empties every rank's cache and publishes `AllBlocksCleared`, as
@@ -458,17 +512,15 @@ impl Engine {
     pub async fn flush_cache(&self) -> usize {
         let mut dropped = 0;
         for (rank, r) in self.ranks.iter().enumerate() {
-            {
-                let mut cache = r.cache.lock().unwrap_or_else(|p| p.into_inner());
-                dropped += cache.len();
-                cache.clear();
-            }
+            let mut cache = r.cache.lock().unwrap_or_else(|p| p.into_inner());
+            dropped += cache.len();
+            cache.clear();
             let Some(queue) = &r.events else { continue };
             let ts =
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
             let batch =
                 EventBatch { ts, events: vec![KvEvent::AllCleared], dp_rank: Some(router_types::DpRank(rank as u32)) };
-            let _ = queue.send((Instant::now(), batch)).await;
+            queue.batch(Duration::ZERO, batch);
         }
         self.flushes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         dropped
@@ -515,18 +567,4 @@ pub fn digest(tokens: &[u32]) -> u64 {
     tokens.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, t| {
         t.to_le_bytes().iter().fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
     })
-}
-
-/// Publishes batches in order, each no earlier than its due time.
-fn spawn_event_queue(publisher: std::sync::Arc<Publisher>) -> mpsc::Sender<(Instant, EventBatch)> {
-    let (tx, mut rx) = mpsc::channel::<(Instant, EventBatch)>(4096);
-    tokio::spawn(async move {
-        while let Some((due, batch)) = rx.recv().await {
-            tokio::time::sleep_until(due.into()).await;
-            if let Err(e) = publisher.publish(&batch).await {
-                tracing::warn!(error = %e, "mock engine: event publish failed");
-            }
-        }
-    });
-    tx
 }

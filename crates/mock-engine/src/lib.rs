@@ -9,6 +9,7 @@
 
 mod cache;
 mod engine;
+mod events;
 mod http;
 mod legs;
 mod pd;

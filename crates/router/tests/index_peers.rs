@@ -152,8 +152,13 @@ async fn a_snapshot_older_than_the_publishers_hold_resets_its_streams() {
     assert_eq!(old.status(), 200);
     assert_eq!(old.headers()["x-index-streams"], "2");
     let old = old.bytes().await.unwrap();
-    for i in BUFFER..4 * BUFFER {
-        assert!(post(&format!("{}/v1/chat/completions", a.url), &prompt(i)).await.status().is_success());
+    // Every publisher moves on past its buffer (straight to each engine: through A, the
+    // policy may send most of them to one).
+    for (k, w) in ws.iter().enumerate() {
+        for i in BUFFER..3 * BUFFER {
+            let p = prompt(i + k * 4 * BUFFER);
+            assert!(post(&format!("{}/v1/chat/completions", w.url()), &p).await.status().is_success());
+        }
     }
     let peer = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let peer_url = format!("http://{}", peer.local_addr().unwrap());

@@ -130,6 +130,47 @@ fn publish(d: &mut Driver, events: Vec<Value>) -> Value {
     d.cmd(json!({"cmd": "publish", "events": events, "dp_rank": null}))
 }
 
+/// The router's side of one stream: the real subscriber, pump and index.
+struct Follower {
+    index: Arc<KvIndex>,
+    events: Arc<EventMetrics>,
+    pump_metrics: Arc<PumpMetrics>,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+impl Follower {
+    fn start(engine: &str, port: u16, replay: u16) -> Self {
+        let index = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new())));
+        let pump_metrics = Arc::new(PumpMetrics::default());
+        let events = Arc::new(EventMetrics::default());
+        let mut pump = Pump::new(index.clone(), pump_metrics.clone());
+        let key = WorkerKey::new(WorkerUrl::new(WORKER), DpRank(0));
+        let hashing = StreamHashing {
+            page_size: NonZeroUsize::new(PAGE).unwrap(),
+            mode: HashMode::Unigram,
+            engine_hash_is_router_hash: engine == "sglang",
+        };
+        pump.add_stream(key.clone(), hashing).unwrap();
+        let cancel = CancellationToken::new();
+        let _stop = cancel.clone().drop_guard();
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(pump.run(rx, cancel.clone()));
+        let stream = StreamEndpoints {
+            key,
+            endpoint: format!("tcp://127.0.0.1:{port}"),
+            replay_endpoint: Some(format!("tcp://127.0.0.1:{replay}")),
+            topic: String::new(),
+        };
+        spawn_subscriber(stream, SubscriberConfig::default(), tx, events.clone(), cancel.clone());
+        Follower { index, events, pump_metrics, _stop }
+    }
+
+    /// Blocks of `p`'s prefix the index holds.
+    fn depth(&self, p: &Prompt) -> u32 {
+        self.index.prefix_depths(&p.hashes, &MatchOptions::default()).first().map_or(0, |m| m.blocks)
+    }
+}
+
 async fn scenario(engine: &str) {
     let Some(py) = python() else { return };
     let (port, replay) = (free_port(), free_port());
@@ -141,29 +182,8 @@ async fn scenario(engine: &str) {
     publish(&mut d, vec![a.store(engine, 0, 3)]);
     publish(&mut d, vec![a.store(engine, 3, 5)]);
 
-    let index = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new())));
-    let pump_metrics = Arc::new(PumpMetrics::default());
-    let events = Arc::new(EventMetrics::default());
-    let mut pump = Pump::new(index.clone(), pump_metrics.clone());
-    let key = WorkerKey::new(WorkerUrl::new(WORKER), DpRank(0));
-    let hashing = StreamHashing {
-        page_size: NonZeroUsize::new(PAGE).unwrap(),
-        mode: HashMode::Unigram,
-        engine_hash_is_router_hash: engine == "sglang",
-    };
-    pump.add_stream(key.clone(), hashing).unwrap();
-    let cancel = CancellationToken::new();
-    let _stop = cancel.clone().drop_guard();
-    let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(pump.run(rx, cancel.clone()));
-    let stream = StreamEndpoints {
-        key,
-        endpoint: format!("tcp://127.0.0.1:{port}"),
-        replay_endpoint: Some(format!("tcp://127.0.0.1:{replay}")),
-        topic: String::new(),
-    };
-    spawn_subscriber(stream, SubscriberConfig::default(), tx, events.clone(), cancel.clone());
-
+    let f = Follower::start(engine, port, replay);
+    let (index, events, pump_metrics) = (f.index.clone(), f.events.clone(), f.pump_metrics.clone());
     let depth = |p: &Prompt| -> u32 {
         index.prefix_depths(&p.hashes, &MatchOptions::default()).first().map_or(0, |m| m.blocks)
     };
@@ -180,7 +200,8 @@ async fn scenario(engine: &str) {
     d.cmd(json!({"cmd": "restart"}));
     publish(&mut d, vec![c.store(engine, 0, 2)]);
     eventually("restart reset the stream", async || depth(&c) == 2 && depth(&a) == 0 && depth(&b) == 0).await;
-    assert!(EventMetrics::get(&events.resets) >= 1);
+    // Seen by the seq going back, or by the reconnect's replay of seq 0 with other bytes.
+    assert!(EventMetrics::get(&events.resets) + EventMetrics::get(&events.rewritten_resets) >= 1);
 
     publish(&mut d, vec![json!({"type": "AllBlocksCleared"}), c.store(engine, 0, 1)]);
     eventually("cleared then one block", async || depth(&c) == 1).await;
@@ -207,4 +228,39 @@ async fn sglang_publisher_drives_the_index() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_publisher_drives_the_index() {
     scenario("vllm").await;
+}
+
+/// Found by a randomized run against SGLang's real publisher: the engine restarts after its
+/// old publisher sent only seq 0; the new publisher's seq 0 never reaches the router live,
+/// its seq 1 does. By the seq numbers alone that is the next batch in order. The reconnect
+/// replay shows otherwise: the publisher's seq 0 is not the batch the router applied as 0.
+async fn restart_that_the_seqs_cannot_show(engine: &str) {
+    let Some(py) = python() else { return };
+    let (port, replay) = (free_port(), free_port());
+    let (mut d, _) = Driver::start(&py, engine, port, replay);
+    let f = Follower::start(engine, port, replay);
+    let (old, lost, live) = (Prompt::new(1, 3), Prompt::new(2, 4), Prompt::new(3, 2));
+    publish(&mut d, vec![old.store(engine, 0, 3)]);
+    eventually("seq 0 applied", async || f.depth(&old) == 3).await;
+
+    d.cmd(json!({"cmd": "restart"}));
+    d.cmd(json!({"cmd": "drop_next"}));
+    publish(&mut d, vec![lost.store(engine, 0, 4)]); // the new seq 0: in the replay buffer only
+    publish(&mut d, vec![live.store(engine, 0, 2)]); // the new seq 1
+    eventually("the restart is seen: the old blocks go, the new seq 0 is applied", async || {
+        (f.depth(&old), f.depth(&lost), f.depth(&live)) == (0, 4, 2)
+    })
+    .await;
+    assert!(EventMetrics::get(&f.events.rewritten_resets) >= 1, "seen by the replay's bytes");
+    assert_eq!(EventMetrics::get(&f.pump_metrics.orphan_stores), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_restart_the_seqs_cannot_show() {
+    restart_that_the_seqs_cannot_show("sglang").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_restart_the_seqs_cannot_show() {
+    restart_that_the_seqs_cannot_show("vllm").await;
 }

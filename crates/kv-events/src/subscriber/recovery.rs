@@ -21,15 +21,27 @@ pub(super) struct NoReplay;
 // === impl Subscriber ===
 
 impl Subscriber {
-    /// Replays everything the publisher buffered from our cursor on. A replay
-    /// that ends before our cursor means the publisher restarted meanwhile.
+    /// Replays everything the publisher buffered from our cursor on, and from
+    /// the last batches we applied: one of those replayed with other bytes, or
+    /// a replay that ends before our cursor, means the publisher restarted
+    /// meanwhile.
     pub(super) async fn catch_up(&mut self, sub: &mut SubSocket) -> Result<(), Closed> {
         if self.stream.replay_endpoint.is_none() {
             return Ok(());
         }
         let from = self.tracker.next().unwrap_or(0);
+        let ask = self.applied.oldest().map_or(from, |oldest| oldest.min(from));
         // On failure the next live batch shows whether anything was missed.
-        let Ok(batches) = self.replay(sub, from, None).await? else { return Ok(()) };
+        let Ok(mut batches) = self.replay(sub, ask, None).await? else { return Ok(()) };
+        debug!(from, ask, got = batches.len(), "kv events: catch-up replay");
+        if let Some((seq, _)) = batches.iter().find(|(s, p)| self.applied.differs(*s, p)) {
+            warn!(seq, "kv events: the publisher's batch at an applied seq differs: it restarted");
+            let first = batches[0].0;
+            self.reset(first, ResetCause::Rewritten).await?;
+            self.apply_replayed(batches, first, None, true).await?;
+            return Ok(());
+        }
+        batches.retain(|(s, _)| *s >= from);
         let Some(&(last, _)) = batches.last() else {
             // Nothing at or after our cursor. If we had a cursor, ask from 0 to tell an idle
             // publisher from a restarted one.
@@ -118,7 +130,7 @@ impl Subscriber {
     /// copy does not decode either, or there is none, the stream is reset.
     pub(super) async fn emit_live(&mut self, sub: &mut SubSocket, seq: u64, payload: &[u8]) -> Result<(), Closed> {
         let error = match decode_batch(payload, &self.config.limits) {
-            Ok(decoded) => return self.apply(seq, decoded).await,
+            Ok(decoded) => return self.apply(seq, payload, decoded).await,
             Err(e) => e,
         };
         warn!(seq, %error, kind = error.kind(), "kv events: undecodable batch, asking the replay socket for it");
@@ -131,7 +143,7 @@ impl Subscriber {
                 Ok(decoded) => {
                     info!(seq, "kv events: the replayed copy of the undecodable batch decoded");
                     EventMetrics::inc(&self.metrics.bad_batches_replayed);
-                    return self.apply(seq, decoded).await;
+                    return self.apply(seq, copy, decoded).await;
                 }
                 Err(error) => {
                     warn!(seq, %error, kind = error.kind(), "kv events: the replayed copy is undecodable too");
@@ -145,7 +157,7 @@ impl Subscriber {
     /// Decodes and sends a replayed batch; there is no other copy to ask for.
     async fn emit_replayed(&mut self, seq: u64, payload: &[u8]) -> Result<(), Closed> {
         match decode_batch(payload, &self.config.limits) {
-            Ok(decoded) => self.apply(seq, decoded).await,
+            Ok(decoded) => self.apply(seq, payload, decoded).await,
             Err(error) => {
                 warn!(seq, %error, kind = error.kind(), "kv events: undecodable replayed batch");
                 self.metrics.decode_error(error.kind());
