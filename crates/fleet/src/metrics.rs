@@ -229,6 +229,12 @@ fn render_events(out: &mut String, e: &EventMetrics, p: &PumpMetrics, f: &FleetM
     );
     counter(
         out,
+        "router_kv_events_reconnects_total",
+        "Connections to a publisher made again after it dropped, each followed by a catch-up replay.",
+        &[("", get(&e.reconnects))],
+    );
+    counter(
+        out,
         "router_kv_events_applied_total",
         "Events applied to the index, by kind.",
         &[

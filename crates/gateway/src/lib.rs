@@ -15,6 +15,9 @@ pub mod auth;
 pub mod context;
 pub mod error;
 mod h1;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub use h1::fuzzing;
 pub mod metrics;
 pub mod namespace;
 pub mod pd;

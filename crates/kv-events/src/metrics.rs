@@ -65,6 +65,9 @@ pub struct EventMetrics {
     pub channel_full_waits: AtomicU64,
     /// Connection attempts that failed.
     pub connect_failures: AtomicU64,
+    /// Connections to a publisher made again after it dropped (each followed
+    /// by a catch-up replay).
+    pub reconnects: AtomicU64,
     /// Batches of the streams' history this router never saw: published
     /// before it subscribed and no longer held by the publishers (the first
     /// applied seq of each stream started from nothing).

@@ -314,6 +314,7 @@ impl Subscriber {
                             Some(SocketEvent::Connected(..)) if !first_connect_seen => first_connect_seen = true,
                             Some(SocketEvent::Connected(..)) => {
                                 info!("kv events: reconnected, catching up");
+                                EventMetrics::inc(&self.metrics.reconnects);
                                 self.metrics.set_connected(&self.stream.key, true);
                                 if self.catch_up(&mut sub).await.is_err() {
                                     break 'outer self.stop_reason();

@@ -256,3 +256,32 @@ async fn replay_over_the_batch_limit_resets_the_stream() {
     }
     assert_eq!(get(&h, |m| &m.gap_resets), 1);
 }
+
+/// A publisher restart only the reconnect's replay shows, where the new publisher's batches
+/// overlap the ones remembered (found by the chaos run, `crates/router/tests/chaos.rs`): the
+/// old publisher sent 0..=18 (the subscriber remembers 3..=18), the new one 0..=4 while the
+/// subscriber was away. The replay from 3 shows other bytes at 3: the stream is reset and the
+/// new publisher's batches are applied from its first, not from 3 (its 0..=2 would be lost, and
+/// every later store continuing them an orphan).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_seen_on_reconnect_replays_the_new_publisher_from_its_start() {
+    let mut h = harness(0).await;
+    let joined = publish_until_joined(&mut h).await;
+    let mut last = joined.last().expect("joined").seq;
+    assert!(last < 18, "joined late: {last}");
+    while last < 18 {
+        h.publisher.publish(&batch(200 + last as i64)).await.unwrap();
+        last = next(&mut h).await.seq;
+    }
+    // Back 10 ms later; the subscriber's first reconnect attempt waits 100 ms.
+    h.publisher.crash(Duration::from_millis(10)).await.unwrap();
+    for i in 0..5 {
+        h.publisher.publish(&batch(500 + i)).await.unwrap();
+    }
+    assert_eq!(next(&mut h).await.update, StreamUpdate::Reset);
+    let got = [next(&mut h).await, next(&mut h).await, next(&mut h).await, next(&mut h).await, next(&mut h).await];
+    assert_eq!(seqs(&got), vec![0, 1, 2, 3, 4]);
+    assert_eq!(got.iter().map(tag_of).collect::<Vec<_>>(), (500..505).map(Some).collect::<Vec<_>>());
+    assert_eq!(get(&h, |m| &m.rewritten_resets), 1);
+    assert_eq!(get(&h, |m| &m.reconnects), 1);
+}

@@ -46,6 +46,12 @@ pub(crate) struct TemplateInput {
 impl ChatRequest {
     /// Parses a request body; an error names the field that is wrong.
     pub fn from_json(body: &[u8]) -> Result<Self, RenderError> {
+        // serde_json checks UTF-8 only in the strings it keeps: a body with
+        // invalid bytes in a field it skips would pass here and be refused by
+        // the engine (found by the `chat_render` fuzz target).
+        if let Err(e) = std::str::from_utf8(body) {
+            return Err(RenderError::InvalidRequest(format!("chat request: not UTF-8 at byte {}", e.valid_up_to())));
+        }
         let req: ChatRequest =
             serde_json::from_slice(body).map_err(|e| RenderError::InvalidRequest(format!("chat request: {e}")))?;
         req.validate()?;
@@ -223,6 +229,12 @@ mod tests {
         assert_eq!(err.kind(), "invalid_request");
         let err = ChatRequest::from_json(br#"{"messages": [{"role": "user", "content": 5}]}"#).unwrap_err();
         assert!(err.to_string().contains("messages[0].content"));
+        // Invalid UTF-8 in a field the request type skips (found by the chat_render fuzz target).
+        let err = ChatRequest::from_json(
+            b"{\"model\": \"aut\x91\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("not UTF-8 at byte 14"), "{err}");
     }
 
     #[test]

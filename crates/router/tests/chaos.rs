@@ -17,6 +17,8 @@
 //! `CHAOS_SEEDS` (default 3) seeds from `CHAOS_SEED_BASE` (default 1) of
 //! `CHAOS_ROUNDS` rounds (default 12) each; the table of what was run and
 //! found is printed to stderr. `benches/chaos.sh` runs many more.
+//! `CHAOS_VERBOSE=1` prints each round's fault, `CHAOS_LOG=<filter>` the
+//! router's logs.
 
 mod common;
 
@@ -185,6 +187,17 @@ impl Run {
         let ws: Vec<&MockEngine> = self.engines.iter().collect();
         let r = start(config(&ws, PolicyConfig::cache_aware(), true)).await;
         self.router = Some(r);
+        self.connected().await;
+    }
+
+    /// Waits until the router's subscriber of every engine is connected.
+    async fn connected(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let fleet = &self.router().gateway.fleet;
+        while fleet.all().len() < ENGINES || fleet.all().iter().any(|w| fleet.connected_streams(w) != Some(1)) {
+            assert!(Instant::now() < deadline, "seed {}: the router never subscribed to every engine", self.seed);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     fn router(&self) -> &Running {
@@ -254,12 +267,20 @@ impl Run {
                 self.traffic(n).await;
             }
             Fault::Crash { graceful } => {
+                let reconnects = self.metrics().reconnects.load(std::sync::atomic::Ordering::Relaxed);
                 let down = Duration::from_millis(20 + self.rng.below(200));
                 let crash = tokio::spawn(async move { engine.crash_publishers(down, graceful).await });
                 self.excused[e].clear();
                 // Traffic while it is down: published once it is back.
                 self.traffic(n).await;
                 crash.await.unwrap();
+                // Quiescent only once the router has reconnected (and so caught up): its seq may
+                // equal the new publisher's by chance.
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while self.metrics().reconnects.load(std::sync::atomic::Ordering::Relaxed) == reconnects {
+                    assert!(Instant::now() < deadline, "seed {}: the router never reconnected", self.seed);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
             }
             Fault::Drop => {
                 let k = 1 + self.rng.below(REPLAY_STEPS as u64 / 2) as usize;
@@ -296,8 +317,9 @@ impl Run {
                 self.traffic(n / 2).await;
                 let back = admin.post(format!("{base}/workers")).json(&serde_json::json!({"url": url})).send();
                 assert!(back.await.unwrap().status().is_success());
+                self.connected().await;
                 // The new subscription learns only what the publisher still holds.
-                if engine.publishers()[0].next_seq() > REPLAY_STEPS as u64 {
+                if self.published(e).await > REPLAY_STEPS as u64 {
                     self.excuse(e);
                 }
                 self.traffic(n / 2).await;
@@ -314,13 +336,26 @@ impl Run {
                 old.gateway.fleet.stopped().await;
                 self.traffic_direct(n).await;
                 for i in 0..ENGINES {
-                    if self.engines[i].engine().publishers()[0].next_seq() > REPLAY_STEPS as u64 {
+                    if self.published(i).await > REPLAY_STEPS as u64 {
                         self.excuse(i);
                     }
                 }
                 self.start_router().await;
             }
         }
+    }
+
+    /// The batches engine `e`'s publisher has sent since it started, once
+    /// its event queue is empty (a batch still queued would push the oldest
+    /// out of the replay buffer after this is read).
+    async fn published(&self, e: usize) -> u64 {
+        let engine = self.engines[e].engine();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while engine.queued_events() > 0 {
+            assert!(Instant::now() < deadline, "seed {}: engine {e}'s events were never published", self.seed);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        engine.publishers()[0].next_seq()
     }
 
     /// The router may miss what engine `e` holds now.
@@ -491,6 +526,10 @@ fn env(name: &str, default: u64) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_index_equals_the_engines_caches_through_random_faults() {
     let _ = ADMIN_KEY;
+    if let Ok(filter) = std::env::var("CHAOS_LOG") {
+        // e.g. CHAOS_LOG=kv_events=debug,kv_ingest=debug
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    }
     let (seeds, base, rounds) = (env("CHAOS_SEEDS", 3), env("CHAOS_SEED_BASE", 1), env("CHAOS_ROUNDS", 12) as usize);
     let started = Instant::now();
     let mut total: BTreeMap<Fault, Tally> = BTreeMap::new();

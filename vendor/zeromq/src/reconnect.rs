@@ -84,6 +84,7 @@ pub type RegisterDisconnectFn = Box<dyn Fn(PeerIdentity, DisconnectNotifier) + S
 ///
 /// # Returns
 /// A `ReconnectHandle` to control the task.
+#[allow(dead_code)] // sgl-router patch: kept for upstream's unit tests; the SUB uses the `_registered` form
 pub fn spawn_reconnect_task(
     endpoint: Endpoint,
     backend: Arc<dyn MultiPeerBackend>,
@@ -91,12 +92,27 @@ pub fn spawn_reconnect_task(
     register_disconnect_fn: RegisterDisconnectFn,
     config: ReconnectConfig,
 ) -> ReconnectHandle {
-    let (shutdown_tx, shutdown_rx) = oneshot::channel();
     // Create the disconnect notification channel - this task owns the receiver
-    let (disconnect_tx, mut disconnect_rx) = mpsc::channel::<PeerIdentity>(1);
+    let (disconnect_tx, disconnect_rx) = mpsc::channel::<PeerIdentity>(1);
 
     // Register the initial peer_id
-    register_disconnect_fn(initial_peer_id.clone(), disconnect_tx.clone());
+    register_disconnect_fn(initial_peer_id, disconnect_tx.clone());
+    spawn_reconnect_task_registered(endpoint, backend, (disconnect_tx, disconnect_rx), register_disconnect_fn, config)
+}
+
+/// Like [`spawn_reconnect_task`], for a connection whose peer was registered
+/// on `disconnect.0` before it was handed to the backend (sgl-router patch: a
+/// peer that disconnects between `peer_connected` and the registration would
+/// otherwise never be reconnected).
+pub fn spawn_reconnect_task_registered(
+    endpoint: Endpoint,
+    backend: Arc<dyn MultiPeerBackend>,
+    disconnect: (mpsc::Sender<PeerIdentity>, mpsc::Receiver<PeerIdentity>),
+    register_disconnect_fn: RegisterDisconnectFn,
+    config: ReconnectConfig,
+) -> ReconnectHandle {
+    let (shutdown_tx, shutdown_rx) = oneshot::channel();
+    let (disconnect_tx, mut disconnect_rx) = disconnect;
 
     let task_handle = spawn(async move {
         log::debug!("Reconnect task started for endpoint: {}", endpoint);
@@ -155,7 +171,7 @@ pub fn spawn_reconnect_task(
                 }
 
                 // Try to connect
-                match try_reconnect(&endpoint, backend.clone()).await {
+                match try_reconnect(&endpoint, backend.clone(), &register_disconnect_fn, &disconnect_tx).await {
                     Ok((new_peer_id, resolved_endpoint)) => {
                         log::info!(
                             "Successfully reconnected to {} (peer {:?})",
@@ -171,8 +187,8 @@ pub fn spawn_reconnect_task(
                             ));
                         }
 
-                        // Register the new peer_id for future disconnect notifications
-                        register_disconnect_fn(new_peer_id, disconnect_tx.clone());
+                        // The new peer_id was registered for disconnect notifications
+                        // before the backend got it (try_reconnect).
                         // Reconnection successful, go back to waiting for disconnects
                         break 'retry;
                     }
@@ -218,6 +234,8 @@ pub fn spawn_reconnect_task(
 async fn try_reconnect(
     endpoint: &Endpoint,
     backend: Arc<dyn MultiPeerBackend>,
+    register_disconnect_fn: &RegisterDisconnectFn,
+    disconnect_tx: &mpsc::Sender<PeerIdentity>,
 ) -> crate::ZmqResult<(PeerIdentity, Endpoint)> {
     // Attempt transport-level connection
     let (mut raw_socket, resolved_endpoint) =
@@ -236,6 +254,10 @@ async fn try_reconnect(
 
     // Exchange ready commands
     let peer_id = ready_exchange(&mut raw_socket, backend.socket_type(), props).await?;
+
+    // Registered for disconnect notifications first: a peer that goes away as
+    // soon as the backend reads from it must still be reconnected.
+    register_disconnect_fn(peer_id.clone(), disconnect_tx.clone());
 
     // Register the peer with the backend
     // This triggers subscription resync for SUB sockets

@@ -351,6 +351,16 @@ pub(crate) async fn connect_with_reconnect(
             Ok((socket, resolved_endpoint, peer_id))
         })
         .await?;
+
+    // Create a closure that registers disconnect notifiers with the backend
+    let backend_for_closure = backend.clone();
+    let register_fn: crate::reconnect::RegisterDisconnectFn = Box::new(move |peer_id, notifier| {
+        backend_for_closure.register_disconnect_notifier(peer_id, notifier);
+    });
+    // Registered before the backend reads from the peer (sgl-router patch): a
+    // publisher that closes at once must still be reconnected.
+    let (disconnect_tx, disconnect_rx) = futures::channel::mpsc::channel(1);
+    register_fn(peer_id.clone(), disconnect_tx.clone());
     backend.clone().peer_connected(&peer_id, socket).await;
 
     // Emit Connected event
@@ -358,17 +368,11 @@ pub(crate) async fn connect_with_reconnect(
         let _ = monitor.try_send(SocketEvent::Connected(resolved_endpoint, peer_id.clone()));
     }
 
-    // Create a closure that registers disconnect notifiers with the backend
-    let backend_for_closure = backend.clone();
-    let register_fn: crate::reconnect::RegisterDisconnectFn = Box::new(move |peer_id, notifier| {
-        backend_for_closure.register_disconnect_notifier(peer_id, notifier);
-    });
-
     // Spawn reconnection task
-    let reconnect_handle = crate::reconnect::spawn_reconnect_task(
+    let reconnect_handle = crate::reconnect::spawn_reconnect_task_registered(
         endpoint,
         backend as Arc<dyn MultiPeerBackend>,
-        peer_id,
+        (disconnect_tx, disconnect_rx),
         register_fn,
         ReconnectConfig::default(),
     );

@@ -18,6 +18,8 @@
 
 mod chunked;
 mod fallback;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod head;
 mod upstream;
 

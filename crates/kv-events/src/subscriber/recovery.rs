@@ -36,9 +36,14 @@ impl Subscriber {
         debug!(from, ask, got = batches.len(), "kv events: catch-up replay");
         if let Some((seq, _)) = batches.iter().find(|(s, p)| self.applied.differs(*s, p)) {
             warn!(seq, "kv events: the publisher's batch at an applied seq differs: it restarted");
-            let first = batches[0].0;
+            // Everything the new publisher holds: its first batches came before `ask`.
+            let all = match self.replay(sub, 0, None).await? {
+                Ok(all) if !all.is_empty() => all,
+                _ => batches,
+            };
+            let first = all[0].0;
             self.reset(first, ResetCause::Rewritten).await?;
-            self.apply_replayed(batches, first, None, true).await?;
+            self.apply_replayed(all, first, None, true).await?;
             return Ok(());
         }
         batches.retain(|(s, _)| *s >= from);
