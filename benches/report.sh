@@ -25,6 +25,7 @@ part live_synthetic bash benches/live.sh "$TRACES/synthetic_trace.jsonl" 1000 5
 part overhead bash benches/overhead.sh 2000
 part replica_conversation bash benches/replica.sh "$TRACES/conversation_trace.jsonl"
 part replica_synthetic bash benches/replica.sh "$TRACES/synthetic_trace.jsonl"
+part overload bash benches/overload.sh
 if [ "$CRITERION" = 1 ]; then
   for b in renderer tree_lookup wire policy_select; do
     part "criterion_$b" cargo bench -q -p sgl-router-benches --bench "$b"

@@ -11,8 +11,10 @@
 mod live;
 mod model_routing;
 mod overhead;
+mod overload;
 mod plot;
 mod replica;
+mod router_proc;
 mod sim;
 mod trace;
 
@@ -43,6 +45,9 @@ enum Command {
     /// A router replica started late, cold and from a peer's index snapshot, against the one
     /// that ran all along: hit rates on the same requests.
     Replica(replica::ReplicaArgs),
+    /// Ten times the admitted concurrency against slow engines: the admitted requests' latency,
+    /// how fast the rest are refused, the router's memory, and clients hanging up mid-stream.
+    Overload(overload::OverloadArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -172,6 +177,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Overhead(o) => return overhead(o),
         Command::Live(l) => return live(l),
         Command::Replica(r) => return replica::run(&r),
+        Command::Overload(o) => return overload::run(&o),
         Command::ModelRouting(m) => {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             return runtime.block_on(model_routing::run(&m));

@@ -18,7 +18,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -27,6 +26,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::live::prompt_bytes;
+use crate::router_proc::RouterProc;
 use crate::trace::{self, TraceRequest};
 
 /// Control-plane key of the routers started here.
@@ -88,20 +88,6 @@ struct Row {
     /// Prompt tokens its own answers reported cached (the requests it served).
     served_hit_rate: f64,
     served: usize,
-}
-
-/// A router process, killed when dropped.
-struct RouterProc {
-    name: &'static str,
-    url: String,
-    child: Child,
-}
-
-impl Drop for RouterProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Runs the benchmark and prints its table.
@@ -255,22 +241,16 @@ fn print_table(args: &ReplicaArgs, trace: &[TraceRequest], published: u64, rows:
 }
 
 fn spawn_router(args: &ReplicaArgs, name: &'static str, workers: &[String], peer: Option<&str>) -> Result<RouterProc> {
-    let port = free_port()?;
-    let mut cmd = Command::new(&args.router_bin);
-    cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--policy", &args.policy, "--kv-events"])
-        .args(["--control-plane-api-keys", KEY, "--log-level", "warn", "--worker-urls"])
-        .args(workers)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+    let mut flags: Vec<String> = ["--policy", &args.policy, "--kv-events", "--control-plane-api-keys", KEY]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    flags.extend(["--log-level", "warn", "--worker-urls"].map(String::from));
+    flags.extend(workers.iter().cloned());
     if let Some(peer) = peer {
-        cmd.args(["--index-peers", peer, "--index-peer-api-key", KEY]);
+        flags.extend(["--index-peers", peer, "--index-peer-api-key", KEY].map(String::from));
     }
-    let child = cmd.spawn().with_context(|| format!("starting {}", args.router_bin.display()))?;
-    Ok(RouterProc { name, url: format!("http://127.0.0.1:{port}"), child })
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    RouterProc::spawn(&args.router_bin, name, &flags)
 }
 
 /// Waits (up to 60 s) until the router follows the KV events of all `n` workers.

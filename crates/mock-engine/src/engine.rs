@@ -142,6 +142,9 @@ pub struct Engine {
     pub prompt_tokens: AtomicU64,
     /// ...
     pub cached_tokens: AtomicU64,
+    /// Streamed answers whose client went away before their end (the
+    /// response body dropped unfinished): requests the engine saw cancelled.
+    pub cancelled_streams: AtomicU64,
 }
 
 /// One disaggregated leg an engine got, as it came.
@@ -231,6 +234,7 @@ impl Engine {
             flushes: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
             cached_tokens: AtomicU64::new(0),
+            cancelled_streams: AtomicU64::new(0),
         }
     }
 

@@ -346,8 +346,42 @@ pub(crate) async fn answer(e: &Engine, route: Route, v: &Value, guard: &Release,
     }
 }
 
+/// Counts a stream dropped before its end in [`Engine::cancelled_streams`].
+struct Unfinished {
+    engine: Arc<Engine>,
+    done: bool,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if !self.done {
+            self.engine.cancelled_streams.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
 /// The events of a streamed request: `n` tokens, usage, `[DONE]`; `die`: break after the first.
+/// A stream dropped before its end (the client went away) is counted as cancelled.
 pub(crate) fn events(
+    e: Arc<Engine>,
+    route: Route,
+    v: &Value,
+    guard: Release,
+    n: usize,
+    die: bool,
+    meta: serde_json::Map<String, Value>,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + use<> {
+    use futures_util::StreamExt;
+    let watch = Unfinished { engine: e.clone(), done: false };
+    let end = futures_util::stream::once(async move {
+        let mut watch = watch;
+        watch.done = true;
+        None
+    });
+    chunks(e, route, v, guard, n, die, meta).chain(end.filter_map(std::future::ready))
+}
+
+fn chunks(
     e: Arc<Engine>,
     route: Route,
     v: &Value,

@@ -207,3 +207,35 @@ async fn a_restart_mid_prefill_does_not_release_another_requests_pins() {
     engine.release(&e);
     engine.release(&b);
 }
+
+/// A streamed answer whose client hangs up after the first chunk is counted as cancelled; one
+/// read to its end is not (the overload benchmark counts the router's hang-ups with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_dropped_before_its_end_is_counted_cancelled() {
+    let cfg = MockEngineConfig {
+        kv_events: false,
+        decode_per_token: Duration::from_millis(20),
+        default_max_tokens: 20,
+        ..MockEngineConfig::default()
+    };
+    let m = MockEngine::spawn(cfg).await.unwrap();
+    let url = format!("{}/v1/chat/completions", m.url());
+    let mut body = chat_body("hang up on me");
+    body["stream"] = json!(true);
+    let cancelled = || m.engine().cancelled_streams.load(std::sync::atomic::Ordering::Relaxed);
+    let mut whole = reqwest::Client::new().post(&url).json(&body).send().await.unwrap();
+    while whole.chunk().await.unwrap().is_some() {}
+    drop(whole);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(cancelled(), 0, "a stream read to its end is not cancelled");
+    let mut cut = reqwest::Client::new().post(&url).json(&body).send().await.unwrap();
+    assert!(cut.chunk().await.unwrap().is_some());
+    drop(cut);
+    for _ in 0..200 {
+        if cancelled() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(cancelled(), 1);
+}
