@@ -1,6 +1,6 @@
 //! A client's chat request body through the router's render path: JSON → chat request →
 //! template → tokens → page hashes, with the built-in model. Never a panic; a body it takes
-//! is JSON serde_json reads too; rendering the same request twice gives the same tokens.
+//! is JSON serde_json reads too (but for numbers past f64, which the engines read as inf); rendering the same request twice gives the same tokens.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -8,7 +8,11 @@ use renderer::{ChatRequest, Renderer};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(req) = ChatRequest::from_json(data) else { return };
-    assert!(serde_json::from_slice::<serde_json::Value>(data).is_ok(), "took a body that is not JSON");
+    if let Err(e) = serde_json::from_slice::<serde_json::Value>(data) {
+        // Numbers past f64 (`2E2222`) in fields the request type skips: serde_json refuses them
+        // as values, Python's json (the engines') reads them as inf, so taking them is right.
+        assert!(e.to_string().contains("number out of range"), "took a body that is not JSON: {e}");
+    }
     thread_local! {
         static RENDERER: Renderer = Renderer::builtin().expect("the built-in model loads");
     }
