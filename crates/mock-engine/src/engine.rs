@@ -301,13 +301,8 @@ impl Engine {
         self.ranks.iter().map(|r| r.cache.lock().unwrap_or_else(|p| p.into_inner()).peek(&chain) * ps).collect()
     }
 
-    /// The pages each rank holds now: what a router's index of it must equal.
-    pub fn cached_blocks(&self) -> Vec<Vec<BlockHash>> {
-        self.ranks.iter().map(|r| r.cache.lock().unwrap_or_else(|p| p.into_inner()).hashes().collect()).collect()
-    }
-
     /// Per rank, the blocks its published events tell a subscriber the cache
-    /// holds: equal to [`Engine::cached_blocks`] once the queue is empty, or
+    /// holds: equal to the pages of [`Engine::cached_tree`] once the queue is empty, or
     /// the engine's events are wrong.
     pub fn told_blocks(&self) -> Vec<std::collections::HashSet<u64>> {
         self.ranks.iter().map(|r| r.events.as_ref().map(EventQueue::told).unwrap_or_default()).collect()
@@ -318,7 +313,7 @@ impl Engine {
         self.ranks.iter().filter_map(|r| r.events.as_ref()).map(EventQueue::pending).sum()
     }
 
-    /// Per rank, each page held and the page it continues.
+    /// Per rank, each page held (what a router's index of it must equal) and the page it continues.
     pub fn cached_tree(&self) -> Vec<std::collections::HashMap<BlockHash, Option<BlockHash>>> {
         self.ranks
             .iter()

@@ -372,24 +372,14 @@ pub(crate) fn events(
     meta: serde_json::Map<String, Value>,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + use<> {
     use futures_util::StreamExt;
+    // Reached only once the events below have all been taken: the stream ended whole.
     let watch = Unfinished { engine: e.clone(), done: false };
     let end = futures_util::stream::once(async move {
         let mut watch = watch;
         watch.done = true;
         None
-    });
-    chunks(e, route, v, guard, n, die, meta).chain(end.filter_map(std::future::ready))
-}
-
-fn chunks(
-    e: Arc<Engine>,
-    route: Route,
-    v: &Value,
-    guard: Release,
-    n: usize,
-    die: bool,
-    meta: serde_json::Map<String, Value>,
-) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + use<> {
+    })
+    .filter_map(std::future::ready);
     let model = v.get("model").and_then(Value::as_str).unwrap_or(&e.config().model_id).to_string();
     let id = format!("mock-{}", now_secs());
     // SGLang's streamed /generate chunks carry the prompt logprobs the engine computed (none on a decode worker).
@@ -449,6 +439,7 @@ fn chunks(
             Some((Ok(Bytes::from(format!("data: {chunk}\n\n"))), (i + 1, Some(guard), e, model, id)))
         }
     })
+    .chain(end)
 }
 
 fn chunk_object(route: Route) -> &'static str {

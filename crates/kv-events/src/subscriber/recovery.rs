@@ -41,10 +41,7 @@ impl Subscriber {
                 Ok(all) if !all.is_empty() => all,
                 _ => batches,
             };
-            let first = all[0].0;
-            self.reset(first, ResetCause::Rewritten).await?;
-            self.apply_replayed(all, first, None, true).await?;
-            return Ok(());
+            return self.start_over(all, ResetCause::Rewritten).await;
         }
         batches.retain(|(s, _)| *s >= from);
         let Some(&(last, _)) = batches.last() else {
@@ -54,8 +51,7 @@ impl Subscriber {
                 && let Ok(all) = self.replay(sub, 0, None).await?
                 && all.last().is_some_and(|(s, _)| *s + 1 < from)
             {
-                self.reset(all[0].0, ResetCause::Restart).await?;
-                self.apply_replayed(all, 0, None, true).await?;
+                return self.start_over(all, ResetCause::Restart).await;
             }
             return Ok(());
         };
@@ -63,6 +59,15 @@ impl Subscriber {
             self.reset(last, ResetCause::Restart).await?;
         }
         self.apply_replayed(batches, from, None, true).await?;
+        Ok(())
+    }
+
+    /// The publisher restarted: resets the stream and applies `batches`
+    /// (non-empty: everything the new publisher holds, in order) from the first.
+    async fn start_over(&mut self, batches: Vec<(u64, Bytes)>, cause: ResetCause) -> Result<(), Closed> {
+        let first = batches[0].0;
+        self.reset(first, cause).await?;
+        self.apply_replayed(batches, first, None, true).await?;
         Ok(())
     }
 
