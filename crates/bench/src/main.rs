@@ -6,7 +6,9 @@
 //! simulated engines; `overhead` measures what a router adds; `model-routing`
 //! prices and grades `model: "auto"` against always-small, always-large and
 //! the true labels; `replica` measures a router replica started late, cold
-//! and from a peer's index snapshot, against the one that ran all along.
+//! and from a peer's index snapshot, against the one that ran all along;
+//! `overload` and `soak` measure the router under too much load and over
+//! time (docs/reliability.md).
 
 mod live;
 mod model_routing;
@@ -16,6 +18,7 @@ mod plot;
 mod replica;
 mod router_proc;
 mod sim;
+mod soak;
 mod trace;
 
 use std::path::PathBuf;
@@ -48,6 +51,9 @@ enum Command {
     /// Ten times the admitted concurrency against slow engines: the admitted requests' latency,
     /// how fast the rest are refused, the router's memory, and clients hanging up mid-stream.
     Overload(overload::OverloadArgs),
+    /// An hour (by default) of mixed traffic, worker churn and KV-event faults: the router's
+    /// memory, descriptors, threads, tasks and index size sampled every minute, plotted.
+    Soak(soak::SoakArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -178,6 +184,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Live(l) => return live(l),
         Command::Replica(r) => return replica::run(&r),
         Command::Overload(o) => return overload::run(&o),
+        Command::Soak(s) => return soak::run(&s),
         Command::ModelRouting(m) => {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             return runtime.block_on(model_routing::run(&m));

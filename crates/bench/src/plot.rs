@@ -92,7 +92,7 @@ fn panel(
     let _ = writeln!(s, r#"<line x1="{0}" y1="{1}" x2="{0}" y2="{axis_y}" stroke="black"/>"#, x0 + LEFT, TOP - 4.0);
 }
 
-fn escape(t: &str) -> String {
+pub(crate) fn escape(t: &str) -> String {
     t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 

@@ -336,6 +336,7 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     out.push_str(&format!("router_page_hashes_total{{source=\"hashed\"}} {hashed}\n"));
     out.push_str(&format!("router_page_hashes_total{{source=\"memo\"}} {reused}\n"));
     gw.fleet.render_metrics(&mut out);
+    crate::metrics::render_process(&mut out);
     let mut r = Response::new(Body::from(out));
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
     r

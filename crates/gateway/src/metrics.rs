@@ -77,3 +77,58 @@ impl GatewayMetrics {
         }
     }
 }
+
+/// The process's own series, read at scrape time (nothing is counted on the
+/// request path): resident memory, open descriptors and threads from
+/// `/proc/self` (Linux; absent elsewhere), and the tokio tasks alive now.
+pub fn render_process(out: &mut String) {
+    use std::fmt::Write as _;
+    if let Ok(status) = std::fs::read_to_string("/proc/self/status") {
+        let field = |name: &str| {
+            status.lines().find_map(|l| l.strip_prefix(name)?.split_whitespace().next()?.parse::<u64>().ok())
+        };
+        if let Some(kib) = field("VmRSS:") {
+            head(out, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
+            let _ = writeln!(out, "process_resident_memory_bytes {}", kib * 1024);
+        }
+        if let Some(n) = field("Threads:") {
+            head(out, "process_threads", "gauge", "OS threads of the process.");
+            let _ = writeln!(out, "process_threads {n}");
+        }
+    }
+    if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+        head(out, "process_open_fds", "gauge", "Open file descriptors.");
+        let _ = writeln!(out, "process_open_fds {}", fds.count());
+    }
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        head(
+            out,
+            "router_runtime_alive_tasks",
+            "gauge",
+            "Tokio tasks alive now (connections, streams, subscribers, probes).",
+        );
+        let _ = writeln!(out, "router_runtime_alive_tasks {}", rt.metrics().num_alive_tasks());
+    }
+}
+
+#[cfg(test)]
+mod process_tests {
+    use super::render_process;
+
+    #[tokio::test]
+    async fn the_process_series_are_read_from_the_running_process() {
+        let mut out = String::new();
+        render_process(&mut out);
+        let value = |name: &str| -> u64 {
+            let line =
+                out.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}: {out}"));
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        assert!(value("router_runtime_alive_tasks") < 1_000_000);
+        if cfg!(target_os = "linux") {
+            assert!(value("process_resident_memory_bytes") > 1 << 20, "{out}");
+            assert!(value("process_open_fds") >= 3, "stdin, stdout, stderr at least");
+            assert!(value("process_threads") >= 1);
+        }
+    }
+}
