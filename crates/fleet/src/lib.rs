@@ -520,6 +520,16 @@ impl Fleet {
         tokio::time::timeout(timeout, asked).await.ok().flatten()
     }
 
+    /// Fault injection: the pump applies nothing until the returned sender is
+    /// dropped, so the subscribers' channel fills; `None` without events.
+    #[cfg(feature = "fault-injection")]
+    pub async fn stall_pump(&self) -> Option<tokio::sync::oneshot::Sender<()>> {
+        let ev = self.events.as_ref()?;
+        let (release, stalled) = tokio::sync::oneshot::channel();
+        ev.control.send(PumpControl::Stall(stalled)).await.ok()?;
+        Some(release)
+    }
+
     /// How each of `worker`'s streams got its history (missed batches, or a peer's snapshot).
     pub fn stream_history(&self, worker: &Worker) -> Vec<(router_types::DpRank, kv_events::StreamHistory)> {
         let Some(ev) = &self.events else { return Vec::new() };

@@ -3,7 +3,7 @@
 //! requests from a ring buffer of the last batches. The simulated engine and
 //! the tests use it; it also has the fault knobs they need (drop batches from
 //! the live stream only, corrupt them on the live stream only, restart with
-//! seq back to 0).
+//! seq back to 0, crash and come back, take the replay socket down a while).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -52,6 +52,8 @@ pub struct Publisher {
     state: Arc<Shared>,
     config: PublisherConfig,
     cancel: CancellationToken,
+    /// The replay task's own token (a child of `cancel`): `replay_down` stops it.
+    replay_task: std::sync::Mutex<CancellationToken>,
 }
 
 #[derive(Debug)]
@@ -93,16 +95,18 @@ impl Publisher {
             corrupt_next: AtomicUsize::new(0),
         });
         let cancel = CancellationToken::new();
+        let replay_task = cancel.child_token();
         let replay_endpoint = match &config.replay_endpoint {
             Some(ep) => {
                 let mut router = RouterSocket::new();
                 let bound = router.bind(ep).await.map_err(|e| PublisherError(e.to_string()))?.to_string();
-                tokio::spawn(serve_replays(router, state.clone(), cancel.clone()));
+                tokio::spawn(serve_replays(router, state.clone(), replay_task.clone()));
                 Some(bound)
             }
             None => None,
         };
-        Ok(Self { pub_socket: Mutex::new(pub_socket), endpoint, replay_endpoint, state, config, cancel })
+        let replay_task = std::sync::Mutex::new(replay_task);
+        Ok(Self { pub_socket: Mutex::new(pub_socket), endpoint, replay_endpoint, state, config, cancel, replay_task })
     }
 
     /// The bound PUB endpoint (with the real port).
@@ -192,6 +196,33 @@ impl Publisher {
         Err(PublisherError(format!("rebinding {}: {last:?}", self.endpoint)))
     }
 
+    /// The replay socket goes down (closed: connections refused) and comes
+    /// back `down` later at the same endpoint, its buffer intact; the live
+    /// stream goes on meanwhile. Without a replay socket, does nothing.
+    pub async fn replay_down(&self, down: std::time::Duration) -> Result<(), PublisherError> {
+        let Some(endpoint) = self.replay_endpoint.clone() else { return Ok(()) };
+        let old = std::mem::replace(
+            &mut *self.replay_task.lock().unwrap_or_else(|p| p.into_inner()),
+            self.cancel.child_token(),
+        );
+        old.cancel();
+        tokio::time::sleep(down).await;
+        let mut last = None;
+        for _ in 0..50 {
+            let mut router = RouterSocket::new();
+            match router.bind(&endpoint).await {
+                Ok(_) => {
+                    let task = self.replay_task.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    tokio::spawn(serve_replays(router, self.state.clone(), task));
+                    return Ok(());
+                }
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        Err(PublisherError(format!("rebinding {endpoint}: {last:?}")))
+    }
+
     /// The seq the next batch gets (batches published since the last restart).
     pub fn next_seq(&self) -> u64 {
         self.state.seq.load(Ordering::SeqCst)
@@ -235,7 +266,10 @@ async fn serve_replays(mut router: RouterSocket, state: Arc<Shared>, cancel: Can
     loop {
         let request = tokio::select! {
             biased;
-            _ = cancel.cancelled() => return,
+            _ = cancel.cancelled() => {
+                drop(router.close().await);
+                return;
+            }
             r = router.recv() => match r {
                 Ok(m) => m.into_vec(),
                 Err(_) => continue,

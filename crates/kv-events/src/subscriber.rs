@@ -144,6 +144,9 @@ struct Subscriber {
     /// No batch applied yet since the task started from nothing: the first
     /// one's seq is how many batches of the stream's history were missed.
     fresh: bool,
+    /// Reset for a publisher restart and no batch applied since: the first
+    /// one's seq is how many of the new publisher's batches were missed.
+    restarted: bool,
 }
 
 /// Why the stream is reset: the metric it counts in and the log field.
@@ -246,6 +249,7 @@ pub fn spawn_subscriber_after(
         replay_suspended_until: None,
         seeded: resume.is_some(),
         fresh: resume.is_none(),
+        restarted: false,
     };
     tokio::spawn(task.run())
 }
@@ -402,6 +406,7 @@ impl Subscriber {
         }
         self.tracker.reset();
         self.applied.clear();
+        self.restarted = matches!(cause, ResetCause::Restart | ResetCause::Rewritten);
         self.send(StreamMessage { key: self.stream.key.clone(), seq, update: StreamUpdate::Reset }).await
     }
 
@@ -412,11 +417,17 @@ impl Subscriber {
             // The first batch after the snapshot's seq follows on from it: the stream resumed.
             EventMetrics::inc(&self.metrics.snapshot_resumed);
         }
+        let restarted = std::mem::take(&mut self.restarted);
         if std::mem::take(&mut self.fresh) {
             // Batches 0..seq were published before this router could see them, and are gone.
             if seq > 0 {
                 info!(missed = seq, "kv events: joined late: the stream's first batches are no longer held");
             }
+            self.metrics.history_missed_batches.fetch_add(seq, std::sync::atomic::Ordering::Relaxed);
+            self.metrics.set_history(&self.stream.key, crate::metrics::StreamHistory::Missed { batches: seq });
+        } else if restarted && seq > 0 {
+            // The new publisher's batches 0..seq went out before we saw it, and no replay gave them.
+            warn!(missed = seq, "kv events: the restarted publisher's first batches are lost");
             self.metrics.history_missed_batches.fetch_add(seq, std::sync::atomic::Ordering::Relaxed);
             self.metrics.set_history(&self.stream.key, crate::metrics::StreamHistory::Missed { batches: seq });
         }

@@ -65,3 +65,22 @@ async fn a_silent_replay_socket_times_out_at_the_deadline() {
     let err = tokio::time::timeout(WAIT, fetch).await.expect("the deadline holds").unwrap().unwrap_err();
     assert!(matches!(err, ReplayError::Timeout(_)), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_socket_taken_down_refuses_replays_then_serves_its_buffer_again() {
+    let publisher = std::sync::Arc::new(publisher_with(5).await);
+    let endpoint = publisher.replay_endpoint().unwrap().to_owned();
+    let short = ReplayLimits { timeout: Duration::from_millis(300), ..limits(100, usize::MAX) };
+    let down = tokio::spawn({
+        let p = publisher.clone();
+        async move { p.replay_down(Duration::from_millis(600)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let err = fetch_range(&endpoint, 0, None, &short).await.unwrap_err();
+    assert!(matches!(err, ReplayError::Socket(_) | ReplayError::Timeout(_)), "{err}");
+    // The live stream goes on while the replay socket is down.
+    publisher.publish(&batch(5)).await.unwrap();
+    tokio::time::timeout(WAIT, down).await.unwrap().unwrap().unwrap();
+    let all = fetch_range(&endpoint, 0, None, &limits(100, usize::MAX)).await.unwrap();
+    assert_eq!(all.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4, 5], "its buffer intact");
+}

@@ -285,3 +285,58 @@ async fn a_restart_seen_on_reconnect_replays_the_new_publisher_from_its_start() 
     assert_eq!(get(&h, |m| &m.rewritten_resets), 1);
     assert_eq!(get(&h, |m| &m.reconnects), 1);
 }
+
+/// Found by the chaos run: after a restart (END_SEQ here) the new publisher's first batches
+/// are lost live and no replay can give them (none configured; in the chaos run, the endpoint
+/// was backing off after an earlier failure). The stream starts at the first batch it sees,
+/// and the batches before it are counted as missed history, never lost silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_publishers_first_batches_lost_without_replay_are_counted_missed() {
+    let mut h = harness_with(0, Replay::None, kv_events::SubscriberConfig::default()).await;
+    publish_until_joined(&mut h).await;
+    let missed_before = get(&h, |m| &m.history_missed_batches);
+    h.publisher.send_end().await.unwrap();
+    assert_eq!(next(&mut h).await.update, StreamUpdate::Reset);
+    h.publisher.restart().await;
+    h.publisher.drop_next(2);
+    for i in 0..3 {
+        h.publisher.publish(&batch(700 + i)).await.unwrap();
+    }
+    let first = next(&mut h).await;
+    assert_eq!(seq_tag(&first), (2, Some(702)));
+    assert_eq!(get(&h, |m| &m.history_missed_batches) - missed_before, 2, "seq 0 and 1 of the new publisher");
+    assert_eq!(h.metrics.history(&common::key()), Some(kv_events::StreamHistory::Missed { batches: 2 }));
+}
+
+/// Found by the chaos run: a replay that failed suspends the endpoint for `replay_backoff`
+/// (5 s); a publisher crash within it made the reconnect skip its catch-up, and the new
+/// publisher's first batches were lost. A reconnect now asks again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_catches_up_even_while_a_failed_replay_endpoint_backs_off() {
+    let mut h = harness(0).await;
+    publish_until_joined(&mut h).await;
+    let failed = get(&h, |m| &m.replay_failed) + get(&h, |m| &m.replay_timeouts);
+    // The replay socket down while a gap shows: the stream is reset, the endpoint backs off.
+    let gap = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        h.publisher.drop_next(1);
+        h.publisher.publish(&batch(800)).await.unwrap();
+        h.publisher.publish(&batch(801)).await.unwrap();
+        let reset = tokio::time::timeout(common::WAIT, h.rx.recv()).await.unwrap().unwrap();
+        let live = tokio::time::timeout(common::WAIT, h.rx.recv()).await.unwrap().unwrap();
+        (reset, live)
+    };
+    let (down, (reset, live)) = tokio::join!(h.publisher.replay_down(Duration::from_millis(1000)), gap);
+    down.unwrap();
+    assert_eq!(reset.update, StreamUpdate::Reset);
+    assert_eq!(tag_of(&live), Some(801));
+    assert!(get(&h, |m| &m.replay_failed) + get(&h, |m| &m.replay_timeouts) > failed);
+    // Within the backoff, the engine crashes; its first batches go out before we reconnect.
+    h.publisher.crash(Duration::from_millis(10)).await.unwrap();
+    for i in 0..3 {
+        h.publisher.publish(&batch(900 + i)).await.unwrap();
+    }
+    assert_eq!(next(&mut h).await.update, StreamUpdate::Reset);
+    let got = [next(&mut h).await, next(&mut h).await, next(&mut h).await];
+    assert_eq!(got.iter().map(seq_tag).collect::<Vec<_>>(), vec![(0, Some(900)), (1, Some(901)), (2, Some(902))]);
+}

@@ -85,6 +85,10 @@ pub enum PumpControl {
     Snapshot(usize, tokio::sync::oneshot::Sender<TakenSnapshot>),
     /// Forget a stream (its worker left): its batches still queued are dropped as unknown.
     RemoveStream(WorkerKey),
+    /// Fault injection: apply nothing until the sender is dropped (a pump
+    /// too slow for its subscribers: their channel fills).
+    #[cfg(feature = "fault-injection")]
+    Stall(tokio::sync::oneshot::Receiver<()>),
 }
 
 /// A snapshot the pump took.
@@ -240,6 +244,10 @@ impl Pump {
                     }
                     PumpControl::RemoveStream(key) => {
                         self.streams.remove(&key);
+                    }
+                    #[cfg(feature = "fault-injection")]
+                    PumpControl::Stall(release) => {
+                        let _ = release.await;
                     }
                 },
                 m = rx.recv() => match m {

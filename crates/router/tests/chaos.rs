@@ -2,7 +2,9 @@
 //! real ZMQ sockets (SGLang's wire format, small replay buffers); a seeded
 //! random schedule of faults (publisher restarts and crashes, dropped and
 //! corrupted batches, gaps past the replay buffer, cache flushes, slow events,
-//! a worker removed and added back, the router restarted) is interleaved with
+//! a worker removed and added back, the router restarted, the replay socket
+//! down, the router's pump stalled under a burst so that every subscriber
+//! waits on a full channel) is interleaved with
 //! traffic through the router. After every round, at a quiescent point, the
 //! router's index (its snapshot, as a peer replica gets it) is compared block
 //! for block with what each engine's cache really holds:
@@ -62,6 +64,12 @@ enum Fault {
     Readd,
     /// The router restarted (a new process with an empty index).
     RouterRestart,
+    /// The publisher's replay socket closed for 0.3 to 1.5 s (the router's
+    /// replay timeout is 0.5 s) while a few live batches are lost.
+    ReplayDown,
+    /// The router's pump stalled while the engines publish more batches than
+    /// the subscribers' channel holds: every subscriber waits on a full channel.
+    SlowSubscriber,
 }
 
 impl Fault {
@@ -78,11 +86,13 @@ impl Fault {
             Fault::Slow => "slow events",
             Fault::Readd => "worker removed and re-added",
             Fault::RouterRestart => "router restart",
+            Fault::ReplayDown => "replay socket down, batches dropped",
+            Fault::SlowSubscriber => "slow subscriber under a full channel",
         }
     }
 
     fn pick(rng: &mut Rng) -> Fault {
-        match rng.below(20) {
+        match rng.below(23) {
             0..=1 => Fault::Calm,
             2..=3 => Fault::Restart,
             4..=5 => Fault::Crash { graceful: false },
@@ -93,7 +103,9 @@ impl Fault {
             14 => Fault::Flush,
             15..=16 => Fault::Slow,
             17..=18 => Fault::Readd,
-            _ => Fault::RouterRestart,
+            19 => Fault::RouterRestart,
+            20..=21 => Fault::ReplayDown,
+            _ => Fault::SlowSubscriber,
         }
     }
 }
@@ -324,6 +336,34 @@ impl Run {
                 }
                 self.traffic(n / 2).await;
             }
+            Fault::ReplayDown => {
+                let publisher = engine.publishers()[0].clone();
+                let down = Duration::from_millis(300 + self.rng.below(1200));
+                let back = tokio::spawn(async move { publisher.replay_down(down).await });
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                // Lost live, then revealed by the next live batch while the replay socket is down.
+                let k = 1 + self.rng.below(REPLAY_STEPS as u64 / 2) as usize;
+                engine.publishers()[0].drop_next(k);
+                for _ in 0..=k {
+                    self.direct(e).await;
+                }
+                self.traffic(n).await;
+                back.await.unwrap().expect("the replay socket comes back");
+            }
+            Fault::SlowSubscriber => {
+                let metrics = self.router().gateway.fleet.event_metrics().unwrap().clone();
+                let waits = || metrics.channel_full_waits.load(std::sync::atomic::Ordering::Relaxed);
+                let before = waits();
+                let release = self.router().gateway.fleet.stall_pump().await.expect("following events");
+                self.burst(fleet::PUMP_CHANNEL_CAPACITY + 300).await;
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while waits() == before {
+                    assert!(Instant::now() < deadline, "seed {}: the subscribers' channel never filled", self.seed);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                drop(release);
+                self.traffic(n).await;
+            }
             Fault::RouterRestart => {
                 // The new router counts from 0: carry what this one counted.
                 self.resets_before = self.resets();
@@ -357,6 +397,22 @@ impl Run {
     /// The router may miss what engine `e` holds now.
     fn excuse(&mut self, e: usize) {
         self.excused[e].extend(self.engines[e].engine().cached_tree()[0].keys().map(|h| h.0 as u64));
+    }
+
+    /// `n` requests straight to the engines, spread over them, eight at a time.
+    async fn burst(&mut self, n: usize) {
+        let client = reqwest::Client::new();
+        let bodies: Vec<_> = (0..n).map(|_| self.fresh()).collect();
+        for (g, group) in bodies.chunks(8).enumerate() {
+            let mut sent = tokio::task::JoinSet::new();
+            for (i, b) in group.iter().enumerate() {
+                let url = format!("{}/v1/chat/completions", self.engines[(g * 8 + i) % ENGINES].url());
+                sent.spawn(client.post(url).json(b).timeout(Duration::from_secs(10)).send());
+            }
+            while let Some(answer) = sent.join_next().await {
+                assert_eq!(answer.unwrap().expect("the engine answers").status(), 200);
+            }
+        }
     }
 
     /// Traffic while the router is down: straight to the engines.
@@ -499,9 +555,23 @@ async fn run_seed(seed: u64, rounds: usize) -> (BTreeMap<Fault, Tally>, [u64; 4]
             let _ = writeln!(std::io::stderr(), "seed {seed} round {}: {} on engine {e}", run.round, fault.name());
         }
         let before = run.resets();
+        let missed_before = run.metrics().history_missed_batches.load(std::sync::atomic::Ordering::Relaxed);
         let held_state = run.snapshot().await.get(&e).is_some_and(|(_, held)| !held.is_empty());
         run.round(fault, e).await;
         run.quiesce().await;
+        let missed = run.metrics().history_missed_batches.load(std::sync::atomic::Ordering::Relaxed) > missed_before;
+        let after = run.resets();
+        if after[0] > before[0] || after[3] > before[3] || missed {
+            // A gap the replay could not fill (its socket down or backing off after a failure, or
+            // the batches lost while the subscribers waited past the replay buffer), or a bad batch
+            // it could not replace, was detected: the streams reset, or that never saw a restarted
+            // publisher's first batches (counted as missed history), may miss what their engines
+            // held, never hold stale blocks.
+            match fault {
+                Fault::SlowSubscriber => run.lost_in_round = vec![true; ENGINES],
+                _ => run.lost_in_round[e] = true,
+            }
+        }
         run.check(fault).await;
         if fault == Fault::Overflow && held_state {
             // The router could not recover the gap: it must have reset the stream and counted it.

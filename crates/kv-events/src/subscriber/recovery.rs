@@ -29,6 +29,8 @@ impl Subscriber {
         if self.stream.replay_endpoint.is_none() {
             return Ok(());
         }
+        // A new connection: the publisher (and its replay socket) may be a new process.
+        self.replay_suspended_until = None;
         let from = self.tracker.next().unwrap_or(0);
         let ask = self.applied.oldest().map_or(from, |oldest| oldest.min(from));
         // On failure the next live batch shows whether anything was missed.
