@@ -55,6 +55,9 @@ pub(crate) struct SoakArgs {
     /// Batches each engine's publisher keeps for replay.
     #[arg(long, default_value_t = 64)]
     replay_steps: usize,
+    /// More router flags, after the soak's own (e.g. `--router-arg=--page-hash-memo-pages=65536`).
+    #[arg(long = "router-arg", allow_hyphen_values = true)]
+    router_args: Vec<String>,
     /// Samples as CSV.
     #[arg(long)]
     csv: Option<PathBuf>,
@@ -78,6 +81,8 @@ struct Sample {
     /// (block, engine) pairs in the index: what `engine_blocks` counts.
     index_holdings: f64,
     index_mib: f64,
+    /// Page digests in the router's page-hash memo (bounded by `--page-hash-memo-pages`).
+    memo_pages: f64,
     /// Blocks the engines of the fleet hold (the index's ground truth).
     engine_blocks: f64,
     requests: u64,
@@ -143,6 +148,7 @@ async fn soak(args: &SoakArgs) -> Result<()> {
         .collect();
     flags.extend(["--log-level".into(), "error".into(), "--worker-urls".into()]);
     flags.extend(engines.iter().map(MockEngine::url));
+    flags.extend(args.router_args.iter().cloned());
     let router = RouterProc::spawn(&args.router_bin, "router", &flags)?;
     let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
     wait_ready(&http, &router).await?;
@@ -386,6 +392,7 @@ async fn sample(
         index_blocks: get("router_index_nodes"),
         index_holdings: get("router_index_holdings"),
         index_mib: get("router_index_memory_bytes") / (1024.0 * 1024.0),
+        memo_pages: get("router_page_hash_memo_pages"),
         engine_blocks: engine_blocks as f64,
         requests: tally.sent.load(Ordering::Relaxed),
         workers: f.member.iter().filter(|m| **m).count() as f64,
@@ -409,14 +416,14 @@ fn level_off(samples: &[Sample]) -> Vec<(&'static str, f64, f64, bool)> {
 
 fn print_header() {
     println!(
-        "| min | requests | workers | RSS MiB | fds | threads | tasks | index blocks | index holdings | index MiB | engine blocks |"
+        "| min | requests | workers | RSS MiB | fds | threads | tasks | index blocks | index holdings | index MiB | memo pages | engine blocks |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
 }
 
 fn print_row(s: &Sample) {
     println!(
-        "| {:.1} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {:.2} | {} |",
+        "| {:.1} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
         s.secs / 60.0,
         s.requests,
         s.workers,
@@ -427,18 +434,19 @@ fn print_row(s: &Sample) {
         s.index_blocks,
         s.index_holdings,
         s.index_mib,
+        s.memo_pages,
         s.engine_blocks
     );
 }
 
 fn csv(samples: &[Sample]) -> String {
     let mut out = String::from(
-        "secs,requests,workers,rss_mib,fds,threads,tasks,index_blocks,index_holdings,index_mib,engine_blocks\n",
+        "secs,requests,workers,rss_mib,fds,threads,tasks,index_blocks,index_holdings,index_mib,memo_pages,engine_blocks\n",
     );
     for s in samples {
         let _ = writeln!(
             out,
-            "{:.0},{},{},{:.2},{},{},{},{},{},{:.3},{}",
+            "{:.0},{},{},{:.2},{},{},{},{},{},{:.3},{},{}",
             s.secs,
             s.requests,
             s.workers,
@@ -449,6 +457,7 @@ fn csv(samples: &[Sample]) -> String {
             s.index_blocks,
             s.index_holdings,
             s.index_mib,
+            s.memo_pages,
             s.engine_blocks
         );
     }

@@ -335,6 +335,9 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     );
     out.push_str(&format!("router_page_hashes_total{{source=\"hashed\"}} {hashed}\n"));
     out.push_str(&format!("router_page_hashes_total{{source=\"memo\"}} {reused}\n"));
+    head(&mut out, "router_page_hash_memo_pages", "gauge", "Page digests the page-hash memos hold now.");
+    let memo: usize = gw.pools.iter().map(|p| p.chain_memo.len()).sum();
+    out.push_str(&format!("router_page_hash_memo_pages {memo}\n"));
     gw.fleet.render_metrics(&mut out);
     crate::metrics::render_process(&mut out);
     let mut r = Response::new(Body::from(out));

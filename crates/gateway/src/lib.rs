@@ -97,6 +97,8 @@ pub struct GatewayConfig {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Bounds of the index snapshots served to peer replicas (`GET /index/snapshot`).
     pub index_snapshot: SnapshotServing,
+    /// Page digests each pool's page-hash memo keeps (`--page-hash-memo-pages`).
+    pub chain_memo_pages: usize,
 }
 
 /// How index snapshots are served (`--index-snapshot-max-blocks`, `--index-snapshot-timeout-secs`).
@@ -344,6 +346,7 @@ impl Gateway {
                 policy,
                 renderer,
                 None,
+                config.chain_memo_pages,
             ))],
             routing: None,
             config,

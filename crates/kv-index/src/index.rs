@@ -158,6 +158,8 @@ pub struct KvIndex {
 #[derive(Debug, Default)]
 struct Registry {
     streams: Vec<Arc<StreamSlot>>,
+    /// Ids of retired streams, given to the next registrations.
+    free: Vec<StreamId>,
     by_key: HashMap<WorkerKey, StreamId>,
     workers: Vec<WorkerUrl>,
     worker_ids: HashMap<WorkerUrl, WorkerId>,
@@ -168,6 +170,8 @@ struct StreamSlot {
     key: WorkerKey,
     worker: WorkerId,
     removed: AtomicBool,
+    /// Its id is on the free list (set once).
+    retired: AtomicBool,
     /// (node, stream) holdings of this stream; the engine map may hold more (stale) entries.
     live: AtomicUsize,
     engine: Mutex<HashTable<EngineEntry>>,
@@ -368,8 +372,9 @@ impl KvIndex {
         self.registry().workers.get(id.index()).cloned()
     }
 
-    /// The id of a (worker, rank) stream, registering it on first use.
-    /// At most 65,535 streams are ever registered (holdings store 16-bit ids).
+    /// The id of a (worker, rank) stream, registering it on first use, under
+    /// the id of a retired stream if there is one. At most 65,535 streams are
+    /// registered at once (holdings store 16-bit ids).
     pub fn stream(&self, key: &WorkerKey) -> Result<StreamId, IndexError> {
         if let Some(id) = self.registry().by_key.get(key) {
             return Ok(*id);
@@ -379,19 +384,54 @@ impl KvIndex {
         if let Some(id) = reg.by_key.get(key) {
             return Ok(*id);
         }
-        if reg.streams.len() >= usize::from(u16::MAX) {
-            return Err(IndexError::TooManyStreams);
-        }
-        let id = StreamId(reg.streams.len() as u32);
-        reg.streams.push(Arc::new(StreamSlot {
+        let slot = Arc::new(StreamSlot {
             key: key.clone(),
             worker,
             removed: AtomicBool::new(false),
+            retired: AtomicBool::new(false),
             live: AtomicUsize::new(0),
             engine: Mutex::new(HashTable::new()),
-        }));
+        });
+        let id = match reg.free.pop() {
+            Some(id) => {
+                reg.streams[id.index()] = slot;
+                id
+            }
+            None if reg.streams.len() >= usize::from(u16::MAX) => return Err(IndexError::TooManyStreams),
+            None => {
+                reg.streams.push(slot);
+                StreamId(reg.streams.len() as u32 - 1)
+            }
+        };
         reg.by_key.insert(key.clone(), id);
         Ok(id)
+    }
+
+    /// Forgets a stream for good and frees its id for a later registration:
+    /// its key is unregistered, every holding it has ends (those its engine
+    /// map lost track of too: a walk over every shard), and its map's memory
+    /// is released. Returns the holdings that ended. Only the stream's writer
+    /// (the pump) may call this, after its last write to the stream: the id
+    /// may be handed out again at once. Retiring twice does nothing.
+    pub fn retire_stream(&self, stream: StreamId) -> Result<usize, IndexError> {
+        let slot = {
+            let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
+            let slot = reg.streams.get(stream.index()).cloned().ok_or(IndexError::UnknownStream)?;
+            if slot.retired.load(Ordering::Acquire) {
+                return Ok(0);
+            }
+            reg.by_key.retain(|_, id| *id != stream);
+            slot.removed.store(true, Ordering::Release);
+            slot
+        };
+        let mut ended = self.clear_slot(stream, &slot);
+        for shard in self.shards.iter() {
+            ended += shard.write().unwrap_or_else(|p| p.into_inner()).release_everywhere(stream.0 as u16);
+        }
+        *slot.engine.lock().unwrap_or_else(|p| p.into_inner()) = HashTable::new();
+        slot.retired.store(true, Ordering::Release);
+        self.registry.write().unwrap_or_else(|p| p.into_inner()).free.push(stream);
+        Ok(ended)
     }
 
     /// The block `stream` published as `engine`, for continuing a chain under it.

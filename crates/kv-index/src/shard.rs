@@ -373,6 +373,18 @@ impl Shard {
         gone
     }
 
+    /// Ends every holding of `stream` in this shard (a walk over all nodes);
+    /// returns how many ended.
+    pub(crate) fn release_everywhere(&mut self, stream: u16) -> usize {
+        let mut ended = 0;
+        for slot in 0..self.nodes.len as u32 {
+            if self.nodes[slot].parent != VACANT && self.held_by(slot, stream) && self.release(slot, stream, 0b1111) {
+                ended += 1;
+            }
+        }
+        ended
+    }
+
     /// Removes `stream`'s (now tier-less) holding, refilling `first` from the overflow.
     fn drop_holder(&mut self, slot: u32, stream: u16) {
         let more = self.nodes[slot].more as usize;

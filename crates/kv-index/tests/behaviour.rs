@@ -233,3 +233,81 @@ fn clear_worker_drops_holdings_but_keeps_streams() {
     assert_eq!(depth_of(&index, "http://a:1", &hashes(&b)), 3);
     assert_eq!(index.clear_worker(&WorkerUrl::new("http://unknown:1")), 0);
 }
+
+/// Found by the soak run: every worker removed and added again (or replaced by a new pod)
+/// registered new streams whose ids were never reused; after 65,535 the router could follow
+/// no new worker, and each retired stream kept its engine map's memory.
+#[test]
+fn retired_streams_give_their_ids_and_memory_back() {
+    let index = KvIndex::new(IndexConfig::default(), Arc::new(ManualClock::default()));
+    let first = index.stream(&key("http://w0:1", 0)).unwrap();
+    let tokens: Vec<u32> = (0..64).collect();
+    index.store(first, None, &blocks(&tokens, None), Tier::Device).unwrap();
+    index.remove_worker(&WorkerUrl::new("http://w0:1"));
+    assert_eq!(index.retire_stream(first).unwrap(), 0, "remove_worker ended its holdings already");
+    assert_eq!(index.retire_stream(first).unwrap(), 0, "twice: nothing");
+    // Memory once every shard has held a chain (each keeps its first slab chunk).
+    let mut baseline = 0;
+    for i in 1..66_000u32 {
+        if i == 1_000 {
+            baseline = index.stats().memory_bytes;
+        }
+        let w = format!("http://w{i}:1");
+        let s = index.stream(&key(&w, 0)).unwrap_or_else(|e| panic!("registration {i}: {e}"));
+        let tokens: Vec<u32> = (0..64).map(|t| i * 64 + t).collect();
+        index.store(s, None, &blocks(&tokens, None), Tier::Device).unwrap();
+        assert_eq!(depth_of(&index, &w, &hashes(&blocks(&tokens, None))), 16);
+        index.remove_worker(&WorkerUrl::new(&w));
+        index.retire_stream(s).unwrap();
+    }
+    let stats = index.stats();
+    assert_eq!((stats.nodes, stats.holdings, stats.streams), (0, 0, 0));
+    // One stream slot (its id reused 69,999 times) and no engine map left behind.
+    assert!(stats.memory_bytes <= baseline + 4096, "{} bytes after, {baseline} before", stats.memory_bytes);
+}
+
+#[test]
+fn a_reused_stream_id_inherits_nothing_of_the_retired_stream() {
+    let index = KvIndex::new(IndexConfig::default(), Arc::new(ManualClock::default()));
+    let old = index.stream(&key("http://old:1", 0)).unwrap();
+    let tokens: Vec<u32> = (0..32).collect();
+    let b = blocks(&tokens, None);
+    index.store(old, None, &b, Tier::Device).unwrap();
+    // Retired by its writer without remove_worker first: the holdings end here.
+    assert_eq!(index.retire_stream(old).unwrap(), 8);
+    let new = index.stream(&key("http://new:1", 0)).unwrap();
+    assert_eq!(new, old, "the id is reused");
+    assert_eq!(depth_of(&index, "http://new:1", &hashes(&b)), 0, "no holding carried over");
+    assert_eq!(depth_of(&index, "http://old:1", &hashes(&b)), 0);
+    assert!(index.store(old, None, &b, Tier::Device).is_ok(), "the id now writes the new stream");
+    assert_eq!(depth_of(&index, "http://new:1", &hashes(&b)), 8);
+    // The old key registers afresh, under another id.
+    let again = index.stream(&key("http://old:1", 0)).unwrap();
+    assert_ne!(again, new);
+    assert_eq!(depth_of(&index, "http://old:1", &hashes(&b)), 0);
+}
+
+#[test]
+fn retiring_ends_holdings_the_engine_map_lost_track_of() {
+    let index = KvIndex::new(IndexConfig::default(), Arc::new(ManualClock::default()));
+    let old = index.stream(&key("http://old:1", 0)).unwrap();
+    let a = blocks(&(0..32).collect::<Vec<u32>>(), None);
+    // An engine that publishes the same engine hashes for other blocks: the map follows the
+    // second chain, the first one's holdings are no longer in it.
+    let b: Vec<StoredBlock> = blocks(&(100..132).collect::<Vec<u32>>(), None)
+        .into_iter()
+        .zip(&a)
+        .map(|(mut s, first)| {
+            s.engine = first.engine;
+            s
+        })
+        .collect();
+    index.store(old, None, &a, Tier::Device).unwrap();
+    index.store(old, None, &b, Tier::Device).unwrap();
+    assert_eq!(depth_of(&index, "http://old:1", &hashes(&a)), 8);
+    assert_eq!(index.retire_stream(old).unwrap(), 16, "both chains' holdings end");
+    let new = index.stream(&key("http://new:1", 0)).unwrap();
+    assert_eq!(new, old);
+    assert_eq!(depth_of(&index, "http://new:1", &hashes(&a)), 0, "the orphaned chain is not the new stream's");
+    assert_eq!(index.stats().holdings, 0);
+}

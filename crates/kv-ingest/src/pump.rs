@@ -83,7 +83,8 @@ pub enum PumpControl {
     /// Take a snapshot of every stream with applied batches, between two batches, within a
     /// number of blocks (streams beyond are left out whole, and counted).
     Snapshot(usize, tokio::sync::oneshot::Sender<TakenSnapshot>),
-    /// Forget a stream (its worker left): its batches still queued are dropped as unknown.
+    /// Forget a stream (its worker left): its batches still queued are dropped as unknown, and
+    /// its id in the index is retired (free for a later stream).
     RemoveStream(WorkerKey),
     /// Fault injection: apply nothing until the sender is dropped (a pump
     /// too slow for its subscribers: their channel fills).
@@ -243,7 +244,12 @@ impl Pump {
                         let _ = done.send(self.snapshot(max_blocks));
                     }
                     PumpControl::RemoveStream(key) => {
-                        self.streams.remove(&key);
+                        if let Some(state) = self.streams.remove(&key) {
+                            // Its last batch is applied: its id can serve a later stream.
+                            if let Err(e) = self.index.retire_stream(state.id) {
+                                warn!(stream = %key, error = %e, "kv pump: retiring the stream failed");
+                            }
+                        }
                     }
                     #[cfg(feature = "fault-injection")]
                     PumpControl::Stall(release) => {

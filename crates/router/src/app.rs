@@ -84,6 +84,8 @@ pub struct AppConfig {
     pub pending_ttl: Duration,
     /// Upper bound on index nodes.
     pub max_index_nodes: Option<NonZeroUsize>,
+    /// Page digests each pool's page-hash memo keeps.
+    pub chain_memo_pages: usize,
     /// Gateway limits.
     pub max_body_bytes: usize,
     /// ...
@@ -334,6 +336,7 @@ impl App {
             cors: config.cors.clone(),
             tls: config.tls.clone(),
             index_snapshot: config.index_snapshot,
+            chain_memo_pages: config.chain_memo_pages,
         };
         // Bind first: discovery runs in the background, after the port is up.
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
@@ -624,6 +627,7 @@ fn build_pools(
             policy,
             renderer,
             p.context_window,
+            config.chain_memo_pages,
         );
         if let Some(rate) = r.config.pools.iter().find(|c| c.name == p.name).and_then(|c| c.prefill_tokens_per_s) {
             pool.prefill_tokens_per_s = rate;

@@ -182,6 +182,11 @@ pub(crate) struct ServeArgs {
     /// sharing a cold prefix lands together before the events arrive [default: 0, off].
     #[arg(long, env = "SGL_ROUTER_CACHE_PENDING_PREFIX_TTL_MS", value_name = "MS")]
     pub(crate) cache_pending_prefix_ttl_ms: Option<u64>,
+    /// Page digests the page-hash memo keeps, per pool (about 64 bytes each: 32 MiB at the
+    /// default): a request whose prompt starts like an earlier one reuses the digests of the
+    /// shared pages instead of hashing them again. Full, it starts over.
+    #[arg(long, env = "SGL_ROUTER_PAGE_HASH_MEMO_PAGES", default_value_t = renderer::DEFAULT_CHAIN_MEMO_PAGES, value_name = "N")]
+    pub(crate) page_hash_memo_pages: usize,
     /// KV index: most blocks the index keeps (least recently used tails go first) [default: unbounded].
     #[arg(long, env = "SGL_ROUTER_MAX_INDEX_BLOCKS", value_name = "N")]
     pub(crate) max_index_blocks: Option<NonZeroUsize>,

@@ -65,15 +65,16 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
-    /// A pool with its own chain memo.
+    /// A pool with its own chain memo of up to `chain_memo_pages` page digests.
     pub fn new(
         id: PoolId,
         served_model: String,
         policy: Arc<dyn Policy>,
         renderer: Arc<Renderer>,
         context_window: Option<u64>,
+        chain_memo_pages: usize,
     ) -> Self {
-        let chain_memo = renderer::ChainMemo::new(renderer::DEFAULT_CHAIN_MEMO_PAGES);
+        let chain_memo = renderer::ChainMemo::new(chain_memo_pages);
         let prefill_tokens_per_s = model_select::DEFAULT_PREFILL_TOKENS_PER_S;
         Pool { id, served_model, policy, renderer, chain_memo, context_window, prefill_tokens_per_s }
     }

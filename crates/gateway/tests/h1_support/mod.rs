@@ -98,6 +98,7 @@ pub(crate) async fn start_fleet(
         client_keys: Vec::new(),
         max_request_memory: 1 << 30,
         render_threads: 1,
+        chain_memo_pages: renderer::DEFAULT_CHAIN_MEMO_PAGES,
         admin_listener: false,
         retry: gateway::RetryConfig { initial_backoff: Duration::from_millis(1), ..Default::default() },
         queue_size: 0,
