@@ -29,8 +29,18 @@ impl RouterProc {
 
     /// Its resident memory now, KiB (Linux), `None` elsewhere.
     pub(crate) fn rss_kib(&self) -> Option<u64> {
+        self.status_kib("VmRSS:")
+    }
+
+    /// Its anonymous resident memory (the heap and stacks, not the pages of
+    /// its executable), KiB (Linux), `None` elsewhere.
+    pub(crate) fn rss_anon_kib(&self) -> Option<u64> {
+        self.status_kib("RssAnon:")
+    }
+
+    fn status_kib(&self, field: &str) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let line = status.lines().find(|l| l.starts_with(field))?;
         line.split_whitespace().nth(1)?.parse().ok()
     }
 

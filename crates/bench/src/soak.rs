@@ -24,6 +24,8 @@ use tokio::sync::Mutex;
 use crate::router_proc::RouterProc;
 
 const KEY: &str = "soak-control-plane-key";
+/// The resources sampled, plotted and checked.
+const PANELS: usize = 6;
 
 /// The command's arguments.
 #[derive(Debug, clap::Args)]
@@ -74,6 +76,9 @@ pub(crate) struct SoakArgs {
 struct Sample {
     secs: f64,
     rss_mib: f64,
+    /// Anonymous resident memory: RSS without the executable's pages (which
+    /// fault in as code paths first run, up to its text size).
+    anon_mib: f64,
     fds: f64,
     threads: f64,
     tasks: f64,
@@ -90,9 +95,10 @@ struct Sample {
 }
 
 /// The resources that must level off: (name, value, absolute slack).
-fn series(s: &Sample) -> [(&'static str, f64, f64); 5] {
+fn series(s: &Sample) -> [(&'static str, f64, f64); PANELS] {
     [
         ("RSS (MiB)", s.rss_mib, 4.0),
+        ("anonymous RSS (MiB)", s.anon_mib, 4.0),
         ("open descriptors", s.fds, 16.0),
         ("threads", s.threads, 2.0),
         ("tokio tasks", s.tasks, 32.0),
@@ -386,6 +392,7 @@ async fn sample(
     Ok(Sample {
         secs,
         rss_mib: get("process_resident_memory_bytes") / (1024.0 * 1024.0),
+        anon_mib: router.rss_anon_kib().unwrap_or(0) as f64 / 1024.0,
         fds: get("process_open_fds"),
         threads: get("process_threads"),
         tasks: get("router_runtime_alive_tasks"),
@@ -405,7 +412,7 @@ fn level_off(samples: &[Sample]) -> Vec<(&'static str, f64, f64, bool)> {
     let run = if samples.len() > 2 { &samples[1..] } else { samples };
     let (first, second) = run.split_at(run.len() / 2);
     let peak = |part: &[Sample], i: usize| part.iter().map(|s| series(s)[i].1).fold(0.0, f64::max);
-    (0..5)
+    (0..PANELS)
         .map(|i| {
             let (name, _, slack) = series(&run[0])[i];
             let (a, b) = (peak(first, i), peak(second, i));
@@ -416,18 +423,19 @@ fn level_off(samples: &[Sample]) -> Vec<(&'static str, f64, f64, bool)> {
 
 fn print_header() {
     println!(
-        "| min | requests | workers | RSS MiB | fds | threads | tasks | index blocks | index holdings | index MiB | memo pages | engine blocks |"
+        "| min | requests | workers | RSS MiB | anon MiB | fds | threads | tasks | index blocks | index holdings | index MiB | memo pages | engine blocks |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
 }
 
 fn print_row(s: &Sample) {
     println!(
-        "| {:.1} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
+        "| {:.1} | {} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
         s.secs / 60.0,
         s.requests,
         s.workers,
         s.rss_mib,
+        s.anon_mib,
         s.fds,
         s.threads,
         s.tasks,
@@ -441,16 +449,17 @@ fn print_row(s: &Sample) {
 
 fn csv(samples: &[Sample]) -> String {
     let mut out = String::from(
-        "secs,requests,workers,rss_mib,fds,threads,tasks,index_blocks,index_holdings,index_mib,memo_pages,engine_blocks\n",
+        "secs,requests,workers,rss_mib,anon_mib,fds,threads,tasks,index_blocks,index_holdings,index_mib,memo_pages,engine_blocks\n",
     );
     for s in samples {
         let _ = writeln!(
             out,
-            "{:.0},{},{},{:.2},{},{},{},{},{},{:.3},{},{}",
+            "{:.0},{},{},{:.2},{:.2},{},{},{},{},{},{:.3},{},{}",
             s.secs,
             s.requests,
             s.workers,
             s.rss_mib,
+            s.anon_mib,
             s.fds,
             s.threads,
             s.tasks,
@@ -471,7 +480,7 @@ fn svg(title: &str, samples: &[Sample]) -> String {
     const H: f64 = 110.0;
     const LEFT: f64 = 150.0;
     const TOP: f64 = 40.0;
-    let height = TOP + 5.0 * (H + 30.0) + 20.0;
+    let height = TOP + PANELS as f64 * (H + 30.0) + 20.0;
     let width = LEFT + W + 30.0;
     let mut s = String::new();
     let _ = writeln!(
@@ -482,13 +491,13 @@ fn svg(title: &str, samples: &[Sample]) -> String {
     let _ =
         writeln!(s, r#"<text x="10" y="22" font-size="14" font-weight="bold">{}</text>"#, crate::plot::escape(title));
     let t_max = samples.iter().map(|x| x.secs).fold(1.0, f64::max);
-    for i in 0..5 {
+    for i in 0..PANELS {
         let y0 = TOP + i as f64 * (H + 30.0);
         let name = series(&samples[0])[i].0;
         let values: Vec<f64> = samples.iter().map(|x| series(x)[i].1).collect();
         let truth: Vec<f64> = samples.iter().map(|x| x.engine_blocks).collect();
         let mut v_max = values.iter().copied().fold(0.0, f64::max);
-        if i == 4 {
+        if i == PANELS - 1 {
             v_max = truth.iter().copied().fold(v_max, f64::max);
         }
         let v_max = if v_max > 0.0 { v_max * 1.1 } else { 1.0 };
@@ -526,12 +535,12 @@ fn svg(title: &str, samples: &[Sample]) -> String {
                 pts.join(" ")
             );
         };
-        if i == 4 {
+        if i == PANELS - 1 {
             line(&truth, "#a6c8ea");
         }
         line(&values, "#2b6cb0");
     }
-    let axis_y = TOP + 5.0 * (H + 30.0) - 12.0;
+    let axis_y = TOP + PANELS as f64 * (H + 30.0) - 12.0;
     let _ = writeln!(
         s,
         r#"<text x="{}" y="{axis_y}" text-anchor="middle">minutes (0 … {:.0}); last panel: (block, engine) pairs in the index (dark) and in the engines' caches (light)</text>"#,
@@ -600,6 +609,6 @@ mod tests {
         assert!(out.starts_with("<svg") && out.trim_end().ends_with("</svg>"));
         assert!(out.contains("soak &lt;1h&gt;"));
         // One line per resource, and the fleet's blocks under the index's.
-        assert_eq!(out.matches("<polyline points=").count() - 5, 6, "{out}");
+        assert_eq!(out.matches("<polyline points=").count() - PANELS, PANELS + 1, "{out}");
     }
 }
