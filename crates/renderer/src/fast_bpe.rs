@@ -22,6 +22,13 @@ use crate::RenderError;
 
 /// Words cached before the cache is cleared and refilled.
 const WORD_CACHE_ENTRIES: usize = 1 << 18;
+/// Bytes the cached words may take (text, ids and a map slot each) before
+/// the cache is cleared: unique pieces of up to 256 bytes each (a model
+/// whose pre-tokenizer splits little, or a client sending them) would
+/// otherwise hold hundreds of MiB at the entry bound. Found by the soak run.
+const WORD_CACHE_BYTES: usize = 16 << 20;
+/// What a cached word costs beyond its text and ids: the map slot and two allocations.
+const WORD_ENTRY_OVERHEAD: usize = 64;
 /// Longer pieces are not cached (they are rare and would crowd out words).
 const WORD_CACHE_MAX_BYTES: usize = 256;
 
@@ -67,7 +74,20 @@ pub(crate) struct FastBpe {
     splits: Vec<SplitRegex>,
     /// GPT-2's byte → character map.
     byte_chars: [char; 256],
-    words: RwLock<AHashMap<Box<str>, Box<[u32]>>>,
+    words: RwLock<WordCache>,
+    /// Bytes the word cache may hold ([`WORD_CACHE_BYTES`]).
+    word_budget: usize,
+}
+
+/// Word → ids, and the bytes it holds (within [`WORD_CACHE_BYTES`]).
+#[derive(Debug, Default)]
+struct WordCache {
+    map: AHashMap<Box<str>, Box<[u32]>>,
+    bytes: usize,
+}
+
+fn word_bytes(word: &str, ids: &[u32]) -> usize {
+    word.len() + 4 * ids.len() + WORD_ENTRY_OVERHEAD
 }
 
 // === impl FastBpe ===
@@ -86,7 +106,19 @@ impl FastBpe {
         };
         let pre = serde_json::to_value(tokenizer.get_pre_tokenizer()?).ok()?;
         let splits = parse_pre_tokenizer(&pre)?;
-        Some(Self { normalizer, splits, byte_chars: byte_chars(), words: RwLock::new(AHashMap::new()) })
+        Some(Self {
+            normalizer,
+            splits,
+            byte_chars: byte_chars(),
+            words: RwLock::new(WordCache::default()),
+            word_budget: WORD_CACHE_BYTES,
+        })
+    }
+
+    /// Bytes the word cache holds now (within `word_budget`).
+    #[cfg(test)]
+    pub(crate) fn cached_bytes(&self) -> usize {
+        self.words.read().unwrap_or_else(|p| p.into_inner()).bytes
     }
 
     /// The normalizer kind (added tokens marked `normalized` can be split on
@@ -108,7 +140,7 @@ impl FastBpe {
             let mut emit = |piece: &str| -> Result<(), RenderError> {
                 mapped.clear();
                 mapped.extend(piece.bytes().map(|b| self.byte_chars[b as usize]));
-                if let Some(ids) = words.get(mapped.as_str()) {
+                if let Some(ids) = words.map.get(mapped.as_str()) {
                     out.extend_from_slice(ids);
                     return Ok(());
                 }
@@ -124,10 +156,17 @@ impl FastBpe {
         }
         if !misses.is_empty() {
             let mut words = self.words.write().unwrap_or_else(|p| p.into_inner());
-            if words.len() + misses.len() > WORD_CACHE_ENTRIES {
-                words.clear();
+            let adding: usize = misses.iter().map(|(w, ids)| word_bytes(w, ids)).sum();
+            if words.map.len() + misses.len() > WORD_CACHE_ENTRIES || words.bytes + adding > self.word_budget {
+                words.map = AHashMap::new();
+                words.bytes = 0;
             }
-            words.extend(misses);
+            for (word, ids) in misses {
+                let cost = word_bytes(&word, &ids);
+                if words.map.insert(word, ids).is_none() {
+                    words.bytes += cost;
+                }
+            }
         }
         Ok(())
     }
@@ -382,5 +421,29 @@ mod fixture_tests {
             }
             assert!(fast.splits.iter().any(|s| matches!(s, SplitRegex::WhitespaceLookahead(_))), "{name}");
         }
+    }
+
+    /// Unique long pieces (a letter run the split regex keeps whole, 200 bytes each) fill the
+    /// word cache to its byte budget (1 MiB here; 4,000 of them hold about 2 MiB), not to its
+    /// entry bound (262,144 of them: some 130 MiB).
+    #[test]
+    fn the_word_cache_stays_within_its_byte_budget() {
+        let path = format!("{}/../../tests/fixtures/tokenizers/qwen3/tokenizer.json", env!("CARGO_MANIFEST_DIR"));
+        let tok = tokenizers::Tokenizer::from_file(&path).unwrap();
+        let mut fast = FastBpe::new(&tok).unwrap();
+        assert_eq!(fast.word_budget, WORD_CACHE_BYTES);
+        fast.word_budget = 1 << 20;
+        let mut peak = 0;
+        let mut out = Vec::new();
+        for i in 0..4_000u32 {
+            let word: String =
+                format!("{i:08}").bytes().map(|b| (b'a' + (b - b'0')) as char).cycle().take(200).collect();
+            out.clear();
+            fast.encode(tok.get_model(), &word, &mut out).unwrap();
+            assert!(!out.is_empty());
+            peak = peak.max(fast.cached_bytes());
+        }
+        assert!(peak <= 1 << 20, "{peak}");
+        assert!(peak > 1 << 19, "the budget is what bounds it here: {peak}");
     }
 }

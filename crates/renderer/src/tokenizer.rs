@@ -118,6 +118,14 @@ impl TextTokenizer {
             None if inner.get_added_tokens_decoder().is_empty() => fast,
             _ => None,
         };
+        if fast.is_some() {
+            // The fast path caches words in front of the model, within a byte budget; the
+            // model's own cache (10,000 words of up to 256 characters, some 6 KiB each at
+            // worst) would only hold the same words again.
+            let mut model = inner.get_model().clone();
+            model.resize_cache(0);
+            inner.with_model(model);
+        }
         let cache = NonZeroUsize::new(max_entries)
             .map(|cap| Mutex::new(SegmentCache { map: LruCache::new(cap), bytes: 0, max_bytes }));
         Ok(Self { inner, splitter, fast, cache, vocab_size, hits: AtomicU64::new(0), misses: AtomicU64::new(0) })
