@@ -118,7 +118,7 @@ async fn bench(args: &OverloadArgs) -> Result<()> {
     flags.extend(engines.iter().map(MockEngine::url));
     let router = RouterProc::spawn(&args.router_bin, "router", &flags)?;
     let http = reqwest::Client::builder().pool_max_idle_per_host(0).build()?;
-    wait_ready(&http, &router).await?;
+    router.wait_ready(&http).await?;
     let rss_before = router.rss_kib().unwrap_or(0);
     let fds_before = router.open_fds().unwrap_or(0);
     let cancelled = || engines.iter().map(|e| e.engine().cancelled_streams.load(Ordering::Relaxed)).sum::<u64>();
@@ -262,16 +262,6 @@ fn percentile(sorted_or_not: &[f64], q: f64) -> f64 {
     let mut v = sorted_or_not.to_vec();
     v.sort_by(f64::total_cmp);
     v[((v.len() - 1) as f64 * q).round() as usize]
-}
-
-async fn wait_ready(http: &reqwest::Client, r: &RouterProc) -> Result<()> {
-    for _ in 0..300 {
-        if http.get(format!("{}/readiness", r.url)).send().await.is_ok_and(|x| x.status().is_success()) {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    bail!("router {} not ready after 30 s", r.name)
 }
 
 fn print_table(args: &OverloadArgs, waves: &[Wave], rss: (u64, u64), fds: (usize, usize)) {

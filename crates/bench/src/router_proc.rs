@@ -27,6 +27,17 @@ impl RouterProc {
         Ok(Self { name, url: format!("http://127.0.0.1:{port}"), child })
     }
 
+    /// Waits until it answers `/readiness` (30 s at most).
+    pub(crate) async fn wait_ready(&self, http: &reqwest::Client) -> Result<()> {
+        for _ in 0..300 {
+            if http.get(format!("{}/readiness", self.url)).send().await.is_ok_and(|x| x.status().is_success()) {
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        anyhow::bail!("router {} not ready after 30 s", self.name)
+    }
+
     /// Its resident memory now, KiB (Linux), `None` elsewhere.
     pub(crate) fn rss_kib(&self) -> Option<u64> {
         self.status_kib("VmRSS:")

@@ -157,7 +157,7 @@ async fn soak(args: &SoakArgs) -> Result<()> {
     flags.extend(args.router_args.iter().cloned());
     let router = RouterProc::spawn(&args.router_bin, "router", &flags)?;
     let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
-    wait_ready(&http, &router).await?;
+    router.wait_ready(&http).await?;
     let fleet = Arc::new(Mutex::new(Fleet { member: vec![true; engines.len()], engines, config }));
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -421,54 +421,56 @@ fn level_off(samples: &[Sample]) -> Vec<(&'static str, f64, f64, bool)> {
         .collect()
 }
 
+/// The columns of the table and the CSV: (table heading, CSV name).
+const COLUMNS: [(&str, &str); 13] = [
+    ("min", "minutes"),
+    ("requests", "requests"),
+    ("workers", "workers"),
+    ("RSS MiB", "rss_mib"),
+    ("anon MiB", "anon_mib"),
+    ("fds", "fds"),
+    ("threads", "threads"),
+    ("tasks", "tasks"),
+    ("index blocks", "index_blocks"),
+    ("index holdings", "index_holdings"),
+    ("index MiB", "index_mib"),
+    ("memo pages", "memo_pages"),
+    ("engine blocks", "engine_blocks"),
+];
+
+/// A sample's values, in [`COLUMNS`] order.
+fn values(s: &Sample) -> [String; 13] {
+    [
+        format!("{:.1}", s.secs / 60.0),
+        s.requests.to_string(),
+        s.workers.to_string(),
+        format!("{:.1}", s.rss_mib),
+        format!("{:.1}", s.anon_mib),
+        s.fds.to_string(),
+        s.threads.to_string(),
+        s.tasks.to_string(),
+        s.index_blocks.to_string(),
+        s.index_holdings.to_string(),
+        format!("{:.2}", s.index_mib),
+        s.memo_pages.to_string(),
+        s.engine_blocks.to_string(),
+    ]
+}
+
 fn print_header() {
-    println!(
-        "| min | requests | workers | RSS MiB | anon MiB | fds | threads | tasks | index blocks | index holdings | index MiB | memo pages | engine blocks |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| {} |", COLUMNS.map(|c| c.0).join(" | "));
+    println!("|{}", "---:|".repeat(COLUMNS.len()));
 }
 
 fn print_row(s: &Sample) {
-    println!(
-        "| {:.1} | {} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
-        s.secs / 60.0,
-        s.requests,
-        s.workers,
-        s.rss_mib,
-        s.anon_mib,
-        s.fds,
-        s.threads,
-        s.tasks,
-        s.index_blocks,
-        s.index_holdings,
-        s.index_mib,
-        s.memo_pages,
-        s.engine_blocks
-    );
+    println!("| {} |", values(s).join(" | "));
 }
 
 fn csv(samples: &[Sample]) -> String {
-    let mut out = String::from(
-        "secs,requests,workers,rss_mib,anon_mib,fds,threads,tasks,index_blocks,index_holdings,index_mib,memo_pages,engine_blocks\n",
-    );
+    let mut out = COLUMNS.map(|c| c.1).join(",") + "\n";
     for s in samples {
-        let _ = writeln!(
-            out,
-            "{:.0},{},{},{:.2},{:.2},{},{},{},{},{},{:.3},{},{}",
-            s.secs,
-            s.requests,
-            s.workers,
-            s.rss_mib,
-            s.anon_mib,
-            s.fds,
-            s.threads,
-            s.tasks,
-            s.index_blocks,
-            s.index_holdings,
-            s.index_mib,
-            s.memo_pages,
-            s.engine_blocks
-        );
+        out += &values(s).join(",");
+        out.push('\n');
     }
     out
 }
@@ -549,16 +551,6 @@ fn svg(title: &str, samples: &[Sample]) -> String {
     );
     s.push_str("</svg>\n");
     s
-}
-
-async fn wait_ready(http: &reqwest::Client, r: &RouterProc) -> Result<()> {
-    for _ in 0..300 {
-        if http.get(format!("{}/readiness", r.url)).send().await.is_ok_and(|x| x.status().is_success()) {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    bail!("router {} not ready after 30 s", r.name)
 }
 
 fn next(state: &mut u64) -> u64 {

@@ -417,17 +417,15 @@ impl Subscriber {
             // The first batch after the snapshot's seq follows on from it: the stream resumed.
             EventMetrics::inc(&self.metrics.snapshot_resumed);
         }
-        let restarted = std::mem::take(&mut self.restarted);
-        if std::mem::take(&mut self.fresh) {
-            // Batches 0..seq were published before this router could see them, and are gone.
-            if seq > 0 {
+        let (fresh, restarted) = (std::mem::take(&mut self.fresh), std::mem::take(&mut self.restarted));
+        // The stream's batches 0..seq are gone: published before this router subscribed (fresh),
+        // or by a restarted publisher before we saw it, and no replay gave them.
+        if fresh || (restarted && seq > 0) {
+            if fresh && seq > 0 {
                 info!(missed = seq, "kv events: joined late: the stream's first batches are no longer held");
+            } else if restarted {
+                warn!(missed = seq, "kv events: the restarted publisher's first batches are lost");
             }
-            self.metrics.history_missed_batches.fetch_add(seq, std::sync::atomic::Ordering::Relaxed);
-            self.metrics.set_history(&self.stream.key, crate::metrics::StreamHistory::Missed { batches: seq });
-        } else if restarted && seq > 0 {
-            // The new publisher's batches 0..seq went out before we saw it, and no replay gave them.
-            warn!(missed = seq, "kv events: the restarted publisher's first batches are lost");
             self.metrics.history_missed_batches.fetch_add(seq, std::sync::atomic::Ordering::Relaxed);
             self.metrics.set_history(&self.stream.key, crate::metrics::StreamHistory::Missed { batches: seq });
         }
