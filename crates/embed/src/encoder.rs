@@ -1,0 +1,190 @@
+//! A sentence-transformers model directory, loaded: its tokenizer (HF
+//! `tokenizer.json`, truncated at the model's `max_seq_length`, truncation
+//! counted) and its BERT encoder (with the `candle` feature). Owns the model;
+//! runs on whatever thread calls it (the pool's, see `pool`).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use tokenizers::Tokenizer;
+
+use crate::{EmbedError, Embedded};
+
+/// The longest input sentence-transformers feeds all-MiniLM-L6-v2 when the
+/// directory does not say (`sentence_bert_config.json`'s `max_seq_length`).
+pub const DEFAULT_MAX_SEQ_LENGTH: usize = 256;
+
+/// How many bytes of text per token the tokenizer is given at most: a text
+/// longer than `max_tokens` times this is cut before tokenizing (and counted truncated).
+pub const MAX_BYTES_PER_TOKEN: usize = 64;
+
+/// The longest prefix of `text` of at most `max` bytes that ends on a char boundary.
+fn prefix(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// A loaded model.
+#[derive(Debug)]
+pub struct Encoder {
+    tokenizer: Tokenizer,
+    max_tokens: usize,
+    dim: usize,
+    dir: PathBuf,
+    #[cfg(feature = "candle")]
+    bert: crate::bert::Bert,
+}
+
+/// A text as the model reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tokenized {
+    /// The ids fed to the model ([CLS] … [SEP]), at most `max_tokens`.
+    pub ids: Vec<u32>,
+    /// Tokens in the text the tokenizer read (before the cut to `max_tokens`).
+    pub tokens: usize,
+    /// Some of the text was not read: more than `max_tokens` tokens, or longer
+    /// than `max_tokens` × [`MAX_BYTES_PER_TOKEN`] bytes.
+    pub truncated: bool,
+}
+
+/// The sizes of `config.json` every build reads.
+#[derive(Deserialize)]
+struct Sizes {
+    hidden_size: usize,
+    max_position_embeddings: usize,
+}
+
+#[derive(Deserialize)]
+struct SentenceConfig {
+    max_seq_length: Option<usize>,
+}
+
+// === impl Encoder ===
+
+impl Encoder {
+    /// Loads `dir`: `config.json`, `model.safetensors`, `tokenizer.json` and,
+    /// if present, `sentence_bert_config.json`.
+    pub fn load(dir: &Path) -> Result<Encoder, EmbedError> {
+        let read = |name: &str| {
+            let path = dir.join(name);
+            std::fs::read(&path).map_err(|e| EmbedError::Load(format!("{}: {e}", path.display())))
+        };
+        let config_bytes = read("config.json")?;
+        let bad_config = |e: serde_json::Error| EmbedError::Load(format!("{}/config.json: {e}", dir.display()));
+        let config: Sizes = serde_json::from_slice(&config_bytes).map_err(bad_config)?;
+        let sentence: Option<SentenceConfig> =
+            std::fs::read(dir.join("sentence_bert_config.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        let max_tokens = sentence
+            .and_then(|s| s.max_seq_length)
+            .unwrap_or(DEFAULT_MAX_SEQ_LENGTH)
+            .min(config.max_position_embeddings)
+            .max(2);
+        let mut tokenizer = Tokenizer::from_bytes(read("tokenizer.json")?)
+            .map_err(|e| EmbedError::Load(format!("{}/tokenizer.json: {e}", dir.display())))?;
+        // The file's own padding and truncation (all-MiniLM-L6-v2's pads every input to 128
+        // and cuts there) are not sentence-transformers': it pads a batch to its longest and
+        // cuts at max_seq_length. We cut ourselves, to count it.
+        tokenizer.with_padding(None);
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| EmbedError::Load(format!("{}/tokenizer.json: {e}", dir.display())))?;
+        #[cfg(feature = "candle")]
+        let bert = {
+            let device = candle_core::Device::Cpu;
+            let vb = candle_nn::VarBuilder::from_buffered_safetensors(
+                read("model.safetensors")?,
+                candle_core::DType::F32,
+                &device,
+            )
+            .map_err(|e| EmbedError::Load(format!("{}/model.safetensors: {e}", dir.display())))?;
+            let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") { vb.pp("bert") } else { vb };
+            let bert_config: crate::bert::BertConfig = serde_json::from_slice(&config_bytes).map_err(bad_config)?;
+            crate::bert::Bert::load(vb, &bert_config)
+                .map_err(|e| EmbedError::Load(format!("{}/model.safetensors: {e}", dir.display())))?
+        };
+        #[cfg(not(feature = "candle"))]
+        if !dir.join("model.safetensors").is_file() {
+            return Err(EmbedError::Load(format!("{}/model.safetensors: not found", dir.display())));
+        }
+        Ok(Encoder {
+            tokenizer,
+            max_tokens,
+            dim: config.hidden_size,
+            dir: dir.to_owned(),
+            #[cfg(feature = "candle")]
+            bert,
+        })
+    }
+
+    /// The vector length.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// The longest input in tokens ([CLS] and [SEP] included); longer ones are cut.
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
+    /// Where it was loaded from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `text` as the model sees it: its token ids cut to
+    /// [`max_tokens`](Self::max_tokens) (keeping the final [SEP]).
+    pub fn tokenize(&self, text: &str) -> Result<Tokenized, EmbedError> {
+        // Whatever the length of the text, the model reads `max_tokens` of it: the tokenizer
+        // reads a bounded prefix (a word piece is rarely longer than 16 bytes).
+        let read = prefix(text, self.max_tokens * MAX_BYTES_PER_TOKEN);
+        let encoding = self.tokenizer.encode(read, true).map_err(|e| EmbedError::Tokenize(e.to_string()))?;
+        let ids = encoding.get_ids();
+        let tokens = ids.len();
+        let truncated = tokens > self.max_tokens || read.len() < text.len();
+        let ids = if tokens > self.max_tokens {
+            let mut cut = ids[..self.max_tokens - 1].to_vec();
+            cut.push(ids[tokens - 1]);
+            cut
+        } else {
+            ids.to_vec()
+        };
+        Ok(Tokenized { ids, tokens, truncated })
+    }
+
+    /// One embedding per text, computed together (padded to the longest).
+    pub fn embed_batch(&self, texts: &[&str]) -> Result<Vec<Embedded>, EmbedError> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let tokenized = texts.iter().map(|t| self.tokenize(t)).collect::<Result<Vec<_>, _>>()?;
+        let vectors = self.run(&tokenized)?;
+        Ok(tokenized
+            .iter()
+            .zip(vectors)
+            .map(|(t, v)| Embedded { vector: v.into(), tokens: t.tokens, truncated: t.truncated })
+            .collect())
+    }
+
+    #[cfg(feature = "candle")]
+    fn run(&self, tokenized: &[Tokenized]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let width = tokenized.iter().map(|t| t.ids.len()).max().unwrap_or(0);
+        let lens: Vec<usize> = tokenized.iter().map(|t| t.ids.len()).collect();
+        let mut flat = Vec::with_capacity(width * tokenized.len());
+        for t in tokenized {
+            flat.extend_from_slice(&t.ids);
+            flat.resize(flat.len() + width - t.ids.len(), 0);
+        }
+        self.bert.embed(&flat, &lens, width).map_err(|e| EmbedError::Model(e.to_string()))
+    }
+
+    #[cfg(not(feature = "candle"))]
+    fn run(&self, _tokenized: &[Tokenized]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        Err(EmbedError::NotBuilt)
+    }
+}

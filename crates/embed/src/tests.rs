@@ -1,0 +1,203 @@
+//! The encoder and pool on a tiny randomly initialised BERT (written here:
+//! config, WordPiece tokenizer, safetensors), and, when
+//! `SGL_ROUTER_EMBED_MODEL` names the real all-MiniLM-L6-v2 directory, the
+//! real model against the independent numpy reference
+//! (`tools/embed_eval/reference.py`, `tests/fixtures/embed/minilm_reference.json`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokenizers::models::wordpiece::WordPiece;
+use tokenizers::normalizers::BertNormalizer;
+use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
+use tokenizers::processors::bert::BertProcessing;
+
+use super::*;
+
+const WORDS: &[&str] = &[
+    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "integral", "of",
+    "x", "##s", ".", ",", "?", "how", "do", "i", "solve", "this",
+];
+const HIDDEN: usize = 16;
+const MAX_POSITIONS: usize = 12;
+
+/// A fresh directory holding a tiny model (`max_seq_length` 8).
+pub(crate) fn tiny_model(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("embed-tiny-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = serde_json::json!({
+        "vocab_size": WORDS.len(), "hidden_size": HIDDEN, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 32, "max_position_embeddings": MAX_POSITIONS, "type_vocab_size": 2,
+        "layer_norm_eps": 1e-12, "hidden_act": "gelu", "position_embedding_type": "absolute", "model_type": "bert"
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    std::fs::write(dir.join("sentence_bert_config.json"), r#"{"max_seq_length": 8, "do_lower_case": false}"#).unwrap();
+    let vocab: ahash::AHashMap<String, u32> =
+        WORDS.iter().enumerate().map(|(i, w)| (w.to_string(), i as u32)).collect();
+    let model = WordPiece::builder().vocab(vocab).unk_token("[UNK]".into()).build().unwrap();
+    let mut tokenizer = tokenizers::Tokenizer::new(model);
+    tokenizer.with_normalizer(Some(BertNormalizer::new(true, true, None, true)));
+    tokenizer.with_pre_tokenizer(Some(BertPreTokenizer));
+    tokenizer.with_post_processor(Some(BertProcessing::new(("[SEP]".into(), 3), ("[CLS]".into(), 2))));
+    tokenizer.save(dir.join("tokenizer.json"), false).unwrap();
+    write_weights(&dir);
+    dir
+}
+
+#[cfg(feature = "candle")]
+fn write_weights(dir: &Path) {
+    use candle_core::{DType, Device};
+    let varmap = candle_nn::VarMap::new();
+    let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let config: crate::bert::BertConfig =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    crate::bert::Bert::load(vb, &config).unwrap();
+    varmap.save(dir.join("model.safetensors")).unwrap();
+}
+
+#[cfg(not(feature = "candle"))]
+fn write_weights(dir: &Path) {
+    // Without the model runtime the weights are never read, only looked for.
+    std::fs::write(dir.join("model.safetensors"), b"").unwrap();
+}
+
+#[test]
+fn tokenizing_cuts_at_max_seq_length_keeps_sep_and_counts_it() {
+    let e = Encoder::load(&tiny_model("tok")).unwrap();
+    assert_eq!((e.dim(), e.max_tokens()), (HIDDEN, 8));
+    let short = e.tokenize("The cat sat.").unwrap();
+    assert_eq!(short, Tokenized { ids: vec![2, 4, 5, 6, 17, 3], tokens: 6, truncated: false });
+    let long = e.tokenize("the cat sat on the mat , the dog ran far").unwrap();
+    assert_eq!(long.ids, [2, 4, 5, 6, 7, 4, 8, 3], "cut to 8 keeping the final [SEP]");
+    assert_eq!((long.tokens, long.truncated), (13, true));
+    // A huge text is read only up to max_tokens × MAX_BYTES_PER_TOKEN bytes, and says so.
+    let huge = "cat ".repeat(100_000);
+    let t = e.tokenize(&huge).unwrap();
+    assert!(t.truncated && t.ids.len() == 8 && t.tokens <= 8 * MAX_BYTES_PER_TOKEN, "{}", t.tokens);
+    // A cut inside a multi-byte character is moved back to its start.
+    let accented = "é".repeat(8 * MAX_BYTES_PER_TOKEN);
+    assert!(e.tokenize(&accented).unwrap().truncated);
+}
+
+#[test]
+fn loading_reports_what_is_missing() {
+    let dir = tiny_model("missing");
+    std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
+    let err = Encoder::load(&dir).unwrap_err();
+    assert!(matches!(&err, EmbedError::Load(m) if m.contains("tokenizer.json")), "{err}");
+    let err = Encoder::load(Path::new("/nonexistent/model")).unwrap_err();
+    assert!(matches!(&err, EmbedError::Load(m) if m.contains("config.json")), "{err}");
+}
+
+#[cfg(not(feature = "candle"))]
+#[tokio::test]
+async fn without_the_model_runtime_every_embedding_is_an_error() {
+    let pool = EmbedPool::new(Arc::new(Encoder::load(&tiny_model("nobuild")).unwrap()), PoolConfig::default()).unwrap();
+    assert_eq!(pool.embed("the cat").await, Err(EmbedError::NotBuilt));
+    assert_eq!(pool.stats().errors.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(pool.cached(), 0, "failures are not cached");
+}
+
+#[cfg(feature = "candle")]
+mod with_model {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn cosine(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+
+    #[test]
+    fn embeddings_are_unit_length_deterministic_and_independent_of_the_batch() {
+        let e = Encoder::load(&tiny_model("unit")).unwrap();
+        let alone = e.embed_batch(&["the cat sat"]).unwrap();
+        let batch = e.embed_batch(&["the cat sat", "a dog ran far on the mat", ""]).unwrap();
+        let v = &alone[0].vector;
+        assert_eq!(v.len(), HIDDEN);
+        assert!((cosine(v, v) - 1.0).abs() < 1e-5);
+        // Padding to the batch's longest changes nothing (the mask hides it).
+        for (a, b) in v.iter().zip(batch[0].vector.iter()) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+        assert_eq!(e.embed_batch(&["the cat sat"]).unwrap(), alone);
+        assert!(cosine(v, &batch[1].vector) < 0.9999, "different texts, different vectors");
+        assert_eq!(batch[2].tokens, 2, "an empty text is [CLS] [SEP]");
+    }
+
+    #[tokio::test]
+    async fn the_pool_caches_by_text_and_counts() {
+        let encoder = Arc::new(Encoder::load(&tiny_model("pool")).unwrap());
+        let pool = EmbedPool::new(encoder.clone(), PoolConfig::default()).unwrap();
+        let first = pool.embed("the cat sat").await.unwrap();
+        assert!(!first.cached);
+        assert_eq!(first.embedded, encoder.embed_batch(&["the cat sat"]).unwrap()[0]);
+        let again = pool.embed("the cat sat").await.unwrap();
+        assert!(again.cached && again.embedded == first.embedded);
+        let long = pool.embed("the cat sat on the mat , the dog ran far").await.unwrap();
+        assert!(long.embedded.truncated);
+        let s = pool.stats();
+        let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        assert_eq!((n(&s.requests), n(&s.cache_hits), n(&s.computed), n(&s.truncated)), (3, 1, 2, 1));
+        assert_eq!(pool.cached(), 2);
+        assert_eq!(pool.embed_now(&["the cat sat", "a dog"]).unwrap()[0], first.embedded, "through the cache");
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_at_once_and_a_slow_answer_times_out() {
+        let encoder = Arc::new(Encoder::load(&tiny_model("busy")).unwrap());
+        let config = PoolConfig { queue: 1, batch: 1, cache_entries: 0, timeout: Duration::from_secs(30), threads: 1 };
+        let pool = EmbedPool::new(encoder.clone(), config).unwrap();
+        // Many at once into a queue of one: some are refused, none waits for long, the rest are answered.
+        let texts: Vec<String> = (0..64).map(|i| format!("the cat {}", "sat ".repeat(i % 5))).collect();
+        let all = futures_util::future::join_all(texts.iter().map(|t| pool.embed(t))).await;
+        let busy = all.iter().filter(|r| matches!(r, Err(EmbedError::Busy(1)))).count();
+        let ok = all.iter().filter(|r| r.is_ok()).count();
+        assert!(busy > 0 && ok > 0 && busy + ok == 64, "busy {busy}, ok {ok}");
+        assert_eq!(pool.stats().busy.load(Ordering::Relaxed), busy as u64);
+        // A burst with a timeout of 1 ms: the callers behind give up, counted; the pool goes on.
+        let hasty =
+            EmbedPool::new(encoder, PoolConfig { timeout: Duration::from_millis(1), queue: 256, ..config }).unwrap();
+        let texts: Vec<String> = (0..256).map(|i| format!("the dog {}", "ran far ".repeat(i % 3))).collect();
+        let all = futures_util::future::join_all(texts.iter().map(|t| hasty.embed(t))).await;
+        let late = all.iter().filter(|r| matches!(r, Err(EmbedError::Timeout(1)))).count();
+        assert!(late > 0 && all.iter().all(|r| r.is_ok() || r == &Err(EmbedError::Timeout(1))), "{late}");
+        assert_eq!(hasty.stats().timeouts.load(Ordering::Relaxed), late as u64);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(hasty.waiting(), 0, "the abandoned jobs were skipped or finished");
+    }
+
+    /// The real model against the numpy reference, when its directory is given.
+    #[test]
+    fn the_real_model_equals_the_independent_reference() {
+        let Some(dir) = std::env::var_os("SGL_ROUTER_EMBED_MODEL") else {
+            eprintln!("SGL_ROUTER_EMBED_MODEL unset: the real-model comparison is skipped");
+            return;
+        };
+        let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/embed/minilm_reference.json");
+        let reference: serde_json::Value = serde_json::from_slice(&std::fs::read(fixture).unwrap()).unwrap();
+        let e = Encoder::load(Path::new(&dir)).unwrap();
+        assert_eq!(e.max_tokens(), reference["max_seq_length"].as_u64().unwrap() as usize);
+        let cases = reference["cases"].as_array().unwrap();
+        let texts: Vec<&str> = cases.iter().map(|c| c["text"].as_str().unwrap()).collect();
+        let got = e.embed_batch(&texts).unwrap();
+        let mut worst = 0f32;
+        for (case, g) in cases.iter().zip(&got) {
+            let ids: Vec<u32> = case["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+            let t = e.tokenize(case["text"].as_str().unwrap()).unwrap();
+            assert_eq!(t.ids, ids, "{}", case["text"]);
+            assert_eq!(g.truncated, case["truncated"].as_bool().unwrap(), "{}", case["text"]);
+            assert_eq!(g.tokens as u64, case["tokens_untruncated"].as_u64().unwrap(), "{}", case["text"]);
+            let want: Vec<f32> =
+                case["embedding"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+            for (a, b) in g.vector.iter().zip(&want) {
+                worst = worst.max((a - b).abs());
+            }
+            assert!(cosine(&g.vector, &want) > 0.99999, "{}", case["text"]);
+        }
+        eprintln!("{} texts, largest difference from the reference {worst:e}", cases.len());
+        assert!(worst < 1e-5, "{worst}");
+    }
+}
