@@ -17,6 +17,7 @@
 mod bert;
 mod encoder;
 mod pool;
+pub mod testing;
 
 use std::sync::Arc;
 

@@ -1,66 +1,15 @@
-//! The encoder and pool on a tiny randomly initialised BERT (written here:
-//! config, WordPiece tokenizer, safetensors), and, when
+//! The encoder and pool on a tiny randomly initialised BERT
+//! ([`crate::testing::tiny_model`]), and, when
 //! `SGL_ROUTER_EMBED_MODEL` names the real all-MiniLM-L6-v2 directory, the
 //! real model against the independent numpy reference
 //! (`tools/embed_eval/reference.py`, `tests/fixtures/embed/minilm_reference.json`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-
-use tokenizers::models::wordpiece::WordPiece;
-use tokenizers::normalizers::BertNormalizer;
-use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
-use tokenizers::processors::bert::BertProcessing;
 
 use super::*;
 
-const WORDS: &[&str] = &[
-    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "integral", "of",
-    "x", "##s", ".", ",", "?", "how", "do", "i", "solve", "this",
-];
-const HIDDEN: usize = 16;
-const MAX_POSITIONS: usize = 12;
-
-/// A fresh directory holding a tiny model (`max_seq_length` 8).
-pub(crate) fn tiny_model(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("embed-tiny-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = serde_json::json!({
-        "vocab_size": WORDS.len(), "hidden_size": HIDDEN, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "intermediate_size": 32, "max_position_embeddings": MAX_POSITIONS, "type_vocab_size": 2,
-        "layer_norm_eps": 1e-12, "hidden_act": "gelu", "position_embedding_type": "absolute", "model_type": "bert"
-    });
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    std::fs::write(dir.join("sentence_bert_config.json"), r#"{"max_seq_length": 8, "do_lower_case": false}"#).unwrap();
-    let vocab: ahash::AHashMap<String, u32> =
-        WORDS.iter().enumerate().map(|(i, w)| (w.to_string(), i as u32)).collect();
-    let model = WordPiece::builder().vocab(vocab).unk_token("[UNK]".into()).build().unwrap();
-    let mut tokenizer = tokenizers::Tokenizer::new(model);
-    tokenizer.with_normalizer(Some(BertNormalizer::new(true, true, None, true)));
-    tokenizer.with_pre_tokenizer(Some(BertPreTokenizer));
-    tokenizer.with_post_processor(Some(BertProcessing::new(("[SEP]".into(), 3), ("[CLS]".into(), 2))));
-    tokenizer.save(dir.join("tokenizer.json"), false).unwrap();
-    write_weights(&dir);
-    dir
-}
-
-#[cfg(feature = "candle")]
-fn write_weights(dir: &Path) {
-    use candle_core::{DType, Device};
-    let varmap = candle_nn::VarMap::new();
-    let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-    let config: crate::bert::BertConfig =
-        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
-    crate::bert::Bert::load(vb, &config).unwrap();
-    varmap.save(dir.join("model.safetensors")).unwrap();
-}
-
-#[cfg(not(feature = "candle"))]
-fn write_weights(dir: &Path) {
-    // Without the model runtime the weights are never read, only looked for.
-    std::fs::write(dir.join("model.safetensors"), b"").unwrap();
-}
+use crate::testing::{HIDDEN, tiny_model};
 
 #[test]
 fn tokenizing_cuts_at_max_seq_length_keeps_sep_and_counts_it() {

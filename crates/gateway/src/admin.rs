@@ -45,13 +45,15 @@ pub(crate) async fn route_preview(
     let key = crate::proxy::Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
     let bytes = read_body(&gw, body).await?;
     let (signal_headers, session) = routing_headers(&gw, &headers);
+    let embeddings = crate::pools::pre_embed(&gw, route, &bytes).await?;
     let (gw2, len) = (gw.clone(), bytes.len());
     let out = crate::admission::render(&gw, len, move || {
         let mut v = crate::proxy::parse_json(&bytes)?;
         let mut preview = crate::pools::Preview::default();
         let routed = match gw2.routing() {
             Some(routing) => {
-                let ask = crate::pools::Asked { debug: true, headers: &signal_headers, session: session.as_deref() };
+                let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
+                let ask = crate::pools::Asked { debug: true, headers, session, embeddings };
                 crate::pools::route(&gw2, &routing, route, &mut v, &ask, Some(&mut preview))
             }
             None => Ok(crate::pools::Routed::default_pool()),
@@ -160,12 +162,14 @@ pub(crate) async fn debug_route(
     // Rendered like a request: a large body off the serving thread; with a routing config, in
     // the pool the request would get (nothing counted, remembered or learned).
     let (signal_headers, session) = routing_headers(&gw, &headers);
+    let embeddings = crate::pools::pre_embed(&gw, route, &bytes).await?;
     let (gw2, len, key) = (gw.clone(), bytes.len(), key);
     let plan = crate::admission::render(&gw, len, move || {
         let mut v = parse_body(&gw2, route, &bytes)?;
         let (pool, rendered) = match (gw2.routing(), v.as_mut()) {
             (Some(routing), Some(v)) => {
-                let ask = crate::pools::Asked { debug: false, headers: &signal_headers, session: session.as_deref() };
+                let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
+                let ask = crate::pools::Asked { debug: false, headers, session, embeddings };
                 let mut preview = crate::pools::Preview::default();
                 let routed = crate::pools::route(&gw2, &routing, route, v, &ask, Some(&mut preview))?;
                 (routed.pool, routed.prompt)
@@ -321,6 +325,9 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
             "router_model_signal_seconds",
             "Time computing signals and choosing the decision, per auto-routed request.",
         );
+        if let Some(pool) = slot.embedder() {
+            crate::pools::render_embedding(pool, &mut out);
+        }
     }
     let (hashed, reused) = gw
         .pools

@@ -360,14 +360,16 @@ impl Gateway {
 
     /// The same gateway serving `pools` (the selector's, in its order), each
     /// request's pool chosen by `routing`, read from `source` (reloads read it again).
+    /// Embedding signals are computed by `embedder`.
     pub fn with_routing(
         mut self,
         pools: Vec<pools::Pool>,
         routing: pools::Routing,
         source: Option<std::path::PathBuf>,
+        embedder: Option<embed::EmbedPool>,
     ) -> Self {
         self.pools = pools.into_iter().map(Arc::new).collect();
-        self.routing = Some(pools::RoutingSlot::new(routing, source));
+        self.routing = Some(pools::RoutingSlot::new(routing, source, embedder));
         self
     }
 

@@ -649,12 +649,15 @@ where
     let id = meta.id.as_str();
     let (gw2, body, key) = (gw.clone(), bytes.clone(), meta.routing_key.clone());
     let (debug, signal_headers, session) = (meta.route_debug, meta.signal_headers.clone(), meta.session.clone());
+    // The vectors embedding signals read, on the embedding pool's threads (none without such signals).
+    let embeddings = crate::pools::pre_embed(gw, route, &bytes).await?;
     let (mut v, plan, routed, bytes) = crate::admission::render(gw, bytes.len(), move || {
         let mut v = parse_body(&gw2, route, &body)?;
         // With a routing config: the pool (the body names its model, the plugins may change it).
         let mut routed = match (gw2.routing(), v.as_mut()) {
             (Some(routing), Some(v)) => {
-                let ask = crate::pools::Asked { debug, headers: &signal_headers, session: session.as_deref() };
+                let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
+                let ask = crate::pools::Asked { debug, headers, session, embeddings };
                 Some(crate::pools::route(&gw2, &routing, route, v, &ask, None)?)
             }
             _ => None,

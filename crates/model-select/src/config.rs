@@ -9,10 +9,15 @@ use serde::Deserialize;
 
 mod load;
 mod pools;
+mod semantic;
 mod validate;
 
 pub use load::{Problem, parse_yaml};
 pub use pools::{DEFAULT_PREFILL_TOKENS_PER_S, HeaderMutation, PluginConfig, PoolConfig, Price, SystemPromptMode};
+pub(crate) use semantic::uses_embeddings;
+pub use semantic::{
+    Aggregation, ComplexityRule, DomainConfig, DomainLabel, DomainMethod, EmbeddingRule, JailbreakRule, ReaskRule,
+};
 pub use validate::{ALGORITHMS, RESERVED_DECISIONS, validate};
 
 /// A routing config file (version 1). Unknown keys are errors.
@@ -73,6 +78,21 @@ pub struct SignalsConfig {
     /// Live pool-load rules (in flight, estimated TTFT).
     #[serde(default)]
     pub load: Vec<LoadRule>,
+    /// Similarity of the last user turn to candidate phrases (embedding model).
+    #[serde(default)]
+    pub embedding: Vec<EmbeddingRule>,
+    /// The domain classifier over labelled examples (embedding model).
+    #[serde(default)]
+    pub domain: Option<DomainConfig>,
+    /// Malicious against benign examples (embedding model).
+    #[serde(default)]
+    pub jailbreak: Vec<JailbreakRule>,
+    /// Hard against easy examples (embedding model).
+    #[serde(default)]
+    pub complexity: Vec<ComplexityRule>,
+    /// The last user turn repeats the previous one (embedding model).
+    #[serde(default)]
+    pub reask: Vec<ReaskRule>,
 }
 
 /// A conversation-shape rule: matched when every condition it sets holds.
@@ -379,6 +399,20 @@ pub enum SignalKind {
     Header,
     /// `signals.load`.
     Load,
+    /// `signals.embedding`.
+    Embedding,
+    /// `signals.domain`'s labels and its fallback.
+    Domain,
+    /// `signals.jailbreak`.
+    Jailbreak,
+    /// `signals.complexity`.
+    Complexity,
+    /// `signals.reask`.
+    Reask,
+    /// `{type: failed, name: "jailbreak:x"}`: that signal could not be
+    /// computed (the embedding pool was full, say); lets a decision fail
+    /// closed or open.
+    Failed,
 }
 
 /// A signal named by type and name, e.g. `keyword:math`.
@@ -527,6 +561,12 @@ impl SignalKind {
             SignalKind::Conversation => "conversation",
             SignalKind::Header => "header",
             SignalKind::Load => "load",
+            SignalKind::Embedding => "embedding",
+            SignalKind::Domain => "domain",
+            SignalKind::Jailbreak => "jailbreak",
+            SignalKind::Complexity => "complexity",
+            SignalKind::Reask => "reask",
+            SignalKind::Failed => "failed",
         }
     }
 }
@@ -555,6 +595,16 @@ impl SignalRef {
     /// A reference to signal `name` of type `kind`.
     pub fn new(kind: SignalKind, name: impl Into<String>) -> Self {
         SignalRef { kind, name: name.into() }
+    }
+
+    /// For a `failed` leaf, the signal it watches (`name` is `type:name`).
+    pub fn watched(&self) -> Option<SignalRef> {
+        if self.kind != SignalKind::Failed {
+            return None;
+        }
+        let (kind, name) = self.name.split_once(':')?;
+        let kind: SignalKind = serde_json::from_value(serde_json::Value::String(kind.to_owned())).ok()?;
+        (kind != SignalKind::Failed).then(|| SignalRef::new(kind, name))
     }
 }
 

@@ -135,7 +135,7 @@ pub fn needed_signals(decisions: &[DecisionConfig], strategy: Strategy) -> HashS
                 Ordering::Equal => strategy == Strategy::Priority && c.priority > d.priority,
             })
         })
-        .flat_map(|d| d.signal_refs().into_iter().cloned())
+        .flat_map(|d| d.signal_refs().into_iter().flat_map(|s| [Some(s.clone()), s.watched()]).flatten())
         .collect()
 }
 
@@ -159,6 +159,9 @@ fn evaluate_leaf(c: &SignalCondition, signals: &SignalResults) -> RuleOutcome {
         let why = if signals.is_not_computed(&c.signal) { "not computed" } else { "not evaluated" };
         return fail(format!("{} ({why})", c.signal));
     };
+    if let Some(error) = signals.error(&c.signal) {
+        return fail(format!("{} (error: {error})", c.signal));
+    }
     if !result.matched {
         return fail(c.signal.to_string());
     }

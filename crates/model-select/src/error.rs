@@ -103,6 +103,14 @@ pub enum ConfigError {
         /// What is wrong.
         reason: String,
     },
+    /// Embedding signals without an embedding model.
+    #[error(
+        "embedding, domain, jailbreak, complexity and reask signals need the embedding model (--embedding-model-path)"
+    )]
+    NoEmbeddingModel,
+    /// The embedding model failed on the config's examples.
+    #[error("embedding the signals' examples failed: {0}")]
+    Embedding(String),
     /// A decision's condition names a signal that is not defined.
     #[error("decision `{decision}` refers to undefined signal {signal}")]
     UnknownSignal {
@@ -185,6 +193,8 @@ impl ConfigError {
             ConfigError::BadRule { .. } => "bad_rule",
             ConfigError::BadConfidence { .. } => "bad_confidence",
             ConfigError::UnknownSignal { .. } => "unknown_signal",
+            ConfigError::NoEmbeddingModel => "no_embedding_model",
+            ConfigError::Embedding(_) => "embedding_failed",
             ConfigError::NotArity { .. } => "not_arity",
             ConfigError::EmptyConditions { .. } => "empty_conditions",
             ConfigError::MultipleCatchAll { .. } => "multiple_catch_all",
@@ -222,6 +232,7 @@ impl ConfigError {
             E::MultipleCatchAll { second, .. } => ("decisions", Some(second)),
             E::Pool { pool, .. } => ("pools", Some(pool)),
             E::TopLevel { key, .. } => (key, None),
+            E::NoEmbeddingModel | E::Embedding(_) => ("signals", None),
         }
     }
 }

@@ -23,19 +23,26 @@ mod language;
 mod pii;
 mod request;
 mod selector;
+mod semantic;
 mod signals;
 
 pub use algorithm::{Algorithm, Candidate, MultiFactor, OnNoCandidates, Scales, Scored, Slo, Weights};
 pub use config::{
-    ALGORITHMS, AlgorithmConfig, Bounds, Config, ContextRule, ConversationRule, DEFAULT_PREFILL_TOKENS_PER_S,
-    DecisionConfig, HeaderMutation, HeaderRule, KeywordOperator, KeywordRule, LanguageRule, LoadRule, PiiRule,
-    PluginConfig, PoolConfig, Price, Problem, RESERVED_DECISIONS, RegexRule, RuleNode, RuleOperator, SignalCondition,
-    SignalKind, SignalRef, SignalsConfig, Stickiness, Strategy, SystemPromptMode, parse_yaml, validate,
+    ALGORITHMS, Aggregation, AlgorithmConfig, Bounds, ComplexityRule, Config, ContextRule, ConversationRule,
+    DEFAULT_PREFILL_TOKENS_PER_S, DecisionConfig, DomainConfig, DomainLabel, DomainMethod, EmbeddingRule,
+    HeaderMutation, HeaderRule, JailbreakRule, KeywordOperator, KeywordRule, LanguageRule, LoadRule, PiiRule,
+    PluginConfig, PoolConfig, Price, Problem, RESERVED_DECISIONS, ReaskRule, RegexRule, RuleNode, RuleOperator,
+    SignalCondition, SignalKind, SignalRef, SignalsConfig, Stickiness, Strategy, SystemPromptMode, parse_yaml,
+    validate,
 };
 pub use decision::{DecisionTrace, RuleOutcome, Selection, evaluate_rule, needed_signals, select};
 pub use error::ConfigError;
 pub use language::{Detected, detect as detect_language, normalize as language_code};
 pub use pii::{PiiDetector, PiiFinding, PiiType};
-pub use request::{Redactions, redact, set_system_prompt, shape, signal_text};
+pub use request::{Redactions, redact, set_system_prompt, shape, signal_text, user_turns};
 pub use selector::{Choice, NO_DECISION, Selector, Target, first_eligible, redact_types};
+pub use semantic::{
+    DomainClassifier, DomainOutcome, Embedder, EmbeddingNeeds, RequestEmbeddings, Vector, centroid, contrastive_score,
+    cosine, nearest_mean,
+};
 pub use signals::{PoolState, Shape, SignalInput, SignalResult, SignalResults, Signals};

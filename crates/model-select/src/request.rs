@@ -33,6 +33,31 @@ pub fn signal_text(body: &Value) -> String {
     out
 }
 
+/// Each user turn's text, in order (a chat's user messages; a completion's
+/// prompt as one turn): what the embedding signals read (the last turn, the
+/// one before it, all of them).
+pub fn user_turns(body: &Value) -> Vec<String> {
+    let mut turns = Vec::new();
+    let mut collect = |content: Option<&Value>| {
+        let mut text = String::new();
+        each_text(content, &mut |s: &str| {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(s);
+        });
+        turns.push(text);
+    };
+    if let Some(messages) = body.get("messages").and_then(Value::as_array) {
+        for m in messages.iter().filter(|m| m.get("role").and_then(Value::as_str) == Some("user")) {
+            collect(m.get("content"));
+        }
+    } else {
+        collect(body.get("prompt").or_else(|| body.get("text")));
+    }
+    turns
+}
+
 /// The shape of a chat body (all zero for a completion): user turns, tools
 /// offered, a tool's result last, an image anywhere (`image_url`, `image`,
 /// `input_image` parts).
@@ -202,6 +227,9 @@ mod tests {
         assert_eq!(signal_text(&json!({"prompt": ["a", "b"]})), "a\nb");
         assert_eq!(signal_text(&json!({"text": "native"})), "native");
         assert_eq!(signal_text(&json!({"input_ids": [1, 2]})), "");
+        assert_eq!(user_turns(&chat), ["first", "second"]);
+        assert_eq!(user_turns(&json!({"prompt": ["a", "b"]})), ["a\nb"]);
+        assert_eq!(user_turns(&json!({"messages": []})), Vec::<String>::new());
     }
 
     #[test]

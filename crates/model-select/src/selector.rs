@@ -11,6 +11,7 @@ use crate::config::{Config, DecisionConfig, PluginConfig, SignalKind, SignalRef,
 use crate::decision::{DecisionTrace, needed_signals, select};
 use crate::error::ConfigError;
 use crate::pii::{PiiDetector, PiiType};
+use crate::semantic::{Embedder, EmbeddingNeeds};
 use crate::signals::{SignalInput, SignalResults, Signals};
 
 /// The label of the outcome when no decision matched (no catch-all): the default pool serves it.
@@ -44,6 +45,7 @@ struct Needs {
     text: bool,
     shape: bool,
     load: bool,
+    embeddings: EmbeddingNeeds,
 }
 
 /// What a request's `model` names.
@@ -77,10 +79,16 @@ pub struct Choice<'s> {
 // === impl Selector ===
 
 impl Selector {
-    /// Validates and compiles `config`; `Err` holds every problem.
+    /// Validates and compiles `config` (without embedding signals); `Err` holds every problem.
     pub fn new(config: Config) -> Result<Self, Vec<ConfigError>> {
+        Selector::with_embedder(config, None)
+    }
+
+    /// Validates and compiles `config`, embedding the examples of its
+    /// embedding signals with `embedder`; `Err` holds every problem.
+    pub fn with_embedder(config: Config, embedder: Option<&dyn Embedder>) -> Result<Self, Vec<ConfigError>> {
         validate(&config)?;
-        let signals = Signals::compile(&config.signals).map_err(|e| vec![e])?;
+        let signals = Signals::compile(&config.signals, embedder).map_err(|e| vec![e])?;
         let needed = needed_signals(&config.decisions, config.strategy);
         let mut models = HashMap::new();
         for (i, p) in config.pools.iter().enumerate() {
@@ -127,6 +135,7 @@ impl Selector {
             text: reads(&[K::Keyword, K::Regex, K::Pii, K::Language]),
             shape: reads(&[K::Conversation]),
             load: reads(&[K::Load]),
+            embeddings: signals.embedding_needs(&needed),
         };
         let detector = PiiDetector::new();
         Ok(Selector {
@@ -181,6 +190,12 @@ impl Selector {
     /// Whether a reachable decision reads the pools' live load.
     pub fn needs_load(&self) -> bool {
         self.needs.load
+    }
+
+    /// Which of the request's embeddings the reachable decisions read (the
+    /// caller computes those, off the serving threads, before [`decide`](Self::decide)).
+    pub fn embedding_needs(&self) -> EmbeddingNeeds {
+        self.needs.embeddings
     }
 
     /// The request headers reachable header rules read (lowercase names).

@@ -1,7 +1,8 @@
 //! Rule signals: compiled once from the config's `signals` section, then
 //! evaluated per request on its text and exact token count. Only the signals
 //! asked for are computed. Owns matching (keywords, regex, PII, context);
-//! does not decide anything (that is `decision`); languages come from `language`.
+//! does not decide anything (that is `decision`); languages come from
+//! `language`, the embedding signals from `semantic`.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -13,6 +14,7 @@ use crate::config::{
 };
 use crate::error::ConfigError;
 use crate::pii::{PiiDetector, PiiFinding, PiiType};
+use crate::semantic::{Embedder, EmbeddingNeeds, RequestEmbeddings, Semantic};
 
 /// Upper bound on one compiled pattern (the regex crate's own default is 10 MiB).
 const PATTERN_SIZE_LIMIT: usize = 10 * (1 << 20);
@@ -29,6 +31,7 @@ pub struct Signals {
     headers: Vec<(SignalRef, HeaderRule)>,
     load: Vec<(SignalRef, LoadRule)>,
     detector: Option<PiiDetector>,
+    semantic: Semantic,
 }
 
 /// What a request offers the signals.
@@ -44,6 +47,8 @@ pub struct SignalInput<'a> {
     pub headers: &'a [(String, String)],
     /// Every pool's live state, for load rules.
     pub pools: &'a [PoolState<'a>],
+    /// The request's vectors, for embedding signals.
+    pub embeddings: Option<&'a RequestEmbeddings>,
 }
 
 /// The shape of a chat: turns, tools, an agent loop, images.
@@ -95,6 +100,7 @@ pub struct SignalResult {
 pub struct SignalResults {
     results: BTreeMap<SignalRef, SignalResult>,
     not_computed: BTreeSet<SignalRef>,
+    errors: BTreeMap<SignalRef, String>,
     pii_findings: Vec<PiiFinding>,
 }
 
@@ -112,8 +118,9 @@ struct KeywordSignal {
 
 impl Signals {
     /// Compiles every rule; the first problem is the error (run
-    /// [`validate`](crate::validate) first to see all of them).
-    pub fn compile(config: &SignalsConfig) -> Result<Signals, ConfigError> {
+    /// [`validate`](crate::validate) first to see all of them). Embedding
+    /// signals need `embedder` (their examples are embedded here).
+    pub fn compile(config: &SignalsConfig, embedder: Option<&dyn Embedder>) -> Result<Signals, ConfigError> {
         let keywords = config
             .keywords
             .iter()
@@ -172,7 +179,8 @@ impl Signals {
             })
             .collect();
         let load = config.load.iter().map(|r| (named(SignalKind::Load, &r.name), r.clone())).collect();
-        Ok(Signals { keywords, regex, pii, context, language, conversation, headers, load, detector })
+        let semantic = Semantic::compile(config, embedder)?;
+        Ok(Signals { keywords, regex, pii, context, language, conversation, headers, load, detector, semantic })
     }
 
     /// Computes the signals in `needed` (others are skipped) for `input`.
@@ -214,6 +222,7 @@ impl Signals {
             out.results.insert(signal.clone(), rule(matched, Some(input.tokens as f64)));
         }
         self.evaluate_request(input, needed, &mut out);
+        self.semantic.evaluate(input.embeddings, needed, &mut out);
         let wanted_language: Vec<_> = self.language.iter().filter(|(s, _, _)| needed.contains(s)).collect();
         if !wanted_language.is_empty() {
             let detected = crate::language::detect(input.text);
@@ -227,7 +236,16 @@ impl Signals {
                 out.results.insert(signal.clone(), result);
             }
         }
+        for failed in needed.iter().filter(|s| s.kind == SignalKind::Failed) {
+            let matched = failed.watched().is_some_and(|w| out.errors.contains_key(&w));
+            out.results.insert(failed.clone(), SignalResult { matched, confidence: 1.0, value: None });
+        }
         out
+    }
+
+    /// Which vectors the `needed` embedding signals read.
+    pub fn embedding_needs(&self, needed: &HashSet<SignalRef>) -> EmbeddingNeeds {
+        self.semantic.needs(needed)
     }
 
     /// The conversation, header and load rules.
@@ -295,6 +313,22 @@ impl SignalResults {
     pub fn insert(&mut self, signal: SignalRef, result: SignalResult) {
         self.not_computed.remove(&signal);
         self.results.insert(signal, result);
+    }
+
+    /// Records that `signal` could not be computed, and why (it does not match).
+    pub fn fail(&mut self, signal: SignalRef, why: &str) {
+        self.results.insert(signal.clone(), SignalResult { matched: false, confidence: 0.0, value: None });
+        self.errors.insert(signal, why.to_owned());
+    }
+
+    /// Why `signal` could not be computed, if it could not.
+    pub fn error(&self, signal: &SignalRef) -> Option<&str> {
+        self.errors.get(signal).map(String::as_str)
+    }
+
+    /// Every signal that could not be computed, with why.
+    pub fn errors(&self) -> impl Iterator<Item = (&SignalRef, &str)> {
+        self.errors.iter().map(|(s, e)| (s, e.as_str()))
     }
 }
 

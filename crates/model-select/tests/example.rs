@@ -21,7 +21,7 @@ fn route(config: &Config, signals: &Signals, text: &str, tokens: u64) -> String 
 fn the_example_routes_as_documented() {
     let config = example();
     validate(&config).unwrap();
-    let signals = Signals::compile(&config.signals).unwrap();
+    let signals = Signals::compile(&config.signals, None).unwrap();
     assert_eq!(route(&config, &signals, "hello there", 12), "default");
     assert_eq!(route(&config, &signals, "what is the integral of x^2?", 12), "hard");
     assert_eq!(route(&config, &signals, "summarise this", 20_000), "hard");

@@ -70,6 +70,8 @@ pub struct AppConfig {
     pub policy: PolicyConfig,
     /// Model pools and the decisions between them (`--routing-config`); none: one pool.
     pub routing: Option<RoutingSetup>,
+    /// The embedding model for embedding signals (`--embedding-model-path`).
+    pub embedding: Option<EmbeddingSetup>,
     /// One pool per model the workers serve, read from their `/v1/models` at start (`--enable-igw`).
     pub igw: bool,
     /// Follow the workers' KV events.
@@ -159,6 +161,15 @@ pub struct DiscoverySetup {
     pub api: fleet::k8s::api::ApiServer,
     /// Selectors, namespace, port, annotation, pool label (`pools` is filled from the routing config).
     pub config: fleet::k8s::DiscoveryConfig,
+}
+
+/// The embedding model and how its pool runs.
+#[derive(Debug, Clone)]
+pub struct EmbeddingSetup {
+    /// The model directory.
+    pub model: PathBuf,
+    /// Threads, queue, batch, cache, timeout.
+    pub pool: embed::PoolConfig,
 }
 
 /// Model pools from a routing config, checked.
@@ -379,8 +390,16 @@ impl App {
                 fleet.add_as(url.clone(), Role::Decode, Source::Flag);
             }
         }
+        let embedder = match &config.embedding {
+            Some(e) => {
+                let encoder = embed::Encoder::load(&e.model)?;
+                tracing::info!(model = %e.model.display(), dim = encoder.dim(), max_tokens = encoder.max_tokens(), "embedding model loaded");
+                Some(embed::EmbedPool::new(Arc::new(encoder), e.pool)?)
+            }
+            None => None,
+        };
         let built = match &routing {
-            Some(r) => Some(build_pools(r, &renderer, &config, &cancel)?),
+            Some(r) => Some(build_pools(r, &renderer, &config, &cancel, embedder.as_ref())?),
             None => None,
         };
         if let Some(r) = &routing {
@@ -434,7 +453,8 @@ impl App {
         };
         let gateway = match built {
             Some((pools, routing)) => {
-                gateway.with_routing(pools, routing, config.routing.as_ref().and_then(|r| r.source.clone()))
+                let source = config.routing.as_ref().and_then(|r| r.source.clone());
+                gateway.with_routing(pools, routing, source, embedder)
             }
             None => gateway,
         };
@@ -613,6 +633,7 @@ fn build_pools(
     renderer: &Arc<Renderer>,
     config: &AppConfig,
     cancel: &CancellationToken,
+    embedder: Option<&embed::EmbedPool>,
 ) -> anyhow::Result<(Vec<gateway::pools::Pool>, gateway::pools::Routing)> {
     let mut pools = Vec::with_capacity(r.pools.len());
     for p in &r.pools {
@@ -634,7 +655,9 @@ fn build_pools(
         }
         pools.push(pool);
     }
-    let selector = model_select::Selector::new(r.config.clone()).map_err(|problems| {
+    let examples = embedder.map(gateway::pools::Examples);
+    let examples = examples.as_ref().map(|e| e as &dyn model_select::Embedder);
+    let selector = model_select::Selector::with_embedder(r.config.clone(), examples).map_err(|problems| {
         let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
         anyhow::anyhow!("the routing config: {}", problems.join("; "))
     })?;

@@ -141,6 +141,27 @@ pub(crate) struct ServeArgs {
     /// pool serves --model-id from --worker-urls; with it, --worker-urls join the default pool.
     #[arg(long, env = "SGL_ROUTER_ROUTING_CONFIG", value_name = "FILE")]
     pub(crate) routing_config: Option<PathBuf>,
+    /// Sentence-embedding model directory (sentence-transformers layout: config.json,
+    /// model.safetensors, tokenizer.json; all-MiniLM-L6-v2 in docs/model-routing.md) for the
+    /// routing config's embedding, domain, jailbreak, complexity and reask signals. Needs a
+    /// build with the `embed` feature (release builds, the image and the wheel have it).
+    #[arg(long, env = "SGL_ROUTER_EMBEDDING_MODEL_PATH", value_name = "DIR", requires = "routing_config")]
+    pub(crate) embedding_model_path: Option<PathBuf>,
+    /// Threads the embedding model computes on (off the serving threads).
+    #[arg(long, env = "SGL_ROUTER_EMBEDDING_THREADS", default_value_t = 1, value_name = "N")]
+    pub(crate) embedding_threads: usize,
+    /// Texts waiting for the embedding model at most; more make their signals fail at once.
+    #[arg(long, env = "SGL_ROUTER_EMBEDDING_QUEUE", default_value_t = 64, value_name = "N")]
+    pub(crate) embedding_queue: usize,
+    /// Texts embedded together at most.
+    #[arg(long, env = "SGL_ROUTER_EMBEDDING_BATCH", default_value_t = 8, value_name = "N")]
+    pub(crate) embedding_batch: usize,
+    /// Embeddings cached by text (0: none).
+    #[arg(long, env = "SGL_ROUTER_EMBEDDING_CACHE_ENTRIES", default_value_t = 10_000, value_name = "N")]
+    pub(crate) embedding_cache_entries: usize,
+    /// How long a request waits for its embedding; past it, its embedding signals fail.
+    #[arg(long, env = "SGL_ROUTER_EMBEDDING_TIMEOUT_MS", default_value_t = 2_000, value_name = "MS")]
+    pub(crate) embedding_timeout_ms: u64,
     /// Inference-gateway mode (SGLang Model Gateway's): one model pool per model the workers
     /// serve, each worker's model read from its `GET /v1/models` at start (for up to 30 s); a
     /// request's `model` picks the pool. No auto names: --routing-config gives pools with decisions.

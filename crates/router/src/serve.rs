@@ -263,6 +263,16 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         pd,
         policy,
         routing,
+        embedding: a.embedding_model_path.as_ref().map(|model| sgl_router::app::EmbeddingSetup {
+            model: model.clone(),
+            pool: embed::PoolConfig {
+                threads: a.embedding_threads.max(1),
+                queue: a.embedding_queue.max(1),
+                batch: a.embedding_batch.max(1),
+                cache_entries: a.embedding_cache_entries,
+                timeout: Duration::from_millis(a.embedding_timeout_ms.max(1)),
+            },
+        }),
         igw: a.enable_igw,
         kv_events,
         tokenizer_path: a.tokenizer_path.clone(),

@@ -147,8 +147,14 @@ async fn a_snapshot_older_than_the_publishers_hold_resets_its_streams() {
         assert!(post(&format!("{}/v1/chat/completions", a.url), &prompt(i)).await.status().is_success());
     }
     eventually("A indexes", async || known(&a.url, &prompt(BUFFER / 2 - 1)).await > 0).await;
-    // A snapshot now, served later by a stand-in peer, after the publishers moved on past it.
-    let old = admin_get(&format!("{}/index/snapshot", a.url)).await;
+    // A snapshot now, served later by a stand-in peer, after the publishers moved on past it
+    // (once A follows both: under load the second publisher's first batch may come later).
+    let snapshot = format!("{}/index/snapshot", a.url);
+    eventually("A follows both publishers", async || {
+        admin_get(&snapshot).await.headers().get("x-index-streams").is_some_and(|n| n == "2")
+    })
+    .await;
+    let old = admin_get(&snapshot).await;
     assert_eq!(old.status(), 200);
     assert_eq!(old.headers()["x-index-streams"], "2");
     let old = old.bytes().await.unwrap();

@@ -9,13 +9,12 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
-use common::app::{ADMIN_KEY, admin_client, config, engine_config, start};
+use common::app::{ADMIN_KEY, admin_client, config, engine_config, pools, repo, start};
 use mock_engine::{MockEngine, MockEngineConfig};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use sgl_router::app::{PolicyConfig, PoolSetup, RoutingSetup};
+use sgl_router::app::PolicyConfig;
 
 #[derive(Debug, Deserialize)]
 struct Probes {
@@ -55,10 +54,6 @@ fn once() -> usize {
     1
 }
 
-fn repo(path: &str) -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(path)
-}
-
 fn probes() -> Probes {
     let text = std::fs::read_to_string(repo("tests/routing_probes.yaml")).unwrap();
     serde_norway::from_str(&text).unwrap()
@@ -73,38 +68,6 @@ impl Probe {
         }
         body
     }
-}
-
-/// The pools of `file` with one engine each (returned in pool order).
-async fn pools(file: &str) -> (RoutingSetup, Vec<MockEngine>) {
-    let text = std::fs::read_to_string(repo(file)).unwrap();
-    let config = model_select::parse_yaml(&text).unwrap();
-    let mut engines = Vec::new();
-    let mut pools = Vec::new();
-    for p in &config.pools {
-        let engine_config = MockEngineConfig {
-            model_id: p.served_model.clone(),
-            strict_model: true,
-            record_requests: true,
-            ..engine_config()
-        };
-        let engine = MockEngine::spawn(engine_config).await.unwrap();
-        let policy = match p.policy.as_deref() {
-            Some("cache_aware") => PolicyConfig::cache_aware(),
-            _ => PolicyConfig::RoundRobin,
-        };
-        pools.push(PoolSetup {
-            name: p.name.clone(),
-            served_model: p.served_model.clone(),
-            workers: vec![router_types::WorkerUrl::parse(&engine.url()).unwrap()],
-            policy,
-            tokenizer_path: None,
-            chat_template: None,
-            context_window: p.context_window,
-        });
-        engines.push(engine);
-    }
-    (RoutingSetup { config, pools, source: Some(repo(file)) }, engines)
 }
 
 async fn preview(url: &str, body: &Value) -> (u16, Value) {

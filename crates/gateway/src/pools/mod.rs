@@ -26,11 +26,14 @@ use serde_json::Value;
 use crate::metrics::{Histogram, LabeledCounter};
 
 mod choose;
+mod embedding;
 mod reload;
 mod sticky;
 
 use crate::proxy::Route;
 use crate::{Gateway, GatewayError};
+pub use embedding::Examples;
+pub(crate) use embedding::{pre_embed, render as render_embedding};
 pub use reload::{Reloaded, RoutingSlot, reload};
 
 /// The decision label of a request that named a pool's model.
@@ -341,7 +344,8 @@ fn auto(
     let tokens = counted.unwrap_or(0);
     let shape = if selector.needs_shape() { model_select::shape(v) } else { model_select::Shape::default() };
     let pools = if selector.needs_load() { choose::pool_states(gw, tokens) } else { Vec::new() };
-    let input = SignalInput { text: &text, tokens, shape, headers: ask.headers, pools: &pools };
+    let input =
+        SignalInput { text: &text, tokens, shape, headers: ask.headers, pools: &pools, embeddings: ask.embeddings };
     let choice = selector.decide(&input);
     if !dry {
         routing.metrics.signal_seconds.observe(start.elapsed().as_secs_f64());
@@ -352,6 +356,9 @@ fn auto(
         for (signal, r) in choice.signals.iter() {
             let value = serde_json::json!({"matched": r.matched, "confidence": r.confidence, "value": r.value});
             p.signals.insert(signal.to_string(), value);
+        }
+        for (signal, error) in choice.signals.errors() {
+            p.signals.insert(signal.to_string(), serde_json::json!({"matched": false, "error": error}));
         }
         for signal in choice.signals.not_computed() {
             p.signals.insert(signal.to_string(), serde_json::json!({"matched": false, "not_computed": true}));
@@ -435,6 +442,8 @@ pub(crate) struct Asked<'a> {
     pub(crate) headers: &'a [(String, String)],
     /// The client's `x-session-id`.
     pub(crate) session: Option<&'a [u8]>,
+    /// The request's vectors, computed before routing when the decisions read them.
+    pub(crate) embeddings: Option<&'a model_select::RequestEmbeddings>,
 }
 
 /// The request header naming a conversation.

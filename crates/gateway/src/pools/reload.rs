@@ -41,6 +41,8 @@ pub struct RoutingSlot {
     source: Option<PathBuf>,
     /// Reloads by `outcome` (`ok`, `invalid`, `unreadable`).
     pub reloads: LabeledCounter,
+    /// The embedding model, for embedding signals (kept across reloads).
+    embedder: Option<embed::EmbedPool>,
 }
 
 /// What a reload did.
@@ -55,9 +57,15 @@ pub struct Reloaded {
 // === impl RoutingSlot ===
 
 impl RoutingSlot {
-    /// `routing` in force, read from `source` (reloads need one).
-    pub fn new(routing: Routing, source: Option<PathBuf>) -> Self {
-        RoutingSlot { current: RwLock::new(Arc::new(routing)), source, reloads: LabeledCounter::default() }
+    /// `routing` in force, read from `source` (reloads need one), its
+    /// embedding signals computed by `embedder`.
+    pub fn new(routing: Routing, source: Option<PathBuf>, embedder: Option<embed::EmbedPool>) -> Self {
+        RoutingSlot { current: RwLock::new(Arc::new(routing)), source, reloads: LabeledCounter::default(), embedder }
+    }
+
+    /// The embedding model's pool, if the router has one.
+    pub fn embedder(&self) -> Option<&embed::EmbedPool> {
+        self.embedder.as_ref()
     }
 
     /// The config in force now.
@@ -103,10 +111,16 @@ impl RoutingSlot {
             + s.language.len()
             + s.conversation.len()
             + s.headers.len()
-            + s.load.len();
+            + s.load.len()
+            + s.embedding.len()
+            + s.domain.as_ref().map_or(0, |d| d.labels.len() + 1)
+            + s.jailbreak.len()
+            + s.complexity.len()
+            + s.reask.len();
         let decisions = config.decisions.len();
-        let selector =
-            Selector::new(config).map_err(|p| (false, p.iter().map(|e| format!("{shown}: {e}")).collect()))?;
+        let examples = self.embedder.as_ref().map(super::Examples);
+        let selector = Selector::with_embedder(config, examples.as_ref().map(|e| e as &dyn model_select::Embedder))
+            .map_err(|p| (false, p.iter().map(|e| format!("{shown}: {e}")).collect()))?;
         let next = Routing::succeeding(selector, &old);
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
         Ok(Reloaded { decisions, signals })

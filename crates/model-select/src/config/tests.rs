@@ -95,7 +95,7 @@ fn malformed_nodes_and_unknown_keys_are_parse_errors() {
         json!({"type": "keyword", "name": "x", "operator": "AND"}),
         json!({"type": "keyword"}),
         json!({"operator": "AND", "conditions": [], "gt": 1}),
-        json!({"type": "domain", "name": "math"}),
+        json!({"type": "sentiment", "name": "math"}),
         json!({"type": "keyword", "name": "x", "typo": 1}),
     ] {
         assert!(serde_json::from_value::<RuleNode>(bad.clone()).is_err(), "{bad}");

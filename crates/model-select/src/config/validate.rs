@@ -243,6 +243,7 @@ fn check_signals(config: &Config, errors: &mut Vec<ConfigError>) -> HashSet<Sign
             errors.push(ConfigError::BadConfidence { name: rule.name.clone() });
         }
     }
+    super::semantic::check(s, errors, &mut define);
     let pools: HashSet<&str> = config.pools.iter().map(|p| p.name.as_str()).collect();
     let bad = |errors: &mut Vec<ConfigError>, kind: SignalKind, name: &str, reason: &str| {
         errors.push(ConfigError::BadRule { kind, name: name.to_owned(), reason: reason.to_owned() })
@@ -311,6 +312,11 @@ fn check_node(
     errors: &mut Vec<ConfigError>,
 ) {
     match node {
+        RuleNode::Signal(c) if c.signal.kind == SignalKind::Failed => {
+            if !c.signal.watched().is_some_and(|w| defined.contains(&w)) {
+                errors.push(ConfigError::UnknownSignal { decision: decision.to_owned(), signal: c.signal.clone() });
+            }
+        }
         RuleNode::Signal(c) => {
             if !defined.contains(&c.signal) {
                 errors.push(ConfigError::UnknownSignal { decision: decision.to_owned(), signal: c.signal.clone() });

@@ -90,6 +90,7 @@ fn language_leaves_carry_the_detectors_confidence_and_unasked_signals_fail() {
             json!({"language": [{"name": "zh", "languages": ["zh"]}, {"name": "de", "languages": ["de"]}]}),
         )
         .unwrap(),
+        None,
     )
     .unwrap();
     let needed: HashSet<SignalRef> = [sig(SignalKind::Language, "zh")].into();

@@ -8,7 +8,7 @@ use super::*;
 use crate::config::SignalsConfig;
 
 fn signals(v: serde_json::Value) -> Signals {
-    Signals::compile(&serde_json::from_value::<SignalsConfig>(v).unwrap()).unwrap()
+    Signals::compile(&serde_json::from_value::<SignalsConfig>(v).unwrap(), None).unwrap()
 }
 
 fn all(s: &Signals) -> HashSet<SignalRef> {
@@ -178,7 +178,7 @@ fn language_signals_match_the_detected_language_and_its_confidence() {
 
 #[test]
 fn compile_reports_the_first_problem() {
-    let bad = |v: serde_json::Value| Signals::compile(&serde_json::from_value(v).unwrap()).unwrap_err().kind();
+    let bad = |v: serde_json::Value| Signals::compile(&serde_json::from_value(v).unwrap(), None).unwrap_err().kind();
     assert_eq!(bad(json!({"regex": [{"name": "r", "pattern": "("}]})), "bad_regex");
     assert_eq!(bad(json!({"keywords": [{"name": "k", "keywords": []}]})), "empty_keywords");
     assert_eq!(bad(json!({"keywords": [{"name": "k", "keywords": [""]}]})), "blank_keyword");
@@ -202,7 +202,7 @@ fn conversation_header_and_load_rules_read_the_request_and_the_pools() {
     let headers = vec![("x-user-tier".to_owned(), "gold".to_owned())];
     let pools = [PoolState { name: "large", in_flight: 9, est_ttft_ms: 650.0 }];
     let shape = Shape { turns: 3, tools: true, tool_loop: true, images: false };
-    let input = SignalInput { text: "", tokens: 0, shape, headers: &headers, pools: &pools };
+    let input = SignalInput { text: "", tokens: 0, shape, headers: &headers, pools: &pools, embeddings: None };
     let r = s.evaluate(&input, &all(&s));
     assert!(matched(&r, SignalKind::Conversation, "agent"));
     assert!(matched(&r, SignalKind::Conversation, "long_chat"));
@@ -217,7 +217,10 @@ fn conversation_header_and_load_rules_read_the_request_and_the_pools() {
     let headers = vec![("x-user-tier".to_owned(), "silver".to_owned()), ("x-team".to_owned(), "a".to_owned())];
     let pools = [PoolState { name: "large", in_flight: 1, est_ttft_ms: 40.0 }];
     let shape = Shape { turns: 1, tools: false, tool_loop: false, images: true };
-    let r = s.evaluate(&SignalInput { text: "", tokens: 0, shape, headers: &headers, pools: &pools }, &all(&s));
+    let r = s.evaluate(
+        &SignalInput { text: "", tokens: 0, shape, headers: &headers, pools: &pools, embeddings: None },
+        &all(&s),
+    );
     assert!(!matched(&r, SignalKind::Conversation, "agent"));
     assert!(!matched(&r, SignalKind::Conversation, "text_only"));
     assert!(!matched(&r, SignalKind::Header, "gold") && matched(&r, SignalKind::Header, "tagged"));

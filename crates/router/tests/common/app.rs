@@ -2,13 +2,14 @@
 #![allow(dead_code)] // not every test binary uses all of it
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use fleet::EventsConfig;
 use mock_engine::{MockEngine, MockEngineConfig};
 use router_types::WorkerUrl;
 use serde_json::{Value, json};
-use sgl_router::app::{App, AppConfig, PolicyConfig};
+use sgl_router::app::{App, AppConfig, PolicyConfig, PoolSetup, RoutingSetup};
 
 /// The control-plane key of the test routers.
 pub(crate) const ADMIN_KEY: &str = "test-admin-key";
@@ -32,6 +33,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         pd: None,
         policy,
         routing: None,
+        embedding: None,
         igw: false,
         kv_events: kv.then(|| EventsConfig {
             explicit: Default::default(),
@@ -126,4 +128,41 @@ pub(crate) async fn admin_get(url: &str) -> reqwest::Response {
 /// `POST` of JSON with the control-plane key.
 pub(crate) async fn admin_post(url: &str, body: &Value) -> reqwest::Response {
     admin_client().post(url).json(body).timeout(Duration::from_secs(10)).send().await.unwrap()
+}
+
+/// A path in the repository.
+pub(crate) fn repo(path: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(path)
+}
+
+/// The pools of `file` with one engine each (returned in pool order).
+pub(crate) async fn pools(file: &str) -> (RoutingSetup, Vec<MockEngine>) {
+    let text = std::fs::read_to_string(repo(file)).unwrap();
+    let config = model_select::parse_yaml(&text).unwrap();
+    let mut engines = Vec::new();
+    let mut pools = Vec::new();
+    for p in &config.pools {
+        let engine_config = MockEngineConfig {
+            model_id: p.served_model.clone(),
+            strict_model: true,
+            record_requests: true,
+            ..engine_config()
+        };
+        let engine = MockEngine::spawn(engine_config).await.unwrap();
+        let policy = match p.policy.as_deref() {
+            Some("cache_aware") => PolicyConfig::cache_aware(),
+            _ => PolicyConfig::RoundRobin,
+        };
+        pools.push(PoolSetup {
+            name: p.name.clone(),
+            served_model: p.served_model.clone(),
+            workers: vec![router_types::WorkerUrl::parse(&engine.url()).unwrap()],
+            policy,
+            tokenizer_path: None,
+            chat_template: None,
+            context_window: p.context_window,
+        });
+        engines.push(engine);
+    }
+    (RoutingSetup { config, pools, source: Some(repo(file)) }, engines)
 }

@@ -1,0 +1,357 @@
+//! `sgl-router-bench signal-quality`: the embedding signals' quality on
+//! labelled data no one here wrote, against a TF-IDF baseline computed in the
+//! same run with the same classifiers (the router's own
+//! [`model_select::DomainClassifier`] and [`model_select::contrastive_score`]):
+//! - domain: MT-Bench's 80 questions in 8 categories, leave-one-out (each
+//!   question classified by the other 79), accuracy with Wilson 95 % intervals;
+//! - jailbreak: bastioncorpus's 181 rows (malicious and benign hard
+//!   negatives), leave-one-out contrastive scores, ROC AUC and recall at
+//!   ≤ 5 % false positives with stratified-bootstrap 95 % intervals, overall and
+//!   per attack category.
+//!
+//! `--check` fails unless the embedding beats TF-IDF on domain accuracy and
+//! jailbreak AUC.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use model_select::{DomainClassifier, DomainMethod, contrastive_score};
+use serde::Deserialize;
+
+/// The command's arguments.
+#[derive(Debug, clap::Args)]
+pub(crate) struct SignalQualityArgs {
+    /// The sentence-embedding model directory (all-MiniLM-L6-v2; `tools/embed_eval/fetch.sh`).
+    #[arg(long, env = "SGL_ROUTER_EMBED_MODEL")]
+    model: PathBuf,
+    /// MT-Bench's `question.jsonl`.
+    #[arg(long, env = "SGL_ROUTER_MTBENCH")]
+    mtbench: PathBuf,
+    /// bastioncorpus's `injections.jsonl`.
+    #[arg(long, env = "SGL_ROUTER_BASTION")]
+    bastion: PathBuf,
+    /// Examples per side the jailbreak score averages, and per label for knn.
+    #[arg(long, default_value_t = 1)]
+    k: usize,
+    /// Bootstrap resamples for the intervals.
+    #[arg(long, default_value_t = 2000)]
+    resamples: usize,
+    /// Exit non-zero unless the embedding beats TF-IDF on domain accuracy and jailbreak AUC.
+    #[arg(long)]
+    check: bool,
+}
+
+#[derive(Deserialize)]
+struct Question {
+    category: String,
+    turns: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct Row {
+    category: String,
+    label: String,
+    text: String,
+}
+
+/// Runs the command.
+pub(crate) fn run(a: &SignalQualityArgs) -> Result<()> {
+    let questions: Vec<Question> = jsonl(&a.mtbench)?;
+    let rows: Vec<Row> = jsonl(&a.bastion)?;
+    let encoder = embed::Encoder::load(&a.model).map_err(anyhow::Error::msg)?;
+    let start = Instant::now();
+    let q_texts: Vec<&str> = questions.iter().map(|q| q.turns.first().map_or("", String::as_str)).collect();
+    let r_texts: Vec<&str> = rows.iter().map(|r| r.text.as_str()).collect();
+    let embed_all = |texts: &[&str]| -> Result<Vec<Vec<f32>>> {
+        let mut out = Vec::with_capacity(texts.len());
+        for chunk in texts.chunks(16) {
+            out.extend(encoder.embed_batch(chunk).map_err(anyhow::Error::msg)?.into_iter().map(|e| e.vector.to_vec()));
+        }
+        Ok(out)
+    };
+    let q_vectors = embed_all(&q_texts)?;
+    let r_vectors = embed_all(&r_texts)?;
+    let per_text = start.elapsed().as_secs_f64() * 1e3 / (q_texts.len() + r_texts.len()) as f64;
+    println!(
+        "{} MT-Bench questions, {} bastioncorpus rows; embedded in {:.1} ms per text (batches of 16)\n",
+        questions.len(),
+        rows.len(),
+        per_text
+    );
+
+    // Domain.
+    let labels: Vec<&str> = questions.iter().map(|q| q.category.as_str()).collect();
+    println!("## Domain: MT-Bench, {} questions in {} categories, leave-one-out\n", labels.len(), distinct(&labels));
+    println!("| classifier | all-MiniLM-L6-v2 | TF-IDF (same classifier) |\n|---|---:|---:|");
+    let mut domain = BTreeMap::new();
+    for (name, method) in [("centroid", DomainMethod::Centroid), ("knn", DomainMethod::Knn)] {
+        let e = domain_loo(&labels, |train, test| (pick(&q_vectors, train), q_vectors[test].clone()), method, a.k);
+        let t = domain_loo(&labels, |train, test| tfidf_fold(&q_texts, train, test), method, a.k);
+        let shown = if method == DomainMethod::Knn { format!("knn (k = {})", a.k) } else { name.to_owned() };
+        println!("| {shown} | {} | {} |", wilson(e, labels.len()), wilson(t, labels.len()));
+        domain.insert(name, (e, t));
+    }
+    println!("\nchance: {:.3}\n", 1.0 / distinct(&labels) as f64);
+
+    // Jailbreak.
+    let malicious: Vec<bool> = rows.iter().map(|r| r.label == "malicious").collect();
+    let n_mal = malicious.iter().filter(|m| **m).count();
+    println!(
+        "## Jailbreak: bastioncorpus, {n_mal} malicious and {} benign, leave-one-out contrastive score (k = {})\n",
+        rows.len() - n_mal,
+        a.k
+    );
+    let e_scores = jailbreak_loo(&malicious, |train, test| (pick(&r_vectors, train), r_vectors[test].clone()), a.k);
+    let t_scores = jailbreak_loo(&malicious, |train, test| tfidf_fold(&r_texts, train, test), a.k);
+    let mut rng = SplitMix(1);
+    let (pos_e, neg_e) = split(&e_scores, &malicious, |_| true);
+    let (pos_t, neg_t) = split(&t_scores, &malicious, |_| true);
+    let auc_e = with_interval(&pos_e, &neg_e, auc, a.resamples, &mut rng);
+    let auc_t = with_interval(&pos_t, &neg_t, auc, a.resamples, &mut rng);
+    let rec_e = with_interval(&pos_e, &neg_e, recall_at_5, a.resamples, &mut rng);
+    let rec_t = with_interval(&pos_t, &neg_t, recall_at_5, a.resamples, &mut rng);
+    println!("| metric | all-MiniLM-L6-v2 | TF-IDF (same score) |\n|---|---:|---:|");
+    println!("| ROC AUC | {} | {} |", auc_e.1, auc_t.1);
+    println!("| recall at ≤ 5 % false positives | {} | {} |", rec_e.1, rec_t.1);
+    println!("\nPer attack category (its malicious rows against every benign row), ROC AUC:\n");
+    println!("| category | rows | all-MiniLM-L6-v2 | TF-IDF |\n|---|---:|---:|---:|");
+    let mut categories: Vec<&str> =
+        rows.iter().filter(|r| r.label == "malicious").map(|r| r.category.as_str()).collect();
+    categories.sort();
+    categories.dedup();
+    for c in categories {
+        let of = |i: usize| rows[i].category == c;
+        let (pe, ne) = split(&e_scores, &malicious, of);
+        let (pt, nt) = split(&t_scores, &malicious, of);
+        let e = with_interval(&pe, &ne, auc, a.resamples, &mut rng);
+        let t = with_interval(&pt, &nt, auc, a.resamples, &mut rng);
+        println!("| {c} | {} | {} | {} |", pe.len(), e.1, t.1);
+    }
+    if a.check {
+        let (e, t) = domain["centroid"];
+        let mut failures = Vec::new();
+        if e < t {
+            failures.push(format!("domain accuracy {e}/80 under TF-IDF's {t}/80"));
+        }
+        if auc_e.0 < auc_t.0 {
+            failures.push(format!("jailbreak AUC {:.3} under TF-IDF's {:.3}", auc_e.0, auc_t.0));
+        }
+        if !failures.is_empty() {
+            bail!("the embedding signals are below the TF-IDF baseline: {}", failures.join("; "));
+        }
+        println!("\ncheck: the embedding beats TF-IDF on domain accuracy and jailbreak AUC");
+    }
+    Ok(())
+}
+
+fn jsonl<T: for<'de> Deserialize<'de>>(path: &PathBuf) -> Result<Vec<T>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}:{}", path.display(), i + 1)))
+        .collect()
+}
+
+fn distinct(labels: &[&str]) -> usize {
+    labels.iter().collect::<std::collections::BTreeSet<_>>().len()
+}
+
+fn pick(vectors: &[Vec<f32>], idx: &[usize]) -> Vec<Vec<f32>> {
+    idx.iter().map(|&i| vectors[i].clone()).collect()
+}
+
+/// Correct leave-one-out classifications: `vectors(train, test)` gives the
+/// training rows' vectors (in `train`'s order) and the held-out one's.
+fn domain_loo(
+    labels: &[&str],
+    vectors: impl Fn(&[usize], usize) -> (Vec<Vec<f32>>, Vec<f32>),
+    method: DomainMethod,
+    k: usize,
+) -> usize {
+    let mut names: Vec<&str> = labels.to_vec();
+    names.sort();
+    names.dedup();
+    (0..labels.len())
+        .filter(|&test| {
+            let train: Vec<usize> = (0..labels.len()).filter(|&i| i != test).collect();
+            let (train_vectors, v) = vectors(&train, test);
+            let by_label = names
+                .iter()
+                .map(|n| {
+                    let ex = train.iter().zip(&train_vectors).filter(|(i, _)| labels[**i] == *n);
+                    (n.to_string(), ex.map(|(_, v)| v.clone()).collect())
+                })
+                .collect();
+            let c = DomainClassifier::new(by_label, method, k, 0.0, -1.0);
+            c.classify(&v).label.map(|i| names[i]) == Some(labels[test])
+        })
+        .count()
+}
+
+/// Each row's leave-one-out contrastive score (malicious minus benign examples).
+fn jailbreak_loo(
+    malicious: &[bool],
+    vectors: impl Fn(&[usize], usize) -> (Vec<Vec<f32>>, Vec<f32>),
+    k: usize,
+) -> Vec<f64> {
+    (0..malicious.len())
+        .map(|test| {
+            let train: Vec<usize> = (0..malicious.len()).filter(|&i| i != test).collect();
+            let (train_vectors, v) = vectors(&train, test);
+            let (mut pos, mut neg) = (Vec::new(), Vec::new());
+            for (i, tv) in train.iter().zip(train_vectors) {
+                if malicious[*i] { pos.push(tv) } else { neg.push(tv) }
+            }
+            contrastive_score(&v, &pos, &neg, k)
+        })
+        .collect()
+}
+
+/// The positives `keep` accepts and every negative.
+fn split(scores: &[f64], positive: &[bool], keep: impl Fn(usize) -> bool) -> (Vec<f64>, Vec<f64>) {
+    let pos = (0..scores.len()).filter(|&i| positive[i] && keep(i)).map(|i| scores[i]).collect();
+    let neg = (0..scores.len()).filter(|&i| !positive[i]).map(|i| scores[i]).collect();
+    (pos, neg)
+}
+
+/// The probability that a random positive outscores a random negative (ties half).
+pub(crate) fn auc(pos: &[f64], neg: &[f64]) -> f64 {
+    let mut wins = 0.0;
+    for p in pos {
+        for n in neg {
+            wins += if p > n {
+                1.0
+            } else if p == n {
+                0.5
+            } else {
+                0.0
+            };
+        }
+    }
+    wins / (pos.len() * neg.len()).max(1) as f64
+}
+
+/// The share of positives above the threshold that lets at most 5 % of the negatives through.
+pub(crate) fn recall_at_5(pos: &[f64], neg: &[f64]) -> f64 {
+    let mut sorted = neg.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let allowed = (sorted.len() as f64 * 0.05).floor() as usize;
+    let Some(&threshold) = sorted.get(allowed) else { return 1.0 };
+    pos.iter().filter(|&&p| p > threshold).count() as f64 / pos.len().max(1) as f64
+}
+
+/// The statistic and its stratified-bootstrap 95 % interval, formatted.
+fn with_interval(
+    pos: &[f64],
+    neg: &[f64],
+    stat: fn(&[f64], &[f64]) -> f64,
+    resamples: usize,
+    rng: &mut SplitMix,
+) -> (f64, String) {
+    let point = stat(pos, neg);
+    let mut draws: Vec<f64> = (0..resamples)
+        .map(|_| {
+            let p: Vec<f64> = (0..pos.len()).map(|_| pos[rng.below(pos.len())]).collect();
+            let n: Vec<f64> = (0..neg.len()).map(|_| neg[rng.below(neg.len())]).collect();
+            stat(&p, &n)
+        })
+        .collect();
+    draws.sort_by(f64::total_cmp);
+    let at = |q: f64| draws.get(((draws.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(point);
+    (point, format!("{point:.3} [{:.3}, {:.3}]", at(0.025), at(0.975)))
+}
+
+/// `hits` of `n` with its Wilson 95 % interval.
+pub(crate) fn wilson(hits: usize, n: usize) -> String {
+    let (p, n) = (hits as f64 / n as f64, n as f64);
+    let z = 1.959_964f64;
+    let centre = (p + z * z / (2.0 * n)) / (1.0 + z * z / n);
+    let half = z * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt() / (1.0 + z * z / n);
+    format!("{p:.3} [{:.3}, {:.3}]", centre - half, centre + half)
+}
+
+/// A small seeded generator (SplitMix64) for the bootstrap.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) % n as u64) as usize
+    }
+}
+
+/// TF-IDF fitted on the training texts (sublinear term frequency, smoothed
+/// idf, unigrams and bigrams, L2-normalised), the held-out text transformed.
+fn tfidf_fold(texts: &[&str], train: &[usize], test: usize) -> (Vec<Vec<f32>>, Vec<f32>) {
+    let docs: Vec<Vec<String>> = train.iter().map(|&i| terms(texts[i])).collect();
+    let mut df: HashMap<&str, usize> = HashMap::new();
+    for d in &docs {
+        let mut seen: Vec<&str> = d.iter().map(String::as_str).collect();
+        seen.sort();
+        seen.dedup();
+        for t in seen {
+            *df.entry(t).or_default() += 1;
+        }
+    }
+    let vocab: HashMap<&str, usize> = df.keys().enumerate().map(|(i, t)| (*t, i)).collect();
+    let n = docs.len() as f64;
+    let idf: Vec<f64> = {
+        let mut v = vec![0.0; vocab.len()];
+        for (t, &i) in &vocab {
+            v[i] = ((1.0 + n) / (1.0 + df[t] as f64)).ln() + 1.0;
+        }
+        v
+    };
+    let vectorize = |terms: &[String]| -> Vec<f32> {
+        let mut tf: HashMap<usize, f64> = HashMap::new();
+        for t in terms {
+            if let Some(&i) = vocab.get(t.as_str()) {
+                *tf.entry(i).or_default() += 1.0;
+            }
+        }
+        let mut v = vec![0f32; vocab.len()];
+        for (i, c) in tf {
+            v[i] = ((1.0 + c.ln()) * idf[i]) as f32;
+        }
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+        v.iter().map(|x| x / norm).collect()
+    };
+    (docs.iter().map(|d| vectorize(d)).collect(), vectorize(&terms(texts[test])))
+}
+
+/// Lowercased words and adjacent pairs.
+fn terms(text: &str) -> Vec<String> {
+    let words: Vec<String> = text
+        .to_lowercase()
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let pairs = words.windows(2).map(|w| format!("{} {}", w[0], w[1]));
+    words.iter().cloned().chain(pairs).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_statistics() {
+        assert_eq!(auc(&[3.0, 4.0], &[1.0, 2.0]), 1.0);
+        assert_eq!(auc(&[1.0], &[1.0]), 0.5);
+        assert_eq!(auc(&[1.0, 3.0], &[2.0]), 0.5);
+        // 20 negatives: at most one may pass (19), so a positive must beat the second highest (18).
+        let neg: Vec<f64> = (0..20).map(f64::from).collect();
+        assert_eq!(recall_at_5(&[18.0, 19.5, 5.0, 20.0], &neg), 0.5);
+        assert_eq!(wilson(8, 10), "0.800 [0.490, 0.943]");
+        let (docs, v) = tfidf_fold(&["the cat sat", "the dog ran", "a cat"], &[0, 1], 2);
+        assert_eq!(docs.len(), 2);
+        assert!(model_select::cosine(&v, &docs[0]) > model_select::cosine(&v, &docs[1]));
+    }
+}

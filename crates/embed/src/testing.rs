@@ -1,0 +1,65 @@
+//! A tiny sentence-transformers model for tests in this crate and others:
+//! its config, a WordPiece tokenizer of a few words and random weights.
+//! Not for production (its vectors mean nothing).
+
+use std::path::{Path, PathBuf};
+
+use tokenizers::models::wordpiece::WordPiece;
+use tokenizers::normalizers::BertNormalizer;
+use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
+use tokenizers::processors::bert::BertProcessing;
+
+/// The tiny model's vocabulary.
+pub const WORDS: &[&str] = &[
+    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "integral", "of",
+    "x", "##s", ".", ",", "?", "how", "do", "i", "solve", "this",
+];
+/// The tiny model's vector length.
+pub const HIDDEN: usize = 16;
+/// The tiny model's positions.
+pub const MAX_POSITIONS: usize = 12;
+
+/// A fresh directory under the temporary directory holding a tiny model
+/// named `name` (`max_seq_length` 8, 16 dimensions, random weights; with
+/// the `candle` feature off, an empty weights file: loading never reads it).
+pub fn tiny_model(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("embed-tiny-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("writing the tiny model");
+    let config = serde_json::json!({
+        "vocab_size": WORDS.len(), "hidden_size": HIDDEN, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 32, "max_position_embeddings": MAX_POSITIONS, "type_vocab_size": 2,
+        "layer_norm_eps": 1e-12, "hidden_act": "gelu", "position_embedding_type": "absolute", "model_type": "bert"
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).expect("writing the tiny model");
+    std::fs::write(dir.join("sentence_bert_config.json"), r#"{"max_seq_length": 8, "do_lower_case": false}"#)
+        .expect("writing the tiny model");
+    let vocab: ahash::AHashMap<String, u32> =
+        WORDS.iter().enumerate().map(|(i, w)| (w.to_string(), i as u32)).collect();
+    let model = WordPiece::builder().vocab(vocab).unk_token("[UNK]".into()).build().expect("writing the tiny model");
+    let mut tokenizer = tokenizers::Tokenizer::new(model);
+    tokenizer.with_normalizer(Some(BertNormalizer::new(true, true, None, true)));
+    tokenizer.with_pre_tokenizer(Some(BertPreTokenizer));
+    tokenizer.with_post_processor(Some(BertProcessing::new(("[SEP]".into(), 3), ("[CLS]".into(), 2))));
+    tokenizer.save(dir.join("tokenizer.json"), false).expect("writing the tiny model");
+    write_weights(&dir);
+    dir
+}
+
+#[cfg(feature = "candle")]
+fn write_weights(dir: &Path) {
+    use candle_core::{DType, Device};
+    let varmap = candle_nn::VarMap::new();
+    let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let config: crate::bert::BertConfig =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).expect("writing the tiny model"))
+            .expect("writing the tiny model");
+    crate::bert::Bert::load(vb, &config).expect("writing the tiny model");
+    varmap.save(dir.join("model.safetensors")).expect("writing the tiny model");
+}
+
+#[cfg(not(feature = "candle"))]
+fn write_weights(dir: &Path) {
+    // Without the model runtime the weights are never read, only looked for.
+    std::fs::write(dir.join("model.safetensors"), b"").expect("writing the tiny model");
+}
