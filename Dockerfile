@@ -10,7 +10,8 @@ COPY Cargo.toml Cargo.lock rustfmt.toml ./
 COPY crates ./crates
 COPY benches ./benches
 COPY vendor ./vendor
-RUN cargo build --release --locked -p sgl-router -p mock-engine \
+# With the embedding model runtime (feature embed: candle, CPU) for embedding signals.
+RUN cargo build --release --locked -p sgl-router -p mock-engine --features sgl-router/embed \
  && strip target/release/sgl-router target/release/sgl-mock-engine
 
 FROM debian:bookworm-slim
