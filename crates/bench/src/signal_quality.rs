@@ -38,7 +38,8 @@ pub(crate) struct SignalQualityArgs {
     /// Bootstrap resamples for the intervals.
     #[arg(long, default_value_t = 2000)]
     resamples: usize,
-    /// Exit non-zero unless the embedding beats TF-IDF on domain accuracy and jailbreak AUC.
+    /// Exit non-zero unless the embedding beats TF-IDF on domain accuracy and jailbreak AUC and
+    /// no two different MT-Bench turns would hit a semantic cache at 0.95.
     #[arg(long)]
     check: bool,
 }
@@ -129,6 +130,7 @@ pub(crate) fn run(a: &SignalQualityArgs) -> Result<()> {
         let t = with_interval(&pt, &nt, auc, a.resamples, &mut rng);
         println!("| {c} | {} | {} | {} |", pe.len(), e.1, t.1);
     }
+    let false_hits = cache_false_hits(&questions, &embed_all)?;
     if a.check {
         let (e, t) = domain["centroid"];
         let mut failures = Vec::new();
@@ -138,12 +140,57 @@ pub(crate) fn run(a: &SignalQualityArgs) -> Result<()> {
         if auc_e.0 < auc_t.0 {
             failures.push(format!("jailbreak AUC {:.3} under TF-IDF's {:.3}", auc_e.0, auc_t.0));
         }
+        if false_hits > 0 {
+            failures.push(format!("{false_hits} pairs of different MT-Bench turns would hit a semantic cache at 0.95"));
+        }
         if !failures.is_empty() {
             bail!("the embedding signals are below the TF-IDF baseline: {}", failures.join("; "));
         }
         println!("\ncheck: the embedding beats TF-IDF on domain accuracy and jailbreak AUC");
     }
     Ok(())
+}
+
+/// Embeds texts, in order.
+type EmbedAll<'a> = dyn Fn(&[&str]) -> Result<Vec<Vec<f32>>> + 'a;
+
+/// A semantic response cache's false hits on MT-Bench: every pair of distinct
+/// turns (80 questions, two turns each) is a pair that must not hit; how many
+/// reach each threshold, before and after the cache's rule that a question
+/// holding digits never hits semantically.
+/// Returns the false hits at the plugin's default threshold (0.95), under the digit rule.
+fn cache_false_hits(questions: &[Question], embed_all: &EmbedAll<'_>) -> Result<usize> {
+    let turns: Vec<&str> = questions.iter().flat_map(|q| q.turns.iter().map(String::as_str)).collect();
+    let vectors = embed_all(&turns)?;
+    let digits = |t: &str| t.bytes().any(|b| b.is_ascii_digit());
+    let mut sims = Vec::new();
+    let mut eligible = Vec::new();
+    for i in 0..turns.len() {
+        for j in i + 1..turns.len() {
+            if turns[i] == turns[j] {
+                continue;
+            }
+            let sim = model_select::cosine(&vectors[i], &vectors[j]);
+            sims.push(sim);
+            if !digits(turns[i]) && !digits(turns[j]) {
+                eligible.push(sim);
+            }
+        }
+    }
+    let max = |v: &[f64]| v.iter().copied().fold(f64::MIN, f64::max);
+    println!(
+        "\n## Semantic cache false hits: MT-Bench, {} turns, {} pairs of different turns ({} without digits)\n",
+        turns.len(),
+        sims.len(),
+        eligible.len()
+    );
+    println!("| threshold | pairs at or above | of them without digits (the cache's rule) |\n|---:|---:|---:|");
+    for t in [0.85, 0.90, 0.95, 0.98] {
+        let over = |v: &[f64]| v.iter().filter(|s| **s >= t).count();
+        println!("| {t:.2} | {} | {} |", over(&sims), over(&eligible));
+    }
+    println!("\nhighest similarity of two different turns: {:.3} (without digits: {:.3})", max(&sims), max(&eligible));
+    Ok(eligible.iter().filter(|s| **s >= 0.95).count())
 }
 
 fn jsonl<T: for<'de> Deserialize<'de>>(path: &PathBuf) -> Result<Vec<T>> {

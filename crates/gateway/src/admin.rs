@@ -53,7 +53,7 @@ pub(crate) async fn route_preview(
         let routed = match gw2.routing() {
             Some(routing) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
-                let ask = crate::pools::Asked { debug: true, headers, session, embeddings };
+                let ask = crate::pools::Asked { debug: true, headers, session, embeddings, cache_bypass: true };
                 crate::pools::route(&gw2, &routing, route, &mut v, &ask, Some(&mut preview))
             }
             None => Ok(crate::pools::Routed::default_pool()),
@@ -169,7 +169,7 @@ pub(crate) async fn debug_route(
         let (pool, rendered) = match (gw2.routing(), v.as_mut()) {
             (Some(routing), Some(v)) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
-                let ask = crate::pools::Asked { debug: false, headers, session, embeddings };
+                let ask = crate::pools::Asked { debug: false, headers, session, embeddings, cache_bypass: true };
                 let mut preview = crate::pools::Preview::default();
                 let routed = crate::pools::route(&gw2, &routing, route, v, &ask, Some(&mut preview))?;
                 (routed.pool, routed.prompt)
@@ -325,6 +325,30 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
             "router_model_signal_seconds",
             "Time computing signals and choosing the decision, per auto-routed request.",
         );
+        m.cache_lookups.render(
+            &mut out,
+            "router_response_cache_lookups_total",
+            "Response-cache lookups by decision and outcome (hit_exact, hit_semantic, miss, skip_sampling, skip_choices, skip_bypass).",
+        );
+        m.cache_stores.render(
+            &mut out,
+            "router_response_cache_stores_total",
+            "Complete answers stored in a response cache, by decision.",
+        );
+        if r.caches_answers() {
+            head(
+                &mut out,
+                "router_response_cache_entries",
+                "gauge",
+                "Answers a response cache holds now, by decision.",
+            );
+            for (d, store) in r.selector.config().decisions.iter().zip(&r.caches) {
+                if let Some(store) = store {
+                    let name = crate::metrics::escape(&d.name);
+                    out.push_str(&format!("router_response_cache_entries{{decision=\"{name}\"}} {}\n", store.len()));
+                }
+            }
+        }
         if let Some(pool) = slot.embedder() {
             crate::pools::render_embedding(pool, &mut out);
         }

@@ -149,6 +149,24 @@ pub(crate) struct InFlight {
     /// The answer's status; 0 until there is one.
     pub(crate) status: u16,
     start: Instant,
+    /// Where a complete answer is kept (a response-cache miss).
+    pub(crate) cache: Option<crate::cache::Ticket>,
+}
+
+/// What `forward` did with a request.
+pub(crate) enum Forwarded<T> {
+    /// Sent to a worker: the request's load guard, the worker, its answer's head.
+    Sent(InFlight, Arc<Worker>, T),
+    /// Answered from the decision's response cache.
+    Cached(crate::cache::Hit),
+}
+
+/// The outcome of parsing and routing, off the serving thread for a large body
+/// (one per request, moved once: its size does not matter).
+#[allow(clippy::large_enum_variant)]
+enum Step {
+    Send(Option<Value>, Plan, Option<crate::pools::Routed>, Bytes),
+    Cached(crate::cache::Hit),
 }
 
 /// Why a request could not be delivered to a worker.
@@ -202,7 +220,7 @@ impl Route {
 impl InFlight {
     /// The accounting of a request about to be answered from `load`'s worker.
     pub(crate) fn new(gw: Arc<Gateway>, admission: Admission, load: LoadGuard, route: Route, start: Instant) -> Self {
-        Self { gw, _admission: admission, load, route_headers: None, route, status: 0, start }
+        Self { gw, _admission: admission, load, route_headers: None, route, status: 0, start, cache: None }
     }
 }
 
@@ -353,6 +371,8 @@ pub(crate) struct Meta {
     pub(crate) signal_headers: Vec<(String, String)>,
     /// The client's conversation id (`x-session-id`), at most 256 bytes.
     pub(crate) session: Option<Vec<u8>>,
+    /// `cache-control: no-cache` or `no-store`: no response cache is read or written.
+    pub(crate) cache_bypass: bool,
 }
 
 /// The request header asking for the routing explain.
@@ -553,11 +573,12 @@ async fn serve(
         route_debug: Meta::wants_debug(headers.get(ROUTE_DEBUG_HEADER).map(HeaderValue::as_bytes)),
         signal_headers: crate::pools::wanted_headers(&gw, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes()))),
         session: Meta::key(headers.get(crate::pools::SESSION_HEADER).map(HeaderValue::as_bytes)),
+        cache_bypass: crate::cache::bypassed(headers.get_all(header::CACHE_CONTROL).iter().map(HeaderValue::as_bytes)),
     };
     if let Some(pd) = gw.pd.as_ref() {
         return crate::pd::serve(&gw, pd, admission, route, bytes, headers, start, &meta).await;
     }
-    let (mut guard, worker, resp) = forward(&gw, admission, route, bytes, start, &meta, |worker, body, rank, edits| {
+    let forwarded = forward(&gw, admission, route, bytes, start, &meta, |worker, body, rank, edits| {
         let (client, headers) = (client.clone(), headers.clone());
         async move {
             match edits {
@@ -570,6 +591,10 @@ async fn serve(
         }
     })
     .await?;
+    let (mut guard, worker, resp) = match forwarded {
+        Forwarded::Sent(guard, worker, resp) => (guard, worker, resp),
+        Forwarded::Cached(hit) => return Ok(hit.into_response()),
+    };
     let route_headers = guard.route_headers.take();
     let mut answer = stream_back(guard, worker, resp, gw.config.limits.upstream_idle_timeout, Ending::default());
     if let Some(extra) = route_headers {
@@ -640,7 +665,7 @@ pub(crate) async fn forward<T, F, Fut>(
     start: Instant,
     meta: &Meta,
     mut send: F,
-) -> Result<(InFlight, Arc<Worker>, T), GatewayError>
+) -> Result<Forwarded<T>, GatewayError>
 where
     T: AnswerHead,
     F: FnMut(Arc<Worker>, Bytes, Option<DpRank>, Option<Arc<HeaderEdits>>) -> Fut,
@@ -649,19 +674,28 @@ where
     let id = meta.id.as_str();
     let (gw2, body, key) = (gw.clone(), bytes.clone(), meta.routing_key.clone());
     let (debug, signal_headers, session) = (meta.route_debug, meta.signal_headers.clone(), meta.session.clone());
+    let cache_bypass = meta.cache_bypass;
     // The vectors embedding signals read, on the embedding pool's threads (none without such signals).
     let embeddings = crate::pools::pre_embed(gw, route, &bytes).await?;
-    let (mut v, plan, routed, bytes) = crate::admission::render(gw, bytes.len(), move || {
+    let step = crate::admission::render(gw, bytes.len(), move || {
         let mut v = parse_body(&gw2, route, &body)?;
         // With a routing config: the pool (the body names its model, the plugins may change it).
         let mut routed = match (gw2.routing(), v.as_mut()) {
             (Some(routing), Some(v)) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
-                let ask = crate::pools::Asked { debug, headers, session, embeddings };
+                let ask = crate::pools::Asked { debug, headers, session, embeddings, cache_bypass };
                 Some(crate::pools::route(&gw2, &routing, route, v, &ask, None)?)
             }
             _ => None,
         };
+        // The decision's response cache holds the answer: nothing is planned or sent.
+        if let Some(r) = routed.as_ref()
+            && let Some((_, outcome)) = &r.cache
+            && !matches!(outcome, crate::cache::Outcome::Miss)
+        {
+            let headers = crate::pools::RouteHeaders::of(r, &gw2.pools[r.pool]);
+            return Ok(Step::Cached(crate::cache::Hit { outcome: outcome.clone(), headers }));
+        }
         let (pool, rendered) = match routed.as_mut() {
             Some(r) => (r.pool, r.prompt.take()),
             None => (0, None),
@@ -671,9 +705,13 @@ where
             (Some(r), Some(v)) if r.rewritten => Bytes::from(serde_json::to_vec(v).unwrap_or_default()),
             _ => body,
         };
-        Ok::<_, GatewayError>((v, plan, routed, bytes))
+        Ok::<_, GatewayError>(Step::Send(v, plan, routed, bytes))
     })
     .await??;
+    let (mut v, plan, mut routed, bytes) = match step {
+        Step::Cached(hit) => return Ok(Forwarded::Cached(hit)),
+        Step::Send(v, plan, routed, bytes) => (v, plan, routed, bytes),
+    };
     plan.commit(gw);
     let pool = &gw.pools[plan.pool];
     let chosen = plan.chosen();
@@ -702,8 +740,10 @@ where
     let uncached = plan.input_tokens - matched;
     let load = worker.charge_on(uncached, rank);
     let route_headers = routed.as_ref().map(|r| crate::pools::RouteHeaders::of(r, pool));
+    let cache = routed.as_mut().and_then(|r| r.cache.take()).map(|(ticket, _)| ticket);
     let edits = routed.and_then(|r| r.edits);
-    let mut guard = InFlight { gw: gw.clone(), _admission: admission, load, route_headers, route, status: 0, start };
+    let mut guard =
+        InFlight { gw: gw.clone(), _admission: admission, load, route_headers, route, status: 0, start, cache };
     let retry = &gw.config.retry;
     // The workers tried before the current one (allocated only on a retry).
     let mut tried = Vec::new();
@@ -725,7 +765,7 @@ where
                     .flatten();
                 let Some(next) = next else {
                     gw.metrics.ttfb.observe(start.elapsed().as_secs_f64());
-                    return Ok((guard, worker, answer));
+                    return Ok(Forwarded::Sent(guard, worker, answer));
                 };
                 // Nothing of this answer reached the client: it is dropped (its connection closed).
                 drop(answer);

@@ -65,7 +65,14 @@ pub(crate) fn stream_back(
         parts.headers.remove(name);
     }
     let idle = Box::pin(tokio::time::sleep(idle_limit));
-    let relay = Relay { inner: body, guard: Some(guard), worker, sse, idle, idle_limit, ending };
+    // A response-cache miss records a successful answer as it passes, to keep it once complete.
+    let recorder = guard.cache.take().filter(|_| parts.status.is_success()).map(|ticket| Recorder {
+        ticket,
+        status: parts.status.as_u16(),
+        content_type: parts.headers.get(header::CONTENT_TYPE).cloned(),
+        body: bytes::BytesMut::new(),
+    });
+    let relay = Relay { inner: body, guard: Some(guard), worker, sse, idle, idle_limit, ending, recorder };
     let mut response = Response::new(Body::new(relay));
     *response.status_mut() = parts.status;
     *response.headers_mut() = parts.headers;
@@ -93,6 +100,29 @@ struct Relay {
     idle: std::pin::Pin<Box<tokio::time::Sleep>>,
     idle_limit: std::time::Duration,
     ending: Ending,
+    /// The answer so far, for the response cache (dropped when the answer fails or grows too large).
+    recorder: Option<Recorder>,
+}
+
+/// A passing answer being recorded for the response cache.
+struct Recorder {
+    ticket: crate::cache::Ticket,
+    status: u16,
+    content_type: Option<axum::http::HeaderValue>,
+    body: bytes::BytesMut,
+}
+
+impl Relay {
+    /// The answer ended whole: a recorded one goes into the response cache.
+    fn ended(&mut self) {
+        if let (Some(r), true) = (self.recorder.take(), self.guard.is_some()) {
+            r.ticket.store(crate::cache::Answer {
+                status: r.status,
+                content_type: r.content_type,
+                body: r.body.freeze(),
+            });
+        }
+    }
 }
 
 impl http_body::Body for Relay {
@@ -111,6 +141,7 @@ impl http_body::Body for Relay {
         {
             g.status = 502;
             this.guard = None;
+            this.recorder = None;
             this.ending = Ending::default();
             warn!(worker = %this.worker.url, why, "answer cut");
             let event = json!({"error": {"message": why, "type": "upstream_unreachable", "code": 502}});
@@ -123,16 +154,27 @@ impl http_body::Body for Relay {
         }
         match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if frame.is_data() {
+                if let Some(data) = frame.data_ref() {
                     // The first byte of a streamed answer follows the first token.
                     g.load.prefill_done();
+                    if let Some(r) = this.recorder.as_mut() {
+                        if r.body.len() + data.len() <= r.ticket.max_answer_bytes() {
+                            r.body.extend_from_slice(data);
+                        } else {
+                            this.recorder = None;
+                        }
+                    }
                 }
                 this.idle.as_mut().reset(tokio::time::Instant::now() + this.idle_limit);
+                if this.inner.is_end_stream() {
+                    this.ended();
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
                 g.status = 502;
                 this.guard = None;
+                this.recorder = None;
                 match failed_mid_answer(&this.worker, &e, this.sse) {
                     Some(tail) => Poll::Ready(Some(Ok(http_body::Frame::data(tail)))),
                     None => Poll::Ready(Some(Err(std::io::Error::other(e.to_string())))),
@@ -142,6 +184,7 @@ impl http_body::Body for Relay {
             Poll::Pending if this.idle.as_mut().poll(cx).is_ready() => {
                 g.status = 502;
                 this.guard = None;
+                this.recorder = None;
                 let e = format!("no data from the worker within {:?}", this.idle_limit);
                 match failed_mid_answer(&this.worker, &e, this.sse) {
                     Some(tail) => Poll::Ready(Some(Ok(http_body::Frame::data(tail)))),
@@ -149,6 +192,7 @@ impl http_body::Body for Relay {
                 }
             }
             Poll::Ready(None) => {
+                this.ended();
                 this.guard = None;
                 Poll::Ready(None)
             }

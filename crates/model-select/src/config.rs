@@ -13,7 +13,9 @@ mod semantic;
 mod validate;
 
 pub use load::{Problem, parse_yaml};
-pub use pools::{DEFAULT_PREFILL_TOKENS_PER_S, HeaderMutation, PluginConfig, PoolConfig, Price, SystemPromptMode};
+pub use pools::{
+    DEFAULT_PREFILL_TOKENS_PER_S, HeaderMutation, PluginConfig, PoolConfig, Price, ResponseCache, SystemPromptMode,
+};
 pub(crate) use semantic::uses_embeddings;
 pub use semantic::{
     Aggregation, ComplexityRule, DomainConfig, DomainLabel, DomainMethod, EmbeddingRule, JailbreakRule, ReaskRule,

@@ -31,9 +31,9 @@ pub use config::{
     ALGORITHMS, Aggregation, AlgorithmConfig, Bounds, ComplexityRule, Config, ContextRule, ConversationRule,
     DEFAULT_PREFILL_TOKENS_PER_S, DecisionConfig, DomainConfig, DomainLabel, DomainMethod, EmbeddingRule,
     HeaderMutation, HeaderRule, JailbreakRule, KeywordOperator, KeywordRule, LanguageRule, LoadRule, PiiRule,
-    PluginConfig, PoolConfig, Price, Problem, RESERVED_DECISIONS, ReaskRule, RegexRule, RuleNode, RuleOperator,
-    SignalCondition, SignalKind, SignalRef, SignalsConfig, Stickiness, Strategy, SystemPromptMode, parse_yaml,
-    validate,
+    PluginConfig, PoolConfig, Price, Problem, RESERVED_DECISIONS, ReaskRule, RegexRule, ResponseCache, RuleNode,
+    RuleOperator, SignalCondition, SignalKind, SignalRef, SignalsConfig, Stickiness, Strategy, SystemPromptMode,
+    parse_yaml, validate,
 };
 pub use decision::{DecisionTrace, RuleOutcome, Selection, evaluate_rule, needed_signals, select};
 pub use error::ConfigError;

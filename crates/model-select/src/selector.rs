@@ -130,13 +130,23 @@ impl Selector {
             .collect();
         use SignalKind as K;
         let reads = |kinds: &[SignalKind]| needed.iter().any(|s| kinds.contains(&s.kind));
-        let needs = Needs {
+        let mut needs = Needs {
             tokens: reads(&[K::Context]),
             text: reads(&[K::Keyword, K::Regex, K::Pii, K::Language]),
             shape: reads(&[K::Conversation]),
             load: reads(&[K::Load]),
             embeddings: signals.embedding_needs(&needed),
         };
+        // A semantic response cache reads the last user turn's vector.
+        let semantic_cache = config
+            .decisions
+            .iter()
+            .flat_map(|d| &d.plugins)
+            .any(|p| matches!(p, PluginConfig::ResponseCache(c) if c.semantic));
+        if semantic_cache && embedder.is_none() {
+            return Err(vec![ConfigError::NoEmbeddingModel]);
+        }
+        needs.embeddings.last |= semantic_cache;
         let detector = PiiDetector::new();
         Ok(Selector {
             config,

@@ -144,7 +144,7 @@ pub(crate) struct ServeArgs {
     /// Sentence-embedding model directory (sentence-transformers layout: config.json,
     /// model.safetensors, tokenizer.json; all-MiniLM-L6-v2 in docs/model-routing.md) for the
     /// routing config's embedding, domain, jailbreak, complexity and reask signals. Needs a
-    /// build with the `embed` feature (release builds, the image and the wheel have it).
+    /// build with the `embed` feature (`--features embed`; the image and the wheel have it).
     #[arg(long, env = "SGL_ROUTER_EMBEDDING_MODEL_PATH", value_name = "DIR", requires = "routing_config")]
     pub(crate) embedding_model_path: Option<PathBuf>,
     /// Threads the embedding model computes on (off the serving threads).

@@ -333,8 +333,9 @@ async fn connection(gw: Arc<Gateway>, app: axum::Router, mut tcp: TcpStream, fas
                 Err(refusal) => Next::Refuse(refusal),
             };
             let head = match next {
-                Next::Fast(head) => head,
-                Next::Hyper => break,
+                // While a decision caches answers, hyper serves: its relay records them.
+                Next::Fast(head) if !gw.routing().is_some_and(|r| r.caches_answers()) => head,
+                Next::Fast(_) | Next::Hyper => break,
                 Next::Refuse(refusal) => return refuse(&mut tcp, &refusal).await,
             };
             buf.advance(head.len);
@@ -480,7 +481,9 @@ async fn serve_fast(
         let i = l.iter().position(|&b| b == b':')?;
         Some((std::str::from_utf8(&l[..i]).ok()?, l[i + 1..].strip_suffix(b"\r").unwrap_or(&l[i + 1..])))
     });
-    let signal_headers = crate::pools::wanted_headers(gw, lines);
+    let signal_headers = crate::pools::wanted_headers(gw, lines.clone());
+    let cache_bypass =
+        crate::cache::bypassed(lines.filter(|(n, _)| n.eq_ignore_ascii_case("cache-control")).map(|(_, v)| v));
     if let Some(auth) = worker_auth {
         push_header(&mut headers, b"authorization", &auth);
     }
@@ -503,6 +506,7 @@ async fn serve_fast(
         route_debug: head.route_debug,
         signal_headers,
         session: head.session,
+        cache_bypass,
     };
     async move {
         let send = |worker, body, rank, edits: Option<Arc<crate::pools::HeaderEdits>>| {
@@ -520,7 +524,12 @@ async fn serve_fast(
         // After a half-close nothing more comes: the answer is the last unless requests were pipelined before it.
         let close = head.close || drain.is_cancelled() || (!peer.open && peer.pipelined.is_empty());
         match sent {
-            Ok((mut guard, worker, answer)) => {
+            // Answered from a response cache (the connection loop hands requests to hyper while a
+            // decision caches; this one was routed as a reload turned caching on).
+            Ok(crate::proxy::Forwarded::Cached(hit)) => {
+                peer.tcp.write_all(&hit.to_bytes(close, &answer_head)).await.is_ok() && !close
+            }
+            Ok(crate::proxy::Forwarded::Sent(mut guard, worker, answer)) => {
                 if let Some(extra) = guard.route_headers.take() {
                     for (name, value) in extra.0 {
                         push_header(&mut answer_head, name.as_bytes(), value.as_bytes());

@@ -99,6 +99,8 @@ pub struct Routing {
     pub(crate) sessions: Arc<sticky::Sessions>,
     /// Counters (kept across reloads).
     pub metrics: Arc<RoutingMetrics>,
+    /// Per decision (by index): its `response_cache` plugin's answers (a reload starts them afresh).
+    pub(crate) caches: Vec<Option<Arc<crate::cache::Store>>>,
 }
 
 /// What model selection counts.
@@ -114,6 +116,11 @@ pub struct RoutingMetrics {
     pub signal_seconds: Histogram,
     /// Auto-routed conversations by what stickiness did (`new`, `same`, `stayed`, `switched`).
     pub sessions: LabeledCounter,
+    /// Response-cache lookups by `decision` and `outcome` (`hit_exact`, `hit_semantic`, `miss`,
+    /// `skip_sampling`, `skip_choices`, `skip_bypass`).
+    pub cache_lookups: LabeledCounter,
+    /// Answers stored in a response cache, by `decision`.
+    pub cache_stores: LabeledCounter,
 }
 
 /// Headers a decision sets and removes on the request to the worker.
@@ -141,6 +148,10 @@ pub(crate) struct Routed {
     /// The prompt's tokens and text as the pool's renderer makes them, when
     /// the signals rendered it already (the plan reuses them).
     pub(crate) prompt: Option<crate::proxy::Rendered>,
+    /// The winning decision's index (auto routing).
+    pub(crate) index: Option<usize>,
+    /// The decision's response cache: the request's ticket and what the lookup found.
+    pub(crate) cache: Option<(crate::cache::Ticket, crate::cache::Outcome)>,
 }
 
 /// The explain a request asked for with `x-route-debug: true`.
@@ -162,6 +173,20 @@ impl Routing {
     /// The routing config at work; its header changes are compiled here
     /// (the config was validated: every name and value is sound).
     pub fn new(selector: Selector) -> Self {
+        let metrics = Arc::new(RoutingMetrics {
+            requests: LabeledCounter::default(),
+            blocks: LabeledCounter::default(),
+            redactions: LabeledCounter::default(),
+            signal_seconds: Histogram::new(&SIGNAL_BUCKETS),
+            sessions: LabeledCounter::default(),
+            cache_lookups: LabeledCounter::default(),
+            cache_stores: LabeledCounter::default(),
+        });
+        Routing::new_counting(selector, metrics)
+    }
+
+    /// The routing config at work, counting into `metrics`.
+    fn new_counting(selector: Selector, metrics: Arc<RoutingMetrics>) -> Self {
         let edits = selector
             .config()
             .decisions
@@ -182,22 +207,33 @@ impl Routing {
                 (!edits.set.is_empty() || !edits.remove.is_empty()).then(|| Arc::new(edits))
             })
             .collect();
-        let metrics = Arc::new(RoutingMetrics {
-            requests: LabeledCounter::default(),
-            blocks: LabeledCounter::default(),
-            redactions: LabeledCounter::default(),
-            signal_seconds: Histogram::new(&SIGNAL_BUCKETS),
-            sessions: LabeledCounter::default(),
-        });
         let sessions = Arc::new(sticky::Sessions::new(selector.config().stickiness));
-        Routing { selector, edits, sessions, metrics }
+        let caches = selector
+            .config()
+            .decisions
+            .iter()
+            .map(|d| {
+                d.plugins.iter().find_map(|p| match p {
+                    PluginConfig::ResponseCache(c) => {
+                        Some(Arc::new(crate::cache::Store::new(c, &d.name, metrics.clone())))
+                    }
+                    _ => None,
+                })
+            })
+            .collect();
+        Routing { selector, edits, sessions, metrics, caches }
+    }
+
+    /// Whether a decision caches answers (the fast path then hands requests to
+    /// the front end that records them).
+    pub(crate) fn caches_answers(&self) -> bool {
+        self.caches.iter().any(Option::is_some)
     }
 
     /// The config after `old` (a reload): its counters go on, and so do the
     /// conversations it remembers unless stickiness was reconfigured.
     pub(crate) fn succeeding(selector: Selector, old: &Routing) -> Self {
-        let mut next = Routing::new(selector);
-        next.metrics = old.metrics.clone();
+        let mut next = Routing::new_counting(selector, old.metrics.clone());
         if next.selector.config().stickiness == old.selector.config().stickiness {
             next.sessions = old.sessions.clone();
         }
@@ -215,7 +251,16 @@ impl Routed {
 
     /// To `pool` by `decision`, nothing else known yet.
     fn to(pool: usize, decision: &str) -> Self {
-        Routed { pool, decision: decision.to_owned(), rewritten: false, edits: None, debug: None, prompt: None }
+        Routed {
+            pool,
+            decision: decision.to_owned(),
+            rewritten: false,
+            edits: None,
+            debug: None,
+            prompt: None,
+            index: None,
+            cache: None,
+        }
     }
 }
 
@@ -273,6 +318,9 @@ impl RouteHeaders {
             out.push(("x-route-confidence", value(&format!("{:.3}", d.confidence))));
             out.push(("x-route-candidates", value(&d.candidates.join(","))));
         }
+        if let Some((_, outcome)) = &routed.cache {
+            out.push((crate::cache::CACHE_HEADER, outcome.header()));
+        }
         RouteHeaders(out)
     }
 }
@@ -317,7 +365,44 @@ pub(crate) fn route(
         Target::Auto if !route.has_prompt() => Routed::to(selector.default_pool(), model_select::NO_DECISION),
         Target::Auto => auto(gw, routing, route, v, ask, preview.as_deref_mut())?,
     };
-    Ok(finish(gw, routing, v, routed, preview.is_some()))
+    let mut routed = finish(gw, routing, v, routed, preview.is_some());
+    if preview.is_none() {
+        routed.cache = look_up(gw, routing, v, &routed, ask);
+    }
+    Ok(routed)
+}
+
+/// The decision's response cache, if it has one: the request's ticket and
+/// what the cache holds for it (counted).
+fn look_up(
+    gw: &Gateway,
+    routing: &Routing,
+    v: &Value,
+    routed: &Routed,
+    ask: &Asked<'_>,
+) -> Option<(crate::cache::Ticket, crate::cache::Outcome)> {
+    use crate::cache::{Outcome, Skip};
+    let store = routing.caches.get(routed.index?)?.as_ref()?;
+    let vector = ask.embeddings.and_then(|e| e.last.as_ref()).and_then(|l| l.as_ref().ok()).cloned();
+    let pool = &gw.pools[routed.pool].id.0;
+    let ticket = if ask.cache_bypass { Err(Skip::Bypass) } else { store.ticket(v, &routed.decision, pool, vector) };
+    let (found, outcome) = match ticket {
+        Ok(ticket) => {
+            let outcome = ticket.lookup();
+            let label = match outcome {
+                Outcome::Exact(_) => "hit_exact",
+                Outcome::Semantic(..) => "hit_semantic",
+                Outcome::Miss => "miss",
+            };
+            (Some((ticket, outcome)), label)
+        }
+        Err(Skip::Sampling) => (None, "skip_sampling"),
+        Err(Skip::Choices) => (None, "skip_choices"),
+        Err(Skip::Bypass) => (None, "skip_bypass"),
+    };
+    let decision = crate::metrics::escape(&routed.decision);
+    routing.metrics.cache_lookups.inc(format_args!("decision=\"{decision}\",outcome=\"{outcome}\""));
+    found
 }
 
 /// An auto name's route: signals, the decision, its plugins, the algorithm and stickiness.
@@ -392,6 +477,8 @@ fn auto(
         edits: choice.index.and_then(|i| routing.edits.get(i).cloned().flatten()),
         debug,
         prompt,
+        index: choice.index,
+        cache: None,
     })
 }
 
@@ -427,7 +514,7 @@ fn plugins(
                 }
             }
             PluginConfig::SystemPrompt { prompt, mode } => changed |= model_select::set_system_prompt(v, prompt, *mode),
-            PluginConfig::Block { .. } | PluginConfig::HeaderMutation(_) => {}
+            PluginConfig::Block { .. } | PluginConfig::HeaderMutation(_) | PluginConfig::ResponseCache(_) => {}
         }
     }
     Ok(changed)
@@ -444,6 +531,8 @@ pub(crate) struct Asked<'a> {
     pub(crate) session: Option<&'a [u8]>,
     /// The request's vectors, computed before routing when the decisions read them.
     pub(crate) embeddings: Option<&'a model_select::RequestEmbeddings>,
+    /// `cache-control: no-cache` or `no-store`: no response cache is read or written.
+    pub(crate) cache_bypass: bool,
 }
 
 /// The request header naming a conversation.

@@ -92,6 +92,49 @@ pub enum PluginConfig {
     },
     /// Change the headers the worker receives.
     HeaderMutation(HeaderMutation),
+    /// Answer a request the decision saw before from the router's cache.
+    ResponseCache(ResponseCache),
+}
+
+/// A `response_cache` plugin: exact hits (the same request but for `model`,
+/// the same decision, pool and stream flag) and, opted in, semantic hits (the
+/// last user turn similar enough, everything else identical). Only complete
+/// answers (2xx, not cut) are stored; an entry lives `ttl_secs`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseCache {
+    /// Also hit on a similar last user turn (needs the embedding model).
+    #[serde(default)]
+    pub semantic: bool,
+    /// The similarity a semantic hit needs (default 0.95).
+    #[serde(default = "cache_threshold")]
+    pub threshold: f64,
+    /// How long an answer is served, in seconds (default 600).
+    #[serde(default = "cache_ttl")]
+    pub ttl_secs: u64,
+    /// Answers kept at most, least recently used out first (default 1,000).
+    #[serde(default = "cache_entries")]
+    pub max_entries: usize,
+    /// A larger answer is not stored (default 1 MiB).
+    #[serde(default = "cache_answer_bytes")]
+    pub max_answer_bytes: usize,
+    /// Cache requests that sample (`temperature` above 0, or unset); off by
+    /// default: a sampled answer is meant to vary.
+    #[serde(default)]
+    pub allow_sampling: bool,
+}
+
+fn cache_threshold() -> f64 {
+    0.95
+}
+fn cache_ttl() -> u64 {
+    600
+}
+fn cache_entries() -> usize {
+    1_000
+}
+fn cache_answer_bytes() -> usize {
+    1 << 20
 }
 
 /// How a `system_prompt` plugin treats the client's own system prompt.
@@ -135,6 +178,7 @@ impl PluginConfig {
             PluginConfig::PiiRedact { .. } => "pii_redact",
             PluginConfig::SystemPrompt { .. } => "system_prompt",
             PluginConfig::HeaderMutation(_) => "header_mutation",
+            PluginConfig::ResponseCache(_) => "response_cache",
         }
     }
 }

@@ -1,0 +1,438 @@
+//! The answers of `response_cache` plugins: per decision, a bounded LRU of
+//! complete answers keyed by the canonical request (minus `model`, plus the
+//! decision, pool and stream flag), found again exactly or, opted in, by the
+//! last user turn's embedding with everything else identical. Owns the
+//! stores and what may be cached; the relay records an answer as it passes
+//! (`relay`), and only a complete 2xx answer is kept.
+
+use std::fmt::Write as _;
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::HeaderValue;
+use axum::response::IntoResponse as _;
+use lru::LruCache;
+use model_select::ResponseCache;
+use serde_json::Value;
+
+/// The response header saying what the cache did.
+pub(crate) const CACHE_HEADER: &str = "x-route-cache";
+
+/// One decision's answers.
+#[derive(Debug)]
+pub(crate) struct Store {
+    config: ResponseCache,
+    /// Its decision's name, and where stores are counted.
+    decision: String,
+    metrics: Arc<crate::pools::RoutingMetrics>,
+    entries: Mutex<LruCache<u64, Entry>>,
+    keys: ahash::RandomState,
+}
+
+#[derive(Debug)]
+struct Entry {
+    /// The canonical request, compared on a hit (the map's key is its hash).
+    exact: Arc<str>,
+    /// The hash of the request without its last user turn (semantic hits need it equal).
+    partition: u64,
+    /// The last user turn's embedding (semantic stores only).
+    vector: Option<Arc<[f32]>>,
+    answer: Arc<Answer>,
+    until: Instant,
+}
+
+/// A stored answer.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    /// Its status (2xx).
+    pub(crate) status: u16,
+    /// Its content type, if it had one.
+    pub(crate) content_type: Option<HeaderValue>,
+    /// Its body, whole.
+    pub(crate) body: Bytes,
+}
+
+/// A request the cache may answer or learn from.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    store: Arc<Store>,
+    exact: Arc<str>,
+    hash: u64,
+    partition: u64,
+    vector: Option<Arc<[f32]>>,
+}
+
+/// What a lookup found.
+#[derive(Debug, Clone)]
+pub(crate) enum Outcome {
+    /// The same request.
+    Exact(Arc<Answer>),
+    /// A similar last user turn, everything else the same.
+    Semantic(Arc<Answer>, f64),
+    /// Nothing: the answer goes to a worker (and maybe into the cache).
+    Miss,
+}
+
+/// Why a request was not looked up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Skip {
+    /// Asks for several choices.
+    Choices,
+    /// Samples, and the plugin does not allow it.
+    Sampling,
+    /// `cache-control: no-cache` or `no-store`.
+    Bypass,
+}
+
+impl Outcome {
+    /// The `x-route-cache` value.
+    pub(crate) fn header(&self) -> HeaderValue {
+        match self {
+            Outcome::Exact(_) => HeaderValue::from_static("hit-exact"),
+            Outcome::Semantic(_, sim) => {
+                HeaderValue::from_str(&format!("hit-semantic;sim={sim:.3}")).unwrap_or(HeaderValue::from_static("hit"))
+            }
+            Outcome::Miss => HeaderValue::from_static("miss"),
+        }
+    }
+}
+
+// === impl Store ===
+
+impl Store {
+    /// An empty store for `decision`'s `config`, counting into `metrics`.
+    pub(crate) fn new(config: &ResponseCache, decision: &str, metrics: Arc<crate::pools::RoutingMetrics>) -> Store {
+        let cap = NonZeroUsize::new(config.max_entries).unwrap_or(NonZeroUsize::MIN);
+        Store {
+            config: config.clone(),
+            decision: decision.to_owned(),
+            metrics,
+            entries: Mutex::new(LruCache::new(cap)),
+            keys: ahash::RandomState::new(),
+        }
+    }
+
+    /// Answers kept now.
+    pub(crate) fn len(&self) -> usize {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// The ticket of the request `v` (after the plugins, `model` ignored) to
+    /// `pool` under `decision`, or why it is not cached. `vector` is the last
+    /// user turn's embedding, for semantic stores.
+    pub(crate) fn ticket(
+        self: &Arc<Self>,
+        v: &Value,
+        decision: &str,
+        pool: &str,
+        vector: Option<Arc<[f32]>>,
+    ) -> Result<Ticket, Skip> {
+        if v.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
+            return Err(Skip::Choices);
+        }
+        let temperature = v.get("temperature").and_then(Value::as_f64);
+        if !self.config.allow_sampling && temperature.is_none_or(|t| t > 0.0) {
+            return Err(Skip::Sampling);
+        }
+        let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
+        let mut exact = String::new();
+        let _ = write!(exact, "{decision}\u{0}{pool}\u{0}{stream}\u{0}");
+        let prefix = exact.len();
+        let model = |path: &[String]| path.len() == 1 && path[0] == "model";
+        canonical(v, &mut exact, &mut |path| model(path));
+        let mut rest = exact[..prefix].to_owned();
+        canonical(v, &mut rest, &mut |path| model(path) || is_last_user_content(v, path));
+        // A semantic hit stands for the same question asked otherwise: not when tools may be
+        // called, nor when the question holds digits (2 + 3 and 2 + 4 embed alike).
+        let last = model_select::user_turns(v).pop().unwrap_or_default();
+        let tools = v.get("tools").and_then(Value::as_array).is_some_and(|t| !t.is_empty());
+        let semantic = self.config.semantic && !tools && !last.bytes().any(|b| b.is_ascii_digit());
+        Ok(Ticket {
+            hash: self.keys.hash_one(&exact),
+            partition: self.keys.hash_one(&rest),
+            exact: exact.into(),
+            vector: vector.filter(|_| semantic),
+            store: self.clone(),
+        })
+    }
+}
+
+// === impl Ticket ===
+
+impl Ticket {
+    /// The cached answer for this request, if any (expired entries go).
+    pub(crate) fn lookup(&self) -> Outcome {
+        let now = Instant::now();
+        let mut entries = self.store.entries.lock().unwrap_or_else(|p| p.into_inner());
+        match entries.get(&self.hash) {
+            Some(e) if e.until > now && e.exact == self.exact => return Outcome::Exact(e.answer.clone()),
+            Some(e) if e.until <= now => {
+                entries.pop(&self.hash);
+            }
+            _ => {}
+        }
+        let Some(v) = &self.vector else { return Outcome::Miss };
+        let threshold = self.store.config.threshold;
+        let best = entries
+            .iter()
+            .filter(|(_, e)| e.partition == self.partition && e.until > now)
+            .filter_map(|(k, e)| Some((*k, model_select::cosine(v, e.vector.as_deref()?))))
+            .filter(|(_, sim)| *sim >= threshold)
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        match best {
+            Some((k, sim)) => {
+                let answer = entries.get(&k).map(|e| e.answer.clone());
+                answer.map_or(Outcome::Miss, |a| Outcome::Semantic(a, sim))
+            }
+            None => Outcome::Miss,
+        }
+    }
+
+    /// Largest answer kept.
+    pub(crate) fn max_answer_bytes(&self) -> usize {
+        self.store.config.max_answer_bytes
+    }
+
+    /// Keeps a complete answer.
+    pub(crate) fn store(self, answer: Answer) {
+        if answer.body.len() > self.store.config.max_answer_bytes {
+            return;
+        }
+        let entry = Entry {
+            exact: self.exact.clone(),
+            partition: self.partition,
+            vector: self.vector.clone(),
+            answer: Arc::new(answer),
+            until: Instant::now() + Duration::from_secs(self.store.config.ttl_secs),
+        };
+        self.store.entries.lock().unwrap_or_else(|p| p.into_inner()).put(self.hash, entry);
+        let decision = crate::metrics::escape(&self.store.decision);
+        self.store.metrics.cache_stores.inc(format_args!("decision=\"{decision}\""));
+    }
+}
+
+/// Whether `path` is the content of the request's last user message (or a completion's prompt).
+fn is_last_user_content(v: &Value, path: &[String]) -> bool {
+    let Some(messages) = v.get("messages").and_then(Value::as_array) else {
+        return path.len() == 1 && path[0] == "prompt";
+    };
+    let last = messages.iter().rposition(|m| m.get("role").and_then(Value::as_str) == Some("user"));
+    match (last, path) {
+        (Some(i), [messages, index, content]) => {
+            messages == "messages" && content == "content" && index.parse::<usize>().ok() == Some(i)
+        }
+        _ => false,
+    }
+}
+
+/// Writes `v` as JSON with every object's keys sorted, leaving out the
+/// members whose path (keys and array indices) `skip` accepts.
+fn canonical(v: &Value, out: &mut String, skip: &mut dyn FnMut(&[String]) -> bool) {
+    fn walk(v: &Value, path: &mut Vec<String>, out: &mut String, skip: &mut dyn FnMut(&[String]) -> bool) {
+        match v {
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                out.push('{');
+                for k in keys {
+                    path.push(k.clone());
+                    if !skip(path) {
+                        out.push_str(&Value::String(k.clone()).to_string());
+                        out.push(':');
+                        walk(&map[k], path, out, skip);
+                        out.push(',');
+                    }
+                    path.pop();
+                }
+                out.push('}');
+            }
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    path.push(i.to_string());
+                    if !skip(path) {
+                        walk(item, path, out, skip);
+                    }
+                    out.push(',');
+                    path.pop();
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    walk(v, &mut Vec::new(), out, skip);
+}
+
+/// Whether `cache-control` values say not to use or keep a cached answer (`no-cache`, `no-store`).
+pub(crate) fn bypassed<'h>(values: impl Iterator<Item = &'h [u8]>) -> bool {
+    values.into_iter().any(|v| {
+        let v = v.to_ascii_lowercase();
+        v.windows(8).any(|w| w == b"no-cache" || w == b"no-store")
+    })
+}
+
+/// A request answered from the cache: what was found, and the route headers.
+#[derive(Debug)]
+pub(crate) struct Hit {
+    /// A hit (exact or semantic).
+    pub(crate) outcome: Outcome,
+    /// `x-route-pool`, `x-route-decision`, `x-route-cache`...
+    pub(crate) headers: crate::pools::RouteHeaders,
+}
+
+impl Hit {
+    /// The stored answer.
+    pub(crate) fn answer(&self) -> Option<&Arc<Answer>> {
+        match &self.outcome {
+            Outcome::Exact(a) | Outcome::Semantic(a, _) => Some(a),
+            Outcome::Miss => None,
+        }
+    }
+
+    /// The answer as the axum front end sends it: the stored status, content
+    /// type and body (an event stream is replayed as it came), and the route headers.
+    pub(crate) fn into_response(self) -> axum::response::Response {
+        let Some(answer) = self.answer().cloned() else {
+            return axum::http::StatusCode::INTERNAL_SERVER_ERROR.into_response();
+        };
+        let mut r = axum::response::Response::new(axum::body::Body::from(answer.body.clone()));
+        *r.status_mut() = axum::http::StatusCode::from_u16(answer.status).unwrap_or(axum::http::StatusCode::OK);
+        if let Some(ct) = &answer.content_type {
+            r.headers_mut().insert(axum::http::header::CONTENT_TYPE, ct.clone());
+        }
+        for (name, value) in self.headers.0 {
+            r.headers_mut().insert(axum::http::HeaderName::from_static(name), value);
+        }
+        r
+    }
+
+    /// The answer as the fast path writes it: head (with `extra` header lines) and body.
+    pub(crate) fn to_bytes(&self, close: bool, extra: &[u8]) -> Vec<u8> {
+        let Some(answer) = self.answer() else { return Vec::new() };
+        let status = axum::http::StatusCode::from_u16(answer.status).unwrap_or(axum::http::StatusCode::OK);
+        let mut out = format!(
+            "HTTP/1.1 {} {}\r\ncontent-length: {}\r\n",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or(""),
+            answer.body.len()
+        )
+        .into_bytes();
+        if let Some(ct) = &answer.content_type {
+            crate::h1::push_header(&mut out, b"content-type", ct.as_bytes());
+        }
+        for (name, value) in &self.headers.0 {
+            crate::h1::push_header(&mut out, name.as_bytes(), value.as_bytes());
+        }
+        if close {
+            out.extend_from_slice(b"connection: close\r\n");
+        }
+        out.extend_from_slice(extra);
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(&answer.body);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn store(semantic: bool) -> Arc<Store> {
+        let config: ResponseCache =
+            serde_json::from_value(json!({"semantic": semantic, "threshold": 0.9, "max_entries": 2})).unwrap();
+        let metrics = crate::pools::Routing::new(
+            model_select::Selector::new(
+                serde_json::from_value(json!({"pools": [{"name": "p", "served_model": "m"}]})).unwrap(),
+            )
+            .unwrap(),
+        )
+        .metrics;
+        Arc::new(Store::new(&config, "d", metrics))
+    }
+
+    fn chat(last: &str) -> Value {
+        json!({"model": "a", "temperature": 0, "messages": [
+            {"role": "user", "content": "first"}, {"role": "assistant", "content": "x"}, {"role": "user", "content": last}]})
+    }
+
+    fn answer(body: &'static str) -> Answer {
+        Answer { status: 200, content_type: None, body: Bytes::from_static(body.as_bytes()) }
+    }
+
+    fn unit(v: &[f32]) -> Option<Arc<[f32]>> {
+        let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        Some(v.iter().map(|x| x / n).collect())
+    }
+
+    #[test]
+    fn the_key_is_the_request_but_its_model_in_any_key_order() {
+        let s = store(false);
+        s.ticket(&chat("q"), "d", "p", None).unwrap().store(answer("A"));
+        let reordered = json!({"messages": chat("q")["messages"], "temperature": 0, "model": "other"});
+        assert!(matches!(s.ticket(&reordered, "d", "p", None).unwrap().lookup(), Outcome::Exact(a) if a.body == "A"));
+        for (v, decision, pool) in [
+            (chat("q2"), "d", "p"),
+            (chat("q"), "e", "p"),
+            (chat("q"), "d", "p2"),
+            (json!({"temperature": 0, "stream": true, "messages": chat("q")["messages"]}), "d", "p"),
+        ] {
+            assert!(
+                matches!(s.ticket(&v, decision, pool, None).unwrap().lookup(), Outcome::Miss),
+                "{v} {decision} {pool}"
+            );
+        }
+        // Bounded: the least recently used goes.
+        s.ticket(&chat("b"), "d", "p", None).unwrap().store(answer("B"));
+        s.ticket(&chat("c"), "d", "p", None).unwrap().store(answer("C"));
+        assert_eq!(s.len(), 2);
+        assert!(matches!(s.ticket(&chat("q"), "d", "p", None).unwrap().lookup(), Outcome::Miss));
+    }
+
+    #[test]
+    fn what_is_not_cached() {
+        let s = store(true);
+        let mut n = chat("q");
+        n["n"] = json!(2);
+        assert_eq!(s.ticket(&n, "d", "p", None).err(), Some(Skip::Choices));
+        let mut sampled = chat("q");
+        sampled["temperature"] = json!(0.7);
+        assert_eq!(s.ticket(&sampled, "d", "p", None).err(), Some(Skip::Sampling));
+        sampled.as_object_mut().unwrap().remove("temperature");
+        assert_eq!(s.ticket(&sampled, "d", "p", None).err(), Some(Skip::Sampling));
+        assert!(bypassed([&b"max-age=0, No-Cache"[..]].into_iter()) && !bypassed([&b"max-age=0"[..]].into_iter()));
+        // Digits in the question or tools offered: exact hits only (no vector kept).
+        assert!(s.ticket(&chat("what is 2 + 3"), "d", "p", unit(&[1.0, 0.0])).unwrap().vector.is_none());
+        let mut tools = chat("q");
+        tools["tools"] = json!([{"type": "function"}]);
+        assert!(s.ticket(&tools, "d", "p", unit(&[1.0, 0.0])).unwrap().vector.is_none());
+        // Too large an answer is not kept.
+        let big = Answer { status: 200, content_type: None, body: Bytes::from(vec![b'x'; (1 << 20) + 1]) };
+        s.ticket(&chat("q"), "d", "p", None).unwrap().store(big);
+        assert_eq!(s.len(), 0);
+    }
+
+    #[test]
+    fn a_semantic_hit_needs_a_similar_last_turn_and_the_rest_identical() {
+        let s = store(true);
+        s.ticket(&chat("how do I reset my password"), "d", "p", unit(&[1.0, 0.0])).unwrap().store(answer("R"));
+        let near = s.ticket(&chat("how can I reset my password"), "d", "p", unit(&[0.99, 0.1])).unwrap().lookup();
+        assert!(matches!(&near, Outcome::Semantic(a, sim) if a.body == "R" && *sim > 0.99), "{near:?}");
+        assert!(near.header().to_str().unwrap().starts_with("hit-semantic;sim=0.99"));
+        let far = s.ticket(&chat("what is my balance"), "d", "p", unit(&[0.5, 0.87])).unwrap().lookup();
+        assert!(matches!(far, Outcome::Miss));
+        // The same last turn after another first turn: the rest differs, no hit.
+        let mut other = chat("how can I reset my password");
+        other["messages"][0]["content"] = json!("something else");
+        assert!(matches!(s.ticket(&other, "d", "p", unit(&[0.99, 0.1])).unwrap().lookup(), Outcome::Miss));
+        // Without the plugin's opt-in, no semantic hits.
+        let exact_only = store(false);
+        exact_only.ticket(&chat("reset password"), "d", "p", unit(&[1.0, 0.0])).unwrap().store(answer("R"));
+        let t = exact_only.ticket(&chat("reset my password"), "d", "p", unit(&[1.0, 0.0])).unwrap();
+        assert!(matches!(t.lookup(), Outcome::Miss));
+    }
+}

@@ -1,0 +1,90 @@
+//! The response cache end to end (`tests/routing/cache.yaml`): a decision
+//! with a `response_cache` plugin answers a repeated request from the cache
+//! (whole answers and event streams alike, byte for byte), never from a
+//! failed stream, not for a request that samples or says `no-cache`, and
+//! keeps what the engine did not have to do.
+
+mod common;
+
+use common::app::{admin_client, config, pools, start};
+use mock_engine::Faults;
+use serde_json::{Value, json};
+use sgl_router::app::PolicyConfig;
+
+fn faq(question: &str, stream: bool) -> Value {
+    json!({"model": "auto", "temperature": 0, "max_tokens": 6, "stream": stream,
+           "messages": [{"role": "user", "content": format!("faq: {question}")}]})
+}
+
+async fn metric(url: &str, line: &str) -> f64 {
+    let text = admin_client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    text.lines().find(|l| l.starts_with(line)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_requests_are_answered_from_the_cache_byte_for_byte() {
+    let (routing, engines) = pools("tests/routing/cache.yaml").await;
+    let mut app = config(&[], PolicyConfig::RoundRobin, false);
+    app.routing = Some(routing);
+    let router = start(app).await;
+    let url = format!("{}/v1/chat/completions", router.url);
+    let http = reqwest::Client::new();
+    let seen = || engines[0].engine().legs().len();
+    let send = async |body: &Value, extra: Option<(&str, &str)>| {
+        let mut r = http.post(&url).json(body);
+        if let Some((n, v)) = extra {
+            r = r.header(n, v);
+        }
+        let r = r.send().await.unwrap();
+        let status = r.status().as_u16();
+        let cache = r.headers().get("x-route-cache").map(|v| v.to_str().unwrap().to_owned());
+        let ct = r.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned());
+        (status, cache, ct, r.bytes().await.unwrap())
+    };
+
+    // A whole answer: the second is the first, and the engine saw one request.
+    let (s1, c1, _, b1) = send(&faq("opening hours?", false), None).await;
+    let (s2, c2, _, b2) = send(&faq("opening hours?", false), None).await;
+    assert_eq!((s1, c1.as_deref(), s2, c2.as_deref()), (200, Some("miss"), 200, Some("hit-exact")));
+    assert_eq!(b1, b2);
+    assert_eq!(seen(), 1);
+    // An event stream is replayed as it came: the same bytes, the same content type.
+    let (_, c1, ct1, b1) = send(&faq("opening hours?", true), None).await;
+    let (_, c2, ct2, b2) = send(&faq("opening hours?", true), None).await;
+    assert_eq!((c1.as_deref(), c2.as_deref()), (Some("miss"), Some("hit-exact")), "the stream flag is part of the key");
+    assert_eq!((ct1.as_deref(), ct2.as_deref()), (Some("text/event-stream"), Some("text/event-stream")));
+    assert!(b1.ends_with(b"data: [DONE]\n\n"));
+    assert_eq!(b1, b2, "replayed byte for byte");
+    assert_eq!(seen(), 2);
+    // Anything else different is another request; the key ignores `model` (the decision picks it).
+    let mut other = faq("opening hours?", false);
+    other["max_tokens"] = json!(5);
+    assert_eq!(send(&other, None).await.1.as_deref(), Some("miss"));
+    // Sampling (no temperature: the engine's default) is not cached, nor a request that says no-cache.
+    let mut sampled = faq("opening hours?", false);
+    sampled.as_object_mut().unwrap().remove("temperature");
+    assert_eq!(send(&sampled, None).await.1, None);
+    assert_eq!(send(&faq("opening hours?", false), Some(("cache-control", "no-cache"))).await.1, None);
+    assert_eq!(seen(), 5);
+    // Another decision has no cache.
+    let plain = json!({"model": "auto", "temperature": 0, "messages": [{"role": "user", "content": "hello"}]});
+    assert_eq!(send(&plain, None).await.1, None);
+
+    // A stream that fails half-way is never kept: the next ask is not a hit (the only worker
+    // left rotation, so it is refused).
+    engines[0].engine().set_faults(Faults { die_mid_stream_next: 1, ..Faults::default() }).await;
+    let (_, cache, _, text) = send(&faq("refunds?", true), None).await;
+    assert_eq!(cache.as_deref(), Some("miss"));
+    assert!(String::from_utf8_lossy(&text).contains("upstream_unreachable"));
+    let (status, cache, _, _) = send(&faq("refunds?", true), None).await;
+    assert_eq!((status, cache), (503, None), "not answered from the cache");
+
+    let lookups = "router_response_cache_lookups_total{decision=\"faq\",outcome=";
+    assert_eq!(metric(&router.url, &format!("{lookups}\"hit_exact\"}}")).await, 2.0);
+    assert_eq!(metric(&router.url, &format!("{lookups}\"miss\"}}")).await, 4.0);
+    assert_eq!(metric(&router.url, &format!("{lookups}\"skip_sampling\"}}")).await, 1.0);
+    assert_eq!(metric(&router.url, &format!("{lookups}\"skip_bypass\"}}")).await, 1.0);
+    assert_eq!(metric(&router.url, "router_response_cache_stores_total{decision=\"faq\"}").await, 3.0);
+    assert_eq!(metric(&router.url, "router_response_cache_entries{decision=\"faq\"}").await, 3.0);
+    let _ = router.stop.send(());
+}
