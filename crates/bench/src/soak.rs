@@ -90,6 +90,9 @@ struct Sample {
     memo_pages: f64,
     /// Blocks the engines of the fleet hold (the index's ground truth).
     engine_blocks: f64,
+    /// What the tokenizer's caches hold (segment text bytes and the word cache's budgeted bytes;
+    /// each bounded, 64 MiB and 16 MiB by default): filling, they grow the heap.
+    tokenizer_cache_mib: f64,
     requests: u64,
     workers: f64,
 }
@@ -401,6 +404,8 @@ async fn sample(
         index_mib: get("router_index_memory_bytes") / (1024.0 * 1024.0),
         memo_pages: get("router_page_hash_memo_pages"),
         engine_blocks: engine_blocks as f64,
+        // Both caches' series (segment and word) summed.
+        tokenizer_cache_mib: get("router_tokenizer_cache_bytes") / (1024.0 * 1024.0),
         requests: tally.sent.load(Ordering::Relaxed),
         workers: f.member.iter().filter(|m| **m).count() as f64,
     })
@@ -422,7 +427,7 @@ fn level_off(samples: &[Sample]) -> Vec<(&'static str, f64, f64, bool)> {
 }
 
 /// The columns of the table and the CSV: (table heading, CSV name).
-const COLUMNS: [(&str, &str); 13] = [
+const COLUMNS: [(&str, &str); 14] = [
     ("min", "minutes"),
     ("requests", "requests"),
     ("workers", "workers"),
@@ -436,10 +441,11 @@ const COLUMNS: [(&str, &str); 13] = [
     ("index MiB", "index_mib"),
     ("memo pages", "memo_pages"),
     ("engine blocks", "engine_blocks"),
+    ("tokenizer caches MiB", "tokenizer_cache_mib"),
 ];
 
 /// A sample's values, in [`COLUMNS`] order.
-fn values(s: &Sample) -> [String; 13] {
+fn values(s: &Sample) -> [String; 14] {
     [
         format!("{:.1}", s.secs / 60.0),
         s.requests.to_string(),
@@ -454,6 +460,7 @@ fn values(s: &Sample) -> [String; 13] {
         format!("{:.2}", s.index_mib),
         s.memo_pages.to_string(),
         s.engine_blocks.to_string(),
+        format!("{:.2}", s.tokenizer_cache_mib),
     ]
 }
 

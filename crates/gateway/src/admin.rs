@@ -369,6 +369,33 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     head(&mut out, "router_page_hash_memo_pages", "gauge", "Page digests the page-hash memos hold now.");
     let memo: usize = gw.pools.iter().map(|p| p.chain_memo.len()).sum();
     out.push_str(&format!("router_page_hash_memo_pages {memo}\n"));
+    // Each renderer once (pools may share the router's).
+    let mut renderers: Vec<&Arc<renderer::Renderer>> = Vec::new();
+    for p in &gw.pools {
+        if !renderers.iter().any(|r| Arc::ptr_eq(r, &p.renderer)) {
+            renderers.push(&p.renderer);
+        }
+    }
+    let stats: Vec<renderer::CacheStats> = renderers.iter().map(|r| r.tokenizer().cache_stats()).collect();
+    head(
+        &mut out,
+        "router_tokenizer_cache_bytes",
+        "gauge",
+        "Bytes the tokenizers' caches hold now, by cache (segment: text bytes; word: the fast path's words with ids and overhead).",
+    );
+    out.push_str(&format!(
+        "router_tokenizer_cache_bytes{{cache=\"segment\"}} {}\n",
+        stats.iter().map(|s| s.segment_bytes).sum::<usize>()
+    ));
+    out.push_str(&format!(
+        "router_tokenizer_cache_bytes{{cache=\"word\"}} {}\n",
+        stats.iter().map(|s| s.word_bytes).sum::<usize>()
+    ));
+    head(&mut out, "router_tokenizer_cache_segments", "gauge", "Segments the tokenizers' segment caches hold now.");
+    out.push_str(&format!(
+        "router_tokenizer_cache_segments {}\n",
+        stats.iter().map(|s| s.segment_entries).sum::<usize>()
+    ));
     gw.fleet.render_metrics(&mut out);
     crate::metrics::render_process(&mut out);
     let mut r = Response::new(Body::from(out));

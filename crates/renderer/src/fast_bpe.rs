@@ -116,7 +116,6 @@ impl FastBpe {
     }
 
     /// Bytes the word cache holds now (within `word_budget`).
-    #[cfg(test)]
     pub(crate) fn cached_bytes(&self) -> usize {
         self.words.read().unwrap_or_else(|p| p.into_inner()).bytes
     }

@@ -47,13 +47,20 @@ pub struct TextTokenizer {
     misses: AtomicU64,
 }
 
-/// Hit and miss counts of the segment cache.
+/// Hit and miss counts of the segment cache, and what the caches hold now.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheStats {
     /// Segments served from the cache.
     pub hits: u64,
     /// Segments tokenized.
     pub misses: u64,
+    /// Segments the segment cache holds now.
+    pub segment_entries: usize,
+    /// Text bytes the segment cache holds now (what its byte bound counts).
+    pub segment_bytes: usize,
+    /// Bytes the fast path's word cache holds now (its budget's measure: word, ids and an
+    /// entry's overhead).
+    pub word_bytes: usize,
 }
 
 /// Finds the added tokens the tokenizer splits on before anything else.
@@ -153,7 +160,17 @@ impl TextTokenizer {
 
     /// Hit and miss counts so far.
     pub fn cache_stats(&self) -> CacheStats {
-        CacheStats { hits: self.hits.load(Ordering::Relaxed), misses: self.misses.load(Ordering::Relaxed) }
+        let (segment_entries, segment_bytes) = self.cache.as_ref().map_or((0, 0), |c| {
+            let c = lock(c);
+            (c.map.len(), c.bytes)
+        });
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            segment_entries,
+            segment_bytes,
+            word_bytes: self.fast.as_ref().map_or(0, FastBpe::cached_bytes),
+        }
     }
 
     /// Encodes `text`. With `add_special_tokens = false` (rendered chats) the

@@ -120,7 +120,11 @@ fn qwen3_cached_equals_uncached() {
     assert!(tok.segment_cache_enabled());
     assert!(tok.fast_path_enabled(), "NFC + Split + ByteLevel BPE takes the fast path");
     check(&tok, "qwen3", 600);
-    assert!(tok.cache_stats().hits > 0, "the shared prefix must hit: {:?}", tok.cache_stats());
+    let stats = tok.cache_stats();
+    assert!(stats.hits > 0, "the shared prefix must hit: {stats:?}");
+    // What the caches hold is reported, within their bounds.
+    assert!(stats.segment_entries > 0 && stats.segment_bytes > 0 && stats.word_bytes > 0, "{stats:?}");
+    assert!(stats.segment_bytes <= renderer::DEFAULT_SEGMENT_CACHE_BYTES && stats.word_bytes <= 16 << 20, "{stats:?}");
 }
 
 #[test]
