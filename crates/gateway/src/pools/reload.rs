@@ -6,6 +6,7 @@
 //! they started with.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -20,16 +21,47 @@ const RELOAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Reloads `gw`'s routing config off the serving threads (reading a file
 /// blocks), within [`RELOAD_TIMEOUT`]: SIGHUP and `POST /routing/reload`.
+/// A reload given up on past the timeout never takes effect later, and one
+/// that took effect is reported as such however long it took.
 pub async fn reload(gw: &Arc<Gateway>) -> Result<Reloaded, Vec<String>> {
     let gw2 = gw.clone();
-    let work = tokio::task::spawn_blocking(move || match &gw2.routing {
-        Some(slot) => slot.reload(),
+    let claim = Arc::new(Claim::default());
+    let claim2 = claim.clone();
+    let mut work = tokio::task::spawn_blocking(move || match &gw2.routing {
+        Some(slot) => slot.reload_claimed(&claim2),
         None => Err(vec!["no routing config".to_owned()]),
     });
-    match tokio::time::timeout(RELOAD_TIMEOUT, work).await {
-        Ok(Ok(result)) => result,
-        Ok(Err(e)) => Err(vec![format!("the reload failed: {e}")]),
-        Err(_) => Err(vec![format!("the reload took over {RELOAD_TIMEOUT:?} (the file could not be read in time)")]),
+    let joined = match tokio::time::timeout(RELOAD_TIMEOUT, &mut work).await {
+        Ok(joined) => joined,
+        Err(_) if claim.abandon() => {
+            return Err(vec![format!(
+                "the reload took over {RELOAD_TIMEOUT:?} (reading the file, or embedding its examples): the config in force stays"
+            )]);
+        }
+        // It is taking effect right now: its outcome is the answer.
+        Err(_) => work.await,
+    };
+    joined.unwrap_or_else(|e| Err(vec![format!("the reload failed: {e}")]))
+}
+
+/// Who decides a slow reload's fate: the reload installing its config, or the
+/// waiter giving up on it; whichever comes first.
+#[derive(Debug, Default)]
+struct Claim(AtomicU8);
+
+impl Claim {
+    const OPEN: u8 = 0;
+    const INSTALLED: u8 = 1;
+    const ABANDONED: u8 = 2;
+
+    /// The reload may install its config (it was not given up on).
+    fn install(&self) -> bool {
+        self.0.compare_exchange(Self::OPEN, Self::INSTALLED, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+
+    /// The waiter gives up (the reload has not installed its config).
+    fn abandon(&self) -> bool {
+        self.0.compare_exchange(Self::OPEN, Self::ABANDONED, Ordering::AcqRel, Ordering::Acquire).is_ok()
     }
 }
 
@@ -76,7 +108,12 @@ impl RoutingSlot {
     /// Reads the source file again and puts it in force if it is valid and
     /// keeps the pools; `Err` holds every problem (`FILE:LINE: message`).
     pub fn reload(&self) -> Result<Reloaded, Vec<String>> {
-        let result = self.try_reload();
+        self.reload_claimed(&Claim::default())
+    }
+
+    /// [`reload`](Self::reload), installing only if `claim` was not given up on.
+    fn reload_claimed(&self, claim: &Claim) -> Result<Reloaded, Vec<String>> {
+        let result = self.try_reload(claim);
         let outcome = match &result {
             Ok(_) => "ok",
             Err((unreadable, _)) if *unreadable => "unreadable",
@@ -86,7 +123,7 @@ impl RoutingSlot {
         result.map_err(|(_, problems)| problems)
     }
 
-    fn try_reload(&self) -> Result<Reloaded, (bool, Vec<String>)> {
+    fn try_reload(&self, claim: &Claim) -> Result<Reloaded, (bool, Vec<String>)> {
         let Some(path) = &self.source else {
             return Err((true, vec!["the routing config was not read from a file: nothing to reload".into()]));
         };
@@ -122,7 +159,26 @@ impl RoutingSlot {
         let selector = Selector::with_embedder(config, examples.as_ref().map(|e| e as &dyn model_select::Embedder))
             .map_err(|p| (false, p.iter().map(|e| format!("{shown}: {e}")).collect()))?;
         let next = Routing::succeeding(selector, &old);
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
+        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+        if !claim.install() {
+            return Err((false, vec![format!("{shown}: given up on past {RELOAD_TIMEOUT:?}: not put in force")]));
+        }
+        *current = Arc::new(next);
         Ok(Reloaded { decisions, signals })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Claim;
+
+    #[test]
+    fn a_slow_reload_is_either_installed_or_abandoned_never_both() {
+        let c = Claim::default();
+        assert!(c.install());
+        assert!(!c.abandon(), "installed: the waiter reports its outcome");
+        let c = Claim::default();
+        assert!(c.abandon());
+        assert!(!c.install(), "abandoned: it never takes effect");
     }
 }
