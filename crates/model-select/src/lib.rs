@@ -19,6 +19,7 @@ mod algorithm;
 mod config;
 mod decision;
 mod error;
+mod feedback;
 mod language;
 mod pii;
 mod request;
@@ -37,6 +38,7 @@ pub use config::{
 };
 pub use decision::{DecisionTrace, RuleOutcome, Selection, evaluate_rule, needed_signals, select};
 pub use error::ConfigError;
+pub use feedback::{Arm, ELO_K, ELO_START, Outcomes, Rng};
 pub use language::{Detected, detect as detect_language, normalize as language_code};
 pub use pii::{PiiDetector, PiiFinding, PiiType};
 pub use request::{Redactions, redact, set_system_prompt, shape, signal_text, user_turns};
