@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use model_select::{DomainClassifier, DomainMethod, contrastive_score};
+use router_types::SplitMix;
 use serde::Deserialize;
 
 /// The command's arguments.
@@ -106,7 +107,7 @@ pub(crate) fn run(a: &SignalQualityArgs) -> Result<()> {
     );
     let e_scores = jailbreak_loo(&malicious, |train, test| (pick(&r_vectors, train), r_vectors[test].clone()), a.k);
     let t_scores = jailbreak_loo(&malicious, |train, test| tfidf_fold(&r_texts, train, test), a.k);
-    let mut rng = SplitMix(1);
+    let mut rng = SplitMix::new(1);
     let (pos_e, neg_e) = split(&e_scores, &malicious, |_| true);
     let (pos_t, neg_t) = split(&t_scores, &malicious, |_| true);
     let auc_e = with_interval(&pos_e, &neg_e, auc, a.resamples, &mut rng);
@@ -301,8 +302,8 @@ fn with_interval(
     let point = stat(pos, neg);
     let mut draws: Vec<f64> = (0..resamples)
         .map(|_| {
-            let p: Vec<f64> = (0..pos.len()).map(|_| pos[rng.below(pos.len())]).collect();
-            let n: Vec<f64> = (0..neg.len()).map(|_| neg[rng.below(neg.len())]).collect();
+            let p: Vec<f64> = (0..pos.len()).map(|_| pos[rng.below(pos.len() as u64) as usize]).collect();
+            let n: Vec<f64> = (0..neg.len()).map(|_| neg[rng.below(neg.len() as u64) as usize]).collect();
             stat(&p, &n)
         })
         .collect();
@@ -318,19 +319,6 @@ pub(crate) fn wilson(hits: usize, n: usize) -> String {
     let centre = (p + z * z / (2.0 * n)) / (1.0 + z * z / n);
     let half = z * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt() / (1.0 + z * z / n);
     format!("{p:.3} [{:.3}, {:.3}]", centre - half, centre + half)
-}
-
-/// A small seeded generator (SplitMix64) for the bootstrap.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) % n as u64) as usize
-    }
 }
 
 /// TF-IDF fitted on the training texts (sublinear term frequency, smoothed

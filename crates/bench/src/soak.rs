@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use mock_engine::{Faults, MockEngine, MockEngineConfig};
+use router_types::SplitMix;
 use serde_json::json;
 use tokio::sync::Mutex;
 
@@ -241,7 +242,7 @@ async fn soak(args: &SoakArgs) -> Result<()> {
 /// One client: a request every `every` (streamed every other time), until `stop`.
 async fn client(c: usize, http: &reqwest::Client, base: &str, every: Duration, stop: &AtomicBool, tally: &Tally) {
     let url = format!("{base}/v1/chat/completions");
-    let mut rng = (c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut rng = SplitMix::new((c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut n = 0u64;
@@ -249,7 +250,7 @@ async fn client(c: usize, http: &reqwest::Client, base: &str, every: Duration, s
         tick.tick().await;
         n += 1;
         let stream = n.is_multiple_of(2);
-        let (max_tokens, sys, len) = (8 + next(&mut rng) % 16, next(&mut rng) % 24, 4 + next(&mut rng) % 40);
+        let (max_tokens, sys, len) = (8 + rng.below(16), rng.below(24), 4 + rng.below(40));
         let body = json!({"model": "m", "stream": stream, "max_tokens": max_tokens,
             "messages": [{"role": "system", "content": system(sys)},
                          {"role": "user", "content": words(&mut rng, len as usize)}]});
@@ -560,26 +561,18 @@ fn svg(title: &str, samples: &[Sample]) -> String {
     s
 }
 
-fn next(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 const WORDS: &[&str] = &[
     "cache", "route", "engine", "token", "prefix", "page", "block", "replica", "model", "query", "answer", "system",
     "policy", "worker", "stream", "event", "batch", "index", "tensor", "decode",
 ];
 
-fn words(rng: &mut u64, n: usize) -> String {
-    (0..n).map(|_| WORDS[(next(rng) % WORDS.len() as u64) as usize]).collect::<Vec<_>>().join(" ")
+fn words(rng: &mut SplitMix, n: usize) -> String {
+    (0..n).map(|_| WORDS[rng.below(WORDS.len() as u64) as usize]).collect::<Vec<_>>().join(" ")
 }
 
 /// One of the shared system prompts (about 300 tokens each).
 fn system(i: u64) -> String {
-    let mut rng = 1000 + i;
+    let mut rng = SplitMix::new(1000 + i);
     format!("system prompt {i}: {}", words(&mut rng, 50))
 }
 

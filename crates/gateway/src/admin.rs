@@ -45,10 +45,10 @@ pub(crate) async fn route_preview(
     let key = crate::proxy::Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
     let bytes = read_body(&gw, body).await?;
     let (signal_headers, session) = routing_headers(&gw, &headers);
-    let embeddings = crate::pools::pre_embed(&gw, route, &bytes).await?;
+    let crate::pools::PreRouted { body: parsed, embeddings } = crate::pools::pre_route(&gw, route, &bytes).await?;
     let (gw2, len) = (gw.clone(), bytes.len());
     let out = crate::admission::render(&gw, len, move || {
-        let mut v = crate::proxy::parse_json(&bytes)?;
+        let mut v = parsed.map_or_else(|| crate::proxy::parse_json(&bytes), Ok)?;
         let mut preview = crate::pools::Preview::default();
         let routed = match gw2.routing() {
             Some(routing) => {
@@ -162,10 +162,10 @@ pub(crate) async fn debug_route(
     // Rendered like a request: a large body off the serving thread; with a routing config, in
     // the pool the request would get (nothing counted, remembered or learned).
     let (signal_headers, session) = routing_headers(&gw, &headers);
-    let embeddings = crate::pools::pre_embed(&gw, route, &bytes).await?;
+    let crate::pools::PreRouted { body: parsed, embeddings } = crate::pools::pre_route(&gw, route, &bytes).await?;
     let (gw2, len, key) = (gw.clone(), bytes.len(), key);
     let plan = crate::admission::render(&gw, len, move || {
-        let mut v = parse_body(&gw2, route, &bytes)?;
+        let mut v = parse_body(&gw2, route, &bytes, parsed)?;
         let (pool, rendered) = match (gw2.routing(), v.as_mut()) {
             (Some(routing), Some(v)) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());

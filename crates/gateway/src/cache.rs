@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::http::HeaderValue;
-use axum::response::IntoResponse as _;
 use lru::LruCache;
 use model_select::ResponseCache;
 use serde_json::Value;
@@ -87,6 +86,14 @@ pub(crate) enum Skip {
 }
 
 impl Outcome {
+    /// The stored answer of a hit.
+    pub(crate) fn answer(&self) -> Option<&Arc<Answer>> {
+        match self {
+            Outcome::Exact(a) | Outcome::Semantic(a, _) => Some(a),
+            Outcome::Miss => None,
+        }
+    }
+
     /// The `x-route-cache` value.
     pub(crate) fn header(&self) -> HeaderValue {
         match self {
@@ -274,30 +281,20 @@ pub(crate) fn bypassed<'h>(values: impl Iterator<Item = &'h [u8]>) -> bool {
     })
 }
 
-/// A request answered from the cache: what was found, and the route headers.
+/// A request answered from the cache: the stored answer and the route headers.
 #[derive(Debug)]
 pub(crate) struct Hit {
-    /// A hit (exact or semantic).
-    pub(crate) outcome: Outcome,
+    /// What was stored.
+    pub(crate) answer: Arc<Answer>,
     /// `x-route-pool`, `x-route-decision`, `x-route-cache`...
     pub(crate) headers: crate::pools::RouteHeaders,
 }
 
 impl Hit {
-    /// The stored answer.
-    pub(crate) fn answer(&self) -> Option<&Arc<Answer>> {
-        match &self.outcome {
-            Outcome::Exact(a) | Outcome::Semantic(a, _) => Some(a),
-            Outcome::Miss => None,
-        }
-    }
-
     /// The answer as the axum front end sends it: the stored status, content
     /// type and body (an event stream is replayed as it came), and the route headers.
     pub(crate) fn into_response(self) -> axum::response::Response {
-        let Some(answer) = self.answer().cloned() else {
-            return axum::http::StatusCode::INTERNAL_SERVER_ERROR.into_response();
-        };
+        let answer = self.answer;
         let mut r = axum::response::Response::new(axum::body::Body::from(answer.body.clone()));
         *r.status_mut() = axum::http::StatusCode::from_u16(answer.status).unwrap_or(axum::http::StatusCode::OK);
         if let Some(ct) = &answer.content_type {
@@ -311,7 +308,7 @@ impl Hit {
 
     /// The answer as the fast path writes it: head (with `extra` header lines) and body.
     pub(crate) fn to_bytes(&self, close: bool, extra: &[u8]) -> Vec<u8> {
-        let Some(answer) = self.answer() else { return Vec::new() };
+        let answer = &self.answer;
         let status = axum::http::StatusCode::from_u16(answer.status).unwrap_or(axum::http::StatusCode::OK);
         let mut out = format!(
             "HTTP/1.1 {} {}\r\ncontent-length: {}\r\n",

@@ -286,12 +286,19 @@ pub(crate) fn parse_json(bytes: &[u8]) -> Result<Value, GatewayError> {
 
 /// The body as far as the router needs it: the parsed JSON, or `None` when
 /// the policy needs nothing from it and only its shape was checked (no tree built).
-pub(crate) fn parse_body(gw: &Gateway, route: Route, bytes: &[u8]) -> Result<Option<Value>, GatewayError> {
+/// `parsed` is the body's JSON when it was parsed already (before routing).
+pub(crate) fn parse_body(
+    gw: &Gateway,
+    route: Route,
+    bytes: &[u8],
+    parsed: Option<Value>,
+) -> Result<Option<Value>, GatewayError> {
+    let json = move || parsed.map_or_else(|| parse_json(bytes), Ok).map(Some);
     // `/generate` is parsed for --dp-aware too: its rank goes in the body.
     let dp_generate = route == Route::Generate && gw.fleet.dp_aware();
     let reads = |p: &Arc<crate::pools::Pool>| p.policy.needs_tokens() || p.policy.needs_text();
     if route.has_prompt() && (gw.index.is_some() || gw.pools.iter().any(reads) || dp_generate) {
-        return parse_json(bytes).map(Some);
+        return json();
     }
     let required = match route {
         Route::Chat => Required::Messages,
@@ -302,7 +309,7 @@ pub(crate) fn parse_body(gw: &Gateway, route: Route, bytes: &[u8]) -> Result<Opt
     crate::shape::check(bytes, required).map_err(GatewayError::BadRequest)?;
     // With a routing config every body names its model (its shape checked above: it may not be rendered).
     if gw.routing.is_some() {
-        return parse_json(bytes).map(Some);
+        return json();
     }
     Ok(None)
 }
@@ -676,9 +683,9 @@ where
     let (debug, signal_headers, session) = (meta.route_debug, meta.signal_headers.clone(), meta.session.clone());
     let cache_bypass = meta.cache_bypass;
     // The vectors embedding signals read, on the embedding pool's threads (none without such signals).
-    let embeddings = crate::pools::pre_embed(gw, route, &bytes).await?;
+    let crate::pools::PreRouted { body: parsed, embeddings } = crate::pools::pre_route(gw, route, &bytes).await?;
     let step = crate::admission::render(gw, bytes.len(), move || {
-        let mut v = parse_body(&gw2, route, &body)?;
+        let mut v = parse_body(&gw2, route, &body, parsed)?;
         // With a routing config: the pool (the body names its model, the plugins may change it).
         let mut routed = match (gw2.routing(), v.as_mut()) {
             (Some(routing), Some(v)) => {
@@ -690,11 +697,10 @@ where
         };
         // The decision's response cache holds the answer: nothing is planned or sent.
         if let Some(r) = routed.as_ref()
-            && let Some((_, outcome)) = &r.cache
-            && !matches!(outcome, crate::cache::Outcome::Miss)
+            && let Some(answer) = r.cache.as_ref().and_then(|(_, outcome)| outcome.answer())
         {
             let headers = crate::pools::RouteHeaders::of(r, &gw2.pools[r.pool]);
-            return Ok(Step::Cached(crate::cache::Hit { outcome: outcome.clone(), headers }));
+            return Ok(Step::Cached(crate::cache::Hit { answer: answer.clone(), headers }));
         }
         let (pool, rendered) = match routed.as_mut() {
             Some(r) => (r.pool, r.prompt.take()),

@@ -115,7 +115,10 @@ struct Recorder {
 impl Relay {
     /// The answer ended whole: a recorded one goes into the response cache.
     fn ended(&mut self) {
-        if let (Some(r), true) = (self.recorder.take(), self.guard.is_some()) {
+        if self.guard.is_none() {
+            return;
+        }
+        if let Some(r) = self.recorder.take() {
             r.ticket.store(crate::cache::Answer {
                 status: r.status,
                 content_type: r.content_type,

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+use router_types::SplitMix;
 use serde::{Deserialize, Serialize};
 
 /// The Elo rating of an arm no preference has moved.
@@ -130,27 +131,19 @@ impl Outcomes {
     }
 }
 
-/// A small seeded generator (SplitMix64) with the draws Thompson sampling needs.
+/// A seeded generator ([`SplitMix`]) with the draws Thompson sampling needs.
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub struct Rng(SplitMix);
 
 impl Rng {
     /// Seeded.
     pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        Rng(SplitMix::new(seed))
     }
 
     /// Uniform in (0, 1).
     pub fn uniform(&mut self) -> f64 {
-        ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        self.0.uniform()
     }
 
     /// Standard normal (Box-Muller).

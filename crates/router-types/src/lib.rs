@@ -7,9 +7,11 @@
 mod event;
 mod ids;
 pub mod metrics;
+mod rng;
 
 pub use event::{EngineBlockHash, EventBatch, KvEvent, StoredBlocks};
 pub use ids::{
     BlockHash, Bootstrap, DpRank, Load, Namespace, PageDigest, PoolId, Role, Tier, TokenCount, UrlError, WorkerId,
     WorkerKey, WorkerUrl,
 };
+pub use rng::SplitMix;

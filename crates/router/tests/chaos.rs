@@ -111,19 +111,11 @@ impl Fault {
 }
 
 /// splitmix64: a seeded schedule, the same on every machine.
-struct Rng(u64);
+struct Rng(router_types::SplitMix);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.below(n)
     }
 
     fn words(&mut self, n: usize) -> String {
@@ -175,7 +167,7 @@ impl Run {
             let cfg = MockEngineConfig { capacity_tokens: 2048, replay_buffer_steps: REPLAY_STEPS, ..engine_config() };
             engines.push(MockEngine::spawn(cfg).await.unwrap());
         }
-        let mut rng = Rng(seed);
+        let mut rng = Rng(router_types::SplitMix::new(seed));
         let systems = (0..4).map(|_| rng.words(40)).collect();
         let mut run = Run {
             seed,

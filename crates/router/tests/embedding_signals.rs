@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::app::{admin_client, config, pools, start};
+use common::app::{admin_client, config, metric, pools, start};
 use serde_json::{Value, json};
 use sgl_router::app::{EmbeddingSetup, PolicyConfig};
 
@@ -25,12 +25,6 @@ async fn preview(url: &str, body: &Value) -> Value {
     let r = admin_client().post(format!("{url}/v1/route/preview")).json(body).send().await.unwrap();
     assert_eq!(r.status(), 200);
     r.json().await.unwrap()
-}
-
-async fn metric(url: &str, line: &str) -> f64 {
-    let text = admin_client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
-    let found = text.lines().find(|l| l.starts_with(line)).unwrap_or_else(|| panic!("{line} not in {text}"));
-    found.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
 async fn setup(file: &str, model: std::path::PathBuf) -> (sgl_router::app::AppConfig, Vec<mock_engine::MockEngine>) {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::app::{admin_client, admin_get, admin_post, chat, config, engine_config, post, start};
+use common::app::{admin_client, admin_get, admin_post, chat, config, engine_config, metric, post, start};
 use common::eventually as until;
 use fleet::{Events, State};
 use mock_engine::{MockEngine, MockEngineConfig};
@@ -24,12 +24,6 @@ async fn explain(url: &str, body: &Value) -> Value {
 }
 
 /// The value of an unlabelled gauge or counter in `/metrics`.
-async fn metric(url: &str, name: &str) -> f64 {
-    let text = admin_get(&format!("{url}/metrics")).await.text().await.unwrap();
-    let line = text.lines().find(|l| l.split(' ').next() == Some(name)).unwrap_or_else(|| panic!("{name}: {text}"));
-    line.rsplit(' ').next().unwrap().parse().unwrap()
-}
-
 /// A worker that answers `/health` (and `/server_info` with no KV events) at
 /// once and never answers a request; counts the requests it swallowed.
 async fn hanging_worker() -> (String, Arc<AtomicUsize>) {

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::app::{admin_client, config, pools, start};
+use common::app::{config, metric, pools, start};
 use mock_engine::Faults;
 use serde_json::{Value, json};
 use sgl_router::app::PolicyConfig;
@@ -14,11 +14,6 @@ use sgl_router::app::PolicyConfig;
 fn faq(question: &str, stream: bool) -> Value {
     json!({"model": "auto", "temperature": 0, "max_tokens": 6, "stream": stream,
            "messages": [{"role": "user", "content": format!("faq: {question}")}]})
-}
-
-async fn metric(url: &str, line: &str) -> f64 {
-    let text = admin_client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
-    text.lines().find(|l| l.starts_with(line)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

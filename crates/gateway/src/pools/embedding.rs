@@ -71,27 +71,38 @@ pub(crate) fn render(pool: &EmbedPool, out: &mut String) {
     let _ = writeln!(out, "router_embedding_cache_entries {}", pool.cached());
 }
 
+/// What routing reads of a request before it is routed: its parsed body
+/// (when this had to parse it: the route reuses it) and its vectors.
+#[derive(Debug, Default)]
+pub(crate) struct PreRouted {
+    /// The body as parsed here (a JSON object), for the route to reuse.
+    pub(crate) body: Option<Value>,
+    /// The vectors the reachable decisions read (an auto model only).
+    pub(crate) embeddings: Option<RequestEmbeddings>,
+}
+
 /// Before routing: the request's vectors, when the reachable decisions read
-/// them and the body names an auto model (else `None`, at the cost of one
-/// branch). The body is parsed here too (off the serving thread when large);
-/// a body that does not parse is left for the route to report.
-pub(crate) async fn pre_embed(
+/// them and the body names an auto model (else nothing, at the cost of one
+/// branch). The body is parsed here (off the serving thread when large) and
+/// handed on; a body that is not a JSON object is left for the route to report.
+pub(crate) async fn pre_route(
     gw: &std::sync::Arc<crate::Gateway>,
     route: crate::proxy::Route,
     bytes: &bytes::Bytes,
-) -> Result<Option<RequestEmbeddings>, crate::GatewayError> {
-    let Some(slot) = &gw.routing else { return Ok(None) };
+) -> Result<PreRouted, crate::GatewayError> {
+    let Some(slot) = &gw.routing else { return Ok(PreRouted::default()) };
     let routing = slot.current();
     let needs = routing.selector.embedding_needs();
     if !needs.any() || !route.has_prompt() {
-        return Ok(None);
+        return Ok(PreRouted::default());
     }
     let body = bytes.clone();
-    let parsed = crate::admission::render(gw, bytes.len(), move || serde_json::from_slice::<Value>(&body).ok()).await?;
-    let Some(v) = parsed else { return Ok(None) };
+    let parsed = crate::admission::render(gw, bytes.len(), move || crate::proxy::parse_json(&body).ok()).await?;
+    let Some(v) = parsed else { return Ok(PreRouted::default()) };
     let model = v.get("model").and_then(Value::as_str);
-    if routing.selector.target(model) != model_select::Target::Auto {
-        return Ok(None);
-    }
-    Ok(Some(embed_request(slot.embedder(), &v, needs).await))
+    let embeddings = match routing.selector.target(model) {
+        model_select::Target::Auto => Some(embed_request(slot.embedder(), &v, needs).await),
+        _ => None,
+    };
+    Ok(PreRouted { body: Some(v), embeddings })
 }

@@ -33,7 +33,7 @@ mod sticky;
 use crate::proxy::Route;
 use crate::{Gateway, GatewayError};
 pub use embedding::Examples;
-pub(crate) use embedding::{pre_embed, render as render_embedding};
+pub(crate) use embedding::{PreRouted, pre_route, render as render_embedding};
 pub use reload::{Reloaded, RoutingSlot, reload};
 
 /// The decision label of a request that named a pool's model.

@@ -125,6 +125,13 @@ pub(crate) async fn admin_get(url: &str) -> reqwest::Response {
     admin_client().get(url).timeout(Duration::from_secs(10)).send().await.unwrap()
 }
 
+/// The value of one series (its name with labels, as printed) on the router at `url`'s `/metrics`.
+pub(crate) async fn metric(url: &str, series: &str) -> f64 {
+    let text = admin_get(&format!("{url}/metrics")).await.text().await.unwrap();
+    let line = text.lines().find(|l| l.split(' ').next() == Some(series)).unwrap_or_else(|| panic!("{series}: {text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
 /// `POST` of JSON with the control-plane key.
 pub(crate) async fn admin_post(url: &str, body: &Value) -> reqwest::Response {
     admin_client().post(url).json(body).timeout(Duration::from_secs(10)).send().await.unwrap()
