@@ -23,7 +23,8 @@ fn root() -> PathBuf {
 fn renderer(cache_entries: usize) -> Renderer {
     let dir = root().join("tests/fixtures/tokenizers/qwen3");
     let json = std::fs::read(dir.join("tokenizer.json")).expect("qwen3 tokenizer fixture");
-    let tok = TextTokenizer::from_bytes_with_cache(&json, cache_entries, 64 << 20).unwrap();
+    let bounds = renderer::CacheBounds { segment_entries: cache_entries, ..Default::default() };
+    let tok = TextTokenizer::from_bytes_with(&json, bounds).unwrap();
     Renderer::new(tok, ModelConfig::load(&dir, None).unwrap())
 }
 

@@ -5,7 +5,7 @@
 
 use serde_json::{Map, Value as Json, json};
 
-use crate::{ChatTemplate, ChatTemplates, ModelConfig, RenderError, Renderer, TextTokenizer};
+use crate::{CacheBounds, ChatTemplate, ChatTemplates, ModelConfig, RenderError, Renderer, TextTokenizer};
 
 /// The special tokens after the 256 byte tokens, in id order.
 pub const BUILTIN_SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
@@ -65,7 +65,12 @@ pub fn builtin_tokenizer_json() -> String {
 impl Renderer {
     /// The built-in byte-level model with its ChatML template.
     pub fn builtin() -> Result<Self, RenderError> {
-        let tokenizer = TextTokenizer::from_bytes(builtin_tokenizer_json().as_bytes())?;
+        Self::builtin_with(CacheBounds::default())
+    }
+
+    /// [`Renderer::builtin`] with the tokenizer's caches bounded by `bounds`.
+    pub fn builtin_with(bounds: CacheBounds) -> Result<Self, RenderError> {
+        let tokenizer = TextTokenizer::from_bytes_with(builtin_tokenizer_json().as_bytes(), bounds)?;
         let mut special_tokens = Map::new();
         special_tokens.insert("eos_token".into(), Json::String("<|im_end|>".into()));
         let config =

@@ -22,11 +22,11 @@ use crate::RenderError;
 
 /// Words cached before the cache is cleared and refilled.
 const WORD_CACHE_ENTRIES: usize = 1 << 18;
-/// Bytes the cached words may take (text, ids and a map slot each) before
-/// the cache is cleared: unique pieces of up to 256 bytes each (a model
+/// Default bytes the cached words may take (text, ids and a map slot each)
+/// before the cache is cleared: unique pieces of up to 256 bytes each (a model
 /// whose pre-tokenizer splits little, or a client sending them) would
 /// otherwise hold hundreds of MiB at the entry bound. Found by the soak run.
-const WORD_CACHE_BYTES: usize = 16 << 20;
+pub const DEFAULT_WORD_CACHE_BYTES: usize = 16 << 20;
 /// What a cached word costs beyond its text and ids: the map slot and two allocations.
 const WORD_ENTRY_OVERHEAD: usize = 64;
 /// Longer pieces are not cached (they are rare and would crowd out words).
@@ -75,11 +75,11 @@ pub(crate) struct FastBpe {
     /// GPT-2's byte → character map.
     byte_chars: [char; 256],
     words: RwLock<WordCache>,
-    /// Bytes the word cache may hold ([`WORD_CACHE_BYTES`]).
+    /// Bytes the word cache may hold ([`DEFAULT_WORD_CACHE_BYTES`] unless configured); 0: no cache.
     word_budget: usize,
 }
 
-/// Word → ids, and the bytes it holds (within [`WORD_CACHE_BYTES`]).
+/// Word → ids, and the bytes it holds (within `FastBpe::word_budget`).
 #[derive(Debug, Default)]
 struct WordCache {
     map: AHashMap<Box<str>, Box<[u32]>>,
@@ -95,7 +95,7 @@ fn word_bytes(word: &str, ids: &[u32]) -> usize {
 impl FastBpe {
     /// `Some` only if this tokenizer's normalizer, pre-tokenizer and model are
     /// all of the supported, position-independent kinds.
-    pub(crate) fn new(tokenizer: &tokenizers::Tokenizer) -> Option<Self> {
+    pub(crate) fn new(tokenizer: &tokenizers::Tokenizer, word_budget: usize) -> Option<Self> {
         match tokenizer.get_model() {
             ModelWrapper::BPE(bpe) if bpe.dropout.is_none() => {}
             _ => return None,
@@ -111,7 +111,7 @@ impl FastBpe {
             splits,
             byte_chars: byte_chars(),
             words: RwLock::new(WordCache::default()),
-            word_budget: WORD_CACHE_BYTES,
+            word_budget,
         })
     }
 
@@ -153,7 +153,7 @@ impl FastBpe {
             };
             split_into(&self.splits, &text, &mut emit)?;
         }
-        if !misses.is_empty() {
+        if !misses.is_empty() && self.word_budget > 0 {
             let mut words = self.words.write().unwrap_or_else(|p| p.into_inner());
             let adding: usize = misses.iter().map(|(w, ids)| word_bytes(w, ids)).sum();
             if words.map.len() + misses.len() > WORD_CACHE_ENTRIES || words.bytes + adding > self.word_budget {
@@ -413,7 +413,7 @@ mod fixture_tests {
         for name in ["qwen3", "deepseek-v3"] {
             let path = format!("{}/../../tests/fixtures/tokenizers/{name}/tokenizer.json", env!("CARGO_MANIFEST_DIR"));
             let tok = tokenizers::Tokenizer::from_file(&path).unwrap();
-            let fast = FastBpe::new(&tok).expect("fast path supported");
+            let fast = FastBpe::new(&tok, DEFAULT_WORD_CACHE_BYTES).expect("fast path supported");
             assert!(!fast.splits.is_empty());
             for split in &fast.splits {
                 assert!(!matches!(split, SplitRegex::Fancy(_)), "{name}: {split:?}");
@@ -429,9 +429,7 @@ mod fixture_tests {
     fn the_word_cache_stays_within_its_byte_budget() {
         let path = format!("{}/../../tests/fixtures/tokenizers/qwen3/tokenizer.json", env!("CARGO_MANIFEST_DIR"));
         let tok = tokenizers::Tokenizer::from_file(&path).unwrap();
-        let mut fast = FastBpe::new(&tok).unwrap();
-        assert_eq!(fast.word_budget, WORD_CACHE_BYTES);
-        fast.word_budget = 1 << 20;
+        let fast = FastBpe::new(&tok, 1 << 20).unwrap();
         let mut peak = 0;
         let mut out = Vec::new();
         for i in 0..4_000u32 {

@@ -31,11 +31,14 @@ pub use builtin::{BUILTIN_CHAT_TEMPLATE, BUILTIN_SPECIAL_TOKENS, builtin_tokeniz
 pub use chain_memo::{ChainMemo, ChainMemoStats, DEFAULT_CHAIN_MEMO_PAGES};
 pub use chat::ChatRequest;
 pub use error::RenderError;
+pub use fast_bpe::DEFAULT_WORD_CACHE_BYTES;
 pub use hash::{HashError, HashMode, PageDigest, PageHasher};
 pub use model::{ChatTemplates, ModelConfig};
 pub use prompt::{Prompt, token_ids};
 pub use template::{ChatTemplate, ContentFormat, detect_content_format};
-pub use tokenizer::{CacheStats, DEFAULT_SEGMENT_CACHE_BYTES, DEFAULT_SEGMENT_CACHE_ENTRIES, TextTokenizer};
+pub use tokenizer::{
+    CacheBounds, CacheStats, DEFAULT_SEGMENT_CACHE_BYTES, DEFAULT_SEGMENT_CACHE_ENTRIES, TextTokenizer,
+};
 
 /// A rendered chat: the prompt text and its token ids.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,7 +62,12 @@ impl Renderer {
     /// Loads a model directory (`tokenizer.json` required); `chat_template`
     /// overrides the directory's template.
     pub fn from_dir(dir: &Path, chat_template: Option<&Path>) -> Result<Self, RenderError> {
-        let tokenizer = TextTokenizer::from_file(&dir.join("tokenizer.json"))?;
+        Self::from_dir_with(dir, chat_template, CacheBounds::default())
+    }
+
+    /// [`Renderer::from_dir`] with the tokenizer's caches bounded by `bounds`.
+    pub fn from_dir_with(dir: &Path, chat_template: Option<&Path>, bounds: CacheBounds) -> Result<Self, RenderError> {
+        let tokenizer = TextTokenizer::from_file_with(&dir.join("tokenizer.json"), bounds)?;
         let config = ModelConfig::load(dir, chat_template)?;
         Ok(Self { tokenizer, config })
     }

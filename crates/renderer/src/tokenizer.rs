@@ -28,12 +28,33 @@ use aho_corasick::{AhoCorasick, MatchKind};
 use lru::LruCache;
 
 use crate::RenderError;
-use crate::fast_bpe::{FastBpe, Normalizer};
+use crate::fast_bpe::{DEFAULT_WORD_CACHE_BYTES, FastBpe, Normalizer};
 
 /// Default bound on the number of cached segments.
 pub const DEFAULT_SEGMENT_CACHE_ENTRIES: usize = 16_384;
 /// Default bound on the text bytes held by the segment cache.
 pub const DEFAULT_SEGMENT_CACHE_BYTES: usize = 64 << 20;
+
+/// The bounds of a tokenizer's two caches (the router's `--tokenizer-cache-*` flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheBounds {
+    /// Segments (text between added tokens) the segment cache holds; 0 disables it.
+    pub segment_entries: usize,
+    /// Text bytes the segment cache holds.
+    pub segment_bytes: usize,
+    /// Bytes the fast path's word cache holds (word, ids and an entry's overhead); 0 disables it.
+    pub word_bytes: usize,
+}
+
+impl Default for CacheBounds {
+    fn default() -> Self {
+        Self {
+            segment_entries: DEFAULT_SEGMENT_CACHE_ENTRIES,
+            segment_bytes: DEFAULT_SEGMENT_CACHE_BYTES,
+            word_bytes: DEFAULT_WORD_CACHE_BYTES,
+        }
+    }
+}
 
 /// A tokenizer plus what makes it fast: exact splitting, a segment cache, a fast BPE path.
 #[derive(Debug)]
@@ -92,29 +113,33 @@ struct SegmentCache {
 // === impl TextTokenizer ===
 
 impl TextTokenizer {
-    /// Loads `tokenizer.json` with the default segment cache.
+    /// Loads `tokenizer.json` with the default caches.
     pub fn from_file(path: &Path) -> Result<Self, RenderError> {
+        Self::from_file_with(path, CacheBounds::default())
+    }
+
+    /// Loads `tokenizer.json` with caches of the given bounds.
+    pub fn from_file_with(path: &Path, bounds: CacheBounds) -> Result<Self, RenderError> {
         let bytes = std::fs::read(path).map_err(|e| RenderError::load(path, e))?;
-        Self::from_bytes(&bytes).map_err(|e| match e {
+        Self::from_bytes_with(&bytes, bounds).map_err(|e| match e {
             RenderError::Tokenizer(m) => RenderError::load(path, m),
             other => other,
         })
     }
 
-    /// Parses a `tokenizer.json` document with the default segment cache.
+    /// Parses a `tokenizer.json` document with the default caches.
     pub fn from_bytes(json: &[u8]) -> Result<Self, RenderError> {
-        Self::from_bytes_with_cache(json, DEFAULT_SEGMENT_CACHE_ENTRIES, DEFAULT_SEGMENT_CACHE_BYTES)
+        Self::from_bytes_with(json, CacheBounds::default())
     }
 
-    /// Parses a `tokenizer.json` document with a segment cache of the given
-    /// bounds; 0 entries disables the cache.
-    pub fn from_bytes_with_cache(json: &[u8], max_entries: usize, max_bytes: usize) -> Result<Self, RenderError> {
+    /// Parses a `tokenizer.json` document with caches of the given bounds.
+    pub fn from_bytes_with(json: &[u8], bounds: CacheBounds) -> Result<Self, RenderError> {
         let mut inner = tokenizers::Tokenizer::from_bytes(json).map_err(|e| RenderError::Tokenizer(e.to_string()))?;
         // transformers applies truncation and padding itself, never the backend's defaults.
         inner.with_padding(None);
         inner.with_truncation(None).map_err(|e| RenderError::Tokenizer(e.to_string()))?;
         let vocab_size = inner.get_vocab_size(true);
-        let fast = FastBpe::new(&inner);
+        let fast = FastBpe::new(&inner, bounds.word_bytes);
         let identity =
             fast.as_ref().is_some_and(|f| f.normalizer() == Normalizer::Identity) || inner.get_normalizer().is_none();
         let splitter = Splitter::new(&inner, identity);
@@ -133,7 +158,8 @@ impl TextTokenizer {
             model.resize_cache(0);
             inner.with_model(model);
         }
-        let cache = NonZeroUsize::new(max_entries)
+        let max_bytes = bounds.segment_bytes;
+        let cache = NonZeroUsize::new(bounds.segment_entries)
             .map(|cap| Mutex::new(SegmentCache { map: LruCache::new(cap), bytes: 0, max_bytes }));
         Ok(Self { inner, splitter, fast, cache, vocab_size, hits: AtomicU64::new(0), misses: AtomicU64::new(0) })
     }

@@ -182,7 +182,11 @@ fn fast_path_without_cache_equals_reference() {
     for name in ["qwen3", "deepseek-v3"] {
         let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/tokenizers")).join(name);
         let json = std::fs::read(path.join("tokenizer.json")).unwrap();
-        let tok = TextTokenizer::from_bytes_with_cache(&json, 0, 0).unwrap();
+        let tok = TextTokenizer::from_bytes_with(
+            &json,
+            renderer::CacheBounds { segment_entries: 0, segment_bytes: 0, word_bytes: 0 },
+        )
+        .unwrap();
         assert!(!tok.segment_cache_enabled());
         assert!(tok.fast_path_enabled());
         check(&tok, name, 400);

@@ -88,6 +88,8 @@ pub struct AppConfig {
     pub max_index_nodes: Option<NonZeroUsize>,
     /// Page digests each pool's page-hash memo keeps.
     pub chain_memo_pages: usize,
+    /// Bounds of every tokenizer's caches (the router's and the pools').
+    pub tokenizer_caches: renderer::CacheBounds,
     /// Gateway limits.
     pub max_body_bytes: usize,
     /// ...
@@ -245,9 +247,9 @@ impl App {
     /// Builds everything and binds the listener.
     pub async fn build(config: AppConfig) -> anyhow::Result<Self> {
         let renderer = match &config.tokenizer_path {
-            Some(dir) => Renderer::from_dir(dir, config.chat_template.as_deref())
+            Some(dir) => Renderer::from_dir_with(dir, config.chat_template.as_deref(), config.tokenizer_caches)
                 .with_context(|| format!("loading the model at {}", dir.display()))?,
-            None => Renderer::builtin()?,
+            None => Renderer::builtin_with(config.tokenizer_caches)?,
         };
         let renderer = Arc::new(renderer);
         let mut mocks = Vec::new();
@@ -674,7 +676,7 @@ fn pool_renderer(p: &PoolSetup, config: &AppConfig) -> anyhow::Result<Option<Ren
         bail!("pool {}: chat_template needs a model directory (its tokenizer_path, or --tokenizer-path)", p.name);
     };
     let template = p.chat_template.as_deref().or(config.chat_template.as_deref());
-    let r = Renderer::from_dir(dir, template)
+    let r = Renderer::from_dir_with(dir, template, config.tokenizer_caches)
         .with_context(|| format!("pool {}: loading the model at {}", p.name, dir.display()))?;
     Ok(Some(r))
 }

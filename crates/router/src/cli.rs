@@ -208,6 +208,24 @@ pub(crate) struct ServeArgs {
     /// shared pages instead of hashing them again. Full, it starts over.
     #[arg(long, env = "SGL_ROUTER_PAGE_HASH_MEMO_PAGES", default_value_t = renderer::DEFAULT_CHAIN_MEMO_PAGES, value_name = "N")]
     pub(crate) page_hash_memo_pages: usize,
+    /// Tokenizer: segments (text between special tokens, with their ids) the segment cache keeps,
+    /// least recently used out; 0 disables it.
+    #[arg(long, visible_alias = "tokenizer-cache-l0-max-entries", env = "SGL_ROUTER_TOKENIZER_CACHE_SEGMENTS", default_value_t = renderer::DEFAULT_SEGMENT_CACHE_ENTRIES, value_name = "N")]
+    pub(crate) tokenizer_cache_segments: usize,
+    /// Tokenizer: text bytes the segment cache keeps (its ids and nodes come on top, about as much again).
+    #[arg(long, env = "SGL_ROUTER_TOKENIZER_CACHE_SEGMENT_BYTES", default_value_t = renderer::DEFAULT_SEGMENT_CACHE_BYTES, value_name = "BYTES")]
+    pub(crate) tokenizer_cache_segment_bytes: usize,
+    /// Tokenizer: bytes the fast path's word cache keeps (words, their ids and an entry's
+    /// overhead); full, it starts over; 0 disables it.
+    #[arg(long, visible_alias = "tokenizer-cache-l1-max-memory", env = "SGL_ROUTER_TOKENIZER_CACHE_WORD_BYTES", default_value_t = renderer::DEFAULT_WORD_CACHE_BYTES, value_name = "BYTES")]
+    pub(crate) tokenizer_cache_word_bytes: usize,
+    /// SGLang Model Gateway's switches for its two tokenizer caches, accepted so its command lines
+    /// run: here both caches are always on (size one to 0 to turn it off).
+    #[arg(long = "tokenizer-cache-enable-l0", hide_short_help = true)]
+    pub(crate) _tokenizer_cache_enable_l0: bool,
+    /// See `--tokenizer-cache-enable-l0`.
+    #[arg(long = "tokenizer-cache-enable-l1", hide_short_help = true)]
+    pub(crate) _tokenizer_cache_enable_l1: bool,
     /// KV index: most blocks the index keeps (least recently used tails go first) [default: unbounded].
     #[arg(long, env = "SGL_ROUTER_MAX_INDEX_BLOCKS", value_name = "N")]
     pub(crate) max_index_blocks: Option<NonZeroUsize>,

@@ -281,6 +281,11 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         pending_ttl: Duration::from_millis(a.cache_pending_prefix_ttl_ms.unwrap_or(0)),
         max_index_nodes: a.max_index_blocks,
         chain_memo_pages: a.page_hash_memo_pages,
+        tokenizer_caches: renderer::CacheBounds {
+            segment_entries: a.tokenizer_cache_segments,
+            segment_bytes: a.tokenizer_cache_segment_bytes,
+            word_bytes: a.tokenizer_cache_word_bytes,
+        },
         max_body_bytes: a.max_body_bytes,
         request_timeout: Duration::from_secs(a.request_timeout_secs.max(1)),
         max_concurrent: usize::try_from(a.max_concurrent_requests).ok().filter(|n| *n > 0).unwrap_or(usize::MAX),

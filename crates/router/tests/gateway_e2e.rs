@@ -672,3 +672,29 @@ async fn a_mixed_fleet_matches_bigram_and_unigram_workers_in_their_own_modes() {
     assert_eq!(matched(&debug(&r, &body).await, &eagle), (pages * 16) as u64, "{}", debug(&r, &body).await);
     let _ = r.stop.send(());
 }
+
+/// `--tokenizer-cache-*`: the bounds reach the router's tokenizer; its caches fill to them and no
+/// further, in entries and in bytes, and /metrics says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tokenizer_caches_stay_within_their_configured_bounds() {
+    let w = MockEngine::spawn(engine_config()).await.unwrap();
+    let mut c = config(&[&w], PolicyConfig::cache_aware(), true);
+    c.tokenizer_caches = renderer::CacheBounds { segment_entries: 5, segment_bytes: 1 << 20, word_bytes: 2_000 };
+    let r = start(c).await;
+    for i in 0..40 {
+        let q = chat(&format!("System prompt number {i} with words like w{i}a w{i}b w{i}c."), &format!("question {i}"));
+        assert_eq!(post(&format!("{}/v1/chat/completions", r.url), &q).await.status(), 200);
+    }
+    let segments = common::app::metric(&r.url, "router_tokenizer_cache_segments").await;
+    let words = common::app::metric(&r.url, "router_tokenizer_cache_bytes{cache=\"word\"}").await;
+    assert!(segments > 0.0 && segments <= 5.0, "{segments} segments (bound 5)");
+    assert!(words > 0.0 && words <= 2_000.0, "{words} word-cache bytes (bound 2000)");
+    // A byte bound of 4: no segment of more than a byte is kept (one in four of the bound at most).
+    let mut c = config(&[&w], PolicyConfig::cache_aware(), true);
+    c.tokenizer_caches = renderer::CacheBounds { segment_entries: 5, segment_bytes: 4, word_bytes: 0 };
+    let r = start(c).await;
+    let q = chat("A system prompt longer than four bytes.", "and a question");
+    assert_eq!(post(&format!("{}/v1/chat/completions", r.url), &q).await.status(), 200);
+    assert!(common::app::metric(&r.url, "router_tokenizer_cache_bytes{cache=\"segment\"}").await <= 4.0);
+    assert_eq!(common::app::metric(&r.url, "router_tokenizer_cache_bytes{cache=\"word\"}").await, 0.0);
+}

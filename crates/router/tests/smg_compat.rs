@@ -45,6 +45,8 @@ async fn an_smg_command_line_runs_unchanged_and_routes_around_a_failing_engine()
         "--cache-threshold", "0.3", "--balance-abs-threshold", "64", "--balance-rel-threshold", "1.5",
         "--eviction-interval-secs", "60", "--max-tree-size", "67108864",
         "--max-payload-size", "1048576",
+        "--tokenizer-cache-enable-l0", "--tokenizer-cache-l0-max-entries", "10000",
+        "--tokenizer-cache-enable-l1", "--tokenizer-cache-l1-max-memory", "52428800",
         "--retry-max-retries", "5", "--retry-initial-backoff-ms", "10", "--retry-max-backoff-ms", "200",
         "--retry-backoff-multiplier", "1.5", "--retry-jitter-factor", "0.2",
         "--cb-failure-threshold", "3", "--cb-success-threshold", "2",

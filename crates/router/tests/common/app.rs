@@ -48,6 +48,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         pending_ttl: Duration::ZERO,
         max_index_nodes: None,
         chain_memo_pages: renderer::DEFAULT_CHAIN_MEMO_PAGES,
+        tokenizer_caches: renderer::CacheBounds::default(),
         max_body_bytes: 64 * 1024,
         request_timeout: Duration::from_secs(5),
         max_concurrent: 64,
