@@ -104,6 +104,38 @@ pub(crate) async fn route_preview(
     Ok(Json(out.await??))
 }
 
+/// `POST /v1/route/feedback` (data plane): a verdict on a routed answer (`{"route_id",
+/// "verdict": "good" | "bad"}`) or a preference between two (`{"winner", "loser"}`, route ids
+/// of one decision from two pools), applied to what the `bandit` algorithm draws from.
+pub(crate) async fn route_feedback(State(gw): State<Arc<Gateway>>, body: Body) -> Result<Json<Value>, GatewayError> {
+    let Some(slot) = &gw.routing else {
+        return Err(GatewayError::NotFound(
+            "a routing config (start the router with --routing-config: its answers carry x-route-id)".into(),
+        ));
+    };
+    let bytes = read_small_body(body, crate::pools::feedback::MAX_FEEDBACK_BYTES).await?;
+    slot.learning().feedback(&bytes).map(Json)
+}
+
+/// `GET /v1/route/outcomes` (control plane): what feedback taught, per decision and pool.
+pub(crate) async fn route_outcomes(State(gw): State<Arc<Gateway>>) -> Result<Json<Value>, GatewayError> {
+    let Some(slot) = &gw.routing else {
+        return Err(GatewayError::NotFound("a routing config (start the router with --routing-config)".into()));
+    };
+    let l = slot.learning();
+    Ok(Json(json!({"routes_held": l.routes_held(), "outcomes": l.snapshot()})))
+}
+
+/// A body of at most `limit` bytes (413 past it).
+async fn read_small_body(body: Body, limit: usize) -> Result<bytes::Bytes, GatewayError> {
+    use http_body_util::BodyExt;
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(GatewayError::TooLarge(limit)),
+        Err(e) => Err(GatewayError::BadRequest(format!("the request body could not be read: {e}"))),
+    }
+}
+
 /// `POST /routing/reload`: reads the routing config file again and puts it
 /// in force if it is valid and keeps the pools; else 422 with every problem,
 /// the config in force unchanged.
@@ -335,6 +367,16 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
             "router_response_cache_stores_total",
             "Complete answers stored in a response cache, by decision.",
         );
+        let learning = slot.learning();
+        learning.counts.render(
+            &mut out,
+            "router_route_feedback_total",
+            "Feedback by kind (verdict, preference) and outcome (accepted, unknown_route, already_judged, invalid).",
+        );
+        head(&mut out, "router_route_ids", "gauge", "Route ids (x-route-id) remembered for feedback now.");
+        out.push_str(&format!("router_route_ids {}\n", learning.routes_held()));
+        head(&mut out, "router_route_feedback_arms", "gauge", "(decision, pool) pairs with feedback evidence now.");
+        out.push_str(&format!("router_route_feedback_arms {}\n", learning.arms_held()));
         if r.caches_answers() {
             head(
                 &mut out,

@@ -361,16 +361,18 @@ impl Gateway {
 
     /// The same gateway serving `pools` (the selector's, in its order), each
     /// request's pool chosen by `routing`, read from `source` (reloads read it again).
-    /// Embedding signals are computed by `embedder`.
+    /// Embedding signals are computed by `embedder`; route ids, feedback and the `bandit`
+    /// algorithm by `learning`.
     pub fn with_routing(
         mut self,
         pools: Vec<pools::Pool>,
         routing: pools::Routing,
         source: Option<std::path::PathBuf>,
         embedder: Option<embed::EmbedPool>,
+        learning: Arc<pools::feedback::Learning>,
     ) -> Self {
         self.pools = pools.into_iter().map(Arc::new).collect();
-        self.routing = Some(pools::RoutingSlot::new(routing, source, embedder));
+        self.routing = Some(pools::RoutingSlot::new(routing, source, embedder, learning));
         self
     }
 

@@ -31,6 +31,7 @@ pub(crate) fn router(gw: Arc<Gateway>) -> axum::Router {
         .route("/v1/models", get(admin::models))
         .route("/v1/tokenize", post(served::tokenize))
         .route("/v1/detokenize", post(served::detokenize))
+        .route("/v1/route/feedback", post(admin::route_feedback))
         .route("/get_model_info", get(served::first_worker))
         .route("/get_server_info", get(served::first_worker))
         .route_layer(axum::middleware::from_fn_with_state((gw.clone(), Plane::Data), require_key));
@@ -62,6 +63,7 @@ fn control_plane(gw: Arc<Gateway>) -> axum::Router<Arc<Gateway>> {
     axum::Router::new()
         .route("/debug/route", post(admin::debug_route))
         .route("/v1/route/preview", post(admin::route_preview))
+        .route("/v1/route/outcomes", get(admin::route_outcomes))
         .route("/routing/reload", post(admin::reload_routing))
         .route("/metrics", get(admin::metrics))
         .route("/workers", get(admin::list_workers).post(admin::add_worker))

@@ -3,7 +3,8 @@
 //! `static` (the first, in the decision's order) and `multi_factor` (SLO
 //! ceilings drop candidates, then `wQ·quality + wL·latency + wC·cost +
 //! wLoad·load` on fixed scales from the config, never min-max over the
-//! candidates: a score means the same whoever else is there).
+//! candidates: a score means the same whoever else is there) and `bandit`
+//! (Thompson sampling over what feedback taught, [`crate::Outcomes`]).
 
 use serde::Deserialize;
 
@@ -14,6 +15,9 @@ pub enum Algorithm {
     Static,
     /// Scored; see [`MultiFactor`].
     MultiFactor(MultiFactor),
+    /// A draw from each candidate's Beta posterior (seeded from its quality,
+    /// moved by feedback); the highest serves.
+    Bandit,
 }
 
 /// `multi_factor`'s parameters (every key optional).

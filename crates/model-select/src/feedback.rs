@@ -85,12 +85,16 @@ impl Outcomes {
         self.put(decision, pool, arm);
     }
 
-    /// A preference: `winner`'s answer over `loser`'s (pools under one decision), as Elo.
+    /// A preference: `winner`'s answer over `loser`'s (pools under one decision): Elo, and half
+    /// a good verdict for the winner and half a bad one for the loser (so that the bandit,
+    /// which draws from the Beta posteriors, learns from preferences too).
     pub fn preference(&mut self, decision: &str, winner: (&str, Option<f64>), loser: (&str, Option<f64>)) {
         let (mut w, mut l) = (self.arm(decision, winner.0, winner.1), self.arm(decision, loser.0, loser.1));
         let expected = 1.0 / (1.0 + 10f64.powf((l.elo - w.elo) / 400.0));
         w.elo += ELO_K * (1.0 - expected);
         l.elo -= ELO_K * (1.0 - expected);
+        w.alpha += 0.5;
+        l.beta += 0.5;
         self.put(decision, winner.0, w);
         self.put(decision, loser.0, l);
     }
@@ -232,6 +236,7 @@ mod tests {
         o.preference("d", ("large", None), ("small", None));
         let (w, l) = (o.arm("d", "large", None).elo, o.arm("d", "small", None).elo);
         assert_eq!((w, l), (ELO_START + 16.0, ELO_START - 16.0), "equal ratings: half of K each way");
+        assert_eq!((o.arm("d", "large", None).alpha, o.arm("d", "small", None).beta), (6.5, 6.5), "half verdicts");
         o.preference("d", ("large", None), ("small", None));
         assert!(o.arm("d", "large", None).elo - w < 16.0, "the favourite gains less");
         o.verdict("e", "x", None, true);

@@ -113,6 +113,7 @@ impl Selector {
                 Some(a) if a.kind == "multi_factor" => {
                     MultiFactor::from_params(&a.params).map(Algorithm::MultiFactor).unwrap_or(Algorithm::Static)
                 }
+                Some(a) if a.kind == "bandit" => Algorithm::Bandit,
                 _ => Algorithm::Static,
             })
             .collect();

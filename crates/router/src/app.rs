@@ -24,7 +24,7 @@ use renderer::Renderer;
 use router_types::{Bootstrap, PoolId, Role, WorkerUrl};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// The selection policy and its knobs.
 #[derive(Debug, Clone)]
@@ -90,6 +90,8 @@ pub struct AppConfig {
     pub chain_memo_pages: usize,
     /// Bounds of every tokenizer's caches (the router's and the pools').
     pub tokenizer_caches: renderer::CacheBounds,
+    /// Route ids, feedback and its state file (with a routing config).
+    pub feedback: gateway::pools::feedback::FeedbackConfig,
     /// Gateway limits.
     pub max_body_bytes: usize,
     /// ...
@@ -456,7 +458,9 @@ impl App {
         let gateway = match built {
             Some((pools, routing)) => {
                 let source = config.routing.as_ref().and_then(|r| r.source.clone());
-                gateway.with_routing(pools, routing, source, embedder)
+                let learning = gateway::pools::feedback::Learning::new(config.feedback.clone())
+                    .map_err(|e| anyhow::anyhow!("--route-feedback-state: {e}"))?;
+                gateway.with_routing(pools, routing, source, embedder, Arc::new(learning))
             }
             None => gateway,
         };
@@ -534,6 +538,11 @@ impl App {
                 }
             });
         }
+        if let Some(slot) = &gateway.routing
+            && slot.learning().config().state_file.is_some()
+        {
+            tokio::spawn(save_feedback(slot.learning().clone(), self.cancel.clone()));
+        }
         let front = Front { gw: gateway.clone(), fast: self.fast_proxy };
         let serve = serve_all(self.listener, front, self.serve_threads, drain.clone());
         let result = tokio::select! {
@@ -548,8 +557,30 @@ impl App {
         if tokio::time::timeout(Duration::from_secs(2), self.fleet.stopped()).await.is_err() {
             warn!("some background tasks were still stopping");
         }
+        if let Some(slot) = &gateway.routing {
+            save_now(slot.learning());
+        }
         info!("router stopped");
         result
+    }
+}
+
+/// Saves what feedback taught every `save_interval` while it changes, until `stop`.
+async fn save_feedback(learning: Arc<gateway::pools::feedback::Learning>, stop: CancellationToken) {
+    let every = learning.config().save_interval.max(Duration::from_secs(1));
+    loop {
+        tokio::select! { biased; () = stop.cancelled() => return, () = tokio::time::sleep(every) => {} }
+        let l = learning.clone();
+        let _ = tokio::task::spawn_blocking(move || save_now(&l)).await;
+    }
+}
+
+/// Writes the feedback state file if it changed (a failure is logged; the next save tries again).
+fn save_now(learning: &gateway::pools::feedback::Learning) {
+    match learning.save() {
+        Ok(true) => debug!(arms = learning.arms_held(), "feedback state saved"),
+        Ok(false) => {}
+        Err(e) => warn!(error = %e, file = ?learning.config().state_file, "feedback state not saved"),
     }
 }
 

@@ -162,6 +162,25 @@ pub(crate) struct ServeArgs {
     /// How long a request waits for its embedding; past it, its embedding signals fail.
     #[arg(long, env = "SGL_ROUTER_EMBEDDING_TIMEOUT_MS", default_value_t = 2_000, value_name = "MS")]
     pub(crate) embedding_timeout_ms: u64,
+    /// Feedback: the file what `POST /v1/route/feedback` taught is kept in (loaded at start,
+    /// saved while it changes and at shutdown; one per replica) [default: none, kept in memory].
+    #[arg(long, env = "SGL_ROUTER_ROUTE_FEEDBACK_STATE", value_name = "FILE", requires = "routing_config")]
+    pub(crate) route_feedback_state: Option<PathBuf>,
+    /// Feedback: seconds between two saves of the state file.
+    #[arg(long, env = "SGL_ROUTER_ROUTE_FEEDBACK_SAVE_SECS", default_value_t = 60, value_name = "S")]
+    pub(crate) route_feedback_save_secs: u64,
+    /// Feedback: route ids (`x-route-id`) remembered at most, the oldest forgotten first.
+    #[arg(long, env = "SGL_ROUTER_ROUTE_FEEDBACK_ROUTES", default_value_t = 100_000, value_name = "N")]
+    pub(crate) route_feedback_routes: usize,
+    /// Feedback: how long a route id takes feedback, seconds.
+    #[arg(long, env = "SGL_ROUTER_ROUTE_FEEDBACK_TTL_SECS", default_value_t = 3_600, value_name = "S")]
+    pub(crate) route_feedback_ttl_secs: u64,
+    /// Feedback: (decision, pool) pairs with evidence kept at most, the least recently updated out first.
+    #[arg(long, env = "SGL_ROUTER_ROUTE_FEEDBACK_ARMS", default_value_t = 10_000, value_name = "N")]
+    pub(crate) route_feedback_arms: usize,
+    /// Feedback: how many verdicts a pool's configured `quality` weighs as (the bandit's prior).
+    #[arg(long, env = "SGL_ROUTER_ROUTE_FEEDBACK_PRIOR_STRENGTH", default_value_t = 10.0, value_name = "N")]
+    pub(crate) route_feedback_prior_strength: f64,
     /// Inference-gateway mode (SGLang Model Gateway's): one model pool per model the workers
     /// serve, each worker's model read from its `GET /v1/models` at start (for up to 30 s); a
     /// request's `model` picks the pool. No auto names: --routing-config gives pools with decisions.

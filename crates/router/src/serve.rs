@@ -281,6 +281,14 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         pending_ttl: Duration::from_millis(a.cache_pending_prefix_ttl_ms.unwrap_or(0)),
         max_index_nodes: a.max_index_blocks,
         chain_memo_pages: a.page_hash_memo_pages,
+        feedback: gateway::pools::feedback::FeedbackConfig {
+            max_routes: a.route_feedback_routes.max(1),
+            ttl: Duration::from_secs(a.route_feedback_ttl_secs),
+            max_arms: a.route_feedback_arms.max(1),
+            prior_strength: a.route_feedback_prior_strength.max(0.0),
+            state_file: a.route_feedback_state.clone(),
+            save_interval: Duration::from_secs(a.route_feedback_save_secs.max(1)),
+        },
         tokenizer_caches: renderer::CacheBounds {
             segment_entries: a.tokenizer_cache_segments,
             segment_bytes: a.tokenizer_cache_segment_bytes,

@@ -46,7 +46,7 @@ pub(super) fn pool(
     v: &Value,
     counted: Option<u64>,
     changed: bool,
-    preview: Option<&mut Preview>,
+    mut preview: Option<&mut Preview>,
 ) -> Result<Chosen, GatewayError> {
     let default = &gw.pools[selector.default_pool()];
     let max_tokens = max_tokens(v);
@@ -83,6 +83,29 @@ pub(super) fn pool(
     let eligible: Vec<usize> = choice.pools.iter().copied().filter(|&i| fits(i)).collect();
     let (chosen, scores) = match choice.algorithm {
         Algorithm::Static => (eligible.first().copied(), Vec::new()),
+        Algorithm::Bandit => {
+            let config = selector.config();
+            let candidates: Vec<(&str, Option<f64>)> =
+                eligible.iter().map(|&i| (gw.pools[i].id.0.as_str(), config.pools[i].quality)).collect();
+            let (chosen, arms) = match &gw.routing {
+                Some(slot) => slot.learning().choose(name, &candidates),
+                None => (None, Vec::new()),
+            };
+            // The score shown is each posterior's mean (the draw that chose is random).
+            let scores: Vec<(usize, f64)> =
+                eligible.iter().zip(&arms).map(|(&i, a)| (i, a.alpha / (a.alpha + a.beta))).collect();
+            if let Some(p) = preview.as_deref_mut() {
+                p.scores = eligible
+                    .iter()
+                    .zip(&arms)
+                    .map(|(&i, a)| {
+                        let mean = a.alpha / (a.alpha + a.beta);
+                        json!({"pool": gw.pools[i].id, "mean": mean, "alpha": a.alpha, "beta": a.beta, "elo": a.elo})
+                    })
+                    .collect();
+            }
+            (chosen.map(|c| eligible[c]), scores)
+        }
         Algorithm::MultiFactor(m) => {
             let config = selector.config();
             let candidates: Vec<Candidate> = eligible

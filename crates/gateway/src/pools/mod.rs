@@ -27,6 +27,7 @@ use crate::metrics::{Histogram, LabeledCounter};
 
 mod choose;
 mod embedding;
+pub mod feedback;
 mod reload;
 mod sticky;
 
@@ -152,6 +153,8 @@ pub(crate) struct Routed {
     pub(crate) index: Option<usize>,
     /// The decision's response cache: the request's ticket and what the lookup found.
     pub(crate) cache: Option<(crate::cache::Ticket, crate::cache::Outcome)>,
+    /// The answer's `x-route-id`, for feedback.
+    pub(crate) route_id: Option<u64>,
 }
 
 /// The explain a request asked for with `x-route-debug: true`.
@@ -260,6 +263,7 @@ impl Routed {
             prompt: None,
             index: None,
             cache: None,
+            route_id: None,
         }
     }
 }
@@ -321,6 +325,9 @@ impl RouteHeaders {
         if let Some((_, outcome)) = &routed.cache {
             out.push((crate::cache::CACHE_HEADER, outcome.header()));
         }
+        if let Some(id) = routed.route_id {
+            out.push((feedback::ROUTE_ID_HEADER, value(&feedback::format_id(id))));
+        }
         RouteHeaders(out)
     }
 }
@@ -368,6 +375,10 @@ pub(crate) fn route(
     let mut routed = finish(gw, routing, v, routed, preview.is_some());
     if preview.is_none() {
         routed.cache = look_up(gw, routing, v, &routed, ask);
+        if let Some(slot) = &gw.routing {
+            let quality = selector.config().pools.get(routed.pool).and_then(|p| p.quality);
+            routed.route_id = Some(slot.learning().issue(&routed.decision, &gw.pools[routed.pool].id.0, quality));
+        }
     }
     Ok(routed)
 }
@@ -479,6 +490,7 @@ fn auto(
         prompt,
         index: choice.index,
         cache: None,
+        route_id: None,
     })
 }
 

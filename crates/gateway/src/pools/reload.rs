@@ -75,6 +75,8 @@ pub struct RoutingSlot {
     pub reloads: LabeledCounter,
     /// The embedding model, for embedding signals (kept across reloads).
     embedder: Option<embed::EmbedPool>,
+    /// Route ids and what feedback taught (kept across reloads).
+    learning: Arc<super::feedback::Learning>,
 }
 
 /// What a reload did.
@@ -91,8 +93,19 @@ pub struct Reloaded {
 impl RoutingSlot {
     /// `routing` in force, read from `source` (reloads need one), its
     /// embedding signals computed by `embedder`.
-    pub fn new(routing: Routing, source: Option<PathBuf>, embedder: Option<embed::EmbedPool>) -> Self {
-        RoutingSlot { current: RwLock::new(Arc::new(routing)), source, reloads: LabeledCounter::default(), embedder }
+    pub fn new(
+        routing: Routing,
+        source: Option<PathBuf>,
+        embedder: Option<embed::EmbedPool>,
+        learning: Arc<super::feedback::Learning>,
+    ) -> Self {
+        let current = RwLock::new(Arc::new(routing));
+        RoutingSlot { current, source, reloads: LabeledCounter::default(), embedder, learning }
+    }
+
+    /// Route ids and what feedback taught.
+    pub fn learning(&self) -> &Arc<super::feedback::Learning> {
+        &self.learning
     }
 
     /// The embedding model's pool, if the router has one.

@@ -246,7 +246,7 @@ fn every_pool_and_routing_problem_is_reported() {
         "decision `b`: a decision that blocks sends nothing to its pools; remove `pools`",
         "decision `explicit`: `explicit` is a label the router uses itself (reserved: explicit, no_model, default_pool)",
         "decision `c`: no pool is named `huge`",
-        "decision `c`: unknown algorithm `elo` (known: static, multi_factor)",
+        "decision `c`: unknown algorithm `elo` (known: static, multi_factor, bandit)",
         "decision `c`: pii_redact: unknown type `passport`",
         "decision `c`: system_prompt: the prompt is empty",
         "decision `c`: header_mutation: `Host` is set by the router",

@@ -9,7 +9,7 @@ use crate::pii::PiiType;
 use crate::signals::{compile_keywords, compile_regex};
 
 /// The algorithms a decision may name.
-pub const ALGORITHMS: [&str; 2] = ["static", "multi_factor"];
+pub const ALGORITHMS: [&str; 3] = ["static", "multi_factor", "bandit"];
 
 /// Request headers a `header_mutation` plugin may not touch: the router
 /// sets them (the workers' credentials, the request id, the rank hint), or
@@ -133,7 +133,7 @@ fn check_routing(d: &DecisionConfig, pools: &HashSet<&str>, errors: &mut Vec<Con
     }
     if let Some(a) = &d.algorithm {
         match a.kind.as_str() {
-            "static" if !a.params.is_empty() => bad("the static algorithm takes no parameters".into()),
+            "static" | "bandit" if !a.params.is_empty() => bad(format!("the {} algorithm takes no parameters", a.kind)),
             "multi_factor" => {
                 if let Err(e) = crate::algorithm::MultiFactor::from_params(&a.params) {
                     bad(format!("multi_factor: {e}"));

@@ -49,6 +49,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         max_index_nodes: None,
         chain_memo_pages: renderer::DEFAULT_CHAIN_MEMO_PAGES,
         tokenizer_caches: renderer::CacheBounds::default(),
+        feedback: Default::default(),
         max_body_bytes: 64 * 1024,
         request_timeout: Duration::from_secs(5),
         max_concurrent: 64,

@@ -1,0 +1,434 @@
+//! Learning from outcomes at run time: the route ids routed answers carry
+//! (`x-route-id`; bounded in number and age), the verdicts and preferences
+//! `POST /v1/route/feedback` brings back for them (each route judged once),
+//! applied to [`model_select::Outcomes`]; Thompson sampling for decisions
+//! whose algorithm is `bandit`; the state saved to a file and loaded at start.
+//! Kept across reloads (decisions and pools are named, not numbered). Per
+//! router replica: replicas learn apart.
+
+use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use model_select::{Arm, Outcomes, Rng};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::GatewayError;
+use crate::metrics::LabeledCounter;
+
+/// The response header naming a routed answer for feedback.
+pub const ROUTE_ID_HEADER: &str = "x-route-id";
+/// Largest feedback body read.
+pub const MAX_FEEDBACK_BYTES: usize = 4096;
+/// Largest state file loaded.
+const MAX_STATE_BYTES: u64 = 64 << 20;
+
+/// How much is remembered, for how long, and where it is kept.
+#[derive(Debug, Clone)]
+pub struct FeedbackConfig {
+    /// Route ids remembered at most (the oldest forgotten first; `--route-feedback-routes`).
+    pub max_routes: usize,
+    /// How long a route id takes feedback (`--route-feedback-ttl-secs`).
+    pub ttl: Duration,
+    /// (decision, pool) pairs with evidence kept at most (the least recently updated out first).
+    pub max_arms: usize,
+    /// How many verdicts a pool's configured quality weighs as.
+    pub prior_strength: f64,
+    /// Loaded at start, saved every `save_interval` when changed and at shutdown (`--route-feedback-state`).
+    pub state_file: Option<PathBuf>,
+    /// Time between two saves (`--route-feedback-save-secs`).
+    pub save_interval: Duration,
+}
+
+impl Default for FeedbackConfig {
+    fn default() -> Self {
+        FeedbackConfig {
+            max_routes: 100_000,
+            ttl: Duration::from_secs(3600),
+            max_arms: 10_000,
+            prior_strength: 10.0,
+            state_file: None,
+            save_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What a route id stands for.
+#[derive(Debug, Clone)]
+struct Issued {
+    decision: String,
+    pool: String,
+    /// The pool's configured quality when it was routed (the arm's prior).
+    quality: Option<f64>,
+    at: Instant,
+    judged: bool,
+}
+
+/// The route ids given out, oldest first.
+#[derive(Debug, Default)]
+struct Routes {
+    map: HashMap<u64, Issued>,
+    order: VecDeque<u64>,
+}
+
+/// The feedback a client sends.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Body {
+    route_id: Option<String>,
+    verdict: Option<Verdict>,
+    winner: Option<String>,
+    loser: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Verdict {
+    Good,
+    Bad,
+}
+
+/// Route ids, outcomes and the bandit's generator.
+#[derive(Debug)]
+pub struct Learning {
+    config: FeedbackConfig,
+    routes: Mutex<Routes>,
+    outcomes: Mutex<Outcomes>,
+    rng: Mutex<Rng>,
+    /// Keyed at start: ids are neither sequential nor guessable.
+    ids: RandomState,
+    issued: AtomicU64,
+    /// Changed since the last save.
+    dirty: AtomicBool,
+    /// Feedback by `kind` (`verdict`, `preference`) and `outcome` (`accepted`, `unknown_route`,
+    /// `already_judged`, `invalid`).
+    pub counts: LabeledCounter,
+}
+
+// === impl Learning ===
+
+impl Learning {
+    /// Nothing learned yet, or what `config.state_file` holds (an unreadable or invalid file is
+    /// an error: the router does not start and forget silently).
+    pub fn new(config: FeedbackConfig) -> Result<Self, String> {
+        let outcomes = match &config.state_file {
+            Some(path) => load(path, &config)?,
+            None => Outcomes::new(config.prior_strength, config.max_arms),
+        };
+        let seed = RandomState::new().hash_one(0u64);
+        Ok(Learning {
+            routes: Mutex::new(Routes::default()),
+            outcomes: Mutex::new(outcomes),
+            rng: Mutex::new(Rng::new(seed)),
+            ids: RandomState::new(),
+            issued: AtomicU64::new(0),
+            dirty: AtomicBool::new(false),
+            counts: LabeledCounter::default(),
+            config,
+        })
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &FeedbackConfig {
+        &self.config
+    }
+
+    /// A new route id for an answer `pool` gives under `decision` (the pool's configured quality
+    /// seeds its arm), remembered until it is judged, expires or is pushed out.
+    pub(crate) fn issue(&self, decision: &str, pool: &str, quality: Option<f64>) -> u64 {
+        let now = Instant::now();
+        let mut routes = lock(&self.routes);
+        let mut id = self.ids.hash_one(self.issued.fetch_add(1, Ordering::Relaxed));
+        while id == 0 || routes.map.contains_key(&id) {
+            id = self.ids.hash_one(self.issued.fetch_add(1, Ordering::Relaxed));
+        }
+        while routes.map.len() >= self.config.max_routes.max(1) || routes.expired_first(now, self.config.ttl) {
+            let Some(old) = routes.order.pop_front() else { break };
+            routes.map.remove(&old);
+        }
+        let issued = Issued { decision: decision.to_owned(), pool: pool.to_owned(), quality, at: now, judged: false };
+        routes.map.insert(id, issued);
+        routes.order.push_back(id);
+        id
+    }
+
+    /// Route ids remembered now.
+    pub fn routes_held(&self) -> usize {
+        lock(&self.routes).map.len()
+    }
+
+    /// (decision, pool) pairs with evidence now.
+    pub fn arms_held(&self) -> usize {
+        lock(&self.outcomes).len()
+    }
+
+    /// The `bandit` algorithm: one of `candidates` ((pool, configured quality), in the
+    /// decision's order) by Thompson sampling, with each one's posterior mean for the explain.
+    pub(crate) fn choose(&self, decision: &str, candidates: &[(&str, Option<f64>)]) -> (Option<usize>, Vec<Arm>) {
+        let outcomes = lock(&self.outcomes);
+        let arms = candidates.iter().map(|(p, q)| outcomes.arm(decision, p, *q)).collect();
+        let chosen = outcomes.choose(decision, candidates, &mut lock(&self.rng));
+        (chosen, arms)
+    }
+
+    /// Applies one feedback body; the answer names what it moved.
+    pub fn feedback(&self, bytes: &[u8]) -> Result<Value, GatewayError> {
+        let body: Body = serde_json::from_slice(bytes).map_err(|e| {
+            self.count("unknown", "invalid");
+            GatewayError::BadRequest(format!("feedback: {e}"))
+        })?;
+        match body {
+            Body { route_id: Some(id), verdict: Some(verdict), winner: None, loser: None } => {
+                self.verdict(&id, verdict)
+            }
+            Body { route_id: None, verdict: None, winner: Some(w), loser: Some(l) } => self.preference(&w, &l),
+            _ => {
+                self.count("unknown", "invalid");
+                Err(GatewayError::BadRequest(
+                    "feedback: give {\"route_id\", \"verdict\": \"good\" | \"bad\"} or {\"winner\", \"loser\"} (route ids)"
+                        .into(),
+                ))
+            }
+        }
+    }
+
+    fn verdict(&self, id: &str, verdict: Verdict) -> Result<Value, GatewayError> {
+        let issued = self.claim(&[id], "verdict")?.remove(0);
+        let good = matches!(verdict, Verdict::Good);
+        let arm = {
+            let mut outcomes = lock(&self.outcomes);
+            outcomes.verdict(&issued.decision, &issued.pool, issued.quality, good);
+            outcomes.arm(&issued.decision, &issued.pool, issued.quality)
+        };
+        self.dirty.store(true, Ordering::Relaxed);
+        self.count("verdict", "accepted");
+        Ok(json!({"decision": issued.decision, "pool": issued.pool, "arm": arm_json(&arm)}))
+    }
+
+    fn preference(&self, winner: &str, loser: &str) -> Result<Value, GatewayError> {
+        let pair = self.claim(&[winner, loser], "preference")?;
+        let (w, l) = (&pair[0], &pair[1]);
+        let (wa, la) = {
+            let mut outcomes = lock(&self.outcomes);
+            outcomes.preference(&w.decision, (&w.pool, w.quality), (&l.pool, l.quality));
+            (outcomes.arm(&w.decision, &w.pool, w.quality), outcomes.arm(&l.decision, &l.pool, l.quality))
+        };
+        self.dirty.store(true, Ordering::Relaxed);
+        self.count("preference", "accepted");
+        Ok(json!({
+            "decision": w.decision,
+            "winner": {"pool": w.pool, "arm": arm_json(&wa)},
+            "loser": {"pool": l.pool, "arm": arm_json(&la)},
+        }))
+    }
+
+    /// The routes `ids` name, marked judged; all or none (unknown, expired, judged, or, for a
+    /// pair, not two pools of one decision: refused, nothing marked).
+    fn claim(&self, ids: &[&str], kind: &str) -> Result<Vec<Issued>, GatewayError> {
+        let now = Instant::now();
+        let mut routes = lock(&self.routes);
+        let mut found = Vec::with_capacity(ids.len());
+        for text in ids {
+            let key = parse_id(text);
+            let issued = key.and_then(|k| routes.map.get(&k)).filter(|i| now.duration_since(i.at) <= self.config.ttl);
+            let Some(issued) = issued else {
+                self.count(kind, "unknown_route");
+                return Err(GatewayError::NotFound(format!(
+                    "route id `{text}` (unknown, or older than the {} s it takes feedback)",
+                    self.config.ttl.as_secs()
+                )));
+            };
+            if issued.judged {
+                self.count(kind, "already_judged");
+                return Err(GatewayError::Unprocessable(format!("route `{text}` was judged already")));
+            }
+            found.push((key.unwrap_or_default(), issued.clone()));
+        }
+        if let [(a, w), (b, l)] = found.as_slice()
+            && (a == b || w.decision != l.decision || w.pool == l.pool)
+        {
+            self.count(kind, "invalid");
+            return Err(GatewayError::Unprocessable(format!(
+                "a preference compares two answers of one decision from two pools (here {}/{} and {}/{})",
+                w.decision, w.pool, l.decision, l.pool
+            )));
+        }
+        for (key, _) in &found {
+            if let Some(i) = routes.map.get_mut(key) {
+                i.judged = true;
+            }
+        }
+        Ok(found.into_iter().map(|(_, i)| i).collect())
+    }
+
+    fn count(&self, kind: &str, outcome: &str) {
+        self.counts.inc(format_args!("kind=\"{kind}\",outcome=\"{outcome}\""));
+    }
+
+    /// Everything learned, as the state file holds it.
+    pub fn snapshot(&self) -> Value {
+        serde_json::to_value(&*lock(&self.outcomes)).unwrap_or(Value::Null)
+    }
+
+    /// Writes the state file if anything changed since the last write (a new file renamed over
+    /// the old: a crash mid-write leaves the old one).
+    pub fn save(&self) -> std::io::Result<bool> {
+        let Some(path) = &self.config.state_file else { return Ok(false) };
+        if !self.dirty.swap(false, Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let text = serde_json::to_vec(&*lock(&self.outcomes)).map_err(std::io::Error::other)?;
+        let tmp = path.with_extension("tmp");
+        let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
+        if written.is_err() {
+            self.dirty.store(true, Ordering::Relaxed);
+        }
+        written.map(|()| true)
+    }
+}
+
+/// The id as the header shows it: 16 hex digits.
+pub(crate) fn format_id(id: u64) -> String {
+    format!("{id:016x}")
+}
+
+fn parse_id(text: &str) -> Option<u64> {
+    (text.len() == 16).then(|| u64::from_str_radix(text, 16).ok()).flatten()
+}
+
+fn arm_json(arm: &Arm) -> Value {
+    json!({"alpha": arm.alpha, "beta": arm.beta, "mean": arm.alpha / (arm.alpha + arm.beta), "elo": arm.elo, "updates": arm.updates})
+}
+
+fn load(path: &Path, config: &FeedbackConfig) -> Result<Outcomes, String> {
+    use std::io::Read;
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        // The first start: the file comes with the first save.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Outcomes::new(config.prior_strength, config.max_arms));
+        }
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let mut text = Vec::new();
+    file.take(MAX_STATE_BYTES + 1).read_to_end(&mut text).map_err(|e| format!("{}: {e}", path.display()))?;
+    if text.len() as u64 > MAX_STATE_BYTES {
+        return Err(format!("{}: larger than {MAX_STATE_BYTES} bytes", path.display()));
+    }
+    let mut outcomes: Outcomes =
+        serde_json::from_slice(&text).map_err(|e| format!("{}: not a feedback state file: {e}", path.display()))?;
+    // The flags in force bound it, not the file's.
+    outcomes.max_arms = config.max_arms.max(1);
+    outcomes.prior_strength = config.prior_strength.max(0.0);
+    Ok(outcomes)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+// === impl Routes ===
+
+impl Routes {
+    /// Whether the oldest id is past `ttl`.
+    fn expired_first(&self, now: Instant, ttl: Duration) -> bool {
+        self.order.front().and_then(|id| self.map.get(id)).is_some_and(|i| now.duration_since(i.at) > ttl)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn learning(max_routes: usize) -> Learning {
+        Learning::new(FeedbackConfig { max_routes, ..FeedbackConfig::default() }).unwrap()
+    }
+
+    fn verdict(l: &Learning, id: u64, v: &str) -> Result<Value, GatewayError> {
+        l.feedback(json!({"route_id": format_id(id), "verdict": v}).to_string().as_bytes())
+    }
+
+    #[test]
+    fn a_route_is_judged_once_and_moves_its_arm() {
+        let l = learning(10);
+        let id = l.issue("hard", "large", Some(0.8));
+        let out = verdict(&l, id, "bad").unwrap();
+        let close = |v: &Value, x: f64| (v.as_f64().unwrap() - x).abs() < 1e-9;
+        assert!(close(&out["arm"]["alpha"], 9.0), "prior 1 + 0.8 x 10, no good verdict: {out}");
+        assert!(close(&out["arm"]["beta"], 4.0), "prior 1 + 0.2 x 10, one bad verdict: {out}");
+        assert!(matches!(verdict(&l, id, "good"), Err(GatewayError::Unprocessable(_))), "judged once");
+        assert!(matches!(verdict(&l, id ^ 1, "good"), Err(GatewayError::NotFound(_))));
+        for bad in [&b"{"[..], br#"{"route_id": "x"}"#, br#"{"route_id": "x", "verdict": "meh"}"#, br#"{"extra": 1}"#] {
+            assert!(matches!(l.feedback(bad), Err(GatewayError::BadRequest(_))), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn route_ids_are_bounded_and_expire() {
+        let l = learning(3);
+        let ids: Vec<u64> = (0..5).map(|_| l.issue("d", "p", None)).collect();
+        assert_eq!(l.routes_held(), 3);
+        assert!(matches!(verdict(&l, ids[0], "good"), Err(GatewayError::NotFound(_))), "pushed out");
+        assert!(verdict(&l, ids[4], "good").is_ok());
+        let short = Learning::new(FeedbackConfig { ttl: Duration::ZERO, ..FeedbackConfig::default() }).unwrap();
+        let id = short.issue("d", "p", None);
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(matches!(verdict(&short, id, "good"), Err(GatewayError::NotFound(_))), "expired");
+        short.issue("d", "p", None);
+        assert_eq!(short.routes_held(), 1, "the expired one made room");
+    }
+
+    #[test]
+    fn a_preference_needs_two_pools_of_one_decision() {
+        let l = learning(10);
+        let (a, b, c) = (l.issue("d", "small", None), l.issue("d", "large", None), l.issue("e", "large", None));
+        let pref = |w: u64, lo: u64| {
+            l.feedback(json!({"winner": format_id(w), "loser": format_id(lo)}).to_string().as_bytes())
+        };
+        assert!(matches!(pref(a, c), Err(GatewayError::Unprocessable(_))), "two decisions");
+        assert!(matches!(pref(a, a), Err(GatewayError::Unprocessable(_))), "one answer");
+        let out = pref(b, a).unwrap();
+        assert!(out["winner"]["arm"]["elo"].as_f64().unwrap() > model_select::ELO_START, "{out}");
+        assert!(matches!(pref(b, a), Err(GatewayError::Unprocessable(_))), "both judged");
+        assert!(verdict(&l, c, "good").is_ok(), "a refused pair marked nothing");
+    }
+
+    #[test]
+    fn the_state_file_round_trips_and_a_bad_one_stops_the_start() {
+        let dir = std::env::temp_dir().join(format!("sgl-feedback-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.json");
+        let _ = std::fs::remove_file(&path);
+        let config = FeedbackConfig { state_file: Some(path.clone()), ..FeedbackConfig::default() };
+        let l = Learning::new(config.clone()).unwrap();
+        assert!(!l.save().unwrap(), "nothing changed: nothing written");
+        let id = l.issue("d", "p", None);
+        verdict(&l, id, "good").unwrap();
+        assert!(l.save().unwrap());
+        let again = Learning::new(config.clone()).unwrap();
+        assert_eq!(again.snapshot(), l.snapshot());
+        assert_eq!(again.arms_held(), 1);
+        std::fs::write(&path, b"{not json").unwrap();
+        assert!(Learning::new(config).unwrap_err().contains("not a feedback state file"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_bandit_moves_to_the_pool_feedback_favours() {
+        let l = learning(10_000);
+        let candidates = [("small", Some(0.5)), ("large", Some(0.5))];
+        for _ in 0..200 {
+            let (chosen, _) = l.choose("d", &candidates);
+            let pool = candidates[chosen.unwrap()].0;
+            let id = l.issue("d", pool, Some(0.5));
+            verdict(&l, id, if pool == "large" { "good" } else { "bad" }).unwrap();
+        }
+        let large = (0..1000).filter(|_| l.choose("d", &candidates).0 == Some(1)).count();
+        assert!(large > 950, "{large} of 1000 to the pool with good verdicts");
+    }
+}
