@@ -15,9 +15,32 @@ pub enum Algorithm {
     Static,
     /// Scored; see [`MultiFactor`].
     MultiFactor(MultiFactor),
-    /// A draw from each candidate's Beta posterior (seeded from its quality,
-    /// moved by feedback); the highest serves.
-    Bandit,
+    /// Thompson sampling over what feedback taught; see [`Bandit`].
+    Bandit(Bandit),
+}
+
+/// `bandit`'s parameters: one draw from each candidate's Beta posterior (seeded
+/// from its configured quality, moved by feedback, [`crate::Outcomes`]); the
+/// highest draw serves, or with `min_quality` the first candidate in the
+/// decision's order whose draw reaches it (list the cheaper pool first: it serves
+/// while it is likely good enough), the highest draw when none does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bandit {
+    /// The quality a pool must likely reach to be taken in order (in [0, 1]).
+    #[serde(default)]
+    pub min_quality: Option<f64>,
+}
+
+impl Bandit {
+    /// Parses and checks the decision's `algorithm` keys.
+    pub fn from_params(params: &serde_json::Map<String, serde_json::Value>) -> Result<Self, String> {
+        let b: Bandit = serde_json::from_value(serde_json::Value::Object(params.clone())).map_err(|e| e.to_string())?;
+        if b.min_quality.is_some_and(|q| !(0.0..=1.0).contains(&q)) {
+            return Err("min_quality must be in [0, 1]".into());
+        }
+        Ok(b)
+    }
 }
 
 /// `multi_factor`'s parameters (every key optional).

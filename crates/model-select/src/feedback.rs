@@ -123,15 +123,29 @@ impl Outcomes {
     /// The candidate with the highest draw from its posterior (Thompson
     /// sampling): (pool, quality) pairs in the decision's order; `None` without candidates.
     pub fn choose(&self, decision: &str, candidates: &[(&str, Option<f64>)], rng: &mut Rng) -> Option<usize> {
-        candidates
+        self.choose_satisficing(decision, candidates, None, rng)
+    }
+
+    /// [`choose`](Self::choose), or with `min_quality` the first candidate whose draw reaches
+    /// it (the highest draw when none does).
+    pub fn choose_satisficing(
+        &self,
+        decision: &str,
+        candidates: &[(&str, Option<f64>)],
+        min_quality: Option<f64>,
+        rng: &mut Rng,
+    ) -> Option<usize> {
+        let draws: Vec<f64> = candidates
             .iter()
-            .enumerate()
-            .map(|(i, (pool, quality))| {
+            .map(|(pool, quality)| {
                 let arm = self.arm(decision, pool, *quality);
-                (i, rng.beta(arm.alpha, arm.beta))
+                rng.beta(arm.alpha, arm.beta)
             })
-            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
-            .map(|(i, _)| i)
+            .collect();
+        if let Some(i) = min_quality.and_then(|m| draws.iter().position(|d| *d >= m)) {
+            return Some(i);
+        }
+        draws.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0))).map(|(i, _)| i)
     }
 }
 
@@ -216,6 +230,20 @@ mod tests {
         let picks = (0..1000).filter(|_| even.choose("d", &[("a", None), ("b", None)], &mut rng) == Some(0)).count();
         assert!((350..650).contains(&picks), "{picks}");
         assert_eq!(even.choose("d", &[], &mut rng), None);
+        // Satisficing: the first candidate likely good enough, though the other is better.
+        let mut o = Outcomes::new(2.0, 100);
+        for _ in 0..50 {
+            o.verdict("d", "small", Some(0.9), true);
+            o.verdict("d", "large", Some(0.9), true);
+        }
+        for _ in 0..5 {
+            o.verdict("d", "small", Some(0.9), false);
+        }
+        let both = [("small", Some(0.9)), ("large", Some(0.9))];
+        let small = (0..1000).filter(|_| o.choose_satisficing("d", &both, Some(0.75), &mut rng) == Some(0)).count();
+        assert!(small > 990, "{small}");
+        let small = (0..1000).filter(|_| o.choose("d", &both, &mut rng) == Some(0)).count();
+        assert!(small < 200, "without min_quality the better one: {small}");
     }
 
     #[test]

@@ -27,7 +27,7 @@ mod selector;
 mod semantic;
 mod signals;
 
-pub use algorithm::{Algorithm, Candidate, MultiFactor, OnNoCandidates, Scales, Scored, Slo, Weights};
+pub use algorithm::{Algorithm, Bandit, Candidate, MultiFactor, OnNoCandidates, Scales, Scored, Slo, Weights};
 pub use config::{
     ALGORITHMS, Aggregation, AlgorithmConfig, Bounds, ComplexityRule, Config, ContextRule, ConversationRule,
     DEFAULT_PREFILL_TOKENS_PER_S, DecisionConfig, DomainConfig, DomainLabel, DomainMethod, EmbeddingRule,

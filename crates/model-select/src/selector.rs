@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::algorithm::{Algorithm, MultiFactor};
+use crate::algorithm::{Algorithm, Bandit, MultiFactor};
 use crate::config::{Config, DecisionConfig, PluginConfig, SignalKind, SignalRef, validate};
 use crate::decision::{DecisionTrace, needed_signals, select};
 use crate::error::ConfigError;
@@ -113,7 +113,9 @@ impl Selector {
                 Some(a) if a.kind == "multi_factor" => {
                     MultiFactor::from_params(&a.params).map(Algorithm::MultiFactor).unwrap_or(Algorithm::Static)
                 }
-                Some(a) if a.kind == "bandit" => Algorithm::Bandit,
+                Some(a) if a.kind == "bandit" => {
+                    Bandit::from_params(&a.params).map(Algorithm::Bandit).unwrap_or(Algorithm::Static)
+                }
                 _ => Algorithm::Static,
             })
             .collect();

@@ -83,12 +83,12 @@ pub(super) fn pool(
     let eligible: Vec<usize> = choice.pools.iter().copied().filter(|&i| fits(i)).collect();
     let (chosen, scores) = match choice.algorithm {
         Algorithm::Static => (eligible.first().copied(), Vec::new()),
-        Algorithm::Bandit => {
+        Algorithm::Bandit(bandit) => {
             let config = selector.config();
             let candidates: Vec<(&str, Option<f64>)> =
                 eligible.iter().map(|&i| (gw.pools[i].id.0.as_str(), config.pools[i].quality)).collect();
             let (chosen, arms) = match &gw.routing {
-                Some(slot) => slot.learning().choose(name, &candidates),
+                Some(slot) => slot.learning().choose(name, &candidates, bandit),
                 None => (None, Vec::new()),
             };
             // The score shown is each posterior's mean (the draw that chose is random).

@@ -168,11 +168,16 @@ impl Learning {
     }
 
     /// The `bandit` algorithm: one of `candidates` ((pool, configured quality), in the
-    /// decision's order) by Thompson sampling, with each one's posterior mean for the explain.
-    pub(crate) fn choose(&self, decision: &str, candidates: &[(&str, Option<f64>)]) -> (Option<usize>, Vec<Arm>) {
+    /// decision's order) by Thompson sampling, with each one's evidence for the explain.
+    pub(crate) fn choose(
+        &self,
+        decision: &str,
+        candidates: &[(&str, Option<f64>)],
+        bandit: &model_select::Bandit,
+    ) -> (Option<usize>, Vec<Arm>) {
         let outcomes = lock(&self.outcomes);
         let arms = candidates.iter().map(|(p, q)| outcomes.arm(decision, p, *q)).collect();
-        let chosen = outcomes.choose(decision, candidates, &mut lock(&self.rng));
+        let chosen = outcomes.choose_satisficing(decision, candidates, bandit.min_quality, &mut lock(&self.rng));
         (chosen, arms)
     }
 
@@ -423,12 +428,13 @@ mod tests {
         let l = learning(10_000);
         let candidates = [("small", Some(0.5)), ("large", Some(0.5))];
         for _ in 0..200 {
-            let (chosen, _) = l.choose("d", &candidates);
+            let (chosen, _) = l.choose("d", &candidates, &model_select::Bandit::default());
             let pool = candidates[chosen.unwrap()].0;
             let id = l.issue("d", pool, Some(0.5));
             verdict(&l, id, if pool == "large" { "good" } else { "bad" }).unwrap();
         }
-        let large = (0..1000).filter(|_| l.choose("d", &candidates).0 == Some(1)).count();
+        let large =
+            (0..1000).filter(|_| l.choose("d", &candidates, &model_select::Bandit::default()).0 == Some(1)).count();
         assert!(large > 950, "{large} of 1000 to the pool with good verdicts");
     }
 }

@@ -217,7 +217,8 @@ fn every_pool_and_routing_problem_is_reported() {
         ],
         "decisions": [
             {"name": "b", "pools": ["small"], "plugins": [{"type": "block", "status": 200}]},
-            {"name": "explicit", "rules": {"type": "keyword", "name": "nothing"}},
+            {"name": "explicit", "rules": {"type": "keyword", "name": "nothing"},
+             "algorithm": {"type": "bandit", "min_quality": 2}},
             {"name": "c", "pools": ["huge"], "algorithm": {"type": "elo"}, "plugins": [
                 {"type": "pii_redact", "types": ["passport"]},
                 {"type": "system_prompt", "prompt": " "},
@@ -245,6 +246,7 @@ fn every_pool_and_routing_problem_is_reported() {
         "decision `b`: block: status 200 is not an error status (400..=599)",
         "decision `b`: a decision that blocks sends nothing to its pools; remove `pools`",
         "decision `explicit`: `explicit` is a label the router uses itself (reserved: explicit, no_model, default_pool)",
+        "decision `explicit`: bandit: min_quality must be in [0, 1]",
         "decision `c`: no pool is named `huge`",
         "decision `c`: unknown algorithm `elo` (known: static, multi_factor, bandit)",
         "decision `c`: pii_redact: unknown type `passport`",

@@ -133,7 +133,12 @@ fn check_routing(d: &DecisionConfig, pools: &HashSet<&str>, errors: &mut Vec<Con
     }
     if let Some(a) = &d.algorithm {
         match a.kind.as_str() {
-            "static" | "bandit" if !a.params.is_empty() => bad(format!("the {} algorithm takes no parameters", a.kind)),
+            "static" if !a.params.is_empty() => bad("the static algorithm takes no parameters".into()),
+            "bandit" => {
+                if let Err(e) = crate::algorithm::Bandit::from_params(&a.params) {
+                    bad(format!("bandit: {e}"));
+                }
+            }
             "multi_factor" => {
                 if let Err(e) = crate::algorithm::MultiFactor::from_params(&a.params) {
                     bad(format!("multi_factor: {e}"));
