@@ -1,10 +1,13 @@
 //! The answers of `response_cache` plugins: per decision, a bounded LRU of
 //! complete answers keyed by the canonical request (minus `model`, plus the
 //! decision, pool and stream flag), found again exactly or, opted in, by the
-//! last user turn's embedding with everything else identical. Owns the
-//! stores and what may be cached; the relay records an answer as it passes
-//! (`relay`), and only a complete 2xx answer is kept.
+//! last user turn's embedding with everything else identical (the vectors
+//! of each partition, the request without its last user turn, kept apart
+//! and scanned outside the lock). Owns the stores and what may be cached;
+//! the relay records an answer as it passes (`relay`), and only a complete
+//! 2xx answer is kept.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
@@ -21,13 +24,22 @@ pub(crate) const CACHE_HEADER: &str = "x-route-cache";
 
 /// One decision's answers.
 #[derive(Debug)]
-pub(crate) struct Store {
+pub struct Store {
     config: ResponseCache,
     /// Its decision's name, and where stores are counted.
     decision: String,
     metrics: Arc<crate::pools::RoutingMetrics>,
-    entries: Mutex<LruCache<u64, Entry>>,
+    entries: Mutex<Entries>,
     keys: ahash::RandomState,
+}
+
+/// The answers, and per partition the vectors of its semantic entries.
+#[derive(Debug)]
+struct Entries {
+    lru: LruCache<u64, Entry>,
+    /// Partition → (entry key, its vector). Shared with lookups in progress, which scan a
+    /// partition without the lock; a store copies it if one still holds it.
+    partitions: HashMap<u64, Arc<Vec<(u64, Arc<[f32]>)>>>,
 }
 
 #[derive(Debug)]
@@ -44,18 +56,18 @@ struct Entry {
 
 /// A stored answer.
 #[derive(Debug)]
-pub(crate) struct Answer {
+pub struct Answer {
     /// Its status (2xx).
-    pub(crate) status: u16,
+    pub status: u16,
     /// Its content type, if it had one.
-    pub(crate) content_type: Option<HeaderValue>,
+    pub content_type: Option<HeaderValue>,
     /// Its body, whole.
-    pub(crate) body: Bytes,
+    pub body: Bytes,
 }
 
 /// A request the cache may answer or learn from.
 #[derive(Debug)]
-pub(crate) struct Ticket {
+pub struct Ticket {
     store: Arc<Store>,
     exact: Arc<str>,
     hash: u64,
@@ -65,7 +77,7 @@ pub(crate) struct Ticket {
 
 /// What a lookup found.
 #[derive(Debug, Clone)]
-pub(crate) enum Outcome {
+pub enum Outcome {
     /// The same request.
     Exact(Arc<Answer>),
     /// A similar last user turn, everything else the same.
@@ -76,7 +88,7 @@ pub(crate) enum Outcome {
 
 /// Why a request was not looked up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Skip {
+pub enum Skip {
     /// Asks for several choices.
     Choices,
     /// Samples, and the plugin does not allow it.
@@ -87,7 +99,7 @@ pub(crate) enum Skip {
 
 impl Outcome {
     /// The stored answer of a hit.
-    pub(crate) fn answer(&self) -> Option<&Arc<Answer>> {
+    pub fn answer(&self) -> Option<&Arc<Answer>> {
         match self {
             Outcome::Exact(a) | Outcome::Semantic(a, _) => Some(a),
             Outcome::Miss => None,
@@ -95,7 +107,7 @@ impl Outcome {
     }
 
     /// The `x-route-cache` value.
-    pub(crate) fn header(&self) -> HeaderValue {
+    pub fn header(&self) -> HeaderValue {
         match self {
             Outcome::Exact(_) => HeaderValue::from_static("hit-exact"),
             Outcome::Semantic(_, sim) => {
@@ -110,26 +122,26 @@ impl Outcome {
 
 impl Store {
     /// An empty store for `decision`'s `config`, counting into `metrics`.
-    pub(crate) fn new(config: &ResponseCache, decision: &str, metrics: Arc<crate::pools::RoutingMetrics>) -> Store {
+    pub fn new(config: &ResponseCache, decision: &str, metrics: Arc<crate::pools::RoutingMetrics>) -> Store {
         let cap = NonZeroUsize::new(config.max_entries).unwrap_or(NonZeroUsize::MIN);
         Store {
             config: config.clone(),
             decision: decision.to_owned(),
             metrics,
-            entries: Mutex::new(LruCache::new(cap)),
+            entries: Mutex::new(Entries { lru: LruCache::new(cap), partitions: HashMap::new() }),
             keys: ahash::RandomState::new(),
         }
     }
 
     /// Answers kept now.
-    pub(crate) fn len(&self) -> usize {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner()).len()
+    pub fn len(&self) -> usize {
+        self.lock().lru.len()
     }
 
     /// The ticket of the request `v` (after the plugins, `model` ignored) to
     /// `pool` under `decision`, or why it is not cached. `vector` is the last
     /// user turn's embedding, for semantic stores.
-    pub(crate) fn ticket(
+    pub fn ticket(
         self: &Arc<Self>,
         v: &Value,
         decision: &str,
@@ -166,35 +178,105 @@ impl Store {
     }
 }
 
+impl Store {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+// === impl Entries ===
+
+impl Entries {
+    /// Keeps `entry` under `key`, in its partition's vectors too; what it replaces or pushes out goes from both.
+    fn put(&mut self, key: u64, entry: Entry) {
+        let indexed = entry.vector.clone().map(|v| (entry.partition, v));
+        if let Some((old_key, old)) = self.lru.push(key, entry) {
+            self.unindex(old_key, &old);
+        }
+        if let Some((partition, v)) = indexed {
+            Arc::make_mut(self.partitions.entry(partition).or_default()).push((key, v));
+        }
+    }
+
+    /// Drops the entry under `key`.
+    fn remove(&mut self, key: u64) {
+        if let Some(old) = self.lru.pop(&key) {
+            self.unindex(key, &old);
+        }
+    }
+
+    fn unindex(&mut self, key: u64, old: &Entry) {
+        if old.vector.is_none() {
+            return;
+        }
+        if let Some(p) = self.partitions.get_mut(&old.partition) {
+            let list = Arc::make_mut(p);
+            if let Some(i) = list.iter().position(|(k, _)| *k == key) {
+                list.swap_remove(i);
+            }
+            if list.is_empty() {
+                self.partitions.remove(&old.partition);
+            }
+        }
+    }
+}
+
+/// The dot product of two vectors of one length, in eight lanes (vectorized).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    let mut lanes = [0f32; 8];
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
 // === impl Ticket ===
 
 impl Ticket {
     /// The cached answer for this request, if any (expired entries go).
-    pub(crate) fn lookup(&self) -> Outcome {
+    pub fn lookup(&self) -> Outcome {
         let now = Instant::now();
-        let mut entries = self.store.entries.lock().unwrap_or_else(|p| p.into_inner());
-        match entries.get(&self.hash) {
-            Some(e) if e.until > now && e.exact == self.exact => return Outcome::Exact(e.answer.clone()),
-            Some(e) if e.until <= now => {
-                entries.pop(&self.hash);
+        let partition = {
+            let mut entries = self.store.lock();
+            match entries.lru.get(&self.hash) {
+                Some(e) if e.until > now && e.exact == self.exact => return Outcome::Exact(e.answer.clone()),
+                Some(e) if e.until <= now => entries.remove(self.hash),
+                _ => {}
             }
-            _ => {}
-        }
+            if self.vector.is_none() {
+                return Outcome::Miss;
+            }
+            match entries.partitions.get(&self.partition) {
+                Some(p) => p.clone(),
+                None => return Outcome::Miss,
+            }
+        };
         let Some(v) = &self.vector else { return Outcome::Miss };
-        let threshold = self.store.config.threshold;
-        let best = entries
-            .iter()
-            .filter(|(_, e)| e.partition == self.partition && e.until > now)
-            .filter_map(|(k, e)| Some((*k, model_select::cosine(v, e.vector.as_deref()?))))
-            .filter(|(_, sim)| *sim >= threshold)
-            .max_by(|a, b| a.1.total_cmp(&b.1));
-        match best {
-            Some((k, sim)) => {
-                let answer = entries.get(&k).map(|e| e.answer.clone());
-                answer.map_or(Outcome::Miss, |a| Outcome::Semantic(a, sim))
-            }
-            None => Outcome::Miss,
+        // Outside the lock: every vector of the partition (unit vectors: the dot product is the cosine).
+        let threshold = self.store.config.threshold as f32;
+        let mut hits: Vec<(u64, f32)> =
+            partition.iter().map(|(k, u)| (*k, dot(v, u))).filter(|(_, sim)| *sim >= threshold).collect();
+        drop(partition);
+        if hits.is_empty() {
+            return Outcome::Miss;
         }
+        hits.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
+        // The most similar that is still there and fresh.
+        let mut entries = self.store.lock();
+        for (k, sim) in hits {
+            match entries.lru.get(&k) {
+                Some(e) if e.until > now && e.partition == self.partition => {
+                    return Outcome::Semantic(e.answer.clone(), f64::from(sim));
+                }
+                Some(e) if e.until <= now => entries.remove(k),
+                _ => {}
+            }
+        }
+        Outcome::Miss
     }
 
     /// Largest answer kept.
@@ -203,7 +285,7 @@ impl Ticket {
     }
 
     /// Keeps a complete answer.
-    pub(crate) fn store(self, answer: Answer) {
+    pub fn store(self, answer: Answer) {
         if answer.body.len() > self.store.config.max_answer_bytes {
             return;
         }
@@ -214,7 +296,7 @@ impl Ticket {
             answer: Arc::new(answer),
             until: Instant::now() + Duration::from_secs(self.store.config.ttl_secs),
         };
-        self.store.entries.lock().unwrap_or_else(|p| p.into_inner()).put(self.hash, entry);
+        self.store.lock().put(self.hash, entry);
         let decision = crate::metrics::escape(&self.store.decision);
         self.store.metrics.cache_stores.inc(format_args!("decision=\"{decision}\""));
     }
@@ -411,6 +493,23 @@ mod tests {
         let big = Answer { status: 200, content_type: None, body: Bytes::from(vec![b'x'; (1 << 20) + 1]) };
         s.ticket(&chat("q"), "d", "p", None).unwrap().store(big);
         assert_eq!(s.len(), 0);
+    }
+
+    #[test]
+    fn what_leaves_the_cache_leaves_its_partition_and_is_never_a_semantic_hit() {
+        let s = store(true);
+        let indexed = |s: &Store| s.lock().partitions.values().map(|p| p.len()).sum::<usize>();
+        // Bound 2: the first of three similar answers is pushed out.
+        s.ticket(&chat("reset my password"), "d", "p", unit(&[1.0, 0.0])).unwrap().store(answer("A"));
+        s.ticket(&chat("change my password"), "d", "p", unit(&[0.0, 1.0])).unwrap().store(answer("B"));
+        s.ticket(&chat("update my password"), "d", "p", unit(&[0.0, 1.0])).unwrap().store(answer("C"));
+        assert_eq!((s.len(), indexed(&s)), (2, 2));
+        let near_a = s.ticket(&chat("restore my password"), "d", "p", unit(&[1.0, 0.05])).unwrap().lookup();
+        assert!(matches!(near_a, Outcome::Miss), "A was pushed out: {near_a:?}");
+        // The same request stored again replaces its vector, not adds one.
+        s.ticket(&chat("update my password"), "d", "p", unit(&[0.0, 1.0])).unwrap().store(answer("C2"));
+        assert_eq!((s.len(), indexed(&s)), (2, 2));
+        assert_eq!(dot(&[1.0; 19], &[2.0; 19]), 38.0, "lanes and tail");
     }
 
     #[test]

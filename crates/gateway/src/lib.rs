@@ -18,7 +18,7 @@ mod h1;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub use h1::fuzzing;
-mod cache;
+pub mod cache;
 pub mod metrics;
 pub mod namespace;
 pub mod pd;

@@ -124,6 +124,27 @@ pub struct RoutingMetrics {
     pub cache_stores: LabeledCounter,
 }
 
+impl RoutingMetrics {
+    /// Nothing counted yet.
+    pub fn new() -> Self {
+        RoutingMetrics {
+            requests: LabeledCounter::default(),
+            blocks: LabeledCounter::default(),
+            redactions: LabeledCounter::default(),
+            signal_seconds: Histogram::new(&SIGNAL_BUCKETS),
+            sessions: LabeledCounter::default(),
+            cache_lookups: LabeledCounter::default(),
+            cache_stores: LabeledCounter::default(),
+        }
+    }
+}
+
+impl Default for RoutingMetrics {
+    fn default() -> Self {
+        RoutingMetrics::new()
+    }
+}
+
 /// Headers a decision sets and removes on the request to the worker.
 #[derive(Debug, Default)]
 pub struct HeaderEdits {
@@ -176,16 +197,7 @@ impl Routing {
     /// The routing config at work; its header changes are compiled here
     /// (the config was validated: every name and value is sound).
     pub fn new(selector: Selector) -> Self {
-        let metrics = Arc::new(RoutingMetrics {
-            requests: LabeledCounter::default(),
-            blocks: LabeledCounter::default(),
-            redactions: LabeledCounter::default(),
-            signal_seconds: Histogram::new(&SIGNAL_BUCKETS),
-            sessions: LabeledCounter::default(),
-            cache_lookups: LabeledCounter::default(),
-            cache_stores: LabeledCounter::default(),
-        });
-        Routing::new_counting(selector, metrics)
+        Routing::new_counting(selector, Arc::new(RoutingMetrics::new()))
     }
 
     /// The routing config at work, counting into `metrics`.

@@ -1,0 +1,82 @@
+//! The response cache's lookup with 10,000 answers stored (`gateway::cache`): an exact hit, an
+//! exact miss, and a semantic lookup (384-dimensional vectors, all-MiniLM-L6-v2's size), both
+//! when every entry shares the request's partition (one system prompt for all: the scan
+//! compares all 10,000 vectors, the worst case) and when none does (requests with different
+//! histories). Also what preparing a request's ticket costs (its canonical form and hashes).
+//!   cargo bench -p sgl-router-benches --bench response_cache
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use criterion::{Criterion, criterion_group, criterion_main};
+use gateway::cache::{Answer, Outcome, Store};
+use router_types::SplitMix;
+use serde_json::{Value, json};
+
+const ENTRIES: usize = 10_000;
+const DIM: usize = 384;
+
+fn request(system: &str, question: &str) -> Value {
+    json!({"model": "auto", "temperature": 0, "max_tokens": 64,
+           "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]})
+}
+
+fn unit(rng: &mut SplitMix) -> Arc<[f32]> {
+    let v: Vec<f32> = (0..DIM).map(|_| rng.uniform() as f32 - 0.5).collect();
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    v.iter().map(|x| x / norm).collect()
+}
+
+/// A store of `ENTRIES` answers; with `shared`, one system prompt for all.
+fn filled(shared: bool, rng: &mut SplitMix) -> Arc<Store> {
+    let config = model_select::ResponseCache {
+        semantic: true,
+        threshold: 0.95,
+        ttl_secs: 3600,
+        max_entries: ENTRIES,
+        max_answer_bytes: 1 << 20,
+        allow_sampling: false,
+    };
+    let store = Arc::new(Store::new(&config, "faq", Arc::new(gateway::pools::RoutingMetrics::new())));
+    for i in 0..ENTRIES {
+        let system = if shared { "You answer questions about our product.".to_owned() } else { format!("Tenant {i}.") };
+        let v = request(&system, &format!("question number {}", words(i)));
+        let ticket = store.ticket(&v, "faq", "small", Some(unit(rng))).expect("cacheable");
+        ticket.store(Answer { status: 200, content_type: None, body: Bytes::from(vec![b'x'; 512]) });
+    }
+    assert_eq!(store.len(), ENTRIES);
+    store
+}
+
+/// `i` spelled with letters (a question with digits is never looked up semantically).
+fn words(i: usize) -> String {
+    format!("{i}").bytes().map(|b| (b'a' + (b - b'0')) as char).collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let mut rng = SplitMix::new(7);
+    let mut g = c.benchmark_group("response_cache_10k");
+    for (name, shared) in [("one_partition", true), ("own_partitions", false)] {
+        let store = filled(shared, &mut rng);
+        let system = if shared { "You answer questions about our product.".to_owned() } else { "Tenant 5.".to_owned() };
+        let hit = request(&system, &format!("question number {}", words(5)));
+        let miss = request(&system, "a question nobody asked");
+        let hit_ticket = store.ticket(&hit, "faq", "small", None).unwrap();
+        assert!(matches!(hit_ticket.lookup(), Outcome::Exact(_)));
+        g.bench_function(format!("{name}/exact_hit"), |b| b.iter(|| hit_ticket.lookup()));
+        let semantic = store.ticket(&miss, "faq", "small", Some(unit(&mut rng))).unwrap();
+        assert!(matches!(semantic.lookup(), Outcome::Miss), "random vectors are not similar");
+        g.bench_function(format!("{name}/semantic_miss"), |b| b.iter(|| semantic.lookup()));
+        g.bench_function(format!("{name}/ticket"), |b| {
+            b.iter(|| store.ticket(std::hint::black_box(&miss), "faq", "small", None).is_ok())
+        });
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(30);
+    targets = bench
+}
+criterion_main!(benches);
