@@ -117,6 +117,14 @@ struct OverheadArgs {
     /// on every target alike.
     #[arg(long, default_value_t = 10)]
     rounds: usize,
+    /// Also, all along, this many clients sending `model: "auto"` chats with unique texts to
+    /// `--background-url` (a router whose decisions embed them): the measured requests' latency
+    /// while embeddings run.
+    #[arg(long, default_value_t = 0)]
+    background_clients: usize,
+    /// The router the background clients send to.
+    #[arg(long)]
+    background_url: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -257,6 +265,11 @@ fn overhead(a: OverheadArgs) -> Result<()> {
         let (name, url) = r.split_once('=').ok_or_else(|| anyhow::anyhow!("--router wants NAME=URL, got {r}"))?;
         targets.push((name.to_string(), url.to_string()));
     }
+    let background = match (&a.background_url, a.background_clients) {
+        (Some(url), n) if n > 0 => Some(overhead::Background::start(&runtime, url, n)),
+        (None, n) if n > 0 => anyhow::bail!("--background-clients needs --background-url"),
+        _ => None,
+    };
     let mut rows = Vec::new();
     let rounds = a.rounds.clamp(1, a.requests.max(1));
     for &c in &a.concurrency {
@@ -277,9 +290,16 @@ fn overhead(a: OverheadArgs) -> Result<()> {
             }
         }
     }
+    let background = background.map(|b| b.stop(&runtime));
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"rows": rows, "background": background}))?);
         return Ok(());
+    }
+    if let Some(b) = &background {
+        println!(
+            "background: {} clients, {} auto requests answered 2xx, {} not ({:.1} per second)",
+            b.clients, b.ok, b.failed, b.per_second
+        );
     }
     println!(
         "{:<22} {:>5} {:>7} {:>9} {:>9} {:>9} {:>10} {:>11}",

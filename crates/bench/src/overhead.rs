@@ -133,3 +133,80 @@ pub(crate) async fn measure(
     }
     Ok(Sample { lat, errors, wall: start.elapsed() })
 }
+
+/// Clients sending `model: "auto"` chats with unique texts to a router all along a measurement.
+pub(crate) struct Background {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<(usize, usize)>>,
+    clients: usize,
+    start: Instant,
+}
+
+/// What the background clients got.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct BackgroundTally {
+    pub(crate) clients: usize,
+    pub(crate) ok: usize,
+    pub(crate) failed: usize,
+    pub(crate) per_second: f64,
+}
+
+impl Background {
+    /// Starts `clients` senders on `runtime`.
+    pub(crate) fn start(runtime: &tokio::runtime::Runtime, base: &str, clients: usize) -> Background {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let url = format!("{base}/v1/chat/completions");
+        let http = reqwest::Client::new();
+        let tasks = (0..clients)
+            .map(|c| {
+                let (stop, url, http) = (stop.clone(), url.clone(), http.clone());
+                runtime.spawn(async move {
+                    let (mut ok, mut failed) = (0, 0);
+                    let mut i = 0usize;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        i += 1;
+                        // About 50 tokens, new each time: the router's embedding cache never holds it.
+                        let text = format!(
+                            "Client {c} asks question {i}: could you explain, in a few short paragraphs, how a \
+                             sourdough starter is kept alive over a long holiday, and what to do if it smells \
+                             of acetone when I come back after {i} days?"
+                        );
+                        let body =
+                            json!({"model": "auto", "max_tokens": 1, "messages": [{"role": "user", "content": text}]});
+                        let sent = http
+                            .post(&url)
+                            .header("content-type", "application/json")
+                            .body(body.to_string())
+                            .send()
+                            .await;
+                        let answered = match sent {
+                            Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
+                            Err(_) => false,
+                        };
+                        if answered {
+                            ok += 1;
+                        } else {
+                            failed += 1;
+                        }
+                    }
+                    (ok, failed)
+                })
+            })
+            .collect();
+        Background { stop, tasks, clients, start: Instant::now() }
+    }
+
+    /// Stops the senders and counts what they got.
+    pub(crate) fn stop(self, runtime: &tokio::runtime::Runtime) -> BackgroundTally {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (mut ok, mut failed) = (0, 0);
+        for t in self.tasks {
+            if let Ok((o, f)) = runtime.block_on(t) {
+                ok += o;
+                failed += f;
+            }
+        }
+        let per_second = ok as f64 / self.start.elapsed().as_secs_f64().max(1e-9);
+        BackgroundTally { clients: self.clients, ok, failed, per_second }
+    }
+}
