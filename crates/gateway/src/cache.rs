@@ -39,8 +39,11 @@ struct Entries {
     lru: LruCache<u64, Entry>,
     /// Partition → (entry key, its vector). Shared with lookups in progress, which scan a
     /// partition without the lock; a store copies it if one still holds it.
-    partitions: HashMap<u64, Arc<Vec<(u64, Arc<[f32]>)>>>,
+    partitions: HashMap<u64, Arc<Partition>>,
 }
+
+/// A partition's semantic entries: (entry key, its unit vector).
+type Partition = Vec<(u64, Arc<[f32]>)>;
 
 #[derive(Debug)]
 struct Entry {
@@ -136,6 +139,11 @@ impl Store {
     /// Answers kept now.
     pub fn len(&self) -> usize {
         self.lock().lru.len()
+    }
+
+    /// Whether it keeps no answer.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// The ticket of the request `v` (after the plugins, `model` ignored) to
