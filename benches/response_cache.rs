@@ -2,7 +2,9 @@
 //! exact miss, and a semantic lookup (384-dimensional vectors, all-MiniLM-L6-v2's size), both
 //! when every entry shares the request's partition (one system prompt for all: the scan
 //! compares all 10,000 vectors, the worst case) and when none does (requests with different
-//! histories). Also what preparing a request's ticket costs (its canonical form and hashes).
+//! histories). Also what preparing a request's ticket costs (its canonical form and hashes),
+//! and what giving an answer its `x-route-id` costs with 100,000 route ids held (the bound:
+//! each new one pushes the oldest out).
 //!   cargo bench -p sgl-router-benches --bench response_cache
 
 use std::sync::Arc;
@@ -72,6 +74,11 @@ fn bench(c: &mut Criterion) {
         });
     }
     g.finish();
+    let learning = gateway::pools::feedback::Learning::new(Default::default()).expect("no state file");
+    for _ in 0..100_000 {
+        learning.issue("chat", "small", Some(0.7));
+    }
+    c.bench_function("route_id/issue_with_100k_held", |b| b.iter(|| learning.issue("chat", "small", Some(0.7))));
 }
 
 criterion_group! {

@@ -140,7 +140,7 @@ impl Learning {
 
     /// A new route id for an answer `pool` gives under `decision` (the pool's configured quality
     /// seeds its arm), remembered until it is judged, expires or is pushed out.
-    pub(crate) fn issue(&self, decision: &str, pool: &str, quality: Option<f64>) -> u64 {
+    pub fn issue(&self, decision: &str, pool: &str, quality: Option<f64>) -> u64 {
         let now = Instant::now();
         let mut routes = lock(&self.routes);
         let mut id = self.ids.hash_one(self.issued.fetch_add(1, Ordering::Relaxed));
