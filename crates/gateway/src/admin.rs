@@ -367,6 +367,11 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
             "router_response_cache_stores_total",
             "Complete answers stored in a response cache, by decision.",
         );
+        m.cascades.render(
+            &mut out,
+            "router_cascade_total",
+            "Requests a cascade plugin judged or let pass, by decision and outcome (kept, escalated, no_logprobs, skip_stream, skip_route, too_large, failed).",
+        );
         let learning = slot.learning();
         learning.counts.render(
             &mut out,

@@ -151,6 +151,8 @@ pub(crate) struct InFlight {
     start: Instant,
     /// Where a complete answer is kept (a response-cache miss).
     pub(crate) cache: Option<crate::cache::Ticket>,
+    /// The decision's cascade judges the answer: its plan and the body the worker got.
+    pub(crate) cascade: Option<Box<(crate::pools::cascade::Plan, Bytes)>>,
 }
 
 /// What `forward` did with a request.
@@ -220,7 +222,17 @@ impl Route {
 impl InFlight {
     /// The accounting of a request about to be answered from `load`'s worker.
     pub(crate) fn new(gw: Arc<Gateway>, admission: Admission, load: LoadGuard, route: Route, start: Instant) -> Self {
-        Self { gw, _admission: admission, load, route_headers: None, route, status: 0, start, cache: None }
+        Self {
+            gw,
+            _admission: admission,
+            load,
+            route_headers: None,
+            route,
+            status: 0,
+            start,
+            cache: None,
+            cascade: None,
+        }
     }
 }
 
@@ -380,6 +392,8 @@ pub(crate) struct Meta {
     pub(crate) session: Option<Vec<u8>>,
     /// `cache-control: no-cache` or `no-store`: no response cache is read or written.
     pub(crate) cache_bypass: bool,
+    /// A cascade's second attempt: this pool (an index) under this decision, not the decisions'.
+    pub(crate) forced: Option<(usize, String)>,
 }
 
 /// The request header asking for the routing explain.
@@ -581,26 +595,49 @@ async fn serve(
         signal_headers: crate::pools::wanted_headers(&gw, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes()))),
         session: Meta::key(headers.get(crate::pools::SESSION_HEADER).map(HeaderValue::as_bytes)),
         cache_bypass: crate::cache::bypassed(headers.get_all(header::CACHE_CONTROL).iter().map(HeaderValue::as_bytes)),
+        forced: None,
     };
     if let Some(pd) = gw.pd.as_ref() {
         return crate::pd::serve(&gw, pd, admission, route, bytes, headers, start, &meta).await;
     }
     let forwarded = forward(&gw, admission, route, bytes, start, &meta, |worker, body, rank, edits| {
         let (client, headers) = (client.clone(), headers.clone());
-        async move {
-            match edits {
-                None => send_to(&client, &headers, &worker, route.path(), body, rank).await,
-                Some(edits) => {
-                    let edited = edits.applied_to(&headers);
-                    send_to(&client, &edited, &worker, route.path(), body, rank).await
-                }
-            }
-        }
+        async move { send_edited(&client, &headers, &worker, route, body, rank, edits).await }
     })
     .await?;
     let (mut guard, worker, resp) = match forwarded {
         Forwarded::Sent(guard, worker, resp) => (guard, worker, resp),
         Forwarded::Cached(hit) => return Ok(hit.into_response()),
+    };
+    let (mut guard, worker, resp) = match guard.cascade.take().map(|b| *b) {
+        Some((plan, sent)) if resp.status() == axum::http::StatusCode::OK => {
+            match crate::pools::cascade::whole(&gw, guard, worker, resp, &plan, route).await? {
+                crate::pools::cascade::Judged::Answer(answer) => return Ok(answer),
+                crate::pools::cascade::Judged::Pass(guard, worker, resp) => (guard, worker, resp),
+                crate::pools::cascade::Judged::Escalate(verdict) => {
+                    let body = crate::pools::cascade::escalated_body(&plan, &sent);
+                    let admission = Admission::admit_waiting(&gw, body.len()).await?;
+                    let meta = Meta { forced: Some((plan.to, plan.decision.clone())), ..meta };
+                    let forwarded = forward(&gw, admission, route, body, start, &meta, |worker, body, rank, edits| {
+                        let (client, headers) = (client.clone(), headers.clone());
+                        async move { send_edited(&client, &headers, &worker, route, body, rank, edits).await }
+                    })
+                    .await?;
+                    let Forwarded::Sent(mut guard, worker, resp) = forwarded else {
+                        return Err(GatewayError::Internal("a forced route read a response cache".into()));
+                    };
+                    let route_headers = guard.route_headers.take();
+                    let mut answer =
+                        stream_back(guard, worker, resp, gw.config.limits.upstream_idle_timeout, Ending::default());
+                    if let Some(extra) = route_headers {
+                        answer.headers_mut().extend(extra.0.into_iter().map(|(n, v)| (HeaderName::from_static(n), v)));
+                    }
+                    answer.headers_mut().insert(crate::pools::cascade::CASCADE_HEADER, verdict.header());
+                    return Ok(answer);
+                }
+            }
+        }
+        _ => (guard, worker, resp),
     };
     let route_headers = guard.route_headers.take();
     let mut answer = stream_back(guard, worker, resp, gw.config.limits.upstream_idle_timeout, Ending::default());
@@ -608,6 +645,22 @@ async fn serve(
         answer.headers_mut().extend(extra.0.into_iter().map(|(n, v)| (HeaderName::from_static(n), v)));
     }
     Ok(answer)
+}
+
+/// [`send_to`] with a decision's header changes applied.
+async fn send_edited(
+    client: &crate::UpstreamClient,
+    headers: &HeaderMap,
+    worker: &Worker,
+    route: Route,
+    body: Bytes,
+    rank: Option<DpRank>,
+    edits: Option<Arc<HeaderEdits>>,
+) -> Result<axum::http::Response<hyper::body::Incoming>, SendError> {
+    match edits {
+        None => send_to(client, headers, worker, route.path(), body, rank).await,
+        Some(edits) => send_to(client, &edits.applied_to(headers), worker, route.path(), body, rank).await,
+    }
 }
 
 /// POSTs a JSON `body` to `path` on `worker` with the client's (prepared)
@@ -682,12 +735,16 @@ where
     let (gw2, body, key) = (gw.clone(), bytes.clone(), meta.routing_key.clone());
     let (debug, signal_headers, session) = (meta.route_debug, meta.signal_headers.clone(), meta.session.clone());
     let cache_bypass = meta.cache_bypass;
+    let forced = meta.forced.clone();
     // The vectors embedding signals read, on the embedding pool's threads (none without such signals).
     let crate::pools::PreRouted { body: parsed, embeddings } = crate::pools::pre_route(gw, route, &bytes).await?;
     let step = crate::admission::render(gw, bytes.len(), move || {
         let mut v = parse_body(&gw2, route, &body, parsed)?;
         // With a routing config: the pool (the body names its model, the plugins may change it).
         let mut routed = match (gw2.routing(), v.as_mut()) {
+            (Some(routing), Some(v)) if let Some((pool, decision)) = &forced => {
+                Some(crate::pools::forced(&gw2, &routing, v, *pool, decision))
+            }
             (Some(routing), Some(v)) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
                 let ask = crate::pools::Asked { debug, headers, session, embeddings, cache_bypass };
@@ -747,9 +804,19 @@ where
     let load = worker.charge_on(uncached, rank);
     let route_headers = routed.as_ref().map(|r| crate::pools::RouteHeaders::of(r, pool));
     let cache = routed.as_mut().and_then(|r| r.cache.take()).map(|(ticket, _)| ticket);
+    let cascade = routed.as_mut().and_then(|r| r.cascade.take()).map(|plan| Box::new((plan, bytes.clone())));
     let edits = routed.and_then(|r| r.edits);
-    let mut guard =
-        InFlight { gw: gw.clone(), _admission: admission, load, route_headers, route, status: 0, start, cache };
+    let mut guard = InFlight {
+        gw: gw.clone(),
+        _admission: admission,
+        load,
+        route_headers,
+        route,
+        status: 0,
+        start,
+        cache,
+        cascade,
+    };
     let retry = &gw.config.retry;
     // The workers tried before the current one (allocated only on a retry).
     let mut tried = Vec::new();

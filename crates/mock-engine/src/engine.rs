@@ -145,6 +145,8 @@ pub struct Engine {
     /// Streamed answers whose client went away before their end (the
     /// response body dropped unfinished): requests the engine saw cancelled.
     pub cancelled_streams: AtomicU64,
+    /// The generated tokens' logprob (f64 bits).
+    token_logprob: AtomicU64,
 }
 
 /// One disaggregated leg an engine got, as it came.
@@ -220,6 +222,7 @@ impl Engine {
                 }
             })
             .collect();
+        let config_logprob = config.token_logprob;
         Self {
             hasher: PageHasher::new(page, HashMode::Unigram),
             config,
@@ -235,7 +238,18 @@ impl Engine {
             prompt_tokens: AtomicU64::new(0),
             cached_tokens: AtomicU64::new(0),
             cancelled_streams: AtomicU64::new(0),
+            token_logprob: AtomicU64::new(config_logprob.to_bits()),
         }
+    }
+
+    /// The logprob every generated token is reported with.
+    pub fn token_logprob(&self) -> f64 {
+        f64::from_bits(self.token_logprob.load(Ordering::Relaxed))
+    }
+
+    /// Changes the generated tokens' logprob (how sure the simulated model is).
+    pub fn set_token_logprob(&self, logprob: f64) {
+        self.token_logprob.store(logprob.to_bits(), Ordering::Relaxed);
     }
 
     /// The configuration.

@@ -333,6 +333,32 @@ pub(crate) async fn answer(e: &Engine, route: Route, v: &Value, guard: &Release,
                               "cached_tokens": guard.admission.cached_tokens, "finish_reason": {"type": "length"}},
             }),
         };
+        // Logprobs, as vLLM and SGLang report them, when asked for: a chat's `logprobs: true`
+        // (`choices[].logprobs.content[]`), a completion's `logprobs: N` (`token_logprobs`).
+        let lp = e.token_logprob();
+        let words: Vec<&str> = (0..n).map(word).collect();
+        match route {
+            Route::Chat if v.get("logprobs").and_then(Value::as_bool) == Some(true) => {
+                let content: Vec<Value> = words
+                    .iter()
+                    .map(|w| json!({"token": w, "logprob": lp, "bytes": w.as_bytes(), "top_logprobs": []}))
+                    .collect();
+                if let Some(c) = body.pointer_mut("/choices/0").and_then(Value::as_object_mut) {
+                    c.insert("logprobs".into(), json!({"content": content}));
+                }
+            }
+            Route::Completions if v.get("logprobs").is_some_and(Value::is_u64) => {
+                let offsets: Vec<usize> =
+                    words.iter().scan(0, |at, w| Some(std::mem::replace(at, *at + w.len()))).collect();
+                if let Some(c) = body.pointer_mut("/choices/0").and_then(Value::as_object_mut) {
+                    c.insert(
+                        "logprobs".into(),
+                        json!({"tokens": words, "token_logprobs": vec![lp; n], "top_logprobs": null, "text_offset": offsets}),
+                    );
+                }
+            }
+            _ => {}
+        }
         if let Some(meta) = body.get_mut("meta_info").and_then(Value::as_object_mut) {
             meta.extend(extras.meta);
         }

@@ -68,6 +68,10 @@ pub struct MockEngineConfig {
     /// Remember every request (its headers and body, the last 256) for
     /// [`Engine::legs`], not only the disaggregated legs.
     pub record_requests: bool,
+    /// The logprob of every generated token, reported when a whole chat or completion asks
+    /// for logprobs (`logprobs: true`, or a number on completions); [`Engine::set_token_logprob`]
+    /// changes it at run time.
+    pub token_logprob: f64,
 }
 
 /// A running simulated engine. Dropping it stops the server and the publishers.
@@ -101,6 +105,7 @@ impl Default for MockEngineConfig {
             strict_model: false,
             record_requests: false,
             replay_buffer_steps: kv_events::publisher::DEFAULT_BUFFER_STEPS,
+            token_logprob: -0.1,
         }
     }
 }

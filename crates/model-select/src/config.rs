@@ -14,7 +14,8 @@ mod validate;
 
 pub use load::{Problem, parse_yaml};
 pub use pools::{
-    DEFAULT_PREFILL_TOKENS_PER_S, HeaderMutation, PluginConfig, PoolConfig, Price, ResponseCache, SystemPromptMode,
+    Cascade, DEFAULT_PREFILL_TOKENS_PER_S, HeaderMutation, PluginConfig, PoolConfig, Price, ResponseCache,
+    SystemPromptMode,
 };
 pub(crate) use semantic::uses_embeddings;
 pub use semantic::{

@@ -29,7 +29,7 @@ mod signals;
 
 pub use algorithm::{Algorithm, Bandit, Candidate, MultiFactor, OnNoCandidates, Scales, Scored, Slo, Weights};
 pub use config::{
-    ALGORITHMS, Aggregation, AlgorithmConfig, Bounds, ComplexityRule, Config, ContextRule, ConversationRule,
+    ALGORITHMS, Aggregation, AlgorithmConfig, Bounds, Cascade, ComplexityRule, Config, ContextRule, ConversationRule,
     DEFAULT_PREFILL_TOKENS_PER_S, DecisionConfig, DomainConfig, DomainLabel, DomainMethod, EmbeddingRule,
     HeaderMutation, HeaderRule, JailbreakRule, KeywordOperator, KeywordRule, LanguageRule, LoadRule, PiiRule,
     PluginConfig, PoolConfig, Price, Problem, RESERVED_DECISIONS, ReaskRule, RegexRule, ResponseCache, RuleNode,

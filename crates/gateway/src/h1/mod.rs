@@ -334,7 +334,7 @@ async fn connection(gw: Arc<Gateway>, app: axum::Router, mut tcp: TcpStream, fas
             };
             let head = match next {
                 // While a decision caches answers, hyper serves: its relay records them.
-                Next::Fast(head) if !gw.routing().is_some_and(|r| r.caches_answers()) => head,
+                Next::Fast(head) if !gw.routing().is_some_and(|r| r.reads_answers()) => head,
                 Next::Fast(_) | Next::Hyper => break,
                 Next::Refuse(refusal) => return refuse(&mut tcp, &refusal).await,
             };
@@ -507,6 +507,7 @@ async fn serve_fast(
         signal_headers,
         session: head.session,
         cache_bypass,
+        forced: None,
     };
     async move {
         let send = |worker, body, rank, edits: Option<Arc<crate::pools::HeaderEdits>>| {

@@ -25,6 +25,7 @@ use serde_json::Value;
 
 use crate::metrics::{Histogram, LabeledCounter};
 
+pub(crate) mod cascade;
 mod choose;
 mod embedding;
 pub mod feedback;
@@ -122,6 +123,9 @@ pub struct RoutingMetrics {
     pub cache_lookups: LabeledCounter,
     /// Answers stored in a response cache, by `decision`.
     pub cache_stores: LabeledCounter,
+    /// Requests a `cascade` plugin judged or let pass, by `decision` and `outcome` (`kept`,
+    /// `escalated`, `no_logprobs`, `skip_stream`, `skip_route`, `too_large`, `failed`).
+    pub cascades: LabeledCounter,
 }
 
 impl RoutingMetrics {
@@ -135,6 +139,7 @@ impl RoutingMetrics {
             sessions: LabeledCounter::default(),
             cache_lookups: LabeledCounter::default(),
             cache_stores: LabeledCounter::default(),
+            cascades: LabeledCounter::default(),
         }
     }
 }
@@ -176,6 +181,8 @@ pub(crate) struct Routed {
     pub(crate) cache: Option<(crate::cache::Ticket, crate::cache::Outcome)>,
     /// The answer's `x-route-id`, for feedback.
     pub(crate) route_id: Option<u64>,
+    /// The decision's cascade, when it judges this request's answer.
+    pub(crate) cascade: Option<cascade::Plan>,
 }
 
 /// The explain a request asked for with `x-route-debug: true`.
@@ -245,6 +252,19 @@ impl Routing {
         self.caches.iter().any(Option::is_some)
     }
 
+    /// Whether a decision reads whole answers (a response cache or a cascade): the fast path
+    /// then hands requests to the front end that does.
+    pub(crate) fn reads_answers(&self) -> bool {
+        self.caches_answers()
+            || self
+                .selector
+                .config()
+                .decisions
+                .iter()
+                .flat_map(|d| &d.plugins)
+                .any(|p| matches!(p, PluginConfig::Cascade(_)))
+    }
+
     /// The config after `old` (a reload): its counters go on, and so do the
     /// conversations it remembers unless stickiness was reconfigured.
     pub(crate) fn succeeding(selector: Selector, old: &Routing) -> Self {
@@ -276,6 +296,7 @@ impl Routed {
             index: None,
             cache: None,
             route_id: None,
+            cascade: None,
         }
     }
 }
@@ -391,8 +412,63 @@ pub(crate) fn route(
             let quality = selector.config().pools.get(routed.pool).and_then(|p| p.quality);
             routed.route_id = Some(slot.learning().issue(&routed.decision, &gw.pools[routed.pool].id.0, quality));
         }
+        if routed.cache.as_ref().and_then(|(_, o)| o.answer()).is_none() {
+            routed.cascade = plan_cascade(gw, routing, route, v, &mut routed);
+        }
     }
     Ok(routed)
+}
+
+/// A cascade's second attempt: `pool` under `decision`, the decisions not asked again (the
+/// body is the one the first pool got, plugins applied); it gets its own route id.
+pub(crate) fn forced(gw: &Gateway, routing: &Routing, v: &mut Value, pool: usize, decision: &str) -> Routed {
+    let mut routed = finish(gw, routing, v, Routed::to(pool, decision), false);
+    if let Some(slot) = &gw.routing {
+        let quality = routing.selector.config().pools.get(pool).and_then(|p| p.quality);
+        routed.route_id = Some(slot.learning().issue(decision, &gw.pools[pool].id.0, quality));
+    }
+    routed
+}
+
+/// The decision's cascade for this request, if it has one that applies (counted when not):
+/// logprobs are asked of the first pool.
+fn plan_cascade(
+    gw: &Gateway,
+    routing: &Routing,
+    route: Route,
+    v: &mut Value,
+    routed: &mut Routed,
+) -> Option<cascade::Plan> {
+    let d = &routing.selector.config().decisions[routed.index?];
+    let c = d.plugins.iter().find_map(|p| match p {
+        PluginConfig::Cascade(c) => Some(c),
+        _ => None,
+    })?;
+    let to = gw.pools.iter().position(|p| p.id.0 == c.to)?;
+    let count = |outcome: &str| {
+        let decision = crate::metrics::escape(&d.name);
+        routing.metrics.cascades.inc(format_args!("decision=\"{decision}\",outcome=\"{outcome}\""));
+    };
+    if to == routed.pool {
+        return None; // already the larger pool: nothing to escalate to
+    }
+    if !matches!(route, Route::Chat | Route::Completions) {
+        count("skip_route");
+        return None;
+    }
+    if v.get("stream").and_then(Value::as_bool) == Some(true) {
+        count("skip_stream");
+        return None;
+    }
+    let added_logprobs = cascade::ask_logprobs(route, v);
+    routed.rewritten |= added_logprobs;
+    Some(cascade::Plan {
+        to,
+        threshold: c.min_mean_logprob,
+        max_bytes: c.max_answer_bytes,
+        added_logprobs,
+        decision: d.name.clone(),
+    })
 }
 
 /// The decision's response cache, if it has one: the request's ticket and
@@ -503,6 +579,7 @@ fn auto(
         index: choice.index,
         cache: None,
         route_id: None,
+        cascade: None,
     })
 }
 
@@ -538,7 +615,10 @@ fn plugins(
                 }
             }
             PluginConfig::SystemPrompt { prompt, mode } => changed |= model_select::set_system_prompt(v, prompt, *mode),
-            PluginConfig::Block { .. } | PluginConfig::HeaderMutation(_) | PluginConfig::ResponseCache(_) => {}
+            PluginConfig::Block { .. }
+            | PluginConfig::HeaderMutation(_)
+            | PluginConfig::ResponseCache(_)
+            | PluginConfig::Cascade(_) => {}
         }
     }
     Ok(changed)

@@ -97,6 +97,9 @@ struct Args {
     /// Fault: the status those requests fail with (503: an overloaded engine).
     #[arg(long, env = "SGL_MOCK_FAULT_FAIL_STATUS", default_value_t = 500)]
     fault_fail_status: u16,
+    /// The logprob of every generated token, reported when a whole chat or completion asks for logprobs.
+    #[arg(long, env = "SGL_MOCK_TOKEN_LOGPROB", default_value_t = -0.1, allow_hyphen_values = true)]
+    token_logprob: f64,
     /// Fault: the first N requests never answer.
     #[arg(long, env = "SGL_MOCK_FAULT_HANG_NEXT", default_value_t = 0)]
     fault_hang_next: usize,
@@ -113,6 +116,7 @@ async fn main() -> anyhow::Result<()> {
         listen: a.listen,
         model_id: a.model_id,
         strict_model: a.strict_model,
+        token_logprob: a.token_logprob,
         replay_buffer_steps: a.replay_buffer_steps,
         page_size: a.page_size,
         capacity_tokens: a.capacity_tokens,

@@ -94,6 +94,29 @@ pub enum PluginConfig {
     HeaderMutation(HeaderMutation),
     /// Answer a request the decision saw before from the router's cache.
     ResponseCache(ResponseCache),
+    /// The chosen pool first; the `to` pool when its answer's mean token logprob is low.
+    Cascade(Cascade),
+}
+
+/// A `cascade` plugin: a whole (not streamed) chat or completion is sent to the
+/// pool the decision chose with logprobs asked for; when the answer's mean
+/// token logprob is under `min_mean_logprob`, the same request goes to the
+/// `to` pool and its answer is the client's.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cascade {
+    /// The pool that answers when the first is unsure (one of the config's pools).
+    pub to: String,
+    /// The mean token logprob under which the first answer is not kept (default -1.0).
+    #[serde(default = "cascade_threshold")]
+    pub min_mean_logprob: f64,
+    /// A larger first answer is passed on as it is, not judged (default 1 MiB).
+    #[serde(default = "cache_answer_bytes")]
+    pub max_answer_bytes: usize,
+}
+
+fn cascade_threshold() -> f64 {
+    -1.0
 }
 
 /// A `response_cache` plugin: exact hits (the same request but for `model`,
@@ -179,6 +202,7 @@ impl PluginConfig {
             PluginConfig::SystemPrompt { .. } => "system_prompt",
             PluginConfig::HeaderMutation(_) => "header_mutation",
             PluginConfig::ResponseCache(_) => "response_cache",
+            PluginConfig::Cascade(_) => "cascade",
         }
     }
 }

@@ -172,6 +172,17 @@ fn check_routing(d: &DecisionConfig, pools: &HashSet<&str>, errors: &mut Vec<Con
                     bad("response_cache: max_entries is at most 1,000,000".into());
                 }
             }
+            PluginConfig::Cascade(c) => {
+                if !pools.contains(c.to.as_str()) {
+                    bad(format!("cascade: no pool is named `{}`", c.to));
+                }
+                if !c.min_mean_logprob.is_finite() || c.min_mean_logprob > 0.0 {
+                    bad("cascade: min_mean_logprob must be finite and at most 0".into());
+                }
+                if c.max_answer_bytes == 0 {
+                    bad("cascade: max_answer_bytes must be above 0".into());
+                }
+            }
             PluginConfig::HeaderMutation(m) => {
                 for name in m.set.keys().chain(&m.remove) {
                     if !is_token(name) {

@@ -1,0 +1,273 @@
+//! The `cascade` plugin: a whole (not streamed) chat or completion goes to
+//! the pool the decision chose with logprobs asked for; its answer is kept
+//! when the mean token logprob reaches the plugin's threshold, else the same
+//! request goes to the plugin's `to` pool, whose answer the client gets. Owns
+//! what is asked of the first pool, the judging, and what is given back
+//! (logprobs the client did not ask for are taken out again).
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderName, HeaderValue, header};
+use axum::response::Response;
+use fleet::Worker;
+use serde_json::Value;
+
+use crate::proxy::{InFlight, Route};
+use crate::{Gateway, GatewayError};
+
+/// The first pool's whole answer, judged (one per request, moved once: its size does not matter).
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Judged {
+    /// Kept (or without logprobs): the client's answer, built.
+    Answer(Response),
+    /// Unsure: the caller sends the request to the plan's `to` pool.
+    Escalate(Verdict),
+    /// Not judged (no `content-length`, or over the plan's bound): relayed as it comes.
+    Pass(InFlight, Arc<Worker>, axum::http::Response<hyper::body::Incoming>),
+}
+
+/// The response header saying what the cascade did.
+pub(crate) const CASCADE_HEADER: &str = "x-route-cascade";
+
+/// A request the cascade judges: where it escalates to and by what threshold.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    /// The pool that answers when the first is unsure (an index in the gateway's).
+    pub(crate) to: usize,
+    /// Under this mean token logprob the first answer is not kept.
+    pub(crate) threshold: f64,
+    /// A larger first answer (by its `content-length`) is passed on unjudged.
+    pub(crate) max_bytes: usize,
+    /// The router asked for the logprobs: they are taken out of what the client gets.
+    pub(crate) added_logprobs: bool,
+    /// The decision (for the counts and the escalated request's route).
+    pub(crate) decision: String,
+}
+
+/// What the cascade did with an answer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Verdict {
+    /// Sure enough: the first pool's answer is the client's.
+    Kept(f64),
+    /// No logprobs in the answer (the engine gave none): kept.
+    NoLogprobs,
+    /// Unsure: the `to` pool answers.
+    Escalated(f64),
+}
+
+/// Reads the first pool's 200 answer whole (its declared length within the plan's bound, within
+/// the request timeout) and judges it; counted by outcome.
+pub(crate) async fn whole(
+    gw: &Gateway,
+    mut guard: InFlight,
+    worker: Arc<Worker>,
+    resp: axum::http::Response<hyper::body::Incoming>,
+    plan: &Plan,
+    route: Route,
+) -> Result<Judged, GatewayError> {
+    use http_body_util::BodyExt;
+    let count = |outcome: &str| {
+        if let Some(r) = gw.routing() {
+            let decision = crate::metrics::escape(&plan.decision);
+            r.metrics.cascades.inc(format_args!("decision=\"{decision}\",outcome=\"{outcome}\""));
+        }
+    };
+    let declared = resp.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_none_or(|n| n > plan.max_bytes) {
+        count("too_large");
+        return Ok(Judged::Pass(guard, worker, resp));
+    }
+    let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
+    let read = tokio::time::timeout(gw.config.request_timeout, resp.into_body().collect()).await;
+    let raw = match read {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(e)) => {
+            count("failed");
+            worker.answer_failed();
+            return Err(GatewayError::Upstream {
+                worker: worker.url.to_string(),
+                message: format!("the answer broke off: {e}"),
+                retryable: false,
+            });
+        }
+        Err(_) => {
+            count("failed");
+            return Err(GatewayError::Timeout(worker.url.to_string()));
+        }
+    };
+    let answer: Value = match serde_json::from_slice(&raw) {
+        Ok(v) => v,
+        Err(_) => Value::Null,
+    };
+    let verdict = judge(plan, route, &answer);
+    count(verdict.label());
+    if let Verdict::Escalated(_) = verdict {
+        // The first answer is done with: its accounting ends here.
+        guard.status = 200;
+        drop(guard);
+        return Ok(Judged::Escalate(verdict));
+    }
+    let body = kept_body(plan, answer, raw);
+    guard.status = 200;
+    if let Some(ticket) = guard.cache.take() {
+        ticket.store(crate::cache::Answer { status: 200, content_type: content_type.clone(), body: body.clone() });
+    }
+    let mut out = Response::new(Body::from(body));
+    if let Some(ct) = content_type {
+        out.headers_mut().insert(header::CONTENT_TYPE, ct);
+    }
+    if let Some(extra) = guard.route_headers.take() {
+        out.headers_mut().extend(extra.0.into_iter().map(|(n, v)| (HeaderName::from_static(n), v)));
+    }
+    out.headers_mut().insert(CASCADE_HEADER, verdict.header());
+    Ok(Judged::Answer(out))
+}
+
+/// Asks the first pool for logprobs (a chat's `logprobs: true`, a completion's
+/// `logprobs: 1`) unless the client did; true when the router added them.
+pub(crate) fn ask_logprobs(route: Route, v: &mut Value) -> bool {
+    let Some(fields) = v.as_object_mut() else { return false };
+    match route {
+        Route::Chat if fields.get("logprobs").and_then(Value::as_bool) != Some(true) => {
+            fields.insert("logprobs".into(), Value::Bool(true));
+            true
+        }
+        Route::Completions if !fields.get("logprobs").is_some_and(Value::is_u64) => {
+            fields.insert("logprobs".into(), Value::from(1));
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The mean token logprob of a whole answer, over every choice (`None`: it holds none).
+pub(crate) fn mean_logprob(route: Route, answer: &Value) -> Option<f64> {
+    let choices = answer.get("choices")?.as_array()?;
+    let mut values = Vec::new();
+    for c in choices {
+        let lp = c.get("logprobs");
+        match route {
+            Route::Chat => {
+                let content = lp.and_then(|l| l.get("content")).and_then(Value::as_array);
+                values.extend(content.into_iter().flatten().filter_map(|t| t.get("logprob")?.as_f64()));
+            }
+            Route::Completions => {
+                let tokens = lp.and_then(|l| l.get("token_logprobs")).and_then(Value::as_array);
+                values.extend(tokens.into_iter().flatten().filter_map(Value::as_f64));
+            }
+            _ => return None,
+        }
+    }
+    (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+}
+
+/// Judges a whole answer's body against `plan`.
+pub(crate) fn judge(plan: &Plan, route: Route, answer: &Value) -> Verdict {
+    match mean_logprob(route, answer) {
+        None => Verdict::NoLogprobs,
+        Some(m) if m < plan.threshold => Verdict::Escalated(m),
+        Some(m) => Verdict::Kept(m),
+    }
+}
+
+/// The body the client gets for a kept answer: as it came, or without the logprobs the router added.
+pub(crate) fn kept_body(plan: &Plan, mut answer: Value, raw: Bytes) -> Bytes {
+    if !plan.added_logprobs {
+        return raw;
+    }
+    if let Some(choices) = answer.get_mut("choices").and_then(Value::as_array_mut) {
+        for c in choices {
+            if let Some(c) = c.as_object_mut() {
+                c.insert("logprobs".into(), Value::Null);
+            }
+        }
+    }
+    serde_json::to_vec(&answer).map(Bytes::from).unwrap_or(raw)
+}
+
+/// The request for the `to` pool: the one the first pool got, without the logprobs the router added.
+pub(crate) fn escalated_body(plan: &Plan, sent: &Bytes) -> Bytes {
+    if !plan.added_logprobs {
+        return sent.clone();
+    }
+    match serde_json::from_slice::<Value>(sent) {
+        Ok(mut v) => {
+            if let Some(fields) = v.as_object_mut() {
+                fields.remove("logprobs");
+            }
+            serde_json::to_vec(&v).map(Bytes::from).unwrap_or_else(|_| sent.clone())
+        }
+        Err(_) => sent.clone(),
+    }
+}
+
+impl Verdict {
+    /// The outcome's label in `router_cascade_total`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Verdict::Kept(_) => "kept",
+            Verdict::NoLogprobs => "no_logprobs",
+            Verdict::Escalated(_) => "escalated",
+        }
+    }
+
+    /// The `x-route-cascade` value.
+    pub(crate) fn header(self) -> HeaderValue {
+        let text = match self {
+            Verdict::Kept(m) => format!("kept;mean_logprob={m:.3}"),
+            Verdict::NoLogprobs => "kept;no_logprobs".to_owned(),
+            Verdict::Escalated(m) => format!("escalated;mean_logprob={m:.3}"),
+        };
+        HeaderValue::from_str(&text).unwrap_or(HeaderValue::from_static("kept"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn plan(added: bool) -> Plan {
+        Plan { to: 1, threshold: -1.0, max_bytes: 1 << 20, added_logprobs: added, decision: "d".into() }
+    }
+
+    #[test]
+    fn logprobs_are_asked_for_unless_the_client_did() {
+        let mut chat = json!({"messages": []});
+        assert!(ask_logprobs(Route::Chat, &mut chat) && chat["logprobs"] == true);
+        let mut asked = json!({"messages": [], "logprobs": true});
+        assert!(!ask_logprobs(Route::Chat, &mut asked));
+        let mut completion = json!({"prompt": "x"});
+        assert!(ask_logprobs(Route::Completions, &mut completion) && completion["logprobs"] == 1);
+        assert!(!ask_logprobs(Route::Generate, &mut json!({"text": "x"})));
+    }
+
+    #[test]
+    fn the_mean_over_every_token_decides() {
+        let chat = |lps: &[f64]| {
+            let content: Vec<Value> = lps.iter().map(|l| json!({"token": "a", "logprob": l})).collect();
+            json!({"choices": [{"message": {"content": "a"}, "logprobs": {"content": content}}]})
+        };
+        assert_eq!(mean_logprob(Route::Chat, &chat(&[-0.5, -1.5])), Some(-1.0));
+        assert_eq!(judge(&plan(true), Route::Chat, &chat(&[-0.5, -1.0])), Verdict::Kept(-0.75));
+        assert_eq!(judge(&plan(true), Route::Chat, &chat(&[-2.0, -1.0])), Verdict::Escalated(-1.5));
+        assert_eq!(judge(&plan(true), Route::Chat, &json!({"choices": [{"message": {}}]})), Verdict::NoLogprobs);
+        let completion = json!({"choices": [{"text": "ab", "logprobs": {"token_logprobs": [-0.2, null, -0.4]}}]});
+        assert!((mean_logprob(Route::Completions, &completion).unwrap() + 0.3).abs() < 1e-12);
+    }
+
+    #[test]
+    fn added_logprobs_are_taken_out_of_both_directions() {
+        let answer = json!({"choices": [{"message": {"content": "a"}, "logprobs": {"content": []}}]});
+        let raw = Bytes::from(answer.to_string());
+        let out: Value = serde_json::from_slice(&kept_body(&plan(true), answer.clone(), raw.clone())).unwrap();
+        assert_eq!(out["choices"][0]["logprobs"], Value::Null);
+        assert_eq!(kept_body(&plan(false), answer, raw.clone()), raw, "the client asked: as it came");
+        let sent = Bytes::from(json!({"model": "m", "logprobs": true}).to_string());
+        let again: Value = serde_json::from_slice(&escalated_body(&plan(true), &sent)).unwrap();
+        assert!(again.get("logprobs").is_none());
+        assert_eq!(escalated_body(&plan(false), &sent), sent);
+    }
+}

@@ -1,0 +1,67 @@
+//! The cascade end to end (`tests/routing/cascade.yaml`): a whole chat goes
+//! to the small pool with logprobs asked for; a sure answer is the client's
+//! (without the logprobs it did not ask for), an unsure one sends the same
+//! request to the large pool; streams and completions are judged or let
+//! pass as documented, and everything is counted.
+
+mod common;
+
+use common::app::{config, metric, pools, start};
+use serde_json::{Value, json};
+use sgl_router::app::PolicyConfig;
+
+fn chat(stream: bool) -> Value {
+    json!({"model": "auto", "max_tokens": 3, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsure_small_answer_goes_to_the_large_pool() {
+    let (routing, engines) = pools("tests/routing/cascade.yaml").await;
+    let (small, large) = (&engines[0], &engines[1]);
+    let mut app = config(&[], PolicyConfig::RoundRobin, false);
+    app.routing = Some(routing);
+    let router = start(app).await;
+    let http = reqwest::Client::new();
+    let send = async |body: &Value| {
+        let r = http.post(format!("{}/v1/chat/completions", router.url)).json(body).send().await.unwrap();
+        let h = |n: &str| r.headers().get(n).map(|v| v.to_str().unwrap().to_owned());
+        let (pool, cascade, id) = (h("x-route-pool"), h("x-route-cascade"), h("x-route-id"));
+        assert_eq!(r.status(), 200);
+        (pool, cascade, id, r.json::<Value>().await.unwrap())
+    };
+
+    // Sure (-0.1 a token): the small pool's answer, its logprobs taken out again.
+    let (pool, cascade, id, answer) = send(&chat(false)).await;
+    assert_eq!((pool.as_deref(), cascade.as_deref()), (Some("small"), Some("kept;mean_logprob=-0.100")));
+    assert!(id.is_some());
+    assert_eq!(answer["choices"][0]["logprobs"], Value::Null, "{answer}");
+    assert_eq!(small.engine().legs().last().unwrap().body["logprobs"], true, "asked of the small pool");
+    assert_eq!(large.engine().legs().len(), 0);
+
+    // Unsure (-2.5 a token): the large pool answers the same request, without logprobs asked.
+    small.engine().set_token_logprob(-2.5);
+    let (pool, cascade, _, answer) = send(&chat(false)).await;
+    assert_eq!((pool.as_deref(), cascade.as_deref()), (Some("large"), Some("escalated;mean_logprob=-2.500")));
+    assert_eq!(answer["model"], "qwen-large");
+    let leg = large.engine().legs().last().unwrap().body.clone();
+    assert_eq!((leg["model"].as_str(), leg.get("logprobs")), (Some("qwen-large"), None), "{leg}");
+    assert_eq!(leg["messages"], chat(false)["messages"]);
+
+    // A client that asked for logprobs gets them; a stream is never judged.
+    let mut asked = chat(false);
+    asked["logprobs"] = json!(true);
+    small.engine().set_token_logprob(-0.2);
+    let (_, cascade, _, answer) = send(&asked).await;
+    assert_eq!(cascade.as_deref(), Some("kept;mean_logprob=-0.200"));
+    assert_eq!(answer["choices"][0]["logprobs"]["content"][0]["logprob"], -0.2);
+    let r = http.post(format!("{}/v1/chat/completions", router.url)).json(&chat(true)).send().await.unwrap();
+    assert!(r.headers().get("x-route-cascade").is_none());
+    assert!(r.text().await.unwrap().ends_with("data: [DONE]\n\n"));
+
+    let count = |o: &str| format!("router_cascade_total{{decision=\"chat\",outcome=\"{o}\"}}");
+    assert_eq!(metric(&router.url, &count("kept")).await, 2.0);
+    assert_eq!(metric(&router.url, &count("escalated")).await, 1.0);
+    assert_eq!(metric(&router.url, &count("skip_stream")).await, 1.0);
+    let served = "router_model_requests_total{pool=\"large\",decision=\"chat\"}";
+    assert_eq!(metric(&router.url, served).await, 1.0, "the escalated attempt counts under its decision");
+}
