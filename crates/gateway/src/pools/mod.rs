@@ -103,6 +103,8 @@ pub struct Routing {
     pub metrics: Arc<RoutingMetrics>,
     /// Per decision (by index): its `response_cache` plugin's answers (a reload starts them afresh).
     pub(crate) caches: Vec<Option<Arc<crate::cache::Store>>>,
+    /// A decision reads whole answers (a response cache or a cascade), worked out once.
+    reads_answers: bool,
 }
 
 /// What model selection counts.
@@ -230,7 +232,7 @@ impl Routing {
             })
             .collect();
         let sessions = Arc::new(sticky::Sessions::new(selector.config().stickiness));
-        let caches = selector
+        let caches: Vec<Option<Arc<crate::cache::Store>>> = selector
             .config()
             .decisions
             .iter()
@@ -243,7 +245,10 @@ impl Routing {
                 })
             })
             .collect();
-        Routing { selector, edits, sessions, metrics, caches }
+        let cascades =
+            selector.config().decisions.iter().flat_map(|d| &d.plugins).any(|p| matches!(p, PluginConfig::Cascade(_)));
+        let reads_answers = cascades || caches.iter().any(Option::is_some);
+        Routing { selector, edits, sessions, metrics, caches, reads_answers }
     }
 
     /// Whether a decision caches answers (the fast path then hands requests to
@@ -255,14 +260,7 @@ impl Routing {
     /// Whether a decision reads whole answers (a response cache or a cascade): the fast path
     /// then hands requests to the front end that does.
     pub(crate) fn reads_answers(&self) -> bool {
-        self.caches_answers()
-            || self
-                .selector
-                .config()
-                .decisions
-                .iter()
-                .flat_map(|d| &d.plugins)
-                .any(|p| matches!(p, PluginConfig::Cascade(_)))
+        self.reads_answers
     }
 
     /// The config after `old` (a reload): its counters go on, and so do the
