@@ -46,6 +46,8 @@ async fn an_unsure_small_answer_goes_to_the_large_pool() {
     let leg = large.engine().legs().last().unwrap().body.clone();
     assert_eq!((leg["model"].as_str(), leg.get("logprobs")), (Some("qwen-large"), None), "{leg}");
     assert_eq!(leg["messages"], chat(false)["messages"]);
+    let tier = large.engine().legs().last().unwrap().headers.iter().find(|(n, _)| n == "x-tier").map(|h| h.1.clone());
+    assert_eq!(tier.as_deref(), Some("cascade"), "the decision's header changes apply to the second attempt");
 
     // A client that asked for logprobs gets them; a stream is never judged.
     let mut asked = chat(false);

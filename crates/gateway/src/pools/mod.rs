@@ -420,7 +420,11 @@ pub(crate) fn route(
 /// A cascade's second attempt: `pool` under `decision`, the decisions not asked again (the
 /// body is the one the first pool got, plugins applied); it gets its own route id.
 pub(crate) fn forced(gw: &Gateway, routing: &Routing, v: &mut Value, pool: usize, decision: &str) -> Routed {
-    let mut routed = finish(gw, routing, v, Routed::to(pool, decision), false);
+    let mut routed = Routed::to(pool, decision);
+    // The decision's header changes apply to this attempt too (a reload since may have dropped it).
+    let index = routing.selector.config().decisions.iter().position(|d| d.name == decision);
+    routed.edits = index.and_then(|i| routing.edits.get(i).cloned().flatten());
+    let mut routed = finish(gw, routing, v, routed, false);
     if let Some(slot) = &gw.routing {
         let quality = routing.selector.config().pools.get(pool).and_then(|p| p.quality);
         routed.route_id = Some(slot.learning().issue(decision, &gw.pools[pool].id.0, quality));
