@@ -108,41 +108,29 @@ pub(crate) async fn route_preview(
 /// "verdict": "good" | "bad"}`) or a preference between two (`{"winner", "loser"}`, route ids
 /// of one decision from two pools), applied to what the `bandit` algorithm draws from.
 pub(crate) async fn route_feedback(State(gw): State<Arc<Gateway>>, body: Body) -> Result<Json<Value>, GatewayError> {
-    let Some(slot) = &gw.routing else {
-        return Err(GatewayError::NotFound(
-            "a routing config (start the router with --routing-config: its answers carry x-route-id)".into(),
-        ));
-    };
-    let bytes = read_small_body(body, crate::pools::feedback::MAX_FEEDBACK_BYTES).await?;
+    let slot = routing_slot(&gw)?;
+    let bytes = crate::proxy::read_body_within(body, crate::pools::feedback::MAX_FEEDBACK_BYTES).await?;
     slot.learning().feedback(&bytes).map(Json)
 }
 
 /// `GET /v1/route/outcomes` (control plane): what feedback taught, per decision and pool.
 pub(crate) async fn route_outcomes(State(gw): State<Arc<Gateway>>) -> Result<Json<Value>, GatewayError> {
-    let Some(slot) = &gw.routing else {
-        return Err(GatewayError::NotFound("a routing config (start the router with --routing-config)".into()));
-    };
-    let l = slot.learning();
+    let l = routing_slot(&gw)?.learning();
     Ok(Json(json!({"routes_held": l.routes_held(), "outcomes": l.snapshot()})))
 }
 
-/// A body of at most `limit` bytes (413 past it).
-async fn read_small_body(body: Body, limit: usize) -> Result<bytes::Bytes, GatewayError> {
-    use http_body_util::BodyExt;
-    match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(GatewayError::TooLarge(limit)),
-        Err(e) => Err(GatewayError::BadRequest(format!("the request body could not be read: {e}"))),
-    }
+/// The routing config's slot; 404 for the routes that need one when the router has none.
+fn routing_slot(gw: &Gateway) -> Result<&crate::pools::RoutingSlot, GatewayError> {
+    gw.routing
+        .as_ref()
+        .ok_or_else(|| GatewayError::NotFound("a routing config (start the router with --routing-config)".into()))
 }
 
 /// `POST /routing/reload`: reads the routing config file again and puts it
 /// in force if it is valid and keeps the pools; else 422 with every problem,
 /// the config in force unchanged.
 pub(crate) async fn reload_routing(State(gw): State<Arc<Gateway>>) -> Result<Response, GatewayError> {
-    if gw.routing.is_none() {
-        return Err(GatewayError::NotFound("a routing config (start the router with --routing-config)".into()));
-    }
+    routing_slot(&gw)?;
     match crate::pools::reload(&gw).await {
         Ok(r) => {
             tracing::info!(decisions = r.decisions, signals = r.signals, "routing config reloaded");

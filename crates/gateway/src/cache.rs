@@ -136,6 +136,10 @@ impl Store {
         }
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Answers kept now.
     pub fn len(&self) -> usize {
         self.lock().lru.len()
@@ -173,22 +177,19 @@ impl Store {
         canonical(v, &mut rest, &mut |path| model(path) || is_last_user_content(v, path));
         // A semantic hit stands for the same question asked otherwise: not when tools may be
         // called, nor when the question holds digits (2 + 3 and 2 + 4 embed alike).
-        let last = model_select::user_turns(v).pop().unwrap_or_default();
-        let tools = v.get("tools").and_then(Value::as_array).is_some_and(|t| !t.is_empty());
-        let semantic = self.config.semantic && !tools && !last.bytes().any(|b| b.is_ascii_digit());
+        // (Read only when a vector came, and for a semantic store.)
+        let semantic = |_: &Arc<[f32]>| {
+            self.config.semantic
+                && v.get("tools").and_then(Value::as_array).is_none_or(|t| t.is_empty())
+                && !model_select::user_turns(v).pop().unwrap_or_default().bytes().any(|b| b.is_ascii_digit())
+        };
         Ok(Ticket {
             hash: self.keys.hash_one(&exact),
             partition: self.keys.hash_one(&rest),
             exact: exact.into(),
-            vector: vector.filter(|_| semantic),
+            vector: vector.filter(semantic),
             store: self.clone(),
         })
-    }
-}
-
-impl Store {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -229,19 +230,6 @@ impl Entries {
     }
 }
 
-/// The dot product of two vectors of one length, in eight lanes (vectorized).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
-    let mut lanes = [0f32; 8];
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            lanes[i] += x[i] * y[i];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
-}
-
 // === impl Ticket ===
 
 impl Ticket {
@@ -265,9 +253,12 @@ impl Ticket {
         };
         let Some(v) = &self.vector else { return Outcome::Miss };
         // Outside the lock: every vector of the partition (unit vectors: the dot product is the cosine).
-        let threshold = self.store.config.threshold as f32;
-        let mut hits: Vec<(u64, f32)> =
-            partition.iter().map(|(k, u)| (*k, dot(v, u))).filter(|(_, sim)| *sim >= threshold).collect();
+        let threshold = self.store.config.threshold;
+        let mut hits: Vec<(u64, f64)> = partition
+            .iter()
+            .map(|(k, u)| (*k, model_select::cosine(v, u)))
+            .filter(|(_, sim)| *sim >= threshold)
+            .collect();
         drop(partition);
         if hits.is_empty() {
             return Outcome::Miss;
@@ -278,7 +269,7 @@ impl Ticket {
         for (k, sim) in hits {
             match entries.lru.get(&k) {
                 Some(e) if e.until > now && e.partition == self.partition => {
-                    return Outcome::Semantic(e.answer.clone(), f64::from(sim));
+                    return Outcome::Semantic(e.answer.clone(), sim);
                 }
                 Some(e) if e.until <= now => entries.remove(k),
                 _ => {}
@@ -517,7 +508,6 @@ mod tests {
         // The same request stored again replaces its vector, not adds one.
         s.ticket(&chat("update my password"), "d", "p", unit(&[0.0, 1.0])).unwrap().store(answer("C2"));
         assert_eq!((s.len(), indexed(&s)), (2, 2));
-        assert_eq!(dot(&[1.0; 19], &[2.0; 19]), 38.0, "lanes and tail");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use policy::{Candidate, Decision, RequestInfo};
 use renderer::{ChatRequest, PageHasher, Prompt};
@@ -270,15 +270,20 @@ pub(crate) fn worker_credentials(gw: &Gateway, client: Option<&[u8]>) -> Option<
 /// that is not valid HTTP framing (a bad chunk size, a bare LF) is the
 /// client's malformed request (400), not a large one.
 pub(crate) async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, GatewayError> {
+    read_body_within(body, gw.config.max_body_bytes).await
+}
+
+/// [`read_body`] with its own bound (413 past `limit`).
+pub(crate) async fn read_body_within(body: Body, limit: usize) -> Result<Bytes, GatewayError> {
     use http_body_util::BodyExt;
-    let limited = http_body_util::Limited::new(body, gw.config.max_body_bytes);
+    let limited = http_body_util::Limited::new(body, limit);
     match limited.collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) => {
             let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*e);
             while let Some(c) = cause {
                 if c.is::<http_body_util::LengthLimitError>() {
-                    return Err(GatewayError::TooLarge(gw.config.max_body_bytes));
+                    return Err(GatewayError::TooLarge(limit));
                 }
                 cause = c.source();
             }
@@ -600,51 +605,48 @@ async fn serve(
     if let Some(pd) = gw.pd.as_ref() {
         return crate::pd::serve(&gw, pd, admission, route, bytes, headers, start, &meta).await;
     }
-    let forwarded = forward(&gw, admission, route, bytes, start, &meta, |worker, body, rank, edits| {
+    let send = |worker: Arc<Worker>, body: Bytes, rank: Option<DpRank>, edits: Option<Arc<HeaderEdits>>| {
         let (client, headers) = (client.clone(), headers.clone());
         async move { send_edited(&client, &headers, &worker, route, body, rank, edits).await }
-    })
-    .await?;
-    let (mut guard, worker, resp) = match forwarded {
+    };
+    let (mut guard, worker, resp) = match forward(&gw, admission, route, bytes, start, &meta, &send).await? {
         Forwarded::Sent(guard, worker, resp) => (guard, worker, resp),
         Forwarded::Cached(hit) => return Ok(hit.into_response()),
     };
-    let (mut guard, worker, resp) = match guard.cascade.take().map(|b| *b) {
-        Some((plan, sent)) if resp.status() == axum::http::StatusCode::OK => {
-            match crate::pools::cascade::whole(&gw, guard, worker, resp, &plan, route).await? {
-                crate::pools::cascade::Judged::Answer(answer) => return Ok(answer),
-                crate::pools::cascade::Judged::Pass(guard, worker, resp) => (guard, worker, resp),
-                crate::pools::cascade::Judged::Escalate(verdict) => {
-                    let body = crate::pools::cascade::escalated_body(&plan, &sent);
-                    let admission = Admission::admit_waiting(&gw, body.len()).await?;
-                    let meta = Meta { forced: Some((plan.to, plan.decision.clone())), ..meta };
-                    let forwarded = forward(&gw, admission, route, body, start, &meta, |worker, body, rank, edits| {
-                        let (client, headers) = (client.clone(), headers.clone());
-                        async move { send_edited(&client, &headers, &worker, route, body, rank, edits).await }
-                    })
-                    .await?;
-                    let Forwarded::Sent(mut guard, worker, resp) = forwarded else {
-                        return Err(GatewayError::Internal("a forced route read a response cache".into()));
-                    };
-                    let route_headers = guard.route_headers.take();
-                    let mut answer =
-                        stream_back(guard, worker, resp, gw.config.limits.upstream_idle_timeout, Ending::default());
-                    if let Some(extra) = route_headers {
-                        answer.headers_mut().extend(extra.0.into_iter().map(|(n, v)| (HeaderName::from_static(n), v)));
-                    }
-                    answer.headers_mut().insert(crate::pools::cascade::CASCADE_HEADER, verdict.header());
-                    return Ok(answer);
-                }
-            }
-        }
-        _ => (guard, worker, resp),
+    let Some((plan, sent)) = guard.cascade.take().map(|b| *b).filter(|_| resp.status() == StatusCode::OK) else {
+        return Ok(relay(&gw, guard, worker, resp));
     };
+    // The decision's cascade judges the first pool's whole answer.
+    use crate::pools::cascade::{self, Judged};
+    let verdict = match cascade::whole(&gw, guard, worker, resp, &plan, route).await? {
+        Judged::Answer(answer) => return Ok(answer),
+        Judged::Pass(guard, worker, resp) => return Ok(relay(&gw, guard, worker, resp)),
+        Judged::Escalate(verdict) => verdict,
+    };
+    let body = cascade::escalated_body(&plan, &sent);
+    let admission = Admission::admit_waiting(&gw, body.len()).await?;
+    let meta = Meta { forced: Some((plan.to, plan.decision.clone())), ..meta };
+    let Forwarded::Sent(guard, worker, resp) = forward(&gw, admission, route, body, start, &meta, &send).await? else {
+        return Err(GatewayError::Internal("a forced route read a response cache".into()));
+    };
+    let mut answer = relay(&gw, guard, worker, resp);
+    answer.headers_mut().insert(cascade::CASCADE_HEADER, verdict.header());
+    Ok(answer)
+}
+
+/// A worker's answer relayed to the client, with the route headers.
+fn relay(
+    gw: &Gateway,
+    mut guard: InFlight,
+    worker: Arc<Worker>,
+    resp: axum::http::Response<hyper::body::Incoming>,
+) -> Response {
     let route_headers = guard.route_headers.take();
     let mut answer = stream_back(guard, worker, resp, gw.config.limits.upstream_idle_timeout, Ending::default());
     if let Some(extra) = route_headers {
         answer.headers_mut().extend(extra.0.into_iter().map(|(n, v)| (HeaderName::from_static(n), v)));
     }
-    Ok(answer)
+    answer
 }
 
 /// [`send_to`] with a decision's header changes applied.

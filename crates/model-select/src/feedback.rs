@@ -42,6 +42,13 @@ pub struct Outcomes {
     clock: u64,
 }
 
+impl Arm {
+    /// The posterior's mean: how likely the pool's next answer is good.
+    pub fn mean(&self) -> f64 {
+        self.alpha / (self.alpha + self.beta)
+    }
+}
+
 impl Outcomes {
     /// No evidence yet.
     pub fn new(prior_strength: f64, max_arms: usize) -> Self {

@@ -52,9 +52,19 @@ impl EmbeddingNeeds {
     }
 }
 
-/// The cosine similarity of two unit vectors.
+/// The cosine similarity of two unit vectors: their dot product, in eight
+/// f32 lanes (the compiler vectorizes it; a response cache scans thousands;
+/// 384 products of unit vectors lose about 1e-6 against an f64 sum).
 pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum()
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    let mut lanes = [0f32; 8];
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    f64::from(lanes.iter().sum::<f32>() + tail)
 }
 
 /// The mean similarity of `v` to its `k` most similar `examples` (fewer

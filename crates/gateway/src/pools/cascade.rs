@@ -7,12 +7,13 @@
 
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
-use axum::http::{HeaderName, HeaderValue, header};
+use axum::body::Bytes;
+use axum::http::{HeaderValue, header};
 use axum::response::Response;
 use fleet::Worker;
 use serde_json::Value;
 
+use crate::cache::{Answer, Hit};
 use crate::proxy::{InFlight, Route};
 use crate::{Gateway, GatewayError};
 
@@ -29,6 +30,36 @@ pub(crate) enum Judged {
 
 /// The response header saying what the cascade did.
 pub(crate) const CASCADE_HEADER: &str = "x-route-cascade";
+
+/// A decision's `cascade` plugin, compiled: its `to` pool as an index.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Spec {
+    /// The pool it escalates to (an index in the gateway's).
+    pub(crate) to: usize,
+    threshold: f64,
+    max_bytes: usize,
+}
+
+impl Spec {
+    /// `d`'s cascade, if it has one (the config was validated: its `to` pool is one of `config`'s,
+    /// which are the gateway's in the same order).
+    pub(crate) fn of(d: &model_select::DecisionConfig, config: &model_select::Config) -> Option<Spec> {
+        d.plugins.iter().find_map(|p| match p {
+            model_select::PluginConfig::Cascade(c) => Some(Spec {
+                to: config.pools.iter().position(|p| p.name == c.to)?,
+                threshold: c.min_mean_logprob,
+                max_bytes: c.max_answer_bytes,
+            }),
+            _ => None,
+        })
+    }
+
+    /// The plan of one request under `decision`.
+    pub(crate) fn plan(&self, decision: &str, added_logprobs: bool) -> Plan {
+        let Spec { to, threshold, max_bytes } = *self;
+        Plan { to, threshold, max_bytes, added_logprobs, decision: decision.to_owned() }
+    }
+}
 
 /// A request the cascade judges: where it escalates to and by what threshold.
 #[derive(Debug, Clone)]
@@ -69,8 +100,7 @@ pub(crate) async fn whole(
     use http_body_util::BodyExt;
     let count = |outcome: &str| {
         if let Some(r) = gw.routing() {
-            let decision = crate::metrics::escape(&plan.decision);
-            r.metrics.cascades.inc(format_args!("decision=\"{decision}\",outcome=\"{outcome}\""));
+            r.metrics.count_cascade(&plan.decision, outcome);
         }
     };
     let declared = resp.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
@@ -96,10 +126,7 @@ pub(crate) async fn whole(
             return Err(GatewayError::Timeout(worker.url.to_string()));
         }
     };
-    let answer: Value = match serde_json::from_slice(&raw) {
-        Ok(v) => v,
-        Err(_) => Value::Null,
-    };
+    let answer: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
     let verdict = judge(plan, route, &answer);
     count(verdict.label());
     if let Verdict::Escalated(_) = verdict {
@@ -111,15 +138,11 @@ pub(crate) async fn whole(
     let body = kept_body(plan, answer, raw);
     guard.status = 200;
     if let Some(ticket) = guard.cache.take() {
-        ticket.store(crate::cache::Answer { status: 200, content_type: content_type.clone(), body: body.clone() });
+        ticket.store(Answer { status: 200, content_type: content_type.clone(), body: body.clone() });
     }
-    let mut out = Response::new(Body::from(body));
-    if let Some(ct) = content_type {
-        out.headers_mut().insert(header::CONTENT_TYPE, ct);
-    }
-    if let Some(extra) = guard.route_headers.take() {
-        out.headers_mut().extend(extra.0.into_iter().map(|(n, v)| (HeaderName::from_static(n), v)));
-    }
+    // Built as a response-cache hit is: the answer, its route headers.
+    let headers = guard.route_headers.take().unwrap_or_else(|| crate::pools::RouteHeaders(Vec::new()));
+    let mut out = Hit { answer: Arc::new(Answer { status: 200, content_type, body }), headers }.into_response();
     out.headers_mut().insert(CASCADE_HEADER, verdict.header());
     Ok(Judged::Answer(out))
 }

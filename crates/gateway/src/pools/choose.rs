@@ -92,19 +92,11 @@ pub(super) fn pool(
                 None => (None, Vec::new()),
             };
             // The score shown is each posterior's mean (the draw that chose is random).
-            let scores: Vec<(usize, f64)> =
-                eligible.iter().zip(&arms).map(|(&i, a)| (i, a.alpha / (a.alpha + a.beta))).collect();
             if let Some(p) = preview.as_deref_mut() {
-                p.scores = eligible
-                    .iter()
-                    .zip(&arms)
-                    .map(|(&i, a)| {
-                        let mean = a.alpha / (a.alpha + a.beta);
-                        json!({"pool": gw.pools[i].id, "mean": mean, "alpha": a.alpha, "beta": a.beta, "elo": a.elo})
-                    })
-                    .collect();
+                let explain = |(&i, a): (&usize, &model_select::Arm)| json!({"pool": gw.pools[i].id, "mean": a.mean(), "alpha": a.alpha, "beta": a.beta, "elo": a.elo});
+                p.scores = eligible.iter().zip(&arms).map(explain).collect();
             }
-            (chosen.map(|c| eligible[c]), scores)
+            (chosen.map(|c| eligible[c]), eligible.iter().zip(&arms).map(|(&i, a)| (i, a.mean())).collect())
         }
         Algorithm::MultiFactor(m) => {
             let config = selector.config();

@@ -11,7 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use model_select::{Arm, Outcomes, Rng};
@@ -74,6 +74,8 @@ struct Issued {
 struct Routes {
     map: HashMap<u64, Issued>,
     order: VecDeque<u64>,
+    /// Ids given out so far (what the next one is hashed from).
+    issued: u64,
 }
 
 /// The feedback a client sends.
@@ -102,7 +104,6 @@ pub struct Learning {
     rng: Mutex<Rng>,
     /// Keyed at start: ids are neither sequential nor guessable.
     ids: RandomState,
-    issued: AtomicU64,
     /// Changed since the last save.
     dirty: AtomicBool,
     /// Feedback by `kind` (`verdict`, `preference`) and `outcome` (`accepted`, `unknown_route`,
@@ -126,7 +127,6 @@ impl Learning {
             outcomes: Mutex::new(outcomes),
             rng: Mutex::new(Rng::new(seed)),
             ids: RandomState::new(),
-            issued: AtomicU64::new(0),
             dirty: AtomicBool::new(false),
             counts: LabeledCounter::default(),
             config,
@@ -143,10 +143,13 @@ impl Learning {
     pub fn issue(&self, decision: &str, pool: &str, quality: Option<f64>) -> u64 {
         let now = Instant::now();
         let mut routes = lock(&self.routes);
-        let mut id = self.ids.hash_one(self.issued.fetch_add(1, Ordering::Relaxed));
-        while id == 0 || routes.map.contains_key(&id) {
-            id = self.ids.hash_one(self.issued.fetch_add(1, Ordering::Relaxed));
-        }
+        let id = loop {
+            routes.issued += 1;
+            let id = self.ids.hash_one(routes.issued);
+            if id != 0 && !routes.map.contains_key(&id) {
+                break id;
+            }
+        };
         while routes.map.len() >= self.config.max_routes.max(1) || routes.expired_first(now, self.config.ttl) {
             let Some(old) = routes.order.pop_front() else { break };
             routes.map.remove(&old);
@@ -307,7 +310,7 @@ fn parse_id(text: &str) -> Option<u64> {
 }
 
 fn arm_json(arm: &Arm) -> Value {
-    json!({"alpha": arm.alpha, "beta": arm.beta, "mean": arm.alpha / (arm.alpha + arm.beta), "elo": arm.elo, "updates": arm.updates})
+    json!({"alpha": arm.alpha, "beta": arm.beta, "mean": arm.mean(), "elo": arm.elo, "updates": arm.updates})
 }
 
 fn load(path: &Path, config: &FeedbackConfig) -> Result<Outcomes, String> {

@@ -103,8 +103,8 @@ pub struct Routing {
     pub metrics: Arc<RoutingMetrics>,
     /// Per decision (by index): its `response_cache` plugin's answers (a reload starts them afresh).
     pub(crate) caches: Vec<Option<Arc<crate::cache::Store>>>,
-    /// A decision reads whole answers (a response cache or a cascade), worked out once.
-    reads_answers: bool,
+    /// Per decision (by index): its `cascade` plugin, its `to` pool resolved.
+    cascades: Vec<Option<cascade::Spec>>,
 }
 
 /// What model selection counts.
@@ -143,6 +143,14 @@ impl RoutingMetrics {
             cache_stores: LabeledCounter::default(),
             cascades: LabeledCounter::default(),
         }
+    }
+}
+
+impl RoutingMetrics {
+    /// One request a `cascade` plugin judged or let pass.
+    pub(crate) fn count_cascade(&self, decision: &str, outcome: &str) {
+        let decision = crate::metrics::escape(decision);
+        self.cascades.inc(format_args!("decision=\"{decision}\",outcome=\"{outcome}\""));
     }
 }
 
@@ -245,10 +253,8 @@ impl Routing {
                 })
             })
             .collect();
-        let cascades =
-            selector.config().decisions.iter().flat_map(|d| &d.plugins).any(|p| matches!(p, PluginConfig::Cascade(_)));
-        let reads_answers = cascades || caches.iter().any(Option::is_some);
-        Routing { selector, edits, sessions, metrics, caches, reads_answers }
+        let cascades = selector.config().decisions.iter().map(|d| cascade::Spec::of(d, selector.config())).collect();
+        Routing { selector, edits, sessions, metrics, caches, cascades }
     }
 
     /// Whether a decision caches answers (the fast path then hands requests to
@@ -260,7 +266,7 @@ impl Routing {
     /// Whether a decision reads whole answers (a response cache or a cascade): the fast path
     /// then hands requests to the front end that does.
     pub(crate) fn reads_answers(&self) -> bool {
-        self.reads_answers
+        self.caches_answers() || self.cascades.iter().any(Option::is_some)
     }
 
     /// The config after `old` (a reload): its counters go on, and so do the
@@ -406,12 +412,9 @@ pub(crate) fn route(
     let mut routed = finish(gw, routing, v, routed, preview.is_some());
     if preview.is_none() {
         routed.cache = look_up(gw, routing, v, &routed, ask);
-        if let Some(slot) = &gw.routing {
-            let quality = selector.config().pools.get(routed.pool).and_then(|p| p.quality);
-            routed.route_id = Some(slot.learning().issue(&routed.decision, &gw.pools[routed.pool].id.0, quality));
-        }
+        routed.route_id = issue_route_id(gw, routing, &routed);
         if routed.cache.as_ref().and_then(|(_, o)| o.answer()).is_none() {
-            routed.cascade = plan_cascade(gw, routing, route, v, &mut routed);
+            routed.cascade = plan_cascade(routing, route, v, &mut routed);
         }
     }
     Ok(routed)
@@ -425,52 +428,34 @@ pub(crate) fn forced(gw: &Gateway, routing: &Routing, v: &mut Value, pool: usize
     let index = routing.selector.config().decisions.iter().position(|d| d.name == decision);
     routed.edits = index.and_then(|i| routing.edits.get(i).cloned().flatten());
     let mut routed = finish(gw, routing, v, routed, false);
-    if let Some(slot) = &gw.routing {
-        let quality = routing.selector.config().pools.get(pool).and_then(|p| p.quality);
-        routed.route_id = Some(slot.learning().issue(decision, &gw.pools[pool].id.0, quality));
-    }
+    routed.route_id = issue_route_id(gw, routing, &routed);
     routed
+}
+
+/// The `x-route-id` of an answer routed as `routed` (the pool's configured quality seeds its arm).
+fn issue_route_id(gw: &Gateway, routing: &Routing, routed: &Routed) -> Option<u64> {
+    let quality = routing.selector.config().pools.get(routed.pool).and_then(|p| p.quality);
+    Some(gw.routing.as_ref()?.learning().issue(&routed.decision, &gw.pools[routed.pool].id.0, quality))
 }
 
 /// The decision's cascade for this request, if it has one that applies (counted when not):
 /// logprobs are asked of the first pool.
-fn plan_cascade(
-    gw: &Gateway,
-    routing: &Routing,
-    route: Route,
-    v: &mut Value,
-    routed: &mut Routed,
-) -> Option<cascade::Plan> {
-    let d = &routing.selector.config().decisions[routed.index?];
-    let c = d.plugins.iter().find_map(|p| match p {
-        PluginConfig::Cascade(c) => Some(c),
-        _ => None,
-    })?;
-    let to = gw.pools.iter().position(|p| p.id.0 == c.to)?;
-    let count = |outcome: &str| {
-        let decision = crate::metrics::escape(&d.name);
-        routing.metrics.cascades.inc(format_args!("decision=\"{decision}\",outcome=\"{outcome}\""));
-    };
-    if to == routed.pool {
+fn plan_cascade(routing: &Routing, route: Route, v: &mut Value, routed: &mut Routed) -> Option<cascade::Plan> {
+    let spec = routing.cascades.get(routed.index?)?.as_ref()?;
+    if spec.to == routed.pool {
         return None; // already the larger pool: nothing to escalate to
     }
-    if !matches!(route, Route::Chat | Route::Completions) {
-        count("skip_route");
-        return None;
-    }
-    if v.get("stream").and_then(Value::as_bool) == Some(true) {
-        count("skip_stream");
-        return None;
-    }
-    let added_logprobs = cascade::ask_logprobs(route, v);
-    routed.rewritten |= added_logprobs;
-    Some(cascade::Plan {
-        to,
-        threshold: c.min_mean_logprob,
-        max_bytes: c.max_answer_bytes,
-        added_logprobs,
-        decision: d.name.clone(),
-    })
+    let skip = match route {
+        Route::Chat | Route::Completions if v.get("stream").and_then(Value::as_bool) == Some(true) => "skip_stream",
+        Route::Chat | Route::Completions => {
+            let added_logprobs = cascade::ask_logprobs(route, v);
+            routed.rewritten |= added_logprobs;
+            return Some(spec.plan(&routed.decision, added_logprobs));
+        }
+        _ => "skip_route",
+    };
+    routing.metrics.count_cascade(&routed.decision, skip);
+    None
 }
 
 /// The decision's response cache, if it has one: the request's ticket and

@@ -168,6 +168,7 @@ fn vectors_are_asked_for_only_when_a_reachable_decision_reads_them() {
 fn the_arithmetic() {
     let a = words("alpha beta");
     assert!((cosine(&a, &a) - 1.0).abs() < 1e-6);
+    assert_eq!(cosine(&[1.0; 19], &[2.0; 19]), 38.0, "lanes and tail");
     let examples = vec![words("alpha beta"), words("alpha"), words("gamma")];
     let top1 = nearest_mean(&a, &examples, 1).unwrap();
     let top2 = nearest_mean(&a, &examples, 2).unwrap();
