@@ -86,7 +86,7 @@ pub(crate) async fn route_preview(
         out["decision"] = json!(routed.decision);
         out["body_rewritten"] = json!(routed.rewritten);
         // The worker the pool would pick: the policy's choice, never committed.
-        match plan(&gw2, routed.pool, route, Some(&v), key.as_deref(), routed.prompt) {
+        match plan(&gw2, routed.pool, route, Some(&v), key.as_deref(), routed.prompt, false) {
             Ok(plan) => {
                 out["worker"] = json!(plan.chosen().url);
                 out["policy"] = json!(pool.policy.name());
@@ -196,7 +196,7 @@ pub(crate) async fn debug_route(
             }
             _ => (0, None),
         };
-        plan(&gw2, pool, route, v.as_ref(), key.as_deref(), rendered)
+        plan(&gw2, pool, route, v.as_ref(), key.as_deref(), rendered, false)
     })
     .await??;
     // An explain: the policy's choice, never committed (nothing it learns or advances).

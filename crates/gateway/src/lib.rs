@@ -303,6 +303,9 @@ pub struct Gateway {
     pub(crate) rate: Option<admission::TokenBucket>,
     /// Slots of the render pool.
     pub(crate) render_slots: tokio::sync::Semaphore,
+    /// Held from a prefix match to the chosen worker's pending credit (with `credit_pending`),
+    /// so that concurrent requests sharing a cold prefix see each other's credit.
+    pub(crate) credit_lock: std::sync::Mutex<()>,
     /// One slot per open client connection (`--max-connections`), over every serving thread.
     pub(crate) connections: Arc<tokio::sync::Semaphore>,
     /// TLS towards `https://` workers (the fleet's configuration), for the fast path.
@@ -336,6 +339,7 @@ impl Gateway {
             rate: config.rate_limit.map(admission::TokenBucket::per_second),
             metrics: GatewayMetrics::new(&config.duration_buckets),
             render_slots: tokio::sync::Semaphore::new(config.render_threads.max(1)),
+            credit_lock: std::sync::Mutex::new(()),
             connections: Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections.max(1))),
             worker_auth: config.worker_api_key.as_deref().and_then(fleet::bearer),
             upstream_tls: tokio_rustls::TlsConnector::from(fleet.tls().config().clone()),

@@ -14,7 +14,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use policy::{Candidate, Decision, RequestInfo};
 use renderer::{ChatRequest, PageHasher, Prompt};
-use router_types::{BlockHash, DpRank};
+use router_types::DpRank;
 use serde_json::{Value, json};
 use tracing::{Instrument, Span, debug, debug_span, warn};
 
@@ -103,7 +103,6 @@ pub(crate) struct Plan {
     /// The prompt's text, when the policy reads it.
     pub(crate) text: Option<String>,
     pub(crate) rank: Option<DpRank>,
-    pub(crate) hashes: Vec<BlockHash>,
 }
 
 impl Plan {
@@ -419,7 +418,8 @@ impl Meta {
 /// Chooses a worker of pool `pool`: candidates with their load and cached
 /// prefix, then the pool's policy, unless the client's routing key names the
 /// worker. `rendered`: the prompt as the pool's renderer made it already (the
-/// routing config's signals), else it is rendered here when read.
+/// routing config's signals), else it is rendered here when read. `credit`: the
+/// request is sent where the plan says (the chosen worker is credited with its pages).
 pub(crate) fn plan(
     gw: &Gateway,
     pool: usize,
@@ -427,6 +427,7 @@ pub(crate) fn plan(
     v: Option<&Value>,
     key: Option<&[u8]>,
     rendered: Option<Rendered>,
+    credit: bool,
 ) -> Result<Plan, GatewayError> {
     let p = &gw.pools[pool];
     // Rendered only for what reads it (a body parsed for its model alone is not rendered).
@@ -437,7 +438,7 @@ pub(crate) fn plan(
         _ => (Vec::new(), None),
     };
     let workers = routable(gw, |w| p.serves(w));
-    plan_in(gw, pool, &*p.policy, workers, Prompted { v, tokens: &tokens, text, match_prefix: true }, key)
+    plan_in(gw, pool, &*p.policy, workers, Prompted { v, tokens: &tokens, text, match_prefix: true, credit }, key)
 }
 
 /// The routable workers `keep` accepts.
@@ -454,6 +455,9 @@ pub(crate) struct Prompted<'a> {
     /// Match the prompt against the index (false: every candidate holds nothing, as a decode
     /// worker's KV comes from its prefill, never from its own cache).
     pub(crate) match_prefix: bool,
+    /// The request goes where the plan says: with `credit_pending`, the chosen worker is
+    /// credited with the prompt's pages before another plan matches (not for a preview).
+    pub(crate) credit: bool,
 }
 
 /// Chooses one of `workers` with `policy`: candidates with their load and
@@ -466,7 +470,7 @@ pub(crate) fn plan_in(
     prompted: Prompted<'_>,
     key: Option<&[u8]>,
 ) -> Result<Plan, GatewayError> {
-    let Prompted { v, tokens, text, match_prefix } = prompted;
+    let Prompted { v, tokens, text, match_prefix, credit } = prompted;
     if workers.is_empty() {
         return Err(GatewayError::NoWorker);
     }
@@ -475,8 +479,8 @@ pub(crate) fn plan_in(
     let input_tokens = tokens.len() as u64;
     // The pool's page size, read once: a worker followed meanwhile may fix it.
     let block_size = gw.fleet.block_size_of(&gw.pools[pool].id);
-    let mut matched: HashMap<kv_index::WorkerId, (u32, Option<DpRank>)> = HashMap::new();
-    let mut hashes = Vec::new();
+    // A mixed fleet is matched in each mode; a worker's blocks exist in its own mode only.
+    let mut chains = Vec::new();
     if let (Some(index), Some(v)) = (&gw.index, v) {
         let page = NonZeroUsize::new(block_size).unwrap_or(NonZeroUsize::MIN);
         // The request's namespace starts its chain, as the engine's does.
@@ -487,17 +491,27 @@ pub(crate) fn plan_in(
         };
         let ns = crate::namespace::of_request(v, served, Some(index));
         let prior = renderer::hash::namespace_prior(ns.adapter, ns.salt);
-        // A mixed fleet is matched in each mode; a worker's blocks exist in its own mode only.
-        for mode in gw.fleet.hash_modes().modes() {
-            let chain = gw.pools[pool].chain_memo.block_hashes(&PageHasher::new(page, mode), tokens, prior.as_ref());
-            for m in index.prefix_depths(&chain, &kv_index::MatchOptions::default()) {
+        let memo = &gw.pools[pool].chain_memo;
+        chains = gw
+            .fleet
+            .hash_modes()
+            .modes()
+            .map(|m| memo.block_hashes(&PageHasher::new(page, m), tokens, prior.as_ref()))
+            .collect();
+    }
+    // From the match to the credit, one plan at a time (the pages hashed before): a burst
+    // sharing a cold prefix would otherwise be matched before any of it is credited, and
+    // spread over the workers.
+    let credit = credit && match_prefix && gw.config.credit_pending;
+    let _one_at_a_time = credit.then(|| gw.credit_lock.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut matched: HashMap<kv_index::WorkerId, (u32, Option<DpRank>)> = HashMap::new();
+    if let Some(index) = &gw.index {
+        for chain in &chains {
+            for m in index.prefix_depths(chain, &kv_index::MatchOptions::default()) {
                 let e = matched.entry(m.worker).or_insert((0, None));
                 if m.blocks > e.0 {
                     *e = (m.blocks, m.rank);
                 }
-            }
-            if hashes.is_empty() {
-                hashes = chain;
             }
         }
     }
@@ -524,7 +538,10 @@ pub(crate) fn plan_in(
     };
     let chosen = workers.iter().position(|w| w.id == decision.worker).ok_or(GatewayError::NoWorker)?;
     let rank = workers[chosen].index_id.and_then(|id| matched.get(&id)).and_then(|m| m.1);
-    Ok(Plan { pool, workers, candidates, decision, chosen, input_tokens, text, rank, hashes })
+    if credit && let (Some(index), Some(id), Some(chain)) = (&gw.index, workers[chosen].index_id, chains.first()) {
+        index.credit_pending(id, chain);
+    }
+    Ok(Plan { pool, workers, candidates, decision, chosen, input_tokens, text, rank })
 }
 
 /// The span a proxied request runs in; `forward` fills in the decision.
@@ -765,7 +782,7 @@ where
             Some(r) => (r.pool, r.prompt.take()),
             None => (0, None),
         };
-        let plan = plan(&gw2, pool, route, v.as_ref(), key.as_deref(), rendered)?;
+        let plan = plan(&gw2, pool, route, v.as_ref(), key.as_deref(), rendered, true)?;
         let bytes = match (&routed, &v) {
             (Some(r), Some(v)) if r.rewritten => Bytes::from(serde_json::to_vec(v).unwrap_or_default()),
             _ => body,
@@ -787,11 +804,6 @@ where
     span.record("reason", plan.decision.reason.as_str());
     gw.metrics.decisions.inc(format_args!("policy=\"{}\",reason=\"{}\"", pool.policy.name(), plan.decision.reason));
     gw.metrics.matched_tokens.observe(matched as f64);
-    if gw.config.credit_pending
-        && let (Some(index), Some(id)) = (&gw.index, chosen.index_id)
-    {
-        index.credit_pending(id, &plan.hashes);
-    }
     // Tell a data-parallel engine which rank holds the prefix: SGLang's and
     // vLLM's OpenAI routes read the `X-Data-Parallel-Rank` header (rank 0 on a
     // single-rank engine is accepted by both); SGLang's native `/generate`

@@ -66,4 +66,6 @@ async fn an_unsure_small_answer_goes_to_the_large_pool() {
     assert_eq!(metric(&router.url, &count("skip_stream")).await, 1.0);
     let served = "router_model_requests_total{pool=\"large\",decision=\"chat\"}";
     assert_eq!(metric(&router.url, served).await, 1.0, "the escalated attempt counts under its decision");
+    let ids = metric(&router.url, "router_route_ids").await;
+    assert_eq!(ids, 4.0, "one route id per answer the client got: the escalated first answer's is forgotten");
 }

@@ -698,3 +698,38 @@ async fn the_tokenizer_caches_stay_within_their_configured_bounds() {
     assert!(common::app::metric(&r.url, "router_tokenizer_cache_bytes{cache=\"segment\"}").await <= 4.0);
     assert_eq!(common::app::metric(&r.url, "router_tokenizer_cache_bytes{cache=\"word\"}").await, 0.0);
 }
+
+/// Requests sharing a cold prefix, sent at the same moment, land on one worker before any KV
+/// event arrives: with `--cache-pending-prefix-ttl-ms` the match and the chosen worker's
+/// pending credit are one step, so each request sees the credit of the ones planned before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_burst_lands_on_one_worker() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (w0, w1) =
+        (MockEngine::spawn(engine_config()).await.unwrap(), MockEngine::spawn(engine_config()).await.unwrap());
+    let mut cfg = config(&[&w0, &w1], PolicyConfig::cache_aware(), true);
+    cfg.pending_ttl = Duration::from_secs(10);
+    // More serving threads than cores, and long prompts: plans overlap often without the lock.
+    cfg.serve_threads = 4;
+    let r = start(cfg).await;
+    let served = || [w0.engine().requests.load(Relaxed), w1.engine().requests.load(Relaxed)];
+    // One client: after the first round the burst goes over open connections, all at once.
+    let http = reqwest::Client::new();
+    for round in 0..120 {
+        let system = format!("Round {round}. ") + &"A cold system prompt no worker holds yet. ".repeat(200);
+        let before = served();
+        let burst: Vec<_> = (0..16)
+            .map(|i| {
+                let request =
+                    http.post(format!("{}/v1/chat/completions", r.url)).json(&chat(&system, &format!("q{i}")));
+                tokio::spawn(async move { request.send().await.unwrap().status() })
+            })
+            .collect();
+        for status in burst {
+            assert_eq!(status.await.unwrap(), 200);
+        }
+        let after = served();
+        let got = [after[0] - before[0], after[1] - before[1]];
+        assert!(got.contains(&16), "round {round}: a burst of one cold prefix on one worker: {got:?}");
+    }
+}

@@ -411,9 +411,9 @@ fn pair(
         return Err(GatewayError::NoWorker);
     }
     let (tokens, text) = prompt;
-    let prompted = Prompted { v: Some(v), tokens, text, match_prefix: true };
+    let prompted = Prompted { v: Some(v), tokens, text, match_prefix: true, credit: true };
     let prefill = plan_in(gw, 0, &*gw.default_pool().policy, prefills, prompted, key)?;
-    let none = Prompted { v: None, tokens: &[], text: None, match_prefix: false };
+    let none = Prompted { v: None, tokens: &[], text: None, match_prefix: false, credit: false };
     let decode = plan_in(gw, 0, &*pd.decode_policy, decodes, none, None)?;
     Ok(Pair { prefill, decode })
 }
@@ -423,8 +423,8 @@ fn pair_again(gw: &Gateway, ctx: &Ctx<'_>, prompt: (&[u32], Option<String>), avo
     pair(gw, &ctx.v, prompt, ctx.meta.routing_key.as_deref(), avoid).ok()
 }
 
-/// The policies learn where the request goes; the prefill worker is credited
-/// with the prompt's pages (pending until its events confirm them).
+/// The policies learn where the request goes (the prefill worker was credited
+/// with the prompt's pages when it was chosen: `proxy::plan_in`).
 fn commit(gw: &Gateway, pd: &PdConfig, pair: &Pair) {
     pair.prefill.commit(gw);
     pair.decode.commit_to(&*pd.decode_policy);
@@ -446,11 +446,6 @@ fn commit(gw: &Gateway, pd: &PdConfig, pair: &Pair) {
         pair.decode.decision.reason
     ));
     m.matched_tokens.observe(matched as f64);
-    if gw.config.credit_pending
-        && let (Some(index), Some(id)) = (&gw.index, p.index_id)
-    {
-        index.credit_pending(id, &pair.prefill.hashes);
-    }
     tracing::debug!(prefill = %p.url, decode = %d.url, matched, "disaggregated pair");
 }
 

@@ -54,10 +54,10 @@ impl Spec {
         })
     }
 
-    /// The plan of one request under `decision`.
-    pub(crate) fn plan(&self, decision: &str, added_logprobs: bool) -> Plan {
+    /// The plan of one request under `decision`, its first answer issued `route_id`.
+    pub(crate) fn plan(&self, decision: &str, added_logprobs: bool, route_id: Option<u64>) -> Plan {
         let Spec { to, threshold, max_bytes } = *self;
-        Plan { to, threshold, max_bytes, added_logprobs, decision: decision.to_owned() }
+        Plan { to, threshold, max_bytes, added_logprobs, decision: decision.to_owned(), route_id }
     }
 }
 
@@ -74,6 +74,9 @@ pub(crate) struct Plan {
     pub(crate) added_logprobs: bool,
     /// The decision (for the counts and the escalated request's route).
     pub(crate) decision: String,
+    /// The first answer's route id: forgotten when the answer is (escalated), as the client
+    /// never sees it.
+    pub(crate) route_id: Option<u64>,
 }
 
 /// What the cascade did with an answer.
@@ -130,9 +133,13 @@ pub(crate) async fn whole(
     let verdict = judge(plan, route, &answer);
     count(verdict.label());
     if let Verdict::Escalated(_) = verdict {
-        // The first answer is done with: its accounting ends here.
+        // The first answer is done with: its accounting ends here, and its route id, which the
+        // client never sees, takes no room among those kept for feedback.
         guard.status = 200;
         drop(guard);
+        if let (Some(id), Some(slot)) = (plan.route_id, gw.routing.as_ref()) {
+            slot.learning().forget(id);
+        }
         return Ok(Judged::Escalate(verdict));
     }
     let body = kept_body(plan, answer, raw);
@@ -253,7 +260,7 @@ mod tests {
     use super::*;
 
     fn plan(added: bool) -> Plan {
-        Plan { to: 1, threshold: -1.0, max_bytes: 1 << 20, added_logprobs: added, decision: "d".into() }
+        Plan { to: 1, threshold: -1.0, max_bytes: 1 << 20, added_logprobs: added, decision: "d".into(), route_id: None }
     }
 
     #[test]

@@ -160,6 +160,12 @@ impl Learning {
         id
     }
 
+    /// Forgets route `id` (an answer the client never got); unknown ids are ignored.
+    pub fn forget(&self, id: u64) {
+        // Its place in the order is dropped when it reaches the front.
+        lock(&self.routes).map.remove(&id);
+    }
+
     /// Route ids remembered now.
     pub fn routes_held(&self) -> usize {
         lock(&self.routes).map.len()
@@ -343,9 +349,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 // === impl Routes ===
 
 impl Routes {
-    /// Whether the oldest id is past `ttl`.
+    /// Whether the oldest id is past `ttl`, or forgotten.
     fn expired_first(&self, now: Instant, ttl: Duration) -> bool {
-        self.order.front().and_then(|id| self.map.get(id)).is_some_and(|i| now.duration_since(i.at) > ttl)
+        self.order.front().is_some_and(|id| self.map.get(id).is_none_or(|i| now.duration_since(i.at) > ttl))
     }
 }
 
@@ -389,6 +395,28 @@ mod tests {
         assert!(matches!(verdict(&short, id, "good"), Err(GatewayError::NotFound(_))), "expired");
         short.issue("d", "p", None);
         assert_eq!(short.routes_held(), 1, "the expired one made room");
+    }
+
+    #[test]
+    fn a_forgotten_route_id_takes_no_room() {
+        let l = learning(2);
+        let (a, b) = (l.issue("d", "p", None), l.issue("d", "p", None));
+        l.forget(b);
+        assert_eq!(l.routes_held(), 1);
+        assert!(matches!(verdict(&l, b, "good"), Err(GatewayError::NotFound(_))), "forgotten");
+        l.issue("d", "p", None);
+        assert!(verdict(&l, a, "good").is_ok(), "not pushed out: the forgotten one made room");
+        l.forget(a ^ 1); // unknown: ignored
+        assert_eq!(l.routes_held(), 2);
+        // A forgotten oldest id holds back no expiry behind it.
+        let ttl = Duration::from_millis(200);
+        let short = Learning::new(FeedbackConfig { ttl, ..FeedbackConfig::default() }).unwrap();
+        let first = short.issue("d", "p", None);
+        short.issue("d", "p", None);
+        short.forget(first);
+        std::thread::sleep(ttl + Duration::from_millis(10));
+        short.issue("d", "p", None);
+        assert_eq!(short.routes_held(), 1, "the expired one behind the forgotten one made room");
     }
 
     #[test]

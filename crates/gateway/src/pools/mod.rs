@@ -450,7 +450,7 @@ fn plan_cascade(routing: &Routing, route: Route, v: &mut Value, routed: &mut Rou
         Route::Chat | Route::Completions => {
             let added_logprobs = cascade::ask_logprobs(route, v);
             routed.rewritten |= added_logprobs;
-            return Some(spec.plan(&routed.decision, added_logprobs));
+            return Some(spec.plan(&routed.decision, added_logprobs, routed.route_id));
         }
         _ => "skip_route",
     };
