@@ -14,6 +14,8 @@
 #   BASELINE=path/to/an/older/sgl-router
 # that build runs round_robin in the same run too (`round_robin_baseline`), so a
 # change is measured against the build before it, not against last week's numbers.
+# With PENDING_TTL_MS=MS, cache_aware with `--cache-pending-prefix-ttl-ms MS` runs too
+# (`cache_aware_pending`, and `cache_aware_pending_baseline` with BASELINE).
 #   bash benches/overhead.sh [REQUESTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +41,14 @@ start round_robin 31010 /readiness "$BIN/sgl-router" --port 31010 --worker-urls 
 start cache_aware 31011 /readiness "$BIN/sgl-router" --port 31011 --worker-urls "$ENGINE" --policy cache_aware --kv-events
 if [ -n "${BASELINE:-}" ]; then
   start round_robin_baseline 31013 /readiness "$BASELINE" --port 31013 --worker-urls "$ENGINE" --policy round_robin
+fi
+# With PENDING_TTL_MS: cache_aware crediting pending prefixes too (each plan then takes the
+# credit lock), and with BASELINE that build the same way.
+if [ -n "${PENDING_TTL_MS:-}" ]; then
+  start cache_aware_pending 31014 /readiness "$BIN/sgl-router" --port 31014 --worker-urls "$ENGINE" --policy cache_aware --kv-events --cache-pending-prefix-ttl-ms "$PENDING_TTL_MS"
+  if [ -n "${BASELINE:-}" ]; then
+    start cache_aware_pending_baseline 31015 /readiness "$BASELINE" --port 31015 --worker-urls "$ENGINE" --policy cache_aware --kv-events --cache-pending-prefix-ttl-ms "$PENDING_TTL_MS"
+  fi
 fi
 # The same router with its HTTP/1.1 fast path off (axum and hyper serve every request): what the fast path buys.
 start round_robin_no_fast 31012 /readiness "$BIN/sgl-router" --port 31012 --worker-urls "$ENGINE" --policy round_robin --no-fast-proxy
