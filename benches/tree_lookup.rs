@@ -12,6 +12,9 @@
 //!   thread stores and removes chains continuously.
 //! - `hashtree_large/match_q64` on 1 M blocks over 16 workers; prints bytes per
 //!   (block, worker) of the index to stderr.
+//! - `pending_credit_and_match/{64,256}`: what `--cache-pending-prefix-ttl-ms`
+//!   adds per request of a warm prefix of N pages: its match (pending included)
+//!   and its credit again to the worker chosen, with a 500 ms TTL.
 //!
 //! Last result: docs/benchmarks.md.
 
@@ -215,5 +218,27 @@ fn bench_large(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_insert, bench_match, bench_match_under_writes, bench_large);
+fn bench_pending(c: &mut Criterion) {
+    let mut g = c.benchmark_group("pending_credit_and_match");
+    let opts = MatchOptions::default();
+    for n in [64usize, 256] {
+        let config = IndexConfig { pending_ttl: Some(std::time::Duration::from_millis(500)), ..IndexConfig::default() };
+        let idx = KvIndex::new(config, Arc::new(SystemClock::new()));
+        let w = idx.worker_id(&WorkerUrl::new("http://worker-3:30000"));
+        let prompt: Vec<BlockHash> = chain(&mut Rng(9 + n as u64), n).iter().map(StoredBlock::hash).collect();
+        idx.credit_pending(w, &prompt);
+        assert_eq!(idx.prefix_depths(&prompt, &opts)[0].blocks as usize, n);
+        g.bench_function(format!("{n}"), |b| {
+            b.iter(|| {
+                let m = idx.prefix_depths(black_box(&prompt), &opts);
+                idx.credit_pending(w, black_box(&prompt));
+                m
+            })
+        });
+        eprintln!("pending_credit_and_match/{n}: {} credits held", idx.stats().pending);
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_insert, bench_match, bench_match_under_writes, bench_large, bench_pending);
 criterion_main!(benches);

@@ -2,8 +2,11 @@
 //! for a TTL so that a burst of requests sharing a cold prefix lands on one
 //! worker before its KV events arrive.
 //!
-//! Bounded: entries expire in insertion order (the TTL is fixed), and the
-//! oldest are dropped first when the table is full.
+//! Bounded: one queue place per (block, worker) credit, in the order credits
+//! were first given; a credit given again keeps its place and its later expiry
+//! (checked when its place comes up, then queued again). The oldest are dropped
+//! first when the table is full. A warm prefix credited by every request thus
+//! costs one lookup per page, not a queue entry per page and request.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -17,7 +20,8 @@ pub(crate) struct Pending {
     ttl_ms: u64,
     max_entries: usize,
     by_hash: HashMap<BlockHash, Vec<(WorkerId, u64)>>,
-    /// (expiry, hash, worker) in insertion order = expiry order.
+    /// (expiry when queued, hash, worker): one place per credit in `by_hash`, whose expiry
+    /// is the same or later (credited again since).
     queue: VecDeque<(u64, BlockHash, WorkerId)>,
 }
 
@@ -35,10 +39,13 @@ impl Pending {
         for &hash in hashes {
             let entry = self.by_hash.entry(hash).or_default();
             match entry.iter_mut().find(|(w, _)| *w == worker) {
+                // Its place in the queue stays: `expire` finds the later expiry there.
                 Some(e) => e.1 = expiry,
-                None => entry.push((worker, expiry)),
+                None => {
+                    entry.push((worker, expiry));
+                    self.queue.push_back((expiry, hash, worker));
+                }
             }
-            self.queue.push_back((expiry, hash, worker));
         }
         while self.queue.len() > self.max_entries {
             if let Some((_, hash, worker)) = self.queue.pop_front() {
@@ -47,15 +54,25 @@ impl Pending {
         }
     }
 
-    /// Removes everything that expired at or before `now`.
+    /// Removes what expired at or before `now`; a credit given again since it was queued
+    /// goes to the back with its new expiry. (Such a credit can sit behind a later one and be
+    /// removed up to one TTL late: [`depths`](Self::depths) never counts it once expired.)
     pub(crate) fn expire(&mut self, now: u64) {
-        while let Some(&(expiry, hash, worker)) = self.queue.front() {
-            if expiry > now {
+        while let Some(&(queued, hash, worker)) = self.queue.front() {
+            if queued > now {
                 break;
             }
             self.queue.pop_front();
-            self.drop_entry(hash, worker, now);
+            match self.expiry_of(hash, worker) {
+                Some(expiry) if expiry > now => self.queue.push_back((expiry, hash, worker)),
+                _ => self.drop_entry(hash, worker, now),
+            }
         }
+    }
+
+    /// When `worker`'s credit on `hash` expires, if it has one.
+    fn expiry_of(&self, hash: BlockHash, worker: WorkerId) -> Option<u64> {
+        self.by_hash.get(&hash)?.iter().find(|(w, _)| *w == worker).map(|&(_, expiry)| expiry)
     }
 
     /// Drops the credit of `worker` on `hash` if it expires at or before `limit`
@@ -79,10 +96,11 @@ impl Pending {
         };
         let mut out: Vec<(WorkerId, u32)> = live(first).map(|w| (w, 1)).collect();
         for (i, hash) in hashes.iter().enumerate().skip(1) {
-            let holders: Vec<WorkerId> = live(hash).collect();
+            // No allocation per page: the holders are read in place for each worker still going.
+            let Some(list) = self.by_hash.get(hash) else { break };
             let mut advanced = false;
             for (w, depth) in out.iter_mut() {
-                if *depth as usize == i && holders.contains(w) {
+                if *depth as usize == i && list.iter().any(|(h, expiry)| h == w && *expiry > now) {
                     *depth += 1;
                     advanced = true;
                 }
@@ -111,5 +129,52 @@ impl Pending {
         self.queue.capacity() * std::mem::size_of::<(u64, BlockHash, WorkerId)>()
             + self.by_hash.capacity() * (std::mem::size_of::<(BlockHash, Vec<(WorkerId, u64)>)>() + 1)
             + self.by_hash.values().map(|v| v.capacity() * 16).sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(i: i64) -> BlockHash {
+        BlockHash(i)
+    }
+
+    #[test]
+    fn a_credit_given_again_keeps_one_place_and_its_later_expiry() {
+        let (a, b) = (WorkerId(1), WorkerId(2));
+        let chain: Vec<BlockHash> = (0..8).map(h).collect();
+        let mut p = Pending::new(100, 1 << 10);
+        for t in 0..50 {
+            p.credit(a, &chain, t); // every request of a warm prefix credits it again
+        }
+        assert_eq!(p.len(), 8, "one place per (block, worker), not per credit");
+        p.expire(120);
+        assert_eq!(p.len(), 8, "credited again since it was queued: queued again, not dropped");
+        assert_eq!(p.depths(&chain, 148), vec![(a, 8)], "alive until the last credit's TTL");
+        p.credit(b, &chain[..3], 120);
+        assert_eq!(p.depths(&chain, 148), vec![(a, 8), (b, 3)]);
+        assert_eq!(p.depths(&chain, 149), vec![(b, 3)], "expired at exactly the TTL");
+        p.expire(149);
+        assert_eq!(p.len(), 3);
+        p.expire(220);
+        assert_eq!(p.len(), 0);
+        assert!(p.by_hash.is_empty());
+    }
+
+    #[test]
+    fn the_oldest_credits_go_first_when_full() {
+        let w = WorkerId(1);
+        let mut p = Pending::new(1_000, 4);
+        let chain: Vec<BlockHash> = (0..6).map(h).collect();
+        p.credit(w, &chain[..4], 0);
+        for t in 1..20 {
+            p.credit(w, &chain[..4], t); // refreshed: still four places, nothing dropped
+        }
+        assert_eq!(p.depths(&chain, 20), vec![(w, 4)]);
+        p.credit(w, &chain[4..], 21);
+        assert_eq!(p.len(), 4);
+        assert!(p.depths(&chain, 21).is_empty(), "the first pages were dropped: no prefix left");
+        assert_eq!(p.depths(&chain[2..], 21), vec![(w, 4)]);
     }
 }
