@@ -63,26 +63,23 @@ impl Pending {
                 break;
             }
             self.queue.pop_front();
-            match self.expiry_of(hash, worker) {
-                Some(expiry) if expiry > now => self.queue.push_back((expiry, hash, worker)),
-                _ => self.drop_entry(hash, worker, now),
-            }
+            self.drop_entry(hash, worker, now);
         }
     }
 
-    /// When `worker`'s credit on `hash` expires, if it has one.
-    fn expiry_of(&self, hash: BlockHash, worker: WorkerId) -> Option<u64> {
-        self.by_hash.get(&hash)?.iter().find(|(w, _)| *w == worker).map(|&(_, expiry)| expiry)
-    }
-
-    /// Drops the credit of `worker` on `hash` if it expires at or before `limit`
-    /// (a later credit for the same pair keeps it alive).
+    /// Drops `worker`'s credit on `hash` (its queue place already taken out) unless it expires
+    /// after `limit` (credited again since): then it is queued again with that expiry.
     fn drop_entry(&mut self, hash: BlockHash, worker: WorkerId, limit: u64) {
-        if let Some(list) = self.by_hash.get_mut(&hash) {
-            list.retain(|&(w, expiry)| w != worker || expiry > limit);
-            if list.is_empty() {
-                self.by_hash.remove(&hash);
-            }
+        let Some(list) = self.by_hash.get_mut(&hash) else { return };
+        let Some(i) = list.iter().position(|(w, _)| *w == worker) else { return };
+        let expiry = list[i].1;
+        if expiry > limit {
+            self.queue.push_back((expiry, hash, worker));
+            return;
+        }
+        list.remove(i);
+        if list.is_empty() {
+            self.by_hash.remove(&hash);
         }
     }
 
