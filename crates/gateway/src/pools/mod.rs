@@ -105,6 +105,8 @@ pub struct Routing {
     pub(crate) caches: Vec<Option<Arc<crate::cache::Store>>>,
     /// Per decision (by index): its `cascade` plugin, its `to` pool resolved.
     cascades: Vec<Option<cascade::Spec>>,
+    /// A decision reads whole answers (a response cache or a cascade), worked out once.
+    reads_answers: bool,
 }
 
 /// What model selection counts.
@@ -144,9 +146,7 @@ impl RoutingMetrics {
             cascades: LabeledCounter::default(),
         }
     }
-}
 
-impl RoutingMetrics {
     /// One request a `cascade` plugin judged or let pass.
     pub(crate) fn count_cascade(&self, decision: &str, outcome: &str) {
         let decision = crate::metrics::escape(decision);
@@ -253,8 +253,10 @@ impl Routing {
                 })
             })
             .collect();
-        let cascades = selector.config().decisions.iter().map(|d| cascade::Spec::of(d, selector.config())).collect();
-        Routing { selector, edits, sessions, metrics, caches, cascades }
+        let cascades: Vec<_> =
+            selector.config().decisions.iter().map(|d| cascade::Spec::of(d, selector.config())).collect();
+        let reads_answers = caches.iter().any(Option::is_some) || cascades.iter().any(Option::is_some);
+        Routing { selector, edits, sessions, metrics, caches, cascades, reads_answers }
     }
 
     /// Whether a decision caches answers (the fast path then hands requests to
@@ -266,7 +268,7 @@ impl Routing {
     /// Whether a decision reads whole answers (a response cache or a cascade): the fast path
     /// then hands requests to the front end that does.
     pub(crate) fn reads_answers(&self) -> bool {
-        self.caches_answers() || self.cascades.iter().any(Option::is_some)
+        self.reads_answers
     }
 
     /// The config after `old` (a reload): its counters go on, and so do the
