@@ -16,7 +16,9 @@ use serde_json::{Value, json};
 use crate::metrics::head;
 use fleet::{Events, Worker};
 
-use crate::proxy::{Route, parse_body, plan, read_body};
+use crate::body::{parse_body, read_body};
+use crate::plan::plan;
+use crate::request::Route;
 use crate::{Gateway, GatewayError};
 
 #[derive(Debug, Deserialize)]
@@ -42,13 +44,13 @@ pub(crate) async fn route_preview(
     body: Body,
 ) -> Result<Json<Value>, GatewayError> {
     let route = debug_route_of(q.route.as_deref())?;
-    let key = crate::proxy::Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
+    let key = crate::request::Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
     let bytes = read_body(&gw, body).await?;
     let (signal_headers, session) = routing_headers(&gw, &headers);
     let crate::pools::PreRouted { body: parsed, embeddings } = crate::pools::pre_route(&gw, route, &bytes).await?;
     let (gw2, len) = (gw.clone(), bytes.len());
     let out = crate::admission::render(&gw, len, move || {
-        let mut v = parsed.map_or_else(|| crate::proxy::parse_json(&bytes), Ok)?;
+        let mut v = parsed.map_or_else(|| crate::body::parse_json(&bytes), Ok)?;
         let mut preview = crate::pools::Preview::default();
         let routed = match gw2.routing() {
             Some(routing) => {
@@ -109,7 +111,7 @@ pub(crate) async fn route_preview(
 /// of one decision from two pools), applied to what the `bandit` algorithm draws from.
 pub(crate) async fn route_feedback(State(gw): State<Arc<Gateway>>, body: Body) -> Result<Json<Value>, GatewayError> {
     let slot = routing_slot(&gw)?;
-    let bytes = crate::proxy::read_body_within(body, crate::pools::feedback::MAX_FEEDBACK_BYTES).await?;
+    let bytes = crate::body::read_body_within(body, crate::pools::feedback::MAX_FEEDBACK_BYTES).await?;
     slot.learning().feedback(&bytes).map(Json)
 }
 
@@ -149,7 +151,7 @@ pub(crate) async fn reload_routing(State(gw): State<Arc<Gateway>>) -> Result<Res
 /// What routing reads of an explain's headers: those header signals read, and `x-session-id`.
 fn routing_headers(gw: &Gateway, headers: &axum::http::HeaderMap) -> (Vec<(String, String)>, Option<Vec<u8>>) {
     let signal_headers = crate::pools::wanted_headers(gw, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
-    let session = crate::proxy::Meta::key(headers.get(crate::pools::SESSION_HEADER).map(HeaderValue::as_bytes));
+    let session = crate::request::Meta::key(headers.get(crate::pools::SESSION_HEADER).map(HeaderValue::as_bytes));
     (signal_headers, session)
 }
 
@@ -169,7 +171,7 @@ pub(crate) async fn debug_route(
     headers: axum::http::HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, GatewayError> {
-    let key = crate::proxy::Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
+    let key = crate::request::Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
     let route = debug_route_of(q.route.as_deref())?;
     let bytes = read_body(&gw, body).await?;
     if gw.pd.is_some() {

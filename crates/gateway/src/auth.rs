@@ -1,8 +1,8 @@
 //! Who may call what: the bearer keys of the control plane
 //! (`--control-plane-api-keys`: fleet changes, `/workers`, `/debug/route`,
 //! `/metrics`) and of the data plane (`--client-api-keys`: the OpenAI routes),
-//! checked in constant time. Owns no keys of the workers': what goes to a
-//! worker is the proxy's business.
+//! checked in constant time, and what `Authorization` a worker gets for an
+//! admitted client.
 //!
 //! With no control-plane key configured, the control plane is closed (403
 //! naming the flag), never open. With no client key configured, the data
@@ -12,7 +12,7 @@
 
 use axum::http::HeaderMap;
 
-use crate::GatewayError;
+use crate::{Gateway, GatewayError};
 
 /// A set of accepted bearer keys.
 #[derive(Clone, Default)]
@@ -95,6 +95,25 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether a client that sent `client` may use the OpenAI routes: with
+/// client keys configured it must present one (401 otherwise); without them
+/// anyone may.
+pub(crate) fn check_client(gw: &Gateway, client: Option<&[u8]>) -> Result<(), GatewayError> {
+    gw.client_keys.check(Plane::Data, client)
+}
+
+/// What goes to the worker as `Authorization` for an admitted client that
+/// sent `client`: with client keys configured, the workers' key
+/// (`--api-key`), never the client's key; without them, the client's own
+/// credentials, and the workers' key never (an anonymous client is not the router).
+pub(crate) fn worker_credentials(gw: &Gateway, client: Option<&[u8]>) -> Option<Vec<u8>> {
+    if gw.client_keys.is_empty() {
+        client.map(<[u8]>::to_vec)
+    } else {
+        gw.worker_auth.as_ref().map(|v| v.as_bytes().to_vec())
+    }
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ pub struct Store {
     config: ResponseCache,
     /// Its decision's name, and where stores are counted.
     decision: String,
-    metrics: Arc<crate::pools::RoutingMetrics>,
+    metrics: Arc<crate::metrics::RoutingMetrics>,
     entries: Mutex<Entries>,
     keys: ahash::RandomState,
 }
@@ -125,7 +125,7 @@ impl Outcome {
 
 impl Store {
     /// An empty store for `decision`'s `config`, counting into `metrics`.
-    pub fn new(config: &ResponseCache, decision: &str, metrics: Arc<crate::pools::RoutingMetrics>) -> Store {
+    pub fn new(config: &ResponseCache, decision: &str, metrics: Arc<crate::metrics::RoutingMetrics>) -> Store {
         let cap = NonZeroUsize::new(config.max_entries).unwrap_or(NonZeroUsize::MIN);
         Store {
             config: config.clone(),
@@ -354,21 +354,13 @@ fn canonical(v: &Value, out: &mut String, skip: &mut dyn FnMut(&[String]) -> boo
     walk(v, &mut Vec::new(), out, skip);
 }
 
-/// Whether `cache-control` values say not to use or keep a cached answer (`no-cache`, `no-store`).
-pub(crate) fn bypassed<'h>(values: impl Iterator<Item = &'h [u8]>) -> bool {
-    values.into_iter().any(|v| {
-        let v = v.to_ascii_lowercase();
-        v.windows(8).any(|w| w == b"no-cache" || w == b"no-store")
-    })
-}
-
 /// A request answered from the cache: the stored answer and the route headers.
 #[derive(Debug)]
 pub(crate) struct Hit {
     /// What was stored.
     pub(crate) answer: Arc<Answer>,
     /// `x-route-pool`, `x-route-decision`, `x-route-cache`...
-    pub(crate) headers: crate::pools::RouteHeaders,
+    pub(crate) headers: crate::request::RouteHeaders,
 }
 
 impl Hit {
@@ -399,10 +391,10 @@ impl Hit {
         )
         .into_bytes();
         if let Some(ct) = &answer.content_type {
-            crate::h1::push_header(&mut out, b"content-type", ct.as_bytes());
+            crate::request::push_header(&mut out, b"content-type", ct.as_bytes());
         }
         for (name, value) in &self.headers.0 {
-            crate::h1::push_header(&mut out, name.as_bytes(), value.as_bytes());
+            crate::request::push_header(&mut out, name.as_bytes(), value.as_bytes());
         }
         if close {
             out.extend_from_slice(b"connection: close\r\n");
@@ -482,6 +474,7 @@ mod tests {
         assert_eq!(s.ticket(&sampled, "d", "p", None).err(), Some(Skip::Sampling));
         sampled.as_object_mut().unwrap().remove("temperature");
         assert_eq!(s.ticket(&sampled, "d", "p", None).err(), Some(Skip::Sampling));
+        use crate::request::bypassed;
         assert!(bypassed([&b"max-age=0, No-Cache"[..]].into_iter()) && !bypassed([&b"max-age=0"[..]].into_iter()));
         // Digits in the question or tools offered: exact hits only (no vector kept).
         assert!(s.ticket(&chat("what is 2 + 3"), "d", "p", unit(&[1.0, 0.0])).unwrap().vector.is_none());

@@ -294,6 +294,18 @@ impl From<renderer::RenderError> for GatewayError {
     }
 }
 
+/// An error and its causes, on one line ("client error (Connect): tcp connect error: Connection refused").
+pub(crate) fn describe(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

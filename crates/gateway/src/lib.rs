@@ -9,12 +9,16 @@
 //!                                                                   └─► proxy (stream) ─► client
 //! ```
 
+mod account;
 mod admin;
 pub mod admission;
 pub mod auth;
+mod body;
 pub mod context;
 pub mod error;
+mod forward;
 mod h1;
+mod judge;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub use h1::fuzzing;
@@ -22,10 +26,14 @@ pub mod cache;
 pub mod metrics;
 pub mod namespace;
 pub mod pd;
+mod plan;
+mod pool;
 pub mod pools;
 mod proxy;
 mod relay;
+mod request;
 mod routes;
+mod send;
 mod served;
 mod shape;
 pub mod tls;
@@ -44,7 +52,7 @@ pub use error::GatewayError;
 pub use fleet::{Fleet, HashModes, LoadGuard, Worker, WorkerInfo, worker_client};
 pub use h1::{serve, serve_admin, serve_metrics};
 pub use metrics::GatewayMetrics;
-pub use proxy::PROXIED_PATHS;
+pub use request::PROXIED_PATHS;
 
 /// Default request body limit (the reference router's).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 5 << 20;

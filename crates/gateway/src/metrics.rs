@@ -111,6 +111,60 @@ pub fn render_process(out: &mut String) {
     }
 }
 
+/// Buckets of the signal-and-decision latency: microseconds to a few milliseconds.
+const SIGNAL_BUCKETS: [f64; 10] = [2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 5e-3, 2.5e-2];
+
+/// What model selection counts.
+#[derive(Debug)]
+pub struct RoutingMetrics {
+    /// Routed requests by `pool` and `decision`.
+    pub requests: LabeledCounter,
+    /// Requests a `block` plugin answered, by `decision`.
+    pub blocks: LabeledCounter,
+    /// Values a `pii_redact` plugin replaced, by `type`.
+    pub redactions: LabeledCounter,
+    /// Time computing signals and the decision, per auto-routed request.
+    pub signal_seconds: Histogram,
+    /// Auto-routed conversations by what stickiness did (`new`, `same`, `stayed`, `switched`).
+    pub sessions: LabeledCounter,
+    /// Response-cache lookups by `decision` and `outcome` (`hit_exact`, `hit_semantic`, `miss`,
+    /// `skip_sampling`, `skip_choices`, `skip_bypass`).
+    pub cache_lookups: LabeledCounter,
+    /// Answers stored in a response cache, by `decision`.
+    pub cache_stores: LabeledCounter,
+    /// Requests a `cascade` plugin judged or let pass, by `decision` and `outcome` (`kept`,
+    /// `escalated`, `no_logprobs`, `skip_stream`, `skip_route`, `too_large`, `failed`).
+    pub cascades: LabeledCounter,
+}
+
+impl RoutingMetrics {
+    /// Nothing counted yet.
+    pub fn new() -> Self {
+        RoutingMetrics {
+            requests: LabeledCounter::default(),
+            blocks: LabeledCounter::default(),
+            redactions: LabeledCounter::default(),
+            signal_seconds: Histogram::new(&SIGNAL_BUCKETS),
+            sessions: LabeledCounter::default(),
+            cache_lookups: LabeledCounter::default(),
+            cache_stores: LabeledCounter::default(),
+            cascades: LabeledCounter::default(),
+        }
+    }
+
+    /// One request a `cascade` plugin judged or let pass.
+    pub(crate) fn count_cascade(&self, decision: &str, outcome: &str) {
+        let decision = escape(decision);
+        self.cascades.inc(format_args!("decision=\"{decision}\",outcome=\"{outcome}\""));
+    }
+}
+
+impl Default for RoutingMetrics {
+    fn default() -> Self {
+        RoutingMetrics::new()
+    }
+}
+
 #[cfg(test)]
 mod process_tests {
     use super::render_process;

@@ -12,7 +12,8 @@ use axum::response::Response;
 use serde_json::json;
 use tracing::warn;
 
-use crate::proxy::{InFlight, relayed};
+use crate::account::InFlight;
+use crate::request::relayed;
 use fleet::Worker;
 
 /// A worker failed in the middle of its answer: it leaves rotation, and an

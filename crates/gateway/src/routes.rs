@@ -11,8 +11,10 @@ use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 
+use crate::account::count_error;
 use crate::auth::Plane;
-use crate::proxy::{Route, count_error, handle};
+use crate::proxy::handle;
+use crate::request::Route;
 use crate::{Gateway, GatewayError};
 use crate::{admin, served};
 

@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::future::join_all;
 use serde_json::{Value, json};
 
-use crate::proxy::read_body;
+use crate::body::read_body;
 use crate::{Gateway, GatewayError};
 
 /// Longest a worker may take on one of these calls.

@@ -36,7 +36,9 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, warn};
 
 use self::head::Refusal;
-use crate::proxy::{RANK_HEADER, Route, count_error, forward, forwarded, request_span};
+use crate::account::{count_error, request_span};
+use crate::forward::forward;
+use crate::request::{RANK_HEADER, Route, forwarded, push_header};
 use crate::{ClientLimits, Gateway, GatewayError};
 
 /// Largest request head either front end reads; a larger one is refused
@@ -247,11 +249,11 @@ fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
         if h.name.eq_ignore_ascii_case("origin") {
             origin = Some(h.value.to_vec());
         } else if h.name.eq_ignore_ascii_case(policy::ROUTING_KEY_HEADER) {
-            routing_key = crate::proxy::Meta::key(Some(h.value));
-        } else if h.name.eq_ignore_ascii_case(crate::proxy::ROUTE_DEBUG_HEADER) {
-            route_debug = crate::proxy::Meta::wants_debug(Some(h.value));
+            routing_key = crate::request::Meta::key(Some(h.value));
+        } else if h.name.eq_ignore_ascii_case(crate::request::ROUTE_DEBUG_HEADER) {
+            route_debug = crate::request::Meta::wants_debug(Some(h.value));
         } else if h.name.eq_ignore_ascii_case(crate::pools::SESSION_HEADER) {
-            session = crate::proxy::Meta::key(Some(h.value));
+            session = crate::request::Meta::key(Some(h.value));
         }
         if h.name.eq_ignore_ascii_case(RANK_HEADER) {
             rank = Some(h.value.to_vec());
@@ -303,14 +305,6 @@ pub(crate) fn content_length(value: &str) -> Option<u64> {
         return None;
     }
     value.parse().ok()
-}
-
-/// Appends a header line, `name: value\r\n`.
-pub(crate) fn push_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
 }
 
 /// Reads more of `tcp` into `buf`; 0 at end of stream.
@@ -439,8 +433,8 @@ async fn serve_fast(
             return Err(GatewayError::TooLarge(gw.config.max_body_bytes));
         }
         // A client without a valid key gets no further.
-        crate::proxy::check_client(gw, head.authorization.as_deref())?;
-        let worker_auth = crate::proxy::worker_credentials(gw, head.authorization.as_deref());
+        crate::auth::check_client(gw, head.authorization.as_deref())?;
+        let worker_auth = crate::auth::worker_credentials(gw, head.authorization.as_deref());
         // Admitted: a slot (perhaps after a wait in the queue), and memory for its body and render.
         Ok((worker_auth, crate::admission::Admission::admit_waiting(gw, head.body_len).await?))
     }
@@ -483,7 +477,7 @@ async fn serve_fast(
     });
     let signal_headers = crate::pools::wanted_headers(gw, lines.clone());
     let cache_bypass =
-        crate::cache::bypassed(lines.filter(|(n, _)| n.eq_ignore_ascii_case("cache-control")).map(|(_, v)| v));
+        crate::request::bypassed(lines.filter(|(n, _)| n.eq_ignore_ascii_case("cache-control")).map(|(_, v)| v));
     if let Some(auth) = worker_auth {
         push_header(&mut headers, b"authorization", &auth);
     }
@@ -500,7 +494,7 @@ async fn serve_fast(
     let mut peer = Peer { tcp, pipelined: buf, open: true };
     let span = request_span(gw, route);
     span.record("request_id", id.as_str());
-    let meta = crate::proxy::Meta {
+    let meta = crate::request::Meta {
         id,
         routing_key: head.routing_key,
         route_debug: head.route_debug,
@@ -527,10 +521,10 @@ async fn serve_fast(
         match sent {
             // Answered from a response cache (the connection loop hands requests to hyper while a
             // decision caches; this one was routed as a reload turned caching on).
-            Ok(crate::proxy::Forwarded::Cached(hit)) => {
+            Ok(crate::forward::Forwarded::Cached(hit)) => {
                 peer.tcp.write_all(&hit.to_bytes(close, &answer_head)).await.is_ok() && !close
             }
-            Ok(crate::proxy::Forwarded::Sent(mut guard, worker, answer)) => {
+            Ok(crate::forward::Forwarded::Sent(mut guard, worker, answer)) => {
                 if let Some(extra) = guard.route_headers.take() {
                     for (name, value) in extra.0 {
                         push_header(&mut answer_head, name.as_bytes(), value.as_bytes());

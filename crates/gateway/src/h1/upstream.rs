@@ -30,7 +30,10 @@ use tokio::net::TcpStream;
 use super::chunked::{self, Decoder};
 use super::{Peer, push_header, write_error};
 use crate::GatewayError;
-use crate::proxy::{InFlight, RANK_HEADER, Route, SendError, failed_mid_answer, relayed};
+use crate::account::InFlight;
+use crate::relay::failed_mid_answer;
+use crate::request::{RANK_HEADER, Route, relayed};
+use crate::send::SendError;
 use crate::tls::Conn;
 use crate::{UPSTREAM_CONNECT_TIMEOUT, UPSTREAM_IDLE_TIMEOUT};
 use fleet::Worker;
@@ -84,7 +87,7 @@ pub(crate) struct Answer {
     head: AnswerHead,
 }
 
-impl crate::proxy::AnswerHead for Answer {
+impl crate::send::AnswerHead for Answer {
     fn status(&self) -> u16 {
         self.head.status
     }

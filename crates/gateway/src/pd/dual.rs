@@ -13,7 +13,9 @@ use tokio::sync::oneshot;
 
 use super::{Ctx, Failure, Leg, MAX_LEG_ANSWER, abort, read_all, status_failure};
 use crate::Gateway;
-use crate::proxy::{Ending, InFlight, SendError, stream_back};
+use crate::account::InFlight;
+use crate::relay::{Ending, stream_back};
+use crate::send::SendError;
 use fleet::{LoadGuard, Worker};
 
 type Answer = axum::http::Response<hyper::body::Incoming>;
@@ -156,7 +158,7 @@ impl Watch {
         let why = match read {
             Ok(bytes) => {
                 if self.push && !still_push(&bytes) {
-                    super::vllm::forget_push(&self.gw, &self.prefill);
+                    super::forget_push(&self.gw, &self.prefill);
                 }
                 failed_in(&bytes)
             }

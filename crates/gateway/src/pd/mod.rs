@@ -33,7 +33,11 @@ use serde_json::{Value, json};
 use tracing::{Span, warn};
 
 use crate::admission::Admission;
-use crate::proxy::{Meta, Plan, Prompted, Route, SendError, describe, parse_json, plan_in, prompt, routable};
+use crate::body::parse_json;
+use crate::error::describe;
+use crate::plan::{Plan, Prompted, plan_in, prompt, routable};
+use crate::request::{Meta, Route};
+use crate::send::SendError;
 use crate::{Gateway, GatewayError, RetryConfig};
 use fleet::Worker;
 
@@ -135,6 +139,13 @@ impl Pair {
         let matched = self.prefill.candidates[self.prefill.chosen].matched_tokens;
         let uncached = self.prefill.input_tokens.saturating_sub(matched);
         (self.prefill.chosen().charge_on(uncached, rank), self.decode.chosen().charge(0))
+    }
+}
+
+/// Forgets that `p` pushes (its answer failed, or stopped saying push): its next request goes two-stage.
+pub(crate) fn forget_push(gw: &crate::Gateway, p: &fleet::Worker) {
+    if let Some(pd) = gw.pd.as_ref() {
+        pd.push.lock().unwrap_or_else(|e| e.into_inner()).remove(&p.id);
     }
 }
 
@@ -266,7 +277,7 @@ impl Failure {
                 GatewayError::Upstream { worker: worker.url.to_string(), message, retryable: false }
             }
         };
-        crate::proxy::count_error(gw, route, &e, Some(id));
+        crate::account::count_error(gw, route, &e, Some(id));
         let mut r = e.into_response();
         r.headers_mut().insert("x-sgl-router-pd-leg", HeaderValue::from_static(leg));
         r

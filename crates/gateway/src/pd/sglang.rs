@@ -28,8 +28,10 @@ use serde_json::{Value, json};
 
 use super::dual::{Watch, both_heads, heads_ok};
 use super::{Ctx, Failure, Pair, json_answer, read_answer};
+use crate::account::InFlight;
 use crate::admission::Admission;
-use crate::proxy::{InFlight, RANK_HEADER, Route, send_to};
+use crate::request::{RANK_HEADER, Route};
+use crate::send::send_to;
 use fleet::{LoadGuard, Worker};
 
 /// One attempt on `pair`; on failure, why, and the admission back for the next attempt.
@@ -173,7 +175,7 @@ async fn merged(
         let body = match read_answer(ctx.gw, dh.into_body()).await {
             Ok(b) => b,
             Err(e) => {
-                crate::proxy::failed_mid_answer(d, &e, false);
+                crate::relay::failed_mid_answer(d, &e, false);
                 guard.status = 502;
                 let e = crate::GatewayError::Upstream { worker: d.url.to_string(), message: e, retryable: false };
                 return axum::response::IntoResponse::into_response(e);
@@ -220,7 +222,7 @@ async fn merged(
                         }
                     }
                     Some(Err(e)) => {
-                        let tail = crate::proxy::failed_mid_answer(&d, &e, true).unwrap_or_default();
+                        let tail = crate::relay::failed_mid_answer(&d, &e, true).unwrap_or_default();
                         return Some((Ok(tail), (body, buf, Some(guard), true)));
                     }
                     None => {
@@ -238,7 +240,7 @@ async fn merged(
     let mut response = Response::new(Body::from_stream(events));
     *response.status_mut() = parts.status;
     for (name, value) in &parts.headers {
-        if crate::proxy::relayed(name.as_str(), "") {
+        if crate::request::relayed(name.as_str(), "") {
             response.headers_mut().insert(name.clone(), value.clone());
         }
     }

@@ -27,8 +27,10 @@ use serde_json::{Value, json};
 
 use super::dual::{Watch, both_heads, heads_ok};
 use super::{Ctx, Failure, Leg, MAX_LEG_ANSWER, Pair, json_answer, read_all, read_answer, status_failure, with_params};
+use crate::account::InFlight;
 use crate::admission::Admission;
-use crate::proxy::{Ending, InFlight, SendError, send_to, stream_back};
+use crate::relay::{Ending, stream_back};
+use crate::send::{SendError, send_to};
 
 /// The params decode needs of prefill's answer for a real pull.
 const REQUIRED: [&str; 6] =
@@ -113,7 +115,7 @@ pub(super) async fn attempt(
     let body = match read_answer(gw, resp.into_body()).await {
         Ok(b) => b,
         Err(e) => {
-            crate::proxy::failed_mid_answer(&d, &e, false);
+            crate::relay::failed_mid_answer(&d, &e, false);
             guard.status = 502;
             let e = crate::GatewayError::Upstream { worker: d.url.to_string(), message: e, retryable: false };
             return Ok(axum::response::IntoResponse::into_response(e));
@@ -147,7 +149,7 @@ async fn push_attempt(
     let (ph, dh) = match both_heads(gw, pf, df, &p, &d, None).await {
         Ok(heads) => heads,
         Err(failure) => {
-            forget_push(gw, &p);
+            super::forget_push(gw, &p);
             return Err((failure, admission));
         }
     };
@@ -273,13 +275,6 @@ fn learn_push(gw: &crate::Gateway, p: &fleet::Worker, params: &Value) {
     let needed = ["remote_engine_id", "remote_host", "remote_port", "tp_size"];
     if needed.iter().all(|k| identity.contains_key(*k)) {
         pd.push.lock().unwrap_or_else(|e| e.into_inner()).insert(p.id, Value::Object(identity));
-    }
-}
-
-/// Forgets that `p` pushes (its answer failed, or stopped saying push): its next request goes two-stage.
-pub(super) fn forget_push(gw: &crate::Gateway, p: &fleet::Worker) {
-    if let Some(pd) = gw.pd.as_ref() {
-        pd.push.lock().unwrap_or_else(|e| e.into_inner()).remove(&p.id);
     }
 }
 

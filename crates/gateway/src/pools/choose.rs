@@ -10,7 +10,7 @@ use model_select::{Algorithm, Candidate, Choice};
 use serde_json::{Value, json};
 
 use super::{Pool, Preview};
-use crate::proxy::Route;
+use crate::request::Route;
 use crate::{Gateway, GatewayError};
 
 /// A pool now: its routable workers' requests in flight, the prefill queued
@@ -188,7 +188,7 @@ pub(super) fn pool_states(gw: &Gateway, prompt_tokens: u64) -> Vec<model_select:
 
 /// The prompt's exact token count by `pool`'s tokenizer.
 fn count_tokens(pool: &Pool, route: Route, v: &Value) -> Result<u64, GatewayError> {
-    let (tokens, _) = crate::proxy::render_prompt(&pool.renderer, route, v, true)?;
+    let (tokens, _) = crate::plan::render_prompt(&pool.renderer, route, v, true)?;
     Ok(tokens.len() as u64)
 }
 

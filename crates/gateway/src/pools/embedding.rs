@@ -87,7 +87,7 @@ pub(crate) struct PreRouted {
 /// handed on; a body that is not a JSON object is left for the route to report.
 pub(crate) async fn pre_route(
     gw: &std::sync::Arc<crate::Gateway>,
-    route: crate::proxy::Route,
+    route: crate::request::Route,
     bytes: &bytes::Bytes,
 ) -> Result<PreRouted, crate::GatewayError> {
     let Some(slot) = &gw.routing else { return Ok(PreRouted::default()) };
@@ -97,7 +97,7 @@ pub(crate) async fn pre_route(
         return Ok(PreRouted::default());
     }
     let body = bytes.clone();
-    let parsed = crate::admission::render(gw, bytes.len(), move || crate::proxy::parse_json(&body).ok()).await?;
+    let parsed = crate::admission::render(gw, bytes.len(), move || crate::body::parse_json(&body).ok()).await?;
     let Some(v) = parsed else { return Ok(PreRouted::default()) };
     let model = v.get("model").and_then(Value::as_str);
     let embeddings = match routing.selector.target(model) {

@@ -18,12 +18,7 @@ use std::time::Instant;
 
 use axum::http::{HeaderName, HeaderValue};
 use model_select::{PluginConfig, Selector, SignalInput, Target};
-use policy::Policy;
-use renderer::Renderer;
-use router_types::PoolId;
 use serde_json::Value;
-
-use crate::metrics::{Histogram, LabeledCounter};
 
 pub(crate) mod cascade;
 mod choose;
@@ -32,7 +27,10 @@ pub mod feedback;
 mod reload;
 mod sticky;
 
-use crate::proxy::Route;
+pub use crate::metrics::RoutingMetrics;
+pub use crate::pool::Pool;
+use crate::request::Route;
+pub(crate) use crate::request::RouteHeaders;
 use crate::{Gateway, GatewayError};
 pub use embedding::Examples;
 pub(crate) use embedding::{PreRouted, pre_route, render as render_embedding};
@@ -42,53 +40,6 @@ pub use reload::{Reloaded, RoutingSlot, reload};
 pub const EXPLICIT: &str = "explicit";
 /// The decision label of a request without a `model` (the default pool serves it).
 pub const NO_MODEL: &str = "no_model";
-/// Buckets of the signal-and-decision latency: microseconds to a few milliseconds.
-const SIGNAL_BUCKETS: [f64; 10] = [2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 5e-3, 2.5e-2];
-
-/// One model pool.
-pub struct Pool {
-    /// Its name (`x-route-pool`), the fleet's tag on its workers.
-    pub id: PoolId,
-    /// The model its engines serve: a routed body's `model` becomes this.
-    pub served_model: String,
-    /// Chooses the worker among the pool's.
-    pub policy: Arc<dyn Policy>,
-    /// Its template and tokenizer.
-    pub renderer: Arc<Renderer>,
-    /// Recent page-hash chains of its prompts.
-    pub chain_memo: renderer::ChainMemo,
-    /// Tokens a request may hold in all (prompt and `max_tokens`), when known.
-    pub context_window: Option<u64>,
-    /// Prompt tokens one worker prefills per second (the TTFT estimate's rate).
-    pub prefill_tokens_per_s: f64,
-}
-
-impl std::fmt::Debug for Pool {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pool").field("id", &self.id).field("served_model", &self.served_model).finish()
-    }
-}
-
-impl Pool {
-    /// A pool with its own chain memo of up to `chain_memo_pages` page digests.
-    pub fn new(
-        id: PoolId,
-        served_model: String,
-        policy: Arc<dyn Policy>,
-        renderer: Arc<Renderer>,
-        context_window: Option<u64>,
-        chain_memo_pages: usize,
-    ) -> Self {
-        let chain_memo = renderer::ChainMemo::new(chain_memo_pages);
-        let prefill_tokens_per_s = model_select::DEFAULT_PREFILL_TOKENS_PER_S;
-        Pool { id, served_model, policy, renderer, chain_memo, context_window, prefill_tokens_per_s }
-    }
-
-    /// Whether `worker` serves this pool's requests (a regular worker in it).
-    pub fn serves(&self, worker: &fleet::Worker) -> bool {
-        worker.role == router_types::Role::Regular && worker.pool == self.id
-    }
-}
 
 /// A routing config at work: the selector, each decision's header changes, and what it counts.
 #[derive(Debug)]
@@ -107,57 +58,6 @@ pub struct Routing {
     cascades: Vec<Option<cascade::Spec>>,
     /// A decision reads whole answers (a response cache or a cascade), worked out once.
     reads_answers: bool,
-}
-
-/// What model selection counts.
-#[derive(Debug)]
-pub struct RoutingMetrics {
-    /// Routed requests by `pool` and `decision`.
-    pub requests: LabeledCounter,
-    /// Requests a `block` plugin answered, by `decision`.
-    pub blocks: LabeledCounter,
-    /// Values a `pii_redact` plugin replaced, by `type`.
-    pub redactions: LabeledCounter,
-    /// Time computing signals and the decision, per auto-routed request.
-    pub signal_seconds: Histogram,
-    /// Auto-routed conversations by what stickiness did (`new`, `same`, `stayed`, `switched`).
-    pub sessions: LabeledCounter,
-    /// Response-cache lookups by `decision` and `outcome` (`hit_exact`, `hit_semantic`, `miss`,
-    /// `skip_sampling`, `skip_choices`, `skip_bypass`).
-    pub cache_lookups: LabeledCounter,
-    /// Answers stored in a response cache, by `decision`.
-    pub cache_stores: LabeledCounter,
-    /// Requests a `cascade` plugin judged or let pass, by `decision` and `outcome` (`kept`,
-    /// `escalated`, `no_logprobs`, `skip_stream`, `skip_route`, `too_large`, `failed`).
-    pub cascades: LabeledCounter,
-}
-
-impl RoutingMetrics {
-    /// Nothing counted yet.
-    pub fn new() -> Self {
-        RoutingMetrics {
-            requests: LabeledCounter::default(),
-            blocks: LabeledCounter::default(),
-            redactions: LabeledCounter::default(),
-            signal_seconds: Histogram::new(&SIGNAL_BUCKETS),
-            sessions: LabeledCounter::default(),
-            cache_lookups: LabeledCounter::default(),
-            cache_stores: LabeledCounter::default(),
-            cascades: LabeledCounter::default(),
-        }
-    }
-
-    /// One request a `cascade` plugin judged or let pass.
-    pub(crate) fn count_cascade(&self, decision: &str, outcome: &str) {
-        let decision = crate::metrics::escape(decision);
-        self.cascades.inc(format_args!("decision=\"{decision}\",outcome=\"{outcome}\""));
-    }
-}
-
-impl Default for RoutingMetrics {
-    fn default() -> Self {
-        RoutingMetrics::new()
-    }
 }
 
 /// Headers a decision sets and removes on the request to the worker.
@@ -184,7 +84,7 @@ pub(crate) struct Routed {
     pub(crate) debug: Option<Explain>,
     /// The prompt's tokens and text as the pool's renderer makes them, when
     /// the signals rendered it already (the plan reuses them).
-    pub(crate) prompt: Option<crate::proxy::Rendered>,
+    pub(crate) prompt: Option<crate::plan::Rendered>,
     /// The winning decision's index (auto routing).
     pub(crate) index: Option<usize>,
     /// The decision's response cache: the request's ticket and what the lookup found.
@@ -202,11 +102,6 @@ pub(crate) struct Explain {
     pub(crate) confidence: f64,
     pub(crate) candidates: Vec<String>,
 }
-
-/// The headers an answer carries back: `x-route-pool`, `x-route-decision`,
-/// `x-selected-model`, and with a debug request the explain.
-#[derive(Debug, Clone)]
-pub(crate) struct RouteHeaders(pub(crate) Vec<(&'static str, HeaderValue)>);
 
 // === impl Routing ===
 
@@ -509,7 +404,7 @@ fn auto(
     let default = &gw.pools[selector.default_pool()];
     // Exact, by the default pool's tokenizer: for context signals, and for load signals' TTFT.
     let rendered = if selector.needs_tokens() || selector.needs_load() {
-        Some(crate::proxy::render_prompt(&default.renderer, route, v, true)?)
+        Some(crate::plan::render_prompt(&default.renderer, route, v, true)?)
     } else {
         None
     };

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::choose::Chosen;
 use crate::Gateway;
-use crate::proxy::Route;
+use crate::request::Route;
 
 /// Where a session key came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,7 +199,7 @@ fn cached_tokens(gw: &Gateway, pool: usize, route: Route, v: &Value) -> u64 {
     if let Some(fields) = v.as_object_mut() {
         fields.insert("model".into(), Value::String(gw.pools[pool].served_model.clone()));
     }
-    match crate::proxy::plan(gw, pool, route, Some(&v), None, None, false) {
+    match crate::plan::plan(gw, pool, route, Some(&v), None, None, false) {
         Ok(plan) => plan.candidates.iter().map(|c| c.matched_tokens).max().unwrap_or(0),
         Err(_) => 0,
     }

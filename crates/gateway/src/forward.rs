@@ -1,0 +1,232 @@
+//! The dispatch phase of a single-worker request: select and plan (off the
+//! serving thread for a large body), charge the worker, then send, with one
+//! retry loop (`--retry-*`) over the workers of the pool while nothing of an
+//! answer reached the client. Front ends pass how to send (`send`).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use policy::Decision;
+use router_types::DpRank;
+use serde_json::{Value, json};
+use tracing::{Span, warn};
+
+use crate::account::InFlight;
+use crate::admission::Admission;
+use crate::body::parse_body;
+use crate::plan::{Plan, plan};
+use crate::pools::HeaderEdits;
+use crate::request::{Meta, Route};
+use crate::send::{AnswerHead, SendError};
+use crate::{Gateway, GatewayError, RetryConfig};
+use fleet::Worker;
+
+/// What `forward` did with a request.
+pub(crate) enum Forwarded<T> {
+    /// Sent to a worker: the request's load guard, the worker, its answer's head.
+    Sent(InFlight, Arc<Worker>, T),
+    /// Answered from the decision's response cache.
+    Cached(crate::cache::Hit),
+}
+
+/// The outcome of parsing and routing, off the serving thread for a large body
+/// (one per request, moved once: its size does not matter).
+#[allow(clippy::large_enum_variant)]
+enum Step {
+    Send(Option<Value>, Plan, Option<crate::pools::Routed>, Bytes),
+    Cached(crate::cache::Hit),
+}
+
+/// Routes an admitted request and delivers it: parse and plan (off the
+/// serving thread when the body is large), account, then `send` it to the
+/// chosen worker, again (`--retry-*`, after a backoff, on another worker when
+/// there is one) while it could not be reached or answered a retryable
+/// status: nothing of that answer has reached the client.
+/// Returns the request's load guard, the worker, and what `send` returned
+/// (the answer's head).
+pub(crate) async fn forward<T, F, Fut>(
+    gw: &Arc<Gateway>,
+    admission: Admission,
+    route: Route,
+    bytes: Bytes,
+    start: Instant,
+    meta: &Meta,
+    mut send: F,
+) -> Result<Forwarded<T>, GatewayError>
+where
+    T: AnswerHead,
+    F: FnMut(Arc<Worker>, Bytes, Option<DpRank>, Option<Arc<HeaderEdits>>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, SendError>>,
+{
+    let id = meta.id.as_str();
+    let (gw2, body, key) = (gw.clone(), bytes.clone(), meta.routing_key.clone());
+    let (debug, signal_headers, session) = (meta.route_debug, meta.signal_headers.clone(), meta.session.clone());
+    let cache_bypass = meta.cache_bypass;
+    let forced = meta.forced.clone();
+    // The vectors embedding signals read, on the embedding pool's threads (none without such signals).
+    let crate::pools::PreRouted { body: parsed, embeddings } = crate::pools::pre_route(gw, route, &bytes).await?;
+    let step = crate::admission::render(gw, bytes.len(), move || {
+        let mut v = parse_body(&gw2, route, &body, parsed)?;
+        // With a routing config: the pool (the body names its model, the plugins may change it).
+        let mut routed = match (gw2.routing(), v.as_mut()) {
+            (Some(routing), Some(v)) if let Some((pool, decision)) = &forced => {
+                Some(crate::pools::forced(&gw2, &routing, v, *pool, decision))
+            }
+            (Some(routing), Some(v)) => {
+                let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
+                let ask = crate::pools::Asked { debug, headers, session, embeddings, cache_bypass };
+                Some(crate::pools::route(&gw2, &routing, route, v, &ask, None)?)
+            }
+            _ => None,
+        };
+        // The decision's response cache holds the answer: nothing is planned or sent.
+        if let Some(r) = routed.as_ref()
+            && let Some(answer) = r.cache.as_ref().and_then(|(_, outcome)| outcome.answer())
+        {
+            let headers = crate::request::RouteHeaders::of(r, &gw2.pools[r.pool]);
+            return Ok(Step::Cached(crate::cache::Hit { answer: answer.clone(), headers }));
+        }
+        let (pool, rendered) = match routed.as_mut() {
+            Some(r) => (r.pool, r.prompt.take()),
+            None => (0, None),
+        };
+        let plan = plan(&gw2, pool, route, v.as_ref(), key.as_deref(), rendered, true)?;
+        let bytes = match (&routed, &v) {
+            (Some(r), Some(v)) if r.rewritten => Bytes::from(serde_json::to_vec(v).unwrap_or_default()),
+            _ => body,
+        };
+        Ok::<_, GatewayError>(Step::Send(v, plan, routed, bytes))
+    })
+    .await??;
+    let (mut v, plan, mut routed, bytes) = match step {
+        Step::Cached(hit) => return Ok(Forwarded::Cached(hit)),
+        Step::Send(v, plan, routed, bytes) => (v, plan, routed, bytes),
+    };
+    plan.commit(gw);
+    let pool = &gw.pools[plan.pool];
+    let chosen = plan.chosen();
+    let matched = plan.candidates[plan.chosen].matched_tokens;
+    let span = Span::current();
+    span.record("worker", chosen.url.as_str());
+    span.record("matched_tokens", matched);
+    span.record("reason", plan.decision.reason.as_str());
+    gw.metrics.decisions.inc(format_args!("policy=\"{}\",reason=\"{}\"", pool.policy.name(), plan.decision.reason));
+    gw.metrics.matched_tokens.observe(matched as f64);
+    // Tell a data-parallel engine which rank holds the prefix: SGLang's and
+    // vLLM's OpenAI routes read the `X-Data-Parallel-Rank` header (rank 0 on a
+    // single-rank engine is accepted by both); SGLang's native `/generate`
+    // reads only the body field `routed_dp_rank`.
+    let mut worker = chosen.clone();
+    // No rank holds a prefix of it: with --dp-aware, the least loaded rank.
+    let mut rank = plan.rank.or_else(|| worker.least_loaded_rank());
+    // A rank the client put in the body is its own; the router's is set (and reset on a retry) only without one.
+    let client_rank = v.as_ref().is_some_and(|v| v.get("routed_dp_rank").is_some());
+    let mut body = if client_rank { bytes.clone() } else { with_rank(route, v.as_mut(), rank, &bytes) };
+    let uncached = plan.input_tokens - matched;
+    let load = worker.charge_on(uncached, rank);
+    let route_headers = routed.as_ref().map(|r| crate::request::RouteHeaders::of(r, pool));
+    let cache = routed.as_mut().and_then(|r| r.cache.take()).map(|(ticket, _)| ticket);
+    let cascade = routed.as_mut().and_then(|r| r.cascade.take()).map(|plan| Box::new((plan, bytes.clone())));
+    let edits = routed.and_then(|r| r.edits);
+    let mut guard = InFlight::new(gw.clone(), admission, load, route, start);
+    (guard.route_headers, guard.cache, guard.cascade) = (route_headers, cache, cascade);
+    let retry = &gw.config.retry;
+    // The workers tried before the current one (allocated only on a retry).
+    let mut tried = Vec::new();
+    let mut attempt = 1u32;
+    loop {
+        let may_retry = retry.enabled && attempt < retry.max_attempts();
+        let attempt_sent = send(worker.clone(), body.clone(), rank, edits.clone());
+        let next = match tokio::time::timeout(gw.config.request_timeout, attempt_sent).await {
+            Ok(Ok(answer)) => {
+                let status = answer.status();
+                if status >= 500 {
+                    worker.answer_failed();
+                } else {
+                    worker.request_succeeded();
+                }
+                // A retryable status goes back to the client unless another attempt is due and possible.
+                let next = (may_retry && RetryConfig::retryable(status))
+                    .then(|| next_worker(gw, pool, &worker, &tried))
+                    .flatten();
+                let Some(next) = next else {
+                    gw.metrics.ttfb.observe(start.elapsed().as_secs_f64());
+                    return Ok(Forwarded::Sent(guard, worker, answer));
+                };
+                // Nothing of this answer reached the client: it is dropped (its connection closed).
+                drop(answer);
+                warn!(request_id = id, worker = %worker.url, status, next = %next.url, attempt, "worker answered a retryable status, retrying");
+                next
+            }
+            Ok(Err(e)) => {
+                worker.request_failed();
+                let failed =
+                    GatewayError::Upstream { worker: worker.url.to_string(), message: e.message, retryable: e.connect };
+                // Nothing reached the worker: again, on another worker when there is one.
+                let next = (may_retry && failed.retryable_elsewhere())
+                    .then(|| next_worker(gw, pool, &worker, &tried))
+                    .flatten();
+                let Some(next) = next else { return Err(failed) };
+                warn!(request_id = id, worker = %worker.url, error = %failed, next = %next.url, attempt, "worker unreachable, retrying");
+                next
+            }
+            Err(_) => {
+                // A worker that answers its probes but not its requests must not stay in rotation.
+                // Not retried: the worker may be working on it.
+                worker.request_failed();
+                return Err(GatewayError::Timeout(worker.url.to_string()));
+            }
+        };
+        gw.metrics.retries.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(retry.backoff(attempt)).await;
+        attempt += 1;
+        // The policy learns where the request really went (the text tree, the turn taken).
+        let moved = Decision { worker: next.id, reason: plan.decision.reason };
+        pool.policy.commit(&moved, &plan.candidates, &plan.request());
+        if !tried.contains(&worker.id) {
+            tried.push(worker.id);
+        }
+        worker = next;
+        // The rank hint was for the first worker; the next one places it itself (or, with
+        // --dp-aware, its least loaded rank).
+        rank = worker.least_loaded_rank();
+        body = if client_rank { bytes.clone() } else { with_rank(route, v.as_mut(), rank, &bytes) };
+        // The load moves: the first worker's charge is released as it is replaced.
+        guard.load = worker.charge_on(uncached, rank);
+    }
+}
+
+/// The body to send for `rank` on a request whose client set no rank: on
+/// `/generate`, `routed_dp_rank` set in the parsed body (SGLang's native route
+/// reads no header), or taken out again for a retry without one; else as it came.
+fn with_rank(route: Route, v: Option<&mut Value>, rank: Option<DpRank>, bytes: &Bytes) -> Bytes {
+    let Some(v) = v.filter(|_| route == Route::Generate) else { return bytes.clone() };
+    let Some(fields) = v.as_object_mut() else { return bytes.clone() };
+    match rank {
+        Some(rank) => fields.insert("routed_dp_rank".into(), json!(rank.0)),
+        None if fields.remove("routed_dp_rank").is_some() => None,
+        None => return bytes.clone(),
+    };
+    Bytes::from(serde_json::to_vec(&*v).unwrap_or_default())
+}
+
+/// The worker of `pool` a retry after `current` goes to: the least loaded
+/// routable one tried neither now nor before, else the least loaded routable
+/// one (a retry may go back to a worker).
+fn next_worker(
+    gw: &Gateway,
+    pool: &crate::pool::Pool,
+    current: &Worker,
+    tried: &[router_types::WorkerId],
+) -> Option<Arc<Worker>> {
+    let snapshot = gw.fleet.snapshot();
+    let routable = || snapshot.iter().filter(|w| w.is_routable() && pool.serves(w));
+    let by_load = |w: &&Arc<Worker>| (w.load().in_flight, w.load().uncached_tokens);
+    routable()
+        .filter(|w| w.id != current.id && !tried.contains(&w.id))
+        .min_by_key(by_load)
+        .or_else(|| routable().min_by_key(by_load))
+        .cloned()
+}

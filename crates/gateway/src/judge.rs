@@ -1,0 +1,92 @@
+//! The cascade's answer filter: a first pool's whole answer read (within the
+//! plan's bound and the request timeout), judged by the decision's `cascade`
+//! plugin (`pools::cascade`), and kept (as the client's answer, stored in a
+//! response cache) or escalated. Counted by outcome.
+
+use std::sync::Arc;
+
+use axum::http::header;
+use axum::response::Response;
+use fleet::Worker;
+use serde_json::Value;
+
+use crate::account::InFlight;
+use crate::cache::{Answer, Hit};
+use crate::pools::cascade::{CASCADE_HEADER, Plan, Verdict, judge, kept_body};
+use crate::request::Route;
+use crate::{Gateway, GatewayError};
+
+/// The first pool's whole answer, judged (one per request, moved once: its size does not matter).
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Judged {
+    /// Kept (or without logprobs): the client's answer, built.
+    Answer(Response),
+    /// Unsure: the caller sends the request to the plan's `to` pool.
+    Escalate(Verdict),
+    /// Not judged (no `content-length`, or over the plan's bound): relayed as it comes.
+    Pass(InFlight, Arc<Worker>, axum::http::Response<hyper::body::Incoming>),
+}
+
+/// Reads the first pool's 200 answer whole (its declared length within the plan's bound, within
+/// the request timeout) and judges it; counted by outcome.
+pub(crate) async fn whole(
+    gw: &Gateway,
+    mut guard: InFlight,
+    worker: Arc<Worker>,
+    resp: axum::http::Response<hyper::body::Incoming>,
+    plan: &Plan,
+    route: Route,
+) -> Result<Judged, GatewayError> {
+    use http_body_util::BodyExt;
+    let count = |outcome: &str| {
+        if let Some(r) = gw.routing() {
+            r.metrics.count_cascade(&plan.decision, outcome);
+        }
+    };
+    let declared = resp.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_none_or(|n| n > plan.max_bytes) {
+        count("too_large");
+        return Ok(Judged::Pass(guard, worker, resp));
+    }
+    let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
+    let read = tokio::time::timeout(gw.config.request_timeout, resp.into_body().collect()).await;
+    let raw = match read {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(e)) => {
+            count("failed");
+            worker.answer_failed();
+            return Err(GatewayError::Upstream {
+                worker: worker.url.to_string(),
+                message: format!("the answer broke off: {e}"),
+                retryable: false,
+            });
+        }
+        Err(_) => {
+            count("failed");
+            return Err(GatewayError::Timeout(worker.url.to_string()));
+        }
+    };
+    let answer: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+    let verdict = judge(plan, route, &answer);
+    count(verdict.label());
+    if let Verdict::Escalated(_) = verdict {
+        // The first answer is done with: its accounting ends here, and its route id, which the
+        // client never sees, takes no room among those kept for feedback.
+        guard.status = 200;
+        drop(guard);
+        if let (Some(id), Some(slot)) = (plan.route_id, gw.routing.as_ref()) {
+            slot.learning().forget(id);
+        }
+        return Ok(Judged::Escalate(verdict));
+    }
+    let body = kept_body(plan, answer, raw);
+    guard.status = 200;
+    if let Some(ticket) = guard.cache.take() {
+        ticket.store(Answer { status: 200, content_type: content_type.clone(), body: body.clone() });
+    }
+    // Built as a response-cache hit is: the answer, its route headers.
+    let headers = guard.route_headers.take().unwrap_or_else(|| crate::request::RouteHeaders(Vec::new()));
+    let mut out = Hit { answer: Arc::new(Answer { status: 200, content_type, body }), headers }.into_response();
+    out.headers_mut().insert(CASCADE_HEADER, verdict.header());
+    Ok(Judged::Answer(out))
+}

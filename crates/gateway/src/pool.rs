@@ -1,0 +1,54 @@
+//! A model pool: its served model, policy, renderer, chain memo, context
+//! window (its workers are the fleet's, tagged with its id). What the plan
+//! phase reads to choose a worker; which pool serves a request is `pools`'.
+
+use std::sync::Arc;
+
+use policy::Policy;
+use renderer::Renderer;
+use router_types::PoolId;
+
+/// One model pool.
+pub struct Pool {
+    /// Its name (`x-route-pool`), the fleet's tag on its workers.
+    pub id: PoolId,
+    /// The model its engines serve: a routed body's `model` becomes this.
+    pub served_model: String,
+    /// Chooses the worker among the pool's.
+    pub policy: Arc<dyn Policy>,
+    /// Its template and tokenizer.
+    pub renderer: Arc<Renderer>,
+    /// Recent page-hash chains of its prompts.
+    pub chain_memo: renderer::ChainMemo,
+    /// Tokens a request may hold in all (prompt and `max_tokens`), when known.
+    pub context_window: Option<u64>,
+    /// Prompt tokens one worker prefills per second (the TTFT estimate's rate).
+    pub prefill_tokens_per_s: f64,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("id", &self.id).field("served_model", &self.served_model).finish()
+    }
+}
+
+impl Pool {
+    /// A pool with its own chain memo of up to `chain_memo_pages` page digests.
+    pub fn new(
+        id: PoolId,
+        served_model: String,
+        policy: Arc<dyn Policy>,
+        renderer: Arc<Renderer>,
+        context_window: Option<u64>,
+        chain_memo_pages: usize,
+    ) -> Self {
+        let chain_memo = renderer::ChainMemo::new(chain_memo_pages);
+        let prefill_tokens_per_s = model_select::DEFAULT_PREFILL_TOKENS_PER_S;
+        Pool { id, served_model, policy, renderer, chain_memo, context_window, prefill_tokens_per_s }
+    }
+
+    /// Whether `worker` serves this pool's requests (a regular worker in it).
+    pub fn serves(&self, worker: &fleet::Worker) -> bool {
+        worker.role == router_types::Role::Regular && worker.pool == self.id
+    }
+}
