@@ -13,6 +13,7 @@ mod events;
 mod http;
 mod legs;
 mod pd;
+mod reply;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,7 +24,7 @@ use renderer::Renderer;
 use tokio_util::sync::CancellationToken;
 
 pub use cache::{CacheChange, PagedCache};
-pub use engine::{Engine, EngineError, Faults, Leg, RankLoad, digest};
+pub use engine::{Engine, EngineError, Faults, Leg, RankLoad};
 pub use pd::{DEFAULT_BOOTSTRAP_PORT, Flavor, Pd, PdConfig, PdCounters, PdRole};
 
 /// How the simulated engine behaves.
@@ -211,6 +212,14 @@ async fn bind_publishers(config: &MockEngineConfig) -> anyhow::Result<Vec<kv_eve
         }
     }
     Err(anyhow::anyhow!("no {ranks} consecutive free publisher ports: {last:?}"))
+}
+
+/// A digest of a prompt (FNV-1a over its token ids): what two legs of one
+/// disaggregated request compare.
+pub fn digest(tokens: &[u32]) -> u64 {
+    tokens.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, t| {
+        t.to_le_bytes().iter().fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+    })
 }
 
 fn now_nanos() -> u64 {
