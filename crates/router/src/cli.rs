@@ -6,6 +6,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+mod discovery;
+
+pub(crate) use discovery::{DiscoveryFlags, PeerFlags};
+
 /// KV-cache-aware router for SGLang and vLLM engine replicas.
 ///
 /// Without a command, runs the router: an OpenAI-compatible gateway
@@ -110,9 +114,9 @@ pub(crate) struct ServeArgs {
     #[command(flatten)]
     pub(crate) pd: PdFlags,
     #[command(flatten)]
-    pub(crate) discovery: crate::discovery::DiscoveryFlags,
+    pub(crate) discovery: DiscoveryFlags,
     #[command(flatten)]
-    pub(crate) peers: crate::discovery::PeerFlags,
+    pub(crate) peers: PeerFlags,
     /// How to pick a worker.
     #[arg(long, env = "SGL_ROUTER_POLICY", value_enum, default_value = "round_robin")]
     pub(crate) policy: PolicyName,

@@ -13,6 +13,7 @@ mod pd;
 mod routing;
 mod serve;
 mod tools;
+mod usage;
 
 /// Exit status for a command-line usage error (BSD `EX_USAGE`).
 const EXIT_USAGE: u8 = 64;

@@ -13,11 +13,7 @@ use router_types::WorkerUrl;
 use sgl_router::app::{App, AppConfig, PolicyConfig};
 
 use crate::cli::{LogFormat, PolicyName, ServeArgs};
-
-/// A command-line mistake: reported with exit status 64.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub(crate) struct UsageError(pub(crate) String);
+use crate::usage::UsageError;
 
 /// Turns flags into a config; tuning a policy that is not selected is an error.
 pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
