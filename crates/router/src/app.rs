@@ -18,10 +18,15 @@ use policy::{ApproxTreePolicy, CacheAware, LeastLoad, MinTtft, Policy, PowerOfTw
 use renderer::Renderer;
 use router_types::{PoolId, Role, WorkerUrl};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 pub use crate::config::{AppConfig, DiscoverySetup, EmbeddingSetup, PdSetup, PolicyConfig, PoolSetup, RoutingSetup};
+use crate::peers::Joining;
+
+/// A simulated engine started in-process: its role, its pool (none: the default one), the engine.
+type Mock = (mock_engine::PdRole, Option<String>, MockEngine);
 
 /// A built router, bound to its port.
 #[derive(Debug)]
@@ -34,7 +39,9 @@ pub struct App {
     grace: Duration,
     serve_threads: usize,
     fast_proxy: bool,
-    _mocks: Vec<(mock_engine::PdRole, Option<String>, MockEngine)>,
+    _mocks: Vec<Mock>,
+    /// Turns true once the catch-up from peers is over and the workers joined.
+    caught_up: watch::Receiver<bool>,
     /// The workers.
     pub fleet: Arc<Fleet>,
 }
@@ -170,26 +177,7 @@ impl App {
             dp_aware: config.dp_aware,
             tls: config.worker_tls.clone(),
         };
-        // With a routing config, --worker-urls join its default pool (added below).
-        let flag_workers: &[WorkerUrl] = if routing.is_some() { &[] } else { &config.workers };
-        // A peer's snapshot first, so that every stream it covers resumes from it.
-        let seed = match (&config.index_peers, &config.kv_events) {
-            (Some(peers), Some(_)) => crate::peers::fetch(peers).await,
-            (Some(_), None) => {
-                warn!("--index-peers without --kv-events: there is no index to catch up");
-                None
-            }
-            _ => None,
-        };
-        let fleet = Fleet::start_seeded(fleet_config, index.clone(), flag_workers, seed, cancel.clone());
-        if let Some(pd) = &config.pd {
-            for (url, bootstrap) in &pd.prefill {
-                fleet.add_as(url.clone(), Role::Prefill { bootstrap: *bootstrap }, Source::Flag);
-            }
-            for url in &pd.decode {
-                fleet.add_as(url.clone(), Role::Decode, Source::Flag);
-            }
-        }
+        let fleet = Fleet::start(fleet_config, index.clone(), &[], cancel.clone());
         let embedder = match &config.embedding {
             Some(e) => {
                 let encoder = embed::Encoder::load(&e.model)?;
@@ -202,44 +190,18 @@ impl App {
             Some(r) => Some(build_pools(r, &renderer, &config, &cancel, embedder.as_ref())?),
             None => None,
         };
-        if let Some(r) = &routing {
-            for p in &r.pools {
-                for url in &p.workers {
-                    fleet.add_in(url.clone(), Role::Regular, PoolId(p.name.clone()), Source::Flag);
-                }
+        // A peer's snapshot first, so that every stream it covers resumes from it: the workers
+        // join once the catch-up is over, in the background (the listener is bound already).
+        let peers = match (&config.index_peers, &config.kv_events) {
+            (Some(peers), Some(_)) => Some(peers.clone()),
+            (Some(_), None) => {
+                warn!("--index-peers without --kv-events: there is no index to catch up");
+                None
             }
-        }
-        // Without a pool of its own, a worker serves the default pool (`--worker-urls` with a routing config).
-        let default_pool = match &routing {
-            Some(r) => PoolId(r.config.default_pool_name().unwrap_or_default().to_owned()),
-            None => PoolId::default_pool(),
+            _ => None,
         };
-        if routing.is_some() {
-            for url in &config.workers {
-                fleet.add_in(url.clone(), Role::Regular, default_pool.clone(), Source::Flag);
-            }
-        }
-        for (role, pool, mock) in &mocks {
-            let url = WorkerUrl::parse(&mock.url()).unwrap_or_else(|_| WorkerUrl::new(mock.url()));
-            let role = match role {
-                mock_engine::PdRole::Regular => Role::Regular,
-                mock_engine::PdRole::Prefill => Role::PREFILL,
-                mock_engine::PdRole::Decode => Role::Decode,
-            };
-            let pool = pool.clone().map_or_else(|| default_pool.clone(), PoolId);
-            fleet.add_in(url, role, pool, Source::Mock);
-        }
-        if let Some(d) = &config.discovery {
-            let mut dc = d.config.clone();
-            // A pod naming no pool joins the default one; one naming a pool no one routes to is refused.
-            dc.default_pool = default_pool.clone();
-            dc.pools = Some(match &routing {
-                Some(r) => r.pools.iter().map(|p| PoolId(p.name.clone())).collect(),
-                None => vec![default_pool.clone()],
-            });
-            info!(api = %d.api.base_url(), namespace = ?dc.namespace, selectors = dc.watched.len(), "kubernetes discovery: watching pods");
-            fleet::k8s::spawn(&fleet, d.api.clone(), dc);
-        }
+        let joining = joining(&config, routing.as_ref(), &mocks);
+        let caught_up = crate::peers::join_after_catch_up(peers, &fleet, joining, cancel.clone());
         // The policies forget a worker that left for good.
         let mut policies = vec![policy.clone()];
         policies.extend(pd.as_ref().map(|pd| pd.decode_policy.clone()));
@@ -270,6 +232,7 @@ impl App {
             serve_threads: config.serve_threads,
             fast_proxy: config.fast_proxy,
             _mocks: mocks,
+            caught_up,
             fleet,
         })
     }
@@ -292,6 +255,22 @@ impl App {
     /// The gateway (tests inspect it).
     pub fn gateway(&self) -> &Arc<Gateway> {
         &self.gateway
+    }
+
+    /// Resolves once the catch-up from `index_peers` is over (a snapshot
+    /// applied, or none within the deadline) and the workers joined the fleet;
+    /// at once without peers. The router serves (`/health`) meanwhile.
+    pub fn caught_up(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut caught_up = self.caught_up.clone();
+        async move {
+            // Closed: the catch-up was stopped by a shutdown; nothing more will happen.
+            let _ = caught_up.wait_for(|done| *done).await;
+        }
+    }
+
+    /// True while the catch-up from `index_peers` runs (no worker has joined yet).
+    pub fn catching_up(&self) -> bool {
+        !*self.caught_up.borrow()
     }
 
     /// The workers routed to (the simulated ones included).
@@ -378,6 +357,54 @@ fn save_now(learning: &gateway::pools::feedback::Learning) {
         Ok(false) => {}
         Err(e) => warn!(error = %e, file = ?learning.config().state_file, "feedback state not saved"),
     }
+}
+
+/// Who joins the fleet, in order: the flags' workers (the default pool's with
+/// a routing config), the disaggregated ones, each pool's, the simulated
+/// engines; then the Kubernetes discovery.
+fn joining(config: &AppConfig, routing: Option<&RoutingSetup>, mocks: &[Mock]) -> Joining {
+    // Without a pool of its own, a worker serves the default pool (`--worker-urls` with a routing config).
+    let default_pool = match routing {
+        Some(r) => PoolId(r.config.default_pool_name().unwrap_or_default().to_owned()),
+        None => PoolId::default_pool(),
+    };
+    let flag = |url: &WorkerUrl, role: Role, pool: PoolId| (url.clone(), role, pool, Source::Flag);
+    let mut workers = Vec::new();
+    if routing.is_none() {
+        workers.extend(config.workers.iter().map(|u| flag(u, Role::Regular, PoolId::default_pool())));
+    }
+    if let Some(pd) = &config.pd {
+        let prefill = pd.prefill.iter().map(|(u, b)| flag(u, Role::Prefill { bootstrap: *b }, PoolId::default_pool()));
+        workers.extend(prefill);
+        workers.extend(pd.decode.iter().map(|u| flag(u, Role::Decode, PoolId::default_pool())));
+    }
+    if let Some(r) = routing {
+        for p in &r.pools {
+            workers.extend(p.workers.iter().map(|u| flag(u, Role::Regular, PoolId(p.name.clone()))));
+        }
+        workers.extend(config.workers.iter().map(|u| flag(u, Role::Regular, default_pool.clone())));
+    }
+    for (role, pool, mock) in mocks {
+        let url = WorkerUrl::parse(&mock.url()).unwrap_or_else(|_| WorkerUrl::new(mock.url()));
+        let role = match role {
+            mock_engine::PdRole::Regular => Role::Regular,
+            mock_engine::PdRole::Prefill => Role::PREFILL,
+            mock_engine::PdRole::Decode => Role::Decode,
+        };
+        let pool = pool.clone().map_or_else(|| default_pool.clone(), PoolId);
+        workers.push((url, role, pool, Source::Mock));
+    }
+    let discovery = config.discovery.as_ref().map(|d| {
+        let mut dc = d.config.clone();
+        // A pod naming no pool joins the default one; one naming a pool no one routes to is refused.
+        dc.default_pool = default_pool.clone();
+        dc.pools = Some(match routing {
+            Some(r) => r.pools.iter().map(|p| PoolId(p.name.clone())).collect(),
+            None => vec![default_pool.clone()],
+        });
+        (d.api.clone(), dc)
+    });
+    Joining { workers, discovery }
 }
 
 /// Reloads the routing config on every SIGHUP until `stop` (a bad file keeps the config in force).

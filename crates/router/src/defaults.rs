@@ -74,7 +74,7 @@ pub(crate) const HEALTH_SUCCESS_THRESHOLD: u32 = 2;
 pub(crate) const LOG_LEVEL: &str = "info";
 /// SGLang Model Gateway's `--service-discovery-port` default.
 pub(crate) const SERVICE_DISCOVERY_PORT: u16 = 80;
-/// Longest wait for one peer's index snapshot, seconds.
+/// Longest wait for the catch-up from peers (every peer asked at once), seconds.
 pub(crate) const INDEX_PEER_TIMEOUT_SECS: u64 = 30;
 /// Longest wait for the pump to take a snapshot a peer asked for, seconds.
 pub(crate) const INDEX_SNAPSHOT_TIMEOUT_SECS: u64 = 10;

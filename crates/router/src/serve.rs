@@ -434,6 +434,11 @@ pub(crate) fn serve(config: AppConfig, a: &ServeArgs) -> Result<()> {
         if let Some(m) = app.metrics_addr() {
             println!("  metrics on http://{m}/metrics");
         }
+        // Read first: once the catch-up is over, the workers have joined.
+        let catching_up = app.catching_up();
+        if catching_up {
+            println!("  catching up from the index peers: the workers join once it is over");
+        }
         for w in app.worker_urls() {
             println!("  worker {w}");
         }
@@ -441,7 +446,7 @@ pub(crate) fn serve(config: AppConfig, a: &ServeArgs) -> Result<()> {
         println!(
             "try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n       -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'"
         );
-        if app.worker_urls().is_empty() && !a.discovery.service_discovery {
+        if !catching_up && app.worker_urls().is_empty() && !a.discovery.service_discovery {
             bail!("no workers");
         }
         app.run(shutdown_signal()).await

@@ -43,9 +43,10 @@ pub(crate) struct DiscoveryFlags {
 /// Catching up from peer replicas.
 #[derive(Debug, Args)]
 pub(crate) struct PeerFlags {
-    /// Peer router replicas to start from (their control plane's base URL): before following any
-    /// worker, the first that answers gives its KV index snapshot, and each stream resumes after
-    /// the snapshot's seq (needs --kv-events). Space or comma separated, or repeated.
+    /// Peer router replicas to start from (their control plane's base URL): once the port is up
+    /// and before following any worker, all are asked at once and the first valid KV index
+    /// snapshot is used; each stream resumes after the snapshot's seq (needs --kv-events).
+    /// Space or comma separated, or repeated.
     #[arg(long, env = "SGL_ROUTER_INDEX_PEERS", num_args = 1.., value_delimiter = ',', value_name = "URL")]
     pub(crate) index_peers: Vec<String>,
     /// Labels of the peer router pods (found with the Kubernetes API, this pod excepted), asked
@@ -58,7 +59,8 @@ pub(crate) struct PeerFlags {
     /// Control-plane key presented to the peers [default: the first --control-plane-api-keys].
     #[arg(long, env = "SGL_ROUTER_INDEX_PEER_API_KEY", hide_env_values = true, value_name = "KEY")]
     pub(crate) index_peer_api_key: Option<String>,
-    /// Longest wait for one peer's snapshot, seconds.
+    /// Longest wait for the whole catch-up (every peer asked at once), seconds; the workers are
+    /// followed after it.
     #[arg(long, env = "SGL_ROUTER_INDEX_PEER_TIMEOUT_SECS", default_value_t = crate::defaults::INDEX_PEER_TIMEOUT_SECS, value_name = "S")]
     pub(crate) index_peer_timeout_secs: u64,
     /// Most blocks in a snapshot this router serves or accepts (streams beyond are left out).
