@@ -8,6 +8,7 @@ use clap::Parser;
 mod cli;
 mod defaults;
 mod discovery;
+mod fdlimit;
 mod logfile;
 mod pd;
 mod routing;

@@ -405,9 +405,29 @@ fn init_tracing(format: LogFormat, level: &str, dir: Option<&std::path::Path>) -
     Ok(())
 }
 
+/// `--max-connections` capped to what the open-file limit leaves (a warning
+/// when that lowers it): the client listener and the `--admin-port` one each
+/// hold up to the cap.
+fn fit_open_file_limit(flag: usize, admin_listener: bool) -> usize {
+    let soft_limit = crate::fdlimit::nofile_soft_limit();
+    let cap = crate::fdlimit::connection_cap(flag, soft_limit, if admin_listener { 2 } else { 1 });
+    if cap < flag {
+        tracing::warn!(
+            max_connections = flag,
+            effective = cap,
+            nofile_soft_limit = soft_limit,
+            admin_listener,
+            "--max-connections lowered to fit the open-file limit (a quarter of it, at least 64, kept for \
+             upstream connections and subscribers); raise `ulimit -n` to allow more"
+        );
+    }
+    cap
+}
+
 /// Runs the router until SIGTERM or Ctrl-C.
-pub(crate) fn serve(config: AppConfig, a: &ServeArgs) -> Result<()> {
+pub(crate) fn serve(mut config: AppConfig, a: &ServeArgs) -> Result<()> {
     init_tracing(a.log_format, &a.log_level, a.log_dir.as_deref())?;
+    config.limits.max_connections = fit_open_file_limit(config.limits.max_connections, config.admin_listen.is_some());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let control_plane_open = !config.control_plane_keys.is_empty();
     if matches!(config.policy, PolicyConfig::CacheAware(..)) && !a.kv_events {
