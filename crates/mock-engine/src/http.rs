@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -20,6 +20,7 @@ use crate::reply::{Extras, Release, Route, answer, bad_json, error, events, max_
 
 pub(crate) fn router(engine: Arc<Engine>) -> axum::Router {
     let key = engine.config().api_key.clone();
+    let max_body = engine.config().max_body_bytes;
     let app = axum::Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/health_generate", get(|| async { "ok" }))
@@ -34,6 +35,8 @@ pub(crate) fn router(engine: Arc<Engine>) -> axum::Router {
         .route("/get_model_info", get(model_info))
         .route("/admin/faults", post(faults))
         .route("/admin/state", get(state))
+        // axum's default would be 2 MB, under the router's 5 MiB.
+        .layer(DefaultBodyLimit::max(max_body))
         .with_state(engine);
     match key {
         Some(key) => app.layer(axum::middleware::from_fn(move |req, next| require_key(key.clone(), req, next))),

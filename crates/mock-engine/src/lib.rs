@@ -27,6 +27,11 @@ pub use cache::{CacheChange, PagedCache};
 pub use engine::{Engine, EngineError, Faults, Leg, RankLoad};
 pub use pd::{DEFAULT_BOOTSTRAP_PORT, Flavor, Pd, PdConfig, PdCounters, PdRole};
 
+/// The largest request body an engine takes by default: the router's own
+/// default (`gateway::DEFAULT_MAX_BODY_BYTES`, 5 MiB), so what the router
+/// admits an engine does not refuse. Larger bodies are answered 413.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 5 << 20;
+
 /// How the simulated engine behaves.
 #[derive(Debug, Clone)]
 pub struct MockEngineConfig {
@@ -73,6 +78,10 @@ pub struct MockEngineConfig {
     /// for logprobs (`logprobs: true`, or a number on completions); [`Engine::set_token_logprob`]
     /// changes it at run time.
     pub token_logprob: f64,
+    /// The largest request body taken, in bytes; a larger one is answered 413
+    /// (`length limit exceeded`) before the handler runs. Default
+    /// [`DEFAULT_MAX_BODY_BYTES`]; tests of a router's own limit set less.
+    pub max_body_bytes: usize,
 }
 
 /// A running simulated engine. Dropping it stops the server and the publishers.
@@ -107,6 +116,7 @@ impl Default for MockEngineConfig {
             record_requests: false,
             replay_buffer_steps: kv_events::publisher::DEFAULT_BUFFER_STEPS,
             token_logprob: -0.1,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         }
     }
 }

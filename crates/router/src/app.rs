@@ -84,7 +84,12 @@ impl App {
                     (None, Some(dir)) => Renderer::from_dir(dir, config.chat_template.as_deref())?,
                     (None, None) => Renderer::builtin()?,
                 };
-                let mut mock_config = MockEngineConfig { speedup: 10.0, ..MockEngineConfig::in_role(role, flavor) };
+                // The simulated engines take what the router admits (--max-body-bytes).
+                let mut mock_config = MockEngineConfig {
+                    speedup: 10.0,
+                    max_body_bytes: config.max_body_bytes,
+                    ..MockEngineConfig::in_role(role, flavor)
+                };
                 mock_config.pd.mooncake = role == mock_engine::PdRole::Prefill
                     && config.pd.as_ref().is_some_and(|pd| pd.connector == gateway::pd::KvConnector::Mooncake);
                 if let Some(p) = pool {

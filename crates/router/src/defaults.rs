@@ -87,3 +87,14 @@ pub(crate) const SERVICE_DISCOVERY_PORT: u16 = 80;
 pub(crate) const INDEX_PEER_TIMEOUT_SECS: u64 = 30;
 /// Longest wait for the pump to take a snapshot a peer asked for, seconds.
 pub(crate) const INDEX_SNAPSHOT_TIMEOUT_SECS: u64 = 10;
+
+#[cfg(test)]
+mod tests {
+    /// What the router admits, its simulated engines take (an engine's 413 under the router's
+    /// limit would be a test artefact, not the router's behaviour).
+    #[test]
+    fn the_body_limit_is_one_number() {
+        assert_eq!(super::MAX_BODY_BYTES, gateway::DEFAULT_MAX_BODY_BYTES);
+        assert_eq!(super::MAX_BODY_BYTES, mock_engine::DEFAULT_MAX_BODY_BYTES);
+    }
+}
