@@ -84,10 +84,11 @@ impl App {
                     (None, Some(dir)) => Renderer::from_dir(dir, config.chat_template.as_deref())?,
                     (None, None) => Renderer::builtin()?,
                 };
-                // The simulated engines take what the router admits (--max-body-bytes).
+                // The simulated engines take what the router admits (--max-body-bytes), and never
+                // less than their default: the router may add a few fields (PD's bootstrap room).
                 let mut mock_config = MockEngineConfig {
                     speedup: 10.0,
-                    max_body_bytes: config.max_body_bytes,
+                    max_body_bytes: config.max_body_bytes.max(mock_engine::DEFAULT_MAX_BODY_BYTES),
                     ..MockEngineConfig::in_role(role, flavor)
                 };
                 mock_config.pd.mooncake = role == mock_engine::PdRole::Prefill
