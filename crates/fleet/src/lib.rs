@@ -319,14 +319,34 @@ impl Fleet {
             tasks,
             metrics: FleetMetrics::default(),
         });
-        if let (Some(ev), Some(seed)) = (&fleet.events, seed) {
+        if let Some(seed) = seed {
+            fleet.seed(seed);
+        }
+        for url in workers {
+            fleet.add(url.clone(), Source::Flag);
+        }
+        fleet.tasks.spawn(health::health_loop(fleet.clone()));
+        if !fleet.config.load_poll.is_zero() {
+            fleet.tasks.spawn(health::load_loop(fleet.clone()));
+        }
+        fleet
+    }
+
+    /// Installs a peer replica's snapshot of the index: each stream in it
+    /// starts from the snapshot's holdings and replays after its seq once its
+    /// worker is followed. A stream is seeded when its worker is first
+    /// followed, so call this before adding the snapshot's workers (the
+    /// router adds them once its catch-up is over); streams no worker claims
+    /// within [`SEED_TTL`] are dropped. Without events, does nothing.
+    pub fn seed(self: &Arc<Self>, seed: kv_ingest::IndexSnapshot) {
+        if let Some(ev) = &self.events {
             let n = seed.streams.len();
             let mut seeds = ev.seeds.lock().unwrap_or_else(|p| p.into_inner());
             seeds.extend(seed.streams.into_iter().map(|s| (s.key.clone(), s)));
             drop(seeds);
             info!(streams = n, "kv index: a peer's snapshot waits for its workers");
-            let f = fleet.clone();
-            fleet.tasks.spawn(async move {
+            let f = self.clone();
+            self.tasks.spawn(async move {
                 tokio::select! {
                     _ = f.cancel.cancelled() => {}
                     _ = tokio::time::sleep(SEED_TTL) => {
@@ -340,14 +360,6 @@ impl Fleet {
                 }
             });
         }
-        for url in workers {
-            fleet.add(url.clone(), Source::Flag);
-        }
-        fleet.tasks.spawn(health::health_loop(fleet.clone()));
-        if !fleet.config.load_poll.is_zero() {
-            fleet.tasks.spawn(health::load_loop(fleet.clone()));
-        }
-        fleet
     }
 
     /// The client of the router's own requests to workers (`--api-key`, TLS,

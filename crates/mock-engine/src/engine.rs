@@ -573,11 +573,3 @@ impl Engine {
             .collect()
     }
 }
-
-/// A digest of a prompt (FNV-1a over its token ids): what two legs of one
-/// disaggregated request compare.
-pub fn digest(tokens: &[u32]) -> u64 {
-    tokens.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, t| {
-        t.to_le_bytes().iter().fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
-    })
-}

@@ -16,9 +16,10 @@ use futures_util::future::join_all;
 use renderer::{ChatRequest, Prompt};
 use serde_json::{Value, json};
 
-use crate::engine::{Engine, digest};
-use crate::http::{Extras, Release, Route, answer, error, events, max_tokens, rank_hint};
+use crate::digest;
+use crate::engine::Engine;
 use crate::pd::{self, Flavor, LegError, Pd, PdRole, base_id};
+use crate::reply::{Extras, Release, Route, answer, error, events, max_tokens, rank_hint};
 
 /// Serves one leg of a disaggregated request on an engine in a PD role.
 pub(crate) async fn serve(e: Arc<Engine>, pd: Arc<Pd>, route: Route, v: Value, headers: HeaderMap) -> Response {

@@ -13,6 +13,7 @@ mod events;
 mod http;
 mod legs;
 mod pd;
+mod reply;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,8 +24,13 @@ use renderer::Renderer;
 use tokio_util::sync::CancellationToken;
 
 pub use cache::{CacheChange, PagedCache};
-pub use engine::{Engine, EngineError, Faults, Leg, RankLoad, digest};
+pub use engine::{Engine, EngineError, Faults, Leg, RankLoad};
 pub use pd::{DEFAULT_BOOTSTRAP_PORT, Flavor, Pd, PdConfig, PdCounters, PdRole};
+
+/// The largest request body an engine takes by default: the router's own
+/// default (`gateway::DEFAULT_MAX_BODY_BYTES`, 5 MiB), so what the router
+/// admits an engine does not refuse. Larger bodies are answered 413.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 5 << 20;
 
 /// How the simulated engine behaves.
 #[derive(Debug, Clone)]
@@ -72,6 +78,10 @@ pub struct MockEngineConfig {
     /// for logprobs (`logprobs: true`, or a number on completions); [`Engine::set_token_logprob`]
     /// changes it at run time.
     pub token_logprob: f64,
+    /// The largest request body taken, in bytes; a larger one is answered 413
+    /// (`length limit exceeded`) before the handler runs. Default
+    /// [`DEFAULT_MAX_BODY_BYTES`]; tests of a router's own limit set less.
+    pub max_body_bytes: usize,
 }
 
 /// A running simulated engine. Dropping it stops the server and the publishers.
@@ -106,6 +116,7 @@ impl Default for MockEngineConfig {
             record_requests: false,
             replay_buffer_steps: kv_events::publisher::DEFAULT_BUFFER_STEPS,
             token_logprob: -0.1,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         }
     }
 }
@@ -211,6 +222,14 @@ async fn bind_publishers(config: &MockEngineConfig) -> anyhow::Result<Vec<kv_eve
         }
     }
     Err(anyhow::anyhow!("no {ranks} consecutive free publisher ports: {last:?}"))
+}
+
+/// A digest of a prompt (FNV-1a over its token ids): what two legs of one
+/// disaggregated request compare.
+pub fn digest(tokens: &[u32]) -> u64 {
+    tokens.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, t| {
+        t.to_le_bytes().iter().fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+    })
 }
 
 fn now_nanos() -> u64 {

@@ -217,7 +217,7 @@ impl Pd {
         };
         let pd = Arc::new(Self {
             bootstrap: listener.as_ref().and_then(|l| l.local_addr().ok()),
-            engine_id: format!("mock-engine-{:016x}", crate::engine::digest(&[std::process::id(), now_nanos()])),
+            engine_id: format!("mock-engine-{:016x}", crate::digest(&[std::process::id(), now_nanos()])),
             config,
             rooms: Mutex::new(HashMap::new()),
             live_rooms: Mutex::new(HashSet::new()),

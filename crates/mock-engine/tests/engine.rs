@@ -239,3 +239,31 @@ async fn a_stream_dropped_before_its_end_is_counted_cancelled() {
     }
     assert_eq!(cancelled(), 1);
 }
+
+/// The body limit is the router's default (5 MiB), so the engine takes whatever the router
+/// admits; a test of a router's own limit sets it lower. Past it: 413, before any handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_are_taken_up_to_the_routers_default_limit() {
+    assert_eq!(mock_engine::DEFAULT_MAX_BODY_BYTES, 5 << 20);
+    let send = async |url: String, body: String| {
+        let client = reqwest::Client::new();
+        let r = client.post(url).header("content-type", "application/json").body(body);
+        r.timeout(Duration::from_secs(10)).send().await.unwrap().status().as_u16()
+    };
+    let m = MockEngine::spawn(MockEngineConfig { kv_events: false, ..fast(16, 400_000) }).await.unwrap();
+    let abort = format!("{}/abort_request", m.url());
+    // Over axum's own default (2 MB), under 5 MiB.
+    let (at, over) = (mock_engine::DEFAULT_MAX_BODY_BYTES, mock_engine::DEFAULT_MAX_BODY_BYTES + 1);
+    let sized = |n: usize| format!("{{\"rid\": \"{}\"}}", "x".repeat(n - 11));
+    assert_eq!(sized(at).len(), at);
+    assert_eq!(send(abort.clone(), sized(3 << 20)).await, 200);
+    assert_eq!(send(abort.clone(), sized(at)).await, 200);
+    assert_eq!(send(abort, sized(over)).await, 413);
+
+    let small = MockEngine::spawn(MockEngineConfig { kv_events: false, max_body_bytes: 1024, ..fast(16, 400_000) })
+        .await
+        .unwrap();
+    let chat = format!("{}/v1/chat/completions", small.url());
+    assert_eq!(send(chat.clone(), chat_body("short").to_string()).await, 200);
+    assert_eq!(send(chat, chat_body(&"long ".repeat(400)).to_string()).await, 413);
+}

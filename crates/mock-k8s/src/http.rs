@@ -1,8 +1,8 @@
 //! The HTTP face of the mock API server: the two pod collection routes,
 //! their query parameters, list pages and `continue` tokens, bearer
-//! authentication and the request log. Every refusal is a [`Refusal`], which
-//! alone maps to an HTTP status and a `Status` body. Streaming a watch is
-//! `watch.rs`'s; state is `store.rs`'s.
+//! authentication and the request log. Every refusal is a [`Refusal`]
+//! (`refusal.rs`, which maps it to an HTTP status and a `Status` body).
+//! Streaming a watch is `watch.rs`'s; state is `store.rs`'s.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use tracing::debug;
 
 use crate::base64;
+use crate::refusal::Refusal;
 use crate::selector::Selector;
 use crate::store::{Key, Scope, Start, Store, VersionError};
 use crate::watch::{self, WatchSpec};
@@ -30,9 +31,6 @@ const REQUEST_LOG: usize = 1000;
 
 /// The `v` of a continue token, as the real server writes it.
 const CONTINUE_VERSION: &str = "meta.k8s.io/v1";
-
-const EXPIRED_CONTINUE: &str = "The provided continue parameter is too old to display a consistent list result. \
-     You can start a new list without the continue parameter.";
 
 /// What the handlers share.
 #[derive(Debug)]
@@ -65,23 +63,6 @@ struct Continue {
     after: Key,
 }
 
-/// Why a request is refused; each is answered as a `Status` object.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Refusal {
-    /// No or a wrong bearer token: 401.
-    Unauthorized,
-    /// A malformed parameter: 400.
-    BadRequest(String),
-    /// Not one of the two routes: 404.
-    NotFound,
-    /// Not a GET: 405.
-    MethodNotAllowed,
-    /// A version compacted away: 410 `Expired`; `continued` when it came in a continue token.
-    Expired { requested: u64, oldest: u64, continued: bool },
-    /// A version not reached yet: 504 `Timeout`.
-    TooLarge { requested: u64, current: u64 },
-}
-
 /// The routes, behind the request log and authentication.
 pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
     axum::Router::new()
@@ -90,19 +71,6 @@ pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(shared.clone(), record_and_authenticate))
         .with_state(shared)
-}
-
-/// A `Status` object (`kind: Status`) with `status: Failure`.
-fn status_json(code: u16, reason: &str, message: &str) -> Value {
-    json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    })
 }
 
 /// Logs the request, then lets it in if it carries the token (when one is required).
@@ -239,53 +207,6 @@ fn list(shared: &Shared, scope: Scope, params: Params) -> Result<Response, Refus
 
 fn parse_rv(rv: &str) -> Result<u64, Refusal> {
     rv.parse().map_err(|_| Refusal::BadRequest(format!("invalid resource version: {rv:?}")))
-}
-
-// === impl Refusal ===
-
-impl Refusal {
-    fn version(e: VersionError, continued: bool) -> Self {
-        match e {
-            VersionError::TooOld { requested, oldest } => Refusal::Expired { requested, oldest, continued },
-            VersionError::TooLarge { requested, current } => Refusal::TooLarge { requested, current },
-        }
-    }
-
-    /// The HTTP status and the `Status` reason.
-    fn code(&self) -> (StatusCode, &'static str) {
-        match self {
-            Refusal::Unauthorized => (StatusCode::UNAUTHORIZED, "Unauthorized"),
-            Refusal::BadRequest(_) => (StatusCode::BAD_REQUEST, "BadRequest"),
-            Refusal::NotFound => (StatusCode::NOT_FOUND, "NotFound"),
-            Refusal::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
-            Refusal::Expired { .. } => (StatusCode::GONE, "Expired"),
-            Refusal::TooLarge { .. } => (StatusCode::GATEWAY_TIMEOUT, "Timeout"),
-        }
-    }
-
-    /// The `Status` object for this refusal (also what a watch's `ERROR` event carries).
-    pub(crate) fn status(&self) -> Value {
-        let message = match self {
-            Refusal::Unauthorized => "Unauthorized".to_owned(),
-            Refusal::BadRequest(why) => why.clone(),
-            Refusal::NotFound => "the server could not find the requested resource".to_owned(),
-            Refusal::MethodNotAllowed => "the server does not allow this method on the requested resource".to_owned(),
-            Refusal::Expired { continued: true, .. } => EXPIRED_CONTINUE.to_owned(),
-            Refusal::Expired { requested, oldest, .. } => format!("too old resource version: {requested} ({oldest})"),
-            Refusal::TooLarge { requested, current } => {
-                format!("Too large resource version: {requested}, current: {current}")
-            }
-        };
-        let (code, reason) = self.code();
-        status_json(code.as_u16(), reason, &message)
-    }
-}
-
-impl IntoResponse for Refusal {
-    fn into_response(self) -> Response {
-        let (code, _) = self.code();
-        (code, [(header::CONTENT_TYPE, "application/json")], self.status().to_string()).into_response()
-    }
 }
 
 // === impl Params ===

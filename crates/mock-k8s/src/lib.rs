@@ -56,6 +56,7 @@ mod base64;
 mod error;
 mod http;
 mod pod;
+mod refusal;
 mod selector;
 mod store;
 mod tls;

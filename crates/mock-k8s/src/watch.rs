@@ -16,8 +16,8 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, Interval};
 use tracing::debug;
 
-use crate::http::Refusal;
 use crate::pod::StoredPod;
+use crate::refusal::Refusal;
 use crate::selector::Selector;
 use crate::store::{Change, ChangeKind, Scope, Subscription};
 

@@ -4,228 +4,29 @@
 //! then drains in-flight requests within a grace period.
 
 use std::net::SocketAddr;
-use std::num::NonZeroUsize;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use fleet::{EventsConfig, Fleet, FleetConfig, Source};
+use fleet::{Fleet, FleetConfig, Source};
 use gateway::pd::{PdConfig, PdMode};
 use gateway::{Gateway, GatewayConfig};
 use kv_index::{IndexConfig, KvIndex, SystemClock};
 use mock_engine::{MockEngine, MockEngineConfig};
-use policy::{
-    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, LeastLoad, MinTtft, MinTtftConfig, Policy,
-    PowerOfTwo, Random, RoundRobin,
-};
+use policy::{ApproxTreePolicy, CacheAware, LeastLoad, MinTtft, Policy, PowerOfTwo, Random, RoundRobin};
 use renderer::Renderer;
-use router_types::{Bootstrap, PoolId, Role, WorkerUrl};
+use router_types::{PoolId, Role, WorkerUrl};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-/// The selection policy and its knobs.
-#[derive(Debug, Clone)]
-pub enum PolicyConfig {
-    /// Next in turn.
-    RoundRobin,
-    /// Uniform.
-    Random,
-    /// Less loaded of two.
-    PowerOfTwo,
-    /// Least loaded.
-    LeastLoad,
-    /// Sticky by `x-smg-routing-key`, random without it.
-    Manual,
-    /// Approximate text tree (no KV events), trimmed every interval.
-    ApproxTree(ApproxTreeConfig, Duration),
-    /// KV-event cache-aware, with a text tree (trimmed every interval) for
-    /// the workers whose events are not followed.
-    CacheAware(CacheAwareConfig, ApproxTreeConfig, Duration),
-    /// Estimated time to first token (cache hits from KV events when followed).
-    MinTtft(MinTtftConfig),
-}
+pub use crate::config::{AppConfig, DiscoverySetup, EmbeddingSetup, PdSetup, PolicyConfig, PoolSetup, RoutingSetup};
+use crate::peers::Joining;
 
-impl PolicyConfig {
-    /// cache_aware with every default (its text tree trimmed every minute).
-    pub fn cache_aware() -> Self {
-        PolicyConfig::CacheAware(CacheAwareConfig::default(), ApproxTreeConfig::default(), Duration::from_secs(60))
-    }
-}
-
-/// Everything the router needs to start.
-#[derive(Debug, Clone)]
-pub struct AppConfig {
-    /// Where to listen.
-    pub listen: SocketAddr,
-    /// The workers (more are added by `mock_workers`).
-    pub workers: Vec<WorkerUrl>,
-    /// Prefill/decode disaggregation, when on (its workers are its own).
-    pub pd: Option<PdSetup>,
-    /// Start this many simulated engines in-process and route to them.
-    pub mock_workers: usize,
-    /// The policy.
-    pub policy: PolicyConfig,
-    /// Model pools and the decisions between them (`--routing-config`); none: one pool.
-    pub routing: Option<RoutingSetup>,
-    /// The embedding model for embedding signals (`--embedding-model-path`).
-    pub embedding: Option<EmbeddingSetup>,
-    /// One pool per model the workers serve, read from their `/v1/models` at start (`--enable-igw`).
-    pub igw: bool,
-    /// Follow the workers' KV events.
-    pub kv_events: Option<EventsConfig>,
-    /// Model directory; the built-in byte-level model if absent.
-    pub tokenizer_path: Option<PathBuf>,
-    /// Chat template override.
-    pub chat_template: Option<PathBuf>,
-    /// Model id reported by `/v1/models`.
-    pub model_id: String,
-    /// Pending-prefix TTL (cache_aware; zero: off).
-    pub pending_ttl: Duration,
-    /// Upper bound on index nodes.
-    pub max_index_nodes: Option<NonZeroUsize>,
-    /// Page digests each pool's page-hash memo keeps.
-    pub chain_memo_pages: usize,
-    /// Bounds of every tokenizer's caches (the router's and the pools').
-    pub tokenizer_caches: renderer::CacheBounds,
-    /// Route ids, feedback and its state file (with a routing config).
-    pub feedback: gateway::pools::feedback::FeedbackConfig,
-    /// Gateway limits.
-    pub max_body_bytes: usize,
-    /// ...
-    pub request_timeout: Duration,
-    /// ...
-    pub max_concurrent: usize,
-    /// The workers' health probes.
-    pub health: fleet::HealthConfig,
-    /// Every worker's circuit breaker.
-    pub breaker: fleet::BreakerConfig,
-    /// Retries of requests whose answer has not started.
-    pub retry: gateway::RetryConfig,
-    /// Requests that may wait for a slot (0: refused at once).
-    pub queue_size: usize,
-    /// Longest wait for a slot.
-    pub queue_timeout: Duration,
-    /// Bounds of the latency histograms (seconds).
-    pub duration_buckets: Vec<f64>,
-    /// Requests admitted per second on average (none: no limit).
-    pub rate_limit: Option<u32>,
-    /// Headers a client's request id is read from, in order.
-    pub request_id_headers: Vec<String>,
-    /// Browser origins allowed (CORS).
-    pub cors: gateway::context::Cors,
-    /// Balance requests over each worker's data-parallel ranks by their loads.
-    pub dp_aware: bool,
-    /// Serve HTTPS with this configuration (the client and admin listeners).
-    pub tls: Option<Arc<rustls::ServerConfig>>,
-    /// TLS towards `https://` workers: roots and client identity.
-    pub worker_tls: fleet::WorkerTls,
-    /// Serve `/metrics` without a key on this address too (`--prometheus-port`).
-    pub metrics_listen: Option<SocketAddr>,
-    /// Period of polling the workers' own load reports (zero: off).
-    pub load_poll: Duration,
-    /// How long a down worker's index state is kept.
-    pub index_retention: Duration,
-    /// How long to wait for in-flight requests on shutdown.
-    pub shutdown_grace: Duration,
-    /// Threads serving requests, each with its own single-threaded runtime and
-    /// upstream connections (0: serve on the caller's runtime).
-    pub serve_threads: usize,
-    /// Serve proxied requests on the gateway's own HTTP/1.1 path (false: through axum and hyper).
-    pub fast_proxy: bool,
-    /// Bearer token for the workers: the router's own requests, and proxied
-    /// requests of clients that presented a client key.
-    pub worker_api_key: Option<String>,
-    /// Deadlines and caps on client connections (and mid-answer worker silence).
-    pub limits: gateway::ClientLimits,
-    /// Bearer keys of the control plane (none: closed, 403).
-    pub control_plane_keys: Vec<String>,
-    /// Bearer keys clients must present on the OpenAI routes (none: open).
-    pub client_keys: Vec<String>,
-    /// Serve the control plane on this address instead of `listen`.
-    pub admin_listen: Option<SocketAddr>,
-    /// Bytes of memory the requests in progress may hold (429 past it).
-    pub max_request_memory: usize,
-    /// Large renders at once, off the serving threads.
-    pub render_threads: usize,
-    /// Kubernetes discovery (`--service-discovery`).
-    pub discovery: Option<DiscoverySetup>,
-    /// Peers to catch up from (`--index-peers`, `--index-peer-selector`).
-    pub index_peers: Option<crate::peers::PeerSetup>,
-    /// How this router serves its own index snapshot to peers.
-    pub index_snapshot: gateway::SnapshotServing,
-}
-
-/// Kubernetes discovery: where the API server is, and what to watch.
-#[derive(Debug, Clone)]
-pub struct DiscoverySetup {
-    /// The API server.
-    pub api: fleet::k8s::api::ApiServer,
-    /// Selectors, namespace, port, annotation, pool label (`pools` is filled from the routing config).
-    pub config: fleet::k8s::DiscoveryConfig,
-}
-
-/// The embedding model and how its pool runs.
-#[derive(Debug, Clone)]
-pub struct EmbeddingSetup {
-    /// The model directory.
-    pub model: PathBuf,
-    /// Threads, queue, batch, cache, timeout.
-    pub pool: embed::PoolConfig,
-}
-
-/// Model pools from a routing config, checked.
-#[derive(Debug, Clone)]
-pub struct RoutingSetup {
-    /// The config (compiled into the gateway's selector).
-    pub config: model_select::Config,
-    /// The file it was read from: SIGHUP and `POST /routing/reload` read it again.
-    pub source: Option<PathBuf>,
-    /// Its pools, in the config's order.
-    pub pools: Vec<PoolSetup>,
-}
-
-/// One pool to build.
-#[derive(Debug, Clone)]
-pub struct PoolSetup {
-    /// Its name.
-    pub name: String,
-    /// The model its engines serve.
-    pub served_model: String,
-    /// Its workers (`mock_workers` adds that many simulated engines serving `served_model`).
-    pub workers: Vec<WorkerUrl>,
-    /// Its policy.
-    pub policy: PolicyConfig,
-    /// Its model directory (the router's `tokenizer_path` when none).
-    pub tokenizer_path: Option<PathBuf>,
-    /// Its chat template (the router's `chat_template` when none).
-    pub chat_template: Option<PathBuf>,
-    /// Its context window.
-    pub context_window: Option<u64>,
-}
-
-/// Prefill/decode disaggregation: its workers and policies.
-#[derive(Debug, Clone)]
-pub struct PdSetup {
-    /// The engines' contract.
-    pub mode: PdMode,
-    /// Prefill workers and their bootstrap ports.
-    pub prefill: Vec<(WorkerUrl, Bootstrap)>,
-    /// Decode workers.
-    pub decode: Vec<WorkerUrl>,
-    /// Chooses the prefill worker.
-    pub prefill_policy: PolicyConfig,
-    /// Chooses the decode worker (by load: decode candidates hold no prefix).
-    pub decode_policy: PolicyConfig,
-    /// Simulated prefill engines to start in-process.
-    pub mock_prefill: usize,
-    /// Simulated decode engines to start in-process.
-    pub mock_decode: usize,
-    /// vLLM's KV connector.
-    pub connector: gateway::pd::KvConnector,
-}
+/// A simulated engine started in-process: its role, its pool (none: the default one), the engine.
+type Mock = (mock_engine::PdRole, Option<String>, MockEngine);
 
 /// A built router, bound to its port.
 #[derive(Debug)]
@@ -238,7 +39,9 @@ pub struct App {
     grace: Duration,
     serve_threads: usize,
     fast_proxy: bool,
-    _mocks: Vec<(mock_engine::PdRole, Option<String>, MockEngine)>,
+    _mocks: Vec<Mock>,
+    /// Turns true once the catch-up from peers is over and the workers joined.
+    caught_up: watch::Receiver<bool>,
     /// The workers.
     pub fleet: Arc<Fleet>,
 }
@@ -281,7 +84,13 @@ impl App {
                     (None, Some(dir)) => Renderer::from_dir(dir, config.chat_template.as_deref())?,
                     (None, None) => Renderer::builtin()?,
                 };
-                let mut mock_config = MockEngineConfig { speedup: 10.0, ..MockEngineConfig::in_role(role, flavor) };
+                // The simulated engines take what the router admits (--max-body-bytes), and never
+                // less than their default: the router may add a few fields (PD's bootstrap room).
+                let mut mock_config = MockEngineConfig {
+                    speedup: 10.0,
+                    max_body_bytes: config.max_body_bytes.max(mock_engine::DEFAULT_MAX_BODY_BYTES),
+                    ..MockEngineConfig::in_role(role, flavor)
+                };
                 mock_config.pd.mooncake = role == mock_engine::PdRole::Prefill
                     && config.pd.as_ref().is_some_and(|pd| pd.connector == gateway::pd::KvConnector::Mooncake);
                 if let Some(p) = pool {
@@ -374,26 +183,7 @@ impl App {
             dp_aware: config.dp_aware,
             tls: config.worker_tls.clone(),
         };
-        // With a routing config, --worker-urls join its default pool (added below).
-        let flag_workers: &[WorkerUrl] = if routing.is_some() { &[] } else { &config.workers };
-        // A peer's snapshot first, so that every stream it covers resumes from it.
-        let seed = match (&config.index_peers, &config.kv_events) {
-            (Some(peers), Some(_)) => crate::peers::fetch(peers).await,
-            (Some(_), None) => {
-                warn!("--index-peers without --kv-events: there is no index to catch up");
-                None
-            }
-            _ => None,
-        };
-        let fleet = Fleet::start_seeded(fleet_config, index.clone(), flag_workers, seed, cancel.clone());
-        if let Some(pd) = &config.pd {
-            for (url, bootstrap) in &pd.prefill {
-                fleet.add_as(url.clone(), Role::Prefill { bootstrap: *bootstrap }, Source::Flag);
-            }
-            for url in &pd.decode {
-                fleet.add_as(url.clone(), Role::Decode, Source::Flag);
-            }
-        }
+        let fleet = Fleet::start(fleet_config, index.clone(), &[], cancel.clone());
         let embedder = match &config.embedding {
             Some(e) => {
                 let encoder = embed::Encoder::load(&e.model)?;
@@ -406,44 +196,18 @@ impl App {
             Some(r) => Some(build_pools(r, &renderer, &config, &cancel, embedder.as_ref())?),
             None => None,
         };
-        if let Some(r) = &routing {
-            for p in &r.pools {
-                for url in &p.workers {
-                    fleet.add_in(url.clone(), Role::Regular, PoolId(p.name.clone()), Source::Flag);
-                }
+        // A peer's snapshot first, so that every stream it covers resumes from it: the workers
+        // join once the catch-up is over, in the background (the listener is bound already).
+        let peers = match (&config.index_peers, &config.kv_events) {
+            (Some(peers), Some(_)) => Some(peers.clone()),
+            (Some(_), None) => {
+                warn!("--index-peers without --kv-events: there is no index to catch up");
+                None
             }
-        }
-        // Without a pool of its own, a worker serves the default pool (`--worker-urls` with a routing config).
-        let default_pool = match &routing {
-            Some(r) => PoolId(r.config.default_pool_name().unwrap_or_default().to_owned()),
-            None => PoolId::default_pool(),
+            _ => None,
         };
-        if routing.is_some() {
-            for url in &config.workers {
-                fleet.add_in(url.clone(), Role::Regular, default_pool.clone(), Source::Flag);
-            }
-        }
-        for (role, pool, mock) in &mocks {
-            let url = WorkerUrl::parse(&mock.url()).unwrap_or_else(|_| WorkerUrl::new(mock.url()));
-            let role = match role {
-                mock_engine::PdRole::Regular => Role::Regular,
-                mock_engine::PdRole::Prefill => Role::PREFILL,
-                mock_engine::PdRole::Decode => Role::Decode,
-            };
-            let pool = pool.clone().map_or_else(|| default_pool.clone(), PoolId);
-            fleet.add_in(url, role, pool, Source::Mock);
-        }
-        if let Some(d) = &config.discovery {
-            let mut dc = d.config.clone();
-            // A pod naming no pool joins the default one; one naming a pool no one routes to is refused.
-            dc.default_pool = default_pool.clone();
-            dc.pools = Some(match &routing {
-                Some(r) => r.pools.iter().map(|p| PoolId(p.name.clone())).collect(),
-                None => vec![default_pool.clone()],
-            });
-            info!(api = %d.api.base_url(), namespace = ?dc.namespace, selectors = dc.watched.len(), "kubernetes discovery: watching pods");
-            fleet::k8s::spawn(&fleet, d.api.clone(), dc);
-        }
+        let joining = joining(&config, routing.as_ref(), &mocks);
+        let caught_up = crate::peers::join_after_catch_up(peers, &fleet, joining, cancel.clone());
         // The policies forget a worker that left for good.
         let mut policies = vec![policy.clone()];
         policies.extend(pd.as_ref().map(|pd| pd.decode_policy.clone()));
@@ -474,6 +238,7 @@ impl App {
             serve_threads: config.serve_threads,
             fast_proxy: config.fast_proxy,
             _mocks: mocks,
+            caught_up,
             fleet,
         })
     }
@@ -496,6 +261,22 @@ impl App {
     /// The gateway (tests inspect it).
     pub fn gateway(&self) -> &Arc<Gateway> {
         &self.gateway
+    }
+
+    /// Resolves once the catch-up from `index_peers` is over (a snapshot
+    /// applied, or none within the deadline) and the workers joined the fleet;
+    /// at once without peers. The router serves (`/health`) meanwhile.
+    pub fn caught_up(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut caught_up = self.caught_up.clone();
+        async move {
+            // Closed: the catch-up was stopped by a shutdown; nothing more will happen.
+            let _ = caught_up.wait_for(|done| *done).await;
+        }
+    }
+
+    /// True while the catch-up from `index_peers` runs (no worker has joined yet).
+    pub fn catching_up(&self) -> bool {
+        !*self.caught_up.borrow()
     }
 
     /// The workers routed to (the simulated ones included).
@@ -582,6 +363,54 @@ fn save_now(learning: &gateway::pools::feedback::Learning) {
         Ok(false) => {}
         Err(e) => warn!(error = %e, file = ?learning.config().state_file, "feedback state not saved"),
     }
+}
+
+/// Who joins the fleet, in order: the flags' workers (the default pool's with
+/// a routing config), the disaggregated ones, each pool's, the simulated
+/// engines; then the Kubernetes discovery.
+fn joining(config: &AppConfig, routing: Option<&RoutingSetup>, mocks: &[Mock]) -> Joining {
+    // Without a pool of its own, a worker serves the default pool (`--worker-urls` with a routing config).
+    let default_pool = match routing {
+        Some(r) => PoolId(r.config.default_pool_name().unwrap_or_default().to_owned()),
+        None => PoolId::default_pool(),
+    };
+    let flag = |url: &WorkerUrl, role: Role, pool: PoolId| (url.clone(), role, pool, Source::Flag);
+    let mut workers = Vec::new();
+    if routing.is_none() {
+        workers.extend(config.workers.iter().map(|u| flag(u, Role::Regular, PoolId::default_pool())));
+    }
+    if let Some(pd) = &config.pd {
+        let prefill = pd.prefill.iter().map(|(u, b)| flag(u, Role::Prefill { bootstrap: *b }, PoolId::default_pool()));
+        workers.extend(prefill);
+        workers.extend(pd.decode.iter().map(|u| flag(u, Role::Decode, PoolId::default_pool())));
+    }
+    if let Some(r) = routing {
+        for p in &r.pools {
+            workers.extend(p.workers.iter().map(|u| flag(u, Role::Regular, PoolId(p.name.clone()))));
+        }
+        workers.extend(config.workers.iter().map(|u| flag(u, Role::Regular, default_pool.clone())));
+    }
+    for (role, pool, mock) in mocks {
+        let url = WorkerUrl::parse(&mock.url()).unwrap_or_else(|_| WorkerUrl::new(mock.url()));
+        let role = match role {
+            mock_engine::PdRole::Regular => Role::Regular,
+            mock_engine::PdRole::Prefill => Role::PREFILL,
+            mock_engine::PdRole::Decode => Role::Decode,
+        };
+        let pool = pool.clone().map_or_else(|| default_pool.clone(), PoolId);
+        workers.push((url, role, pool, Source::Mock));
+    }
+    let discovery = config.discovery.as_ref().map(|d| {
+        let mut dc = d.config.clone();
+        // A pod naming no pool joins the default one; one naming a pool no one routes to is refused.
+        dc.default_pool = default_pool.clone();
+        dc.pools = Some(match routing {
+            Some(r) => r.pools.iter().map(|p| PoolId(p.name.clone())).collect(),
+            None => vec![default_pool.clone()],
+        });
+        (d.api.clone(), dc)
+    });
+    Joining { workers, discovery }
 }
 
 /// Reloads the routing config on every SIGHUP until `stop` (a bad file keeps the config in force).

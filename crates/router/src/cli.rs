@@ -6,6 +6,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+mod discovery;
+
+pub(crate) use discovery::{DiscoveryFlags, PeerFlags};
+
 /// KV-cache-aware router for SGLang and vLLM engine replicas.
 ///
 /// Without a command, runs the router: an OpenAI-compatible gateway
@@ -110,9 +114,9 @@ pub(crate) struct ServeArgs {
     #[command(flatten)]
     pub(crate) pd: PdFlags,
     #[command(flatten)]
-    pub(crate) discovery: crate::discovery::DiscoveryFlags,
+    pub(crate) discovery: DiscoveryFlags,
     #[command(flatten)]
-    pub(crate) peers: crate::discovery::PeerFlags,
+    pub(crate) peers: PeerFlags,
     /// How to pick a worker.
     #[arg(long, env = "SGL_ROUTER_POLICY", value_enum, default_value = "round_robin")]
     pub(crate) policy: PolicyName,
@@ -317,6 +321,8 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "SGL_ROUTER_CLIENT_IDLE_TIMEOUT_SECS", default_value_t = crate::defaults::CLIENT_IDLE_TIMEOUT_SECS, value_name = "S")]
     pub(crate) client_idle_timeout_secs: u64,
     /// Most client connections open at once; past it the router stops accepting until one closes.
+    /// Capped to the open-file limit (`ulimit -n`) less a quarter of it (at least 64) kept for
+    /// upstream connections and subscribers, shared with the --admin-port listener.
     #[arg(long, env = "SGL_ROUTER_MAX_CONNECTIONS", default_value_t = crate::defaults::MAX_CONNECTIONS, value_name = "N")]
     pub(crate) max_connections: usize,
     /// Seconds a worker may stay silent in the middle of an answer's body before the answer is

@@ -31,8 +31,17 @@ pub(crate) const CLIENT_HEADER_TIMEOUT_SECS: u64 = 30;
 pub(crate) const CLIENT_BODY_TIMEOUT_SECS: u64 = 60;
 /// Seconds a keep-alive client connection may stay idle between requests.
 pub(crate) const CLIENT_IDLE_TIMEOUT_SECS: u64 = 60;
-/// Most client connections open at once (more wait in the kernel's backlog).
+/// Most client connections open at once (more wait in the kernel's backlog); capped to what
+/// the open-file limit leaves after [`FD_RESERVE_DIVISOR`] and [`FD_RESERVE_MIN`].
 pub(crate) const MAX_CONNECTIONS: usize = 16_384;
+/// The open files kept from client connections: the soft `RLIMIT_NOFILE` divided by this (a
+/// quarter) for upstream connections, KV-event subscribers, probes, listeners and logs. A
+/// proxied request holds a client and an upstream connection; upstream connections are pooled
+/// and shared, so a quarter covers them short of every client streaming at once.
+pub(crate) const FD_RESERVE_DIVISOR: u64 = 4;
+/// ... and at least this many: the router's own sockets (listeners, subscribers, the workers'
+/// probes) when the limit is small.
+pub(crate) const FD_RESERVE_MIN: u64 = 64;
 /// Seconds a worker may stay silent in the middle of an answer's body.
 pub(crate) const UPSTREAM_IDLE_TIMEOUT_SECS: u64 = 300;
 /// Bytes of memory the requests in progress may hold: 1 GiB, about 25 requests
@@ -74,7 +83,18 @@ pub(crate) const HEALTH_SUCCESS_THRESHOLD: u32 = 2;
 pub(crate) const LOG_LEVEL: &str = "info";
 /// SGLang Model Gateway's `--service-discovery-port` default.
 pub(crate) const SERVICE_DISCOVERY_PORT: u16 = 80;
-/// Longest wait for one peer's index snapshot, seconds.
+/// Longest wait for the catch-up from peers (every peer asked at once), seconds.
 pub(crate) const INDEX_PEER_TIMEOUT_SECS: u64 = 30;
 /// Longest wait for the pump to take a snapshot a peer asked for, seconds.
 pub(crate) const INDEX_SNAPSHOT_TIMEOUT_SECS: u64 = 10;
+
+#[cfg(test)]
+mod tests {
+    /// What the router admits, its simulated engines take (an engine's 413 under the router's
+    /// limit would be a test artefact, not the router's behaviour).
+    #[test]
+    fn the_body_limit_is_one_number() {
+        assert_eq!(super::MAX_BODY_BYTES, gateway::DEFAULT_MAX_BODY_BYTES);
+        assert_eq!(super::MAX_BODY_BYTES, mock_engine::DEFAULT_MAX_BODY_BYTES);
+    }
+}

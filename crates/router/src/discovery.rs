@@ -1,4 +1,4 @@
-//! The Kubernetes flags (SGLang Model Gateway's `--service-discovery`,
+//! Reads the Kubernetes flags (SGLang Model Gateway's `--service-discovery`,
 //! `--selector`, `--prefill-selector`, `--decode-selector`,
 //! `--service-discovery-namespace`, `--service-discovery-port`,
 //! `--bootstrap-port-annotation`, and ours: the pool label) and the
@@ -7,7 +7,6 @@
 
 use std::time::Duration;
 
-use clap::Args;
 use fleet::SnapshotLimits;
 use fleet::k8s::api::ApiServer;
 use fleet::k8s::{DiscoveryConfig, PodRole, Watched};
@@ -15,71 +14,7 @@ use sgl_router::app::DiscoverySetup;
 use sgl_router::peers::{PeerSelector, PeerSetup};
 
 use crate::cli::ServeArgs;
-use crate::serve::UsageError;
-
-/// Kubernetes discovery of workers.
-#[derive(Debug, Args)]
-pub(crate) struct DiscoveryFlags {
-    /// Find workers by watching pods (Running, Ready, with an IP, not being deleted) of
-    /// --selector (or --prefill-selector and --decode-selector with a PD flag). The API server is
-    /// found as kubectl finds it: KUBECONFIG, ~/.kube/config, then the pod's service account.
-    #[arg(long, env = "SGL_ROUTER_SERVICE_DISCOVERY")]
-    pub(crate) service_discovery: bool,
-    /// Labels of the worker pods, `key=value` (any Kubernetes label selector): space or comma
-    /// separated, or repeated; all must hold.
-    #[arg(long, env = "SGL_ROUTER_SELECTOR", num_args = 1.., value_name = "LABEL=VALUE")]
-    pub(crate) selector: Vec<String>,
-    /// Labels of the prefill pods (disaggregated); their bootstrap port is read from the
-    /// --bootstrap-port-annotation (vLLM's `vllm.ai/bootstrap-port` when absent), else from /server_info.
-    #[arg(long, env = "SGL_ROUTER_PREFILL_SELECTOR", num_args = 1.., value_name = "LABEL=VALUE")]
-    pub(crate) prefill_selector: Vec<String>,
-    /// Labels of the decode pods (disaggregated).
-    #[arg(long, env = "SGL_ROUTER_DECODE_SELECTOR", num_args = 1.., value_name = "LABEL=VALUE")]
-    pub(crate) decode_selector: Vec<String>,
-    /// Namespace of the pods [default: every namespace, as SGLang Model Gateway; that needs a
-    /// ClusterRole instead of a Role].
-    #[arg(long, env = "SGL_ROUTER_SERVICE_DISCOVERY_NAMESPACE", value_name = "NS")]
-    pub(crate) service_discovery_namespace: Option<String>,
-    /// Port the workers listen on in their pods.
-    #[arg(long, env = "SGL_ROUTER_SERVICE_DISCOVERY_PORT", default_value_t = crate::defaults::SERVICE_DISCOVERY_PORT, value_name = "PORT")]
-    pub(crate) service_discovery_port: u16,
-    /// Annotation holding a prefill pod's bootstrap port.
-    #[arg(long, env = "SGL_ROUTER_BOOTSTRAP_PORT_ANNOTATION", default_value = fleet::k8s::DEFAULT_BOOTSTRAP_ANNOTATION, value_name = "KEY")]
-    pub(crate) bootstrap_port_annotation: String,
-    /// Label whose value names a pod's model pool (--routing-config); pods without it join the
-    /// default pool, pods naming a pool the config lacks are skipped (counted).
-    #[arg(long, env = "SGL_ROUTER_SERVICE_DISCOVERY_POOL_LABEL", value_name = "KEY")]
-    pub(crate) service_discovery_pool_label: Option<String>,
-}
-
-/// Catching up from peer replicas.
-#[derive(Debug, Args)]
-pub(crate) struct PeerFlags {
-    /// Peer router replicas to start from (their control plane's base URL): before following any
-    /// worker, the first that answers gives its KV index snapshot, and each stream resumes after
-    /// the snapshot's seq (needs --kv-events). Space or comma separated, or repeated.
-    #[arg(long, env = "SGL_ROUTER_INDEX_PEERS", num_args = 1.., value_delimiter = ',', value_name = "URL")]
-    pub(crate) index_peers: Vec<String>,
-    /// Labels of the peer router pods (found with the Kubernetes API, this pod excepted), asked
-    /// after --index-peers.
-    #[arg(long, env = "SGL_ROUTER_INDEX_PEER_SELECTOR", num_args = 1.., value_name = "LABEL=VALUE")]
-    pub(crate) index_peer_selector: Vec<String>,
-    /// Port of the peer pods' control plane [default: --admin-port, else --port].
-    #[arg(long, env = "SGL_ROUTER_INDEX_PEER_PORT", value_name = "PORT")]
-    pub(crate) index_peer_port: Option<u16>,
-    /// Control-plane key presented to the peers [default: the first --control-plane-api-keys].
-    #[arg(long, env = "SGL_ROUTER_INDEX_PEER_API_KEY", hide_env_values = true, value_name = "KEY")]
-    pub(crate) index_peer_api_key: Option<String>,
-    /// Longest wait for one peer's snapshot, seconds.
-    #[arg(long, env = "SGL_ROUTER_INDEX_PEER_TIMEOUT_SECS", default_value_t = crate::defaults::INDEX_PEER_TIMEOUT_SECS, value_name = "S")]
-    pub(crate) index_peer_timeout_secs: u64,
-    /// Most blocks in a snapshot this router serves or accepts (streams beyond are left out).
-    #[arg(long, env = "SGL_ROUTER_INDEX_SNAPSHOT_MAX_BLOCKS", default_value_t = fleet::DEFAULT_SNAPSHOT_MAX_BLOCKS, value_name = "N")]
-    pub(crate) index_snapshot_max_blocks: usize,
-    /// Longest wait, seconds, for this router's pump to take a snapshot a peer asked for (503 after).
-    #[arg(long, env = "SGL_ROUTER_INDEX_SNAPSHOT_TIMEOUT_SECS", default_value_t = crate::defaults::INDEX_SNAPSHOT_TIMEOUT_SECS, value_name = "S")]
-    pub(crate) index_snapshot_timeout_secs: u64,
-}
+use crate::usage::UsageError;
 
 /// A selector given as several values (`app=sglang role=prefill`, or `app=sglang,role=prefill`).
 fn selector(values: &[String]) -> String {

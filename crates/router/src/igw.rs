@@ -11,7 +11,7 @@ use model_select::{Config, PoolConfig};
 use router_types::WorkerUrl;
 use serde_json::Value;
 
-use crate::app::{PolicyConfig, PoolSetup, RoutingSetup};
+use crate::config::{PolicyConfig, PoolSetup, RoutingSetup};
 
 /// How long a worker's `/v1/models` may stay unreadable at start.
 const DISCOVERY_DEADLINE: Duration = Duration::from_secs(30);

@@ -3,5 +3,6 @@
 //! and runs it.
 
 pub mod app;
+pub mod config;
 mod igw;
 pub mod peers;

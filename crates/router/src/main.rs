@@ -8,11 +8,13 @@ use clap::Parser;
 mod cli;
 mod defaults;
 mod discovery;
+mod fdlimit;
 mod logfile;
 mod pd;
 mod routing;
 mod serve;
 mod tools;
+mod usage;
 
 /// Exit status for a command-line usage error (BSD `EX_USAGE`).
 const EXIT_USAGE: u8 = 64;

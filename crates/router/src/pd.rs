@@ -7,7 +7,7 @@ use router_types::{Bootstrap, WorkerUrl};
 use sgl_router::app::{PdSetup, PolicyConfig};
 
 use crate::cli::{PolicyName, ServeArgs};
-use crate::serve::UsageError;
+use crate::usage::UsageError;
 
 /// The disaggregation the flags ask for, if any.
 pub(crate) fn setup(a: &ServeArgs, policy: impl Fn(PolicyName) -> PolicyConfig) -> Result<Option<PdSetup>, UsageError> {

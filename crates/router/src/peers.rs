@@ -1,27 +1,40 @@
-//! Catching up from a peer replica: before following any worker, a router
-//! started with `--index-peers` (or `--index-peer-selector`) asks its peers,
-//! in order, for a snapshot of their KV index (`GET /index/snapshot`, a
-//! control-plane key), within a deadline and a size bound. The first that
-//! answers with a valid snapshot seeds the fleet: each stream in it starts
-//! from the peer's holdings and replays from the peer's seq on. No peer
-//! answering is not an error: the router starts empty, as without peers.
+//! Catching up from a peer replica: a router started with `--index-peers`
+//! (or `--index-peer-selector`) asks all its peers at once for a snapshot of
+//! their KV index (`GET /index/snapshot`, a control-plane key), under one
+//! deadline for the whole catch-up and a size bound per snapshot. It does so
+//! in the background, once its listener is bound: a hanging peer delays
+//! neither the probes nor the other peers. The first valid snapshot seeds the
+//! fleet (each stream in it starts from the peer's holdings and replays from
+//! the peer's seq on); then the workers join, so that every stream the
+//! snapshot covers resumes from it. No peer answering is not an error: the
+//! router starts empty, as without peers.
+//!
+//! Owns the catch-up and the moment the workers join; not what the workers
+//! are (the app's) nor how a seed is applied (the fleet's).
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use fleet::k8s::DiscoveryConfig;
 use fleet::k8s::api::ApiServer;
-use fleet::{IndexSnapshot, SnapshotLimits};
+use fleet::{Fleet, IndexSnapshot, SnapshotLimits, Source};
+use router_types::{PoolId, Role, WorkerUrl};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 /// Where the peers are and how to ask them.
 #[derive(Debug, Clone)]
 pub struct PeerSetup {
-    /// Peer base URLs (`--index-peers`), asked in order.
+    /// Peer base URLs (`--index-peers`), all asked at once.
     pub urls: Vec<String>,
     /// Router pods found by a label selector (`--index-peer-selector`), after `urls`.
     pub selector: Option<PeerSelector>,
     /// Bearer key for the peers' control plane (`--index-peer-api-key`, else our own first key).
     pub api_key: Option<String>,
-    /// Longest wait for one peer's snapshot (`--index-peer-timeout-secs`).
+    /// Longest wait for the whole catch-up (`--index-peer-timeout-secs`):
+    /// listing the peer pods and asking every peer, at once.
     pub timeout: Duration,
     /// Bounds on a snapshot accepted.
     pub limits: SnapshotLimits,
@@ -40,8 +53,78 @@ pub struct PeerSelector {
     pub port: u16,
 }
 
-/// The first snapshot a peer gives, or `None`.
+/// Who joins the fleet once the catch-up is over: the workers in order, and
+/// the Kubernetes discovery to start.
+#[derive(Debug, Default)]
+pub(crate) struct Joining {
+    /// Workers with their role and pool, added in this order.
+    pub(crate) workers: Vec<(WorkerUrl, Role, PoolId, Source)>,
+    /// Pods to watch, found by the API server.
+    pub(crate) discovery: Option<(ApiServer, DiscoveryConfig)>,
+}
+
+// === impl Joining ===
+
+impl Joining {
+    /// Adds the workers and starts discovery.
+    pub(crate) fn join(self, fleet: &Arc<Fleet>) {
+        for (url, role, pool, source) in self.workers {
+            fleet.add_in(url, role, pool, source);
+        }
+        if let Some((api, dc)) = self.discovery {
+            info!(api = %api.base_url(), namespace = ?dc.namespace, selectors = dc.watched.len(), "kubernetes discovery: watching pods");
+            fleet::k8s::spawn(fleet, api, dc);
+        }
+    }
+}
+
+/// Lets `joining` join the fleet: at once without `setup`, else in a
+/// background task once the catch-up is over (a snapshot applied, or none
+/// within the deadline). The receiver turns `true` then (or closes, if
+/// `cancel` stopped the catch-up first).
+pub(crate) fn join_after_catch_up(
+    setup: Option<PeerSetup>,
+    fleet: &Arc<Fleet>,
+    joining: Joining,
+    cancel: CancellationToken,
+) -> watch::Receiver<bool> {
+    let Some(setup) = setup else {
+        joining.join(fleet);
+        return watch::channel(true).1;
+    };
+    let (done, caught_up) = watch::channel(false);
+    let fleet = fleet.clone();
+    tokio::spawn(async move {
+        let seed = tokio::select! {
+            biased;
+            () = cancel.cancelled() => {
+                info!("index peers: catch-up stopped by shutdown");
+                return;
+            }
+            seed = fetch(&setup) => seed,
+        };
+        if let Some(seed) = seed {
+            fleet.seed(seed);
+        }
+        joining.join(&fleet);
+        let _ = done.send(true);
+    });
+    caught_up
+}
+
+/// The first valid snapshot any peer gives within `setup.timeout` (every
+/// peer asked at once; the others are dropped then), or `None`.
 pub async fn fetch(setup: &PeerSetup) -> Option<IndexSnapshot> {
+    match tokio::time::timeout(setup.timeout, first_snapshot(setup)).await {
+        Ok(snapshot) => snapshot,
+        Err(_) => {
+            warn!(timeout = ?setup.timeout, "index peers: no snapshot in time; starting with an empty index");
+            None
+        }
+    }
+}
+
+async fn first_snapshot(setup: &PeerSetup) -> Option<IndexSnapshot> {
     let mut urls = setup.urls.clone();
     if let Some(sel) = &setup.selector {
         urls.extend(peer_pods(sel).await);
@@ -51,31 +134,45 @@ pub async fn fetch(setup: &PeerSetup) -> Option<IndexSnapshot> {
         return None;
     }
     let client = reqwest::Client::builder().connect_timeout(Duration::from_secs(3)).build().ok()?;
+    // Dropped on return or at the deadline: the asks still running are aborted.
+    let mut asks = JoinSet::new();
     for url in urls {
-        let started = std::time::Instant::now();
-        match tokio::time::timeout(setup.timeout, ask(&client, &url, setup)).await {
-            Ok(Ok(snapshot)) => {
-                info!(peer = %url, streams = snapshot.streams.len(), blocks = snapshot.blocks(), took = ?started.elapsed(), "index peers: snapshot received");
+        let (client, key, limits) = (client.clone(), setup.api_key.clone(), setup.limits);
+        asks.spawn(async move {
+            let started = Instant::now();
+            let answer = ask(&client, &url, key.as_deref(), limits).await;
+            (url, started.elapsed(), answer)
+        });
+    }
+    while let Some(joined) = asks.join_next().await {
+        match joined {
+            Ok((url, took, Ok(snapshot))) => {
+                info!(peer = %url, streams = snapshot.streams.len(), blocks = snapshot.blocks(), ?took, "index peers: snapshot received");
                 return Some(snapshot);
             }
-            Ok(Err(why)) => warn!(peer = %url, %why, "index peers: no snapshot"),
-            Err(_) => warn!(peer = %url, timeout = ?setup.timeout, "index peers: no snapshot in time"),
+            Ok((url, _, Err(why))) => warn!(peer = %url, %why, "index peers: no snapshot"),
+            Err(e) => warn!(error = %e, "index peers: an ask failed"),
         }
     }
     warn!("index peers: no peer gave a snapshot; starting with an empty index");
     None
 }
 
-async fn ask(client: &reqwest::Client, url: &str, setup: &PeerSetup) -> Result<IndexSnapshot, String> {
+async fn ask(
+    client: &reqwest::Client,
+    url: &str,
+    api_key: Option<&str>,
+    limits: SnapshotLimits,
+) -> Result<IndexSnapshot, String> {
     let mut req = client.get(format!("{}/index/snapshot", url.trim_end_matches('/')));
-    if let Some(v) = setup.api_key.as_deref().and_then(fleet::bearer) {
+    if let Some(v) = api_key.and_then(fleet::bearer) {
         req = req.header(reqwest::header::AUTHORIZATION, v);
     }
     let mut response = req.send().await.map_err(|e| e.to_string())?;
     if !response.status().is_success() {
         return Err(format!("HTTP {}", response.status()));
     }
-    let max = setup.limits.max_bytes;
+    let max = limits.max_bytes;
     if response.content_length().is_some_and(|n| n > max as u64) {
         return Err(format!("snapshot over {max} bytes"));
     }
@@ -86,7 +183,6 @@ async fn ask(client: &reqwest::Client, url: &str, setup: &PeerSetup) -> Result<I
         }
         body.extend_from_slice(&chunk);
     }
-    let limits = setup.limits;
     tokio::task::spawn_blocking(move || IndexSnapshot::decode(&body, &limits))
         .await
         .map_err(|e| e.to_string())?

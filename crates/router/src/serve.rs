@@ -13,11 +13,7 @@ use router_types::WorkerUrl;
 use sgl_router::app::{App, AppConfig, PolicyConfig};
 
 use crate::cli::{LogFormat, PolicyName, ServeArgs};
-
-/// A command-line mistake: reported with exit status 64.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub(crate) struct UsageError(pub(crate) String);
+use crate::usage::UsageError;
 
 /// Turns flags into a config; tuning a policy that is not selected is an error.
 pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
@@ -409,9 +405,29 @@ fn init_tracing(format: LogFormat, level: &str, dir: Option<&std::path::Path>) -
     Ok(())
 }
 
+/// `--max-connections` capped to what the open-file limit leaves (a warning
+/// when that lowers it): the client listener and the `--admin-port` one each
+/// hold up to the cap.
+fn fit_open_file_limit(flag: usize, admin_listener: bool) -> usize {
+    let soft_limit = crate::fdlimit::nofile_soft_limit();
+    let cap = crate::fdlimit::connection_cap(flag, soft_limit, if admin_listener { 2 } else { 1 });
+    if cap < flag {
+        tracing::warn!(
+            max_connections = flag,
+            effective = cap,
+            nofile_soft_limit = soft_limit,
+            admin_listener,
+            "--max-connections lowered to fit the open-file limit (a quarter of it, at least 64, kept for \
+             upstream connections and subscribers); raise `ulimit -n` to allow more"
+        );
+    }
+    cap
+}
+
 /// Runs the router until SIGTERM or Ctrl-C.
-pub(crate) fn serve(config: AppConfig, a: &ServeArgs) -> Result<()> {
+pub(crate) fn serve(mut config: AppConfig, a: &ServeArgs) -> Result<()> {
     init_tracing(a.log_format, &a.log_level, a.log_dir.as_deref())?;
+    config.limits.max_connections = fit_open_file_limit(config.limits.max_connections, config.admin_listen.is_some());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let control_plane_open = !config.control_plane_keys.is_empty();
     if matches!(config.policy, PolicyConfig::CacheAware(..)) && !a.kv_events {
@@ -438,6 +454,11 @@ pub(crate) fn serve(config: AppConfig, a: &ServeArgs) -> Result<()> {
         if let Some(m) = app.metrics_addr() {
             println!("  metrics on http://{m}/metrics");
         }
+        // Read first: once the catch-up is over, the workers have joined.
+        let catching_up = app.catching_up();
+        if catching_up {
+            println!("  catching up from the index peers: the workers join once it is over");
+        }
         for w in app.worker_urls() {
             println!("  worker {w}");
         }
@@ -445,7 +466,7 @@ pub(crate) fn serve(config: AppConfig, a: &ServeArgs) -> Result<()> {
         println!(
             "try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n       -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'"
         );
-        if app.worker_urls().is_empty() && !a.discovery.service_discovery {
+        if !catching_up && app.worker_urls().is_empty() && !a.discovery.service_discovery {
             bail!("no workers");
         }
         app.run(shutdown_signal()).await

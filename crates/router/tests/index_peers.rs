@@ -12,9 +12,10 @@ use common::app::{ADMIN_KEY, admin_get, chat, config, engine_config, post, start
 use common::eventually;
 use mock_engine::{MockEngine, MockEngineConfig};
 use serde_json::Value;
+use sgl_router::app::App;
 use sgl_router::app::PolicyConfig;
 use sgl_router::peers::PeerSetup;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Batches each publisher keeps: the tests outrun it.
 const BUFFER: usize = 16;
@@ -275,4 +276,73 @@ async fn peers_found_by_a_selector_are_the_ready_router_pods() {
     }
     assert_eq!(asked.load(Ordering::SeqCst), 0, "only the ready router pod of the namespace is asked");
     assert!(k8s.requests().iter().any(|r| r.contains("labelSelector=app%3Dsgl-router")), "{:?}", k8s.requests());
+}
+
+/// Two peers that accept the connection and never answer (issue #9): the router answers at once,
+/// asks both at the same time, and gives up on both at the one deadline
+/// (`--index-peer-timeout-secs` in all, not per peer); then its workers join.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hanging_peers_delay_neither_the_port_nor_each_other() {
+    const DEADLINE: Duration = Duration::from_secs(4);
+    let ws = engines().await;
+    let refs: Vec<&MockEngine> = ws.iter().collect();
+    // Each peer reports every connection it accepts and holds it open without a word.
+    let (asked_tx, mut asked) = tokio::sync::mpsc::channel::<usize>(8);
+    let mut urls = Vec::new();
+    for p in 0..2 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        urls.push(format!("http://{}", listener.local_addr().unwrap()));
+        let tx = asked_tx.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+                let _ = tx.send(p).await;
+            }
+        });
+    }
+    let mut cc = config(&refs, PolicyConfig::cache_aware(), true);
+    let mut setup = peers(urls);
+    setup.timeout = DEADLINE;
+    cc.index_peers = Some(setup);
+
+    let started = Instant::now();
+    let app = App::build(cc).await.unwrap();
+    let url = format!("http://{}", app.local_addr());
+    let caught_up = app.caught_up();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(app.run(async move {
+        let _ = rx.await;
+    }));
+    // Both peers are asked at once: the second ask does not wait out the first.
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < 2 {
+        let p = tokio::time::timeout_at((started + DEADLINE / 2).into(), asked.recv())
+            .await
+            .unwrap_or_else(|_| panic!("both peers asked within {:?}; asked: {seen:?}", DEADLINE / 2))
+            .unwrap();
+        seen.insert(p);
+    }
+    // The port answers meanwhile; not ready, as no worker has joined yet.
+    let client = reqwest::Client::new();
+    let health = client.get(format!("{url}/health")).timeout(DEADLINE / 2).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let answered = started.elapsed();
+    assert!(answered < DEADLINE / 2, "/health answered after {answered:?}, the deadline is {DEADLINE:?}");
+    let ready = client.get(format!("{url}/readiness")).timeout(DEADLINE / 2).send().await.unwrap();
+    assert_eq!(ready.status(), 503, "ready before its workers joined");
+    // The catch-up gives up at the one deadline (one per peer would be twice as long).
+    tokio::time::timeout_at((started + DEADLINE * 3 / 2).into(), caught_up)
+        .await
+        .unwrap_or_else(|_| panic!("catch-up not over {:?} after the start", DEADLINE * 3 / 2));
+    let over = started.elapsed();
+    assert!(over >= DEADLINE, "gave up after {over:?}, before the deadline {DEADLINE:?}");
+    // Then the workers join, followed from scratch.
+    eventually("the router follows both engines", async || {
+        workers(&url).await["workers"].as_array().unwrap().iter().filter(|w| w["kv_events"] == "followed").count() == 2
+    })
+    .await;
+    let ready = client.get(format!("{url}/readiness")).timeout(DEADLINE).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+    let _ = stop.send(());
 }

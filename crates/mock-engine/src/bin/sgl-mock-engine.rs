@@ -62,6 +62,9 @@ struct Args {
     /// (SGLang's `--api-key`).
     #[arg(long, env = "SGL_MOCK_API_KEY", hide_env_values = true, value_name = "KEY")]
     api_key: Option<String>,
+    /// The largest request body taken, in bytes (413 past it); the router's default, 5 MiB.
+    #[arg(long, env = "SGL_MOCK_MAX_BODY_BYTES", default_value_t = mock_engine::DEFAULT_MAX_BODY_BYTES, value_name = "BYTES")]
+    max_body_bytes: usize,
     /// Disaggregated role: `prefill` (with a bootstrap listener) or `decode` (no radix cache,
     /// so no KV events).
     #[arg(long, env = "SGL_MOCK_ROLE", value_enum, default_value = "regular")]
@@ -136,6 +139,7 @@ async fn main() -> anyhow::Result<()> {
         speedup: a.speedup,
         fast: a.fast,
         api_key: a.api_key,
+        max_body_bytes: a.max_body_bytes,
         event_form: if a.kv_events_format == "positional" {
             kv_events::EventForm::Positional
         } else {

@@ -1,0 +1,217 @@
+//! What the router is built from: the typed [`AppConfig`] and the setups it
+//! holds (policy, pools, disaggregation, discovery, embedding). Plain data:
+//! the binary fills it from the command line, tests fill it directly, and
+//! [`crate::app::App::build`] reads it. Nothing here validates flags or
+//! builds anything.
+
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet::EventsConfig;
+use gateway::pd::PdMode;
+use policy::{ApproxTreeConfig, CacheAwareConfig, MinTtftConfig};
+use router_types::{Bootstrap, WorkerUrl};
+
+/// The selection policy and its knobs.
+#[derive(Debug, Clone)]
+pub enum PolicyConfig {
+    /// Next in turn.
+    RoundRobin,
+    /// Uniform.
+    Random,
+    /// Less loaded of two.
+    PowerOfTwo,
+    /// Least loaded.
+    LeastLoad,
+    /// Sticky by `x-smg-routing-key`, random without it.
+    Manual,
+    /// Approximate text tree (no KV events), trimmed every interval.
+    ApproxTree(ApproxTreeConfig, Duration),
+    /// KV-event cache-aware, with a text tree (trimmed every interval) for
+    /// the workers whose events are not followed.
+    CacheAware(CacheAwareConfig, ApproxTreeConfig, Duration),
+    /// Estimated time to first token (cache hits from KV events when followed).
+    MinTtft(MinTtftConfig),
+}
+
+impl PolicyConfig {
+    /// cache_aware with every default (its text tree trimmed every minute).
+    pub fn cache_aware() -> Self {
+        PolicyConfig::CacheAware(CacheAwareConfig::default(), ApproxTreeConfig::default(), Duration::from_secs(60))
+    }
+}
+
+/// Everything the router needs to start.
+#[derive(Debug, Clone)]
+pub struct AppConfig {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The workers (more are added by `mock_workers`).
+    pub workers: Vec<WorkerUrl>,
+    /// Prefill/decode disaggregation, when on (its workers are its own).
+    pub pd: Option<PdSetup>,
+    /// Start this many simulated engines in-process and route to them.
+    pub mock_workers: usize,
+    /// The policy.
+    pub policy: PolicyConfig,
+    /// Model pools and the decisions between them (`--routing-config`); none: one pool.
+    pub routing: Option<RoutingSetup>,
+    /// The embedding model for embedding signals (`--embedding-model-path`).
+    pub embedding: Option<EmbeddingSetup>,
+    /// One pool per model the workers serve, read from their `/v1/models` at start (`--enable-igw`).
+    pub igw: bool,
+    /// Follow the workers' KV events.
+    pub kv_events: Option<EventsConfig>,
+    /// Model directory; the built-in byte-level model if absent.
+    pub tokenizer_path: Option<PathBuf>,
+    /// Chat template override.
+    pub chat_template: Option<PathBuf>,
+    /// Model id reported by `/v1/models`.
+    pub model_id: String,
+    /// Pending-prefix TTL (cache_aware; zero: off).
+    pub pending_ttl: Duration,
+    /// Upper bound on index nodes.
+    pub max_index_nodes: Option<NonZeroUsize>,
+    /// Page digests each pool's page-hash memo keeps.
+    pub chain_memo_pages: usize,
+    /// Bounds of every tokenizer's caches (the router's and the pools').
+    pub tokenizer_caches: renderer::CacheBounds,
+    /// Route ids, feedback and its state file (with a routing config).
+    pub feedback: gateway::pools::feedback::FeedbackConfig,
+    /// Gateway limits.
+    pub max_body_bytes: usize,
+    /// ...
+    pub request_timeout: Duration,
+    /// ...
+    pub max_concurrent: usize,
+    /// The workers' health probes.
+    pub health: fleet::HealthConfig,
+    /// Every worker's circuit breaker.
+    pub breaker: fleet::BreakerConfig,
+    /// Retries of requests whose answer has not started.
+    pub retry: gateway::RetryConfig,
+    /// Requests that may wait for a slot (0: refused at once).
+    pub queue_size: usize,
+    /// Longest wait for a slot.
+    pub queue_timeout: Duration,
+    /// Bounds of the latency histograms (seconds).
+    pub duration_buckets: Vec<f64>,
+    /// Requests admitted per second on average (none: no limit).
+    pub rate_limit: Option<u32>,
+    /// Headers a client's request id is read from, in order.
+    pub request_id_headers: Vec<String>,
+    /// Browser origins allowed (CORS).
+    pub cors: gateway::context::Cors,
+    /// Balance requests over each worker's data-parallel ranks by their loads.
+    pub dp_aware: bool,
+    /// Serve HTTPS with this configuration (the client and admin listeners).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// TLS towards `https://` workers: roots and client identity.
+    pub worker_tls: fleet::WorkerTls,
+    /// Serve `/metrics` without a key on this address too (`--prometheus-port`).
+    pub metrics_listen: Option<SocketAddr>,
+    /// Period of polling the workers' own load reports (zero: off).
+    pub load_poll: Duration,
+    /// How long a down worker's index state is kept.
+    pub index_retention: Duration,
+    /// How long to wait for in-flight requests on shutdown.
+    pub shutdown_grace: Duration,
+    /// Threads serving requests, each with its own single-threaded runtime and
+    /// upstream connections (0: serve on the caller's runtime).
+    pub serve_threads: usize,
+    /// Serve proxied requests on the gateway's own HTTP/1.1 path (false: through axum and hyper).
+    pub fast_proxy: bool,
+    /// Bearer token for the workers: the router's own requests, and proxied
+    /// requests of clients that presented a client key.
+    pub worker_api_key: Option<String>,
+    /// Deadlines and caps on client connections (and mid-answer worker silence).
+    pub limits: gateway::ClientLimits,
+    /// Bearer keys of the control plane (none: closed, 403).
+    pub control_plane_keys: Vec<String>,
+    /// Bearer keys clients must present on the OpenAI routes (none: open).
+    pub client_keys: Vec<String>,
+    /// Serve the control plane on this address instead of `listen`.
+    pub admin_listen: Option<SocketAddr>,
+    /// Bytes of memory the requests in progress may hold (429 past it).
+    pub max_request_memory: usize,
+    /// Large renders at once, off the serving threads.
+    pub render_threads: usize,
+    /// Kubernetes discovery (`--service-discovery`).
+    pub discovery: Option<DiscoverySetup>,
+    /// Peers to catch up from (`--index-peers`, `--index-peer-selector`).
+    pub index_peers: Option<crate::peers::PeerSetup>,
+    /// How this router serves its own index snapshot to peers.
+    pub index_snapshot: gateway::SnapshotServing,
+}
+
+/// Kubernetes discovery: where the API server is, and what to watch.
+#[derive(Debug, Clone)]
+pub struct DiscoverySetup {
+    /// The API server.
+    pub api: fleet::k8s::api::ApiServer,
+    /// Selectors, namespace, port, annotation, pool label (`pools` is filled from the routing config).
+    pub config: fleet::k8s::DiscoveryConfig,
+}
+
+/// The embedding model and how its pool runs.
+#[derive(Debug, Clone)]
+pub struct EmbeddingSetup {
+    /// The model directory.
+    pub model: PathBuf,
+    /// Threads, queue, batch, cache, timeout.
+    pub pool: embed::PoolConfig,
+}
+
+/// Model pools from a routing config, checked.
+#[derive(Debug, Clone)]
+pub struct RoutingSetup {
+    /// The config (compiled into the gateway's selector).
+    pub config: model_select::Config,
+    /// The file it was read from: SIGHUP and `POST /routing/reload` read it again.
+    pub source: Option<PathBuf>,
+    /// Its pools, in the config's order.
+    pub pools: Vec<PoolSetup>,
+}
+
+/// One pool to build.
+#[derive(Debug, Clone)]
+pub struct PoolSetup {
+    /// Its name.
+    pub name: String,
+    /// The model its engines serve.
+    pub served_model: String,
+    /// Its workers (`mock_workers` adds that many simulated engines serving `served_model`).
+    pub workers: Vec<WorkerUrl>,
+    /// Its policy.
+    pub policy: PolicyConfig,
+    /// Its model directory (the router's `tokenizer_path` when none).
+    pub tokenizer_path: Option<PathBuf>,
+    /// Its chat template (the router's `chat_template` when none).
+    pub chat_template: Option<PathBuf>,
+    /// Its context window.
+    pub context_window: Option<u64>,
+}
+
+/// Prefill/decode disaggregation: its workers and policies.
+#[derive(Debug, Clone)]
+pub struct PdSetup {
+    /// The engines' contract.
+    pub mode: PdMode,
+    /// Prefill workers and their bootstrap ports.
+    pub prefill: Vec<(WorkerUrl, Bootstrap)>,
+    /// Decode workers.
+    pub decode: Vec<WorkerUrl>,
+    /// Chooses the prefill worker.
+    pub prefill_policy: PolicyConfig,
+    /// Chooses the decode worker (by load: decode candidates hold no prefix).
+    pub decode_policy: PolicyConfig,
+    /// Simulated prefill engines to start in-process.
+    pub mock_prefill: usize,
+    /// Simulated decode engines to start in-process.
+    pub mock_decode: usize,
+    /// vLLM's KV connector.
+    pub connector: gateway::pd::KvConnector,
+}
