@@ -23,6 +23,7 @@ mod feedback;
 mod language;
 mod pii;
 mod request;
+mod results;
 mod selector;
 mod semantic;
 mod signals;
@@ -42,9 +43,10 @@ pub use feedback::{Arm, ELO_K, ELO_START, Outcomes, Rng};
 pub use language::{Detected, detect as detect_language, normalize as language_code};
 pub use pii::{PiiDetector, PiiFinding, PiiType};
 pub use request::{Redactions, redact, set_system_prompt, shape, signal_text, user_turns};
+pub use results::{SignalResult, SignalResults};
 pub use selector::{Choice, NO_DECISION, Selector, Target, first_eligible, redact_types};
 pub use semantic::{
     DomainClassifier, DomainOutcome, Embedder, EmbeddingNeeds, RequestEmbeddings, Vector, centroid, contrastive_score,
     cosine, nearest_mean,
 };
-pub use signals::{PoolState, Shape, SignalInput, SignalResult, SignalResults, Signals};
+pub use signals::{PoolState, Shape, SignalInput, Signals};

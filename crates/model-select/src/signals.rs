@@ -4,7 +4,7 @@
 //! does not decide anything (that is `decision`); languages come from
 //! `language`, the embedding signals from `semantic`.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::HashSet;
 
 use regex::{Regex, RegexSet, RegexSetBuilder};
 
@@ -13,7 +13,8 @@ use crate::config::{
     SignalRef, SignalsConfig,
 };
 use crate::error::ConfigError;
-use crate::pii::{PiiDetector, PiiFinding, PiiType};
+use crate::pii::{PiiDetector, PiiType};
+use crate::results::{SignalResult, SignalResults};
 use crate::semantic::{Embedder, EmbeddingNeeds, RequestEmbeddings, Semantic};
 
 /// Upper bound on one compiled pattern (the regex crate's own default is 10 MiB).
@@ -81,27 +82,6 @@ impl<'a> SignalInput<'a> {
     pub fn new(text: &'a str, tokens: u64) -> Self {
         SignalInput { text, tokens, ..SignalInput::default() }
     }
-}
-
-/// One computed signal.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SignalResult {
-    /// Whether the rule matched.
-    pub matched: bool,
-    /// How sure (1.0 for every rule signal).
-    pub confidence: f64,
-    /// A number for predicates: keywords found (keyword), token count
-    /// (context), findings (pii); none for regex.
-    pub value: Option<f64>,
-}
-
-/// The signals computed for one request.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SignalResults {
-    results: BTreeMap<SignalRef, SignalResult>,
-    not_computed: BTreeSet<SignalRef>,
-    errors: BTreeMap<SignalRef, String>,
-    pii_findings: Vec<PiiFinding>,
 }
 
 #[derive(Debug, Clone)]
@@ -200,26 +180,27 @@ impl Signals {
                 KeywordOperator::And => found == k.set.len(),
                 KeywordOperator::Nor => found == 0,
             };
-            out.results.insert(k.signal.clone(), rule(matched, Some(found as f64)));
+            out.insert(k.signal.clone(), rule(matched, Some(found as f64)));
         }
         for (signal, re) in self.regex.iter().filter(|(s, _)| needed.contains(s)) {
-            out.results.insert(signal.clone(), rule(re.is_match(input.text), None));
+            out.insert(signal.clone(), rule(re.is_match(input.text), None));
         }
         let wanted_pii: Vec<&(SignalRef, Vec<PiiType>)> = self.pii.iter().filter(|(s, _)| needed.contains(s)).collect();
         if let (Some(detector), false) = (&self.detector, wanted_pii.is_empty()) {
             let mut types: Vec<PiiType> = wanted_pii.iter().flat_map(|(_, t)| t.iter().copied()).collect();
             types.sort();
             types.dedup();
-            out.pii_findings = detector.detect(input.text, &types);
+            let findings = detector.detect(input.text, &types);
             for (signal, types) in wanted_pii {
-                let hits = out.pii_findings.iter().filter(|f| types.contains(&f.kind)).count();
-                out.results.insert(signal.clone(), rule(hits > 0, Some(hits as f64)));
+                let hits = findings.iter().filter(|f| types.contains(&f.kind)).count();
+                out.insert(signal.clone(), rule(hits > 0, Some(hits as f64)));
             }
+            out.set_pii_findings(findings);
         }
         for (signal, c) in self.context.iter().filter(|(s, _)| needed.contains(s)) {
             let matched = c.min_tokens.is_none_or(|min| input.tokens >= min)
                 && c.max_tokens.is_none_or(|max| input.tokens <= max);
-            out.results.insert(signal.clone(), rule(matched, Some(input.tokens as f64)));
+            out.insert(signal.clone(), rule(matched, Some(input.tokens as f64)));
         }
         self.evaluate_request(input, needed, &mut out);
         self.semantic.evaluate(input.embeddings, needed, &mut out);
@@ -233,12 +214,12 @@ impl Signals {
                     }
                     _ => SignalResult { matched: false, confidence: 0.0, value: detected.map(|d| d.confidence) },
                 };
-                out.results.insert(signal.clone(), result);
+                out.insert(signal.clone(), result);
             }
         }
         for failed in needed.iter().filter(|s| s.kind == SignalKind::Failed) {
-            let matched = failed.watched().is_some_and(|w| out.errors.contains_key(&w));
-            out.results.insert(failed.clone(), SignalResult { matched, confidence: 1.0, value: None });
+            let matched = failed.watched().is_some_and(|w| out.error(&w).is_some());
+            out.insert(failed.clone(), SignalResult { matched, confidence: 1.0, value: None });
         }
         out
     }
@@ -258,16 +239,16 @@ impl Signals {
                 && c.has_tools.is_none_or(|t| shape.tools == t)
                 && c.tool_loop.is_none_or(|t| shape.tool_loop == t)
                 && c.has_images.is_none_or(|i| shape.images == i);
-            out.results.insert(signal.clone(), rule(matched, Some(f64::from(shape.turns))));
+            out.insert(signal.clone(), rule(matched, Some(f64::from(shape.turns))));
         }
         for (signal, h) in self.headers.iter().filter(|(s, _)| needed.contains(s)) {
             let value = input.headers.iter().find(|(n, _)| *n == h.header).map(|(_, v)| v.as_str());
             let matched = value.is_some_and(|v| h.values.is_empty() || h.values.iter().any(|x| x == v));
-            out.results.insert(signal.clone(), rule(matched, None));
+            out.insert(signal.clone(), rule(matched, None));
         }
         for (signal, l) in self.load.iter().filter(|(s, _)| needed.contains(s)) {
             let Some(pool) = input.pools.iter().find(|p| p.name == l.pool) else {
-                out.results.insert(signal.clone(), rule(false, None));
+                out.insert(signal.clone(), rule(false, None));
                 continue;
             };
             let matched = l.min_in_flight.is_none_or(|m| pool.in_flight >= m)
@@ -276,59 +257,8 @@ impl Signals {
                 && l.max_ttft_ms.is_none_or(|m| pool.est_ttft_ms <= m);
             let ttft = l.min_ttft_ms.is_some() || l.max_ttft_ms.is_some();
             let value = if ttft { pool.est_ttft_ms } else { pool.in_flight as f64 };
-            out.results.insert(signal.clone(), rule(matched, Some(value)));
+            out.insert(signal.clone(), rule(matched, Some(value)));
         }
-    }
-}
-
-// === impl SignalResults ===
-
-impl SignalResults {
-    /// The result of `signal`, if it was computed.
-    pub fn get(&self, signal: &SignalRef) -> Option<&SignalResult> {
-        self.results.get(signal)
-    }
-
-    /// Whether `signal` was asked for but cannot be computed yet (language).
-    pub fn is_not_computed(&self, signal: &SignalRef) -> bool {
-        self.not_computed.contains(signal)
-    }
-
-    /// Every computed signal, ordered by type then name.
-    pub fn iter(&self) -> impl Iterator<Item = (&SignalRef, &SignalResult)> {
-        self.results.iter()
-    }
-
-    /// Signals asked for but not computed.
-    pub fn not_computed(&self) -> impl Iterator<Item = &SignalRef> {
-        self.not_computed.iter()
-    }
-
-    /// PII findings (type and span) of every type a computed PII signal asked for.
-    pub fn pii_findings(&self) -> &[PiiFinding] {
-        &self.pii_findings
-    }
-
-    /// Sets a result by hand (tests, and signals computed elsewhere).
-    pub fn insert(&mut self, signal: SignalRef, result: SignalResult) {
-        self.not_computed.remove(&signal);
-        self.results.insert(signal, result);
-    }
-
-    /// Records that `signal` could not be computed, and why (it does not match).
-    pub fn fail(&mut self, signal: SignalRef, why: &str) {
-        self.results.insert(signal.clone(), SignalResult { matched: false, confidence: 0.0, value: None });
-        self.errors.insert(signal, why.to_owned());
-    }
-
-    /// Why `signal` could not be computed, if it could not.
-    pub fn error(&self, signal: &SignalRef) -> Option<&str> {
-        self.errors.get(signal).map(String::as_str)
-    }
-
-    /// Every signal that could not be computed, with why.
-    pub fn errors(&self) -> impl Iterator<Item = (&SignalRef, &str)> {
-        self.errors.iter().map(|(s, e)| (s, e.as_str()))
     }
 }
 
