@@ -21,6 +21,7 @@ mod decision;
 mod error;
 mod feedback;
 mod language;
+mod normalize;
 mod pii;
 mod request;
 mod results;

@@ -2,8 +2,11 @@
 //! evaluated per request on its text and exact token count. Only the signals
 //! asked for are computed. Owns matching (keywords, regex, PII, context);
 //! does not decide anything (that is `decision`); languages come from
-//! `language`, the embedding signals from `semantic`.
+//! `language`, the embedding signals from `semantic`. Keyword, regex and PII
+//! rules read the text normalized ([`crate::normalize`]), keywords with
+//! look-alike letters folded too.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use regex::{Regex, RegexSet, RegexSetBuilder};
@@ -13,6 +16,7 @@ use crate::config::{
     SignalRef, SignalsConfig,
 };
 use crate::error::ConfigError;
+use crate::normalize::{Normalized, fold_confusables};
 use crate::pii::{PiiDetector, PiiType};
 use crate::results::{SignalResult, SignalResults};
 use crate::semantic::{Embedder, EmbeddingNeeds, RequestEmbeddings, Semantic};
@@ -90,7 +94,7 @@ struct KeywordSignal {
     operator: KeywordOperator,
     set: RegexSet,
     /// Matched against the ASCII-lowercased text (a case-insensitive rule of
-    /// ASCII keywords: its literals then prefilter the scan).
+    /// keywords ASCII once normalized: its literals then prefilter the scan).
     lowered: bool,
 }
 
@@ -170,10 +174,16 @@ impl Signals {
     pub fn evaluate(&self, input: &SignalInput<'_>, needed: &HashSet<SignalRef>) -> SignalResults {
         let mut out = SignalResults::default();
         let rule = |matched: bool, value: Option<f64>| SignalResult { matched, confidence: 1.0, value };
+        let keywords: Vec<&KeywordSignal> = self.keywords.iter().filter(|k| needed.contains(&k.signal)).collect();
+        let regex: Vec<&(SignalRef, Regex)> = self.regex.iter().filter(|(s, _)| needed.contains(s)).collect();
+        let wanted_pii: Vec<&(SignalRef, Vec<PiiType>)> = self.pii.iter().filter(|(s, _)| needed.contains(s)).collect();
+        let reads_text = !keywords.is_empty() || !regex.is_empty() || !wanted_pii.is_empty();
+        let normalized = Normalized::new(if reads_text { input.text } else { "" });
+        let folded = if keywords.is_empty() { Cow::Borrowed("") } else { fold_confusables(normalized.as_str()) };
         let mut lowered: Option<String> = None;
-        for k in self.keywords.iter().filter(|k| needed.contains(&k.signal)) {
-            let text =
-                if k.lowered { lowered.get_or_insert_with(|| input.text.to_ascii_lowercase()) } else { input.text };
+        for k in keywords {
+            let text: &str =
+                if k.lowered { lowered.get_or_insert_with(|| folded.to_ascii_lowercase()) } else { &folded };
             let found = k.set.matches(text).iter().count();
             let matched = match k.operator {
                 KeywordOperator::Or => found > 0,
@@ -182,15 +192,16 @@ impl Signals {
             };
             out.insert(k.signal.clone(), rule(matched, Some(found as f64)));
         }
-        for (signal, re) in self.regex.iter().filter(|(s, _)| needed.contains(s)) {
-            out.insert(signal.clone(), rule(re.is_match(input.text), None));
+        // A pattern may look for an encoding itself (`&#`, a zero-width space): the original counts too.
+        for (signal, re) in regex {
+            let matched = re.is_match(normalized.as_str()) || (normalized.is_changed() && re.is_match(input.text));
+            out.insert(signal.clone(), rule(matched, None));
         }
-        let wanted_pii: Vec<&(SignalRef, Vec<PiiType>)> = self.pii.iter().filter(|(s, _)| needed.contains(s)).collect();
         if let (Some(detector), false) = (&self.detector, wanted_pii.is_empty()) {
             let mut types: Vec<PiiType> = wanted_pii.iter().flat_map(|(_, t)| t.iter().copied()).collect();
             types.sort();
             types.dedup();
-            let findings = detector.detect(input.text, &types);
+            let findings = detector.detect_in(&normalized, &types);
             for (signal, types) in wanted_pii {
                 let hits = findings.iter().filter(|f| types.contains(&f.kind)).count();
                 out.insert(signal.clone(), rule(hits > 0, Some(hits as f64)));
@@ -262,15 +273,22 @@ impl Signals {
     }
 }
 
-/// One pattern per keyword: whole words (a `\b` on each side that starts or
-/// ends with a word character, as the semantic router does), any run of
-/// whitespace inside a phrase matching any run, case-insensitive unless asked.
 /// Whether a keyword rule is matched case-sensitively against the lowercased
-/// text: case-insensitive, every keyword ASCII.
+/// text: case-insensitive, every keyword ASCII once normalized.
 fn lowers(rule: &KeywordRule) -> bool {
-    !rule.case_sensitive && rule.keywords.iter().all(|k| k.is_ascii())
+    !rule.case_sensitive && rule.keywords.iter().all(|k| keyword_form(k).is_ascii())
 }
 
+/// A keyword as it is matched: normalized and folded as the text is, trimmed.
+fn keyword_form(keyword: &str) -> String {
+    fold_confusables(Normalized::new(keyword).as_str()).trim().to_owned()
+}
+
+/// One pattern per keyword: whole words (a `\b` on each side that starts or
+/// ends with a word character, as the semantic router does), any run of
+/// whitespace, punctuation or symbols between a phrase's words matching any
+/// such run (`ignore_previous_instructions` is the phrase "ignore previous
+/// instructions"), case-insensitive unless asked.
 pub(crate) fn compile_keywords(rule: &KeywordRule) -> Result<RegexSet, ConfigError> {
     if rule.keywords.is_empty() {
         return Err(ConfigError::EmptyKeywords { name: rule.name.clone() });
@@ -279,7 +297,7 @@ pub(crate) fn compile_keywords(rule: &KeywordRule) -> Result<RegexSet, ConfigErr
         .keywords
         .iter()
         .map(|k| {
-            let k = k.trim();
+            let k = keyword_form(k);
             if k.is_empty() {
                 return Err(ConfigError::BlankKeyword { name: rule.name.clone() });
             }
@@ -295,7 +313,7 @@ pub(crate) fn compile_keywords(rule: &KeywordRule) -> Result<RegexSet, ConfigErr
             };
             let lead = boundary(k.chars().next());
             let trail = boundary(k.chars().next_back());
-            Ok(format!("{lead}{}{trail}", body.join(r"\s+")))
+            Ok(format!("{lead}{}{trail}", body.join(r"[\s\p{P}\p{S}]+")))
         })
         .collect::<Result<Vec<_>, _>>()?;
     RegexSetBuilder::new(patterns)

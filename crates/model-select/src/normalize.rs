@@ -1,0 +1,315 @@
+//! The text the detectors read (keywords, regex, PII): the request's text
+//! with its encodings undone, so that `jane&#64;example.com`, a fullwidth
+//! `＠`, digits of another script or a zero-width space inside a word do not
+//! hide what they spell. One pass, in this order:
+//!
+//! 1. HTML character references decoded ([`entities`]);
+//! 2. Unicode NFKC (fullwidth and compatibility forms, ligatures, NBSP...);
+//! 3. default-ignorable code points removed (zero-width space, joiners,
+//!    soft hyphen, word joiner, BOM, bidi controls, variation selectors...);
+//! 4. decimal digits of other scripts to ASCII (`٤` is `4`), dashes (`–`,
+//!    `—`, `‐`, `−`) to `-`.
+//!
+//! Every char of the result remembers the bytes of the original it came from,
+//! so a span found in the normalized text maps back to the original
+//! ([`Normalized::original_span`]): redaction replaces the original's bytes.
+//! ASCII text without `&` (and any text the steps leave alone) is returned
+//! borrowed, with no map: the common case costs one scan. Keyword matching
+//! also folds look-alike letters ([`fold_confusables`]); the PII detector and
+//! regex rules do not. Owns no detector.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use unicode_normalization_alignments::char::is_combining_mark;
+use unicode_normalization_alignments::{IsNormalized, UnicodeNormalization, is_nfkc_quick};
+
+mod entities;
+
+/// A text as the detectors read it.
+#[derive(Debug, Clone)]
+pub(crate) struct Normalized<'a> {
+    text: Cow<'a, str>,
+    /// The original's length in bytes.
+    original_len: usize,
+    /// When `text` differs from the original: one entry per char of `text`.
+    origins: Vec<Origin>,
+}
+
+/// Where one char of a normalized text came from.
+#[derive(Debug, Clone, Copy)]
+struct Origin {
+    /// Its byte offset in the normalized text.
+    at: usize,
+    /// The original's bytes it stands for (a decoded reference, a
+    /// decomposed ligature's first char, a composed pair: more than one char).
+    start: usize,
+    end: usize,
+}
+
+/// The zero of each run of ten decimal digits (Unicode `Nd`) that NFKC does
+/// not map to ASCII (it maps the fullwidth and mathematical ones), sorted.
+const DIGIT_ZEROS: [u32; 58] = [
+    0x660, 0x6F0, 0x7C0, 0x966, 0x9E6, 0xA66, 0xAE6, 0xB66, 0xBE6, 0xC66, 0xCE6, 0xD66, 0xDE6, 0xE50, 0xED0, 0xF20,
+    0x1040, 0x1090, 0x17E0, 0x1810, 0x1946, 0x19D0, 0x1A80, 0x1A90, 0x1B50, 0x1BB0, 0x1C40, 0x1C50, 0xA620, 0xA8D0,
+    0xA900, 0xA9D0, 0xA9F0, 0xAA50, 0xABF0, 0x104A0, 0x10D30, 0x11066, 0x110F0, 0x11136, 0x111D0, 0x112F0, 0x11450,
+    0x114D0, 0x11650, 0x116C0, 0x11730, 0x118E0, 0x11950, 0x11C50, 0x11D50, 0x11DA0, 0x16A60, 0x16AC0, 0x16B50,
+    0x1E140, 0x1E2F0, 0x1E950,
+];
+
+// === impl Normalized ===
+
+impl<'a> Normalized<'a> {
+    /// `original` normalized (borrowed when no step changes it).
+    pub(crate) fn new(original: &'a str) -> Self {
+        let borrowed = Normalized { text: Cow::Borrowed(original), original_len: original.len(), origins: Vec::new() };
+        if unchanged(original) {
+            return borrowed;
+        }
+        // Step 1: references decoded, ignorables dropped (so that NFKC composes across them).
+        let mut chars: Vec<(char, Range<usize>)> = Vec::with_capacity(original.len());
+        let mut i = 0;
+        while let Some(c) = original[i..].chars().next() {
+            let (c, end) = match c {
+                '&' => entities::decode(original, i).unwrap_or(('&', i + 1)),
+                c => (c, i + c.len_utf8()),
+            };
+            if !ignorable(c) {
+                chars.push((c, i..end));
+            }
+            i = end;
+        }
+        // Steps 2 to 4. Each output char of NFKC says how many input chars it
+        // consumed (`1 - change`: 0 for the second char of a decomposition, 2
+        // for a composed pair); one that consumed none maps to its predecessor's bytes.
+        let mut text = String::with_capacity(original.len());
+        let mut origins = Vec::with_capacity(chars.len());
+        let (mut next, mut last) = (0, 0..0);
+        for (c, change) in chars.iter().map(|(c, _)| *c).nfkc() {
+            let consumed = usize::try_from(1 - change).unwrap_or(0);
+            if consumed > 0 && next < chars.len() {
+                let stop = (next + consumed).min(chars.len());
+                last = chars[next].1.start..chars[stop - 1].1.end;
+                next = stop;
+            }
+            if let Some(c) = fold(c) {
+                origins.push(Origin { at: text.len(), start: last.start, end: last.end });
+                text.push(c);
+            }
+        }
+        if text == original {
+            return borrowed;
+        }
+        Normalized { text: Cow::Owned(text), original_len: original.len(), origins }
+    }
+
+    /// The normalized text.
+    pub(crate) fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// Whether it differs from the original.
+    pub(crate) fn is_changed(&self) -> bool {
+        matches!(self.text, Cow::Owned(_))
+    }
+
+    /// The bytes of the original that `span` (char boundaries of the
+    /// normalized text) came from: from its first char's first byte to its
+    /// last char's last byte.
+    pub(crate) fn original_span(&self, span: Range<usize>) -> Range<usize> {
+        if !self.is_changed() {
+            return span;
+        }
+        let first = self.origins.partition_point(|o| o.at < span.start);
+        let start = self.origins.get(first).map_or(self.original_len, |o| o.start);
+        if span.is_empty() {
+            return start..start;
+        }
+        let last = self.origins.partition_point(|o| o.at < span.end).saturating_sub(1);
+        let end = self.origins.get(last).map_or(self.original_len, |o| o.end);
+        start..end.max(start)
+    }
+}
+
+/// Whether no step would change `text` (checked without allocating).
+fn unchanged(text: &str) -> bool {
+    if !text.bytes().any(|b| b >= 0x80 || b == b'&') {
+        return true;
+    }
+    for (i, c) in text.char_indices() {
+        let changes = match c {
+            '&' => entities::decode(text, i).is_some(),
+            c if c.is_ascii() => false,
+            c => ignorable(c) || fold(c) != Some(c),
+        };
+        if changes {
+            return false;
+        }
+    }
+    is_nfkc_quick(text.chars()) == IsNormalized::Yes
+}
+
+/// Step 4 for one char of NFKC's output: `None` drops it (default-ignorable).
+fn fold(c: char) -> Option<char> {
+    if c.is_ascii() {
+        return Some(c);
+    }
+    if ignorable(c) {
+        return None;
+    }
+    if matches!(
+        c,
+        '\u{2010}'..='\u{2015}' | '\u{2212}' | '\u{2E3A}' | '\u{2E3B}' | '\u{FE58}' | '\u{FE63}' | '\u{FF0D}'
+    ) {
+        return Some('-');
+    }
+    let code = u32::from(c);
+    let run = DIGIT_ZEROS.partition_point(|&zero| zero <= code);
+    match run.checked_sub(1).map(|r| code - DIGIT_ZEROS[r]) {
+        Some(digit @ 0..=9) => char::from_digit(digit, 10),
+        _ => Some(c),
+    }
+}
+
+/// Unicode's `Default_Ignorable_Code_Point`: invisible, so removed.
+fn ignorable(c: char) -> bool {
+    matches!(
+        u32::from(c),
+        0xAD | 0x34F
+            | 0x61C
+            | 0x115F..=0x1160
+            | 0x17B4..=0x17B5
+            | 0x180B..=0x180F
+            | 0x200B..=0x200F
+            | 0x202A..=0x202E
+            | 0x2060..=0x206F
+            | 0x3164
+            | 0xFE00..=0xFE0F
+            | 0xFEFF
+            | 0xFFA0
+            | 0xFFF0..=0xFFF8
+            | 0x1BCA0..=0x1BCA3
+            | 0x1D173..=0x1D17A
+            | 0xE0000..=0xE0FFF
+    )
+}
+
+/// For keyword matching (text and keywords alike): the common Cyrillic and
+/// Greek look-alikes of Latin letters to those letters (`о` is `o`), the
+/// Turkish `İ` and `ı` to `I` and `i` (so that a case-insensitive `ignore`
+/// matches `İGNORE`), and combining marks after an ASCII letter dropped (NFKC
+/// left them: no precomposed letter has them, so they only decorate).
+/// Borrowed when nothing changes. A word of another script made only of
+/// look-alikes reads as Latin (`сор` matches a keyword `cop`); a keyword is
+/// folded as the text is, so a Cyrillic keyword still matches Cyrillic text.
+pub(crate) fn fold_confusables(text: &str) -> Cow<'_, str> {
+    if text.is_ascii() {
+        return Cow::Borrowed(text);
+    }
+    let mut out: Option<String> = None;
+    let mut after_letter = false;
+    for (i, c) in text.char_indices() {
+        let folded = if after_letter && is_combining_mark(c) { None } else { Some(confusable(c).unwrap_or(c)) };
+        if folded != Some(c) && out.is_none() {
+            out = Some(text[..i].to_owned());
+        }
+        if let Some(f) = folded {
+            after_letter = f.is_ascii_alphabetic();
+            if let Some(o) = out.as_mut() {
+                o.push(f);
+            }
+        }
+    }
+    out.map_or(Cow::Borrowed(text), Cow::Owned)
+}
+
+/// The Latin letter `c` looks like, if it is a common look-alike of one.
+fn confusable(c: char) -> Option<char> {
+    Some(match c {
+        // Cyrillic: the look-alikes, and their other case (a case-insensitive
+        // match needs both cases folded alike: `т` with `Т`).
+        'а' => 'a',
+        'в' => 'b',
+        'ԁ' => 'd',
+        'е' => 'e',
+        'һ' | 'н' => 'h',
+        'і' => 'i',
+        'ј' => 'j',
+        'к' => 'k',
+        'ӏ' | 'Ӏ' => 'l',
+        'м' => 'm',
+        'о' => 'o',
+        'р' => 'p',
+        'ԛ' => 'q',
+        'ѕ' => 's',
+        'т' => 't',
+        'ԝ' => 'w',
+        'х' => 'x',
+        'у' | 'ү' => 'y',
+        'с' => 'c',
+        'А' => 'A',
+        'В' => 'B',
+        'С' => 'C',
+        'Ԁ' => 'D',
+        'Е' => 'E',
+        'Н' | 'Һ' => 'H',
+        'І' => 'I',
+        'Ј' => 'J',
+        'К' => 'K',
+        'М' => 'M',
+        'О' => 'O',
+        'Р' => 'P',
+        'Ԛ' => 'Q',
+        'Ѕ' => 'S',
+        'Т' => 'T',
+        'Ԝ' => 'W',
+        'Х' => 'X',
+        'У' | 'Ү' => 'Y',
+        // Greek, both cases alike too.
+        'α' => 'a',
+        'β' => 'b',
+        'ϲ' => 'c',
+        'ε' => 'e',
+        'η' => 'h',
+        'ι' => 'i',
+        'ϳ' => 'j',
+        'κ' => 'k',
+        'μ' => 'm',
+        'ν' => 'n',
+        'ο' => 'o',
+        'ρ' => 'p',
+        'τ' => 't',
+        'χ' => 'x',
+        'υ' => 'y',
+        'ζ' => 'z',
+        'Α' => 'A',
+        'Β' => 'B',
+        'Ϲ' => 'C',
+        'Ε' => 'E',
+        'Η' => 'H',
+        'Ι' => 'I',
+        'Ϳ' => 'J',
+        'Κ' => 'K',
+        'Μ' => 'M',
+        'Ν' => 'N',
+        'Ο' => 'O',
+        'Ρ' => 'P',
+        'Τ' => 'T',
+        'Χ' => 'X',
+        'Υ' => 'Y',
+        'Ζ' => 'Z',
+        // Latin.
+        'İ' => 'I',
+        'ı' => 'i',
+        'ɑ' => 'a',
+        'Ɑ' => 'A',
+        'ɡ' => 'g',
+        'Ɡ' => 'G',
+        'ȷ' => 'j',
+        'ǀ' => 'l',
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests;
