@@ -23,6 +23,7 @@ mod feedback;
 mod language;
 mod normalize;
 mod pii;
+mod redact;
 mod request;
 mod results;
 mod selector;
@@ -43,7 +44,8 @@ pub use error::ConfigError;
 pub use feedback::{Arm, ELO_K, ELO_START, Outcomes, Rng};
 pub use language::{Detected, detect as detect_language, normalize as language_code};
 pub use pii::{PiiDetector, PiiFinding, PiiType};
-pub use request::{Redactions, redact, set_system_prompt, shape, signal_text, user_turns};
+pub use redact::{Redactions, redact};
+pub use request::{set_system_prompt, shape, signal_text, user_turns};
 pub use results::{SignalResult, SignalResults};
 pub use selector::{Choice, NO_DECISION, Selector, Target, first_eligible, redact_types};
 pub use semantic::{
