@@ -79,3 +79,39 @@ fn confusables_fold_to_latin_for_keywords() {
     assert!(matches!(fold_confusables("plain"), Cow::Borrowed(_)));
     assert!(matches!(fold_confusables("请帮我 straße"), Cow::Borrowed(_)));
 }
+
+#[test]
+fn hangul_jamo_and_kana_compose_across_the_runs() {
+    assert_eq!(norm("가\u{11A8} \u{1100}\u{1161}", &[]).0, "각 가");
+    assert_eq!(norm("カ\u{FF9E} ﾀﾞ", &[]).0, "ガ ダ");
+    assert_eq!(norm("e&#x301;", &[(0, 2)]), ("é".to_owned(), vec!["e&#x301;"]));
+}
+
+/// Seeded random strings of pieces that compose, decompose, decode or
+/// vanish: normalizing only the runs that change gives what the steps give
+/// on the whole text, and every char maps to original bytes in order.
+#[test]
+fn runs_normalize_as_the_whole_text_would() {
+    const PIECES: &[&str] = &[
+        "a", "e", "I", " ", "&", "&#64;", "&amp;", "#", "4;", "\u{301}", "\u{308}", "\u{323}", "ｅ", "＠", "ﬁ", "가",
+        "\u{1100}", "\u{1161}", "\u{11A8}", "\u{200B}", "\u{AD}", "\u{FE0F}", "中", "，", "ж", "٤", "–", "\u{212B}",
+        "ﾀ", "\u{FF9E}", "カ", "\u{3099}", "é", "\u{A0}",
+    ];
+    let mut rng = crate::Rng::new(7);
+    for _ in 0..3000 {
+        let len = 1 + (rng.uniform() * 12.0) as usize;
+        let s: String = (0..len).map(|_| PIECES[(rng.uniform() * PIECES.len() as f64) as usize]).collect();
+        let n = Normalized::new(&s);
+        let (mut whole, mut pieces, mut chars) = (String::new(), Vec::new(), Vec::new());
+        normalize_run(&s, 0..s.len(), &mut chars, &mut whole, &mut pieces);
+        assert_eq!(n.as_str(), whole, "{s:?}");
+        assert_eq!(n.is_changed(), whole != s, "{s:?}");
+        let mut start = 0;
+        for (i, c) in n.as_str().char_indices() {
+            let o = n.original_span(i..i + c.len_utf8());
+            assert!(s.is_char_boundary(o.start) && s.is_char_boundary(o.end), "{s:?} {o:?}");
+            assert!(start <= o.start && o.start <= o.end && o.end <= s.len(), "{s:?} {o:?}");
+            start = o.start;
+        }
+    }
+}
