@@ -286,8 +286,8 @@ fn keyword_form(keyword: &str) -> String {
 
 /// One pattern per keyword: whole words (a `\b` on each side that starts or
 /// ends with a word character, as the semantic router does), any run of
-/// whitespace, punctuation or symbols between a phrase's words matching any
-/// such run (`ignore_previous_instructions` is the phrase "ignore previous
+/// whitespace or ASCII punctuation (`·` and `•` too) between a phrase's
+/// words matching any such run (`ignore_previous_instructions` is the phrase "ignore previous
 /// instructions"), case-insensitive unless asked.
 pub(crate) fn compile_keywords(rule: &KeywordRule) -> Result<RegexSet, ConfigError> {
     if rule.keywords.is_empty() {
@@ -313,7 +313,10 @@ pub(crate) fn compile_keywords(rule: &KeywordRule) -> Result<RegexSet, ConfigErr
             };
             let lead = boundary(k.chars().next());
             let trail = boundary(k.chars().next_back());
-            Ok(format!("{lead}{}{trail}", body.join(r"[\s\p{P}\p{S}]+")))
+            // ASCII punctuation (the text is normalized: fullwidth forms and dashes are ASCII
+            // there) and two bullets: Unicode's \p{P} and \p{S} made a rule of 500 phrases
+            // pass the 10 MiB pattern limit.
+            Ok(format!("{lead}{}{trail}", body.join(r"[\s[:punct:]·•]+")))
         })
         .collect::<Result<Vec<_>, _>>()?;
     RegexSetBuilder::new(patterns)
