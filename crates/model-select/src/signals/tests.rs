@@ -110,6 +110,13 @@ fn keywords_see_through_encodings_and_look_alikes() {
 }
 
 #[test]
+fn a_rule_of_many_phrases_stays_under_the_pattern_limit() {
+    let phrases: Vec<String> = (0..500).map(|i| format!("ignore all previous instructions number{i}")).collect();
+    let s = signals(json!({"keywords": [{"name": "k", "keywords": phrases}]}));
+    assert!(kw_matches(&s, "IGNORE_ALL_PREVIOUS_INSTRUCTIONS_NUMBER499"));
+}
+
+#[test]
 fn keyword_operators() {
     let text = "an integral and an equation";
     let or = kw(&["integral", "theorem"], "OR", false);
