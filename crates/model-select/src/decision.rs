@@ -8,7 +8,7 @@ use std::cmp::Ordering;
 use std::collections::HashSet;
 
 use crate::config::{DecisionConfig, RuleNode, RuleOperator, SignalCondition, SignalRef, Strategy};
-use crate::signals::SignalResults;
+use crate::results::SignalResults;
 
 /// The outcome of one rule tree.
 #[derive(Debug, Clone, PartialEq)]

@@ -21,8 +21,11 @@ mod decision;
 mod error;
 mod feedback;
 mod language;
+mod normalize;
 mod pii;
+mod redact;
 mod request;
+mod results;
 mod selector;
 mod semantic;
 mod signals;
@@ -41,10 +44,12 @@ pub use error::ConfigError;
 pub use feedback::{Arm, ELO_K, ELO_START, Outcomes, Rng};
 pub use language::{Detected, detect as detect_language, normalize as language_code};
 pub use pii::{PiiDetector, PiiFinding, PiiType};
-pub use request::{Redactions, redact, set_system_prompt, shape, signal_text, user_turns};
+pub use redact::{Redactions, redact};
+pub use request::{set_system_prompt, shape, signal_text, user_turns};
+pub use results::{SignalResult, SignalResults};
 pub use selector::{Choice, NO_DECISION, Selector, Target, first_eligible, redact_types};
 pub use semantic::{
     DomainClassifier, DomainOutcome, Embedder, EmbeddingNeeds, RequestEmbeddings, Vector, centroid, contrastive_score,
     cosine, nearest_mean,
 };
-pub use signals::{PoolState, Shape, SignalInput, SignalResult, SignalResults, Signals};
+pub use signals::{PoolState, Shape, SignalInput, Signals};

@@ -1,5 +1,8 @@
 //! PII detection by pattern and validator: email, phone, credit card (Luhn),
-//! IBAN (mod 97), US SSN, IP address (std parse) and API keys. A finding is a
+//! IBAN (mod 97), US SSN, IP address (std parse) and API keys. The patterns
+//! run on the normalized text ([`crate::normalize`]: references decoded,
+//! NFKC, invisible characters removed, digits and dashes to ASCII) and a
+//! finding's span is mapped back to the original's bytes. A finding is a
 //! type and a byte span; no matched value is copied or kept, so nothing here
 //! can leak one into a log. Redaction (a plugin) is not done here.
 
@@ -7,6 +10,11 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::ops::Range;
 
 use regex::Regex;
+
+use self::check::{IBAN_LENGTHS, alnum_after, dash_digit_around, iban_mod97, luhn, word_after, word_before};
+use crate::normalize::Normalized;
+
+mod check;
 
 /// A kind of personal or secret data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -32,7 +40,7 @@ pub enum PiiType {
 pub struct PiiFinding {
     /// The type.
     pub kind: PiiType,
-    /// Byte range in the text examined.
+    /// Byte range in the text examined (as given, before normalization).
     pub span: Range<usize>,
 }
 
@@ -68,31 +76,6 @@ pub struct PiiDetector {
     ipv6: Regex,
     api_key: Regex,
 }
-
-/// IBAN lengths of common countries; others must be 15..=34 long.
-const IBAN_LENGTHS: &[(&str, usize)] = &[
-    ("AT", 20),
-    ("BE", 16),
-    ("CH", 21),
-    ("CZ", 24),
-    ("DE", 22),
-    ("DK", 18),
-    ("ES", 24),
-    ("FI", 18),
-    ("FR", 27),
-    ("GB", 22),
-    ("GR", 27),
-    ("HU", 28),
-    ("IE", 22),
-    ("IT", 27),
-    ("LU", 20),
-    ("NL", 18),
-    ("NO", 15),
-    ("PL", 28),
-    ("PT", 25),
-    ("RO", 24),
-    ("SE", 24),
-];
 
 // === impl PiiType ===
 
@@ -147,9 +130,12 @@ impl PiiDetector {
     pub fn new() -> Self {
         let re = |p: &str| Regex::new(p).expect("constant PII pattern compiles");
         PiiDetector {
-            email: re(
-                r"[A-Za-z0-9._%+-]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\.[A-Za-z]{2,}",
-            ),
+            // The local part may hold Latin, Greek and Cyrillic letters (`josé`), not other
+            // scripts' (text glued to an address in CJK prose is not part of it).
+            email: re(concat!(
+                r"[\p{Latin}\p{Greek}\p{Cyrillic}\p{M}0-9._%+-]+",
+                r"@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\.[A-Za-z]{2,}",
+            )),
             phone: re(concat!(
                 r"\+\d{1,3}(?:[ .-]?\(\d{1,4}\)|[ .-]?\d{1,5}){1,6}",
                 r"|\(\d{3}\) ?\d{3}[ .-]\d{4}",
@@ -157,8 +143,9 @@ impl PiiDetector {
                 r"|(?-u:\b)0\d{1,4}(?:[ /.-]?\d{2,4}){1,4}(?-u:\b)",
             )),
             // 13 digits at least (shorter runs are no card): short numbers make no candidates.
-            card: re(r"\d(?:[ -]?\d){12,}"),
-            iban: re(r"(?-u:\b)[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,32}"),
+            // Groups split by a space, a dash, a dot or two spaces.
+            card: re(r"\d(?:(?: {1,2}|[.-])?\d){12,}"),
+            iban: re(r"(?i)(?-u:\b)[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,32}"),
             ssn: re(r"(?-u:\b)(\d{3})-(\d{2})-(\d{4})(?-u:\b)"),
             ipv4: re(r"(?-u:\b)\d{1,3}(?:\.\d{1,3}){3}(?-u:\b)"),
             // Two colons at least, as every IPv6 address has ("10:32" makes no candidate).
@@ -170,10 +157,26 @@ impl PiiDetector {
         }
     }
 
-    /// Every finding of the `wanted` types in `text`, sorted by position.
-    /// All types are scanned so that precedence ([`PiiType::ALL`]) can hide
-    /// overlaps; only `wanted` ones are returned.
+    /// Every finding of the `wanted` types in `text`, sorted by position,
+    /// spans in `text`. All types are scanned so that precedence
+    /// ([`PiiType::ALL`]) can hide overlaps; only `wanted` ones are returned.
     pub fn detect(&self, text: &str, wanted: &[PiiType]) -> Vec<PiiFinding> {
+        self.detect_in(&Normalized::new(text), wanted)
+    }
+
+    /// [`detect`](Self::detect) on a text normalized already: spans in its original.
+    pub(crate) fn detect_in(&self, text: &Normalized<'_>, wanted: &[PiiType]) -> Vec<PiiFinding> {
+        let mut found = self.scan(text.as_str(), wanted);
+        if text.is_changed() {
+            for f in &mut found {
+                f.span = text.original_span(f.span.clone());
+            }
+        }
+        found
+    }
+
+    /// The findings in a normalized `text`, spans in it.
+    fn scan(&self, text: &str, wanted: &[PiiType]) -> Vec<PiiFinding> {
         if wanted.is_empty() {
             return Vec::new();
         }
@@ -251,25 +254,30 @@ impl PiiDetector {
             if word_before(text, m.start()) || alnum_after(text, m.end()) {
                 continue;
             }
-            // Groups of digits split by single separators; a card is a run of
-            // whole groups (a phone number may sit just before it).
+            // Groups of digits split by separators; a card is a run of whole
+            // groups (a phone number may sit just before it).
             let mut groups: Vec<Range<usize>> = Vec::new();
-            let mut start = m.start();
-            for (i, b) in m.as_str().bytes().enumerate() {
-                if !b.is_ascii_digit() {
-                    groups.push(start..m.start() + i);
-                    start = m.start() + i + 1;
+            let mut start = None;
+            for (i, b) in m.as_str().bytes().enumerate().chain([(m.len(), b' ')]) {
+                match (b.is_ascii_digit(), start) {
+                    (true, None) => start = Some(m.start() + i),
+                    (false, Some(s)) => {
+                        groups.push(s..m.start() + i);
+                        start = None;
+                    }
+                    _ => {}
                 }
             }
-            groups.push(start..m.end());
             let mut i = 0;
             while i < groups.len() {
                 let found = (i..groups.len()).rev().find(|&j| {
-                    let digits: Vec<u8> = text[groups[i].start..groups[j].end]
-                        .bytes()
-                        .filter(u8::is_ascii_digit)
-                        .map(|b| b - b'0')
-                        .collect();
+                    let run = &text[groups[i].start..groups[j].end];
+                    // Dots or double spaces: only card-like groups (a decimal number is no card).
+                    let loose = run.contains('.') || run.contains("  ");
+                    if loose && !groups[i..=j].iter().all(|g| (3..=6).contains(&g.len())) {
+                        return false;
+                    }
+                    let digits: Vec<u8> = run.bytes().filter(u8::is_ascii_digit).map(|b| b - b'0').collect();
                     (13..=19).contains(&digits.len()) && digits.iter().any(|&d| d != 0) && luhn(&digits)
                 });
                 match found {
@@ -294,14 +302,15 @@ impl PiiDetector {
                 .filter(|(_, c)| *c != ' ')
                 .map(|(i, c)| m.start() + i + c.len_utf8())
                 .collect();
-            let country = &m.as_str()[..2];
-            let lengths: Vec<usize> = match IBAN_LENGTHS.iter().find(|(c, _)| *c == country) {
-                Some(&(_, len)) => vec![len],
-                None => (15..=34).rev().collect(),
-            };
+            let country = m.as_str()[..2].to_ascii_uppercase();
+            let known = IBAN_LENGTHS.iter().find(|(c, _)| *c == country).map(|&(_, len)| len);
+            let lengths: Vec<usize> = known.map_or_else(|| (15..=34).rev().collect(), |len| vec![len]);
             let hit = lengths.into_iter().filter(|&len| len <= ends.len()).find(|&len| {
-                let end = ends[len - 1];
-                !alnum_after(text, end) && iban_mod97(&text[m.start()..end])
+                let candidate = &text[m.start()..ends[len - 1]];
+                // Lower case needs a known country: its one length leaves 1 chance in 97
+                // to a random string, where the 20 lengths of an unknown one leave 1 in 5.
+                let cased = known.is_some() || !candidate.bytes().any(|b| b.is_ascii_lowercase());
+                cased && !alnum_after(text, ends[len - 1]) && iban_mod97(candidate)
             });
             if let Some(len) = hit {
                 out.push(m.start()..ends[len - 1]);
@@ -360,65 +369,6 @@ impl PiiDetector {
             .map(|m| m.range())
             .collect()
     }
-}
-
-/// Whether the char before `at` is a letter, digit or `_`.
-fn word_before(text: &str, at: usize) -> bool {
-    text[..at].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_')
-}
-
-/// Whether the char at `at` is a letter, digit or `_`.
-fn word_after(text: &str, at: usize) -> bool {
-    text[at..].chars().next().is_some_and(|c| c.is_alphanumeric() || c == '_')
-}
-
-/// Whether the char at `at` is a letter or digit.
-fn alnum_after(text: &str, at: usize) -> bool {
-    text[at..].chars().next().is_some_and(char::is_alphanumeric)
-}
-
-/// Whether `range` is glued to more digits by a dash (`1-123-45-6789`).
-fn dash_digit_around(text: &str, range: &Range<usize>) -> bool {
-    let before = text[..range.start].strip_suffix('-').is_some_and(|t| t.ends_with(|c: char| c.is_ascii_digit()));
-    let after = text[range.end..].strip_prefix('-').is_some_and(|t| t.starts_with(|c: char| c.is_ascii_digit()));
-    before || after
-}
-
-/// The Luhn checksum over decimal digits (most significant first).
-pub(crate) fn luhn(digits: &[u8]) -> bool {
-    let sum: u32 = digits
-        .iter()
-        .rev()
-        .enumerate()
-        .map(|(i, &d)| {
-            let d = u32::from(d);
-            if i % 2 == 1 {
-                let x = d * 2;
-                if x > 9 { x - 9 } else { x }
-            } else {
-                d
-            }
-        })
-        .sum();
-    sum.is_multiple_of(10)
-}
-
-/// The IBAN check: move the first four characters to the end, letters to
-/// 10..=35, the number mod 97 must be 1. Spaces are ignored.
-pub(crate) fn iban_mod97(iban: &str) -> bool {
-    let compact: Vec<u8> = iban.bytes().filter(|&b| b != b' ').collect();
-    if compact.len() < 5 || !compact[2..4].iter().all(u8::is_ascii_digit) {
-        return false;
-    }
-    let mut rem: u32 = 0;
-    for &b in compact[4..].iter().chain(&compact[..4]) {
-        match b {
-            b'0'..=b'9' => rem = (rem * 10 + u32::from(b - b'0')) % 97,
-            b'A'..=b'Z' => rem = (rem * 100 + u32::from(b - b'A' + 10)) % 97,
-            _ => return false,
-        }
-    }
-    rem == 1
 }
 
 #[cfg(test)]

@@ -1,15 +1,12 @@
 //! What model selection reads of and does to an OpenAI-style request body:
-//! the text signals look at (the user's turns; a completion's prompt), and
-//! the plugins that rewrite a body (PII placeholders, the system prompt).
+//! the text signals look at (the user's turns; a completion's prompt), its
+//! shape, and the system-prompt plugin (PII placeholders are `redact`'s).
 //! Works on `serde_json::Value`; knows the chat, completions and `/generate`
 //! shapes and nothing of HTTP.
-
-use std::collections::HashMap;
 
 use serde_json::Value;
 
 use crate::config::SystemPromptMode;
-use crate::pii::{PiiDetector, PiiType};
 use crate::signals::Shape;
 
 /// The text signals read: every user message's text (string content, or
@@ -98,89 +95,6 @@ fn each_text(v: Option<&Value>, f: &mut impl FnMut(&str)) {
     }
 }
 
-/// Each text in a content value, mutably (the shapes of [`each_text`]).
-fn each_text_mut(v: Option<&mut Value>, f: &mut impl FnMut(&mut String)) {
-    match v {
-        Some(Value::String(s)) => f(s),
-        Some(Value::Array(items)) => {
-            for item in items {
-                match item {
-                    Value::String(s) => f(s),
-                    Value::Object(part) => {
-                        if let Some(Value::String(s)) = part.get_mut("text") {
-                            f(s);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-/// What a redaction replaced: how many values of each type (never the values).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Redactions {
-    /// Values replaced, by type, in type order.
-    pub counts: Vec<(PiiType, usize)>,
-}
-
-impl Redactions {
-    /// Values replaced in all.
-    pub fn total(&self) -> usize {
-        self.counts.iter().map(|(_, n)| n).sum()
-    }
-}
-
-/// Replaces every finding of `types` in every message (all roles) or prompt
-/// with a placeholder `[EMAIL_1]`, `[PHONE_2]`...: numbered per type in order
-/// of appearance, one value keeping one placeholder across the request. The
-/// values stay in this function's memory only.
-pub fn redact(body: &mut Value, detector: &PiiDetector, types: &[PiiType]) -> Redactions {
-    let mut seen: HashMap<(PiiType, String), usize> = HashMap::new();
-    let mut next: HashMap<PiiType, usize> = HashMap::new();
-    let mut replaced: HashMap<PiiType, usize> = HashMap::new();
-    let mut apply = |text: &mut String| {
-        let mut findings = detector.detect(text, types);
-        if findings.is_empty() {
-            return;
-        }
-        findings.sort_by_key(|f| (f.span.start, std::cmp::Reverse(f.span.end)));
-        let mut out = String::with_capacity(text.len());
-        let mut at = 0;
-        for f in findings {
-            if f.span.start < at {
-                continue; // inside a finding already replaced
-            }
-            out.push_str(&text[at..f.span.start]);
-            let key = (f.kind, text[f.span.clone()].to_owned());
-            let n = *seen.entry(key).or_insert_with(|| {
-                let n = next.entry(f.kind).or_insert(0);
-                *n += 1;
-                *n
-            });
-            *replaced.entry(f.kind).or_insert(0) += 1;
-            out.push_str(&format!("[{}_{n}]", f.kind.as_str().to_ascii_uppercase()));
-            at = f.span.end;
-        }
-        out.push_str(&text[at..]);
-        *text = out;
-    };
-    if let Some(Value::Array(messages)) = body.get_mut("messages") {
-        for m in messages {
-            each_text_mut(m.get_mut("content"), &mut apply);
-        }
-    } else if body.get("prompt").is_some() {
-        each_text_mut(body.get_mut("prompt"), &mut apply);
-    } else {
-        each_text_mut(body.get_mut("text"), &mut apply);
-    }
-    let mut counts: Vec<(PiiType, usize)> = replaced.into_iter().collect();
-    counts.sort();
-    Redactions { counts }
-}
-
 /// Sets a chat's system prompt: replaces the first message's content when it
 /// is a system message (or puts `prompt` and a blank line before it, with
 /// [`SystemPromptMode::Insert`]), else adds a system message first. False
@@ -247,26 +161,6 @@ mod tests {
         ]});
         assert_eq!(shape(&vision), Shape { turns: 2, tools: false, tool_loop: false, images: true });
         assert_eq!(shape(&json!({"prompt": "x"})), Shape::default());
-    }
-
-    #[test]
-    fn redaction_numbers_values_per_type_and_keeps_one_placeholder_per_value() {
-        let mut body = json!({"messages": [
-            {"role": "system", "content": "Operator: ops@corp.example"},
-            {"role": "user", "content": "mail a@b.io or ops@corp.example, call +1 415 555 0100; a@b.io again"},
-            {"role": "user", "content": [{"type": "text", "text": "card 4111 1111 1111 1111"}]}
-        ]});
-        let d = PiiDetector::new();
-        let r = redact(&mut body, &d, &[PiiType::Email, PiiType::Phone]);
-        assert_eq!(body["messages"][0]["content"], "Operator: [EMAIL_1]");
-        assert_eq!(body["messages"][1]["content"], "mail [EMAIL_2] or [EMAIL_1], call [PHONE_1]; [EMAIL_2] again");
-        // Not asked for: left alone.
-        assert_eq!(body["messages"][2]["content"][0]["text"], "card 4111 1111 1111 1111");
-        assert_eq!(r.counts, [(PiiType::Email, 4), (PiiType::Phone, 1)]);
-        assert_eq!(r.total(), 5);
-        let mut prompt = json!({"prompt": "ssn 078-05-1120"});
-        assert_eq!(redact(&mut prompt, &d, &PiiType::ALL).total(), 1);
-        assert_eq!(prompt["prompt"], "ssn [US_SSN_1]");
     }
 
     #[test]

@@ -11,8 +11,9 @@ use crate::config::{Config, DecisionConfig, PluginConfig, SignalKind, SignalRef,
 use crate::decision::{DecisionTrace, needed_signals, select};
 use crate::error::ConfigError;
 use crate::pii::{PiiDetector, PiiType};
+use crate::results::SignalResults;
 use crate::semantic::{Embedder, EmbeddingNeeds};
-use crate::signals::{SignalInput, SignalResults, Signals};
+use crate::signals::{SignalInput, Signals};
 
 /// The label of the outcome when no decision matched (no catch-all): the default pool serves it.
 pub const NO_DECISION: &str = "default_pool";

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::config::{Aggregation, DomainConfig, DomainMethod, SignalKind, SignalRef, SignalsConfig, uses_embeddings};
 use crate::error::ConfigError;
-use crate::signals::{SignalResult, SignalResults};
+use crate::results::{SignalResult, SignalResults};
 
 /// Turns texts into unit-length vectors (the router's embedding pool; a
 /// stand-in in tests). Used when compiling a config, not per request.

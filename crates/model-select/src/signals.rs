@@ -2,9 +2,12 @@
 //! evaluated per request on its text and exact token count. Only the signals
 //! asked for are computed. Owns matching (keywords, regex, PII, context);
 //! does not decide anything (that is `decision`); languages come from
-//! `language`, the embedding signals from `semantic`.
+//! `language`, the embedding signals from `semantic`. Keyword, regex and PII
+//! rules read the text normalized ([`crate::normalize`]), keywords with
+//! look-alike letters folded too.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::borrow::Cow;
+use std::collections::HashSet;
 
 use regex::{Regex, RegexSet, RegexSetBuilder};
 
@@ -13,7 +16,9 @@ use crate::config::{
     SignalRef, SignalsConfig,
 };
 use crate::error::ConfigError;
-use crate::pii::{PiiDetector, PiiFinding, PiiType};
+use crate::normalize::{Normalized, fold_confusables};
+use crate::pii::{PiiDetector, PiiType};
+use crate::results::{SignalResult, SignalResults};
 use crate::semantic::{Embedder, EmbeddingNeeds, RequestEmbeddings, Semantic};
 
 /// Upper bound on one compiled pattern (the regex crate's own default is 10 MiB).
@@ -83,34 +88,13 @@ impl<'a> SignalInput<'a> {
     }
 }
 
-/// One computed signal.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SignalResult {
-    /// Whether the rule matched.
-    pub matched: bool,
-    /// How sure (1.0 for every rule signal).
-    pub confidence: f64,
-    /// A number for predicates: keywords found (keyword), token count
-    /// (context), findings (pii); none for regex.
-    pub value: Option<f64>,
-}
-
-/// The signals computed for one request.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SignalResults {
-    results: BTreeMap<SignalRef, SignalResult>,
-    not_computed: BTreeSet<SignalRef>,
-    errors: BTreeMap<SignalRef, String>,
-    pii_findings: Vec<PiiFinding>,
-}
-
 #[derive(Debug, Clone)]
 struct KeywordSignal {
     signal: SignalRef,
     operator: KeywordOperator,
     set: RegexSet,
     /// Matched against the ASCII-lowercased text (a case-insensitive rule of
-    /// ASCII keywords: its literals then prefilter the scan).
+    /// keywords ASCII once normalized: its literals then prefilter the scan).
     lowered: bool,
 }
 
@@ -190,36 +174,44 @@ impl Signals {
     pub fn evaluate(&self, input: &SignalInput<'_>, needed: &HashSet<SignalRef>) -> SignalResults {
         let mut out = SignalResults::default();
         let rule = |matched: bool, value: Option<f64>| SignalResult { matched, confidence: 1.0, value };
+        let keywords: Vec<&KeywordSignal> = self.keywords.iter().filter(|k| needed.contains(&k.signal)).collect();
+        let regex: Vec<&(SignalRef, Regex)> = self.regex.iter().filter(|(s, _)| needed.contains(s)).collect();
+        let wanted_pii: Vec<&(SignalRef, Vec<PiiType>)> = self.pii.iter().filter(|(s, _)| needed.contains(s)).collect();
+        let reads_text = !keywords.is_empty() || !regex.is_empty() || !wanted_pii.is_empty();
+        let normalized = Normalized::new(if reads_text { input.text } else { "" });
+        let folded = if keywords.is_empty() { Cow::Borrowed("") } else { fold_confusables(normalized.as_str()) };
         let mut lowered: Option<String> = None;
-        for k in self.keywords.iter().filter(|k| needed.contains(&k.signal)) {
-            let text =
-                if k.lowered { lowered.get_or_insert_with(|| input.text.to_ascii_lowercase()) } else { input.text };
+        for k in keywords {
+            let text: &str =
+                if k.lowered { lowered.get_or_insert_with(|| folded.to_ascii_lowercase()) } else { &folded };
             let found = k.set.matches(text).iter().count();
             let matched = match k.operator {
                 KeywordOperator::Or => found > 0,
                 KeywordOperator::And => found == k.set.len(),
                 KeywordOperator::Nor => found == 0,
             };
-            out.results.insert(k.signal.clone(), rule(matched, Some(found as f64)));
+            out.insert(k.signal.clone(), rule(matched, Some(found as f64)));
         }
-        for (signal, re) in self.regex.iter().filter(|(s, _)| needed.contains(s)) {
-            out.results.insert(signal.clone(), rule(re.is_match(input.text), None));
+        // A pattern may look for an encoding itself (`&#`, a zero-width space): the original counts too.
+        for (signal, re) in regex {
+            let matched = re.is_match(normalized.as_str()) || (normalized.is_changed() && re.is_match(input.text));
+            out.insert(signal.clone(), rule(matched, None));
         }
-        let wanted_pii: Vec<&(SignalRef, Vec<PiiType>)> = self.pii.iter().filter(|(s, _)| needed.contains(s)).collect();
         if let (Some(detector), false) = (&self.detector, wanted_pii.is_empty()) {
             let mut types: Vec<PiiType> = wanted_pii.iter().flat_map(|(_, t)| t.iter().copied()).collect();
             types.sort();
             types.dedup();
-            out.pii_findings = detector.detect(input.text, &types);
+            let findings = detector.detect_in(&normalized, &types);
             for (signal, types) in wanted_pii {
-                let hits = out.pii_findings.iter().filter(|f| types.contains(&f.kind)).count();
-                out.results.insert(signal.clone(), rule(hits > 0, Some(hits as f64)));
+                let hits = findings.iter().filter(|f| types.contains(&f.kind)).count();
+                out.insert(signal.clone(), rule(hits > 0, Some(hits as f64)));
             }
+            out.set_pii_findings(findings);
         }
         for (signal, c) in self.context.iter().filter(|(s, _)| needed.contains(s)) {
             let matched = c.min_tokens.is_none_or(|min| input.tokens >= min)
                 && c.max_tokens.is_none_or(|max| input.tokens <= max);
-            out.results.insert(signal.clone(), rule(matched, Some(input.tokens as f64)));
+            out.insert(signal.clone(), rule(matched, Some(input.tokens as f64)));
         }
         self.evaluate_request(input, needed, &mut out);
         self.semantic.evaluate(input.embeddings, needed, &mut out);
@@ -233,12 +225,12 @@ impl Signals {
                     }
                     _ => SignalResult { matched: false, confidence: 0.0, value: detected.map(|d| d.confidence) },
                 };
-                out.results.insert(signal.clone(), result);
+                out.insert(signal.clone(), result);
             }
         }
         for failed in needed.iter().filter(|s| s.kind == SignalKind::Failed) {
-            let matched = failed.watched().is_some_and(|w| out.errors.contains_key(&w));
-            out.results.insert(failed.clone(), SignalResult { matched, confidence: 1.0, value: None });
+            let matched = failed.watched().is_some_and(|w| out.error(&w).is_some());
+            out.insert(failed.clone(), SignalResult { matched, confidence: 1.0, value: None });
         }
         out
     }
@@ -258,16 +250,16 @@ impl Signals {
                 && c.has_tools.is_none_or(|t| shape.tools == t)
                 && c.tool_loop.is_none_or(|t| shape.tool_loop == t)
                 && c.has_images.is_none_or(|i| shape.images == i);
-            out.results.insert(signal.clone(), rule(matched, Some(f64::from(shape.turns))));
+            out.insert(signal.clone(), rule(matched, Some(f64::from(shape.turns))));
         }
         for (signal, h) in self.headers.iter().filter(|(s, _)| needed.contains(s)) {
             let value = input.headers.iter().find(|(n, _)| *n == h.header).map(|(_, v)| v.as_str());
             let matched = value.is_some_and(|v| h.values.is_empty() || h.values.iter().any(|x| x == v));
-            out.results.insert(signal.clone(), rule(matched, None));
+            out.insert(signal.clone(), rule(matched, None));
         }
         for (signal, l) in self.load.iter().filter(|(s, _)| needed.contains(s)) {
             let Some(pool) = input.pools.iter().find(|p| p.name == l.pool) else {
-                out.results.insert(signal.clone(), rule(false, None));
+                out.insert(signal.clone(), rule(false, None));
                 continue;
             };
             let matched = l.min_in_flight.is_none_or(|m| pool.in_flight >= m)
@@ -276,71 +268,27 @@ impl Signals {
                 && l.max_ttft_ms.is_none_or(|m| pool.est_ttft_ms <= m);
             let ttft = l.min_ttft_ms.is_some() || l.max_ttft_ms.is_some();
             let value = if ttft { pool.est_ttft_ms } else { pool.in_flight as f64 };
-            out.results.insert(signal.clone(), rule(matched, Some(value)));
+            out.insert(signal.clone(), rule(matched, Some(value)));
         }
     }
 }
 
-// === impl SignalResults ===
+/// Whether a keyword rule is matched case-sensitively against the lowercased
+/// text: case-insensitive, every keyword ASCII once normalized.
+fn lowers(rule: &KeywordRule) -> bool {
+    !rule.case_sensitive && rule.keywords.iter().all(|k| keyword_form(k).is_ascii())
+}
 
-impl SignalResults {
-    /// The result of `signal`, if it was computed.
-    pub fn get(&self, signal: &SignalRef) -> Option<&SignalResult> {
-        self.results.get(signal)
-    }
-
-    /// Whether `signal` was asked for but cannot be computed yet (language).
-    pub fn is_not_computed(&self, signal: &SignalRef) -> bool {
-        self.not_computed.contains(signal)
-    }
-
-    /// Every computed signal, ordered by type then name.
-    pub fn iter(&self) -> impl Iterator<Item = (&SignalRef, &SignalResult)> {
-        self.results.iter()
-    }
-
-    /// Signals asked for but not computed.
-    pub fn not_computed(&self) -> impl Iterator<Item = &SignalRef> {
-        self.not_computed.iter()
-    }
-
-    /// PII findings (type and span) of every type a computed PII signal asked for.
-    pub fn pii_findings(&self) -> &[PiiFinding] {
-        &self.pii_findings
-    }
-
-    /// Sets a result by hand (tests, and signals computed elsewhere).
-    pub fn insert(&mut self, signal: SignalRef, result: SignalResult) {
-        self.not_computed.remove(&signal);
-        self.results.insert(signal, result);
-    }
-
-    /// Records that `signal` could not be computed, and why (it does not match).
-    pub fn fail(&mut self, signal: SignalRef, why: &str) {
-        self.results.insert(signal.clone(), SignalResult { matched: false, confidence: 0.0, value: None });
-        self.errors.insert(signal, why.to_owned());
-    }
-
-    /// Why `signal` could not be computed, if it could not.
-    pub fn error(&self, signal: &SignalRef) -> Option<&str> {
-        self.errors.get(signal).map(String::as_str)
-    }
-
-    /// Every signal that could not be computed, with why.
-    pub fn errors(&self) -> impl Iterator<Item = (&SignalRef, &str)> {
-        self.errors.iter().map(|(s, e)| (s, e.as_str()))
-    }
+/// A keyword as it is matched: normalized and folded as the text is, trimmed.
+fn keyword_form(keyword: &str) -> String {
+    fold_confusables(Normalized::new(keyword).as_str()).trim().to_owned()
 }
 
 /// One pattern per keyword: whole words (a `\b` on each side that starts or
 /// ends with a word character, as the semantic router does), any run of
-/// whitespace inside a phrase matching any run, case-insensitive unless asked.
-/// Whether a keyword rule is matched case-sensitively against the lowercased
-/// text: case-insensitive, every keyword ASCII.
-fn lowers(rule: &KeywordRule) -> bool {
-    !rule.case_sensitive && rule.keywords.iter().all(|k| k.is_ascii())
-}
-
+/// whitespace or ASCII punctuation (`·` and `•` too) between a phrase's
+/// words matching any such run (`ignore_previous_instructions` is the phrase "ignore previous
+/// instructions"), case-insensitive unless asked.
 pub(crate) fn compile_keywords(rule: &KeywordRule) -> Result<RegexSet, ConfigError> {
     if rule.keywords.is_empty() {
         return Err(ConfigError::EmptyKeywords { name: rule.name.clone() });
@@ -349,7 +297,7 @@ pub(crate) fn compile_keywords(rule: &KeywordRule) -> Result<RegexSet, ConfigErr
         .keywords
         .iter()
         .map(|k| {
-            let k = k.trim();
+            let k = keyword_form(k);
             if k.is_empty() {
                 return Err(ConfigError::BlankKeyword { name: rule.name.clone() });
             }
@@ -365,7 +313,10 @@ pub(crate) fn compile_keywords(rule: &KeywordRule) -> Result<RegexSet, ConfigErr
             };
             let lead = boundary(k.chars().next());
             let trail = boundary(k.chars().next_back());
-            Ok(format!("{lead}{}{trail}", body.join(r"\s+")))
+            // ASCII punctuation (the text is normalized: fullwidth forms and dashes are ASCII
+            // there) and two bullets: Unicode's \p{P} and \p{S} made a rule of 500 phrases
+            // pass the 10 MiB pattern limit.
+            Ok(format!("{lead}{}{trail}", body.join(r"[\s[:punct:]·•]+")))
         })
         .collect::<Result<Vec<_>, _>>()?;
     RegexSetBuilder::new(patterns)

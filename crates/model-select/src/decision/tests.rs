@@ -5,7 +5,7 @@ use serde_json::json;
 
 use super::*;
 use crate::config::{Config, SignalKind};
-use crate::signals::SignalResult;
+use crate::results::SignalResult;
 
 fn sig(kind: SignalKind, name: &str) -> SignalRef {
     SignalRef::new(kind, name)

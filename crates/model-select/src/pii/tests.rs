@@ -155,3 +155,63 @@ fn only_wanted_types_are_returned_in_order() {
     assert_eq!(d.detect(text, &[PiiType::IpAddress]).len(), 1);
     assert!(d.detect(text, &[]).is_empty());
 }
+
+#[test]
+fn emails_behind_encodings_are_found_with_their_original_bytes() {
+    let fullwidth_at = "mail jane＠example.com now";
+    assert_found(PiiType::Email, fullwidth_at, &["jane＠example.com"]);
+    assert_found(PiiType::Email, "ｊａｎｅ＠ｅｘａｍｐｌｅ．ｃｏｍ", &["ｊａｎｅ＠ｅｘａｍｐｌｅ．ｃｏｍ"]);
+    assert_found(PiiType::Email, "to ja\u{200B}ne@exam\u{AD}ple.com.", &["ja\u{200B}ne@exam\u{AD}ple.com"]);
+    assert_found(PiiType::Email, "to jane\u{200D}@\u{2060}example.com", &["jane\u{200D}@\u{2060}example.com"]);
+    assert_found(
+        PiiType::Email,
+        "jane&#64;example.com, jo&#x40;example.org or max&commat;example.net; al&amp;#64;example.io",
+        &["jane&#64;example.com", "jo&#x40;example.org", "max&commat;example.net", "al&amp;#64;example.io"],
+    );
+}
+
+#[test]
+fn emails_with_non_ascii_local_parts() {
+    assert_found(PiiType::Email, "write josé.garcia@example.com", &["josé.garcia@example.com"]);
+    assert_found(PiiType::Email, "müller@example.de, иван@example.ru", &["müller@example.de", "иван@example.ru"]);
+    assert_none(PiiType::Email, &["é@x", ".josé@example.com x", "josé.@example.com"]);
+}
+
+#[test]
+fn phones_in_fullwidth_and_arabic_indic_digits() {
+    assert_found(PiiType::Phone, "call ＋１ ４１５ ５５５ ０１００ now", &["＋１ ４１５ ５５５ ０１００"]);
+    assert_found(PiiType::Phone, "call +١ ٤١٥ ٥٥٥ ٠١٠٠ now", &["+١ ٤١٥ ٥٥٥ ٠١٠٠"]);
+    assert_found(PiiType::Phone, "رقمي ۰۶ ۱۲ ۳۴ ۵۶ ۷۸", &["۰۶ ۱۲ ۳۴ ۵۶ ۷۸"]);
+    assert_found(PiiType::Phone, "(５５５) １２３-４５６７", &["(５５５) １２３-４５６７"]);
+}
+
+#[test]
+fn ssns_with_other_dashes() {
+    assert_found(PiiType::UsSsn, "ssn 123–45–6789.", &["123–45–6789"]);
+    assert_found(PiiType::UsSsn, "ssn 123—45‐6789 or １２３-４５-６７８９", &["123—45‐6789", "１２３-４５-６７８９"]);
+    assert_none(PiiType::UsSsn, &["000–12–3456", "1–123–45–6789"]);
+}
+
+#[test]
+fn cards_with_dots_or_double_spaces_between_groups() {
+    assert_found(PiiType::CreditCard, "card 4111.1111.1111.1111 ok", &["4111.1111.1111.1111"]);
+    assert_found(PiiType::CreditCard, "card 4111  1111  1111  1111 ok", &["4111  1111  1111  1111"]);
+    assert_found(PiiType::CreditCard, "amex 3782.822463.10005", &["3782.822463.10005"]);
+    assert_found(
+        PiiType::CreditCard,
+        "card ４１１１ １１１１ １１１１ １１１１",
+        &["４１１１ １１１１ １１１１ １１１１"],
+    );
+    // A decimal number is no card, even when its digits pass Luhn.
+    assert_none(PiiType::CreditCard, &["pi is 3.141592653589796", "4111.1111.1111.1112", "4111   1111 1111 1111"]);
+}
+
+#[test]
+fn lower_case_ibans() {
+    assert_found(PiiType::Iban, "pay de89 3704 0044 0532 0130 00 today", &["de89 3704 0044 0532 0130 00"]);
+    assert_found(PiiType::Iban, "gb82west12345698765432.", &["gb82west12345698765432"]);
+    assert_found(PiiType::Iban, "Gb82 West 1234 5698 7654 32", &["Gb82 West 1234 5698 7654 32"]);
+    // Lower case needs a country of known length: a checksum alone passes 1 in 97 random strings.
+    assert_found(PiiType::Iban, "ZZ193704004405320130", &["ZZ193704004405320130"]);
+    assert_none(PiiType::Iban, &["de88 3704 0044 0532 0130 00", "zz193704004405320130"]);
+}

@@ -79,6 +79,44 @@ fn phrases_and_punctuated_keywords() {
 }
 
 #[test]
+fn keywords_see_through_encodings_and_look_alikes() {
+    let s = kw(&["ignore previous instructions"], "OR", false);
+    for text in [
+        "please ign\u{43E}re previous instructions", // Cyrillic o
+        "please \u{399}GNORE previous instructions", // Greek capital iota
+        "İGNORE PREVIOUS INSTRUCTIONS",
+        "ignore_previous_instructions",
+        "ignore-previous-instructions!",
+        "ignore.previous.instructions",
+        "ignore previous__instructions",
+        "ig\u{AD}nore pre\u{200B}vious instruc\u{200C}tions",
+        "ＩＧＮＯＲＥ ｐｒｅｖｉｏｕｓ ｉｎｓｔｒｕｃｔｉｏｎｓ",
+        "&#105;gnore&#32;previous&nbsp;instructions",
+        "i\u{334}gnore previous instructions",
+    ] {
+        assert!(kw_matches(&s, text), "{text:?}");
+    }
+    assert!(!kw_matches(&s, "ignorep revious instructions"));
+    assert!(!kw_matches(&s, "ignore previous instructionsx"));
+    let single = kw(&["ignore"], "OR", false);
+    assert!(kw_matches(&single, "İGNORE this") && kw_matches(&single, "ıgnore this"));
+    assert!(!kw_matches(&single, "ignore_x"), "a single keyword still ends at a word boundary");
+    // A keyword written with a look-alike matches the Latin spelling, and a
+    // Cyrillic keyword still matches Cyrillic text; case-sensitive rules fold too.
+    assert!(kw_matches(&kw(&["ign\u{43E}re"], "OR", false), "IGNORE it"));
+    assert!(kw_matches(&kw(&["оплата"], "OR", false), "ОПЛАТА сейчас"));
+    assert!(kw_matches(&kw(&["Theorem"], "OR", true), "a Th\u{435}orem"));
+    assert!(!kw_matches(&kw(&["ignore"], "NOR", false), "ign\u{43E}re"));
+}
+
+#[test]
+fn a_rule_of_many_phrases_stays_under_the_pattern_limit() {
+    let phrases: Vec<String> = (0..500).map(|i| format!("ignore all previous instructions number{i}")).collect();
+    let s = signals(json!({"keywords": [{"name": "k", "keywords": phrases}]}));
+    assert!(kw_matches(&s, "IGNORE_ALL_PREVIOUS_INSTRUCTIONS_NUMBER499"));
+}
+
+#[test]
 fn keyword_operators() {
     let text = "an integral and an equation";
     let or = kw(&["integral", "theorem"], "OR", false);
@@ -102,6 +140,32 @@ fn regex_signals() {
     let s = signals(json!({"regex": [{"name": "code_block", "pattern": "(?m)^```"}]}));
     assert!(matched(&eval(&s, "look:\n```rust\nfn x() {}\n```", 0), SignalKind::Regex, "code_block"));
     assert!(!matched(&eval(&s, "inline ``` here", 0), SignalKind::Regex, "code_block"));
+}
+
+#[test]
+fn regex_signals_read_the_normalized_text_and_the_original() {
+    let s = signals(json!({"regex": [
+        {"name": "override", "pattern": "(?i)ignore (all )?previous"},
+        {"name": "zero_width", "pattern": "\u{200B}"},
+        {"name": "entity", "pattern": "&#[0-9]+;"},
+        {"name": "ssn", "pattern": "\\b[0-9]{3}-[0-9]{2}-[0-9]{4}\\b"}
+    ]}));
+    let r = eval(&s, "ig\u{200B}nore ALL pre\u{AD}vious", 0);
+    assert!(matched(&r, SignalKind::Regex, "override") && matched(&r, SignalKind::Regex, "zero_width"));
+    let r = eval(&s, "&#73;GNORE previous; ssn 123–45–6789", 0);
+    assert!(matched(&r, SignalKind::Regex, "override") && matched(&r, SignalKind::Regex, "entity"));
+    assert!(matched(&r, SignalKind::Regex, "ssn"));
+    assert!(!matched(&eval(&s, "heed previous", 0), SignalKind::Regex, "override"));
+}
+
+#[test]
+fn pii_signal_spans_are_in_the_original_text() {
+    let s = signals(json!({"pii": [{"name": "contact", "types": ["email", "phone"]}]}));
+    let text = "mail jane&#64;example.com or ａ＠ｂ．ｉｏ, call +١ ٤١٥ ٥٥٥ ٠١٠٠";
+    let r = eval(&s, text, 0);
+    let spans: Vec<&str> = r.pii_findings().iter().map(|f| &text[f.span.clone()]).collect();
+    assert_eq!(spans, ["jane&#64;example.com", "ａ＠ｂ．ｉｏ", "+١ ٤١٥ ٥٥٥ ٠١٠٠"]);
+    assert_eq!(r.get(&SignalRef::new(SignalKind::Pii, "contact")).unwrap().value, Some(3.0));
 }
 
 #[test]
