@@ -52,9 +52,7 @@ async fn serve(
 ) -> Result<Response, GatewayError> {
     let start = Instant::now();
     // Admitted before the body is read: a chunked body of unknown size is charged the largest one.
-    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<usize>().ok());
-    let charged = declared.unwrap_or(gw.config.max_body_bytes).min(gw.config.max_body_bytes);
-    let admission = Admission::admit_waiting(&gw, charged).await?;
+    let admission = Admission::admit_waiting(&gw, crate::admission::declared_charge(&gw, &headers)).await?;
     let bytes = read_body(&gw, body).await?;
     let client = gw.client();
     upstream_headers(&gw, &mut headers);

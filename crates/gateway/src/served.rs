@@ -10,13 +10,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::future::join_all;
 use serde_json::{Value, json};
 
+use crate::admission::{self, Admission};
 use crate::body::read_body;
 use crate::{Gateway, GatewayError};
 
@@ -151,9 +152,19 @@ fn parse_object(bytes: &[u8]) -> Result<serde_json::Map<String, Value>, GatewayE
 
 /// `POST /v1/tokenize` `{"prompt": "..." | ["...", ...]}`: `{"tokens", "count", "char_count"}`,
 /// each a list when the prompt was. No special tokens are added (as the engine tokenizes a rendered prompt).
-pub(crate) async fn tokenize(State(gw): State<Arc<Gateway>>, body: Body) -> Result<Json<Value>, GatewayError> {
-    let bytes = read_body(&gw, body).await?;
-    let mut v = parse_object(&bytes)?;
+/// Admitted like a proxied request, and a large body parsed and tokenized in the render pool.
+pub(crate) async fn tokenize(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, GatewayError> {
+    let (_admitted, bytes) = admitted_body(&gw, &headers, body).await?;
+    let tokenizer = gw.default_pool().renderer.clone();
+    admission::render(&gw, bytes.len(), move || tokenize_body(&bytes, &tokenizer)).await?
+}
+
+fn tokenize_body(bytes: &[u8], renderer: &renderer::Renderer) -> Result<Json<Value>, GatewayError> {
+    let mut v = parse_object(bytes)?;
     let prompt = match v.remove("prompt") {
         Some(Value::String(s)) => OneOrMany::One(s),
         Some(Value::Array(a)) if a.len() <= MAX_BATCH && a.iter().all(Value::is_string) => {
@@ -161,7 +172,7 @@ pub(crate) async fn tokenize(State(gw): State<Arc<Gateway>>, body: Body) -> Resu
         }
         _ => return Err(GatewayError::BadRequest(format!("`prompt` must be a string or at most {MAX_BATCH} strings"))),
     };
-    let tokenizer = gw.default_pool().renderer.tokenizer();
+    let tokenizer = renderer.tokenizer();
     let counted = prompt.map(|text| {
         let ids = tokenizer.encode(&text, false)?;
         Ok((ids, text.chars().count()))
@@ -177,16 +188,32 @@ pub(crate) async fn tokenize(State(gw): State<Arc<Gateway>>, body: Body) -> Resu
     }))
 }
 
+/// The admission of a request the router answers itself (charged before its body is read,
+/// as a proxied one is), and its body.
+async fn admitted_body(gw: &Arc<Gateway>, headers: &HeaderMap, body: Body) -> Result<(Admission, Bytes), GatewayError> {
+    let admitted = Admission::admit_waiting(gw, admission::declared_charge(gw, headers)).await?;
+    Ok((admitted, read_body(gw, body).await?))
+}
+
 /// `POST /v1/detokenize` `{"tokens": [..] | [[..], ..], "skip_special_tokens": true}`: `{"text"}`.
-pub(crate) async fn detokenize(State(gw): State<Arc<Gateway>>, body: Body) -> Result<Json<Value>, GatewayError> {
-    let bytes = read_body(&gw, body).await?;
-    let mut v = parse_object(&bytes)?;
+pub(crate) async fn detokenize(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, GatewayError> {
+    let (_admitted, bytes) = admitted_body(&gw, &headers, body).await?;
+    let renderer = gw.default_pool().renderer.clone();
+    admission::render(&gw, bytes.len(), move || detokenize_body(&bytes, &renderer)).await?
+}
+
+fn detokenize_body(bytes: &[u8], renderer: &renderer::Renderer) -> Result<Json<Value>, GatewayError> {
+    let mut v = parse_object(bytes)?;
     let skip = match v.get("skip_special_tokens") {
         None | Some(Value::Null) => true,
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(GatewayError::BadRequest("`skip_special_tokens` must be a boolean".into())),
     };
-    let vocab = gw.default_pool().renderer.tokenizer().vocab_size();
+    let vocab = renderer.tokenizer().vocab_size();
     let ids = |v: &Value| -> Option<Vec<u32>> {
         v.as_array()?
             .iter()
@@ -208,7 +235,7 @@ pub(crate) async fn detokenize(State(gw): State<Arc<Gateway>>, body: Body) -> Re
         Some(t @ Value::Array(_)) => OneOrMany::One(ids(&t).ok_or_else(bad)?),
         _ => return Err(bad()),
     };
-    let tokenizer = gw.default_pool().renderer.tokenizer();
+    let tokenizer = renderer.tokenizer();
     Ok(Json(match tokens.map(|ids| Ok(tokenizer.decode(&ids, skip)?))? {
         OneOrMany::One(text) => json!({"text": text}),
         OneOrMany::Many(texts) => json!({"text": texts}),

@@ -254,6 +254,59 @@ async fn a_huge_render_runs_off_the_serving_thread() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_tokenize_is_admitted_and_runs_off_the_serving_thread() {
+    let w = MockEngine::spawn(MockEngineConfig { fast: true, ..engine_config() }).await.unwrap();
+    let mut cfg = config(&[&w], PolicyConfig::cache_aware(), true);
+    cfg.serve_threads = 1;
+    cfg.render_threads = 1;
+    cfg.max_body_bytes = 8 << 20;
+    let r = start(cfg).await;
+    let url = format!("{}/v1/chat/completions", r.url);
+    let timed = async || {
+        let t = Instant::now();
+        assert_eq!(post(&url, &chat("s", "small")).await.status(), 200);
+        t.elapsed()
+    };
+    let mut alone = Vec::new();
+    for _ in 0..9 {
+        alone.push(timed().await);
+    }
+    alone.sort();
+    let median = alone[alone.len() / 2];
+    // 5 MB of text to tokenize, in one request.
+    let huge = json!({"prompt": "a long prompt of many words ".repeat(180_000)});
+    let big = tokio::spawn({
+        let url = format!("{}/v1/tokenize", r.url);
+        async move {
+            let resp = reqwest::Client::new().post(url).json(&huge).send().await.unwrap();
+            let status = resp.status();
+            let v: Value = resp.json().await.unwrap();
+            (status, v["count"].as_u64().unwrap_or(0))
+        }
+    });
+    until("the tokenize holds its admission and the render slot", async || {
+        r.gateway.render_slots_busy() == 1 && r.gateway.in_flight() == 1
+    })
+    .await;
+    let mut beside = Vec::new();
+    for _ in 0..9 {
+        beside.push(timed().await);
+    }
+    let busy_after_small = r.gateway.render_slots_busy();
+    let (status, count) = big.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(count >= 180_000, "{count} tokens");
+    // The small chats were served while the tokenize was still running.
+    assert_eq!(busy_after_small, 1, "alone {alone:?}, beside {beside:?}");
+    let worst = beside.iter().max().copied().unwrap();
+    // Held behind the tokenize they waited for all of it (seconds on a debug build); the floor
+    // is a loaded test machine's scheduling noise, far under that.
+    assert!(worst <= (median * 10).max(Duration::from_millis(250)), "worst {worst:?}, median alone {median:?}");
+    assert_eq!(r.gateway.in_flight(), 0, "the admission is given back");
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_memory_of_requests_in_progress_is_bounded() {
     let (hang, _) = hanging_worker().await;
     let mut cfg = config(&[], PolicyConfig::RoundRobin, false);
