@@ -31,6 +31,8 @@ pub(crate) struct InFlight {
     pub(crate) cache: Option<crate::cache::Ticket>,
     /// The decision's cascade judges the answer: its plan and the body the worker got.
     pub(crate) cascade: Option<Box<(crate::pools::cascade::Plan, Bytes)>>,
+    /// Counted when dropped (false: another attempt of the same request answers it).
+    counted: bool,
 }
 
 impl InFlight {
@@ -46,19 +48,34 @@ impl InFlight {
             start,
             cache: None,
             cascade: None,
+            counted: true,
         }
+    }
+
+    /// Lets go of this attempt's load and admission without counting it: the request is
+    /// answered by another attempt (an escalated cascade), counted then, once.
+    pub(crate) fn superseded(mut self) {
+        self.counted = false;
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        if !self.counted {
+            return;
+        }
         let m = &self.gw.metrics;
         m.latency.observe(self.start.elapsed().as_secs_f64());
         // Status 0: the request failed before an answer; `handle` counts its error.
         if self.status != 0 {
-            m.requests.inc(format_args!("route=\"{}\",status=\"{}\"", self.route.label(), self.status));
+            count_answered(&self.gw, self.route, self.status);
         }
     }
+}
+
+/// Counts a request answered with `status` (by a worker, or from a response cache).
+pub(crate) fn count_answered(gw: &Gateway, route: Route, status: u16) {
+    gw.metrics.requests.inc(format_args!("route=\"{}\",status=\"{}\"", route.label(), status));
 }
 
 /// The span a proxied request runs in; `forward` fills in the decision.

@@ -263,9 +263,8 @@ fn release_slot(gw: &Gateway) {
 /// What a request is charged before its body is read: its declared length, or the largest
 /// body when it declares none (chunked), never more than the largest body.
 pub(crate) fn declared_charge(gw: &Gateway, headers: &axum::http::HeaderMap) -> usize {
-    let declared = headers
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.trim().parse::<usize>().ok());
+    let declared =
+        headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<usize>().ok());
     declared.unwrap_or(gw.config.max_body_bytes).min(gw.config.max_body_bytes)
 }
 

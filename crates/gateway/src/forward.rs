@@ -101,7 +101,12 @@ where
     })
     .await??;
     let (mut v, plan, mut routed, bytes) = match step {
-        Step::Cached(hit) => return Ok(Forwarded::Cached(hit)),
+        Step::Cached(hit) => {
+            // Answered here: counted as a worker's answer is, with its latency.
+            gw.metrics.latency.observe(start.elapsed().as_secs_f64());
+            crate::account::count_answered(gw, route, hit.answer.status);
+            return Ok(Forwarded::Cached(hit));
+        }
         Step::Send(v, plan, routed, bytes) => (v, plan, routed, bytes),
     };
     plan.commit(gw);

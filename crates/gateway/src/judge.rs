@@ -72,8 +72,7 @@ pub(crate) async fn whole(
     if let Verdict::Escalated(_) = verdict {
         // The first answer is done with: its accounting ends here, and its route id, which the
         // client never sees, takes no room among those kept for feedback.
-        guard.status = 200;
-        drop(guard);
+        guard.superseded();
         if let (Some(id), Some(slot)) = (plan.route_id, gw.routing.as_ref()) {
             slot.learning().forget(id);
         }

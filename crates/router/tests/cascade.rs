@@ -68,4 +68,8 @@ async fn an_unsure_small_answer_goes_to_the_large_pool() {
     assert_eq!(metric(&router.url, served).await, 1.0, "the escalated attempt counts under its decision");
     let ids = metric(&router.url, "router_route_ids").await;
     assert_eq!(ids, 4.0, "one route id per answer the client got: the escalated first answer's is forgotten");
+    // Four requests, four answers: the escalated one is counted once, as is its latency.
+    let chats = metric(&router.url, "router_http_requests_total{route=\"chat\",status=\"200\"}").await;
+    assert_eq!(chats, 4.0);
+    assert_eq!(metric(&router.url, "router_http_request_duration_seconds_count").await, 4.0);
 }
