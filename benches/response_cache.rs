@@ -11,11 +11,20 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
-use gateway::cache::{Answer, Outcome, Store};
+use gateway::cache::{Answer, Asker, Outcome, Store};
 use router_types::SplitMix;
 use serde_json::{Value, json};
 
 const ENTRIES: usize = 10_000;
+/// An anonymous caller's chat under the decision `faq`, pool `small`.
+const AT: Asker<'static> = Asker { caller: None, route: "/v1/chat/completions", decision: "faq", pool: "small" };
+
+/// A complete answer of about 512 bytes (only complete answers are kept).
+fn answer_body() -> Vec<u8> {
+    json!({"choices": [{"index": 0, "message": {"content": "x".repeat(440)}, "finish_reason": "stop"}]})
+        .to_string()
+        .into_bytes()
+}
 const DIM: usize = 384;
 
 fn request(system: &str, question: &str) -> Value {
@@ -37,14 +46,15 @@ fn filled(shared: bool, rng: &mut SplitMix) -> Arc<Store> {
         ttl_secs: 3600,
         max_entries: ENTRIES,
         max_answer_bytes: 1 << 20,
+        max_bytes: 64 << 20,
         allow_sampling: false,
     };
     let store = Arc::new(Store::new(&config, "faq", Arc::new(gateway::pools::RoutingMetrics::new())));
     for i in 0..ENTRIES {
         let system = if shared { "You answer questions about our product.".to_owned() } else { format!("Tenant {i}.") };
         let v = request(&system, &format!("question number {}", words(i)));
-        let ticket = store.ticket(&v, "faq", "small", Some(unit(rng))).expect("cacheable");
-        ticket.store(Answer { status: 200, content_type: None, body: Bytes::from(vec![b'x'; 512]) });
+        let ticket = store.ticket(&v, AT, Some(unit(rng))).expect("cacheable");
+        ticket.store(Answer { status: 200, content_type: None, body: Bytes::from(answer_body()) });
     }
     assert_eq!(store.len(), ENTRIES);
     store
@@ -63,14 +73,14 @@ fn bench(c: &mut Criterion) {
         let system = if shared { "You answer questions about our product.".to_owned() } else { "Tenant 5.".to_owned() };
         let hit = request(&system, &format!("question number {}", words(5)));
         let miss = request(&system, "a question nobody asked");
-        let hit_ticket = store.ticket(&hit, "faq", "small", None).unwrap();
+        let hit_ticket = store.ticket(&hit, AT, None).unwrap();
         assert!(matches!(hit_ticket.lookup(), Outcome::Exact(_)));
         g.bench_function(format!("{name}/exact_hit"), |b| b.iter(|| hit_ticket.lookup()));
-        let semantic = store.ticket(&miss, "faq", "small", Some(unit(&mut rng))).unwrap();
+        let semantic = store.ticket(&miss, AT, Some(unit(&mut rng))).unwrap();
         assert!(matches!(semantic.lookup(), Outcome::Miss), "random vectors are not similar");
         g.bench_function(format!("{name}/semantic_miss"), |b| b.iter(|| semantic.lookup()));
         g.bench_function(format!("{name}/ticket"), |b| {
-            b.iter(|| store.ticket(std::hint::black_box(&miss), "faq", "small", None).is_ok())
+            b.iter(|| store.ticket(std::hint::black_box(&miss), AT, None).is_ok())
         });
     }
     g.finish();

@@ -55,7 +55,8 @@ pub(crate) async fn route_preview(
         let routed = match gw2.routing() {
             Some(routing) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
-                let ask = crate::pools::Asked { debug: true, headers, session, embeddings, cache_bypass: true };
+                let ask =
+                    crate::pools::Asked { debug: true, headers, session, embeddings, cache_bypass: true, caller: None };
                 crate::pools::route(&gw2, &routing, route, &mut v, &ask, Some(&mut preview))
             }
             None => Ok(crate::pools::Routed::default_pool()),
@@ -191,7 +192,14 @@ pub(crate) async fn debug_route(
         let (pool, rendered) = match (gw2.routing(), v.as_mut()) {
             (Some(routing), Some(v)) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
-                let ask = crate::pools::Asked { debug: false, headers, session, embeddings, cache_bypass: true };
+                let ask = crate::pools::Asked {
+                    debug: false,
+                    headers,
+                    session,
+                    embeddings,
+                    cache_bypass: true,
+                    caller: None,
+                };
                 let mut preview = crate::pools::Preview::default();
                 let routed = crate::pools::route(&gw2, &routing, route, v, &ask, Some(&mut preview))?;
                 (routed.pool, routed.prompt)

@@ -116,6 +116,42 @@ pub(crate) fn worker_credentials(gw: &Gateway, client: Option<&[u8]>) -> Option<
     }
 }
 
+/// The caller's identity, as a response cache keys its answers (a caller never gets another's
+/// stored answer): a digest, keyed with a secret drawn at start, of the client key it
+/// presented (with `--client-api-keys`) or of its whole `Authorization` value (passed through
+/// to the workers without them). `None`: no credentials, an anonymous caller. Worked out only
+/// with a routing config (where caches live).
+pub(crate) fn caller(gw: &Gateway, authorization: Option<&[u8]>) -> Option<[u8; 32]> {
+    use sha2::{Digest, Sha256};
+    static SECRET: std::sync::OnceLock<[u64; 4]> = std::sync::OnceLock::new();
+    gw.routing.as_ref()?;
+    let value = authorization?;
+    let credential = if gw.client_keys.is_empty() { value } else { bearer_token(value)? };
+    let secret = SECRET.get_or_init(secret_words);
+    let mut d = Sha256::new();
+    for word in secret {
+        d.update(word.to_le_bytes());
+    }
+    d.update(credential);
+    Some(d.finalize().into())
+}
+
+/// 256 bits from the operating system's random source (the std hasher's keys, themselves
+/// drawn from it, where `/dev/urandom` cannot be read).
+fn secret_words() -> [u64; 4] {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).is_ok() {
+        return std::array::from_fn(|i| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or_default()));
+    }
+    std::array::from_fn(|i| {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_usize(i);
+        h.finish()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,8 @@
-//! The answers of `response_cache` plugins: per decision, a bounded LRU of
-//! complete answers keyed by the canonical request (minus `model`, plus the
-//! decision, pool and stream flag), found again exactly or, opted in, by the
+//! The answers of `response_cache` plugins: per decision, an LRU of complete,
+//! successful answers bounded in entries and in bytes, keyed by a SHA-256
+//! digest of who asks (the caller's identity), the route, the decision, the
+//! pool, the stream flag and the canonical request (minus `model`), found
+//! again exactly or, opted in, by the
 //! last user turn's embedding with everything else identical (the vectors
 //! of each partition, the request without its last user turn, kept apart
 //! and scanned outside the lock). Owns the stores and what may be cached;
@@ -8,7 +10,6 @@
 //! 2xx answer is kept.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,6 +19,7 @@ use axum::http::HeaderValue;
 use lru::LruCache;
 use model_select::ResponseCache;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 /// The response header saying what the cache did.
 pub(crate) const CACHE_HEADER: &str = "x-route-cache";
@@ -30,13 +32,15 @@ pub struct Store {
     decision: String,
     metrics: Arc<crate::metrics::RoutingMetrics>,
     entries: Mutex<Entries>,
-    keys: ahash::RandomState,
 }
 
 /// The answers, and per partition the vectors of its semantic entries.
 #[derive(Debug)]
 struct Entries {
     lru: LruCache<u64, Entry>,
+    /// Bytes the entries hold (answers, vectors, their bookkeeping), at most `max_bytes`.
+    bytes: usize,
+    max_bytes: usize,
     /// Partition → (entry key, its vector). Shared with lookups in progress, which scan a
     /// partition without the lock; a store copies it if one still holds it.
     partitions: HashMap<u64, Arc<Partition>>,
@@ -47,10 +51,12 @@ type Partition = Vec<(u64, Arc<[f32]>)>;
 
 #[derive(Debug)]
 struct Entry {
-    /// The canonical request, compared on a hit (the map's key is its hash).
-    exact: Arc<str>,
-    /// The hash of the request without its last user turn (semantic hits need it equal).
+    /// The request's digest, compared on a hit (the map's key is its first 8 bytes).
+    exact: Key,
+    /// The digest of the request without its last user turn (semantic hits need it equal).
     partition: u64,
+    /// What it holds, counted against the store's bytes.
+    bytes: usize,
     /// The last user turn's embedding (semantic stores only).
     vector: Option<Arc<[f32]>>,
     answer: Arc<Answer>,
@@ -68,11 +74,31 @@ pub struct Answer {
     pub body: Bytes,
 }
 
+/// A SHA-256 digest of a request as the cache sees it.
+type Key = [u8; 32];
+
+/// Bytes an entry is charged beyond its answer and vector: the digest, the map's and the
+/// LRU's bookkeeping, the answer's and the entry's headers.
+const ENTRY_OVERHEAD_BYTES: usize = 192;
+
+/// Who asks and where: what the cache key holds besides the request itself.
+#[derive(Debug, Clone, Copy)]
+pub struct Asker<'a> {
+    /// The caller's identity (a digest of its credentials), `None` for an anonymous caller.
+    pub caller: Option<&'a [u8; 32]>,
+    /// The route's path.
+    pub route: &'a str,
+    /// The decision.
+    pub decision: &'a str,
+    /// The pool's id.
+    pub pool: &'a str,
+}
+
 /// A request the cache may answer or learn from.
 #[derive(Debug)]
 pub struct Ticket {
     store: Arc<Store>,
-    exact: Arc<str>,
+    exact: Key,
     hash: u64,
     partition: u64,
     vector: Option<Arc<[f32]>>,
@@ -127,13 +153,9 @@ impl Store {
     /// An empty store for `decision`'s `config`, counting into `metrics`.
     pub fn new(config: &ResponseCache, decision: &str, metrics: Arc<crate::metrics::RoutingMetrics>) -> Store {
         let cap = NonZeroUsize::new(config.max_entries).unwrap_or(NonZeroUsize::MIN);
-        Store {
-            config: config.clone(),
-            decision: decision.to_owned(),
-            metrics,
-            entries: Mutex::new(Entries { lru: LruCache::new(cap), partitions: HashMap::new() }),
-            keys: ahash::RandomState::new(),
-        }
+        let entries =
+            Entries { lru: LruCache::new(cap), bytes: 0, max_bytes: config.max_bytes, partitions: HashMap::new() };
+        Store { config: config.clone(), decision: decision.to_owned(), metrics, entries: Mutex::new(entries) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
@@ -145,21 +167,19 @@ impl Store {
         self.lock().lru.len()
     }
 
+    /// Bytes its answers hold now.
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
     /// Whether it keeps no answer.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// The ticket of the request `v` (after the plugins, `model` ignored) to
-    /// `pool` under `decision`, or why it is not cached. `vector` is the last
-    /// user turn's embedding, for semantic stores.
-    pub fn ticket(
-        self: &Arc<Self>,
-        v: &Value,
-        decision: &str,
-        pool: &str,
-        vector: Option<Arc<[f32]>>,
-    ) -> Result<Ticket, Skip> {
+    /// The ticket of the request `v` (after the plugins, `model` ignored) from `asker`, or why
+    /// it is not cached. `vector` is the last user turn's embedding, for semantic stores.
+    pub fn ticket(self: &Arc<Self>, v: &Value, asker: Asker<'_>, vector: Option<Arc<[f32]>>) -> Result<Ticket, Skip> {
         if v.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
             return Err(Skip::Choices);
         }
@@ -168,13 +188,27 @@ impl Store {
             return Err(Skip::Sampling);
         }
         let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
-        let mut exact = String::new();
-        let _ = write!(exact, "{decision}\u{0}{pool}\u{0}{stream}\u{0}");
-        let prefix = exact.len();
+        // Each part length-prefixed: no two askers' parts run into each other.
+        let mut head = Sha256::new();
+        for part in [asker.caller.map_or(&[][..], |c| &c[..]), asker.route.as_bytes(), asker.decision.as_bytes()] {
+            head.update((part.len() as u64).to_le_bytes());
+            head.update(part);
+        }
+        head.update((asker.pool.len() as u64).to_le_bytes());
+        head.update(asker.pool.as_bytes());
+        head.update([u8::from(stream)]);
         let model = |path: &[String]| path.len() == 1 && path[0] == "model";
+        let mut exact = head.clone();
         canonical(v, &mut exact, &mut |path| model(path));
-        let mut rest = exact[..prefix].to_owned();
-        canonical(v, &mut rest, &mut |path| model(path) || is_last_user_content(v, path));
+        let exact: Key = exact.finalize().into();
+        // The rest is read only for a semantic store.
+        let partition = if self.config.semantic {
+            let mut rest = head;
+            canonical(v, &mut rest, &mut |path| model(path) || is_last_user_content(v, path));
+            first_u64(&rest.finalize().into())
+        } else {
+            0
+        };
         // A semantic hit stands for the same question asked otherwise: not when tools may be
         // called, nor when the question holds digits (2 + 3 and 2 + 4 embed alike).
         // (Read only when a vector came, and for a semantic store.)
@@ -183,24 +217,31 @@ impl Store {
                 && v.get("tools").and_then(Value::as_array).is_none_or(|t| t.is_empty())
                 && !model_select::user_turns(v).pop().unwrap_or_default().bytes().any(|b| b.is_ascii_digit())
         };
-        Ok(Ticket {
-            hash: self.keys.hash_one(&exact),
-            partition: self.keys.hash_one(&rest),
-            exact: exact.into(),
-            vector: vector.filter(semantic),
-            store: self.clone(),
-        })
+        Ok(Ticket { hash: first_u64(&exact), partition, exact, vector: vector.filter(semantic), store: self.clone() })
     }
+}
+
+/// A digest's first eight bytes, the maps' key.
+fn first_u64(k: &Key) -> u64 {
+    u64::from_le_bytes(k[..8].try_into().unwrap_or_default())
 }
 
 // === impl Entries ===
 
 impl Entries {
-    /// Keeps `entry` under `key`, in its partition's vectors too; what it replaces or pushes out goes from both.
+    /// Keeps `entry` under `key`, in its partition's vectors too; what it replaces or pushes out
+    /// (past the entries' or the bytes' bound, least recently used first) goes from both.
     fn put(&mut self, key: u64, entry: Entry) {
+        self.remove(key);
+        while self.bytes + entry.bytes > self.max_bytes
+            && let Some((old_key, old)) = self.lru.pop_lru()
+        {
+            self.forget(old_key, &old);
+        }
         let indexed = entry.vector.clone().map(|v| (entry.partition, v));
+        self.bytes += entry.bytes;
         if let Some((old_key, old)) = self.lru.push(key, entry) {
-            self.unindex(old_key, &old);
+            self.forget(old_key, &old);
         }
         if let Some((partition, v)) = indexed {
             Arc::make_mut(self.partitions.entry(partition).or_default()).push((key, v));
@@ -210,11 +251,13 @@ impl Entries {
     /// Drops the entry under `key`.
     fn remove(&mut self, key: u64) {
         if let Some(old) = self.lru.pop(&key) {
-            self.unindex(key, &old);
+            self.forget(key, &old);
         }
     }
 
-    fn unindex(&mut self, key: u64, old: &Entry) {
+    /// An entry out of the LRU: out of its partition and of the bytes held.
+    fn forget(&mut self, key: u64, old: &Entry) {
+        self.bytes -= old.bytes;
         if old.vector.is_none() {
             return;
         }
@@ -283,22 +326,72 @@ impl Ticket {
         self.store.config.max_answer_bytes
     }
 
-    /// Keeps a complete answer.
+    /// Keeps a complete, successful answer: within `max_answer_bytes` and the store's bytes, no
+    /// error object or event in it, and every choice finished.
     pub fn store(self, answer: Answer) {
-        if answer.body.len() > self.store.config.max_answer_bytes {
+        let config = &self.store.config;
+        if answer.body.len() > config.max_answer_bytes || !successful(&answer) {
+            return;
+        }
+        let vector_bytes = self.vector.as_ref().map_or(0, |v| v.len() * size_of::<f32>());
+        let ct = answer.content_type.as_ref().map_or(0, |c| c.len());
+        let bytes = answer.body.len() + vector_bytes + ct + ENTRY_OVERHEAD_BYTES;
+        if bytes > config.max_bytes {
             return;
         }
         let entry = Entry {
-            exact: self.exact.clone(),
+            exact: self.exact,
             partition: self.partition,
+            bytes,
             vector: self.vector.clone(),
             answer: Arc::new(answer),
-            until: Instant::now() + Duration::from_secs(self.store.config.ttl_secs),
+            until: Instant::now() + Duration::from_secs(config.ttl_secs),
         };
         self.store.lock().put(self.hash, entry);
         let decision = crate::metrics::escape(&self.store.decision);
         self.store.metrics.cache_stores.inc(format_args!("decision=\"{decision}\""));
     }
+}
+
+/// Whether an answer is a complete success worth replaying: its JSON (or each event of its
+/// stream) holds no `error`, and every choice ends with a finish reason (a native `/generate`
+/// answer, its `meta_info.finish_reason`). Answers of other shapes need only be error-free.
+fn successful(answer: &Answer) -> bool {
+    let event_stream = answer.content_type.as_ref().is_some_and(|c| c.as_bytes().starts_with(b"text/event-stream"));
+    if !event_stream {
+        return serde_json::from_slice::<Value>(&answer.body).is_ok_and(|v| finished(&v) == Some(true));
+    }
+    let mut done = false;
+    for line in answer.body.split(|&b| b == b'\n') {
+        let Some(data) = line.strip_prefix(b"data:") else { continue };
+        let data = data.trim_ascii();
+        if data == b"[DONE]" {
+            continue;
+        }
+        match serde_json::from_slice::<Value>(data).ok().map(|v| finished(&v)) {
+            Some(Some(true)) => done = true,
+            Some(Some(false)) | None => return false,
+            Some(None) => {}
+        }
+    }
+    done
+}
+
+/// Of one answer or event: `Some(false)` an error, `Some(true)` finished (or a shape without
+/// choices), `None` a chunk still under way.
+fn finished(v: &Value) -> Option<bool> {
+    let Some(obj) = v.as_object() else { return Some(false) };
+    if obj.get("error").is_some_and(|e| !e.is_null()) || obj.get("object").and_then(Value::as_str) == Some("error") {
+        return Some(false);
+    }
+    let reason = |c: &Value| c.get("finish_reason").is_some_and(|r| !r.is_null());
+    if let Some(choices) = obj.get("choices").and_then(Value::as_array) {
+        return (!choices.is_empty() && choices.iter().all(reason)).then_some(true);
+    }
+    if let Some(meta) = obj.get("meta_info") {
+        return reason(meta).then_some(true);
+    }
+    Some(true)
 }
 
 /// Whether `path` is the content of the request's last user message (or a completion's prompt).
@@ -315,43 +408,59 @@ fn is_last_user_content(v: &Value, path: &[String]) -> bool {
     }
 }
 
-/// Writes `v` as JSON with every object's keys sorted, leaving out the
+/// Writes `v` as JSON with every object's keys sorted into a digest, leaving out the
 /// members whose path (keys and array indices) `skip` accepts.
-fn canonical(v: &Value, out: &mut String, skip: &mut dyn FnMut(&[String]) -> bool) {
-    fn walk(v: &Value, path: &mut Vec<String>, out: &mut String, skip: &mut dyn FnMut(&[String]) -> bool) {
+fn canonical(v: &Value, out: &mut Sha256, skip: &mut dyn FnMut(&[String]) -> bool) {
+    fn walk(v: &Value, path: &mut Vec<String>, out: &mut Sha256, skip: &mut dyn FnMut(&[String]) -> bool) {
         match v {
             Value::Object(map) => {
                 let mut keys: Vec<&String> = map.keys().collect();
                 keys.sort();
-                out.push('{');
+                out.update(b"{");
                 for k in keys {
                     path.push(k.clone());
                     if !skip(path) {
-                        out.push_str(&Value::String(k.clone()).to_string());
-                        out.push(':');
+                        json(&Value::String(k.clone()), out);
+                        out.update(b":");
                         walk(&map[k], path, out, skip);
-                        out.push(',');
+                        out.update(b",");
                     }
                     path.pop();
                 }
-                out.push('}');
+                out.update(b"}");
             }
             Value::Array(items) => {
-                out.push('[');
+                out.update(b"[");
                 for (i, item) in items.iter().enumerate() {
                     path.push(i.to_string());
                     if !skip(path) {
                         walk(item, path, out, skip);
                     }
-                    out.push(',');
+                    out.update(b",");
                     path.pop();
                 }
-                out.push(']');
+                out.update(b"]");
             }
-            other => out.push_str(&other.to_string()),
+            other => json(other, out),
         }
     }
     walk(v, &mut Vec::new(), out, skip);
+}
+
+/// A scalar's JSON written into the digest as it is made (a long string never copied whole).
+fn json(v: &Value, out: &mut Sha256) {
+    struct Into<'a>(&'a mut Sha256);
+    impl std::io::Write for Into<'_> {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.update(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    // Writing a `Value` into memory cannot fail.
+    let _ = serde_json::to_writer(Into(out), v);
 }
 
 /// A request answered from the cache: the stored answer and the route headers.
@@ -430,8 +539,19 @@ mod tests {
             {"role": "user", "content": "first"}, {"role": "assistant", "content": "x"}, {"role": "user", "content": last}]})
     }
 
-    fn answer(body: &'static str) -> Answer {
-        Answer { status: 200, content_type: None, body: Bytes::from_static(body.as_bytes()) }
+    /// A complete chat answer saying `content`.
+    fn answer(content: &str) -> Answer {
+        let body = json!({"choices": [{"index": 0, "message": {"content": content}, "finish_reason": "stop"}]});
+        Answer { status: 200, content_type: None, body: Bytes::from(body.to_string()) }
+    }
+
+    fn text(a: &Answer) -> String {
+        let v: Value = serde_json::from_slice(&a.body).unwrap();
+        v["choices"][0]["message"]["content"].as_str().unwrap().to_owned()
+    }
+
+    fn at<'a>(decision: &'a str, pool: &'a str) -> Asker<'a> {
+        Asker { caller: None, route: "/v1/chat/completions", decision, pool }
     }
 
     fn unit(v: &[f32]) -> Option<Arc<[f32]>> {
@@ -442,9 +562,11 @@ mod tests {
     #[test]
     fn the_key_is_the_request_but_its_model_in_any_key_order() {
         let s = store(false);
-        s.ticket(&chat("q"), "d", "p", None).unwrap().store(answer("A"));
+        s.ticket(&chat("q"), at("d", "p"), None).unwrap().store(answer("A"));
         let reordered = json!({"messages": chat("q")["messages"], "temperature": 0, "model": "other"});
-        assert!(matches!(s.ticket(&reordered, "d", "p", None).unwrap().lookup(), Outcome::Exact(a) if a.body == "A"));
+        assert!(
+            matches!(s.ticket(&reordered, at("d", "p"), None).unwrap().lookup(), Outcome::Exact(a) if text(&a) == "A")
+        );
         for (v, decision, pool) in [
             (chat("q2"), "d", "p"),
             (chat("q"), "e", "p"),
@@ -452,15 +574,15 @@ mod tests {
             (json!({"temperature": 0, "stream": true, "messages": chat("q")["messages"]}), "d", "p"),
         ] {
             assert!(
-                matches!(s.ticket(&v, decision, pool, None).unwrap().lookup(), Outcome::Miss),
+                matches!(s.ticket(&v, at(decision, pool), None).unwrap().lookup(), Outcome::Miss),
                 "{v} {decision} {pool}"
             );
         }
         // Bounded: the least recently used goes.
-        s.ticket(&chat("b"), "d", "p", None).unwrap().store(answer("B"));
-        s.ticket(&chat("c"), "d", "p", None).unwrap().store(answer("C"));
+        s.ticket(&chat("b"), at("d", "p"), None).unwrap().store(answer("B"));
+        s.ticket(&chat("c"), at("d", "p"), None).unwrap().store(answer("C"));
         assert_eq!(s.len(), 2);
-        assert!(matches!(s.ticket(&chat("q"), "d", "p", None).unwrap().lookup(), Outcome::Miss));
+        assert!(matches!(s.ticket(&chat("q"), at("d", "p"), None).unwrap().lookup(), Outcome::Miss));
     }
 
     #[test]
@@ -468,22 +590,22 @@ mod tests {
         let s = store(true);
         let mut n = chat("q");
         n["n"] = json!(2);
-        assert_eq!(s.ticket(&n, "d", "p", None).err(), Some(Skip::Choices));
+        assert_eq!(s.ticket(&n, at("d", "p"), None).err(), Some(Skip::Choices));
         let mut sampled = chat("q");
         sampled["temperature"] = json!(0.7);
-        assert_eq!(s.ticket(&sampled, "d", "p", None).err(), Some(Skip::Sampling));
+        assert_eq!(s.ticket(&sampled, at("d", "p"), None).err(), Some(Skip::Sampling));
         sampled.as_object_mut().unwrap().remove("temperature");
-        assert_eq!(s.ticket(&sampled, "d", "p", None).err(), Some(Skip::Sampling));
+        assert_eq!(s.ticket(&sampled, at("d", "p"), None).err(), Some(Skip::Sampling));
         use crate::request::bypassed;
         assert!(bypassed([&b"max-age=0, No-Cache"[..]].into_iter()) && !bypassed([&b"max-age=0"[..]].into_iter()));
         // Digits in the question or tools offered: exact hits only (no vector kept).
-        assert!(s.ticket(&chat("what is 2 + 3"), "d", "p", unit(&[1.0, 0.0])).unwrap().vector.is_none());
+        assert!(s.ticket(&chat("what is 2 + 3"), at("d", "p"), unit(&[1.0, 0.0])).unwrap().vector.is_none());
         let mut tools = chat("q");
         tools["tools"] = json!([{"type": "function"}]);
-        assert!(s.ticket(&tools, "d", "p", unit(&[1.0, 0.0])).unwrap().vector.is_none());
+        assert!(s.ticket(&tools, at("d", "p"), unit(&[1.0, 0.0])).unwrap().vector.is_none());
         // Too large an answer is not kept.
-        let big = Answer { status: 200, content_type: None, body: Bytes::from(vec![b'x'; (1 << 20) + 1]) };
-        s.ticket(&chat("q"), "d", "p", None).unwrap().store(big);
+        let big = answer(&"x".repeat(1 << 20));
+        s.ticket(&chat("q"), at("d", "p"), None).unwrap().store(big);
         assert_eq!(s.len(), 0);
     }
 
@@ -492,34 +614,105 @@ mod tests {
         let s = store(true);
         let indexed = |s: &Store| s.lock().partitions.values().map(|p| p.len()).sum::<usize>();
         // Bound 2: the first of three similar answers is pushed out.
-        s.ticket(&chat("reset my password"), "d", "p", unit(&[1.0, 0.0])).unwrap().store(answer("A"));
-        s.ticket(&chat("change my password"), "d", "p", unit(&[0.0, 1.0])).unwrap().store(answer("B"));
-        s.ticket(&chat("update my password"), "d", "p", unit(&[0.0, 1.0])).unwrap().store(answer("C"));
+        s.ticket(&chat("reset my password"), at("d", "p"), unit(&[1.0, 0.0])).unwrap().store(answer("A"));
+        s.ticket(&chat("change my password"), at("d", "p"), unit(&[0.0, 1.0])).unwrap().store(answer("B"));
+        s.ticket(&chat("update my password"), at("d", "p"), unit(&[0.0, 1.0])).unwrap().store(answer("C"));
         assert_eq!((s.len(), indexed(&s)), (2, 2));
-        let near_a = s.ticket(&chat("restore my password"), "d", "p", unit(&[1.0, 0.05])).unwrap().lookup();
+        let near_a = s.ticket(&chat("restore my password"), at("d", "p"), unit(&[1.0, 0.05])).unwrap().lookup();
         assert!(matches!(near_a, Outcome::Miss), "A was pushed out: {near_a:?}");
         // The same request stored again replaces its vector, not adds one.
-        s.ticket(&chat("update my password"), "d", "p", unit(&[0.0, 1.0])).unwrap().store(answer("C2"));
+        s.ticket(&chat("update my password"), at("d", "p"), unit(&[0.0, 1.0])).unwrap().store(answer("C2"));
         assert_eq!((s.len(), indexed(&s)), (2, 2));
     }
 
     #[test]
     fn a_semantic_hit_needs_a_similar_last_turn_and_the_rest_identical() {
         let s = store(true);
-        s.ticket(&chat("how do I reset my password"), "d", "p", unit(&[1.0, 0.0])).unwrap().store(answer("R"));
-        let near = s.ticket(&chat("how can I reset my password"), "d", "p", unit(&[0.99, 0.1])).unwrap().lookup();
-        assert!(matches!(&near, Outcome::Semantic(a, sim) if a.body == "R" && *sim > 0.99), "{near:?}");
+        s.ticket(&chat("how do I reset my password"), at("d", "p"), unit(&[1.0, 0.0])).unwrap().store(answer("R"));
+        let near = s.ticket(&chat("how can I reset my password"), at("d", "p"), unit(&[0.99, 0.1])).unwrap().lookup();
+        assert!(matches!(&near, Outcome::Semantic(a, sim) if text(a) == "R" && *sim > 0.99), "{near:?}");
         assert!(near.header().to_str().unwrap().starts_with("hit-semantic;sim=0.99"));
-        let far = s.ticket(&chat("what is my balance"), "d", "p", unit(&[0.5, 0.87])).unwrap().lookup();
+        let far = s.ticket(&chat("what is my balance"), at("d", "p"), unit(&[0.5, 0.87])).unwrap().lookup();
         assert!(matches!(far, Outcome::Miss));
         // The same last turn after another first turn: the rest differs, no hit.
         let mut other = chat("how can I reset my password");
         other["messages"][0]["content"] = json!("something else");
-        assert!(matches!(s.ticket(&other, "d", "p", unit(&[0.99, 0.1])).unwrap().lookup(), Outcome::Miss));
+        assert!(matches!(s.ticket(&other, at("d", "p"), unit(&[0.99, 0.1])).unwrap().lookup(), Outcome::Miss));
         // Without the plugin's opt-in, no semantic hits.
         let exact_only = store(false);
-        exact_only.ticket(&chat("reset password"), "d", "p", unit(&[1.0, 0.0])).unwrap().store(answer("R"));
-        let t = exact_only.ticket(&chat("reset my password"), "d", "p", unit(&[1.0, 0.0])).unwrap();
+        exact_only.ticket(&chat("reset password"), at("d", "p"), unit(&[1.0, 0.0])).unwrap().store(answer("R"));
+        let t = exact_only.ticket(&chat("reset my password"), at("d", "p"), unit(&[1.0, 0.0])).unwrap();
         assert!(matches!(t.lookup(), Outcome::Miss));
+    }
+
+    #[test]
+    fn callers_and_routes_never_share_an_answer() {
+        let s = store(false);
+        let (a, b) = ([1u8; 32], [2u8; 32]);
+        let by = |caller: Option<&'static [u8; 32]>, route: &'static str| Asker { caller, route, ..at("d", "p") };
+        let a: &'static [u8; 32] = Box::leak(Box::new(a));
+        let b: &'static [u8; 32] = Box::leak(Box::new(b));
+        s.ticket(&chat("q"), by(Some(a), "/v1/chat/completions"), None).unwrap().store(answer("for A"));
+        let found = |asker| s.ticket(&chat("q"), asker, None).unwrap().lookup();
+        assert!(matches!(found(by(Some(a), "/v1/chat/completions")), Outcome::Exact(x) if text(&x) == "for A"));
+        assert!(matches!(found(by(Some(b), "/v1/chat/completions")), Outcome::Miss), "another caller");
+        assert!(matches!(found(by(None, "/v1/chat/completions")), Outcome::Miss), "an anonymous caller");
+        assert!(matches!(found(by(Some(a), "/v1/completions")), Outcome::Miss), "another route");
+    }
+
+    #[test]
+    fn the_store_is_bounded_in_bytes_least_recently_used_out_first() {
+        let config: ResponseCache = serde_json::from_value(json!({"max_bytes": 10_000})).unwrap();
+        let s = Arc::new(Store::new(&config, "d", store(false).metrics.clone()));
+        let long = |c: &str| answer(&format!("{c}{}", "x".repeat(3_000)));
+        for q in ["a", "b", "c", "d"] {
+            s.ticket(&chat(q), at("d", "p"), None).unwrap().store(long(q));
+            assert!(s.bytes() <= 10_000, "{}", s.bytes());
+        }
+        assert_eq!(s.len(), 3, "three answers of about 3.2 KB fit in 10,000 bytes");
+        assert!(matches!(s.ticket(&chat("a"), at("d", "p"), None).unwrap().lookup(), Outcome::Miss));
+        assert!(matches!(s.ticket(&chat("d"), at("d", "p"), None).unwrap().lookup(), Outcome::Exact(_)));
+        // An answer larger than the whole bound is not kept, and pushes nothing out.
+        s.ticket(&chat("e"), at("d", "p"), None).unwrap().store(answer(&"y".repeat(20_000)));
+        assert_eq!(s.len(), 3);
+        // Stored again, an answer is charged once.
+        let before = s.bytes();
+        s.ticket(&chat("d"), at("d", "p"), None).unwrap().store(long("d"));
+        assert_eq!(s.bytes(), before);
+        // A 5 MB request is kept as its 32-byte digest: the store holds what the answers hold.
+        let huge = chat(&"z".repeat(5 << 20));
+        s.ticket(&huge, at("d", "p"), None).unwrap().store(answer("short"));
+        assert!(s.bytes() <= 10_000);
+    }
+
+    #[test]
+    fn only_complete_successful_answers_are_kept() {
+        let s = store(false);
+        let keep = |q: &str, content_type: Option<&'static str>, body: &str| {
+            let answer = Answer {
+                status: 200,
+                content_type: content_type.map(HeaderValue::from_static),
+                body: Bytes::from(body.to_owned()),
+            };
+            s.ticket(&chat(q), at("d", "p"), None).unwrap().store(answer);
+            matches!(s.ticket(&chat(q), at("d", "p"), None).unwrap().lookup(), Outcome::Exact(_))
+        };
+        let sse = Some("text/event-stream");
+        assert!(keep("1", None, r#"{"choices":[{"finish_reason":"stop","message":{"content":"hi"}}]}"#));
+        assert!(!keep("2", None, r#"{"error":{"message":"overloaded","code":503}}"#), "an error object");
+        assert!(!keep("3", None, r#"{"object":"error","message":"bad"}"#), "vLLM's error shape");
+        assert!(!keep("4", None, r#"{"choices":[{"finish_reason":null,"message":{"content":"h"}}]}"#), "unfinished");
+        assert!(!keep("5", None, r#"{"choices":[]}"#), "no choice");
+        assert!(!keep("6", None, "not json"), "not JSON");
+        assert!(keep("7", None, r#"{"text":"hi","meta_info":{"finish_reason":{"type":"stop"}}}"#), "native");
+        assert!(!keep("8", None, r#"{"text":"hi","meta_info":{"finish_reason":null}}"#), "native, cut");
+        let done = "data: {\"choices\":[{\"delta\":{\"content\":\"h\"},\"finish_reason\":null}]}\n\n\
+                    data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
+        assert!(keep("9", sse, done), "a finished stream");
+        let errored = "data: {\"choices\":[{\"delta\":{\"content\":\"h\"},\"finish_reason\":null}]}\n\n\
+                       data: {\"error\":{\"message\":\"engine died\"}}\n\ndata: [DONE]\n\n";
+        assert!(!keep("10", sse, errored), "an error event");
+        let cut = "data: {\"choices\":[{\"delta\":{\"content\":\"h\"},\"finish_reason\":null}]}\n\n";
+        assert!(!keep("11", sse, cut), "no finish reason");
     }
 }

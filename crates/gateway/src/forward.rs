@@ -63,7 +63,7 @@ where
     let id = meta.id.as_str();
     let (gw2, body, key) = (gw.clone(), bytes.clone(), meta.routing_key.clone());
     let (debug, signal_headers, session) = (meta.route_debug, meta.signal_headers.clone(), meta.session.clone());
-    let cache_bypass = meta.cache_bypass;
+    let (cache_bypass, caller) = (meta.cache_bypass, meta.caller);
     let forced = meta.forced.clone();
     // The vectors embedding signals read, on the embedding pool's threads (none without such signals).
     let crate::pools::PreRouted { body: parsed, embeddings } = crate::pools::pre_route(gw, route, &bytes).await?;
@@ -76,7 +76,8 @@ where
             }
             (Some(routing), Some(v)) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
-                let ask = crate::pools::Asked { debug, headers, session, embeddings, cache_bypass };
+                let ask =
+                    crate::pools::Asked { debug, headers, session, embeddings, cache_bypass, caller: caller.as_ref() };
                 Some(crate::pools::route(&gw2, &routing, route, v, &ask, None)?)
             }
             _ => None,

@@ -55,6 +55,8 @@ async fn serve(
     let admission = Admission::admit_waiting(&gw, crate::admission::declared_charge(&gw, &headers)).await?;
     let bytes = read_body(&gw, body).await?;
     let client = gw.client();
+    // Who asks, read before the client's credentials give way to the workers'.
+    let caller = crate::auth::caller(&gw, headers.get(header::AUTHORIZATION).map(HeaderValue::as_bytes));
     upstream_headers(&gw, &mut headers);
     let headers = Arc::new(headers);
     let meta = Meta {
@@ -67,6 +69,7 @@ async fn serve(
             headers.get_all(header::CACHE_CONTROL).iter().map(HeaderValue::as_bytes),
         ),
         forced: None,
+        caller,
     };
     if let Some(pd) = gw.pd.as_ref() {
         return crate::pd::serve(&gw, pd, admission, route, bytes, headers, start, &meta).await;

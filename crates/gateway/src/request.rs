@@ -125,6 +125,8 @@ pub(crate) struct Meta {
     pub(crate) cache_bypass: bool,
     /// A cascade's second attempt: this pool (an index) under this decision, not the decisions'.
     pub(crate) forced: Option<(usize, String)>,
+    /// The caller's identity for the response caches (with a routing config; `None`: anonymous).
+    pub(crate) caller: Option<[u8; 32]>,
 }
 
 /// The request header asking for the routing explain.

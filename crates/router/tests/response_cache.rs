@@ -91,3 +91,48 @@ async fn repeated_requests_are_answered_from_the_cache_byte_for_byte() {
     assert_eq!(metric(&router.url, "router_http_request_duration_seconds_count").await, 9.0);
     let _ = router.stop.send(());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_never_gets_another_callers_stored_answer() {
+    let http = reqwest::Client::new();
+    let ask = async |url: &str, key: Option<&str>, route: &str, body: &Value| {
+        let mut r = http.post(format!("{url}{route}")).json(body);
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        let r = r.send().await.unwrap();
+        (r.status().as_u16(), r.headers().get("x-route-cache").map(|v| v.to_str().unwrap().to_owned()))
+    };
+    let hit = |a: (u16, Option<String>)| (a.0, a.1.as_deref() == Some("hit-exact"));
+    // Pass-through (no client keys): the client's own credentials go to the engine, so they key the answer.
+    let (routing, _engines) = pools("tests/routing/cache.yaml").await;
+    let mut app = config(&[], PolicyConfig::RoundRobin, false);
+    app.routing = Some(routing);
+    let router = start(app).await;
+    let chat = "/v1/chat/completions";
+    let q = faq("who may see this?", false);
+    assert_eq!(hit(ask(&router.url, Some("ENGINE-KEY"), chat, &q).await), (200, false));
+    assert_eq!(hit(ask(&router.url, Some("ENGINE-KEY"), chat, &q).await), (200, true), "the same caller");
+    assert_eq!(hit(ask(&router.url, None, chat, &q).await), (200, false), "an anonymous caller");
+    assert_eq!(hit(ask(&router.url, Some("OTHER"), chat, &q).await), (200, false), "another credential");
+    // The route is part of the key: a body both routes accept is two requests.
+    let mut both = q.clone();
+    both["prompt"] = json!("faq: who may see this?");
+    assert_eq!(hit(ask(&router.url, Some("ENGINE-KEY"), chat, &both).await), (200, false));
+    let completions = ask(&router.url, Some("ENGINE-KEY"), "/v1/completions", &both).await;
+    assert_ne!(completions.1.as_deref(), Some("hit-exact"), "the chat answer is not the completion's");
+    let _ = router.stop.send(());
+
+    // Client keys: each tenant has its own answers.
+    let (routing, _engines) = pools("tests/routing/cache.yaml").await;
+    let mut app = config(&[], PolicyConfig::RoundRobin, false);
+    app.routing = Some(routing);
+    app.client_keys = vec!["tenant-a".into(), "tenant-b".into()];
+    let router = start(app).await;
+    assert_eq!(hit(ask(&router.url, Some("tenant-a"), chat, &q).await), (200, false));
+    assert_eq!(hit(ask(&router.url, Some("tenant-b"), chat, &q).await), (200, false), "tenant B asks anew");
+    assert_eq!(hit(ask(&router.url, Some("tenant-a"), chat, &q).await), (200, true));
+    assert_eq!(hit(ask(&router.url, Some("tenant-b"), chat, &q).await), (200, true));
+    assert_eq!(ask(&router.url, None, chat, &q).await.0, 401);
+    let _ = router.stop.send(());
+}

@@ -502,6 +502,7 @@ async fn serve_fast(
         session: head.session,
         cache_bypass,
         forced: None,
+        caller: crate::auth::caller(gw, head.authorization.as_deref()),
     };
     async move {
         let send = |worker, body, rank, edits: Option<Arc<crate::pools::HeaderEdits>>| {

@@ -308,7 +308,7 @@ pub(crate) fn route(
     };
     let mut routed = finish(gw, routing, v, routed, preview.is_some());
     if preview.is_none() {
-        routed.cache = look_up(gw, routing, v, &routed, ask);
+        routed.cache = look_up(gw, routing, route, v, &routed, ask);
         routed.route_id = issue_route_id(gw, routing, &routed);
         if routed.cache.as_ref().and_then(|(_, o)| o.answer()).is_none() {
             routed.cascade = plan_cascade(routing, route, v, &mut routed);
@@ -360,6 +360,7 @@ fn plan_cascade(routing: &Routing, route: Route, v: &mut Value, routed: &mut Rou
 fn look_up(
     gw: &Gateway,
     routing: &Routing,
+    route: Route,
     v: &Value,
     routed: &Routed,
     ask: &Asked<'_>,
@@ -368,7 +369,8 @@ fn look_up(
     let store = routing.caches.get(routed.index?)?.as_ref()?;
     let vector = ask.embeddings.and_then(|e| e.last.as_ref()).and_then(|l| l.as_ref().ok()).cloned();
     let pool = &gw.pools[routed.pool].id.0;
-    let ticket = if ask.cache_bypass { Err(Skip::Bypass) } else { store.ticket(v, &routed.decision, pool, vector) };
+    let asker = crate::cache::Asker { caller: ask.caller, route: route.path(), decision: &routed.decision, pool };
+    let ticket = if ask.cache_bypass { Err(Skip::Bypass) } else { store.ticket(v, asker, vector) };
     let (found, outcome) = match ticket {
         Ok(ticket) => {
             let outcome = ticket.lookup();
@@ -521,6 +523,8 @@ pub(crate) struct Asked<'a> {
     pub(crate) embeddings: Option<&'a model_select::RequestEmbeddings>,
     /// `cache-control: no-cache` or `no-store`: no response cache is read or written.
     pub(crate) cache_bypass: bool,
+    /// The caller's identity, part of a response cache's key.
+    pub(crate) caller: Option<&'a [u8; 32]>,
 }
 
 /// The request header naming a conversation.

@@ -141,6 +141,10 @@ pub struct ResponseCache {
     /// A larger answer is not stored (default 1 MiB).
     #[serde(default = "cache_answer_bytes")]
     pub max_answer_bytes: usize,
+    /// Bytes the kept answers hold at most (bodies, vectors, bookkeeping; keys are 32-byte
+    /// digests), least recently used out first (default 64 MiB).
+    #[serde(default = "cache_bytes")]
+    pub max_bytes: usize,
     /// Cache requests that sample (`temperature` above 0, or unset); off by
     /// default: a sampled answer is meant to vary.
     #[serde(default)]
@@ -158,6 +162,9 @@ fn cache_entries() -> usize {
 }
 fn cache_answer_bytes() -> usize {
     1 << 20
+}
+fn cache_bytes() -> usize {
+    64 << 20
 }
 
 /// How a `system_prompt` plugin treats the client's own system prompt.

@@ -165,8 +165,8 @@ fn check_routing(d: &DecisionConfig, pools: &HashSet<&str>, errors: &mut Vec<Con
                 if !(0.0..=1.0).contains(&c.threshold) {
                     bad("response_cache: threshold must be in [0, 1]".into());
                 }
-                if c.ttl_secs == 0 || c.max_entries == 0 || c.max_answer_bytes == 0 {
-                    bad("response_cache: ttl_secs, max_entries and max_answer_bytes must be above 0".into());
+                if c.ttl_secs == 0 || c.max_entries == 0 || c.max_answer_bytes == 0 || c.max_bytes == 0 {
+                    bad("response_cache: ttl_secs, max_entries, max_answer_bytes and max_bytes must be above 0".into());
                 }
                 if c.max_entries > 1_000_000 {
                     bad("response_cache: max_entries is at most 1,000,000".into());
