@@ -53,7 +53,7 @@ pub(crate) const APPROX_EVICTION_INTERVAL_SECS: u64 = 60;
 pub(crate) const QUEUE_SIZE: usize = 100;
 /// Seconds a request may wait for a slot (SGLang Model Gateway's).
 pub(crate) const QUEUE_TIMEOUT_SECS: u64 = 60;
-/// Retries after the first attempt (SGLang Model Gateway's).
+/// Attempts in all, the first included (`--retry-max-retries`, as SGLang Model Gateway counts them).
 pub(crate) const RETRY_MAX_RETRIES: u32 = 5;
 /// Milliseconds before the first retry.
 pub(crate) const RETRY_INITIAL_BACKOFF_MS: u64 = 50;

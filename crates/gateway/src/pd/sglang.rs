@@ -27,7 +27,7 @@ use router_types::DpRank;
 use serde_json::{Value, json};
 
 use super::dual::{Watch, both_heads, heads_ok};
-use super::{Ctx, Failure, Pair, json_answer, read_answer};
+use super::{Ctx, Failure, MAX_LEG_ANSWER, Pair, json_answer, read_answer};
 use crate::account::InFlight;
 use crate::admission::Admission;
 use crate::request::{RANK_HEADER, Route};
@@ -193,7 +193,7 @@ async fn merged(
     guard.status = status;
     let (parts, body) = dh.into_parts();
     let (d, idle) = (d.clone(), ctx.gw.config.limits.upstream_idle_timeout);
-    let state = (body, Vec::<u8>::new(), Some(guard), false);
+    let state = (body, Events::new(MAX_LEG_ANSWER), Some(guard), false);
     let events = futures_util::stream::unfold(state, move |(mut body, mut buf, guard, done)| {
         let d = d.clone();
         async move {
@@ -203,9 +203,13 @@ async fn merged(
                 return None;
             }
             loop {
-                if let Some(at) = buf.windows(2).position(|w| w == b"\n\n") {
-                    let event: Vec<u8> = buf.drain(..at + 2).collect();
-                    return Some((Ok::<Bytes, std::io::Error>(Bytes::from(event)), (body, buf, Some(guard), false)));
+                if let Some(event) = buf.next_event() {
+                    return Some((Ok::<Bytes, std::io::Error>(event), (body, buf, Some(guard), false)));
+                }
+                if buf.over() {
+                    let e = format!("an event larger than {MAX_LEG_ANSWER} bytes");
+                    let tail = crate::relay::failed_mid_answer(&d, &e, true).unwrap_or_default();
+                    return Some((Ok(tail), (body, buf, Some(guard), true)));
                 }
                 let frame = match tokio::time::timeout(idle, body.frame()).await {
                     Ok(frame) => frame,
@@ -218,17 +222,14 @@ async fn merged(
                 match frame {
                     Some(Ok(frame)) => {
                         if let Ok(data) = frame.into_data() {
-                            buf.extend_from_slice(&data);
+                            buf.push(&data);
                         }
                     }
                     Some(Err(e)) => {
                         let tail = crate::relay::failed_mid_answer(&d, &e, true).unwrap_or_default();
                         return Some((Ok(tail), (body, buf, Some(guard), true)));
                     }
-                    None => {
-                        let rest = Bytes::from(std::mem::take(&mut buf));
-                        return Some((Ok(rest), (body, buf, Some(guard), true)));
-                    }
+                    None => return Some((Ok(buf.rest()), (body, buf, Some(guard), true))),
                 }
             }
         }
@@ -245,6 +246,51 @@ async fn merged(
         }
     }
     response
+}
+
+/// A stream cut into its events (`\n\n`-ended), each byte looked at once, at most `max`
+/// bytes of an unfinished event held.
+struct Events {
+    buf: bytes::BytesMut,
+    /// Bytes of `buf` known to hold no event end (but perhaps its first `\n`).
+    scanned: usize,
+    max: usize,
+}
+
+impl Events {
+    fn new(max: usize) -> Self {
+        Self { buf: bytes::BytesMut::new(), scanned: 0, max }
+    }
+
+    fn push(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+    }
+
+    /// The next whole event, if one has arrived.
+    fn next_event(&mut self) -> Option<Bytes> {
+        let from = self.scanned.saturating_sub(1);
+        match self.buf[from..].windows(2).position(|w| w == b"\n\n") {
+            Some(at) => {
+                self.scanned = 0;
+                Some(self.buf.split_to(from + at + 2).freeze())
+            }
+            None => {
+                self.scanned = self.buf.len();
+                None
+            }
+        }
+    }
+
+    /// An unfinished event past the bound.
+    fn over(&self) -> bool {
+        self.buf.len() > self.max
+    }
+
+    /// What is left when the stream ends.
+    fn rest(&mut self) -> Bytes {
+        self.scanned = 0;
+        self.buf.split().freeze()
+    }
 }
 
 /// One event of decode's stream with `prefix` before its prompt logprobs.
@@ -278,6 +324,25 @@ mod tests {
             }
         }
         assert_ne!(room_for(0, 1), room_for(0, 1), "rooms are fresh");
+    }
+
+    #[test]
+    fn events_are_cut_once_each_byte_read_once_and_bounded() {
+        let mut e = Events::new(64);
+        e.push(b"data: 1\n");
+        assert_eq!(e.next_event(), None);
+        assert_eq!(e.scanned, 8);
+        // The end split across two frames is found, without reading the first bytes again.
+        e.push(b"\ndata: 2\n\nda");
+        assert_eq!(e.next_event().as_deref(), Some(&b"data: 1\n\n"[..]));
+        assert_eq!(e.next_event().as_deref(), Some(&b"data: 2\n\n"[..]));
+        assert_eq!(e.next_event(), None);
+        assert_eq!((e.scanned, e.over()), (2, false));
+        e.push(&[b'x'; 63]);
+        assert_eq!(e.next_event(), None);
+        assert!(e.over(), "65 bytes of one unfinished event");
+        assert_eq!(e.rest().len(), 65);
+        assert_eq!(e.rest().len(), 0);
     }
 
     #[test]
