@@ -54,6 +54,12 @@ impl Keys {
         self.0.iter().fold(false, |found, key| found | constant_time_eq(key, token))
     }
 
+    /// Whether `value` is one of the keys, bare or as `Bearer KEY`.
+    pub fn accepts_key(&self, value: &[u8]) -> bool {
+        let token = bearer_token(value).unwrap_or_else(|| value.trim_ascii());
+        !token.is_empty() && self.0.iter().fold(false, |found, key| found | constant_time_eq(key, token))
+    }
+
     /// Checks a request to a route of `plane`: `Ok` when it may proceed.
     pub fn check(&self, plane: Plane, authorization: Option<&[u8]>) -> Result<(), GatewayError> {
         match plane {

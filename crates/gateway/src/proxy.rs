@@ -57,12 +57,13 @@ async fn serve(
     let client = gw.client();
     // Who asks, read before the client's credentials give way to the workers'.
     let caller = crate::auth::caller(&gw, headers.get(header::AUTHORIZATION).map(HeaderValue::as_bytes));
+    let route_debug = Meta::wants_debug(&gw.control_keys, headers.get(ROUTE_DEBUG_HEADER).map(HeaderValue::as_bytes));
     upstream_headers(&gw, &mut headers);
     let headers = Arc::new(headers);
     let meta = Meta {
         id: id.to_string(),
         routing_key: Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes)),
-        route_debug: Meta::wants_debug(headers.get(ROUTE_DEBUG_HEADER).map(HeaderValue::as_bytes)),
+        route_debug,
         signal_headers: crate::pools::wanted_headers(&gw, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes()))),
         session: Meta::key(headers.get(crate::pools::SESSION_HEADER).map(HeaderValue::as_bytes)),
         cache_bypass: crate::request::bypassed(

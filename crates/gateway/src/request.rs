@@ -24,8 +24,9 @@ const HOP_BY_HOP: [&str; 9] = [
     "upgrade",
 ];
 
-/// Request headers the router sets itself on the way to the worker.
-const SET_BY_ROUTER: [&str; 4] = ["host", "content-length", "content-type", "expect"];
+/// Request headers the router sets itself on the way to the worker, or reads and keeps
+/// (`x-route-debug` carries a control-plane key).
+const SET_BY_ROUTER: [&str; 5] = ["host", "content-length", "content-type", "expect", ROUTE_DEBUG_HEADER];
 
 fn listed(name: &str, list: &[&str]) -> bool {
     list.iter().any(|n| name.eq_ignore_ascii_case(n))
@@ -115,7 +116,7 @@ pub(crate) struct Meta {
     pub(crate) id: String,
     /// The client's routing key (`x-smg-routing-key`): its worker by rendezvous hashing.
     pub(crate) routing_key: Option<Vec<u8>>,
-    /// The client asked for the routing explain in the answer's headers (`x-route-debug: true`).
+    /// The routing explain in the answer's headers (`x-route-debug: KEY`, a control-plane key).
     pub(crate) route_debug: bool,
     /// The headers the routing config's header rules read (none without such rules).
     pub(crate) signal_headers: Vec<(String, String)>,
@@ -133,9 +134,10 @@ pub(crate) struct Meta {
 pub(crate) const ROUTE_DEBUG_HEADER: &str = "x-route-debug";
 
 impl Meta {
-    /// Whether an `x-route-debug` value asks for the explain.
-    pub(crate) fn wants_debug(value: Option<&[u8]>) -> bool {
-        value.is_some_and(|v| v.trim_ascii().eq_ignore_ascii_case(b"true") || v.trim_ascii() == b"1")
+    /// Whether an `x-route-debug` value asks for the explain: it must be a control-plane key
+    /// (`KEY` or `Bearer KEY`); which signal fired is the operator's to see, not any client's.
+    pub(crate) fn wants_debug(control_keys: &crate::auth::Keys, value: Option<&[u8]>) -> bool {
+        value.is_some_and(|v| control_keys.accepts_key(v))
     }
 
     /// A routing key worth routing by: not empty, at most 256 bytes.

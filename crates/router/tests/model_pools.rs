@@ -175,12 +175,21 @@ async fn models_streams_and_fallbacks() {
     let models: Value = http.get(format!("{url}/v1/models")).send().await.unwrap().json().await.unwrap();
     let ids: Vec<&str> = models["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["auto", "qwen3-8b", "qwen3-32b"]);
-    // A stream carries the headers too, with the explain when asked.
+    // A stream carries the headers too, with the explain when an operator asks (a control-plane
+    // key in `x-route-debug`); any other value gets no explain, and the header never reaches a worker.
     let math = json!({"model": "auto", "stream": true, "max_tokens": 2,
                       "messages": [{"role": "user", "content": "prove this theorem"}]});
+    for value in ["true", "1", "Bearer wrong-key"] {
+        let r = http.post(format!("{url}/v1/chat/completions")).header("x-route-debug", value).json(&math);
+        let r = r.send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-route-pool"], "large");
+        assert!(r.headers().get("x-route-signals").is_none(), "{value}: no explain for a client");
+        assert!(r.text().await.unwrap().contains("data: [DONE]"));
+    }
     let r = http
         .post(format!("{url}/v1/chat/completions"))
-        .header("x-route-debug", "true")
+        .header("x-route-debug", common::app::ADMIN_KEY)
         .json(&math)
         .send()
         .await
@@ -191,6 +200,11 @@ async fn models_streams_and_fallbacks() {
     assert_eq!(r.headers()["x-route-signals"], "keyword:math");
     assert_eq!(r.headers()["x-route-candidates"], "large,small");
     assert!(r.text().await.unwrap().contains("data: [DONE]"));
+    let legs = engines[1].engine().legs();
+    assert!(!legs.is_empty());
+    for leg in &legs {
+        assert!(leg.headers.iter().all(|(n, _)| n != "x-route-debug"), "the key stays with the router");
+    }
     // The large pool's only worker leaves: "hard" falls back to its second pool.
     let large = engines[1].url();
     let gone = admin_client().delete(format!("{url}/workers/{large}")).send().await.unwrap();

@@ -196,7 +196,8 @@ struct Head {
     /// The client's routing key (`x-smg-routing-key`).
     routing_key: Option<Vec<u8>>,
     /// The client asked for the routing explain (`x-route-debug: true`).
-    route_debug: bool,
+    /// The `x-route-debug` value (checked against the control-plane keys once the gateway is at hand).
+    route_debug: Option<Vec<u8>>,
     /// The client's conversation id (`x-session-id`).
     session: Option<Vec<u8>>,
 }
@@ -238,7 +239,7 @@ fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
     let (mut body_len, mut expect_continue) = (None, false);
     let (mut forward, mut rank, mut authorization) = (Vec::new(), None, None);
     let (mut request_ids, mut sent_x_request_id, mut origin) = (Vec::new(), false, None);
-    let (mut routing_key, mut route_debug, mut session) = (None, false, None);
+    let (mut routing_key, mut route_debug, mut session) = (None, None, None);
     for h in req.headers.iter() {
         if let Some(i) = id_names.iter().position(|n| h.name.eq_ignore_ascii_case(n))
             && !request_ids.iter().any(|(j, _)| *j == i)
@@ -251,7 +252,7 @@ fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
         } else if h.name.eq_ignore_ascii_case(policy::ROUTING_KEY_HEADER) {
             routing_key = crate::request::Meta::key(Some(h.value));
         } else if h.name.eq_ignore_ascii_case(crate::request::ROUTE_DEBUG_HEADER) {
-            route_debug = crate::request::Meta::wants_debug(Some(h.value));
+            route_debug = Some(h.value.to_vec());
         } else if h.name.eq_ignore_ascii_case(crate::pools::SESSION_HEADER) {
             session = crate::request::Meta::key(Some(h.value));
         }
@@ -497,7 +498,7 @@ async fn serve_fast(
     let meta = crate::request::Meta {
         id,
         routing_key: head.routing_key,
-        route_debug: head.route_debug,
+        route_debug: crate::request::Meta::wants_debug(&gw.control_keys, head.route_debug.as_deref()),
         signal_headers,
         session: head.session,
         cache_bypass,
