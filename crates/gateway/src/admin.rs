@@ -110,10 +110,16 @@ pub(crate) async fn route_preview(
 /// `POST /v1/route/feedback` (data plane): a verdict on a routed answer (`{"route_id",
 /// "verdict": "good" | "bad"}`) or a preference between two (`{"winner", "loser"}`, route ids
 /// of one decision from two pools), applied to what the `bandit` algorithm draws from.
-pub(crate) async fn route_feedback(State(gw): State<Arc<Gateway>>, body: Body) -> Result<Json<Value>, GatewayError> {
+pub(crate) async fn route_feedback(
+    State(gw): State<Arc<Gateway>>,
+    headers: axum::http::HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, GatewayError> {
     let slot = routing_slot(&gw)?;
+    // Only the caller who got an answer judges it.
+    let caller = crate::auth::caller(&gw, headers.get(axum::http::header::AUTHORIZATION).map(|v| v.as_bytes()));
     let bytes = crate::body::read_body_within(body, crate::pools::feedback::MAX_FEEDBACK_BYTES).await?;
-    slot.learning().feedback(&bytes).map(Json)
+    slot.learning().feedback_from(&bytes, caller).map(Json)
 }
 
 /// `GET /v1/route/outcomes` (control plane): what feedback taught, per decision and pool.

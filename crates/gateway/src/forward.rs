@@ -72,7 +72,7 @@ where
         // With a routing config: the pool (the body names its model, the plugins may change it).
         let mut routed = match (gw2.routing(), v.as_mut()) {
             (Some(routing), Some(v)) if let Some((pool, decision)) = &forced => {
-                Some(crate::pools::forced(&gw2, &routing, v, *pool, decision))
+                Some(crate::pools::forced(&gw2, &routing, v, (*pool, decision), caller))
             }
             (Some(routing), Some(v)) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());

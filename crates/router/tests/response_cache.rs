@@ -115,6 +115,14 @@ async fn a_caller_never_gets_another_callers_stored_answer() {
     assert_eq!(hit(ask(&router.url, Some("ENGINE-KEY"), chat, &q).await), (200, true), "the same caller");
     assert_eq!(hit(ask(&router.url, None, chat, &q).await), (200, false), "an anonymous caller");
     assert_eq!(hit(ask(&router.url, Some("OTHER"), chat, &q).await), (200, false), "another credential");
+    // A stored answer carries no route id: feedback on it would steer the decisions for free.
+    let again = http.post(format!("{}{chat}", router.url)).bearer_auth("OTHER").json(&q).send().await.unwrap();
+    assert_eq!(again.headers()["x-route-cache"], "hit-exact");
+    assert!(again.headers().get("x-route-id").is_none());
+    let fresh = faq("a question never asked", false);
+    let miss = http.post(format!("{}{chat}", router.url)).json(&fresh).send().await.unwrap();
+    assert_eq!(miss.headers()["x-route-cache"], "miss");
+    assert!(miss.headers().get("x-route-id").is_some(), "a worker's answer has one");
     // The route is part of the key: a body both routes accept is two requests.
     let mut both = q.clone();
     both["prompt"] = json!("faq: who may see this?");

@@ -67,6 +67,8 @@ struct Issued {
     quality: Option<f64>,
     at: Instant,
     judged: bool,
+    /// Who got the answer (a digest of its credentials; `None`: anonymous): only they judge it.
+    caller: Option<[u8; 32]>,
 }
 
 /// The route ids given out, oldest first.
@@ -141,6 +143,11 @@ impl Learning {
     /// A new route id for an answer `pool` gives under `decision` (the pool's configured quality
     /// seeds its arm), remembered until it is judged, expires or is pushed out.
     pub fn issue(&self, decision: &str, pool: &str, quality: Option<f64>) -> u64 {
+        self.issue_for(decision, pool, quality, None)
+    }
+
+    /// [`Learning::issue`] for an answer `caller` gets: only `caller` may give its feedback.
+    pub fn issue_for(&self, decision: &str, pool: &str, quality: Option<f64>, caller: Option<[u8; 32]>) -> u64 {
         let now = Instant::now();
         let mut routes = lock(&self.routes);
         let id = loop {
@@ -154,7 +161,8 @@ impl Learning {
             let Some(old) = routes.order.pop_front() else { break };
             routes.map.remove(&old);
         }
-        let issued = Issued { decision: decision.to_owned(), pool: pool.to_owned(), quality, at: now, judged: false };
+        let (decision, pool) = (decision.to_owned(), pool.to_owned());
+        let issued = Issued { decision, pool, quality, at: now, judged: false, caller };
         routes.map.insert(id, issued);
         routes.order.push_back(id);
         id
@@ -192,15 +200,20 @@ impl Learning {
 
     /// Applies one feedback body; the answer names what it moved.
     pub fn feedback(&self, bytes: &[u8]) -> Result<Value, GatewayError> {
+        self.feedback_from(bytes, None)
+    }
+
+    /// [`Learning::feedback`] from `caller`: a route id given to another caller is unknown to it.
+    pub fn feedback_from(&self, bytes: &[u8], caller: Option<[u8; 32]>) -> Result<Value, GatewayError> {
         let body: Body = serde_json::from_slice(bytes).map_err(|e| {
             self.count("unknown", "invalid");
             GatewayError::BadRequest(format!("feedback: {e}"))
         })?;
         match body {
             Body { route_id: Some(id), verdict: Some(verdict), winner: None, loser: None } => {
-                self.verdict(&id, verdict)
+                self.verdict(&id, verdict, caller)
             }
-            Body { route_id: None, verdict: None, winner: Some(w), loser: Some(l) } => self.preference(&w, &l),
+            Body { route_id: None, verdict: None, winner: Some(w), loser: Some(l) } => self.preference(&w, &l, caller),
             _ => {
                 self.count("unknown", "invalid");
                 Err(GatewayError::BadRequest(
@@ -211,8 +224,8 @@ impl Learning {
         }
     }
 
-    fn verdict(&self, id: &str, verdict: Verdict) -> Result<Value, GatewayError> {
-        let issued = self.claim(&[id], "verdict")?.remove(0);
+    fn verdict(&self, id: &str, verdict: Verdict, caller: Option<[u8; 32]>) -> Result<Value, GatewayError> {
+        let issued = self.claim(&[id], "verdict", caller)?.remove(0);
         let good = matches!(verdict, Verdict::Good);
         let arm = {
             let mut outcomes = lock(&self.outcomes);
@@ -224,8 +237,8 @@ impl Learning {
         Ok(json!({"decision": issued.decision, "pool": issued.pool, "arm": arm_json(&arm)}))
     }
 
-    fn preference(&self, winner: &str, loser: &str) -> Result<Value, GatewayError> {
-        let pair = self.claim(&[winner, loser], "preference")?;
+    fn preference(&self, winner: &str, loser: &str, caller: Option<[u8; 32]>) -> Result<Value, GatewayError> {
+        let pair = self.claim(&[winner, loser], "preference", caller)?;
         let (w, l) = (&pair[0], &pair[1]);
         let (wa, la) = {
             let mut outcomes = lock(&self.outcomes);
@@ -241,15 +254,18 @@ impl Learning {
         }))
     }
 
-    /// The routes `ids` name, marked judged; all or none (unknown, expired, judged, or, for a
-    /// pair, not two pools of one decision: refused, nothing marked).
-    fn claim(&self, ids: &[&str], kind: &str) -> Result<Vec<Issued>, GatewayError> {
+    /// The routes `ids` name, marked judged; all or none (unknown, expired, given to another
+    /// caller, judged, or, for a pair, not two pools of one decision: refused, nothing marked).
+    fn claim(&self, ids: &[&str], kind: &str, caller: Option<[u8; 32]>) -> Result<Vec<Issued>, GatewayError> {
         let now = Instant::now();
         let mut routes = lock(&self.routes);
         let mut found = Vec::with_capacity(ids.len());
         for text in ids {
             let key = parse_id(text);
-            let issued = key.and_then(|k| routes.map.get(&k)).filter(|i| now.duration_since(i.at) <= self.config.ttl);
+            // Another caller's route is as unknown as one never given out (nothing tells them apart).
+            let issued = key
+                .and_then(|k| routes.map.get(&k))
+                .filter(|i| now.duration_since(i.at) <= self.config.ttl && i.caller == caller);
             let Some(issued) = issued else {
                 self.count(kind, "unknown_route");
                 return Err(GatewayError::NotFound(format!(
@@ -467,5 +483,19 @@ mod tests {
         let large =
             (0..1000).filter(|_| l.choose("d", &candidates, &model_select::Bandit::default()).0 == Some(1)).count();
         assert!(large > 950, "{large} of 1000 to the pool with good verdicts");
+    }
+
+    #[test]
+    fn only_the_caller_who_got_an_answer_judges_it() {
+        let l = Learning::new(FeedbackConfig::default()).unwrap();
+        let (a, b) = (Some([1u8; 32]), Some([2u8; 32]));
+        let id = l.issue_for("d", "p", None, a);
+        let body = json!({"route_id": format_id(id), "verdict": "good"}).to_string();
+        assert!(matches!(l.feedback_from(body.as_bytes(), b), Err(GatewayError::NotFound(_))), "another tenant");
+        assert!(matches!(l.feedback_from(body.as_bytes(), None), Err(GatewayError::NotFound(_))), "anonymous");
+        assert!(l.feedback_from(body.as_bytes(), a).is_ok(), "its own caller");
+        let (x, y) = (l.issue_for("d", "small", None, a), l.issue_for("d", "large", None, b));
+        let pair = json!({"winner": format_id(x), "loser": format_id(y)}).to_string();
+        assert!(matches!(l.feedback_from(pair.as_bytes(), a), Err(GatewayError::NotFound(_))), "half another's");
     }
 }

@@ -309,8 +309,10 @@ pub(crate) fn route(
     let mut routed = finish(gw, routing, v, routed, preview.is_some());
     if preview.is_none() {
         routed.cache = look_up(gw, routing, route, v, &routed, ask);
-        routed.route_id = issue_route_id(gw, routing, &routed);
+        // A cache hit gets no route id: feedback on a stored answer would steer the decision
+        // without an engine call behind it.
         if routed.cache.as_ref().and_then(|(_, o)| o.answer()).is_none() {
+            routed.route_id = issue_route_id(gw, routing, &routed, ask.caller.copied());
             routed.cascade = plan_cascade(routing, route, v, &mut routed);
         }
     }
@@ -319,20 +321,27 @@ pub(crate) fn route(
 
 /// A cascade's second attempt: `pool` under `decision`, the decisions not asked again (the
 /// body is the one the first pool got, plugins applied); it gets its own route id.
-pub(crate) fn forced(gw: &Gateway, routing: &Routing, v: &mut Value, pool: usize, decision: &str) -> Routed {
+pub(crate) fn forced(
+    gw: &Gateway,
+    routing: &Routing,
+    v: &mut Value,
+    (pool, decision): (usize, &str),
+    caller: Option<[u8; 32]>,
+) -> Routed {
     let mut routed = Routed::to(pool, decision);
     // The decision's header changes apply to this attempt too (a reload since may have dropped it).
     let index = routing.selector.config().decisions.iter().position(|d| d.name == decision);
     routed.edits = index.and_then(|i| routing.edits.get(i).cloned().flatten());
     let mut routed = finish(gw, routing, v, routed, false);
-    routed.route_id = issue_route_id(gw, routing, &routed);
+    routed.route_id = issue_route_id(gw, routing, &routed, caller);
     routed
 }
 
 /// The `x-route-id` of an answer routed as `routed` (the pool's configured quality seeds its arm).
-fn issue_route_id(gw: &Gateway, routing: &Routing, routed: &Routed) -> Option<u64> {
+fn issue_route_id(gw: &Gateway, routing: &Routing, routed: &Routed, caller: Option<[u8; 32]>) -> Option<u64> {
     let quality = routing.selector.config().pools.get(routed.pool).and_then(|p| p.quality);
-    Some(gw.routing.as_ref()?.learning().issue(&routed.decision, &gw.pools[routed.pool].id.0, quality))
+    let learning = gw.routing.as_ref()?.learning();
+    Some(learning.issue_for(&routed.decision, &gw.pools[routed.pool].id.0, quality, caller))
 }
 
 /// The decision's cascade for this request, if it has one that applies (counted when not):
