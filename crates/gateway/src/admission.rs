@@ -143,6 +143,19 @@ impl Admission {
     }
 }
 
+impl Admission {
+    /// Reserves `n` more bytes for this request (a worker's answer the router reads whole),
+    /// released with the rest when it ends; 429 when the budget has no room.
+    pub(crate) fn grow(&mut self, n: usize) -> Result<(), GatewayError> {
+        if !self.gw.budget.try_reserve(n) {
+            self.gw.metrics.over_budget.fetch_add(1, Ordering::Relaxed);
+            return Err(GatewayError::OverBudget(self.gw.budget.limit()));
+        }
+        self.reserved += n;
+        Ok(())
+    }
+}
+
 impl Drop for Admission {
     fn drop(&mut self) {
         self.gw.budget.release(self.reserved);

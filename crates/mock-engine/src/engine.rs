@@ -36,6 +36,9 @@ pub struct Faults {
     pub die_mid_stream_next: usize,
     /// A vLLM prefill: the next N answers leave out `kv_transfer_params` (a broken prefill).
     pub drop_kv_params_next: usize,
+    /// A vLLM prefill: the next answer's `kv_transfer_params` carry this many bytes of padding
+    /// (a hostile or broken prefill; 0: none).
+    pub bloat_kv_params_bytes: usize,
 }
 
 /// A fault that hits one request.
@@ -386,6 +389,7 @@ impl Engine {
         faults.hang_next += f.hang_next;
         faults.die_mid_stream_next += f.die_mid_stream_next;
         faults.drop_kv_params_next += f.drop_kv_params_next;
+        faults.bloat_kv_params_bytes = f.bloat_kv_params_bytes;
     }
 
     /// The fault this request suffers before anything is sent, if any (consumes one).
@@ -410,6 +414,11 @@ impl Engine {
             return true;
         }
         false
+    }
+
+    /// Bytes of padding for this vLLM prefill answer's params (consumes the fault).
+    pub fn take_bloat_kv_params(&self) -> usize {
+        std::mem::take(&mut self.faults.lock().unwrap_or_else(|p| p.into_inner()).bloat_kv_params_bytes)
     }
 
     /// True if this streamed request must die after its first chunk (consumes one).

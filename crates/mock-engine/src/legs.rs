@@ -358,6 +358,12 @@ async fn vllm_prefill(
             "remote_prefill_cached_tokens": admission_cached,
         }),
     );
+    let bloat = e.take_bloat_kv_params();
+    if bloat > 0
+        && let Some(Value::Object(params)) = extras.top.get_mut("kv_transfer_params")
+    {
+        params.insert("padding".into(), Value::String("x".repeat(bloat)));
+    }
     if wants_prompt_logprobs(&v) {
         // vLLM: chat reports them at the top, completions in each choice.
         let at = if route == Route::Completions { &mut extras.choice } else { &mut extras.top };

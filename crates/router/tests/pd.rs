@@ -335,6 +335,18 @@ async fn vllm_two_stages_with_complete_params_and_never_without() {
     prefill[0].engine().set_faults(Faults { fail_next: 1, ..Faults::default() }).await;
     assert_eq!(post(&format!("{}/v1/chat/completions", r.url), &chat(SYSTEM, "x")).await.status(), 500);
     assert_eq!(decode[0].engine().requests.load(Relaxed), before);
+    // A prefill whose params are too large (1.5 MB: within the 2 MiB read, over the 1 MiB bound)
+    // or whose answer is (60 MB: past the read bound): a precise 502, no decode leg, the
+    // memory reserved for the read given back.
+    for (bloat, said) in [(1_500_000, "kv_transfer_params within 1048576 bytes"), (60_000_000, "length limit")] {
+        prefill[0].engine().set_faults(Faults { bloat_kv_params_bytes: bloat, ..Faults::default() }).await;
+        let resp = post(&format!("{}/v1/chat/completions", r.url), &chat(SYSTEM, "hostile prefill")).await;
+        assert_eq!(resp.status(), 502);
+        let e: Value = resp.json().await.unwrap();
+        assert!(e["error"]["message"].as_str().unwrap().contains(said), "{e}");
+        assert_eq!(decode[0].engine().requests.load(Relaxed), before, "no decode leg");
+        assert_eq!(r.gateway.budget.used(), 0, "the read's reservation is released");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

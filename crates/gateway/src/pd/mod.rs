@@ -316,6 +316,11 @@ pub(crate) async fn serve(
     })
     .await??;
     let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    // vLLM's prefill answer is read whole: bounded, and counted in the memory budget first.
+    let mut admission = admission;
+    if pd.mode == PdMode::Vllm {
+        admission.grow(vllm::prefill_answer_cap(&v))?;
+    }
     let ctx = Ctx { gw, client: gw.client(), headers, meta, route, v, batch, stream, start };
     let retry = &gw.config.retry;
     let mut admission = Some(admission);

@@ -36,6 +36,19 @@ use crate::send::{SendError, send_to};
 const REQUIRED: [&str; 6] =
     ["do_remote_prefill", "remote_engine_id", "remote_request_id", "remote_host", "remote_port", "remote_block_ids"];
 
+/// Largest prefill answer read when the client asked no prompt logprobs: a one-token answer
+/// and its `kv_transfer_params` (with prompt logprobs, [`MAX_LEG_ANSWER`]). Reserved in the
+/// memory budget before the read.
+const MAX_PREFILL_ANSWER: usize = 2 << 20;
+/// Largest `kv_transfer_params` passed on to decode, as JSON: a block id per page of the
+/// prompt (a 1M-token prompt in 16-token pages is about 460 KB of ids).
+pub(crate) const MAX_KV_PARAMS_BYTES: usize = 1 << 20;
+
+/// The most of prefill's answer read for the request `v`.
+pub(super) fn prefill_answer_cap(v: &Value) -> usize {
+    if wants_prompt_logprobs(v) { MAX_LEG_ANSWER } else { MAX_PREFILL_ANSWER }
+}
+
 /// What a push-mode decode needs of its prefill: who it is, not what it kept.
 const PUSH_IDENTITY: [&str; 6] = ["remote_engine_id", "remote_host", "remote_port", "tp_size", "pp_size", "dcp_size"];
 
@@ -57,6 +70,8 @@ pub(super) async fn attempt(
     let headers = same_request_id(ctx);
     let path = ctx.route.path();
     let limit = gw.config.request_timeout;
+    // Reserved in the memory budget by `pd::serve`.
+    let cap = prefill_answer_cap(&ctx.v);
     let (p_load, d_load) = pair.charge(rank);
     let sent = std::time::Instant::now();
     let answer = match tokio::time::timeout(
@@ -70,7 +85,7 @@ pub(super) async fn attempt(
         Ok(Ok(resp)) if !resp.status().is_success() => {
             return Err((status_failure(Leg::Prefill, &p, resp).await, admission));
         }
-        Ok(Ok(resp)) => match tokio::time::timeout(limit, read_all(resp.into_body(), MAX_LEG_ANSWER)).await {
+        Ok(Ok(resp)) => match tokio::time::timeout(limit, read_all(resp.into_body(), cap)).await {
             Ok(Ok(body)) => body,
             Ok(Err(message)) => {
                 let error = SendError { connect: false, message };
@@ -305,6 +320,10 @@ fn prefill_body(v: &Value, params: Value) -> Bytes {
 /// Prefill's `kv_transfer_params` when a decode can pull with them; else the fields missing.
 fn complete_params(prefill: &Value) -> Result<Value, String> {
     let params = prefill.get("kv_transfer_params").filter(|p| p.is_object()).ok_or("kv_transfer_params")?;
+    let size = serde_json::to_vec(params).map_or(usize::MAX, |b| b.len());
+    if size > MAX_KV_PARAMS_BYTES {
+        return Err(format!("kv_transfer_params within {MAX_KV_PARAMS_BYTES} bytes (it sent {size})"));
+    }
     let missing: Vec<&str> = REQUIRED
         .into_iter()
         .filter(|k| match (*k, params.get(*k)) {
@@ -405,6 +424,9 @@ mod tests {
             "remote_port": 5600, "remote_block_ids": [1, 2], "tp_size": 1}});
         assert!(complete_params(&full).is_ok());
         assert_eq!(complete_params(&json!({})).unwrap_err(), "kv_transfer_params");
+        let mut huge = full.clone();
+        huge["kv_transfer_params"]["remote_block_ids"] = json!(vec![123_456_789u64; 200_000]);
+        assert!(complete_params(&huge).unwrap_err().contains("within 1048576 bytes"), "over the bound");
         let mut partial = full.clone();
         partial["kv_transfer_params"]["remote_block_ids"] = json!([]);
         partial["kv_transfer_params"].as_object_mut().unwrap().remove("remote_host");

@@ -162,6 +162,7 @@ async fn main() -> anyhow::Result<()> {
             die_mid_stream_next: a.fault_die_mid_stream_next,
             restart_publisher: false,
             drop_kv_params_next: 0,
+            bloat_kv_params_bytes: 0,
         })
         .await;
     println!("sgl-mock-engine listening on {}", engine.url());
