@@ -332,3 +332,25 @@ async fn the_memory_of_requests_in_progress_is_bounded() {
     assert!(metric(&r.url, "router_http_over_budget_total").await >= 1.0);
     let _ = r.stop.send(());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_refusing_a_large_body_early_answers_the_client_and_stays_in_rotation() {
+    // The engine's body limit (1 MiB) is below the router's (8 MiB): it answers 413 before it has
+    // read the body, and closes. That answer is the client's; the worker did nothing wrong.
+    // (The router's HTTP/1.1 path; hyper's client drops such an answer: see docs/security.md.)
+    let w =
+        MockEngine::spawn(MockEngineConfig { fast: true, max_body_bytes: 1 << 20, ..engine_config() }).await.unwrap();
+    let mut cfg = config(&[&w], PolicyConfig::RoundRobin, false);
+    cfg.max_body_bytes = 8 << 20;
+    let r = start(cfg).await;
+    let url = format!("{}/v1/chat/completions", r.url);
+    let big = chat("s", &"many words in a long prompt ".repeat(200_000));
+    for _ in 0..5 {
+        let resp = post(&url, &big).await;
+        assert_eq!(resp.status(), 413, "the engine's own answer, relayed");
+    }
+    let worker = r.gateway.fleet.all().into_iter().next().unwrap();
+    assert!(worker.is_routable() && !worker.quarantined(), "a client's oversized body is not the worker's fault");
+    assert_eq!(post(&url, &chat("s", "small")).await.status(), 200);
+    let _ = r.stop.send(());
+}

@@ -190,6 +190,9 @@ impl std::fmt::Debug for Extra {
     }
 }
 
+/// Longest the router waits for a worker's early answer after its request could not be written whole.
+const EARLY_ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Sends the request to `worker` and reads its answer's head. A pooled
 /// connection that takes no byte of the request (the worker had closed it)
 /// is replaced by a new one; a request written in part or whole is never
@@ -240,6 +243,16 @@ pub(crate) async fn send(
             // The worker had closed the idle connection: no byte went, nothing was processed.
             if reused && untouched {
                 continue;
+            }
+            // A worker may answer before it has read the whole request (a 413 past its body
+            // limit) and close: that answer, already sent, is read and relayed (RFC 9112 §9.5),
+            // not taken for the worker's failure. The connection is not used again.
+            if !untouched {
+                let mut buf = BytesMut::with_capacity(8192);
+                if let Ok(Ok(mut head)) = tokio::time::timeout(EARLY_ANSWER_WAIT, read_head(&mut tcp, &mut buf)).await {
+                    head.reusable = false;
+                    return Ok(Answer { tcp, buf, authority: pool_key, head });
+                }
             }
             return Err(SendError { connect: untouched, message: e.to_string() });
         }
