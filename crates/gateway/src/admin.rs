@@ -52,11 +52,20 @@ pub(crate) async fn route_preview(
     let out = crate::admission::render(&gw, len, move || {
         let mut v = parsed.map_or_else(|| crate::body::parse_json(&bytes), Ok)?;
         let mut preview = crate::pools::Preview::default();
+        let renders = crate::plan::Renders::default();
         let routed = match gw2.routing() {
             Some(routing) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
-                let ask =
-                    crate::pools::Asked { debug: true, headers, session, embeddings, cache_bypass: true, caller: None };
+                let renders = &renders;
+                let ask = crate::pools::Asked {
+                    debug: true,
+                    headers,
+                    session,
+                    embeddings,
+                    cache_bypass: true,
+                    caller: None,
+                    renders,
+                };
                 crate::pools::route(&gw2, &routing, route, &mut v, &ask, Some(&mut preview))
             }
             None => Ok(crate::pools::Routed::default_pool()),
@@ -89,7 +98,7 @@ pub(crate) async fn route_preview(
         out["decision"] = json!(routed.decision);
         out["body_rewritten"] = json!(routed.rewritten);
         // The worker the pool would pick: the policy's choice, never committed.
-        match plan(&gw2, routed.pool, route, Some(&v), key.as_deref(), routed.prompt, false) {
+        match plan(&gw2, routed.pool, route, Some(&v), key.as_deref(), &renders, false) {
             Ok(plan) => {
                 out["worker"] = json!(plan.chosen().url);
                 out["policy"] = json!(pool.policy.name());
@@ -195,7 +204,8 @@ pub(crate) async fn debug_route(
     let (gw2, len, key) = (gw.clone(), bytes.len(), key);
     let plan = crate::admission::render(&gw, len, move || {
         let mut v = parse_body(&gw2, route, &bytes, parsed)?;
-        let (pool, rendered) = match (gw2.routing(), v.as_mut()) {
+        let renders = crate::plan::Renders::default();
+        let pool = match (gw2.routing(), v.as_mut()) {
             (Some(routing), Some(v)) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
                 let ask = crate::pools::Asked {
@@ -205,14 +215,14 @@ pub(crate) async fn debug_route(
                     embeddings,
                     cache_bypass: true,
                     caller: None,
+                    renders: &renders,
                 };
                 let mut preview = crate::pools::Preview::default();
-                let routed = crate::pools::route(&gw2, &routing, route, v, &ask, Some(&mut preview))?;
-                (routed.pool, routed.prompt)
+                crate::pools::route(&gw2, &routing, route, v, &ask, Some(&mut preview))?.pool
             }
-            _ => (0, None),
+            _ => 0,
         };
-        plan(&gw2, pool, route, v.as_ref(), key.as_deref(), rendered, false)
+        plan(&gw2, pool, route, v.as_ref(), key.as_deref(), &renders, false)
     })
     .await??;
     // An explain: the policy's choice, never committed (nothing it learns or advances).
@@ -304,6 +314,13 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
         "Requests refused (429) because the memory of requests in progress was at its budget.",
     );
     out.push_str(&format!("router_http_over_budget_total {}\n", m.over_budget.load(Ordering::Relaxed)));
+    head(
+        &mut out,
+        "router_prompt_renders_total",
+        "counter",
+        "Prompts rendered and tokenized (at most once per request and renderer).",
+    );
+    out.push_str(&format!("router_prompt_renders_total {}\n", m.renders.load(Ordering::Relaxed)));
     head(&mut out, "router_http_request_memory_bytes", "gauge", "Memory reserved by the requests in progress.");
     out.push_str(&format!("router_http_request_memory_bytes {}\n", gw.budget.used()));
     m.latency.render(&mut out, "router_http_request_duration_seconds", "Whole-request latency, streaming included.");

@@ -69,15 +69,17 @@ where
     let crate::pools::PreRouted { body: parsed, embeddings } = crate::pools::pre_route(gw, route, &bytes).await?;
     let step = crate::admission::render(gw, bytes.len(), move || {
         let mut v = parse_body(&gw2, route, &body, parsed)?;
+        // The prompt rendered at most once per renderer, whatever reads it.
+        let renders = crate::plan::Renders::default();
         // With a routing config: the pool (the body names its model, the plugins may change it).
-        let mut routed = match (gw2.routing(), v.as_mut()) {
+        let routed = match (gw2.routing(), v.as_mut()) {
             (Some(routing), Some(v)) if let Some((pool, decision)) = &forced => {
                 Some(crate::pools::forced(&gw2, &routing, v, (*pool, decision), caller))
             }
             (Some(routing), Some(v)) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
-                let ask =
-                    crate::pools::Asked { debug, headers, session, embeddings, cache_bypass, caller: caller.as_ref() };
+                let (caller, renders) = (caller.as_ref(), &renders);
+                let ask = crate::pools::Asked { debug, headers, session, embeddings, cache_bypass, caller, renders };
                 Some(crate::pools::route(&gw2, &routing, route, v, &ask, None)?)
             }
             _ => None,
@@ -89,11 +91,8 @@ where
             let headers = crate::request::RouteHeaders::of(r, &gw2.pools[r.pool]);
             return Ok(Step::Cached(crate::cache::Hit { answer: answer.clone(), headers }));
         }
-        let (pool, rendered) = match routed.as_mut() {
-            Some(r) => (r.pool, r.prompt.take()),
-            None => (0, None),
-        };
-        let plan = plan(&gw2, pool, route, v.as_ref(), key.as_deref(), rendered, true)?;
+        let pool = routed.as_ref().map_or(0, |r| r.pool);
+        let plan = plan(&gw2, pool, route, v.as_ref(), key.as_deref(), &renders, true)?;
         let bytes = match (&routed, &v) {
             (Some(r), Some(v)) if r.rewritten => Bytes::from(serde_json::to_vec(v).unwrap_or_default()),
             _ => body,

@@ -44,6 +44,8 @@ pub struct GatewayMetrics {
     pub pd_decisions: LabeledCounter,
     /// Time from a disaggregated request's dispatch to both legs' answer heads.
     pub pd_heads: Histogram,
+    /// Prompts rendered (template and tokenizer): at most one per request and renderer.
+    pub renders: AtomicU64,
 }
 
 // === impl GatewayMetrics ===
@@ -74,6 +76,7 @@ impl GatewayMetrics {
             pd_aborts: LabeledCounter::default(),
             pd_decisions: LabeledCounter::default(),
             pd_heads: Histogram::new(buckets),
+            renders: AtomicU64::new(0),
         }
     }
 }

@@ -76,16 +76,53 @@ pub(crate) fn prompt(
     v: &Value,
 ) -> Result<(Vec<u32>, Option<String>), GatewayError> {
     let need_tokens = gw.index.is_some() || pool.policy.needs_tokens();
-    render_prompt(&pool.renderer, route, v, need_tokens)
+    render_prompt(gw, &pool.renderer, route, v, need_tokens)
 }
 
-/// Tokens (when `need_tokens`) and text of the request, by `renderer`.
+/// A request's prompt rendered at most once per renderer (template and tokenizer): the
+/// signals, each candidate pool's window, stickiness and the plan read the same render.
+/// Forgotten when a plugin rewrites the prompt. One per request, used on one thread.
+#[derive(Debug, Default)]
+pub(crate) struct Renders(std::cell::RefCell<Vec<(Arc<renderer::Renderer>, Rendered)>>);
+
+impl Renders {
+    /// The request's tokens and text by `renderer`, rendered now if not before.
+    pub(crate) fn tokens(
+        &self,
+        gw: &Gateway,
+        renderer: &Arc<renderer::Renderer>,
+        route: Route,
+        v: &Value,
+    ) -> Result<Rendered, GatewayError> {
+        if let Some((_, r)) = self.0.borrow().iter().find(|(k, _)| Arc::ptr_eq(k, renderer)) {
+            return Ok(r.clone());
+        }
+        let r = render_prompt(gw, renderer, route, v, true)?;
+        self.0.borrow_mut().push((renderer.clone(), r.clone()));
+        Ok(r)
+    }
+
+    /// What `renderer` rendered already, if it did.
+    fn get(&self, renderer: &Arc<renderer::Renderer>) -> Option<Rendered> {
+        self.0.borrow().iter().find(|(k, _)| Arc::ptr_eq(k, renderer)).map(|(_, r)| r.clone())
+    }
+
+    /// The prompt changed (a plugin rewrote it): every render is stale.
+    pub(crate) fn forget(&self) {
+        self.0.borrow_mut().clear();
+    }
+}
+
+/// Tokens (when `need_tokens`) and text of the request, by `renderer`; counted
+/// (`router_prompt_renders_total`).
 pub(crate) fn render_prompt(
+    gw: &Gateway,
     renderer: &renderer::Renderer,
     route: Route,
     v: &Value,
     need_tokens: bool,
 ) -> Result<(Vec<u32>, Option<String>), GatewayError> {
+    gw.metrics.renders.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let vocab = renderer.tokenizer().vocab_size();
     match route {
         Route::Chat => {
@@ -117,8 +154,8 @@ pub(crate) fn render_prompt(
 
 /// Chooses a worker of pool `pool`: candidates with their load and cached
 /// prefix, then the pool's policy, unless the client's routing key names the
-/// worker. `rendered`: the prompt as the pool's renderer made it already (the
-/// routing config's signals), else it is rendered here when read. `credit`: the
+/// worker. `renders`: the request's prompt as renderers made it already (the routing
+/// config's signals, the pools' windows), else rendered here when read. `credit`: the
 /// request is sent where the plan says (the chosen worker is credited with its pages).
 pub(crate) fn plan(
     gw: &Gateway,
@@ -126,15 +163,18 @@ pub(crate) fn plan(
     route: Route,
     v: Option<&Value>,
     key: Option<&[u8]>,
-    rendered: Option<Rendered>,
+    renders: &Renders,
     credit: bool,
 ) -> Result<Plan, GatewayError> {
     let p = &gw.pools[pool];
     // Rendered only for what reads it (a body parsed for its model alone is not rendered).
     let reads = gw.index.is_some() || p.policy.needs_tokens() || p.policy.needs_text();
-    let (tokens, text) = match (v, rendered) {
-        (Some(_), Some(r)) if reads => r,
-        (Some(v), _) if reads && route.has_prompt() => prompt(gw, p, route, v)?,
+    let (tokens, text) = match v {
+        Some(v) if reads && route.has_prompt() => match renders.get(&p.renderer) {
+            Some(r) => r,
+            None if gw.index.is_some() || p.policy.needs_tokens() => renders.tokens(gw, &p.renderer, route, v)?,
+            None => prompt(gw, p, route, v)?,
+        },
         _ => (Vec::new(), None),
     };
     let workers = routable(gw, |w| p.serves(w));

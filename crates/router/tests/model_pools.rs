@@ -10,7 +10,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::app::{ADMIN_KEY, admin_client, config, engine_config, pools, repo, start};
+use common::app::{ADMIN_KEY, admin_client, config, engine_config, metric, pools, repo, start};
 use mock_engine::{MockEngine, MockEngineConfig};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -593,4 +593,32 @@ async fn a_pool_renders_with_its_own_tokenizer_and_chat_template() {
     assert!(pools[1].renderer.tokenizer().vocab_size() > pools[0].renderer.tokenizer().vocab_size());
     let _ = router.stop.send(());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auto_request_renders_once_per_tokenizer() {
+    let (mut routing, _engines) = pools("tests/routing/three_tokenizers.yaml").await;
+    routing.pools[1].tokenizer_path = Some(repo("tests/fixtures/tokenizers/qwen3"));
+    routing.pools[2].tokenizer_path = Some(repo("tests/fixtures/tokenizers/deepseek-v3"));
+    let mut app = config(&[], PolicyConfig::RoundRobin, true);
+    app.routing = Some(routing);
+    let router = start(app).await;
+    let renders = async || metric(&router.url, "router_prompt_renders_total").await;
+    let http = reqwest::Client::new();
+    let ask = async |body: &Value| {
+        let r = http.post(format!("{}/v1/chat/completions", router.url)).header("x-session-id", "conv-1");
+        let r = r.json(body).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.headers()["x-route-pool"].to_str().unwrap().to_owned()
+    };
+    let turn =
+        json!({"model": "auto", "max_tokens": 2, "messages": [{"role": "user", "content": "Summarize the report."}]});
+    // The context signal (the default pool's tokenizer), the three windows, multi_factor's three
+    // scores, stickiness and the plan all read the prompt: three tokenizers, three renders.
+    for _ in 0..3 {
+        let before = renders().await;
+        assert_eq!(ask(&turn).await, "deepseek", "the best quality that fits");
+        assert_eq!(renders().await - before, 3.0);
+    }
+    let _ = router.stop.send(());
 }

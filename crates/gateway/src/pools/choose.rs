@@ -35,31 +35,22 @@ pub(super) struct Chosen {
 }
 
 /// The pool the decision's algorithm picks among the candidates that pass
-/// the hard filters. `counted` is the prompt's count by the default pool's
-/// tokenizer, if a signal needed it; `changed`: a plugin rewrote the prompt since.
-#[allow(clippy::too_many_arguments)]
+/// the hard filters. The request (its route, body and renders): each pool's
+/// prompt count comes from its renderer's one render.
 pub(super) fn pool(
     gw: &Gateway,
     selector: &model_select::Selector,
     choice: &Choice<'_>,
-    route: Route,
-    v: &Value,
-    counted: Option<u64>,
-    changed: bool,
+    (route, v, renders): (Route, &Value, &crate::plan::Renders),
     mut preview: Option<&mut Preview>,
 ) -> Result<Chosen, GatewayError> {
-    let default = &gw.pools[selector.default_pool()];
     let max_tokens = max_tokens(v);
     // One view of the fleet for every candidate.
     let snapshot = gw.fleet.snapshot();
     let mut why_not = Vec::new();
-    // Each candidate's prompt tokens by its own tokenizer (the default pool's count when it is
-    // the same tokenizer and the prompt is unchanged), counted only when needed.
+    // Each candidate's prompt tokens by its own tokenizer, rendered once per renderer, only when needed.
     let prompt_of = |p: &Pool| -> Option<u64> {
-        match counted {
-            Some(n) if Arc::ptr_eq(&p.renderer, &default.renderer) && !changed => Some(n),
-            _ => count_tokens(p, route, v).ok(),
-        }
+        renders.tokens(gw, &p.renderer, route, v).ok().map(|(tokens, _)| tokens.len() as u64)
     };
     let mut fits = |i: usize| -> bool {
         let p = &gw.pools[i];
@@ -104,7 +95,7 @@ pub(super) fn pool(
                 .iter()
                 .map(|&i| {
                     let (p, c) = (&gw.pools[i], &config.pools[i]);
-                    let prompt = prompt_of(p).or(counted).unwrap_or(0);
+                    let prompt = prompt_of(p).unwrap_or(0);
                     let live = live(&snapshot, p, prompt);
                     let cost_usd = c.price.map_or(0.0, |price| {
                         (prompt as f64 * price.input_per_1m + max_tokens as f64 * price.output_per_1m) / 1e6
@@ -184,12 +175,6 @@ pub(super) fn pool_states(gw: &Gateway, prompt_tokens: u64) -> Vec<model_select:
             model_select::PoolState { name: &p.id.0, in_flight: l.in_flight, est_ttft_ms: l.est_ttft_ms }
         })
         .collect()
-}
-
-/// The prompt's exact token count by `pool`'s tokenizer.
-fn count_tokens(pool: &Pool, route: Route, v: &Value) -> Result<u64, GatewayError> {
-    let (tokens, _) = crate::plan::render_prompt(&pool.renderer, route, v, true)?;
-    Ok(tokens.len() as u64)
 }
 
 /// The tokens the request may generate: `max_completion_tokens`,

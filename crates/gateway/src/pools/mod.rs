@@ -82,9 +82,6 @@ pub(crate) struct Routed {
     pub(crate) edits: Option<Arc<HeaderEdits>>,
     /// What `x-route-debug` shows: the signals matched, the confidence, the candidates.
     pub(crate) debug: Option<Explain>,
-    /// The prompt's tokens and text as the pool's renderer makes them, when
-    /// the signals rendered it already (the plan reuses them).
-    pub(crate) prompt: Option<crate::plan::Rendered>,
     /// The winning decision's index (auto routing).
     pub(crate) index: Option<usize>,
     /// The decision's response cache: the request's ticket and what the lookup found.
@@ -193,7 +190,6 @@ impl Routed {
             rewritten: false,
             edits: None,
             debug: None,
-            prompt: None,
             index: None,
             cache: None,
             route_id: None,
@@ -415,7 +411,7 @@ fn auto(
     let default = &gw.pools[selector.default_pool()];
     // Exact, by the default pool's tokenizer: for context signals, and for load signals' TTFT.
     let rendered = if selector.needs_tokens() || selector.needs_load() {
-        Some(crate::plan::render_prompt(&default.renderer, route, v, true)?)
+        Some(ask.renders.tokens(gw, &default.renderer, route, v)?)
     } else {
         None
     };
@@ -450,10 +446,13 @@ fn auto(
         p.candidates = choice.pools.iter().map(|&i| gw.pools[i].id.0.clone()).collect();
     }
     let changed = plugins(routing, &choice, v, dry)?;
-    let chosen = choose::pool(gw, selector, &choice, route, v, counted, changed, preview.as_deref_mut())?;
+    if changed {
+        ask.renders.forget();
+    }
+    let chosen = choose::pool(gw, selector, &choice, (route, v, ask.renders), preview.as_deref_mut())?;
     let key = sticky::key(ask.session, v);
-    let (pool, outcome) =
-        sticky::apply(gw, &routing.sessions, &choice, &chosen, route, v, key, preview.map(|p| &mut p.session));
+    let session = preview.map(|p| &mut p.session);
+    let (pool, outcome) = sticky::apply(gw, &routing.sessions, &choice, &chosen, (route, v, ask.renders), key, session);
     if !dry && key.is_some() {
         routing.metrics.sessions.inc(format_args!("outcome=\"{}\"", outcome.as_str()));
     }
@@ -462,15 +461,12 @@ fn auto(
         confidence: choice.index.map_or(0.0, |i| choice.trace[i].confidence),
         candidates: choice.pools.iter().map(|&i| gw.pools[i].id.0.clone()).collect(),
     });
-    // The signals' render is the plan's too when the pool renders alike and no plugin changed the prompt.
-    let prompt = rendered.filter(|_| !changed && Arc::ptr_eq(&gw.pools[pool].renderer, &default.renderer));
     Ok(Routed {
         pool,
         decision: name,
         rewritten: changed,
         edits: choice.index.and_then(|i| routing.edits.get(i).cloned().flatten()),
         debug,
-        prompt,
         index: choice.index,
         cache: None,
         route_id: None,
@@ -520,7 +516,7 @@ fn plugins(
 }
 
 /// What the request asked of routing besides its body.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Asked<'a> {
     /// `x-route-debug: true`: the explain in the answer's headers.
     pub(crate) debug: bool,
@@ -534,6 +530,8 @@ pub(crate) struct Asked<'a> {
     pub(crate) cache_bypass: bool,
     /// The caller's identity, part of a response cache's key.
     pub(crate) caller: Option<&'a [u8; 32]>,
+    /// The request's prompt, rendered at most once per renderer.
+    pub(crate) renders: &'a crate::plan::Renders,
 }
 
 /// The request header naming a conversation.

@@ -135,14 +135,12 @@ impl<H: std::hash::Hasher> std::io::Write for HashWriter<'_, H> {
 /// Applies stickiness to the algorithm's choice; returns the pool that
 /// serves the request. With `preview`, nothing is remembered or counted and
 /// the explain says what happened.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn apply(
     gw: &Gateway,
     sessions: &Sessions,
     choice: &Choice<'_>,
     chosen: &Chosen,
-    route: Route,
-    v: &Value,
+    (route, v, renders): (Route, &Value, &crate::plan::Renders),
     key: Option<(u64, KeySource)>,
     preview: Option<&mut Value>,
 ) -> (usize, Outcome) {
@@ -157,7 +155,7 @@ pub(crate) fn apply(
         Some(_) if !sticky => (chosen.pool, Outcome::Switched),
         Some(p) if !chosen.eligible.contains(&p) => (chosen.pool, Outcome::Switched),
         Some(p) => {
-            let held = cached_tokens(gw, p, route, v);
+            let held = cached_tokens(gw, p, route, v, renders);
             cached = Some(held);
             let c = &sessions.config;
             let score = |pool: usize| chosen.scores.iter().find(|(q, _)| *q == pool).map(|(_, s)| *s);
@@ -190,7 +188,7 @@ pub(crate) fn apply(
 
 /// The most prompt tokens any of `pool`'s workers holds, as the pool's own
 /// plan measures it (its tokenizer, page size and index); never committed.
-fn cached_tokens(gw: &Gateway, pool: usize, route: Route, v: &Value) -> u64 {
+fn cached_tokens(gw: &Gateway, pool: usize, route: Route, v: &Value, renders: &crate::plan::Renders) -> u64 {
     if gw.index.is_none() {
         return 0;
     }
@@ -199,7 +197,7 @@ fn cached_tokens(gw: &Gateway, pool: usize, route: Route, v: &Value) -> u64 {
     if let Some(fields) = v.as_object_mut() {
         fields.insert("model".into(), Value::String(gw.pools[pool].served_model.clone()));
     }
-    match crate::plan::plan(gw, pool, route, Some(&v), None, None, false) {
+    match crate::plan::plan(gw, pool, route, Some(&v), None, renders, false) {
         Ok(plan) => plan.candidates.iter().map(|c| c.matched_tokens).max().unwrap_or(0),
         Err(_) => 0,
     }
