@@ -46,14 +46,17 @@ pub(crate) async fn route_preview(
     let route = debug_route_of(q.route.as_deref())?;
     let key = crate::request::Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
     let bytes = read_body(&gw, body).await?;
-    let (signal_headers, session) = routing_headers(&gw, &headers);
-    let crate::pools::PreRouted { body: parsed, embeddings } = crate::pools::pre_route(&gw, route, &bytes).await?;
+    // One routing config for the whole explain.
+    let routing = gw.routing();
+    let (signal_headers, session) = routing_headers(routing.as_deref(), &headers);
+    let crate::pools::PreRouted { body: parsed, embeddings } =
+        crate::pools::pre_route(&gw, routing.as_deref(), route, &bytes).await?;
     let (gw2, len) = (gw.clone(), bytes.len());
     let out = crate::admission::render(&gw, len, move || {
         let mut v = parsed.map_or_else(|| crate::body::parse_json(&bytes), Ok)?;
         let mut preview = crate::pools::Preview::default();
         let renders = crate::plan::Renders::default();
-        let routed = match gw2.routing() {
+        let routed = match routing {
             Some(routing) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
                 let renders = &renders;
@@ -165,8 +168,11 @@ pub(crate) async fn reload_routing(State(gw): State<Arc<Gateway>>) -> Result<Res
 }
 
 /// What routing reads of an explain's headers: those header signals read, and `x-session-id`.
-fn routing_headers(gw: &Gateway, headers: &axum::http::HeaderMap) -> (Vec<(String, String)>, Option<Vec<u8>>) {
-    let signal_headers = crate::pools::wanted_headers(gw, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
+fn routing_headers(
+    routing: Option<&crate::pools::Routing>,
+    headers: &axum::http::HeaderMap,
+) -> (Vec<(String, String)>, Option<Vec<u8>>) {
+    let signal_headers = crate::pools::wanted_headers(routing, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
     let session = crate::request::Meta::key(headers.get(crate::pools::SESSION_HEADER).map(HeaderValue::as_bytes));
     (signal_headers, session)
 }
@@ -199,13 +205,16 @@ pub(crate) async fn debug_route(
     }
     // Rendered like a request: a large body off the serving thread; with a routing config, in
     // the pool the request would get (nothing counted, remembered or learned).
-    let (signal_headers, session) = routing_headers(&gw, &headers);
-    let crate::pools::PreRouted { body: parsed, embeddings } = crate::pools::pre_route(&gw, route, &bytes).await?;
+    // One routing config for the whole explain.
+    let routing = gw.routing();
+    let (signal_headers, session) = routing_headers(routing.as_deref(), &headers);
+    let crate::pools::PreRouted { body: parsed, embeddings } =
+        crate::pools::pre_route(&gw, routing.as_deref(), route, &bytes).await?;
     let (gw2, len, key) = (gw.clone(), bytes.len(), key);
     let plan = crate::admission::render(&gw, len, move || {
         let mut v = parse_body(&gw2, route, &bytes, parsed)?;
         let renders = crate::plan::Renders::default();
-        let pool = match (gw2.routing(), v.as_mut()) {
+        let pool = match (routing, v.as_mut()) {
             (Some(routing), Some(v)) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
                 let ask = crate::pools::Asked {

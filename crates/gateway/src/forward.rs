@@ -64,15 +64,16 @@ where
     let (gw2, body, key) = (gw.clone(), bytes.clone(), meta.routing_key.clone());
     let (debug, signal_headers, session) = (meta.route_debug, meta.signal_headers.clone(), meta.session.clone());
     let (cache_bypass, caller) = (meta.cache_bypass, meta.caller);
-    let forced = meta.forced.clone();
+    let (forced, routing) = (meta.forced.clone(), meta.routing.clone());
     // The vectors embedding signals read, on the embedding pool's threads (none without such signals).
-    let crate::pools::PreRouted { body: parsed, embeddings } = crate::pools::pre_route(gw, route, &bytes).await?;
+    let crate::pools::PreRouted { body: parsed, embeddings } =
+        crate::pools::pre_route(gw, routing.as_deref(), route, &bytes).await?;
     let step = crate::admission::render(gw, bytes.len(), move || {
         let mut v = parse_body(&gw2, route, &body, parsed)?;
         // The prompt rendered at most once per renderer, whatever reads it.
         let renders = crate::plan::Renders::default();
         // With a routing config: the pool (the body names its model, the plugins may change it).
-        let routed = match (gw2.routing(), v.as_mut()) {
+        let routed = match (routing, v.as_mut()) {
             (Some(routing), Some(v)) if let Some((pool, decision)) = &forced => {
                 Some(crate::pools::forced(&gw2, &routing, v, (*pool, decision), caller))
             }

@@ -52,6 +52,8 @@ async fn serve(
 ) -> Result<Response, GatewayError> {
     let start = Instant::now();
     // Admitted before the body is read: a chunked body of unknown size is charged the largest one.
+    // One routing config for the whole request, whatever a reload does meanwhile.
+    let routing = gw.routing();
     let admission = Admission::admit_waiting(&gw, crate::admission::declared_charge(&gw, &headers)).await?;
     let bytes = read_body(&gw, body).await?;
     let client = gw.client();
@@ -64,13 +66,17 @@ async fn serve(
         id: id.to_string(),
         routing_key: Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes)),
         route_debug,
-        signal_headers: crate::pools::wanted_headers(&gw, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes()))),
+        signal_headers: crate::pools::wanted_headers(
+            routing.as_deref(),
+            headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())),
+        ),
         session: Meta::key(headers.get(crate::pools::SESSION_HEADER).map(HeaderValue::as_bytes)),
         cache_bypass: crate::request::bypassed(
             headers.get_all(header::CACHE_CONTROL).iter().map(HeaderValue::as_bytes),
         ),
         forced: None,
         caller,
+        routing,
     };
     if let Some(pd) = gw.pd.as_ref() {
         return crate::pd::serve(&gw, pd, admission, route, bytes, headers, start, &meta).await;

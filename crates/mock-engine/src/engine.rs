@@ -32,6 +32,8 @@ pub struct Faults {
     pub fail_status: u16,
     /// The next N requests never answer.
     pub hang_next: usize,
+    /// The next N requests wait until [`Engine::release_held`] lets them go (a test's gate).
+    pub hold_next: usize,
     /// The next N streamed requests die after their first chunk.
     pub die_mid_stream_next: usize,
     /// A vLLM prefill: the next N answers leave out `kv_transfer_params` (a broken prefill).
@@ -48,6 +50,8 @@ pub enum RequestFault {
     Fail(u16),
     /// Never answer.
     Hang,
+    /// Wait for [`Engine::release_held`].
+    Hold,
     /// Stream one chunk, then break the connection.
     DieMidStream,
 }
@@ -150,6 +154,10 @@ pub struct Engine {
     pub cancelled_streams: AtomicU64,
     /// The generated tokens' logprob (f64 bits).
     token_logprob: AtomicU64,
+    /// Requests held by the `hold_next` fault now.
+    pub held: AtomicUsize,
+    /// Lets held requests go.
+    release: tokio::sync::Semaphore,
 }
 
 /// One disaggregated leg an engine got, as it came.
@@ -242,6 +250,8 @@ impl Engine {
             cached_tokens: AtomicU64::new(0),
             cancelled_streams: AtomicU64::new(0),
             token_logprob: AtomicU64::new(config_logprob.to_bits()),
+            held: AtomicUsize::new(0),
+            release: tokio::sync::Semaphore::new(0),
         }
     }
 
@@ -387,9 +397,24 @@ impl Engine {
             faults.fail_status = f.fail_status;
         }
         faults.hang_next += f.hang_next;
+        faults.hold_next += f.hold_next;
         faults.die_mid_stream_next += f.die_mid_stream_next;
         faults.drop_kv_params_next += f.drop_kv_params_next;
         faults.bloat_kv_params_bytes = f.bloat_kv_params_bytes;
+    }
+
+    /// Waits, counted in `held`, until [`Engine::release_held`] lets one request go.
+    pub async fn hold(&self) {
+        self.held.fetch_add(1, Ordering::SeqCst);
+        if let Ok(permit) = self.release.acquire().await {
+            permit.forget();
+        }
+        self.held.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Lets `n` held requests (or the next `n` to be held) go on.
+    pub fn release_held(&self, n: usize) {
+        self.release.add_permits(n);
     }
 
     /// The fault this request suffers before anything is sent, if any (consumes one).
@@ -402,6 +427,10 @@ impl Engine {
         if f.hang_next > 0 {
             f.hang_next -= 1;
             return Some(RequestFault::Hang);
+        }
+        if f.hold_next > 0 {
+            f.hold_next -= 1;
+            return Some(RequestFault::Hold);
         }
         None
     }

@@ -216,6 +216,7 @@ async fn serve(e: Arc<Engine>, route: Route, v: &Value, tokens: Vec<u32>, rank: 
         Some(RequestFault::Hang) => {
             std::future::pending::<()>().await;
         }
+        Some(RequestFault::Hold) => e.hold().await,
         _ => {}
     }
     let die = stream && e.take_fault_mid_stream_pending();

@@ -73,3 +73,52 @@ async fn an_unsure_small_answer_goes_to_the_large_pool() {
     assert_eq!(chats, 4.0);
     assert_eq!(metric(&router.url, "router_http_request_duration_seconds_count").await, 4.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_during_a_request_leaves_it_under_the_config_it_started_with() {
+    let dir = std::env::temp_dir().join(format!("sgl-cascade-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("routing.yaml");
+    let original = std::fs::read_to_string(common::app::repo("tests/routing/cascade.yaml")).unwrap();
+    std::fs::write(&file, &original).unwrap();
+    let (routing, engines) = pools(file.to_str().unwrap()).await;
+    let (small, large) = (&engines[0], &engines[1]);
+    let mut app = config(&[], PolicyConfig::RoundRobin, false);
+    app.routing = Some(routing);
+    let router = start(app).await;
+    // Unsure, and held: the first attempt waits in the small pool's engine.
+    small.engine().set_token_logprob(-2.5);
+    small.engine().set_faults(mock_engine::Faults { hold_next: 1, ..Default::default() }).await;
+    let asked = tokio::spawn({
+        let url = format!("{}/v1/chat/completions", router.url);
+        async move {
+            let r = reqwest::Client::new().post(url).json(&chat(false)).send().await.unwrap();
+            let cascade = r.headers().get("x-route-cascade").map(|v| v.to_str().unwrap().to_owned());
+            (r.status().as_u16(), cascade)
+        }
+    });
+    common::eventually("the first attempt is held by the small pool", async || {
+        small.engine().held.load(std::sync::atomic::Ordering::SeqCst) == 1
+    })
+    .await;
+    // Meanwhile the decision's header changes.
+    std::fs::write(&file, original.replace("x-tier: cascade", "x-tier: reloaded")).unwrap();
+    let reloaded = common::app::admin_client().post(format!("{}/routing/reload", router.url)).send().await.unwrap();
+    assert_eq!(reloaded.status(), 200);
+    small.engine().release_held(1);
+    let (status, cascade) = asked.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(cascade.unwrap().starts_with("escalated"));
+    // The escalated attempt went out under the config the request came in under.
+    let leg = large.engine().legs().last().unwrap().clone();
+    let tier = leg.headers.iter().find(|(n, _)| n == "x-tier").map(|h| h.1.clone());
+    assert_eq!(tier.as_deref(), Some("cascade"));
+    // The next request is under the new one.
+    let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", router.url)).json(&chat(false));
+    assert_eq!(r.send().await.unwrap().status(), 200);
+    let leg = large.engine().legs().last().unwrap().clone();
+    let tier = leg.headers.iter().find(|(n, _)| n == "x-tier").map(|h| h.1.clone());
+    assert_eq!(tier.as_deref(), Some("reloaded"));
+    let _ = router.stop.send(());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -327,14 +327,16 @@ async fn connection(gw: Arc<Gateway>, app: axum::Router, mut tcp: TcpStream, fas
                 Ok(None) => return,
                 Err(refusal) => Next::Refuse(refusal),
             };
+            // One routing config for the whole request, whatever a reload does meanwhile.
+            let routing = gw.routing();
             let head = match next {
                 // While a decision caches answers, hyper serves: its relay records them.
-                Next::Fast(head) if !gw.routing().is_some_and(|r| r.reads_answers()) => head,
+                Next::Fast(head) if !routing.as_ref().is_some_and(|r| r.reads_answers()) => head,
                 Next::Fast(_) | Next::Hyper => break,
                 Next::Refuse(refusal) => return refuse(&mut tcp, &refusal).await,
             };
             buf.advance(head.len);
-            if !serve_fast(&gw, &mut tcp, &mut buf, head, &drain).await {
+            if !serve_fast(&gw, &mut tcp, &mut buf, (head, routing), &drain).await {
                 return;
             }
         }
@@ -413,7 +415,7 @@ async fn serve_fast(
     gw: &Arc<Gateway>,
     tcp: &mut TcpStream,
     buf: &mut BytesMut,
-    head: Head,
+    (head, routing): (Head, Option<Arc<crate::pools::Routing>>),
     drain: &CancellationToken,
 ) -> bool {
     let start = Instant::now();
@@ -476,7 +478,7 @@ async fn serve_fast(
         let i = l.iter().position(|&b| b == b':')?;
         Some((std::str::from_utf8(&l[..i]).ok()?, l[i + 1..].strip_suffix(b"\r").unwrap_or(&l[i + 1..])))
     });
-    let signal_headers = crate::pools::wanted_headers(gw, lines.clone());
+    let signal_headers = crate::pools::wanted_headers(routing.as_deref(), lines.clone());
     let cache_bypass =
         crate::request::bypassed(lines.filter(|(n, _)| n.eq_ignore_ascii_case("cache-control")).map(|(_, v)| v));
     if let Some(auth) = worker_auth {
@@ -504,6 +506,7 @@ async fn serve_fast(
         cache_bypass,
         forced: None,
         caller: crate::auth::caller(gw, head.authorization.as_deref()),
+        routing,
     };
     async move {
         let send = |worker, body, rank, edits: Option<Arc<crate::pools::HeaderEdits>>| {

@@ -87,11 +87,11 @@ pub(crate) struct PreRouted {
 /// handed on; a body that is not a JSON object is left for the route to report.
 pub(crate) async fn pre_route(
     gw: &std::sync::Arc<crate::Gateway>,
+    routing: Option<&super::Routing>,
     route: crate::request::Route,
     bytes: &bytes::Bytes,
 ) -> Result<PreRouted, crate::GatewayError> {
-    let Some(slot) = &gw.routing else { return Ok(PreRouted::default()) };
-    let routing = slot.current();
+    let (Some(slot), Some(routing)) = (&gw.routing, routing) else { return Ok(PreRouted::default()) };
     let needs = routing.selector.embedding_needs();
     if !needs.any() || !route.has_prompt() {
         return Ok(PreRouted::default());

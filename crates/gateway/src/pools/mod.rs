@@ -540,10 +540,10 @@ pub(crate) const SESSION_HEADER: &str = "x-session-id";
 /// The headers of a request that header rules read: none without such rules
 /// (the common case costs one branch).
 pub(crate) fn wanted_headers<'h>(
-    gw: &Gateway,
+    routing: Option<&Routing>,
     headers: impl Iterator<Item = (&'h str, &'h [u8])>,
 ) -> Vec<(String, String)> {
-    let Some(routing) = gw.routing() else { return Vec::new() };
+    let Some(routing) = routing else { return Vec::new() };
     let names = routing.selector.header_names();
     if names.is_empty() {
         return Vec::new();

@@ -159,6 +159,7 @@ async fn main() -> anyhow::Result<()> {
             fail_next: a.fault_fail_next,
             fail_status: a.fault_fail_status,
             hang_next: a.fault_hang_next,
+            hold_next: 0,
             die_mid_stream_next: a.fault_die_mid_stream_next,
             restart_publisher: false,
             drop_kv_params_next: 0,
