@@ -463,6 +463,38 @@ fn json(v: &Value, out: &mut Sha256) {
     let _ = serde_json::to_writer(Into(out), v);
 }
 
+/// A worker's answer recorded as it passes to the client (a response-cache miss), kept once
+/// it ended whole: one recorder for both relays.
+#[derive(Debug)]
+pub(crate) struct Recorder {
+    ticket: Ticket,
+    status: u16,
+    content_type: Option<HeaderValue>,
+    body: bytes::BytesMut,
+}
+
+impl Recorder {
+    /// Records the answer with `status` and `content_type` for `ticket`: `None` unless it succeeded.
+    pub(crate) fn new(ticket: Ticket, status: u16, content_type: Option<HeaderValue>) -> Option<Self> {
+        (200..300).contains(&status).then(|| Recorder { ticket, status, content_type, body: bytes::BytesMut::new() })
+    }
+
+    /// Takes the next bytes of the body; false once it grew past what is kept (drop the recorder).
+    pub(crate) fn push(&mut self, data: &[u8]) -> bool {
+        if self.body.len() + data.len() > self.ticket.max_answer_bytes() {
+            return false;
+        }
+        self.body.extend_from_slice(data);
+        true
+    }
+
+    /// The answer ended whole: kept if it is a complete success.
+    pub(crate) fn ended(self) {
+        let Recorder { ticket, status, content_type, body } = self;
+        ticket.store(Answer { status, content_type, body: body.freeze() });
+    }
+}
+
 /// A request answered from the cache: the stored answer and the route headers.
 #[derive(Debug)]
 pub(crate) struct Hit {

@@ -13,6 +13,7 @@ use serde_json::json;
 use tracing::warn;
 
 use crate::account::InFlight;
+use crate::cache::Recorder;
 use crate::request::relayed;
 use fleet::Worker;
 
@@ -67,12 +68,8 @@ pub(crate) fn stream_back(
     }
     let idle = Box::pin(tokio::time::sleep(idle_limit));
     // A response-cache miss records a successful answer as it passes, to keep it once complete.
-    let recorder = guard.cache.take().filter(|_| parts.status.is_success()).map(|ticket| Recorder {
-        ticket,
-        status: parts.status.as_u16(),
-        content_type: parts.headers.get(header::CONTENT_TYPE).cloned(),
-        body: bytes::BytesMut::new(),
-    });
+    let content_type = parts.headers.get(header::CONTENT_TYPE).cloned();
+    let recorder = guard.cache.take().and_then(|t| Recorder::new(t, parts.status.as_u16(), content_type));
     let relay = Relay { inner: body, guard: Some(guard), worker, sse, idle, idle_limit, ending, recorder };
     let mut response = Response::new(Body::new(relay));
     *response.status_mut() = parts.status;
@@ -105,14 +102,6 @@ struct Relay {
     recorder: Option<Recorder>,
 }
 
-/// A passing answer being recorded for the response cache.
-struct Recorder {
-    ticket: crate::cache::Ticket,
-    status: u16,
-    content_type: Option<axum::http::HeaderValue>,
-    body: bytes::BytesMut,
-}
-
 impl Relay {
     /// The answer ended whole: a recorded one goes into the response cache.
     fn ended(&mut self) {
@@ -120,11 +109,7 @@ impl Relay {
             return;
         }
         if let Some(r) = self.recorder.take() {
-            r.ticket.store(crate::cache::Answer {
-                status: r.status,
-                content_type: r.content_type,
-                body: r.body.freeze(),
-            });
+            r.ended();
         }
     }
 }
@@ -161,12 +146,10 @@ impl http_body::Body for Relay {
                 if let Some(data) = frame.data_ref() {
                     // The first byte of a streamed answer follows the first token.
                     g.load.prefill_done();
-                    if let Some(r) = this.recorder.as_mut() {
-                        if r.body.len() + data.len() <= r.ticket.max_answer_bytes() {
-                            r.body.extend_from_slice(data);
-                        } else {
-                            this.recorder = None;
-                        }
+                    if let Some(r) = this.recorder.as_mut()
+                        && !r.push(data)
+                    {
+                        this.recorder = None;
                     }
                 }
                 this.idle.as_mut().reset(tokio::time::Instant::now() + this.idle_limit);

@@ -330,7 +330,7 @@ async fn connection(gw: Arc<Gateway>, app: axum::Router, mut tcp: TcpStream, fas
             // One routing config for the whole request, whatever a reload does meanwhile.
             let routing = gw.routing();
             let head = match next {
-                // While a decision caches answers, hyper serves: its relay records them.
+                // While a decision judges answers (a cascade), hyper serves: its front end judges them.
                 Next::Fast(head) if !routing.as_ref().is_some_and(|r| r.reads_answers()) => head,
                 Next::Fast(_) | Next::Hyper => break,
                 Next::Refuse(refusal) => return refuse(&mut tcp, &refusal).await,
@@ -524,8 +524,7 @@ async fn serve_fast(
         // After a half-close nothing more comes: the answer is the last unless requests were pipelined before it.
         let close = head.close || drain.is_cancelled() || (!peer.open && peer.pipelined.is_empty());
         match sent {
-            // Answered from a response cache (the connection loop hands requests to hyper while a
-            // decision caches; this one was routed as a reload turned caching on).
+            // Answered from a response cache.
             Ok(crate::forward::Forwarded::Cached(hit)) => {
                 peer.tcp.write_all(&hit.to_bytes(close, &answer_head)).await.is_ok() && !close
             }

@@ -382,6 +382,11 @@ pub(crate) async fn relay(
 ) -> bool {
     let Relayed { close, idle, head: extra } = to;
     guard.status = answer.head.status;
+    // A response-cache miss records a successful answer as it passes, to keep it once complete.
+    let mut recorder = guard.cache.take().and_then(|ticket| {
+        let content_type = header_value(&answer.head.headers, b"content-type");
+        crate::cache::Recorder::new(ticket, answer.head.status, content_type)
+    });
     let reason = StatusCode::from_u16(answer.head.status).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
     let mut out = Vec::with_capacity(256 + answer.head.headers.len() + answer.buf.len());
     let _ = write!(out, "HTTP/1.1 {} {reason}\r\n", answer.head.status);
@@ -410,11 +415,18 @@ pub(crate) async fn relay(
     let mut stall = Stall { timer, last: now, limit: idle };
     let result = match framing {
         Framing::Empty => peer.tcp.write_all(&out).await.map(|()| out.clear()).map_err(|_| Failure::Client),
-        Framing::Length(n) => relay_sized(peer, &mut guard, &mut answer, &mut out, n, &mut stall).await,
-        Framing::Chunked | Framing::Close => relay_chunked(peer, &mut guard, &mut answer, &mut out, &mut stall).await,
+        Framing::Length(n) => {
+            relay_sized(peer, (&mut guard, &mut recorder), &mut answer, &mut out, n, &mut stall).await
+        }
+        Framing::Chunked | Framing::Close => {
+            relay_chunked(peer, (&mut guard, &mut recorder), &mut answer, &mut out, &mut stall).await
+        }
     };
     match result {
         Ok(()) => {
+            if let Some(r) = recorder {
+                r.ended();
+            }
             if answer.head.reusable && answer.buf.is_empty() {
                 checkin(answer.authority, answer.tcp);
             }
@@ -486,6 +498,25 @@ async fn read_more(answer: &mut Answer, peer: &mut Peer<'_>, stall: &mut Stall<'
     }
 }
 
+/// The next bytes of the body into a response-cache recorder, dropped once too large.
+fn record(recorder: &mut Option<crate::cache::Recorder>, data: &[u8]) {
+    if let Some(r) = recorder.as_mut()
+        && !r.push(data)
+    {
+        *recorder = None;
+    }
+}
+
+/// The value of header `name` in serialized header lines.
+fn header_value(lines: &[u8], name: &[u8]) -> Option<axum::http::HeaderValue> {
+    lines.split(|&b| b == b'\n').find_map(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let colon = line.iter().position(|&b| b == b':')?;
+        let value = line[..colon].eq_ignore_ascii_case(name).then(|| line[colon + 1..].trim_ascii())?;
+        axum::http::HeaderValue::from_bytes(value).ok()
+    })
+}
+
 /// The worker closed its connection before the body's end.
 fn cut_short() -> Failure {
     Failure::Worker(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed mid-body"))
@@ -495,7 +526,7 @@ fn cut_short() -> Failure {
 /// emptied as it is written).
 async fn relay_sized(
     peer: &mut Peer<'_>,
-    guard: &mut InFlight,
+    (guard, recorder): (&mut InFlight, &mut Option<crate::cache::Recorder>),
     answer: &mut Answer,
     out: &mut Vec<u8>,
     mut left: u64,
@@ -506,6 +537,7 @@ async fn relay_sized(
         if take > 0 {
             // The first byte of the answer follows the first token.
             guard.load.prefill_done();
+            record(recorder, &answer.buf[..take]);
             out.extend_from_slice(&answer.buf[..take]);
             answer.buf.advance(take);
             left -= take as u64;
@@ -526,7 +558,7 @@ async fn relay_sized(
 /// A chunked or close-delimited body, re-framed into chunks for the client.
 async fn relay_chunked(
     peer: &mut Peer<'_>,
-    guard: &mut InFlight,
+    (guard, recorder): (&mut InFlight, &mut Option<crate::cache::Recorder>),
     answer: &mut Answer,
     out: &mut Vec<u8>,
     stall: &mut Stall<'_>,
@@ -544,6 +576,7 @@ async fn relay_chunked(
         };
         if !payload.is_empty() {
             guard.load.prefill_done();
+            record(recorder, &payload);
             chunked::encode(&payload, out);
             payload.clear();
         }

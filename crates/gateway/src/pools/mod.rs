@@ -147,7 +147,8 @@ impl Routing {
             .collect();
         let cascades: Vec<_> =
             selector.config().decisions.iter().map(|d| cascade::Spec::of(d, selector.config())).collect();
-        let reads_answers = caches.iter().any(Option::is_some) || cascades.iter().any(Option::is_some);
+        // A response cache records on either relay; a cascade's judge reads on the axum front end.
+        let reads_answers = cascades.iter().any(Option::is_some);
         Routing { selector, edits, sessions, metrics, caches, cascades, reads_answers }
     }
 
@@ -157,8 +158,8 @@ impl Routing {
         self.caches.iter().any(Option::is_some)
     }
 
-    /// Whether a decision reads whole answers (a response cache or a cascade): the fast path
-    /// then hands requests to the front end that does.
+    /// Whether a decision judges whole answers (a cascade): the fast path then hands requests
+    /// to the front end that does. (A response cache records on the fast path too.)
     pub(crate) fn reads_answers(&self) -> bool {
         self.reads_answers
     }
