@@ -51,6 +51,12 @@ pub struct Config {
     /// Keeping a conversation on its pool while that pool holds its prefix.
     #[serde(default)]
     pub stickiness: Stickiness,
+    /// The decisions' guards apply to every request with a prompt, not only to auto-routed
+    /// ones: a request naming a pool's model (or none) is decided too, and the winning
+    /// decision's `block` refuses it and its `pii_redact` redacts it; it still goes to the pool
+    /// it named (the decision's other plugins do not run). Off by default.
+    #[serde(default)]
+    pub guard_all_requests: bool,
 }
 
 /// The `signals` section.
@@ -465,6 +471,7 @@ impl Default for Config {
             decisions: Vec::new(),
             strategy: Strategy::default(),
             stickiness: Stickiness::default(),
+            guard_all_requests: false,
         }
     }
 }

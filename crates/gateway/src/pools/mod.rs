@@ -298,7 +298,13 @@ pub(crate) fn route(
     };
     let routed = match selector.target(model) {
         Target::Unknown => return Err(GatewayError::UnknownModel(model.unwrap_or_default().to_owned())),
-        Target::Pool(i) => Routed::to(i, if model.is_some() { EXPLICIT } else { NO_MODEL }),
+        Target::Pool(i) => {
+            let mut routed = Routed::to(i, if model.is_some() { EXPLICIT } else { NO_MODEL });
+            if selector.config().guard_all_requests && route.has_prompt() {
+                routed.rewritten |= guard(gw, routing, route, v, ask, preview.is_some())?;
+            }
+            routed
+        }
         // Only prompts have signals: an auto embedding (or rerank) goes to the default pool.
         Target::Auto if !route.has_prompt() => Routed::to(selector.default_pool(), model_select::NO_DECISION),
         Target::Auto => auto(gw, routing, route, v, ask, preview.as_deref_mut())?,
@@ -396,6 +402,42 @@ fn look_up(
     found
 }
 
+/// `guard_all_requests`: a request that named its pool is decided too, and the winning
+/// decision's guards run (`block` refuses, `pii_redact` redacts); true when the body changed.
+fn guard(
+    gw: &Gateway,
+    routing: &Routing,
+    route: Route,
+    v: &mut Value,
+    ask: &Asked<'_>,
+    dry: bool,
+) -> Result<bool, GatewayError> {
+    let selector = &routing.selector;
+    let text = if selector.needs_text() { model_select::signal_text(v) } else { String::new() };
+    let default = &gw.pools[selector.default_pool()];
+    let tokens = if selector.needs_tokens() || selector.needs_load() {
+        ask.renders.tokens(gw, &default.renderer, route, v)?.0.len() as u64
+    } else {
+        0
+    };
+    let shape = if selector.needs_shape() { model_select::shape(v) } else { model_select::Shape::default() };
+    let pools = if selector.needs_load() { choose::pool_states(gw, tokens) } else { Vec::new() };
+    let input =
+        SignalInput { text: &text, tokens, shape, headers: ask.headers, pools: &pools, embeddings: ask.embeddings };
+    let choice = selector.decide(&input);
+    let guards: Vec<PluginConfig> = choice
+        .plugins()
+        .iter()
+        .filter(|p| matches!(p, PluginConfig::Block { .. } | PluginConfig::PiiRedact { .. }))
+        .cloned()
+        .collect();
+    let changed = apply_plugins(routing, choice.name(), &guards, v, dry)?;
+    if changed {
+        ask.renders.forget();
+    }
+    Ok(changed)
+}
+
 /// An auto name's route: signals, the decision, its plugins, the algorithm and stickiness.
 fn auto(
     gw: &Gateway,
@@ -483,8 +525,18 @@ fn plugins(
     v: &mut Value,
     dry: bool,
 ) -> Result<bool, GatewayError> {
-    let name = choice.name();
-    if let Some((status, message)) = choice.plugins().iter().find_map(|p| match p {
+    apply_plugins(routing, choice.name(), choice.plugins(), v, dry)
+}
+
+/// Runs decision `name`'s `plugins` on the body (a block first); true when they changed it.
+fn apply_plugins(
+    routing: &Routing,
+    name: &str,
+    plugins: &[PluginConfig],
+    v: &mut Value,
+    dry: bool,
+) -> Result<bool, GatewayError> {
+    if let Some((status, message)) = plugins.iter().find_map(|p| match p {
         PluginConfig::Block { status, message } => Some((*status, message.clone())),
         _ => None,
     }) {
@@ -494,7 +546,7 @@ fn plugins(
         return Err(GatewayError::Blocked { status, message, decision: name.to_owned() });
     }
     let mut changed = false;
-    for plugin in choice.plugins() {
+    for plugin in plugins {
         match plugin {
             PluginConfig::PiiRedact { types } => {
                 let types = model_select::redact_types(types);
