@@ -81,6 +81,43 @@ pub(crate) async fn follow(fleet: Arc<Fleet>, worker: Arc<Worker>) {
     }
 }
 
+/// A followed worker back after being down: its publishers are looked up again and, where
+/// they moved (an engine restarted on new KV-event ports, a pod replaced), followed anew: the
+/// old subscribers stop, the streams are registered again. Publishers at the same place are
+/// left to their subscribers, which reconnect by themselves.
+pub(crate) async fn refollow(fleet: Arc<Fleet>, worker: Arc<Worker>) {
+    let Some(ev) = &fleet.events else { return };
+    if !matches!(worker.events(), Events::Followed { .. }) || worker.refollowing.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let found = tokio::select! {
+        biased;
+        () = worker.cancel.cancelled() => return,
+        r = find(&fleet, ev, &worker) => r,
+    };
+    let moved = match found {
+        Ok(Some(found)) if endpoints(&found) != *worker.publishers.lock().unwrap_or_else(|p| p.into_inner()) => found,
+        _ => {
+            worker.refollowing.store(false, Ordering::Release);
+            return;
+        }
+    };
+    info!(worker = %worker.url, "kv events: the worker's publishers moved, following them anew");
+    fleet.metrics.rediscoveries.fetch_add(1, Ordering::Relaxed);
+    worker.subscriptions.lock().unwrap_or_else(|p| p.into_inner()).cancel();
+    let keys = std::mem::take(&mut *worker.streams.lock().unwrap_or_else(|p| p.into_inner()));
+    for key in keys {
+        let _ = ev.control.send(PumpControl::RemoveStream(key)).await;
+    }
+    subscribe(&fleet, ev, &worker, moved).await;
+    worker.refollowing.store(false, Ordering::Release);
+}
+
+/// Each stream's endpoint and replay endpoint, as followed.
+fn endpoints(found: &Found) -> Vec<(String, Option<String>)> {
+    found.streams.iter().map(|s| (s.endpoint.clone(), s.replay_endpoint.clone())).collect()
+}
+
 /// One attempt: explicit endpoints, or one `/server_info`.
 async fn find(fleet: &Fleet, ev: &EventsSide, worker: &Worker) -> Result<Option<Found>, DiscoveryError> {
     if let Some(streams) = explicit_streams(&worker.url, &ev.config.explicit, &ev.config.topic)? {
@@ -136,6 +173,10 @@ async fn subscribe(fleet: &Fleet, ev: &EventsSide, worker: &Worker, found: Found
         mode: if found.bigram { HashMode::Bigram } else { HashMode::Unigram },
         engine_hash_is_router_hash: found.sglang,
     };
+    // A generation of subscribers, stopped on its own when the publishers move.
+    let generation = worker.cancel.child_token();
+    *worker.subscriptions.lock().unwrap_or_else(|p| p.into_inner()) = generation.clone();
+    *worker.publishers.lock().unwrap_or_else(|p| p.into_inner()) = endpoints(&found);
     let mut subscribed = 0;
     for stream in found.streams {
         let (done, registered) = tokio::sync::oneshot::channel();
@@ -163,7 +204,7 @@ async fn subscribe(fleet: &Fleet, ev: &EventsSide, worker: &Worker, found: Found
             ev.config.subscriber,
             ev.tx.clone(),
             ev.events.clone(),
-            worker.cancel.clone(),
+            generation.clone(),
             resume,
         );
         worker.tasks.spawn(async move {

@@ -94,7 +94,7 @@ pub(crate) async fn first_probe(fleet: Arc<Fleet>, w: Arc<Worker>) {
     }
 }
 
-async fn check(fleet: &Fleet, w: &Arc<Worker>, timeout: Duration) {
+async fn check(fleet: &Arc<Fleet>, w: &Arc<Worker>, timeout: Duration) {
     let client = &fleet.client;
     let probe = client.get(w.endpoint_url(&fleet.config.health.endpoint)).timeout(timeout).send().await;
     let ok = matches!(probe, Ok(r) if r.status().is_success());
@@ -105,7 +105,13 @@ async fn check(fleet: &Fleet, w: &Arc<Worker>, timeout: Duration) {
             introspect_checked(client, w, timeout).await;
         }
         // A disaggregated worker enters rotation only once its report was checked against its role.
+        let was_down = w.down_for().is_some();
         w.set_probe_result(!w.role.is_pd() || w.info().is_some());
+        // Back after being down: its engine may have restarted with its publishers elsewhere.
+        if was_down && w.down_for().is_none() {
+            let (fleet, w) = (fleet.clone(), w.clone());
+            w.tasks.clone().spawn(crate::follow::refollow(fleet, w));
+        }
         return;
     }
     w.set_probe_result(false);

@@ -170,6 +170,8 @@ pub struct FleetMetrics {
     pub refused_block_size: AtomicU64,
     /// Discovery attempts that failed (unreachable or invalid `/server_info`).
     pub discovery_failures: AtomicU64,
+    /// Followed workers whose publishers moved and were followed anew.
+    pub rediscoveries: AtomicU64,
     /// Workers removed.
     pub removed: AtomicU64,
     /// Kubernetes discovery's counters.

@@ -283,6 +283,12 @@ fn render_events(out: &mut String, e: &EventMetrics, p: &PumpMetrics, f: &FleetM
         "Attempts to find a worker's publishers that failed (each retried with backoff).",
         &[("", get(&f.discovery_failures))],
     );
+    counter(
+        out,
+        "router_kv_events_rediscoveries_total",
+        "Followed workers back after being down whose publishers had moved (new KV-event ports): followed anew.",
+        &[("", get(&f.rediscoveries))],
+    );
     p.lag_seconds.render(out, "router_kv_events_lag_seconds", "Publish-to-apply delay of batches.");
     head(out, "router_kv_events_connected", "gauge", "1 while the subscriber of a (worker, dp rank) is connected.");
     for (key, up) in e.connected() {

@@ -129,6 +129,13 @@ pub struct Worker {
     pub(crate) tasks: TaskTracker,
     /// The streams registered with the pump, to unregister on removal.
     pub(crate) streams: Mutex<Vec<router_types::WorkerKey>>,
+    /// The publishers followed now (each stream's endpoint and replay endpoint).
+    pub(crate) publishers: Mutex<Vec<(String, Option<String>)>>,
+    /// Stops the subscribers followed now (a child of `cancel`): they are replaced when the
+    /// worker's publishers move.
+    pub(crate) subscriptions: Mutex<CancellationToken>,
+    /// A look for moved publishers is under way.
+    pub(crate) refollowing: AtomicBool,
 }
 
 /// Who a new worker is (what [`Worker::new`] needs besides its tasks' token).
@@ -223,9 +230,12 @@ impl Worker {
             events: RwLock::new(events),
             down_since: Mutex::new(None),
             index_cleared: AtomicBool::new(false),
-            cancel,
             tasks: TaskTracker::new(),
             streams: Mutex::new(Vec::new()),
+            publishers: Mutex::new(Vec::new()),
+            subscriptions: Mutex::new(cancel.child_token()),
+            refollowing: AtomicBool::new(false),
+            cancel,
         }
     }
 

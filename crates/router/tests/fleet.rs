@@ -354,3 +354,66 @@ async fn a_worker_refusing_a_large_body_early_answers_the_client_and_stays_in_ro
     assert_eq!(post(&url, &chat("s", "small")).await.status(), 200);
     let _ = r.stop.send(());
 }
+
+/// A TCP front for an engine: it pipes each connection to the engine it points at now, or
+/// refuses connections (`None`: the engine is down); switching breaks the connections piped so far.
+struct Front {
+    addr: SocketAddr,
+    to: Arc<std::sync::Mutex<Option<SocketAddr>>>,
+    pipes: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Front {
+    async fn start(to: SocketAddr) -> Front {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (to, pipes) = (Arc::new(std::sync::Mutex::new(Some(to))), Arc::new(std::sync::Mutex::new(Vec::new())));
+        let (target, piped) = (to.clone(), pipes.clone());
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let Some(engine) = *target.lock().unwrap() else { continue };
+                let pipe = tokio::spawn(async move {
+                    if let Ok(mut upstream) = tokio::net::TcpStream::connect(engine).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                    }
+                });
+                piped.lock().unwrap().push(pipe.abort_handle());
+            }
+        });
+        Front { addr, to, pipes }
+    }
+
+    fn point_at(&self, to: Option<SocketAddr>) {
+        *self.to.lock().unwrap() = to;
+        for pipe in self.pipes.lock().unwrap().drain(..) {
+            pipe.abort();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_back_on_new_event_ports_is_followed_again() {
+    let a = MockEngine::spawn(engine_config()).await.unwrap();
+    let front = Front::start(a.url().trim_start_matches("http://").parse().unwrap()).await;
+    let mut cfg = config(&[], PolicyConfig::cache_aware(), true);
+    cfg.workers = vec![WorkerUrl::parse(&format!("http://{}", front.addr)).unwrap()];
+    cfg.health.interval = Duration::from_millis(100);
+    let r = start(cfg).await;
+    let worker = || r.gateway.fleet.all()[0].clone();
+    until("the engine is followed", async || matches!(worker().events(), Events::Followed { streams: 1 })).await;
+    // The engine goes away; another takes its address, its publishers on other ports.
+    front.point_at(None);
+    drop(a);
+    until("the worker is down", async || !worker().is_routable()).await;
+    let b = MockEngine::spawn(engine_config()).await.unwrap();
+    front.point_at(Some(b.url().trim_start_matches("http://").parse().unwrap()));
+    until("it is followed again", async || {
+        metric(&r.url, "router_kv_events_rediscoveries_total").await == 1.0 && worker().is_routable()
+    })
+    .await;
+    // What the new engine caches reaches the index: its events are the ones followed now.
+    let system = "A long system prompt the restarted engine caches. ".repeat(60);
+    assert_eq!(post(&format!("{}/v1/chat/completions", b.url()), &chat(&system, "warm")).await.status(), 200);
+    until("its cache is indexed", async || explain(&r.url, &chat(&system, "q")).await["reason"] == "cache_hit").await;
+    let _ = r.stop.send(());
+}
