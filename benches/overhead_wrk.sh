@@ -21,10 +21,12 @@
 #   sgl_router_round_robin     target/release/sgl-router --policy round_robin
 #   sgl_router_routing         the same with --routing-config benches/data/routing_overhead.yaml:
 #                              every request decided by text signals (keywords, regex, PII)
+#   sgl_router_routing_cached  the same with benches/data/routing_overhead_cached.yaml: a response
+#                              cache on a decision the bodies never match (what it costs the others)
 #   sgl_router_cache_aware     target/release/sgl-router --policy cache_aware (no --kv-events: the
 #                              engine has no /server_info, so it routes by a text tree, like the
 #                              peers' cache_aware)
-#   baseline_round_robin/_cache_aware        with BASELINE set (cache_aware is retried with
+#   baseline_round_robin/_routing/_routing_cached/_cache_aware  with BASELINE set (cache_aware is retried with
 #                              --kv-events, and labelled so, if the older build needs it)
 #   smg_round_robin/_cache_aware             with SMG set
 #   vllm_router_round_robin/_cache_aware     with VLLM_ROUTER set
@@ -140,8 +142,8 @@ for b in "${BODIES[@]}"; do
 done
 
 # Targets.
-all=(direct sgl_router_round_robin sgl_router_routing sgl_router_cache_aware)
-[ -n "$BASELINE" ] && all+=(baseline_round_robin baseline_cache_aware)
+all=(direct sgl_router_round_robin sgl_router_routing sgl_router_routing_cached sgl_router_cache_aware)
+[ -n "$BASELINE" ] && all+=(baseline_round_robin baseline_routing baseline_routing_cached baseline_cache_aware)
 [ -n "$SMG" ] && all+=(smg_round_robin smg_cache_aware)
 [ -n "$VLLM_ROUTER" ] && all+=(vllm_router_round_robin vllm_router_cache_aware)
 all+=(nginx_proxy)
@@ -165,6 +167,9 @@ start_target() {
     direct) return 0 ;;
     sgl_router_round_robin) launch 31010 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "$ENGINE" --policy round_robin --port 31010 ;;
     sgl_router_routing) launch 31014 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "$ENGINE" --policy round_robin --routing-config benches/data/routing_overhead.yaml --port 31014 ;;
+    sgl_router_routing_cached) launch 31015 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "$ENGINE" --policy round_robin --routing-config benches/data/routing_overhead_cached.yaml --port 31015 ;;
+    baseline_routing) launch 31016 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "$ENGINE" --policy round_robin --routing-config benches/data/routing_overhead.yaml --port 31016 ;;
+    baseline_routing_cached) launch 31017 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "$ENGINE" --policy round_robin --routing-config benches/data/routing_overhead_cached.yaml --port 31017 ;;
     sgl_router_cache_aware) launch 31011 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "$ENGINE" --policy cache_aware --port 31011 ;;
     baseline_round_robin) launch 31012 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "$ENGINE" --policy round_robin --port 31012 ;;
     baseline_cache_aware)
