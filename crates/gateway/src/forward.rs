@@ -44,12 +44,14 @@ enum Step {
 /// chosen worker, again (`--retry-*`, after a backoff, on another worker when
 /// there is one) while it could not be reached or answered a retryable
 /// status: nothing of that answer has reached the client.
+/// `routing` is the routing config the front end took when the request came: every phase
+/// reads that one, so a reload meanwhile never mixes two configs in one request.
 /// Returns the request's load guard, the worker, and what `send` returned
 /// (the answer's head).
 pub(crate) async fn forward<T, F, Fut>(
     gw: &Arc<Gateway>,
     admission: Admission,
-    route: Route,
+    (route, routing): (Route, Option<Arc<crate::pools::Routing>>),
     bytes: Bytes,
     start: Instant,
     meta: &Meta,
@@ -64,7 +66,7 @@ where
     let (gw2, body, key) = (gw.clone(), bytes.clone(), meta.routing_key.clone());
     let (debug, signal_headers, session) = (meta.route_debug, meta.signal_headers.clone(), meta.session.clone());
     let (cache_bypass, caller) = (meta.cache_bypass, meta.caller);
-    let (forced, routing) = (meta.forced.clone(), meta.routing.clone());
+    let forced = meta.forced.clone();
     // The vectors embedding signals read, on the embedding pool's threads (none without such signals).
     let crate::pools::PreRouted { body: parsed, embeddings } =
         crate::pools::pre_route(gw, routing.as_deref(), route, &bytes).await?;

@@ -76,7 +76,6 @@ async fn serve(
         ),
         forced: None,
         caller,
-        routing,
     };
     if let Some(pd) = gw.pd.as_ref() {
         return crate::pd::serve(&gw, pd, admission, route, bytes, headers, start, &meta).await;
@@ -85,10 +84,11 @@ async fn serve(
         let (client, headers) = (client.clone(), headers.clone());
         async move { send_edited(&client, &headers, &worker, route, body, rank, edits).await }
     };
-    let (mut guard, worker, resp) = match forward(&gw, admission, route, bytes, start, &meta, &send).await? {
-        Forwarded::Sent(guard, worker, resp) => (guard, worker, resp),
-        Forwarded::Cached(hit) => return Ok(hit.into_response()),
-    };
+    let (mut guard, worker, resp) =
+        match forward(&gw, admission, (route, routing.clone()), bytes, start, &meta, &send).await? {
+            Forwarded::Sent(guard, worker, resp) => (guard, worker, resp),
+            Forwarded::Cached(hit) => return Ok(hit.into_response()),
+        };
     let Some((plan, sent)) = guard.cascade.take().map(|b| *b).filter(|_| resp.status() == StatusCode::OK) else {
         return Ok(relay(&gw, guard, worker, resp));
     };
@@ -103,7 +103,9 @@ async fn serve(
     let body = cascade::escalated_body(&plan, &sent);
     let admission = Admission::admit_waiting(&gw, body.len()).await?;
     let meta = Meta { forced: Some((plan.to, plan.decision.clone())), ..meta };
-    let Forwarded::Sent(guard, worker, resp) = forward(&gw, admission, route, body, start, &meta, &send).await? else {
+    let Forwarded::Sent(guard, worker, resp) =
+        forward(&gw, admission, (route, routing), body, start, &meta, &send).await?
+    else {
         return Err(GatewayError::Internal("a forced route read a response cache".into()));
     };
     let mut answer = relay(&gw, guard, worker, resp);

@@ -128,9 +128,6 @@ pub(crate) struct Meta {
     pub(crate) forced: Option<(usize, String)>,
     /// The caller's identity for the response caches (with a routing config; `None`: anonymous).
     pub(crate) caller: Option<[u8; 32]>,
-    /// The routing config in force when the request came: every phase reads this one, so a
-    /// reload meanwhile never mixes two configs in one request.
-    pub(crate) routing: Option<std::sync::Arc<crate::pools::Routing>>,
 }
 
 /// The request header asking for the routing explain.

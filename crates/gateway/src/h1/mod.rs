@@ -506,7 +506,6 @@ async fn serve_fast(
         cache_bypass,
         forced: None,
         caller: crate::auth::caller(gw, head.authorization.as_deref()),
-        routing,
     };
     async move {
         let send = |worker, body, rank, edits: Option<Arc<crate::pools::HeaderEdits>>| {
@@ -517,7 +516,7 @@ async fn serve_fast(
             upstream::send(worker, route, body, rank, extra)
         };
         let sent = tokio::select! {
-            sent = forward(gw, admission, route, body, start, &meta, send) => sent,
+            sent = forward(gw, admission, (route, routing), body, start, &meta, send) => sent,
             // A client that resets drops its upstream request; one that half-closed is still answered.
             () = peer.gone() => return false,
         };
