@@ -158,9 +158,7 @@ pub(crate) async fn tokenize(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, GatewayError> {
-    let (_admitted, bytes) = admitted_body(&gw, &headers, body).await?;
-    let tokenizer = gw.default_pool().renderer.clone();
-    admission::render(&gw, bytes.len(), move || tokenize_body(&bytes, &tokenizer)).await?
+    answered_in_pool(&gw, &headers, body, tokenize_body).await
 }
 
 fn tokenize_body(bytes: &[u8], renderer: &renderer::Renderer) -> Result<Json<Value>, GatewayError> {
@@ -188,11 +186,19 @@ fn tokenize_body(bytes: &[u8], renderer: &renderer::Renderer) -> Result<Json<Val
     }))
 }
 
-/// The admission of a request the router answers itself (charged before its body is read,
-/// as a proxied one is), and its body.
-async fn admitted_body(gw: &Arc<Gateway>, headers: &HeaderMap, body: Body) -> Result<(Admission, Bytes), GatewayError> {
-    let admitted = Admission::admit_waiting(gw, admission::declared_charge(gw, headers)).await?;
-    Ok((admitted, read_body(gw, body).await?))
+/// A request the router answers itself with the default pool's renderer: admitted (charged
+/// before its body is read, as a proxied one is), its body read, and `answer` run on it in
+/// the render pool when it is large.
+async fn answered_in_pool(
+    gw: &Arc<Gateway>,
+    headers: &HeaderMap,
+    body: Body,
+    answer: fn(&[u8], &renderer::Renderer) -> Result<Json<Value>, GatewayError>,
+) -> Result<Json<Value>, GatewayError> {
+    let _admitted = Admission::admit_waiting(gw, admission::declared_charge(gw, headers)).await?;
+    let bytes: Bytes = read_body(gw, body).await?;
+    let renderer = gw.default_pool().renderer.clone();
+    admission::render(gw, bytes.len(), move || answer(&bytes, &renderer)).await?
 }
 
 /// `POST /v1/detokenize` `{"tokens": [..] | [[..], ..], "skip_special_tokens": true}`: `{"text"}`.
@@ -201,9 +207,7 @@ pub(crate) async fn detokenize(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, GatewayError> {
-    let (_admitted, bytes) = admitted_body(&gw, &headers, body).await?;
-    let renderer = gw.default_pool().renderer.clone();
-    admission::render(&gw, bytes.len(), move || detokenize_body(&bytes, &renderer)).await?
+    answered_in_pool(&gw, &headers, body, detokenize_body).await
 }
 
 fn detokenize_body(bytes: &[u8], renderer: &renderer::Renderer) -> Result<Json<Value>, GatewayError> {

@@ -220,14 +220,19 @@ async fn a_worker_that_answers_health_but_hangs_on_requests_leaves_rotation() {
     let _ = r.stop.send(());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_huge_render_runs_off_the_serving_thread() {
+/// A router with one serving thread and one render slot, 8 MiB bodies, before a fast engine.
+async fn one_serving_thread() -> (MockEngine, common::app::Running) {
     let w = MockEngine::spawn(MockEngineConfig { fast: true, ..engine_config() }).await.unwrap();
     let mut cfg = config(&[&w], PolicyConfig::cache_aware(), true);
     cfg.serve_threads = 1;
     cfg.render_threads = 1;
     cfg.max_body_bytes = 8 << 20;
-    let r = start(cfg).await;
+    (w, start(cfg).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_render_runs_off_the_serving_thread() {
+    let (_w, r) = one_serving_thread().await;
     let url = format!("{}/v1/chat/completions", r.url);
     // Under the simulated engine's 2 MiB body limit.
     let huge = chat("s", &"a long prompt of many words ".repeat(60_000));
@@ -255,12 +260,7 @@ async fn a_huge_render_runs_off_the_serving_thread() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_tokenize_is_admitted_and_runs_off_the_serving_thread() {
-    let w = MockEngine::spawn(MockEngineConfig { fast: true, ..engine_config() }).await.unwrap();
-    let mut cfg = config(&[&w], PolicyConfig::cache_aware(), true);
-    cfg.serve_threads = 1;
-    cfg.render_threads = 1;
-    cfg.max_body_bytes = 8 << 20;
-    let r = start(cfg).await;
+    let (_w, r) = one_serving_thread().await;
     let url = format!("{}/v1/chat/completions", r.url);
     let timed = async || {
         let t = Instant::now();
