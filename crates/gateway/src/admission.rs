@@ -141,9 +141,7 @@ impl Admission {
         }
         Ok(Self { gw: gw.clone(), reserved })
     }
-}
 
-impl Admission {
     /// Reserves `n` more bytes for this request (a worker's answer the router reads whole),
     /// released with the rest when it ends; 429 when the budget has no room.
     pub(crate) fn grow(&mut self, n: usize) -> Result<(), GatewayError> {

@@ -49,15 +49,19 @@ impl Keys {
 
     /// Whether an `Authorization` header value (`Bearer KEY`) carries one of the keys.
     pub fn accepts(&self, authorization: Option<&[u8]>) -> bool {
-        let Some(token) = authorization.and_then(bearer_token) else { return false };
-        // Every key is compared (no early exit), each in time independent of where it differs.
-        self.0.iter().fold(false, |found, key| found | constant_time_eq(key, token))
+        authorization.and_then(bearer_token).is_some_and(|token| self.holds(token))
     }
 
     /// Whether `value` is one of the keys, bare or as `Bearer KEY`.
     pub fn accepts_key(&self, value: &[u8]) -> bool {
         let token = bearer_token(value).unwrap_or_else(|| value.trim_ascii());
-        !token.is_empty() && self.0.iter().fold(false, |found, key| found | constant_time_eq(key, token))
+        !token.is_empty() && self.holds(token)
+    }
+
+    /// Whether `token` is one of the keys: every key is compared (no early exit), each in time
+    /// independent of where it differs.
+    fn holds(&self, token: &[u8]) -> bool {
+        self.0.iter().fold(false, |found, key| found | constant_time_eq(key, token))
     }
 
     /// Checks a request to a route of `plane`: `Ok` when it may proceed.

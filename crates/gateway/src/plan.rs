@@ -102,9 +102,11 @@ impl Renders {
         Ok(r)
     }
 
-    /// What `renderer` rendered already, if it did.
-    fn get(&self, renderer: &Arc<renderer::Renderer>) -> Option<Rendered> {
-        self.0.borrow().iter().find(|(k, _)| Arc::ptr_eq(k, renderer)).map(|(_, r)| r.clone())
+    /// What `renderer` rendered already, if it did; moved out for the `last` reader (no copy).
+    fn get(&self, renderer: &Arc<renderer::Renderer>, last: bool) -> Option<Rendered> {
+        let mut memo = self.0.borrow_mut();
+        let i = memo.iter().position(|(k, _)| Arc::ptr_eq(k, renderer))?;
+        Some(if last { memo.swap_remove(i).1 } else { memo[i].1.clone() })
     }
 
     /// The prompt changed (a plugin rewrote it): every render is stale.
@@ -170,9 +172,13 @@ pub(crate) fn plan(
     // Rendered only for what reads it (a body parsed for its model alone is not rendered).
     let reads = gw.index.is_some() || p.policy.needs_tokens() || p.policy.needs_text();
     let (tokens, text) = match v {
-        Some(v) if reads && route.has_prompt() => match renders.get(&p.renderer) {
+        // The request's own plan (`credit`) reads the prompt last: it takes the render, and one
+        // made here is not kept (no copy of the tokens on the way).
+        Some(v) if reads && route.has_prompt() => match renders.get(&p.renderer, credit) {
             Some(r) => r,
-            None if gw.index.is_some() || p.policy.needs_tokens() => renders.tokens(gw, &p.renderer, route, v)?,
+            None if !credit && (gw.index.is_some() || p.policy.needs_tokens()) => {
+                renders.tokens(gw, &p.renderer, route, v)?
+            }
             None => prompt(gw, p, route, v)?,
         },
         _ => (Vec::new(), None),

@@ -402,6 +402,30 @@ fn look_up(
     found
 }
 
+/// The signals the routing config reads (only those), and the decision they make.
+fn decide<'r>(
+    gw: &Gateway,
+    routing: &'r Routing,
+    route: Route,
+    v: &Value,
+    ask: &Asked<'_>,
+) -> Result<model_select::Choice<'r>, GatewayError> {
+    let selector = &routing.selector;
+    let text = if selector.needs_text() { model_select::signal_text(v) } else { String::new() };
+    // Exact, by the default pool's tokenizer: for context signals, and for load signals' TTFT.
+    let tokens = if selector.needs_tokens() || selector.needs_load() {
+        let default = &gw.pools[selector.default_pool()];
+        ask.renders.tokens(gw, &default.renderer, route, v)?.0.len() as u64
+    } else {
+        0
+    };
+    let shape = if selector.needs_shape() { model_select::shape(v) } else { model_select::Shape::default() };
+    let pools = if selector.needs_load() { choose::pool_states(gw, tokens) } else { Vec::new() };
+    let input =
+        SignalInput { text: &text, tokens, shape, headers: ask.headers, pools: &pools, embeddings: ask.embeddings };
+    Ok(selector.decide(&input))
+}
+
 /// `guard_all_requests`: a request that named its pool is decided too, and the winning
 /// decision's guards run (`block` refuses, `pii_redact` redacts); true when the body changed.
 fn guard(
@@ -412,19 +436,7 @@ fn guard(
     ask: &Asked<'_>,
     dry: bool,
 ) -> Result<bool, GatewayError> {
-    let selector = &routing.selector;
-    let text = if selector.needs_text() { model_select::signal_text(v) } else { String::new() };
-    let default = &gw.pools[selector.default_pool()];
-    let tokens = if selector.needs_tokens() || selector.needs_load() {
-        ask.renders.tokens(gw, &default.renderer, route, v)?.0.len() as u64
-    } else {
-        0
-    };
-    let shape = if selector.needs_shape() { model_select::shape(v) } else { model_select::Shape::default() };
-    let pools = if selector.needs_load() { choose::pool_states(gw, tokens) } else { Vec::new() };
-    let input =
-        SignalInput { text: &text, tokens, shape, headers: ask.headers, pools: &pools, embeddings: ask.embeddings };
-    let choice = selector.decide(&input);
+    let choice = decide(gw, routing, route, v, ask)?;
     let guards: Vec<PluginConfig> = choice
         .plugins()
         .iter()
@@ -450,21 +462,7 @@ fn auto(
     let dry = preview.is_some();
     let selector = &routing.selector;
     let start = Instant::now();
-    let text = if selector.needs_text() { model_select::signal_text(v) } else { String::new() };
-    let default = &gw.pools[selector.default_pool()];
-    // Exact, by the default pool's tokenizer: for context signals, and for load signals' TTFT.
-    let rendered = if selector.needs_tokens() || selector.needs_load() {
-        Some(ask.renders.tokens(gw, &default.renderer, route, v)?)
-    } else {
-        None
-    };
-    let counted = rendered.as_ref().map(|(tokens, _)| tokens.len() as u64);
-    let tokens = counted.unwrap_or(0);
-    let shape = if selector.needs_shape() { model_select::shape(v) } else { model_select::Shape::default() };
-    let pools = if selector.needs_load() { choose::pool_states(gw, tokens) } else { Vec::new() };
-    let input =
-        SignalInput { text: &text, tokens, shape, headers: ask.headers, pools: &pools, embeddings: ask.embeddings };
-    let choice = selector.decide(&input);
+    let choice = decide(gw, routing, route, v, ask)?;
     if !dry {
         routing.metrics.signal_seconds.observe(start.elapsed().as_secs_f64());
     }
