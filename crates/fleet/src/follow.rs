@@ -90,6 +90,14 @@ pub(crate) async fn refollow(fleet: Arc<Fleet>, worker: Arc<Worker>) {
     if !matches!(worker.events(), Events::Followed { .. }) || worker.refollowing.swap(true, Ordering::AcqRel) {
         return;
     }
+    // One look at a time; the next may start when this one ends, however it ends.
+    struct Looking<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Looking<'_> {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::Release);
+        }
+    }
+    let _looking = Looking(&worker.refollowing);
     let found = tokio::select! {
         biased;
         () = worker.cancel.cancelled() => return,
@@ -97,10 +105,7 @@ pub(crate) async fn refollow(fleet: Arc<Fleet>, worker: Arc<Worker>) {
     };
     let moved = match found {
         Ok(Some(found)) if endpoints(&found) != *worker.publishers.lock().unwrap_or_else(|p| p.into_inner()) => found,
-        _ => {
-            worker.refollowing.store(false, Ordering::Release);
-            return;
-        }
+        _ => return,
     };
     info!(worker = %worker.url, "kv events: the worker's publishers moved, following them anew");
     fleet.metrics.rediscoveries.fetch_add(1, Ordering::Relaxed);
@@ -110,7 +115,6 @@ pub(crate) async fn refollow(fleet: Arc<Fleet>, worker: Arc<Worker>) {
         let _ = ev.control.send(PumpControl::RemoveStream(key)).await;
     }
     subscribe(&fleet, ev, &worker, moved).await;
-    worker.refollowing.store(false, Ordering::Release);
 }
 
 /// Each stream's endpoint and replay endpoint, as followed.
