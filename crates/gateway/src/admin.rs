@@ -406,7 +406,7 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
         learning.counts.render(
             &mut out,
             "router_route_feedback_total",
-            "Feedback by kind (verdict, preference) and outcome (accepted, unknown_route, already_judged, invalid).",
+            "Feedback by kind (verdict, preference) and outcome (accepted, unknown_route, already_judged, invalid, rate_limited, over_weight).",
         );
         head(&mut out, "router_route_ids", "gauge", "Route ids (x-route-id) remembered for feedback now.");
         out.push_str(&format!("router_route_ids {}\n", learning.routes_held()));

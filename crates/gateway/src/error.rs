@@ -51,6 +51,9 @@ pub enum GatewayError {
     /// Over `--rate-limit-tokens-per-second` (429).
     #[error("over the rate limit of {0} requests a second")]
     RateLimited(u32),
+    /// Feedback over a caller's rate or weight (429).
+    #[error("{0}")]
+    FeedbackLimited(String),
     /// The request waited its whole `--queue-timeout-secs` for a slot (408).
     #[error("no slot for the request within {0:?} (too many requests in flight)")]
     QueueTimeout(std::time::Duration),
@@ -150,6 +153,7 @@ impl GatewayError {
             GatewayError::OverBudget(_) => "memory_budget_exceeded",
             GatewayError::QueueFull(..) => "queue_full",
             GatewayError::RateLimited(_) => "rate_limited",
+            GatewayError::FeedbackLimited(_) => "feedback_limited",
             GatewayError::QueueTimeout(_) => "queue_timeout",
             GatewayError::Upstream { .. } => "upstream_unreachable",
             GatewayError::Timeout(_) => "upstream_timeout",
@@ -180,7 +184,8 @@ impl GatewayError {
             GatewayError::Overloaded(_)
             | GatewayError::OverBudget(_)
             | GatewayError::QueueFull(..)
-            | GatewayError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            | GatewayError::RateLimited(_)
+            | GatewayError::FeedbackLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::QueueTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             GatewayError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -205,6 +210,7 @@ impl GatewayError {
             | GatewayError::MethodNotAllowed(_)
             | GatewayError::Unprocessable(_)
             | GatewayError::UnknownModel(_)
+            | GatewayError::FeedbackLimited(_)
             | GatewayError::Blocked { .. } => Side::Client,
             GatewayError::Upstream { .. } | GatewayError::Timeout(_) => Side::Upstream,
             GatewayError::NoWorker

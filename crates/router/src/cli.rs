@@ -185,6 +185,14 @@ pub(crate) struct ServeArgs {
     /// Feedback: how many verdicts a pool's configured `quality` weighs as (the bandit's prior).
     #[arg(long, env = "SGL_ROUTER_ROUTE_FEEDBACK_PRIOR_STRENGTH", default_value_t = 10.0, value_name = "N")]
     pub(crate) route_feedback_prior_strength: f64,
+    /// Feedback: bodies one caller (a client key, a pass-through credential's digest, or all
+    /// anonymous callers together) sends `POST /v1/route/feedback` a minute; over it, 429 (0: no bound).
+    #[arg(long, env = "SGL_ROUTER_ROUTE_FEEDBACK_PER_MINUTE", default_value_t = 120, value_name = "N")]
+    pub(crate) route_feedback_per_minute: u32,
+    /// Feedback: verdicts and preferences one caller moves one (decision, pool) arm by in an
+    /// hour; over it, 429 and the arm unmoved (0: no bound).
+    #[arg(long, env = "SGL_ROUTER_ROUTE_FEEDBACK_CALLER_WEIGHT", default_value_t = 100, value_name = "N")]
+    pub(crate) route_feedback_caller_weight: u32,
     /// Inference-gateway mode (SGLang Model Gateway's): one model pool per model the workers
     /// serve, each worker's model read from its `GET /v1/models` at start (for up to 30 s); a
     /// request's `model` picks the pool. No auto names: --routing-config gives pools with decisions.

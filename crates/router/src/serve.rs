@@ -284,6 +284,9 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             prior_strength: a.route_feedback_prior_strength.max(0.0),
             state_file: a.route_feedback_state.clone(),
             save_interval: Duration::from_secs(a.route_feedback_save_secs.max(1)),
+            per_caller_per_minute: a.route_feedback_per_minute,
+            caller_weight: a.route_feedback_caller_weight,
+            ..gateway::pools::feedback::FeedbackConfig::default()
         },
         tokenizer_caches: renderer::CacheBounds {
             segment_entries: a.tokenizer_cache_segments,

@@ -113,3 +113,44 @@ async fn verdicts_teach_the_bandit_and_survive_a_restart() {
     assert!(large >= 36, "{large} of 40 to the large pool after the restart");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// One client's verdicts move an arm a bounded number of times (`--route-feedback-caller-weight`):
+/// past it 429 `feedback_limited`, counted, nothing moved; another client's still count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_clients_weight_in_an_arm_is_bounded() {
+    let (routing, _engines) = pools("tests/routing/feedback.yaml").await;
+    let mut app = config(&[], PolicyConfig::RoundRobin, false);
+    app.routing = Some(routing);
+    app.client_keys = vec![CLIENT_KEY.into(), "other-key".into()];
+    app.feedback.caller_weight = 3;
+    let router = start(app).await;
+    let (url, http) = (router.url.clone(), reqwest::Client::new());
+    let mut statuses = std::collections::BTreeMap::<(String, u16), usize>::new();
+    let mut refusal = Value::Null;
+    for _ in 0..12 {
+        let (pool, id) = chat(&http, &url).await;
+        let (status, out) = feedback(&http, &url, &json!({"route_id": id, "verdict": "good"}), Some(CLIENT_KEY)).await;
+        if status == 429 {
+            refusal = out;
+        }
+        *statuses.entry((pool, status.as_u16())).or_default() += 1;
+    }
+    // Per pool (the round-robin bandit spreads the twelve), the first three verdicts count.
+    let pools: std::collections::BTreeSet<&String> = statuses.keys().map(|(p, _)| p).collect();
+    for pool in pools {
+        let n = |status: u16| statuses.get(&(pool.clone(), status)).copied().unwrap_or(0);
+        assert_eq!(n(200), (n(200) + n(429)).min(3), "{pool}: {statuses:?}");
+    }
+    assert_eq!(statuses.keys().filter(|(_, s)| *s != 200 && *s != 429).count(), 0, "{statuses:?}");
+    assert_eq!(refusal["error"]["type"], "feedback_limited", "{refusal}");
+    let over = "router_route_feedback_total{kind=\"verdict\",outcome=\"over_weight\"}";
+    let accepted = "router_route_feedback_total{kind=\"verdict\",outcome=\"accepted\"}";
+    let refused: usize = statuses.iter().filter(|((_, s), _)| *s == 429).map(|(_, n)| n).sum();
+    assert_eq!(metric(&url, over).await, refused as f64);
+    assert_eq!(metric(&url, accepted).await, (12 - refused) as f64);
+    // Another client's verdict on the same arm still counts.
+    let r = http.post(format!("{url}/v1/chat/completions")).bearer_auth("other-key").json(&ask()).send().await.unwrap();
+    let id = r.headers()["x-route-id"].to_str().unwrap().to_owned();
+    let (status, out) = feedback(&http, &url, &json!({"route_id": id, "verdict": "good"}), Some("other-key")).await;
+    assert_eq!(status, 200, "{out}");
+}

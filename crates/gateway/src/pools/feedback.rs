@@ -18,6 +18,7 @@ use model_select::{Arm, Outcomes, Rng};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::callers::{Caller, Callers, Limits, Refusal};
 use crate::GatewayError;
 use crate::metrics::LabeledCounter;
 
@@ -43,6 +44,13 @@ pub struct FeedbackConfig {
     pub state_file: Option<PathBuf>,
     /// Time between two saves (`--route-feedback-save-secs`).
     pub save_interval: Duration,
+    /// Feedback bodies one caller sends a minute (`--route-feedback-per-minute`; 0: no bound).
+    pub per_caller_per_minute: u32,
+    /// Verdicts and preferences one caller moves one (decision, pool) arm by in an hour
+    /// (`--route-feedback-caller-weight`; 0: no bound).
+    pub caller_weight: u32,
+    /// Callers whose rate and weight are remembered at most, the least recently seen out first.
+    pub max_callers: usize,
 }
 
 impl Default for FeedbackConfig {
@@ -54,6 +62,9 @@ impl Default for FeedbackConfig {
             prior_strength: 10.0,
             state_file: None,
             save_interval: Duration::from_secs(60),
+            per_caller_per_minute: 120,
+            caller_weight: 100,
+            max_callers: 10_000,
         }
     }
 }
@@ -102,6 +113,8 @@ enum Verdict {
 pub struct Learning {
     config: FeedbackConfig,
     routes: Mutex<Routes>,
+    /// What each caller may still send and move.
+    callers: Mutex<Callers>,
     outcomes: Mutex<Outcomes>,
     rng: Mutex<Rng>,
     /// Keyed at start: ids are neither sequential nor guessable.
@@ -109,7 +122,7 @@ pub struct Learning {
     /// Changed since the last save.
     dirty: AtomicBool,
     /// Feedback by `kind` (`verdict`, `preference`) and `outcome` (`accepted`, `unknown_route`,
-    /// `already_judged`, `invalid`).
+    /// `already_judged`, `invalid`, `rate_limited`, `over_weight`).
     pub counts: LabeledCounter,
 }
 
@@ -124,8 +137,14 @@ impl Learning {
             None => Outcomes::new(config.prior_strength, config.max_arms),
         };
         let seed = RandomState::new().hash_one(0u64);
+        let limits = Limits {
+            per_minute: config.per_caller_per_minute,
+            weight: config.caller_weight,
+            max_callers: config.max_callers,
+        };
         Ok(Learning {
             routes: Mutex::new(Routes::default()),
+            callers: Mutex::new(Callers::new(limits)),
             outcomes: Mutex::new(outcomes),
             rng: Mutex::new(Rng::new(seed)),
             ids: RandomState::new(),
@@ -203,12 +222,17 @@ impl Learning {
         self.feedback_from(bytes, None)
     }
 
-    /// [`Learning::feedback`] from `caller`: a route id given to another caller is unknown to it.
+    /// [`Learning::feedback`] from `caller`: a route id given to another caller is unknown to it;
+    /// each caller's bodies are rate-limited, its weight in an arm bounded.
     pub fn feedback_from(&self, bytes: &[u8], caller: Option<[u8; 32]>) -> Result<Value, GatewayError> {
         let body: Body = serde_json::from_slice(bytes).map_err(|e| {
             self.count("unknown", "invalid");
             GatewayError::BadRequest(format!("feedback: {e}"))
         })?;
+        let kind = if body.winner.is_some() { "preference" } else { "verdict" };
+        if let Err(refusal) = lock(&self.callers).admit(caller, Instant::now()) {
+            return Err(self.refuse(kind, refusal));
+        }
         match body {
             Body { route_id: Some(id), verdict: Some(verdict), winner: None, loser: None } => {
                 self.verdict(&id, verdict, caller)
@@ -224,7 +248,7 @@ impl Learning {
         }
     }
 
-    fn verdict(&self, id: &str, verdict: Verdict, caller: Option<[u8; 32]>) -> Result<Value, GatewayError> {
+    fn verdict(&self, id: &str, verdict: Verdict, caller: Caller) -> Result<Value, GatewayError> {
         let issued = self.claim(&[id], "verdict", caller)?.remove(0);
         let good = matches!(verdict, Verdict::Good);
         let arm = {
@@ -237,7 +261,7 @@ impl Learning {
         Ok(json!({"decision": issued.decision, "pool": issued.pool, "arm": arm_json(&arm)}))
     }
 
-    fn preference(&self, winner: &str, loser: &str, caller: Option<[u8; 32]>) -> Result<Value, GatewayError> {
+    fn preference(&self, winner: &str, loser: &str, caller: Caller) -> Result<Value, GatewayError> {
         let pair = self.claim(&[winner, loser], "preference", caller)?;
         let (w, l) = (&pair[0], &pair[1]);
         let (wa, la) = {
@@ -256,7 +280,7 @@ impl Learning {
 
     /// The routes `ids` name, marked judged; all or none (unknown, expired, given to another
     /// caller, judged, or, for a pair, not two pools of one decision: refused, nothing marked).
-    fn claim(&self, ids: &[&str], kind: &str, caller: Option<[u8; 32]>) -> Result<Vec<Issued>, GatewayError> {
+    fn claim(&self, ids: &[&str], kind: &str, caller: Caller) -> Result<Vec<Issued>, GatewayError> {
         let now = Instant::now();
         let mut routes = lock(&self.routes);
         let mut found = Vec::with_capacity(ids.len());
@@ -288,12 +312,43 @@ impl Learning {
                 w.decision, w.pool, l.decision, l.pool
             )));
         }
+        let arms: Vec<(&str, &str)> = found.iter().map(|(_, i)| (i.decision.as_str(), i.pool.as_str())).collect();
+        let mut callers = lock(&self.callers);
+        if let Err(refusal) = callers.weigh(caller, &arms, now) {
+            return Err(self.refuse(kind, refusal));
+        }
+        callers.charge(caller, &arms, now);
+        drop(callers);
         for (key, _) in &found {
             if let Some(i) = routes.map.get_mut(key) {
                 i.judged = true;
             }
         }
         Ok(found.into_iter().map(|(_, i)| i).collect())
+    }
+
+    /// Counts `refusal` and says it (429: the route stays open for a later try).
+    fn refuse(&self, kind: &str, refusal: Refusal) -> GatewayError {
+        match refusal {
+            Refusal::Rate { per_minute } => {
+                self.count(kind, "rate_limited");
+                GatewayError::FeedbackLimited(format!(
+                    "feedback: over {per_minute} bodies a minute from this caller (--route-feedback-per-minute)"
+                ))
+            }
+            Refusal::Weight { decision, pool, weight } => {
+                self.count(kind, "over_weight");
+                GatewayError::FeedbackLimited(format!(
+                    "feedback: this caller moved {decision}/{pool} {weight} times in the last hour \
+                     (--route-feedback-caller-weight)"
+                ))
+            }
+        }
+    }
+
+    /// Callers whose rate and weight are remembered now.
+    pub fn callers_held(&self) -> usize {
+        lock(&self.callers).len()
     }
 
     fn count(&self, kind: &str, outcome: &str) {
@@ -375,8 +430,10 @@ impl Routes {
 mod tests {
     use super::*;
 
+    /// No bound on one caller's rate or weight: these tests send everything as one caller.
     fn learning(max_routes: usize) -> Learning {
-        Learning::new(FeedbackConfig { max_routes, ..FeedbackConfig::default() }).unwrap()
+        let unbounded = FeedbackConfig { per_caller_per_minute: 0, caller_weight: 0, ..FeedbackConfig::default() };
+        Learning::new(FeedbackConfig { max_routes, ..unbounded }).unwrap()
     }
 
     fn verdict(l: &Learning, id: u64, v: &str) -> Result<Value, GatewayError> {
@@ -497,5 +554,41 @@ mod tests {
         let (x, y) = (l.issue_for("d", "small", None, a), l.issue_for("d", "large", None, b));
         let pair = json!({"winner": format_id(x), "loser": format_id(y)}).to_string();
         assert!(matches!(l.feedback_from(pair.as_bytes(), a), Err(GatewayError::NotFound(_))), "half another's");
+    }
+
+    #[test]
+    fn one_callers_weight_in_an_arm_and_its_rate_are_bounded() {
+        let config = FeedbackConfig { caller_weight: 5, per_caller_per_minute: 0, ..FeedbackConfig::default() };
+        let l = Learning::new(config).unwrap();
+        let (attacker, tenant) = (Some([1u8; 32]), Some([2u8; 32]));
+        let say = |caller, pool: &str| {
+            let id = l.issue_for("d", pool, None, caller);
+            l.feedback_from(json!({"route_id": format_id(id), "verdict": "good"}).to_string().as_bytes(), caller)
+        };
+        let moved = (0..50).filter(|_| say(attacker, "large").is_ok()).count();
+        assert_eq!(moved, 5, "the attacker's 50 verdicts weigh 5");
+        assert_eq!(lock(&l.outcomes).arm("d", "large", None).alpha, 6.0 + 5.0, "prior 1 + 10·0.5, then 5 good");
+        assert!(matches!(say(attacker, "large"), Err(GatewayError::FeedbackLimited(_))));
+        say(attacker, "small").expect("another arm has its own bound");
+        say(tenant, "large").expect("another caller's verdicts still count");
+        assert_eq!(l.counts.get("kind=\"verdict\",outcome=\"over_weight\""), 46);
+        // A refused verdict leaves the route open: once the bound is lifted it counts.
+        let id = l.issue_for("d", "large", None, attacker);
+        let body = json!({"route_id": format_id(id), "verdict": "bad"}).to_string();
+        assert!(l.feedback_from(body.as_bytes(), attacker).is_err());
+        *lock(&l.callers) = Callers::new(Limits { per_minute: 0, weight: 0, max_callers: 1 });
+        l.feedback_from(body.as_bytes(), attacker).expect("not judged by the refusal");
+
+        let config = FeedbackConfig { per_caller_per_minute: 3, caller_weight: 0, ..FeedbackConfig::default() };
+        let l = Learning::new(config).unwrap();
+        for _ in 0..3 {
+            assert!(matches!(l.feedback_from(b"{}", attacker), Err(GatewayError::BadRequest(_))));
+        }
+        let id = l.issue_for("d", "large", None, attacker);
+        let body = json!({"route_id": format_id(id), "verdict": "good"}).to_string();
+        assert!(matches!(l.feedback_from(body.as_bytes(), attacker), Err(GatewayError::FeedbackLimited(_))));
+        let other = l.feedback_from(body.as_bytes(), tenant);
+        assert!(matches!(other, Err(GatewayError::NotFound(_))), "not its route, and not rate-limited either");
+        assert_eq!(l.callers_held(), 2);
     }
 }

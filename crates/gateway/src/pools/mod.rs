@@ -20,6 +20,7 @@ use axum::http::{HeaderName, HeaderValue};
 use model_select::{PluginConfig, Selector, SignalInput, Target};
 use serde_json::Value;
 
+mod callers;
 pub(crate) mod cascade;
 mod choose;
 mod embedding;
