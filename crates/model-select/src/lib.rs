@@ -45,7 +45,7 @@ pub use feedback::{Arm, ELO_K, ELO_START, Outcomes, Rng};
 pub use language::{Detected, detect as detect_language, normalize as language_code};
 pub use pii::{PiiDetector, PiiFinding, PiiType};
 pub use redact::{Redactions, redact};
-pub use request::{set_system_prompt, shape, signal_text, user_turns};
+pub use request::{guard_text, set_system_prompt, shape, signal_text, user_turns};
 pub use results::{SignalResult, SignalResults};
 pub use selector::{Choice, NO_DECISION, Selector, Target, first_eligible, redact_types};
 pub use semantic::{

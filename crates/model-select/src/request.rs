@@ -30,6 +30,63 @@ pub fn signal_text(body: &Value) -> String {
     out
 }
 
+/// Every text the model reads, whatever the role, as the `pii_redact` plugin scans it
+/// ([`crate::redact`]): each message's content (strings, `text` and `refusal` parts), `name`,
+/// `refusal`, `reasoning_content` and its tool calls' arguments (the string values of
+/// arguments given as JSON); a completion's `prompt` and `suffix`; `/generate`'s `text`. Joined
+/// by newlines: what PII signals read, so that PII in a system or tool message fires them too.
+pub fn guard_text(body: &Value) -> String {
+    let mut out = String::new();
+    let mut push = |s: &str| {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(s);
+    };
+    if let Some(messages) = body.get("messages").and_then(Value::as_array) {
+        for m in messages {
+            each_text(m.get("content"), &mut push);
+            if let Some(Value::Array(parts)) = m.get("content") {
+                parts.iter().filter_map(|p| p.get("refusal").and_then(Value::as_str)).for_each(&mut push);
+            }
+            for key in ["name", "refusal", "reasoning_content"] {
+                if let Some(s) = m.get(key).and_then(Value::as_str) {
+                    push(s);
+                }
+            }
+            let calls = m.get("tool_calls").and_then(Value::as_array).into_iter().flatten();
+            let arguments =
+                calls.filter_map(|c| c.pointer("/function/arguments")).chain(m.pointer("/function_call/arguments"));
+            for a in arguments {
+                match a {
+                    Value::String(s) => match serde_json::from_str::<Value>(s) {
+                        Ok(parsed) if parsed.is_object() || parsed.is_array() => each_string(&parsed, &mut push),
+                        _ => push(s),
+                    },
+                    other => each_string(other, &mut push),
+                }
+            }
+        }
+    } else {
+        for key in ["prompt", "suffix", "text"] {
+            each_text(body.get(key), &mut push);
+        }
+    }
+    out
+}
+
+/// Calls `f` with every string and number inside `v` (the values `pii_redact` rewrites in
+/// tool-call arguments; not object keys).
+fn each_string(v: &Value, f: &mut impl FnMut(&str)) {
+    match v {
+        Value::String(s) => f(s),
+        Value::Number(n) => f(&n.to_string()),
+        Value::Array(items) => items.iter().for_each(|i| each_string(i, f)),
+        Value::Object(map) => map.values().for_each(|v| each_string(v, f)),
+        _ => {}
+    }
+}
+
 /// Each user turn's text, in order (a chat's user messages; a completion's
 /// prompt as one turn): what the embedding signals read (the last turn, the
 /// one before it, all of them).
@@ -141,6 +198,15 @@ mod tests {
         assert_eq!(signal_text(&json!({"prompt": ["a", "b"]})), "a\nb");
         assert_eq!(signal_text(&json!({"text": "native"})), "native");
         assert_eq!(signal_text(&json!({"input_ids": [1, 2]})), "");
+        let every = json!({"messages": [
+            {"role": "system", "content": "sys", "name": "n"},
+            {"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "refusal", "refusal": "r"}],
+             "reasoning_content": "why", "tool_calls": [{"function": {"name": "f", "arguments": "{\"to\": \"x\\u0040y.io\", \"n\": 14155550100}"}}]},
+            {"role": "tool", "content": "result"},
+            {"role": "developer", "content": "dev", "function_call": {"arguments": "not json"}},
+            {"role": "user", "content": "u"}]});
+        assert_eq!(guard_text(&every), "sys\nn\na\nr\nwhy\nx@y.io\n14155550100\nresult\ndev\nnot json\nu");
+        assert_eq!(guard_text(&json!({"prompt": ["a", "b"], "suffix": "s"})), "a\nb\ns");
         assert_eq!(user_turns(&chat), ["first", "second"]);
         assert_eq!(user_turns(&json!({"prompt": ["a", "b"]})), ["a\nb"]);
         assert_eq!(user_turns(&json!({"messages": []})), Vec::<String>::new());

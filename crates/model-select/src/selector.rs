@@ -44,6 +44,7 @@ pub struct Selector {
 struct Needs {
     tokens: bool,
     text: bool,
+    guard_text: bool,
     shape: bool,
     load: bool,
     embeddings: EmbeddingNeeds,
@@ -136,7 +137,8 @@ impl Selector {
         let reads = |kinds: &[SignalKind]| needed.iter().any(|s| kinds.contains(&s.kind));
         let mut needs = Needs {
             tokens: reads(&[K::Context]),
-            text: reads(&[K::Keyword, K::Regex, K::Pii, K::Language]),
+            text: reads(&[K::Keyword, K::Regex, K::Language]),
+            guard_text: reads(&[K::Pii]),
             shape: reads(&[K::Conversation]),
             load: reads(&[K::Load]),
             embeddings: signals.embedding_needs(&needed),
@@ -194,6 +196,11 @@ impl Selector {
     /// Whether a reachable decision reads the request's text.
     pub fn needs_text(&self) -> bool {
         self.needs.text
+    }
+
+    /// Whether a signal reads every text the model reads ([`crate::guard_text`]: PII signals).
+    pub fn needs_guard_text(&self) -> bool {
+        self.needs.guard_text
     }
 
     /// Whether a reachable decision reads the conversation's shape.

@@ -44,6 +44,9 @@ pub struct Signals {
 pub struct SignalInput<'a> {
     /// The text of the user's turns ([`crate::signal_text`]).
     pub text: &'a str,
+    /// Every text the model reads, whatever the role ([`crate::guard_text`]): what PII
+    /// signals read (`None`: `text`).
+    pub guard_text: Option<&'a str>,
     /// The prompt's exact token count from the pool's tokenizer.
     pub tokens: u64,
     /// The conversation's shape ([`crate::shape`]).
@@ -177,7 +180,8 @@ impl Signals {
         let keywords: Vec<&KeywordSignal> = self.keywords.iter().filter(|k| needed.contains(&k.signal)).collect();
         let regex: Vec<&(SignalRef, Regex)> = self.regex.iter().filter(|(s, _)| needed.contains(s)).collect();
         let wanted_pii: Vec<&(SignalRef, Vec<PiiType>)> = self.pii.iter().filter(|(s, _)| needed.contains(s)).collect();
-        let reads_text = !keywords.is_empty() || !regex.is_empty() || !wanted_pii.is_empty();
+        let reads_text =
+            !keywords.is_empty() || !regex.is_empty() || (!wanted_pii.is_empty() && input.guard_text.is_none());
         let normalized = Normalized::new(if reads_text { input.text } else { "" });
         let folded = if keywords.is_empty() { Cow::Borrowed("") } else { fold_confusables(normalized.as_str()) };
         let mut lowered: Option<String> = None;
@@ -201,7 +205,8 @@ impl Signals {
             let mut types: Vec<PiiType> = wanted_pii.iter().flat_map(|(_, t)| t.iter().copied()).collect();
             types.sort();
             types.dedup();
-            let findings = detector.detect_in(&normalized, &types);
+            let guarded = input.guard_text.map(Normalized::new);
+            let findings = detector.detect_in(guarded.as_ref().unwrap_or(&normalized), &types);
             for (signal, types) in wanted_pii {
                 let hits = findings.iter().filter(|f| types.contains(&f.kind)).count();
                 out.insert(signal.clone(), rule(hits > 0, Some(hits as f64)));

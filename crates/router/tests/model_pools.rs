@@ -30,6 +30,12 @@ struct Probe {
     #[serde(default)]
     no_model: bool,
     user: String,
+    /// A system message before the user turn.
+    #[serde(default)]
+    system: Option<String>,
+    /// An assistant turn before the user turn calling a tool with these JSON arguments.
+    #[serde(default)]
+    tool_arguments: Option<String>,
     #[serde(default = "once")]
     repeat: usize,
     expect: Expect,
@@ -61,8 +67,17 @@ fn probes() -> Probes {
 
 impl Probe {
     fn body(&self) -> Value {
-        let mut body =
-            json!({"max_tokens": 2, "messages": [{"role": "user", "content": self.user.repeat(self.repeat)}]});
+        let mut messages = Vec::new();
+        if let Some(system) = &self.system {
+            messages.push(json!({"role": "system", "content": system}));
+        }
+        if let Some(arguments) = &self.tool_arguments {
+            let call = json!({"id": "c1", "type": "function", "function": {"name": "send", "arguments": arguments}});
+            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call]}));
+            messages.push(json!({"role": "tool", "tool_call_id": "c1", "content": "sent"}));
+        }
+        messages.push(json!({"role": "user", "content": self.user.repeat(self.repeat)}));
+        let mut body = json!({"max_tokens": 2, "messages": messages});
         if !self.no_model {
             body["model"] = json!(self.model.as_deref().unwrap_or("auto"));
         }
@@ -154,7 +169,7 @@ async fn every_probe_routes_as_written_in_preview_and_for_real() {
     let page = admin_client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
     assert!(page.contains("router_model_requests_total{pool=\"large\",decision=\"hard\"} 2"), "{page}");
     assert!(page.contains("router_model_blocks_total{decision=\"refuse_injection\"} 2"), "{page}");
-    assert!(page.contains("router_model_redactions_total{type=\"email\"} 1"), "{page}");
+    assert!(page.contains("router_model_redactions_total{type=\"email\"} 3"), "{page}");
     assert!(!page.contains("alice@"), "no redacted value in the metrics");
     let _ = router.stop.send(());
 }

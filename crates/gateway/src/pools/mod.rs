@@ -413,6 +413,7 @@ fn decide<'r>(
 ) -> Result<model_select::Choice<'r>, GatewayError> {
     let selector = &routing.selector;
     let text = if selector.needs_text() { model_select::signal_text(v) } else { String::new() };
+    let guard = selector.needs_guard_text().then(|| model_select::guard_text(v));
     // Exact, by the default pool's tokenizer: for context signals, and for load signals' TTFT.
     let tokens = if selector.needs_tokens() || selector.needs_load() {
         let default = &gw.pools[selector.default_pool()];
@@ -422,8 +423,15 @@ fn decide<'r>(
     };
     let shape = if selector.needs_shape() { model_select::shape(v) } else { model_select::Shape::default() };
     let pools = if selector.needs_load() { choose::pool_states(gw, tokens) } else { Vec::new() };
-    let input =
-        SignalInput { text: &text, tokens, shape, headers: ask.headers, pools: &pools, embeddings: ask.embeddings };
+    let input = SignalInput {
+        text: &text,
+        guard_text: guard.as_deref(),
+        tokens,
+        shape,
+        headers: ask.headers,
+        pools: &pools,
+        embeddings: ask.embeddings,
+    };
     Ok(selector.decide(&input))
 }
 

@@ -266,7 +266,15 @@ fn conversation_header_and_load_rules_read_the_request_and_the_pools() {
     let headers = vec![("x-user-tier".to_owned(), "gold".to_owned())];
     let pools = [PoolState { name: "large", in_flight: 9, est_ttft_ms: 650.0 }];
     let shape = Shape { turns: 3, tools: true, tool_loop: true, images: false };
-    let input = SignalInput { text: "", tokens: 0, shape, headers: &headers, pools: &pools, embeddings: None };
+    let input = SignalInput {
+        text: "",
+        guard_text: None,
+        tokens: 0,
+        shape,
+        headers: &headers,
+        pools: &pools,
+        embeddings: None,
+    };
     let r = s.evaluate(&input, &all(&s));
     assert!(matched(&r, SignalKind::Conversation, "agent"));
     assert!(matched(&r, SignalKind::Conversation, "long_chat"));
@@ -282,7 +290,15 @@ fn conversation_header_and_load_rules_read_the_request_and_the_pools() {
     let pools = [PoolState { name: "large", in_flight: 1, est_ttft_ms: 40.0 }];
     let shape = Shape { turns: 1, tools: false, tool_loop: false, images: true };
     let r = s.evaluate(
-        &SignalInput { text: "", tokens: 0, shape, headers: &headers, pools: &pools, embeddings: None },
+        &SignalInput {
+            text: "",
+            guard_text: None,
+            tokens: 0,
+            shape,
+            headers: &headers,
+            pools: &pools,
+            embeddings: None,
+        },
         &all(&s),
     );
     assert!(!matched(&r, SignalKind::Conversation, "agent"));
