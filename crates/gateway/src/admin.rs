@@ -330,6 +330,13 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
         "Prompts rendered and tokenized (at most once per request and renderer).",
     );
     out.push_str(&format!("router_prompt_renders_total {}\n", m.renders.load(Ordering::Relaxed)));
+    head(
+        &mut out,
+        "router_accept_errors_total",
+        "counter",
+        "Failed accepts on the client listener (out of file descriptors and the like); each backs off 10 ms to 1 s.",
+    );
+    out.push_str(&format!("router_accept_errors_total {}\n", m.accept_errors.load(Ordering::Relaxed)));
     head(&mut out, "router_http_request_memory_bytes", "gauge", "Memory reserved by the requests in progress.");
     out.push_str(&format!("router_http_request_memory_bytes {}\n", gw.budget.used()));
     m.latency.render(&mut out, "router_http_request_duration_seconds", "Whole-request latency, streaming included.");

@@ -46,6 +46,8 @@ pub struct GatewayMetrics {
     pub pd_heads: Histogram,
     /// Prompts rendered (template and tokenizer): at most one per request and renderer.
     pub renders: AtomicU64,
+    /// Failed `accept`s on the client listener (out of descriptors and the like).
+    pub accept_errors: AtomicU64,
 }
 
 // === impl GatewayMetrics ===
@@ -77,6 +79,7 @@ impl GatewayMetrics {
             pd_decisions: LabeledCounter::default(),
             pd_heads: Histogram::new(buckets),
             renders: AtomicU64::new(0),
+            accept_errors: AtomicU64::new(0),
         }
     }
 }

@@ -16,6 +16,7 @@
 //! only when the phase has to wait. A client that half-closes its side after
 //! a whole request is still answered; one that resets is gone at once.
 
+mod backoff;
 mod chunked;
 mod fallback;
 #[cfg(feature = "fuzzing")]
@@ -103,6 +104,7 @@ async fn accept_loop(
     // The client listener's slots are the gateway's, shared by every serving thread's loop.
     let max_connections = gw.config.limits.max_connections.max(1);
     let mut at_cap = false;
+    let mut backoff = backoff::Backoff::default();
     loop {
         if slots.available_permits() == 0 && !std::mem::replace(&mut at_cap, true) {
             warn!(max_connections, "connection cap reached: not accepting until a connection closes");
@@ -117,12 +119,23 @@ async fn accept_loop(
         at_cap &= slots.available_permits() == 0;
         let tcp = tokio::select! {
             r = listener.accept() => match r {
-                Ok((tcp, _)) => tcp,
+                Ok((tcp, _)) => {
+                    backoff.succeeded();
+                    tcp
+                }
                 Err(e) => {
-                    // Out of descriptors and the like: wait, keep serving the open connections.
-                    warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
+                    // Out of descriptors and the like: wait longer each time, keep serving the
+                    // open connections, say it once a burst.
+                    gw.metrics.accept_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let pause = backoff.failed(Instant::now());
+                    if pause.report > 0 {
+                        warn!(error = %e, failures = pause.report, next_try_ms = pause.wait.as_millis() as u64, "accept failed");
+                    }
+                    drop(slot);
+                    tokio::select! {
+                        () = tokio::time::sleep(pause.wait) => continue,
+                        () = drain.cancelled() => break,
+                    }
                 }
             },
             () = drain.cancelled() => break,
