@@ -33,6 +33,8 @@ pub(crate) struct InFlight {
     pub(crate) cascade: Option<Box<(crate::pools::cascade::Plan, Bytes)>>,
     /// Counted when dropped (false: another attempt of the same request answers it).
     counted: bool,
+    /// The answer broke off after its head went out (the worker failed or fell silent).
+    cut: bool,
 }
 
 impl InFlight {
@@ -49,7 +51,14 @@ impl InFlight {
             cache: None,
             cascade: None,
             counted: true,
+            cut: false,
         }
+    }
+
+    /// The answer broke off after its head (`status`) went out: the client saw `status`, so
+    /// `router_http_requests_total` counts that; `router_http_answers_cut_total` counts the cut.
+    pub(crate) fn cut(&mut self) {
+        self.cut = true;
     }
 
     /// Lets go of this attempt's load and admission without counting it: the request is
@@ -69,6 +78,9 @@ impl Drop for InFlight {
         // Status 0: the request failed before an answer; `handle` counts its error.
         if self.status != 0 {
             count_answered(&self.gw, self.route, self.status);
+        }
+        if self.cut {
+            m.answers_cut.inc(format_args!("route=\"{}\"", self.route.label()));
         }
     }
 }

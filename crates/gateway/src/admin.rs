@@ -289,6 +289,11 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     let mut out = String::new();
     let m = &gw.metrics;
     m.requests.render(&mut out, "router_http_requests_total", "Requests by route and status.");
+    m.answers_cut.render(
+        &mut out,
+        "router_http_answers_cut_total",
+        "Answers that broke off after their head went out (the worker failed or fell silent mid-answer), by route.",
+    );
     m.decisions.render(&mut out, "router_policy_decisions_total", "Routing decisions by policy and reason.");
     m.errors.render(
         &mut out,

@@ -46,6 +46,8 @@ pub struct GatewayMetrics {
     pub pd_heads: Histogram,
     /// Prompts rendered (template and tokenizer): at most one per request and renderer.
     pub renders: AtomicU64,
+    /// Answers that broke off after their head went out, by `route`.
+    pub answers_cut: LabeledCounter,
     /// Failed `accept`s on the client listener (out of descriptors and the like).
     pub accept_errors: AtomicU64,
 }
@@ -80,6 +82,7 @@ impl GatewayMetrics {
             pd_heads: Histogram::new(buckets),
             renders: AtomicU64::new(0),
             accept_errors: AtomicU64::new(0),
+            answers_cut: LabeledCounter::default(),
         }
     }
 }

@@ -128,7 +128,7 @@ impl http_body::Body for Relay {
         if let Some(cut) = this.ending.cut.as_mut()
             && let Poll::Ready(why) = cut.as_mut().poll(cx)
         {
-            g.status = 502;
+            g.cut();
             this.guard = None;
             this.recorder = None;
             this.ending = Ending::default();
@@ -159,7 +159,7 @@ impl http_body::Body for Relay {
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
-                g.status = 502;
+                g.cut();
                 this.guard = None;
                 this.recorder = None;
                 match failed_mid_answer(&this.worker, &e, this.sse) {
@@ -169,7 +169,7 @@ impl http_body::Body for Relay {
             }
             // A worker silent mid-body past the limit has failed, as one that broke the connection.
             Poll::Pending if this.idle.as_mut().poll(cx).is_ready() => {
-                g.status = 502;
+                g.cut();
                 this.guard = None;
                 this.recorder = None;
                 let e = format!("no data from the worker within {:?}", this.idle_limit);

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::app::{Running, admin_get, admin_post, chat, config, engine_config, post, start};
+use common::app::{Running, admin_get, admin_post, chat, config, engine_config, metric, post, start};
 use common::eventually as until;
 
 use std::net::SocketAddr;
@@ -266,8 +266,15 @@ async fn streams_pass_through_and_a_dying_worker_leaves_rotation() {
 
     // The worker dies after its first chunk: the client gets a clean error event.
     w.engine().set_faults(Faults { die_mid_stream_next: 1, ..Faults::default() }).await;
+    let ok = "router_http_requests_total{route=\"chat\",status=\"200\"}";
+    let before = metric(&r.url, ok).await;
     let text = post(&format!("{}/v1/chat/completions", r.url), &body).await.text().await.unwrap();
     assert!(text.contains("\"type\":\"upstream_unreachable\"") && text.ends_with("data: [DONE]\n\n"), "{text}");
+    // Counted by the status the client got (its head said 200), and as an answer cut.
+    assert_eq!(metric(&r.url, ok).await, before + 1.0);
+    assert_eq!(metric(&r.url, "router_http_answers_cut_total{route=\"chat\"}").await, 1.0);
+    let page = admin_get(&format!("{}/metrics", r.url)).await.text().await.unwrap();
+    assert!(!page.contains("router_http_requests_total{route=\"chat\",status=\"502\"}"), "{page}");
     let workers: Value = admin_get(&format!("{}/workers", r.url)).await.json().await.unwrap();
     assert_eq!(workers["workers"][0]["healthy"], false, "the failed worker left rotation");
     assert_eq!(workers["workers"][0]["in_flight"], 0, "its load was released");

@@ -435,18 +435,19 @@ pub(crate) async fn relay(
         // The client went away: dropping the upstream connection cancels the request.
         Err(Failure::Client) => false,
         Err(Failure::Worker(e)) => {
-            guard.status = 502;
             // Only a body the relay frames in chunks can still end cleanly; a
             // sized one cannot, and the client sees the connection close.
             let chunked = matches!(framing, Framing::Chunked | Framing::Close);
             let tail = failed_mid_answer(&worker, &e, answer.head.sse && chunked);
             // Nothing went out yet (the first bytes of the body were invalid): a plain 502.
             if !out.is_empty() {
+                guard.status = 502;
                 let e =
                     GatewayError::Upstream { worker: worker.url.to_string(), message: e.to_string(), retryable: false };
                 let _ = write_error(peer.tcp, &e, true, extra).await;
                 return false;
             }
+            guard.cut();
             let Some(tail) = tail else { return false };
             let mut end = Vec::new();
             chunked::encode(&tail, &mut end);
