@@ -81,7 +81,8 @@ pub(crate) async fn follow(fleet: Arc<Fleet>, worker: Arc<Worker>) {
     }
 }
 
-/// A followed worker back after being down: its publishers are looked up again and, where
+/// A followed worker back after being down, or whose subscription has had no connection for
+/// `--kv-events-rediscover-secs` while it answers its probes: its publishers are looked up again and, where
 /// they moved (an engine restarted on new KV-event ports, a pod replaced), followed anew: the
 /// old subscribers stop, the streams are registered again. Publishers at the same place are
 /// left to their subscribers, which reconnect by themselves.
@@ -98,6 +99,7 @@ pub(crate) async fn refollow(fleet: Arc<Fleet>, worker: Arc<Worker>) {
         }
     }
     let _looking = Looking(&worker.refollowing);
+    *worker.looked_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
     let found = tokio::select! {
         biased;
         () = worker.cancel.cancelled() => return,
@@ -112,9 +114,26 @@ pub(crate) async fn refollow(fleet: Arc<Fleet>, worker: Arc<Worker>) {
     worker.subscriptions.lock().unwrap_or_else(|p| p.into_inner()).cancel();
     let keys = std::mem::take(&mut *worker.streams.lock().unwrap_or_else(|p| p.into_inner()));
     for key in keys {
+        ev.events.forget(&key);
         let _ = ev.control.send(PumpControl::RemoveStream(key)).await;
     }
     subscribe(&fleet, ev, &worker, moved).await;
+}
+
+/// Whether a healthy worker's publishers are worth looking up again: it is followed, one of its
+/// streams has had no connection for `rediscover_after`, and no look started within that long.
+pub(crate) fn stale(fleet: &Fleet, worker: &Worker) -> bool {
+    let Some(ev) = &fleet.events else { return false };
+    let after = ev.config.rediscover_after;
+    if !matches!(worker.events(), Events::Followed { .. }) {
+        return false;
+    }
+    let looked = *worker.looked_at.lock().unwrap_or_else(|p| p.into_inner());
+    if looked.is_some_and(|at| at.elapsed() < after) {
+        return false;
+    }
+    let streams = worker.streams.lock().unwrap_or_else(|p| p.into_inner());
+    streams.iter().any(|key| ev.events.down_for(key).is_some_and(|d| d >= after))
 }
 
 /// Each stream's endpoint and replay endpoint, as followed.

@@ -108,7 +108,8 @@ async fn check(fleet: &Arc<Fleet>, w: &Arc<Worker>, timeout: Duration) {
         let was_down = w.down_for().is_some();
         w.set_probe_result(!w.role.is_pd() || w.info().is_some());
         // Back after being down: its engine may have restarted with its publishers elsewhere.
-        if was_down && w.down_for().is_none() {
+        // Or up all along while its publishers went quiet: they may have moved without it failing a probe.
+        if (was_down && w.down_for().is_none()) || crate::follow::stale(fleet, w) {
             let (fleet, w) = (fleet.clone(), w.clone());
             w.tasks.clone().spawn(crate::follow::refollow(fleet, w));
         }

@@ -131,6 +131,10 @@ pub struct EventsConfig {
     pub topic: String,
     /// How long `/server_info` may stay unreachable before the worker is routed to unfollowed.
     pub discovery_deadline: Duration,
+    /// How long a healthy, followed worker's stream may stay without a connection before its
+    /// publishers are looked up again (`--kv-events-rediscover-secs`), and the least time between
+    /// two such looks.
+    pub rediscover_after: Duration,
     /// Subscriber tuning.
     pub subscriber: SubscriberConfig,
 }

@@ -136,6 +136,8 @@ pub struct Worker {
     pub(crate) subscriptions: Mutex<CancellationToken>,
     /// A look for moved publishers is under way.
     pub(crate) refollowing: AtomicBool,
+    /// When the last look for moved publishers started.
+    pub(crate) looked_at: Mutex<Option<std::time::Instant>>,
 }
 
 /// Who a new worker is (what [`Worker::new`] needs besides its tasks' token).
@@ -235,6 +237,7 @@ impl Worker {
             publishers: Mutex::new(Vec::new()),
             subscriptions: Mutex::new(cancel.child_token()),
             refollowing: AtomicBool::new(false),
+            looked_at: Mutex::new(None),
             cancel,
         }
     }

@@ -79,6 +79,8 @@ pub struct EventMetrics {
     /// publisher no longer held the batches after the snapshot's seq, or restarted.
     pub snapshot_resets: AtomicU64,
     connected: Mutex<HashMap<WorkerKey, bool>>,
+    /// Since when each stream not connected now has been so (from its subscriber's start).
+    down_since: Mutex<HashMap<WorkerKey, std::time::Instant>>,
     history: Mutex<HashMap<WorkerKey, StreamHistory>>,
 }
 
@@ -146,11 +148,30 @@ impl EventMetrics {
 
     pub(crate) fn set_connected(&self, key: &WorkerKey, up: bool) {
         self.connected.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), up);
+        let mut down = self.down_since.lock().unwrap_or_else(|p| p.into_inner());
+        if up {
+            down.remove(key);
+        } else {
+            down.entry(key.clone()).or_insert_with(std::time::Instant::now);
+        }
+    }
+
+    /// A subscriber starts on `key`: not connected yet, since now (unless it already was down).
+    pub(crate) fn starting(&self, key: &WorkerKey) {
+        let mut down = self.down_since.lock().unwrap_or_else(|p| p.into_inner());
+        down.entry(key.clone()).or_insert_with(std::time::Instant::now);
+    }
+
+    /// How long stream `key` has been without a connection to its publisher (`None`: connected,
+    /// or unknown).
+    pub fn down_for(&self, key: &WorkerKey) -> Option<std::time::Duration> {
+        self.down_since.lock().unwrap_or_else(|p| p.into_inner()).get(key).map(std::time::Instant::elapsed)
     }
 
     /// Forgets a stream whose worker left (its connection gauge goes).
     pub fn forget(&self, key: &WorkerKey) {
         self.connected.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        self.down_since.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
         self.history.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
     }
 

@@ -234,6 +234,7 @@ pub fn spawn_subscriber_after(
     if let Some(seq) = resume {
         metrics.set_history(&stream.key, crate::metrics::StreamHistory::Resumed { after: seq });
     }
+    metrics.starting(&stream.key);
     let task = Subscriber {
         stream,
         config,

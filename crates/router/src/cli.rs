@@ -633,6 +633,15 @@ pub(crate) struct KvEventFlags {
     /// Topic to subscribe to on explicit endpoints (engines publish with an empty topic by default).
     #[arg(long = "kv-events-topic", env = "SGL_ROUTER_KV_EVENTS_TOPIC", value_name = "TOPIC", default_value = "")]
     pub(crate) topic: String,
+    /// Seconds a healthy worker's KV-event subscription may stay without a connection before its
+    /// publishers are looked up again (an engine whose publishers moved while its HTTP port stayed).
+    #[arg(
+        long = "kv-events-rediscover-secs",
+        env = "SGL_ROUTER_KV_EVENTS_REDISCOVER_SECS",
+        value_name = "S",
+        default_value_t = 30
+    )]
+    pub(crate) rediscover_secs: u64,
 }
 
 #[derive(Debug, Args)]

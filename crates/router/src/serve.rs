@@ -241,6 +241,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             default_block_size: a.events.block_size,
             topic: a.events.topic.clone(),
             discovery_deadline: DEFAULT_DISCOVERY_DEADLINE,
+            rediscover_after: Duration::from_secs(a.events.rediscover_secs.max(1)),
             subscriber: kv_events::SubscriberConfig::default(),
         })
     } else {

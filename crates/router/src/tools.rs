@@ -141,6 +141,7 @@ pub(crate) fn kv_events(args: &KvEventsArgs) -> Result<()> {
             default_block_size: args.events.block_size,
             topic: args.events.topic.clone(),
             discovery_deadline: fleet::DEFAULT_DISCOVERY_DEADLINE,
+            rediscover_after: std::time::Duration::from_secs(args.events.rediscover_secs.max(1)),
             subscriber: kv_events::SubscriberConfig::default(),
         }),
         proxied_paths: &[],

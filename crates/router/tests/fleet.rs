@@ -417,3 +417,32 @@ async fn an_engine_back_on_new_event_ports_is_followed_again() {
     until("its cache is indexed", async || explain(&r.url, &chat(&system, "q")).await["reason"] == "cache_hit").await;
     let _ = r.stop.send(());
 }
+
+/// An engine replaced behind the same address without ever failing a probe (a pod swapped
+/// behind a service): its old publishers go quiet, and after `--kv-events-rediscover-secs`
+/// (300 ms here) without a connection the router looks them up again and follows the new ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishers_quiet_past_the_bound_are_looked_up_again_while_the_worker_stays_up() {
+    let a = MockEngine::spawn(engine_config()).await.unwrap();
+    let front = Front::start(a.url().trim_start_matches("http://").parse().unwrap()).await;
+    let mut cfg = config(&[], PolicyConfig::cache_aware(), true);
+    cfg.workers = vec![WorkerUrl::parse(&format!("http://{}", front.addr)).unwrap()];
+    cfg.health.interval = Duration::from_millis(100);
+    let r = start(cfg).await;
+    let worker = || r.gateway.fleet.all()[0].clone();
+    until("the engine is followed", async || matches!(worker().events(), Events::Followed { streams: 1 })).await;
+    // The new engine answers at once: probes keep passing (it takes three failures in a row to
+    // go down), and the old one's publisher closes.
+    let b = MockEngine::spawn(engine_config()).await.unwrap();
+    front.point_at(Some(b.url().trim_start_matches("http://").parse().unwrap()));
+    drop(a);
+    until("its new publishers are followed", async || {
+        metric(&r.url, "router_kv_events_rediscoveries_total").await == 1.0
+    })
+    .await;
+    assert!(worker().is_routable(), "it stayed in rotation");
+    let system = "A long system prompt the new engine caches. ".repeat(60);
+    assert_eq!(post(&format!("{}/v1/chat/completions", b.url()), &chat(&system, "warm")).await.status(), 200);
+    until("its cache is indexed", async || explain(&r.url, &chat(&system, "q")).await["reason"] == "cache_hit").await;
+    let _ = r.stop.send(());
+}

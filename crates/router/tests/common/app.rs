@@ -40,6 +40,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
             default_block_size: std::num::NonZeroUsize::new(16).unwrap(),
             topic: String::new(),
             discovery_deadline: Duration::from_secs(5),
+            rediscover_after: Duration::from_millis(300),
             subscriber: Default::default(),
         }),
         tokenizer_path: None,
