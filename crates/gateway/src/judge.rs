@@ -24,7 +24,7 @@ pub(crate) enum Judged {
     /// Unsure: the caller sends the request to the plan's `to` pool.
     Escalate(Verdict),
     /// Not judged (no `content-length`, or over the plan's bound): relayed as it comes.
-    Pass(InFlight, Arc<Worker>, axum::http::Response<hyper::body::Incoming>),
+    Pass(InFlight, Arc<Worker>, axum::http::Response<crate::relay::UpstreamBody>),
 }
 
 /// Reads the first pool's 200 answer whole (its declared length within the plan's bound, within
@@ -33,7 +33,7 @@ pub(crate) async fn whole(
     gw: &Gateway,
     mut guard: InFlight,
     worker: Arc<Worker>,
-    resp: axum::http::Response<hyper::body::Incoming>,
+    resp: axum::http::Response<crate::relay::UpstreamBody>,
     plan: &Plan,
     route: Route,
 ) -> Result<Judged, GatewayError> {

@@ -17,10 +17,12 @@ use crate::account::{InFlight, count_error, request_span};
 use crate::admission::Admission;
 use crate::body::read_body;
 use crate::forward::{Forwarded, forward};
+use crate::h1::answer;
+use crate::h1::upstream;
 use crate::pools::HeaderEdits;
-use crate::relay::{Ending, stream_back};
-use crate::request::{Meta, ROUTE_DEBUG_HEADER, Route};
-use crate::send::{send_edited, upstream_headers};
+use crate::relay::{Ending, UpstreamBody, stream_back};
+use crate::request::{Meta, RANK_HEADER, ROUTE_DEBUG_HEADER, Route, push_header};
+use crate::send::upstream_headers;
 use crate::{Gateway, GatewayError};
 use fleet::Worker;
 
@@ -42,7 +44,8 @@ pub(crate) async fn handle(State(gw): State<Arc<Gateway>>, headers: HeaderMap, b
     .await
 }
 
-/// The axum front end: read the body, forward with hyper's client, relay the answer.
+/// The axum front end: read the body, forward with the router's own HTTP/1.1 client (the fast
+/// path's), relay the answer.
 async fn serve(
     gw: Arc<Gateway>,
     mut headers: HeaderMap,
@@ -56,7 +59,6 @@ async fn serve(
     let routing = gw.routing();
     let admission = Admission::admit_waiting(&gw, crate::admission::declared_charge(&gw, &headers)).await?;
     let bytes = read_body(&gw, body).await?;
-    let client = gw.client();
     // Who asks, read before the client's credentials give way to the workers'.
     let caller = crate::auth::caller(&gw, headers.get(header::AUTHORIZATION).map(HeaderValue::as_bytes));
     let route_debug = Meta::wants_debug(&gw.control_keys, headers.get(ROUTE_DEBUG_HEADER).map(HeaderValue::as_bytes));
@@ -80,9 +82,15 @@ async fn serve(
     if let Some(pd) = gw.pd.as_ref() {
         return crate::pd::serve(&gw, pd, admission, route, bytes, headers, start, &meta).await;
     }
+    // Sent with the fast path's own client: it reads a worker's early answer (a 413 before the
+    // whole body was written), which hyper's drops.
+    let extra = upstream_extra(&gw, &headers);
     let send = |worker: Arc<Worker>, body: Bytes, rank: Option<DpRank>, edits: Option<Arc<HeaderEdits>>| {
-        let (client, headers) = (client.clone(), headers.clone());
-        async move { send_edited(&client, &headers, &worker, route, body, rank, edits).await }
+        let mut extra = extra.clone();
+        if let Some(edits) = edits {
+            extra.headers = Bytes::from(edits.applied_to_lines(&extra.headers));
+        }
+        async move { upstream::send(worker, route, body, rank, extra).await.map(answer::into_response) }
     };
     let (mut guard, worker, resp) =
         match forward(&gw, admission, (route, routing.clone()), bytes, start, &meta, &send).await? {
@@ -113,13 +121,21 @@ async fn serve(
     Ok(answer)
 }
 
+/// What the router's own client sends besides the body: the headers the worker gets (the rank
+/// hint apart: the router's wins over it), and TLS towards `https://` workers.
+fn upstream_extra(gw: &Gateway, headers: &HeaderMap) -> upstream::Extra {
+    let mut lines = Vec::with_capacity(512);
+    for (name, value) in headers {
+        if name.as_str() != RANK_HEADER {
+            push_header(&mut lines, name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
+    let rank = headers.get(RANK_HEADER).map(|v| Bytes::copy_from_slice(v.as_bytes()));
+    upstream::Extra { headers: Bytes::from(lines), rank, tls: gw.upstream_tls.clone() }
+}
+
 /// A worker's answer relayed to the client, with the route headers.
-fn relay(
-    gw: &Gateway,
-    mut guard: InFlight,
-    worker: Arc<Worker>,
-    resp: axum::http::Response<hyper::body::Incoming>,
-) -> Response {
+fn relay(gw: &Gateway, mut guard: InFlight, worker: Arc<Worker>, resp: axum::http::Response<UpstreamBody>) -> Response {
     let route_headers = guard.route_headers.take();
     let mut answer = stream_back(guard, worker, resp, gw.config.limits.upstream_idle_timeout, Ending::default());
     if let Some(extra) = route_headers {

@@ -17,6 +17,18 @@ use crate::cache::Recorder;
 use crate::request::relayed;
 use fleet::Worker;
 
+/// An answer body from either client (the router's own, hyper's for the disaggregated legs):
+/// boxed, so one relay serves both.
+pub(crate) type UpstreamBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+/// Its error.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// hyper's answer as one with an [`UpstreamBody`].
+pub(crate) fn boxed(resp: axum::http::Response<hyper::body::Incoming>) -> axum::http::Response<UpstreamBody> {
+    use http_body_util::BodyExt;
+    resp.map(|b| b.map_err(BoxError::from).boxed_unsync())
+}
+
 /// A worker failed in the middle of its answer: it leaves rotation, and an
 /// event stream (`sse`) gets this last event, the error then `[DONE]`, so the
 /// client's stream ends cleanly.
@@ -36,7 +48,7 @@ pub(crate) fn failed_mid_answer(worker: &Worker, e: &dyn std::fmt::Display, sse:
 pub(crate) fn stream_back(
     mut guard: InFlight,
     worker: Arc<Worker>,
-    resp: axum::http::Response<hyper::body::Incoming>,
+    resp: axum::http::Response<UpstreamBody>,
     idle_limit: std::time::Duration,
     ending: Ending,
 ) -> Response {
@@ -90,7 +102,7 @@ pub(crate) struct Ending {
 
 /// The body of a proxied answer; holds the request's load until it ends.
 struct Relay {
-    inner: hyper::body::Incoming,
+    inner: UpstreamBody,
     guard: Option<InFlight>,
     worker: Arc<Worker>,
     sse: bool,

@@ -1,8 +1,6 @@
-//! Sending one request to one worker over hyper's pooled client (the axum
-//! front end and the PD legs): the worker's URL and path, the client's
+//! Sending one request to one worker over hyper's pooled client (the
+//! disaggregated legs): the worker's URL and path, the client's
 //! end-to-end headers made the worker's, the router's rank hint.
-
-use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
@@ -11,8 +9,7 @@ use router_types::DpRank;
 use crate::Gateway;
 use crate::auth::worker_credentials;
 use crate::error::describe;
-use crate::pools::HeaderEdits;
-use crate::request::{RANK_HEADER, Route, forwarded};
+use crate::request::{RANK_HEADER, forwarded};
 use fleet::Worker;
 
 /// Why a request could not be delivered to a worker.
@@ -21,22 +18,6 @@ pub(crate) struct SendError {
     /// Nothing reached the worker (it may be retried elsewhere).
     pub(crate) connect: bool,
     pub(crate) message: String,
-}
-
-/// [`send_to`] with a decision's header changes applied.
-pub(crate) async fn send_edited(
-    client: &crate::UpstreamClient,
-    headers: &HeaderMap,
-    worker: &Worker,
-    route: Route,
-    body: Bytes,
-    rank: Option<DpRank>,
-    edits: Option<Arc<HeaderEdits>>,
-) -> Result<axum::http::Response<hyper::body::Incoming>, SendError> {
-    match edits {
-        None => send_to(client, headers, worker, route.path(), body, rank).await,
-        Some(edits) => send_to(client, &edits.applied_to(headers), worker, route.path(), body, rank).await,
-    }
 }
 
 /// POSTs a JSON `body` to `path` on `worker` with the client's (prepared)
@@ -92,7 +73,7 @@ pub(crate) trait AnswerHead {
     fn status(&self) -> u16;
 }
 
-impl AnswerHead for axum::http::Response<hyper::body::Incoming> {
+impl<B> AnswerHead for axum::http::Response<B> {
     fn status(&self) -> u16 {
         self.status().as_u16()
     }

@@ -337,7 +337,7 @@ async fn the_memory_of_requests_in_progress_is_bounded() {
 async fn a_worker_refusing_a_large_body_early_answers_the_client_and_stays_in_rotation() {
     // The engine's body limit (1 MiB) is below the router's (8 MiB): it answers 413 before it has
     // read the body, and closes. That answer is the client's; the worker did nothing wrong.
-    // (The router's HTTP/1.1 path; hyper's client drops such an answer: see docs/security.md.)
+    // Both front ends send with the router's own client, which reads that answer (hyper's drops it).
     let w =
         MockEngine::spawn(MockEngineConfig { fast: true, max_body_bytes: 1 << 20, ..engine_config() }).await.unwrap();
     let mut cfg = config(&[&w], PolicyConfig::RoundRobin, false);
@@ -348,6 +348,23 @@ async fn a_worker_refusing_a_large_body_early_answers_the_client_and_stays_in_ro
     for _ in 0..5 {
         let resp = post(&url, &big).await;
         assert_eq!(resp.status(), 413, "the engine's own answer, relayed");
+    }
+    // The same body sent chunked (no length: the router's hyper path).
+    let bytes = bytes::Bytes::from(serde_json::to_vec(&big).unwrap());
+    for _ in 0..5 {
+        let parts: Vec<Result<bytes::Bytes, std::io::Error>> =
+            bytes.chunks(64 << 10).map(|c| Ok(bytes::Bytes::copy_from_slice(c))).collect();
+        let body = reqwest::Body::wrap_stream(futures_util::stream::iter(parts));
+        let resp = reqwest::Client::new()
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        let text = resp.text().await.unwrap();
+        assert_eq!(status, 413, "the engine's own answer, relayed on the hyper path too: {text}");
     }
     let worker = r.gateway.fleet.all().into_iter().next().unwrap();
     assert!(worker.is_routable() && !worker.quarantined(), "a client's oversized body is not the worker's fault");
@@ -444,5 +461,29 @@ async fn publishers_quiet_past_the_bound_are_looked_up_again_while_the_worker_st
     let system = "A long system prompt the new engine caches. ".repeat(60);
     assert_eq!(post(&format!("{}/v1/chat/completions", b.url()), &chat(&system, "warm")).await.status(), 200);
     until("its cache is indexed", async || explain(&r.url, &chat(&system, "q")).await["reason"] == "cache_hit").await;
+    let _ = r.stop.send(());
+}
+
+/// A client that leaves while the worker is silent (a long prefill) is noticed at once on the
+/// axum front end too (a chunked request): its request is dropped, the worker's load released,
+/// and the upstream connection closed, not kept until the idle timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_during_a_silent_prefill_is_noticed_on_the_hyper_path() {
+    let w = MockEngine::spawn(engine_config()).await.unwrap();
+    let r = start(config(&[&w], PolicyConfig::RoundRobin, false)).await;
+    w.engine().set_faults(mock_engine::Faults { hold_next: 1, ..Default::default() }).await;
+    let bytes = bytes::Bytes::from(serde_json::to_vec(&chat("s", "wait for me")).unwrap());
+    let url = format!("{}/v1/chat/completions", r.url);
+    let client = tokio::spawn(async move {
+        let parts: Vec<Result<bytes::Bytes, std::io::Error>> = vec![Ok(bytes)];
+        let body = reqwest::Body::wrap_stream(futures_util::stream::iter(parts));
+        reqwest::Client::new().post(url).header("content-type", "application/json").body(body).send().await
+    });
+    until("the worker holds it", async || w.engine().held.load(std::sync::atomic::Ordering::SeqCst) == 1).await;
+    let worker = r.gateway.fleet.all().into_iter().next().unwrap();
+    assert_eq!(worker.load().in_flight, 1);
+    client.abort();
+    until("the router let go of it", async || worker.load().in_flight == 0 && r.gateway.in_flight() == 0).await;
+    w.engine().release_held(1);
     let _ = r.stop.send(());
 }

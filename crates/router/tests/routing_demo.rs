@@ -62,7 +62,18 @@ async fn the_demo_routes_every_probe_and_reloads_on_sighup() {
     for p in probes["probes"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
         let content = p["user"].as_str().unwrap().repeat(p["repeat"].as_u64().unwrap_or(1) as usize);
-        let mut body = json!({"max_tokens": 2, "messages": [{"role": "user", "content": content}]});
+        // The messages before the user turn, as crates/router/tests/model_pools.rs builds them.
+        let mut messages = Vec::new();
+        if let Some(system) = p["system"].as_str() {
+            messages.push(json!({"role": "system", "content": system}));
+        }
+        if let Some(arguments) = p["tool_arguments"].as_str() {
+            let call = json!({"id": "c1", "type": "function", "function": {"name": "send", "arguments": arguments}});
+            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call]}));
+            messages.push(json!({"role": "tool", "tool_call_id": "c1", "content": "sent"}));
+        }
+        messages.push(json!({"role": "user", "content": content}));
+        let mut body = json!({"max_tokens": 2, "messages": messages});
         if p["no_model"] != true {
             body["model"] = json!(p["model"].as_str().unwrap_or("auto"));
         }

@@ -16,13 +16,14 @@
 //! only when the phase has to wait. A client that half-closes its side after
 //! a whole request is still answered; one that resets is gone at once.
 
+pub(crate) mod answer;
 mod backoff;
 mod chunked;
 mod fallback;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod head;
-mod upstream;
+pub(crate) mod upstream;
 
 use std::io;
 use std::sync::Arc;

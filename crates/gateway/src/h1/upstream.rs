@@ -79,12 +79,12 @@ pub(crate) struct AnswerHead {
 /// A worker's answer, its head read.
 #[derive(Debug)]
 pub(crate) struct Answer {
-    tcp: Conn,
+    pub(super) tcp: Conn,
     /// Bytes read past the head.
-    buf: BytesMut,
+    pub(super) buf: BytesMut,
     /// The pool key.
-    authority: String,
-    head: AnswerHead,
+    pub(super) authority: String,
+    pub(super) head: AnswerHead,
 }
 
 impl crate::send::AnswerHead for Answer {
@@ -138,7 +138,7 @@ fn idle_count() -> usize {
     IDLE.with_borrow(|idle| idle.values().map(Vec::len).sum())
 }
 
-fn checkin(authority: String, tcp: Conn) {
+pub(super) fn checkin(authority: String, tcp: Conn) {
     let now = Instant::now();
     sweep_idle(now);
     IDLE.with_borrow_mut(|idle| {

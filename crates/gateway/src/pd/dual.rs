@@ -133,7 +133,7 @@ impl Watch {
             }
         };
         let ending = Ending { cut: Some(cut.boxed()), _ended: Some(ended_tx) };
-        stream_back(guard, decode, dh, idle, ending)
+        stream_back(guard, decode, crate::relay::boxed(dh), idle, ending)
     }
 
     async fn run(

@@ -203,18 +203,6 @@ impl Routed {
 // === impl HeaderEdits ===
 
 impl HeaderEdits {
-    /// `headers` with these changes.
-    pub(crate) fn applied_to(&self, headers: &axum::http::HeaderMap) -> axum::http::HeaderMap {
-        let mut out = headers.clone();
-        for name in &self.remove {
-            out.remove(name);
-        }
-        for (name, value) in &self.set {
-            out.insert(name.clone(), value.clone());
-        }
-        out
-    }
-
     /// Header lines (`name: value\r\n`, the fast path's) with these changes.
     pub(crate) fn applied_to_lines(&self, lines: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(lines.len() + 64);

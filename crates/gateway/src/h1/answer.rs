@@ -1,0 +1,161 @@
+//! A worker's answer read by the router's own HTTP/1.1 client (`upstream`), as
+//! the body of an axum response: what lets the axum front end (chunked and
+//! HTTP/1.0 requests, TLS, cascades) send with the same client as the fast
+//! path, so that it too reads a worker's early answer (a 413 before the
+//! whole body was written) instead of taking it for the worker's failure.
+//! The body ends at its framing's end; the connection goes back to this
+//! thread's pool when the answer was whole and it may carry another request.
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use futures_util::StreamExt;
+use http_body_util::BodyExt;
+use tokio::io::AsyncReadExt;
+
+use super::chunked::Decoder;
+use super::upstream::{Answer, Framing, checkin};
+use crate::relay::{BoxError, UpstreamBody};
+
+/// Where reading the body stands.
+struct Reading {
+    answer: Option<Answer>,
+    decoder: Decoder,
+    /// Bytes left of a sized body.
+    left: u64,
+}
+
+/// `answer` as a response: its status, its end-to-end headers, its length when it has one,
+/// and its body read as the relay polls it.
+pub(crate) fn into_response(answer: Answer) -> Response<UpstreamBody> {
+    let mut headers = HeaderMap::new();
+    for line in answer.head.headers.split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(colon) = line.iter().position(|&b| b == b':') else { continue };
+        let (Ok(name), Ok(value)) =
+            (HeaderName::from_bytes(&line[..colon]), HeaderValue::from_bytes(line[colon + 1..].trim_ascii()))
+        else {
+            continue;
+        };
+        headers.append(name, value);
+    }
+    let left = match answer.head.framing {
+        Framing::Length(n) => {
+            headers.insert(axum::http::header::CONTENT_LENGTH, HeaderValue::from(n));
+            n
+        }
+        _ => 0,
+    };
+    if !answer.head.codings.is_empty()
+        && let Ok(codings) = HeaderValue::from_str(&answer.head.codings)
+    {
+        headers.insert(axum::http::header::TRANSFER_ENCODING, codings);
+    }
+    let status = StatusCode::from_u16(answer.head.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let framing = answer.head.framing;
+    let reading = Reading { answer: Some(answer), decoder: Decoder::default(), left };
+    let frames = futures_util::stream::unfold(reading, |mut r| async move {
+        let next = r.next().await?;
+        Some((next.map(http_body::Frame::data), r))
+    });
+    let length = matches!(framing, Framing::Length(_) | Framing::Empty).then_some(left);
+    let body = Framed { frames: frames.boxed(), left: length }.boxed_unsync();
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
+
+/// The body's frames, with its exact length when it has one (the relay keeps it: a sized answer
+/// goes out sized, not chunked).
+struct Framed {
+    frames: futures_util::stream::BoxStream<'static, Result<http_body::Frame<Bytes>, BoxError>>,
+    /// Bytes to go of a sized body.
+    left: Option<u64>,
+}
+
+impl http_body::Body for Framed {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        let polled = self.frames.poll_next_unpin(cx);
+        if let (std::task::Poll::Ready(Some(Ok(frame))), Some(left)) = (&polled, self.left.as_mut())
+            && let Some(data) = frame.data_ref()
+        {
+            *left = left.saturating_sub(data.len() as u64);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == Some(0)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.left.map_or_else(http_body::SizeHint::default, http_body::SizeHint::with_exact)
+    }
+}
+
+impl Reading {
+    /// The next piece of the body; `None` at its end (the connection pooled when it may be).
+    async fn next(&mut self) -> Option<Result<Bytes, BoxError>> {
+        loop {
+            let answer = self.answer.as_mut()?;
+            let framing = answer.head.framing;
+            let (data, done) = match framing {
+                Framing::Empty => (Bytes::new(), true),
+                Framing::Length(_) => {
+                    let take = answer.buf.len().min(usize::try_from(self.left).unwrap_or(usize::MAX));
+                    self.left -= take as u64;
+                    (answer.buf.split_to(take).freeze(), self.left == 0)
+                }
+                Framing::Chunked => {
+                    let mut out = Vec::new();
+                    match self.decoder.decode(&mut answer.buf, &mut out) {
+                        Ok(done) => (Bytes::from(out), done),
+                        Err(e) => return self.failed(e.into()),
+                    }
+                }
+                Framing::Close => (answer.buf.split().freeze(), false),
+            };
+            if done {
+                self.finish();
+            }
+            if !data.is_empty() {
+                return Some(Ok(data));
+            }
+            if done {
+                return None;
+            }
+            let answer = self.answer.as_mut()?;
+            answer.buf.reserve(16 << 10);
+            match answer.tcp.read_buf(&mut answer.buf).await {
+                Ok(0) if framing == Framing::Close => {
+                    self.answer = None;
+                    return None;
+                }
+                Ok(0) => return self.failed("connection closed mid-body".into()),
+                Ok(_) => {}
+                Err(e) => return self.failed(e.into()),
+            }
+        }
+    }
+
+    /// The body ended whole: the connection goes back to the pool if it may carry another request.
+    fn finish(&mut self) {
+        if let Some(Answer { tcp, buf, authority, head }) = self.answer.take()
+            && head.reusable
+            && buf.is_empty()
+        {
+            checkin(authority, tcp);
+        }
+    }
+
+    fn failed(&mut self, e: BoxError) -> Option<Result<Bytes, BoxError>> {
+        self.answer = None;
+        Some(Err(e))
+    }
+}
