@@ -4,19 +4,30 @@
 //! `--queue-size` for up to `--queue-timeout-secs`, 408 after, and 429 when
 //! the queue is full) and the memory of requests in
 //! progress (`--max-request-memory-bytes`, 429): a request reserves its body
-//! size times [`MEMORY_PER_BODY_BYTE`] (the parsed JSON, the rendered
-//! prompt, its tokens and page hashes) until it ends. And the render pool:
-//! large renders run off the serving threads, a bounded number at a time,
-//! so one huge prompt does not stall the small ones behind it.
+//! size times [`MEMORY_PER_BODY_BYTE`] (the body, the parsed JSON, the
+//! rendered prompt, its tokens and page hashes) until it ends, and a large
+//! body that will be tokenized its size times [`RENDER_MEMORY_PER_BODY_BYTE`]
+//! more (the tokenizer's own working memory) until it is rendered: both at
+//! admission, so a request never waits for memory while holding some. And the render pool: large
+//! renders run off the serving threads, a bounded number at a time, so one
+//! huge prompt does not stall the small ones behind it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::{Gateway, GatewayError};
 
-/// Bytes of memory a request is charged per byte of its body: measured, a
-/// 5 MB chat held about 35 MB resident while it was parsed, rendered and tokenized.
+/// Bytes of memory a request is charged per byte of its body from admission to its end: the
+/// body, its parsed JSON, the rendered prompt, its tokens (4 bytes each: up to one per body byte
+/// with the built-in byte-level model) and page hashes.
 pub const MEMORY_PER_BODY_BYTE: usize = 8;
+/// Bytes a large body (over [`RENDER_INLINE_MAX_BYTES`]) that will be tokenized is charged per
+/// body byte from admission until it is rendered: the tokenizer's working memory. Measured on a
+/// release build (peak RSS over the idle router, one request at a time, docs/security.md):
+/// 153 per byte for a 1 MB completion with the built-in byte-level model (the `tokenizers`
+/// pipeline keeps offsets, strings and alignments for every token), 113 at 5 MB, 89 for a 5 MB
+/// completion with Qwen3's tokenizer, 24 for a 5 MB Qwen3 chat (the router's own BPE path).
+pub const RENDER_MEMORY_PER_BODY_BYTE: usize = 160;
 /// Bodies up to this size are parsed and rendered on the serving thread
 /// (microseconds); larger ones go to the render pool.
 pub const RENDER_INLINE_MAX_BYTES: usize = 64 << 10;
@@ -34,6 +45,8 @@ pub struct Budget {
 pub struct Admission {
     gw: Arc<Gateway>,
     reserved: usize,
+    /// The part of `reserved` for the tokenizer's working memory, given back once rendered.
+    render: usize,
 }
 
 // === impl Budget ===
@@ -80,17 +93,30 @@ impl Admission {
     /// Admits a request whose body is `body_len` bytes at once, or says why
     /// not (draining: 503; too many in flight or over the memory budget: 429).
     pub fn admit(gw: &Arc<Gateway>, body_len: usize) -> Result<Self, GatewayError> {
+        Self::admit_as(gw, body_len, tokenizes(gw))
+    }
+
+    fn admit_as(gw: &Arc<Gateway>, body_len: usize, tokenized: bool) -> Result<Self, GatewayError> {
         if gw.draining.load(Ordering::Relaxed) {
             return Err(GatewayError::Draining);
         }
         take(gw).map_err(Wait::refusal(gw))?;
-        Self::reserve(gw, body_len)
+        Self::reserve(gw, body_len, tokenized)
     }
 
     /// Admits a request, waiting for a slot in the queue when every slot is
     /// taken: 429 when the queue is full, 408 when no slot frees in time.
     pub async fn admit_waiting(gw: &Arc<Gateway>, body_len: usize) -> Result<Self, GatewayError> {
-        match Self::admit(gw, body_len) {
+        Self::admit_waiting_as(gw, body_len, tokenizes(gw)).await
+    }
+
+    /// [`Admission::admit_waiting`] for a request that is tokenized whatever the policy (`/v1/tokenize`).
+    pub(crate) async fn admit_waiting_to_tokenize(gw: &Arc<Gateway>, body_len: usize) -> Result<Self, GatewayError> {
+        Self::admit_waiting_as(gw, body_len, true).await
+    }
+
+    async fn admit_waiting_as(gw: &Arc<Gateway>, body_len: usize, tokenized: bool) -> Result<Self, GatewayError> {
+        match Self::admit_as(gw, body_len, tokenized) {
             Err(GatewayError::Overloaded(_) | GatewayError::RateLimited(_)) if gw.config.queue_size > 0 => {}
             other => return other,
         }
@@ -122,7 +148,7 @@ impl Admission {
         let waited = tokio::time::timeout(gw.config.queue_timeout, wait).await;
         gw.metrics.queue_wait.observe(started.elapsed().as_secs_f64());
         match waited {
-            Ok(Ok(())) => Self::reserve(gw, body_len),
+            Ok(Ok(())) => Self::reserve(gw, body_len, tokenized),
             Ok(Err(e)) => Err(e),
             Err(_) => {
                 gw.metrics.queue_timeouts.fetch_add(1, Ordering::Relaxed);
@@ -131,15 +157,27 @@ impl Admission {
         }
     }
 
-    /// With a slot taken: reserves the request's memory, or gives the slot back.
-    fn reserve(gw: &Arc<Gateway>, body_len: usize) -> Result<Self, GatewayError> {
-        let reserved = body_len.saturating_mul(MEMORY_PER_BODY_BYTE);
+    /// With a slot taken: reserves the request's memory (with the tokenizer's for a large body
+    /// that will be tokenized), or gives the slot back.
+    fn reserve(gw: &Arc<Gateway>, body_len: usize, tokenized: bool) -> Result<Self, GatewayError> {
+        let render = match tokenized && body_len > RENDER_INLINE_MAX_BYTES {
+            true => body_len.saturating_mul(RENDER_MEMORY_PER_BODY_BYTE),
+            false => 0,
+        };
+        let reserved = body_len.saturating_mul(MEMORY_PER_BODY_BYTE).saturating_add(render);
         if !gw.budget.try_reserve(reserved) {
             release_slot(gw);
             gw.metrics.over_budget.fetch_add(1, Ordering::Relaxed);
             return Err(GatewayError::OverBudget(gw.budget.limit()));
         }
-        Ok(Self { gw: gw.clone(), reserved })
+        Ok(Self { gw: gw.clone(), reserved, render })
+    }
+
+    /// The prompt is rendered: the tokenizer's working memory is given back.
+    pub(crate) fn rendered(&mut self) {
+        let render = std::mem::take(&mut self.render);
+        self.gw.budget.release(render);
+        self.reserved -= render;
     }
 
     /// Reserves `n` more bytes for this request (a worker's answer the router reads whole),
@@ -293,6 +331,14 @@ pub(crate) async fn render<T: Send + 'static>(
     let _slot =
         gw.render_slots.acquire().await.map_err(|_| GatewayError::Internal("the render pool is closed".into()))?;
     tokio::task::spawn_blocking(work).await.map_err(|e| GatewayError::Internal(format!("a render failed: {e}")))
+}
+
+/// Whether a request's prompt may be tokenized: an index to match, a policy that reads tokens,
+/// or a routing config whose signals count them.
+fn tokenizes(gw: &Gateway) -> bool {
+    gw.index.is_some()
+        || gw.pools.iter().any(|p| p.policy.needs_tokens())
+        || gw.routing().is_some_and(|r| r.selector.needs_tokens() || r.selector.needs_load())
 }
 
 #[cfg(test)]

@@ -50,7 +50,7 @@ enum Step {
 /// (the answer's head).
 pub(crate) async fn forward<T, F, Fut>(
     gw: &Arc<Gateway>,
-    admission: Admission,
+    mut admission: Admission,
     (route, routing): (Route, Option<Arc<crate::pools::Routing>>),
     bytes: Bytes,
     start: Instant,
@@ -103,6 +103,8 @@ where
         Ok::<_, GatewayError>(Step::Send(v, plan, routed, bytes))
     })
     .await??;
+    // Rendered: the tokenizer's working memory is free again.
+    admission.rendered();
     let (mut v, plan, mut routed, bytes) = match step {
         Step::Cached(hit) => {
             // Answered here: counted as a worker's answer is, with its latency.

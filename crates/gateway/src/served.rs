@@ -195,7 +195,7 @@ async fn answered_in_pool(
     body: Body,
     answer: fn(&[u8], &renderer::Renderer) -> Result<Json<Value>, GatewayError>,
 ) -> Result<Json<Value>, GatewayError> {
-    let _admitted = Admission::admit_waiting(gw, admission::declared_charge(gw, headers)).await?;
+    let _admitted = Admission::admit_waiting_to_tokenize(gw, admission::declared_charge(gw, headers)).await?;
     let bytes: Bytes = read_body(gw, body).await?;
     let renderer = gw.default_pool().renderer.clone();
     admission::render(gw, bytes.len(), move || answer(&bytes, &renderer)).await?

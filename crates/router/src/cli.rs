@@ -292,7 +292,8 @@ pub(crate) struct ServeArgs {
     #[arg(long, visible_alias = "max-payload-size", env = "SGL_ROUTER_MAX_BODY_BYTES", default_value_t = crate::defaults::MAX_BODY_BYTES, value_name = "N")]
     pub(crate) max_body_bytes: usize,
     /// Bytes of memory the requests in progress may hold: each is charged 8 bytes per body byte
-    /// (parsed, rendered, tokenized) from admission to its end; past it, 429 with Retry-After.
+    /// (parsed, rendered, tokenized) from admission to its end, and a body over 64 KiB that will
+    /// be tokenized 160 more per byte until it is rendered; past it, 429 with Retry-After.
     #[arg(long, env = "SGL_ROUTER_MAX_REQUEST_MEMORY_BYTES", default_value_t = crate::defaults::MAX_REQUEST_MEMORY_BYTES, value_name = "N")]
     pub(crate) max_request_memory_bytes: usize,
     /// Large prompts (over 64 KiB) rendered at once, off the serving threads, so they do not

@@ -318,6 +318,7 @@ pub(crate) async fn serve(
     let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
     // vLLM's prefill answer is read whole: bounded, and counted in the memory budget first.
     let mut admission = admission;
+    admission.rendered();
     if pd.mode == PdMode::Vllm {
         admission.grow(vllm::prefill_answer_cap(&v))?;
     }
