@@ -1,5 +1,6 @@
 //! How the accept loop waits after a failed `accept` (out of descriptors, out
-//! of memory): twice as long after each failure in a row, from 10 ms up to 1 s,
+//! of memory; one client's connection reset before it was taken is no reason
+//! to wait): twice as long after each failure in a row, from 10 ms up to 1 s,
 //! back to the start after a success; one warning per burst of failures and a
 //! summary at most every 10 s while it lasts, never a line per failure.
 
@@ -26,6 +27,13 @@ pub(super) struct Pause {
     pub wait: Duration,
     /// Failures to report now (the first of a burst, then a summary every 10 s): 0 says nothing.
     pub report: u64,
+}
+
+/// Whether an accept error concerns one connection only (the client reset or aborted it before
+/// it was taken), not the listener: the loop takes the next at once.
+pub(super) fn per_connection(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset, Interrupted};
+    matches!(e.kind(), ConnectionAborted | ConnectionReset | ConnectionRefused | Interrupted)
 }
 
 impl Backoff {
@@ -67,5 +75,14 @@ mod tests {
         assert_eq!(said, 0, "the next 5 s of failures are not");
         let summary = b.failed(t0 + REPORT_EVERY);
         assert_eq!(summary.report, 100, "then a summary of those 99 and this one");
+    }
+
+    #[test]
+    fn a_connection_reset_before_it_was_taken_is_no_reason_to_wait() {
+        use std::io::{Error, ErrorKind};
+        assert!(per_connection(&Error::from(ErrorKind::ConnectionAborted)));
+        assert!(per_connection(&Error::from(ErrorKind::ConnectionReset)));
+        assert!(!per_connection(&Error::from_raw_os_error(24)), "EMFILE: out of descriptors");
+        assert!(!per_connection(&Error::from(ErrorKind::OutOfMemory)));
     }
 }

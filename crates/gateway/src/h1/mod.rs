@@ -124,6 +124,8 @@ async fn accept_loop(
                     backoff.succeeded();
                     tcp
                 }
+                // One client's connection failed before it was taken (reset, aborted): the next.
+                Err(e) if backoff::per_connection(&e) => continue,
                 Err(e) => {
                     // Out of descriptors and the like: wait longer each time, keep serving the
                     // open connections, say it once a burst.
