@@ -21,6 +21,7 @@ mod follow;
 mod health;
 pub mod k8s;
 mod metrics;
+mod pd_facts;
 mod ranks;
 mod tls;
 mod worker;
@@ -44,6 +45,7 @@ pub use health::{MAX_ANSWER_BYTES, from_server_info, introspect, read_capped};
 pub use kv_events::StreamHistory;
 pub use kv_ingest::snapshot::{DEFAULT_SNAPSHOT_MAX_BLOCKS, DEFAULT_SNAPSHOT_MAX_BYTES};
 pub use kv_ingest::{IndexSnapshot, SnapshotLimits, TakenSnapshot};
+pub use pd_facts::PdFacts;
 pub use tls::{TlsError, WorkerTls, certificates, private_key};
 pub use worker::{Events, LoadGuard, MAX_QUARANTINE, State, Worker, WorkerInfo};
 

@@ -136,6 +136,8 @@ pub struct Worker {
     pub(crate) subscriptions: Mutex<CancellationToken>,
     /// A look for moved publishers is under way.
     pub(crate) refollowing: AtomicBool,
+    /// What the disaggregation layer learned of it (dropped with it).
+    pd_facts: Mutex<crate::PdFacts>,
     /// When the last look for moved publishers started.
     pub(crate) looked_at: Mutex<Option<std::time::Instant>>,
 }
@@ -238,6 +240,7 @@ impl Worker {
             subscriptions: Mutex::new(cancel.child_token()),
             refollowing: AtomicBool::new(false),
             looked_at: Mutex::new(None),
+            pd_facts: Mutex::new(crate::PdFacts::default()),
             cancel,
         }
     }
@@ -350,6 +353,16 @@ impl Worker {
     /// The URL of `path` (a route such as `/generate`) on this worker.
     pub fn endpoint_url(&self, path: &str) -> String {
         format!("{}{path}", self.url)
+    }
+
+    /// What the disaggregation layer learned of it so far.
+    pub fn pd_facts(&self) -> crate::PdFacts {
+        self.pd_facts.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Changes what the disaggregation layer knows of it.
+    pub fn update_pd_facts(&self, change: impl FnOnce(&mut crate::PdFacts)) {
+        change(&mut self.pd_facts.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
     /// What it reported about itself, once introspected.
@@ -584,6 +597,16 @@ mod tests {
 
     fn worker(url: &str) -> Worker {
         worker_with(url, 1, 1)
+    }
+
+    #[test]
+    fn disaggregation_facts_live_on_their_worker() {
+        let w = worker("http://p0:30000");
+        assert_eq!(w.pd_facts(), crate::PdFacts::default());
+        w.update_pd_facts(|f| f.engine_ids = Some([(0, "engine-a".to_owned())].into()));
+        assert_eq!(w.pd_facts().engine_ids.unwrap()[&0], "engine-a");
+        w.update_pd_facts(|f| f.engine_ids = None);
+        assert_eq!(w.pd_facts(), crate::PdFacts::default());
     }
 
     #[test]

@@ -158,7 +158,7 @@ impl Watch {
         let why = match read {
             Ok(bytes) => {
                 if self.push && !still_push(&bytes) {
-                    super::forget_push(&self.gw, &self.prefill);
+                    super::forget_push(&self.prefill);
                 }
                 failed_in(&bytes)
             }

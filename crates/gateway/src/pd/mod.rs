@@ -68,25 +68,14 @@ pub struct PdConfig {
     pub mode: PdMode,
     /// Chooses the decode worker (`--decode-policy`), by load: decode candidates never hold a prefix.
     pub decode_policy: Arc<dyn Policy>,
-    /// vLLM prefill workers seen in NIXL push mode, and the identity their decode peers need
-    /// (their legs then go at once).
-    pub(crate) push: std::sync::Mutex<std::collections::HashMap<WorkerId, Value>>,
     /// vLLM's connector.
     pub connector: KvConnector,
-    /// Mooncake prefill workers' engine ids by data-parallel rank, from their `GET /query`.
-    pub(crate) mooncake: std::sync::Mutex<std::collections::HashMap<WorkerId, std::collections::HashMap<u32, String>>>,
 }
 
 impl PdConfig {
     /// Disaggregation following `mode`, the decode worker chosen by `decode_policy`.
     pub fn new(mode: PdMode, decode_policy: Arc<dyn Policy>) -> Self {
-        Self {
-            mode,
-            decode_policy,
-            push: Default::default(),
-            connector: KvConnector::Nixl,
-            mooncake: Default::default(),
-        }
+        Self { mode, decode_policy, connector: KvConnector::Nixl }
     }
 
     /// The same, with vLLM's `connector`.
@@ -143,10 +132,8 @@ impl Pair {
 }
 
 /// Forgets that `p` pushes (its answer failed, or stopped saying push): its next request goes two-stage.
-pub(crate) fn forget_push(gw: &crate::Gateway, p: &fleet::Worker) {
-    if let Some(pd) = gw.pd.as_ref() {
-        pd.push.lock().unwrap_or_else(|e| e.into_inner()).remove(&p.id);
-    }
+pub(crate) fn forget_push(p: &fleet::Worker) {
+    p.update_pd_facts(|f| f.push_identity = None);
 }
 
 /// The client's body with `kv_transfer_params` set to `params`.

@@ -63,7 +63,7 @@ pub(super) async fn attempt(
     if gw.pd.as_ref().is_some_and(|pd| pd.connector == super::KvConnector::Mooncake) {
         return mooncake_attempt(ctx, pair, admission).await;
     }
-    if let Some(identity) = push_identity(gw, &p) {
+    if let Some(identity) = push_identity(&p) {
         return push_attempt(ctx, pair, admission, identity).await;
     }
     let rank = pair.vllm_rank();
@@ -107,7 +107,7 @@ pub(super) async fn attempt(
     };
     p.request_succeeded();
     gw.metrics.pd_legs.inc(format_args!("leg=\"prefill\",outcome=\"ok\""));
-    learn_push(gw, &p, &params);
+    learn_push(&p, &params);
     let decode = with_params(&ctx.v, params);
     let resp = match tokio::time::timeout(limit, send_to(&ctx.client, &headers, &d, path, decode, None)).await {
         Err(_) => return Err((Failure::Timeout { leg: Leg::Decode, worker: d }, admission)),
@@ -170,7 +170,7 @@ async fn push_attempt(
     let (ph, dh) = match both_heads(gw, pf, df, &p, &d, None).await {
         Ok(heads) => heads,
         Err(failure) => {
-            super::forget_push(gw, &p);
+            super::forget_push(&p);
             return Err((failure, admission));
         }
     };
@@ -214,9 +214,7 @@ async fn mooncake_attempt(ctx: &Ctx<'_>, pair: &Pair, admission: Admission) -> R
         Ok(heads) => heads,
         Err(failure) => {
             // The engine may have restarted under a new id: asked again next time.
-            if let Some(pd) = gw.pd.as_ref() {
-                pd.mooncake.lock().unwrap_or_else(|e| e.into_inner()).remove(&p.id);
-            }
+            p.update_pd_facts(|f| f.engine_ids = None);
             return Err((failure, admission));
         }
     };
@@ -237,9 +235,8 @@ async fn engine_ids(
     p: &fleet::Worker,
     addr: &str,
 ) -> Result<std::collections::HashMap<u32, String>, String> {
-    let pd = gw.pd.as_ref().ok_or("not disaggregated")?;
-    if let Some(known) = pd.mooncake.lock().unwrap_or_else(|e| e.into_inner()).get(&p.id) {
-        return Ok(known.clone());
+    if let Some(known) = p.pd_facts().engine_ids {
+        return Ok(known);
     }
     let url = format!("{addr}/query");
     let fail = |why: String| format!("the prefill worker's Mooncake bootstrap server {url}: {why}");
@@ -259,7 +256,7 @@ async fn engine_ids(
     if ids.is_empty() {
         return Err(fail("no engine ids".into()));
     }
-    pd.mooncake.lock().unwrap_or_else(|e| e.into_inner()).insert(p.id, ids.clone());
+    p.update_pd_facts(|f| f.engine_ids = Some(ids.clone()));
     Ok(ids)
 }
 
@@ -273,14 +270,12 @@ fn same_request_id(ctx: &Ctx<'_>) -> Arc<HeaderMap> {
 }
 
 /// The identity a push-mode decode leg gets for prefill `p`, if `p` was seen in push mode.
-fn push_identity(gw: &crate::Gateway, p: &fleet::Worker) -> Option<Value> {
-    let pd = gw.pd.as_ref()?;
-    pd.push.lock().unwrap_or_else(|e| e.into_inner()).get(&p.id).cloned()
+fn push_identity(p: &fleet::Worker) -> Option<Value> {
+    p.pd_facts().push_identity
 }
 
 /// Remembers `p` as a push-mode prefill when its params say so, with the identity a decode needs.
-fn learn_push(gw: &crate::Gateway, p: &fleet::Worker, params: &Value) {
-    let Some(pd) = gw.pd.as_ref() else { return };
+fn learn_push(p: &fleet::Worker, params: &Value) {
     if params.get("transfer_mode").and_then(Value::as_str) != Some("push") {
         return;
     }
@@ -295,7 +290,7 @@ fn learn_push(gw: &crate::Gateway, p: &fleet::Worker, params: &Value) {
     }
     let needed = ["remote_engine_id", "remote_host", "remote_port", "tp_size"];
     if needed.iter().all(|k| identity.contains_key(*k)) {
-        pd.push.lock().unwrap_or_else(|e| e.into_inner()).insert(p.id, Value::Object(identity));
+        p.update_pd_facts(|f| f.push_identity = Some(Value::Object(identity)));
     }
 }
 
