@@ -1,26 +1,28 @@
 //! The cascade's answer filter: a first pool's whole answer read (within the
 //! plan's bound and the request timeout), judged by the decision's `cascade`
 //! plugin (`pools::cascade`), and kept (as the client's answer, stored in a
-//! response cache) or escalated. Counted by outcome.
+//! response cache) or escalated. Counted by outcome. Both front ends use it:
+//! the fast path hands it the router's own client's answer as a body
+//! (`h1::answer`), the axum one the same.
 
 use std::sync::Arc;
 
-use axum::http::header;
-use axum::response::Response;
+use axum::http::{HeaderValue, header};
 use fleet::Worker;
 use serde_json::Value;
 
 use crate::account::InFlight;
 use crate::cache::{Answer, Hit};
-use crate::pools::cascade::{CASCADE_HEADER, Plan, Verdict, judge, kept_body};
+use crate::pools::cascade::{Plan, Verdict, judge, kept_body};
 use crate::request::Route;
 use crate::{Gateway, GatewayError};
 
 /// The first pool's whole answer, judged (one per request, moved once: its size does not matter).
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Judged {
-    /// Kept (or without logprobs): the client's answer, built.
-    Answer(Response),
+    /// Kept (or without logprobs): the client's answer (built as a response-cache hit is), and
+    /// the verdict's `x-route-cascade` value.
+    Answer(Hit, HeaderValue),
     /// Unsure: the caller sends the request to the plan's `to` pool.
     Escalate(Verdict),
     /// Not judged (no `content-length`, or over the plan's bound): relayed as it comes.
@@ -43,9 +45,8 @@ pub(crate) async fn whole(
             r.metrics.count_cascade(&plan.decision, outcome);
         }
     };
-    let declared = resp.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
-    if declared.is_none_or(|n| n > plan.max_bytes) {
-        count("too_large");
+    let declared = resp.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if !judgeable(gw, plan, declared) {
         return Ok(Judged::Pass(guard, worker, resp));
     }
     let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
@@ -85,7 +86,15 @@ pub(crate) async fn whole(
     }
     // Built as a response-cache hit is: the answer, its route headers.
     let headers = guard.route_headers.take().unwrap_or_else(|| crate::request::RouteHeaders(Vec::new()));
-    let mut out = Hit { answer: Arc::new(Answer { status: 200, content_type, body }), headers }.into_response();
-    out.headers_mut().insert(CASCADE_HEADER, verdict.header());
-    Ok(Judged::Answer(out))
+    Ok(Judged::Answer(Hit { answer: Arc::new(Answer { status: 200, content_type, body }), headers }, verdict.header()))
+}
+
+/// Whether an answer of `declared` length is read whole and judged (a length, within the plan's
+/// bound); one that is not is counted `too_large` and relayed as it comes.
+pub(crate) fn judgeable(gw: &Gateway, plan: &Plan, declared: Option<u64>) -> bool {
+    let fits = declared.is_some_and(|n| n <= plan.max_bytes as u64);
+    if !fits && let Some(r) = gw.routing() {
+        r.metrics.count_cascade(&plan.decision, "too_large");
+    }
+    fits
 }

@@ -104,7 +104,11 @@ async fn serve(
     use crate::judge::{self, Judged};
     use crate::pools::cascade;
     let verdict = match judge::whole(&gw, guard, worker, resp, &plan, route).await? {
-        Judged::Answer(answer) => return Ok(answer),
+        Judged::Answer(hit, verdict) => {
+            let mut answer = hit.into_response();
+            answer.headers_mut().insert(cascade::CASCADE_HEADER, verdict);
+            return Ok(answer);
+        }
         Judged::Pass(guard, worker, resp) => return Ok(relay(&gw, guard, worker, resp)),
         Judged::Escalate(verdict) => verdict,
     };

@@ -14,8 +14,29 @@ fn chat(stream: bool) -> Value {
     json!({"model": "auto", "max_tokens": 3, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
 }
 
+/// `body` POSTed to `url`: with its length (the HTTP/1.1 fast path), or chunked (the axum one).
+async fn post(http: &reqwest::Client, url: String, body: &Value, chunked: bool) -> reqwest::Response {
+    let r = http.post(url).header("content-type", "application/json");
+    let bytes = bytes::Bytes::from(serde_json::to_vec(body).unwrap());
+    let r = match chunked {
+        false => r.body(bytes),
+        true => r.body(reqwest::Body::wrap_stream(futures_util::stream::iter([Ok::<_, std::io::Error>(bytes)]))),
+    };
+    r.send().await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unsure_small_answer_goes_to_the_large_pool() {
+    cascade_on(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsure_small_answer_goes_to_the_large_pool_on_the_axum_front_end() {
+    cascade_on(true).await;
+}
+
+/// Both front ends judge alike: the fast path (a sized body) and the axum one (`chunked`).
+async fn cascade_on(chunked: bool) {
     let (routing, engines) = pools("tests/routing/cascade.yaml").await;
     let (small, large) = (&engines[0], &engines[1]);
     let mut app = config(&[], PolicyConfig::RoundRobin, false);
@@ -23,7 +44,7 @@ async fn an_unsure_small_answer_goes_to_the_large_pool() {
     let router = start(app).await;
     let http = reqwest::Client::new();
     let send = async |body: &Value| {
-        let r = http.post(format!("{}/v1/chat/completions", router.url)).json(body).send().await.unwrap();
+        let r = post(&http, format!("{}/v1/chat/completions", router.url), body, chunked).await;
         let h = |n: &str| r.headers().get(n).map(|v| v.to_str().unwrap().to_owned());
         let (pool, cascade, id) = (h("x-route-pool"), h("x-route-cascade"), h("x-route-id"));
         assert_eq!(r.status(), 200);
@@ -56,7 +77,7 @@ async fn an_unsure_small_answer_goes_to_the_large_pool() {
     let (_, cascade, _, answer) = send(&asked).await;
     assert_eq!(cascade.as_deref(), Some("kept;mean_logprob=-0.200"));
     assert_eq!(answer["choices"][0]["logprobs"]["content"][0]["logprob"], -0.2);
-    let r = http.post(format!("{}/v1/chat/completions", router.url)).json(&chat(true)).send().await.unwrap();
+    let r = post(&http, format!("{}/v1/chat/completions", router.url), &chat(true), chunked).await;
     assert!(r.headers().get("x-route-cascade").is_none());
     assert!(r.text().await.unwrap().ends_with("data: [DONE]\n\n"));
 

@@ -18,6 +18,7 @@
 
 pub(crate) mod answer;
 mod backoff;
+mod cascade;
 mod chunked;
 mod fallback;
 #[cfg(feature = "fuzzing")]
@@ -39,7 +40,8 @@ use tracing::{Instrument, warn};
 
 use self::head::Refusal;
 use crate::account::{count_error, request_span};
-use crate::forward::forward;
+use crate::forward::{Forwarded, forward};
+use crate::pools::cascade::CASCADE_HEADER;
 use crate::request::{RANK_HEADER, Route, forwarded, push_header};
 use crate::{ClientLimits, Gateway, GatewayError};
 
@@ -346,9 +348,8 @@ async fn connection(gw: Arc<Gateway>, app: axum::Router, mut tcp: TcpStream, fas
             // One routing config for the whole request, whatever a reload does meanwhile.
             let routing = gw.routing();
             let head = match next {
-                // While a decision judges answers (a cascade), hyper serves: its front end judges them.
-                Next::Fast(head) if !routing.as_ref().is_some_and(|r| r.reads_answers()) => head,
-                Next::Fast(_) | Next::Hyper => break,
+                Next::Fast(head) => head,
+                Next::Hyper => break,
                 Next::Refuse(refusal) => return refuse(&mut tcp, &refusal).await,
             };
             buf.advance(head.len);
@@ -532,18 +533,56 @@ async fn serve_fast(
             upstream::send(worker, route, body, rank, extra)
         };
         let sent = tokio::select! {
-            sent = forward(gw, admission, (route, routing), body, start, &meta, send) => sent,
+            sent = forward(gw, admission, (route, routing.clone()), body, start, &meta, &send) => sent,
             // A client that resets drops its upstream request; one that half-closed is still answered.
             () = peer.gone() => return false,
+        };
+        // A decision's cascade judges the first pool's answer: kept, or sent on to its second pool.
+        let sent = match sent {
+            Ok(Forwarded::Sent(mut guard, worker, answer)) if guard.cascade.is_some() => {
+                let Some((plan, sent_body)) = guard.cascade.take().map(|b| *b) else { return false };
+                let judged = tokio::select! {
+                    judged = cascade::first(gw, guard, worker, answer, &plan, route) => judged,
+                    () = peer.gone() => return false,
+                };
+                match judged {
+                    Ok(cascade::First::Relay(guard, worker, answer)) => Ok(Forwarded::Sent(guard, worker, answer)),
+                    Ok(cascade::First::Kept(hit, verdict)) => {
+                        push_header(&mut answer_head, CASCADE_HEADER.as_bytes(), verdict.as_bytes());
+                        Ok(Forwarded::Cached(hit))
+                    }
+                    Ok(cascade::First::Escalate(verdict)) => {
+                        push_header(&mut answer_head, CASCADE_HEADER.as_bytes(), verdict.header().as_bytes());
+                        let body = crate::pools::cascade::escalated_body(&plan, &sent_body);
+                        let meta =
+                            crate::request::Meta { forced: Some((plan.to, plan.decision.clone())), ..meta.clone() };
+                        let again = async {
+                            let admission = crate::admission::Admission::admit_waiting(gw, body.len()).await?;
+                            match forward(gw, admission, (route, routing), body, start, &meta, &send).await? {
+                                sent @ Forwarded::Sent(..) => Ok(sent),
+                                Forwarded::Cached(_) => {
+                                    Err(GatewayError::Internal("a forced route read a response cache".into()))
+                                }
+                            }
+                        };
+                        tokio::select! {
+                            sent = again => sent,
+                            () = peer.gone() => return false,
+                        }
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            other => other,
         };
         // After a half-close nothing more comes: the answer is the last unless requests were pipelined before it.
         let close = head.close || drain.is_cancelled() || (!peer.open && peer.pipelined.is_empty());
         match sent {
-            // Answered from a response cache.
-            Ok(crate::forward::Forwarded::Cached(hit)) => {
+            // Answered from a response cache, or a cascade's kept answer.
+            Ok(Forwarded::Cached(hit)) => {
                 peer.tcp.write_all(&hit.to_bytes(close, &answer_head)).await.is_ok() && !close
             }
-            Ok(crate::forward::Forwarded::Sent(mut guard, worker, answer)) => {
+            Ok(Forwarded::Sent(mut guard, worker, answer)) => {
                 if let Some(extra) = guard.route_headers.take() {
                     for (name, value) in extra.0 {
                         push_header(&mut answer_head, name.as_bytes(), value.as_bytes());

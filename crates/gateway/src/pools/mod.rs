@@ -57,8 +57,6 @@ pub struct Routing {
     pub(crate) caches: Vec<Option<Arc<crate::cache::Store>>>,
     /// Per decision (by index): its `cascade` plugin, its `to` pool resolved.
     cascades: Vec<Option<cascade::Spec>>,
-    /// A decision reads whole answers (a response cache or a cascade), worked out once.
-    reads_answers: bool,
 }
 
 /// Headers a decision sets and removes on the request to the worker.
@@ -148,21 +146,13 @@ impl Routing {
             .collect();
         let cascades: Vec<_> =
             selector.config().decisions.iter().map(|d| cascade::Spec::of(d, selector.config())).collect();
-        // A response cache records on either relay; a cascade's judge reads on the axum front end.
-        let reads_answers = cascades.iter().any(Option::is_some);
-        Routing { selector, edits, sessions, metrics, caches, cascades, reads_answers }
+        Routing { selector, edits, sessions, metrics, caches, cascades }
     }
 
     /// Whether a decision caches answers (the fast path then hands requests to
     /// the front end that records them).
     pub(crate) fn caches_answers(&self) -> bool {
         self.caches.iter().any(Option::is_some)
-    }
-
-    /// Whether a decision judges whole answers (a cascade): the fast path then hands requests
-    /// to the front end that does. (A response cache records on the fast path too.)
-    pub(crate) fn reads_answers(&self) -> bool {
-        self.reads_answers
     }
 
     /// The config after `old` (a reload): its counters go on, and so do the
