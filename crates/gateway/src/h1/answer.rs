@@ -159,3 +159,82 @@ impl Reading {
         Some(Err(e))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use bytes::BytesMut;
+    use http_body_util::BodyExt;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+    use crate::h1::upstream::{idle_count, parse_answer_head};
+    use crate::tls::Conn;
+
+    /// An answer whose first `first` bytes were read with its head; the worker then writes
+    /// `rest` and, with `close`, closes.
+    async fn answer(first: &[u8], rest: &'static [u8], close: bool) -> Answer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (mut worker, _) = listener.accept().await.unwrap();
+        tokio::spawn(async move {
+            worker.write_all(rest).await.unwrap();
+            if close {
+                drop(worker);
+            } else {
+                // Keeps the connection open until the test ends.
+                let mut hold = [0u8; 1];
+                let _ = tokio::io::AsyncReadExt::read(&mut worker, &mut hold).await;
+            }
+        });
+        let (used, head) = parse_answer_head(first).unwrap().unwrap();
+        Answer { tcp: Conn::Plain(tcp), buf: BytesMut::from(&first[used..]), authority: addr.to_string(), head }
+    }
+
+    async fn collect(response: Response<UpstreamBody>) -> Result<Bytes, BoxError> {
+        response.into_body().collect().await.map(|b| b.to_bytes())
+    }
+
+    #[tokio::test]
+    async fn a_sized_answer_keeps_its_length_and_its_connection_is_pooled_after() {
+        let before = idle_count();
+        let a = answer(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\nhello",
+            b" world",
+            false,
+        )
+        .await;
+        let response = into_response(a);
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["content-length"], "11");
+        assert_eq!(response.headers()["content-type"], "application/json");
+        assert_eq!(http_body::Body::size_hint(response.body()).exact(), Some(11));
+        assert_eq!(collect(response).await.unwrap(), "hello world");
+        assert_eq!(idle_count(), before + 1, "whole: its connection carries the next request");
+    }
+
+    #[tokio::test]
+    async fn a_chunked_answer_is_decoded_and_one_until_close_ends_with_the_connection() {
+        let a = answer(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhel",
+            b"lo\r\n6\r\n world\r\n0\r\n\r\n",
+            false,
+        )
+        .await;
+        let response = into_response(a);
+        assert!(response.headers().get("content-length").is_none());
+        assert_eq!(collect(response).await.unwrap(), "hello world");
+        let a = answer(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall ", b"until the end", true).await;
+        assert_eq!(collect(into_response(a)).await.unwrap(), "all until the end");
+    }
+
+    #[tokio::test]
+    async fn an_answer_cut_short_or_badly_chunked_is_an_error() {
+        let a = answer(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort", b"", true).await;
+        let e = collect(into_response(a)).await.unwrap_err();
+        assert!(e.to_string().contains("closed mid-body"), "{e}");
+        let a = answer(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n", b"", false).await;
+        assert!(collect(into_response(a)).await.is_err());
+    }
+}

@@ -134,7 +134,7 @@ pub(crate) fn sweep_idle(now: Instant) {
 
 /// Idle connections this thread holds, over all workers.
 #[cfg(test)]
-fn idle_count() -> usize {
+pub(super) fn idle_count() -> usize {
     IDLE.with_borrow(|idle| idle.values().map(Vec::len).sum())
 }
 
