@@ -240,3 +240,120 @@ fn next_worker(
         .or_else(|| routable().min_by_key(by_load))
         .cloned()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// An answer head with this status.
+    struct Head(u16);
+
+    impl AnswerHead for Head {
+        fn status(&self) -> u16 {
+            self.0
+        }
+    }
+
+    fn meta() -> Meta {
+        Meta {
+            id: "r1".into(),
+            routing_key: None,
+            route_debug: false,
+            signal_headers: Vec::new(),
+            session: None,
+            cache_bypass: false,
+            forced: None,
+            caller: None,
+        }
+    }
+
+    fn retry(max_retries: u32) -> RetryConfig {
+        RetryConfig {
+            max_retries,
+            initial_backoff: std::time::Duration::from_millis(1),
+            jitter: 0.0,
+            ..Default::default()
+        }
+    }
+
+    const BODY: &[u8] = br#"{"model": "default", "messages": [{"role": "user", "content": "hi"}]}"#;
+
+    /// Sends `BODY` through `forward` with each worker's answer from `answers` (by host), and
+    /// returns what came of it and the hosts tried in order.
+    async fn run(
+        gw: &Arc<Gateway>,
+        answers: &dyn Fn(&str, usize) -> Result<u16, SendError>,
+    ) -> (Result<Forwarded<Head>, GatewayError>, Vec<String>) {
+        let tried = Mutex::new(Vec::<String>::new());
+        let send = |worker: Arc<Worker>, _body: Bytes, _rank: Option<DpRank>, _edits: Option<Arc<HeaderEdits>>| {
+            let host = worker.url.as_str().trim_start_matches("http://").to_owned();
+            let n = {
+                let mut t = tried.lock().unwrap();
+                t.push(host.clone());
+                t.len()
+            };
+            let answer = answers(&host, n).map(Head);
+            async move { answer }
+        };
+        let admission = Admission::admit(gw, BODY.len()).unwrap();
+        let out =
+            forward(gw, admission, (Route::Chat, None), Bytes::from_static(BODY), Instant::now(), &meta(), send).await;
+        (out, tried.into_inner().unwrap())
+    }
+
+    fn unreachable() -> SendError {
+        SendError { connect: true, message: "connection refused".into() }
+    }
+
+    #[tokio::test]
+    async fn a_worker_not_reached_is_retried_on_another_and_the_answer_holds_its_load() {
+        let gw = crate::testing::gateway(&["http://a:1", "http://b:1"], retry(3)).await;
+        let (out, tried) = run(&gw, &|host, _| if host == "a:1" { Err(unreachable()) } else { Ok(200) }).await;
+        let Ok(Forwarded::Sent(guard, worker, head)) = out else { panic!("answered") };
+        assert_eq!((worker.url.as_str(), head.0), ("http://b:1", 200));
+        assert!(tried.len() == 2 || tried == ["b:1"], "round robin may start on b: {tried:?}");
+        assert_eq!(worker.load().in_flight, 1, "the answer holds its worker's load");
+        drop(guard);
+        assert_eq!(worker.load().in_flight, 0, "released with it");
+        assert_eq!(gw.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_request_that_reached_its_worker_is_never_sent_again() {
+        let gw = crate::testing::gateway(&["http://a:1", "http://b:1"], retry(3)).await;
+        let written = || SendError { connect: false, message: "connection reset after the request".into() };
+        let (out, tried) = run(&gw, &|_, _| Err(written())).await;
+        assert!(matches!(out, Err(GatewayError::Upstream { retryable: false, .. })), "not retried");
+        assert_eq!(tried.len(), 1, "{tried:?}");
+        assert_eq!(gw.metrics.retries.load(Ordering::Relaxed), 0);
+        assert_eq!(gw.in_flight(), 0, "the admission is given back");
+    }
+
+    #[tokio::test]
+    async fn a_retryable_status_goes_elsewhere_and_the_last_attempts_answer_is_the_clients() {
+        let gw = crate::testing::gateway(&["http://a:1", "http://b:1"], retry(3)).await;
+        // Every attempt answers 503: three attempts in all, the third's answer goes back.
+        let (out, tried) = run(&gw, &|_, _| Ok(503)).await;
+        let Ok(Forwarded::Sent(_, _, head)) = out else { panic!("the last answer is relayed") };
+        assert_eq!(head.0, 503);
+        assert_eq!(tried.len(), 3, "{tried:?}");
+        assert_ne!(tried[0], tried[1], "the retry goes to the worker not tried yet");
+        assert_eq!(gw.metrics.retries.load(Ordering::Relaxed), 2);
+        // A 503 then a 200: the 200 is the client's.
+        let (out, tried) = run(&gw, &|_, n| Ok(if n == 1 { 503 } else { 200 })).await;
+        assert!(matches!(out, Ok(Forwarded::Sent(_, _, Head(200)))));
+        assert_eq!(tried.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn without_retries_a_worker_not_reached_is_the_clients_502() {
+        let mut off = retry(3);
+        off.enabled = false;
+        let gw = crate::testing::gateway(&["http://a:1", "http://b:1"], off).await;
+        let (out, tried) = run(&gw, &|_, _| Err(unreachable())).await;
+        assert!(matches!(out, Err(GatewayError::Upstream { retryable: true, .. })));
+        assert_eq!(tried.len(), 1);
+    }
+}

@@ -36,6 +36,8 @@ mod routes;
 mod send;
 mod served;
 mod shape;
+#[cfg(test)]
+mod testing;
 pub mod tls;
 
 use std::sync::Arc;

@@ -1,0 +1,61 @@
+//! A gateway for the crate's own unit tests: workers in rotation without
+//! probes (no sockets), round robin, the built-in model, quick retries.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::{Gateway, GatewayConfig};
+
+/// A gateway over `workers` (URLs nothing listens on: the tests send through their own closure),
+/// every one in rotation once the fleet has taken it in.
+pub(crate) async fn gateway(workers: &[&str], retry: crate::RetryConfig) -> Arc<Gateway> {
+    let urls: Vec<router_types::WorkerUrl> =
+        workers.iter().map(|u| router_types::WorkerUrl::parse(u).unwrap()).collect();
+    let fleet_config = fleet::FleetConfig {
+        health: fleet::HealthConfig { enabled: false, ..Default::default() },
+        breaker: fleet::BreakerConfig::default(),
+        index_retention: Duration::from_secs(300),
+        load_poll: Duration::ZERO,
+        api_key: None,
+        events: None,
+        proxied_paths: crate::PROXIED_PATHS,
+        dp_aware: false,
+        tls: fleet::WorkerTls::default(),
+    };
+    let fleet = fleet::Fleet::start(fleet_config, None, &urls, CancellationToken::new());
+    let config = GatewayConfig {
+        max_body_bytes: crate::DEFAULT_MAX_BODY_BYTES,
+        request_timeout: Duration::from_secs(10),
+        max_concurrent: 64,
+        credit_pending: false,
+        model_id: "default".into(),
+        worker_api_key: None,
+        limits: Default::default(),
+        control_plane_keys: Vec::new(),
+        client_keys: Vec::new(),
+        max_request_memory: 1 << 30,
+        render_threads: 1,
+        chain_memo_pages: renderer::DEFAULT_CHAIN_MEMO_PAGES,
+        admin_listener: false,
+        retry,
+        queue_size: 0,
+        queue_timeout: Duration::from_secs(1),
+        duration_buckets: crate::metrics::LATENCY_BUCKETS.to_vec(),
+        rate_limit: None,
+        request_id_headers: Vec::new(),
+        cors: Default::default(),
+        tls: None,
+        index_snapshot: Default::default(),
+    };
+    let renderer = Arc::new(renderer::Renderer::builtin().unwrap());
+    let gw = Arc::new(Gateway::new(config, fleet.clone(), Arc::new(policy::RoundRobin::default()), None, renderer));
+    // Without probes the fleet puts each worker in rotation as it takes it in.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !fleet.all().iter().all(|w| w.is_routable()) || fleet.all().len() < workers.len() {
+        assert!(tokio::time::Instant::now() < deadline, "the workers entered rotation");
+        tokio::task::yield_now().await;
+    }
+    gw
+}
