@@ -6,3 +6,4 @@ pub mod app;
 pub mod config;
 mod igw;
 pub mod peers;
+mod wiring;
