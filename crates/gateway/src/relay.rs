@@ -207,3 +207,93 @@ impl http_body::Body for Relay {
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use http_body_util::BodyExt;
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::admission::Admission;
+    use crate::request::Route;
+
+    /// A worker's answer whose body frames the test sends on the channel (an error breaks it).
+    fn answer(content_type: &str) -> (mpsc::Sender<Result<Bytes, BoxError>>, axum::http::Response<UpstreamBody>) {
+        let (tx, rx) = mpsc::channel::<Result<Bytes, BoxError>>(8);
+        let frames = futures_util::stream::unfold(rx, |mut rx| async move {
+            let next = rx.recv().await?;
+            Some((next.map(http_body::Frame::data), rx))
+        });
+        let body = http_body_util::StreamBody::new(frames).boxed_unsync();
+        let mut resp = axum::http::Response::new(body);
+        resp.headers_mut().insert(header::CONTENT_TYPE, content_type.parse().unwrap());
+        resp.headers_mut().insert(header::CONNECTION, "keep-alive".parse().unwrap());
+        (tx, resp)
+    }
+
+    /// A relay of `resp` from the test gateway's one worker, holding its load and admission.
+    async fn relayed(resp: axum::http::Response<UpstreamBody>, idle: Duration) -> (Arc<crate::Gateway>, Response) {
+        let gw = crate::testing::gateway(&["http://w:1"], crate::RetryConfig::default()).await;
+        let worker = gw.fleet.all()[0].clone();
+        let guard = InFlight::new(
+            gw.clone(),
+            Admission::admit(&gw, 10).unwrap(),
+            worker.charge(0),
+            Route::Chat,
+            Instant::now(),
+        );
+        (gw, stream_back(guard, worker, resp, idle, Ending::default()))
+    }
+
+    fn requests(gw: &crate::Gateway, status: &str) -> u64 {
+        gw.metrics.requests.get(&format!("route=\"chat\",status=\"{status}\""))
+    }
+
+    #[tokio::test]
+    async fn a_whole_answer_passes_with_its_end_to_end_headers_and_is_counted_once_at_its_end() {
+        let (tx, resp) = answer("application/json");
+        let (gw, out) = relayed(resp, Duration::from_secs(10)).await;
+        assert!(out.headers().get(header::CONNECTION).is_none(), "hop-by-hop headers stay on the hop");
+        assert_eq!(out.headers()[header::CONTENT_TYPE], "application/json");
+        let worker = gw.fleet.all()[0].clone();
+        assert_eq!(worker.load().in_flight, 1, "held while the body streams");
+        tx.send(Ok(Bytes::from_static(b"{\"a\":"))).await.unwrap();
+        tx.send(Ok(Bytes::from_static(b"1}"))).await.unwrap();
+        drop(tx);
+        let body = out.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "{\"a\":1}");
+        assert_eq!(worker.load().in_flight, 0, "released at its end");
+        assert_eq!((requests(&gw, "200"), gw.in_flight()), (1, 0));
+        assert_eq!(gw.metrics.answers_cut.get("route=\"chat\""), 0);
+    }
+
+    #[tokio::test]
+    async fn a_stream_broken_mid_answer_ends_with_an_error_event_and_counts_as_cut() {
+        let (tx, resp) = answer("text/event-stream");
+        let (gw, out) = relayed(resp, Duration::from_secs(10)).await;
+        tx.send(Ok(Bytes::from_static(b"data: {\"x\":1}\n\n"))).await.unwrap();
+        tx.send(Err("connection reset".into())).await.unwrap();
+        let body = out.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8_lossy(&body);
+        assert!(text.starts_with("data: {\"x\":1}\n\n"), "{text}");
+        assert!(text.contains("\"type\":\"upstream_unreachable\"") && text.ends_with("data: [DONE]\n\n"), "{text}");
+        assert_eq!(requests(&gw, "200"), 1, "the client saw a 200 head");
+        assert_eq!(gw.metrics.answers_cut.get("route=\"chat\""), 1);
+        assert!(!gw.fleet.all()[0].is_routable(), "the worker left rotation");
+    }
+
+    #[tokio::test]
+    async fn a_worker_silent_mid_answer_past_the_limit_is_cut() {
+        let (tx, resp) = answer("application/json");
+        let (gw, out) = relayed(resp, Duration::from_millis(50)).await;
+        tx.send(Ok(Bytes::from_static(b"{\"partial\":"))).await.unwrap();
+        // Nothing more comes (the sender stays open): the relay's own deadline ends it.
+        let collected = out.into_body().collect().await;
+        assert!(collected.is_err(), "a sized body cannot end cleanly: the client sees it fail");
+        assert_eq!(gw.metrics.answers_cut.get("route=\"chat\""), 1);
+        assert_eq!(gw.in_flight(), 0);
+        drop(tx);
+    }
+}

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use fleet::Fleet;
-use gateway::pd::PdConfig;
 use gateway::Gateway;
+use gateway::pd::PdConfig;
 use kv_index::{IndexConfig, KvIndex, SystemClock};
 use policy::Policy;
 use renderer::Renderer;
