@@ -19,6 +19,8 @@
 
 mod dual;
 mod sglang;
+#[cfg(test)]
+mod tests;
 mod vllm;
 
 use std::sync::Arc;
