@@ -13,20 +13,26 @@ use crate::signals::Shape;
 /// the `text` parts of a content list) for a chat, the prompt (or each
 /// prompt of a batch) for a completion or `/generate`, joined by newlines.
 pub fn signal_text(body: &Value) -> String {
+    joined(|push| {
+        if let Some(messages) = body.get("messages").and_then(Value::as_array) {
+            for m in messages.iter().filter(|m| m.get("role").and_then(Value::as_str) == Some("user")) {
+                each_text(m.get("content"), push);
+            }
+        } else {
+            each_text(body.get("prompt").or_else(|| body.get("text")), push);
+        }
+    })
+}
+
+/// The texts `collect` hands over, joined by newlines.
+fn joined(collect: impl FnOnce(&mut dyn FnMut(&str))) -> String {
     let mut out = String::new();
-    let mut push = |s: &str| {
+    collect(&mut |s: &str| {
         if !out.is_empty() {
             out.push('\n');
         }
         out.push_str(s);
-    };
-    if let Some(messages) = body.get("messages").and_then(Value::as_array) {
-        for m in messages.iter().filter(|m| m.get("role").and_then(Value::as_str) == Some("user")) {
-            each_text(m.get("content"), &mut push);
-        }
-    } else {
-        each_text(body.get("prompt").or_else(|| body.get("text")), &mut push);
-    }
+    });
     out
 }
 
@@ -36,18 +42,17 @@ pub fn signal_text(body: &Value) -> String {
 /// arguments given as JSON); a completion's `prompt` and `suffix`; `/generate`'s `text`. Joined
 /// by newlines: what PII signals read, so that PII in a system or tool message fires them too.
 pub fn guard_text(body: &Value) -> String {
-    let mut out = String::new();
-    let mut push = |s: &str| {
-        if !out.is_empty() {
-            out.push('\n');
-        }
-        out.push_str(s);
-    };
-    if let Some(messages) = body.get("messages").and_then(Value::as_array) {
+    joined(|push| {
+        let Some(messages) = body.get("messages").and_then(Value::as_array) else {
+            for key in ["prompt", "suffix", "text"] {
+                each_text(body.get(key), push);
+            }
+            return;
+        };
         for m in messages {
-            each_text(m.get("content"), &mut push);
+            each_text(m.get("content"), push);
             if let Some(Value::Array(parts)) = m.get("content") {
-                parts.iter().filter_map(|p| p.get("refusal").and_then(Value::as_str)).for_each(&mut push);
+                parts.iter().filter_map(|p| p.get("refusal").and_then(Value::as_str)).for_each(&mut *push);
             }
             for key in ["name", "refusal", "reasoning_content"] {
                 if let Some(s) = m.get(key).and_then(Value::as_str) {
@@ -60,24 +65,19 @@ pub fn guard_text(body: &Value) -> String {
             for a in arguments {
                 match a {
                     Value::String(s) => match serde_json::from_str::<Value>(s) {
-                        Ok(parsed) if parsed.is_object() || parsed.is_array() => each_string(&parsed, &mut push),
+                        Ok(parsed) if parsed.is_object() || parsed.is_array() => each_string(&parsed, push),
                         _ => push(s),
                     },
-                    other => each_string(other, &mut push),
+                    other => each_string(other, push),
                 }
             }
         }
-    } else {
-        for key in ["prompt", "suffix", "text"] {
-            each_text(body.get(key), &mut push);
-        }
-    }
-    out
+    })
 }
 
 /// Calls `f` with every string and number inside `v` (the values `pii_redact` rewrites in
 /// tool-call arguments; not object keys).
-fn each_string(v: &Value, f: &mut impl FnMut(&str)) {
+fn each_string(v: &Value, f: &mut (impl FnMut(&str) + ?Sized)) {
     match v {
         Value::String(s) => f(s),
         Value::Number(n) => f(&n.to_string()),
@@ -132,7 +132,7 @@ pub fn shape(body: &Value) -> Shape {
 
 /// Calls `f` with each text in a content value: a string, a list of
 /// strings, or a list of `{type: text, text}` parts.
-fn each_text(v: Option<&Value>, f: &mut impl FnMut(&str)) {
+fn each_text(v: Option<&Value>, f: &mut (impl FnMut(&str) + ?Sized)) {
     match v {
         Some(Value::String(s)) => f(s),
         Some(Value::Array(items)) => {

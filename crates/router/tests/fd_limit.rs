@@ -32,6 +32,22 @@ impl Drop for Router {
     }
 }
 
+/// The router's URL from its first line on standard output; the rest of that output is read to
+/// its end (a closed pipe would fail the router's later lines: a panic on EPIPE).
+async fn listening_url(router: &mut Router) -> String {
+    let stdout = BufReader::new(router.0.stdout.take().unwrap());
+    let (first_tx, first) = tokio::sync::oneshot::channel::<String>();
+    std::thread::spawn(move || {
+        let mut lines = stdout.lines().map_while(Result::ok);
+        if let Some(line) = lines.next() {
+            let _ = first_tx.send(line);
+        }
+        lines.for_each(drop);
+    });
+    let first = tokio::time::timeout(WAIT, first).await.expect("the listening line in time").expect("a listening line");
+    first.strip_prefix("sgl-router listening on ").expect("the listening line").to_string()
+}
+
 /// One request on `conn` (keep-alive): the status and the body.
 async fn request(conn: &mut TcpStream, method: &str, path: &str, body: &str) -> (u16, String) {
     let head = format!(
@@ -88,18 +104,7 @@ async fn more_clients_than_the_open_file_limit_leaves_room_for() {
             }
         }
     });
-    // Read to its end: a closed pipe would fail the router's later lines (a panic on EPIPE).
-    let stdout = BufReader::new(router.0.stdout.take().unwrap());
-    let (first_tx, first) = tokio::sync::oneshot::channel::<String>();
-    std::thread::spawn(move || {
-        let mut lines = stdout.lines().map_while(Result::ok);
-        if let Some(line) = lines.next() {
-            let _ = first_tx.send(line);
-        }
-        lines.for_each(drop);
-    });
-    let first = tokio::time::timeout(WAIT, first).await.expect("the listening line in time").expect("a listening line");
-    let url = first.strip_prefix("sgl-router listening on ").expect("the listening line").to_string();
+    let url = listening_url(&mut router).await;
     let addr = url.strip_prefix("http://").unwrap().to_string();
     let mut seen = Vec::new();
     let mut wait_for = async |what: &str, seen: &mut Vec<String>| {
@@ -184,17 +189,7 @@ async fn a_burst_of_large_prompts_stays_within_the_memory_budget() {
         .spawn()
         .unwrap();
     let mut router = Router(child);
-    let stdout = BufReader::new(router.0.stdout.take().unwrap());
-    let (first_tx, first) = tokio::sync::oneshot::channel::<String>();
-    std::thread::spawn(move || {
-        let mut lines = stdout.lines().map_while(Result::ok);
-        if let Some(line) = lines.next() {
-            let _ = first_tx.send(line);
-        }
-        lines.for_each(drop);
-    });
-    let first = tokio::time::timeout(WAIT, first).await.expect("the listening line in time").expect("a listening line");
-    let url = first.strip_prefix("sgl-router listening on ").expect("the listening line").to_string();
+    let url = listening_url(&mut router).await;
     let http = reqwest::Client::new();
     let ready = async || http.get(format!("{url}/readiness")).send().await.is_ok_and(|r| r.status() == 200);
     tokio::time::timeout(WAIT, async {

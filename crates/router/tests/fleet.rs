@@ -408,16 +408,31 @@ impl Front {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_engine_back_on_new_event_ports_is_followed_again() {
-    let a = MockEngine::spawn(engine_config()).await.unwrap();
-    let front = Front::start(a.url().trim_start_matches("http://").parse().unwrap()).await;
+/// A cache_aware router with KV events whose one worker is `front` (probed every 100 ms), once
+/// that worker's events are followed.
+async fn behind(front: &Front) -> common::app::Running {
     let mut cfg = config(&[], PolicyConfig::cache_aware(), true);
     cfg.workers = vec![WorkerUrl::parse(&format!("http://{}", front.addr)).unwrap()];
     cfg.health.interval = Duration::from_millis(100);
     let r = start(cfg).await;
     let worker = || r.gateway.fleet.all()[0].clone();
     until("the engine is followed", async || matches!(worker().events(), Events::Followed { streams: 1 })).await;
+    r
+}
+
+/// What `engine` caches reaches the router's index: its events are the ones followed.
+async fn indexed_from(r: &common::app::Running, engine: &MockEngine) {
+    let system = "A long system prompt the new engine caches. ".repeat(60);
+    assert_eq!(post(&format!("{}/v1/chat/completions", engine.url()), &chat(&system, "warm")).await.status(), 200);
+    until("its cache is indexed", async || explain(&r.url, &chat(&system, "q")).await["reason"] == "cache_hit").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_back_on_new_event_ports_is_followed_again() {
+    let a = MockEngine::spawn(engine_config()).await.unwrap();
+    let front = Front::start(a.url().trim_start_matches("http://").parse().unwrap()).await;
+    let r = behind(&front).await;
+    let worker = || r.gateway.fleet.all()[0].clone();
     // The engine goes away; another takes its address, its publishers on other ports.
     front.point_at(None);
     drop(a);
@@ -429,9 +444,7 @@ async fn an_engine_back_on_new_event_ports_is_followed_again() {
     })
     .await;
     // What the new engine caches reaches the index: its events are the ones followed now.
-    let system = "A long system prompt the restarted engine caches. ".repeat(60);
-    assert_eq!(post(&format!("{}/v1/chat/completions", b.url()), &chat(&system, "warm")).await.status(), 200);
-    until("its cache is indexed", async || explain(&r.url, &chat(&system, "q")).await["reason"] == "cache_hit").await;
+    indexed_from(&r, &b).await;
     let _ = r.stop.send(());
 }
 
@@ -442,12 +455,8 @@ async fn an_engine_back_on_new_event_ports_is_followed_again() {
 async fn publishers_quiet_past_the_bound_are_looked_up_again_while_the_worker_stays_up() {
     let a = MockEngine::spawn(engine_config()).await.unwrap();
     let front = Front::start(a.url().trim_start_matches("http://").parse().unwrap()).await;
-    let mut cfg = config(&[], PolicyConfig::cache_aware(), true);
-    cfg.workers = vec![WorkerUrl::parse(&format!("http://{}", front.addr)).unwrap()];
-    cfg.health.interval = Duration::from_millis(100);
-    let r = start(cfg).await;
+    let r = behind(&front).await;
     let worker = || r.gateway.fleet.all()[0].clone();
-    until("the engine is followed", async || matches!(worker().events(), Events::Followed { streams: 1 })).await;
     // The new engine answers at once: probes keep passing (it takes three failures in a row to
     // go down), and the old one's publisher closes.
     let b = MockEngine::spawn(engine_config()).await.unwrap();
@@ -458,9 +467,7 @@ async fn publishers_quiet_past_the_bound_are_looked_up_again_while_the_worker_st
     })
     .await;
     assert!(worker().is_routable(), "it stayed in rotation");
-    let system = "A long system prompt the new engine caches. ".repeat(60);
-    assert_eq!(post(&format!("{}/v1/chat/completions", b.url()), &chat(&system, "warm")).await.status(), 200);
-    until("its cache is indexed", async || explain(&r.url, &chat(&system, "q")).await["reason"] == "cache_hit").await;
+    indexed_from(&r, &b).await;
     let _ = r.stop.send(());
 }
 

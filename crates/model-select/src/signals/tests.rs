@@ -266,15 +266,7 @@ fn conversation_header_and_load_rules_read_the_request_and_the_pools() {
     let headers = vec![("x-user-tier".to_owned(), "gold".to_owned())];
     let pools = [PoolState { name: "large", in_flight: 9, est_ttft_ms: 650.0 }];
     let shape = Shape { turns: 3, tools: true, tool_loop: true, images: false };
-    let input = SignalInput {
-        text: "",
-        guard_text: None,
-        tokens: 0,
-        shape,
-        headers: &headers,
-        pools: &pools,
-        embeddings: None,
-    };
+    let input = SignalInput { shape, headers: &headers, pools: &pools, ..SignalInput::default() };
     let r = s.evaluate(&input, &all(&s));
     assert!(matched(&r, SignalKind::Conversation, "agent"));
     assert!(matched(&r, SignalKind::Conversation, "long_chat"));
@@ -289,18 +281,7 @@ fn conversation_header_and_load_rules_read_the_request_and_the_pools() {
     let headers = vec![("x-user-tier".to_owned(), "silver".to_owned()), ("x-team".to_owned(), "a".to_owned())];
     let pools = [PoolState { name: "large", in_flight: 1, est_ttft_ms: 40.0 }];
     let shape = Shape { turns: 1, tools: false, tool_loop: false, images: true };
-    let r = s.evaluate(
-        &SignalInput {
-            text: "",
-            guard_text: None,
-            tokens: 0,
-            shape,
-            headers: &headers,
-            pools: &pools,
-            embeddings: None,
-        },
-        &all(&s),
-    );
+    let r = s.evaluate(&SignalInput { shape, headers: &headers, pools: &pools, ..SignalInput::default() }, &all(&s));
     assert!(!matched(&r, SignalKind::Conversation, "agent"));
     assert!(!matched(&r, SignalKind::Conversation, "text_only"));
     assert!(!matched(&r, SignalKind::Header, "gold") && matched(&r, SignalKind::Header, "tagged"));
