@@ -106,7 +106,11 @@ async fn a_caller_never_gets_another_callers_stored_answer() {
             r = r.bearer_auth(k);
         }
         let r = r.send().await.unwrap();
-        (r.status().as_u16(), r.headers().get("x-route-cache").map(|v| v.to_str().unwrap().to_owned()))
+        let (status, cache) =
+            (r.status().as_u16(), r.headers().get("x-route-cache").map(|v| v.to_str().unwrap().to_owned()));
+        // The whole answer: a stored one is kept before its last byte reaches the client.
+        r.bytes().await.unwrap();
+        (status, cache)
     };
     let hit = |a: (u16, Option<String>)| (a.0, a.1.as_deref() == Some("hit-exact"));
     // Pass-through (no client keys): the client's own credentials go to the engine, so they key the answer.

@@ -414,7 +414,10 @@ pub(crate) async fn relay(
     let timer = std::pin::pin!(tokio::time::sleep_until(now + idle));
     let mut stall = Stall { timer, last: now, limit: idle };
     let result = match framing {
-        Framing::Empty => peer.tcp.write_all(&out).await.map(|()| out.clear()).map_err(|_| Failure::Client),
+        Framing::Empty => {
+            recorded(&mut recorder);
+            peer.tcp.write_all(&out).await.map(|()| out.clear()).map_err(|_| Failure::Client)
+        }
         Framing::Length(n) => {
             relay_sized(peer, (&mut guard, &mut recorder), &mut answer, &mut out, n, &mut stall).await
         }
@@ -499,6 +502,13 @@ async fn read_more(answer: &mut Answer, peer: &mut Peer<'_>, stall: &mut Stall<'
     }
 }
 
+/// The answer went through whole: a recorded one is kept in the response cache.
+fn recorded(recorder: &mut Option<crate::cache::Recorder>) {
+    if let Some(r) = recorder.take() {
+        r.ended();
+    }
+}
+
 /// The next bytes of the body into a response-cache recorder, dropped once too large.
 fn record(recorder: &mut Option<crate::cache::Recorder>, data: &[u8]) {
     if let Some(r) = recorder.as_mut()
@@ -543,6 +553,10 @@ async fn relay_sized(
             answer.buf.advance(take);
             left -= take as u64;
         }
+        if left == 0 {
+            // Whole: kept before its last bytes go out, so the client's next ask finds it.
+            recorded(recorder);
+        }
         if !out.is_empty() {
             peer.tcp.write_all(out).await.map_err(|_| Failure::Client)?;
             out.clear();
@@ -583,6 +597,7 @@ async fn relay_chunked(
         }
         if done {
             out.extend_from_slice(chunked::LAST_CHUNK);
+            recorded(recorder);
         }
         if !out.is_empty() {
             peer.tcp.write_all(out).await.map_err(|_| Failure::Client)?;
