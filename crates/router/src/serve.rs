@@ -409,14 +409,24 @@ fn init_tracing(format: LogFormat, level: &str, dir: Option<&std::path::Path>) -
     Ok(())
 }
 
-/// `--max-connections` capped to what the open-file limit leaves (a warning
-/// when that lowers it): the client listener and the `--admin-port` one each
+/// `--max-connections` capped to what the open-file limit leaves (said when
+/// that lowers it: a warning for a value asked for, information for the default): the client listener and the `--admin-port` one each
 /// hold up to the cap.
 fn fit_open_file_limit(flag: usize, admin_listener: bool) -> usize {
     let soft_limit = crate::fdlimit::nofile_soft_limit();
     let cap = crate::fdlimit::connection_cap(flag, soft_limit, if admin_listener { 2 } else { 1 });
-    if cap < flag {
+    // Said at info for the default (most machines' limits are below it), at warn for a value asked for.
+    if cap < flag && flag != crate::defaults::MAX_CONNECTIONS {
         tracing::warn!(
+            max_connections = flag,
+            effective = cap,
+            nofile_soft_limit = soft_limit,
+            admin_listener,
+            "--max-connections lowered to fit the open-file limit (a quarter of it, at least 64, kept for \
+             upstream connections and subscribers); raise `ulimit -n` to allow more"
+        );
+    } else if cap < flag {
+        tracing::info!(
             max_connections = flag,
             effective = cap,
             nofile_soft_limit = soft_limit,
