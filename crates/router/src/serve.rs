@@ -416,24 +416,22 @@ fn fit_open_file_limit(flag: usize, admin_listener: bool) -> usize {
     let soft_limit = crate::fdlimit::nofile_soft_limit();
     let cap = crate::fdlimit::connection_cap(flag, soft_limit, if admin_listener { 2 } else { 1 });
     // Said at info for the default (most machines' limits are below it), at warn for a value asked for.
+    macro_rules! lowered {
+        ($level:ident) => {
+            tracing::$level!(
+                max_connections = flag,
+                effective = cap,
+                nofile_soft_limit = soft_limit,
+                admin_listener,
+                "--max-connections lowered to fit the open-file limit (a quarter of it, at least 64, kept \
+                 for upstream connections and subscribers); raise `ulimit -n` to allow more"
+            )
+        };
+    }
     if cap < flag && flag != crate::defaults::MAX_CONNECTIONS {
-        tracing::warn!(
-            max_connections = flag,
-            effective = cap,
-            nofile_soft_limit = soft_limit,
-            admin_listener,
-            "--max-connections lowered to fit the open-file limit (a quarter of it, at least 64, kept for \
-             upstream connections and subscribers); raise `ulimit -n` to allow more"
-        );
+        lowered!(warn);
     } else if cap < flag {
-        tracing::info!(
-            max_connections = flag,
-            effective = cap,
-            nofile_soft_limit = soft_limit,
-            admin_listener,
-            "--max-connections lowered to fit the open-file limit (a quarter of it, at least 64, kept for \
-             upstream connections and subscribers); raise `ulimit -n` to allow more"
-        );
+        lowered!(info);
     }
     cap
 }
