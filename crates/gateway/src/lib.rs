@@ -245,39 +245,10 @@ impl Default for ClientLimits {
     }
 }
 
-/// The HTTP/1.1 client requests are proxied with (hyper's own pool: the
-/// lightest path; health checks use reqwest).
-pub type UpstreamClient = hyper_util::client::legacy::Client<
-    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
-    http_body_util::Full<axum::body::Bytes>,
->;
-
-/// How long an idle upstream connection is kept, by both front ends' pools.
+/// How long an idle upstream connection is kept (the router's own client's per-thread pools).
 const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Longest wait for a connection to a worker, on both front ends.
+/// Longest wait for a connection to a worker.
 const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The proxy's client: keep-alive (idle connections closed after 60 s), no
-/// Nagle delay, no redirect following (a worker's redirect goes back to the
-/// client), TLS with `tls` for `https://` workers.
-fn upstream_client(tls: &rustls::ClientConfig) -> UpstreamClient {
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(UPSTREAM_CONNECT_TIMEOUT));
-    http.enforce_http(false);
-    // hyper-rustls sets ALPN itself (http/1.1 here).
-    let mut tls = tls.clone();
-    tls.alpn_protocols.clear();
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_idle_timeout(UPSTREAM_IDLE_TIMEOUT)
-        .pool_timer(hyper_util::rt::TokioTimer::new())
-        .build(connector)
-}
 
 /// The gateway's shared state.
 pub struct Gateway {
@@ -406,22 +377,6 @@ impl Gateway {
     pub fn with_pd(mut self, pd: pd::PdConfig) -> Self {
         self.pd = Some(pd);
         self
-    }
-
-    /// The upstream HTTP client of the calling thread. Each serving thread has
-    /// its own connection pool, so a request and the upstream connection it
-    /// uses live on one thread (no cross-thread wake-ups on the hot path).
-    pub fn client(&self) -> UpstreamClient {
-        thread_local! {
-            /// The client, and the TLS configuration it was built with.
-            static CLIENT: std::cell::RefCell<Option<(usize, UpstreamClient)>> = const { std::cell::RefCell::new(None) };
-        }
-        let tls = self.fleet.tls().config();
-        let key = Arc::as_ptr(tls) as usize;
-        CLIENT.with_borrow_mut(|c| match c {
-            Some((k, client)) if *k == key => client.clone(),
-            _ => c.insert((key, upstream_client(tls))).1.clone(),
-        })
     }
 
     /// Large renders running now.

@@ -21,7 +21,7 @@ use crate::h1::answer;
 use crate::h1::upstream;
 use crate::pools::HeaderEdits;
 use crate::relay::{Ending, UpstreamBody, stream_back};
-use crate::request::{Meta, RANK_HEADER, ROUTE_DEBUG_HEADER, Route, push_header};
+use crate::request::{Meta, ROUTE_DEBUG_HEADER, Route};
 use crate::send::upstream_headers;
 use crate::{Gateway, GatewayError};
 use fleet::Worker;
@@ -84,7 +84,7 @@ async fn serve(
     }
     // Sent with the fast path's own client: it reads a worker's early answer (a 413 before the
     // whole body was written), which hyper's drops.
-    let extra = upstream_extra(&gw, &headers);
+    let extra = answer::extra(&gw, &headers);
     let send = |worker: Arc<Worker>, body: Bytes, rank: Option<DpRank>, edits: Option<Arc<HeaderEdits>>| {
         let mut extra = extra.clone();
         if let Some(edits) = edits {
@@ -123,19 +123,6 @@ async fn serve(
     let mut answer = relay(&gw, guard, worker, resp);
     answer.headers_mut().insert(cascade::CASCADE_HEADER, verdict.header());
     Ok(answer)
-}
-
-/// What the router's own client sends besides the body: the headers the worker gets (the rank
-/// hint apart: the router's wins over it), and TLS towards `https://` workers.
-fn upstream_extra(gw: &Gateway, headers: &HeaderMap) -> upstream::Extra {
-    let mut lines = Vec::with_capacity(512);
-    for (name, value) in headers {
-        if name.as_str() != RANK_HEADER {
-            push_header(&mut lines, name.as_str().as_bytes(), value.as_bytes());
-        }
-    }
-    let rank = headers.get(RANK_HEADER).map(|v| Bytes::copy_from_slice(v.as_bytes()));
-    upstream::Extra { headers: Bytes::from(lines), rank, tls: gw.upstream_tls.clone() }
 }
 
 /// A worker's answer relayed to the client, with the route headers.

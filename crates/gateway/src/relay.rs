@@ -17,17 +17,10 @@ use crate::cache::Recorder;
 use crate::request::relayed;
 use fleet::Worker;
 
-/// An answer body from either client (the router's own, hyper's for the disaggregated legs):
-/// boxed, so one relay serves both.
+/// An answer body from the router's own client (`h1::answer`), boxed for the relay.
 pub(crate) type UpstreamBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 /// Its error.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// hyper's answer as one with an [`UpstreamBody`].
-pub(crate) fn boxed(resp: axum::http::Response<hyper::body::Incoming>) -> axum::http::Response<UpstreamBody> {
-    use http_body_util::BodyExt;
-    resp.map(|b| b.map_err(BoxError::from).boxed_unsync())
-}
 
 /// A worker failed in the middle of its answer: it leaves rotation, and an
 /// event stream (`sse`) gets this last event, the error then `[DONE]`, so the

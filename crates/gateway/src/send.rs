@@ -1,16 +1,11 @@
-//! Sending one request to one worker over hyper's pooled client (the
-//! disaggregated legs): the worker's URL and path, the client's
+//! What every upstream request shares, whichever front end sent it: the worker's URL and path, the client's
 //! end-to-end headers made the worker's, the router's rank hint.
 
-use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
-use router_types::DpRank;
 
 use crate::Gateway;
 use crate::auth::worker_credentials;
-use crate::error::describe;
-use crate::request::{RANK_HEADER, forwarded};
-use fleet::Worker;
+use crate::request::forwarded;
 
 /// Why a request could not be delivered to a worker.
 #[derive(Debug)]
@@ -18,32 +13,6 @@ pub(crate) struct SendError {
     /// Nothing reached the worker (it may be retried elsewhere).
     pub(crate) connect: bool,
     pub(crate) message: String,
-}
-
-/// POSTs a JSON `body` to `path` on `worker` with the client's (prepared)
-/// `headers`, and the router's rank hint, which wins over one the client sent.
-pub(crate) async fn send_to(
-    client: &crate::UpstreamClient,
-    headers: &HeaderMap,
-    worker: &Worker,
-    path: &str,
-    body: Bytes,
-    rank: Option<DpRank>,
-) -> Result<axum::http::Response<hyper::body::Incoming>, SendError> {
-    let Some(endpoint) = worker.endpoint(path) else {
-        return Err(SendError { connect: false, message: "invalid worker URL".into() });
-    };
-    let mut req = axum::http::Request::post(endpoint);
-    if let Some(h) = req.headers_mut() {
-        h.clone_from(headers);
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if let Some(rank) = rank {
-            h.insert(RANK_HEADER, HeaderValue::from(rank.0));
-        }
-    }
-    let req =
-        req.body(http_body_util::Full::new(body)).map_err(|e| SendError { connect: false, message: e.to_string() })?;
-    client.request(req).await.map_err(|e| SendError { connect: e.is_connect(), message: describe(&e) })
 }
 
 /// Makes a client's headers the worker's: hop-by-hop ones out, and the

@@ -117,6 +117,31 @@ async fn a_failed_prefill_aborts_decode_at_once() {
     assert!(m.contains("router_pd_legs_total{leg=\"prefill\",outcome=\"status\"} 1"), "{m}");
 }
 
+/// Issue 28 #2 on the disaggregated path: a prefill engine (or a proxy in front of it) with a body
+/// limit below the router's answers 413 before it has read the body and closes. The legs go with
+/// the router's own client, which reads that answer: the client gets the 413 and the worker stays
+/// in rotation (hyper's client took it for a broken connection: 502 and quarantine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_refusing_a_large_body_early_answers_the_client_and_stays_in_rotation() {
+    let mut small = role_config(PdRole::Prefill, Flavor::Sglang, 1);
+    small.max_body_bytes = 1 << 20;
+    let prefill = vec![MockEngine::spawn(small).await.unwrap()];
+    let decode = engines(PdRole::Decode, Flavor::Sglang, 1, 1).await;
+    let mut c = pd_config(PdMode::Sglang, &prefill, &decode, PolicyConfig::RoundRobin, PolicyConfig::RoundRobin);
+    c.max_body_bytes = 8 << 20;
+    c.retry.enabled = false;
+    let r = start(c).await;
+    let big = chat(SYSTEM, &"many words in a long prompt ".repeat(250_000));
+    for _ in 0..3 {
+        let resp = post(&format!("{}/v1/chat/completions", r.url), &big).await;
+        assert_eq!(resp.status(), 413, "the prefill engine's own answer");
+        assert_eq!(resp.headers()["x-sgl-router-pd-leg"], "prefill");
+    }
+    let worker = r.gateway.fleet.all().into_iter().find(|w| w.url.as_str() == prefill[0].url()).unwrap();
+    assert!(worker.is_routable() && !worker.quarantined(), "a client's oversized body is not the worker's fault");
+    assert_eq!(post(&format!("{}/v1/chat/completions", r.url), &chat(SYSTEM, "small")).await.status(), 200);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_decode_aborts_prefill_and_a_retry_takes_a_new_room() {
     let prefill = engines(PdRole::Prefill, Flavor::Sglang, 2, 1).await;

@@ -12,9 +12,44 @@ use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use tokio::io::AsyncReadExt;
 
+use std::sync::Arc;
+
+use fleet::Worker;
+use router_types::DpRank;
+
 use super::chunked::Decoder;
-use super::upstream::{Answer, Framing, checkin};
+use super::upstream::{self, Answer, Framing, checkin};
+use crate::Gateway;
 use crate::relay::{BoxError, UpstreamBody};
+use crate::request::{RANK_HEADER, Route, push_header};
+use crate::send::SendError;
+
+/// What the router's own client sends besides the body: the headers the worker gets (`headers`,
+/// made the worker's already; the rank hint apart: the router's wins over it), and TLS towards
+/// `https://` workers.
+pub(crate) fn extra(gw: &Gateway, headers: &HeaderMap) -> upstream::Extra {
+    let mut lines = Vec::with_capacity(512);
+    for (name, value) in headers {
+        if name.as_str() != RANK_HEADER {
+            push_header(&mut lines, name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
+    let rank = headers.get(RANK_HEADER).map(|v| Bytes::copy_from_slice(v.as_bytes()));
+    upstream::Extra { headers: Bytes::from(lines), rank, tls: gw.upstream_tls.clone() }
+}
+
+/// One request to `worker` on `route` with the router's own client (it reads a worker's early
+/// answer), its answer as a response: how the disaggregated legs are sent.
+pub(crate) async fn send(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    worker: &Arc<Worker>,
+    route: Route,
+    body: Bytes,
+    rank: Option<DpRank>,
+) -> Result<Response<UpstreamBody>, SendError> {
+    upstream::send(worker.clone(), route, body, rank, extra(gw, headers)).await.map(into_response)
+}
 
 /// Where reading the body stands.
 struct Reading {

@@ -66,7 +66,7 @@ const PROBE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 /// every open connection is done. With `fast`, proxied requests take the fast
 /// path; without it every request goes through axum.
 pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, fast: bool, drain: CancellationToken) -> io::Result<()> {
-    // A disaggregated request has two legs: hyper's client serves them.
+    // A disaggregated request (two legs, a merged answer) is served by the axum front end.
     let fast = fast && gw.pd.is_none();
     let (app, slots) = (crate::routes::router(gw.clone()), gw.connections.clone());
     accept_loop(listener, gw, app, fast, slots, drain).await

@@ -18,7 +18,7 @@ use crate::relay::{Ending, stream_back};
 use crate::send::SendError;
 use fleet::{LoadGuard, Worker};
 
-type Answer = axum::http::Response<hyper::body::Incoming>;
+type Answer = axum::http::Response<crate::relay::UpstreamBody>;
 
 /// Waits for both legs' answer heads; on the first failure (unreachable, a
 /// non-2xx head, the request timeout) the other leg is dropped (its
@@ -119,8 +119,8 @@ impl Watch {
     pub(super) fn relay(
         self,
         guard: InFlight,
-        ph: axum::http::Response<hyper::body::Incoming>,
-        dh: axum::http::Response<hyper::body::Incoming>,
+        ph: axum::http::Response<crate::relay::UpstreamBody>,
+        dh: axum::http::Response<crate::relay::UpstreamBody>,
     ) -> Response {
         let (cut_tx, cut_rx) = oneshot::channel::<String>();
         let (ended_tx, ended_rx) = oneshot::channel::<()>();
@@ -133,12 +133,12 @@ impl Watch {
             }
         };
         let ending = Ending { cut: Some(cut.boxed()), _ended: Some(ended_tx) };
-        stream_back(guard, decode, crate::relay::boxed(dh), idle, ending)
+        stream_back(guard, decode, dh, idle, ending)
     }
 
     async fn run(
         self,
-        resp: axum::http::Response<hyper::body::Incoming>,
+        resp: axum::http::Response<crate::relay::UpstreamBody>,
         cut: oneshot::Sender<String>,
         mut ended: oneshot::Receiver<()>,
     ) {

@@ -36,7 +36,6 @@ use tracing::{Span, warn};
 
 use crate::admission::Admission;
 use crate::body::parse_json;
-use crate::error::describe;
 use crate::plan::{Plan, Prompted, plan_in, prompt, routable};
 use crate::request::{Meta, Route};
 use crate::send::SendError;
@@ -148,7 +147,7 @@ pub(crate) fn with_params(v: &Value, params: Value) -> Bytes {
 }
 
 /// Reads a leg's answer whole (capped) within the request timeout.
-pub(crate) async fn read_answer(gw: &Gateway, body: hyper::body::Incoming) -> Result<Bytes, String> {
+pub(crate) async fn read_answer(gw: &Gateway, body: crate::relay::UpstreamBody) -> Result<Bytes, String> {
     let limit = gw.config.request_timeout;
     match tokio::time::timeout(limit, read_all(body, MAX_LEG_ANSWER)).await {
         Ok(read) => read,
@@ -171,7 +170,6 @@ pub(crate) enum Failure {
 /// What every attempt of a request shares.
 pub(crate) struct Ctx<'a> {
     pub(crate) gw: &'a Arc<Gateway>,
-    pub(crate) client: crate::UpstreamClient,
     pub(crate) headers: Arc<HeaderMap>,
     pub(crate) meta: &'a Meta,
     pub(crate) route: Route,
@@ -311,7 +309,7 @@ pub(crate) async fn serve(
     if pd.mode == PdMode::Vllm {
         admission.grow(vllm::prefill_answer_cap(&v))?;
     }
-    let ctx = Ctx { gw, client: gw.client(), headers, meta, route, v, batch, stream, start };
+    let ctx = Ctx { gw, headers, meta, route, v, batch, stream, start };
     let retry = &gw.config.retry;
     let mut admission = Some(admission);
     let mut pair = pair;
@@ -485,7 +483,7 @@ pub(crate) fn abort(gw: &Gateway, leg: Leg, worker: &Worker, rid: Option<&str>) 
 pub(crate) async fn status_failure(
     leg: Leg,
     worker: &Arc<Worker>,
-    resp: axum::http::Response<hyper::body::Incoming>,
+    resp: axum::http::Response<crate::relay::UpstreamBody>,
 ) -> Failure {
     let status = resp.status().as_u16();
     let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
@@ -498,10 +496,19 @@ pub(crate) async fn status_failure(
 }
 
 /// Reads a body whole, up to `cap` bytes.
-pub(crate) async fn read_all(body: hyper::body::Incoming, cap: usize) -> Result<Bytes, String> {
+pub(crate) async fn read_all(mut body: crate::relay::UpstreamBody, cap: usize) -> Result<Bytes, String> {
     use http_body_util::BodyExt;
-    let limited = http_body_util::Limited::new(body, cap);
-    limited.collect().await.map(|c| c.to_bytes()).map_err(|e| describe(&*e))
+    let mut out = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| e.to_string())?;
+        if let Some(data) = frame.data_ref() {
+            if out.len() + data.len() > cap {
+                return Err(format!("length limit exceeded: larger than {cap} bytes"));
+            }
+            out.extend_from_slice(data);
+        }
+    }
+    Ok(out.freeze())
 }
 
 /// A JSON answer built by the router (a merged one), with the leg's status.

@@ -31,7 +31,6 @@ use super::{Ctx, Failure, MAX_LEG_ANSWER, Pair, json_answer, read_answer};
 use crate::account::InFlight;
 use crate::admission::Admission;
 use crate::request::{RANK_HEADER, Route};
-use crate::send::send_to;
 use fleet::{LoadGuard, Worker};
 
 /// One attempt on `pair`; on failure, why, and the admission back for the next attempt.
@@ -61,10 +60,9 @@ pub(super) async fn attempt(
     } else {
         ctx.headers.clone()
     };
-    let path = ctx.route.path();
     let sent = Instant::now();
-    let pf = send_to(&ctx.client, &ctx.headers, &p, path, prefill_body, (dp > 1).then_some(rank));
-    let df = send_to(&ctx.client, &decode_headers, &d, path, decode_body, None);
+    let pf = crate::h1::answer::send(ctx.gw, &ctx.headers, &p, ctx.route, prefill_body, (dp > 1).then_some(rank));
+    let df = crate::h1::answer::send(ctx.gw, &decode_headers, &d, ctx.route, decode_body, None);
     let (ph, dh) = match both_heads(gw, pf, df, &p, &d, rid.as_deref()).await {
         Ok(heads) => heads,
         Err(failure) => return Err((failure, admission)),
@@ -137,8 +135,8 @@ async fn merged(
     ctx: &Ctx<'_>,
     mut guard: InFlight,
     p_load: LoadGuard,
-    ph: axum::http::Response<hyper::body::Incoming>,
-    dh: axum::http::Response<hyper::body::Incoming>,
+    ph: axum::http::Response<crate::relay::UpstreamBody>,
+    dh: axum::http::Response<crate::relay::UpstreamBody>,
     d: &Arc<Worker>,
 ) -> Response {
     let status = dh.status().as_u16();

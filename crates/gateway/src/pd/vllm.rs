@@ -30,7 +30,7 @@ use super::{Ctx, Failure, Leg, MAX_LEG_ANSWER, Pair, json_answer, read_all, read
 use crate::account::InFlight;
 use crate::admission::Admission;
 use crate::relay::{Ending, stream_back};
-use crate::send::{SendError, send_to};
+use crate::send::SendError;
 
 /// The params decode needs of prefill's answer for a real pull.
 const REQUIRED: [&str; 6] =
@@ -68,7 +68,6 @@ pub(super) async fn attempt(
     }
     let rank = pair.vllm_rank();
     let headers = same_request_id(ctx);
-    let path = ctx.route.path();
     let limit = gw.config.request_timeout;
     // Reserved in the memory budget by `pd::serve`.
     let cap = prefill_answer_cap(&ctx.v);
@@ -76,7 +75,7 @@ pub(super) async fn attempt(
     let sent = std::time::Instant::now();
     let answer = match tokio::time::timeout(
         limit,
-        send_to(&ctx.client, &headers, &p, path, prefill_body(&ctx.v, nixl_pull()), rank),
+        crate::h1::answer::send(ctx.gw, &headers, &p, ctx.route, prefill_body(&ctx.v, nixl_pull()), rank),
     )
     .await
     {
@@ -109,7 +108,9 @@ pub(super) async fn attempt(
     gw.metrics.pd_legs.inc(format_args!("leg=\"prefill\",outcome=\"ok\""));
     learn_push(&p, &params);
     let decode = with_params(&ctx.v, params);
-    let resp = match tokio::time::timeout(limit, send_to(&ctx.client, &headers, &d, path, decode, None)).await {
+    let resp = match tokio::time::timeout(limit, crate::h1::answer::send(ctx.gw, &headers, &d, ctx.route, decode, None))
+        .await
+    {
         Err(_) => return Err((Failure::Timeout { leg: Leg::Decode, worker: d }, admission)),
         Ok(Err(error)) => return Err((Failure::Transport { leg: Leg::Decode, worker: d, error }, admission)),
         Ok(Ok(resp)) if !resp.status().is_success() => {
@@ -123,13 +124,7 @@ pub(super) async fn attempt(
     gw.metrics.ttfb.observe(ctx.start.elapsed().as_secs_f64());
     let mut guard = InFlight::new(gw.clone(), admission, d_load, ctx.route, ctx.start);
     if ctx.stream || !wants_prompt_logprobs(&ctx.v) {
-        return Ok(stream_back(
-            guard,
-            d,
-            crate::relay::boxed(resp),
-            gw.config.limits.upstream_idle_timeout,
-            Ending::default(),
-        ));
+        return Ok(stream_back(guard, d, resp, gw.config.limits.upstream_idle_timeout, Ending::default()));
     }
     let status = resp.status().as_u16();
     guard.status = status;
@@ -163,10 +158,9 @@ async fn push_attempt(
     let headers = same_request_id(ctx);
     let decode = with_params(&ctx.v, identity);
     let (p_load, d_load) = pair.charge(rank);
-    let path = ctx.route.path();
     let sent = std::time::Instant::now();
-    let pf = send_to(&ctx.client, &headers, &p, path, prefill_body(&ctx.v, nixl_pull()), rank);
-    let df = send_to(&ctx.client, &headers, &d, path, decode, None);
+    let pf = crate::h1::answer::send(ctx.gw, &headers, &p, ctx.route, prefill_body(&ctx.v, nixl_pull()), rank);
+    let df = crate::h1::answer::send(ctx.gw, &headers, &d, ctx.route, decode, None);
     let (ph, dh) = match both_heads(gw, pf, df, &p, &d, None).await {
         Ok(heads) => heads,
         Err(failure) => {
@@ -186,8 +180,7 @@ async fn mooncake_attempt(ctx: &Ctx<'_>, pair: &Pair, admission: Admission) -> R
     let gw = ctx.gw;
     let (p, d) = (pair.prefill.chosen().clone(), pair.decode.chosen().clone());
     let rank = pair.vllm_rank();
-    let path = ctx.route.path();
-    let host = p.endpoint(path).and_then(|u| u.host().map(str::to_string)).unwrap_or_default();
+    let host = p.endpoint(ctx.route.path()).and_then(|u| u.host().map(str::to_string)).unwrap_or_default();
     let addr = format!("http://{host}:{}", p.bootstrap_port().unwrap_or(MOONCAKE_BOOTSTRAP_PORT));
     let engines = match engine_ids(gw, &p, &addr).await {
         Ok(e) => e,
@@ -208,8 +201,8 @@ async fn mooncake_attempt(ctx: &Ctx<'_>, pair: &Pair, admission: Admission) -> R
     let headers = same_request_id(ctx);
     let (p_load, d_load) = pair.charge(rank);
     let sent = std::time::Instant::now();
-    let pf = send_to(&ctx.client, &headers, &p, path, prefill, rank);
-    let df = send_to(&ctx.client, &headers, &d, path, decode, None);
+    let pf = crate::h1::answer::send(ctx.gw, &headers, &p, ctx.route, prefill, rank);
+    let df = crate::h1::answer::send(ctx.gw, &headers, &d, ctx.route, decode, None);
     let (ph, dh) = match both_heads(gw, pf, df, &p, &d, None).await {
         Ok(heads) => heads,
         Err(failure) => {
