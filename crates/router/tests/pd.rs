@@ -126,7 +126,10 @@ async fn a_prefill_refusing_a_large_body_early_answers_the_client_and_stays_in_r
     let mut small = role_config(PdRole::Prefill, Flavor::Sglang, 1);
     small.max_body_bytes = 1 << 20;
     let prefill = vec![MockEngine::spawn(small).await.unwrap()];
-    let decode = engines(PdRole::Decode, Flavor::Sglang, 1, 1).await;
+    // The decode engine takes the whole body: only the prefill refuses it.
+    let mut large = role_config(PdRole::Decode, Flavor::Sglang, 1);
+    large.max_body_bytes = 16 << 20;
+    let decode = vec![MockEngine::spawn(large).await.unwrap()];
     let mut c = pd_config(PdMode::Sglang, &prefill, &decode, PolicyConfig::RoundRobin, PolicyConfig::RoundRobin);
     c.max_body_bytes = 8 << 20;
     c.retry.enabled = false;
