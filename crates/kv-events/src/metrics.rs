@@ -78,10 +78,19 @@ pub struct EventMetrics {
     /// Streams resumed from a peer's snapshot that had to be reset: the
     /// publisher no longer held the batches after the snapshot's seq, or restarted.
     pub snapshot_resets: AtomicU64,
-    connected: Mutex<HashMap<WorkerKey, bool>>,
-    /// Since when each stream not connected now has been so (from its subscriber's start).
-    down_since: Mutex<HashMap<WorkerKey, std::time::Instant>>,
+    /// Each stream's connection to its publisher.
+    links: Mutex<HashMap<WorkerKey, Link>>,
     history: Mutex<HashMap<WorkerKey, StreamHistory>>,
+}
+
+/// A stream's connection to its publisher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Link {
+    /// Its subscriber has not connected yet, since then.
+    Connecting(std::time::Instant),
+    Up,
+    /// It lost its connection (or failed its first), since then.
+    Down(std::time::Instant),
 }
 
 /// How a stream's history reached this router.
@@ -147,31 +156,34 @@ impl EventMetrics {
     }
 
     pub(crate) fn set_connected(&self, key: &WorkerKey, up: bool) {
-        self.connected.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), up);
-        let mut down = self.down_since.lock().unwrap_or_else(|p| p.into_inner());
-        if up {
-            down.remove(key);
-        } else {
-            down.entry(key.clone()).or_insert_with(std::time::Instant::now);
-        }
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let link = links.entry(key.clone()).or_insert_with(|| Link::Connecting(std::time::Instant::now()));
+        *link = match (*link, up) {
+            (_, true) => Link::Up,
+            // Down since it was last up, or since its subscriber started.
+            (Link::Connecting(since) | Link::Down(since), false) => Link::Down(since),
+            (Link::Up, false) => Link::Down(std::time::Instant::now()),
+        };
     }
 
     /// A subscriber starts on `key`: not connected yet, since now (unless it already was down).
     pub(crate) fn starting(&self, key: &WorkerKey) {
-        let mut down = self.down_since.lock().unwrap_or_else(|p| p.into_inner());
-        down.entry(key.clone()).or_insert_with(std::time::Instant::now);
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        links.entry(key.clone()).or_insert_with(|| Link::Connecting(std::time::Instant::now()));
     }
 
     /// How long stream `key` has been without a connection to its publisher (`None`: connected,
     /// or unknown).
     pub fn down_for(&self, key: &WorkerKey) -> Option<std::time::Duration> {
-        self.down_since.lock().unwrap_or_else(|p| p.into_inner()).get(key).map(std::time::Instant::elapsed)
+        match self.links.lock().unwrap_or_else(|p| p.into_inner()).get(key)? {
+            Link::Connecting(since) | Link::Down(since) => Some(since.elapsed()),
+            Link::Up => None,
+        }
     }
 
     /// Forgets a stream whose worker left (its connection gauge goes).
     pub fn forget(&self, key: &WorkerKey) {
-        self.connected.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
-        self.down_since.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        self.links.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
         self.history.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
     }
 
@@ -184,10 +196,12 @@ impl EventMetrics {
         self.history.lock().unwrap_or_else(|p| p.into_inner()).get(key).copied()
     }
 
-    /// Whether each stream's subscriber is connected now.
+    /// Whether each stream's subscriber is connected now (one still making its first
+    /// connection is not listed).
     pub fn connected(&self) -> Vec<(WorkerKey, bool)> {
-        let map = self.connected.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out: Vec<_> = map.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        let map = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let listed = map.iter().filter(|(_, l)| !matches!(l, Link::Connecting(_)));
+        let mut out: Vec<_> = listed.map(|(k, l)| (k.clone(), *l == Link::Up)).collect();
         out.sort();
         out
     }
