@@ -93,7 +93,7 @@ impl Admission {
     /// Admits a request whose body is `body_len` bytes at once, or says why
     /// not (draining: 503; too many in flight or over the memory budget: 429).
     pub fn admit(gw: &Arc<Gateway>, body_len: usize) -> Result<Self, GatewayError> {
-        Self::admit_as(gw, body_len, tokenizes(gw))
+        Self::admit_as(gw, body_len, false)
     }
 
     fn admit_as(gw: &Arc<Gateway>, body_len: usize, tokenized: bool) -> Result<Self, GatewayError> {
@@ -107,7 +107,7 @@ impl Admission {
     /// Admits a request, waiting for a slot in the queue when every slot is
     /// taken: 429 when the queue is full, 408 when no slot frees in time.
     pub async fn admit_waiting(gw: &Arc<Gateway>, body_len: usize) -> Result<Self, GatewayError> {
-        Self::admit_waiting_as(gw, body_len, tokenizes(gw)).await
+        Self::admit_waiting_as(gw, body_len, false).await
     }
 
     /// [`Admission::admit_waiting`] for a request that is tokenized whatever the policy (`/v1/tokenize`).
@@ -158,9 +158,10 @@ impl Admission {
     }
 
     /// With a slot taken: reserves the request's memory (with the tokenizer's for a large body
-    /// that will be tokenized), or gives the slot back.
+    /// that will be tokenized: `tokenized` anyway, or by the gateway's setup), or gives the slot
+    /// back. Only a large body asks whether the setup tokenizes.
     fn reserve(gw: &Arc<Gateway>, body_len: usize, tokenized: bool) -> Result<Self, GatewayError> {
-        let render = match tokenized && body_len > RENDER_INLINE_MAX_BYTES {
+        let render = match body_len > RENDER_INLINE_MAX_BYTES && (tokenized || tokenizes(gw)) {
             true => body_len.saturating_mul(RENDER_MEMORY_PER_BODY_BYTE),
             false => 0,
         };

@@ -208,6 +208,31 @@ where
     }
 }
 
+/// A cascade's second attempt: the request the first pool got (`sent`), rewritten for the plan's
+/// `to` pool, admitted again and forwarded there under the plan's decision (no decision asked
+/// again, no response cache read). Both front ends escalate with it.
+pub(crate) async fn escalate<T, F, Fut>(
+    gw: &Arc<Gateway>,
+    (plan, sent): (&crate::pools::cascade::Plan, &Bytes),
+    (route, routing): (Route, Option<Arc<crate::pools::Routing>>),
+    start: Instant,
+    meta: &Meta,
+    send: F,
+) -> Result<(InFlight, Arc<Worker>, T), GatewayError>
+where
+    T: AnswerHead,
+    F: FnMut(Arc<Worker>, Bytes, Option<DpRank>, Option<Arc<HeaderEdits>>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, SendError>>,
+{
+    let body = crate::pools::cascade::escalated_body(plan, sent);
+    let admission = Admission::admit_waiting(gw, body.len()).await?;
+    let meta = Meta { forced: Some((plan.to, plan.decision.clone())), ..meta.clone() };
+    match forward(gw, admission, (route, routing), body, start, &meta, send).await? {
+        Forwarded::Sent(guard, worker, answer) => Ok((guard, worker, answer)),
+        Forwarded::Cached(_) => Err(GatewayError::Internal("a forced route read a response cache".into())),
+    }
+}
+
 /// The body to send for `rank` on a request whose client set no rank: on
 /// `/generate`, `routed_dp_rank` set in the parsed body (SGLang's native route
 /// reads no header), or taken out again for a retry without one; else as it came.

@@ -86,10 +86,7 @@ async fn serve(
     // whole body was written), which hyper's drops.
     let extra = answer::extra(&gw, &headers);
     let send = |worker: Arc<Worker>, body: Bytes, rank: Option<DpRank>, edits: Option<Arc<HeaderEdits>>| {
-        let mut extra = extra.clone();
-        if let Some(edits) = edits {
-            extra.headers = Bytes::from(edits.applied_to_lines(&extra.headers));
-        }
+        let extra = extra.edited(edits.as_deref());
         async move { upstream::send(worker, route, body, rank, extra).await.map(answer::into_response) }
     };
     let (mut guard, worker, resp) =
@@ -112,14 +109,8 @@ async fn serve(
         Judged::Pass(guard, worker, resp) => return Ok(relay(&gw, guard, worker, resp)),
         Judged::Escalate(verdict) => verdict,
     };
-    let body = cascade::escalated_body(&plan, &sent);
-    let admission = Admission::admit_waiting(&gw, body.len()).await?;
-    let meta = Meta { forced: Some((plan.to, plan.decision.clone())), ..meta };
-    let Forwarded::Sent(guard, worker, resp) =
-        forward(&gw, admission, (route, routing), body, start, &meta, &send).await?
-    else {
-        return Err(GatewayError::Internal("a forced route read a response cache".into()));
-    };
+    let (guard, worker, resp) =
+        crate::forward::escalate(&gw, (&plan, &sent), (route, routing), start, &meta, &send).await?;
     let mut answer = relay(&gw, guard, worker, resp);
     answer.headers_mut().insert(cascade::CASCADE_HEADER, verdict.header());
     Ok(answer)

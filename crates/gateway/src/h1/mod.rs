@@ -40,7 +40,7 @@ use tracing::{Instrument, warn};
 
 use self::head::Refusal;
 use crate::account::{count_error, request_span};
-use crate::forward::{Forwarded, forward};
+use crate::forward::{Forwarded, escalate, forward};
 use crate::pools::cascade::CASCADE_HEADER;
 use crate::request::{RANK_HEADER, Route, forwarded, push_header};
 use crate::{ClientLimits, Gateway, GatewayError};
@@ -526,11 +526,7 @@ async fn serve_fast(
     };
     async move {
         let send = |worker, body, rank, edits: Option<Arc<crate::pools::HeaderEdits>>| {
-            let mut extra = extra.clone();
-            if let Some(edits) = edits {
-                extra.headers = Bytes::from(edits.applied_to_lines(&extra.headers));
-            }
-            upstream::send(worker, route, body, rank, extra)
+            upstream::send(worker, route, body, rank, extra.edited(edits.as_deref()))
         };
         let sent = tokio::select! {
             sent = forward(gw, admission, (route, routing.clone()), body, start, &meta, &send) => sent,
@@ -553,20 +549,9 @@ async fn serve_fast(
                     }
                     Ok(cascade::First::Escalate(verdict)) => {
                         push_header(&mut answer_head, CASCADE_HEADER.as_bytes(), verdict.header().as_bytes());
-                        let body = crate::pools::cascade::escalated_body(&plan, &sent_body);
-                        let meta =
-                            crate::request::Meta { forced: Some((plan.to, plan.decision.clone())), ..meta.clone() };
-                        let again = async {
-                            let admission = crate::admission::Admission::admit_waiting(gw, body.len()).await?;
-                            match forward(gw, admission, (route, routing), body, start, &meta, &send).await? {
-                                sent @ Forwarded::Sent(..) => Ok(sent),
-                                Forwarded::Cached(_) => {
-                                    Err(GatewayError::Internal("a forced route read a response cache".into()))
-                                }
-                            }
-                        };
+                        let again = escalate(gw, (&plan, &sent_body), (route, routing), start, &meta, &send);
                         tokio::select! {
-                            sent = again => sent,
+                            sent = again => sent.map(|(guard, worker, answer)| Forwarded::Sent(guard, worker, answer)),
                             () = peer.gone() => return false,
                         }
                     }

@@ -184,6 +184,17 @@ pub(crate) struct Extra {
     pub(crate) tls: tokio_rustls::TlsConnector,
 }
 
+impl Extra {
+    /// These, with a decision's header changes applied (`None`: as they are).
+    pub(crate) fn edited(&self, edits: Option<&crate::pools::HeaderEdits>) -> Extra {
+        let mut extra = self.clone();
+        if let Some(edits) = edits {
+            extra.headers = Bytes::from(edits.applied_to_lines(&self.headers));
+        }
+        extra
+    }
+}
+
 impl std::fmt::Debug for Extra {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Extra").field("headers", &self.headers.len()).field("rank", &self.rank).finish()
@@ -427,9 +438,6 @@ pub(crate) async fn relay(
     };
     match result {
         Ok(()) => {
-            if let Some(r) = recorder {
-                r.ended();
-            }
             if answer.head.reusable && answer.buf.is_empty() {
                 checkin(answer.authority, answer.tcp);
             }
