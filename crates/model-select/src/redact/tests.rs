@@ -65,6 +65,45 @@ fn every_role_and_every_text_field_of_a_chat_is_redacted() {
     assert_eq!(r.total(), 12);
 }
 
+/// The PII signals read what `pii_redact` rewrites (`crate::guard_text`), field for field: every
+/// value redacted in the chat above is in the signals' text before, and none after.
+#[test]
+fn the_signals_read_every_field_redaction_rewrites() {
+    let mut body = json!({"messages": [
+        {"role": "system", "content": "Escalate to ops@corp.example"},
+        {"role": "developer", "content": [{"type": "text", "text": "Key sk-proj-aB3aB3aB3aB3aB3aB3aB3aB3"}]},
+        {"role": "user", "name": "jane@example.com", "content": [{"type": "text", "text": "card 4111 1111 1111 1111"}]},
+        {"role": "assistant", "content": null, "refusal": "not for 078-05-1120",
+         "reasoning_content": "the user is jo@example.com",
+         "tool_calls": [{"id": "c1", "type": "function",
+                         "function": {"name": "send_mail", "arguments": "{\"to\":\"bob@example.org\"}"}}]},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "call +1 415 555 0100"}],
+         "function_call": {"name": "lookup", "arguments": "{\"ip\": \"192.168.1.10\"}"}},
+        {"role": "tool", "tool_call_id": "c1", "content": "sent to al@example.net"}
+    ]});
+    let values = [
+        "ops@corp.example",
+        "sk-proj-aB3aB3aB3aB3aB3aB3aB3aB3",
+        "jane@example.com",
+        "4111 1111 1111 1111",
+        "078-05-1120",
+        "jo@example.com",
+        "bob@example.org",
+        "+1 415 555 0100",
+        "192.168.1.10",
+        "al@example.net",
+    ];
+    let before = crate::guard_text(&body);
+    for v in values {
+        assert!(before.contains(v), "{v} is read by the signals: {before}");
+    }
+    assert_eq!(all(&mut body).total(), values.len());
+    let after = crate::guard_text(&body);
+    for v in values {
+        assert!(!after.contains(v), "{v} is redacted: {after}");
+    }
+}
+
 #[test]
 fn tool_call_arguments_stay_json_and_their_escapes_are_read() {
     let arguments = r#"{"to": "jane\u0040example.com", "card": 4111111111111111, "n": 3, "ok": true, "nested": {"tel": "+1 415 555 0100"}}"#;
