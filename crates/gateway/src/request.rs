@@ -159,6 +159,16 @@ pub(crate) fn push_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// The (name, value) of each line of serialized headers (`name: value\r\n`, as [`push_header`]
+/// writes them), the value trimmed; a line without a colon is skipped.
+pub(crate) fn header_lines(lines: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> + Clone {
+    lines.split(|&b| b == b'\n').filter_map(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let colon = line.iter().position(|&b| b == b':')?;
+        Some((&line[..colon], line[colon + 1..].trim_ascii()))
+    })
+}
+
 /// Whether `cache-control` values say not to use or keep a cached answer (`no-cache`, `no-store`).
 pub(crate) fn bypassed<'h>(values: impl Iterator<Item = &'h [u8]>) -> bool {
     values.into_iter().any(|v| {

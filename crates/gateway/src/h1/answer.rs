@@ -63,15 +63,10 @@ struct Reading {
 /// and its body read as the relay polls it.
 pub(crate) fn into_response(answer: Answer) -> Response<UpstreamBody> {
     let mut headers = HeaderMap::new();
-    for line in answer.head.headers.split(|&b| b == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(colon) = line.iter().position(|&b| b == b':') else { continue };
-        let (Ok(name), Ok(value)) =
-            (HeaderName::from_bytes(&line[..colon]), HeaderValue::from_bytes(line[colon + 1..].trim_ascii()))
-        else {
-            continue;
-        };
-        headers.append(name, value);
+    for (name, value) in crate::request::header_lines(&answer.head.headers) {
+        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value)) {
+            headers.append(name, value);
+        }
     }
     let left = match answer.head.framing {
         Framing::Length(n) => {

@@ -491,10 +491,7 @@ async fn serve_fast(
     }
     let body = buf.split_to(head.body_len).freeze();
     let mut headers = head.forward;
-    let lines = headers.split(|&b| b == b'\n').filter_map(|l| {
-        let i = l.iter().position(|&b| b == b':')?;
-        Some((std::str::from_utf8(&l[..i]).ok()?, l[i + 1..].strip_suffix(b"\r").unwrap_or(&l[i + 1..])))
-    });
+    let lines = crate::request::header_lines(&headers).filter_map(|(n, v)| Some((std::str::from_utf8(n).ok()?, v)));
     let signal_headers = crate::pools::wanted_headers(routing.as_deref(), lines.clone());
     let cache_bypass =
         crate::request::bypassed(lines.filter(|(n, _)| n.eq_ignore_ascii_case("cache-control")).map(|(_, v)| v));

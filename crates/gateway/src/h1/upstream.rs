@@ -528,12 +528,9 @@ fn record(recorder: &mut Option<crate::cache::Recorder>, data: &[u8]) {
 
 /// The value of header `name` in serialized header lines.
 fn header_value(lines: &[u8], name: &[u8]) -> Option<axum::http::HeaderValue> {
-    lines.split(|&b| b == b'\n').find_map(|line| {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let colon = line.iter().position(|&b| b == b':')?;
-        let value = line[..colon].eq_ignore_ascii_case(name).then(|| line[colon + 1..].trim_ascii())?;
-        axum::http::HeaderValue::from_bytes(value).ok()
-    })
+    crate::request::header_lines(lines)
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .and_then(|(_, value)| axum::http::HeaderValue::from_bytes(value).ok())
 }
 
 /// The worker closed its connection before the body's end.
