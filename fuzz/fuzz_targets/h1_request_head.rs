@@ -4,7 +4,7 @@
 //! each finds is the one the headers state. The fast path never takes a head the guard refuses.
 #![no_main]
 
-use gateway::fuzzing::{Body, FastHead, fallback_head, fast_head};
+use h1_codec::fuzzing::{Body, FastHead, fallback_head, fast_head};
 use libfuzzer_sys::fuzz_target;
 
 fn parsed(data: &[u8]) -> Option<(usize, Vec<(String, Vec<u8>)>, Option<String>)> {

@@ -3,7 +3,7 @@
 //! its headers state, and a head whose framing two hops could read differently is refused.
 #![no_main]
 
-use gateway::fuzzing::{AnswerFraming, answer_head};
+use h1_codec::fuzzing::{AnswerFraming, answer_head};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -44,7 +44,7 @@ pub(crate) async fn route_preview(
     body: Body,
 ) -> Result<Json<Value>, GatewayError> {
     let route = debug_route_of(q.route.as_deref())?;
-    let key = crate::request::Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
+    let key = h1_codec::usable_key(headers.get(h1_codec::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
     let bytes = read_body(&gw, body).await?;
     // One routing config for the whole explain.
     let routing = gw.routing();
@@ -173,7 +173,7 @@ fn routing_headers(
     headers: &axum::http::HeaderMap,
 ) -> (Vec<(String, String)>, Option<Vec<u8>>) {
     let signal_headers = crate::pools::wanted_headers(routing, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
-    let session = crate::request::Meta::key(headers.get(crate::pools::SESSION_HEADER).map(HeaderValue::as_bytes));
+    let session = h1_codec::usable_key(headers.get(h1_codec::SESSION_HEADER).map(HeaderValue::as_bytes));
     (signal_headers, session)
 }
 
@@ -193,7 +193,7 @@ pub(crate) async fn debug_route(
     headers: axum::http::HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, GatewayError> {
-    let key = crate::request::Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
+    let key = h1_codec::usable_key(headers.get(h1_codec::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
     let route = debug_route_of(q.route.as_deref())?;
     let bytes = read_body(&gw, body).await?;
     if gw.pd.is_some() {

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use crate::Gateway;
 
 /// The header the id goes to the worker and back to the client in.
-pub const REQUEST_ID_HEADER: &str = "x-request-id";
+pub use h1_codec::REQUEST_ID_HEADER;
 /// The headers a client's request id is looked for in, in order (SGLang Model Gateway's).
 pub const DEFAULT_REQUEST_ID_HEADERS: [&str; 4] = ["x-request-id", "x-correlation-id", "x-trace-id", "request-id"];
 /// Longest client request id kept; a longer one is replaced by a fresh id.

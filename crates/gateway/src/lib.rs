@@ -14,15 +14,12 @@ mod admin;
 pub mod admission;
 pub mod auth;
 mod body;
+pub mod cache;
 pub mod context;
 pub mod error;
 mod forward;
 mod h1;
 mod judge;
-#[cfg(feature = "fuzzing")]
-#[doc(hidden)]
-pub use h1::fuzzing;
-pub mod cache;
 pub mod metrics;
 pub mod namespace;
 pub mod pd;

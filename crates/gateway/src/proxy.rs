@@ -66,13 +66,13 @@ async fn serve(
     let headers = Arc::new(headers);
     let meta = Meta {
         id: id.to_string(),
-        routing_key: Meta::key(headers.get(policy::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes)),
+        routing_key: h1_codec::usable_key(headers.get(h1_codec::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes)),
         route_debug,
         signal_headers: crate::pools::wanted_headers(
             routing.as_deref(),
             headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())),
         ),
-        session: Meta::key(headers.get(crate::pools::SESSION_HEADER).map(HeaderValue::as_bytes)),
+        session: h1_codec::usable_key(headers.get(h1_codec::SESSION_HEADER).map(HeaderValue::as_bytes)),
         cache_bypass: crate::request::bypassed(
             headers.get_all(header::CACHE_CONTROL).iter().map(HeaderValue::as_bytes),
         ),

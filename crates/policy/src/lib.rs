@@ -24,7 +24,7 @@ pub use approx_tree::{ApproxTree, ApproxTreeConfig, ApproxTreePolicy};
 pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use min_ttft::{MinTtft, MinTtftConfig};
 pub use simple::{Draws, LeastLoad, PowerOfTwo, Random, RoundRobin, SplitMix};
-pub use sticky::{Manual, ROUTING_KEY_HEADER, by_key};
+pub use sticky::{Manual, by_key};
 
 /// Router-side load of one worker (the fleet keeps it; the shared vocabulary holds the type).
 pub use router_types::Load;

@@ -16,9 +16,6 @@ use router_types::WorkerId;
 use crate::simple::Random;
 use crate::{Candidate, Decision, Policy, PolicyError, RequestInfo};
 
-/// The header a client names its session in.
-pub const ROUTING_KEY_HEADER: &str = "x-smg-routing-key";
-
 /// FNV-1a over `parts`, then a SplitMix64 finalizer: stable across builds and machines.
 fn weight(key: &[u8], worker: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;

@@ -17,8 +17,10 @@ use std::sync::Arc;
 use fleet::Worker;
 use router_types::DpRank;
 
-use super::chunked::Decoder;
-use super::upstream::{self, Answer, Framing, checkin};
+use h1_codec::Framing;
+use h1_codec::chunked::Decoder;
+
+use super::upstream::{self, Answer, checkin};
 use crate::Gateway;
 use crate::relay::{BoxError, UpstreamBody};
 use crate::request::{RANK_HEADER, Route, push_header};
@@ -198,8 +200,9 @@ mod tests {
     use tokio::net::{TcpListener, TcpStream};
 
     use super::*;
-    use crate::h1::upstream::{idle_count, parse_answer_head};
+    use crate::h1::upstream::idle_count;
     use crate::tls::Conn;
+    use h1_codec::parse_answer_head;
 
     /// An answer whose first `first` bytes were read with its head; the worker then writes
     /// `rest` and, with `close`, closes.

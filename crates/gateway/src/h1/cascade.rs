@@ -10,7 +10,9 @@ use axum::http::HeaderValue;
 use fleet::Worker;
 
 use super::answer;
-use super::upstream::{Answer, Framing};
+use h1_codec::Framing;
+
+use super::upstream::Answer;
 use crate::account::InFlight;
 use crate::cache::Hit;
 use crate::judge::{self, Judged};

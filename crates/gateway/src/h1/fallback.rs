@@ -33,8 +33,10 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
-use super::chunked::Decoder;
-use super::head::{self, BodyLen, Refusal};
+use h1_codec::chunked::Decoder;
+use h1_codec::{BodyLen, Refusal};
+
+use super::head::Answer as _;
 use super::{LINGER, MAX_PIPELINED_BYTES, linger};
 use crate::ClientLimits;
 
@@ -193,7 +195,7 @@ impl Guarded {
                 // One request at a time: the next head waits for the answer before it.
                 At::Head if self.checked > 0 || rest.is_empty() || busy => return Ok(()),
                 At::Head => {
-                    let Some((len, body)) = head::check(rest)? else { return Ok(()) };
+                    let Some((len, body)) = h1_codec::check(rest)? else { return Ok(()) };
                     self.checked += len;
                     // A new request: every deadline after it starts afresh (hyper may answer
                     // it before the guard is polled again, so no change of deadline shows it).

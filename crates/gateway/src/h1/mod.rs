@@ -19,10 +19,7 @@
 pub(crate) mod answer;
 mod backoff;
 mod cascade;
-mod chunked;
 mod fallback;
-#[cfg(feature = "fuzzing")]
-pub mod fuzzing;
 mod head;
 pub(crate) mod upstream;
 
@@ -38,18 +35,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, warn};
 
-use self::head::Refusal;
+use h1_codec::{Head, Next, Refusal, parse_head};
+
+use self::head::Answer as _;
 use crate::account::{count_error, request_span};
 use crate::forward::{Forwarded, escalate, forward};
 use crate::pools::cascade::CASCADE_HEADER;
-use crate::request::{RANK_HEADER, Route, forwarded, push_header};
+use crate::request::push_header;
 use crate::{ClientLimits, Gateway, GatewayError};
 
-/// Largest request head either front end reads; a larger one is refused
-/// (431, or 414 when even the request line does not end within it).
-const MAX_HEAD_BYTES: usize = 64 << 10;
-/// Most header lines a request may have; more are refused (431).
-const MAX_HEADERS: usize = 64;
 /// Pipelined bytes buffered while a request waits for its worker.
 const MAX_PIPELINED_BYTES: usize = 1 << 20;
 /// How long a refused connection is kept to deliver its answer and take what
@@ -184,146 +178,6 @@ fn anchor_period(request_timeout: Duration, l: &ClientLimits) -> Duration {
     let deadlines = [l.header_read_timeout, l.body_read_timeout, l.idle_timeout, l.upstream_idle_timeout];
     let shortest = deadlines.into_iter().fold(request_timeout, Duration::min);
     (shortest / 2).clamp(Duration::from_millis(10), Duration::from_secs(60))
-}
-
-/// What the fast path needs of a proxied request's head.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Head {
-    route: Route,
-    /// Bytes of the head, blank line included.
-    len: usize,
-    body_len: usize,
-    /// The client asked to close after this request.
-    close: bool,
-    /// The client waits for `100 Continue` before sending the body.
-    expect_continue: bool,
-    /// The end-to-end headers for the worker, as `name: value\r\n` lines
-    /// (the rank hint apart).
-    forward: Vec<u8>,
-    /// The client's data-parallel rank hint, used when the router has none.
-    rank: Option<Vec<u8>>,
-    /// The client's `Authorization` value: a client key to check
-    /// (`--client-api-keys`), or its own credentials for the worker.
-    authorization: Option<Vec<u8>>,
-    /// The client's request-id headers: (position in `--request-id-headers`, value), each once.
-    request_ids: Vec<(usize, Vec<u8>)>,
-    /// It sent `x-request-id` itself (the worker gets it as sent).
-    sent_x_request_id: bool,
-    /// The page's origin (CORS).
-    origin: Option<Vec<u8>>,
-    /// The client's routing key (`x-smg-routing-key`).
-    routing_key: Option<Vec<u8>>,
-    /// The client asked for the routing explain (`x-route-debug: true`).
-    /// The `x-route-debug` value (checked against the control-plane keys once the gateway is at hand).
-    route_debug: Option<Vec<u8>>,
-    /// The client's conversation id (`x-session-id`).
-    session: Option<Vec<u8>>,
-}
-
-/// Who serves the request at the front of the buffer.
-#[derive(Debug, PartialEq, Eq)]
-enum Next {
-    Fast(Head),
-    /// Not for the fast path: hyper serves the rest of the connection.
-    Hyper,
-    /// Not a head to serve: answered with this refusal, then the connection closes.
-    Refuse(Refusal),
-}
-
-/// Reads the request head at the front of `buf`; `None` while incomplete.
-/// `id_names` are the headers a request id is looked for in, in order.
-fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    let len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) if n <= MAX_HEAD_BYTES => n,
-        Ok(httparse::Status::Partial) if buf.len() <= MAX_HEAD_BYTES => return None,
-        Ok(_) => return Some(Next::Refuse(Refusal::too_large(&buf[..buf.len().min(MAX_HEAD_BYTES)]))),
-        Err(e) => return Some(Next::Refuse(Refusal::parse(e))),
-    };
-    let route = match (req.method, req.version, req.path.and_then(Route::from_path)) {
-        (Some("POST"), Some(1), Some(route)) => route,
-        _ => return Some(Next::Hyper),
-    };
-    // Every `connection` header's tokens: options for this hop, and the headers that are hop-only.
-    let connection = req.headers.iter().filter(|h| h.name.eq_ignore_ascii_case("connection"));
-    let connection: Vec<&str> = connection.filter_map(|h| std::str::from_utf8(h.value).ok()).collect();
-    let connection = connection.join(",");
-    let option = |o: &str| connection.split(',').any(|t| t.trim().eq_ignore_ascii_case(o));
-    if option("upgrade") {
-        return Some(Next::Hyper);
-    }
-    let close = option("close");
-    let (mut body_len, mut expect_continue) = (None, false);
-    let (mut forward, mut rank, mut authorization) = (Vec::new(), None, None);
-    let (mut request_ids, mut sent_x_request_id, mut origin) = (Vec::new(), false, None);
-    let (mut routing_key, mut route_debug, mut session) = (None, None, None);
-    for h in req.headers.iter() {
-        if let Some(i) = id_names.iter().position(|n| h.name.eq_ignore_ascii_case(n))
-            && !request_ids.iter().any(|(j, _)| *j == i)
-        {
-            request_ids.push((i, h.value.to_vec()));
-        }
-        sent_x_request_id |= h.name.eq_ignore_ascii_case(crate::context::REQUEST_ID_HEADER);
-        if h.name.eq_ignore_ascii_case("origin") {
-            origin = Some(h.value.to_vec());
-        } else if h.name.eq_ignore_ascii_case(policy::ROUTING_KEY_HEADER) {
-            routing_key = crate::request::Meta::key(Some(h.value));
-        } else if h.name.eq_ignore_ascii_case(crate::request::ROUTE_DEBUG_HEADER) {
-            route_debug = Some(h.value.to_vec());
-        } else if h.name.eq_ignore_ascii_case(crate::pools::SESSION_HEADER) {
-            session = crate::request::Meta::key(Some(h.value));
-        }
-        if h.name.eq_ignore_ascii_case(RANK_HEADER) {
-            rank = Some(h.value.to_vec());
-        } else if h.name.eq_ignore_ascii_case("authorization") {
-            // Two credentials: which one a hop honours is a guess; none is.
-            if authorization.replace(h.value.to_vec()).is_some() {
-                return Some(Next::Refuse(Refusal::Malformed("more than one authorization header".into())));
-            }
-        } else if forwarded(h.name, &connection) {
-            push_header(&mut forward, h.name.as_bytes(), h.value);
-        }
-        let value = std::str::from_utf8(h.value).unwrap_or("\u{0}").trim();
-        if h.name.eq_ignore_ascii_case("content-length") {
-            match (body_len, content_length(value).and_then(|n| usize::try_from(n).ok())) {
-                (None, Some(n)) => body_len = Some(n),
-                _ => return Some(Next::Hyper),
-            }
-        } else if h.name.eq_ignore_ascii_case("expect") && value.eq_ignore_ascii_case("100-continue") {
-            expect_continue = true;
-        } else if ["transfer-encoding", "expect", "upgrade"].iter().any(|n| h.name.eq_ignore_ascii_case(n)) {
-            return Some(Next::Hyper);
-        }
-    }
-    // No length (an empty body, or a chunked one refused above): hyper decides.
-    let Some(body_len) = body_len else { return Some(Next::Hyper) };
-    Some(Next::Fast(Head {
-        route,
-        len,
-        body_len,
-        close,
-        expect_continue,
-        forward,
-        rank,
-        authorization,
-        request_ids,
-        sent_x_request_id,
-        origin,
-        routing_key,
-        route_debug,
-        session,
-    }))
-}
-
-/// A `Content-Length` value: digits only (`+5` or `5 5`, which a lenient
-/// parser would take, could make this hop and another disagree on where a
-/// message ends).
-pub(crate) fn content_length(value: &str) -> Option<u64> {
-    if value.is_empty() || value.len() > 19 || !value.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    value.parse().ok()
 }
 
 /// Reads more of `tcp` into `buf`; 0 at end of stream.
@@ -671,75 +525,6 @@ async fn write_error(tcp: &mut TcpStream, e: &GatewayError, close: bool, extra: 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fast(raw: &str) -> Head {
-        match parse_head(raw.as_bytes(), &[]) {
-            Some(Next::Fast(h)) => h,
-            other => panic!("{raw:?}: {other:?}"),
-        }
-    }
-
-    #[test]
-    fn proxied_posts_with_a_length_take_the_fast_path() {
-        let raw = "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 12\r\n\r\n{\"messages\"";
-        let h = fast(raw);
-        assert_eq!(
-            (h.route, h.len, h.body_len, h.close, h.expect_continue),
-            (Route::Chat, raw.len() - 11, 12, false, false)
-        );
-        let h = fast(
-            "POST /generate HTTP/1.1\r\ncontent-length: 0\r\nConnection: keep-alive, Close\r\nExpect: 100-continue\r\n\r\n",
-        );
-        assert_eq!((h.route, h.close, h.expect_continue), (Route::Generate, true, true));
-        assert_eq!(fast("POST /v1/completions HTTP/1.1\r\nContent-Length: 5\r\n\r\n").route, Route::Completions);
-    }
-
-    #[test]
-    fn an_incomplete_head_waits_for_more() {
-        assert_eq!(parse_head(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Len", &[]), None);
-        assert_eq!(parse_head(b"POS", &[]), None);
-    }
-
-    #[test]
-    fn everything_else_goes_to_hyper() {
-        for raw in [
-            "GET /metrics HTTP/1.1\r\n\r\n",
-            "POST /v1/chat/completions HTTP/1.0\r\nContent-Length: 2\r\n\r\n",
-            "POST /v1/chat/completions?x=1 HTTP/1.1\r\nContent-Length: 2\r\n\r\n",
-            "POST /debug/route HTTP/1.1\r\nContent-Length: 2\r\n\r\n",
-            "POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
-            "POST /v1/chat/completions HTTP/1.1\r\n\r\n",
-            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n",
-            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: x\r\n\r\n",
-            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: +2\r\n\r\n",
-            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2, 2\r\n\r\n",
-            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
-            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\nExpect: something\r\n\r\n",
-            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
-        ] {
-            assert_eq!(parse_head(raw.as_bytes(), &[]), Some(Next::Hyper), "{raw:?}");
-        }
-    }
-
-    #[test]
-    fn heads_hyper_could_only_refuse_are_refused_here() {
-        let refused = |raw: &[u8]| match parse_head(raw, &[]) {
-            Some(Next::Refuse(r)) => r,
-            other => panic!("{:?}: {other:?}", String::from_utf8_lossy(raw)),
-        };
-        assert!(matches!(refused(b"BAD\0 REQUEST\r\n\r\n"), Refusal::Malformed(_)));
-        assert!(matches!(refused(b"POST /generate HTTP/1.1\r\nbad header\r\n\r\n"), Refusal::Malformed(_)));
-        let huge = format!("POST /v1/chat/completions HTTP/1.1\r\nx: {}", "a".repeat(MAX_HEAD_BYTES));
-        assert_eq!(refused(huge.as_bytes()), Refusal::HeadTooLarge);
-        // Whole, but over the limit (it came in one large read).
-        let whole = format!("POST /v1/chat/completions HTTP/1.1\r\nx: {}\r\n\r\n", "a".repeat(MAX_HEAD_BYTES));
-        assert_eq!(refused(whole.as_bytes()), Refusal::HeadTooLarge);
-        let long = format!("POST /{}", "a".repeat(MAX_HEAD_BYTES));
-        assert_eq!(refused(long.as_bytes()), Refusal::UriTooLong);
-        let many: String = (0..=MAX_HEADERS).map(|i| format!("h{i}: v\r\n")).collect();
-        let raw = format!("POST /generate HTTP/1.1\r\nContent-Length: 2\r\n{many}\r\n");
-        assert_eq!(refused(raw.as_bytes()), Refusal::TooManyHeaders);
-    }
 
     #[test]
     fn the_timer_anchor_is_due_before_every_deadline() {

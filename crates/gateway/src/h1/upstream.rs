@@ -27,53 +27,26 @@ use router_types::DpRank;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::chunked::{self, Decoder};
 use super::{Peer, push_header, write_error};
 use crate::GatewayError;
 use crate::account::InFlight;
 use crate::relay::failed_mid_answer;
-use crate::request::{RANK_HEADER, Route, relayed};
+use crate::request::{RANK_HEADER, Route};
 use crate::send::SendError;
 use crate::tls::Conn;
 use crate::{UPSTREAM_CONNECT_TIMEOUT, UPSTREAM_IDLE_TIMEOUT};
 use fleet::Worker;
+use h1_codec::chunked::{self, Decoder};
+use h1_codec::{AnswerHead, Framing, parse_answer_head};
 
 /// Idle connections kept per worker and serving thread.
 const MAX_IDLE_PER_WORKER: usize = 512;
-/// Largest answer head read from a worker.
-const MAX_HEAD_BYTES: usize = 64 << 10;
 
 thread_local! {
     /// Idle connections by worker authority, most recently used last.
     static IDLE: RefCell<HashMap<String, Vec<(Conn, Instant)>>> = RefCell::new(HashMap::new());
     /// When this thread's pool was last swept.
     static LAST_SWEEP: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
-}
-
-/// How an answer's body is delimited.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Framing {
-    /// No body (204, 304).
-    Empty,
-    Length(u64),
-    Chunked,
-    /// Until the worker closes.
-    Close,
-}
-
-/// What the relay needs of a worker's answer head.
-#[derive(Debug)]
-pub(crate) struct AnswerHead {
-    pub(crate) status: u16,
-    /// The end-to-end headers, serialized.
-    pub(crate) headers: Vec<u8>,
-    pub(crate) framing: Framing,
-    /// `text/event-stream`.
-    pub(crate) sse: bool,
-    /// Transfer codings other than a final `chunked` (say `gzip`), kept when the body is re-framed.
-    pub(crate) codings: String,
-    /// The connection may carry another request once the body is read.
-    pub(crate) reusable: bool,
 }
 
 /// A worker's answer, its head read.
@@ -287,87 +260,6 @@ async fn read_head(tcp: &mut Conn, buf: &mut BytesMut) -> io::Result<AnswerHead>
         if tcp.read_buf(buf).await? == 0 {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed before an answer"));
         }
-    }
-}
-
-/// The worker's answer head at the front of `buf` (interim 1xx answers
-/// skipped): its length with what precedes it, and what the relay needs of
-/// it; `None` while incomplete. A head whose framing another hop could read
-/// otherwise (two lengths, a length with a transfer coding, a length not all
-/// digits) is refused.
-pub(crate) fn parse_answer_head(buf: &[u8]) -> io::Result<Option<(usize, AnswerHead)>> {
-    let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, format!("invalid answer from the worker: {m}"));
-    let mut at = 0;
-    loop {
-        let mut headers = [httparse::EMPTY_HEADER; 96];
-        let mut resp = httparse::Response::new(&mut headers);
-        let len = match resp.parse(&buf[at..]) {
-            Ok(httparse::Status::Complete(len)) => len,
-            Ok(httparse::Status::Partial) if buf.len() - at <= MAX_HEAD_BYTES => return Ok(None),
-            Ok(httparse::Status::Partial) => return Err(bad("head too large")),
-            Err(e) => return Err(bad(&e.to_string())),
-        };
-        let status = resp.code.unwrap_or(0);
-        if (100..200).contains(&status) && status != 101 {
-            at += len;
-            continue;
-        }
-        let mut out = Vec::with_capacity(256);
-        let (mut length, mut chunked, mut te, mut close, mut sse) = (None, false, false, false, false);
-        let mut codings = String::new();
-        // The answer's `connection` tokens: options, and the headers that are hop-only.
-        let connection: Vec<&str> = resp
-            .headers
-            .iter()
-            .filter(|h| h.name.eq_ignore_ascii_case("connection"))
-            .filter_map(|h| std::str::from_utf8(h.value).ok())
-            .collect();
-        let connection = connection.join(",");
-        for h in resp.headers.iter() {
-            let value = std::str::from_utf8(h.value).unwrap_or("").trim();
-            if h.name.eq_ignore_ascii_case("content-length") {
-                let n = super::content_length(value).ok_or_else(|| bad("content-length"))?;
-                // Two lengths (even equal) are no length: which one another hop takes is anyone's guess.
-                if length.replace(n).is_some() {
-                    return Err(bad("several content-length headers"));
-                }
-            } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-                // Several lines make one list, in order.
-                if te {
-                    codings.push_str(", ");
-                }
-                codings.push_str(value);
-                te = true;
-            } else if h.name.eq_ignore_ascii_case("connection") {
-                close |= value.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"));
-            } else if h.name.eq_ignore_ascii_case("content-type") {
-                sse = value.starts_with("text/event-stream");
-            }
-            // The router sets the answer's `x-request-id` itself.
-            if relayed(h.name, &connection) && !h.name.eq_ignore_ascii_case(crate::context::REQUEST_ID_HEADER) {
-                push_header(&mut out, h.name.as_bytes(), h.value);
-            }
-        }
-        if te && length.is_some() {
-            return Err(bad("content-length with transfer-encoding"));
-        }
-        if te {
-            // The codings other than a final `chunked`, kept when the body is re-framed.
-            let (rest, last) = codings.rsplit_once(',').unwrap_or(("", &codings));
-            chunked = last.trim().eq_ignore_ascii_case("chunked");
-            if chunked {
-                codings = rest.trim().to_owned();
-            }
-        }
-        let framing = match (status, te, chunked, length) {
-            (204 | 304, ..) => Framing::Empty,
-            (_, true, true, _) => Framing::Chunked,
-            (_, true, false, _) => Framing::Close,
-            (_, false, _, Some(n)) => Framing::Length(n),
-            _ => Framing::Close,
-        };
-        let reusable = resp.version == Some(1) && !close && framing != Framing::Close;
-        return Ok(Some((at + len, AnswerHead { status, headers: out, framing, sse, reusable, codings })));
     }
 }
 

@@ -572,9 +572,6 @@ pub(crate) struct Asked<'a> {
     pub(crate) renders: &'a crate::plan::Renders,
 }
 
-/// The request header naming a conversation.
-pub(crate) const SESSION_HEADER: &str = "x-session-id";
-
 /// The headers of a request that header rules read: none without such rules
 /// (the common case costs one branch).
 pub(crate) fn wanted_headers<'h>(

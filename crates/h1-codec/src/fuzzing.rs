@@ -1,13 +1,12 @@
 //! Entry points for the coverage-guided fuzz targets (`fuzz/`), behind the
-//! `fuzzing` feature: the hand-written HTTP/1.1 framing of both front ends
-//! and of the worker connection, reachable without a socket. Not an API.
+//! `fuzzing` feature: the codec driven as the front ends and the worker
+//! client drive it (a chunked body in reads of given sizes), with plain
+//! verdicts to compare against httparse. Not an API.
 
 use bytes::BytesMut;
 
-use super::chunked::{self, Decoder};
-use super::head::{self, BodyLen};
-use super::upstream::{self, Framing};
-use super::{Next, parse_head};
+use crate::chunked::{self, Decoder, Invalid};
+use crate::{BodyLen, Framing, Next, parse_answer_head, parse_head};
 
 /// What the fast path makes of the request head at the front of a buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,7 +65,7 @@ pub fn fast_head(buf: &[u8]) -> FastHead {
 /// The fallback guard's verdict on `buf`: `Ok(None)` while incomplete, the
 /// head's length and body framing, or why it is refused.
 pub fn fallback_head(buf: &[u8]) -> Result<Option<(usize, Body)>, String> {
-    match head::check(buf) {
+    match crate::check(buf) {
         Ok(None) => Ok(None),
         Ok(Some((len, body))) => Ok(Some((
             len,
@@ -82,7 +81,7 @@ pub fn fallback_head(buf: &[u8]) -> Result<Option<(usize, Body)>, String> {
 
 /// Decodes a chunked body arriving in reads of the sizes `pieces` (the rest
 /// in one last read): its payload, whether it ended, and the bytes consumed.
-pub fn chunked_decode(input: &[u8], pieces: &[usize]) -> Result<(Vec<u8>, bool, usize), ()> {
+pub fn chunked_decode(input: &[u8], pieces: &[usize]) -> Result<(Vec<u8>, bool, usize), Invalid> {
     let mut decoder = Decoder::default();
     let (mut buf, mut out, mut fed) = (BytesMut::new(), Vec::new(), 0);
     let ends = pieces.iter().scan(0usize, |at, p| {
@@ -95,7 +94,7 @@ pub fn chunked_decode(input: &[u8], pieces: &[usize]) -> Result<(Vec<u8>, bool, 
         }
         buf.extend_from_slice(&input[fed..end]);
         fed = end;
-        if decoder.decode(&mut buf, &mut out).map_err(|_| ())? {
+        if decoder.decode(&mut buf, &mut out)? {
             return Ok((out, true, fed - buf.len()));
         }
     }
@@ -103,8 +102,8 @@ pub fn chunked_decode(input: &[u8], pieces: &[usize]) -> Result<(Vec<u8>, bool, 
 }
 
 /// How many bytes at the front of `input` a chunked body takes, and whether it ends there.
-pub fn chunked_skip(input: &[u8]) -> Result<(usize, bool), ()> {
-    Decoder::default().skip(input).map_err(|_| ())
+pub fn chunked_skip(input: &[u8]) -> Result<(usize, bool), Invalid> {
+    Decoder::default().skip(input)
 }
 
 /// `payload` as one chunk (nothing for an empty payload).
@@ -116,7 +115,7 @@ pub fn chunked_encode(payload: &[u8]) -> Vec<u8> {
 
 /// The worker's answer head at the front of `buf`: `Ok(None)` while incomplete.
 pub fn answer_head(buf: &[u8]) -> Result<Option<Answer>, String> {
-    match upstream::parse_answer_head(buf) {
+    match parse_answer_head(buf) {
         Ok(None) => Ok(None),
         Ok(Some((len, h))) => Ok(Some(Answer {
             len,

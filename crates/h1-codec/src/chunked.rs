@@ -13,7 +13,7 @@ const MAX_LINE: usize = 4096;
 
 /// Where a chunked body's decoding stands.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) enum Decoder {
+pub enum Decoder {
     /// Expecting a chunk-size line.
     #[default]
     Size,
@@ -30,12 +30,12 @@ pub(crate) enum Decoder {
 /// The body is not valid chunked coding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("invalid chunked body from the worker")]
-pub(crate) struct Invalid;
+pub struct Invalid;
 
 impl Decoder {
     /// Moves the payload at the front of `input` to `out`, consuming the
     /// framing; true once the body has ended (what follows it stays in `input`).
-    pub(crate) fn decode(&mut self, input: &mut BytesMut, out: &mut Vec<u8>) -> Result<bool, Invalid> {
+    pub fn decode(&mut self, input: &mut BytesMut, out: &mut Vec<u8>) -> Result<bool, Invalid> {
         let (used, done) = self.run(input, |payload| out.extend_from_slice(payload))?;
         input.advance(used);
         Ok(done)
@@ -43,7 +43,7 @@ impl Decoder {
 
     /// How many bytes at the front of `input` belong to the body, framing
     /// included, and whether the body ends there; nothing is copied.
-    pub(crate) fn skip(&mut self, input: &[u8]) -> Result<(usize, bool), Invalid> {
+    pub fn skip(&mut self, input: &[u8]) -> Result<(usize, bool), Invalid> {
         self.run(input, |_| {})
     }
 
@@ -118,7 +118,7 @@ fn line_end(input: &[u8]) -> Result<Option<usize>, Invalid> {
 
 /// Appends `payload` to `out` as one chunk (nothing for an empty payload,
 /// which would end the body).
-pub(crate) fn encode(payload: &[u8], out: &mut Vec<u8>) {
+pub fn encode(payload: &[u8], out: &mut Vec<u8>) {
     if payload.is_empty() {
         return;
     }
@@ -128,7 +128,7 @@ pub(crate) fn encode(payload: &[u8], out: &mut Vec<u8>) {
 }
 
 /// The chunk that ends a body.
-pub(crate) const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,45 @@
+//! The router's HTTP/1.1 wire codec, with no sockets and no router state: which
+//! paths are proxied ([`Route`]), the fast path's parse of a request head
+//! ([`parse_head`]), the fallback guard's check of any other head ([`check`]),
+//! chunked transfer coding ([`chunked`]), a worker's answer head
+//! ([`parse_answer_head`]), and which headers cross a hop ([`forwarded`],
+//! [`relayed`]). Every function is pure over byte slices: the gateway's front
+//! ends and its worker client call them, and the fuzz targets (`fuzz/`) link
+//! this crate alone.
+
+mod answer;
+pub mod chunked;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
+mod headers;
+mod request;
+
+pub use answer::{AnswerHead, Framing, MAX_ANSWER_HEAD_BYTES, parse_answer_head};
+pub use headers::{forwarded, header_lines, push_header, relayed};
+pub use request::{BodyLen, Head, Next, PROXIED_PATHS, Refusal, Route, check, parse_head, usable_key};
+
+/// Largest request head taken (bytes, blank line included).
+pub const MAX_HEAD_BYTES: usize = 64 << 10;
+/// Most header fields a request head may carry.
+pub const MAX_HEADERS: usize = 64;
+
+/// The header SGLang and vLLM read a data-parallel rank hint from.
+pub const RANK_HEADER: &str = "x-data-parallel-rank";
+/// The request header asking for the routing explain (its value a control-plane key).
+pub const ROUTE_DEBUG_HEADER: &str = "x-route-debug";
+/// The client's conversation id, for session-sticky pools.
+pub const SESSION_HEADER: &str = "x-session-id";
+/// The client's routing key (`smg`'s name): its worker by rendezvous hashing.
+pub const ROUTING_KEY_HEADER: &str = "x-smg-routing-key";
+/// The request id the router sets on the worker's request and on the answer.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// A `Content-Length` value: digits only (`+5` or `5 5`, which a lenient
+/// parser would take, could make this hop and another disagree on where a
+/// message ends).
+pub fn content_length(value: &str) -> Option<u64> {
+    if value.is_empty() || value.len() > 19 || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    value.parse().ok()
+}
