@@ -120,7 +120,13 @@ pub(crate) fn chat(system: &str, user: &str) -> Value {
 }
 
 pub(crate) async fn post(url: &str, body: &Value) -> reqwest::Response {
-    reqwest::Client::new().post(url).json(body).timeout(Duration::from_secs(10)).send().await.unwrap()
+    post_within(url, body, Duration::from_secs(10)).await
+}
+
+/// [`post`] with its own deadline: a multi-megabyte prompt is tokenized by a debug build, which
+/// takes seconds, more on a loaded machine.
+pub(crate) async fn post_within(url: &str, body: &Value, deadline: Duration) -> reqwest::Response {
+    reqwest::Client::new().post(url).json(body).timeout(deadline).send().await.unwrap()
 }
 
 /// `GET` with the control-plane key.

@@ -4,7 +4,7 @@
 //! the hand-off to hyper for everything else on the same connection; and the
 //! same answers with the fast path off.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};

@@ -8,7 +8,7 @@
 //! `SGL_ROUTER_KV_PYTHON` (set by `.ci/run`, then required) or the default
 //! `/tmp/sgl-router-kv-venv/bin/python` (skipped with a message if absent).
 
-mod common;
+use crate::common;
 use common::eventually;
 
 use std::io::{BufRead, BufReader, Write};

@@ -3,7 +3,7 @@
 //! worker URLs are validated and spelled once; readiness means "can route";
 //! "not now" answers say when to retry; the control plane can have its own port.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -9,7 +9,7 @@
 //! from `SGL_ROUTER_KV_PYTHON` (set by `.ci/run`, then required) or the
 //! default `/tmp/sgl-router-kv-venv/bin/python` (skipped with a message if absent).
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::PathBuf;

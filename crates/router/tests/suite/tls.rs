@@ -5,7 +5,7 @@
 //! worker is a simulated engine behind a real TLS terminator (tokio-rustls)
 //! that checks the client's certificate against the test CA.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! stable worker ids, explains that change nothing, workers that hang on
 //! requests, huge renders off the serving thread, and the memory budget.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 //! bad requests get precise statuses; `/debug/route` changes nothing;
 //! `/metrics` is valid Prometheus text.
 
-mod common;
+use crate::common;
 
 use common::app::{Running, admin_get, admin_post, chat, config, engine_config, metric, post, start};
 use common::eventually as until;

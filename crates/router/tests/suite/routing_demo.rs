@@ -62,7 +62,7 @@ async fn the_demo_routes_every_probe_and_reloads_on_sighup() {
     for p in probes["probes"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
         let content = p["user"].as_str().unwrap().repeat(p["repeat"].as_u64().unwrap_or(1) as usize);
-        // The messages before the user turn, as crates/router/tests/model_pools.rs builds them.
+        // The messages before the user turn, as crates/router/tests/suite/model_pools.rs builds them.
         let mut messages = Vec::new();
         if let Some(system) = p["system"].as_str() {
             messages.push(json!({"role": "system", "content": system}));

@@ -8,13 +8,13 @@
 //! merged, prefill chosen without events, decode chosen by prefix, and for
 //! vLLM a decode leg sent without complete `kv_transfer_params`.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use common::app::{ADMIN_KEY, Running, admin_get, chat, post, start};
+use common::app::{ADMIN_KEY, Running, admin_get, chat, post, post_within, start};
 use common::pd::{engines, pd_config, role_config};
 use gateway::pd::PdMode;
 use mock_engine::{Faults, Flavor, MockEngine, PdRole};
@@ -133,16 +133,22 @@ async fn a_prefill_refusing_a_large_body_early_answers_the_client_and_stays_in_r
     let mut c = pd_config(PdMode::Sglang, &prefill, &decode, PolicyConfig::RoundRobin, PolicyConfig::RoundRobin);
     c.max_body_bytes = 8 << 20;
     c.retry.enabled = false;
+    // The simulated decode engine tokenizes the 7 MB prompt on a thread of this test's runtime
+    // (seconds in a debug build, more on a loaded machine), which the router's tasks share: the
+    // legs' deadline is the test's, not the 5 s the other tests run under.
+    c.request_timeout = Duration::from_secs(60);
     let r = start(c).await;
     let big = chat(SYSTEM, &"many words in a long prompt ".repeat(250_000));
     for _ in 0..3 {
-        let resp = post(&format!("{}/v1/chat/completions", r.url), &big).await;
+        let resp = post_within(&format!("{}/v1/chat/completions", r.url), &big, Duration::from_secs(60)).await;
         assert_eq!(resp.status(), 413, "the prefill engine's own answer");
         assert_eq!(resp.headers()["x-sgl-router-pd-leg"], "prefill");
     }
     let worker = r.gateway.fleet.all().into_iter().find(|w| w.url.as_str() == prefill[0].url()).unwrap();
     assert!(worker.is_routable() && !worker.quarantined(), "a client's oversized body is not the worker's fault");
-    assert_eq!(post(&format!("{}/v1/chat/completions", r.url), &chat(SYSTEM, "small")).await.status(), 200);
+    let small = post(&format!("{}/v1/chat/completions", r.url), &chat(SYSTEM, "small")).await;
+    let status = small.status();
+    assert_eq!(status, 200, "{}", small.text().await.unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

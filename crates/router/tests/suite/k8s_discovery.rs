@@ -4,7 +4,7 @@
 //! Pods are simulated engines on 127.0.0.N, all on one port, as pods on
 //! their own IPs are.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

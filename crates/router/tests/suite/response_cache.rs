@@ -4,7 +4,7 @@
 //! failed stream, not for a request that samples or says `no-cache`, and
 //! keeps what the engine did not have to do.
 
-mod common;
+use crate::common;
 
 use common::app::{config, metric, pools, start};
 use mock_engine::Faults;

@@ -5,7 +5,7 @@
 //! engine (whose `AllBlocksCleared` empties the index), and the routes the
 //! router answers itself.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! (counted), never keeps their stale blocks. Real engines' publishers are
 //! simulated here; the sockets, replay and HTTP are real.
 
-mod common;
+use crate::common;
 
 use common::app::{ADMIN_KEY, admin_get, chat, config, engine_config, post, start};
 use common::eventually;

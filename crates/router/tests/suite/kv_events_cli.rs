@@ -7,7 +7,7 @@ use std::num::NonZeroUsize;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use common::http_answering as http;
 use kv_events::{Publisher, PublisherConfig};

@@ -5,7 +5,7 @@
 //! `bandit` decision moves to the pool the verdicts favour; what was learned
 //! is saved at shutdown and read again at start.
 
-mod common;
+use crate::common;
 
 use common::app::{ADMIN_KEY, admin_get, config, metric, pools, start};
 use reqwest::StatusCode;

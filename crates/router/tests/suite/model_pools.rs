@@ -6,7 +6,7 @@
 //! get the body the decision's plugins made. Then the fallbacks: a pool with
 //! no healthy worker is passed over, and a decision with none left is a 503.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

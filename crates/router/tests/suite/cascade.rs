@@ -4,7 +4,7 @@
 //! request to the large pool; streams and completions are judged or let
 //! pass as documented, and everything is counted.
 
-mod common;
+use crate::common;
 
 use common::app::{config, metric, pools, start};
 use serde_json::{Value, json};

@@ -1,0 +1,29 @@
+//! The router's integration tests, one binary for all but the few that must run
+//! alone (`chaos`, `overload`, `fd_limit`: timing or process limits) or with
+//! other features (`embedding_signals`): one link instead of twenty, which
+//! took most of CI's test build. Each module was its own test binary; run one
+//! with `cargo test -p sgl-router --test suite MODULE::`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod cascade;
+mod cli;
+mod control_plane;
+mod drop_in;
+mod fleet;
+mod gateway_e2e;
+mod http_front;
+mod index_peers;
+mod k8s_discovery;
+mod kv_events_cli;
+mod model_pools;
+mod pd;
+mod pd_engine_classes;
+mod real_publishers;
+mod response_cache;
+mod route_feedback;
+mod routing_demo;
+mod shutdown;
+mod smg_compat;
+mod tls;
