@@ -196,11 +196,13 @@ pub(crate) async fn debug_route(
     let key = h1_codec::usable_key(headers.get(h1_codec::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
     let route = debug_route_of(q.route.as_deref())?;
     let bytes = read_body(&gw, body).await?;
-    if gw.pd.is_some() {
+    if let Some(pd) = gw.pd.clone() {
         // Both legs' choices and why.
         let (gw2, len) = (gw.clone(), bytes.len());
-        let pair =
-            crate::admission::render(&gw, len, move || crate::pd::explain_pair(&gw2, route, &bytes, key.as_deref()));
+        let pair = crate::admission::render(&gw, len, move || {
+            let v = crate::body::parse_json(&bytes)?;
+            crate::pd::explain_pair(&gw2, (0, &pd), route, &v, key.as_deref())
+        });
         return Ok(Json(pair.await??));
     }
     // Rendered like a request: a large body off the serving thread; with a routing config, in
@@ -231,9 +233,17 @@ pub(crate) async fn debug_route(
             }
             _ => 0,
         };
-        plan(&gw2, pool, route, v.as_ref(), key.as_deref(), &renders, false)
+        // A disaggregated pool: both legs' choices and why.
+        if let (Some(pd), Some(v)) = (gw2.pools[pool].pd.clone(), v.as_ref()) {
+            return crate::pd::explain_pair(&gw2, (pool, &pd), route, v, key.as_deref()).map(Explained::Pair);
+        }
+        plan(&gw2, pool, route, v.as_ref(), key.as_deref(), &renders, false).map(Explained::Plan)
     })
     .await??;
+    let plan = match plan {
+        Explained::Plan(plan) => plan,
+        Explained::Pair(pair) => return Ok(Json(pair)),
+    };
     // An explain: the policy's choice, never committed (nothing it learns or advances).
     let candidates = plan.candidates_json();
     Ok(Json(json!({
@@ -245,6 +255,12 @@ pub(crate) async fn debug_route(
         "input_tokens": plan.input_tokens,
         "candidates": candidates,
     })))
+}
+
+/// What an explain planned: one worker, or a disaggregated pool's pair.
+enum Explained {
+    Plan(crate::plan::Plan),
+    Pair(Value),
 }
 
 /// `GET /v1/models`: the served model, or with a routing config its auto
@@ -347,7 +363,7 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     m.latency.render(&mut out, "router_http_request_duration_seconds", "Whole-request latency, streaming included.");
     m.ttfb.render(&mut out, "router_http_time_to_first_byte_seconds", "Time until the worker's response headers.");
     m.matched_tokens.render(&mut out, "router_policy_matched_tokens", "Prompt tokens the chosen worker already held.");
-    if gw.pd.is_some() {
+    if gw.disaggregated() {
         m.pd_decisions.render(
             &mut out,
             "router_pd_decisions_total",

@@ -29,6 +29,22 @@ pub(crate) enum Forwarded<T> {
     Sent(InFlight, Arc<Worker>, T),
     /// Answered from the decision's response cache.
     Cached(crate::cache::Hit),
+    /// Routed to a disaggregated pool: a prefill/decode pair serves it (`pd::serve`, on the
+    /// front end that can relay its stream), with the body as routed and the route headers.
+    Disaggregated(Disaggregated),
+}
+
+/// A request routed to a disaggregated pool, for the PD dispatch.
+#[derive(Debug)]
+pub(crate) struct Disaggregated {
+    pub(crate) admission: Admission,
+    /// The pool (an index into the gateway's pools).
+    pub(crate) pool: usize,
+    /// The body as routed (its `model` the pool's, the plugins' rewrites applied).
+    pub(crate) body: Bytes,
+    pub(crate) route_headers: crate::request::RouteHeaders,
+    /// The decision's header edits, for both legs.
+    pub(crate) edits: Option<Arc<HeaderEdits>>,
 }
 
 /// The outcome of parsing and routing, off the serving thread for a large body
@@ -37,6 +53,8 @@ pub(crate) enum Forwarded<T> {
 enum Step {
     Send(Option<Value>, Plan, Option<crate::pools::Routed>, Bytes),
     Cached(crate::cache::Hit),
+    /// To a disaggregated pool: planned by the PD dispatch, not here.
+    Disaggregated(usize, Bytes, crate::request::RouteHeaders, Option<Arc<HeaderEdits>>),
 }
 
 /// Routes an admitted request and delivers it: parse and plan (off the
@@ -95,11 +113,15 @@ where
             return Ok(Step::Cached(crate::cache::Hit { answer: answer.clone(), headers }));
         }
         let pool = routed.as_ref().map_or(0, |r| r.pool);
-        let plan = plan(&gw2, pool, route, v.as_ref(), key.as_deref(), &renders, true)?;
         let bytes = match (&routed, &v) {
             (Some(r), Some(v)) if r.rewritten => Bytes::from(serde_json::to_vec(v).unwrap_or_default()),
             _ => body,
         };
+        if let Some(r) = routed.as_ref().filter(|r| gw2.pools[r.pool].pd.is_some()) {
+            let headers = crate::request::RouteHeaders::of(r, &gw2.pools[r.pool]);
+            return Ok(Step::Disaggregated(r.pool, bytes, headers, r.edits.clone()));
+        }
+        let plan = plan(&gw2, pool, route, v.as_ref(), key.as_deref(), &renders, true)?;
         Ok::<_, GatewayError>(Step::Send(v, plan, routed, bytes))
     })
     .await??;
@@ -111,6 +133,9 @@ where
             gw.metrics.latency.observe(start.elapsed().as_secs_f64());
             crate::account::count_answered(gw, route, hit.answer.status);
             return Ok(Forwarded::Cached(hit));
+        }
+        Step::Disaggregated(pool, body, route_headers, edits) => {
+            return Ok(Forwarded::Disaggregated(Disaggregated { admission, pool, body, route_headers, edits }));
         }
         Step::Send(v, plan, routed, bytes) => (v, plan, routed, bytes),
     };
@@ -230,6 +255,10 @@ where
     match forward(gw, admission, (route, routing), body, start, &meta, send).await? {
         Forwarded::Sent(guard, worker, answer) => Ok((guard, worker, answer)),
         Forwarded::Cached(_) => Err(GatewayError::Internal("a forced route read a response cache".into())),
+        // Refused at load: a cascade never escalates to a disaggregated pool.
+        Forwarded::Disaggregated(_) => {
+            Err(GatewayError::Internal("a cascade escalated to a disaggregated pool".into()))
+        }
     }
 }
 

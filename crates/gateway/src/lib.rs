@@ -290,7 +290,7 @@ pub struct Gateway {
     pub(crate) upstream_tls: tokio_rustls::TlsConnector,
     /// Prefill/decode disaggregation, when on: requests go to a pair of
     /// workers (`policy` chooses the prefill worker, this the decode worker).
-    pub pd: Option<pd::PdConfig>,
+    pub pd: Option<Arc<pd::PdConfig>>,
 }
 
 // === impl Gateway ===
@@ -369,10 +369,16 @@ impl Gateway {
         &self.pools[i]
     }
 
+    /// Whether any request may go to a prefill/decode pair (the CLI's disaggregation, or a
+    /// routing config's disaggregated pool).
+    pub fn disaggregated(&self) -> bool {
+        self.pd.is_some() || self.pools.iter().any(|p| p.pd.is_some())
+    }
+
     /// The same gateway, dispatching every request to a prefill/decode pair
     /// (its policy chooses the prefill worker).
     pub fn with_pd(mut self, pd: pd::PdConfig) -> Self {
-        self.pd = Some(pd);
+        self.pd = Some(Arc::new(pd));
         self
     }
 

@@ -1,6 +1,7 @@
 //! A model pool: its served model, policy, renderer, chain memo, context
-//! window (its workers are the fleet's, tagged with its id). What the plan
-//! phase reads to choose a worker; which pool serves a request is `pools`'.
+//! window, disaggregation (its workers are the fleet's, tagged with its id).
+//! What the plan phase reads to choose a worker; which pool serves a request
+//! is `pools`'.
 
 use std::sync::Arc;
 
@@ -24,6 +25,9 @@ pub struct Pool {
     pub context_window: Option<u64>,
     /// Prompt tokens one worker prefills per second (the TTFT estimate's rate).
     pub prefill_tokens_per_s: f64,
+    /// Prefill/decode disaggregation (a routing config's `disaggregation:`): its requests go
+    /// to a pair of its prefill and decode workers, `policy` choosing the prefill worker.
+    pub pd: Option<Arc<crate::pd::config::PdConfig>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -44,11 +48,16 @@ impl Pool {
     ) -> Self {
         let chain_memo = renderer::ChainMemo::new(chain_memo_pages);
         let prefill_tokens_per_s = model_select::DEFAULT_PREFILL_TOKENS_PER_S;
-        Pool { id, served_model, policy, renderer, chain_memo, context_window, prefill_tokens_per_s }
+        Pool { id, served_model, policy, renderer, chain_memo, context_window, prefill_tokens_per_s, pd: None }
     }
 
-    /// Whether `worker` serves this pool's requests (a regular worker in it).
+    /// Whether `worker` serves this pool's requests: a regular worker in it, or a disaggregated
+    /// pool's prefill worker (the one whose cache and queue a request meets first).
     pub fn serves(&self, worker: &fleet::Worker) -> bool {
-        worker.role == router_types::Role::Regular && worker.pool == self.id
+        let role = match self.pd {
+            None => worker.role == router_types::Role::Regular,
+            Some(_) => matches!(worker.role, router_types::Role::Prefill { .. }),
+        };
+        role && worker.pool == self.id
     }
 }

@@ -33,11 +33,11 @@ mod signals;
 pub use algorithm::{Algorithm, Bandit, Candidate, MultiFactor, OnNoCandidates, Scales, Scored, Slo, Weights};
 pub use config::{
     ALGORITHMS, Aggregation, AlgorithmConfig, Bounds, Cascade, ComplexityRule, Config, ContextRule, ConversationRule,
-    DEFAULT_PREFILL_TOKENS_PER_S, DecisionConfig, DomainConfig, DomainLabel, DomainMethod, EmbeddingRule,
-    HeaderMutation, HeaderRule, JailbreakRule, KeywordOperator, KeywordRule, LanguageRule, LoadRule, PiiRule,
-    PluginConfig, PoolConfig, Price, Problem, RESERVED_DECISIONS, ReaskRule, RegexRule, ResponseCache, RuleNode,
-    RuleOperator, SignalCondition, SignalKind, SignalRef, SignalsConfig, Stickiness, Strategy, SystemPromptMode,
-    parse_yaml, validate,
+    DEFAULT_PREFILL_TOKENS_PER_S, DecisionConfig, Disaggregation, DomainConfig, DomainLabel, DomainMethod,
+    EmbeddingRule, HeaderMutation, HeaderRule, JailbreakRule, KeywordOperator, KeywordRule, LanguageRule, LoadRule,
+    PiiRule, PluginConfig, PoolConfig, PrefillWorker, Price, Problem, RESERVED_DECISIONS, ReaskRule, RegexRule,
+    ResponseCache, RuleNode, RuleOperator, SignalCondition, SignalKind, SignalRef, SignalsConfig, Stickiness, Strategy,
+    SystemPromptMode, parse_yaml, validate,
 };
 pub use decision::{DecisionTrace, RuleOutcome, Selection, evaluate_rule, needed_signals, select};
 pub use error::ConfigError;

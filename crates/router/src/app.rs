@@ -22,7 +22,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-pub use crate::config::{AppConfig, DiscoverySetup, EmbeddingSetup, PdSetup, PolicyConfig, PoolSetup, RoutingSetup};
+pub use crate::config::{
+    AppConfig, DiscoverySetup, EmbeddingSetup, PdSetup, PolicyConfig, PoolPd, PoolSetup, RoutingSetup,
+};
 
 /// A built router, bound to its port.
 #[derive(Debug)]
@@ -132,6 +134,8 @@ impl App {
         let mut policies = vec![policy.clone()];
         policies.extend(pd.as_ref().map(|pd| pd.decode_policy.clone()));
         policies.extend(built.iter().flat_map(|(pools, _)| pools.iter().map(|p| p.policy.clone())));
+        let decode_policies = built.iter().flat_map(|(pools, _)| pools.iter().filter_map(|p| p.pd.as_ref()));
+        policies.extend(decode_policies.map(|pd| pd.decode_policy.clone()));
         let (notices, stop) = (fleet.subscribe(), cancel.clone());
         tokio::spawn(forget_departed(notices, policies, fleet.clone(), stop));
         let gateway = Gateway::new(gw_config, fleet.clone(), policy, index.clone(), renderer);

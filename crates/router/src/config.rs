@@ -193,6 +193,24 @@ pub struct PoolSetup {
     pub chat_template: Option<PathBuf>,
     /// Its context window.
     pub context_window: Option<u64>,
+    /// Its prefill/decode disaggregation (its workers are then `pd`'s, not `workers`).
+    pub pd: Option<PoolPd>,
+}
+
+/// A disaggregated pool's contract, legs and decode policy (the CLI's
+/// disaggregation, per pool; `policy` chooses its prefill worker).
+#[derive(Debug, Clone)]
+pub struct PoolPd {
+    /// The engines' contract.
+    pub mode: PdMode,
+    /// vLLM's connector.
+    pub connector: gateway::pd::KvConnector,
+    /// Prefill workers and their bootstrap ports.
+    pub prefill: Vec<(WorkerUrl, Bootstrap)>,
+    /// Decode workers.
+    pub decode: Vec<WorkerUrl>,
+    /// Chooses the decode worker.
+    pub decode_policy: PolicyConfig,
 }
 
 /// Prefill/decode disaggregation: its workers and policies.

@@ -58,6 +58,7 @@ pub(crate) async fn discover(
             tokenizer_path: None,
             chat_template: None,
             context_window: None,
+            pd: None,
         })
         .collect();
     let default_pool = order.iter().find(|m| *m == model_id).unwrap_or(&order[0]).clone();
@@ -77,6 +78,10 @@ pub(crate) async fn discover(
                 price: None,
                 quality: None,
                 prefill_tokens_per_s: None,
+                disaggregation: None,
+                prefill: Vec::new(),
+                decode: Vec::new(),
+                decode_policy: None,
             })
             .collect(),
         ..Config::default()

@@ -7,8 +7,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::bail;
-use model_select::{Config, PluginConfig, Problem};
-use router_types::WorkerUrl;
+use gateway::pd::{KvConnector, PdMode};
+use model_select::{Config, Disaggregation, PluginConfig, Problem};
+use router_types::{Bootstrap, WorkerUrl};
 
 use crate::cli::PolicyName;
 
@@ -38,6 +39,44 @@ pub(crate) struct FilePool {
     pub(crate) chat_template: Option<PathBuf>,
     /// Its context window.
     pub(crate) context_window: Option<u64>,
+    /// Its prefill/decode disaggregation (`disaggregation:`), when it has one.
+    pub(crate) pd: Option<FilePd>,
+}
+
+/// A disaggregated pool's legs.
+#[derive(Debug, Clone)]
+pub(crate) struct FilePd {
+    /// Whose contract its workers follow.
+    pub(crate) mode: Disaggregation,
+    /// Its prefill workers and their bootstrap ports.
+    pub(crate) prefill: Vec<(WorkerUrl, Bootstrap)>,
+    /// Its decode workers.
+    pub(crate) decode: Vec<WorkerUrl>,
+    /// Chooses its decode worker (the pool's policy when it names none).
+    pub(crate) decode_policy: PolicyName,
+}
+
+// === impl FilePd ===
+
+impl FilePd {
+    /// The gateway's mode and vLLM connector for its contract.
+    pub(crate) fn contract(&self) -> (PdMode, KvConnector) {
+        match self.mode {
+            Disaggregation::Sglang => (PdMode::Sglang, KvConnector::Nixl),
+            Disaggregation::Vllm => (PdMode::Vllm, KvConnector::Nixl),
+            Disaggregation::Mooncake => (PdMode::Vllm, KvConnector::Mooncake),
+        }
+    }
+}
+
+// === impl FilePool ===
+
+impl FilePool {
+    /// Every worker URL it lists: its workers, or its prefill and decode workers.
+    pub(crate) fn urls(&self) -> impl Iterator<Item = &WorkerUrl> {
+        let pd = self.pd.iter().flat_map(|pd| pd.prefill.iter().map(|(u, _)| u).chain(&pd.decode));
+        self.workers.iter().chain(pd)
+    }
 }
 
 /// Reads and checks `path`; every problem is one line `FILE:LINE: message`.
@@ -54,24 +93,47 @@ pub(crate) fn load(path: &Path, default_policy: PolicyName) -> Result<RoutingFil
     let mut pools = Vec::with_capacity(config.pools.len());
     for p in &config.pools {
         let line = text.lines().position(|l| l.contains(&format!("name: {}", p.name))).map(|i| i + 1);
-        let policy = match p.policy.as_deref() {
-            None => default_policy,
+        let mut policy_named = |name: Option<&str>, fallback: PolicyName| match name {
+            None => fallback,
             Some(name) => match <PolicyName as clap::ValueEnum>::from_str(name, false) {
                 Ok(policy) => policy,
                 Err(_) => {
                     problems.push(format!("{}: pool `{}`: unknown policy `{name}`", at(line), p.name));
-                    default_policy
+                    fallback
                 }
             },
         };
+        let policy = policy_named(p.policy.as_deref(), default_policy);
+        let decode_policy = policy_named(p.decode_policy.as_deref(), policy);
+        let mut urls = |list: &mut Vec<WorkerUrl>, w: &str| match gateway::check_worker_url(w.trim()) {
+            Ok(url) if !list.contains(&url) => {
+                list.push(url);
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                problems.push(format!("{}: pool `{}`: worker {w:?}: {e}", at(line), p.name));
+                false
+            }
+        };
         let mut workers = Vec::new();
         for w in &p.workers {
-            match gateway::check_worker_url(w.trim()) {
-                Ok(url) if !workers.contains(&url) => workers.push(url),
-                Ok(_) => {}
-                Err(e) => problems.push(format!("{}: pool `{}`: worker {w:?}: {e}", at(line), p.name)),
-            }
+            urls(&mut workers, w);
         }
+        let pd = p.disaggregation.map(|mode| {
+            let (mut prefill_urls, mut decode) = (Vec::new(), Vec::new());
+            let mut prefill = Vec::new();
+            for w in &p.prefill {
+                if urls(&mut prefill_urls, w.url()) {
+                    let bootstrap = w.bootstrap_port().map_or(Bootstrap::Discover, Bootstrap::Port);
+                    prefill.push((prefill_urls[prefill_urls.len() - 1].clone(), bootstrap));
+                }
+            }
+            for w in &p.decode {
+                urls(&mut decode, w);
+            }
+            FilePd { mode, prefill, decode, decode_policy }
+        });
         pools.push(FilePool {
             name: p.name.clone(),
             served_model: p.served_model.clone(),
@@ -80,12 +142,18 @@ pub(crate) fn load(path: &Path, default_policy: PolicyName) -> Result<RoutingFil
             tokenizer_path: p.tokenizer_path.as_ref().map(PathBuf::from),
             chat_template: p.chat_template.as_ref().map(PathBuf::from),
             context_window: p.context_window,
+            pd,
         });
     }
-    // A URL is one worker: it cannot serve two pools.
+    // A URL is one worker: it cannot serve two pools, or two legs.
     for (i, p) in pools.iter().enumerate() {
-        for w in &p.workers {
-            if let Some(other) = pools[..i].iter().find(|o| o.workers.contains(w)) {
+        if let Some(pd) = &p.pd
+            && let Some(w) = pd.decode.iter().find(|d| pd.prefill.iter().any(|(u, _)| u == *d))
+        {
+            problems.push(format!("{}: pool `{}`: worker {w} is both a prefill and a decode worker", at(None), p.name));
+        }
+        for w in p.urls() {
+            if let Some(other) = pools[..i].iter().find(|o| o.urls().any(|u| u == w)) {
                 problems.push(format!("{}: worker {w} is listed in pools `{}` and `{}`", at(None), other.name, p.name));
             }
         }
@@ -118,12 +186,20 @@ fn describe(setup: &RoutingFile) -> String {
     for (p, raw) in setup.pools.iter().zip(&c.pools) {
         let policy = raw.policy.as_deref().unwrap_or("--policy");
         let window = p.context_window.map_or_else(|| "-".to_owned(), |w| w.to_string());
+        let workers = match &p.pd {
+            None => format!("{} worker(s)", p.workers.len()),
+            Some(pd) => format!(
+                "disaggregated ({}): {} prefill, {} decode worker(s), decode policy {}",
+                pd.mode.as_str(),
+                pd.prefill.len(),
+                pd.decode.len(),
+                raw.decode_policy.as_deref().unwrap_or(policy)
+            ),
+        };
         let _ = writeln!(
             out,
-            "  {}: serves {}, policy {policy}, {} worker(s), context window {window}",
-            p.name,
-            p.served_model,
-            p.workers.len()
+            "  {}: serves {}, policy {policy}, {workers}, context window {window}",
+            p.name, p.served_model
         );
     }
     let needed = model_select::needed_signals(&c.decisions, c.strategy);

@@ -43,6 +43,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     ];
     let mut selected = vec![a.policy, a.pd.prefill_policy.unwrap_or(a.policy), a.pd.decode_policy.unwrap_or(a.policy)];
     selected.extend(routing.iter().flat_map(|r| r.pools.iter().map(|p| p.policy)));
+    selected.extend(routing.iter().flat_map(|r| r.pools.iter().filter_map(|p| Some(p.pd.as_ref()?.decode_policy))));
     if let Some((flag, _, owner)) =
         policy_flags.iter().find(|(_, set, owner)| *set && !selected.iter().any(|p| owner.owns(*p)))
     {
@@ -65,7 +66,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     }
     let pd_on = a.pd.pd_disaggregation || a.pd.vllm_pd_disaggregation || a.mock_workers.decode.is_some();
     let pd_workers = !a.pd.prefill.is_empty() || !a.pd.decode.is_empty();
-    let pool_workers = routing.iter().any(|r| r.pools.iter().any(|p| !p.workers.is_empty()));
+    let pool_workers = routing.iter().any(|r| r.pools.iter().any(|p| p.urls().next().is_some()));
     if a.worker_urls.is_empty()
         && a.mock_workers.n == 0
         && a.mock_workers.decode.is_none()
@@ -78,7 +79,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     }
     if (routing.is_some() || a.enable_igw) && (pd_on || pd_workers) {
         return usage(
-            "model pools (--routing-config, --enable-igw) with prefill/decode disaggregation: pools serve regular workers only so far".into(),
+            "model pools (--routing-config, --enable-igw) with the disaggregation flags: declare a disaggregated pool in the routing config instead (`disaggregation: sglang|vllm|mooncake`, `prefill:`, `decode:`)".into(),
         );
     }
     if pd_on && !a.worker_urls.is_empty() {
@@ -226,6 +227,13 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
                 tokenizer_path: p.tokenizer_path,
                 chat_template: p.chat_template,
                 context_window: p.context_window,
+                pd: p.pd.map(|pd| sgl_router::app::PoolPd {
+                    mode: pd.contract().0,
+                    connector: pd.contract().1,
+                    prefill: pd.prefill,
+                    decode: pd.decode,
+                    decode_policy: policy_config(pd.decode_policy),
+                }),
             })
             .collect(),
         config: r.config,

@@ -41,7 +41,24 @@ pub(crate) async fn spawn_mocks(config: &AppConfig) -> anyhow::Result<Vec<Mock>>
         None => vec![None],
     };
     for pool in pools {
-        let roles = roles.clone();
+        // A disaggregated pool: `mock_workers` prefill and as many decode engines of its contract.
+        let (roles, flavor, mooncake) = match pool.and_then(|p| p.pd.as_ref()) {
+            Some(pd) => {
+                let n = config.mock_workers;
+                let legs = std::iter::repeat_n(mock_engine::PdRole::Prefill, n)
+                    .chain(std::iter::repeat_n(mock_engine::PdRole::Decode, n))
+                    .collect();
+                let flavor = match pd.mode {
+                    PdMode::Vllm => mock_engine::Flavor::Vllm,
+                    PdMode::Sglang => mock_engine::Flavor::Sglang,
+                };
+                (legs, flavor, pd.connector == gateway::pd::KvConnector::Mooncake)
+            }
+            None => {
+                let mooncake = config.pd.as_ref().is_some_and(|pd| pd.connector == gateway::pd::KvConnector::Mooncake);
+                (roles.clone(), flavor, mooncake)
+            }
+        };
         for role in roles {
             let engine_renderer = match pool {
                 Some(p) => pool_renderer(p, config)?,
@@ -59,8 +76,7 @@ pub(crate) async fn spawn_mocks(config: &AppConfig) -> anyhow::Result<Vec<Mock>>
                 max_body_bytes: config.max_body_bytes.max(mock_engine::DEFAULT_MAX_BODY_BYTES),
                 ..MockEngineConfig::in_role(role, flavor)
             };
-            mock_config.pd.mooncake = role == mock_engine::PdRole::Prefill
-                && config.pd.as_ref().is_some_and(|pd| pd.connector == gateway::pd::KvConnector::Mooncake);
+            mock_config.pd.mooncake = role == mock_engine::PdRole::Prefill && mooncake;
             if let Some(p) = pool {
                 mock_config.model_id.clone_from(&p.served_model);
                 mock_config.strict_model = true;
@@ -136,7 +152,12 @@ pub(crate) fn joining(config: &AppConfig, routing: Option<&RoutingSetup>, mocks:
     }
     if let Some(r) = routing {
         for p in &r.pools {
-            workers.extend(p.workers.iter().map(|u| flag(u, Role::Regular, PoolId(p.name.clone()))));
+            let id = || PoolId(p.name.clone());
+            workers.extend(p.workers.iter().map(|u| flag(u, Role::Regular, id())));
+            if let Some(pd) = &p.pd {
+                workers.extend(pd.prefill.iter().map(|(u, b)| flag(u, Role::Prefill { bootstrap: *b }, id())));
+                workers.extend(pd.decode.iter().map(|u| flag(u, Role::Decode, id())));
+            }
         }
         workers.extend(config.workers.iter().map(|u| flag(u, Role::Regular, default_pool.clone())));
     }
@@ -190,6 +211,11 @@ pub(crate) fn build_pools(
         if let Some(rate) = r.config.pools.iter().find(|c| c.name == p.name).and_then(|c| c.prefill_tokens_per_s) {
             pool.prefill_tokens_per_s = rate;
         }
+        // Its policy chooses the prefill worker; the decode policy, by load, the decode worker.
+        pool.pd = p.pd.as_ref().map(|pd| {
+            let decode = build_policy(&pd.decode_policy, cancel);
+            Arc::new(gateway::pd::PdConfig::new(pd.mode, decode).with_connector(pd.connector))
+        });
         pools.push(pool);
     }
     let examples = embedder.map(gateway::pools::Examples);

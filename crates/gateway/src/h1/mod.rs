@@ -61,7 +61,7 @@ const PROBE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 /// path; without it every request goes through axum.
 pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, fast: bool, drain: CancellationToken) -> io::Result<()> {
     // A disaggregated request (two legs, a merged answer) is served by the axum front end.
-    let fast = fast && gw.pd.is_none();
+    let fast = fast && !gw.disaggregated();
     let (app, slots) = (crate::routes::router(gw.clone()), gw.connections.clone());
     accept_loop(listener, gw, app, fast, slots, drain).await
 }
@@ -428,6 +428,12 @@ async fn serve_fast(
                 upstream::relay(&mut peer, guard, worker, answer, to).await && !close
             }
             Err(e) => {
+                count_error(gw, route, &e, Some(&meta.id));
+                write_error(peer.tcp, &e, close, &answer_head).await.is_ok() && !close
+            }
+            // Not on this path: with a disaggregated pool the axum front end serves every request.
+            Ok(Forwarded::Disaggregated(_)) => {
+                let e = GatewayError::Internal("a disaggregated pool reached the fast path".into());
                 count_error(gw, route, &e, Some(&meta.id));
                 write_error(peer.tcp, &e, close, &answer_head).await.is_ok() && !close
             }

@@ -17,6 +17,7 @@
 //! of a request on one bootstrap room (they collide), and vLLM's prefill
 //! hands over the KV of one sequence.
 
+pub(crate) mod config;
 mod dual;
 mod sglang;
 #[cfg(test)]
@@ -42,55 +43,7 @@ use crate::send::SendError;
 use crate::{Gateway, GatewayError, RetryConfig};
 use fleet::Worker;
 
-/// Whose disaggregation contract the workers follow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PdMode {
-    /// SGLang (`--pd-disaggregation`): one body to both legs, at once, met by `bootstrap_room`.
-    Sglang,
-    /// vLLM (`--vllm-pd-disaggregation`) with the NIXL connector: prefill, then decode with its
-    /// `kv_transfer_params`.
-    Vllm,
-}
-
-/// vLLM's KV connector (`--kv-connector`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KvConnector {
-    /// NixlConnector: pull (prefill, then decode with its params), or push once a prefill says so.
-    #[default]
-    Nixl,
-    /// MooncakeConnector: both legs at once, linked by the router's `transfer_id`, decode told
-    /// the prefill's engine id (its bootstrap server's `GET /query`).
-    Mooncake,
-}
-
-/// Disaggregation's setup.
-pub struct PdConfig {
-    /// The engines' contract.
-    pub mode: PdMode,
-    /// Chooses the decode worker (`--decode-policy`), by load: decode candidates never hold a prefix.
-    pub decode_policy: Arc<dyn Policy>,
-    /// vLLM's connector.
-    pub connector: KvConnector,
-}
-
-impl PdConfig {
-    /// Disaggregation following `mode`, the decode worker chosen by `decode_policy`.
-    pub fn new(mode: PdMode, decode_policy: Arc<dyn Policy>) -> Self {
-        Self { mode, decode_policy, connector: KvConnector::Nixl }
-    }
-
-    /// The same, with vLLM's `connector`.
-    pub fn with_connector(mut self, connector: KvConnector) -> Self {
-        self.connector = connector;
-        self
-    }
-}
-
-impl std::fmt::Debug for PdConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PdConfig").field("mode", &self.mode).field("decode_policy", &self.decode_policy.name()).finish()
-    }
-}
+pub use self::config::{KvConnector, PdConfig, PdMode};
 
 /// One of a disaggregated request's two legs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,6 +123,9 @@ pub(crate) enum Failure {
 /// What every attempt of a request shares.
 pub(crate) struct Ctx<'a> {
     pub(crate) gw: &'a Arc<Gateway>,
+    /// The disaggregated pool (an index into the gateway's pools) and its setup.
+    pub(crate) pool: usize,
+    pub(crate) pd: &'a PdConfig,
     pub(crate) headers: Arc<HeaderMap>,
     pub(crate) meta: &'a Meta,
     pub(crate) route: Route,
@@ -271,12 +227,13 @@ impl Failure {
     }
 }
 
-/// Serves a request on a prefill/decode pair: parse, refuse what cannot be
+/// Serves a request on a prefill/decode pair of `pool` (the default pool with the CLI's
+/// disaggregation, or a routing config's disaggregated pool): parse, refuse what cannot be
 /// disaggregated, choose the pair, dispatch, retry on a new pair.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve(
     gw: &Arc<Gateway>,
-    pd: &PdConfig,
+    (pool, pd): (usize, &PdConfig),
     admission: Admission,
     route: Route,
     bytes: Bytes,
@@ -291,14 +248,14 @@ pub(crate) async fn serve(
         )));
     }
     let (gw2, key) = (gw.clone(), meta.routing_key.clone());
-    let mode = pd.mode;
+    let (mode, decode_policy) = (pd.mode, pd.decode_policy.clone());
     let (v, batch, prompted, pair) = crate::admission::render(gw, bytes.len(), move || {
         let v = parse_json(&bytes)?;
         let batch = check(&v, route, mode)?;
         // A batch is balanced by load: one prefill worker serves every item.
         let (tokens, text) =
-            if batch.is_some() { (Vec::new(), None) } else { prompt(&gw2, gw2.default_pool(), route, &v)? };
-        let pair = pair(&gw2, &v, (&tokens, text.clone()), key.as_deref(), &[])?;
+            if batch.is_some() { (Vec::new(), None) } else { prompt(&gw2, &gw2.pools[pool], route, &v)? };
+        let pair = pair(&gw2, (pool, &*decode_policy), &v, (&tokens, text.clone()), key.as_deref(), &[])?;
         Ok::<_, GatewayError>((v, batch, (tokens, text), pair))
     })
     .await??;
@@ -309,14 +266,14 @@ pub(crate) async fn serve(
     if pd.mode == PdMode::Vllm {
         admission.grow(vllm::prefill_answer_cap(&v))?;
     }
-    let ctx = Ctx { gw, headers, meta, route, v, batch, stream, start };
+    let ctx = Ctx { gw, pool, pd, headers, meta, route, v, batch, stream, start };
     let retry = &gw.config.retry;
     let mut admission = Some(admission);
     let mut pair = pair;
     let mut tried: Vec<WorkerId> = Vec::new();
     let mut attempt = 1u32;
     loop {
-        commit(gw, pd, &pair);
+        commit(gw, (pool, pd), &pair);
         let Some(adm) = admission.take() else { return Err(GatewayError::Internal("admission lost".into())) };
         let outcome = match pd.mode {
             PdMode::Sglang => sglang::attempt(&ctx, &pair, adm).await,
@@ -393,19 +350,20 @@ pub(crate) fn batch_size(v: &Value, route: Route) -> Option<usize> {
     }
 }
 
-/// Chooses a pair: the prefill worker by the gateway's policy (prefix and
-/// load), the decode worker by the decode policy over load only; workers in
-/// `avoid` are left out where others remain.
+/// Chooses a pair among `pool`'s workers: the prefill worker by the pool's policy (prefix
+/// and load), the decode worker by `decode_policy` over load only; workers in `avoid` are
+/// left out where others remain.
 fn pair(
     gw: &Gateway,
+    (pool, decode_policy): (usize, &dyn Policy),
     v: &Value,
     prompt: (&[u32], Option<String>),
     key: Option<&[u8]>,
     avoid: &[WorkerId],
 ) -> Result<Pair, GatewayError> {
-    let Some(pd) = gw.pd.as_ref() else { return Err(GatewayError::Internal("not disaggregated".into())) };
+    let id = &gw.pools[pool].id;
     let pick = |role: fn(Role) -> bool| {
-        let all = routable(gw, |w| role(w.role));
+        let all = routable(gw, |w| role(w.role) && &w.pool == id);
         let fresh: Vec<_> = all.iter().filter(|w| !avoid.contains(&w.id)).cloned().collect();
         if fresh.is_empty() { all } else { fresh }
     };
@@ -416,20 +374,20 @@ fn pair(
     }
     let (tokens, text) = prompt;
     let prompted = Prompted { v: Some(v), tokens, text, match_prefix: true, credit: true };
-    let prefill = plan_in(gw, 0, &*gw.default_pool().policy, prefills, prompted, key)?;
+    let prefill = plan_in(gw, pool, &*gw.pools[pool].policy, prefills, prompted, key)?;
     let none = Prompted { v: None, tokens: &[], text: None, match_prefix: false, credit: false };
-    let decode = plan_in(gw, 0, &*pd.decode_policy, decodes, none, None)?;
+    let decode = plan_in(gw, pool, decode_policy, decodes, none, None)?;
     Ok(Pair { prefill, decode })
 }
 
 /// A new pair for a retry, avoiding the workers that failed.
 fn pair_again(gw: &Gateway, ctx: &Ctx<'_>, prompt: (&[u32], Option<String>), avoid: &[WorkerId]) -> Option<Pair> {
-    pair(gw, &ctx.v, prompt, ctx.meta.routing_key.as_deref(), avoid).ok()
+    pair(gw, (ctx.pool, &*ctx.pd.decode_policy), &ctx.v, prompt, ctx.meta.routing_key.as_deref(), avoid).ok()
 }
 
 /// The policies learn where the request goes (the prefill worker was credited
 /// with the prompt's pages when it was chosen: `proxy::plan_in`).
-fn commit(gw: &Gateway, pd: &PdConfig, pair: &Pair) {
+fn commit(gw: &Gateway, (pool, pd): (usize, &PdConfig), pair: &Pair) {
     pair.prefill.commit(gw);
     pair.decode.commit_to(&*pd.decode_policy);
     let (p, d) = (pair.prefill.chosen(), pair.decode.chosen());
@@ -441,7 +399,7 @@ fn commit(gw: &Gateway, pd: &PdConfig, pair: &Pair) {
     let m = &gw.metrics;
     m.pd_decisions.inc(format_args!(
         "leg=\"prefill\",policy=\"{}\",reason=\"{}\"",
-        gw.default_pool().policy.name(),
+        gw.pools[pool].policy.name(),
         pair.prefill.decision.reason
     ));
     m.pd_decisions.inc(format_args!(
@@ -520,7 +478,7 @@ pub(crate) fn json_answer(status: u16, v: &Value) -> Response {
 }
 
 /// Records a decided pair in an explain (`/debug/route`).
-pub(crate) fn explain(gw: &Gateway, pd: &PdConfig, pair: &Pair) -> Value {
+pub(crate) fn explain(gw: &Gateway, (pool, pd): (usize, &PdConfig), pair: &Pair) -> Value {
     let leg = |plan: &Plan, policy: &str| {
         let candidates = plan.candidates_json();
         json!({
@@ -532,24 +490,24 @@ pub(crate) fn explain(gw: &Gateway, pd: &PdConfig, pair: &Pair) -> Value {
         })
     };
     json!({
+        "pool": gw.pools[pool].id,
         "mode": match pd.mode { PdMode::Sglang => "sglang", PdMode::Vllm => "vllm" },
         "input_tokens": pair.prefill.input_tokens,
-        "prefill": leg(&pair.prefill, gw.default_pool().policy.name()),
+        "prefill": leg(&pair.prefill, gw.pools[pool].policy.name()),
         "decode": leg(&pair.decode, pd.decode_policy.name()),
     })
 }
 
-/// Plans a pair for an explain (never committed).
+/// Plans a pair of `pool` for an explain (never committed).
 pub(crate) fn explain_pair(
     gw: &Gateway,
+    (pool, pd): (usize, &PdConfig),
     route: Route,
-    bytes: &[u8],
+    v: &Value,
     key: Option<&[u8]>,
 ) -> Result<Value, GatewayError> {
-    let Some(pd) = gw.pd.as_ref() else { return Err(GatewayError::Internal("not disaggregated".into())) };
-    let v = parse_json(bytes)?;
-    let batch = check(&v, route, pd.mode)?;
-    let (tokens, text) = if batch.is_some() { (Vec::new(), None) } else { prompt(gw, gw.default_pool(), route, &v)? };
-    let p = pair(gw, &v, (&tokens, text), key, &[])?;
-    Ok(explain(gw, pd, &p))
+    let batch = check(v, route, pd.mode)?;
+    let (tokens, text) = if batch.is_some() { (Vec::new(), None) } else { prompt(gw, &gw.pools[pool], route, v)? };
+    let p = pair(gw, (pool, &*pd.decode_policy), v, (&tokens, text), key, &[])?;
+    Ok(explain(gw, (pool, pd), &p))
 }

@@ -60,7 +60,7 @@ pub(super) async fn attempt(
 ) -> Result<Response, (Failure, Admission)> {
     let gw = ctx.gw;
     let (p, d) = (pair.prefill.chosen().clone(), pair.decode.chosen().clone());
-    if gw.pd.as_ref().is_some_and(|pd| pd.connector == super::KvConnector::Mooncake) {
+    if ctx.pd.connector == super::KvConnector::Mooncake {
         return mooncake_attempt(ctx, pair, admission).await;
     }
     if let Some(identity) = push_identity(&p) {

@@ -44,6 +44,78 @@ pub struct PoolConfig {
     /// on one H100; measure yours).
     #[serde(default)]
     pub prefill_tokens_per_s: Option<f64>,
+    /// Prefill/decode disaggregation, with the CLI's semantics: `sglang`
+    /// (`--pd-disaggregation`), `vllm` (`--vllm-pd-disaggregation`, NIXL) or
+    /// `mooncake` (`--vllm-pd-disaggregation --kv-connector mooncake`). Its
+    /// workers are then `prefill` and `decode`, not `workers`.
+    #[serde(default)]
+    pub disaggregation: Option<Disaggregation>,
+    /// Its prefill workers (a disaggregated pool): a URL, or `{url, bootstrap_port}`
+    /// (SGLang's bootstrap port; without one it is read from the worker's `/server_info`).
+    #[serde(default)]
+    pub prefill: Vec<PrefillWorker>,
+    /// Its decode workers (a disaggregated pool).
+    #[serde(default)]
+    pub decode: Vec<String>,
+    /// Chooses its decode worker, by load (any `--policy` value; default: the
+    /// router's `--decode-policy`, else the pool's `policy`).
+    #[serde(default)]
+    pub decode_policy: Option<String>,
+}
+
+/// Whose disaggregation contract a pool's workers follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Disaggregation {
+    /// SGLang: one body to both legs at once, met by `bootstrap_room`.
+    Sglang,
+    /// vLLM with the NIXL connector: prefill, then decode with its `kv_transfer_params`.
+    Vllm,
+    /// vLLM with the Mooncake connector: both legs at once, linked by a `transfer_id`.
+    Mooncake,
+}
+
+impl Disaggregation {
+    /// Its name in a routing config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Disaggregation::Sglang => "sglang",
+            Disaggregation::Vllm => "vllm",
+            Disaggregation::Mooncake => "mooncake",
+        }
+    }
+}
+
+/// A prefill worker of a disaggregated pool.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum PrefillWorker {
+    /// Its base URL; the bootstrap port is read from its `/server_info`.
+    Url(String),
+    /// Its base URL and bootstrap port.
+    Spec {
+        url: String,
+        /// SGLang's `disaggregation_bootstrap_port` (none: read from `/server_info`).
+        #[serde(default)]
+        bootstrap_port: Option<u16>,
+    },
+}
+
+impl PrefillWorker {
+    /// Its base URL.
+    pub fn url(&self) -> &str {
+        match self {
+            PrefillWorker::Url(url) | PrefillWorker::Spec { url, .. } => url,
+        }
+    }
+
+    /// Its bootstrap port, when given.
+    pub fn bootstrap_port(&self) -> Option<u16> {
+        match self {
+            PrefillWorker::Url(_) => None,
+            PrefillWorker::Spec { bootstrap_port, .. } => *bootstrap_port,
+        }
+    }
 }
 
 /// The prefill rate a pool is assumed to have when its config states none.

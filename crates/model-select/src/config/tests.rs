@@ -320,3 +320,45 @@ fn yaml_problems_come_with_their_lines() {
     let config = parse_yaml(&good).expect("valid");
     assert_eq!(config.pools[1].quality, Some(0.9));
 }
+
+#[test]
+fn a_disaggregated_pool_parses_its_legs_and_refuses_what_it_cannot_serve() {
+    let mut v = example();
+    v["pools"][1] = json!({"name": "large", "served_model": "qwen3-32b", "disaggregation": "sglang",
+        "prefill": ["http://p0:30000", {"url": "http://p1:30000", "bootstrap_port": 8998}],
+        "decode": ["http://d0:30000"], "decode_policy": "least_load"});
+    let config = parse(v.clone());
+    assert_eq!(validate(&config), Ok(()));
+    let large = &config.pools[1];
+    assert_eq!(large.disaggregation, Some(Disaggregation::Sglang));
+    let legs: Vec<_> = large.prefill.iter().map(|p| (p.url(), p.bootstrap_port())).collect();
+    assert_eq!(legs, [("http://p0:30000", None), ("http://p1:30000", Some(8998))]);
+    assert_eq!(large.decode, ["http://d0:30000"]);
+
+    let message = |v: serde_json::Value| {
+        let errors = validate(&parse(v.clone())).expect_err(&format!("refused: {v}"));
+        errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    };
+    // Legs without the mode, workers with it, a bootstrap port on vLLM.
+    let mut w = v.clone();
+    w["pools"][1]["disaggregation"] = serde_json::Value::Null;
+    assert!(message(w).contains("need `disaggregation`"));
+    let mut w = v.clone();
+    w["pools"][1]["workers"] = json!(["http://w:1"]);
+    assert!(message(w).contains("not `workers`"));
+    let mut w = v.clone();
+    w["pools"][1]["disaggregation"] = json!("vllm");
+    assert!(message(w).contains("bootstrap_port is SGLang's"));
+    // A response cache or a cascade on a decision that can reach it.
+    let mut w = v.clone();
+    w["decisions"][2]["plugins"] = json!([{"type": "response_cache"}]);
+    assert!(message(w).contains("response_cache on disaggregated pool `large`"));
+    let mut w = v.clone();
+    w["decisions"][1]["plugins"] = json!([{"type": "cascade", "to": "large"}]);
+    assert!(message(w).contains("pool `large` is disaggregated"));
+    // The default pool is the one a decision naming no pool reaches.
+    let mut w = v;
+    w["default_pool"] = json!("large");
+    w["decisions"][0]["plugins"] = json!([{"type": "response_cache"}]);
+    assert!(message(w).contains("response_cache on disaggregated pool `large`"));
+}

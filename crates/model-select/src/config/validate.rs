@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use super::{Config, DecisionConfig, PluginConfig, RuleNode, RuleOperator, SignalKind, SignalRef};
+use super::{Config, DecisionConfig, Disaggregation, PluginConfig, RuleNode, RuleOperator, SignalKind, SignalRef};
 use crate::error::ConfigError;
 use crate::pii::PiiType;
 use crate::signals::{compile_keywords, compile_regex};
@@ -44,6 +44,7 @@ pub fn validate(config: &Config) -> Result<(), Vec<ConfigError>> {
     for d in &config.decisions {
         check_routing(d, &pools, &mut errors);
     }
+    check_disaggregated(config, &mut errors);
     if errors.is_empty() { Ok(()) } else { Err(errors) }
 }
 
@@ -102,6 +103,20 @@ fn check_pools<'c>(config: &'c Config, errors: &mut Vec<ConfigError>) -> HashSet
         if p.quality.is_some_and(|q| !(0.0..=1.0).contains(&q)) {
             bad("quality must be in [0, 1]".into());
         }
+        match p.disaggregation {
+            None if !p.prefill.is_empty() || !p.decode.is_empty() || p.decode_policy.is_some() => {
+                bad("prefill, decode and decode_policy need `disaggregation` (sglang, vllm or mooncake)".into())
+            }
+            Some(d) if !p.workers.is_empty() => {
+                bad(format!("a disaggregated pool ({}) has prefill and decode workers, not `workers`", d.as_str()))
+            }
+            Some(Disaggregation::Vllm | Disaggregation::Mooncake)
+                if p.prefill.iter().any(|w| w.bootstrap_port().is_some()) =>
+            {
+                bad("bootstrap_port is SGLang's: a vLLM prefill worker has none".into())
+            }
+            _ => {}
+        }
         if let Some(price) = p.price {
             let all = [Some(price.input_per_1m), price.cached_input_per_1m, Some(price.output_per_1m)];
             if all.into_iter().flatten().any(|v| !v.is_finite() || v < 0.0) {
@@ -120,6 +135,36 @@ fn check_pools<'c>(config: &'c Config, errors: &mut Vec<ConfigError>) -> HashSet
         }
     }
     names
+}
+
+/// The plugins a disaggregated pool cannot serve, refused with the reason: a
+/// disaggregated answer is the decode leg's stream, relayed as it comes; the
+/// response cache and the cascade's judge read a single worker's whole answer.
+fn check_disaggregated(config: &Config, errors: &mut Vec<ConfigError>) {
+    let split = |name: &str| config.pools.iter().any(|p| p.name == name && p.disaggregation.is_some());
+    for d in &config.decisions {
+        for c in d.plugins.iter().filter_map(|p| if let PluginConfig::Cascade(c) = p { Some(c) } else { None }) {
+            if split(&c.to) {
+                let message =
+                    format!("cascade: pool `{}` is disaggregated; a cascade escalates to a single worker", c.to);
+                errors.push(ConfigError::Decision { decision: d.name.clone(), message });
+            }
+        }
+        let default = config.default_pool_name().into_iter().filter(|_| d.pools.is_empty());
+        let Some(pool) = d.pools.iter().map(String::as_str).chain(default).find(|p| split(p)) else { continue };
+        for plugin in &d.plugins {
+            let name = match plugin {
+                PluginConfig::ResponseCache(_) => "response_cache",
+                PluginConfig::Cascade(_) => "cascade",
+                _ => continue,
+            };
+            let message = format!(
+                "{name} on disaggregated pool `{pool}`: it reads one worker's whole answer, and a disaggregated \
+                 answer is the decode leg's stream"
+            );
+            errors.push(ConfigError::Decision { decision: d.name.clone(), message });
+        }
+    }
 }
 
 /// A decision's pools, algorithm and plugins.

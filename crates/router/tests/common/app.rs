@@ -177,6 +177,7 @@ pub(crate) async fn pools(file: &str) -> (RoutingSetup, Vec<MockEngine>) {
             tokenizer_path: None,
             chat_template: None,
             context_window: p.context_window,
+            pd: None,
         });
         engines.push(engine);
     }

@@ -20,6 +20,7 @@ mod kv_events_cli;
 mod model_pools;
 mod pd;
 mod pd_engine_classes;
+mod pd_pools;
 mod real_publishers;
 mod response_cache;
 mod route_feedback;

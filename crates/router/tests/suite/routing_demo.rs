@@ -151,3 +151,44 @@ fn check_config_describes_a_good_file_and_lists_a_bad_files_problems() {
     assert!(err.trim_end().ends_with("1 problem(s)"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The README's disaggregated-pool demo (`examples/routing-pd.yaml`, `--mock-workers 1`): one
+/// simulated engine for the regular pool, a prefill and a decode engine for the disaggregated
+/// one; an `auto` request the decisions send there is served by the pair.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_disaggregated_pool_demo_serves_auto_requests_by_a_pair() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sgl-router"))
+        .args(["--routing-config", repo("examples/routing-pd.yaml").to_str().unwrap(), "--mock-workers", "1"])
+        .args(["--host", "127.0.0.1", "--port", "0", "--log-level", "warn"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = out.next().unwrap().unwrap();
+    std::thread::spawn(move || out.for_each(drop));
+    let _router = Router(child);
+    let url = first.strip_prefix("sgl-router listening on ").expect("the listening line").to_string();
+    let http = reqwest::Client::new();
+    let mut healthy = Value::Null;
+    for _ in 0..500 {
+        let v: Value = http.get(format!("{url}/readiness")).send().await.unwrap().json().await.unwrap();
+        healthy = v["healthy_workers"].clone();
+        if healthy == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(healthy, 3, "the regular engine and the pair");
+    let ask = |text: &str| {
+        let body = json!({"model": "auto", "messages": [{"role": "user", "content": text}], "max_tokens": 8});
+        http.post(format!("{url}/v1/chat/completions")).json(&body).send()
+    };
+    let resp = ask("Prove the theorem that sqrt(2) is irrational.").await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-route-pool"], "large");
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(answer["model"], "qwen3-32b", "{answer}");
+    let resp = ask("hello").await.unwrap();
+    assert_eq!((resp.status().as_u16(), resp.headers()["x-route-pool"].to_str().unwrap()), (200, "small"));
+}
