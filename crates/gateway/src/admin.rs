@@ -100,6 +100,14 @@ pub(crate) async fn route_preview(
         out["model"] = json!(pool.served_model);
         out["decision"] = json!(routed.decision);
         out["body_rewritten"] = json!(routed.rewritten);
+        // A disaggregated pool: the pair it would pick, never committed.
+        if let Some(pd) = pool.pd.clone() {
+            match crate::pd::explain_pair(&gw2, (routed.pool, &pd), route, &v, key.as_deref()) {
+                Ok(pair) => out["pair"] = pair,
+                Err(e) => out["error"] = e.body()["error"].clone(),
+            }
+            return Ok(out);
+        }
         // The worker the pool would pick: the policy's choice, never committed.
         match plan(&gw2, routed.pool, route, Some(&v), key.as_deref(), &renders, false) {
             Ok(plan) => {

@@ -121,6 +121,17 @@ async fn a_disaggregated_pool_serves_auto_requests_from_its_decode_worker() {
     assert_eq!(explain["pool"], "large", "{explain}");
     assert_eq!(explain["prefill"]["worker"], url(&prefill).as_str(), "{explain}");
     assert_eq!(explain["decode"]["worker"], url(&decode).as_str(), "{explain}");
+    // The preview names the decision, the pool and the pair.
+    let preview = reqwest::Client::new()
+        .post(format!("{}/v1/route/preview", r.url))
+        .bearer_auth(ADMIN_KEY)
+        .json(&json!({"model": "auto", "messages": [{"role": "user", "content": "prove it"}]}))
+        .send()
+        .await
+        .unwrap();
+    let preview: Value = preview.json().await.unwrap();
+    assert_eq!((&preview["decision"], &preview["pool"]), (&json!("reasoning"), &json!("large")), "{preview}");
+    assert_eq!(preview["pair"]["decode"]["worker"], url(&decode).as_str(), "{preview}");
     let m = admin_get(&format!("{}/metrics", r.url)).await.text().await.unwrap();
     assert!(m.contains("router_pd_decisions_total{leg=\"decode\",policy=\"round_robin\""), "{m}");
     let _ = r.stop.send(());
