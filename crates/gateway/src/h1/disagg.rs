@@ -1,0 +1,217 @@
+//! Disaggregated requests on the fast path: the request, read and admitted by
+//! the fast path, goes to `pd::serve` (the CLI's disaggregation, or a routing
+//! config's disaggregated pool), and its answer (the decode leg's stream, a
+//! failed leg's own answer, or the router's error) is written on the
+//! connection here, sized when its length is known and chunked otherwise.
+//! Every wait has the upstream idle deadline; a client that goes is noticed
+//! while the legs run and while the answer streams.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::response::Response;
+use h1_codec::chunked;
+use http_body_util::BodyExt;
+use tokio::io::AsyncWriteExt;
+
+use super::Peer;
+use crate::pd::PdConfig;
+use crate::pools::HeaderEdits;
+use crate::request::{Meta, RANK_HEADER, Route, header_lines, push_header, relayed};
+use crate::{Gateway, GatewayError};
+
+/// What the fast path hands the PD dispatch.
+pub(super) struct Request<'a> {
+    pub(super) route: Route,
+    /// The disaggregated pool and its setup.
+    pub(super) pool: (usize, Arc<PdConfig>),
+    /// The body as routed.
+    pub(super) body: Bytes,
+    /// The worker's headers, as the fast path serialized them (`name: value\r\n`).
+    pub(super) lines: &'a [u8],
+    /// The client's rank hint.
+    pub(super) rank: Option<&'a [u8]>,
+    /// A decision's header edits.
+    pub(super) edits: Option<Arc<HeaderEdits>>,
+    pub(super) start: Instant,
+    pub(super) meta: &'a Meta,
+}
+
+/// Serves `req` on a pair and writes its answer with `answer_head` (the request id, CORS, the
+/// route headers): `Ok(true)` while the connection may carry another request, `Err` with the
+/// router's error when nothing was written yet.
+pub(super) async fn serve(
+    gw: &Arc<Gateway>,
+    peer: &mut Peer<'_>,
+    req: Request<'_>,
+    admission: crate::admission::Admission,
+    (close, answer_head, idle): (bool, &[u8], Duration),
+) -> Result<bool, GatewayError> {
+    let mut headers = header_map(req.lines, req.rank);
+    if let Some(edits) = &req.edits {
+        edits.apply_to_map(&mut headers);
+    }
+    let (pool, pd) = (req.pool.0, &*req.pool.1);
+    let served =
+        crate::pd::serve(gw, (pool, pd), admission, req.route, req.body, Arc::new(headers), req.start, req.meta);
+    let answer = tokio::select! {
+        answer = served => answer?,
+        // A client that resets drops both legs (their connections close; SGLang's are aborted).
+        () = peer.gone() => return Ok(false),
+    };
+    // After a half-close nothing more comes: the answer is the last unless requests were pipelined.
+    let close = close || (!peer.open && peer.pipelined.is_empty());
+    Ok(write(peer, answer, (close, answer_head, idle)).await && !close)
+}
+
+/// The worker's headers as a map (the PD legs take one).
+fn header_map(lines: &[u8], rank: Option<&[u8]>) -> HeaderMap {
+    let mut map = HeaderMap::with_capacity(16);
+    for (name, value) in header_lines(lines) {
+        if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value)) {
+            map.append(n, v);
+        }
+    }
+    if let Some(v) = rank.and_then(|r| HeaderValue::from_bytes(r).ok()) {
+        map.insert(RANK_HEADER, v);
+    }
+    map
+}
+
+/// Writes `answer` on the connection; false when it could not be written whole (the client
+/// went, the body broke, or it stalled past `idle`): the connection then closes.
+async fn write(peer: &mut Peer<'_>, answer: Response, (close, extra, idle): (bool, &[u8], Duration)) -> bool {
+    let (parts, mut body) = answer.into_parts();
+    let sized = http_body::Body::size_hint(&body).exact();
+    let mut out = Vec::with_capacity(512);
+    let status = parts.status;
+    out.extend_from_slice(
+        format!("HTTP/1.1 {} {}\r\n", status.as_u16(), status.canonical_reason().unwrap_or("")).as_bytes(),
+    );
+    let connection: Vec<&str> = parts.headers.get_all("connection").iter().filter_map(|v| v.to_str().ok()).collect();
+    let connection = connection.join(",");
+    for (name, value) in &parts.headers {
+        // The request id is in `extra`, with the CORS and route headers.
+        if relayed(name.as_str(), &connection) && name.as_str() != crate::context::REQUEST_ID_HEADER {
+            push_header(&mut out, name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
+    match sized {
+        Some(n) => push_header(&mut out, b"content-length", n.to_string().as_bytes()),
+        None => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(extra);
+    out.extend_from_slice(b"\r\n");
+    loop {
+        let frame = tokio::select! {
+            frame = tokio::time::timeout(idle, body.frame()) => frame,
+            gone = peer.watch(false) => match gone {
+                Ok(()) => continue,
+                Err(_) => return false,
+            },
+        };
+        match frame {
+            Ok(Some(Ok(frame))) => {
+                let Ok(data) = frame.into_data() else { continue };
+                if sized.is_some() {
+                    out.extend_from_slice(&data);
+                } else {
+                    chunked::encode(&data, &mut out);
+                }
+                if peer.tcp.write_all(&out).await.is_err() {
+                    return false;
+                }
+                out.clear();
+            }
+            Ok(None) => break,
+            // A broken or stalled stream: the client sees the answer cut (no last chunk).
+            Ok(Some(Err(_))) | Err(_) => {
+                let _ = peer.tcp.write_all(&out).await;
+                return false;
+            }
+        }
+    }
+    if sized.is_none() {
+        out.extend_from_slice(chunked::LAST_CHUNK);
+    }
+    out.is_empty() || peer.tcp.write_all(&out).await.is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use bytes::BytesMut;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// What a client reads when `answer` is written on a fresh connection: the bytes, and
+    /// whether the writer kept the connection.
+    async fn written(answer: Response, close: bool) -> (String, bool) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        let mut pipelined = BytesMut::new();
+        let mut peer = Peer { tcp: &mut server, pipelined: &mut pipelined, open: true };
+        let ok = write(&mut peer, answer, (close, b"x-request-id: r1\r\n", Duration::from_secs(5))).await;
+        drop(server);
+        let mut out = Vec::new();
+        client.read_to_end(&mut out).await.unwrap();
+        (String::from_utf8(out).unwrap(), ok)
+    }
+
+    fn stream(parts: Vec<Result<&'static str, &'static str>>) -> Body {
+        let parts =
+            parts.into_iter().map(|p| p.map(|s: &str| Bytes::from(s.to_owned())).map_err(std::io::Error::other));
+        Body::from_stream(futures_util::stream::iter(parts))
+    }
+
+    #[tokio::test]
+    async fn a_sized_answer_goes_out_sized_with_the_routers_headers() {
+        let answer = Response::builder()
+            .status(201)
+            .header("content-type", "application/json")
+            .header("x-request-id", "the-engines")
+            .header("connection", "keep-alive")
+            .body(Body::from("{\"ok\":1}"))
+            .unwrap();
+        let (out, ok) = written(answer, false).await;
+        assert!(ok);
+        assert_eq!(
+            out,
+            "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: 8\r\nx-request-id: r1\r\n\r\n{\"ok\":1}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_goes_out_chunked_and_ends_with_the_last_chunk() {
+        let answer = Response::new(stream(vec![Ok("data: a\n\n"), Ok("data: [DONE]\n\n")]));
+        let (out, ok) = written(answer, true).await;
+        assert!(ok);
+        let body = out.split_once("\r\n\r\n").unwrap().1;
+        assert!(out.contains("transfer-encoding: chunked\r\nconnection: close\r\n"), "{out}");
+        assert_eq!(body, "9\r\ndata: a\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n");
+    }
+
+    #[tokio::test]
+    async fn a_broken_stream_is_cut_without_the_last_chunk() {
+        let answer = Response::new(stream(vec![Ok("data: a\n\n"), Err("the decode leg broke")]));
+        let (out, ok) = written(answer, false).await;
+        assert!(!ok, "the connection closes");
+        assert!(out.ends_with("9\r\ndata: a\n\n\r\n"), "no last chunk: the client sees it cut: {out:?}");
+    }
+
+    #[test]
+    fn the_legs_get_the_serialized_headers_and_the_rank_hint() {
+        let map = header_map(b"authorization: Bearer k\r\nx-a: 1\r\nx-a: 2\r\n", Some(b"3"));
+        assert_eq!(map["authorization"], "Bearer k");
+        assert_eq!(map.get_all("x-a").iter().count(), 2);
+        assert_eq!(map[RANK_HEADER], "3");
+    }
+}
