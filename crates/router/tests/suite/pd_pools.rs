@@ -8,7 +8,7 @@ use crate::common;
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use common::app::{ADMIN_KEY, admin_get, config, engine_config, start};
+use common::app::{admin_get, admin_post, config, engine_config, start};
 use common::pd::{role_config, url};
 use gateway::pd::{KvConnector, PdMode};
 use mock_engine::{Flavor, MockEngine, MockEngineConfig, PdRole};
@@ -110,26 +110,13 @@ async fn a_disaggregated_pool_serves_auto_requests_from_its_decode_worker() {
     assert_eq!((prefill.engine().legs().len(), decode.engine().legs().len()), (1, 1));
 
     // The explain shows the pool's pair; the metrics count its decisions.
-    let explain = reqwest::Client::new()
-        .post(format!("{}/debug/route", r.url))
-        .bearer_auth(ADMIN_KEY)
-        .json(&json!({"model": "auto", "messages": [{"role": "user", "content": "prove it"}]}))
-        .send()
-        .await
-        .unwrap();
-    let explain: Value = explain.json().await.unwrap();
+    let asked = json!({"model": "auto", "messages": [{"role": "user", "content": "prove it"}]});
+    let explain: Value = admin_post(&format!("{}/debug/route", r.url), &asked).await.json().await.unwrap();
     assert_eq!(explain["pool"], "large", "{explain}");
     assert_eq!(explain["prefill"]["worker"], url(&prefill).as_str(), "{explain}");
     assert_eq!(explain["decode"]["worker"], url(&decode).as_str(), "{explain}");
     // The preview names the decision, the pool and the pair.
-    let preview = reqwest::Client::new()
-        .post(format!("{}/v1/route/preview", r.url))
-        .bearer_auth(ADMIN_KEY)
-        .json(&json!({"model": "auto", "messages": [{"role": "user", "content": "prove it"}]}))
-        .send()
-        .await
-        .unwrap();
-    let preview: Value = preview.json().await.unwrap();
+    let preview: Value = admin_post(&format!("{}/v1/route/preview", r.url), &asked).await.json().await.unwrap();
     assert_eq!((&preview["decision"], &preview["pool"]), (&json!("reasoning"), &json!("large")), "{preview}");
     assert_eq!(preview["pair"]["decode"]["worker"], url(&decode).as_str(), "{preview}");
     let m = admin_get(&format!("{}/metrics", r.url)).await.text().await.unwrap();

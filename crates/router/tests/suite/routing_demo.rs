@@ -27,16 +27,13 @@ fn repo(path: &str) -> PathBuf {
 
 const KEY: &str = "demo-key";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_demo_routes_every_probe_and_reloads_on_sighup() {
-    let dir = std::env::temp_dir().join(format!("sgl-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("routing.yaml");
-    let original = std::fs::read_to_string(repo("examples/routing.yaml")).unwrap();
-    std::fs::write(&file, &original).unwrap();
+/// The real binary on `file` with `--mock-workers 1` (and `extra` flags) on a free port: the
+/// process, killed on drop, and its URL.
+fn spawn(file: &std::path::Path, extra: &[&str]) -> (Router, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_sgl-router"))
         .args(["--routing-config", file.to_str().unwrap(), "--mock-workers", "1"])
-        .args(["--control-plane-api-keys", KEY, "--host", "127.0.0.1", "--port", "0", "--log-level", "warn"])
+        .args(extra)
+        .args(["--host", "127.0.0.1", "--port", "0", "--log-level", "warn"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -44,8 +41,18 @@ async fn the_demo_routes_every_probe_and_reloads_on_sighup() {
     let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
     let first = out.next().unwrap().unwrap();
     std::thread::spawn(move || out.for_each(drop));
-    let router = Router(child);
     let url = first.strip_prefix("sgl-router listening on ").expect("the listening line").to_string();
+    (Router(child), url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_routes_every_probe_and_reloads_on_sighup() {
+    let dir = std::env::temp_dir().join(format!("sgl-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("routing.yaml");
+    let original = std::fs::read_to_string(repo("examples/routing.yaml")).unwrap();
+    std::fs::write(&file, &original).unwrap();
+    let (router, url) = spawn(&file, &["--control-plane-api-keys", KEY]);
     let http = reqwest::Client::new();
     let admin = |path: &str| http.post(format!("{url}{path}")).bearer_auth(KEY);
     // Both pools' engines found and probed.
@@ -157,18 +164,7 @@ fn check_config_describes_a_good_file_and_lists_a_bad_files_problems() {
 /// one; an `auto` request the decisions send there is served by the pair.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_disaggregated_pool_demo_serves_auto_requests_by_a_pair() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sgl-router"))
-        .args(["--routing-config", repo("examples/routing-pd.yaml").to_str().unwrap(), "--mock-workers", "1"])
-        .args(["--host", "127.0.0.1", "--port", "0", "--log-level", "warn"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = out.next().unwrap().unwrap();
-    std::thread::spawn(move || out.for_each(drop));
-    let _router = Router(child);
-    let url = first.strip_prefix("sgl-router listening on ").expect("the listening line").to_string();
+    let (_router, url) = spawn(&repo("examples/routing-pd.yaml"), &[]);
     let http = reqwest::Client::new();
     let mut healthy = Value::Null;
     for _ in 0..500 {
