@@ -58,7 +58,7 @@ pub struct PoolConfig {
     #[serde(default)]
     pub decode: Vec<String>,
     /// Chooses its decode worker, by load (any `--policy` value; default: the
-    /// router's `--decode-policy`, else the pool's `policy`).
+    /// pool's `policy`, as `--decode-policy` defaults to `--policy`).
     #[serde(default)]
     pub decode_policy: Option<String>,
 }
