@@ -204,15 +204,6 @@ pub(crate) async fn debug_route(
     let key = h1_codec::usable_key(headers.get(h1_codec::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
     let route = debug_route_of(q.route.as_deref())?;
     let bytes = read_body(&gw, body).await?;
-    if let Some(pd) = gw.pd.clone() {
-        // Both legs' choices and why.
-        let (gw2, len) = (gw.clone(), bytes.len());
-        let pair = crate::admission::render(&gw, len, move || {
-            let v = crate::body::parse_json(&bytes)?;
-            crate::pd::explain_pair(&gw2, (0, &pd), route, &v, key.as_deref())
-        });
-        return Ok(Json(pair.await??));
-    }
     // Rendered like a request: a large body off the serving thread; with a routing config, in
     // the pool the request would get (nothing counted, remembered or learned).
     // One routing config for the whole explain.
@@ -242,8 +233,9 @@ pub(crate) async fn debug_route(
             _ => 0,
         };
         // A disaggregated pool: both legs' choices and why.
-        if let (Some(pd), Some(v)) = (gw2.pools[pool].pd.clone(), v.as_ref()) {
-            return crate::pd::explain_pair(&gw2, (pool, &pd), route, v, key.as_deref()).map(Explained::Pair);
+        if let Some(pd) = gw2.pools[pool].pd.clone() {
+            let v = v.map_or_else(|| crate::body::parse_json(&bytes), Ok)?;
+            return crate::pd::explain_pair(&gw2, (pool, &pd), route, &v, key.as_deref()).map(Explained::Pair);
         }
         plan(&gw2, pool, route, v.as_ref(), key.as_deref(), &renders, false).map(Explained::Plan)
     })

@@ -29,8 +29,8 @@ pub(crate) enum Forwarded<T> {
     Sent(InFlight, Arc<Worker>, T),
     /// Answered from the decision's response cache.
     Cached(crate::cache::Hit),
-    /// Routed to a disaggregated pool: a prefill/decode pair serves it (`pd::serve`, on the
-    /// front end that can relay its stream), with the body as routed and the route headers.
+    /// For a disaggregated pool (the CLI's disaggregation makes the default pool one): a
+    /// prefill/decode pair serves it (`pd::serve_routed`), with the body as routed.
     Disaggregated(Disaggregated),
 }
 
@@ -40,8 +40,10 @@ pub(crate) struct Disaggregated {
     pub(crate) admission: Admission,
     /// The pool (an index into the gateway's pools).
     pub(crate) pool: usize,
-    /// The body as routed (its `model` the pool's, the plugins' rewrites applied).
-    pub(crate) body: Bytes,
+    /// The body as routed (its `model` the pool's, the plugins' rewrites applied), and parsed
+    /// (`None` on a route without a prompt).
+    pub(crate) body: (Bytes, Option<Value>),
+    /// The answer's route headers (none without a routing config).
     pub(crate) route_headers: crate::request::RouteHeaders,
     /// The decision's header edits, for both legs.
     pub(crate) edits: Option<Arc<HeaderEdits>>,
@@ -54,7 +56,7 @@ enum Step {
     Send(Option<Value>, Plan, Option<crate::pools::Routed>, Bytes),
     Cached(crate::cache::Hit),
     /// To a disaggregated pool: planned by the PD dispatch, not here.
-    Disaggregated(usize, Bytes, crate::request::RouteHeaders, Option<Arc<HeaderEdits>>),
+    Disaggregated(usize, (Bytes, Option<Value>), crate::request::RouteHeaders, Option<Arc<HeaderEdits>>),
 }
 
 /// Routes an admitted request and delivers it: parse and plan (off the
@@ -117,9 +119,10 @@ where
             (Some(r), Some(v)) if r.rewritten => Bytes::from(serde_json::to_vec(v).unwrap_or_default()),
             _ => body,
         };
-        if let Some(r) = routed.as_ref().filter(|r| gw2.pools[r.pool].pd.is_some()) {
-            let headers = crate::request::RouteHeaders::of(r, &gw2.pools[r.pool]);
-            return Ok(Step::Disaggregated(r.pool, bytes, headers, r.edits.clone()));
+        if gw2.pools[pool].pd.is_some() {
+            let headers = routed.as_ref().map(|r| crate::request::RouteHeaders::of(r, &gw2.pools[pool]));
+            let edits = routed.and_then(|r| r.edits);
+            return Ok(Step::Disaggregated(pool, (bytes, v), headers.unwrap_or_default(), edits));
         }
         let plan = plan(&gw2, pool, route, v.as_ref(), key.as_deref(), &renders, true)?;
         Ok::<_, GatewayError>(Step::Send(v, plan, routed, bytes))

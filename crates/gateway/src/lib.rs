@@ -288,9 +288,6 @@ pub struct Gateway {
     pub(crate) connections: Arc<tokio::sync::Semaphore>,
     /// TLS towards `https://` workers (the fleet's configuration), for the fast path.
     pub(crate) upstream_tls: tokio_rustls::TlsConnector,
-    /// Prefill/decode disaggregation, when on: requests go to a pair of
-    /// workers (`policy` chooses the prefill worker, this the decode worker).
-    pub pd: Option<Arc<pd::PdConfig>>,
 }
 
 // === impl Gateway ===
@@ -337,7 +334,6 @@ impl Gateway {
             index,
             draining: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
-            pd: None,
         }
     }
 
@@ -369,16 +365,17 @@ impl Gateway {
         &self.pools[i]
     }
 
-    /// Whether any request may go to a prefill/decode pair (the CLI's disaggregation, or a
-    /// routing config's disaggregated pool).
+    /// Whether any request may go to a prefill/decode pair (a disaggregated pool).
     pub fn disaggregated(&self) -> bool {
-        self.pd.is_some() || self.pools.iter().any(|p| p.pd.is_some())
+        self.pools.iter().any(|p| p.pd.is_some())
     }
 
-    /// The same gateway, dispatching every request to a prefill/decode pair
-    /// (its policy chooses the prefill worker).
+    /// The same gateway with its default pool disaggregated (the CLI's disaggregation): every
+    /// request goes to a prefill/decode pair, the pool's policy choosing the prefill worker.
+    /// Called as it is built, before the pool is shared.
     pub fn with_pd(mut self, pd: pd::PdConfig) -> Self {
-        self.pd = Some(Arc::new(pd));
+        let pool = self.pools.first_mut().and_then(Arc::get_mut);
+        pool.expect("the default pool is not shared while the gateway is built").pd = Some(Arc::new(pd));
         self
     }
 

@@ -79,9 +79,6 @@ async fn serve(
         forced: None,
         caller,
     };
-    if let Some(pd) = gw.pd.as_ref() {
-        return crate::pd::serve(&gw, (0, pd), admission, route, bytes, headers, start, &meta).await;
-    }
     // Sent with the fast path's own client: it reads a worker's early answer (a 413 before the
     // whole body was written), which hyper's drops.
     let extra = answer::extra(&gw, &headers);
@@ -89,12 +86,13 @@ async fn serve(
         let extra = extra.edited(edits.as_deref());
         async move { upstream::send(worker, route, body, rank, extra).await.map(answer::into_response) }
     };
-    let (mut guard, worker, resp) =
-        match forward(&gw, admission, (route, routing.clone()), bytes, start, &meta, &send).await? {
-            Forwarded::Sent(guard, worker, resp) => (guard, worker, resp),
-            Forwarded::Cached(hit) => return Ok(hit.into_response()),
-            Forwarded::Disaggregated(d) => return disaggregated(&gw, d, (route, headers), start, &meta).await,
-        };
+    let (mut guard, worker, resp) = match forward(&gw, admission, (route, routing.clone()), bytes, start, &meta, &send)
+        .await?
+    {
+        Forwarded::Sent(guard, worker, resp) => (guard, worker, resp),
+        Forwarded::Cached(hit) => return Ok(hit.into_response()),
+        Forwarded::Disaggregated(d) => return crate::pd::serve_routed(&gw, d, (route, headers), start, &meta).await,
+    };
     let Some((plan, sent)) = guard.cascade.take().map(|b| *b).filter(|_| resp.status() == StatusCode::OK) else {
         return Ok(relay(&gw, guard, worker, resp));
     };
@@ -114,29 +112,6 @@ async fn serve(
         crate::forward::escalate(&gw, (&plan, &sent), (route, routing), start, &meta, &send).await?;
     let mut answer = relay(&gw, guard, worker, resp);
     answer.headers_mut().insert(cascade::CASCADE_HEADER, verdict.header());
-    Ok(answer)
-}
-
-/// A request a routing config sent to a disaggregated pool, served by a pair of its workers
-/// with the decision's header edits, its answer carrying the route headers.
-async fn disaggregated(
-    gw: &Arc<Gateway>,
-    d: crate::forward::Disaggregated,
-    (route, headers): (Route, Arc<HeaderMap>),
-    start: Instant,
-    meta: &Meta,
-) -> Result<Response, GatewayError> {
-    let Some(pd) = gw.pools[d.pool].pd.clone() else { return Err(GatewayError::Internal("not disaggregated".into())) };
-    let headers = match d.edits {
-        Some(edits) => {
-            let mut edited = (*headers).clone();
-            edits.apply_to_map(&mut edited);
-            Arc::new(edited)
-        }
-        None => headers,
-    };
-    let mut answer = crate::pd::serve(gw, (d.pool, &pd), d.admission, route, d.body, headers, start, meta).await?;
-    answer.headers_mut().extend(d.route_headers.0.into_iter().map(|(n, v)| (HeaderName::from_static(n), v)));
     Ok(answer)
 }
 

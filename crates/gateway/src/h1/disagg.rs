@@ -1,73 +1,57 @@
-//! Disaggregated requests on the fast path: the request, read and admitted by
-//! the fast path, goes to `pd::serve` (the CLI's disaggregation, or a routing
-//! config's disaggregated pool), and its answer (the decode leg's stream, a
-//! failed leg's own answer, or the router's error) is written on the
-//! connection here, sized when its length is known and chunked otherwise.
+//! Disaggregated requests on the fast path: the request, read, admitted and
+//! routed by the fast path, goes to `pd::serve_routed` (a disaggregated pool;
+//! the CLI's disaggregation makes the default pool one), and its answer (the
+//! decode leg's stream, a failed leg's own answer, or the router's error) is
+//! written on the connection here, sized when its length is known and chunked
+//! otherwise.
 //! Every wait has the upstream idle deadline; a client that goes is noticed
 //! while the legs run and while the answer streams.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::future::Future;
+use std::time::Duration;
 
-use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::Response;
 use h1_codec::chunked;
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 
-use super::Peer;
-use crate::pd::PdConfig;
-use crate::pools::HeaderEdits;
-use crate::request::{Meta, RANK_HEADER, Route, header_lines, push_header, relayed};
+use super::{Peer, write_error};
+use crate::account::count_error;
+use crate::request::{RANK_HEADER, Route, header_lines, push_header, relayed};
 use crate::{Gateway, GatewayError};
 
-/// What the fast path hands the PD dispatch.
-pub(super) struct Request<'a> {
-    pub(super) route: Route,
-    /// The disaggregated pool and its setup.
-    pub(super) pool: (usize, Arc<PdConfig>),
-    /// The body as routed.
-    pub(super) body: Bytes,
-    /// The worker's headers, as the fast path serialized them (`name: value\r\n`).
-    pub(super) lines: &'a [u8],
-    /// The client's rank hint.
-    pub(super) rank: Option<&'a [u8]>,
-    /// A decision's header edits.
-    pub(super) edits: Option<Arc<HeaderEdits>>,
-    pub(super) start: Instant,
-    pub(super) meta: &'a Meta,
-}
-
-/// Serves `req` on a pair and writes its answer with `answer_head` (the request id, CORS, the
-/// route headers): `Ok(true)` while the connection may carry another request, `Err` with the
-/// router's error when nothing was written yet.
-pub(super) async fn serve(
-    gw: &Arc<Gateway>,
+/// Waits for `served` (the PD dispatch of the request) while watching the client, then writes
+/// its answer, or its error, with `answer_head` (the request id, CORS): false when the
+/// connection must close.
+pub(super) async fn answer(
+    gw: &Gateway,
     peer: &mut Peer<'_>,
-    req: Request<'_>,
-    admission: crate::admission::Admission,
-    (close, answer_head, idle): (bool, &[u8], Duration),
-) -> Result<bool, GatewayError> {
-    let mut headers = header_map(req.lines, req.rank);
-    if let Some(edits) = &req.edits {
-        edits.apply_to_map(&mut headers);
-    }
-    let (pool, pd) = (req.pool.0, &*req.pool.1);
-    let served =
-        crate::pd::serve(gw, (pool, pd), admission, req.route, req.body, Arc::new(headers), req.start, req.meta);
+    served: impl Future<Output = Result<Response, GatewayError>>,
+    (route, id): (Route, &str),
+    (close, answer_head): (bool, &[u8]),
+) -> bool {
     let answer = tokio::select! {
-        answer = served => answer?,
+        answer = served => answer,
         // A client that resets drops both legs (their connections close; SGLang's are aborted).
-        () = peer.gone() => return Ok(false),
+        () = peer.gone() => return false,
     };
     // After a half-close nothing more comes: the answer is the last unless requests were pipelined.
     let close = close || (!peer.open && peer.pipelined.is_empty());
-    Ok(write(peer, answer, (close, answer_head, idle)).await && !close)
+    match answer {
+        Ok(answer) => {
+            let idle = gw.config.limits.upstream_idle_timeout;
+            write(peer, answer, (close, answer_head, idle)).await && !close
+        }
+        Err(e) => {
+            count_error(gw, route, &e, Some(id));
+            write_error(peer.tcp, &e, close, answer_head).await.is_ok() && !close
+        }
+    }
 }
 
 /// The worker's headers as a map (the PD legs take one).
-fn header_map(lines: &[u8], rank: Option<&[u8]>) -> HeaderMap {
+pub(super) fn header_map(lines: &[u8], rank: Option<&[u8]>) -> HeaderMap {
     let mut map = HeaderMap::with_capacity(16);
     for (name, value) in header_lines(lines) {
         if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value)) {
@@ -144,7 +128,7 @@ async fn write(peer: &mut Peer<'_>, answer: Response, (close, extra, idle): (boo
 
 #[cfg(test)]
 mod tests {
-    use axum::body::Body;
+    use axum::body::{Body, Bytes};
     use bytes::BytesMut;
     use tokio::io::AsyncReadExt;
     use tokio::net::{TcpListener, TcpStream};

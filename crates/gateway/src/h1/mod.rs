@@ -378,13 +378,6 @@ async fn serve_fast(
         let send = |worker, body, rank, edits: Option<Arc<crate::pools::HeaderEdits>>| {
             upstream::send(worker, route, body, rank, extra.edited(edits.as_deref()))
         };
-        // The CLI's disaggregation: every request to a pair of the default pool.
-        if let Some(pd) = gw.pd.clone() {
-            let (lines, rank) = (&extra.headers[..], extra.rank.as_deref());
-            let req = disagg::Request { route, pool: (0, pd), body, lines, rank, edits: None, start, meta: &meta };
-            return disaggregated(gw, &mut peer, req, admission, (head.close || drain.is_cancelled(), &answer_head))
-                .await;
-        }
         let sent = tokio::select! {
             sent = forward(gw, admission, (route, routing.clone()), body, start, &meta, &send) => sent,
             // A client that resets drops its upstream request; one that half-closed is still answered.
@@ -437,41 +430,17 @@ async fn serve_fast(
                 count_error(gw, route, &e, Some(&meta.id));
                 write_error(peer.tcp, &e, close, &answer_head).await.is_ok() && !close
             }
-            // A routing config's disaggregated pool: a pair of its workers.
+            // A disaggregated pool (the CLI's disaggregation makes the default pool one).
             Ok(Forwarded::Disaggregated(d)) => {
-                let Some(pd) = gw.pools[d.pool].pd.clone() else { return false };
-                for (name, value) in d.route_headers.0 {
-                    push_header(&mut answer_head, name.as_bytes(), value.as_bytes());
-                }
-                let (lines, rank) = (&extra.headers[..], extra.rank.as_deref());
-                let (pool, body, edits, meta) = ((d.pool, pd), d.body, d.edits, &meta);
-                let req = disagg::Request { route, pool, body, lines, rank, edits, start, meta };
-                disaggregated(gw, &mut peer, req, d.admission, (head.close || drain.is_cancelled(), &answer_head)).await
+                let headers = Arc::new(disagg::header_map(&extra.headers, extra.rank.as_deref()));
+                let served = crate::pd::serve_routed(gw, d, (route, headers), start, &meta);
+                let close = head.close || drain.is_cancelled();
+                disagg::answer(gw, &mut peer, served, (route, &meta.id), (close, &answer_head)).await
             }
         }
     }
     .instrument(span)
     .await
-}
-
-/// A disaggregated request served and answered (`disagg`), or its error written; false when the
-/// connection must close.
-async fn disaggregated(
-    gw: &Arc<Gateway>,
-    peer: &mut Peer<'_>,
-    req: disagg::Request<'_>,
-    admission: crate::admission::Admission,
-    (close, answer_head): (bool, &[u8]),
-) -> bool {
-    let (route, idle, id) = (req.route, gw.config.limits.upstream_idle_timeout, req.meta.id.clone());
-    match disagg::serve(gw, peer, req, admission, (close, answer_head, idle)).await {
-        Ok(keep) => keep,
-        Err(e) => {
-            count_error(gw, route, &e, Some(&id));
-            let close = close || (!peer.open && peer.pipelined.is_empty());
-            write_error(peer.tcp, &e, close, answer_head).await.is_ok() && !close
-        }
-    }
 }
 
 /// Reads until `buf` holds `len` bytes; false when the client ends or fails first.

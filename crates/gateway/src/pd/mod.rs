@@ -227,30 +227,47 @@ impl Failure {
     }
 }
 
-/// Serves a request on a prefill/decode pair of `pool` (the default pool with the CLI's
-/// disaggregation, or a routing config's disaggregated pool): parse, refuse what cannot be
-/// disaggregated, choose the pair, dispatch, retry on a new pair.
+/// Serves a request the select phase sent to a disaggregated pool (both front ends): the
+/// decision's header edits made to the client's `headers`, a pair of the pool's workers, the
+/// route headers on the answer.
+pub(crate) async fn serve_routed(
+    gw: &Arc<Gateway>,
+    d: crate::forward::Disaggregated,
+    (route, mut headers): (Route, Arc<HeaderMap>),
+    start: Instant,
+    meta: &Meta,
+) -> Result<Response, GatewayError> {
+    let Some(pd) = gw.pools[d.pool].pd.clone() else { return Err(GatewayError::Internal("not disaggregated".into())) };
+    if let Some(edits) = &d.edits {
+        edits.apply_to_map(Arc::make_mut(&mut headers));
+    }
+    let mut answer = serve(gw, (d.pool, &pd), d.admission, route, d.body, headers, start, meta).await?;
+    let route_headers = d.route_headers.0.into_iter().map(|(n, v)| (axum::http::HeaderName::from_static(n), v));
+    answer.headers_mut().extend(route_headers);
+    Ok(answer)
+}
+
+/// Serves a request on a prefill/decode pair of `pool`: refuse what cannot be disaggregated,
+/// choose the pair, dispatch, retry on a new pair.
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn serve(
+async fn serve(
     gw: &Arc<Gateway>,
     (pool, pd): (usize, &PdConfig),
     admission: Admission,
     route: Route,
-    bytes: Bytes,
+    (bytes, parsed): (Bytes, Option<Value>),
     headers: Arc<HeaderMap>,
     start: Instant,
     meta: &Meta,
 ) -> Result<Response, GatewayError> {
-    if !route.has_prompt() {
-        return Err(GatewayError::BadRequest(format!(
-            "{} is not served with prefill/decode disaggregation",
-            route.path()
-        )));
-    }
     let (gw2, key) = (gw.clone(), meta.routing_key.clone());
     let (mode, decode_policy) = (pd.mode, pd.decode_policy.clone());
     let (v, batch, prompted, pair) = crate::admission::render(gw, bytes.len(), move || {
-        let v = parse_json(&bytes)?;
+        // Parsed by the select phase when something read it there; else here (PD reads it).
+        let v = match parsed {
+            Some(v) => v,
+            None => parse_json(&bytes)?,
+        };
         let batch = check(&v, route, mode)?;
         // A batch is balanced by load: one prefill worker serves every item.
         let (tokens, text) =
@@ -310,6 +327,12 @@ pub(crate) async fn serve(
 
 /// Refuses what cannot be disaggregated; returns the batch size of a batched prompt.
 fn check(v: &Value, route: Route, mode: PdMode) -> Result<Option<usize>, GatewayError> {
+    if !route.has_prompt() {
+        return Err(GatewayError::BadRequest(format!(
+            "{} is not served with prefill/decode disaggregation",
+            route.path()
+        )));
+    }
     if let Some(n) = v
         .get("n")
         .and_then(Value::as_u64)
