@@ -48,6 +48,7 @@
 #   TARGETS="a b"     only these targets (names as above), in this order
 #   BUILD=0           do not run `cargo build --release -p sgl-router` first
 #   RAW_OUT=file      also keep the per-window measurements (TSV) in file
+#   CONCS="1 64"      the concurrencies measured; BODIES="200 16384" the body sizes (one cell: CONCS=64 BODIES=16384)
 # Needs wrk (`apt-get install wrk`), nginx (`apt-get install nginx-light`), curl, bc, GNU time
 # (`apt-get install time`), procps (pgrep). Ports: 31001-31099.
 set -euo pipefail
@@ -87,7 +88,7 @@ make_body() { # SIZE FILE
     awk -v n="$pad" 'BEGIN { s = ""; while (length(s) < n) s = s "the quick brown fox jumps over the lazy dog "; printf "%s", substr(s, 1, n) }'
     printf '%s' "$tail"; } >"$file"
 }
-BODIES=(200 16384)
+read -r -a BODIES <<<"${BODIES:-200 16384}"
 for b in "${BODIES[@]}"; do make_body "$b" "$tmp/body_$b.json"; done
 body_label() { [ "$1" -ge 1024 ] && echo "$(($1 / 1024)) KiB" || echo "$1 B"; }
 
@@ -220,7 +221,7 @@ measure() {
   echo "  round $round $name c=$conc body=$body: ${R[rps]} req/s, p50 ${R[p50_us]} us, ${R[errors]} errors" >&2
 }
 
-CONCS=(1 64)
+read -r -a CONCS <<<"${CONCS:-1 64}"
 for round in $(seq 1 "$ROUNDS"); do
   order=("${targets[@]}")
   if [ $((round % 2)) = 0 ]; then order=(); for ((i = ${#targets[@]} - 1; i >= 0; i--)); do order+=("${targets[$i]}"); done; fi
