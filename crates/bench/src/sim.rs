@@ -1,6 +1,7 @@
 //! A discrete-time simulation of a fleet: trace requests arrive, K routers
-//! (the real `policy` code over the real `kv-index`, fed by the engines'
-//! cache events after a lag) pick a worker, and each simulated worker runs an
+//! (the real `policy` code over the real `kv-index`, matched by the router's
+//! own `planner::match_chains`, fed by the engines' cache events after a lag)
+//! pick a worker, and each simulated worker runs an
 //! FCFS prefill lane over a paged LRU cache (the simulated engine's own
 //! cache). Reports the token hit rate, time to first token and prefill balance.
 //!
@@ -14,7 +15,7 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
-use kv_index::{IndexConfig, KvIndex, ManualClock, MatchOptions, StoredBlock, StreamId};
+use kv_index::{IndexConfig, KvIndex, ManualClock, StoredBlock, StreamId};
 use mock_engine::PagedCache;
 use policy::{
     ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, Candidate, LeastLoad, Load, MinTtft,
@@ -166,10 +167,11 @@ pub(crate) fn run(trace: &[TraceRequest], policy: &str, cfg: &SimConfig) -> Resu
         let router = &mut routers[i % n_routers];
         let chain: Vec<BlockHash> = req.hash_ids.iter().map(|id| BlockHash(*id as i64)).collect();
         let matched: Vec<u64> = match &router.index {
+            // The router's own match (the plan phase's), over one hash mode.
             Some((index, _)) => {
                 let mut m = vec![0u64; cfg.workers];
-                for wm in index.prefix_depths(&chain, &MatchOptions::default()) {
-                    m[wm.worker.index()] = (u64::from(wm.blocks) * TRACE_BLOCK).min(req.input_length);
+                for (worker, (blocks, _)) in planner::match_chains(index, std::slice::from_ref(&chain)) {
+                    m[worker.index()] = (u64::from(blocks) * TRACE_BLOCK).min(req.input_length);
                 }
                 m
             }

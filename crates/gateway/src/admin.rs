@@ -17,7 +17,6 @@ use crate::metrics::head;
 use fleet::{Events, Worker};
 
 use crate::body::{parse_body, read_body};
-use crate::plan::plan;
 use crate::request::Route;
 use crate::{Gateway, GatewayError};
 
@@ -55,7 +54,7 @@ pub(crate) async fn route_preview(
     let out = crate::admission::render(&gw, len, move || {
         let mut v = parsed.map_or_else(|| crate::body::parse_json(&bytes), Ok)?;
         let mut preview = crate::pools::Preview::default();
-        let renders = crate::plan::Renders::default();
+        let renders = planner::Renders::default();
         let routed = match routing {
             Some(routing) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
@@ -102,14 +101,14 @@ pub(crate) async fn route_preview(
         out["body_rewritten"] = json!(routed.rewritten);
         // A disaggregated pool: the pair it would pick, never committed.
         if let Some(pd) = pool.pd.clone() {
-            match crate::pd::explain_pair(&gw2, (routed.pool, &pd), route, &v, key.as_deref()) {
+            match crate::pd::explain_pair(&gw2, (pool, &pd), route, &v, key.as_deref()) {
                 Ok(pair) => out["pair"] = pair,
                 Err(e) => out["error"] = e.body()["error"].clone(),
             }
             return Ok(out);
         }
         // The worker the pool would pick: the policy's choice, never committed.
-        match plan(&gw2, routed.pool, route, Some(&v), key.as_deref(), &renders, false) {
+        match gw2.planner().plan(pool, route, Some(&v), key.as_deref(), &renders, false) {
             Ok(plan) => {
                 out["worker"] = json!(plan.chosen().url);
                 out["policy"] = json!(pool.policy.name());
@@ -119,7 +118,7 @@ pub(crate) async fn route_preview(
             }
             Err(e) => {
                 out["worker"] = Value::Null;
-                out["error"] = e.body()["error"].clone();
+                out["error"] = GatewayError::from(e).body()["error"].clone();
             }
         }
         Ok::<_, GatewayError>(out)
@@ -214,7 +213,7 @@ pub(crate) async fn debug_route(
     let (gw2, len, key) = (gw.clone(), bytes.len(), key);
     let plan = crate::admission::render(&gw, len, move || {
         let mut v = parse_body(&gw2, route, &bytes, parsed)?;
-        let renders = crate::plan::Renders::default();
+        let renders = planner::Renders::default();
         let pool = match (routing, v.as_mut()) {
             (Some(routing), Some(v)) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
@@ -235,9 +234,10 @@ pub(crate) async fn debug_route(
         // A disaggregated pool: both legs' choices and why.
         if let Some(pd) = gw2.pools[pool].pd.clone() {
             let v = v.map_or_else(|| crate::body::parse_json(&bytes), Ok)?;
-            return crate::pd::explain_pair(&gw2, (pool, &pd), route, &v, key.as_deref()).map(Explained::Pair);
+            return crate::pd::explain_pair(&gw2, (&gw2.pools[pool], &pd), route, &v, key.as_deref())
+                .map(Explained::Pair);
         }
-        plan(&gw2, pool, route, v.as_ref(), key.as_deref(), &renders, false).map(Explained::Plan)
+        Ok(Explained::Plan(gw2.planner().plan(&gw2.pools[pool], route, v.as_ref(), key.as_deref(), &renders, false)?))
     })
     .await??;
     let plan = match plan {
@@ -248,9 +248,9 @@ pub(crate) async fn debug_route(
     let candidates = plan.candidates_json();
     Ok(Json(json!({
         "worker": plan.chosen().url,
-        "pool": gw.pools[plan.pool].id,
+        "pool": plan.pool.id,
         "dp_rank": plan.rank.map(|r| r.0),
-        "policy": gw.pools[plan.pool].policy.name(),
+        "policy": plan.pool.policy.name(),
         "reason": plan.decision.reason.as_str(),
         "input_tokens": plan.input_tokens,
         "candidates": candidates,
@@ -259,7 +259,7 @@ pub(crate) async fn debug_route(
 
 /// What an explain planned: one worker, or a disaggregated pool's pair.
 enum Explained {
-    Plan(crate::plan::Plan),
+    Plan(planner::Plan),
     Pair(Value),
 }
 

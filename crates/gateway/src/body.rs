@@ -58,7 +58,7 @@ pub(crate) fn parse_body(
     let json = move || parsed.map_or_else(|| parse_json(bytes), Ok).map(Some);
     // `/generate` is parsed for --dp-aware too: its rank goes in the body.
     let dp_generate = route == Route::Generate && gw.fleet.dp_aware();
-    let reads = |p: &Arc<crate::pool::Pool>| p.policy.needs_tokens() || p.policy.needs_text();
+    let reads = |p: &Arc<planner::Pool>| p.policy.needs_tokens() || p.policy.needs_text();
     if route.has_prompt() && (gw.index.is_some() || gw.pools.iter().any(reads) || dp_generate) {
         return json();
     }

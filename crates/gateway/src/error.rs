@@ -287,6 +287,15 @@ impl IntoResponse for GatewayError {
     }
 }
 
+impl From<planner::PlanError> for GatewayError {
+    fn from(e: planner::PlanError) -> Self {
+        match e {
+            planner::PlanError::NoWorker => GatewayError::NoWorker,
+            planner::PlanError::Render(e) => e.into(),
+        }
+    }
+}
+
 impl From<renderer::RenderError> for GatewayError {
     /// The client's mistakes are 400; a template or tokenizer that fails on a
     /// valid request is the router's own fault (500).

@@ -16,12 +16,12 @@ use tracing::{Span, warn};
 use crate::account::InFlight;
 use crate::admission::Admission;
 use crate::body::parse_body;
-use crate::plan::{Plan, plan};
 use crate::pools::HeaderEdits;
 use crate::request::{Meta, Route};
 use crate::send::{AnswerHead, SendError};
 use crate::{Gateway, GatewayError, RetryConfig};
 use fleet::Worker;
+use planner::Plan;
 
 /// What `forward` did with a request.
 pub(crate) enum Forwarded<T> {
@@ -93,7 +93,7 @@ where
     let step = crate::admission::render(gw, bytes.len(), move || {
         let mut v = parse_body(&gw2, route, &body, parsed)?;
         // The prompt rendered at most once per renderer, whatever reads it.
-        let renders = crate::plan::Renders::default();
+        let renders = planner::Renders::default();
         // With a routing config: the pool (the body names its model, the plugins may change it).
         let routed = match (routing, v.as_mut()) {
             (Some(routing), Some(v)) if let Some((pool, decision)) = &forced => {
@@ -124,7 +124,7 @@ where
             let edits = routed.and_then(|r| r.edits);
             return Ok(Step::Disaggregated(pool, (bytes, v), headers.unwrap_or_default(), edits));
         }
-        let plan = plan(&gw2, pool, route, v.as_ref(), key.as_deref(), &renders, true)?;
+        let plan = gw2.planner().plan(&gw2.pools[pool], route, v.as_ref(), key.as_deref(), &renders, true)?;
         Ok::<_, GatewayError>(Step::Send(v, plan, routed, bytes))
     })
     .await??;
@@ -142,8 +142,8 @@ where
         }
         Step::Send(v, plan, routed, bytes) => (v, plan, routed, bytes),
     };
-    plan.commit(gw);
-    let pool = &gw.pools[plan.pool];
+    plan.commit();
+    let pool = &plan.pool;
     let chosen = plan.chosen();
     let matched = plan.candidates[plan.chosen].matched_tokens;
     let span = Span::current();
@@ -284,7 +284,7 @@ fn with_rank(route: Route, v: Option<&mut Value>, rank: Option<DpRank>, bytes: &
 /// one (a retry may go back to a worker).
 fn next_worker(
     gw: &Gateway,
-    pool: &crate::pool::Pool,
+    pool: &planner::Pool,
     current: &Worker,
     tried: &[router_types::WorkerId],
 ) -> Option<Arc<Worker>> {

@@ -21,10 +21,7 @@ mod forward;
 mod h1;
 mod judge;
 pub mod metrics;
-pub mod namespace;
 pub mod pd;
-mod plan;
-mod pool;
 pub mod pools;
 mod proxy;
 mod relay;
@@ -363,6 +360,17 @@ impl Gateway {
     pub fn default_pool(&self) -> &Arc<pools::Pool> {
         let i = self.routing().map_or(0, |r| r.selector.default_pool());
         &self.pools[i]
+    }
+
+    /// What the plan phase reads beside a pool: the fleet, the index, the credit lock.
+    pub(crate) fn planner(&self) -> planner::Planner<'_> {
+        planner::Planner {
+            fleet: &self.fleet,
+            index: self.index.as_deref(),
+            credit_pending: self.config.credit_pending,
+            credit_lock: &self.credit_lock,
+            renders: &self.metrics.renders,
+        }
     }
 
     /// Whether any request may go to a prefill/decode pair (a disaggregated pool).

@@ -15,3 +15,7 @@ pub use ids::{
     WorkerKey, WorkerUrl,
 };
 pub use rng::SplitMix;
+
+/// The prefill rate (prompt tokens a second) a pool is assumed to have when its config states
+/// none: an 8B model on one GPU.
+pub const DEFAULT_PREFILL_TOKENS_PER_S: f64 = 20_000.0;

@@ -17,7 +17,6 @@
 //! of a request on one bootstrap room (they collide), and vLLM's prefill
 //! hands over the KV of one sequence.
 
-pub(crate) mod config;
 mod dual;
 mod sglang;
 #[cfg(test)]
@@ -30,20 +29,19 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use policy::Policy;
-use router_types::{Role, WorkerId};
+use router_types::WorkerId;
 use serde_json::{Value, json};
 use tracing::{Span, warn};
 
 use crate::admission::Admission;
 use crate::body::parse_json;
-use crate::plan::{Plan, Prompted, plan_in, prompt, routable};
 use crate::request::{Meta, Route};
 use crate::send::SendError;
 use crate::{Gateway, GatewayError, RetryConfig};
 use fleet::Worker;
+use planner::{Pair, Pool};
 
-pub use self::config::{KvConnector, PdConfig, PdMode};
+pub use planner::{KvConnector, PdConfig, PdMode};
 
 /// One of a disaggregated request's two legs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,30 +56,6 @@ impl Leg {
             Leg::Prefill => "prefill",
             Leg::Decode => "decode",
         }
-    }
-}
-
-/// The two choices of one attempt.
-pub(crate) struct Pair {
-    pub(crate) prefill: Plan,
-    pub(crate) decode: Plan,
-}
-
-impl Pair {
-    /// The prefill rank a vLLM leg is hinted to (the rank holding the prefix, else the least
-    /// loaded one), on a data-parallel prefill only.
-    pub(crate) fn vllm_rank(&self) -> Option<router_types::DpRank> {
-        let p = self.prefill.chosen();
-        let dp = p.dp_size();
-        self.prefill.rank.or_else(|| p.least_loaded_rank()).filter(|r| r.0 < dp && dp > 1)
-    }
-
-    /// Charges the prefill worker (on `rank`) with the prompt tokens it does not hold, and the
-    /// decode worker with the request: the loads held until each leg ends.
-    pub(crate) fn charge(&self, rank: Option<router_types::DpRank>) -> (fleet::LoadGuard, fleet::LoadGuard) {
-        let matched = self.prefill.candidates[self.prefill.chosen].matched_tokens;
-        let uncached = self.prefill.input_tokens.saturating_sub(matched);
-        (self.prefill.chosen().charge_on(uncached, rank), self.decode.chosen().charge(0))
     }
 }
 
@@ -123,8 +97,8 @@ pub(crate) enum Failure {
 /// What every attempt of a request shares.
 pub(crate) struct Ctx<'a> {
     pub(crate) gw: &'a Arc<Gateway>,
-    /// The disaggregated pool (an index into the gateway's pools) and its setup.
-    pub(crate) pool: usize,
+    /// The disaggregated pool and its setup.
+    pub(crate) pool: &'a Arc<Pool>,
     pub(crate) pd: &'a PdConfig,
     pub(crate) headers: Arc<HeaderMap>,
     pub(crate) meta: &'a Meta,
@@ -237,11 +211,12 @@ pub(crate) async fn serve_routed(
     start: Instant,
     meta: &Meta,
 ) -> Result<Response, GatewayError> {
-    let Some(pd) = gw.pools[d.pool].pd.clone() else { return Err(GatewayError::Internal("not disaggregated".into())) };
+    let pool = gw.pools[d.pool].clone();
+    let Some(pd) = pool.pd.clone() else { return Err(GatewayError::Internal("not disaggregated".into())) };
     if let Some(edits) = &d.edits {
         edits.apply_to_map(Arc::make_mut(&mut headers));
     }
-    let mut answer = serve(gw, (d.pool, &pd), d.admission, route, d.body, headers, start, meta).await?;
+    let mut answer = serve(gw, (&pool, &pd), d.admission, route, d.body, headers, start, meta).await?;
     let route_headers = d.route_headers.0.into_iter().map(|(n, v)| (axum::http::HeaderName::from_static(n), v));
     answer.headers_mut().extend(route_headers);
     Ok(answer)
@@ -252,7 +227,7 @@ pub(crate) async fn serve_routed(
 #[allow(clippy::too_many_arguments)]
 async fn serve(
     gw: &Arc<Gateway>,
-    (pool, pd): (usize, &PdConfig),
+    (pool, pd): (&Arc<Pool>, &PdConfig),
     admission: Admission,
     route: Route,
     (bytes, parsed): (Bytes, Option<Value>),
@@ -260,8 +235,8 @@ async fn serve(
     start: Instant,
     meta: &Meta,
 ) -> Result<Response, GatewayError> {
-    let (gw2, key) = (gw.clone(), meta.routing_key.clone());
-    let (mode, decode_policy) = (pd.mode, pd.decode_policy.clone());
+    let (gw2, key, pool2) = (gw.clone(), meta.routing_key.clone(), pool.clone());
+    let mode = pd.mode;
     let (v, batch, prompted, pair) = crate::admission::render(gw, bytes.len(), move || {
         // Parsed by the select phase when something read it there; else here (PD reads it).
         let v = match parsed {
@@ -270,9 +245,10 @@ async fn serve(
         };
         let batch = check(&v, route, mode)?;
         // A batch is balanced by load: one prefill worker serves every item.
-        let (tokens, text) =
-            if batch.is_some() { (Vec::new(), None) } else { prompt(&gw2, &gw2.pools[pool], route, &v)? };
-        let pair = pair(&gw2, (pool, &*decode_policy), &v, (&tokens, text.clone()), key.as_deref(), &[])?;
+        let planner = gw2.planner();
+        let (tokens, text) = if batch.is_some() { (Vec::new(), None) } else { planner.prompt(&pool2, route, &v)? };
+        let pd = pool2.pd.as_deref().ok_or_else(|| GatewayError::Internal("not disaggregated".into()))?;
+        let pair = planner::pair(planner, (&pool2, pd), &v, (&tokens, text.clone()), key.as_deref(), &[])?;
         Ok::<_, GatewayError>((v, batch, (tokens, text), pair))
     })
     .await??;
@@ -290,7 +266,7 @@ async fn serve(
     let mut tried: Vec<WorkerId> = Vec::new();
     let mut attempt = 1u32;
     loop {
-        commit(gw, (pool, pd), &pair);
+        commit(gw, pd, &pair);
         let Some(adm) = admission.take() else { return Err(GatewayError::Internal("admission lost".into())) };
         let outcome = match pd.mode {
             PdMode::Sglang => sglang::attempt(&ctx, &pair, adm).await,
@@ -373,48 +349,17 @@ pub(crate) fn batch_size(v: &Value, route: Route) -> Option<usize> {
     }
 }
 
-/// Chooses a pair among `pool`'s workers: the prefill worker by the pool's policy (prefix
-/// and load), the decode worker by `decode_policy` over load only; workers in `avoid` are
-/// left out where others remain.
-fn pair(
-    gw: &Gateway,
-    (pool, decode_policy): (usize, &dyn Policy),
-    v: &Value,
-    prompt: (&[u32], Option<String>),
-    key: Option<&[u8]>,
-    avoid: &[WorkerId],
-) -> Result<Pair, GatewayError> {
-    let id = &gw.pools[pool].id;
-    let pick = |role: fn(Role) -> bool| {
-        let all = routable(gw, |w| role(w.role) && &w.pool == id);
-        let fresh: Vec<_> = all.iter().filter(|w| !avoid.contains(&w.id)).cloned().collect();
-        if fresh.is_empty() { all } else { fresh }
-    };
-    let prefills = pick(|r| matches!(r, Role::Prefill { .. }));
-    let decodes = pick(|r| r == Role::Decode);
-    if prefills.is_empty() || decodes.is_empty() {
-        return Err(GatewayError::NoWorker);
-    }
-    let (tokens, text) = prompt;
-    let prompted = Prompted { v: Some(v), tokens, text, match_prefix: true, credit: true };
-    let prefill = plan_in(gw, pool, &*gw.pools[pool].policy, prefills, prompted, key)?;
-    let none = Prompted { v: None, tokens: &[], text: None, match_prefix: false, credit: false };
-    let decode = plan_in(gw, pool, decode_policy, decodes, none, None)?;
-    Ok(Pair { prefill, decode })
-}
-
 /// A new pair for a retry, avoiding the workers that failed.
 fn pair_again(gw: &Gateway, ctx: &Ctx<'_>, prompt: (&[u32], Option<String>), avoid: &[WorkerId]) -> Option<Pair> {
-    pair(gw, (ctx.pool, &*ctx.pd.decode_policy), &ctx.v, prompt, ctx.meta.routing_key.as_deref(), avoid).ok()
+    let key = ctx.meta.routing_key.as_deref();
+    planner::pair(gw.planner(), (ctx.pool, ctx.pd), &ctx.v, prompt, key, avoid).ok()
 }
 
-/// The policies learn where the request goes (the prefill worker was credited
-/// with the prompt's pages when it was chosen: `proxy::plan_in`).
-fn commit(gw: &Gateway, (pool, pd): (usize, &PdConfig), pair: &Pair) {
-    pair.prefill.commit(gw);
-    pair.decode.commit_to(&*pd.decode_policy);
+/// The policies learn where the request goes; the pair is traced and counted.
+fn commit(gw: &Gateway, pd: &PdConfig, pair: &Pair) {
+    pair.commit(pd);
     let (p, d) = (pair.prefill.chosen(), pair.decode.chosen());
-    let matched = pair.prefill.candidates[pair.prefill.chosen].matched_tokens;
+    let matched = pair.prefill.matched_tokens();
     let span = Span::current();
     span.record("worker", p.url.as_str());
     span.record("matched_tokens", matched);
@@ -422,7 +367,7 @@ fn commit(gw: &Gateway, (pool, pd): (usize, &PdConfig), pair: &Pair) {
     let m = &gw.metrics;
     m.pd_decisions.inc(format_args!(
         "leg=\"prefill\",policy=\"{}\",reason=\"{}\"",
-        gw.pools[pool].policy.name(),
+        pair.prefill.pool.policy.name(),
         pair.prefill.decision.reason
     ));
     m.pd_decisions.inc(format_args!(
@@ -500,37 +445,17 @@ pub(crate) fn json_answer(status: u16, v: &Value) -> Response {
     r
 }
 
-/// Records a decided pair in an explain (`/debug/route`).
-pub(crate) fn explain(gw: &Gateway, (pool, pd): (usize, &PdConfig), pair: &Pair) -> Value {
-    let leg = |plan: &Plan, policy: &str| {
-        let candidates = plan.candidates_json();
-        json!({
-            "worker": plan.chosen().url,
-            "dp_rank": plan.rank.map(|r| r.0),
-            "policy": policy,
-            "reason": plan.decision.reason.as_str(),
-            "candidates": candidates,
-        })
-    };
-    json!({
-        "pool": gw.pools[pool].id,
-        "mode": match pd.mode { PdMode::Sglang => "sglang", PdMode::Vllm => "vllm" },
-        "input_tokens": pair.prefill.input_tokens,
-        "prefill": leg(&pair.prefill, gw.pools[pool].policy.name()),
-        "decode": leg(&pair.decode, pd.decode_policy.name()),
-    })
-}
-
 /// Plans a pair of `pool` for an explain (never committed).
 pub(crate) fn explain_pair(
     gw: &Gateway,
-    (pool, pd): (usize, &PdConfig),
+    (pool, pd): (&Arc<Pool>, &PdConfig),
     route: Route,
     v: &Value,
     key: Option<&[u8]>,
 ) -> Result<Value, GatewayError> {
     let batch = check(v, route, pd.mode)?;
-    let (tokens, text) = if batch.is_some() { (Vec::new(), None) } else { prompt(gw, &gw.pools[pool], route, v)? };
-    let p = pair(gw, (pool, &*pd.decode_policy), v, (&tokens, text), key, &[])?;
-    Ok(explain(gw, (pool, pd), &p))
+    let planner = gw.planner();
+    let (tokens, text) = if batch.is_some() { (Vec::new(), None) } else { planner.prompt(pool, route, v)? };
+    let p = planner::pair(planner, (pool, pd), v, (&tokens, text), key, &[])?;
+    Ok(planner::pair_json(pd, &p))
 }

@@ -41,7 +41,7 @@ pub(super) fn pool(
     gw: &Gateway,
     selector: &model_select::Selector,
     choice: &Choice<'_>,
-    (route, v, renders): (Route, &Value, &crate::plan::Renders),
+    (route, v, renders): (Route, &Value, &planner::Renders),
     mut preview: Option<&mut Preview>,
 ) -> Result<Chosen, GatewayError> {
     let max_tokens = max_tokens(v);
@@ -50,7 +50,7 @@ pub(super) fn pool(
     let mut why_not = Vec::new();
     // Each candidate's prompt tokens by its own tokenizer, rendered once per renderer, only when needed.
     let prompt_of = |p: &Pool| -> Option<u64> {
-        renders.tokens(gw, &p.renderer, route, v).ok().map(|(tokens, _)| tokens.len() as u64)
+        renders.tokens(gw.planner(), &p.renderer, route, v).ok().map(|(tokens, _)| tokens.len() as u64)
     };
     let mut fits = |i: usize| -> bool {
         let p = &gw.pools[i];

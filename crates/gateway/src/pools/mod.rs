@@ -29,12 +29,12 @@ mod reload;
 mod sticky;
 
 pub use crate::metrics::RoutingMetrics;
-pub use crate::pool::Pool;
 use crate::request::Route;
 pub(crate) use crate::request::RouteHeaders;
 use crate::{Gateway, GatewayError};
 pub use embedding::Examples;
 pub(crate) use embedding::{PreRouted, pre_route, render as render_embedding};
+pub use planner::Pool;
 pub use reload::{Reloaded, RoutingSlot, reload};
 
 /// The decision label of a request that named a pool's model.
@@ -405,7 +405,7 @@ fn decide<'r>(
     // Exact, by the default pool's tokenizer: for context signals, and for load signals' TTFT.
     let tokens = if selector.needs_tokens() || selector.needs_load() {
         let default = &gw.pools[selector.default_pool()];
-        ask.renders.tokens(gw, &default.renderer, route, v)?.0.len() as u64
+        ask.renders.tokens(gw.planner(), &default.renderer, route, v)?.0.len() as u64
     } else {
         0
     };
@@ -579,7 +579,7 @@ pub(crate) struct Asked<'a> {
     /// The caller's identity, part of a response cache's key.
     pub(crate) caller: Option<&'a [u8; 32]>,
     /// The request's prompt, rendered at most once per renderer.
-    pub(crate) renders: &'a crate::plan::Renders,
+    pub(crate) renders: &'a planner::Renders,
 }
 
 /// The headers of a request that header rules read: none without such rules

@@ -140,7 +140,7 @@ pub(crate) fn apply(
     sessions: &Sessions,
     choice: &Choice<'_>,
     chosen: &Chosen,
-    (route, v, renders): (Route, &Value, &crate::plan::Renders),
+    (route, v, renders): (Route, &Value, &planner::Renders),
     key: Option<(u64, KeySource)>,
     preview: Option<&mut Value>,
 ) -> (usize, Outcome) {
@@ -188,7 +188,7 @@ pub(crate) fn apply(
 
 /// The most prompt tokens any of `pool`'s workers holds, as the pool's own
 /// plan measures it (its tokenizer, page size and index); never committed.
-fn cached_tokens(gw: &Gateway, pool: usize, route: Route, v: &Value, renders: &crate::plan::Renders) -> u64 {
+fn cached_tokens(gw: &Gateway, pool: usize, route: Route, v: &Value, renders: &planner::Renders) -> u64 {
     if gw.index.is_none() {
         return 0;
     }
@@ -197,7 +197,7 @@ fn cached_tokens(gw: &Gateway, pool: usize, route: Route, v: &Value, renders: &c
     if let Some(fields) = v.as_object_mut() {
         fields.insert("model".into(), Value::String(gw.pools[pool].served_model.clone()));
     }
-    match crate::plan::plan(gw, pool, route, Some(&v), None, renders, false) {
+    match gw.planner().plan(&gw.pools[pool], route, Some(&v), None, renders, false) {
         Ok(plan) => plan.candidates.iter().map(|c| c.matched_tokens).max().unwrap_or(0),
         Err(_) => 0,
     }

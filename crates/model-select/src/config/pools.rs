@@ -118,8 +118,7 @@ impl PrefillWorker {
     }
 }
 
-/// The prefill rate a pool is assumed to have when its config states none.
-pub const DEFAULT_PREFILL_TOKENS_PER_S: f64 = 20_000.0;
+pub use router_types::DEFAULT_PREFILL_TOKENS_PER_S;
 
 /// Prices per million tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]

@@ -1,7 +1,7 @@
 //! A model pool: its served model, policy, renderer, chain memo, context
 //! window, disaggregation (its workers are the fleet's, tagged with its id).
-//! What the plan phase reads to choose a worker; which pool serves a request
-//! is `pools`'.
+//! What a plan reads to choose a worker; which pool serves a request is the
+//! gateway's select phase's choice.
 
 use std::sync::Arc;
 
@@ -27,7 +27,7 @@ pub struct Pool {
     pub prefill_tokens_per_s: f64,
     /// Prefill/decode disaggregation (a routing config's `disaggregation:`): its requests go
     /// to a pair of its prefill and decode workers, `policy` choosing the prefill worker.
-    pub pd: Option<Arc<crate::pd::config::PdConfig>>,
+    pub pd: Option<Arc<crate::PdConfig>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -47,7 +47,7 @@ impl Pool {
         chain_memo_pages: usize,
     ) -> Self {
         let chain_memo = renderer::ChainMemo::new(chain_memo_pages);
-        let prefill_tokens_per_s = model_select::DEFAULT_PREFILL_TOKENS_PER_S;
+        let prefill_tokens_per_s = router_types::DEFAULT_PREFILL_TOKENS_PER_S;
         Pool { id, served_model, policy, renderer, chain_memo, context_window, prefill_tokens_per_s, pd: None }
     }
 

@@ -1,0 +1,70 @@
+//! The plan phase, pure and synchronous: which worker (or prefill/decode pair)
+//! of a pool serves a request. A request's prompt rendered at most once per
+//! renderer ([`Renders`]), its page hashes chained in the request's namespace
+//! ([`namespace`]), matched against the KV index, the routable workers made
+//! candidates with their load and cached prefix, the pool's policy choosing
+//! ([`Plan`]); for a disaggregated pool a prefill worker by prefix and load and
+//! a decode worker by load ([`Pair`]). No I/O and no `await`: the data plane,
+//! the explain and preview routes and the trace simulator call the same code.
+//!
+//! What a plan reads besides its pool (the fleet, the index, the credit lock)
+//! comes in one borrowed [`Planner`], so nothing here knows the gateway.
+
+pub mod namespace;
+mod pair;
+mod pd;
+mod plan;
+mod pool;
+mod render;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+
+use fleet::Fleet;
+use kv_index::KvIndex;
+
+pub use h1_codec::Route;
+pub use pair::{Pair, pair, pair_json};
+pub use pd::{KvConnector, PdConfig, PdMode};
+pub use plan::{Plan, Prompted, match_chains};
+pub use pool::Pool;
+pub use render::{Rendered, Renders};
+
+/// Why no plan could be made.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// No routable worker (or none of a pair's two roles).
+    #[error("no healthy worker")]
+    NoWorker,
+    /// The prompt could not be rendered (a malformed body, a template's refusal).
+    #[error(transparent)]
+    Render(#[from] renderer::RenderError),
+}
+
+/// What a plan reads beside its pool, borrowed for one request.
+#[derive(Clone, Copy)]
+pub struct Planner<'a> {
+    /// Every worker, their loads and the fleet's hash modes and page sizes.
+    pub fleet: &'a Fleet,
+    /// The KV index (`None`: no KV events followed, nothing matched).
+    pub index: Option<&'a KvIndex>,
+    /// The chosen worker is credited with the prompt's pages before another plan matches
+    /// (`--credit-pending`).
+    pub credit_pending: bool,
+    /// Held by a crediting plan from its match to its credit: a burst sharing a cold prefix
+    /// is not matched whole before any of it is credited.
+    pub credit_lock: &'a Mutex<()>,
+    /// Renders made (`router_prompt_renders_total`).
+    pub renders: &'a AtomicU64,
+}
+
+impl std::fmt::Debug for Planner<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Planner")
+            .field("index", &self.index.is_some())
+            .field("credit_pending", &self.credit_pending)
+            .finish()
+    }
+}

@@ -1,0 +1,91 @@
+//! A prefill/decode pair of a disaggregated pool ([`Pair`]): the prefill
+//! worker by the pool's policy (prefix and load), the decode worker by the
+//! pool's decode policy over load only.
+
+use std::sync::Arc;
+
+use fleet::LoadGuard;
+use router_types::{DpRank, Role, WorkerId};
+use serde_json::{Value, json};
+
+use crate::{PdConfig, PdMode, Plan, PlanError, Planner, Pool, Prompted};
+
+/// The two choices of one attempt.
+#[derive(Debug)]
+pub struct Pair {
+    pub prefill: Plan,
+    pub decode: Plan,
+}
+
+impl Pair {
+    /// The prefill rank a vLLM leg is hinted to (the rank holding the prefix, else the least
+    /// loaded one), on a data-parallel prefill only.
+    pub fn vllm_rank(&self) -> Option<DpRank> {
+        let p = self.prefill.chosen();
+        let dp = p.dp_size();
+        self.prefill.rank.or_else(|| p.least_loaded_rank()).filter(|r| r.0 < dp && dp > 1)
+    }
+
+    /// Charges the prefill worker (on `rank`) with the prompt tokens it does not hold, and the
+    /// decode worker with the request: the loads held until each leg ends.
+    pub fn charge(&self, rank: Option<DpRank>) -> (LoadGuard, LoadGuard) {
+        let uncached = self.prefill.input_tokens.saturating_sub(self.prefill.matched_tokens());
+        (self.prefill.chosen().charge_on(uncached, rank), self.decode.chosen().charge(0))
+    }
+
+    /// The policies learn where the request goes (the prefill worker was credited with the
+    /// prompt's pages when it was chosen).
+    pub fn commit(&self, pd: &PdConfig) {
+        self.prefill.commit();
+        self.decode.commit_to(&*pd.decode_policy);
+    }
+}
+
+/// Chooses a pair among `pool`'s workers: the prefill worker by the pool's policy (prefix and
+/// load), the decode worker by `pd`'s decode policy over load only; workers in `avoid` are left
+/// out where others remain. `prompt`: the prompt's tokens and text by the pool's renderer.
+pub fn pair(
+    p: Planner<'_>,
+    (pool, pd): (&Arc<Pool>, &PdConfig),
+    v: &Value,
+    prompt: (&[u32], Option<String>),
+    key: Option<&[u8]>,
+    avoid: &[WorkerId],
+) -> Result<Pair, PlanError> {
+    let pick = |role: fn(Role) -> bool| {
+        let all = p.routable(|w| role(w.role) && w.pool == pool.id);
+        let fresh: Vec<_> = all.iter().filter(|w| !avoid.contains(&w.id)).cloned().collect();
+        if fresh.is_empty() { all } else { fresh }
+    };
+    let prefills = pick(|r| matches!(r, Role::Prefill { .. }));
+    let decodes = pick(|r| r == Role::Decode);
+    if prefills.is_empty() || decodes.is_empty() {
+        return Err(PlanError::NoWorker);
+    }
+    let (tokens, text) = prompt;
+    let prompted = Prompted { v: Some(v), tokens, text, match_prefix: true, credit: true };
+    let prefill = p.plan_in(pool, &*pool.policy, prefills, prompted, key)?;
+    let none = Prompted { v: None, tokens: &[], text: None, match_prefix: false, credit: false };
+    let decode = p.plan_in(pool, &*pd.decode_policy, decodes, none, None)?;
+    Ok(Pair { prefill, decode })
+}
+
+/// A decided pair as an explain (`/debug/route`) shows it.
+pub fn pair_json(pd: &PdConfig, pair: &Pair) -> Value {
+    let leg = |plan: &Plan, policy: &str| {
+        json!({
+            "worker": plan.chosen().url,
+            "dp_rank": plan.rank.map(|r| r.0),
+            "policy": policy,
+            "reason": plan.decision.reason.as_str(),
+            "candidates": plan.candidates_json(),
+        })
+    };
+    json!({
+        "pool": pair.prefill.pool.id,
+        "mode": match pd.mode { PdMode::Sglang => "sglang", PdMode::Vllm => "vllm" },
+        "input_tokens": pair.prefill.input_tokens,
+        "prefill": leg(&pair.prefill, pair.prefill.pool.policy.name()),
+        "decode": leg(&pair.decode, pd.decode_policy.name()),
+    })
+}

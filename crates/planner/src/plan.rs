@@ -1,0 +1,212 @@
+//! One plan: a pool's routable workers made candidates (their load, the
+//! prefix of the prompt each holds by the KV index), the pool's policy
+//! choosing among them ([`Plan`]). Side-effect free but for the pending
+//! credit of the chosen worker (with `credit_pending`).
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+
+use fleet::Worker;
+use kv_index::KvIndex;
+use policy::{Candidate, Decision, RequestInfo};
+use renderer::PageHasher;
+use router_types::{BlockHash, DpRank};
+use serde_json::{Value, json};
+
+use crate::{PlanError, Planner, Pool, Renders, Route};
+
+/// A routing decision and what it was based on.
+#[derive(Debug)]
+pub struct Plan {
+    /// The pool it chose in.
+    pub pool: Arc<Pool>,
+    /// The routable workers, in the order of `candidates`.
+    pub workers: Vec<Arc<Worker>>,
+    pub candidates: Vec<Candidate>,
+    pub decision: Decision,
+    /// The position of the chosen worker in `workers` and `candidates`.
+    pub chosen: usize,
+    pub input_tokens: u64,
+    /// The prompt's text, when the policy reads it.
+    pub text: Option<String>,
+    pub rank: Option<DpRank>,
+}
+
+impl Plan {
+    pub fn chosen(&self) -> &Arc<Worker> {
+        &self.workers[self.chosen]
+    }
+
+    /// Prompt tokens the chosen worker holds.
+    pub fn matched_tokens(&self) -> u64 {
+        self.candidates[self.chosen].matched_tokens
+    }
+
+    /// The candidates as an explain shows them.
+    pub fn candidates_json(&self) -> Vec<Value> {
+        self.candidates
+            .iter()
+            .zip(&self.workers)
+            .map(|(c, w)| json!({"worker": w.url, "id": w.id, "matched_tokens": c.matched_tokens, "in_flight": c.load.in_flight}))
+            .collect()
+    }
+
+    /// What the policy saw of the request.
+    pub fn request(&self) -> RequestInfo<'_> {
+        RequestInfo { input_tokens: self.input_tokens, text: self.text.as_deref() }
+    }
+
+    /// Tells the pool's policy the request really goes where it decided (never for an explain).
+    pub fn commit(&self) {
+        self.commit_to(&*self.pool.policy);
+    }
+
+    /// Tells `policy` (the one that decided) the request really goes where it decided.
+    pub fn commit_to(&self, policy: &dyn policy::Policy) {
+        policy.commit(&self.decision, &self.candidates, &self.request());
+    }
+}
+
+/// What a plan knows of the request's prompt.
+#[derive(Debug)]
+pub struct Prompted<'a> {
+    /// The parsed body (`None`: not parsed, nothing to match).
+    pub v: Option<&'a Value>,
+    pub tokens: &'a [u32],
+    pub text: Option<String>,
+    /// Match the prompt against the index (false: every candidate holds nothing, as a decode
+    /// worker's KV comes from its prefill, never from its own cache).
+    pub match_prefix: bool,
+    /// The request goes where the plan says: with `credit_pending`, the chosen worker is
+    /// credited with the prompt's pages before another plan matches (not for a preview).
+    pub credit: bool,
+}
+
+/// Each index worker's deepest match over `chains` (one per hash mode): blocks and the rank
+/// holding them.
+pub fn match_chains(index: &KvIndex, chains: &[Vec<BlockHash>]) -> HashMap<kv_index::WorkerId, (u32, Option<DpRank>)> {
+    let mut matched: HashMap<kv_index::WorkerId, (u32, Option<DpRank>)> = HashMap::new();
+    for chain in chains {
+        for m in index.prefix_depths(chain, &kv_index::MatchOptions::default()) {
+            let e = matched.entry(m.worker).or_insert((0, None));
+            if m.blocks > e.0 {
+                *e = (m.blocks, m.rank);
+            }
+        }
+    }
+    matched
+}
+
+impl Planner<'_> {
+    /// The routable workers `keep` accepts.
+    pub fn routable(&self, keep: impl Fn(&Worker) -> bool) -> Vec<Arc<Worker>> {
+        self.fleet.snapshot().iter().filter(|w| keep(w) && w.is_routable()).cloned().collect()
+    }
+
+    /// Chooses a worker of `pool`: candidates with their load and cached prefix, then the
+    /// pool's policy, unless the client's routing key names the worker. `renders`: the
+    /// request's prompt as renderers made it already (the routing config's signals, the pools'
+    /// windows), else rendered here when read. `credit`: the request is sent where the plan
+    /// says (the chosen worker is credited with its pages).
+    pub fn plan(
+        &self,
+        pool: &Arc<Pool>,
+        route: Route,
+        v: Option<&Value>,
+        key: Option<&[u8]>,
+        renders: &Renders,
+        credit: bool,
+    ) -> Result<Plan, PlanError> {
+        // Rendered only for what reads it (a body parsed for its model alone is not rendered).
+        let reads = self.index.is_some() || pool.policy.needs_tokens() || pool.policy.needs_text();
+        let (tokens, text) = match v {
+            // The request's own plan (`credit`) reads the prompt last: it takes the render, and
+            // one made here is not kept (no copy of the tokens on the way).
+            Some(v) if reads && route.has_prompt() => match renders.get(&pool.renderer, credit) {
+                Some(r) => r,
+                None if !credit && (self.index.is_some() || pool.policy.needs_tokens()) => {
+                    renders.tokens(*self, &pool.renderer, route, v)?
+                }
+                None => self.prompt(pool, route, v)?,
+            },
+            _ => (Vec::new(), None),
+        };
+        let workers = self.routable(|w| pool.serves(w));
+        let prompted = Prompted { v, tokens: &tokens, text, match_prefix: true, credit };
+        self.plan_in(pool, &*pool.policy, workers, prompted, key)
+    }
+
+    /// Chooses one of `workers` (of `pool`) with `policy`: candidates with their load and
+    /// cached prefix, unless the client's routing key names the worker.
+    pub fn plan_in(
+        &self,
+        pool: &Arc<Pool>,
+        policy: &dyn policy::Policy,
+        workers: Vec<Arc<Worker>>,
+        prompted: Prompted<'_>,
+        key: Option<&[u8]>,
+    ) -> Result<Plan, PlanError> {
+        let Prompted { v, tokens, text, match_prefix, credit } = prompted;
+        if workers.is_empty() {
+            return Err(PlanError::NoWorker);
+        }
+        let v = v.filter(|_| match_prefix);
+        let text = text.filter(|_| match_prefix);
+        let input_tokens = tokens.len() as u64;
+        // The pool's page size, read once: a worker followed meanwhile may fix it.
+        let block_size = self.fleet.block_size_of(&pool.id);
+        // A mixed fleet is matched in each mode; a worker's blocks exist in its own mode only.
+        let mut chains = Vec::new();
+        if let (Some(index), Some(v)) = (self.index, v) {
+            let page = NonZeroUsize::new(block_size).unwrap_or(NonZeroUsize::MIN);
+            // The request's namespace starts its chain, as the engine's does.
+            let served = || {
+                let mut names: Vec<String> = workers.iter().filter_map(|w| w.info()?.model_id).collect();
+                names.push(pool.served_model.clone());
+                names
+            };
+            let ns = crate::namespace::of_request(v, served, Some(index));
+            let prior = renderer::hash::namespace_prior(ns.adapter, ns.salt);
+            chains = self
+                .fleet
+                .hash_modes()
+                .modes()
+                .map(|m| pool.chain_memo.block_hashes(&PageHasher::new(page, m), tokens, prior.as_ref()))
+                .collect();
+        }
+        // From the match to the credit, one plan at a time (the pages hashed before): a burst
+        // sharing a cold prefix would otherwise be matched before any of it is credited, and
+        // spread over the workers.
+        let credit = credit && match_prefix && self.credit_pending;
+        let _one_at_a_time = credit.then(|| self.credit_lock.lock().unwrap_or_else(|p| p.into_inner()));
+        let matched = self.index.map(|index| match_chains(index, &chains)).unwrap_or_default();
+        let bs = block_size as u64;
+        let candidates: Vec<Candidate> = workers
+            .iter()
+            .map(|w| {
+                let blocks = w.index_id.and_then(|id| matched.get(&id)).map_or(0, |m| u64::from(m.0));
+                Candidate {
+                    worker: w.id,
+                    load: if match_prefix { w.load() } else { w.decode_load() },
+                    matched_tokens: (blocks * bs).min(input_tokens),
+                    // Nothing to match is known exactly: no text tree guesses (decode workers).
+                    followed: w.is_followed() || !match_prefix,
+                }
+            })
+            .collect();
+        let by_key = key.and_then(|k| policy::by_key(k, workers.iter().map(|w| (w.id, w.url.as_str()))));
+        let decision = match by_key {
+            Some(worker) => Decision { worker, reason: policy::Reason::RoutingKey },
+            None => policy
+                .select(&candidates, &RequestInfo { input_tokens, text: text.as_deref() })
+                .map_err(|_| PlanError::NoWorker)?,
+        };
+        let chosen = workers.iter().position(|w| w.id == decision.worker).ok_or(PlanError::NoWorker)?;
+        let rank = workers[chosen].index_id.and_then(|id| matched.get(&id)).and_then(|m| m.1);
+        if credit && let (Some(index), Some(id), Some(chain)) = (self.index, workers[chosen].index_id, chains.first()) {
+            index.credit_pending(id, chain);
+        }
+        Ok(Plan { pool: pool.clone(), workers, candidates, decision, chosen, input_tokens, text, rank })
+    }
+}

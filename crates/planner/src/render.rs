@@ -1,0 +1,98 @@
+//! A request's prompt as a renderer makes it (tokens when read, and text):
+//! [`Renders`], one memo per request, so the signals, each candidate pool's
+//! window, stickiness and the plan read one render per renderer.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use renderer::{ChatRequest, Prompt, RenderError, Renderer};
+use serde_json::Value;
+
+use crate::{Planner, Pool, Route};
+
+/// A prompt's tokens (empty when not needed) and text.
+pub type Rendered = (Vec<u32>, Option<String>);
+
+/// A request's prompt rendered at most once per renderer (template and tokenizer): the
+/// signals, each candidate pool's window, stickiness and the plan read the same render.
+/// Forgotten when a plugin rewrites the prompt. One per request, used on one thread.
+#[derive(Debug, Default)]
+pub struct Renders(std::cell::RefCell<Vec<(Arc<Renderer>, Rendered)>>);
+
+impl Renders {
+    /// The request's tokens and text by `renderer`, rendered now if not before.
+    pub fn tokens(
+        &self,
+        p: Planner<'_>,
+        renderer: &Arc<Renderer>,
+        route: Route,
+        v: &Value,
+    ) -> Result<Rendered, RenderError> {
+        if let Some((_, r)) = self.0.borrow().iter().find(|(k, _)| Arc::ptr_eq(k, renderer)) {
+            return Ok(r.clone());
+        }
+        let r = p.render(renderer, route, v, true)?;
+        self.0.borrow_mut().push((renderer.clone(), r.clone()));
+        Ok(r)
+    }
+
+    /// What `renderer` rendered already, if it did; moved out for the `last` reader (no copy).
+    pub(crate) fn get(&self, renderer: &Arc<Renderer>, last: bool) -> Option<Rendered> {
+        let mut memo = self.0.borrow_mut();
+        let i = memo.iter().position(|(k, _)| Arc::ptr_eq(k, renderer))?;
+        Some(if last { memo.swap_remove(i).1 } else { memo[i].1.clone() })
+    }
+
+    /// The prompt changed (a plugin rewrote it): every render is stale.
+    pub fn forget(&self) {
+        self.0.borrow_mut().clear();
+    }
+}
+
+impl Planner<'_> {
+    /// Tokens and text of the request, by `pool`'s renderer (the tokens only when the index
+    /// or the pool's policy reads them).
+    pub fn prompt(&self, pool: &Pool, route: Route, v: &Value) -> Result<Rendered, RenderError> {
+        let need_tokens = self.index.is_some() || pool.policy.needs_tokens();
+        self.render(&pool.renderer, route, v, need_tokens)
+    }
+
+    /// Tokens (when `need_tokens`) and text of the request, by `renderer`; counted
+    /// (`router_prompt_renders_total`).
+    pub fn render(
+        &self,
+        renderer: &Renderer,
+        route: Route,
+        v: &Value,
+        need_tokens: bool,
+    ) -> Result<Rendered, RenderError> {
+        self.renders.fetch_add(1, Ordering::Relaxed);
+        let vocab = renderer.tokenizer().vocab_size();
+        match route {
+            Route::Chat => {
+                let req = ChatRequest::from_value(v)?;
+                if need_tokens {
+                    let r = renderer.render_chat(&req)?;
+                    Ok((r.token_ids, Some(r.text)))
+                } else {
+                    Ok((Vec::new(), Some(renderer.render_text(&req)?)))
+                }
+            }
+            // Never asked: these routes' bodies are not rendered.
+            Route::Embeddings | Route::Rerank | Route::Classify => Ok((Vec::new(), None)),
+            Route::Completions | Route::Generate => {
+                let p = if route == Route::Completions {
+                    Prompt::from_completions(v.get("prompt").unwrap_or(&Value::Null), vocab)?
+                } else {
+                    Prompt::from_generate(v, vocab)?
+                };
+                let text = match &p {
+                    Prompt::Text(t) => Some(t.clone()),
+                    Prompt::Tokens(_) => None,
+                };
+                let tokens = if need_tokens { renderer.prompt_tokens(&p)? } else { Vec::new() };
+                Ok((tokens, text))
+            }
+        }
+    }
+}

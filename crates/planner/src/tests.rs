@@ -1,0 +1,130 @@
+//! The plan phase over a real fleet (workers in rotation without probes):
+//! renders memoized per renderer, plans within a pool's routable workers, the
+//! routing key, pairs by role with failed workers avoided.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fleet::{Fleet, Source};
+use policy::{Reason, RoundRobin};
+use renderer::Renderer;
+use router_types::{PoolId, Role, WorkerUrl};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::{PdConfig, PdMode, PlanError, Planner, Pool, Renders, Route};
+
+fn url(u: &str) -> WorkerUrl {
+    WorkerUrl::parse(u).unwrap()
+}
+
+/// A fleet of `regular` default-pool workers and `pd` (URL, role) workers of pool "pd", every one
+/// in rotation (nothing is probed: no sockets).
+async fn fleet(regular: &[&str], pd: &[(&str, Role)]) -> Arc<Fleet> {
+    let config = fleet::FleetConfig {
+        health: fleet::HealthConfig { enabled: false, ..Default::default() },
+        breaker: fleet::BreakerConfig::default(),
+        index_retention: Duration::from_secs(300),
+        load_poll: Duration::ZERO,
+        api_key: None,
+        events: None,
+        proxied_paths: &["/v1/chat/completions"],
+        dp_aware: false,
+        tls: fleet::WorkerTls::default(),
+    };
+    let urls: Vec<WorkerUrl> = regular.iter().map(|u| url(u)).collect();
+    let fleet = Fleet::start(config, None, &urls, CancellationToken::new());
+    for (u, role) in pd {
+        fleet.add_in(url(u), *role, PoolId("pd".into()), Source::Admin);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while fleet.all().len() < regular.len() + pd.len() || !fleet.all().iter().all(|w| w.is_routable()) {
+        assert!(tokio::time::Instant::now() < deadline, "the workers entered rotation");
+        tokio::task::yield_now().await;
+    }
+    fleet
+}
+
+fn pool(id: PoolId, pd: Option<PdMode>) -> Arc<Pool> {
+    let renderer = Arc::new(Renderer::builtin().unwrap());
+    let mut p = Pool::new(id, "m".into(), Arc::new(RoundRobin::default()), renderer, None, 64);
+    p.pd = pd.map(|m| Arc::new(PdConfig::new(m, Arc::new(RoundRobin::default()))));
+    Arc::new(p)
+}
+
+fn chat() -> serde_json::Value {
+    json!({"model": "m", "messages": [{"role": "user", "content": "hello there"}]})
+}
+
+#[tokio::test]
+async fn a_prompt_is_rendered_once_per_renderer_until_a_plugin_rewrites_it() {
+    let fleet = fleet(&["http://127.0.0.1:1"], &[]).await;
+    let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
+    let p = Planner { fleet: &fleet, index: None, credit_pending: false, credit_lock: &lock, renders: &renders };
+    let (a, b) = (Arc::new(Renderer::builtin().unwrap()), Arc::new(Renderer::builtin().unwrap()));
+    let memo = Renders::default();
+    let first = memo.tokens(p, &a, Route::Chat, &chat()).unwrap();
+    assert!(!first.0.is_empty() && first.1.as_deref().is_some_and(|t| t.contains("hello there")));
+    assert_eq!(memo.tokens(p, &a, Route::Chat, &chat()).unwrap(), first, "the same render, from the memo");
+    assert_eq!(renders.load(Ordering::Relaxed), 1);
+    memo.tokens(p, &b, Route::Chat, &chat()).unwrap();
+    assert_eq!(renders.load(Ordering::Relaxed), 2, "another renderer renders once more");
+    // The request's own plan takes the render out (no copy); then it is gone.
+    assert_eq!(memo.get(&a, true), Some(first));
+    assert_eq!(memo.get(&a, false), None);
+    memo.forget();
+    assert_eq!(memo.get(&b, false), None, "a rewritten prompt forgets every render");
+}
+
+#[tokio::test]
+async fn a_plan_chooses_among_its_pools_routable_workers_and_a_routing_key_names_one() {
+    let fleet = fleet(&["http://127.0.0.1:1", "http://127.0.0.1:2"], &[("http://127.0.0.1:3", Role::PREFILL)]).await;
+    let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
+    let p = Planner { fleet: &fleet, index: None, credit_pending: true, credit_lock: &lock, renders: &renders };
+    let default = pool(PoolId::default_pool(), None);
+    let memo = Renders::default();
+    let plan = p.plan(&default, Route::Chat, Some(&chat()), None, &memo, true).unwrap();
+    let urls: Vec<String> = plan.workers.iter().map(|w| w.url.to_string()).collect();
+    assert_eq!(urls.len(), 2, "the default pool's two regular workers, not pool pd's: {urls:?}");
+    assert!(urls.iter().all(|u| !u.contains(":3")));
+    assert_eq!(plan.decision.reason, Reason::RoundRobin);
+    assert!(Arc::ptr_eq(&plan.pool, &default));
+    // A routing key names the same worker every time, whatever the policy.
+    let keyed: Vec<_> =
+        (0..4).map(|_| p.plan(&default, Route::Chat, Some(&chat()), Some(b"user-7"), &memo, false).unwrap()).collect();
+    assert!(keyed.iter().all(|k| k.decision.reason == Reason::RoutingKey && k.chosen().id == keyed[0].chosen().id));
+    // A pool without workers plans nothing.
+    let empty = pool(PoolId("none".into()), None);
+    assert!(matches!(p.plan(&empty, Route::Chat, Some(&chat()), None, &memo, false), Err(PlanError::NoWorker)));
+}
+
+#[tokio::test]
+async fn a_pair_takes_each_leg_from_its_role_and_avoids_failed_workers_while_others_remain() {
+    let pd = [
+        ("http://127.0.0.1:11", Role::PREFILL),
+        ("http://127.0.0.1:12", Role::PREFILL),
+        ("http://127.0.0.1:21", Role::Decode),
+    ];
+    let fleet = fleet(&["http://127.0.0.1:1"], &pd).await;
+    let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
+    let p = Planner { fleet: &fleet, index: None, credit_pending: false, credit_lock: &lock, renders: &renders };
+    let pool = pool(PoolId("pd".into()), Some(PdMode::Sglang));
+    let setup = pool.pd.clone().unwrap();
+    let v = chat();
+    let (tokens, text) = p.prompt(&pool, Route::Chat, &v).unwrap();
+    let pair = crate::pair(p, (&pool, &setup), &v, (&tokens, text.clone()), None, &[]).unwrap();
+    assert!(matches!(pair.prefill.chosen().role, Role::Prefill { .. }));
+    assert_eq!(pair.prefill.workers.len(), 2, "both prefill workers are candidates");
+    assert_eq!(pair.decode.chosen().url.to_string(), "http://127.0.0.1:21");
+    assert!(pair.decode.candidates.iter().all(|c| c.matched_tokens == 0 && c.followed), "decode holds no prefix");
+    let first = pair.prefill.chosen().id;
+    let again = crate::pair(p, (&pool, &setup), &v, (&tokens, text.clone()), None, &[first]).unwrap();
+    assert_ne!(again.prefill.chosen().id, first, "the failed prefill worker is avoided");
+    let both: Vec<_> = pair.prefill.workers.iter().map(|w| w.id).collect();
+    let last = crate::pair(p, (&pool, &setup), &v, (&tokens, text), None, &both).unwrap();
+    assert_eq!(last.prefill.workers.len(), 2, "every one failed: all are candidates again");
+    let shown = crate::pair_json(&setup, &pair);
+    assert_eq!((shown["pool"].as_str(), shown["mode"].as_str()), (Some("pd"), Some("sglang")));
+    assert_eq!(shown["decode"]["worker"], "http://127.0.0.1:21");
+}
