@@ -31,18 +31,17 @@ pub(crate) enum Forwarded<T> {
     Cached(crate::cache::Hit),
     /// For a disaggregated pool (the CLI's disaggregation makes the default pool one): a
     /// prefill/decode pair serves it (`pd::serve_routed`), with the body as routed.
-    Disaggregated(Disaggregated),
+    Disaggregated(Box<Disaggregated>),
 }
 
 /// A request routed to a disaggregated pool, for the PD dispatch.
 #[derive(Debug)]
 pub(crate) struct Disaggregated {
     pub(crate) admission: Admission,
-    /// The pool (an index into the gateway's pools).
-    pub(crate) pool: usize,
-    /// The body as routed (its `model` the pool's, the plugins' rewrites applied), and parsed
-    /// (`None` on a route without a prompt).
-    pub(crate) body: (Bytes, Option<Value>),
+    pub(crate) pool: Arc<planner::Pool>,
+    /// The body as routed (its `model` the pool's, the plugins' rewrites applied), parsed,
+    /// checked, its prompt rendered and its first pair chosen.
+    pub(crate) planned: crate::pd::Planned,
     /// The answer's route headers (none without a routing config).
     pub(crate) route_headers: crate::request::RouteHeaders,
     /// The decision's header edits, for both legs.
@@ -55,8 +54,8 @@ pub(crate) struct Disaggregated {
 enum Step {
     Send(Option<Value>, Plan, Option<crate::pools::Routed>, Bytes),
     Cached(crate::cache::Hit),
-    /// To a disaggregated pool: planned by the PD dispatch, not here.
-    Disaggregated(usize, (Bytes, Option<Value>), crate::request::RouteHeaders, Option<Arc<HeaderEdits>>),
+    /// To a disaggregated pool, with its pair.
+    Disaggregated(Arc<planner::Pool>, crate::pd::Planned, crate::request::RouteHeaders, Option<Arc<HeaderEdits>>),
 }
 
 /// Routes an admitted request and delivers it: parse and plan (off the
@@ -119,12 +118,14 @@ where
             (Some(r), Some(v)) if r.rewritten => Bytes::from(serde_json::to_vec(v).unwrap_or_default()),
             _ => body,
         };
-        if gw2.pools[pool].pd.is_some() {
-            let headers = routed.as_ref().map(|r| crate::request::RouteHeaders::of(r, &gw2.pools[pool]));
+        let pool = &gw2.pools[pool];
+        if pool.pd.is_some() {
+            let planned = crate::pd::plan(&gw2, pool, route, (&bytes, v), &renders, key.as_deref())?;
+            let headers = routed.as_ref().map(|r| crate::request::RouteHeaders::of(r, pool));
             let edits = routed.and_then(|r| r.edits);
-            return Ok(Step::Disaggregated(pool, (bytes, v), headers.unwrap_or_default(), edits));
+            return Ok(Step::Disaggregated(pool.clone(), planned, headers.unwrap_or_default(), edits));
         }
-        let plan = gw2.planner().plan(&gw2.pools[pool], route, v.as_ref(), key.as_deref(), &renders, true)?;
+        let plan = gw2.planner().plan(pool, route, v.as_ref(), key.as_deref(), &renders, true)?;
         Ok::<_, GatewayError>(Step::Send(v, plan, routed, bytes))
     })
     .await??;
@@ -137,8 +138,14 @@ where
             crate::account::count_answered(gw, route, hit.answer.status);
             return Ok(Forwarded::Cached(hit));
         }
-        Step::Disaggregated(pool, body, route_headers, edits) => {
-            return Ok(Forwarded::Disaggregated(Disaggregated { admission, pool, body, route_headers, edits }));
+        Step::Disaggregated(pool, planned, route_headers, edits) => {
+            return Ok(Forwarded::Disaggregated(Box::new(Disaggregated {
+                admission,
+                pool,
+                planned,
+                route_headers,
+                edits,
+            })));
         }
         Step::Send(v, plan, routed, bytes) => (v, plan, routed, bytes),
     };

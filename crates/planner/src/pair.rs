@@ -44,6 +44,9 @@ impl Pair {
 /// Chooses a pair among `pool`'s workers: the prefill worker by the pool's policy (prefix and
 /// load), the decode worker by `pd`'s decode policy over load only; workers in `avoid` are left
 /// out where others remain. `prompt`: the prompt's tokens and text by the pool's renderer.
+/// `credit`: the request goes to this pair (with `credit_pending` the prefill worker is credited
+/// with the prompt's pages; never for an explain).
+#[allow(clippy::too_many_arguments)]
 pub fn pair(
     p: Planner<'_>,
     (pool, pd): (&Arc<Pool>, &PdConfig),
@@ -51,6 +54,7 @@ pub fn pair(
     prompt: (&[u32], Option<String>),
     key: Option<&[u8]>,
     avoid: &[WorkerId],
+    credit: bool,
 ) -> Result<Pair, PlanError> {
     let pick = |role: fn(Role) -> bool| {
         let all = p.routable(|w| role(w.role) && w.pool == pool.id);
@@ -63,7 +67,7 @@ pub fn pair(
         return Err(PlanError::NoWorker);
     }
     let (tokens, text) = prompt;
-    let prompted = Prompted { v: Some(v), tokens, text, match_prefix: true, credit: true };
+    let prompted = Prompted { v: Some(v), tokens, text, match_prefix: true, credit };
     let prefill = p.plan_in(pool, &*pool.policy, prefills, prompted, key)?;
     let none = Prompted { v: None, tokens: &[], text: None, match_prefix: false, credit: false };
     let decode = p.plan_in(pool, &*pd.decode_policy, decodes, none, None)?;

@@ -36,6 +36,11 @@ impl Renders {
         Ok(r)
     }
 
+    /// What `renderer` rendered already, if it did, moved out: for the request's last reader.
+    pub fn take(&self, renderer: &Arc<Renderer>) -> Option<Rendered> {
+        self.get(renderer, true)
+    }
+
     /// What `renderer` rendered already, if it did; moved out for the `last` reader (no copy).
     pub(crate) fn get(&self, renderer: &Arc<Renderer>, last: bool) -> Option<Rendered> {
         let mut memo = self.0.borrow_mut();

@@ -201,61 +201,89 @@ impl Failure {
     }
 }
 
-/// Serves a request the select phase sent to a disaggregated pool (both front ends): the
-/// decision's header edits made to the client's `headers`, a pair of the pool's workers, the
-/// route headers on the answer.
+/// A request to a disaggregated pool as the plan phase leaves it: parsed, checked, its prompt
+/// rendered and its first pair chosen.
+#[derive(Debug)]
+pub(crate) struct Planned {
+    /// The client's body, parsed.
+    pub(crate) v: Value,
+    /// Items of a batched prompt (`None`: one prompt).
+    pub(crate) batch: Option<usize>,
+    /// The prompt's tokens and text by the pool's renderer (none for a batch: balanced by load),
+    /// kept for a retry's new pair.
+    pub(crate) prompted: planner::Rendered,
+    pub(crate) pair: Pair,
+}
+
+/// The plan phase of a request to a disaggregated pool (synchronous: in the render pool for a
+/// large body, beside the select phase): the body parsed if the select phase did not, what
+/// cannot be disaggregated refused, the prompt taken from the select phase's renders (or
+/// rendered), the first pair chosen and its prefill worker credited.
+pub(crate) fn plan(
+    gw: &Gateway,
+    pool: &Arc<Pool>,
+    route: Route,
+    (bytes, parsed): (&[u8], Option<Value>),
+    renders: &planner::Renders,
+    key: Option<&[u8]>,
+) -> Result<Planned, GatewayError> {
+    let Some(pd) = pool.pd.as_deref() else { return Err(GatewayError::Internal("not disaggregated".into())) };
+    let v = match parsed {
+        Some(v) => v,
+        None => parse_json(bytes)?,
+    };
+    let batch = check(&v, route, pd.mode)?;
+    let planner = gw.planner();
+    // A batch is balanced by load: one prefill worker serves every item.
+    let prompted = match batch {
+        Some(_) => (Vec::new(), None),
+        None => match renders.take(&pool.renderer) {
+            Some(r) => r,
+            None => planner.prompt(pool, route, &v)?,
+        },
+    };
+    let pair = planner::pair(planner, (pool, pd), &v, (&prompted.0, prompted.1.clone()), key, &[], true)?;
+    Ok(Planned { v, batch, prompted, pair })
+}
+
+/// Serves a request the select and plan phases sent to a disaggregated pool (both front ends):
+/// the decision's header edits made to the client's `headers`, the planned pair, the route
+/// headers on the answer.
 pub(crate) async fn serve_routed(
     gw: &Arc<Gateway>,
-    d: crate::forward::Disaggregated,
+    d: Box<crate::forward::Disaggregated>,
     (route, mut headers): (Route, Arc<HeaderMap>),
     start: Instant,
     meta: &Meta,
 ) -> Result<Response, GatewayError> {
-    let pool = gw.pools[d.pool].clone();
-    let Some(pd) = pool.pd.clone() else { return Err(GatewayError::Internal("not disaggregated".into())) };
+    let Some(pd) = d.pool.pd.clone() else { return Err(GatewayError::Internal("not disaggregated".into())) };
     if let Some(edits) = &d.edits {
         edits.apply_to_map(Arc::make_mut(&mut headers));
     }
-    let mut answer = serve(gw, (&pool, &pd), d.admission, route, d.body, headers, start, meta).await?;
+    let d = *d;
+    let mut answer = serve(gw, (&d.pool, &pd), d.admission, route, d.planned, headers, start, meta).await?;
     let route_headers = d.route_headers.0.into_iter().map(|(n, v)| (axum::http::HeaderName::from_static(n), v));
     answer.headers_mut().extend(route_headers);
     Ok(answer)
 }
 
-/// Serves a request on a prefill/decode pair of `pool`: refuse what cannot be disaggregated,
-/// choose the pair, dispatch, retry on a new pair.
+/// Serves a planned request on its prefill/decode pair of `pool`: dispatch, retry on a new pair.
 #[allow(clippy::too_many_arguments)]
 async fn serve(
     gw: &Arc<Gateway>,
     (pool, pd): (&Arc<Pool>, &PdConfig),
     admission: Admission,
     route: Route,
-    (bytes, parsed): (Bytes, Option<Value>),
+    planned: Planned,
     headers: Arc<HeaderMap>,
     start: Instant,
     meta: &Meta,
 ) -> Result<Response, GatewayError> {
-    let (gw2, key, pool2) = (gw.clone(), meta.routing_key.clone(), pool.clone());
-    let mode = pd.mode;
-    let (v, batch, prompted, pair) = crate::admission::render(gw, bytes.len(), move || {
-        // Parsed by the select phase when something read it there; else here (PD reads it).
-        let v = match parsed {
-            Some(v) => v,
-            None => parse_json(&bytes)?,
-        };
-        let batch = check(&v, route, mode)?;
-        // A batch is balanced by load: one prefill worker serves every item.
-        let planner = gw2.planner();
-        let (tokens, text) = if batch.is_some() { (Vec::new(), None) } else { planner.prompt(&pool2, route, &v)? };
-        let pd = pool2.pd.as_deref().ok_or_else(|| GatewayError::Internal("not disaggregated".into()))?;
-        let pair = planner::pair(planner, (&pool2, pd), &v, (&tokens, text.clone()), key.as_deref(), &[])?;
-        Ok::<_, GatewayError>((v, batch, (tokens, text), pair))
-    })
-    .await??;
+    let Planned { v, batch, prompted, pair } = planned;
     let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    // vLLM's prefill answer is read whole: bounded, and counted in the memory budget first.
+    // vLLM's prefill answer is read whole: bounded, and counted in the memory budget first
+    // (the render's reservation was released when the plan phase ended).
     let mut admission = admission;
-    admission.rendered();
     if pd.mode == PdMode::Vllm {
         admission.grow(vllm::prefill_answer_cap(&v))?;
     }
@@ -352,7 +380,7 @@ pub(crate) fn batch_size(v: &Value, route: Route) -> Option<usize> {
 /// A new pair for a retry, avoiding the workers that failed.
 fn pair_again(gw: &Gateway, ctx: &Ctx<'_>, prompt: (&[u32], Option<String>), avoid: &[WorkerId]) -> Option<Pair> {
     let key = ctx.meta.routing_key.as_deref();
-    planner::pair(gw.planner(), (ctx.pool, ctx.pd), &ctx.v, prompt, key, avoid).ok()
+    planner::pair(gw.planner(), (ctx.pool, ctx.pd), &ctx.v, prompt, key, avoid, true).ok()
 }
 
 /// The policies learn where the request goes; the pair is traced and counted.
@@ -456,6 +484,6 @@ pub(crate) fn explain_pair(
     let batch = check(v, route, pd.mode)?;
     let planner = gw.planner();
     let (tokens, text) = if batch.is_some() { (Vec::new(), None) } else { planner.prompt(pool, route, v)? };
-    let p = planner::pair(planner, (pool, pd), v, (&tokens, text), key, &[])?;
+    let p = planner::pair(planner, (pool, pd), v, (&tokens, text), key, &[], false)?;
     Ok(planner::pair_json(pd, &p))
 }

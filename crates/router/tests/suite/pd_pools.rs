@@ -31,8 +31,11 @@ pools:
 signals:
   keywords:
     - {name: proof, operator: OR, keywords: [prove, theorem]}
+  context:
+    - {name: long, min_tokens: 100000}
 decisions:
-  - {name: reasoning, priority: 10, rules: {type: keyword, name: proof}, pools: [large],
+  - {name: reasoning, priority: 10, pools: [large],
+     rules: {operator: OR, conditions: [{type: keyword, name: proof}, {type: context, name: long}]},
      plugins: [{type: header_mutation, set: {x-reasoning: "on"}}]}
   - {name: chat, pools: [small]}
 "#;
@@ -100,6 +103,10 @@ async fn a_disaggregated_pool_serves_auto_requests_from_its_decode_worker() {
     let counters = &prefill.engine().pd().unwrap().counters;
     assert_eq!(counters.rendezvous.load(Relaxed), 1, "the legs met in their room");
     assert_eq!(small.engine().requests.load(Relaxed), 0);
+    // The context signal rendered the prompt (the pools share the router's renderer); the
+    // disaggregated pool's plan took that render instead of making another.
+    let m = admin_get(&format!("{}/metrics", r.url)).await.text().await.unwrap();
+    assert!(m.lines().any(|l| l == "router_prompt_renders_total 1"), "one render for signals and pair: {m}");
 
     // The chat decision: the regular pool, its one worker, no leg anywhere.
     let (status, headers, answer) = ask(&r.url, "Hello there, how are you?").await;
