@@ -9,7 +9,11 @@
 #    TTFT (first event) mean/p50/p99, whole-answer mean, generated tokens per second.
 # 2. The router's own cost on each path: engines with no simulated time (--fast), latency
 #    through the router against straight to one engine, at concurrency 1 and 64; the aggregated
-#    path also through the hyper front end the PD path uses (--no-fast-proxy).
+#    path also through the hyper front end (--no-fast-proxy). The PD paths are compared with
+#    direct_sglang_pd / direct_vllm_pd: the bench client driving one prefill and one decode
+#    engine of that setup itself, as the router's PD dispatch does (SGLang: both legs at once in
+#    one bootstrap room; vLLM: prefill, then decode with its kv_transfer_params), so their +p50
+#    is the router's own cost, the second engine and the rendezvous excluded.
 #
 #   bash benches/pd.sh [TRACE] [REQUESTS] [SPEEDUP] [MAX_OUTPUT]
 # OVERHEAD_REQUESTS (2000) and ROUNDS (10) tune part 2; SKIP_TRACE=1 or SKIP_OVERHEAD=1 skip one.
@@ -89,6 +93,7 @@ if [ -z "${SKIP_OVERHEAD:-}" ]; then
   # aggregated_hyper: the aggregated path through the front end PD requests take (hyper, not the fast path).
   "$BIN/sgl-router-bench" overhead --engine-url http://127.0.0.1:31201 \
     --router aggregated=http://127.0.0.1:31300,aggregated_hyper=http://127.0.0.1:31600,sglang_pd=http://127.0.0.1:31400,vllm_pd=http://127.0.0.1:31500 \
+    --direct-pd "direct_sglang_pd=sglang:http://127.0.0.1:31401|http://127.0.0.1:31403,direct_vllm_pd=vllm:http://127.0.0.1:31501|http://127.0.0.1:31503" \
     --requests "$OVERHEAD_REQUESTS" --rounds "$ROUNDS" --concurrency 1,64 --body-bytes 200
   # Each router served only its own requests: 2 concurrencies x OVERHEAD_REQUESTS (and the warm-up).
   hz=$(getconf CLK_TCK)

@@ -10,6 +10,7 @@
 //! `overload` and `soak` measure the router under too much load and over
 //! time (docs/reliability.md).
 
+mod direct_pd;
 mod live;
 mod model_routing;
 mod overhead;
@@ -103,6 +104,12 @@ struct OverheadArgs {
     /// Routers in front of it, as NAME=URL, comma separated.
     #[arg(long, value_delimiter = ',')]
     router: Vec<String>,
+    /// Prefill/decode pairs driven by this client itself, no router between (the baseline of a
+    /// PD router: the second engine and the rendezvous), as NAME=FLAVOR:PREFILL_URL|DECODE_URL,
+    /// comma separated (FLAVOR: sglang or vllm). A router target X is compared with a
+    /// `direct_X` target when there is one, else with `direct`.
+    #[arg(long, value_delimiter = ',')]
+    direct_pd: Vec<String>,
     /// Requests per measurement.
     #[arg(long, default_value_t = 2000)]
     requests: usize,
@@ -260,10 +267,16 @@ fn run(cli: Cli) -> Result<()> {
 
 fn overhead(a: OverheadArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let mut targets = vec![("direct".to_string(), a.engine_url.clone())];
+    use overhead::Target;
+    let mut targets = vec![("direct".to_string(), Target::Url(a.engine_url.clone()))];
     for r in &a.router {
         let (name, url) = r.split_once('=').ok_or_else(|| anyhow::anyhow!("--router wants NAME=URL, got {r}"))?;
-        targets.push((name.to_string(), url.to_string()));
+        targets.push((name.to_string(), Target::Url(url.to_string())));
+    }
+    for d in &a.direct_pd {
+        let (name, spec) = d.split_once('=').ok_or_else(|| anyhow::anyhow!("--direct-pd wants NAME=SPEC, got {d}"))?;
+        let pd = runtime.block_on(direct_pd::DirectPd::parse(spec))?;
+        targets.push((name.to_string(), Target::DirectPd(std::sync::Arc::new(pd))));
     }
     let background = match (&a.background_url, a.background_clients) {
         (Some(url), n) if n > 0 => Some(overhead::Background::start(&runtime, url, n)),
@@ -280,8 +293,8 @@ fn overhead(a: OverheadArgs) -> Result<()> {
                 // A different target goes first each round.
                 for k in 0..targets.len() {
                     let t = (k + round) % targets.len();
-                    let (_, url) = &targets[t];
-                    let s = runtime.block_on(overhead::measure(url, c, b, n, round * a.requests))?;
+                    let (_, target) = &targets[t];
+                    let s = runtime.block_on(overhead::measure(target, c, b, n, round * a.requests))?;
                     samples[t].merge(s);
                 }
             }
@@ -302,17 +315,19 @@ fn overhead(a: OverheadArgs) -> Result<()> {
         );
     }
     println!(
-        "{:<22} {:>5} {:>7} {:>9} {:>9} {:>9} {:>10} {:>11}",
+        "{:<22} {:>5} {:>7} {:>9} {:>9} {:>9} {:>10} {:>11}  against",
         "target", "conc", "body", "p50 ms", "p99 ms", "+p50 ms", "req/s", "req/s ratio"
     );
     for r in &rows {
-        let base = rows
-            .iter()
-            .find(|d| d.target == "direct" && d.concurrency == r.concurrency && d.body_bytes == r.body_bytes);
+        // A router X against its own baseline `direct_X` (a PD pair driven directly), else `direct`.
+        let own = format!("direct_{}", r.target);
+        let against = if rows.iter().any(|d| d.target == own) { own.as_str() } else { "direct" };
+        let base =
+            rows.iter().find(|d| d.target == against && d.concurrency == r.concurrency && d.body_bytes == r.body_bytes);
         let (add, ratio) =
             base.map_or((0.0, 1.0), |d| (r.p50_ms - d.p50_ms, r.throughput_rps / d.throughput_rps.max(1e-9)));
         println!(
-            "{:<22} {:>5} {:>7} {:>9.3} {:>9.3} {:>+9.3} {:>10.0} {:>11.2}{}",
+            "{:<22} {:>5} {:>7} {:>9.3} {:>9.3} {:>+9.3} {:>10.0} {:>11.2}  {}{}",
             r.target,
             r.concurrency,
             r.body_bytes,
@@ -321,6 +336,7 @@ fn overhead(a: OverheadArgs) -> Result<()> {
             add,
             r.throughput_rps,
             ratio,
+            if r.target.starts_with("direct") { "-" } else { against },
             if r.errors > 0 { format!("  ({} errors)", r.errors) } else { String::new() }
         );
     }

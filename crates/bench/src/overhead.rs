@@ -4,9 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
 use serde_json::json;
+
+use crate::direct_pd::DirectPd;
 
 /// One (target, concurrency, body size) measurement.
 #[derive(Debug, Clone, Serialize)]
@@ -64,30 +66,58 @@ impl Sample {
     }
 }
 
-/// Sends `requests` chat requests to `base` with `concurrency` in flight
+/// Where a measurement sends.
+#[derive(Debug, Clone)]
+pub(crate) enum Target {
+    /// An engine or a router, at this base URL.
+    Url(String),
+    /// Both legs of a prefill/decode pair, driven by the client itself (`direct_pd`).
+    DirectPd(std::sync::Arc<DirectPd>),
+}
+
+impl Target {
+    /// Sends one chat body; whether it was answered 2xx, read whole.
+    async fn one(&self, client: &reqwest::Client, url: &str, body: &[u8], room: u64) -> bool {
+        match self {
+            Target::Url(_) => {
+                let sent = client.post(url).header("content-type", "application/json").body(body.to_vec()).send().await;
+                match sent {
+                    Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
+                    Err(_) => false,
+                }
+            }
+            Target::DirectPd(pd) => match serde_json::from_slice(body) {
+                Ok(v) => pd.one(client, &v, room).await,
+                Err(_) => false,
+            },
+        }
+    }
+}
+
+/// Sends `requests` chat requests to `target` with `concurrency` in flight
 /// (after a warm-up); `first` numbers the first one (each question is new).
 pub(crate) async fn measure(
-    base: &str,
+    target: &Target,
     concurrency: usize,
     body_bytes: usize,
     requests: usize,
     first: usize,
 ) -> Result<Sample> {
     let client = reqwest::Client::builder().pool_max_idle_per_host(concurrency * 2).build()?;
-    let url = format!("{base}/v1/chat/completions");
+    let url = match target {
+        Target::Url(base) => format!("{base}/v1/chat/completions"),
+        Target::DirectPd(_) => String::new(),
+    };
+    // Bootstrap rooms unique across rounds and runs.
+    let rooms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     // Warm up: connections, caches.
     for i in 0..concurrency.min(8) {
         let warm = serde_json::to_vec(&body(body_bytes, i))?;
-        let _ = client
-            .post(&url)
-            .header("content-type", "application/json")
-            .body(warm)
-            .send()
-            .await
-            .context("warm-up request")?
-            .bytes()
-            .await;
+        if !target.one(&client, &url, &warm, rooms.wrapping_add(i as u64)).await {
+            anyhow::bail!("warm-up request to {target:?} failed");
+        }
     }
+    let rooms = rooms.wrapping_add(1 << 20);
     let bodies: Vec<Vec<u8>> =
         (0..requests).map(|i| serde_json::to_vec(&body(body_bytes, 1000 + first + i)).unwrap_or_default()).collect();
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -95,7 +125,8 @@ pub(crate) async fn measure(
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
-        let (client, url, next, bodies) = (client.clone(), url.clone(), next.clone(), bodies.clone());
+        let (client, url, next, bodies, target) =
+            (client.clone(), url.clone(), next.clone(), bodies.clone(), target.clone());
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut errors = 0;
@@ -105,16 +136,7 @@ pub(crate) async fn measure(
                     break;
                 }
                 let t0 = Instant::now();
-                let ok = match client
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .body(bodies[i].clone())
-                    .send()
-                    .await
-                {
-                    Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
-                    Err(_) => false,
-                };
+                let ok = target.one(&client, &url, &bodies[i], rooms.wrapping_add(i as u64)).await;
                 if ok {
                     lat.push(t0.elapsed());
                 } else {

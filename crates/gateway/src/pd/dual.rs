@@ -20,6 +20,9 @@ use fleet::{LoadGuard, Worker};
 
 type Answer = axum::http::Response<crate::relay::UpstreamBody>;
 
+/// How long the prefill's answer may still take once decode's has ended, before it is aborted.
+const PREFILL_END_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Waits for both legs' answer heads; on the first failure (unreachable, a
 /// non-2xx head, the request timeout) the other leg is dropped (its
 /// connection closed) and told to abort `rid`, and the failure returned.
@@ -102,7 +105,7 @@ fn still_push(bytes: &[u8]) -> bool {
 
 /// The prefill leg after both heads came: its answer read to the end (its
 /// load released then); an error in it cuts decode's answer and aborts decode;
-/// decode's answer ending first aborts it.
+/// decode's answer ending first leaves it [`PREFILL_END_GRACE`] to end, then aborts it.
 pub(super) struct Watch {
     pub(super) gw: Arc<Gateway>,
     pub(super) prefill: Arc<Worker>,
@@ -147,9 +150,15 @@ impl Watch {
         let read = tokio::select! {
             r = &mut body => r,
             _ = &mut ended => {
-                // Decode's answer is over (or its client left) before prefill's: not needed any more.
-                drop(body);
-                abort(&self.gw, Leg::Prefill, &self.prefill, self.rid.as_deref());
+                // Decode's answer is over (or its client left) before prefill's. Decode answered, so
+                // the prefill handed its KV over and its own answer is due: read to its end within a
+                // grace, its connection pooled again and nothing aborted (an `/abort_request` per
+                // request cost the router an HTTP request and the engines a call). One that does not
+                // end in time is dropped and aborted.
+                if tokio::time::timeout(PREFILL_END_GRACE, &mut body).await.is_err() {
+                    drop(body);
+                    abort(&self.gw, Leg::Prefill, &self.prefill, self.rid.as_deref());
+                }
                 return;
             }
             () = limit => Err(format!("no end of its answer within {:?}", self.gw.config.request_timeout)),

@@ -92,6 +92,10 @@ async fn sglang_both_legs_meet_and_decode_answers_every_route() {
         assert!(l.body["rid"].as_str().is_some_and(|rid| !rid.is_empty()), "the router sets a rid to abort by");
     }
     assert_eq!(sum(&prefill, |c| c.bootstrap_timeouts.load(Relaxed)), 0);
+    // Answered requests abort nothing: a prefill answer still coming when decode's ended is read
+    // to its end (its connection pooled), not aborted with an /abort_request of its own.
+    let m = admin_get(&format!("{}/metrics", r.url)).await.text().await.unwrap();
+    assert!(!m.contains("router_pd_aborts_total{"), "{m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
