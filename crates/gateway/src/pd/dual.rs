@@ -203,6 +203,11 @@ pub(super) fn failed_in(bytes: &[u8]) -> Option<String> {
                 .then(|| finish.get("message").and_then(Value::as_str).unwrap_or("aborted").to_string())
         })
     };
+    // Most answers report nothing: without either word there is nothing to parse for.
+    let has = |word: &[u8]| bytes.windows(word.len()).any(|w| w == word);
+    if !has(b"\"error\"") && !has(b"abort") {
+        return None;
+    }
     let text = std::str::from_utf8(bytes).ok()?;
     if text.trim_start().starts_with("data:") {
         return text

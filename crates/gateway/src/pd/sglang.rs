@@ -120,9 +120,11 @@ fn bodies(ctx: &Ctx<'_>, p: &Worker, rooms: &[u64], rank: DpRank, dp: u32) -> (B
         }
     }
     let decode = Bytes::from(serde_json::to_vec(&v).unwrap_or_default());
-    if dp > 1
-        && let Some(o) = v.as_object_mut()
-    {
+    // One body for both legs, serialized once, unless the prefill's names its rank.
+    if dp <= 1 {
+        return (decode.clone(), decode, rid);
+    }
+    if let Some(o) = v.as_object_mut() {
         o.insert("routed_dp_rank".into(), json!(rank.0));
     }
     (Bytes::from(serde_json::to_vec(&v).unwrap_or_default()), decode, rid)
