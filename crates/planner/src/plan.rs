@@ -157,8 +157,12 @@ impl Planner<'_> {
         // The pool's page size, read once: a worker followed meanwhile may fix it.
         let block_size = self.fleet.block_size_of(&pool.id);
         // A mixed fleet is matched in each mode; a worker's blocks exist in its own mode only.
+        // Exact matches count only for followed workers when the policy judges the others by
+        // its text tree: with none of them followed (no KV events, or not yet), the prompt's
+        // pages are not hashed at all (a 16 KiB prompt without a tokenizer is 16,384 tokens).
+        let exact = !policy.needs_text() || workers.iter().any(|w| w.is_followed());
         let mut chains = Vec::new();
-        if let (Some(index), Some(v)) = (self.index, v) {
+        if let (Some(index), Some(v), true) = (self.index, v, exact) {
             let page = NonZeroUsize::new(block_size).unwrap_or(NonZeroUsize::MIN);
             // The request's namespace starts its chain, as the engine's does.
             let served = || {

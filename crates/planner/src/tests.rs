@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleet::{Fleet, Source};
-use policy::{Reason, RoundRobin};
+use kv_index::{IndexConfig, KvIndex, ManualClock};
+use policy::{ApproxTreeConfig, CacheAware, CacheAwareConfig, Reason, RoundRobin};
 use renderer::Renderer;
 use router_types::{PoolId, Role, WorkerUrl};
 use serde_json::json;
@@ -127,4 +128,28 @@ async fn a_pair_takes_each_leg_from_its_role_and_avoids_failed_workers_while_oth
     let shown = crate::pair_json(&setup, &pair);
     assert_eq!((shown["pool"].as_str(), shown["mode"].as_str()), (Some("pd"), Some("sglang")));
     assert_eq!(shown["decode"]["worker"], "http://127.0.0.1:21");
+}
+
+#[tokio::test]
+async fn without_a_followed_worker_a_text_tree_policy_hashes_no_page() {
+    let fleet = fleet(&["http://127.0.0.1:1", "http://127.0.0.1:2"], &[]).await;
+    assert!(fleet.all().iter().all(|w| !w.is_followed()), "no KV events here");
+    let index = KvIndex::new(IndexConfig::default(), Arc::new(ManualClock::default()));
+    let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
+    let p = Planner { fleet: &fleet, index: Some(&index), credit_pending: true, credit_lock: &lock, renders: &renders };
+    let with = |policy: Arc<dyn policy::Policy>| {
+        let renderer = Arc::new(Renderer::builtin().unwrap());
+        Arc::new(Pool::new(PoolId::default_pool(), "m".into(), policy, renderer, None, 64))
+    };
+    let long = json!({"model": "m", "messages": [{"role": "user", "content": "word ".repeat(400)}]});
+    // cache_aware with its text tree: the unfollowed workers are judged by the tree alone.
+    let tree =
+        with(Arc::new(CacheAware::new(CacheAwareConfig::default(), 1).with_text_tree(ApproxTreeConfig::default())));
+    let plan = p.plan(&tree, Route::Chat, Some(&long), None, &Renders::default(), true).unwrap();
+    assert!(plan.input_tokens > 64, "a prompt of several pages: {}", plan.input_tokens);
+    assert_eq!(tree.chain_memo.stats().pages_hashed, 0, "nothing hashed: no exact match could count");
+    // A policy that reads exact matches whatever the events: hashed.
+    let exact = with(Arc::new(RoundRobin::default()));
+    p.plan(&exact, Route::Chat, Some(&long), None, &Renders::default(), true).unwrap();
+    assert!(exact.chain_memo.stats().pages_hashed > 0);
 }
