@@ -89,6 +89,24 @@ pub struct FleetConfig {
     pub tls: WorkerTls,
 }
 
+impl FleetConfig {
+    /// A fleet that takes each worker in rotation as it comes, without probes, load polls or
+    /// KV events (the crates' own tests, which send through no socket).
+    pub fn unprobed(proxied_paths: &'static [&'static str]) -> Self {
+        FleetConfig {
+            health: HealthConfig { enabled: false, ..Default::default() },
+            breaker: BreakerConfig::default(),
+            index_retention: Duration::from_secs(300),
+            load_poll: Duration::ZERO,
+            api_key: None,
+            events: None,
+            proxied_paths,
+            dp_aware: false,
+            tls: WorkerTls::default(),
+        }
+    }
+}
+
 /// The health probes (SGLang Model Gateway's `--health-*` flags).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthConfig {

@@ -13,17 +13,7 @@ use crate::{Gateway, GatewayConfig};
 pub(crate) async fn gateway(workers: &[&str], retry: crate::RetryConfig) -> Arc<Gateway> {
     let urls: Vec<router_types::WorkerUrl> =
         workers.iter().map(|u| router_types::WorkerUrl::parse(u).unwrap()).collect();
-    let fleet_config = fleet::FleetConfig {
-        health: fleet::HealthConfig { enabled: false, ..Default::default() },
-        breaker: fleet::BreakerConfig::default(),
-        index_retention: Duration::from_secs(300),
-        load_poll: Duration::ZERO,
-        api_key: None,
-        events: None,
-        proxied_paths: crate::PROXIED_PATHS,
-        dp_aware: false,
-        tls: fleet::WorkerTls::default(),
-    };
+    let fleet_config = fleet::FleetConfig::unprobed(crate::PROXIED_PATHS);
     let fleet = fleet::Fleet::start(fleet_config, None, &urls, CancellationToken::new());
     let config = GatewayConfig {
         max_body_bytes: crate::DEFAULT_MAX_BODY_BYTES,

@@ -23,17 +23,7 @@ fn url(u: &str) -> WorkerUrl {
 /// A fleet of `regular` default-pool workers and `pd` (URL, role) workers of pool "pd", every one
 /// in rotation (nothing is probed: no sockets).
 async fn fleet(regular: &[&str], pd: &[(&str, Role)]) -> Arc<Fleet> {
-    let config = fleet::FleetConfig {
-        health: fleet::HealthConfig { enabled: false, ..Default::default() },
-        breaker: fleet::BreakerConfig::default(),
-        index_retention: Duration::from_secs(300),
-        load_poll: Duration::ZERO,
-        api_key: None,
-        events: None,
-        proxied_paths: &["/v1/chat/completions"],
-        dp_aware: false,
-        tls: fleet::WorkerTls::default(),
-    };
+    let config = fleet::FleetConfig::unprobed(&["/v1/chat/completions"]);
     let urls: Vec<WorkerUrl> = regular.iter().map(|u| url(u)).collect();
     let fleet = Fleet::start(config, None, &urls, CancellationToken::new());
     for (u, role) in pd {
