@@ -147,6 +147,11 @@ async fn a_snapshot_older_than_the_publishers_hold_resets_its_streams() {
     for i in 0..BUFFER / 2 {
         assert!(post(&format!("{}/v1/chat/completions", a.url), &prompt(i)).await.status().is_success());
     }
+    // One prompt straight to each engine, so both publishers have published (the policy's
+    // spread of a few requests may leave one engine without any: about 1 run in 128).
+    for (k, w) in ws.iter().enumerate() {
+        assert!(post(&format!("{}/v1/chat/completions", w.url()), &prompt(1000 + k)).await.status().is_success());
+    }
     eventually("A indexes", async || known(&a.url, &prompt(BUFFER / 2 - 1)).await > 0).await;
     // A snapshot now, served later by a stand-in peer, after the publishers moved on past it
     // (once A follows both: under load the second publisher's first batch may come later).
