@@ -38,7 +38,6 @@ pub(crate) enum Forwarded<T> {
 #[derive(Debug)]
 pub(crate) struct Disaggregated {
     pub(crate) admission: Admission,
-    pub(crate) pool: Arc<planner::Pool>,
     /// The body as routed (its `model` the pool's, the plugins' rewrites applied), parsed,
     /// checked, its prompt rendered and its first pair chosen.
     pub(crate) planned: crate::pd::Planned,
@@ -55,7 +54,7 @@ enum Step {
     Send(Option<Value>, Plan, Option<crate::pools::Routed>, Bytes),
     Cached(crate::cache::Hit),
     /// To a disaggregated pool, with its pair.
-    Disaggregated(Arc<planner::Pool>, crate::pd::Planned, crate::request::RouteHeaders, Option<Arc<HeaderEdits>>),
+    Disaggregated(crate::pd::Planned, crate::request::RouteHeaders, Option<Arc<HeaderEdits>>),
 }
 
 /// Routes an admitted request and delivers it: parse and plan (off the
@@ -123,7 +122,7 @@ where
             let planned = crate::pd::plan(&gw2, pool, route, (&bytes, v), &renders, key.as_deref())?;
             let headers = routed.as_ref().map(|r| crate::request::RouteHeaders::of(r, pool));
             let edits = routed.and_then(|r| r.edits);
-            return Ok(Step::Disaggregated(pool.clone(), planned, headers.unwrap_or_default(), edits));
+            return Ok(Step::Disaggregated(planned, headers.unwrap_or_default(), edits));
         }
         let plan = gw2.planner().plan(pool, route, v.as_ref(), key.as_deref(), &renders, true)?;
         Ok::<_, GatewayError>(Step::Send(v, plan, routed, bytes))
@@ -138,14 +137,8 @@ where
             crate::account::count_answered(gw, route, hit.answer.status);
             return Ok(Forwarded::Cached(hit));
         }
-        Step::Disaggregated(pool, planned, route_headers, edits) => {
-            return Ok(Forwarded::Disaggregated(Box::new(Disaggregated {
-                admission,
-                pool,
-                planned,
-                route_headers,
-                edits,
-            })));
+        Step::Disaggregated(planned, route_headers, edits) => {
+            return Ok(Forwarded::Disaggregated(Box::new(Disaggregated { admission, planned, route_headers, edits })));
         }
         Step::Send(v, plan, routed, bytes) => (v, plan, routed, bytes),
     };

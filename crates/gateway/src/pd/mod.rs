@@ -232,18 +232,34 @@ pub(crate) fn plan(
         Some(v) => v,
         None => parse_json(bytes)?,
     };
-    let batch = check(&v, route, pd.mode)?;
+    let (batch, prompted, pair) = choose(gw, (pool, pd), route, &v, renders, key, true)?;
+    Ok(Planned { v, batch, prompted, pair })
+}
+
+/// What cannot be disaggregated refused (the batch size of a batched prompt returned), the
+/// prompt taken from `renders` (or rendered), a pair chosen; `credit`: the request goes to it
+/// (never for an explain).
+fn choose(
+    gw: &Gateway,
+    (pool, pd): (&Arc<Pool>, &PdConfig),
+    route: Route,
+    v: &Value,
+    renders: &planner::Renders,
+    key: Option<&[u8]>,
+    credit: bool,
+) -> Result<(Option<usize>, planner::Rendered, Pair), GatewayError> {
+    let batch = check(v, route, pd.mode)?;
     let planner = gw.planner();
     // A batch is balanced by load: one prefill worker serves every item.
     let prompted = match batch {
         Some(_) => (Vec::new(), None),
         None => match renders.take(&pool.renderer) {
             Some(r) => r,
-            None => planner.prompt(pool, route, &v)?,
+            None => planner.prompt(pool, route, v)?,
         },
     };
-    let pair = planner::pair(planner, (pool, pd), &v, (&prompted.0, prompted.1.clone()), key, &[], true)?;
-    Ok(Planned { v, batch, prompted, pair })
+    let pair = planner::pair(planner, (pool, pd), v, (&prompted.0, prompted.1.clone()), key, &[], credit)?;
+    Ok((batch, prompted, pair))
 }
 
 /// Serves a request the select and plan phases sent to a disaggregated pool (both front ends):
@@ -256,12 +272,14 @@ pub(crate) async fn serve_routed(
     start: Instant,
     meta: &Meta,
 ) -> Result<Response, GatewayError> {
-    let Some(pd) = d.pool.pd.clone() else { return Err(GatewayError::Internal("not disaggregated".into())) };
+    // The pool is the planned pair's (a retry's new pair is of the same pool).
+    let pool = d.planned.pair.prefill.pool.clone();
+    let Some(pd) = pool.pd.clone() else { return Err(GatewayError::Internal("not disaggregated".into())) };
     if let Some(edits) = &d.edits {
         edits.apply_to_map(Arc::make_mut(&mut headers));
     }
     let d = *d;
-    let mut answer = serve(gw, (&d.pool, &pd), d.admission, route, d.planned, headers, start, meta).await?;
+    let mut answer = serve(gw, (&pool, &pd), d.admission, route, d.planned, headers, start, meta).await?;
     let route_headers = d.route_headers.0.into_iter().map(|(n, v)| (axum::http::HeaderName::from_static(n), v));
     answer.headers_mut().extend(route_headers);
     Ok(answer)
@@ -481,9 +499,6 @@ pub(crate) fn explain_pair(
     v: &Value,
     key: Option<&[u8]>,
 ) -> Result<Value, GatewayError> {
-    let batch = check(v, route, pd.mode)?;
-    let planner = gw.planner();
-    let (tokens, text) = if batch.is_some() { (Vec::new(), None) } else { planner.prompt(pool, route, v)? };
-    let p = planner::pair(planner, (pool, pd), v, (&tokens, text), key, &[], false)?;
-    Ok(planner::pair_json(pd, &p))
+    let (_, _, pair) = choose(gw, (pool, pd), route, v, &planner::Renders::default(), key, false)?;
+    Ok(planner::pair_json(pd, &pair))
 }
