@@ -50,10 +50,36 @@ impl DirectPd {
         Ok(DirectPd { flavor, prefill, decode, bootstrap_port })
     }
 
-    /// Sends one chat request `v` over both legs; whether both answered 2xx, read whole.
-    pub(crate) async fn one(&self, client: &reqwest::Client, v: &Value, room: u64) -> bool {
-        let post = |url: &str, body: &Value| {
-            let body = serde_json::to_vec(body).unwrap_or_default();
+    /// One request's legs, built before the clock starts (what the client sends is not part of
+    /// what is measured, as a router's client sends only bytes): SGLang's one body with a fresh
+    /// `room`, or vLLM's prefill body and the decode's template.
+    pub(crate) fn prepare(&self, v: &Value, room: u64) -> Legs {
+        let mut first = v.clone();
+        if let Some(o) = first.as_object_mut() {
+            match self.flavor {
+                Flavor::Sglang => {
+                    o.insert("bootstrap_host".into(), json!("127.0.0.1"));
+                    o.insert("bootstrap_port".into(), self.bootstrap_port.clone());
+                    o.insert("bootstrap_room".into(), json!(room));
+                }
+                Flavor::Vllm => {
+                    o.insert("max_tokens".into(), json!(1));
+                    o.insert("stream".into(), json!(false));
+                    o.insert(
+                        "kv_transfer_params".into(),
+                        json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
+                               "remote_block_ids": null, "remote_host": null, "remote_port": null}),
+                    );
+                }
+            }
+        }
+        let first = serde_json::to_vec(&first).unwrap_or_default();
+        Legs { first, decode: (self.flavor == Flavor::Vllm).then(|| v.clone()) }
+    }
+
+    /// Sends one request's `legs`; whether both answered 2xx, read whole.
+    pub(crate) async fn one(&self, client: &reqwest::Client, legs: &Legs) -> bool {
+        let post = |url: &str, body: Vec<u8>| {
             client
                 .post(format!("{url}/v1/chat/completions"))
                 .header("content-type", "application/json")
@@ -66,31 +92,18 @@ impl DirectPd {
                 _ => None,
             }
         };
-        match self.flavor {
-            Flavor::Sglang => {
-                let mut body = v.clone();
-                if let Some(o) = body.as_object_mut() {
-                    o.insert("bootstrap_host".into(), json!("127.0.0.1"));
-                    o.insert("bootstrap_port".into(), self.bootstrap_port.clone());
-                    o.insert("bootstrap_room".into(), json!(room));
-                }
-                let (p, d) = tokio::join!(async { whole(post(&self.prefill, &body).await).await }, async {
-                    whole(post(&self.decode, &body).await).await
-                });
+        match &legs.decode {
+            // SGLang: the same body to both, at once.
+            None => {
+                let (p, d) =
+                    tokio::join!(async { whole(post(&self.prefill, legs.first.clone()).await).await }, async {
+                        whole(post(&self.decode, legs.first.clone()).await).await
+                    });
                 p.is_some() && d.is_some()
             }
-            Flavor::Vllm => {
-                let mut first = v.clone();
-                if let Some(o) = first.as_object_mut() {
-                    o.insert("max_tokens".into(), json!(1));
-                    o.insert("stream".into(), json!(false));
-                    o.insert(
-                        "kv_transfer_params".into(),
-                        json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
-                               "remote_block_ids": null, "remote_host": null, "remote_port": null}),
-                    );
-                }
-                let Some(answer) = whole(post(&self.prefill, &first).await).await else { return false };
+            // vLLM: prefill, then decode with the params it answered (built here: they come now).
+            Some(v) => {
+                let Some(answer) = whole(post(&self.prefill, legs.first.clone()).await).await else { return false };
                 let Some(params) =
                     serde_json::from_slice::<Value>(&answer).ok().and_then(|a| a.get("kv_transfer_params").cloned())
                 else {
@@ -100,8 +113,17 @@ impl DirectPd {
                 if let Some(o) = second.as_object_mut() {
                     o.insert("kv_transfer_params".into(), params);
                 }
-                whole(post(&self.decode, &second).await).await.is_some()
+                whole(post(&self.decode, serde_json::to_vec(&second).unwrap_or_default()).await).await.is_some()
             }
         }
     }
+}
+
+/// One request's legs, ready to send.
+#[derive(Debug, Clone)]
+pub(crate) struct Legs {
+    /// SGLang's body for both legs, or vLLM's prefill body.
+    first: Vec<u8>,
+    /// vLLM: the client's body, the decode leg's template (`None` for SGLang).
+    decode: Option<Value>,
 }

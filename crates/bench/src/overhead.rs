@@ -75,21 +75,34 @@ pub(crate) enum Target {
     DirectPd(std::sync::Arc<DirectPd>),
 }
 
+/// One request as the target takes it, built before the clock starts.
+#[derive(Debug)]
+enum Prepared {
+    Bytes(Vec<u8>),
+    Legs(crate::direct_pd::Legs),
+}
+
 impl Target {
-    /// Sends one chat body; whether it was answered 2xx, read whole.
-    async fn one(&self, client: &reqwest::Client, url: &str, body: &[u8], room: u64) -> bool {
+    /// Chat body `v` as this target takes it (`room`: a PD pair's bootstrap room).
+    fn prepare(&self, v: &serde_json::Value, room: u64) -> Prepared {
         match self {
-            Target::Url(_) => {
-                let sent = client.post(url).header("content-type", "application/json").body(body.to_vec()).send().await;
+            Target::Url(_) => Prepared::Bytes(serde_json::to_vec(v).unwrap_or_default()),
+            Target::DirectPd(pd) => Prepared::Legs(pd.prepare(v, room)),
+        }
+    }
+
+    /// Sends one prepared request; whether it was answered 2xx, read whole.
+    async fn one(&self, client: &reqwest::Client, url: &str, p: &Prepared) -> bool {
+        match (self, p) {
+            (Target::DirectPd(pd), Prepared::Legs(legs)) => pd.one(client, legs).await,
+            (_, Prepared::Bytes(body)) => {
+                let sent = client.post(url).header("content-type", "application/json").body(body.clone()).send().await;
                 match sent {
                     Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
                     Err(_) => false,
                 }
             }
-            Target::DirectPd(pd) => match serde_json::from_slice(body) {
-                Ok(v) => pd.one(client, &v, room).await,
-                Err(_) => false,
-            },
+            (Target::Url(_), Prepared::Legs(_)) => false,
         }
     }
 }
@@ -112,14 +125,15 @@ pub(crate) async fn measure(
     let rooms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     // Warm up: connections, caches.
     for i in 0..concurrency.min(8) {
-        let warm = serde_json::to_vec(&body(body_bytes, i))?;
-        if !target.one(&client, &url, &warm, rooms.wrapping_add(i as u64)).await {
+        let warm = target.prepare(&body(body_bytes, i), rooms.wrapping_add(i as u64));
+        if !target.one(&client, &url, &warm).await {
             anyhow::bail!("warm-up request to {target:?} failed");
         }
     }
     let rooms = rooms.wrapping_add(1 << 20);
-    let bodies: Vec<Vec<u8>> =
-        (0..requests).map(|i| serde_json::to_vec(&body(body_bytes, 1000 + first + i)).unwrap_or_default()).collect();
+    let bodies: Vec<Prepared> = (0..requests)
+        .map(|i| target.prepare(&body(body_bytes, 1000 + first + i), rooms.wrapping_add(i as u64)))
+        .collect();
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let bodies = std::sync::Arc::new(bodies);
     let start = Instant::now();
@@ -136,7 +150,7 @@ pub(crate) async fn measure(
                     break;
                 }
                 let t0 = Instant::now();
-                let ok = target.one(&client, &url, &bodies[i], rooms.wrapping_add(i as u64)).await;
+                let ok = target.one(&client, &url, &bodies[i]).await;
                 if ok {
                     lat.push(t0.elapsed());
                 } else {
