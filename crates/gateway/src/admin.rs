@@ -70,7 +70,7 @@ pub(crate) async fn route_preview(
                 };
                 crate::pools::route(&gw2, &routing, route, &mut v, &ask, Some(&mut preview))
             }
-            None => Ok(crate::pools::Routed::default_pool()),
+            None => Ok(crate::pools::Routed::default_pool(&gw2)),
         };
         let mut out = json!({
             "signals": preview.signals,
@@ -94,7 +94,7 @@ pub(crate) async fn route_preview(
             }
             Err(e) => return Err(e),
         };
-        let pool = &gw2.pools[routed.pool];
+        let pool = &routed.pool;
         out["pool"] = json!(pool.id);
         out["model"] = json!(pool.served_model);
         out["decision"] = json!(routed.decision);
@@ -229,15 +229,14 @@ pub(crate) async fn debug_route(
                 let mut preview = crate::pools::Preview::default();
                 crate::pools::route(&gw2, &routing, route, v, &ask, Some(&mut preview))?.pool
             }
-            _ => 0,
+            _ => gw2.pools[0].clone(),
         };
         // A disaggregated pool: both legs' choices and why.
-        if let Some(pd) = gw2.pools[pool].pd.clone() {
+        if let Some(pd) = pool.pd.clone() {
             let v = v.map_or_else(|| crate::body::parse_json(&bytes), Ok)?;
-            return crate::pd::explain_pair(&gw2, (&gw2.pools[pool], &pd), route, &v, key.as_deref())
-                .map(Explained::Pair);
+            return crate::pd::explain_pair(&gw2, (&pool, &pd), route, &v, key.as_deref()).map(Explained::Pair);
         }
-        Ok(Explained::Plan(gw2.planner().plan(&gw2.pools[pool], route, v.as_ref(), key.as_deref(), &renders, false)?))
+        Ok(Explained::Plan(gw2.planner().plan(&pool, route, v.as_ref(), key.as_deref(), &renders, false)?))
     })
     .await??;
     let plan = match plan {

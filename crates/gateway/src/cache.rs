@@ -556,13 +556,7 @@ mod tests {
     fn store(semantic: bool) -> Arc<Store> {
         let config: ResponseCache =
             serde_json::from_value(json!({"semantic": semantic, "threshold": 0.9, "max_entries": 2})).unwrap();
-        let metrics = crate::pools::Routing::new(
-            model_select::Selector::new(
-                serde_json::from_value(json!({"pools": [{"name": "p", "served_model": "m"}]})).unwrap(),
-            )
-            .unwrap(),
-        )
-        .metrics;
+        let metrics = Arc::new(crate::metrics::RoutingMetrics::new());
         Arc::new(Store::new(&config, "d", metrics))
     }
 

@@ -95,7 +95,7 @@ where
         // With a routing config: the pool (the body names its model, the plugins may change it).
         let routed = match (routing, v.as_mut()) {
             (Some(routing), Some(v)) if let Some((pool, decision)) = &forced => {
-                Some(crate::pools::forced(&gw2, &routing, v, (*pool, decision), caller))
+                Some(crate::pools::forced(&gw2, &routing, v, (pool.clone(), decision), caller))
             }
             (Some(routing), Some(v)) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
@@ -109,15 +109,15 @@ where
         if let Some(r) = routed.as_ref()
             && let Some(answer) = r.cache.as_ref().and_then(|(_, outcome)| outcome.answer())
         {
-            let headers = crate::request::RouteHeaders::of(r, &gw2.pools[r.pool]);
+            let headers = crate::request::RouteHeaders::of(r, &r.pool);
             return Ok(Step::Cached(crate::cache::Hit { answer: answer.clone(), headers }));
         }
-        let pool = routed.as_ref().map_or(0, |r| r.pool);
         let bytes = match (&routed, &v) {
             (Some(r), Some(v)) if r.rewritten => Bytes::from(serde_json::to_vec(v).unwrap_or_default()),
             _ => body,
         };
-        let pool = &gw2.pools[pool];
+        // The routed pool, or the only one without a routing config.
+        let pool = routed.as_ref().map_or(&gw2.pools[0], |r| &r.pool);
         if pool.pd.is_some() {
             let planned = crate::pd::plan(&gw2, pool, route, (&bytes, v), &renders, key.as_deref())?;
             let headers = routed.as_ref().map(|r| crate::request::RouteHeaders::of(r, pool));
@@ -254,7 +254,7 @@ where
 {
     let body = crate::pools::cascade::escalated_body(plan, sent);
     let admission = Admission::admit_waiting(gw, body.len()).await?;
-    let meta = Meta { forced: Some((plan.to, plan.decision.clone())), ..meta.clone() };
+    let meta = Meta { forced: Some((plan.to.clone(), plan.decision.clone())), ..meta.clone() };
     match forward(gw, admission, (route, routing), body, start, &meta, send).await? {
         Forwarded::Sent(guard, worker, answer) => Ok((guard, worker, answer)),
         Forwarded::Cached(_) => Err(GatewayError::Internal("a forced route read a response cache".into())),

@@ -334,21 +334,22 @@ impl Gateway {
         }
     }
 
-    /// The same gateway serving `pools` (the selector's, in its order), each
-    /// request's pool chosen by `routing`, read from `source` (reloads read it again).
+    /// The same gateway serving `pools`, each request's pool chosen by `selector`'s config
+    /// (its pools named by id among `pools`), read from `source` (reloads read it again).
     /// Embedding signals are computed by `embedder`; route ids, feedback and the `bandit`
-    /// algorithm by `learning`.
+    /// algorithm by `learning`. `Err` names a pool of the config that `pools` lacks.
     pub fn with_routing(
         mut self,
         pools: Vec<pools::Pool>,
-        routing: pools::Routing,
+        selector: model_select::Selector,
         source: Option<std::path::PathBuf>,
         embedder: Option<embed::EmbedPool>,
         learning: Arc<pools::feedback::Learning>,
-    ) -> Self {
+    ) -> Result<Self, String> {
         self.pools = pools.into_iter().map(Arc::new).collect();
+        let routing = pools::Routing::new(selector, &self.pools)?;
         self.routing = Some(pools::RoutingSlot::new(routing, source, embedder, learning));
-        self
+        Ok(self)
     }
 
     /// The routing config in force, if there is one.
@@ -357,9 +358,8 @@ impl Gateway {
     }
 
     /// The pool of requests that name none: the only one without a routing config.
-    pub fn default_pool(&self) -> &Arc<pools::Pool> {
-        let i = self.routing().map_or(0, |r| r.selector.default_pool());
-        &self.pools[i]
+    pub fn default_pool(&self) -> Arc<pools::Pool> {
+        self.routing().map_or_else(|| self.pools[0].clone(), |r| r.default_pool().clone())
     }
 
     /// What the plan phase reads beside a pool: the fleet, the index, the credit lock.

@@ -24,8 +24,8 @@ pub(crate) struct Meta {
     pub(crate) session: Option<Vec<u8>>,
     /// `cache-control: no-cache` or `no-store`: no response cache is read or written.
     pub(crate) cache_bypass: bool,
-    /// A cascade's second attempt: this pool (an index) under this decision, not the decisions'.
-    pub(crate) forced: Option<(usize, String)>,
+    /// A cascade's second attempt: this pool under this decision, not the decisions'.
+    pub(crate) forced: Option<(std::sync::Arc<planner::Pool>, String)>,
     /// The caller's identity for the response caches (with a routing config; `None`: anonymous).
     pub(crate) caller: Option<[u8; 32]>,
 }

@@ -144,11 +144,13 @@ impl App {
             None => gateway,
         };
         let gateway = match built {
-            Some((pools, routing)) => {
+            Some((pools, selector)) => {
                 let source = config.routing.as_ref().and_then(|r| r.source.clone());
                 let learning = gateway::pools::feedback::Learning::new(config.feedback.clone())
                     .map_err(|e| anyhow::anyhow!("--route-feedback-state: {e}"))?;
-                gateway.with_routing(pools, routing, source, embedder, Arc::new(learning))
+                gateway
+                    .with_routing(pools, selector, source, embedder, Arc::new(learning))
+                    .map_err(|e| anyhow::anyhow!("the routing config: {e}"))?
             }
             None => gateway,
         };

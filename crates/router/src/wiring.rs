@@ -192,7 +192,7 @@ pub(crate) fn build_pools(
     config: &AppConfig,
     cancel: &CancellationToken,
     embedder: Option<&embed::EmbedPool>,
-) -> anyhow::Result<(Vec<gateway::pools::Pool>, gateway::pools::Routing)> {
+) -> anyhow::Result<(Vec<gateway::pools::Pool>, model_select::Selector)> {
     let mut pools = Vec::with_capacity(r.pools.len());
     for p in &r.pools {
         let renderer = match pool_renderer(p, config)? {
@@ -224,7 +224,7 @@ pub(crate) fn build_pools(
         let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
         anyhow::anyhow!("the routing config: {}", problems.join("; "))
     })?;
-    Ok((pools, gateway::pools::Routing::new(selector)))
+    Ok((pools, selector))
 }
 
 /// A pool's own renderer, when it names a model directory or a chat template

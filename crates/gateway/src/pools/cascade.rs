@@ -6,31 +6,33 @@
 //! (logprobs the client did not ask for are taken out again). The reading of
 //! the first answer, on the request path, is `judge`'s.
 
+use std::sync::Arc;
+
 use axum::body::Bytes;
 use axum::http::HeaderValue;
 use serde_json::Value;
 
+use super::Pool;
 use crate::request::Route;
 
 /// The response header saying what the cascade did.
 pub(crate) const CASCADE_HEADER: &str = "x-route-cascade";
 
-/// A decision's `cascade` plugin, compiled: its `to` pool as an index.
-#[derive(Debug, Clone, Copy)]
+/// A decision's `cascade` plugin, compiled: its `to` pool resolved.
+#[derive(Debug, Clone)]
 pub(crate) struct Spec {
-    /// The pool it escalates to (an index in the gateway's).
-    pub(crate) to: usize,
+    /// The pool it escalates to.
+    pub(crate) to: Arc<Pool>,
     threshold: f64,
     max_bytes: usize,
 }
 
 impl Spec {
-    /// `d`'s cascade, if it has one (the config was validated: its `to` pool is one of `config`'s,
-    /// which are the gateway's in the same order).
-    pub(crate) fn of(d: &model_select::DecisionConfig, config: &model_select::Config) -> Option<Spec> {
+    /// `d`'s cascade, if it has one (the config was validated: its `to` pool is one of `pools`).
+    pub(crate) fn of(d: &model_select::DecisionConfig, pools: &[Arc<Pool>]) -> Option<Spec> {
         d.plugins.iter().find_map(|p| match p {
             model_select::PluginConfig::Cascade(c) => Some(Spec {
-                to: config.pools.iter().position(|p| p.name == c.to)?,
+                to: pools.iter().find(|p| p.id.0 == c.to)?.clone(),
                 threshold: c.min_mean_logprob,
                 max_bytes: c.max_answer_bytes,
             }),
@@ -40,7 +42,7 @@ impl Spec {
 
     /// The plan of one request under `decision`, its first answer issued `route_id`.
     pub(crate) fn plan(&self, decision: &str, added_logprobs: bool, route_id: Option<u64>) -> Plan {
-        let Spec { to, threshold, max_bytes } = *self;
+        let Spec { to, threshold, max_bytes } = self.clone();
         Plan { to, threshold, max_bytes, added_logprobs, decision: decision.to_owned(), route_id }
     }
 }
@@ -48,8 +50,8 @@ impl Spec {
 /// A request the cascade judges: where it escalates to and by what threshold.
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
-    /// The pool that answers when the first is unsure (an index in the gateway's).
-    pub(crate) to: usize,
+    /// The pool that answers when the first is unsure.
+    pub(crate) to: Arc<Pool>,
     /// Under this mean token logprob the first answer is not kept.
     pub(crate) threshold: f64,
     /// A larger first answer (by its `content-length`) is passed on unjudged.
@@ -180,7 +182,10 @@ mod tests {
     use super::*;
 
     fn plan(added: bool) -> Plan {
-        Plan { to: 1, threshold: -1.0, max_bytes: 1 << 20, added_logprobs: added, decision: "d".into(), route_id: None }
+        let (policy, renderer) =
+            (Arc::new(policy::RoundRobin::default()), Arc::new(renderer::Renderer::builtin().unwrap()));
+        let to = Arc::new(Pool::new(router_types::PoolId("large".into()), "m".into(), policy, renderer, None, 64));
+        Plan { to, threshold: -1.0, max_bytes: 1 << 20, added_logprobs: added, decision: "d".into(), route_id: None }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use model_select::{Algorithm, Candidate, Choice};
 use serde_json::{Value, json};
 
-use super::{Pool, Preview};
+use super::{Pool, Preview, Routing};
 use crate::request::Route;
 use crate::{Gateway, GatewayError};
 
@@ -26,7 +26,7 @@ struct Live {
 /// What the algorithm chose.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Chosen {
-    /// The pool (an index in the gateway's).
+    /// The pool (its position in the routing config's).
     pub(super) pool: usize,
     /// The pools that passed the hard filters.
     pub(super) eligible: Vec<usize>,
@@ -39,11 +39,12 @@ pub(super) struct Chosen {
 /// prompt count comes from its renderer's one render.
 pub(super) fn pool(
     gw: &Gateway,
-    selector: &model_select::Selector,
+    routing: &Routing,
     choice: &Choice<'_>,
     (route, v, renders): (Route, &Value, &planner::Renders),
     mut preview: Option<&mut Preview>,
 ) -> Result<Chosen, GatewayError> {
+    let selector = &routing.selector;
     let max_tokens = max_tokens(v);
     // One view of the fleet for every candidate.
     let snapshot = gw.fleet.snapshot();
@@ -53,7 +54,7 @@ pub(super) fn pool(
         renders.tokens(gw.planner(), &p.renderer, route, v).ok().map(|(tokens, _)| tokens.len() as u64)
     };
     let mut fits = |i: usize| -> bool {
-        let p = &gw.pools[i];
+        let p = routing.pool(i);
         let routable = pool_workers(&snapshot, p).next().is_some();
         if !routable {
             why_not.push(format!("{}: no healthy worker", p.id));
@@ -77,14 +78,14 @@ pub(super) fn pool(
         Algorithm::Bandit(bandit) => {
             let config = selector.config();
             let candidates: Vec<(&str, Option<f64>)> =
-                eligible.iter().map(|&i| (gw.pools[i].id.0.as_str(), config.pools[i].quality)).collect();
+                eligible.iter().map(|&i| (routing.pool(i).id.0.as_str(), config.pools[i].quality)).collect();
             let (chosen, arms) = match &gw.routing {
                 Some(slot) => slot.learning().choose(name, &candidates, bandit),
                 None => (None, Vec::new()),
             };
             // The score shown is each posterior's mean (the draw that chose is random).
             if let Some(p) = preview.as_deref_mut() {
-                let explain = |(&i, a): (&usize, &model_select::Arm)| json!({"pool": gw.pools[i].id, "mean": a.mean(), "alpha": a.alpha, "beta": a.beta, "elo": a.elo});
+                let explain = |(&i, a): (&usize, &model_select::Arm)| json!({"pool": routing.pool(i).id, "mean": a.mean(), "alpha": a.alpha, "beta": a.beta, "elo": a.elo});
                 p.scores = eligible.iter().zip(&arms).map(explain).collect();
             }
             (chosen.map(|c| eligible[c]), eligible.iter().zip(&arms).map(|(&i, a)| (i, a.mean())).collect())
@@ -94,7 +95,7 @@ pub(super) fn pool(
             let candidates: Vec<Candidate> = eligible
                 .iter()
                 .map(|&i| {
-                    let (p, c) = (&gw.pools[i], &config.pools[i]);
+                    let (p, c) = (routing.pool(i), &config.pools[i]);
                     let prompt = prompt_of(p).unwrap_or(0);
                     let live = live(&snapshot, p, prompt);
                     let cost_usd = c.price.map_or(0.0, |price| {
@@ -114,12 +115,12 @@ pub(super) fn pool(
             // Stickiness may keep a conversation on a candidate only within its ceilings.
             let eligible: Vec<usize> = scored.iter().filter(|s| s.over.is_none()).map(|s| s.pool).collect();
             for s in scored.iter().filter_map(|s| Some((s, s.over.as_ref()?))) {
-                why_not.push(format!("{}: {}", gw.pools[s.0.pool].id, s.1));
+                why_not.push(format!("{}: {}", routing.pool(s.0.pool).id, s.1));
             }
             if let Some(p) = preview {
                 p.scores = scored
                     .iter()
-                    .map(|s| json!({"pool": gw.pools[s.pool].id, "score": s.score, "over_slo": s.over}))
+                    .map(|s| json!({"pool": routing.pool(s.pool).id, "score": s.score, "over_slo": s.over}))
                     .collect();
                 p.passed_over.clone_from(&why_not);
                 let pool = chosen.ok_or_else(|| no_pool(name, &why_not))?;
@@ -166,9 +167,14 @@ fn live(snapshot: &[Arc<fleet::Worker>], pool: &Pool, prompt_tokens: u64) -> Liv
 }
 
 /// Every pool's live state, as load signals read it.
-pub(super) fn pool_states(gw: &Gateway, prompt_tokens: u64) -> Vec<model_select::PoolState<'_>> {
+pub(super) fn pool_states<'r>(
+    gw: &Gateway,
+    routing: &'r Routing,
+    prompt_tokens: u64,
+) -> Vec<model_select::PoolState<'r>> {
     let snapshot = gw.fleet.snapshot();
-    gw.pools
+    routing
+        .pools
         .iter()
         .map(|p| {
             let l = live(&snapshot, p, prompt_tokens);

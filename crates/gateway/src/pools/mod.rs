@@ -42,11 +42,15 @@ pub const EXPLICIT: &str = "explicit";
 /// The decision label of a request without a `model` (the default pool serves it).
 pub const NO_MODEL: &str = "no_model";
 
-/// A routing config at work: the selector, each decision's header changes, and what it counts.
+/// A routing config at work: the selector, its pools, each decision's header changes, and what
+/// it counts.
 #[derive(Debug)]
 pub struct Routing {
-    /// The compiled config; its pools are the gateway's, in the same order.
+    /// The compiled config.
     pub selector: Selector,
+    /// The config's pools, in its order (its decisions name them by position), each the
+    /// gateway's pool of that name: resolved by id once, when the config is put in force.
+    pools: Vec<Arc<Pool>>,
     /// Per decision (by index): the headers its `header_mutation` plugins change.
     edits: Vec<Option<Arc<HeaderEdits>>>,
     /// The conversations seen lately and their pools.
@@ -71,8 +75,8 @@ pub struct HeaderEdits {
 /// Which pool serves a request, and why.
 #[derive(Debug)]
 pub(crate) struct Routed {
-    /// Its index in the gateway's pools.
-    pub(crate) pool: usize,
+    /// The pool.
+    pub(crate) pool: Arc<Pool>,
     /// The decision's name ([`EXPLICIT`] and [`NO_MODEL`] without signals).
     pub(crate) decision: String,
     /// The body was changed (model name, plugins): it is sent re-encoded.
@@ -102,14 +106,21 @@ pub(crate) struct Explain {
 // === impl Routing ===
 
 impl Routing {
-    /// The routing config at work; its header changes are compiled here
-    /// (the config was validated: every name and value is sound).
-    pub fn new(selector: Selector) -> Self {
-        Routing::new_counting(selector, Arc::new(RoutingMetrics::new()))
+    /// The routing config at work over `pools` (the gateway's: each of the config's pools is
+    /// the one of its name); its header changes are compiled here (the config was validated:
+    /// every name and value is sound). `Err` names a pool of the config `pools` lacks.
+    pub fn new(selector: Selector, pools: &[Arc<Pool>]) -> Result<Self, String> {
+        Routing::new_counting(selector, pools, Arc::new(RoutingMetrics::new()))
     }
 
     /// The routing config at work, counting into `metrics`.
-    fn new_counting(selector: Selector, metrics: Arc<RoutingMetrics>) -> Self {
+    fn new_counting(selector: Selector, all: &[Arc<Pool>], metrics: Arc<RoutingMetrics>) -> Result<Self, String> {
+        let pools = selector
+            .config()
+            .pools
+            .iter()
+            .map(|c| all.iter().find(|p| p.id.0 == c.name).cloned().ok_or_else(|| format!("no pool `{}`", c.name)))
+            .collect::<Result<Vec<_>, _>>()?;
         let edits = selector
             .config()
             .decisions
@@ -144,9 +155,23 @@ impl Routing {
                 })
             })
             .collect();
-        let cascades: Vec<_> =
-            selector.config().decisions.iter().map(|d| cascade::Spec::of(d, selector.config())).collect();
-        Routing { selector, edits, sessions, metrics, caches, cascades }
+        let cascades: Vec<_> = selector.config().decisions.iter().map(|d| cascade::Spec::of(d, &pools)).collect();
+        Ok(Routing { selector, pools, edits, sessions, metrics, caches, cascades })
+    }
+
+    /// The config's pool at `i` (a position its decisions and algorithms use).
+    pub(crate) fn pool(&self, i: usize) -> &Arc<Pool> {
+        &self.pools[i]
+    }
+
+    /// The pool of requests that name none.
+    pub(crate) fn default_pool(&self) -> &Arc<Pool> {
+        self.pool(self.selector.default_pool())
+    }
+
+    /// The pool's configured quality, which seeds its feedback arm.
+    fn quality(&self, pool: &Pool) -> Option<f64> {
+        self.selector.config().pools.iter().find(|c| c.name == pool.id.0).and_then(|c| c.quality)
     }
 
     /// Whether a decision caches answers (the fast path then hands requests to
@@ -157,25 +182,26 @@ impl Routing {
 
     /// The config after `old` (a reload): its counters go on, and so do the
     /// conversations it remembers unless stickiness was reconfigured.
-    pub(crate) fn succeeding(selector: Selector, old: &Routing) -> Self {
-        let mut next = Routing::new_counting(selector, old.metrics.clone());
+    /// `Err` names a pool the new config has and the old had not.
+    pub(crate) fn succeeding(selector: Selector, old: &Routing) -> Result<Self, String> {
+        let mut next = Routing::new_counting(selector, &old.pools, old.metrics.clone())?;
         if next.selector.config().stickiness == old.selector.config().stickiness {
             next.sessions = old.sessions.clone();
         }
-        next
+        Ok(next)
     }
 }
 
 // === impl Routed ===
 
 impl Routed {
-    /// The only pool, without a routing config.
-    pub(crate) fn default_pool() -> Self {
-        Routed::to(0, NO_MODEL)
+    /// The gateway's only pool, without a routing config.
+    pub(crate) fn default_pool(gw: &Gateway) -> Self {
+        Routed::to(gw.pools[0].clone(), NO_MODEL)
     }
 
     /// To `pool` by `decision`, nothing else known yet.
-    fn to(pool: usize, decision: &str) -> Self {
+    fn to(pool: Arc<Pool>, decision: &str) -> Self {
         Routed {
             pool,
             decision: decision.to_owned(),
@@ -288,19 +314,19 @@ pub(crate) fn route(
     let routed = match selector.target(model) {
         Target::Unknown => return Err(GatewayError::UnknownModel(model.unwrap_or_default().to_owned())),
         Target::Pool(i) => {
-            let mut routed = Routed::to(i, if model.is_some() { EXPLICIT } else { NO_MODEL });
+            let mut routed = Routed::to(routing.pool(i).clone(), if model.is_some() { EXPLICIT } else { NO_MODEL });
             if selector.config().guard_all_requests && route.has_prompt() {
                 routed.rewritten |= guard(gw, routing, route, v, ask, preview.is_some())?;
             }
             routed
         }
         // Only prompts have signals: an auto embedding (or rerank) goes to the default pool.
-        Target::Auto if !route.has_prompt() => Routed::to(selector.default_pool(), model_select::NO_DECISION),
+        Target::Auto if !route.has_prompt() => Routed::to(routing.default_pool().clone(), model_select::NO_DECISION),
         Target::Auto => auto(gw, routing, route, v, ask, preview.as_deref_mut())?,
     };
-    let mut routed = finish(gw, routing, v, routed, preview.is_some());
+    let mut routed = finish(routing, v, routed, preview.is_some());
     if preview.is_none() {
-        routed.cache = look_up(gw, routing, route, v, &routed, ask);
+        routed.cache = look_up(routing, route, v, &routed, ask);
         // A cache hit gets no route id: feedback on a stored answer would steer the decision
         // without an engine call behind it.
         if routed.cache.as_ref().and_then(|(_, o)| o.answer()).is_none() {
@@ -317,30 +343,30 @@ pub(crate) fn forced(
     gw: &Gateway,
     routing: &Routing,
     v: &mut Value,
-    (pool, decision): (usize, &str),
+    (pool, decision): (Arc<Pool>, &str),
     caller: Option<[u8; 32]>,
 ) -> Routed {
     let mut routed = Routed::to(pool, decision);
     // The decision's header changes apply to this attempt too (a reload since may have dropped it).
     let index = routing.selector.config().decisions.iter().position(|d| d.name == decision);
     routed.edits = index.and_then(|i| routing.edits.get(i).cloned().flatten());
-    let mut routed = finish(gw, routing, v, routed, false);
+    let mut routed = finish(routing, v, routed, false);
     routed.route_id = issue_route_id(gw, routing, &routed, caller);
     routed
 }
 
 /// The `x-route-id` of an answer routed as `routed` (the pool's configured quality seeds its arm).
 fn issue_route_id(gw: &Gateway, routing: &Routing, routed: &Routed, caller: Option<[u8; 32]>) -> Option<u64> {
-    let quality = routing.selector.config().pools.get(routed.pool).and_then(|p| p.quality);
+    let quality = routing.quality(&routed.pool);
     let learning = gw.routing.as_ref()?.learning();
-    Some(learning.issue_for(&routed.decision, &gw.pools[routed.pool].id.0, quality, caller))
+    Some(learning.issue_for(&routed.decision, &routed.pool.id.0, quality, caller))
 }
 
 /// The decision's cascade for this request, if it has one that applies (counted when not):
 /// logprobs are asked of the first pool.
 fn plan_cascade(routing: &Routing, route: Route, v: &mut Value, routed: &mut Routed) -> Option<cascade::Plan> {
     let spec = routing.cascades.get(routed.index?)?.as_ref()?;
-    if spec.to == routed.pool {
+    if spec.to.id == routed.pool.id {
         return None; // already the larger pool: nothing to escalate to
     }
     let skip = match route {
@@ -359,7 +385,6 @@ fn plan_cascade(routing: &Routing, route: Route, v: &mut Value, routed: &mut Rou
 /// The decision's response cache, if it has one: the request's ticket and
 /// what the cache holds for it (counted).
 fn look_up(
-    gw: &Gateway,
     routing: &Routing,
     route: Route,
     v: &Value,
@@ -369,7 +394,7 @@ fn look_up(
     use crate::cache::{Outcome, Skip};
     let store = routing.caches.get(routed.index?)?.as_ref()?;
     let vector = ask.embeddings.and_then(|e| e.last.as_ref()).and_then(|l| l.as_ref().ok()).cloned();
-    let pool = &gw.pools[routed.pool].id.0;
+    let pool = &routed.pool.id.0;
     let asker = crate::cache::Asker { caller: ask.caller, route: route.path(), decision: &routed.decision, pool };
     let ticket = if ask.cache_bypass { Err(Skip::Bypass) } else { store.ticket(v, asker, vector) };
     let (found, outcome) = match ticket {
@@ -404,13 +429,13 @@ fn decide<'r>(
     let guard = selector.needs_guard_text().then(|| model_select::guard_text(v));
     // Exact, by the default pool's tokenizer: for context signals, and for load signals' TTFT.
     let tokens = if selector.needs_tokens() || selector.needs_load() {
-        let default = &gw.pools[selector.default_pool()];
+        let default = routing.default_pool();
         ask.renders.tokens(gw.planner(), &default.renderer, route, v)?.0.len() as u64
     } else {
         0
     };
     let shape = if selector.needs_shape() { model_select::shape(v) } else { model_select::Shape::default() };
-    let pools = if selector.needs_load() { choose::pool_states(gw, tokens) } else { Vec::new() };
+    let pools = if selector.needs_load() { choose::pool_states(gw, routing, tokens) } else { Vec::new() };
     let input = SignalInput {
         text: &text,
         guard_text: guard.as_deref(),
@@ -457,7 +482,6 @@ fn auto(
     mut preview: Option<&mut Preview>,
 ) -> Result<Routed, GatewayError> {
     let dry = preview.is_some();
-    let selector = &routing.selector;
     let start = Instant::now();
     let choice = decide(gw, routing, route, v, ask)?;
     if !dry {
@@ -481,26 +505,26 @@ fn auto(
             .iter()
             .map(|t| serde_json::json!({"name": t.name, "matched": t.matched, "confidence": t.confidence, "failed": t.failed}))
             .collect();
-        p.candidates = choice.pools.iter().map(|&i| gw.pools[i].id.0.clone()).collect();
+        p.candidates = choice.pools.iter().map(|&i| routing.pool(i).id.0.clone()).collect();
     }
     let changed = plugins(routing, &choice, v, dry)?;
     if changed {
         ask.renders.forget();
     }
-    let chosen = choose::pool(gw, selector, &choice, (route, v, ask.renders), preview.as_deref_mut())?;
+    let chosen = choose::pool(gw, routing, &choice, (route, v, ask.renders), preview.as_deref_mut())?;
     let key = sticky::key(ask.session, v);
     let session = preview.map(|p| &mut p.session);
-    let (pool, outcome) = sticky::apply(gw, &routing.sessions, &choice, &chosen, (route, v, ask.renders), key, session);
+    let (pool, outcome) = sticky::apply(gw, routing, &choice, &chosen, (route, v, ask.renders), key, session);
     if !dry && key.is_some() {
         routing.metrics.sessions.inc(format_args!("outcome=\"{}\"", outcome.as_str()));
     }
     let debug = ask.debug.then(|| Explain {
         signals: choice.signals.iter().filter(|(_, r)| r.matched).map(|(s, _)| s.to_string()).collect(),
         confidence: choice.index.map_or(0.0, |i| choice.trace[i].confidence),
-        candidates: choice.pools.iter().map(|&i| gw.pools[i].id.0.clone()).collect(),
+        candidates: choice.pools.iter().map(|&i| routing.pool(i).id.0.clone()).collect(),
     });
     Ok(Routed {
-        pool,
+        pool: routing.pool(pool).clone(),
         decision: name,
         rewritten: changed,
         edits: choice.index.and_then(|i| routing.edits.get(i).cloned().flatten()),
@@ -603,8 +627,8 @@ pub(crate) fn wanted_headers<'h>(
 }
 
 /// Names the pool's served model in the body, and counts the request.
-fn finish(gw: &Gateway, routing: &Routing, v: &mut Value, mut routed: Routed, dry: bool) -> Routed {
-    let pool = &gw.pools[routed.pool];
+fn finish(routing: &Routing, v: &mut Value, mut routed: Routed, dry: bool) -> Routed {
+    let pool = routed.pool.clone();
     if let Some(fields) = v.as_object_mut()
         && fields.get("model").and_then(Value::as_str) != Some(pool.served_model.as_str())
     {

@@ -171,7 +171,7 @@ impl RoutingSlot {
         let examples = self.embedder.as_ref().map(super::Examples);
         let selector = Selector::with_embedder(config, examples.as_ref().map(|e| e as &dyn model_select::Embedder))
             .map_err(|p| (false, p.iter().map(|e| format!("{shown}: {e}")).collect()))?;
-        let next = Routing::succeeding(selector, &old);
+        let next = Routing::succeeding(selector, &old).map_err(|e| (false, vec![format!("{shown}: {e}")]))?;
         let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
         if !claim.install() {
             return Err((false, vec![format!("{shown}: given up on past {RELOAD_TIMEOUT:?}: not put in force")]));

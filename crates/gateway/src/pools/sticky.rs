@@ -6,13 +6,15 @@
 //! conversations (session key → pool); a preview reads it, never writes it.
 
 use std::num::NonZeroUsize;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use model_select::{Choice, Stickiness};
+use router_types::PoolId;
 use serde_json::{Value, json};
 
 use super::choose::Chosen;
+use super::{Pool, Routing};
 use crate::Gateway;
 use crate::request::Route;
 
@@ -28,7 +30,7 @@ pub(crate) enum KeySource {
 /// The conversations seen lately and the pool each was served by.
 pub(crate) struct Sessions {
     config: Stickiness,
-    table: Mutex<lru::LruCache<u64, (usize, Instant)>>,
+    table: Mutex<lru::LruCache<u64, (PoolId, Instant)>>,
 }
 
 impl std::fmt::Debug for Sessions {
@@ -70,11 +72,11 @@ impl Sessions {
     }
 
     /// The pool that served `key` last, if it is remembered and fresh.
-    fn previous(&self, key: u64) -> Option<usize> {
+    fn previous(&self, key: u64) -> Option<PoolId> {
         let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
         let ttl = Duration::from_secs(self.config.ttl_secs);
         match t.peek(&key) {
-            Some((pool, seen)) if seen.elapsed() <= ttl => Some(*pool),
+            Some((pool, seen)) if seen.elapsed() <= ttl => Some(pool.clone()),
             Some(_) => {
                 t.pop(&key);
                 None
@@ -83,7 +85,7 @@ impl Sessions {
         }
     }
 
-    fn record(&self, key: u64, pool: usize) {
+    fn record(&self, key: u64, pool: PoolId) {
         self.table.lock().unwrap_or_else(|p| p.into_inner()).put(key, (pool, Instant::now()));
     }
 
@@ -137,25 +139,29 @@ impl<H: std::hash::Hasher> std::io::Write for HashWriter<'_, H> {
 /// the explain says what happened.
 pub(crate) fn apply(
     gw: &Gateway,
-    sessions: &Sessions,
+    routing: &Routing,
     choice: &Choice<'_>,
     chosen: &Chosen,
     (route, v, renders): (Route, &Value, &planner::Renders),
     key: Option<(u64, KeySource)>,
     preview: Option<&mut Value>,
 ) -> (usize, Outcome) {
+    let sessions = &*routing.sessions;
     let Some((key, source)) = key.filter(|_| sessions.config.enabled) else { return (chosen.pool, Outcome::New) };
+    // Remembered by id: a pool the config in force no longer lists is not kept to.
     let previous = sessions.previous(key);
+    let at = previous.as_ref().map(|id| routing.pools.iter().position(|p| p.id == *id));
     let sticky = choice.decision.is_none_or(|d| d.sticky);
     let mut cached = None;
-    let (pool, outcome) = match previous {
+    let (pool, outcome) = match at {
         None => (chosen.pool, Outcome::New),
-        Some(p) if p == chosen.pool => (p, Outcome::Same),
+        Some(None) => (chosen.pool, Outcome::Switched),
+        Some(Some(p)) if p == chosen.pool => (p, Outcome::Same),
         // Not this decision's to keep: it does not list the pool, or that pool cannot serve it now.
-        Some(_) if !sticky => (chosen.pool, Outcome::Switched),
-        Some(p) if !chosen.eligible.contains(&p) => (chosen.pool, Outcome::Switched),
-        Some(p) => {
-            let held = cached_tokens(gw, p, route, v, renders);
+        Some(Some(_)) if !sticky => (chosen.pool, Outcome::Switched),
+        Some(Some(p)) if !chosen.eligible.contains(&p) => (chosen.pool, Outcome::Switched),
+        Some(Some(p)) => {
+            let held = cached_tokens(gw, routing.pool(p), route, v, renders);
             cached = Some(held);
             let c = &sessions.config;
             let score = |pool: usize| chosen.scores.iter().find(|(q, _)| *q == pool).map(|(_, s)| *s);
@@ -176,28 +182,28 @@ pub(crate) fn apply(
         Some(out) => {
             *out = json!({
                 "key": match source { KeySource::Header => "x-session-id", KeySource::Fingerprint => "fingerprint" },
-                "previous_pool": previous.map(|p| gw.pools[p].id.0.clone()),
+                "previous_pool": previous.map(|p| p.0),
                 "cached_tokens": cached,
                 "outcome": outcome.as_str(),
             });
         }
-        None => sessions.record(key, pool),
+        None => sessions.record(key, routing.pool(pool).id.clone()),
     }
     (pool, outcome)
 }
 
 /// The most prompt tokens any of `pool`'s workers holds, as the pool's own
 /// plan measures it (its tokenizer, page size and index); never committed.
-fn cached_tokens(gw: &Gateway, pool: usize, route: Route, v: &Value, renders: &planner::Renders) -> u64 {
+fn cached_tokens(gw: &Gateway, pool: &Arc<Pool>, route: Route, v: &Value, renders: &planner::Renders) -> u64 {
     if gw.index.is_none() {
         return 0;
     }
     // As it would be sent there: the body names the pool's model (the namespace of its blocks).
     let mut v = v.clone();
     if let Some(fields) = v.as_object_mut() {
-        fields.insert("model".into(), Value::String(gw.pools[pool].served_model.clone()));
+        fields.insert("model".into(), Value::String(pool.served_model.clone()));
     }
-    match gw.planner().plan(&gw.pools[pool], route, Some(&v), None, renders, false) {
+    match gw.planner().plan(pool, route, Some(&v), None, renders, false) {
         Ok(plan) => plan.candidates.iter().map(|c| c.matched_tokens).max().unwrap_or(0),
         Err(_) => 0,
     }
@@ -228,12 +234,13 @@ mod tests {
     #[test]
     fn the_table_is_bounded_and_forgets_stale_sessions() {
         let s = Sessions::new(Stickiness { max_sessions: 2, ..Stickiness::default() });
-        s.record(1, 0);
-        s.record(2, 1);
-        s.record(3, 1);
-        assert_eq!((s.len(), s.previous(1), s.previous(3)), (2, None, Some(1)));
+        let (a, b) = (PoolId("a".into()), PoolId("b".into()));
+        s.record(1, a.clone());
+        s.record(2, b.clone());
+        s.record(3, b.clone());
+        assert_eq!((s.len(), s.previous(1), s.previous(3)), (2, None, Some(b)));
         let stale = Sessions::new(Stickiness { ttl_secs: 0, ..Stickiness::default() });
-        stale.record(1, 0);
+        stale.record(1, a);
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(stale.previous(1), None);
     }
