@@ -16,6 +16,10 @@ mod serve;
 mod tools;
 mod usage;
 
+/// The allocator: see `Cargo.toml` (glibc's malloc cost a fifth of the router's CPU under load).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Exit status for a command-line usage error (BSD `EX_USAGE`).
 const EXIT_USAGE: u8 = 64;
 /// Exit status for bad input data (BSD `EX_DATAERR`).
