@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 use crate::metrics::head;
 use fleet::{Events, Worker};
 
-use crate::body::{parse_body, read_body};
-use crate::request::Route;
+use crate::pipeline::body::{parse_body, read_body};
+use crate::pipeline::request::Route;
 use crate::{Gateway, GatewayError};
 
 #[derive(Debug, Deserialize)]
@@ -51,8 +51,8 @@ pub(crate) async fn route_preview(
     let crate::pools::PreRouted { body: parsed, embeddings } =
         crate::pools::pre_route(&gw, routing.as_deref(), route, &bytes).await?;
     let (gw2, len) = (gw.clone(), bytes.len());
-    let out = crate::admission::render(&gw, len, move || {
-        let mut v = parsed.map_or_else(|| crate::body::parse_json(&bytes), Ok)?;
+    let out = crate::pipeline::admission::render(&gw, len, move || {
+        let mut v = parsed.map_or_else(|| crate::pipeline::body::parse_json(&bytes), Ok)?;
         let mut preview = crate::pools::Preview::default();
         let renders = planner::Renders::default();
         let routed = match routing {
@@ -136,8 +136,9 @@ pub(crate) async fn route_feedback(
 ) -> Result<Json<Value>, GatewayError> {
     let slot = routing_slot(&gw)?;
     // Only the caller who got an answer judges it.
-    let caller = crate::auth::caller(&gw, headers.get(axum::http::header::AUTHORIZATION).map(|v| v.as_bytes()));
-    let bytes = crate::body::read_body_within(body, crate::pools::feedback::MAX_FEEDBACK_BYTES).await?;
+    let caller =
+        crate::pipeline::auth::caller(&gw, headers.get(axum::http::header::AUTHORIZATION).map(|v| v.as_bytes()));
+    let bytes = crate::pipeline::body::read_body_within(body, crate::pools::feedback::MAX_FEEDBACK_BYTES).await?;
     slot.learning().feedback_from(&bytes, caller).map(Json)
 }
 
@@ -211,7 +212,7 @@ pub(crate) async fn debug_route(
     let crate::pools::PreRouted { body: parsed, embeddings } =
         crate::pools::pre_route(&gw, routing.as_deref(), route, &bytes).await?;
     let (gw2, len, key) = (gw.clone(), bytes.len(), key);
-    let plan = crate::admission::render(&gw, len, move || {
+    let plan = crate::pipeline::admission::render(&gw, len, move || {
         let mut v = parse_body(&gw2, route, &bytes, parsed)?;
         let renders = planner::Renders::default();
         let pool = match (routing, v.as_mut()) {
@@ -233,7 +234,7 @@ pub(crate) async fn debug_route(
         };
         // A disaggregated pool: both legs' choices and why.
         if let Some(pd) = pool.pd.clone() {
-            let v = v.map_or_else(|| crate::body::parse_json(&bytes), Ok)?;
+            let v = v.map_or_else(|| crate::pipeline::body::parse_json(&bytes), Ok)?;
             return crate::pd::explain_pair(&gw2, (&pool, &pd), route, &v, key.as_deref()).map(Explained::Pair);
         }
         Ok(Explained::Plan(gw2.planner().plan(&pool, route, v.as_ref(), key.as_deref(), &renders, false)?))

@@ -501,7 +501,7 @@ pub(crate) struct Hit {
     /// What was stored.
     pub(crate) answer: Arc<Answer>,
     /// `x-route-pool`, `x-route-decision`, `x-route-cache`...
-    pub(crate) headers: crate::request::RouteHeaders,
+    pub(crate) headers: crate::pipeline::request::RouteHeaders,
 }
 
 impl Hit {
@@ -532,10 +532,10 @@ impl Hit {
         )
         .into_bytes();
         if let Some(ct) = &answer.content_type {
-            crate::request::push_header(&mut out, b"content-type", ct.as_bytes());
+            crate::pipeline::request::push_header(&mut out, b"content-type", ct.as_bytes());
         }
         for (name, value) in &self.headers.0 {
-            crate::request::push_header(&mut out, name.as_bytes(), value.as_bytes());
+            crate::pipeline::request::push_header(&mut out, name.as_bytes(), value.as_bytes());
         }
         if close {
             out.extend_from_slice(b"connection: close\r\n");
@@ -622,7 +622,7 @@ mod tests {
         assert_eq!(s.ticket(&sampled, at("d", "p"), None).err(), Some(Skip::Sampling));
         sampled.as_object_mut().unwrap().remove("temperature");
         assert_eq!(s.ticket(&sampled, at("d", "p"), None).err(), Some(Skip::Sampling));
-        use crate::request::bypassed;
+        use crate::pipeline::request::bypassed;
         assert!(bypassed([&b"max-age=0, No-Cache"[..]].into_iter()) && !bypassed([&b"max-age=0"[..]].into_iter()));
         // Digits in the question or tools offered: exact hits only (no vector kept).
         assert!(s.ticket(&chat("what is 2 + 3"), at("d", "p"), unit(&[1.0, 0.0])).unwrap().vector.is_none());

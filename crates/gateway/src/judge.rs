@@ -11,10 +11,10 @@ use axum::http::{HeaderValue, header};
 use fleet::Worker;
 use serde_json::Value;
 
-use crate::account::InFlight;
 use crate::cache::{Answer, Hit};
+use crate::pipeline::account::InFlight;
+use crate::pipeline::request::Route;
 use crate::pools::cascade::{Plan, Verdict, judge, kept_body};
-use crate::request::Route;
 use crate::{Gateway, GatewayError};
 
 /// The first pool's whole answer, judged (one per request, moved once: its size does not matter).
@@ -85,7 +85,7 @@ pub(crate) async fn whole(
         ticket.store(Answer { status: 200, content_type: content_type.clone(), body: body.clone() });
     }
     // Built as a response-cache hit is: the answer, its route headers.
-    let headers = guard.route_headers.take().unwrap_or_else(|| crate::request::RouteHeaders(Vec::new()));
+    let headers = guard.route_headers.take().unwrap_or_else(|| crate::pipeline::request::RouteHeaders(Vec::new()));
     Ok(Judged::Answer(Hit { answer: Arc::new(Answer { status: 200, content_type, body }), headers }, verdict.header()))
 }
 

@@ -9,27 +9,20 @@
 //!                                                                   └─► proxy (stream) ─► client
 //! ```
 
-mod account;
 mod admin;
-pub mod admission;
-pub mod auth;
-mod body;
 pub mod cache;
-pub mod context;
 pub mod error;
-mod forward;
 mod h1;
 mod judge;
 pub mod metrics;
 pub mod pd;
+pub mod pipeline;
 pub mod pools;
 mod proxy;
 mod relay;
-mod request;
 mod routes;
 mod send;
 mod served;
-mod shape;
 #[cfg(test)]
 mod testing;
 pub mod tls;
@@ -48,7 +41,8 @@ pub use error::GatewayError;
 pub use fleet::{Fleet, HashModes, LoadGuard, Worker, WorkerInfo, worker_client};
 pub use h1::{serve, serve_admin, serve_metrics};
 pub use metrics::GatewayMetrics;
-pub use request::PROXIED_PATHS;
+pub use pipeline::request::PROXIED_PATHS;
+use pipeline::{admission, auth, context};
 
 /// Default request body limit (the reference router's).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 5 << 20;

@@ -13,15 +13,15 @@ use axum::response::{IntoResponse, Response};
 use router_types::DpRank;
 use tracing::Instrument;
 
-use crate::account::{InFlight, count_error, request_span};
-use crate::admission::Admission;
-use crate::body::read_body;
-use crate::forward::{Forwarded, forward};
 use crate::h1::answer;
 use crate::h1::upstream;
+use crate::pipeline::account::{InFlight, count_error, request_span};
+use crate::pipeline::admission::Admission;
+use crate::pipeline::body::read_body;
+use crate::pipeline::forward::{Forwarded, forward};
+use crate::pipeline::request::{Meta, ROUTE_DEBUG_HEADER, Route};
 use crate::pools::HeaderEdits;
 use crate::relay::{Ending, UpstreamBody, stream_back};
-use crate::request::{Meta, ROUTE_DEBUG_HEADER, Route};
 use crate::send::upstream_headers;
 use crate::{Gateway, GatewayError};
 use fleet::Worker;
@@ -29,7 +29,11 @@ use fleet::Worker;
 pub(crate) async fn handle(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body, route: Route) -> Response {
     let span = request_span(&gw, route);
     // Set by the context layer on every request.
-    let id = headers.get(crate::context::REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let id = headers
+        .get(crate::pipeline::context::REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
     span.record("request_id", id.as_str());
     async move {
         match serve(gw.clone(), headers, body, route, &id).await {
@@ -57,10 +61,10 @@ async fn serve(
     // Admitted before the body is read: a chunked body of unknown size is charged the largest one.
     // One routing config for the whole request, whatever a reload does meanwhile.
     let routing = gw.routing();
-    let admission = Admission::admit_waiting(&gw, crate::admission::declared_charge(&gw, &headers)).await?;
+    let admission = Admission::admit_waiting(&gw, crate::pipeline::admission::declared_charge(&gw, &headers)).await?;
     let bytes = read_body(&gw, body).await?;
     // Who asks, read before the client's credentials give way to the workers'.
-    let caller = crate::auth::caller(&gw, headers.get(header::AUTHORIZATION).map(HeaderValue::as_bytes));
+    let caller = crate::pipeline::auth::caller(&gw, headers.get(header::AUTHORIZATION).map(HeaderValue::as_bytes));
     let route_debug = Meta::wants_debug(&gw.control_keys, headers.get(ROUTE_DEBUG_HEADER).map(HeaderValue::as_bytes));
     upstream_headers(&gw, &mut headers);
     let headers = Arc::new(headers);
@@ -73,7 +77,7 @@ async fn serve(
             headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())),
         ),
         session: h1_codec::usable_key(headers.get(h1_codec::SESSION_HEADER).map(HeaderValue::as_bytes)),
-        cache_bypass: crate::request::bypassed(
+        cache_bypass: crate::pipeline::request::bypassed(
             headers.get_all(header::CACHE_CONTROL).iter().map(HeaderValue::as_bytes),
         ),
         forced: None,
@@ -109,7 +113,7 @@ async fn serve(
         Judged::Escalate(verdict) => verdict,
     };
     let (guard, worker, resp) =
-        crate::forward::escalate(&gw, (&plan, &sent), (route, routing), start, &meta, &send).await?;
+        crate::pipeline::forward::escalate(&gw, (&plan, &sent), (route, routing), start, &meta, &send).await?;
     let mut answer = relay(&gw, guard, worker, resp);
     answer.headers_mut().insert(cascade::CASCADE_HEADER, verdict.header());
     Ok(answer)

@@ -12,9 +12,9 @@ use axum::response::Response;
 use serde_json::json;
 use tracing::warn;
 
-use crate::account::InFlight;
 use crate::cache::Recorder;
-use crate::request::relayed;
+use crate::pipeline::account::InFlight;
+use crate::pipeline::request::relayed;
 use fleet::Worker;
 
 /// An answer body from the router's own client (`h1::answer`), boxed for the relay.
@@ -209,8 +209,8 @@ mod tests {
     use tokio::sync::mpsc;
 
     use super::*;
-    use crate::admission::Admission;
-    use crate::request::Route;
+    use crate::pipeline::admission::Admission;
+    use crate::pipeline::request::Route;
 
     /// A worker's answer whose body frames the test sends on the channel (an error breaks it).
     fn answer(content_type: &str) -> (mpsc::Sender<Result<Bytes, BoxError>>, axum::http::Response<UpstreamBody>) {

@@ -11,10 +11,10 @@ use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 
-use crate::account::count_error;
-use crate::auth::Plane;
+use crate::pipeline::account::count_error;
+use crate::pipeline::auth::Plane;
+use crate::pipeline::request::Route;
 use crate::proxy::handle;
-use crate::request::Route;
 use crate::{Gateway, GatewayError};
 use crate::{admin, served};
 
@@ -83,12 +83,12 @@ fn finish(router: axum::Router<Arc<Gateway>>, gw: Arc<Gateway>) -> axum::Router 
             GatewayError::MethodNotAllowed(format!("{method} {}", uri.path()))
         })
         .layer(axum::middleware::from_fn_with_state(gw.clone(), refuse_oversized))
-        .layer(axum::middleware::from_fn_with_state(gw.clone(), crate::context::layer))
+        .layer(axum::middleware::from_fn_with_state(gw.clone(), crate::pipeline::context::layer))
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(gw)
 }
 
-/// Lets a request through when it carries a key of `plane` (see [`crate::auth::Keys::check`]).
+/// Lets a request through when it carries a key of `plane` (see [`crate::pipeline::auth::Keys::check`]).
 async fn require_key(
     State((gw, plane)): State<(Arc<Gateway>, Plane)>,
     req: axum::extract::Request,
@@ -102,7 +102,7 @@ async fn require_key(
         Ok(()) => next.run(req).await,
         Err(e) => {
             if let Some(route) = Route::from_path(req.uri().path()) {
-                let id = req.headers().get(crate::context::REQUEST_ID_HEADER).and_then(|v| v.to_str().ok());
+                let id = req.headers().get(crate::pipeline::context::REQUEST_ID_HEADER).and_then(|v| v.to_str().ok());
                 count_error(&gw, route, &e, id);
             }
             e.into_response()

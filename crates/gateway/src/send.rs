@@ -4,8 +4,8 @@
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 
 use crate::Gateway;
-use crate::auth::worker_credentials;
-use crate::request::forwarded;
+use crate::pipeline::auth::worker_credentials;
+use crate::pipeline::request::forwarded;
 
 /// Why a request could not be delivered to a worker.
 #[derive(Debug)]

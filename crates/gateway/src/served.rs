@@ -17,8 +17,8 @@ use axum::response::{IntoResponse, Response};
 use futures_util::future::join_all;
 use serde_json::{Value, json};
 
-use crate::admission::{self, Admission};
-use crate::body::read_body;
+use crate::pipeline::admission::{self, Admission};
+use crate::pipeline::body::read_body;
 use crate::{Gateway, GatewayError};
 
 /// Longest a worker may take on one of these calls.

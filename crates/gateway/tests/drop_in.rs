@@ -9,7 +9,7 @@ mod h1_support;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use gateway::context::Cors;
+use gateway::pipeline::context::Cors;
 use h1_support::{Client, RawWorker, Reply, chat, limits, post, start, start_with, until};
 
 const OK: &str = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";

@@ -104,7 +104,7 @@ pub struct AppConfig {
     /// Headers a client's request id is read from, in order.
     pub request_id_headers: Vec<String>,
     /// Browser origins allowed (CORS).
-    pub cors: gateway::context::Cors,
+    pub cors: gateway::pipeline::context::Cors,
     /// Balance requests over each worker's data-parallel ranks by their loads.
     pub dp_aware: bool,
     /// Serve HTTPS with this configuration (the client and admin listeners).

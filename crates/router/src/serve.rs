@@ -333,11 +333,11 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         duration_buckets,
         rate_limit: a.rate_limit_tokens_per_second.filter(|r| *r > 0),
         request_id_headers: if a.request_id_headers.is_empty() {
-            gateway::context::DEFAULT_REQUEST_ID_HEADERS.iter().map(|h| h.to_string()).collect()
+            gateway::pipeline::context::DEFAULT_REQUEST_ID_HEADERS.iter().map(|h| h.to_string()).collect()
         } else {
             a.request_id_headers.iter().map(|h| h.trim().to_ascii_lowercase()).filter(|h| !h.is_empty()).collect()
         },
-        cors: gateway::context::Cors::from_flag(&a.cors_allowed_origins),
+        cors: gateway::pipeline::context::Cors::from_flag(&a.cors_allowed_origins),
         metrics_listen,
         dp_aware: a.dp_aware,
         tls,

@@ -22,8 +22,8 @@ use h1_codec::chunked::Decoder;
 
 use super::upstream::{self, Answer, checkin};
 use crate::Gateway;
+use crate::pipeline::request::{RANK_HEADER, Route, push_header};
 use crate::relay::{BoxError, UpstreamBody};
-use crate::request::{RANK_HEADER, Route, push_header};
 use crate::send::SendError;
 
 /// What the router's own client sends besides the body: the headers the worker gets (`headers`,
@@ -65,7 +65,7 @@ struct Reading {
 /// and its body read as the relay polls it.
 pub(crate) fn into_response(answer: Answer) -> Response<UpstreamBody> {
     let mut headers = HeaderMap::new();
-    for (name, value) in crate::request::header_lines(&answer.head.headers) {
+    for (name, value) in crate::pipeline::request::header_lines(&answer.head.headers) {
         if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value)) {
             headers.append(name, value);
         }

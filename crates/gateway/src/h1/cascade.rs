@@ -13,11 +13,11 @@ use super::answer;
 use h1_codec::Framing;
 
 use super::upstream::Answer;
-use crate::account::InFlight;
 use crate::cache::Hit;
 use crate::judge::{self, Judged};
+use crate::pipeline::account::InFlight;
+use crate::pipeline::request::Route;
 use crate::pools::cascade::{Plan, Verdict};
-use crate::request::Route;
 use crate::{Gateway, GatewayError};
 
 /// What becomes of the first pool's answer.

@@ -17,8 +17,8 @@ use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 
 use super::{Peer, write_error};
-use crate::account::count_error;
-use crate::request::{RANK_HEADER, Route, header_lines, push_header, relayed};
+use crate::pipeline::account::count_error;
+use crate::pipeline::request::{RANK_HEADER, Route, header_lines, push_header, relayed};
 use crate::{Gateway, GatewayError};
 
 /// Waits for `served` (the PD dispatch of the request) while watching the client, then writes
@@ -78,7 +78,7 @@ async fn write(peer: &mut Peer<'_>, answer: Response, (close, extra, idle): (boo
     let connection = connection.join(",");
     for (name, value) in &parts.headers {
         // The request id is in `extra`, with the CORS and route headers.
-        if relayed(name.as_str(), &connection) && name.as_str() != crate::context::REQUEST_ID_HEADER {
+        if relayed(name.as_str(), &connection) && name.as_str() != crate::pipeline::context::REQUEST_ID_HEADER {
             push_header(&mut out, name.as_str().as_bytes(), value.as_bytes());
         }
     }

@@ -39,10 +39,10 @@ use tracing::{Instrument, warn};
 use h1_codec::{Head, Next, Refusal, parse_head};
 
 use self::head::Answer as _;
-use crate::account::{count_error, request_span};
-use crate::forward::{Forwarded, escalate, forward};
+use crate::pipeline::account::{count_error, request_span};
+use crate::pipeline::forward::{Forwarded, escalate, forward};
+use crate::pipeline::request::push_header;
 use crate::pools::cascade::CASCADE_HEADER;
-use crate::request::push_header;
 use crate::{ClientLimits, Gateway, GatewayError};
 
 /// Pipelined bytes buffered while a request waits for its worker.
@@ -295,10 +295,10 @@ async fn serve_fast(
         let i = names.iter().position(|n| n == name)?;
         head.request_ids.iter().find(|(j, _)| *j == i).map(|(_, v)| v.as_slice())
     };
-    let (id, made) = crate::context::request_id(names, sent, route.path());
+    let (id, made) = crate::pipeline::context::request_id(names, sent, route.path());
     // What every answer to this request carries: its id, and the CORS headers for its origin.
     let mut answer_head = Vec::with_capacity(64);
-    push_header(&mut answer_head, crate::context::REQUEST_ID_HEADER.as_bytes(), id.as_bytes());
+    push_header(&mut answer_head, crate::pipeline::context::REQUEST_ID_HEADER.as_bytes(), id.as_bytes());
     gw.config.cors.answer_lines(head.origin.as_deref(), &mut answer_head);
     // Each check before the body is read; a refusal answers and closes, the body unread.
     let checked = async {
@@ -306,10 +306,10 @@ async fn serve_fast(
             return Err(GatewayError::TooLarge(gw.config.max_body_bytes));
         }
         // A client without a valid key gets no further.
-        crate::auth::check_client(gw, head.authorization.as_deref())?;
-        let worker_auth = crate::auth::worker_credentials(gw, head.authorization.as_deref());
+        crate::pipeline::auth::check_client(gw, head.authorization.as_deref())?;
+        let worker_auth = crate::pipeline::auth::worker_credentials(gw, head.authorization.as_deref());
         // Admitted: a slot (perhaps after a wait in the queue), and memory for its body and render.
-        Ok((worker_auth, crate::admission::Admission::admit_waiting(gw, head.body_len).await?))
+        Ok((worker_auth, crate::pipeline::admission::Admission::admit_waiting(gw, head.body_len).await?))
     }
     .await;
     let (worker_auth, admission) = match checked {
@@ -344,16 +344,18 @@ async fn serve_fast(
     }
     let body = buf.split_to(head.body_len).freeze();
     let mut headers = head.forward;
-    let lines = crate::request::header_lines(&headers).filter_map(|(n, v)| Some((std::str::from_utf8(n).ok()?, v)));
+    let lines =
+        crate::pipeline::request::header_lines(&headers).filter_map(|(n, v)| Some((std::str::from_utf8(n).ok()?, v)));
     let signal_headers = crate::pools::wanted_headers(routing.as_deref(), lines.clone());
-    let cache_bypass =
-        crate::request::bypassed(lines.filter(|(n, _)| n.eq_ignore_ascii_case("cache-control")).map(|(_, v)| v));
+    let cache_bypass = crate::pipeline::request::bypassed(
+        lines.filter(|(n, _)| n.eq_ignore_ascii_case("cache-control")).map(|(_, v)| v),
+    );
     if let Some(auth) = worker_auth {
         push_header(&mut headers, b"authorization", &auth);
     }
     // The worker sees the id as `x-request-id`, whichever header it came in (or made here).
     if made || !head.sent_x_request_id {
-        push_header(&mut headers, crate::context::REQUEST_ID_HEADER.as_bytes(), id.as_bytes());
+        push_header(&mut headers, crate::pipeline::context::REQUEST_ID_HEADER.as_bytes(), id.as_bytes());
     }
     let extra = upstream::Extra {
         headers: Bytes::from(headers),
@@ -364,15 +366,15 @@ async fn serve_fast(
     let mut peer = Peer { tcp, pipelined: buf, open: true };
     let span = request_span(gw, route);
     span.record("request_id", id.as_str());
-    let meta = crate::request::Meta {
+    let meta = crate::pipeline::request::Meta {
         id,
         routing_key: head.routing_key,
-        route_debug: crate::request::Meta::wants_debug(&gw.control_keys, head.route_debug.as_deref()),
+        route_debug: crate::pipeline::request::Meta::wants_debug(&gw.control_keys, head.route_debug.as_deref()),
         signal_headers,
         session: head.session,
         cache_bypass,
         forced: None,
-        caller: crate::auth::caller(gw, head.authorization.as_deref()),
+        caller: crate::pipeline::auth::caller(gw, head.authorization.as_deref()),
     };
     async move {
         let send = |worker, body, rank, edits: Option<Arc<crate::pools::HeaderEdits>>| {

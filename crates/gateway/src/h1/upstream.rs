@@ -29,9 +29,9 @@ use tokio::net::TcpStream;
 
 use super::{Peer, push_header, write_error};
 use crate::GatewayError;
-use crate::account::InFlight;
+use crate::pipeline::account::InFlight;
+use crate::pipeline::request::{RANK_HEADER, Route};
 use crate::relay::failed_mid_answer;
-use crate::request::{RANK_HEADER, Route};
 use crate::send::SendError;
 use crate::tls::Conn;
 use crate::{UPSTREAM_CONNECT_TIMEOUT, UPSTREAM_IDLE_TIMEOUT};
@@ -420,7 +420,7 @@ fn record(recorder: &mut Option<crate::cache::Recorder>, data: &[u8]) {
 
 /// The value of header `name` in serialized header lines.
 fn header_value(lines: &[u8], name: &[u8]) -> Option<axum::http::HeaderValue> {
-    crate::request::header_lines(lines)
+    crate::pipeline::request::header_lines(lines)
         .find(|(n, _)| n.eq_ignore_ascii_case(name))
         .and_then(|(_, value)| axum::http::HeaderValue::from_bytes(value).ok())
 }

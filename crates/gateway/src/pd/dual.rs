@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 
 use super::{Ctx, Failure, Leg, MAX_LEG_ANSWER, abort, read_all, status_failure};
 use crate::Gateway;
-use crate::account::InFlight;
+use crate::pipeline::account::InFlight;
 use crate::relay::{Ending, stream_back};
 use crate::send::SendError;
 use fleet::{LoadGuard, Worker};

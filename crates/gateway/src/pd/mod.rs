@@ -33,9 +33,9 @@ use router_types::WorkerId;
 use serde_json::{Value, json};
 use tracing::{Span, warn};
 
-use crate::admission::Admission;
-use crate::body::parse_json;
-use crate::request::{Meta, Route};
+use crate::pipeline::admission::Admission;
+use crate::pipeline::body::parse_json;
+use crate::pipeline::request::{Meta, Route};
 use crate::send::SendError;
 use crate::{Gateway, GatewayError, RetryConfig};
 use fleet::Worker;
@@ -194,7 +194,7 @@ impl Failure {
                 GatewayError::Upstream { worker: worker.url.to_string(), message, retryable: false }
             }
         };
-        crate::account::count_error(gw, route, &e, Some(id));
+        crate::pipeline::account::count_error(gw, route, &e, Some(id));
         let mut r = e.into_response();
         r.headers_mut().insert("x-sgl-router-pd-leg", HeaderValue::from_static(leg));
         r
@@ -267,7 +267,7 @@ fn choose(
 /// headers on the answer.
 pub(crate) async fn serve_routed(
     gw: &Arc<Gateway>,
-    d: Box<crate::forward::Disaggregated>,
+    d: Box<crate::pipeline::forward::Disaggregated>,
     (route, mut headers): (Route, Arc<HeaderMap>),
     start: Instant,
     meta: &Meta,

@@ -28,9 +28,9 @@ use serde_json::{Value, json};
 
 use super::dual::{Watch, both_heads, heads_ok};
 use super::{Ctx, Failure, MAX_LEG_ANSWER, Pair, json_answer, read_answer};
-use crate::account::InFlight;
-use crate::admission::Admission;
-use crate::request::{RANK_HEADER, Route};
+use crate::pipeline::account::InFlight;
+use crate::pipeline::admission::Admission;
+use crate::pipeline::request::{RANK_HEADER, Route};
 use fleet::{LoadGuard, Worker};
 
 /// One attempt on `pair`; on failure, why, and the admission back for the next attempt.
@@ -241,7 +241,7 @@ async fn merged(
     let mut response = Response::new(Body::from_stream(events));
     *response.status_mut() = parts.status;
     for (name, value) in &parts.headers {
-        if crate::request::relayed(name.as_str(), "") {
+        if crate::pipeline::request::relayed(name.as_str(), "") {
             response.headers_mut().insert(name.clone(), value.clone());
         }
     }

@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 
 use super::{PdMode, batch_size, check, with_params};
 use crate::GatewayError;
-use crate::request::Route;
+use crate::pipeline::request::Route;
 
 #[test]
 fn several_samples_are_refused_with_the_reason_of_each_engine() {

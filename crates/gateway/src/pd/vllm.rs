@@ -27,8 +27,8 @@ use serde_json::{Value, json};
 
 use super::dual::{Watch, both_heads, heads_ok};
 use super::{Ctx, Failure, Leg, MAX_LEG_ANSWER, Pair, json_answer, read_all, read_answer, status_failure, with_params};
-use crate::account::InFlight;
-use crate::admission::Admission;
+use crate::pipeline::account::InFlight;
+use crate::pipeline::admission::Admission;
 use crate::relay::{Ending, stream_back};
 use crate::send::SendError;
 
@@ -257,7 +257,7 @@ async fn engine_ids(
 fn same_request_id(ctx: &Ctx<'_>) -> Arc<HeaderMap> {
     let mut headers = HeaderMap::clone(&ctx.headers);
     if let Ok(id) = HeaderValue::from_str(&ctx.meta.id) {
-        headers.insert(crate::context::REQUEST_ID_HEADER, id);
+        headers.insert(crate::pipeline::context::REQUEST_ID_HEADER, id);
     }
     Arc::new(headers)
 }

@@ -13,7 +13,7 @@ use axum::http::HeaderValue;
 use serde_json::Value;
 
 use super::Pool;
-use crate::request::Route;
+use crate::pipeline::request::Route;
 
 /// The response header saying what the cascade did.
 pub(crate) const CASCADE_HEADER: &str = "x-route-cascade";

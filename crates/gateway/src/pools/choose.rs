@@ -10,7 +10,7 @@ use model_select::{Algorithm, Candidate, Choice};
 use serde_json::{Value, json};
 
 use super::{Pool, Preview, Routing};
-use crate::request::Route;
+use crate::pipeline::request::Route;
 use crate::{Gateway, GatewayError};
 
 /// A pool now: its routable workers' requests in flight, the prefill queued

@@ -88,7 +88,7 @@ pub(crate) struct PreRouted {
 pub(crate) async fn pre_route(
     gw: &std::sync::Arc<crate::Gateway>,
     routing: Option<&super::Routing>,
-    route: crate::request::Route,
+    route: crate::pipeline::request::Route,
     bytes: &bytes::Bytes,
 ) -> Result<PreRouted, crate::GatewayError> {
     let (Some(slot), Some(routing)) = (&gw.routing, routing) else { return Ok(PreRouted::default()) };
@@ -97,7 +97,9 @@ pub(crate) async fn pre_route(
         return Ok(PreRouted::default());
     }
     let body = bytes.clone();
-    let parsed = crate::admission::render(gw, bytes.len(), move || crate::body::parse_json(&body).ok()).await?;
+    let parsed =
+        crate::pipeline::admission::render(gw, bytes.len(), move || crate::pipeline::body::parse_json(&body).ok())
+            .await?;
     let Some(v) = parsed else { return Ok(PreRouted::default()) };
     let model = v.get("model").and_then(Value::as_str);
     let embeddings = match routing.selector.target(model) {

@@ -29,8 +29,8 @@ mod reload;
 mod sticky;
 
 pub use crate::metrics::RoutingMetrics;
-use crate::request::Route;
-pub(crate) use crate::request::RouteHeaders;
+use crate::pipeline::request::Route;
+pub(crate) use crate::pipeline::request::RouteHeaders;
 use crate::{Gateway, GatewayError};
 pub use embedding::Examples;
 pub(crate) use embedding::{PreRouted, pre_route, render as render_embedding};

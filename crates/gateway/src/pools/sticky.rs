@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use super::choose::Chosen;
 use super::{Pool, Routing};
 use crate::Gateway;
-use crate::request::Route;
+use crate::pipeline::request::Route;
 
 /// Where a session key came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

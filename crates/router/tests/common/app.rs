@@ -66,7 +66,10 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         queue_timeout: Duration::from_secs(1),
         duration_buckets: gateway::metrics::LATENCY_BUCKETS.to_vec(),
         rate_limit: None,
-        request_id_headers: gateway::context::DEFAULT_REQUEST_ID_HEADERS.iter().map(|h| h.to_string()).collect(),
+        request_id_headers: gateway::pipeline::context::DEFAULT_REQUEST_ID_HEADERS
+            .iter()
+            .map(|h| h.to_string())
+            .collect(),
         cors: Default::default(),
         metrics_listen: None,
         dp_aware: false,

@@ -7,8 +7,8 @@ use axum::body::{Body, Bytes};
 use serde_json::Value;
 
 use crate::error::describe;
-use crate::request::Route;
-use crate::shape::Required;
+use crate::pipeline::request::Route;
+use crate::pipeline::shape::Required;
 use crate::{Gateway, GatewayError};
 
 /// Reads a request body of at most `max_body_bytes`: over it is 413; a body
@@ -68,7 +68,7 @@ pub(crate) fn parse_body(
         Route::Generate => Required::TextOrIds,
         Route::Embeddings | Route::Rerank | Route::Classify => Required::Object,
     };
-    crate::shape::check(bytes, required).map_err(GatewayError::BadRequest)?;
+    crate::pipeline::shape::check(bytes, required).map_err(GatewayError::BadRequest)?;
     // With a routing config every body names its model (its shape checked above: it may not be rendered).
     if gw.routing.is_some() {
         return json();

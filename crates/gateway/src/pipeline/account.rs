@@ -9,8 +9,8 @@ use std::time::Instant;
 use axum::body::Bytes;
 use tracing::{Span, debug, debug_span, warn};
 
-use crate::admission::Admission;
-use crate::request::{Route, RouteHeaders};
+use crate::pipeline::admission::Admission;
+use crate::pipeline::request::{Route, RouteHeaders};
 use crate::{Gateway, GatewayError};
 use fleet::LoadGuard;
 

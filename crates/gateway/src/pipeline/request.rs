@@ -33,7 +33,7 @@ pub(crate) struct Meta {
 impl Meta {
     /// Whether an `x-route-debug` value asks for the explain: it must be a control-plane key
     /// (`KEY` or `Bearer KEY`); which signal fired is the operator's to see, not any client's.
-    pub(crate) fn wants_debug(control_keys: &crate::auth::Keys, value: Option<&[u8]>) -> bool {
+    pub(crate) fn wants_debug(control_keys: &crate::pipeline::auth::Keys, value: Option<&[u8]>) -> bool {
         value.is_some_and(|v| control_keys.accepts_key(v))
     }
 }

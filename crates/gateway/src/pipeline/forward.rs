@@ -13,11 +13,11 @@ use router_types::DpRank;
 use serde_json::{Value, json};
 use tracing::{Span, warn};
 
-use crate::account::InFlight;
-use crate::admission::Admission;
-use crate::body::parse_body;
+use crate::pipeline::account::InFlight;
+use crate::pipeline::admission::Admission;
+use crate::pipeline::body::parse_body;
+use crate::pipeline::request::{Meta, Route};
 use crate::pools::HeaderEdits;
-use crate::request::{Meta, Route};
 use crate::send::{AnswerHead, SendError};
 use crate::{Gateway, GatewayError, RetryConfig};
 use fleet::Worker;
@@ -42,7 +42,7 @@ pub(crate) struct Disaggregated {
     /// checked, its prompt rendered and its first pair chosen.
     pub(crate) planned: crate::pd::Planned,
     /// The answer's route headers (none without a routing config).
-    pub(crate) route_headers: crate::request::RouteHeaders,
+    pub(crate) route_headers: crate::pipeline::request::RouteHeaders,
     /// The decision's header edits, for both legs.
     pub(crate) edits: Option<Arc<HeaderEdits>>,
 }
@@ -54,7 +54,7 @@ enum Step {
     Send(Option<Value>, Plan, Option<crate::pools::Routed>, Bytes),
     Cached(crate::cache::Hit),
     /// To a disaggregated pool, with its pair.
-    Disaggregated(crate::pd::Planned, crate::request::RouteHeaders, Option<Arc<HeaderEdits>>),
+    Disaggregated(crate::pd::Planned, crate::pipeline::request::RouteHeaders, Option<Arc<HeaderEdits>>),
 }
 
 /// Routes an admitted request and delivers it: parse and plan (off the
@@ -88,7 +88,7 @@ where
     // The vectors embedding signals read, on the embedding pool's threads (none without such signals).
     let crate::pools::PreRouted { body: parsed, embeddings } =
         crate::pools::pre_route(gw, routing.as_deref(), route, &bytes).await?;
-    let step = crate::admission::render(gw, bytes.len(), move || {
+    let step = crate::pipeline::admission::render(gw, bytes.len(), move || {
         let mut v = parse_body(&gw2, route, &body, parsed)?;
         // The prompt rendered at most once per renderer, whatever reads it.
         let renders = planner::Renders::default();
@@ -109,7 +109,7 @@ where
         if let Some(r) = routed.as_ref()
             && let Some(answer) = r.cache.as_ref().and_then(|(_, outcome)| outcome.answer())
         {
-            let headers = crate::request::RouteHeaders::of(r, &r.pool);
+            let headers = crate::pipeline::request::RouteHeaders::of(r, &r.pool);
             return Ok(Step::Cached(crate::cache::Hit { answer: answer.clone(), headers }));
         }
         let bytes = match (&routed, &v) {
@@ -120,7 +120,7 @@ where
         let pool = routed.as_ref().map_or(&gw2.pools[0], |r| &r.pool);
         if pool.pd.is_some() {
             let planned = crate::pd::plan(&gw2, pool, route, (&bytes, v), &renders, key.as_deref())?;
-            let headers = routed.as_ref().map(|r| crate::request::RouteHeaders::of(r, pool));
+            let headers = routed.as_ref().map(|r| crate::pipeline::request::RouteHeaders::of(r, pool));
             let edits = routed.and_then(|r| r.edits);
             return Ok(Step::Disaggregated(planned, headers.unwrap_or_default(), edits));
         }
@@ -134,7 +134,7 @@ where
         Step::Cached(hit) => {
             // Answered here: counted as a worker's answer is, with its latency.
             gw.metrics.latency.observe(start.elapsed().as_secs_f64());
-            crate::account::count_answered(gw, route, hit.answer.status);
+            crate::pipeline::account::count_answered(gw, route, hit.answer.status);
             return Ok(Forwarded::Cached(hit));
         }
         Step::Disaggregated(planned, route_headers, edits) => {
@@ -164,7 +164,7 @@ where
     let mut body = if client_rank { bytes.clone() } else { with_rank(route, v.as_mut(), rank, &bytes) };
     let uncached = plan.input_tokens - matched;
     let load = worker.charge_on(uncached, rank);
-    let route_headers = routed.as_ref().map(|r| crate::request::RouteHeaders::of(r, pool));
+    let route_headers = routed.as_ref().map(|r| crate::pipeline::request::RouteHeaders::of(r, pool));
     let cache = routed.as_mut().and_then(|r| r.cache.take()).map(|(ticket, _)| ticket);
     let cascade = routed.as_mut().and_then(|r| r.cascade.take()).map(|plan| Box::new((plan, bytes.clone())));
     let edits = routed.and_then(|r| r.edits);
