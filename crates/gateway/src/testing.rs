@@ -11,6 +11,38 @@ use crate::{Gateway, GatewayConfig};
 /// A gateway over `workers` (URLs nothing listens on: the tests send through their own closure),
 /// every one in rotation once the fleet has taken it in.
 pub(crate) async fn gateway(workers: &[&str], retry: crate::RetryConfig) -> Arc<Gateway> {
+    let (gw, fleet) = unstarted(workers, retry);
+    let gw = Arc::new(gw);
+    routable(&fleet, workers.len()).await;
+    gw
+}
+
+/// A gateway with a routing config (`yaml`) over `pools` (name, served model; in this order,
+/// whatever the config's), each with the workers `workers` lists (URL, pool), in rotation.
+pub(crate) async fn routed(yaml: &str, pools: &[(&str, &str)], workers: &[(&str, &str)]) -> Arc<Gateway> {
+    let (gw, fleet) = unstarted(&[], crate::RetryConfig::default());
+    let renderer = Arc::new(renderer::Renderer::builtin().unwrap());
+    let pools = pools
+        .iter()
+        .map(|(name, model)| {
+            let (id, policy) = (router_types::PoolId((*name).into()), Arc::new(policy::RoundRobin::default()));
+            crate::pools::Pool::new(id, (*model).into(), policy, renderer.clone(), None, 64)
+        })
+        .collect();
+    let selector = model_select::Selector::new(model_select::parse_yaml(yaml).unwrap()).unwrap();
+    let learning = Arc::new(crate::pools::feedback::Learning::new(Default::default()).unwrap());
+    let gw = Arc::new(gw.with_routing(pools, selector, None, None, learning).unwrap());
+    for (url, pool) in workers {
+        let url = router_types::WorkerUrl::parse(url).unwrap();
+        let pool = router_types::PoolId((*pool).into());
+        fleet.add_in(url, router_types::Role::Regular, pool, fleet::Source::Admin);
+    }
+    routable(&fleet, workers.len()).await;
+    gw
+}
+
+/// A gateway over `workers` in the default pool, and its fleet, before any worker is in rotation.
+fn unstarted(workers: &[&str], retry: crate::RetryConfig) -> (Gateway, Arc<fleet::Fleet>) {
     let urls: Vec<router_types::WorkerUrl> =
         workers.iter().map(|u| router_types::WorkerUrl::parse(u).unwrap()).collect();
     let fleet_config = fleet::FleetConfig::unprobed(crate::PROXIED_PATHS);
@@ -40,12 +72,16 @@ pub(crate) async fn gateway(workers: &[&str], retry: crate::RetryConfig) -> Arc<
         index_snapshot: Default::default(),
     };
     let renderer = Arc::new(renderer::Renderer::builtin().unwrap());
-    let gw = Arc::new(Gateway::new(config, fleet.clone(), Arc::new(policy::RoundRobin::default()), None, renderer));
-    // Without probes the fleet puts each worker in rotation as it takes it in.
+    let gw = Gateway::new(config, fleet.clone(), Arc::new(policy::RoundRobin::default()), None, renderer);
+    (gw, fleet)
+}
+
+/// Waits until the fleet holds `n` workers, every one in rotation (without probes the fleet puts
+/// each in rotation as it takes it in).
+async fn routable(fleet: &fleet::Fleet, n: usize) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !fleet.all().iter().all(|w| w.is_routable()) || fleet.all().len() < workers.len() {
+    while !fleet.all().iter().all(|w| w.is_routable()) || fleet.all().len() < n {
         assert!(tokio::time::Instant::now() < deadline, "the workers entered rotation");
         tokio::task::yield_now().await;
     }
-    gw
 }

@@ -27,6 +27,8 @@ mod embedding;
 pub mod feedback;
 mod reload;
 mod sticky;
+#[cfg(test)]
+mod tests;
 
 pub use crate::metrics::RoutingMetrics;
 use crate::pipeline::request::Route;

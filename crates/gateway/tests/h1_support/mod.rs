@@ -105,7 +105,10 @@ pub(crate) async fn start_fleet(
         queue_timeout: Duration::from_secs(1),
         duration_buckets: gateway::metrics::LATENCY_BUCKETS.to_vec(),
         rate_limit: None,
-        request_id_headers: gateway::pipeline::context::DEFAULT_REQUEST_ID_HEADERS.iter().map(|h| h.to_string()).collect(),
+        request_id_headers: gateway::pipeline::context::DEFAULT_REQUEST_ID_HEADERS
+            .iter()
+            .map(|h| h.to_string())
+            .collect(),
         cors: Default::default(),
         tls: None,
         index_snapshot: Default::default(),
