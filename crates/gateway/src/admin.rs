@@ -474,6 +474,17 @@ pub(crate) async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     head(&mut out, "router_page_hash_memo_pages", "gauge", "Page digests the page-hash memos hold now.");
     let memo: usize = gw.pools.iter().map(|p| p.chain_memo.len()).sum();
     out.push_str(&format!("router_page_hash_memo_pages {memo}\n"));
+    head(
+        &mut out,
+        "router_policy_tree_bytes",
+        "gauge",
+        "Bytes the policies' text trees hold now (their text and their nodes), by pool; bounded by --approx-max-tree-bytes each.",
+    );
+    for p in &gw.pools {
+        let pool = crate::metrics::escape(&p.id.0);
+        let decode = p.pd.as_ref().map_or(0, |pd| pd.decode_policy.held_bytes());
+        out.push_str(&format!("router_policy_tree_bytes{{pool=\"{pool}\"}} {}\n", p.policy.held_bytes() + decode));
+    }
     // Each renderer once (pools may share the router's).
     let mut renderers: Vec<&Arc<renderer::Renderer>> = Vec::new();
     for p in &gw.pools {

@@ -3,8 +3,10 @@
 //! router sent to each worker. A request goes to the worker whose past
 //! requests share the longest prefix, if the match covers more than a
 //! threshold of the prompt; else to the least loaded worker; and always to the
-//! least loaded one while the fleet is imbalanced. The tree is trimmed to a
-//! size bound, least recently used leaves first.
+//! least loaded one while the fleet is imbalanced. The tree is held within a
+//! bound in bytes (its text and an estimate of each node's own memory):
+//! an insert that takes it over trims it, least recently used leaves first,
+//! to seven eighths of the bound, so it never waits for the periodic trim.
 //!
 //! The tree learns on `commit` (a request really sent), never on `select`
 //! (which an explain endpoint may call), and it remembers workers by
@@ -35,16 +37,23 @@ pub struct ApproxTreeConfig {
     pub balance_abs: u32,
     /// ...and the most loaded has more than this multiple of the least.
     pub balance_rel: f64,
-    /// Upper bound on text bytes kept in the tree.
+    /// Upper bound on the bytes the tree holds: its text and [`NODE_BYTES`] per node.
     pub max_tree_bytes: usize,
 }
+
+/// What one node of the tree costs besides its text, as the bound counts it: the node itself
+/// and the first allocations of its two maps (children, workers).
+pub const NODE_BYTES: usize = std::mem::size_of::<TreeNode>() + 160;
 
 /// A radix tree of text → the workers that were sent it.
 #[derive(Debug, Default)]
 pub struct ApproxTree {
     nodes: Vec<TreeNode>,
     free: Vec<usize>,
+    /// Text bytes held.
     bytes: usize,
+    /// Nodes in use, the root apart.
+    live: usize,
 }
 
 #[derive(Debug, Default)]
@@ -81,7 +90,7 @@ impl Default for ApproxTreeConfig {
 impl ApproxTree {
     /// An empty tree.
     pub fn new() -> Self {
-        Self { nodes: vec![TreeNode { live: true, ..TreeNode::default() }], free: Vec::new(), bytes: 0 }
+        Self { nodes: vec![TreeNode { live: true, ..TreeNode::default() }], free: Vec::new(), bytes: 0, live: 0 }
     }
 
     /// Text bytes held.
@@ -89,8 +98,25 @@ impl ApproxTree {
         self.bytes
     }
 
+    /// Bytes held as the bound counts them: the text, and [`NODE_BYTES`] per node.
+    pub fn held(&self) -> usize {
+        self.bytes + self.live * NODE_BYTES
+    }
+
+    /// Records that `text` was sent to `worker` at time `now`, then trims the tree to seven
+    /// eighths of `max_bytes` if that took it over (the margin spreads the trims' cost); the
+    /// leaves evicted.
+    pub fn insert_bounded(&mut self, text: &[u8], worker: WorkerId, now: u64, max_bytes: usize) -> usize {
+        self.insert(text, worker, now);
+        if self.held() <= max_bytes {
+            return 0;
+        }
+        self.trim(max_bytes - max_bytes / 8)
+    }
+
     fn alloc(&mut self, node: TreeNode) -> usize {
         self.bytes += node.label.len();
+        self.live += 1;
         match self.free.pop() {
             Some(i) => {
                 self.nodes[i] = node;
@@ -196,16 +222,17 @@ impl ApproxTree {
         let first = self.nodes[i].label[0];
         self.nodes[parent].children.remove(&first);
         self.bytes -= self.nodes[i].label.len();
+        self.live -= 1;
         self.nodes[i] = TreeNode::default();
         self.free.push(i);
     }
 
-    /// Evicts least recently used leaves until at most `max_bytes` of text remain.
-    /// Each pass sorts the current leaves by last use once (O(n log n)); a parent
-    /// left childless becomes a leaf for the next pass.
+    /// Evicts least recently used leaves until the tree holds at most `max_bytes`
+    /// ([`held`](Self::held)). Each pass sorts the current leaves by last use once
+    /// (O(n log n)); a parent left childless becomes a leaf for the next pass.
     pub fn trim(&mut self, max_bytes: usize) -> usize {
         let mut evicted = 0;
-        while self.bytes > max_bytes {
+        while self.held() > max_bytes {
             let mut leaves: Vec<(u64, usize)> = (1..self.nodes.len())
                 .filter(|&i| self.nodes[i].live && self.nodes[i].children.is_empty())
                 .map(|i| (self.nodes[i].workers.values().copied().max().unwrap_or(0), i))
@@ -215,7 +242,7 @@ impl ApproxTree {
             }
             leaves.sort_unstable();
             for (_, leaf) in leaves {
-                if self.bytes <= max_bytes {
+                if self.held() <= max_bytes {
                     break;
                 }
                 self.remove_leaf(leaf);
@@ -252,9 +279,9 @@ impl ApproxTreePolicy {
         self.tree().trim(self.config.max_tree_bytes)
     }
 
-    /// Text bytes held by the tree.
+    /// Bytes held by the tree, as its bound counts them.
     pub fn tree_bytes(&self) -> usize {
-        self.tree().bytes()
+        self.tree().held()
     }
 }
 
@@ -291,12 +318,16 @@ impl Policy for ApproxTreePolicy {
         let now = self.clock.fetch_add(1, Ordering::Relaxed);
         let text = request.text.unwrap_or("").as_bytes();
         if !text.is_empty() {
-            self.tree().insert(text, decision.worker, now);
+            self.tree().insert_bounded(text, decision.worker, now, self.config.max_tree_bytes);
         }
     }
 
     fn remove_worker(&self, worker: WorkerId) {
         self.tree().remove_worker(worker);
+    }
+
+    fn held_bytes(&self) -> usize {
+        self.tree_bytes()
     }
 }
 
@@ -349,9 +380,30 @@ mod tests {
         let mut t = ApproxTree::new();
         t.insert(b"aaaa-old", WorkerId(1), 1);
         t.insert(b"bbbb-new", WorkerId(2), 5);
-        assert_eq!(t.trim(8), 1);
+        assert_eq!(t.held(), 16 + 2 * NODE_BYTES);
+        assert_eq!(t.trim(8 + NODE_BYTES), 1);
         assert_eq!(t.longest_match(b"aaaa-old").0, 0);
         assert_eq!(t.longest_match(b"bbbb-new").0, 8);
+    }
+
+    #[test]
+    fn an_insert_never_leaves_the_tree_over_its_bound() {
+        let max = 64 * 1024;
+        let mut t = ApproxTree::new();
+        let shared = "a long shared system prompt ".repeat(40);
+        let mut evicted = 0;
+        for i in 0..2_000u64 {
+            let text = format!("{shared}{i:08} and a unique question about it");
+            evicted += t.insert_bounded(text.as_bytes(), WorkerId((i % 4) as u32), i, max);
+            assert!(t.held() <= max, "after insert {i}: {} bytes held over {max}", t.held());
+        }
+        assert!(evicted > 0, "the bound was reached and kept");
+        // The latest prompts and the shared prefix stay; the oldest went.
+        let last = format!("{shared}{:08} and a unique question about it", 1_999);
+        assert_eq!(t.longest_match(last.as_bytes()).0, last.len());
+        let first = format!("{shared}{:08} and a unique question about it", 0);
+        assert!(t.longest_match(first.as_bytes()).0 < first.len());
+        assert!(t.longest_match(first.as_bytes()).0 >= shared.len());
     }
 
     #[test]

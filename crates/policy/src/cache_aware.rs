@@ -112,9 +112,9 @@ impl CacheAware {
         self.text.as_ref().map_or(0, |t| t.lock().trim(t.config.max_tree_bytes))
     }
 
-    /// Text bytes held by the tree.
+    /// Bytes held by the tree, as its bound counts them (its text and its nodes).
     pub fn tree_bytes(&self) -> usize {
-        self.text.as_ref().map_or(0, |t| t.lock().bytes())
+        self.text.as_ref().map_or(0, |t| t.lock().held())
     }
 
     /// The configuration.
@@ -241,7 +241,7 @@ impl Policy for CacheAware {
             && candidates.iter().any(|c| c.worker == decision.worker && !c.followed)
         {
             let now = tree.clock.fetch_add(1, Ordering::Relaxed);
-            tree.lock().insert(text, decision.worker, now);
+            tree.lock().insert_bounded(text, decision.worker, now, tree.config.max_tree_bytes);
         }
     }
 
@@ -249,6 +249,10 @@ impl Policy for CacheAware {
         if let Some(tree) = &self.text {
             tree.lock().remove_worker(worker);
         }
+    }
+
+    fn held_bytes(&self) -> usize {
+        self.tree_bytes()
     }
 }
 

@@ -20,7 +20,7 @@ mod min_ttft;
 mod simple;
 mod sticky;
 
-pub use approx_tree::{ApproxTree, ApproxTreeConfig, ApproxTreePolicy};
+pub use approx_tree::{ApproxTree, ApproxTreeConfig, ApproxTreePolicy, NODE_BYTES};
 pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use min_ttft::{MinTtft, MinTtftConfig};
 pub use simple::{Draws, LeastLoad, PowerOfTwo, Random, RoundRobin, SplitMix};
@@ -133,6 +133,11 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
     /// reused): forget what was learned of it.
     fn remove_worker(&self, worker: WorkerId) {
         let _ = worker;
+    }
+    /// Bytes of what it learned that it holds now (a text tree's, within its bound); 0 for
+    /// the policies that learn nothing of the prompts.
+    fn held_bytes(&self) -> usize {
+        0
     }
 }
 

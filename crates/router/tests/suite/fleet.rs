@@ -153,6 +153,28 @@ async fn approx_tree_learns_workers_not_list_positions() {
     let _ = r.stop.send(());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_tree_stays_within_its_bound_between_periodic_trims() {
+    let ws: Vec<MockEngine> = futures_join(2).await;
+    let refs: Vec<&MockEngine> = ws.iter().collect();
+    let max = 32 * 1024;
+    let tree = policy::ApproxTreeConfig { max_tree_bytes: max, ..Default::default() };
+    // The periodic trim is an hour away: only the bound held at each insert can keep it.
+    let r = start(config(&refs, PolicyConfig::ApproxTree(tree, Duration::from_secs(3600)), false)).await;
+    let url = format!("{}/v1/chat/completions", r.url);
+    let prompt = |i: usize| chat(&format!("{i:06} a prompt of its own, learned by the tree. ").repeat(50), "q");
+    // 40 prompts of about 2.5 KB each: three times the bound.
+    for i in 0..40 {
+        assert_eq!(post(&url, &prompt(i)).await.status(), 200, "request {i}");
+    }
+    let held = metric(&r.url, "router_policy_tree_bytes{pool=\"default\"}").await;
+    assert!(held > 0.0 && held <= max as f64, "the tree holds {held} bytes, bound {max}");
+    // The latest prompt is still known; the first was evicted.
+    assert_eq!(explain(&r.url, &prompt(39)).await["reason"], "tree_match");
+    assert_eq!(explain(&r.url, &prompt(0)).await["reason"], "tree_miss");
+    let _ = r.stop.send(());
+}
+
 async fn futures_join(n: usize) -> Vec<MockEngine> {
     let mut out = Vec::new();
     for _ in 0..n {
