@@ -37,7 +37,8 @@ pub use model::{ChatTemplates, ModelConfig};
 pub use prompt::{Prompt, token_ids};
 pub use template::{ChatTemplate, ContentFormat, detect_content_format};
 pub use tokenizer::{
-    CacheBounds, CacheStats, DEFAULT_SEGMENT_CACHE_BYTES, DEFAULT_SEGMENT_CACHE_ENTRIES, TextTokenizer,
+    CacheBounds, CacheStats, DEFAULT_SEGMENT_CACHE_BYTES, DEFAULT_SEGMENT_CACHE_ENTRIES, SEGMENT_ENTRY_BYTES,
+    TextTokenizer,
 };
 
 /// A rendered chat: the prompt text and its token ids.

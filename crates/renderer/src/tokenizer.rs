@@ -32,15 +32,19 @@ use crate::fast_bpe::{DEFAULT_WORD_CACHE_BYTES, FastBpe, Normalizer};
 
 /// Default bound on the number of cached segments.
 pub const DEFAULT_SEGMENT_CACHE_ENTRIES: usize = 16_384;
-/// Default bound on the text bytes held by the segment cache.
+/// Default bound on the bytes held by the segment cache (each segment's text, its ids and
+/// [`SEGMENT_ENTRY_BYTES`]).
 pub const DEFAULT_SEGMENT_CACHE_BYTES: usize = 64 << 20;
+/// What a cached segment costs beyond its text and ids: its LRU node, the two allocations'
+/// headers.
+pub const SEGMENT_ENTRY_BYTES: usize = 96;
 
 /// The bounds of a tokenizer's two caches (the router's `--tokenizer-cache-*` flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheBounds {
     /// Segments (text between added tokens) the segment cache holds; 0 disables it.
     pub segment_entries: usize,
-    /// Text bytes the segment cache holds.
+    /// Bytes the segment cache holds: text, ids and [`SEGMENT_ENTRY_BYTES`] per segment.
     pub segment_bytes: usize,
     /// Bytes the fast path's word cache holds (word, ids and an entry's overhead); 0 disables it.
     pub word_bytes: usize,
@@ -77,7 +81,7 @@ pub struct CacheStats {
     pub misses: u64,
     /// Segments the segment cache holds now.
     pub segment_entries: usize,
-    /// Text bytes the segment cache holds now (what its byte bound counts).
+    /// Bytes the segment cache holds now, as its bound counts them (text, ids, entries).
     pub segment_bytes: usize,
     /// Bytes the fast path's word cache holds now (its budget's measure: word, ids and an
     /// entry's overhead).
@@ -386,20 +390,24 @@ fn position_dependent(tokenizer: &tokenizers::Tokenizer) -> bool {
 // === impl SegmentCache ===
 
 impl SegmentCache {
+    /// What an entry costs as the bound counts it: its text, its ids and its overhead (with a
+    /// byte-level vocabulary the ids are four times the text).
+    fn cost(segment: &str, ids: &[u32]) -> usize {
+        segment.len() + std::mem::size_of_val(ids) + SEGMENT_ENTRY_BYTES
+    }
+
     fn insert(&mut self, segment: &str, ids: Arc<[u32]>) {
-        if segment.len() > self.max_bytes / 4 {
+        let cost = Self::cost(segment, &ids);
+        if cost > self.max_bytes / 4 {
             return; // one giant segment must not flush everything else
         }
-        if let Some((old_key, _)) = self.map.push(segment.into(), ids) {
-            if &*old_key == segment {
-                return;
-            }
-            self.bytes -= old_key.len();
+        if let Some((old_key, old_ids)) = self.map.push(segment.into(), ids) {
+            self.bytes -= Self::cost(&old_key, &old_ids);
         }
-        self.bytes += segment.len();
+        self.bytes += cost;
         while self.bytes > self.max_bytes {
             match self.map.pop_lru() {
-                Some((k, _)) => self.bytes -= k.len(),
+                Some((k, v)) => self.bytes -= Self::cost(&k, &v),
                 None => break,
             }
         }

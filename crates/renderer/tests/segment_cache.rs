@@ -202,3 +202,25 @@ fn long_plain_text_equals_reference() {
     let text: String = (0..5000).map(|_| PIECES[14 + rng.below(PIECES.len() - 14)]).collect();
     assert_eq!(tok.encode(&text, false).unwrap(), tok.encode_uncached(&text, false).unwrap());
 }
+
+/// The segment cache's byte bound counts what a segment costs: its text, its ids (four bytes
+/// each: with the built-in byte-level vocabulary, four times the text) and its entry.
+#[test]
+fn the_segment_cache_bound_counts_the_ids_too() {
+    let bound = 64 * 1024;
+    let bounds = renderer::CacheBounds { segment_entries: 10_000, segment_bytes: bound, word_bytes: 0 };
+    let tok = TextTokenizer::from_bytes_with(builtin_tokenizer_json().as_bytes(), bounds).unwrap();
+    assert!(tok.segment_cache_enabled());
+    let mut cost = 0;
+    for i in 0..100 {
+        let text = format!("{i:04} a segment of its own. ").repeat(80);
+        let ids = tok.encode(&text, false).unwrap();
+        assert_eq!(ids.len(), text.len(), "one id per byte");
+        cost = text.len() + 4 * ids.len() + renderer::SEGMENT_ENTRY_BYTES;
+        let stats = tok.cache_stats();
+        assert!(stats.segment_bytes <= bound, "{stats:?}");
+    }
+    let stats = tok.cache_stats();
+    assert_eq!(stats.segment_entries, bound / cost, "as many as their whole cost fits: {stats:?}");
+    assert_eq!(stats.segment_bytes, stats.segment_entries * cost);
+}

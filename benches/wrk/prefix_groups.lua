@@ -1,0 +1,31 @@
+-- wrk script for benches/tree_memory.sh: chat POSTs of about BODY_BYTES (default 16384) bytes, 80 %
+-- of the text a system prompt shared by one of 8 prefix groups, the rest a random suffix of its own,
+-- so every request adds something new to a cache-aware router's text tree.
+--   BODY_BYTES=16384 wrk -t2 -c64 -d60s -s benches/wrk/prefix_groups.lua http://HOST:PORT/v1/chat/completions
+local size = tonumber(os.getenv("BODY_BYTES") or "16384")
+local groups = 8
+local prefixes = {}
+for g = 1, groups do
+  local unit = "group " .. g .. " shares this system prompt with its conversations. "
+  prefixes[g] = string.rep(unit, math.floor(size * 0.8 / #unit))
+end
+local suffix_bytes = math.floor(size * 0.2)
+
+function init(args)
+  -- Each thread its own seed: a fresh table's address differs between the threads' Lua states.
+  local addr = tonumber(tostring({}):match("0x(%x+)") or "0", 16) or 0
+  math.randomseed(os.time() + addr % 1000003)
+end
+
+request = function()
+  local g = math.random(1, groups)
+  local words, n = {}, 0
+  while n < suffix_bytes do
+    local w = tostring(math.random(100000, 999999))
+    words[#words + 1] = w
+    n = n + #w + 1
+  end
+  local body = '{"model":"default","max_tokens":8,"messages":[{"role":"system","content":"' .. prefixes[g] ..
+    '"},{"role":"user","content":"' .. table.concat(words, " ") .. '"}]}'
+  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, body)
+end
