@@ -74,6 +74,10 @@ pub(crate) struct FastBpe {
     splits: Vec<SplitRegex>,
     /// GPT-2's byte → character map.
     byte_chars: [char; 256],
+    /// Each byte's id, for a model without merges whose vocabulary holds every byte's
+    /// character (the built-in tokenizer): a piece's ids are then its bytes' ids, exactly what
+    /// the model's BPE makes of it, without building its word and tokens.
+    byte_ids: Option<Box<[u32; 256]>>,
     words: RwLock<WordCache>,
     /// Bytes the word cache may hold ([`DEFAULT_WORD_CACHE_BYTES`] unless configured); 0: no cache.
     word_budget: usize,
@@ -96,23 +100,19 @@ impl FastBpe {
     /// `Some` only if this tokenizer's normalizer, pre-tokenizer and model are
     /// all of the supported, position-independent kinds.
     pub(crate) fn new(tokenizer: &tokenizers::Tokenizer, word_budget: usize) -> Option<Self> {
-        match tokenizer.get_model() {
-            ModelWrapper::BPE(bpe) if bpe.dropout.is_none() => {}
+        let bpe = match tokenizer.get_model() {
+            ModelWrapper::BPE(bpe) if bpe.dropout.is_none() => bpe,
             _ => return None,
-        }
+        };
+        let byte_chars = byte_chars();
+        let byte_ids = serde_json::to_value(bpe).ok().and_then(|model| byte_ids(&model, &byte_chars, bpe));
         let normalizer = match tokenizer.get_normalizer() {
             None => Normalizer::Identity,
             Some(n) => parse_normalizer(&serde_json::to_value(n).ok()?)?,
         };
         let pre = serde_json::to_value(tokenizer.get_pre_tokenizer()?).ok()?;
         let splits = parse_pre_tokenizer(&pre)?;
-        Some(Self {
-            normalizer,
-            splits,
-            byte_chars: byte_chars(),
-            words: RwLock::new(WordCache::default()),
-            word_budget,
-        })
+        Some(Self { normalizer, splits, byte_chars, byte_ids, words: RwLock::new(WordCache::default()), word_budget })
     }
 
     /// Bytes the word cache holds now (within `word_budget`).
@@ -137,6 +137,10 @@ impl FastBpe {
             let words = self.words.read().unwrap_or_else(|p| p.into_inner());
             let mut mapped = String::with_capacity(64);
             let mut emit = |piece: &str| -> Result<(), RenderError> {
+                if let Some(ids) = &self.byte_ids {
+                    out.extend(piece.bytes().map(|b| ids[b as usize]));
+                    return Ok(());
+                }
                 mapped.clear();
                 mapped.extend(piece.bytes().map(|b| self.byte_chars[b as usize]));
                 if let Some(ids) = words.map.get(mapped.as_str()) {
@@ -169,6 +173,23 @@ impl FastBpe {
         }
         Ok(())
     }
+}
+
+/// Each byte's id when `model` (the BPE's JSON) has no merges, no word prefix or suffix, and a
+/// vocabulary holding every byte's character: BPE then leaves a word's characters as they are.
+fn byte_ids(model: &Json, byte_chars: &[char; 256], bpe: &tokenizers::models::bpe::BPE) -> Option<Box<[u32; 256]>> {
+    let no_merges = model.get("merges")?.as_array()?.is_empty();
+    let plain = ["continuing_subword_prefix", "end_of_word_suffix"]
+        .iter()
+        .all(|k| model.get(*k).is_none_or(|v| v.is_null() || v.as_str() == Some("")));
+    if !no_merges || !plain {
+        return None;
+    }
+    let mut ids = Box::new([0u32; 256]);
+    for (b, c) in byte_chars.iter().enumerate() {
+        ids[b] = bpe.token_to_id(&c.to_string())?;
+    }
+    Some(ids)
 }
 
 /// A conservative NFC quick check: true only if every character is one that
@@ -420,6 +441,24 @@ mod fixture_tests {
             }
             assert!(fast.splits.iter().any(|s| matches!(s, SplitRegex::WhitespaceLookahead(_))), "{name}");
         }
+    }
+
+    /// A vocabulary without merges (the built-in one) maps each byte to its id, exactly as its
+    /// BPE does, over every byte value; a real vocabulary keeps the BPE.
+    #[test]
+    fn a_vocabulary_without_merges_maps_bytes_straight_to_ids() {
+        let tok = tokenizers::Tokenizer::from_bytes(crate::builtin_tokenizer_json().as_bytes()).unwrap();
+        let fast = FastBpe::new(&tok, 0).expect("fast path supported");
+        assert!(fast.byte_ids.is_some(), "the built-in vocabulary has no merges");
+        let bytes: Vec<u8> = (0u8..=255).collect();
+        let text = String::from_utf8_lossy(&bytes).repeat(3) + "héllo, 世界 🚀";
+        let mut ours = Vec::new();
+        fast.encode(tok.get_model(), &text, &mut ours).unwrap();
+        let theirs = tok.encode_fast(text.as_str(), false).unwrap().get_ids().to_vec();
+        assert_eq!(ours, theirs);
+        let path = format!("{}/../../tests/fixtures/tokenizers/qwen3/tokenizer.json", env!("CARGO_MANIFEST_DIR"));
+        let qwen = tokenizers::Tokenizer::from_file(&path).unwrap();
+        assert!(FastBpe::new(&qwen, 0).unwrap().byte_ids.is_none(), "merges: the BPE runs");
     }
 
     /// Unique long pieces (a letter run the split regex keeps whole, 200 bytes each) fill the
