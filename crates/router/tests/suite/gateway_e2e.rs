@@ -681,11 +681,13 @@ async fn a_mixed_fleet_matches_bigram_and_unigram_workers_in_their_own_modes() {
 }
 
 /// `--tokenizer-cache-*`: the bounds reach the router's tokenizer; its caches fill to them and no
-/// further, in entries and in bytes, and /metrics says so.
+/// further, in entries and in bytes, and /metrics says so. A real vocabulary (the built-in one has
+/// no merges: it maps bytes to ids and never fills the word cache).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tokenizer_caches_stay_within_their_configured_bounds() {
     let w = MockEngine::spawn(engine_config()).await.unwrap();
     let mut c = config(&[&w], PolicyConfig::cache_aware(), true);
+    c.tokenizer_path = Some(common::app::repo("tests/fixtures/tokenizers/qwen3"));
     c.tokenizer_caches = renderer::CacheBounds { segment_entries: 5, segment_bytes: 1 << 20, word_bytes: 2_000 };
     let r = start(c).await;
     for i in 0..40 {
