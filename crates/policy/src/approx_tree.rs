@@ -274,11 +274,6 @@ impl ApproxTreePolicy {
         self.tree.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Trims the tree to its bound (the gateway calls this periodically).
-    pub fn trim(&self) -> usize {
-        self.tree().trim(self.config.max_tree_bytes)
-    }
-
     /// Bytes held by the tree, as its bound counts them.
     pub fn tree_bytes(&self) -> usize {
         self.tree().held()

@@ -107,11 +107,6 @@ impl CacheAware {
         self
     }
 
-    /// Trims the text tree to its bound; the bytes removed (0 without a tree).
-    pub fn trim(&self) -> usize {
-        self.text.as_ref().map_or(0, |t| t.lock().trim(t.config.max_tree_bytes))
-    }
-
     /// Bytes held by the tree, as its bound counts them (its text and its nodes).
     pub fn tree_bytes(&self) -> usize {
         self.text.as_ref().map_or(0, |t| t.lock().held())

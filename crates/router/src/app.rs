@@ -88,10 +88,9 @@ impl App {
             ))
         });
         // With disaggregation, the gateway's policy chooses the prefill worker.
-        let policy =
-            crate::wiring::build_policy(config.pd.as_ref().map_or(&config.policy, |pd| &pd.prefill_policy), &cancel);
+        let policy = crate::wiring::build_policy(config.pd.as_ref().map_or(&config.policy, |pd| &pd.prefill_policy));
         let pd = config.pd.as_ref().map(|pd| {
-            PdConfig::new(pd.mode, crate::wiring::build_policy(&pd.decode_policy, &cancel)).with_connector(pd.connector)
+            PdConfig::new(pd.mode, crate::wiring::build_policy(&pd.decode_policy)).with_connector(pd.connector)
         });
         let gw_config = crate::wiring::gateway_config(&config);
         // Bind first: discovery runs in the background, after the port is up.
@@ -115,7 +114,7 @@ impl App {
             None => None,
         };
         let built = match &routing {
-            Some(r) => Some(crate::wiring::build_pools(r, &renderer, &config, &cancel, embedder.as_ref())?),
+            Some(r) => Some(crate::wiring::build_pools(r, &renderer, &config, embedder.as_ref())?),
             None => None,
         };
         // A peer's snapshot first, so that every stream it covers resumes from it: the workers

@@ -274,7 +274,8 @@ pub(crate) struct ServeArgs {
     /// approx_tree and cache_aware: ...and the most loaded has more than this multiple of the least [default: 1.5].
     #[arg(long, visible_alias = "balance-rel-threshold", env = "SGL_ROUTER_APPROX_BALANCE_REL", value_name = "R")]
     pub(crate) approx_balance_rel: Option<f64>,
-    /// approx_tree (and cache_aware's text tree): seconds between two trims of the tree [default: 60].
+    /// approx_tree (and cache_aware's text tree): accepted for SGLang Model Gateway's command lines; no
+    /// periodic trim runs (the tree is trimmed at the insert that takes it over --approx-max-tree-bytes).
     #[arg(
         long,
         visible_alias = "eviction-interval-secs",

@@ -29,10 +29,10 @@ pub enum PolicyConfig {
     /// Sticky by `x-smg-routing-key`, random without it.
     Manual,
     /// Approximate text tree (no KV events), trimmed every interval.
-    ApproxTree(ApproxTreeConfig, Duration),
+    ApproxTree(ApproxTreeConfig),
     /// KV-event cache-aware, with a text tree (trimmed every interval) for
     /// the workers whose events are not followed.
-    CacheAware(CacheAwareConfig, ApproxTreeConfig, Duration),
+    CacheAware(CacheAwareConfig, ApproxTreeConfig),
     /// Estimated time to first token (cache hits from KV events when followed).
     MinTtft(MinTtftConfig),
 }
@@ -40,7 +40,7 @@ pub enum PolicyConfig {
 impl PolicyConfig {
     /// cache_aware with every default (its text tree trimmed every minute).
     pub fn cache_aware() -> Self {
-        PolicyConfig::CacheAware(CacheAwareConfig::default(), ApproxTreeConfig::default(), Duration::from_secs(60))
+        PolicyConfig::CacheAware(CacheAwareConfig::default(), ApproxTreeConfig::default())
     }
 }
 

@@ -47,8 +47,6 @@ pub(crate) const UPSTREAM_IDLE_TIMEOUT_SECS: u64 = 300;
 /// Bytes of memory the requests in progress may hold: 1 GiB, about 25 requests
 /// of the largest body (5 MiB, charged 8 bytes per body byte) at once.
 pub(crate) const MAX_REQUEST_MEMORY_BYTES: usize = 1 << 30;
-/// approx_tree: seconds between two trims of the tree.
-pub(crate) const APPROX_EVICTION_INTERVAL_SECS: u64 = 60;
 /// Requests that may wait for a slot past --max-concurrent-requests (SGLang Model Gateway's).
 pub(crate) const QUEUE_SIZE: usize = 100;
 /// Seconds a request may wait for a slot (SGLang Model Gateway's).

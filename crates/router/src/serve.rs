@@ -186,9 +186,6 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         balance_rel: a.approx_balance_rel.unwrap_or(t.balance_rel),
         max_tree_bytes: a.approx_max_tree_bytes.unwrap_or(t.max_tree_bytes),
     };
-    let trim_every = Duration::from_secs(
-        a.approx_eviction_interval_secs.unwrap_or(crate::defaults::APPROX_EVICTION_INTERVAL_SECS).max(1),
-    );
     let policy_config = |name: PolicyName| match name {
         PolicyName::RoundRobin => PolicyConfig::RoundRobin,
         PolicyName::Random => PolicyConfig::Random,
@@ -207,12 +204,11 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
                 pressure_rel: a.cache_pressure_rel.unwrap_or(d.pressure_rel),
             },
             tree,
-            trim_every,
         ),
         PolicyName::MinTtft => PolicyConfig::MinTtft(MinTtftConfig {
             hit_weight: a.ttft_hit_weight.unwrap_or(MinTtftConfig::default().hit_weight).max(0.0),
         }),
-        PolicyName::ApproxTree => PolicyConfig::ApproxTree(tree, trim_every),
+        PolicyName::ApproxTree => PolicyConfig::ApproxTree(tree),
     };
     let policy = policy_config(a.policy);
     let routing = routing.map(|r| sgl_router::app::RoutingSetup {

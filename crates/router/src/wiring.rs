@@ -4,7 +4,6 @@
 //! joins the fleet in what order. `app` puts them together and serves.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context, bail};
 use fleet::{FleetConfig, Source};
@@ -14,7 +13,6 @@ use mock_engine::{MockEngine, MockEngineConfig};
 use policy::{ApproxTreePolicy, CacheAware, LeastLoad, MinTtft, Policy, PowerOfTwo, Random, RoundRobin};
 use renderer::Renderer;
 use router_types::{PoolId, Role, WorkerUrl};
-use tokio_util::sync::CancellationToken;
 
 use crate::config::{AppConfig, PolicyConfig, PoolSetup, RoutingSetup};
 use crate::peers::Joining;
@@ -190,7 +188,6 @@ pub(crate) fn build_pools(
     r: &RoutingSetup,
     renderer: &Arc<Renderer>,
     config: &AppConfig,
-    cancel: &CancellationToken,
     embedder: Option<&embed::EmbedPool>,
 ) -> anyhow::Result<(Vec<gateway::pools::Pool>, model_select::Selector)> {
     let mut pools = Vec::with_capacity(r.pools.len());
@@ -199,7 +196,7 @@ pub(crate) fn build_pools(
             Some(own) => Arc::new(own),
             None => renderer.clone(),
         };
-        let policy = build_policy(&p.policy, cancel);
+        let policy = build_policy(&p.policy);
         let mut pool = gateway::pools::Pool::new(
             PoolId(p.name.clone()),
             p.served_model.clone(),
@@ -213,7 +210,7 @@ pub(crate) fn build_pools(
         }
         // Its policy chooses the prefill worker; the decode policy, by load, the decode worker.
         pool.pd = p.pd.as_ref().map(|pd| {
-            let decode = build_policy(&pd.decode_policy, cancel);
+            let decode = build_policy(&pd.decode_policy);
             Arc::new(gateway::pd::PdConfig::new(pd.mode, decode).with_connector(pd.connector))
         });
         pools.push(pool);
@@ -242,38 +239,18 @@ fn pool_renderer(p: &PoolSetup, config: &AppConfig) -> anyhow::Result<Option<Ren
     Ok(Some(r))
 }
 
-/// The policy `config` names (a text tree is trimmed until `cancel`).
-pub(crate) fn build_policy(config: &PolicyConfig, cancel: &CancellationToken) -> Arc<dyn Policy> {
+/// The policy `config` names.
+pub(crate) fn build_policy(config: &PolicyConfig) -> Arc<dyn Policy> {
     match config {
         PolicyConfig::RoundRobin => Arc::new(RoundRobin::default()),
         PolicyConfig::Random => Arc::new(Random::new(seed())),
         PolicyConfig::PowerOfTwo => Arc::new(PowerOfTwo::new(seed())),
         PolicyConfig::LeastLoad => Arc::new(LeastLoad::default()),
         PolicyConfig::Manual => Arc::new(policy::Manual::new(seed())),
-        PolicyConfig::CacheAware(c, tree, interval) => {
-            let p = Arc::new(CacheAware::new(*c, seed()).with_text_tree(*tree));
-            let trim = p.clone();
-            spawn_trim(move || trim.trim(), *interval, cancel.clone());
-            p
-        }
+        PolicyConfig::CacheAware(c, tree) => Arc::new(CacheAware::new(*c, seed()).with_text_tree(*tree)),
         PolicyConfig::MinTtft(c) => Arc::new(MinTtft::new(*c)),
-        PolicyConfig::ApproxTree(c, interval) => {
-            let p = Arc::new(ApproxTreePolicy::new(*c));
-            let trim = p.clone();
-            spawn_trim(move || trim.trim(), *interval, cancel.clone());
-            p
-        }
+        PolicyConfig::ApproxTree(c) => Arc::new(ApproxTreePolicy::new(*c)),
     }
-}
-
-/// Trims a policy's text tree every `every` until `stop`.
-fn spawn_trim(trim: impl Fn() -> usize + Send + 'static, every: Duration, stop: CancellationToken) {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        loop {
-            tokio::select! { biased; _ = stop.cancelled() => break, _ = tick.tick() => { trim(); } }
-        }
-    });
 }
 
 fn seed() -> u64 {

@@ -136,7 +136,7 @@ async fn removing_a_worker_stops_its_subscribers_and_adding_it_twice_follows_it_
 async fn approx_tree_learns_workers_not_list_positions() {
     let ws: Vec<MockEngine> = futures_join(3).await;
     let refs: Vec<&MockEngine> = ws.iter().collect();
-    let r = start(config(&refs, PolicyConfig::ApproxTree(Default::default(), Duration::from_secs(60)), false)).await;
+    let r = start(config(&refs, PolicyConfig::ApproxTree(Default::default()), false)).await;
     let url = format!("{}/v1/chat/completions", r.url);
     // The first worker is busy: a new prompt goes to (and is learned on) the second.
     let busy = r.gateway.fleet.all()[0].charge(0);
@@ -159,8 +159,8 @@ async fn a_text_tree_stays_within_its_bound_between_periodic_trims() {
     let refs: Vec<&MockEngine> = ws.iter().collect();
     let max = 32 * 1024;
     let tree = policy::ApproxTreeConfig { max_tree_bytes: max, ..Default::default() };
-    // The periodic trim is an hour away: only the bound held at each insert can keep it.
-    let r = start(config(&refs, PolicyConfig::ApproxTree(tree, Duration::from_secs(3600)), false)).await;
+    // No periodic trim: only the bound held at each insert can keep it.
+    let r = start(config(&refs, PolicyConfig::ApproxTree(tree), false)).await;
     let url = format!("{}/v1/chat/completions", r.url);
     let prompt = |i: usize| chat(&format!("{i:06} a prompt of its own, learned by the tree. ").repeat(50), "q");
     // 40 prompts of about 2.5 KB each: three times the bound.
@@ -198,9 +198,7 @@ async fn explaining_a_decision_changes_no_policy_state() {
     let _ = r.stop.send(());
 
     // The approximate tree learns nothing from an explain.
-    let r =
-        start(config(&[&ws[0], &ws[1]], PolicyConfig::ApproxTree(Default::default(), Duration::from_secs(60)), false))
-            .await;
+    let r = start(config(&[&ws[0], &ws[1]], PolicyConfig::ApproxTree(Default::default()), false)).await;
     let prompt = chat(&"never sent, only explained ".repeat(40), "q");
     for _ in 0..3 {
         assert_eq!(explain(&r.url, &prompt).await["reason"], "tree_miss");

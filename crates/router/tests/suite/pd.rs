@@ -24,9 +24,7 @@ use sgl_router::app::PolicyConfig;
 
 fn cache_aware(min_matched_tokens: u64) -> PolicyConfig {
     match PolicyConfig::cache_aware() {
-        PolicyConfig::CacheAware(c, t, i) => {
-            PolicyConfig::CacheAware(CacheAwareConfig { min_matched_tokens, ..c }, t, i)
-        }
+        PolicyConfig::CacheAware(c, t) => PolicyConfig::CacheAware(CacheAwareConfig { min_matched_tokens, ..c }, t),
         other => other,
     }
 }
