@@ -109,7 +109,7 @@ where
         if let Some(r) = routed.as_ref()
             && let Some(answer) = r.cache.as_ref().and_then(|(_, outcome)| outcome.answer())
         {
-            let headers = crate::pipeline::request::RouteHeaders::of(r, &r.pool);
+            let headers = crate::pipeline::request::RouteHeaders::of(r);
             return Ok(Step::Cached(crate::cache::Hit { answer: answer.clone(), headers }));
         }
         let bytes = match (&routed, &v) {
@@ -120,7 +120,7 @@ where
         let pool = routed.as_ref().map_or(&gw2.pools[0], |r| &r.pool);
         if pool.pd.is_some() {
             let planned = crate::pd::plan(&gw2, pool, route, (&bytes, v), &renders, key.as_deref())?;
-            let headers = routed.as_ref().map(|r| crate::pipeline::request::RouteHeaders::of(r, pool));
+            let headers = routed.as_ref().map(crate::pipeline::request::RouteHeaders::of);
             let edits = routed.and_then(|r| r.edits);
             return Ok(Step::Disaggregated(planned, headers.unwrap_or_default(), edits));
         }
@@ -164,7 +164,7 @@ where
     let mut body = if client_rank { bytes.clone() } else { with_rank(route, v.as_mut(), rank, &bytes) };
     let uncached = plan.input_tokens - matched;
     let load = worker.charge_on(uncached, rank);
-    let route_headers = routed.as_ref().map(|r| crate::pipeline::request::RouteHeaders::of(r, pool));
+    let route_headers = routed.as_ref().map(crate::pipeline::request::RouteHeaders::of);
     let cache = routed.as_mut().and_then(|r| r.cache.take()).map(|(ticket, _)| ticket);
     let cascade = routed.as_mut().and_then(|r| r.cascade.take()).map(|plan| Box::new((plan, bytes.clone())));
     let edits = routed.and_then(|r| r.edits);

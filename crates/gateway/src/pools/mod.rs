@@ -255,8 +255,9 @@ impl HeaderEdits {
 // === impl RouteHeaders ===
 
 impl RouteHeaders {
-    /// The headers of an answer routed as `routed` to `pool`.
-    pub(crate) fn of(routed: &Routed, pool: &Pool) -> Self {
+    /// The headers of an answer routed as `routed`.
+    pub(crate) fn of(routed: &Routed) -> Self {
+        let pool = &routed.pool;
         let value = |s: &str| HeaderValue::from_str(s).unwrap_or(HeaderValue::from_static("-"));
         let mut out = vec![
             ("x-route-pool", value(&pool.id.0)),
