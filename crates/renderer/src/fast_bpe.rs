@@ -105,7 +105,11 @@ impl FastBpe {
             _ => return None,
         };
         let byte_chars = byte_chars();
-        let byte_ids = serde_json::to_value(bpe).ok().and_then(|model| byte_ids(&model, &byte_chars, bpe));
+        // Only a vocabulary about the size of the bytes' can be one without merges: a real one's
+        // (with its merges) is never serialized here.
+        let small = bpe.get_vocab_size() <= 1024;
+        let byte_ids =
+            small.then(|| serde_json::to_value(bpe).ok()).flatten().and_then(|m| byte_ids(&m, &byte_chars, bpe));
         let normalizer = match tokenizer.get_normalizer() {
             None => Normalizer::Identity,
             Some(n) => parse_normalizer(&serde_json::to_value(n).ok()?)?,
@@ -132,15 +136,16 @@ impl FastBpe {
             Normalizer::Nfc if !surely_nfc(text) => Cow::Owned(text.nfc().map(|(c, _)| c).collect()),
             _ => Cow::Borrowed(text),
         };
+        // Without merges the pieces' ids are their bytes' ids, wherever the splits fall.
+        if let Some(ids) = &self.byte_ids {
+            out.extend(text.bytes().map(|b| ids[b as usize]));
+            return Ok(());
+        }
         let mut misses: Vec<(Box<str>, Box<[u32]>)> = Vec::new();
         {
             let words = self.words.read().unwrap_or_else(|p| p.into_inner());
             let mut mapped = String::with_capacity(64);
             let mut emit = |piece: &str| -> Result<(), RenderError> {
-                if let Some(ids) = &self.byte_ids {
-                    out.extend(piece.bytes().map(|b| ids[b as usize]));
-                    return Ok(());
-                }
                 mapped.clear();
                 mapped.extend(piece.bytes().map(|b| self.byte_chars[b as usize]));
                 if let Some(ids) = words.map.get(mapped.as_str()) {
