@@ -280,7 +280,7 @@ impl Guarded {
         }
         let wrote = tokio::time::timeout(LINGER, self.tcp.write_all(&refusal.answer())).await;
         if matches!(wrote, Ok(Ok(()))) {
-            linger(&mut self.tcp).await;
+            linger(&mut self.tcp, None).await;
         }
     }
 }

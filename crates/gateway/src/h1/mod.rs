@@ -47,10 +47,15 @@ use crate::{ClientLimits, Gateway, GatewayError};
 
 /// Pipelined bytes buffered while a request waits for its worker.
 const MAX_PIPELINED_BYTES: usize = 1 << 20;
-/// How long a refused connection is kept to deliver its answer and take what
-/// the client still sends: long enough for a client that reads, short enough
-/// that refused connections do not pile up.
+/// How long a refused connection's answer may take to write.
 const LINGER: Duration = Duration::from_secs(1);
+/// After a refusal, how long the client may go quiet before its connection
+/// closes (nginx's `lingering_timeout`), and the longest a refused connection
+/// is kept taking what the client still sends (nginx's `lingering_time`):
+/// long enough for a loaded client to finish writing a body it started,
+/// bounded so refused connections do not pile up.
+const LINGER_IDLE: Duration = Duration::from_secs(5);
+const LINGER_MAX: Duration = Duration::from_secs(30);
 /// Sent to a client that ended its side while its request waits for a
 /// worker. A client that only half-closed still reads, and every HTTP/1.1
 /// client skips an interim answer it did not ask for; one that closed
@@ -203,7 +208,7 @@ async fn connection(gw: Arc<Gateway>, app: axum::Router, mut tcp: TcpStream, fas
             let head = match next {
                 Next::Fast(head) => head,
                 Next::Hyper => break,
-                Next::Refuse(refusal) => return refuse(&mut tcp, &refusal).await,
+                Next::Refuse(refusal) => return refuse(&mut tcp, &refusal, None).await,
             };
             buf.advance(head.len);
             if !serve_fast(&gw, &mut tcp, &mut buf, (head, routing), &drain).await {
@@ -272,11 +277,12 @@ async fn next_head(
         .map_err(|_| Refusal::HeadTimeout(limits.header_read_timeout))
 }
 
-/// Answers a refused request and closes the connection.
-async fn refuse(tcp: &mut TcpStream, refusal: &Refusal) {
+/// Answers a refused request and closes the connection; `unread` is what is
+/// left of its declared body, if known.
+async fn refuse(tcp: &mut TcpStream, refusal: &Refusal, unread: Option<usize>) {
     let wrote = tokio::time::timeout(LINGER, tcp.write_all(&refusal.answer())).await;
     if matches!(wrote, Ok(Ok(()))) {
-        linger(tcp).await;
+        linger(tcp, unread).await;
     }
 }
 
@@ -317,7 +323,7 @@ async fn serve_fast(
         Err(e) => {
             count_error(gw, route, &e, Some(&id));
             if write_error(tcp, &e, true, &answer_head).await.is_ok() {
-                linger(tcp).await;
+                linger(tcp, Some(head.body_len.saturating_sub(buf.len()))).await;
             }
             return false;
         }
@@ -337,7 +343,7 @@ async fn serve_fast(
             Err(_) => {
                 let refusal = Refusal::BodyTimeout(limit);
                 count_error(gw, route, &refusal.gateway_error(), Some(&id));
-                refuse(tcp, &refusal).await;
+                refuse(tcp, &refusal, Some(head.body_len.saturating_sub(buf.len()))).await;
                 return false;
             }
         }
@@ -500,14 +506,24 @@ impl Peer<'_> {
 }
 
 /// Closes our side and reads what the client still sends (the body of a
-/// refused request) for up to a second, so its socket does not answer the
-/// data with a reset that could destroy the answer before the client reads it.
-async fn linger<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(tcp: &mut S) {
+/// refused request, `unread` bytes of it if known) until it ends, goes quiet
+/// for [`LINGER_IDLE`] or [`LINGER_MAX`] passes, so the client's socket does
+/// not get a reset that could destroy the answer before the client reads it
+/// (a client still writing a large body when the refusal came).
+async fn linger<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(tcp: &mut S, unread: Option<usize>) {
     if tcp.shutdown().await.is_err() {
         return;
     }
+    let mut left = unread.unwrap_or(usize::MAX);
+    let deadline = tokio::time::Instant::now() + LINGER_MAX;
     let mut sink = [0u8; 16384];
-    let _ = tokio::time::timeout(LINGER, async { while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {} }).await;
+    while left > 0 {
+        let idle = LINGER_IDLE.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        match tokio::time::timeout(idle, tcp.read(&mut sink)).await {
+            Ok(Ok(n)) if n > 0 => left = left.saturating_sub(n),
+            _ => return,
+        }
+    }
 }
 
 /// Writes a gateway error as the OpenAI-style JSON answer, with the header
