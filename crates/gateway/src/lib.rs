@@ -9,9 +9,10 @@
 //!                                                                   └─► proxy (stream) ─► client
 //! ```
 
-mod admin;
 pub mod cache;
 pub mod error;
+pub mod explain;
+mod exposition;
 mod h1;
 mod judge;
 pub mod metrics;
@@ -41,8 +42,10 @@ pub use error::GatewayError;
 pub use fleet::{Fleet, HashModes, LoadGuard, Worker, WorkerInfo, worker_client};
 pub use h1::{serve, serve_admin, serve_metrics};
 pub use metrics::GatewayMetrics;
+pub use pipeline::body::read_body;
 pub use pipeline::request::PROXIED_PATHS;
 use pipeline::{admission, auth, context};
+pub use routes::ControlRoutes;
 
 /// Default request body limit (the reference router's).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 5 << 20;
@@ -279,6 +282,8 @@ pub struct Gateway {
     pub(crate) connections: Arc<tokio::sync::Semaphore>,
     /// TLS towards `https://` workers (the fleet's configuration), for the fast path.
     pub(crate) upstream_tls: tokio_rustls::TlsConnector,
+    /// The control plane's routes, handed over once as the router is wired.
+    pub(crate) control: std::sync::OnceLock<ControlRoutes>,
 }
 
 // === impl Gateway ===
@@ -325,7 +330,14 @@ impl Gateway {
             index,
             draining: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
+            control: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Hands over the control plane's routes (the `control` crate's), before
+    /// the listeners are served; false if they were handed over already.
+    pub fn set_control_plane(&self, routes: ControlRoutes) -> bool {
+        self.control.set(routes).is_ok()
     }
 
     /// The same gateway serving `pools`, each request's pool chosen by `selector`'s config

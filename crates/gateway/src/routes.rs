@@ -1,6 +1,7 @@
-//! The route table of both listeners (axum): the data plane (the OpenAI
+//! The route table of the listeners (axum): the data plane (the OpenAI
 //! routes, behind `--client-api-keys` when set), the open probes, and the
-//! control plane behind its keys, on the client listener or on its own
+//! control plane's routes (made by the `control` crate above, handed over as
+//! [`ControlRoutes`]) behind its keys, on the client listener or on its own
 //! (`--admin-port`); plus the layers every route shares (a declared body over
 //! the limit refused before it is read, JSON errors for unknown routes and methods).
 
@@ -9,14 +10,26 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{get, post};
 
 use crate::pipeline::account::count_error;
 use crate::pipeline::auth::Plane;
 use crate::pipeline::request::Route;
 use crate::proxy::handle;
+use crate::served;
 use crate::{Gateway, GatewayError};
-use crate::{admin, served};
+
+/// The control plane's routes, made by the layer above the gateway (the
+/// `control` crate) and handed over as the router is wired
+/// ([`Gateway::set_control_plane`]). The gateway serves them behind the
+/// control plane's keys, on the client listener or on `--admin-port`.
+#[derive(Clone, Debug, Default)]
+pub struct ControlRoutes {
+    /// Every control route (`/metrics` among them); no probe (the gateway's own).
+    pub routes: axum::Router<Arc<Gateway>>,
+    /// What the Prometheus listener serves (`--prometheus-port`), open.
+    pub metrics: axum::Router<Arc<Gateway>>,
+}
 
 /// The gateway's routes (axum): the data plane (the OpenAI routes, behind
 /// `--client-api-keys` when set), the probes (open), and, unless the control
@@ -30,10 +43,10 @@ pub(crate) fn router(gw: Arc<Gateway>) -> axum::Router {
         .route("/v1/rerank", post(|s, h, b| handle(s, h, b, Route::Rerank)))
         .route("/rerank", post(|s, h, b| handle(s, h, b, Route::Rerank)))
         .route("/v1/classify", post(|s, h, b| handle(s, h, b, Route::Classify)))
-        .route("/v1/models", get(admin::models))
+        .route("/v1/models", get(served::models))
         .route("/v1/tokenize", post(served::tokenize))
         .route("/v1/detokenize", post(served::detokenize))
-        .route("/v1/route/feedback", post(admin::route_feedback))
+        .route("/v1/route/feedback", post(served::route_feedback))
         .route("/get_model_info", get(served::first_worker))
         .route("/get_server_info", get(served::first_worker))
         .route_layer(axum::middleware::from_fn_with_state((gw.clone(), Plane::Data), require_key));
@@ -49,7 +62,8 @@ pub(crate) fn admin_router(gw: Arc<Gateway>) -> axum::Router {
 
 /// The Prometheus listener's one route (`--prometheus-port`): `/metrics`, open.
 pub(crate) fn metrics_router(gw: Arc<Gateway>) -> axum::Router {
-    finish(axum::Router::new().route("/metrics", get(admin::metrics)), gw)
+    let metrics = gw.control.get().map(|c| c.metrics.clone()).unwrap_or_default();
+    finish(metrics, gw)
 }
 
 /// Liveness and readiness: open to all (orchestrators call them without keys).
@@ -57,23 +71,18 @@ fn probes() -> axum::Router<Arc<Gateway>> {
     axum::Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/liveness", get(|| async { "ok" }))
-        .route("/readiness", get(admin::readiness))
+        .route("/readiness", get(served::readiness))
 }
 
-/// Fleet changes, topology and explain routes: a control-plane key each.
+/// The control plane's routes (fleet changes, topology, explains, metrics), a
+/// control-plane key each; none until the control plane is handed over.
 fn control_plane(gw: Arc<Gateway>) -> axum::Router<Arc<Gateway>> {
-    axum::Router::new()
-        .route("/debug/route", post(admin::debug_route))
-        .route("/v1/route/preview", post(admin::route_preview))
-        .route("/v1/route/outcomes", get(admin::route_outcomes))
-        .route("/routing/reload", post(admin::reload_routing))
-        .route("/metrics", get(admin::metrics))
-        .route("/workers", get(admin::list_workers).post(admin::add_worker))
-        .route("/workers/{*url}", delete(admin::remove_worker))
-        .route("/flush_cache", post(served::flush_cache))
-        .route("/get_loads", get(served::get_loads))
-        .route("/index/snapshot", get(admin::index_snapshot))
-        .route_layer(axum::middleware::from_fn_with_state((gw, Plane::Control), require_key))
+    match gw.control.get() {
+        Some(c) => {
+            c.routes.clone().route_layer(axum::middleware::from_fn_with_state((gw, Plane::Control), require_key))
+        }
+        None => axum::Router::new(),
+    }
 }
 
 fn finish(router: axum::Router<Arc<Gateway>>, gw: Arc<Gateway>) -> axum::Router {

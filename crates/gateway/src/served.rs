@@ -1,10 +1,9 @@
-//! The SGLang routes the router answers itself rather than proxying one
-//! request: `/flush_cache` (sent to every worker at once), `/get_loads`
-//! (what the fleet knows of each worker's load), `/get_model_info` and
-//! `/get_server_info` (the first healthy worker's answer, passed through),
-//! and `/v1/tokenize`, `/v1/detokenize` (the router's own tokenizer, which
-//! gives the engine's tokens exactly). Every worker answer is read with a
-//! cap and a deadline.
+//! The data-plane routes the router answers itself rather than proxying one
+//! request: `/v1/models`, `/get_model_info` and `/get_server_info` (the first
+//! healthy worker's answer, passed through), `/v1/tokenize`,
+//! `/v1/detokenize` (the router's own tokenizer, which gives the engine's
+//! tokens exactly), `/v1/route/feedback`; and the readiness probe. Every
+//! worker answer is read with a cap and a deadline.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,8 +13,8 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use futures_util::future::join_all;
 use serde_json::{Value, json};
+use std::sync::atomic::Ordering;
 
 use crate::pipeline::admission::{self, Admission};
 use crate::pipeline::body::read_body;
@@ -26,74 +25,65 @@ const WORKER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most token lists, or texts, one tokenize or detokenize call may carry.
 const MAX_BATCH: usize = 1024;
 
-/// `POST /flush_cache`: every worker's `/flush_cache` at once. 200 when all
-/// flushed, 206 with the failures otherwise (SGLang Model Gateway's answer).
-pub(crate) async fn flush_cache(State(gw): State<Arc<Gateway>>) -> Response {
-    let workers = gw.fleet.snapshot();
-    let calls = workers.iter().map(|w| {
-        let client = gw.fleet.client().clone();
-        async move {
-            let sent = client.post(w.endpoint_url("/flush_cache")).timeout(WORKER_CALL_TIMEOUT).send().await;
-            let outcome = match sent {
-                Ok(r) if r.status().is_success() => Ok(()),
-                Ok(r) => Err(format!("HTTP {}", r.status())),
-                Err(e) => Err(e.to_string()),
-            };
-            (w.url.to_string(), outcome)
-        }
+/// `GET /v1/models`: the served model, or with a routing config its auto
+/// names and every pool's served model.
+pub(crate) async fn models(State(gw): State<Arc<Gateway>>) -> Json<Value> {
+    let model = |id: &str| json!({"id": id, "object": "model", "owned_by": "sgl-router"});
+    let Some(routing) = gw.routing() else {
+        return Json(json!({"object": "list", "data": [model(&gw.config.model_id)]}));
+    };
+    let auto = routing.selector.config().auto_model_names.iter().map(|a| model(a));
+    let pools = gw.pools.iter().map(|p| {
+        let mut m = model(&p.served_model);
+        m["pool"] = json!(p.id);
+        m
     });
-    let results = join_all(calls).await;
-    let total = results.len();
-    let (ok, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(|(_, r)| r.is_ok());
-    let successful: Vec<&String> = ok.iter().map(|(u, _)| u).collect();
-    if failed.is_empty() {
-        let body = json!({
-            "status": "success",
-            "message": format!("Cache flushed on all {total} workers"),
-            "workers_flushed": total,
-            "total_http_workers": total,
-            "total_workers": total,
-        });
-        return (StatusCode::OK, Json(body)).into_response();
-    }
-    let failures: Vec<Value> = failed
-        .iter()
-        .map(|(u, r)| json!({"worker": u, "error": r.as_ref().err().cloned().unwrap_or_default()}))
-        .collect();
-    tracing::warn!(failed = failures.len(), total, "flush_cache failed on some workers");
-    let body = json!({
-        "status": "partial_success",
-        "message": format!("Cache flushed on {} of {total} workers", successful.len()),
-        "workers_flushed": successful.len(),
-        "total_http_workers": total,
-        "total_workers": total,
-        "successful": successful,
-        "failed": failures,
-    });
-    (StatusCode::PARTIAL_CONTENT, Json(body)).into_response()
+    Json(json!({"object": "list", "data": auto.chain(pools).collect::<Vec<_>>()}))
 }
 
-/// `GET /get_loads`: each worker's load as the fleet knows it, in SGLang
-/// Model Gateway's shape (`load`: the prefill tokens the worker reports
-/// queued, -1 when it reports none) with this router's own view beside it.
-pub(crate) async fn get_loads(State(gw): State<Arc<Gateway>>) -> Json<Value> {
-    let workers: Vec<Value> = gw
-        .fleet
-        .snapshot()
-        .iter()
-        .map(|w| {
-            let load = w.load();
-            let reported = if w.reports_load() { w.reported_uncached_tokens() as i64 } else { -1 };
-            json!({
-                "worker": w.url,
-                "load": reported,
-                "in_flight": load.in_flight,
-                "uncached_tokens": w.own_uncached_tokens(),
-                "healthy": w.is_routable(),
-            })
-        })
-        .collect();
-    Json(json!({"workers": workers}))
+/// Ready means "can route": a healthy worker, the listener up (it answers
+/// this), and not draining. Subscriptions that are down degrade routing
+/// quality, not availability: they are reported here and in `/metrics`,
+/// never a readiness failure (one engine down must not take every router
+/// replica out of its Service).
+pub(crate) async fn readiness(State(gw): State<Arc<Gateway>>) -> Response {
+    let all = gw.fleet.snapshot();
+    let routable = all.iter().filter(|w| w.is_routable()).count();
+    // Followed workers whose subscribers are down: degraded cache knowledge, still routable.
+    let degraded = gw.fleet.event_metrics().map_or(0, |e| e.connected().iter().filter(|(_, up)| !*up).count());
+    let draining = gw.draining.load(Ordering::Relaxed);
+    let ready = routable > 0 && !draining;
+    let body = json!({
+        "ready": ready,
+        "healthy_workers": routable,
+        "workers": all.len(),
+        "degraded_subscriptions": degraded,
+        "draining": draining,
+    });
+    (if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, Json(body)).into_response()
+}
+
+/// `POST /v1/route/feedback` (data plane): a verdict on a routed answer (`{"route_id",
+/// "verdict": "good" | "bad"}`) or a preference between two (`{"winner", "loser"}`, route ids
+/// of one decision from two pools), applied to what the `bandit` algorithm draws from.
+pub(crate) async fn route_feedback(
+    State(gw): State<Arc<Gateway>>,
+    headers: axum::http::HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, GatewayError> {
+    let slot = routing_slot(&gw)?;
+    // Only the caller who got an answer judges it.
+    let caller =
+        crate::pipeline::auth::caller(&gw, headers.get(axum::http::header::AUTHORIZATION).map(|v| v.as_bytes()));
+    let bytes = crate::pipeline::body::read_body_within(body, crate::pools::feedback::MAX_FEEDBACK_BYTES).await?;
+    slot.learning().feedback_from(&bytes, caller).map(Json)
+}
+
+/// The routing config's slot; 404 for the routes that need one when the router has none.
+fn routing_slot(gw: &Gateway) -> Result<&crate::pools::RoutingSlot, GatewayError> {
+    gw.routing
+        .as_ref()
+        .ok_or_else(|| GatewayError::NotFound("a routing config (start the router with --routing-config)".into()))
 }
 
 /// `GET /get_model_info`, `GET /get_server_info`: the first healthy worker's

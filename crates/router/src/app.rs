@@ -153,6 +153,8 @@ impl App {
             }
             None => gateway,
         };
+        // The control plane's routes, served by the gateway behind its keys.
+        control::install(&gateway);
         Ok(Self {
             listener,
             admin,

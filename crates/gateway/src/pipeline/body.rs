@@ -14,7 +14,7 @@ use crate::{Gateway, GatewayError};
 /// Reads a request body of at most `max_body_bytes`: over it is 413; a body
 /// that is not valid HTTP framing (a bad chunk size, a bare LF) is the
 /// client's malformed request (400), not a large one.
-pub(crate) async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, GatewayError> {
+pub async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, GatewayError> {
     read_body_within(body, gw.config.max_body_bytes).await
 }
 

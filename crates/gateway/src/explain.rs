@@ -1,0 +1,195 @@
+//! The explain routes' dry run (`/debug/route`, `/v1/route/preview`): a
+//! request taken through the select and plan phases as the pipeline takes
+//! it, one routing config for the whole explain, nothing sent, counted,
+//! remembered or learned. The control plane (the `control` crate) serves them.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, HeaderValue};
+use serde_json::{Value, json};
+
+use crate::pipeline::body::parse_body;
+use crate::pipeline::request::Route;
+use crate::{Gateway, GatewayError};
+
+/// `POST /v1/route/preview`: which pool, decision and worker a request would
+/// get, with every signal and every decision's outcome, through the same code
+/// as a real request; nothing is sent, counted or learned.
+pub async fn preview(
+    gw: &Arc<Gateway>,
+    route: Option<&str>,
+    headers: &HeaderMap,
+    bytes: Bytes,
+) -> Result<Value, GatewayError> {
+    let route = route_named(route)?;
+    let key = h1_codec::usable_key(headers.get(h1_codec::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
+    // One routing config for the whole explain.
+    let routing = gw.routing();
+    let (signal_headers, session) = routing_headers(routing.as_deref(), headers);
+    let crate::pools::PreRouted { body: parsed, embeddings } =
+        crate::pools::pre_route(gw, routing.as_deref(), route, &bytes).await?;
+    let (gw2, len) = (gw.clone(), bytes.len());
+    let out = crate::pipeline::admission::render(gw, len, move || {
+        let mut v = parsed.map_or_else(|| crate::pipeline::body::parse_json(&bytes), Ok)?;
+        let mut preview = crate::pools::Preview::default();
+        let renders = planner::Renders::default();
+        let routed = match routing {
+            Some(routing) => {
+                let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
+                let renders = &renders;
+                let ask = crate::pools::Asked {
+                    debug: true,
+                    headers,
+                    session,
+                    embeddings,
+                    cache_bypass: true,
+                    caller: None,
+                    renders,
+                };
+                crate::pools::route(&gw2, &routing, route, &mut v, &ask, Some(&mut preview))
+            }
+            None => Ok(crate::pools::Routed::default_pool(&gw2)),
+        };
+        let mut out = json!({
+            "signals": preview.signals,
+            "decisions": preview.decisions,
+            "candidates": preview.candidates,
+            "passed_over": preview.passed_over,
+            "scores": preview.scores,
+            "session": preview.session,
+        });
+        let routed = match routed {
+            Ok(r) => r,
+            Err(GatewayError::Blocked { status, message, decision }) => {
+                out["decision"] = json!(decision);
+                out["blocked"] = json!({"status": status, "message": message});
+                return Ok(out);
+            }
+            Err(e @ GatewayError::NoPool(_)) => {
+                out["decision"] = json!(preview.decision);
+                out["error"] = e.body()["error"].clone();
+                return Ok(out);
+            }
+            Err(e) => return Err(e),
+        };
+        let pool = &routed.pool;
+        out["pool"] = json!(pool.id);
+        out["model"] = json!(pool.served_model);
+        out["decision"] = json!(routed.decision);
+        out["body_rewritten"] = json!(routed.rewritten);
+        // A disaggregated pool: the pair it would pick, never committed.
+        if let Some(pd) = pool.pd.clone() {
+            match crate::pd::explain_pair(&gw2, (pool, &pd), route, &v, key.as_deref()) {
+                Ok(pair) => out["pair"] = pair,
+                Err(e) => out["error"] = e.body()["error"].clone(),
+            }
+            return Ok(out);
+        }
+        // The worker the pool would pick: the policy's choice, never committed.
+        match gw2.planner().plan(pool, route, Some(&v), key.as_deref(), &renders, false) {
+            Ok(plan) => {
+                out["worker"] = json!(plan.chosen().url);
+                out["policy"] = json!(pool.policy.name());
+                out["reason"] = json!(plan.decision.reason.as_str());
+                out["input_tokens"] = json!(plan.input_tokens);
+                out["workers"] = json!(plan.candidates_json());
+            }
+            Err(e) => {
+                out["worker"] = Value::Null;
+                out["error"] = GatewayError::from(e).body()["error"].clone();
+            }
+        }
+        Ok::<_, GatewayError>(out)
+    });
+    out.await?
+}
+
+/// `POST /debug/route`: the worker (or a disaggregated pool's pair) a request
+/// would get, the policy's reason and every candidate's score; nothing committed.
+pub async fn decide(
+    gw: &Arc<Gateway>,
+    route: Option<&str>,
+    headers: &HeaderMap,
+    bytes: Bytes,
+) -> Result<Value, GatewayError> {
+    let key = h1_codec::usable_key(headers.get(h1_codec::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
+    let route = route_named(route)?;
+    // Rendered like a request: a large body off the serving thread; with a routing config, in
+    // the pool the request would get (nothing counted, remembered or learned).
+    // One routing config for the whole explain.
+    let routing = gw.routing();
+    let (signal_headers, session) = routing_headers(routing.as_deref(), headers);
+    let crate::pools::PreRouted { body: parsed, embeddings } =
+        crate::pools::pre_route(gw, routing.as_deref(), route, &bytes).await?;
+    let (gw2, len, key) = (gw.clone(), bytes.len(), key);
+    let plan = crate::pipeline::admission::render(gw, len, move || {
+        let mut v = parse_body(&gw2, route, &bytes, parsed)?;
+        let renders = planner::Renders::default();
+        let pool = match (routing, v.as_mut()) {
+            (Some(routing), Some(v)) => {
+                let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
+                let ask = crate::pools::Asked {
+                    debug: false,
+                    headers,
+                    session,
+                    embeddings,
+                    cache_bypass: true,
+                    caller: None,
+                    renders: &renders,
+                };
+                let mut preview = crate::pools::Preview::default();
+                crate::pools::route(&gw2, &routing, route, v, &ask, Some(&mut preview))?.pool
+            }
+            _ => gw2.pools[0].clone(),
+        };
+        // A disaggregated pool: both legs' choices and why.
+        if let Some(pd) = pool.pd.clone() {
+            let v = v.map_or_else(|| crate::pipeline::body::parse_json(&bytes), Ok)?;
+            return crate::pd::explain_pair(&gw2, (&pool, &pd), route, &v, key.as_deref()).map(Explained::Pair);
+        }
+        Ok(Explained::Plan(gw2.planner().plan(&pool, route, v.as_ref(), key.as_deref(), &renders, false)?))
+    })
+    .await??;
+    let plan = match plan {
+        Explained::Plan(plan) => plan,
+        Explained::Pair(pair) => return Ok(pair),
+    };
+    // An explain: the policy's choice, never committed (nothing it learns or advances).
+    let candidates = plan.candidates_json();
+    Ok(json!({
+        "worker": plan.chosen().url,
+        "pool": plan.pool.id,
+        "dp_rank": plan.rank.map(|r| r.0),
+        "policy": plan.pool.policy.name(),
+        "reason": plan.decision.reason.as_str(),
+        "input_tokens": plan.input_tokens,
+        "candidates": candidates,
+    }))
+}
+
+/// What an explain planned: one worker, or a disaggregated pool's pair.
+enum Explained {
+    Plan(planner::Plan),
+    Pair(Value),
+}
+
+/// What routing reads of an explain's headers: those header signals read, and `x-session-id`.
+fn routing_headers(
+    routing: Option<&crate::pools::Routing>,
+    headers: &HeaderMap,
+) -> (Vec<(String, String)>, Option<Vec<u8>>) {
+    let signal_headers = crate::pools::wanted_headers(routing, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
+    let session = h1_codec::usable_key(headers.get(h1_codec::SESSION_HEADER).map(HeaderValue::as_bytes));
+    (signal_headers, session)
+}
+
+/// The route an explain is about (`?route=`, chat by default).
+fn route_named(q: Option<&str>) -> Result<Route, GatewayError> {
+    match q {
+        None | Some("chat") => Ok(Route::Chat),
+        Some("completions") => Ok(Route::Completions),
+        Some("generate") => Ok(Route::Generate),
+        Some(other) => Err(GatewayError::BadRequest(format!("unknown route {other:?}: chat, completions or generate"))),
+    }
+}
