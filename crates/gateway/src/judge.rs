@@ -1,9 +1,10 @@
-//! The cascade's answer filter: a first pool's whole answer read (within the
-//! plan's bound and the request timeout), judged by the decision's `cascade`
-//! plugin (`pools::cascade`), and kept (as the client's answer, stored in a
-//! response cache) or escalated. Counted by outcome. Both front ends use it:
-//! the fast path hands it the router's own client's answer as a body
-//! (`h1::answer`), the axum one the same.
+//! The cascade's answer filter: a first pool's 200 answer, when its length is
+//! within the plan's bound, read whole (within the request timeout), judged
+//! by the decision's `cascade` plugin (`pools::cascade`), and kept (as the
+//! client's answer, stored in a response cache) or escalated; any other
+//! answer relayed as it comes. Counted by outcome. The pipeline runs it for
+//! both front ends, over whichever answer type their client gives
+//! ([`Judgeable`]).
 
 use std::sync::Arc;
 
@@ -17,21 +18,65 @@ use crate::pipeline::request::Route;
 use crate::pools::cascade::{Plan, Verdict, judge, kept_body};
 use crate::{Gateway, GatewayError};
 
-/// The first pool's whole answer, judged (one per request, moved once: its size does not matter).
+/// A worker's answer as the judge reads it, whichever front end's client got it.
+pub(crate) trait Judgeable: crate::send::AnswerHead + Sized {
+    /// Its declared `content-length`, if it has one.
+    fn declared_len(&self) -> Option<u64>;
+    /// The answer as a response whose body is read whole.
+    fn into_response(self) -> axum::http::Response<crate::relay::UpstreamBody>;
+}
+
+impl Judgeable for axum::http::Response<crate::relay::UpstreamBody> {
+    fn declared_len(&self) -> Option<u64> {
+        self.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    }
+
+    fn into_response(self) -> axum::http::Response<crate::relay::UpstreamBody> {
+        self
+    }
+}
+
+/// What becomes of the first pool's answer (one per request, moved once: its size does not matter).
 #[allow(clippy::large_enum_variant)]
-pub(crate) enum Judged {
+pub(crate) enum First<T> {
+    /// Not judged (not a 200, no length, over the bound): relayed as it comes.
+    Relay(InFlight, Arc<Worker>, T),
+    /// Kept: the client's answer, and the verdict's `x-route-cascade` value.
+    Kept(Hit, HeaderValue),
+    /// Unsure: the request goes on to the plan's `to` pool.
+    Escalate(Verdict),
+}
+
+/// Judges the first pool's `answer` under `plan`.
+pub(crate) async fn first<T: Judgeable>(
+    gw: &Gateway,
+    guard: InFlight,
+    worker: Arc<Worker>,
+    answer: T,
+    plan: &Plan,
+    route: Route,
+) -> Result<First<T>, GatewayError> {
+    if answer.status() != 200 || !judgeable(gw, plan, answer.declared_len()) {
+        return Ok(First::Relay(guard, worker, answer));
+    }
+    match whole(gw, guard, worker, answer.into_response(), plan, route).await? {
+        Judged::Answer(hit, verdict) => Ok(First::Kept(hit, verdict)),
+        Judged::Escalate(verdict) => Ok(First::Escalate(verdict)),
+    }
+}
+
+/// The first pool's whole answer, judged.
+enum Judged {
     /// Kept (or without logprobs): the client's answer (built as a response-cache hit is), and
     /// the verdict's `x-route-cascade` value.
     Answer(Hit, HeaderValue),
     /// Unsure: the caller sends the request to the plan's `to` pool.
     Escalate(Verdict),
-    /// Not judged (no `content-length`, or over the plan's bound): relayed as it comes.
-    Pass(InFlight, Arc<Worker>, axum::http::Response<crate::relay::UpstreamBody>),
 }
 
-/// Reads the first pool's 200 answer whole (its declared length within the plan's bound, within
-/// the request timeout) and judges it; counted by outcome.
-pub(crate) async fn whole(
+/// Reads the first pool's 200 answer whole (its declared length checked within the plan's
+/// bound by the caller; within the request timeout) and judges it; counted by outcome.
+async fn whole(
     gw: &Gateway,
     mut guard: InFlight,
     worker: Arc<Worker>,
@@ -45,10 +90,6 @@ pub(crate) async fn whole(
             r.metrics.count_cascade(&plan.decision, outcome);
         }
     };
-    let declared = resp.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if !judgeable(gw, plan, declared) {
-        return Ok(Judged::Pass(guard, worker, resp));
-    }
     let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
     let read = tokio::time::timeout(gw.config.request_timeout, resp.into_body().collect()).await;
     let raw = match read {

@@ -1,24 +1,23 @@
 //! The axum front end of the proxied routes (what the HTTP/1.1 fast path
-//! does not take: chunked bodies, HTTP/1.0, TLS, and every disaggregated
-//! request): admit, read the body, hand PD requests to `pd`, forward the
-//! others, judge a cascade's answer, relay.
+//! does not take: chunked bodies, HTTP/1.0, TLS): admit, read the body,
+//! [`crate::pipeline::run`], relay what it came to.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use router_types::DpRank;
 use tracing::Instrument;
 
 use crate::h1::answer;
 use crate::h1::upstream;
+use crate::pipeline::Outcome;
 use crate::pipeline::account::{InFlight, count_error, request_span};
 use crate::pipeline::admission::Admission;
 use crate::pipeline::body::read_body;
-use crate::pipeline::forward::{Forwarded, forward};
 use crate::pipeline::request::{Meta, ROUTE_DEBUG_HEADER, Route};
 use crate::pools::HeaderEdits;
 use crate::relay::{Ending, UpstreamBody, stream_back};
@@ -90,32 +89,17 @@ async fn serve(
         let extra = extra.edited(edits.as_deref());
         async move { upstream::send(worker, route, body, rank, extra).await.map(answer::into_response) }
     };
-    let (mut guard, worker, resp) = match forward(&gw, admission, (route, routing.clone()), bytes, start, &meta, &send)
-        .await?
-    {
-        Forwarded::Sent(guard, worker, resp) => (guard, worker, resp),
-        Forwarded::Cached(hit) => return Ok(hit.into_response()),
-        Forwarded::Disaggregated(d) => return crate::pd::serve_routed(&gw, d, (route, headers), start, &meta).await,
+    let pd_headers = || headers.clone();
+    let outcome =
+        crate::pipeline::run(&gw, admission, (route, routing), bytes, start, &meta, &send, pd_headers).await?;
+    let (mut answer, verdict) = match outcome {
+        Outcome::Cached(hit, verdict) => (hit.into_response(), verdict),
+        Outcome::Sent(guard, worker, resp, verdict) => (relay(&gw, guard, worker, resp), verdict),
+        Outcome::Disaggregated(answer) => (answer, None),
     };
-    let Some((plan, sent)) = guard.cascade.take().map(|b| *b).filter(|_| resp.status() == StatusCode::OK) else {
-        return Ok(relay(&gw, guard, worker, resp));
-    };
-    // The decision's cascade judges the first pool's whole answer.
-    use crate::judge::{self, Judged};
-    use crate::pools::cascade;
-    let verdict = match judge::whole(&gw, guard, worker, resp, &plan, route).await? {
-        Judged::Answer(hit, verdict) => {
-            let mut answer = hit.into_response();
-            answer.headers_mut().insert(cascade::CASCADE_HEADER, verdict);
-            return Ok(answer);
-        }
-        Judged::Pass(guard, worker, resp) => return Ok(relay(&gw, guard, worker, resp)),
-        Judged::Escalate(verdict) => verdict,
-    };
-    let (guard, worker, resp) =
-        crate::pipeline::forward::escalate(&gw, (&plan, &sent), (route, routing), start, &meta, &send).await?;
-    let mut answer = relay(&gw, guard, worker, resp);
-    answer.headers_mut().insert(cascade::CASCADE_HEADER, verdict.header());
+    if let Some(verdict) = verdict {
+        answer.headers_mut().insert(crate::pools::cascade::CASCADE_HEADER, verdict);
+    }
     Ok(answer)
 }
 

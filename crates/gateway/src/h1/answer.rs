@@ -61,6 +61,20 @@ struct Reading {
     left: u64,
 }
 
+/// The fast path's answers, judged by a cascade as the axum front end's are.
+impl crate::judge::Judgeable for Answer {
+    fn declared_len(&self) -> Option<u64> {
+        match self.head.framing {
+            h1_codec::Framing::Length(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    fn into_response(self) -> Response<UpstreamBody> {
+        into_response(self)
+    }
+}
+
 /// `answer` as a response: its status, its end-to-end headers, its length when it has one,
 /// and its body read as the relay polls it.
 pub(crate) fn into_response(answer: Answer) -> Response<UpstreamBody> {

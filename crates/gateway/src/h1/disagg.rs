@@ -1,13 +1,9 @@
-//! Disaggregated requests on the fast path: the request, read, admitted and
-//! routed by the fast path, goes to `pd::serve_routed` (a disaggregated pool;
-//! the CLI's disaggregation makes the default pool one), and its answer (the
-//! decode leg's stream, a failed leg's own answer, or the router's error) is
-//! written on the connection here, sized when its length is known and chunked
-//! otherwise.
-//! Every wait has the upstream idle deadline; a client that goes is noticed
-//! while the legs run and while the answer streams.
+//! Disaggregated answers on the fast path: what the pipeline's PD dispatch
+//! answered (the decode leg's stream, merged where asked, or a failed leg's
+//! own answer) written on the connection, sized when its length is known and
+//! chunked otherwise, with the upstream idle deadline on every wait; and the
+//! legs' headers as a map.
 
-use std::future::Future;
 use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
@@ -16,39 +12,8 @@ use h1_codec::chunked;
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 
-use super::{Peer, write_error};
-use crate::pipeline::account::count_error;
-use crate::pipeline::request::{RANK_HEADER, Route, header_lines, push_header, relayed};
-use crate::{Gateway, GatewayError};
-
-/// Waits for `served` (the PD dispatch of the request) while watching the client, then writes
-/// its answer, or its error, with `answer_head` (the request id, CORS): false when the
-/// connection must close.
-pub(super) async fn answer(
-    gw: &Gateway,
-    peer: &mut Peer<'_>,
-    served: impl Future<Output = Result<Response, GatewayError>>,
-    (route, id): (Route, &str),
-    (close, answer_head): (bool, &[u8]),
-) -> bool {
-    let answer = tokio::select! {
-        answer = served => answer,
-        // A client that resets drops both legs (their connections close; SGLang's are aborted).
-        () = peer.gone() => return false,
-    };
-    // After a half-close nothing more comes: the answer is the last unless requests were pipelined.
-    let close = close || (!peer.open && peer.pipelined.is_empty());
-    match answer {
-        Ok(answer) => {
-            let idle = gw.config.limits.upstream_idle_timeout;
-            write(peer, answer, (close, answer_head, idle)).await && !close
-        }
-        Err(e) => {
-            count_error(gw, route, &e, Some(id));
-            write_error(peer.tcp, &e, close, answer_head).await.is_ok() && !close
-        }
-    }
-}
+use super::Peer;
+use crate::pipeline::request::{RANK_HEADER, header_lines, push_header, relayed};
 
 /// The worker's headers as a map (the PD legs take one).
 pub(super) fn header_map(lines: &[u8], rank: Option<&[u8]>) -> HeaderMap {
@@ -66,7 +31,11 @@ pub(super) fn header_map(lines: &[u8], rank: Option<&[u8]>) -> HeaderMap {
 
 /// Writes `answer` on the connection; false when it could not be written whole (the client
 /// went, the body broke, or it stalled past `idle`): the connection then closes.
-async fn write(peer: &mut Peer<'_>, answer: Response, (close, extra, idle): (bool, &[u8], Duration)) -> bool {
+pub(super) async fn write(
+    peer: &mut Peer<'_>,
+    answer: Response,
+    (close, extra, idle): (bool, &[u8], Duration),
+) -> bool {
     let (parts, mut body) = answer.into_parts();
     let sized = http_body::Body::size_hint(&body).exact();
     let mut out = Vec::with_capacity(512);

@@ -18,7 +18,6 @@
 
 pub(crate) mod answer;
 mod backoff;
-mod cascade;
 mod disagg;
 mod fallback;
 mod head;
@@ -39,8 +38,8 @@ use tracing::{Instrument, warn};
 use h1_codec::{Head, Next, Refusal, parse_head};
 
 use self::head::Answer as _;
+use crate::pipeline::Outcome;
 use crate::pipeline::account::{count_error, request_span};
-use crate::pipeline::forward::{Forwarded, escalate, forward};
 use crate::pipeline::request::push_header;
 use crate::pools::cascade::CASCADE_HEADER;
 use crate::{ClientLimits, Gateway, GatewayError};
@@ -386,46 +385,27 @@ async fn serve_fast(
         let send = |worker, body, rank, edits: Option<Arc<crate::pools::HeaderEdits>>| {
             upstream::send(worker, route, body, rank, extra.edited(edits.as_deref()))
         };
-        let sent = tokio::select! {
-            sent = forward(gw, admission, (route, routing.clone()), body, start, &meta, &send) => sent,
-            // A client that resets drops its upstream request; one that half-closed is still answered.
+        let pd_headers = || Arc::new(disagg::header_map(&extra.headers, extra.rank.as_deref()));
+        let outcome = tokio::select! {
+            outcome = crate::pipeline::run(gw, admission, (route, routing), body, start, &meta, &send, pd_headers) => outcome,
+            // A client that resets drops its upstream request (both legs of a pair); one that
+            // half-closed is still answered.
             () = peer.gone() => return false,
-        };
-        // A decision's cascade judges the first pool's answer: kept, or sent on to its second pool.
-        let sent = match sent {
-            Ok(Forwarded::Sent(mut guard, worker, answer)) if guard.cascade.is_some() => {
-                let Some((plan, sent_body)) = guard.cascade.take().map(|b| *b) else { return false };
-                let judged = tokio::select! {
-                    judged = cascade::first(gw, guard, worker, answer, &plan, route) => judged,
-                    () = peer.gone() => return false,
-                };
-                match judged {
-                    Ok(cascade::First::Relay(guard, worker, answer)) => Ok(Forwarded::Sent(guard, worker, answer)),
-                    Ok(cascade::First::Kept(hit, verdict)) => {
-                        push_header(&mut answer_head, CASCADE_HEADER.as_bytes(), verdict.as_bytes());
-                        Ok(Forwarded::Cached(hit))
-                    }
-                    Ok(cascade::First::Escalate(verdict)) => {
-                        push_header(&mut answer_head, CASCADE_HEADER.as_bytes(), verdict.header().as_bytes());
-                        let again = escalate(gw, (&plan, &sent_body), (route, routing), start, &meta, &send);
-                        tokio::select! {
-                            sent = again => sent.map(|(guard, worker, answer)| Forwarded::Sent(guard, worker, answer)),
-                            () = peer.gone() => return false,
-                        }
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-            other => other,
         };
         // After a half-close nothing more comes: the answer is the last unless requests were pipelined before it.
         let close = head.close || drain.is_cancelled() || (!peer.open && peer.pipelined.is_empty());
-        match sent {
+        match outcome {
             // Answered from a response cache, or a cascade's kept answer.
-            Ok(Forwarded::Cached(hit)) => {
+            Ok(Outcome::Cached(hit, verdict)) => {
+                if let Some(verdict) = verdict {
+                    push_header(&mut answer_head, CASCADE_HEADER.as_bytes(), verdict.as_bytes());
+                }
                 peer.tcp.write_all(&hit.to_bytes(close, &answer_head)).await.is_ok() && !close
             }
-            Ok(Forwarded::Sent(mut guard, worker, answer)) => {
+            Ok(Outcome::Sent(mut guard, worker, answer, verdict)) => {
+                if let Some(verdict) = verdict {
+                    push_header(&mut answer_head, CASCADE_HEADER.as_bytes(), verdict.as_bytes());
+                }
                 if let Some(extra) = guard.route_headers.take() {
                     for (name, value) in extra.0 {
                         push_header(&mut answer_head, name.as_bytes(), value.as_bytes());
@@ -434,16 +414,13 @@ async fn serve_fast(
                 let to = upstream::Relayed { close, idle: upstream_idle, head: &answer_head };
                 upstream::relay(&mut peer, guard, worker, answer, to).await && !close
             }
+            // A disaggregated pool (the CLI's disaggregation makes the default pool one).
+            Ok(Outcome::Disaggregated(answer)) => {
+                disagg::write(&mut peer, answer, (close, &answer_head, upstream_idle)).await && !close
+            }
             Err(e) => {
                 count_error(gw, route, &e, Some(&meta.id));
                 write_error(peer.tcp, &e, close, &answer_head).await.is_ok() && !close
-            }
-            // A disaggregated pool (the CLI's disaggregation makes the default pool one).
-            Ok(Forwarded::Disaggregated(d)) => {
-                let headers = Arc::new(disagg::header_map(&extra.headers, extra.rank.as_deref()));
-                let served = crate::pd::serve_routed(gw, d, (route, headers), start, &meta);
-                let close = head.close || drain.is_cancelled();
-                disagg::answer(gw, &mut peer, served, (route, &meta.id), (close, &answer_head)).await
             }
         }
     }

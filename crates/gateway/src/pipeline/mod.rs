@@ -14,9 +14,14 @@
 //!    renderer, the worker or the prefill/decode pair;
 //! 5. **dispatch** (`forward`'s one retry loop, sending with the front end's
 //!    client; `crate::pd` for a pair);
-//! 6. **relay** (the front end's: `h1::upstream` or `crate::relay`);
-//! 7. **account** (`account`): the admission, the worker's load charge and the
+//! 6. **answer filters** (`crate::judge`): a cascade's judge of the first
+//!    pool's answer, and its escalation to the second pool;
+//! 7. **relay** (the front end's: `h1::upstream` or `crate::relay`);
+//! 8. **account** (`account`): the admission, the worker's load charge and the
 //!    metrics held by one guard (`account::InFlight`), every request counted once.
+//!
+//! [`run`] takes a request from its body to what its front end writes:
+//! both front ends call it, each with its own client (`send`) and answer type.
 
 pub(crate) mod account;
 pub mod admission;
@@ -26,3 +31,78 @@ pub mod context;
 pub(crate) mod forward;
 pub(crate) mod request;
 pub(crate) mod shape;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::Response;
+use fleet::Worker;
+use router_types::DpRank;
+
+use crate::cache::Hit;
+use crate::judge::{First, Judgeable};
+use crate::pools::{HeaderEdits, Routing};
+use crate::send::SendError;
+use crate::{Gateway, GatewayError};
+use account::InFlight;
+use admission::Admission;
+use forward::{Forwarded, escalate, forward};
+use request::{Meta, Route};
+
+/// What a proxied request came to, for its front end to write.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Outcome<T> {
+    /// Answered without a worker's answer to relay: a response-cache hit, or
+    /// a cascade's kept first answer (with the verdict's `x-route-cascade`).
+    Cached(Hit, Option<HeaderValue>),
+    /// A worker's answer to relay, with the verdict's `x-route-cascade` when
+    /// a cascade escalated to it.
+    Sent(InFlight, Arc<Worker>, T, Option<HeaderValue>),
+    /// A disaggregated pool's answer (the decode leg's, merged where asked).
+    Disaggregated(Response),
+}
+
+/// A request's life from its admitted body to its answer: select and plan,
+/// dispatch with `send` (the front end's client) under one retry loop, a
+/// disaggregated pool's pair (its legs take `pd_headers`), a cascade's judge
+/// and escalation. The front end relays or writes the [`Outcome`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn run<T, F, Fut>(
+    gw: &Arc<Gateway>,
+    admission: Admission,
+    (route, routing): (Route, Option<Arc<Routing>>),
+    body: Bytes,
+    start: Instant,
+    meta: &Meta,
+    send: &F,
+    pd_headers: impl FnOnce() -> Arc<HeaderMap>,
+) -> Result<Outcome<T>, GatewayError>
+where
+    T: Judgeable,
+    F: Fn(Arc<Worker>, Bytes, Option<DpRank>, Option<Arc<HeaderEdits>>) -> Fut,
+    Fut: Future<Output = Result<T, SendError>>,
+{
+    let (mut guard, worker, answer) =
+        match forward(gw, admission, (route, routing.clone()), body, start, meta, send).await? {
+            Forwarded::Sent(guard, worker, answer) => (guard, worker, answer),
+            Forwarded::Cached(hit) => return Ok(Outcome::Cached(hit, None)),
+            Forwarded::Disaggregated(d) => {
+                let served = crate::pd::serve_routed(gw, d, (route, pd_headers()), start, meta).await;
+                return served.map(Outcome::Disaggregated);
+            }
+        };
+    // A decision's cascade judges the first pool's answer: relayed, kept, or sent on to its second pool.
+    let Some((plan, sent)) = guard.cascade.take().map(|b| *b) else {
+        return Ok(Outcome::Sent(guard, worker, answer, None));
+    };
+    let verdict = match crate::judge::first(gw, guard, worker, answer, &plan, route).await? {
+        First::Relay(guard, worker, answer) => return Ok(Outcome::Sent(guard, worker, answer, None)),
+        First::Kept(hit, verdict) => return Ok(Outcome::Cached(hit, Some(verdict))),
+        First::Escalate(verdict) => verdict,
+    };
+    let (guard, worker, answer) = escalate(gw, (&plan, &sent), (route, routing), start, meta, send).await?;
+    Ok(Outcome::Sent(guard, worker, answer, Some(verdict.header())))
+}
