@@ -109,9 +109,17 @@ struct Phase {
 
 #[derive(Debug)]
 struct SegmentCache {
-    map: LruCache<Box<str>, Arc<[u32]>>,
+    map: LruCache<Box<str>, Arc<[u32]>, ahash::RandomState>,
     bytes: usize,
     max_bytes: usize,
+    /// Digests of segments encoded once and not kept (TinyLFU's doorkeeper): a
+    /// segment is kept the second time it is encoded, so text seen once (a
+    /// prompt's unique part) never takes the room of text that comes back (a
+    /// system prompt, a chat's earlier turns). Cleared when it holds as many
+    /// digests as the cache has entries. A digest that collides only admits
+    /// a segment early: hits are keyed by the whole text.
+    seen: std::collections::HashSet<u64, ahash::RandomState>,
+    seen_max: usize,
 }
 
 // === impl TextTokenizer ===
@@ -163,8 +171,7 @@ impl TextTokenizer {
             inner.with_model(model);
         }
         let max_bytes = bounds.segment_bytes;
-        let cache = NonZeroUsize::new(bounds.segment_entries)
-            .map(|cap| Mutex::new(SegmentCache { map: LruCache::new(cap), bytes: 0, max_bytes }));
+        let cache = NonZeroUsize::new(bounds.segment_entries).map(|cap| Mutex::new(SegmentCache::new(cap, max_bytes)));
         Ok(Self { inner, splitter, fast, cache, vocab_size, hits: AtomicU64::new(0), misses: AtomicU64::new(0) })
     }
 
@@ -264,8 +271,10 @@ impl TextTokenizer {
         self.misses.fetch_add(1, Ordering::Relaxed);
         let start = ids.len();
         self.encode_piece(segment, ids)?;
-        let encoded: Arc<[u32]> = ids[start..].into();
-        lock(cache).insert(segment, encoded);
+        if lock(cache).admit(segment) {
+            let encoded: Arc<[u32]> = ids[start..].into();
+            lock(cache).insert(segment, encoded);
+        }
         Ok(())
     }
 }
@@ -390,6 +399,30 @@ fn position_dependent(tokenizer: &tokenizers::Tokenizer) -> bool {
 // === impl SegmentCache ===
 
 impl SegmentCache {
+    fn new(entries: NonZeroUsize, max_bytes: usize) -> Self {
+        let seen_max = entries.get();
+        Self {
+            map: LruCache::with_hasher(entries, ahash::RandomState::new()),
+            bytes: 0,
+            max_bytes,
+            seen: std::collections::HashSet::with_hasher(ahash::RandomState::new()),
+            seen_max,
+        }
+    }
+
+    /// Whether a segment that missed is kept: the second time it is encoded (see `seen`).
+    fn admit(&mut self, segment: &str) -> bool {
+        let digest = self.seen.hasher().hash_one(segment);
+        if self.seen.remove(&digest) {
+            return true;
+        }
+        if self.seen.len() >= self.seen_max {
+            self.seen.clear();
+        }
+        self.seen.insert(digest);
+        false
+    }
+
     /// What an entry costs as the bound counts it: its text, its ids and its overhead (with a
     /// byte-level vocabulary the ids are four times the text).
     fn cost(segment: &str, ids: &[u32]) -> usize {

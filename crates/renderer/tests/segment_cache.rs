@@ -105,6 +105,8 @@ fn check(tok: &TextTokenizer, label: &str, rounds: usize) {
         };
         let want = tok.encode_uncached(&text, false).unwrap();
         assert_eq!(tok.encode(&text, false).unwrap(), want, "{label}: first encode of {text:?}");
+        // The second encode keeps its segments (the first only notes them), the third hits.
+        assert_eq!(tok.encode(&text, false).unwrap(), want, "{label}: second encode of {text:?}");
         assert_eq!(tok.encode(&text, false).unwrap(), want, "{label}: cached encode of {text:?}");
     }
 }
@@ -214,6 +216,8 @@ fn the_segment_cache_bound_counts_the_ids_too() {
     let mut cost = 0;
     for i in 0..100 {
         let text = format!("{i:04} a segment of its own. ").repeat(80);
+        // Kept the second time it is encoded.
+        tok.encode(&text, false).unwrap();
         let ids = tok.encode(&text, false).unwrap();
         assert_eq!(ids.len(), text.len(), "one id per byte");
         cost = text.len() + 4 * ids.len() + renderer::SEGMENT_ENTRY_BYTES;
@@ -223,4 +227,23 @@ fn the_segment_cache_bound_counts_the_ids_too() {
     let stats = tok.cache_stats();
     assert_eq!(stats.segment_entries, bound / cost, "as many as their whole cost fits: {stats:?}");
     assert_eq!(stats.segment_bytes, stats.segment_entries * cost);
+}
+
+/// A segment encoded once is not kept (a prompt's unique part would push out what comes
+/// back): unique texts leave the cache empty, and one encoded twice is kept and then hits.
+#[test]
+fn a_segment_seen_once_is_not_kept() {
+    let bounds = renderer::CacheBounds { segment_entries: 64, segment_bytes: 1 << 20, word_bytes: 0 };
+    let tok = TextTokenizer::from_bytes_with(builtin_tokenizer_json().as_bytes(), bounds).unwrap();
+    for i in 0..1000 {
+        tok.encode(&format!("unique text number {i}"), false).unwrap();
+    }
+    let stats = tok.cache_stats();
+    assert_eq!((stats.segment_entries, stats.hits), (0, 0), "{stats:?}");
+    let text = "a system prompt that every request carries";
+    for _ in 0..3 {
+        tok.encode(text, false).unwrap();
+    }
+    let stats = tok.cache_stats();
+    assert_eq!((stats.segment_entries, stats.hits), (1, 1), "kept at the second, hit at the third: {stats:?}");
 }
