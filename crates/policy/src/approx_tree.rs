@@ -37,7 +37,10 @@ pub struct ApproxTreeConfig {
     pub balance_abs: u32,
     /// ...and the most loaded has more than this multiple of the least.
     pub balance_rel: f64,
-    /// Upper bound on the bytes the tree holds: its text and [`NODE_BYTES`] per node.
+    /// Upper bound on the bytes the tree holds: its text and [`NODE_BYTES`] per node. The
+    /// default, 32 MiB, is some eight million tokens of text the workers were sent, more than
+    /// eight engines with a million-token KV cache each hold; SGLang Model Gateway's
+    /// `--max-tree-size` (64 Mi characters) counts per worker and not the nodes.
     pub max_tree_bytes: usize,
 }
 
@@ -81,7 +84,7 @@ const ROOT: usize = 0;
 
 impl Default for ApproxTreeConfig {
     fn default() -> Self {
-        Self { cache_threshold: 0.3, balance_abs: 64, balance_rel: 1.5, max_tree_bytes: 1 << 26 }
+        Self { cache_threshold: 0.3, balance_abs: 64, balance_rel: 1.5, max_tree_bytes: 1 << 25 }
     }
 }
 

@@ -283,7 +283,7 @@ pub(crate) struct ServeArgs {
         value_name = "S"
     )]
     pub(crate) approx_eviction_interval_secs: Option<u64>,
-    /// approx_tree (and cache_aware's text tree): most text bytes kept in the tree [default: 67108864].
+    /// approx_tree (and cache_aware's text tree): most bytes the tree holds, its text and its nodes [default: 33554432].
     #[arg(long, visible_alias = "max-tree-size", env = "SGL_ROUTER_APPROX_MAX_TREE_BYTES", value_name = "N")]
     pub(crate) approx_max_tree_bytes: Option<usize>,
     /// Longest a request may wait for the worker's response headers.
