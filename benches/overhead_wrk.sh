@@ -49,6 +49,8 @@
 #   BUILD=0           do not run `cargo build --release -p sgl-router` first
 #   RAW_OUT=file      also keep the per-window measurements (TSV) in file
 #   CONCS="1 64"      the concurrencies measured; BODIES="200 16384" the body sizes (one cell: CONCS=64 BODIES=16384)
+#   LUA=benches/wrk/prefix_groups.lua  bodies of each cell's size with 80 % of the text shared by one of
+#                     8 prefix groups and a random suffix each (issue 29's conditions) instead of one fixed body
 # Needs wrk (`apt-get install wrk`), nginx (`apt-get install nginx-light`), curl, bc, GNU time
 # (`apt-get install time`), procps (pgrep). Ports: 31001-31099.
 set -euo pipefail
@@ -60,7 +62,7 @@ BASELINE="${BASELINE:-}"
 SMG="${SMG:-}"
 VLLM_ROUTER="${VLLM_ROUTER:-}"
 NGINX="${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}"
-LUA=benches/wrk/post.lua
+LUA="${LUA:-benches/wrk/post.lua}"
 for tool in wrk curl bc pgrep; do
   command -v "$tool" >/dev/null || { echo "$tool is not installed (see the top of $0)" >&2; exit 1; }
 done
@@ -205,7 +207,7 @@ measure() {
   local round=$1 name=$2 conc=$3 body=$4 threads=1 r0=0 r1=0 e0 e1 line kv wall user sys
   [ "$conc" -gt 1 ] && threads=2
   local args=(-t"$threads" -c"$conc" --timeout 10s -s "$LUA" "$TURL/v1/chat/completions")
-  export WRK_BODY_FILE=$tmp/body_$body.json
+  export WRK_BODY_FILE=$tmp/body_$body.json BODY_BYTES=$body
   [ "$WARMUP" = 0 ] || wrk -d"${WARMUP}s" "${args[@]}" >/dev/null 2>&1 || true
   [ -z "$TPID" ] || r0=$(tree_ticks "$TPID"); e0=$(tree_ticks "$ENGINE_PID")
   /usr/bin/time -f '%e %U %S' -o "$tmp/time" wrk -d"${DURATION}s" "${args[@]}" >"$tmp/wrk.out" 2>&1 || true

@@ -1,6 +1,8 @@
 -- wrk script for benches/tree_memory.sh: chat POSTs of about BODY_BYTES (default 16384) bytes, 80 %
 -- of the text a system prompt shared by one of 8 prefix groups, the rest a random suffix of its own,
--- so every request adds something new to a cache-aware router's text tree.
+-- so every request adds something new to a cache-aware router's text tree. Also
+-- benches/overhead_wrk.sh's with LUA=benches/wrk/prefix_groups.lua (issue 29's conditions): it sets
+-- BODY_BYTES per cell, and done() prints the RESULT line benches/wrk/post.lua prints.
 --   BODY_BYTES=16384 wrk -t2 -c64 -d60s -s benches/wrk/prefix_groups.lua http://HOST:PORT/v1/chat/completions
 local size = tonumber(os.getenv("BODY_BYTES") or "16384")
 local groups = 8
@@ -28,4 +30,16 @@ request = function()
   local body = '{"model":"default","max_tokens":8,"messages":[{"role":"system","content":"' .. prefixes[g] ..
     '"},{"role":"user","content":"' .. table.concat(words, " ") .. '"}]}'
   return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, body)
+end
+
+function done(summary, latency, requests)
+  local e = summary.errors
+  local socket = e.connect + e.read + e.write + e.timeout
+  local secs = summary.duration / 1e6
+  local rps = 0
+  if secs > 0 then rps = summary.requests / secs end
+  io.write(string.format(
+    "RESULT rps=%.1f p50_us=%d p99_us=%d requests=%d errors=%d status_errors=%d socket_errors=%d duration_us=%d\n",
+    rps, latency:percentile(50), latency:percentile(99), summary.requests,
+    e.status + socket, e.status, socket, summary.duration))
 end
