@@ -129,10 +129,14 @@ nginx_cmd() { NGINX_CMD=("$NGINX" -p "$1" -e "$1/error.log" -c "$1/nginx.conf" -
 
 # The engine. `return` makes nginx discard the request body (read and dropped), so keep-alive
 # POSTs work; checked below with both body sizes.
+# The served model, for peers that register a worker only once they have detected its backend
+# (SMG 1.13 asks /v1/models, /version or /server_info; the last would turn on KV events here).
+MODELS='{"object":"list","data":[{"id":"bench","object":"model","created":1700000000,"owned_by":"bench"}]}'
 COMPLETION='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"ok ok ok ok ok ok ok ok"},"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":16,"completion_tokens":8,"total_tokens":24}}'
 nginx_conf "$tmp/engine" "$ENGINE_PORT" "" "
     location = /health { default_type text/plain; return 200 \"ok\"; }
     location = /v1/chat/completions { default_type application/json; return 200 '$COMPLETION'; }
+    location = /v1/models { default_type application/json; return 200 '$MODELS'; }
     location / { return 404; }"
 nginx_cmd "$tmp/engine"
 "${NGINX_CMD[@]}" >"$tmp/engine.log" 2>&1 & ENGINE_PID=$!; pids+=("$ENGINE_PID")
@@ -207,7 +211,7 @@ measure() {
   local round=$1 name=$2 conc=$3 body=$4 threads=1 r0=0 r1=0 e0 e1 line kv wall user sys
   [ "$conc" -gt 1 ] && threads=2
   local args=(-t"$threads" -c"$conc" --timeout 10s -s "$LUA" "$TURL/v1/chat/completions")
-  export WRK_BODY_FILE=$tmp/body_$body.json BODY_BYTES=$body
+  export WRK_BODY_FILE=$tmp/body_$body.json BODY_BYTES=$body MODEL=bench
   [ "$WARMUP" = 0 ] || wrk -d"${WARMUP}s" "${args[@]}" >/dev/null 2>&1 || true
   [ -z "$TPID" ] || r0=$(tree_ticks "$TPID"); e0=$(tree_ticks "$ENGINE_PID")
   /usr/bin/time -f '%e %U %S' -o "$tmp/time" wrk -d"${DURATION}s" "${args[@]}" >"$tmp/wrk.out" 2>&1 || true

@@ -5,6 +5,7 @@
 -- BODY_BYTES per cell, and done() prints the RESULT line benches/wrk/post.lua prints.
 --   BODY_BYTES=16384 wrk -t2 -c64 -d60s -s benches/wrk/prefix_groups.lua http://HOST:PORT/v1/chat/completions
 local size = tonumber(os.getenv("BODY_BYTES") or "16384")
+local model = os.getenv("MODEL") or "default"
 local groups = 8
 local prefixes = {}
 for g = 1, groups do
@@ -27,7 +28,7 @@ request = function()
     words[#words + 1] = w
     n = n + #w + 1
   end
-  local body = '{"model":"default","max_tokens":8,"messages":[{"role":"system","content":"' .. prefixes[g] ..
+  local body = '{"model":"' .. model .. '","max_tokens":8,"messages":[{"role":"system","content":"' .. prefixes[g] ..
     '"},{"role":"user","content":"' .. table.concat(words, " ") .. '"}]}'
   return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, body)
 end
