@@ -256,8 +256,22 @@ impl ApproxTree {
     }
 }
 
+/// How many leading bytes `a` and `b` share: sixteen at a time (a shared system prompt is
+/// kilobytes long, and every request walks it twice), then byte by byte.
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+    const W: usize = 16;
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + W <= n {
+        let word = |s: &[u8]| u128::from_le_bytes(s[i..i + W].try_into().unwrap_or([0; W]));
+        let differ = word(a) ^ word(b);
+        if differ != 0 {
+            // Little-endian: the first differing byte is the lowest set one.
+            return i + (differ.trailing_zeros() / 8) as usize;
+        }
+        i += W;
+    }
+    i + a[i..n].iter().zip(&b[i..n]).take_while(|(x, y)| x == y).count()
 }
 
 /// The load order with ties to the lowest id, whatever the candidates' order.
@@ -340,6 +354,26 @@ mod tests {
             load: Load { in_flight, uncached_tokens: 0 },
             matched_tokens: 0,
             followed: false,
+        }
+    }
+
+    /// The word-at-a-time comparison agrees with the byte-by-byte one at every length and every
+    /// position of the first difference, around the word boundaries.
+    #[test]
+    fn common_prefix_agrees_with_the_naive_one() {
+        let naive = |a: &[u8], b: &[u8]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
+        let base: Vec<u8> = (0..100u8).map(|i| i.wrapping_mul(37)).collect();
+        for len_a in 0..70 {
+            for len_b in [0, 1, 15, 16, 17, 31, 32, 33, 50, 69] {
+                for diff in 0..len_a.min(len_b) + 1 {
+                    let a = &base[..len_a];
+                    let mut b = base[..len_b].to_vec();
+                    if diff < b.len() {
+                        b[diff] ^= 0x40;
+                    }
+                    assert_eq!(common_prefix(a, &b), naive(a, &b), "{len_a} {len_b} {diff}");
+                }
+            }
         }
     }
 

@@ -94,6 +94,17 @@ impl ChatRequest {
         Ok(())
     }
 
+    /// The final message's text, which `continue_final_message` leaves open (string contents
+    /// only: the direct ChatML rendering takes no others).
+    pub(crate) fn final_text(&self) -> Result<String, RenderError> {
+        match self.messages.last().and_then(|m| m.get("content")) {
+            Some(Json::String(s)) => Ok(s.clone()),
+            // As the template's variables have it: a null or absent content is "".
+            None | Some(Json::Null) => Ok(String::new()),
+            Some(_) => Err(RenderError::InvalidRequest("continue_final_message: content parts".into())),
+        }
+    }
+
     /// The template variables for this request (special tokens are added by the caller).
     pub(crate) fn template_input(&self, format: ContentFormat) -> Result<TemplateInput, RenderError> {
         let messages: Vec<Json> = self.messages.iter().map(|m| Json::Object(normalize_message(m, format))).collect();

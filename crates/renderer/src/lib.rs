@@ -11,6 +11,7 @@
 mod builtin;
 mod chain_memo;
 mod chat;
+mod chatml;
 mod error;
 mod fast_bpe;
 pub mod hash;
@@ -85,6 +86,22 @@ impl Renderer {
 
     /// The chat template's output for `req`.
     pub fn render_text(&self, req: &ChatRequest) -> Result<String, RenderError> {
+        let has_tools = req.tools.as_ref().is_some_and(|t| !t.is_empty());
+        let template = self.config.templates.select(has_tools).ok_or(RenderError::MissingTemplate)?;
+        // The built-in ChatML template, for a request it renders alike, without the template engine.
+        if template.is_builtin_chatml()
+            && let Some(text) = chatml::render(req)
+        {
+            return match req.continue_final_message {
+                Some(true) => chat::cut_after_final_message(&text, &req.final_text()?),
+                _ => Ok(text),
+            };
+        }
+        self.render_text_templated(req)
+    }
+
+    /// [`Renderer::render_text`] through the template engine, whatever the template.
+    pub(crate) fn render_text_templated(&self, req: &ChatRequest) -> Result<String, RenderError> {
         let has_tools = req.tools.as_ref().is_some_and(|t| !t.is_empty());
         let template = self.config.templates.select(has_tools).ok_or(RenderError::MissingTemplate)?;
         let input = req.template_input(template.content_format())?;

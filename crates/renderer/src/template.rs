@@ -32,6 +32,8 @@ pub enum ContentFormat {
 pub struct ChatTemplate {
     env: Environment<'static>,
     content_format: ContentFormat,
+    /// The source is the built-in ChatML template (`crate::chatml` renders it directly).
+    builtin_chatml: bool,
 }
 
 // === impl ChatTemplate ===
@@ -57,7 +59,12 @@ impl ChatTemplate {
         env.add_function("strftime_now", |format: String| strftime_now(&format));
         env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, rewrite_generation_tags(source)).map_err(template_error)?;
-        Ok(Self { env, content_format })
+        Ok(Self { env, content_format, builtin_chatml: source == crate::BUILTIN_CHAT_TEMPLATE })
+    }
+
+    /// Whether this is the built-in ChatML template.
+    pub(crate) fn is_builtin_chatml(&self) -> bool {
+        self.builtin_chatml
     }
 
     /// The content format the template expects (SGLang's detection rule).
