@@ -44,14 +44,5 @@ request = function()
   return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, body)
 end
 
-function done(summary, latency, requests)
-  local e = summary.errors
-  local socket = e.connect + e.read + e.write + e.timeout
-  local secs = summary.duration / 1e6
-  local rps = 0
-  if secs > 0 then rps = summary.requests / secs end
-  io.write(string.format(
-    "RESULT rps=%.1f p50_us=%d p99_us=%d requests=%d errors=%d status_errors=%d socket_errors=%d duration_us=%d\n",
-    rps, latency:percentile(50), latency:percentile(99), summary.requests,
-    e.status + socket, e.status, socket, summary.duration))
-end
+-- done(): the RESULT line, from result.lua beside this script.
+dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "result.lua")

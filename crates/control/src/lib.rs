@@ -56,8 +56,7 @@ async fn debug_route(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, GatewayError> {
-    let bytes = gateway::read_body(&gw, body).await?;
-    gateway::explain::decide(&gw, q.route.as_deref(), &headers, bytes).await.map(Json)
+    explain(&gw, q, &headers, body, Explain::Decide).await
 }
 
 /// `POST /v1/route/preview`: which pool, decision and worker a request
@@ -69,8 +68,30 @@ async fn route_preview(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, GatewayError> {
-    let bytes = gateway::read_body(&gw, body).await?;
-    gateway::explain::preview(&gw, q.route.as_deref(), &headers, bytes).await.map(Json)
+    explain(&gw, q, &headers, body, Explain::Preview).await
+}
+
+/// Which explain a route asks for.
+enum Explain {
+    Decide,
+    Preview,
+}
+
+/// Reads an explain's body and runs the gateway's dry run on it.
+async fn explain(
+    gw: &Arc<Gateway>,
+    q: ExplainQuery,
+    headers: &HeaderMap,
+    body: Body,
+    which: Explain,
+) -> Result<Json<Value>, GatewayError> {
+    let bytes = gateway::read_body(gw, body).await?;
+    let route = q.route.as_deref();
+    let explained = match which {
+        Explain::Decide => gateway::explain::decide(gw, route, headers, bytes).await,
+        Explain::Preview => gateway::explain::preview(gw, route, headers, bytes).await,
+    };
+    explained.map(Json)
 }
 
 /// `GET /metrics`: the gateway's series, the fleet's and the process's.
