@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 
 use crate::pipeline::body::parse_body;
-use crate::pipeline::request::Route;
+use crate::pipeline::request::{Meta, Route, Seen};
 use crate::{Gateway, GatewayError};
 
 /// `POST /v1/route/preview`: which pool, decision and worker a request would
@@ -22,13 +22,7 @@ pub async fn preview(
     headers: &HeaderMap,
     bytes: Bytes,
 ) -> Result<Value, GatewayError> {
-    let route = route_named(route)?;
-    let key = h1_codec::usable_key(headers.get(h1_codec::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
-    // One routing config for the whole explain.
-    let routing = gw.routing();
-    let (signal_headers, session) = routing_headers(routing.as_deref(), headers);
-    let crate::pools::PreRouted { body: parsed, embeddings } =
-        crate::pools::pre_route(gw, routing.as_deref(), route, &bytes).await?;
+    let Asking { route, routing, meta, parsed, embeddings } = prologue(gw, route, headers, &bytes).await?;
     let (gw2, len) = (gw.clone(), bytes.len());
     let out = crate::pipeline::admission::render(gw, len, move || {
         let mut v = parsed.map_or_else(|| crate::pipeline::body::parse_json(&bytes), Ok)?;
@@ -36,17 +30,7 @@ pub async fn preview(
         let renders = planner::Renders::default();
         let routed = match routing {
             Some(routing) => {
-                let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
-                let renders = &renders;
-                let ask = crate::pools::Asked {
-                    debug: true,
-                    headers,
-                    session,
-                    embeddings,
-                    cache_bypass: true,
-                    caller: None,
-                    renders,
-                };
+                let ask = asked(&meta, true, embeddings.as_ref(), &renders);
                 crate::pools::route(&gw2, &routing, route, &mut v, &ask, Some(&mut preview))
             }
             None => Ok(crate::pools::Routed::default_pool(&gw2)),
@@ -80,14 +64,14 @@ pub async fn preview(
         out["body_rewritten"] = json!(routed.rewritten);
         // A disaggregated pool: the pair it would pick, never committed.
         if let Some(pd) = pool.pd.clone() {
-            match crate::pd::explain_pair(&gw2, (pool, &pd), route, &v, key.as_deref()) {
+            match crate::pd::explain_pair(&gw2, (pool, &pd), route, &v, meta.routing_key.as_deref()) {
                 Ok(pair) => out["pair"] = pair,
                 Err(e) => out["error"] = e.body()["error"].clone(),
             }
             return Ok(out);
         }
         // The worker the pool would pick: the policy's choice, never committed.
-        match gw2.planner().plan(pool, route, Some(&v), key.as_deref(), &renders, false) {
+        match gw2.planner().plan(pool, route, Some(&v), meta.routing_key.as_deref(), &renders, false) {
             Ok(plan) => {
                 out["worker"] = json!(plan.chosen().url);
                 out["policy"] = json!(pool.policy.name());
@@ -113,31 +97,17 @@ pub async fn decide(
     headers: &HeaderMap,
     bytes: Bytes,
 ) -> Result<Value, GatewayError> {
-    let key = h1_codec::usable_key(headers.get(h1_codec::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes));
-    let route = route_named(route)?;
     // Rendered like a request: a large body off the serving thread; with a routing config, in
     // the pool the request would get (nothing counted, remembered or learned).
-    // One routing config for the whole explain.
-    let routing = gw.routing();
-    let (signal_headers, session) = routing_headers(routing.as_deref(), headers);
-    let crate::pools::PreRouted { body: parsed, embeddings } =
-        crate::pools::pre_route(gw, routing.as_deref(), route, &bytes).await?;
-    let (gw2, len, key) = (gw.clone(), bytes.len(), key);
+    let Asking { route, routing, meta, parsed, embeddings } = prologue(gw, route, headers, &bytes).await?;
+    let (gw2, len) = (gw.clone(), bytes.len());
     let plan = crate::pipeline::admission::render(gw, len, move || {
         let mut v = parse_body(&gw2, route, &bytes, parsed)?;
         let renders = planner::Renders::default();
+        let key = meta.routing_key.as_deref();
         let pool = match (routing, v.as_mut()) {
             (Some(routing), Some(v)) => {
-                let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
-                let ask = crate::pools::Asked {
-                    debug: false,
-                    headers,
-                    session,
-                    embeddings,
-                    cache_bypass: true,
-                    caller: None,
-                    renders: &renders,
-                };
+                let ask = asked(&meta, false, embeddings.as_ref(), &renders);
                 let mut preview = crate::pools::Preview::default();
                 crate::pools::route(&gw2, &routing, route, v, &ask, Some(&mut preview))?.pool
             }
@@ -146,9 +116,9 @@ pub async fn decide(
         // A disaggregated pool: both legs' choices and why.
         if let Some(pd) = pool.pd.clone() {
             let v = v.map_or_else(|| crate::pipeline::body::parse_json(&bytes), Ok)?;
-            return crate::pd::explain_pair(&gw2, (&pool, &pd), route, &v, key.as_deref()).map(Explained::Pair);
+            return crate::pd::explain_pair(&gw2, (&pool, &pd), route, &v, key).map(Explained::Pair);
         }
-        Ok(Explained::Plan(gw2.planner().plan(&pool, route, v.as_ref(), key.as_deref(), &renders, false)?))
+        Ok(Explained::Plan(gw2.planner().plan(&pool, route, v.as_ref(), key, &renders, false)?))
     })
     .await??;
     let plan = match plan {
@@ -174,14 +144,48 @@ enum Explained {
     Pair(Value),
 }
 
-/// What routing reads of an explain's headers: those header signals read, and `x-session-id`.
-fn routing_headers(
-    routing: Option<&crate::pools::Routing>,
+/// What both explains read before the select phase, as the pipeline reads a request.
+struct Asking {
+    route: Route,
+    /// One routing config for the whole explain.
+    routing: Option<Arc<crate::pools::Routing>>,
+    /// Its routing key, the headers its header signals read, its session; no caller, no cache.
+    meta: Meta,
+    /// The body as the signals parsed it, and the vectors the decisions read.
+    parsed: Option<Value>,
+    embeddings: Option<model_select::RequestEmbeddings>,
+}
+
+/// The explained request's route (`?route=`), routing snapshot, what it carries and its
+/// embeddings, read from its `headers` and `bytes` as the pipeline reads them.
+async fn prologue(
+    gw: &Arc<Gateway>,
+    route: Option<&str>,
     headers: &HeaderMap,
-) -> (Vec<(String, String)>, Option<Vec<u8>>) {
-    let signal_headers = crate::pools::wanted_headers(routing, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
-    let session = h1_codec::usable_key(headers.get(h1_codec::SESSION_HEADER).map(HeaderValue::as_bytes));
-    (signal_headers, session)
+    bytes: &Bytes,
+) -> Result<Asking, GatewayError> {
+    let route = route_named(route)?;
+    let routing = gw.routing();
+    let key = |name: &str| h1_codec::usable_key(headers.get(name).map(HeaderValue::as_bytes));
+    let keys = (key(h1_codec::ROUTING_KEY_HEADER), key(h1_codec::SESSION_HEADER));
+    let lines = || headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes()));
+    // Anonymous (no caller) and reading no response cache.
+    let mut meta = Meta::new(gw, String::new(), routing.as_deref(), Seen::default(), keys, lines);
+    meta.cache_bypass = true;
+    let crate::pools::PreRouted { body: parsed, embeddings } =
+        crate::pools::pre_route(gw, routing.as_deref(), route, bytes).await?;
+    Ok(Asking { route, routing, meta, parsed, embeddings })
+}
+
+/// What the select phase is asked of an explained request (`debug`: with every signal).
+fn asked<'a>(
+    meta: &'a Meta,
+    debug: bool,
+    embeddings: Option<&'a model_select::RequestEmbeddings>,
+    renders: &'a planner::Renders,
+) -> crate::pools::Asked<'a> {
+    let (headers, session) = (&meta.signal_headers[..], meta.session.as_deref());
+    crate::pools::Asked { debug, headers, session, embeddings, cache_bypass: true, caller: None, renders }
 }
 
 /// The route an explain is about (`?route=`, chat by default).

@@ -18,7 +18,7 @@ use crate::pipeline::Outcome;
 use crate::pipeline::account::{InFlight, count_error, request_span};
 use crate::pipeline::admission::Admission;
 use crate::pipeline::body::read_body;
-use crate::pipeline::request::{Meta, ROUTE_DEBUG_HEADER, Route};
+use crate::pipeline::request::{Meta, ROUTE_DEBUG_HEADER, Request, Route, Seen};
 use crate::pools::HeaderEdits;
 use crate::relay::{Ending, UpstreamBody, stream_back};
 use crate::send::upstream_headers;
@@ -62,26 +62,21 @@ async fn serve(
     let routing = gw.routing();
     let admission = Admission::admit_waiting(&gw, crate::pipeline::admission::declared_charge(&gw, &headers)).await?;
     let bytes = read_body(&gw, body).await?;
-    // Who asks, read before the client's credentials give way to the workers'.
-    let caller = crate::pipeline::auth::caller(&gw, headers.get(header::AUTHORIZATION).map(HeaderValue::as_bytes));
-    let route_debug = Meta::wants_debug(&gw.control_keys, headers.get(ROUTE_DEBUG_HEADER).map(HeaderValue::as_bytes));
+    // Who asks and whether it wants the explain, read before the client's credentials give way
+    // to the workers' (and hop-by-hop headers go).
+    let (authorization, route_debug) =
+        (headers.get(header::AUTHORIZATION).cloned(), headers.get(ROUTE_DEBUG_HEADER).cloned());
     upstream_headers(&gw, &mut headers);
     let headers = Arc::new(headers);
-    let meta = Meta {
-        id: id.to_string(),
-        routing_key: h1_codec::usable_key(headers.get(h1_codec::ROUTING_KEY_HEADER).map(HeaderValue::as_bytes)),
-        route_debug,
-        signal_headers: crate::pools::wanted_headers(
-            routing.as_deref(),
-            headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())),
-        ),
-        session: h1_codec::usable_key(headers.get(h1_codec::SESSION_HEADER).map(HeaderValue::as_bytes)),
-        cache_bypass: crate::pipeline::request::bypassed(
-            headers.get_all(header::CACHE_CONTROL).iter().map(HeaderValue::as_bytes),
-        ),
-        forced: None,
-        caller,
+    let (authorization, route_debug) = (authorization.as_ref(), route_debug.as_ref());
+    let seen = Seen {
+        authorization: authorization.map(HeaderValue::as_bytes),
+        route_debug: route_debug.map(HeaderValue::as_bytes),
     };
+    let key = |name: &str| h1_codec::usable_key(headers.get(name).map(HeaderValue::as_bytes));
+    let keys = (key(h1_codec::ROUTING_KEY_HEADER), key(h1_codec::SESSION_HEADER));
+    let lines = || headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes()));
+    let meta = Meta::new(&gw, id.to_string(), routing.as_deref(), seen, keys, lines);
     // Sent with the fast path's own client: it reads a worker's early answer (a 413 before the
     // whole body was written), which hyper's drops.
     let extra = answer::extra(&gw, &headers);
@@ -89,9 +84,8 @@ async fn serve(
         let extra = extra.edited(edits.as_deref());
         async move { upstream::send(worker, route, body, rank, extra).await.map(answer::into_response) }
     };
-    let pd_headers = || headers.clone();
-    let outcome =
-        crate::pipeline::run(&gw, admission, (route, routing), bytes, start, &meta, &send, pd_headers).await?;
+    let request = Request { route, routing, admission, body: bytes, start, meta };
+    let outcome = crate::pipeline::run(&gw, request, &send, &extra).await?;
     let (mut answer, verdict) = match outcome {
         Outcome::Cached(hit, verdict) => (hit.into_response(), verdict),
         Outcome::Sent(guard, worker, resp, verdict) => (relay(&gw, guard, worker, resp), verdict),

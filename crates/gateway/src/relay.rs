@@ -1,13 +1,15 @@
-//! The relay of a worker's answer to the client on the axum front end: its
-//! head and end-to-end headers, its body frame by frame, holding the
-//! request's load until the body ends, with the mid-answer deadline, a clean
-//! end for a worker that fails mid-stream, and (for a disaggregated answer)
-//! a cut when the prefill leg fails.
+//! The relay phase: the answer filters every relayed answer passes
+//! ([`Tap`]: the request's load and status, the first byte's prefill mark,
+//! the response-cache recorder, a worker failing mid-answer), on both front
+//! ends; and the axum front end's relay over them: the answer's head and
+//! end-to-end headers, its body frame by frame with the mid-answer deadline,
+//! and (for a disaggregated answer) a cut when the prefill leg fails. The
+//! fast path's byte relay (`h1::upstream::relay`) runs the same [`Tap`].
 
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderName, header};
+use axum::http::{HeaderName, HeaderValue, header};
 use axum::response::Response;
 use serde_json::json;
 use tracing::warn;
@@ -33,25 +35,94 @@ pub(crate) fn failed_mid_answer(worker: &Worker, e: &dyn std::fmt::Display, sse:
     sse.then(|| Bytes::from(format!("data: {event}\n\ndata: [DONE]\n\n")))
 }
 
+/// The answer filters of one relayed answer, whatever writes it: the
+/// request's accounting (its status, held until the answer ends, counted
+/// once when the tap is dropped), the worker's first byte (the prefill is
+/// over), the response-cache recorder of a miss, and a worker failing or
+/// falling silent mid-answer (the answer counts as cut, the worker leaves
+/// rotation, an event stream gets a last error event).
+pub(crate) struct Tap {
+    guard: InFlight,
+    worker: Arc<Worker>,
+    /// The answer is an event stream (`text/event-stream`).
+    sse: bool,
+    /// The answer so far, for the response cache (dropped when it fails or grows too large).
+    recorder: Option<Recorder>,
+}
+
+impl Tap {
+    /// Taps the answer of `worker` with `status` and `content_type`.
+    pub(crate) fn new(mut guard: InFlight, worker: Arc<Worker>, status: u16, content_type: Option<HeaderValue>) -> Tap {
+        guard.status = status;
+        let sse = content_type.as_ref().is_some_and(|c| c.as_bytes().starts_with(b"text/event-stream"));
+        // A response-cache miss records a successful answer as it passes, to keep it once complete.
+        let recorder = guard.cache.take().and_then(|t| Recorder::new(t, status, content_type));
+        Tap { guard, worker, sse, recorder }
+    }
+
+    /// Bytes of the answer's body on their way to the client.
+    pub(crate) fn data(&mut self, data: &[u8]) {
+        // The first byte of a streamed answer follows the first token.
+        self.guard.load.prefill_done();
+        if let Some(r) = self.recorder.as_mut()
+            && !r.push(data)
+        {
+            self.recorder = None;
+        }
+    }
+
+    /// The answer went through whole: a recorded one is kept in the response cache.
+    pub(crate) fn ended(&mut self) {
+        if let Some(r) = self.recorder.take() {
+            r.ended();
+        }
+    }
+
+    /// The worker failed or fell silent mid-answer (`e`): the answer is cut and
+    /// the worker leaves rotation. Returns the last event an event stream ends
+    /// with, when the answer's framing can still end cleanly (`can_end`).
+    pub(crate) fn failed(&mut self, e: &dyn std::fmt::Display, can_end: bool) -> Option<Bytes> {
+        self.recorder = None;
+        self.guard.cut();
+        failed_mid_answer(&self.worker, e, self.sse && can_end)
+    }
+
+    /// The worker failed before any of its answer went out: the client gets a 502 instead.
+    pub(crate) fn failed_before_head(&mut self, e: &dyn std::fmt::Display) {
+        self.recorder = None;
+        self.guard.status = 502;
+        let _ = failed_mid_answer(&self.worker, e, false);
+    }
+
+    /// The router cut the answer (`why`, a disaggregated answer's prefill leg failed):
+    /// counted as cut; an event stream gets a last error event.
+    fn cut(&mut self, why: &str) -> Option<Bytes> {
+        self.recorder = None;
+        self.guard.cut();
+        warn!(worker = %self.worker.url, why, "answer cut");
+        let event = json!({"error": {"message": why, "type": "upstream_unreachable", "code": 502}});
+        self.sse.then(|| Bytes::from(format!("data: {event}\n\ndata: [DONE]\n\n")))
+    }
+
+    /// The worker whose answer this is.
+    pub(crate) fn worker(&self) -> &Arc<Worker> {
+        &self.worker
+    }
+}
+
 /// Passes the worker's answer through frame by frame: its status, its
 /// end-to-end headers and its length (a sized answer goes out in one write,
 /// not chunked); a redirect goes back to the client, not followed. A worker that dies
 /// mid-stream ends the stream with an error event (server-sent events) and
 /// leaves rotation; a client that goes away drops the upstream request.
 pub(crate) fn stream_back(
-    mut guard: InFlight,
+    guard: InFlight,
     worker: Arc<Worker>,
     resp: axum::http::Response<UpstreamBody>,
     idle_limit: std::time::Duration,
     ending: Ending,
 ) -> Response {
     let (mut parts, body) = resp.into_parts();
-    guard.status = parts.status.as_u16();
-    let sse = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|c| c.to_str().ok())
-        .is_some_and(|c| c.starts_with("text/event-stream"));
     // The worker's headers pass through, except hop-by-hop ones and the length (set from the body).
     // Transfer codings other than `chunked` (say `gzip, chunked`) stay: the body is still coded,
     // and hyper frames it in chunks whatever the worker's framing was.
@@ -72,10 +143,8 @@ pub(crate) fn stream_back(
         parts.headers.remove(name);
     }
     let idle = Box::pin(tokio::time::sleep(idle_limit));
-    // A response-cache miss records a successful answer as it passes, to keep it once complete.
-    let content_type = parts.headers.get(header::CONTENT_TYPE).cloned();
-    let recorder = guard.cache.take().and_then(|t| Recorder::new(t, parts.status.as_u16(), content_type));
-    let relay = Relay { inner: body, guard: Some(guard), worker, sse, idle, idle_limit, ending, recorder };
+    let tap = Tap::new(guard, worker, parts.status.as_u16(), parts.headers.get(header::CONTENT_TYPE).cloned());
+    let relay = Relay { inner: body, tap: Some(tap), idle, idle_limit, ending };
     let mut response = Response::new(Body::new(relay));
     *response.status_mut() = parts.status;
     *response.headers_mut() = parts.headers;
@@ -93,30 +162,15 @@ pub(crate) struct Ending {
     pub(crate) _ended: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
-/// The body of a proxied answer; holds the request's load until it ends.
+/// The body of a proxied answer; its tap holds the request's load until it ends.
 struct Relay {
     inner: UpstreamBody,
-    guard: Option<InFlight>,
-    worker: Arc<Worker>,
-    sse: bool,
+    /// `None` once the answer ended, whole or not.
+    tap: Option<Tap>,
     /// Fires when the worker has been silent mid-body for `idle_limit`.
     idle: std::pin::Pin<Box<tokio::time::Sleep>>,
     idle_limit: std::time::Duration,
     ending: Ending,
-    /// The answer so far, for the response cache (dropped when the answer fails or grows too large).
-    recorder: Option<Recorder>,
-}
-
-impl Relay {
-    /// The answer ended whole: a recorded one goes into the response cache.
-    fn ended(&mut self) {
-        if self.guard.is_none() {
-            return;
-        }
-        if let Some(r) = self.recorder.take() {
-            r.ended();
-        }
-    }
 }
 
 impl http_body::Body for Relay {
@@ -129,63 +183,46 @@ impl http_body::Body for Relay {
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
         use std::task::Poll;
         let this = self.get_mut();
-        let Some(g) = this.guard.as_mut() else { return Poll::Ready(None) };
+        let Some(tap) = this.tap.as_mut() else { return Poll::Ready(None) };
+        // A failed answer's last frame: an event stream's error event, or an error (the client sees it cut).
+        let last = |tail: Option<Bytes>, e: String| match tail {
+            Some(tail) => Poll::Ready(Some(Ok(http_body::Frame::data(tail)))),
+            None => Poll::Ready(Some(Err(std::io::Error::other(e)))),
+        };
         if let Some(cut) = this.ending.cut.as_mut()
             && let Poll::Ready(why) = cut.as_mut().poll(cx)
         {
-            g.cut();
-            this.guard = None;
-            this.recorder = None;
+            let tail = tap.cut(&why);
+            this.tap = None;
             this.ending = Ending::default();
-            warn!(worker = %this.worker.url, why, "answer cut");
-            let event = json!({"error": {"message": why, "type": "upstream_unreachable", "code": 502}});
-            return match this.sse {
-                true => Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(format!(
-                    "data: {event}\n\ndata: [DONE]\n\n"
-                )))))),
-                false => Poll::Ready(Some(Err(std::io::Error::other(why)))),
-            };
+            return last(tail, why);
         }
         match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    // The first byte of a streamed answer follows the first token.
-                    g.load.prefill_done();
-                    if let Some(r) = this.recorder.as_mut()
-                        && !r.push(data)
-                    {
-                        this.recorder = None;
-                    }
+                    tap.data(data);
                 }
                 this.idle.as_mut().reset(tokio::time::Instant::now() + this.idle_limit);
                 if this.inner.is_end_stream() {
-                    this.ended();
+                    tap.ended();
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
-                g.cut();
-                this.guard = None;
-                this.recorder = None;
-                match failed_mid_answer(&this.worker, &e, this.sse) {
-                    Some(tail) => Poll::Ready(Some(Ok(http_body::Frame::data(tail)))),
-                    None => Poll::Ready(Some(Err(std::io::Error::other(e.to_string())))),
-                }
+                let tail = tap.failed(&e, true);
+                this.tap = None;
+                last(tail, e.to_string())
             }
             // A worker silent mid-body past the limit has failed, as one that broke the connection.
             Poll::Pending if this.idle.as_mut().poll(cx).is_ready() => {
-                g.cut();
-                this.guard = None;
-                this.recorder = None;
                 let e = format!("no data from the worker within {:?}", this.idle_limit);
-                match failed_mid_answer(&this.worker, &e, this.sse) {
-                    Some(tail) => Poll::Ready(Some(Ok(http_body::Frame::data(tail)))),
-                    None => Poll::Ready(Some(Err(std::io::Error::other(e)))),
-                }
+                let tail = tap.failed(&e, true);
+                this.tap = None;
+                last(tail, e)
             }
             Poll::Ready(None) => {
-                this.ended();
-                this.guard = None;
+                tap.ended();
+                this.tap = None;
                 Poll::Ready(None)
             }
             Poll::Pending => Poll::Pending,
@@ -193,7 +230,7 @@ impl http_body::Body for Relay {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.guard.is_none() || self.inner.is_end_stream()
+        self.tap.is_none() || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {

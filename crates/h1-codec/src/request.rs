@@ -139,8 +139,6 @@ pub struct Head {
     pub authorization: Option<Vec<u8>>,
     /// The client's request-id headers: (position in `--request-id-headers`, value), each once.
     pub request_ids: Vec<(usize, Vec<u8>)>,
-    /// It sent `x-request-id` itself (the worker gets it as sent).
-    pub sent_x_request_id: bool,
     /// The page's origin (CORS).
     pub origin: Option<Vec<u8>>,
     /// The client's routing key (`x-smg-routing-key`).
@@ -188,7 +186,7 @@ pub fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
     let close = option("close");
     let (mut body_len, mut expect_continue) = (None, false);
     let (mut forward, mut rank, mut authorization) = (Vec::new(), None, None);
-    let (mut request_ids, mut sent_x_request_id, mut origin) = (Vec::new(), false, None);
+    let (mut request_ids, mut origin) = (Vec::new(), None);
     let (mut routing_key, mut route_debug, mut session) = (None, None, None);
     for h in req.headers.iter() {
         if let Some(i) = id_names.iter().position(|n| h.name.eq_ignore_ascii_case(n))
@@ -196,7 +194,6 @@ pub fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
         {
             request_ids.push((i, h.value.to_vec()));
         }
-        sent_x_request_id |= h.name.eq_ignore_ascii_case(REQUEST_ID_HEADER);
         if h.name.eq_ignore_ascii_case("origin") {
             origin = Some(h.value.to_vec());
         } else if h.name.eq_ignore_ascii_case(ROUTING_KEY_HEADER) {
@@ -213,7 +210,8 @@ pub fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
             if authorization.replace(h.value.to_vec()).is_some() {
                 return Some(Next::Refuse(Refusal::Malformed("more than one authorization header".into())));
             }
-        } else if forwarded(h.name, &connection) {
+        } else if forwarded(h.name, &connection) && !h.name.eq_ignore_ascii_case(REQUEST_ID_HEADER) {
+            // The request's id goes to the worker as the router chose it, once.
             push_header(&mut forward, h.name.as_bytes(), h.value);
         }
         let value = std::str::from_utf8(h.value).unwrap_or("\u{0}").trim();
@@ -240,7 +238,6 @@ pub fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
         rank,
         authorization,
         request_ids,
-        sent_x_request_id,
         origin,
         routing_key,
         route_debug,

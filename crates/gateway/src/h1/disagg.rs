@@ -1,33 +1,17 @@
 //! Disaggregated answers on the fast path: what the pipeline's PD dispatch
 //! answered (the decode leg's stream, merged where asked, or a failed leg's
 //! own answer) written on the connection, sized when its length is known and
-//! chunked otherwise, with the upstream idle deadline on every wait; and the
-//! legs' headers as a map.
+//! chunked otherwise, with the upstream idle deadline on every wait.
 
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::Response;
 use h1_codec::chunked;
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 
 use super::Peer;
-use crate::pipeline::request::{RANK_HEADER, header_lines, push_header, relayed};
-
-/// The worker's headers as a map (the PD legs take one).
-pub(super) fn header_map(lines: &[u8], rank: Option<&[u8]>) -> HeaderMap {
-    let mut map = HeaderMap::with_capacity(16);
-    for (name, value) in header_lines(lines) {
-        if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value)) {
-            map.append(n, v);
-        }
-    }
-    if let Some(v) = rank.and_then(|r| HeaderValue::from_bytes(r).ok()) {
-        map.insert(RANK_HEADER, v);
-    }
-    map
-}
+use crate::pipeline::request::{push_header, relayed};
 
 /// Writes `answer` on the connection; false when it could not be written whole (the client
 /// went, the body broke, or it stalled past `idle`): the connection then closes.
@@ -158,13 +142,5 @@ mod tests {
         let (out, ok) = written(answer, false).await;
         assert!(!ok, "the connection closes");
         assert!(out.ends_with("9\r\ndata: a\n\n\r\n"), "no last chunk: the client sees it cut: {out:?}");
-    }
-
-    #[test]
-    fn the_legs_get_the_serialized_headers_and_the_rank_hint() {
-        let map = header_map(b"authorization: Bearer k\r\nx-a: 1\r\nx-a: 2\r\n", Some(b"3"));
-        assert_eq!(map["authorization"], "Bearer k");
-        assert_eq!(map.get_all("x-a").iter().count(), 2);
-        assert_eq!(map[RANK_HEADER], "3");
     }
 }

@@ -40,7 +40,7 @@ use h1_codec::{Head, Next, Refusal, parse_head};
 use self::head::Answer as _;
 use crate::pipeline::Outcome;
 use crate::pipeline::account::{count_error, request_span};
-use crate::pipeline::request::push_header;
+use crate::pipeline::request::{Meta, Request, Seen, push_header};
 use crate::pools::cascade::CASCADE_HEADER;
 use crate::{ClientLimits, Gateway, GatewayError};
 
@@ -300,7 +300,7 @@ async fn serve_fast(
         let i = names.iter().position(|n| n == name)?;
         head.request_ids.iter().find(|(j, _)| *j == i).map(|(_, v)| v.as_slice())
     };
-    let (id, made) = crate::pipeline::context::request_id(names, sent, route.path());
+    let id = crate::pipeline::context::request_id(names, sent, route.path());
     // What every answer to this request carries: its id, and the CORS headers for its origin.
     let mut answer_head = Vec::with_capacity(64);
     push_header(&mut answer_head, crate::pipeline::context::REQUEST_ID_HEADER.as_bytes(), id.as_bytes());
@@ -349,19 +349,16 @@ async fn serve_fast(
     }
     let body = buf.split_to(head.body_len).freeze();
     let mut headers = head.forward;
-    let lines =
-        crate::pipeline::request::header_lines(&headers).filter_map(|(n, v)| Some((std::str::from_utf8(n).ok()?, v)));
-    let signal_headers = crate::pools::wanted_headers(routing.as_deref(), lines.clone());
-    let cache_bypass = crate::pipeline::request::bypassed(
-        lines.filter(|(n, _)| n.eq_ignore_ascii_case("cache-control")).map(|(_, v)| v),
-    );
+    let lines = || {
+        crate::pipeline::request::header_lines(&headers).filter_map(|(n, v)| Some((std::str::from_utf8(n).ok()?, v)))
+    };
+    let seen = Seen { authorization: head.authorization.as_deref(), route_debug: head.route_debug.as_deref() };
+    let meta = Meta::new(gw, id, routing.as_deref(), seen, (head.routing_key, head.session), lines);
     if let Some(auth) = worker_auth {
         push_header(&mut headers, b"authorization", &auth);
     }
     // The worker sees the id as `x-request-id`, whichever header it came in (or made here).
-    if made || !head.sent_x_request_id {
-        push_header(&mut headers, crate::pipeline::context::REQUEST_ID_HEADER.as_bytes(), id.as_bytes());
-    }
+    push_header(&mut headers, crate::pipeline::context::REQUEST_ID_HEADER.as_bytes(), meta.id.as_bytes());
     let extra = upstream::Extra {
         headers: Bytes::from(headers),
         rank: head.rank.map(Bytes::from),
@@ -370,24 +367,16 @@ async fn serve_fast(
     let upstream_idle = gw.config.limits.upstream_idle_timeout;
     let mut peer = Peer { tcp, pipelined: buf, open: true };
     let span = request_span(gw, route);
-    span.record("request_id", id.as_str());
-    let meta = crate::pipeline::request::Meta {
-        id,
-        routing_key: head.routing_key,
-        route_debug: crate::pipeline::request::Meta::wants_debug(&gw.control_keys, head.route_debug.as_deref()),
-        signal_headers,
-        session: head.session,
-        cache_bypass,
-        forced: None,
-        caller: crate::pipeline::auth::caller(gw, head.authorization.as_deref()),
-    };
+    span.record("request_id", meta.id.as_str());
+    // Kept for the error's log line.
+    let id = meta.id.clone();
+    let request = Request { route, routing, admission, body, start, meta };
     async move {
         let send = |worker, body, rank, edits: Option<Arc<crate::pools::HeaderEdits>>| {
             upstream::send(worker, route, body, rank, extra.edited(edits.as_deref()))
         };
-        let pd_headers = || Arc::new(disagg::header_map(&extra.headers, extra.rank.as_deref()));
         let outcome = tokio::select! {
-            outcome = crate::pipeline::run(gw, admission, (route, routing), body, start, &meta, &send, pd_headers) => outcome,
+            outcome = crate::pipeline::run(gw, request, &send, &extra) => outcome,
             // A client that resets drops its upstream request (both legs of a pair); one that
             // half-closed is still answered.
             () = peer.gone() => return false,
@@ -419,7 +408,7 @@ async fn serve_fast(
                 disagg::write(&mut peer, answer, (close, &answer_head, upstream_idle)).await && !close
             }
             Err(e) => {
-                count_error(gw, route, &e, Some(&meta.id));
+                count_error(gw, route, &e, Some(&id));
                 write_error(peer.tcp, &e, close, &answer_head).await.is_ok() && !close
             }
         }

@@ -31,7 +31,7 @@ use super::{Peer, push_header, write_error};
 use crate::GatewayError;
 use crate::pipeline::account::InFlight;
 use crate::pipeline::request::{RANK_HEADER, Route};
-use crate::relay::failed_mid_answer;
+use crate::relay::Tap;
 use crate::send::SendError;
 use crate::tls::Conn;
 use crate::{UPSTREAM_CONNECT_TIMEOUT, UPSTREAM_IDLE_TIMEOUT};
@@ -278,18 +278,14 @@ pub(crate) struct Relayed<'a> {
 /// connection can carry another request.
 pub(crate) async fn relay(
     peer: &mut Peer<'_>,
-    mut guard: InFlight,
+    guard: InFlight,
     worker: Arc<Worker>,
     mut answer: Answer,
     to: Relayed<'_>,
 ) -> bool {
     let Relayed { close, idle, head: extra } = to;
-    guard.status = answer.head.status;
-    // A response-cache miss records a successful answer as it passes, to keep it once complete.
-    let mut recorder = guard.cache.take().and_then(|ticket| {
-        let content_type = header_value(&answer.head.headers, b"content-type");
-        crate::cache::Recorder::new(ticket, answer.head.status, content_type)
-    });
+    let content_type = header_value(&answer.head.headers, b"content-type");
+    let mut tap = Tap::new(guard, worker, answer.head.status, content_type);
     let reason = StatusCode::from_u16(answer.head.status).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
     let mut out = Vec::with_capacity(256 + answer.head.headers.len() + answer.buf.len());
     let _ = write!(out, "HTTP/1.1 {} {reason}\r\n", answer.head.status);
@@ -318,15 +314,11 @@ pub(crate) async fn relay(
     let mut stall = Stall { timer, last: now, limit: idle };
     let result = match framing {
         Framing::Empty => {
-            recorded(&mut recorder);
+            tap.ended();
             peer.tcp.write_all(&out).await.map(|()| out.clear()).map_err(|_| Failure::Client)
         }
-        Framing::Length(n) => {
-            relay_sized(peer, (&mut guard, &mut recorder), &mut answer, &mut out, n, &mut stall).await
-        }
-        Framing::Chunked | Framing::Close => {
-            relay_chunked(peer, (&mut guard, &mut recorder), &mut answer, &mut out, &mut stall).await
-        }
+        Framing::Length(n) => relay_sized(peer, &mut tap, &mut answer, &mut out, n, &mut stall).await,
+        Framing::Chunked | Framing::Close => relay_chunked(peer, &mut tap, &mut answer, &mut out, &mut stall).await,
     };
     match result {
         Ok(()) => {
@@ -341,16 +333,15 @@ pub(crate) async fn relay(
             // Only a body the relay frames in chunks can still end cleanly; a
             // sized one cannot, and the client sees the connection close.
             let chunked = matches!(framing, Framing::Chunked | Framing::Close);
-            let tail = failed_mid_answer(&worker, &e, answer.head.sse && chunked);
             // Nothing went out yet (the first bytes of the body were invalid): a plain 502.
             if !out.is_empty() {
-                guard.status = 502;
-                let e =
-                    GatewayError::Upstream { worker: worker.url.to_string(), message: e.to_string(), retryable: false };
+                tap.failed_before_head(&e);
+                let url = tap.worker().url.to_string();
+                let e = GatewayError::Upstream { worker: url, message: e.to_string(), retryable: false };
                 let _ = write_error(peer.tcp, &e, true, extra).await;
                 return false;
             }
-            guard.cut();
+            let tail = tap.failed(&e, chunked);
             let Some(tail) = tail else { return false };
             let mut end = Vec::new();
             chunked::encode(&tail, &mut end);
@@ -402,22 +393,6 @@ async fn read_more(answer: &mut Answer, peer: &mut Peer<'_>, stall: &mut Stall<'
     }
 }
 
-/// The answer went through whole: a recorded one is kept in the response cache.
-fn recorded(recorder: &mut Option<crate::cache::Recorder>) {
-    if let Some(r) = recorder.take() {
-        r.ended();
-    }
-}
-
-/// The next bytes of the body into a response-cache recorder, dropped once too large.
-fn record(recorder: &mut Option<crate::cache::Recorder>, data: &[u8]) {
-    if let Some(r) = recorder.as_mut()
-        && !r.push(data)
-    {
-        *recorder = None;
-    }
-}
-
 /// The value of header `name` in serialized header lines.
 fn header_value(lines: &[u8], name: &[u8]) -> Option<axum::http::HeaderValue> {
     crate::pipeline::request::header_lines(lines)
@@ -434,7 +409,7 @@ fn cut_short() -> Failure {
 /// emptied as it is written).
 async fn relay_sized(
     peer: &mut Peer<'_>,
-    (guard, recorder): (&mut InFlight, &mut Option<crate::cache::Recorder>),
+    tap: &mut Tap,
     answer: &mut Answer,
     out: &mut Vec<u8>,
     mut left: u64,
@@ -443,16 +418,14 @@ async fn relay_sized(
     loop {
         let take = answer.buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
         if take > 0 {
-            // The first byte of the answer follows the first token.
-            guard.load.prefill_done();
-            record(recorder, &answer.buf[..take]);
+            tap.data(&answer.buf[..take]);
             out.extend_from_slice(&answer.buf[..take]);
             answer.buf.advance(take);
             left -= take as u64;
         }
         if left == 0 {
             // Whole: kept before its last bytes go out, so the client's next ask finds it.
-            recorded(recorder);
+            tap.ended();
         }
         if !out.is_empty() {
             peer.tcp.write_all(out).await.map_err(|_| Failure::Client)?;
@@ -470,7 +443,7 @@ async fn relay_sized(
 /// A chunked or close-delimited body, re-framed into chunks for the client.
 async fn relay_chunked(
     peer: &mut Peer<'_>,
-    (guard, recorder): (&mut InFlight, &mut Option<crate::cache::Recorder>),
+    tap: &mut Tap,
     answer: &mut Answer,
     out: &mut Vec<u8>,
     stall: &mut Stall<'_>,
@@ -487,14 +460,13 @@ async fn relay_chunked(
             eof
         };
         if !payload.is_empty() {
-            guard.load.prefill_done();
-            record(recorder, &payload);
+            tap.data(&payload);
             chunked::encode(&payload, out);
             payload.clear();
         }
         if done {
             out.extend_from_slice(chunked::LAST_CHUNK);
-            recorded(recorder);
+            tap.ended();
         }
         if !out.is_empty() {
             peer.tcp.write_all(out).await.map_err(|_| Failure::Client)?;

@@ -27,12 +27,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use router_types::WorkerId;
 use serde_json::{Value, json};
 use tracing::{Span, warn};
 
+use crate::h1::upstream::Extra;
 use crate::pipeline::admission::Admission;
 use crate::pipeline::body::parse_json;
 use crate::pipeline::request::{Meta, Route};
@@ -100,7 +101,9 @@ pub(crate) struct Ctx<'a> {
     /// The disaggregated pool and its setup.
     pub(crate) pool: &'a Arc<Pool>,
     pub(crate) pd: &'a PdConfig,
-    pub(crate) headers: Arc<HeaderMap>,
+    /// What both legs carry besides their bodies (the client's headers made the workers',
+    /// the decision's header edits applied).
+    pub(crate) extra: Extra,
     pub(crate) meta: &'a Meta,
     pub(crate) route: Route,
     /// The client's body, parsed.
@@ -268,18 +271,16 @@ fn choose(
 pub(crate) async fn serve_routed(
     gw: &Arc<Gateway>,
     d: Box<crate::pipeline::forward::Disaggregated>,
-    (route, mut headers): (Route, Arc<HeaderMap>),
+    (route, extra): (Route, &Extra),
     start: Instant,
     meta: &Meta,
 ) -> Result<Response, GatewayError> {
     // The pool is the planned pair's (a retry's new pair is of the same pool).
     let pool = d.planned.pair.prefill.pool.clone();
     let Some(pd) = pool.pd.clone() else { return Err(GatewayError::Internal("not disaggregated".into())) };
-    if let Some(edits) = &d.edits {
-        edits.apply_to_map(Arc::make_mut(&mut headers));
-    }
+    let extra = extra.edited(d.edits.as_deref());
     let d = *d;
-    let mut answer = serve(gw, (&pool, &pd), d.admission, route, d.planned, headers, start, meta).await?;
+    let mut answer = serve(gw, (&pool, &pd), d.admission, route, d.planned, extra, start, meta).await?;
     let route_headers = d.route_headers.0.into_iter().map(|(n, v)| (axum::http::HeaderName::from_static(n), v));
     answer.headers_mut().extend(route_headers);
     Ok(answer)
@@ -293,7 +294,7 @@ async fn serve(
     admission: Admission,
     route: Route,
     planned: Planned,
-    headers: Arc<HeaderMap>,
+    extra: Extra,
     start: Instant,
     meta: &Meta,
 ) -> Result<Response, GatewayError> {
@@ -305,7 +306,7 @@ async fn serve(
     if pd.mode == PdMode::Vllm {
         admission.grow(vllm::prefill_answer_cap(&v))?;
     }
-    let ctx = Ctx { gw, pool, pd, headers, meta, route, v, batch, stream, start };
+    let ctx = Ctx { gw, pool, pd, extra, meta, route, v, batch, stream, start };
     let retry = &gw.config.retry;
     let mut admission = Some(admission);
     let mut pair = pair;

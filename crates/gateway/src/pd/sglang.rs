@@ -21,16 +21,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
-use axum::http::HeaderMap;
+use axum::http::header;
 use axum::response::Response;
 use router_types::DpRank;
 use serde_json::{Value, json};
 
 use super::dual::{Watch, both_heads, heads_ok};
 use super::{Ctx, Failure, MAX_LEG_ANSWER, Pair, json_answer, read_answer};
+use crate::h1::upstream::Extra;
 use crate::pipeline::account::InFlight;
 use crate::pipeline::admission::Admission;
-use crate::pipeline::request::{RANK_HEADER, Route};
+use crate::pipeline::request::Route;
 use fleet::{LoadGuard, Worker};
 
 /// One attempt on `pair`; on failure, why, and the admission back for the next attempt.
@@ -53,16 +54,10 @@ pub(super) async fn attempt(
     let (prefill_body, decode_body, rid) = bodies(ctx, &p, &rooms, rank, dp);
     let (p_load, d_load) = pair.charge((dp > 1).then_some(rank));
     // The client's rank hint is for the prefill: decode's own ranks are its business.
-    let decode_headers = if ctx.headers.contains_key(RANK_HEADER) {
-        let mut h = HeaderMap::clone(&ctx.headers);
-        h.remove(RANK_HEADER);
-        Arc::new(h)
-    } else {
-        ctx.headers.clone()
-    };
+    let decode_extra = Extra { rank: None, ..ctx.extra.clone() };
     let sent = Instant::now();
-    let pf = crate::h1::answer::send(ctx.gw, &ctx.headers, &p, ctx.route, prefill_body, (dp > 1).then_some(rank));
-    let df = crate::h1::answer::send(ctx.gw, &decode_headers, &d, ctx.route, decode_body, None);
+    let pf = crate::h1::answer::send(&ctx.extra, &p, ctx.route, prefill_body, (dp > 1).then_some(rank));
+    let df = crate::h1::answer::send(&decode_extra, &d, ctx.route, decode_body, None);
     let (ph, dh) = match both_heads(gw, pf, df, &p, &d, rid.as_deref()).await {
         Ok(heads) => heads,
         Err(failure) => return Err((failure, admission)),
@@ -190,33 +185,34 @@ async fn merged(
         }
         return json_answer(status, &answer);
     }
-    guard.status = status;
     let (parts, body) = dh.into_parts();
-    let (d, idle) = (d.clone(), ctx.gw.config.limits.upstream_idle_timeout);
-    let state = (body, Events::new(MAX_LEG_ANSWER), Some(guard), false);
-    let events = futures_util::stream::unfold(state, move |(mut body, mut buf, guard, done)| {
-        let d = d.clone();
+    let idle = ctx.gw.config.limits.upstream_idle_timeout;
+    // The answer filters see the merged events, as the client does.
+    let tap = crate::relay::Tap::new(guard, d.clone(), status, parts.headers.get(header::CONTENT_TYPE).cloned());
+    let prefill_head = prefix(0);
+    let state = (body, Events::new(MAX_LEG_ANSWER), Some(tap), prefill_head);
+    let events = futures_util::stream::unfold(state, move |(mut body, mut buf, tap, prefill_head)| {
         async move {
             use http_body_util::BodyExt;
-            let guard = guard?;
-            if done {
-                return None;
-            }
+            let mut tap = tap?;
+            // The worker failed: the stream ends with its error event.
+            let failed =
+                |tap: &mut crate::relay::Tap, e: &dyn std::fmt::Display| tap.failed(e, true).unwrap_or_default();
             loop {
                 if let Some(event) = buf.next_event() {
-                    return Some((Ok::<Bytes, std::io::Error>(event), (body, buf, Some(guard), false)));
+                    let event = merge_event(&event, prefill_head.as_ref());
+                    tap.data(&event);
+                    return Some((Ok::<Bytes, std::io::Error>(event), (body, buf, Some(tap), prefill_head)));
                 }
                 if buf.over() {
-                    let e = format!("an event larger than {MAX_LEG_ANSWER} bytes");
-                    let tail = crate::relay::failed_mid_answer(&d, &e, true).unwrap_or_default();
-                    return Some((Ok(tail), (body, buf, Some(guard), true)));
+                    let tail = failed(&mut tap, &format!("an event larger than {MAX_LEG_ANSWER} bytes"));
+                    return Some((Ok(tail), (body, buf, None, prefill_head)));
                 }
                 let frame = match tokio::time::timeout(idle, body.frame()).await {
                     Ok(frame) => frame,
                     Err(_) => {
-                        let e = format!("no data from the worker within {idle:?}");
-                        let tail = crate::relay::failed_mid_answer(&d, &e, true).unwrap_or_default();
-                        return Some((Ok(tail), (body, buf, Some(guard), true)));
+                        let tail = failed(&mut tap, &format!("no data from the worker within {idle:?}"));
+                        return Some((Ok(tail), (body, buf, None, prefill_head)));
                     }
                 };
                 match frame {
@@ -226,17 +222,18 @@ async fn merged(
                         }
                     }
                     Some(Err(e)) => {
-                        let tail = crate::relay::failed_mid_answer(&d, &e, true).unwrap_or_default();
-                        return Some((Ok(tail), (body, buf, Some(guard), true)));
+                        let tail = failed(&mut tap, &e);
+                        return Some((Ok(tail), (body, buf, None, prefill_head)));
                     }
-                    None => return Some((Ok(buf.rest()), (body, buf, Some(guard), true))),
+                    None => {
+                        let rest = merge_event(&buf.rest(), prefill_head.as_ref());
+                        tap.data(&rest);
+                        tap.ended();
+                        return Some((Ok(rest), (body, buf, None, prefill_head)));
+                    }
                 }
             }
         }
-    });
-    let prefill_head = prefix(0);
-    let events = futures_util::StreamExt::map(events, move |chunk| {
-        chunk.map(|event| merge_event(&event, prefill_head.as_ref()))
     });
     let mut response = Response::new(Body::from_stream(events));
     *response.status_mut() = parts.status;

@@ -18,10 +18,7 @@
 //! requests send both legs at once with that identity, and fall back to two
 //! stages when its answers stop saying push.
 
-use std::sync::Arc;
-
 use axum::body::Bytes;
-use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use serde_json::{Value, json};
 
@@ -67,7 +64,6 @@ pub(super) async fn attempt(
         return push_attempt(ctx, pair, admission, identity).await;
     }
     let rank = pair.vllm_rank();
-    let headers = same_request_id(ctx);
     let limit = gw.config.request_timeout;
     // Reserved in the memory budget by `pd::serve`.
     let cap = prefill_answer_cap(&ctx.v);
@@ -75,7 +71,7 @@ pub(super) async fn attempt(
     let sent = std::time::Instant::now();
     let answer = match tokio::time::timeout(
         limit,
-        crate::h1::answer::send(ctx.gw, &headers, &p, ctx.route, prefill_body(&ctx.v, nixl_pull()), rank),
+        crate::h1::answer::send(&ctx.extra, &p, ctx.route, prefill_body(&ctx.v, nixl_pull()), rank),
     )
     .await
     {
@@ -108,8 +104,7 @@ pub(super) async fn attempt(
     gw.metrics.pd_legs.inc(format_args!("leg=\"prefill\",outcome=\"ok\""));
     learn_push(&p, &params);
     let decode = with_params(&ctx.v, params);
-    let resp = match tokio::time::timeout(limit, crate::h1::answer::send(ctx.gw, &headers, &d, ctx.route, decode, None))
-        .await
+    let resp = match tokio::time::timeout(limit, crate::h1::answer::send(&ctx.extra, &d, ctx.route, decode, None)).await
     {
         Err(_) => return Err((Failure::Timeout { leg: Leg::Decode, worker: d }, admission)),
         Ok(Err(error)) => return Err((Failure::Transport { leg: Leg::Decode, worker: d, error }, admission)),
@@ -155,12 +150,11 @@ async fn push_attempt(
     let gw = ctx.gw;
     let (p, d) = (pair.prefill.chosen().clone(), pair.decode.chosen().clone());
     let rank = pair.vllm_rank();
-    let headers = same_request_id(ctx);
     let decode = with_params(&ctx.v, identity);
     let (p_load, d_load) = pair.charge(rank);
     let sent = std::time::Instant::now();
-    let pf = crate::h1::answer::send(ctx.gw, &headers, &p, ctx.route, prefill_body(&ctx.v, nixl_pull()), rank);
-    let df = crate::h1::answer::send(ctx.gw, &headers, &d, ctx.route, decode, None);
+    let pf = crate::h1::answer::send(&ctx.extra, &p, ctx.route, prefill_body(&ctx.v, nixl_pull()), rank);
+    let df = crate::h1::answer::send(&ctx.extra, &d, ctx.route, decode, None);
     let (ph, dh) = match both_heads(gw, pf, df, &p, &d, None).await {
         Ok(heads) => heads,
         Err(failure) => {
@@ -198,11 +192,10 @@ async fn mooncake_attempt(ctx: &Ctx<'_>, pair: &Pair, admission: Admission) -> R
         json!({"do_remote_decode": false, "do_remote_prefill": true, "remote_bootstrap_addr": addr,
                    "remote_engine_id": engine_id, "transfer_id": transfer_id}),
     );
-    let headers = same_request_id(ctx);
     let (p_load, d_load) = pair.charge(rank);
     let sent = std::time::Instant::now();
-    let pf = crate::h1::answer::send(ctx.gw, &headers, &p, ctx.route, prefill, rank);
-    let df = crate::h1::answer::send(ctx.gw, &headers, &d, ctx.route, decode, None);
+    let pf = crate::h1::answer::send(&ctx.extra, &p, ctx.route, prefill, rank);
+    let df = crate::h1::answer::send(&ctx.extra, &d, ctx.route, decode, None);
     let (ph, dh) = match both_heads(gw, pf, df, &p, &d, None).await {
         Ok(heads) => heads,
         Err(failure) => {
@@ -251,15 +244,6 @@ async fn engine_ids(
     }
     p.update_pd_facts(|f| f.engine_ids = Some(ids.clone()));
     Ok(ids)
-}
-
-/// The client's headers with the request's id as `X-Request-Id`: both legs carry it.
-fn same_request_id(ctx: &Ctx<'_>) -> Arc<HeaderMap> {
-    let mut headers = HeaderMap::clone(&ctx.headers);
-    if let Ok(id) = HeaderValue::from_str(&ctx.meta.id) {
-        headers.insert(crate::pipeline::context::REQUEST_ID_HEADER, id);
-    }
-    Arc::new(headers)
 }
 
 /// The identity a push-mode decode leg gets for prefill `p`, if `p` was seen in push mode.

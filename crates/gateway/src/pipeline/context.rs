@@ -67,18 +67,14 @@ impl Cors {
 }
 
 /// The request's id: the first of `names` the client sent with a usable
-/// value, else a new one for `path`. The flag says whether it was made here.
-pub(crate) fn request_id<'a>(
-    names: &[String],
-    mut header: impl FnMut(&str) -> Option<&'a [u8]>,
-    path: &str,
-) -> (String, bool) {
+/// value, else a new one for `path`.
+pub(crate) fn request_id<'a>(names: &[String], mut header: impl FnMut(&str) -> Option<&'a [u8]>, path: &str) -> String {
     for name in names {
         if let Some(v) = header(name).filter(|v| usable(v)) {
-            return (String::from_utf8_lossy(v).into_owned(), false);
+            return String::from_utf8_lossy(v).into_owned();
         }
     }
-    (generate(path), true)
+    generate(path)
 }
 
 /// Visible ASCII, not too long: safe to echo and to log.
@@ -125,7 +121,7 @@ pub(crate) async fn layer(
         return preflight(&gw.config.cors, origin.as_deref(), req.headers());
     }
     let path = req.uri().path().to_string();
-    let (id, _) = request_id(&gw.config.request_id_headers, |n| req.headers().get(n).map(HeaderValue::as_bytes), &path);
+    let id = request_id(&gw.config.request_id_headers, |n| req.headers().get(n).map(HeaderValue::as_bytes), &path);
     let value = HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("invalid-request-id"));
     // The worker always sees the id as `x-request-id`, whichever header it came in.
     req.headers_mut().insert(REQUEST_ID_HEADER, value.clone());
@@ -171,9 +167,9 @@ mod tests {
         let names: Vec<String> = DEFAULT_REQUEST_ID_HEADERS.iter().map(|s| s.to_string()).collect();
         let sent = [("x-trace-id", &b"trace-7"[..]), ("request-id", b"other")];
         let find = |n: &str| sent.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
-        assert_eq!(request_id(&names, find, "/generate"), ("trace-7".into(), false));
-        let (id, made) = request_id(&names, |_| None, "/v1/chat/completions");
-        assert!(made && id.starts_with("chatcmpl-") && id.len() == 9 + 24, "{id}");
+        assert_eq!(request_id(&names, find, "/generate"), "trace-7");
+        let id = request_id(&names, |_| None, "/v1/chat/completions");
+        assert!(id.starts_with("chatcmpl-") && id.len() == 9 + 24, "{id}");
         assert!(id[9..].bytes().all(|b| b.is_ascii_alphanumeric()));
         assert!(generate("/v1/completions").starts_with("cmpl-"));
         assert!(generate("/generate").starts_with("gnt-"));
@@ -181,9 +177,9 @@ mod tests {
         assert_ne!(generate("/generate"), generate("/generate"));
         // An id that cannot be echoed safely is replaced.
         let bad = |_: &str| Some(&b"two words"[..]);
-        assert!(request_id(&names, bad, "/generate").1);
+        assert!(request_id(&names, bad, "/generate").starts_with("gnt-"));
         let long = vec![b'a'; MAX_ID_BYTES + 1];
-        assert!(request_id(&names, |_| Some(&long[..]), "/generate").1);
+        assert!(request_id(&names, |_| Some(&long[..]), "/generate").starts_with("gnt-"));
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! snapshot; then:
 //!
 //! 1. **context** (`context`, `request`): the request id, the CORS answer,
-//!    what the request carries besides its body (`request::Meta`);
+//!    what the request carries besides its body (`request::Meta`, made from
+//!    its headers by `Meta::new` for both front ends), and the one value a
+//!    front end hands on (`request::Request`);
 //! 2. **authenticate and admit** (`auth`, `admission`): the client key, the
 //!    caller's identity, a slot (or the queue), memory for the body and render;
 //! 3. **read the body** (`body`, `shape`): within its limit and deadline,
@@ -34,23 +36,22 @@ pub(crate) mod shape;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::body::Bytes;
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::HeaderValue;
 use axum::response::Response;
 use fleet::Worker;
 use router_types::DpRank;
 
 use crate::cache::Hit;
+use crate::h1::upstream::Extra;
 use crate::judge::{First, Judgeable};
-use crate::pools::{HeaderEdits, Routing};
+use crate::pools::HeaderEdits;
 use crate::send::SendError;
 use crate::{Gateway, GatewayError};
 use account::InFlight;
-use admission::Admission;
 use forward::{Forwarded, escalate, forward};
-use request::{Meta, Route};
+use request::Request;
 
 /// What a proxied request came to, for its front end to write.
 #[allow(clippy::large_enum_variant)]
@@ -67,30 +68,28 @@ pub(crate) enum Outcome<T> {
 
 /// A request's life from its admitted body to its answer: select and plan,
 /// dispatch with `send` (the front end's client) under one retry loop, a
-/// disaggregated pool's pair (its legs take `pd_headers`), a cascade's judge
+/// disaggregated pool's pair (its legs carry `extra`, as `send` does), a cascade's judge
 /// and escalation. The front end relays or writes the [`Outcome`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn run<T, F, Fut>(
     gw: &Arc<Gateway>,
-    admission: Admission,
-    (route, routing): (Route, Option<Arc<Routing>>),
-    body: Bytes,
-    start: Instant,
-    meta: &Meta,
+    request: Request,
     send: &F,
-    pd_headers: impl FnOnce() -> Arc<HeaderMap>,
+    extra: &Extra,
 ) -> Result<Outcome<T>, GatewayError>
 where
     T: Judgeable,
     F: Fn(Arc<Worker>, Bytes, Option<DpRank>, Option<Arc<HeaderEdits>>) -> Fut,
     Fut: Future<Output = Result<T, SendError>>,
 {
+    let Request { route, routing, admission, body, start, meta } = request;
+    let meta = &meta;
     let (mut guard, worker, answer) =
         match forward(gw, admission, (route, routing.clone()), body, start, meta, send).await? {
             Forwarded::Sent(guard, worker, answer) => (guard, worker, answer),
             Forwarded::Cached(hit) => return Ok(Outcome::Cached(hit, None)),
             Forwarded::Disaggregated(d) => {
-                let served = crate::pd::serve_routed(gw, d, (route, pd_headers()), start, meta).await;
+                let served = crate::pd::serve_routed(gw, d, (route, extra), start, meta).await;
                 return served.map(Outcome::Disaggregated);
             }
         };

@@ -1,10 +1,20 @@
-//! What a proxied request is before it is routed: what it carries besides
-//! its route and body ([`Meta`]) and the route headers an answer carries.
+//! What a proxied request is when its front end hands it to the pipeline
+//! ([`Request`]: its route, routing snapshot, admission, body and [`Meta`],
+//! what it carries besides, made from its headers in one place) and the
+//! route headers an answer carries.
 //! The wire-level parts (the routes, which headers cross a hop, their
 //! serialized form) are the HTTP/1.1 codec's, re-exported here for the
 //! pipeline's phases. Owns no state.
 
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
 use axum::http::HeaderValue;
+
+use crate::Gateway;
+use crate::pipeline::admission::Admission;
+use crate::pools::Routing;
 
 pub use h1_codec::PROXIED_PATHS;
 pub(crate) use h1_codec::{RANK_HEADER, ROUTE_DEBUG_HEADER, Route, forwarded, header_lines, push_header, relayed};
@@ -30,7 +40,59 @@ pub(crate) struct Meta {
     pub(crate) caller: Option<[u8; 32]>,
 }
 
+/// An admitted request with its body, as a front end hands it to [`crate::pipeline::run`]:
+/// everything later phases read of it besides the headers sent on to the worker.
+#[derive(Debug)]
+pub(crate) struct Request {
+    pub(crate) route: Route,
+    /// The one routing-config snapshot every phase reads (a reload meanwhile never mixes two).
+    pub(crate) routing: Option<Arc<Routing>>,
+    /// Its slot and memory reservation.
+    pub(crate) admission: Admission,
+    pub(crate) body: Bytes,
+    /// When its head came (its latency is counted from here).
+    pub(crate) start: Instant,
+    pub(crate) meta: Meta,
+}
+
+/// What a front end read of a request's headers, for [`Meta::new`].
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Seen<'a> {
+    /// The client's `authorization` (read before the workers' credentials replace it).
+    pub(crate) authorization: Option<&'a [u8]>,
+    /// `x-route-debug`.
+    pub(crate) route_debug: Option<&'a [u8]>,
+}
+
 impl Meta {
+    /// What request `id` carries, from what its front end read of its headers: `seen`, its
+    /// routing key and session (already checked by `h1_codec::usable_key`), and the header
+    /// lines sent on to the worker (`lines` walks them: the routing config's header rules and
+    /// `cache-control` read them), under the request's routing snapshot.
+    pub(crate) fn new<'h, I>(
+        gw: &Gateway,
+        id: String,
+        routing: Option<&Routing>,
+        seen: Seen<'_>,
+        (routing_key, session): (Option<Vec<u8>>, Option<Vec<u8>>),
+        lines: impl Fn() -> I,
+    ) -> Meta
+    where
+        I: Iterator<Item = (&'h str, &'h [u8])>,
+    {
+        let cache_control = lines().filter(|(n, _)| n.eq_ignore_ascii_case("cache-control"));
+        Meta {
+            id,
+            routing_key,
+            route_debug: Meta::wants_debug(&gw.control_keys, seen.route_debug),
+            signal_headers: crate::pools::wanted_headers(routing, lines()),
+            session,
+            cache_bypass: bypassed(cache_control.map(|(_, v)| v)),
+            forced: None,
+            caller: crate::pipeline::auth::caller(gw, seen.authorization),
+        }
+    }
+
     /// Whether an `x-route-debug` value asks for the explain: it must be a control-plane key
     /// (`KEY` or `Bearer KEY`); which signal fired is the operator's to see, not any client's.
     pub(crate) fn wants_debug(control_keys: &crate::pipeline::auth::Keys, value: Option<&[u8]>) -> bool {

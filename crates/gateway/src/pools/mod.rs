@@ -221,17 +221,7 @@ impl Routed {
 // === impl HeaderEdits ===
 
 impl HeaderEdits {
-    /// These changes made to a header map (the axum front end's, the PD legs').
-    pub(crate) fn apply_to_map(&self, headers: &mut axum::http::HeaderMap) {
-        for name in &self.remove {
-            headers.remove(name);
-        }
-        for (name, value) in &self.set {
-            headers.insert(name.clone(), value.clone());
-        }
-    }
-
-    /// Header lines (`name: value\r\n`, the fast path's) with these changes.
+    /// Header lines (`name: value\r\n`, what the router's client sends) with these changes.
     pub(crate) fn applied_to_lines(&self, lines: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(lines.len() + 64);
         for line in lines.split_inclusive(|&b| b == b'\n') {

@@ -464,8 +464,10 @@ async fn end_to_end_headers_reach_the_worker_and_hop_headers_do_not() {
     let hop = "authorization: Bearer client-key\r\nx-request-id: abc-1\r\ntraceparent: 00-t-s-01\r\n\
                connection: keep-alive, x-hop\r\nx-hop: 1\r\nkeep-alive: timeout=5\r\nte: trailers\r\n\
                x-data-parallel-rank: 1\r\nproxy-authorization: Basic cHJveHk6cGFzcw==\r\n";
+    // An id that cannot be echoed safely is replaced by one made here: the worker gets that one only.
+    let unusable = "x-request-id: two words\r\n";
     for r in &runs {
-        for (extra, auth) in [(hop, Some("Bearer client-key")), ("", None)] {
+        for (extra, auth) in [(hop, Some("Bearer client-key")), ("", None), (unusable, None)] {
             let mut c = Client::connect(r).await;
             c.send(&post("/v1/chat/completions", &chat_body("headers"), extra)).await;
             let a = c.answer().await;
@@ -488,7 +490,14 @@ async fn end_to_end_headers_reach_the_worker_and_hop_headers_do_not() {
                 None => assert!(!head.contains("\nauthorization:"), "{head}"),
             }
             assert!(!head.contains("proxy-authorization"), "a proxy credential is for this hop: {head}");
-            if !extra.is_empty() {
+            // The request's id, one line, the one the client is answered with.
+            assert_eq!(head.matches("\nx-request-id:").count(), 1, "{head}");
+            let id = a.list("x-request-id").to_ascii_lowercase();
+            assert!(has(&format!("x-request-id: {id}")), "{id}: {head}");
+            if extra == unusable {
+                assert!(id.starts_with("chatcmpl-"), "{id}");
+            }
+            if extra == hop {
                 assert!(has("x-request-id: abc-1") && has("traceparent: 00-t-s-01"), "{head}");
                 assert!(
                     has("x-data-parallel-rank: 1"),
