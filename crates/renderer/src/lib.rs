@@ -97,13 +97,19 @@ impl Renderer {
                 _ => Ok(text),
             };
         }
-        self.render_text_templated(req)
+        self.templated(template, req)
     }
 
     /// [`Renderer::render_text`] through the template engine, whatever the template.
+    #[cfg(test)]
     pub(crate) fn render_text_templated(&self, req: &ChatRequest) -> Result<String, RenderError> {
         let has_tools = req.tools.as_ref().is_some_and(|t| !t.is_empty());
         let template = self.config.templates.select(has_tools).ok_or(RenderError::MissingTemplate)?;
+        self.templated(template, req)
+    }
+
+    /// `req` rendered by `template` with the template engine.
+    fn templated(&self, template: &ChatTemplate, req: &ChatRequest) -> Result<String, RenderError> {
         let input = req.template_input(template.content_format())?;
         let mut vars: Map<String, Json> = self.config.special_tokens.clone();
         vars.extend(input.vars);

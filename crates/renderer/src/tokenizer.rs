@@ -271,9 +271,10 @@ impl TextTokenizer {
         self.misses.fetch_add(1, Ordering::Relaxed);
         let start = ids.len();
         self.encode_piece(segment, ids)?;
-        if lock(cache).admit(segment) {
-            let encoded: Arc<[u32]> = ids[start..].into();
-            lock(cache).insert(segment, encoded);
+        // Kept from its second miss on (the doorkeeper), admitted and inserted under one lock.
+        let mut cache = lock(cache);
+        if cache.admit(segment) {
+            cache.insert(segment, ids[start..].into());
         }
         Ok(())
     }
