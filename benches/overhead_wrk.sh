@@ -51,6 +51,11 @@
 #   CONCS="1 64"      the concurrencies measured; BODIES="200 16384" the body sizes (one cell: CONCS=64 BODIES=16384)
 #   LUA=benches/wrk/prefix_groups.lua  bodies of each cell's size with 80 % of the text shared by one of
 #                     8 prefix groups and a random suffix each (issue 29's conditions) instead of one fixed body
+#   EXACT=DIR         the exact path: the engines are 4 simulated engines (sgl-mock-engine --fast, KV
+#                     events on, the tokenizer and chat template in DIR, say tests/fixtures/tokenizers/qwen3)
+#                     instead of nginx; every router gets all four, cache_aware with --kv-events
+#                     --tokenizer-path DIR (SMG with --tokenizer-path DIR); direct goes to the first
+#   ROUTE=generate    with LUA=benches/wrk/prefix_groups.lua: SGLang /generate POSTs with input_ids
 # Needs wrk (`apt-get install wrk`), nginx (`apt-get install nginx-light`), curl, bc, GNU time
 # (`apt-get install time`), procps (pgrep). Ports: 31001-31099.
 set -euo pipefail
@@ -68,7 +73,8 @@ for tool in wrk curl bc pgrep; do
 done
 [ -x /usr/bin/time ] || { echo "/usr/bin/time is not installed: apt-get install time" >&2; exit 1; }
 [ -x "$NGINX" ] || { echo "nginx is not installed: apt-get install nginx-light" >&2; exit 1; }
-[ "${BUILD:-1}" = 0 ] || cargo build --release -q -p sgl-router
+[ "${BUILD:-1}" = 0 ] || cargo build --release -q -p sgl-router -p mock-engine
+EXACT="${EXACT:-}"
 BIN=target/release
 source benches/lib.sh
 trap 'exit 130' INT TERM # so the EXIT trap (cleanup) runs on ^C too
@@ -133,14 +139,31 @@ nginx_cmd() { NGINX_CMD=("$NGINX" -p "$1" -e "$1/error.log" -c "$1/nginx.conf" -
 # (SMG 1.13 asks /v1/models, /version or /server_info; the last would turn on KV events here).
 MODELS='{"object":"list","data":[{"id":"bench","object":"model","created":1700000000,"owned_by":"bench"}]}'
 COMPLETION='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"ok ok ok ok ok ok ok ok"},"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":16,"completion_tokens":8,"total_tokens":24}}'
-nginx_conf "$tmp/engine" "$ENGINE_PORT" "" "
-    location = /health { default_type text/plain; return 200 \"ok\"; }
-    location = /v1/chat/completions { default_type application/json; return 200 '$COMPLETION'; }
-    location = /v1/models { default_type application/json; return 200 '$MODELS'; }
-    location / { return 404; }"
-nginx_cmd "$tmp/engine"
-"${NGINX_CMD[@]}" >"$tmp/engine.log" 2>&1 & ENGINE_PID=$!; pids+=("$ENGINE_PID")
-ready_pid "$ENGINE/health" "$ENGINE_PID" || { cat "$tmp/engine.log" "$tmp/engine/error.log" >&2; exit 1; }
+GENERATED='{"text":"ok ok ok ok ok ok ok ok","meta_info":{"id":"gnt-bench","prompt_tokens":16,"completion_tokens":8,"finish_reason":{"type":"length","length":8}}}'
+WORKERS=("$ENGINE") ENGINE_PIDS=() CA_EXTRA=() PEER_EXTRA=()
+if [ -n "$EXACT" ]; then
+  # Four simulated engines with KV events and the real tokenizer; the routers see them all.
+  WORKERS=() CA_EXTRA=(--kv-events --tokenizer-path "$EXACT") PEER_EXTRA=(--tokenizer-path "$EXACT")
+  for i in 0 1 2 3; do
+    "$BIN/sgl-mock-engine" --listen "127.0.0.1:$((ENGINE_PORT + i))" --fast --model-id bench \
+      --tokenizer-path "$EXACT" >"$tmp/engine$i.log" 2>&1 & ENGINE_PIDS+=($!); pids+=($!)
+    WORKERS+=("http://127.0.0.1:$((ENGINE_PORT + i))")
+    ready_pid "${WORKERS[$i]}/health" "${ENGINE_PIDS[$i]}" || { cat "$tmp/engine$i.log" >&2; exit 1; }
+  done
+else
+  nginx_conf "$tmp/engine" "$ENGINE_PORT" "" "
+      location = /health { default_type text/plain; return 200 \"ok\"; }
+      location = /v1/chat/completions { default_type application/json; return 200 '$COMPLETION'; }
+      location = /v1/models { default_type application/json; return 200 '$MODELS'; }
+      location = /generate { default_type application/json; return 200 '$GENERATED'; }
+      location / { return 404; }"
+  nginx_cmd "$tmp/engine"
+  "${NGINX_CMD[@]}" >"$tmp/engine.log" 2>&1 & ENGINE_PID=$!; pids+=("$ENGINE_PID")
+  ready_pid "$ENGINE/health" "$ENGINE_PID" || { cat "$tmp/engine.log" "$tmp/engine/error.log" >&2; exit 1; }
+  ENGINE_PIDS=("$ENGINE_PID")
+fi
+# engine_ticks: CPU clock ticks of every engine process (and their descendants).
+engine_ticks() { local total=0 p; for p in "${ENGINE_PIDS[@]}"; do total=$((total + $(tree_ticks "$p"))); done; echo "$total"; }
 for b in "${BODIES[@]}"; do
   # Two POSTs: both 200, the second on the first one's connection (0 new connections).
   code=$(curl -s -o /dev/null -o /dev/null -w '%{http_code}/%{num_connects} ' -H 'Content-Type: application/json' \
@@ -172,24 +195,25 @@ start_target() {
   TPID=""; TURL=$ENGINE; : >"$tmp/target.log"
   case "$name" in
     direct) return 0 ;;
-    sgl_router_round_robin) launch 31010 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "$ENGINE" --policy round_robin --port 31010 ;;
-    sgl_router_routing) launch 31014 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "$ENGINE" --policy round_robin --routing-config benches/data/routing_overhead.yaml --port 31014 ;;
-    sgl_router_routing_cached) launch 31015 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "$ENGINE" --policy round_robin --routing-config benches/data/routing_overhead_cached.yaml --port 31015 ;;
-    baseline_routing) launch 31016 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "$ENGINE" --policy round_robin --routing-config benches/data/routing_overhead.yaml --port 31016 ;;
-    baseline_routing_cached) launch 31017 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "$ENGINE" --policy round_robin --routing-config benches/data/routing_overhead_cached.yaml --port 31017 ;;
-    sgl_router_cache_aware) launch 31011 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "$ENGINE" --policy cache_aware --port 31011 ;;
-    baseline_round_robin) launch 31012 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "$ENGINE" --policy round_robin --port 31012 ;;
+    sgl_router_round_robin) launch 31010 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy round_robin --port 31010 ;;
+    sgl_router_routing) launch 31014 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy round_robin --routing-config benches/data/routing_overhead.yaml --port 31014 ;;
+    sgl_router_routing_cached) launch 31015 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy round_robin --routing-config benches/data/routing_overhead_cached.yaml --port 31015 ;;
+    baseline_routing) launch 31016 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "${WORKERS[@]}" --policy round_robin --routing-config benches/data/routing_overhead.yaml --port 31016 ;;
+    baseline_routing_cached) launch 31017 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "${WORKERS[@]}" --policy round_robin --routing-config benches/data/routing_overhead_cached.yaml --port 31017 ;;
+    sgl_router_cache_aware) launch 31011 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy cache_aware "${CA_EXTRA[@]}" --port 31011 ;;
+    baseline_round_robin) launch 31012 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "${WORKERS[@]}" --policy round_robin --port 31012 ;;
     baseline_cache_aware)
       if [ "${LABEL[$name]}" = "$name" ]; then # not yet known to need --kv-events
-        launch 31013 /readiness 150 env RUST_LOG=error "$BASELINE" --worker-urls "$ENGINE" --policy cache_aware --port 31013 && return 0
+        launch 31013 /readiness 150 env RUST_LOG=error "$BASELINE" --worker-urls "${WORKERS[@]}" --policy cache_aware --port 31013 && return 0
         echo "  $name: not ready without --kv-events; retrying with --kv-events" >&2
       fi
-      launch 31013 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "$ENGINE" --policy cache_aware --kv-events --port 31013 &&
+      launch 31013 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "${WORKERS[@]}" --policy cache_aware --kv-events --port 31013 &&
         LABEL[$name]="$name (--kv-events)" ;;
     smg_* | vllm_router_*)
       kind=${name%%_*}; policy=${name#smg_}; policy=${policy#vllm_router_}
       case "$name" in smg_round_robin) port=31020 ;; smg_cache_aware) port=31021 ;; vllm_router_round_robin) port=31022 ;; *) port=31023 ;; esac
-      peer_command "$kind" "$policy" "$port" "$ENGINE"
+      peer_command "$kind" "$policy" "$port" "${WORKERS[@]}"
+      [ "$kind/$policy" != smg/cache_aware ] || PEER+=("${PEER_EXTRA[@]}")
       launch "$port" /health 600 "${PEER[@]}" ;;
     nginx_proxy)
       nginx_conf "$tmp/proxy" 31040 "upstream engine { server 127.0.0.1:$ENGINE_PORT; keepalive 128; keepalive_requests 100000; }" "
@@ -211,11 +235,11 @@ measure() {
   local round=$1 name=$2 conc=$3 body=$4 threads=1 r0=0 r1=0 e0 e1 line kv wall user sys
   [ "$conc" -gt 1 ] && threads=2
   local args=(-t"$threads" -c"$conc" --timeout 10s -s "$LUA" "$TURL/v1/chat/completions")
-  export WRK_BODY_FILE=$tmp/body_$body.json BODY_BYTES=$body MODEL=bench
+  export WRK_BODY_FILE=$tmp/body_$body.json BODY_BYTES=$body MODEL=bench ROUTE="${ROUTE:-}"
   [ "$WARMUP" = 0 ] || wrk -d"${WARMUP}s" "${args[@]}" >/dev/null 2>&1 || true
-  [ -z "$TPID" ] || r0=$(tree_ticks "$TPID"); e0=$(tree_ticks "$ENGINE_PID")
+  [ -z "$TPID" ] || r0=$(tree_ticks "$TPID"); e0=$(engine_ticks)
   /usr/bin/time -f '%e %U %S' -o "$tmp/time" wrk -d"${DURATION}s" "${args[@]}" >"$tmp/wrk.out" 2>&1 || true
-  [ -z "$TPID" ] || r1=$(tree_ticks "$TPID"); e1=$(tree_ticks "$ENGINE_PID")
+  [ -z "$TPID" ] || r1=$(tree_ticks "$TPID"); e1=$(engine_ticks)
   line=$(grep '^RESULT ' "$tmp/wrk.out" || true)
   if [ -z "$line" ]; then echo "  $name c=$conc body=$body: wrk failed:" >&2; cat "$tmp/wrk.out" >&2; return 0; fi
   declare -A R=()
@@ -253,7 +277,7 @@ fmt() { [ -n "$2" ] && printf "$1" "$2" || printf '—'; } # FORMAT VALUE
 
 wrk_version=$(wrk -v 2>&1 | head -n 1 | awk '{ print $2 }' || true)
 nginx_version=$("$NGINX" -v 2>&1 | sed 's|.*nginx/||' || true)
-echo "Machine: $(nproc) cores (nproc), Linux $(uname -r); load generator wrk ${wrk_version:-?} ($LUA); engine nginx ${nginx_version:-?}, 2 workers, fixed chat completion; ${DURATION} s measured per window after ${WARMUP} s warm-up; ${ROUNDS} round(s)$([ "$ROUNDS" -gt 1 ] && echo ", medians over rounds, errors summed")."
+echo "Machine: $(nproc) cores (nproc), Linux $(uname -r); load generator wrk ${wrk_version:-?} ($LUA); engine $([ -n "$EXACT" ] && echo "4 x sgl-mock-engine --fast, KV events, tokenizer $EXACT" || echo "nginx ${nginx_version:-?}, 2 workers, fixed chat completion"); ${DURATION} s measured per window after ${WARMUP} s warm-up; ${ROUNDS} round(s)$([ "$ROUNDS" -gt 1 ] && echo ", medians over rounds, errors summed")."
 echo
 echo "Method: each target runs alone (started right before its turn, stopped right after) while wrk sends keep-alive chat-completion POSTs through it to an nginx engine, and its CPU (utime + stime of its whole process tree, from /proc) is read right before and after the measured window and divided by the requests wrk completed in that window."
 echo

@@ -3,16 +3,27 @@
 -- so every request adds something new to a cache-aware router's text tree. Also
 -- benches/overhead_wrk.sh's with LUA=benches/wrk/prefix_groups.lua (issue 29's conditions): it sets
 -- BODY_BYTES per cell, and done() prints the RESULT line benches/wrk/post.lua prints.
+-- With ROUTE=generate the requests are SGLang `/generate` POSTs with `input_ids` instead (the same
+-- sizes and shares: 80 % of the ids a group's, the rest random), to the path /generate.
 --   BODY_BYTES=16384 wrk -t2 -c64 -d60s -s benches/wrk/prefix_groups.lua http://HOST:PORT/v1/chat/completions
 local size = tonumber(os.getenv("BODY_BYTES") or "16384")
 local model = os.getenv("MODEL") or "default"
+local generate = os.getenv("ROUTE") == "generate"
 local groups = 8
 local prefixes = {}
 for g = 1, groups do
-  local unit = "group " .. g .. " shares this system prompt with its conversations. "
-  prefixes[g] = string.rep(unit, math.floor(size * 0.8 / #unit))
+  if generate then
+    -- Ids of six digits and a comma: seven bytes each.
+    local ids = {}
+    for i = 1, math.floor(size * 0.8 / 7) do ids[i] = tostring(100000 + (g * 7919 + i * 104729) % 50000) end
+    prefixes[g] = table.concat(ids, ",")
+  else
+    local unit = "group " .. g .. " shares this system prompt with its conversations. "
+    prefixes[g] = string.rep(unit, math.floor(size * 0.8 / #unit))
+  end
 end
 local suffix_bytes = math.floor(size * 0.2)
+local separator = generate and "," or " "
 
 local blocks, tag, counter = {}, 0, 0
 
@@ -26,11 +37,11 @@ function init(args)
   for b = 1, 64 do
     local words, n = {}, 0
     while n < suffix_bytes do
-      local w = tostring(math.random(100000, 999999))
+      local w = tostring(math.random(100000, 149999))
       words[#words + 1] = w
       n = n + #w + 1
     end
-    blocks[b] = table.concat(words, " ")
+    blocks[b] = table.concat(words, separator)
   end
 end
 
@@ -38,6 +49,14 @@ request = function()
   local g = math.random(1, groups)
   -- Unique from its first bytes: this thread's tag and a counter, then one of the random blocks.
   counter = counter + 1
+  if generate then
+    -- Unique from the first id after the group's: this thread's tag and the counter as ids.
+    -- (ids under 150,000: within a real vocabulary, say Qwen3's 151,643).
+    local unique = (100000 + tag % 50000) .. "," .. (100000 + counter % 50000) .. "," .. (100000 + math.floor(counter / 50000) % 50000)
+    local ids = prefixes[g] .. "," .. unique .. "," .. blocks[math.random(1, #blocks)]
+    local body = '{"input_ids":[' .. ids .. '],"sampling_params":{"max_new_tokens":8}}'
+    return wrk.format("POST", "/generate", {["Content-Type"] = "application/json"}, body)
+  end
   local suffix = tag .. "-" .. counter .. " " .. blocks[math.random(1, #blocks)]
   local body = '{"model":"' .. model .. '","max_tokens":8,"messages":[{"role":"system","content":"' .. prefixes[g] ..
     '"},{"role":"user","content":"' .. suffix .. '"}]}'

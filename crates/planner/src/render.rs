@@ -72,7 +72,7 @@ impl Planner<'_> {
         need_tokens: bool,
     ) -> Result<Rendered, RenderError> {
         self.renders.fetch_add(1, Ordering::Relaxed);
-        let vocab = renderer.tokenizer().vocab_size();
+        let vocab = renderer.prompt_vocab_size();
         match route {
             Route::Chat => {
                 let req = ChatRequest::from_value(v)?;

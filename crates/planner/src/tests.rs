@@ -143,3 +143,20 @@ async fn without_a_followed_worker_a_text_tree_policy_hashes_no_page() {
     p.plan(&exact, Route::Chat, Some(&long), None, &Renders::default(), true).unwrap();
     assert!(exact.chain_memo.stats().pages_hashed > 0);
 }
+
+#[tokio::test]
+async fn without_a_tokenizer_input_ids_are_left_for_the_engine_to_judge() {
+    let fleet = fleet(&["http://127.0.0.1:1"], &[]).await;
+    let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
+    let p = Planner { fleet: &fleet, index: None, credit_pending: false, credit_lock: &lock, renders: &renders };
+    // The built-in byte-level model knows 259 ids; the engine's model (unknown here) many more.
+    let builtin = Renderer::builtin().unwrap();
+    let ids = json!({"input_ids": [100000, 151642, 7], "sampling_params": {"max_new_tokens": 8}});
+    assert_eq!(p.render(&builtin, Route::Generate, &ids, true).unwrap().0, vec![100000, 151642, 7]);
+    let completion = json!({"prompt": [[100000, 3]], "max_tokens": 8});
+    assert!(p.render(&builtin, Route::Completions, &completion, true).is_ok());
+    // What can never be a token id is still refused.
+    for bad in [json!({"input_ids": [1, -1]}), json!({"input_ids": [1, 4294967296u64]})] {
+        assert!(p.render(&builtin, Route::Generate, &bad, true).is_err(), "{bad}");
+    }
+}

@@ -75,7 +75,7 @@ impl Renderer {
         special_tokens.insert("eos_token".into(), Json::String("<|im_end|>".into()));
         let config =
             ModelConfig { templates: ChatTemplates::single(ChatTemplate::new(BUILTIN_CHAT_TEMPLATE)?), special_tokens };
-        Ok(Renderer::new(tokenizer, config))
+        Ok(Renderer { builtin: true, ..Renderer::new(tokenizer, config) })
     }
 }
 

@@ -56,6 +56,9 @@ pub struct Rendered {
 pub struct Renderer {
     tokenizer: TextTokenizer,
     config: ModelConfig,
+    /// The built-in byte-level model (the router was given no tokenizer): it knows
+    /// nothing of the engine's vocabulary.
+    builtin: bool,
 }
 
 // === impl Renderer ===
@@ -71,12 +74,19 @@ impl Renderer {
     pub fn from_dir_with(dir: &Path, chat_template: Option<&Path>, bounds: CacheBounds) -> Result<Self, RenderError> {
         let tokenizer = TextTokenizer::from_file_with(&dir.join("tokenizer.json"), bounds)?;
         let config = ModelConfig::load(dir, chat_template)?;
-        Ok(Self { tokenizer, config })
+        Ok(Self::new(tokenizer, config))
     }
 
     /// Builds from parts (the built-in tokenizer, tests).
     pub fn new(tokenizer: TextTokenizer, config: ModelConfig) -> Self {
-        Self { tokenizer, config }
+        Self { tokenizer, config, builtin: false }
+    }
+
+    /// The largest token id a prompt's `input_ids` may hold, plus one: the tokenizer's
+    /// vocabulary, or with the built-in model (no tokenizer given: the engine's vocabulary is
+    /// unknown here) any 32-bit id, left for the engine to judge.
+    pub fn prompt_vocab_size(&self) -> usize {
+        if self.builtin { 1 << 32 } else { self.tokenizer.vocab_size() }
     }
 
     /// The tokenizer.
