@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 mod discovery;
+#[cfg(test)]
+mod smg_options;
 
 pub(crate) use discovery::{DiscoveryFlags, PeerFlags};
 
