@@ -134,7 +134,7 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "SGL_ROUTER_DP_AWARE")]
     pub(crate) dp_aware: bool,
     /// Model directory (tokenizer.json and chat template) the workers serve; the built-in byte-level model if absent.
-    #[arg(long, env = "SGL_ROUTER_TOKENIZER_PATH", value_name = "DIR")]
+    #[arg(long, visible_aliases = ["model-path", "model"], env = "SGL_ROUTER_TOKENIZER_PATH", value_name = "DIR")]
     pub(crate) tokenizer_path: Option<PathBuf>,
     /// Chat template file overriding the model directory's.
     #[arg(long, env = "SGL_ROUTER_CHAT_TEMPLATE_FILE", value_name = "FILE")]
@@ -267,7 +267,7 @@ pub(crate) struct ServeArgs {
     pub(crate) ttft_hit_weight: Option<f64>,
     /// approx_tree, and cache_aware for workers without KV events: follow the text tree when the
     /// match covers more than this fraction [default: 0.3].
-    #[arg(long, visible_alias = "cache-threshold", env = "SGL_ROUTER_APPROX_CACHE_THRESHOLD", value_name = "R")]
+    #[arg(long, visible_aliases = ["cache-threshold", "cache-match-threshold"], env = "SGL_ROUTER_APPROX_CACHE_THRESHOLD", value_name = "R")]
     pub(crate) approx_cache_threshold: Option<f64>,
     /// approx_tree and cache_aware: imbalanced when loads differ by more than this many requests
     /// (then the least loaded worker is chosen) [default: 64]...
@@ -324,13 +324,13 @@ pub(crate) struct ServeArgs {
     pub(crate) breaker: BreakerFlags,
     /// Seconds a client may take to send a request's complete head once its first byte arrived
     /// (slow-header clients are closed with 408).
-    #[arg(long, env = "SGL_ROUTER_CLIENT_HEADER_TIMEOUT_SECS", default_value_t = crate::defaults::CLIENT_HEADER_TIMEOUT_SECS, value_name = "S")]
+    #[arg(long, visible_alias = "header-read-timeout-secs", env = "SGL_ROUTER_CLIENT_HEADER_TIMEOUT_SECS", default_value_t = crate::defaults::CLIENT_HEADER_TIMEOUT_SECS, value_name = "S")]
     pub(crate) client_header_timeout_secs: u64,
     /// Seconds a client may take to send a request's complete body once its head arrived (408 after).
     #[arg(long, env = "SGL_ROUTER_CLIENT_BODY_TIMEOUT_SECS", default_value_t = crate::defaults::CLIENT_BODY_TIMEOUT_SECS, value_name = "S")]
     pub(crate) client_body_timeout_secs: u64,
     /// Seconds a keep-alive client connection may stay idle between two requests before it is closed.
-    #[arg(long, env = "SGL_ROUTER_CLIENT_IDLE_TIMEOUT_SECS", default_value_t = crate::defaults::CLIENT_IDLE_TIMEOUT_SECS, value_name = "S")]
+    #[arg(long, visible_alias = "idle-connection-timeout-secs", env = "SGL_ROUTER_CLIENT_IDLE_TIMEOUT_SECS", default_value_t = crate::defaults::CLIENT_IDLE_TIMEOUT_SECS, value_name = "S")]
     pub(crate) client_idle_timeout_secs: u64,
     /// Most client connections open at once; past it the router stops accepting until one closes.
     /// Capped to the open-file limit (`ulimit -n`) less a quarter of it (at least 64) kept for
@@ -352,11 +352,14 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "SGL_ROUTER_WORKER_INDEX_RETENTION_SECS", default_value_t = crate::defaults::WORKER_INDEX_RETENTION_SECS, value_name = "S")]
     pub(crate) worker_index_retention_secs: u64,
     /// Seconds to let in-flight requests finish after SIGTERM.
-    #[arg(long, env = "SGL_ROUTER_SHUTDOWN_GRACE_SECS", default_value_t = crate::defaults::SHUTDOWN_GRACE_SECS, value_name = "S")]
+    #[arg(long, visible_alias = "shutdown-grace-period-secs", env = "SGL_ROUTER_SHUTDOWN_GRACE_SECS", default_value_t = crate::defaults::SHUTDOWN_GRACE_SECS, value_name = "S")]
     pub(crate) shutdown_grace_secs: u64,
     /// Log format on stderr.
     #[arg(long, env = "SGL_ROUTER_LOG_FORMAT", value_enum, default_value = "text")]
     pub(crate) log_format: LogFormat,
+    /// The same as `--log-format json` (SGLang Model Gateway's spelling).
+    #[arg(long, env = "SGL_ROUTER_LOG_JSON")]
+    pub(crate) log_json: bool,
     /// Also write the log to daily files `DIR/sgl-router.YYYY-MM-DD` (UTC), besides stderr.
     #[arg(long, env = "SGL_ROUTER_LOG_DIR", value_name = "DIR")]
     pub(crate) log_dir: Option<PathBuf>,

@@ -442,7 +442,8 @@ fn fit_open_file_limit(flag: usize, admin_listener: bool) -> usize {
 
 /// Runs the router until SIGTERM or Ctrl-C.
 pub(crate) fn serve(mut config: AppConfig, a: &ServeArgs) -> Result<()> {
-    init_tracing(a.log_format, &a.log_level, a.log_dir.as_deref())?;
+    let log_format = if a.log_json { crate::cli::LogFormat::Json } else { a.log_format };
+    init_tracing(log_format, &a.log_level, a.log_dir.as_deref())?;
     config.limits.max_connections = fit_open_file_limit(config.limits.max_connections, config.admin_listen.is_some());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let control_plane_open = !config.control_plane_keys.is_empty();
