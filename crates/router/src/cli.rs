@@ -635,7 +635,7 @@ pub(crate) struct KvEventFlags {
     #[arg(long = "kv-events-dp-size", env = "SGL_ROUTER_KV_EVENTS_DP_SIZE", value_name = "WORKER=N")]
     pub(crate) dp_sizes: Vec<String>,
     /// Page size of workers that do not advertise one; every followed worker must share one page size.
-    #[arg(long = "kv-events-block-size", env = "SGL_ROUTER_KV_EVENTS_BLOCK_SIZE", value_name = "N", default_value_t = crate::defaults::KV_EVENTS_BLOCK_SIZE)]
+    #[arg(long = "kv-events-block-size", visible_aliases = ["block-size", "kv-event-block-size"], env = "SGL_ROUTER_KV_EVENTS_BLOCK_SIZE", value_name = "N", default_value_t = crate::defaults::KV_EVENTS_BLOCK_SIZE)]
     pub(crate) block_size: NonZeroUsize,
     /// Topic to subscribe to on explicit endpoints (engines publish with an empty topic by default).
     #[arg(long = "kv-events-topic", env = "SGL_ROUTER_KV_EVENTS_TOPIC", value_name = "TOPIC", default_value = "")]
