@@ -358,7 +358,7 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "SGL_ROUTER_LOG_FORMAT", value_enum, default_value = "text")]
     pub(crate) log_format: LogFormat,
     /// The same as `--log-format json` (SGLang Model Gateway's spelling).
-    #[arg(long, env = "SGL_ROUTER_LOG_JSON")]
+    #[arg(long, env = "SGL_ROUTER_LOG_JSON", conflicts_with = "log_format")]
     pub(crate) log_json: bool,
     /// Also write the log to daily files `DIR/sgl-router.YYYY-MM-DD` (UTC), besides stderr.
     #[arg(long, env = "SGL_ROUTER_LOG_DIR", value_name = "DIR")]

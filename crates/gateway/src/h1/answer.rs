@@ -43,13 +43,13 @@ pub(crate) fn extra(gw: &Gateway, headers: &HeaderMap) -> upstream::Extra {
 /// One request to `worker` on `route` with the router's own client (it reads a worker's early
 /// answer), its answer as a response: how the disaggregated legs are sent.
 pub(crate) async fn send(
-    extra: &upstream::Extra,
+    extra: upstream::Extra,
     worker: &Arc<Worker>,
     route: Route,
     body: Bytes,
     rank: Option<DpRank>,
 ) -> Result<Response<UpstreamBody>, SendError> {
-    upstream::send(worker.clone(), route, body, rank, extra.clone()).await.map(into_response)
+    upstream::send(worker.clone(), route, body, rank, extra).await.map(into_response)
 }
 
 /// Where reading the body stands.

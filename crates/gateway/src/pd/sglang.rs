@@ -53,11 +53,10 @@ pub(super) async fn attempt(
     let rooms: Vec<u64> = (0..ctx.batch.unwrap_or(1)).map(|_| room_for(rank.0, dp)).collect();
     let (prefill_body, decode_body, rid) = bodies(ctx, &p, &rooms, rank, dp);
     let (p_load, d_load) = pair.charge((dp > 1).then_some(rank));
-    // The client's rank hint is for the prefill: decode's own ranks are its business.
-    let decode_extra = Extra { rank: None, ..ctx.extra.clone() };
+    let (prefill_extra, decode_extra) = leg_extras(&ctx.extra);
     let sent = Instant::now();
-    let pf = crate::h1::answer::send(&ctx.extra, &p, ctx.route, prefill_body, (dp > 1).then_some(rank));
-    let df = crate::h1::answer::send(&decode_extra, &d, ctx.route, decode_body, None);
+    let pf = crate::h1::answer::send(prefill_extra, &p, ctx.route, prefill_body, (dp > 1).then_some(rank));
+    let df = crate::h1::answer::send(decode_extra, &d, ctx.route, decode_body, None);
     let (ph, dh) = match both_heads(gw, pf, df, &p, &d, rid.as_deref()).await {
         Ok(heads) => heads,
         Err(failure) => return Err((failure, admission)),
@@ -70,6 +69,12 @@ pub(super) async fn attempt(
     }
     let watch = Watch { gw: gw.clone(), prefill: p, decode: d.clone(), rid, load: p_load, push: false };
     Ok(watch.relay(guard, ph, dh))
+}
+
+/// What each leg carries besides its body: the client's headers as the workers get them, and
+/// the client's rank hint for the prefill only (decode's own ranks are its business).
+fn leg_extras(extra: &Extra) -> (Extra, Extra) {
+    (extra.clone(), Extra { rank: None, ..extra.clone() })
 }
 
 /// A room in [0, 2^63 - 1] with `room % dp == rank`.
@@ -308,6 +313,22 @@ fn merge_event(event: &Bytes, prefix: Option<&Value>) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_legs_get_the_serialized_headers_and_only_the_prefill_the_rank_hint() {
+        let gw = crate::testing::gateway(&["http://w:1"], crate::RetryConfig::default()).await;
+        let lines = Bytes::from_static(b"authorization: Bearer k\r\nx-a: 1\r\nx-a: 2\r\n");
+        let extra =
+            Extra { headers: lines.clone(), rank: Some(Bytes::from_static(b"3")), tls: gw.upstream_tls.clone() };
+        let (prefill, decode) = leg_extras(&extra);
+        for leg in [&prefill, &decode] {
+            let sent: Vec<_> = crate::pipeline::request::header_lines(&leg.headers).collect();
+            assert_eq!(sent[0], (&b"authorization"[..], &b"Bearer k"[..]));
+            assert_eq!(sent.iter().filter(|(n, _)| *n == b"x-a").count(), 2);
+        }
+        assert_eq!(prefill.rank.as_deref(), Some(&b"3"[..]));
+        assert_eq!(decode.rank, None, "decode's ranks are its own");
+    }
 
     #[test]
     fn rooms_follow_the_rank() {

@@ -71,7 +71,7 @@ pub(super) async fn attempt(
     let sent = std::time::Instant::now();
     let answer = match tokio::time::timeout(
         limit,
-        crate::h1::answer::send(&ctx.extra, &p, ctx.route, prefill_body(&ctx.v, nixl_pull()), rank),
+        crate::h1::answer::send(ctx.extra.clone(), &p, ctx.route, prefill_body(&ctx.v, nixl_pull()), rank),
     )
     .await
     {
@@ -104,7 +104,11 @@ pub(super) async fn attempt(
     gw.metrics.pd_legs.inc(format_args!("leg=\"prefill\",outcome=\"ok\""));
     learn_push(&p, &params);
     let decode = with_params(&ctx.v, params);
-    let resp = match tokio::time::timeout(limit, crate::h1::answer::send(&ctx.extra, &d, ctx.route, decode, None)).await
+    let resp = match tokio::time::timeout(
+        limit,
+        crate::h1::answer::send(ctx.extra.clone(), &d, ctx.route, decode, None),
+    )
+    .await
     {
         Err(_) => return Err((Failure::Timeout { leg: Leg::Decode, worker: d }, admission)),
         Ok(Err(error)) => return Err((Failure::Transport { leg: Leg::Decode, worker: d, error }, admission)),
@@ -153,8 +157,8 @@ async fn push_attempt(
     let decode = with_params(&ctx.v, identity);
     let (p_load, d_load) = pair.charge(rank);
     let sent = std::time::Instant::now();
-    let pf = crate::h1::answer::send(&ctx.extra, &p, ctx.route, prefill_body(&ctx.v, nixl_pull()), rank);
-    let df = crate::h1::answer::send(&ctx.extra, &d, ctx.route, decode, None);
+    let pf = crate::h1::answer::send(ctx.extra.clone(), &p, ctx.route, prefill_body(&ctx.v, nixl_pull()), rank);
+    let df = crate::h1::answer::send(ctx.extra.clone(), &d, ctx.route, decode, None);
     let (ph, dh) = match both_heads(gw, pf, df, &p, &d, None).await {
         Ok(heads) => heads,
         Err(failure) => {
@@ -194,8 +198,8 @@ async fn mooncake_attempt(ctx: &Ctx<'_>, pair: &Pair, admission: Admission) -> R
     );
     let (p_load, d_load) = pair.charge(rank);
     let sent = std::time::Instant::now();
-    let pf = crate::h1::answer::send(&ctx.extra, &p, ctx.route, prefill, rank);
-    let df = crate::h1::answer::send(&ctx.extra, &d, ctx.route, decode, None);
+    let pf = crate::h1::answer::send(ctx.extra.clone(), &p, ctx.route, prefill, rank);
+    let df = crate::h1::answer::send(ctx.extra.clone(), &d, ctx.route, decode, None);
     let (ph, dh) = match both_heads(gw, pf, df, &p, &d, None).await {
         Ok(heads) => heads,
         Err(failure) => {
