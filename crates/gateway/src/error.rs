@@ -7,6 +7,7 @@
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use h1_codec::Route;
 use serde_json::json;
 
 /// Seconds a client is told to wait before retrying a 429 or 503.
@@ -247,6 +248,33 @@ impl GatewayError {
         }
     }
 
+    /// The JSON body of the error answer on `route`: Anthropic's shape on its routes
+    /// (`{"type": "error", "error": {"type", "message"}}`, the type by status as SGLang maps
+    /// it), else [`GatewayError::body`].
+    pub fn body_for(&self, route: Option<Route>) -> serde_json::Value {
+        if route.is_some_and(Route::anthropic) {
+            anthropic_error(self.status().as_u16(), &self.to_string())
+        } else {
+            self.body()
+        }
+    }
+
+    /// The error answer on `route` (hyper's front end).
+    pub fn response_for(self, route: Option<Route>) -> Response {
+        let body = self.body_for(route);
+        let mut r = (self.status(), Json(body)).into_response();
+        if let Some(s) = self.retry_after() {
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        if matches!(self, GatewayError::Unauthorized(_)) {
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let Some(d) = self.decision().and_then(|d| HeaderValue::from_str(d).ok()) {
+            r.headers_mut().insert("x-route-decision", d);
+        }
+        r
+    }
+
     /// The decision that answered, for `x-route-decision` on a blocked request.
     fn decision(&self) -> Option<&str> {
         match self {
@@ -273,18 +301,24 @@ impl GatewayError {
 
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
-        let mut r = (self.status(), Json(self.body())).into_response();
-        if let Some(s) = self.retry_after() {
-            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
-        }
-        if matches!(self, GatewayError::Unauthorized(_)) {
-            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        if let Some(d) = self.decision().and_then(|d| HeaderValue::from_str(d).ok()) {
-            r.headers_mut().insert("x-route-decision", d);
-        }
-        r
+        self.response_for(None)
     }
+}
+
+/// An error in Anthropic's shape: its type by HTTP status, as SGLang's Messages API maps them.
+pub(crate) fn anthropic_error(status: u16, message: &str) -> serde_json::Value {
+    let kind = match status {
+        400 | 422 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        408 => "request_timeout_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        _ => "api_error",
+    };
+    json!({"type": "error", "error": {"type": kind, "message": message}})
 }
 
 impl From<planner::PlanError> for GatewayError {

@@ -194,6 +194,9 @@ fn route_named(q: Option<&str>) -> Result<Route, GatewayError> {
         None | Some("chat") => Ok(Route::Chat),
         Some("completions") => Ok(Route::Completions),
         Some("generate") => Ok(Route::Generate),
-        Some(other) => Err(GatewayError::BadRequest(format!("unknown route {other:?}: chat, completions or generate"))),
+        Some("messages") => Ok(Route::Messages),
+        Some(other) => {
+            Err(GatewayError::BadRequest(format!("unknown route {other:?}: chat, completions, generate or messages")))
+        }
     }
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use router_types::DpRank;
 use tracing::Instrument;
 
@@ -39,7 +39,7 @@ pub(crate) async fn handle(State(gw): State<Arc<Gateway>>, headers: HeaderMap, b
             Ok(r) => r,
             Err(e) => {
                 count_error(&gw, route, &e, Some(&id));
-                e.into_response()
+                e.response_for(Some(route))
             }
         }
     }

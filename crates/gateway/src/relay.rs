@@ -18,6 +18,7 @@ use crate::cache::Recorder;
 use crate::pipeline::account::InFlight;
 use crate::pipeline::request::relayed;
 use fleet::Worker;
+use h1_codec::Route;
 
 /// An answer body from the router's own client (`h1::answer`), boxed for the relay.
 pub(crate) type UpstreamBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
@@ -25,14 +26,24 @@ pub(crate) type UpstreamBody = http_body_util::combinators::UnsyncBoxBody<Bytes,
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A worker failed in the middle of its answer: it leaves rotation, and an
-/// event stream (`sse`) gets this last event, the error then `[DONE]`, so the
-/// client's stream ends cleanly.
-pub(crate) fn failed_mid_answer(worker: &Worker, e: &dyn std::fmt::Display, sse: bool) -> Option<Bytes> {
+/// event stream (`sse`) gets this last event, so the client's stream ends cleanly.
+pub(crate) fn failed_mid_answer(worker: &Worker, e: &dyn std::fmt::Display, sse: Option<Route>) -> Option<Bytes> {
     warn!(worker = %worker.url, error = %e, "worker failed mid-response");
     worker.request_failed();
     let message = format!("upstream worker {} failed mid-stream: {e}", worker.url);
-    let event = json!({"error": {"message": message, "type": "upstream_unreachable", "code": 502}});
-    sse.then(|| Bytes::from(format!("data: {event}\n\ndata: [DONE]\n\n")))
+    sse.map(|route| last_event(route, &message))
+}
+
+/// The last event of a stream the router ends on `route`: OpenAI's error event then `[DONE]`,
+/// or Anthropic's `error` event (its streams have no `[DONE]`).
+fn last_event(route: Route, message: &str) -> Bytes {
+    if route.anthropic() {
+        let event = crate::error::anthropic_error(502, message);
+        Bytes::from(format!("event: error\ndata: {event}\n\n"))
+    } else {
+        let event = json!({"error": {"message": message, "type": "upstream_unreachable", "code": 502}});
+        Bytes::from(format!("data: {event}\n\ndata: [DONE]\n\n"))
+    }
 }
 
 /// The answer filters of one relayed answer, whatever writes it: the
@@ -84,14 +95,14 @@ impl Tap {
     pub(crate) fn failed(&mut self, e: &dyn std::fmt::Display, can_end: bool) -> Option<Bytes> {
         self.recorder = None;
         self.guard.cut();
-        failed_mid_answer(&self.worker, e, self.sse && can_end)
+        failed_mid_answer(&self.worker, e, (self.sse && can_end).then(|| self.guard.route()))
     }
 
     /// The worker failed before any of its answer went out: the client gets a 502 instead.
     pub(crate) fn failed_before_head(&mut self, e: &dyn std::fmt::Display) {
         self.recorder = None;
         self.guard.status = 502;
-        let _ = failed_mid_answer(&self.worker, e, false);
+        let _ = failed_mid_answer(&self.worker, e, None);
     }
 
     /// The router cut the answer (`why`, a disaggregated answer's prefill leg failed):
@@ -100,8 +111,12 @@ impl Tap {
         self.recorder = None;
         self.guard.cut();
         warn!(worker = %self.worker.url, why, "answer cut");
-        let event = json!({"error": {"message": why, "type": "upstream_unreachable", "code": 502}});
-        self.sse.then(|| Bytes::from(format!("data: {event}\n\ndata: [DONE]\n\n")))
+        self.sse.then(|| last_event(self.guard.route(), why))
+    }
+
+    /// The request's route.
+    pub(crate) fn route(&self) -> Route {
+        self.guard.route()
     }
 
     /// The worker whose answer this is.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::{HeaderValue, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
 
 use crate::pipeline::account::count_error;
@@ -43,6 +43,8 @@ pub(crate) fn router(gw: Arc<Gateway>) -> axum::Router {
         .route("/v1/rerank", post(|s, h, b| handle(s, h, b, Route::Rerank)))
         .route("/rerank", post(|s, h, b| handle(s, h, b, Route::Rerank)))
         .route("/v1/classify", post(|s, h, b| handle(s, h, b, Route::Classify)))
+        .route("/v1/messages", post(|s, h, b| handle(s, h, b, Route::Messages)))
+        .route("/v1/messages/count_tokens", post(|s, h, b| handle(s, h, b, Route::CountTokens)))
         .route("/v1/models", get(served::models))
         .route("/v1/tokenize", post(served::tokenize))
         .route("/v1/detokenize", post(served::detokenize))
@@ -100,9 +102,23 @@ fn finish(router: axum::Router<Arc<Gateway>>, gw: Arc<Gateway>) -> axum::Router 
 /// Lets a request through when it carries a key of `plane` (see [`crate::pipeline::auth::Keys::check`]).
 async fn require_key(
     State((gw, plane)): State<(Arc<Gateway>, Plane)>,
-    req: axum::extract::Request,
+    mut req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    // Anthropic's clients send their key as `x-api-key`: it is the request's `Authorization`
+    // from here on (two credentials are refused, as on the fast path, whose guard already did).
+    if let Some(key) = req.headers_mut().remove(h1_codec::API_KEY_HEADER) {
+        let bearer = h1_codec::credential(h1_codec::API_KEY_HEADER, key.as_bytes()).unwrap_or_default();
+        match HeaderValue::from_bytes(&bearer) {
+            Ok(v) if !req.headers().contains_key(header::AUTHORIZATION) => {
+                req.headers_mut().insert(header::AUTHORIZATION, v);
+            }
+            _ => {
+                let route = Route::from_path(req.uri().path());
+                return GatewayError::BadRequest(h1_codec::TWO_CREDENTIALS.into()).response_for(route);
+            }
+        }
+    }
     let keys = match plane {
         Plane::Control => &gw.control_keys,
         Plane::Data => &gw.client_keys,
@@ -110,11 +126,12 @@ async fn require_key(
     match keys.check_headers(plane, req.headers()) {
         Ok(()) => next.run(req).await,
         Err(e) => {
-            if let Some(route) = Route::from_path(req.uri().path()) {
+            let route = Route::from_path(req.uri().path());
+            if let Some(route) = route {
                 let id = req.headers().get(crate::pipeline::context::REQUEST_ID_HEADER).and_then(|v| v.to_str().ok());
                 count_error(&gw, route, &e, id);
             }
-            e.into_response()
+            e.response_for(route)
         }
     }
 }
@@ -128,7 +145,8 @@ async fn refuse_oversized(
 ) -> Response {
     let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
     if declared.is_some_and(|n| n > gw.config.max_body_bytes as u64) {
-        let mut r = GatewayError::TooLarge(gw.config.max_body_bytes).into_response();
+        let route = Route::from_path(req.uri().path());
+        let mut r = GatewayError::TooLarge(gw.config.max_body_bytes).response_for(route);
         r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         return r;
     }

@@ -16,7 +16,10 @@ mod request;
 
 pub use answer::{AnswerHead, Framing, MAX_ANSWER_HEAD_BYTES, parse_answer_head};
 pub use headers::{forwarded, header_lines, push_header, relayed};
-pub use request::{BodyLen, Head, Next, PROXIED_PATHS, Refusal, Route, check, parse_head, usable_key};
+pub use request::{
+    API_KEY_HEADER, BodyLen, Head, Next, PROXIED_PATHS, Refusal, Route, TWO_CREDENTIALS, check, credential, parse_head,
+    usable_key,
+};
 
 /// Largest request head taken (bytes, blank line included).
 pub const MAX_HEAD_BYTES: usize = 64 << 10;

@@ -11,12 +11,21 @@ use crate::{
 };
 
 /// The paths requests are proxied to (every [`Route`]'s), for the fleet to parse once per worker.
-pub const PROXIED_PATHS: &[&str] =
-    &["/v1/chat/completions", "/v1/completions", "/generate", "/v1/embeddings", "/v1/rerank", "/v1/classify"];
+pub const PROXIED_PATHS: &[&str] = &[
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/generate",
+    "/v1/embeddings",
+    "/v1/rerank",
+    "/v1/classify",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+];
 
-/// The proxied routes. The first three carry a prompt the policy may read;
-/// the others are passed through to the worker the policy picks by load
-/// (their bodies are checked to be JSON objects, never rendered).
+/// The proxied routes. Chat, completions, generate and Anthropic's messages
+/// carry a prompt the policy may read; the others are passed through to the
+/// worker the policy picks by load (their bodies are checked to be JSON
+/// objects, never rendered).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
     Chat,
@@ -25,18 +34,35 @@ pub enum Route {
     Embeddings,
     Rerank,
     Classify,
+    /// Anthropic's Messages API (`/v1/messages`): rendered as the engine converts it to a chat.
+    Messages,
+    /// Anthropic's token count (`/v1/messages/count_tokens`), passed through.
+    CountTokens,
 }
 
 // === impl Route ===
 
 impl Route {
     /// Every proxied route.
-    pub const ALL: [Route; 6] =
-        [Route::Chat, Route::Completions, Route::Generate, Route::Embeddings, Route::Rerank, Route::Classify];
+    pub const ALL: [Route; 8] = [
+        Route::Chat,
+        Route::Completions,
+        Route::Generate,
+        Route::Embeddings,
+        Route::Rerank,
+        Route::Classify,
+        Route::Messages,
+        Route::CountTokens,
+    ];
 
     /// Whether the route carries a prompt (rendered, tokenized, matched against the index).
     pub fn has_prompt(self) -> bool {
-        matches!(self, Route::Chat | Route::Completions | Route::Generate)
+        matches!(self, Route::Chat | Route::Completions | Route::Generate | Route::Messages)
+    }
+
+    /// Whether the route is Anthropic's API (its errors take Anthropic's shape).
+    pub fn anthropic(self) -> bool {
+        matches!(self, Route::Messages | Route::CountTokens)
     }
 
     /// The proxied route at `path`, if any.
@@ -52,6 +78,8 @@ impl Route {
             Route::Embeddings => PROXIED_PATHS[3],
             Route::Rerank => PROXIED_PATHS[4],
             Route::Classify => PROXIED_PATHS[5],
+            Route::Messages => PROXIED_PATHS[6],
+            Route::CountTokens => PROXIED_PATHS[7],
         }
     }
 
@@ -63,6 +91,8 @@ impl Route {
             Route::Embeddings => "embeddings",
             Route::Rerank => "rerank",
             Route::Classify => "classify",
+            Route::Messages => "messages",
+            Route::CountTokens => "count_tokens",
         }
     }
 }
@@ -134,8 +164,8 @@ pub struct Head {
     pub forward: Vec<u8>,
     /// The client's data-parallel rank hint, used when the router has none.
     pub rank: Option<Vec<u8>>,
-    /// The client's `Authorization` value: a client key to check
-    /// (`--client-api-keys`), or its own credentials for the worker.
+    /// The client's `Authorization` value (or its `x-api-key` as `Bearer KEY`): a client key
+    /// to check (`--client-api-keys`), or its own credentials for the worker.
     pub authorization: Option<Vec<u8>>,
     /// The client's request-id headers: (position in `--request-id-headers`, value), each once.
     pub request_ids: Vec<(usize, Vec<u8>)>,
@@ -158,6 +188,25 @@ pub enum Next {
     Hyper,
     /// Not a head to serve: answered with this refusal, then the connection closes.
     Refuse(Refusal),
+}
+
+/// Why a request with two credentials is refused.
+pub const TWO_CREDENTIALS: &str = "more than one credential (authorization or x-api-key header)";
+
+/// The header Anthropic's clients send their key in, taken as `Authorization: Bearer KEY`.
+pub const API_KEY_HEADER: &str = "x-api-key";
+
+/// A client credential header's value as the router reads it: `Authorization` as it is, and
+/// Anthropic's `x-api-key: KEY` as `Bearer KEY` (never passed on as sent: what the worker
+/// gets is the router's choice). `None` for any other header.
+pub fn credential(name: &str, value: &[u8]) -> Option<Vec<u8>> {
+    if name.eq_ignore_ascii_case("authorization") {
+        Some(value.to_vec())
+    } else if name.eq_ignore_ascii_case(API_KEY_HEADER) {
+        Some([b"Bearer ", value.trim_ascii()].concat())
+    } else {
+        None
+    }
 }
 
 /// Reads the request head at the front of `buf`; `None` while incomplete.
@@ -205,10 +254,10 @@ pub fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
         }
         if h.name.eq_ignore_ascii_case(RANK_HEADER) {
             rank = Some(h.value.to_vec());
-        } else if h.name.eq_ignore_ascii_case("authorization") {
+        } else if let Some(credential) = credential(h.name, h.value) {
             // Two credentials: which one a hop honours is a guess; none is.
-            if authorization.replace(h.value.to_vec()).is_some() {
-                return Some(Next::Refuse(Refusal::Malformed("more than one authorization header".into())));
+            if authorization.replace(credential).is_some() {
+                return Some(Next::Refuse(Refusal::Malformed(TWO_CREDENTIALS.into())));
             }
         } else if forwarded(h.name, &connection) && !h.name.eq_ignore_ascii_case(REQUEST_ID_HEADER) {
             // The request's id goes to the worker as the router chose it, once.
@@ -267,11 +316,11 @@ pub fn check(buf: &[u8]) -> Result<Option<(usize, BodyLen)>, Refusal> {
     let (mut length, mut chunked, mut credentials) = (None, None, 0);
     for h in req.headers.iter() {
         let value = std::str::from_utf8(h.value).unwrap_or("\u{0}").trim();
-        if h.name.eq_ignore_ascii_case("authorization") {
+        if credential(h.name, b"").is_some() {
             // Two credentials: which one a hop honours is a guess; none is.
             credentials += 1;
             if credentials > 1 {
-                return Err(Refusal::Malformed("more than one authorization header".into()));
+                return Err(Refusal::Malformed(TWO_CREDENTIALS.into()));
             }
         } else if h.name.eq_ignore_ascii_case("content-length") {
             let n = content_length(value).ok_or_else(|| Refusal::Malformed("invalid content-length".into()))?;
@@ -363,6 +412,24 @@ mod tests {
         );
         assert_eq!((h.route, h.close, h.expect_continue), (Route::Generate, true, true));
         assert_eq!(fast("POST /v1/completions HTTP/1.1\r\nContent-Length: 5\r\n\r\n").route, Route::Completions);
+    }
+
+    #[test]
+    fn an_anthropic_api_key_is_the_requests_bearer_credential_and_never_passed_on() {
+        let h = fast(
+            "POST /v1/messages HTTP/1.1\r\nx-api-key:  sk-1 \r\nanthropic-version: 2023-06-01\r\nContent-Length: 2\r\n\r\n",
+        );
+        assert_eq!(h.route, Route::Messages);
+        assert_eq!(h.authorization.as_deref(), Some(&b"Bearer sk-1"[..]));
+        let forward = String::from_utf8(h.forward).unwrap();
+        assert!(!forward.contains("sk-1") && forward.contains("anthropic-version: 2023-06-01"), "{forward}");
+        let both = "POST /v1/messages HTTP/1.1\r\nAuthorization: Bearer a\r\nX-Api-Key: b\r\nContent-Length: 2\r\n\r\n";
+        assert_eq!(parse_head(both.as_bytes(), &[]), Some(Next::Refuse(Refusal::Malformed(TWO_CREDENTIALS.into()))));
+        assert_eq!(check(both.as_bytes()), Err(Refusal::Malformed(TWO_CREDENTIALS.into())));
+        assert_eq!(
+            fast("POST /v1/messages/count_tokens HTTP/1.1\r\nContent-Length: 2\r\n\r\n").route,
+            Route::CountTokens
+        );
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub(crate) fn router(engine: Arc<Engine>) -> axum::Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/generate", post(generate))
+        .route("/v1/messages", post(crate::anthropic::messages))
+        .route("/v1/messages/count_tokens", post(crate::anthropic::count_tokens))
         .route("/flush_cache", post(flush_cache))
         .route("/abort_request", post(abort_request))
         .route("/get_model_info", get(model_info))

@@ -7,6 +7,7 @@
 //!
 //! `MockEngine::spawn` binds 127.0.0.1:0 and shuts down when dropped.
 
+mod anthropic;
 mod cache;
 mod engine;
 mod events;

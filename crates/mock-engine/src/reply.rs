@@ -55,7 +55,7 @@ pub(crate) fn rank_hint(headers: &HeaderMap, v: &Value) -> Option<usize> {
 }
 
 /// The word generated at position `i`.
-fn word(i: usize) -> &'static str {
+pub(crate) fn word(i: usize) -> &'static str {
     const WORDS: [&str; 8] = [" the", " cache", " is", " warm", " and", " routing", " works", "."];
     WORDS[i % WORDS.len()]
 }

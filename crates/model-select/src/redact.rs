@@ -3,7 +3,9 @@
 //! message of every role (system, developer, user, assistant, tool): its
 //! content (a string, strings, or the `text` and `refusal` parts of a list),
 //! its `name`, `refusal` and `reasoning_content`, and its tool calls'
-//! arguments (legacy `function_call` too); for a completion its `prompt` (a
+//! arguments (legacy `function_call` too); for Anthropic's Messages API also
+//! its `system` and the texts inside its blocks (thinking, a tool call's
+//! input, tool and search results); for a completion its `prompt` (a
 //! string or strings) and `suffix`; for `/generate` its `text`. Whether the
 //! plugin runs is the caller's (a decision's plugins); what counts as PII is
 //! [`PiiDetector`]'s.
@@ -40,8 +42,14 @@ struct Redactor<'d> {
 /// memory only.
 pub fn redact(body: &mut Value, detector: &PiiDetector, types: &[PiiType]) -> Redactions {
     let mut r = Redactor { detector, types, seen: HashMap::new(), next: HashMap::new(), replaced: HashMap::new() };
-    if let Some(Value::Array(messages)) = body.get_mut("messages") {
-        messages.iter_mut().for_each(|m| r.message(m));
+    if body.get("messages").is_some_and(Value::is_array) {
+        // Anthropic's Messages API: its system prompt first, beside the messages.
+        if let Some(system) = body.get_mut("system") {
+            r.content(system);
+        }
+        if let Some(Value::Array(messages)) = body.get_mut("messages") {
+            messages.iter_mut().for_each(|m| r.message(m));
+        }
     } else {
         for key in ["prompt", "suffix", "text"] {
             if let Some(v) = body.get_mut(key) {
@@ -89,8 +97,9 @@ impl Redactor<'_> {
         }
     }
 
-    /// A content value: a string, a list of strings, or a list of parts
-    /// (their `text` or `refusal`; other parts, images, hold no text).
+    /// A content value: a string, a list of strings, or a list of parts (their `text`,
+    /// `refusal` or `thinking`; Anthropic's `tool_use` input values and the `content` of its
+    /// `tool_result` and `search_result` blocks; other parts, images, hold no text).
     fn content(&mut self, v: &mut Value) {
         match v {
             Value::String(s) => {
@@ -103,10 +112,17 @@ impl Redactor<'_> {
                             self.text(s);
                         }
                         Value::Object(part) => {
-                            for key in ["text", "refusal"] {
+                            for key in ["text", "refusal", "thinking"] {
                                 if let Some(Value::String(s)) = part.get_mut(key) {
                                     self.text(s);
                                 }
+                            }
+                            // Anthropic's blocks: a tool call's input, a tool's or search's result.
+                            if let Some(input) = part.get_mut("input").filter(|i| i.is_object()) {
+                                self.values(input);
+                            }
+                            if let Some(content) = part.get_mut("content") {
+                                self.content(content);
                             }
                         }
                         _ => {}

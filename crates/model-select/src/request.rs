@@ -39,7 +39,8 @@ fn joined(collect: impl FnOnce(&mut dyn FnMut(&str))) -> String {
 /// Every text the model reads, whatever the role, as the `pii_redact` plugin scans it
 /// ([`crate::redact`]): each message's content (strings, `text` and `refusal` parts), `name`,
 /// `refusal`, `reasoning_content` and its tool calls' arguments (the string values of
-/// arguments given as JSON); a completion's `prompt` and `suffix`; `/generate`'s `text`. Joined
+/// arguments given as JSON), an Anthropic request's `system` and the texts inside its blocks
+/// (`each_guarded`); a completion's `prompt` and `suffix`; `/generate`'s `text`. Joined
 /// by newlines: what PII signals read, so that PII in a system or tool message fires them too.
 pub fn guard_text(body: &Value) -> String {
     joined(|push| {
@@ -49,11 +50,10 @@ pub fn guard_text(body: &Value) -> String {
             }
             return;
         };
+        // Anthropic's Messages API: its system prompt beside the messages.
+        each_guarded(body.get("system"), push);
         for m in messages {
-            each_text(m.get("content"), push);
-            if let Some(Value::Array(parts)) = m.get("content") {
-                parts.iter().filter_map(|p| p.get("refusal").and_then(Value::as_str)).for_each(&mut *push);
-            }
+            each_guarded(m.get("content"), push);
             for key in ["name", "refusal", "reasoning_content"] {
                 if let Some(s) = m.get(key).and_then(Value::as_str) {
                     push(s);
@@ -73,6 +73,35 @@ pub fn guard_text(body: &Value) -> String {
             }
         }
     })
+}
+
+/// Every text of a content value `pii_redact` rewrites: a string, a list of strings, parts'
+/// `text`, `refusal` and `thinking`; and inside Anthropic's blocks, a `tool_use`'s `input`
+/// values and the `content` of a `tool_result` or `search_result` (recursively).
+fn each_guarded(v: Option<&Value>, f: &mut (impl FnMut(&str) + ?Sized)) {
+    match v {
+        Some(Value::String(s)) => f(s),
+        Some(Value::Array(items)) => {
+            for item in items {
+                match item {
+                    Value::String(s) => f(s),
+                    Value::Object(part) => {
+                        for key in ["text", "refusal", "thinking"] {
+                            if let Some(Value::String(s)) = part.get(key) {
+                                f(s);
+                            }
+                        }
+                        if let Some(input) = part.get("input").filter(|i| i.is_object()) {
+                            each_string(input, f);
+                        }
+                        each_guarded(part.get("content"), f);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 /// Calls `f` with every string and number inside `v` (the values `pii_redact` rewrites in

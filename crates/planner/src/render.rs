@@ -74,7 +74,15 @@ impl Planner<'_> {
         self.renders.fetch_add(1, Ordering::Relaxed);
         let vocab = renderer.prompt_vocab_size();
         match route {
-            Route::Chat => {
+            Route::Chat | Route::Messages => {
+                // Anthropic's request as the engine converts it: the chat it renders.
+                let converted;
+                let v = if route == Route::Messages {
+                    converted = renderer::anthropic::chat_of(v, renderer.supports_inline_system())?;
+                    &converted
+                } else {
+                    v
+                };
                 let req = ChatRequest::from_value(v)?;
                 if need_tokens {
                     let r = renderer.render_chat(&req)?;
@@ -84,7 +92,7 @@ impl Planner<'_> {
                 }
             }
             // Never asked: these routes' bodies are not rendered.
-            Route::Embeddings | Route::Rerank | Route::Classify => Ok((Vec::new(), None)),
+            Route::Embeddings | Route::Rerank | Route::Classify | Route::CountTokens => Ok((Vec::new(), None)),
             Route::Completions | Route::Generate => {
                 let p = if route == Route::Completions {
                     Prompt::from_completions(v.get("prompt").unwrap_or(&Value::Null), vocab)?

@@ -8,6 +8,7 @@
 //!      text ──tokenizer.rs (segment cache)──► token ids ──hash.rs──► block hashes
 //! ```
 
+pub mod anthropic;
 mod builtin;
 mod chain_memo;
 mod chat;
@@ -92,6 +93,12 @@ impl Renderer {
     /// The tokenizer.
     pub fn tokenizer(&self) -> &TextTokenizer {
         &self.tokenizer
+    }
+
+    /// Whether the default chat template renders a `system` message after the first turn in
+    /// place (else SGLang merges such messages into the leading one; see [`anthropic`]).
+    pub fn supports_inline_system(&self) -> bool {
+        self.config.templates.select(false).is_some_and(ChatTemplate::supports_inline_system)
     }
 
     /// The chat template's output for `req`.

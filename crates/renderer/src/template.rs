@@ -34,6 +34,8 @@ pub struct ChatTemplate {
     content_format: ContentFormat,
     /// The source is the built-in ChatML template (`crate::chatml` renders it directly).
     builtin_chatml: bool,
+    /// Whether a system message after the first turn renders in place (probed once).
+    inline_system: std::sync::OnceLock<bool>,
 }
 
 // === impl ChatTemplate ===
@@ -59,7 +61,27 @@ impl ChatTemplate {
         env.add_function("strftime_now", |format: String| strftime_now(&format));
         env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, rewrite_generation_tags(source)).map_err(template_error)?;
-        Ok(Self { env, content_format, builtin_chatml: source == crate::BUILTIN_CHAT_TEMPLATE })
+        let builtin_chatml = source == crate::BUILTIN_CHAT_TEMPLATE;
+        Ok(Self { env, content_format, builtin_chatml, inline_system: std::sync::OnceLock::new() })
+    }
+
+    /// Whether a `system` message after the first turn renders in place, SGLang's probe
+    /// (`detect_inline_system_support`): a second system message's sentinel must appear in the
+    /// output of a four-message conversation; a template that raises or drops it does not.
+    pub fn supports_inline_system(&self) -> bool {
+        *self.inline_system.get_or_init(|| {
+            const SENTINEL: &str = "__sglang_inline_system_sentinel__";
+            let ctx = minijinja::context! {
+                messages => vec![
+                    minijinja::context! { role => "system", content => "t" },
+                    minijinja::context! { role => "user", content => "t" },
+                    minijinja::context! { role => "system", content => SENTINEL },
+                    minijinja::context! { role => "user", content => "t" },
+                ],
+                add_generation_prompt => false,
+            };
+            self.render(ctx).is_ok_and(|text| text.contains(SENTINEL))
+        })
     }
 
     /// Whether this is the built-in ChatML template.

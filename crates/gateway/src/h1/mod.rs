@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, warn};
 
-use h1_codec::{Head, Next, Refusal, parse_head};
+use h1_codec::{Head, Next, Refusal, Route, parse_head};
 
 use self::head::Answer as _;
 use crate::pipeline::Outcome;
@@ -321,7 +321,7 @@ async fn serve_fast(
         Ok(checked) => checked,
         Err(e) => {
             count_error(gw, route, &e, Some(&id));
-            if write_error(tcp, &e, true, &answer_head).await.is_ok() {
+            if write_error(tcp, &e, route, true, &answer_head).await.is_ok() {
                 linger(tcp, Some(head.body_len.saturating_sub(buf.len()))).await;
             }
             return false;
@@ -409,7 +409,7 @@ async fn serve_fast(
             }
             Err(e) => {
                 count_error(gw, route, &e, Some(&id));
-                write_error(peer.tcp, &e, close, &answer_head).await.is_ok() && !close
+                write_error(peer.tcp, &e, route, close, &answer_head).await.is_ok() && !close
             }
         }
     }
@@ -492,10 +492,16 @@ async fn linger<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(tcp: &m
     }
 }
 
-/// Writes a gateway error as the OpenAI-style JSON answer, with the header
-/// lines `extra` (the request's id and CORS headers).
-async fn write_error(tcp: &mut TcpStream, e: &GatewayError, close: bool, extra: &[u8]) -> io::Result<()> {
-    let body = e.body().to_string();
+/// Writes a gateway error as the JSON answer `route` speaks (OpenAI's, or Anthropic's on its
+/// routes), with the header lines `extra` (the request's id and CORS headers).
+pub(crate) async fn write_error(
+    tcp: &mut TcpStream,
+    e: &GatewayError,
+    route: Route,
+    close: bool,
+    extra: &[u8],
+) -> io::Result<()> {
+    let body = e.body_for(Some(route)).to_string();
     let status = e.status();
     let head = format!(
         "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{}{}",

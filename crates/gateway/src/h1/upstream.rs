@@ -338,7 +338,7 @@ pub(crate) async fn relay(
                 tap.failed_before_head(&e);
                 let url = tap.worker().url.to_string();
                 let e = GatewayError::Upstream { worker: url, message: e.to_string(), retryable: false };
-                let _ = write_error(peer.tcp, &e, true, extra).await;
+                let _ = write_error(peer.tcp, &e, tap.route(), true, extra).await;
                 return false;
             }
             let tail = tap.failed(&e, chunked);

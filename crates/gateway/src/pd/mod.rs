@@ -350,6 +350,15 @@ async fn serve(
 
 /// Refuses what cannot be disaggregated; returns the batch size of a batched prompt.
 fn check(v: &Value, route: Route, mode: PdMode) -> Result<Option<usize>, GatewayError> {
+    if route == Route::Messages {
+        // Neither engine's Anthropic endpoint is known here to take the legs' bootstrap or
+        // KV-transfer fields: refused rather than sent to fail on the engines.
+        return Err(GatewayError::BadRequest(
+            "/v1/messages is not served with prefill/decode disaggregation yet: send the request as a chat \
+             (/v1/chat/completions), or to a pool that is not disaggregated"
+                .into(),
+        ));
+    }
     if !route.has_prompt() {
         return Err(GatewayError::BadRequest(format!(
             "{} is not served with prefill/decode disaggregation",

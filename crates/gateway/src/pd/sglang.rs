@@ -175,7 +175,7 @@ async fn merged(
         let body = match read_answer(ctx.gw, dh.into_body()).await {
             Ok(b) => b,
             Err(e) => {
-                crate::relay::failed_mid_answer(d, &e, false);
+                crate::relay::failed_mid_answer(d, &e, None);
                 guard.status = 502;
                 let e = crate::GatewayError::Upstream { worker: d.url.to_string(), message: e, retryable: false };
                 return axum::response::IntoResponse::into_response(e);

@@ -130,7 +130,7 @@ pub(super) async fn attempt(
     let body = match read_answer(gw, resp.into_body()).await {
         Ok(b) => b,
         Err(e) => {
-            crate::relay::failed_mid_answer(&d, &e, false);
+            crate::relay::failed_mid_answer(&d, &e, None);
             guard.status = 502;
             let e = crate::GatewayError::Upstream { worker: d.url.to_string(), message: e, retryable: false };
             return Ok(axum::response::IntoResponse::into_response(e));

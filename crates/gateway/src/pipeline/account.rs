@@ -38,6 +38,11 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
+    /// The request's route.
+    pub(crate) fn route(&self) -> Route {
+        self.route
+    }
+
     /// The accounting of a request about to be answered from `load`'s worker.
     pub(crate) fn new(gw: Arc<Gateway>, admission: Admission, load: LoadGuard, route: Route, start: Instant) -> Self {
         Self {

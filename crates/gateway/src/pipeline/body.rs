@@ -63,10 +63,10 @@ pub(crate) fn parse_body(
         return json();
     }
     let required = match route {
-        Route::Chat => Required::Messages,
+        Route::Chat | Route::Messages => Required::Messages,
         Route::Completions => Required::Prompt,
         Route::Generate => Required::TextOrIds,
-        Route::Embeddings | Route::Rerank | Route::Classify => Required::Object,
+        Route::Embeddings | Route::Rerank | Route::Classify | Route::CountTokens => Required::Object,
     };
     crate::pipeline::shape::check(bytes, required).map_err(GatewayError::BadRequest)?;
     // With a routing config every body names its model (its shape checked above: it may not be rendered).

@@ -418,7 +418,16 @@ fn decide<'r>(
     ask: &Asked<'_>,
 ) -> Result<model_select::Choice<'r>, GatewayError> {
     let selector = &routing.selector;
-    let text = if selector.needs_text() { model_select::signal_text(v) } else { String::new() };
+    // Anthropic's request is read as the chat the engine makes of it (its tool results are
+    // tool turns, its system prompt a system turn); its guards read the body as it goes out.
+    let chat;
+    let as_chat = if route == Route::Messages && (selector.needs_text() || selector.needs_shape()) {
+        chat = renderer::anthropic::chat_of(v, true)?;
+        &chat
+    } else {
+        v
+    };
+    let text = if selector.needs_text() { model_select::signal_text(as_chat) } else { String::new() };
     let guard = selector.needs_guard_text().then(|| model_select::guard_text(v));
     // Exact, by the default pool's tokenizer: for context signals, and for load signals' TTFT.
     let tokens = if selector.needs_tokens() || selector.needs_load() {
@@ -427,7 +436,7 @@ fn decide<'r>(
     } else {
         0
     };
-    let shape = if selector.needs_shape() { model_select::shape(v) } else { model_select::Shape::default() };
+    let shape = if selector.needs_shape() { model_select::shape(as_chat) } else { model_select::Shape::default() };
     let pools = if selector.needs_load() { choose::pool_states(gw, routing, tokens) } else { Vec::new() };
     let input = SignalInput {
         text: &text,

@@ -154,3 +154,34 @@ fn encoded_values_are_replaced_whole_and_share_their_placeholder() {
         "a [EMAIL_1], b [EMAIL_1], c [EMAIL_1], d [EMAIL_1]; ssn [US_SSN_1] end"
     );
 }
+
+#[test]
+fn an_anthropic_messages_body_is_redacted_everywhere_its_texts_are() {
+    let mut body = json!({
+        "system": [{"type": "text", "text": "Escalate to ops@corp.example"}],
+        "messages": [
+            {"role": "user", "content": "I am jane@example.com"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "mail jane@example.com", "signature": "s"},
+                {"type": "tool_use", "id": "t1", "name": "lookup", "input": {"email": "jane@example.com", "n": 1}}
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "phone +1 415 555 0100"}]},
+                {"type": "tool_result", "tool_use_id": "t2", "content": "owner ops@corp.example"}
+            ]}
+        ]
+    });
+    let guard = crate::request::guard_text(&body);
+    for pii in ["ops@corp.example", "jane@example.com", "+1 415 555 0100"] {
+        assert!(guard.contains(pii), "signals read {pii} in {guard:?}");
+    }
+    let r = all(&mut body);
+    let text = body.to_string();
+    for pii in ["ops@corp.example", "jane@example.com", "415 555 0100"] {
+        assert!(!text.contains(pii), "{pii} left in {text}");
+    }
+    assert_eq!(body["system"][0]["text"], "Escalate to [EMAIL_1]");
+    assert_eq!(body["messages"][1]["content"][1]["input"]["email"], "[EMAIL_2]");
+    assert_eq!(body["messages"][2]["content"][1]["content"], "owner [EMAIL_1]");
+    assert_eq!(r.total(), 6);
+}

@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod anthropic;
 mod cascade;
 mod cli;
 mod control_plane;
