@@ -29,7 +29,8 @@ fn error(status: StatusCode, kind: &str, message: &str) -> Response {
 fn prompt(e: &Engine, body: &Bytes) -> Result<(Value, Vec<u32>), String> {
     let v: Value = serde_json::from_slice(body).map_err(|err| format!("invalid JSON body: {err}"))?;
     let renderer = e.renderer();
-    let tokens = renderer::anthropic::chat_of(&v, renderer.supports_inline_system())
+    let tokens = renderer
+        .anthropic_chat(&v)
         .and_then(|chat| ChatRequest::from_value(&chat))
         .and_then(|req| renderer.render_chat(&req))
         .map_err(|err| err.to_string())?;

@@ -78,7 +78,7 @@ impl Planner<'_> {
                 // Anthropic's request as the engine converts it: the chat it renders.
                 let converted;
                 let v = if route == Route::Messages {
-                    converted = renderer::anthropic::chat_of(v, renderer.supports_inline_system())?;
+                    converted = renderer.anthropic_chat(v)?;
                     &converted
                 } else {
                     v

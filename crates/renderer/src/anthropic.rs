@@ -1,26 +1,48 @@
 //! Anthropic's Messages API (`POST /v1/messages`) as the engines see it: the
 //! OpenAI chat request SGLang makes of a Messages request (its
-//! `AnthropicServing._convert_to_chat_completion_request`, sglang 0.5.23), so
-//! the router renders, tokenizes and hashes the prompt the engine will.
-//! Pinned by `tests/fixtures/anthropic/sglang_chat.json`, made by SGLang's own
-//! conversion (its generator beside it).
+//! `AnthropicServing._convert_to_chat_completion_request`, sglang 0.5.23), or
+//! vLLM (`vllm.rs`), so the router renders, tokenizes and hashes the prompt
+//! the engine will. Pinned by `tests/fixtures/anthropic/{sglang,vllm}_chat.json`,
+//! made by the engines' own conversions (their generator beside them).
 //!
-//! What depends on the engine's configuration is taken as a server without a
+//! What depends on SGLang's configuration is taken as a server without a
 //! reasoning parser has it: prior `thinking` blocks are dropped (SGLang drops
 //! them too unless its reasoning parser reads them), and a request asking for
 //! `thinking` is rendered without it. Mid-conversation `system` messages stay
-//! in place when the chat template renders them there, else they join the
-//! leading system message ([`crate::Renderer::supports_inline_system`], SGLang's probe).
+//! in place when the chat template takes them there, else they join the
+//! leading system message (each engine's own probe of the template:
+//! [`crate::Renderer::anthropic_chat`]).
 
 use serde_json::{Map, Value as Json, json};
 
 use crate::RenderError;
 use crate::pyjson::{self, DumpOptions};
 
-/// The OpenAI chat request (`messages`, and `tools` when any) SGLang makes of the Anthropic
-/// Messages request `body`; `inline_system` whether the template renders a system message
-/// after the first turn. A body SGLang refuses is refused here too.
-pub fn chat_of(body: &Json, inline_system: bool) -> Result<Json, RenderError> {
+mod vllm;
+
+/// The engine whose conversion of a Messages request to a chat the router mirrors (SGLang
+/// Model Gateway's `--backend`): each turns the same request into a slightly different chat.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// SGLang 0.5.23.
+    #[default]
+    Sglang,
+    /// vLLM 0.33.0.
+    Vllm,
+}
+
+/// The OpenAI chat request (`messages`, and `tools` when any) `backend` makes of the Anthropic
+/// Messages request `body`; `inline_system` whether the engine leaves a system message after
+/// the first turn in place (else it joins the leading one). A body SGLang refuses is refused
+/// here too; vLLM's refusals are its own to answer.
+pub fn chat_of(body: &Json, backend: Backend, inline_system: bool) -> Result<Json, RenderError> {
+    match backend {
+        Backend::Sglang => sglang_chat_of(body, inline_system),
+        Backend::Vllm => vllm::chat_of(body, !inline_system),
+    }
+}
+
+fn sglang_chat_of(body: &Json, inline_system: bool) -> Result<Json, RenderError> {
     let obj = body.as_object().ok_or_else(|| invalid("the request body must be a JSON object"))?;
     let messages = match obj.get("messages") {
         Some(Json::Array(m)) => m,
@@ -131,7 +153,7 @@ pub fn chat_of(body: &Json, inline_system: bool) -> Result<Json, RenderError> {
 
     let mut chat = Map::new();
     chat.insert("messages".into(), Json::Array(out));
-    let tools = tools(obj.get("tools"))?;
+    let tools = tools(obj.get("tools"), Backend::Sglang)?;
     if !tools.is_empty() {
         chat.insert("tools".into(), Json::Array(tools));
     }
@@ -330,8 +352,9 @@ fn tool_result(content: Option<&Json>) -> (Vec<Json>, String) {
 }
 
 /// The custom tools as OpenAI function tools; Anthropic's server tools (web search, computer,
-/// bash, text editor: no schema) are left out, as SGLang leaves them.
-fn tools(tools: Option<&Json>) -> Result<Vec<Json>, RenderError> {
+/// bash, text editor: no schema) are left out, as SGLang leaves them (vLLM refuses them). SGLang
+/// always writes a description and `strict`; vLLM only the fields the tool has.
+fn tools(tools: Option<&Json>, backend: Backend) -> Result<Vec<Json>, RenderError> {
     let list = match tools {
         None | Some(Json::Null) => return Ok(Vec::new()),
         Some(Json::Array(l)) => l,
@@ -341,7 +364,7 @@ fn tools(tools: Option<&Json>) -> Result<Vec<Json>, RenderError> {
     for t in list {
         let kind = t.get("type").and_then(Json::as_str).unwrap_or("custom");
         let server = ["web_search_", "computer_", "bash_", "text_editor_"].iter().any(|p| kind.starts_with(p));
-        if server {
+        if server && backend == Backend::Sglang {
             continue;
         }
         let name = t.get("name").and_then(Json::as_str).ok_or_else(|| invalid("a tool needs a string `name`"))?;
@@ -354,10 +377,24 @@ fn tools(tools: Option<&Json>) -> Result<Vec<Json>, RenderError> {
         }
         let mut function = Map::new();
         function.insert("name".into(), name.into());
-        let description = t.get("description").and_then(Json::as_str).unwrap_or("");
-        function.insert("description".into(), description.into());
-        function.insert("parameters".into(), Json::Object(schema));
-        function.insert("strict".into(), Json::Bool(t.get("strict").and_then(Json::as_bool).unwrap_or(false)));
+        let description = t.get("description").and_then(Json::as_str);
+        let strict = t.get("strict").and_then(Json::as_bool);
+        match backend {
+            Backend::Sglang => {
+                function.insert("description".into(), description.unwrap_or("").into());
+                function.insert("parameters".into(), Json::Object(schema));
+                function.insert("strict".into(), strict.unwrap_or(false).into());
+            }
+            Backend::Vllm => {
+                if let Some(d) = description {
+                    function.insert("description".into(), d.into());
+                }
+                function.insert("parameters".into(), Json::Object(schema));
+                if let Some(s) = strict {
+                    function.insert("strict".into(), s.into());
+                }
+            }
+        }
         let defer = t.get("defer_loading").and_then(Json::as_bool);
         if let Some(d) = defer {
             function.insert("defer_loading".into(), d.into());
@@ -365,7 +402,7 @@ fn tools(tools: Option<&Json>) -> Result<Vec<Json>, RenderError> {
         let mut tool = Map::new();
         tool.insert("type".into(), "function".into());
         tool.insert("function".into(), Json::Object(function));
-        if let Some(d) = defer {
+        if let Some(d) = defer.filter(|_| backend == Backend::Sglang) {
             tool.insert("defer_loading".into(), d.into());
         }
         out.push(Json::Object(tool));

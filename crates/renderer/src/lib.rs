@@ -60,6 +60,8 @@ pub struct Renderer {
     /// The built-in byte-level model (the router was given no tokenizer): it knows
     /// nothing of the engine's vocabulary.
     builtin: bool,
+    /// The engine whose conversions it mirrors.
+    backend: anthropic::Backend,
 }
 
 // === impl Renderer ===
@@ -80,7 +82,7 @@ impl Renderer {
 
     /// Builds from parts (the built-in tokenizer, tests).
     pub fn new(tokenizer: TextTokenizer, config: ModelConfig) -> Self {
-        Self { tokenizer, config, builtin: false }
+        Self { tokenizer, config, builtin: false, backend: anthropic::Backend::Sglang }
     }
 
     /// The largest token id a prompt's `input_ids` may hold, plus one: the tokenizer's
@@ -95,10 +97,30 @@ impl Renderer {
         &self.tokenizer
     }
 
-    /// Whether the default chat template renders a `system` message after the first turn in
-    /// place (else SGLang merges such messages into the leading one; see [`anthropic`]).
-    pub fn supports_inline_system(&self) -> bool {
-        self.config.templates.select(false).is_some_and(ChatTemplate::supports_inline_system)
+    /// The engine whose conversions this renderer mirrors (its Anthropic Messages requests).
+    pub fn backend(&self) -> anthropic::Backend {
+        self.backend
+    }
+
+    /// The same renderer, mirroring `backend`'s conversions.
+    pub fn with_backend(mut self, backend: anthropic::Backend) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// The chat the engine makes of the Anthropic Messages request `body`, by its own rule for
+    /// system messages after the first turn: SGLang keeps them in place when its default
+    /// template shows them there; vLLM unless one of its templates raises on them.
+    pub fn anthropic_chat(&self, body: &Json) -> Result<Json, RenderError> {
+        let t = &self.config.templates;
+        let inline = match self.backend {
+            anthropic::Backend::Sglang => t.select(false).is_some_and(ChatTemplate::supports_inline_system),
+            anthropic::Backend::Vllm => {
+                t.default.is_some()
+                    && [&t.default, &t.tool_use].into_iter().flatten().all(ChatTemplate::takes_inline_system)
+            }
+        };
+        anthropic::chat_of(body, self.backend, inline)
     }
 
     /// The chat template's output for `req`.

@@ -34,8 +34,9 @@ pub struct ChatTemplate {
     content_format: ContentFormat,
     /// The source is the built-in ChatML template (`crate::chatml` renders it directly).
     builtin_chatml: bool,
-    /// Whether a system message after the first turn renders in place (probed once).
-    inline_system: std::sync::OnceLock<bool>,
+    /// Whether a system message after the first turn renders in place, and renders at all
+    /// (probed once).
+    inline_system: std::sync::OnceLock<(bool, bool)>,
 }
 
 // === impl ChatTemplate ===
@@ -69,6 +70,17 @@ impl ChatTemplate {
     /// (`detect_inline_system_support`): a second system message's sentinel must appear in the
     /// output of a four-message conversation; a template that raises or drops it does not.
     pub fn supports_inline_system(&self) -> bool {
+        self.inline_system_probe().0
+    }
+
+    /// Whether a `system` message after the first turn renders without an error, vLLM's probe
+    /// (`_detect_merge_inline_system`: it merges such messages only when the template raises).
+    pub fn takes_inline_system(&self) -> bool {
+        self.inline_system_probe().1
+    }
+
+    /// (the second system message shows, the conversation renders at all), probed once.
+    fn inline_system_probe(&self) -> (bool, bool) {
         *self.inline_system.get_or_init(|| {
             const SENTINEL: &str = "__sglang_inline_system_sentinel__";
             let ctx = minijinja::context! {
@@ -80,7 +92,10 @@ impl ChatTemplate {
                 ],
                 add_generation_prompt => false,
             };
-            self.render(ctx).is_ok_and(|text| text.contains(SENTINEL))
+            match self.render(ctx) {
+                Ok(text) => (text.contains(SENTINEL), true),
+                Err(_) => (false, false),
+            }
         })
     }
 

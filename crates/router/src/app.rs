@@ -54,7 +54,7 @@ impl App {
                 .with_context(|| format!("loading the model at {}", dir.display()))?,
             None => Renderer::builtin_with(config.tokenizer_caches)?,
         };
-        let renderer = Arc::new(renderer);
+        let renderer = Arc::new(renderer.with_backend(config.backend));
         let mocks = crate::wiring::spawn_mocks(&config).await?;
         let pd_workers = config.pd.as_ref().is_some_and(|pd| !pd.prefill.is_empty() || !pd.decode.is_empty());
         // --enable-igw: the pools come from the workers' own models.

@@ -142,6 +142,11 @@ pub(crate) struct ServeArgs {
     /// Model id reported by /v1/models.
     #[arg(long, env = "SGL_ROUTER_MODEL_ID", default_value = crate::defaults::MODEL_ID)]
     pub(crate) model_id: String,
+    /// The engine the workers run (SGLang Model Gateway's option): the router renders an
+    /// Anthropic Messages request as that engine converts it to a chat. `openai`, `anthropic`
+    /// and `tokenspeed` (SMG's other backends) are refused at start.
+    #[arg(long, env = "SGL_ROUTER_BACKEND", value_enum, default_value = "sglang")]
+    pub(crate) backend: Backend,
     /// Model pools and the decisions that route `model: "auto"` among them (YAML,
     /// docs/model-routing.md); check one with `sgl-router check-config FILE`. Without it, one
     /// pool serves --model-id from --worker-urls; with it, --worker-urls join the default pool.
@@ -526,6 +531,19 @@ pub(crate) struct HealthFlags {
     /// No probes: every worker is in rotation once discovered (failed requests still take it out).
     #[arg(long, env = "SGL_ROUTER_DISABLE_HEALTH_CHECK")]
     pub(crate) disable_health_check: bool,
+}
+
+/// The workers' engine (`--backend`, SMG's spellings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Backend {
+    Sglang,
+    Vllm,
+    /// SMG: OpenAI-compatible cloud backends (refused here).
+    Openai,
+    /// SMG: Anthropic's cloud (refused here).
+    Anthropic,
+    /// SMG: TokenSpeed engines over ZMQ (refused here).
+    Tokenspeed,
 }
 
 /// Log line format.

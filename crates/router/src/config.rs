@@ -69,6 +69,8 @@ pub struct AppConfig {
     pub tokenizer_path: Option<PathBuf>,
     /// Chat template override.
     pub chat_template: Option<PathBuf>,
+    /// The engine the workers run: whose conversions the renderers mirror.
+    pub backend: renderer::anthropic::Backend,
     /// Model id reported by `/v1/models`.
     pub model_id: String,
     /// Pending-prefix TTL (cache_aware; zero: off).

@@ -278,6 +278,17 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         kv_events,
         tokenizer_path: a.tokenizer_path.clone(),
         chat_template: a.chat_template.clone(),
+        backend: match a.backend {
+            crate::cli::Backend::Sglang => renderer::anthropic::Backend::Sglang,
+            crate::cli::Backend::Vllm => renderer::anthropic::Backend::Vllm,
+            other => {
+                return Err(UsageError(format!(
+                    "--backend {}: this router proxies to SGLang and vLLM engines (--backend sglang or vllm); \
+                     cloud backends and TokenSpeed's ZMQ workers are not served",
+                    format!("{other:?}").to_lowercase()
+                )));
+            }
+        },
         model_id: a.model_id.clone(),
         pending_ttl: Duration::from_millis(a.cache_pending_prefix_ttl_ms.unwrap_or(0)),
         max_index_nodes: a.max_index_blocks,

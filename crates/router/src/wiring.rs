@@ -66,7 +66,8 @@ pub(crate) async fn spawn_mocks(config: &AppConfig) -> anyhow::Result<Vec<Mock>>
                 (Some(r), _) => r,
                 (None, Some(dir)) => Renderer::from_dir(dir, config.chat_template.as_deref())?,
                 (None, None) => Renderer::builtin()?,
-            };
+            }
+            .with_backend(config.backend);
             // The simulated engines take what the router admits (--max-body-bytes), and never
             // less than their default: the router may add a few fields (PD's bootstrap room).
             let mut mock_config = MockEngineConfig {
@@ -236,7 +237,7 @@ fn pool_renderer(p: &PoolSetup, config: &AppConfig) -> anyhow::Result<Option<Ren
     let template = p.chat_template.as_deref().or(config.chat_template.as_deref());
     let r = Renderer::from_dir_with(dir, template, config.tokenizer_caches)
         .with_context(|| format!("pool {}: loading the model at {}", p.name, dir.display()))?;
-    Ok(Some(r))
+    Ok(Some(r.with_backend(config.backend)))
 }
 
 /// The policy `config` names.

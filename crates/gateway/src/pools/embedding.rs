@@ -105,7 +105,7 @@ pub(crate) async fn pre_route(
     let embeddings = match routing.selector.target(model) {
         // Anthropic's request read as the chat the engine makes of it (tool results are no user text).
         model_select::Target::Auto if route == crate::pipeline::request::Route::Messages => {
-            let chat = renderer::anthropic::chat_of(&v, true).unwrap_or_default();
+            let chat = routing.default_pool().renderer.anthropic_chat(&v).unwrap_or_default();
             Some(embed_request(slot.embedder(), &chat, needs).await)
         }
         model_select::Target::Auto => Some(embed_request(slot.embedder(), &v, needs).await),

@@ -422,7 +422,7 @@ fn decide<'r>(
     // tool turns, its system prompt a system turn); its guards read the body as it goes out.
     let chat;
     let as_chat = if route == Route::Messages && (selector.needs_text() || selector.needs_shape()) {
-        chat = renderer::anthropic::chat_of(v, true)?;
+        chat = routing.default_pool().renderer.anthropic_chat(v)?;
         &chat
     } else {
         v

@@ -45,6 +45,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         }),
         tokenizer_path: None,
         chat_template: None,
+        backend: Default::default(),
         model_id: "default".into(),
         pending_ttl: Duration::ZERO,
         max_index_nodes: None,

@@ -208,3 +208,36 @@ async fn a_disaggregated_pool_refuses_messages_with_the_reason() {
     // A chat on the same router is served disaggregated.
     assert_eq!(post(&format!("{}/v1/chat/completions", r.url), &chat("Be brief.", "Hi")).await.status(), 200);
 }
+
+/// `--backend vllm`: the router renders a Messages request as vLLM converts it (Claude Code's
+/// billing-header block dropped, system blocks joined with nothing), so it matches the pages a
+/// vLLM engine holds for it; rendered as SGLang converts it, the same request matches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backend_flag_renders_as_that_engine_converts() {
+    let (w0, w1) =
+        (MockEngine::spawn(engine_config()).await.unwrap(), MockEngine::spawn(engine_config()).await.unwrap());
+    let mut c = config(&[&w0, &w1], PolicyConfig::cache_aware(), true);
+    c.backend = renderer::anthropic::Backend::Vllm;
+    let vllm = start(c).await;
+    let sglang = start(config(&[&w0, &w1], PolicyConfig::cache_aware(), true)).await;
+    let shared = "Shared system prompt of a coding agent. ".repeat(60);
+    let q = json!({"model": "default", "max_tokens": 4,
+        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=5e1f;"},
+                   {"type": "text", "text": shared}, {"type": "text", "text": "Be terse."}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Fix the bug."}]}]});
+    // What a vLLM engine holds after serving that request: the chat vLLM makes of it.
+    let as_vllm = chat(&format!("{shared}Be terse."), "Fix the bug.");
+    assert_eq!(post(&format!("{}/v1/chat/completions", w1.url()), &as_vllm).await.status(), 200);
+    let explain = async |r: &common::app::Running, route: &str, body: &Value| -> Value {
+        admin_post(&format!("{}/debug/route?route={route}", r.url), body).await.json().await.unwrap()
+    };
+    let hit = |d: &Value| d["worker"] == w1.url() && d["reason"] == "cache_hit";
+    until("the vllm router matches the request on w1", async || hit(&explain(&vllm, "messages", &q).await)).await;
+    let d = explain(&vllm, "messages", &q).await;
+    assert!(d["input_tokens"].as_u64().unwrap() - d["candidates"][1]["matched_tokens"].as_u64().unwrap() < 64, "{d}");
+    // The SGLang-rendering router knows w1's pages too (the chat matches there)...
+    until("the sglang router learned w1's cache", async || hit(&explain(&sglang, "chat", &as_vllm).await)).await;
+    // ... but renders the request otherwise (the billing header first): no page of it matches.
+    let d = explain(&sglang, "messages", &q).await;
+    assert_eq!(d["candidates"][1]["matched_tokens"], 0, "{d}");
+}
