@@ -75,33 +75,11 @@ pub fn guard_text(body: &Value) -> String {
     })
 }
 
-/// Every text of a content value `pii_redact` rewrites: a string, a list of strings, parts'
-/// `text`, `refusal` and `thinking`; and inside Anthropic's blocks, a `tool_use`'s `input`
-/// values and the `content` of a `tool_result` or `search_result` (recursively).
+/// Every text of a content value `pii_redact` rewrites: [`each_text`]'s, parts' `refusal` and
+/// `thinking` too; and inside Anthropic's blocks, a `tool_use`'s `input` values and the
+/// `content` of a `tool_result` or `search_result` (recursively).
 fn each_guarded(v: Option<&Value>, f: &mut (impl FnMut(&str) + ?Sized)) {
-    match v {
-        Some(Value::String(s)) => f(s),
-        Some(Value::Array(items)) => {
-            for item in items {
-                match item {
-                    Value::String(s) => f(s),
-                    Value::Object(part) => {
-                        for key in ["text", "refusal", "thinking"] {
-                            if let Some(Value::String(s)) = part.get(key) {
-                                f(s);
-                            }
-                        }
-                        if let Some(input) = part.get("input").filter(|i| i.is_object()) {
-                            each_string(input, f);
-                        }
-                        each_guarded(part.get("content"), f);
-                    }
-                    _ => {}
-                }
-            }
-        }
-        _ => {}
-    }
+    each_part_text(v, f, true);
 }
 
 /// Calls `f` with every string and number inside `v` (the values `pii_redact` rewrites in
@@ -162,6 +140,12 @@ pub fn shape(body: &Value) -> Shape {
 /// Calls `f` with each text in a content value: a string, a list of
 /// strings, or a list of `{type: text, text}` parts.
 fn each_text(v: Option<&Value>, f: &mut (impl FnMut(&str) + ?Sized)) {
+    each_part_text(v, f, false);
+}
+
+/// [`each_text`], or with `guarded` [`each_guarded`].
+fn each_part_text(v: Option<&Value>, f: &mut (impl FnMut(&str) + ?Sized), guarded: bool) {
+    let keys: &[&str] = if guarded { &["text", "refusal", "thinking"] } else { &["text"] };
     match v {
         Some(Value::String(s)) => f(s),
         Some(Value::Array(items)) => {
@@ -169,8 +153,16 @@ fn each_text(v: Option<&Value>, f: &mut (impl FnMut(&str) + ?Sized)) {
                 match item {
                     Value::String(s) => f(s),
                     Value::Object(part) => {
-                        if let Some(Value::String(s)) = part.get("text") {
-                            f(s);
+                        for key in keys {
+                            if let Some(Value::String(s)) = part.get(*key) {
+                                f(s);
+                            }
+                        }
+                        if guarded {
+                            if let Some(input) = part.get("input").filter(|i| i.is_object()) {
+                                each_string(input, f);
+                            }
+                            each_part_text(part.get("content"), f, true);
                         }
                     }
                     _ => {}

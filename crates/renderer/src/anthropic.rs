@@ -83,14 +83,7 @@ fn sglang_chat_of(body: &Json, inline_system: bool) -> Result<Json, RenderError>
         if role == "system" && !inline_system {
             continue;
         }
-        let blocks = match content(m)? {
-            Json::String(s) => {
-                out.push(json!({"role": role, "content": s}));
-                continue;
-            }
-            Json::Array(blocks) => blocks,
-            _ => unreachable!("content() admits strings and arrays"),
-        };
+        let Some(blocks) = blocks_or_text(m, role, &mut out)? else { continue };
         let mut parts: Vec<Json> = Vec::new();
         let mut calls: Vec<Json> = Vec::new();
         if role == "assistant" && blocks.iter().any(|b| kind(b).is_ok_and(|k| k == "redacted_thinking")) {
@@ -175,6 +168,17 @@ fn content(m: &Json) -> Result<&Json, RenderError> {
     match m.get("content") {
         Some(c @ (Json::String(_) | Json::Array(_))) => Ok(c),
         _ => Err(invalid("every message's `content` must be a string or an array of blocks")),
+    }
+}
+
+/// A message's content blocks; a string content is its message as it is, pushed to `out`.
+fn blocks_or_text<'m>(m: &'m Json, role: &str, out: &mut Vec<Json>) -> Result<Option<&'m Vec<Json>>, RenderError> {
+    match content(m)? {
+        Json::Array(blocks) => Ok(Some(blocks)),
+        text => {
+            out.push(json!({"role": role, "content": text}));
+            Ok(None)
+        }
     }
 }
 
@@ -307,16 +311,7 @@ fn tool_result(content: Option<&Json>) -> (Vec<Json>, String) {
                 }
             }
             Some("image") => parts.extend(image_part(item.get("source"))),
-            Some("tool_reference") => {
-                let name = [item.get("tool_name"), item.get("name")]
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Json::as_str)
-                    .find(|n| !n.is_empty());
-                if let Some(name) = name {
-                    parts.push(json!({"type": "tool_reference", "name": name}));
-                }
-            }
+            Some("tool_reference") => parts.extend(tool_reference(item)),
             Some("search_result") => {
                 let t = search_text(item);
                 if !t.is_empty() {
@@ -349,6 +344,14 @@ fn tool_result(content: Option<&Json>) -> (Vec<Json>, String) {
         contents.push(Json::String(String::new()));
     }
     (contents, texts.join("\n"))
+}
+
+/// A tool reference inside a tool result, by its name (Anthropic's `tool_name`, or `name`), as
+/// the templates that expand them want it; none without a name.
+fn tool_reference(item: &Json) -> Option<Json> {
+    let name = [item.get("tool_name"), item.get("name")].into_iter().flatten().filter_map(Json::as_str);
+    let name = name.into_iter().find(|n| !n.is_empty())?;
+    Some(json!({"type": "tool_reference", "name": name}))
 }
 
 /// The custom tools as OpenAI function tools; Anthropic's server tools (web search, computer,

@@ -10,7 +10,7 @@
 
 use serde_json::{Map, Value as Json, json};
 
-use super::{content, invalid, kind, role, tool_call, tools};
+use super::{blocks_or_text, content, invalid, kind, role, tool_call, tools};
 use crate::RenderError;
 use crate::pyjson;
 
@@ -60,14 +60,7 @@ pub(super) fn chat_of(body: &Json, merge_inline_system: bool) -> Result<Json, Re
             }
             continue;
         }
-        let blocks = match content(m)? {
-            Json::String(s) => {
-                out.push(json!({"role": role, "content": s}));
-                continue;
-            }
-            Json::Array(blocks) => blocks,
-            _ => unreachable!("content() admits strings and arrays"),
-        };
+        let Some(blocks) = blocks_or_text(m, role, &mut out)? else { continue };
         let (mut parts, mut calls, mut reasoning) = (Vec::new(), Vec::new(), String::new());
         let mut has_reasoning = false;
         for b in blocks {
@@ -174,16 +167,7 @@ fn user_tool_result(b: &Json, out: &mut Vec<Json>) {
                             images.push(json!({"type": "image_url", "image_url": {"url": url}}));
                         }
                     }
-                    Some("tool_reference") => {
-                        let name = [item.get("tool_name"), item.get("name")]
-                            .into_iter()
-                            .flatten()
-                            .filter_map(Json::as_str)
-                            .find(|n| !n.is_empty());
-                        if let Some(name) = name {
-                            refs.push(json!({"type": "tool_reference", "name": name}));
-                        }
-                    }
+                    Some("tool_reference") => refs.extend(super::tool_reference(item)),
                     _ => {}
                 }
             }
