@@ -55,7 +55,8 @@
 #                     events on, the tokenizer and chat template in DIR, say tests/fixtures/tokenizers/qwen3)
 #                     instead of nginx; every router gets all four, cache_aware with --kv-events
 #                     --tokenizer-path DIR (SMG with --tokenizer-path DIR); direct goes to the first
-#   ROUTE=generate    with LUA=benches/wrk/prefix_groups.lua: SGLang /generate POSTs with input_ids
+#   ROUTE=generate    with LUA=benches/wrk/prefix_groups.lua: SGLang /generate POSTs with input_ids;
+#   ROUTE=messages    Anthropic /v1/messages POSTs (the shared prompt a system block)
 # Needs wrk (`apt-get install wrk`), nginx (`apt-get install nginx-light`), curl, bc, GNU time
 # (`apt-get install time`), procps (pgrep). Ports: 31001-31099.
 set -euo pipefail
@@ -140,6 +141,7 @@ nginx_cmd() { NGINX_CMD=("$NGINX" -p "$1" -e "$1/error.log" -c "$1/nginx.conf" -
 MODELS='{"object":"list","data":[{"id":"bench","object":"model","created":1700000000,"owned_by":"bench"}]}'
 COMPLETION='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"ok ok ok ok ok ok ok ok"},"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":16,"completion_tokens":8,"total_tokens":24}}'
 GENERATED='{"text":"ok ok ok ok ok ok ok ok","meta_info":{"id":"gnt-bench","prompt_tokens":16,"completion_tokens":8,"finish_reason":{"type":"length","length":8}}}'
+MESSAGE='{"id":"msg_bench","type":"message","role":"assistant","model":"bench","content":[{"type":"text","text":"ok ok ok ok ok ok ok ok"}],"stop_reason":"max_tokens","stop_sequence":null,"usage":{"input_tokens":16,"output_tokens":8}}'
 WORKERS=("$ENGINE") ENGINE_PIDS=() CA_EXTRA=() PEER_EXTRA=()
 if [ -n "$EXACT" ]; then
   # Four simulated engines with KV events and the real tokenizer; the routers see them all.
@@ -156,6 +158,7 @@ else
       location = /v1/chat/completions { default_type application/json; return 200 '$COMPLETION'; }
       location = /v1/models { default_type application/json; return 200 '$MODELS'; }
       location = /generate { default_type application/json; return 200 '$GENERATED'; }
+      location = /v1/messages { default_type application/json; return 200 '$MESSAGE'; }
       location / { return 404; }"
   nginx_cmd "$tmp/engine"
   "${NGINX_CMD[@]}" >"$tmp/engine.log" 2>&1 & ENGINE_PID=$!; pids+=("$ENGINE_PID")

@@ -4,11 +4,14 @@
 -- benches/overhead_wrk.sh's with LUA=benches/wrk/prefix_groups.lua (issue 29's conditions): it sets
 -- BODY_BYTES per cell, and done() prints the RESULT line benches/wrk/post.lua prints.
 -- With ROUTE=generate the requests are SGLang `/generate` POSTs with `input_ids` instead (the same
--- sizes and shares: 80 % of the ids a group's, the rest random), to the path /generate.
+-- sizes and shares: 80 % of the ids a group's, the rest random), to the path /generate. With
+-- ROUTE=messages they are Anthropic Messages POSTs to /v1/messages (the group's prompt as a
+-- `system` text block, as Claude Code sends it; the suffix a user text block).
 --   BODY_BYTES=16384 wrk -t2 -c64 -d60s -s benches/wrk/prefix_groups.lua http://HOST:PORT/v1/chat/completions
 local size = tonumber(os.getenv("BODY_BYTES") or "16384")
 local model = os.getenv("MODEL") or "default"
 local generate = os.getenv("ROUTE") == "generate"
+local messages = os.getenv("ROUTE") == "messages"
 local groups = 8
 local prefixes = {}
 for g = 1, groups do
@@ -58,6 +61,11 @@ request = function()
     return wrk.format("POST", "/generate", {["Content-Type"] = "application/json"}, body)
   end
   local suffix = tag .. "-" .. counter .. " " .. blocks[math.random(1, #blocks)]
+  if messages then
+    local body = '{"model":"' .. model .. '","max_tokens":8,"system":[{"type":"text","text":"' .. prefixes[g] ..
+      '"}],"messages":[{"role":"user","content":[{"type":"text","text":"' .. suffix .. '"}]}]}'
+    return wrk.format("POST", "/v1/messages", {["Content-Type"] = "application/json"}, body)
+  end
   local body = '{"model":"' .. model .. '","max_tokens":8,"messages":[{"role":"system","content":"' .. prefixes[g] ..
     '"},{"role":"user","content":"' .. suffix .. '"}]}'
   return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, body)

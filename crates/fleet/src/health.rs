@@ -1,6 +1,7 @@
 //! The fleet's probes: every worker's `/health` (concurrently; a worker out
 //! of rotation is probed every second, so one that starts after the router,
-//! or restarts, is back within a second), what each worker serves (asked
+//! or restarts, is back within a second; or, with `remove_unhealthy`, a
+//! worker taken out of rotation by its probes leaves the fleet), what each worker serves (asked
 //! once: `/server_info`, else `/v1/models`), the index state of a worker
 //! down past the retention period (dropped; kept until then, since a worker
 //! that comes back keeps its cache), the retained workers whose requests are
@@ -115,7 +116,12 @@ async fn check(fleet: &Arc<Fleet>, w: &Arc<Worker>, timeout: Duration) {
         }
         return;
     }
-    w.set_probe_result(false);
+    let went_down = w.set_probe_result(false);
+    if went_down && fleet.config.health.remove_unhealthy {
+        warn!(worker = %w.url, failed_probes = fleet.config.health.failure_threshold, "worker unhealthy: removed (--remove-unhealthy-workers)");
+        fleet.remove(&w.url).await;
+        return;
+    }
     let retention = fleet.config.index_retention;
     if let Some(ev) = &fleet.events
         && w.down_for().is_some_and(|d| d >= retention)

@@ -124,6 +124,10 @@ pub struct HealthConfig {
     pub failure_threshold: u32,
     /// Good probes in a row that bring it back (its first probe decides at once).
     pub success_threshold: u32,
+    /// A worker that was in rotation and fails `failure_threshold` probes in a row is removed
+    /// from the fleet, not kept and probed until it comes back (SGLang Model Gateway's
+    /// `--remove-unhealthy-workers`: discovery re-adds it when its engine returns).
+    pub remove_unhealthy: bool,
 }
 
 impl Default for HealthConfig {
@@ -136,6 +140,7 @@ impl Default for HealthConfig {
             endpoint: "/health".into(),
             failure_threshold: 3,
             success_threshold: 2,
+            remove_unhealthy: false,
         }
     }
 }

@@ -396,7 +396,8 @@ impl Worker {
     /// good ones. A worker quarantined after failed requests stays out
     /// however the probe went (a worker that answers `/health` but hangs on
     /// requests must not come back every probe).
-    pub fn set_probe_result(&self, ok: bool) {
+    /// True when this probe took it out of rotation (it was in).
+    pub fn set_probe_result(&self, ok: bool) -> bool {
         let first = !self.probed.swap(true, Ordering::Relaxed);
         if first && !ok {
             // Never up: down since now (for the retention clock).
@@ -418,7 +419,9 @@ impl Worker {
         } else {
             up && n < fail_after
         };
-        self.set_healthy(verdict && !self.quarantined());
+        let in_rotation = verdict && !self.quarantined();
+        self.set_healthy(in_rotation);
+        up && !in_rotation
     }
 
     /// Takes it out of (or back into) rotation.

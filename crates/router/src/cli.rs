@@ -531,6 +531,19 @@ pub(crate) struct HealthFlags {
     /// No probes: every worker is in rotation once discovered (failed requests still take it out).
     #[arg(long, env = "SGL_ROUTER_DISABLE_HEALTH_CHECK")]
     pub(crate) disable_health_check: bool,
+    /// A worker that was in rotation and fails --health-failure-threshold probes in a row leaves
+    /// the fleet (a discovered one comes back when discovery sees its pod again); without it a
+    /// worker out of rotation is kept and probed every second until it is back.
+    #[arg(
+        long,
+        visible_alias = "worker-auto-recovery",
+        env = "SGL_ROUTER_REMOVE_UNHEALTHY_WORKERS",
+        overrides_with = "no_remove_unhealthy_workers"
+    )]
+    pub(crate) remove_unhealthy_workers: bool,
+    /// The default: workers out of rotation are kept and probed (SMG's spelling).
+    #[arg(long, visible_alias = "no-worker-auto-recovery", overrides_with = "remove_unhealthy_workers")]
+    pub(crate) no_remove_unhealthy_workers: bool,
 }
 
 /// The workers' engine (`--backend`, SMG's spellings).

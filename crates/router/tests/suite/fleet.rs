@@ -514,3 +514,35 @@ async fn a_client_leaving_during_a_silent_prefill_is_noticed_on_the_hyper_path()
     w.engine().release_held(1);
     let _ = r.stop.send(());
 }
+
+/// `--remove-unhealthy-workers` (SMG's; also `--worker-auto-recovery`): a worker in rotation that
+/// fails its probes leaves the fleet; without it, the worker is kept (down) and probed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_fails_its_probes_is_removed_only_when_asked() {
+    for remove in [true, false] {
+        let (w, other) =
+            (MockEngine::spawn(engine_config()).await.unwrap(), MockEngine::spawn(engine_config()).await.unwrap());
+        let mut c = config(&[&w, &other], PolicyConfig::RoundRobin, false);
+        c.health.interval = Duration::from_millis(50);
+        c.health.remove_unhealthy = remove;
+        let r = start(c).await;
+        let fleet = r.gateway.fleet.clone();
+        until("both workers in rotation", async || fleet.snapshot().iter().all(|x| x.is_routable())).await;
+        let url = WorkerUrl::parse(&w.url()).unwrap();
+        w.shutdown();
+        if remove {
+            // Gone whole: nothing in flight keeps it retained.
+            until("the failed worker left the fleet", async || fleet.all().iter().all(|x| x.url != url)).await;
+            assert_eq!(fleet.snapshot().len(), 1);
+            assert!(fleet.snapshot()[0].is_routable(), "the healthy one stays");
+        } else {
+            until("the failed worker is out of rotation", async || {
+                fleet.snapshot().iter().any(|x| x.url == url && !x.is_routable())
+            })
+            .await;
+            assert_eq!(fleet.snapshot().len(), 2, "kept, down, and probed");
+        }
+        // Requests go to the worker left.
+        assert_eq!(post(&format!("{}/v1/chat/completions", r.url), &chat("s", "after")).await.status(), 200);
+    }
+}
