@@ -209,6 +209,11 @@ pub fn credential(name: &str, value: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
+/// Whether a header carries a client credential ([`credential`]'s headers).
+fn is_credential(name: &str) -> bool {
+    name.eq_ignore_ascii_case("authorization") || name.eq_ignore_ascii_case(API_KEY_HEADER)
+}
+
 /// Reads the request head at the front of `buf`; `None` while incomplete.
 /// `id_names` are the headers a request id is looked for in, in order.
 pub fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
@@ -316,7 +321,7 @@ pub fn check(buf: &[u8]) -> Result<Option<(usize, BodyLen)>, Refusal> {
     let (mut length, mut chunked, mut credentials) = (None, None, 0);
     for h in req.headers.iter() {
         let value = std::str::from_utf8(h.value).unwrap_or("\u{0}").trim();
-        if credential(h.name, b"").is_some() {
+        if is_credential(h.name) {
             // Two credentials: which one a hop honours is a guess; none is.
             credentials += 1;
             if credentials > 1 {

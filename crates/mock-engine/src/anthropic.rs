@@ -16,8 +16,8 @@ use axum::response::{IntoResponse, Response};
 use renderer::ChatRequest;
 use serde_json::{Value, json};
 
-use crate::engine::{Admission, Engine, RequestFault};
-use crate::reply::{Release, max_tokens, now_secs, rank_hint, word};
+use crate::engine::{Admission, Engine};
+use crate::reply::{Release, injected_failure, max_tokens, now_secs, rank_hint, word};
 
 /// An error in Anthropic's shape.
 fn error(status: StatusCode, kind: &str, message: &str) -> Response {
@@ -62,14 +62,14 @@ pub(crate) async fn messages(State(e): State<Arc<Engine>>, headers: HeaderMap, b
         e.record_leg(crate::engine::Leg::of(&headers, &v));
     }
     let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    match e.take_fault(stream) {
-        Some(RequestFault::Fail(status)) => {
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            return error(status, "api_error", "injected failure");
-        }
-        Some(RequestFault::Hang) => std::future::pending::<()>().await,
-        Some(RequestFault::Hold) => e.hold().await,
-        _ => {}
+    // A strict engine serves its own model only, as on the OpenAI routes.
+    if let Some(model) =
+        v.get("model").and_then(Value::as_str).filter(|m| e.config().strict_model && *m != e.config().model_id)
+    {
+        return error(StatusCode::NOT_FOUND, "not_found_error", &format!("The model `{model}` does not exist."));
+    }
+    if let Some(status) = injected_failure(&e, stream).await {
+        return error(status, "api_error", "injected failure");
     }
     let die = stream && e.take_fault_mid_stream_pending();
     let n = max_tokens(&v, e.config().default_max_tokens);

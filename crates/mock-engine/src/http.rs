@@ -15,8 +15,10 @@ use axum::routing::{get, post};
 use renderer::{ChatRequest, Prompt};
 use serde_json::{Value, json};
 
-use crate::engine::{Engine, Faults, RequestFault};
-use crate::reply::{Extras, Release, Route, answer, bad_json, error, events, max_tokens, now_secs, rank_hint};
+use crate::engine::{Engine, Faults};
+use crate::reply::{
+    Extras, Release, Route, answer, bad_json, error, events, injected_failure, max_tokens, now_secs, rank_hint,
+};
 
 pub(crate) fn router(engine: Arc<Engine>) -> axum::Router {
     let key = engine.config().api_key.clone();
@@ -210,16 +212,8 @@ async fn serve(e: Arc<Engine>, route: Route, v: &Value, tokens: Vec<u32>, rank: 
     {
         return error(StatusCode::NOT_FOUND, &format!("The model `{model}` does not exist."), "NotFoundError");
     }
-    match e.take_fault(stream) {
-        Some(RequestFault::Fail(status)) => {
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            return error(status, "injected failure", "server_error");
-        }
-        Some(RequestFault::Hang) => {
-            std::future::pending::<()>().await;
-        }
-        Some(RequestFault::Hold) => e.hold().await,
-        _ => {}
+    if let Some(status) = injected_failure(&e, stream).await {
+        return error(status, "injected failure", "server_error");
     }
     let die = stream && e.take_fault_mid_stream_pending();
     let n = max_tokens(v, e.config().default_max_tokens);

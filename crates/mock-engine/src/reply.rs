@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::engine::{Admission, Engine};
+use crate::engine::{Admission, Engine, RequestFault};
 
 /// What kind of response to shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +27,20 @@ pub(crate) enum Route {
 
 pub(crate) fn error(status: StatusCode, message: &str, kind: &str) -> Response {
     (status, Json(json!({"error": {"message": message, "type": kind, "code": status.as_u16()}}))).into_response()
+}
+
+/// The fault injected into a request before it is admitted: a hang or a hold waits here; an
+/// injected failure's status is returned, for the route to answer in its own shape.
+pub(crate) async fn injected_failure(e: &Engine, stream: bool) -> Option<StatusCode> {
+    match e.take_fault(stream) {
+        Some(RequestFault::Fail(status)) => {
+            return Some(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR));
+        }
+        Some(RequestFault::Hang) => std::future::pending::<()>().await,
+        Some(RequestFault::Hold) => e.hold().await,
+        _ => {}
+    }
+    None
 }
 
 pub(crate) fn bad_json(err: serde_json::Error) -> Response {
