@@ -106,7 +106,7 @@ pub(crate) async fn list(State(gw): State<Arc<Gateway>>) -> Json<Value> {
         .all()
         .iter()
         .map(|w| {
-            let mut v = describe(w);
+            let mut v = describe(w, gw.fleet.liveness());
             v["kv_streams_connected"] = json!(gw.fleet.connected_streams(w));
             let history: Vec<Value> = gw
                 .fleet
@@ -157,7 +157,7 @@ pub(crate) async fn index_snapshot(State(gw): State<Arc<Gateway>>) -> Result<Res
 }
 
 /// A worker as `/workers` shows it.
-fn describe(w: &Worker) -> Value {
+fn describe(w: &Worker, liveness: &fleet::liveness::LivenessConfig) -> Value {
     let load = w.load();
     let info = w.info().unwrap_or_default();
     let (events, streams, reason) = match w.events() {
@@ -186,6 +186,11 @@ fn describe(w: &Worker) -> Value {
         "kv_events": events,
         "kv_streams": streams,
         "kv_events_reason": reason,
+        "veto": w.veto(liveness).map(fleet::liveness::Veto::as_str),
+        "silent_ms": w.liveness.silent_for().map(|d| d.as_millis() as u64),
+        "load_reported": w.liveness.polled(),
+        "reported_waiting_requests": w.liveness.waiting(),
+        "reported_token_usage": w.liveness.token_usage(),
     })
 }
 
@@ -227,7 +232,7 @@ pub(crate) async fn add(State(gw): State<Arc<Gateway>>, body: Body) -> Result<Re
         Events::Discovering => StatusCode::ACCEPTED,
         _ => StatusCode::CREATED,
     };
-    let body = json!({"url": url, "id": added.worker.id, "added": true, "worker": describe(&added.worker)});
+    let body = json!({"url": url, "id": added.worker.id, "added": true, "worker": describe(&added.worker, gw.fleet.liveness())});
     Ok((status, Json(body)).into_response())
 }
 

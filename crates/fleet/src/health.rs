@@ -98,6 +98,11 @@ pub(crate) async fn first_probe(fleet: Arc<Fleet>, w: Arc<Worker>) {
 async fn check(fleet: &Arc<Fleet>, w: &Arc<Worker>, timeout: Duration) {
     let client = &fleet.client;
     let probe = client.get(w.endpoint_url(&fleet.config.health.endpoint)).timeout(timeout).send().await;
+    // Any answer is contact; no answer after a silence stalls it (`--worker-stall-secs`).
+    match &probe {
+        Ok(_) => w.liveness.contact(),
+        Err(_) => w.liveness.transport_failed(fleet.config.liveness.stall),
+    }
     let ok = matches!(probe, Ok(r) if r.status().is_success());
     if ok {
         // Asked before it enters rotation: a disaggregated worker's role and bootstrap port
@@ -162,20 +167,23 @@ pub(crate) async fn load_loop(fleet: Arc<Fleet>) {
     while ticks.next().await {
         let all = fleet.snapshot();
         let due = all.iter().filter(|w| w.is_routable() && w.reports_load());
-        join_all(due.map(|w| poll_load(w, &fleet.client, timeout))).await;
+        join_all(due.map(|w| poll_load(w, &fleet.client, timeout, fleet.config.liveness.stall))).await;
     }
 }
 
-async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration) {
+async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration, stall: Duration) {
     let resp = match client.get(w.endpoint_url("/v1/loads?include=core")).timeout(timeout).send().await {
         Ok(r) => r,
         Err(e) => {
             debug!(worker = %w.url, error = %e, "load poll failed");
             w.set_reported_uncached_tokens(0);
             w.set_reported_requests(0);
+            w.liveness.report_lost();
+            w.liveness.transport_failed(stall);
             return;
         }
     };
+    w.liveness.contact();
     if matches!(resp.status().as_u16(), 404 | 405) {
         info!(worker = %w.url, "worker has no /v1/loads: routing on this router's own view of its load");
         w.set_no_load_reports();
@@ -200,6 +208,15 @@ async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration) {
         loads.iter().map(|l| n(l, "num_running_reqs") + n(l, "num_waiting_reqs")).fold(0, u64::saturating_add)
     });
     w.set_reported_requests(u32::try_from(requests).unwrap_or(u32::MAX));
+    // Overload protection's signals: queued requests over the ranks, their mean KV usage.
+    if let Some(loads) = value.as_ref().and_then(|v| v.get("loads")?.as_array()).filter(|l| !l.is_empty()) {
+        let waiting = loads.iter().filter_map(|l| l.get("num_waiting_reqs")?.as_u64()).fold(0u64, u64::saturating_add);
+        let usage = loads.iter().filter_map(|l| l.get("token_usage")?.as_f64()).filter(|u| u.is_finite()).sum::<f64>()
+            / loads.len() as f64;
+        w.liveness.reported(u32::try_from(waiting).unwrap_or(u32::MAX), usage.clamp(0.0, 1.0));
+    } else {
+        w.liveness.report_lost();
+    }
     let report = report.unwrap_or_default();
     w.set_reported_uncached_tokens(report.iter().map(|(_, t)| *t).fold(0u64, u64::saturating_add));
     w.set_reported_rank_loads(&report);

@@ -20,6 +20,7 @@ mod breaker;
 mod follow;
 mod health;
 pub mod k8s;
+pub mod liveness;
 mod metrics;
 mod pd_facts;
 mod ranks;
@@ -87,6 +88,8 @@ pub struct FleetConfig {
     pub dp_aware: bool,
     /// TLS towards `https://` workers.
     pub tls: WorkerTls,
+    /// The liveness vetoes and overload protection.
+    pub liveness: liveness::LivenessConfig,
 }
 
 impl FleetConfig {
@@ -103,6 +106,7 @@ impl FleetConfig {
             proxied_paths,
             dp_aware: false,
             tls: WorkerTls::default(),
+            liveness: liveness::LivenessConfig::off(),
         }
     }
 }
@@ -407,6 +411,16 @@ impl Fleet {
     /// Whether requests are balanced over each worker's data-parallel ranks (`--dp-aware`).
     pub fn dp_aware(&self) -> bool {
         self.config.dp_aware
+    }
+
+    /// The liveness vetoes' thresholds.
+    pub fn liveness(&self) -> &liveness::LivenessConfig {
+        &self.config.liveness
+    }
+
+    /// Leaves the workers vetoed now out of a decision among `workers` ([`liveness::screen`]).
+    pub fn screen(&self, workers: Vec<Arc<Worker>>) -> liveness::Screened {
+        liveness::screen(&self.config.liveness, workers)
     }
 
     /// The live workers (every state but retained and removed), in order of arrival.

@@ -59,6 +59,62 @@ impl Fleet {
                 w.breaker_opened()
             );
         }
+        head(
+            out,
+            "router_worker_vetoed",
+            "gauge",
+            "1 while a liveness veto leaves the worker out of new routing decisions, by veto.",
+        );
+        let cfg = &self.config.liveness;
+        for w in &workers {
+            let now = w.veto(cfg);
+            for v in crate::liveness::Veto::ALL {
+                let _ = writeln!(
+                    out,
+                    "router_worker_vetoed{{worker=\"{}\",veto=\"{}\"}} {}",
+                    esc(w.url.as_str()),
+                    v.as_str(),
+                    u8::from(now == Some(v))
+                );
+            }
+        }
+        head(
+            out,
+            "router_worker_vetoes_total",
+            "counter",
+            "Routing decisions that left the worker out, by liveness veto.",
+        );
+        for w in &workers {
+            for v in crate::liveness::Veto::ALL {
+                let _ = writeln!(
+                    out,
+                    "router_worker_vetoes_total{{worker=\"{}\",veto=\"{}\"}} {}",
+                    esc(w.url.as_str()),
+                    v.as_str(),
+                    w.liveness.vetoed(v)
+                );
+            }
+        }
+        per_worker(
+            out,
+            "router_worker_reported_waiting_requests",
+            "Requests the worker last reported queued over its ranks (SGLang /v1/loads; 0 when unknown).",
+            &|w| u64::from(w.liveness.waiting()),
+        );
+        head(
+            out,
+            "router_worker_reported_token_usage",
+            "gauge",
+            "Mean KV-cache token usage the worker last reported (0 when unknown).",
+        );
+        for w in &workers {
+            let _ = writeln!(
+                out,
+                "router_worker_reported_token_usage{{worker=\"{}\"}} {}",
+                esc(w.url.as_str()),
+                w.liveness.token_usage()
+            );
+        }
         head(out, "router_workers", "gauge", "Workers by state.");
         for state in State::ALL {
             let n = workers.iter().filter(|w| w.state() == state).count();

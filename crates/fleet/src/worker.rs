@@ -138,6 +138,10 @@ pub struct Worker {
     pub(crate) refollowing: AtomicBool,
     /// What the disaggregation layer learned of it (dropped with it).
     pd_facts: Mutex<crate::PdFacts>,
+    /// When it was last heard from and made progress, what it reported queued.
+    pub liveness: crate::liveness::Liveness,
+    /// `--worker-stall-secs`: silence after which a transport failure stalls it.
+    stall: Duration,
     /// When the last look for moved publishers started.
     pub(crate) looked_at: Mutex<Option<std::time::Instant>>,
 }
@@ -241,6 +245,8 @@ impl Worker {
             refollowing: AtomicBool::new(false),
             looked_at: Mutex::new(None),
             pd_facts: Mutex::new(crate::PdFacts::default()),
+            liveness: crate::liveness::Liveness::default(),
+            stall: config.liveness.stall,
             cancel,
         }
     }
@@ -443,6 +449,7 @@ impl Worker {
     /// died mid-answer): out of rotation, and quarantined for a period that
     /// doubles with each failure in a row (1 s up to [`MAX_QUARANTINE`]).
     pub fn request_failed(&self) {
+        self.liveness.transport_failed(self.stall);
         self.breaker.failed(&self.url);
         let n = self.failures_in_a_row.fetch_add(1, Ordering::Relaxed).min(16);
         let period = Duration::from_secs(1u64 << n.min(6)).min(MAX_QUARANTINE);
@@ -462,6 +469,12 @@ impl Worker {
         if self.failures_in_a_row.load(Ordering::Relaxed) != 0 {
             self.failures_in_a_row.store(0, Ordering::Relaxed);
         }
+    }
+
+    /// Why it is left out of new routing decisions now, if it is (see [`crate::liveness`]).
+    pub fn veto(&self, cfg: &crate::liveness::LivenessConfig) -> Option<crate::liveness::Veto> {
+        let owed = self.uncached_tokens.load(Ordering::Relaxed);
+        self.liveness.veto(cfg, self.in_flight.load(Ordering::Relaxed), owed)
     }
 
     /// Its current load: this router's requests in flight, and the prefill it
@@ -521,7 +534,9 @@ impl Worker {
 
     /// Charges a request sent to data-parallel `rank` (when ranks are tracked, to it too).
     pub fn charge_on(self: &Arc<Self>, uncached: u64, rank: Option<DpRank>) -> LoadGuard {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        if self.in_flight.fetch_add(1, Ordering::Relaxed) == 0 {
+            self.liveness.busy_from_idle();
+        }
         self.uncached_tokens.fetch_add(uncached, Ordering::Relaxed);
         let rank = rank.map(|r| r.0 as usize).filter(|r| self.ranks.charge(*r, uncached));
         LoadGuard { worker: self.clone(), uncached, rank }
@@ -546,6 +561,7 @@ impl Worker {
 impl LoadGuard {
     /// The worker has prefilled the prompt: it no longer owes those tokens.
     pub fn prefill_done(&mut self) {
+        self.worker.liveness.progressed(self.worker.in_flight.load(Ordering::Relaxed));
         self.worker.uncached_tokens.fetch_sub(self.uncached, Ordering::Relaxed);
         if let Some(r) = self.rank {
             self.worker.ranks.prefilled(r, self.uncached);
@@ -561,7 +577,9 @@ impl LoadGuard {
 
 impl Drop for LoadGuard {
     fn drop(&mut self) {
-        self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let left = self.worker.in_flight.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
+        // A completion (or an abandoned request) is progress.
+        self.worker.liveness.progressed(left);
         self.worker.uncached_tokens.fetch_sub(self.uncached, Ordering::Relaxed);
         if let Some(r) = self.rank {
             self.worker.ranks.release(r, self.uncached);
@@ -594,6 +612,7 @@ mod tests {
             proxied_paths: &["/generate"],
             dp_aware: false,
             tls: crate::WorkerTls::default(),
+            liveness: crate::liveness::LivenessConfig::default(),
         };
         Worker::new(spec, CancellationToken::new(), &config)
     }

@@ -40,6 +40,10 @@ pub enum GatewayError {
     /// No healthy worker (503).
     #[error("no healthy worker")]
     NoWorker,
+    /// Every worker the request could use is overloaded and such requests are
+    /// shed (`--worker-overload-shed`, 503).
+    #[error("every worker that could serve the request is overloaded (worker overload protection); retry shortly")]
+    WorkersOverloaded,
     /// The router is shutting down (503).
     #[error("the router is shutting down")]
     Draining,
@@ -146,6 +150,7 @@ impl GatewayError {
             GatewayError::HeaderFieldsTooLarge(_) => "request_header_fields_too_large",
             GatewayError::TooLarge(_) => "request_too_large",
             GatewayError::NoWorker => "no_healthy_worker",
+            GatewayError::WorkersOverloaded => "worker_overload_protection_shed",
             GatewayError::UnknownModel(_) => "invalid_request_error",
             GatewayError::Blocked { .. } => "blocked_by_policy",
             GatewayError::NoPool(_) => "no_pool_available",
@@ -177,6 +182,7 @@ impl GatewayError {
             GatewayError::HeaderFieldsTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             GatewayError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::NoWorker
+            | GatewayError::WorkersOverloaded
             | GatewayError::Draining
             | GatewayError::NoPool(_)
             | GatewayError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -215,6 +221,7 @@ impl GatewayError {
             | GatewayError::Blocked { .. } => Side::Client,
             GatewayError::Upstream { .. } | GatewayError::Timeout(_) => Side::Upstream,
             GatewayError::NoWorker
+            | GatewayError::WorkersOverloaded
             | GatewayError::Draining
             | GatewayError::Overloaded(_)
             | GatewayError::OverBudget(_)
@@ -325,6 +332,7 @@ impl From<planner::PlanError> for GatewayError {
     fn from(e: planner::PlanError) -> Self {
         match e {
             planner::PlanError::NoWorker => GatewayError::NoWorker,
+            planner::PlanError::Overloaded => GatewayError::WorkersOverloaded,
             planner::PlanError::Render(e) => e.into(),
         }
     }

@@ -52,6 +52,11 @@ pub struct PagedCache {
 // === impl PagedCache ===
 
 impl PagedCache {
+    /// Pages it can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// A cache of `capacity` pages.
     pub fn new(capacity: usize) -> Self {
         Self { capacity, pages: HashMap::new(), lru: BTreeSet::new(), clock: 0, generation: 0 }

@@ -36,6 +36,12 @@ pub struct Faults {
     pub hold_next: usize,
     /// The next N streamed requests die after their first chunk.
     pub die_mid_stream_next: usize,
+    /// The next N streamed requests stop after their first chunk, the connection open, until
+    /// [`Engine::release_held`] lets each go on (a wedged engine).
+    pub wedge_mid_stream_next: usize,
+    /// Requests added to every rank's reported queue in `/v1/loads` (an engine loaded by
+    /// other routers' requests; 0: none).
+    pub report_waiting_extra: u64,
     /// A vLLM prefill: the next N answers leave out `kv_transfer_params` (a broken prefill).
     pub drop_kv_params_next: usize,
     /// A vLLM prefill: the next answer's `kv_transfer_params` carry this many bytes of padding
@@ -78,7 +84,7 @@ struct Rank {
 }
 
 /// One rank's load as SGLang's `/v1/loads` reports it (the fields a router reads).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct RankLoad {
     /// The data-parallel rank.
     pub dp_rank: usize,
@@ -88,6 +94,8 @@ pub struct RankLoad {
     pub num_waiting_reqs: u64,
     /// Prompt tokens of the queued requests not in the cache.
     pub num_waiting_uncached_tokens: u64,
+    /// Share of the KV cache's pages in use.
+    pub token_usage: f64,
 }
 
 /// Ends a running count if the request is dropped before it is admitted.
@@ -399,6 +407,8 @@ impl Engine {
         faults.hang_next += f.hang_next;
         faults.hold_next += f.hold_next;
         faults.die_mid_stream_next += f.die_mid_stream_next;
+        faults.wedge_mid_stream_next += f.wedge_mid_stream_next;
+        faults.report_waiting_extra = f.report_waiting_extra;
         faults.drop_kv_params_next += f.drop_kv_params_next;
         faults.bloat_kv_params_bytes = f.bloat_kv_params_bytes;
     }
@@ -455,6 +465,16 @@ impl Engine {
         let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
         if f.die_mid_stream_next > 0 {
             f.die_mid_stream_next -= 1;
+            return true;
+        }
+        false
+    }
+
+    /// True if this streamed request must stop after its first chunk until released (consumes one).
+    pub fn take_wedge_mid_stream(&self) -> bool {
+        let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        if f.wedge_mid_stream_next > 0 {
+            f.wedge_mid_stream_next -= 1;
             return true;
         }
         false
@@ -599,14 +619,21 @@ impl Engine {
 
     /// Each rank's load now (SGLang's `/v1/loads` core fields).
     pub fn loads(&self) -> Vec<RankLoad> {
+        let extra = self.faults.lock().unwrap_or_else(|p| p.into_inner()).report_waiting_extra;
         self.ranks
             .iter()
             .enumerate()
-            .map(|(dp_rank, r)| RankLoad {
-                dp_rank,
-                num_running_reqs: r.running.load(Ordering::Relaxed),
-                num_waiting_reqs: r.waiting.load(Ordering::Relaxed),
-                num_waiting_uncached_tokens: r.waiting_uncached.load(Ordering::Relaxed),
+            .map(|(dp_rank, r)| {
+                let cache = r.cache.lock().unwrap_or_else(|p| p.into_inner());
+                let token_usage = cache.len() as f64 / cache.capacity().max(1) as f64;
+                drop(cache);
+                RankLoad {
+                    dp_rank,
+                    num_running_reqs: r.running.load(Ordering::Relaxed),
+                    num_waiting_reqs: r.waiting.load(Ordering::Relaxed) + extra,
+                    num_waiting_uncached_tokens: r.waiting_uncached.load(Ordering::Relaxed),
+                    token_usage,
+                }
             })
             .collect()
     }

@@ -38,6 +38,7 @@ pub(crate) fn router(engine: Arc<Engine>) -> axum::Router {
         .route("/abort_request", post(abort_request))
         .route("/get_model_info", get(model_info))
         .route("/admin/faults", post(faults))
+        .route("/admin/release", post(release))
         .route("/admin/state", get(state))
         // axum's default would be 2 MB, under the router's 5 MiB.
         .layer(DefaultBodyLimit::max(max_body))
@@ -131,12 +132,20 @@ async fn faults(State(e): State<Arc<Engine>>, Json(f): Json<Faults>) -> Json<Val
     Json(json!({"ok": true}))
 }
 
+/// Lets `n` held or wedged requests go on (`{"n": N}`, default 1, at most 1,000,000).
+async fn release(State(e): State<Arc<Engine>>, Json(v): Json<Value>) -> Json<Value> {
+    let n = v.get("n").and_then(Value::as_u64).unwrap_or(1).min(1_000_000) as usize;
+    e.release_held(n);
+    Json(json!({"released": n}))
+}
+
 async fn state(State(e): State<Arc<Engine>>) -> Json<Value> {
     use std::sync::atomic::Ordering::Relaxed;
     Json(json!({
         "cached_pages": e.cached_pages(),
         "flushes": e.flushes.load(Relaxed),
         "requests": e.requests.load(Relaxed),
+        "held": e.held.load(Relaxed),
         "prompt_tokens": e.prompt_tokens.load(Relaxed),
         "cached_tokens": e.cached_tokens.load(Relaxed),
     }))

@@ -244,6 +244,10 @@ pub(crate) fn events(
                     (n + 1, None, e, model, id),
                 ));
             }
+            if i == 1 && e.take_wedge_mid_stream() {
+                // Wedged: the first chunk went out; the rest waits for the test's release.
+                e.hold().await;
+            }
             e.decode_step().await;
             let chunk = match route {
                 Route::Chat => {

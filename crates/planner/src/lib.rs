@@ -38,6 +38,9 @@ pub enum PlanError {
     /// No routable worker (or none of a pair's two roles).
     #[error("no healthy worker")]
     NoWorker,
+    /// Every worker it could use is overloaded, and such requests are shed (`--worker-overload-shed`).
+    #[error("every worker is overloaded")]
+    Overloaded,
     /// The prompt could not be rendered (a malformed body, a template's refusal).
     #[error(transparent)]
     Render(#[from] renderer::RenderError),

@@ -57,12 +57,12 @@ pub fn pair(
     credit: bool,
 ) -> Result<Pair, PlanError> {
     let pick = |role: fn(Role) -> bool| {
-        let all = p.routable(|w| role(w.role) && w.pool == pool.id);
+        let all = p.routable(|w| role(w.role) && w.pool == pool.id)?;
         let fresh: Vec<_> = all.iter().filter(|w| !avoid.contains(&w.id)).cloned().collect();
-        if fresh.is_empty() { all } else { fresh }
+        Ok::<_, PlanError>(if fresh.is_empty() { all } else { fresh })
     };
-    let prefills = pick(|r| matches!(r, Role::Prefill { .. }));
-    let decodes = pick(|r| r == Role::Decode);
+    let prefills = pick(|r| matches!(r, Role::Prefill { .. }))?;
+    let decodes = pick(|r| r == Role::Decode)?;
     if prefills.is_empty() || decodes.is_empty() {
         return Err(PlanError::NoWorker);
     }

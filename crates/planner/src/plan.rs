@@ -99,9 +99,14 @@ pub fn match_chains(index: &KvIndex, chains: &[Vec<BlockHash>]) -> HashMap<kv_in
 }
 
 impl Planner<'_> {
-    /// The routable workers `keep` accepts.
-    pub fn routable(&self, keep: impl Fn(&Worker) -> bool) -> Vec<Arc<Worker>> {
-        self.fleet.snapshot().iter().filter(|w| keep(w) && w.is_routable()).cloned().collect()
+    /// The routable workers `keep` accepts, less those the liveness vetoes
+    /// leave out now ([`fleet::liveness::screen`]).
+    pub fn routable(&self, keep: impl Fn(&Worker) -> bool) -> Result<Vec<Arc<Worker>>, PlanError> {
+        let all = self.fleet.snapshot().iter().filter(|w| keep(w) && w.is_routable()).cloned().collect();
+        match self.fleet.screen(all) {
+            fleet::liveness::Screened::Workers(workers) => Ok(workers),
+            fleet::liveness::Screened::Shed => Err(PlanError::Overloaded),
+        }
     }
 
     /// Chooses a worker of `pool`: candidates with their load and cached prefix, then the
@@ -132,7 +137,7 @@ impl Planner<'_> {
             },
             _ => (Vec::new(), None),
         };
-        let workers = self.routable(|w| pool.serves(w));
+        let workers = self.routable(|w| pool.serves(w))?;
         let prompted = Prompted { v, tokens: &tokens, text, match_prefix: true, credit };
         self.plan_in(pool, &*pool.policy, workers, prompted, key)
     }

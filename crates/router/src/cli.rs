@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 mod discovery;
+mod liveness;
+mod smg_only;
 #[cfg(test)]
 mod smg_options;
 
@@ -239,7 +241,12 @@ pub(crate) struct ServeArgs {
     pub(crate) no_cache_pressure_guard: bool,
     /// KV index: credit the chosen worker with the request's blocks for this long, so a burst
     /// sharing a cold prefix lands together before the events arrive [default: 0, off].
-    #[arg(long, env = "SGL_ROUTER_CACHE_PENDING_PREFIX_TTL_MS", value_name = "MS")]
+    #[arg(
+        long,
+        visible_alias = "selection-accounting-ttl-ms",
+        env = "SGL_ROUTER_CACHE_PENDING_PREFIX_TTL_MS",
+        value_name = "MS"
+    )]
     pub(crate) cache_pending_prefix_ttl_ms: Option<u64>,
     /// Page digests the page-hash memo keeps, per pool (about 64 bytes each: 32 MiB at the
     /// default): a request whose prompt starts like an earlier one reuses the digests of the
@@ -251,7 +258,7 @@ pub(crate) struct ServeArgs {
     #[arg(long, visible_alias = "tokenizer-cache-l0-max-entries", env = "SGL_ROUTER_TOKENIZER_CACHE_SEGMENTS", default_value_t = renderer::DEFAULT_SEGMENT_CACHE_ENTRIES, value_name = "N")]
     pub(crate) tokenizer_cache_segments: usize,
     /// Tokenizer: text bytes the segment cache keeps (its ids and nodes come on top, about as much again).
-    #[arg(long, env = "SGL_ROUTER_TOKENIZER_CACHE_SEGMENT_BYTES", default_value_t = renderer::DEFAULT_SEGMENT_CACHE_BYTES, value_name = "BYTES")]
+    #[arg(long, visible_alias = "tokenizer-cache-l0-max-memory", env = "SGL_ROUTER_TOKENIZER_CACHE_SEGMENT_BYTES", default_value_t = renderer::DEFAULT_SEGMENT_CACHE_BYTES, value_name = "BYTES")]
     pub(crate) tokenizer_cache_segment_bytes: usize,
     /// Tokenizer: bytes the fast path's word cache keeps (words, their ids and an entry's
     /// overhead); full, it starts over; 0 disables it.
@@ -276,10 +283,10 @@ pub(crate) struct ServeArgs {
     pub(crate) approx_cache_threshold: Option<f64>,
     /// approx_tree and cache_aware: imbalanced when loads differ by more than this many requests
     /// (then the least loaded worker is chosen) [default: 64]...
-    #[arg(long, visible_alias = "balance-abs-threshold", env = "SGL_ROUTER_APPROX_BALANCE_ABS", value_name = "N")]
+    #[arg(long, visible_aliases = ["balance-abs-threshold", "spill-abs-threshold"], env = "SGL_ROUTER_APPROX_BALANCE_ABS", value_name = "N")]
     pub(crate) approx_balance_abs: Option<u32>,
     /// approx_tree and cache_aware: ...and the most loaded has more than this multiple of the least [default: 1.5].
-    #[arg(long, visible_alias = "balance-rel-threshold", env = "SGL_ROUTER_APPROX_BALANCE_REL", value_name = "R")]
+    #[arg(long, visible_aliases = ["balance-rel-threshold", "spill-rel-threshold"], env = "SGL_ROUTER_APPROX_BALANCE_REL", value_name = "R")]
     pub(crate) approx_balance_rel: Option<f64>,
     /// approx_tree (and cache_aware's text tree): accepted for SGLang Model Gateway's command lines; no
     /// periodic trim runs (the tree is trimmed at the insert that takes it over --approx-max-tree-bytes).
@@ -352,6 +359,11 @@ pub(crate) struct ServeArgs {
     /// prefill it has queued from every router); 0: route on this router's own view only.
     #[arg(long, env = "SGL_ROUTER_WORKER_LOAD_POLL_MS", default_value_t = crate::defaults::WORKER_LOAD_POLL_MS, value_name = "MS")]
     pub(crate) worker_load_poll_ms: u64,
+    #[command(flatten)]
+    pub(crate) liveness: liveness::LivenessFlags,
+    /// SMG's options this router does not implement: known, judged at start.
+    #[command(flatten)]
+    pub(crate) smg_only: smg_only::SmgOnlyFlags,
     /// Seconds a worker may stay out of rotation before its KV-index state is
     /// dropped (until then it is kept: a worker that comes back keeps its cache).
     #[arg(long, env = "SGL_ROUTER_WORKER_INDEX_RETENTION_SECS", default_value_t = crate::defaults::WORKER_INDEX_RETENTION_SECS, value_name = "S")]

@@ -117,6 +117,8 @@ pub struct AppConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Period of polling the workers' own load reports (zero: off).
     pub load_poll: Duration,
+    /// The liveness vetoes and worker overload protection.
+    pub liveness: fleet::liveness::LivenessConfig,
     /// How long a down worker's index state is kept.
     pub index_retention: Duration,
     /// How long to wait for in-flight requests on shutdown.

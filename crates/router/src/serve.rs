@@ -18,6 +18,7 @@ use crate::usage::UsageError;
 /// Turns flags into a config; tuning a policy that is not selected is an error.
 pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     let usage = |m: String| Err(UsageError(m));
+    a.smg_only.check()?;
     let routing = match &a.routing_config {
         None => None,
         Some(path) => Some(crate::routing::load(path, a.policy).map_err(|p| UsageError(p.join("\n")))?),
@@ -350,7 +351,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         dp_aware: a.dp_aware,
         tls,
         worker_tls,
-        load_poll: Duration::from_millis(a.worker_load_poll_ms),
+        load_poll: a.liveness.load_poll(a.worker_load_poll_ms),
+        liveness: a.liveness.config()?,
         index_retention: Duration::from_secs(a.worker_index_retention_secs),
         shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
         fast_proxy: !a.no_fast_proxy,
@@ -456,6 +458,9 @@ fn fit_open_file_limit(flag: usize, admin_listener: bool) -> usize {
 pub(crate) fn serve(mut config: AppConfig, a: &ServeArgs) -> Result<()> {
     let log_format = if a.log_json { crate::cli::LogFormat::Json } else { a.log_format };
     init_tracing(log_format, &a.log_level, a.log_dir.as_deref())?;
+    for note in a.smg_only.check().unwrap_or_default() {
+        tracing::warn!("{note}");
+    }
     config.limits.max_connections = fit_open_file_limit(config.limits.max_connections, config.admin_listen.is_some());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let control_plane_open = !config.control_plane_keys.is_empty();

@@ -147,6 +147,7 @@ pub(crate) fn kv_events(args: &KvEventsArgs) -> Result<()> {
         proxied_paths: &[],
         dp_aware: false,
         tls: fleet::WorkerTls::default(),
+        liveness: fleet::liveness::LivenessConfig::off(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async {

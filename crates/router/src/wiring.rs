@@ -127,6 +127,7 @@ pub(crate) fn fleet_config(config: &AppConfig) -> FleetConfig {
         proxied_paths: gateway::PROXIED_PATHS,
         dp_aware: config.dp_aware,
         tls: config.worker_tls.clone(),
+        liveness: config.liveness.clone(),
     }
 }
 

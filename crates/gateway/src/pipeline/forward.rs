@@ -280,8 +280,8 @@ fn with_rank(route: Route, v: Option<&mut Value>, rank: Option<DpRank>, bytes: &
 }
 
 /// The worker of `pool` a retry after `current` goes to: the least loaded
-/// routable one tried neither now nor before, else the least loaded routable
-/// one (a retry may go back to a worker).
+/// routable one tried neither now nor before (one no liveness veto leaves out
+/// first), else the least loaded routable one (a retry may go back to a worker).
 fn next_worker(
     gw: &Gateway,
     pool: &planner::Pool,
@@ -291,9 +291,13 @@ fn next_worker(
     let snapshot = gw.fleet.snapshot();
     let routable = || snapshot.iter().filter(|w| w.is_routable() && pool.serves(w));
     let by_load = |w: &&Arc<Worker>| (w.load().in_flight, w.load().uncached_tokens);
-    routable()
-        .filter(|w| w.id != current.id && !tried.contains(&w.id))
+    let fresh = || routable().filter(|w| w.id != current.id && !tried.contains(&w.id));
+    // A worker the liveness vetoes leave out is tried last.
+    let clear = |w: &&Arc<Worker>| w.veto(gw.fleet.liveness()).is_none();
+    fresh()
+        .filter(clear)
         .min_by_key(by_load)
+        .or_else(|| fresh().min_by_key(by_load))
         .or_else(|| routable().min_by_key(by_load))
         .cloned()
 }

@@ -83,6 +83,7 @@ pub(crate) async fn start_fleet(
         proxied_paths: gateway::PROXIED_PATHS,
         dp_aware: false,
         tls: fleet::WorkerTls::default(),
+        liveness: fleet::liveness::LivenessConfig::off(),
     };
     fleet_tweak(&mut fleet_config);
     let fleet = fleet::Fleet::start(fleet_config, None, &urls, stop.clone());

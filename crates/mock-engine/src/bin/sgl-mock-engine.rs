@@ -164,6 +164,7 @@ async fn main() -> anyhow::Result<()> {
             restart_publisher: false,
             drop_kv_params_next: 0,
             bloat_kv_params_bytes: 0,
+            ..mock_engine::Faults::default()
         })
         .await;
     println!("sgl-mock-engine listening on {}", engine.url());

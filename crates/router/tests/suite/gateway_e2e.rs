@@ -295,6 +295,8 @@ async fn errors_have_precise_statuses_and_debug_route_changes_nothing() {
     };
     let mut cfg = config(&[&w], PolicyConfig::RoundRobin, false);
     cfg.workers.push(WorkerUrl::new(gone.as_str()));
+    // Retries are what this checks: no liveness veto keeps the dead worker from being tried.
+    cfg.liveness = fleet::liveness::LivenessConfig::off();
     let r = start(cfg).await;
     let url = format!("{}/v1/chat/completions", r.url);
     let client = reqwest::Client::new();
@@ -718,6 +720,9 @@ async fn a_cold_burst_lands_on_one_worker() {
         (MockEngine::spawn(engine_config()).await.unwrap(), MockEngine::spawn(engine_config()).await.unwrap());
     let mut cfg = config(&[&w0, &w1], PolicyConfig::cache_aware(), true);
     cfg.pending_ttl = Duration::from_secs(10);
+    // The credit lock is what this checks: overload protection would spread a burst that fills
+    // one worker's reported queue (`liveness::an_overloaded_worker_is_skipped...`).
+    cfg.liveness = fleet::liveness::LivenessConfig::off();
     // More serving threads than cores, and long prompts: plans overlap often without the lock.
     cfg.serve_threads = 4;
     let r = start(cfg).await;

@@ -18,6 +18,7 @@ mod http_front;
 mod index_peers;
 mod k8s_discovery;
 mod kv_events_cli;
+mod liveness;
 mod model_pools;
 mod pd;
 mod pd_engine_classes;

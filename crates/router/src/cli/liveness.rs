@@ -1,0 +1,88 @@
+//! The liveness and overload-protection flags (Shepherd Model Gateway 1.13's
+//! `--worker-stall-secs`, `--worker-wedge-secs`, `--worker-stale-secs`,
+//! `--worker-overload-*`) and its load-monitor spellings: a flag group of
+//! [`super::ServeArgs`], turned into the fleet's [`LivenessConfig`] here.
+
+use std::time::Duration;
+
+use clap::Args;
+use fleet::liveness::{LivenessConfig, Overload};
+
+use crate::usage::UsageError;
+
+/// Liveness vetoes and worker overload protection (on by default, as in SMG 1.13).
+#[derive(Debug, Args)]
+pub(crate) struct LivenessFlags {
+    /// Seconds without contact from a worker (a probe, a load poll, an answer's bytes) after
+    /// which a transport failure leaves it out of routing until it is heard from again; 0: off.
+    #[arg(long, env = "SGL_ROUTER_WORKER_STALL_SECS", default_value_t = 2, value_name = "S")]
+    pub(crate) worker_stall_secs: u64,
+    /// Seconds without progress (an answer's bytes or a completion) from a worker with requests
+    /// in flight while they pile up (more than at its last progress, four deep, or its reported
+    /// queue growing), after which new requests go elsewhere until it makes progress; stretched
+    /// by the prefill it owes (8,192 tokens a second, up to 120 s); 0: off.
+    #[arg(long, env = "SGL_ROUTER_WORKER_WEDGE_SECS", default_value_t = 3, value_name = "S")]
+    pub(crate) worker_wedge_secs: u64,
+    /// Seconds without contact from a worker that answered a load poll once, after which it is
+    /// left out of routing as unreachable until heard from; keep it above the load-poll period; 0: off.
+    #[arg(long, env = "SGL_ROUTER_WORKER_STALE_SECS", default_value_t = 15, value_name = "S")]
+    pub(crate) worker_stale_secs: u64,
+    /// Queued requests a worker reports (SGLang `/v1/loads`, over its ranks) at or above which it
+    /// is left out of routing while another worker is under the thresholds (at least 1).
+    #[arg(long, env = "SGL_ROUTER_WORKER_OVERLOAD_WAITING_REQUESTS", default_value_t = 8, value_name = "N")]
+    pub(crate) worker_overload_waiting_requests: u32,
+    /// Mean KV-cache token usage a worker reports at or above which it is overloaded, in (0, 1].
+    #[arg(long, env = "SGL_ROUTER_WORKER_OVERLOAD_TOKEN_USAGE", default_value_t = 0.8, value_name = "R")]
+    pub(crate) worker_overload_token_usage: f64,
+    /// Overload protection is on by default; accepted so older SMG command lines parse.
+    #[arg(long, overrides_with = "disable_worker_overload_protection")]
+    pub(crate) worker_overload_protection: bool,
+    /// No worker is left out of routing for its queue or KV usage.
+    #[arg(long, env = "SGL_ROUTER_DISABLE_WORKER_OVERLOAD_PROTECTION", overrides_with = "worker_overload_protection")]
+    pub(crate) disable_worker_overload_protection: bool,
+    /// Refuse a request with a 503 (`Retry-After`: the load-poll period) when every worker it could
+    /// use is overloaded, instead of sending it to the least loaded one.
+    #[arg(long, env = "SGL_ROUTER_WORKER_OVERLOAD_SHED")]
+    pub(crate) worker_overload_shed: bool,
+    /// SMG's load-poll period in seconds: overrides --worker-load-poll-ms.
+    #[arg(long, env = "SGL_ROUTER_LOAD_MONITOR_INTERVAL", value_name = "S")]
+    pub(crate) load_monitor_interval: Option<u64>,
+    /// No load polls (SMG's spelling of --worker-load-poll-ms 0): overload protection and the
+    /// stale veto see no reports.
+    #[arg(long, env = "SGL_ROUTER_DISABLE_LOAD_MONITORING")]
+    pub(crate) disable_load_monitoring: bool,
+}
+
+impl LivenessFlags {
+    /// The fleet's vetoes.
+    pub(crate) fn config(&self) -> Result<LivenessConfig, UsageError> {
+        if self.worker_overload_waiting_requests == 0 {
+            return Err(UsageError(
+                "--worker-overload-waiting-requests must be at least 1 (0 would veto every worker)".into(),
+            ));
+        }
+        let usage = self.worker_overload_token_usage;
+        if !(usage > 0.0 && usage <= 1.0) {
+            return Err(UsageError(format!("--worker-overload-token-usage {usage}: must be in (0, 1]")));
+        }
+        Ok(LivenessConfig {
+            stall: Duration::from_secs(self.worker_stall_secs),
+            wedge: Duration::from_secs(self.worker_wedge_secs),
+            stale: Duration::from_secs(self.worker_stale_secs),
+            overload: (!self.disable_worker_overload_protection)
+                .then_some(Overload { waiting_requests: self.worker_overload_waiting_requests, token_usage: usage }),
+            shed: self.worker_overload_shed,
+        })
+    }
+
+    /// The load-poll period: SMG's spellings over `--worker-load-poll-ms` (`poll_ms`).
+    pub(crate) fn load_poll(&self, poll_ms: u64) -> Duration {
+        if self.disable_load_monitoring {
+            Duration::ZERO
+        } else if let Some(s) = self.load_monitor_interval {
+            Duration::from_secs(s)
+        } else {
+            Duration::from_millis(poll_ms)
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! Liveness that health probes miss, end to end on simulated engines (issue
+//! 30): a worker that stops streaming mid-answer while requests pile on it
+//! leaves routing (wedged) and comes back when it makes progress; a worker
+//! reporting a full queue is skipped while another is under the thresholds,
+//! or the request shed with `shed`; a worker gone silent is stalled by its
+//! next failed poll and back at its first answer; one polled once and silent
+//! since goes stale. Each state shows in `/workers` and `/metrics`.
+
+use crate::common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::app::{admin_get, chat, config, engine_config, metric, post, start};
+use common::eventually as until;
+use fleet::liveness::{LivenessConfig, Overload};
+use mock_engine::{Faults, MockEngine, MockEngineConfig};
+use serde_json::Value;
+use sgl_router::app::PolicyConfig;
+
+/// `/workers`' veto of the worker at `url` (`None`: routed to).
+async fn veto(router: &str, url: &str) -> Option<String> {
+    let v: Value = admin_get(&format!("{router}/workers")).await.json().await.unwrap();
+    let w = v["workers"].as_array().unwrap().iter().find(|w| w["url"] == url).cloned().unwrap();
+    w["veto"].as_str().map(str::to_owned)
+}
+
+fn served(w: &MockEngine) -> u64 {
+    w.engine().requests.load(Ordering::SeqCst)
+}
+
+/// Streams a chat through the router and returns once its first chunk arrived.
+async fn first_chunk_of_a_stream(router: &str) -> reqwest::Response {
+    let mut body = chat("s", "a long answer");
+    body["stream"] = true.into();
+    body["max_tokens"] = 8.into();
+    let mut resp =
+        reqwest::Client::new().post(format!("{router}/v1/chat/completions")).json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let first = resp.chunk().await.unwrap().unwrap();
+    assert!(first.starts_with(b"data: "), "{first:?}");
+    resp
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_stops_streaming_mid_answer_leaves_routing_and_comes_back_when_it_progresses() {
+    let (w1, w2) =
+        (MockEngine::spawn(engine_config()).await.unwrap(), MockEngine::spawn(engine_config()).await.unwrap());
+    let wedge = Duration::from_millis(400);
+    let mut c = config(&[&w1, &w2], PolicyConfig::RoundRobin, false);
+    c.liveness = LivenessConfig { wedge, ..LivenessConfig::default() };
+    let r = start(c).await;
+    let url = format!("{}/v1/chat/completions", r.url);
+    // Round robin from the first worker: the stream goes to w1, which stops after its first chunk.
+    w1.engine().set_faults(Faults { wedge_mid_stream_next: 1, ..Faults::default() }).await;
+    let stream = first_chunk_of_a_stream(&r.url).await;
+    let stalled_at = Instant::now();
+    assert_eq!(served(&w1), 1, "the stream went to w1");
+    // New requests pile on w1 without an answer (held before their first byte).
+    w1.engine().set_faults(Faults { hold_next: 100, ..Faults::default() }).await;
+    let mut piled = Vec::new();
+    let held = || w1.engine().held.load(Ordering::SeqCst) as u64;
+    while held() < 2 {
+        let (url, body) = (url.clone(), chat("s", &format!("q{}", piled.len())));
+        let before = held() + served(&w2);
+        piled.push(tokio::spawn(async move { reqwest::Client::new().post(url).json(&body).send().await }));
+        until("the request reached a worker", async || held() + served(&w2) > before).await;
+    }
+    until("w1 is wedged", async || veto(&r.url, &w1.url()).await.as_deref() == Some("wedged")).await;
+    assert!(stalled_at.elapsed() >= wedge, "never before --worker-wedge-secs of silence");
+    let series = format!("router_worker_vetoed{{worker=\"{}\",veto=\"wedged\"}}", w1.url());
+    assert_eq!(metric(&r.url, &series).await, 1.0);
+    // While it is wedged, every new request goes to w2.
+    let (before1, before2) = (served(&w1), served(&w2));
+    for i in 0..6 {
+        assert_eq!(post(&url, &chat("s", &format!("after {i}"))).await.status(), 200);
+    }
+    assert_eq!((served(&w1), served(&w2)), (before1, before2 + 6), "w1 left out while wedged");
+    let skipped = format!("router_worker_vetoes_total{{worker=\"{}\",veto=\"wedged\"}}", w1.url());
+    assert!(metric(&r.url, &skipped).await >= 6.0);
+    // It makes progress: the stream and the piled requests go on; w1 is routed to again.
+    w1.engine().set_faults(Faults::default()).await;
+    w1.engine().release_held(100);
+    let text = stream.text().await.unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"), "the wedged stream finished: {text}");
+    for p in piled {
+        assert_eq!(p.await.unwrap().unwrap().status(), 200);
+    }
+    until("w1 is clear", async || veto(&r.url, &w1.url()).await.is_none()).await;
+    let before1 = served(&w1);
+    for i in 0..4 {
+        assert_eq!(post(&url, &chat("s", &format!("back {i}"))).await.status(), 200);
+    }
+    assert_eq!(served(&w1), before1 + 2, "w1 back in round robin");
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overloaded_worker_is_skipped_and_when_all_are_the_request_is_shed_only_when_asked() {
+    for shed in [false, true] {
+        let (w1, w2) =
+            (MockEngine::spawn(engine_config()).await.unwrap(), MockEngine::spawn(engine_config()).await.unwrap());
+        let mut c = config(&[&w1, &w2], PolicyConfig::RoundRobin, false);
+        c.liveness = LivenessConfig {
+            overload: Some(Overload { waiting_requests: 8, token_usage: 0.8 }),
+            shed,
+            ..LivenessConfig::default()
+        };
+        let r = start(c).await;
+        let url = format!("{}/v1/chat/completions", r.url);
+        // w1 reports eight queued requests (other routers' load): overloaded at the next poll.
+        w1.engine().set_faults(Faults { report_waiting_extra: 8, ..Faults::default() }).await;
+        until("w1 is overloaded", async || veto(&r.url, &w1.url()).await.as_deref() == Some("overloaded")).await;
+        let reported = format!("router_worker_reported_waiting_requests{{worker=\"{}\"}}", w1.url());
+        assert_eq!(metric(&r.url, &reported).await, 8.0);
+        for i in 0..4 {
+            assert_eq!(post(&url, &chat("s", &format!("q{i}"))).await.status(), 200);
+        }
+        assert_eq!((served(&w1), served(&w2)), (0, 4), "the overloaded worker is skipped");
+        // Both overloaded: the least loaded takes it, or it is shed.
+        w2.engine().set_faults(Faults { report_waiting_extra: 9, ..Faults::default() }).await;
+        until("w2 is overloaded", async || veto(&r.url, &w2.url()).await.as_deref() == Some("overloaded")).await;
+        let resp = post(&url, &chat("s", "all full")).await;
+        if shed {
+            assert_eq!(resp.status(), 503);
+            assert_eq!(resp.headers()["retry-after"], "1");
+            let v: Value = resp.json().await.unwrap();
+            assert_eq!(v["error"]["type"], "worker_overload_protection_shed", "{v}");
+            assert_eq!(served(&w1) + served(&w2), 4, "nothing sent");
+        } else {
+            assert_eq!(resp.status(), 200);
+            assert_eq!(served(&w1), 1, "the least loaded (8 queued against 9) took it");
+        }
+        // The queues drain: both are routed to again.
+        w1.engine().set_faults(Faults::default()).await;
+        w2.engine().set_faults(Faults::default()).await;
+        until("both clear", async || {
+            veto(&r.url, &w1.url()).await.is_none() && veto(&r.url, &w2.url()).await.is_none()
+        })
+        .await;
+        assert_eq!(post(&url, &chat("s", "drained")).await.status(), 200);
+        let _ = r.stop.send(());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_worker_is_stalled_by_its_next_failed_poll_or_stale_and_back_when_heard_from() {
+    for stall_off in [false, true] {
+        let (w1, w2) =
+            (MockEngine::spawn(engine_config()).await.unwrap(), MockEngine::spawn(engine_config()).await.unwrap());
+        let listen: std::net::SocketAddr = w1.url().trim_start_matches("http://").parse().unwrap();
+        let mut c = config(&[&w1, &w2], PolicyConfig::RoundRobin, false);
+        let (stall, stale) = (Duration::from_millis(300), Duration::from_millis(600));
+        c.liveness = LivenessConfig {
+            stall: if stall_off { Duration::ZERO } else { stall },
+            stale,
+            ..LivenessConfig::default()
+        };
+        let r = start(c).await;
+        until("w1 polled", async || {
+            let v: Value = admin_get(&format!("{}/workers", r.url)).await.json().await.unwrap();
+            v["workers"][0]["load_reported"] == true
+        })
+        .await;
+        let url = w1.url();
+        w1.shutdown();
+        drop(w1);
+        let expect = if stall_off { "stale" } else { "stalled" };
+        until(expect, async || veto(&r.url, &url).await.as_deref() == Some(expect)).await;
+        let series = format!("router_worker_vetoed{{worker=\"{url}\",veto=\"{expect}\"}}");
+        assert_eq!(metric(&r.url, &series).await, 1.0);
+        for i in 0..3 {
+            let resp = post(&format!("{}/v1/chat/completions", r.url), &chat("s", &format!("q{i}"))).await;
+            assert_eq!(resp.status(), 200);
+        }
+        assert_eq!(served(&w2), 3);
+        // Never tried (a failed try would have quarantined it): the veto kept the requests off it.
+        let worker = r.gateway.fleet.all().into_iter().find(|w| w.url.as_str() == url).unwrap();
+        assert!(worker.is_routable() && !worker.quarantined(), "still in rotation by its probes, never tried");
+        let skipped = format!("router_worker_vetoes_total{{worker=\"{url}\",veto=\"{expect}\"}}");
+        assert!(metric(&r.url, &skipped).await >= 3.0);
+        // The engine is back on its port: its next poll answers and the veto ends.
+        let back = MockEngine::spawn(MockEngineConfig { listen, ..engine_config() }).await.unwrap();
+        until("heard from again", async || veto(&r.url, &url).await.is_none()).await;
+        drop(back);
+        let _ = r.stop.send(());
+    }
+}
