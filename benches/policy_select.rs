@@ -24,6 +24,7 @@ fn candidates(n: usize) -> Vec<Candidate> {
             load: Load { in_flight: (i * 7 % 13) as u32, uncached_tokens: (i * 1543 % 9000) as u64 },
             matched_tokens: if i % 3 == 0 { ((i * 911) % 8000) as u64 + 1024 } else { 0 },
             followed: true,
+            warmup: Default::default(),
         })
         .collect()
 }

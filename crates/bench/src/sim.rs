@@ -195,6 +195,7 @@ pub(crate) fn run(trace: &[TraceRequest], policy: &str, cfg: &SimConfig) -> Resu
                     load: Load { in_flight: own.len() as u32, uncached_tokens: uncached },
                     matched_tokens: matched[w],
                     followed: true,
+                    warmup: Default::default(),
                 }
             })
             .collect();

@@ -187,6 +187,7 @@ fn describe(w: &Worker, liveness: &fleet::liveness::LivenessConfig) -> Value {
         "kv_streams": streams,
         "kv_events_reason": reason,
         "veto": w.veto(liveness).map(fleet::liveness::Veto::as_str),
+        "warmup": w.warmup().as_str(),
         "silent_ms": w.liveness.silent_for().map(|d| d.as_millis() as u64),
         "load_reported": w.liveness.polled(),
         "reported_waiting_requests": w.liveness.waiting(),

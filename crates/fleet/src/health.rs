@@ -223,20 +223,20 @@ async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration, stal
 }
 
 /// A period for a background loop: late ticks are delayed, not bunched.
-struct Ticks {
+pub(crate) struct Ticks {
     interval: tokio::time::Interval,
     cancel: tokio_util::sync::CancellationToken,
 }
 
 impl Ticks {
-    fn new(period: Duration, cancel: tokio_util::sync::CancellationToken) -> Self {
+    pub(crate) fn new(period: Duration, cancel: tokio_util::sync::CancellationToken) -> Self {
         let mut interval = tokio::time::interval(period);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Self { interval, cancel }
     }
 
     /// Waits for the next tick; false once cancelled.
-    async fn next(&mut self) -> bool {
+    pub(crate) async fn next(&mut self) -> bool {
         tokio::select! {
             biased;
             _ = self.cancel.cancelled() => false,

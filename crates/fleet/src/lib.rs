@@ -25,6 +25,7 @@ mod metrics;
 mod pd_facts;
 mod ranks;
 mod tls;
+pub mod warmup;
 mod worker;
 
 use std::num::NonZeroUsize;
@@ -363,6 +364,9 @@ impl Fleet {
         fleet.tasks.spawn(health::health_loop(fleet.clone()));
         if !fleet.config.load_poll.is_zero() {
             fleet.tasks.spawn(health::load_loop(fleet.clone()));
+        }
+        if let (Some(rule), true) = (fleet.config.liveness.warmup, fleet.events.is_some()) {
+            fleet.tasks.spawn(warmup::warmup_loop(fleet.clone(), rule));
         }
         fleet
     }

@@ -57,6 +57,8 @@ pub struct LivenessConfig {
     pub overload: Option<Overload>,
     /// `--worker-overload-shed`: refuse a request every candidate of which is overloaded.
     pub shed: bool,
+    /// The warm-up slice's phases (`None`: every worker warm).
+    pub warmup: Option<crate::warmup::WarmupRule>,
 }
 
 /// When a worker counts as overloaded.
@@ -77,6 +79,7 @@ impl Default for LivenessConfig {
             stale: Duration::from_secs(15),
             overload: Some(Overload { waiting_requests: 8, token_usage: 0.8 }),
             shed: false,
+            warmup: Some(crate::warmup::WarmupRule::default()),
         }
     }
 }
@@ -84,7 +87,14 @@ impl Default for LivenessConfig {
 impl LivenessConfig {
     /// Every veto off.
     pub fn off() -> Self {
-        Self { stall: Duration::ZERO, wedge: Duration::ZERO, stale: Duration::ZERO, overload: None, shed: false }
+        Self {
+            stall: Duration::ZERO,
+            wedge: Duration::ZERO,
+            stale: Duration::ZERO,
+            overload: None,
+            shed: false,
+            warmup: None,
+        }
     }
 }
 
@@ -337,6 +347,7 @@ mod tests {
             stale: Duration::from_millis(40),
             overload: Some(Overload { waiting_requests: 8, token_usage: 0.8 }),
             shed: false,
+            warmup: None,
         }
     }
 

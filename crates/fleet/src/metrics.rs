@@ -115,6 +115,16 @@ impl Fleet {
                 w.liveness.token_usage()
             );
         }
+        per_worker(
+            out,
+            "router_worker_warming",
+            "cache_aware's warm-up slice: 0 warm, 1 young (new in rotation), 2 thin (its cache far under the median).",
+            &|w| match w.warmup() {
+                router_types::Warmup::Warm => 0,
+                router_types::Warmup::Young => 1,
+                router_types::Warmup::Thin => 2,
+            },
+        );
         head(out, "router_workers", "gauge", "Workers by state.");
         for state in State::ALL {
             let n = workers.iter().filter(|w| w.state() == state).count();

@@ -142,6 +142,9 @@ pub struct Worker {
     pub liveness: crate::liveness::Liveness,
     /// `--worker-stall-secs`: silence after which a transport failure stalls it.
     stall: Duration,
+    /// Its warm-up phase ([`crate::warmup`]), and what the phase is measured from.
+    pub(crate) warmup_phase: AtomicU8,
+    pub(crate) warm_state: Mutex<crate::warmup::WarmState>,
     /// When the last look for moved publishers started.
     pub(crate) looked_at: Mutex<Option<std::time::Instant>>,
 }
@@ -247,6 +250,8 @@ impl Worker {
             pd_facts: Mutex::new(crate::PdFacts::default()),
             liveness: crate::liveness::Liveness::default(),
             stall: config.liveness.stall,
+            warmup_phase: AtomicU8::new(0),
+            warm_state: Mutex::new(crate::warmup::WarmState::default()),
             cancel,
         }
     }

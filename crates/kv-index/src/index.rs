@@ -762,6 +762,18 @@ impl KvIndex {
         }
     }
 
+    /// Blocks each worker holds (its streams' holdings summed over its ranks),
+    /// for the workers that have a live stream. O(streams).
+    pub fn worker_blocks(&self) -> HashMap<WorkerId, usize> {
+        let mut out = HashMap::new();
+        for slot in &self.registry().streams {
+            if !slot.removed.load(Ordering::Relaxed) {
+                *out.entry(slot.worker).or_insert(0) += slot.live.load(Ordering::Relaxed);
+            }
+        }
+        out
+    }
+
     /// Sizes and counters. Walks every shard: O(nodes); call at scrape rate.
     pub fn stats(&self) -> IndexStats {
         let mut stats = IndexStats { evicted_nodes: self.evicted.load(Ordering::Relaxed), ..IndexStats::default() };

@@ -201,6 +201,8 @@ impl Planner<'_> {
                     matched_tokens: (blocks * bs).min(input_tokens),
                     // Nothing to match is known exactly: no text tree guesses (decode workers).
                     followed: w.is_followed() || !match_prefix,
+                    // Decode legs hold no prefix: no warm-up slice for them.
+                    warmup: if match_prefix { w.warmup() } else { Default::default() },
                 }
             })
             .collect();

@@ -354,6 +354,7 @@ mod tests {
             load: Load { in_flight, uncached_tokens: 0 },
             matched_tokens: 0,
             followed: false,
+            warmup: Default::default(),
         }
     }
 

@@ -4,6 +4,13 @@
 //! on a materially less loaded worker; with no such worker, power of two.
 //! The random stream of that fallback moves on `commit` only.
 //!
+//! The warm-up slice (Shepherd Model Gateway 1.13's): a worker new in
+//! rotation or with a thin cache ([`crate::Warmup`]) would get no hit while
+//! another worker holds every prefix. One miss in `1 / warmup_share` goes to
+//! the least loaded warming worker, and one hit in `warmup_divert_every` to a
+//! thin worker with nothing in flight, so it builds a cache. The counters
+//! move on `commit` only, as the random stream does.
+//!
 //! With a text tree ([`CacheAware::with_text_tree`], SGLang Model Gateway's
 //! `cache_aware` for engines that publish no events), a worker whose events
 //! are not followed is judged by the tree of the text this router sent it:
@@ -19,7 +26,7 @@ use router_types::WorkerId;
 
 use crate::approx_tree::{ApproxTree, ApproxTreeConfig};
 use crate::simple::{SplitMix, check, commit_power_of_two, power_of_two};
-use crate::{Candidate, Decision, Policy, PolicyError, Reason, RequestInfo};
+use crate::{Candidate, Decision, Policy, PolicyError, Reason, RequestInfo, Warmup};
 
 /// The knobs, with the reference router's defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -40,6 +47,10 @@ pub struct CacheAwareConfig {
     pub pressure_abs_tokens: u64,
     /// ...and more than this multiple of the alternative's.
     pub pressure_rel: f64,
+    /// Share of cache misses given to a warming worker (0: none).
+    pub warmup_share: f64,
+    /// One cache hit in this many is diverted to a thin worker (0: none).
+    pub warmup_divert_every: u64,
 }
 
 /// The policy.
@@ -49,6 +60,9 @@ pub struct CacheAware {
     rng: SplitMix,
     /// The text tree for workers whose events are not followed.
     text: Option<TextTree>,
+    /// Misses and hits committed (the warm-up slice counts them).
+    misses: AtomicU64,
+    hits: AtomicU64,
 }
 
 /// What the router sent each unfollowed worker, as text.
@@ -80,6 +94,8 @@ impl Default for CacheAwareConfig {
             pressure_guard: true,
             pressure_abs_tokens: 1024,
             pressure_rel: 1.5,
+            warmup_share: 0.25,
+            warmup_divert_every: 8,
         }
     }
 }
@@ -97,7 +113,7 @@ impl CacheAwareConfig {
 impl CacheAware {
     /// The policy with `config`; `seed` drives the power-of-two fallback.
     pub fn new(config: CacheAwareConfig, seed: u64) -> Self {
-        Self { config, rng: SplitMix::new(seed), text: None }
+        Self { config, rng: SplitMix::new(seed), text: None, misses: AtomicU64::new(0), hits: AtomicU64::new(0) }
     }
 
     /// Judges the workers whose events are not followed by a tree of the
@@ -115,6 +131,32 @@ impl CacheAware {
     /// The configuration.
     pub fn config(&self) -> &CacheAwareConfig {
         &self.config
+    }
+
+    /// A miss's warming worker, when this miss is the slice's turn: the least
+    /// loaded young or thin candidate.
+    fn warmup_miss(&self, candidates: &[Candidate]) -> Option<WorkerId> {
+        let share = self.config.warmup_share;
+        if share.is_nan() || share <= 0.0 {
+            return None;
+        }
+        let warming = candidates.iter().filter(|c| c.warmup != Warmup::Warm);
+        let least = warming.min_by_key(|c| (c.load.uncached_tokens, c.load.in_flight, c.worker))?;
+        let every = (1.0 / share.min(1.0)).round().max(1.0) as u64;
+        let turn = (self.misses.load(Ordering::Relaxed) + 1).is_multiple_of(every);
+        turn.then_some(least.worker)
+    }
+
+    /// A hit's thin worker, when this hit is the diversion's turn: the least
+    /// loaded thin candidate with nothing in flight (one diverted request at a time).
+    fn warmup_divert(&self, candidates: &[Candidate]) -> Option<WorkerId> {
+        let every = self.config.warmup_divert_every;
+        if every == 0 {
+            return None;
+        }
+        let thin = candidates.iter().filter(|c| c.warmup == Warmup::Thin && c.load.in_flight == 0);
+        let least = thin.min_by_key(|c| (c.load.uncached_tokens, c.worker))?;
+        (self.hits.load(Ordering::Relaxed) + 1).is_multiple_of(every).then_some(least.worker)
     }
 
     /// Whether `c` holds enough of the prompt to be a cache candidate.
@@ -185,8 +227,14 @@ impl Policy for CacheAware {
         let judged = self.judge(candidates, request);
         let mut hits: Vec<&Judged> = judged.iter().filter(|x| x.hit).collect();
         if hits.is_empty() {
+            if let Some(worker) = self.warmup_miss(candidates) {
+                return Ok(Decision { worker, reason: Reason::Warmup });
+            }
             let worker = power_of_two(&mut self.rng.peek(), candidates);
             return Ok(Decision { worker, reason: Reason::NoCacheCandidate });
+        }
+        if let Some(worker) = self.warmup_divert(candidates) {
+            return Ok(Decision { worker, reason: Reason::WarmupDivert });
         }
         // Most matched first; among equals the lighter load.
         let by_hit = |a: &&Judged, b: &&Judged| {
@@ -229,6 +277,13 @@ impl Policy for CacheAware {
         if decision.reason == Reason::NoCacheCandidate {
             commit_power_of_two(&self.rng, candidates);
         }
+        match decision.reason {
+            Reason::NoCacheCandidate | Reason::Warmup => self.misses.fetch_add(1, Ordering::Relaxed),
+            Reason::CacheHit | Reason::CacheHitLessLoaded | Reason::TextTreeHit | Reason::WarmupDivert => {
+                self.hits.fetch_add(1, Ordering::Relaxed)
+            }
+            _ => 0,
+        };
         // The tree learns what goes to the workers it stands in for.
         let text = request.text.unwrap_or("").as_bytes();
         if let Some(tree) = &self.text
@@ -264,6 +319,32 @@ mod tests {
         let d = p.select(cs, &req).unwrap();
         p.commit(&d, cs, &req);
         d
+    }
+
+    #[test]
+    fn a_thin_worker_gets_one_hit_in_eight_and_a_warming_one_one_miss_in_four() {
+        let p = CacheAware::new(CacheAwareConfig::default(), 1);
+        let thin = Candidate { warmup: Warmup::Thin, ..cand(1, 0, 0) };
+        // Worker 0 holds every prompt: without the slice the thin worker would never be chosen.
+        let got: Vec<Reason> = (0..16).map(|_| pick(&p, &[cand(0, 6144, 0), thin]).reason).collect();
+        let diverted = got.iter().filter(|r| **r == Reason::WarmupDivert).count();
+        assert_eq!(diverted, 2, "{got:?}");
+        assert_eq!((got[7], got[15]), (Reason::WarmupDivert, Reason::WarmupDivert));
+        // One request at a time: a thin worker with one in flight gets no diversion.
+        let busy = Candidate { warmup: Warmup::Thin, ..cand(1, 0, 1000) };
+        assert!((0..16).all(|_| pick(&p, &[cand(0, 6144, 0), busy]).worker == WorkerId(0)));
+        // Misses: every fourth to the least loaded young or thin worker.
+        let p = CacheAware::new(CacheAwareConfig::default(), 1);
+        let young = Candidate { warmup: Warmup::Young, ..cand(2, 0, 0) };
+        let got: Vec<Decision> = (0..8).map(|_| pick(&p, &[cand(0, 0, 0), cand(1, 0, 0), young])).collect();
+        let slice: Vec<usize> = (0..8).filter(|i| got[*i].reason == Reason::Warmup).collect();
+        assert_eq!(slice, [3, 7]);
+        assert!(slice.iter().all(|i| got[*i].worker == WorkerId(2)));
+        // Off: no slice, no diversion.
+        let off = CacheAwareConfig { warmup_share: 0.0, warmup_divert_every: 0, ..CacheAwareConfig::default() };
+        let p = CacheAware::new(off, 1);
+        assert!((0..16).all(|_| pick(&p, &[cand(0, 6144, 0), thin]).worker == WorkerId(0)));
+        assert!((0..16).all(|_| pick(&p, &[cand(0, 0, 0), young]).reason == Reason::NoCacheCandidate));
     }
 
     #[test]

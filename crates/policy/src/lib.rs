@@ -27,7 +27,7 @@ pub use simple::{Draws, LeastLoad, PowerOfTwo, Random, RoundRobin, SplitMix};
 pub use sticky::{Manual, by_key};
 
 /// Router-side load of one worker (the fleet keeps it; the shared vocabulary holds the type).
-pub use router_types::Load;
+pub use router_types::{Load, Warmup};
 
 /// One healthy worker the request may go to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +43,8 @@ pub struct Candidate {
     /// holds; otherwise it is 0 and a policy may estimate (`cache_aware`
     /// asks its text tree).
     pub followed: bool,
+    /// Where it is in its warm-up (cache_aware's warm-up slice; `Warm` for the others).
+    pub warmup: Warmup,
 }
 
 /// Why a worker was chosen: a closed set, used as a metric label.
@@ -72,6 +74,10 @@ pub enum Reason {
     Imbalanced,
     /// The client's routing key (`x-smg-routing-key`) named the worker.
     RoutingKey,
+    /// cache_aware: a cache miss given to a warming worker (the warm-up slice).
+    Warmup,
+    /// cache_aware: a cache hit diverted to a thin worker so it refills.
+    WarmupDivert,
 }
 
 /// A choice.
@@ -150,6 +156,7 @@ pub(crate) fn test_candidate(worker: u32, matched: u64, owed: u64) -> Candidate 
         load: Load { in_flight: (owed / 1000) as u32, uncached_tokens: owed },
         matched_tokens: matched,
         followed: true,
+        warmup: Warmup::Warm,
     }
 }
 
@@ -171,6 +178,8 @@ impl Reason {
             Reason::TreeMiss => "tree_miss",
             Reason::Imbalanced => "imbalanced",
             Reason::RoutingKey => "routing_key",
+            Reason::Warmup => "warmup",
+            Reason::WarmupDivert => "warmup_divert",
         }
     }
 }

@@ -56,6 +56,7 @@ fn script(seed: u64, len: usize) -> Vec<Step> {
                         load: Load { in_flight: rng.below(3) as u32, uncached_tokens: 1000 * rng.below(3) as u64 },
                         matched_tokens: [0, 512, 2048, 4096][rng.below(4)],
                         followed: rng.below(2) == 0,
+                        warmup: Default::default(),
                     });
                 }
             }
@@ -65,6 +66,7 @@ fn script(seed: u64, len: usize) -> Vec<Step> {
                     load: Load::default(),
                     matched_tokens: 0,
                     followed: false,
+                    warmup: Default::default(),
                 });
             }
             for k in (1..candidates.len()).rev() {

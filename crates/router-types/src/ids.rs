@@ -53,6 +53,32 @@ pub enum Bootstrap {
 #[serde(transparent)]
 pub struct PoolId(pub String);
 
+/// Where a worker is in its warm-up: cache-aware routing would starve a new
+/// or emptied worker (every hit is elsewhere), so `cache_aware` gives it a
+/// slice of the misses (young or thin) and diverts a share of the hits to it
+/// (thin). The fleet decides the phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Warmup {
+    /// Routed by its cache and load alone.
+    #[default]
+    Warm,
+    /// Routable for less than the warm-up period and not yet grown by its blocks.
+    Young,
+    /// Its KV cache holds much less than the fleet's median (or nothing).
+    Thin,
+}
+
+impl Warmup {
+    /// Its label in `/workers` (`None` when warm).
+    pub fn as_str(self) -> Option<&'static str> {
+        match self {
+            Warmup::Warm => None,
+            Warmup::Young => Some("young"),
+            Warmup::Thin => Some("thin"),
+        }
+    }
+}
+
 /// Router-side load of one worker.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Load {

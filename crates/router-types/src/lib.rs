@@ -11,8 +11,8 @@ mod rng;
 
 pub use event::{EngineBlockHash, EventBatch, KvEvent, StoredBlocks};
 pub use ids::{
-    BlockHash, Bootstrap, DpRank, Load, Namespace, PageDigest, PoolId, Role, Tier, TokenCount, UrlError, WorkerId,
-    WorkerKey, WorkerUrl,
+    BlockHash, Bootstrap, DpRank, Load, Namespace, PageDigest, PoolId, Role, Tier, TokenCount, UrlError, Warmup,
+    WorkerId, WorkerKey, WorkerUrl,
 };
 pub use rng::SplitMix;
 

@@ -203,6 +203,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
                 pressure_guard: !a.no_cache_pressure_guard,
                 pressure_abs_tokens: a.cache_pressure_abs_tokens.unwrap_or(d.pressure_abs_tokens),
                 pressure_rel: a.cache_pressure_rel.unwrap_or(d.pressure_rel),
+                warmup_share: a.liveness.worker_warmup_share,
+                warmup_divert_every: a.liveness.worker_warmup_divert_every,
             },
             tree,
         ),

@@ -44,6 +44,24 @@ pub(crate) struct LivenessFlags {
     /// use is overloaded, instead of sending it to the least loaded one.
     #[arg(long, env = "SGL_ROUTER_WORKER_OVERLOAD_SHED")]
     pub(crate) worker_overload_shed: bool,
+    /// cache_aware's warm-up slice: for this many seconds after a worker enters rotation, until
+    /// its KV cache has grown by --worker-warmup-blocks, it gets a share of the misses; 0: off.
+    #[arg(long, env = "SGL_ROUTER_WORKER_WARMUP_SECS", default_value_t = 60, value_name = "S")]
+    pub(crate) worker_warmup_secs: u64,
+    /// Share of cache misses given to a warming (young or thin) worker, from 0 to 1.
+    #[arg(long, env = "SGL_ROUTER_WORKER_WARMUP_SHARE", default_value_t = 0.25, value_name = "R")]
+    pub(crate) worker_warmup_share: f64,
+    /// Blocks a warming worker's cache must grow by to be warm.
+    #[arg(long, env = "SGL_ROUTER_WORKER_WARMUP_BLOCKS", default_value_t = 1024, value_name = "N")]
+    pub(crate) worker_warmup_blocks: usize,
+    /// A worker whose cache holds less than this share of the median of the workers in rotation
+    /// (or nothing) is thin: it warms up until grown by --worker-warmup-blocks, from 0 to 1; 0: off.
+    #[arg(long, env = "SGL_ROUTER_WORKER_WARMUP_THIN_RATIO", default_value_t = 0.5, value_name = "R")]
+    pub(crate) worker_warmup_thin_ratio: f64,
+    /// One cache hit in this many goes to a thin worker with nothing in flight, although another
+    /// worker holds its prefix; 0: off.
+    #[arg(long, env = "SGL_ROUTER_WORKER_WARMUP_DIVERT_EVERY", default_value_t = 8, value_name = "N")]
+    pub(crate) worker_warmup_divert_every: u64,
     /// SMG's load-poll period in seconds: overrides --worker-load-poll-ms.
     #[arg(long, env = "SGL_ROUTER_LOAD_MONITOR_INTERVAL", value_name = "S")]
     pub(crate) load_monitor_interval: Option<u64>,
@@ -65,6 +83,19 @@ impl LivenessFlags {
         if !(usage > 0.0 && usage <= 1.0) {
             return Err(UsageError(format!("--worker-overload-token-usage {usage}: must be in (0, 1]")));
         }
+        for (flag, r) in [
+            ("--worker-warmup-share", self.worker_warmup_share),
+            ("--worker-warmup-thin-ratio", self.worker_warmup_thin_ratio),
+        ] {
+            if !(0.0..=1.0).contains(&r) {
+                return Err(UsageError(format!("{flag} {r}: must be from 0 to 1")));
+            }
+        }
+        let warmup = fleet::warmup::WarmupRule {
+            secs: Duration::from_secs(self.worker_warmup_secs),
+            blocks: self.worker_warmup_blocks,
+            thin_ratio: self.worker_warmup_thin_ratio,
+        };
         Ok(LivenessConfig {
             stall: Duration::from_secs(self.worker_stall_secs),
             wedge: Duration::from_secs(self.worker_wedge_secs),
@@ -72,6 +103,7 @@ impl LivenessFlags {
             overload: (!self.disable_worker_overload_protection)
                 .then_some(Overload { waiting_requests: self.worker_overload_waiting_requests, token_usage: usage }),
             shed: self.worker_overload_shed,
+            warmup: Some(warmup),
         })
     }
 

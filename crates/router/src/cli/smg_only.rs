@@ -28,7 +28,6 @@ const PREFIXHASH: &str = "the prefix_hash policy is not here: use --policy cache
 const LEAST: &str = "least_load here compares in-flight requests and owed prefill tokens (no expected-wait model)";
 const P2: &str = "power_of_two here compares in-flight requests and owed prefill tokens";
 const CATUNE: &str = "cache_aware's KV-usage spread and ceiling are not built; worker overload protection (--worker-overload-token-usage) leaves a full worker out";
-const WARMUP: &str = "the warm-up slice is not built yet (issue 30)";
 const INDEX: &str = "one KV index here: exact block hashes per worker and rank";
 const SEL: &str = "cache_aware takes the best score here (no softmax, no overlap decay)";
 const BUCKET: &str = "the bucket policy is not here";
@@ -106,11 +105,6 @@ const OPTIONS: &[SmgOnly] = &[
     o("balance-token-usage-threshold", &[], Value, Some("1.0"), CATUNE),
     o("overload-token-usage-threshold", &[], Value, Some("1.0"), CATUNE),
     o("kv-index", &[], Value, Some("positional"), INDEX),
-    o("worker-warmup-secs", &[], Value, Some("60"), WARMUP),
-    o("worker-warmup-share", &[], Value, Some("0.25"), WARMUP),
-    o("worker-warmup-blocks", &[], Value, Some("1024"), WARMUP),
-    o("worker-warmup-thin-ratio", &[], Value, Some("0.5"), WARMUP),
-    o("worker-warmup-divert-every", &[], Value, Some("8"), WARMUP),
     o("selection-policy", &[], Value, Some("cache-aware-default"), SEL),
     o("overlap-decay", &[], Value, Some("0.0"), SEL),
     o("selection-temperature", &[], Value, Some("0.0"), SEL),

@@ -186,3 +186,51 @@ async fn a_silent_worker_is_stalled_by_its_next_failed_poll_or_stale_and_back_wh
         let _ = r.stop.send(());
     }
 }
+
+/// `/workers`' warm-up phase of the worker at `url` (`None`: warm).
+async fn warmup(router: &str, url: &str) -> Option<String> {
+    let v: Value = admin_get(&format!("{router}/workers")).await.json().await.unwrap();
+    let w = v["workers"].as_array().unwrap().iter().find(|w| w["url"] == url).cloned().unwrap();
+    w["warmup"].as_str().map(str::to_owned)
+}
+
+/// cache_aware sends every request sharing a prefix to the worker holding it: a worker that
+/// holds nothing (new, or restarted empty) would get none. With the warm-up slice, the thin
+/// worker gets one hit in eight until its cache has grown; without it, none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_an_empty_cache_gets_its_warm_up_share_where_cache_affinity_would_starve_it() {
+    let system = "A long shared system prompt every request of this test starts with. ".repeat(60);
+    for divert_every in [0u64, 8] {
+        let (w0, w1) =
+            (MockEngine::spawn(engine_config()).await.unwrap(), MockEngine::spawn(engine_config()).await.unwrap());
+        let mut c = config(&[&w0, &w1], PolicyConfig::cache_aware(), true);
+        if let PolicyConfig::CacheAware(ca, _) = &mut c.policy {
+            ca.warmup_divert_every = divert_every;
+        }
+        let r = start(c).await;
+        let url = format!("{}/v1/chat/completions", r.url);
+        until("both followed", async || r.gateway.fleet.all().iter().all(|w| w.is_followed() && w.is_routable())).await;
+        assert_eq!(post(&url, &chat(&system, "first")).await.status(), 200);
+        let (holder, starved) = if served(&w0) == 1 { (&w0, &w1) } else { (&w1, &w0) };
+        until("the other worker is thin", async || warmup(&r.url, &starved.url()).await.as_deref() == Some("thin"))
+            .await;
+        let series = format!("router_worker_warming{{worker=\"{}\"}}", starved.url());
+        assert_eq!(metric(&r.url, &series).await, 2.0);
+        let before = (served(holder), served(starved));
+        for i in 0..8 {
+            assert_eq!(post(&url, &chat(&system, &format!("q{i}"))).await.status(), 200);
+        }
+        let got = (served(holder) - before.0, served(starved) - before.1);
+        eprintln!(
+            "--worker-warmup-divert-every {divert_every}: 8 hits on the holder's prefix went {got:?} (holder, thin)"
+        );
+        if divert_every == 0 {
+            assert_eq!(got, (8, 0), "cache affinity alone starves the thin worker");
+        } else {
+            assert_eq!(got, (7, 1), "the eighth hit is diverted to the thin worker");
+            let reasons = "router_policy_decisions_total{policy=\"cache_aware\",reason=\"warmup_divert\"}";
+            assert_eq!(metric(&r.url, reasons).await, 1.0);
+        }
+        let _ = r.stop.send(());
+    }
+}
