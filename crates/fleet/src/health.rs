@@ -62,13 +62,31 @@ pub(crate) async fn health_loop(fleet: Arc<Fleet>) {
             fleet.sweep_retained();
             continue;
         }
+        // A worker that never came up within --worker-startup-timeout-secs failed to register.
+        let startup = fleet.config.health.startup;
+        for w in all.iter().filter(|w| w.state() != State::Retained) {
+            if w.starting().is_some_and(|age| age >= startup.timeout) {
+                warn!(worker = %w.url, timeout_s = startup.timeout.as_secs(), "worker never healthy within --worker-startup-timeout-secs: removed");
+                fleet.remove(&w.url).await;
+            }
+        }
         let full = last_full.is_none_or(|t| t.elapsed() + fast / 2 >= interval);
         if full {
             last_full = Some(Instant::now());
-            join_all(all.iter().map(|w| check(&fleet, w, timeout))).await;
+            // Not a worker still in its --worker-startup-delay (its first probe waits).
+            let waiting = |w: &Worker| w.starting().is_some_and(|age| age < startup.delay);
+            join_all(all.iter().filter(|w| !waiting(w)).map(|w| check(&fleet, w, timeout))).await;
             warn_mixed_models(&all, &mut models_seen);
         } else {
-            let down = all.iter().filter(|w| !w.is_routable() && w.state() != State::Retained);
+            // Still starting: probed every --worker-startup-check-interval (at most every tick).
+            // (not before --worker-startup-delay: its first probe waits that long).
+            let due = |w: &Worker| match w.starting() {
+                None => true,
+                Some(age) => {
+                    age >= startup.delay && w.since_probe().is_none_or(|d| d + fast / 2 >= startup.check_interval)
+                }
+            };
+            let down = all.iter().filter(|w| !w.is_routable() && w.state() != State::Retained && due(w));
             join_all(down.map(|w| check(&fleet, w, timeout.min(fast.max(Duration::from_millis(500)))))).await;
         }
         fleet.sweep_retained();
@@ -88,15 +106,22 @@ pub(crate) async fn first_probe(fleet: Arc<Fleet>, w: Arc<Worker>) {
         return;
     }
     let timeout = fleet.config.health.timeout.max(Duration::from_millis(100));
+    let delay = fleet.config.health.startup.delay;
     tokio::select! {
         biased;
         () = w.cancel.cancelled() => {}
-        () = check(&fleet, &w, timeout) => {}
+        () = async {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            check(&fleet, &w, timeout).await
+        } => {}
     }
 }
 
 async fn check(fleet: &Arc<Fleet>, w: &Arc<Worker>, timeout: Duration) {
     let client = &fleet.client;
+    w.probed_now();
     let probe = client.get(w.endpoint_url(&fleet.config.health.endpoint)).timeout(timeout).send().await;
     // Any answer is contact; no answer after a silence stalls it (`--worker-stall-secs`).
     match &probe {

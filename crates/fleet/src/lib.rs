@@ -133,6 +133,27 @@ pub struct HealthConfig {
     /// from the fleet, not kept and probed until it comes back (SGLang Model Gateway's
     /// `--remove-unhealthy-workers`: discovery re-adds it when its engine returns).
     pub remove_unhealthy: bool,
+    /// How a worker that has never been healthy is probed (SMG's `--worker-startup-*`).
+    pub startup: StartupConfig,
+}
+
+/// A new worker's probes until it is first healthy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StartupConfig {
+    /// Wait this long before its first probe (`--worker-startup-delay`).
+    pub delay: Duration,
+    /// Probe it this often (at most every second) until it is healthy (`--worker-startup-check-interval`).
+    pub check_interval: Duration,
+    /// Not healthy this long after it joined, it is removed from the fleet: its registration
+    /// failed (`--worker-startup-timeout-secs`).
+    pub timeout: Duration,
+}
+
+impl Default for StartupConfig {
+    /// The router's defaults: probed every second (SMG: every 30 s), given up after 30 minutes (SMG's).
+    fn default() -> Self {
+        Self { delay: Duration::ZERO, check_interval: Duration::from_secs(1), timeout: Duration::from_secs(1800) }
+    }
 }
 
 impl Default for HealthConfig {
@@ -146,6 +167,7 @@ impl Default for HealthConfig {
             failure_threshold: 3,
             success_threshold: 2,
             remove_unhealthy: false,
+            startup: StartupConfig::default(),
         }
     }
 }

@@ -145,6 +145,10 @@ pub struct Worker {
     /// Its warm-up phase ([`crate::warmup`]), and what the phase is measured from.
     pub(crate) warmup_phase: AtomicU8,
     pub(crate) warm_state: Mutex<crate::warmup::WarmState>,
+    /// When it joined, whether it was ever healthy, and when it was last probed.
+    joined: Instant,
+    ever_healthy: AtomicBool,
+    last_probe: Mutex<Option<Instant>>,
     /// When the last look for moved publishers started.
     pub(crate) looked_at: Mutex<Option<std::time::Instant>>,
 }
@@ -252,6 +256,9 @@ impl Worker {
             stall: config.liveness.stall,
             warmup_phase: AtomicU8::new(0),
             warm_state: Mutex::new(crate::warmup::WarmState::default()),
+            joined: Instant::now(),
+            ever_healthy: AtomicBool::new(false),
+            last_probe: Mutex::new(None),
             cancel,
         }
     }
@@ -396,6 +403,21 @@ impl Worker {
         !self.index_cleared.swap(true, Ordering::Relaxed)
     }
 
+    /// Still starting: never healthy since it joined; and for how long it has been in the fleet.
+    pub fn starting(&self) -> Option<Duration> {
+        (!self.ever_healthy.load(Ordering::Relaxed)).then(|| self.joined.elapsed())
+    }
+
+    /// Notes a probe now.
+    pub(crate) fn probed_now(&self) {
+        *self.last_probe.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    }
+
+    /// How long since its last probe (`None`: never probed).
+    pub(crate) fn since_probe(&self) -> Option<Duration> {
+        self.last_probe.lock().unwrap_or_else(|p| p.into_inner()).map(|t| t.elapsed())
+    }
+
     /// Whether requests to it failed recently enough that probes cannot bring it back yet.
     pub fn quarantined(&self) -> bool {
         self.quarantine.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|until| Instant::now() < until)
@@ -437,6 +459,9 @@ impl Worker {
 
     /// Takes it out of (or back into) rotation.
     pub fn set_healthy(&self, up: bool) {
+        if up && !self.ever_healthy.load(Ordering::Relaxed) {
+            self.ever_healthy.store(true, Ordering::Relaxed);
+        }
         let was = self.healthy.swap(up, Ordering::Relaxed);
         if was != up {
             let mut since = self.down_since.lock().unwrap_or_else(|p| p.into_inner());

@@ -323,6 +323,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             failure_threshold: a.health.health_failure_threshold.max(1),
             success_threshold: a.health.health_success_threshold.max(1),
             remove_unhealthy: a.health.remove_unhealthy_workers,
+            startup: a.liveness.startup(),
         },
         breaker: BreakerConfig {
             enabled: !a.breaker.disable_circuit_breaker,

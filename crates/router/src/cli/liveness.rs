@@ -1,6 +1,7 @@
 //! The liveness and overload-protection flags (Shepherd Model Gateway 1.13's
 //! `--worker-stall-secs`, `--worker-wedge-secs`, `--worker-stale-secs`,
-//! `--worker-overload-*`) and its load-monitor spellings: a flag group of
+//! `--worker-overload-*`, `--worker-warmup-*`, `--worker-startup-*`) and its
+//! load-monitor spellings: a flag group of
 //! [`super::ServeArgs`], turned into the fleet's [`LivenessConfig`] here.
 
 use std::time::Duration;
@@ -62,6 +63,16 @@ pub(crate) struct LivenessFlags {
     /// worker holds its prefix; 0: off.
     #[arg(long, env = "SGL_ROUTER_WORKER_WARMUP_DIVERT_EVERY", default_value_t = 8, value_name = "N")]
     pub(crate) worker_warmup_divert_every: u64,
+    /// Seconds a new worker's first probe waits.
+    #[arg(long, env = "SGL_ROUTER_WORKER_STARTUP_DELAY", default_value_t = 0, value_name = "S")]
+    pub(crate) worker_startup_delay: u64,
+    /// Seconds between the probes of a worker that has never been healthy (at least one).
+    #[arg(long, env = "SGL_ROUTER_WORKER_STARTUP_CHECK_INTERVAL", default_value_t = 1, value_name = "S")]
+    pub(crate) worker_startup_check_interval: u64,
+    /// Seconds a new worker has to become healthy; past it, it is removed from the fleet (its
+    /// registration failed; a discovered one comes back when discovery sees it again).
+    #[arg(long, env = "SGL_ROUTER_WORKER_STARTUP_TIMEOUT_SECS", default_value_t = 1800, value_name = "S")]
+    pub(crate) worker_startup_timeout_secs: u64,
     /// SMG's load-poll period in seconds: overrides --worker-load-poll-ms.
     #[arg(long, env = "SGL_ROUTER_LOAD_MONITOR_INTERVAL", value_name = "S")]
     pub(crate) load_monitor_interval: Option<u64>,
@@ -105,6 +116,15 @@ impl LivenessFlags {
             shed: self.worker_overload_shed,
             warmup: Some(warmup),
         })
+    }
+
+    /// How a new worker is probed until it is first healthy.
+    pub(crate) fn startup(&self) -> fleet::StartupConfig {
+        fleet::StartupConfig {
+            delay: Duration::from_secs(self.worker_startup_delay),
+            check_interval: Duration::from_secs(self.worker_startup_check_interval.max(1)),
+            timeout: Duration::from_secs(self.worker_startup_timeout_secs.max(1)),
+        }
     }
 
     /// The load-poll period: SMG's spellings over `--worker-load-poll-ms` (`poll_ms`).

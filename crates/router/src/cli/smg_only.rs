@@ -43,8 +43,6 @@ const POOLIDLE: &str =
     "pooled worker connections are checked before reuse and closed when the worker closed them; there is no idle timer";
 const HPORT: &str =
     "no dedicated probe listener: /health, /liveness and /readiness are served on --port and --admin-port";
-const STARTUP: &str =
-    "workers join rotation at their first good probe (probed every second until then); there is no startup deadline";
 const ALIAS: &str = "give a --routing-config pool the alias as its model name";
 const JEMALLOC: &str = "the router is not built with jemalloc";
 const BG: &str = "the Responses API's background mode is not served";
@@ -129,9 +127,6 @@ const OPTIONS: &[SmgOnly] = &[
     o("prefill-max-inflight-requests-per-worker", &[], Value, Some("-1"), PDADM),
     o("prefill-queue-size", &[], Value, None, PDADM),
     o("prefill-queue-timeout-secs", &[], Value, None, PDADM),
-    o("worker-startup-timeout-secs", &[], Value, Some("1800"), STARTUP),
-    o("worker-startup-delay", &[], Value, Some("0"), STARTUP),
-    o("worker-startup-check-interval", &[], Value, Some("30"), STARTUP),
     o("job-queue-capacity", &[], Value, Some("1000"), JOBQ),
     o("job-queue-concurrency", &[], Value, Some("200"), JOBQ),
     o("multimodal-tensor-transport", &[], Value, None, MM),

@@ -234,3 +234,65 @@ async fn a_worker_with_an_empty_cache_gets_its_warm_up_share_where_cache_affinit
         let _ = r.stop.send(());
     }
 }
+
+/// A worker that answers every request 503 (an engine still loading) and records when its
+/// `/health` was asked.
+async fn loading_worker() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Instant>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let probes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = probes.clone();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                while let Ok(n) = tcp.read(&mut buf).await {
+                    if n == 0 {
+                        return;
+                    }
+                    if buf[..n].starts_with(b"GET /health ") {
+                        seen.lock().unwrap().push(Instant::now());
+                    }
+                    let answer = "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 7\r\n\r\nloading";
+                    if tcp.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, probes)
+}
+
+/// SMG's `--worker-startup-*`: a new worker's first probe waits the delay, a worker never
+/// healthy is probed at the check interval, and one not healthy within the timeout is removed
+/// (its registration failed) while the others serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_never_comes_up_is_probed_at_the_startup_interval_and_removed_after_the_timeout() {
+    let w = MockEngine::spawn(engine_config()).await.unwrap();
+    let (loading, probes) = loading_worker().await;
+    let mut c = config(&[&w], PolicyConfig::RoundRobin, false);
+    c.workers.push(router_types::WorkerUrl::parse(&loading).unwrap());
+    let (delay, every, timeout) = (Duration::from_millis(700), Duration::from_secs(2), Duration::from_secs(5));
+    c.health.startup = fleet::StartupConfig { delay, check_interval: every, timeout };
+    let started = Instant::now();
+    let r = start(c).await;
+    until("two probes of the loading worker", async || probes.lock().unwrap().len() >= 2).await;
+    let seen = probes.lock().unwrap().clone();
+    assert!(seen[0] - started >= delay, "the first probe waited {delay:?}: {:?}", seen[0] - started);
+    assert!(seen[1] - seen[0] >= every / 2 + every / 4, "probed at the check interval: {:?}", seen[1] - seen[0]);
+    // Meanwhile the healthy worker serves.
+    assert_eq!(post(&format!("{}/v1/chat/completions", r.url), &chat("s", "u")).await.status(), 200);
+    for _ in 0..400 {
+        if r.gateway.fleet.all().len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(r.gateway.fleet.all().len(), 1, "the loading worker is removed after the startup timeout");
+    assert!(started.elapsed() >= timeout);
+    assert_eq!(metric(&r.url, "router_workers_removed_total").await, 1.0);
+    let _ = r.stop.send(());
+}
