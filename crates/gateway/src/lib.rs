@@ -40,7 +40,7 @@ use renderer::Renderer;
 
 pub use error::GatewayError;
 pub use fleet::{Fleet, HashModes, LoadGuard, Worker, WorkerInfo, worker_client};
-pub use h1::{serve, serve_admin, serve_metrics};
+pub use h1::{serve, serve_admin, serve_metrics, serve_probes};
 pub use metrics::GatewayMetrics;
 pub use pipeline::body::read_body;
 pub use pipeline::request::PROXIED_PATHS;

@@ -62,6 +62,11 @@ pub(crate) fn admin_router(gw: Arc<Gateway>) -> axum::Router {
     finish(probes().merge(control_plane(gw.clone())), gw)
 }
 
+/// The dedicated probe listener's routes (`--health-check-port`): the probes alone, open.
+pub(crate) fn probes_router(gw: Arc<Gateway>) -> axum::Router {
+    finish(probes(), gw)
+}
+
 /// The Prometheus listener's one route (`--prometheus-port`): `/metrics`, open.
 pub(crate) fn metrics_router(gw: Arc<Gateway>) -> axum::Router {
     let metrics = gw.control.get().map(|c| c.metrics.clone()).unwrap_or_default();

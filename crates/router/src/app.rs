@@ -32,6 +32,8 @@ pub struct App {
     listener: TcpListener,
     admin: Option<TcpListener>,
     metrics: Option<TcpListener>,
+    /// The dedicated probe listener (`--health-check-port`), served from a thread of its own.
+    probes: Option<std::net::TcpListener>,
     gateway: Arc<Gateway>,
     cancel: CancellationToken,
     grace: Duration,
@@ -103,6 +105,14 @@ impl App {
             Some(a) => Some(TcpListener::bind(a).await.with_context(|| format!("binding the Prometheus port {a}"))?),
             None => None,
         };
+        let probes = match config.probe_listen {
+            Some(a) => {
+                let l = std::net::TcpListener::bind(a).with_context(|| format!("binding the probe port {a}"))?;
+                l.set_nonblocking(true)?;
+                Some(l)
+            }
+            None => None,
+        };
         let fleet_config = crate::wiring::fleet_config(&config);
         let fleet = Fleet::start(fleet_config, index.clone(), &[], cancel.clone());
         let embedder = match &config.embedding {
@@ -159,6 +169,7 @@ impl App {
             listener,
             admin,
             metrics,
+            probes,
             gateway: Arc::new(gateway),
             cancel,
             grace: config.shutdown_grace,
@@ -178,6 +189,11 @@ impl App {
     /// The Prometheus listener's address, when there is one (`--prometheus-port`).
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The dedicated probe listener's address (`--health-check-port`).
+    pub fn probe_addr(&self) -> Option<SocketAddr> {
+        self.probes.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The control plane's own address, when it has one (`--admin-port`).
@@ -237,6 +253,9 @@ impl App {
                     warn!(error = %e, "admin listener stopped");
                 }
             });
+        }
+        if let Some(probes) = self.probes {
+            serve_probes_apart(probes, gateway.clone(), drain.clone())?;
         }
         if let Some(metrics) = self.metrics {
             let (gw, drain) = (gateway.clone(), drain.clone());
@@ -397,4 +416,26 @@ async fn forget_departed(
             Err(RecvError::Closed) => return,
         }
     }
+}
+
+/// Serves the probes on `listener` from a thread and single-threaded runtime of their own until
+/// `drain`, so an orchestrator's probes are answered whatever the serving threads are doing.
+fn serve_probes_apart(
+    listener: std::net::TcpListener,
+    gw: Arc<Gateway>,
+    drain: CancellationToken,
+) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    std::thread::Builder::new().name("sgl-router-probes".into()).spawn(move || {
+        runtime.block_on(async move {
+            let served = match TcpListener::from_std(listener) {
+                Ok(l) => gateway::serve_probes(l, gw, drain).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = served {
+                warn!(error = %e, "probe listener stopped");
+            }
+        });
+    })?;
+    Ok(())
 }

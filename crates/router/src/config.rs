@@ -113,6 +113,8 @@ pub struct AppConfig {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// TLS towards `https://` workers: roots and client identity.
     pub worker_tls: fleet::WorkerTls,
+    /// Serve the probes on this address too, on a runtime of their own (`--health-check-port`).
+    pub probe_listen: Option<SocketAddr>,
     /// Serve `/metrics` without a key on this address too (`--prometheus-port`).
     pub metrics_listen: Option<SocketAddr>,
     /// Period of polling the workers' own load reports (zero: off).

@@ -148,6 +148,13 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     let identity = a.client_cert_path.as_deref().zip(a.client_key_path.as_deref());
     let worker_tls = fleet::WorkerTls::new(&a.ca_cert_paths, identity)
         .map_err(|e| UsageError(format!("--ca-cert-paths/--client-cert-path/--client-key-path: {e}")))?;
+    let probe_listen = match a.liveness.health_check_port {
+        None => None,
+        Some(port) if port == listen.port() && port != 0 => {
+            return usage(format!("--health-check-port {port} is the client port"));
+        }
+        Some(port) => Some(SocketAddr::new(listen.ip(), port)),
+    };
     let metrics_listen = match a.prometheus_port {
         None => None,
         Some(port) => match format!("{}:{port}", a.prometheus_host).parse::<SocketAddr>() {
@@ -351,6 +358,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         },
         cors: gateway::pipeline::context::Cors::from_flag(&a.cors_allowed_origins),
         metrics_listen,
+        probe_listen,
         dp_aware: a.dp_aware,
         tls,
         worker_tls,
@@ -487,6 +495,9 @@ pub(crate) fn serve(mut config: AppConfig, a: &ServeArgs) -> Result<()> {
                 println!("  control plane closed (/workers, /debug/route, /metrics): start with --control-plane-api-keys KEY")
             }
             None => {}
+        }
+        if let Some(p) = app.probe_addr() {
+            println!("  probes on http://{p} (/health, /liveness, /readiness)");
         }
         if let Some(m) = app.metrics_addr() {
             println!("  metrics on http://{m}/metrics");

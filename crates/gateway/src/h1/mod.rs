@@ -87,6 +87,16 @@ pub async fn serve_metrics(listener: TcpListener, gw: Arc<Gateway>, drain: Cance
     accept_loop(listener, gw, app, false, slots, drain).await
 }
 
+/// Serves the probes alone (`/health`, `/liveness`, `/readiness`) on `listener`
+/// (`--health-check-port`), on whatever runtime calls it: the router gives it one
+/// of its own, so an orchestrator's probes are answered however busy the serving
+/// threads are.
+pub async fn serve_probes(listener: TcpListener, gw: Arc<Gateway>, drain: CancellationToken) -> io::Result<()> {
+    let app = crate::routes::probes_router(gw.clone());
+    let slots = Arc::new(tokio::sync::Semaphore::new(64));
+    accept_loop(listener, gw, app, false, slots, drain).await
+}
+
 /// Accepts connections on `listener`, each holding one of `slots`, each
 /// served by [`connection`].
 async fn accept_loop(

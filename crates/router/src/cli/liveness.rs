@@ -63,6 +63,10 @@ pub(crate) struct LivenessFlags {
     /// worker holds its prefix; 0: off.
     #[arg(long, env = "SGL_ROUTER_WORKER_WARMUP_DIVERT_EVERY", default_value_t = 8, value_name = "N")]
     pub(crate) worker_warmup_divert_every: u64,
+    /// Serve `/health`, `/liveness` and `/readiness` on this port too (on --host), from a thread
+    /// and runtime of their own, so probes are answered however busy the serving threads are.
+    #[arg(long, env = "SGL_ROUTER_HEALTH_CHECK_PORT", value_name = "PORT")]
+    pub(crate) health_check_port: Option<u16>,
     /// Seconds a new worker's first probe waits.
     #[arg(long, env = "SGL_ROUTER_WORKER_STARTUP_DELAY", default_value_t = 0, value_name = "S")]
     pub(crate) worker_startup_delay: u64,

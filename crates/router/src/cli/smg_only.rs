@@ -41,8 +41,6 @@ const STALL: &str = "request bodies are bounded by --client-body-timeout-secs he
 const H2: &str = "HTTP/2 to workers is not built: workers are spoken to over pooled HTTP/1.1 keep-alive connections";
 const POOLIDLE: &str =
     "pooled worker connections are checked before reuse and closed when the worker closed them; there is no idle timer";
-const HPORT: &str =
-    "no dedicated probe listener: /health, /liveness and /readiness are served on --port and --admin-port";
 const ALIAS: &str = "give a --routing-config pool the alias as its model name";
 const JEMALLOC: &str = "the router is not built with jemalloc";
 const BG: &str = "the Responses API's background mode is not served";
@@ -90,7 +88,6 @@ const fn o(
 const OPTIONS: &[SmgOnly] = &[
     o("upstream-http2", &[], Flag, None, H2),
     o("upstream-pool-idle-timeout-secs", &[], Value, Some("3"), POOLIDLE),
-    o("health-check-port", &[], Value, None, HPORT),
     o("encode-policy", &[], Value, None, GRPC),
     o("prefix-token-count", &[], Value, Some("256"), PREFIXHASH),
     o("prefix-hash-load-factor", &[], Value, Some("1.25"), PREFIXHASH),

@@ -73,6 +73,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
             .collect(),
         cors: Default::default(),
         metrics_listen: None,
+        probe_listen: None,
         dp_aware: false,
         tls: None,
         worker_tls: fleet::WorkerTls::default(),
@@ -99,12 +100,15 @@ pub(crate) struct Running {
     pub(crate) url: String,
     pub(crate) gateway: std::sync::Arc<gateway::Gateway>,
     pub(crate) stop: tokio::sync::oneshot::Sender<()>,
+    /// The dedicated probe listener's URL (`probe_listen`).
+    pub(crate) probes: Option<String>,
 }
 
 pub(crate) async fn start(config: AppConfig) -> Running {
     let app = App::build(config).await.unwrap();
     let url = format!("http://{}", app.local_addr());
     let gateway = app.gateway().clone();
+    let probes = app.probe_addr().map(|a| format!("http://{a}"));
     let (stop, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(app.run(async move {
         let _ = rx.await;
@@ -117,7 +121,7 @@ pub(crate) async fn start(config: AppConfig) -> Running {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    Running { url, gateway, stop }
+    Running { url, gateway, stop, probes }
 }
 
 pub(crate) fn chat(system: &str, user: &str) -> Value {

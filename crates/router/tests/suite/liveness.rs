@@ -296,3 +296,26 @@ async fn a_worker_that_never_comes_up_is_probed_at_the_startup_interval_and_remo
     assert_eq!(metric(&r.url, "router_workers_removed_total").await, 1.0);
     let _ = r.stop.send(());
 }
+
+/// SMG's `--health-check-port`: the probes, and only they, on a listener of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probes_are_served_on_the_health_check_port_and_nothing_else() {
+    let w = MockEngine::spawn(engine_config()).await.unwrap();
+    let mut c = config(&[&w], PolicyConfig::RoundRobin, false);
+    c.probe_listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    let r = start(c).await;
+    let probes = r.probes.clone().expect("a probe listener");
+    assert_ne!(probes, r.url);
+    let client = reqwest::Client::new();
+    for path in ["/health", "/liveness"] {
+        let resp = client.get(format!("{probes}{path}")).send().await.unwrap();
+        assert_eq!((resp.status().as_u16(), resp.text().await.unwrap()), (200, "ok".to_string()), "{path}");
+    }
+    until("ready", async || client.get(format!("{probes}/readiness")).send().await.unwrap().status() == 200).await;
+    let ready: Value = client.get(format!("{probes}/readiness")).send().await.unwrap().json().await.unwrap();
+    assert_eq!((ready["ready"].as_bool(), ready["healthy_workers"].as_u64()), (Some(true), Some(1)));
+    let resp = client.post(format!("{probes}/v1/chat/completions")).json(&chat("s", "u")).send().await.unwrap();
+    assert_eq!(resp.status(), 404, "no data plane on the probe port");
+    assert_eq!(client.get(format!("{probes}/workers")).send().await.unwrap().status(), 404, "no control plane");
+    let _ = r.stop.send(());
+}
