@@ -239,6 +239,19 @@ async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration, stal
         let usage = loads.iter().filter_map(|l| l.get("token_usage")?.as_f64()).filter(|u| u.is_finite()).sum::<f64>()
             / loads.len() as f64;
         w.liveness.reported(u32::try_from(waiting).unwrap_or(u32::MAX), usage.clamp(0.0, 1.0));
+        let n = |l: &Value, k: &str| l.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let ranks = loads.iter().take(crate::MAX_DP_SIZE as usize).map(|l| crate::liveness::RankReport {
+            dp_rank: u32::try_from(n(l, "dp_rank")).unwrap_or(u32::MAX),
+            running: n(l, "num_running_reqs"),
+            waiting: n(l, "num_waiting_reqs"),
+            token_usage: l
+                .get("token_usage")
+                .and_then(Value::as_f64)
+                .filter(|u| u.is_finite())
+                .unwrap_or(0.0)
+                .clamp(0.0, 1.0),
+        });
+        w.liveness.set_rank_reports(ranks.collect());
     } else {
         w.liveness.report_lost();
     }

@@ -161,6 +161,21 @@ pub struct Liveness {
     token_usage: AtomicU64,
     /// Routing decisions that left it out, per veto.
     pub(crate) vetoed: [AtomicU64; 4],
+    /// Its last report per data-parallel rank (at most [`crate::MAX_DP_SIZE`]).
+    ranks: std::sync::Mutex<Vec<RankReport>>,
+}
+
+/// One rank's load as the engine last reported it (SGLang's `/v1/loads`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RankReport {
+    /// The data-parallel rank.
+    pub dp_rank: u32,
+    /// Requests running (prefilling or decoding).
+    pub running: u64,
+    /// Requests queued.
+    pub waiting: u64,
+    /// KV-cache token usage, 0 to 1.
+    pub token_usage: f64,
 }
 
 impl Liveness {
@@ -209,8 +224,20 @@ impl Liveness {
         self.contact();
     }
 
+    /// Its report per rank.
+    pub fn rank_reports(&self) -> Vec<RankReport> {
+        self.ranks.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Records its report per rank (the first [`crate::MAX_DP_SIZE`]).
+    pub fn set_rank_reports(&self, mut reports: Vec<RankReport>) {
+        reports.truncate(crate::MAX_DP_SIZE as usize);
+        *self.ranks.lock().unwrap_or_else(|p| p.into_inner()) = reports;
+    }
+
     /// Its report is lost (a failed poll): nothing is known of its queue.
     pub fn report_lost(&self) {
+        self.ranks.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.waiting.store(0, Ordering::Relaxed);
         self.token_usage.store(0f64.to_bits(), Ordering::Relaxed);
     }

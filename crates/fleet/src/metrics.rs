@@ -125,6 +125,28 @@ impl Fleet {
                 router_types::Warmup::Thin => 2,
             },
         );
+        let engine = [
+            (
+                "router_engine_running_requests",
+                "Requests the engine last reported running, by worker and dp rank (SGLang /v1/loads).",
+            ),
+            ("router_engine_waiting_requests", "Requests the engine last reported queued, by worker and dp rank."),
+            ("router_engine_token_usage", "KV-cache token usage the engine last reported, by worker and dp rank."),
+        ];
+        let reports: Vec<_> = workers.iter().map(|w| (w, w.liveness.rank_reports())).collect();
+        for (i, (name, help)) in engine.iter().enumerate() {
+            head(out, name, "gauge", help);
+            for (w, ranks) in &reports {
+                for r in ranks {
+                    let url = esc(w.url.as_str());
+                    let _ = match i {
+                        0 => writeln!(out, "{name}{{worker=\"{url}\",dp_rank=\"{}\"}} {}", r.dp_rank, r.running),
+                        1 => writeln!(out, "{name}{{worker=\"{url}\",dp_rank=\"{}\"}} {}", r.dp_rank, r.waiting),
+                        _ => writeln!(out, "{name}{{worker=\"{url}\",dp_rank=\"{}\"}} {}", r.dp_rank, r.token_usage),
+                    };
+                }
+            }
+        }
         head(out, "router_workers", "gauge", "Workers by state.");
         for state in State::ALL {
             let n = workers.iter().filter(|w| w.state() == state).count();

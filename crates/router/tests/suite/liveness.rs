@@ -113,6 +113,8 @@ async fn an_overloaded_worker_is_skipped_and_when_all_are_the_request_is_shed_on
         until("w1 is overloaded", async || veto(&r.url, &w1.url()).await.as_deref() == Some("overloaded")).await;
         let reported = format!("router_worker_reported_waiting_requests{{worker=\"{}\"}}", w1.url());
         assert_eq!(metric(&r.url, &reported).await, 8.0);
+        let by_rank = format!("router_engine_waiting_requests{{worker=\"{}\",dp_rank=\"0\"}}", w1.url());
+        assert_eq!(metric(&r.url, &by_rank).await, 8.0, "the engine's own gauge, per rank");
         for i in 0..4 {
             assert_eq!(post(&url, &chat("s", &format!("q{i}"))).await.status(), 200);
         }
