@@ -44,6 +44,12 @@ pub enum GatewayError {
     /// shed (`--worker-overload-shed`, 503).
     #[error("every worker that could serve the request is overloaded (worker overload protection); retry shortly")]
     WorkersOverloaded,
+    /// A higher priority class took this request's place in the queue before it was sent (503).
+    #[error("preempted by a higher priority class before it was sent (its class: {0}); retry shortly")]
+    Preempted(&'static str),
+    /// The priority class's queue is full (429).
+    #[error("too many requests of class {0} waiting")]
+    ClassQueueFull(&'static str),
     /// The router is shutting down (503).
     #[error("the router is shutting down")]
     Draining,
@@ -151,6 +157,8 @@ impl GatewayError {
             GatewayError::TooLarge(_) => "request_too_large",
             GatewayError::NoWorker => "no_healthy_worker",
             GatewayError::WorkersOverloaded => "worker_overload_protection_shed",
+            GatewayError::Preempted(_) => "preempted",
+            GatewayError::ClassQueueFull(_) => "queue_full",
             GatewayError::UnknownModel(_) => "invalid_request_error",
             GatewayError::Blocked { .. } => "blocked_by_policy",
             GatewayError::NoPool(_) => "no_pool_available",
@@ -183,6 +191,7 @@ impl GatewayError {
             GatewayError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::NoWorker
             | GatewayError::WorkersOverloaded
+            | GatewayError::Preempted(_)
             | GatewayError::Draining
             | GatewayError::NoPool(_)
             | GatewayError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -190,6 +199,7 @@ impl GatewayError {
             GatewayError::Blocked { status, .. } => StatusCode::from_u16(*status).unwrap_or(StatusCode::FORBIDDEN),
             GatewayError::Overloaded(_)
             | GatewayError::OverBudget(_)
+            | GatewayError::ClassQueueFull(_)
             | GatewayError::QueueFull(..)
             | GatewayError::RateLimited(_)
             | GatewayError::FeedbackLimited(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -222,6 +232,8 @@ impl GatewayError {
             GatewayError::Upstream { .. } | GatewayError::Timeout(_) => Side::Upstream,
             GatewayError::NoWorker
             | GatewayError::WorkersOverloaded
+            | GatewayError::Preempted(_)
+            | GatewayError::ClassQueueFull(_)
             | GatewayError::Draining
             | GatewayError::Overloaded(_)
             | GatewayError::OverBudget(_)
@@ -276,6 +288,9 @@ impl GatewayError {
         if matches!(self, GatewayError::Unauthorized(_)) {
             r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        if let GatewayError::Preempted(class) = &self {
+            r.headers_mut().insert(PREEMPTED_HEADER, HeaderValue::from_static(class));
+        }
         if let Some(d) = self.decision().and_then(|d| HeaderValue::from_str(d).ok()) {
             r.headers_mut().insert("x-route-decision", d);
         }
@@ -299,12 +314,18 @@ impl GatewayError {
         if matches!(self, GatewayError::Unauthorized(_)) {
             out.push_str("www-authenticate: Bearer\r\n");
         }
+        if let GatewayError::Preempted(class) = self {
+            out.push_str(&format!("{PREEMPTED_HEADER}: {class}\r\n"));
+        }
         if let Some(d) = self.decision().filter(|d| d.bytes().all(|b| b.is_ascii_graphic() || b == b' ')) {
             out.push_str(&format!("x-route-decision: {d}\r\n"));
         }
         out
     }
 }
+
+/// The header of an answer to a request preempted in the queue: its class.
+pub const PREEMPTED_HEADER: &str = "x-smg-preempted";
 
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {

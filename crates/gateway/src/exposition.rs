@@ -49,6 +49,9 @@ impl Gateway {
         head(out, "router_http_queue_waiting", "gauge", "Requests waiting for a slot now.");
         out.push_str(&format!("router_http_queue_waiting {}\n", gw.queue.waiting.load(Ordering::Relaxed)));
         m.queue_wait.render(out, "router_http_queue_wait_seconds", "How long queued requests waited for a slot.");
+        if let Some(sched) = &gw.scheduler {
+            render_scheduler(out, sched);
+        }
         head(
             out,
             "router_http_over_budget_total",
@@ -222,5 +225,44 @@ impl Gateway {
             "router_tokenizer_cache_segments {}\n",
             stats.iter().map(|s| s.segment_entries).sum::<usize>()
         ));
+    }
+}
+
+/// The priority scheduler's series, by class.
+fn render_scheduler(out: &mut String, sched: &crate::pipeline::scheduler::Scheduler) {
+    use crate::pipeline::scheduler::Class;
+    let (in_flight, waiting) = sched.occupancy();
+    let reserved = sched.reserved();
+    let gauges: [(&str, &str, [usize; 4]); 3] = [
+        ("router_scheduler_in_flight", "Requests in flight by priority class.", in_flight),
+        ("router_scheduler_waiting", "Requests waiting by priority class.", waiting),
+        ("router_scheduler_reserved_slots", "Slots each priority class reserves for itself and above.", reserved),
+    ];
+    for (name, help, values) in gauges {
+        head(out, name, "gauge", help);
+        for c in Class::ALL {
+            out.push_str(&format!("{name}{{class=\"{}\"}} {}\n", c.as_str(), values[c as usize]));
+        }
+    }
+    type Read = fn(&crate::pipeline::scheduler::ClassCounters) -> u64;
+    let counters: [(&str, &str, Read); 4] = [
+        ("router_scheduler_admitted_total", "Requests admitted by priority class.", |c| {
+            c.admitted.load(Ordering::Relaxed)
+        }),
+        ("router_scheduler_preempted_total", "Queued requests preempted by a higher class, by their class.", |c| {
+            c.preempted.load(Ordering::Relaxed)
+        }),
+        ("router_scheduler_queue_full_total", "Requests refused with their class's queue full.", |c| {
+            c.queue_full.load(Ordering::Relaxed)
+        }),
+        ("router_scheduler_queue_timeouts_total", "Requests that waited their class's whole timeout.", |c| {
+            c.timeouts.load(Ordering::Relaxed)
+        }),
+    ];
+    for (name, help, get) in counters {
+        head(out, name, "counter", help);
+        for c in Class::ALL {
+            out.push_str(&format!("{name}{{class=\"{}\"}} {}\n", c.as_str(), get(&sched.counters[c as usize])));
+        }
     }
 }

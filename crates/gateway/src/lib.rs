@@ -101,6 +101,10 @@ pub struct GatewayConfig {
     pub index_snapshot: SnapshotServing,
     /// Page digests each pool's page-hash memo keeps (`--page-hash-memo-pages`).
     pub chain_memo_pages: usize,
+    /// The priority scheduler (`--priority-scheduler-enabled`; none: one queue for all).
+    pub scheduler: Option<pipeline::scheduler::SchedulerConfig>,
+    /// Who a request's tenant is (`--tenant-api-key`, `--trust-tenant-header`).
+    pub tenants: pipeline::scheduler::Tenants,
 }
 
 /// How index snapshots are served (`--index-snapshot-max-blocks`, `--index-snapshot-timeout-secs`).
@@ -273,6 +277,8 @@ pub struct Gateway {
     pub queue: admission::Queue,
     /// The rate limit's token bucket, when there is one.
     pub(crate) rate: Option<admission::TokenBucket>,
+    /// The priority scheduler, when on: it holds the slots instead of `in_flight`'s limit.
+    pub scheduler: Option<Arc<pipeline::scheduler::Scheduler>>,
     /// Slots of the render pool.
     pub(crate) render_slots: tokio::sync::Semaphore,
     /// Held from a prefix match to the chosen worker's pending credit (with `credit_pending`),
@@ -308,6 +314,10 @@ impl Gateway {
             budget: admission::Budget::new(config.max_request_memory),
             queue: admission::Queue::default(),
             rate: config.rate_limit.map(admission::TokenBucket::per_second),
+            scheduler: config
+                .scheduler
+                .clone()
+                .map(|s| Arc::new(pipeline::scheduler::Scheduler::new(s, config.max_concurrent))),
             metrics: GatewayMetrics::new(&config.duration_buckets),
             render_slots: tokio::sync::Semaphore::new(config.render_threads.max(1)),
             credit_lock: std::sync::Mutex::new(()),

@@ -60,7 +60,9 @@ async fn serve(
     // Admitted before the body is read: a chunked body of unknown size is charged the largest one.
     // One routing config for the whole request, whatever a reload does meanwhile.
     let routing = gw.routing();
-    let admission = Admission::admit_waiting(&gw, crate::pipeline::admission::declared_charge(&gw, &headers)).await?;
+    let who = crate::pipeline::admission::Who::from_headers(&gw, &headers);
+    let admission =
+        Admission::admit_waiting_for(&gw, crate::pipeline::admission::declared_charge(&gw, &headers), who).await?;
     let bytes = read_body(&gw, body).await?;
     // Who asks and whether it wants the explain, read before the client's credentials give way
     // to the workers' (and hop-by-hop headers go).

@@ -60,6 +60,8 @@ fn unstarted(workers: &[&str], retry: crate::RetryConfig) -> (Gateway, Arc<fleet
         max_request_memory: 1 << 30,
         render_threads: 1,
         chain_memo_pages: renderer::DEFAULT_CHAIN_MEMO_PAGES,
+        scheduler: None,
+        tenants: Default::default(),
         admin_listener: false,
         retry,
         queue_size: 0,

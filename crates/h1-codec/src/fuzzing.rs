@@ -54,7 +54,7 @@ pub struct Answer {
 
 /// The fast path's verdict on `buf` (no request-id headers configured but `x-request-id`).
 pub fn fast_head(buf: &[u8]) -> FastHead {
-    match parse_head(buf, &["x-request-id".to_owned()]) {
+    match parse_head(buf, &["x-request-id".to_owned()], Some("x-smg-tenant-id")) {
         None => FastHead::Incomplete,
         Some(Next::Fast(h)) => FastHead::Fast { head_len: h.len, body_len: h.body_len },
         Some(Next::Hyper) => FastHead::Hyper,

@@ -17,8 +17,8 @@ mod request;
 pub use answer::{AnswerHead, Framing, MAX_ANSWER_HEAD_BYTES, parse_answer_head};
 pub use headers::{forwarded, header_lines, push_header, relayed};
 pub use request::{
-    API_KEY_HEADER, BodyLen, Head, Next, PROXIED_PATHS, Refusal, Route, TWO_CREDENTIALS, check, credential, parse_head,
-    usable_key,
+    API_KEY_HEADER, BodyLen, Head, Next, PRIORITY_HEADER, PROXIED_PATHS, Refusal, Route, TWO_CREDENTIALS, check,
+    credential, parse_head, usable_key,
 };
 
 /// Largest request head taken (bytes, blank line included).

@@ -178,9 +178,18 @@ pub struct Head {
     pub route_debug: Option<Vec<u8>>,
     /// The client's conversation id (`x-session-id`).
     pub session: Option<Vec<u8>>,
+    /// The client's priority class (`x-smg-priority`), as sent.
+    pub priority: Option<Vec<u8>>,
+    /// The tenant header's value (the name given to [`parse_head`]), as sent.
+    pub tenant: Option<Vec<u8>>,
 }
 
+/// The header a client names its priority class in (Shepherd Model Gateway's).
+pub const PRIORITY_HEADER: &str = "x-smg-priority";
+
 /// Who serves the request at the front of the buffer.
+// One per request, moved once: boxing the head would cost an allocation on the fast path.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, PartialEq, Eq)]
 pub enum Next {
     Fast(Head),
@@ -215,8 +224,9 @@ fn is_credential(name: &str) -> bool {
 }
 
 /// Reads the request head at the front of `buf`; `None` while incomplete.
-/// `id_names` are the headers a request id is looked for in, in order.
-pub fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
+/// `id_names` are the headers a request id is looked for in, in order;
+/// `tenant_header` the header a trusted tenant id comes in, if any.
+pub fn parse_head(buf: &[u8], id_names: &[String], tenant_header: Option<&str>) -> Option<Next> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let len = match req.parse(buf) {
@@ -242,7 +252,13 @@ pub fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
     let (mut forward, mut rank, mut authorization) = (Vec::new(), None, None);
     let (mut request_ids, mut origin) = (Vec::new(), None);
     let (mut routing_key, mut route_debug, mut session) = (None, None, None);
+    let (mut priority, mut tenant) = (None, None);
     for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case(PRIORITY_HEADER) {
+            priority = Some(h.value.to_vec());
+        } else if tenant_header.is_some_and(|t| h.name.eq_ignore_ascii_case(t)) {
+            tenant = Some(h.value.to_vec());
+        }
         if let Some(i) = id_names.iter().position(|n| h.name.eq_ignore_ascii_case(n))
             && !request_ids.iter().any(|(j, _)| *j == i)
         {
@@ -296,6 +312,8 @@ pub fn parse_head(buf: &[u8], id_names: &[String]) -> Option<Next> {
         routing_key,
         route_debug,
         session,
+        priority,
+        tenant,
     }))
 }
 
@@ -398,7 +416,7 @@ mod tests {
     }
 
     fn fast(raw: &str) -> Head {
-        match parse_head(raw.as_bytes(), &[]) {
+        match parse_head(raw.as_bytes(), &[], None) {
             Some(Next::Fast(h)) => h,
             other => panic!("{raw:?}: {other:?}"),
         }
@@ -429,7 +447,10 @@ mod tests {
         let forward = String::from_utf8(h.forward).unwrap();
         assert!(!forward.contains("sk-1") && forward.contains("anthropic-version: 2023-06-01"), "{forward}");
         let both = "POST /v1/messages HTTP/1.1\r\nAuthorization: Bearer a\r\nX-Api-Key: b\r\nContent-Length: 2\r\n\r\n";
-        assert_eq!(parse_head(both.as_bytes(), &[]), Some(Next::Refuse(Refusal::Malformed(TWO_CREDENTIALS.into()))));
+        assert_eq!(
+            parse_head(both.as_bytes(), &[], None),
+            Some(Next::Refuse(Refusal::Malformed(TWO_CREDENTIALS.into())))
+        );
         assert_eq!(check(both.as_bytes()), Err(Refusal::Malformed(TWO_CREDENTIALS.into())));
         assert_eq!(
             fast("POST /v1/messages/count_tokens HTTP/1.1\r\nContent-Length: 2\r\n\r\n").route,
@@ -439,8 +460,8 @@ mod tests {
 
     #[test]
     fn an_incomplete_head_waits_for_more() {
-        assert_eq!(parse_head(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Len", &[]), None);
-        assert_eq!(parse_head(b"POS", &[]), None);
+        assert_eq!(parse_head(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Len", &[], None), None);
+        assert_eq!(parse_head(b"POS", &[], None), None);
     }
 
     #[test]
@@ -460,13 +481,13 @@ mod tests {
             "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\nExpect: something\r\n\r\n",
             "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
         ] {
-            assert_eq!(parse_head(raw.as_bytes(), &[]), Some(Next::Hyper), "{raw:?}");
+            assert_eq!(parse_head(raw.as_bytes(), &[], None), Some(Next::Hyper), "{raw:?}");
         }
     }
 
     #[test]
     fn heads_hyper_could_only_refuse_are_refused_here() {
-        let refused = |raw: &[u8]| match parse_head(raw, &[]) {
+        let refused = |raw: &[u8]| match parse_head(raw, &[], None) {
             Some(Next::Refuse(r)) => r,
             other => panic!("{:?}: {other:?}", String::from_utf8_lossy(raw)),
         };

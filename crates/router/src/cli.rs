@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod discovery;
 mod liveness;
+mod scheduler;
 mod smg_only;
 #[cfg(test)]
 mod smg_options;
@@ -361,6 +362,8 @@ pub(crate) struct ServeArgs {
     pub(crate) worker_load_poll_ms: u64,
     #[command(flatten)]
     pub(crate) liveness: liveness::LivenessFlags,
+    #[command(flatten)]
+    pub(crate) scheduler: scheduler::SchedulerFlags,
     /// SMG's options this router does not implement: known, judged at start.
     #[command(flatten)]
     pub(crate) smg_only: smg_only::SmgOnlyFlags,

@@ -121,6 +121,10 @@ pub struct AppConfig {
     pub load_poll: Duration,
     /// The liveness vetoes and worker overload protection.
     pub liveness: fleet::liveness::LivenessConfig,
+    /// The priority scheduler (none: one queue for all).
+    pub scheduler: Option<gateway::pipeline::scheduler::SchedulerConfig>,
+    /// Who a request's tenant is.
+    pub tenants: gateway::pipeline::scheduler::Tenants,
     /// How long a down worker's index state is kept.
     pub index_retention: Duration,
     /// How long to wait for in-flight requests on shutdown.

@@ -364,6 +364,13 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         worker_tls,
         load_poll: a.liveness.load_poll(a.worker_load_poll_ms),
         liveness: a.liveness.config()?,
+        scheduler: match a.scheduler.scheduler()? {
+            Some(_) if a.max_concurrent_requests <= 0 => {
+                return usage("--priority-scheduler-enabled needs a --max-concurrent-requests limit: its slots".into());
+            }
+            s => s,
+        },
+        tenants: a.scheduler.tenants()?,
         index_retention: Duration::from_secs(a.worker_index_retention_secs),
         shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
         fast_proxy: !a.no_fast_proxy,
@@ -377,11 +384,15 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         },
         control_plane_keys: control_keys,
         // SGLang Model Gateway's --api-key also locks the data plane: clients present it.
+        // A tenant's key (--tenant-api-key) is a client key besides the others.
         client_keys: if a.client_api_keys.is_empty() {
             a.api_key.iter().cloned().collect()
         } else {
             a.client_api_keys.clone()
-        },
+        }
+        .into_iter()
+        .chain(a.scheduler.tenant_keys())
+        .collect(),
         admin_listen,
         max_request_memory: a.max_request_memory_bytes.max(1),
         render_threads: a

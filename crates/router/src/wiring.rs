@@ -112,6 +112,8 @@ pub(crate) fn gateway_config(config: &AppConfig) -> GatewayConfig {
         tls: config.tls.clone(),
         index_snapshot: config.index_snapshot,
         chain_memo_pages: config.chain_memo_pages,
+        scheduler: config.scheduler.clone(),
+        tenants: config.tenants.clone(),
     }
 }
 

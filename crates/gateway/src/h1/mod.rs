@@ -207,7 +207,8 @@ async fn connection(gw: Arc<Gateway>, app: axum::Router, mut tcp: TcpStream, fas
     let mut buf = BytesMut::with_capacity(8192);
     if fast {
         loop {
-            let next = match next_head(&mut tcp, &mut buf, &limits, &gw.config.request_id_headers, &drain).await {
+            let names = (gw.config.request_id_headers.as_slice(), gw.config.tenants.trusted_header.as_deref());
+            let next = match next_head(&mut tcp, &mut buf, &limits, names, &drain).await {
                 Ok(Some(next)) => next,
                 Ok(None) => return,
                 Err(refusal) => Next::Refuse(refusal),
@@ -254,7 +255,7 @@ async fn next_head(
     tcp: &mut TcpStream,
     buf: &mut BytesMut,
     limits: &ClientLimits,
-    id_names: &[String],
+    (id_names, tenant_header): (&[String], Option<&str>),
     drain: &CancellationToken,
 ) -> Result<Option<Next>, Refusal> {
     if buf.is_empty() {
@@ -267,7 +268,7 @@ async fn next_head(
             return Ok(None);
         }
     }
-    if let Some(next) = parse_head(buf, id_names) {
+    if let Some(next) = parse_head(buf, id_names, tenant_header) {
         return Ok(Some(next));
     }
     // Only a head that did not come whole in one read takes a timer: from (about) its first byte.
@@ -276,7 +277,7 @@ async fn next_head(
             if !matches!(fill(tcp, buf).await, Ok(n) if n > 0) {
                 return None;
             }
-            if let Some(next) = parse_head(buf, id_names) {
+            if let Some(next) = parse_head(buf, id_names, tenant_header) {
                 return Some(next);
             }
         }
@@ -324,7 +325,12 @@ async fn serve_fast(
         crate::pipeline::auth::check_client(gw, head.authorization.as_deref())?;
         let worker_auth = crate::pipeline::auth::worker_credentials(gw, head.authorization.as_deref());
         // Admitted: a slot (perhaps after a wait in the queue), and memory for its body and render.
-        Ok((worker_auth, crate::pipeline::admission::Admission::admit_waiting(gw, head.body_len).await?))
+        let who = crate::pipeline::admission::Who {
+            priority: head.priority.as_deref(),
+            tenant_header: head.tenant.as_deref(),
+            authorization: head.authorization.as_deref(),
+        };
+        Ok((worker_auth, crate::pipeline::admission::Admission::admit_waiting_for(gw, head.body_len, who).await?))
     }
     .await;
     let (worker_auth, admission) = match checked {

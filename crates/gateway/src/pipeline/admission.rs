@@ -47,6 +47,33 @@ pub struct Admission {
     reserved: usize,
     /// The part of `reserved` for the tokenizer's working memory, given back once rendered.
     render: usize,
+    /// Its slot in the priority scheduler, when it is on (else one of `in_flight`'s).
+    slot: Option<crate::pipeline::scheduler::Slot>,
+}
+
+/// What admission reads of who sends a request: its priority class header, the
+/// trusted tenant header and its credentials (the scheduler's class and tenant).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Who<'a> {
+    /// `x-smg-priority`.
+    pub priority: Option<&'a [u8]>,
+    /// The trusted tenant header's value.
+    pub tenant_header: Option<&'a [u8]>,
+    /// `Authorization` (or `x-api-key` as `Bearer KEY`).
+    pub authorization: Option<&'a [u8]>,
+}
+
+impl<'a> Who<'a> {
+    /// Read from a request's headers (the hyper front end).
+    pub fn from_headers(gw: &Gateway, headers: &'a axum::http::HeaderMap) -> Self {
+        let get = |name: &str| headers.get(name).map(axum::http::HeaderValue::as_bytes);
+        let tenant_header = gw.config.tenants.trusted_header.as_deref().and_then(get);
+        Who {
+            priority: get(h1_codec::PRIORITY_HEADER),
+            tenant_header,
+            authorization: get("authorization").or_else(|| get(h1_codec::API_KEY_HEADER)),
+        }
+    }
 }
 
 // === impl Budget ===
@@ -110,6 +137,38 @@ impl Admission {
         Self::admit_waiting_as(gw, body_len, false).await
     }
 
+    /// [`Admission::admit_waiting`] for a request from `who`: with the priority scheduler on,
+    /// admitted by its class (see [`crate::pipeline::scheduler`]).
+    pub async fn admit_waiting_for(gw: &Arc<Gateway>, body_len: usize, who: Who<'_>) -> Result<Self, GatewayError> {
+        let Some(sched) = &gw.scheduler else { return Self::admit_waiting_as(gw, body_len, false).await };
+        if gw.draining.load(Ordering::Relaxed) {
+            return Err(GatewayError::Draining);
+        }
+        if let Some(bucket) = &gw.rate {
+            bucket.take().map_err(|_| GatewayError::RateLimited(gw.config.rate_limit.unwrap_or(0)))?;
+        }
+        let tenant = gw.config.tenants.of(who.tenant_header, who.authorization);
+        let class = sched.class_of(who.priority, tenant);
+        let started = std::time::Instant::now();
+        let slot = sched.admit(class).await.map_err(|refused| {
+            use crate::pipeline::scheduler::Refused;
+            match refused {
+                Refused::QueueFull(c) => {
+                    gw.metrics.queue_full.fetch_add(1, Ordering::Relaxed);
+                    GatewayError::ClassQueueFull(c.as_str())
+                }
+                Refused::Timeout(_, d) => {
+                    gw.metrics.queue_timeouts.fetch_add(1, Ordering::Relaxed);
+                    GatewayError::QueueTimeout(d)
+                }
+                Refused::Preempted(c) => GatewayError::Preempted(c.as_str()),
+            }
+        })?;
+        gw.metrics.queue_wait.observe(started.elapsed().as_secs_f64());
+        gw.in_flight.fetch_add(1, Ordering::AcqRel);
+        Self::reserve_with(gw, body_len, false, Some(slot))
+    }
+
     /// [`Admission::admit_waiting`] for a request that is tokenized whatever the policy (`/v1/tokenize`).
     pub(crate) async fn admit_waiting_to_tokenize(gw: &Arc<Gateway>, body_len: usize) -> Result<Self, GatewayError> {
         Self::admit_waiting_as(gw, body_len, true).await
@@ -161,17 +220,33 @@ impl Admission {
     /// that will be tokenized: `tokenized` anyway, or by the gateway's setup), or gives the slot
     /// back. Only a large body asks whether the setup tokenizes.
     fn reserve(gw: &Arc<Gateway>, body_len: usize, tokenized: bool) -> Result<Self, GatewayError> {
+        Self::reserve_with(gw, body_len, tokenized, None)
+    }
+
+    /// [`Admission::reserve`] with the scheduler's `slot` when it holds one.
+    fn reserve_with(
+        gw: &Arc<Gateway>,
+        body_len: usize,
+        tokenized: bool,
+        slot: Option<crate::pipeline::scheduler::Slot>,
+    ) -> Result<Self, GatewayError> {
         let render = match body_len > RENDER_INLINE_MAX_BYTES && (tokenized || tokenizes(gw)) {
             true => body_len.saturating_mul(RENDER_MEMORY_PER_BODY_BYTE),
             false => 0,
         };
         let reserved = body_len.saturating_mul(MEMORY_PER_BODY_BYTE).saturating_add(render);
         if !gw.budget.try_reserve(reserved) {
-            release_slot(gw);
+            match slot {
+                // The scheduler's slot goes back as it drops.
+                Some(_) => {
+                    gw.in_flight.fetch_sub(1, Ordering::AcqRel);
+                }
+                None => release_slot(gw),
+            }
             gw.metrics.over_budget.fetch_add(1, Ordering::Relaxed);
             return Err(GatewayError::OverBudget(gw.budget.limit()));
         }
-        Ok(Self { gw: gw.clone(), reserved, render })
+        Ok(Self { gw: gw.clone(), reserved, render, slot })
     }
 
     /// The prompt is rendered: the tokenizer's working memory is given back.
@@ -196,7 +271,13 @@ impl Admission {
 impl Drop for Admission {
     fn drop(&mut self) {
         self.gw.budget.release(self.reserved);
-        release_slot(&self.gw);
+        match self.slot.take() {
+            Some(slot) => {
+                self.gw.in_flight.fetch_sub(1, Ordering::AcqRel);
+                drop(slot);
+            }
+            None => release_slot(&self.gw),
+        }
     }
 }
 

@@ -32,6 +32,7 @@ pub(crate) mod body;
 pub mod context;
 pub(crate) mod forward;
 pub(crate) mod request;
+pub mod scheduler;
 pub(crate) mod shape;
 
 use std::future::Future;

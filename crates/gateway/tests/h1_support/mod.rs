@@ -100,6 +100,8 @@ pub(crate) async fn start_fleet(
         max_request_memory: 1 << 30,
         render_threads: 1,
         chain_memo_pages: renderer::DEFAULT_CHAIN_MEMO_PAGES,
+        scheduler: None,
+        tenants: Default::default(),
         admin_listener: false,
         retry: gateway::RetryConfig { initial_backoff: Duration::from_millis(1), ..Default::default() },
         queue_size: 0,

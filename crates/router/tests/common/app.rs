@@ -79,6 +79,8 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         worker_tls: fleet::WorkerTls::default(),
         load_poll: Duration::from_millis(50),
         liveness: fleet::liveness::LivenessConfig::default(),
+        scheduler: None,
+        tenants: Default::default(),
         index_retention: Duration::from_secs(300),
         shutdown_grace: Duration::from_secs(1),
         serve_threads: 2,

@@ -23,6 +23,7 @@ mod model_pools;
 mod pd;
 mod pd_engine_classes;
 mod pd_pools;
+mod priority;
 mod real_publishers;
 mod response_cache;
 mod route_feedback;

@@ -1,0 +1,176 @@
+//! The priority scheduler end to end on slow simulated engines (issue 30):
+//! an interactive tenant keeps its latency while a bulk tenant saturates the
+//! router, its class clamped by its tenant's key; a queued bulk request is
+//! preempted by an interactive one, answered 503 with `x-smg-preempted` and
+//! `Retry-After` before anything of it was sent.
+
+use crate::common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::app::{chat, config, engine_config, start};
+use common::eventually as until;
+use gateway::pipeline::scheduler::{Class, ClassConfig, SchedulerConfig, Tenants};
+use mock_engine::{Faults, MockEngine, MockEngineConfig};
+use sgl_router::app::PolicyConfig;
+
+/// Every class queued without reservations, timeouts long, no preemption; `tweak` changes it.
+fn scheduler(tweak: impl FnOnce(&mut [ClassConfig; 4])) -> SchedulerConfig {
+    let mut classes = Class::ALL.map(|_| ClassConfig {
+        reserved_floor: 0,
+        reserved_per_slot: 0.0,
+        queue_size: 64,
+        queue_timeout_secs: 60,
+        starvation_threshold_secs: 60,
+        can_preempt: false,
+    });
+    tweak(&mut classes);
+    let mut c = SchedulerConfig { classes, ..SchedulerConfig::default() };
+    c.tenant_max_class.insert("ops".into(), Class::Interactive);
+    c
+}
+
+/// Tenants by key: `ops` (interactive at most) and `batch` (the default's ceiling).
+fn tenants() -> Tenants {
+    let mut t = Tenants::default();
+    t.by_key.insert(b"Bearer ops-key".to_vec(), "ops".into());
+    t.by_key.insert(b"Bearer batch-key".to_vec(), "batch".into());
+    t
+}
+
+async fn send(http: &reqwest::Client, url: &str, key: &str, class: &str, user: &str) -> reqwest::Response {
+    http.post(url)
+        .bearer_auth(key)
+        .header("x-smg-priority", class)
+        .json(&chat("s", user))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The largest of `n` sequential interactive requests' latencies (their p99 for n ≤ 100).
+async fn interactive_p99(http: &reqwest::Client, url: &str, n: usize) -> Duration {
+    let mut worst = Duration::ZERO;
+    for i in 0..n {
+        let t = Instant::now();
+        let resp = send(http, url, "ops-key", "interactive", &format!("i{i}")).await;
+        assert_eq!(resp.status(), 200);
+        worst = worst.max(t.elapsed());
+    }
+    worst
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interactive_tenant_keeps_its_latency_while_a_bulk_tenant_saturates_the_router() {
+    // 8 tokens of 50 ms each, no prefill to speak of: a request takes about 400 ms (a scheduling
+    // hiccup on a loaded machine is small beside it), and the engine runs any number at once; the
+    // router's 4 slots are the bottleneck.
+    let slow = MockEngineConfig {
+        fast: false,
+        default_max_tokens: 8,
+        decode_per_token: Duration::from_millis(50),
+        prefill_fixed: Duration::ZERO,
+        prefill_tokens_per_s: 1e9,
+        ..engine_config()
+    };
+    let w = MockEngine::spawn(slow).await.unwrap();
+    let mut c = config(&[&w], PolicyConfig::RoundRobin, false);
+    c.max_concurrent = 4;
+    c.client_keys = vec!["ops-key".into(), "batch-key".into()];
+    c.scheduler = Some(scheduler(|classes| classes[Class::Interactive as usize].reserved_floor = 1));
+    c.tenants = tenants();
+    let r = start(c).await;
+    let url = format!("{}/v1/chat/completions", r.url);
+    let http = reqwest::Client::new();
+    let alone = interactive_p99(&http, &url, 10).await;
+    // The bulk tenant floods: 12 clients back to back (its header asks for interactive: clamped).
+    let stop = Arc::new(AtomicBool::new(false));
+    let bulk_served = Arc::new(AtomicU64::new(0));
+    let flood: Vec<_> = (0..12)
+        .map(|i| {
+            let (http, url, stop, served) = (http.clone(), url.clone(), stop.clone(), bulk_served.clone());
+            tokio::spawn(async move {
+                let class = if i == 0 { "interactive" } else { "bulk" };
+                while !stop.load(Ordering::Relaxed) {
+                    if send(&http, &url, "batch-key", class, "b").await.status() == 200 {
+                        served.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    let sched = r.gateway.scheduler.clone().expect("the scheduler is on");
+    until("the bulk tenant saturates the router and queues", async || {
+        let (in_flight, waiting) = sched.occupancy();
+        in_flight[Class::Bulk as usize] + in_flight[Class::Default as usize] == 3 && waiting[Class::Bulk as usize] > 0
+    })
+    .await;
+    let loaded = interactive_p99(&http, &url, 10).await;
+    let (in_flight, waiting) = sched.occupancy();
+    stop.store(true, Ordering::Relaxed);
+    for f in flood {
+        f.await.unwrap();
+    }
+    eprintln!(
+        "interactive p99 alone {alone:?}, with the bulk tenant saturating {loaded:?} ({:.2}x); bulk served {}, in flight {in_flight:?}, waiting {waiting:?}",
+        loaded.as_secs_f64() / alone.as_secs_f64(),
+        bulk_served.load(Ordering::Relaxed)
+    );
+    assert!(waiting[Class::Bulk as usize] > 0, "the bulk class was queued meanwhile");
+    assert_eq!(in_flight[Class::Interactive as usize], 0, "the bulk tenant's interactive header was clamped");
+    assert!(loaded.as_secs_f64() <= 1.2 * alone.as_secs_f64(), "interactive p99 {loaded:?} against {alone:?} alone");
+    assert!(bulk_served.load(Ordering::Relaxed) > 0);
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_bulk_request_is_preempted_by_an_interactive_one_before_anything_is_sent() {
+    let w = MockEngine::spawn(engine_config()).await.unwrap();
+    let mut c = config(&[&w], PolicyConfig::RoundRobin, false);
+    c.max_concurrent = 1;
+    c.client_keys = vec!["ops-key".into(), "batch-key".into()];
+    c.scheduler = Some(scheduler(|classes| {
+        let interactive = &mut classes[Class::Interactive as usize];
+        (interactive.queue_size, interactive.can_preempt) = (0, true);
+    }));
+    c.tenants = tenants();
+    let r = start(c).await;
+    let url = format!("{}/v1/chat/completions", r.url);
+    let http = reqwest::Client::new();
+    // The one slot is held by a request the engine holds; a bulk request queues behind it.
+    w.engine().set_faults(Faults { hold_next: 1, ..Faults::default() }).await;
+    let holder = tokio::spawn({
+        let (http, url) = (http.clone(), url.clone());
+        async move { send(&http, &url, "batch-key", "bulk", "held").await.status() }
+    });
+    until("the engine holds it", async || w.engine().held.load(Ordering::SeqCst) == 1).await;
+    let queued = tokio::spawn({
+        let (http, url) = (http.clone(), url.clone());
+        async move { send(&http, &url, "batch-key", "bulk", "queued").await }
+    });
+    let sched = r.gateway.scheduler.clone().unwrap();
+    until("the bulk request queues", async || sched.occupancy().1[Class::Bulk as usize] == 1).await;
+    // The interactive class's queue holds no one: it takes the bulk request's place.
+    let interactive = tokio::spawn({
+        let (http, url) = (http.clone(), url.clone());
+        async move { send(&http, &url, "ops-key", "interactive", "urgent").await.status() }
+    });
+    let preempted = queued.await.unwrap();
+    assert_eq!(preempted.status(), 503);
+    assert_eq!(preempted.headers()["x-smg-preempted"], "bulk");
+    assert_eq!(preempted.headers()["retry-after"], "1");
+    let body: serde_json::Value = preempted.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "preempted", "{body}");
+    let counted = common::app::metric(&r.url, "router_scheduler_preempted_total{class=\"bulk\"}").await;
+    assert_eq!(counted, 1.0);
+    let before = w.engine().requests.load(Ordering::SeqCst);
+    w.engine().release_held(1);
+    assert_eq!(holder.await.unwrap(), 200);
+    assert_eq!(interactive.await.unwrap(), 200, "the interactive request got the freed slot");
+    // The engine counts a request once admitted: the held one and the interactive one.
+    assert_eq!(w.engine().requests.load(Ordering::SeqCst), before + 2, "the preempted one was never sent");
+    let _ = r.stop.send(());
+}
