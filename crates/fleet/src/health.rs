@@ -7,6 +7,7 @@
 //! that comes back keeps its cache), the retained workers whose requests are
 //! done (removed), and each worker's own report of its queued prefill.
 
+use crate::ticks::Ticks;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -258,29 +259,6 @@ async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration, stal
     let report = report.unwrap_or_default();
     w.set_reported_uncached_tokens(report.iter().map(|(_, t)| *t).fold(0u64, u64::saturating_add));
     w.set_reported_rank_loads(&report);
-}
-
-/// A period for a background loop: late ticks are delayed, not bunched.
-pub(crate) struct Ticks {
-    interval: tokio::time::Interval,
-    cancel: tokio_util::sync::CancellationToken,
-}
-
-impl Ticks {
-    pub(crate) fn new(period: Duration, cancel: tokio_util::sync::CancellationToken) -> Self {
-        let mut interval = tokio::time::interval(period);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        Self { interval, cancel }
-    }
-
-    /// Waits for the next tick; false once cancelled.
-    pub(crate) async fn next(&mut self) -> bool {
-        tokio::select! {
-            biased;
-            _ = self.cancel.cancelled() => false,
-            _ = self.interval.tick() => true,
-        }
-    }
 }
 
 /// Warns (once per set of models) when the workers serve different models: one

@@ -24,6 +24,7 @@ pub mod liveness;
 mod metrics;
 mod pd_facts;
 mod ranks;
+mod ticks;
 mod tls;
 pub mod warmup;
 mod worker;

@@ -119,7 +119,7 @@ impl Worker {
 pub(crate) async fn warmup_loop(fleet: Arc<Fleet>, rule: WarmupRule) {
     let Some(ev) = fleet.events.as_ref() else { return };
     let index = ev.index.clone();
-    let mut ticks = crate::health::Ticks::new(TICK, fleet.cancel.clone());
+    let mut ticks = crate::ticks::Ticks::new(TICK, fleet.cancel.clone());
     while ticks.next().await {
         let all = fleet.snapshot();
         let held = index.worker_blocks();
