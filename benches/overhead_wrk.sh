@@ -26,6 +26,8 @@
 #   sgl_router_cache_aware     target/release/sgl-router --policy cache_aware (no --kv-events: the
 #                              engine has no /server_info, so it routes by a text tree, like the
 #                              peers' cache_aware)
+#   sgl_router_round_robin_off, sgl_router_cache_aware_off  the same with the liveness vetoes,
+#                              overload protection and the warm-up slice off (only when named in TARGETS)
 #   baseline_round_robin/_routing/_routing_cached/_cache_aware  with BASELINE set (cache_aware is retried with
 #                              --kv-events, and labelled so, if the older build needs it)
 #   smg_round_robin/_cache_aware             with SMG set
@@ -175,6 +177,9 @@ for b in "${BODIES[@]}"; do
 done
 
 # Targets.
+# The liveness vetoes, overload protection and the warm-up slice off (the *_off targets).
+LIVENESS_OFF=(--worker-stall-secs 0 --worker-wedge-secs 0 --worker-stale-secs 0 --disable-worker-overload-protection
+  --worker-warmup-secs 0 --worker-warmup-thin-ratio 0 --worker-warmup-share 0 --worker-warmup-divert-every 0)
 all=(direct sgl_router_round_robin sgl_router_routing sgl_router_routing_cached sgl_router_cache_aware)
 [ -n "$BASELINE" ] && all+=(baseline_round_robin baseline_routing baseline_routing_cached baseline_cache_aware)
 [ -n "$SMG" ] && all+=(smg_round_robin smg_cache_aware)
@@ -203,6 +208,8 @@ start_target() {
     sgl_router_routing_cached) launch 31015 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy round_robin --routing-config benches/data/routing_overhead_cached.yaml --port 31015 ;;
     baseline_routing) launch 31016 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "${WORKERS[@]}" --policy round_robin --routing-config benches/data/routing_overhead.yaml --port 31016 ;;
     baseline_routing_cached) launch 31017 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "${WORKERS[@]}" --policy round_robin --routing-config benches/data/routing_overhead_cached.yaml --port 31017 ;;
+    sgl_router_round_robin_off) launch 31018 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy round_robin "${LIVENESS_OFF[@]}" --port 31018 ;;
+    sgl_router_cache_aware_off) launch 31019 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy cache_aware "${CA_EXTRA[@]}" "${LIVENESS_OFF[@]}" --port 31019 ;;
     sgl_router_cache_aware) launch 31011 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy cache_aware "${CA_EXTRA[@]}" --port 31011 ;;
     baseline_round_robin) launch 31012 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "${WORKERS[@]}" --policy round_robin --port 31012 ;;
     baseline_cache_aware)
