@@ -47,6 +47,9 @@ pub enum GatewayError {
     /// A higher priority class took this request's place in the queue before it was sent (503).
     #[error("preempted by a higher priority class before it was sent (its class: {0}); retry shortly")]
     Preempted(&'static str),
+    /// Over the tenant's requests or prompt tokens per minute (429; `Retry-After` when it fits).
+    #[error("over the tenant's rate limit; retry in {0} s")]
+    TenantRateLimited(u32),
     /// The priority class's queue is full (429).
     #[error("too many requests of class {0} waiting")]
     ClassQueueFull(&'static str),
@@ -159,6 +162,7 @@ impl GatewayError {
             GatewayError::WorkersOverloaded => "worker_overload_protection_shed",
             GatewayError::Preempted(_) => "preempted",
             GatewayError::ClassQueueFull(_) => "queue_full",
+            GatewayError::TenantRateLimited(_) => "tenant_rate_limit_exceeded",
             GatewayError::UnknownModel(_) => "invalid_request_error",
             GatewayError::Blocked { .. } => "blocked_by_policy",
             GatewayError::NoPool(_) => "no_pool_available",
@@ -200,6 +204,7 @@ impl GatewayError {
             GatewayError::Overloaded(_)
             | GatewayError::OverBudget(_)
             | GatewayError::ClassQueueFull(_)
+            | GatewayError::TenantRateLimited(_)
             | GatewayError::QueueFull(..)
             | GatewayError::RateLimited(_)
             | GatewayError::FeedbackLimited(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -228,6 +233,7 @@ impl GatewayError {
             | GatewayError::Unprocessable(_)
             | GatewayError::UnknownModel(_)
             | GatewayError::FeedbackLimited(_)
+            | GatewayError::TenantRateLimited(_)
             | GatewayError::Blocked { .. } => Side::Client,
             GatewayError::Upstream { .. } | GatewayError::Timeout(_) => Side::Upstream,
             GatewayError::NoWorker
@@ -253,6 +259,9 @@ impl GatewayError {
 
     /// Seconds to put in `Retry-After`: the answers that say "not now, later".
     pub fn retry_after(&self) -> Option<u32> {
+        if let GatewayError::TenantRateLimited(secs) = self {
+            return Some(*secs);
+        }
         matches!(self.status(), StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
             .then_some(RETRY_AFTER_SECS)
     }

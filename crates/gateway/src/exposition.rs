@@ -59,6 +59,20 @@ impl Gateway {
             "Requests refused (429) because the memory of requests in progress was at its budget.",
         );
         out.push_str(&format!("router_http_over_budget_total {}\n", m.over_budget.load(Ordering::Relaxed)));
+        if let Some(limiter) = &gw.tenant_limiter {
+            head(
+                out,
+                "router_tenant_rate_limited_total",
+                "counter",
+                "Requests refused (429) over their tenant's rate limit.",
+            );
+            out.push_str(&format!(
+                "router_tenant_rate_limited_total {}\n",
+                m.tenant_rate_limited.load(Ordering::Relaxed)
+            ));
+            head(out, "router_tenant_rate_limit_tenants", "gauge", "Tenants with rate-limit buckets now.");
+            out.push_str(&format!("router_tenant_rate_limit_tenants {}\n", limiter.tenants()));
+        }
         head(
             out,
             "router_prompt_renders_total",

@@ -105,6 +105,8 @@ pub struct GatewayConfig {
     pub scheduler: Option<pipeline::scheduler::SchedulerConfig>,
     /// Who a request's tenant is (`--tenant-api-key`, `--trust-tenant-header`).
     pub tenants: pipeline::scheduler::Tenants,
+    /// Per-tenant rate limits (`--tenant-rate-limit-enabled`; none: off).
+    pub tenant_limits: Option<pipeline::tenant_limits::TenantLimitsConfig>,
 }
 
 /// How index snapshots are served (`--index-snapshot-max-blocks`, `--index-snapshot-timeout-secs`).
@@ -277,6 +279,8 @@ pub struct Gateway {
     pub queue: admission::Queue,
     /// The rate limit's token bucket, when there is one.
     pub(crate) rate: Option<admission::TokenBucket>,
+    /// Per-tenant rate limits, when on.
+    pub tenant_limiter: Option<pipeline::tenant_limits::TenantLimiter>,
     /// The priority scheduler, when on: it holds the slots instead of `in_flight`'s limit.
     pub scheduler: Option<Arc<pipeline::scheduler::Scheduler>>,
     /// Slots of the render pool.
@@ -314,6 +318,7 @@ impl Gateway {
             budget: admission::Budget::new(config.max_request_memory),
             queue: admission::Queue::default(),
             rate: config.rate_limit.map(admission::TokenBucket::per_second),
+            tenant_limiter: config.tenant_limits.clone().map(pipeline::tenant_limits::TenantLimiter::new),
             scheduler: config
                 .scheduler
                 .clone()

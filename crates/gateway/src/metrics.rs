@@ -30,6 +30,8 @@ pub struct GatewayMetrics {
     pub queue_wait: Histogram,
     /// Requests refused because the memory budget was spent.
     pub over_budget: AtomicU64,
+    /// Requests refused (429) over their tenant's rate limit.
+    pub tenant_rate_limited: AtomicU64,
     /// Whole-request latency.
     pub latency: Histogram,
     /// Time to the first response byte from the worker.
@@ -73,6 +75,7 @@ impl GatewayMetrics {
             errors: LabeledCounter::default(),
             retries: AtomicU64::new(0),
             over_budget: AtomicU64::new(0),
+            tenant_rate_limited: AtomicU64::new(0),
             latency: Histogram::new(buckets),
             ttfb: Histogram::new(buckets),
             matched_tokens: Histogram::new(&TOKEN_BUCKETS),

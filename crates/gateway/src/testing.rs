@@ -62,6 +62,7 @@ fn unstarted(workers: &[&str], retry: crate::RetryConfig) -> (Gateway, Arc<fleet
         chain_memo_pages: renderer::DEFAULT_CHAIN_MEMO_PAGES,
         scheduler: None,
         tenants: Default::default(),
+        tenant_limits: None,
         admin_listener: false,
         retry,
         queue_size: 0,

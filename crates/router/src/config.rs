@@ -125,6 +125,8 @@ pub struct AppConfig {
     pub scheduler: Option<gateway::pipeline::scheduler::SchedulerConfig>,
     /// Who a request's tenant is.
     pub tenants: gateway::pipeline::scheduler::Tenants,
+    /// Per-tenant rate limits (none: off).
+    pub tenant_limits: Option<gateway::pipeline::tenant_limits::TenantLimitsConfig>,
     /// How long a down worker's index state is kept.
     pub index_retention: Duration,
     /// How long to wait for in-flight requests on shutdown.

@@ -371,6 +371,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             s => s,
         },
         tenants: a.scheduler.tenants()?,
+        tenant_limits: a.scheduler.tenant_limits()?,
         index_retention: Duration::from_secs(a.worker_index_retention_secs),
         shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
         fast_proxy: !a.no_fast_proxy,

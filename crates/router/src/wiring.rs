@@ -114,6 +114,7 @@ pub(crate) fn gateway_config(config: &AppConfig) -> GatewayConfig {
         chain_memo_pages: config.chain_memo_pages,
         scheduler: config.scheduler.clone(),
         tenants: config.tenants.clone(),
+        tenant_limits: config.tenant_limits.clone(),
     }
 }
 

@@ -140,6 +140,13 @@ impl Admission {
     /// [`Admission::admit_waiting`] for a request from `who`: with the priority scheduler on,
     /// admitted by its class (see [`crate::pipeline::scheduler`]).
     pub async fn admit_waiting_for(gw: &Arc<Gateway>, body_len: usize, who: Who<'_>) -> Result<Self, GatewayError> {
+        if let Some(limiter) = &gw.tenant_limiter {
+            let tenant = gw.config.tenants.key_of(who.tenant_header, who.authorization);
+            if let Err(over) = limiter.charge(&tenant, body_len) {
+                gw.metrics.tenant_rate_limited.fetch_add(1, Ordering::Relaxed);
+                return Err(GatewayError::TenantRateLimited(over.retry_after_secs));
+            }
+        }
         let Some(sched) = &gw.scheduler else { return Self::admit_waiting_as(gw, body_len, false).await };
         if gw.draining.load(Ordering::Relaxed) {
             return Err(GatewayError::Draining);

@@ -34,6 +34,7 @@ pub(crate) mod forward;
 pub(crate) mod request;
 pub mod scheduler;
 pub(crate) mod shape;
+pub mod tenant_limits;
 
 use std::future::Future;
 use std::sync::Arc;

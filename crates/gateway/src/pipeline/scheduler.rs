@@ -136,6 +136,20 @@ pub struct Tenants {
 pub const MAX_TENANT_BYTES: usize = 128;
 
 impl Tenants {
+    /// The rate limits' key of a request's tenant (SMG's canonical forms): `header:ID` from the
+    /// trusted header, `auth:ID` from a tenant's key, else `anonymous`.
+    pub fn key_of(&self, header: Option<&[u8]>, authorization: Option<&[u8]>) -> String {
+        let trusted = header.filter(|_| self.trusted_header.is_some()).map(<[u8]>::trim_ascii);
+        let trusted = trusted.filter(|t| !t.is_empty() && t.len() <= MAX_TENANT_BYTES);
+        if let Some(t) = trusted.and_then(|t| std::str::from_utf8(t).ok()) {
+            return format!("header:{t}");
+        }
+        match authorization.and_then(|a| self.by_key.get(a.trim_ascii())) {
+            Some(t) => format!("auth:{t}"),
+            None => "anonymous".to_string(),
+        }
+    }
+
     /// The tenant of a request with the trusted header's value `header` and `authorization`.
     pub fn of<'a>(&'a self, header: Option<&'a [u8]>, authorization: Option<&[u8]>) -> Option<&'a str> {
         let trusted = header.filter(|_| self.trusted_header.is_some()).map(<[u8]>::trim_ascii);

@@ -102,6 +102,7 @@ pub(crate) async fn start_fleet(
         chain_memo_pages: renderer::DEFAULT_CHAIN_MEMO_PAGES,
         scheduler: None,
         tenants: Default::default(),
+        tenant_limits: None,
         admin_listener: false,
         retry: gateway::RetryConfig { initial_backoff: Duration::from_millis(1), ..Default::default() },
         queue_size: 0,

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use gateway::pipeline::scheduler::{Class, ClassConfig, SchedulerConfig, Tenants};
+use gateway::pipeline::tenant_limits::{Limits, TenantLimitsConfig};
 
 use crate::usage::UsageError;
 
@@ -42,6 +43,33 @@ pub(crate) struct SchedulerFlags {
     /// The keys are client keys besides --client-api-keys (or --api-key).
     #[arg(long, env = "SGL_ROUTER_TENANT_API_KEY", hide_env_values = true, num_args = 1, action = clap::ArgAction::Append, value_name = "TENANT:KEY")]
     pub(crate) tenant_api_key: Vec<String>,
+    /// Per-tenant rate limits in requests and prompt tokens per minute (--tenant-rate-limit-config).
+    #[arg(long, env = "SGL_ROUTER_TENANT_RATE_LIMIT_ENABLED", requires = "tenant_rate_limit_config")]
+    pub(crate) tenant_rate_limit_enabled: bool,
+    /// The rate limits' YAML file, SMG's shape: `default_policy: {tokens_per_minute,
+    /// requests_per_minute}` and `tenants: [{tenant_key: auth:ID | header:ID | anonymous, ...}]`.
+    #[arg(long, env = "SGL_ROUTER_TENANT_RATE_LIMIT_CONFIG", value_name = "FILE")]
+    pub(crate) tenant_rate_limit_config: Option<PathBuf>,
+}
+
+/// The rate limits' YAML shape (SMG's).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RateLimitYaml {
+    default_policy: PolicySpec,
+    #[serde(default)]
+    tenants: Vec<PolicySpec>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicySpec {
+    #[serde(default)]
+    tenant_key: Option<String>,
+    tokens_per_minute: u32,
+    requests_per_minute: u32,
+    #[serde(default)]
+    model_rules: Vec<serde_json::Value>,
 }
 
 /// The YAML file's shape (SMG's).
@@ -115,6 +143,51 @@ impl SchedulerFlags {
         Ok(Tenants { trusted_header: self.trust_tenant_header.then_some(header), by_key })
     }
 
+    /// The per-tenant rate limits, when on.
+    pub(crate) fn tenant_limits(&self) -> Result<Option<TenantLimitsConfig>, UsageError> {
+        let (true, Some(path)) = (self.tenant_rate_limit_enabled, &self.tenant_rate_limit_config) else {
+            return Ok(None);
+        };
+        let flag = |e: String| UsageError(format!("--tenant-rate-limit-config {}: {e}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(|e| flag(e.to_string()))?;
+        let yaml: RateLimitYaml = serde_norway::from_str(&text).map_err(|e| flag(e.to_string()))?;
+        let limits = |p: &PolicySpec, label: &str| {
+            if p.tokens_per_minute == 0 || p.requests_per_minute == 0 {
+                return Err(flag(format!("{label}: tokens_per_minute and requests_per_minute must be > 0")));
+            }
+            if !p.model_rules.is_empty() {
+                return Err(flag(format!("{label}: per-model rules (model_rules) are not built here")));
+            }
+            Ok(Limits { requests_per_minute: p.requests_per_minute, tokens_per_minute: p.tokens_per_minute })
+        };
+        if yaml.default_policy.tenant_key.is_some() {
+            return Err(flag("default_policy must not set tenant_key".into()));
+        }
+        let default = limits(&yaml.default_policy, "default_policy")?;
+        if yaml.tenants.len() > MAX_TENANT_POLICIES {
+            return Err(flag(format!("more than {MAX_TENANT_POLICIES} tenants")));
+        }
+        let mut tenants = HashMap::new();
+        for (i, p) in yaml.tenants.iter().enumerate() {
+            let Some(key) = p.tenant_key.clone() else { return Err(flag(format!("tenants[{i}] has no tenant_key"))) };
+            let canonical = key == "anonymous"
+                || key.strip_prefix("auth:").is_some_and(|t| !t.is_empty())
+                || key.strip_prefix("header:").is_some_and(|t| !t.is_empty());
+            if !canonical {
+                return Err(flag(format!(
+                    "tenant_key {key}: expected auth:ID, header:ID or anonymous (ip: keys are not built)"
+                )));
+            }
+            if key.starts_with("header:") && !self.trust_tenant_header {
+                return Err(flag(format!("tenant_key {key} needs --trust-tenant-header: it could never match")));
+            }
+            if tenants.insert(key.clone(), limits(p, &key)?).is_some() {
+                return Err(flag(format!("tenant_key {key} twice")));
+            }
+        }
+        Ok(Some(TenantLimitsConfig { default, tenants }))
+    }
+
     /// The tenants' keys, as client keys.
     pub(crate) fn tenant_keys(&self) -> impl Iterator<Item = String> + '_ {
         self.tenant_api_key.iter().filter_map(|e| e.split_once(':').map(|(_, k)| k.to_string()))
@@ -178,5 +251,40 @@ mod tests {
         assert_eq!(t.of(Some(b" blue "), None), Some("blue"));
         assert_eq!(t.of(Some(&[b'a'; 200]), None), None, "too long: no tenant");
         assert!(flags(&["--tenant-api-key", "nokey"]).tenants().is_err());
+    }
+
+    #[test]
+    fn the_rate_limit_file_takes_smgs_shape_and_refuses_what_could_never_match() {
+        let dir = std::env::temp_dir().join(format!("sgl-router-rl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("limits.yaml");
+        let parse = |yaml: &str, trust: bool| {
+            std::fs::write(&file, yaml).unwrap();
+            let path = file.to_str().unwrap();
+            let mut args = vec!["--tenant-rate-limit-enabled", "--tenant-rate-limit-config", path];
+            if trust {
+                args.push("--trust-tenant-header");
+            }
+            flags(&args).tenant_limits()
+        };
+        let good = "default_policy: {tokens_per_minute: 1000, requests_per_minute: 10}\ntenants:\n  - {tenant_key: auth:ops, tokens_per_minute: 5000, requests_per_minute: 100}\n  - {tenant_key: anonymous, tokens_per_minute: 10, requests_per_minute: 1}\n";
+        let c = parse(good, false).unwrap().unwrap();
+        assert_eq!(c.default, Limits { requests_per_minute: 10, tokens_per_minute: 1000 });
+        assert_eq!(c.tenants["auth:ops"].requests_per_minute, 100);
+        assert_eq!(c.tenants["anonymous"].tokens_per_minute, 10);
+        let header = "default_policy: {tokens_per_minute: 1, requests_per_minute: 1}\ntenants:\n  - {tenant_key: header:blue, tokens_per_minute: 1, requests_per_minute: 1}\n";
+        assert!(parse(header, false).unwrap_err().0.contains("--trust-tenant-header"));
+        assert!(parse(header, true).is_ok());
+        for bad in [
+            "default_policy: {tokens_per_minute: 0, requests_per_minute: 1}\n",
+            "default_policy: {tenant_key: auth:x, tokens_per_minute: 1, requests_per_minute: 1}\n",
+            "default_policy: {tokens_per_minute: 1, requests_per_minute: 1}\ntenants:\n  - {tenant_key: ip:10.0.0.1, tokens_per_minute: 1, requests_per_minute: 1}\n",
+            "default_policy: {tokens_per_minute: 1, requests_per_minute: 1, model_rules: [{rule_id: a}]}\n",
+            "default_policy: {tokens_per_minute: 1, requests_per_minute: 1, burst: 3}\n",
+        ] {
+            assert!(parse(bad, true).is_err(), "{bad}");
+        }
+        assert_eq!(flags(&[]).tenant_limits().unwrap(), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -15,7 +15,6 @@ const MM: &str = "media is relayed to the engine untouched here: the engine fetc
 const MESH: &str = "no HA mesh here: replicas catch up with --index-peers (shared state is issue 33)";
 const STORAGE: &str = "the Responses and Conversations APIs and their storage are not served by this router";
 const PLUGIN: &str = "MCP tools and WASM plugins are not served by this router";
-const TENANT: &str = "priorities and tenants are not built yet (issue 30)";
 const TRACE: &str = "OTLP trace export is not built yet (issue 30); use --log-json and the request id";
 const JWT: &str = "JWT/OIDC and control-plane audit logs are not built yet (issue 30); use --control-plane-api-keys";
 const RL: &str = "the RL control plane (/v1/rl) is not served by this router";
@@ -150,8 +149,6 @@ const OPTIONS: &[SmgOnly] = &[
     o("jemalloc-prof-dir", &[], Value, None, JEMALLOC),
     o("storage-context-headers", &[], Any, None, STORAGE),
     o("max-background-responses", &[], Value, Some("1024"), BG),
-    o("tenant-rate-limit-enabled", &[], Flag, None, TENANT),
-    o("tenant-rate-limit-config", &[], Value, None, TENANT),
     o("disable-tokenizer-autoload", &[], Flag, None, AUTOLOAD),
     o("parser", &[], Value, Some("legacy"), PARSER),
     o("reasoning-parser", &[], Value, None, PARSER),

@@ -81,6 +81,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         liveness: fleet::liveness::LivenessConfig::default(),
         scheduler: None,
         tenants: Default::default(),
+        tenant_limits: None,
         index_retention: Duration::from_secs(300),
         shutdown_grace: Duration::from_secs(1),
         serve_threads: 2,

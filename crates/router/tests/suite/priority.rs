@@ -174,3 +174,53 @@ async fn a_queued_bulk_request_is_preempted_by_an_interactive_one_before_anythin
     assert_eq!(w.engine().requests.load(Ordering::SeqCst), before + 2, "the preempted one was never sent");
     let _ = r.stop.send(());
 }
+
+/// SMG's `--tenant-rate-limit-*`: each tenant's requests and prompt tokens per minute hold while
+/// two tenants send at once, and neither is charged for the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tenants_rate_limits_hold_while_two_tenants_send_at_once() {
+    use gateway::pipeline::tenant_limits::{Limits, TenantLimitsConfig};
+    let w = MockEngine::spawn(engine_config()).await.unwrap();
+    let mut c = config(&[&w], PolicyConfig::RoundRobin, false);
+    c.client_keys = vec!["ops-key".into(), "batch-key".into(), "thin-key".into()];
+    let mut t = tenants();
+    t.by_key.insert(b"Bearer thin-key".to_vec(), "thin".into());
+    c.tenants = t;
+    let mut limits = std::collections::HashMap::new();
+    limits.insert("auth:batch".to_string(), Limits { requests_per_minute: 5, tokens_per_minute: 1_000_000 });
+    limits.insert("auth:thin".to_string(), Limits { requests_per_minute: 1000, tokens_per_minute: 100 });
+    let default = Limits { requests_per_minute: 1000, tokens_per_minute: 1_000_000 };
+    c.tenant_limits = Some(TenantLimitsConfig { default, tenants: limits });
+    let r = start(c).await;
+    let url = format!("{}/v1/chat/completions", r.url);
+    let http = reqwest::Client::new();
+    let burst = |key: &'static str| {
+        let (http, url) = (http.clone(), url.clone());
+        tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            for i in 0..10 {
+                let resp = send(&http, &url, key, "default", &format!("{key} {i}")).await;
+                if resp.status() == 429 {
+                    assert!(resp.headers()["retry-after"].to_str().unwrap().parse::<u32>().unwrap() >= 1);
+                    let body: serde_json::Value = resp.json().await.unwrap();
+                    assert_eq!(body["error"]["type"], "tenant_rate_limit_exceeded", "{body}");
+                    statuses.push(429);
+                } else {
+                    statuses.push(resp.status().as_u16());
+                }
+            }
+            statuses
+        })
+    };
+    let (batch, ops) = (burst("batch-key"), burst("ops-key"));
+    let (batch, ops) = (batch.await.unwrap(), ops.await.unwrap());
+    assert_eq!(batch.iter().filter(|s| **s == 200).count(), 5, "{batch:?}");
+    assert_eq!(batch.iter().filter(|s| **s == 429).count(), 5, "{batch:?}");
+    assert!(ops.iter().all(|s| *s == 200), "the other tenant is not charged: {ops:?}");
+    // Tokens: a body of about 1 KB is a minute's worth of the thin tenant's 100 tokens.
+    let long = "x".repeat(1024);
+    assert_eq!(send(&http, &url, "thin-key", "default", &long).await.status(), 200);
+    assert_eq!(send(&http, &url, "thin-key", "default", "short").await.status(), 429);
+    assert_eq!(common::app::metric(&r.url, "router_tenant_rate_limited_total").await, 6.0);
+    let _ = r.stop.send(());
+}
