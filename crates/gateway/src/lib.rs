@@ -15,6 +15,7 @@ pub mod explain;
 mod exposition;
 mod h1;
 mod judge;
+pub mod jwt;
 pub mod metrics;
 pub mod pd;
 pub mod pipeline;
@@ -107,6 +108,10 @@ pub struct GatewayConfig {
     pub tenants: pipeline::scheduler::Tenants,
     /// Per-tenant rate limits (`--tenant-rate-limit-enabled`; none: off).
     pub tenant_limits: Option<pipeline::tenant_limits::TenantLimitsConfig>,
+    /// JWT/OIDC tokens on the control plane (`--jwt-issuer`; none: keys only).
+    pub jwt: Option<jwt::JwtConfig>,
+    /// Log every control-plane request (`--control-plane-audit-enabled`, target `audit`).
+    pub audit: bool,
 }
 
 /// How index snapshots are served (`--index-snapshot-max-blocks`, `--index-snapshot-timeout-secs`).
@@ -279,6 +284,8 @@ pub struct Gateway {
     pub queue: admission::Queue,
     /// The rate limit's token bucket, when there is one.
     pub(crate) rate: Option<admission::TokenBucket>,
+    /// The control plane's JWT verifier, when an identity provider is configured.
+    pub jwt: Option<jwt::JwtVerifier>,
     /// Per-tenant rate limits, when on.
     pub tenant_limiter: Option<pipeline::tenant_limits::TenantLimiter>,
     /// The priority scheduler, when on: it holds the slots instead of `in_flight`'s limit.
@@ -319,6 +326,7 @@ impl Gateway {
             queue: admission::Queue::default(),
             rate: config.rate_limit.map(admission::TokenBucket::per_second),
             tenant_limiter: config.tenant_limits.clone().map(pipeline::tenant_limits::TenantLimiter::new),
+            jwt: config.jwt.clone().map(jwt::JwtVerifier::new),
             scheduler: config
                 .scheduler
                 .clone()

@@ -128,9 +128,25 @@ async fn require_key(
         Plane::Control => &gw.control_keys,
         Plane::Data => &gw.client_keys,
     };
-    match keys.check_headers(plane, req.headers()) {
-        Ok(()) => next.run(req).await,
+    let checked = match (keys.check_headers(plane, req.headers()), plane) {
+        (Ok(()), _) => Ok("key".to_string()),
+        (Err(e), Plane::Control) => control_token(&gw, req.headers(), e).await,
+        (Err(e), Plane::Data) => Err(e),
+    };
+    let audit =
+        (gw.config.audit && plane == Plane::Control).then(|| (req.method().clone(), req.uri().path().to_string()));
+    match checked {
+        Ok(principal) => {
+            let resp = next.run(req).await;
+            if let Some((method, path)) = audit {
+                tracing::info!(target: "audit", %method, path, principal, status = resp.status().as_u16(), "control plane");
+            }
+            resp
+        }
         Err(e) => {
+            if let Some((method, path)) = &audit {
+                tracing::info!(target: "audit", %method, path, status = e.status().as_u16(), refused = %e, "control plane");
+            }
             let route = Route::from_path(req.uri().path());
             if let Some(route) = route {
                 let id = req.headers().get(crate::pipeline::context::REQUEST_ID_HEADER).and_then(|v| v.to_str().ok());
@@ -138,6 +154,27 @@ async fn require_key(
             }
             e.response_for(route)
         }
+    }
+}
+
+/// A control-plane request the keys refused (`refused`): an identity provider's token opens it
+/// when its role maps to admin (the holder's subject, for the audit log).
+async fn control_token(
+    gw: &Gateway,
+    headers: &axum::http::HeaderMap,
+    refused: GatewayError,
+) -> Result<String, GatewayError> {
+    let Some(jwt) = &gw.jwt else { return Err(refused) };
+    let token = headers.get(header::AUTHORIZATION).and_then(|v| crate::pipeline::auth::bearer_token(v.as_bytes()));
+    let Some(token) = token.and_then(|t| std::str::from_utf8(t).ok()).filter(|t| t.matches('.').count() == 2) else {
+        return Err(refused);
+    };
+    match jwt.verify(token).await {
+        Ok((sub, crate::jwt::Role::Admin)) => Ok(format!("jwt:{}", sub.unwrap_or_default())),
+        Ok((_, crate::jwt::Role::User)) => Err(GatewayError::Forbidden(
+            "the token's role is user: the control plane needs a role --jwt-role-mapping maps to admin".into(),
+        )),
+        Err(e) => Err(GatewayError::Unauthorized(e.to_string())),
     }
 }
 

@@ -63,6 +63,8 @@ fn unstarted(workers: &[&str], retry: crate::RetryConfig) -> (Gateway, Arc<fleet
         scheduler: None,
         tenants: Default::default(),
         tenant_limits: None,
+        jwt: None,
+        audit: false,
         admin_listener: false,
         retry,
         queue_size: 0,

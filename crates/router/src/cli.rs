@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+mod control;
 mod discovery;
 mod liveness;
 mod scheduler;
@@ -364,6 +365,8 @@ pub(crate) struct ServeArgs {
     pub(crate) liveness: liveness::LivenessFlags,
     #[command(flatten)]
     pub(crate) scheduler: scheduler::SchedulerFlags,
+    #[command(flatten)]
+    pub(crate) control: control::ControlFlags,
     /// SMG's options this router does not implement: known, judged at start.
     #[command(flatten)]
     pub(crate) smg_only: smg_only::SmgOnlyFlags,

@@ -125,6 +125,10 @@ pub struct AppConfig {
     pub scheduler: Option<gateway::pipeline::scheduler::SchedulerConfig>,
     /// Who a request's tenant is.
     pub tenants: gateway::pipeline::scheduler::Tenants,
+    /// JWT/OIDC tokens on the control plane (none: keys only).
+    pub jwt: Option<gateway::jwt::JwtConfig>,
+    /// Log every control-plane request (target `audit`).
+    pub audit: bool,
     /// Per-tenant rate limits (none: off).
     pub tenant_limits: Option<gateway::pipeline::tenant_limits::TenantLimitsConfig>,
     /// How long a down worker's index state is kept.

@@ -372,6 +372,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         },
         tenants: a.scheduler.tenants()?,
         tenant_limits: a.scheduler.tenant_limits()?,
+        jwt: a.control.jwt()?,
+        audit: a.control.control_plane_audit_enabled,
         index_retention: Duration::from_secs(a.worker_index_retention_secs),
         shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
         fast_proxy: !a.no_fast_proxy,

@@ -115,6 +115,8 @@ pub(crate) fn gateway_config(config: &AppConfig) -> GatewayConfig {
         scheduler: config.scheduler.clone(),
         tenants: config.tenants.clone(),
         tenant_limits: config.tenant_limits.clone(),
+        jwt: config.jwt.clone(),
+        audit: config.audit,
     }
 }
 

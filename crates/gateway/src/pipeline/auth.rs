@@ -89,7 +89,7 @@ impl Keys {
 }
 
 /// The token of `Bearer TOKEN` (scheme case-insensitive, surrounding blanks ignored).
-fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+pub(crate) fn bearer_token(value: &[u8]) -> Option<&[u8]> {
     let value = value.trim_ascii();
     let (scheme, rest) = value.split_at_checked(6)?;
     if !scheme.eq_ignore_ascii_case(b"bearer") || !rest.first().is_some_and(|b| *b == b' ' || *b == b'\t') {

@@ -103,6 +103,8 @@ pub(crate) async fn start_fleet(
         scheduler: None,
         tenants: Default::default(),
         tenant_limits: None,
+        jwt: None,
+        audit: false,
         admin_listener: false,
         retry: gateway::RetryConfig { initial_backoff: Duration::from_millis(1), ..Default::default() },
         queue_size: 0,

@@ -16,7 +16,6 @@ const MESH: &str = "no HA mesh here: replicas catch up with --index-peers (share
 const STORAGE: &str = "the Responses and Conversations APIs and their storage are not served by this router";
 const PLUGIN: &str = "MCP tools and WASM plugins are not served by this router";
 const TRACE: &str = "OTLP trace export is not built yet (issue 30); use --log-json and the request id";
-const JWT: &str = "JWT/OIDC and control-plane audit logs are not built yet (issue 30); use --control-plane-api-keys";
 const RL: &str = "the RL control plane (/v1/rl) is not served by this router";
 const PARSER: &str = "reasoning and tool-call parsing is the engine's here (start SGLang with --reasoning-parser/--tool-call-parser); the router relays its answers";
 const K8S: &str = "use --service-discovery with --selector: file discovery, model ids from pod metadata and vLLM connector annotations are not built";
@@ -180,11 +179,6 @@ const OPTIONS: &[SmgOnly] = &[
     o("schema-config", &[], Value, None, STORAGE),
     o("enable-trace", &[], Flag, None, TRACE),
     o("otlp-traces-endpoint", &[], Value, Some("localhost:4317"), TRACE),
-    o("control-plane-audit-enabled", &[], Flag, None, JWT),
-    o("jwt-issuer", &[], Value, None, JWT),
-    o("jwt-audience", &[], Value, None, JWT),
-    o("jwt-jwks-uri", &[], Value, None, JWT),
-    o("jwt-role-mapping", &[], Any, None, JWT),
     o("enable-mesh", &[], Flag, None, MESH),
     o("mesh-server-name", &[], Value, None, MESH),
     o("mesh-host", &[], Value, Some("0.0.0.0"), MESH),

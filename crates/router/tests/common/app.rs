@@ -82,6 +82,8 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         scheduler: None,
         tenants: Default::default(),
         tenant_limits: None,
+        jwt: None,
+        audit: false,
         index_retention: Duration::from_secs(300),
         shutdown_grace: Duration::from_secs(1),
         serve_threads: 2,

@@ -16,6 +16,7 @@ mod fleet;
 mod gateway_e2e;
 mod http_front;
 mod index_peers;
+mod jwt;
 mod k8s_discovery;
 mod kv_events_cli;
 mod liveness;
