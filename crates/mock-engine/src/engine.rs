@@ -445,14 +445,18 @@ impl Engine {
         None
     }
 
+    /// Takes one of the faults `pick` counts down, if any is left.
+    fn take_one(&self, pick: impl FnOnce(&mut Faults) -> &mut usize) -> bool {
+        let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        let left = pick(&mut f);
+        let some = *left > 0;
+        *left = left.saturating_sub(1);
+        some
+    }
+
     /// True if this vLLM prefill answer must leave out its params (consumes one).
     pub fn take_drop_kv_params(&self) -> bool {
-        let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
-        if f.drop_kv_params_next > 0 {
-            f.drop_kv_params_next -= 1;
-            return true;
-        }
-        false
+        self.take_one(|f| &mut f.drop_kv_params_next)
     }
 
     /// Bytes of padding for this vLLM prefill answer's params (consumes the fault).
@@ -462,22 +466,12 @@ impl Engine {
 
     /// True if this streamed request must die after its first chunk (consumes one).
     pub fn take_fault_mid_stream_pending(&self) -> bool {
-        let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
-        if f.die_mid_stream_next > 0 {
-            f.die_mid_stream_next -= 1;
-            return true;
-        }
-        false
+        self.take_one(|f| &mut f.die_mid_stream_next)
     }
 
     /// True if this streamed request must stop after its first chunk until released (consumes one).
     pub fn take_wedge_mid_stream(&self) -> bool {
-        let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
-        if f.wedge_mid_stream_next > 0 {
-            f.wedge_mid_stream_next -= 1;
-            return true;
-        }
-        false
+        self.take_one(|f| &mut f.wedge_mid_stream_next)
     }
 
     fn scaled(&self, d: Duration) -> Duration {

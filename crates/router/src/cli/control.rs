@@ -57,7 +57,9 @@ impl ControlFlags {
                 Some((k, v)) if !k.is_empty() && v == "admin" => (k, Role::Admin),
                 Some((k, v)) if !k.is_empty() && v == "user" => (k, Role::User),
                 _ => {
-                    return Err(UsageError(format!("--jwt-role-mapping {m}: expected IDP_ROLE=admin or IDP_ROLE=user")));
+                    return Err(UsageError(format!(
+                        "--jwt-role-mapping {m}: expected IDP_ROLE=admin or IDP_ROLE=user"
+                    )));
                 }
             };
             role_mapping.insert(role.0.to_string(), role.1);
