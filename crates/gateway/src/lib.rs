@@ -112,6 +112,9 @@ pub struct GatewayConfig {
     pub jwt: Option<jwt::JwtConfig>,
     /// Log every control-plane request (`--control-plane-audit-enabled`, target `audit`).
     pub audit: bool,
+    /// How long an idle worker connection is kept for reuse (`--upstream-pool-idle-timeout-secs`;
+    /// zero: forever).
+    pub upstream_pool_idle: Duration,
 }
 
 /// How index snapshots are served (`--index-snapshot-max-blocks`, `--index-snapshot-timeout-secs`).
@@ -247,7 +250,13 @@ impl Default for ClientLimits {
     }
 }
 
-/// How long an idle upstream connection is kept (the router's own client's per-thread pools).
+/// How long an idle upstream connection may be reused by default (SMG's
+/// `--upstream-pool-idle-timeout-secs`: under the engines' own keep-alive timeout, uvicorn's 5 s,
+/// so a connection is not reused as the engine closes it).
+pub const DEFAULT_UPSTREAM_POOL_IDLE: Duration = Duration::from_secs(3);
+
+/// How long an idle upstream connection is kept at most (the per-thread pools' sweep, whatever
+/// `--upstream-pool-idle-timeout-secs` says).
 const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest wait for a connection to a worker.
 const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -419,6 +428,15 @@ impl Gateway {
     /// Large renders running now.
     pub fn render_slots_busy(&self) -> usize {
         self.config.render_threads.max(1) - self.render_slots.available_permits()
+    }
+
+    /// How long a pooled worker connection may have been idle to be reused (zero in the config:
+    /// until the pools' own sweep, a minute).
+    pub fn pool_idle(&self) -> Duration {
+        match self.config.upstream_pool_idle {
+            Duration::ZERO => Duration::MAX,
+            d => d,
+        }
     }
 
     /// Requests being served now.

@@ -65,6 +65,7 @@ fn unstarted(workers: &[&str], retry: crate::RetryConfig) -> (Gateway, Arc<fleet
         tenant_limits: None,
         jwt: None,
         audit: false,
+        upstream_pool_idle: crate::DEFAULT_UPSTREAM_POOL_IDLE,
         admin_listener: false,
         retry,
         queue_size: 0,

@@ -129,6 +129,8 @@ pub struct AppConfig {
     pub jwt: Option<gateway::jwt::JwtConfig>,
     /// Log every control-plane request (target `audit`).
     pub audit: bool,
+    /// How long an idle worker connection is kept for reuse (zero: forever).
+    pub upstream_pool_idle: Duration,
     /// Per-tenant rate limits (none: off).
     pub tenant_limits: Option<gateway::pipeline::tenant_limits::TenantLimitsConfig>,
     /// How long a down worker's index state is kept.

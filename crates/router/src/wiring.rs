@@ -117,6 +117,7 @@ pub(crate) fn gateway_config(config: &AppConfig) -> GatewayConfig {
         tenant_limits: config.tenant_limits.clone(),
         jwt: config.jwt.clone(),
         audit: config.audit,
+        upstream_pool_idle: config.upstream_pool_idle,
     }
 }
 

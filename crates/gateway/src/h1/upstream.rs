@@ -66,13 +66,13 @@ impl crate::send::AnswerHead for Answer {
     }
 }
 
-/// An idle connection to `authority` that still looks open.
-fn checkout(authority: &str) -> Option<Conn> {
+/// An idle connection to `authority` that still looks open and has been idle less than `max_idle`.
+fn checkout(authority: &str, max_idle: Duration) -> Option<Conn> {
     IDLE.with_borrow_mut(|idle| {
         let list = idle.get_mut(authority)?;
         while let Some((tcp, since)) = list.pop() {
             // An idle connection has nothing to read: data or end of stream means the worker closed it.
-            if tcp.looks_open() && since.elapsed() < UPSTREAM_IDLE_TIMEOUT {
+            if tcp.looks_open() && since.elapsed() < max_idle.min(UPSTREAM_IDLE_TIMEOUT) {
                 return Some(tcp);
             }
         }
@@ -155,6 +155,8 @@ pub(crate) struct Extra {
     pub(crate) rank: Option<Bytes>,
     /// TLS towards `https://` workers.
     pub(crate) tls: tokio_rustls::TlsConnector,
+    /// A pooled connection idle this long is not reused (`--upstream-pool-idle-timeout-secs`).
+    pub(crate) pool_idle: Duration,
 }
 
 impl Extra {
@@ -209,7 +211,7 @@ pub(crate) async fn send(
         (None, None) => {}
     }
     msg.extend_from_slice(b"\r\n");
-    let mut pooled = checkout(&pool_key);
+    let mut pooled = checkout(&pool_key, extra.pool_idle);
     loop {
         let reused = pooled.is_some();
         let mut tcp = match pooled.take() {

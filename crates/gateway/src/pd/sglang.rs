@@ -318,8 +318,12 @@ mod tests {
     async fn the_legs_get_the_serialized_headers_and_only_the_prefill_the_rank_hint() {
         let gw = crate::testing::gateway(&["http://w:1"], crate::RetryConfig::default()).await;
         let lines = Bytes::from_static(b"authorization: Bearer k\r\nx-a: 1\r\nx-a: 2\r\n");
-        let extra =
-            Extra { headers: lines.clone(), rank: Some(Bytes::from_static(b"3")), tls: gw.upstream_tls.clone() };
+        let extra = Extra {
+            headers: lines.clone(),
+            rank: Some(Bytes::from_static(b"3")),
+            tls: gw.upstream_tls.clone(),
+            pool_idle: gw.pool_idle(),
+        };
         let (prefill, decode) = leg_extras(&extra);
         for leg in [&prefill, &decode] {
             let sent: Vec<_> = crate::pipeline::request::header_lines(&leg.headers).collect();

@@ -105,6 +105,7 @@ pub(crate) async fn start_fleet(
         tenant_limits: None,
         jwt: None,
         audit: false,
+        upstream_pool_idle: gateway::DEFAULT_UPSTREAM_POOL_IDLE,
         admin_listener: false,
         retry: gateway::RetryConfig { initial_backoff: Duration::from_millis(1), ..Default::default() },
         queue_size: 0,

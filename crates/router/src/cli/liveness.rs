@@ -67,6 +67,10 @@ pub(crate) struct LivenessFlags {
     /// and runtime of their own, so probes are answered however busy the serving threads are.
     #[arg(long, env = "SGL_ROUTER_HEALTH_CHECK_PORT", value_name = "PORT")]
     pub(crate) health_check_port: Option<u16>,
+    /// Seconds an idle connection to a worker is kept for reuse; keep it under the engines' own
+    /// keep-alive timeout (uvicorn's 5 s) so a connection is not reused as the engine closes it; 0: forever.
+    #[arg(long, env = "SGL_ROUTER_UPSTREAM_POOL_IDLE_TIMEOUT_SECS", default_value_t = 3, value_name = "S")]
+    pub(crate) upstream_pool_idle_timeout_secs: u64,
     /// Seconds a new worker's first probe waits.
     #[arg(long, env = "SGL_ROUTER_WORKER_STARTUP_DELAY", default_value_t = 0, value_name = "S")]
     pub(crate) worker_startup_delay: u64,

@@ -37,8 +37,6 @@ const BUFFER: &str =
 const SSE: &str = "no keep-alive frames are added to silent streams here: the worker's stream is relayed as sent";
 const STALL: &str = "request bodies are bounded by --client-body-timeout-secs here";
 const H2: &str = "HTTP/2 to workers is not built: workers are spoken to over pooled HTTP/1.1 keep-alive connections";
-const POOLIDLE: &str =
-    "pooled worker connections are checked before reuse and closed when the worker closed them; there is no idle timer";
 const ALIAS: &str = "give a --routing-config pool the alias as its model name";
 const JEMALLOC: &str = "the router is not built with jemalloc";
 const BG: &str = "the Responses API's background mode is not served";
@@ -85,7 +83,6 @@ const fn o(
 /// Every such option, in `smg launch`'s order.
 const OPTIONS: &[SmgOnly] = &[
     o("upstream-http2", &[], Flag, None, H2),
-    o("upstream-pool-idle-timeout-secs", &[], Value, Some("3"), POOLIDLE),
     o("encode-policy", &[], Value, None, GRPC),
     o("prefix-token-count", &[], Value, Some("256"), PREFIXHASH),
     o("prefix-hash-load-factor", &[], Value, Some("1.25"), PREFIXHASH),

@@ -84,6 +84,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         tenant_limits: None,
         jwt: None,
         audit: false,
+        upstream_pool_idle: gateway::DEFAULT_UPSTREAM_POOL_IDLE,
         index_retention: Duration::from_secs(300),
         shutdown_grace: Duration::from_secs(1),
         serve_threads: 2,

@@ -321,3 +321,56 @@ async fn the_probes_are_served_on_the_health_check_port_and_nothing_else() {
     assert_eq!(client.get(format!("{probes}/workers")).send().await.unwrap().status(), 404, "no control plane");
     let _ = r.stop.send(());
 }
+
+/// SMG's `--upstream-pool-idle-timeout-secs`: a pooled worker connection idle that long is not
+/// reused (it would race the engine's own keep-alive timeout); one used sooner is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_worker_connection_idle_past_the_pool_timeout_is_not_reused() {
+    use std::sync::atomic::AtomicUsize;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    // Connections that carried a chat (the probes come on connections of their own).
+    let chat_connections = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = chat_connections.clone();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let (mut buf, mut posted) = (vec![0u8; 65536], false);
+                while let Ok(n) = tcp.read(&mut buf).await {
+                    if n == 0 {
+                        return;
+                    }
+                    if buf[..n].starts_with(b"POST") && !std::mem::replace(&mut posted, true) {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let body = r#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}"#;
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if tcp.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let mut c = config(&[], PolicyConfig::RoundRobin, false);
+    c.workers = vec![router_types::WorkerUrl::parse(&url).unwrap()];
+    c.serve_threads = 1;
+    c.upstream_pool_idle = Duration::from_millis(300);
+    let r = start(c).await;
+    let chat_url = format!("{}/v1/chat/completions", r.url);
+    let http = reqwest::Client::new();
+    for _ in 0..3 {
+        assert_eq!(http.post(&chat_url).json(&chat("s", "u")).send().await.unwrap().status(), 200);
+    }
+    assert_eq!(chat_connections.load(Ordering::SeqCst), 1, "reused while fresh");
+    // Idle past the pool's timeout: the next request opens a new connection.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(http.post(&chat_url).json(&chat("s", "u")).send().await.unwrap().status(), 200);
+    assert_eq!(chat_connections.load(Ordering::SeqCst), 2, "not reused once idle past the timeout");
+    let _ = r.stop.send(());
+}
