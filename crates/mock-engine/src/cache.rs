@@ -52,6 +52,11 @@ pub struct PagedCache {
 // === impl PagedCache ===
 
 impl PagedCache {
+    /// Pages held by running requests (pinned): SGLang's used tokens, its evictable cache apart.
+    pub fn pinned(&self) -> usize {
+        self.pages.values().filter(|p| p.pins > 0).count()
+    }
+
     /// Pages it can hold.
     pub fn capacity(&self) -> usize {
         self.capacity

@@ -94,7 +94,8 @@ pub struct RankLoad {
     pub num_waiting_reqs: u64,
     /// Prompt tokens of the queued requests not in the cache.
     pub num_waiting_uncached_tokens: u64,
-    /// Share of the KV cache's pages in use.
+    /// Share of the KV cache's pages running requests hold (SGLang's `token_usage`: the
+    /// evictable cache apart).
     pub token_usage: f64,
 }
 
@@ -619,7 +620,8 @@ impl Engine {
             .enumerate()
             .map(|(dp_rank, r)| {
                 let cache = r.cache.lock().unwrap_or_else(|p| p.into_inner());
-                let token_usage = cache.len() as f64 / cache.capacity().max(1) as f64;
+                // As SGLang reports it: the pages running requests hold, the evictable cache apart.
+                let token_usage = cache.pinned() as f64 / cache.capacity().max(1) as f64;
                 drop(cache);
                 RankLoad {
                     dp_rank,
