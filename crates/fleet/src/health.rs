@@ -218,47 +218,14 @@ async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration, stal
     // SGLang: {"loads": [{"dp_rank": 0, "num_waiting_uncached_tokens": N, ...}, ...]}
     let body = read_capped(resp).await;
     let value = body.as_deref().and_then(|b| serde_json::from_slice::<Value>(b).ok());
-    let report = value.as_ref().and_then(|v| {
-        let loads = v.get("loads")?.as_array()?;
-        let per_rank: Vec<(usize, u64)> = loads
-            .iter()
-            .filter_map(|l| {
-                let rank = l.get("dp_rank").and_then(Value::as_u64).unwrap_or(0);
-                Some((usize::try_from(rank).ok()?, l.get("num_waiting_uncached_tokens")?.as_u64()?))
-            })
-            .collect();
-        Some(per_rank)
-    });
-    let requests = value.as_ref().and_then(|v| v.get("loads")?.as_array()).map_or(0u64, |loads| {
-        let n = |l: &Value, k: &str| l.get(k).and_then(Value::as_u64).unwrap_or(0);
-        loads.iter().map(|l| n(l, "num_running_reqs") + n(l, "num_waiting_reqs")).fold(0, u64::saturating_add)
-    });
-    w.set_reported_requests(u32::try_from(requests).unwrap_or(u32::MAX));
+    let ranks = value.as_ref().map(crate::liveness::RankReport::parse).unwrap_or_default();
+    let sum = |f: fn(&crate::liveness::RankReport) -> u64| ranks.iter().map(f).fold(0u64, u64::saturating_add);
+    w.set_reported_requests(u32::try_from(sum(|r| r.running.saturating_add(r.waiting))).unwrap_or(u32::MAX));
+    w.set_reported_uncached_tokens(sum(|r| r.uncached));
+    let per_rank: Vec<(usize, u64)> = ranks.iter().map(|r| (r.dp_rank as usize, r.uncached)).collect();
+    w.set_reported_rank_loads(&per_rank);
     // Overload protection's signals: queued requests over the ranks, their mean KV usage.
-    if let Some(loads) = value.as_ref().and_then(|v| v.get("loads")?.as_array()).filter(|l| !l.is_empty()) {
-        let waiting = loads.iter().filter_map(|l| l.get("num_waiting_reqs")?.as_u64()).fold(0u64, u64::saturating_add);
-        let usage = loads.iter().filter_map(|l| l.get("token_usage")?.as_f64()).filter(|u| u.is_finite()).sum::<f64>()
-            / loads.len() as f64;
-        w.liveness.reported(u32::try_from(waiting).unwrap_or(u32::MAX), usage.clamp(0.0, 1.0));
-        let n = |l: &Value, k: &str| l.get(k).and_then(Value::as_u64).unwrap_or(0);
-        let ranks = loads.iter().take(crate::MAX_DP_SIZE as usize).map(|l| crate::liveness::RankReport {
-            dp_rank: u32::try_from(n(l, "dp_rank")).unwrap_or(u32::MAX),
-            running: n(l, "num_running_reqs"),
-            waiting: n(l, "num_waiting_reqs"),
-            token_usage: l
-                .get("token_usage")
-                .and_then(Value::as_f64)
-                .filter(|u| u.is_finite())
-                .unwrap_or(0.0)
-                .clamp(0.0, 1.0),
-        });
-        w.liveness.set_rank_reports(ranks.collect());
-    } else {
-        w.liveness.report_lost();
-    }
-    let report = report.unwrap_or_default();
-    w.set_reported_uncached_tokens(report.iter().map(|(_, t)| *t).fold(0u64, u64::saturating_add));
-    w.set_reported_rank_loads(&report);
+    w.liveness.set_rank_reports(ranks);
 }
 
 /// Warns (once per set of models) when the workers serve different models: one

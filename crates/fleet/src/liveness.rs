@@ -136,7 +136,7 @@ impl Veto {
 }
 
 /// Milliseconds since the process's first reading (never 0: 0 is "never").
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     let epoch = *EPOCH.get_or_init(|| Instant::now() - Duration::from_millis(1));
     u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -174,8 +174,32 @@ pub struct RankReport {
     pub running: u64,
     /// Requests queued.
     pub waiting: u64,
+    /// Prompt tokens of the queued requests not in its cache.
+    pub uncached: u64,
     /// KV-cache token usage, 0 to 1.
     pub token_usage: f64,
+}
+
+impl RankReport {
+    /// Each rank of a SGLang `/v1/loads` answer (`{"loads": [{"dp_rank": 0, ...}, ...]}`), the
+    /// first [`crate::MAX_DP_SIZE`]; a field it lacks is 0.
+    pub fn parse(answer: &serde_json::Value) -> Vec<RankReport> {
+        let loads = answer.get("loads").and_then(serde_json::Value::as_array).map_or(&[][..], Vec::as_slice);
+        let ranks = loads.iter().take(crate::MAX_DP_SIZE as usize);
+        ranks
+            .map(|l| {
+                let n = |k: &str| l.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+                let usage = l.get("token_usage").and_then(serde_json::Value::as_f64).filter(|u| u.is_finite());
+                RankReport {
+                    dp_rank: u32::try_from(n("dp_rank")).unwrap_or(u32::MAX),
+                    running: n("num_running_reqs"),
+                    waiting: n("num_waiting_reqs"),
+                    uncached: n("num_waiting_uncached_tokens"),
+                    token_usage: usage.unwrap_or(0.0).clamp(0.0, 1.0),
+                }
+            })
+            .collect()
+    }
 }
 
 impl Liveness {
@@ -193,17 +217,16 @@ impl Liveness {
         if stall.is_zero() {
             return;
         }
-        let silent = now_ms().saturating_sub(self.contact.load(Ordering::Relaxed));
+        let silent = now_ms().saturating_sub(self.heard());
         if u128::from(silent) >= stall.as_millis() {
             self.stalled.store(true, Ordering::Relaxed);
         }
     }
 
-    /// It made progress (an answer's bytes, a completion) with `in_flight` requests on it.
+    /// It made progress (an answer's bytes, a completion) with `in_flight` requests on it
+    /// (progress is contact too: [`Liveness::heard`] reads both).
     pub(crate) fn progressed(&self, in_flight: u32) {
-        let now = now_ms();
-        self.contact.store(now, Ordering::Relaxed);
-        self.progress.store(now, Ordering::Relaxed);
+        self.progress.store(now_ms(), Ordering::Relaxed);
         self.pile_at_progress.store(in_flight, Ordering::Relaxed);
         self.waiting_at_progress.store(self.waiting.load(Ordering::Relaxed), Ordering::Relaxed);
         if self.stalled.load(Ordering::Relaxed) {
@@ -229,10 +252,23 @@ impl Liveness {
         self.ranks.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Records its report per rank (the first [`crate::MAX_DP_SIZE`]).
+    /// Records its report per rank (the first [`crate::MAX_DP_SIZE`]): its queued requests over
+    /// them and their mean KV usage ([`Liveness::reported`]); none: the report is lost.
     pub fn set_rank_reports(&self, mut reports: Vec<RankReport>) {
         reports.truncate(crate::MAX_DP_SIZE as usize);
+        if reports.is_empty() {
+            self.report_lost();
+            return;
+        }
+        let waiting = reports.iter().map(|r| r.waiting).fold(0u64, u64::saturating_add);
+        let usage = reports.iter().map(|r| r.token_usage).sum::<f64>() / reports.len() as f64;
+        self.reported(u32::try_from(waiting).unwrap_or(u32::MAX), usage);
         *self.ranks.lock().unwrap_or_else(|p| p.into_inner()) = reports;
+    }
+
+    /// When it was last heard from: a contact or progress (ms, 0: never).
+    fn heard(&self) -> u64 {
+        self.contact.load(Ordering::Relaxed).max(self.progress.load(Ordering::Relaxed))
     }
 
     /// Its report is lost (a failed poll): nothing is known of its queue.
@@ -264,21 +300,25 @@ impl Liveness {
 
     /// Milliseconds since it was last heard from (`None`: never).
     pub fn silent_for(&self) -> Option<Duration> {
-        let at = self.contact.load(Ordering::Relaxed);
+        let at = self.heard();
         (at != 0).then(|| Duration::from_millis(now_ms().saturating_sub(at)))
     }
 
     /// Its veto now, if any (`in_flight`, `owed`: its requests in flight and
     /// the uncached prompt tokens it still owes).
     pub fn veto(&self, cfg: &LivenessConfig, in_flight: u32, owed: u64) -> Option<Veto> {
+        self.veto_at(cfg, in_flight, owed, now_ms())
+    }
+
+    /// [`Liveness::veto`] at `now` (one clock reading for a whole decision's candidates).
+    pub(crate) fn veto_at(&self, cfg: &LivenessConfig, in_flight: u32, owed: u64, now: u64) -> Option<Veto> {
         if self.stalled.load(Ordering::Relaxed) {
             return Some(Veto::Stalled);
         }
-        let now = now_ms();
-        let since = |at: &AtomicU64| now.saturating_sub(at.load(Ordering::Relaxed));
+        let since = |at: u64| now.saturating_sub(at);
         if !cfg.stale.is_zero()
             && self.polled.load(Ordering::Relaxed)
-            && u128::from(since(&self.contact)) >= cfg.stale.as_millis()
+            && u128::from(since(self.heard())) >= cfg.stale.as_millis()
         {
             return Some(Veto::Stale);
         }
@@ -288,7 +328,7 @@ impl Liveness {
             let piling = in_flight > self.pile_at_progress.load(Ordering::Relaxed)
                 || in_flight >= WEDGE_PILE
                 || self.waiting() > self.waiting_at_progress.load(Ordering::Relaxed);
-            if piling && u128::from(since(&self.progress)) >= bound.as_millis() {
+            if piling && u128::from(since(self.progress.load(Ordering::Relaxed))) >= bound.as_millis() {
                 return Some(Veto::Wedged);
             }
         }
@@ -312,7 +352,8 @@ pub enum Screened {
 
 /// Leaves vetoed workers out of a decision among `workers` (see the module's doc).
 pub fn screen(cfg: &LivenessConfig, workers: Vec<Arc<Worker>>) -> Screened {
-    let vetoes: Vec<Option<Veto>> = workers.iter().map(|w| w.veto(cfg)).collect();
+    let now = now_ms();
+    let vetoes: Vec<Option<Veto>> = workers.iter().map(|w| w.veto_at(cfg, now)).collect();
     if vetoes.iter().all(Option::is_none) {
         return Screened::Workers(workers);
     }

@@ -9,10 +9,25 @@ use kv_index::IndexStats;
 use kv_ingest::PumpMetrics;
 use router_types::metrics::{escape as esc, head};
 
+use crate::liveness::{RankReport, Veto};
 use crate::{Fleet, FleetMetrics, State, Worker};
 
 fn get(c: &AtomicU64) -> u64 {
     c.load(Ordering::Relaxed)
+}
+
+/// One metric: its head, then a line per (labels, value).
+fn series<V: std::fmt::Display>(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (String, V)>,
+) {
+    head(out, name, kind, help);
+    for (labels, v) in rows {
+        let _ = writeln!(out, "{name}{{{labels}}} {v}");
+    }
 }
 
 fn counter(out: &mut String, name: &str, help: &str, series: &[(&str, u64)]) {
@@ -59,62 +74,27 @@ impl Fleet {
                 w.breaker_opened()
             );
         }
-        head(
-            out,
-            "router_worker_vetoed",
-            "gauge",
-            "1 while a liveness veto leaves the worker out of new routing decisions, by veto.",
-        );
         let cfg = &self.config.liveness;
-        for w in &workers {
-            let now = w.veto(cfg);
-            for v in crate::liveness::Veto::ALL {
-                let _ = writeln!(
-                    out,
-                    "router_worker_vetoed{{worker=\"{}\",veto=\"{}\"}} {}",
-                    esc(w.url.as_str()),
-                    v.as_str(),
-                    u8::from(now == Some(v))
-                );
-            }
-        }
-        head(
-            out,
-            "router_worker_vetoes_total",
-            "counter",
-            "Routing decisions that left the worker out, by liveness veto.",
-        );
-        for w in &workers {
-            for v in crate::liveness::Veto::ALL {
-                let _ = writeln!(
-                    out,
-                    "router_worker_vetoes_total{{worker=\"{}\",veto=\"{}\"}} {}",
-                    esc(w.url.as_str()),
-                    v.as_str(),
-                    w.liveness.vetoed(v)
-                );
-            }
-        }
+        let url = |w: &Worker| esc(w.url.as_str()).to_string();
+        let by_veto = |value: &dyn Fn(usize, &Worker, Veto) -> u64| {
+            let rows = workers.iter().enumerate().flat_map(|(i, w)| Veto::ALL.map(|v| (i, w, v)));
+            let label = |w: &Worker, v: Veto| format!("worker=\"{}\",veto=\"{}\"", url(w), v.as_str());
+            rows.map(|(i, w, v)| (label(w, v), value(i, w, v))).collect::<Vec<_>>()
+        };
+        let vetoes_now: Vec<_> = workers.iter().map(|w| w.veto(cfg)).collect();
+        let vetoed = "1 while a liveness veto leaves the worker out of new routing decisions, by veto.";
+        series(out, "router_worker_vetoed", "gauge", vetoed, by_veto(&|i, _, v| u64::from(vetoes_now[i] == Some(v))));
+        let total = "Routing decisions that left the worker out, by liveness veto.";
+        series(out, "router_worker_vetoes_total", "counter", total, by_veto(&|_, w, v| w.liveness.vetoed(v)));
         per_worker(
             out,
             "router_worker_reported_waiting_requests",
             "Requests the worker last reported queued over its ranks (SGLang /v1/loads; 0 when unknown).",
             &|w| u64::from(w.liveness.waiting()),
         );
-        head(
-            out,
-            "router_worker_reported_token_usage",
-            "gauge",
-            "Mean KV-cache token usage the worker last reported (0 when unknown).",
-        );
-        for w in &workers {
-            let _ = writeln!(
-                out,
-                "router_worker_reported_token_usage{{worker=\"{}\"}} {}",
-                esc(w.url.as_str()),
-                w.liveness.token_usage()
-            );
-        }
+        let usage = workers.iter().map(|w| (format!("worker=\"{}\"", url(w)), w.liveness.token_usage()));
+        let help = "Mean KV-cache token usage the worker last reported (0 when unknown).";
+        series(out, "router_worker_reported_token_usage", "gauge", help, usage);
         per_worker(
             out,
             "router_worker_warming",
@@ -125,27 +105,30 @@ impl Fleet {
                 router_types::Warmup::Thin => 2,
             },
         );
-        let engine = [
+        let reports: Vec<_> = workers.iter().map(|w| (url(w), w.liveness.rank_reports())).collect();
+        type Read = fn(&RankReport) -> f64;
+        let engine: [(&str, &str, Read); 3] = [
             (
                 "router_engine_running_requests",
                 "Requests the engine last reported running, by worker and dp rank (SGLang /v1/loads).",
+                |r| r.running as f64,
             ),
-            ("router_engine_waiting_requests", "Requests the engine last reported queued, by worker and dp rank."),
-            ("router_engine_token_usage", "KV-cache token usage the engine last reported, by worker and dp rank."),
+            (
+                "router_engine_waiting_requests",
+                "Requests the engine last reported queued, by worker and dp rank.",
+                |r| r.waiting as f64,
+            ),
+            (
+                "router_engine_token_usage",
+                "KV-cache token usage the engine last reported, by worker and dp rank.",
+                |r| r.token_usage,
+            ),
         ];
-        let reports: Vec<_> = workers.iter().map(|w| (w, w.liveness.rank_reports())).collect();
-        for (i, (name, help)) in engine.iter().enumerate() {
-            head(out, name, "gauge", help);
-            for (w, ranks) in &reports {
-                for r in ranks {
-                    let url = esc(w.url.as_str());
-                    let _ = match i {
-                        0 => writeln!(out, "{name}{{worker=\"{url}\",dp_rank=\"{}\"}} {}", r.dp_rank, r.running),
-                        1 => writeln!(out, "{name}{{worker=\"{url}\",dp_rank=\"{}\"}} {}", r.dp_rank, r.waiting),
-                        _ => writeln!(out, "{name}{{worker=\"{url}\",dp_rank=\"{}\"}} {}", r.dp_rank, r.token_usage),
-                    };
-                }
-            }
+        for (name, help, value) in engine {
+            let rows = reports.iter().flat_map(|(url, ranks)| {
+                ranks.iter().map(move |r| (format!("worker=\"{url}\",dp_rank=\"{}\"", r.dp_rank), value(r)))
+            });
+            series(out, name, "gauge", help, rows);
         }
         head(out, "router_workers", "gauge", "Workers by state.");
         for state in State::ALL {

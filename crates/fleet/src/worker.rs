@@ -503,8 +503,13 @@ impl Worker {
 
     /// Why it is left out of new routing decisions now, if it is (see [`crate::liveness`]).
     pub fn veto(&self, cfg: &crate::liveness::LivenessConfig) -> Option<crate::liveness::Veto> {
+        self.veto_at(cfg, crate::liveness::now_ms())
+    }
+
+    /// [`Worker::veto`] at `now` (the liveness clock's milliseconds).
+    pub(crate) fn veto_at(&self, cfg: &crate::liveness::LivenessConfig, now: u64) -> Option<crate::liveness::Veto> {
         let owed = self.uncached_tokens.load(Ordering::Relaxed);
-        self.liveness.veto(cfg, self.in_flight.load(Ordering::Relaxed), owed)
+        self.liveness.veto_at(cfg, self.in_flight.load(Ordering::Relaxed), owed, now)
     }
 
     /// Its current load: this router's requests in flight, and the prefill it

@@ -112,8 +112,8 @@ pub struct GatewayConfig {
     pub jwt: Option<jwt::JwtConfig>,
     /// Log every control-plane request (`--control-plane-audit-enabled`, target `audit`).
     pub audit: bool,
-    /// How long an idle worker connection is kept for reuse (`--upstream-pool-idle-timeout-secs`;
-    /// zero: forever).
+    /// How long a pooled worker connection may have been idle to be reused
+    /// (`--upstream-pool-idle-timeout-secs`; `Duration::MAX`: until the pools' own sweep, a minute).
     pub upstream_pool_idle: Duration,
 }
 
@@ -428,15 +428,6 @@ impl Gateway {
     /// Large renders running now.
     pub fn render_slots_busy(&self) -> usize {
         self.config.render_threads.max(1) - self.render_slots.available_permits()
-    }
-
-    /// How long a pooled worker connection may have been idle to be reused (zero in the config:
-    /// until the pools' own sweep, a minute).
-    pub fn pool_idle(&self) -> Duration {
-        match self.config.upstream_pool_idle {
-            Duration::ZERO => Duration::MAX,
-            d => d,
-        }
     }
 
     /// Requests being served now.

@@ -129,7 +129,8 @@ pub struct AppConfig {
     pub jwt: Option<gateway::jwt::JwtConfig>,
     /// Log every control-plane request (target `audit`).
     pub audit: bool,
-    /// How long an idle worker connection is kept for reuse (zero: forever).
+    /// How long a pooled worker connection may have been idle to be reused (`Duration::MAX`: until
+    /// the pools' sweep).
     pub upstream_pool_idle: Duration,
     /// Per-tenant rate limits (none: off).
     pub tenant_limits: Option<gateway::pipeline::tenant_limits::TenantLimitsConfig>,

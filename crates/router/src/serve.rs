@@ -374,7 +374,11 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         tenant_limits: a.scheduler.tenant_limits()?,
         jwt: a.control.jwt()?,
         audit: a.control.control_plane_audit_enabled,
-        upstream_pool_idle: Duration::from_secs(a.liveness.upstream_pool_idle_timeout_secs),
+        // 0: reused until the pools' own sweep.
+        upstream_pool_idle: match a.liveness.upstream_pool_idle_timeout_secs {
+            0 => Duration::MAX,
+            s => Duration::from_secs(s),
+        },
         index_retention: Duration::from_secs(a.worker_index_retention_secs),
         shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
         fast_proxy: !a.no_fast_proxy,

@@ -379,7 +379,7 @@ async fn serve_fast(
         headers: Bytes::from(headers),
         rank: head.rank.map(Bytes::from),
         tls: gw.upstream_tls.clone(),
-        pool_idle: gw.pool_idle(),
+        pool_idle: gw.config.upstream_pool_idle,
     };
     let upstream_idle = gw.config.limits.upstream_idle_timeout;
     let mut peer = Peer { tcp, pipelined: buf, open: true };

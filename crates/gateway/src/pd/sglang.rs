@@ -322,7 +322,7 @@ mod tests {
             headers: lines.clone(),
             rank: Some(Bytes::from_static(b"3")),
             tls: gw.upstream_tls.clone(),
-            pool_idle: gw.pool_idle(),
+            pool_idle: gw.config.upstream_pool_idle,
         };
         let (prefill, decode) = leg_extras(&extra);
         for leg in [&prefill, &decode] {

@@ -59,7 +59,7 @@ pub struct Who<'a> {
     pub priority: Option<&'a [u8]>,
     /// The trusted tenant header's value.
     pub tenant_header: Option<&'a [u8]>,
-    /// `Authorization` (or `x-api-key` as `Bearer KEY`).
+    /// `Authorization` (an `x-api-key` as `Bearer KEY`).
     pub authorization: Option<&'a [u8]>,
 }
 
@@ -71,7 +71,8 @@ impl<'a> Who<'a> {
         Who {
             priority: get(h1_codec::PRIORITY_HEADER),
             tenant_header,
-            authorization: get("authorization").or_else(|| get(h1_codec::API_KEY_HEADER)),
+            // `x-api-key` is `Authorization` by now (the data plane's key check moved it there).
+            authorization: get("authorization"),
         }
     }
 }
@@ -140,12 +141,15 @@ impl Admission {
     /// [`Admission::admit_waiting`] for a request from `who`: with the priority scheduler on,
     /// admitted by its class (see [`crate::pipeline::scheduler`]).
     pub async fn admit_waiting_for(gw: &Arc<Gateway>, body_len: usize, who: Who<'_>) -> Result<Self, GatewayError> {
-        if let Some(limiter) = &gw.tenant_limiter {
-            let tenant = gw.config.tenants.key_of(who.tenant_header, who.authorization);
-            if let Err(over) = limiter.charge(&tenant, body_len) {
-                gw.metrics.tenant_rate_limited.fetch_add(1, Ordering::Relaxed);
-                return Err(GatewayError::TenantRateLimited(over.retry_after_secs));
-            }
+        // The tenant, once, and only for what reads it.
+        let tenant = (gw.tenant_limiter.is_some() || gw.scheduler.is_some())
+            .then(|| gw.config.tenants.tenant(who.tenant_header, who.authorization))
+            .flatten();
+        if let Some(limiter) = &gw.tenant_limiter
+            && let Err(over) = limiter.charge(&crate::pipeline::scheduler::Tenant::key(tenant), body_len)
+        {
+            gw.metrics.tenant_rate_limited.fetch_add(1, Ordering::Relaxed);
+            return Err(GatewayError::TenantRateLimited(over.retry_after_secs));
         }
         let Some(sched) = &gw.scheduler else { return Self::admit_waiting_as(gw, body_len, false).await };
         if gw.draining.load(Ordering::Relaxed) {
@@ -154,8 +158,7 @@ impl Admission {
         if let Some(bucket) = &gw.rate {
             bucket.take().map_err(|_| GatewayError::RateLimited(gw.config.rate_limit.unwrap_or(0)))?;
         }
-        let tenant = gw.config.tenants.of(who.tenant_header, who.authorization);
-        let class = sched.class_of(who.priority, tenant);
+        let class = sched.class_of(who.priority, tenant.map(crate::pipeline::scheduler::Tenant::name));
         let started = std::time::Instant::now();
         let slot = sched.admit(class).await.map_err(|refused| {
             use crate::pipeline::scheduler::Refused;

@@ -136,27 +136,41 @@ pub struct Tenants {
 pub const MAX_TENANT_BYTES: usize = 128;
 
 impl Tenants {
-    /// The rate limits' key of a request's tenant (SMG's canonical forms): `header:ID` from the
-    /// trusted header, `auth:ID` from a tenant's key, else `anonymous`.
-    pub fn key_of(&self, header: Option<&[u8]>, authorization: Option<&[u8]>) -> String {
-        let trusted = header.filter(|_| self.trusted_header.is_some()).map(<[u8]>::trim_ascii);
-        let trusted = trusted.filter(|t| !t.is_empty() && t.len() <= MAX_TENANT_BYTES);
-        if let Some(t) = trusted.and_then(|t| std::str::from_utf8(t).ok()) {
-            return format!("header:{t}");
-        }
-        match authorization.and_then(|a| self.by_key.get(a.trim_ascii())) {
-            Some(t) => format!("auth:{t}"),
-            None => "anonymous".to_string(),
-        }
-    }
-
-    /// The tenant of a request with the trusted header's value `header` and `authorization`.
-    pub fn of<'a>(&'a self, header: Option<&'a [u8]>, authorization: Option<&[u8]>) -> Option<&'a str> {
+    /// The tenant of a request with the trusted header's value `header` and `authorization`: the
+    /// header's (when trusted), else the one whose key it presented.
+    pub fn tenant<'a>(&'a self, header: Option<&'a [u8]>, authorization: Option<&[u8]>) -> Option<Tenant<'a>> {
         let trusted = header.filter(|_| self.trusted_header.is_some()).map(<[u8]>::trim_ascii);
         let trusted = trusted.filter(|t| !t.is_empty() && t.len() <= MAX_TENANT_BYTES);
         match trusted.and_then(|t| std::str::from_utf8(t).ok()) {
-            Some(t) => Some(t),
-            None => authorization.and_then(|a| self.by_key.get(a.trim_ascii())).map(String::as_str),
+            Some(t) => Some(Tenant::Header(t)),
+            None => authorization.and_then(|a| self.by_key.get(a.trim_ascii())).map(|t| Tenant::Key(t)),
+        }
+    }
+}
+
+/// A request's tenant, and where its name came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tenant<'a> {
+    /// The trusted tenant header.
+    Header(&'a str),
+    /// A `--tenant-api-key` the client presented.
+    Key(&'a str),
+}
+
+impl<'a> Tenant<'a> {
+    /// Its name (the scheduler's `tenant_policies` key).
+    pub fn name(self) -> &'a str {
+        match self {
+            Tenant::Header(t) | Tenant::Key(t) => t,
+        }
+    }
+
+    /// The rate limits' key of `tenant` (SMG's canonical forms): `header:ID`, `auth:ID`, `anonymous`.
+    pub fn key(tenant: Option<Self>) -> String {
+        match tenant {
+            Some(Tenant::Header(t)) => format!("header:{t}"),
+            Some(Tenant::Key(t)) => format!("auth:{t}"),
+            None => "anonymous".to_string(),
         }
     }
 }

@@ -240,16 +240,21 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// The tenant's name `t` finds.
+    fn name<'a>(t: &'a Tenants, header: Option<&'a [u8]>, authorization: Option<&[u8]>) -> Option<&'a str> {
+        t.tenant(header, authorization).map(gateway::pipeline::scheduler::Tenant::name)
+    }
+
     #[test]
     fn tenants_come_from_their_keys_or_a_trusted_header() {
         let t = flags(&["--tenant-api-key", "ops:k1", "--tenant-api-key", "batch:k2"]).tenants().unwrap();
-        assert_eq!(t.of(None, Some(b"Bearer k1")), Some("ops"));
-        assert_eq!(t.of(Some(b"spoofed"), Some(b"Bearer k2")), Some("batch"), "the header is not trusted");
-        assert_eq!(t.of(None, Some(b"Bearer other")), None);
+        assert_eq!(name(&t, None, Some(b"Bearer k1")), Some("ops"));
+        assert_eq!(name(&t, Some(b"spoofed"), Some(b"Bearer k2")), Some("batch"), "the header is not trusted");
+        assert_eq!(name(&t, None, Some(b"Bearer other")), None);
         let t = flags(&["--trust-tenant-header", "--tenant-header-name", "X-Team"]).tenants().unwrap();
         assert_eq!(t.trusted_header.as_deref(), Some("x-team"));
-        assert_eq!(t.of(Some(b" blue "), None), Some("blue"));
-        assert_eq!(t.of(Some(&[b'a'; 200]), None), None, "too long: no tenant");
+        assert_eq!(name(&t, Some(b" blue "), None), Some("blue"));
+        assert_eq!(name(&t, Some(&[b'a'; 200]), None), None, "too long: no tenant");
         assert!(flags(&["--tenant-api-key", "nokey"]).tenants().is_err());
     }
 
