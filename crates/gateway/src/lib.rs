@@ -10,6 +10,7 @@
 //! ```
 
 pub mod cache;
+pub mod epp;
 pub mod error;
 pub mod explain;
 mod exposition;
@@ -408,6 +409,7 @@ impl Gateway {
             credit_pending: self.config.credit_pending,
             credit_lock: &self.credit_lock,
             renders: &self.metrics.renders,
+            only: None,
         }
     }
 

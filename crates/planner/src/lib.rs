@@ -22,7 +22,7 @@ mod tests;
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 
-use fleet::Fleet;
+use fleet::{Fleet, Worker};
 use kv_index::KvIndex;
 
 pub use h1_codec::Route;
@@ -61,6 +61,26 @@ pub struct Planner<'a> {
     pub credit_lock: &'a Mutex<()>,
     /// Renders made (`router_prompt_renders_total`).
     pub renders: &'a AtomicU64,
+    /// The only workers this request may go to (an endpoint picker's subset hint); `None`: any.
+    pub only: Option<&'a Subset>,
+}
+
+/// The workers a request is confined to, by their address (`host:port`, as a gateway names
+/// its endpoints).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Subset(pub std::collections::HashSet<String>);
+
+impl Subset {
+    /// Whether `worker` is one of them.
+    pub fn allows(&self, worker: &Worker) -> bool {
+        self.0.contains(authority(worker.url.as_str()))
+    }
+}
+
+/// `host:port` of a worker's URL (`http://10.0.0.7:8000/` -> `10.0.0.7:8000`).
+pub fn authority(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    rest.split(['/', '?']).next().unwrap_or(rest)
 }
 
 impl std::fmt::Debug for Planner<'_> {
@@ -68,6 +88,7 @@ impl std::fmt::Debug for Planner<'_> {
         f.debug_struct("Planner")
             .field("index", &self.index.is_some())
             .field("credit_pending", &self.credit_pending)
+            .field("only", &self.only)
             .finish()
     }
 }

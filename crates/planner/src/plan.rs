@@ -102,7 +102,8 @@ impl Planner<'_> {
     /// The routable workers `keep` accepts, less those the liveness vetoes
     /// leave out now ([`fleet::liveness::screen`]).
     pub fn routable(&self, keep: impl Fn(&Worker) -> bool) -> Result<Vec<Arc<Worker>>, PlanError> {
-        let all = self.fleet.snapshot().iter().filter(|w| keep(w) && w.is_routable()).cloned().collect();
+        let allowed = |w: &Worker| self.only.is_none_or(|only| only.allows(w));
+        let all = self.fleet.snapshot().iter().filter(|w| keep(w) && allowed(w) && w.is_routable()).cloned().collect();
         match self.fleet.screen(all) {
             fleet::liveness::Screened::Workers(workers) => Ok(workers),
             fleet::liveness::Screened::Shed => Err(PlanError::Overloaded),

@@ -52,7 +52,14 @@ fn chat() -> serde_json::Value {
 async fn a_prompt_is_rendered_once_per_renderer_until_a_plugin_rewrites_it() {
     let fleet = fleet(&["http://127.0.0.1:1"], &[]).await;
     let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
-    let p = Planner { fleet: &fleet, index: None, credit_pending: false, credit_lock: &lock, renders: &renders };
+    let p = Planner {
+        fleet: &fleet,
+        index: None,
+        credit_pending: false,
+        credit_lock: &lock,
+        renders: &renders,
+        only: None,
+    };
     let (a, b) = (Arc::new(Renderer::builtin().unwrap()), Arc::new(Renderer::builtin().unwrap()));
     let memo = Renders::default();
     let first = memo.tokens(p, &a, Route::Chat, &chat()).unwrap();
@@ -72,7 +79,8 @@ async fn a_prompt_is_rendered_once_per_renderer_until_a_plugin_rewrites_it() {
 async fn a_plan_chooses_among_its_pools_routable_workers_and_a_routing_key_names_one() {
     let fleet = fleet(&["http://127.0.0.1:1", "http://127.0.0.1:2"], &[("http://127.0.0.1:3", Role::PREFILL)]).await;
     let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
-    let p = Planner { fleet: &fleet, index: None, credit_pending: true, credit_lock: &lock, renders: &renders };
+    let p =
+        Planner { fleet: &fleet, index: None, credit_pending: true, credit_lock: &lock, renders: &renders, only: None };
     let default = pool(PoolId::default_pool(), None);
     let memo = Renders::default();
     let plan = p.plan(&default, Route::Chat, Some(&chat()), None, &memo, true).unwrap();
@@ -99,7 +107,14 @@ async fn a_pair_takes_each_leg_from_its_role_and_avoids_failed_workers_while_oth
     ];
     let fleet = fleet(&["http://127.0.0.1:1"], &pd).await;
     let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
-    let p = Planner { fleet: &fleet, index: None, credit_pending: false, credit_lock: &lock, renders: &renders };
+    let p = Planner {
+        fleet: &fleet,
+        index: None,
+        credit_pending: false,
+        credit_lock: &lock,
+        renders: &renders,
+        only: None,
+    };
     let pool = pool(PoolId("pd".into()), Some(PdMode::Sglang));
     let setup = pool.pd.clone().unwrap();
     let v = chat();
@@ -126,7 +141,14 @@ async fn without_a_followed_worker_a_text_tree_policy_hashes_no_page() {
     assert!(fleet.all().iter().all(|w| !w.is_followed()), "no KV events here");
     let index = KvIndex::new(IndexConfig::default(), Arc::new(ManualClock::default()));
     let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
-    let p = Planner { fleet: &fleet, index: Some(&index), credit_pending: true, credit_lock: &lock, renders: &renders };
+    let p = Planner {
+        fleet: &fleet,
+        index: Some(&index),
+        credit_pending: true,
+        credit_lock: &lock,
+        renders: &renders,
+        only: None,
+    };
     let with = |policy: Arc<dyn policy::Policy>| {
         let renderer = Arc::new(Renderer::builtin().unwrap());
         Arc::new(Pool::new(PoolId::default_pool(), "m".into(), policy, renderer, None, 64))
@@ -148,7 +170,14 @@ async fn without_a_followed_worker_a_text_tree_policy_hashes_no_page() {
 async fn without_a_tokenizer_input_ids_are_left_for_the_engine_to_judge() {
     let fleet = fleet(&["http://127.0.0.1:1"], &[]).await;
     let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
-    let p = Planner { fleet: &fleet, index: None, credit_pending: false, credit_lock: &lock, renders: &renders };
+    let p = Planner {
+        fleet: &fleet,
+        index: None,
+        credit_pending: false,
+        credit_lock: &lock,
+        renders: &renders,
+        only: None,
+    };
     // The built-in byte-level model knows 259 ids; the engine's model (unknown here) many more.
     let builtin = Renderer::builtin().unwrap();
     let ids = json!({"input_ids": [100000, 151642, 7], "sampling_params": {"max_new_tokens": 8}});
@@ -159,4 +188,12 @@ async fn without_a_tokenizer_input_ids_are_left_for_the_engine_to_judge() {
     for bad in [json!({"input_ids": [1, -1]}), json!({"input_ids": [1, 4294967296u64]})] {
         assert!(p.render(&builtin, Route::Generate, &bad, true).is_err(), "{bad}");
     }
+}
+
+#[test]
+fn a_worker_is_named_by_its_address_as_a_gateway_names_endpoints() {
+    assert_eq!(crate::authority("http://10.0.0.7:8000/"), "10.0.0.7:8000");
+    assert_eq!(crate::authority("http://[::1]:8000"), "[::1]:8000");
+    assert_eq!(crate::authority("https://w0.svc:443/v1?x=1"), "w0.svc:443");
+    assert_eq!(crate::authority("10.0.0.7:8000"), "10.0.0.7:8000");
 }

@@ -34,6 +34,8 @@ pub struct App {
     metrics: Option<TcpListener>,
     /// The dedicated probe listener (`--health-check-port`), served from a thread of its own.
     probes: Option<std::net::TcpListener>,
+    /// The endpoint picker's listener (`--epp-port`) and settings.
+    epp: Option<(TcpListener, gateway::epp::EppConfig)>,
     gateway: Arc<Gateway>,
     cancel: CancellationToken,
     grace: Duration,
@@ -105,6 +107,12 @@ impl App {
             Some(a) => Some(TcpListener::bind(a).await.with_context(|| format!("binding the Prometheus port {a}"))?),
             None => None,
         };
+        let epp = match config.epp_listen {
+            Some(a) => {
+                Some(TcpListener::bind(a).await.with_context(|| format!("binding the endpoint picker's port {a}"))?)
+            }
+            None => None,
+        };
         let probes = match config.probe_listen {
             Some(a) => {
                 let l = std::net::TcpListener::bind(a).with_context(|| format!("binding the probe port {a}"))?;
@@ -170,6 +178,7 @@ impl App {
             admin,
             metrics,
             probes,
+            epp: epp.map(|l| (l, config.epp)),
             gateway: Arc::new(gateway),
             cancel,
             grace: config.shutdown_grace,
@@ -189,6 +198,11 @@ impl App {
     /// The Prometheus listener's address, when there is one (`--prometheus-port`).
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The endpoint picker's address (`--epp-port`).
+    pub fn epp_addr(&self) -> Option<SocketAddr> {
+        self.epp.as_ref().and_then(|(l, _)| l.local_addr().ok())
     }
 
     /// The dedicated probe listener's address (`--health-check-port`).
@@ -251,6 +265,14 @@ impl App {
             tokio::spawn(async move {
                 if let Err(e) = gateway::serve_admin(admin, gw, drain).await {
                     warn!(error = %e, "admin listener stopped");
+                }
+            });
+        }
+        if let Some((epp, config)) = self.epp {
+            let (gw, drain) = (gateway.clone(), drain.clone());
+            tokio::spawn(async move {
+                if let Err(e) = gateway::epp::serve_epp(epp, gw, config, drain).await {
+                    warn!(error = %e, "endpoint picker stopped");
                 }
             });
         }

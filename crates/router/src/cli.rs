@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod control;
 mod discovery;
+mod epp;
 mod liveness;
 mod scheduler;
 mod smg_only;
@@ -367,6 +368,8 @@ pub(crate) struct ServeArgs {
     pub(crate) scheduler: scheduler::SchedulerFlags,
     #[command(flatten)]
     pub(crate) control: control::ControlFlags,
+    #[command(flatten)]
+    pub(crate) epp: epp::EppFlags,
     /// SMG's options this router does not implement: known, judged at start.
     #[command(flatten)]
     pub(crate) smg_only: smg_only::SmgOnlyFlags,

@@ -117,6 +117,10 @@ pub struct AppConfig {
     pub probe_listen: Option<SocketAddr>,
     /// Serve `/metrics` without a key on this address too (`--prometheus-port`).
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve as an endpoint picker (`ext_proc`, `grpc.health.v1`) on this address (`--epp-port`).
+    pub epp_listen: Option<SocketAddr>,
+    /// The endpoint picker's settings.
+    pub epp: gateway::epp::EppConfig,
     /// Period of polling the workers' own load reports (zero: off).
     pub load_poll: Duration,
     /// The liveness vetoes and worker overload protection.

@@ -155,6 +155,13 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         }
         Some(port) => Some(SocketAddr::new(listen.ip(), port)),
     };
+    let epp_listen = match a.epp.epp_port {
+        None => None,
+        Some(port) if port == listen.port() && port != 0 => {
+            return usage(format!("--epp-port {port} is the client port"));
+        }
+        Some(port) => Some(SocketAddr::new(listen.ip(), port)),
+    };
     let metrics_listen = match a.prometheus_port {
         None => None,
         Some(port) => match format!("{}:{port}", a.prometheus_host).parse::<SocketAddr>() {
@@ -359,6 +366,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         cors: gateway::pipeline::context::Cors::from_flag(&a.cors_allowed_origins),
         metrics_listen,
         probe_listen,
+        epp_listen,
+        epp: gateway::epp::EppConfig { test_pick_header: a.epp.epp_test_endpoint_header },
         dp_aware: a.dp_aware,
         tls,
         worker_tls,

@@ -84,7 +84,7 @@ where
     let (gw2, body, key) = (gw.clone(), bytes.clone(), meta.routing_key.clone());
     let (debug, signal_headers, session) = (meta.route_debug, meta.signal_headers.clone(), meta.session.clone());
     let (cache_bypass, caller) = (meta.cache_bypass, meta.caller);
-    let forced = meta.forced.clone();
+    let (forced, subset) = (meta.forced.clone(), meta.subset.clone());
     // The vectors embedding signals read, on the embedding pool's threads (none without such signals).
     let crate::pools::PreRouted { body: parsed, embeddings } =
         crate::pools::pre_route(gw, routing.as_deref(), route, &bytes).await?;
@@ -124,7 +124,8 @@ where
             let edits = routed.and_then(|r| r.edits);
             return Ok(Step::Disaggregated(planned, headers.unwrap_or_default(), edits));
         }
-        let plan = gw2.planner().plan(pool, route, v.as_ref(), key.as_deref(), &renders, true)?;
+        let planner = planner::Planner { only: subset.as_deref(), ..gw2.planner() };
+        let plan = planner.plan(pool, route, v.as_ref(), key.as_deref(), &renders, true)?;
         Ok::<_, GatewayError>(Step::Send(v, plan, routed, bytes))
     })
     .await??;
@@ -175,7 +176,7 @@ where
     let mut tried = Vec::new();
     let mut attempt = 1u32;
     loop {
-        let may_retry = retry.enabled && attempt < retry.max_attempts();
+        let may_retry = retry.enabled && !meta.one_attempt && attempt < retry.max_attempts();
         let attempt_sent = send(worker.clone(), body.clone(), rank, edits.clone());
         let next = match tokio::time::timeout(gw.config.request_timeout, attempt_sent).await {
             Ok(Ok(answer)) => {
@@ -327,6 +328,8 @@ mod tests {
             cache_bypass: false,
             forced: None,
             caller: None,
+            subset: None,
+            one_attempt: false,
         }
     }
 

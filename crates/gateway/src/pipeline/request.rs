@@ -38,6 +38,10 @@ pub(crate) struct Meta {
     pub(crate) forced: Option<(std::sync::Arc<planner::Pool>, String)>,
     /// The caller's identity for the response caches (with a routing config; `None`: anonymous).
     pub(crate) caller: Option<[u8; 32]>,
+    /// The only workers it may go to (an endpoint picker's subset hint; `None`: any).
+    pub(crate) subset: Option<Arc<planner::Subset>>,
+    /// Sent once, never retried here: the front end's proxy owns retries (the endpoint picker).
+    pub(crate) one_attempt: bool,
 }
 
 /// An admitted request with its body, as a front end hands it to [`crate::pipeline::run`]:
@@ -90,6 +94,8 @@ impl Meta {
             cache_bypass: bypassed(cache_control.map(|(_, v)| v)),
             forced: None,
             caller: crate::pipeline::auth::caller(gw, seen.authorization),
+            subset: None,
+            one_attempt: false,
         }
     }
 

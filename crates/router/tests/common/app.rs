@@ -74,6 +74,8 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         cors: Default::default(),
         metrics_listen: None,
         probe_listen: None,
+        epp_listen: None,
+        epp: Default::default(),
         dp_aware: false,
         tls: None,
         worker_tls: fleet::WorkerTls::default(),
@@ -108,6 +110,8 @@ pub(crate) struct Running {
     pub(crate) stop: tokio::sync::oneshot::Sender<()>,
     /// The dedicated probe listener's URL (`probe_listen`).
     pub(crate) probes: Option<String>,
+    /// The endpoint picker's address (`epp_listen`).
+    pub(crate) epp: Option<SocketAddr>,
 }
 
 pub(crate) async fn start(config: AppConfig) -> Running {
@@ -115,6 +119,7 @@ pub(crate) async fn start(config: AppConfig) -> Running {
     let url = format!("http://{}", app.local_addr());
     let gateway = app.gateway().clone();
     let probes = app.probe_addr().map(|a| format!("http://{a}"));
+    let epp = app.epp_addr();
     let (stop, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(app.run(async move {
         let _ = rx.await;
@@ -127,7 +132,7 @@ pub(crate) async fn start(config: AppConfig) -> Running {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    Running { url, gateway, stop, probes }
+    Running { url, gateway, stop, probes, epp }
 }
 
 pub(crate) fn chat(system: &str, user: &str) -> Value {

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 pub(crate) mod app;
+pub(crate) mod envoy;
 pub(crate) mod pd;
 
 /// Polls `cond` every 25 ms for up to 10 s; panics naming `what` if it never holds.

@@ -1,0 +1,298 @@
+//! The dispatch and answer phases of a picked request: the pipeline's
+//! `forward` runs with a send that names the worker to the gateway (the
+//! header, the `envoy.lb` metadata, the body as routed) and takes the
+//! answer's head from the gateway's report; the answer then passes the
+//! relay's filters (`relay::Tap`) as the gateway reports its body, and its
+//! load is held until it ends.
+
+use std::future::{Future, Pending};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use axum::http::HeaderValue;
+use bytes::Bytes;
+use ext_proc::Status;
+use ext_proc::proto::{
+    BodyResponse, HeaderMutation, HeaderValueOption, HeadersResponse, Mutation, Phase, Reply, StreamedBodyResponse,
+    TrailersResponse, body_mode,
+};
+use fleet::Worker;
+use h1_codec::Route;
+use router_types::DpRank;
+use tokio::sync::oneshot;
+
+use super::reply::{self, Edits};
+use super::session::{Body, Stream, common, next, said};
+use crate::GatewayError;
+use crate::pipeline::account::count_error;
+use crate::pipeline::admission::Admission;
+use crate::pipeline::forward::{Forwarded, forward};
+use crate::pipeline::request::Meta;
+use crate::pools::{HeaderEdits, Routing};
+use crate::relay::Tap;
+use crate::send::{AnswerHead, SendError};
+
+/// The largest body chunk sent back in the full-duplex mode.
+const CHUNK: usize = 64 << 10;
+
+/// The answer's status as the gateway reported it: the dispatch phase's answer head.
+pub(super) struct Head(u16);
+
+impl AnswerHead for Head {
+    fn status(&self) -> u16 {
+        self.0
+    }
+}
+
+/// What the dispatch phase sends: the worker, the body as routed, its rank and edits.
+struct Pick {
+    worker: Arc<Worker>,
+    body: Bytes,
+    rank: Option<DpRank>,
+    edits: Option<Arc<HeaderEdits>>,
+}
+
+/// What `forward` comes to.
+type Forwarding = Result<Forwarded<Head>, GatewayError>;
+
+/// A dispatch waiting for its answer's head: the pipeline's future and where the head goes.
+pub(super) struct Dispatch<'a, F> {
+    fwd: Pin<&'a mut F>,
+    head: oneshot::Sender<u16>,
+    route: Route,
+}
+
+/// No dispatch: a request the picker placed without the pipeline.
+pub(super) const NO_DISPATCH: Option<Dispatch<'static, Pending<Forwarding>>> = None;
+
+/// What came of the select and plan phases.
+enum Planned {
+    Picked(Pick),
+    Done(Forwarding),
+    /// The gateway ended the stream (or broke the protocol) meanwhile.
+    Left(Status),
+}
+
+impl Stream<'_> {
+    /// Selects and plans `body` with the pipeline, names the worker to the gateway, then
+    /// follows the answer.
+    pub(super) async fn dispatch(
+        &mut self,
+        route: Route,
+        (routing, admission, meta): (Option<Arc<Routing>>, Admission, Meta),
+        body: Body,
+        worker_auth: Option<Vec<u8>>,
+    ) -> Status {
+        let gw = self.gw;
+        let (pick_tx, pick_rx) = oneshot::channel::<Pick>();
+        let (head_tx, head_rx) = oneshot::channel::<u16>();
+        let mut once = Some((pick_tx, head_rx));
+        let send = move |worker, body, rank, edits| {
+            let once = once.take();
+            async move {
+                let gone = |message: &str| SendError { connect: false, message: message.into() };
+                let Some((pick, head)) = once else { return Err(gone("an endpoint picker sends a request once")) };
+                pick.send(Pick { worker, body, rank, edits }).map_err(|_| gone("the gateway left"))?;
+                head.await.map(Head).map_err(|_| gone("the gateway reported no answer"))
+            }
+        };
+        let original = body.bytes.clone();
+        let fwd = forward(gw, admission, (route, routing), body.bytes, self.start, &meta, send);
+        tokio::pin!(fwd);
+        let planned = tokio::select! {
+            out = &mut fwd => Planned::Done(out),
+            pick = pick_rx => match pick {
+                Ok(pick) => Planned::Picked(pick),
+                Err(_) => Planned::Left(Status::new(Status::INTERNAL, "the pipeline dropped its send")),
+            },
+            m = self.calls.next::<ext_proc::proto::ProcessingRequest>() => Planned::Left(match m {
+                Ok(None) => Status::new(Status::CANCELLED, "the gateway ended the stream before the pick"),
+                Ok(Some(_)) => Status::new(Status::INVALID_ARGUMENT, "a message before the pick was answered"),
+                Err(status) => status,
+            }),
+        };
+        let pick = match planned {
+            Planned::Picked(pick) => pick,
+            Planned::Left(status) => return status,
+            Planned::Done(Ok(Forwarded::Cached(hit))) => {
+                let _ = self.send(&reply::cached(&hit, &self.id)).await;
+                return Status::ok();
+            }
+            Planned::Done(Ok(Forwarded::Disaggregated(_))) => {
+                let why = "a disaggregated pool is not served through the endpoint picker; route it to the router's HTTP listener";
+                return self.refuse(&GatewayError::Unprocessable(why.into()), Some(route)).await;
+            }
+            Planned::Done(Ok(Forwarded::Sent(..))) => {
+                return Status::new(Status::INTERNAL, "the pipeline answered without its send");
+            }
+            Planned::Done(Err(e)) => return self.refuse(&e, Some(route)).await,
+        };
+        let Pick { worker, body: routed, rank, edits } = pick;
+        let endpoint = planner::authority(worker.url.as_str()).to_owned();
+        let changed = routed != original;
+        let edits = Edits {
+            rank: rank.map(|r| r.0),
+            edits: edits.as_deref(),
+            authorization: worker_auth,
+            content_length: changed.then_some(routed.len()),
+            request_id: Some(&self.id),
+        };
+        let mutation = reply::pick(&endpoint, edits);
+        if let Err(status) = self.name(&endpoint, mutation, routed, changed, body.trailers).await {
+            return status;
+        }
+        self.answer_phase(Some(Dispatch { fwd, head: head_tx, route })).await
+    }
+
+    /// Tells the gateway where the request goes (and the body to send there).
+    async fn name(
+        &mut self,
+        endpoint: &str,
+        mutation: HeaderMutation,
+        body: Bytes,
+        changed: bool,
+        trailers: bool,
+    ) -> Result<(), Status> {
+        let metadata = Some(reply::lb_metadata(endpoint));
+        if self.request_mode != body_mode::FULL_DUPLEX_STREAMED {
+            // Buffered: the answer to the body carries the headers' changes and the new body.
+            let body = changed.then_some(Mutation::Body(body));
+            let mut said = said(Reply::RequestBody(BodyResponse { response: common(Some(mutation), body) }));
+            said.dynamic_metadata = metadata;
+            return self.send(&said).await;
+        }
+        // Full duplex: the headers' answer, then the body streamed back in chunks.
+        let mut head = said(Reply::RequestHeaders(HeadersResponse { response: common(Some(mutation), None) }));
+        head.dynamic_metadata = metadata;
+        self.send(&head).await?;
+        let mut rest = body;
+        loop {
+            let chunk = rest.split_to(rest.len().min(CHUNK));
+            let last = rest.is_empty();
+            let streamed = StreamedBodyResponse { body: chunk, end_of_stream: last && !trailers };
+            let part = common(None, Some(Mutation::StreamedResponse(streamed)));
+            self.send(&said(Reply::RequestBody(BodyResponse { response: part }))).await?;
+            if last {
+                break;
+            }
+        }
+        if trailers {
+            self.send(&said(Reply::RequestTrailers(TrailersResponse::default()))).await?;
+        }
+        Ok(())
+    }
+
+    /// Follows the answer as the gateway reports it: its head goes to the dispatch (which
+    /// returns the request's load and accounting), its body through the answer filters,
+    /// each part answered (echoed in the full-duplex mode). Ends with the answer or the stream.
+    pub(super) async fn answer_phase<F>(&mut self, dispatch: Option<Dispatch<'_, F>>) -> Status
+    where
+        F: Future<Output = Forwarding>,
+    {
+        match self.follow(dispatch).await {
+            Ok(()) => Status::ok(),
+            Err(status) => status,
+        }
+    }
+
+    async fn follow<F>(&mut self, mut dispatch: Option<Dispatch<'_, F>>) -> Result<(), Status>
+    where
+        F: Future<Output = Forwarding>,
+    {
+        let gw = self.gw;
+        let mut tap: Option<Tap> = None;
+        let duplex_answer = self.response_mode == body_mode::FULL_DUPLEX_STREAMED;
+        let mut answered = false;
+        loop {
+            // Until the head: the request's timeout; then between parts of a streamed answer.
+            let wait = if answered { gw.config.limits.upstream_idle_timeout } else { gw.config.request_timeout };
+            let m = match next(&mut self.calls, wait).await {
+                Ok(Some(m)) => m,
+                // The gateway is done with the request: so is its load.
+                Ok(None) => break,
+                Err(status) => {
+                    if let Some(t) = tap.as_mut() {
+                        t.failed(&status, false);
+                    }
+                    return Err(status);
+                }
+            };
+            let reply = match m.request {
+                Some(Phase::ResponseHeaders(h)) => {
+                    answered = true;
+                    let headers = h.headers.unwrap_or_default();
+                    let status = headers.get(":status").and_then(|s| std::str::from_utf8(s).ok()?.parse().ok());
+                    let status: u16 = status.unwrap_or(0);
+                    let content_type = headers.get("content-type").and_then(|v| HeaderValue::from_bytes(v).ok());
+                    let mut route_headers = HeaderMutation::default();
+                    if let Some(Dispatch { fwd, head, route }) = dispatch.take() {
+                        let _ = head.send(status);
+                        match fwd.await {
+                            Ok(Forwarded::Sent(mut guard, worker, _)) => {
+                                for (name, value) in guard.route_headers.take().map(|h| h.0).unwrap_or_default() {
+                                    route_headers
+                                        .set_headers
+                                        .push(HeaderValueOption::overwrite(name, value.as_bytes()));
+                                }
+                                tap = Some(Tap::new(guard, worker, status, content_type));
+                            }
+                            Ok(_) => {}
+                            Err(e) => count_error(gw, route, &e, Some(&self.id)),
+                        }
+                    }
+                    if h.end_of_stream {
+                        tap.as_mut().map(Tap::ended);
+                    }
+                    let edits = (!route_headers.set_headers.is_empty()).then_some(route_headers);
+                    let said = said(Reply::ResponseHeaders(HeadersResponse { response: common(edits, None) }));
+                    self.send(&said).await?;
+                    if h.end_of_stream {
+                        break;
+                    }
+                    continue;
+                }
+                Some(Phase::ResponseBody(b)) => {
+                    if let Some(t) = tap.as_mut() {
+                        t.data(&b.body);
+                        if b.end_of_stream {
+                            t.ended();
+                        }
+                    }
+                    let ended = b.end_of_stream;
+                    let echo = duplex_answer.then(|| {
+                        Mutation::StreamedResponse(StreamedBodyResponse {
+                            body: b.body,
+                            end_of_stream: b.end_of_stream,
+                        })
+                    });
+                    self.send(&said(Reply::ResponseBody(BodyResponse { response: common(None, echo) }))).await?;
+                    if ended {
+                        break;
+                    }
+                    continue;
+                }
+                Some(Phase::ResponseTrailers(_)) => {
+                    tap.as_mut().map(Tap::ended);
+                    self.send(&said(Reply::ResponseTrailers(TrailersResponse::default()))).await?;
+                    break;
+                }
+                // A request the picker placed by its headers alone: its body passes as it is.
+                Some(Phase::RequestBody(b)) => {
+                    let echo = (self.request_mode == body_mode::FULL_DUPLEX_STREAMED).then(|| {
+                        Mutation::StreamedResponse(StreamedBodyResponse {
+                            body: b.body,
+                            end_of_stream: b.end_of_stream,
+                        })
+                    });
+                    Reply::RequestBody(BodyResponse { response: common(None, echo) })
+                }
+                Some(Phase::RequestTrailers(_)) => Reply::RequestTrailers(TrailersResponse::default()),
+                Some(Phase::RequestHeaders(_)) | None => {
+                    return Err(Status::new(Status::INVALID_ARGUMENT, "unexpected message in the answer phase"));
+                }
+            };
+            self.send(&said(reply)).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,117 @@
+//! The endpoint picker front end (the Gateway API Inference Extension's EPP):
+//! Envoy, or any gateway speaking `ext_proc`, hands each request to the
+//! router over a gRPC stream, the router runs the same pipeline as for a
+//! request it proxies (admission, select, plan), names the chosen worker in
+//! the `x-gateway-destination-endpoint` header and in the `envoy.lb` dynamic
+//! metadata, and the gateway proxies the request there. The answer's phase
+//! comes back on the same stream: its status and body feed the same answer
+//! filters (`relay::Tap`: load, accounting, the response cache). This module
+//! owns the listener and what a picker says (`reply`); `session` owns one
+//! stream.
+
+mod dispatch;
+mod reply;
+mod session;
+
+use std::io;
+use std::sync::Arc;
+
+use ext_proc::{Messages, Replies, ServingStatus, Status};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::warn;
+
+use crate::Gateway;
+
+/// The header (and `envoy.lb` metadata key) that names the chosen endpoint.
+pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+/// The dynamic metadata namespace the gateway's load balancer reads.
+pub const LB_NAMESPACE: &str = "envoy.lb";
+/// The namespace and key of the gateway's subset hint (the endpoints it allows).
+pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
+pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
+/// The header GIE gateways carry a request's fairness id (its tenant) in.
+pub const FAIRNESS_HEADER: &str = "x-gateway-inference-fairness-id";
+/// The conformance suite's test header: the endpoint to pick, named by the test
+/// (`--epp-test-endpoint-header`, off by default).
+pub const TEST_PICK_HEADER: &str = "test-epp-endpoint-selection";
+
+/// The endpoint picker's settings.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EppConfig {
+    /// Honour [`TEST_PICK_HEADER`] (the GIE conformance suite's test picker does).
+    pub test_pick_header: bool,
+}
+
+/// Serves the endpoint picker (`ext_proc` and `grpc.health.v1` over HTTP/2) on
+/// `listener` until `drain` is cancelled and every open stream is done.
+pub async fn serve_epp(
+    listener: TcpListener,
+    gw: Arc<Gateway>,
+    config: EppConfig,
+    drain: CancellationToken,
+) -> io::Result<()> {
+    let picker = Arc::new(Picker { gw: gw.clone(), config, drain: drain.clone() });
+    let limits = ext_proc::Limits {
+        // A buffered body comes whole in one message, with its framing around it.
+        max_message_bytes: gw.config.max_body_bytes.saturating_add(64 << 10),
+        ..Default::default()
+    };
+    let slots = Arc::new(tokio::sync::Semaphore::new(gw.config.limits.max_connections.max(1)));
+    let tracker = TaskTracker::new();
+    loop {
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => match slot { Ok(s) => s, Err(_) => break },
+            () = drain.cancelled() => break,
+        };
+        let tcp = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    warn!(error = %e, "endpoint picker: accept failed");
+                    tokio::select! {
+                        () = tokio::time::sleep(std::time::Duration::from_millis(50)) => continue,
+                        () = drain.cancelled() => break,
+                    }
+                }
+            },
+            () = drain.cancelled() => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let (picker, drain) = (picker.clone(), drain.clone());
+        tracker.spawn(async move {
+            let _slot = slot;
+            ext_proc::serve_connection(tcp, picker, limits, drain.cancelled_owned()).await;
+        });
+    }
+    drop(listener);
+    tracker.close();
+    tracker.wait().await;
+    Ok(())
+}
+
+/// The `ext_proc` service over the gateway.
+#[derive(Debug)]
+struct Picker {
+    gw: Arc<Gateway>,
+    config: EppConfig,
+    drain: CancellationToken,
+}
+
+impl ext_proc::Service for Picker {
+    async fn process(self: Arc<Self>, calls: Messages, replies: Replies) -> Status {
+        session::serve(&self.gw, self.config, calls, replies).await
+    }
+
+    /// Serving while some worker can take a request and the router is not draining: the
+    /// readiness the HTTP listener's `/readiness` reports.
+    fn health(&self, service: &str) -> ServingStatus {
+        if !service.is_empty() && service != ext_proc::PROCESSOR_SERVICE {
+            return ServingStatus::ServiceUnknown;
+        }
+        let routable = self.gw.fleet.snapshot().iter().any(|w| w.is_routable());
+        let draining = self.drain.is_cancelled() || self.gw.draining.load(std::sync::atomic::Ordering::Relaxed);
+        if routable && !draining { ServingStatus::Serving } else { ServingStatus::NotServing }
+    }
+}

@@ -1,0 +1,161 @@
+//! What the picker says to the gateway: the chosen endpoint (the header and
+//! the `envoy.lb` metadata) with the request's edits, an answer made here
+//! instead of a worker's (a refusal, a cached answer), and the subset hint
+//! read from what the gateway sent. Owns no state.
+
+use std::collections::{BTreeMap, HashSet};
+
+use bytes::Bytes;
+use ext_proc::proto::{
+    HeaderMutation, HeaderValueOption, HttpStatus, ImmediateResponse, Kind, Metadata, ProcessingResponse, Reply,
+    Struct, Value,
+};
+use h1_codec::Route;
+use planner::Subset;
+
+use super::{DESTINATION_HEADER, LB_NAMESPACE, SUBSET_KEY, SUBSET_NAMESPACE};
+use crate::GatewayError;
+use crate::pools::HeaderEdits;
+
+/// What the request sent to the chosen worker carries besides its endpoint.
+#[derive(Debug, Default)]
+pub(super) struct Edits<'a> {
+    /// The data-parallel rank that holds its prefix (`X-Data-Parallel-Rank`).
+    pub(super) rank: Option<u32>,
+    /// The decision's header edits.
+    pub(super) edits: Option<&'a HeaderEdits>,
+    /// The worker's credentials (`--api-key`), replacing the client's.
+    pub(super) authorization: Option<Vec<u8>>,
+    /// The body's new length, when the router rewrote it.
+    pub(super) content_length: Option<usize>,
+    /// The request's id, as the router names it to workers.
+    pub(super) request_id: Option<&'a str>,
+}
+
+/// The header mutation that sends a request to `endpoint`, with `edits`.
+pub(super) fn pick(endpoint: &str, edits: Edits<'_>) -> HeaderMutation {
+    let mut m = HeaderMutation::default();
+    let mut set = |name: &str, value: &[u8]| m.set_headers.push(HeaderValueOption::overwrite(name, value));
+    set(DESTINATION_HEADER, endpoint.as_bytes());
+    if let Some(rank) = edits.rank {
+        set(h1_codec::RANK_HEADER, rank.to_string().as_bytes());
+    }
+    if let Some(auth) = &edits.authorization {
+        set("authorization", auth);
+    }
+    if let Some(len) = edits.content_length {
+        set("content-length", len.to_string().as_bytes());
+    }
+    if let Some(id) = edits.request_id {
+        set(h1_codec::REQUEST_ID_HEADER, id.as_bytes());
+    }
+    if let Some(e) = edits.edits {
+        for (name, value) in &e.set {
+            set(name.as_str(), value.as_bytes());
+        }
+        m.remove_headers.extend(e.remove.iter().map(|n| n.as_str().to_owned()));
+    }
+    m
+}
+
+/// The dynamic metadata that names `endpoint` to the gateway's load balancer.
+pub(super) fn lb_metadata(endpoint: &str) -> Struct {
+    let inner = Struct { fields: BTreeMap::from([(DESTINATION_HEADER.to_owned(), Value::string(endpoint))]) };
+    Struct { fields: BTreeMap::from([(LB_NAMESPACE.to_owned(), Value { kind: Some(Kind::Struct(inner)) })]) }
+}
+
+/// An answer the gateway sends instead of a worker's.
+pub(super) fn immediate(status: u16, headers: &[(String, Vec<u8>)], body: Bytes, details: &str) -> ProcessingResponse {
+    let mut mutation = HeaderMutation::default();
+    mutation.set_headers.extend(headers.iter().map(|(n, v)| HeaderValueOption::overwrite(n, v.clone())));
+    let answer = ImmediateResponse {
+        status: Some(HttpStatus { code: i32::from(status) }),
+        headers: Some(mutation),
+        body,
+        details: details.to_owned(),
+    };
+    ProcessingResponse { response: Some(Reply::ImmediateResponse(answer)), dynamic_metadata: None }
+}
+
+/// A refusal or failure, as the route's JSON error (OpenAI's or Anthropic's).
+pub(super) fn error(e: &GatewayError, route: Option<Route>, request_id: &str) -> ProcessingResponse {
+    let mut headers = vec![("content-type".to_owned(), b"application/json".to_vec())];
+    headers.extend(
+        e.extra_head()
+            .lines()
+            .filter_map(|l| l.split_once(": "))
+            .map(|(n, v)| (n.to_owned(), v.trim_end().as_bytes().to_vec())),
+    );
+    headers.push((h1_codec::REQUEST_ID_HEADER.to_owned(), request_id.as_bytes().to_vec()));
+    let body = Bytes::from(e.body_for(route).to_string());
+    immediate(e.status().as_u16(), &headers, body, e.kind())
+}
+
+/// A response-cache hit (or a cascade's kept answer), with its route headers.
+pub(super) fn cached(hit: &crate::cache::Hit, request_id: &str) -> ProcessingResponse {
+    let mut headers: Vec<(String, Vec<u8>)> =
+        hit.headers.0.iter().map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec())).collect();
+    if let Some(ct) = &hit.answer.content_type {
+        headers.push(("content-type".to_owned(), ct.as_bytes().to_vec()));
+    }
+    headers.push((h1_codec::REQUEST_ID_HEADER.to_owned(), request_id.as_bytes().to_vec()));
+    immediate(hit.answer.status, &headers, hit.answer.body.clone(), "response_cache_hit")
+}
+
+/// The endpoints the gateway allows (`envoy.lb.subset_hint`), if it says: `None` when it
+/// does not, a subset (perhaps empty: nothing may be picked) when it does.
+pub(super) fn subset(metadata: Option<&Metadata>) -> Result<Option<Subset>, &'static str> {
+    let Some(hint) = metadata.and_then(|m| m.filter_metadata.get(SUBSET_NAMESPACE)) else { return Ok(None) };
+    let Some(value) = hint.fields.get(SUBSET_KEY) else { return Ok(None) };
+    let Some(Kind::List(list)) = &value.kind else { return Err("the endpoint subset is not a list") };
+    let mut allowed = HashSet::with_capacity(list.values.len());
+    for v in &list.values {
+        match &v.kind {
+            Some(Kind::String(s)) => allowed.insert(s.trim().to_owned()),
+            _ => return Err("an endpoint of the subset is not a string"),
+        };
+    }
+    Ok(Some(Subset(allowed)))
+}
+
+/// The endpoints a test names (`test-epp-endpoint-selection: ip:port[,ip:port]`).
+pub(super) fn named(value: &[u8]) -> Subset {
+    let text = String::from_utf8_lossy(value);
+    Subset(text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ext_proc::proto::ListValue;
+
+    fn hint(values: Vec<Value>) -> Metadata {
+        let list = Value { kind: Some(Kind::List(ListValue { values })) };
+        let ns = Struct { fields: BTreeMap::from([(SUBSET_KEY.to_owned(), list)]) };
+        Metadata { filter_metadata: [(SUBSET_NAMESPACE.to_owned(), ns)].into() }
+    }
+
+    #[test]
+    fn the_subset_hint_is_read_as_the_protocol_writes_it() {
+        assert_eq!(subset(None), Ok(None), "no metadata: any endpoint");
+        let two = hint(vec![Value::string("10.0.0.1:8000"), Value::string("10.0.0.2:8000")]);
+        let got = subset(Some(&two)).unwrap().unwrap();
+        assert!(got.0.contains("10.0.0.1:8000") && got.0.contains("10.0.0.2:8000") && got.0.len() == 2);
+        assert_eq!(subset(Some(&hint(vec![]))).unwrap().unwrap().0.len(), 0, "an empty list allows nothing");
+        assert!(subset(Some(&hint(vec![Value { kind: Some(Kind::Bool(true)) }]))).is_err());
+    }
+
+    #[test]
+    fn a_pick_names_its_endpoint_in_the_header_and_the_lb_metadata() {
+        let m = pick("10.0.0.1:8000", Edits { rank: Some(1), content_length: Some(42), ..Default::default() });
+        let set: Vec<(&str, &[u8])> =
+            m.set_headers.iter().map(|o| o.header.as_ref().unwrap()).map(|h| (h.key.as_str(), h.bytes())).collect();
+        assert_eq!(
+            set,
+            [(DESTINATION_HEADER, &b"10.0.0.1:8000"[..]), (h1_codec::RANK_HEADER, b"1"), ("content-length", b"42")]
+        );
+        let md = lb_metadata("10.0.0.1:8000");
+        let Some(Kind::Struct(lb)) = &md.fields[LB_NAMESPACE].kind else { panic!("a struct") };
+        assert_eq!(lb.fields[DESTINATION_HEADER], Value::string("10.0.0.1:8000"));
+    }
+}

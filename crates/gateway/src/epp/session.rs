@@ -1,0 +1,227 @@
+//! One `ext_proc` stream, one request: its headers (and body, in the
+//! buffered or full-duplex modes) become the pipeline's request; the
+//! dispatch phase's send names the chosen worker to the gateway and waits for
+//! the answer's head the gateway reports back; the answer's body, when the
+//! gateway sends it, passes the same answer filters as a relayed answer.
+//! Every wait on the gateway has a deadline.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use ext_proc::proto::{
+    BodyMutation, CommonResponse, HeaderMap, HeadersResponse, HttpHeaders, Mutation, Phase, ProcessingRequest,
+    ProcessingResponse, Reply, body_mode,
+};
+use ext_proc::{Messages, Replies, Status};
+use h1_codec::Route;
+use tracing::{debug, warn};
+
+use super::reply::{self, Edits};
+use super::{EppConfig, FAIRNESS_HEADER, TEST_PICK_HEADER};
+use crate::pipeline::account::count_error;
+use crate::pipeline::admission::{Admission, Who};
+use crate::pipeline::request::{Meta, Seen};
+use crate::{Gateway, GatewayError};
+
+/// Serves one stream; the status it ends with.
+pub(super) async fn serve(gw: &Arc<Gateway>, config: EppConfig, mut calls: Messages, replies: Replies) -> Status {
+    let limits = gw.config.limits;
+    let first = match next(&mut calls, limits.header_read_timeout).await {
+        Ok(Some(first)) => first,
+        Ok(None) => return Status::ok(),
+        Err(status) => return status,
+    };
+    if first.observability_mode {
+        return Status::new(Status::INVALID_ARGUMENT, "an endpoint picker cannot run in observability mode");
+    }
+    let Some(Phase::RequestHeaders(headers)) = first.request else {
+        return Status::new(Status::INVALID_ARGUMENT, "a stream starts with the request's headers");
+    };
+    let start = Instant::now();
+    let request_mode = first.protocol_config.map_or(body_mode::BUFFERED, |p| p.request_body_mode);
+    let response_mode = first.protocol_config.map_or(body_mode::NONE, |p| p.response_body_mode);
+    let mut subset = match reply::subset(first.metadata_context.as_ref()) {
+        Ok(subset) => subset,
+        Err(why) => return Status::new(Status::INVALID_ARGUMENT, why),
+    };
+    let HttpHeaders { headers, end_of_stream } = headers;
+    let headers = headers.unwrap_or_default();
+    if config.test_pick_header
+        && let Some(named) = headers.get(TEST_PICK_HEADER)
+    {
+        subset = Some(reply::named(named));
+    }
+    let path = headers.get(":path").map(String::from_utf8_lossy).unwrap_or_default();
+    let path = path.split('?').next().unwrap_or_default().to_owned();
+    let post = headers.get(":method") == Some(b"POST");
+    let route = Route::from_path(&path).filter(|_| post && !end_of_stream);
+    let names = &gw.config.request_id_headers;
+    let id = crate::pipeline::context::request_id(names, |n| headers.get(n), &path);
+    let mut s = Stream { gw, calls, replies, request_mode, response_mode, id, start };
+    let Some(route) = route else {
+        // Not a request the router plans (a GET, a route it does not proxy): the least loaded worker.
+        return s.headers_only(&headers, subset, end_of_stream).await;
+    };
+    if !matches!(request_mode, body_mode::BUFFERED | body_mode::FULL_DUPLEX_STREAMED) {
+        warn!(mode = request_mode, "endpoint picker: the request body mode must be BUFFERED or FULL_DUPLEX_STREAMED");
+        return Status::new(Status::INVALID_ARGUMENT, "set request_body_mode to BUFFERED or FULL_DUPLEX_STREAMED");
+    }
+    s.planned(route, &headers, subset).await
+}
+
+/// Reads the next message within `wait`.
+pub(super) async fn next(calls: &mut Messages, wait: Duration) -> Result<Option<ProcessingRequest>, Status> {
+    match tokio::time::timeout(wait, calls.next::<ProcessingRequest>()).await {
+        Ok(r) => r,
+        Err(_) => Err(Status::new(Status::DEADLINE_EXCEEDED, format!("the gateway sent nothing for {wait:?}"))),
+    }
+}
+
+/// A reply carrying `reply`.
+pub(super) fn said(reply: Reply) -> ProcessingResponse {
+    ProcessingResponse { response: Some(reply), dynamic_metadata: None }
+}
+
+/// A `CONTINUE` with `mutation` (and a body mutation).
+pub(super) fn common(
+    mutation: Option<ext_proc::proto::HeaderMutation>,
+    body: Option<Mutation>,
+) -> Option<CommonResponse> {
+    let body_mutation = body.map(|m| BodyMutation { mutation: Some(m) });
+    Some(CommonResponse { header_mutation: mutation, body_mutation, ..Default::default() })
+}
+
+/// One stream's state.
+pub(super) struct Stream<'g> {
+    pub(super) gw: &'g Arc<Gateway>,
+    pub(super) calls: Messages,
+    replies: Replies,
+    pub(super) request_mode: i32,
+    pub(super) response_mode: i32,
+    /// The request's id.
+    pub(super) id: String,
+    pub(super) start: Instant,
+}
+
+/// A request's body, and whether trailers ended it.
+pub(super) struct Body {
+    pub(super) bytes: Bytes,
+    pub(super) trailers: bool,
+}
+
+impl Stream<'_> {
+    pub(super) async fn send(&self, message: &ProcessingResponse) -> Result<(), Status> {
+        self.replies.send(message).await.map_err(|_| Status::new(Status::CANCELLED, "the gateway left"))
+    }
+
+    /// Answers in the gateway's stead (`e`), ending the request.
+    pub(super) async fn refuse(&self, e: &GatewayError, route: Option<Route>) -> Status {
+        count_error(self.gw, route.unwrap_or(Route::Chat), e, Some(&self.id));
+        let _ = self.send(&reply::error(e, route, &self.id)).await;
+        Status::ok()
+    }
+
+    /// A request with no body to plan by: the least loaded worker the gateway allows.
+    async fn headers_only(&mut self, headers: &HeaderMap, subset: Option<planner::Subset>, ended: bool) -> Status {
+        let pool = self.gw.default_pool();
+        let planner = planner::Planner { only: subset.as_ref(), ..self.gw.planner() };
+        let chosen = planner
+            .routable(|w| pool.serves(w))
+            .ok()
+            .and_then(|ws| ws.into_iter().min_by_key(|w| (w.load().in_flight, w.load().uncached_tokens)));
+        let Some(worker) = chosen else { return self.refuse(&GatewayError::NoWorker, None).await };
+        let endpoint = planner::authority(worker.url.as_str()).to_owned();
+        let authorization = crate::pipeline::auth::worker_credentials(self.gw, headers.get("authorization"));
+        let edits = Edits { authorization, request_id: Some(&self.id), ..Default::default() };
+        let mut said = said(Reply::RequestHeaders(HeadersResponse {
+            response: common(Some(reply::pick(&endpoint, edits)), None),
+        }));
+        said.dynamic_metadata = Some(reply::lb_metadata(&endpoint));
+        // The load it adds, held until its answer ends.
+        let _load = worker.charge_on(0, None);
+        if let Err(status) = self.send(&said).await {
+            return status;
+        }
+        // The full-duplex mode sends a body even here: echoed as it comes.
+        let _ = ended;
+        self.answer_phase(super::dispatch::NO_DISPATCH).await
+    }
+
+    /// A request the pipeline plans: read its body, admit it, select and plan, name the
+    /// worker, then follow its answer.
+    async fn planned(&mut self, route: Route, headers: &HeaderMap, subset: Option<planner::Subset>) -> Status {
+        let gw = self.gw;
+        let authorization = headers.get("authorization").or_else(|| headers.get("x-api-key"));
+        if let Err(e) = crate::pipeline::auth::check_client(gw, authorization) {
+            return self.refuse(&e, Some(route)).await;
+        }
+        let declared = headers.get("content-length").and_then(|v| std::str::from_utf8(v).ok()?.parse::<usize>().ok());
+        if declared.is_some_and(|n| n > gw.config.max_body_bytes) {
+            return self.refuse(&GatewayError::TooLarge(gw.config.max_body_bytes), Some(route)).await;
+        }
+        let duplex = self.request_mode == body_mode::FULL_DUPLEX_STREAMED;
+        if !duplex {
+            // Buffered: the body comes whole once the headers are answered.
+            let go_on = said(Reply::RequestHeaders(HeadersResponse { response: None }));
+            if let Err(status) = self.send(&go_on).await {
+                return status;
+            }
+        }
+        let body = match self.body(route).await {
+            Ok(Ok(body)) => body,
+            Ok(Err(e)) => return self.refuse(&e, Some(route)).await,
+            Err(status) => return status,
+        };
+        let tenant_header = gw.config.tenants.trusted_header.as_deref().and_then(|n| headers.get(n));
+        let who = Who {
+            priority: headers.get(h1_codec::PRIORITY_HEADER),
+            tenant_header: tenant_header.or_else(|| headers.get(FAIRNESS_HEADER)),
+            authorization,
+        };
+        let admission = match Admission::admit_waiting_for(gw, body.bytes.len(), who).await {
+            Ok(a) => a,
+            Err(e) => return self.refuse(&e, Some(route)).await,
+        };
+        let routing = gw.routing();
+        let key = |name: &str| h1_codec::usable_key(headers.get(name));
+        let seen = Seen { authorization, route_debug: headers.get(h1_codec::ROUTE_DEBUG_HEADER) };
+        let lines = || headers.headers.iter().filter(|h| !h.key.starts_with(':')).map(|h| (h.key.as_str(), h.bytes()));
+        let keys = (key(h1_codec::ROUTING_KEY_HEADER), key(h1_codec::SESSION_HEADER));
+        let mut meta = Meta::new(gw, self.id.clone(), routing.as_deref(), seen, keys, lines);
+        (meta.subset, meta.one_attempt) = (subset.map(Arc::new), true);
+        let worker_auth = crate::pipeline::auth::worker_credentials(gw, authorization);
+        self.dispatch(route, (routing, admission, meta), body, worker_auth).await
+    }
+
+    /// The request's body: whole (buffered) or gathered from its chunks (full duplex), within
+    /// the body limit and deadline.
+    async fn body(&mut self, route: Route) -> Result<Result<Body, GatewayError>, Status> {
+        let limit = self.gw.config.max_body_bytes;
+        let deadline = tokio::time::Instant::now() + self.gw.config.limits.body_read_timeout;
+        let mut body = BytesMut::new();
+        loop {
+            let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let Some(m) = next(&mut self.calls, wait).await? else {
+                return Err(Status::new(Status::CANCELLED, "the gateway ended the stream inside the request"));
+            };
+            match m.request {
+                Some(Phase::RequestBody(chunk)) => {
+                    if body.len() + chunk.body.len() > limit {
+                        return Ok(Err(GatewayError::TooLarge(limit)));
+                    }
+                    body.extend_from_slice(&chunk.body);
+                    if chunk.end_of_stream {
+                        return Ok(Ok(Body { bytes: body.freeze(), trailers: false }));
+                    }
+                }
+                // Trailers end a body too (answered once the request is planned).
+                Some(Phase::RequestTrailers(_)) => return Ok(Ok(Body { bytes: body.freeze(), trailers: true })),
+                _ => {
+                    debug!(route = route.label(), "endpoint picker: out of order message in the request");
+                    return Err(Status::new(Status::INVALID_ARGUMENT, "expected the request's body"));
+                }
+            }
+        }
+    }
+}
