@@ -22,7 +22,7 @@ use router_types::DpRank;
 use tokio::sync::oneshot;
 
 use super::reply::{self, Edits};
-use super::session::{Body, Stream, common, next, said};
+use super::{Body, Stream, common, next, said};
 use crate::GatewayError;
 use crate::pipeline::account::count_error;
 use crate::pipeline::admission::Admission;

@@ -15,14 +15,19 @@ mod session;
 
 use std::io;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use ext_proc::proto::{BodyMutation, CommonResponse, Mutation, ProcessingRequest, ProcessingResponse, Reply};
 use ext_proc::{Messages, Replies, ServingStatus, Status};
+use h1_codec::Route;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::warn;
 
-use crate::Gateway;
+use crate::pipeline::account::count_error;
+use crate::{Gateway, GatewayError};
 
 /// The header (and `envoy.lb` metadata key) that names the chosen endpoint.
 pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
@@ -113,5 +118,55 @@ impl ext_proc::Service for Picker {
         let routable = self.gw.fleet.snapshot().iter().any(|w| w.is_routable());
         let draining = self.drain.is_cancelled() || self.gw.draining.load(std::sync::atomic::Ordering::Relaxed);
         if routable && !draining { ServingStatus::Serving } else { ServingStatus::NotServing }
+    }
+}
+
+/// Reads the next message within `wait`.
+async fn next(calls: &mut Messages, wait: Duration) -> Result<Option<ProcessingRequest>, Status> {
+    match tokio::time::timeout(wait, calls.next::<ProcessingRequest>()).await {
+        Ok(r) => r,
+        Err(_) => Err(Status::new(Status::DEADLINE_EXCEEDED, format!("the gateway sent nothing for {wait:?}"))),
+    }
+}
+
+/// A reply carrying `reply`.
+fn said(reply: Reply) -> ProcessingResponse {
+    ProcessingResponse { response: Some(reply), dynamic_metadata: None }
+}
+
+/// A `CONTINUE` with `mutation` (and a body mutation).
+fn common(mutation: Option<ext_proc::proto::HeaderMutation>, body: Option<Mutation>) -> Option<CommonResponse> {
+    let body_mutation = body.map(|m| BodyMutation { mutation: Some(m) });
+    Some(CommonResponse { header_mutation: mutation, body_mutation, ..Default::default() })
+}
+
+/// One stream's state.
+struct Stream<'g> {
+    gw: &'g Arc<Gateway>,
+    calls: Messages,
+    replies: Replies,
+    request_mode: i32,
+    response_mode: i32,
+    /// The request's id.
+    id: String,
+    start: Instant,
+}
+
+/// A request's body, and whether trailers ended it.
+struct Body {
+    bytes: Bytes,
+    trailers: bool,
+}
+
+impl Stream<'_> {
+    async fn send(&self, message: &ProcessingResponse) -> Result<(), Status> {
+        self.replies.send(message).await.map_err(|_| Status::new(Status::CANCELLED, "the gateway left"))
+    }
+
+    /// Answers in the gateway's stead (`e`), ending the request.
+    async fn refuse(&self, e: &GatewayError, route: Option<Route>) -> Status {
+        count_error(self.gw, route.unwrap_or(Route::Chat), e, Some(&self.id));
+        let _ = self.send(&reply::error(e, route, &self.id)).await;
+        Status::ok()
     }
 }

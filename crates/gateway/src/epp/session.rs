@@ -6,20 +6,16 @@
 //! Every wait on the gateway has a deadline.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
-use ext_proc::proto::{
-    BodyMutation, CommonResponse, HeaderMap, HeadersResponse, HttpHeaders, Mutation, Phase, ProcessingRequest,
-    ProcessingResponse, Reply, body_mode,
-};
+use bytes::BytesMut;
+use ext_proc::proto::{HeaderMap, HeadersResponse, HttpHeaders, Phase, Reply, body_mode};
 use ext_proc::{Messages, Replies, Status};
 use h1_codec::Route;
 use tracing::{debug, warn};
 
 use super::reply::{self, Edits};
-use super::{EppConfig, FAIRNESS_HEADER, TEST_PICK_HEADER};
-use crate::pipeline::account::count_error;
+use super::{Body, EppConfig, FAIRNESS_HEADER, Stream, TEST_PICK_HEADER, common, next, said};
 use crate::pipeline::admission::{Admission, Who};
 use crate::pipeline::request::{Meta, Seen};
 use crate::{Gateway, GatewayError};
@@ -61,7 +57,7 @@ pub(super) async fn serve(gw: &Arc<Gateway>, config: EppConfig, mut calls: Messa
     let mut s = Stream { gw, calls, replies, request_mode, response_mode, id, start };
     let Some(route) = route else {
         // Not a request the router plans (a GET, a route it does not proxy): the least loaded worker.
-        return s.headers_only(&headers, subset, end_of_stream).await;
+        return s.headers_only(&headers, subset).await;
     };
     if !matches!(request_mode, body_mode::BUFFERED | body_mode::FULL_DUPLEX_STREAMED) {
         warn!(mode = request_mode, "endpoint picker: the request body mode must be BUFFERED or FULL_DUPLEX_STREAMED");
@@ -70,60 +66,9 @@ pub(super) async fn serve(gw: &Arc<Gateway>, config: EppConfig, mut calls: Messa
     s.planned(route, &headers, subset).await
 }
 
-/// Reads the next message within `wait`.
-pub(super) async fn next(calls: &mut Messages, wait: Duration) -> Result<Option<ProcessingRequest>, Status> {
-    match tokio::time::timeout(wait, calls.next::<ProcessingRequest>()).await {
-        Ok(r) => r,
-        Err(_) => Err(Status::new(Status::DEADLINE_EXCEEDED, format!("the gateway sent nothing for {wait:?}"))),
-    }
-}
-
-/// A reply carrying `reply`.
-pub(super) fn said(reply: Reply) -> ProcessingResponse {
-    ProcessingResponse { response: Some(reply), dynamic_metadata: None }
-}
-
-/// A `CONTINUE` with `mutation` (and a body mutation).
-pub(super) fn common(
-    mutation: Option<ext_proc::proto::HeaderMutation>,
-    body: Option<Mutation>,
-) -> Option<CommonResponse> {
-    let body_mutation = body.map(|m| BodyMutation { mutation: Some(m) });
-    Some(CommonResponse { header_mutation: mutation, body_mutation, ..Default::default() })
-}
-
-/// One stream's state.
-pub(super) struct Stream<'g> {
-    pub(super) gw: &'g Arc<Gateway>,
-    pub(super) calls: Messages,
-    replies: Replies,
-    pub(super) request_mode: i32,
-    pub(super) response_mode: i32,
-    /// The request's id.
-    pub(super) id: String,
-    pub(super) start: Instant,
-}
-
-/// A request's body, and whether trailers ended it.
-pub(super) struct Body {
-    pub(super) bytes: Bytes,
-    pub(super) trailers: bool,
-}
-
 impl Stream<'_> {
-    pub(super) async fn send(&self, message: &ProcessingResponse) -> Result<(), Status> {
-        self.replies.send(message).await.map_err(|_| Status::new(Status::CANCELLED, "the gateway left"))
-    }
-
-    /// Answers in the gateway's stead (`e`), ending the request.
-    pub(super) async fn refuse(&self, e: &GatewayError, route: Option<Route>) -> Status {
-        count_error(self.gw, route.unwrap_or(Route::Chat), e, Some(&self.id));
-        let _ = self.send(&reply::error(e, route, &self.id)).await;
-        Status::ok()
-    }
-
     /// A request with no body to plan by: the least loaded worker the gateway allows.
-    async fn headers_only(&mut self, headers: &HeaderMap, subset: Option<planner::Subset>, ended: bool) -> Status {
+    async fn headers_only(&mut self, headers: &HeaderMap, subset: Option<planner::Subset>) -> Status {
         let pool = self.gw.default_pool();
         let planner = planner::Planner { only: subset.as_ref(), ..self.gw.planner() };
         let chosen = planner
@@ -143,8 +88,7 @@ impl Stream<'_> {
         if let Err(status) = self.send(&said).await {
             return status;
         }
-        // The full-duplex mode sends a body even here: echoed as it comes.
-        let _ = ended;
+        // A body the full-duplex mode still sends is echoed as it comes.
         self.answer_phase(super::dispatch::NO_DISPATCH).await
     }
 
