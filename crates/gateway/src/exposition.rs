@@ -23,6 +23,11 @@ impl Gateway {
             "Answers that broke off after their head went out (the worker failed or fell silent mid-answer), by route.",
         );
         m.decisions.render(out, "router_policy_decisions_total", "Routing decisions by policy and reason.");
+        m.epp_streams.render(
+            out,
+            "router_epp_streams_total",
+            "The endpoint picker's ext_proc streams by outcome (picked, answered in the gateway's stead, error).",
+        );
         m.errors.render(
             out,
             "router_http_errors_total",

@@ -52,6 +52,9 @@ pub struct GatewayMetrics {
     pub answers_cut: LabeledCounter,
     /// Failed `accept`s on the client listener (out of descriptors and the like).
     pub accept_errors: AtomicU64,
+    /// The endpoint picker's streams by `outcome`: `picked` (a worker named), `answered` (in the
+    /// gateway's stead: a refusal or a cached answer), `error` (ended with a gRPC error).
+    pub epp_streams: LabeledCounter,
 }
 
 // === impl GatewayMetrics ===
@@ -78,6 +81,7 @@ impl GatewayMetrics {
             tenant_rate_limited: AtomicU64::new(0),
             latency: Histogram::new(buckets),
             ttfb: Histogram::new(buckets),
+            epp_streams: LabeledCounter::default(),
             matched_tokens: Histogram::new(&TOKEN_BUCKETS),
             pd_legs: LabeledCounter::default(),
             pd_aborts: LabeledCounter::default(),

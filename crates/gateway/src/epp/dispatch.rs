@@ -115,6 +115,7 @@ impl Stream<'_> {
             Planned::Picked(pick) => pick,
             Planned::Left(status) => return status,
             Planned::Done(Ok(Forwarded::Cached(hit))) => {
+                self.counted("answered");
                 let _ = self.send(&reply::cached(&hit, &self.id)).await;
                 return Status::ok();
             }
@@ -134,6 +135,7 @@ impl Stream<'_> {
             rank: rank.map(|r| r.0),
             edits: edits.as_deref(),
             authorization: worker_auth,
+            strip_client_key: !gw.client_keys.is_empty(),
             content_length: changed.then_some(routed.len()),
             request_id: Some(&self.id),
         };
@@ -141,6 +143,7 @@ impl Stream<'_> {
         if let Err(status) = self.name(&endpoint, mutation, routed, changed, body.trailers).await {
             return status;
         }
+        self.counted("picked");
         self.answer_phase(Some(Dispatch { fwd, head: head_tx, route })).await
     }
 
@@ -204,12 +207,20 @@ impl Stream<'_> {
         let duplex_answer = self.response_mode == body_mode::FULL_DUPLEX_STREAMED;
         let mut answered = false;
         loop {
-            // Until the head: the request's timeout; then between parts of a streamed answer.
-            let wait = if answered { gw.config.limits.upstream_idle_timeout } else { gw.config.request_timeout };
+            // Until the head: the request's timeout; then between parts of a streamed answer (the
+            // request's timeout again when the gateway sends none).
+            let streamed = self.response_mode != body_mode::NONE;
+            let wait = match answered && streamed {
+                true => gw.config.limits.upstream_idle_timeout,
+                false => gw.config.request_timeout,
+            };
             let m = match next(&mut self.calls, wait).await {
                 Ok(Some(m)) => m,
                 // The gateway is done with the request: so is its load.
                 Ok(None) => break,
+                // The gateway sends nothing of the answer's body (`NONE`): past the deadline
+                // the load is let go, the answer left to the gateway.
+                Err(_) if answered && self.response_mode == body_mode::NONE => break,
                 Err(status) => {
                     if let Some(t) = tap.as_mut() {
                         t.failed(&status, false);

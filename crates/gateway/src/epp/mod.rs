@@ -106,7 +106,12 @@ struct Picker {
 
 impl ext_proc::Service for Picker {
     async fn process(self: Arc<Self>, calls: Messages, replies: Replies) -> Status {
-        session::serve(&self.gw, self.config, calls, replies).await
+        let status = session::serve(&self.gw, self.config, calls, replies).await;
+        if status.code != Status::OK {
+            self.gw.metrics.epp_streams.inc(format_args!("outcome=\"error\""));
+            tracing::debug!(code = status.code, message = %status.message, "endpoint picker: stream ended in error");
+        }
+        status
     }
 
     /// Serving while some worker can take a request and the router is not draining: the
@@ -166,7 +171,13 @@ impl Stream<'_> {
     /// Answers in the gateway's stead (`e`), ending the request.
     async fn refuse(&self, e: &GatewayError, route: Option<Route>) -> Status {
         count_error(self.gw, route.unwrap_or(Route::Chat), e, Some(&self.id));
+        self.counted("answered");
         let _ = self.send(&reply::error(e, route, &self.id)).await;
         Status::ok()
+    }
+
+    /// Counts the stream's `outcome`.
+    fn counted(&self, outcome: &str) {
+        self.gw.metrics.epp_streams.inc(format_args!("outcome=\"{outcome}\""));
     }
 }

@@ -26,6 +26,8 @@ pub(super) struct Edits<'a> {
     pub(super) edits: Option<&'a HeaderEdits>,
     /// The worker's credentials (`--api-key`), replacing the client's.
     pub(super) authorization: Option<Vec<u8>>,
+    /// The client's own key must not reach the worker (client keys are configured).
+    pub(super) strip_client_key: bool,
     /// The body's new length, when the router rewrote it.
     pub(super) content_length: Option<usize>,
     /// The request's id, as the router names it to workers.
@@ -34,28 +36,34 @@ pub(super) struct Edits<'a> {
 
 /// The header mutation that sends a request to `endpoint`, with `edits`.
 pub(super) fn pick(endpoint: &str, edits: Edits<'_>) -> HeaderMutation {
-    let mut m = HeaderMutation::default();
-    let mut set = |name: &str, value: &[u8]| m.set_headers.push(HeaderValueOption::overwrite(name, value));
-    set(DESTINATION_HEADER, endpoint.as_bytes());
+    let mut set: Vec<(&str, Vec<u8>)> = vec![(DESTINATION_HEADER, endpoint.as_bytes().to_vec())];
+    let mut remove: Vec<String> = Vec::new();
     if let Some(rank) = edits.rank {
-        set(h1_codec::RANK_HEADER, rank.to_string().as_bytes());
+        set.push((h1_codec::RANK_HEADER, rank.to_string().into_bytes()));
     }
-    if let Some(auth) = &edits.authorization {
-        set("authorization", auth);
+    if edits.strip_client_key {
+        remove.push("x-api-key".to_owned());
+        if edits.authorization.is_none() {
+            remove.push("authorization".to_owned());
+        }
+    }
+    if let Some(auth) = edits.authorization {
+        set.push(("authorization", auth));
     }
     if let Some(len) = edits.content_length {
-        set("content-length", len.to_string().as_bytes());
+        set.push(("content-length", len.to_string().into_bytes()));
     }
     if let Some(id) = edits.request_id {
-        set(h1_codec::REQUEST_ID_HEADER, id.as_bytes());
+        set.push((h1_codec::REQUEST_ID_HEADER, id.as_bytes().to_vec()));
     }
     if let Some(e) = edits.edits {
-        for (name, value) in &e.set {
-            set(name.as_str(), value.as_bytes());
-        }
-        m.remove_headers.extend(e.remove.iter().map(|n| n.as_str().to_owned()));
+        set.extend(e.set.iter().map(|(n, v)| (n.as_str(), v.as_bytes().to_vec())));
+        remove.extend(e.remove.iter().map(|n| n.as_str().to_owned()));
     }
-    m
+    HeaderMutation {
+        set_headers: set.into_iter().map(|(n, v)| HeaderValueOption::overwrite(n, v)).collect(),
+        remove_headers: remove,
+    }
 }
 
 /// The dynamic metadata that names `endpoint` to the gateway's load balancer.
@@ -154,6 +162,15 @@ mod tests {
             set,
             [(DESTINATION_HEADER, &b"10.0.0.1:8000"[..]), (h1_codec::RANK_HEADER, b"1"), ("content-length", b"42")]
         );
+        // With client keys, the client's key never reaches the worker: the workers' key instead, or none.
+        let keyed = pick(
+            "e:1",
+            Edits { strip_client_key: true, authorization: Some(b"Bearer w".to_vec()), ..Default::default() },
+        );
+        assert_eq!(keyed.remove_headers, ["x-api-key"]);
+        assert!(keyed.set_headers.iter().any(|o| o.header.as_ref().unwrap().key == "authorization"));
+        let anonymous = pick("e:1", Edits { strip_client_key: true, ..Default::default() });
+        assert_eq!(anonymous.remove_headers, ["x-api-key", "authorization"]);
         let md = lb_metadata("10.0.0.1:8000");
         let Some(Kind::Struct(lb)) = &md.fields[LB_NAMESPACE].kind else { panic!("a struct") };
         assert_eq!(lb.fields[DESTINATION_HEADER], Value::string("10.0.0.1:8000"));

@@ -78,7 +78,8 @@ impl Stream<'_> {
         let Some(worker) = chosen else { return self.refuse(&GatewayError::NoWorker, None).await };
         let endpoint = planner::authority(worker.url.as_str()).to_owned();
         let authorization = crate::pipeline::auth::worker_credentials(self.gw, headers.get("authorization"));
-        let edits = Edits { authorization, request_id: Some(&self.id), ..Default::default() };
+        let strip_client_key = !self.gw.client_keys.is_empty();
+        let edits = Edits { authorization, strip_client_key, request_id: Some(&self.id), ..Default::default() };
         let mut said = said(Reply::RequestHeaders(HeadersResponse {
             response: common(Some(reply::pick(&endpoint, edits)), None),
         }));
@@ -88,6 +89,7 @@ impl Stream<'_> {
         if let Err(status) = self.send(&said).await {
             return status;
         }
+        self.counted("picked");
         // A body the full-duplex mode still sends is echoed as it comes.
         self.answer_phase(super::dispatch::NO_DISPATCH).await
     }
@@ -104,28 +106,26 @@ impl Stream<'_> {
         if declared.is_some_and(|n| n > gw.config.max_body_bytes) {
             return self.refuse(&GatewayError::TooLarge(gw.config.max_body_bytes), Some(route)).await;
         }
-        let duplex = self.request_mode == body_mode::FULL_DUPLEX_STREAMED;
-        if !duplex {
+        // A trusted tenant header (--trust-tenant-header) names the tenant, else GIE's fairness id.
+        let trusted = gw.config.tenants.trusted_header.as_deref();
+        let tenant_header = trusted.and_then(|n| headers.get(n).or_else(|| headers.get(FAIRNESS_HEADER)));
+        let who = Who { priority: headers.get(h1_codec::PRIORITY_HEADER), tenant_header, authorization };
+        // Admitted before its body is read: a slot, and memory for what it declared (more as it comes).
+        let mut admission = match Admission::admit_waiting_for(gw, declared.unwrap_or(0), who).await {
+            Ok(a) => a,
+            Err(e) => return self.refuse(&e, Some(route)).await,
+        };
+        if self.request_mode != body_mode::FULL_DUPLEX_STREAMED {
             // Buffered: the body comes whole once the headers are answered.
             let go_on = said(Reply::RequestHeaders(HeadersResponse { response: None }));
             if let Err(status) = self.send(&go_on).await {
                 return status;
             }
         }
-        let body = match self.body(route).await {
+        let body = match self.body(route, &mut admission, declared.unwrap_or(0)).await {
             Ok(Ok(body)) => body,
             Ok(Err(e)) => return self.refuse(&e, Some(route)).await,
             Err(status) => return status,
-        };
-        let tenant_header = gw.config.tenants.trusted_header.as_deref().and_then(|n| headers.get(n));
-        let who = Who {
-            priority: headers.get(h1_codec::PRIORITY_HEADER),
-            tenant_header: tenant_header.or_else(|| headers.get(FAIRNESS_HEADER)),
-            authorization,
-        };
-        let admission = match Admission::admit_waiting_for(gw, body.bytes.len(), who).await {
-            Ok(a) => a,
-            Err(e) => return self.refuse(&e, Some(route)).await,
         };
         let routing = gw.routing();
         let key = |name: &str| h1_codec::usable_key(headers.get(name));
@@ -139,8 +139,13 @@ impl Stream<'_> {
     }
 
     /// The request's body: whole (buffered) or gathered from its chunks (full duplex), within
-    /// the body limit and deadline.
-    async fn body(&mut self, route: Route) -> Result<Result<Body, GatewayError>, Status> {
+    /// the body limit and deadline, its memory reserved beyond the `reserved` bytes admitted.
+    async fn body(
+        &mut self,
+        route: Route,
+        admission: &mut Admission,
+        mut reserved: usize,
+    ) -> Result<Result<Body, GatewayError>, Status> {
         let limit = self.gw.config.max_body_bytes;
         let deadline = tokio::time::Instant::now() + self.gw.config.limits.body_read_timeout;
         let mut body = BytesMut::new();
@@ -151,8 +156,15 @@ impl Stream<'_> {
             };
             match m.request {
                 Some(Phase::RequestBody(chunk)) => {
-                    if body.len() + chunk.body.len() > limit {
+                    let len = body.len() + chunk.body.len();
+                    if len > limit {
                         return Ok(Err(GatewayError::TooLarge(limit)));
+                    }
+                    if len > reserved {
+                        if let Err(e) = admission.grow(len - reserved) {
+                            return Ok(Err(e));
+                        }
+                        reserved = len;
                     }
                     body.extend_from_slice(&chunk.body);
                     if chunk.end_of_stream {

@@ -86,6 +86,7 @@ async fn through_envoy_a_shared_prefix_lands_where_its_blocks_are() {
     // A request the router does not plan (a GET) goes to a worker too.
     let models = reqwest::get(format!("{}/v1/models", envoy.url)).await.unwrap();
     assert_eq!(models.status(), 200);
+    assert_eq!(metric(&router.url, "router_epp_streams_total{outcome=\"picked\"}").await, 6.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -125,6 +126,7 @@ async fn full_duplex_streams_the_answer_rewrites_auto_and_refuses_a_body_too_lar
     let e: Value = r.json().await.unwrap();
     assert!(e["error"]["message"].as_str().unwrap().contains("larger than"), "{e}");
     assert_eq!(served(&engines).iter().sum::<usize>(), before);
+    assert_eq!(metric(&router.url, "router_epp_streams_total{outcome=\"answered\"}").await, 1.0);
     // And it keeps serving.
     let small = json!({"model": "auto", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]});
     assert_eq!(post(&envoy.url, "/v1/chat/completions", &small).await.status(), 200);
