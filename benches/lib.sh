@@ -67,3 +67,68 @@ stop_pid() {
   for p in "${pids[@]}"; do [ "$p" = "$pid" ] || rest+=("$p"); done
   pids=("${rest[@]}")
 }
+
+# envoy_conf FILE LISTEN ADMIN EPP_PORT WORKER_URL...: Envoy's configuration, listening on LISTEN
+# (admin on ADMIN); with EPP_PORT (not ""), the ext_proc filter asks the endpoint picker there
+# (body modes $EPP_BODY, default FULL_DUPLEX_STREAMED, or BUFFERED) and an ORIGINAL_DST cluster
+# sends where it says; without, round robin over the workers. No access log.
+envoy_conf() {
+  local file=$1 listen=$2 admin=$3 epp=$4 filters cluster endpoints="" w trailers=SKIP response=NONE
+  local body=${EPP_BODY:-FULL_DUPLEX_STREAMED}
+  shift 4
+  for w in "$@"; do
+    w=${w#http://}
+    endpoints+="{endpoint: {address: {socket_address: {address: ${w%:*}, port_value: ${w##*:}}}}}, "
+  done
+  if [ -n "$epp" ]; then
+    [ "$body" = FULL_DUPLEX_STREAMED ] && { trailers=SEND; response=FULL_DUPLEX_STREAMED; }
+    filters="
+          - name: envoy.filters.http.ext_proc
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              grpc_service: {envoy_grpc: {cluster_name: epp}, timeout: 30s}
+              failure_mode_allow: false
+              message_timeout: 10s
+              processing_mode: {request_header_mode: SEND, response_header_mode: SEND, request_body_mode: $body, response_body_mode: $response, request_trailer_mode: $trailers, response_trailer_mode: $trailers}"
+    cluster="
+  - name: pool
+    type: ORIGINAL_DST
+    lb_policy: CLUSTER_PROVIDED
+    connect_timeout: 2s
+    original_dst_lb_config: {use_http_header: true, http_header_name: x-gateway-destination-endpoint}
+  - name: epp
+    type: STATIC
+    connect_timeout: 2s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {http2_protocol_options: {}}
+    load_assignment: {cluster_name: epp, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $epp}}}}]}]}"
+  else
+    filters=""
+    cluster="
+  - name: pool
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    connect_timeout: 2s
+    load_assignment: {cluster_name: pool, endpoints: [{lb_endpoints: [${endpoints%, }]}]}"
+  fi
+  cat >"$file" <<ENVOYCONF
+static_resources:
+  listeners:
+  - name: main
+    address: {socket_address: {address: 127.0.0.1, port_value: $listen}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress
+          route_config: {virtual_hosts: [{name: all, domains: ["*"], routes: [{match: {prefix: "/"}, route: {cluster: pool, timeout: 60s}}]}]}
+          http_filters:$(echo -e "$filters")
+          - name: envoy.filters.http.router
+            typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}
+  clusters:$(echo -e "$cluster")
+admin: {address: {socket_address: {address: 127.0.0.1, port_value: $admin}}}
+ENVOYCONF
+}

