@@ -34,8 +34,8 @@ pub struct App {
     metrics: Option<TcpListener>,
     /// The dedicated probe listener (`--health-check-port`), served from a thread of its own.
     probes: Option<std::net::TcpListener>,
-    /// The endpoint picker's listener (`--epp-port`) and settings.
-    epp: Option<(TcpListener, gateway::epp::EppConfig)>,
+    /// The endpoint picker's listener (`--epp-port`) and settings, served from a thread of its own.
+    epp: Option<(std::net::TcpListener, gateway::epp::EppConfig)>,
     gateway: Arc<Gateway>,
     cancel: CancellationToken,
     grace: Duration,
@@ -109,7 +109,10 @@ impl App {
         };
         let epp = match config.epp_listen {
             Some(a) => {
-                Some(TcpListener::bind(a).await.with_context(|| format!("binding the endpoint picker's port {a}"))?)
+                let l = std::net::TcpListener::bind(a)
+                    .with_context(|| format!("binding the endpoint picker's port {a}"))?;
+                l.set_nonblocking(true)?;
+                Some(l)
             }
             None => None,
         };
@@ -269,12 +272,7 @@ impl App {
             });
         }
         if let Some((epp, config)) = self.epp {
-            let (gw, drain) = (gateway.clone(), drain.clone());
-            tokio::spawn(async move {
-                if let Err(e) = gateway::epp::serve_epp(epp, gw, config, drain).await {
-                    warn!(error = %e, "endpoint picker stopped");
-                }
-            });
+            serve_epp_apart(epp, gateway.clone(), config, drain.clone())?;
         }
         if let Some(probes) = self.probes {
             serve_probes_apart(probes, gateway.clone(), drain.clone())?;
@@ -438,6 +436,30 @@ async fn forget_departed(
             Err(RecvError::Closed) => return,
         }
     }
+}
+
+/// Serves the endpoint picker on `listener` from a thread and single-threaded runtime of its own
+/// until `drain`: a stream's messages, its task and the HTTP/2 connection stay on one thread (a
+/// round trip with the gateway crosses no thread).
+fn serve_epp_apart(
+    listener: std::net::TcpListener,
+    gw: Arc<Gateway>,
+    config: gateway::epp::EppConfig,
+    drain: CancellationToken,
+) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    std::thread::Builder::new().name("sgl-router-epp".into()).spawn(move || {
+        runtime.block_on(async move {
+            let served = match TcpListener::from_std(listener) {
+                Ok(l) => gateway::epp::serve_epp(l, gw, config, drain).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = served {
+                warn!(error = %e, "endpoint picker stopped");
+            }
+        });
+    })?;
+    Ok(())
 }
 
 /// Serves the probes on `listener` from a thread and single-threaded runtime of their own until
