@@ -31,6 +31,8 @@ runs=(round_robin power_of_two approx_tree cache_aware min_ttft)
 [ -n "$SMG" ] && runs+=(smg_round_robin smg_cache_aware)
 [ -n "$VLLM_ROUTER" ] && runs+=(vllm_round_robin vllm_cache_aware)
 [ -n "$ENVOY" ] && runs+=(epp_cache_aware)
+# RUNS="cache_aware epp_cache_aware": only these.
+[ -z "${RUNS:-}" ] || read -r -a runs <<<"$RUNS"
 for policy in "${runs[@]}"; do
   urls=()
   for i in $(seq 1 "$WORKERS"); do
@@ -43,9 +45,9 @@ for policy in "${runs[@]}"; do
     "$BIN/sgl-router" --port 32101 --epp-port 32102 --worker-urls "$(IFS=,; echo "${urls[*]}")" --policy cache_aware \
       --kv-events >/dev/null 2>&1 & pids+=($!)
     ready http://127.0.0.1:32101/readiness
-    conf=$(mktemp); tmpdirs+=("$conf"); envoy_conf "$conf" 32100 32103 32102 "${urls[@]}"
-    "$ENVOY" -c "$conf" --concurrency 2 --disable-hot-restart --log-level error >/dev/null 2>&1 & pids+=($!)
-    ready http://127.0.0.1:32103/ready
+    conf=$(mktemp --suffix=.yaml); tmpdirs+=("$conf" "$conf.log"); envoy_conf "$conf" 32100 32103 32102 "${urls[@]}"
+    "$ENVOY" -c "$conf" --concurrency 2 --disable-hot-restart --log-level error >"$conf.log" 2>&1 & pids+=($!)
+    ready http://127.0.0.1:32103/ready || { cat "$conf.log" >&2; exit 1; }
   elif [[ "$policy" == smg_* || "$policy" == vllm_* ]]; then
     peer_command "${policy%%_*}" "${policy#*_}" 32100 "${urls[@]}"
     "${PEER[@]}" >/dev/null 2>&1 & pids+=($!)
