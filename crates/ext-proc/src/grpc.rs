@@ -42,6 +42,13 @@ impl Status {
         Self::new(Self::OK, "")
     }
 
+    /// The status `headers` carry (trailers, or a trailers-only answer's head), if any.
+    pub fn from_headers(headers: &HeaderMap) -> Option<Status> {
+        let code = headers.get("grpc-status")?.to_str().ok()?.parse().ok()?;
+        let message = headers.get("grpc-message").and_then(|m| m.to_str().ok()).unwrap_or_default();
+        Some(Status::new(code, message))
+    }
+
     /// The trailers (or the head of a trailers-only answer) that carry it.
     pub fn headers(&self) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -62,7 +69,7 @@ impl Status {
     }
 }
 
-/// The messages of one call, read from its request body.
+/// The messages of one call, read from its body (a server's request, a client's answer).
 #[derive(Debug)]
 pub struct Messages {
     body: Incoming,
@@ -70,12 +77,19 @@ pub struct Messages {
     /// The largest message accepted.
     max: usize,
     ended: bool,
+    /// The trailers, once read (a client reads the call's status there).
+    trailers: Option<HeaderMap>,
 }
 
 impl Messages {
     /// The messages `body` carries, none larger than `max` bytes.
     pub fn new(body: Incoming, max: usize) -> Self {
-        Self { body, buf: BytesMut::new(), max, ended: false }
+        Self { body, buf: BytesMut::new(), max, ended: false, trailers: None }
+    }
+
+    /// The status in the trailers, once the body has ended with them.
+    pub fn status(&self) -> Option<Status> {
+        self.trailers.as_ref().and_then(Status::from_headers)
     }
 
     /// The next message: `None` when the caller ended its side cleanly.
@@ -108,11 +122,10 @@ impl Messages {
                 };
             }
             match self.body.frame().await {
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        self.buf.extend_from_slice(&data);
-                    }
-                }
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => self.buf.extend_from_slice(&data),
+                    Err(frame) => self.trailers = frame.into_trailers().ok(),
+                },
                 Some(Err(e)) => return Err(Status::new(Status::CANCELLED, format!("the call broke: {e}"))),
                 None => self.ended = true,
             }
@@ -120,7 +133,8 @@ impl Messages {
     }
 }
 
-/// Where a call's replies go: the answer's body, in order.
+/// Where one side's messages go, in order: a server's replies (the answer's body), a
+/// client's requests (the request's body).
 #[derive(Debug, Clone)]
 pub struct Replies {
     tx: mpsc::Sender<Frame<Bytes>>,
@@ -141,6 +155,11 @@ impl Replies {
     /// Sends one message (waits while the caller reads slower than we write).
     pub async fn send<M: prost::Message>(&self, message: &M) -> Result<(), Gone> {
         self.tx.send(Frame::data(encode(message))).await.map_err(|_| Gone)
+    }
+
+    /// Sends one frame as it is (a test's malformed bytes).
+    pub async fn send_frame(&self, frame: Frame<Bytes>) -> Result<(), Gone> {
+        self.tx.send(frame).await.map_err(|_| Gone)
     }
 
     /// Ends the call with `status`.

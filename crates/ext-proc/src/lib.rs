@@ -4,6 +4,7 @@
 //! ([`serve_connection`]). What a stream means is the service's; this crate
 //! knows nothing of routing.
 
+pub mod client;
 pub mod grpc;
 pub mod proto;
 
@@ -127,3 +128,6 @@ async fn call<S: Service>(service: Arc<S>, req: http::Request<Incoming>, limits:
     }
     answer
 }
+
+#[cfg(test)]
+mod tests;

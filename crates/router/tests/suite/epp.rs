@@ -198,3 +198,116 @@ async fn a_client_that_leaves_releases_its_load_and_a_stopped_picker_fails_close
     assert!(r.status().is_server_error(), "{}", r.status());
     assert_eq!(served(&engines), before);
 }
+
+/// The gateway's side of one stream, spoken directly (no Envoy): every reply checked.
+mod protocol {
+    use super::*;
+    use ext_proc::client::{Call, Channel};
+    use ext_proc::proto::{
+        HeaderMap, HeaderValue, HttpBody, HttpHeaders, Kind, Phase, ProcessingRequest, ProcessingResponse,
+        ProtocolConfiguration, Reply, body_mode,
+    };
+    use ext_proc::{PROCESS_PATH, Status};
+
+    fn headers(pairs: &[(&str, &str)], end_of_stream: bool) -> Phase {
+        let headers = pairs
+            .iter()
+            .map(|(k, v)| HeaderValue { key: (*k).into(), value: String::new(), raw_value: v.as_bytes().to_vec() })
+            .collect();
+        Phase::RequestHeaders(HttpHeaders { headers: Some(HeaderMap { headers }), end_of_stream })
+    }
+
+    fn first(phase: Phase, request_body_mode: i32) -> ProcessingRequest {
+        let protocol_config = Some(ProtocolConfiguration {
+            request_body_mode,
+            response_body_mode: body_mode::STREAMED,
+            send_body_without_waiting_for_header_response: false,
+        });
+        ProcessingRequest { request: Some(phase), protocol_config, ..Default::default() }
+    }
+
+    fn message(phase: Phase) -> ProcessingRequest {
+        ProcessingRequest { request: Some(phase), ..Default::default() }
+    }
+
+    async fn reply(call: &mut Call) -> ProcessingResponse {
+        call.answers.next::<ProcessingResponse>().await.unwrap().expect("a reply")
+    }
+
+    /// Ends the gateway's side and reads the stream's status.
+    async fn status(call: Call) -> Status {
+        let Call { requests, mut answers, head } = call;
+        drop(requests);
+        while let Ok(Some(_)) = answers.next::<ProcessingResponse>().await {}
+        answers.status().or_else(|| Status::from_headers(&head)).expect("a status")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_picker_answers_each_message_and_ends_bad_streams_with_their_status() {
+        let engines = engines(1).await;
+        let router = picker(config(&[&engines[0]], PolicyConfig::RoundRobin, false)).await;
+        let mut channel = Channel::connect(router.epp.unwrap()).await.unwrap();
+        let body = serde_json::to_vec(&chat("s", "q")).unwrap();
+        let head = [
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("content-type", "application/json"),
+            ("content-length", &body.len().to_string()),
+        ];
+        // Buffered: the headers go on at once...
+        let mut call = channel.call(PROCESS_PATH, 1 << 20).await.unwrap();
+        call.requests.send(&first(headers(&head, false), body_mode::BUFFERED)).await.unwrap();
+        assert!(matches!(reply(&mut call).await.response, Some(Reply::RequestHeaders(_))));
+        // ...the body's answer names the worker, in the header and the envoy.lb metadata.
+        let chunk = HttpBody { body: body.into(), end_of_stream: true };
+        call.requests.send(&message(Phase::RequestBody(chunk))).await.unwrap();
+        let picked = reply(&mut call).await;
+        let Some(Reply::RequestBody(b)) = &picked.response else { panic!("{picked:?}") };
+        let mutation = b.response.as_ref().unwrap().header_mutation.as_ref().unwrap();
+        let named = mutation.set_headers.iter().map(|o| o.header.as_ref().unwrap());
+        let named: Vec<(&str, &[u8])> = named.map(|h| (h.key.as_str(), h.bytes())).collect();
+        let endpoint = endpoint(&engines[0].url());
+        assert!(named.contains(&("x-gateway-destination-endpoint", endpoint.as_bytes())), "{named:?}");
+        assert!(named.iter().any(|(k, _)| *k == "x-request-id"), "{named:?}");
+        let lb = &picked.dynamic_metadata.as_ref().unwrap().fields["envoy.lb"];
+        let Some(Kind::Struct(lb)) = &lb.kind else { panic!("{lb:?}") };
+        assert_eq!(lb.fields["x-gateway-destination-endpoint"].kind, Some(Kind::String(endpoint.clone())));
+        // Its load is held until the answer ends.
+        assert_eq!(router.gateway.in_flight(), 1);
+        let answered = Phase::ResponseHeaders(HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: vec![HeaderValue { key: ":status".into(), value: "200".into(), raw_value: Vec::new() }],
+            }),
+            end_of_stream: false,
+        });
+        call.requests.send(&message(answered)).await.unwrap();
+        assert!(matches!(reply(&mut call).await.response, Some(Reply::ResponseHeaders(_))));
+        let end = HttpBody { body: "{}".into(), end_of_stream: true };
+        call.requests.send(&message(Phase::ResponseBody(end))).await.unwrap();
+        assert!(matches!(reply(&mut call).await.response, Some(Reply::ResponseBody(_))));
+        assert_eq!(status(call).await.code, Status::OK);
+        common::eventually("the load released", async || router.gateway.in_flight() == 0).await;
+        assert_eq!(metric(&router.url, "router_http_requests_total{route=\"chat\",status=\"200\"}").await, 1.0);
+        // A stream that does not start with the request's headers.
+        let call = channel.call(PROCESS_PATH, 1 << 20).await.unwrap();
+        let chunk = HttpBody { body: "{}".into(), end_of_stream: true };
+        call.requests.send(&first(Phase::RequestBody(chunk), body_mode::BUFFERED)).await.unwrap();
+        assert_eq!(status(call).await.code, Status::INVALID_ARGUMENT);
+        // A body mode the picker cannot plan with: the request would be gone before its body.
+        let call = channel.call(PROCESS_PATH, 1 << 20).await.unwrap();
+        call.requests.send(&first(headers(&head, false), body_mode::STREAMED)).await.unwrap();
+        let s = status(call).await;
+        assert_eq!(s.code, Status::INVALID_ARGUMENT);
+        assert!(s.message.contains("BUFFERED or FULL_DUPLEX_STREAMED"), "{s}");
+        // Observability mode: a picker must answer.
+        let call = channel.call(PROCESS_PATH, 1 << 20).await.unwrap();
+        let mut observed = first(headers(&head, false), body_mode::BUFFERED);
+        observed.observability_mode = true;
+        call.requests.send(&observed).await.unwrap();
+        assert_eq!(status(call).await.code, Status::INVALID_ARGUMENT);
+        // Counted; the picker sends nothing to an engine itself (the gateway does).
+        assert_eq!(metric(&router.url, "router_epp_streams_total{outcome=\"error\"}").await, 3.0);
+        assert_eq!(metric(&router.url, "router_epp_streams_total{outcome=\"picked\"}").await, 1.0);
+        assert_eq!(served(&engines), [0]);
+    }
+}
