@@ -69,12 +69,20 @@ stop_pid() {
 }
 
 # envoy_conf FILE LISTEN ADMIN EPP_PORT WORKER_URL...: Envoy's configuration, listening on LISTEN
-# (admin on ADMIN); with EPP_PORT (not ""), the ext_proc filter asks the endpoint picker there
-# (body modes $EPP_BODY, default FULL_DUPLEX_STREAMED, or BUFFERED) and an ORIGINAL_DST cluster
-# sends where it says; without, round robin over the workers. No access log.
+# (admin on ADMIN; 0: any free port, read back from the admin's /listeners); with EPP_PORT (not
+# ""), the ext_proc filter asks the endpoint picker there and an ORIGINAL_DST cluster sends where
+# it says, as the Gateway API Inference Extension's gateways do; without, round robin over the
+# workers. No access log. The picker's knobs, from the environment:
+#   EPP_BODY=FULL_DUPLEX_STREAMED   request_body_mode (or BUFFERED)
+#   EPP_RESPONSE_BODY               response_body_mode (default: FULL_DUPLEX_STREAMED with a full-duplex
+#                                   request, else NONE); trailers are sent in the full-duplex modes
+#   EPP_FAIL_OPEN=false             failure_mode_allow
+#   EPP_SUBSET="ip:port ..."        the subset hint set on every request (envoy.lb.subset_hint)
+#   EPP_HEALTH_INTERVAL=0.2s        grpc.health.v1 checks of the picker (none by default)
+# The router's tests (crates/router/tests/common/envoy.rs) run this same function.
 envoy_conf() {
   local file=$1 listen=$2 admin=$3 epp=$4 filters cluster endpoints="" w trailers=SKIP response=NONE
-  local body=${EPP_BODY:-FULL_DUPLEX_STREAMED}
+  local body=${EPP_BODY:-FULL_DUPLEX_STREAMED} subset="" health="" e
   shift 4
   for w in "$@"; do
     w=${w#http://}
@@ -82,13 +90,26 @@ envoy_conf() {
   done
   if [ -n "$epp" ]; then
     [ "$body" = FULL_DUPLEX_STREAMED ] && { trailers=SEND; response=FULL_DUPLEX_STREAMED; }
-    filters="
+    response=${EPP_RESPONSE_BODY:-$response}
+    [ "$response" = FULL_DUPLEX_STREAMED ] && trailers=SEND
+    if [ -n "${EPP_SUBSET:-}" ]; then
+      for e in $EPP_SUBSET; do subset+="\"$e\", "; done
+      subset="
+          - name: envoy.filters.http.set_metadata
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config
+              metadata: [{metadata_namespace: envoy.lb.subset_hint, value: {x-gateway-destination-endpoint-subset: [${subset%, }]}}]"
+    fi
+    [ -z "${EPP_HEALTH_INTERVAL:-}" ] || health="
+    health_checks: [{timeout: 1s, interval: $EPP_HEALTH_INTERVAL, unhealthy_threshold: 1, healthy_threshold: 1, grpc_health_check: {service_name: envoy.service.ext_proc.v3.ExternalProcessor}}]"
+    filters="$subset
           - name: envoy.filters.http.ext_proc
             typed_config:
               \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
               grpc_service: {envoy_grpc: {cluster_name: epp}, timeout: 30s}
-              failure_mode_allow: false
+              failure_mode_allow: ${EPP_FAIL_OPEN:-false}
               message_timeout: 10s
+              metadata_options: {forwarding_namespaces: {untyped: [envoy.lb.subset_hint]}}
               processing_mode: {request_header_mode: SEND, response_header_mode: SEND, request_body_mode: $body, response_body_mode: $response, request_trailer_mode: $trailers, response_trailer_mode: $trailers}"
     cluster="
   - name: pool
@@ -102,7 +123,7 @@ envoy_conf() {
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {http2_protocol_options: {}}
+        explicit_http_config: {http2_protocol_options: {}}$health
     load_assignment: {cluster_name: epp, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $epp}}}}]}]}"
   else
     filters=""

@@ -22,6 +22,16 @@ fn url(u: &str) -> WorkerUrl {
 
 /// A fleet of `regular` default-pool workers and `pd` (URL, role) workers of pool "pd", every one
 /// in rotation (nothing is probed: no sockets).
+/// What a plan reads, with no subset.
+fn planner<'a>(
+    fleet: &'a Fleet,
+    index: Option<&'a KvIndex>,
+    credit_pending: bool,
+    (credit_lock, renders): (&'a Mutex<()>, &'a AtomicU64),
+) -> Planner<'a> {
+    Planner { fleet, index, credit_pending, credit_lock, renders, only: None }
+}
+
 async fn fleet(regular: &[&str], pd: &[(&str, Role)]) -> Arc<Fleet> {
     let config = fleet::FleetConfig::unprobed(&["/v1/chat/completions"]);
     let urls: Vec<WorkerUrl> = regular.iter().map(|u| url(u)).collect();
@@ -52,14 +62,7 @@ fn chat() -> serde_json::Value {
 async fn a_prompt_is_rendered_once_per_renderer_until_a_plugin_rewrites_it() {
     let fleet = fleet(&["http://127.0.0.1:1"], &[]).await;
     let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
-    let p = Planner {
-        fleet: &fleet,
-        index: None,
-        credit_pending: false,
-        credit_lock: &lock,
-        renders: &renders,
-        only: None,
-    };
+    let p = planner(&fleet, None, false, (&lock, &renders));
     let (a, b) = (Arc::new(Renderer::builtin().unwrap()), Arc::new(Renderer::builtin().unwrap()));
     let memo = Renders::default();
     let first = memo.tokens(p, &a, Route::Chat, &chat()).unwrap();
@@ -79,8 +82,7 @@ async fn a_prompt_is_rendered_once_per_renderer_until_a_plugin_rewrites_it() {
 async fn a_plan_chooses_among_its_pools_routable_workers_and_a_routing_key_names_one() {
     let fleet = fleet(&["http://127.0.0.1:1", "http://127.0.0.1:2"], &[("http://127.0.0.1:3", Role::PREFILL)]).await;
     let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
-    let p =
-        Planner { fleet: &fleet, index: None, credit_pending: true, credit_lock: &lock, renders: &renders, only: None };
+    let p = planner(&fleet, None, true, (&lock, &renders));
     let default = pool(PoolId::default_pool(), None);
     let memo = Renders::default();
     let plan = p.plan(&default, Route::Chat, Some(&chat()), None, &memo, true).unwrap();
@@ -107,14 +109,7 @@ async fn a_pair_takes_each_leg_from_its_role_and_avoids_failed_workers_while_oth
     ];
     let fleet = fleet(&["http://127.0.0.1:1"], &pd).await;
     let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
-    let p = Planner {
-        fleet: &fleet,
-        index: None,
-        credit_pending: false,
-        credit_lock: &lock,
-        renders: &renders,
-        only: None,
-    };
+    let p = planner(&fleet, None, false, (&lock, &renders));
     let pool = pool(PoolId("pd".into()), Some(PdMode::Sglang));
     let setup = pool.pd.clone().unwrap();
     let v = chat();
@@ -141,14 +136,7 @@ async fn without_a_followed_worker_a_text_tree_policy_hashes_no_page() {
     assert!(fleet.all().iter().all(|w| !w.is_followed()), "no KV events here");
     let index = KvIndex::new(IndexConfig::default(), Arc::new(ManualClock::default()));
     let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
-    let p = Planner {
-        fleet: &fleet,
-        index: Some(&index),
-        credit_pending: true,
-        credit_lock: &lock,
-        renders: &renders,
-        only: None,
-    };
+    let p = planner(&fleet, Some(&index), true, (&lock, &renders));
     let with = |policy: Arc<dyn policy::Policy>| {
         let renderer = Arc::new(Renderer::builtin().unwrap());
         Arc::new(Pool::new(PoolId::default_pool(), "m".into(), policy, renderer, None, 64))
@@ -170,14 +158,7 @@ async fn without_a_followed_worker_a_text_tree_policy_hashes_no_page() {
 async fn without_a_tokenizer_input_ids_are_left_for_the_engine_to_judge() {
     let fleet = fleet(&["http://127.0.0.1:1"], &[]).await;
     let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
-    let p = Planner {
-        fleet: &fleet,
-        index: None,
-        credit_pending: false,
-        credit_lock: &lock,
-        renders: &renders,
-        only: None,
-    };
+    let p = planner(&fleet, None, false, (&lock, &renders));
     // The built-in byte-level model knows 259 ids; the engine's model (unknown here) many more.
     let builtin = Renderer::builtin().unwrap();
     let ids = json!({"input_ids": [100000, 151642, 7], "sampling_params": {"max_new_tokens": 8}});

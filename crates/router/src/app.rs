@@ -447,19 +447,7 @@ fn serve_epp_apart(
     config: gateway::epp::EppConfig,
     drain: CancellationToken,
 ) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    std::thread::Builder::new().name("sgl-router-epp".into()).spawn(move || {
-        runtime.block_on(async move {
-            let served = match TcpListener::from_std(listener) {
-                Ok(l) => gateway::epp::serve_epp(l, gw, config, drain).await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = served {
-                warn!(error = %e, "endpoint picker stopped");
-            }
-        });
-    })?;
-    Ok(())
+    serve_apart("endpoint picker", listener, move |l| gateway::epp::serve_epp(l, gw, config, drain))
 }
 
 /// Serves the probes on `listener` from a thread and single-threaded runtime of their own until
@@ -469,15 +457,24 @@ fn serve_probes_apart(
     gw: Arc<Gateway>,
     drain: CancellationToken,
 ) -> anyhow::Result<()> {
+    serve_apart("probe listener", listener, move |l| gateway::serve_probes(l, gw, drain))
+}
+
+/// Runs `serve` on `listener` in a thread (`what`) with a single-threaded runtime of its own.
+fn serve_apart<F, Fut>(what: &'static str, listener: std::net::TcpListener, serve: F) -> anyhow::Result<()>
+where
+    F: FnOnce(TcpListener) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = std::io::Result<()>>,
+{
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    std::thread::Builder::new().name("sgl-router-probes".into()).spawn(move || {
+    std::thread::Builder::new().name(format!("sgl-router {what}")).spawn(move || {
         runtime.block_on(async move {
             let served = match TcpListener::from_std(listener) {
-                Ok(l) => gateway::serve_probes(l, gw, drain).await,
+                Ok(l) => serve(l).await,
                 Err(e) => Err(e),
             };
             if let Err(e) = served {
-                warn!(error = %e, "probe listener stopped");
+                warn!(error = %e, "{what} stopped");
             }
         });
     })?;

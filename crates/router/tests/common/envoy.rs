@@ -71,7 +71,7 @@ impl Envoy {
         let dir = std::env::temp_dir().join(format!("sgl-router-envoy-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("envoy.yaml");
-        std::fs::write(&config, config_yaml(epp, setup)).unwrap();
+        write_config(&config, epp, setup);
         let admin_file = dir.join("admin");
         let child = Command::new(bin)
             .arg("-c")
@@ -124,98 +124,26 @@ impl Envoy {
     }
 }
 
-/// Envoy's configuration: a listener on a free port, the `ext_proc` filter calling the
-/// picker (`grpc.health.v1`-checked), the original-destination cluster the picker names.
-fn config_yaml(epp: SocketAddr, s: &EnvoySetup) -> String {
-    let trailers = if s.request_body == "FULL_DUPLEX_STREAMED" { "SEND" } else { "SKIP" };
-    let response_trailers = if s.response_body == "FULL_DUPLEX_STREAMED" { "SEND" } else { "SKIP" };
-    let subset = s.subset.as_ref().map_or(String::new(), |list| {
-        let items: Vec<String> = list.iter().map(|e| format!("\"{e}\"")).collect();
-        format!(
-            r#"
-          - name: envoy.filters.http.set_metadata
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config
-              metadata:
-              - metadata_namespace: envoy.lb.subset_hint
-                value:
-                  x-gateway-destination-endpoint-subset: [{}]"#,
-            items.join(", ")
-        )
-    });
-    format!(
-        r#"static_resources:
-  listeners:
-  - name: main
-    address: {{socket_address: {{address: 127.0.0.1, port_value: 0}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: ingress
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                route: {{cluster: pool, timeout: 60s}}
-          http_filters:{subset}
-          - name: envoy.filters.http.ext_proc
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
-              grpc_service:
-                envoy_grpc: {{cluster_name: epp}}
-                timeout: 30s
-              failure_mode_allow: {fail_open}
-              message_timeout: 10s
-              metadata_options:
-                forwarding_namespaces:
-                  untyped: [envoy.lb.subset_hint]
-              processing_mode:
-                request_header_mode: SEND
-                response_header_mode: SEND
-                request_body_mode: {request_body}
-                response_body_mode: {response_body}
-                request_trailer_mode: {trailers}
-                response_trailer_mode: {response_trailers}
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: pool
-    type: ORIGINAL_DST
-    lb_policy: CLUSTER_PROVIDED
-    connect_timeout: 2s
-    original_dst_lb_config:
-      use_http_header: true
-      http_header_name: x-gateway-destination-endpoint
-  - name: epp
-    type: STATIC
-    connect_timeout: 2s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    health_checks:
-    - timeout: 1s
-      interval: 0.2s
-      unhealthy_threshold: 1
-      healthy_threshold: 1
-      grpc_health_check: {{service_name: envoy.service.ext_proc.v3.ExternalProcessor}}
-    load_assignment:
-      cluster_name: epp
-      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: {ip}, port_value: {port}}}}}}}}}]}}]
-admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: 0}}}}
-"#,
-        fail_open = s.fail_open,
-        request_body = s.request_body,
-        response_body = s.response_body,
-        ip = epp.ip(),
-        port = epp.port(),
-    )
+/// Envoy's configuration, written to `path` by the benchmarks' own generator (`envoy_conf` of
+/// `benches/lib.sh`): a listener on a free port, the `ext_proc` filter calling the picker
+/// (`grpc.health.v1`-checked), the original-destination cluster the picker names.
+fn write_config(path: &std::path::Path, epp: SocketAddr, s: &EnvoySetup) {
+    assert!(epp.ip().is_loopback(), "the generator's picker is on 127.0.0.1");
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(r#"source "$1" && envoy_conf "$2" 0 0 "$3""#)
+        .arg("envoy-conf")
+        .arg(super::app::repo("benches/lib.sh"))
+        .arg(path)
+        .arg(epp.port().to_string())
+        .env("EPP_BODY", s.request_body)
+        .env("EPP_RESPONSE_BODY", s.response_body)
+        .env("EPP_FAIL_OPEN", s.fail_open.to_string())
+        .env("EPP_SUBSET", s.subset.as_deref().unwrap_or_default().join(" "))
+        .env("EPP_HEALTH_INTERVAL", "0.2s")
+        .output()
+        .expect("bash runs");
+    assert!(out.status.success(), "envoy_conf: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// `host:port` of an engine's URL, as the picker names endpoints.
