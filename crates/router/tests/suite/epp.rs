@@ -311,3 +311,32 @@ mod protocol {
         assert_eq!(served(&engines), [0]);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_envoy_a_repeated_request_is_answered_from_the_response_cache() {
+    let Some(bin) = binary("the endpoint picker's Envoy tests") else { return };
+    let (routing, engines) = pools("tests/routing/cache.yaml").await;
+    let mut app = config(&[], PolicyConfig::RoundRobin, false);
+    app.routing = Some(routing);
+    let router = picker(app).await;
+    // The answer's body passes the picker (STREAMED): a miss is recorded as it goes by.
+    let envoy = Envoy::start(&bin, router.epp.unwrap(), &EnvoySetup::default()).await;
+    let faq = json!({"model": "auto", "temperature": 0, "max_tokens": 6,
+                     "messages": [{"role": "user", "content": "faq: opening hours?"}]});
+    let send = async || {
+        let r = post(&envoy.url, "/v1/chat/completions", &faq).await;
+        let cache = r.headers().get("x-route-cache").map(|v| v.to_str().unwrap().to_owned());
+        let ct = r.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned());
+        (r.status().as_u16(), cache, ct, r.bytes().await.unwrap())
+    };
+    let (s1, c1, ct1, b1) = send().await;
+    assert_eq!((s1, c1.as_deref()), (200, Some("miss")));
+    // Kept once the answer ended (its end reported by the gateway).
+    let cached = "router_response_cache_entries{decision=\"faq\"}";
+    common::eventually("the answer kept", async || metric(&router.url, cached).await >= 1.0).await;
+    let (s2, c2, ct2, b2) = send().await;
+    assert_eq!((s2, c2.as_deref()), (200, Some("hit-exact")), "answered by the picker in Envoy's stead");
+    assert_eq!((b1, ct1), (b2, ct2), "the same answer, the same content type");
+    assert_eq!(served(&engines), [1], "the engine saw the first only");
+    assert_eq!(metric(&router.url, "router_epp_streams_total{outcome=\"answered\"}").await, 1.0);
+}
