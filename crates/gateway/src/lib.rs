@@ -236,6 +236,10 @@ pub struct ClientLimits {
     /// Longest a worker may stay silent in the middle of an answer's body
     /// (between two reads) before the answer is ended as a worker failure.
     pub upstream_idle_timeout: Duration,
+    /// An event stream whose worker has been silent this long gets a keep-alive frame (an SSE
+    /// comment; Anthropic's `ping` event on its routes), between events, so a proxy's idle
+    /// timeout does not cut a stream waiting on a long prefill (`--sse-keepalive-secs`; zero: none).
+    pub sse_keepalive: Duration,
 }
 
 impl Default for ClientLimits {
@@ -247,6 +251,7 @@ impl Default for ClientLimits {
             idle_timeout: Duration::from_secs(60),
             max_connections: 16_384,
             upstream_idle_timeout: Duration::from_secs(300),
+            sse_keepalive: Duration::from_secs(15),
         }
     }
 }

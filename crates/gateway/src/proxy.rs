@@ -102,7 +102,7 @@ async fn serve(
 /// A worker's answer relayed to the client, with the route headers.
 fn relay(gw: &Gateway, mut guard: InFlight, worker: Arc<Worker>, resp: axum::http::Response<UpstreamBody>) -> Response {
     let route_headers = guard.route_headers.take();
-    let mut answer = stream_back(guard, worker, resp, gw.config.limits.upstream_idle_timeout, Ending::default());
+    let mut answer = stream_back(guard, worker, resp, &gw.config.limits, Ending::default());
     if let Some(extra) = route_headers {
         answer.headers_mut().extend(extra.0.into_iter().map(|(n, v)| (HeaderName::from_static(n), v)));
     }

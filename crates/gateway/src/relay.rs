@@ -20,6 +20,11 @@ use crate::pipeline::request::relayed;
 use fleet::Worker;
 use h1_codec::Route;
 
+/// The keep-alive frame of an OpenAI-shaped event stream: a comment, which clients skip.
+const SSE_KEEPALIVE: &[u8] = b": keep-alive\n\n";
+/// The keep-alive frame of Anthropic's event streams: its `ping` event.
+const ANTHROPIC_PING: &[u8] = b"event: ping\ndata: {\"type\": \"ping\"}\n\n";
+
 /// An answer body from the router's own client (`h1::answer`), boxed for the relay.
 pub(crate) type UpstreamBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 /// Its error.
@@ -57,6 +62,8 @@ pub(crate) struct Tap {
     worker: Arc<Worker>,
     /// The answer is an event stream (`text/event-stream`).
     sse: bool,
+    /// The last bytes relayed (an event ends with a blank line); `None` before any.
+    tail: Option<[u8; 2]>,
     /// The answer so far, for the response cache (dropped when it fails or grows too large).
     recorder: Option<Recorder>,
 }
@@ -68,11 +75,27 @@ impl Tap {
         let sse = content_type.as_ref().is_some_and(|c| c.as_bytes().starts_with(b"text/event-stream"));
         // A response-cache miss records a successful answer as it passes, to keep it once complete.
         let recorder = guard.cache.take().and_then(|t| Recorder::new(t, status, content_type));
-        Tap { guard, worker, sse, recorder }
+        Tap { guard, worker, sse, tail: None, recorder }
+    }
+
+    /// The keep-alive frame an event stream may carry now: between two events (or before the
+    /// first), never inside one (a comment line there would end the event early). `None` for
+    /// any other answer.
+    pub(crate) fn keepalive(&self) -> Option<&'static [u8]> {
+        if !self.sse || self.tail.is_some_and(|t| t != *b"\n\n") {
+            return None;
+        }
+        Some(if self.guard.route().anthropic() { ANTHROPIC_PING } else { SSE_KEEPALIVE })
     }
 
     /// Bytes of the answer's body on their way to the client.
     pub(crate) fn data(&mut self, data: &[u8]) {
+        if self.sse
+            && let Some(&last) = data.last()
+        {
+            let before = data.len().checked_sub(2).map_or(self.tail.map_or(0, |t| t[1]), |i| data[i]);
+            self.tail = Some([before, last]);
+        }
         // The first byte of a streamed answer follows the first token.
         self.guard.load.prefill_done();
         if let Some(r) = self.recorder.as_mut()
@@ -134,9 +157,10 @@ pub(crate) fn stream_back(
     guard: InFlight,
     worker: Arc<Worker>,
     resp: axum::http::Response<UpstreamBody>,
-    idle_limit: std::time::Duration,
+    limits: &crate::ClientLimits,
     ending: Ending,
 ) -> Response {
+    let idle_limit = limits.upstream_idle_timeout;
     let (mut parts, body) = resp.into_parts();
     // The worker's headers pass through, except hop-by-hop ones and the length (set from the body).
     // Transfer codings other than `chunked` (say `gzip, chunked`) stay: the body is still coded,
@@ -159,7 +183,10 @@ pub(crate) fn stream_back(
     }
     let idle = Box::pin(tokio::time::sleep(idle_limit));
     let tap = Tap::new(guard, worker, parts.status.as_u16(), parts.headers.get(header::CONTENT_TYPE).cloned());
-    let relay = Relay { inner: body, tap: Some(tap), idle, idle_limit, ending };
+    // An event stream's keep-alive, when it is one and they are on.
+    let every = limits.sse_keepalive;
+    let ping = (tap.keepalive().is_some() && !every.is_zero()).then(|| (Box::pin(tokio::time::sleep(every)), every));
+    let relay = Relay { inner: body, tap: Some(tap), idle, idle_limit, ping, ending };
     let mut response = Response::new(Body::new(relay));
     *response.status_mut() = parts.status;
     *response.headers_mut() = parts.headers;
@@ -185,6 +212,8 @@ struct Relay {
     /// Fires when the worker has been silent mid-body for `idle_limit`.
     idle: std::pin::Pin<Box<tokio::time::Sleep>>,
     idle_limit: std::time::Duration,
+    /// Fires when an event stream's worker has been silent this long: a keep-alive frame.
+    ping: Option<(std::pin::Pin<Box<tokio::time::Sleep>>, std::time::Duration)>,
     ending: Ending,
 }
 
@@ -217,7 +246,11 @@ impl http_body::Body for Relay {
                 if let Some(data) = frame.data_ref() {
                     tap.data(data);
                 }
-                this.idle.as_mut().reset(tokio::time::Instant::now() + this.idle_limit);
+                let now = tokio::time::Instant::now();
+                this.idle.as_mut().reset(now + this.idle_limit);
+                if let Some((ping, every)) = this.ping.as_mut() {
+                    ping.as_mut().reset(now + *every);
+                }
                 if this.inner.is_end_stream() {
                     tap.ended();
                 }
@@ -240,7 +273,19 @@ impl http_body::Body for Relay {
                 this.tap = None;
                 Poll::Ready(None)
             }
-            Poll::Pending => Poll::Pending,
+            // Silent for the keep-alive period: a keep-alive frame if between events.
+            Poll::Pending => {
+                let Some((ping, every)) = this.ping.as_mut() else { return Poll::Pending };
+                if ping.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                ping.as_mut().reset(tokio::time::Instant::now() + *every);
+                let _ = ping.as_mut().poll(cx);
+                match tap.keepalive() {
+                    Some(frame) => Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(frame))))),
+                    None => Poll::Pending,
+                }
+            }
         }
     }
 
@@ -280,16 +325,23 @@ mod tests {
 
     /// A relay of `resp` from the test gateway's one worker, holding its load and admission.
     async fn relayed(resp: axum::http::Response<UpstreamBody>, idle: Duration) -> (Arc<crate::Gateway>, Response) {
-        let gw = crate::testing::gateway(&["http://w:1"], crate::RetryConfig::default()).await;
+        relayed_with(resp, idle, Duration::ZERO, Route::Chat).await
+    }
+
+    /// The same with keep-alive frames every `keepalive` on `route`.
+    async fn relayed_with(
+        resp: axum::http::Response<UpstreamBody>,
+        idle: Duration,
+        keepalive: Duration,
+        route: Route,
+    ) -> (Arc<crate::Gateway>, Response) {
+        let gw = crate::testing::gateway(&["http://127.0.0.1:1"], crate::RetryConfig::default()).await;
         let worker = gw.fleet.all()[0].clone();
-        let guard = InFlight::new(
-            gw.clone(),
-            Admission::admit(&gw, 10).unwrap(),
-            worker.charge(0),
-            Route::Chat,
-            Instant::now(),
-        );
-        (gw, stream_back(guard, worker, resp, idle, Ending::default()))
+        let guard =
+            InFlight::new(gw.clone(), Admission::admit(&gw, 10).unwrap(), worker.charge(0), route, Instant::now());
+        let limits =
+            crate::ClientLimits { upstream_idle_timeout: idle, sse_keepalive: keepalive, ..Default::default() };
+        (gw, stream_back(guard, worker, resp, &limits, Ending::default()))
     }
 
     fn requests(gw: &crate::Gateway, status: &str) -> u64 {
@@ -327,6 +379,57 @@ mod tests {
         assert_eq!(requests(&gw, "200"), 1, "the client saw a 200 head");
         assert_eq!(gw.metrics.answers_cut.get("route=\"chat\""), 1);
         assert!(!gw.fleet.all()[0].is_routable(), "the worker left rotation");
+    }
+
+    /// The next frame of `body`'s stream, or `None` when none comes within `wait` (virtual time).
+    async fn next_frame(body: &mut Body, wait: Duration) -> Option<Bytes> {
+        let frame = tokio::time::timeout(wait, body.frame()).await.ok()??.ok()?;
+        frame.into_data().ok()
+    }
+
+    #[tokio::test]
+    async fn a_silent_event_stream_gets_keep_alive_frames_between_events_only() {
+        let hour = Duration::from_secs(3600);
+        let every = Duration::from_secs(15);
+        let (tx, resp) = answer("text/event-stream");
+        let (_gw, out) = relayed_with(resp, hour, every, Route::Chat).await;
+        // Virtual time from here (the test gateway is up): a quarter hour of silence at once.
+        tokio::time::pause();
+        let mut body = out.into_body();
+        tx.send(Ok(Bytes::from_static(b"data: {\"x\":1}\n\n"))).await.unwrap();
+        assert_eq!(next_frame(&mut body, hour).await.unwrap(), "data: {\"x\":1}\n\n");
+        // The worker falls silent between events: a comment after the period, and again.
+        assert_eq!(next_frame(&mut body, every * 2).await.unwrap(), ": keep-alive\n\n");
+        assert_eq!(next_frame(&mut body, every * 2).await.unwrap(), ": keep-alive\n\n");
+        // Inside an event (a line cut short) none goes: it would end the event early.
+        tx.send(Ok(Bytes::from_static(b"data: {\"x\":"))).await.unwrap();
+        assert_eq!(next_frame(&mut body, hour).await.unwrap(), "data: {\"x\":");
+        assert_eq!(next_frame(&mut body, every * 4).await, None, "nothing mid-event");
+        tx.send(Ok(Bytes::from_static(b"2}\n\n"))).await.unwrap();
+        assert_eq!(next_frame(&mut body, hour).await.unwrap(), "2}\n\n");
+        drop(tx);
+        assert!(body.frame().await.is_none(), "the stream ends when the worker's does");
+    }
+
+    #[tokio::test]
+    async fn anthropic_streams_get_its_ping_event_and_other_answers_nothing() {
+        let (hour, every) = (Duration::from_secs(3600), Duration::from_secs(15));
+        let (tx, resp) = answer("text/event-stream");
+        let (_gw, out) = relayed_with(resp, hour, every, Route::Messages).await;
+        tokio::time::pause();
+        let mut body = out.into_body();
+        assert_eq!(next_frame(&mut body, every * 2).await.unwrap(), "event: ping\ndata: {\"type\": \"ping\"}\n\n");
+        drop(tx);
+        tokio::time::resume();
+        // A whole (JSON) answer never gets one, nor does any stream with keep-alives off.
+        let (tx, resp) = answer("application/json");
+        let (_gw, json) = relayed_with(resp, hour, every, Route::Chat).await;
+        let (tx2, resp) = answer("text/event-stream");
+        let (_gw2, off) = relayed_with(resp, hour, Duration::ZERO, Route::Chat).await;
+        tokio::time::pause();
+        assert_eq!(next_frame(&mut json.into_body(), every * 4).await, None);
+        assert_eq!(next_frame(&mut off.into_body(), every * 4).await, None);
+        drop((tx, tx2));
     }
 
     #[tokio::test]

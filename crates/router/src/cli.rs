@@ -356,6 +356,11 @@ pub(crate) struct ServeArgs {
     /// ended as a worker failure (the worker leaves rotation).
     #[arg(long, env = "SGL_ROUTER_UPSTREAM_IDLE_TIMEOUT_SECS", default_value_t = crate::defaults::UPSTREAM_IDLE_TIMEOUT_SECS, value_name = "S")]
     pub(crate) upstream_idle_timeout_secs: u64,
+    /// Seconds of a worker's silence after which an open event stream gets a keep-alive frame
+    /// (an SSE comment; Anthropic's `ping` event on /v1/messages), between events, so an
+    /// idle-timeout proxy does not cut a stream waiting on a long prefill; 0: none.
+    #[arg(long, env = "SGL_ROUTER_SSE_KEEPALIVE_SECS", default_value_t = 15, value_name = "S")]
+    pub(crate) sse_keepalive_secs: u64,
     #[command(flatten)]
     pub(crate) health: HealthFlags,
     /// Milliseconds between polls of each worker's own load report (SGLang `/v1/loads`: the

@@ -398,6 +398,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             idle_timeout: Duration::from_secs(a.client_idle_timeout_secs.max(1)),
             max_connections: a.max_connections.max(1),
             upstream_idle_timeout: Duration::from_secs(a.upstream_idle_timeout_secs.max(1)),
+            sse_keepalive: Duration::from_secs(a.sse_keepalive_secs),
         },
         control_plane_keys: control_keys,
         // SGLang Model Gateway's --api-key also locks the data plane: clients present it.

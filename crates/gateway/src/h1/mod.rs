@@ -417,7 +417,8 @@ async fn serve_fast(
                         push_header(&mut answer_head, name.as_bytes(), value.as_bytes());
                     }
                 }
-                let to = upstream::Relayed { close, idle: upstream_idle, head: &answer_head };
+                let keepalive = gw.config.limits.sse_keepalive;
+                let to = upstream::Relayed { close, idle: upstream_idle, keepalive, head: &answer_head };
                 upstream::relay(&mut peer, guard, worker, answer, to).await && !close
             }
             // A disaggregated pool (the CLI's disaggregation makes the default pool one).

@@ -272,6 +272,8 @@ pub(crate) struct Relayed<'a> {
     pub(crate) close: bool,
     /// How long the worker may stay silent mid-body.
     pub(crate) idle: Duration,
+    /// An event stream's keep-alive period (`--sse-keepalive-secs`; zero: none).
+    pub(crate) keepalive: Duration,
     /// Header lines the router adds (the request's id, CORS).
     pub(crate) head: &'a [u8],
 }
@@ -285,7 +287,7 @@ pub(crate) async fn relay(
     mut answer: Answer,
     to: Relayed<'_>,
 ) -> bool {
-    let Relayed { close, idle, head: extra } = to;
+    let Relayed { close, idle, keepalive, head: extra } = to;
     let content_type = header_value(&answer.head.headers, b"content-type");
     let mut tap = Tap::new(guard, worker, answer.head.status, content_type);
     let reason = StatusCode::from_u16(answer.head.status).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
@@ -313,7 +315,13 @@ pub(crate) async fn relay(
     // One timer for the whole body, created here and registered only if a read has to wait.
     let now = tokio::time::Instant::now();
     let timer = std::pin::pin!(tokio::time::sleep_until(now + idle));
-    let mut stall = Stall { timer, last: now, limit: idle };
+    // Keep-alive frames go only in a body the relay frames in chunks (never into a sized one).
+    let chunks = matches!(framing, Framing::Chunked | Framing::Close);
+    let ping = (chunks && tap.keepalive().is_some() && !keepalive.is_zero()).then_some(keepalive);
+    let mut stall = Stall { timer, last: now, limit: idle, ping, pinged: now };
+    if let Some(every) = ping {
+        stall.timer.as_mut().reset(now + every.min(idle));
+    }
     let result = match framing {
         Framing::Empty => {
             tap.ended();
@@ -367,12 +375,30 @@ struct Stall<'a> {
     timer: Pin<&'a mut tokio::time::Sleep>,
     last: tokio::time::Instant,
     limit: Duration,
+    /// An event stream's keep-alive period, and when the last keep-alive frame went out.
+    ping: Option<Duration>,
+    pinged: tokio::time::Instant,
+}
+
+impl Stall<'_> {
+    /// When the next keep-alive frame is due (silent `ping` since the last read or frame).
+    fn ping_due(&self) -> Option<tokio::time::Instant> {
+        self.ping.map(|every| self.last.max(self.pinged) + every)
+    }
+}
+
+/// What a wait for the worker's answer came to.
+enum Read {
+    /// More bytes (`true`: its end of stream).
+    More(bool),
+    /// Silent for the keep-alive period: a keep-alive frame may go out.
+    Quiet,
 }
 
 /// Reads more of the worker's answer; true at its end of stream. Meanwhile
 /// the client is watched: bytes it pipelines are kept, a half-close is no
 /// failure, a reset is (and the worker's silence past the limit is too).
-async fn read_more(answer: &mut Answer, peer: &mut Peer<'_>, stall: &mut Stall<'_>) -> Result<bool, Failure> {
+async fn read_more(answer: &mut Answer, peer: &mut Peer<'_>, stall: &mut Stall<'_>) -> Result<Read, Failure> {
     answer.buf.reserve(16 << 10);
     loop {
         tokio::select! {
@@ -380,16 +406,23 @@ async fn read_more(answer: &mut Answer, peer: &mut Peer<'_>, stall: &mut Stall<'
             read = answer.tcp.read_buf(&mut answer.buf) => {
                 let n = read.map_err(Failure::Worker)?;
                 stall.last = tokio::time::Instant::now();
-                return Ok(n == 0);
+                return Ok(Read::More(n == 0));
             }
             watched = peer.watch(false) => watched.map_err(|_| Failure::Client)?,
             () = stall.timer.as_mut() => {
-                let due = stall.last + stall.limit;
-                if tokio::time::Instant::now() >= due {
+                let (now, due) = (tokio::time::Instant::now(), stall.last + stall.limit);
+                if now >= due {
                     let silent = format!("the worker sent nothing for {:?} mid-answer", stall.limit);
                     return Err(Failure::Worker(io::Error::new(io::ErrorKind::TimedOut, silent)));
                 }
-                stall.timer.as_mut().reset(due);
+                let ping = stall.ping_due();
+                if ping.is_some_and(|p| now >= p) {
+                    stall.pinged = now;
+                    let next = stall.ping_due().map_or(due, |p| p.min(due));
+                    stall.timer.as_mut().reset(next);
+                    return Ok(Read::Quiet);
+                }
+                stall.timer.as_mut().reset(ping.map_or(due, |p| p.min(due)));
             }
         }
     }
@@ -436,7 +469,8 @@ async fn relay_sized(
         if left == 0 {
             return Ok(());
         }
-        if read_more(answer, peer, stall).await? {
+        // No keep-alive in a sized body (its stall has none).
+        if let Read::More(true) = read_more(answer, peer, stall).await? {
             return Err(cut_short());
         }
     }
@@ -477,7 +511,16 @@ async fn relay_chunked(
         if done {
             return Ok(());
         }
-        eof = read_more(answer, peer, stall).await?;
+        eof = match read_more(answer, peer, stall).await? {
+            Read::More(eof) => eof,
+            // Silent: a keep-alive frame, if between events.
+            Read::Quiet => {
+                if let Some(frame) = tap.keepalive() {
+                    chunked::encode(frame, out);
+                }
+                false
+            }
+        };
         if eof && chunked {
             return Err(cut_short());
         }

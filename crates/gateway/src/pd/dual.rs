@@ -127,7 +127,7 @@ impl Watch {
     ) -> Response {
         let (cut_tx, cut_rx) = oneshot::channel::<String>();
         let (ended_tx, ended_rx) = oneshot::channel::<()>();
-        let (decode, idle) = (self.decode.clone(), self.gw.config.limits.upstream_idle_timeout);
+        let (decode, limits) = (self.decode.clone(), self.gw.config.limits);
         tokio::spawn(self.run(ph, cut_tx, ended_rx));
         let cut = async move {
             match cut_rx.await {
@@ -136,7 +136,7 @@ impl Watch {
             }
         };
         let ending = Ending { cut: Some(cut.boxed()), _ended: Some(ended_tx) };
-        stream_back(guard, decode, dh, idle, ending)
+        stream_back(guard, decode, dh, &limits, ending)
     }
 
     async fn run(

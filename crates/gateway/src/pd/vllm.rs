@@ -123,7 +123,7 @@ pub(super) async fn attempt(
     gw.metrics.ttfb.observe(ctx.start.elapsed().as_secs_f64());
     let mut guard = InFlight::new(gw.clone(), admission, d_load, ctx.route, ctx.start);
     if ctx.stream || !wants_prompt_logprobs(&ctx.v) {
-        return Ok(stream_back(guard, d, resp, gw.config.limits.upstream_idle_timeout, Ending::default()));
+        return Ok(stream_back(guard, d, resp, &gw.config.limits, Ending::default()));
     }
     let status = resp.status().as_u16();
     guard.status = status;

@@ -26,6 +26,7 @@ pub(crate) fn limits() -> ClientLimits {
         idle_timeout: short,
         max_connections: 64,
         upstream_idle_timeout: short,
+        sse_keepalive: Duration::ZERO,
     }
 }
 

@@ -602,3 +602,44 @@ async fn body_framing_errors_are_400_and_an_oversized_expect_is_refused_before_c
     assert_eq!(a.status, 413, "{a:?}");
     let _ = r.stop.send(());
 }
+
+/// A worker silent mid-stream (a long prefill, a wedged engine): the fast path sends SSE
+/// keep-alive comments between events (`--sse-keepalive-secs`), and the stream goes on intact
+/// when the worker does; with the fast path off (hyper's relay) the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_event_stream_gets_keep_alive_comments_between_events() {
+    for fast in [true, false] {
+        let w = MockEngine::spawn(engine_config()).await.unwrap();
+        let mut app = config(&[&w], PolicyConfig::RoundRobin, false);
+        (app.limits.sse_keepalive, app.fast_proxy) = (Duration::from_millis(100), fast);
+        let r = start(app).await;
+        w.engine().set_faults(Faults { wedge_mid_stream_next: 1, ..Faults::default() }).await;
+        let body = json!({"model": "default", "stream": true, "max_tokens": 3,
+                          "messages": [{"role": "user", "content": "hi"}]});
+        let url = format!("{}/v1/chat/completions", r.url);
+        let mut resp = reqwest::Client::new().post(url).json(&body).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut got = Vec::new();
+        let keepalive: &[u8] = b": keep-alive\n\n";
+        let pinged = tokio::time::timeout(Duration::from_secs(10), async {
+            while !got.windows(keepalive.len()).any(|w| w == keepalive) {
+                got.extend_from_slice(&resp.chunk().await.unwrap().expect("the stream stays open"));
+            }
+        });
+        assert!(pinged.await.is_ok(), "fast path {fast}: no keep-alive while the worker was silent");
+        w.engine().release_held(1);
+        while let Some(c) = resp.chunk().await.unwrap() {
+            got.extend_from_slice(&c);
+        }
+        let text = String::from_utf8(got).unwrap();
+        assert!(text.starts_with("data: {"), "the first event came before the silence: {text}");
+        assert!(text.contains("\n\n: keep-alive\n\n"), "between events: {text}");
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        // Every event but the comments is the worker's, whole.
+        for event in text.split("\n\n").filter(|e| !e.is_empty() && !e.starts_with(':')) {
+            let data = event.strip_prefix("data: ").unwrap_or_else(|| panic!("{event:?}"));
+            assert!(data == "[DONE]" || serde_json::from_str::<Value>(data).is_ok(), "{data}");
+        }
+        let _ = r.stop.send(());
+    }
+}
