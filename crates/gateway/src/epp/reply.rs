@@ -41,11 +41,11 @@ pub(super) fn pick(endpoint: &str, edits: Edits<'_>) -> HeaderMutation {
     if let Some(rank) = edits.rank {
         set.push((h1_codec::RANK_HEADER, rank.to_string().into_bytes()));
     }
-    if edits.strip_client_key {
-        remove.push("x-api-key".to_owned());
-        if edits.authorization.is_none() {
-            remove.push("authorization".to_owned());
-        }
+    // Anthropic's `x-api-key` is read as `Authorization` and never passed on as sent (as on the
+    // HTTP port); the client's own key never reaches a worker when client keys are configured.
+    remove.push(h1_codec::API_KEY_HEADER.to_owned());
+    if edits.strip_client_key && edits.authorization.is_none() {
+        remove.push("authorization".to_owned());
     }
     if let Some(auth) = edits.authorization {
         set.push(("authorization", auth));

@@ -20,6 +20,13 @@ use crate::pipeline::admission::{Admission, Who};
 use crate::pipeline::request::{Meta, Seen};
 use crate::{Gateway, GatewayError};
 
+/// The client's credential as the router reads it: `Authorization`, else Anthropic's
+/// `x-api-key` as `Bearer KEY`.
+fn client_credential(headers: &HeaderMap) -> Option<Vec<u8>> {
+    let key = || h1_codec::credential(h1_codec::API_KEY_HEADER, headers.get(h1_codec::API_KEY_HEADER)?);
+    headers.get("authorization").map(<[u8]>::to_vec).or_else(key)
+}
+
 /// Serves one stream; the status it ends with.
 pub(super) async fn serve(gw: &Arc<Gateway>, config: EppConfig, mut calls: Messages, replies: Replies) -> Status {
     let limits = gw.config.limits;
@@ -69,6 +76,12 @@ pub(super) async fn serve(gw: &Arc<Gateway>, config: EppConfig, mut calls: Messa
 impl Stream<'_> {
     /// A request with no body to plan by: the least loaded worker the gateway allows.
     async fn headers_only(&mut self, headers: &HeaderMap, subset: Option<planner::Subset>) -> Status {
+        // The data plane's keys guard every route the gateway sends on to a worker.
+        let credential = client_credential(headers);
+        let authorization = credential.as_deref();
+        if let Err(e) = crate::pipeline::auth::check_client(self.gw, authorization) {
+            return self.refuse(&e, None).await;
+        }
         let pool = self.gw.default_pool();
         let planner = planner::Planner { only: subset.as_ref(), ..self.gw.planner() };
         let chosen = planner
@@ -77,7 +90,7 @@ impl Stream<'_> {
             .and_then(|ws| ws.into_iter().min_by_key(|w| (w.load().in_flight, w.load().uncached_tokens)));
         let Some(worker) = chosen else { return self.refuse(&GatewayError::NoWorker, None).await };
         let endpoint = planner::authority(worker.url.as_str()).to_owned();
-        let authorization = crate::pipeline::auth::worker_credentials(self.gw, headers.get("authorization"));
+        let authorization = crate::pipeline::auth::worker_credentials(self.gw, authorization);
         let strip_client_key = !self.gw.client_keys.is_empty();
         let edits = Edits { authorization, strip_client_key, request_id: Some(&self.id), ..Default::default() };
         let mut said = said(Reply::RequestHeaders(HeadersResponse {
@@ -98,7 +111,8 @@ impl Stream<'_> {
     /// worker, then follow its answer.
     async fn planned(&mut self, route: Route, headers: &HeaderMap, subset: Option<planner::Subset>) -> Status {
         let gw = self.gw;
-        let authorization = headers.get("authorization").or_else(|| headers.get("x-api-key"));
+        let credential = client_credential(headers);
+        let authorization = credential.as_deref();
         if let Err(e) = crate::pipeline::auth::check_client(gw, authorization) {
             return self.refuse(&e, Some(route)).await;
         }

@@ -310,6 +310,36 @@ mod protocol {
         assert_eq!(metric(&router.url, "router_epp_streams_total{outcome=\"picked\"}").await, 1.0);
         assert_eq!(served(&engines), [0]);
     }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn client_keys_guard_every_route_the_gateway_sends_on_and_never_reach_a_worker() {
+        let engines = engines(1).await;
+        let mut app = config(&[&engines[0]], PolicyConfig::RoundRobin, false);
+        app.client_keys = vec!["client-key".into()];
+        let router = picker(app).await;
+        let mut channel = Channel::connect(router.epp.unwrap()).await.unwrap();
+        let get = |key: Option<(&'static str, &'static str)>| {
+            let mut h = vec![(":method", "GET"), (":path", "/v1/models")];
+            h.extend(key);
+            first(headers(&h, true), body_mode::BUFFERED)
+        };
+        // No key: 401 in the gateway's stead, no worker named.
+        let mut call = channel.call(PROCESS_PATH, 1 << 20).await.unwrap();
+        call.requests.send(&get(None)).await.unwrap();
+        let refused = reply(&mut call).await;
+        let Some(Reply::ImmediateResponse(answer)) = &refused.response else { panic!("{refused:?}") };
+        assert_eq!(answer.status.unwrap().code, 401);
+        assert_eq!(status(call).await.code, Status::OK);
+        // Anthropic's x-api-key is a key too; it is taken off the request, and the client's key
+        // never reaches the worker (no --api-key here: no credentials at all).
+        let mut call = channel.call(PROCESS_PATH, 1 << 20).await.unwrap();
+        call.requests.send(&get(Some(("x-api-key", "client-key")))).await.unwrap();
+        let picked = reply(&mut call).await;
+        let Some(Reply::RequestHeaders(h)) = &picked.response else { panic!("{picked:?}") };
+        let mutation = h.response.as_ref().unwrap().header_mutation.as_ref().unwrap();
+        assert_eq!(mutation.remove_headers, ["x-api-key", "authorization"]);
+        assert!(mutation.set_headers.iter().all(|o| o.header.as_ref().unwrap().key != "authorization"));
+        drop(call);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
