@@ -25,6 +25,8 @@ pub use proto::ServingStatus;
 pub const PROCESS_PATH: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
 /// The health service's unary check.
 pub const HEALTH_CHECK_PATH: &str = "/grpc.health.v1.Health/Check";
+/// Longest a health check may take to send its request.
+pub const HEALTH_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The ext_proc service's name, as a health check asks for it.
 pub const PROCESSOR_SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
 
@@ -106,7 +108,11 @@ async fn call<S: Service>(service: Arc<S>, req: http::Request<Incoming>, limits:
         HEALTH_CHECK_PATH => {
             let mut calls = Messages::new(req.into_body(), 64 << 10);
             tokio::spawn(async move {
-                let status = match calls.next::<proto::HealthCheckRequest>().await {
+                let asked = tokio::time::timeout(HEALTH_READ_TIMEOUT, calls.next::<proto::HealthCheckRequest>());
+                let status = match asked
+                    .await
+                    .unwrap_or_else(|_| Err(Status::new(Status::DEADLINE_EXCEEDED, "no request")))
+                {
                     Ok(Some(asked)) => match service.health(&asked.service) {
                         ServingStatus::ServiceUnknown => Status::new(5, format!("unknown service {}", asked.service)),
                         serving => {

@@ -5,7 +5,7 @@
 //! and whether another worker might succeed.
 
 use axum::Json;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use h1_codec::Route;
 use serde_json::json;
@@ -291,17 +291,10 @@ impl GatewayError {
     pub fn response_for(self, route: Option<Route>) -> Response {
         let body = self.body_for(route);
         let mut r = (self.status(), Json(body)).into_response();
-        if let Some(s) = self.retry_after() {
-            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
-        }
-        if matches!(self, GatewayError::Unauthorized(_)) {
-            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        if let GatewayError::Preempted(class) = &self {
-            r.headers_mut().insert(PREEMPTED_HEADER, HeaderValue::from_static(class));
-        }
-        if let Some(d) = self.decision().and_then(|d| HeaderValue::from_str(d).ok()) {
-            r.headers_mut().insert("x-route-decision", d);
+        for (name, value) in self.extra_headers() {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                r.headers_mut().insert(name, value);
+            }
         }
         r
     }
@@ -314,22 +307,28 @@ impl GatewayError {
         }
     }
 
-    /// Extra header lines of the error answer (`name: value\r\n`), for the HTTP/1.1 fast path.
-    pub fn extra_head(&self) -> String {
-        let mut out = String::new();
+    /// The headers an error answer carries besides its content type, whichever front end
+    /// writes it: `Retry-After`, `WWW-Authenticate`, the preempted class, the blocking decision.
+    pub fn extra_headers(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
         if let Some(s) = self.retry_after() {
-            out.push_str(&format!("retry-after: {s}\r\n"));
+            out.push(("retry-after", s.to_string()));
         }
         if matches!(self, GatewayError::Unauthorized(_)) {
-            out.push_str("www-authenticate: Bearer\r\n");
+            out.push(("www-authenticate", "Bearer".to_owned()));
         }
         if let GatewayError::Preempted(class) = self {
-            out.push_str(&format!("{PREEMPTED_HEADER}: {class}\r\n"));
+            out.push((PREEMPTED_HEADER, (*class).to_owned()));
         }
         if let Some(d) = self.decision().filter(|d| d.bytes().all(|b| b.is_ascii_graphic() || b == b' ')) {
-            out.push_str(&format!("x-route-decision: {d}\r\n"));
+            out.push(("x-route-decision", d.to_owned()));
         }
         out
+    }
+
+    /// [`Self::extra_headers`] as header lines (`name: value\r\n`), for the HTTP/1.1 fast path.
+    pub fn extra_head(&self) -> String {
+        self.extra_headers().iter().map(|(name, value)| format!("{name}: {value}\r\n")).collect()
     }
 }
 
@@ -396,6 +395,7 @@ pub(crate) fn describe(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::header;
 
     #[test]
     fn render_errors_keep_their_side() {

@@ -25,6 +25,67 @@ const SSE_KEEPALIVE: &[u8] = b": keep-alive\n\n";
 /// The keep-alive frame of Anthropic's event streams: its `ping` event.
 const ANTHROPIC_PING: &[u8] = b"event: ping\ndata: {\"type\": \"ping\"}\n\n";
 
+/// How long a worker has been silent mid-answer, for both relays: the deadline that fails it
+/// (`--upstream-idle-timeout-secs`) and an event stream's keep-alive period
+/// (`--sse-keepalive-secs`), kept by one timer that is re-armed only when it fires (a read
+/// notes its time; no timer update per token).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Silence {
+    last: tokio::time::Instant,
+    pinged: tokio::time::Instant,
+    limit: std::time::Duration,
+    ping: Option<std::time::Duration>,
+}
+
+/// What a fired timer means.
+pub(crate) enum Quiet {
+    /// Silent past the limit: the worker has failed.
+    Failed,
+    /// Silent for the keep-alive period: a keep-alive frame may go out; re-armed.
+    Ping,
+    /// Not yet: re-arm the timer for then.
+    Wait(tokio::time::Instant),
+}
+
+impl Silence {
+    /// From `now`, failing after `limit`, with keep-alives every `ping`.
+    pub(crate) fn new(
+        now: tokio::time::Instant,
+        limit: std::time::Duration,
+        ping: Option<std::time::Duration>,
+    ) -> Self {
+        Self { last: now, pinged: now, limit, ping }
+    }
+
+    /// The worker sent something at `now`.
+    pub(crate) fn heard(&mut self, now: tokio::time::Instant) {
+        self.last = now;
+    }
+
+    /// The silence limit.
+    pub(crate) fn limit(&self) -> std::time::Duration {
+        self.limit
+    }
+
+    /// When the timer is next due: the failure deadline or the next keep-alive.
+    pub(crate) fn due(&self) -> tokio::time::Instant {
+        let fail = self.last + self.limit;
+        self.ping.map_or(fail, |every| (self.last.max(self.pinged) + every).min(fail))
+    }
+
+    /// The timer fired at `now`.
+    pub(crate) fn fired(&mut self, now: tokio::time::Instant) -> Quiet {
+        if now >= self.last + self.limit {
+            return Quiet::Failed;
+        }
+        if self.ping.is_some_and(|every| now >= self.last.max(self.pinged) + every) {
+            self.pinged = now;
+            return Quiet::Ping;
+        }
+        Quiet::Wait(self.due())
+    }
+}
+
 /// An answer body from the router's own client (`h1::answer`), boxed for the relay.
 pub(crate) type UpstreamBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 /// Its error.
@@ -160,7 +221,6 @@ pub(crate) fn stream_back(
     limits: &crate::ClientLimits,
     ending: Ending,
 ) -> Response {
-    let idle_limit = limits.upstream_idle_timeout;
     let (mut parts, body) = resp.into_parts();
     // The worker's headers pass through, except hop-by-hop ones and the length (set from the body).
     // Transfer codings other than `chunked` (say `gzip, chunked`) stay: the body is still coded,
@@ -181,12 +241,13 @@ pub(crate) fn stream_back(
     for name in dropped {
         parts.headers.remove(name);
     }
-    let idle = Box::pin(tokio::time::sleep(idle_limit));
     let tap = Tap::new(guard, worker, parts.status.as_u16(), parts.headers.get(header::CONTENT_TYPE).cloned());
     // An event stream's keep-alive, when it is one and they are on.
     let every = limits.sse_keepalive;
-    let ping = (tap.keepalive().is_some() && !every.is_zero()).then(|| (Box::pin(tokio::time::sleep(every)), every));
-    let relay = Relay { inner: body, tap: Some(tap), idle, idle_limit, ping, ending };
+    let ping = (tap.keepalive().is_some() && !every.is_zero()).then_some(every);
+    let silence = Silence::new(tokio::time::Instant::now(), limits.upstream_idle_timeout, ping);
+    let timer = Box::pin(tokio::time::sleep_until(silence.due()));
+    let relay = Relay { inner: body, tap: Some(tap), timer, silence, ending };
     let mut response = Response::new(Body::new(relay));
     *response.status_mut() = parts.status;
     *response.headers_mut() = parts.headers;
@@ -209,11 +270,9 @@ struct Relay {
     inner: UpstreamBody,
     /// `None` once the answer ended, whole or not.
     tap: Option<Tap>,
-    /// Fires when the worker has been silent mid-body for `idle_limit`.
-    idle: std::pin::Pin<Box<tokio::time::Sleep>>,
-    idle_limit: std::time::Duration,
-    /// Fires when an event stream's worker has been silent this long: a keep-alive frame.
-    ping: Option<(std::pin::Pin<Box<tokio::time::Sleep>>, std::time::Duration)>,
+    /// Fires when the worker's silence is due a verdict ([`Silence`]).
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    silence: Silence,
     ending: Ending,
 }
 
@@ -246,11 +305,7 @@ impl http_body::Body for Relay {
                 if let Some(data) = frame.data_ref() {
                     tap.data(data);
                 }
-                let now = tokio::time::Instant::now();
-                this.idle.as_mut().reset(now + this.idle_limit);
-                if let Some((ping, every)) = this.ping.as_mut() {
-                    ping.as_mut().reset(now + *every);
-                }
+                this.silence.heard(tokio::time::Instant::now());
                 if this.inner.is_end_stream() {
                     tap.ended();
                 }
@@ -261,31 +316,33 @@ impl http_body::Body for Relay {
                 this.tap = None;
                 last(tail, e.to_string())
             }
-            // A worker silent mid-body past the limit has failed, as one that broke the connection.
-            Poll::Pending if this.idle.as_mut().poll(cx).is_ready() => {
-                let e = format!("no data from the worker within {:?}", this.idle_limit);
-                let tail = tap.failed(&e, true);
-                this.tap = None;
-                last(tail, e)
-            }
             Poll::Ready(None) => {
                 tap.ended();
                 this.tap = None;
                 Poll::Ready(None)
             }
-            // Silent for the keep-alive period: a keep-alive frame if between events.
-            Poll::Pending => {
-                let Some((ping, every)) = this.ping.as_mut() else { return Poll::Pending };
-                if ping.as_mut().poll(cx).is_pending() {
+            // Silent: past the limit the worker has failed, as one that broke the connection; an
+            // event stream gets a keep-alive frame each period, between events.
+            Poll::Pending => loop {
+                if this.timer.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
-                ping.as_mut().reset(tokio::time::Instant::now() + *every);
-                let _ = ping.as_mut().poll(cx);
-                match tap.keepalive() {
-                    Some(frame) => Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(frame))))),
-                    None => Poll::Pending,
+                match this.silence.fired(tokio::time::Instant::now()) {
+                    Quiet::Failed => {
+                        let e = format!("no data from the worker within {:?}", this.silence.limit());
+                        let tail = tap.failed(&e, true);
+                        this.tap = None;
+                        return last(tail, e);
+                    }
+                    Quiet::Ping => {
+                        this.timer.as_mut().reset(this.silence.due());
+                        if let Some(frame) = tap.keepalive() {
+                            return Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(frame)))));
+                        }
+                    }
+                    Quiet::Wait(at) => this.timer.as_mut().reset(at),
                 }
-            }
+            },
         }
     }
 

@@ -13,8 +13,8 @@ use axum::http::HeaderValue;
 use bytes::Bytes;
 use ext_proc::Status;
 use ext_proc::proto::{
-    BodyResponse, HeaderMutation, HeaderValueOption, HeadersResponse, Mutation, Phase, Reply, StreamedBodyResponse,
-    TrailersResponse, body_mode,
+    BodyResponse, CommonResponse, HeaderMutation, HeaderValueOption, HeadersResponse, HttpBody, Mutation, Phase, Reply,
+    StreamedBodyResponse, TrailersResponse, body_mode,
 };
 use fleet::Worker;
 use h1_codec::Route;
@@ -81,7 +81,7 @@ impl Stream<'_> {
         route: Route,
         (routing, admission, meta): (Option<Arc<Routing>>, Admission, Meta),
         body: Body,
-        worker_auth: Option<Vec<u8>>,
+        authorization: Option<&[u8]>,
     ) -> Status {
         let gw = self.gw;
         let (pick_tx, pick_rx) = oneshot::channel::<Pick>();
@@ -134,10 +134,8 @@ impl Stream<'_> {
         let edits = Edits {
             rank: rank.map(|r| r.0),
             edits: edits.as_deref(),
-            authorization: worker_auth,
-            strip_client_key: !gw.client_keys.is_empty(),
             content_length: changed.then_some(routed.len()),
-            request_id: Some(&self.id),
+            ..Edits::new(gw, authorization, &self.id)
         };
         let mutation = reply::pick(&endpoint, edits);
         if let Err(status) = self.name(&endpoint, mutation, routed, changed, body.trailers).await {
@@ -204,12 +202,11 @@ impl Stream<'_> {
     {
         let gw = self.gw;
         let mut tap: Option<Tap> = None;
-        let duplex_answer = self.response_mode == body_mode::FULL_DUPLEX_STREAMED;
+        let streamed = self.response_mode != body_mode::NONE;
         let mut answered = false;
         loop {
             // Until the head: the request's timeout; then between parts of a streamed answer (the
             // request's timeout again when the gateway sends none).
-            let streamed = self.response_mode != body_mode::NONE;
             let wait = match answered && streamed {
                 true => gw.config.limits.upstream_idle_timeout,
                 false => gw.config.request_timeout,
@@ -217,10 +214,10 @@ impl Stream<'_> {
             let m = match next(&mut self.calls, wait).await {
                 Ok(Some(m)) => m,
                 // The gateway is done with the request: so is its load.
-                Ok(None) => break,
+                Ok(None) => return Ok(()),
                 // The gateway sends nothing of the answer's body (`NONE`): past the deadline
                 // the load is let go, the answer left to the gateway.
-                Err(_) if answered && self.response_mode == body_mode::NONE => break,
+                Err(_) if answered && !streamed => return Ok(()),
                 Err(status) => {
                     if let Some(t) = tap.as_mut() {
                         t.failed(&status, false);
@@ -228,7 +225,8 @@ impl Stream<'_> {
                     return Err(status);
                 }
             };
-            let reply = match m.request {
+            // Each message answered; `ended`: the answer is over.
+            let (reply, ended) = match m.request {
                 Some(Phase::ResponseHeaders(h)) => {
                     answered = true;
                     let headers = h.headers.unwrap_or_default();
@@ -240,70 +238,55 @@ impl Stream<'_> {
                         let _ = head.send(status);
                         match fwd.await {
                             Ok(Forwarded::Sent(mut guard, worker, _)) => {
-                                for (name, value) in guard.route_headers.take().map(|h| h.0).unwrap_or_default() {
-                                    route_headers
-                                        .set_headers
-                                        .push(HeaderValueOption::overwrite(name, value.as_bytes()));
-                                }
+                                let edits = guard.route_headers.take().map(|h| h.0).unwrap_or_default();
+                                route_headers.set_headers.extend(
+                                    edits
+                                        .iter()
+                                        .map(|(name, value)| HeaderValueOption::overwrite(name, value.as_bytes())),
+                                );
                                 tap = Some(Tap::new(guard, worker, status, content_type));
                             }
                             Ok(_) => {}
                             Err(e) => count_error(gw, route, &e, Some(&self.id)),
                         }
                     }
-                    if h.end_of_stream {
-                        tap.as_mut().map(Tap::ended);
-                    }
                     let edits = (!route_headers.set_headers.is_empty()).then_some(route_headers);
-                    let said = said(Reply::ResponseHeaders(HeadersResponse { response: common(edits, None) }));
-                    self.send(&said).await?;
-                    if h.end_of_stream {
-                        break;
-                    }
-                    continue;
+                    (Reply::ResponseHeaders(HeadersResponse { response: common(edits, None) }), h.end_of_stream)
                 }
                 Some(Phase::ResponseBody(b)) => {
                     if let Some(t) = tap.as_mut() {
                         t.data(&b.body);
-                        if b.end_of_stream {
-                            t.ended();
-                        }
                     }
                     let ended = b.end_of_stream;
-                    let echo = duplex_answer.then(|| {
-                        Mutation::StreamedResponse(StreamedBodyResponse {
-                            body: b.body,
-                            end_of_stream: b.end_of_stream,
-                        })
-                    });
-                    self.send(&said(Reply::ResponseBody(BodyResponse { response: common(None, echo) }))).await?;
-                    if ended {
-                        break;
-                    }
-                    continue;
+                    let echo = self.response_mode == body_mode::FULL_DUPLEX_STREAMED;
+                    (Reply::ResponseBody(BodyResponse { response: passed(b, echo) }), ended)
                 }
-                Some(Phase::ResponseTrailers(_)) => {
-                    tap.as_mut().map(Tap::ended);
-                    self.send(&said(Reply::ResponseTrailers(TrailersResponse::default()))).await?;
-                    break;
-                }
+                Some(Phase::ResponseTrailers(_)) => (Reply::ResponseTrailers(TrailersResponse::default()), true),
                 // A request the picker placed by its headers alone: its body passes as it is.
                 Some(Phase::RequestBody(b)) => {
-                    let echo = (self.request_mode == body_mode::FULL_DUPLEX_STREAMED).then(|| {
-                        Mutation::StreamedResponse(StreamedBodyResponse {
-                            body: b.body,
-                            end_of_stream: b.end_of_stream,
-                        })
-                    });
-                    Reply::RequestBody(BodyResponse { response: common(None, echo) })
+                    let echo = self.request_mode == body_mode::FULL_DUPLEX_STREAMED;
+                    (Reply::RequestBody(BodyResponse { response: passed(b, echo) }), false)
                 }
-                Some(Phase::RequestTrailers(_)) => Reply::RequestTrailers(TrailersResponse::default()),
+                Some(Phase::RequestTrailers(_)) => (Reply::RequestTrailers(TrailersResponse::default()), false),
                 Some(Phase::RequestHeaders(_)) | None => {
                     return Err(Status::new(Status::INVALID_ARGUMENT, "unexpected message in the answer phase"));
                 }
             };
+            if ended && let Some(t) = tap.as_mut() {
+                // Whole: a recorded answer is kept before the gateway passes its end on.
+                t.ended();
+            }
             self.send(&said(reply)).await?;
+            if ended {
+                return Ok(());
+            }
         }
-        Ok(())
     }
+}
+
+/// The answer to a body chunk the picker lets pass: in the full-duplex modes (`echo`) the
+/// chunk itself, sent back as it came; otherwise a plain `CONTINUE`.
+fn passed(chunk: HttpBody, echo: bool) -> Option<CommonResponse> {
+    let streamed = StreamedBodyResponse { body: chunk.body, end_of_stream: chunk.end_of_stream };
+    common(None, echo.then_some(Mutation::StreamedResponse(streamed)))
 }

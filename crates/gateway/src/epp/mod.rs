@@ -23,8 +23,6 @@ use ext_proc::{Messages, Replies, ServingStatus, Status};
 use h1_codec::Route;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-use tracing::warn;
 
 use crate::pipeline::account::count_error;
 use crate::{Gateway, GatewayError};
@@ -64,36 +62,11 @@ pub async fn serve_epp(
         ..Default::default()
     };
     let slots = Arc::new(tokio::sync::Semaphore::new(gw.config.limits.max_connections.max(1)));
-    let tracker = TaskTracker::new();
-    loop {
-        let slot = tokio::select! {
-            slot = slots.clone().acquire_owned() => match slot { Ok(s) => s, Err(_) => break },
-            () = drain.cancelled() => break,
-        };
-        let tcp = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((tcp, _)) => tcp,
-                Err(e) => {
-                    warn!(error = %e, "endpoint picker: accept failed");
-                    tokio::select! {
-                        () = tokio::time::sleep(std::time::Duration::from_millis(50)) => continue,
-                        () = drain.cancelled() => break,
-                    }
-                }
-            },
-            () = drain.cancelled() => break,
-        };
-        let _ = tcp.set_nodelay(true);
-        let (picker, drain) = (picker.clone(), drain.clone());
-        tracker.spawn(async move {
-            let _slot = slot;
-            ext_proc::serve_connection(tcp, picker, limits, drain.cancelled_owned()).await;
-        });
-    }
-    drop(listener);
-    tracker.close();
-    tracker.wait().await;
-    Ok(())
+    let stop = drain.clone();
+    crate::h1::accept_each(listener, &gw, slots, &drain, move |tcp| {
+        ext_proc::serve_connection(tcp, picker.clone(), limits, stop.clone().cancelled_owned())
+    })
+    .await
 }
 
 /// The `ext_proc` service over the gateway.
@@ -164,8 +137,15 @@ struct Body {
 }
 
 impl Stream<'_> {
+    /// Sends a reply; a gateway that takes none of it for as long as a worker may stay silent
+    /// mid-answer (`--upstream-idle-timeout-secs`) is given up on.
     async fn send(&self, message: &ProcessingResponse) -> Result<(), Status> {
-        self.replies.send(message).await.map_err(|_| Status::new(Status::CANCELLED, "the gateway left"))
+        let wait = self.gw.config.limits.upstream_idle_timeout;
+        match tokio::time::timeout(wait, self.replies.send(message)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(Status::new(Status::CANCELLED, "the gateway left")),
+            Err(_) => Err(Status::new(Status::DEADLINE_EXCEEDED, format!("the gateway took no reply for {wait:?}"))),
+        }
     }
 
     /// Answers in the gateway's stead (`e`), ending the request.

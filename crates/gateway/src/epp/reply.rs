@@ -34,6 +34,19 @@ pub(super) struct Edits<'a> {
     pub(super) request_id: Option<&'a str>,
 }
 
+impl<'a> Edits<'a> {
+    /// What every pick carries: the workers' credentials in place of the client's (`client`,
+    /// checked already), as on the HTTP port, and the request's id.
+    pub(super) fn new(gw: &crate::Gateway, client: Option<&[u8]>, request_id: &'a str) -> Self {
+        Edits {
+            authorization: crate::pipeline::auth::worker_credentials(gw, client),
+            strip_client_key: !gw.client_keys.is_empty(),
+            request_id: Some(request_id),
+            ..Default::default()
+        }
+    }
+}
+
 /// The header mutation that sends a request to `endpoint`, with `edits`.
 pub(super) fn pick(endpoint: &str, edits: Edits<'_>) -> HeaderMutation {
     let mut set: Vec<(&str, Vec<u8>)> = vec![(DESTINATION_HEADER, endpoint.as_bytes().to_vec())];
@@ -72,42 +85,39 @@ pub(super) fn lb_metadata(endpoint: &str) -> Struct {
     Struct { fields: BTreeMap::from([(LB_NAMESPACE.to_owned(), Value { kind: Some(Kind::Struct(inner)) })]) }
 }
 
-/// An answer the gateway sends instead of a worker's.
-pub(super) fn immediate(status: u16, headers: &[(String, Vec<u8>)], body: Bytes, details: &str) -> ProcessingResponse {
-    let mut mutation = HeaderMutation::default();
-    mutation.set_headers.extend(headers.iter().map(|(n, v)| HeaderValueOption::overwrite(n, v.clone())));
+/// An answer the gateway sends instead of a worker's, with `headers` and the request's id.
+pub(super) fn immediate(
+    status: u16,
+    headers: &[(&str, &[u8])],
+    (body, request_id): (Bytes, &str),
+    details: &str,
+) -> ProcessingResponse {
+    let id = (h1_codec::REQUEST_ID_HEADER, request_id.as_bytes());
+    let set = headers.iter().chain([&id]).map(|(n, v)| HeaderValueOption::overwrite(n, *v)).collect();
     let answer = ImmediateResponse {
         status: Some(HttpStatus { code: i32::from(status) }),
-        headers: Some(mutation),
+        headers: Some(HeaderMutation { set_headers: set, remove_headers: Vec::new() }),
         body,
         details: details.to_owned(),
     };
     ProcessingResponse { response: Some(Reply::ImmediateResponse(answer)), dynamic_metadata: None }
 }
 
-/// A refusal or failure, as the route's JSON error (OpenAI's or Anthropic's).
+/// A refusal or failure, as the route's JSON error (OpenAI's or Anthropic's) with its headers.
 pub(super) fn error(e: &GatewayError, route: Option<Route>, request_id: &str) -> ProcessingResponse {
-    let mut headers = vec![("content-type".to_owned(), b"application/json".to_vec())];
-    headers.extend(
-        e.extra_head()
-            .lines()
-            .filter_map(|l| l.split_once(": "))
-            .map(|(n, v)| (n.to_owned(), v.trim_end().as_bytes().to_vec())),
-    );
-    headers.push((h1_codec::REQUEST_ID_HEADER.to_owned(), request_id.as_bytes().to_vec()));
+    let extra = e.extra_headers();
+    let mut headers: Vec<(&str, &[u8])> = vec![("content-type", b"application/json")];
+    headers.extend(extra.iter().map(|(n, v)| (*n, v.as_bytes())));
     let body = Bytes::from(e.body_for(route).to_string());
-    immediate(e.status().as_u16(), &headers, body, e.kind())
+    immediate(e.status().as_u16(), &headers, (body, request_id), e.kind())
 }
 
 /// A response-cache hit (or a cascade's kept answer), with its route headers.
 pub(super) fn cached(hit: &crate::cache::Hit, request_id: &str) -> ProcessingResponse {
-    let mut headers: Vec<(String, Vec<u8>)> =
-        hit.headers.0.iter().map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec())).collect();
-    if let Some(ct) = &hit.answer.content_type {
-        headers.push(("content-type".to_owned(), ct.as_bytes().to_vec()));
-    }
-    headers.push((h1_codec::REQUEST_ID_HEADER.to_owned(), request_id.as_bytes().to_vec()));
-    immediate(hit.answer.status, &headers, hit.answer.body.clone(), "response_cache_hit")
+    let mut headers: Vec<(&str, &[u8])> = hit.headers.0.iter().map(|(n, v)| (*n, v.as_bytes())).collect();
+    headers.extend(hit.answer.content_type.as_ref().map(|ct| ("content-type", ct.as_bytes())));
+    let answer = (hit.answer.body.clone(), request_id);
+    immediate(hit.answer.status, &headers, answer, "response_cache_hit")
 }
 
 /// The endpoints the gateway allows (`envoy.lb.subset_hint`), if it says: `None` when it

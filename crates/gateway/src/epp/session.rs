@@ -62,26 +62,25 @@ pub(super) async fn serve(gw: &Arc<Gateway>, config: EppConfig, mut calls: Messa
     let names = &gw.config.request_id_headers;
     let id = crate::pipeline::context::request_id(names, |n| headers.get(n), &path);
     let mut s = Stream { gw, calls, replies, request_mode, response_mode, id, start };
+    // The data plane's keys guard every route the gateway sends on to a worker.
+    let credential = client_credential(&headers);
+    if let Err(e) = crate::pipeline::auth::check_client(gw, credential.as_deref()) {
+        return s.refuse(&e, route).await;
+    }
     let Some(route) = route else {
         // Not a request the router plans (a GET, a route it does not proxy): the least loaded worker.
-        return s.headers_only(&headers, subset).await;
+        return s.headers_only(credential.as_deref(), subset).await;
     };
     if !matches!(request_mode, body_mode::BUFFERED | body_mode::FULL_DUPLEX_STREAMED) {
         warn!(mode = request_mode, "endpoint picker: the request body mode must be BUFFERED or FULL_DUPLEX_STREAMED");
         return Status::new(Status::INVALID_ARGUMENT, "set request_body_mode to BUFFERED or FULL_DUPLEX_STREAMED");
     }
-    s.planned(route, &headers, subset).await
+    s.planned(route, &headers, (credential.as_deref(), subset)).await
 }
 
 impl Stream<'_> {
     /// A request with no body to plan by: the least loaded worker the gateway allows.
-    async fn headers_only(&mut self, headers: &HeaderMap, subset: Option<planner::Subset>) -> Status {
-        // The data plane's keys guard every route the gateway sends on to a worker.
-        let credential = client_credential(headers);
-        let authorization = credential.as_deref();
-        if let Err(e) = crate::pipeline::auth::check_client(self.gw, authorization) {
-            return self.refuse(&e, None).await;
-        }
+    async fn headers_only(&mut self, authorization: Option<&[u8]>, subset: Option<planner::Subset>) -> Status {
         let pool = self.gw.default_pool();
         let planner = planner::Planner { only: subset.as_ref(), ..self.gw.planner() };
         let chosen = planner
@@ -90,9 +89,7 @@ impl Stream<'_> {
             .and_then(|ws| ws.into_iter().min_by_key(|w| (w.load().in_flight, w.load().uncached_tokens)));
         let Some(worker) = chosen else { return self.refuse(&GatewayError::NoWorker, None).await };
         let endpoint = planner::authority(worker.url.as_str()).to_owned();
-        let authorization = crate::pipeline::auth::worker_credentials(self.gw, authorization);
-        let strip_client_key = !self.gw.client_keys.is_empty();
-        let edits = Edits { authorization, strip_client_key, request_id: Some(&self.id), ..Default::default() };
+        let edits = Edits::new(self.gw, authorization, &self.id);
         let mut said = said(Reply::RequestHeaders(HeadersResponse {
             response: common(Some(reply::pick(&endpoint, edits)), None),
         }));
@@ -109,13 +106,13 @@ impl Stream<'_> {
 
     /// A request the pipeline plans: read its body, admit it, select and plan, name the
     /// worker, then follow its answer.
-    async fn planned(&mut self, route: Route, headers: &HeaderMap, subset: Option<planner::Subset>) -> Status {
+    async fn planned(
+        &mut self,
+        route: Route,
+        headers: &HeaderMap,
+        (authorization, subset): (Option<&[u8]>, Option<planner::Subset>),
+    ) -> Status {
         let gw = self.gw;
-        let credential = client_credential(headers);
-        let authorization = credential.as_deref();
-        if let Err(e) = crate::pipeline::auth::check_client(gw, authorization) {
-            return self.refuse(&e, Some(route)).await;
-        }
         let declared = headers.get("content-length").and_then(|v| std::str::from_utf8(v).ok()?.parse::<usize>().ok());
         if declared.is_some_and(|n| n > gw.config.max_body_bytes) {
             return self.refuse(&GatewayError::TooLarge(gw.config.max_body_bytes), Some(route)).await;
@@ -148,8 +145,7 @@ impl Stream<'_> {
         let keys = (key(h1_codec::ROUTING_KEY_HEADER), key(h1_codec::SESSION_HEADER));
         let mut meta = Meta::new(gw, self.id.clone(), routing.as_deref(), seen, keys, lines);
         (meta.subset, meta.one_attempt) = (subset.map(Arc::new), true);
-        let worker_auth = crate::pipeline::auth::worker_credentials(gw, authorization);
-        self.dispatch(route, (routing, admission, meta), body, worker_auth).await
+        self.dispatch(route, (routing, admission, meta), body, authorization).await
     }
 
     /// The request's body: whole (buffered) or gathered from its chunks (full duplex), within

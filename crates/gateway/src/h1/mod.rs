@@ -107,11 +107,41 @@ async fn accept_loop(
     slots: Arc<tokio::sync::Semaphore>,
     drain: CancellationToken,
 ) -> io::Result<()> {
-    let tracker = TaskTracker::new();
     let tls = gw.config.tls.clone().map(tokio_rustls::TlsAcceptor::from);
-    tracker.spawn(timer_anchor(anchor_period(gw.config.request_timeout, &gw.config.limits), drain.clone()));
-    // One slot per open connection, held by its task: at the cap the loop stops accepting.
-    // The client listener's slots are the gateway's, shared by every serving thread's loop.
+    // Ends with the drain.
+    tokio::spawn(timer_anchor(anchor_period(gw.config.request_timeout, &gw.config.limits), drain.clone()));
+    let served = (gw.clone(), drain.clone());
+    accept_each(listener, &gw, slots, &drain, move |tcp| {
+        let ((gw, drain), app, tls) = (served.clone(), app.clone(), tls.clone());
+        async move {
+            match tls {
+                None => connection(gw, app, tcp, fast, drain).await,
+                Some(acceptor) => tls_connection(acceptor, app, tcp, gw.config.limits, drain).await,
+            }
+        }
+    })
+    .await
+}
+
+/// Accepts connections on `listener` until `drain` is cancelled, each holding one of `slots`
+/// (at the cap the loop stops accepting until one closes; the kernel's backlog holds the
+/// rest), each served by `serve` in a task of its own; returns once every one is done. One
+/// client's failed connection is skipped; a failure of the listener itself (out of
+/// descriptors) is retried later each time, counted and logged once a burst. Every listener
+/// of the gateway accepts through it (the client's, the control plane's, the probes', the
+/// endpoint picker's).
+pub(crate) async fn accept_each<F, Fut>(
+    listener: TcpListener,
+    gw: &Gateway,
+    slots: Arc<tokio::sync::Semaphore>,
+    drain: &CancellationToken,
+    serve: F,
+) -> io::Result<()>
+where
+    F: Fn(TcpStream) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let tracker = TaskTracker::new();
     let max_connections = gw.config.limits.max_connections.max(1);
     let mut at_cap = false;
     let mut backoff = backoff::Backoff::default();
@@ -154,13 +184,10 @@ async fn accept_loop(
         };
         // Small answers go out at once (no Nagle delay behind an unacknowledged write).
         let _ = tcp.set_nodelay(true);
-        let (gw, app, drain, tls) = (gw.clone(), app.clone(), drain.clone(), tls.clone());
+        let served = serve(tcp);
         tracker.spawn(async move {
             let _slot = slot;
-            match tls {
-                None => connection(gw, app, tcp, fast, drain).await,
-                Some(acceptor) => tls_connection(acceptor, app, tcp, gw.config.limits, drain).await,
-            }
+            served.await;
         });
     }
     drop(listener);

@@ -31,7 +31,7 @@ use super::{Peer, push_header, write_error};
 use crate::GatewayError;
 use crate::pipeline::account::InFlight;
 use crate::pipeline::request::{RANK_HEADER, Route};
-use crate::relay::Tap;
+use crate::relay::{Quiet, Silence, Tap};
 use crate::send::SendError;
 use crate::tls::Conn;
 use crate::{UPSTREAM_CONNECT_TIMEOUT, UPSTREAM_IDLE_TIMEOUT};
@@ -313,15 +313,12 @@ pub(crate) async fn relay(
     }
     out.extend_from_slice(b"\r\n");
     // One timer for the whole body, created here and registered only if a read has to wait.
-    let now = tokio::time::Instant::now();
-    let timer = std::pin::pin!(tokio::time::sleep_until(now + idle));
     // Keep-alive frames go only in a body the relay frames in chunks (never into a sized one).
     let chunks = matches!(framing, Framing::Chunked | Framing::Close);
     let ping = (chunks && tap.keepalive().is_some() && !keepalive.is_zero()).then_some(keepalive);
-    let mut stall = Stall { timer, last: now, limit: idle, ping, pinged: now };
-    if let Some(every) = ping {
-        stall.timer.as_mut().reset(now + every.min(idle));
-    }
+    let silence = Silence::new(tokio::time::Instant::now(), idle, ping);
+    let timer = std::pin::pin!(tokio::time::sleep_until(silence.due()));
+    let mut stall = Stall { timer, silence };
     let result = match framing {
         Framing::Empty => {
             tap.ended();
@@ -368,23 +365,10 @@ enum Failure {
     Worker(io::Error),
 }
 
-/// How long the worker has been silent in a relay. A read only notes the
-/// time; the timer, when it fires, is pushed back to the last read's
-/// deadline, so a streamed token costs no timer update.
+/// The worker's silence in a relay ([`Silence`]) and the one timer that judges it.
 struct Stall<'a> {
     timer: Pin<&'a mut tokio::time::Sleep>,
-    last: tokio::time::Instant,
-    limit: Duration,
-    /// An event stream's keep-alive period, and when the last keep-alive frame went out.
-    ping: Option<Duration>,
-    pinged: tokio::time::Instant,
-}
-
-impl Stall<'_> {
-    /// When the next keep-alive frame is due (silent `ping` since the last read or frame).
-    fn ping_due(&self) -> Option<tokio::time::Instant> {
-        self.ping.map(|every| self.last.max(self.pinged) + every)
-    }
+    silence: Silence,
 }
 
 /// What a wait for the worker's answer came to.
@@ -405,25 +389,22 @@ async fn read_more(answer: &mut Answer, peer: &mut Peer<'_>, stall: &mut Stall<'
             biased;
             read = answer.tcp.read_buf(&mut answer.buf) => {
                 let n = read.map_err(Failure::Worker)?;
-                stall.last = tokio::time::Instant::now();
+                stall.silence.heard(tokio::time::Instant::now());
                 return Ok(Read::More(n == 0));
             }
             watched = peer.watch(false) => watched.map_err(|_| Failure::Client)?,
-            () = stall.timer.as_mut() => {
-                let (now, due) = (tokio::time::Instant::now(), stall.last + stall.limit);
-                if now >= due {
-                    let silent = format!("the worker sent nothing for {:?} mid-answer", stall.limit);
+            () = stall.timer.as_mut() => match stall.silence.fired(tokio::time::Instant::now()) {
+                Quiet::Failed => {
+                    let silent = format!("the worker sent nothing for {:?} mid-answer", stall.silence.limit());
                     return Err(Failure::Worker(io::Error::new(io::ErrorKind::TimedOut, silent)));
                 }
-                let ping = stall.ping_due();
-                if ping.is_some_and(|p| now >= p) {
-                    stall.pinged = now;
-                    let next = stall.ping_due().map_or(due, |p| p.min(due));
-                    stall.timer.as_mut().reset(next);
+                Quiet::Ping => {
+                    let due = stall.silence.due();
+                    stall.timer.as_mut().reset(due);
                     return Ok(Read::Quiet);
                 }
-                stall.timer.as_mut().reset(ping.map_or(due, |p| p.min(due)));
-            }
+                Quiet::Wait(at) => stall.timer.as_mut().reset(at),
+            },
         }
     }
 }
