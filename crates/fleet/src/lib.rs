@@ -49,6 +49,7 @@ pub use kv_events::StreamHistory;
 pub use kv_ingest::snapshot::{DEFAULT_SNAPSHOT_MAX_BLOCKS, DEFAULT_SNAPSHOT_MAX_BYTES};
 pub use kv_ingest::{IndexSnapshot, SnapshotLimits, TakenSnapshot};
 pub use pd_facts::PdFacts;
+pub use ranks::RankHeader;
 pub use tls::{TlsError, WorkerTls, certificates, private_key};
 pub use worker::{Events, LoadGuard, MAX_QUARANTINE, State, Worker, WorkerInfo};
 
@@ -88,6 +89,8 @@ pub struct FleetConfig {
     /// Track each data-parallel rank's load, and send requests no rank holds
     /// a prefix of to the least loaded rank (`--dp-aware`).
     pub dp_aware: bool,
+    /// Which workers are told the rank a request is for (`--dp-rank-header`).
+    pub rank_header: RankHeader,
     /// TLS towards `https://` workers.
     pub tls: WorkerTls,
     /// The liveness vetoes and overload protection.
@@ -107,6 +110,7 @@ impl FleetConfig {
             events: None,
             proxied_paths,
             dp_aware: false,
+            rank_header: RankHeader::Auto,
             tls: WorkerTls::default(),
             liveness: liveness::LivenessConfig::off(),
         }

@@ -3,6 +3,7 @@
 //! router has sent each rank and not yet seen answered. The router sends a
 //! request that no rank holds a prefix of to the least loaded rank, by the
 //! same rule as for workers: the larger of its own view and the report.
+//! It also decides whether a worker is told a rank at all ([`RankHeader`]).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -16,16 +17,42 @@ struct Rank {
     in_flight: AtomicU32,
 }
 
+/// When a worker is told the rank to serve a request on (`X-Data-Parallel-Rank`, or
+/// `routed_dp_rank` on `/generate`): `--dp-rank-header`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RankHeader {
+    /// Only a worker known to have several ranks: one whose `/server_info` says
+    /// `dp_size` > 1, or whose events came from a rank above 0. An engine that advertises
+    /// no ranks may refuse the hint (Dynamo's frontend answers it 400), and rank 0 of a
+    /// one-rank engine means nothing.
+    #[default]
+    Auto,
+    /// Every worker, rank 0 included (engines that accept it, as SGLang and vLLM do).
+    Always,
+    /// No worker: the engines place requests on their ranks themselves.
+    Never,
+}
+
 /// Every rank's load; empty when the router is not DP-aware (costs nothing then).
 #[derive(Debug, Default)]
 pub(crate) struct RankLoads {
     ranks: Box<[Rank]>,
+    header: RankHeader,
 }
 
 impl RankLoads {
-    /// Room for `n` ranks (0: not DP-aware).
-    pub(crate) fn new(n: usize) -> Self {
-        Self { ranks: (0..n).map(|_| Rank::default()).collect() }
+    /// Room for `n` ranks (0: not DP-aware), the rank hint sent by `header`.
+    pub(crate) fn new(n: usize, header: RankHeader) -> Self {
+        Self { ranks: (0..n).map(|_| Rank::default()).collect(), header }
+    }
+
+    /// The rank to name to a worker of `dp_size` advertised ranks, of the one chosen.
+    pub(crate) fn hint(&self, rank: Option<DpRank>, dp_size: u32) -> Option<DpRank> {
+        match self.header {
+            RankHeader::Always => rank,
+            RankHeader::Never => None,
+            RankHeader::Auto => rank.filter(|r| r.0 > 0 || dp_size > 1),
+        }
     }
 
     /// Whether ranks are tracked.
@@ -92,10 +119,10 @@ mod tests {
 
     #[test]
     fn the_least_loaded_rank_by_report_and_own_load() {
-        let r = RankLoads::new(4);
+        let r = RankLoads::new(4, RankHeader::Auto);
         assert_eq!(r.least_loaded(4), Some(DpRank(0)), "all idle: the lowest");
         assert_eq!(r.least_loaded(1), None, "one rank: nothing to choose");
-        assert_eq!(RankLoads::new(0).least_loaded(4), None, "not DP-aware");
+        assert_eq!(RankLoads::new(0, RankHeader::Auto).least_loaded(4), None, "not DP-aware");
         r.set_reported(&[(0, 5000), (1, 100), (2, 3000)]);
         assert_eq!(r.least_loaded(4), Some(DpRank(3)));
         assert!(r.charge(3, 200));
@@ -108,5 +135,17 @@ mod tests {
         r.release(3, 0);
         r.release(3, 0);
         assert!(!r.charge(9, 1), "a rank past the worker's is not charged");
+    }
+
+    #[test]
+    fn a_rank_is_named_only_to_a_worker_of_several_by_default() {
+        let (zero, two) = (Some(DpRank(0)), Some(DpRank(2)));
+        let auto = RankLoads::new(0, RankHeader::Auto);
+        assert_eq!(auto.hint(zero, 1), None, "rank 0 of an engine that advertised no ranks");
+        assert_eq!(auto.hint(zero, 4), zero, "rank 0 of four");
+        assert_eq!(auto.hint(two, 1), two, "events from rank 2: the engine has ranks");
+        assert_eq!(auto.hint(None, 4), None);
+        assert_eq!(RankLoads::new(0, RankHeader::Always).hint(zero, 1), zero);
+        assert_eq!(RankLoads::new(0, RankHeader::Never).hint(two, 4), None);
     }
 }

@@ -224,7 +224,10 @@ impl Worker {
             probe_thresholds: (config.health.failure_threshold.max(1), config.health.success_threshold.max(1)),
             breaker: Breaker::new(config.breaker),
             followed: AtomicBool::new(matches!(events, Events::Followed { .. })),
-            ranks: crate::ranks::RankLoads::new(if config.dp_aware { crate::MAX_DP_SIZE as usize } else { 0 }),
+            ranks: crate::ranks::RankLoads::new(
+                if config.dp_aware { crate::MAX_DP_SIZE as usize } else { 0 },
+                config.rank_header,
+            ),
             endpoints,
             id,
             url,
@@ -587,6 +590,12 @@ impl Worker {
         self.ranks.least_loaded(dp as usize)
     }
 
+    /// The rank to tell this worker a request is for, of `rank` the router chose
+    /// (`--dp-rank-header`: by default only to a worker known to have several ranks).
+    pub fn rank_hint(&self, rank: Option<DpRank>) -> Option<DpRank> {
+        self.ranks.hint(rank, self.dp_size())
+    }
+
     /// Records the worker's own report of its queued prefill per rank (`--dp-aware`).
     pub fn set_reported_rank_loads(&self, report: &[(usize, u64)]) {
         self.ranks.set_reported(report);
@@ -646,6 +655,7 @@ mod tests {
             events: None,
             proxied_paths: &["/generate"],
             dp_aware: false,
+            rank_header: crate::RankHeader::Auto,
             tls: crate::WorkerTls::default(),
             liveness: crate::liveness::LivenessConfig::default(),
         };

@@ -22,6 +22,7 @@ use crate::reply::{
 
 pub(crate) fn router(engine: Arc<Engine>) -> axum::Router {
     let key = engine.config().api_key.clone();
+    let refuse_rank = engine.config().refuse_rank_header;
     let max_body = engine.config().max_body_bytes;
     let app = axum::Router::new()
         .route("/health", get(|| async { "ok" }))
@@ -43,10 +44,23 @@ pub(crate) fn router(engine: Arc<Engine>) -> axum::Router {
         // axum's default would be 2 MB, under the router's 5 MiB.
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(engine);
+    let app = match refuse_rank {
+        true => app.layer(axum::middleware::from_fn(refuse_rank_header)),
+        false => app,
+    };
     match key {
         Some(key) => app.layer(axum::middleware::from_fn(move |req, next| require_key(key.clone(), req, next))),
         None => app,
     }
+}
+
+/// An engine that knows no data-parallel ranks and refuses the hint (Dynamo 1.6's frontend
+/// answers any request carrying `X-Data-Parallel-Rank` with 400 `Invalid request`).
+async fn refuse_rank_header(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    if req.headers().contains_key("x-data-parallel-rank") {
+        return error(StatusCode::BAD_REQUEST, "Invalid request", "invalid_request_error");
+    }
+    next.run(req).await
 }
 
 /// SGLang's `--api-key` rule: probes and metrics are open, everything else

@@ -83,6 +83,9 @@ pub struct MockEngineConfig {
     /// (`length limit exceeded`) before the handler runs. Default
     /// [`DEFAULT_MAX_BODY_BYTES`]; tests of a router's own limit set less.
     pub max_body_bytes: usize,
+    /// Answer 400 `Invalid request` to any request carrying `X-Data-Parallel-Rank`, as
+    /// Dynamo 1.6's frontend does (an engine that advertises no ranks; off by default).
+    pub refuse_rank_header: bool,
 }
 
 /// A running simulated engine. Dropping it stops the server and the publishers.
@@ -118,6 +121,7 @@ impl Default for MockEngineConfig {
             replay_buffer_steps: kv_events::publisher::DEFAULT_BUFFER_STEPS,
             token_logprob: -0.1,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            refuse_rank_header: false,
         }
     }
 }

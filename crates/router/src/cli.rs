@@ -138,6 +138,11 @@ pub(crate) struct ServeArgs {
     /// `X-Data-Parallel-Rank` hint (`routed_dp_rank` on `/generate`).
     #[arg(long, env = "SGL_ROUTER_DP_AWARE")]
     pub(crate) dp_aware: bool,
+    /// Which workers are told the data-parallel rank a request is for (`X-Data-Parallel-Rank`,
+    /// `routed_dp_rank` on `/generate`): `auto`, a worker known to have several ranks (its
+    /// `dp_size`, or events from a rank above 0); `always`, every worker (rank 0 too); `never`.
+    #[arg(long, env = "SGL_ROUTER_DP_RANK_HEADER", value_enum, default_value_t = RankHeaderArg::Auto)]
+    pub(crate) dp_rank_header: RankHeaderArg,
     /// Model directory (tokenizer.json and chat template) the workers serve; the built-in byte-level model if absent.
     #[arg(long, visible_aliases = ["model-path", "model"], env = "SGL_ROUTER_TOKENIZER_PATH", value_name = "DIR")]
     pub(crate) tokenizer_path: Option<PathBuf>,
@@ -583,6 +588,24 @@ pub(crate) enum Backend {
     Anthropic,
     /// SMG: TokenSpeed engines over ZMQ (refused here).
     Tokenspeed,
+}
+
+/// `--dp-rank-header`'s values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum RankHeaderArg {
+    Auto,
+    Always,
+    Never,
+}
+
+impl From<RankHeaderArg> for fleet::RankHeader {
+    fn from(a: RankHeaderArg) -> Self {
+        match a {
+            RankHeaderArg::Auto => fleet::RankHeader::Auto,
+            RankHeaderArg::Always => fleet::RankHeader::Always,
+            RankHeaderArg::Never => fleet::RankHeader::Never,
+        }
+    }
 }
 
 /// Log line format.

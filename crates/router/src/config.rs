@@ -109,6 +109,8 @@ pub struct AppConfig {
     pub cors: gateway::pipeline::context::Cors,
     /// Balance requests over each worker's data-parallel ranks by their loads.
     pub dp_aware: bool,
+    /// Which workers are told the rank a request is for (`--dp-rank-header`).
+    pub rank_header: fleet::RankHeader,
     /// Serve HTTPS with this configuration (the client and admin listeners).
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// TLS towards `https://` workers: roots and client identity.

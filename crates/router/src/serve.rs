@@ -369,6 +369,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         epp_listen,
         epp: gateway::epp::EppConfig { test_pick_header: a.epp.epp_test_endpoint_header },
         dp_aware: a.dp_aware,
+        rank_header: a.dp_rank_header.into(),
         tls,
         worker_tls,
         load_poll: a.liveness.load_poll(a.worker_load_poll_ms),

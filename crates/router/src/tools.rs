@@ -146,6 +146,7 @@ pub(crate) fn kv_events(args: &KvEventsArgs) -> Result<()> {
         }),
         proxied_paths: &[],
         dp_aware: false,
+        rank_header: fleet::RankHeader::Auto,
         tls: fleet::WorkerTls::default(),
         liveness: fleet::liveness::LivenessConfig::off(),
     };

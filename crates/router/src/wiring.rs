@@ -132,6 +132,7 @@ pub(crate) fn fleet_config(config: &AppConfig) -> FleetConfig {
         events: config.kv_events.clone(),
         proxied_paths: gateway::PROXIED_PATHS,
         dp_aware: config.dp_aware,
+        rank_header: config.rank_header,
         tls: config.worker_tls.clone(),
         liveness: config.liveness.clone(),
     }

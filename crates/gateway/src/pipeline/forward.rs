@@ -154,15 +154,16 @@ where
     gw.metrics.decisions.inc(format_args!("policy=\"{}\",reason=\"{}\"", pool.policy.name(), plan.decision.reason));
     gw.metrics.matched_tokens.observe(matched as f64);
     // Tell a data-parallel engine which rank holds the prefix: SGLang's and
-    // vLLM's OpenAI routes read the `X-Data-Parallel-Rank` header (rank 0 on a
-    // single-rank engine is accepted by both); SGLang's native `/generate`
-    // reads only the body field `routed_dp_rank`.
+    // vLLM's OpenAI routes read the `X-Data-Parallel-Rank` header; SGLang's native
+    // `/generate` reads only the body field `routed_dp_rank`. Only an engine known
+    // to have ranks is told (`Worker::rank_hint`): others may refuse the header.
     let mut worker = chosen.clone();
     // No rank holds a prefix of it: with --dp-aware, the least loaded rank.
     let mut rank = plan.rank.or_else(|| worker.least_loaded_rank());
+    let mut hint = worker.rank_hint(rank);
     // A rank the client put in the body is its own; the router's is set (and reset on a retry) only without one.
     let client_rank = v.as_ref().is_some_and(|v| v.get("routed_dp_rank").is_some());
-    let mut body = if client_rank { bytes.clone() } else { with_rank(route, v.as_mut(), rank, &bytes) };
+    let mut body = if client_rank { bytes.clone() } else { with_rank(route, v.as_mut(), hint, &bytes) };
     let uncached = plan.input_tokens - matched;
     let load = worker.charge_on(uncached, rank);
     let route_headers = routed.as_ref().map(crate::pipeline::request::RouteHeaders::of);
@@ -177,7 +178,7 @@ where
     let mut attempt = 1u32;
     loop {
         let may_retry = retry.enabled && !meta.one_attempt && attempt < retry.max_attempts();
-        let attempt_sent = send(worker.clone(), body.clone(), rank, edits.clone());
+        let attempt_sent = send(worker.clone(), body.clone(), hint, edits.clone());
         let next = match tokio::time::timeout(gw.config.request_timeout, attempt_sent).await {
             Ok(Ok(answer)) => {
                 let status = answer.status();
@@ -231,7 +232,8 @@ where
         // The rank hint was for the first worker; the next one places it itself (or, with
         // --dp-aware, its least loaded rank).
         rank = worker.least_loaded_rank();
-        body = if client_rank { bytes.clone() } else { with_rank(route, v.as_mut(), rank, &bytes) };
+        hint = worker.rank_hint(rank);
+        body = if client_rank { bytes.clone() } else { with_rank(route, v.as_mut(), hint, &bytes) };
         // The load moves: the first worker's charge is released as it is replaced.
         guard.load = worker.charge_on(uncached, rank);
     }

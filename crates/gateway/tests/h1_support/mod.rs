@@ -83,6 +83,7 @@ pub(crate) async fn start_fleet(
         events: None,
         proxied_paths: gateway::PROXIED_PATHS,
         dp_aware: false,
+        rank_header: fleet::RankHeader::Auto,
         tls: fleet::WorkerTls::default(),
         liveness: fleet::liveness::LivenessConfig::off(),
     };

@@ -25,6 +25,9 @@ struct Args {
     /// Answer 404 to requests naming another model, as vLLM does.
     #[arg(long, env = "SGL_MOCK_STRICT_MODEL")]
     strict_model: bool,
+    /// Answer 400 to any request carrying `X-Data-Parallel-Rank`, as Dynamo's frontend does.
+    #[arg(long, env = "SGL_MOCK_REFUSE_RANK_HEADER")]
+    refuse_rank_header: bool,
     /// Batches each KV-event publisher keeps for replay.
     #[arg(long, default_value_t = kv_events::publisher::DEFAULT_BUFFER_STEPS)]
     replay_buffer_steps: usize,
@@ -119,6 +122,7 @@ async fn main() -> anyhow::Result<()> {
         listen: a.listen,
         model_id: a.model_id,
         strict_model: a.strict_model,
+        refuse_rank_header: a.refuse_rank_header,
         token_logprob: a.token_logprob,
         replay_buffer_steps: a.replay_buffer_steps,
         page_size: a.page_size,

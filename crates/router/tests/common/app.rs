@@ -77,6 +77,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         epp_listen: None,
         epp: Default::default(),
         dp_aware: false,
+        rank_header: fleet::RankHeader::Auto,
         tls: None,
         worker_tls: fleet::WorkerTls::default(),
         load_poll: Duration::from_millis(50),

@@ -522,6 +522,32 @@ async fn workers_are_introspected_and_a_dead_worker_index_is_dropped_after_reten
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_of_one_rank_is_not_told_a_rank() {
+    // Dynamo's frontend answers 400 to any request carrying the rank header; its events say rank 0.
+    let w = MockEngine::spawn(MockEngineConfig { refuse_rank_header: true, ..engine_config() }).await.unwrap();
+    let system = "An engine of one rank refuses rank hints. ".repeat(40);
+    // Its cache holds the prefix (warmed directly, without the header).
+    assert_eq!(post(&format!("{}/v1/chat/completions", w.url()), &chat(&system, "warm up")).await.status(), 200);
+    for (header, expected) in [(fleet::RankHeader::Auto, 200), (fleet::RankHeader::Always, 400)] {
+        let mut c = config(&[&w], PolicyConfig::cache_aware(), true);
+        c.rank_header = header;
+        let r = start(c).await;
+        until("the index learned rank 0 holds the prefix", async || {
+            debug(&r, &chat(&system, "q")).await["dp_rank"] == 0
+        })
+        .await;
+        for (path, body) in [
+            ("/v1/chat/completions", chat(&system, "a question")),
+            ("/generate", json!({"text": format!("{system}more"), "sampling_params": {"max_new_tokens": 2}})),
+        ] {
+            let status = post(&format!("{}{path}", r.url), &body).await.status();
+            assert_eq!(status, expected, "{header:?}: {path} on a prefix rank 0 holds");
+        }
+        let _ = r.stop.send(());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rank_holding_the_prefix_is_passed_to_a_data_parallel_engine() {
     let w = MockEngine::spawn(MockEngineConfig { dp_size: 2, ..engine_config() }).await.unwrap();
     let r = start(config(&[&w], PolicyConfig::cache_aware(), true)).await;
