@@ -3,7 +3,9 @@
 # compressed) through sgl-router in front of 8 simulated engines, once per
 # policy, each against freshly started engines (the engines' caches must not
 # carry over from one policy to the next). Reads cached_tokens from the
-# engines' responses. Prints one table row per policy.
+# engines' responses. Prints one table row per policy: hit rate, TTFT, and for
+# sgl-router its routing regret (prompt tokens the best worker held more than the
+# chosen one, over all prompt tokens) and its predicted over the reported cached tokens.
 #   bash benches/live.sh [TRACE] [REQUESTS] [SPEEDUP]
 # With SMG=path/to/smg (SGLang Model Gateway: `pip install sglang-router`) and
 # VLLM_ROUTER=path/to/vllm-router (`pip install vllm-router`), their round_robin
@@ -53,8 +55,9 @@ for policy in "${runs[@]}"; do
     "${PEER[@]}" >/dev/null 2>&1 & pids+=($!)
     ready http://127.0.0.1:32100/health
   else
-    extra=()
-    [[ "$policy" == cache_aware || "$policy" == min_ttft ]] && extra=(--kv-events)
+    # Every policy follows the engines' events: the cache-aware ones route by them, and every
+    # router counts its routing regret by them (the table's last columns).
+    extra=(--kv-events)
     "$BIN/sgl-router" --port 32100 --worker-urls "$(IFS=,; echo "${urls[*]}")" --policy "$policy" "${extra[@]}" \
       >/dev/null 2>&1 & pids+=($!)
     ready http://127.0.0.1:32100/readiness

@@ -61,6 +61,27 @@ pub(crate) struct LiveResult {
     /// Generated tokens per second of wall time.
     pub(crate) output_tokens_per_s: f64,
     pub(crate) wall_s: f64,
+    /// The router's routing regret (`/metrics`, sgl-router only): prompt tokens the best
+    /// eligible worker held more than the chosen one, over the prompt tokens sent.
+    pub(crate) regret: Option<f64>,
+    /// Cached tokens the router predicted over those the engines reported (sgl-router only).
+    pub(crate) predicted_over_observed: Option<f64>,
+}
+
+/// A counter's value in a Prometheus text exposition (`series` with its labels as written).
+fn series(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The routing regret (tokens) and the predicted and observed cached tokens the router at
+/// `base` counted, when it counts them.
+async fn router_counts(client: &reqwest::Client, base: &str) -> Option<(f64, f64, f64)> {
+    let text = client.get(format!("{base}/metrics")).send().await.ok()?.text().await.ok()?;
+    let reachable = series(&text, "router_routing_prefix_tokens_total{held=\"reachable\"}")?;
+    let chosen = series(&text, "router_routing_prefix_tokens_total{held=\"chosen\"}")?;
+    let predicted = series(&text, "router_cached_tokens_total{source=\"predicted\"}")?;
+    let observed = series(&text, "router_cached_tokens_total{source=\"observed\"}")?;
+    Some((reachable - chosen, predicted, observed))
 }
 
 /// The prompt of a trace request: one 512-byte block of text per hash id, the
@@ -169,6 +190,7 @@ pub(crate) async fn replay(target: &str, base: &str, trace: &[TraceRequest], cfg
         }
     }
     let wall_s = start.elapsed().as_secs_f64();
+    let counts = router_counts(&client, base).await;
     lat.sort_by(f64::total_cmp);
     let pct = |p: f64| lat.get(((lat.len() as f64 - 1.0).max(0.0) * p).round() as usize).copied().unwrap_or(0.0);
     Ok(LiveResult {
@@ -182,6 +204,8 @@ pub(crate) async fn replay(target: &str, base: &str, trace: &[TraceRequest], cfg
         e2e_mean_s: e2e / lat.len().max(1) as f64,
         output_tokens_per_s: generated as f64 / wall_s.max(1e-9),
         wall_s,
+        regret: counts.map(|(lost, _, _)| lost / prompt.max(1) as f64),
+        predicted_over_observed: counts.filter(|c| c.2 > 0.0).map(|(_, p, o)| p / o),
     })
 }
 

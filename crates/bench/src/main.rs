@@ -253,13 +253,20 @@ fn run(cli: Cli) -> Result<()> {
         if cfg.engine_load { "own + engine reports" } else { "own requests only" }
     );
     println!(
-        "{:<18} {:>9} {:>11} {:>10} {:>10} {:>12}",
-        "policy", "hit rate", "TTFT mean", "TTFT p50", "TTFT p99", "work max/mean"
+        "{:<18} {:>9} {:>11} {:>10} {:>10} {:>12} {:>8} {:>13}",
+        "policy", "hit rate", "TTFT mean", "TTFT p50", "TTFT p99", "work max/mean", "regret", "oracle regret"
     );
     for r in &results {
         println!(
-            "{:<18} {:>9.3} {:>10.3}s {:>9.3}s {:>9.3}s {:>12.2}",
-            r.policy, r.hit_rate, r.ttft_mean_s, r.ttft_p50_s, r.ttft_p99_s, r.prefill_work_max_over_mean
+            "{:<18} {:>9.3} {:>10.3}s {:>9.3}s {:>9.3}s {:>12.2} {:>8.3} {:>13.3}",
+            r.policy,
+            r.hit_rate,
+            r.ttft_mean_s,
+            r.ttft_p50_s,
+            r.ttft_p99_s,
+            r.prefill_work_max_over_mean,
+            r.regret,
+            r.oracle_regret
         );
     }
     Ok(())
@@ -375,12 +382,24 @@ fn live(a: LiveArgs) -> Result<()> {
         if a.stream { ", streamed" } else { "" }
     );
     println!(
-        "{:<18} {:>8} {:>7} {:>9} {:>11} {:>10} {:>10} {:>10} {:>9} {:>8}",
-        "target", "requests", "errors", "hit rate", "TTFT mean", "TTFT p50", "TTFT p99", "e2e mean", "tok/s", "wall"
+        "{:<18} {:>8} {:>7} {:>9} {:>11} {:>10} {:>10} {:>10} {:>9} {:>8} {:>7} {:>9}",
+        "target",
+        "requests",
+        "errors",
+        "hit rate",
+        "TTFT mean",
+        "TTFT p50",
+        "TTFT p99",
+        "e2e mean",
+        "tok/s",
+        "wall",
+        "regret",
+        "pred/obs"
     );
+    let or_dash = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
     for r in &results {
         println!(
-            "{:<18} {:>8} {:>7} {:>9.3} {:>10.3}s {:>9.3}s {:>9.3}s {:>9.3}s {:>9.0} {:>7.1}s",
+            "{:<18} {:>8} {:>7} {:>9.3} {:>10.3}s {:>9.3}s {:>9.3}s {:>9.3}s {:>9.0} {:>7.1}s {:>7} {:>9}",
             r.target,
             r.requests,
             r.errors,
@@ -390,7 +409,9 @@ fn live(a: LiveArgs) -> Result<()> {
             r.ttft_p99_s,
             r.e2e_mean_s,
             r.output_tokens_per_s,
-            r.wall_s
+            r.wall_s,
+            or_dash(r.regret),
+            or_dash(r.predicted_over_observed)
         );
     }
     Ok(())

@@ -109,6 +109,8 @@ mod tests {
             ttft_p50_s: mean,
             ttft_p99_s: p99,
             prefill_work_max_over_mean: 1.0,
+            regret: 0.0,
+            oracle_regret: 0.0,
         }
     }
 

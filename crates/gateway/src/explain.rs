@@ -134,6 +134,7 @@ pub async fn decide(
         "policy": plan.pool.policy.name(),
         "reason": plan.decision.reason.as_str(),
         "input_tokens": plan.input_tokens,
+        "regret": plan.regret.to_json(),
         "candidates": candidates,
     }))
 }

@@ -97,6 +97,7 @@ impl Gateway {
         m.latency.render(out, "router_http_request_duration_seconds", "Whole-request latency, streaming included.");
         m.ttfb.render(out, "router_http_time_to_first_byte_seconds", "Time until the worker's response headers.");
         m.matched_tokens.render(out, "router_policy_matched_tokens", "Prompt tokens the chosen worker already held.");
+        m.cached.render(out);
         if gw.disaggregated() {
             m.pd_decisions.render(
                 out,

@@ -10,6 +10,7 @@
 //! ```
 
 pub mod cache;
+pub mod cached;
 pub mod epp;
 pub mod error;
 pub mod explain;

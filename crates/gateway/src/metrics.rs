@@ -55,6 +55,8 @@ pub struct GatewayMetrics {
     /// The endpoint picker's streams by `outcome`: `picked` (a worker named), `answered` (in the
     /// gateway's stead: a refusal or a cached answer), `error` (ended with a gRPC error).
     pub epp_streams: LabeledCounter,
+    /// The decisions' routing regret and the workers' reported cache hits.
+    pub cached: crate::cached::CacheMetrics,
 }
 
 // === impl GatewayMetrics ===
@@ -90,6 +92,7 @@ impl GatewayMetrics {
             renders: AtomicU64::new(0),
             accept_errors: AtomicU64::new(0),
             answers_cut: LabeledCounter::default(),
+            cached: crate::cached::CacheMetrics::default(),
         }
     }
 }

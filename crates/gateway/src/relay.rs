@@ -127,6 +127,9 @@ pub(crate) struct Tap {
     tail: Option<[u8; 2]>,
     /// The answer so far, for the response cache (dropped when it fails or grows too large).
     recorder: Option<Recorder>,
+    /// The worker's report of its cached prompt tokens, read as the answer passes (a
+    /// successful answer to a prompt the router predicted for).
+    cached: Option<(u64, crate::cached::CachedScan)>,
 }
 
 impl Tap {
@@ -136,7 +139,8 @@ impl Tap {
         let sse = content_type.as_ref().is_some_and(|c| c.as_bytes().starts_with(b"text/event-stream"));
         // A response-cache miss records a successful answer as it passes, to keep it once complete.
         let recorder = guard.cache.take().and_then(|t| Recorder::new(t, status, content_type));
-        Tap { guard, worker, sse, tail: None, recorder }
+        let cached = guard.predicted.filter(|_| status == 200).map(|p| (p, crate::cached::CachedScan::default()));
+        Tap { guard, worker, sse, tail: None, recorder, cached }
     }
 
     /// The keep-alive frame an event stream may carry now: between two events (or before the
@@ -164,12 +168,18 @@ impl Tap {
         {
             self.recorder = None;
         }
+        if let Some((_, scan)) = self.cached.as_mut() {
+            scan.push(data);
+        }
     }
 
     /// The answer went through whole: a recorded one is kept in the response cache.
     pub(crate) fn ended(&mut self) {
         if let Some(r) = self.recorder.take() {
             r.ended();
+        }
+        if let Some((predicted, scan)) = self.cached.take() {
+            self.guard.metrics().cached.answered(predicted, scan.reported());
         }
     }
 

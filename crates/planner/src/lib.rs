@@ -15,6 +15,7 @@ mod pair;
 mod pd;
 mod plan;
 mod pool;
+mod regret;
 mod render;
 #[cfg(test)]
 mod tests;
@@ -30,6 +31,7 @@ pub use pair::{Pair, pair, pair_json};
 pub use pd::{KvConnector, PdConfig, PdMode};
 pub use plan::{Plan, Prompted, match_chains};
 pub use pool::Pool;
+pub use regret::{Cause, Regret};
 pub use render::{Rendered, Renders};
 
 /// Why no plan could be made.

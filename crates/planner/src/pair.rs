@@ -82,6 +82,7 @@ pub fn pair_json(pd: &PdConfig, pair: &Pair) -> Value {
             "dp_rank": plan.rank.map(|r| r.0),
             "policy": policy,
             "reason": plan.decision.reason.as_str(),
+            "regret": plan.regret.to_json(),
             "candidates": plan.candidates_json(),
         })
     };

@@ -31,6 +31,8 @@ pub struct Plan {
     /// The prompt's text, when the policy reads it.
     pub text: Option<String>,
     pub rank: Option<DpRank>,
+    /// The prefix the best eligible worker held against the chosen one's.
+    pub regret: crate::Regret,
 }
 
 impl Plan {
@@ -216,9 +218,36 @@ impl Planner<'_> {
         };
         let chosen = workers.iter().position(|w| w.id == decision.worker).ok_or(PlanError::NoWorker)?;
         let rank = workers[chosen].index_id.and_then(|id| matched.get(&id)).and_then(|m| m.1);
+        let regret = self.regret(pool, &workers, &matched, chosen, decision.reason);
+        let regret = crate::Regret { block_size: bs.max(1), input_tokens, ..regret };
         if credit && let (Some(index), Some(id), Some(chain)) = (self.index, workers[chosen].index_id, chains.first()) {
             index.credit_pending(id, chain);
         }
-        Ok(Plan { pool: pool.clone(), workers, candidates, decision, chosen, input_tokens, text, rank })
+        Ok(Plan { pool: pool.clone(), workers, candidates, decision, chosen, input_tokens, text, rank, regret })
+    }
+
+    /// The regret of choosing `workers[chosen]` for `reason`: the deepest match of any
+    /// eligible worker (the pool's routable ones of the candidates' role, vetoed or not)
+    /// and of any candidate, against the chosen one's.
+    fn regret(
+        &self,
+        pool: &Pool,
+        workers: &[Arc<Worker>],
+        matched: &HashMap<kv_index::WorkerId, (u32, Option<DpRank>)>,
+        chosen: usize,
+        reason: policy::Reason,
+    ) -> crate::Regret {
+        let blocks = |w: &Worker| w.index_id.and_then(|id| matched.get(&id)).map_or(0, |m| u64::from(m.0));
+        let best_candidate = workers.iter().map(|w| blocks(w)).max().unwrap_or(0);
+        // Nothing matched: nothing to lose (and no second walk over the fleet).
+        let reachable = if matched.is_empty() {
+            0
+        } else {
+            let role = workers[chosen].role;
+            let allowed = |w: &Worker| self.only.is_none_or(|only| only.allows(w));
+            let eligible = |w: &&Arc<Worker>| w.role == role && pool.serves(w) && allowed(w) && w.is_routable();
+            self.fleet.snapshot().iter().filter(eligible).map(|w| blocks(w)).max().unwrap_or(0)
+        };
+        crate::Regret::new(reachable, best_candidate, blocks(&workers[chosen]), reason)
     }
 }

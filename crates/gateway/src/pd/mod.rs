@@ -432,6 +432,7 @@ fn commit(gw: &Gateway, pd: &PdConfig, pair: &Pair) {
         pair.decode.decision.reason
     ));
     m.matched_tokens.observe(matched as f64);
+    m.cached.decided(&pair.prefill.regret);
     tracing::debug!(prefill = %p.url, decode = %d.url, matched, "disaggregated pair");
 }
 

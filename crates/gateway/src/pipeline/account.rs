@@ -31,6 +31,9 @@ pub(crate) struct InFlight {
     pub(crate) cache: Option<crate::cache::Ticket>,
     /// The decision's cascade judges the answer: its plan and the body the worker got.
     pub(crate) cascade: Option<Box<(crate::pools::cascade::Plan, Bytes)>>,
+    /// Prompt tokens the index says the worker holds (a prompt's route on one worker): the
+    /// answer's reported cached tokens are compared with it.
+    pub(crate) predicted: Option<u64>,
     /// Counted when dropped (false: another attempt of the same request answers it).
     counted: bool,
     /// The answer broke off after its head went out (the worker failed or fell silent).
@@ -41,6 +44,11 @@ impl InFlight {
     /// The request's route.
     pub(crate) fn route(&self) -> Route {
         self.route
+    }
+
+    /// The gateway's metrics.
+    pub(crate) fn metrics(&self) -> &crate::metrics::GatewayMetrics {
+        &self.gw.metrics
     }
 
     /// The accounting of a request about to be answered from `load`'s worker.
@@ -55,6 +63,7 @@ impl InFlight {
             start,
             cache: None,
             cascade: None,
+            predicted: None,
             counted: true,
             cut: false,
         }

@@ -153,6 +153,7 @@ where
     span.record("reason", plan.decision.reason.as_str());
     gw.metrics.decisions.inc(format_args!("policy=\"{}\",reason=\"{}\"", pool.policy.name(), plan.decision.reason));
     gw.metrics.matched_tokens.observe(matched as f64);
+    gw.metrics.cached.decided(&plan.regret);
     // Tell a data-parallel engine which rank holds the prefix: SGLang's and
     // vLLM's OpenAI routes read the `X-Data-Parallel-Rank` header; SGLang's native
     // `/generate` reads only the body field `routed_dp_rank`. Only an engine known
@@ -172,6 +173,7 @@ where
     let edits = routed.and_then(|r| r.edits);
     let mut guard = InFlight::new(gw.clone(), admission, load, route, start);
     (guard.route_headers, guard.cache, guard.cascade) = (route_headers, cache, cascade);
+    guard.predicted = route.has_prompt().then_some(matched);
     let retry = &gw.config.retry;
     // The workers tried before the current one (allocated only on a retry).
     let mut tried = Vec::new();
@@ -236,6 +238,9 @@ where
         body = if client_rank { bytes.clone() } else { with_rank(route, v.as_mut(), hint, &bytes) };
         // The load moves: the first worker's charge is released as it is replaced.
         guard.load = worker.charge_on(uncached, rank);
+        // What the index says the next worker holds.
+        let held = plan.workers.iter().position(|w| w.id == worker.id).map(|i| plan.candidates[i].matched_tokens);
+        guard.predicted = guard.predicted.map(|_| held.unwrap_or(0));
     }
 }
 

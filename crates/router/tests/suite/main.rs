@@ -28,6 +28,7 @@ mod pd_engine_classes;
 mod pd_pools;
 mod priority;
 mod real_publishers;
+mod regret;
 mod response_cache;
 mod route_feedback;
 mod routing_demo;
