@@ -105,6 +105,11 @@ impl Gateway {
                 "Disaggregated decisions by leg, policy and reason.",
             );
             m.pd_legs.render(out, "router_pd_legs_total", "Disaggregated requests' legs by leg and outcome.");
+            m.pd_paths.render(
+                out,
+                "router_pd_paths_total",
+                "Disaggregated attempts by path: disaggregated (both legs) or decode_alone (the prefill leg skipped).",
+            );
             m.pd_aborts.render(
                 out,
                 "router_pd_aborts_total",

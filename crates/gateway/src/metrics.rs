@@ -42,6 +42,9 @@ pub struct GatewayMetrics {
     pub pd_legs: LabeledCounter,
     /// Legs aborted because the other leg failed, by `leg` (the one aborted).
     pub pd_aborts: LabeledCounter,
+    /// Disaggregated attempts by `path`: `disaggregated` (both legs) or `decode_alone` (the
+    /// prefill leg skipped, `--pd-skip-prefill-*`).
+    pub pd_paths: LabeledCounter,
     /// Disaggregated decisions by `leg`, `policy` and `reason`.
     pub pd_decisions: LabeledCounter,
     /// Time from a disaggregated request's dispatch to both legs' answer heads.
@@ -87,6 +90,7 @@ impl GatewayMetrics {
             matched_tokens: Histogram::new(&TOKEN_BUCKETS),
             pd_legs: LabeledCounter::default(),
             pd_aborts: LabeledCounter::default(),
+            pd_paths: LabeledCounter::default(),
             pd_decisions: LabeledCounter::default(),
             pd_heads: Histogram::new(buckets),
             renders: AtomicU64::new(0),

@@ -299,17 +299,35 @@ impl Engine {
         self.legs.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
     }
 
-    /// Admits a request whose KV came from a prefill worker: no prefill, no
-    /// cache lookup or insert (a decode worker keeps no radix cache). Its
+    /// Admits a request whose KV came from a prefill worker: no prefill. SGLang's decode
+    /// keeps no radix cache (`keep` false: no cache lookup or insert); vLLM's caches the
+    /// blocks it received as its own (`keep`: stored and published like a prefill's). Its
     /// answer reports the `cached` prompt tokens the prefill worker had.
-    pub fn admit_remote(&self, tokens: &[u32], cached: usize) -> Admission {
+    pub fn admit_remote(&self, tokens: &[u32], cached: usize, keep: bool) -> Admission {
         let r = &self.ranks[0];
         r.running.fetch_add(1, Ordering::Relaxed);
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.prompt_tokens.fetch_add(tokens.len() as u64, Ordering::Relaxed);
-        let generation = r.cache.lock().unwrap_or_else(|p| p.into_inner()).generation();
         let cached_tokens = cached.min(tokens.len());
-        Admission { rank: 0, chain: Vec::new(), pinned: 0, generation, prompt_tokens: tokens.len(), cached_tokens }
+        if !keep {
+            let generation = r.cache.lock().unwrap_or_else(|p| p.into_inner()).generation();
+            return Admission {
+                rank: 0,
+                chain: Vec::new(),
+                pinned: 0,
+                generation,
+                prompt_tokens: tokens.len(),
+                cached_tokens,
+            };
+        }
+        let page = self.config.page_size.max(1);
+        let chain = self.hasher.block_hashes(&tokens[..tokens.len() / page * page], None).unwrap_or_default();
+        let mut cache = r.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let hit = cache.lookup_and_pin(&chain);
+        let change = cache.insert_pinned(&chain, hit);
+        self.publish(0, &chain, tokens, change.stored_from, change.stored, &change.evicted);
+        let (pinned, generation) = (change.stored_from + change.stored, cache.generation());
+        Admission { rank: 0, chain, pinned, generation, prompt_tokens: tokens.len(), cached_tokens }
     }
 
     /// The renderer (tokenizer and chat template).

@@ -267,7 +267,7 @@ async fn sglang_decode(
                 // Decode computed no prompt logprobs: the router prefixes prefill's.
                 extras.meta.insert("input_token_logprobs".into(), json!([]));
             }
-            done.push((Release { engine: e2.clone(), admission: e2.admit_remote(tokens, cached) }, n, extras));
+            done.push((Release { engine: e2.clone(), admission: e2.admit_remote(tokens, cached, false) }, n, extras));
         }
         Ok(done)
     };
@@ -396,7 +396,7 @@ async fn vllm_decode(
     let e2 = e.clone();
     let work = async move {
         let admission = match pd::pull(&pd, &params, digest(&tokens), own_id.as_deref()).await {
-            Ok(cached) => e2.admit_remote(&tokens, cached),
+            Ok(cached) => e2.admit_remote(&tokens, cached, true),
             Err(why) => {
                 // vLLM's silent fallback: the answer is right, the disaggregation is lost.
                 tracing::debug!(why, "mock vllm decode: prefilling locally");

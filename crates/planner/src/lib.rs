@@ -28,7 +28,7 @@ use kv_index::KvIndex;
 
 pub use h1_codec::Route;
 pub use pair::{Pair, pair, pair_json};
-pub use pd::{KvConnector, PdConfig, PdMode};
+pub use pd::{KvConnector, PdConfig, PdMode, SkipPrefill};
 pub use plan::{Plan, Prompted, match_chains};
 pub use pool::Pool;
 pub use regret::{Cause, Regret};

@@ -15,6 +15,10 @@ use crate::{PdConfig, PdMode, Plan, PlanError, Planner, Pool, Prompted};
 pub struct Pair {
     pub prefill: Plan,
     pub decode: Plan,
+    /// Prompt tokens the decode worker holds (counted only when a skip-prefill rule is on).
+    pub decode_held: u64,
+    /// The decode worker serves the request alone, prefilling it locally ([`crate::SkipPrefill`]).
+    pub decode_alone: bool,
 }
 
 impl Pair {
@@ -71,7 +75,15 @@ pub fn pair(
     let prefill = p.plan_in(pool, &*pool.policy, prefills, prompted, key)?;
     let none = Prompted { v: None, tokens: &[], text: None, match_prefix: false, credit: false };
     let decode = p.plan_in(pool, &*pd.decode_policy, decodes, none, None)?;
-    Ok(Pair { prefill, decode })
+    // Conditional disaggregation: a prompt the decode worker would prefill little of itself.
+    let skip = &pd.skip_prefill;
+    let (decode_held, decode_alone) = if skip.enabled() && pd.mode == PdMode::Vllm {
+        let held = p.held(pool, decode.chosen(), v, tokens);
+        (held, skip.skips(prefill.input_tokens, held))
+    } else {
+        (0, false)
+    };
+    Ok(Pair { prefill, decode, decode_held, decode_alone })
 }
 
 /// A decided pair as an explain (`/debug/route`) shows it.
@@ -92,5 +104,7 @@ pub fn pair_json(pd: &PdConfig, pair: &Pair) -> Value {
         "input_tokens": pair.prefill.input_tokens,
         "prefill": leg(&pair.prefill, pair.prefill.pool.policy.name()),
         "decode": leg(&pair.decode, pd.decode_policy.name()),
+        "decode_held_tokens": pair.decode_held,
+        "decode_alone": pair.decode_alone,
     })
 }

@@ -169,24 +169,10 @@ impl Planner<'_> {
         // its text tree: with none of them followed (no KV events, or not yet), the prompt's
         // pages are not hashed at all (a 16 KiB prompt without a tokenizer is 16,384 tokens).
         let exact = !policy.needs_text() || workers.iter().any(|w| w.is_followed());
-        let mut chains = Vec::new();
-        if let (Some(index), Some(v), true) = (self.index, v, exact) {
-            let page = NonZeroUsize::new(block_size).unwrap_or(NonZeroUsize::MIN);
-            // The request's namespace starts its chain, as the engine's does.
-            let served = || {
-                let mut names: Vec<String> = workers.iter().filter_map(|w| w.info()?.model_id).collect();
-                names.push(pool.served_model.clone());
-                names
-            };
-            let ns = crate::namespace::of_request(v, served, Some(index));
-            let prior = renderer::hash::namespace_prior(ns.adapter, ns.salt);
-            chains = self
-                .fleet
-                .hash_modes()
-                .modes()
-                .map(|m| pool.chain_memo.block_hashes(&PageHasher::new(page, m), tokens, prior.as_ref()))
-                .collect();
-        }
+        let chains = match v {
+            Some(v) if exact => self.chains(pool, &workers, v, tokens, block_size),
+            _ => Vec::new(),
+        };
         // From the match to the credit, one plan at a time (the pages hashed before): a burst
         // sharing a cold prefix would otherwise be matched before any of it is credited, and
         // spread over the workers.
@@ -224,6 +210,43 @@ impl Planner<'_> {
             index.credit_pending(id, chain);
         }
         Ok(Plan { pool: pool.clone(), workers, candidates, decision, chosen, input_tokens, text, rank, regret })
+    }
+
+    /// The prompt's page hashes in each of the fleet's hash modes, in the request's namespace
+    /// (as the engine chains them), with `block_size` tokens a page; none without an index.
+    fn chains(
+        &self,
+        pool: &Pool,
+        workers: &[Arc<Worker>],
+        v: &Value,
+        tokens: &[u32],
+        block_size: usize,
+    ) -> Vec<Vec<BlockHash>> {
+        let Some(index) = self.index else { return Vec::new() };
+        let page = NonZeroUsize::new(block_size).unwrap_or(NonZeroUsize::MIN);
+        // The request's namespace starts its chain, as the engine's does.
+        let served = || {
+            let mut names: Vec<String> = workers.iter().filter_map(|w| w.info()?.model_id).collect();
+            names.push(pool.served_model.clone());
+            names
+        };
+        let ns = crate::namespace::of_request(v, served, Some(index));
+        let prior = renderer::hash::namespace_prior(ns.adapter, ns.salt);
+        self.fleet
+            .hash_modes()
+            .modes()
+            .map(|m| pool.chain_memo.block_hashes(&PageHasher::new(page, m), tokens, prior.as_ref()))
+            .collect()
+    }
+
+    /// Prompt tokens of `tokens` (the request `v`'s prompt) that `worker` holds, by the KV index
+    /// (0 without one, or for a worker whose events are not followed).
+    pub fn held(&self, pool: &Pool, worker: &Arc<Worker>, v: &Value, tokens: &[u32]) -> u64 {
+        let (Some(index), Some(id)) = (self.index, worker.index_id) else { return 0 };
+        let block_size = self.fleet.block_size_of(&pool.id);
+        let chains = self.chains(pool, std::slice::from_ref(worker), v, tokens, block_size);
+        let blocks = match_chains(index, &chains).get(&id).map_or(0, |m| u64::from(m.0));
+        (blocks * block_size as u64).min(tokens.len() as u64)
     }
 
     /// The regret of choosing `workers[chosen]` for `reason`: the deepest match of any

@@ -94,7 +94,9 @@ impl App {
         // With disaggregation, the gateway's policy chooses the prefill worker.
         let policy = crate::wiring::build_policy(config.pd.as_ref().map_or(&config.policy, |pd| &pd.prefill_policy));
         let pd = config.pd.as_ref().map(|pd| {
-            PdConfig::new(pd.mode, crate::wiring::build_policy(&pd.decode_policy)).with_connector(pd.connector)
+            PdConfig::new(pd.mode, crate::wiring::build_policy(&pd.decode_policy))
+                .with_connector(pd.connector)
+                .with_skip_prefill(pd.skip_prefill)
         });
         let gw_config = crate::wiring::gateway_config(&config);
         // Bind first: discovery runs in the background, after the port is up.

@@ -493,6 +493,15 @@ pub(crate) struct PdFlags {
     /// its bootstrap server's `GET /query` on the --prefill bootstrap port, default 8998).
     #[arg(long, env = "SGL_ROUTER_KV_CONNECTOR", value_parser = ["nixl", "mooncake", "moriio"])]
     pub(crate) kv_connector: Option<String>,
+    /// vLLM: a request with fewer prompt tokens than this not cached on its decode worker (a
+    /// short prompt, or one the decode worker mostly holds, by its KV events) skips the prefill
+    /// leg: the decode worker serves it alone and prefills locally. 0: never.
+    #[arg(long, env = "SGL_ROUTER_PD_SKIP_PREFILL_UNCACHED_TOKENS", default_value_t = 0, value_name = "N")]
+    pub(crate) pd_skip_prefill_uncached_tokens: u64,
+    /// vLLM: a request of which the decode worker holds at least this share of the prompt (0..1)
+    /// skips the prefill leg, as above. 0: never.
+    #[arg(long, env = "SGL_ROUTER_PD_SKIP_PREFILL_CACHED_FRACTION", default_value_t = 0.0, value_name = "F")]
+    pub(crate) pd_skip_prefill_cached_fraction: f64,
 }
 
 /// Retries (SGLang Model Gateway's names and defaults).

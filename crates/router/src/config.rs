@@ -257,4 +257,6 @@ pub struct PdSetup {
     pub mock_decode: usize,
     /// vLLM's KV connector.
     pub connector: gateway::pd::KvConnector,
+    /// When a request skips its prefill leg (vLLM only).
+    pub skip_prefill: gateway::pd::SkipPrefill,
 }

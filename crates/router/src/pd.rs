@@ -39,6 +39,20 @@ pub(crate) fn setup(a: &ServeArgs, policy: impl Fn(PolicyName) -> PolicyConfig) 
         }
         _ => {}
     }
+    let skip_prefill = gateway::pd::SkipPrefill {
+        uncached_below: f.pd_skip_prefill_uncached_tokens,
+        cached_fraction: f.pd_skip_prefill_cached_fraction,
+    };
+    if !(0.0..=1.0).contains(&skip_prefill.cached_fraction) {
+        return usage(format!("--pd-skip-prefill-cached-fraction {}: a share in 0..=1", skip_prefill.cached_fraction));
+    }
+    if skip_prefill.enabled() && mode == PdMode::Sglang {
+        return usage(
+            "--pd-skip-prefill-*: SGLang's decode-mode servers cannot prefill a request themselves \
+             (sgl-project/sglang#14284); only vLLM's (--vllm-pd-disaggregation) can"
+                .into(),
+        );
+    }
     let connector = match f.kv_connector.as_deref() {
         Some("mooncake") => gateway::pd::KvConnector::Mooncake,
         _ => gateway::pd::KvConnector::Nixl,
@@ -89,6 +103,7 @@ pub(crate) fn setup(a: &ServeArgs, policy: impl Fn(PolicyName) -> PolicyConfig) 
         mock_prefill,
         mock_decode,
         connector,
+        skip_prefill,
     }))
 }
 

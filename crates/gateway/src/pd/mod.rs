@@ -17,6 +17,7 @@
 //! of a request on one bootstrap room (they collide), and vLLM's prefill
 //! hands over the KV of one sequence.
 
+mod alone;
 mod dual;
 mod sglang;
 #[cfg(test)]
@@ -42,7 +43,7 @@ use crate::{Gateway, GatewayError, RetryConfig};
 use fleet::Worker;
 use planner::{Pair, Pool};
 
-pub use planner::{KvConnector, PdConfig, PdMode};
+pub use planner::{KvConnector, PdConfig, PdMode, SkipPrefill};
 
 /// One of a disaggregated request's two legs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -315,7 +316,10 @@ async fn serve(
     loop {
         commit(gw, pd, &pair);
         let Some(adm) = admission.take() else { return Err(GatewayError::Internal("admission lost".into())) };
+        let path = if pair.decode_alone { "decode_alone" } else { "disaggregated" };
+        gw.metrics.pd_paths.inc(format_args!("path=\"{path}\""));
         let outcome = match pd.mode {
+            _ if pair.decode_alone => alone::attempt(&ctx, &pair, adm).await,
             PdMode::Sglang => sglang::attempt(&ctx, &pair, adm).await,
             PdMode::Vllm => vllm::attempt(&ctx, &pair, adm).await,
         };

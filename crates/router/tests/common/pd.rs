@@ -48,6 +48,7 @@ pub(crate) fn pd_config(
         mock_prefill: 0,
         mock_decode: 0,
         connector: gateway::pd::KvConnector::Nixl,
+        skip_prefill: gateway::pd::SkipPrefill::default(),
     });
     c
 }

@@ -217,6 +217,30 @@ fn the_router_refuses_bad_flags_with_one_line_and_status_64() {
             &["--pd-disaggregation", "--prefill", "http://p:1", "--decode", "http://d:1", "--kv-connector", "nixl"][..],
             "is vLLM's",
         ),
+        (
+            &[
+                "--pd-disaggregation",
+                "--prefill",
+                "http://p:1",
+                "--decode",
+                "http://d:1",
+                "--pd-skip-prefill-uncached-tokens",
+                "256",
+            ][..],
+            "cannot prefill a request themselves",
+        ),
+        (
+            &[
+                "--vllm-pd-disaggregation",
+                "--prefill",
+                "http://p:1",
+                "--decode",
+                "http://d:1",
+                "--pd-skip-prefill-cached-fraction",
+                "1.5",
+            ][..],
+            "a share in 0..=1",
+        ),
     ] {
         let out = run(args, "");
         assert_clean_error(&out, needle);

@@ -26,6 +26,7 @@ mod model_pools;
 mod pd;
 mod pd_engine_classes;
 mod pd_pools;
+mod pd_skip;
 mod priority;
 mod real_publishers;
 mod regret;

@@ -1,0 +1,41 @@
+//! Conditional disaggregation: a request whose decode worker would prefill little of it
+//! itself (a short prompt, or one it mostly holds; [`planner::SkipPrefill`]) skips the
+//! prefill leg and goes to the decode worker alone, as the client sent it. A vLLM engine
+//! without `kv_transfer_params` prefills locally; SGLang's decode-mode servers cannot, so
+//! the rules are vLLM's only.
+
+use axum::body::Bytes;
+use axum::response::Response;
+
+use super::{Ctx, Failure, Leg, Pair, status_failure};
+use crate::pipeline::account::InFlight;
+use crate::pipeline::admission::Admission;
+use crate::relay::{Ending, stream_back};
+
+/// One attempt on `pair`'s decode worker alone; on failure, why, and the admission back.
+pub(super) async fn attempt(
+    ctx: &Ctx<'_>,
+    pair: &Pair,
+    admission: Admission,
+) -> Result<Response, (Failure, Admission)> {
+    let gw = ctx.gw;
+    let d = pair.decode.chosen().clone();
+    // It prefills what it does not hold: charged as a prefill worker would be.
+    let load = d.charge_on(pair.prefill.input_tokens.saturating_sub(pair.decode_held), None);
+    let body = Bytes::from(serde_json::to_vec(&ctx.v).unwrap_or_default());
+    let sent = crate::h1::answer::send(ctx.extra.clone(), &d, ctx.route, body, None);
+    let resp = match tokio::time::timeout(gw.config.request_timeout, sent).await {
+        Err(_) => return Err((Failure::Timeout { leg: Leg::Decode, worker: d }, admission)),
+        Ok(Err(error)) => return Err((Failure::Transport { leg: Leg::Decode, worker: d, error }, admission)),
+        Ok(Ok(resp)) if !resp.status().is_success() => {
+            return Err((status_failure(Leg::Decode, &d, resp).await, admission));
+        }
+        Ok(Ok(resp)) => resp,
+    };
+    d.request_succeeded();
+    gw.metrics.pd_legs.inc(format_args!("leg=\"decode\",outcome=\"ok\""));
+    gw.metrics.ttfb.observe(ctx.start.elapsed().as_secs_f64());
+    let mut guard = InFlight::new(gw.clone(), admission, load, ctx.route, ctx.start);
+    guard.predicted = Some(pair.decode_held);
+    Ok(stream_back(guard, d, resp, &gw.config.limits, Ending::default()))
+}
