@@ -45,7 +45,7 @@ for policy in "${runs[@]}"; do
   for u in "${urls[@]}"; do ready "$u/health"; done
   if [ "$policy" = epp_cache_aware ]; then
     "$BIN/sgl-router" --port 32101 --epp-port 32102 --worker-urls "$(IFS=,; echo "${urls[*]}")" --policy cache_aware \
-      --kv-events >/dev/null 2>&1 & pids+=($!)
+      --kv-events --prometheus-port 32109 >/dev/null 2>&1 & pids+=($!)
     ready http://127.0.0.1:32101/readiness
     conf=$(mktemp --suffix=.yaml); tmpdirs+=("$conf" "$conf.log"); envoy_conf "$conf" 32100 32103 32102 "${urls[@]}"
     "$ENVOY" -c "$conf" --concurrency 2 --disable-hot-restart --log-level error >"$conf.log" 2>&1 & pids+=($!)
@@ -59,11 +59,13 @@ for policy in "${runs[@]}"; do
     # router counts its routing regret by them (the table's last columns).
     extra=(--kv-events)
     "$BIN/sgl-router" --port 32100 --worker-urls "$(IFS=,; echo "${urls[*]}")" --policy "$policy" "${extra[@]}" \
-      >/dev/null 2>&1 & pids+=($!)
+      --prometheus-port 32109 >/dev/null 2>&1 & pids+=($!)
     ready http://127.0.0.1:32100/readiness
   fi
+  metrics=()
+  [[ "$policy" == smg_* || "$policy" == vllm_* ]] || metrics=(--metrics http://127.0.0.1:32109)
   out=$("$BIN/sgl-router-bench" live --trace "$TRACE" --limit "$REQUESTS" --speedup "$SPEEDUP" --prompt "$PROMPT" \
-    --router "$policy=http://127.0.0.1:32100")
+    --router "$policy=http://127.0.0.1:32100" "${metrics[@]}")
   if [ $header = 1 ]; then echo "$out" | head -2; header=0; fi
   echo "$out" | tail -1
   cleanup

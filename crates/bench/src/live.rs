@@ -42,6 +42,8 @@ pub(crate) struct LiveConfig {
     pub(crate) max_output: u64,
     /// Stream answers: TTFT is the first event; throughput counts every token.
     pub(crate) stream: bool,
+    /// The router's `/metrics` base URL, read after the run (sgl-router only).
+    pub(crate) metrics: Option<String>,
 }
 
 /// One router's result.
@@ -190,7 +192,10 @@ pub(crate) async fn replay(target: &str, base: &str, trace: &[TraceRequest], cfg
         }
     }
     let wall_s = start.elapsed().as_secs_f64();
-    let counts = router_counts(&client, base).await;
+    let counts = match &cfg.metrics {
+        Some(m) => router_counts(&client, m).await,
+        None => None,
+    };
     lat.sort_by(f64::total_cmp);
     let pct = |p: f64| lat.get(((lat.len() as f64 - 1.0).max(0.0) * p).round() as usize).copied().unwrap_or(0.0);
     Ok(LiveResult {

@@ -91,6 +91,10 @@ struct LiveArgs {
     /// Stream the answers (TTFT is then the first event).
     #[arg(long)]
     stream: bool,
+    /// The router's Prometheus endpoint (`sgl-router --prometheus-port`), read after the run for
+    /// its routing regret and predicted cached tokens (one router per run).
+    #[arg(long, value_name = "URL")]
+    metrics: Option<String>,
     /// Print a JSON array instead of a table.
     #[arg(long)]
     json: bool,
@@ -362,6 +366,7 @@ fn live(a: LiveArgs) -> Result<()> {
         timeout: std::time::Duration::from_secs(a.timeout_secs.max(1)),
         max_output: a.max_output,
         stream: a.stream,
+        metrics: a.metrics.clone(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let mut results = Vec::new();

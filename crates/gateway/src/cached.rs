@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::metrics::{Histogram, LabeledCounter, head};
+use router_types::metrics::{Histogram, LabeledCounter, head};
 
 const KEY: &[u8] = b"\"cached_tokens\":";
 /// Bytes kept from one chunk for the next: the key and a number split between two chunks.

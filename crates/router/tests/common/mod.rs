@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 pub(crate) mod app;
+pub(crate) mod dynamo;
 pub(crate) mod envoy;
 pub(crate) mod pd;
 

@@ -12,6 +12,7 @@ mod cascade;
 mod cli;
 mod control_plane;
 mod drop_in;
+mod dynamo;
 mod epp;
 mod fleet;
 mod gateway_e2e;
