@@ -48,14 +48,39 @@ impl Channel {
     }
 
     /// Starts a call of `path` (`/package.Service/Method`); answers up to `max` bytes each.
+    /// Returns once the server answered its head (a streaming server answers at once).
     pub async fn call(&mut self, path: &str, max: usize) -> Result<Call, hyper::Error> {
         let (requests, body) = Replies::channel(16);
-        let mut req = Request::post(format!("http://epp{path}")).body(body).expect("a valid request");
-        req.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        req.headers_mut().insert("te", HeaderValue::from_static("trailers"));
         self.send.ready().await?;
-        let answer = self.send.send_request(req).await?;
+        let answer = self.send.send_request(request(path, body)).await?;
         let (parts, body) = answer.into_parts();
         Ok(Call { requests, answers: Messages::new(body, max), head: parts.headers })
     }
+
+    /// A unary call of `path` with `message`: the request sent whole first (a unary server
+    /// answers its head only once it has it), then the answer's head; its message and status
+    /// are read from the call's `answers`.
+    pub async fn unary<M: prost::Message>(
+        &mut self,
+        path: &str,
+        message: &M,
+        max: usize,
+    ) -> Result<(HeaderMap, Messages), hyper::Error> {
+        let (requests, body) = Replies::channel(1);
+        // Queued before the call starts (room for one), then the request's body ends.
+        let _ = requests.send(message).await;
+        drop(requests);
+        self.send.ready().await?;
+        let answer = self.send.send_request(request(path, body)).await?;
+        let (parts, body) = answer.into_parts();
+        Ok((parts.headers, Messages::new(body, max)))
+    }
+}
+
+/// A gRPC call's request with `body`.
+fn request(path: &str, body: ReplyBody) -> Request<ReplyBody> {
+    let mut req = Request::post(format!("http://epp{path}")).body(body).expect("a valid request");
+    req.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    req.headers_mut().insert("te", HeaderValue::from_static("trailers"));
+    req
 }

@@ -98,6 +98,21 @@ impl Gateway {
         m.ttfb.render(out, "router_http_time_to_first_byte_seconds", "Time until the worker's response headers.");
         m.matched_tokens.render(out, "router_policy_matched_tokens", "Prompt tokens the chosen worker already held.");
         m.cached.render(out);
+        if let Some(t) = &gw.config.tracer {
+            head(
+                out,
+                "router_trace_spans_total",
+                "counter",
+                "Request spans by outcome (--enable-trace): exported, dropped (the queue full), failed (the export failed).",
+            );
+            let c = &t.counters;
+            for (outcome, n) in [("exported", &c.exported), ("dropped", &c.dropped), ("failed", &c.failed)] {
+                out.push_str(&format!(
+                    "router_trace_spans_total{{outcome=\"{outcome}\"}} {}\n",
+                    n.load(Ordering::Relaxed)
+                ));
+            }
+        }
         if gw.disaggregated() {
             m.pd_decisions.render(
                 out,

@@ -117,6 +117,8 @@ pub struct GatewayConfig {
     /// How long a pooled worker connection may have been idle to be reused
     /// (`--upstream-pool-idle-timeout-secs`; `Duration::MAX`: until the pools' own sweep, a minute).
     pub upstream_pool_idle: Duration,
+    /// Spans of requests exported over OTLP (`--enable-trace`; none: off).
+    pub tracer: Option<otlp::Tracer>,
 }
 
 /// How index snapshots are served (`--index-snapshot-max-blocks`, `--index-snapshot-timeout-secs`).

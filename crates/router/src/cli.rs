@@ -366,6 +366,14 @@ pub(crate) struct ServeArgs {
     /// idle-timeout proxy does not cut a stream waiting on a long prefill; 0: none.
     #[arg(long, env = "SGL_ROUTER_SSE_KEEPALIVE_SECS", default_value_t = 15, value_name = "S")]
     pub(crate) sse_keepalive_secs: u64,
+    /// Export each proxied request's span over OTLP/gRPC (SGLang Model Gateway's option): the
+    /// client's W3C `traceparent` continued (or a trace started), the worker sent a
+    /// `traceparent` naming the router's span, so the engine's spans join the trace.
+    #[arg(long, env = "SGL_ROUTER_ENABLE_TRACE")]
+    pub(crate) enable_trace: bool,
+    /// The OpenTelemetry collector's OTLP/gRPC endpoint, `HOST:PORT`, with --enable-trace.
+    #[arg(long, env = "SGL_ROUTER_OTLP_TRACES_ENDPOINT", default_value = "localhost:4317", value_name = "HOST:PORT")]
+    pub(crate) otlp_traces_endpoint: String,
     #[command(flatten)]
     pub(crate) health: HealthFlags,
     /// Milliseconds between polls of each worker's own load report (SGLang `/v1/loads`: the

@@ -138,6 +138,8 @@ pub struct AppConfig {
     /// How long a pooled worker connection may have been idle to be reused (`Duration::MAX`: until
     /// the pools' sweep).
     pub upstream_pool_idle: Duration,
+    /// Requests' spans exported over OTLP (`--enable-trace`; none: off).
+    pub trace: Option<otlp::ExportConfig>,
     /// Per-tenant rate limits (none: off).
     pub tenant_limits: Option<gateway::pipeline::tenant_limits::TenantLimitsConfig>,
     /// How long a down worker's index state is kept.

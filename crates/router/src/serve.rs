@@ -390,6 +390,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             s => Duration::from_secs(s),
         },
         index_retention: Duration::from_secs(a.worker_index_retention_secs),
+        trace: a.enable_trace.then(|| otlp::ExportConfig::new(a.otlp_traces_endpoint.trim(), "sgl-router")),
         shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
         fast_proxy: !a.no_fast_proxy,
         worker_api_key: a.api_key.clone(),

@@ -118,6 +118,7 @@ pub(crate) fn gateway_config(config: &AppConfig) -> GatewayConfig {
         jwt: config.jwt.clone(),
         audit: config.audit,
         upstream_pool_idle: config.upstream_pool_idle,
+        tracer: config.trace.clone().map(otlp::Tracer::start),
     }
 }
 

@@ -34,6 +34,8 @@ pub(crate) struct InFlight {
     /// Prompt tokens the index says the worker holds (a prompt's route on one worker): the
     /// answer's reported cached tokens are compared with it.
     pub(crate) predicted: Option<u64>,
+    /// Its span, exported when it is counted (`--enable-trace`).
+    pub(crate) trace: Option<Box<crate::pipeline::trace::Traced>>,
     /// Counted when dropped (false: another attempt of the same request answers it).
     counted: bool,
     /// The answer broke off after its head went out (the worker failed or fell silent).
@@ -64,6 +66,7 @@ impl InFlight {
             cache: None,
             cascade: None,
             predicted: None,
+            trace: None,
             counted: true,
             cut: false,
         }
@@ -95,6 +98,9 @@ impl Drop for InFlight {
         }
         if self.cut {
             m.answers_cut.inc(format_args!("route=\"{}\"", self.route.label()));
+        }
+        if let Some(t) = self.trace.take() {
+            t.finish(&self.gw, self.route.path(), self.status, self.cut, self.start);
         }
     }
 }

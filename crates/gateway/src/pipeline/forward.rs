@@ -23,7 +23,9 @@ use crate::{Gateway, GatewayError, RetryConfig};
 use fleet::Worker;
 use planner::Plan;
 
-/// What `forward` did with a request.
+/// What `forward` did with a request. Returned once per request and moved on at once: boxing
+/// the common variant would cost every request an allocation to save a move of its bytes.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Forwarded<T> {
     /// Sent to a worker: the request's load guard, the worker, its answer's head.
     Sent(InFlight, Arc<Worker>, T),
@@ -139,6 +141,8 @@ where
             return Ok(Forwarded::Cached(hit));
         }
         Step::Disaggregated(planned, route_headers, edits) => {
+            // Both legs carry the router's span as their parent.
+            let edits = crate::pipeline::trace::edits(meta.trace.as_ref(), edits);
             return Ok(Forwarded::Disaggregated(Box::new(Disaggregated { admission, planned, route_headers, edits })));
         }
         Step::Send(v, plan, routed, bytes) => (v, plan, routed, bytes),
@@ -170,8 +174,9 @@ where
     let route_headers = routed.as_ref().map(crate::pipeline::request::RouteHeaders::of);
     let cache = routed.as_mut().and_then(|r| r.cache.take()).map(|(ticket, _)| ticket);
     let cascade = routed.as_mut().and_then(|r| r.cascade.take()).map(|plan| Box::new((plan, bytes.clone())));
-    let edits = routed.and_then(|r| r.edits);
+    let edits = crate::pipeline::trace::edits(meta.trace.as_ref(), routed.and_then(|r| r.edits));
     let mut guard = InFlight::new(gw.clone(), admission, load, route, start);
+    guard.trace = meta.trace.map(|ctx| crate::pipeline::trace::Traced::decided(ctx, id, &plan));
     (guard.route_headers, guard.cache, guard.cascade) = (route_headers, cache, cascade);
     guard.predicted = route.has_prompt().then_some(matched);
     let retry = &gw.config.retry;
@@ -337,6 +342,7 @@ mod tests {
             caller: None,
             subset: None,
             one_attempt: false,
+            trace: None,
         }
     }
 

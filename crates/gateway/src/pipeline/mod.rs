@@ -35,6 +35,7 @@ pub(crate) mod request;
 pub mod scheduler;
 pub(crate) mod shape;
 pub mod tenant_limits;
+pub(crate) mod trace;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -42,6 +42,8 @@ pub(crate) struct Meta {
     pub(crate) subset: Option<Arc<planner::Subset>>,
     /// Sent once, never retried here: the front end's proxy owns retries (the endpoint picker).
     pub(crate) one_attempt: bool,
+    /// Its span in a trace (`--enable-trace`; `None`: off).
+    pub(crate) trace: Option<otlp::TraceContext>,
 }
 
 /// An admitted request with its body, as a front end hands it to [`crate::pipeline::run`]:
@@ -96,6 +98,7 @@ impl Meta {
             caller: crate::pipeline::auth::caller(gw, seen.authorization),
             subset: None,
             one_attempt: false,
+            trace: crate::pipeline::trace::context(gw, lines()),
         }
     }
 

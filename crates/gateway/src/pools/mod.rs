@@ -66,7 +66,7 @@ pub struct Routing {
 }
 
 /// Headers a decision sets and removes on the request to the worker.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct HeaderEdits {
     /// Set, replacing the client's.
     pub set: Vec<(HeaderName, HeaderValue)>,

@@ -108,6 +108,7 @@ pub(crate) async fn start_fleet(
         jwt: None,
         audit: false,
         upstream_pool_idle: gateway::DEFAULT_UPSTREAM_POOL_IDLE,
+        tracer: None,
         admin_listener: false,
         retry: gateway::RetryConfig { initial_backoff: Duration::from_millis(1), ..Default::default() },
         queue_size: 0,

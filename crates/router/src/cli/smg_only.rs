@@ -15,7 +15,6 @@ const MM: &str = "media is relayed to the engine untouched here: the engine fetc
 const MESH: &str = "no HA mesh here: replicas catch up with --index-peers (shared state is issue 33)";
 const STORAGE: &str = "the Responses and Conversations APIs and their storage are not served by this router";
 const PLUGIN: &str = "MCP tools and WASM plugins are not served by this router";
-const TRACE: &str = "OTLP trace export is not built yet (issue 30); use --log-json and the request id";
 const RL: &str = "the RL control plane (/v1/rl) is not served by this router";
 const PARSER: &str = "reasoning and tool-call parsing is the engine's here (start SGLang with --reasoning-parser/--tool-call-parser); the router relays its answers";
 const K8S: &str = "use --service-discovery with --selector: file discovery, model ids from pod metadata and vLLM connector annotations are not built";
@@ -172,8 +171,6 @@ const OPTIONS: &[SmgOnly] = &[
     o("redis-retention-days", &[], Value, Some("30"), STORAGE),
     o("redis-op-timeout-secs", &[], Value, Some("5"), STORAGE),
     o("schema-config", &[], Value, None, STORAGE),
-    o("enable-trace", &[], Flag, None, TRACE),
-    o("otlp-traces-endpoint", &[], Value, Some("localhost:4317"), TRACE),
     o("enable-mesh", &[], Flag, None, MESH),
     o("mesh-server-name", &[], Value, None, MESH),
     o("mesh-host", &[], Value, Some("0.0.0.0"), MESH),
@@ -295,8 +292,8 @@ mod tests {
             refused.contains("--history-backend redis: not supported by this router") && refused.contains("Responses"),
             "{refused}"
         );
-        let flag = parse(&["--enable-trace"]).unwrap_err();
-        assert!(flag.contains("OTLP"), "{flag}");
+        let flag = parse(&["--enable-rl"]).unwrap_err();
+        assert!(flag.contains("/v1/rl"), "{flag}");
         let list = parse(&["--mesh-peer-urls", "a:1", "b:2"]).unwrap_err();
         assert!(list.contains("--mesh-peer-urls a:1 b:2"), "{list}");
         assert!(

@@ -89,6 +89,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         audit: false,
         upstream_pool_idle: gateway::DEFAULT_UPSTREAM_POOL_IDLE,
         index_retention: Duration::from_secs(300),
+        trace: None,
         shutdown_grace: Duration::from_secs(1),
         serve_threads: 2,
         fast_proxy: true,

@@ -37,3 +37,4 @@ mod routing_demo;
 mod shutdown;
 mod smg_compat;
 mod tls;
+mod trace;
