@@ -7,7 +7,7 @@
 use axum::body::Bytes;
 use axum::response::Response;
 
-use super::{Ctx, Failure, Leg, Pair, status_failure};
+use super::{Ctx, Failure, Leg, Pair, leg_head};
 use crate::pipeline::account::InFlight;
 use crate::pipeline::admission::Admission;
 use crate::relay::{Ending, stream_back};
@@ -23,14 +23,9 @@ pub(super) async fn attempt(
     // It prefills what it does not hold: charged as a prefill worker would be.
     let load = d.charge_on(pair.prefill.input_tokens.saturating_sub(pair.decode_held), None);
     let body = Bytes::from(serde_json::to_vec(&ctx.v).unwrap_or_default());
-    let sent = crate::h1::answer::send(ctx.extra.clone(), &d, ctx.route, body, None);
-    let resp = match tokio::time::timeout(gw.config.request_timeout, sent).await {
-        Err(_) => return Err((Failure::Timeout { leg: Leg::Decode, worker: d }, admission)),
-        Ok(Err(error)) => return Err((Failure::Transport { leg: Leg::Decode, worker: d, error }, admission)),
-        Ok(Ok(resp)) if !resp.status().is_success() => {
-            return Err((status_failure(Leg::Decode, &d, resp).await, admission));
-        }
-        Ok(Ok(resp)) => resp,
+    let resp = match leg_head(ctx, Leg::Decode, &d, body, None).await {
+        Ok(resp) => resp,
+        Err(failure) => return Err((failure, admission)),
     };
     d.request_succeeded();
     gw.metrics.pd_legs.inc(format_args!("leg=\"decode\",outcome=\"ok\""));

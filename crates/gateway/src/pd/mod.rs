@@ -466,6 +466,25 @@ pub(crate) fn abort(gw: &Gateway, leg: Leg, worker: &Worker, rid: Option<&str>) 
     });
 }
 
+/// Sends `leg` (its `body`, hinted to `rank`) to `worker` and waits for a successful head
+/// within the request timeout; a timeout, a transport error or a non-2xx head is the leg's
+/// failure.
+pub(crate) async fn leg_head(
+    ctx: &Ctx<'_>,
+    leg: Leg,
+    worker: &Arc<Worker>,
+    body: Bytes,
+    rank: Option<router_types::DpRank>,
+) -> Result<axum::http::Response<crate::relay::UpstreamBody>, Failure> {
+    let sent = crate::h1::answer::send(ctx.extra.clone(), worker, ctx.route, body, rank);
+    match tokio::time::timeout(ctx.gw.config.request_timeout, sent).await {
+        Err(_) => Err(Failure::Timeout { leg, worker: worker.clone() }),
+        Ok(Err(error)) => Err(Failure::Transport { leg, worker: worker.clone(), error }),
+        Ok(Ok(resp)) if !resp.status().is_success() => Err(status_failure(leg, worker, resp).await),
+        Ok(Ok(resp)) => Ok(resp),
+    }
+}
+
 /// A failed leg's answer head, with its body read (capped, briefly).
 pub(crate) async fn status_failure(
     leg: Leg,

@@ -23,7 +23,7 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::dual::{Watch, both_heads, heads_ok};
-use super::{Ctx, Failure, Leg, MAX_LEG_ANSWER, Pair, json_answer, read_all, read_answer, status_failure, with_params};
+use super::{Ctx, Failure, Leg, MAX_LEG_ANSWER, Pair, json_answer, leg_head, read_all, read_answer, with_params};
 use crate::pipeline::account::InFlight;
 use crate::pipeline::admission::Admission;
 use crate::relay::{Ending, stream_back};
@@ -69,18 +69,9 @@ pub(super) async fn attempt(
     let cap = prefill_answer_cap(&ctx.v);
     let (p_load, d_load) = pair.charge(rank);
     let sent = std::time::Instant::now();
-    let answer = match tokio::time::timeout(
-        limit,
-        crate::h1::answer::send(ctx.extra.clone(), &p, ctx.route, prefill_body(&ctx.v, nixl_pull()), rank),
-    )
-    .await
-    {
-        Err(_) => return Err((Failure::Timeout { leg: Leg::Prefill, worker: p }, admission)),
-        Ok(Err(error)) => return Err((Failure::Transport { leg: Leg::Prefill, worker: p, error }, admission)),
-        Ok(Ok(resp)) if !resp.status().is_success() => {
-            return Err((status_failure(Leg::Prefill, &p, resp).await, admission));
-        }
-        Ok(Ok(resp)) => match tokio::time::timeout(limit, read_all(resp.into_body(), cap)).await {
+    let answer = match leg_head(ctx, Leg::Prefill, &p, prefill_body(&ctx.v, nixl_pull()), rank).await {
+        Err(failure) => return Err((failure, admission)),
+        Ok(resp) => match tokio::time::timeout(limit, read_all(resp.into_body(), cap)).await {
             Ok(Ok(body)) => body,
             Ok(Err(message)) => {
                 let error = SendError { connect: false, message };
@@ -104,18 +95,9 @@ pub(super) async fn attempt(
     gw.metrics.pd_legs.inc(format_args!("leg=\"prefill\",outcome=\"ok\""));
     learn_push(&p, &params);
     let decode = with_params(&ctx.v, params);
-    let resp = match tokio::time::timeout(
-        limit,
-        crate::h1::answer::send(ctx.extra.clone(), &d, ctx.route, decode, None),
-    )
-    .await
-    {
-        Err(_) => return Err((Failure::Timeout { leg: Leg::Decode, worker: d }, admission)),
-        Ok(Err(error)) => return Err((Failure::Transport { leg: Leg::Decode, worker: d, error }, admission)),
-        Ok(Ok(resp)) if !resp.status().is_success() => {
-            return Err((status_failure(Leg::Decode, &d, resp).await, admission));
-        }
-        Ok(Ok(resp)) => resp,
+    let resp = match leg_head(ctx, Leg::Decode, &d, decode, None).await {
+        Ok(resp) => resp,
+        Err(failure) => return Err((failure, admission)),
     };
     d.request_succeeded();
     gw.metrics.pd_legs.inc(format_args!("leg=\"decode\",outcome=\"ok\""));
