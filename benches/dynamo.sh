@@ -28,7 +28,10 @@ cargo build --release -q -p sgl-router -p bench
 BIN=target/release
 source benches/lib.sh
 
-model=$(mktemp -d); tmpdirs+=("$model")
+# The model directory outlives each run's cleanup; the logs are kept.
+model=$(mktemp -d)
+trap 'cleanup; rm -rf "$model"' EXIT
+logs=$(mktemp -d /tmp/sgl-router-dynamo-bench-XXXX)
 cp tests/fixtures/tokenizers/qwen3/tokenizer.json tests/fixtures/tokenizers/qwen3/tokenizer_config.json "$model/"
 cat >"$model/config.json" <<'JSON'
 {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "max_position_embeddings": 131072,
@@ -39,7 +42,7 @@ export DYN_DISCOVERY_BACKEND=file DYN_REQUEST_PLANE=tcp DYN_EVENT_PLANE=zmq DYN_
 mocker() { # NAMESPACE EVENT_PORTS REPLAY_PORTS NUM_WORKERS
   "$DYN_PY" -m dynamo.mocker --model-path "$model" --model-name default --endpoint "dyn://$1.backend.generate" \
     --block-size 16 --num-gpu-blocks-override "$BLOCKS" --speedup-ratio "$ENGINE_SPEEDUP" --num-workers "$4" \
-    --zmq-kv-events-ports "$2" --zmq-replay-ports "$3" >/dev/null 2>&1 & pids+=($!)
+    --zmq-kv-events-ports "$2" --zmq-replay-ports "$3" >"$logs/mocker-$1.log" 2>&1 & pids+=($!)
 }
 frontend() { # NAMESPACE PORT MODE
   "$DYN_PY" -m dynamo.frontend --http-port "$2" --namespace "$1" --router-mode "$3" --kv-cache-block-size 16 \
@@ -64,10 +67,10 @@ for run in ${RUNS:-dynamo_kv sgl_cache_aware}; do
   else
     fronts=(); flags=()
     for i in $(seq 1 "$WORKERS"); do
-      mocker "w$i" $((35000 + i)) $((35100 + i)) 1
+      mocker "w$i" $((36000 + i)) $((36100 + i)) 1
       frontend "w$i" $((32200 + i)) round-robin
       u="http://127.0.0.1:$((32200 + i))"; fronts+=("$u")
-      flags+=(--kv-events-endpoint "$u=tcp://127.0.0.1:$((35000 + i))" --kv-events-replay-endpoint "$u=tcp://127.0.0.1:$((35100 + i))")
+      flags+=(--kv-events-endpoint "$u=tcp://127.0.0.1:$((36000 + i))" --kv-events-replay-endpoint "$u=tcp://127.0.0.1:$((36100 + i))")
     done
     for u in "${fronts[@]}"; do listed "$u"; done
     "$BIN/sgl-router" --port 32100 --worker-urls "$(IFS=,; echo "${fronts[*]}")" --policy cache_aware --kv-events \

@@ -5,6 +5,9 @@
 #      aggregated  4 regular engines,                 cache_aware
 #      sglang_pd   2 prefill + 2 decode (SGLang),      cache_aware prefill, power_of_two decode
 #      vllm_pd     2 prefill + 2 decode (vLLM, NIXL),  cache_aware prefill, power_of_two decode
+#      vllm_pd_skip  the same, with conditional disaggregation: a request of which the decode worker
+#                  would prefill fewer than $SKIP_BELOW tokens itself (by its KV events) skips the
+#                  prefill leg (--pd-skip-prefill-uncached-tokens), decode chosen by cache_aware
 #    each against fresh engines, answers streamed with the trace's output lengths (capped):
 #    TTFT (first event) mean/p50/p99, whole-answer mean, generated tokens per second.
 # 2. The router's own cost on each path: engines with no simulated time (--fast), latency
@@ -25,6 +28,7 @@ SPEEDUP="${3:-10}"
 MAX_OUTPUT="${4:-64}"
 OVERHEAD_REQUESTS="${OVERHEAD_REQUESTS:-2000}"
 ROUNDS="${ROUNDS:-10}"
+SKIP_BELOW="${SKIP_BELOW:-2048}"
 cargo build --release -q -p sgl-router -p mock-engine -p bench
 BIN=target/release
 source benches/lib.sh
@@ -55,21 +59,25 @@ setup() {
       [ "$name" = aggregated_hyper ] && front=(--no-fast-proxy)
       for i in 1 2 3 4; do engine $((base + i)) regular sglang "$@"; urls+=("http://127.0.0.1:$((base + i))"); done
       router "$base" --worker-urls "${urls[@]}" --policy cache_aware "${front[@]}" ;;
-    sglang_pd|vllm_pd)
-      local flavor=${name%_pd} mode=--pd-disaggregation
+    sglang_pd|vllm_pd|vllm_pd_skip)
+      local flavor=${name%%_*} mode=--pd-disaggregation decode_events=(--no-kv-events) skip=(--decode-policy power_of_two)
       [ "$flavor" = vllm ] && mode=--vllm-pd-disaggregation
+      # Conditional disaggregation reads what the decode workers hold from their own events.
+      [ "$name" = vllm_pd_skip ] && decode_events=() \
+        && skip=(--pd-skip-prefill-uncached-tokens "$SKIP_BELOW" --decode-policy cache_aware --kv-events)
       engine $((base + 1)) prefill "$flavor" "$@"; engine $((base + 2)) prefill "$flavor" "$@"
-      engine $((base + 3)) decode "$flavor" --no-kv-events "$@"; engine $((base + 4)) decode "$flavor" --no-kv-events "$@"
+      engine $((base + 3)) decode "$flavor" "${decode_events[@]}" "$@"
+      engine $((base + 4)) decode "$flavor" "${decode_events[@]}" "$@"
       router "$base" "$mode" --prefill "http://127.0.0.1:$((base + 1))" --prefill "http://127.0.0.1:$((base + 2))" \
         --decode "http://127.0.0.1:$((base + 3))" "http://127.0.0.1:$((base + 4))" \
-        --prefill-policy cache_aware --decode-policy power_of_two ;;
+        --prefill-policy cache_aware "${skip[@]}" ;;
   esac
 }
 
 if [ -z "${SKIP_TRACE:-}" ]; then
   echo "== 1. $(basename "$TRACE"), first $REQUESTS requests, ${SPEEDUP}x, outputs up to $MAX_OUTPUT tokens, streamed"
   header=1
-  for name in aggregated sglang_pd vllm_pd; do
+  for name in ${TRACE_RUNS:-aggregated sglang_pd vllm_pd vllm_pd_skip}; do
     setup "$name" 31100 --speedup "$SPEEDUP" --capacity-tokens 400000
     out=$("$BIN/sgl-router-bench" live --trace "$TRACE" --limit "$REQUESTS" --speedup "$SPEEDUP" \
       --max-output "$MAX_OUTPUT" --stream --router "$name=http://127.0.0.1:31100")

@@ -73,16 +73,18 @@ pub fn pair(
     let (tokens, text) = prompt;
     let prompted = Prompted { v: Some(v), tokens, text, match_prefix: true, credit };
     let prefill = p.plan_in(pool, &*pool.policy, prefills, prompted, key)?;
-    let none = Prompted { v: None, tokens: &[], text: None, match_prefix: false, credit: false };
-    let decode = p.plan_in(pool, &*pd.decode_policy, decodes, none, None)?;
-    // Conditional disaggregation: a prompt the decode worker would prefill little of itself.
+    // Conditional disaggregation (vLLM): the decode workers are matched against the index too
+    // (what they pulled or prefilled themselves), so the decode policy may choose by prefix,
+    // and a prompt the chosen one would prefill little of itself skips the prefill leg.
     let skip = &pd.skip_prefill;
-    let (decode_held, decode_alone) = if skip.enabled() && pd.mode == PdMode::Vllm {
-        let held = p.held(pool, decode.chosen(), v, tokens);
-        (held, skip.skips(prefill.input_tokens, held))
-    } else {
-        (0, false)
+    let conditional = skip.enabled() && pd.mode == PdMode::Vllm;
+    let decode_prompt = match conditional {
+        true => Prompted { v: Some(v), tokens, text: None, match_prefix: true, credit: false },
+        false => Prompted { v: None, tokens: &[], text: None, match_prefix: false, credit: false },
     };
+    let decode = p.plan_in(pool, &*pd.decode_policy, decodes, decode_prompt, None)?;
+    let decode_held = if conditional { decode.matched_tokens() } else { 0 };
+    let decode_alone = conditional && skip.skips(prefill.input_tokens, decode_held);
     Ok(Pair { prefill, decode, decode_held, decode_alone })
 }
 

@@ -239,16 +239,6 @@ impl Planner<'_> {
             .collect()
     }
 
-    /// Prompt tokens of `tokens` (the request `v`'s prompt) that `worker` holds, by the KV index
-    /// (0 without one, or for a worker whose events are not followed).
-    pub fn held(&self, pool: &Pool, worker: &Arc<Worker>, v: &Value, tokens: &[u32]) -> u64 {
-        let (Some(index), Some(id)) = (self.index, worker.index_id) else { return 0 };
-        let block_size = self.fleet.block_size_of(&pool.id);
-        let chains = self.chains(pool, std::slice::from_ref(worker), v, tokens, block_size);
-        let blocks = match_chains(index, &chains).get(&id).map_or(0, |m| u64::from(m.0));
-        (blocks * block_size as u64).min(tokens.len() as u64)
-    }
-
     /// The regret of choosing `workers[chosen]` for `reason`: the deepest match of any
     /// eligible worker (the pool's routable ones of the candidates' role, vetoed or not)
     /// and of any candidate, against the chosen one's.

@@ -128,7 +128,9 @@ async fn main() -> anyhow::Result<()> {
         page_size: a.page_size,
         capacity_tokens: a.capacity_tokens,
         dp_size: a.dp_size,
-        kv_events: !a.no_kv_events && a.role != mock_engine::PdRole::Decode,
+        // SGLang's decode keeps no radix cache to publish; vLLM's caches the blocks it pulled.
+        kv_events: !(a.no_kv_events
+            || (a.role == mock_engine::PdRole::Decode && a.flavor == mock_engine::Flavor::Sglang)),
         pd: mock_engine::PdConfig {
             role: a.role,
             flavor: a.flavor,
