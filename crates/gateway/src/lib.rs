@@ -119,6 +119,9 @@ pub struct GatewayConfig {
     pub upstream_pool_idle: Duration,
     /// Spans of requests exported over OTLP (`--enable-trace`; none: off).
     pub tracer: Option<otlp::Tracer>,
+    /// Headers a routing key is read from after `x-smg-routing-key`, in order, lowercase
+    /// (`--routing-key-headers`; the first present with a usable value wins).
+    pub routing_key_headers: Vec<String>,
 }
 
 /// How index snapshots are served (`--index-snapshot-max-blocks`, `--index-snapshot-timeout-secs`).

@@ -67,6 +67,7 @@ fn unstarted(workers: &[&str], retry: crate::RetryConfig) -> (Gateway, Arc<fleet
         audit: false,
         upstream_pool_idle: crate::DEFAULT_UPSTREAM_POOL_IDLE,
         tracer: None,
+        routing_key_headers: Vec::new(),
         admin_listener: false,
         retry,
         queue_size: 0,

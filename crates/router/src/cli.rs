@@ -374,6 +374,11 @@ pub(crate) struct ServeArgs {
     /// The OpenTelemetry collector's OTLP/gRPC endpoint, `HOST:PORT`, with --enable-trace.
     #[arg(long, env = "SGL_ROUTER_OTLP_TRACES_ENDPOINT", default_value = "localhost:4317", value_name = "HOST:PORT")]
     pub(crate) otlp_traces_endpoint: String,
+    /// Headers a request's routing key is read from after `x-smg-routing-key`, in order (SGLang
+    /// Model Gateway's option): the first present with a usable value (1 to 256 bytes) names
+    /// the worker by rendezvous hashing.
+    #[arg(long, num_args = 0.., action = clap::ArgAction::Append, value_name = "HEADER")]
+    pub(crate) routing_key_headers: Vec<String>,
     #[command(flatten)]
     pub(crate) health: HealthFlags,
     /// Milliseconds between polls of each worker's own load report (SGLang `/v1/loads`: the

@@ -140,6 +140,8 @@ pub struct AppConfig {
     pub upstream_pool_idle: Duration,
     /// Requests' spans exported over OTLP (`--enable-trace`; none: off).
     pub trace: Option<otlp::ExportConfig>,
+    /// Headers a routing key is read from after `x-smg-routing-key` (`--routing-key-headers`).
+    pub routing_key_headers: Vec<String>,
     /// Per-tenant rate limits (none: off).
     pub tenant_limits: Option<gateway::pipeline::tenant_limits::TenantLimitsConfig>,
     /// How long a down worker's index state is kept.

@@ -391,6 +391,12 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         },
         index_retention: Duration::from_secs(a.worker_index_retention_secs),
         trace: a.enable_trace.then(|| otlp::ExportConfig::new(a.otlp_traces_endpoint.trim(), "sgl-router")),
+        routing_key_headers: a
+            .routing_key_headers
+            .iter()
+            .map(|h| h.trim().to_ascii_lowercase())
+            .filter(|h| !h.is_empty() && h != "x-smg-routing-key")
+            .collect(),
         shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
         fast_proxy: !a.no_fast_proxy,
         worker_api_key: a.api_key.clone(),

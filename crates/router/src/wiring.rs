@@ -119,6 +119,7 @@ pub(crate) fn gateway_config(config: &AppConfig) -> GatewayConfig {
         audit: config.audit,
         upstream_pool_idle: config.upstream_pool_idle,
         tracer: config.trace.clone().map(otlp::Tracer::start),
+        routing_key_headers: config.routing_key_headers.clone(),
     }
 }
 

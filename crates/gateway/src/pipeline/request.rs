@@ -87,6 +87,12 @@ impl Meta {
         I: Iterator<Item = (&'h str, &'h [u8])>,
     {
         let cache_control = lines().filter(|(n, _)| n.eq_ignore_ascii_case("cache-control"));
+        // `x-smg-routing-key` (the front end's) first, then `--routing-key-headers` in order.
+        let routing_key = routing_key.or_else(|| {
+            gw.config.routing_key_headers.iter().find_map(|want| {
+                lines().filter(|(n, _)| n.eq_ignore_ascii_case(want)).find_map(|(_, v)| h1_codec::usable_key(Some(v)))
+            })
+        });
         Meta {
             id,
             routing_key,

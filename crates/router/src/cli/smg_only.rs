@@ -106,7 +106,6 @@ const OPTIONS: &[SmgOnly] = &[
     o("pd-admission-wait-secs", &[], Value, Some("30"), PDADM),
     o("stream-body-stall-timeout-secs", &[], Value, Some("300"), STALL),
     o("routing-key-override", &["sticky-sessions"], Flag, None, STICKY),
-    o("routing-key-headers", &[], Any, None, STICKY),
     o("dp-minimum-tokens-scheduler", &[], Flag, None, DPMIN),
     o("enable-rl", &[], Flag, None, RL),
     o("rl-control-timeout-secs", &[], Value, Some("600"), RL),

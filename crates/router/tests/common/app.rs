@@ -90,6 +90,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         upstream_pool_idle: gateway::DEFAULT_UPSTREAM_POOL_IDLE,
         index_retention: Duration::from_secs(300),
         trace: None,
+        routing_key_headers: Vec::new(),
         shutdown_grace: Duration::from_secs(1),
         serve_threads: 2,
         fast_proxy: true,

@@ -773,3 +773,57 @@ async fn a_cold_burst_lands_on_one_worker() {
         assert!(got.contains(&16), "round {round}: a burst of one cold prefix on one worker: {got:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_key_headers_name_the_worker_after_smgs_own() {
+    let (a, b) = (MockEngine::spawn(engine_config()).await.unwrap(), MockEngine::spawn(engine_config()).await.unwrap());
+    let requests = |m: &MockEngine| m.engine().requests.load(std::sync::atomic::Ordering::Relaxed);
+    for (headers, stuck) in [(vec![], false), (vec!["X-User".to_string()], true)] {
+        let mut c = config(&[&a, &b], PolicyConfig::RoundRobin, false);
+        c.routing_key_headers = headers.iter().map(|h| h.to_ascii_lowercase()).collect();
+        let r = start(c).await;
+        let before = (requests(&a), requests(&b));
+        for i in 0..6 {
+            let resp = reqwest::Client::new()
+                .post(format!("{}/v1/chat/completions", r.url))
+                .header("x-user", "alice")
+                .json(&chat("s", &format!("q{i}")))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+        }
+        let got = (requests(&a) - before.0, requests(&b) - before.1);
+        if stuck {
+            assert!(got == (6, 0) || got == (0, 6), "alice's key names one worker: {got:?}");
+            // SMG's own header is read first: a key of it that names the other worker wins.
+            let explain = async |headers: &[(&str, String)]| -> Value {
+                let mut req = reqwest::Client::new()
+                    .post(format!("{}/debug/route", r.url))
+                    .bearer_auth(common::app::ADMIN_KEY)
+                    .json(&chat("s", "q"));
+                for (n, v) in headers {
+                    req = req.header(*n, v);
+                }
+                req.send().await.unwrap().json().await.unwrap()
+            };
+            let alice = explain(&[("x-user", "alice".into())]).await;
+            assert_eq!(alice["reason"], "routing_key", "{alice}");
+            // A key of SMG's header that names the other worker than alice's.
+            let mut other = None;
+            for i in 0..64 {
+                let k = format!("key{i}");
+                if explain(&[("x-smg-routing-key", k.clone())]).await["worker"] != alice["worker"] {
+                    other = Some(k);
+                    break;
+                }
+            }
+            let other = other.expect("some key names the other worker");
+            let both = explain(&[("x-user", "alice".into()), ("x-smg-routing-key", other.clone())]).await;
+            assert_ne!(both["worker"], alice["worker"], "x-smg-routing-key wins over x-user: {both}");
+        } else {
+            assert_eq!(got, (3, 3), "round robin without the flag");
+        }
+        let _ = r.stop.send(());
+    }
+}
