@@ -15,8 +15,6 @@ use crate::{PdConfig, PdMode, Plan, PlanError, Planner, Pool, Prompted};
 pub struct Pair {
     pub prefill: Plan,
     pub decode: Plan,
-    /// Prompt tokens the decode worker holds (counted only when a skip-prefill rule is on).
-    pub decode_held: u64,
     /// The decode worker serves the request alone, prefilling it locally ([`crate::SkipPrefill`]).
     pub decode_alone: bool,
 }
@@ -83,9 +81,9 @@ pub fn pair(
         false => Prompted { v: None, tokens: &[], text: None, match_prefix: false, credit: false },
     };
     let decode = p.plan_in(pool, &*pd.decode_policy, decodes, decode_prompt, None)?;
-    let decode_held = if conditional { decode.matched_tokens() } else { 0 };
-    let decode_alone = conditional && skip.skips(prefill.input_tokens, decode_held);
-    Ok(Pair { prefill, decode, decode_held, decode_alone })
+    // Matched only with a rule on: otherwise the decode plan holds nothing.
+    let decode_alone = conditional && skip.skips(prefill.input_tokens, decode.matched_tokens());
+    Ok(Pair { prefill, decode, decode_alone })
 }
 
 /// A decided pair as an explain (`/debug/route`) shows it.
@@ -106,7 +104,7 @@ pub fn pair_json(pd: &PdConfig, pair: &Pair) -> Value {
         "input_tokens": pair.prefill.input_tokens,
         "prefill": leg(&pair.prefill, pair.prefill.pool.policy.name()),
         "decode": leg(&pair.decode, pd.decode_policy.name()),
-        "decode_held_tokens": pair.decode_held,
+        "decode_held_tokens": pair.decode.matched_tokens(),
         "decode_alone": pair.decode_alone,
     })
 }

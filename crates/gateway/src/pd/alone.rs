@@ -21,7 +21,8 @@ pub(super) async fn attempt(
     let gw = ctx.gw;
     let d = pair.decode.chosen().clone();
     // It prefills what it does not hold: charged as a prefill worker would be.
-    let load = d.charge_on(pair.prefill.input_tokens.saturating_sub(pair.decode_held), None);
+    let held = pair.decode.matched_tokens();
+    let load = d.charge_on(pair.prefill.input_tokens.saturating_sub(held), None);
     let body = Bytes::from(serde_json::to_vec(&ctx.v).unwrap_or_default());
     let resp = match leg_head(ctx, Leg::Decode, &d, body, None).await {
         Ok(resp) => resp,
@@ -31,6 +32,6 @@ pub(super) async fn attempt(
     gw.metrics.pd_legs.inc(format_args!("leg=\"decode\",outcome=\"ok\""));
     gw.metrics.ttfb.observe(ctx.start.elapsed().as_secs_f64());
     let mut guard = InFlight::new(gw.clone(), admission, load, ctx.route, ctx.start);
-    guard.predicted = Some(pair.decode_held);
+    guard.predicted = Some(held);
     Ok(stream_back(guard, d, resp, &gw.config.limits, Ending::default()))
 }

@@ -318,10 +318,13 @@ async fn serve(
         let Some(adm) = admission.take() else { return Err(GatewayError::Internal("admission lost".into())) };
         let path = if pair.decode_alone { "decode_alone" } else { "disaggregated" };
         gw.metrics.pd_paths.inc(format_args!("path=\"{path}\""));
-        let outcome = match pd.mode {
-            _ if pair.decode_alone => alone::attempt(&ctx, &pair, adm).await,
-            PdMode::Sglang => sglang::attempt(&ctx, &pair, adm).await,
-            PdMode::Vllm => vllm::attempt(&ctx, &pair, adm).await,
+        let outcome = if pair.decode_alone {
+            alone::attempt(&ctx, &pair, adm).await
+        } else {
+            match pd.mode {
+                PdMode::Sglang => sglang::attempt(&ctx, &pair, adm).await,
+                PdMode::Vllm => vllm::attempt(&ctx, &pair, adm).await,
+            }
         };
         let (failure, adm) = match outcome {
             Ok(response) => return Ok(response),

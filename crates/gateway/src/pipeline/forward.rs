@@ -243,9 +243,12 @@ where
         body = if client_rank { bytes.clone() } else { with_rank(route, v.as_mut(), hint, &bytes) };
         // The load moves: the first worker's charge is released as it is replaced.
         guard.load = worker.charge_on(uncached, rank);
-        // What the index says the next worker holds.
+        // What the index says the next worker holds; the span names it.
         let held = plan.workers.iter().position(|w| w.id == worker.id).map(|i| plan.candidates[i].matched_tokens);
         guard.predicted = guard.predicted.map(|_| held.unwrap_or(0));
+        if let Some(t) = guard.trace.as_mut() {
+            t.retried(worker.url.as_str());
+        }
     }
 }
 

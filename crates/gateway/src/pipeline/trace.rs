@@ -56,6 +56,15 @@ impl Traced {
         Box::new(Traced { ctx, attributes })
     }
 
+    /// The request moved to `worker` (a retry): the span names the worker that answered.
+    pub(crate) fn retried(&mut self, worker: &str) {
+        for (key, value) in &mut self.attributes {
+            if *key == "sgl_router.worker" {
+                *value = Attr::Str(worker.to_string());
+            }
+        }
+    }
+
     /// The request ended with `status` (0: no answer); its span goes to the exporter.
     pub(crate) fn finish(self, gw: &Gateway, path: &str, status: u16, cut: bool, start: Instant) {
         let Some(tracer) = gw.config.tracer.as_ref().filter(|_| self.ctx.sampled()) else { return };
