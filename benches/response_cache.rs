@@ -17,7 +17,8 @@ use serde_json::{Value, json};
 
 const ENTRIES: usize = 10_000;
 /// An anonymous caller's chat under the decision `faq`, pool `small`.
-const AT: Asker<'static> = Asker { caller: None, route: "/v1/chat/completions", decision: "faq", pool: "small" };
+const AT: Asker<'static> =
+    Asker { caller: None, route: "/v1/chat/completions", decision: "faq", pool: "small", shared: None };
 
 /// A complete answer of about 512 bytes (only complete answers are kept).
 fn answer_body() -> Vec<u8> {

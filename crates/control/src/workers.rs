@@ -180,6 +180,9 @@ fn describe(w: &Worker, liveness: &fleet::liveness::LivenessConfig) -> Value {
         "in_flight": load.in_flight,
         "uncached_tokens": w.own_uncached_tokens(),
         "reported_uncached_tokens": w.reported_uncached_tokens(),
+        // The other replicas' share of `in_flight` (`--shared-state`), and the prefill they owe.
+        "remote_in_flight": w.remote_load().in_flight,
+        "remote_uncached_tokens": w.remote_load().uncached_tokens,
         "model_id": info.model_id,
         "dp_size": info.dp_size,
         "page_size": info.page_size,

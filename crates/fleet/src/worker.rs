@@ -118,6 +118,10 @@ pub struct Worker {
     reported_uncached: AtomicU64,
     /// Requests it reports running or waiting (every router's), from `/v1/loads`.
     reported_requests: AtomicU32,
+    /// Other router replicas' requests in flight on it and the prefill they owe it, as they
+    /// last shared them (`--shared-state`; zero alone or when their reports are stale).
+    remote_in_flight: AtomicU32,
+    remote_uncached: AtomicU64,
     loads_unsupported: AtomicBool,
     info: RwLock<Option<WorkerInfo>>,
     events: RwLock<Events>,
@@ -243,6 +247,8 @@ impl Worker {
             uncached_tokens: AtomicU64::new(0),
             reported_uncached: AtomicU64::new(0),
             reported_requests: AtomicU32::new(0),
+            remote_in_flight: AtomicU32::new(0),
+            remote_uncached: AtomicU64::new(0),
             loads_unsupported: AtomicBool::new(false),
             info: RwLock::new(None),
             events: RwLock::new(events),
@@ -515,23 +521,52 @@ impl Worker {
         self.liveness.veto_at(cfg, self.in_flight.load(Ordering::Relaxed), owed, now)
     }
 
-    /// Its current load: this router's requests in flight, and the prefill it
-    /// owes: this router's uncached tokens not yet answered, or what the worker
-    /// reports queued (every router's requests), whichever is larger.
+    /// Its current load: the requests in flight on it from this router and from the
+    /// replicas sharing state with it, and the prefill it owes: their uncached tokens not
+    /// yet answered, or what the worker reports queued (every router's requests),
+    /// whichever is larger.
     pub fn load(&self) -> Load {
-        let own = self.uncached_tokens.load(Ordering::Relaxed);
+        let routers =
+            self.uncached_tokens.load(Ordering::Relaxed).saturating_add(self.remote_uncached.load(Ordering::Relaxed));
         Load {
-            in_flight: self.in_flight.load(Ordering::Relaxed),
-            uncached_tokens: own.max(self.reported_uncached.load(Ordering::Relaxed)),
+            in_flight: self
+                .in_flight
+                .load(Ordering::Relaxed)
+                .saturating_add(self.remote_in_flight.load(Ordering::Relaxed)),
+            uncached_tokens: routers.max(self.reported_uncached.load(Ordering::Relaxed)),
         }
     }
 
-    /// Its load as a decode worker: the requests it runs, this router's in
-    /// flight or what it reports running and waiting (every router's),
-    /// whichever is larger; no prefill is owed on it.
+    /// Its load as a decode worker: the requests it runs, the routers' in flight
+    /// (this one's and its replicas') or what it reports running and waiting
+    /// (every router's), whichever is larger; no prefill is owed on it.
     pub fn decode_load(&self) -> Load {
-        let own = self.in_flight.load(Ordering::Relaxed);
-        Load { in_flight: own.max(self.reported_requests.load(Ordering::Relaxed)), uncached_tokens: 0 }
+        let routers =
+            self.in_flight.load(Ordering::Relaxed).saturating_add(self.remote_in_flight.load(Ordering::Relaxed));
+        Load { in_flight: routers.max(self.reported_requests.load(Ordering::Relaxed)), uncached_tokens: 0 }
+    }
+
+    /// This router's own requests in flight on it and the prefill they owe, what it shares
+    /// with its replicas.
+    pub fn own_load(&self) -> Load {
+        Load {
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            uncached_tokens: self.uncached_tokens.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Records what the other router replicas have in flight on it now (their sum).
+    pub fn set_remote_load(&self, load: Load) {
+        self.remote_in_flight.store(load.in_flight, Ordering::Relaxed);
+        self.remote_uncached.store(load.uncached_tokens, Ordering::Relaxed);
+    }
+
+    /// What the other router replicas have in flight on it, as last shared.
+    pub fn remote_load(&self) -> Load {
+        Load {
+            in_flight: self.remote_in_flight.load(Ordering::Relaxed),
+            uncached_tokens: self.remote_uncached.load(Ordering::Relaxed),
+        }
     }
 
     /// Records the requests it reports running and waiting.

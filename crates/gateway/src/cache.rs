@@ -92,12 +92,16 @@ pub struct Asker<'a> {
     pub decision: &'a str,
     /// The pool's id.
     pub pool: &'a str,
+    /// The replicas' shared answers (`--shared-state`), when on.
+    pub shared: Option<&'a Arc<crate::shared::Shared>>,
 }
 
 /// A request the cache may answer or learn from.
 #[derive(Debug)]
 pub struct Ticket {
     store: Arc<Store>,
+    /// Where the replicas' answers are (`--shared-state`).
+    shared: Option<Arc<crate::shared::Shared>>,
     exact: Key,
     hash: u64,
     partition: u64,
@@ -217,7 +221,15 @@ impl Store {
                 && v.get("tools").and_then(Value::as_array).is_none_or(|t| t.is_empty())
                 && !model_select::user_turns(v).pop().unwrap_or_default().bytes().any(|b| b.is_ascii_digit())
         };
-        Ok(Ticket { hash: first_u64(&exact), partition, exact, vector: vector.filter(semantic), store: self.clone() })
+        let shared = asker.shared.cloned();
+        Ok(Ticket {
+            hash: first_u64(&exact),
+            partition,
+            exact,
+            vector: vector.filter(semantic),
+            store: self.clone(),
+            shared,
+        })
     }
 }
 
@@ -326,30 +338,52 @@ impl Ticket {
         self.store.config.max_answer_bytes
     }
 
+    /// The answer another replica kept for this very request (`--shared-state`; exact
+    /// matches only), kept here too for this replica's next asker.
+    pub(crate) async fn lookup_shared(&self) -> Option<Arc<Answer>> {
+        let shared = self.shared.as_ref()?;
+        let (status, content_type, body) =
+            crate::shared::answers::lookup(shared, &self.exact, self.store.config.max_answer_bytes).await?;
+        self.keep(Answer { status, content_type, body })
+    }
+
     /// Keeps a complete, successful answer: within `max_answer_bytes` and the store's bytes, no
-    /// error object or event in it, and every choice finished.
+    /// error object or event in it, and every choice finished. With `--shared-state` it is
+    /// written through for the other replicas.
     pub fn store(self, answer: Answer) {
+        let Some(kept) = self.keep(answer) else { return };
+        let decision = crate::metrics::escape(&self.store.decision);
+        self.store.metrics.cache_stores.inc(format_args!("decision=\"{decision}\""));
+        if let Some(shared) = &self.shared {
+            let ttl = Duration::from_secs(self.store.config.ttl_secs);
+            let parts = (kept.status, kept.content_type.as_ref(), &kept.body[..]);
+            crate::shared::answers::store(shared, &self.exact, parts, ttl);
+        }
+    }
+
+    /// Keeps `answer` in this replica's store, if it is worth keeping.
+    fn keep(&self, answer: Answer) -> Option<Arc<Answer>> {
         let config = &self.store.config;
         if answer.body.len() > config.max_answer_bytes || !successful(&answer) {
-            return;
+            return None;
         }
         let vector_bytes = self.vector.as_ref().map_or(0, |v| v.len() * size_of::<f32>());
         let ct = answer.content_type.as_ref().map_or(0, |c| c.len());
         let bytes = answer.body.len() + vector_bytes + ct + ENTRY_OVERHEAD_BYTES;
         if bytes > config.max_bytes {
-            return;
+            return None;
         }
+        let answer = Arc::new(answer);
         let entry = Entry {
             exact: self.exact,
             partition: self.partition,
             bytes,
             vector: self.vector.clone(),
-            answer: Arc::new(answer),
+            answer: answer.clone(),
             until: Instant::now() + Duration::from_secs(config.ttl_secs),
         };
         self.store.lock().put(self.hash, entry);
-        let decision = crate::metrics::escape(&self.store.decision);
-        self.store.metrics.cache_stores.inc(format_args!("decision=\"{decision}\""));
+        Some(answer)
     }
 }
 
@@ -577,7 +611,7 @@ mod tests {
     }
 
     fn at<'a>(decision: &'a str, pool: &'a str) -> Asker<'a> {
-        Asker { caller: None, route: "/v1/chat/completions", decision, pool }
+        Asker { caller: None, route: "/v1/chat/completions", decision, pool, shared: None }
     }
 
     fn unit(v: &[f32]) -> Option<Arc<[f32]>> {

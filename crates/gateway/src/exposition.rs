@@ -64,6 +64,9 @@ impl Gateway {
             "Requests refused (429) because the memory of requests in progress was at its budget.",
         );
         out.push_str(&format!("router_http_over_budget_total {}\n", m.over_budget.load(Ordering::Relaxed)));
+        if let Some(shared) = &gw.shared {
+            shared.render_metrics(out);
+        }
         if let Some(limiter) = &gw.tenant_limiter {
             head(
                 out,

@@ -27,6 +27,7 @@ mod relay;
 mod routes;
 mod send;
 mod served;
+pub mod shared;
 #[cfg(test)]
 mod testing;
 pub mod tls;
@@ -122,6 +123,8 @@ pub struct GatewayConfig {
     /// Headers a routing key is read from after `x-smg-routing-key`, in order, lowercase
     /// (`--routing-key-headers`; the first present with a usable value wins).
     pub routing_key_headers: Vec<String>,
+    /// State shared with the other router replicas (`--shared-state`; none: alone).
+    pub shared_state: Option<shared::SharedConfig>,
 }
 
 /// How index snapshots are served (`--index-snapshot-max-blocks`, `--index-snapshot-timeout-secs`).
@@ -322,6 +325,8 @@ pub struct Gateway {
     pub(crate) upstream_tls: tokio_rustls::TlsConnector,
     /// The control plane's routes, handed over once as the router is wired.
     pub(crate) control: std::sync::OnceLock<ControlRoutes>,
+    /// State shared with the other router replicas (`--shared-state`), when on.
+    pub shared: Option<Arc<shared::Shared>>,
 }
 
 // === impl Gateway ===
@@ -369,6 +374,7 @@ impl Gateway {
                 config.chain_memo_pages,
             ))],
             routing: None,
+            shared: config.shared_state.clone().map(|c| shared::Shared::start(c, fleet.clone(), index.clone())),
             config,
             fleet,
             index,
@@ -421,6 +427,7 @@ impl Gateway {
             credit_lock: &self.credit_lock,
             renders: &self.metrics.renders,
             only: None,
+            placements: self.shared.as_deref().map(|s| s as &dyn planner::Placements),
         }
     }
 

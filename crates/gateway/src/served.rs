@@ -59,6 +59,8 @@ pub(crate) async fn readiness(State(gw): State<Arc<Gateway>>) -> Response {
         "workers": all.len(),
         "degraded_subscriptions": degraded,
         "draining": draining,
+        // Out of reach, it degrades herding and sharing, never availability.
+        "shared_state": gw.shared.as_ref().map(|s| s.readiness()),
     });
     (if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, Json(body)).into_response()
 }

@@ -68,6 +68,7 @@ fn unstarted(workers: &[&str], retry: crate::RetryConfig) -> (Gateway, Arc<fleet
         upstream_pool_idle: crate::DEFAULT_UPSTREAM_POOL_IDLE,
         tracer: None,
         routing_key_headers: Vec::new(),
+        shared_state: None,
         admin_listener: false,
         retry,
         queue_size: 0,

@@ -65,6 +65,17 @@ pub struct Planner<'a> {
     pub renders: &'a AtomicU64,
     /// The only workers this request may go to (an endpoint picker's subset hint); `None`: any.
     pub only: Option<&'a Subset>,
+    /// Told of every placement a plan makes, to share it with other router replicas
+    /// (`--shared-state`); `None`: alone.
+    pub placements: Option<&'a dyn Placements>,
+}
+
+/// What a plan tells the router replicas sharing its state: a request is placed on a worker.
+pub trait Placements: Send + Sync {
+    /// `worker` was chosen for a prompt of `uncached` tokens it does not hold; `pages` are the
+    /// prompt's page hashes (the fleet's first hash mode) when the plan credited them to it
+    /// as pending (`--credit-pending` with KV events), empty otherwise.
+    fn placed(&self, worker: &Worker, pages: &[router_types::BlockHash], uncached: u64);
 }
 
 /// The workers a request is confined to, by their address (`host:port`, as a gateway names
@@ -91,6 +102,7 @@ impl std::fmt::Debug for Planner<'_> {
             .field("index", &self.index.is_some())
             .field("credit_pending", &self.credit_pending)
             .field("only", &self.only)
+            .field("placements", &self.placements.is_some())
             .finish()
     }
 }

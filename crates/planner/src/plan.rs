@@ -176,6 +176,8 @@ impl Planner<'_> {
         // From the match to the credit, one plan at a time (the pages hashed before): a burst
         // sharing a cold prefix would otherwise be matched before any of it is credited, and
         // spread over the workers.
+        // A request on its way (not an explain's dry run): its placement is shared.
+        let placing = credit;
         let credit = credit && match_prefix && self.credit_pending;
         let _one_at_a_time = credit.then(|| self.credit_lock.lock().unwrap_or_else(|p| p.into_inner()));
         let matched = self.index.map(|index| match_chains(index, &chains)).unwrap_or_default();
@@ -206,8 +208,14 @@ impl Planner<'_> {
         let rank = workers[chosen].index_id.and_then(|id| matched.get(&id)).and_then(|m| m.1);
         let regret = self.regret(pool, &workers, &matched, chosen, decision.reason);
         let regret = crate::Regret { block_size: bs.max(1), input_tokens, ..regret };
+        let mut credited: &[BlockHash] = &[];
         if credit && let (Some(index), Some(id), Some(chain)) = (self.index, workers[chosen].index_id, chains.first()) {
             index.credit_pending(id, chain);
+            credited = chain;
+        }
+        if let Some(placements) = self.placements.filter(|_| placing) {
+            let uncached = input_tokens.saturating_sub(candidates[chosen].matched_tokens);
+            placements.placed(&workers[chosen], credited, uncached);
         }
         Ok(Plan { pool: pool.clone(), workers, candidates, decision, chosen, input_tokens, text, rank, regret })
     }

@@ -11,6 +11,7 @@ mod discovery;
 mod epp;
 mod liveness;
 mod scheduler;
+pub(crate) mod shared;
 mod smg_only;
 #[cfg(test)]
 mod smg_options;
@@ -393,6 +394,8 @@ pub(crate) struct ServeArgs {
     pub(crate) control: control::ControlFlags,
     #[command(flatten)]
     pub(crate) epp: epp::EppFlags,
+    #[command(flatten)]
+    pub(crate) shared: shared::SharedStateFlags,
     /// SMG's options this router does not implement: known, judged at start.
     #[command(flatten)]
     pub(crate) smg_only: smg_only::SmgOnlyFlags,

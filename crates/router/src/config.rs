@@ -142,6 +142,8 @@ pub struct AppConfig {
     pub trace: Option<otlp::ExportConfig>,
     /// Headers a routing key is read from after `x-smg-routing-key` (`--routing-key-headers`).
     pub routing_key_headers: Vec<String>,
+    /// State shared with the other router replicas (`--shared-state`; none: alone).
+    pub shared_state: Option<SharedStateSetup>,
     /// Per-tenant rate limits (none: off).
     pub tenant_limits: Option<gateway::pipeline::tenant_limits::TenantLimitsConfig>,
     /// How long a down worker's index state is kept.
@@ -263,4 +265,15 @@ pub struct PdSetup {
     pub connector: gateway::pd::KvConnector,
     /// When a request skips its prefill leg (vLLM only).
     pub skip_prefill: gateway::pd::SkipPrefill,
+}
+
+/// The shared-state backend to start (`--shared-state`), and its keys' prefix.
+#[derive(Debug, Clone)]
+pub struct SharedStateSetup {
+    /// Where it is.
+    pub target: shared_state::Target,
+    /// Its deadlines and bounds.
+    pub options: shared_state::Options,
+    /// Every key and channel starts with it.
+    pub prefix: String,
 }

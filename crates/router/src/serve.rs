@@ -397,6 +397,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             .map(|h| h.trim().to_ascii_lowercase())
             .filter(|h| !h.is_empty() && h != "x-smg-routing-key")
             .collect(),
+        shared_state: a.shared.setup().map_err(UsageError)?,
         shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
         fast_proxy: !a.no_fast_proxy,
         worker_api_key: a.api_key.clone(),

@@ -120,6 +120,10 @@ pub(crate) fn gateway_config(config: &AppConfig) -> GatewayConfig {
         upstream_pool_idle: config.upstream_pool_idle,
         tracer: config.trace.clone().map(otlp::Tracer::start),
         routing_key_headers: config.routing_key_headers.clone(),
+        shared_state: config.shared_state.as_ref().map(|s| gateway::shared::SharedConfig {
+            backend: shared_state::Backend::start(s.target.clone(), s.options.clone()),
+            prefix: s.prefix.clone(),
+        }),
     }
 }
 

@@ -145,11 +145,21 @@ impl Admission {
         let tenant = (gw.tenant_limiter.is_some() || gw.scheduler.is_some())
             .then(|| gw.config.tenants.tenant(who.tenant_header, who.authorization))
             .flatten();
-        if let Some(limiter) = &gw.tenant_limiter
-            && let Err(over) = limiter.charge(&crate::pipeline::scheduler::Tenant::key(tenant), body_len)
-        {
-            gw.metrics.tenant_rate_limited.fetch_add(1, Ordering::Relaxed);
-            return Err(GatewayError::TenantRateLimited(over.retry_after_secs));
+        if let Some(limiter) = &gw.tenant_limiter {
+            let key = crate::pipeline::scheduler::Tenant::key(tenant);
+            // Shared by every replica when the backend can say; this replica's buckets otherwise.
+            let shared = match &gw.shared {
+                Some(shared) => {
+                    let (limits, tokens) =
+                        (limiter.limits_of(&key), crate::pipeline::tenant_limits::tokens_of(body_len));
+                    crate::shared::tenants::charge(shared, &key, limits, tokens).await
+                }
+                None => None,
+            };
+            if let Err(over) = shared.unwrap_or_else(|| limiter.charge(&key, body_len)) {
+                gw.metrics.tenant_rate_limited.fetch_add(1, Ordering::Relaxed);
+                return Err(GatewayError::TenantRateLimited(over.retry_after_secs));
+            }
         }
         let Some(sched) = &gw.scheduler else { return Self::admit_waiting_as(gw, body_len, false).await };
         if gw.draining.load(Ordering::Relaxed) {

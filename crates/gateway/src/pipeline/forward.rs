@@ -145,7 +145,15 @@ where
             let edits = crate::pipeline::trace::edits(meta.trace.as_ref(), edits);
             return Ok(Forwarded::Disaggregated(Box::new(Disaggregated { admission, planned, route_headers, edits })));
         }
-        Step::Send(v, plan, routed, bytes) => (v, plan, routed, bytes),
+        Step::Send(v, plan, mut routed, bytes) => {
+            // Missed here: another replica may have kept the answer (`--shared-state`).
+            if let Some(hit) = shared_hit(routed.as_mut()).await {
+                gw.metrics.latency.observe(start.elapsed().as_secs_f64());
+                crate::pipeline::account::count_answered(gw, route, hit.answer.status);
+                return Ok(Forwarded::Cached(hit));
+            }
+            (v, plan, routed, bytes)
+        }
     };
     plan.commit();
     let pool = &plan.pool;
@@ -298,6 +306,19 @@ fn with_rank(route: Route, v: Option<&mut Value>, rank: Option<DpRank>, bytes: &
 /// The worker of `pool` a retry after `current` goes to: the least loaded
 /// routable one tried neither now nor before (one no liveness veto leaves out
 /// first), else the least loaded routable one (a retry may go back to a worker).
+/// The answer another replica kept for a request this replica's response cache missed
+/// (`--shared-state`), its route headers saying the hit.
+async fn shared_hit(routed: Option<&mut crate::pools::Routed>) -> Option<crate::cache::Hit> {
+    let r = routed?;
+    let (ticket, outcome) = r.cache.as_mut()?;
+    if !matches!(outcome, crate::cache::Outcome::Miss) {
+        return None;
+    }
+    let answer = ticket.lookup_shared().await?;
+    *outcome = crate::cache::Outcome::Exact(answer.clone());
+    Some(crate::cache::Hit { answer, headers: crate::pipeline::request::RouteHeaders::of(r) })
+}
+
 fn next_worker(
     gw: &Gateway,
     pool: &planner::Pool,

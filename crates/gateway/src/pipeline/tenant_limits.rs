@@ -20,6 +20,11 @@ pub const BYTES_PER_TOKEN: usize = 4;
 /// Tenants with buckets of their own, besides the configured ones.
 pub const MAX_TENANTS: usize = 10_000;
 
+/// The prompt tokens a body of `body_len` bytes is charged.
+pub fn tokens_of(body_len: usize) -> u64 {
+    (body_len / BYTES_PER_TOKEN).max(1) as u64
+}
+
 /// One policy: its rates per minute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -98,8 +103,8 @@ impl TenantLimiter {
     /// Charges one request of `body_len` bytes to `tenant` (its key, `auth:ID`, `header:ID` or
     /// `anonymous`), or says when it would fit. Nothing is charged when it does not.
     pub fn charge(&self, tenant: &str, body_len: usize) -> Result<(), OverLimit> {
-        let limits = self.config.tenants.get(tenant).copied().unwrap_or(self.config.default);
-        let tokens = (body_len / BYTES_PER_TOKEN).max(1) as f64;
+        let limits = self.limits_of(tenant);
+        let tokens = tokens_of(body_len) as f64;
         let now = Instant::now();
         let mut all = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         let named = self.config.tenants.contains_key(tenant);
@@ -127,6 +132,11 @@ impl TenantLimiter {
         b.requests.level -= 1.0;
         b.tokens.level -= tokens;
         Ok(())
+    }
+
+    /// `tenant`'s limits: its own if the configuration names it, else the default policy's.
+    pub fn limits_of(&self, tenant: &str) -> Limits {
+        self.config.tenants.get(tenant).copied().unwrap_or(self.config.default)
     }
 
     /// Tenants with buckets now.

@@ -319,7 +319,7 @@ pub(crate) fn route(
     };
     let mut routed = finish(routing, v, routed, preview.is_some());
     if preview.is_none() {
-        routed.cache = look_up(routing, route, v, &routed, ask);
+        routed.cache = look_up(routing, route, v, &routed, ask, gw.shared.as_ref());
         // A cache hit gets no route id: feedback on a stored answer would steer the decision
         // without an engine call behind it.
         if routed.cache.as_ref().and_then(|(_, o)| o.answer()).is_none() {
@@ -383,12 +383,14 @@ fn look_up(
     v: &Value,
     routed: &Routed,
     ask: &Asked<'_>,
+    shared: Option<&Arc<crate::shared::Shared>>,
 ) -> Option<(crate::cache::Ticket, crate::cache::Outcome)> {
     use crate::cache::{Outcome, Skip};
     let store = routing.caches.get(routed.index?)?.as_ref()?;
     let vector = ask.embeddings.and_then(|e| e.last.as_ref()).and_then(|l| l.as_ref().ok()).cloned();
     let pool = &routed.pool.id.0;
-    let asker = crate::cache::Asker { caller: ask.caller, route: route.path(), decision: &routed.decision, pool };
+    let asker =
+        crate::cache::Asker { caller: ask.caller, route: route.path(), decision: &routed.decision, pool, shared };
     let ticket = if ask.cache_bypass { Err(Skip::Bypass) } else { store.ticket(v, asker, vector) };
     let (found, outcome) = match ticket {
         Ok(ticket) => {

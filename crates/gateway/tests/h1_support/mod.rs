@@ -110,6 +110,7 @@ pub(crate) async fn start_fleet(
         upstream_pool_idle: gateway::DEFAULT_UPSTREAM_POOL_IDLE,
         tracer: None,
         routing_key_headers: Vec::new(),
+        shared_state: None,
         admin_listener: false,
         retry: gateway::RetryConfig { initial_backoff: Duration::from_millis(1), ..Default::default() },
         queue_size: 0,

@@ -91,6 +91,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         index_retention: Duration::from_secs(300),
         trace: None,
         routing_key_headers: Vec::new(),
+        shared_state: None,
         shutdown_grace: Duration::from_secs(1),
         serve_threads: 2,
         fast_proxy: true,

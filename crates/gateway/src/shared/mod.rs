@@ -1,0 +1,221 @@
+//! State shared with the other router replicas through a Redis-protocol backend (Valkey or
+//! Redis, `--shared-state`): owns the backend's handle, this replica's id, the keys' prefix,
+//! and what the replicas tell each other of their placements and loads ([`placements`]),
+//! the response cache's shared answers ([`answers`]) and the tenants' shared buckets
+//! ([`tenants`]). Nothing here ever holds a request beyond the backend's command deadline:
+//! with the backend gone every replica routes alone, and says so.
+
+pub(crate) mod answers;
+mod placements;
+pub(crate) mod tenants;
+mod wire;
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use fleet::{Fleet, Worker};
+use kv_index::KvIndex;
+use router_types::BlockHash;
+use shared_state::Backend;
+use tokio::sync::mpsc;
+
+use crate::metrics::head;
+
+/// Placements queued for the publisher at most; past it they are dropped (counted).
+const QUEUE: usize = 4096;
+
+/// How the replicas share state.
+#[derive(Debug, Clone)]
+pub struct SharedConfig {
+    /// The backend (started: it connects, and reconnects, on its own).
+    pub backend: Backend,
+    /// Every key and channel starts with it (`--shared-state-prefix`): routers of one
+    /// deployment share one, and nothing with another's.
+    pub prefix: String,
+}
+
+/// This replica's side of the shared state.
+pub struct Shared {
+    backend: Backend,
+    prefix: String,
+    /// This replica (random at start): its own messages are recognised and skipped.
+    replica: u64,
+    /// Placements on their way to the publisher.
+    queue: mpsc::Sender<wire::Placement>,
+    /// The other replicas, as last heard.
+    remote: Mutex<placements::Remote>,
+    pub(crate) counters: Counters,
+}
+
+/// What the shared state did, for `/metrics`.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) messages_sent: AtomicU64,
+    pub(crate) messages_received: AtomicU64,
+    /// Messages that could not be sent (backend down, or an error).
+    pub(crate) messages_unsent: AtomicU64,
+    /// Received messages refused as malformed.
+    pub(crate) messages_bad: AtomicU64,
+    pub(crate) placements_sent: AtomicU64,
+    pub(crate) placements_dropped: AtomicU64,
+    pub(crate) placements_applied: AtomicU64,
+    pub(crate) cache_hits: AtomicU64,
+    pub(crate) cache_misses: AtomicU64,
+    /// Stored answers that failed their integrity check.
+    pub(crate) cache_corrupt: AtomicU64,
+    pub(crate) cache_errors: AtomicU64,
+    pub(crate) cache_stores: AtomicU64,
+    /// Answers being written to the backend now.
+    pub(crate) answer_writes: std::sync::atomic::AtomicUsize,
+    /// Tenant charges decided by the backend, and by the local buckets instead.
+    pub(crate) tenant_shared: AtomicU64,
+    pub(crate) tenant_local: AtomicU64,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("prefix", &self.prefix).field("replica", &self.replica).finish()
+    }
+}
+
+impl Shared {
+    /// Starts sharing: the publisher of this replica's placements and loads, and the
+    /// follower of the others' (applied to `fleet`'s loads and `index`'s pending credits).
+    /// On the current tokio runtime; the tasks end with the backend's handle dropped.
+    pub fn start(config: SharedConfig, fleet: Arc<Fleet>, index: Option<Arc<KvIndex>>) -> Arc<Shared> {
+        let (queue, rx) = mpsc::channel(QUEUE);
+        let replica = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+        let shared = Arc::new(Shared {
+            backend: config.backend,
+            prefix: config.prefix,
+            replica,
+            queue,
+            remote: Mutex::new(placements::Remote::default()),
+            counters: Counters::default(),
+        });
+        tokio::spawn(placements::publish(Arc::downgrade(&shared), fleet.clone(), rx));
+        tokio::spawn(placements::follow(Arc::downgrade(&shared), fleet, index));
+        shared
+    }
+
+    /// Whether the backend is reachable now (otherwise this replica routes alone).
+    pub fn is_up(&self) -> bool {
+        self.backend.is_up()
+    }
+
+    /// `PREFIX:KIND:ID`.
+    pub(crate) fn key(&self, kind: &str, id: &str) -> Vec<u8> {
+        format!("{}:{kind}:{id}", self.prefix).into_bytes()
+    }
+
+    /// The other replicas heard from lately.
+    pub fn replicas(&self) -> usize {
+        self.remote.lock().unwrap_or_else(|p| p.into_inner()).live(std::time::Instant::now())
+    }
+
+    /// Its part of `/readiness`'s details (never a reason to be unready).
+    pub(crate) fn readiness(&self) -> serde_json::Value {
+        serde_json::json!({"up": self.is_up(), "replicas": self.replicas()})
+    }
+
+    /// Its series, for `/metrics`.
+    pub(crate) fn render_metrics(&self, out: &mut String) {
+        let c = &self.counters;
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        head(out, "router_shared_state_up", "gauge", "Whether the shared-state backend is reachable (--shared-state).");
+        let _ = writeln!(out, "router_shared_state_up {}", u8::from(self.is_up()));
+        head(out, "router_shared_state_replicas", "gauge", "Other router replicas heard from in the last seconds.");
+        let _ = writeln!(out, "router_shared_state_replicas {}", self.replicas());
+        let stats = self.backend.stats();
+        head(out, "router_shared_state_commands_total", "counter", "Commands sent to the backend.");
+        let _ = writeln!(out, "router_shared_state_commands_total {}", stats.commands);
+        let errors = [
+            ("down", stats.errors_down),
+            ("timeout", stats.errors_timeout),
+            ("busy", stats.errors_busy),
+            ("protocol", stats.errors_protocol),
+            ("io", stats.errors_io),
+        ];
+        head(
+            out,
+            "router_shared_state_command_errors_total",
+            "counter",
+            "Commands to the backend that failed, by why.",
+        );
+        for (error, v) in errors {
+            let _ = writeln!(out, "router_shared_state_command_errors_total{{error=\"{error}\"}} {v}");
+        }
+        head(out, "router_shared_state_connects_total", "counter", "Connections made to the backend.");
+        let _ = writeln!(out, "router_shared_state_connects_total {}", stats.connects);
+        let messages = [
+            ("sent", n(&c.messages_sent)),
+            ("received", n(&c.messages_received)),
+            ("unsent", n(&c.messages_unsent)),
+            ("malformed", n(&c.messages_bad)),
+            ("dropped", stats.pubsub_dropped),
+        ];
+        head(out, "router_shared_state_messages_total", "counter", "Placement messages between replicas, by outcome.");
+        for (outcome, v) in messages {
+            let _ = writeln!(out, "router_shared_state_messages_total{{outcome=\"{outcome}\"}} {v}");
+        }
+        let placed = [
+            ("sent", n(&c.placements_sent)),
+            ("dropped", n(&c.placements_dropped)),
+            ("applied", n(&c.placements_applied)),
+        ];
+        head(
+            out,
+            "router_shared_state_placements_total",
+            "counter",
+            "Placements shared with the other replicas (sent, dropped unsent) and theirs applied here.",
+        );
+        for (outcome, v) in placed {
+            let _ = writeln!(out, "router_shared_state_placements_total{{outcome=\"{outcome}\"}} {v}");
+        }
+        let cache = [
+            ("hit", n(&c.cache_hits)),
+            ("miss", n(&c.cache_misses)),
+            ("corrupt", n(&c.cache_corrupt)),
+            ("error", n(&c.cache_errors)),
+            ("stored", n(&c.cache_stores)),
+        ];
+        head(
+            out,
+            "router_shared_cache_total",
+            "counter",
+            "The response cache's shared answers: lookups after a local miss by outcome, and stores.",
+        );
+        for (outcome, v) in cache {
+            let _ = writeln!(out, "router_shared_cache_total{{outcome=\"{outcome}\"}} {v}");
+        }
+        head(
+            out,
+            "router_shared_tenant_charges_total",
+            "counter",
+            "Tenant rate-limit charges, by where they were decided (shared: the backend; local: this replica, the backend out of reach).",
+        );
+        let _ = writeln!(out, "router_shared_tenant_charges_total{{decided=\"shared\"}} {}", n(&c.tenant_shared));
+        let _ = writeln!(out, "router_shared_tenant_charges_total{{decided=\"local\"}} {}", n(&c.tenant_local));
+    }
+}
+
+impl planner::Placements for Shared {
+    fn placed(&self, worker: &Worker, pages: &[BlockHash], uncached: u64) {
+        if !self.is_up() {
+            return;
+        }
+        let pages = pages[..pages.len().min(wire::MAX_PAGES)].to_vec();
+        let placement = wire::Placement { url: worker.url.to_string(), uncached, pages };
+        if self.queue.try_send(placement).is_err() {
+            self.counters.placements_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Workers by URL, as the messages name them.
+fn by_url(fleet: &Fleet) -> HashMap<String, Arc<Worker>> {
+    fleet.snapshot().iter().map(|w| (w.url.to_string(), w.clone())).collect()
+}
