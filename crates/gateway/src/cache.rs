@@ -338,13 +338,21 @@ impl Ticket {
         self.store.config.max_answer_bytes
     }
 
-    /// The answer another replica kept for this very request (`--shared-state`; exact
-    /// matches only), kept here too for this replica's next asker.
-    pub(crate) async fn lookup_shared(&self) -> Option<Arc<Answer>> {
+    /// What another replica kept (`--shared-state`): the answer to this very request (kept
+    /// here too, for this replica's next asker), else, for a semantic store, the answer to the
+    /// most similar question of the same partition, if similar enough.
+    pub(crate) async fn lookup_shared(&self) -> Option<Outcome> {
         let shared = self.shared.as_ref()?;
-        let (status, content_type, body) =
-            crate::shared::answers::lookup(shared, &self.exact, self.store.config.max_answer_bytes).await?;
-        self.keep(Answer { status, content_type, body })
+        let max = self.store.config.max_answer_bytes;
+        if let Some((status, content_type, body)) = crate::shared::answers::lookup(shared, &self.exact, max).await {
+            return self.keep(Answer { status, content_type, body }).map(Outcome::Exact);
+        }
+        let v = self.vector.as_ref()?;
+        let threshold = self.store.config.threshold;
+        let ((status, content_type, body), sim) =
+            crate::shared::answers::lookup_similar(shared, self.partition, v, threshold, max).await?;
+        let answer = Answer { status, content_type, body };
+        successful(&answer).then(|| Outcome::Semantic(Arc::new(answer), sim))
     }
 
     /// Keeps a complete, successful answer: within `max_answer_bytes` and the store's bytes, no
@@ -358,6 +366,9 @@ impl Ticket {
             let ttl = Duration::from_secs(self.store.config.ttl_secs);
             let parts = (kept.status, kept.content_type.as_ref(), &kept.body[..]);
             crate::shared::answers::store(shared, &self.exact, parts, ttl);
+            if let Some(v) = &self.vector {
+                crate::shared::answers::store_vector(shared, self.partition, &self.exact, v, ttl);
+            }
         }
     }
 

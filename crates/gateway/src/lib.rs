@@ -393,7 +393,8 @@ impl Gateway {
     /// The same gateway serving `pools`, each request's pool chosen by `selector`'s config
     /// (its pools named by id among `pools`), read from `source` (reloads read it again).
     /// Embedding signals are computed by `embedder`; route ids, feedback and the `bandit`
-    /// algorithm by `learning`. `Err` names a pool of the config that `pools` lacks.
+    /// algorithm by `learning` (shared with the other replicas when the gateway shares state).
+    /// `Err` names a pool of the config that `pools` lacks.
     pub fn with_routing(
         mut self,
         pools: Vec<pools::Pool>,
@@ -404,6 +405,9 @@ impl Gateway {
     ) -> Result<Self, String> {
         self.pools = pools.into_iter().map(Arc::new).collect();
         let routing = pools::Routing::new(selector, &self.pools)?;
+        if let Some(shared) = &self.shared {
+            learning.share(shared.clone());
+        }
         self.routing = Some(pools::RoutingSlot::new(routing, source, embedder, learning));
         Ok(self)
     }

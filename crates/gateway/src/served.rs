@@ -67,7 +67,8 @@ pub(crate) async fn readiness(State(gw): State<Arc<Gateway>>) -> Response {
 
 /// `POST /v1/route/feedback` (data plane): a verdict on a routed answer (`{"route_id",
 /// "verdict": "good" | "bad"}`) or a preference between two (`{"winner", "loser"}`, route ids
-/// of one decision from two pools), applied to what the `bandit` algorithm draws from.
+/// of one decision from two pools), applied to what the `bandit` algorithm draws from; with
+/// `--shared-state`, for a route id any replica gave out, judged once by all.
 pub(crate) async fn route_feedback(
     State(gw): State<Arc<Gateway>>,
     headers: axum::http::HeaderMap,
@@ -78,7 +79,8 @@ pub(crate) async fn route_feedback(
     let caller =
         crate::pipeline::auth::caller(&gw, headers.get(axum::http::header::AUTHORIZATION).map(|v| v.as_bytes()));
     let bytes = crate::pipeline::body::read_body_within(body, crate::pools::feedback::MAX_FEEDBACK_BYTES).await?;
-    slot.learning().feedback_from(&bytes, caller).map(Json)
+    // Sharing state, the backend is asked first (within its command deadline).
+    slot.learning().judge(&bytes, caller).await.map(Json)
 }
 
 /// The routing config's slot; 404 for the routes that need one when the router has none.

@@ -3,8 +3,11 @@
 //! was good", seeded from the pool's configured quality, moved by verdicts,
 //! and an Elo rating moved by pairwise preferences. Thompson sampling picks
 //! among candidates. Bounded (at most `max_arms` pairs, the least recently
-//! updated out first) and saved as JSON. Per router replica: replicas do
-//! not share it.
+//! updated out first) and saved as JSON. Replicas sharing state add what
+//! they learn to totals kept apart from it; each arm remembers the part of
+//! its evidence that came from those totals ([`Arm::shared`]), so that a
+//! fresh reading of them replaces that part instead of adding to it
+//! ([`Outcomes::apply_shared`]).
 
 use std::collections::BTreeMap;
 
@@ -29,6 +32,24 @@ pub struct Arm {
     pub updates: u64,
     /// When it was last updated, in the store's update count.
     pub last: u64,
+    /// The shared totals last applied to it (zero when it never was): the part of its
+    /// evidence every replica sharing state has.
+    #[serde(default, skip_serializing_if = "Evidence::is_zero")]
+    pub shared: Evidence,
+}
+
+/// What verdicts and preferences added to an arm beyond its prior: one answer's, or the sum of
+/// every replica's (the shared totals).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Evidence {
+    /// Added to `alpha`.
+    pub alpha: f64,
+    /// Added to `beta`.
+    pub beta: f64,
+    /// Added to the Elo rating.
+    pub elo: f64,
+    /// Verdicts and preferences.
+    pub updates: u64,
 }
 
 /// Every arm's evidence.
@@ -46,6 +67,33 @@ impl Arm {
     /// The posterior's mean: how likely the pool's next answer is good.
     pub fn mean(&self) -> f64 {
         self.alpha / (self.alpha + self.beta)
+    }
+
+    /// The evidence added to `before` to make this arm.
+    pub fn since(&self, before: &Arm) -> Evidence {
+        Evidence {
+            alpha: self.alpha - before.alpha,
+            beta: self.beta - before.beta,
+            elo: self.elo - before.elo,
+            updates: self.updates.saturating_sub(before.updates),
+        }
+    }
+}
+
+impl Evidence {
+    /// Whether it adds nothing.
+    pub fn is_zero(&self) -> bool {
+        *self == Evidence::default()
+    }
+
+    /// Both together.
+    pub fn plus(&self, other: &Evidence) -> Evidence {
+        Evidence {
+            alpha: self.alpha + other.alpha,
+            beta: self.beta + other.beta,
+            elo: self.elo + other.elo,
+            updates: self.updates.saturating_add(other.updates),
+        }
     }
 }
 
@@ -68,6 +116,7 @@ impl Outcomes {
             elo: ELO_START,
             updates: 0,
             last: 0,
+            shared: Evidence::default(),
         }
     }
 
@@ -106,10 +155,61 @@ impl Outcomes {
         self.put(decision, loser.0, l);
     }
 
+    /// Sets the shared part of `pool`'s arm under `decision` to `totals`, the sum of what every
+    /// replica sharing state added to it, as the backend has it now: the arm's evidence moves by
+    /// what the totals gained since they were last applied, less `pushed` (evidence this replica
+    /// applied here first and has just added to the totals: it is in both). `None`: the backend
+    /// no longer has the arm; what it had stays here as this replica's own. Without evidence here
+    /// the arm starts from the prior of `quality`, and `pushed` went with it. True when the
+    /// arm changed.
+    pub fn apply_shared(
+        &mut self,
+        decision: &str,
+        pool: &str,
+        quality: Option<f64>,
+        pushed: Evidence,
+        totals: Option<Evidence>,
+    ) -> bool {
+        let held = self.arms.get(decision).and_then(|d| d.get(pool)).copied();
+        let Some(totals) = totals else {
+            let Some(mut arm) = held.filter(|a| !a.shared.is_zero()) else { return false };
+            arm.shared = Evidence::default();
+            self.place(decision, pool, arm, false);
+            return true;
+        };
+        let pushed = if held.is_some() { pushed } else { Evidence::default() };
+        let mut arm = held.unwrap_or_else(|| self.prior(quality));
+        let before = arm.shared.plus(&pushed);
+        if totals == arm.shared && pushed.is_zero() {
+            return false;
+        }
+        arm.alpha += totals.alpha - before.alpha;
+        arm.beta += totals.beta - before.beta;
+        arm.elo += totals.elo - before.elo;
+        arm.updates = arm.updates.saturating_add(totals.updates).saturating_sub(before.updates);
+        arm.shared = totals;
+        // Moved by another replica: as recent as if moved here (pushed alone: no news).
+        self.place(decision, pool, arm, totals != before);
+        true
+    }
+
+    /// The arms with a shared part, as (decision, pool).
+    pub fn shared_arms(&self) -> Vec<(String, String)> {
+        let arms = self.arms.iter().flat_map(|(d, pools)| pools.iter().map(move |(p, a)| (d, p, a)));
+        arms.filter(|(_, _, a)| !a.shared.is_zero()).map(|(d, p, _)| (d.clone(), p.clone())).collect()
+    }
+
     fn put(&mut self, decision: &str, pool: &str, mut arm: Arm) {
-        self.clock += 1;
         arm.updates += 1;
-        arm.last = self.clock;
+        self.place(decision, pool, arm, true);
+    }
+
+    /// Keeps `arm` (the most recently updated when `touch`), within `max_arms`.
+    fn place(&mut self, decision: &str, pool: &str, mut arm: Arm, touch: bool) {
+        if touch {
+            self.clock += 1;
+            arm.last = self.clock;
+        }
         self.arms.entry(decision.to_owned()).or_default().insert(pool.to_owned(), arm);
         while self.len() > self.max_arms {
             let oldest = self
@@ -281,5 +381,50 @@ mod tests {
         let saved = serde_json::to_string(&o).unwrap();
         let loaded: Outcomes = serde_json::from_str(&saved).unwrap();
         assert_eq!(loaded, o);
+    }
+
+    /// Two replicas' totals merged into one store: what came from the totals is replaced by
+    /// each fresh reading, never added twice; what this replica pushed is counted once; an arm
+    /// the backend lost keeps what it had.
+    #[test]
+    fn shared_totals_replace_their_part_of_an_arm() {
+        let mut o = Outcomes::new(10.0, 100);
+        let prior = o.arm("d", "large", Some(0.5));
+        // Another replica's two good verdicts, read twice: applied once.
+        let two = Evidence { alpha: 2.0, updates: 2, ..Evidence::default() };
+        assert!(o.apply_shared("d", "large", Some(0.5), Evidence::default(), Some(two)));
+        assert!(!o.apply_shared("d", "large", Some(0.5), Evidence::default(), Some(two)), "nothing new");
+        let arm = o.arm("d", "large", Some(0.5));
+        assert_eq!((arm.alpha, arm.beta, arm.updates, arm.shared), (prior.alpha + 2.0, prior.beta, 2, two));
+        // A bad verdict here, applied at once and then pushed: the totals that include it count it once.
+        let before = o.arm("d", "large", Some(0.5));
+        o.verdict("d", "large", Some(0.5), false);
+        let mine = o.arm("d", "large", Some(0.5)).since(&before);
+        assert_eq!(mine, Evidence { beta: 1.0, updates: 1, ..Evidence::default() });
+        let three = two.plus(&mine);
+        assert!(o.apply_shared("d", "large", Some(0.5), mine, Some(three)));
+        let arm = o.arm("d", "large", Some(0.5));
+        assert_eq!((arm.alpha, arm.beta, arm.updates), (prior.alpha + 2.0, prior.beta + 1.0, 3));
+        // Own evidence kept while the backend was out of reach stays on top of the totals.
+        o.verdict("d", "large", Some(0.5), true);
+        let more = three.plus(&Evidence { elo: 16.0, alpha: 0.5, updates: 1, ..Evidence::default() });
+        o.apply_shared("d", "large", Some(0.5), Evidence::default(), Some(more));
+        let arm = o.arm("d", "large", Some(0.5));
+        assert_eq!((arm.alpha, arm.elo, arm.updates), (prior.alpha + 3.5, ELO_START + 16.0, 5));
+        // An arm only another replica judged arrives with its prior; one the backend lost is kept.
+        o.apply_shared("d", "small", Some(0.75), Evidence::default(), Some(two));
+        assert_eq!(o.arm("d", "small", Some(0.75)).alpha, 1.0 + 7.5 + 2.0);
+        assert_eq!(o.shared_arms(), vec![("d".into(), "large".into()), ("d".into(), "small".into())]);
+        assert!(o.apply_shared("d", "small", None, Evidence::default(), None));
+        assert_eq!(o.arm("d", "small", None).alpha, 10.5, "kept as this replica's own");
+        assert_eq!(o.shared_arms().len(), 1);
+        // Its shared part round-trips through the state file (so a restart does not count it twice).
+        let loaded: Outcomes = serde_json::from_str(&serde_json::to_string(&o).unwrap()).unwrap();
+        assert_eq!(loaded, o);
+        // Bounded as ever: totals for one arm too many push out the least recently updated.
+        let mut small = Outcomes::new(10.0, 1);
+        small.verdict("d", "a", None, true);
+        small.apply_shared("d", "b", None, Evidence::default(), Some(two));
+        assert_eq!((small.len(), small.arm("d", "a", None).updates), (1, 0));
     }
 }

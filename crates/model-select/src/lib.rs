@@ -41,7 +41,7 @@ pub use config::{
 };
 pub use decision::{DecisionTrace, RuleOutcome, Selection, evaluate_rule, needed_signals, select};
 pub use error::ConfigError;
-pub use feedback::{Arm, ELO_K, ELO_START, Outcomes, Rng};
+pub use feedback::{Arm, ELO_K, ELO_START, Evidence, Outcomes, Rng};
 pub use language::{Detected, detect as detect_language, normalize as language_code};
 pub use pii::{PiiDetector, PiiFinding, PiiType};
 pub use redact::{Redactions, redact};

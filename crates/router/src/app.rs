@@ -144,6 +144,8 @@ impl App {
         // join once the catch-up is over, in the background (the listener is bound already).
         let peers = match (&config.index_peers, &config.kv_events) {
             (Some(peers), Some(_)) => Some(peers.clone()),
+            // Peers found only through the shared state: nothing to say without an index.
+            (Some(p), None) if p.urls.is_empty() && p.selector.is_none() => None,
             (Some(_), None) => {
                 warn!("--index-peers without --kv-events: there is no index to catch up");
                 None
@@ -152,6 +154,18 @@ impl App {
         };
         let joining = crate::wiring::joining(&config, routing.as_ref(), &mocks);
         let caught_up = crate::peers::join_after_catch_up(peers, &fleet, joining, cancel.clone());
+        // Announced for later replicas' catch-up once caught up itself (it has an index to give).
+        if let (Some(s), Some(_)) = (&config.shared_state, &config.kv_events)
+            && let Some(url) = s.advertise.clone()
+        {
+            let backend = shared_state::Backend::start(s.target.clone(), s.options.clone());
+            let (prefix, mut done, stop) = (s.prefix.clone(), caught_up.clone(), cancel.clone());
+            tokio::spawn(async move {
+                if done.wait_for(|d| *d).await.is_ok() {
+                    crate::members::announce(backend, prefix, url, stop).await;
+                }
+            });
+        }
         // The policies forget a worker that left for good.
         let mut policies = vec![policy.clone()];
         policies.extend(pd.as_ref().map(|pd| pd.decode_policy.clone()));

@@ -276,4 +276,7 @@ pub struct SharedStateSetup {
     pub options: shared_state::Options,
     /// Every key and channel starts with it.
     pub prefix: String,
+    /// This replica's control-plane URL as the others reach it, announced once it has caught
+    /// up (`--shared-state-advertise-url`), so a replica starting later catches up from it.
+    pub advertise: Option<String>,
 }

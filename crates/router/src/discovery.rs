@@ -11,7 +11,7 @@ use fleet::SnapshotLimits;
 use fleet::k8s::api::ApiServer;
 use fleet::k8s::{DiscoveryConfig, PodRole, Watched};
 use sgl_router::app::DiscoverySetup;
-use sgl_router::peers::{PeerSelector, PeerSetup};
+use sgl_router::peers::{PeerSelector, PeerSetup, SharedPeers};
 
 use crate::cli::ServeArgs;
 use crate::usage::UsageError;
@@ -92,7 +92,14 @@ pub(crate) fn peers(a: &ServeArgs) -> Result<Option<PeerSetup>, UsageError> {
         }
     }
     let sel = selector(&f.index_peer_selector);
-    if urls.is_empty() && sel.is_empty() {
+    // Replicas announced in the shared-state backend are peers too.
+    let shared = a.shared.setup().map_err(UsageError)?.map(|s| SharedPeers {
+        target: s.target,
+        options: s.options,
+        prefix: s.prefix,
+        me: s.advertise,
+    });
+    if urls.is_empty() && sel.is_empty() && shared.is_none() {
         return Ok(None);
     }
     let selector = if sel.is_empty() {
@@ -115,6 +122,7 @@ pub(crate) fn peers(a: &ServeArgs) -> Result<Option<PeerSetup>, UsageError> {
             // A block takes at most 46 bytes; streams' headers fit in the megabyte.
             max_bytes: f.index_snapshot_max_blocks.saturating_mul(46).saturating_add(1 << 20),
         },
+        shared,
     }))
 }
 

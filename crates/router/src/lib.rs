@@ -5,5 +5,6 @@
 pub mod app;
 pub mod config;
 mod igw;
+pub mod members;
 pub mod peers;
 mod wiring;

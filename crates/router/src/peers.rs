@@ -38,6 +38,21 @@ pub struct PeerSetup {
     pub timeout: Duration,
     /// Bounds on a snapshot accepted.
     pub limits: SnapshotLimits,
+    /// Replicas announced in the shared-state backend (`--shared-state`), after `urls`.
+    pub shared: Option<SharedPeers>,
+}
+
+/// Where replicas announce themselves (`--shared-state`, `--shared-state-advertise-url`).
+#[derive(Debug, Clone)]
+pub struct SharedPeers {
+    /// The backend.
+    pub target: shared_state::Target,
+    /// Its deadlines and bounds.
+    pub options: shared_state::Options,
+    /// The keys' prefix.
+    pub prefix: String,
+    /// This replica's own announced URL (not asked).
+    pub me: Option<String>,
 }
 
 /// Router pods by label.
@@ -128,6 +143,12 @@ async fn first_snapshot(setup: &PeerSetup) -> Option<IndexSnapshot> {
     let mut urls = setup.urls.clone();
     if let Some(sel) = &setup.selector {
         urls.extend(peer_pods(sel).await);
+    }
+    if let Some(s) = &setup.shared {
+        let backend = shared_state::Backend::start(s.target.clone(), s.options.clone());
+        let found = crate::members::peers(&backend, &s.prefix, s.me.as_deref(), Duration::from_secs(2)).await;
+        info!(peers = found.len(), "index peers: replicas announced in the shared-state backend");
+        urls.extend(found.into_iter().filter(|u| !setup.urls.contains(u)));
     }
     if urls.is_empty() {
         warn!("index peers: none found; starting with an empty index");

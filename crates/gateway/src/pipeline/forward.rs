@@ -314,8 +314,9 @@ async fn shared_hit(routed: Option<&mut crate::pools::Routed>) -> Option<crate::
     if !matches!(outcome, crate::cache::Outcome::Miss) {
         return None;
     }
-    let answer = ticket.lookup_shared().await?;
-    *outcome = crate::cache::Outcome::Exact(answer.clone());
+    let found = ticket.lookup_shared().await?;
+    let answer = found.answer()?.clone();
+    *outcome = found;
     Some(crate::cache::Hit { answer, headers: crate::pipeline::request::RouteHeaders::of(r) })
 }
 

@@ -3,15 +3,17 @@
 //! `POST /v1/route/feedback` brings back for them (each route judged once),
 //! applied to [`model_select::Outcomes`]; Thompson sampling for decisions
 //! whose algorithm is `bandit`; the state saved to a file and loaded at start.
-//! Kept across reloads (decisions and pools are named, not numbered). Per
-//! router replica: replicas learn apart.
+//! Kept across reloads (decisions and pools are named, not numbered). With
+//! `--shared-state`, shared with the other replicas ([`sharing`]): a route id
+//! is taken by any of them, judged once by all, and every arm's evidence is
+//! theirs together; with the backend out of reach each decides alone.
 
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use model_select::{Arm, Outcomes, Rng};
@@ -21,6 +23,9 @@ use serde_json::{Value, json};
 use super::callers::{Caller, Callers, Limits, Refusal};
 use crate::GatewayError;
 use crate::metrics::LabeledCounter;
+use crate::shared::feedback::Route;
+
+mod sharing;
 
 /// The response header naming a routed answer for feedback.
 pub const ROUTE_ID_HEADER: &str = "x-route-id";
@@ -34,9 +39,11 @@ const MAX_STATE_BYTES: u64 = 64 << 20;
 pub struct FeedbackConfig {
     /// Route ids remembered at most (the oldest forgotten first; `--route-feedback-routes`).
     pub max_routes: usize,
-    /// How long a route id takes feedback (`--route-feedback-ttl-secs`).
+    /// How long a route id takes feedback (`--route-feedback-ttl-secs`; sharing state, also how
+    /// long its record lives in the backend).
     pub ttl: Duration,
-    /// (decision, pool) pairs with evidence kept at most (the least recently updated out first).
+    /// (decision, pool) pairs with evidence kept at most (the least recently updated out first;
+    /// sharing state, also in the backend, and read back).
     pub max_arms: usize,
     /// How many verdicts a pool's configured quality weighs as.
     pub prior_strength: f64,
@@ -91,6 +98,13 @@ struct Routes {
     issued: u64,
 }
 
+/// A feedback body read and admitted.
+#[derive(Debug)]
+enum Asked {
+    Verdict { id: String, verdict: Verdict },
+    Preference { winner: String, loser: String },
+}
+
 /// The feedback a client sends.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -121,6 +135,8 @@ pub struct Learning {
     ids: RandomState,
     /// Changed since the last save.
     dirty: AtomicBool,
+    /// The other replicas' side, once the gateway shares state ([`Learning::share`]).
+    sharing: OnceLock<sharing::Sharing>,
     /// Feedback by `kind` (`verdict`, `preference`) and `outcome` (`accepted`, `unknown_route`,
     /// `already_judged`, `invalid`, `rate_limited`, `over_weight`).
     pub counts: LabeledCounter,
@@ -149,6 +165,7 @@ impl Learning {
             rng: Mutex::new(Rng::new(seed)),
             ids: RandomState::new(),
             dirty: AtomicBool::new(false),
+            sharing: OnceLock::new(),
             counts: LabeledCounter::default(),
             config,
         })
@@ -182,8 +199,13 @@ impl Learning {
         }
         let (decision, pool) = (decision.to_owned(), pool.to_owned());
         let issued = Issued { decision, pool, quality, at: now, judged: false, caller };
+        let route = self.sharing.get().map(|_| issued.route());
         routes.map.insert(id, issued);
         routes.order.push_back(id);
+        drop(routes);
+        if let Some(route) = route {
+            self.publish(id, &route);
+        }
         id
     }
 
@@ -224,7 +246,14 @@ impl Learning {
 
     /// [`Learning::feedback`] from `caller`: a route id given to another caller is unknown to it;
     /// each caller's bodies are rate-limited, its weight in an arm bounded.
+    /// This replica alone decides (see [`Learning::judge`] for every replica's).
     pub fn feedback_from(&self, bytes: &[u8], caller: Option<[u8; 32]>) -> Result<Value, GatewayError> {
+        let asked = self.read(bytes, caller)?;
+        self.apply(&asked, caller, &[])
+    }
+
+    /// The body's request, if it is one and `caller` may send it now.
+    fn read(&self, bytes: &[u8], caller: Caller) -> Result<Asked, GatewayError> {
         let body: Body = serde_json::from_slice(bytes).map_err(|e| {
             self.count("unknown", "invalid");
             GatewayError::BadRequest(format!("feedback: {e}"))
@@ -235,9 +264,11 @@ impl Learning {
         }
         match body {
             Body { route_id: Some(id), verdict: Some(verdict), winner: None, loser: None } => {
-                self.verdict(&id, verdict, caller)
+                Ok(Asked::Verdict { id, verdict })
             }
-            Body { route_id: None, verdict: None, winner: Some(w), loser: Some(l) } => self.preference(&w, &l, caller),
+            Body { route_id: None, verdict: None, winner: Some(winner), loser: Some(loser) } => {
+                Ok(Asked::Preference { winner, loser })
+            }
             _ => {
                 self.count("unknown", "invalid");
                 Err(GatewayError::BadRequest(
@@ -248,29 +279,55 @@ impl Learning {
         }
     }
 
-    fn verdict(&self, id: &str, verdict: Verdict, caller: Caller) -> Result<Value, GatewayError> {
-        let issued = self.claim(&[id], "verdict", caller)?.remove(0);
+    /// Applies `asked` for `caller`; `remote[i]`: route `asked.ids[i]` as the backend had it,
+    /// claimed for this feedback (used when this replica does not hold it).
+    fn apply(&self, asked: &Asked, caller: Caller, remote: &[Option<Route>]) -> Result<Value, GatewayError> {
+        match asked {
+            Asked::Verdict { id, verdict } => self.verdict(id, *verdict, caller, remote),
+            Asked::Preference { winner, loser } => self.preference(winner, loser, caller, remote),
+        }
+    }
+
+    fn verdict(
+        &self,
+        id: &str,
+        verdict: Verdict,
+        caller: Caller,
+        remote: &[Option<Route>],
+    ) -> Result<Value, GatewayError> {
+        let issued = self.claim(&[id], "verdict", caller, remote)?.remove(0);
         let good = matches!(verdict, Verdict::Good);
-        let arm = {
+        let (before, arm) = {
             let mut outcomes = lock(&self.outcomes);
+            let before = outcomes.arm(&issued.decision, &issued.pool, issued.quality);
             outcomes.verdict(&issued.decision, &issued.pool, issued.quality, good);
-            outcomes.arm(&issued.decision, &issued.pool, issued.quality)
+            (before, outcomes.arm(&issued.decision, &issued.pool, issued.quality))
         };
         self.dirty.store(true, Ordering::Relaxed);
         self.count("verdict", "accepted");
+        self.push(&[(&issued, arm.since(&before))]);
         Ok(json!({"decision": issued.decision, "pool": issued.pool, "arm": arm_json(&arm)}))
     }
 
-    fn preference(&self, winner: &str, loser: &str, caller: Caller) -> Result<Value, GatewayError> {
-        let pair = self.claim(&[winner, loser], "preference", caller)?;
+    fn preference(
+        &self,
+        winner: &str,
+        loser: &str,
+        caller: Caller,
+        remote: &[Option<Route>],
+    ) -> Result<Value, GatewayError> {
+        let pair = self.claim(&[winner, loser], "preference", caller, remote)?;
         let (w, l) = (&pair[0], &pair[1]);
-        let (wa, la) = {
+        let (wb, lb, wa, la) = {
             let mut outcomes = lock(&self.outcomes);
+            let wb = outcomes.arm(&w.decision, &w.pool, w.quality);
+            let lb = outcomes.arm(&l.decision, &l.pool, l.quality);
             outcomes.preference(&w.decision, (&w.pool, w.quality), (&l.pool, l.quality));
-            (outcomes.arm(&w.decision, &w.pool, w.quality), outcomes.arm(&l.decision, &l.pool, l.quality))
+            (wb, lb, outcomes.arm(&w.decision, &w.pool, w.quality), outcomes.arm(&l.decision, &l.pool, l.quality))
         };
         self.dirty.store(true, Ordering::Relaxed);
         self.count("preference", "accepted");
+        self.push(&[(w, wa.since(&wb)), (l, la.since(&lb))]);
         Ok(json!({
             "decision": w.decision,
             "winner": {"pool": w.pool, "arm": arm_json(&wa)},
@@ -280,28 +337,29 @@ impl Learning {
 
     /// The routes `ids` name, marked judged; all or none (unknown, expired, given to another
     /// caller, judged, or, for a pair, not two pools of one decision: refused, nothing marked).
-    fn claim(&self, ids: &[&str], kind: &str, caller: Caller) -> Result<Vec<Issued>, GatewayError> {
+    /// `remote[i]`: `ids[i]`'s route claimed from the backend, for one this replica does not hold.
+    fn claim(
+        &self,
+        ids: &[&str],
+        kind: &str,
+        caller: Caller,
+        remote: &[Option<Route>],
+    ) -> Result<Vec<Issued>, GatewayError> {
         let now = Instant::now();
         let mut routes = lock(&self.routes);
         let mut found = Vec::with_capacity(ids.len());
-        for text in ids {
+        for (i, text) in ids.iter().enumerate() {
             let key = parse_id(text);
+            let local = key.and_then(|k| routes.map.get(&k)).cloned();
+            let claimed = || remote.get(i).cloned().flatten().map(|r| Issued::claimed(r, now));
             // Another caller's route is as unknown as one never given out (nothing tells them apart).
-            let issued = key
-                .and_then(|k| routes.map.get(&k))
-                .filter(|i| now.duration_since(i.at) <= self.config.ttl && i.caller == caller);
-            let Some(issued) = issued else {
-                self.count(kind, "unknown_route");
-                return Err(GatewayError::NotFound(format!(
-                    "route id `{text}` (unknown, or older than the {} s it takes feedback)",
-                    self.config.ttl.as_secs()
-                )));
-            };
+            let issued =
+                local.or_else(claimed).filter(|i| now.duration_since(i.at) <= self.config.ttl && i.caller == caller);
+            let Some(issued) = issued else { return Err(self.unknown(kind, text)) };
             if issued.judged {
-                self.count(kind, "already_judged");
-                return Err(GatewayError::Unprocessable(format!("route `{text}` was judged already")));
+                return Err(self.judged(kind, text));
             }
-            found.push((key.unwrap_or_default(), issued.clone()));
+            found.push((key.unwrap_or_default(), issued));
         }
         if let [(a, w), (b, l)] = found.as_slice()
             && (a == b || w.decision != l.decision || w.pool == l.pool)
@@ -325,6 +383,21 @@ impl Learning {
             }
         }
         Ok(found.into_iter().map(|(_, i)| i).collect())
+    }
+
+    /// Counts an unknown route id and says it.
+    fn unknown(&self, kind: &str, text: &str) -> GatewayError {
+        self.count(kind, "unknown_route");
+        GatewayError::NotFound(format!(
+            "route id `{text}` (unknown, or older than the {} s it takes feedback)",
+            self.config.ttl.as_secs()
+        ))
+    }
+
+    /// Counts a route judged already and says it.
+    fn judged(&self, kind: &str, text: &str) -> GatewayError {
+        self.count(kind, "already_judged");
+        GatewayError::Unprocessable(format!("route `{text}` was judged already"))
     }
 
     /// Counts `refusal` and says it (429: the route stays open for a later try).
@@ -417,6 +490,41 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+// === impl Asked ===
+
+impl Asked {
+    /// Its `kind` label.
+    fn kind(&self) -> &'static str {
+        match self {
+            Asked::Verdict { .. } => "verdict",
+            Asked::Preference { .. } => "preference",
+        }
+    }
+
+    /// The route ids it names (a preference's winner first).
+    fn ids(&self) -> Vec<&str> {
+        match self {
+            Asked::Verdict { id, .. } => vec![id],
+            Asked::Preference { winner, loser } => vec![winner, loser],
+        }
+    }
+}
+
+// === impl Issued ===
+
+impl Issued {
+    /// As the backend keeps it.
+    fn route(&self) -> Route {
+        Route { decision: self.decision.clone(), pool: self.pool.clone(), quality: self.quality, caller: self.caller }
+    }
+
+    /// A route claimed from the backend now (its own expiry was the backend's).
+    fn claimed(route: Route, now: Instant) -> Self {
+        let Route { decision, pool, quality, caller } = route;
+        Issued { decision, pool, quality, at: now, judged: false, caller }
+    }
+}
+
 // === impl Routes ===
 
 impl Routes {
@@ -427,168 +535,4 @@ impl Routes {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// No bound on one caller's rate or weight: these tests send everything as one caller.
-    fn learning(max_routes: usize) -> Learning {
-        let unbounded = FeedbackConfig { per_caller_per_minute: 0, caller_weight: 0, ..FeedbackConfig::default() };
-        Learning::new(FeedbackConfig { max_routes, ..unbounded }).unwrap()
-    }
-
-    fn verdict(l: &Learning, id: u64, v: &str) -> Result<Value, GatewayError> {
-        l.feedback(json!({"route_id": format_id(id), "verdict": v}).to_string().as_bytes())
-    }
-
-    #[test]
-    fn a_route_is_judged_once_and_moves_its_arm() {
-        let l = learning(10);
-        let id = l.issue("hard", "large", Some(0.8));
-        let out = verdict(&l, id, "bad").unwrap();
-        let close = |v: &Value, x: f64| (v.as_f64().unwrap() - x).abs() < 1e-9;
-        assert!(close(&out["arm"]["alpha"], 9.0), "prior 1 + 0.8 x 10, no good verdict: {out}");
-        assert!(close(&out["arm"]["beta"], 4.0), "prior 1 + 0.2 x 10, one bad verdict: {out}");
-        assert!(matches!(verdict(&l, id, "good"), Err(GatewayError::Unprocessable(_))), "judged once");
-        assert!(matches!(verdict(&l, id ^ 1, "good"), Err(GatewayError::NotFound(_))));
-        for bad in [&b"{"[..], br#"{"route_id": "x"}"#, br#"{"route_id": "x", "verdict": "meh"}"#, br#"{"extra": 1}"#] {
-            assert!(matches!(l.feedback(bad), Err(GatewayError::BadRequest(_))), "{}", String::from_utf8_lossy(bad));
-        }
-    }
-
-    #[test]
-    fn route_ids_are_bounded_and_expire() {
-        let l = learning(3);
-        let ids: Vec<u64> = (0..5).map(|_| l.issue("d", "p", None)).collect();
-        assert_eq!(l.routes_held(), 3);
-        assert!(matches!(verdict(&l, ids[0], "good"), Err(GatewayError::NotFound(_))), "pushed out");
-        assert!(verdict(&l, ids[4], "good").is_ok());
-        let short = Learning::new(FeedbackConfig { ttl: Duration::ZERO, ..FeedbackConfig::default() }).unwrap();
-        let id = short.issue("d", "p", None);
-        std::thread::sleep(Duration::from_millis(2));
-        assert!(matches!(verdict(&short, id, "good"), Err(GatewayError::NotFound(_))), "expired");
-        short.issue("d", "p", None);
-        assert_eq!(short.routes_held(), 1, "the expired one made room");
-    }
-
-    #[test]
-    fn a_forgotten_route_id_takes_no_room() {
-        let l = learning(2);
-        let (a, b) = (l.issue("d", "p", None), l.issue("d", "p", None));
-        l.forget(b);
-        assert_eq!(l.routes_held(), 1);
-        assert!(matches!(verdict(&l, b, "good"), Err(GatewayError::NotFound(_))), "forgotten");
-        l.issue("d", "p", None);
-        assert!(verdict(&l, a, "good").is_ok(), "not pushed out: the forgotten one made room");
-        l.forget(a ^ 1); // unknown: ignored
-        assert_eq!(l.routes_held(), 2);
-        // A forgotten oldest id holds back no expiry behind it.
-        let ttl = Duration::from_millis(200);
-        let short = Learning::new(FeedbackConfig { ttl, ..FeedbackConfig::default() }).unwrap();
-        let first = short.issue("d", "p", None);
-        short.issue("d", "p", None);
-        short.forget(first);
-        std::thread::sleep(ttl + Duration::from_millis(10));
-        short.issue("d", "p", None);
-        assert_eq!(short.routes_held(), 1, "the expired one behind the forgotten one made room");
-    }
-
-    #[test]
-    fn a_preference_needs_two_pools_of_one_decision() {
-        let l = learning(10);
-        let (a, b, c) = (l.issue("d", "small", None), l.issue("d", "large", None), l.issue("e", "large", None));
-        let pref = |w: u64, lo: u64| {
-            l.feedback(json!({"winner": format_id(w), "loser": format_id(lo)}).to_string().as_bytes())
-        };
-        assert!(matches!(pref(a, c), Err(GatewayError::Unprocessable(_))), "two decisions");
-        assert!(matches!(pref(a, a), Err(GatewayError::Unprocessable(_))), "one answer");
-        let out = pref(b, a).unwrap();
-        assert!(out["winner"]["arm"]["elo"].as_f64().unwrap() > model_select::ELO_START, "{out}");
-        assert!(matches!(pref(b, a), Err(GatewayError::Unprocessable(_))), "both judged");
-        assert!(verdict(&l, c, "good").is_ok(), "a refused pair marked nothing");
-    }
-
-    #[test]
-    fn the_state_file_round_trips_and_a_bad_one_stops_the_start() {
-        let dir = std::env::temp_dir().join(format!("sgl-feedback-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("state.json");
-        let _ = std::fs::remove_file(&path);
-        let config = FeedbackConfig { state_file: Some(path.clone()), ..FeedbackConfig::default() };
-        let l = Learning::new(config.clone()).unwrap();
-        assert!(!l.save().unwrap(), "nothing changed: nothing written");
-        let id = l.issue("d", "p", None);
-        verdict(&l, id, "good").unwrap();
-        assert!(l.save().unwrap());
-        let again = Learning::new(config.clone()).unwrap();
-        assert_eq!(again.snapshot(), l.snapshot());
-        assert_eq!(again.arms_held(), 1);
-        std::fs::write(&path, b"{not json").unwrap();
-        assert!(Learning::new(config).unwrap_err().contains("not a feedback state file"));
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn the_bandit_moves_to_the_pool_feedback_favours() {
-        let l = learning(10_000);
-        let candidates = [("small", Some(0.5)), ("large", Some(0.5))];
-        for _ in 0..200 {
-            let (chosen, _) = l.choose("d", &candidates, &model_select::Bandit::default());
-            let pool = candidates[chosen.unwrap()].0;
-            let id = l.issue("d", pool, Some(0.5));
-            verdict(&l, id, if pool == "large" { "good" } else { "bad" }).unwrap();
-        }
-        let large =
-            (0..1000).filter(|_| l.choose("d", &candidates, &model_select::Bandit::default()).0 == Some(1)).count();
-        assert!(large > 950, "{large} of 1000 to the pool with good verdicts");
-    }
-
-    #[test]
-    fn only_the_caller_who_got_an_answer_judges_it() {
-        let l = Learning::new(FeedbackConfig::default()).unwrap();
-        let (a, b) = (Some([1u8; 32]), Some([2u8; 32]));
-        let id = l.issue_for("d", "p", None, a);
-        let body = json!({"route_id": format_id(id), "verdict": "good"}).to_string();
-        assert!(matches!(l.feedback_from(body.as_bytes(), b), Err(GatewayError::NotFound(_))), "another tenant");
-        assert!(matches!(l.feedback_from(body.as_bytes(), None), Err(GatewayError::NotFound(_))), "anonymous");
-        assert!(l.feedback_from(body.as_bytes(), a).is_ok(), "its own caller");
-        let (x, y) = (l.issue_for("d", "small", None, a), l.issue_for("d", "large", None, b));
-        let pair = json!({"winner": format_id(x), "loser": format_id(y)}).to_string();
-        assert!(matches!(l.feedback_from(pair.as_bytes(), a), Err(GatewayError::NotFound(_))), "half another's");
-    }
-
-    #[test]
-    fn one_callers_weight_in_an_arm_and_its_rate_are_bounded() {
-        let config = FeedbackConfig { caller_weight: 5, per_caller_per_minute: 0, ..FeedbackConfig::default() };
-        let l = Learning::new(config).unwrap();
-        let (attacker, tenant) = (Some([1u8; 32]), Some([2u8; 32]));
-        let say = |caller, pool: &str| {
-            let id = l.issue_for("d", pool, None, caller);
-            l.feedback_from(json!({"route_id": format_id(id), "verdict": "good"}).to_string().as_bytes(), caller)
-        };
-        let moved = (0..50).filter(|_| say(attacker, "large").is_ok()).count();
-        assert_eq!(moved, 5, "the attacker's 50 verdicts weigh 5");
-        assert_eq!(lock(&l.outcomes).arm("d", "large", None).alpha, 6.0 + 5.0, "prior 1 + 10·0.5, then 5 good");
-        assert!(matches!(say(attacker, "large"), Err(GatewayError::FeedbackLimited(_))));
-        say(attacker, "small").expect("another arm has its own bound");
-        say(tenant, "large").expect("another caller's verdicts still count");
-        assert_eq!(l.counts.get("kind=\"verdict\",outcome=\"over_weight\""), 46);
-        // A refused verdict leaves the route open: once the bound is lifted it counts.
-        let id = l.issue_for("d", "large", None, attacker);
-        let body = json!({"route_id": format_id(id), "verdict": "bad"}).to_string();
-        assert!(l.feedback_from(body.as_bytes(), attacker).is_err());
-        *lock(&l.callers) = Callers::new(Limits { per_minute: 0, weight: 0, max_callers: 1 });
-        l.feedback_from(body.as_bytes(), attacker).expect("not judged by the refusal");
-
-        let config = FeedbackConfig { per_caller_per_minute: 3, caller_weight: 0, ..FeedbackConfig::default() };
-        let l = Learning::new(config).unwrap();
-        for _ in 0..3 {
-            assert!(matches!(l.feedback_from(b"{}", attacker), Err(GatewayError::BadRequest(_))));
-        }
-        let id = l.issue_for("d", "large", None, attacker);
-        let body = json!({"route_id": format_id(id), "verdict": "good"}).to_string();
-        assert!(matches!(l.feedback_from(body.as_bytes(), attacker), Err(GatewayError::FeedbackLimited(_))));
-        let other = l.feedback_from(body.as_bytes(), tenant);
-        assert!(matches!(other, Err(GatewayError::NotFound(_))), "not its route, and not rate-limited either");
-        assert_eq!(l.callers_held(), 2);
-    }
-}
+mod tests;

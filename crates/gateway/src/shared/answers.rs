@@ -25,9 +25,8 @@ const MAGIC: &[u8; 4] = b"SGA1";
 const MAX_WRITES: usize = 64;
 
 /// The backend's key of the request whose digest is `digest`.
-fn key(shared: &Shared, digest: &[u8; 32]) -> Vec<u8> {
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    shared.key("answer", &hex)
+fn key_of(shared: &Shared, digest: &[u8; 32]) -> Vec<u8> {
+    shared.key("answer", &hex(digest))
 }
 
 /// An answer sealed for the request `digest`.
@@ -73,7 +72,7 @@ pub(crate) async fn lookup(shared: &Shared, digest: &[u8; 32], max_body: usize) 
     if !shared.is_up() {
         return None;
     }
-    match shared.backend.cmd(&[b"GET", &key(shared, digest)]).await {
+    match shared.backend.cmd(&[b"GET", &key_of(shared, digest)]).await {
         Ok(Reply::Bulk(bytes)) => {
             let answer = open(digest, &bytes, max_body);
             let counter = if answer.is_some() { &c.cache_hits } else { &c.cache_corrupt };
@@ -105,7 +104,7 @@ pub(crate) fn store(
         shared.counters.cache_errors.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    let (shared, key, value) = (shared.clone(), key(shared, digest), seal(digest, answer));
+    let (shared, key, value) = (shared.clone(), key_of(shared, digest), seal(digest, answer));
     let ttl_ms = ttl.as_millis().max(1).to_string();
     tokio::spawn(async move {
         let r = shared.backend.cmd(&[b"SET", &key, &value, b"PX", ttl_ms.as_bytes()]).await;
@@ -117,6 +116,117 @@ pub(crate) fn store(
         };
         counter.fetch_add(1, Ordering::Relaxed);
     });
+}
+
+/// Vectors of one partition kept in the backend at most (a store past it drops one at random).
+const MAX_PARTITION_VECTORS: usize = 256;
+/// Longest vector read back (an embedding of up to 4,096 dimensions).
+const MAX_DIMENSIONS: usize = 4096;
+
+/// KEYS[1]: the partition's hash. ARGV: the entry's digest (hex), its vector, the TTL (ms), the
+/// cap. One field per entry; past the cap a random other one goes.
+const KEEP_VECTOR: &str = r"
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if redis.call('HLEN', KEYS[1]) > tonumber(ARGV[4]) then
+  local f = redis.call('HRANDFIELD', KEYS[1])
+  if f and f ~= ARGV[1] then redis.call('HDEL', KEYS[1], f) end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+";
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &[u8]) -> Option<[u8; 32]> {
+    if text.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, pair) in text.chunks_exact(2).enumerate() {
+        out[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// A vector read back, as a unit vector; `None` for one of another size, or not finite or zero.
+fn unit_vector(bytes: &[u8], dimensions: usize) -> Option<Vec<f32>> {
+    if bytes.len() != dimensions * 4 || dimensions == 0 || dimensions > MAX_DIMENSIONS {
+        return None;
+    }
+    let v: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let norm = v.iter().map(|x| f64::from(*x) * f64::from(*x)).sum::<f64>().sqrt();
+    (norm.is_finite() && norm > 0.0).then(|| v.iter().map(|x| (f64::from(*x) / norm) as f32).collect())
+}
+
+/// Keeps the semantic entry `digest`'s `vector` among its partition's in the backend (its
+/// answer is written by [`store`]), so another replica's semantic lookup finds it; in the
+/// background, bounded as [`store`] is.
+pub(crate) fn store_vector(shared: &Arc<Shared>, partition: u64, digest: &[u8; 32], vector: &[f32], ttl: Duration) {
+    let writes = &shared.counters.answer_writes;
+    if !shared.is_up() || writes.fetch_add(1, Ordering::Relaxed) >= MAX_WRITES {
+        writes.fetch_sub(1, Ordering::Relaxed);
+        shared.counters.cache_errors.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let key = shared.key("semantic", &format!("{partition:016x}"));
+    let value: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let (shared, field, ttl_ms) = (shared.clone(), hex(digest), ttl.as_millis().max(1).to_string());
+    tokio::spawn(async move {
+        let cap = MAX_PARTITION_VECTORS.to_string();
+        let args: [&[u8]; 8] =
+            [b"EVAL", KEEP_VECTOR.as_bytes(), b"1", &key, field.as_bytes(), &value, ttl_ms.as_bytes(), cap.as_bytes()];
+        let r = shared.backend.cmd(&args).await;
+        shared.counters.answer_writes.fetch_sub(1, Ordering::Relaxed);
+        if !matches!(r, Ok(Reply::Int(1))) {
+            shared.counters.cache_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+}
+
+/// The answer of the most similar question another replica kept in `partition` (everything
+/// but the last user turn the same), if one is at least `threshold` similar to `vector`: its
+/// parts and the similarity. Two round trips (the partition's vectors, then the answer).
+pub(crate) async fn lookup_similar(
+    shared: &Shared,
+    partition: u64,
+    vector: &[f32],
+    threshold: f64,
+    max_body: usize,
+) -> Option<(Parts, f64)> {
+    if !shared.is_up() {
+        return None;
+    }
+    let key = shared.key("semantic", &format!("{partition:016x}"));
+    let fields = match shared.backend.cmd(&[b"HGETALL", &key]).await {
+        Ok(Reply::Array(fields)) => fields,
+        _ => {
+            shared.counters.cache_errors.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+    };
+    let best = fields
+        .chunks_exact(2)
+        .take(MAX_PARTITION_VECTORS * 2)
+        .filter_map(|pair| {
+            let digest = unhex(pair[0].as_bytes()?)?;
+            let u = unit_vector(pair[1].as_bytes()?, vector.len())?;
+            Some((digest, model_select::cosine(vector, &u)))
+        })
+        .filter(|(_, sim)| *sim >= threshold)
+        .max_by(|a, b| a.1.total_cmp(&b.1))?;
+    let c = &shared.counters;
+    match shared.backend.cmd(&[b"GET", &key_of(shared, &best.0)]).await {
+        Ok(Reply::Bulk(bytes)) => {
+            let parts = open(&best.0, &bytes, max_body);
+            let counter = if parts.is_some() { &c.cache_semantic_hits } else { &c.cache_corrupt };
+            counter.fetch_add(1, Ordering::Relaxed);
+            parts.map(|p| (p, best.1))
+        }
+        // Its answer expired first (or was pushed out): a miss.
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -156,5 +266,69 @@ mod tests {
         }
         assert!(open(&d, b"garbage", 1 << 20).is_none());
         assert!(open(&d, &seal(&d, (500, Some(&ct), BODY)), 1 << 20).is_none(), "only successes");
+    }
+
+    /// A replica sharing state through `url`.
+    async fn replica(url: &str) -> Arc<Shared> {
+        let fleet = fleet::Fleet::start(
+            fleet::FleetConfig::unprobed(&[]),
+            None,
+            &[],
+            tokio_util::sync::CancellationToken::new(),
+        );
+        let backend = shared_state::Backend::start(shared_state::Target::parse(url).unwrap(), Default::default());
+        assert!(backend.wait_up(Duration::from_secs(10)).await);
+        Shared::start(super::super::SharedConfig { backend, prefix: "t".into() }, fleet, None)
+    }
+
+    fn unit(v: &[f32]) -> Vec<f32> {
+        let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        v.iter().map(|x| x / n).collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn another_replicas_semantic_entry_is_found_by_its_partition_and_similarity() {
+        let Ok(redis) = shared_state::testing::RedisServer::start() else {
+            assert!(std::env::var_os("CI").is_none(), "redis-server is needed under CI");
+            return;
+        };
+        let (a, b) = (replica(&redis.url()).await, replica(&redis.url()).await);
+        let (digest, partition, ttl) = ([3u8; 32], 0xabcdu64, Duration::from_secs(60));
+        let ct = json();
+        store(&a, &digest, (200, Some(&ct), BODY), ttl);
+        store_vector(&a, partition, &digest, &unit(&[1.0, 0.2, 0.0, 0.1]), ttl);
+        for _ in 0..400 {
+            if a.counters.answer_writes.load(Ordering::Relaxed) == 0
+                && a.counters.cache_stores.load(Ordering::Relaxed) == 1
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        // A similar question in the same partition: the kept answer, with its similarity.
+        let (parts, sim) = lookup_similar(&b, partition, &unit(&[1.0, 0.25, 0.0, 0.1]), 0.95, 1 << 20).await.unwrap();
+        assert_eq!(parts, (200, Some(json()), Bytes::from_static(BODY)));
+        assert!(sim > 0.99 && sim <= 1.0 + 1e-6, "{sim}");
+        assert_eq!(b.counters.cache_semantic_hits.load(Ordering::Relaxed), 1);
+        // Not a dissimilar one, nor one of another partition, nor one of another size.
+        assert!(lookup_similar(&b, partition, &unit(&[0.0, 0.0, 1.0, 0.0]), 0.95, 1 << 20).await.is_none());
+        assert!(lookup_similar(&b, 0x1234, &unit(&[1.0, 0.2, 0.0, 0.1]), 0.95, 1 << 20).await.is_none());
+        assert!(lookup_similar(&b, partition, &unit(&[1.0, 0.2, 0.0]), 0.5, 1 << 20).await.is_none());
+        // Its answer gone (expired, pushed out): a miss, not an error.
+        b.backend.cmd(&[b"DEL", &key_of(&b, &digest)]).await.unwrap();
+        assert!(lookup_similar(&b, partition, &unit(&[1.0, 0.2, 0.0, 0.1]), 0.95, 1 << 20).await.is_none());
+    }
+
+    #[test]
+    fn vectors_read_back_are_checked_and_made_unit() {
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let u = unit_vector(&bytes(&[3.0, 4.0]), 2).unwrap();
+        assert!((u[0] - 0.6).abs() < 1e-6 && (u[1] - 0.8).abs() < 1e-6);
+        assert!(unit_vector(&bytes(&[3.0, 4.0]), 3).is_none(), "another size");
+        assert!(unit_vector(&bytes(&[0.0, 0.0]), 2).is_none(), "zero");
+        assert!(unit_vector(&bytes(&[f32::NAN, 1.0]), 2).is_none(), "not finite");
+        assert!(unit_vector(b"abc", 1).is_none());
+        assert_eq!(unhex(hex(&[7u8; 32]).as_bytes()), Some([7u8; 32]));
+        assert!(unhex(b"zz").is_none() && unhex(&[b'g'; 64]).is_none());
     }
 }

@@ -1,11 +1,13 @@
 //! State shared with the other router replicas through a Redis-protocol backend (Valkey or
 //! Redis, `--shared-state`): owns the backend's handle, this replica's id, the keys' prefix,
 //! and what the replicas tell each other of their placements and loads ([`placements`]),
-//! the response cache's shared answers ([`answers`]) and the tenants' shared buckets
-//! ([`tenants`]). Nothing here ever holds a request beyond the backend's command deadline:
+//! the response cache's shared answers ([`answers`]), the tenants' shared buckets
+//! ([`tenants`]) and route feedback: route ids, their claims and every arm's evidence
+//! ([`feedback`]). Nothing here ever holds a request beyond the backend's command deadline:
 //! with the backend gone every replica routes alone, and says so.
 
 pub(crate) mod answers;
+pub(crate) mod feedback;
 mod placements;
 pub(crate) mod tenants;
 mod wire;
@@ -63,6 +65,8 @@ pub(crate) struct Counters {
     pub(crate) placements_dropped: AtomicU64,
     pub(crate) placements_applied: AtomicU64,
     pub(crate) cache_hits: AtomicU64,
+    /// Semantic hits: a similar question's answer another replica kept.
+    pub(crate) cache_semantic_hits: AtomicU64,
     pub(crate) cache_misses: AtomicU64,
     /// Stored answers that failed their integrity check.
     pub(crate) cache_corrupt: AtomicU64,
@@ -73,6 +77,26 @@ pub(crate) struct Counters {
     /// Tenant charges decided by the backend, and by the local buckets instead.
     pub(crate) tenant_shared: AtomicU64,
     pub(crate) tenant_local: AtomicU64,
+    /// Route ids being written to the backend now.
+    pub(crate) route_writes: std::sync::atomic::AtomicUsize,
+    pub(crate) routes_written: AtomicU64,
+    /// Route ids not written (the backend out of reach or failing, a name too long, or too
+    /// many writes under way): their feedback is taken by this replica only.
+    pub(crate) routes_unwritten: AtomicU64,
+    /// Feedback claims in the backend, by what they found.
+    pub(crate) claims_claimed: AtomicU64,
+    pub(crate) claims_judged: AtomicU64,
+    pub(crate) claims_unknown: AtomicU64,
+    pub(crate) claims_local: AtomicU64,
+    /// Claims undone because this replica refused the feedback after all, and failed undos.
+    pub(crate) claims_returned: AtomicU64,
+    pub(crate) claims_unreturned: AtomicU64,
+    /// Accepted feedback added to the shared evidence, or kept by this replica only.
+    pub(crate) evidence_shared: AtomicU64,
+    pub(crate) evidence_local: AtomicU64,
+    /// Readings of every arm's shared evidence, and those that failed.
+    pub(crate) arm_refreshes: AtomicU64,
+    pub(crate) arm_refresh_failures: AtomicU64,
 }
 
 impl std::fmt::Debug for Shared {
@@ -177,6 +201,7 @@ impl Shared {
         }
         let cache = [
             ("hit", n(&c.cache_hits)),
+            ("hit_semantic", n(&c.cache_semantic_hits)),
             ("miss", n(&c.cache_misses)),
             ("corrupt", n(&c.cache_corrupt)),
             ("error", n(&c.cache_errors)),
@@ -199,6 +224,60 @@ impl Shared {
         );
         let _ = writeln!(out, "router_shared_tenant_charges_total{{decided=\"shared\"}} {}", n(&c.tenant_shared));
         let _ = writeln!(out, "router_shared_tenant_charges_total{{decided=\"local\"}} {}", n(&c.tenant_local));
+        self.render_feedback(out);
+    }
+
+    /// Route feedback's series.
+    fn render_feedback(&self, out: &mut String) {
+        let c = &self.counters;
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        by_outcome(
+            out,
+            (
+                "router_shared_route_ids_total",
+                "Route ids (x-route-id) written to the backend, so that any replica takes their feedback, or not (kept by this replica only).",
+            ),
+            &[("written", n(&c.routes_written)), ("unwritten", n(&c.routes_unwritten))],
+        );
+        by_outcome(
+            out,
+            (
+                "router_shared_route_claims_total",
+                "Feedback's route ids claimed in the backend, by what the claim found (local_fallback: the backend out of reach or late, this replica decided alone; returned: undone after this replica refused the feedback).",
+            ),
+            &[
+                ("claimed", n(&c.claims_claimed)),
+                ("judged_elsewhere", n(&c.claims_judged)),
+                ("unknown", n(&c.claims_unknown)),
+                ("local_fallback", n(&c.claims_local)),
+                ("returned", n(&c.claims_returned)),
+                ("unreturned", n(&c.claims_unreturned)),
+            ],
+        );
+        by_outcome(
+            out,
+            (
+                "router_shared_feedback_evidence_total",
+                "Accepted feedback added to its arm's shared evidence, or kept by this replica only (the backend out of reach or failing, or the queue full).",
+            ),
+            &[("shared", n(&c.evidence_shared)), ("local", n(&c.evidence_local))],
+        );
+        by_outcome(
+            out,
+            (
+                "router_shared_arm_refreshes_total",
+                "Readings of every arm's shared evidence into this replica's bandit (every second), and those that failed.",
+            ),
+            &[("ok", n(&c.arm_refreshes)), ("failed", n(&c.arm_refresh_failures))],
+        );
+    }
+}
+
+/// One counter `name` by `outcome`.
+fn by_outcome(out: &mut String, (name, help): (&str, &str), values: &[(&str, u64)]) {
+    head(out, name, "counter", help);
+    for (outcome, v) in values {
+        let _ = writeln!(out, "{name}{{outcome=\"{outcome}\"}} {v}");
     }
 }
 

@@ -12,7 +12,7 @@ use crate::usage::UsageError;
 
 const GRPC: &str = "encode workers, EPD and gRPC/ZMQ workers are not built (issue 31): workers here speak HTTP";
 const MM: &str = "media is relayed to the engine untouched here: the engine fetches and preprocesses it (multimodal cache keys are issue 34)";
-const MESH: &str = "no HA mesh here: replicas catch up with --index-peers (shared state is issue 33)";
+const MESH: &str = "no HA mesh here: replicas catch up with --index-peers and share placements, loads, cached answers, route feedback and tenant limits through `--shared-state` (a Valkey or Redis server)";
 const STORAGE: &str = "the Responses and Conversations APIs and their storage are not served by this router";
 const PLUGIN: &str = "MCP tools and WASM plugins are not served by this router";
 const RL: &str = "the RL control plane (/v1/rl) is not served by this router";

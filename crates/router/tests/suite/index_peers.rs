@@ -47,6 +47,7 @@ fn peers(urls: Vec<String>) -> PeerSetup {
         api_key: Some(ADMIN_KEY.into()),
         timeout: Duration::from_secs(10),
         limits: fleet::SnapshotLimits { max_blocks: 1 << 20, max_bytes: 64 << 20 },
+        shared: None,
     }
 }
 

@@ -34,6 +34,7 @@ mod regret;
 mod response_cache;
 mod route_feedback;
 mod routing_demo;
+mod shared_feedback;
 mod shared_state;
 mod shutdown;
 mod smg_compat;

@@ -5,6 +5,9 @@
 //! restarts empty or answers garbage costs sharing, never a request.
 
 use crate::common;
+use common::shared::{redis, sharing};
+
+const WHAT: &str = "the shared-state tests";
 
 use std::time::{Duration, Instant};
 
@@ -12,31 +15,7 @@ use common::app::{admin_get, config, engine_config, metric, pools, start};
 use gateway::pipeline::tenant_limits::{Limits, TenantLimitsConfig};
 use mock_engine::{Faults, MockEngine, MockEngineConfig};
 use serde_json::{Value, json};
-use sgl_router::app::{AppConfig, PolicyConfig};
-use sgl_router::config::SharedStateSetup;
-use shared_state::testing::RedisServer;
-
-/// A redis-server, or `None` (with a line saying the tests are skipped) when there is none
-/// here; under CI (`CI` set) it must be there.
-async fn redis() -> Option<RedisServer> {
-    use std::io::Write;
-    match RedisServer::start() {
-        Ok(r) => Some(r),
-        Err(e) if std::env::var_os("CI").is_none() => {
-            let _ = writeln!(std::io::stderr(), "SKIPPED: the shared-state tests need redis-server ({e})");
-            None
-        }
-        Err(e) => panic!("redis-server is needed under CI: {e}"),
-    }
-}
-
-/// `c` sharing state through `url` under `prefix`.
-fn sharing(mut c: AppConfig, url: &str, prefix: &str) -> AppConfig {
-    let options = shared_state::Options { command_timeout: Duration::from_millis(250), ..Default::default() };
-    let target = shared_state::Target::parse(url).unwrap();
-    c.shared_state = Some(SharedStateSetup { target, options, prefix: prefix.into() });
-    c
-}
+use sgl_router::app::PolicyConfig;
 
 /// Each worker's load as `router`'s `/workers` says it: (URL, requests in flight).
 async fn in_flight(router: &str) -> Vec<(String, u64)> {
@@ -51,7 +30,7 @@ fn chat(text: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_replicas_requests_in_flight_count_in_the_others_view_of_the_workers() {
-    let Some(redis) = redis().await else { return };
+    let Some(redis) = redis(WHAT) else { return };
     let held = MockEngineConfig { record_requests: true, ..engine_config() };
     let (w0, w1) = (MockEngine::spawn(held.clone()).await.unwrap(), MockEngine::spawn(held).await.unwrap());
     for w in [&w0, &w1] {
@@ -129,7 +108,7 @@ async fn explain(url: &str, body: &Value) -> (Value, Vec<(String, u64)>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefix_placed_through_one_replica_is_pending_on_that_worker_for_the_other() {
-    let Some(redis) = redis().await else { return };
+    let Some(redis) = redis(WHAT) else { return };
     let held = MockEngineConfig { record_requests: true, ..engine_config() };
     let (w0, w1) = (MockEngine::spawn(held.clone()).await.unwrap(), MockEngine::spawn(held).await.unwrap());
     for w in [&w0, &w1] {
@@ -184,7 +163,7 @@ async fn a_prefix_placed_through_one_replica_is_pending_on_that_worker_for_the_o
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_cached_through_one_replica_is_answered_by_the_other_and_a_corrupt_one_is_not() {
-    let Some(redis) = redis().await else { return };
+    let Some(redis) = redis(WHAT) else { return };
     let (routing, engines) = pools("tests/routing/cache.yaml").await;
     let replica = || {
         let mut c = config(&[], PolicyConfig::RoundRobin, false);
@@ -248,7 +227,7 @@ async fn an_answer_cached_through_one_replica_is_answered_by_the_other_and_a_cor
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_limit_holds_across_replicas_and_alone_when_the_backend_is_gone() {
-    let Some(mut redis) = redis().await else { return };
+    let Some(mut redis) = redis(WHAT) else { return };
     let w = MockEngine::spawn(engine_config()).await.unwrap();
     let limited = || {
         let mut c = config(&[&w], PolicyConfig::RoundRobin, false);
@@ -337,4 +316,130 @@ async fn a_backend_answering_garbage_or_nothing_costs_no_request() {
         assert_eq!(metric(&r.url, "router_shared_state_up").await, 0.0, "{url}");
         let _ = r.stop.send(());
     }
+}
+
+/// A TCP proxy to `to` whose answers are held `delay` milliseconds each (changed at will).
+async fn delay_proxy(to: String, delay: std::sync::Arc<std::sync::atomic::AtomicU64>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("redis://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(&to).await else { continue };
+            let delay = delay.clone();
+            let ((mut cr, mut cw), (mut sr, mut sw)) = (client.into_split(), server.into_split());
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut cr, &mut sw).await;
+            });
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n) = sr.read(&mut buf).await {
+                    let wait = delay.load(std::sync::atomic::Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(wait)).await;
+                    if n == 0 || cw.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_backend_costs_a_request_one_deadline_at_most_and_sharing_resumes_once_it_is_fast() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let Some(redis) = redis(WHAT) else { return };
+    let delay = std::sync::Arc::new(AtomicU64::new(0));
+    let url = delay_proxy(format!("127.0.0.1:{}", redis.port()), delay.clone()).await;
+    let w = MockEngine::spawn(engine_config()).await.unwrap();
+    let mut c = config(&[&w], PolicyConfig::RoundRobin, false);
+    let default = Limits { requests_per_minute: 1000, tokens_per_minute: 1_000_000 };
+    c.tenant_limits = Some(TenantLimitsConfig { default, tenants: Default::default() });
+    let r = start(sharing(c, &url, "slow")).await;
+    common::eventually("the backend reached", async || metric(&r.url, "router_shared_state_up").await == 1.0).await;
+    let http = reqwest::Client::new();
+    let timed = async || {
+        let started = Instant::now();
+        let resp = http.post(format!("{}/v1/chat/completions", r.url)).json(&chat("hi")).send().await.unwrap();
+        (resp.status().as_u16(), started.elapsed())
+    };
+    let shared = async || metric(&r.url, "router_shared_tenant_charges_total{decided=\"shared\"}").await;
+    assert_eq!(timed().await.0, 200);
+    assert_eq!(shared().await, 1.0);
+
+    // Every answer of the backend two seconds late: a request waits one deadline (250 ms) at
+    // most, then the replica decides alone.
+    delay.store(2000, Relaxed);
+    for _ in 0..5 {
+        let (status, took) = timed().await;
+        assert_eq!(status, 200);
+        assert!(took < Duration::from_millis(1500), "held by a slow backend: {took:?}");
+    }
+    assert_eq!(metric(&r.url, "router_shared_state_up").await, 0.0, "a late backend is dropped");
+    assert!(metric(&r.url, "router_shared_state_command_errors_total{error=\"timeout\"}").await >= 1.0);
+    assert!(metric(&r.url, "router_shared_tenant_charges_total{decided=\"local\"}").await >= 4.0);
+
+    // Fast again: back to sharing within seconds.
+    delay.store(0, Relaxed);
+    common::eventually("the backend back", async || metric(&r.url, "router_shared_state_up").await == 1.0).await;
+    let before = shared().await;
+    assert_eq!(timed().await.0, 200);
+    assert_eq!(shared().await, before + 1.0, "charged in the backend again");
+    let _ = r.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_replica_catches_up_from_one_announced_in_the_backend() {
+    let Some(redis) = redis(WHAT) else { return };
+    // Publishers that keep 16 batches: the traffic below outruns them.
+    let c = MockEngineConfig { replay_buffer_steps: 16, ..engine_config() };
+    let ws = [MockEngine::spawn(c.clone()).await.unwrap(), MockEngine::spawn(c).await.unwrap()];
+    let refs: Vec<&MockEngine> = ws.iter().collect();
+    let a = start(sharing(config(&refs, PolicyConfig::cache_aware(), true), &redis.url(), "members")).await;
+    let prompt =
+        |i: usize| common::app::chat(&format!("conversation {i:04}: {}", "the quick brown fox ".repeat(40)), "hi");
+    for i in 0..64 {
+        assert!(common::app::post(&format!("{}/v1/chat/completions", a.url), &prompt(i)).await.status().is_success());
+    }
+    let known = async |url: &str, body: &Value| {
+        let (_, matched) = explain(url, body).await;
+        matched.iter().map(|(_, n)| *n).max().unwrap_or(0)
+    };
+    common::eventually("A indexes the last prompt", async || known(&a.url, &prompt(63)).await > 0).await;
+    let first = known(&a.url, &prompt(0)).await;
+    assert!(first > 200, "A knows the first prompt: {first}");
+    // A announces itself (what --shared-state-advertise-url does once it has caught up).
+    let stop = tokio_util::sync::CancellationToken::new();
+    let backend = shared_state::Backend::start(shared_state::Target::parse(&redis.url()).unwrap(), Default::default());
+    tokio::spawn(sgl_router::members::announce(backend.clone(), "members".into(), a.url.clone(), stop.clone()));
+    common::eventually("A announced", async || {
+        sgl_router::members::peers(&backend, "members", None, Duration::from_secs(1)).await == vec![a.url.clone()]
+    })
+    .await;
+    // C starts late, with no --index-peers: it finds A through the backend and copies its index.
+    let mut cc = sharing(config(&refs, PolicyConfig::cache_aware(), true), &redis.url(), "members");
+    let setup = cc.shared_state.clone().unwrap();
+    cc.index_peers = Some(sgl_router::peers::PeerSetup {
+        urls: Vec::new(),
+        selector: None,
+        api_key: Some(common::app::ADMIN_KEY.into()),
+        timeout: Duration::from_secs(10),
+        limits: fleet::SnapshotLimits { max_blocks: 1 << 20, max_bytes: 64 << 20 },
+        shared: Some(sgl_router::peers::SharedPeers {
+            target: setup.target,
+            options: setup.options,
+            prefix: setup.prefix,
+            me: Some("http://c.invalid:1".into()),
+        }),
+    });
+    let c = start(cc).await;
+    common::eventually("C knows the first prompt as A does", async || known(&c.url, &prompt(0)).await == first).await;
+    // Taken back when A stops announcing.
+    stop.cancel();
+    common::eventually("A's announcement taken back", async || {
+        sgl_router::members::peers(&backend, "members", None, Duration::from_secs(1)).await.is_empty()
+    })
+    .await;
+    let _ = (a.stop.send(()), c.stop.send(()));
 }
