@@ -121,7 +121,8 @@ pub(crate) fn gateway_config(config: &AppConfig) -> GatewayConfig {
         tracer: config.trace.clone().map(otlp::Tracer::start),
         routing_key_headers: config.routing_key_headers.clone(),
         shared_state: config.shared_state.as_ref().map(|s| gateway::shared::SharedConfig {
-            backend: shared_state::Backend::start(s.target.clone(), s.options.clone()),
+            target: s.target.clone(),
+            options: s.options.clone(),
             prefix: s.prefix.clone(),
         }),
     }

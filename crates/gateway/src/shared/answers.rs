@@ -276,9 +276,10 @@ mod tests {
             &[],
             tokio_util::sync::CancellationToken::new(),
         );
-        let backend = shared_state::Backend::start(shared_state::Target::parse(url).unwrap(), Default::default());
-        assert!(backend.wait_up(Duration::from_secs(10)).await);
-        Shared::start(super::super::SharedConfig { backend, prefix: "t".into() }, fleet, None)
+        let (target, options) = (shared_state::Target::parse(url).unwrap(), Default::default());
+        let shared = Shared::start(super::super::SharedConfig { target, options, prefix: "t".into() }, fleet, None);
+        assert!(shared.backend.wait_up(Duration::from_secs(10)).await);
+        shared
     }
 
     fn unit(v: &[f32]) -> Vec<f32> {

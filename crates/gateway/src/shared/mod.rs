@@ -28,12 +28,20 @@ use crate::metrics::head;
 
 /// Placements queued for the publisher at most; past it they are dropped (counted).
 const QUEUE: usize = 4096;
+/// Largest placements message read (or written: a batch stops short of it).
+pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+/// Pages queued for the publisher at most (2 MiB of hashes); past it a placement goes without
+/// its pages (its load still counts).
+const MAX_QUEUED_PAGES: usize = 1 << 18;
 
 /// How the replicas share state.
 #[derive(Debug, Clone)]
 pub struct SharedConfig {
-    /// The backend (started: it connects, and reconnects, on its own).
-    pub backend: Backend,
+    /// Where the backend is.
+    pub target: shared_state::Target,
+    /// Its deadlines and bounds (the placements' subscription reads messages of at most
+    /// [`MAX_MESSAGE_BYTES`] whatever they say).
+    pub options: shared_state::Options,
     /// Every key and channel starts with it (`--shared-state-prefix`): routers of one
     /// deployment share one, and nothing with another's.
     pub prefix: String,
@@ -49,6 +57,8 @@ pub struct Shared {
     queue: mpsc::Sender<wire::Placement>,
     /// The other replicas, as last heard.
     remote: Mutex<placements::Remote>,
+    /// Pages in the placements queued now (at most [`MAX_QUEUED_PAGES`]).
+    queued_pages: std::sync::atomic::AtomicUsize,
     pub(crate) counters: Counters,
 }
 
@@ -111,17 +121,21 @@ impl Shared {
     /// On the current tokio runtime; the tasks end with the backend's handle dropped.
     pub fn start(config: SharedConfig, fleet: Arc<Fleet>, index: Option<Arc<KvIndex>>) -> Arc<Shared> {
         let (queue, rx) = mpsc::channel(QUEUE);
+        let subscriber = shared_state::Options { max_reply_bytes: MAX_MESSAGE_BYTES, ..config.options.clone() };
+        let subscriber = Backend::start(config.target.clone(), subscriber);
+        let backend = Backend::start(config.target, config.options);
         let replica = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
         let shared = Arc::new(Shared {
-            backend: config.backend,
+            backend,
             prefix: config.prefix,
             replica,
             queue,
             remote: Mutex::new(placements::Remote::default()),
+            queued_pages: std::sync::atomic::AtomicUsize::new(0),
             counters: Counters::default(),
         });
         tokio::spawn(placements::publish(Arc::downgrade(&shared), fleet.clone(), rx));
-        tokio::spawn(placements::follow(Arc::downgrade(&shared), fleet, index));
+        tokio::spawn(placements::follow(Arc::downgrade(&shared), subscriber, fleet, index));
         shared
     }
 
@@ -286,11 +300,23 @@ impl planner::Placements for Shared {
         if !self.is_up() {
             return;
         }
-        let pages = pages[..pages.len().min(wire::MAX_PAGES)].to_vec();
-        let placement = wire::Placement { url: worker.url.to_string(), uncached, pages };
-        if self.queue.try_send(placement).is_err() {
+        let mut n = pages.len().min(wire::MAX_PAGES);
+        if self.queued_pages.fetch_add(n, Ordering::Relaxed) + n > MAX_QUEUED_PAGES {
+            self.queued_pages.fetch_sub(n, Ordering::Relaxed);
+            n = 0;
+        }
+        let placement = wire::Placement { url: worker.url.to_string(), uncached, pages: pages[..n].to_vec() };
+        if let Err(e) = self.queue.try_send(placement) {
+            self.queued_pages.fetch_sub(e.into_inner().pages.len(), Ordering::Relaxed);
             self.counters.placements_dropped.fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+impl Shared {
+    /// A placement taken off the queue: its pages no longer count against the bound.
+    fn dequeued(&self, placement: &wire::Placement) {
+        self.queued_pages.fetch_sub(placement.pages.len(), Ordering::Relaxed);
     }
 }
 

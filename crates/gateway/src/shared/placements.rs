@@ -27,8 +27,9 @@ const HEARTBEAT: Duration = Duration::from_millis(500);
 const STALE: Duration = Duration::from_millis(1500);
 /// Other replicas remembered at most (past it, new ones are not counted).
 const MAX_REPLICAS: usize = 256;
-/// Messages received and not yet applied at most (past it the subscription drops them).
-const INBOX: usize = 1024;
+/// Messages received and not yet applied at most (past it the subscription drops them): with
+/// messages of at most [`super::MAX_MESSAGE_BYTES`], 64 MiB at worst.
+const INBOX: usize = 64;
 
 /// The other replicas' loads, as last heard.
 #[derive(Debug, Default)]
@@ -105,8 +106,14 @@ pub(super) async fn publish(shared: Weak<Shared>, fleet: Arc<Fleet>, mut rx: mps
         tokio::select! {
             p = rx.recv() => {
                 let Some(p) = p else { return };
+                // Within one message's bytes (each placement's URL, counts and pages).
+                let mut bytes = 64 + p.url.len() + 14 + 8 * p.pages.len();
                 batch.placements.push(p);
-                while batch.placements.len() < MAX_ITEMS && let Ok(p) = rx.try_recv() {
+                while batch.placements.len() < MAX_ITEMS
+                    && bytes < super::MAX_MESSAGE_BYTES / 2
+                    && let Ok(p) = rx.try_recv()
+                {
+                    bytes += p.url.len() + 14 + 8 * p.pages.len();
                     batch.placements.push(p);
                 }
             }
@@ -121,6 +128,7 @@ pub(super) async fn publish(shared: Weak<Shared>, fleet: Arc<Fleet>, mut rx: mps
             }
         }
         let Some(shared) = shared.upgrade() else { return };
+        batch.placements.iter().for_each(|p| shared.dequeued(p));
         if batch.is_empty() {
             continue;
         }
@@ -148,10 +156,15 @@ pub(super) async fn publish(shared: Weak<Shared>, fleet: Arc<Fleet>, mut rx: mps
 
 /// Follows the other replicas' messages: their placements credited to `index` as pending, and
 /// their loads added to `fleet`'s workers' (stale ones dropped every [`LOAD_EVERY`]).
-pub(super) async fn follow(shared: Weak<Shared>, fleet: Arc<Fleet>, index: Option<Arc<KvIndex>>) {
+pub(super) async fn follow(
+    shared: Weak<Shared>,
+    subscriber: shared_state::Backend,
+    fleet: Arc<Fleet>,
+    index: Option<Arc<KvIndex>>,
+) {
     let mut inbox = {
         let Some(s) = shared.upgrade() else { return };
-        s.backend.subscribe(vec![s.key("placements", "v1")], INBOX)
+        subscriber.subscribe(vec![s.key("placements", "v1")], INBOX)
     };
     let mut tick = tokio::time::interval(LOAD_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
