@@ -9,6 +9,8 @@
 #   bash benches/replicas.sh [TRACE] [REQUESTS] [SPEEDUP]
 # ENGINE_SPEEDUP (default SPEEDUP): the engines' own speed-up; a trace replayed faster than
 # the engines run saturates them (SPEEDUP=40 ENGINE_SPEEDUP=10: four times the load).
+# MAX_OUTPUT (default 0: one token): generate the trace's output lengths up to N tokens, so
+# that requests stay in flight long enough for the load to steer placements.
 # RUNS="1 4 4s": only these (N: N replicas alone, Ns: N replicas sharing).
 # Needs nginx and redis-server (apt-get install nginx-light redis-server), curl, python3.
 set -euo pipefail
@@ -66,7 +68,7 @@ for run in "${runs[@]}"; do
   ready http://127.0.0.1:32100/health
   name="$n replica$([ "$n" = 1 ] || echo s)$([ "$run" = "$n" ] || echo ", shared")"
   out=$("$BIN/sgl-router-bench" live --trace "$TRACE" --limit "$REQUESTS" --speedup "$SPEEDUP" \
-    --router "r$run=http://127.0.0.1:32100")
+    --max-output "${MAX_OUTPUT:-0}" --router "r$run=http://127.0.0.1:32100")
   # Each engine's requests served: the hottest one's share over the mean.
   counts=""
   for u in "${urls[@]}"; do counts+="$(curl -sf "$u/admin/state") "; done

@@ -305,7 +305,8 @@ impl planner::Placements for Shared {
             self.queued_pages.fetch_sub(n, Ordering::Relaxed);
             n = 0;
         }
-        let placement = wire::Placement { url: worker.url.to_string(), uncached, pages: pages[..n].to_vec() };
+        let placement =
+            wire::Placement { url: worker.url.to_string(), requests: 1, uncached, pages: pages[..n].to_vec() };
         if let Err(e) = self.queue.try_send(placement) {
             self.queued_pages.fetch_sub(e.into_inner().pages.len(), Ordering::Relaxed);
             self.counters.placements_dropped.fetch_add(1, Ordering::Relaxed);

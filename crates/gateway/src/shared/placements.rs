@@ -19,6 +19,8 @@ use tracing::warn;
 use super::Shared;
 use super::wire::{Batch, MAX_ITEMS, Placement};
 
+/// How long a replica gathers placements before it sends them (one message, not one a request).
+const LINGER: Duration = Duration::from_millis(2);
 /// How often a replica says its load on every worker (when it changed; every
 /// [`HEARTBEAT`] in any case, so the others know it is there).
 const LOAD_EVERY: Duration = Duration::from_millis(50);
@@ -66,7 +68,7 @@ impl Remote {
         }
         for p in &batch.placements {
             let l = r.loads.entry(p.url.clone()).or_default();
-            l.in_flight = l.in_flight.saturating_add(1);
+            l.in_flight = l.in_flight.saturating_add(p.requests);
             l.uncached_tokens = l.uncached_tokens.saturating_add(p.uncached);
         }
         // One replica's word on a worker never exceeds what every worker could hold at once.
@@ -106,15 +108,25 @@ pub(super) async fn publish(shared: Weak<Shared>, fleet: Arc<Fleet>, mut rx: mps
         tokio::select! {
             p = rx.recv() => {
                 let Some(p) = p else { return };
-                // Within one message's bytes (each placement's URL, counts and pages).
-                let mut bytes = 64 + p.url.len() + 14 + 8 * p.pages.len();
-                batch.placements.push(p);
-                while batch.placements.len() < MAX_ITEMS
-                    && bytes < super::MAX_MESSAGE_BYTES / 2
-                    && let Ok(p) = rx.try_recv()
-                {
-                    bytes += p.url.len() + 14 + 8 * p.pages.len();
-                    batch.placements.push(p);
+                tokio::time::sleep(LINGER).await;
+                // Within one message's bytes (each placement's URL, counts and pages); those
+                // without pages merged per worker.
+                let mut bytes = 64;
+                let mut next = Some(p);
+                while let Some(p) = next.take().or_else(|| rx.try_recv().ok()) {
+                    match batch.placements.iter_mut().find(|q| q.pages.is_empty() && p.pages.is_empty() && q.url == p.url) {
+                        Some(q) => {
+                            q.requests = q.requests.saturating_add(p.requests);
+                            q.uncached = q.uncached.saturating_add(p.uncached);
+                        }
+                        None => {
+                            bytes += p.url.len() + 18 + 8 * p.pages.len();
+                            batch.placements.push(p);
+                        }
+                    }
+                    if batch.placements.len() >= MAX_ITEMS || bytes >= super::MAX_MESSAGE_BYTES / 2 {
+                        break;
+                    }
                 }
             }
             _ = tick.tick() => {
@@ -134,7 +146,7 @@ pub(super) async fn publish(shared: Weak<Shared>, fleet: Arc<Fleet>, mut rx: mps
         }
         batch.replica = shared.replica;
         let c = &shared.counters;
-        let placed = batch.placements.len() as u64;
+        let placed: u64 = batch.placements.iter().map(|p| u64::from(p.requests)).sum();
         if !shared.is_up() {
             c.messages_unsent.fetch_add(1, Ordering::Relaxed);
             c.placements_dropped.fetch_add(placed, Ordering::Relaxed);
@@ -178,6 +190,10 @@ pub(super) async fn follow(
         let now = Instant::now();
         let mut remote = shared.remote.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(m) = message {
+            // This replica's own, back from the channel: not even decoded.
+            if Batch::sender(&m.payload) == Some(shared.replica) {
+                continue;
+            }
             shared.counters.messages_received.fetch_add(1, Ordering::Relaxed);
             let batch = match Batch::decode(&m.payload) {
                 Ok(b) => b,
@@ -200,7 +216,8 @@ pub(super) async fn follow(
                     }
                 }
             }
-            shared.counters.placements_applied.fetch_add(batch.placements.len() as u64, Ordering::Relaxed);
+            let applied: u64 = batch.placements.iter().map(|p| u64::from(p.requests)).sum();
+            shared.counters.placements_applied.fetch_add(applied, Ordering::Relaxed);
         } else {
             remote.forget_stale(now);
         }
@@ -220,7 +237,7 @@ mod tests {
     use super::*;
 
     fn placement(url: &str, uncached: u64) -> Placement {
-        Placement { url: url.into(), uncached, pages: Vec::new() }
+        Placement { url: url.into(), requests: 1, uncached, pages: Vec::new() }
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use router_types::{BlockHash, Load};
 
 /// The first bytes of every message (the format's version is its last byte).
-const MAGIC: &[u8; 4] = b"SGP1";
+const MAGIC: &[u8; 4] = b"SGP2";
 /// Pages of one placement shared at most: its prompt's first ones (deeper pages change few
 /// decisions, and a message stays small).
 pub(crate) const MAX_PAGES: usize = 4096;
@@ -15,11 +15,13 @@ pub(crate) const MAX_ITEMS: usize = 4096;
 /// Longest worker URL.
 const MAX_URL: usize = 2048;
 
-/// One request placed on a worker.
+/// Requests placed on a worker: one with its pages, or several without (merged).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Placement {
     pub(crate) url: String,
-    /// The prefill it owes the worker (its prompt's tokens the worker does not hold).
+    /// How many requests (1 for one with pages).
+    pub(crate) requests: u32,
+    /// The prefill they owe the worker (their prompts' tokens the worker does not hold).
     pub(crate) uncached: u64,
     /// The pages credited to the worker as pending (empty: none).
     pub(crate) pages: Vec<BlockHash>,
@@ -58,7 +60,7 @@ impl Batch {
 
     /// The message's bytes.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let pages: usize = self.placements.iter().map(|p| p.pages.len().min(MAX_PAGES) * 8 + p.url.len() + 14).sum();
+        let pages: usize = self.placements.iter().map(|p| p.pages.len().min(MAX_PAGES) * 8 + p.url.len() + 18).sum();
         let mut out = Vec::with_capacity(32 + pages);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&self.replica.to_le_bytes());
@@ -66,6 +68,7 @@ impl Batch {
         out.extend_from_slice(&(placements.len() as u32).to_le_bytes());
         for p in placements {
             url(&mut out, &p.url);
+            out.extend_from_slice(&p.requests.to_le_bytes());
             out.extend_from_slice(&p.uncached.to_le_bytes());
             let pages = &p.pages[..p.pages.len().min(MAX_PAGES)];
             out.extend_from_slice(&(pages.len() as u32).to_le_bytes());
@@ -89,6 +92,14 @@ impl Batch {
         out
     }
 
+    /// The replica that sent `bytes`, read without decoding the rest.
+    pub(crate) fn sender(bytes: &[u8]) -> Option<u64> {
+        if bytes.get(..4)? != MAGIC {
+            return None;
+        }
+        Some(u64::from_le_bytes(bytes.get(4..12)?.try_into().ok()?))
+    }
+
     /// A message read back, or why it is refused.
     pub(crate) fn decode(bytes: &[u8]) -> Result<Batch, Bad> {
         let mut r = Reader(bytes);
@@ -97,16 +108,17 @@ impl Batch {
         }
         let replica = r.u64()?;
         let n = r.count(MAX_ITEMS)?;
-        // A placement is at least 14 bytes: no more room than the bytes there can fill.
-        let mut placements = Vec::with_capacity(n.min(r.0.len() / 14));
+        // A placement is at least 18 bytes: no more room than the bytes there can fill.
+        let mut placements = Vec::with_capacity(n.min(r.0.len() / 18));
         for _ in 0..n {
             let url = r.url()?;
+            let requests = r.u32()?;
             let uncached = r.u64()?;
             let n_pages = r.count(MAX_PAGES)?;
             // Checked against what is there before it is reserved.
             let raw = r.take(n_pages.checked_mul(8).ok_or(Bad::TooLarge)?)?;
             let pages = raw.chunks_exact(8).map(|c| BlockHash(i64::from_le_bytes(c.try_into().unwrap_or_default())));
-            placements.push(Placement { url, uncached, pages: pages.collect() });
+            placements.push(Placement { url, requests, uncached, pages: pages.collect() });
         }
         let loads = match r.take(1)?[0] {
             0 => None,
@@ -181,8 +193,13 @@ mod tests {
         Batch {
             replica: 0xfeed,
             placements: vec![
-                Placement { url: "http://w0:8000".into(), uncached: 700, pages: vec![BlockHash(-1), BlockHash(42)] },
-                Placement { url: "http://w1:8000".into(), uncached: 0, pages: vec![] },
+                Placement {
+                    url: "http://w0:8000".into(),
+                    requests: 1,
+                    uncached: 700,
+                    pages: vec![BlockHash(-1), BlockHash(42)],
+                },
+                Placement { url: "http://w1:8000".into(), requests: 3, uncached: 0, pages: vec![] },
             ],
             loads: Some(vec![("http://w0:8000".into(), Load { in_flight: 3, uncached_tokens: 1500 })]),
         }
@@ -191,7 +208,9 @@ mod tests {
     #[test]
     fn a_batch_round_trips() {
         let b = batch();
-        assert_eq!(Batch::decode(&b.encode()), Ok(b));
+        assert_eq!(Batch::decode(&b.encode()), Ok(b.clone()));
+        assert_eq!(Batch::sender(&b.encode()), Some(0xfeed));
+        assert_eq!(Batch::sender(b"SGP2abc"), None);
         let no_loads = Batch { loads: None, ..batch() };
         assert_eq!(Batch::decode(&no_loads.encode()), Ok(no_loads));
         assert!(Batch { replica: 1, ..Batch::default() }.is_empty());
@@ -200,7 +219,10 @@ mod tests {
     #[test]
     fn a_placement_shares_its_first_pages_only() {
         let pages: Vec<BlockHash> = (0..MAX_PAGES as i64 + 10).map(BlockHash).collect();
-        let b = Batch { placements: vec![Placement { url: "u".into(), uncached: 1, pages }], ..Batch::default() };
+        let b = Batch {
+            placements: vec![Placement { url: "u".into(), requests: 1, uncached: 1, pages }],
+            ..Batch::default()
+        };
         let back = Batch::decode(&b.encode()).unwrap();
         assert_eq!(back.placements[0].pages.len(), MAX_PAGES);
         assert_eq!(back.placements[0].pages[MAX_PAGES - 1], BlockHash(MAX_PAGES as i64 - 1));
@@ -225,6 +247,7 @@ mod tests {
         let mut pages = good[..16].to_vec();
         pages.extend_from_slice(&14u16.to_le_bytes());
         pages.extend_from_slice(b"http://w0:8000");
+        pages.extend_from_slice(&1u32.to_le_bytes());
         pages.extend_from_slice(&1u64.to_le_bytes());
         pages.extend_from_slice(&(MAX_PAGES as u32).to_le_bytes());
         assert_eq!(Batch::decode(&pages), Err(Bad::Short), "4,096 pages claimed, none there");
