@@ -11,6 +11,9 @@
 # the engines run saturates them (SPEEDUP=40 ENGINE_SPEEDUP=10: four times the load).
 # MAX_OUTPUT (default 0: one token): generate the trace's output lengths up to N tokens, so
 # that requests stay in flight long enough for the load to steer placements.
+# TRACE=hot: a generated trace (written to a temporary file) in which every request shares one
+# 16-block prefix and adds 4 blocks of its own, one every 10 ms: the hot prefix all replicas
+# would send to its one holder (the herd).
 # RUNS="1 4 4s": only these (N: N replicas alone, Ns: N replicas sharing).
 # Needs nginx and redis-server (apt-get install nginx-light redis-server), curl, python3.
 set -euo pipefail
@@ -26,6 +29,16 @@ REDIS="${REDIS:-$(command -v redis-server || echo /usr/bin/redis-server)}"
 BIN=target/release
 source benches/lib.sh
 tmp=$(mktemp -d); tmpdirs+=("$tmp")
+if [ "$TRACE" = hot ]; then
+  TRACE=$(mktemp --suffix=.jsonl); generated=$TRACE
+  python3 - "$REQUESTS" >"$TRACE" <<'PY'
+import json, sys
+n = int(sys.argv[1])
+for i in range(n):
+    hashes = list(range(16)) + [1000 + 4 * i + k for k in range(4)]
+    print(json.dumps({"timestamp": 10 * i, "input_length": 512 * len(hashes), "output_length": 64, "hash_ids": hashes}))
+PY
+fi
 
 runs=(1 2 2s 4 4s)
 [ -z "${RUNS:-}" ] || read -r -a runs <<<"$RUNS"
@@ -83,3 +96,4 @@ for run in "${runs[@]}"; do
   tmp=$(mktemp -d); tmpdirs+=("$tmp")
   sleep 0.5
 done
+[ -z "${generated:-}" ] || rm -f "$generated"

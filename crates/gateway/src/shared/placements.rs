@@ -23,7 +23,7 @@ use super::wire::{Batch, MAX_ITEMS, Placement};
 const LINGER: Duration = Duration::from_millis(2);
 /// How often a replica says its load on every worker (when it changed; every
 /// [`HEARTBEAT`] in any case, so the others know it is there).
-const LOAD_EVERY: Duration = Duration::from_millis(50);
+const LOAD_EVERY: Duration = Duration::from_millis(10);
 const HEARTBEAT: Duration = Duration::from_millis(500);
 /// A replica not heard from for this long no longer counts.
 const STALE: Duration = Duration::from_millis(1500);
