@@ -166,7 +166,9 @@ impl Admission {
             return Err(GatewayError::Draining);
         }
         if let Some(bucket) = &gw.rate {
-            bucket.take().map_err(|_| GatewayError::RateLimited(gw.config.rate_limit.unwrap_or(0)))?;
+            bucket
+                .take_share(rate_share(gw))
+                .map_err(|_| GatewayError::RateLimited(gw.config.rate_limit.unwrap_or(0)))?;
         }
         let class = sched.class_of(who.priority, tenant.map(crate::pipeline::scheduler::Tenant::name));
         let started = std::time::Instant::now();
@@ -340,16 +342,23 @@ impl Wait {
 
 /// Takes a rate-limit token (when limited) and a slot, or says which is missing.
 fn take(gw: &Gateway) -> Result<(), Wait> {
+    let share = rate_share(gw);
     if let Some(bucket) = &gw.rate {
-        bucket.take().map_err(Wait::Token)?;
+        bucket.take_share(share).map_err(Wait::Token)?;
     }
     if take_slot(gw) {
         return Ok(());
     }
     if let Some(bucket) = &gw.rate {
-        bucket.give_back();
+        bucket.give_back(share);
     }
     Err(Wait::Slot)
+}
+
+/// The replicas `--rate-limit-tokens-per-second` is split among: with `--shared-state`, this
+/// one and the peers heard from lately (the limit is the deployment's); 1 alone.
+fn rate_share(gw: &Gateway) -> u32 {
+    gw.shared.as_ref().map_or(1, |s| 1 + s.live_peers())
 }
 
 /// A token bucket (`--rate-limit-tokens-per-second`): `rate` tokens a
@@ -369,21 +378,29 @@ impl TokenBucket {
 
     /// Takes a token, or says how long until one is due.
     pub fn take(&self) -> Result<(), std::time::Duration> {
+        self.take_share(1)
+    }
+
+    /// Takes a token from this replica's `1 / share` of the rate (and of the burst), or says
+    /// how long until one is due.
+    pub fn take_share(&self, share: u32) -> Result<(), std::time::Duration> {
+        let rate = self.rate / f64::from(share.max(1));
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let now = std::time::Instant::now();
-        s.0 = (s.0 + now.duration_since(s.1).as_secs_f64() * self.rate).min(self.rate);
+        s.0 = (s.0 + now.duration_since(s.1).as_secs_f64() * rate).min(rate.max(1.0));
         s.1 = now;
         if s.0 >= 1.0 {
             s.0 -= 1.0;
             return Ok(());
         }
-        Err(std::time::Duration::from_secs_f64((1.0 - s.0) / self.rate))
+        Err(std::time::Duration::from_secs_f64((1.0 - s.0) / rate))
     }
 
     /// Returns a token taken for a request that did not start.
-    fn give_back(&self) {
+    fn give_back(&self, share: u32) {
+        let rate = self.rate / f64::from(share.max(1));
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        s.0 = (s.0 + 1.0).min(self.rate);
+        s.0 = (s.0 + 1.0).min(rate.max(1.0));
     }
 }
 
@@ -470,7 +487,23 @@ mod tests {
         assert!(due <= std::time::Duration::from_millis(250) && due > std::time::Duration::ZERO, "{due:?}");
         std::thread::sleep(due + std::time::Duration::from_millis(5));
         assert!(b.take().is_ok(), "refilled");
-        b.give_back();
+        b.give_back(1);
         assert!(b.take().is_ok(), "given back");
+    }
+
+    #[test]
+    fn replicas_sharing_a_rate_each_take_their_share_of_it_and_its_burst() {
+        let b = TokenBucket::per_second(8);
+        // Two replicas: four of the eight a second, four at once.
+        for _ in 0..4 {
+            assert!(b.take_share(2).is_ok());
+        }
+        let due = b.take_share(2).unwrap_err();
+        assert!(due <= std::time::Duration::from_millis(250) && due > std::time::Duration::from_millis(200), "{due:?}");
+        // More replicas than tokens a second: still one at a time, at the replica's pace.
+        let lone = TokenBucket::per_second(2);
+        assert!(lone.take_share(4).is_ok());
+        let due = lone.take_share(4).unwrap_err();
+        assert!(due > std::time::Duration::from_millis(1900), "half a token a second: {due:?}");
     }
 }

@@ -57,6 +57,9 @@ pub struct Shared {
     queue: mpsc::Sender<wire::Placement>,
     /// The other replicas, as last heard.
     remote: Mutex<placements::Remote>,
+    /// The other replicas heard from lately, as the follower last counted them (read per
+    /// request by the rate limit's share).
+    live_peers: std::sync::atomic::AtomicU32,
     /// Pages in the placements queued now (at most [`MAX_QUEUED_PAGES`]).
     queued_pages: std::sync::atomic::AtomicUsize,
     pub(crate) counters: Counters,
@@ -132,6 +135,7 @@ impl Shared {
             queue,
             remote: Mutex::new(placements::Remote::default()),
             queued_pages: std::sync::atomic::AtomicUsize::new(0),
+            live_peers: std::sync::atomic::AtomicU32::new(0),
             counters: Counters::default(),
         });
         tokio::spawn(placements::publish(Arc::downgrade(&shared), fleet.clone(), rx));
@@ -152,6 +156,11 @@ impl Shared {
     /// The other replicas heard from lately.
     pub fn replicas(&self) -> usize {
         self.remote.lock().unwrap_or_else(|p| p.into_inner()).live(std::time::Instant::now())
+    }
+
+    /// The other replicas heard from lately (the backend out of reach: none), without a lock.
+    pub fn live_peers(&self) -> u32 {
+        if self.is_up() { self.live_peers.load(Ordering::Relaxed) } else { 0 }
     }
 
     /// Its part of `/readiness`'s details (never a reason to be unready).
@@ -318,6 +327,11 @@ impl Shared {
     /// A placement taken off the queue: its pages no longer count against the bound.
     fn dequeued(&self, placement: &wire::Placement) {
         self.queued_pages.fetch_sub(placement.pages.len(), Ordering::Relaxed);
+    }
+
+    /// Records how many other replicas were heard from lately.
+    fn set_live_peers(&self, n: usize) {
+        self.live_peers.store(n.min(u32::MAX as usize) as u32, Ordering::Relaxed);
     }
 }
 

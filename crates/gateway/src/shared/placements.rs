@@ -223,6 +223,7 @@ pub(super) async fn follow(
         }
         // The backend out of reach: the others' reports go stale, and this replica routes alone.
         let sums = if shared.is_up() { remote.sums(now) } else { HashMap::new() };
+        shared.set_live_peers(remote.live(now));
         for w in fleet.snapshot().iter() {
             let load = sums.get(w.url.as_str()).copied().unwrap_or_default();
             if w.remote_load() != load {

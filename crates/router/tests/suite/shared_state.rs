@@ -443,3 +443,30 @@ async fn a_late_replica_catches_up_from_one_announced_in_the_backend() {
     .await;
     let _ = (a.stop.send(()), c.stop.send(()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_limit_is_the_deployments_split_among_the_replicas_heard_from() {
+    let Some(redis) = redis(WHAT) else { return };
+    let w = MockEngine::spawn(engine_config()).await.unwrap();
+    let limited = || {
+        let mut c = config(&[&w], PolicyConfig::RoundRobin, false);
+        // Four a second for the deployment; refused at once rather than queued.
+        (c.rate_limit, c.queue_size) = (Some(4), 0);
+        sharing(c, &redis.url(), "rate")
+    };
+    let (a, b) = (start(limited()).await, start(limited()).await);
+    for r in [&a, &b] {
+        common::eventually("the replicas hear each other", async || {
+            metric(&r.url, "router_shared_state_replicas").await == 1.0
+        })
+        .await;
+    }
+    let http = reqwest::Client::new();
+    let mut statuses = Vec::new();
+    for i in 0..3 {
+        let r = http.post(format!("{}/v1/chat/completions", a.url)).json(&chat(&format!("q{i}"))).send().await;
+        statuses.push(r.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429], "two of the four a second are A's");
+    let _ = (a.stop.send(()), b.stop.send(()));
+}
