@@ -376,11 +376,6 @@ impl TokenBucket {
         Self { rate, state: std::sync::Mutex::new((rate, std::time::Instant::now())) }
     }
 
-    /// Takes a token, or says how long until one is due.
-    pub fn take(&self) -> Result<(), std::time::Duration> {
-        self.take_share(1)
-    }
-
     /// Takes a token from this replica's `1 / share` of the rate (and of the burst), or says
     /// how long until one is due.
     pub fn take_share(&self, share: u32) -> Result<(), std::time::Duration> {
@@ -481,14 +476,14 @@ mod tests {
     fn a_token_bucket_holds_one_second_and_refills() {
         let b = TokenBucket::per_second(4);
         for _ in 0..4 {
-            assert!(b.take().is_ok());
+            assert!(b.take_share(1).is_ok());
         }
-        let due = b.take().unwrap_err();
+        let due = b.take_share(1).unwrap_err();
         assert!(due <= std::time::Duration::from_millis(250) && due > std::time::Duration::ZERO, "{due:?}");
         std::thread::sleep(due + std::time::Duration::from_millis(5));
-        assert!(b.take().is_ok(), "refilled");
+        assert!(b.take_share(1).is_ok(), "refilled");
         b.give_back(1);
-        assert!(b.take().is_ok(), "given back");
+        assert!(b.take_share(1).is_ok(), "given back");
     }
 
     #[test]

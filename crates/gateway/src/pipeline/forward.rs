@@ -134,12 +134,7 @@ where
     // Rendered: the tokenizer's working memory is free again.
     admission.rendered();
     let (mut v, plan, mut routed, bytes) = match step {
-        Step::Cached(hit) => {
-            // Answered here: counted as a worker's answer is, with its latency.
-            gw.metrics.latency.observe(start.elapsed().as_secs_f64());
-            crate::pipeline::account::count_answered(gw, route, hit.answer.status);
-            return Ok(Forwarded::Cached(hit));
-        }
+        Step::Cached(hit) => return Ok(from_cache(gw, route, start, hit)),
         Step::Disaggregated(planned, route_headers, edits) => {
             // Both legs carry the router's span as their parent.
             let edits = crate::pipeline::trace::edits(meta.trace.as_ref(), edits);
@@ -148,9 +143,7 @@ where
         Step::Send(v, plan, mut routed, bytes) => {
             // Missed here: another replica may have kept the answer (`--shared-state`).
             if let Some(hit) = shared_hit(routed.as_mut()).await {
-                gw.metrics.latency.observe(start.elapsed().as_secs_f64());
-                crate::pipeline::account::count_answered(gw, route, hit.answer.status);
-                return Ok(Forwarded::Cached(hit));
+                return Ok(from_cache(gw, route, start, hit));
             }
             (v, plan, routed, bytes)
         }
@@ -306,6 +299,13 @@ fn with_rank(route: Route, v: Option<&mut Value>, rank: Option<DpRank>, bytes: &
 /// The worker of `pool` a retry after `current` goes to: the least loaded
 /// routable one tried neither now nor before (one no liveness veto leaves out
 /// first), else the least loaded routable one (a retry may go back to a worker).
+/// A request answered from a response cache: counted as a worker's answer is, with its latency.
+fn from_cache<T>(gw: &Gateway, route: Route, start: Instant, hit: crate::cache::Hit) -> Forwarded<T> {
+    gw.metrics.latency.observe(start.elapsed().as_secs_f64());
+    crate::pipeline::account::count_answered(gw, route, hit.answer.status);
+    Forwarded::Cached(hit)
+}
+
 /// The answer another replica kept for a request this replica's response cache missed
 /// (`--shared-state`), its route headers saying the hit.
 async fn shared_hit(routed: Option<&mut crate::pools::Routed>) -> Option<crate::cache::Hit> {

@@ -21,8 +21,6 @@ pub(crate) type Parts = (u16, Option<HeaderValue>, Bytes);
 
 /// The first bytes of a stored answer (the format's version is its last byte).
 const MAGIC: &[u8; 4] = b"SGA1";
-/// Writes to the backend under way at most; past it an answer is kept locally only (counted).
-const MAX_WRITES: usize = 64;
 
 /// The backend's key of the request whose digest is `digest`.
 fn key_of(shared: &Shared, digest: &[u8; 32]) -> Vec<u8> {
@@ -91,31 +89,21 @@ pub(crate) async fn lookup(shared: &Shared, digest: &[u8; 32], max_body: usize) 
 }
 
 /// Writes `answer` through for the request `digest`, to expire after `ttl`; in the background,
-/// and not at all past [`MAX_WRITES`] under way or with the backend out of reach.
+/// and not at all with the backend out of reach or too many writes under way (counted).
 pub(crate) fn store(
     shared: &Arc<Shared>,
     digest: &[u8; 32],
     answer: (u16, Option<&HeaderValue>, &[u8]),
     ttl: Duration,
 ) {
-    let writes = &shared.counters.answer_writes;
-    if !shared.is_up() || writes.fetch_add(1, Ordering::Relaxed) >= MAX_WRITES {
-        writes.fetch_sub(1, Ordering::Relaxed);
-        shared.counters.cache_errors.fetch_add(1, Ordering::Relaxed);
-        return;
-    }
-    let (shared, key, value) = (shared.clone(), key_of(shared, digest), seal(digest, answer));
-    let ttl_ms = ttl.as_millis().max(1).to_string();
-    tokio::spawn(async move {
-        let r = shared.backend.cmd(&[b"SET", &key, &value, b"PX", ttl_ms.as_bytes()]).await;
-        shared.counters.answer_writes.fetch_sub(1, Ordering::Relaxed);
-        let counter = if matches!(r, Ok(Reply::Simple(_))) {
-            &shared.counters.cache_stores
-        } else {
-            &shared.counters.cache_errors
-        };
+    let args = vec![b"SET".to_vec(), key_of(shared, digest), seal(digest, answer), b"PX".to_vec(), super::ttl_ms(ttl)];
+    let done = |c: &super::Counters, ok: bool| {
+        let counter = if ok { &c.cache_stores } else { &c.cache_errors };
         counter.fetch_add(1, Ordering::Relaxed);
-    });
+    };
+    if !shared.write_behind(args, |r| matches!(r, Reply::Simple(_)), done) {
+        shared.counters.cache_errors.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Vectors of one partition kept in the backend at most (a store past it drops one at random).
@@ -164,25 +152,18 @@ fn unit_vector(bytes: &[u8], dimensions: usize) -> Option<Vec<f32>> {
 /// answer is written by [`store`]), so another replica's semantic lookup finds it; in the
 /// background, bounded as [`store`] is.
 pub(crate) fn store_vector(shared: &Arc<Shared>, partition: u64, digest: &[u8; 32], vector: &[f32], ttl: Duration) {
-    let writes = &shared.counters.answer_writes;
-    if !shared.is_up() || writes.fetch_add(1, Ordering::Relaxed) >= MAX_WRITES {
-        writes.fetch_sub(1, Ordering::Relaxed);
-        shared.counters.cache_errors.fetch_add(1, Ordering::Relaxed);
-        return;
-    }
     let key = shared.key("semantic", &format!("{partition:016x}"));
     let value: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let (shared, field, ttl_ms) = (shared.clone(), hex(digest), ttl.as_millis().max(1).to_string());
-    tokio::spawn(async move {
-        let cap = MAX_PARTITION_VECTORS.to_string();
-        let args: [&[u8]; 8] =
-            [b"EVAL", KEEP_VECTOR.as_bytes(), b"1", &key, field.as_bytes(), &value, ttl_ms.as_bytes(), cap.as_bytes()];
-        let r = shared.backend.cmd(&args).await;
-        shared.counters.answer_writes.fetch_sub(1, Ordering::Relaxed);
-        if !matches!(r, Ok(Reply::Int(1))) {
-            shared.counters.cache_errors.fetch_add(1, Ordering::Relaxed);
+    let (field, cap) = (hex(digest).into_bytes(), MAX_PARTITION_VECTORS.to_string().into_bytes());
+    let args = vec![b"EVAL".to_vec(), KEEP_VECTOR.into(), b"1".to_vec(), key, field, value, super::ttl_ms(ttl), cap];
+    let done = |c: &super::Counters, ok: bool| {
+        if !ok {
+            c.cache_errors.fetch_add(1, Ordering::Relaxed);
         }
-    });
+    };
+    if !shared.write_behind(args, |r| matches!(r, Reply::Int(1)), done) {
+        shared.counters.cache_errors.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// The answer of the most similar question another replica kept in `partition` (everything
@@ -299,9 +280,7 @@ mod tests {
         store(&a, &digest, (200, Some(&ct), BODY), ttl);
         store_vector(&a, partition, &digest, &unit(&[1.0, 0.2, 0.0, 0.1]), ttl);
         for _ in 0..400 {
-            if a.counters.answer_writes.load(Ordering::Relaxed) == 0
-                && a.counters.cache_stores.load(Ordering::Relaxed) == 1
-            {
+            if a.counters.writes.load(Ordering::Relaxed) == 0 && a.counters.cache_stores.load(Ordering::Relaxed) == 1 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
@@ -331,5 +310,27 @@ mod tests {
         assert!(unit_vector(b"abc", 1).is_none());
         assert_eq!(unhex(hex(&[7u8; 32]).as_bytes()), Some([7u8; 32]));
         assert!(unhex(b"zz").is_none() && unhex(&[b'g'; 64]).is_none());
+    }
+
+    #[tokio::test]
+    async fn writes_skipped_while_the_backend_is_out_of_reach_leave_the_bound_intact() {
+        let fleet = fleet::Fleet::start(
+            fleet::FleetConfig::unprobed(&[]),
+            None,
+            &[],
+            tokio_util::sync::CancellationToken::new(),
+        );
+        // Nothing listens on port 1: the backend is never up.
+        let target = shared_state::Target::parse("redis://127.0.0.1:1").unwrap();
+        let s = Shared::start(
+            super::super::SharedConfig { target, options: Default::default(), prefix: "t".into() },
+            fleet,
+            None,
+        );
+        for _ in 0..3 {
+            store(&s, &[1u8; 32], (200, None, BODY), Duration::from_secs(1));
+        }
+        assert_eq!(s.counters.writes.load(Ordering::Relaxed), 0, "nothing under way, nothing owed back");
+        assert_eq!(s.counters.cache_errors.load(Ordering::Relaxed), 3);
     }
 }

@@ -30,8 +30,6 @@ const MAGIC: &[u8] = b"SGR1 ";
 pub(crate) const MAX_NAME: usize = 256;
 /// Longest record believed.
 const MAX_RECORD: usize = 70 + 32 + 2 * MAX_NAME + 2;
-/// Route ids being written at most; past it one is not shared (counted).
-const MAX_WRITES: usize = 128;
 /// Arms read in one pipeline at most.
 const CHUNK: usize = 128;
 /// Largest shared total believed (a billion verdicts an arm is far past any real one).
@@ -134,28 +132,21 @@ pub(crate) struct Totals {
 }
 
 /// Writes route `id`'s record to expire after `ttl`, in the background; not at all past
-/// [`MAX_WRITES`] under way, with the backend out of reach or a name too long (counted).
+/// too many writes under way, with the backend out of reach or a name too long (counted).
 pub(crate) fn write(shared: &Arc<Shared>, id: u64, route: &Route, ttl: Duration) {
     let c = &shared.counters;
-    let record = encode(route);
-    let Some(record) = record.filter(|_| shared.is_up()) else {
+    let Some(record) = encode(route) else {
         c.routes_unwritten.fetch_add(1, Ordering::Relaxed);
         return;
     };
-    if c.route_writes.fetch_add(1, Ordering::Relaxed) >= MAX_WRITES {
-        c.route_writes.fetch_sub(1, Ordering::Relaxed);
-        c.routes_unwritten.fetch_add(1, Ordering::Relaxed);
-        return;
-    }
-    let (shared, key) = (shared.clone(), route_key(shared, id));
-    let ttl_ms = ttl.as_millis().max(1).to_string();
-    tokio::spawn(async move {
-        let r = shared.backend.cmd(&[b"SET", &key, &record, b"PX", ttl_ms.as_bytes()]).await;
-        let c = &shared.counters;
-        c.route_writes.fetch_sub(1, Ordering::Relaxed);
-        let counter = if matches!(r, Ok(ref r) if r.is_ok()) { &c.routes_written } else { &c.routes_unwritten };
+    let args = vec![b"SET".to_vec(), route_key(shared, id), record, b"PX".to_vec(), super::ttl_ms(ttl)];
+    let done = |c: &super::Counters, ok: bool| {
+        let counter = if ok { &c.routes_written } else { &c.routes_unwritten };
         counter.fetch_add(1, Ordering::Relaxed);
-    });
+    };
+    if !shared.write_behind(args, shared_state::Reply::is_ok, done) {
+        c.routes_unwritten.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Claims route `ids` (one, or two distinct) for `caller`, all or none; `held[i]`: the asking

@@ -26,6 +26,9 @@ use tokio::sync::mpsc;
 
 use crate::metrics::head;
 
+/// Background writes under way at most (answers, their vectors, route ids); past it a write
+/// is skipped (counted by its kind).
+const MAX_WRITES: usize = 128;
 /// Placements queued for the publisher at most; past it they are dropped (counted).
 const QUEUE: usize = 4096;
 /// Largest placements message read (or written: a batch stops short of it).
@@ -85,13 +88,11 @@ pub(crate) struct Counters {
     pub(crate) cache_corrupt: AtomicU64,
     pub(crate) cache_errors: AtomicU64,
     pub(crate) cache_stores: AtomicU64,
-    /// Answers being written to the backend now.
-    pub(crate) answer_writes: std::sync::atomic::AtomicUsize,
+    /// Background writes under way now (at most [`MAX_WRITES`]).
+    pub(crate) writes: std::sync::atomic::AtomicUsize,
     /// Tenant charges decided by the backend, and by the local buckets instead.
     pub(crate) tenant_shared: AtomicU64,
     pub(crate) tenant_local: AtomicU64,
-    /// Route ids being written to the backend now.
-    pub(crate) route_writes: std::sync::atomic::AtomicUsize,
     pub(crate) routes_written: AtomicU64,
     /// Route ids not written (the backend out of reach or failing, a name too long, or too
     /// many writes under way): their feedback is taken by this replica only.
@@ -148,14 +149,46 @@ impl Shared {
         self.backend.is_up()
     }
 
+    /// Sends `args` in the background, never awaited by the caller: false (nothing sent) with
+    /// the backend out of reach or [`MAX_WRITES`] already under way. `done` is told, once the
+    /// backend answered (or not), whether the reply was one `ok` takes.
+    pub(crate) fn write_behind(
+        self: &Arc<Self>,
+        args: Vec<Vec<u8>>,
+        ok: fn(&shared_state::Reply) -> bool,
+        done: fn(&Counters, bool),
+    ) -> bool {
+        let writes = &self.counters.writes;
+        if !self.is_up() {
+            return false;
+        }
+        if writes.fetch_add(1, Ordering::Relaxed) >= MAX_WRITES {
+            writes.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        let shared = self.clone();
+        tokio::spawn(async move {
+            let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+            let r = shared.backend.cmd(&args).await;
+            shared.counters.writes.fetch_sub(1, Ordering::Relaxed);
+            done(&shared.counters, r.as_ref().is_ok_and(ok));
+        });
+        true
+    }
+
+    /// A placement taken off the queue: its pages no longer count against the bound.
+    fn dequeued(&self, placement: &wire::Placement) {
+        self.queued_pages.fetch_sub(placement.pages.len(), Ordering::Relaxed);
+    }
+
+    /// Records how many other replicas were heard from lately.
+    fn set_live_peers(&self, n: usize) {
+        self.live_peers.store(n.min(u32::MAX as usize) as u32, Ordering::Relaxed);
+    }
+
     /// `PREFIX:KIND:ID`.
     pub(crate) fn key(&self, kind: &str, id: &str) -> Vec<u8> {
         format!("{}:{kind}:{id}", self.prefix).into_bytes()
-    }
-
-    /// The other replicas heard from lately.
-    pub fn replicas(&self) -> usize {
-        self.remote.lock().unwrap_or_else(|p| p.into_inner()).live(std::time::Instant::now())
     }
 
     /// The other replicas heard from lately (the backend out of reach: none), without a lock.
@@ -165,7 +198,7 @@ impl Shared {
 
     /// Its part of `/readiness`'s details (never a reason to be unready).
     pub(crate) fn readiness(&self) -> serde_json::Value {
-        serde_json::json!({"up": self.is_up(), "replicas": self.replicas()})
+        serde_json::json!({"up": self.is_up(), "replicas": self.live_peers()})
     }
 
     /// Its series, for `/metrics`.
@@ -175,78 +208,71 @@ impl Shared {
         head(out, "router_shared_state_up", "gauge", "Whether the shared-state backend is reachable (--shared-state).");
         let _ = writeln!(out, "router_shared_state_up {}", u8::from(self.is_up()));
         head(out, "router_shared_state_replicas", "gauge", "Other router replicas heard from in the last seconds.");
-        let _ = writeln!(out, "router_shared_state_replicas {}", self.replicas());
+        let _ = writeln!(out, "router_shared_state_replicas {}", self.live_peers());
         let stats = self.backend.stats();
         head(out, "router_shared_state_commands_total", "counter", "Commands sent to the backend.");
         let _ = writeln!(out, "router_shared_state_commands_total {}", stats.commands);
-        let errors = [
-            ("down", stats.errors_down),
-            ("timeout", stats.errors_timeout),
-            ("busy", stats.errors_busy),
-            ("protocol", stats.errors_protocol),
-            ("io", stats.errors_io),
-        ];
-        head(
+        labeled(
             out,
-            "router_shared_state_command_errors_total",
-            "counter",
-            "Commands to the backend that failed, by why.",
+            ("router_shared_state_command_errors_total", "Commands to the backend that failed, by why."),
+            "error",
+            &[
+                ("down", stats.errors_down),
+                ("timeout", stats.errors_timeout),
+                ("busy", stats.errors_busy),
+                ("protocol", stats.errors_protocol),
+                ("io", stats.errors_io),
+            ],
         );
-        for (error, v) in errors {
-            let _ = writeln!(out, "router_shared_state_command_errors_total{{error=\"{error}\"}} {v}");
-        }
         head(out, "router_shared_state_connects_total", "counter", "Connections made to the backend.");
         let _ = writeln!(out, "router_shared_state_connects_total {}", stats.connects);
-        let messages = [
-            ("sent", n(&c.messages_sent)),
-            ("received", n(&c.messages_received)),
-            ("unsent", n(&c.messages_unsent)),
-            ("malformed", n(&c.messages_bad)),
-            ("dropped", stats.pubsub_dropped),
-        ];
-        head(out, "router_shared_state_messages_total", "counter", "Placement messages between replicas, by outcome.");
-        for (outcome, v) in messages {
-            let _ = writeln!(out, "router_shared_state_messages_total{{outcome=\"{outcome}\"}} {v}");
-        }
-        let placed = [
-            ("sent", n(&c.placements_sent)),
-            ("dropped", n(&c.placements_dropped)),
-            ("applied", n(&c.placements_applied)),
-        ];
-        head(
+        by_outcome(
             out,
-            "router_shared_state_placements_total",
-            "counter",
-            "Placements shared with the other replicas (sent, dropped unsent) and theirs applied here.",
+            ("router_shared_state_messages_total", "Placement messages between replicas, by outcome."),
+            &[
+                ("sent", n(&c.messages_sent)),
+                ("received", n(&c.messages_received)),
+                ("unsent", n(&c.messages_unsent)),
+                ("malformed", n(&c.messages_bad)),
+                ("dropped", stats.pubsub_dropped),
+            ],
         );
-        for (outcome, v) in placed {
-            let _ = writeln!(out, "router_shared_state_placements_total{{outcome=\"{outcome}\"}} {v}");
-        }
-        let cache = [
-            ("hit", n(&c.cache_hits)),
-            ("hit_semantic", n(&c.cache_semantic_hits)),
-            ("miss", n(&c.cache_misses)),
-            ("corrupt", n(&c.cache_corrupt)),
-            ("error", n(&c.cache_errors)),
-            ("stored", n(&c.cache_stores)),
-        ];
-        head(
+        by_outcome(
             out,
-            "router_shared_cache_total",
-            "counter",
-            "The response cache's shared answers: lookups after a local miss by outcome, and stores.",
+            (
+                "router_shared_state_placements_total",
+                "Placements shared with the other replicas (sent, dropped unsent) and theirs applied here.",
+            ),
+            &[
+                ("sent", n(&c.placements_sent)),
+                ("dropped", n(&c.placements_dropped)),
+                ("applied", n(&c.placements_applied)),
+            ],
         );
-        for (outcome, v) in cache {
-            let _ = writeln!(out, "router_shared_cache_total{{outcome=\"{outcome}\"}} {v}");
-        }
-        head(
+        by_outcome(
             out,
-            "router_shared_tenant_charges_total",
-            "counter",
-            "Tenant rate-limit charges, by where they were decided (shared: the backend; local: this replica, the backend out of reach).",
+            (
+                "router_shared_cache_total",
+                "The response cache's shared answers: lookups after a local miss by outcome, and stores.",
+            ),
+            &[
+                ("hit", n(&c.cache_hits)),
+                ("hit_semantic", n(&c.cache_semantic_hits)),
+                ("miss", n(&c.cache_misses)),
+                ("corrupt", n(&c.cache_corrupt)),
+                ("error", n(&c.cache_errors)),
+                ("stored", n(&c.cache_stores)),
+            ],
         );
-        let _ = writeln!(out, "router_shared_tenant_charges_total{{decided=\"shared\"}} {}", n(&c.tenant_shared));
-        let _ = writeln!(out, "router_shared_tenant_charges_total{{decided=\"local\"}} {}", n(&c.tenant_local));
+        labeled(
+            out,
+            (
+                "router_shared_tenant_charges_total",
+                "Tenant rate-limit charges, by where they were decided (shared: the backend; local: this replica, the backend out of reach).",
+            ),
+            "decided",
+            &[("shared", n(&c.tenant_shared)), ("local", n(&c.tenant_local))],
+        );
         self.render_feedback(out);
     }
 
@@ -297,10 +323,15 @@ impl Shared {
 }
 
 /// One counter `name` by `outcome`.
-fn by_outcome(out: &mut String, (name, help): (&str, &str), values: &[(&str, u64)]) {
+fn by_outcome(out: &mut String, series: (&str, &str), values: &[(&str, u64)]) {
+    labeled(out, series, "outcome", values);
+}
+
+/// One counter `name` by its one `label`.
+fn labeled(out: &mut String, (name, help): (&str, &str), label: &str, values: &[(&str, u64)]) {
     head(out, name, "counter", help);
-    for (outcome, v) in values {
-        let _ = writeln!(out, "{name}{{outcome=\"{outcome}\"}} {v}");
+    for (value, v) in values {
+        let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {v}");
     }
 }
 
@@ -323,16 +354,9 @@ impl planner::Placements for Shared {
     }
 }
 
-impl Shared {
-    /// A placement taken off the queue: its pages no longer count against the bound.
-    fn dequeued(&self, placement: &wire::Placement) {
-        self.queued_pages.fetch_sub(placement.pages.len(), Ordering::Relaxed);
-    }
-
-    /// Records how many other replicas were heard from lately.
-    fn set_live_peers(&self, n: usize) {
-        self.live_peers.store(n.min(u32::MAX as usize) as u32, Ordering::Relaxed);
-    }
+/// A TTL as the backend's `PX` takes it: milliseconds, at least 1.
+pub(crate) fn ttl_ms(ttl: std::time::Duration) -> Vec<u8> {
+    ttl.as_millis().max(1).to_string().into_bytes()
 }
 
 /// Workers by URL, as the messages name them.
