@@ -6,7 +6,7 @@
 //! and never sent. The field numbers are the wire contract: each is the
 //! `.proto`'s, and the router's tests run a real Envoy against them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use bytes::Bytes;
 
@@ -78,53 +78,9 @@ pub struct Metadata {
     pub filter_metadata: HashMap<String, Struct>,
 }
 
-// ---- google.protobuf ----
+// ---- google.protobuf (grpc-wire's) ----
 
-/// `google.protobuf.Struct`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Struct {
-    #[prost(btree_map = "string, message", tag = "1")]
-    pub fields: BTreeMap<String, Value>,
-}
-
-/// `google.protobuf.Value`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Value {
-    #[prost(oneof = "Kind", tags = "1, 2, 3, 4, 5, 6")]
-    pub kind: Option<Kind>,
-}
-
-/// `google.protobuf.Value.kind`.
-#[derive(Clone, PartialEq, prost::Oneof)]
-pub enum Kind {
-    /// `NullValue` (an enum of one value, 0).
-    #[prost(int32, tag = "1")]
-    Null(i32),
-    #[prost(double, tag = "2")]
-    Number(f64),
-    #[prost(string, tag = "3")]
-    String(String),
-    #[prost(bool, tag = "4")]
-    Bool(bool),
-    #[prost(message, tag = "5")]
-    Struct(Struct),
-    #[prost(message, tag = "6")]
-    List(ListValue),
-}
-
-/// `google.protobuf.ListValue`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct ListValue {
-    #[prost(message, repeated, tag = "1")]
-    pub values: Vec<Value>,
-}
-
-impl Value {
-    /// A string value.
-    pub fn string(s: impl Into<String>) -> Self {
-        Self { kind: Some(Kind::String(s.into())) }
-    }
-}
+pub use grpc_wire::wkt::{Kind, ListValue, Struct, Value};
 
 // ---- envoy.service.ext_proc.v3 ----
 
@@ -324,28 +280,6 @@ pub struct HttpStatus {
     pub code: i32,
 }
 
-// ---- grpc.health.v1 ----
+// ---- grpc.health.v1 (grpc-wire's) ----
 
-/// `HealthCheckRequest`.
-#[derive(Clone, PartialEq, Eq, prost::Message)]
-pub struct HealthCheckRequest {
-    #[prost(string, tag = "1")]
-    pub service: String,
-}
-
-/// `HealthCheckResponse.ServingStatus`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
-#[repr(i32)]
-pub enum ServingStatus {
-    Unknown = 0,
-    Serving = 1,
-    NotServing = 2,
-    ServiceUnknown = 3,
-}
-
-/// `HealthCheckResponse`.
-#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
-pub struct HealthCheckResponse {
-    #[prost(enumeration = "ServingStatus", tag = "1")]
-    pub status: i32,
-}
+pub use grpc_wire::health::{HealthCheckRequest, HealthCheckResponse, ServingStatus};

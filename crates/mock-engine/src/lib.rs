@@ -3,7 +3,8 @@
 //! `/v1/chat/completions`, `/v1/completions`, `/generate`, streaming or not),
 //! a paged prefix cache per dp rank with capacity and LRU eviction, real KV
 //! events over ZMQ in SGLang's format (one publisher and replay socket per
-//! rank), a prefill/decode timing model, and fault knobs.
+//! rank), a prefill/decode timing model, and fault knobs; with
+//! `grpc_listen`, SGLang's gRPC scheduler service too (token ids in and out).
 //!
 //! `MockEngine::spawn` binds 127.0.0.1:0 and shuts down when dropped.
 
@@ -11,6 +12,7 @@ mod anthropic;
 mod cache;
 mod engine;
 mod events;
+mod grpc;
 mod http;
 mod legs;
 mod pd;
@@ -86,12 +88,16 @@ pub struct MockEngineConfig {
     /// Answer 400 `Invalid request` to any request carrying `X-Data-Parallel-Rank`, as
     /// Dynamo 1.6's frontend does (an engine that advertises no ranks; off by default).
     pub refuse_rank_header: bool,
+    /// Also serve SGLang's gRPC scheduler service (`Generate`, `HealthCheck`, `GetModelInfo`,
+    /// `GetServerInfo`, `GetLoads`, `Abort`) here (`127.0.0.1:0`: any free port).
+    pub grpc_listen: Option<SocketAddr>,
 }
 
 /// A running simulated engine. Dropping it stops the server and the publishers.
 #[derive(Debug)]
 pub struct MockEngine {
     addr: SocketAddr,
+    grpc_addr: Option<SocketAddr>,
     engine: Arc<Engine>,
     cancel: CancellationToken,
 }
@@ -122,6 +128,7 @@ impl Default for MockEngineConfig {
             token_logprob: -0.1,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             refuse_rank_header: false,
+            grpc_listen: None,
         }
     }
 }
@@ -165,7 +172,21 @@ impl MockEngine {
                 tracing::warn!(error = %e, "mock engine server stopped");
             }
         });
-        Ok(Self { addr, engine, cancel })
+        let grpc_addr = match config.grpc_listen {
+            Some(at) => {
+                let listener = tokio::net::TcpListener::bind(at).await?;
+                let bound = listener.local_addr()?;
+                grpc::spawn(listener, Arc::new(grpc::Scheduler::new(engine.clone())), cancel.clone());
+                Some(bound)
+            }
+            None => None,
+        };
+        Ok(Self { addr, grpc_addr, engine, cancel })
+    }
+
+    /// The gRPC service's URL (`grpc://host:port`), when it serves one.
+    pub fn grpc_url(&self) -> Option<String> {
+        self.grpc_addr.map(|a| format!("grpc://{a}"))
     }
 
     /// The HTTP base URL.

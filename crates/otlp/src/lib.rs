@@ -115,7 +115,7 @@ impl Tracer {
 
 /// Collects batches and exports them until the last [`Tracer`] is gone.
 async fn export_loop(config: ExportConfig, mut spans: mpsc::Receiver<SpanRecord>, counters: Arc<Counters>) {
-    let mut channel: Option<ext_proc::client::Channel> = None;
+    let mut channel: Option<grpc_wire::Channel> = None;
     let mut batch = Vec::with_capacity(config.batch.max(1));
     while let Some(first) = spans.recv().await {
         batch.push(first);
@@ -149,7 +149,7 @@ async fn export_loop(config: ExportConfig, mut spans: mpsc::Receiver<SpanRecord>
 /// One `Export` call on `channel` (connected first when there is none).
 async fn export(
     endpoint: &str,
-    channel: &mut Option<ext_proc::client::Channel>,
+    channel: &mut Option<grpc_wire::Channel>,
     request: &proto::ExportTraceServiceRequest,
 ) -> Result<(), String> {
     if channel.is_none() {
@@ -159,14 +159,14 @@ async fn export(
             .map_err(|e| format!("resolving {host}: {e}"))?
             .next()
             .ok_or_else(|| format!("{host} resolves to no address"))?;
-        *channel = Some(ext_proc::client::Channel::connect(addr).await.map_err(|e| format!("connecting: {e}"))?);
+        *channel = Some(grpc_wire::Channel::connect(addr).await.map_err(|e| format!("connecting: {e}"))?);
     }
     let Some(ch) = channel.as_mut() else { return Err("no channel".into()) };
     let (head, mut answers) = ch.unary(EXPORT_PATH, request, 1 << 20).await.map_err(|e| format!("calling: {e}"))?;
     let answer = answers.next::<proto::ExportTraceServiceResponse>().await;
     // Drain to the trailers: the call's status.
     let rest = answers.next::<proto::ExportTraceServiceResponse>().await;
-    let status = answers.status().or_else(|| ext_proc::Status::from_headers(&head));
+    let status = answers.status().or_else(|| grpc_wire::Status::from_headers(&head));
     match (answer, rest, status) {
         (Ok(_), Ok(None), Some(s)) if s.code == 0 => Ok(()),
         (_, _, Some(s)) if s.code != 0 => Err(format!("status {}: {}", s.code, s.message)),

@@ -16,6 +16,10 @@ struct Args {
     /// Address to listen on.
     #[arg(long, env = "SGL_MOCK_LISTEN", default_value = "127.0.0.1:30001")]
     listen: SocketAddr,
+    /// Also serve SGLang's gRPC scheduler service here (`--smg-grpc-mode`'s protocol: token ids
+    /// in and out), e.g. `127.0.0.1:30002`; the router's `--worker-urls grpc://ADDR`.
+    #[arg(long, env = "SGL_MOCK_GRPC_LISTEN", value_name = "ADDR")]
+    grpc_listen: Option<SocketAddr>,
     /// Model directory (tokenizer.json + chat template); the built-in byte-level model if absent.
     #[arg(long, env = "SGL_MOCK_TOKENIZER_PATH")]
     tokenizer_path: Option<PathBuf>,
@@ -120,6 +124,7 @@ async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     let config = MockEngineConfig {
         listen: a.listen,
+        grpc_listen: a.grpc_listen,
         model_id: a.model_id,
         strict_model: a.strict_model,
         refuse_rank_header: a.refuse_rank_header,
@@ -174,6 +179,9 @@ async fn main() -> anyhow::Result<()> {
         })
         .await;
     println!("sgl-mock-engine listening on {}", engine.url());
+    if let Some(url) = engine.grpc_url() {
+        println!("  gRPC scheduler service on {url}");
+    }
     if let Some(port) = engine.engine().pd().and_then(|pd| pd.bootstrap_port()) {
         println!("  prefill bootstrap port {port}");
     }

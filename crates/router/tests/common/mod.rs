@@ -7,6 +7,7 @@ pub(crate) mod dynamo;
 pub(crate) mod envoy;
 pub(crate) mod pd;
 pub(crate) mod shared;
+pub(crate) mod smg;
 
 /// Polls `cond` every 25 ms for up to 10 s; panics naming `what` if it never holds.
 #[allow(dead_code)] // not every test binary uses it

@@ -16,6 +16,7 @@ mod dynamo;
 mod epp;
 mod fleet;
 mod gateway_e2e;
+mod grpc_workers;
 mod http_front;
 mod index_peers;
 mod jwt;

@@ -1,7 +1,7 @@
 //! A gRPC client over one HTTP/2 connection: a call's messages sent as they
-//! are ready, its answers and status read back. For the tests (a gateway's
-//! side of `ext_proc`, a health check) and tools; the router serves, it does
-//! not call.
+//! are ready, its answers and status read back. Calls share the connection
+//! (HTTP/2 streams); a broken connection is told by [`Channel::is_closed`],
+//! and its owner connects again.
 
 use std::net::SocketAddr;
 
@@ -15,6 +15,8 @@ use crate::grpc::{Messages, Replies, ReplyBody, Status};
 #[derive(Debug, Clone)]
 pub struct Channel {
     send: SendRequest<ReplyBody>,
+    /// The `:authority` of every call (the server's `host:port`).
+    authority: String,
 }
 
 /// A call in progress: what to send, what comes back, the answer's head.
@@ -38,13 +40,29 @@ impl Call {
 impl Channel {
     /// Connects to `addr` (HTTP/2 with prior knowledge, as gRPC does).
     pub async fn connect(addr: SocketAddr) -> std::io::Result<Self> {
-        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        Self::connect_to(&addr.to_string()).await
+    }
+
+    /// Connects to `authority` (`host:port`, the host resolved), HTTP/2 with prior knowledge.
+    pub async fn connect_to(authority: &str) -> std::io::Result<Self> {
+        let tcp = tokio::net::TcpStream::connect(authority).await?;
         let _ = tcp.set_nodelay(true);
-        let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .map_err(std::io::Error::other)?;
+        let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+        builder
+            .timer(hyper_util::rt::TokioTimer::new())
+            .initial_stream_window_size(1 << 20)
+            .initial_connection_window_size(8 << 20)
+            // A server that vanished without a word is found out.
+            .keep_alive_interval(Some(std::time::Duration::from_secs(30)))
+            .keep_alive_timeout(std::time::Duration::from_secs(20));
+        let (send, conn) = builder.handshake(TokioIo::new(tcp)).await.map_err(std::io::Error::other)?;
         tokio::spawn(conn);
-        Ok(Self { send })
+        Ok(Self { send, authority: authority.to_owned() })
+    }
+
+    /// The connection broke or was closed: calls on it fail; connect again.
+    pub fn is_closed(&self) -> bool {
+        self.send.is_closed()
     }
 
     /// Starts a call of `path` (`/package.Service/Method`); answers up to `max` bytes each.
@@ -52,7 +70,7 @@ impl Channel {
     pub async fn call(&mut self, path: &str, max: usize) -> Result<Call, hyper::Error> {
         let (requests, body) = Replies::channel(16);
         self.send.ready().await?;
-        let answer = self.send.send_request(request(path, body)).await?;
+        let answer = self.send.send_request(request(&self.authority, path, body)).await?;
         let (parts, body) = answer.into_parts();
         Ok(Call { requests, answers: Messages::new(body, max), head: parts.headers })
     }
@@ -71,15 +89,18 @@ impl Channel {
         let _ = requests.send(message).await;
         drop(requests);
         self.send.ready().await?;
-        let answer = self.send.send_request(request(path, body)).await?;
+        let answer = self.send.send_request(request(&self.authority, path, body)).await?;
         let (parts, body) = answer.into_parts();
         Ok((parts.headers, Messages::new(body, max)))
     }
 }
 
 /// A gRPC call's request with `body`.
-fn request(path: &str, body: ReplyBody) -> Request<ReplyBody> {
-    let mut req = Request::post(format!("http://epp{path}")).body(body).expect("a valid request");
+fn request(authority: &str, path: &str, body: ReplyBody) -> Request<ReplyBody> {
+    // An authority no URI can carry (never one a connection was made to) is left out.
+    let uri = format!("http://{authority}{path}").parse::<http::Uri>();
+    let uri = uri.or_else(|_| format!("http://grpc{path}").parse::<http::Uri>()).unwrap_or_default();
+    let mut req = Request::post(uri).body(body).expect("a valid request");
     req.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     req.headers_mut().insert("te", HeaderValue::from_static("trailers"));
     req

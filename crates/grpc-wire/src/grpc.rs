@@ -1,7 +1,7 @@
-//! gRPC over HTTP/2, server side: a call's messages read from its request
-//! body (length-prefixed, each bounded), replies written as they are ready
-//! into the answer's body, and the status in its trailers. Owns no state
-//! beyond one call's buffers.
+//! gRPC's framing, both sides: a call's messages read from a body
+//! (length-prefixed, each bounded), messages written as they are ready into
+//! a body, and the status in its trailers. Owns no state beyond one call's
+//! buffers.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -196,19 +196,24 @@ impl http_body::Body for ReplyBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{HttpBody, Phase, ProcessingRequest};
+
+    /// A message with a bytes field and a bool, as a service's would be.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Body {
+        #[prost(bytes = "bytes", tag = "1")]
+        body: Bytes,
+        #[prost(bool, tag = "2")]
+        end_of_stream: bool,
+    }
 
     #[test]
     fn a_message_is_prefixed_with_its_length_uncompressed() {
-        let m = ProcessingRequest {
-            request: Some(Phase::RequestBody(HttpBody { body: Bytes::from_static(b"{}"), end_of_stream: true })),
-            ..Default::default()
-        };
+        let m = Body { body: Bytes::from_static(b"{}"), end_of_stream: true };
         let framed = encode(&m);
         assert_eq!(framed[0], 0);
         assert_eq!(u32::from_be_bytes(framed[1..5].try_into().unwrap()) as usize, framed.len() - 5);
-        // field 4 (request_body), length-delimited; inside: field 1 bytes "{}", field 2 true.
-        assert_eq!(&framed[5..], &[0x22, 0x06, 0x0a, 0x02, b'{', b'}', 0x10, 0x01]);
+        // field 1 bytes "{}", field 2 true.
+        assert_eq!(&framed[5..], &[0x0a, 0x02, b'{', b'}', 0x10, 0x01]);
     }
 
     #[test]

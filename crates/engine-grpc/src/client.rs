@@ -1,0 +1,217 @@
+//! A client of one engine's scheduler service: one HTTP/2 connection, made
+//! when first needed and again after it broke; every call bounded by a
+//! deadline and every answer by a size. Owns the connection, nothing else.
+
+use std::time::Duration;
+
+use grpc_wire::{Channel, Messages, Status};
+use tokio::sync::Mutex;
+
+use crate::path;
+use crate::proto::{
+    AbortRequest, AbortResponse, GenerateRequest, GenerateResponse, GetLoadsRequest, GetLoadsResponse,
+    GetModelInfoRequest, GetModelInfoResponse, GetServerInfoRequest, GetServerInfoResponse, HealthCheckRequest,
+    HealthCheckResponse, KvEventBatch, SubscribeKvEventsRequest,
+};
+
+/// The largest answer message taken from an engine (a whole sequence's ids and logprobs fit).
+pub const MAX_ANSWER_BYTES: usize = 16 << 20;
+
+/// Why a call failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EngineError {
+    /// No connection could be made: nothing reached the engine.
+    #[error("cannot connect to {0}: {1}")]
+    Connect(String, String),
+    /// The connection broke during the call.
+    #[error("the connection to {0} broke: {1}")]
+    Transport(String, String),
+    /// The engine ended the call with this status.
+    #[error("{0}")]
+    Status(Status),
+    /// No answer within the deadline.
+    #[error("no answer from {0} within {1:?}")]
+    Deadline(String, Duration),
+    /// The call ended without the answer it owed.
+    #[error("{0} ended the call without an answer")]
+    NoAnswer(String),
+}
+
+impl EngineError {
+    /// Nothing of the call reached the engine: it may be sent elsewhere.
+    pub fn before_sending(&self) -> bool {
+        matches!(self, Self::Connect(..))
+    }
+}
+
+/// One engine's scheduler service at `host:port`.
+#[derive(Debug)]
+pub struct Engine {
+    authority: String,
+    connect_timeout: Duration,
+    channel: Mutex<Option<Channel>>,
+}
+
+/// A `Generate` call's answers, in order; the call's status once they end.
+#[derive(Debug)]
+pub struct Generation {
+    answers: Messages,
+    head: http::HeaderMap,
+    authority: String,
+}
+
+impl Generation {
+    /// The next answer; `None` once the engine ended the call with OK.
+    pub async fn next(&mut self) -> Result<Option<GenerateResponse>, EngineError> {
+        match self.answers.next::<GenerateResponse>().await {
+            Ok(Some(m)) => Ok(Some(m)),
+            Ok(None) => match self.answers.status().or_else(|| Status::from_headers(&self.head)) {
+                Some(s) if s.code == Status::OK => Ok(None),
+                Some(s) => Err(EngineError::Status(s)),
+                None => Err(EngineError::Transport(self.authority.clone(), "the call ended without a status".into())),
+            },
+            Err(s) if s.code == Status::CANCELLED => Err(EngineError::Transport(self.authority.clone(), s.message)),
+            Err(s) => Err(EngineError::Status(s)),
+        }
+    }
+}
+
+impl Engine {
+    /// The engine at `authority` (`host:port`); nothing is connected until the first call.
+    pub fn new(authority: impl Into<String>, connect_timeout: Duration) -> Self {
+        Self { authority: authority.into(), connect_timeout, channel: Mutex::new(None) }
+    }
+
+    /// Its `host:port`.
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+
+    /// The connection, made now if there is none or it broke.
+    async fn channel(&self) -> Result<Channel, EngineError> {
+        let mut held = self.channel.lock().await;
+        if let Some(c) = held.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        let connect = tokio::time::timeout(self.connect_timeout, Channel::connect_to(&self.authority));
+        let c = match connect.await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(EngineError::Connect(self.authority.clone(), e.to_string())),
+            Err(_) => return Err(EngineError::Connect(self.authority.clone(), "timed out".into())),
+        };
+        *held = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Starts a call of `path` with `message`; answers up to [`MAX_ANSWER_BYTES`] each.
+    async fn start<M: prost::Message>(
+        &self,
+        path: &str,
+        message: &M,
+    ) -> Result<(http::HeaderMap, Messages), EngineError> {
+        let mut channel = self.channel().await?;
+        channel.unary(path, message, MAX_ANSWER_BYTES).await.map_err(|e| {
+            // Refused before the stream opened (the connection was gone): nothing was sent.
+            let message = e.to_string();
+            if e.is_closed() || e.is_canceled() {
+                EngineError::Connect(self.authority.clone(), message)
+            } else {
+                EngineError::Transport(self.authority.clone(), message)
+            }
+        })
+    }
+
+    /// A unary call of `path`: its one answer within `deadline`.
+    async fn unary<Q: prost::Message, A: prost::Message + Default>(
+        &self,
+        path: &str,
+        message: &Q,
+        deadline: Duration,
+    ) -> Result<A, EngineError> {
+        let call = async {
+            let (head, mut answers) = self.start(path, message).await?;
+            if let Some(s) = Status::from_headers(&head).filter(|s| s.code != Status::OK) {
+                return Err(EngineError::Status(s));
+            }
+            match answers.next::<A>().await {
+                Ok(Some(a)) => Ok(a),
+                Ok(None) => Err(match answers.status().filter(|s| s.code != Status::OK) {
+                    Some(s) => EngineError::Status(s),
+                    None => EngineError::NoAnswer(self.authority.clone()),
+                }),
+                Err(s) => Err(EngineError::Status(s)),
+            }
+        };
+        tokio::time::timeout(deadline, call)
+            .await
+            .unwrap_or(Err(EngineError::Deadline(self.authority.clone(), deadline)))
+    }
+
+    /// `HealthCheck`.
+    pub async fn health(&self, deadline: Duration) -> Result<HealthCheckResponse, EngineError> {
+        self.unary(path::HEALTH_CHECK, &HealthCheckRequest {}, deadline).await
+    }
+
+    /// `GetModelInfo`.
+    pub async fn model_info(&self, deadline: Duration) -> Result<GetModelInfoResponse, EngineError> {
+        self.unary(path::GET_MODEL_INFO, &GetModelInfoRequest {}, deadline).await
+    }
+
+    /// `GetServerInfo`.
+    pub async fn server_info(&self, deadline: Duration) -> Result<GetServerInfoResponse, EngineError> {
+        self.unary(path::GET_SERVER_INFO, &GetServerInfoRequest {}, deadline).await
+    }
+
+    /// `GetLoads` (every rank, the core section).
+    pub async fn loads(&self, deadline: Duration) -> Result<GetLoadsResponse, EngineError> {
+        self.unary(path::GET_LOADS, &GetLoadsRequest::default(), deadline).await
+    }
+
+    /// `Abort` of `request_id`.
+    pub async fn abort(
+        &self,
+        request_id: &str,
+        reason: &str,
+        deadline: Duration,
+    ) -> Result<AbortResponse, EngineError> {
+        let asked = AbortRequest { request_id: request_id.into(), reason: reason.into() };
+        self.unary(path::ABORT, &asked, deadline).await
+    }
+
+    /// `Generate`: the call started (its head answered within `deadline`), its answers to read.
+    pub async fn generate(&self, request: &GenerateRequest, deadline: Duration) -> Result<Generation, EngineError> {
+        let started = tokio::time::timeout(deadline, self.start(path::GENERATE, request)).await;
+        let (head, answers) = started.unwrap_or(Err(EngineError::Deadline(self.authority.clone(), deadline)))?;
+        Ok(Generation { answers, head, authority: self.authority.clone() })
+    }
+
+    /// `SubscribeKvEvents` from `start` (0: the current state): the batches as they come.
+    pub async fn subscribe_kv_events(&self, start: u64, deadline: Duration) -> Result<KvEvents, EngineError> {
+        let asked = SubscribeKvEventsRequest { start_sequence_number: start, load_records_before_first_batch: true };
+        let started = tokio::time::timeout(deadline, self.start(path::SUBSCRIBE_KV_EVENTS, &asked)).await;
+        let (head, answers) = started.unwrap_or(Err(EngineError::Deadline(self.authority.clone(), deadline)))?;
+        Ok(KvEvents { answers, head, authority: self.authority.clone() })
+    }
+}
+
+/// A `SubscribeKvEvents` stream's batches.
+#[derive(Debug)]
+pub struct KvEvents {
+    answers: Messages,
+    head: http::HeaderMap,
+    authority: String,
+}
+
+impl KvEvents {
+    /// The next batch; an error when the stream ended (a subscription never ends cleanly).
+    pub async fn next(&mut self) -> Result<KvEventBatch, EngineError> {
+        match self.answers.next::<KvEventBatch>().await {
+            Ok(Some(b)) => Ok(b),
+            Ok(None) => Err(match self.answers.status().or_else(|| Status::from_headers(&self.head)) {
+                Some(s) if s.code != Status::OK => EngineError::Status(s),
+                _ => EngineError::Transport(self.authority.clone(), "the event stream ended".into()),
+            }),
+            Err(s) => Err(EngineError::Status(s)),
+        }
+    }
+}

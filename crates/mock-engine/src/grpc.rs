@@ -1,0 +1,310 @@
+//! The engine's gRPC service (`--grpc-listen`): SGLang's scheduler service as
+//! Shepherd Model Gateway defines it (`engine_grpc`), over the same cache,
+//! timing model and KV events as the HTTP API. A caller sends token ids and
+//! sampling parameters and gets token ids back, streamed or whole.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine_grpc::path;
+use engine_grpc::proto::{
+    AbortRequest, AbortResponse, GenerateComplete, GenerateRequest, GenerateResponse, GenerateStreamChunk, Generated,
+    GetLoadsResponse, GetModelInfoResponse, GetServerInfoResponse, HealthCheckResponse, MatchedStop, OutputLogProbs,
+    SchedulerLoad,
+};
+use grpc_wire::wkt::{Struct, Value};
+use grpc_wire::{Handler, Messages, Replies, Started, Status};
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{Engine, RequestFault};
+use crate::reply::{Release, word};
+
+/// Longest a caller may take to send its one request message.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most sequences one request may ask for (`n`).
+const MAX_N: u32 = 16;
+
+/// The scheduler service over one engine.
+#[derive(Debug)]
+pub(crate) struct Scheduler {
+    pub(crate) engine: Arc<Engine>,
+    /// The text every answer is made of, as token ids (its first `max_new_tokens`).
+    pub(crate) output: Vec<u32>,
+    /// The requests generating, by id: `Abort` cancels one.
+    running: std::sync::Mutex<std::collections::HashMap<String, CancellationToken>>,
+}
+
+/// Takes a request out of the running set however its call ends.
+struct Running<'a>(&'a Scheduler, String);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.1);
+    }
+}
+
+impl Scheduler {
+    pub(crate) fn new(engine: Arc<Engine>) -> Self {
+        let text: String = (0..512).map(word).collect();
+        let output = engine.renderer().tokenizer().encode(&text, false).unwrap_or_default();
+        Self { engine, output, running: Default::default() }
+    }
+}
+
+/// Serves the scheduler service on `listener` until `cancel`.
+pub(crate) fn spawn(listener: tokio::net::TcpListener, scheduler: Arc<Scheduler>, cancel: CancellationToken) {
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = tokio::select! {
+                () = cancel.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "gRPC accept failed");
+                        continue;
+                    }
+                },
+            };
+            let _ = tcp.set_nodelay(true);
+            let (scheduler, stop) = (scheduler.clone(), cancel.clone());
+            tokio::spawn(grpc_wire::serve_connection(tcp, scheduler, grpc_wire::Limits::default(), async move {
+                stop.cancelled().await
+            }));
+        }
+    });
+}
+
+impl Handler for Scheduler {
+    fn call(self: Arc<Self>, p: &str, mut calls: Messages, replies: Replies) -> Option<Started> {
+        let e = self.engine.clone();
+        let started: Started = match p {
+            path::GENERATE => Box::pin(async move {
+                match read(&mut calls).await {
+                    Ok(asked) => self.generate(asked, &replies).await,
+                    Err(status) => status,
+                }
+            }),
+            path::HEALTH_CHECK => Box::pin(async move {
+                let healthy = HealthCheckResponse { healthy: true, message: String::new() };
+                answer(&replies, &healthy).await
+            }),
+            path::ABORT => Box::pin(async move {
+                let asked: AbortRequest = match read(&mut calls).await {
+                    Ok(a) => a,
+                    Err(status) => return status,
+                };
+                let running = self.running.lock().unwrap_or_else(|p| p.into_inner()).get(&asked.request_id).cloned();
+                let found = running.inspect(CancellationToken::cancel).is_some();
+                let found = found || e.pd().is_some_and(|pd| pd.abort(Some(&asked.request_id), false) > 0);
+                answer(&replies, &AbortResponse { success: found, message: String::new() }).await
+            }),
+            // The standard health service, as SGLang's servicer registers it: serving, the
+            // server as a whole ("") and the scheduler service.
+            grpc_wire::health::CHECK_PATH => Box::pin(async move {
+                use grpc_wire::health::{HealthCheckRequest, HealthCheckResponse, ServingStatus};
+                let asked: HealthCheckRequest = match read(&mut calls).await {
+                    Ok(a) => a,
+                    Err(status) => return status,
+                };
+                if !asked.service.is_empty() && asked.service != path::SERVICE {
+                    return Status::new(5, format!("unknown service {}", asked.service));
+                }
+                answer(&replies, &HealthCheckResponse { status: ServingStatus::Serving as i32 }).await
+            }),
+            path::GET_MODEL_INFO => Box::pin(async move { answer(&replies, &model_info(&e)).await }),
+            path::GET_SERVER_INFO => Box::pin(async move { answer(&replies, &server_info(&e)).await }),
+            path::GET_LOADS => Box::pin(async move { answer(&replies, &loads(&e)).await }),
+            _ => return None,
+        };
+        Some(started)
+    }
+}
+
+/// The call's one request message, within [`READ_TIMEOUT`].
+async fn read<M: prost::Message + Default>(calls: &mut Messages) -> Result<M, Status> {
+    match tokio::time::timeout(READ_TIMEOUT, calls.next::<M>()).await {
+        Ok(Ok(Some(m))) => Ok(m),
+        Ok(Ok(None)) => Err(Status::new(Status::INVALID_ARGUMENT, "no request message")),
+        Ok(Err(status)) => Err(status),
+        Err(_) => Err(Status::new(Status::DEADLINE_EXCEEDED, "no request message in time")),
+    }
+}
+
+/// A unary call's answer, and its status.
+async fn answer<M: prost::Message>(replies: &Replies, m: &M) -> Status {
+    match replies.send(m).await {
+        Ok(()) => Status::ok(),
+        Err(_) => Status::new(Status::CANCELLED, "the caller left"),
+    }
+}
+
+impl Scheduler {
+    /// One `Generate` call: the prompt admitted (cache, prefill, KV events), then
+    /// `max_new_tokens` tokens for each of its `n` sequences, a chunk per decode
+    /// step when streamed, then each sequence's `GenerateComplete`.
+    async fn generate(&self, asked: GenerateRequest, replies: &Replies) -> Status {
+        let e = &self.engine;
+        let tokens = asked.tokenized.as_ref().map(|t| t.input_ids.as_slice()).unwrap_or_default();
+        if tokens.is_empty() {
+            return Status::new(Status::INVALID_ARGUMENT, "no input_ids");
+        }
+        let vocab = e.renderer().prompt_vocab_size();
+        if let Some(bad) = tokens.iter().find(|t| **t as usize >= vocab) {
+            return Status::new(Status::INVALID_ARGUMENT, format!("token id {bad} is out of the vocabulary ({vocab})"));
+        }
+        match e.take_fault(asked.stream) {
+            Some(RequestFault::Fail(status)) => {
+                return Status::new(Status::UNAVAILABLE, format!("injected failure ({status})"));
+            }
+            Some(RequestFault::Hang) => std::future::pending::<()>().await,
+            Some(RequestFault::Hold) => e.hold().await,
+            Some(RequestFault::DieMidStream) | None => {}
+        }
+        let aborted = CancellationToken::new();
+        let _running = {
+            let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            running.insert(asked.request_id.clone(), aborted.clone());
+            Running(self, asked.request_id.clone())
+        };
+        let params = asked.sampling_params.clone().unwrap_or_default();
+        let n = params.n.clamp(1, MAX_N) as usize;
+        let max = params.max_new_tokens.map_or(e.config().default_max_tokens, |m| m as usize);
+        let rank = asked.data_parallel_rank.and_then(|r| usize::try_from(r).ok());
+        let admission = e.admit(tokens, rank).await;
+        let guard = Release { engine: e.clone(), admission };
+        let (prompt, cached) = (guard.admission.prompt_tokens as u32, guard.admission.cached_tokens as u32);
+        let die = asked.stream && e.take_fault_mid_stream_pending();
+        let logprob = e.token_logprob() as f32;
+        let mut out: Vec<u32> = Vec::with_capacity(max);
+        let mut matched = None;
+        for i in 0..max {
+            tokio::select! {
+                () = e.decode_step() => {}
+                () = aborted.cancelled() => return Status::new(Status::CANCELLED, "aborted"),
+            }
+            let t = self.output[i % self.output.len().max(1)];
+            out.push(t);
+            if !params.ignore_eos && params.stop_token_ids.contains(&t) {
+                matched = Some(MatchedStop::TokenId(t));
+            }
+            if asked.stream {
+                for index in 0..n as u32 {
+                    let chunk = GenerateStreamChunk {
+                        token_ids: vec![t],
+                        prompt_tokens: prompt,
+                        completion_tokens: out.len() as u32,
+                        cached_tokens: cached,
+                        output_logprobs: asked.return_logprob.then(|| logprobs(&[t], logprob)),
+                        index,
+                        ..Default::default()
+                    };
+                    let m = GenerateResponse {
+                        request_id: asked.request_id.clone(),
+                        response: Some(Generated::Chunk(chunk)),
+                    };
+                    if replies.send(&m).await.is_err() {
+                        return Status::new(Status::CANCELLED, "the caller left");
+                    }
+                }
+                if die {
+                    return Status::new(Status::INTERNAL, "injected: engine died mid-stream");
+                }
+            }
+            if matched.is_some() {
+                break;
+            }
+        }
+        let finish_reason = if matched.is_some() { "stop" } else { "length" };
+        for index in 0..n as u32 {
+            let complete = GenerateComplete {
+                // Streamed: the last chunk's tokens (SGLang's servicer sends the last output's); whole: all.
+                output_ids: if asked.stream { out.last().copied().into_iter().collect() } else { out.clone() },
+                finish_reason: finish_reason.into(),
+                prompt_tokens: prompt,
+                completion_tokens: out.len() as u32,
+                cached_tokens: cached,
+                output_logprobs: (asked.return_logprob && !asked.stream).then(|| logprobs(&out, logprob)),
+                matched_stop: matched.clone(),
+                index,
+                ..Default::default()
+            };
+            let m = GenerateResponse {
+                request_id: asked.request_id.clone(),
+                response: Some(Generated::Complete(complete)),
+            };
+            if replies.send(&m).await.is_err() {
+                return Status::new(Status::CANCELLED, "the caller left");
+            }
+        }
+        drop(guard);
+        Status::ok()
+    }
+}
+
+fn logprobs(ids: &[u32], logprob: f32) -> OutputLogProbs {
+    OutputLogProbs { token_logprobs: vec![logprob; ids.len()], token_ids: ids.to_vec(), top_logprobs: Vec::new() }
+}
+
+fn model_info(e: &Engine) -> GetModelInfoResponse {
+    let c = e.config();
+    GetModelInfoResponse {
+        model_path: c.model_id.clone(),
+        tokenizer_path: c.model_id.clone(),
+        is_generation: true,
+        served_model_name: c.model_id.clone(),
+        max_context_length: i32::try_from(c.capacity_tokens).unwrap_or(i32::MAX),
+        vocab_size: i32::try_from(e.renderer().prompt_vocab_size()).unwrap_or(i32::MAX),
+        model_type: "mock".into(),
+        max_req_input_len: i32::try_from(c.capacity_tokens).unwrap_or(i32::MAX),
+        architectures: vec!["MockForCausalLM".into()],
+        ..Default::default()
+    }
+}
+
+fn server_info(e: &Engine) -> GetServerInfoResponse {
+    let c = e.config();
+    let mode = match e.pd().map(|pd| pd.config.role) {
+        Some(crate::PdRole::Prefill) => "prefill",
+        Some(crate::PdRole::Decode) => "decode",
+        _ => "null",
+    };
+    let mut args = Struct::default();
+    for (k, v) in [
+        ("model_path", Value::string(&c.model_id)),
+        ("served_model_name", Value::string(&c.model_id)),
+        ("page_size", Value::number(c.page_size as f64)),
+        ("dp_size", Value::number(c.dp_size as f64)),
+        ("tp_size", Value::number(1.0)),
+        ("disaggregation_mode", Value::string(mode)),
+        ("context_length", Value::number(c.capacity_tokens as f64)),
+    ] {
+        args.fields.insert(k.into(), v);
+    }
+    GetServerInfoResponse {
+        server_args: Some(args),
+        active_requests: e.loads().iter().map(|l| l.num_running_reqs as i32).sum(),
+        sglang_version: "0.5.10-mock".into(),
+        server_type: "grpc".into(),
+        max_total_num_tokens: i32::try_from(c.capacity_tokens).unwrap_or(i32::MAX),
+        ..Default::default()
+    }
+}
+
+fn loads(e: &Engine) -> GetLoadsResponse {
+    let c = e.config();
+    let loads: Vec<SchedulerLoad> = e
+        .loads()
+        .into_iter()
+        .map(|l| SchedulerLoad {
+            dp_rank: l.dp_rank as i32,
+            num_running_reqs: l.num_running_reqs as i32,
+            num_waiting_reqs: l.num_waiting_reqs as i32,
+            num_total_reqs: (l.num_running_reqs + l.num_waiting_reqs) as i32,
+            max_total_num_tokens: i32::try_from(c.capacity_tokens).unwrap_or(i32::MAX),
+            token_usage: l.token_usage,
+            num_waiting_uncached_tokens: i32::try_from(l.num_waiting_uncached_tokens).unwrap_or(i32::MAX),
+            ..Default::default()
+        })
+        .collect();
+    GetLoadsResponse { version: "0.5.10-mock".into(), dp_rank_count: loads.len() as i32, loads, ..Default::default() }
+}

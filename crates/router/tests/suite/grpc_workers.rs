@@ -1,0 +1,118 @@
+//! gRPC workers: the simulated engine's SGLang scheduler service (`--grpc-listen`) as the
+//! real peer sees it: Shepherd Model Gateway 1.13.0 (`smg launch --worker-urls grpc://...`,
+//! PyPI) registers it (health, model and server info), and answers chats through it, whole
+//! and streamed, its prompt cache reported back.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use mock_engine::{MockEngine, MockEngineConfig};
+use serde_json::{Value, json};
+
+use crate::common::smg::{Smg, smg};
+
+/// The Qwen3 tokenizer and template the project's golden tests use.
+fn qwen3() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizers/qwen3").canonicalize().unwrap()
+}
+
+/// A simulated engine with Qwen3's tokenizer serving gRPC, its model id the tokenizer's
+/// directory (what `smg --model-path` names it).
+async fn grpc_engine(dir: &std::path::Path) -> MockEngine {
+    let config = MockEngineConfig {
+        model_id: dir.display().to_string(),
+        grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        kv_events: false,
+        fast: true,
+        ..MockEngineConfig::default()
+    };
+    MockEngine::spawn_with(config, renderer::Renderer::from_dir(dir, None).unwrap()).await.unwrap()
+}
+
+/// The answer's text, content and reasoning together (smg's Qwen3 reasoning parser takes an
+/// answer without `</think>` for reasoning).
+fn text_of(message: &Value) -> String {
+    ["reasoning_content", "content"].iter().filter_map(|k| message.get(*k).and_then(Value::as_str)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smg_answers_chats_through_the_simulated_engines_grpc_service() {
+    let Some(smg) = smg("the smg gRPC interop test") else { return };
+    let dir = qwen3();
+    let engine = grpc_engine(&dir).await;
+    let grpc = engine.grpc_url().unwrap();
+    let log = std::env::temp_dir().join(format!("smg-grpc-{}.log", std::process::id()));
+    let model = dir.display().to_string();
+    let router = Smg::launch(&smg, &["--worker-urls", &grpc, "--model-path", &model], &log);
+    let http = reqwest::Client::new();
+    // Registered once smg asked its health, model and server info: a healthy gRPC worker.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let workers = http.get(format!("{}/workers", router.url)).send().await.ok();
+        let workers: Option<Value> = match workers {
+            Some(r) => r.json().await.ok(),
+            None => None,
+        };
+        let ready = workers.as_ref().and_then(|w| w["workers"].as_array()).is_some_and(|w| {
+            w.iter().any(|w| w["url"] == grpc.as_str() && w["connection_mode"] == "grpc" && w["is_healthy"] == true)
+        });
+        if ready {
+            break;
+        }
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(Instant::now() < deadline, "smg never registered {grpc}: {workers:?}\n{log}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The mock's answer, token ids in, token ids out: its words, detokenized by smg.
+    let expected = " the cache is warm and routing works.";
+    let content = "Tell me about prefix caches in LLM serving, and how a router keeps them warm across replicas.";
+    let body = json!({"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": content}]});
+    // Its tokenizer registers in the background: until then smg answers 503 `tokenizer_not_ready`.
+    let whole: Value = loop {
+        let r = http.post(format!("{}/v1/chat/completions", router.url)).json(&body).send().await.unwrap();
+        let answer: Value = r.json().await.unwrap();
+        if answer["error"]["code"] != "tokenizer_not_ready" {
+            break answer;
+        }
+        assert!(Instant::now() < deadline, "smg's tokenizer never registered: {answer}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(text_of(message), expected, "{whole}");
+    assert_eq!(whole["choices"][0]["finish_reason"], "length", "{whole}");
+    assert_eq!(whole["usage"]["completion_tokens"], 8, "{whole}");
+    let prompt = whole["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt >= 16, "the prompt as smg tokenized it: {whole}");
+
+    // Streamed, the same prompt: the same words in deltas, and the pages the first one stored
+    // reported back as cached.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let sse = http
+        .post(format!("{}/v1/chat/completions", router.url))
+        .json(&streamed)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let chunks: Vec<Value> = sse
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(sse.trim_end().ends_with("data: [DONE]"), "{sse}");
+    let text: String = chunks.iter().filter_map(|c| c["choices"].get(0)).map(|c| text_of(&c["delta"])).collect();
+    assert_eq!(text, expected, "{sse}");
+    let usage = chunks.iter().rev().find_map(|c| c.get("usage").filter(|u| !u.is_null())).expect("a usage chunk");
+    assert_eq!(usage["prompt_tokens"].as_u64(), Some(prompt), "{usage}");
+    let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+    assert_eq!(cached, prompt / 16 * 16, "the first chat's full pages, cached: {usage}");
+    assert_eq!(engine.engine().requests.load(Ordering::Relaxed), 2, "both chats reached the engine over gRPC");
+    drop(router);
+    let _ = std::fs::remove_file(&log);
+}
