@@ -149,7 +149,7 @@ impl Replies {
     /// A reply channel and the body that carries its frames (at most `depth` waiting).
     pub fn channel(depth: usize) -> (Self, ReplyBody) {
         let (tx, rx) = mpsc::channel(depth.max(1));
-        (Self { tx }, ReplyBody { rx })
+        (Self { tx }, ReplyBody { rx: Some(rx) })
     }
 
     /// Sends one message (waits while the caller reads slower than we write).
@@ -181,7 +181,15 @@ pub fn encode<M: prost::Message>(message: &M) -> Bytes {
 /// An answer's body: the frames [`Replies`] sends, then its end.
 #[derive(Debug)]
 pub struct ReplyBody {
-    rx: mpsc::Receiver<Frame<Bytes>>,
+    /// None: a body with nothing in it, ended before it began (a trailers-only answer's).
+    rx: Option<mpsc::Receiver<Frame<Bytes>>>,
+}
+
+impl ReplyBody {
+    /// A body that is over at once: the answer is its head alone (HEADERS ending the stream).
+    pub fn empty() -> Self {
+        Self { rx: None }
+    }
 }
 
 impl http_body::Body for ReplyBody {
@@ -189,7 +197,14 @@ impl http_body::Body for ReplyBody {
     type Error = Infallible;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.rx.poll_recv(cx).map(|f| f.map(Ok))
+        match self.rx.as_mut() {
+            Some(rx) => rx.poll_recv(cx).map(|f| f.map(Ok)),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rx.is_none()
     }
 }
 

@@ -82,23 +82,24 @@ where
 /// One call: routed by its path.
 fn call<H: Handler>(handler: Arc<H>, req: http::Request<Incoming>, limits: Limits) -> Response<ReplyBody> {
     let (replies, body) = Replies::channel(limits.reply_depth);
-    let mut answer = Response::new(body);
-    answer.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     let path = req.uri().path().to_owned();
     let calls = Messages::new(req.into_body(), limits.max_message_bytes);
-    match handler.call(&path, calls, replies.clone()) {
+    let mut answer = match handler.call(&path, calls, replies.clone()) {
         Some(started) => {
             tokio::spawn(async move {
                 let status = started.await;
                 replies.finish(&status).await;
             });
+            Response::new(body)
         }
         None => {
-            // The status in the trailers, after no message (a head carrying it would be followed
-            // by an empty frame ending the stream, which gRPC's C core takes for a broken call).
+            // Trailers-only: the status in a head that ends the stream (its body is over at once).
             let status = Status::new(Status::UNIMPLEMENTED, format!("no method {path}"));
-            tokio::spawn(async move { replies.finish(&status).await });
+            let mut answer = Response::new(ReplyBody::empty());
+            answer.headers_mut().extend(status.headers());
+            answer
         }
-    }
+    };
+    answer.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     answer
 }
