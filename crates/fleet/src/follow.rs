@@ -38,6 +38,12 @@ struct Found {
 /// followed, when there is nothing to follow, or when the worker leaves.
 pub(crate) async fn follow(fleet: Arc<Fleet>, worker: Arc<Worker>) {
     let Some(ev) = &fleet.events else { return };
+    if worker.engine().is_some() {
+        // Its events come on its gRPC service (`SubscribeKvEvents`), not over ZMQ.
+        let reason = format!("{}: a gRPC worker's KV events (SubscribeKvEvents) are not followed", worker.url);
+        fleet.unfollowed(&worker, Events::NotFollowed(reason));
+        return;
+    }
     let started = Instant::now();
     let mut backoff = BACKOFF_INITIAL;
     loop {

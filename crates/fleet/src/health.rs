@@ -123,13 +123,20 @@ pub(crate) async fn first_probe(fleet: Arc<Fleet>, w: Arc<Worker>) {
 async fn check(fleet: &Arc<Fleet>, w: &Arc<Worker>, timeout: Duration) {
     let client = &fleet.client;
     w.probed_now();
-    let probe = client.get(w.endpoint_url(&fleet.config.health.endpoint)).timeout(timeout).send().await;
+    // A gRPC worker's `HealthCheck`; an HTTP worker's health endpoint.
+    let probe = match w.engine() {
+        Some(engine) => crate::grpc::health(engine, timeout).await,
+        None => match client.get(w.endpoint_url(&fleet.config.health.endpoint)).timeout(timeout).send().await {
+            Ok(r) => Ok(r.status().is_success()),
+            Err(e) => Err(e.to_string()),
+        },
+    };
     // Any answer is contact; no answer after a silence stalls it (`--worker-stall-secs`).
     match &probe {
         Ok(_) => w.liveness.contact(),
         Err(_) => w.liveness.transport_failed(fleet.config.liveness.stall),
     }
-    let ok = matches!(probe, Ok(r) if r.status().is_success());
+    let ok = probe == Ok(true);
     if ok {
         // Asked before it enters rotation: a disaggregated worker's role and bootstrap port
         // are known before its first request.
@@ -198,16 +205,19 @@ pub(crate) async fn load_loop(fleet: Arc<Fleet>) {
 }
 
 async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration, stall: Duration) {
+    if let Some(engine) = w.engine() {
+        match crate::grpc::loads(engine, timeout).await {
+            Ok(ranks) => {
+                w.liveness.contact();
+                loaded(w, ranks);
+            }
+            Err(e) => lost(w, &e, stall),
+        }
+        return;
+    }
     let resp = match client.get(w.endpoint_url("/v1/loads?include=core")).timeout(timeout).send().await {
         Ok(r) => r,
-        Err(e) => {
-            debug!(worker = %w.url, error = %e, "load poll failed");
-            w.set_reported_uncached_tokens(0);
-            w.set_reported_requests(0);
-            w.liveness.report_lost();
-            w.liveness.transport_failed(stall);
-            return;
-        }
+        Err(e) => return lost(w, &e.to_string(), stall),
     };
     w.liveness.contact();
     if matches!(resp.status().as_u16(), 404 | 405) {
@@ -219,6 +229,20 @@ async fn poll_load(w: &Worker, client: &reqwest::Client, timeout: Duration, stal
     let body = read_capped(resp).await;
     let value = body.as_deref().and_then(|b| serde_json::from_slice::<Value>(b).ok());
     let ranks = value.as_ref().map(crate::liveness::RankReport::parse).unwrap_or_default();
+    loaded(w, ranks);
+}
+
+/// A load poll failed: nothing reported is believed any more.
+fn lost(w: &Worker, error: &str, stall: Duration) {
+    debug!(worker = %w.url, error, "load poll failed");
+    w.set_reported_uncached_tokens(0);
+    w.set_reported_requests(0);
+    w.liveness.report_lost();
+    w.liveness.transport_failed(stall);
+}
+
+/// What a load poll found on each rank, recorded.
+fn loaded(w: &Worker, ranks: Vec<crate::liveness::RankReport>) {
     let sum = |f: fn(&crate::liveness::RankReport) -> u64| ranks.iter().map(f).fold(0u64, u64::saturating_add);
     w.set_reported_requests(u32::try_from(sum(|r| r.running.saturating_add(r.waiting))).unwrap_or(u32::MAX));
     w.set_reported_uncached_tokens(sum(|r| r.uncached));
@@ -243,6 +267,9 @@ fn warn_mixed_models(all: &[Arc<Worker>], last: &mut Vec<String>) {
 /// Asks a worker what it serves: SGLang's `/server_info` first, then the
 /// OpenAI `/v1/models` list. `None` when neither answers (tried again next tick).
 pub async fn introspect(client: &reqwest::Client, w: &Worker, timeout: Duration) -> Option<WorkerInfo> {
+    if let Some(engine) = w.engine() {
+        return crate::grpc::introspect(w, engine, timeout).await;
+    }
     let get = |path: &'static str| {
         let url = w.endpoint_url(path);
         async move {

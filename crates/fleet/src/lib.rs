@@ -18,6 +18,7 @@
 
 mod breaker;
 mod follow;
+pub mod grpc;
 mod health;
 pub mod k8s;
 pub mod liveness;

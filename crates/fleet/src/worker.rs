@@ -95,6 +95,8 @@ pub struct Worker {
     pub index_id: Option<kv_index::WorkerId>,
     /// The proxied routes' URLs on it, parsed once.
     endpoints: Vec<(&'static str, http::Uri)>,
+    /// Its scheduler service, when it is a gRPC worker (`grpc://`): the one connection to it.
+    engine: Option<Arc<engine_grpc::Engine>>,
     state: AtomicU8,
     /// The last verdict of probes and requests (false until the first probe).
     healthy: AtomicBool,
@@ -222,7 +224,9 @@ impl Worker {
         let Spec { id, url, role, pool, index_id, events } = spec;
         let paths = config.proxied_paths;
         let endpoints = paths.iter().filter_map(|p| Some((*p, format!("{url}{p}").parse().ok()?))).collect();
+        let engine = crate::grpc::engine_of(url.as_str(), config.health.timeout.max(Duration::from_secs(1)));
         Self {
+            engine,
             probe_failures: AtomicU32::new(0),
             probe_successes: AtomicU32::new(0),
             probe_thresholds: (config.health.failure_threshold.max(1), config.health.success_threshold.max(1)),
@@ -375,6 +379,11 @@ impl Worker {
     /// [`crate::FleetConfig::proxied_paths`]); `None` for another path.
     pub fn endpoint(&self, path: &str) -> Option<http::Uri> {
         self.endpoints.iter().find(|(p, _)| *p == path).map(|(_, u)| u.clone())
+    }
+
+    /// Its scheduler service, when it is a gRPC worker (`grpc://host:port`).
+    pub fn engine(&self) -> Option<&Arc<engine_grpc::Engine>> {
+        self.engine.as_ref()
     }
 
     /// The URL of `path` (a route such as `/generate`) on this worker.

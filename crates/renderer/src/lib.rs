@@ -13,6 +13,7 @@ mod builtin;
 mod chain_memo;
 mod chat;
 mod chatml;
+pub mod detok;
 mod error;
 mod fast_bpe;
 pub mod hash;

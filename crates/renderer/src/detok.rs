@@ -1,0 +1,71 @@
+//! Generated token ids back into text as they come ([`Incremental`]): each
+//! new id yields the text it completes, and the pieces of a whole sequence
+//! concatenate to the tokenizer's `decode` of all of it. A piece is held
+//! back while the text ends in a character not complete yet (a multi-byte
+//! character split across byte-fallback tokens decodes to U+FFFD until its
+//! last byte comes).
+
+use crate::{RenderError, TextTokenizer};
+
+/// Tokens of context decoded before the new ones: enough for a decoder that
+/// looks back (a leading space, a byte sequence), few enough to stay cheap.
+const CONTEXT: usize = 6;
+
+/// One sequence's detokenization state.
+#[derive(Debug, Clone)]
+pub struct Incremental {
+    ids: Vec<u32>,
+    /// Where the context decoded before the new text starts.
+    prefix: usize,
+    /// The ids whose text was given out end here.
+    read: usize,
+    /// The text given out so far.
+    text: String,
+    skip_special_tokens: bool,
+}
+
+impl Incremental {
+    /// A sequence with no ids yet; special tokens left out of the text when `skip_special_tokens`.
+    pub fn new(skip_special_tokens: bool) -> Self {
+        Self { ids: Vec::new(), prefix: 0, read: 0, text: String::new(), skip_special_tokens }
+    }
+
+    /// The ids so far.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// The text given out so far.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Adds `ids` and returns the text they complete (empty while a character is incomplete).
+    pub fn push(&mut self, tok: &TextTokenizer, ids: &[u32]) -> Result<String, RenderError> {
+        self.ids.extend_from_slice(ids);
+        let before = tok.decode(&self.ids[self.prefix..self.read], self.skip_special_tokens)?;
+        let now = tok.decode(&self.ids[self.prefix..], self.skip_special_tokens)?;
+        if now.len() <= before.len() || now.ends_with('\u{FFFD}') || !now.starts_with(&before) {
+            return Ok(String::new());
+        }
+        let piece = now[before.len()..].to_owned();
+        self.read = self.ids.len();
+        self.prefix = self.read.saturating_sub(CONTEXT).max(self.prefix);
+        self.text.push_str(&piece);
+        Ok(piece)
+    }
+
+    /// The text still held back once the sequence has ended: with what was given out, the
+    /// `decode` of the whole sequence. `None` when what was given out is not a prefix of it
+    /// (a decoder whose text of a piece depends on what follows): nothing more can be said.
+    pub fn finish(&mut self, tok: &TextTokenizer) -> Result<Option<String>, RenderError> {
+        let all = tok.decode(&self.ids, self.skip_special_tokens)?;
+        self.read = self.ids.len();
+        let Some(rest) = all.strip_prefix(self.text.as_str()).map(str::to_owned) else { return Ok(None) };
+        self.text = all;
+        Ok(Some(rest))
+    }
+}
+
+#[cfg(test)]
+mod tests;
