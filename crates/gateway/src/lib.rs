@@ -15,6 +15,7 @@ pub mod epp;
 pub mod error;
 pub mod explain;
 mod exposition;
+mod grpc;
 mod h1;
 mod judge;
 pub mod jwt;

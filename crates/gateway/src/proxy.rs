@@ -91,7 +91,7 @@ async fn serve(
     let (mut answer, verdict) = match outcome {
         Outcome::Cached(hit, verdict) => (hit.into_response(), verdict),
         Outcome::Sent(guard, worker, resp, verdict) => (relay(&gw, guard, worker, resp), verdict),
-        Outcome::Disaggregated(answer) => (answer, None),
+        Outcome::Made(answer) => (answer, None),
     };
     if let Some(verdict) = verdict {
         answer.headers_mut().insert(crate::pools::cascade::CASCADE_HEADER, verdict);

@@ -174,10 +174,12 @@ impl WorkerUrl {
         if url.len() > 2048 {
             return err("longer than 2048 bytes");
         }
-        let Some((scheme, rest)) = url.split_once("://") else { return err("not an http:// or https:// URL") };
+        let Some((scheme, rest)) = url.split_once("://") else { return err("not an http://, https:// or grpc:// URL") };
         let https = scheme.eq_ignore_ascii_case("https");
-        if !https && !scheme.eq_ignore_ascii_case("http") {
-            return err("not an http:// or https:// URL");
+        // A gRPC worker (SGLang's scheduler service, `--smg-grpc-mode`): host and port only.
+        let grpc = scheme.eq_ignore_ascii_case("grpc");
+        if !https && !grpc && !scheme.eq_ignore_ascii_case("http") {
+            return err("not an http://, https:// or grpc:// URL");
         }
         if rest.contains(['#', '?']) {
             return err("a worker URL has no query or fragment");
@@ -229,6 +231,13 @@ impl WorkerUrl {
             }
         };
         let path = path.trim_end_matches('/');
+        if grpc {
+            return match (port, path.is_empty()) {
+                (Some(p), true) => Ok(Self(format!("grpc://{host}:{p}"))),
+                (None, _) => err("a grpc:// worker URL needs its port"),
+                (_, false) => err("a grpc:// worker URL has no path"),
+            };
+        }
         for segment in path.split('/').skip(1) {
             if segment.is_empty() || segment == "." || segment == ".." {
                 return err("empty or dot segments in the path");
@@ -461,6 +470,11 @@ mod tests {
         assert_eq!(WorkerUrl::parse("HTTPS://H:443/").unwrap().as_str(), "https://h");
         assert_eq!(WorkerUrl::parse("https://h:80").unwrap().as_str(), "https://h:80");
         assert_ne!(WorkerUrl::parse("https://h:8000").unwrap(), WorkerUrl::parse("http://h:8000").unwrap());
+        // A gRPC worker: host and port, nothing else.
+        assert_eq!(ok("GRPC://Engine-0:30001/"), "grpc://engine-0:30001");
+        for bad in ["grpc://h", "grpc://h:1/path", "grpc://u@h:1", "grpc://h:0"] {
+            assert!(WorkerUrl::parse(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

@@ -123,6 +123,11 @@ impl Stream<'_> {
                 let why = "a disaggregated pool is not served through the endpoint picker; route it to the router's HTTP listener";
                 return self.refuse(&GatewayError::Unprocessable(why.into()), Some(route)).await;
             }
+            Planned::Done(Ok(Forwarded::Made(_))) => {
+                let why =
+                    "gRPC workers are not served through the endpoint picker; route them to the router's HTTP listener";
+                return self.refuse(&GatewayError::Unprocessable(why.into()), Some(route)).await;
+            }
             Planned::Done(Ok(Forwarded::Sent(..))) => {
                 return Status::new(Status::INTERNAL, "the pipeline answered without its send");
             }

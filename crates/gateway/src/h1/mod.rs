@@ -448,8 +448,9 @@ async fn serve_fast(
                 let to = upstream::Relayed { close, idle: upstream_idle, keepalive, head: &answer_head };
                 upstream::relay(&mut peer, guard, worker, answer, to).await && !close
             }
-            // A disaggregated pool (the CLI's disaggregation makes the default pool one).
-            Ok(Outcome::Disaggregated(answer)) => {
+            // Made here: a disaggregated pool's answer (the CLI's disaggregation makes the default
+            // pool one), a gRPC worker's.
+            Ok(Outcome::Made(answer)) => {
                 disagg::write(&mut peer, answer, (close, &answer_head, upstream_idle)).await && !close
             }
             Err(e) => {

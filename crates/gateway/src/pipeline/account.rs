@@ -48,6 +48,11 @@ impl InFlight {
         self.route
     }
 
+    /// Time since the request came.
+    pub(crate) fn elapsed(&self) -> std::time::Duration {
+        self.start.elapsed()
+    }
+
     /// The gateway's metrics.
     pub(crate) fn metrics(&self) -> &crate::metrics::GatewayMetrics {
         &self.gw.metrics

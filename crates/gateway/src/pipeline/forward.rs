@@ -17,6 +17,7 @@ use crate::pipeline::account::InFlight;
 use crate::pipeline::admission::Admission;
 use crate::pipeline::body::parse_body;
 use crate::pipeline::request::{Meta, Route};
+use crate::pipeline::retry::next_worker;
 use crate::pools::HeaderEdits;
 use crate::send::{AnswerHead, SendError};
 use crate::{Gateway, GatewayError, RetryConfig};
@@ -34,6 +35,8 @@ pub(crate) enum Forwarded<T> {
     /// For a disaggregated pool (the CLI's disaggregation makes the default pool one): a
     /// prefill/decode pair serves it (`pd::serve_routed`), with the body as routed.
     Disaggregated(Box<Disaggregated>),
+    /// Answered by a gRPC worker, the answer made here (`crate::grpc`).
+    Made(axum::response::Response),
 }
 
 /// A request routed to a disaggregated pool, for the PD dispatch.
@@ -53,7 +56,8 @@ pub(crate) struct Disaggregated {
 /// (one per request, moved once: its size does not matter).
 #[allow(clippy::large_enum_variant)]
 enum Step {
-    Send(Option<Value>, Plan, Option<crate::pools::Routed>, Bytes),
+    /// To one worker; with the prompt's token ids when the pool has gRPC workers (they take ids).
+    Send(Option<Value>, Plan, Option<crate::pools::Routed>, Bytes, Option<Vec<u32>>),
     Cached(crate::cache::Hit),
     /// To a disaggregated pool, with its pair.
     Disaggregated(crate::pd::Planned, crate::pipeline::request::RouteHeaders, Option<Arc<HeaderEdits>>),
@@ -127,25 +131,32 @@ where
             return Ok(Step::Disaggregated(planned, headers.unwrap_or_default(), edits));
         }
         let planner = planner::Planner { only: subset.as_deref(), ..gw2.planner() };
+        // A gRPC worker takes token ids: the plan's render, kept for it.
+        let ids = match v.as_ref() {
+            Some(v) if route.has_prompt() && crate::grpc::in_pool(&gw2, pool) => {
+                Some(renders.tokens(planner, &pool.renderer, route, v)?.0)
+            }
+            _ => None,
+        };
         let plan = planner.plan(pool, route, v.as_ref(), key.as_deref(), &renders, true)?;
-        Ok::<_, GatewayError>(Step::Send(v, plan, routed, bytes))
+        Ok::<_, GatewayError>(Step::Send(v, plan, routed, bytes, ids))
     })
     .await??;
     // Rendered: the tokenizer's working memory is free again.
     admission.rendered();
-    let (mut v, plan, mut routed, bytes) = match step {
+    let (mut v, plan, mut routed, bytes, ids) = match step {
         Step::Cached(hit) => return Ok(from_cache(gw, route, start, hit)),
         Step::Disaggregated(planned, route_headers, edits) => {
             // Both legs carry the router's span as their parent.
             let edits = crate::pipeline::trace::edits(meta.trace.as_ref(), edits);
             return Ok(Forwarded::Disaggregated(Box::new(Disaggregated { admission, planned, route_headers, edits })));
         }
-        Step::Send(v, plan, mut routed, bytes) => {
+        Step::Send(v, plan, mut routed, bytes, ids) => {
             // Missed here: another replica may have kept the answer (`--shared-state`).
             if let Some(hit) = shared_hit(routed.as_mut()).await {
                 return Ok(from_cache(gw, route, start, hit));
             }
-            (v, plan, routed, bytes)
+            (v, plan, routed, bytes, ids)
         }
     };
     plan.commit();
@@ -180,6 +191,14 @@ where
     guard.trace = meta.trace.map(|ctx| crate::pipeline::trace::Traced::decided(ctx, id, &plan));
     (guard.route_headers, guard.cache, guard.cascade) = (route_headers, cache, cascade);
     guard.predicted = route.has_prompt().then_some(matched);
+    // A gRPC worker: the router sends the token ids and makes the answer.
+    if let (Some(tokens), Some(v), true) = (ids, v.take(), worker.engine().is_some()) {
+        let job = crate::grpc::Job { route, v, tokens, rank, uncached };
+        return crate::grpc::serve(gw, guard, worker, pool, job, meta).await.map(Forwarded::Made);
+    }
+    if worker.engine().is_some() {
+        return Err(GatewayError::Unprocessable(format!("{} is not served by gRPC workers", route.path())));
+    }
     let retry = &gw.config.retry;
     // The workers tried before the current one (allocated only on a retry).
     let mut tried = Vec::new();
@@ -279,6 +298,7 @@ where
         Forwarded::Disaggregated(_) => {
             Err(GatewayError::Internal("a cascade escalated to a disaggregated pool".into()))
         }
+        Forwarded::Made(_) => Err(GatewayError::Unprocessable("a cascade does not escalate to gRPC workers".into())),
     }
 }
 
@@ -296,9 +316,6 @@ fn with_rank(route: Route, v: Option<&mut Value>, rank: Option<DpRank>, bytes: &
     Bytes::from(serde_json::to_vec(&*v).unwrap_or_default())
 }
 
-/// The worker of `pool` a retry after `current` goes to: the least loaded
-/// routable one tried neither now nor before (one no liveness veto leaves out
-/// first), else the least loaded routable one (a retry may go back to a worker).
 /// A request answered from a response cache: counted as a worker's answer is, with its latency.
 fn from_cache<T>(gw: &Gateway, route: Route, start: Instant, hit: crate::cache::Hit) -> Forwarded<T> {
     gw.metrics.latency.observe(start.elapsed().as_secs_f64());
@@ -318,26 +335,6 @@ async fn shared_hit(routed: Option<&mut crate::pools::Routed>) -> Option<crate::
     let answer = found.answer()?.clone();
     *outcome = found;
     Some(crate::cache::Hit { answer, headers: crate::pipeline::request::RouteHeaders::of(r) })
-}
-
-fn next_worker(
-    gw: &Gateway,
-    pool: &planner::Pool,
-    current: &Worker,
-    tried: &[router_types::WorkerId],
-) -> Option<Arc<Worker>> {
-    let snapshot = gw.fleet.snapshot();
-    let routable = || snapshot.iter().filter(|w| w.is_routable() && pool.serves(w));
-    let by_load = |w: &&Arc<Worker>| (w.load().in_flight, w.load().uncached_tokens);
-    let fresh = || routable().filter(|w| w.id != current.id && !tried.contains(&w.id));
-    // A worker the liveness vetoes leave out is tried last.
-    let clear = |w: &&Arc<Worker>| w.veto(gw.fleet.liveness()).is_none();
-    fresh()
-        .filter(clear)
-        .min_by_key(by_load)
-        .or_else(|| fresh().min_by_key(by_load))
-        .or_else(|| routable().min_by_key(by_load))
-        .cloned()
 }
 
 #[cfg(test)]

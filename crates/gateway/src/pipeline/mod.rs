@@ -32,6 +32,7 @@ pub(crate) mod body;
 pub mod context;
 pub(crate) mod forward;
 pub(crate) mod request;
+pub(crate) mod retry;
 pub mod scheduler;
 pub(crate) mod shape;
 pub mod tenant_limits;
@@ -65,8 +66,9 @@ pub(crate) enum Outcome<T> {
     /// A worker's answer to relay, with the verdict's `x-route-cascade` when
     /// a cascade escalated to it.
     Sent(InFlight, Arc<Worker>, T, Option<HeaderValue>),
-    /// A disaggregated pool's answer (the decode leg's, merged where asked).
-    Disaggregated(Response),
+    /// An answer the router made: a disaggregated pool's (the decode leg's, merged where
+    /// asked) or a gRPC worker's.
+    Made(Response),
 }
 
 /// A request's life from its admitted body to its answer: select and plan,
@@ -93,8 +95,9 @@ where
             Forwarded::Cached(hit) => return Ok(Outcome::Cached(hit, None)),
             Forwarded::Disaggregated(d) => {
                 let served = crate::pd::serve_routed(gw, d, (route, extra), start, meta).await;
-                return served.map(Outcome::Disaggregated);
+                return served.map(Outcome::Made);
             }
+            Forwarded::Made(answer) => return Ok(Outcome::Made(answer)),
         };
     // A decision's cascade judges the first pool's answer: relayed, kept, or sent on to its second pool.
     let Some((plan, sent)) = guard.cascade.take().map(|b| *b) else {

@@ -51,7 +51,14 @@ fn texts_split_one_token_at_a_time_and_in_chunks_come_back_whole() {
                 let whole = tok.decode(&ids, skip).unwrap();
                 assert_eq!(pieces(&tok, &ids, skip, || 1), whole, "{name}: {text:?} one by one");
                 let mut n = 0;
-                assert_eq!(pieces(&tok, &ids, skip, || { n = n % 3 + 1; n }), whole, "{name}: {text:?} in chunks");
+                assert_eq!(
+                    pieces(&tok, &ids, skip, || {
+                        n = n % 3 + 1;
+                        n
+                    }),
+                    whole,
+                    "{name}: {text:?} in chunks"
+                );
             }
         }
     }
@@ -77,9 +84,9 @@ fn random_ids_in_random_chunks_come_back_as_the_whole_decode() {
             let len = 1 + (rng.next_u64() % 40) as usize;
             // Mostly low ids (bytes and common pieces, where multi-byte splits happen), some anywhere.
             let ids: Vec<u32> = (0..len)
-                .map(|_| if rng.next_u64() % 4 == 0 { rng.next_u64() % vocab } else { rng.next_u64() % 1024 } as u32)
+                .map(|_| if rng.next_u64().is_multiple_of(4) { rng.next_u64() % vocab } else { rng.next_u64() % 1024 } as u32)
                 .collect();
-            let skip = rng.next_u64() % 2 == 0;
+            let skip = rng.next_u64().is_multiple_of(2);
             let whole = tok.decode(&ids, skip).unwrap();
             let mut r2 = SplitMix::new(rng.next_u64());
             assert_eq!(pieces(&tok, &ids, skip, || 1 + (r2.next_u64() % 4) as usize), whole, "{name}: {ids:?}");

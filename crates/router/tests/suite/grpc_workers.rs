@@ -116,3 +116,121 @@ async fn smg_answers_chats_through_the_simulated_engines_grpc_service() {
     drop(router);
     let _ = std::fs::remove_file(&log);
 }
+
+/// Two simulated engines serving gRPC only to the router (the built-in byte-level model).
+async fn grpc_engines() -> (MockEngine, MockEngine) {
+    let config = || MockEngineConfig {
+        grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        kv_events: false,
+        fast: true,
+        ..MockEngineConfig::default()
+    };
+    (MockEngine::spawn(config()).await.unwrap(), MockEngine::spawn(config()).await.unwrap())
+}
+
+/// A router in front of `engines`' gRPC services.
+async fn grpc_router(engines: &[&MockEngine]) -> crate::common::app::Running {
+    use crate::common::app::{config, start};
+    let mut c = config(&[], sgl_router::app::PolicyConfig::cache_aware(), false);
+    c.workers = engines.iter().map(|e| router_types::WorkerUrl::parse(&e.grpc_url().unwrap()).unwrap()).collect();
+    start(c).await
+}
+
+/// The SSE events of a streamed answer, `[DONE]` last.
+fn events(sse: &str) -> Vec<Value> {
+    assert!(sse.trim_end().ends_with("data: [DONE]"), "{sse}");
+    sse.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_router_answers_chats_completions_and_generate_through_grpc_workers() {
+    let (e0, e1) = grpc_engines().await;
+    let router = grpc_router(&[&e0, &e1]).await;
+    let http = reqwest::Client::new();
+    let post = |path: &str, body: Value| {
+        let req = http.post(format!("{}{path}", router.url)).json(&body);
+        async move {
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r
+        }
+    };
+    let chat = |extra: Value| {
+        let mut body = json!({"model": "default", "max_tokens": 64,
+                              "messages": [{"role": "user", "content": "Where do requests go?"}]});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body
+    };
+    // Whole, two sequences, a stop string that spans tokens: cut, never shown.
+    let whole: Value =
+        post("/v1/chat/completions", chat(json!({"n": 2, "stop": ["routing"]}))).await.json().await.unwrap();
+    for i in 0..2 {
+        let choice = &whole["choices"][i];
+        assert_eq!(choice["message"]["content"], " the cache is warm and ", "{whole}");
+        assert_eq!(choice["finish_reason"], "stop", "{whole}");
+        assert_eq!(choice["matched_stop"], "routing", "{whole}");
+    }
+    assert!(whole["usage"]["prompt_tokens"].as_u64().unwrap() > 0, "{whole}");
+    assert_eq!(whole["object"], "chat.completion");
+    // Streamed: the same text in deltas, the role first, the finish last, then the usage.
+    let sse = post(
+        "/v1/chat/completions",
+        chat(json!({"stream": true, "stop": "routing", "stream_options": {"include_usage": true}})),
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    let chunks = events(&sse);
+    let deltas: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"].get(0)).collect();
+    assert_eq!(deltas[0]["delta"]["role"], "assistant", "{sse}");
+    let text: String = deltas.iter().filter_map(|c| c["delta"]["content"].as_str()).collect();
+    assert_eq!(text, " the cache is warm and ", "{sse}");
+    assert_eq!(deltas.last().unwrap()["finish_reason"], "stop", "{sse}");
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(usage["completion_tokens"].as_u64(), Some(" the cache is warm and routing".len() as u64), "{sse}");
+    // No stop: max_tokens ends it ("length"); a completion and SGLang's /generate.
+    let body = json!({"model": "default", "prompt": "Say it", "max_tokens": 10});
+    let done: Value = post("/v1/completions", body).await.json().await.unwrap();
+    assert_eq!(
+        (done["choices"][0]["text"].as_str(), done["choices"][0]["finish_reason"].as_str()),
+        (Some(" the cache"), Some("length")),
+        "{done}"
+    );
+    let body = json!({"text": "Say it", "sampling_params": {"max_new_tokens": 4}});
+    let generated: Value = post("/generate", body).await.json().await.unwrap();
+    assert_eq!(generated["text"], " the", "{generated}");
+    assert_eq!(generated["meta_info"]["finish_reason"]["type"], "length", "{generated}");
+    assert_eq!(generated["output_ids"].as_array().map(Vec::len), Some(4), "{generated}");
+    // Every request reached an engine over gRPC (none over HTTP: the engines' HTTP ports are unknown to the router).
+    let served = e0.engine().requests.load(Ordering::Relaxed) + e1.engine().requests.load(Ordering::Relaxed);
+    assert_eq!(served, 4);
+    let _ = router.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_failure_is_the_clients_502_and_a_bad_parameter_is_named() {
+    let (e0, _e1) = grpc_engines().await;
+    let router = grpc_router(&[&e0]).await;
+    let http = reqwest::Client::new();
+    let chat = json!({"model": "default", "n": 99, "messages": [{"role": "user", "content": "hi"}]});
+    let r = http.post(format!("{}/v1/chat/completions", router.url)).json(&chat).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("`n` must be 1 to 16"));
+    // The engine ends the call with an error status: a 502 naming it, nothing made up.
+    e0.engine().set_faults(mock_engine::Faults { fail_next: 1, fail_status: 503, ..Default::default() }).await;
+    let body = json!({"model": "default", "prompt": "Say it", "max_tokens": 2});
+    let r = http.post(format!("{}/v1/completions", router.url)).json(&body).send().await.unwrap();
+    let status = r.status();
+    let text = r.text().await.unwrap();
+    assert_eq!(status, 502, "{text}");
+    assert!(text.contains("injected failure"), "{text}");
+    // And the next one is served.
+    let r = http.post(format!("{}/v1/completions", router.url)).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let _ = router.stop.send(());
+}

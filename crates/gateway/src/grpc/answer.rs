@@ -1,0 +1,270 @@
+//! A `Generate` call's answers made into the client's: OpenAI's chat and
+//! completion objects (whole, or SSE chunks as tokens come) and SGLang's
+//! `/generate` answer, one [`Answer`] per request holding each sequence's
+//! state. Every engine message is checked (its request id, its sequence
+//! index) before anything is made of it.
+
+use std::sync::Arc;
+
+use engine_grpc::proto::{GenerateResponse, Generated, MatchedStop};
+use renderer::Renderer;
+use serde_json::{Value, json};
+
+use super::request::Asked;
+use super::sequence::{Finish, Sequence, TokenLogprob};
+use crate::pipeline::request::Route;
+
+/// Why an engine's message cannot be made into an answer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BadMessage {
+    #[error("the engine answered for request {0:?}, not this one")]
+    OtherRequest(String),
+    #[error("the engine answered for sequence {0} of {1}")]
+    NoSuchSequence(u32, u32),
+    #[error("the engine sent an empty answer")]
+    Empty,
+}
+
+/// One request's answer in the making.
+pub(crate) struct Answer {
+    renderer: Arc<Renderer>,
+    pub(crate) asked: Asked,
+    request_id: String,
+    /// The answer's id (`chatcmpl-...`, `cmpl-...`).
+    id: String,
+    created: u64,
+    pub(crate) seqs: Vec<Sequence>,
+    prompt_tokens: u32,
+    cached_tokens: u32,
+}
+
+impl Answer {
+    pub(crate) fn new(renderer: Arc<Renderer>, asked: Asked, request_id: &str) -> Self {
+        let prefix = if asked.route == Route::Chat { "chatcmpl-" } else { "cmpl-" };
+        let id = if request_id.starts_with(prefix) { request_id.to_owned() } else { format!("{prefix}{request_id}") };
+        let seqs = (0..asked.n).map(|_| Sequence::new(asked.skip_special_tokens)).collect();
+        let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        Self {
+            renderer,
+            asked,
+            request_id: request_id.to_owned(),
+            id,
+            created,
+            seqs,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+        }
+    }
+
+    /// Every sequence has finished.
+    pub(crate) fn done(&self) -> bool {
+        self.seqs.iter().all(|s| s.finish.is_some())
+    }
+
+    /// Takes one engine message; returns the SSE events it makes (streamed), else nothing.
+    pub(crate) fn take(&mut self, m: GenerateResponse) -> Result<String, BadMessage> {
+        if !m.request_id.is_empty() && m.request_id != self.request_id {
+            return Err(BadMessage::OtherRequest(m.request_id.chars().take(64).collect()));
+        }
+        let n = self.asked.n;
+        let index = match &m.response {
+            Some(Generated::Chunk(c)) => c.index,
+            Some(Generated::Complete(c)) => c.index,
+            None => return Err(BadMessage::Empty),
+        };
+        let Some(seq) = self.seqs.get_mut(index as usize) else { return Err(BadMessage::NoSuchSequence(index, n)) };
+        let tok = self.renderer.tokenizer();
+        let stops = (self.asked.stops.as_slice(), self.asked.no_stop_trim);
+        let before = seq.logprobs.len();
+        let piece = match &m.response {
+            Some(Generated::Chunk(c)) => {
+                (self.prompt_tokens, self.cached_tokens) = (c.prompt_tokens, c.cached_tokens);
+                seq.push(tok, &c.token_ids, c.output_logprobs.as_ref(), stops)
+            }
+            Some(Generated::Complete(c)) => {
+                (self.prompt_tokens, self.cached_tokens) = (c.prompt_tokens, c.cached_tokens);
+                // Streamed, the chunks carried every token already; whole, the completion does.
+                let mut out = String::new();
+                if !self.asked.stream {
+                    out = seq.push(tok, &c.output_ids, c.output_logprobs.as_ref(), stops);
+                }
+                out.push_str(&seq.complete(tok, c, stops));
+                out
+            }
+            None => String::new(),
+        };
+        if !self.asked.stream {
+            return Ok(String::new());
+        }
+        let new_logprobs = seq.logprobs.split_off(before);
+        Ok(self.chunk(index as usize, &piece, &new_logprobs))
+    }
+
+    /// The SSE event for sequence `i`'s new `piece` (none when there is nothing to say).
+    fn chunk(&mut self, i: usize, piece: &str, logprobs: &[TokenLogprob]) -> String {
+        let seq = &mut self.seqs[i];
+        let finish = seq.finish.as_ref().map(Finish::reason);
+        if piece.is_empty() && finish.is_none() && logprobs.is_empty() {
+            return String::new();
+        }
+        let first = !seq.started;
+        seq.started = true;
+        let chunk = match self.asked.route {
+            Route::Chat => {
+                let delta =
+                    if first { json!({"role": "assistant", "content": piece}) } else { json!({"content": piece}) };
+                let lp = (self.asked.logprobs && !logprobs.is_empty()).then(|| self.chat_logprobs(logprobs));
+                json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.asked.model,
+                       "choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
+            }
+            Route::Completions => {
+                let lp = (self.asked.logprobs && !logprobs.is_empty()).then(|| self.completion_logprobs(logprobs, 0));
+                json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.asked.model,
+                       "choices": [{"index": i, "text": piece, "logprobs": lp, "finish_reason": finish}]})
+            }
+            _ => {
+                // SGLang's stream: the text so far, each time.
+                let seq = &self.seqs[i];
+                let mut out = self.generate_object(i);
+                out["text"] = json!(format!("{}{piece}", seq_text_before(seq, piece)));
+                out
+            }
+        };
+        format!("data: {chunk}\n\n")
+    }
+
+    /// The last events of a stream: the usage (when asked), then `[DONE]`.
+    pub(crate) fn end_of_stream(&self) -> String {
+        let usage = match self.asked.route {
+            Route::Chat | Route::Completions if self.asked.include_usage => {
+                let object = if self.asked.route == Route::Chat { "chat.completion.chunk" } else { "text_completion" };
+                let chunk = json!({"id": self.id, "object": object, "created": self.created, "model": self.asked.model,
+                                   "choices": [], "usage": self.usage()});
+                format!("data: {chunk}\n\n")
+            }
+            _ => String::new(),
+        };
+        format!("{usage}data: [DONE]\n\n")
+    }
+
+    /// The whole answer.
+    pub(crate) fn whole(&self) -> Value {
+        match self.asked.route {
+            Route::Chat => {
+                let choices: Vec<Value> = self
+                    .seqs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        let lp = self.asked.logprobs.then(|| self.chat_logprobs(&s.logprobs));
+                        json!({"index": i, "message": {"role": "assistant", "content": text(s)}, "logprobs": lp,
+                           "finish_reason": s.finish.as_ref().map(Finish::reason), "matched_stop": matched(s)})
+                    })
+                    .collect();
+                json!({"id": self.id, "object": "chat.completion", "created": self.created, "model": self.asked.model,
+                       "choices": choices, "usage": self.usage()})
+            }
+            Route::Completions => {
+                let choices: Vec<Value> = self
+                    .seqs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        let lp = self.asked.logprobs.then(|| self.completion_logprobs(&s.logprobs, 0));
+                        json!({"index": i, "text": text(s), "logprobs": lp,
+                           "finish_reason": s.finish.as_ref().map(Finish::reason), "matched_stop": matched(s)})
+                    })
+                    .collect();
+                json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.asked.model,
+                       "choices": choices, "usage": self.usage()})
+            }
+            _ if self.seqs.len() == 1 => self.generate_object(0),
+            _ => Value::Array((0..self.seqs.len()).map(|i| self.generate_object(i)).collect()),
+        }
+    }
+
+    /// SGLang's `/generate` object of sequence `i`.
+    fn generate_object(&self, i: usize) -> Value {
+        let s = &self.seqs[i];
+        let finish = s.finish.as_ref().map(|f| match matched(s) {
+            Value::Null => json!({"type": f.reason()}),
+            m => json!({"type": f.reason(), "matched": m}),
+        });
+        json!({"text": text(s), "output_ids": s.ids(), "index": i,
+               "meta_info": {"id": self.request_id, "finish_reason": finish, "prompt_tokens": self.prompt_tokens,
+                             "completion_tokens": s.tokens, "cached_tokens": self.cached_tokens}})
+    }
+
+    /// OpenAI's usage, with the prompt tokens the engine had cached.
+    pub(crate) fn usage(&self) -> Value {
+        let completion: u64 = self.seqs.iter().map(|s| u64::from(s.tokens)).sum();
+        json!({"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+               "total_tokens": u64::from(self.prompt_tokens) + completion,
+               "prompt_tokens_details": {"cached_tokens": self.cached_tokens}})
+    }
+
+    /// A token's text (lossy for a byte of a character split across tokens).
+    fn token_text(&self, id: u32) -> String {
+        self.renderer.tokenizer().decode(&[id], false).unwrap_or_default()
+    }
+
+    fn chat_logprobs(&self, lps: &[TokenLogprob]) -> Value {
+        let entry = |id: u32, logprob: f32| {
+            let t = self.token_text(id);
+            json!({"token": t, "logprob": logprob, "bytes": t.as_bytes()})
+        };
+        let content: Vec<Value> = lps
+            .iter()
+            .map(|lp| {
+                let mut e = entry(lp.id, lp.logprob);
+                e["top_logprobs"] = Value::Array(lp.top.iter().map(|(id, l)| entry(*id, *l)).collect());
+                e
+            })
+            .collect();
+        json!({"content": content})
+    }
+
+    fn completion_logprobs(&self, lps: &[TokenLogprob], offset: usize) -> Value {
+        let tokens: Vec<String> = lps.iter().map(|lp| self.token_text(lp.id)).collect();
+        let mut at = offset;
+        let offsets: Vec<usize> = tokens
+            .iter()
+            .map(|t| {
+                let here = at;
+                at += t.len();
+                here
+            })
+            .collect();
+        let top: Option<Vec<Value>> = (self.asked.top_logprobs > 0).then(|| {
+            lps.iter()
+                .map(|lp| {
+                    let m: serde_json::Map<String, Value> =
+                        lp.top.iter().map(|(id, l)| (self.token_text(*id), json!(l))).collect();
+                    Value::Object(m)
+                })
+                .collect()
+        });
+        json!({"tokens": tokens, "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
+               "top_logprobs": top, "text_offset": offsets})
+    }
+}
+
+/// The text a sequence gave out.
+fn text(s: &Sequence) -> String {
+    s.text().to_owned()
+}
+
+/// The text a sequence gave out before `piece` (the latest).
+fn seq_text_before<'a>(s: &'a Sequence, piece: &str) -> &'a str {
+    let t = s.text();
+    &t[..t.len() - piece.len().min(t.len())]
+}
+
+/// SGLang's `matched_stop`: the stop string or token id that ended it, if one did.
+fn matched(s: &Sequence) -> Value {
+    match &s.finish {
+        Some(Finish::Stop(Some(MatchedStop::Text(t)))) => json!(t),
+        Some(Finish::Stop(Some(MatchedStop::TokenId(id)))) => json!(id),
+        _ => Value::Null,
+    }
+}

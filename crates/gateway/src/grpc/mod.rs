@@ -1,0 +1,277 @@
+//! A request to a gRPC worker (`grpc://`, SGLang's scheduler service): the
+//! router rendered and tokenized the prompt (the same render the index
+//! reads), so it sends token ids and sampling parameters ([`request`]),
+//! then makes the engine's token stream into the client's answer: detokenized
+//! as it comes, stop strings cut, whole or as SSE ([`answer`], [`sequence`]).
+//! A worker that cannot be reached is retried on another gRPC worker of the
+//! pool, as an HTTP one is; a client that leaves aborts the generation.
+
+mod answer;
+mod request;
+mod sequence;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
+use engine_grpc::{EngineError, Generation};
+use fleet::Worker;
+use grpc_wire::Status;
+use router_types::DpRank;
+use serde_json::Value;
+use tracing::{Span, warn};
+
+use crate::pipeline::account::InFlight;
+use crate::pipeline::request::{Meta, Route};
+use crate::{Gateway, GatewayError};
+use answer::Answer;
+
+/// Longest an `Abort` for a client that left may take.
+const ABORT_DEADLINE: Duration = Duration::from_secs(2);
+
+/// A request planned onto a gRPC worker.
+pub(crate) struct Job {
+    pub(crate) route: Route,
+    /// Its body, parsed (as routed).
+    pub(crate) v: Value,
+    /// Its prompt's token ids.
+    pub(crate) tokens: Vec<u32>,
+    /// The data-parallel rank to pin it to, if any.
+    pub(crate) rank: Option<DpRank>,
+    /// Prompt tokens the worker does not hold (its load charge).
+    pub(crate) uncached: u64,
+}
+
+/// Whether `pool` has a gRPC worker (its requests then keep their token ids).
+pub(crate) fn in_pool(gw: &Gateway, pool: &planner::Pool) -> bool {
+    gw.fleet.snapshot().iter().any(|w| w.engine().is_some() && pool.serves(w))
+}
+
+/// Sends `job` to `worker` (another gRPC worker of `pool` while none could be reached) and
+/// answers with what it generates. `guard` holds the request's load and accounting until
+/// the answer ends.
+pub(crate) async fn serve(
+    gw: &Arc<Gateway>,
+    mut guard: InFlight,
+    mut worker: Arc<Worker>,
+    pool: &Arc<planner::Pool>,
+    job: Job,
+    meta: &Meta,
+) -> Result<Response, GatewayError> {
+    let (asked_engine, asked) =
+        request::generate(job.route, &job.v, job.tokens, (&meta.id, &pool.served_model), job.rank.map(|r| r.0))?;
+    let retry = &gw.config.retry;
+    let mut tried = Vec::new();
+    let mut attempt = 1u32;
+    let mut generation = loop {
+        let Some(engine) = worker.engine() else {
+            return Err(GatewayError::Internal(format!("{} is not a gRPC worker", worker.url)));
+        };
+        match engine.generate(&asked_engine, gw.config.request_timeout).await {
+            Ok(g) => break g,
+            Err(e) => {
+                worker.request_failed();
+                let may_retry = retry.enabled && !meta.one_attempt && attempt < retry.max_attempts();
+                let next = (may_retry && e.before_sending())
+                    .then(|| crate::pipeline::retry::next_worker(gw, pool, &worker, &tried))
+                    .flatten();
+                let Some(next) = next else { return Err(failed(&worker, e)) };
+                warn!(request_id = meta.id, worker = %worker.url, error = %e, next = %next.url, attempt, "gRPC worker unreachable, retrying");
+                gw.metrics.retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(retry.backoff(attempt)).await;
+                attempt += 1;
+                if !tried.contains(&worker.id) {
+                    tried.push(worker.id);
+                }
+                worker = next;
+                guard.load = worker.charge_on(job.uncached, worker.least_loaded_rank());
+                Span::current().record("worker", worker.url.as_str());
+            }
+        }
+    };
+    let mut answer = Answer::new(pool.renderer.clone(), asked, &meta.id);
+    let deadline = tokio::time::Instant::now() + gw.config.request_timeout;
+    // The first message before the head: an engine that refuses the request answers its error.
+    let first = match tokio::time::timeout_at(deadline, generation.next()).await {
+        Ok(Ok(Some(m))) => m,
+        Ok(Ok(None)) => return Err(failed(&worker, EngineError::NoAnswer(worker.url.to_string()))),
+        Ok(Err(e)) => return Err(failed(&worker, e)),
+        Err(_) => {
+            worker.request_failed();
+            abort(&worker, &meta.id);
+            return Err(GatewayError::Timeout(worker.url.to_string()));
+        }
+    };
+    guard.load.prefill_done();
+    gw.metrics.ttfb.observe(guard_elapsed(&guard));
+    let events = answer.take(first).map_err(|e| bad(&worker, &e))?;
+    guard.status = 200;
+    let headers = guard.route_headers.take();
+    let mut response = if answer.asked.stream {
+        let relay = Relay { answer, generation, guard, worker, id: meta.id.clone(), deadline, ended: false };
+        streamed(relay, events)
+    } else {
+        let whole = collect(&mut answer, &mut generation, deadline).await;
+        match whole {
+            Ok(()) => worker.request_succeeded(),
+            Err(e) => {
+                guard.status = 0;
+                abort(&worker, &meta.id);
+                return Err(e.into_gateway(&worker));
+            }
+        }
+        let body = serde_json::to_vec(&answer.whole()).unwrap_or_default();
+        let mut r = Response::new(Body::from(body));
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        drop(guard);
+        r
+    };
+    if let Some(extra) = headers {
+        for (name, value) in extra.0 {
+            response.headers_mut().insert(name, value);
+        }
+    }
+    Ok(response)
+}
+
+/// The seconds since the request came (its guard's start).
+fn guard_elapsed(guard: &InFlight) -> f64 {
+    guard.elapsed().as_secs_f64()
+}
+
+/// Why a whole answer could not be collected.
+enum Broke {
+    Engine(EngineError),
+    Bad(answer::BadMessage),
+    Deadline,
+}
+
+impl Broke {
+    fn into_gateway(self, worker: &Worker) -> GatewayError {
+        match self {
+            Broke::Engine(e) => failed(worker, e),
+            Broke::Bad(e) => bad(worker, &e),
+            Broke::Deadline => GatewayError::Timeout(worker.url.to_string()),
+        }
+    }
+}
+
+/// Reads every message of a whole answer, within the deadline.
+async fn collect(
+    answer: &mut Answer,
+    generation: &mut Generation,
+    deadline: tokio::time::Instant,
+) -> Result<(), Broke> {
+    while !answer.done() {
+        match tokio::time::timeout_at(deadline, generation.next()).await {
+            Ok(Ok(Some(m))) => {
+                answer.take(m).map_err(Broke::Bad)?;
+            }
+            // Ended cleanly with sequences unfinished: the engine owed their completions.
+            Ok(Ok(None)) => return Err(Broke::Engine(EngineError::NoAnswer("the engine".into()))),
+            Ok(Err(e)) => return Err(Broke::Engine(e)),
+            Err(_) => return Err(Broke::Deadline),
+        }
+    }
+    Ok(())
+}
+
+/// A streamed answer in progress: it owns the call, the request's accounting and the worker.
+struct Relay {
+    answer: Answer,
+    generation: Generation,
+    guard: InFlight,
+    worker: Arc<Worker>,
+    id: String,
+    deadline: tokio::time::Instant,
+    /// The answer ended (every sequence finished, or it broke): nothing to abort.
+    ended: bool,
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        // The client left before the end: the engine stops generating for no one.
+        if !self.ended {
+            abort(&self.worker, &self.id);
+        }
+    }
+}
+
+/// The SSE answer: `first` (what the first message made), then each message's events, then
+/// the usage and `[DONE]`; an engine failure mid-stream ends it with an error event.
+fn streamed(relay: Relay, first: String) -> Response {
+    use futures_util::StreamExt;
+    let first =
+        futures_util::stream::iter((!first.is_empty()).then(|| Ok::<Bytes, std::io::Error>(Bytes::from(first))));
+    let rest = futures_util::stream::unfold(Some(relay), |relay| async move {
+        let mut relay = relay?;
+        loop {
+            if relay.answer.done() {
+                relay.ended = true;
+                relay.worker.request_succeeded();
+                let end = relay.answer.end_of_stream();
+                return Some((Ok(Bytes::from(end)), None));
+            }
+            let broke = match tokio::time::timeout_at(relay.deadline, relay.generation.next()).await {
+                Ok(Ok(Some(m))) => match relay.answer.take(m) {
+                    Ok(events) if events.is_empty() => continue,
+                    Ok(events) => return Some((Ok(Bytes::from(events)), Some(relay))),
+                    Err(e) => bad(&relay.worker, &e),
+                },
+                Ok(Ok(None)) => failed(&relay.worker, EngineError::NoAnswer(relay.worker.url.to_string())),
+                Ok(Err(e)) => failed(&relay.worker, e),
+                Err(_) => GatewayError::Timeout(relay.worker.url.to_string()),
+            };
+            // Broke after the head went out: an error event, and the answer is counted cut.
+            relay.guard.cut();
+            relay.ended = !matches!(broke, GatewayError::Timeout(_));
+            let event = serde_json::json!({"error": broke.body()["error"]});
+            return Some((Ok(Bytes::from(format!("data: {event}\n\n"))), None));
+        }
+    });
+    let mut r = Response::new(Body::from_stream(first.chain(rest)));
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    *r.status_mut() = StatusCode::OK;
+    r
+}
+
+/// Asks `worker` to stop generating request `id` (in the background, bounded).
+fn abort(worker: &Arc<Worker>, id: &str) {
+    let (worker, id) = (worker.clone(), id.to_owned());
+    tokio::spawn(async move {
+        if let Some(engine) = worker.engine() {
+            let _ = engine.abort(&id, "the client left", ABORT_DEADLINE).await;
+        }
+    });
+}
+
+/// A call that failed, as the client's error; the worker's breaker hears of its own failures.
+fn failed(worker: &Worker, e: EngineError) -> GatewayError {
+    let upstream =
+        |message: String, retryable| GatewayError::Upstream { worker: worker.url.to_string(), message, retryable };
+    match e {
+        EngineError::Status(Status { code, message }) if code == Status::INVALID_ARGUMENT => {
+            GatewayError::BadRequest(format!("the engine refused the request: {message}"))
+        }
+        EngineError::Status(s) => {
+            worker.answer_failed();
+            upstream(format!("gRPC status {}: {}", s.code, s.message), false)
+        }
+        EngineError::Deadline(..) => GatewayError::Timeout(worker.url.to_string()),
+        e @ EngineError::Connect(..) => upstream(e.to_string(), true),
+        e => {
+            worker.answer_failed();
+            upstream(e.to_string(), false)
+        }
+    }
+}
+
+/// An engine message that makes no sense for this request.
+fn bad(worker: &Worker, e: &answer::BadMessage) -> GatewayError {
+    worker.answer_failed();
+    GatewayError::Upstream { worker: worker.url.to_string(), message: e.to_string(), retryable: false }
+}
