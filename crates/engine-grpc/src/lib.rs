@@ -4,6 +4,7 @@
 //! (the simulated engine's) routes [`path`]s with `grpc_wire::Handler`.
 
 pub mod client;
+pub mod events;
 pub mod proto;
 
 pub use client::{Engine, EngineError, Generation, KvEvents};

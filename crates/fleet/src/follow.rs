@@ -40,8 +40,7 @@ pub(crate) async fn follow(fleet: Arc<Fleet>, worker: Arc<Worker>) {
     let Some(ev) = &fleet.events else { return };
     if worker.engine().is_some() {
         // Its events come on its gRPC service (`SubscribeKvEvents`), not over ZMQ.
-        let reason = format!("{}: a gRPC worker's KV events (SubscribeKvEvents) are not followed", worker.url);
-        fleet.unfollowed(&worker, Events::NotFollowed(reason));
+        crate::follow_grpc::follow(&fleet, ev, &worker).await;
         return;
     }
     let started = Instant::now();
@@ -94,6 +93,10 @@ pub(crate) async fn follow(fleet: Arc<Fleet>, worker: Arc<Worker>) {
 /// left to their subscribers, which reconnect by themselves.
 pub(crate) async fn refollow(fleet: Arc<Fleet>, worker: Arc<Worker>) {
     let Some(ev) = &fleet.events else { return };
+    // A gRPC worker's events come on its service's stream, which subscribes again by itself.
+    if worker.engine().is_some() {
+        return;
+    }
     if !matches!(worker.events(), Events::Followed { .. }) || worker.refollowing.swap(true, Ordering::AcqRel) {
         return;
     }
@@ -181,22 +184,7 @@ async fn find(fleet: &Fleet, ev: &EventsSide, worker: &Worker) -> Result<Option<
 
 /// Checks the page size, registers the streams and starts their subscribers.
 async fn subscribe(fleet: &Fleet, ev: &EventsSide, worker: &Worker, found: Found) {
-    let fleet_block = ev.config.default_block_size.get();
-    // The first worker of its pool followed fixes the pool's page size.
-    let block_size = {
-        let mut sizes = ev.block_sizes.write().unwrap_or_else(|p| p.into_inner());
-        *sizes.entry(worker.pool.clone()).or_insert(found.block_size.unwrap_or(fleet_block))
-    };
-    let worker_block = found.block_size.unwrap_or(block_size);
-    if worker_block != block_size {
-        fleet.metrics.refused_block_size.fetch_add(1, Ordering::Relaxed);
-        let reason = format!(
-            "page size {worker_block} differs from pool {}'s {block_size}: its block hashes could never match a request's",
-            worker.pool
-        );
-        fleet.unfollowed(worker, Events::Refused(reason));
-        return;
-    }
+    let Some(block_size) = fleet.pool_block_size(ev, worker, found.block_size) else { return };
     let hashing = StreamHashing {
         page_size: NonZeroUsize::new(block_size).unwrap_or(NonZeroUsize::MIN),
         mode: if found.bigram { HashMode::Bigram } else { HashMode::Unigram },

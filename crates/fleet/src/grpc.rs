@@ -42,6 +42,11 @@ pub(crate) async fn introspect(w: &Worker, engine: &Engine, timeout: Duration) -
     Some(info)
 }
 
+/// The page size in its server args, if it says.
+pub(crate) fn page_size(s: &GetServerInfoResponse) -> Option<usize> {
+    from_server_info(s).page_size.map(|p| p as usize).filter(|p| *p > 0)
+}
+
 /// SGLang's server args as `GetServerInfo` carries them (a protobuf `Struct`).
 fn from_server_info(s: &GetServerInfoResponse) -> WorkerInfo {
     let empty = Struct::default();

@@ -18,6 +18,7 @@
 
 mod breaker;
 mod follow;
+mod follow_grpc;
 pub mod grpc;
 mod health;
 pub mod k8s;
@@ -654,6 +655,28 @@ impl Fleet {
     }
 
     /// Routes to a worker without following its events (it publishes none, or they cannot be used).
+    /// The page size of the worker's pool: the first worker of a pool followed fixes it (its
+    /// own, `found`, else the fleet's default). `None`, with the worker refused, when the
+    /// worker's differs: its block hashes could never match a request's.
+    pub(crate) fn pool_block_size(&self, ev: &EventsSide, worker: &Worker, found: Option<usize>) -> Option<usize> {
+        let fleet_block = ev.config.default_block_size.get();
+        let block_size = {
+            let mut sizes = ev.block_sizes.write().unwrap_or_else(|p| p.into_inner());
+            *sizes.entry(worker.pool.clone()).or_insert(found.unwrap_or(fleet_block))
+        };
+        let worker_block = found.unwrap_or(block_size);
+        if worker_block != block_size {
+            self.metrics.refused_block_size.fetch_add(1, Ordering::Relaxed);
+            let reason = format!(
+                "page size {worker_block} differs from pool {}'s {block_size}: its block hashes could never match a request's",
+                worker.pool
+            );
+            self.unfollowed(worker, Events::Refused(reason));
+            return None;
+        }
+        Some(block_size)
+    }
+
     pub(crate) fn unfollowed(&self, worker: &Worker, events: Events) {
         warn!(worker = %worker.url, ?events, "kv events: worker not followed");
         worker.set_events(events);

@@ -167,6 +167,8 @@ pub struct Engine {
     pub held: AtomicUsize,
     /// Lets held requests go.
     release: tokio::sync::Semaphore,
+    /// Its KV events for its gRPC service's subscribers (with `grpc_listen` and KV events on).
+    pub(crate) grpc_events: Option<crate::grpc_events::GrpcEvents>,
 }
 
 /// One disaggregated leg an engine got, as it came.
@@ -243,6 +245,8 @@ impl Engine {
             })
             .collect();
         let config_logprob = config.token_logprob;
+        let grpc_events = (config.grpc_listen.is_some() && config.kv_events)
+            .then(|| crate::grpc_events::GrpcEvents::new(config.dp_size, config.replay_buffer_steps));
         Self {
             hasher: PageHasher::new(page, HashMode::Unigram),
             config,
@@ -261,6 +265,7 @@ impl Engine {
             token_logprob: AtomicU64::new(config_logprob.to_bits()),
             held: AtomicUsize::new(0),
             release: tokio::sync::Semaphore::new(0),
+            grpc_events,
         }
     }
 
@@ -561,7 +566,10 @@ impl Engine {
         stored: usize,
         evicted: &[BlockHash],
     ) {
-        let Some(queue) = &self.ranks[rank].events else { return };
+        let queue = self.ranks[rank].events.as_ref();
+        if queue.is_none() && self.grpc_events.is_none() {
+            return;
+        }
         let ps = self.config.page_size;
         let mut events = Vec::new();
         if !evicted.is_empty() {
@@ -588,7 +596,13 @@ impl Engine {
         }
         let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
         let delay = Duration::from_millis(self.faults.lock().unwrap_or_else(|p| p.into_inner()).event_delay_ms);
-        queue.batch(delay, EventBatch { ts, events, dp_rank: Some(router_types::DpRank(rank as u32)) });
+        let batch = EventBatch { ts, events, dp_rank: Some(router_types::DpRank(rank as u32)) };
+        if let Some(g) = &self.grpc_events {
+            g.record(rank, &batch);
+        }
+        if let Some(queue) = queue {
+            queue.batch(delay, batch);
+        }
     }
 
     /// Empties every rank's cache and publishes `AllBlocksCleared`, as
@@ -599,11 +613,14 @@ impl Engine {
             let mut cache = r.cache.lock().unwrap_or_else(|p| p.into_inner());
             dropped += cache.len();
             cache.clear();
-            let Some(queue) = &r.events else { continue };
             let ts =
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
             let batch =
                 EventBatch { ts, events: vec![KvEvent::AllCleared], dp_rank: Some(router_types::DpRank(rank as u32)) };
+            if let Some(g) = &self.grpc_events {
+                g.record(rank, &batch);
+            }
+            let Some(queue) = &r.events else { continue };
             queue.batch(Duration::ZERO, batch);
         }
         self.flushes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

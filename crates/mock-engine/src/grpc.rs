@@ -10,7 +10,7 @@ use engine_grpc::path;
 use engine_grpc::proto::{
     AbortRequest, AbortResponse, GenerateComplete, GenerateRequest, GenerateResponse, GenerateStreamChunk, Generated,
     GetLoadsResponse, GetModelInfoResponse, GetServerInfoResponse, HealthCheckResponse, MatchedStop, OutputLogProbs,
-    SchedulerLoad,
+    SchedulerLoad, SubscribeKvEventsRequest,
 };
 use grpc_wire::wkt::{Struct, Value};
 use grpc_wire::{Handler, Messages, Replies, Started, Status};
@@ -30,6 +30,8 @@ pub(crate) struct Scheduler {
     pub(crate) engine: Arc<Engine>,
     /// The text every answer is made of, as token ids (its first `max_new_tokens`).
     pub(crate) output: Vec<u32>,
+    /// The engine stops: open subscriptions end.
+    cancel: CancellationToken,
     /// The requests generating, by id: `Abort` cancels one.
     running: std::sync::Mutex<std::collections::HashMap<String, CancellationToken>>,
 }
@@ -44,10 +46,10 @@ impl Drop for Running<'_> {
 }
 
 impl Scheduler {
-    pub(crate) fn new(engine: Arc<Engine>) -> Self {
+    pub(crate) fn new(engine: Arc<Engine>, cancel: CancellationToken) -> Self {
         let text: String = (0..512).map(word).collect();
         let output = engine.renderer().tokenizer().encode(&text, false).unwrap_or_default();
-        Self { engine, output, running: Default::default() }
+        Self { engine, output, cancel, running: Default::default() }
     }
 }
 
@@ -110,6 +112,16 @@ impl Handler for Scheduler {
                     return Status::new(5, format!("unknown service {}", asked.service));
                 }
                 answer(&replies, &HealthCheckResponse { status: ServingStatus::Serving as i32 }).await
+            }),
+            path::SUBSCRIBE_KV_EVENTS => Box::pin(async move {
+                let asked: SubscribeKvEventsRequest = match read(&mut calls).await {
+                    Ok(a) => a,
+                    Err(status) => return status,
+                };
+                tokio::select! {
+                    status = subscribe_kv_events(&e, asked, &replies) => status,
+                    () = self.cancel.cancelled() => Status::new(Status::UNAVAILABLE, "the engine stopped"),
+                }
             }),
             path::GET_MODEL_INFO => Box::pin(async move { answer(&replies, &model_info(&e)).await }),
             path::GET_SERVER_INFO => Box::pin(async move { answer(&replies, &server_info(&e)).await }),
@@ -238,6 +250,37 @@ impl Scheduler {
         }
         drop(guard);
         Status::ok()
+    }
+}
+
+/// One subscription: the retained history, then the live batches, until the caller leaves.
+/// As the smg servicer's relay: a cursor other than zero is refused (`OUT_OF_RANGE`:
+/// resubscribe from zero), and a subscriber that fell behind is ended (`DATA_LOSS`).
+async fn subscribe_kv_events(e: &Engine, asked: SubscribeKvEventsRequest, replies: &Replies) -> Status {
+    let Some(events) = &e.grpc_events else {
+        return Status::new(Status::UNIMPLEMENTED, "KV cache events have no publisher to relay");
+    };
+    if asked.start_sequence_number != 0 {
+        return Status::new(11, "KV event cursors are per subscription; resubscribe with zero");
+    }
+    let (history, mut live) = events.subscribe();
+    for batch in history {
+        if replies.send(batch.as_ref()).await.is_err() {
+            return Status::new(Status::CANCELLED, "the caller left");
+        }
+    }
+    loop {
+        match live.recv().await {
+            Ok(batch) => {
+                if replies.send(batch.as_ref()).await.is_err() {
+                    return Status::new(Status::CANCELLED, "the caller left");
+                }
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                return Status::new(15, format!("the subscriber fell {n} batches behind"));
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return Status::ok(),
+        }
     }
 }
 

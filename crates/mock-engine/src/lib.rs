@@ -13,6 +13,7 @@ mod cache;
 mod engine;
 mod events;
 mod grpc;
+mod grpc_events;
 mod http;
 mod legs;
 mod pd;
@@ -176,7 +177,7 @@ impl MockEngine {
             Some(at) => {
                 let listener = tokio::net::TcpListener::bind(at).await?;
                 let bound = listener.local_addr()?;
-                grpc::spawn(listener, Arc::new(grpc::Scheduler::new(engine.clone())), cancel.clone());
+                grpc::spawn(listener, Arc::new(grpc::Scheduler::new(engine.clone(), cancel.clone())), cancel.clone());
                 Some(bound)
             }
             None => None,

@@ -117,21 +117,31 @@ async fn smg_answers_chats_through_the_simulated_engines_grpc_service() {
     let _ = std::fs::remove_file(&log);
 }
 
-/// Two simulated engines serving gRPC only to the router (the built-in byte-level model).
-async fn grpc_engines() -> (MockEngine, MockEngine) {
+/// Two simulated engines serving gRPC to the router (the built-in byte-level model), their KV
+/// events on its `SubscribeKvEvents` when `kv_events`.
+async fn engines(kv_events: bool) -> (MockEngine, MockEngine) {
     let config = || MockEngineConfig {
         grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
-        kv_events: false,
+        kv_events,
         fast: true,
         ..MockEngineConfig::default()
     };
     (MockEngine::spawn(config()).await.unwrap(), MockEngine::spawn(config()).await.unwrap())
 }
 
+async fn grpc_engines() -> (MockEngine, MockEngine) {
+    engines(false).await
+}
+
 /// A router in front of `engines`' gRPC services.
 async fn grpc_router(engines: &[&MockEngine]) -> crate::common::app::Running {
+    grpc_router_with(engines, false).await
+}
+
+/// A router in front of `engines`' gRPC services, following their KV events when `kv`.
+async fn grpc_router_with(engines: &[&MockEngine], kv: bool) -> crate::common::app::Running {
     use crate::common::app::{config, start};
-    let mut c = config(&[], sgl_router::app::PolicyConfig::cache_aware(), false);
+    let mut c = config(&[], sgl_router::app::PolicyConfig::cache_aware(), kv);
     c.workers = engines.iter().map(|e| router_types::WorkerUrl::parse(&e.grpc_url().unwrap()).unwrap()).collect();
     start(c).await
 }
@@ -232,5 +242,63 @@ async fn an_engine_failure_is_the_clients_502_and_a_bad_parameter_is_named() {
     // And the next one is served.
     let r = http.post(format!("{}/v1/completions", router.url)).json(&body).send().await.unwrap();
     assert_eq!(r.status(), 200);
+    let _ = router.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_aware_routing_follows_the_kv_events_a_grpc_worker_streams() {
+    use crate::common::app::admin_post;
+    let (w0, w1) = engines(true).await;
+    let router = grpc_router_with(&[&w0, &w1], true).await;
+    let (g0, g1) = (w0.grpc_url().unwrap(), w1.grpc_url().unwrap());
+    let system = "A long shared system prompt about prefix caches. ".repeat(40);
+    let chat = |user: &str| {
+        json!({"model": "default", "max_tokens": 2,
+               "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
+    };
+    // w1 alone holds the system prompt (served on its HTTP port, which the router does not know):
+    // the router learns it from w1's gRPC event stream only.
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", w1.url()))
+        .json(&chat("warm up"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let q = chat("a question");
+    let debug = async |body: &Value| -> Value {
+        admin_post(&format!("{}/debug/route", router.url), body).await.json().await.unwrap()
+    };
+    crate::common::eventually("the index learned w1's cache over gRPC", async || {
+        let d = debug(&q).await;
+        d["worker"] == g1.as_str() && d["reason"] == "cache_hit"
+    })
+    .await;
+    let d = debug(&q).await;
+    let matched = |url: &str| {
+        d["candidates"].as_array().unwrap().iter().find(|c| c["worker"] == url).unwrap()["matched_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(matched(&g1) >= 1024 && matched(&g0) == 0, "{d}");
+    // Sent there, its engine reports the cached prefix.
+    let answer: Value = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", router.url))
+        .json(&q)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached >= matched(&g1) / 16 * 16 && cached > 0, "{answer} {d}");
+    // The engine empties its cache: its AllBlocksCleared comes over gRPC too, and the hit is gone.
+    w1.engine().flush_cache().await;
+    crate::common::eventually("the index forgot w1's cache", async || {
+        let d = debug(&q).await;
+        d["candidates"].as_array().unwrap().iter().all(|c| c["matched_tokens"] == 0)
+    })
+    .await;
     let _ = router.stop.send(());
 }
