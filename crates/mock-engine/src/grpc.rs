@@ -192,7 +192,10 @@ impl Scheduler {
         for i in 0..max {
             tokio::select! {
                 () = e.decode_step() => {}
-                () = aborted.cancelled() => return Status::new(Status::CANCELLED, "aborted"),
+                () = aborted.cancelled() => {
+                    e.cancelled_streams.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return Status::new(Status::CANCELLED, "aborted");
+                }
             }
             let t = self.output[i % self.output.len().max(1)];
             out.push(t);
@@ -215,6 +218,7 @@ impl Scheduler {
                         response: Some(Generated::Chunk(chunk)),
                     };
                     if replies.send(&m).await.is_err() {
+                        e.cancelled_streams.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         return Status::new(Status::CANCELLED, "the caller left");
                     }
                 }

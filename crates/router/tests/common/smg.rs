@@ -37,6 +37,8 @@ pub(crate) struct Smg {
     child: Child,
     /// `http://127.0.0.1:PORT`.
     pub(crate) url: String,
+    /// Its Prometheus page, `http://127.0.0.1:PORT/metrics`.
+    pub(crate) metrics: String,
 }
 
 impl Smg {
@@ -55,7 +57,7 @@ impl Smg {
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
-        Self { child, url: format!("http://127.0.0.1:{port}") }
+        Self { child, url: format!("http://127.0.0.1:{port}"), metrics: format!("http://127.0.0.1:{metrics}/metrics") }
     }
 }
 

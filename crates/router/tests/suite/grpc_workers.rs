@@ -1,7 +1,9 @@
 //! gRPC workers: the simulated engine's SGLang scheduler service (`--grpc-listen`) as the
 //! real peer sees it: Shepherd Model Gateway 1.13.0 (`smg launch --worker-urls grpc://...`,
-//! PyPI) registers it (health, model and server info), and answers chats through it, whole
-//! and streamed, its prompt cache reported back.
+//! PyPI) registers it (health, model and server info), answers chats through it, whole and
+//! streamed, its prompt cache reported back, and applies its KV events; and `sgl-router` in
+//! front of gRPC workers: generation, stop strings, errors, and cache-aware routing from the
+//! events the workers stream.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -17,13 +19,13 @@ fn qwen3() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizers/qwen3").canonicalize().unwrap()
 }
 
-/// A simulated engine with Qwen3's tokenizer serving gRPC, its model id the tokenizer's
-/// directory (what `smg --model-path` names it).
+/// A simulated engine with Qwen3's tokenizer serving gRPC (its KV events too), its model id
+/// the tokenizer's directory (what `smg --model-path` names it).
 async fn grpc_engine(dir: &std::path::Path) -> MockEngine {
     let config = MockEngineConfig {
         model_id: dir.display().to_string(),
         grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
-        kv_events: false,
+        kv_events: true,
         fast: true,
         ..MockEngineConfig::default()
     };
@@ -113,6 +115,21 @@ async fn smg_answers_chats_through_the_simulated_engines_grpc_service() {
     let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
     assert_eq!(cached, prompt / 16 * 16, "the first chat's full pages, cached: {usage}");
     assert_eq!(engine.engine().requests.load(Ordering::Relaxed), 2, "both chats reached the engine over gRPC");
+    // smg took the engine's KV events from its SubscribeKvEvents stream: batches applied, blocks stored.
+    let series = |page: &str, name: &str| -> f64 {
+        page.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+    };
+    let page = loop {
+        let page = http.get(&router.metrics).send().await.unwrap().text().await.unwrap();
+        if series(&page, "smg_kv_event_batches_total{") >= 1.0 || Instant::now() > deadline {
+            break page;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let applied = format!("smg_kv_event_batches_total{{worker=\"{grpc}\",disposition=\"applied\"}}");
+    assert!(series(&page, &applied) >= 1.0, "smg applied the engine's event batches:\n{page}");
+    let stored = format!("smg_kv_event_blocks_total{{worker=\"{grpc}\",op=\"stored\"}}");
+    assert!(series(&page, &stored) >= (prompt / 16) as f64, "the first chat's pages:\n{page}");
     drop(router);
     let _ = std::fs::remove_file(&log);
 }
@@ -300,5 +317,35 @@ async fn cache_aware_routing_follows_the_kv_events_a_grpc_worker_streams() {
         d["candidates"].as_array().unwrap().iter().all(|c| c["matched_tokens"] == 0)
     })
     .await;
+    let _ = router.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_mid_stream_stops_the_generation() {
+    // Real decode time: 1,000 tokens would take 10 s.
+    let config = MockEngineConfig {
+        grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        kv_events: false,
+        ..MockEngineConfig::default()
+    };
+    let engine = MockEngine::spawn(config).await.unwrap();
+    let router = grpc_router(&[&engine]).await;
+    let body = json!({"model": "default", "max_tokens": 1000, "stream": true,
+                      "messages": [{"role": "user", "content": "Tell me everything."}]});
+    let mut r =
+        reqwest::Client::new().post(format!("{}/v1/chat/completions", router.url)).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let first = r.chunk().await.unwrap().expect("a first event");
+    assert!(String::from_utf8_lossy(&first).starts_with("data: "), "{first:?}");
+    drop(r);
+    let started = Instant::now();
+    crate::common::eventually("the engine stopped generating for no one", async || {
+        engine.engine().cancelled_streams.load(Ordering::Relaxed) == 1
+            && engine.engine().loads().iter().all(|l| l.num_running_reqs == 0)
+    })
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(5), "stopped long before its 1,000 tokens");
+    // The router let go of the request's load.
+    crate::common::eventually("the router released its load", async || router.gateway.in_flight() == 0).await;
     let _ = router.stop.send(());
 }
