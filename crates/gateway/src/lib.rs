@@ -465,3 +465,13 @@ impl Gateway {
 pub fn check_worker_url(url: &str) -> Result<WorkerUrl, String> {
     WorkerUrl::parse(url).map_err(|e| e.to_string())
 }
+
+/// A worker URL for a disaggregated pool's leg: HTTP only (prefill/decode pairs are not served
+/// over gRPC).
+pub fn check_pd_worker_url(url: &str) -> Result<WorkerUrl, String> {
+    let url = check_worker_url(url)?;
+    if url.as_str().starts_with("grpc://") {
+        return Err(format!("{url}: prefill/decode workers are HTTP workers (gRPC workers serve aggregated pools)"));
+    }
+    Ok(url)
+}

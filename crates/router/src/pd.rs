@@ -59,7 +59,7 @@ pub(crate) fn setup(a: &ServeArgs, policy: impl Fn(PolicyName) -> PolicyConfig) 
     };
     let mut prefill: Vec<(WorkerUrl, Bootstrap)> = Vec::new();
     for (url, port) in group_prefill(&f.prefill)? {
-        let url = gateway::check_worker_url(url.trim()).map_err(|e| UsageError(format!("--prefill: {e}")))?;
+        let url = gateway::check_pd_worker_url(url.trim()).map_err(|e| UsageError(format!("--prefill: {e}")))?;
         let bootstrap = match port {
             None => Bootstrap::Discover,
             Some(p) if p.eq_ignore_ascii_case("none") => Bootstrap::Null,
@@ -75,7 +75,7 @@ pub(crate) fn setup(a: &ServeArgs, policy: impl Fn(PolicyName) -> PolicyConfig) 
     }
     let mut decode: Vec<WorkerUrl> = Vec::new();
     for u in f.decode.iter().filter(|u| !u.trim().is_empty()) {
-        let url = gateway::check_worker_url(u.trim()).map_err(|e| UsageError(format!("--decode: {e}")))?;
+        let url = gateway::check_pd_worker_url(u.trim()).map_err(|e| UsageError(format!("--decode: {e}")))?;
         if prefill.iter().any(|(p, _)| *p == url) {
             return usage(format!("{url} is given as both --prefill and --decode"));
         }

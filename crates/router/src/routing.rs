@@ -105,7 +105,12 @@ pub(crate) fn load(path: &Path, default_policy: PolicyName) -> Result<RoutingFil
         };
         let policy = policy_named(p.policy.as_deref(), default_policy);
         let decode_policy = policy_named(p.decode_policy.as_deref(), policy);
-        let mut urls = |list: &mut Vec<WorkerUrl>, w: &str| match gateway::check_worker_url(w.trim()) {
+        // A disaggregated pool's legs are HTTP workers.
+        let mut urls = |list: &mut Vec<WorkerUrl>, w: &str, pd: bool| match if pd {
+            gateway::check_pd_worker_url(w.trim())
+        } else {
+            gateway::check_worker_url(w.trim())
+        } {
             Ok(url) if !list.contains(&url) => {
                 list.push(url);
                 true
@@ -118,19 +123,19 @@ pub(crate) fn load(path: &Path, default_policy: PolicyName) -> Result<RoutingFil
         };
         let mut workers = Vec::new();
         for w in &p.workers {
-            urls(&mut workers, w);
+            urls(&mut workers, w, false);
         }
         let pd = p.disaggregation.map(|mode| {
             let (mut prefill_urls, mut decode) = (Vec::new(), Vec::new());
             let mut prefill = Vec::new();
             for w in &p.prefill {
-                if urls(&mut prefill_urls, w.url()) {
+                if urls(&mut prefill_urls, w.url(), true) {
                     let bootstrap = w.bootstrap_port().map_or(Bootstrap::Discover, Bootstrap::Port);
                     prefill.push((prefill_urls[prefill_urls.len() - 1].clone(), bootstrap));
                 }
             }
             for w in &p.decode {
-                urls(&mut decode, w);
+                urls(&mut decode, w, true);
             }
             FilePd { mode, prefill, decode, decode_policy }
         });

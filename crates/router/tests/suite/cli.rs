@@ -157,8 +157,13 @@ fn render_rejects_bad_input_cleanly() {
 #[test]
 fn the_router_refuses_bad_flags_with_one_line_and_status_64() {
     for (args, needle) in [
-        (&["--worker-urls", "ftp://w:30000"][..], "not an http:// or https:// URL"),
-        (&["--worker-urls", "w:30000"][..], "not an http:// or https:// URL"),
+        (&["--worker-urls", "ftp://w:30000"][..], "not an http://, https:// or grpc:// URL"),
+        (&["--worker-urls", "w:30000"][..], "not an http://, https:// or grpc:// URL"),
+        (&["--worker-urls", "grpc://w"][..], "a grpc:// worker URL needs its port"),
+        (
+            &["--pd-disaggregation", "--prefill", "grpc://p:1", "--decode", "http://d:1"][..],
+            "prefill/decode workers are HTTP workers",
+        ),
         (
             &[
                 "--worker-urls",
