@@ -139,6 +139,10 @@ struct OverheadArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Stream this many tokens per request (`stream: true`) and measure the time to the
+    /// first of them (TTFT) instead of to the whole answer; 0: one token, not streamed.
+    #[arg(long, default_value_t = 0)]
+    stream_tokens: usize,
 }
 
 #[derive(Debug, clap::Args)]
@@ -305,7 +309,8 @@ fn overhead(a: OverheadArgs) -> Result<()> {
                 for k in 0..targets.len() {
                     let t = (k + round) % targets.len();
                     let (_, target) = &targets[t];
-                    let s = runtime.block_on(overhead::measure(target, c, b, n, round * a.requests))?;
+                    let s =
+                        runtime.block_on(overhead::measure(target, c, b, n, round * a.requests, a.stream_tokens))?;
                     samples[t].merge(s);
                 }
             }

@@ -24,11 +24,16 @@ pub(crate) struct Row {
 }
 
 /// A chat body of about `bytes` bytes: a fixed system prompt (repeated across
-/// requests, as in production) and a unique question.
-fn body(bytes: usize, i: usize) -> serde_json::Value {
+/// requests, as in production) and a unique question; one token asked for, or
+/// `stream_tokens` streamed.
+fn body(bytes: usize, i: usize, stream_tokens: usize) -> serde_json::Value {
     let question = format!("question number {i}");
     let system = "You are a helpful assistant. ".repeat((bytes.saturating_sub(question.len() + 120)) / 28 + 1);
-    json!({"model": "default", "max_tokens": 1, "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]})
+    let messages = json!([{"role": "system", "content": system}, {"role": "user", "content": question}]);
+    match stream_tokens {
+        0 => json!({"model": "default", "max_tokens": 1, "messages": messages}),
+        n => json!({"model": "default", "max_tokens": n, "stream": true, "messages": messages}),
+    }
 }
 
 /// The latencies and errors of some requests to one target, and the time they took.
@@ -91,18 +96,24 @@ impl Target {
         }
     }
 
-    /// Sends one prepared request; whether it was answered 2xx, read whole.
-    async fn one(&self, client: &reqwest::Client, url: &str, p: &Prepared) -> bool {
+    /// Sends one prepared request, read whole; when it was answered 2xx, the time to its
+    /// first body bytes (a stream's first token) if `first`, else to its end.
+    async fn one(&self, client: &reqwest::Client, url: &str, p: &Prepared, first: bool) -> Option<Duration> {
+        let t0 = Instant::now();
         match (self, p) {
-            (Target::DirectPd(pd), Prepared::Legs(legs)) => pd.one(client, legs).await,
+            (Target::DirectPd(pd), Prepared::Legs(legs)) => pd.one(client, legs).await.then(|| t0.elapsed()),
             (_, Prepared::Bytes(body)) => {
                 let sent = client.post(url).header("content-type", "application/json").body(body.clone()).send().await;
-                match sent {
-                    Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
-                    Err(_) => false,
+                let mut r = sent.ok().filter(|r| r.status().is_success())?;
+                let mut at = None;
+                while let Some(chunk) = r.chunk().await.ok()? {
+                    if at.is_none() && !chunk.is_empty() {
+                        at = Some(t0.elapsed());
+                    }
                 }
+                if first { at } else { Some(t0.elapsed()) }
             }
-            (Target::Url(_), Prepared::Legs(_)) => false,
+            (Target::Url(_), Prepared::Legs(_)) => None,
         }
     }
 }
@@ -115,6 +126,7 @@ pub(crate) async fn measure(
     body_bytes: usize,
     requests: usize,
     first: usize,
+    stream_tokens: usize,
 ) -> Result<Sample> {
     let client = reqwest::Client::builder().pool_max_idle_per_host(concurrency * 2).build()?;
     let url = match target {
@@ -125,14 +137,14 @@ pub(crate) async fn measure(
     let rooms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     // Warm up: connections, caches.
     for i in 0..concurrency.min(8) {
-        let warm = target.prepare(&body(body_bytes, i), rooms.wrapping_add(i as u64));
-        if !target.one(&client, &url, &warm).await {
+        let warm = target.prepare(&body(body_bytes, i, stream_tokens), rooms.wrapping_add(i as u64));
+        if target.one(&client, &url, &warm, false).await.is_none() {
             anyhow::bail!("warm-up request to {target:?} failed");
         }
     }
     let rooms = rooms.wrapping_add(1 << 20);
     let bodies: Vec<Prepared> = (0..requests)
-        .map(|i| target.prepare(&body(body_bytes, 1000 + first + i), rooms.wrapping_add(i as u64)))
+        .map(|i| target.prepare(&body(body_bytes, 1000 + first + i, stream_tokens), rooms.wrapping_add(i as u64)))
         .collect();
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let bodies = std::sync::Arc::new(bodies);
@@ -149,12 +161,9 @@ pub(crate) async fn measure(
                 if i >= bodies.len() {
                     break;
                 }
-                let t0 = Instant::now();
-                let ok = target.one(&client, &url, &bodies[i]).await;
-                if ok {
-                    lat.push(t0.elapsed());
-                } else {
-                    errors += 1;
+                match target.one(&client, &url, &bodies[i], stream_tokens > 0).await {
+                    Some(l) => lat.push(l),
+                    None => errors += 1,
                 }
             }
             (lat, errors)

@@ -66,6 +66,7 @@ fn unstarted(workers: &[&str], retry: crate::RetryConfig) -> (Gateway, Arc<fleet
         jwt: None,
         audit: false,
         upstream_pool_idle: crate::DEFAULT_UPSTREAM_POOL_IDLE,
+        reasoning_parser: None,
         tracer: None,
         routing_key_headers: Vec::new(),
         shared_state: None,

@@ -47,7 +47,7 @@ impl Drop for Running<'_> {
 
 impl Scheduler {
     pub(crate) fn new(engine: Arc<Engine>, cancel: CancellationToken) -> Self {
-        let text: String = (0..512).map(word).collect();
+        let text: String = engine.config().reply_text.clone().unwrap_or_else(|| (0..512).map(word).collect());
         let output = engine.renderer().tokenizer().encode(&text, false).unwrap_or_default();
         Self { engine, output, cancel, running: Default::default() }
     }

@@ -92,6 +92,9 @@ pub struct MockEngineConfig {
     /// Also serve SGLang's gRPC scheduler service (`Generate`, `HealthCheck`, `GetModelInfo`,
     /// `GetServerInfo`, `GetLoads`, `Abort`) here (`127.0.0.1:0`: any free port).
     pub grpc_listen: Option<SocketAddr>,
+    /// The text the gRPC service's answers are made of (its first `max_new_tokens` tokens);
+    /// none: the HTTP API's words (" the cache is warm and routing works." over and over).
+    pub reply_text: Option<String>,
 }
 
 /// A running simulated engine. Dropping it stops the server and the publishers.
@@ -130,6 +133,7 @@ impl Default for MockEngineConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             refuse_rank_header: false,
             grpc_listen: None,
+            reply_text: None,
         }
     }
 }

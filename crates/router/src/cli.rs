@@ -372,6 +372,12 @@ pub(crate) struct ServeArgs {
     /// `traceparent` naming the router's span, so the engine's spans join the trace.
     #[arg(long, env = "SGL_ROUTER_ENABLE_TRACE")]
     pub(crate) enable_trace: bool,
+    /// How gRPC workers' answers separate a reasoning model's thinking from its answer
+    /// (`reasoning_content`): deepseek_r1, qwen3 or qwen3_thinking (smg's names). An HTTP
+    /// worker's engine parses its own answers.
+    #[arg(long, env = "SGL_ROUTER_REASONING_PARSER", value_name = "NAME",
+          value_parser = ["deepseek_r1", "qwen3", "qwen3_thinking"])]
+    pub(crate) reasoning_parser: Option<String>,
     /// The OpenTelemetry collector's OTLP/gRPC endpoint, `HOST:PORT`, with --enable-trace.
     #[arg(long, env = "SGL_ROUTER_OTLP_TRACES_ENDPOINT", default_value = "localhost:4317", value_name = "HOST:PORT")]
     pub(crate) otlp_traces_endpoint: String,

@@ -138,6 +138,8 @@ pub struct AppConfig {
     /// How long a pooled worker connection may have been idle to be reused (`Duration::MAX`: until
     /// the pools' sweep).
     pub upstream_pool_idle: Duration,
+    /// The reasoning parser of gRPC workers' answers (`--reasoning-parser`).
+    pub reasoning_parser: Option<String>,
     /// Requests' spans exported over OTLP (`--enable-trace`; none: off).
     pub trace: Option<otlp::ExportConfig>,
     /// Headers a routing key is read from after `x-smg-routing-key` (`--routing-key-headers`).

@@ -10,6 +10,7 @@ use engine_grpc::proto::{GenerateResponse, Generated, MatchedStop};
 use renderer::Renderer;
 use serde_json::{Value, json};
 
+use super::reasoning::Stream as ReasoningStream;
 use super::request::Asked;
 use super::sequence::{Finish, Sequence, TokenLogprob};
 use crate::pipeline::request::Route;
@@ -34,6 +35,8 @@ pub(crate) struct Answer {
     id: String,
     created: u64,
     pub(crate) seqs: Vec<Sequence>,
+    /// Each sequence's reasoning split, streamed (with `--reasoning-parser`).
+    reasoning: Vec<ReasoningStream>,
     prompt_tokens: u32,
     cached_tokens: u32,
 }
@@ -43,6 +46,8 @@ impl Answer {
         let prefix = if asked.route == Route::Chat { "chatcmpl-" } else { "cmpl-" };
         let id = if request_id.starts_with(prefix) { request_id.to_owned() } else { format!("{prefix}{request_id}") };
         let seqs = (0..asked.n).map(|_| Sequence::new(asked.skip_special_tokens)).collect();
+        let reasoning =
+            asked.reasoning.map_or_else(Vec::new, |f| (0..asked.n).map(|_| ReasoningStream::new(f)).collect());
         let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         Self {
             renderer,
@@ -51,6 +56,7 @@ impl Answer {
             id,
             created,
             seqs,
+            reasoning,
             prompt_tokens: 0,
             cached_tokens: 0,
         }
@@ -102,17 +108,35 @@ impl Answer {
 
     /// The SSE event for sequence `i`'s new `piece` (none when there is nothing to say).
     fn chunk(&mut self, i: usize, piece: &str, logprobs: &[TokenLogprob]) -> String {
+        let finished = self.seqs[i].finish.is_some();
+        // A chat's piece split into reasoning and content (with `--reasoning-parser`).
+        let (thought, piece) = match self.reasoning.get_mut(i) {
+            Some(r) => {
+                let (mut thought, mut content) = r.push(piece);
+                if finished {
+                    let (t, c) = r.finish();
+                    thought.push_str(&t);
+                    content.push_str(&c);
+                }
+                (thought, content)
+            }
+            None => (String::new(), piece.to_owned()),
+        };
+        let piece = piece.as_str();
         let seq = &mut self.seqs[i];
         let finish = seq.finish.as_ref().map(Finish::reason);
-        if piece.is_empty() && finish.is_none() && logprobs.is_empty() {
+        if piece.is_empty() && thought.is_empty() && finish.is_none() && logprobs.is_empty() {
             return String::new();
         }
         let first = !seq.started;
         seq.started = true;
         let chunk = match self.asked.route {
             Route::Chat => {
-                let delta =
+                let mut delta =
                     if first { json!({"role": "assistant", "content": piece}) } else { json!({"content": piece}) };
+                if !thought.is_empty() {
+                    delta["reasoning_content"] = json!(thought);
+                }
                 let lp = (self.asked.logprobs && !logprobs.is_empty()).then(|| self.chat_logprobs(logprobs));
                 json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.asked.model,
                        "choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
@@ -157,7 +181,13 @@ impl Answer {
                     .enumerate()
                     .map(|(i, s)| {
                         let lp = self.asked.logprobs.then(|| self.chat_logprobs(&s.logprobs));
-                        json!({"index": i, "message": {"role": "assistant", "content": text(s)}, "logprobs": lp,
+                        let message = match self.asked.reasoning.map(|f| f.split(s.text())) {
+                            Some((thought, content)) => {
+                                json!({"role": "assistant", "content": content, "reasoning_content": thought})
+                            }
+                            None => json!({"role": "assistant", "content": text(s)}),
+                        };
+                        json!({"index": i, "message": message, "logprobs": lp,
                            "finish_reason": s.finish.as_ref().map(Finish::reason), "matched_stop": matched(s)})
                     })
                     .collect();

@@ -7,6 +7,7 @@
 //! pool, as an HTTP one is; a client that leaves aborts the generation.
 
 mod answer;
+mod reasoning;
 mod request;
 mod sequence;
 
@@ -60,8 +61,13 @@ pub(crate) async fn serve(
     job: Job,
     meta: &Meta,
 ) -> Result<Response, GatewayError> {
-    let (asked_engine, asked) =
+    let (asked_engine, mut asked) =
         request::generate(job.route, &job.v, job.tokens, (&meta.id, &pool.served_model), job.rank.map(|r| r.0))?;
+    // A chat's reasoning, unless the request asks for it in the content (`separate_reasoning: false`).
+    let separate = job.v.get("separate_reasoning").and_then(Value::as_bool) != Some(false);
+    if let Some(name) = gw.config.reasoning_parser.as_deref().filter(|_| job.route == Route::Chat && separate) {
+        asked.reasoning = Some(reasoning::Format::named(name)?);
+    }
     let retry = &gw.config.retry;
     let mut tried = Vec::new();
     let mut attempt = 1u32;

@@ -37,6 +37,8 @@ pub(crate) struct Asked {
     /// Logprobs asked for, and how many top ones per position.
     pub(crate) logprobs: bool,
     pub(crate) top_logprobs: u32,
+    /// A chat's reasoning told apart from its answer (`--reasoning-parser`).
+    pub(crate) reasoning: Option<super::reasoning::Format>,
 }
 
 /// The request for the engine, and what the answer needs to know.
@@ -140,6 +142,7 @@ pub(crate) fn generate(
         include_usage,
         logprobs,
         top_logprobs,
+        reasoning: None,
     };
     Ok((request, asked))
 }

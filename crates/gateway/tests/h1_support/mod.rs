@@ -108,6 +108,7 @@ pub(crate) async fn start_fleet(
         jwt: None,
         audit: false,
         upstream_pool_idle: gateway::DEFAULT_UPSTREAM_POOL_IDLE,
+        reasoning_parser: None,
         tracer: None,
         routing_key_headers: Vec::new(),
         shared_state: None,

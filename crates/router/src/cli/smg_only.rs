@@ -10,13 +10,13 @@ use clap::{Arg, ArgAction, ArgMatches, Command};
 
 use crate::usage::UsageError;
 
-const GRPC: &str = "encode workers, EPD and gRPC/ZMQ workers are not built (issue 31): workers here speak HTTP";
+const GRPC: &str = "encode workers, EPD and ZMQ workers are not built: workers speak HTTP, or gRPC (grpc://, SGLang's scheduler service)";
 const MM: &str = "media is relayed to the engine untouched here: the engine fetches and preprocesses it (multimodal cache keys are issue 34)";
 const MESH: &str = "no HA mesh here: replicas catch up with --index-peers and share placements, loads, cached answers, route feedback and tenant limits through `--shared-state` (a Valkey or Redis server)";
 const STORAGE: &str = "the Responses and Conversations APIs and their storage are not served by this router";
 const PLUGIN: &str = "MCP tools and WASM plugins are not served by this router";
 const RL: &str = "the RL control plane (/v1/rl) is not served by this router";
-const PARSER: &str = "reasoning and tool-call parsing is the engine's here (start SGLang with --reasoning-parser/--tool-call-parser); the router relays its answers";
+const PARSER: &str = "an HTTP worker's engine parses tool calls (start SGLang with --tool-call-parser); the router relays its answers (gRPC workers: --reasoning-parser)";
 const K8S: &str = "use --service-discovery with --selector: file discovery, model ids from pod metadata and vLLM connector annotations are not built";
 const PDADM: &str =
     "no prefill admission queue: PD requests are admitted by --max-concurrent-requests and --queue-size";
@@ -143,7 +143,6 @@ const OPTIONS: &[SmgOnly] = &[
     o("max-background-responses", &[], Value, Some("1024"), BG),
     o("disable-tokenizer-autoload", &[], Flag, None, AUTOLOAD),
     o("parser", &[], Value, Some("legacy"), PARSER),
-    o("reasoning-parser", &[], Value, None, PARSER),
     o("tool-call-parser", &[], Value, None, PARSER),
     o("mcp-config-path", &[], Value, None, PLUGIN),
     o("zmq-engine-count", &[], Value, None, GRPC),

@@ -349,3 +349,66 @@ async fn a_client_that_leaves_mid_stream_stops_the_generation() {
     crate::common::eventually("the router released its load", async || router.gateway.in_flight() == 0).await;
     let _ = router.stop.send(());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reasoning_models_thinking_is_told_apart_from_its_answer() {
+    let reply = "Let me think: 6 times 7.</think>The answer is 42.";
+    let config = MockEngineConfig {
+        grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        kv_events: false,
+        fast: true,
+        reply_text: Some(reply.into()),
+        ..MockEngineConfig::default()
+    };
+    let engine = MockEngine::spawn(config).await.unwrap();
+    let mut c = crate::common::app::config(&[], sgl_router::app::PolicyConfig::cache_aware(), false);
+    c.workers = vec![router_types::WorkerUrl::parse(&engine.grpc_url().unwrap()).unwrap()];
+    c.reasoning_parser = Some("deepseek_r1".into());
+    let router = crate::common::app::start(c).await;
+    let http = reqwest::Client::new();
+    // Every token of the reply (the byte-level model: one a byte), no stop.
+    let body =
+        json!({"model": "default", "max_tokens": reply.len(), "messages": [{"role": "user", "content": "6 x 7?"}]});
+    let whole: Value = http
+        .post(format!("{}/v1/chat/completions", router.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], "Let me think: 6 times 7.", "{whole}");
+    assert_eq!(message["content"], "The answer is 42.", "{whole}");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let sse = http
+        .post(format!("{}/v1/chat/completions", router.url))
+        .json(&streamed)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let chunks = events(&sse);
+    let joined =
+        |field: &str| -> String { chunks.iter().filter_map(|c| c["choices"][0]["delta"][field].as_str()).collect() };
+    assert_eq!(joined("reasoning_content"), "Let me think: 6 times 7.", "{sse}");
+    assert_eq!(joined("content"), "The answer is 42.", "{sse}");
+    // Asked to keep it in the content: as the model wrote it.
+    let mut together = body.clone();
+    together["separate_reasoning"] = json!(false);
+    let whole: Value = http
+        .post(format!("{}/v1/chat/completions", router.url))
+        .json(&together)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(whole["choices"][0]["message"]["content"], reply, "{whole}");
+    let _ = router.stop.send(());
+}
