@@ -123,6 +123,8 @@ pub struct GatewayConfig {
     pub tracer: Option<otlp::Tracer>,
     /// How gRPC workers' answers separate reasoning from the answer (`--reasoning-parser`).
     pub reasoning_parser: Option<String>,
+    /// How gRPC workers' chat answers are read for tool calls (`--tool-call-parser`).
+    pub tool_call_parser: Option<String>,
     /// Headers a routing key is read from after `x-smg-routing-key`, in order, lowercase
     /// (`--routing-key-headers`; the first present with a usable value wins).
     pub routing_key_headers: Vec<String>,

@@ -67,6 +67,7 @@ fn unstarted(workers: &[&str], retry: crate::RetryConfig) -> (Gateway, Arc<fleet
         audit: false,
         upstream_pool_idle: crate::DEFAULT_UPSTREAM_POOL_IDLE,
         reasoning_parser: None,
+        tool_call_parser: None,
         tracer: None,
         routing_key_headers: Vec::new(),
         shared_state: None,

@@ -38,6 +38,14 @@ pub use fast_bpe::DEFAULT_WORD_CACHE_BYTES;
 pub use hash::{HashError, HashMode, PageDigest, PageHasher};
 pub use model::{ChatTemplates, ModelConfig};
 pub use prompt::{Prompt, token_ids};
+
+/// Python's `json.dumps(value, ensure_ascii=...)` of a JSON value (`", "` and `": "`
+/// separators, keys in their order): what an engine's Python code writes.
+pub fn python_json(value: &serde_json::Value, ensure_ascii: bool) -> String {
+    let mut opts = pyjson::DumpOptions::new(None);
+    opts.ensure_ascii = ensure_ascii;
+    pyjson::dumps(&minijinja::Value::from(minijinja::value::Serde(value)), &opts).unwrap_or_else(|_| value.to_string())
+}
 pub use template::{ChatTemplate, ContentFormat, detect_content_format};
 pub use tokenizer::{
     CacheBounds, CacheStats, DEFAULT_SEGMENT_CACHE_BYTES, DEFAULT_SEGMENT_CACHE_ENTRIES, SEGMENT_ENTRY_BYTES,

@@ -140,6 +140,8 @@ pub struct AppConfig {
     pub upstream_pool_idle: Duration,
     /// The reasoning parser of gRPC workers' answers (`--reasoning-parser`).
     pub reasoning_parser: Option<String>,
+    /// The tool-call parser of gRPC workers' answers (`--tool-call-parser`).
+    pub tool_call_parser: Option<String>,
     /// Requests' spans exported over OTLP (`--enable-trace`; none: off).
     pub trace: Option<otlp::ExportConfig>,
     /// Headers a routing key is read from after `x-smg-routing-key` (`--routing-key-headers`).

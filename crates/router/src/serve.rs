@@ -391,6 +391,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         },
         index_retention: Duration::from_secs(a.worker_index_retention_secs),
         reasoning_parser: a.reasoning_parser.clone(),
+        tool_call_parser: a.tool_call_parser.clone(),
         trace: a.enable_trace.then(|| otlp::ExportConfig::new(a.otlp_traces_endpoint.trim(), "sgl-router")),
         routing_key_headers: a
             .routing_key_headers

@@ -119,6 +119,7 @@ pub(crate) fn gateway_config(config: &AppConfig) -> GatewayConfig {
         audit: config.audit,
         upstream_pool_idle: config.upstream_pool_idle,
         reasoning_parser: config.reasoning_parser.clone(),
+        tool_call_parser: config.tool_call_parser.clone(),
         tracer: config.trace.clone().map(otlp::Tracer::start),
         routing_key_headers: config.routing_key_headers.clone(),
         shared_state: config.shared_state.as_ref().map(|s| gateway::shared::SharedConfig {

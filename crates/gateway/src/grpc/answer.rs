@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use super::reasoning::Stream as ReasoningStream;
 use super::request::Asked;
 use super::sequence::{Finish, Sequence, TokenLogprob};
+use super::tools::Stream as ToolStream;
 use crate::pipeline::request::Route;
 
 /// Why an engine's message cannot be made into an answer.
@@ -37,6 +38,9 @@ pub(crate) struct Answer {
     pub(crate) seqs: Vec<Sequence>,
     /// Each sequence's reasoning split, streamed (with `--reasoning-parser`).
     reasoning: Vec<ReasoningStream>,
+    /// Each sequence's calls, streamed (with `--tool-call-parser` and offered tools), and how
+    /// many went out.
+    tools: Vec<(ToolStream, usize)>,
     prompt_tokens: u32,
     cached_tokens: u32,
 }
@@ -48,6 +52,10 @@ impl Answer {
         let seqs = (0..asked.n).map(|_| Sequence::new(asked.skip_special_tokens)).collect();
         let reasoning =
             asked.reasoning.map_or_else(Vec::new, |f| (0..asked.n).map(|_| ReasoningStream::new(f)).collect());
+        let tools = asked
+            .tools
+            .as_ref()
+            .map_or_else(Vec::new, |t| (0..asked.n).map(|_| (ToolStream::new(t.clone()), 0)).collect());
         let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         Self {
             renderer,
@@ -57,6 +65,7 @@ impl Answer {
             created,
             seqs,
             reasoning,
+            tools,
             prompt_tokens: 0,
             cached_tokens: 0,
         }
@@ -122,10 +131,33 @@ impl Answer {
             }
             None => (String::new(), piece.to_owned()),
         };
+        // The content read for tool calls (with offered tools).
+        let (piece, calls) = match self.tools.get_mut(i) {
+            Some((t, sent)) => {
+                let (mut content, calls) = t.push(&piece);
+                if finished {
+                    content.push_str(&t.finish());
+                }
+                let first = *sent;
+                *sent += calls.len();
+                let calls: Vec<Value> = calls
+                    .iter()
+                    .enumerate()
+                    .map(|(k, c)| {
+                        let mut call = c.json(&self.request_id, first + k);
+                        call["index"] = json!(first + k);
+                        call
+                    })
+                    .collect();
+                (content, calls)
+            }
+            None => (piece, Vec::new()),
+        };
+        let calling = self.tools.get(i).is_some_and(|(t, _)| t.calling());
         let piece = piece.as_str();
         let seq = &mut self.seqs[i];
-        let finish = seq.finish.as_ref().map(Finish::reason);
-        if piece.is_empty() && thought.is_empty() && finish.is_none() && logprobs.is_empty() {
+        let finish = seq.finish.as_ref().map(|f| finish_reason(f, calling));
+        if piece.is_empty() && thought.is_empty() && calls.is_empty() && finish.is_none() && logprobs.is_empty() {
             return String::new();
         }
         let first = !seq.started;
@@ -136,6 +168,9 @@ impl Answer {
                     if first { json!({"role": "assistant", "content": piece}) } else { json!({"content": piece}) };
                 if !thought.is_empty() {
                     delta["reasoning_content"] = json!(thought);
+                }
+                if !calls.is_empty() {
+                    delta["tool_calls"] = Value::Array(calls);
                 }
                 let lp = (self.asked.logprobs && !logprobs.is_empty()).then(|| self.chat_logprobs(logprobs));
                 json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.asked.model,
@@ -181,14 +216,29 @@ impl Answer {
                     .enumerate()
                     .map(|(i, s)| {
                         let lp = self.asked.logprobs.then(|| self.chat_logprobs(&s.logprobs));
-                        let message = match self.asked.reasoning.map(|f| f.split(s.text())) {
-                            Some((thought, content)) => {
-                                json!({"role": "assistant", "content": content, "reasoning_content": thought})
-                            }
-                            None => json!({"role": "assistant", "content": text(s)}),
+                        let (thought, content) = match self.asked.reasoning.map(|f| f.split(s.text())) {
+                            Some((thought, content)) => (thought, content),
+                            None => (None, text(s)),
                         };
+                        let (content, calls) = match &self.asked.tools {
+                            Some(offered) => super::tools::parse(&content, offered),
+                            None => (content, Vec::new()),
+                        };
+                        let mut message = json!({"role": "assistant", "content": content});
+                        if self.asked.reasoning.is_some() {
+                            message["reasoning_content"] = json!(thought);
+                        }
+                        if !calls.is_empty() {
+                            let calls: Vec<Value> =
+                                calls.iter().enumerate().map(|(k, c)| c.json(&self.request_id, k)).collect();
+                            message["tool_calls"] = Value::Array(calls);
+                            if message["content"] == "" {
+                                message["content"] = Value::Null;
+                            }
+                        }
+                        let calling = message.get("tool_calls").is_some();
                         json!({"index": i, "message": message, "logprobs": lp,
-                           "finish_reason": s.finish.as_ref().map(Finish::reason), "matched_stop": matched(s)})
+                           "finish_reason": s.finish.as_ref().map(|f| finish_reason(f, calling)), "matched_stop": matched(s)})
                     })
                     .collect();
                 json!({"id": self.id, "object": "chat.completion", "created": self.created, "model": self.asked.model,
@@ -276,6 +326,14 @@ impl Answer {
         });
         json!({"tokens": tokens, "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
                "top_logprobs": top, "text_offset": offsets})
+    }
+}
+
+/// OpenAI's `finish_reason`: `tool_calls` for an answer that stopped on its calls.
+fn finish_reason(f: &Finish, calling: bool) -> &'static str {
+    match f {
+        Finish::Stop(_) if calling => "tool_calls",
+        f => f.reason(),
     }
 }
 

@@ -10,6 +10,7 @@ mod answer;
 mod reasoning;
 mod request;
 mod sequence;
+mod tools;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,6 +68,10 @@ pub(crate) async fn serve(
     let separate = job.v.get("separate_reasoning").and_then(Value::as_bool) != Some(false);
     if let Some(name) = gw.config.reasoning_parser.as_deref().filter(|_| job.route == Route::Chat && separate) {
         asked.reasoning = Some(reasoning::Format::named(name)?);
+    }
+    // A chat that offers tools: its answer read for calls (`--tool-call-parser`).
+    if let Some(parser) = gw.config.tool_call_parser.as_deref().filter(|_| job.route == Route::Chat) {
+        asked.tools = tools::Offered::of(parser, &job.v)?;
     }
     let retry = &gw.config.retry;
     let mut tried = Vec::new();

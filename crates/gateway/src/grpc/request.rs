@@ -39,6 +39,8 @@ pub(crate) struct Asked {
     pub(crate) top_logprobs: u32,
     /// A chat's reasoning told apart from its answer (`--reasoning-parser`).
     pub(crate) reasoning: Option<super::reasoning::Format>,
+    /// A chat's offered tools, its answer read for calls (`--tool-call-parser`).
+    pub(crate) tools: Option<super::tools::Offered>,
 }
 
 /// The request for the engine, and what the answer needs to know.
@@ -143,6 +145,7 @@ pub(crate) fn generate(
         logprobs,
         top_logprobs,
         reasoning: None,
+        tools: None,
     };
     Ok((request, asked))
 }

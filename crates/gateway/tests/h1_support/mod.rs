@@ -109,6 +109,7 @@ pub(crate) async fn start_fleet(
         audit: false,
         upstream_pool_idle: gateway::DEFAULT_UPSTREAM_POOL_IDLE,
         reasoning_parser: None,
+        tool_call_parser: None,
         tracer: None,
         routing_key_headers: Vec::new(),
         shared_state: None,

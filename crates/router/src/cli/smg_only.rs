@@ -16,7 +16,7 @@ const MESH: &str = "no HA mesh here: replicas catch up with --index-peers and sh
 const STORAGE: &str = "the Responses and Conversations APIs and their storage are not served by this router";
 const PLUGIN: &str = "MCP tools and WASM plugins are not served by this router";
 const RL: &str = "the RL control plane (/v1/rl) is not served by this router";
-const PARSER: &str = "an HTTP worker's engine parses tool calls (start SGLang with --tool-call-parser); the router relays its answers (gRPC workers: --reasoning-parser)";
+const PARSER: &str = "one parser set here: gRPC workers' answers are read with --reasoning-parser and --tool-call-parser, an HTTP worker's engine parses its own";
 const K8S: &str = "use --service-discovery with --selector: file discovery, model ids from pod metadata and vLLM connector annotations are not built";
 const PDADM: &str =
     "no prefill admission queue: PD requests are admitted by --max-concurrent-requests and --queue-size";
@@ -143,7 +143,6 @@ const OPTIONS: &[SmgOnly] = &[
     o("max-background-responses", &[], Value, Some("1024"), BG),
     o("disable-tokenizer-autoload", &[], Flag, None, AUTOLOAD),
     o("parser", &[], Value, Some("legacy"), PARSER),
-    o("tool-call-parser", &[], Value, None, PARSER),
     o("mcp-config-path", &[], Value, None, PLUGIN),
     o("zmq-engine-count", &[], Value, None, GRPC),
     o("enable-wasm", &[], Flag, None, PLUGIN),

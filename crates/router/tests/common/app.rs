@@ -89,6 +89,7 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         audit: false,
         upstream_pool_idle: gateway::DEFAULT_UPSTREAM_POOL_IDLE,
         reasoning_parser: None,
+        tool_call_parser: None,
         index_retention: Duration::from_secs(300),
         trace: None,
         routing_key_headers: Vec::new(),

@@ -410,5 +410,86 @@ async fn a_reasoning_models_thinking_is_told_apart_from_its_answer() {
         .await
         .unwrap();
     assert_eq!(whole["choices"][0]["message"]["content"], reply, "{whole}");
+    assert_eq!(whole["choices"][0]["finish_reason"], "stop", "{whole}");
+    let _ = router.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_are_read_out_of_the_answer_whole_and_streamed() {
+    // Ended by a tab, the sequence's stop token here (as an end-of-turn token would end it).
+    let reply =
+        "I will look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\"}}\n</tool_call>\t";
+    let config = MockEngineConfig {
+        grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        kv_events: false,
+        fast: true,
+        reply_text: Some(reply.into()),
+        ..MockEngineConfig::default()
+    };
+    let engine = MockEngine::spawn(config).await.unwrap();
+    let mut c = crate::common::app::config(&[], sgl_router::app::PolicyConfig::cache_aware(), false);
+    c.workers = vec![router_types::WorkerUrl::parse(&engine.grpc_url().unwrap()).unwrap()];
+    c.tool_call_parser = Some("qwen".into());
+    let router = crate::common::app::start(c).await;
+    let http = reqwest::Client::new();
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
+    // The byte-level model: one token a byte; the engine ends the sequence ("stop") with its last.
+    let body = json!({"model": "default", "max_tokens": reply.len(), "stop_token_ids": [u32::from(b'\t')], "tools": tools,
+                      "messages": [{"role": "user", "content": "Weather in Zürich?"}]});
+    let whole: Value = http
+        .post(format!("{}/v1/chat/completions", router.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let choice = &whole["choices"][0];
+    assert_eq!(choice["message"]["content"], "I will look.", "{whole}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function", "{whole}");
+    assert_eq!(call["function"]["name"], "get_weather", "{whole}");
+    assert_eq!(call["function"]["arguments"], r#"{"city": "Zürich"}"#, "{whole}");
+    assert!(call["id"].as_str().unwrap().starts_with("call_"), "{whole}");
+    assert_eq!(choice["finish_reason"], "tool_calls", "{whole}");
+    // Streamed: the content, then the call whole in one delta, then the finish.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let sse = http
+        .post(format!("{}/v1/chat/completions", router.url))
+        .json(&streamed)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let chunks = events(&sse);
+    let content: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(content.trim(), "I will look.", "{sse}");
+    let calls: Vec<&Value> =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array()).flatten().collect();
+    assert_eq!(calls.len(), 1, "{sse}");
+    assert_eq!(
+        (calls[0]["index"].as_u64(), calls[0]["function"]["name"].as_str()),
+        (Some(0), Some("get_weather")),
+        "{sse}"
+    );
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls", "{sse}");
+    // A request that offers no tools: the text as the model wrote it.
+    let mut plain = body.clone();
+    plain.as_object_mut().unwrap().remove("tools");
+    let whole: Value = http
+        .post(format!("{}/v1/chat/completions", router.url))
+        .json(&plain)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(whole["choices"][0]["message"]["content"], reply, "{whole}");
+    assert_eq!(whole["choices"][0]["finish_reason"], "stop", "{whole}");
     let _ = router.stop.send(());
 }

@@ -1,0 +1,211 @@
+//! Tool calls read out of a gRPC worker's chat answer on the router's side
+//! (`--tool-call-parser`; an HTTP engine parses its own), as SGLang 0.5.23's
+//! `Qwen25Detector` (smg's `qwen`, Qwen 2.5 and Qwen 3, Hermes-style) reads
+//! them: each call a JSON object `{"name": ..., "arguments": {...}}` between
+//! `<tool_call>\n` and `\n</tool_call>`; the text before the first call is
+//! the answer's content; a call to a function the request did not offer, or
+//! one that is not JSON, is dropped; the arguments are written as Python's
+//! `json.dumps(..., ensure_ascii=False)` writes them. Streamed, the content
+//! goes out as it comes (a partial `<tool_call>` held back) and each call
+//! whole once its closing tag comes.
+
+use serde_json::{Value, json};
+
+use crate::GatewayError;
+
+const BOT: &str = "<tool_call>\n";
+const EOT: &str = "\n</tool_call>";
+
+/// The parsers the router knows (smg's names).
+pub(crate) const PARSERS: [&str; 3] = ["qwen", "qwen2.5", "qwen3"];
+
+/// The tools a request offers, by name, when the answer is to be read for calls.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Offered(pub(crate) Vec<String>);
+
+impl Offered {
+    /// The function names `tools` offers, unless `tool_choice` is `none` or there are none;
+    /// `parser` must be one of [`PARSERS`].
+    pub(crate) fn of(parser: &str, v: &Value) -> Result<Option<Self>, GatewayError> {
+        if !PARSERS.contains(&parser) {
+            return Err(GatewayError::BadRequest(format!("unknown tool-call parser {parser:?}")));
+        }
+        if v.get("tool_choice").and_then(Value::as_str) == Some("none") {
+            return Ok(None);
+        }
+        let names: Vec<String> = v
+            .get("tools")
+            .and_then(Value::as_array)
+            .map(|tools| {
+                tools.iter().filter_map(|t| t.pointer("/function/name")?.as_str().map(str::to_owned)).collect()
+            })
+            .unwrap_or_default();
+        Ok((!names.is_empty()).then_some(Self(names)))
+    }
+}
+
+/// One call: the function and its arguments (a JSON text).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Call {
+    pub(crate) name: String,
+    pub(crate) arguments: String,
+}
+
+impl Call {
+    /// OpenAI's form of the `index`th call of request `request_id`.
+    pub(crate) fn json(&self, request_id: &str, index: usize) -> Value {
+        json!({"id": call_id(request_id, index), "type": "function",
+               "function": {"name": self.name, "arguments": self.arguments}})
+    }
+}
+
+/// A call's id: `call_` and 24 hex digits, unique per request and call.
+fn call_id(request_id: &str, index: usize) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in request_id.bytes().chain((index as u64).to_le_bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("call_{h:016x}{:08x}", index as u32)
+}
+
+/// The call one block holds, if it is a call to an offered function.
+fn call_of(block: &str, offered: &Offered) -> Option<Call> {
+    let v: Value = serde_json::from_str(block.trim()).ok()?;
+    let name = v.get("name")?.as_str()?;
+    if !offered.0.iter().any(|n| n == name) {
+        tracing::debug!(name, "the model called a function the request did not offer: dropped");
+        return None;
+    }
+    let arguments = match v.get("parameters").filter(|p| !p.is_null()).or_else(|| v.get("arguments")) {
+        Some(a) => a.clone(),
+        None => json!({}),
+    };
+    Some(Call { name: name.to_owned(), arguments: renderer::python_json(&arguments, false) })
+}
+
+/// A whole answer's content (the text before the first call, trimmed) and calls.
+pub(crate) fn parse(text: &str, offered: &Offered) -> (String, Vec<Call>) {
+    let Some(at) = text.find(BOT) else { return (text.to_owned(), Vec::new()) };
+    let content = text[..at].trim().to_owned();
+    let mut calls = Vec::new();
+    let mut rest = &text[at..];
+    while let Some(start) = rest.find(BOT) {
+        let after = &rest[start + BOT.len()..];
+        let Some(end) = after.find(EOT) else { break };
+        calls.extend(call_of(&after[..end], offered));
+        rest = &after[end + EOT.len()..];
+    }
+    (content, calls)
+}
+
+/// One streamed sequence's calls.
+#[derive(Debug)]
+pub(crate) struct Stream {
+    offered: Offered,
+    held: String,
+    /// Inside the calls: content no longer goes out.
+    calling: bool,
+}
+
+impl Stream {
+    pub(crate) fn new(offered: Offered) -> Self {
+        Self { offered, held: String::new(), calling: false }
+    }
+
+    /// The content a piece makes, and the calls it completes.
+    pub(crate) fn push(&mut self, piece: &str) -> (String, Vec<Call>) {
+        self.held.push_str(piece);
+        let mut content = String::new();
+        if !self.calling {
+            match self.held.find(BOT) {
+                Some(at) => {
+                    content = self.held[..at].to_owned();
+                    self.held.drain(..at);
+                    self.calling = true;
+                }
+                None => {
+                    // Hold the tail that may be the start of `<tool_call>\n`.
+                    let keep = (1..BOT.len())
+                        .rev()
+                        .find(|n| {
+                            self.held.len() >= *n
+                                && self.held.is_char_boundary(self.held.len() - n)
+                                && BOT.starts_with(&self.held[self.held.len() - n..])
+                        })
+                        .unwrap_or(0);
+                    let rest = self.held.split_off(self.held.len() - keep);
+                    return (std::mem::replace(&mut self.held, rest), Vec::new());
+                }
+            }
+        }
+        let mut calls = Vec::new();
+        while let Some(start) = self.held.find(BOT) {
+            let after = start + BOT.len();
+            let Some(end) = self.held[after..].find(EOT) else { break };
+            calls.extend(call_of(&self.held[after..after + end], &self.offered));
+            self.held.drain(..after + end + EOT.len());
+        }
+        (content, calls)
+    }
+
+    /// What is held once the sequence ended: content not yet given out (an unfinished call
+    /// is not content, as a whole answer's is not).
+    pub(crate) fn finish(&mut self) -> String {
+        let held = std::mem::take(&mut self.held);
+        if self.calling { String::new() } else { held }
+    }
+
+    /// Whether the answer turned to calls.
+    pub(crate) fn calling(&self) -> bool {
+        self.calling
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offered() -> Offered {
+        Offered(vec!["get_weather".into(), "search".into()])
+    }
+
+    const ANSWER: &str = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\", \"days\": [1, 2]}}\n</tool_call>\n<tool_call>\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"search\", \"parameters\": {\"q\": \"a\"}}\n</tool_call>";
+
+    #[test]
+    fn calls_are_read_as_sglangs_qwen25_detector_reads_them() {
+        let (content, calls) = parse(ANSWER, &offered());
+        assert_eq!(content, "Let me check.");
+        assert_eq!(
+            calls,
+            [
+                Call { name: "get_weather".into(), arguments: r#"{"city": "Zürich", "days": [1, 2]}"#.into() },
+                Call { name: "search".into(), arguments: r#"{"q": "a"}"#.into() },
+            ],
+            "the unoffered function dropped, the arguments as Python writes them"
+        );
+        assert_eq!(parse("No calls here.", &offered()), ("No calls here.".into(), Vec::new()));
+        // Not JSON, or never closed: no call.
+        assert_eq!(parse("x <tool_call>\n{nope}\n</tool_call>", &offered()).1, []);
+        assert_eq!(parse("x <tool_call>\n{\"name\": \"search\"", &offered()), ("x".into(), Vec::new()));
+    }
+
+    #[test]
+    fn streamed_in_any_pieces_the_calls_and_content_are_the_whole_answers() {
+        let (content, calls) = parse(ANSWER, &offered());
+        for n in [1, 2, 5, 13, 1000] {
+            let mut s = Stream::new(offered());
+            let (mut c, mut k) = (String::new(), Vec::new());
+            let chars: Vec<char> = ANSWER.chars().collect();
+            for piece in chars.chunks(n) {
+                let (pc, pk) = s.push(&piece.iter().collect::<String>());
+                c.push_str(&pc);
+                k.extend(pk);
+            }
+            c.push_str(&s.finish());
+            assert_eq!((c.trim(), &k), (content.as_str(), &calls), "pieces of {n}");
+            assert!(s.calling());
+        }
+        assert!(call_id("r", 0) != call_id("r", 1) && call_id("r", 0).len() == 29);
+    }
+}
