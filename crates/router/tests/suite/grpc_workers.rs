@@ -163,6 +163,42 @@ async fn grpc_router_with(engines: &[&MockEngine], kv: bool) -> crate::common::a
     start(c).await
 }
 
+/// An engine whose gRPC answers are `reply`'s tokens, behind a router configured by `configure`.
+async fn replying(
+    reply: &str,
+    configure: impl FnOnce(&mut sgl_router::app::AppConfig),
+) -> (MockEngine, crate::common::app::Running) {
+    let config = MockEngineConfig {
+        grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        kv_events: false,
+        fast: true,
+        reply_text: Some(reply.into()),
+        ..MockEngineConfig::default()
+    };
+    let engine = MockEngine::spawn(config).await.unwrap();
+    let mut c = crate::common::app::config(&[], sgl_router::app::PolicyConfig::cache_aware(), false);
+    c.workers = vec![router_types::WorkerUrl::parse(&engine.grpc_url().unwrap()).unwrap()];
+    configure(&mut c);
+    (engine, crate::common::app::start(c).await)
+}
+
+/// The JSON answer to `body` posted to the router's chat route.
+async fn chat_json(router: &crate::common::app::Running, body: &Value) -> Value {
+    let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", router.url)).json(body).send().await.unwrap();
+    r.json().await.unwrap()
+}
+
+/// The SSE answer to `body` streamed from the router's chat route, and its events.
+async fn chat_streamed(router: &crate::common::app::Running, body: &Value) -> (String, Vec<Value>) {
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let r =
+        reqwest::Client::new().post(format!("{}/v1/chat/completions", router.url)).json(&body).send().await.unwrap();
+    let sse = r.text().await.unwrap();
+    let chunks = events(&sse);
+    (sse, chunks)
+}
+
 /// The SSE events of a streamed answer, `[DONE]` last.
 fn events(sse: &str) -> Vec<Value> {
     assert!(sse.trim_end().ends_with("data: [DONE]"), "{sse}");
@@ -353,46 +389,15 @@ async fn a_client_that_leaves_mid_stream_stops_the_generation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reasoning_models_thinking_is_told_apart_from_its_answer() {
     let reply = "Let me think: 6 times 7.</think>The answer is 42.";
-    let config = MockEngineConfig {
-        grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
-        kv_events: false,
-        fast: true,
-        reply_text: Some(reply.into()),
-        ..MockEngineConfig::default()
-    };
-    let engine = MockEngine::spawn(config).await.unwrap();
-    let mut c = crate::common::app::config(&[], sgl_router::app::PolicyConfig::cache_aware(), false);
-    c.workers = vec![router_types::WorkerUrl::parse(&engine.grpc_url().unwrap()).unwrap()];
-    c.reasoning_parser = Some("deepseek_r1".into());
-    let router = crate::common::app::start(c).await;
-    let http = reqwest::Client::new();
+    let (_engine, router) = replying(reply, |c| c.reasoning_parser = Some("deepseek_r1".into())).await;
     // Every token of the reply (the byte-level model: one a byte), no stop.
     let body =
         json!({"model": "default", "max_tokens": reply.len(), "messages": [{"role": "user", "content": "6 x 7?"}]});
-    let whole: Value = http
-        .post(format!("{}/v1/chat/completions", router.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let whole = chat_json(&router, &body).await;
     let message = &whole["choices"][0]["message"];
     assert_eq!(message["reasoning_content"], "Let me think: 6 times 7.", "{whole}");
     assert_eq!(message["content"], "The answer is 42.", "{whole}");
-    let mut streamed = body.clone();
-    streamed["stream"] = json!(true);
-    let sse = http
-        .post(format!("{}/v1/chat/completions", router.url))
-        .json(&streamed)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let chunks = events(&sse);
+    let (sse, chunks) = chat_streamed(&router, &body).await;
     let joined =
         |field: &str| -> String { chunks.iter().filter_map(|c| c["choices"][0]["delta"][field].as_str()).collect() };
     assert_eq!(joined("reasoning_content"), "Let me think: 6 times 7.", "{sse}");
@@ -400,15 +405,7 @@ async fn a_reasoning_models_thinking_is_told_apart_from_its_answer() {
     // Asked to keep it in the content: as the model wrote it.
     let mut together = body.clone();
     together["separate_reasoning"] = json!(false);
-    let whole: Value = http
-        .post(format!("{}/v1/chat/completions", router.url))
-        .json(&together)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let whole = chat_json(&router, &together).await;
     assert_eq!(whole["choices"][0]["message"]["content"], reply, "{whole}");
     let _ = router.stop.send(());
 }
@@ -418,32 +415,12 @@ async fn tool_calls_are_read_out_of_the_answer_whole_and_streamed() {
     // Ended by a tab, the sequence's stop token here (as an end-of-turn token would end it).
     let reply =
         "I will look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\"}}\n</tool_call>\t";
-    let config = MockEngineConfig {
-        grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
-        kv_events: false,
-        fast: true,
-        reply_text: Some(reply.into()),
-        ..MockEngineConfig::default()
-    };
-    let engine = MockEngine::spawn(config).await.unwrap();
-    let mut c = crate::common::app::config(&[], sgl_router::app::PolicyConfig::cache_aware(), false);
-    c.workers = vec![router_types::WorkerUrl::parse(&engine.grpc_url().unwrap()).unwrap()];
-    c.tool_call_parser = Some("qwen".into());
-    let router = crate::common::app::start(c).await;
-    let http = reqwest::Client::new();
+    let (_engine, router) = replying(reply, |c| c.tool_call_parser = Some("qwen".into())).await;
     let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
     // The byte-level model: one token a byte; the engine ends the sequence ("stop") with its last.
     let body = json!({"model": "default", "max_tokens": reply.len(), "stop_token_ids": [u32::from(b'\t')], "tools": tools,
                       "messages": [{"role": "user", "content": "Weather in Zürich?"}]});
-    let whole: Value = http
-        .post(format!("{}/v1/chat/completions", router.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let whole = chat_json(&router, &body).await;
     let choice = &whole["choices"][0];
     assert_eq!(choice["message"]["content"], "I will look.", "{whole}");
     let call = &choice["message"]["tool_calls"][0];
@@ -453,18 +430,7 @@ async fn tool_calls_are_read_out_of_the_answer_whole_and_streamed() {
     assert!(call["id"].as_str().unwrap().starts_with("call_"), "{whole}");
     assert_eq!(choice["finish_reason"], "tool_calls", "{whole}");
     // Streamed: the content, then the call whole in one delta, then the finish.
-    let mut streamed = body.clone();
-    streamed["stream"] = json!(true);
-    let sse = http
-        .post(format!("{}/v1/chat/completions", router.url))
-        .json(&streamed)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let chunks = events(&sse);
+    let (sse, chunks) = chat_streamed(&router, &body).await;
     let content: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(content.trim(), "I will look.", "{sse}");
     let calls: Vec<&Value> =
@@ -479,15 +445,7 @@ async fn tool_calls_are_read_out_of_the_answer_whole_and_streamed() {
     // A request that offers no tools: the text as the model wrote it.
     let mut plain = body.clone();
     plain.as_object_mut().unwrap().remove("tools");
-    let whole: Value = http
-        .post(format!("{}/v1/chat/completions", router.url))
-        .json(&plain)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let whole = chat_json(&router, &plain).await;
     assert_eq!(whole["choices"][0]["message"]["content"], reply, "{whole}");
     assert_eq!(whole["choices"][0]["finish_reason"], "stop", "{whole}");
     let _ = router.stop.send(());
