@@ -23,6 +23,11 @@ impl Gateway {
             "Answers that broke off after their head went out (the worker failed or fell silent mid-answer), by route.",
         );
         m.decisions.render(out, "router_policy_decisions_total", "Routing decisions by policy and reason.");
+        m.grpc_failures.render(
+            out,
+            "router_grpc_failures_total",
+            "gRPC workers' calls that failed, by kind: unreachable, status, broken, deadline, bad_message.",
+        );
         m.epp_streams.render(
             out,
             "router_epp_streams_total",

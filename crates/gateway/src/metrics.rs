@@ -49,6 +49,10 @@ pub struct GatewayMetrics {
     pub pd_decisions: LabeledCounter,
     /// Time from a disaggregated request's dispatch to both legs' answer heads.
     pub pd_heads: Histogram,
+    /// gRPC workers' calls that failed, by `kind`: `unreachable`, `status` (an error status),
+    /// `broken` (the call broke or ended short), `deadline`, `bad_message` (a message for
+    /// another request or sequence, a token outside the vocabulary, an empty answer).
+    pub grpc_failures: LabeledCounter,
     /// Prompts rendered (template and tokenizer): at most one per request and renderer.
     pub renders: AtomicU64,
     /// Answers that broke off after their head went out, by `route`.
@@ -93,6 +97,7 @@ impl GatewayMetrics {
             pd_paths: LabeledCounter::default(),
             pd_decisions: LabeledCounter::default(),
             pd_heads: Histogram::new(buckets),
+            grpc_failures: LabeledCounter::default(),
             renders: AtomicU64::new(0),
             accept_errors: AtomicU64::new(0),
             answers_cut: LabeledCounter::default(),

@@ -25,6 +25,8 @@ pub(crate) enum BadMessage {
     NoSuchSequence(u32, u32),
     #[error("the engine sent an empty answer")]
     Empty,
+    #[error("the engine sent token id {0}, outside the vocabulary ({1})")]
+    BadToken(u32, usize),
 }
 
 /// One request's answer in the making.
@@ -89,6 +91,15 @@ impl Answer {
         };
         let Some(seq) = self.seqs.get_mut(index as usize) else { return Err(BadMessage::NoSuchSequence(index, n)) };
         let tok = self.renderer.tokenizer();
+        let vocab = tok.vocab_size();
+        let ids = match &m.response {
+            Some(Generated::Chunk(c)) => &c.token_ids,
+            Some(Generated::Complete(c)) => &c.output_ids,
+            None => return Err(BadMessage::Empty),
+        };
+        if let Some(bad) = ids.iter().find(|id| **id as usize >= vocab) {
+            return Err(BadMessage::BadToken(*bad, vocab));
+        }
         let stops = (self.asked.stops.as_slice(), self.asked.no_stop_trim);
         let before = seq.logprobs.len();
         let piece = match &m.response {

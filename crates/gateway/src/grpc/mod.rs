@@ -83,6 +83,7 @@ pub(crate) async fn serve(
         match engine.generate(&asked_engine, gw.config.request_timeout).await {
             Ok(g) => break g,
             Err(e) => {
+                count(gw, kind_of(&e));
                 worker.request_failed();
                 let may_retry = retry.enabled && !meta.one_attempt && attempt < retry.max_attempts();
                 let next = (may_retry && e.before_sending())
@@ -107,9 +108,16 @@ pub(crate) async fn serve(
     // The first message before the head: an engine that refuses the request answers its error.
     let first = match tokio::time::timeout_at(deadline, generation.next()).await {
         Ok(Ok(Some(m))) => m,
-        Ok(Ok(None)) => return Err(failed(&worker, EngineError::NoAnswer(worker.url.to_string()))),
-        Ok(Err(e)) => return Err(failed(&worker, e)),
+        Ok(Ok(None)) => {
+            count(gw, "broken");
+            return Err(failed(&worker, EngineError::NoAnswer(worker.url.to_string())));
+        }
+        Ok(Err(e)) => {
+            count(gw, kind_of(&e));
+            return Err(failed(&worker, e));
+        }
         Err(_) => {
+            count(gw, "deadline");
             worker.request_failed();
             abort(&worker, &meta.id);
             return Err(GatewayError::Timeout(worker.url.to_string()));
@@ -117,7 +125,10 @@ pub(crate) async fn serve(
     };
     guard.load.prefill_done();
     gw.metrics.ttfb.observe(guard_elapsed(&guard));
-    let events = answer.take(first).map_err(|e| bad(&worker, &e))?;
+    let events = answer.take(first).map_err(|e| {
+        count(gw, "bad_message");
+        bad(&worker, &e)
+    })?;
     guard.status = 200;
     let headers = guard.route_headers.take();
     let mut response = if answer.asked.stream {
@@ -128,6 +139,7 @@ pub(crate) async fn serve(
         match whole {
             Ok(()) => worker.request_succeeded(),
             Err(e) => {
+                count(gw, e.kind());
                 guard.status = 0;
                 abort(&worker, &meta.id);
                 return Err(e.into_gateway(&worker));
@@ -160,6 +172,14 @@ enum Broke {
 }
 
 impl Broke {
+    fn kind(&self) -> &'static str {
+        match self {
+            Broke::Engine(e) => kind_of(e),
+            Broke::Bad(_) => "bad_message",
+            Broke::Deadline => "deadline",
+        }
+    }
+
     fn into_gateway(self, worker: &Worker) -> GatewayError {
         match self {
             Broke::Engine(e) => failed(worker, e),
@@ -229,12 +249,14 @@ fn streamed(relay: Relay, first: String) -> Response {
                 Ok(Ok(Some(m))) => match relay.answer.take(m) {
                     Ok(events) if events.is_empty() => continue,
                     Ok(events) => return Some((Ok(Bytes::from(events)), Some(relay))),
-                    Err(e) => bad(&relay.worker, &e),
+                    Err(e) => Broke::Bad(e),
                 },
-                Ok(Ok(None)) => failed(&relay.worker, EngineError::NoAnswer(relay.worker.url.to_string())),
-                Ok(Err(e)) => failed(&relay.worker, e),
-                Err(_) => GatewayError::Timeout(relay.worker.url.to_string()),
+                Ok(Ok(None)) => Broke::Engine(EngineError::NoAnswer(relay.worker.url.to_string())),
+                Ok(Err(e)) => Broke::Engine(e),
+                Err(_) => Broke::Deadline,
             };
+            relay.guard.metrics().grpc_failures.inc(format_args!("kind=\"{}\"", broke.kind()));
+            let broke = broke.into_gateway(&relay.worker);
             // Broke after the head went out: an error event, and the answer is counted cut.
             relay.guard.cut();
             relay.ended = !matches!(broke, GatewayError::Timeout(_));
@@ -258,6 +280,21 @@ fn abort(worker: &Arc<Worker>, id: &str) {
             let _ = engine.abort(&id, "the client left", ABORT_DEADLINE).await;
         }
     });
+}
+
+/// Counts a failed call by `kind` (`router_grpc_failures_total`).
+fn count(gw: &Gateway, kind: &str) {
+    gw.metrics.grpc_failures.inc(format_args!("kind=\"{kind}\""));
+}
+
+/// The kind of a failed call, as counted.
+fn kind_of(e: &EngineError) -> &'static str {
+    match e {
+        EngineError::Connect(..) => "unreachable",
+        EngineError::Status(_) => "status",
+        EngineError::Deadline(..) => "deadline",
+        EngineError::Transport(..) | EngineError::NoAnswer(_) => "broken",
+    }
 }
 
 /// A call that failed, as the client's error; the worker's breaker hears of its own failures.

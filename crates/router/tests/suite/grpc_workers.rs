@@ -450,3 +450,158 @@ async fn tool_calls_are_read_out_of_the_answer_whole_and_streamed() {
     assert_eq!(whole["choices"][0]["finish_reason"], "stop", "{whole}");
     let _ = router.stop.send(());
 }
+
+/// A gRPC engine that answers `Generate` wrongly, as `mode` says: healthy otherwise.
+struct Hostile {
+    mode: std::sync::atomic::AtomicU8,
+}
+
+const OTHER_REQUEST: u8 = 0;
+const ENDS_EARLY: u8 = 1;
+const BAD_TOKEN: u8 = 2;
+const HUGE_FRAME: u8 = 3;
+const NO_SUCH_SEQUENCE: u8 = 4;
+const FINE: u8 = 5;
+
+impl grpc_wire::Handler for Hostile {
+    fn call(
+        self: std::sync::Arc<Self>,
+        path: &str,
+        mut calls: grpc_wire::Messages,
+        replies: grpc_wire::Replies,
+    ) -> Option<grpc_wire::Started> {
+        use engine_grpc::proto::*;
+        let path = path.to_owned();
+        Some(Box::pin(async move {
+            let ok = grpc_wire::Status::ok();
+            match path.as_str() {
+                engine_grpc::path::HEALTH_CHECK => {
+                    let _ = replies.send(&HealthCheckResponse { healthy: true, message: String::new() }).await;
+                }
+                engine_grpc::path::GET_MODEL_INFO => {
+                    let _ = replies
+                        .send(&GetModelInfoResponse { served_model_name: "hostile".into(), ..Default::default() })
+                        .await;
+                }
+                engine_grpc::path::GET_SERVER_INFO => {
+                    let _ = replies.send(&GetServerInfoResponse::default()).await;
+                }
+                engine_grpc::path::GET_LOADS => {
+                    let _ = replies.send(&GetLoadsResponse::default()).await;
+                }
+                engine_grpc::path::GENERATE => {
+                    let Ok(Some(asked)) = calls.next::<GenerateRequest>().await else { return ok };
+                    let id = asked.request_id.clone();
+                    let chunk = |ids: Vec<u32>, index| GenerateResponse {
+                        request_id: id.clone(),
+                        response: Some(Generated::Chunk(GenerateStreamChunk {
+                            token_ids: ids,
+                            prompt_tokens: 3,
+                            index,
+                            ..Default::default()
+                        })),
+                    };
+                    match self.mode.load(Ordering::Relaxed) {
+                        OTHER_REQUEST => {
+                            let mut m = chunk(vec![104], 0);
+                            m.request_id = "someone-else".into();
+                            let _ = replies.send(&m).await;
+                        }
+                        ENDS_EARLY => {
+                            let _ = replies.send(&chunk(vec![104], 0)).await;
+                        }
+                        BAD_TOKEN => {
+                            let _ = replies.send(&chunk(vec![1_000_000_000], 0)).await;
+                        }
+                        HUGE_FRAME => {
+                            // A message claiming 64 MiB: past the router's bound, never read.
+                            let mut frame = vec![0u8];
+                            frame.extend_from_slice(&(64u32 << 20).to_be_bytes());
+                            let _ = replies.send_frame(http_body::Frame::data(bytes::Bytes::from(frame))).await;
+                        }
+                        NO_SUCH_SEQUENCE => {
+                            let _ = replies.send(&chunk(vec![104], 5)).await;
+                        }
+                        _ => {
+                            let _ = replies.send(&chunk(vec![104, 105], 0)).await;
+                            let complete = GenerateComplete {
+                                finish_reason: "stop".into(),
+                                completion_tokens: 2,
+                                prompt_tokens: 3,
+                                ..Default::default()
+                            };
+                            let m = GenerateResponse {
+                                request_id: id.clone(),
+                                response: Some(Generated::Complete(complete)),
+                            };
+                            let _ = replies.send(&m).await;
+                        }
+                    }
+                }
+                _ => return grpc_wire::Status::new(grpc_wire::Status::UNIMPLEMENTED, "no such method"),
+            }
+            ok
+        }))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_grpc_engine_gets_precise_errors_counted_and_the_router_serves_on() {
+    let hostile = std::sync::Arc::new(Hostile { mode: std::sync::atomic::AtomicU8::new(FINE) });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = hostile.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let h = server.clone();
+            tokio::spawn(grpc_wire::serve_connection(tcp, h, grpc_wire::Limits::default(), std::future::pending()));
+        }
+    });
+    let mut c = crate::common::app::config(&[], sgl_router::app::PolicyConfig::cache_aware(), false);
+    c.workers = vec![router_types::WorkerUrl::parse(&format!("grpc://{addr}")).unwrap()];
+    let router = crate::common::app::start(c).await;
+    let body = |stream: bool| json!({"model": "default", "max_tokens": 4, "stream": stream, "messages": [{"role": "user", "content": "hi"}]});
+    let post = async |stream: bool| {
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", router.url))
+            .json(&body(stream))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    };
+    let fine = post(false).await;
+    assert_eq!(fine.0, 200, "{}", fine.1);
+    // Each misbehaviour, whole: a 502 that says what went wrong; streamed: an error event after the head.
+    for (mode, says) in [
+        (OTHER_REQUEST, "not this one"),
+        (ENDS_EARLY, "ended the call without an answer"),
+        (BAD_TOKEN, "outside the vocabulary"),
+        (HUGE_FRAME, "over this server's"),
+        (NO_SUCH_SEQUENCE, "sequence 5 of 1"),
+    ] {
+        hostile.mode.store(mode, Ordering::Relaxed);
+        let (status, text) = post(false).await;
+        assert_eq!(status, 502, "mode {mode}: {text}");
+        assert!(text.contains(says), "mode {mode}: {text}");
+        if mode != OTHER_REQUEST && mode != BAD_TOKEN && mode != NO_SUCH_SEQUENCE {
+            continue;
+        }
+        let (status, sse) = post(true).await;
+        // The first message is read before the head: a bad one is still the client's 502.
+        assert_eq!(status, 502, "mode {mode} streamed: {sse}");
+    }
+    let page = crate::common::app::admin_get(&format!("{}/metrics", router.url)).await.text().await.unwrap();
+    let failures = |kind: &str| -> f64 {
+        let series = format!("router_grpc_failures_total{{kind=\"{kind}\"}}");
+        page.lines().find_map(|l| l.strip_prefix(series.as_str())?.trim().parse().ok()).unwrap_or(0.0)
+    };
+    assert_eq!(failures("bad_message"), 6.0, "{page}");
+    assert_eq!(failures("broken"), 1.0, "{page}");
+    assert_eq!(failures("status"), 1.0, "the huge frame: {page}");
+    // And it serves on.
+    hostile.mode.store(FINE, Ordering::Relaxed);
+    let (status, text) = post(false).await;
+    assert_eq!(status, 200, "{text}");
+    let _ = router.stop.send(());
+}
