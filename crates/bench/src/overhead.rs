@@ -128,7 +128,8 @@ pub(crate) async fn measure(
     first: usize,
     stream_tokens: usize,
 ) -> Result<Sample> {
-    let client = reqwest::Client::builder().pool_max_idle_per_host(concurrency * 2).build()?;
+    let client =
+        reqwest::Client::builder().pool_max_idle_per_host(concurrency * 2).timeout(Duration::from_secs(30)).build()?;
     let url = match target {
         Target::Url(base) => format!("{base}/v1/chat/completions"),
         Target::DirectPd(_) => String::new(),

@@ -172,6 +172,12 @@ impl MockEngine {
         let app = http::router(engine.clone());
         let shutdown = cancel.clone();
         tokio::spawn(async move {
+            // No Nagle: a stream's small events go out as written (else the client's delayed ACK
+            // holds each for up to 40 ms, as a real engine's server does not).
+            use axum::serve::ListenerExt;
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let serve = axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await });
             if let Err(e) = serve.await {
                 tracing::warn!(error = %e, "mock engine server stopped");
