@@ -45,6 +45,8 @@ pub(crate) struct Answer {
     tools: Vec<(ToolStream, usize)>,
     prompt_tokens: u32,
     cached_tokens: u32,
+    /// A streamed event's text up to its choice's index.
+    head: String,
 }
 
 impl Answer {
@@ -58,7 +60,14 @@ impl Answer {
             .tools
             .as_ref()
             .map_or_else(Vec::new, |t| (0..asked.n).map(|_| (ToolStream::new(t.clone()), 0)).collect());
-        let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let object = if asked.route == Route::Chat { "chat.completion.chunk" } else { "text_completion" };
+        let created_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let head = format!(
+            r#"{{"id":{},"object":"{object}","created":{created_at},"model":{},"choices":[{{"index":"#,
+            serde_json::to_string(&id).unwrap_or_default(),
+            serde_json::to_string(&asked.model).unwrap_or_default()
+        );
+        let created = created_at;
         Self {
             renderer,
             asked,
@@ -68,6 +77,7 @@ impl Answer {
             seqs,
             reasoning,
             tools,
+            head,
             prompt_tokens: 0,
             cached_tokens: 0,
         }
@@ -173,31 +183,43 @@ impl Answer {
         }
         let first = !seq.started;
         seq.started = true;
+        // The event written as text around its head (its id, object, creation time and model,
+        // made once): one per token, so no JSON tree is built for it.
+        let string = |s: &str| serde_json::to_string(s).unwrap_or_default();
+        let finish = finish.map_or_else(|| "null".to_owned(), string);
         let chunk = match self.asked.route {
             Route::Chat => {
-                let mut delta =
-                    if first { json!({"role": "assistant", "content": piece}) } else { json!({"content": piece}) };
+                let mut delta = String::with_capacity(piece.len() + 48);
+                if first {
+                    delta.push_str(r#""role":"assistant","#);
+                }
+                delta.push_str(r#""content":"#);
+                delta.push_str(&string(piece));
                 if !thought.is_empty() {
-                    delta["reasoning_content"] = json!(thought);
+                    delta.push_str(r#","reasoning_content":"#);
+                    delta.push_str(&string(&thought));
                 }
                 if !calls.is_empty() {
-                    delta["tool_calls"] = Value::Array(calls);
+                    delta.push_str(r#","tool_calls":"#);
+                    delta.push_str(&Value::Array(calls).to_string());
                 }
                 let lp = (self.asked.logprobs && !logprobs.is_empty()).then(|| self.chat_logprobs(logprobs));
-                json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.asked.model,
-                       "choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
+                let lp = lp.map_or_else(|| "null".to_owned(), |v| v.to_string());
+                let head = self.head.as_str();
+                format!(r#"{head}{i},"delta":{{{delta}}},"logprobs":{lp},"finish_reason":{finish}}}]}}"#)
             }
             Route::Completions => {
                 let lp = (self.asked.logprobs && !logprobs.is_empty()).then(|| self.completion_logprobs(logprobs, 0));
-                json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.asked.model,
-                       "choices": [{"index": i, "text": piece, "logprobs": lp, "finish_reason": finish}]})
+                let lp = lp.map_or_else(|| "null".to_owned(), |v| v.to_string());
+                let (head, text) = (self.head.as_str(), string(piece));
+                format!(r#"{head}{i},"text":{text},"logprobs":{lp},"finish_reason":{finish}}}]}}"#)
             }
             _ => {
                 // SGLang's stream: the text so far, each time.
                 let seq = &self.seqs[i];
                 let mut out = self.generate_object(i);
                 out["text"] = json!(format!("{}{piece}", seq_text_before(seq, piece)));
-                out
+                out.to_string()
             }
         };
         format!("data: {chunk}\n\n")

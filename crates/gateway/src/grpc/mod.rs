@@ -132,7 +132,8 @@ pub(crate) async fn serve(
     guard.status = 200;
     let headers = guard.route_headers.take();
     let mut response = if answer.asked.stream {
-        let relay = Relay { answer, generation, guard, worker, id: meta.id.clone(), deadline, ended: false };
+        let relay =
+            Relay { answer, generation, guard, worker, id: meta.id.clone(), deadline, ended: false, failed: None };
         streamed(relay, events)
     } else {
         let whole = collect(&mut answer, &mut generation, deadline).await;
@@ -219,6 +220,39 @@ struct Relay {
     deadline: tokio::time::Instant,
     /// The answer ended (every sequence finished, or it broke): nothing to abort.
     ended: bool,
+    /// A failure met while draining a burst, told once the burst went out.
+    failed: Option<Broke>,
+}
+
+/// The most bytes of events one write carries.
+const BURST_BYTES: usize = 64 << 10;
+
+impl Relay {
+    /// Appends to `events` what the messages already received make, without waiting, up to
+    /// [`BURST_BYTES`]; a failure among them is kept for the next turn (the events so far go
+    /// out first).
+    fn drain_ready(&mut self, events: &mut String) {
+        use futures_util::FutureExt;
+        while events.len() < BURST_BYTES && !self.answer.done() {
+            // Not ready: nothing was taken (a message is read whole or left in the buffer).
+            let Some(next) = self.generation.next().now_or_never() else { return };
+            match next {
+                Ok(Some(m)) => match self.answer.take(m) {
+                    Ok(more) => events.push_str(&more),
+                    Err(e) => {
+                        self.failed = Some(Broke::Bad(e));
+                        return;
+                    }
+                },
+                // Ended: the next turn reads the end again and says what it lacked.
+                Ok(None) => return,
+                Err(e) => {
+                    self.failed = Some(Broke::Engine(e));
+                    return;
+                }
+            }
+        }
+    }
 }
 
 impl Drop for Relay {
@@ -245,15 +279,27 @@ fn streamed(relay: Relay, first: String) -> Response {
                 let end = relay.answer.end_of_stream();
                 return Some((Ok(Bytes::from(end)), None));
             }
-            let broke = match tokio::time::timeout_at(relay.deadline, relay.generation.next()).await {
-                Ok(Ok(Some(m))) => match relay.answer.take(m) {
-                    Ok(events) if events.is_empty() => continue,
-                    Ok(events) => return Some((Ok(Bytes::from(events)), Some(relay))),
-                    Err(e) => Broke::Bad(e),
+            let next = match relay.failed.take() {
+                Some(broke) => Err(broke),
+                None => Ok(tokio::time::timeout_at(relay.deadline, relay.generation.next()).await),
+            };
+            let broke = match next {
+                Err(broke) => broke,
+                Ok(next) => match next {
+                    Ok(Ok(Some(m))) => match relay.answer.take(m) {
+                        Ok(events) if events.is_empty() => continue,
+                        Ok(mut events) => {
+                            // The messages already here go out with it: one write for a burst of
+                            // tokens, not one each.
+                            relay.drain_ready(&mut events);
+                            return Some((Ok(Bytes::from(events)), Some(relay)));
+                        }
+                        Err(e) => Broke::Bad(e),
+                    },
+                    Ok(Ok(None)) => Broke::Engine(EngineError::NoAnswer(relay.worker.url.to_string())),
+                    Ok(Err(e)) => Broke::Engine(e),
+                    Err(_) => Broke::Deadline,
                 },
-                Ok(Ok(None)) => Broke::Engine(EngineError::NoAnswer(relay.worker.url.to_string())),
-                Ok(Err(e)) => Broke::Engine(e),
-                Err(_) => Broke::Deadline,
             };
             relay.guard.metrics().grpc_failures.inc(format_args!("kind=\"{}\"", broke.kind()));
             let broke = broke.into_gateway(&relay.worker);
