@@ -155,9 +155,11 @@ impl Answer {
         // The content read for tool calls (with offered tools).
         let (piece, calls) = match self.tools.get_mut(i) {
             Some((t, sent)) => {
-                let (mut content, calls) = t.push(&piece);
+                let (mut content, mut calls) = t.push(&piece);
                 if finished {
-                    content.push_str(&t.finish());
+                    let (rest, more) = t.finish();
+                    content.push_str(&rest);
+                    calls.extend(more);
                 }
                 let first = *sent;
                 *sent += calls.len();

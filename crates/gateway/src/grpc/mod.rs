@@ -10,6 +10,7 @@ mod answer;
 mod reasoning;
 mod request;
 mod sequence;
+mod tool_formats;
 mod tools;
 
 use std::sync::Arc;

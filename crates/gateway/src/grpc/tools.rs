@@ -7,7 +7,9 @@
 //! one that is not JSON, is dropped; the arguments are written as Python's
 //! `json.dumps(..., ensure_ascii=False)` writes them. Streamed, the content
 //! goes out as it comes (a partial `<tool_call>` held back) and each call
-//! whole once its closing tag comes.
+//! whole once its closing tag comes. `llama` and `mistral` ([`super::tool_formats`])
+//! stream the content up to their calls' start and read the calls once the
+//! answer ends.
 
 use serde_json::{Value, json};
 
@@ -17,19 +19,50 @@ const BOT: &str = "<tool_call>\n";
 const EOT: &str = "\n</tool_call>";
 
 /// The parsers the router knows (smg's names).
-pub(crate) const PARSERS: [&str; 3] = ["qwen", "qwen2.5", "qwen3"];
+pub(crate) const PARSERS: [&str; 5] = ["qwen", "qwen2.5", "qwen3", "llama", "mistral"];
+
+/// How a model writes its calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// `<tool_call>\n{...}\n</tool_call>` blocks (Qwen, Hermes).
+    Qwen,
+    /// JSON objects after `<|python_tag|>`, or a bare JSON answer (Llama 3).
+    Llama,
+    /// `[TOOL_CALLS] [...]` or `[TOOL_CALLS]name[ARGS]{...}` (Mistral).
+    Mistral,
+}
+
+impl Format {
+    /// Where the calls start, for the formats read once the answer ends.
+    fn marker(self) -> &'static str {
+        match self {
+            Format::Qwen => BOT,
+            Format::Llama => super::tool_formats::PYTHON_TAG,
+            Format::Mistral => super::tool_formats::TOOL_CALLS,
+        }
+    }
+}
 
 /// The tools a request offers, by name, when the answer is to be read for calls.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Offered(pub(crate) Vec<String>);
+#[derive(Debug, Clone)]
+pub(crate) struct Offered {
+    pub(crate) names: Vec<String>,
+    pub(crate) format: Format,
+}
 
 impl Offered {
     /// The function names `tools` offers, unless `tool_choice` is `none` or there are none;
     /// `parser` must be one of [`PARSERS`].
     pub(crate) fn of(parser: &str, v: &Value) -> Result<Option<Self>, GatewayError> {
-        if !PARSERS.contains(&parser) {
-            return Err(GatewayError::BadRequest(format!("unknown tool-call parser {parser:?}")));
-        }
+        let format = match parser {
+            "qwen" | "qwen2.5" | "qwen3" => Format::Qwen,
+            "llama" => Format::Llama,
+            "mistral" => Format::Mistral,
+            _ => {
+                let known = PARSERS.join(", ");
+                return Err(GatewayError::BadRequest(format!("unknown tool-call parser {parser:?} (known: {known})")));
+            }
+        };
         if v.get("tool_choice").and_then(Value::as_str) == Some("none") {
             return Ok(None);
         }
@@ -40,7 +73,7 @@ impl Offered {
                 tools.iter().filter_map(|t| t.pointer("/function/name")?.as_str().map(str::to_owned)).collect()
             })
             .unwrap_or_default();
-        Ok((!names.is_empty()).then_some(Self(names)))
+        Ok((!names.is_empty()).then_some(Self { names, format }))
     }
 }
 
@@ -71,9 +104,13 @@ fn call_id(request_id: &str, index: usize) -> String {
 
 /// The call one block holds, if it is a call to an offered function.
 fn call_of(block: &str, offered: &Offered) -> Option<Call> {
-    let v: Value = serde_json::from_str(block.trim()).ok()?;
+    call_from(&serde_json::from_str(block.trim()).ok()?, offered)
+}
+
+/// The call a call object is, if it calls an offered function.
+fn call_from(v: &Value, offered: &Offered) -> Option<Call> {
     let name = v.get("name")?.as_str()?;
-    if !offered.0.iter().any(|n| n == name) {
+    if !offered.names.iter().any(|n| n == name) {
         tracing::debug!(name, "the model called a function the request did not offer: dropped");
         return None;
     }
@@ -84,8 +121,18 @@ fn call_of(block: &str, offered: &Offered) -> Option<Call> {
     Some(Call { name: name.to_owned(), arguments: renderer::python_json(&arguments, false) })
 }
 
-/// A whole answer's content (the text before the first call, trimmed) and calls.
+/// A whole answer's content and calls.
 pub(crate) fn parse(text: &str, offered: &Offered) -> (String, Vec<Call>) {
+    let (content, objects) = match offered.format {
+        Format::Qwen => return parse_qwen(text, offered),
+        Format::Llama => super::tool_formats::llama(text),
+        Format::Mistral => super::tool_formats::mistral(text),
+    };
+    (content, objects.iter().filter_map(|o| call_from(o, offered)).collect())
+}
+
+/// Qwen's: the content the text before the first call, trimmed.
+fn parse_qwen(text: &str, offered: &Offered) -> (String, Vec<Call>) {
     let Some(at) = text.find(BOT) else { return (text.to_owned(), Vec::new()) };
     let content = text[..at].trim().to_owned();
     let mut calls = Vec::new();
@@ -106,32 +153,41 @@ pub(crate) struct Stream {
     held: String,
     /// Inside the calls: content no longer goes out.
     calling: bool,
+    /// A piece was taken.
+    started: bool,
 }
 
 impl Stream {
     pub(crate) fn new(offered: Offered) -> Self {
-        Self { offered, held: String::new(), calling: false }
+        Self { offered, held: String::new(), calling: false, started: false }
     }
 
     /// The content a piece makes, and the calls it completes.
     pub(crate) fn push(&mut self, piece: &str) -> (String, Vec<Call>) {
+        let first = self.held.is_empty() && !self.calling && !self.started;
+        self.started = true;
         self.held.push_str(piece);
+        // Llama: an answer that opens with a JSON object is its calls.
+        if first && self.offered.format == Format::Llama && self.held.starts_with('{') {
+            self.calling = true;
+        }
+        let marker = self.offered.format.marker();
         let mut content = String::new();
         if !self.calling {
-            match self.held.find(BOT) {
+            match self.held.find(marker) {
                 Some(at) => {
                     content = self.held[..at].to_owned();
                     self.held.drain(..at);
                     self.calling = true;
                 }
                 None => {
-                    // Hold the tail that may be the start of `<tool_call>\n`.
-                    let keep = (1..BOT.len())
+                    // Hold the tail that may be the start of the calls' marker.
+                    let keep = (1..marker.len())
                         .rev()
                         .find(|n| {
                             self.held.len() >= *n
                                 && self.held.is_char_boundary(self.held.len() - n)
-                                && BOT.starts_with(&self.held[self.held.len() - n..])
+                                && marker.starts_with(&self.held[self.held.len() - n..])
                         })
                         .unwrap_or(0);
                     let rest = self.held.split_off(self.held.len() - keep);
@@ -140,6 +196,10 @@ impl Stream {
             }
         }
         let mut calls = Vec::new();
+        if self.offered.format != Format::Qwen {
+            // Read once the answer ends.
+            return (content, calls);
+        }
         while let Some(start) = self.held.find(BOT) {
             let after = start + BOT.len();
             let Some(end) = self.held[after..].find(EOT) else { break };
@@ -150,10 +210,14 @@ impl Stream {
     }
 
     /// What is held once the sequence ended: content not yet given out (an unfinished call
-    /// is not content, as a whole answer's is not).
-    pub(crate) fn finish(&mut self) -> String {
+    /// is not content, as a whole answer's is not), and the calls of a format read whole.
+    pub(crate) fn finish(&mut self) -> (String, Vec<Call>) {
         let held = std::mem::take(&mut self.held);
-        if self.calling { String::new() } else { held }
+        match (self.calling, self.offered.format) {
+            (false, _) => (held, Vec::new()),
+            (true, Format::Qwen) => (String::new(), Vec::new()),
+            (true, _) => parse(&held, &self.offered),
+        }
     }
 
     /// Whether the answer turned to calls.
@@ -167,7 +231,7 @@ mod tests {
     use super::*;
 
     fn offered() -> Offered {
-        Offered(vec!["get_weather".into(), "search".into()])
+        Offered { names: vec!["get_weather".into(), "search".into()], format: Format::Qwen }
     }
 
     const ANSWER: &str = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\", \"days\": [1, 2]}}\n</tool_call>\n<tool_call>\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"search\", \"parameters\": {\"q\": \"a\"}}\n</tool_call>";
@@ -202,10 +266,50 @@ mod tests {
                 c.push_str(&pc);
                 k.extend(pk);
             }
-            c.push_str(&s.finish());
+            let (rest, more) = s.finish();
+            c.push_str(&rest);
+            k.extend(more);
             assert_eq!((c.trim(), &k), (content.as_str(), &calls), "pieces of {n}");
             assert!(s.calling());
         }
         assert!(call_id("r", 0) != call_id("r", 1) && call_id("r", 0).len() == 29);
+    }
+}
+
+#[cfg(test)]
+mod formats_streamed {
+    use super::*;
+
+    /// Streams `text` in pieces of `n` characters: the content and calls, as a whole answer's.
+    fn both_ways(format: Format, text: &str) {
+        let offered = Offered { names: vec!["a".into(), "b".into()], format };
+        let whole = parse(text, &offered);
+        for n in [1, 3, 1000] {
+            let mut s = Stream::new(offered.clone());
+            let (mut c, mut k) = (String::new(), Vec::new());
+            let chars: Vec<char> = text.chars().collect();
+            for piece in chars.chunks(n) {
+                let (pc, pk) = s.push(&piece.iter().collect::<String>());
+                c.push_str(&pc);
+                k.extend(pk);
+            }
+            let (rest, more) = s.finish();
+            c.push_str(&rest);
+            k.extend(more);
+            assert_eq!(&k, &whole.1, "{format:?} in pieces of {n}");
+            assert!(c.contains(whole.0.trim()), "{format:?} in pieces of {n}: {c:?} {whole:?}");
+        }
+        assert!(!whole.1.is_empty(), "{format:?}: {whole:?}");
+    }
+
+    #[test]
+    fn llama_and_mistral_calls_come_out_alike_whole_and_streamed() {
+        both_ways(
+            Format::Llama,
+            r#"Sure.<|python_tag|>{"name": "a", "parameters": {"x": 1}};{"name": "c", "parameters": {}}"#,
+        );
+        both_ways(Format::Llama, r#"{"name": "b", "parameters": {"q": "ü"}}"#);
+        both_ways(Format::Mistral, r#"Let me see. [TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}]"#);
+        both_ways(Format::Mistral, r#"[TOOL_CALLS]b[ARGS]{"y": [1, 2]}"#);
     }
 }
