@@ -10,6 +10,9 @@ use crate::{RenderError, TextTokenizer};
 /// Tokens of context decoded before the new ones: enough for a decoder that
 /// looks back (a leading space, a byte sequence), few enough to stay cheap.
 const CONTEXT: usize = 6;
+/// The window grows to this many tokens before it moves up: while it stays put, the text
+/// before the new ids is the last decode's, so each id costs one decode, not two.
+const WINDOW: usize = 24;
 
 /// One sequence's detokenization state.
 #[derive(Debug, Clone)]
@@ -22,12 +25,14 @@ pub struct Incremental {
     /// The text given out so far.
     text: String,
     skip_special_tokens: bool,
+    /// The decode of `ids[prefix..read]`, when known.
+    before: Option<String>,
 }
 
 impl Incremental {
     /// A sequence with no ids yet; special tokens left out of the text when `skip_special_tokens`.
     pub fn new(skip_special_tokens: bool) -> Self {
-        Self { ids: Vec::new(), prefix: 0, read: 0, text: String::new(), skip_special_tokens }
+        Self { ids: Vec::new(), prefix: 0, read: 0, text: String::new(), skip_special_tokens, before: None }
     }
 
     /// The ids so far.
@@ -43,14 +48,23 @@ impl Incremental {
     /// Adds `ids` and returns the text they complete (empty while a character is incomplete).
     pub fn push(&mut self, tok: &TextTokenizer, ids: &[u32]) -> Result<String, RenderError> {
         self.ids.extend_from_slice(ids);
-        let before = tok.decode(&self.ids[self.prefix..self.read], self.skip_special_tokens)?;
+        let before = match self.before.take() {
+            Some(b) => b,
+            None => tok.decode(&self.ids[self.prefix..self.read], self.skip_special_tokens)?,
+        };
         let now = tok.decode(&self.ids[self.prefix..], self.skip_special_tokens)?;
         if now.len() <= before.len() || now.ends_with('\u{FFFD}') || !now.starts_with(&before) {
+            self.before = Some(before);
             return Ok(String::new());
         }
         let piece = now[before.len()..].to_owned();
         self.read = self.ids.len();
-        self.prefix = self.read.saturating_sub(CONTEXT).max(self.prefix);
+        if self.read - self.prefix > WINDOW {
+            // The window moves up: the text before the next ids is decoded afresh then.
+            self.prefix = self.read - CONTEXT;
+        } else {
+            self.before = Some(now);
+        }
         self.text.push_str(&piece);
         Ok(piece)
     }
@@ -61,6 +75,7 @@ impl Incremental {
     pub fn finish(&mut self, tok: &TextTokenizer) -> Result<Option<String>, RenderError> {
         let all = tok.decode(&self.ids, self.skip_special_tokens)?;
         self.read = self.ids.len();
+        self.before = None;
         let Some(rest) = all.strip_prefix(self.text.as_str()).map(str::to_owned) else { return Ok(None) };
         self.text = all;
         Ok(Some(rest))
