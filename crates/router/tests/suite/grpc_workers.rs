@@ -256,6 +256,14 @@ async fn the_router_answers_chats_completions_and_generate_through_grpc_workers(
     assert_eq!(deltas.last().unwrap()["finish_reason"], "stop", "{sse}");
     let usage = &chunks.last().unwrap()["usage"];
     assert_eq!(usage["completion_tokens"].as_u64(), Some(" the cache is warm and routing".len() as u64), "{sse}");
+    // Logprobs, as the engine reports them (every token -0.1 here), one entry a token.
+    let with_lp: Value =
+        post("/v1/chat/completions", chat(json!({"max_tokens": 4, "logprobs": true}))).await.json().await.unwrap();
+    let content = with_lp["choices"][0]["logprobs"]["content"].as_array().expect("logprobs.content");
+    assert_eq!(content.len(), 4, "{with_lp}");
+    assert!(content.iter().all(|t| (t["logprob"].as_f64().unwrap() + 0.1).abs() < 1e-6), "{with_lp}");
+    let tokens: String = content.iter().map(|t| t["token"].as_str().unwrap()).collect();
+    assert_eq!(tokens, with_lp["choices"][0]["message"]["content"], "each entry names its token: {with_lp}");
     // No stop: max_tokens ends it ("length"); a completion and SGLang's /generate.
     let body = json!({"model": "default", "prompt": "Say it", "max_tokens": 10});
     let done: Value = post("/v1/completions", body).await.json().await.unwrap();
@@ -271,7 +279,7 @@ async fn the_router_answers_chats_completions_and_generate_through_grpc_workers(
     assert_eq!(generated["output_ids"].as_array().map(Vec::len), Some(4), "{generated}");
     // Every request reached an engine over gRPC (none over HTTP: the engines' HTTP ports are unknown to the router).
     let served = e0.engine().requests.load(Ordering::Relaxed) + e1.engine().requests.load(Ordering::Relaxed);
-    assert_eq!(served, 4);
+    assert_eq!(served, 5);
     let _ = router.stop.send(());
 }
 
