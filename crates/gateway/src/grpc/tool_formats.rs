@@ -2,8 +2,10 @@
 //! detectors read them: `llama` (`Llama32Detector`: JSON objects after
 //! `<|python_tag|>`, or an answer that is a JSON object, separated by `;`)
 //! and `mistral` (`MistralDetector`: `[TOOL_CALLS] [{...}, ...]`, or the
-//! compact `[TOOL_CALLS]name[ARGS]{...}`). Each returns the answer's content
-//! and the calls' objects (`{"name", "arguments" | "parameters"}`).
+//! compact `[TOOL_CALLS]name[ARGS]{...}`) and `deepseek` (`DeepSeekV3Detector`:
+//! `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME` and a fenced JSON block per call,
+//! all or none). Each returns the answer's content and the calls' objects
+//! (`{"name", "arguments" | "parameters"}`).
 
 use serde_json::Value;
 
@@ -11,6 +13,12 @@ use serde_json::Value;
 pub(crate) const PYTHON_TAG: &str = "<|python_tag|>";
 /// Mistral's start of calls (both forms).
 pub(crate) const TOOL_CALLS: &str = "[TOOL_CALLS";
+
+/// DeepSeek V3's start of calls, and each call's bounds.
+pub(crate) const DEEPSEEK_CALLS: &str = "<｜tool▁calls▁begin｜>";
+const DEEPSEEK_CALL: &str = "<｜tool▁call▁begin｜>";
+const DEEPSEEK_CALL_END: &str = "<｜tool▁call▁end｜>";
+const DEEPSEEK_SEP: &str = "<｜tool▁sep｜>";
 
 /// The JSON value at the start of `text` and the bytes it took, if one is there.
 fn json_at(text: &str) -> Option<(Value, usize)> {
@@ -81,6 +89,31 @@ pub(crate) fn mistral(text: &str) -> (String, Vec<Value>) {
     (join(rest.trim()), calls)
 }
 
+/// DeepSeek V3: `(content, call objects)`; a call it cannot read leaves the whole answer as
+/// its content and no calls, as SGLang's detector does.
+pub(crate) fn deepseek(text: &str) -> (String, Vec<Value>) {
+    let Some(at) = text.find(DEEPSEEK_CALLS) else { return (text.to_owned(), Vec::new()) };
+    let one = |call: &str| -> Option<Value> {
+        let (_, detail) = call.split_once(DEEPSEEK_SEP)?;
+        let (name, rest) = detail.split_once("\n```json\n")?;
+        let args = &rest[..rest.rfind("\n```")?];
+        let arguments: Value = serde_json::from_str(args).ok()?;
+        Some(serde_json::json!({"name": name, "parameters": arguments}))
+    };
+    let mut calls = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(DEEPSEEK_CALL) {
+        let after = &rest[start + DEEPSEEK_CALL.len()..];
+        let Some(end) = after.find(DEEPSEEK_CALL_END) else { break };
+        match one(&after[..end]) {
+            Some(call) => calls.push(call),
+            None => return (text.to_owned(), Vec::new()),
+        }
+        rest = &after[end + DEEPSEEK_CALL_END.len()..];
+    }
+    (text[..at].trim().to_owned(), calls)
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -112,5 +145,22 @@ mod tests {
         assert_eq!(content, "");
         assert_eq!(calls, [json!({"name": "a", "arguments": {"x": 1}}), json!({"name": "b", "arguments": {}})]);
         assert_eq!(mistral("[TOOL_CALLS] [not json"), (String::new(), Vec::new()));
+    }
+
+    #[test]
+    fn deepseek_reads_its_fenced_calls_all_or_none() {
+        let call = |name: &str, args: &str| {
+            format!("<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{args}\n```<｜tool▁call▁end｜>")
+        };
+        let text = format!(
+            "Checking. <｜tool▁calls▁begin｜>{}{}<｜tool▁calls▁end｜>",
+            call("a", r#"{"x": 1}"#),
+            call("b", "{}")
+        );
+        let (content, calls) = deepseek(&text);
+        assert_eq!(content, "Checking.");
+        assert_eq!(calls, [json!({"name": "a", "parameters": {"x": 1}}), json!({"name": "b", "parameters": {}})]);
+        let broken = format!("x <｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>", call("a", "{oops"));
+        assert_eq!(deepseek(&broken), (broken.clone(), Vec::new()));
     }
 }

@@ -19,7 +19,7 @@ const BOT: &str = "<tool_call>\n";
 const EOT: &str = "\n</tool_call>";
 
 /// The parsers the router knows (smg's names).
-pub(crate) const PARSERS: [&str; 5] = ["qwen", "qwen2.5", "qwen3", "llama", "mistral"];
+pub(crate) const PARSERS: [&str; 6] = ["qwen", "qwen2.5", "qwen3", "llama", "mistral", "deepseek"];
 
 /// How a model writes its calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +30,8 @@ pub(crate) enum Format {
     Llama,
     /// `[TOOL_CALLS] [...]` or `[TOOL_CALLS]name[ARGS]{...}` (Mistral).
     Mistral,
+    /// `<｜tool▁calls▁begin｜>` and a fenced JSON block per call (DeepSeek V3).
+    DeepSeek,
 }
 
 impl Format {
@@ -39,6 +41,7 @@ impl Format {
             Format::Qwen => BOT,
             Format::Llama => super::tool_formats::PYTHON_TAG,
             Format::Mistral => super::tool_formats::TOOL_CALLS,
+            Format::DeepSeek => super::tool_formats::DEEPSEEK_CALLS,
         }
     }
 }
@@ -58,6 +61,7 @@ impl Offered {
             "qwen" | "qwen2.5" | "qwen3" => Format::Qwen,
             "llama" => Format::Llama,
             "mistral" => Format::Mistral,
+            "deepseek" => Format::DeepSeek,
             _ => {
                 let known = PARSERS.join(", ");
                 return Err(GatewayError::BadRequest(format!("unknown tool-call parser {parser:?} (known: {known})")));
@@ -127,6 +131,7 @@ pub(crate) fn parse(text: &str, offered: &Offered) -> (String, Vec<Call>) {
         Format::Qwen => return parse_qwen(text, offered),
         Format::Llama => super::tool_formats::llama(text),
         Format::Mistral => super::tool_formats::mistral(text),
+        Format::DeepSeek => super::tool_formats::deepseek(text),
     };
     (content, objects.iter().filter_map(|o| call_from(o, offered)).collect())
 }
@@ -311,5 +316,9 @@ mod formats_streamed {
         both_ways(Format::Llama, r#"{"name": "b", "parameters": {"q": "ü"}}"#);
         both_ways(Format::Mistral, r#"Let me see. [TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}]"#);
         both_ways(Format::Mistral, r#"[TOOL_CALLS]b[ARGS]{"y": [1, 2]}"#);
+        both_ways(
+            Format::DeepSeek,
+            "Hm. <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>a\n```json\n{\"x\": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        );
     }
 }
