@@ -47,22 +47,27 @@ pub(crate) fn page_size(s: &GetServerInfoResponse) -> Option<usize> {
     from_server_info(s).page_size.map(|p| p as usize).filter(|p| *p > 0)
 }
 
-/// SGLang's server args as `GetServerInfo` carries them (a protobuf `Struct`).
+/// SGLang's server args as `GetServerInfo` carries them (a protobuf `Struct`), read as the
+/// HTTP probe reads `/server_info` ([`crate::health::from_server_info`]): the texts and the
+/// whole numbers among them (protobuf numbers are doubles).
 fn from_server_info(s: &GetServerInfoResponse) -> WorkerInfo {
     let empty = Struct::default();
     let args = s.server_args.as_ref().unwrap_or(&empty);
-    let text = |k: &str| args.fields.get(k)?.as_str().filter(|s| !s.is_empty()).map(|s| s.chars().take(256).collect());
-    let num = |k: &str| {
-        let n = args.fields.get(k)?.as_f64()?;
-        (n.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&n)).then_some(n as u32)
-    };
-    WorkerInfo {
-        model_id: text("served_model_name").or_else(|| text("model_path")),
-        dp_size: num("dp_size").filter(|n| (1..=MAX_DP_SIZE).contains(n)),
-        page_size: num("page_size"),
-        disaggregation_mode: text("disaggregation_mode"),
-        bootstrap_port: num("disaggregation_bootstrap_port").and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0),
-    }
+    let flat: serde_json::Map<String, serde_json::Value> = args
+        .fields
+        .iter()
+        .filter_map(|(k, v)| {
+            let v = match (v.as_str(), v.as_f64()) {
+                (Some(s), _) => serde_json::Value::from(s),
+                (_, Some(n)) if n.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(&n) => {
+                    serde_json::Value::from(n as u64)
+                }
+                _ => return None,
+            };
+            Some((k.clone(), v))
+        })
+        .collect();
+    crate::health::from_server_info(&serde_json::Value::Object(flat))
 }
 
 /// Each rank's load (`GetLoads`), the first [`MAX_DP_SIZE`]; `Err` when it could not be asked.

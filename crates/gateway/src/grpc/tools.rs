@@ -263,22 +263,30 @@ mod tests {
     fn streamed_in_any_pieces_the_calls_and_content_are_the_whole_answers() {
         let (content, calls) = parse(ANSWER, &offered());
         for n in [1, 2, 5, 13, 1000] {
-            let mut s = Stream::new(offered());
-            let (mut c, mut k) = (String::new(), Vec::new());
-            let chars: Vec<char> = ANSWER.chars().collect();
-            for piece in chars.chunks(n) {
-                let (pc, pk) = s.push(&piece.iter().collect::<String>());
-                c.push_str(&pc);
-                k.extend(pk);
-            }
-            let (rest, more) = s.finish();
-            c.push_str(&rest);
-            k.extend(more);
+            let (c, k, calling) = streamed(&offered(), ANSWER, n);
             assert_eq!((c.trim(), &k), (content.as_str(), &calls), "pieces of {n}");
-            assert!(s.calling());
+            assert!(calling);
         }
         assert!(call_id("r", 0) != call_id("r", 1) && call_id("r", 0).len() == 29);
     }
+}
+
+/// `text` streamed in pieces of `n` characters: the content, the calls, and whether the answer
+/// turned to calls.
+#[cfg(test)]
+fn streamed(offered: &Offered, text: &str, n: usize) -> (String, Vec<Call>, bool) {
+    let mut s = Stream::new(offered.clone());
+    let (mut c, mut k) = (String::new(), Vec::new());
+    let chars: Vec<char> = text.chars().collect();
+    for piece in chars.chunks(n) {
+        let (pc, pk) = s.push(&piece.iter().collect::<String>());
+        c.push_str(&pc);
+        k.extend(pk);
+    }
+    let (rest, more) = s.finish();
+    c.push_str(&rest);
+    k.extend(more);
+    (c, k, s.calling())
 }
 
 #[cfg(test)]
@@ -290,17 +298,7 @@ mod formats_streamed {
         let offered = Offered { names: vec!["a".into(), "b".into()], format };
         let whole = parse(text, &offered);
         for n in [1, 3, 1000] {
-            let mut s = Stream::new(offered.clone());
-            let (mut c, mut k) = (String::new(), Vec::new());
-            let chars: Vec<char> = text.chars().collect();
-            for piece in chars.chunks(n) {
-                let (pc, pk) = s.push(&piece.iter().collect::<String>());
-                c.push_str(&pc);
-                k.extend(pk);
-            }
-            let (rest, more) = s.finish();
-            c.push_str(&rest);
-            k.extend(more);
+            let (c, k, _) = streamed(&offered, text, n);
             assert_eq!(&k, &whole.1, "{format:?} in pieces of {n}");
             assert!(c.contains(whole.0.trim()), "{format:?} in pieces of {n}: {c:?} {whole:?}");
         }
