@@ -12,15 +12,6 @@ use grpc_wire::wkt::Struct;
 use crate::liveness::RankReport;
 use crate::{MAX_DP_SIZE, Worker, WorkerInfo};
 
-/// The scheme of a gRPC worker's URL.
-pub const SCHEME: &str = "grpc://";
-
-/// The engine client of a worker at `url`, when it is a gRPC worker.
-pub(crate) fn engine_of(url: &str, connect_timeout: Duration) -> Option<std::sync::Arc<Engine>> {
-    let authority = url.strip_prefix(SCHEME)?;
-    Some(std::sync::Arc::new(Engine::new(authority.trim_end_matches('/'), connect_timeout)))
-}
-
 /// The probe's verdict: `Ok(healthy)` when it answered (contact), `Err` when it could not be asked.
 pub(crate) async fn health(engine: &Engine, timeout: Duration) -> Result<bool, String> {
     match engine.health(timeout).await {
@@ -48,7 +39,7 @@ pub(crate) fn page_size(s: &GetServerInfoResponse) -> Option<usize> {
 }
 
 /// SGLang's server args as `GetServerInfo` carries them (a protobuf `Struct`), read as the
-/// HTTP probe reads `/server_info` ([`crate::health::from_server_info`]): the texts and the
+/// HTTP probe reads `/server_info` ([`crate::from_server_info`]): the texts and the
 /// whole numbers among them (protobuf numbers are doubles).
 fn from_server_info(s: &GetServerInfoResponse) -> WorkerInfo {
     let empty = Struct::default();
@@ -67,7 +58,7 @@ fn from_server_info(s: &GetServerInfoResponse) -> WorkerInfo {
             Some((k.clone(), v))
         })
         .collect();
-    crate::health::from_server_info(&serde_json::Value::Object(flat))
+    crate::worker::from_server_info(&serde_json::Value::Object(flat))
 }
 
 /// Each rank's load (`GetLoads`), the first [`MAX_DP_SIZE`]; `Err` when it could not be asked.

@@ -17,7 +17,7 @@ use tracing::{debug, info, warn};
 
 use router_types::Role;
 
-use crate::{Fleet, MAX_DP_SIZE, State, Worker, WorkerInfo};
+use crate::{Fleet, State, Worker, WorkerInfo};
 
 /// How often a worker out of rotation is probed.
 const DOWN_PROBE_INTERVAL: Duration = Duration::from_secs(1);
@@ -281,7 +281,7 @@ pub async fn introspect(client: &reqwest::Client, w: &Worker, timeout: Duration)
         }
     };
     if let Some(v) = get("/server_info").await {
-        let info = from_server_info(&v);
+        let info = crate::worker::from_server_info(&v);
         if info.model_id.is_some() {
             return Some(info);
         }
@@ -306,23 +306,10 @@ pub(crate) fn contradiction(role: Role, mode: Option<&str>) -> Option<String> {
     (!fits).then(|| format!("added as {} but its /server_info says disaggregation_mode {mode:?}", role.as_str()))
 }
 
-/// Reads SGLang's `/server_info` (its server args, flattened). A data-parallel
-/// size above [`MAX_DP_SIZE`] (a lying or broken worker) is not believed.
-pub fn from_server_info(v: &Value) -> WorkerInfo {
-    let text =
-        |k: &str| v.get(k).and_then(Value::as_str).filter(|s| !s.is_empty()).map(|s| s.chars().take(256).collect());
-    let num = |k: &str| v.get(k).and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok());
-    WorkerInfo {
-        model_id: text("served_model_name").or_else(|| text("model_path")),
-        dp_size: num("dp_size").filter(|n| (1..=MAX_DP_SIZE).contains(n)),
-        page_size: num("page_size"),
-        disaggregation_mode: text("disaggregation_mode"),
-        bootstrap_port: num("disaggregation_bootstrap_port").and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use crate::worker::from_server_info;
+
     use super::*;
     use serde_json::json;
 

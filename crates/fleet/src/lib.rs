@@ -46,13 +46,14 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 pub use breaker::{BreakerConfig, BreakerState};
-pub use health::{MAX_ANSWER_BYTES, from_server_info, introspect, read_capped};
+pub use health::{MAX_ANSWER_BYTES, introspect, read_capped};
 pub use kv_events::StreamHistory;
 pub use kv_ingest::snapshot::{DEFAULT_SNAPSHOT_MAX_BLOCKS, DEFAULT_SNAPSHOT_MAX_BYTES};
 pub use kv_ingest::{IndexSnapshot, SnapshotLimits, TakenSnapshot};
 pub use pd_facts::PdFacts;
 pub use ranks::RankHeader;
 pub use tls::{TlsError, WorkerTls, certificates, private_key};
+pub use worker::from_server_info;
 pub use worker::{Events, LoadGuard, MAX_QUARANTINE, State, Worker, WorkerInfo};
 
 /// The largest data-parallel size accepted from a worker's own report: a

@@ -80,6 +80,22 @@ pub struct WorkerInfo {
     pub bootstrap_port: Option<u16>,
 }
 
+/// Reads SGLang's `/server_info` (its server args, flattened). A data-parallel
+/// size above [`crate::MAX_DP_SIZE`] (a lying or broken worker) is not believed.
+pub fn from_server_info(v: &serde_json::Value) -> WorkerInfo {
+    use serde_json::Value;
+    let text =
+        |k: &str| v.get(k).and_then(Value::as_str).filter(|s| !s.is_empty()).map(|s| s.chars().take(256).collect());
+    let num = |k: &str| v.get(k).and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok());
+    WorkerInfo {
+        model_id: text("served_model_name").or_else(|| text("model_path")),
+        dp_size: num("dp_size").filter(|n| (1..=crate::MAX_DP_SIZE).contains(n)),
+        page_size: num("page_size"),
+        disaggregation_mode: text("disaggregation_mode"),
+        bootstrap_port: num("disaggregation_bootstrap_port").and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0),
+    }
+}
+
 /// One engine replica.
 #[derive(Debug)]
 pub struct Worker {
@@ -224,7 +240,12 @@ impl Worker {
         let Spec { id, url, role, pool, index_id, events } = spec;
         let paths = config.proxied_paths;
         let endpoints = paths.iter().filter_map(|p| Some((*p, format!("{url}{p}").parse().ok()?))).collect();
-        let engine = crate::grpc::engine_of(url.as_str(), config.health.timeout.max(Duration::from_secs(1)));
+        // A gRPC worker (`grpc://host:port`): its scheduler service, connected when first asked.
+        let connect_timeout = config.health.timeout.max(Duration::from_secs(1));
+        let engine = url
+            .as_str()
+            .strip_prefix("grpc://")
+            .map(|authority| Arc::new(engine_grpc::Engine::new(authority.trim_end_matches('/'), connect_timeout)));
         Self {
             engine,
             probe_failures: AtomicU32::new(0),
