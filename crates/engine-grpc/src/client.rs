@@ -52,18 +52,29 @@ pub struct Engine {
     channel: Mutex<Option<Channel>>,
 }
 
-/// A `Generate` call's answers, in order; the call's status once they end.
+/// A streaming call's answers, in order, then the call's status: a `Generate` call's
+/// ([`Generation`]), a `SubscribeKvEvents` subscription's ([`KvEvents`]).
 #[derive(Debug)]
-pub struct Generation {
+pub struct Answers<M> {
     answers: Messages,
     head: http::HeaderMap,
     authority: String,
+    kind: std::marker::PhantomData<M>,
 }
 
-impl Generation {
+/// A `Generate` call's answers.
+pub type Generation = Answers<GenerateResponse>;
+/// A `SubscribeKvEvents` stream's batches (a subscription never ends with OK of its own).
+pub type KvEvents = Answers<KvEventBatch>;
+
+impl<M: prost::Message + Default> Answers<M> {
+    fn new(head: http::HeaderMap, answers: Messages, authority: &str) -> Self {
+        Self { answers, head, authority: authority.to_owned(), kind: std::marker::PhantomData }
+    }
+
     /// The next answer; `None` once the engine ended the call with OK.
-    pub async fn next(&mut self) -> Result<Option<GenerateResponse>, EngineError> {
-        match self.answers.next::<GenerateResponse>().await {
+    pub async fn next(&mut self) -> Result<Option<M>, EngineError> {
+        match self.answers.next::<M>().await {
             Ok(Some(m)) => Ok(Some(m)),
             Ok(None) => match self.answers.status().or_else(|| Status::from_headers(&self.head)) {
                 Some(s) if s.code == Status::OK => Ok(None),
@@ -182,7 +193,7 @@ impl Engine {
     pub async fn generate(&self, request: &GenerateRequest, deadline: Duration) -> Result<Generation, EngineError> {
         let started = tokio::time::timeout(deadline, self.start(path::GENERATE, request)).await;
         let (head, answers) = started.unwrap_or(Err(EngineError::Deadline(self.authority.clone(), deadline)))?;
-        Ok(Generation { answers, head, authority: self.authority.clone() })
+        Ok(Answers::new(head, answers, &self.authority))
     }
 
     /// `SubscribeKvEvents` from `start` (0: the current state): the batches as they come.
@@ -190,28 +201,6 @@ impl Engine {
         let asked = SubscribeKvEventsRequest { start_sequence_number: start, load_records_before_first_batch: true };
         let started = tokio::time::timeout(deadline, self.start(path::SUBSCRIBE_KV_EVENTS, &asked)).await;
         let (head, answers) = started.unwrap_or(Err(EngineError::Deadline(self.authority.clone(), deadline)))?;
-        Ok(KvEvents { answers, head, authority: self.authority.clone() })
-    }
-}
-
-/// A `SubscribeKvEvents` stream's batches.
-#[derive(Debug)]
-pub struct KvEvents {
-    answers: Messages,
-    head: http::HeaderMap,
-    authority: String,
-}
-
-impl KvEvents {
-    /// The next batch; an error when the stream ended (a subscription never ends cleanly).
-    pub async fn next(&mut self) -> Result<KvEventBatch, EngineError> {
-        match self.answers.next::<KvEventBatch>().await {
-            Ok(Some(b)) => Ok(b),
-            Ok(None) => Err(match self.answers.status().or_else(|| Status::from_headers(&self.head)) {
-                Some(s) if s.code != Status::OK => EngineError::Status(s),
-                _ => EngineError::Transport(self.authority.clone(), "the event stream ended".into()),
-            }),
-            Err(s) => Err(EngineError::Status(s)),
-        }
+        Ok(Answers::new(head, answers, &self.authority))
     }
 }

@@ -7,7 +7,7 @@ pub mod client;
 pub mod events;
 pub mod proto;
 
-pub use client::{Engine, EngineError, Generation, KvEvents};
+pub use client::{Answers, Engine, EngineError, Generation, KvEvents};
 
 /// The methods' paths.
 pub mod path {

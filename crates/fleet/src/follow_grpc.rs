@@ -117,14 +117,16 @@ impl Follower {
                     b = stream.next() => b,
                 };
                 match next {
-                    Ok(batch) => {
+                    Ok(Some(batch)) => {
                         backoff = BACKOFF_INITIAL;
                         if !self.take(batch).await {
                             return;
                         }
                     }
-                    Err(e) => {
-                        warn!(worker = %self.worker.url, error = %e, "kv events: gRPC event stream ended; every rank reset, subscribing again");
+                    // Ended, cleanly or not: a subscription has no end of its own.
+                    ended => {
+                        let why = ended.err().map_or_else(|| "the stream ended".to_owned(), |e| e.to_string());
+                        warn!(worker = %self.worker.url, error = %why, "kv events: gRPC event stream ended; every rank reset, subscribing again");
                         break;
                     }
                 }

@@ -125,7 +125,7 @@ pub(crate) async fn serve(
         }
     };
     guard.load.prefill_done();
-    gw.metrics.ttfb.observe(guard_elapsed(&guard));
+    gw.metrics.ttfb.observe(guard.elapsed().as_secs_f64());
     let events = answer.take(first).map_err(|e| {
         count(gw, "bad_message");
         bad(&worker, &e)
@@ -159,11 +159,6 @@ pub(crate) async fn serve(
         }
     }
     Ok(response)
-}
-
-/// The seconds since the request came (its guard's start).
-fn guard_elapsed(guard: &InFlight) -> f64 {
-    guard.elapsed().as_secs_f64()
 }
 
 /// Why a whole answer could not be collected.
