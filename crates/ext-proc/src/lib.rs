@@ -1,13 +1,10 @@
 //! Envoy's external processing protocol (`envoy.service.ext_proc.v3`) served
-//! over gRPC, with `grpc.health.v1`: the messages ([`proto`]), the framing
-//! ([`grpc`]), and one HTTP/2 connection's calls routed to a [`Service`]
-//! ([`serve_connection`]). What a stream means is the service's; this crate
+//! over gRPC, with `grpc.health.v1`: the messages ([`proto`]) and one HTTP/2
+//! connection's calls routed to a [`Service`] ([`serve_connection`], over
+//! `grpc-wire`'s framing). What a stream means is the service's; this crate
 //! knows nothing of routing.
 
 pub mod proto;
-
-/// The framing and the client, for the crates that spoke gRPC through this one.
-pub use grpc_wire::{client, grpc};
 
 use std::future::Future;
 use std::sync::Arc;

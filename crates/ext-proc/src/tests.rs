@@ -6,9 +6,9 @@ use std::sync::Arc;
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body::Frame;
 
-use crate::client::{Call, Channel};
 use crate::proto::{HealthCheckRequest, HealthCheckResponse, HttpBody, Phase, ProcessingRequest};
 use crate::{HEALTH_CHECK_PATH, Limits, Messages, PROCESS_PATH, Replies, ServingStatus, Status};
+use grpc_wire::client::{Call, Channel};
 
 /// Echoes each message's body back as a request body, until the caller ends or breaks the stream.
 #[derive(Debug)]

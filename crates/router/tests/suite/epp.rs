@@ -202,12 +202,12 @@ async fn a_client_that_leaves_releases_its_load_and_a_stopped_picker_fails_close
 /// The gateway's side of one stream, spoken directly (no Envoy): every reply checked.
 mod protocol {
     use super::*;
-    use ext_proc::client::{Call, Channel};
     use ext_proc::proto::{
         HeaderMap, HeaderValue, HttpBody, HttpHeaders, Kind, Phase, ProcessingRequest, ProcessingResponse,
         ProtocolConfiguration, Reply, body_mode,
     };
     use ext_proc::{PROCESS_PATH, Status};
+    use grpc_wire::client::{Call, Channel};
 
     fn headers(pairs: &[(&str, &str)], end_of_stream: bool) -> Phase {
         let headers = pairs
