@@ -28,9 +28,11 @@ pub async fn preview(
         let mut v = parsed.map_or_else(|| crate::pipeline::body::parse_json(&bytes), Ok)?;
         let mut preview = crate::pools::Preview::default();
         let renders = planner::Renders::default();
+        let workers = gw2.fleet.snapshot();
+        let planner = gw2.planner(&workers);
         let routed = match routing {
             Some(routing) => {
-                let ask = asked(&meta, true, embeddings.as_ref(), &renders);
+                let ask = asked(&meta, true, embeddings.as_ref(), (&renders, planner));
                 crate::pools::route(&gw2, &routing, route, &mut v, &ask, Some(&mut preview))
             }
             None => Ok(crate::pools::Routed::default_pool(&gw2)),
@@ -64,14 +66,14 @@ pub async fn preview(
         out["body_rewritten"] = json!(routed.rewritten);
         // A disaggregated pool: the pair it would pick, never committed.
         if let Some(pd) = pool.pd.clone() {
-            match crate::pd::explain_pair(&gw2, (pool, &pd), route, &v, meta.routing_key.as_deref()) {
+            match crate::pd::explain_pair(planner, (pool, &pd), route, &v, meta.routing_key.as_deref()) {
                 Ok(pair) => out["pair"] = pair,
                 Err(e) => out["error"] = e.body()["error"].clone(),
             }
             return Ok(out);
         }
         // The worker the pool would pick: the policy's choice, never committed.
-        match gw2.planner().plan(pool, route, Some(&v), meta.routing_key.as_deref(), &renders, false) {
+        match planner.plan(pool, route, Some(&v), meta.routing_key.as_deref(), &renders, false) {
             Ok(plan) => {
                 out["worker"] = json!(plan.chosen().url);
                 out["policy"] = json!(pool.policy.name());
@@ -104,10 +106,12 @@ pub async fn decide(
     let plan = crate::pipeline::admission::render(gw, len, move || {
         let mut v = parse_body(&gw2, route, &bytes, parsed)?;
         let renders = planner::Renders::default();
+        let workers = gw2.fleet.snapshot();
+        let planner = gw2.planner(&workers);
         let key = meta.routing_key.as_deref();
         let pool = match (routing, v.as_mut()) {
             (Some(routing), Some(v)) => {
-                let ask = asked(&meta, false, embeddings.as_ref(), &renders);
+                let ask = asked(&meta, false, embeddings.as_ref(), (&renders, planner));
                 let mut preview = crate::pools::Preview::default();
                 crate::pools::route(&gw2, &routing, route, v, &ask, Some(&mut preview))?.pool
             }
@@ -116,9 +120,9 @@ pub async fn decide(
         // A disaggregated pool: both legs' choices and why.
         if let Some(pd) = pool.pd.clone() {
             let v = v.map_or_else(|| crate::pipeline::body::parse_json(&bytes), Ok)?;
-            return crate::pd::explain_pair(&gw2, (&pool, &pd), route, &v, key).map(Explained::Pair);
+            return crate::pd::explain_pair(planner, (&pool, &pd), route, &v, key).map(Explained::Pair);
         }
-        Ok(Explained::Plan(gw2.planner().plan(&pool, route, v.as_ref(), key, &renders, false)?))
+        Ok(Explained::Plan(planner.plan(&pool, route, v.as_ref(), key, &renders, false)?))
     })
     .await??;
     let plan = match plan {
@@ -183,10 +187,10 @@ fn asked<'a>(
     meta: &'a Meta,
     debug: bool,
     embeddings: Option<&'a model_select::RequestEmbeddings>,
-    renders: &'a planner::Renders,
+    (renders, planner): (&'a planner::Renders, planner::Planner<'a>),
 ) -> crate::pools::Asked<'a> {
     let (headers, session) = (&meta.signal_headers[..], meta.session.as_deref());
-    crate::pools::Asked { debug, headers, session, embeddings, cache_bypass: true, caller: None, renders }
+    crate::pools::Asked { debug, headers, session, embeddings, cache_bypass: true, caller: None, renders, planner }
 }
 
 /// The route an explain is about (`?route=`, chat by default).

@@ -427,10 +427,12 @@ impl Gateway {
         self.routing().map_or_else(|| self.pools[0].clone(), |r| r.default_pool().clone())
     }
 
-    /// What the plan phase reads beside a pool: the fleet, the index, the credit lock.
-    pub(crate) fn planner(&self) -> planner::Planner<'_> {
+    /// What the plan phase reads beside a pool: the fleet, the request's snapshot of its
+    /// workers (`workers`, taken once per request), the index, the credit lock.
+    pub(crate) fn planner<'a>(&'a self, workers: &'a [Arc<fleet::Worker>]) -> planner::Planner<'a> {
         planner::Planner {
             fleet: &self.fleet,
+            workers,
             index: self.index.as_deref(),
             credit_pending: self.config.credit_pending,
             credit_lock: &self.credit_lock,

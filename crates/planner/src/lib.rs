@@ -20,8 +20,8 @@ mod render;
 #[cfg(test)]
 mod tests;
 
-use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 
 use fleet::{Fleet, Worker};
 use kv_index::KvIndex;
@@ -51,8 +51,12 @@ pub enum PlanError {
 /// What a plan reads beside its pool, borrowed for one request.
 #[derive(Clone, Copy)]
 pub struct Planner<'a> {
-    /// Every worker, their loads and the fleet's hash modes and page sizes.
+    /// The fleet's hash modes, page sizes and liveness vetoes.
     pub fleet: &'a Fleet,
+    /// Every worker as this request sees the fleet: one snapshot per request, taken when its
+    /// plan phase begins, read by every plan, pair and retry of it (a worker joining or
+    /// leaving meanwhile never shows in half of them). Their state and load are read live.
+    pub workers: &'a [Arc<Worker>],
     /// The KV index (`None`: no KV events followed, nothing matched).
     pub index: Option<&'a KvIndex>,
     /// The chosen worker is credited with the prompt's pages before another plan matches

@@ -105,7 +105,7 @@ impl Planner<'_> {
     /// leave out now ([`fleet::liveness::screen`]).
     pub fn routable(&self, keep: impl Fn(&Worker) -> bool) -> Result<Vec<Arc<Worker>>, PlanError> {
         let allowed = |w: &Worker| self.only.is_none_or(|only| only.allows(w));
-        let all = self.fleet.snapshot().iter().filter(|w| keep(w) && allowed(w) && w.is_routable()).cloned().collect();
+        let all = self.workers.iter().filter(|w| keep(w) && allowed(w) && w.is_routable()).cloned().collect();
         match self.fleet.screen(all) {
             fleet::liveness::Screened::Workers(workers) => Ok(workers),
             fleet::liveness::Screened::Shed => Err(PlanError::Overloaded),
@@ -267,7 +267,7 @@ impl Planner<'_> {
             let role = workers[chosen].role;
             let allowed = |w: &Worker| self.only.is_none_or(|only| only.allows(w));
             let eligible = |w: &&Arc<Worker>| w.role == role && pool.serves(w) && allowed(w) && w.is_routable();
-            self.fleet.snapshot().iter().filter(eligible).map(|w| blocks(w)).max().unwrap_or(0)
+            self.workers.iter().filter(eligible).map(|w| blocks(w)).max().unwrap_or(0)
         };
         crate::Regret::new(reachable, best_candidate, blocks(&workers[chosen]), reason)
     }

@@ -24,12 +24,12 @@ fn url(u: &str) -> WorkerUrl {
 /// in rotation (nothing is probed: no sockets).
 /// What a plan reads, with no subset.
 fn planner<'a>(
-    fleet: &'a Fleet,
+    (fleet, workers): (&'a Fleet, &'a [Arc<fleet::Worker>]),
     index: Option<&'a KvIndex>,
     credit_pending: bool,
     (credit_lock, renders): (&'a Mutex<()>, &'a AtomicU64),
 ) -> Planner<'a> {
-    Planner { fleet, index, credit_pending, credit_lock, renders, only: None, placements: None }
+    Planner { fleet, workers, index, credit_pending, credit_lock, renders, only: None, placements: None }
 }
 
 async fn fleet(regular: &[&str], pd: &[(&str, Role)]) -> Arc<Fleet> {
@@ -62,7 +62,8 @@ fn chat() -> serde_json::Value {
 async fn a_prompt_is_rendered_once_per_renderer_until_a_plugin_rewrites_it() {
     let fleet = fleet(&["http://127.0.0.1:1"], &[]).await;
     let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
-    let p = planner(&fleet, None, false, (&lock, &renders));
+    let workers = fleet.snapshot();
+    let p = planner((&fleet, &workers), None, false, (&lock, &renders));
     let (a, b) = (Arc::new(Renderer::builtin().unwrap()), Arc::new(Renderer::builtin().unwrap()));
     let memo = Renders::default();
     let first = memo.tokens(p, &a, Route::Chat, &chat()).unwrap();
@@ -82,7 +83,8 @@ async fn a_prompt_is_rendered_once_per_renderer_until_a_plugin_rewrites_it() {
 async fn a_plan_chooses_among_its_pools_routable_workers_and_a_routing_key_names_one() {
     let fleet = fleet(&["http://127.0.0.1:1", "http://127.0.0.1:2"], &[("http://127.0.0.1:3", Role::PREFILL)]).await;
     let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
-    let p = planner(&fleet, None, true, (&lock, &renders));
+    let workers = fleet.snapshot();
+    let p = planner((&fleet, &workers), None, true, (&lock, &renders));
     let default = pool(PoolId::default_pool(), None);
     let memo = Renders::default();
     let plan = p.plan(&default, Route::Chat, Some(&chat()), None, &memo, true).unwrap();
@@ -101,6 +103,33 @@ async fn a_plan_chooses_among_its_pools_routable_workers_and_a_routing_key_names
 }
 
 #[tokio::test]
+async fn a_request_plans_in_its_own_snapshot_of_the_fleet_whoever_joins_meanwhile() {
+    let fleet = fleet(&["http://127.0.0.1:1"], &[]).await;
+    let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
+    let workers = fleet.snapshot();
+    let p = planner((&fleet, &workers), None, false, (&lock, &renders));
+    // A worker joins (and enters rotation) after the request took its snapshot.
+    fleet.add(url("http://127.0.0.1:2"), Source::Admin);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !fleet.snapshot().iter().any(|w| w.url.as_str().contains(":2") && w.is_routable()) {
+        assert!(tokio::time::Instant::now() < deadline, "the new worker entered rotation");
+        tokio::task::yield_now().await;
+    }
+    let default = pool(PoolId::default_pool(), None);
+    let memo = Renders::default();
+    for _ in 0..4 {
+        let plan = p.plan(&default, Route::Chat, Some(&chat()), None, &memo, false).unwrap();
+        let urls: Vec<String> = plan.workers.iter().map(|w| w.url.to_string()).collect();
+        assert_eq!(urls, ["http://127.0.0.1:1"], "only the workers of the request's snapshot");
+    }
+    // The next request's snapshot has both.
+    let later = fleet.snapshot();
+    let p = planner((&fleet, &later), None, false, (&lock, &renders));
+    let plan = p.plan(&default, Route::Chat, Some(&chat()), None, &memo, false).unwrap();
+    assert_eq!(plan.workers.len(), 2);
+}
+
+#[tokio::test]
 async fn a_pair_takes_each_leg_from_its_role_and_avoids_failed_workers_while_others_remain() {
     let pd = [
         ("http://127.0.0.1:11", Role::PREFILL),
@@ -109,7 +138,8 @@ async fn a_pair_takes_each_leg_from_its_role_and_avoids_failed_workers_while_oth
     ];
     let fleet = fleet(&["http://127.0.0.1:1"], &pd).await;
     let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
-    let p = planner(&fleet, None, false, (&lock, &renders));
+    let workers = fleet.snapshot();
+    let p = planner((&fleet, &workers), None, false, (&lock, &renders));
     let pool = pool(PoolId("pd".into()), Some(PdMode::Sglang));
     let setup = pool.pd.clone().unwrap();
     let v = chat();
@@ -136,7 +166,8 @@ async fn without_a_followed_worker_a_text_tree_policy_hashes_no_page() {
     assert!(fleet.all().iter().all(|w| !w.is_followed()), "no KV events here");
     let index = KvIndex::new(IndexConfig::default(), Arc::new(ManualClock::default()));
     let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
-    let p = planner(&fleet, Some(&index), true, (&lock, &renders));
+    let workers = fleet.snapshot();
+    let p = planner((&fleet, &workers), Some(&index), true, (&lock, &renders));
     let with = |policy: Arc<dyn policy::Policy>| {
         let renderer = Arc::new(Renderer::builtin().unwrap());
         Arc::new(Pool::new(PoolId::default_pool(), "m".into(), policy, renderer, None, 64))
@@ -158,7 +189,8 @@ async fn without_a_followed_worker_a_text_tree_policy_hashes_no_page() {
 async fn without_a_tokenizer_input_ids_are_left_for_the_engine_to_judge() {
     let fleet = fleet(&["http://127.0.0.1:1"], &[]).await;
     let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
-    let p = planner(&fleet, None, false, (&lock, &renders));
+    let workers = fleet.snapshot();
+    let p = planner((&fleet, &workers), None, false, (&lock, &renders));
     // The built-in byte-level model knows 259 ids; the engine's model (unknown here) many more.
     let builtin = Renderer::builtin().unwrap();
     let ids = json!({"input_ids": [100000, 151642, 7], "sampling_params": {"max_new_tokens": 8}});

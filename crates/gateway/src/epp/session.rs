@@ -82,7 +82,8 @@ impl Stream<'_> {
     /// A request with no body to plan by: the least loaded worker the gateway allows.
     async fn headers_only(&mut self, authorization: Option<&[u8]>, subset: Option<planner::Subset>) -> Status {
         let pool = self.gw.default_pool();
-        let planner = planner::Planner { only: subset.as_ref(), ..self.gw.planner() };
+        let workers = self.gw.fleet.snapshot();
+        let planner = planner::Planner { only: subset.as_ref(), ..self.gw.planner(&workers) };
         let chosen = planner
             .routable(|w| pool.serves(w))
             .ok()

@@ -47,18 +47,20 @@ pub(crate) struct Job {
     pub(crate) uncached: u64,
 }
 
-/// Whether `pool` has a gRPC worker (its requests then keep their token ids).
-pub(crate) fn in_pool(gw: &Gateway, pool: &planner::Pool) -> bool {
-    gw.fleet.snapshot().iter().any(|w| w.engine().is_some() && pool.serves(w))
+/// Whether `pool` has a gRPC worker among the request's view of the fleet (its requests then
+/// keep their token ids).
+pub(crate) fn in_pool(workers: &[Arc<Worker>], pool: &planner::Pool) -> bool {
+    workers.iter().any(|w| w.engine().is_some() && pool.serves(w))
 }
 
-/// Sends `job` to `worker` (another gRPC worker of `pool` while none could be reached) and
+/// Sends `job` to `worker` (another gRPC worker of `pool` among the request's view of the
+/// fleet, `workers`, while none could be reached) and
 /// answers with what it generates. `guard` holds the request's load and accounting until
 /// the answer ends.
 pub(crate) async fn serve(
     gw: &Arc<Gateway>,
     mut guard: InFlight,
-    mut worker: Arc<Worker>,
+    (mut worker, workers): (Arc<Worker>, &[Arc<Worker>]),
     pool: &Arc<planner::Pool>,
     job: Job,
     meta: &Meta,
@@ -88,7 +90,7 @@ pub(crate) async fn serve(
                 worker.request_failed();
                 let may_retry = retry.enabled && !meta.one_attempt && attempt < retry.max_attempts();
                 let next = (may_retry && e.before_sending())
-                    .then(|| crate::pipeline::retry::next_worker(gw, pool, &worker, &tried))
+                    .then(|| crate::pipeline::retry::next_worker(gw, workers, pool, &worker, &tried))
                     .flatten();
                 let Some(next) = next else { return Err(failed(&worker, e)) };
                 warn!(request_id = meta.id, worker = %worker.url, error = %e, next = %next.url, attempt, "gRPC worker unreachable, retrying");

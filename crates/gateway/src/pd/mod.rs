@@ -113,6 +113,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) batch: Option<usize>,
     pub(crate) stream: bool,
     pub(crate) start: Instant,
+    /// The fleet as the request saw it when planned: a retry's new pair is chosen in it.
+    pub(crate) workers: &'a [Arc<Worker>],
 }
 
 /// Largest leg answer the router reads whole (a prefill's answer, an error
@@ -224,7 +226,7 @@ pub(crate) struct Planned {
 /// cannot be disaggregated refused, the prompt taken from the select phase's renders (or
 /// rendered), the first pair chosen and its prefill worker credited.
 pub(crate) fn plan(
-    gw: &Gateway,
+    planner: planner::Planner<'_>,
     pool: &Arc<Pool>,
     route: Route,
     (bytes, parsed): (&[u8], Option<Value>),
@@ -236,7 +238,7 @@ pub(crate) fn plan(
         Some(v) => v,
         None => parse_json(bytes)?,
     };
-    let (batch, prompted, pair) = choose(gw, (pool, pd), route, &v, renders, key, true)?;
+    let (batch, prompted, pair) = choose(planner, (pool, pd), route, &v, renders, key, true)?;
     Ok(Planned { v, batch, prompted, pair })
 }
 
@@ -244,7 +246,7 @@ pub(crate) fn plan(
 /// prompt taken from `renders` (or rendered), a pair chosen; `credit`: the request goes to it
 /// (never for an explain).
 fn choose(
-    gw: &Gateway,
+    planner: planner::Planner<'_>,
     (pool, pd): (&Arc<Pool>, &PdConfig),
     route: Route,
     v: &Value,
@@ -253,7 +255,6 @@ fn choose(
     credit: bool,
 ) -> Result<(Option<usize>, planner::Rendered, Pair), GatewayError> {
     let batch = check(v, route, pd.mode)?;
-    let planner = gw.planner();
     // A batch is balanced by load: one prefill worker serves every item.
     let prompted = match batch {
         Some(_) => (Vec::new(), None),
@@ -281,7 +282,8 @@ pub(crate) async fn serve_routed(
     let Some(pd) = pool.pd.clone() else { return Err(GatewayError::Internal("not disaggregated".into())) };
     let extra = extra.edited(d.edits.as_deref());
     let d = *d;
-    let mut answer = serve(gw, (&pool, &pd), d.admission, route, d.planned, extra, start, meta).await?;
+    let planned = (d.planned, &d.workers[..]);
+    let mut answer = serve(gw, (&pool, &pd), d.admission, route, planned, extra, start, meta).await?;
     let route_headers = d.route_headers.0.into_iter().map(|(n, v)| (axum::http::HeaderName::from_static(n), v));
     answer.headers_mut().extend(route_headers);
     Ok(answer)
@@ -294,7 +296,7 @@ async fn serve(
     (pool, pd): (&Arc<Pool>, &PdConfig),
     admission: Admission,
     route: Route,
-    planned: Planned,
+    (planned, workers): (Planned, &[Arc<Worker>]),
     extra: Extra,
     start: Instant,
     meta: &Meta,
@@ -307,7 +309,7 @@ async fn serve(
     if pd.mode == PdMode::Vllm {
         admission.grow(vllm::prefill_answer_cap(&v))?;
     }
-    let ctx = Ctx { gw, pool, pd, extra, meta, route, v, batch, stream, start };
+    let ctx = Ctx { gw, pool, pd, extra, meta, route, v, batch, stream, start, workers };
     let retry = &gw.config.retry;
     let mut admission = Some(admission);
     let mut pair = pair;
@@ -415,7 +417,7 @@ pub(crate) fn batch_size(v: &Value, route: Route) -> Option<usize> {
 /// A new pair for a retry, avoiding the workers that failed.
 fn pair_again(gw: &Gateway, ctx: &Ctx<'_>, prompt: (&[u32], Option<String>), avoid: &[WorkerId]) -> Option<Pair> {
     let key = ctx.meta.routing_key.as_deref();
-    planner::pair(gw.planner(), (ctx.pool, ctx.pd), &ctx.v, prompt, key, avoid, true).ok()
+    planner::pair(gw.planner(ctx.workers), (ctx.pool, ctx.pd), &ctx.v, prompt, key, avoid, true).ok()
 }
 
 /// The policies learn where the request goes; the pair is traced and counted.
@@ -530,12 +532,12 @@ pub(crate) fn json_answer(status: u16, v: &Value) -> Response {
 
 /// Plans a pair of `pool` for an explain (never committed).
 pub(crate) fn explain_pair(
-    gw: &Gateway,
+    planner: planner::Planner<'_>,
     (pool, pd): (&Arc<Pool>, &PdConfig),
     route: Route,
     v: &Value,
     key: Option<&[u8]>,
 ) -> Result<Value, GatewayError> {
-    let (_, _, pair) = choose(gw, (pool, pd), route, v, &planner::Renders::default(), key, false)?;
+    let (_, _, pair) = choose(planner, (pool, pd), route, v, &planner::Renders::default(), key, false)?;
     Ok(planner::pair_json(pd, &pair))
 }

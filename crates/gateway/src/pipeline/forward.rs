@@ -50,6 +50,8 @@ pub(crate) struct Disaggregated {
     pub(crate) route_headers: crate::pipeline::request::RouteHeaders,
     /// The decision's header edits, for both legs.
     pub(crate) edits: Option<Arc<HeaderEdits>>,
+    /// The fleet as the request saw it when planned (a retry's new pair is chosen in it).
+    pub(crate) workers: Arc<[Arc<Worker>]>,
 }
 
 /// The outcome of parsing and routing, off the serving thread for a large body
@@ -94,7 +96,11 @@ where
     // The vectors embedding signals read, on the embedding pool's threads (none without such signals).
     let crate::pools::PreRouted { body: parsed, embeddings } =
         crate::pools::pre_route(gw, routing.as_deref(), route, &bytes).await?;
+    // The fleet as this request sees it, from its plan to its last retry: one snapshot.
+    let workers = gw.fleet.snapshot();
+    let seen = workers.clone();
     let step = crate::pipeline::admission::render(gw, bytes.len(), move || {
+        let planner = planner::Planner { only: subset.as_deref(), ..gw2.planner(&seen) };
         let mut v = parse_body(&gw2, route, &body, parsed)?;
         // The prompt rendered at most once per renderer, whatever reads it.
         let renders = planner::Renders::default();
@@ -106,7 +112,8 @@ where
             (Some(routing), Some(v)) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
                 let (caller, renders) = (caller.as_ref(), &renders);
-                let ask = crate::pools::Asked { debug, headers, session, embeddings, cache_bypass, caller, renders };
+                let ask =
+                    crate::pools::Asked { debug, headers, session, embeddings, cache_bypass, caller, renders, planner };
                 Some(crate::pools::route(&gw2, &routing, route, v, &ask, None)?)
             }
             _ => None,
@@ -125,15 +132,14 @@ where
         // The routed pool, or the only one without a routing config.
         let pool = routed.as_ref().map_or(&gw2.pools[0], |r| &r.pool);
         if pool.pd.is_some() {
-            let planned = crate::pd::plan(&gw2, pool, route, (&bytes, v), &renders, key.as_deref())?;
+            let planned = crate::pd::plan(planner, pool, route, (&bytes, v), &renders, key.as_deref())?;
             let headers = routed.as_ref().map(crate::pipeline::request::RouteHeaders::of);
             let edits = routed.and_then(|r| r.edits);
             return Ok(Step::Disaggregated(planned, headers.unwrap_or_default(), edits));
         }
-        let planner = planner::Planner { only: subset.as_deref(), ..gw2.planner() };
         // A gRPC worker takes token ids: the plan's render, kept for it.
         let ids = match v.as_ref() {
-            Some(v) if route.has_prompt() && crate::grpc::in_pool(&gw2, pool) => {
+            Some(v) if route.has_prompt() && crate::grpc::in_pool(&seen, pool) => {
                 Some(renders.tokens(planner, &pool.renderer, route, v)?.0)
             }
             _ => None,
@@ -149,7 +155,8 @@ where
         Step::Disaggregated(planned, route_headers, edits) => {
             // Both legs carry the router's span as their parent.
             let edits = crate::pipeline::trace::edits(meta.trace.as_ref(), edits);
-            return Ok(Forwarded::Disaggregated(Box::new(Disaggregated { admission, planned, route_headers, edits })));
+            let d = Disaggregated { admission, planned, route_headers, edits, workers };
+            return Ok(Forwarded::Disaggregated(Box::new(d)));
         }
         Step::Send(v, plan, mut routed, bytes, ids) => {
             // Missed here: another replica may have kept the answer (`--shared-state`).
@@ -194,7 +201,7 @@ where
     // A gRPC worker: the router sends the token ids and makes the answer.
     if let (Some(tokens), Some(v), true) = (ids, v.take(), worker.engine().is_some()) {
         let job = crate::grpc::Job { route, v, tokens, rank, uncached };
-        return crate::grpc::serve(gw, guard, worker, pool, job, meta).await.map(Forwarded::Made);
+        return crate::grpc::serve(gw, guard, (worker, &workers), pool, job, meta).await.map(Forwarded::Made);
     }
     if worker.engine().is_some() {
         return Err(GatewayError::Unprocessable(format!("{} is not served by gRPC workers", route.path())));
@@ -216,7 +223,7 @@ where
                 }
                 // A retryable status goes back to the client unless another attempt is due and possible.
                 let next = (may_retry && RetryConfig::retryable(status))
-                    .then(|| next_worker(gw, pool, &worker, &tried))
+                    .then(|| next_worker(gw, &workers, pool, &worker, &tried))
                     .flatten();
                 let Some(next) = next else {
                     gw.metrics.ttfb.observe(start.elapsed().as_secs_f64());
@@ -233,7 +240,7 @@ where
                     GatewayError::Upstream { worker: worker.url.to_string(), message: e.message, retryable: e.connect };
                 // Nothing reached the worker: again, on another worker when there is one.
                 let next = (may_retry && failed.retryable_elsewhere())
-                    .then(|| next_worker(gw, pool, &worker, &tried))
+                    .then(|| next_worker(gw, &workers, pool, &worker, &tried))
                     .flatten();
                 let Some(next) = next else { return Err(failed) };
                 warn!(request_id = id, worker = %worker.url, error = %failed, next = %next.url, attempt, "worker unreachable, retrying");

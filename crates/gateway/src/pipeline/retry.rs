@@ -7,16 +7,16 @@ use fleet::Worker;
 
 use crate::Gateway;
 
-/// The worker of `pool` a retry after `current` goes to: the least loaded
+/// The worker of `pool` a retry after `current` goes to, among the request's `snapshot` of the fleet: the least loaded
 /// routable one tried neither now nor before (one no liveness veto leaves out
 /// first), else the least loaded routable one (a retry may go back to a worker).
 pub(crate) fn next_worker(
     gw: &Gateway,
+    snapshot: &[Arc<Worker>],
     pool: &planner::Pool,
     current: &Worker,
     tried: &[router_types::WorkerId],
 ) -> Option<Arc<Worker>> {
-    let snapshot = gw.fleet.snapshot();
     // Over the same transport: an HTTP request's body is no gRPC worker's, and back.
     let grpc = current.engine().is_some();
     let routable = || snapshot.iter().filter(|w| w.is_routable() && pool.serves(w) && w.engine().is_some() == grpc);

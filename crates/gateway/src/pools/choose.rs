@@ -41,21 +41,21 @@ pub(super) fn pool(
     gw: &Gateway,
     routing: &Routing,
     choice: &Choice<'_>,
-    (route, v, renders): (Route, &Value, &planner::Renders),
+    (route, v, ask): (Route, &Value, &super::Asked<'_>),
     mut preview: Option<&mut Preview>,
 ) -> Result<Chosen, GatewayError> {
     let selector = &routing.selector;
     let max_tokens = max_tokens(v);
-    // One view of the fleet for every candidate.
-    let snapshot = gw.fleet.snapshot();
+    // The request's one view of the fleet, for every candidate.
+    let snapshot = ask.planner.workers;
     let mut why_not = Vec::new();
     // Each candidate's prompt tokens by its own tokenizer, rendered once per renderer, only when needed.
     let prompt_of = |p: &Pool| -> Option<u64> {
-        renders.tokens(gw.planner(), &p.renderer, route, v).ok().map(|(tokens, _)| tokens.len() as u64)
+        ask.renders.tokens(ask.planner, &p.renderer, route, v).ok().map(|(tokens, _)| tokens.len() as u64)
     };
     let mut fits = |i: usize| -> bool {
         let p = routing.pool(i);
-        let routable = pool_workers(&snapshot, p).next().is_some();
+        let routable = pool_workers(snapshot, p).next().is_some();
         if !routable {
             why_not.push(format!("{}: no healthy worker", p.id));
             return false;
@@ -97,7 +97,7 @@ pub(super) fn pool(
                 .map(|&i| {
                     let (p, c) = (routing.pool(i), &config.pools[i]);
                     let prompt = prompt_of(p).unwrap_or(0);
-                    let live = live(&snapshot, p, prompt);
+                    let live = live(snapshot, p, prompt);
                     let cost_usd = c.price.map_or(0.0, |price| {
                         (prompt as f64 * price.input_per_1m + max_tokens as f64 * price.output_per_1m) / 1e6
                     });
@@ -168,16 +168,15 @@ fn live(snapshot: &[Arc<fleet::Worker>], pool: &Pool, prompt_tokens: u64) -> Liv
 
 /// Every pool's live state, as load signals read it.
 pub(super) fn pool_states<'r>(
-    gw: &Gateway,
+    snapshot: &[Arc<fleet::Worker>],
     routing: &'r Routing,
     prompt_tokens: u64,
 ) -> Vec<model_select::PoolState<'r>> {
-    let snapshot = gw.fleet.snapshot();
     routing
         .pools
         .iter()
         .map(|p| {
-            let l = live(&snapshot, p, prompt_tokens);
+            let l = live(snapshot, p, prompt_tokens);
             model_select::PoolState { name: &p.id.0, in_flight: l.in_flight, est_ttft_ms: l.est_ttft_ms }
         })
         .collect()

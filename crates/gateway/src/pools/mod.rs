@@ -309,7 +309,7 @@ pub(crate) fn route(
         Target::Pool(i) => {
             let mut routed = Routed::to(routing.pool(i).clone(), if model.is_some() { EXPLICIT } else { NO_MODEL });
             if selector.config().guard_all_requests && route.has_prompt() {
-                routed.rewritten |= guard(gw, routing, route, v, ask, preview.is_some())?;
+                routed.rewritten |= guard(routing, route, v, ask, preview.is_some())?;
             }
             routed
         }
@@ -413,7 +413,6 @@ fn look_up(
 
 /// The signals the routing config reads (only those), and the decision they make.
 fn decide<'r>(
-    gw: &Gateway,
     routing: &'r Routing,
     route: Route,
     v: &Value,
@@ -434,12 +433,13 @@ fn decide<'r>(
     // Exact, by the default pool's tokenizer: for context signals, and for load signals' TTFT.
     let tokens = if selector.needs_tokens() || selector.needs_load() {
         let default = routing.default_pool();
-        ask.renders.tokens(gw.planner(), &default.renderer, route, v)?.0.len() as u64
+        ask.renders.tokens(ask.planner, &default.renderer, route, v)?.0.len() as u64
     } else {
         0
     };
     let shape = if selector.needs_shape() { model_select::shape(as_chat) } else { model_select::Shape::default() };
-    let pools = if selector.needs_load() { choose::pool_states(gw, routing, tokens) } else { Vec::new() };
+    let pools =
+        if selector.needs_load() { choose::pool_states(ask.planner.workers, routing, tokens) } else { Vec::new() };
     let input = SignalInput {
         text: &text,
         guard_text: guard.as_deref(),
@@ -454,15 +454,8 @@ fn decide<'r>(
 
 /// `guard_all_requests`: a request that named its pool is decided too, and the winning
 /// decision's guards run (`block` refuses, `pii_redact` redacts); true when the body changed.
-fn guard(
-    gw: &Gateway,
-    routing: &Routing,
-    route: Route,
-    v: &mut Value,
-    ask: &Asked<'_>,
-    dry: bool,
-) -> Result<bool, GatewayError> {
-    let choice = decide(gw, routing, route, v, ask)?;
+fn guard(routing: &Routing, route: Route, v: &mut Value, ask: &Asked<'_>, dry: bool) -> Result<bool, GatewayError> {
+    let choice = decide(routing, route, v, ask)?;
     let guards: Vec<PluginConfig> = choice
         .plugins()
         .iter()
@@ -487,7 +480,7 @@ fn auto(
 ) -> Result<Routed, GatewayError> {
     let dry = preview.is_some();
     let start = Instant::now();
-    let choice = decide(gw, routing, route, v, ask)?;
+    let choice = decide(routing, route, v, ask)?;
     if !dry {
         routing.metrics.signal_seconds.observe(start.elapsed().as_secs_f64());
     }
@@ -515,10 +508,10 @@ fn auto(
     if changed {
         ask.renders.forget();
     }
-    let chosen = choose::pool(gw, routing, &choice, (route, v, ask.renders), preview.as_deref_mut())?;
+    let chosen = choose::pool(gw, routing, &choice, (route, v, ask), preview.as_deref_mut())?;
     let key = sticky::key(ask.session, v);
     let session = preview.map(|p| &mut p.session);
-    let (pool, outcome) = sticky::apply(gw, routing, &choice, &chosen, (route, v, ask.renders), key, session);
+    let (pool, outcome) = sticky::apply(gw, routing, &choice, &chosen, (route, v, ask), key, session);
     if !dry && key.is_some() {
         routing.metrics.sessions.inc(format_args!("outcome=\"{}\"", outcome.as_str()));
     }
@@ -608,6 +601,8 @@ pub(crate) struct Asked<'a> {
     pub(crate) caller: Option<&'a [u8; 32]>,
     /// The request's prompt, rendered at most once per renderer.
     pub(crate) renders: &'a planner::Renders,
+    /// What its plans read: the request's one snapshot of the fleet among them.
+    pub(crate) planner: planner::Planner<'a>,
 }
 
 /// The headers of a request that header rules read: none without such rules

@@ -142,7 +142,7 @@ pub(crate) fn apply(
     routing: &Routing,
     choice: &Choice<'_>,
     chosen: &Chosen,
-    (route, v, renders): (Route, &Value, &planner::Renders),
+    (route, v, ask): (Route, &Value, &super::Asked<'_>),
     key: Option<(u64, KeySource)>,
     preview: Option<&mut Value>,
 ) -> (usize, Outcome) {
@@ -161,7 +161,7 @@ pub(crate) fn apply(
         Some(Some(_)) if !sticky => (chosen.pool, Outcome::Switched),
         Some(Some(p)) if !chosen.eligible.contains(&p) => (chosen.pool, Outcome::Switched),
         Some(Some(p)) => {
-            let held = cached_tokens(gw, routing.pool(p), route, v, renders);
+            let held = cached_tokens(gw, routing.pool(p), route, v, ask);
             cached = Some(held);
             let c = &sessions.config;
             let score = |pool: usize| chosen.scores.iter().find(|(q, _)| *q == pool).map(|(_, s)| *s);
@@ -194,7 +194,7 @@ pub(crate) fn apply(
 
 /// The most prompt tokens any of `pool`'s workers holds, as the pool's own
 /// plan measures it (its tokenizer, page size and index); never committed.
-fn cached_tokens(gw: &Gateway, pool: &Arc<Pool>, route: Route, v: &Value, renders: &planner::Renders) -> u64 {
+fn cached_tokens(gw: &Gateway, pool: &Arc<Pool>, route: Route, v: &Value, ask: &super::Asked<'_>) -> u64 {
     if gw.index.is_none() {
         return 0;
     }
@@ -203,7 +203,7 @@ fn cached_tokens(gw: &Gateway, pool: &Arc<Pool>, route: Route, v: &Value, render
     if let Some(fields) = v.as_object_mut() {
         fields.insert("model".into(), Value::String(pool.served_model.clone()));
     }
-    match gw.planner().plan(pool, route, Some(&v), None, renders, false) {
+    match ask.planner.plan(pool, route, Some(&v), None, ask.renders, false) {
         Ok(plan) => plan.candidates.iter().map(|c| c.matched_tokens).max().unwrap_or(0),
         Err(_) => 0,
     }

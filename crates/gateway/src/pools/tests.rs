@@ -41,6 +41,7 @@ fn chat(model: Option<&str>, text: &str) -> Value {
 /// Routes `v` under the gateway's routing config, as a request with no headers would be.
 fn select(gw: &crate::Gateway, routing: &Routing, v: &mut Value) -> Result<super::Routed, GatewayError> {
     let renders = planner::Renders::default();
+    let workers = gw.fleet.snapshot();
     let ask = Asked {
         debug: false,
         headers: &[],
@@ -49,6 +50,7 @@ fn select(gw: &crate::Gateway, routing: &Routing, v: &mut Value) -> Result<super
         cache_bypass: false,
         caller: None,
         renders: &renders,
+        planner: gw.planner(&workers),
     };
     route(gw, routing, Route::Chat, v, &ask, None)
 }
