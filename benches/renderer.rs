@@ -5,7 +5,8 @@
 //! Groups: `render_cold/*` (segment cache off: template + full tokenization +
 //! hashing), `render_warm/*` (cache on, the conversation so far already seen,
 //! only the last user message is new, as in a live chat), `hash/*` (the
-//! SHA-256 page chain alone, throughput in bytes of token ids).
+//! SHA-256 page chain alone, throughput in bytes of token ids), `tokenize_16k/*`
+//! (issue 29's 16 KiB prompt through the split and the BPE, no segment cache).
 //! Last result (2-core VM): see docs/benchmarks.md.
 
 use std::hint::black_box;
@@ -113,5 +114,33 @@ fn bench_parts(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_render, bench_parts, bench_hash);
+/// Issue 29's prompt as the tokenizer sees it: 16 KiB of English (a shared system prompt)
+/// and a user message of random six-digit numbers (Qwen splits digits one by one), plain
+/// ASCII; and the same with one non-ASCII character per line (the splitter's segments).
+fn bench_split(c: &mut Criterion) {
+    let mut g = c.benchmark_group("tokenize_16k");
+    g.sample_size(30);
+    let r = renderer(0);
+    let english = "You are a careful assistant. Answer the user's questions about the attached \
+                   documents, cite the section you used, and say so when you don't know.\n";
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut numbers = String::new();
+    while numbers.len() < 3_300 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        numbers.push_str(&format!("{:06} ", state % 1_000_000));
+    }
+    let ascii = english.repeat(13_100 / english.len()) + &numbers;
+    let mixed = ascii.replace(".\n", ". \u{2014} é\n");
+    for (name, text) in [("ascii", ascii), ("mixed", mixed)] {
+        g.throughput(Throughput::Bytes(text.len() as u64));
+        g.bench_function(BenchmarkId::from_parameter(name), |b| {
+            b.iter(|| black_box(r.tokenizer().encode(&text, false).unwrap().len()))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_render, bench_parts, bench_hash, bench_split);
 criterion_main!(benches);

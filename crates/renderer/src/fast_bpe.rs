@@ -19,6 +19,7 @@ use tokenizers::models::ModelWrapper;
 use unicode_normalization_alignments::UnicodeNormalization;
 
 use crate::RenderError;
+use crate::gpt_split::{self, GptSplit};
 
 /// Words cached before the cache is cleared and refilled.
 const WORD_CACHE_ENTRIES: usize = 1 << 18;
@@ -51,6 +52,9 @@ enum SplitRegex {
     /// and a non-space follows gives its last character back, which is exactly
     /// what `\s+(?!\S)` does.
     WhitespaceLookahead(regex::Regex),
+    /// Qwen's or Llama 3's pattern: its ASCII segments by the hand-written scanner, the others
+    /// by the look-ahead emulation's DFA (`crate::gpt_split`).
+    Scanned(GptSplit, regex::Regex),
     /// Anything else: fancy-regex, exactly as tokenizers runs it.
     Fancy(fancy_regex::Regex),
 }
@@ -242,22 +246,17 @@ fn split_into(
                 piece(m.start(), m.end(), &mut prev)?;
             }
         }
-        SplitRegex::WhitespaceLookahead(re) => {
-            let mut at = 0;
-            while let Some(m) = re.find_at(text, at) {
-                let mut end = m.end();
-                let s = m.as_str();
-                if end < text.len()
-                    && !s.contains(['\r', '\n'])
-                    && s.chars().all(char::is_whitespace)
-                    && let Some((last, _)) = s.char_indices().nth(1).and(s.char_indices().last())
-                {
-                    end = m.start() + last; // give the last whitespace char back
-                }
-                piece(m.start(), end, &mut prev)?;
-                at = if end > m.start() { end } else { end + text[end..].chars().next().map_or(1, char::len_utf8) };
-                if at > text.len() {
-                    break;
+        SplitRegex::WhitespaceLookahead(re) => lookahead_matches(re, text, |s, e| piece(s, e, &mut prev))?,
+        SplitRegex::Scanned(scanner, _) if text.is_ascii() => {
+            scanner.split_ascii(text.as_bytes(), |s, e| piece(s, e, &mut prev))?
+        }
+        SplitRegex::Scanned(scanner, re) => {
+            for (at, to, ascii) in gpt_split::regions(text) {
+                let shifted = |s: usize, e: usize| piece(at + s, at + e, &mut prev);
+                if ascii {
+                    scanner.split_ascii(&text.as_bytes()[at..to], shifted)?;
+                } else {
+                    lookahead_matches(re, &text[at..to], shifted)?;
                 }
             }
         }
@@ -275,9 +274,50 @@ fn split_into(
     Ok(())
 }
 
+/// The matches of a look-ahead emulation's DFA in `text`, as the pattern with its look-ahead
+/// makes them: a whitespace run without a newline that a non-space follows gives its last
+/// character back.
+fn lookahead_matches<E>(
+    re: &regex::Regex,
+    text: &str,
+    mut piece: impl FnMut(usize, usize) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut at = 0;
+    while let Some(m) = re.find_at(text, at) {
+        let mut end = m.end();
+        let s = m.as_str();
+        if end < text.len()
+            && !s.contains(['\r', '\n'])
+            && s.chars().all(char::is_whitespace)
+            && let Some((last, _)) = s.char_indices().nth(1).and(s.char_indices().last())
+        {
+            end = m.start() + last; // give the last whitespace char back
+        }
+        piece(m.start(), end)?;
+        at = if end > m.start() { end } else { end + text[end..].chars().next().map_or(1, char::len_utf8) };
+        if at > text.len() {
+            break;
+        }
+    }
+    Ok(())
+}
+
 impl SplitRegex {
+    /// The fastest exact splitter of `source`: the hand-written scanner, the DFA with the
+    /// look-ahead emulated, the DFA, or fancy-regex.
     fn new(source: &str) -> Option<Self> {
-        Self::compile(source, true)
+        match Self::compile(source, true)? {
+            SplitRegex::WhitespaceLookahead(re) => match Self::scanner(source) {
+                Some(scanner) => Some(SplitRegex::Scanned(scanner, re)),
+                None => Some(SplitRegex::WhitespaceLookahead(re)),
+            },
+            other => Some(other),
+        }
+    }
+
+    /// The hand-written scanner of `source`, when it is Qwen's or Llama 3's pattern.
+    fn scanner(source: &str) -> Option<GptSplit> {
+        LOOKAHEAD_TAILS.iter().find_map(|tail| source.strip_suffix(tail)).and_then(GptSplit::of_prefix)
     }
 
     /// `emulate = false` forces fancy-regex for the look-ahead patterns (tests compare both).
@@ -427,6 +467,68 @@ mod tests {
             }
         }
     }
+
+    /// Qwen's and Llama 3's patterns split by the hand-written scanner exactly as fancy-regex
+    /// splits them with the look-ahead: random texts of ASCII (every character) and of
+    /// characters the scanner must leave to the regex (letters and digits of other scripts,
+    /// other spaces, case folds of `s` and `k`, a combining mark, symbols whose last UTF-8 byte
+    /// masked to ASCII would read as a digit), across the regions' cuts.
+    #[test]
+    fn the_scanner_splits_exactly_like_fancy_regex() {
+        let mut alphabet: Vec<String> = (0u8..128).map(|b| (b as char).to_string()).collect();
+        for s in [
+            " ", "  ", "\n", "\r\n", "\n\n", " \n", "'s", "'S", "'re", "'Ve", "'ll", "'LL", "'d", "'x", " hello",
+            "World", "123", "4567", " ...", "!!\n", "é", "中文", "\u{3000}", "\u{85}", "\u{a0}", "\u{2028}", "ſ",
+            "\u{212A}", "Ⅻ", "١٢", "\u{301}", "😀", "°", "²", "±", "—",
+        ] {
+            alphabet.push(s.to_string());
+        }
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for prefix in &LOOKAHEAD_PREFIXES[..2] {
+            let source = format!("{prefix}{}", LOOKAHEAD_TAILS[0]);
+            let fast = SplitRegex::new(&source).unwrap();
+            let slow = SplitRegex::compile(&source, false).unwrap();
+            assert!(matches!(fast, SplitRegex::Scanned(..)), "{source:?}");
+            assert!(matches!(slow, SplitRegex::Fancy(_)));
+            for round in 0..20_000 {
+                let mut text = String::new();
+                // Half the texts ASCII only (the scanner whole), half mixed (cut into segments).
+                let ascii = round % 2 == 0;
+                for _ in 0..(next() % 24) {
+                    let pick = if ascii { next() % 128 } else { next() % alphabet.len() as u64 };
+                    text.push_str(&alphabet[pick as usize]);
+                }
+                assert_eq!(pieces(&fast, &text), pieces(&slow, &text), "{text:?} under {source:?}");
+            }
+        }
+    }
+
+    /// The regions cover the text in order; every non-ASCII character is in a region for the
+    /// regex, which reaches from the last cut before it to the first after.
+    #[test]
+    fn regions_cover_the_text_and_leave_only_words_around_other_characters_to_the_regex() {
+        let text = "plain text, then café au lait.\n  and naïve ones; end";
+        let regions: Vec<(&str, bool)> =
+            crate::gpt_split::regions(text).map(|(s, e, ascii)| (&text[s..e], ascii)).collect();
+        assert_eq!(
+            regions,
+            [
+                ("plain text, then", true),
+                (" café au", false),
+                (" lait.\n  and", true),
+                (" naïve", false),
+                (" ones; end", true)
+            ]
+        );
+        assert_eq!(crate::gpt_split::regions("").count(), 0);
+        assert_eq!(crate::gpt_split::regions("é").collect::<Vec<_>>(), [(0, 2, false)]);
+    }
 }
 
 #[cfg(test)]
@@ -444,7 +546,11 @@ mod fixture_tests {
             for split in &fast.splits {
                 assert!(!matches!(split, SplitRegex::Fancy(_)), "{name}: {split:?}");
             }
-            assert!(fast.splits.iter().any(|s| matches!(s, SplitRegex::WhitespaceLookahead(_))), "{name}");
+            let scanned = |s: &SplitRegex| matches!(s, SplitRegex::Scanned(..));
+            let emulated = |s: &SplitRegex| matches!(s, SplitRegex::WhitespaceLookahead(_));
+            assert!(fast.splits.iter().any(|s| scanned(s) || emulated(s)), "{name}");
+            // Qwen3's pattern is the scanner's.
+            assert_eq!(fast.splits.iter().any(scanned), name == "qwen3", "{name}");
         }
     }
 

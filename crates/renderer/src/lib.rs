@@ -16,6 +16,7 @@ mod chatml;
 pub mod detok;
 mod error;
 mod fast_bpe;
+mod gpt_split;
 pub mod hash;
 mod model;
 mod prompt;

@@ -205,6 +205,28 @@ fn long_plain_text_equals_reference() {
     assert_eq!(tok.encode(&text, false).unwrap(), tok.encode_uncached(&text, false).unwrap());
 }
 
+/// Qwen3's split runs on the hand-written scanner for ASCII and on the regex around other
+/// characters: random ASCII (every character, numbers among them) and the same with
+/// non-ASCII words mixed in encode to the reference's ids.
+#[test]
+fn ascii_and_mixed_text_through_the_scanner_equal_reference() {
+    let tok = fixture_tokenizer("qwen3");
+    let mut rng = Rng(29);
+    for round in 0..200 {
+        let mut text = String::new();
+        for _ in 0..rng.below(400) {
+            match rng.below(10) {
+                0..=5 => text.push(rng.below(128) as u8 as char),
+                6 => text.push_str(&format!(" {:06}", rng.below(1_000_000))),
+                7 => text.push_str(" word's"),
+                _ if round % 2 == 0 => text.push_str(" plain"),
+                _ => text.push_str(["é", " café", "中文", "\u{a0}", "°.", "—\n", " ²"][rng.below(7)]),
+            }
+        }
+        assert_eq!(tok.encode(&text, false).unwrap(), tok.encode_uncached(&text, false).unwrap(), "{text:?}");
+    }
+}
+
 /// The segment cache's byte bound counts what a segment costs: its text, its ids (four bytes
 /// each: with the built-in byte-level vocabulary, four times the text) and its entry.
 #[test]
