@@ -206,6 +206,11 @@ start_target() {
     sgl_router_cache_aware) launch 31011 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy cache_aware "${CA_EXTRA[@]}" --port 31011 ;;
     baseline_round_robin) launch 31012 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "${WORKERS[@]}" --policy round_robin --port 31012 ;;
     baseline_cache_aware)
+      # The exact path: the same flags as ours (KV events and the tokenizer), never the text tree.
+      if [ -n "$EXACT" ]; then
+        launch 31013 /readiness 300 env RUST_LOG=error "$BASELINE" --worker-urls "${WORKERS[@]}" --policy cache_aware "${CA_EXTRA[@]}" --port 31013
+        return
+      fi
       if [ "${LABEL[$name]}" = "$name" ]; then # not yet known to need --kv-events
         launch 31013 /readiness 150 env RUST_LOG=error "$BASELINE" --worker-urls "${WORKERS[@]}" --policy cache_aware --port 31013 && return 0
         echo "  $name: not ready without --kv-events; retrying with --kv-events" >&2

@@ -18,9 +18,9 @@
 
 pub(crate) mod answer;
 mod backoff;
-mod disagg;
 mod fallback;
 mod head;
+mod made;
 pub(crate) mod upstream;
 
 use std::io;
@@ -451,7 +451,7 @@ async fn serve_fast(
             // Made here: a disaggregated pool's answer (the CLI's disaggregation makes the default
             // pool one), a gRPC worker's.
             Ok(Outcome::Made(answer)) => {
-                disagg::write(&mut peer, answer, (close, &answer_head, upstream_idle)).await && !close
+                made::write(&mut peer, answer, (close, &answer_head, upstream_idle)).await && !close
             }
             Err(e) => {
                 count_error(gw, route, &e, Some(&id));

@@ -1,7 +1,9 @@
-//! Disaggregated answers on the fast path: what the pipeline's PD dispatch
-//! answered (the decode leg's stream, merged where asked, or a failed leg's
-//! own answer) written on the connection, sized when its length is known and
-//! chunked otherwise, with the upstream idle deadline on every wait.
+//! Answers the router made, on the fast path: a disaggregated pool's (the
+//! decode leg's stream, merged where asked, or a failed leg's own answer) and
+//! a gRPC worker's (the router detokenizes and writes it), as an axum
+//! `Response` written on the connection, sized when its length is known and
+//! chunked otherwise, with the upstream idle deadline on every wait. A
+//! worker's own HTTP answer is copied by `upstream::relay` instead.
 
 use std::time::Duration;
 
