@@ -205,10 +205,17 @@ impl Store {
         let mut exact = head.clone();
         canonical(v, &mut exact, &mut |path| model(path));
         let exact: Key = exact.finalize().into();
-        // The rest is read only for a semantic store.
+        // The rest is read only for a semantic store: the request but its last user turn, and
+        // that turn's polarity (its negations and number words: "is X safe" and "is X not
+        // safe" embed alike, so they are never in one partition, never each other's hit).
+        let last =
+            if self.config.semantic { model_select::user_turns(v).pop().unwrap_or_default() } else { String::new() };
         let partition = if self.config.semantic {
             let mut rest = head;
             canonical(v, &mut rest, &mut |path| model(path) || is_last_user_content(v, path));
+            let polarity = model_select::polarity(&last);
+            rest.update((polarity.len() as u64).to_le_bytes());
+            rest.update(&polarity);
             first_u64(&rest.finalize().into())
         } else {
             0
@@ -219,7 +226,7 @@ impl Store {
         let semantic = |_: &Arc<[f32]>| {
             self.config.semantic
                 && v.get("tools").and_then(Value::as_array).is_none_or(|t| t.is_empty())
-                && !model_select::user_turns(v).pop().unwrap_or_default().bytes().any(|b| b.is_ascii_digit())
+                && !last.bytes().any(|b| b.is_ascii_digit())
         };
         let shared = asker.shared.cloned();
         Ok(Ticket {
@@ -714,6 +721,33 @@ mod tests {
         exact_only.ticket(&chat("reset password"), at("d", "p"), unit(&[1.0, 0.0])).unwrap().store(answer("R"));
         let t = exact_only.ticket(&chat("reset my password"), at("d", "p"), unit(&[1.0, 0.0])).unwrap();
         assert!(matches!(t.lookup(), Outcome::Miss));
+    }
+
+    /// The polarity guard: a question that differs from a kept one only by a negation or a
+    /// number word is never its semantic hit, however close their vectors; the same polarity
+    /// in other words still is.
+    #[test]
+    fn a_negated_question_or_another_number_is_never_a_semantic_hit() {
+        let s = store(true);
+        let near = unit(&[0.999, 0.04]);
+        s.ticket(&chat("is it safe to delete the cache folder"), at("d", "p"), unit(&[1.0, 0.0]))
+            .unwrap()
+            .store(answer("yes"));
+        for asked in [
+            "is it not safe to delete the cache folder",
+            "isn't it safe to delete the cache folder",
+            "is it never safe to delete the cache folder",
+        ] {
+            let found = s.ticket(&chat(asked), at("d", "p"), near.clone()).unwrap().lookup();
+            assert!(matches!(found, Outcome::Miss), "{asked}: {found:?}");
+        }
+        let reworded = s.ticket(&chat("can I safely delete the cache folder"), at("d", "p"), near.clone()).unwrap();
+        assert!(matches!(reworded.lookup(), Outcome::Semantic(a, _) if text(&a) == "yes"));
+        s.ticket(&chat("name three prime numbers"), at("d", "p"), unit(&[0.0, 1.0])).unwrap().store(answer("2, 3, 5"));
+        let four = s.ticket(&chat("name four prime numbers"), at("d", "p"), unit(&[0.04, 0.999])).unwrap();
+        assert!(matches!(four.lookup(), Outcome::Miss));
+        let same = s.ticket(&chat("list three prime numbers"), at("d", "p"), unit(&[0.04, 0.999])).unwrap();
+        assert!(matches!(same.lookup(), Outcome::Semantic(a, _) if text(&a) == "2, 3, 5"));
     }
 
     #[test]
