@@ -20,13 +20,23 @@ pub(crate) async fn gateway(workers: &[&str], retry: crate::RetryConfig) -> Arc<
 /// A gateway with a routing config (`yaml`) over `pools` (name, served model; in this order,
 /// whatever the config's), each with the workers `workers` lists (URL, pool), in rotation.
 pub(crate) async fn routed(yaml: &str, pools: &[(&str, &str)], workers: &[(&str, &str)]) -> Arc<Gateway> {
+    let pools: Vec<(&str, &str, Option<u64>)> = pools.iter().map(|(name, model)| (*name, *model, None)).collect();
+    routed_with_windows(yaml, &pools, workers).await
+}
+
+/// [`routed`] with each pool's context window (name, served model, window).
+pub(crate) async fn routed_with_windows(
+    yaml: &str,
+    pools: &[(&str, &str, Option<u64>)],
+    workers: &[(&str, &str)],
+) -> Arc<Gateway> {
     let (gw, fleet) = unstarted(&[], crate::RetryConfig::default());
     let renderer = Arc::new(renderer::Renderer::builtin().unwrap());
     let pools = pools
         .iter()
-        .map(|(name, model)| {
+        .map(|(name, model, window)| {
             let (id, policy) = (router_types::PoolId((*name).into()), Arc::new(policy::RoundRobin::default()));
-            crate::pools::Pool::new(id, (*model).into(), policy, renderer.clone(), None, 64)
+            crate::pools::Pool::new(id, (*model).into(), policy, renderer.clone(), *window, 64)
         })
         .collect();
     let selector = model_select::Selector::new(model_select::parse_yaml(yaml).unwrap()).unwrap();

@@ -72,7 +72,13 @@ pub(super) fn pool(
     };
     let name = choice.name();
     // Every candidate is checked: stickiness may keep the conversation on any that can serve it.
-    let eligible: Vec<usize> = choice.pools.iter().copied().filter(|&i| fits(i)).collect();
+    let mut eligible: Vec<usize> = choice.pools.iter().copied().filter(|&i| fits(i)).collect();
+    // `fit_context`: when no pool fits the chat whole, its pools are chosen among as if it did
+    // (the chat is then cut for the chosen one).
+    if eligible.is_empty() && choice.plugins().iter().any(|p| matches!(p, model_select::PluginConfig::FitContext {})) {
+        let routable = |&i: &usize| pool_workers(snapshot, routing.pool(i)).next().is_some();
+        eligible = choice.pools.iter().copied().filter(routable).collect();
+    }
     let (chosen, scores) = match choice.algorithm {
         Algorithm::Static => (eligible.first().copied(), Vec::new()),
         Algorithm::Bandit(bandit) => {
@@ -185,7 +191,7 @@ pub(super) fn pool_states<'r>(
 /// The tokens the request may generate: `max_completion_tokens`,
 /// `max_tokens`, or SGLang's `sampling_params.max_new_tokens` (0 when unset:
 /// the engine's default is unknown here).
-fn max_tokens(v: &Value) -> u64 {
+pub(super) fn max_tokens(v: &Value) -> u64 {
     ["max_completion_tokens", "max_tokens"]
         .iter()
         .find_map(|k| v.get(*k).and_then(Value::as_u64))

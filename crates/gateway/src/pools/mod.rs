@@ -25,6 +25,7 @@ pub(crate) mod cascade;
 mod choose;
 mod embedding;
 pub mod feedback;
+mod fit;
 mod reload;
 mod sticky;
 #[cfg(test)]
@@ -95,6 +96,8 @@ pub(crate) struct Routed {
     pub(crate) route_id: Option<u64>,
     /// The decision's cascade, when it judges this request's answer.
     pub(crate) cascade: Option<cascade::Plan>,
+    /// Messages `fit_context` dropped to fit the pool's window (`x-route-context-dropped`).
+    pub(crate) context_dropped: Option<usize>,
 }
 
 /// The explain a request asked for with `x-route-debug: true`.
@@ -214,6 +217,7 @@ impl Routed {
             cache: None,
             route_id: None,
             cascade: None,
+            context_dropped: None,
         }
     }
 }
@@ -266,6 +270,9 @@ impl RouteHeaders {
         }
         if let Some(id) = routed.route_id {
             out.push((feedback::ROUTE_ID_HEADER, value(&feedback::format_id(id))));
+        }
+        if let Some(n) = routed.context_dropped {
+            out.push((fit::DROPPED_HEADER, value(&n.to_string())));
         }
         RouteHeaders(out)
     }
@@ -515,6 +522,14 @@ fn auto(
     if !dry && key.is_some() {
         routing.metrics.sessions.inc(format_args!("outcome=\"{}\"", outcome.as_str()));
     }
+    // `fit_context`: the chat cut to the chosen pool's window.
+    let context_dropped = match choice.plugins().iter().any(|p| matches!(p, PluginConfig::FitContext {})) {
+        true => fit::context(routing.pool(pool), route, v, ask)?,
+        false => None,
+    };
+    if context_dropped.is_some() {
+        ask.renders.forget();
+    }
     let debug = ask.debug.then(|| Explain {
         signals: choice.signals.iter().filter(|(_, r)| r.matched).map(|(s, _)| s.to_string()).collect(),
         confidence: choice.index.map_or(0.0, |i| choice.trace[i].confidence),
@@ -523,13 +538,14 @@ fn auto(
     Ok(Routed {
         pool: routing.pool(pool).clone(),
         decision: name,
-        rewritten: changed,
+        rewritten: changed || context_dropped.is_some(),
         edits: choice.index.and_then(|i| routing.edits.get(i).cloned().flatten()),
         debug,
         index: choice.index,
         cache: None,
         route_id: None,
         cascade: None,
+        context_dropped,
     })
 }
 
@@ -578,7 +594,8 @@ fn apply_plugins(
             PluginConfig::Block { .. }
             | PluginConfig::HeaderMutation(_)
             | PluginConfig::ResponseCache(_)
-            | PluginConfig::Cascade(_) => {}
+            | PluginConfig::Cascade(_)
+            | PluginConfig::FitContext {} => {}
         }
     }
     Ok(changed)

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::{Asked, Routing, forced, route};
 use crate::GatewayError;
 use crate::pipeline::request::Route;
-use crate::testing::routed;
+use crate::testing::{routed, routed_with_windows};
 
 /// Two pools; an `integral` goes to `large` with a header change, anything else to `small`.
 const CONFIG: &str = r#"
@@ -113,4 +113,86 @@ fn a_config_naming_a_pool_the_gateway_lacks_is_refused() {
     );
     let err = Routing::new(selector, &[Arc::new(only)]).unwrap_err();
     assert!(err.contains("large"), "{err}");
+}
+
+/// `fit_context` on a pool with a 160-token window (the built-in vocabulary: a token a byte).
+const FIT: &str = r#"
+version: 1
+auto_model_names: [auto]
+pools:
+  - {name: small, served_model: small-model, policy: round_robin, context_window: 160}
+decisions:
+  - {name: fit, pools: [small], plugins: [{type: fit_context}]}
+"#;
+
+/// A chat of a system prompt, `turns` user/assistant exchanges and a last user turn.
+fn long_chat(turns: usize, last: &str) -> Value {
+    let mut messages = vec![json!({"role": "system", "content": "be brief"})];
+    for i in 0..turns {
+        messages.push(json!({"role": "user", "content": format!("question number {i} about the weather")}));
+        messages.push(json!({"role": "assistant", "content": format!("answer number {i}: sunny")}));
+    }
+    messages.push(json!({"role": "user", "content": last}));
+    json!({"model": "auto", "max_tokens": 8, "messages": messages})
+}
+
+#[tokio::test]
+async fn fit_context_drops_the_oldest_turns_until_the_chat_fits_its_pools_window() {
+    let gw = routed_with_windows(FIT, &[("small", "small-model", Some(160))], &[("http://127.0.0.1:1", "small")]).await;
+    let routing = gw.routing().unwrap();
+    let workers = gw.fleet.snapshot();
+    let tokens = |v: &Value| {
+        let pool = &gw.pools[0];
+        gw.planner(&workers).render(&pool.renderer, Route::Chat, v, true).unwrap().0.len() as u64 + 8
+    };
+    // It fits: nothing dropped, the body as it came.
+    let mut short = long_chat(0, "hi");
+    let routed = select(&gw, &routing, &mut short).unwrap();
+    assert_eq!(routed.context_dropped, None);
+    assert_eq!(short["messages"].as_array().unwrap().len(), 2);
+    // Too long: the oldest exchanges go, the system prompt and the last turn stay.
+    let mut long = long_chat(6, "and tomorrow?");
+    assert!(tokens(&long) > 160);
+    let routed = select(&gw, &routing, &mut long).unwrap();
+    let dropped = routed.context_dropped.expect("cut");
+    let kept = long["messages"].as_array().unwrap();
+    assert_eq!(kept.len(), 14 - dropped);
+    assert_eq!(kept[0]["role"], "system");
+    assert_eq!(kept[1]["role"], "user", "the first turn kept is a user's");
+    assert_eq!(kept.last().unwrap()["content"], "and tomorrow?");
+    assert!(tokens(&long) <= 160, "it fits now");
+    assert!(routed.rewritten, "sent re-encoded");
+    // The fewest: with one exchange more it would not have fitted.
+    let mut one_more = long_chat(6, "and tomorrow?");
+    one_more["messages"].as_array_mut().unwrap().drain(1..1 + dropped - 2);
+    assert!(tokens(&one_more) > 160, "dropping {} would not do", dropped - 2);
+    let headers = super::RouteHeaders::of(&routed).0;
+    assert!(headers.iter().any(|(n, v)| *n == "x-route-context-dropped" && v == &dropped.to_string()[..]));
+    // Just over the window by less than its first question: dropping that question alone would
+    // fit, but its answer would be left without it; the whole exchange goes.
+    let over = (0..400)
+        .map(|k| {
+            let mut v = long_chat(1, "ok?");
+            v["messages"][1]["content"] = json!("q".repeat(k));
+            v["messages"][2]["content"] = json!("fine");
+            v
+        })
+        .find(|v| tokens(v) > 160)
+        .expect("some length is just over");
+    let mut just_over = over.clone();
+    let routed = select(&gw, &routing, &mut just_over).unwrap();
+    assert_eq!(routed.context_dropped, Some(2), "{just_over}");
+    assert_eq!(just_over["messages"][1]["role"], "user");
+    // Not even the last turn alone fits: refused, not sent.
+    let mut hopeless = long_chat(2, &"x".repeat(400));
+    let Err(refused) = select(&gw, &routing, &mut hopeless) else { panic!("refused") };
+    assert!(matches!(&refused, GatewayError::BadRequest(m) if m.contains("context window of 160")), "{refused:?}");
+}
+
+#[test]
+fn fit_context_needs_a_pool_with_a_window() {
+    let yaml = FIT.replace(", context_window: 160", "");
+    let Err(problems) = model_select::parse_yaml(&yaml) else { panic!("refused") };
+    let said = format!("{problems:?}");
+    assert!(said.contains("decision `fit`: fit_context: none of its pools has a context_window"), "{said}");
 }

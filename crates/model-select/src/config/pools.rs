@@ -167,6 +167,13 @@ pub enum PluginConfig {
     ResponseCache(ResponseCache),
     /// The chosen pool first; the `to` pool when its answer's mean token logprob is low.
     Cascade(Cascade),
+    /// A chat longer than the chosen pool's `context_window` (its prompt and the tokens it
+    /// may generate) is cut to fit: the leading system messages and the latest turns kept,
+    /// the oldest turns dropped (from a user turn on), how many said in
+    /// `x-route-context-dropped`; refused with 400 when even the last turn alone does not
+    /// fit. When no candidate pool fits the chat whole, the decision's pools are chosen among
+    /// as if it did (the chat is then cut for the chosen one).
+    FitContext {},
 }
 
 /// A `cascade` plugin: a whole (not streamed) chat or completion is sent to the
@@ -281,6 +288,7 @@ impl PluginConfig {
             PluginConfig::HeaderMutation(_) => "header_mutation",
             PluginConfig::ResponseCache(_) => "response_cache",
             PluginConfig::Cascade(_) => "cascade",
+            PluginConfig::FitContext {} => "fit_context",
         }
     }
 }

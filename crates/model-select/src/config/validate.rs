@@ -45,6 +45,7 @@ pub fn validate(config: &Config) -> Result<(), Vec<ConfigError>> {
         check_routing(d, &pools, &mut errors);
     }
     check_disaggregated(config, &mut errors);
+    check_fit_context(config, &mut errors);
     if errors.is_empty() { Ok(()) } else { Err(errors) }
 }
 
@@ -167,6 +168,19 @@ fn check_disaggregated(config: &Config, errors: &mut Vec<ConfigError>) {
     }
 }
 
+/// `fit_context` cuts a chat to its pool's `context_window`: a decision none of whose pools
+/// has one would never cut anything.
+fn check_fit_context(config: &Config, errors: &mut Vec<ConfigError>) {
+    let window = |name: &str| config.pools.iter().any(|p| p.name == name && p.context_window.is_some());
+    for d in config.decisions.iter().filter(|d| d.plugins.iter().any(|p| matches!(p, PluginConfig::FitContext {}))) {
+        let default = config.default_pool_name().into_iter().filter(|_| d.pools.is_empty());
+        if !d.pools.iter().map(String::as_str).chain(default).any(window) {
+            let message = "fit_context: none of its pools has a context_window to fit the chat to".to_owned();
+            errors.push(ConfigError::Decision { decision: d.name.clone(), message });
+        }
+    }
+}
+
 /// A decision's pools, algorithm and plugins.
 fn check_routing(d: &DecisionConfig, pools: &HashSet<&str>, errors: &mut Vec<ConfigError>) {
     let mut bad = |message: String| errors.push(ConfigError::Decision { decision: d.name.clone(), message });
@@ -217,6 +231,7 @@ fn check_routing(d: &DecisionConfig, pools: &HashSet<&str>, errors: &mut Vec<Con
                     bad("response_cache: max_entries is at most 1,000,000".into());
                 }
             }
+            PluginConfig::FitContext {} => {}
             PluginConfig::Cascade(c) => {
                 if !pools.contains(c.to.as_str()) {
                     bad(format!("cascade: no pool is named `{}`", c.to));

@@ -671,3 +671,52 @@ async fn guards_apply_to_every_request_when_asked() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `fit_context`: a chat longer than its pool's window reaches the engine without its oldest
+/// exchanges (the system prompt and the last turn kept), the answer saying how many messages
+/// went; a chat that fits goes whole; one whose last turn alone is too long is refused (400)
+/// before any engine sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fit_context_cuts_a_long_chat_to_its_pools_window() {
+    let (routing, engines) = pools("tests/routing/fit_context.yaml").await;
+    let mut app = config(&[], PolicyConfig::RoundRobin, true);
+    app.routing = Some(routing);
+    let router = start(app).await;
+    let http = reqwest::Client::new();
+    let chat = |exchanges: usize, last: &str| {
+        let mut messages = vec![json!({"role": "system", "content": "answer briefly"})];
+        for i in 0..exchanges {
+            messages.push(json!({"role": "user", "content": format!("tell me about the weather on day {i}, please")}));
+            messages.push(json!({"role": "assistant", "content": format!("day {i} was sunny and warm")}));
+        }
+        messages.push(json!({"role": "user", "content": last}));
+        json!({"model": "auto", "max_tokens": 4, "messages": messages})
+    };
+    let send = |body: Value| {
+        let http = http.clone();
+        let url = format!("{}/v1/chat/completions", router.url);
+        async move { http.post(url).json(&body).send().await.unwrap() }
+    };
+    let short = send(chat(1, "and today?")).await;
+    assert_eq!(short.status(), 200);
+    assert!(short.headers().get("x-route-context-dropped").is_none());
+    assert_eq!(engines[0].engine().legs().pop().unwrap().body["messages"].as_array().unwrap().len(), 4);
+    let long = send(chat(8, "and today?")).await;
+    assert_eq!(long.status(), 200);
+    let dropped: usize = long.headers()["x-route-context-dropped"].to_str().unwrap().parse().unwrap();
+    assert!(dropped >= 2 && dropped.is_multiple_of(2), "whole exchanges: {dropped}");
+    let sent = engines[0].engine().legs().pop().unwrap().body;
+    let kept = sent["messages"].as_array().unwrap();
+    assert_eq!(kept.len(), 18 - dropped, "{sent}");
+    assert_eq!(kept[0]["content"], "answer briefly");
+    assert_eq!(kept[1]["role"], "user");
+    assert_eq!(kept.last().unwrap()["content"], "and today?");
+    assert!(!sent.to_string().contains("day 0,"), "the oldest exchange went: {sent}");
+    let before = engines[0].engine().legs().len();
+    let hopeless = send(chat(1, &"z".repeat(600))).await;
+    assert_eq!(hopeless.status(), 400);
+    let answer: Value = hopeless.json().await.unwrap();
+    assert!(answer["error"]["message"].as_str().unwrap().contains("context window of 300"), "{answer}");
+    assert_eq!(engines[0].engine().legs().len(), before, "refused before any engine");
+    let _ = router.stop.send(());
+}
