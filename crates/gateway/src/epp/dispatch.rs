@@ -32,6 +32,21 @@ use crate::pools::{HeaderEdits, Routing};
 use crate::relay::Tap;
 use crate::send::{AnswerHead, SendError};
 
+/// The endpoint the gateway may fall back to when `chosen` fails before answering (the
+/// Endpoint Picker Protocol's single fallback): the least loaded other routable worker of
+/// its pool and role, within the gateway's subset hint, one no liveness veto leaves out; none
+/// when it has no such peer. Read from the fleet as it is when the pick is named.
+pub(super) fn fallback(gw: &crate::Gateway, chosen: &Worker, subset: Option<&planner::Subset>) -> Option<String> {
+    let workers = gw.fleet.snapshot();
+    workers
+        .iter()
+        .filter(|w| w.id != chosen.id && w.pool == chosen.pool && w.role == chosen.role && w.is_routable())
+        .filter(|w| w.engine().is_none() && subset.is_none_or(|s| s.allows(w)))
+        .filter(|w| w.veto(gw.fleet.liveness()).is_none())
+        .min_by_key(|w| (w.load().in_flight, w.load().uncached_tokens))
+        .map(|w| planner::authority(w.url.as_str()).to_owned())
+}
+
 /// The largest body chunk sent back in the full-duplex mode.
 const CHUNK: usize = 64 << 10;
 
@@ -143,7 +158,9 @@ impl Stream<'_> {
             ..Edits::new(gw, authorization, &self.id)
         };
         let mutation = reply::pick(&endpoint, edits);
-        if let Err(status) = self.name(&endpoint, mutation, routed, changed, body.trailers).await {
+        let fallback = fallback(gw, &worker, meta.subset.as_deref());
+        let named = (endpoint.as_str(), fallback.as_deref());
+        if let Err(status) = self.name(named, mutation, routed, changed, body.trailers).await {
             return status;
         }
         self.counted("picked");
@@ -153,13 +170,13 @@ impl Stream<'_> {
     /// Tells the gateway where the request goes (and the body to send there).
     async fn name(
         &mut self,
-        endpoint: &str,
+        (endpoint, fallback): (&str, Option<&str>),
         mutation: HeaderMutation,
         body: Bytes,
         changed: bool,
         trailers: bool,
     ) -> Result<(), Status> {
-        let metadata = Some(reply::lb_metadata(endpoint));
+        let metadata = Some(reply::lb_metadata(endpoint, fallback));
         if self.request_mode != body_mode::FULL_DUPLEX_STREAMED {
             // Buffered: the answer to the body carries the headers' changes and the new body.
             let body = changed.then_some(Mutation::Body(body));

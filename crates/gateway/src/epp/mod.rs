@@ -29,6 +29,8 @@ use crate::{Gateway, GatewayError};
 
 /// The header (and `envoy.lb` metadata key) that names the chosen endpoint.
 pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+/// The `envoy.lb` metadata key that names one endpoint the gateway may fall back to.
+pub const FALLBACK_KEY: &str = "x-gateway-destination-endpoint-fallback";
 /// The dynamic metadata namespace the gateway's load balancer reads.
 pub const LB_NAMESPACE: &str = "envoy.lb";
 /// The namespace and key of the gateway's subset hint (the endpoints it allows).

@@ -13,7 +13,7 @@ use ext_proc::proto::{
 use h1_codec::Route;
 use planner::Subset;
 
-use super::{DESTINATION_HEADER, LB_NAMESPACE, SUBSET_KEY, SUBSET_NAMESPACE};
+use super::{DESTINATION_HEADER, FALLBACK_KEY, LB_NAMESPACE, SUBSET_KEY, SUBSET_NAMESPACE};
 use crate::GatewayError;
 use crate::pools::HeaderEdits;
 
@@ -79,9 +79,14 @@ pub(super) fn pick(endpoint: &str, edits: Edits<'_>) -> HeaderMutation {
     }
 }
 
-/// The dynamic metadata that names `endpoint` to the gateway's load balancer.
-pub(super) fn lb_metadata(endpoint: &str) -> Struct {
-    let inner = Struct { fields: BTreeMap::from([(DESTINATION_HEADER.to_owned(), Value::string(endpoint))]) };
+/// The dynamic metadata that names `endpoint` to the gateway's load balancer, and the one
+/// endpoint it may fall back to (the Endpoint Picker Protocol's single fallback), if any.
+pub(super) fn lb_metadata(endpoint: &str, fallback: Option<&str>) -> Struct {
+    let mut fields = BTreeMap::from([(DESTINATION_HEADER.to_owned(), Value::string(endpoint))]);
+    if let Some(fallback) = fallback {
+        fields.insert(FALLBACK_KEY.to_owned(), Value::string(fallback));
+    }
+    let inner = Struct { fields };
     Struct { fields: BTreeMap::from([(LB_NAMESPACE.to_owned(), Value { kind: Some(Kind::Struct(inner)) })]) }
 }
 
@@ -181,8 +186,12 @@ mod tests {
         assert!(keyed.set_headers.iter().any(|o| o.header.as_ref().unwrap().key == "authorization"));
         let anonymous = pick("e:1", Edits { strip_client_key: true, ..Default::default() });
         assert_eq!(anonymous.remove_headers, ["x-api-key", "authorization"]);
-        let md = lb_metadata("10.0.0.1:8000");
+        let md = lb_metadata("10.0.0.1:8000", None);
         let Some(Kind::Struct(lb)) = &md.fields[LB_NAMESPACE].kind else { panic!("a struct") };
         assert_eq!(lb.fields[DESTINATION_HEADER], Value::string("10.0.0.1:8000"));
+        assert!(!lb.fields.contains_key(FALLBACK_KEY));
+        let md = lb_metadata("10.0.0.1:8000", Some("10.0.0.2:8000"));
+        let Some(Kind::Struct(lb)) = &md.fields[LB_NAMESPACE].kind else { panic!("a struct") };
+        assert_eq!(lb.fields[FALLBACK_KEY], Value::string("10.0.0.2:8000"));
     }
 }

@@ -94,7 +94,8 @@ impl Stream<'_> {
         let mut said = said(Reply::RequestHeaders(HeadersResponse {
             response: common(Some(reply::pick(&endpoint, edits)), None),
         }));
-        said.dynamic_metadata = Some(reply::lb_metadata(&endpoint));
+        let fallback = super::dispatch::fallback(self.gw, &worker, subset.as_ref());
+        said.dynamic_metadata = Some(reply::lb_metadata(&endpoint, fallback.as_deref()));
         // The load it adds, held until its answer ends.
         let _load = worker.charge_on(0, None);
         if let Err(status) = self.send(&said).await {

@@ -242,6 +242,41 @@ mod protocol {
         answers.status().or_else(|| Status::from_headers(&head)).expect("a status")
     }
 
+    /// With a peer in its pool, a pick names it as the gateway's single fallback (in the
+    /// `envoy.lb` metadata, beside the chosen endpoint).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pick_names_a_peer_of_its_pool_as_the_gateways_fallback() {
+        let engines = engines(2).await;
+        let router = picker(config(&[&engines[0], &engines[1]], PolicyConfig::RoundRobin, false)).await;
+        let gw = router.gateway.clone();
+        common::eventually("both engines in rotation", async || {
+            gw.fleet.all().iter().filter(|w| w.is_routable()).count() == 2
+        })
+        .await;
+        let mut channel = Channel::connect(router.epp.unwrap()).await.unwrap();
+        let body = serde_json::to_vec(&chat("s", "q")).unwrap();
+        let head =
+            [(":method", "POST"), (":path", "/v1/chat/completions"), ("content-length", &body.len().to_string())];
+        let mut call = channel.call(PROCESS_PATH, 1 << 20).await.unwrap();
+        call.requests.send(&first(headers(&head, false), body_mode::BUFFERED)).await.unwrap();
+        assert!(matches!(reply(&mut call).await.response, Some(Reply::RequestHeaders(_))));
+        let chunk = HttpBody { body: body.into(), end_of_stream: true };
+        call.requests.send(&message(Phase::RequestBody(chunk))).await.unwrap();
+        let picked = reply(&mut call).await;
+        let lb = &picked.dynamic_metadata.as_ref().unwrap().fields["envoy.lb"];
+        let Some(Kind::Struct(lb)) = &lb.kind else { panic!("{lb:?}") };
+        let named = |key: &str| match &lb.fields[key].kind {
+            Some(Kind::String(s)) => s.clone(),
+            other => panic!("{key}: {other:?}"),
+        };
+        let (chosen, fallback) =
+            (named("x-gateway-destination-endpoint"), named("x-gateway-destination-endpoint-fallback"));
+        let all: Vec<String> = engines.iter().map(|e| endpoint(&e.url())).collect();
+        assert!(all.contains(&chosen) && all.contains(&fallback) && chosen != fallback, "{chosen} {fallback} {all:?}");
+        drop(call);
+        let _ = router.stop.send(());
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_picker_answers_each_message_and_ends_bad_streams_with_their_status() {
         let engines = engines(1).await;
@@ -272,6 +307,7 @@ mod protocol {
         let lb = &picked.dynamic_metadata.as_ref().unwrap().fields["envoy.lb"];
         let Some(Kind::Struct(lb)) = &lb.kind else { panic!("{lb:?}") };
         assert_eq!(lb.fields["x-gateway-destination-endpoint"].kind, Some(Kind::String(endpoint.clone())));
+        assert!(!lb.fields.contains_key("x-gateway-destination-endpoint-fallback"), "no peer, no fallback: {lb:?}");
         // Its load is held until the answer ends.
         assert_eq!(router.gateway.in_flight(), 1);
         let answered = Phase::ResponseHeaders(HttpHeaders {
