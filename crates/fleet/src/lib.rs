@@ -53,8 +53,7 @@ pub use kv_ingest::{IndexSnapshot, SnapshotLimits, TakenSnapshot};
 pub use pd_facts::PdFacts;
 pub use ranks::RankHeader;
 pub use tls::{TlsError, WorkerTls, certificates, private_key};
-pub use worker::from_server_info;
-pub use worker::{Events, LoadGuard, MAX_QUARANTINE, State, Worker, WorkerInfo};
+pub use worker::{Events, LoadGuard, MAX_QUARANTINE, State, Worker, WorkerInfo, from_server_info};
 
 /// The largest data-parallel size accepted from a worker's own report: a
 /// worker cannot make the router start more subscribers than this.

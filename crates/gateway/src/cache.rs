@@ -208,17 +208,16 @@ impl Store {
         // The rest is read only for a semantic store: the request but its last user turn, and
         // that turn's polarity (its negations and number words: "is X safe" and "is X not
         // safe" embed alike, so they are never in one partition, never each other's hit).
-        let last =
-            if self.config.semantic { model_select::user_turns(v).pop().unwrap_or_default() } else { String::new() };
-        let partition = if self.config.semantic {
+        let (partition, last) = if self.config.semantic {
+            let last = model_select::user_turns(v).pop().unwrap_or_default();
             let mut rest = head;
             canonical(v, &mut rest, &mut |path| model(path) || is_last_user_content(v, path));
             let polarity = model_select::polarity(&last);
             rest.update((polarity.len() as u64).to_le_bytes());
             rest.update(&polarity);
-            first_u64(&rest.finalize().into())
+            (first_u64(&rest.finalize().into()), last)
         } else {
-            0
+            (0, String::new())
         };
         // A semantic hit stands for the same question asked otherwise: not when tools may be
         // called, nor when the question holds digits (2 + 3 and 2 + 4 embed alike).

@@ -252,6 +252,11 @@ impl Choice<'_> {
     pub fn plugins(&self) -> &[PluginConfig] {
         self.decision.map_or(&[], |d| d.plugins.as_slice())
     }
+
+    /// Whether the decision cuts chats to its pool's window (a `fit_context` plugin).
+    pub fn fits_context(&self) -> bool {
+        self.plugins().iter().any(|p| matches!(p, PluginConfig::FitContext {}))
+    }
 }
 
 /// The types a `pii_redact` plugin replaces (all of them when it lists none).

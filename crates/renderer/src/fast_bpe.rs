@@ -247,9 +247,7 @@ fn split_into(
             }
         }
         SplitRegex::WhitespaceLookahead(re) => lookahead_matches(re, text, |s, e| piece(s, e, &mut prev))?,
-        SplitRegex::Scanned(scanner, _) if text.is_ascii() => {
-            scanner.split_ascii(text.as_bytes(), |s, e| piece(s, e, &mut prev))?
-        }
+        // An ASCII text is one region.
         SplitRegex::Scanned(scanner, re) => {
             for (at, to, ascii) in gpt_split::regions(text) {
                 let shifted = |s: usize, e: usize| piece(at + s, at + e, &mut prev);
@@ -306,13 +304,13 @@ impl SplitRegex {
     /// The fastest exact splitter of `source`: the hand-written scanner, the DFA with the
     /// look-ahead emulated, the DFA, or fancy-regex.
     fn new(source: &str) -> Option<Self> {
-        match Self::compile(source, true)? {
+        Some(match Self::compile(source, true)? {
             SplitRegex::WhitespaceLookahead(re) => match Self::scanner(source) {
-                Some(scanner) => Some(SplitRegex::Scanned(scanner, re)),
-                None => Some(SplitRegex::WhitespaceLookahead(re)),
+                Some(scanner) => SplitRegex::Scanned(scanner, re),
+                None => SplitRegex::WhitespaceLookahead(re),
             },
-            other => Some(other),
-        }
+            other => other,
+        })
     }
 
     /// The hand-written scanner of `source`, when it is Qwen's or Llama 3's pattern.

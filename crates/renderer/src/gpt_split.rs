@@ -68,7 +68,8 @@ impl GptSplit {
     ) -> Result<(), E> {
         debug_assert!(text.is_ascii());
         let n = text.len();
-        let at = |i: usize| if i < n { class(text[i]) } else { Class::Other };
+        // The class of the character at `i`, none past the end.
+        let at = |i: usize| text.get(i).map(|&b| class(b));
         let run = |mut i: usize, c: Class| {
             while i < n && class(text[i]) == c {
                 i += 1;
@@ -86,13 +87,15 @@ impl GptSplit {
                 }
                 Class::Letter => run(i, Class::Letter),
                 // `[^\r\n\p{L}\p{N}]?\p{L}+`: one character of any other kind but a newline, then letters.
-                Class::Space | Class::Other if b != b'\r' && b != b'\n' && at(i + 1) == Class::Letter => {
+                Class::Space | Class::Other if b != b'\r' && b != b'\n' && at(i + 1) == Some(Class::Letter) => {
                     run(i + 1, Class::Letter)
                 }
                 Class::Digit => run(i, Class::Digit).min(i + self.max_digits),
                 // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
                 Class::Other => newlines(text, run(i, Class::Other)),
-                Class::Space if b == b' ' && at(i + 1) == Class::Other => newlines(text, run(i + 1, Class::Other)),
+                Class::Space if b == b' ' && at(i + 1) == Some(Class::Other) => {
+                    newlines(text, run(i + 1, Class::Other))
+                }
                 Class::Space => {
                     let k = run(i, Class::Space);
                     match text[i..k].iter().rposition(|&c| c == b'\r' || c == b'\n') {
@@ -159,7 +162,9 @@ pub(crate) fn regions(text: &str) -> impl Iterator<Item = (usize, usize, bool)> 
             return None;
         }
         let start = at;
-        let Some(q) = bytes[at..].iter().position(|b| !b.is_ascii()).map(|q| at + q) else {
+        // `is_ascii` first: it reads words at a time, the search for the byte bytes.
+        let first = (!bytes[at..].is_ascii()).then(|| bytes[at..].iter().position(|b| !b.is_ascii())).flatten();
+        let Some(q) = first.map(|q| at + q) else {
             at = bytes.len();
             return Some((start, at, true));
         };

@@ -28,23 +28,22 @@ use crate::pipeline::account::count_error;
 use crate::pipeline::admission::Admission;
 use crate::pipeline::forward::{Forwarded, forward};
 use crate::pipeline::request::Meta;
+use crate::pipeline::retry::next_worker;
 use crate::pools::{HeaderEdits, Routing};
 use crate::relay::Tap;
 use crate::send::{AnswerHead, SendError};
 
 /// The endpoint the gateway may fall back to when `chosen` fails before answering (the
-/// Endpoint Picker Protocol's single fallback): the least loaded other routable worker of
-/// its pool and role, within the gateway's subset hint, one no liveness veto leaves out; none
-/// when it has no such peer. Read from the fleet as it is when the pick is named.
+/// Endpoint Picker Protocol's single fallback): where the router's own retry would go
+/// ([`next_worker`]: the least loaded other routable worker of its pool, one a liveness veto
+/// leaves out last), within the gateway's subset hint; none when it has no such peer. Read
+/// from the fleet as it is when the pick is named.
 pub(super) fn fallback(gw: &crate::Gateway, chosen: &Worker, subset: Option<&planner::Subset>) -> Option<String> {
-    let workers = gw.fleet.snapshot();
-    workers
-        .iter()
-        .filter(|w| w.id != chosen.id && w.pool == chosen.pool && w.role == chosen.role && w.is_routable())
-        .filter(|w| w.engine().is_none() && subset.is_none_or(|s| s.allows(w)))
-        .filter(|w| w.veto(gw.fleet.liveness()).is_none())
-        .min_by_key(|w| (w.load().in_flight, w.load().uncached_tokens))
-        .map(|w| planner::authority(w.url.as_str()).to_owned())
+    let pool = gw.pools.iter().find(|p| p.id == chosen.pool)?;
+    let allowed: Vec<Arc<Worker>> =
+        gw.fleet.snapshot().iter().filter(|w| subset.is_none_or(|s| s.allows(w))).cloned().collect();
+    let next = next_worker(gw, &allowed, pool, chosen, &[]).filter(|w| w.id != chosen.id)?;
+    Some(planner::authority(next.url.as_str()).to_owned())
 }
 
 /// The largest body chunk sent back in the full-duplex mode.

@@ -61,13 +61,12 @@ impl Answer {
             .as_ref()
             .map_or_else(Vec::new, |t| (0..asked.n).map(|_| (ToolStream::new(t.clone()), 0)).collect());
         let object = if asked.route == Route::Chat { "chat.completion.chunk" } else { "text_completion" };
-        let created_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let head = format!(
-            r#"{{"id":{},"object":"{object}","created":{created_at},"model":{},"choices":[{{"index":"#,
+            r#"{{"id":{},"object":"{object}","created":{created},"model":{},"choices":[{{"index":"#,
             serde_json::to_string(&id).unwrap_or_default(),
             serde_json::to_string(&asked.model).unwrap_or_default()
         );
-        let created = created_at;
         Self {
             renderer,
             asked,

@@ -277,13 +277,10 @@ fn streamed(relay: Relay, first: String) -> Response {
                 let end = relay.answer.end_of_stream();
                 return Some((Ok(Bytes::from(end)), None));
             }
-            let next = match relay.failed.take() {
-                Some(broke) => Err(broke),
-                None => Ok(tokio::time::timeout_at(relay.deadline, relay.generation.next()).await),
-            };
-            let broke = match next {
-                Err(broke) => broke,
-                Ok(next) => match next {
+            // A failure the last burst met goes first; else the next message, under the deadline.
+            let broke = match relay.failed.take() {
+                Some(broke) => broke,
+                None => match tokio::time::timeout_at(relay.deadline, relay.generation.next()).await {
                     Ok(Ok(Some(m))) => match relay.answer.take(m) {
                         Ok(events) if events.is_empty() => continue,
                         Ok(mut events) => {

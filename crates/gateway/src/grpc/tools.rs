@@ -7,9 +7,9 @@
 //! one that is not JSON, is dropped; the arguments are written as Python's
 //! `json.dumps(..., ensure_ascii=False)` writes them. Streamed, the content
 //! goes out as it comes (a partial `<tool_call>` held back) and each call
-//! whole once its closing tag comes. `llama` and `mistral` ([`super::tool_formats`])
-//! stream the content up to their calls' start and read the calls once the
-//! answer ends.
+//! whole once its closing tag comes. `llama`, `mistral` and `deepseek`
+//! ([`super::tool_formats`]) stream the content up to their calls' start and
+//! read the calls once the answer ends.
 
 use serde_json::{Value, json};
 
@@ -18,8 +18,15 @@ use crate::GatewayError;
 const BOT: &str = "<tool_call>\n";
 const EOT: &str = "\n</tool_call>";
 
-/// The parsers the router knows (smg's names).
-pub(crate) const PARSERS: [&str; 6] = ["qwen", "qwen2.5", "qwen3", "llama", "mistral", "deepseek"];
+/// The parsers the router knows (smg's names), and the format each reads.
+const PARSERS: [(&str, Format); 6] = [
+    ("qwen", Format::Qwen),
+    ("qwen2.5", Format::Qwen),
+    ("qwen3", Format::Qwen),
+    ("llama", Format::Llama),
+    ("mistral", Format::Mistral),
+    ("deepseek", Format::DeepSeek),
+];
 
 /// How a model writes its calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,15 +64,10 @@ impl Offered {
     /// The function names `tools` offers, unless `tool_choice` is `none` or there are none;
     /// `parser` must be one of [`PARSERS`].
     pub(crate) fn of(parser: &str, v: &Value) -> Result<Option<Self>, GatewayError> {
-        let format = match parser {
-            "qwen" | "qwen2.5" | "qwen3" => Format::Qwen,
-            "llama" => Format::Llama,
-            "mistral" => Format::Mistral,
-            "deepseek" => Format::DeepSeek,
-            _ => {
-                let known = PARSERS.join(", ");
-                return Err(GatewayError::BadRequest(format!("unknown tool-call parser {parser:?} (known: {known})")));
-            }
+        let Some(&(_, format)) = PARSERS.iter().find(|(name, _)| *name == parser) else {
+            let known: Vec<&str> = PARSERS.iter().map(|(name, _)| *name).collect();
+            let known = known.join(", ");
+            return Err(GatewayError::BadRequest(format!("unknown tool-call parser {parser:?} (known: {known})")));
         };
         if v.get("tool_choice").and_then(Value::as_str) == Some("none") {
             return Ok(None);
@@ -169,7 +171,7 @@ impl Stream {
 
     /// The content a piece makes, and the calls it completes.
     pub(crate) fn push(&mut self, piece: &str) -> (String, Vec<Call>) {
-        let first = self.held.is_empty() && !self.calling && !self.started;
+        let first = !self.started;
         self.started = true;
         self.held.push_str(piece);
         // Llama: an answer that opens with a JSON object is its calls.

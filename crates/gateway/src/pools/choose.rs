@@ -75,7 +75,7 @@ pub(super) fn pool(
     let mut eligible: Vec<usize> = choice.pools.iter().copied().filter(|&i| fits(i)).collect();
     // `fit_context`: when no pool fits the chat whole, its pools are chosen among as if it did
     // (the chat is then cut for the chosen one).
-    if eligible.is_empty() && choice.plugins().iter().any(|p| matches!(p, model_select::PluginConfig::FitContext {})) {
+    if eligible.is_empty() && choice.fits_context() {
         let routable = |&i: &usize| pool_workers(snapshot, routing.pool(i)).next().is_some();
         eligible = choice.pools.iter().copied().filter(routable).collect();
     }

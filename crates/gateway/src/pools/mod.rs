@@ -523,10 +523,7 @@ fn auto(
         routing.metrics.sessions.inc(format_args!("outcome=\"{}\"", outcome.as_str()));
     }
     // `fit_context`: the chat cut to the chosen pool's window.
-    let context_dropped = match choice.plugins().iter().any(|p| matches!(p, PluginConfig::FitContext {})) {
-        true => fit::context(routing.pool(pool), route, v, ask)?,
-        false => None,
-    };
+    let context_dropped = if choice.fits_context() { fit::context(routing.pool(pool), route, v, ask)? } else { None };
     if context_dropped.is_some() {
         ask.renders.forget();
     }

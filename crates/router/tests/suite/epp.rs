@@ -204,7 +204,7 @@ mod protocol {
     use super::*;
     use ext_proc::proto::{
         HeaderMap, HeaderValue, HttpBody, HttpHeaders, Kind, Phase, ProcessingRequest, ProcessingResponse,
-        ProtocolConfiguration, Reply, body_mode,
+        ProtocolConfiguration, Reply, Struct, body_mode,
     };
     use ext_proc::{PROCESS_PATH, Status};
     use grpc_wire::client::{Call, Channel};
@@ -244,6 +244,38 @@ mod protocol {
 
     /// With a peer in its pool, a pick names it as the gateway's single fallback (in the
     /// `envoy.lb` metadata, beside the chosen endpoint).
+    /// A chat's headers, its body `len` bytes long.
+    fn chat_head(len: &str) -> [(&'static str, &str); 4] {
+        [
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("content-type", "application/json"),
+            ("content-length", len),
+        ]
+    }
+
+    /// A chat sent in the buffered mode: the headers' answer (they go on at once), then the
+    /// body's, which names the worker; the call and that answer.
+    async fn buffered_pick(channel: &mut Channel) -> (Call, ProcessingResponse) {
+        let body = serde_json::to_vec(&chat("s", "q")).unwrap();
+        let len = body.len().to_string();
+        let head = chat_head(&len);
+        let mut call = channel.call(PROCESS_PATH, 1 << 20).await.unwrap();
+        call.requests.send(&first(headers(&head, false), body_mode::BUFFERED)).await.unwrap();
+        assert!(matches!(reply(&mut call).await.response, Some(Reply::RequestHeaders(_))));
+        let chunk = HttpBody { body: body.into(), end_of_stream: true };
+        call.requests.send(&message(Phase::RequestBody(chunk))).await.unwrap();
+        let picked = reply(&mut call).await;
+        (call, picked)
+    }
+
+    /// The `envoy.lb` metadata of a pick.
+    fn lb(picked: &ProcessingResponse) -> &Struct {
+        let lb = &picked.dynamic_metadata.as_ref().expect("metadata").fields["envoy.lb"];
+        let Some(Kind::Struct(lb)) = &lb.kind else { panic!("{lb:?}") };
+        lb
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_pick_names_a_peer_of_its_pool_as_the_gateways_fallback() {
         let engines = engines(2).await;
@@ -254,17 +286,8 @@ mod protocol {
         })
         .await;
         let mut channel = Channel::connect(router.epp.unwrap()).await.unwrap();
-        let body = serde_json::to_vec(&chat("s", "q")).unwrap();
-        let head =
-            [(":method", "POST"), (":path", "/v1/chat/completions"), ("content-length", &body.len().to_string())];
-        let mut call = channel.call(PROCESS_PATH, 1 << 20).await.unwrap();
-        call.requests.send(&first(headers(&head, false), body_mode::BUFFERED)).await.unwrap();
-        assert!(matches!(reply(&mut call).await.response, Some(Reply::RequestHeaders(_))));
-        let chunk = HttpBody { body: body.into(), end_of_stream: true };
-        call.requests.send(&message(Phase::RequestBody(chunk))).await.unwrap();
-        let picked = reply(&mut call).await;
-        let lb = &picked.dynamic_metadata.as_ref().unwrap().fields["envoy.lb"];
-        let Some(Kind::Struct(lb)) = &lb.kind else { panic!("{lb:?}") };
+        let (call, picked) = buffered_pick(&mut channel).await;
+        let lb = lb(&picked);
         let named = |key: &str| match &lb.fields[key].kind {
             Some(Kind::String(s)) => s.clone(),
             other => panic!("{key}: {other:?}"),
@@ -282,21 +305,9 @@ mod protocol {
         let engines = engines(1).await;
         let router = picker(config(&[&engines[0]], PolicyConfig::RoundRobin, false)).await;
         let mut channel = Channel::connect(router.epp.unwrap()).await.unwrap();
-        let body = serde_json::to_vec(&chat("s", "q")).unwrap();
-        let head = [
-            (":method", "POST"),
-            (":path", "/v1/chat/completions"),
-            ("content-type", "application/json"),
-            ("content-length", &body.len().to_string()),
-        ];
-        // Buffered: the headers go on at once...
-        let mut call = channel.call(PROCESS_PATH, 1 << 20).await.unwrap();
-        call.requests.send(&first(headers(&head, false), body_mode::BUFFERED)).await.unwrap();
-        assert!(matches!(reply(&mut call).await.response, Some(Reply::RequestHeaders(_))));
-        // ...the body's answer names the worker, in the header and the envoy.lb metadata.
-        let chunk = HttpBody { body: body.into(), end_of_stream: true };
-        call.requests.send(&message(Phase::RequestBody(chunk))).await.unwrap();
-        let picked = reply(&mut call).await;
+        // Buffered: the headers go on at once, the body's answer names the worker, in the
+        // header and the envoy.lb metadata.
+        let (mut call, picked) = buffered_pick(&mut channel).await;
         let Some(Reply::RequestBody(b)) = &picked.response else { panic!("{picked:?}") };
         let mutation = b.response.as_ref().unwrap().header_mutation.as_ref().unwrap();
         let named = mutation.set_headers.iter().map(|o| o.header.as_ref().unwrap());
@@ -304,8 +315,7 @@ mod protocol {
         let endpoint = endpoint(&engines[0].url());
         assert!(named.contains(&("x-gateway-destination-endpoint", endpoint.as_bytes())), "{named:?}");
         assert!(named.iter().any(|(k, _)| *k == "x-request-id"), "{named:?}");
-        let lb = &picked.dynamic_metadata.as_ref().unwrap().fields["envoy.lb"];
-        let Some(Kind::Struct(lb)) = &lb.kind else { panic!("{lb:?}") };
+        let lb = lb(&picked);
         assert_eq!(lb.fields["x-gateway-destination-endpoint"].kind, Some(Kind::String(endpoint.clone())));
         assert!(!lb.fields.contains_key("x-gateway-destination-endpoint-fallback"), "no peer, no fallback: {lb:?}");
         // Its load is held until the answer ends.
@@ -331,6 +341,7 @@ mod protocol {
         assert_eq!(status(call).await.code, Status::INVALID_ARGUMENT);
         // A body mode the picker cannot plan with: the request would be gone before its body.
         let call = channel.call(PROCESS_PATH, 1 << 20).await.unwrap();
+        let head = chat_head("100");
         call.requests.send(&first(headers(&head, false), body_mode::STREAMED)).await.unwrap();
         let s = status(call).await;
         assert_eq!(s.code, Status::INVALID_ARGUMENT);
