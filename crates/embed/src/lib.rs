@@ -60,6 +60,3 @@ pub enum EmbedError {
     #[error("the embedding pool has stopped")]
     Closed,
 }
-
-#[cfg(test)]
-mod tests;

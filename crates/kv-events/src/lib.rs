@@ -26,22 +26,31 @@
 //! 2^40 aborted the process; the workspace builds a patched copy
 //! (`vendor/zeromq/PATCHES.md`), and `tests/zmq_frame_bound.rs` holds it to that.
 
+#[cfg(feature = "net")]
 pub mod discovery;
+#[cfg(feature = "net")]
 pub mod metrics;
 mod msgpack;
+#[cfg(feature = "net")]
 pub mod publisher;
+#[cfg(feature = "net")]
 pub mod replay;
 pub mod seq;
+#[cfg(feature = "net")]
 pub mod subscriber;
 pub mod wire;
 
+#[cfg(feature = "net")]
 pub use discovery::{
     DiscoveryError, ExplicitEndpoints, WorkerEvents, discover, explicit_streams, parse_server_info, parse_worker_flag,
     read_server_info,
 };
+#[cfg(feature = "net")]
 pub use metrics::{EventMetrics, ReplayOutcome, StreamHistory};
+#[cfg(feature = "net")]
 pub use publisher::{Publisher, PublisherConfig, PublisherError};
 pub use seq::{SeqAction, SeqTracker};
+#[cfg(feature = "net")]
 pub use subscriber::{
     StreamEndpoints, StreamMessage, StreamUpdate, SubscriberConfig, spawn_subscriber, spawn_subscriber_after,
 };

@@ -1,5 +1,5 @@
 //! The encoder and pool on a tiny randomly initialised BERT
-//! ([`crate::testing::tiny_model`]), and, when
+//! ([`embed::testing::tiny_model`]), and, when
 //! `SGL_ROUTER_EMBED_MODEL` names the real all-MiniLM-L6-v2 directory, the
 //! real model against the independent numpy reference
 //! (`tools/embed_eval/reference.py`, `tests/fixtures/embed/minilm_reference.json`).
@@ -7,9 +7,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::*;
-
-use crate::testing::{HIDDEN, tiny_model};
+use embed::testing::{HIDDEN, tiny_model};
+use embed::*;
 
 #[test]
 fn tokenizing_cuts_at_max_seq_length_keeps_sep_and_counts_it() {
