@@ -43,6 +43,7 @@ impl Cause {
             Reason::RoundRobin
             | Reason::Random
             | Reason::CacheHit
+            | Reason::CacheHitSampled
             | Reason::TextTreeHit
             | Reason::TreeMatch
             | Reason::TreeMiss

@@ -11,6 +11,14 @@
 //! thin worker with nothing in flight, so it builds a cache. The counters
 //! move on `commit` only, as the random stream does.
 //!
+//! Shepherd Model Gateway's two tunings of the choice among hits, both off by
+//! default: an overlap decay ranks the hits by matched tokens divided by
+//! `1 + decay × x`, x the prefill a hit owes above the least owed among them
+//! per prompt token, so a hot worker's long hit yields to an idle one's
+//! shorter hit; a selection temperature draws the hit with the softmax of the
+//! hits' scores, min-max normalized, instead of taking the best (one draw from
+//! the same stream, taken on `commit`; reason `cache_hit_sampled`).
+//!
 //! With a text tree ([`CacheAware::with_text_tree`], SGLang Model Gateway's
 //! `cache_aware` for engines that publish no events), a worker whose events
 //! are not followed is judged by the tree of the text this router sent it:
@@ -25,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use router_types::WorkerId;
 
 use crate::approx_tree::{ApproxTree, ApproxTreeConfig};
-use crate::simple::{SplitMix, check, commit_power_of_two, power_of_two};
+use crate::simple::{Draws, SplitMix, check, commit_power_of_two, power_of_two};
 use crate::{Candidate, Decision, Policy, PolicyError, Reason, RequestInfo, Warmup};
 
 /// The knobs, with the reference router's defaults.
@@ -51,6 +59,14 @@ pub struct CacheAwareConfig {
     pub warmup_share: f64,
     /// One cache hit in this many is diverted to a thin worker (0: none).
     pub warmup_divert_every: u64,
+    /// Shepherd Model Gateway's anti-hotspot decay: each hit's score, its matched tokens, is
+    /// divided by `1 + overlap_decay × x`, x the prefill it owes above the least owed among
+    /// the hits, per prompt token; the hits are ranked by that score (0: off, by matched tokens).
+    pub overlap_decay: f64,
+    /// Shepherd Model Gateway's selection temperature: the hit is drawn with the softmax of
+    /// the hits' scores, min-max normalized, at this temperature, instead of taking the best
+    /// (0: the best, no draw).
+    pub selection_temperature: f64,
 }
 
 /// The policy.
@@ -96,6 +112,8 @@ impl Default for CacheAwareConfig {
             pressure_rel: 1.5,
             warmup_share: 0.25,
             warmup_divert_every: 8,
+            overlap_decay: 0.0,
+            selection_temperature: 0.0,
         }
     }
 }
@@ -159,6 +177,18 @@ impl CacheAware {
         (self.hits.load(Ordering::Relaxed) + 1).is_multiple_of(every).then_some(least.worker)
     }
 
+    /// A hit's score: its matched tokens, divided by `1 + overlap_decay × x` (x: the
+    /// prefill it owes above the least owed among `hits`, per prompt token).
+    fn scorer(&self, hits: &[&Judged], request: &RequestInfo<'_>) -> impl Fn(&&Judged) -> f64 + use<> {
+        let decay = self.config.overlap_decay.max(0.0);
+        let least = hits.iter().map(|j| j.c.load.uncached_tokens).min().unwrap_or(0);
+        let per = request.input_tokens.max(1) as f64;
+        move |j: &&Judged| {
+            let x = j.c.load.uncached_tokens.saturating_sub(least) as f64 / per;
+            j.c.matched_tokens as f64 / (1.0 + decay * x)
+        }
+    }
+
     /// Whether `c` holds enough of the prompt to be a cache candidate.
     fn is_hit(&self, c: &Candidate) -> bool {
         c.matched_tokens > 0 && c.matched_tokens >= self.config.min_matched_tokens
@@ -188,6 +218,29 @@ impl CacheAware {
             })
             .collect()
     }
+}
+
+/// One of `hits` drawn with the softmax of their scores, min-max normalized
+/// (the best 1, the worst 0), at `temperature`: one draw from `draws`.
+fn softmax_draw<'a>(
+    hits: &[&'a Judged],
+    score: &impl Fn(&&Judged) -> f64,
+    temperature: f64,
+    draws: &mut Draws,
+) -> &'a Judged {
+    let scores: Vec<f64> = hits.iter().map(score).collect();
+    let (lo, hi) = scores.iter().fold((f64::MAX, f64::MIN), |(lo, hi), s| (lo.min(*s), hi.max(*s)));
+    let span = if hi > lo { hi - lo } else { 1.0 };
+    // Relative to the best (exp of at most 0), so no weight overflows.
+    let weights: Vec<f64> = scores.iter().map(|s| (((s - lo) / span - 1.0) / temperature).exp()).collect();
+    let mut at = draws.unit() * weights.iter().sum::<f64>();
+    for (hit, w) in hits.iter().zip(&weights) {
+        if at < *w {
+            return hit;
+        }
+        at -= w;
+    }
+    hits[hits.len() - 1]
 }
 
 /// The least loaded worker, when the most loaded has more than `balance_abs`
@@ -236,7 +289,7 @@ impl Policy for CacheAware {
         if let Some(worker) = self.warmup_divert(candidates) {
             return Ok(Decision { worker, reason: Reason::WarmupDivert });
         }
-        // Most matched first; among equals the lighter load.
+        // Most matched first (or the best score, with a decay); among equals the lighter load.
         let by_hit = |a: &&Judged, b: &&Judged| {
             let (a, b) = (&a.c, &b.c);
             b.matched_tokens
@@ -245,12 +298,18 @@ impl Policy for CacheAware {
                 .then(a.load.in_flight.cmp(&b.load.in_flight))
                 .then(a.worker.cmp(&b.worker))
         };
+        let score = self.scorer(&hits, request);
         let k = c.top_k(candidates.len()).min(hits.len());
-        if k < hits.len() {
-            hits.select_nth_unstable_by(k - 1, by_hit);
+        if c.overlap_decay > 0.0 {
+            hits.sort_by(|a, b| score(b).total_cmp(&score(a)).then_with(|| by_hit(a, b)));
             hits.truncate(k);
+        } else {
+            if k < hits.len() {
+                hits.select_nth_unstable_by(k - 1, by_hit);
+                hits.truncate(k);
+            }
+            hits.sort_unstable_by(by_hit);
         }
-        hits.sort_unstable_by(by_hit);
         let best = hits[0];
         let reason = |j: &Judged, exact: Reason| if j.estimated { Reason::TextTreeHit } else { exact };
         if c.pressure_guard {
@@ -269,19 +328,27 @@ impl Policy for CacheAware {
                 });
             }
         }
+        if c.selection_temperature > 0.0 && hits.len() > 1 {
+            let drawn = softmax_draw(&hits, &score, c.selection_temperature, &mut self.rng.peek());
+            return Ok(Decision { worker: drawn.c.worker, reason: Reason::CacheHitSampled });
+        }
         Ok(Decision { worker: best.c.worker, reason: reason(best, Reason::CacheHit) })
     }
 
     fn commit(&self, decision: &Decision, candidates: &[Candidate], request: &RequestInfo<'_>) {
         // Only the fallback draws (its reason says select took it; no second look at the tree).
-        if decision.reason == Reason::NoCacheCandidate {
-            commit_power_of_two(&self.rng, candidates);
+        match decision.reason {
+            Reason::NoCacheCandidate => commit_power_of_two(&self.rng, candidates),
+            Reason::CacheHitSampled => self.rng.advance(1),
+            _ => {}
         }
         match decision.reason {
             Reason::NoCacheCandidate | Reason::Warmup => self.misses.fetch_add(1, Ordering::Relaxed),
-            Reason::CacheHit | Reason::CacheHitLessLoaded | Reason::TextTreeHit | Reason::WarmupDivert => {
-                self.hits.fetch_add(1, Ordering::Relaxed)
-            }
+            Reason::CacheHit
+            | Reason::CacheHitLessLoaded
+            | Reason::CacheHitSampled
+            | Reason::TextTreeHit
+            | Reason::WarmupDivert => self.hits.fetch_add(1, Ordering::Relaxed),
             _ => 0,
         };
         // The tree learns what goes to the workers it stands in for.
@@ -307,161 +374,4 @@ impl Policy for CacheAware {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use router_types::WorkerId;
-
-    use crate::test_candidate as cand;
-
-    /// A real request: select, then commit.
-    fn pick(p: &CacheAware, cs: &[Candidate]) -> Decision {
-        let req = RequestInfo { input_tokens: 8000, text: None };
-        let d = p.select(cs, &req).unwrap();
-        p.commit(&d, cs, &req);
-        d
-    }
-
-    #[test]
-    fn a_thin_worker_gets_one_hit_in_eight_and_a_warming_one_one_miss_in_four() {
-        let p = CacheAware::new(CacheAwareConfig::default(), 1);
-        let thin = Candidate { warmup: Warmup::Thin, ..cand(1, 0, 0) };
-        // Worker 0 holds every prompt: without the slice the thin worker would never be chosen.
-        let got: Vec<Reason> = (0..16).map(|_| pick(&p, &[cand(0, 6144, 0), thin]).reason).collect();
-        let diverted = got.iter().filter(|r| **r == Reason::WarmupDivert).count();
-        assert_eq!(diverted, 2, "{got:?}");
-        assert_eq!((got[7], got[15]), (Reason::WarmupDivert, Reason::WarmupDivert));
-        // One request at a time: a thin worker with one in flight gets no diversion.
-        let busy = Candidate { warmup: Warmup::Thin, ..cand(1, 0, 1000) };
-        assert!((0..16).all(|_| pick(&p, &[cand(0, 6144, 0), busy]).worker == WorkerId(0)));
-        // Misses: every fourth to the least loaded young or thin worker.
-        let p = CacheAware::new(CacheAwareConfig::default(), 1);
-        let young = Candidate { warmup: Warmup::Young, ..cand(2, 0, 0) };
-        let got: Vec<Decision> = (0..8).map(|_| pick(&p, &[cand(0, 0, 0), cand(1, 0, 0), young])).collect();
-        let slice: Vec<usize> = (0..8).filter(|i| got[*i].reason == Reason::Warmup).collect();
-        assert_eq!(slice, [3, 7]);
-        assert!(slice.iter().all(|i| got[*i].worker == WorkerId(2)));
-        // Off: no slice, no diversion.
-        let off = CacheAwareConfig { warmup_share: 0.0, warmup_divert_every: 0, ..CacheAwareConfig::default() };
-        let p = CacheAware::new(off, 1);
-        assert!((0..16).all(|_| pick(&p, &[cand(0, 6144, 0), thin]).worker == WorkerId(0)));
-        assert!((0..16).all(|_| pick(&p, &[cand(0, 0, 0), young]).reason == Reason::NoCacheCandidate));
-    }
-
-    #[test]
-    fn top_k_follows_the_reference_rule() {
-        let c = CacheAwareConfig::default();
-        assert_eq!(c.top_k(4), 4);
-        assert_eq!(c.top_k(100), 8);
-        assert_eq!(c.top_k(400), 20);
-        assert_eq!(c.top_k(1000), 32);
-    }
-
-    #[test]
-    fn longest_hit_wins_unless_materially_more_loaded() {
-        let p = CacheAware::new(CacheAwareConfig::default(), 1);
-        // Worker 1 holds most of the prompt.
-        let d = pick(&p, &[cand(0, 2048, 0), cand(1, 6144, 0), cand(2, 0, 0)]);
-        assert_eq!(d, Decision { worker: WorkerId(1), reason: Reason::CacheHit });
-        // Worker 0 is within the margin and worker 1 owes far more prefill: switch.
-        let d = pick(&p, &[cand(0, 5500, 100), cand(1, 6144, 5000)]);
-        assert_eq!(d, Decision { worker: WorkerId(0), reason: Reason::CacheHitLessLoaded });
-        // Outside the margin: stay, however loaded.
-        let d = pick(&p, &[cand(0, 2048, 0), cand(1, 6144, 50_000)]);
-        assert_eq!(d.worker, WorkerId(1));
-        // Gap under the absolute threshold: stay.
-        let d = pick(&p, &[cand(0, 5500, 100), cand(1, 6144, 1000)]);
-        assert_eq!(d.worker, WorkerId(1));
-        // Guard off: stay.
-        let off = CacheAware::new(CacheAwareConfig { pressure_guard: false, ..CacheAwareConfig::default() }, 1);
-        assert_eq!(pick(&off, &[cand(0, 5500, 100), cand(1, 6144, 5000)]).worker, WorkerId(1));
-    }
-
-    #[test]
-    fn no_hit_above_the_floor_falls_back_to_load() {
-        let p = CacheAware::new(CacheAwareConfig::default(), 7);
-        let cs = [cand(0, 1000, 9000), cand(1, 0, 0)];
-        for _ in 0..50 {
-            let d = pick(&p, &cs);
-            assert_eq!(
-                d,
-                Decision { worker: WorkerId(1), reason: Reason::NoCacheCandidate },
-                "two candidates: always the lighter"
-            );
-        }
-        assert_eq!(p.select(&[], &RequestInfo::default()), Err(PolicyError::NoCandidates));
-    }
-
-    fn unfollowed(worker: u32, owed: u64) -> Candidate {
-        Candidate { followed: false, ..cand(worker, 0, owed) }
-    }
-
-    fn send(p: &CacheAware, cs: &[Candidate], text: &str, tokens: u64) -> Decision {
-        let req = RequestInfo { input_tokens: tokens, text: Some(text) };
-        let d = p.select(cs, &req).unwrap();
-        p.commit(&d, cs, &req);
-        d
-    }
-
-    #[test]
-    fn unfollowed_workers_are_judged_by_the_text_they_were_sent() {
-        let p = CacheAware::new(CacheAwareConfig::default(), 3).with_text_tree(ApproxTreeConfig::default());
-        assert!(p.needs_text());
-        let cs = [unfollowed(0, 0), unfollowed(1, 0)];
-        let first = send(&p, &cs, "the long shared system prompt, then question one", 4000);
-        assert_eq!(first.reason, Reason::NoCacheCandidate, "nothing learned yet");
-        // The same prefix goes where it went, whatever the order of the candidates.
-        for cs in [[unfollowed(0, 0), unfollowed(1, 0)], [unfollowed(1, 0), unfollowed(0, 0)]] {
-            let d = send(&p, &cs, "the long shared system prompt, then question two", 4000);
-            assert_eq!(d, Decision { worker: first.worker, reason: Reason::TextTreeHit });
-        }
-        // A match under the threshold is no hit.
-        let d =
-            p.select(&cs, &RequestInfo { input_tokens: 4000, text: Some("th and something else entirely") }).unwrap();
-        assert_eq!(d.reason, Reason::NoCacheCandidate);
-        // Forgotten with the worker.
-        p.remove_worker(first.worker);
-        let d =
-            p.select(&cs, &RequestInfo { input_tokens: 4000, text: Some("the long shared system prompt") }).unwrap();
-        assert_eq!(d.reason, Reason::NoCacheCandidate);
-    }
-
-    #[test]
-    fn exact_hits_and_estimates_are_ranked_together() {
-        let p = CacheAware::new(CacheAwareConfig::default(), 3).with_text_tree(ApproxTreeConfig::default());
-        let text = "a prompt of one hundred characters, give or take: shared by every request of this conversation";
-        // Teach the tree that worker 1 (unfollowed) holds the whole text.
-        let only_1 = [unfollowed(1, 0)];
-        send(&p, &only_1, text, 8000);
-        // Worker 0 (followed) holds 2,000 of 8,000 tokens; worker 1 is estimated at about all of them.
-        let d = p.select(&[cand(0, 2000, 0), unfollowed(1, 0)], &RequestInfo { input_tokens: 8000, text: Some(text) });
-        assert_eq!(d.unwrap(), Decision { worker: WorkerId(1), reason: Reason::TextTreeHit });
-        // A followed worker holding more wins over the estimate.
-        let longer = format!("{text} and more");
-        let d =
-            p.select(&[cand(0, 8000, 0), unfollowed(1, 0)], &RequestInfo { input_tokens: 8000, text: Some(&longer) });
-        assert_eq!(d.unwrap(), Decision { worker: WorkerId(0), reason: Reason::CacheHit });
-        // The tree does not learn what goes to followed workers.
-        let other = "another conversation entirely, sent to the followed worker only";
-        send(&p, &[cand(0, 0, 0)], other, 8000);
-        let d = p.select(&[unfollowed(1, 0), unfollowed(2, 0)], &RequestInfo { input_tokens: 8000, text: Some(other) });
-        assert_eq!(d.unwrap().reason, Reason::NoCacheCandidate);
-        // Without a tree, unfollowed workers never hit.
-        let plain = CacheAware::new(CacheAwareConfig::default(), 3);
-        assert!(!plain.needs_text());
-        let d = plain.select(&only_1, &RequestInfo { input_tokens: 8000, text: Some(text) }).unwrap();
-        assert_eq!(d.reason, Reason::NoCacheCandidate);
-    }
-
-    #[test]
-    fn a_grossly_imbalanced_fleet_goes_to_its_least_loaded_worker() {
-        let p = CacheAware::new(CacheAwareConfig::default(), 3).with_text_tree(ApproxTreeConfig::default());
-        let busy = Candidate { load: crate::Load { in_flight: 100, uncached_tokens: 0 }, ..cand(0, 8000, 0) };
-        let idle = Candidate { load: crate::Load { in_flight: 10, uncached_tokens: 0 }, ..cand(1, 0, 0) };
-        let d = p.select(&[busy, idle], &RequestInfo { input_tokens: 8000, text: Some("x") }).unwrap();
-        assert_eq!(d, Decision { worker: WorkerId(1), reason: Reason::Imbalanced });
-        // Within the bounds the hit wins.
-        let near = Candidate { load: crate::Load { in_flight: 50, uncached_tokens: 0 }, ..cand(1, 0, 0) };
-        let d = p.select(&[busy, near], &RequestInfo { input_tokens: 8000, text: Some("x") }).unwrap();
-        assert_eq!(d.reason, Reason::CacheHit);
-    }
-}
+mod tests;

@@ -62,6 +62,8 @@ pub enum Reason {
     CacheHit,
     /// A near-equal cache hit on a materially less loaded worker.
     CacheHitLessLoaded,
+    /// cache_aware with a selection temperature: a hit drawn by the softmax of the hits' scores.
+    CacheHitSampled,
     /// cache_aware: a worker whose events are not followed, chosen by the text tree's match.
     TextTreeHit,
     /// No worker held enough of the prompt: power of two on load.
@@ -172,6 +174,7 @@ impl Reason {
             Reason::LeastLoad => "least_load",
             Reason::CacheHit => "cache_hit",
             Reason::CacheHitLessLoaded => "cache_hit_less_loaded",
+            Reason::CacheHitSampled => "cache_hit_sampled",
             Reason::TextTreeHit => "text_tree_hit",
             Reason::NoCacheCandidate => "no_cache_candidate",
             Reason::TreeMatch => "tree_match",

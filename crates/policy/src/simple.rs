@@ -88,6 +88,12 @@ impl Draws {
         ((u128::from(z) * n as u128) >> 64) as usize
     }
 
+    /// A uniform value in `[0, 1)` (one draw).
+    pub fn unit(&mut self) -> f64 {
+        const STEPS: u64 = 1 << 53;
+        self.below(STEPS as usize) as f64 / STEPS as f64
+    }
+
     /// How many draws were made.
     pub fn taken(&self) -> u64 {
         self.taken

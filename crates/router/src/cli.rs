@@ -248,6 +248,16 @@ pub(crate) struct ServeArgs {
     /// cache_aware: never move a hit to a less loaded worker.
     #[arg(long, env = "SGL_ROUTER_NO_CACHE_PRESSURE_GUARD")]
     pub(crate) no_cache_pressure_guard: bool,
+    /// cache_aware (Shepherd Model Gateway's): rank hits by matched tokens divided by
+    /// 1 + D × x, x the prefill a hit owes above the least owed among the hits, per prompt
+    /// token, so a backlogged worker's longer hit yields to an idle one's [default: 0.0, off].
+    #[arg(long, env = "SGL_ROUTER_OVERLAP_DECAY", value_name = "D")]
+    pub(crate) overlap_decay: Option<f64>,
+    /// cache_aware (Shepherd Model Gateway's): draw the hit with the softmax of the hits'
+    /// min-max normalized scores at this temperature instead of taking the best; larger
+    /// spreads more [default: 0.0, the best].
+    #[arg(long, env = "SGL_ROUTER_SELECTION_TEMPERATURE", value_name = "T")]
+    pub(crate) selection_temperature: Option<f64>,
     /// KV index: credit the chosen worker with the request's blocks for this long, so a burst
     /// sharing a cold prefix lands together before the events arrive [default: 0, off].
     #[arg(

@@ -35,6 +35,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         ("--cache-pressure-abs-tokens", a.cache_pressure_abs_tokens.is_some(), Owner(CacheAware)),
         ("--cache-pressure-rel", a.cache_pressure_rel.is_some(), Owner(CacheAware)),
         ("--no-cache-pressure-guard", a.no_cache_pressure_guard, Owner(CacheAware)),
+        ("--overlap-decay", a.overlap_decay.is_some(), Owner(CacheAware)),
+        ("--selection-temperature", a.selection_temperature.is_some(), Owner(CacheAware)),
         ("--approx-cache-threshold", a.approx_cache_threshold.is_some(), TextTree),
         ("--approx-balance-abs", a.approx_balance_abs.is_some(), TextTree),
         ("--approx-balance-rel", a.approx_balance_rel.is_some(), TextTree),
@@ -125,6 +127,11 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     };
     if !(a.retry.retry_backoff_multiplier.is_finite() && a.retry.retry_backoff_multiplier >= 1.0) {
         return usage("--retry-backoff-multiplier: at least 1".into());
+    }
+    for (flag, value) in [("--overlap-decay", a.overlap_decay), ("--selection-temperature", a.selection_temperature)] {
+        if let Some(v) = value.filter(|v| !(v.is_finite() && *v >= 0.0)) {
+            return usage(format!("{flag} {v}: a finite number, 0 or more"));
+        }
     }
     if !(0.0..=1.0).contains(&a.retry.retry_jitter_factor) {
         return usage("--retry-jitter-factor: between 0 and 1".into());
@@ -219,6 +226,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
                 pressure_rel: a.cache_pressure_rel.unwrap_or(d.pressure_rel),
                 warmup_share: a.liveness.worker_warmup_share,
                 warmup_divert_every: a.liveness.worker_warmup_divert_every,
+                overlap_decay: a.overlap_decay.unwrap_or(d.overlap_decay),
+                selection_temperature: a.selection_temperature.unwrap_or(d.selection_temperature),
             },
             tree,
         ),

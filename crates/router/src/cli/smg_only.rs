@@ -26,7 +26,7 @@ const LEAST: &str = "least_load here compares in-flight requests and owed prefil
 const P2: &str = "power_of_two here compares in-flight requests and owed prefill tokens";
 const CATUNE: &str = "cache_aware's KV-usage spread and ceiling are not built; worker overload protection (--worker-overload-token-usage) leaves a full worker out";
 const INDEX: &str = "one KV index here: exact block hashes per worker and rank";
-const SEL: &str = "cache_aware takes the best score here (no softmax, no overlap decay)";
+const SEL: &str = "cache_aware has the one selection policy here (with --overlap-decay and --selection-temperature)";
 const BUCKET: &str = "the bucket policy is not here";
 const CACHEIDX: &str = "cache_aware matches on the exact KV-event index here (the text tree for workers without events); no head-hash placement map";
 const STICKY: &str = "no sticky-session map: send the x-smg-routing-key header (its worker by rendezvous hashing) or use --routing-config";
@@ -94,8 +94,6 @@ const OPTIONS: &[SmgOnly] = &[
     o("overload-token-usage-threshold", &[], Value, Some("1.0"), CATUNE),
     o("kv-index", &[], Value, Some("positional"), INDEX),
     o("selection-policy", &[], Value, Some("cache-aware-default"), SEL),
-    o("overlap-decay", &[], Value, Some("0.0"), SEL),
-    o("selection-temperature", &[], Value, Some("0.0"), SEL),
     o("bucket-adjust-interval-secs", &[], Value, Some("5"), BUCKET),
     o("cache-boundaries", &[], Value, None, CACHEIDX),
     o("cache-index", &[], Value, Some("tree"), CACHEIDX),

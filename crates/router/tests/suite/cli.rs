@@ -185,6 +185,11 @@ fn the_router_refuses_bad_flags_with_one_line_and_status_64() {
         (&["--worker-urls", "http://w:1", "--prometheus-duration-buckets", "1", "0.5"][..], "increasing order"),
         (&["--worker-urls", "http://w:1", "--log-level", "loud"][..], "--log-level loud"),
         (&["--worker-urls", "http://w:1", "--ttft-hit-weight", "2"][..], "tunes the min_ttft policy"),
+        (&["--worker-urls", "http://w:1", "--selection-temperature", "1"][..], "tunes the cache_aware policy"),
+        (
+            &["--worker-urls", "http://w:1", "--policy", "cache_aware", "--overlap-decay=-1"][..],
+            "--overlap-decay -1: a finite number, 0 or more",
+        ),
         // Disaggregation's flags.
         (&["--prefill", "http://p:1", "--decode", "http://d:1"][..], "need --pd-disaggregation"),
         (&["--pd-disaggregation", "--prefill", "http://p:1"][..], "at least one --prefill and one --decode"),

@@ -33,6 +33,36 @@ fn series(page: &str, name_and_labels: &str) -> Option<f64> {
     page.lines().find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok())
 }
 
+/// The real binary with `args`: the router, its URL and its metrics URL (read from its
+/// first three lines of output; `args` must have a `--prometheus-port`).
+fn launch(args: &[&str]) -> (Router, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sgl-router"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines: Vec<String> = {
+        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut lines = Vec::new();
+        // The listening line, then the metrics line.
+        for _ in 0..3 {
+            lines.push(out.next().unwrap().unwrap());
+        }
+        // The rest is read too: a router writing to a closed pipe would fail.
+        std::thread::spawn(move || out.for_each(drop));
+        lines
+    };
+    let router = Router(child);
+    let url = lines[0].strip_prefix("sgl-router listening on ").expect("the listening line").to_string();
+    let metrics_url = lines
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("metrics on "))
+        .unwrap_or_else(|| panic!("a metrics line in {lines:?}"))
+        .to_string();
+    (router, url, metrics_url)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_smg_command_line_runs_unchanged_and_routes_around_a_failing_engine() {
     let (followed, silent, failing) = (engine(true).await, engine(false).await, engine(true).await);
@@ -60,30 +90,7 @@ async fn an_smg_command_line_runs_unchanged_and_routes_around_a_failing_engine()
         "--prometheus-duration-buckets", "0.005", "0.05", "0.5", "5",
         "--host", "127.0.0.1", "--port", "0",
     ];
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sgl-router"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let lines: Vec<String> = {
-        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut lines = Vec::new();
-        // The listening line, then the metrics line.
-        for _ in 0..3 {
-            lines.push(out.next().unwrap().unwrap());
-        }
-        // The rest is read too: a router writing to a closed pipe would fail.
-        std::thread::spawn(move || out.for_each(drop));
-        lines
-    };
-    let router = Router(child);
-    let url = lines[0].strip_prefix("sgl-router listening on ").expect("the listening line").to_string();
-    let metrics_url = lines
-        .iter()
-        .find_map(|l| l.trim().strip_prefix("metrics on "))
-        .unwrap_or_else(|| panic!("a metrics line in {lines:?}"))
-        .to_string();
+    let (router, url, metrics_url) = launch(&args);
     let http = reqwest::Client::new();
     // Every worker found and probed.
     for _ in 0..500 {
@@ -163,4 +170,68 @@ async fn an_smg_command_line_runs_unchanged_and_routes_around_a_failing_engine()
     let r = http.post(format!("{url}/v1/chat/completions")).json(&big).send().await.unwrap();
     assert_eq!(r.status(), 413);
     drop(router);
+}
+
+/// SMG's `--selection-temperature`: once both engines hold a prompt, each request for it draws
+/// its worker from the softmax of their scores instead of taking the best (`cache_hit_sampled`),
+/// and the draws reach both. `--overlap-decay` is taken too (its ranking: the policy's unit tests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selection_temperature_draws_among_the_engines_holding_the_prompt() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (e0, e1) = (engine(true).await, engine(true).await);
+    let (u0, u1) = (e0.url(), e1.url());
+    #[rustfmt::skip]
+    let args = [
+        "--worker-urls", &u0, &u1, "--policy", "cache_aware", "--kv-events",
+        "--selection-temperature", "1000", "--overlap-decay", "0.5",
+        // Short prompts are hits; no warm-up slice to take a hit elsewhere.
+        "--cache-affinity-min-matched-tokens", "16", "--worker-warmup-share", "0", "--worker-warmup-divert-every", "0",
+        "--control-plane-api-keys", "k", "--log-level", "warn",
+        "--prometheus-port", "0", "--prometheus-host", "127.0.0.1", "--host", "127.0.0.1", "--port", "0",
+    ];
+    let (_router, url, metrics_url) = launch(&args);
+    let http = reqwest::Client::new();
+    let q = json!({"model": "default", "max_tokens": 2, "messages": [
+        {"role": "system", "content": "a system prompt both engines will hold. ".repeat(20)},
+        {"role": "user", "content": "and one question"}]});
+    let explain = async |key: Option<&str>| -> serde_json::Value {
+        let mut req = http.post(format!("{url}/debug/route")).bearer_auth("k").json(&q);
+        if let Some(k) = key {
+            req = req.header("x-smg-routing-key", k);
+        }
+        req.send().await.unwrap().json().await.unwrap()
+    };
+    crate::common::eventually("both engines healthy", async || {
+        let page = http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
+        series(&page, "router_workers{state=\"healthy\"}") == Some(2.0)
+    })
+    .await;
+    // The prompt sent to each engine by a routing key that names it.
+    let mut sent = Vec::new();
+    for i in 0..64 {
+        let key = format!("key{i}");
+        let worker = explain(Some(&key)).await["worker"].clone();
+        if sent.contains(&worker) {
+            continue;
+        }
+        let r = http.post(format!("{url}/v1/chat/completions")).header("x-smg-routing-key", &key).json(&q);
+        assert_eq!(r.send().await.unwrap().status(), 200);
+        sent.push(worker);
+        if sent.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(sent.len(), 2, "routing keys that name each engine");
+    // Once both engines' events say they hold it, the hit is drawn.
+    crate::common::eventually("a drawn hit", async || explain(None).await["reason"] == "cache_hit_sampled").await;
+    let before = (e0.engine().requests.load(Relaxed), e1.engine().requests.load(Relaxed));
+    for _ in 0..40 {
+        assert_eq!(http.post(format!("{url}/v1/chat/completions")).json(&q).send().await.unwrap().status(), 200);
+    }
+    let page = http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
+    let drawn = series(&page, "router_policy_decisions_total{policy=\"cache_aware\",reason=\"cache_hit_sampled\"}");
+    assert_eq!(drawn, Some(40.0), "{page}");
+    let got = (e0.engine().requests.load(Relaxed) - before.0, e1.engine().requests.load(Relaxed) - before.1);
+    // At this temperature each draw is nearly a coin toss: both engines get some of the 40.
+    assert!(got.0 > 0 && got.1 > 0 && got.0 + got.1 == 40, "{got:?}");
 }

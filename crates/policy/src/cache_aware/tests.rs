@@ -1,0 +1,220 @@
+//! cache_aware's choices: the reference rule, the guard, the text tree, the warm-up slice,
+//! the overlap decay and the selection temperature.
+
+use super::*;
+use router_types::WorkerId;
+
+use crate::test_candidate as cand;
+
+/// A real request: select, then commit.
+fn pick(p: &CacheAware, cs: &[Candidate]) -> Decision {
+    let req = RequestInfo { input_tokens: 8000, text: None };
+    let d = p.select(cs, &req).unwrap();
+    p.commit(&d, cs, &req);
+    d
+}
+
+#[test]
+fn a_thin_worker_gets_one_hit_in_eight_and_a_warming_one_one_miss_in_four() {
+    let p = CacheAware::new(CacheAwareConfig::default(), 1);
+    let thin = Candidate { warmup: Warmup::Thin, ..cand(1, 0, 0) };
+    // Worker 0 holds every prompt: without the slice the thin worker would never be chosen.
+    let got: Vec<Reason> = (0..16).map(|_| pick(&p, &[cand(0, 6144, 0), thin]).reason).collect();
+    let diverted = got.iter().filter(|r| **r == Reason::WarmupDivert).count();
+    assert_eq!(diverted, 2, "{got:?}");
+    assert_eq!((got[7], got[15]), (Reason::WarmupDivert, Reason::WarmupDivert));
+    // One request at a time: a thin worker with one in flight gets no diversion.
+    let busy = Candidate { warmup: Warmup::Thin, ..cand(1, 0, 1000) };
+    assert!((0..16).all(|_| pick(&p, &[cand(0, 6144, 0), busy]).worker == WorkerId(0)));
+    // Misses: every fourth to the least loaded young or thin worker.
+    let p = CacheAware::new(CacheAwareConfig::default(), 1);
+    let young = Candidate { warmup: Warmup::Young, ..cand(2, 0, 0) };
+    let got: Vec<Decision> = (0..8).map(|_| pick(&p, &[cand(0, 0, 0), cand(1, 0, 0), young])).collect();
+    let slice: Vec<usize> = (0..8).filter(|i| got[*i].reason == Reason::Warmup).collect();
+    assert_eq!(slice, [3, 7]);
+    assert!(slice.iter().all(|i| got[*i].worker == WorkerId(2)));
+    // Off: no slice, no diversion.
+    let off = CacheAwareConfig { warmup_share: 0.0, warmup_divert_every: 0, ..CacheAwareConfig::default() };
+    let p = CacheAware::new(off, 1);
+    assert!((0..16).all(|_| pick(&p, &[cand(0, 6144, 0), thin]).worker == WorkerId(0)));
+    assert!((0..16).all(|_| pick(&p, &[cand(0, 0, 0), young]).reason == Reason::NoCacheCandidate));
+}
+
+#[test]
+fn top_k_follows_the_reference_rule() {
+    let c = CacheAwareConfig::default();
+    assert_eq!(c.top_k(4), 4);
+    assert_eq!(c.top_k(100), 8);
+    assert_eq!(c.top_k(400), 20);
+    assert_eq!(c.top_k(1000), 32);
+}
+
+#[test]
+fn longest_hit_wins_unless_materially_more_loaded() {
+    let p = CacheAware::new(CacheAwareConfig::default(), 1);
+    // Worker 1 holds most of the prompt.
+    let d = pick(&p, &[cand(0, 2048, 0), cand(1, 6144, 0), cand(2, 0, 0)]);
+    assert_eq!(d, Decision { worker: WorkerId(1), reason: Reason::CacheHit });
+    // Worker 0 is within the margin and worker 1 owes far more prefill: switch.
+    let d = pick(&p, &[cand(0, 5500, 100), cand(1, 6144, 5000)]);
+    assert_eq!(d, Decision { worker: WorkerId(0), reason: Reason::CacheHitLessLoaded });
+    // Outside the margin: stay, however loaded.
+    let d = pick(&p, &[cand(0, 2048, 0), cand(1, 6144, 50_000)]);
+    assert_eq!(d.worker, WorkerId(1));
+    // Gap under the absolute threshold: stay.
+    let d = pick(&p, &[cand(0, 5500, 100), cand(1, 6144, 1000)]);
+    assert_eq!(d.worker, WorkerId(1));
+    // Guard off: stay.
+    let off = CacheAware::new(CacheAwareConfig { pressure_guard: false, ..CacheAwareConfig::default() }, 1);
+    assert_eq!(pick(&off, &[cand(0, 5500, 100), cand(1, 6144, 5000)]).worker, WorkerId(1));
+}
+
+#[test]
+fn no_hit_above_the_floor_falls_back_to_load() {
+    let p = CacheAware::new(CacheAwareConfig::default(), 7);
+    let cs = [cand(0, 1000, 9000), cand(1, 0, 0)];
+    for _ in 0..50 {
+        let d = pick(&p, &cs);
+        assert_eq!(
+            d,
+            Decision { worker: WorkerId(1), reason: Reason::NoCacheCandidate },
+            "two candidates: always the lighter"
+        );
+    }
+    assert_eq!(p.select(&[], &RequestInfo::default()), Err(PolicyError::NoCandidates));
+}
+
+fn unfollowed(worker: u32, owed: u64) -> Candidate {
+    Candidate { followed: false, ..cand(worker, 0, owed) }
+}
+
+fn send(p: &CacheAware, cs: &[Candidate], text: &str, tokens: u64) -> Decision {
+    let req = RequestInfo { input_tokens: tokens, text: Some(text) };
+    let d = p.select(cs, &req).unwrap();
+    p.commit(&d, cs, &req);
+    d
+}
+
+#[test]
+fn unfollowed_workers_are_judged_by_the_text_they_were_sent() {
+    let p = CacheAware::new(CacheAwareConfig::default(), 3).with_text_tree(ApproxTreeConfig::default());
+    assert!(p.needs_text());
+    let cs = [unfollowed(0, 0), unfollowed(1, 0)];
+    let first = send(&p, &cs, "the long shared system prompt, then question one", 4000);
+    assert_eq!(first.reason, Reason::NoCacheCandidate, "nothing learned yet");
+    // The same prefix goes where it went, whatever the order of the candidates.
+    for cs in [[unfollowed(0, 0), unfollowed(1, 0)], [unfollowed(1, 0), unfollowed(0, 0)]] {
+        let d = send(&p, &cs, "the long shared system prompt, then question two", 4000);
+        assert_eq!(d, Decision { worker: first.worker, reason: Reason::TextTreeHit });
+    }
+    // A match under the threshold is no hit.
+    let d = p.select(&cs, &RequestInfo { input_tokens: 4000, text: Some("th and something else entirely") }).unwrap();
+    assert_eq!(d.reason, Reason::NoCacheCandidate);
+    // Forgotten with the worker.
+    p.remove_worker(first.worker);
+    let d = p.select(&cs, &RequestInfo { input_tokens: 4000, text: Some("the long shared system prompt") }).unwrap();
+    assert_eq!(d.reason, Reason::NoCacheCandidate);
+}
+
+#[test]
+fn exact_hits_and_estimates_are_ranked_together() {
+    let p = CacheAware::new(CacheAwareConfig::default(), 3).with_text_tree(ApproxTreeConfig::default());
+    let text = "a prompt of one hundred characters, give or take: shared by every request of this conversation";
+    // Teach the tree that worker 1 (unfollowed) holds the whole text.
+    let only_1 = [unfollowed(1, 0)];
+    send(&p, &only_1, text, 8000);
+    // Worker 0 (followed) holds 2,000 of 8,000 tokens; worker 1 is estimated at about all of them.
+    let d = p.select(&[cand(0, 2000, 0), unfollowed(1, 0)], &RequestInfo { input_tokens: 8000, text: Some(text) });
+    assert_eq!(d.unwrap(), Decision { worker: WorkerId(1), reason: Reason::TextTreeHit });
+    // A followed worker holding more wins over the estimate.
+    let longer = format!("{text} and more");
+    let d = p.select(&[cand(0, 8000, 0), unfollowed(1, 0)], &RequestInfo { input_tokens: 8000, text: Some(&longer) });
+    assert_eq!(d.unwrap(), Decision { worker: WorkerId(0), reason: Reason::CacheHit });
+    // The tree does not learn what goes to followed workers.
+    let other = "another conversation entirely, sent to the followed worker only";
+    send(&p, &[cand(0, 0, 0)], other, 8000);
+    let d = p.select(&[unfollowed(1, 0), unfollowed(2, 0)], &RequestInfo { input_tokens: 8000, text: Some(other) });
+    assert_eq!(d.unwrap().reason, Reason::NoCacheCandidate);
+    // Without a tree, unfollowed workers never hit.
+    let plain = CacheAware::new(CacheAwareConfig::default(), 3);
+    assert!(!plain.needs_text());
+    let d = plain.select(&only_1, &RequestInfo { input_tokens: 8000, text: Some(text) }).unwrap();
+    assert_eq!(d.reason, Reason::NoCacheCandidate);
+}
+
+#[test]
+fn a_grossly_imbalanced_fleet_goes_to_its_least_loaded_worker() {
+    let p = CacheAware::new(CacheAwareConfig::default(), 3).with_text_tree(ApproxTreeConfig::default());
+    let busy = Candidate { load: crate::Load { in_flight: 100, uncached_tokens: 0 }, ..cand(0, 8000, 0) };
+    let idle = Candidate { load: crate::Load { in_flight: 10, uncached_tokens: 0 }, ..cand(1, 0, 0) };
+    let d = p.select(&[busy, idle], &RequestInfo { input_tokens: 8000, text: Some("x") }).unwrap();
+    assert_eq!(d, Decision { worker: WorkerId(1), reason: Reason::Imbalanced });
+    // Within the bounds the hit wins.
+    let near = Candidate { load: crate::Load { in_flight: 50, uncached_tokens: 0 }, ..cand(1, 0, 0) };
+    let d = p.select(&[busy, near], &RequestInfo { input_tokens: 8000, text: Some("x") }).unwrap();
+    assert_eq!(d.reason, Reason::CacheHit);
+}
+
+#[test]
+fn the_overlap_decay_ranks_a_backlogged_hit_below_a_shorter_idle_one() {
+    // Worker 0 holds more of the prompt but owes two prompts' worth of prefill more than
+    // worker 1 (too little matched for the guard's margin to consider worker 1).
+    let cs = [cand(0, 8000, 16_000), cand(1, 6000, 0)];
+    let plain = CacheAware::new(CacheAwareConfig::default(), 1);
+    assert_eq!(pick(&plain, &cs), Decision { worker: WorkerId(0), reason: Reason::CacheHit });
+    // 8000 / (1 + 1 × 16000/8000) = 2667 against 6000: worker 1.
+    let decayed = CacheAware::new(CacheAwareConfig { overlap_decay: 1.0, ..Default::default() }, 1);
+    assert_eq!(pick(&decayed, &cs), Decision { worker: WorkerId(1), reason: Reason::CacheHit });
+    // A small decay leaves the order: 8000 / (1 + 0.1 × 2) = 6667 against 6000.
+    let light = CacheAware::new(CacheAwareConfig { overlap_decay: 0.1, ..Default::default() }, 1);
+    assert_eq!(pick(&light, &cs).worker, WorkerId(0));
+    // Equal backlogs: no decay at all, whatever the factor (x counts above the least owed).
+    let even = [cand(0, 8000, 16_000), cand(1, 6000, 16_000)];
+    assert_eq!(pick(&decayed, &even).worker, WorkerId(0));
+}
+
+/// Shares of each worker over `n` committed picks.
+fn shares(p: &CacheAware, cs: &[Candidate], n: usize) -> Vec<f64> {
+    let mut counts = vec![0usize; cs.len()];
+    for _ in 0..n {
+        let d = pick(p, cs);
+        assert_eq!(d.reason, Reason::CacheHitSampled);
+        counts[d.worker.0 as usize] += 1;
+    }
+    counts.iter().map(|c| *c as f64 / n as f64).collect()
+}
+
+#[test]
+fn a_selection_temperature_draws_hits_by_the_softmax_of_their_normalized_scores() {
+    let cs = [cand(0, 8000, 0), cand(1, 6000, 0), cand(2, 2000, 0)];
+    // Temperature 0: the best, every time, and no draw taken.
+    let best = CacheAware::new(CacheAwareConfig::default(), 7);
+    assert!((0..50).all(|_| pick(&best, &cs) == Decision { worker: WorkerId(0), reason: Reason::CacheHit }));
+    assert_eq!(best.rng.peek().unit(), CacheAware::new(CacheAwareConfig::default(), 7).rng.peek().unit());
+    // Temperature 1: normalized scores 1, 2/3, 0, so weights e^0, e^-1/3, e^-1.
+    let p = CacheAware::new(CacheAwareConfig { selection_temperature: 1.0, ..Default::default() }, 7);
+    let w = [1.0, (-1.0f64 / 3.0).exp(), (-1.0f64).exp()];
+    let expected: Vec<f64> = w.iter().map(|x| x / w.iter().sum::<f64>()).collect();
+    let got = shares(&p, &cs, 4000);
+    for (g, e) in got.iter().zip(&expected) {
+        assert!((g - e).abs() < 0.03, "shares {got:?}, softmax {expected:?}");
+    }
+    // A low temperature is nearly the argmax; a high one nearly uniform.
+    let cold = CacheAware::new(CacheAwareConfig { selection_temperature: 0.05, ..Default::default() }, 7);
+    assert!(shares(&cold, &cs, 1000)[0] > 0.99);
+    let hot = CacheAware::new(CacheAwareConfig { selection_temperature: 100.0, ..Default::default() }, 7);
+    assert!(shares(&hot, &cs, 3000).iter().all(|s| (s - 1.0 / 3.0).abs() < 0.04));
+}
+
+#[test]
+fn a_drawn_hit_moves_the_stream_only_when_committed() {
+    let p = CacheAware::new(CacheAwareConfig { selection_temperature: 1.0, ..Default::default() }, 3);
+    let cs = [cand(0, 8000, 0), cand(1, 7000, 0), cand(2, 6000, 0)];
+    let req = RequestInfo { input_tokens: 8000, text: None };
+    let first = p.select(&cs, &req).unwrap();
+    assert!((0..20).all(|_| p.select(&cs, &req).unwrap() == first), "uncommitted selects draw the same");
+    // One hit alone is taken without a draw; the guard's move to a lighter worker is not drawn either.
+    assert_eq!(p.select(&cs[..1], &req).unwrap().reason, Reason::CacheHit);
+    let loaded = [cand(0, 8000, 20_000), cand(1, 7500, 0)];
+    assert_eq!(p.select(&loaded, &req).unwrap().reason, Reason::CacheHitLessLoaded);
+}
