@@ -94,12 +94,13 @@ async fn explain(
     explained.map(Json)
 }
 
-/// `GET /metrics`: the gateway's series, the fleet's and the process's.
+/// `GET /metrics`: the gateway's series, the fleet's, the process's and its runtimes'.
 async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     let mut out = String::new();
     gw.render_metrics(&mut out);
     gw.fleet.render_metrics(&mut out);
     gateway::metrics::render_process(&mut out);
+    gw.runtimes.render(&mut out);
     let mut r = Response::new(Body::from(out));
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
     r

@@ -26,6 +26,7 @@ pub mod pools;
 mod proxy;
 mod relay;
 mod routes;
+pub mod runtimes;
 mod send;
 mod served;
 pub mod shared;
@@ -332,6 +333,8 @@ pub struct Gateway {
     pub(crate) control: std::sync::OnceLock<ControlRoutes>,
     /// State shared with the other router replicas (`--shared-state`), when on.
     pub shared: Option<Arc<shared::Shared>>,
+    /// The runtimes the router serves on, watched for `/metrics`.
+    pub runtimes: Arc<runtimes::Runtimes>,
 }
 
 // === impl Gateway ===
@@ -386,6 +389,7 @@ impl Gateway {
             draining: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             control: std::sync::OnceLock::new(),
+            runtimes: Arc::default(),
         }
     }
 

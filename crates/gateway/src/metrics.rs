@@ -108,7 +108,8 @@ impl GatewayMetrics {
 
 /// The process's own series, read at scrape time (nothing is counted on the
 /// request path): resident memory, open descriptors and threads from
-/// `/proc/self` (Linux; absent elsewhere), and the tokio tasks alive now.
+/// `/proc/self` (Linux; absent elsewhere). The runtimes' series are
+/// [`crate::runtimes::Runtimes::render`]'s.
 pub fn render_process(out: &mut String) {
     use std::fmt::Write as _;
     if let Ok(status) = std::fs::read_to_string("/proc/self/status") {
@@ -127,15 +128,6 @@ pub fn render_process(out: &mut String) {
     if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
         head(out, "process_open_fds", "gauge", "Open file descriptors.");
         let _ = writeln!(out, "process_open_fds {}", fds.count());
-    }
-    if let Ok(rt) = tokio::runtime::Handle::try_current() {
-        head(
-            out,
-            "router_runtime_alive_tasks",
-            "gauge",
-            "Tokio tasks alive now (connections, streams, subscribers, probes).",
-        );
-        let _ = writeln!(out, "router_runtime_alive_tasks {}", rt.metrics().num_alive_tasks());
     }
 }
 
@@ -197,8 +189,8 @@ impl Default for RoutingMetrics {
 mod process_tests {
     use super::render_process;
 
-    #[tokio::test]
-    async fn the_process_series_are_read_from_the_running_process() {
+    #[test]
+    fn the_process_series_are_read_from_the_running_process() {
         let mut out = String::new();
         render_process(&mut out);
         let value = |name: &str| -> u64 {
@@ -206,7 +198,6 @@ mod process_tests {
                 out.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}: {out}"));
             line.rsplit(' ').next().unwrap().parse().unwrap()
         };
-        assert!(value("router_runtime_alive_tasks") < 1_000_000);
         if cfg!(target_os = "linux") {
             assert!(value("process_resident_memory_bytes") > 1 << 20, "{out}");
             assert!(value("process_open_fds") >= 3, "stdin, stdout, stderr at least");

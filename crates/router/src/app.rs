@@ -264,6 +264,9 @@ impl App {
     /// in-flight requests up to the grace period, and stops every task.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let gateway = self.gateway.clone();
+        // The runtimes /metrics reports on: this one (the background tasks, the admin and
+        // metrics listeners, and the serving with --serve-threads 0), and each thread's below.
+        let _watch = gateway.runtimes.watch("main");
         let drain = CancellationToken::new();
         let drain_signal = drain.clone();
         let gw = gateway.clone();
@@ -402,6 +405,7 @@ async fn serve_all(
                     .map_err(anyhow::Error::from)
                     .and_then(|rt| {
                         rt.block_on(async move {
+                            let _watch = front.gw.runtimes.watch(&format!("serve-{i}"));
                             let listener = TcpListener::from_std(socket)?;
                             serve_one(listener, front, drain).await
                         })
@@ -463,7 +467,8 @@ fn serve_epp_apart(
     config: gateway::epp::EppConfig,
     drain: CancellationToken,
 ) -> anyhow::Result<()> {
-    serve_apart("endpoint picker", listener, move |l| gateway::epp::serve_epp(l, gw, config, drain))
+    let runtimes = gw.runtimes.clone();
+    serve_apart("endpoint picker", "epp", runtimes, listener, move |l| gateway::epp::serve_epp(l, gw, config, drain))
 }
 
 /// Serves the probes on `listener` from a thread and single-threaded runtime of their own until
@@ -473,11 +478,19 @@ fn serve_probes_apart(
     gw: Arc<Gateway>,
     drain: CancellationToken,
 ) -> anyhow::Result<()> {
-    serve_apart("probe listener", listener, move |l| gateway::serve_probes(l, gw, drain))
+    let runtimes = gw.runtimes.clone();
+    serve_apart("probe listener", "probes", runtimes, listener, move |l| gateway::serve_probes(l, gw, drain))
 }
 
-/// Runs `serve` on `listener` in a thread (`what`) with a single-threaded runtime of its own.
-fn serve_apart<F, Fut>(what: &'static str, listener: std::net::TcpListener, serve: F) -> anyhow::Result<()>
+/// Runs `serve` on `listener` in a thread (`what`) with a single-threaded runtime of its own,
+/// watched in `runtimes` as `name`.
+fn serve_apart<F, Fut>(
+    what: &'static str,
+    name: &'static str,
+    runtimes: Arc<gateway::runtimes::Runtimes>,
+    listener: std::net::TcpListener,
+    serve: F,
+) -> anyhow::Result<()>
 where
     F: FnOnce(TcpListener) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = std::io::Result<()>>,
@@ -485,6 +498,7 @@ where
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     std::thread::Builder::new().name(format!("sgl-router {what}")).spawn(move || {
         runtime.block_on(async move {
+            let _watch = runtimes.watch(name);
             let served = match TcpListener::from_std(listener) {
                 Ok(l) => serve(l).await,
                 Err(e) => Err(e),
