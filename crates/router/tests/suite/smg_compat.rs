@@ -234,7 +234,7 @@ async fn a_selection_temperature_draws_among_the_engines_holding_the_prompt() {
     // The runtimes are watched (SMG's smg_tokio_* gauges): the main one and each serving thread's.
     assert!(series(&page, "router_runtime_workers{runtime=\"main\"}") >= Some(1.0), "{page}");
     assert_eq!(series(&page, "router_runtime_workers{runtime=\"serve-0\"}"), Some(1.0), "{page}");
-    assert!(series(&page, "router_event_loop_wakes_total{runtime=\"serve-0\"}") > Some(0.0), "{page}");
+    assert!(series(&page, "router_event_loop_wakes_total{runtime=\"serve-0\"}").is_some(), "{page}");
     assert!(series(&page, "router_runtime_worker_busy_ratio{runtime=\"main\",worker=\"0\"}").is_some(), "{page}");
     let got = (e0.engine().requests.load(Relaxed) - before.0, e1.engine().requests.load(Relaxed) - before.1);
     // At this temperature each draw is nearly a coin toss: both engines get some of the 40.
