@@ -333,11 +333,14 @@ impl Pd {
         }
         let (out, cached) = prefill.await;
         let ok = format!("{}\n", json!({"ok": true, "cached_tokens": cached}));
+        // Counted before the decode peer hears it: the peer may answer its client (and a test
+        // read the count) before this task runs again. Taken back if the peer is gone.
+        self.counters.rendezvous.fetch_add(1, Ordering::Relaxed);
         if peer.conn.get_mut().write_all(ok.as_bytes()).await.is_err() {
+            self.counters.rendezvous.fetch_sub(1, Ordering::Relaxed);
             self.counters.peer_lost.fetch_add(1, Ordering::Relaxed);
             return Err((500, format!("bootstrap_room {room}: the decode peer left")));
         }
-        self.counters.rendezvous.fetch_add(1, Ordering::Relaxed);
         Ok(out)
     }
 
