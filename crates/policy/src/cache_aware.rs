@@ -299,17 +299,16 @@ impl Policy for CacheAware {
                 .then(a.worker.cmp(&b.worker))
         };
         let score = self.scorer(&hits, request);
+        let decayed = c.overlap_decay > 0.0;
+        let rank = |a: &&Judged, b: &&Judged| {
+            if decayed { score(b).total_cmp(&score(a)).then_with(|| by_hit(a, b)) } else { by_hit(a, b) }
+        };
         let k = c.top_k(candidates.len()).min(hits.len());
-        if c.overlap_decay > 0.0 {
-            hits.sort_by(|a, b| score(b).total_cmp(&score(a)).then_with(|| by_hit(a, b)));
+        if k < hits.len() {
+            hits.select_nth_unstable_by(k - 1, rank);
             hits.truncate(k);
-        } else {
-            if k < hits.len() {
-                hits.select_nth_unstable_by(k - 1, by_hit);
-                hits.truncate(k);
-            }
-            hits.sort_unstable_by(by_hit);
         }
+        hits.sort_unstable_by(rank);
         let best = hits[0];
         let reason = |j: &Judged, exact: Reason| if j.estimated { Reason::TextTreeHit } else { exact };
         if c.pressure_guard {
@@ -336,7 +335,7 @@ impl Policy for CacheAware {
     }
 
     fn commit(&self, decision: &Decision, candidates: &[Candidate], request: &RequestInfo<'_>) {
-        // Only the fallback draws (its reason says select took it; no second look at the tree).
+        // Only the fallback and a sampled hit draw (their reasons say select did; no second look at the tree).
         match decision.reason {
             Reason::NoCacheCandidate => commit_power_of_two(&self.rng, candidates),
             Reason::CacheHitSampled => self.rng.advance(1),
