@@ -5,17 +5,23 @@
 use std::time::Duration;
 
 use grpc_wire::{Channel, Messages, Status};
+use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 
 use crate::path;
 use crate::proto::{
     AbortRequest, AbortResponse, GenerateRequest, GenerateResponse, GetLoadsRequest, GetLoadsResponse,
-    GetModelInfoRequest, GetModelInfoResponse, GetServerInfoRequest, GetServerInfoResponse, HealthCheckRequest,
-    HealthCheckResponse, KvEventBatch, SubscribeKvEventsRequest,
+    GetModelInfoRequest, GetModelInfoResponse, GetServerInfoRequest, GetServerInfoResponse, GetTokenizerChunk,
+    GetTokenizerRequest, HealthCheckRequest, HealthCheckResponse, KvEventBatch, SubscribeKvEventsRequest,
 };
 
 /// The largest answer message taken from an engine (a whole sequence's ids and logprobs fit).
 pub const MAX_ANSWER_BYTES: usize = 16 << 20;
+
+/// The largest tokenizer archive taken from an engine (`GetTokenizer`): today's models'
+/// tokenizer files are a few MiB compressed (the largest `tokenizer.json`, some 30 MiB, compress
+/// several times).
+pub const MAX_TOKENIZER_BYTES: usize = 256 << 20;
 
 /// Why a call failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -35,6 +41,9 @@ pub enum EngineError {
     /// The call ended without the answer it owed.
     #[error("{0} ended the call without an answer")]
     NoAnswer(String),
+    /// The answer broke the protocol (too large, a fingerprint that does not match).
+    #[error("{0} answered wrongly: {1}")]
+    Malformed(String, String),
 }
 
 impl EngineError {
@@ -194,6 +203,44 @@ impl Engine {
         let started = tokio::time::timeout(deadline, self.start(path::GENERATE, request)).await;
         let (head, answers) = started.unwrap_or(Err(EngineError::Deadline(self.authority.clone(), deadline)))?;
         Ok(Answers::new(head, answers, &self.authority))
+    }
+
+    /// `GetTokenizer`: the tokenizer's files as one zip archive, whole within `deadline`, at most
+    /// `limit` bytes, and checked against the SHA-256 fingerprint its last chunk carries (the
+    /// archive and its fingerprint, lowercase hex).
+    pub async fn tokenizer(&self, limit: usize, deadline: Duration) -> Result<(Vec<u8>, String), EngineError> {
+        let call = async {
+            let (head, answers) = self.start(path::GET_TOKENIZER, &GetTokenizerRequest {}).await?;
+            let mut chunks = Answers::<GetTokenizerChunk>::new(head, answers, &self.authority);
+            let (mut archive, mut fingerprint) = (Vec::new(), String::new());
+            while let Some(chunk) = chunks.next().await? {
+                if !fingerprint.is_empty() {
+                    return Err(self.malformed("a chunk after the one with the fingerprint"));
+                }
+                if archive.len() + chunk.data.len() > limit {
+                    return Err(self.malformed(&format!("an archive over {limit} bytes")));
+                }
+                archive.extend_from_slice(&chunk.data);
+                fingerprint = chunk.sha256;
+            }
+            if archive.is_empty() {
+                return Err(self.malformed("no archive"));
+            }
+            let digest: String = Sha256::digest(&archive).iter().map(|b| format!("{b:02x}")).collect();
+            if !fingerprint.eq_ignore_ascii_case(&digest) {
+                return Err(
+                    self.malformed(&format!("the archive's SHA-256 is {digest}, its fingerprint {fingerprint:?}"))
+                );
+            }
+            Ok((archive, digest))
+        };
+        tokio::time::timeout(deadline, call)
+            .await
+            .unwrap_or(Err(EngineError::Deadline(self.authority.clone(), deadline)))
+    }
+
+    fn malformed(&self, what: &str) -> EngineError {
+        EngineError::Malformed(self.authority.clone(), what.to_owned())
     }
 
     /// `SubscribeKvEvents` from `start` (0: the current state): the batches as they come.

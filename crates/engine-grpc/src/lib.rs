@@ -6,8 +6,10 @@
 pub mod client;
 pub mod events;
 pub mod proto;
+#[cfg(test)]
+mod tokenizer_tests;
 
-pub use client::{Answers, Engine, EngineError, Generation, KvEvents};
+pub use client::{Answers, Engine, EngineError, Generation, KvEvents, MAX_TOKENIZER_BYTES};
 
 /// The methods' paths.
 pub mod path {

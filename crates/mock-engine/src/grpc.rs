@@ -9,8 +9,8 @@ use std::time::Duration;
 use engine_grpc::path;
 use engine_grpc::proto::{
     AbortRequest, AbortResponse, GenerateComplete, GenerateRequest, GenerateResponse, GenerateStreamChunk, Generated,
-    GetLoadsResponse, GetModelInfoResponse, GetServerInfoResponse, HealthCheckResponse, MatchedStop, OutputLogProbs,
-    SchedulerLoad, SubscribeKvEventsRequest,
+    GetLoadsResponse, GetModelInfoResponse, GetServerInfoResponse, GetTokenizerChunk, HealthCheckResponse, MatchedStop,
+    OutputLogProbs, SchedulerLoad, SubscribeKvEventsRequest,
 };
 use grpc_wire::wkt::{Struct, Value};
 use grpc_wire::{Handler, Messages, Replies, Started, Status};
@@ -126,6 +126,7 @@ impl Handler for Scheduler {
             path::GET_MODEL_INFO => Box::pin(async move { answer(&replies, &model_info(&e)).await }),
             path::GET_SERVER_INFO => Box::pin(async move { answer(&replies, &server_info(&e)).await }),
             path::GET_LOADS => Box::pin(async move { answer(&replies, &loads(&e)).await }),
+            path::GET_TOKENIZER => Box::pin(async move { tokenizer(&e, &replies).await }),
             _ => return None,
         };
         Some(started)
@@ -140,6 +141,30 @@ async fn read<M: prost::Message + Default>(calls: &mut Messages) -> Result<M, St
         Ok(Err(status)) => Err(status),
         Err(_) => Err(Status::new(Status::DEADLINE_EXCEEDED, "no request message in time")),
     }
+}
+
+/// `GetTokenizer`, as smg-grpc-servicer answers it: the model directory's tokenizer files as one
+/// deflated zip in chunks of 64 KiB, the last carrying the archive's SHA-256 (hex);
+/// `FAILED_PRECONDITION` when the engine was started without a model directory.
+async fn tokenizer(e: &Engine, replies: &Replies) -> Status {
+    use sha2::Digest;
+    let Some(dir) = e.config().tokenizer_dir.clone() else {
+        return Status::new(Status::FAILED_PRECONDITION, "Tokenizer path is not configured on this server.");
+    };
+    let archive = match tokio::task::spawn_blocking(move || renderer::bundle::pack(&dir)).await {
+        Ok(Ok(a)) => a,
+        Ok(Err(err)) => return Status::new(Status::INTERNAL, err.to_string()),
+        Err(err) => return Status::new(Status::INTERNAL, err.to_string()),
+    };
+    let digest: String = sha2::Sha256::digest(&archive).iter().map(|b| format!("{b:02x}")).collect();
+    let chunks: Vec<&[u8]> = archive.chunks(64 << 10).collect();
+    for (i, data) in chunks.iter().enumerate() {
+        let sha256 = if i + 1 == chunks.len() { digest.clone() } else { String::new() };
+        if replies.send(&GetTokenizerChunk { data: data.to_vec(), sha256 }).await.is_err() {
+            return Status::new(Status::CANCELLED, "the caller left");
+        }
+    }
+    Status::ok()
 }
 
 /// A unary call's answer, and its status.

@@ -91,6 +91,9 @@ pub struct MockEngineConfig {
     pub refuse_rank_header: bool,
     /// Also serve SGLang's gRPC scheduler service (`Generate`, `HealthCheck`, `GetModelInfo`,
     /// `GetServerInfo`, `GetLoads`, `Abort`) here (`127.0.0.1:0`: any free port).
+    /// The model directory its renderer was loaded from, if any: `GetTokenizer` hands over its
+    /// tokenizer files (refused without one, as SGLang's servicer does).
+    pub tokenizer_dir: Option<std::path::PathBuf>,
     pub grpc_listen: Option<SocketAddr>,
     /// The text the gRPC service's answers are made of (its first `max_new_tokens` tokens);
     /// none: the HTTP API's words (" the cache is warm and routing works." over and over).
@@ -133,6 +136,7 @@ impl Default for MockEngineConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             refuse_rank_header: false,
             grpc_listen: None,
+            tokenizer_dir: None,
             reply_text: None,
         }
     }

@@ -10,6 +10,7 @@
 
 pub mod anthropic;
 mod builtin;
+pub mod bundle;
 mod chain_memo;
 mod chat;
 mod chatml;

@@ -52,7 +52,9 @@ pub struct App {
 
 impl App {
     /// Builds everything and binds the listener.
-    pub async fn build(config: AppConfig) -> anyhow::Result<Self> {
+    pub async fn build(mut config: AppConfig) -> anyhow::Result<Self> {
+        // gRPC workers with no model directory given: their own tokenizer (GetTokenizer).
+        crate::remote_tokenizer::resolve(&mut config).await?;
         let renderer = match &config.tokenizer_path {
             Some(dir) => Renderer::from_dir_with(dir, config.chat_template.as_deref(), config.tokenizer_caches)
                 .with_context(|| format!("loading the model at {}", dir.display()))?,

@@ -7,4 +7,5 @@ pub mod config;
 mod igw;
 pub mod members;
 pub mod peers;
+mod remote_tokenizer;
 mod wiring;

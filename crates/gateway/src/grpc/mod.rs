@@ -334,7 +334,7 @@ fn kind_of(e: &EngineError) -> &'static str {
         EngineError::Connect(..) => "unreachable",
         EngineError::Status(_) => "status",
         EngineError::Deadline(..) => "deadline",
-        EngineError::Transport(..) | EngineError::NoAnswer(_) => "broken",
+        EngineError::Transport(..) | EngineError::NoAnswer(_) | EngineError::Malformed(..) => "broken",
     }
 }
 

@@ -21,6 +21,7 @@ struct Args {
     #[arg(long, env = "SGL_MOCK_GRPC_LISTEN", value_name = "ADDR")]
     grpc_listen: Option<SocketAddr>,
     /// Model directory (tokenizer.json + chat template); the built-in byte-level model if absent.
+    /// gRPC's `GetTokenizer` hands its tokenizer files over (refused without it).
     #[arg(long, env = "SGL_MOCK_TOKENIZER_PATH")]
     tokenizer_path: Option<PathBuf>,
     /// Model id to report.
@@ -156,6 +157,7 @@ async fn main() -> anyhow::Result<()> {
         } else {
             kv_events::EventForm::Map
         },
+        tokenizer_dir: a.tokenizer_path.clone(),
         ..MockEngineConfig::default()
     };
     let engine = match a.tokenizer_path {

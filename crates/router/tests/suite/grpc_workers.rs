@@ -134,6 +134,51 @@ async fn smg_answers_chats_through_the_simulated_engines_grpc_service() {
     let _ = std::fs::remove_file(&log);
 }
 
+/// smg 1.13 given no `--model-path` takes the model's tokenizer from the simulated engine
+/// (`GetTokenizer`: its tokenizer files as one zip, the SHA-256 on the last chunk), as it does
+/// from SGLang's servicer, and tokenizes the prompt with it: the archive's form, checked by the
+/// real peer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smg_takes_the_simulated_engines_tokenizer_over_grpc() {
+    let Some(smg) = smg("the smg GetTokenizer interop test") else { return };
+    let dir = qwen3();
+    let config = MockEngineConfig {
+        model_id: "qwen3".into(),
+        grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        tokenizer_dir: Some(dir.clone()),
+        fast: true,
+        ..MockEngineConfig::default()
+    };
+    let engine = MockEngine::spawn_with(config, renderer::Renderer::from_dir(&dir, None).unwrap()).await.unwrap();
+    let grpc = engine.grpc_url().unwrap();
+    let log = std::env::temp_dir().join(format!("smg-grpc-tokenizer-{}.log", std::process::id()));
+    let router = Smg::launch(&smg, &["--worker-urls", &grpc], &log);
+    let http = reqwest::Client::new();
+    let content = "Routing by KV cache: 缓存命中 🚀";
+    let body = json!({"model": "qwen3", "max_tokens": 4, "messages": [{"role": "user", "content": content}]});
+    // Until the worker registers and its tokenizer is fetched, smg answers with an error.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let whole: Value = loop {
+        let answer: Option<Value> =
+            match http.post(format!("{}/v1/chat/completions", router.url)).json(&body).send().await {
+                Ok(r) => r.json().await.ok(),
+                Err(_) => None,
+            };
+        if let Some(a) = answer.filter(|a| a.get("choices").is_some()) {
+            break a;
+        }
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(Instant::now() < deadline, "smg never answered with the engine's tokenizer:\n{log}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let asked = renderer::ChatRequest::from_json(body.to_string().as_bytes()).unwrap();
+    let qwen = renderer::Renderer::from_dir(&dir, None).unwrap().render_chat(&asked).unwrap().token_ids;
+    // smg has no model of its own here (no --model-path, no hub): Qwen3's count is the fetched one's.
+    assert_eq!(whole["usage"]["prompt_tokens"], json!(qwen.len()), "Qwen3's tokens of the prompt: {whole}");
+    drop(router);
+    let _ = std::fs::remove_file(&log);
+}
+
 /// Two simulated engines serving gRPC to the router (the built-in byte-level model), their KV
 /// events on its `SubscribeKvEvents` when `kv_events`.
 async fn engines(kv_events: bool) -> (MockEngine, MockEngine) {
@@ -612,4 +657,61 @@ async fn a_hostile_grpc_engine_gets_precise_errors_counted_and_the_router_serves
     let (status, text) = post(false).await;
     assert_eq!(status, 200, "{text}");
     let _ = router.stop.send(());
+}
+
+/// With no `--tokenizer-path`, the router takes its gRPC workers' own tokenizer (`GetTokenizer`,
+/// the model directory's files as one zip): its prompts are then Qwen3's tokens and chat
+/// template, as the engine's, not the built-in byte-level model's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_tokenizer_path_the_router_takes_its_grpc_workers_own() {
+    let dir = qwen3();
+    let config = MockEngineConfig {
+        model_id: "qwen3".into(),
+        grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        tokenizer_dir: Some(dir.clone()),
+        fast: true,
+        ..MockEngineConfig::default()
+    };
+    let qwen = renderer::Renderer::from_dir(&dir, None).unwrap();
+    let engine = MockEngine::spawn_with(config, renderer::Renderer::from_dir(&dir, None).unwrap()).await.unwrap();
+    let mut c = crate::common::app::config(&[], sgl_router::app::PolicyConfig::cache_aware(), false);
+    c.workers = vec![router_types::WorkerUrl::parse(&engine.grpc_url().unwrap()).unwrap()];
+    assert!(c.tokenizer_path.is_none());
+    let router = crate::common::app::start(c).await;
+
+    let text = "Routing by KV cache: 缓存命中 🚀";
+    let v: Value = reqwest::Client::new()
+        .post(format!("{}/v1/tokenize", router.url))
+        .json(&json!({"prompt": text}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let expected = qwen.tokenizer().encode(text, false).unwrap();
+    assert_ne!(expected, renderer::Renderer::builtin().unwrap().tokenizer().encode(text, false).unwrap());
+    assert_eq!(v["tokens"], json!(expected), "{v}");
+
+    // A chat: the prompt the worker counts is Qwen3's render of it.
+    let body = json!({"model": "qwen3", "max_tokens": 4, "messages": [{"role": "user", "content": text}]});
+    let answer = chat_json(&router, &body).await;
+    let asked = renderer::ChatRequest::from_json(body.to_string().as_bytes()).unwrap();
+    let rendered = qwen.render_chat(&asked).unwrap().token_ids;
+    assert_eq!(answer["usage"]["prompt_tokens"], json!(rendered.len()), "{answer}");
+
+    // A worker with no model directory refuses (as SGLang's servicer): the router serves with its
+    // built-in byte-level model, as without gRPC workers.
+    let bare = MockEngine::spawn(MockEngineConfig {
+        grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        fast: true,
+        ..MockEngineConfig::default()
+    })
+    .await
+    .unwrap();
+    let mut c = crate::common::app::config(&[], sgl_router::app::PolicyConfig::cache_aware(), false);
+    c.workers = vec![router_types::WorkerUrl::parse(&bare.grpc_url().unwrap()).unwrap()];
+    let router = crate::common::app::start(c).await;
+    let builtin = renderer::Renderer::builtin().unwrap().tokenizer().encode(text, false).unwrap();
+    assert_eq!(router.gateway.default_pool().renderer.tokenizer().encode(text, false).unwrap(), builtin);
 }
