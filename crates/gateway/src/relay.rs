@@ -134,11 +134,22 @@ pub(crate) struct Tap {
 
 impl Tap {
     /// Taps the answer of `worker` with `status` and `content_type`.
-    pub(crate) fn new(mut guard: InFlight, worker: Arc<Worker>, status: u16, content_type: Option<HeaderValue>) -> Tap {
-        guard.status = status;
+    pub(crate) fn new(guard: InFlight, worker: Arc<Worker>, status: u16, content_type: Option<HeaderValue>) -> Tap {
         let sse = content_type.as_ref().is_some_and(|c| c.as_bytes().starts_with(b"text/event-stream"));
+        Self::read(guard, worker, (status, sse), move || content_type)
+    }
+
+    /// Taps the answer of `worker` with `status`, an event stream when `sse`; its content type
+    /// (`content_type()`) is read only if the response cache records the answer.
+    pub(crate) fn read(
+        mut guard: InFlight,
+        worker: Arc<Worker>,
+        (status, sse): (u16, bool),
+        content_type: impl FnOnce() -> Option<HeaderValue>,
+    ) -> Tap {
+        guard.status = status;
         // A response-cache miss records a successful answer as it passes, to keep it once complete.
-        let recorder = guard.cache.take().and_then(|t| Recorder::new(t, status, content_type));
+        let recorder = guard.cache.take().and_then(|t| Recorder::new(t, status, content_type()));
         let cached = guard.predicted.filter(|_| status == 200).map(|p| (p, crate::cached::CachedScan::default()));
         Tap { guard, worker, sse, tail: None, recorder, cached }
     }

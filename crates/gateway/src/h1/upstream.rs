@@ -288,8 +288,10 @@ pub(crate) async fn relay(
     to: Relayed<'_>,
 ) -> bool {
     let Relayed { close, idle, keepalive, head: extra } = to;
-    let content_type = header_value(&answer.head.headers, b"content-type");
-    let mut tap = Tap::new(guard, worker, answer.head.status, content_type);
+    // The head's parse saw the content type: it is read again only for the response cache.
+    let headers = &answer.head.headers;
+    let content_type = || header_value(headers, b"content-type");
+    let mut tap = Tap::read(guard, worker, (answer.head.status, answer.head.sse), content_type);
     let reason = StatusCode::from_u16(answer.head.status).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
     let mut out = Vec::with_capacity(256 + answer.head.headers.len() + answer.buf.len());
     let _ = write!(out, "HTTP/1.1 {} {reason}\r\n", answer.head.status);
