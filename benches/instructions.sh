@@ -116,7 +116,7 @@ counted() {
   # The counts are written as the router exits (SIGTERM: a graceful stop), however long it takes.
   kill "$router"
   wait "$router" 2>/dev/null || true
-  ir=$(cat "$tmp"/cg."$label".* | awk '/^(summary|totals):/ { s += $2 } END { print s + 0 }')
+  ir=$(cat "$tmp"/cg."$label".* | awk '/^(summary|totals):/ { s += $2 } END { printf "%.0f\n", s }')
   [ "$ir" -gt 0 ] || { echo "no instructions counted for $label" >&2; exit 1; }
   rm -f "$tmp"/cg."$label".*
   echo "$(echo "$ir / $reqs" | bc) $per_sys $per_cs $reqs"

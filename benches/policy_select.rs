@@ -25,6 +25,7 @@ fn candidates(n: usize) -> Vec<Candidate> {
             matched_tokens: if i % 3 == 0 { ((i * 911) % 8000) as u64 + 1024 } else { 0 },
             followed: true,
             warmup: Default::default(),
+            kv_usage: None,
         })
         .collect()
 }

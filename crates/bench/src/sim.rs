@@ -206,6 +206,7 @@ pub(crate) fn run(trace: &[TraceRequest], policy: &str, cfg: &SimConfig) -> Resu
                     matched_tokens: if sees_index { matched[w] } else { 0 },
                     followed: true,
                     warmup: Default::default(),
+                    kv_usage: None,
                 }
             })
             .collect();

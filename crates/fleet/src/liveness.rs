@@ -156,6 +156,8 @@ pub struct Liveness {
     stalled: AtomicBool,
     /// It answered a load poll once (judged by `stale` from then on).
     polled: AtomicBool,
+    /// Its last load report stands (none lost since).
+    reporting: AtomicBool,
     /// What it last reported: queued requests over its ranks, mean KV usage (f64 bits).
     waiting: AtomicU32,
     token_usage: AtomicU64,
@@ -242,6 +244,7 @@ impl Liveness {
     /// Its load report: `waiting` requests queued over its ranks, `token_usage` mean KV usage.
     pub fn reported(&self, waiting: u32, token_usage: f64) {
         self.polled.store(true, Ordering::Relaxed);
+        self.reporting.store(true, Ordering::Relaxed);
         self.waiting.store(waiting, Ordering::Relaxed);
         self.token_usage.store(token_usage.to_bits(), Ordering::Relaxed);
         self.contact();
@@ -274,6 +277,7 @@ impl Liveness {
     /// Its report is lost (a failed poll): nothing is known of its queue.
     pub fn report_lost(&self) {
         self.ranks.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.reporting.store(false, Ordering::Relaxed);
         self.waiting.store(0, Ordering::Relaxed);
         self.token_usage.store(0f64.to_bits(), Ordering::Relaxed);
     }
@@ -291,6 +295,11 @@ impl Liveness {
     /// Mean KV-cache usage it last reported (0 when unknown).
     pub fn token_usage(&self) -> f64 {
         f64::from_bits(self.token_usage.load(Ordering::Relaxed))
+    }
+
+    /// Mean KV-cache usage of its standing report, in thousandths (`None`: no report).
+    pub fn kv_usage_permille(&self) -> Option<u16> {
+        self.reporting.load(Ordering::Relaxed).then(|| (self.token_usage() * 1000.0).round().clamp(0.0, 1000.0) as u16)
     }
 
     /// Routing decisions that left it out for `veto`.

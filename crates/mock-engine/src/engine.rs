@@ -17,7 +17,7 @@ use router_types::{BlockHash, EngineBlockHash, EventBatch, KvEvent, Namespace, S
 use serde::{Deserialize, Serialize};
 
 /// Fault knobs, set through `POST /admin/faults` or directly in tests.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Faults {
     /// The next N event batches are kept for replay but not sent live.
@@ -42,6 +42,9 @@ pub struct Faults {
     /// Requests added to every rank's reported queue in `/v1/loads` (an engine loaded by
     /// other routers' requests; 0: none).
     pub report_waiting_extra: u64,
+    /// The KV-cache usage every rank reports in `/v1/loads`, 0 to 1 (an engine filled by
+    /// other routers' requests; `None`: its own).
+    pub report_token_usage: Option<f64>,
     /// A vLLM prefill: the next N answers leave out `kv_transfer_params` (a broken prefill).
     pub drop_kv_params_next: usize,
     /// A vLLM prefill: the next answer's `kv_transfer_params` carry this many bytes of padding
@@ -433,6 +436,7 @@ impl Engine {
         faults.die_mid_stream_next += f.die_mid_stream_next;
         faults.wedge_mid_stream_next += f.wedge_mid_stream_next;
         faults.report_waiting_extra = f.report_waiting_extra;
+        faults.report_token_usage = f.report_token_usage;
         faults.drop_kv_params_next += f.drop_kv_params_next;
         faults.bloat_kv_params_bytes = f.bloat_kv_params_bytes;
     }
@@ -649,14 +653,17 @@ impl Engine {
 
     /// Each rank's load now (SGLang's `/v1/loads` core fields).
     pub fn loads(&self) -> Vec<RankLoad> {
-        let extra = self.faults.lock().unwrap_or_else(|p| p.into_inner()).report_waiting_extra;
+        let (extra, usage) = {
+            let f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+            (f.report_waiting_extra, f.report_token_usage)
+        };
         self.ranks
             .iter()
             .enumerate()
             .map(|(dp_rank, r)| {
                 let cache = r.cache.lock().unwrap_or_else(|p| p.into_inner());
                 // As SGLang reports it: the pages running requests hold, the evictable cache apart.
-                let token_usage = cache.pinned() as f64 / cache.capacity().max(1) as f64;
+                let token_usage = usage.unwrap_or(cache.pinned() as f64 / cache.capacity().max(1) as f64);
                 drop(cache);
                 RankLoad {
                     dp_rank,

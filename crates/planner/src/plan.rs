@@ -194,6 +194,7 @@ impl Planner<'_> {
                     followed: w.is_followed() || !match_prefix,
                     // Decode legs hold no prefix: no warm-up slice for them.
                     warmup: if match_prefix { w.warmup() } else { Default::default() },
+                    kv_usage: w.liveness.kv_usage_permille(),
                 }
             })
             .collect();

@@ -355,6 +355,7 @@ mod tests {
             matched_tokens: 0,
             followed: false,
             warmup: Default::default(),
+            kv_usage: None,
         }
     }
 

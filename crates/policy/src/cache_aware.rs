@@ -67,6 +67,13 @@ pub struct CacheAwareConfig {
     /// the hits' scores, min-max normalized, at this temperature, instead of taking the best
     /// (0: the best, no draw).
     pub selection_temperature: f64,
+    /// Shepherd Model Gateway's KV-usage spread: when the hottest and the coldest engine's
+    /// reported KV usage differ by more than this, cache affinity gives way to the shortest
+    /// queue (1.0: off).
+    pub balance_token_usage: f64,
+    /// Shepherd Model Gateway's KV-usage ceiling: the hottest engine, when its reported KV
+    /// usage is over this, is left out of the request's choice (1.0: off).
+    pub overload_token_usage: f64,
 }
 
 /// The policy.
@@ -114,6 +121,8 @@ impl Default for CacheAwareConfig {
             warmup_divert_every: 8,
             overlap_decay: 0.0,
             selection_temperature: 0.0,
+            balance_token_usage: 1.0,
+            overload_token_usage: 1.0,
         }
     }
 }
@@ -271,6 +280,39 @@ impl Policy for CacheAware {
     fn select(&self, candidates: &[Candidate], request: &RequestInfo<'_>) -> Result<Decision, PolicyError> {
         check(candidates)?;
         let c = &self.config;
+        // The engines' KV usage first: a wide spread, then an engine over the ceiling.
+        if let Some(worker) = kv_usage::spread(candidates, c.balance_token_usage) {
+            return Ok(Decision { worker, reason: Reason::Imbalanced });
+        }
+        match kv_usage::saturated(candidates, c.overload_token_usage) {
+            Some(hot) => self.select_among(&kv_usage::without(candidates, hot), request),
+            None => self.select_among(candidates, request),
+        }
+    }
+
+    fn commit(&self, decision: &Decision, candidates: &[Candidate], request: &RequestInfo<'_>) {
+        // The choice was made among the candidates left by the ceiling, as in select.
+        match kv_usage::saturated(candidates, self.config.overload_token_usage) {
+            Some(hot) => self.commit_among(decision, &kv_usage::without(candidates, hot), request),
+            None => self.commit_among(decision, candidates, request),
+        }
+    }
+
+    fn remove_worker(&self, worker: WorkerId) {
+        if let Some(tree) = &self.text {
+            tree.lock().remove_worker(worker);
+        }
+    }
+
+    fn held_bytes(&self) -> usize {
+        self.tree_bytes()
+    }
+}
+
+impl CacheAware {
+    /// The choice among `candidates` (those the KV-usage ceiling left).
+    fn select_among(&self, candidates: &[Candidate], request: &RequestInfo<'_>) -> Result<Decision, PolicyError> {
+        let c = &self.config;
         // SGLang Model Gateway's guard: a grossly imbalanced fleet goes to its least loaded worker.
         if let Some(tree) = &self.text
             && let Some(least) = imbalanced(candidates, &tree.config)
@@ -334,7 +376,9 @@ impl Policy for CacheAware {
         Ok(Decision { worker: best.c.worker, reason: reason(best, Reason::CacheHit) })
     }
 
-    fn commit(&self, decision: &Decision, candidates: &[Candidate], request: &RequestInfo<'_>) {
+    /// What a decision among `candidates` leaves behind: the draws taken, the hit and miss
+    /// counts, the text tree.
+    fn commit_among(&self, decision: &Decision, candidates: &[Candidate], request: &RequestInfo<'_>) {
         // Only the fallback and a sampled hit draw (their reasons say select did; no second look at the tree).
         match decision.reason {
             Reason::NoCacheCandidate => commit_power_of_two(&self.rng, candidates),
@@ -360,17 +404,9 @@ impl Policy for CacheAware {
             tree.lock().insert_bounded(text, decision.worker, now, tree.config.max_tree_bytes);
         }
     }
-
-    fn remove_worker(&self, worker: WorkerId) {
-        if let Some(tree) = &self.text {
-            tree.lock().remove_worker(worker);
-        }
-    }
-
-    fn held_bytes(&self) -> usize {
-        self.tree_bytes()
-    }
 }
+
+mod kv_usage;
 
 #[cfg(test)]
 mod tests;

@@ -45,6 +45,8 @@ pub struct Candidate {
     pub followed: bool,
     /// Where it is in its warm-up (cache_aware's warm-up slice; `Warm` for the others).
     pub warmup: Warmup,
+    /// The KV-cache usage its engine last reported, in thousandths (`None`: no report).
+    pub kv_usage: Option<u16>,
 }
 
 /// Why a worker was chosen: a closed set, used as a metric label.
@@ -159,6 +161,7 @@ pub(crate) fn test_candidate(worker: u32, matched: u64, owed: u64) -> Candidate 
         matched_tokens: matched,
         followed: true,
         warmup: Warmup::Warm,
+        kv_usage: None,
     }
 }
 

@@ -57,6 +57,7 @@ fn script(seed: u64, len: usize) -> Vec<Step> {
                         matched_tokens: [0, 512, 2048, 4096][rng.below(4)],
                         followed: rng.below(2) == 0,
                         warmup: Default::default(),
+                        kv_usage: None,
                     });
                 }
             }
@@ -67,6 +68,7 @@ fn script(seed: u64, len: usize) -> Vec<Step> {
                     matched_tokens: 0,
                     followed: false,
                     warmup: Default::default(),
+                    kv_usage: None,
                 });
             }
             for k in (1..candidates.len()).rev() {

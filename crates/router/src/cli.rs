@@ -258,6 +258,16 @@ pub(crate) struct ServeArgs {
     /// spreads more [default: 0.0, the best].
     #[arg(long, env = "SGL_ROUTER_SELECTION_TEMPERATURE", value_name = "T")]
     pub(crate) selection_temperature: Option<f64>,
+    /// cache_aware (Shepherd Model Gateway's): when the hottest and the coldest engine's reported
+    /// KV-cache usage (0 to 1) differ by more than this, cache affinity gives way to the shortest
+    /// queue; engines that report none take no part [default: 1.0, off].
+    #[arg(long, env = "SGL_ROUTER_BALANCE_TOKEN_USAGE_THRESHOLD", value_name = "U")]
+    pub(crate) balance_token_usage_threshold: Option<f64>,
+    /// cache_aware (Shepherd Model Gateway's): the hottest engine, when its reported KV-cache
+    /// usage is over this, is left out of the request's choice while another engine can serve
+    /// [default: 1.0, off].
+    #[arg(long, env = "SGL_ROUTER_OVERLOAD_TOKEN_USAGE_THRESHOLD", value_name = "U")]
+    pub(crate) overload_token_usage_threshold: Option<f64>,
     /// KV index: credit the chosen worker with the request's blocks for this long, so a burst
     /// sharing a cold prefix lands together before the events arrive [default: 0, off].
     #[arg(

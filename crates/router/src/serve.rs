@@ -37,6 +37,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         ("--no-cache-pressure-guard", a.no_cache_pressure_guard, Owner(CacheAware)),
         ("--overlap-decay", a.overlap_decay.is_some(), Owner(CacheAware)),
         ("--selection-temperature", a.selection_temperature.is_some(), Owner(CacheAware)),
+        ("--balance-token-usage-threshold", a.balance_token_usage_threshold.is_some(), Owner(CacheAware)),
+        ("--overload-token-usage-threshold", a.overload_token_usage_threshold.is_some(), Owner(CacheAware)),
         ("--approx-cache-threshold", a.approx_cache_threshold.is_some(), TextTree),
         ("--approx-balance-abs", a.approx_balance_abs.is_some(), TextTree),
         ("--approx-balance-rel", a.approx_balance_rel.is_some(), TextTree),
@@ -131,6 +133,15 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     for (flag, value) in [("--overlap-decay", a.overlap_decay), ("--selection-temperature", a.selection_temperature)] {
         if let Some(v) = value.filter(|v| !(v.is_finite() && *v >= 0.0)) {
             return usage(format!("{flag} {v}: a finite number, 0 or more"));
+        }
+    }
+    for (flag, value) in [
+        ("--balance-token-usage-threshold", a.balance_token_usage_threshold),
+        ("--overload-token-usage-threshold", a.overload_token_usage_threshold),
+    ] {
+        // SMG's bounds: finite and above 0 (1 or more turns it off).
+        if let Some(v) = value.filter(|v| !(v.is_finite() && *v > 0.0)) {
+            return usage(format!("{flag} {v}: a finite number above 0 (1 or more: off)"));
         }
     }
     if !(0.0..=1.0).contains(&a.retry.retry_jitter_factor) {
@@ -228,6 +239,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
                 warmup_divert_every: a.liveness.worker_warmup_divert_every,
                 overlap_decay: a.overlap_decay.unwrap_or(d.overlap_decay),
                 selection_temperature: a.selection_temperature.unwrap_or(d.selection_temperature),
+                balance_token_usage: a.balance_token_usage_threshold.unwrap_or(d.balance_token_usage),
+                overload_token_usage: a.overload_token_usage_threshold.unwrap_or(d.overload_token_usage),
             },
             tree,
         ),

@@ -218,3 +218,43 @@ fn a_drawn_hit_moves_the_stream_only_when_committed() {
     let loaded = [cand(0, 8000, 20_000), cand(1, 7500, 0)];
     assert_eq!(p.select(&loaded, &req).unwrap().reason, Reason::CacheHitLessLoaded);
 }
+
+/// A candidate whose engine reports `usage` thousandths of its KV cache in use.
+fn using(worker: u32, matched: u64, owed: u64, usage: u16) -> Candidate {
+    Candidate { kv_usage: Some(usage), ..cand(worker, matched, owed) }
+}
+
+#[test]
+fn a_kv_usage_spread_over_the_threshold_sends_the_request_to_the_shortest_queue() {
+    let spread = |t: f64| CacheAware::new(CacheAwareConfig { balance_token_usage: t, ..Default::default() }, 1);
+    // Worker 0 holds the prompt but its cache is nearly full; worker 1's queue is the shortest.
+    let cs = [using(0, 8000, 3000, 900), using(1, 0, 1000, 100), using(2, 0, 2000, 500)];
+    assert_eq!(pick(&spread(0.5), &cs), Decision { worker: WorkerId(1), reason: Reason::Imbalanced });
+    // A spread of 0.8 is not over 0.8; 1.0 is off.
+    for t in [0.8, 1.0] {
+        assert_eq!(pick(&spread(t), &cs), Decision { worker: WorkerId(0), reason: Reason::CacheHit }, "{t}");
+    }
+    // Engines with no report take no part: one report is no spread.
+    let unreported = [using(0, 8000, 3000, 900), cand(1, 0, 1000)];
+    assert_eq!(pick(&spread(0.1), &unreported).reason, Reason::CacheHit);
+}
+
+#[test]
+fn the_hottest_engine_over_the_ceiling_is_left_out_of_the_choice() {
+    let ceiling = |u: f64| CacheAware::new(CacheAwareConfig { overload_token_usage: u, ..Default::default() }, 1);
+    // Its longer hit yields to the other hit.
+    let cs = [using(0, 8000, 0, 950), using(1, 4096, 0, 400), using(2, 0, 0, 100)];
+    assert_eq!(pick(&ceiling(0.9), &cs), Decision { worker: WorkerId(1), reason: Reason::CacheHit });
+    assert_eq!(pick(&ceiling(0.96), &cs), Decision { worker: WorkerId(0), reason: Reason::CacheHit });
+    assert_eq!(pick(&ceiling(1.0), &cs), Decision { worker: WorkerId(0), reason: Reason::CacheHit });
+    // The only hit is the hot engine: a miss among the others, never the hot one.
+    let p = ceiling(0.9);
+    let only = [using(0, 8000, 0, 950), using(1, 0, 0, 920), using(2, 0, 0, 100)];
+    for _ in 0..16 {
+        let d = pick(&p, &only);
+        assert_eq!(d.reason, Reason::NoCacheCandidate);
+        assert_ne!(d.worker, WorkerId(0));
+    }
+    // Alone, it still serves.
+    assert_eq!(pick(&p, &only[..1]).worker, WorkerId(0));
+}

@@ -24,7 +24,6 @@ const JOBQ: &str = "workers are added and removed at once here (no control-plane
 const PREFIXHASH: &str = "the prefix_hash policy is not here: use --policy cache_aware (or approx_tree)";
 const LEAST: &str = "least_load here compares in-flight requests and owed prefill tokens (no expected-wait model)";
 const P2: &str = "power_of_two here compares in-flight requests and owed prefill tokens";
-const CATUNE: &str = "cache_aware's KV-usage spread and ceiling are not built; worker overload protection (--worker-overload-token-usage) leaves a full worker out";
 const INDEX: &str = "one KV index here: exact block hashes per worker and rank";
 const SEL: &str = "cache_aware has the one selection policy here (with --overlap-decay and --selection-temperature)";
 const BUCKET: &str = "the bucket policy is not here";
@@ -90,8 +89,6 @@ const OPTIONS: &[SmgOnly] = &[
     o("least-load-mean-prefill-tokens", &[], Value, Some("1024"), LEAST),
     o("least-load-max-waiting-requests", &[], Value, Some("0"), LEAST),
     o("power-of-two-load-metric", &[], Value, Some("expected_wait"), P2),
-    o("balance-token-usage-threshold", &[], Value, Some("1.0"), CATUNE),
-    o("overload-token-usage-threshold", &[], Value, Some("1.0"), CATUNE),
     o("kv-index", &[], Value, Some("positional"), INDEX),
     o("selection-policy", &[], Value, Some("cache-aware-default"), SEL),
     o("bucket-adjust-interval-secs", &[], Value, Some("5"), BUCKET),

@@ -240,3 +240,81 @@ async fn a_selection_temperature_draws_among_the_engines_holding_the_prompt() {
     // At this temperature each draw is nearly a coin toss: both engines get some of the 40.
     assert!(got.0 > 0 && got.1 > 0 && got.0 + got.1 == 40, "{got:?}");
 }
+
+/// SMG's `--balance-token-usage-threshold` and `--overload-token-usage-threshold`, from the
+/// engines' reported KV-cache usage (`/v1/loads`): a spread over the threshold sends the
+/// prompt's hit to the shortest queue instead (`imbalanced`); the hottest engine over the
+/// ceiling is left out, its hit with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engines_kv_usage_spread_and_ceiling_move_a_hit() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (e0, e1) = (engine(true).await, engine(true).await);
+    let (u0, u1) = (e0.url(), e1.url());
+    #[rustfmt::skip]
+    let args = [
+        "--worker-urls", &u0, &u1, "--policy", "cache_aware", "--kv-events",
+        // Under the worker overload veto's 0.8 (on by default), which would leave a worker out.
+        "--balance-token-usage-threshold", "0.5", "--overload-token-usage-threshold", "0.65",
+        // Short prompts are hits; no warm-up slice to take a hit elsewhere.
+        "--cache-affinity-min-matched-tokens", "16", "--worker-warmup-share", "0", "--worker-warmup-divert-every", "0",
+        "--control-plane-api-keys", "k", "--log-level", "warn",
+        "--prometheus-port", "0", "--prometheus-host", "127.0.0.1", "--host", "127.0.0.1", "--port", "0",
+    ];
+    let (_router, url, metrics_url) = launch(&args);
+    let http = reqwest::Client::new();
+    let q = json!({"model": "default", "max_tokens": 2, "messages": [
+        {"role": "system", "content": "a system prompt one engine will hold. ".repeat(20)},
+        {"role": "user", "content": "and one question"}]});
+    let explain = async || -> serde_json::Value {
+        let req = http.post(format!("{url}/debug/route")).bearer_auth("k").json(&q);
+        req.send().await.unwrap().json().await.unwrap()
+    };
+    let page = async || http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
+    crate::common::eventually("both engines healthy", async || {
+        series(&page().await, "router_workers{state=\"healthy\"}") == Some(2.0)
+    })
+    .await;
+    assert_eq!(http.post(format!("{url}/v1/chat/completions")).json(&q).send().await.unwrap().status(), 200);
+    let (holder, other) = if e0.engine().requests.load(Relaxed) == 1 { (&e0, &e1) } else { (&e1, &e0) };
+    crate::common::eventually("a hit on the engine holding the prompt", async || {
+        let e = explain().await;
+        e["reason"] == "cache_hit" && e["worker"] == holder.url().as_str()
+    })
+    .await;
+    // Each engine reports its usage (e0's, e1's); the router reads it at its next poll.
+    let report = async |first: f64, second: f64| {
+        e0.engine().set_faults(Faults { report_token_usage: Some(first), ..Faults::default() }).await;
+        e1.engine().set_faults(Faults { report_token_usage: Some(second), ..Faults::default() }).await;
+        crate::common::eventually("the usage reported", async || {
+            let p = page().await;
+            let usage =
+                |e: &MockEngine| series(&p, &format!("router_worker_reported_token_usage{{worker=\"{}\"}}", e.url()));
+            usage(&e0) == Some(first) && usage(&e1) == Some(second)
+        })
+        .await;
+    };
+    // A spread of 0.6 (the holder the hotter): the shortest queue, not the hit.
+    let holder_first = std::ptr::eq(holder, &e0);
+    if holder_first {
+        report(0.7, 0.1).await
+    } else {
+        report(0.1, 0.7).await
+    }
+    let e = explain().await;
+    assert_eq!((&e["reason"], &e["worker"]), (&json!("imbalanced"), &json!(other.url())), "{e}");
+    let before = other.engine().requests.load(Relaxed);
+    assert_eq!(http.post(format!("{url}/v1/chat/completions")).json(&q).send().await.unwrap().status(), 200);
+    assert_eq!(other.engine().requests.load(Relaxed), before + 1);
+    // Both hold the prompt now; equal hits go to the lower id, e0, when neither is over the
+    // ceiling...
+    report(0.5, 0.3).await;
+    crate::common::eventually("both engines' events say they hold the prompt", async || {
+        let e = explain().await;
+        e["reason"] == "cache_hit" && e["worker"] == e0.url().as_str()
+    })
+    .await;
+    // ...and e1 when e0 is over it (the spread, 0.4, within the threshold).
+    report(0.7, 0.3).await;
+    let e = explain().await;
+    assert_eq!((&e["reason"], &e["worker"]), (&json!("cache_hit"), &json!(e1.url())), "{e}");
+}
