@@ -32,6 +32,8 @@ pub const DEFAULT_WORD_CACHE_BYTES: usize = 16 << 20;
 const WORD_ENTRY_OVERHEAD: usize = 64;
 /// Longer pieces are not cached (they are rare and would crowd out words).
 const WORD_CACHE_MAX_BYTES: usize = 256;
+/// No id: the model decides.
+const NO_ID: u32 = u32::MAX;
 
 /// Which normalizer runs before splitting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +84,10 @@ pub(crate) struct FastBpe {
     /// character (the built-in tokenizer): a piece's ids are then its bytes' ids, exactly what
     /// the model's BPE makes of it, without building its word and tokens.
     byte_ids: Option<Box<[u32; 256]>>,
+    /// Each byte's id as a piece of its own (one character: BPE has nothing to merge), when
+    /// the model adds no end-of-word suffix and its vocabulary holds the character; `NO_ID`:
+    /// the model is asked. Digits, spaces and punctuation are such pieces in GPT-style splits.
+    singles: Box<[u32; 256]>,
     words: RwLock<WordCache>,
     /// Bytes the word cache may hold ([`DEFAULT_WORD_CACHE_BYTES`] unless configured); 0: no cache.
     word_budget: usize,
@@ -120,7 +126,14 @@ impl FastBpe {
         };
         let pre = serde_json::to_value(tokenizer.get_pre_tokenizer()?).ok()?;
         let splits = parse_pre_tokenizer(&pre)?;
-        Some(Self { normalizer, splits, byte_chars, byte_ids, words: RwLock::new(WordCache::default()), word_budget })
+        let mut singles = Box::new([NO_ID; 256]);
+        if bpe.end_of_word_suffix.as_deref().is_none_or(str::is_empty) {
+            for (b, c) in byte_chars.iter().enumerate() {
+                singles[b] = bpe.token_to_id(&c.to_string()).unwrap_or(NO_ID);
+            }
+        }
+        let words = RwLock::new(WordCache::default());
+        Some(Self { normalizer, splits, byte_chars, byte_ids, singles, words, word_budget })
     }
 
     /// Bytes the word cache holds now (within `word_budget`).
@@ -150,6 +163,12 @@ impl FastBpe {
             let words = self.words.read().unwrap_or_else(|p| p.into_inner());
             let mut mapped = String::with_capacity(64);
             let mut emit = |piece: &str| -> Result<(), RenderError> {
+                if let &[b] = piece.as_bytes()
+                    && self.singles[b as usize] != NO_ID
+                {
+                    out.push(self.singles[b as usize]);
+                    return Ok(());
+                }
                 mapped.clear();
                 mapped.extend(piece.bytes().map(|b| self.byte_chars[b as usize]));
                 if let Some(ids) = words.map.get(mapped.as_str()) {
