@@ -42,16 +42,6 @@ ENGINE_PORT=31001
 PORT=31010
 tmp=$(mktemp -d); tmpdirs+=("$tmp")
 
-make_body() { # SIZE FILE: a system prompt and a user message padding it to SIZE bytes
-  local size=$1 file=$2 head tail pad
-  head='{"model":"bench","messages":[{"role":"system","content":"You are a helpful assistant. Answer briefly."},{"role":"user","content":"'
-  tail='"}],"max_tokens":8}'
-  pad=$((size - ${#head} - ${#tail}))
-  [ "$pad" -gt 0 ] || pad=1
-  { printf '%s' "$head"
-    awk -v n="$pad" 'BEGIN { s = ""; while (length(s) < n) s = s "the quick brown fox jumps over the lazy dog "; printf "%s", substr(s, 1, n) }'
-    printf '%s' "$tail"; } >"$file"
-}
 for b in "${BODIES[@]}"; do make_body "$b" "$tmp/body_$b.json"; done
 
 COMPLETION='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"ok ok ok ok ok ok ok ok"},"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":16,"completion_tokens":8,"total_tokens":24}}'

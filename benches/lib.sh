@@ -187,3 +187,16 @@ NGINX
 }
 # nginx_cmd DIR: NGINX_CMD, the command line of the nginx of nginx_conf DIR ($NGINX, else the one on PATH).
 nginx_cmd() { NGINX_CMD=("${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}" -p "$1" -e "$1/error.log" -c "$1/nginx.conf" -g "daemon off;"); }
+
+# make_body SIZE FILE: a chat completion of SIZE bytes, a system prompt and a user message padding it
+# (benches/overhead_wrk.sh, benches/instructions.sh).
+make_body() { # SIZE FILE
+  local size=$1 file=$2 head tail pad
+  head='{"model":"bench","messages":[{"role":"system","content":"You are a helpful assistant. Answer briefly."},{"role":"user","content":"'
+  tail='"}],"max_tokens":8}'
+  pad=$((size - ${#head} - ${#tail}))
+  [ "$pad" -gt 0 ] || pad=1
+  { printf '%s' "$head"
+    awk -v n="$pad" 'BEGIN { s = ""; while (length(s) < n) s = s "the quick brown fox jumps over the lazy dog "; printf "%s", substr(s, 1, n) }'
+    printf '%s' "$tail"; } >"$file"
+}

@@ -104,17 +104,6 @@ ENGINE=http://127.0.0.1:$ENGINE_PORT
 tmp=$(mktemp -d); tmpdirs+=("$tmp")
 RAW=$tmp/raw.tsv; : >"$RAW"
 
-# Request bodies: a chat completion of SIZE bytes (the user message pads it).
-make_body() { # SIZE FILE
-  local size=$1 file=$2 head tail pad
-  head='{"model":"bench","messages":[{"role":"system","content":"You are a helpful assistant. Answer briefly."},{"role":"user","content":"'
-  tail='"}],"max_tokens":8}'
-  pad=$((size - ${#head} - ${#tail}))
-  [ "$pad" -gt 0 ] || pad=1
-  { printf '%s' "$head"
-    awk -v n="$pad" 'BEGIN { s = ""; while (length(s) < n) s = s "the quick brown fox jumps over the lazy dog "; printf "%s", substr(s, 1, n) }'
-    printf '%s' "$tail"; } >"$file"
-}
 read -r -a BODIES <<<"${BODIES:-200 16384}"
 for b in "${BODIES[@]}"; do make_body "$b" "$tmp/body_$b.json"; done
 body_label() { [ "$1" -ge 1024 ] && echo "$(($1 / 1024)) KiB" || echo "$1 B"; }

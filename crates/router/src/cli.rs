@@ -400,10 +400,10 @@ pub(crate) struct ServeArgs {
     pub(crate) reasoning_parser: Option<String>,
     /// How gRPC workers' chat answers are read for tool calls (`tool_calls`), when the request
     /// offers tools: qwen, qwen2.5 or qwen3 (Qwen and Hermes `<tool_call>` JSON), llama
-    /// (Llama 3 JSON), mistral (`[TOOL_CALLS]`), deepseek (DeepSeek V3): smg's names. An HTTP worker's engine parses
-    /// its own answers.
+    /// (Llama 3 JSON), mistral (`[TOOL_CALLS]`), deepseek (DeepSeek V3), pythonic (Llama 4:
+    /// `[f(a=1)]`): smg's names. An HTTP worker's engine parses its own answers.
     #[arg(long, env = "SGL_ROUTER_TOOL_CALL_PARSER", value_name = "NAME",
-          value_parser = ["qwen", "qwen2.5", "qwen3", "llama", "mistral", "deepseek"])]
+          value_parser = ["qwen", "qwen2.5", "qwen3", "llama", "mistral", "deepseek", "pythonic"])]
     pub(crate) tool_call_parser: Option<String>,
     /// The OpenTelemetry collector's OTLP/gRPC endpoint, `HOST:PORT`, with --enable-trace.
     #[arg(long, env = "SGL_ROUTER_OTLP_TRACES_ENDPOINT", default_value = "localhost:4317", value_name = "HOST:PORT")]

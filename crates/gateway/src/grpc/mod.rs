@@ -7,6 +7,7 @@
 //! pool, as an HTTP one is; a client that leaves aborts the generation.
 
 mod answer;
+mod pythonic;
 mod reasoning;
 mod request;
 mod sequence;

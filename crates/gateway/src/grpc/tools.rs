@@ -8,8 +8,8 @@
 //! `json.dumps(..., ensure_ascii=False)` writes them. Streamed, the content
 //! goes out as it comes (a partial `<tool_call>` held back) and each call
 //! whole once its closing tag comes. `llama`, `mistral` and `deepseek`
-//! ([`super::tool_formats`]) stream the content up to their calls' start and
-//! read the calls once the answer ends.
+//! ([`super::tool_formats`]) and `pythonic` ([`super::pythonic`]) stream the
+//! content up to their calls' start and read the calls once the answer ends.
 
 use serde_json::{Value, json};
 
@@ -19,13 +19,14 @@ const BOT: &str = "<tool_call>\n";
 const EOT: &str = "\n</tool_call>";
 
 /// The parsers the router knows (smg's names), and the format each reads.
-const PARSERS: [(&str, Format); 6] = [
+const PARSERS: [(&str, Format); 7] = [
     ("qwen", Format::Qwen),
     ("qwen2.5", Format::Qwen),
     ("qwen3", Format::Qwen),
     ("llama", Format::Llama),
     ("mistral", Format::Mistral),
     ("deepseek", Format::DeepSeek),
+    ("pythonic", Format::Pythonic),
 ];
 
 /// How a model writes its calls.
@@ -39,6 +40,8 @@ pub(crate) enum Format {
     Mistral,
     /// `<｜tool▁calls▁begin｜>` and a fenced JSON block per call (DeepSeek V3).
     DeepSeek,
+    /// A Python list of calls with keyword arguments, `[f(a=1)]` (Llama 4 and others).
+    Pythonic,
 }
 
 impl Format {
@@ -49,6 +52,7 @@ impl Format {
             Format::Llama => super::tool_formats::PYTHON_TAG,
             Format::Mistral => super::tool_formats::TOOL_CALLS,
             Format::DeepSeek => super::tool_formats::DEEPSEEK_CALLS,
+            Format::Pythonic => "[",
         }
     }
 }
@@ -134,6 +138,7 @@ pub(crate) fn parse(text: &str, offered: &Offered) -> (String, Vec<Call>) {
         Format::Llama => super::tool_formats::llama(text),
         Format::Mistral => super::tool_formats::mistral(text),
         Format::DeepSeek => super::tool_formats::deepseek(text),
+        Format::Pythonic => super::pythonic::pythonic(text),
     };
     (content, objects.iter().filter_map(|o| call_from(o, offered)).collect())
 }
@@ -261,6 +266,32 @@ mod tests {
         assert_eq!(parse("x <tool_call>\n{\"name\": \"search\"", &offered()), ("x".into(), Vec::new()));
     }
 
+    /// `tests/fixtures/tool_calls/pythonic.json`: what SGLang 0.5.23's own `PythonicDetector`
+    /// made of each answer (`make_pythonic.py` beside it).
+    #[test]
+    fn pythonic_calls_are_read_as_sglangs_own_detector_reads_them() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/tool_calls/pythonic.json");
+        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let names = fixture["tools"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_owned()).collect();
+        let offered = Offered { names, format: Format::Pythonic };
+        let cases = fixture["cases"].as_array().unwrap();
+        assert!(cases.len() >= 30);
+        for case in cases {
+            let text = case["text"].as_str().unwrap();
+            let (content, calls) = parse(text, &offered);
+            let want: Vec<Call> = case["calls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| Call {
+                    name: c["name"].as_str().unwrap().into(),
+                    arguments: c["arguments"].as_str().unwrap().into(),
+                })
+                .collect();
+            assert_eq!((content.as_str(), &calls), (case["normal_text"].as_str().unwrap(), &want), "{text}");
+        }
+    }
+
     #[test]
     fn streamed_in_any_pieces_the_calls_and_content_are_the_whole_answers() {
         let (content, calls) = parse(ANSWER, &offered());
@@ -308,7 +339,7 @@ mod formats_streamed {
     }
 
     #[test]
-    fn llama_and_mistral_calls_come_out_alike_whole_and_streamed() {
+    fn llama_mistral_deepseek_and_pythonic_calls_come_out_alike_whole_and_streamed() {
         both_ways(
             Format::Llama,
             r#"Sure.<|python_tag|>{"name": "a", "parameters": {"x": 1}};{"name": "c", "parameters": {}}"#,
@@ -316,6 +347,7 @@ mod formats_streamed {
         both_ways(Format::Llama, r#"{"name": "b", "parameters": {"q": "ü"}}"#);
         both_ways(Format::Mistral, r#"Let me see. [TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}]"#);
         both_ways(Format::Mistral, r#"[TOOL_CALLS]b[ARGS]{"y": [1, 2]}"#);
+        both_ways(Format::Pythonic, r#"Let me see. [a(x=1, y=[2, "three"]), b(z={"k": None})]"#);
         both_ways(
             Format::DeepSeek,
             "Hm. <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>a\n```json\n{\"x\": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",

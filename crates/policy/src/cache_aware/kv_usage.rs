@@ -15,8 +15,8 @@ fn usage(c: &Candidate) -> Option<f64> {
 }
 
 /// The candidate with the shortest queue (fewest requests in flight, then the least prefill
-/// owed, then the lowest id), when the reporting candidates' usage spreads by more than
-/// `threshold` (1 or more: never).
+/// owed, then the least KV usage reported, then the lowest id), when the reporting candidates'
+/// usage spreads by more than `threshold` (1 or more: never).
 pub(super) fn spread(candidates: &[Candidate], threshold: f64) -> Option<WorkerId> {
     if threshold >= 1.0 {
         return None;
@@ -27,7 +27,8 @@ pub(super) fn spread(candidates: &[Candidate], threshold: f64) -> Option<WorkerI
         high = high.max(u);
     }
     (high - low > threshold).then(|| {
-        let shortest = candidates.iter().min_by_key(|c| (c.load.in_flight, c.load.uncached_tokens, c.worker));
+        let key = |c: &&Candidate| (c.load.in_flight, c.load.uncached_tokens, c.kv_usage.unwrap_or(u16::MAX), c.worker);
+        let shortest = candidates.iter().min_by_key(key);
         shortest.map(|c| c.worker)
     })?
 }

@@ -234,6 +234,9 @@ fn a_kv_usage_spread_over_the_threshold_sends_the_request_to_the_shortest_queue(
     for t in [0.8, 1.0] {
         assert_eq!(pick(&spread(t), &cs), Decision { worker: WorkerId(0), reason: Reason::CacheHit }, "{t}");
     }
+    // Equal queues: the colder engine.
+    let tied = [using(0, 8000, 0, 900), using(1, 0, 0, 100)];
+    assert_eq!(pick(&spread(0.5), &tied), Decision { worker: WorkerId(1), reason: Reason::Imbalanced });
     // Engines with no report take no part: one report is no spread.
     let unreported = [using(0, 8000, 3000, 900), cand(1, 0, 1000)];
     assert_eq!(pick(&spread(0.1), &unreported).reason, Reason::CacheHit);

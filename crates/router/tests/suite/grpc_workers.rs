@@ -32,6 +32,21 @@ async fn grpc_engine(dir: &std::path::Path) -> MockEngine {
     MockEngine::spawn_with(config, renderer::Renderer::from_dir(dir, None).unwrap()).await.unwrap()
 }
 
+/// A simulated engine serving gRPC with Qwen3's tokenizer, which it hands over on
+/// `GetTokenizer` (its model id `qwen3`), and the tokenizer's directory.
+async fn handing_its_tokenizer_over() -> (PathBuf, MockEngine) {
+    let dir = qwen3();
+    let config = MockEngineConfig {
+        model_id: "qwen3".into(),
+        grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        tokenizer_dir: Some(dir.clone()),
+        fast: true,
+        ..MockEngineConfig::default()
+    };
+    let engine = MockEngine::spawn_with(config, renderer::Renderer::from_dir(&dir, None).unwrap()).await.unwrap();
+    (dir, engine)
+}
+
 /// The answer's text, content and reasoning together (smg's Qwen3 reasoning parser takes an
 /// answer without `</think>` for reasoning).
 fn text_of(message: &Value) -> String {
@@ -141,15 +156,7 @@ async fn smg_answers_chats_through_the_simulated_engines_grpc_service() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smg_takes_the_simulated_engines_tokenizer_over_grpc() {
     let Some(smg) = smg("the smg GetTokenizer interop test") else { return };
-    let dir = qwen3();
-    let config = MockEngineConfig {
-        model_id: "qwen3".into(),
-        grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
-        tokenizer_dir: Some(dir.clone()),
-        fast: true,
-        ..MockEngineConfig::default()
-    };
-    let engine = MockEngine::spawn_with(config, renderer::Renderer::from_dir(&dir, None).unwrap()).await.unwrap();
+    let (dir, engine) = handing_its_tokenizer_over().await;
     let grpc = engine.grpc_url().unwrap();
     let log = std::env::temp_dir().join(format!("smg-grpc-tokenizer-{}.log", std::process::id()));
     let router = Smg::launch(&smg, &["--worker-urls", &grpc], &log);
@@ -664,28 +671,16 @@ async fn a_hostile_grpc_engine_gets_precise_errors_counted_and_the_router_serves
 /// template, as the engine's, not the built-in byte-level model's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_tokenizer_path_the_router_takes_its_grpc_workers_own() {
-    let dir = qwen3();
-    let config = MockEngineConfig {
-        model_id: "qwen3".into(),
-        grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
-        tokenizer_dir: Some(dir.clone()),
-        fast: true,
-        ..MockEngineConfig::default()
-    };
+    let (dir, engine) = handing_its_tokenizer_over().await;
     let qwen = renderer::Renderer::from_dir(&dir, None).unwrap();
-    let engine = MockEngine::spawn_with(config, renderer::Renderer::from_dir(&dir, None).unwrap()).await.unwrap();
     let mut c = crate::common::app::config(&[], sgl_router::app::PolicyConfig::cache_aware(), false);
     c.workers = vec![router_types::WorkerUrl::parse(&engine.grpc_url().unwrap()).unwrap()];
     assert!(c.tokenizer_path.is_none());
     let router = crate::common::app::start(c).await;
 
     let text = "Routing by KV cache: 缓存命中 🚀";
-    let v: Value = reqwest::Client::new()
-        .post(format!("{}/v1/tokenize", router.url))
-        .json(&json!({"prompt": text}))
-        .send()
+    let v: Value = crate::common::app::post(&format!("{}/v1/tokenize", router.url), &json!({"prompt": text}))
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();

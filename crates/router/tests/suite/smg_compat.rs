@@ -63,6 +63,28 @@ fn launch(args: &[&str]) -> (Router, String, String) {
     (router, url, metrics_url)
 }
 
+/// The real binary as cache_aware over two engines with KV events, with `tuning` flags: short
+/// prompts are hits, no warm-up slice takes a hit elsewhere, the control plane's key is `k`.
+/// Returned once both engines are healthy.
+async fn cache_aware_cli(engines: [&str; 2], tuning: &[&str]) -> (Router, String, String) {
+    let mut args = vec!["--worker-urls", engines[0], engines[1], "--policy", "cache_aware", "--kv-events"];
+    args.extend_from_slice(tuning);
+    #[rustfmt::skip]
+    args.extend_from_slice(&[
+        "--cache-affinity-min-matched-tokens", "16", "--worker-warmup-share", "0", "--worker-warmup-divert-every", "0",
+        "--control-plane-api-keys", "k", "--log-level", "warn",
+        "--prometheus-port", "0", "--prometheus-host", "127.0.0.1", "--host", "127.0.0.1", "--port", "0",
+    ]);
+    let (router, url, metrics_url) = launch(&args);
+    let http = reqwest::Client::new();
+    crate::common::eventually("both engines healthy", async || {
+        let page = http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
+        series(&page, "router_workers{state=\"healthy\"}") == Some(2.0)
+    })
+    .await;
+    (router, url, metrics_url)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_smg_command_line_runs_unchanged_and_routes_around_a_failing_engine() {
     let (followed, silent, failing) = (engine(true).await, engine(false).await, engine(true).await);
@@ -180,16 +202,8 @@ async fn a_selection_temperature_draws_among_the_engines_holding_the_prompt() {
     use std::sync::atomic::Ordering::Relaxed;
     let (e0, e1) = (engine(true).await, engine(true).await);
     let (u0, u1) = (e0.url(), e1.url());
-    #[rustfmt::skip]
-    let args = [
-        "--worker-urls", &u0, &u1, "--policy", "cache_aware", "--kv-events",
-        "--selection-temperature", "1000", "--overlap-decay", "0.5",
-        // Short prompts are hits; no warm-up slice to take a hit elsewhere.
-        "--cache-affinity-min-matched-tokens", "16", "--worker-warmup-share", "0", "--worker-warmup-divert-every", "0",
-        "--control-plane-api-keys", "k", "--log-level", "warn",
-        "--prometheus-port", "0", "--prometheus-host", "127.0.0.1", "--host", "127.0.0.1", "--port", "0",
-    ];
-    let (_router, url, metrics_url) = launch(&args);
+    let tuning = ["--selection-temperature", "1000", "--overlap-decay", "0.5"];
+    let (_router, url, metrics_url) = cache_aware_cli([&u0, &u1], &tuning).await;
     let http = reqwest::Client::new();
     let q = json!({"model": "default", "max_tokens": 2, "messages": [
         {"role": "system", "content": "a system prompt both engines will hold. ".repeat(20)},
@@ -201,11 +215,6 @@ async fn a_selection_temperature_draws_among_the_engines_holding_the_prompt() {
         }
         req.send().await.unwrap().json().await.unwrap()
     };
-    crate::common::eventually("both engines healthy", async || {
-        let page = http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
-        series(&page, "router_workers{state=\"healthy\"}") == Some(2.0)
-    })
-    .await;
     // The prompt sent to each engine by a routing key that names it.
     let mut sent = Vec::new();
     for i in 0..64 {
@@ -250,17 +259,9 @@ async fn the_engines_kv_usage_spread_and_ceiling_move_a_hit() {
     use std::sync::atomic::Ordering::Relaxed;
     let (e0, e1) = (engine(true).await, engine(true).await);
     let (u0, u1) = (e0.url(), e1.url());
-    #[rustfmt::skip]
-    let args = [
-        "--worker-urls", &u0, &u1, "--policy", "cache_aware", "--kv-events",
-        // Under the worker overload veto's 0.8 (on by default), which would leave a worker out.
-        "--balance-token-usage-threshold", "0.5", "--overload-token-usage-threshold", "0.65",
-        // Short prompts are hits; no warm-up slice to take a hit elsewhere.
-        "--cache-affinity-min-matched-tokens", "16", "--worker-warmup-share", "0", "--worker-warmup-divert-every", "0",
-        "--control-plane-api-keys", "k", "--log-level", "warn",
-        "--prometheus-port", "0", "--prometheus-host", "127.0.0.1", "--host", "127.0.0.1", "--port", "0",
-    ];
-    let (_router, url, metrics_url) = launch(&args);
+    // Under the worker overload veto's 0.8 (on by default), which would leave a worker out.
+    let tuning = ["--balance-token-usage-threshold", "0.5", "--overload-token-usage-threshold", "0.65"];
+    let (_router, url, metrics_url) = cache_aware_cli([&u0, &u1], &tuning).await;
     let http = reqwest::Client::new();
     let q = json!({"model": "default", "max_tokens": 2, "messages": [
         {"role": "system", "content": "a system prompt one engine will hold. ".repeat(20)},
@@ -270,10 +271,6 @@ async fn the_engines_kv_usage_spread_and_ceiling_move_a_hit() {
         req.send().await.unwrap().json().await.unwrap()
     };
     let page = async || http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
-    crate::common::eventually("both engines healthy", async || {
-        series(&page().await, "router_workers{state=\"healthy\"}") == Some(2.0)
-    })
-    .await;
     assert_eq!(http.post(format!("{url}/v1/chat/completions")).json(&q).send().await.unwrap().status(), 200);
     let (holder, other) = if e0.engine().requests.load(Relaxed) == 1 { (&e0, &e1) } else { (&e1, &e0) };
     crate::common::eventually("a hit on the engine holding the prompt", async || {
