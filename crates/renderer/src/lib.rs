@@ -10,6 +10,7 @@
 
 pub mod anthropic;
 mod builtin;
+#[cfg(feature = "bundle")]
 pub mod bundle;
 mod chain_memo;
 mod chat;
