@@ -23,6 +23,24 @@ pub const MAX_ANSWER_BYTES: usize = 16 << 20;
 /// several times).
 pub const MAX_TOKENIZER_BYTES: usize = 256 << 20;
 
+/// A tokenizer archive's SHA-256, lowercase hex: the fingerprint `GetTokenizer`'s last chunk carries.
+pub fn fingerprint(archive: &[u8]) -> String {
+    Sha256::digest(archive).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A tokenizer archive as `GetTokenizer` streams it (smg-grpc-servicer's `tokenizer_chunks`):
+/// chunks of 64 KiB in order, the last with the archive's [`fingerprint`]; none for an empty one.
+pub fn tokenizer_chunks(archive: &[u8]) -> impl Iterator<Item = GetTokenizerChunk> + '_ {
+    let (digest, last) = (fingerprint(archive), archive.len().div_ceil(TOKENIZER_CHUNK_BYTES));
+    archive.chunks(TOKENIZER_CHUNK_BYTES).enumerate().map(move |(i, data)| GetTokenizerChunk {
+        data: data.to_vec(),
+        sha256: if i + 1 == last { digest.clone() } else { String::new() },
+    })
+}
+
+/// `GetTokenizer`'s chunk size.
+const TOKENIZER_CHUNK_BYTES: usize = 64 << 10;
+
 /// Why a call failed.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum EngineError {
@@ -212,24 +230,24 @@ impl Engine {
         let call = async {
             let (head, answers) = self.start(path::GET_TOKENIZER, &GetTokenizerRequest {}).await?;
             let mut chunks = Answers::<GetTokenizerChunk>::new(head, answers, &self.authority);
-            let (mut archive, mut fingerprint) = (Vec::new(), String::new());
+            let (mut archive, mut carried) = (Vec::new(), String::new());
             while let Some(chunk) = chunks.next().await? {
-                if !fingerprint.is_empty() {
+                if !carried.is_empty() {
                     return Err(self.malformed("a chunk after the one with the fingerprint"));
                 }
                 if archive.len() + chunk.data.len() > limit {
                     return Err(self.malformed(&format!("an archive over {limit} bytes")));
                 }
                 archive.extend_from_slice(&chunk.data);
-                fingerprint = chunk.sha256;
+                carried = chunk.sha256;
             }
             if archive.is_empty() {
                 return Err(self.malformed("no archive"));
             }
-            let digest: String = Sha256::digest(&archive).iter().map(|b| format!("{b:02x}")).collect();
-            if !fingerprint.eq_ignore_ascii_case(&digest) {
+            let digest = fingerprint(&archive);
+            if !carried.eq_ignore_ascii_case(&digest) {
                 return Err(
-                    self.malformed(&format!("the archive's SHA-256 is {digest}, its fingerprint {fingerprint:?}"))
+                    self.malformed(&format!("the archive's SHA-256 is {digest}, its fingerprint {carried:?}"))
                 );
             }
             Ok((archive, digest))

@@ -9,7 +9,9 @@ pub mod proto;
 #[cfg(test)]
 mod tokenizer_tests;
 
-pub use client::{Answers, Engine, EngineError, Generation, KvEvents, MAX_TOKENIZER_BYTES};
+pub use client::{
+    Answers, Engine, EngineError, Generation, KvEvents, MAX_TOKENIZER_BYTES, fingerprint, tokenizer_chunks,
+};
 
 /// The methods' paths.
 pub mod path {

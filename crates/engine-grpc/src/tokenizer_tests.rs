@@ -7,7 +7,6 @@ use std::time::Duration;
 use crate::proto::GetTokenizerChunk;
 use crate::{Engine, EngineError, path};
 use grpc_wire::{Handler, Messages, Replies, Started, Status};
-use sha2::{Digest, Sha256};
 
 /// An engine whose `GetTokenizer` streams these chunks.
 struct Streams(Vec<GetTokenizerChunk>);
@@ -41,7 +40,7 @@ async fn serve(chunks: Vec<GetTokenizerChunk>) -> Engine {
 }
 
 fn hex(data: &[u8]) -> String {
-    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+    crate::fingerprint(data)
 }
 
 fn chunk(data: &[u8], sha256: &str) -> GetTokenizerChunk {
@@ -77,4 +76,16 @@ async fn an_engine_that_breaks_the_protocol_is_named_for_it() {
             other => panic!("expected a malformed answer ({why}), got {other:?}"),
         }
     }
+}
+
+#[tokio::test]
+async fn an_archive_streams_in_chunks_that_the_client_joins_and_checks() {
+    let archive: Vec<u8> = (0..150_000u32).map(|i| (i % 251) as u8).collect();
+    let chunks: Vec<GetTokenizerChunk> = crate::tokenizer_chunks(&archive).collect();
+    assert_eq!(chunks.iter().map(|c| c.data.len()).collect::<Vec<_>>(), [65_536, 65_536, 18_928]);
+    assert!(chunks[..2].iter().all(|c| c.sha256.is_empty()));
+    assert_eq!(chunks[2].sha256, hex(&archive));
+    let engine = serve(chunks).await;
+    assert_eq!(engine.tokenizer(1 << 20, DEADLINE).await.unwrap().0, archive);
+    assert_eq!(crate::tokenizer_chunks(&[]).count(), 0);
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 use engine_grpc::path;
 use engine_grpc::proto::{
     AbortRequest, AbortResponse, GenerateComplete, GenerateRequest, GenerateResponse, GenerateStreamChunk, Generated,
-    GetLoadsResponse, GetModelInfoResponse, GetServerInfoResponse, GetTokenizerChunk, HealthCheckResponse, MatchedStop,
-    OutputLogProbs, SchedulerLoad, SubscribeKvEventsRequest,
+    GetLoadsResponse, GetModelInfoResponse, GetServerInfoResponse, HealthCheckResponse, MatchedStop, OutputLogProbs,
+    SchedulerLoad, SubscribeKvEventsRequest,
 };
 use grpc_wire::wkt::{Struct, Value};
 use grpc_wire::{Handler, Messages, Replies, Started, Status};
@@ -147,7 +147,6 @@ async fn read<M: prost::Message + Default>(calls: &mut Messages) -> Result<M, St
 /// deflated zip in chunks of 64 KiB, the last carrying the archive's SHA-256 (hex);
 /// `FAILED_PRECONDITION` when the engine was started without a model directory.
 async fn tokenizer(e: &Engine, replies: &Replies) -> Status {
-    use sha2::Digest;
     let Some(dir) = e.config().tokenizer_dir.clone() else {
         return Status::new(Status::FAILED_PRECONDITION, "Tokenizer path is not configured on this server.");
     };
@@ -156,11 +155,8 @@ async fn tokenizer(e: &Engine, replies: &Replies) -> Status {
         Ok(Err(err)) => return Status::new(Status::INTERNAL, err.to_string()),
         Err(err) => return Status::new(Status::INTERNAL, err.to_string()),
     };
-    let digest: String = sha2::Sha256::digest(&archive).iter().map(|b| format!("{b:02x}")).collect();
-    let chunks: Vec<&[u8]> = archive.chunks(64 << 10).collect();
-    for (i, data) in chunks.iter().enumerate() {
-        let sha256 = if i + 1 == chunks.len() { digest.clone() } else { String::new() };
-        if replies.send(&GetTokenizerChunk { data: data.to_vec(), sha256 }).await.is_err() {
+    for chunk in engine_grpc::tokenizer_chunks(&archive) {
+        if replies.send(&chunk).await.is_err() {
             return Status::new(Status::CANCELLED, "the caller left");
         }
     }

@@ -60,7 +60,10 @@ async fn fetch(workers: &[String], within: Duration) -> anyhow::Result<Option<Pa
         let mut failures = Vec::new();
         let mut refused = 0;
         for at in workers {
-            match Engine::new(at.as_str(), CONNECT_TIMEOUT).tokenizer(MAX_TOKENIZER_BYTES, CALL_DEADLINE).await {
+            // Each call within what is left of the wait (a second at least, to be asked at all).
+            let left = until.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
+            let engine = Engine::new(at.as_str(), CONNECT_TIMEOUT.min(left));
+            match engine.tokenizer(MAX_TOKENIZER_BYTES, CALL_DEADLINE.min(left)).await {
                 Ok((archive, digest)) => return unpack(&archive, &digest, at).map(Some),
                 Err(e @ EngineError::Malformed(..)) => {
                     return Err(e).context("the tokenizer a gRPC worker handed over");

@@ -76,6 +76,17 @@ impl Reader<'_> {
         hit
     }
 
+    /// After an item of a bracketed sequence: `Some(false)` past a `,` (more may come),
+    /// `Some(true)` past the `close`, `None` for anything else.
+    fn next_or_close(&mut self, close: u8) -> Option<bool> {
+        self.ws();
+        if self.eat(b',') {
+            return Some(false);
+        }
+        self.ws();
+        self.eat(close).then_some(true)
+    }
+
     /// Spaces, newlines, comments and line continuations (all inside brackets here).
     fn ws(&mut self) {
         while let Some(b) = self.peek() {
@@ -116,12 +127,7 @@ impl Reader<'_> {
                 break;
             }
             calls.push(self.call().ok()?);
-            self.ws();
-            if !self.eat(b',') {
-                self.ws();
-                if !self.eat(b']') {
-                    return None;
-                }
+            if self.next_or_close(b']')? {
                 break;
             }
         }
@@ -191,12 +197,7 @@ impl Reader<'_> {
                     Err(_) => return Err(Fail::Whole),
                 },
             }
-            self.ws();
-            if !self.eat(b',') {
-                self.ws();
-                if !self.eat(b')') {
-                    return Err(Fail::Whole);
-                }
+            if self.next_or_close(b')').ok_or(Fail::Whole)? {
                 break;
             }
         }
@@ -221,13 +222,8 @@ impl Reader<'_> {
                 Ok(Ok(v))
             }
             Ok(_) => Ok(Err(Fail::Call)),
-            Err(e) => {
-                if e == Fail::Whole {
-                    Err(Fail::Whole)
-                } else {
-                    Ok(Err(e))
-                }
-            }
+            Err(Fail::Whole) => Err(Fail::Whole),
+            Err(e) => Ok(Err(e)),
         }
     }
 
@@ -268,10 +264,8 @@ impl Reader<'_> {
                         return Ok(Value::Array(items));
                     }
                     items.push(self.literal()?);
-                    self.ws();
-                    if !self.eat(b',') {
-                        self.ws();
-                        return if self.eat(b']') { Ok(Value::Array(items)) } else { Err(Fail::Call) };
+                    if self.next_or_close(b']').ok_or(Fail::Call)? {
+                        return Ok(Value::Array(items));
                     }
                 }
             }
@@ -336,10 +330,8 @@ impl Reader<'_> {
                 other => renderer::python_json(&other, false),
             };
             map.insert(key, value);
-            self.ws();
-            if !self.eat(b',') {
-                self.ws();
-                return if self.eat(b'}') { Ok(Value::Object(map)) } else { Err(Fail::Call) };
+            if self.next_or_close(b'}').ok_or(Fail::Call)? {
+                return Ok(Value::Object(map));
             }
         }
     }
