@@ -246,9 +246,7 @@ impl Engine {
             }
             let digest = fingerprint(&archive);
             if !carried.eq_ignore_ascii_case(&digest) {
-                return Err(
-                    self.malformed(&format!("the archive's SHA-256 is {digest}, its fingerprint {carried:?}"))
-                );
+                return Err(self.malformed(&format!("the archive's SHA-256 is {digest}, its fingerprint {carried:?}")));
             }
             Ok((archive, digest))
         };
