@@ -610,9 +610,8 @@ impl Fleet {
         tokio::time::timeout(timeout, asked).await.ok().flatten()
     }
 
-    /// Fault injection: the pump applies nothing until the returned sender is
-    /// dropped, so the subscribers' channel fills; `None` without events.
-    #[cfg(feature = "fault-injection")]
+    /// Fault injection for tests (no route reaches it): the pump applies nothing until the
+    /// returned sender is dropped, so the subscribers' channel fills; `None` without events.
     pub async fn stall_pump(&self) -> Option<tokio::sync::oneshot::Sender<()>> {
         let ev = self.events.as_ref()?;
         let (release, stalled) = tokio::sync::oneshot::channel();

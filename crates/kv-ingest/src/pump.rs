@@ -86,9 +86,9 @@ pub enum PumpControl {
     /// Forget a stream (its worker left): its batches still queued are dropped as unknown, and
     /// its id in the index is retired (free for a later stream).
     RemoveStream(WorkerKey),
-    /// Fault injection: apply nothing until the sender is dropped (a pump
-    /// too slow for its subscribers: their channel fills).
-    #[cfg(feature = "fault-injection")]
+    /// Fault injection for tests: apply nothing until the sender is dropped (a pump too slow
+    /// for its subscribers: their channel fills). Always compiled: a test-only feature would
+    /// give the release build of every crate above this one a second feature set.
     Stall(tokio::sync::oneshot::Receiver<()>),
 }
 
@@ -251,7 +251,6 @@ impl Pump {
                             }
                         }
                     }
-                    #[cfg(feature = "fault-injection")]
                     PumpControl::Stall(release) => {
                         let _ = release.await;
                     }

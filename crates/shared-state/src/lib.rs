@@ -25,7 +25,9 @@ mod stats;
 mod target;
 #[cfg(test)]
 mod test_support;
-#[cfg(any(test, feature = "testing"))]
+/// A throwaway `redis-server` for tests (this crate's and others'). Always compiled, as a
+/// test-only feature would give the release build of every crate above this one a second
+/// feature set (the wheel after the embeddings tests rebuilt them all).
 pub mod testing;
 
 use std::time::Duration;

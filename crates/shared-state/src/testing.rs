@@ -1,4 +1,4 @@
-//! A throwaway `redis-server` for tests (feature `testing`): started on a free port of
+//! A throwaway `redis-server` for tests: started on a free port of
 //! 127.0.0.1 with persistence off, waited for by its own "ready" line and a `PING`, killed on
 //! drop. Not for production use.
 
