@@ -22,6 +22,7 @@
 #   DURATION=10        seconds of each measured wrk window (natively); under callgrind the window
 #                      is VG_DURATION=20 seconds (it runs ~50x slower, so fewer requests)
 #   EXTRA="..."        more flags for both builds (say the liveness features off)
+#   KEEP=DIR           keep the callgrind profiles there (callgrind_annotate, function by function)
 # Needs wrk, nginx, valgrind (callgrind_control), perf, curl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -108,6 +109,11 @@ counted() {
   wait "$router" 2>/dev/null || true
   ir=$(cat "$tmp"/cg."$label".* | awk '/^(summary|totals):/ { s += $2 } END { printf "%.0f\n", s }')
   [ "$ir" -gt 0 ] || { echo "no instructions counted for $label" >&2; exit 1; }
+  # KEEP=DIR keeps the profiles for a function-by-function diff (callgrind_annotate DIR/cg...).
+  if [ -n "${KEEP:-}" ]; then
+    mkdir -p "$KEEP"
+    for f in "$tmp"/cg."$label".*; do mv "$f" "$KEEP/cg.$label.$policy.$body.$conc.${f##*.}"; done
+  fi
   rm -f "$tmp"/cg."$label".*
   echo "$(echo "$ir / $reqs" | bc) $per_sys $per_cs $reqs"
 }

@@ -41,8 +41,24 @@ pub const REQUEST_ID_HEADER: &str = "x-request-id";
 /// parser would take, could make this hop and another disagree on where a
 /// message ends).
 pub fn content_length(value: &str) -> Option<u64> {
-    if value.is_empty() || value.len() > 19 || !value.bytes().all(|b| b.is_ascii_digit()) {
+    // At most 19 digits: below u64::MAX whatever they are.
+    if value.is_empty() || value.len() > 19 {
         return None;
     }
-    value.parse().ok()
+    value.bytes().try_fold(0u64, |n, b| b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0')))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::content_length;
+
+    #[test]
+    fn a_content_length_is_digits_only() {
+        assert_eq!(content_length("0"), Some(0));
+        assert_eq!(content_length("0042"), Some(42));
+        assert_eq!(content_length("9999999999999999999"), Some(9_999_999_999_999_999_999));
+        for bad in ["", "+5", "-1", "5 5", " 5", "5 ", "1a", "0x10", "12345678901234567890"] {
+            assert_eq!(content_length(bad), None, "{bad:?}");
+        }
+    }
 }

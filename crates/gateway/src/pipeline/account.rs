@@ -112,7 +112,8 @@ impl Drop for InFlight {
 
 /// Counts a request answered with `status` (by a worker, or from a response cache).
 pub(crate) fn count_answered(gw: &Gateway, route: Route, status: u16) {
-    gw.metrics.requests.inc(format_args!("route=\"{}\",status=\"{}\"", route.label(), status));
+    let key = (route as u64) << 16 | u64::from(status);
+    gw.metrics.requests.inc_keyed(key, format_args!("route=\"{}\",status=\"{}\"", route.label(), status));
 }
 
 /// The span a proxied request runs in; `forward` fills in the decision.

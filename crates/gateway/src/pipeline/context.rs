@@ -84,25 +84,35 @@ fn usable(v: &[u8]) -> bool {
 
 /// A new id as SGLang Model Gateway makes them: a prefix by route, then 24 letters and digits.
 pub(crate) fn generate(path: &str) -> String {
-    let prefix = if path.contains("/chat/completions") {
-        "chatcmpl-"
-    } else if path.contains("/completions") {
-        "cmpl-"
-    } else if path.contains("/generate") {
-        "gnt-"
-    } else {
-        "req-"
-    };
     const ALPHABET: &[u8; 62] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let prefix = id_prefix(path);
     let mut id = String::with_capacity(prefix.len() + 24);
     id.push_str(prefix);
-    let (mut a, mut b) = (crate::random_u64(), crate::random_u64());
-    for i in 0..24 {
-        let r = if i < 12 { &mut a } else { &mut b };
-        id.push(ALPHABET[(*r % 62) as usize] as char);
-        *r /= 62;
+    // Eight letters from each of three random words, each the next base-62 digit of the word
+    // read as a fraction of 2^64 (one multiplication a letter; 8 letters take 48 of its 64 bits,
+    // so each is uniform to within 2^-16).
+    for _ in 0..3 {
+        let mut x = crate::random_u64();
+        for _ in 0..8 {
+            let wide = u128::from(x) * 62;
+            id.push(char::from(ALPHABET[(wide >> 64) as usize]));
+            x = wide as u64;
+        }
     }
     id
+}
+
+/// The id's prefix by route: the routes' own paths told by their ends (a comparison of a few
+/// bytes, where a substring search built a searcher for each request), any other path by what it
+/// contains.
+fn id_prefix(path: &str) -> &'static str {
+    const PREFIXES: [(&str, &str); 3] =
+        [("/chat/completions", "chatcmpl-"), ("/completions", "cmpl-"), ("/generate", "gnt-")];
+    PREFIXES
+        .iter()
+        .find(|(part, _)| path.ends_with(part))
+        .or_else(|| PREFIXES.iter().find(|(part, _)| path.contains(part)))
+        .map_or("req-", |(_, prefix)| prefix)
 }
 
 /// The axum front end's layer over every route: the request's id (put on
@@ -175,6 +185,13 @@ mod tests {
         assert!(generate("/generate").starts_with("gnt-"));
         assert!(generate("/v1/embeddings").starts_with("req-"));
         assert_ne!(generate("/generate"), generate("/generate"));
+        assert_eq!(id_prefix("/v1/chat/completions/extra"), "chatcmpl-");
+        // Every position of the 24 takes (nearly) every letter: no position is fixed.
+        let ids: Vec<String> = (0..2_000).map(|_| generate("/generate")).collect();
+        for at in 4..4 + 24 {
+            let seen: std::collections::HashSet<u8> = ids.iter().map(|id| id.as_bytes()[at]).collect();
+            assert!(seen.len() >= 60, "position {at}: {} letters", seen.len());
+        }
         // An id that cannot be echoed safely is replaced.
         let bad = |_: &str| Some(&b"two words"[..]);
         assert!(request_id(&names, bad, "/generate").starts_with("gnt-"));

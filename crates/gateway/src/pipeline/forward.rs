@@ -174,7 +174,10 @@ where
     span.record("worker", chosen.url.as_str());
     span.record("matched_tokens", matched);
     span.record("reason", plan.decision.reason.as_str());
-    gw.metrics.decisions.inc(format_args!("policy=\"{}\",reason=\"{}\"", pool.policy.name(), plan.decision.reason));
+    // Keyed by the policy's name (a static string: its address and length) and the reason.
+    let policy = pool.policy.name();
+    let key = (policy.as_ptr() as u64) << 16 | (policy.len() as u64 & 0xff) << 8 | plan.decision.reason as u64;
+    gw.metrics.decisions.inc_keyed(key, format_args!("policy=\"{policy}\",reason=\"{}\"", plan.decision.reason));
     gw.metrics.matched_tokens.observe(matched as f64);
     gw.metrics.cached.decided(&plan.regret);
     // Tell a data-parallel engine which rank holds the prefix: SGLang's and
