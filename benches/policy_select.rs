@@ -12,8 +12,8 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use policy::{
-    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, Candidate, Decision, LeastLoad, Load, MinTtft,
-    MinTtftConfig, Policy, PowerOfTwo, Random, RequestInfo, RoundRobin,
+    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, Candidate, Decision, ExpectedWait, LeastLoad,
+    Load, LoadMetric, MinTtft, MinTtftConfig, Policy, PowerOfTwo, Random, RequestInfo, RoundRobin,
 };
 use router_types::WorkerId;
 
@@ -26,6 +26,7 @@ fn candidates(n: usize) -> Vec<Candidate> {
             followed: true,
             warmup: Default::default(),
             kv_usage: None,
+            report: None,
         })
         .collect()
 }
@@ -41,7 +42,7 @@ fn bench(c: &mut Criterion) {
     let policies: Vec<Box<dyn Policy>> = vec![
         Box::new(RoundRobin::default()),
         Box::new(Random::new(1)),
-        Box::new(PowerOfTwo::new(2)),
+        Box::new(PowerOfTwo::new(2, LoadMetric::default(), ExpectedWait::default())),
         Box::new(LeastLoad::default()),
         Box::new(CacheAware::new(CacheAwareConfig::default(), 3)),
         Box::new(MinTtft::new(MinTtftConfig::default())),

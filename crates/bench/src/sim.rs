@@ -18,8 +18,8 @@ use anyhow::{Result, bail};
 use kv_index::{IndexConfig, KvIndex, ManualClock, StoredBlock, StreamId};
 use mock_engine::PagedCache;
 use policy::{
-    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, Candidate, LeastLoad, Load, MinTtft,
-    MinTtftConfig, Policy, PowerOfTwo, Random, RequestInfo, RoundRobin,
+    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, Candidate, ExpectedWait, LeastLoad, Load,
+    LoadMetric, MinTtft, MinTtftConfig, Policy, PowerOfTwo, Random, RequestInfo, RoundRobin,
 };
 use router_types::{BlockHash, DpRank, Tier, WorkerId, WorkerKey, WorkerUrl};
 use serde::Serialize;
@@ -111,7 +111,7 @@ fn make_policy(name: &str, seed: u64) -> Result<Box<dyn Policy>> {
     Ok(match name {
         "round_robin" => Box::new(RoundRobin::default()),
         "random" => Box::new(Random::new(seed)),
-        "power_of_two" => Box::new(PowerOfTwo::new(seed)),
+        "power_of_two" => Box::new(PowerOfTwo::new(seed, LoadMetric::default(), ExpectedWait::default())),
         "least_load" => Box::new(LeastLoad::default()),
         "approx_tree" => Box::new(ApproxTreePolicy::new(ApproxTreeConfig::default())),
         "cache_aware" => Box::new(CacheAware::new(CacheAwareConfig::default(), seed)),
@@ -207,6 +207,7 @@ pub(crate) fn run(trace: &[TraceRequest], policy: &str, cfg: &SimConfig) -> Resu
                     followed: true,
                     warmup: Default::default(),
                     kv_usage: None,
+                    report: None,
                 }
             })
             .collect();

@@ -75,6 +75,7 @@ pub(crate) async fn loads(engine: &Engine, timeout: Duration) -> Result<Vec<Rank
             waiting: clamp(l.num_waiting_reqs),
             uncached: clamp(l.num_waiting_uncached_tokens),
             token_usage: if l.token_usage.is_finite() { l.token_usage.clamp(0.0, 1.0) } else { 0.0 },
+            gen_throughput: if l.gen_throughput.is_finite() { l.gen_throughput.max(0.0) } else { 0.0 },
         })
         .collect())
 }

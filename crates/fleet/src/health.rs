@@ -248,6 +248,8 @@ fn loaded(w: &Worker, ranks: Vec<crate::liveness::RankReport>) {
     w.set_reported_uncached_tokens(sum(|r| r.uncached));
     let per_rank: Vec<(usize, u64)> = ranks.iter().map(|r| (r.dp_rank as usize, r.uncached)).collect();
     w.set_reported_rank_loads(&per_rank);
+    // What was sent before this report is in it: the tally since starts afresh.
+    w.since_poll.reported(ranks.iter().map(|r| r.gen_throughput).sum());
     // Overload protection's signals: queued requests over the ranks, their mean KV usage.
     w.liveness.set_rank_reports(ranks);
 }

@@ -26,6 +26,7 @@ pub mod liveness;
 mod metrics;
 mod pd_facts;
 mod ranks;
+mod since_poll;
 mod ticks;
 mod tls;
 pub mod warmup;
@@ -52,6 +53,7 @@ pub use kv_ingest::snapshot::{DEFAULT_SNAPSHOT_MAX_BLOCKS, DEFAULT_SNAPSHOT_MAX_
 pub use kv_ingest::{IndexSnapshot, SnapshotLimits, TakenSnapshot};
 pub use pd_facts::PdFacts;
 pub use ranks::RankHeader;
+pub use since_poll::{Sent, SincePoll};
 pub use tls::{TlsError, WorkerTls, certificates, private_key};
 pub use worker::{Events, LoadGuard, MAX_QUARANTINE, State, Worker, WorkerInfo, from_server_info};
 

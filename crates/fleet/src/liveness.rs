@@ -180,6 +180,8 @@ pub struct RankReport {
     pub uncached: u64,
     /// KV-cache token usage, 0 to 1.
     pub token_usage: f64,
+    /// Tokens a second it generates (`gen_throughput`; 0 when not reported).
+    pub gen_throughput: f64,
 }
 
 impl RankReport {
@@ -192,12 +194,14 @@ impl RankReport {
             .map(|l| {
                 let n = |k: &str| l.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
                 let usage = l.get("token_usage").and_then(serde_json::Value::as_f64).filter(|u| u.is_finite());
+                let throughput = l.get("gen_throughput").and_then(serde_json::Value::as_f64).filter(|t| t.is_finite());
                 RankReport {
                     dp_rank: u32::try_from(n("dp_rank")).unwrap_or(u32::MAX),
                     running: n("num_running_reqs"),
                     waiting: n("num_waiting_reqs"),
                     uncached: n("num_waiting_uncached_tokens"),
                     token_usage: usage.unwrap_or(0.0).clamp(0.0, 1.0),
+                    gen_throughput: throughput.unwrap_or(0.0).max(0.0),
                 }
             })
             .collect()

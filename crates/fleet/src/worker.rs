@@ -136,6 +136,8 @@ pub struct Worker {
     reported_uncached: AtomicU64,
     /// Requests it reports running or waiting (every router's), from `/v1/loads`.
     reported_requests: AtomicU32,
+    /// What this router sent it since its last load report, and that report's throughput.
+    pub since_poll: crate::since_poll::SincePoll,
     /// Other router replicas' requests in flight on it and the prefill they owe it, as they
     /// last shared them (`--shared-state`; zero alone or when their reports are stale).
     remote_in_flight: AtomicU32,
@@ -272,6 +274,7 @@ impl Worker {
             uncached_tokens: AtomicU64::new(0),
             reported_uncached: AtomicU64::new(0),
             reported_requests: AtomicU32::new(0),
+            since_poll: Default::default(),
             remote_in_flight: AtomicU32::new(0),
             remote_uncached: AtomicU64::new(0),
             loads_unsupported: AtomicBool::new(false),

@@ -85,6 +85,21 @@ pub struct Prompted<'a> {
     pub credit: bool,
 }
 
+/// A worker's standing load report as the load policies read it, with what was sent since
+/// (`None` while it has none).
+fn reported(w: &Worker) -> Option<policy::Reported> {
+    w.liveness.kv_usage_permille()?;
+    let sent = w.since_poll.get();
+    Some(policy::Reported {
+        queued_tokens: w.reported_uncached_tokens(),
+        waiting: w.liveness.waiting(),
+        throughput: sent.throughput,
+        sent: sent.requests,
+        sent_tokens: sent.tokens,
+        sent_unknown: sent.unknown,
+    })
+}
+
 /// Each index worker's deepest match over `chains` (one per hash mode): blocks and the rank
 /// holding them.
 pub fn match_chains(index: &KvIndex, chains: &[Vec<BlockHash>]) -> HashMap<kv_index::WorkerId, (u32, Option<DpRank>)> {
@@ -195,6 +210,7 @@ impl Planner<'_> {
                     // Decode legs hold no prefix: no warm-up slice for them.
                     warmup: if match_prefix { w.warmup() } else { Default::default() },
                     kv_usage: w.liveness.kv_usage_permille(),
+                    report: reported(w),
                 }
             })
             .collect();

@@ -356,6 +356,7 @@ mod tests {
             followed: false,
             warmup: Default::default(),
             kv_usage: None,
+            report: None,
         }
     }
 

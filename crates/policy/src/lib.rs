@@ -16,14 +16,16 @@ use router_types::WorkerId;
 
 mod approx_tree;
 mod cache_aware;
+mod load;
 mod min_ttft;
 mod simple;
 mod sticky;
 
 pub use approx_tree::{ApproxTree, ApproxTreeConfig, ApproxTreePolicy, NODE_BYTES};
 pub use cache_aware::{CacheAware, CacheAwareConfig};
+pub use load::{ExpectedWait, LeastLoad, LoadMetric, PowerOfTwo};
 pub use min_ttft::{MinTtft, MinTtftConfig};
-pub use simple::{Draws, LeastLoad, PowerOfTwo, Random, RoundRobin, SplitMix};
+pub use simple::{Draws, Random, RoundRobin, SplitMix};
 pub use sticky::{Manual, by_key};
 
 /// Router-side load of one worker (the fleet keeps it; the shared vocabulary holds the type).
@@ -47,6 +49,27 @@ pub struct Candidate {
     pub warmup: Warmup,
     /// The KV-cache usage its engine last reported, in thousandths (`None`: no report).
     pub kv_usage: Option<u16>,
+    /// Its engine's standing load report, with what this router sent it since (`None`: no
+    /// report; the load policies' expected wait reads it).
+    pub report: Option<Reported>,
+}
+
+/// What a worker's engine last reported of its queue and speed (over its data-parallel
+/// ranks), with the requests this router sent it since that report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Reported {
+    /// Prompt tokens waiting in its queue, not cached (`num_waiting_uncached_tokens`).
+    pub queued_tokens: u64,
+    /// Requests waiting in its queue (`num_waiting_reqs`).
+    pub waiting: u32,
+    /// Tokens it generates a second (`gen_throughput`, rounded; 0: not reported).
+    pub throughput: u32,
+    /// Requests this router sent it since the report.
+    pub sent: u32,
+    /// Their uncached prompt tokens, of those the router counted.
+    pub sent_tokens: u64,
+    /// Those of them whose prompt the router did not count (no tokenizer).
+    pub sent_unknown: u32,
 }
 
 /// Why a worker was chosen: a closed set, used as a metric label.
@@ -99,6 +122,10 @@ pub enum PolicyError {
     /// No healthy worker.
     #[error("no healthy worker")]
     NoCandidates,
+    /// Every candidate's reported queue, with the requests sent since, is at
+    /// `--least-load-max-waiting-requests`.
+    #[error("every worker's waiting queue is at --least-load-max-waiting-requests")]
+    AllAtWaitingCap,
 }
 
 /// What a policy may know of the request.
@@ -162,6 +189,7 @@ pub(crate) fn test_candidate(worker: u32, matched: u64, owed: u64) -> Candidate 
         followed: true,
         warmup: Warmup::Warm,
         kv_usage: None,
+        report: None,
     }
 }
 

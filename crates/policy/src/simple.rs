@@ -1,11 +1,11 @@
-//! Load-only policies: round robin, random, power of two choices, least load;
-//! and the shared pieces (the seedable random stream, the load order).
+//! Round robin and random; and the pieces the load policies share (the seedable random
+//! stream, the load order, a power-of-two draw).
 //!
 //! Each `select` reads its state (the last worker served, the stream's
 //! position, the tie counter) and each `commit` moves it, so a selection that
 //! is never sent changes nothing.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use router_types::WorkerId;
 
@@ -38,18 +38,6 @@ pub struct RoundRobin {
 #[derive(Debug)]
 pub struct Random {
     rng: SplitMix,
-}
-
-/// The less loaded of two distinct random candidates.
-#[derive(Debug)]
-pub struct PowerOfTwo {
-    rng: SplitMix,
-}
-
-/// The least loaded candidate (fewest in-flight requests, then fewest uncached tokens).
-#[derive(Debug, Default)]
-pub struct LeastLoad {
-    tie: AtomicUsize,
 }
 
 /// The SplitMix64 increment (the golden ratio).
@@ -112,16 +100,21 @@ pub(crate) fn lighter(a: &Candidate, b: &Candidate) -> bool {
 /// Power of two choices over `candidates`, drawing from `draws`
 /// (two draws, none for a single candidate).
 pub(crate) fn power_of_two(draws: &mut Draws, candidates: &[Candidate]) -> WorkerId {
-    let n = candidates.len();
-    if n == 1 {
+    if candidates.len() == 1 {
         return candidates[0].worker;
     }
+    let (a, b) = two(draws, candidates.len());
+    if lighter(&candidates[b], &candidates[a]) { candidates[b].worker } else { candidates[a].worker }
+}
+
+/// Two distinct uniform positions below `n` (`n >= 2`), from two draws.
+pub(crate) fn two(draws: &mut Draws, n: usize) -> (usize, usize) {
     let a = draws.below(n);
     let mut b = draws.below(n - 1);
     if b >= a {
         b += 1;
     }
-    if lighter(&candidates[b], &candidates[a]) { candidates[b].worker } else { candidates[a].worker }
+    (a, b)
 }
 
 /// Takes from `rng` the draws a power-of-two choice over `candidates` used.
@@ -188,55 +181,6 @@ impl Policy for Random {
 
     fn commit(&self, _decision: &Decision, _candidates: &[Candidate], _request: &RequestInfo<'_>) {
         self.rng.advance(1);
-    }
-}
-
-// === impl PowerOfTwo ===
-
-impl PowerOfTwo {
-    /// Seeded.
-    pub fn new(seed: u64) -> Self {
-        Self { rng: SplitMix::new(seed) }
-    }
-}
-
-impl Policy for PowerOfTwo {
-    fn name(&self) -> &'static str {
-        "power_of_two"
-    }
-
-    fn select(&self, candidates: &[Candidate], _request: &RequestInfo<'_>) -> Result<Decision, PolicyError> {
-        check(candidates)?;
-        Ok(Decision { worker: power_of_two(&mut self.rng.peek(), candidates), reason: Reason::PowerOfTwo })
-    }
-
-    fn commit(&self, _decision: &Decision, candidates: &[Candidate], _request: &RequestInfo<'_>) {
-        commit_power_of_two(&self.rng, candidates);
-    }
-}
-
-// === impl LeastLoad ===
-
-impl Policy for LeastLoad {
-    fn name(&self) -> &'static str {
-        "least_load"
-    }
-
-    fn select(&self, candidates: &[Candidate], _request: &RequestInfo<'_>) -> Result<Decision, PolicyError> {
-        check(candidates)?;
-        // Rotate the starting point so ties do not always go to the first worker.
-        let start = self.tie.load(Ordering::Relaxed) % candidates.len();
-        let mut best = &candidates[start];
-        for c in candidates[start..].iter().chain(&candidates[..start]) {
-            if lighter(c, best) {
-                best = c;
-            }
-        }
-        Ok(Decision { worker: best.worker, reason: Reason::LeastLoad })
-    }
-
-    fn commit(&self, _decision: &Decision, _candidates: &[Candidate], _request: &RequestInfo<'_>) {
-        self.tie.fetch_add(1, Ordering::Relaxed);
     }
 }
 

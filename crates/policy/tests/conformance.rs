@@ -10,8 +10,9 @@
 //! - decisions name one of the candidates; no candidates is an error.
 
 use policy::{
-    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, Candidate, Decision, LeastLoad, Load, MinTtft,
-    MinTtftConfig, Policy, PolicyError, PowerOfTwo, Random, RequestInfo, RoundRobin,
+    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, Candidate, Decision, ExpectedWait, LeastLoad,
+    Load, LoadMetric, MinTtft, MinTtftConfig, Policy, PolicyError, PowerOfTwo, Random, Reported, RequestInfo,
+    RoundRobin,
 };
 use router_types::WorkerId;
 
@@ -51,13 +52,23 @@ fn script(seed: u64, len: usize) -> Vec<Step> {
             let mut candidates: Vec<Candidate> = Vec::new();
             for &w in &fleet {
                 if rng.below(4) != 0 {
+                    // Half of them with a standing load report (the load policies' expected wait).
+                    let report = (rng.below(2) == 0).then(|| Reported {
+                        queued_tokens: 1000 * rng.below(3) as u64,
+                        waiting: rng.below(3) as u32,
+                        throughput: [0, 1000, 3000][rng.below(3)],
+                        sent: rng.below(3) as u32,
+                        sent_tokens: 500 * rng.below(2) as u64,
+                        sent_unknown: rng.below(2) as u32,
+                    });
                     candidates.push(Candidate {
                         worker: WorkerId(w),
                         load: Load { in_flight: rng.below(3) as u32, uncached_tokens: 1000 * rng.below(3) as u64 },
                         matched_tokens: [0, 512, 2048, 4096][rng.below(4)],
                         followed: rng.below(2) == 0,
                         warmup: Default::default(),
-                        kv_usage: None,
+                        kv_usage: report.map(|_| [0, 500, 990][rng.below(3)]),
+                        report,
                     });
                 }
             }
@@ -69,6 +80,7 @@ fn script(seed: u64, len: usize) -> Vec<Step> {
                     followed: false,
                     warmup: Default::default(),
                     kv_usage: None,
+                    report: None,
                 });
             }
             for k in (1..candidates.len()).rev() {
@@ -133,7 +145,9 @@ fn random_conforms() {
 
 #[test]
 fn power_of_two_conforms() {
-    conforms(|| Box::new(PowerOfTwo::new(12)));
+    conforms(|| Box::new(PowerOfTwo::new(12, LoadMetric::ExpectedWait, ExpectedWait::default())));
+    conforms(|| Box::new(PowerOfTwo::new(12, LoadMetric::Requests, ExpectedWait::default())));
+    conforms(|| Box::new(PowerOfTwo::new(12, LoadMetric::LeastRequests, ExpectedWait::default())));
 }
 
 #[test]
@@ -144,6 +158,14 @@ fn manual_conforms() {
 #[test]
 fn least_load_conforms() {
     conforms(|| Box::new(LeastLoad::default()));
+    conforms(|| {
+        Box::new(LeastLoad::new(ExpectedWait {
+            kv_pressure_weight: 1.0,
+            default_throughput: 500.0,
+            mean_prefill_tokens: 64,
+            max_waiting_requests: 0,
+        }))
+    });
 }
 
 #[test]

@@ -79,6 +79,20 @@ pub(crate) enum PolicyName {
     MinTtft,
 }
 
+/// What power_of_two compares (`--power-of-two-load-metric`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LoadMetricName {
+    /// The two draws' expected waits.
+    #[value(name = "expected_wait")]
+    ExpectedWait,
+    /// Their requests in flight, then their prompt tokens owed.
+    #[value(name = "requests")]
+    Requests,
+    /// No draws: the fewest requests of the workers with a load report.
+    #[value(name = "least_requests")]
+    LeastRequests,
+}
+
 /// The router's own flags.
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
@@ -268,6 +282,31 @@ pub(crate) struct ServeArgs {
     /// [default: 1.0, off].
     #[arg(long, env = "SGL_ROUTER_OVERLOAD_TOKEN_USAGE_THRESHOLD", value_name = "U")]
     pub(crate) overload_token_usage_threshold: Option<f64>,
+    /// least_load and power_of_two (Shepherd Model Gateway's expected-wait model): the seconds
+    /// the KV-cache barrier `weight * k / (1 - k)` weighs at an engine's reported usage k
+    /// [default: 0.15].
+    #[arg(long, env = "SGL_ROUTER_LEAST_LOAD_KV_PRESSURE_WEIGHT", value_name = "SECS")]
+    pub(crate) least_load_kv_pressure_weight: Option<f64>,
+    /// least_load and power_of_two: the tokens a second an engine drains when it reports no
+    /// `gen_throughput` [default: 2000.0].
+    #[arg(long, env = "SGL_ROUTER_LEAST_LOAD_DEFAULT_THROUGHPUT", value_name = "TOKENS_PER_SEC")]
+    pub(crate) least_load_default_throughput: Option<f64>,
+    /// least_load and power_of_two: a prompt's tokens when the router did not count them (no
+    /// tokenizer), and a reported waiting request's when its engine reports no token count
+    /// [default: 1024].
+    #[arg(long, env = "SGL_ROUTER_LEAST_LOAD_MEAN_PREFILL_TOKENS", value_name = "N")]
+    pub(crate) least_load_mean_prefill_tokens: Option<u32>,
+    /// least_load: leave out a worker whose engine reports this many waiting requests,
+    /// counting those sent since its report; every worker at the cap answers 503
+    /// [default: 0, no cap].
+    #[arg(long, env = "SGL_ROUTER_LEAST_LOAD_MAX_WAITING_REQUESTS", value_name = "N")]
+    pub(crate) least_load_max_waiting_requests: Option<u32>,
+    /// power_of_two: what the two draws are compared by: expected_wait (the engines' reported
+    /// queues, throughput and KV usage, as least_load), requests (requests in flight, then
+    /// prompt tokens owed), least_requests (no draws: the fewest requests of the reporting
+    /// workers) [default: expected_wait].
+    #[arg(long, env = "SGL_ROUTER_POWER_OF_TWO_LOAD_METRIC", value_name = "METRIC")]
+    pub(crate) power_of_two_load_metric: Option<LoadMetricName>,
     /// KV index: credit the chosen worker with the request's blocks for this long, so a burst
     /// sharing a cold prefix lands together before the events arrive [default: 0, off].
     #[arg(

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use fleet::EventsConfig;
 use gateway::pd::PdMode;
-use policy::{ApproxTreeConfig, CacheAwareConfig, MinTtftConfig};
+use policy::{ApproxTreeConfig, CacheAwareConfig, ExpectedWait, LoadMetric, MinTtftConfig};
 use router_types::{Bootstrap, WorkerUrl};
 
 /// The selection policy and its knobs.
@@ -22,10 +22,10 @@ pub enum PolicyConfig {
     RoundRobin,
     /// Uniform.
     Random,
-    /// Less loaded of two.
-    PowerOfTwo,
-    /// Least loaded.
-    LeastLoad,
+    /// Less loaded of two, compared by the metric (expected waits by the model).
+    PowerOfTwo(LoadMetric, ExpectedWait),
+    /// The least expected wait.
+    LeastLoad(ExpectedWait),
     /// Sticky by `x-smg-routing-key`, random without it.
     Manual,
     /// Approximate text tree (no KV events), trimmed every interval.
@@ -41,6 +41,16 @@ impl PolicyConfig {
     /// cache_aware with every default (its text tree trimmed every minute).
     pub fn cache_aware() -> Self {
         PolicyConfig::CacheAware(CacheAwareConfig::default(), ApproxTreeConfig::default())
+    }
+
+    /// power_of_two with every default (expected waits, SMG's model parameters).
+    pub fn power_of_two() -> Self {
+        PolicyConfig::PowerOfTwo(LoadMetric::default(), ExpectedWait::default())
+    }
+
+    /// least_load with every default (SMG's model parameters).
+    pub fn least_load() -> Self {
+        PolicyConfig::LeastLoad(ExpectedWait::default())
     }
 }
 

@@ -12,7 +12,7 @@ use policy::{ApproxTreeConfig, CacheAwareConfig, MinTtftConfig};
 use router_types::WorkerUrl;
 use sgl_router::app::{App, AppConfig, PolicyConfig};
 
-use crate::cli::{LogFormat, PolicyName, ServeArgs};
+use crate::cli::{LoadMetricName, LogFormat, PolicyName, ServeArgs};
 use crate::usage::UsageError;
 
 /// Turns flags into a config; tuning a policy that is not selected is an error.
@@ -25,7 +25,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     };
     // Each tuning flag belongs to one policy (the text tree's to two: approx_tree, and
     // cache_aware for workers without KV events); setting it under another is a mistake.
-    use PolicyName::{CacheAware, MinTtft};
+    use PolicyName::{CacheAware, LeastLoad, MinTtft, PowerOfTwo};
+    let lw = policy::ExpectedWait::default();
     let policy_flags = [
         ("--cache-affinity-min-matched-tokens", a.cache_affinity_min_matched_tokens.is_some(), Owner(CacheAware)),
         ("--cache-candidates-min", a.cache_candidates_min.is_some(), Owner(CacheAware)),
@@ -45,6 +46,33 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         ("--approx-eviction-interval-secs", a.approx_eviction_interval_secs.is_some(), TextTree),
         ("--approx-max-tree-bytes", a.approx_max_tree_bytes.is_some(), TextTree),
         ("--ttft-hit-weight", a.ttft_hit_weight.is_some(), Owner(MinTtft)),
+        // SMG's load-model options: its default values are accepted under any policy (an `smg`
+        // command line passes them whatever its policy), others only where they act.
+        (
+            "--least-load-kv-pressure-weight",
+            a.least_load_kv_pressure_weight.is_some_and(|v| v != lw.kv_pressure_weight),
+            LoadModel,
+        ),
+        (
+            "--least-load-default-throughput",
+            a.least_load_default_throughput.is_some_and(|v| v != lw.default_throughput),
+            LoadModel,
+        ),
+        (
+            "--least-load-mean-prefill-tokens",
+            a.least_load_mean_prefill_tokens.is_some_and(|v| v != lw.mean_prefill_tokens),
+            LoadModel,
+        ),
+        (
+            "--least-load-max-waiting-requests",
+            a.least_load_max_waiting_requests.is_some_and(|v| v != 0),
+            Owner(LeastLoad),
+        ),
+        (
+            "--power-of-two-load-metric",
+            a.power_of_two_load_metric.is_some_and(|m| m != LoadMetricName::ExpectedWait),
+            Owner(PowerOfTwo),
+        ),
     ];
     let mut selected = vec![a.policy, a.pd.prefill_policy.unwrap_or(a.policy), a.pd.decode_policy.unwrap_or(a.policy)];
     selected.extend(routing.iter().flat_map(|r| r.pools.iter().map(|p| p.policy)));
@@ -55,6 +83,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         let owner = match owner {
             Owner(p) => format!("the {} policy", policy_name(*p)),
             TextTree => "the text tree of approx_tree and cache_aware".into(),
+            LoadModel => "the expected wait of least_load and power_of_two".into(),
         };
         return usage(format!("{flag} tunes {owner}, but --policy is {}", policy_name(a.policy)));
     }
@@ -144,6 +173,19 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             return usage(format!("{flag} {v}: a finite number above 0 (1 or more: off)"));
         }
     }
+    let w = policy::ExpectedWait::default();
+    let wait = policy::ExpectedWait {
+        kv_pressure_weight: a.least_load_kv_pressure_weight.unwrap_or(w.kv_pressure_weight),
+        default_throughput: a.least_load_default_throughput.unwrap_or(w.default_throughput),
+        mean_prefill_tokens: a.least_load_mean_prefill_tokens.unwrap_or(w.mean_prefill_tokens),
+        max_waiting_requests: a.least_load_max_waiting_requests.unwrap_or(w.max_waiting_requests),
+    };
+    wait.check().map_err(|e| UsageError(format!("--least-load-*: {e}")))?;
+    let metric = match a.power_of_two_load_metric {
+        None | Some(LoadMetricName::ExpectedWait) => policy::LoadMetric::ExpectedWait,
+        Some(LoadMetricName::Requests) => policy::LoadMetric::Requests,
+        Some(LoadMetricName::LeastRequests) => policy::LoadMetric::LeastRequests,
+    };
     if !(0.0..=1.0).contains(&a.retry.retry_jitter_factor) {
         return usage("--retry-jitter-factor: between 0 and 1".into());
     }
@@ -222,8 +264,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     let policy_config = |name: PolicyName| match name {
         PolicyName::RoundRobin => PolicyConfig::RoundRobin,
         PolicyName::Random => PolicyConfig::Random,
-        PolicyName::PowerOfTwo => PolicyConfig::PowerOfTwo,
-        PolicyName::LeastLoad => PolicyConfig::LeastLoad,
+        PolicyName::PowerOfTwo => PolicyConfig::PowerOfTwo(metric, wait),
+        PolicyName::LeastLoad => PolicyConfig::LeastLoad(wait),
         PolicyName::Manual => PolicyConfig::Manual,
         PolicyName::CacheAware => PolicyConfig::CacheAware(
             CacheAwareConfig {
@@ -463,14 +505,17 @@ enum FlagOwner {
     Owner(PolicyName),
     /// The text tree: approx_tree's, and cache_aware's for workers without events.
     TextTree,
+    /// The expected-wait model: least_load's, and power_of_two's.
+    LoadModel,
 }
-use FlagOwner::{Owner, TextTree};
+use FlagOwner::{LoadModel, Owner, TextTree};
 
 impl FlagOwner {
     fn owns(self, p: PolicyName) -> bool {
         match self {
             Owner(o) => o == p,
             TextTree => matches!(p, PolicyName::ApproxTree | PolicyName::CacheAware),
+            LoadModel => matches!(p, PolicyName::LeastLoad | PolicyName::PowerOfTwo),
         }
     }
 }

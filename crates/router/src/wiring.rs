@@ -262,8 +262,8 @@ pub(crate) fn build_policy(config: &PolicyConfig) -> Arc<dyn Policy> {
     match config {
         PolicyConfig::RoundRobin => Arc::new(RoundRobin::default()),
         PolicyConfig::Random => Arc::new(Random::new(seed())),
-        PolicyConfig::PowerOfTwo => Arc::new(PowerOfTwo::new(seed())),
-        PolicyConfig::LeastLoad => Arc::new(LeastLoad::default()),
+        PolicyConfig::PowerOfTwo(metric, wait) => Arc::new(PowerOfTwo::new(seed(), *metric, *wait)),
+        PolicyConfig::LeastLoad(wait) => Arc::new(LeastLoad::new(*wait)),
         PolicyConfig::Manual => Arc::new(policy::Manual::new(seed())),
         PolicyConfig::CacheAware(c, tree) => Arc::new(CacheAware::new(*c, seed()).with_text_tree(*tree)),
         PolicyConfig::MinTtft(c) => Arc::new(MinTtft::new(*c)),

@@ -103,6 +103,7 @@ pub(crate) async fn serve(
                 }
                 worker = next;
                 guard.load = worker.charge_on(job.uncached, worker.least_loaded_rank());
+                worker.since_poll.sent(Some(job.uncached));
                 Span::current().record("worker", worker.url.as_str());
             }
         }

@@ -22,8 +22,6 @@ const PDADM: &str =
     "no prefill admission queue: PD requests are admitted by --max-concurrent-requests and --queue-size";
 const JOBQ: &str = "workers are added and removed at once here (no control-plane job queue)";
 const PREFIXHASH: &str = "the prefix_hash policy is not here: use --policy cache_aware (or approx_tree)";
-const LEAST: &str = "least_load here compares in-flight requests and owed prefill tokens (no expected-wait model)";
-const P2: &str = "power_of_two here compares in-flight requests and owed prefill tokens";
 const INDEX: &str = "one KV index here: exact block hashes per worker and rank";
 const SEL: &str = "cache_aware has the one selection policy here (with --overlap-decay and --selection-temperature)";
 const BUCKET: &str = "the bucket policy is not here";
@@ -84,11 +82,6 @@ const OPTIONS: &[SmgOnly] = &[
     o("prefix-token-count", &[], Value, Some("256"), PREFIXHASH),
     o("prefix-hash-load-factor", &[], Value, Some("1.25"), PREFIXHASH),
     o("prefix-hash-balance-abs-threshold", &[], Value, Some("10"), PREFIXHASH),
-    o("least-load-kv-pressure-weight", &[], Value, Some("0.15"), LEAST),
-    o("least-load-default-throughput", &[], Value, Some("2000.0"), LEAST),
-    o("least-load-mean-prefill-tokens", &[], Value, Some("1024"), LEAST),
-    o("least-load-max-waiting-requests", &[], Value, Some("0"), LEAST),
-    o("power-of-two-load-metric", &[], Value, Some("expected_wait"), P2),
     o("kv-index", &[], Value, Some("positional"), INDEX),
     o("selection-policy", &[], Value, Some("cache-aware-default"), SEL),
     o("bucket-adjust-interval-secs", &[], Value, Some("5"), BUCKET),

@@ -199,7 +199,7 @@ async fn a_disaggregated_pool_refuses_messages_with_the_reason() {
     let d = MockEngine::spawn(common::pd::role_config(PdRole::Decode, Flavor::Sglang, 1)).await.unwrap();
     let (ps, ds) = (std::slice::from_ref(&p), std::slice::from_ref(&d));
     let mode = gateway::pd::PdMode::Sglang;
-    let r = start(common::pd::pd_config(mode, ps, ds, PolicyConfig::cache_aware(), PolicyConfig::PowerOfTwo)).await;
+    let r = start(common::pd::pd_config(mode, ps, ds, PolicyConfig::cache_aware(), PolicyConfig::power_of_two())).await;
     let resp = post(&format!("{}/v1/messages", r.url), &messages("Be brief.", "Hi")).await;
     assert_eq!(resp.status(), 400);
     let e: Value = resp.json().await.unwrap();

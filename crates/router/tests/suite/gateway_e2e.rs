@@ -407,7 +407,7 @@ async fn workers_added_at_run_time_are_followed_by_their_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_and_timeouts_get_429_and_504() {
     let w = MockEngine::spawn(engine_config()).await.unwrap();
-    let mut cfg = config(&[&w], PolicyConfig::LeastLoad, false);
+    let mut cfg = config(&[&w], PolicyConfig::least_load(), false);
     cfg.max_concurrent = 1;
     cfg.request_timeout = Duration::from_millis(500);
     let r = start(cfg).await;
@@ -444,7 +444,7 @@ async fn a_client_that_goes_away_releases_its_load_and_the_upstream() {
     })
     .await
     .unwrap();
-    let r = start(config(&[&w], PolicyConfig::LeastLoad, false)).await;
+    let r = start(config(&[&w], PolicyConfig::least_load(), false)).await;
     let mut body = chat("s", "long stream");
     body["stream"] = json!(true);
     body["max_tokens"] = json!(500);

@@ -30,7 +30,7 @@ fn cache_aware(min_matched_tokens: u64) -> PolicyConfig {
 }
 
 async fn pd_router(mode: PdMode, prefill: &[MockEngine], decode: &[MockEngine]) -> Running {
-    start(pd_config(mode, prefill, decode, cache_aware(16), PolicyConfig::PowerOfTwo)).await
+    start(pd_config(mode, prefill, decode, cache_aware(16), PolicyConfig::power_of_two())).await
 }
 
 fn counters(m: &MockEngine) -> &mock_engine::PdCounters {
@@ -244,7 +244,7 @@ async fn prompt_logprobs_are_merged_from_prefill() {
 async fn prefill_is_chosen_by_events_and_a_cold_burst_lands_on_one_worker() {
     let prefill = engines(PdRole::Prefill, Flavor::Sglang, 2, 1).await;
     let decode = engines(PdRole::Decode, Flavor::Sglang, 2, 1).await;
-    let mut c = pd_config(PdMode::Sglang, &prefill, &decode, cache_aware(16), PolicyConfig::PowerOfTwo);
+    let mut c = pd_config(PdMode::Sglang, &prefill, &decode, cache_aware(16), PolicyConfig::power_of_two());
     c.pending_ttl = Duration::from_secs(2);
     let r = start(c).await;
     // A burst of one cold prompt: the pending prefix sends it all to one prefill worker.
@@ -327,7 +327,7 @@ async fn a_worker_whose_report_contradicts_its_role_is_refused() {
 async fn vllm_two_stages_with_complete_params_and_never_without() {
     let prefill = engines(PdRole::Prefill, Flavor::Vllm, 1, 1).await;
     let decode = engines(PdRole::Decode, Flavor::Vllm, 1, 1).await;
-    let mut c = pd_config(PdMode::Vllm, &prefill, &decode, cache_aware(16), PolicyConfig::PowerOfTwo);
+    let mut c = pd_config(PdMode::Vllm, &prefill, &decode, cache_aware(16), PolicyConfig::power_of_two());
     c.retry.enabled = false;
     let r = start(c).await;
     for (path, body) in [
@@ -419,7 +419,7 @@ async fn vllm_mooncake_links_both_legs_by_a_transfer_id() {
     pc.pd.mooncake = true;
     let prefill = vec![MockEngine::spawn(pc.clone()).await.unwrap(), MockEngine::spawn(pc).await.unwrap()];
     let decode = engines(PdRole::Decode, Flavor::Vllm, 1, 1).await;
-    let mut c = pd_config(PdMode::Vllm, &prefill, &decode, PolicyConfig::RoundRobin, PolicyConfig::PowerOfTwo);
+    let mut c = pd_config(PdMode::Vllm, &prefill, &decode, PolicyConfig::RoundRobin, PolicyConfig::power_of_two());
     c.pd.as_mut().unwrap().connector = gateway::pd::KvConnector::Mooncake;
     let r = start(c).await;
     for i in 0..4 {

@@ -48,7 +48,7 @@ async fn engine(role: PdRole, flavor: Flavor, dp_size: usize) -> MockEngine {
 
 async fn router(mode: PdMode, p: &MockEngine, d: &MockEngine) -> common::app::Running {
     let (p, d) = (std::slice::from_ref(p), std::slice::from_ref(d));
-    start(common::pd::pd_config(mode, p, d, PolicyConfig::cache_aware(), PolicyConfig::PowerOfTwo)).await
+    start(common::pd::pd_config(mode, p, d, PolicyConfig::cache_aware(), PolicyConfig::power_of_two())).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,7 +30,7 @@ async fn a_short_or_held_prompt_is_served_by_its_decode_worker_alone() {
     let decode_config = MockEngineConfig { kv_events: true, ..role_config(PdRole::Decode, Flavor::Vllm, 1) };
     let decode = MockEngine::spawn(decode_config).await.unwrap();
     let (prefill, decode) = (vec![prefill], vec![decode]);
-    let mut c = pd_config(PdMode::Vllm, &prefill, &decode, PolicyConfig::cache_aware(), PolicyConfig::PowerOfTwo);
+    let mut c = pd_config(PdMode::Vllm, &prefill, &decode, PolicyConfig::cache_aware(), PolicyConfig::power_of_two());
     c.pd.as_mut().unwrap().skip_prefill = SkipPrefill { uncached_below: 64, cached_fraction: 0.0 };
     let r = start(c).await;
     let url = format!("{}/v1/chat/completions", r.url);

@@ -36,7 +36,7 @@ async fn one_replicas_requests_in_flight_count_in_the_others_view_of_the_workers
     for w in [&w0, &w1] {
         w.engine().set_faults(Faults { hold_next: 1, ..Default::default() }).await;
     }
-    let base = || config(&[&w0, &w1], PolicyConfig::LeastLoad, false);
+    let base = || config(&[&w0, &w1], PolicyConfig::least_load(), false);
     let a = start(sharing(base(), &redis.url(), "herd")).await;
     let b = start(sharing(base(), &redis.url(), "herd")).await;
     common::eventually("each replica hears the other", async || {

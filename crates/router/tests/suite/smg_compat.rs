@@ -315,3 +315,117 @@ async fn the_engines_kv_usage_spread_and_ceiling_move_a_hit() {
     let e = explain().await;
     assert_eq!((&e["reason"], &e["worker"]), (&json!("cache_hit"), &json!(e1.url())), "{e}");
 }
+
+/// SMG's least_load through the real command line: the engines' reported queues set the
+/// expected wait (not this router's own count), and `--least-load-max-waiting-requests`
+/// leaves out full queues, answering 503 when every queue is full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_load_waits_least_by_the_engines_reported_queues() {
+    let (e0, e1) = (engine(false).await, engine(false).await);
+    let (u0, u1) = (e0.url(), e1.url());
+    #[rustfmt::skip]
+    let args = [
+        "--worker-urls", &u0, &u1, "--policy", "least_load",
+        "--least-load-kv-pressure-weight", "0.2", "--least-load-default-throughput", "1000",
+        "--least-load-mean-prefill-tokens", "512", "--least-load-max-waiting-requests", "3",
+        "--control-plane-api-keys", "k", "--log-level", "warn",
+        "--prometheus-port", "0", "--prometheus-host", "127.0.0.1", "--host", "127.0.0.1", "--port", "0",
+    ];
+    let (_router, url, metrics_url) = launch(&args);
+    let http = reqwest::Client::new();
+    let q = json!({"model": "default", "max_tokens": 2, "messages": [{"role": "user", "content": "hello"}]});
+    let explain = async || -> serde_json::Value {
+        let req = http.post(format!("{url}/debug/route")).bearer_auth("k").json(&q);
+        req.send().await.unwrap().json().await.unwrap()
+    };
+    // Each engine reports this many waiting requests (no token count: each counts at the mean
+    // prompt); the router reads them at its next poll.
+    let report = async |first: u64, second: u64| {
+        e0.engine().set_faults(Faults { report_waiting_extra: first, ..Faults::default() }).await;
+        e1.engine().set_faults(Faults { report_waiting_extra: second, ..Faults::default() }).await;
+        crate::common::eventually("the queues reported", async || {
+            let p = http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
+            let waiting = |e: &MockEngine| {
+                series(&p, &format!("router_worker_reported_waiting_requests{{worker=\"{}\"}}", e.url()))
+            };
+            waiting(&e0) == Some(first as f64) && waiting(&e1) == Some(second as f64)
+        })
+        .await;
+    };
+    for (first, second, expected) in [(2, 0, &e1), (0, 2, &e0), (1, 2, &e0), (2, 1, &e1)] {
+        report(first, second).await;
+        let e = explain().await;
+        assert_eq!(
+            (&e["reason"], &e["worker"]),
+            (&json!("least_load"), &json!(expected.url())),
+            "{first} {second}: {e}"
+        );
+    }
+    // A queue at the cap is left out however short the other's wait would be...
+    report(3, 0).await;
+    assert_eq!(explain().await["worker"], json!(e1.url()));
+    // ...and with every queue at it, no worker takes the request.
+    report(3, 5).await;
+    let r = http.post(format!("{url}/v1/chat/completions")).json(&q).send().await.unwrap();
+    assert_eq!(r.status(), 503, "{}", r.text().await.unwrap());
+    report(0, 0).await;
+    let r = http.post(format!("{url}/v1/chat/completions")).json(&q).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[test]
+fn the_load_models_options_are_checked_and_owned() {
+    for (args, wanted) in [
+        (&["--policy", "least_load", "--least-load-default-throughput", "0"][..], "default throughput"),
+        (&["--policy", "least_load", "--least-load-kv-pressure-weight=-1"][..], "KV pressure weight"),
+        (&["--policy", "power_of_two", "--least-load-mean-prefill-tokens", "0"][..], "mean prefill tokens"),
+        (&["--policy", "round_robin", "--least-load-kv-pressure-weight", "0.3"][..], "expected wait of least_load"),
+        (&["--policy", "power_of_two", "--least-load-max-waiting-requests", "4"][..], "the least_load policy"),
+        (&["--policy", "least_load", "--power-of-two-load-metric", "requests"][..], "the power_of_two policy"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_sgl-router"))
+            .args(["--worker-urls", "http://127.0.0.1:9"])
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(wanted), "{args:?}: {stderr}");
+    }
+}
+
+/// Between two load reports least_load counts what it sent each worker since the last one,
+/// so a burst spreads instead of all going to the worker that reported least. Reports come
+/// every 2 s: a burst of six crosses at most one, and either side of it a run of three
+/// requests sends one to e0 (e1 is ahead by one mean prompt: the first goes to e1, the second
+/// ties, the third goes to e0 if the second did not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_load_counts_what_it_sent_since_the_last_report() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (e0, e1) = (engine(false).await, engine(false).await);
+    e0.engine().set_faults(Faults { report_waiting_extra: 1, ..Faults::default() }).await;
+    let (u0, u1) = (e0.url(), e1.url());
+    #[rustfmt::skip]
+    let args = [
+        "--worker-urls", &u0, &u1, "--policy", "least_load", "--worker-load-poll-ms", "2000",
+        "--log-level", "warn",
+        "--prometheus-port", "0", "--prometheus-host", "127.0.0.1", "--host", "127.0.0.1", "--port", "0",
+    ];
+    let (_router, url, metrics_url) = launch(&args);
+    let http = reqwest::Client::new();
+    crate::common::eventually("the first reports", async || {
+        let p = http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
+        let waiting =
+            |e: &MockEngine| series(&p, &format!("router_worker_reported_waiting_requests{{worker=\"{}\"}}", e.url()));
+        let healthy = series(&p, "router_workers{state=\"healthy\"}") == Some(2.0);
+        healthy && waiting(&e0) == Some(1.0) && waiting(&e1) == Some(0.0)
+    })
+    .await;
+    let q = json!({"model": "default", "max_tokens": 2, "messages": [{"role": "user", "content": "hello"}]});
+    for _ in 0..6 {
+        assert_eq!(http.post(format!("{url}/v1/chat/completions")).json(&q).send().await.unwrap().status(), 200);
+    }
+    // Without the requests sent since, all six would go to e1 (its report: an empty queue).
+    let (n0, n1) = (e0.engine().requests.load(Relaxed), e1.engine().requests.load(Relaxed));
+    assert_eq!(n0 + n1, 6);
+    assert!(n0 >= 1 && n1 >= 3, "e0 {n0}, e1 {n1}");
+}
