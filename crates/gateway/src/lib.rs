@@ -243,6 +243,9 @@ pub struct ClientLimits {
     pub header_read_timeout: Duration,
     /// Longest wait for a request's complete body once its head arrived.
     pub body_read_timeout: Duration,
+    /// Longest wait for the next byte of a request's body (`--stream-body-stall-timeout-secs`;
+    /// zero: only `body_read_timeout`).
+    pub body_stall_timeout: Duration,
     /// Longest a keep-alive connection may sit idle between requests.
     pub idle_timeout: Duration,
     /// Most client connections open at once; the accept loop stops accepting
@@ -263,6 +266,7 @@ impl Default for ClientLimits {
         Self {
             header_read_timeout: Duration::from_secs(30),
             body_read_timeout: Duration::from_secs(60),
+            body_stall_timeout: Duration::ZERO,
             idle_timeout: Duration::from_secs(60),
             max_connections: 16_384,
             upstream_idle_timeout: Duration::from_secs(300),

@@ -66,6 +66,73 @@ async fn a_half_sent_body_is_answered_408_and_closed_on_both_front_ends() {
     }
 }
 
+/// A request's head and the first ten bytes of its body, sized (the fast path) or chunked
+/// (hyper's), and the rest of the body as the client would send it.
+fn split_body(chunked: bool) -> (Vec<u8>, Vec<u8>) {
+    let body = chat(false);
+    if chunked {
+        let mut head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        head.extend_from_slice(format!("{:x}\r\n", body.len()).as_bytes());
+        head.extend_from_slice(&body[..10]);
+        let mut rest = body[10..].to_vec();
+        rest.extend_from_slice(b"\r\n0\r\n\r\n");
+        (head, rest)
+    } else {
+        let mut head =
+            format!("POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\ncontent-length: {}\r\n\r\n", body.len())
+                .into_bytes();
+        head.extend_from_slice(&body[..10]);
+        (head, body[10..].to_vec())
+    }
+}
+
+#[tokio::test]
+async fn a_body_that_pauses_past_the_stall_bound_is_answered_408_on_both_front_ends() {
+    // The whole body may take 30 s (longer than any wait here); a pause may take 300 ms.
+    let l = gateway::ClientLimits {
+        body_read_timeout: Duration::from_secs(30),
+        body_stall_timeout: Duration::from_millis(300),
+        ..limits()
+    };
+    let (fast, slow) = (start(&[], l, true).await, start(&[], l, false).await);
+    for (r, chunked) in [(&fast, false), (&fast, true), (&slow, true)] {
+        let (head, _) = split_body(chunked);
+        let mut c = Client::connect(r.addr).await;
+        let t0 = Instant::now();
+        c.send(&head).await;
+        let a = c.answer().await;
+        a.assert_error(408, "request_timeout");
+        assert!(a.json()["error"]["message"].as_str().unwrap().contains("no byte"), "{:?}", a.json());
+        assert!(t0.elapsed() >= Duration::from_millis(250), "408 before the bound: {:?}", t0.elapsed());
+        assert!(c.closed().await, "closed after the 408");
+    }
+}
+
+#[tokio::test]
+async fn a_body_that_keeps_coming_is_not_cut_by_the_stall_bound() {
+    // Pauses of 100 ms for a body that takes about 1.5 s in all, against a pause bound of
+    // 1 s (ten times the pause): the bound restarts with every byte. No worker: the whole
+    // request is answered 503, not 408.
+    let l = gateway::ClientLimits {
+        body_read_timeout: Duration::from_secs(30),
+        body_stall_timeout: Duration::from_secs(1),
+        ..limits()
+    };
+    let (fast, slow) = (start(&[], l, true).await, start(&[], l, false).await);
+    for (r, chunked) in [(&fast, false), (&slow, true)] {
+        let (head, rest) = split_body(chunked);
+        let mut c = Client::connect(r.addr).await;
+        c.send(&head).await;
+        let pieces: Vec<&[u8]> = rest.chunks(rest.len().div_ceil(15)).collect();
+        for piece in pieces {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            c.send(piece).await;
+        }
+        let a = c.answer().await;
+        assert_eq!(a.status, 503, "{a:?}");
+    }
+}
+
 #[tokio::test]
 async fn an_idle_keep_alive_connection_is_closed_silently_on_both_front_ends() {
     let w = RawWorker::spawn(vec![Reply::Send("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")]).await;

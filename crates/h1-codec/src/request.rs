@@ -112,6 +112,8 @@ pub enum Refusal {
     HeadTimeout(Duration),
     /// The body did not arrive whole in time (408).
     BodyTimeout(Duration),
+    /// No byte of the body came for this long (408; `--stream-body-stall-timeout-secs`).
+    BodyStall(Duration),
 }
 
 /// How a checked request's body is framed.

@@ -409,6 +409,11 @@ pub(crate) struct ServeArgs {
     /// Seconds a client may take to send a request's complete body once its head arrived (408 after).
     #[arg(long, env = "SGL_ROUTER_CLIENT_BODY_TIMEOUT_SECS", default_value_t = crate::defaults::CLIENT_BODY_TIMEOUT_SECS, value_name = "S")]
     pub(crate) client_body_timeout_secs: u64,
+    /// Seconds a client may pause mid-body (no byte) before the request is answered 408, within
+    /// --client-body-timeout-secs; 0: no pause bound (Shepherd Model Gateway's option; its
+    /// default, 300, is beyond the whole body's 60 here).
+    #[arg(long, env = "SGL_ROUTER_STREAM_BODY_STALL_TIMEOUT_SECS", default_value_t = crate::defaults::STREAM_BODY_STALL_TIMEOUT_SECS, value_name = "S")]
+    pub(crate) stream_body_stall_timeout_secs: u64,
     /// Seconds a keep-alive client connection may stay idle between two requests before it is closed.
     #[arg(long, visible_alias = "idle-connection-timeout-secs", env = "SGL_ROUTER_CLIENT_IDLE_TIMEOUT_SECS", default_value_t = crate::defaults::CLIENT_IDLE_TIMEOUT_SECS, value_name = "S")]
     pub(crate) client_idle_timeout_secs: u64,

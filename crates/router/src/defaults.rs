@@ -29,6 +29,9 @@ pub(crate) const SHUTDOWN_GRACE_SECS: u64 = 30;
 pub(crate) const CLIENT_HEADER_TIMEOUT_SECS: u64 = 30;
 /// Seconds a client may take to send a request's body once its head arrived.
 pub(crate) const CLIENT_BODY_TIMEOUT_SECS: u64 = 60;
+/// Longest pause mid-body (Shepherd Model Gateway's `--stream-body-stall-timeout-secs`
+/// default; 0: none).
+pub(crate) const STREAM_BODY_STALL_TIMEOUT_SECS: u64 = 300;
 /// Seconds a keep-alive client connection may stay idle between requests.
 pub(crate) const CLIENT_IDLE_TIMEOUT_SECS: u64 = 60;
 /// Most client connections open at once (more wait in the kernel's backlog); capped to what

@@ -470,6 +470,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         limits: gateway::ClientLimits {
             header_read_timeout: Duration::from_secs(a.client_header_timeout_secs.max(1)),
             body_read_timeout: Duration::from_secs(a.client_body_timeout_secs.max(1)),
+            body_stall_timeout: Duration::from_secs(a.stream_body_stall_timeout_secs),
             idle_timeout: Duration::from_secs(a.client_idle_timeout_secs.max(1)),
             max_connections: a.max_connections.max(1),
             upstream_idle_timeout: Duration::from_secs(a.upstream_idle_timeout_secs.max(1)),

@@ -160,9 +160,12 @@ impl Stream<'_> {
     ) -> Result<Result<Body, GatewayError>, Status> {
         let limit = self.gw.config.max_body_bytes;
         let deadline = tokio::time::Instant::now() + self.gw.config.limits.body_read_timeout;
+        let stall = self.gw.config.limits.body_stall_timeout;
         let mut body = BytesMut::new();
         loop {
+            // The whole body's deadline, and the next chunk's (`--stream-body-stall-timeout-secs`).
             let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let wait = if stall.is_zero() { wait } else { wait.min(stall) };
             let Some(m) = next(&mut self.calls, wait).await? else {
                 return Err(Status::new(Status::CANCELLED, "the gateway ended the stream inside the request"));
             };

@@ -106,6 +106,9 @@ struct Guarded {
     /// The deadline that runs now, and its timer.
     lapse: Option<Lapse>,
     timer: Pin<Box<Sleep>>,
+    /// When the body in progress must be whole (its timer also runs to the next byte's
+    /// deadline, `body_stall_timeout`, whichever comes first).
+    body_due: Instant,
     limits: ClientLimits,
     progress: Arc<Progress>,
 }
@@ -159,7 +162,20 @@ struct Answered<B> {
 impl Guarded {
     fn new(tcp: ClientStream, input: BytesMut, limits: ClientLimits, progress: Arc<Progress>) -> Self {
         let timer = Box::pin(tokio::time::sleep(limits.idle_timeout));
-        Self { tcp, input, checked: 0, at: At::Head, eof: false, refusal: None, lapse: None, timer, limits, progress }
+        let body_due = Instant::now();
+        Self {
+            tcp,
+            input,
+            checked: 0,
+            at: At::Head,
+            eof: false,
+            refusal: None,
+            lapse: None,
+            timer,
+            body_due,
+            limits,
+            progress,
+        }
     }
 
     /// hyper is writing an answer (or has a request it has not answered).
@@ -181,6 +197,9 @@ impl Guarded {
                     if *left == 0 {
                         self.at = At::Head;
                     }
+                    if take > 0 {
+                        self.body_progressed();
+                    }
                     return Ok(());
                 }
                 At::Chunked(decoder) => {
@@ -189,6 +208,9 @@ impl Guarded {
                     self.checked += used;
                     if done {
                         self.at = At::Head;
+                    }
+                    if used > 0 {
+                        self.body_progressed();
                     }
                     return Ok(());
                 }
@@ -228,12 +250,41 @@ impl Guarded {
         if wanted != self.lapse {
             self.lapse = wanted;
             if let Some(lapse) = wanted {
-                let deadline = Instant::now() + self.limit(lapse);
-                self.timer.as_mut().reset(deadline);
+                let now = Instant::now();
+                let deadline = now + self.limit(lapse);
+                if lapse == Lapse::Body {
+                    self.body_due = deadline;
+                }
+                let due = self.next_byte_due(lapse, now).map_or(deadline, |d| d.min(deadline));
+                self.timer.as_mut().reset(due);
             }
         }
         let lapse = self.lapse?;
         self.timer.as_mut().poll(cx).is_ready().then_some(lapse)
+    }
+
+    /// When the next byte of a body must come, if the stall bound is on and a body runs.
+    fn next_byte_due(&self, lapse: Lapse, now: Instant) -> Option<Instant> {
+        (lapse == Lapse::Body && !self.limits.body_stall_timeout.is_zero())
+            .then(|| now + self.limits.body_stall_timeout)
+    }
+
+    /// Bytes of the body came: the stall clock starts again (the whole body's deadline stays).
+    fn body_progressed(&mut self) {
+        if self.lapse == Some(Lapse::Body)
+            && let Some(due) = self.next_byte_due(Lapse::Body, Instant::now())
+        {
+            self.timer.as_mut().reset(due.min(self.body_due));
+        }
+    }
+
+    /// Why a body's timer fired: the whole body's deadline, or a stall before it.
+    fn body_refusal(&self) -> Refusal {
+        if Instant::now() >= self.body_due || self.limits.body_stall_timeout.is_zero() {
+            Refusal::BodyTimeout(self.limits.body_read_timeout)
+        } else {
+            Refusal::BodyStall(self.limits.body_stall_timeout)
+        }
     }
 
     fn limit(&self, lapse: Lapse) -> Duration {
@@ -329,7 +380,8 @@ impl AsyncRead for Guarded {
                     continue;
                 }
                 Some(Lapse::Body) => {
-                    this.refuse(Refusal::BodyTimeout(this.limits.body_read_timeout));
+                    let refusal = this.body_refusal();
+                    this.refuse(refusal);
                     continue;
                 }
                 None => {}

@@ -30,6 +30,7 @@ impl Answer for Refusal {
             Refusal::BodyTimeout(t) => {
                 GatewayError::ClientTimeout(format!("the request body did not arrive within {t:?}"))
             }
+            Refusal::BodyStall(t) => GatewayError::ClientTimeout(format!("no byte of the request body came for {t:?}")),
             Refusal::UriTooLong => GatewayError::UriTooLong(format!("request line longer than {MAX_HEAD_BYTES} bytes")),
             Refusal::TooManyHeaders => {
                 GatewayError::HeaderFieldsTooLarge(format!("more than {MAX_HEADERS} header fields"))
@@ -72,6 +73,7 @@ mod tests {
             (Refusal::TooManyHeaders, 431),
             (Refusal::HeadTimeout(Duration::from_secs(1)), 408),
             (Refusal::BodyTimeout(Duration::from_secs(1)), 408),
+            (Refusal::BodyStall(Duration::from_secs(1)), 408),
         ] {
             let answer = String::from_utf8(r.answer()).unwrap();
             let (head, body) = answer.split_once("\r\n\r\n").unwrap();

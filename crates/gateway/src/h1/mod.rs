@@ -378,16 +378,17 @@ async fn serve_fast(
     }
     if buf.len() < head.body_len {
         // Only a body that did not come with its head takes a timer.
-        let limit = gw.config.limits.body_read_timeout;
-        match tokio::time::timeout(limit, fill_body(tcp, buf, head.body_len)).await {
-            Ok(true) => {}
-            Ok(false) => return false,
-            Err(_) => {
-                let refusal = Refusal::BodyTimeout(limit);
-                count_error(gw, route, &refusal.gateway_error(), Some(&id));
-                refuse(tcp, &refusal, Some(head.body_len.saturating_sub(buf.len()))).await;
-                return false;
-            }
+        let (limit, stall) = (gw.config.limits.body_read_timeout, gw.config.limits.body_stall_timeout);
+        let refusal = match tokio::time::timeout(limit, fill_body(tcp, buf, head.body_len, stall)).await {
+            Ok(Filled::Whole) => None,
+            Ok(Filled::Closed) => return false,
+            Ok(Filled::Stalled) => Some(Refusal::BodyStall(stall)),
+            Err(_) => Some(Refusal::BodyTimeout(limit)),
+        };
+        if let Some(refusal) = refusal {
+            count_error(gw, route, &refusal.gateway_error(), Some(&id));
+            refuse(tcp, &refusal, Some(head.body_len.saturating_sub(buf.len()))).await;
+            return false;
         }
     }
     let body = buf.split_to(head.body_len).freeze();
@@ -464,17 +465,34 @@ async fn serve_fast(
 }
 
 /// Reads until `buf` holds `len` bytes; false when the client ends or fails first.
-async fn fill_body(tcp: &mut TcpStream, buf: &mut BytesMut, len: usize) -> bool {
+async fn fill_body(tcp: &mut TcpStream, buf: &mut BytesMut, len: usize, stall: Duration) -> Filled {
     while buf.len() < len {
         // Room past the body: a read that ends short of the buffer's end tells
         // tokio the socket is drained, so the next poll of it (waiting for a
         // hang-up) costs no system call.
         buf.reserve(len - buf.len() + 4096);
-        if !matches!(tcp.read_buf(buf).await, Ok(n) if n > 0) {
-            return false;
+        let read = if stall.is_zero() {
+            tcp.read_buf(buf).await
+        } else {
+            match tokio::time::timeout(stall, tcp.read_buf(buf)).await {
+                Ok(read) => read,
+                Err(_) => return Filled::Stalled,
+            }
+        };
+        if !matches!(read, Ok(n) if n > 0) {
+            return Filled::Closed;
         }
     }
-    true
+    Filled::Whole
+}
+
+/// How reading a body ended.
+enum Filled {
+    Whole,
+    /// The client closed or broke the connection.
+    Closed,
+    /// No byte came for the stall bound.
+    Stalled,
 }
 
 /// The client of a request in progress, watched while the request waits for

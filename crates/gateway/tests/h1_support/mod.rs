@@ -23,6 +23,7 @@ pub(crate) fn limits() -> ClientLimits {
     ClientLimits {
         header_read_timeout: short,
         body_read_timeout: short,
+        body_stall_timeout: Duration::ZERO,
         idle_timeout: short,
         max_connections: 64,
         upstream_idle_timeout: short,

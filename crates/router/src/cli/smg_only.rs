@@ -30,7 +30,6 @@ const STICKY: &str = "no sticky-session map: send the x-smg-routing-key header (
 const DPMIN: &str = "use --dp-aware: ranks are balanced by their owed prefill";
 const BUFFER: &str =
     "every proxied request is read whole (bounded by --max-payload-size) so it can be parsed and retried";
-const STALL: &str = "request bodies are bounded by --client-body-timeout-secs here";
 const H2: &str = "HTTP/2 to workers is not built: workers are spoken to over pooled HTTP/1.1 keep-alive connections";
 const ALIAS: &str = "give a --routing-config pool the alias as its model name";
 const JEMALLOC: &str = "the router is not built with jemalloc";
@@ -92,7 +91,6 @@ const OPTIONS: &[SmgOnly] = &[
     o("assignment-mode", &[], Value, None, STICKY),
     o("max-buffered-request-bytes", &[], Value, Some("1048576"), BUFFER),
     o("pd-admission-wait-secs", &[], Value, Some("30"), PDADM),
-    o("stream-body-stall-timeout-secs", &[], Value, Some("300"), STALL),
     o("routing-key-override", &["sticky-sessions"], Flag, None, STICKY),
     o("dp-minimum-tokens-scheduler", &[], Flag, None, DPMIN),
     o("enable-rl", &[], Flag, None, RL),

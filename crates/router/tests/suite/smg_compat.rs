@@ -429,3 +429,31 @@ async fn least_load_counts_what_it_sent_since_the_last_report() {
     assert_eq!(n0 + n1, 6);
     assert!(n0 >= 1 && n1 >= 3, "e0 {n0}, e1 {n1}");
 }
+
+/// SMG's `--stream-body-stall-timeout-secs` through the real command line: a client that stops
+/// sending its body for that long is answered 408, well before the whole body's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_paused_past_the_stall_bound_is_answered_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let e = engine(false).await;
+    let u = e.url();
+    #[rustfmt::skip]
+    let args = [
+        "--worker-urls", &u, "--stream-body-stall-timeout-secs", "1", "--client-body-timeout-secs", "60",
+        "--log-level", "warn",
+        "--prometheus-port", "0", "--prometheus-host", "127.0.0.1", "--host", "127.0.0.1", "--port", "0",
+    ];
+    let (_router, url, _) = launch(&args);
+    let addr = url.trim_start_matches("http://").to_owned();
+    let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let t0 = std::time::Instant::now();
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"model\":";
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), tcp.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "no answer within 30 s");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    assert!(answer.contains("no byte of the request body"), "{answer}");
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+}

@@ -2,7 +2,8 @@
 //! short question, a paragraph, and a text cut at the model's 256 tokens. The real
 //! all-MiniLM-L6-v2 when `SGL_ROUTER_EMBED_MODEL` names it (`tools/embed_eval/fetch.sh`),
 //! else the tiny random model of the tests (its figures say nothing of the real one's).
-//!   SGL_ROUTER_EMBED_MODEL=DIR cargo bench -p embed --features candle --bench embed
+//!   SGL_ROUTER_EMBED_MODEL=DIR cargo bench -p sgl-router-benches --features embed --bench embed
+//! (Here, not in the `embed` crate: its criterion would be built with CI's release tests of it.)
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use embed::Encoder;
