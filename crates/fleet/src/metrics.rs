@@ -92,6 +92,18 @@ impl Fleet {
             "Requests the worker last reported queued over its ranks (SGLang /v1/loads; 0 when unknown).",
             &|w| u64::from(w.liveness.waiting()),
         );
+        per_worker(
+            out,
+            "router_worker_reported_gen_throughput",
+            "Tokens a second the worker last reported generating over its ranks (gen_throughput; 0 when unknown).",
+            &|w| u64::from(w.since_poll.get().throughput),
+        );
+        per_worker(
+            out,
+            "router_worker_sent_since_report",
+            "Requests this router sent the worker since its last load report (least_load's and power_of_two's expected wait adds them).",
+            &|w| u64::from(w.since_poll.get().requests),
+        );
         let usage = workers.iter().map(|w| (format!("worker=\"{}\"", url(w)), w.liveness.token_usage()));
         let help = "Mean KV-cache token usage the worker last reported (0 when unknown).";
         series(out, "router_worker_reported_token_usage", "gauge", help, usage);

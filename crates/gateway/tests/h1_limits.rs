@@ -86,14 +86,15 @@ fn split_body(chunked: bool) -> (Vec<u8>, Vec<u8>) {
     }
 }
 
+/// The test limits with a pause bound of `stall` mid-body, and 30 s for the whole body (longer
+/// than any wait of these tests).
+fn stall_limits(stall: Duration) -> gateway::ClientLimits {
+    gateway::ClientLimits { body_read_timeout: Duration::from_secs(30), body_stall_timeout: stall, ..limits() }
+}
+
 #[tokio::test]
 async fn a_body_that_pauses_past_the_stall_bound_is_answered_408_on_both_front_ends() {
-    // The whole body may take 30 s (longer than any wait here); a pause may take 300 ms.
-    let l = gateway::ClientLimits {
-        body_read_timeout: Duration::from_secs(30),
-        body_stall_timeout: Duration::from_millis(300),
-        ..limits()
-    };
+    let l = stall_limits(Duration::from_millis(300));
     let (fast, slow) = (start(&[], l, true).await, start(&[], l, false).await);
     for (r, chunked) in [(&fast, false), (&fast, true), (&slow, true)] {
         let (head, _) = split_body(chunked);
@@ -113,11 +114,7 @@ async fn a_body_that_keeps_coming_is_not_cut_by_the_stall_bound() {
     // Pauses of 100 ms for a body that takes about 1.5 s in all, against a pause bound of
     // 1 s (ten times the pause): the bound restarts with every byte. No worker: the whole
     // request is answered 503, not 408.
-    let l = gateway::ClientLimits {
-        body_read_timeout: Duration::from_secs(30),
-        body_stall_timeout: Duration::from_secs(1),
-        ..limits()
-    };
+    let l = stall_limits(Duration::from_secs(1));
     let (fast, slow) = (start(&[], l, true).await, start(&[], l, false).await);
     for (r, chunked) in [(&fast, false), (&slow, true)] {
         let (head, rest) = split_body(chunked);

@@ -45,6 +45,9 @@ pub struct Faults {
     /// The KV-cache usage every rank reports in `/v1/loads`, 0 to 1 (an engine filled by
     /// other routers' requests; `None`: its own).
     pub report_token_usage: Option<f64>,
+    /// The generation throughput (tokens a second) every rank reports in `/v1/loads` and
+    /// `GetLoads` (`gen_throughput`; 0: none, as an idle engine reports).
+    pub report_gen_throughput: f64,
     /// A vLLM prefill: the next N answers leave out `kv_transfer_params` (a broken prefill).
     pub drop_kv_params_next: usize,
     /// A vLLM prefill: the next answer's `kv_transfer_params` carry this many bytes of padding
@@ -100,6 +103,8 @@ pub struct RankLoad {
     /// Share of the KV cache's pages running requests hold (SGLang's `token_usage`: the
     /// evictable cache apart).
     pub token_usage: f64,
+    /// Tokens a second it generates (SGLang's `gen_throughput`; a fault sets it).
+    pub gen_throughput: f64,
 }
 
 /// Ends a running count if the request is dropped before it is admitted.
@@ -437,6 +442,7 @@ impl Engine {
         faults.wedge_mid_stream_next += f.wedge_mid_stream_next;
         faults.report_waiting_extra = f.report_waiting_extra;
         faults.report_token_usage = f.report_token_usage;
+        faults.report_gen_throughput = f.report_gen_throughput;
         faults.drop_kv_params_next += f.drop_kv_params_next;
         faults.bloat_kv_params_bytes = f.bloat_kv_params_bytes;
     }
@@ -653,9 +659,9 @@ impl Engine {
 
     /// Each rank's load now (SGLang's `/v1/loads` core fields).
     pub fn loads(&self) -> Vec<RankLoad> {
-        let (extra, usage) = {
+        let (extra, usage, throughput) = {
             let f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
-            (f.report_waiting_extra, f.report_token_usage)
+            (f.report_waiting_extra, f.report_token_usage, f.report_gen_throughput)
         };
         self.ranks
             .iter()
@@ -671,6 +677,7 @@ impl Engine {
                     num_waiting_reqs: r.waiting.load(Ordering::Relaxed) + extra,
                     num_waiting_uncached_tokens: r.waiting_uncached.load(Ordering::Relaxed),
                     token_usage,
+                    gen_throughput: throughput,
                 }
             })
             .collect()

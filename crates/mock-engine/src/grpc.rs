@@ -371,6 +371,7 @@ fn loads(e: &Engine) -> GetLoadsResponse {
             max_total_num_tokens: i32::try_from(c.capacity_tokens).unwrap_or(i32::MAX),
             token_usage: l.token_usage,
             num_waiting_uncached_tokens: i32::try_from(l.num_waiting_uncached_tokens).unwrap_or(i32::MAX),
+            gen_throughput: l.gen_throughput,
             ..Default::default()
         })
         .collect();

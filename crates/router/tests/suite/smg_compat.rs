@@ -371,6 +371,23 @@ async fn least_load_waits_least_by_the_engines_reported_queues() {
     report(0, 0).await;
     let r = http.post(format!("{url}/v1/chat/completions")).json(&q).send().await.unwrap();
     assert_eq!(r.status(), 200);
+    // Equal queues: the engine that reports generating faster drains its queue sooner.
+    for (first, second, expected) in [(4000.0, 500.0, &e0), (500.0, 4000.0, &e1)] {
+        for (e, tps) in [(&e0, first), (&e1, second)] {
+            let f = Faults { report_waiting_extra: 2, report_gen_throughput: tps, ..Faults::default() };
+            e.engine().set_faults(f).await;
+        }
+        crate::common::eventually("the throughput reported", async || {
+            let p = http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
+            let tps = |e: &MockEngine| {
+                series(&p, &format!("router_worker_reported_gen_throughput{{worker=\"{}\"}}", e.url()))
+            };
+            tps(&e0) == Some(first) && tps(&e1) == Some(second)
+        })
+        .await;
+        let e = explain().await;
+        assert_eq!(e["worker"], json!(expected.url()), "{first} {second}: {e}");
+    }
 }
 
 #[test]
