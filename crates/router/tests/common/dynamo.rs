@@ -31,9 +31,7 @@ pub(crate) fn python(what: &str) -> Option<PathBuf> {
 }
 
 /// A port free now on 127.0.0.1 (Dynamo's mocker binds the ports it is given).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use super::free_port;
 
 /// One mocker behind one frontend, killed when dropped.
 pub(crate) struct Dynamo {

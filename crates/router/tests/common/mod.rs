@@ -9,6 +9,33 @@ pub(crate) mod pd;
 pub(crate) mod shared;
 pub(crate) mod smg;
 
+/// A port free now on 127.0.0.1, for a server the test starts later on it (a peer that binds
+/// the port it is given). Below the kernel's ephemeral range: a port from `bind(":0")`, once
+/// let go, could be handed to any other socket of the parallel tests (a listener on port 0, or
+/// a connection's own end) before the server binds it ("Address already in use", seen in
+/// CI); ports below the range are only ever taken by name. A counter shared by the process,
+/// from an offset by its id, keeps two tests of one run apart.
+#[allow(dead_code)] // not every test binary uses it
+pub(crate) fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let high = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768)
+        .clamp(LOW + 1_000, 65_535);
+    let span = high - LOW;
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let port = LOW + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            return port as u16;
+        }
+    }
+    panic!("no free port below the ephemeral range");
+}
+
 /// Polls `cond` every 25 ms for up to 10 s; panics naming `what` if it never holds.
 #[allow(dead_code)] // not every test binary uses it
 pub(crate) async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {

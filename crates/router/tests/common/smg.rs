@@ -28,9 +28,7 @@ pub(crate) fn smg(what: &str) -> Option<PathBuf> {
 }
 
 /// A port free now on 127.0.0.1 (smg binds the ports it is given).
-pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+pub(crate) use super::free_port;
 
 /// A running `smg launch`, killed when dropped.
 pub(crate) struct Smg {

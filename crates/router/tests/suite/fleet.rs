@@ -60,7 +60,7 @@ async fn hanging_worker() -> (String, Arc<AtomicUsize>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_port_is_bound_before_discovery_and_a_late_engine_is_followed() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = crate::common::free_port();
     let listen: SocketAddr = ([127, 0, 0, 1], port).into();
     let mut cfg = config(&[], PolicyConfig::cache_aware(), true);
     cfg.workers = vec![WorkerUrl::parse(&format!("http://{listen}")).unwrap()];

@@ -177,7 +177,7 @@ async fn a_worker_answer_passes_through_with_its_headers_and_length_unfollowed()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_starts_after_the_router_joins_within_seconds() {
     // A free port with nothing on it yet: the router's first probe is refused.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = crate::common::free_port();
     let listen: SocketAddr = ([127, 0, 0, 1], port).into();
     let mut cfg = config(&[], PolicyConfig::RoundRobin, false);
     cfg.workers.push(WorkerUrl::new(format!("http://{listen}")));

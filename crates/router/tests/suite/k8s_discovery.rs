@@ -198,7 +198,7 @@ impl Drop for Binary {
 fn binary(k8s: &MockApiServer, name: &str, args: &[&str]) -> (Binary, String) {
     let kubeconfig = std::env::temp_dir().join(format!("sgl-router-k8s-{}-{name}.yaml", std::process::id()));
     std::fs::write(&kubeconfig, k8s.kubeconfig(NS)).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let port = crate::common::free_port().to_string();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_sgl-router"))
         .args(["--host", "127.0.0.1", "--port", &port, "--control-plane-api-keys", common::app::ADMIN_KEY])
         .args(["--service-discovery", "--service-discovery-namespace", NS, "--log-level", "warn"])

@@ -33,9 +33,7 @@ fn python() -> Option<PathBuf> {
     common::venv_python("real engine publishers")
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use crate::common::free_port;
 
 /// The driver process; killed on drop.
 struct Driver {
