@@ -30,7 +30,7 @@ pub struct Sent {
 
 impl SincePoll {
     /// A request went to the worker, its uncached prompt `tokens` if counted.
-    pub fn sent(&self, tokens: Option<u64>) {
+    pub(crate) fn sent(&self, tokens: Option<u64>) {
         self.requests.fetch_add(1, Ordering::Relaxed);
         match tokens {
             Some(t) => {

@@ -635,11 +635,16 @@ impl Worker {
 
     /// Charges a request to this router's view of its load until the guard drops.
     pub fn charge(self: &Arc<Self>, uncached: u64) -> LoadGuard {
-        self.charge_on(uncached, None)
+        self.charge_on(Some(uncached), None)
     }
 
-    /// Charges a request sent to data-parallel `rank` (when ranks are tracked, to it too).
-    pub fn charge_on(self: &Arc<Self>, uncached: u64, rank: Option<DpRank>) -> LoadGuard {
+    /// Charges a request sent to data-parallel `rank` (when ranks are tracked, to it too), and
+    /// tallies it as sent since the worker's last load report. `counted`: the uncached prompt
+    /// tokens it owes, when the router counted them (`None`: not tokenized; it owes none here,
+    /// and the load policies' tally counts it at their mean prompt).
+    pub fn charge_on(self: &Arc<Self>, counted: Option<u64>, rank: Option<DpRank>) -> LoadGuard {
+        self.since_poll.sent(counted);
+        let uncached = counted.unwrap_or(0);
         if self.in_flight.fetch_add(1, Ordering::Relaxed) == 0 {
             self.liveness.busy_from_idle();
         }

@@ -32,11 +32,9 @@ impl Pair {
     /// decode worker with the request: the loads held until each leg ends.
     pub fn charge(&self, rank: Option<DpRank>) -> (LoadGuard, LoadGuard) {
         let uncached = self.prefill.input_tokens.saturating_sub(self.prefill.matched_tokens());
-        // Until their next load reports, the load policies add these to what they reported
-        // (the decode leg prefills nothing: a request, no tokens).
-        self.prefill.chosen().since_poll.sent((self.prefill.input_tokens > 0).then_some(uncached));
-        self.decode.chosen().since_poll.sent(Some(0));
-        (self.prefill.chosen().charge_on(uncached, rank), self.decode.chosen().charge(0))
+        // The decode leg prefills nothing: a request, no tokens.
+        let counted = (self.prefill.input_tokens > 0).then_some(uncached);
+        (self.prefill.chosen().charge_on(counted, rank), self.decode.chosen().charge(0))
     }
 
     /// The policies learn where the request goes (the prefill worker was credited with the

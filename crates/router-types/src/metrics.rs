@@ -43,7 +43,7 @@ struct KeyHasher(u64);
 impl Hasher for KeyHasher {
     fn write(&mut self, bytes: &[u8]) {
         for b in bytes {
-            self.write_u64(self.0 ^ u64::from(*b));
+            self.write_u64(u64::from(*b));
         }
     }
 

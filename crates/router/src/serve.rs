@@ -26,7 +26,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     // Each tuning flag belongs to one policy (the text tree's to two: approx_tree, and
     // cache_aware for workers without KV events); setting it under another is a mistake.
     use PolicyName::{CacheAware, LeastLoad, MinTtft, PowerOfTwo};
-    let lw = policy::ExpectedWait::default();
+    let smg_wait = policy::ExpectedWait::default();
     let policy_flags = [
         ("--cache-affinity-min-matched-tokens", a.cache_affinity_min_matched_tokens.is_some(), Owner(CacheAware)),
         ("--cache-candidates-min", a.cache_candidates_min.is_some(), Owner(CacheAware)),
@@ -50,22 +50,22 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         // command line passes them whatever its policy), others only where they act.
         (
             "--least-load-kv-pressure-weight",
-            a.least_load_kv_pressure_weight.is_some_and(|v| v != lw.kv_pressure_weight),
+            a.least_load_kv_pressure_weight.is_some_and(|v| v != smg_wait.kv_pressure_weight),
             LoadModel,
         ),
         (
             "--least-load-default-throughput",
-            a.least_load_default_throughput.is_some_and(|v| v != lw.default_throughput),
+            a.least_load_default_throughput.is_some_and(|v| v != smg_wait.default_throughput),
             LoadModel,
         ),
         (
             "--least-load-mean-prefill-tokens",
-            a.least_load_mean_prefill_tokens.is_some_and(|v| v != lw.mean_prefill_tokens),
+            a.least_load_mean_prefill_tokens.is_some_and(|v| v != smg_wait.mean_prefill_tokens),
             LoadModel,
         ),
         (
             "--least-load-max-waiting-requests",
-            a.least_load_max_waiting_requests.is_some_and(|v| v != 0),
+            a.least_load_max_waiting_requests.is_some_and(|v| v != smg_wait.max_waiting_requests),
             Owner(LeastLoad),
         ),
         (
@@ -173,12 +173,11 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             return usage(format!("{flag} {v}: a finite number above 0 (1 or more: off)"));
         }
     }
-    let w = policy::ExpectedWait::default();
     let wait = policy::ExpectedWait {
-        kv_pressure_weight: a.least_load_kv_pressure_weight.unwrap_or(w.kv_pressure_weight),
-        default_throughput: a.least_load_default_throughput.unwrap_or(w.default_throughput),
-        mean_prefill_tokens: a.least_load_mean_prefill_tokens.unwrap_or(w.mean_prefill_tokens),
-        max_waiting_requests: a.least_load_max_waiting_requests.unwrap_or(w.max_waiting_requests),
+        kv_pressure_weight: a.least_load_kv_pressure_weight.unwrap_or(smg_wait.kv_pressure_weight),
+        default_throughput: a.least_load_default_throughput.unwrap_or(smg_wait.default_throughput),
+        mean_prefill_tokens: a.least_load_mean_prefill_tokens.unwrap_or(smg_wait.mean_prefill_tokens),
+        max_waiting_requests: a.least_load_max_waiting_requests.unwrap_or(smg_wait.max_waiting_requests),
     };
     wait.check().map_err(|e| UsageError(format!("--least-load-*: {e}")))?;
     let metric = match a.power_of_two_load_metric {

@@ -97,7 +97,7 @@ impl Stream<'_> {
         let fallback = super::dispatch::fallback(self.gw, &worker, subset.as_ref());
         said.dynamic_metadata = Some(reply::lb_metadata(&endpoint, fallback.as_deref()));
         // The load it adds, held until its answer ends.
-        let _load = worker.charge_on(0, None);
+        let _load = worker.charge_on(None, None);
         if let Err(status) = self.send(&said).await {
             return status;
         }

@@ -102,8 +102,7 @@ pub(crate) async fn serve(
                     tried.push(worker.id);
                 }
                 worker = next;
-                guard.load = worker.charge_on(job.uncached, worker.least_loaded_rank());
-                worker.since_poll.sent(Some(job.uncached));
+                guard.load = worker.charge_on(Some(job.uncached), worker.least_loaded_rank());
                 Span::current().record("worker", worker.url.as_str());
             }
         }

@@ -22,8 +22,8 @@ pub(super) async fn attempt(
     let d = pair.decode.chosen().clone();
     // It prefills what it does not hold: charged as a prefill worker would be.
     let held = pair.decode.matched_tokens();
-    let load = d.charge_on(pair.prefill.input_tokens.saturating_sub(held), None);
-    d.since_poll.sent((pair.prefill.input_tokens > 0).then(|| pair.prefill.input_tokens.saturating_sub(held)));
+    let counted = (pair.prefill.input_tokens > 0).then(|| pair.prefill.input_tokens.saturating_sub(held));
+    let load = d.charge_on(counted, None);
     let body = Bytes::from(serde_json::to_vec(&ctx.v).unwrap_or_default());
     let resp = match leg_head(ctx, Leg::Decode, &d, body, None).await {
         Ok(resp) => resp,

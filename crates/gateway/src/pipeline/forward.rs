@@ -192,11 +192,9 @@ where
     let client_rank = v.as_ref().is_some_and(|v| v.get("routed_dp_rank").is_some());
     let mut body = if client_rank { bytes.clone() } else { with_rank(route, v.as_mut(), hint, &bytes) };
     let uncached = plan.input_tokens - matched;
-    let load = worker.charge_on(uncached, rank);
-    // Until its next load report, the load policies add it to the worker's reported queue
-    // (a prompt the router did not tokenize counts at their mean).
+    // Counted only when the router tokenized the prompt.
     let counted = (plan.input_tokens > 0).then_some(uncached);
-    worker.since_poll.sent(counted);
+    let load = worker.charge_on(counted, rank);
     let route_headers = routed.as_ref().map(crate::pipeline::request::RouteHeaders::of);
     let cache = routed.as_mut().and_then(|r| r.cache.take()).map(|(ticket, _)| ticket);
     let cascade = routed.as_mut().and_then(|r| r.cascade.take()).map(|plan| Box::new((plan, bytes.clone())));
@@ -276,8 +274,7 @@ where
         hint = worker.rank_hint(rank);
         body = if client_rank { bytes.clone() } else { with_rank(route, v.as_mut(), hint, &bytes) };
         // The load moves: the first worker's charge is released as it is replaced.
-        guard.load = worker.charge_on(uncached, rank);
-        worker.since_poll.sent(counted);
+        guard.load = worker.charge_on(counted, rank);
         // What the index says the next worker holds; the span names it.
         let held = plan.workers.iter().position(|w| w.id == worker.id).map(|i| plan.candidates[i].matched_tokens);
         guard.predicted = guard.predicted.map(|_| held.unwrap_or(0));
