@@ -195,6 +195,8 @@ fn describe(w: &Worker, liveness: &fleet::liveness::LivenessConfig) -> Value {
         "load_reported": w.liveness.polled(),
         "reported_waiting_requests": w.liveness.waiting(),
         "reported_token_usage": w.liveness.token_usage(),
+        // Whether it answered HTTP/2 (`--upstream-http2`); null: not asked.
+        "upstream_http2": w.upstream_http2(),
     })
 }
 

@@ -162,6 +162,8 @@ pub struct Worker {
     pub(crate) refollowing: AtomicBool,
     /// What the disaggregation layer learned of it (dropped with it).
     pd_facts: Mutex<crate::PdFacts>,
+    /// Whether it answers HTTP/2 (`--upstream-http2`): 0 not asked yet, 1 yes, 2 no.
+    upstream_h2: AtomicU8,
     /// When it was last heard from and made progress, what it reported queued.
     pub liveness: crate::liveness::Liveness,
     /// `--worker-stall-secs`: silence after which a transport failure stalls it.
@@ -289,6 +291,7 @@ impl Worker {
             refollowing: AtomicBool::new(false),
             looked_at: Mutex::new(None),
             pd_facts: Mutex::new(crate::PdFacts::default()),
+            upstream_h2: AtomicU8::new(0),
             liveness: crate::liveness::Liveness::default(),
             stall: config.liveness.stall,
             warmup_phase: AtomicU8::new(0),
@@ -423,6 +426,21 @@ impl Worker {
     /// Changes what the disaggregation layer knows of it.
     pub fn update_pd_facts(&self, change: impl FnOnce(&mut crate::PdFacts)) {
         change(&mut self.pd_facts.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// Whether it answers HTTP/2 over cleartext (`--upstream-http2`): `None` until the gateway
+    /// has asked it (at its first request), then what the answer showed.
+    pub fn upstream_http2(&self) -> Option<bool> {
+        match self.upstream_h2.load(Ordering::Relaxed) {
+            0 => None,
+            1 => Some(true),
+            _ => Some(false),
+        }
+    }
+
+    /// Records whether it answers HTTP/2.
+    pub fn set_upstream_http2(&self, speaks: bool) {
+        self.upstream_h2.store(if speaks { 1 } else { 2 }, Ordering::Relaxed);
     }
 
     /// What it reported about itself, once introspected.

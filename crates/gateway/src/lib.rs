@@ -120,6 +120,10 @@ pub struct GatewayConfig {
     /// How long a pooled worker connection may have been idle to be reused
     /// (`--upstream-pool-idle-timeout-secs`; `Duration::MAX`: until the pools' own sweep, a minute).
     pub upstream_pool_idle: Duration,
+    /// HTTP/2 to the cleartext workers that answer it (`--upstream-http2`).
+    pub upstream_http2: bool,
+    /// Who gets a dispatch's decision record (`--cache-trace*`, SMG's `x-smg-cache-trace`).
+    pub cache_trace: pipeline::cache_trace::CacheTraceConfig,
     /// Spans of requests exported over OTLP (`--enable-trace`; none: off).
     pub tracer: Option<otlp::Tracer>,
     /// How gRPC workers' answers separate reasoning from the answer (`--reasoning-parser`).

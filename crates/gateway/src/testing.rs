@@ -76,6 +76,8 @@ fn unstarted(workers: &[&str], retry: crate::RetryConfig) -> (Gateway, Arc<fleet
         jwt: None,
         audit: false,
         upstream_pool_idle: crate::DEFAULT_UPSTREAM_POOL_IDLE,
+        upstream_http2: false,
+        cache_trace: Default::default(),
         reasoning_parser: None,
         tool_call_parser: None,
         tracer: None,

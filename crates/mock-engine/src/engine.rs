@@ -162,6 +162,8 @@ pub struct Engine {
     pub requests: AtomicU64,
     /// `/flush_cache` calls served.
     pub flushes: AtomicU64,
+    /// Requests that came over HTTP/2 (with [`crate::MockEngineConfig::http2`]).
+    pub http2_requests: AtomicU64,
     /// ...
     pub prompt_tokens: AtomicU64,
     /// ...
@@ -267,6 +269,7 @@ impl Engine {
             legs: Mutex::new(std::collections::VecDeque::new()),
             requests: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
+            http2_requests: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
             cached_tokens: AtomicU64::new(0),
             cancelled_streams: AtomicU64::new(0),

@@ -24,6 +24,7 @@ pub(crate) fn router(engine: Arc<Engine>) -> axum::Router {
     let key = engine.config().api_key.clone();
     let refuse_rank = engine.config().refuse_rank_header;
     let max_body = engine.config().max_body_bytes;
+    let engine_for_count = engine.clone();
     let app = axum::Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/health_generate", get(|| async { "ok" }))
@@ -44,6 +45,13 @@ pub(crate) fn router(engine: Arc<Engine>) -> axum::Router {
         // axum's default would be 2 MB, under the router's 5 MiB.
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(engine);
+    let counted = engine_for_count;
+    let app = app.layer(axum::middleware::from_fn(move |req: axum::extract::Request, next: axum::middleware::Next| {
+        if req.version() == axum::http::Version::HTTP_2 {
+            counted.http2_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        next.run(req)
+    }));
     let app = match refuse_rank {
         true => app.layer(axum::middleware::from_fn(refuse_rank_header)),
         false => app,

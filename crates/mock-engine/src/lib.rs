@@ -89,12 +89,15 @@ pub struct MockEngineConfig {
     /// Answer 400 `Invalid request` to any request carrying `X-Data-Parallel-Rank`, as
     /// Dynamo 1.6's frontend does (an engine that advertises no ranks; off by default).
     pub refuse_rank_header: bool,
-    /// Also serve SGLang's gRPC scheduler service (`Generate`, `HealthCheck`, `GetModelInfo`,
-    /// `GetServerInfo`, `GetLoads`, `Abort`) here (`127.0.0.1:0`: any free port).
     /// The model directory its renderer was loaded from, if any: `GetTokenizer` hands over its
     /// tokenizer files (refused without one, as SGLang's servicer does).
     pub tokenizer_dir: Option<std::path::PathBuf>,
+    /// Also serve SGLang's gRPC scheduler service (`Generate`, `HealthCheck`, `GetModelInfo`,
+    /// `GetServerInfo`, `GetLoads`, `Abort`) here (`127.0.0.1:0`: any free port).
     pub grpc_listen: Option<SocketAddr>,
+    /// Also answer HTTP/2 by prior knowledge (h2c) on the HTTP port, as an engine behind an
+    /// h2c-speaking server does; off: HTTP/1.1 only, as SGLang's and vLLM's uvicorn.
+    pub http2: bool,
     /// The text the gRPC service's answers are made of (its first `max_new_tokens` tokens);
     /// none: the HTTP API's words (" the cache is warm and routing works." over and over).
     pub reply_text: Option<String>,
@@ -136,6 +139,7 @@ impl Default for MockEngineConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             refuse_rank_header: false,
             grpc_listen: None,
+            http2: false,
             tokenizer_dir: None,
             reply_text: None,
         }
@@ -151,6 +155,43 @@ impl MockEngineConfig {
             pd: PdConfig { role, flavor, ..PdConfig::default() },
             ..Self::default()
         }
+    }
+}
+
+/// Serves `app` on `listener` in HTTP/1.1, and in HTTP/2 by prior knowledge (h2c) too when
+/// `http2`, until `shutdown`.
+async fn serve(listener: tokio::net::TcpListener, app: axum::Router, shutdown: CancellationToken, http2: bool) {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::service::TowerToHyperService;
+    loop {
+        let tcp = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                // Out of descriptors, say: the next accept may do.
+                Err(e) => {
+                    tracing::warn!(error = %e, "mock engine accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => return,
+        };
+        // No Nagle: a stream's small events go out as written (else the client's delayed ACK
+        // holds each for up to 40 ms, as a real engine's server does not).
+        let _ = tcp.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let mut builder = Builder::new(TokioExecutor::new());
+            if !http2 {
+                builder = builder.http1_only();
+            }
+            tokio::select! {
+                _ = builder.serve_connection(TokioIo::new(tcp), service) => {}
+                () = stop.cancelled() => {}
+            }
+        });
     }
 }
 
@@ -175,18 +216,7 @@ impl MockEngine {
         let addr = listener.local_addr()?;
         let app = http::router(engine.clone());
         let shutdown = cancel.clone();
-        tokio::spawn(async move {
-            // No Nagle: a stream's small events go out as written (else the client's delayed ACK
-            // holds each for up to 40 ms, as a real engine's server does not).
-            use axum::serve::ListenerExt;
-            let listener = listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            let serve = axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await });
-            if let Err(e) = serve.await {
-                tracing::warn!(error = %e, "mock engine server stopped");
-            }
-        });
+        tokio::spawn(serve(listener, app, shutdown, config.http2));
         let grpc_addr = match config.grpc_listen {
             Some(at) => {
                 let listener = tokio::net::TcpListener::bind(at).await?;

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+mod cache_trace;
 mod control;
 mod discovery;
 mod epp;
@@ -471,6 +472,8 @@ pub(crate) struct ServeArgs {
     pub(crate) control: control::ControlFlags,
     #[command(flatten)]
     pub(crate) epp: epp::EppFlags,
+    #[command(flatten)]
+    pub(crate) cache_trace: cache_trace::CacheTraceFlags,
     #[command(flatten)]
     pub(crate) shared: shared::SharedStateFlags,
     /// SMG's options this router does not implement: known, judged at start.

@@ -148,6 +148,10 @@ pub struct AppConfig {
     /// How long a pooled worker connection may have been idle to be reused (`Duration::MAX`: until
     /// the pools' sweep).
     pub upstream_pool_idle: Duration,
+    /// HTTP/2 to the cleartext workers that answer it (`--upstream-http2`).
+    pub upstream_http2: bool,
+    /// Who gets a dispatch's decision record (`--cache-trace*`).
+    pub cache_trace: gateway::pipeline::cache_trace::CacheTraceConfig,
     /// The reasoning parser of gRPC workers' answers (`--reasoning-parser`).
     pub reasoning_parser: Option<String>,
     /// The tool-call parser of gRPC workers' answers (`--tool-call-parser`).

@@ -452,6 +452,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             0 => Duration::MAX,
             s => Duration::from_secs(s),
         },
+        upstream_http2: a.liveness.upstream_http2,
+        cache_trace: a.cache_trace.config(),
         index_retention: Duration::from_secs(a.worker_index_retention_secs),
         reasoning_parser: a.reasoning_parser.clone(),
         tool_call_parser: a.tool_call_parser.clone(),

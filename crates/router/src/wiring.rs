@@ -118,6 +118,8 @@ pub(crate) fn gateway_config(config: &AppConfig) -> GatewayConfig {
         jwt: config.jwt.clone(),
         audit: config.audit,
         upstream_pool_idle: config.upstream_pool_idle,
+        upstream_http2: config.upstream_http2,
+        cache_trace: config.cache_trace,
         reasoning_parser: config.reasoning_parser.clone(),
         tool_call_parser: config.tool_call_parser.clone(),
         tracer: config.trace.clone().map(otlp::Tracer::start),

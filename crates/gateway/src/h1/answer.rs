@@ -10,7 +10,6 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use futures_util::StreamExt;
 use http_body_util::BodyExt;
-use tokio::io::AsyncReadExt;
 
 use std::sync::Arc;
 
@@ -20,7 +19,7 @@ use router_types::DpRank;
 use h1_codec::Framing;
 use h1_codec::chunked::Decoder;
 
-use super::upstream::{self, Answer, checkin};
+use super::upstream::{self, Answer};
 use crate::Gateway;
 use crate::pipeline::request::{RANK_HEADER, Route, push_header};
 use crate::relay::{BoxError, UpstreamBody};
@@ -42,6 +41,7 @@ pub(crate) fn extra(gw: &Gateway, headers: &HeaderMap) -> upstream::Extra {
         rank,
         tls: gw.upstream_tls.clone(),
         pool_idle: gw.config.upstream_pool_idle,
+        http2: gw.config.upstream_http2,
     }
 }
 
@@ -182,7 +182,7 @@ impl Reading {
             }
             let answer = self.answer.as_mut()?;
             answer.buf.reserve(16 << 10);
-            match answer.tcp.read_buf(&mut answer.buf).await {
+            match answer.from.read_buf(&mut answer.buf).await {
                 Ok(0) if framing == Framing::Close => {
                     self.answer = None;
                     return None;
@@ -196,11 +196,8 @@ impl Reading {
 
     /// The body ended whole: the connection goes back to the pool if it may carry another request.
     fn finish(&mut self) {
-        if let Some(Answer { tcp, buf, authority, head }) = self.answer.take()
-            && head.reusable
-            && buf.is_empty()
-        {
-            checkin(authority, tcp);
+        if let Some(Answer { from, buf, authority, head }) = self.answer.take() {
+            from.pool(authority, &head, &buf);
         }
     }
 
@@ -240,7 +237,12 @@ mod tests {
             }
         });
         let (used, head) = parse_answer_head(first).unwrap().unwrap();
-        Answer { tcp: Conn::Plain(tcp), buf: BytesMut::from(&first[used..]), authority: addr.to_string(), head }
+        Answer {
+            from: upstream::Source::H1(Conn::Plain(tcp)),
+            buf: BytesMut::from(&first[used..]),
+            authority: addr.to_string(),
+            head,
+        }
     }
 
     async fn collect(response: Response<UpstreamBody>) -> Result<Bytes, BoxError> {

@@ -19,6 +19,7 @@
 pub(crate) mod answer;
 mod backoff;
 mod fallback;
+mod h2;
 mod head;
 mod made;
 pub(crate) mod upstream;
@@ -408,6 +409,7 @@ async fn serve_fast(
         rank: head.rank.map(Bytes::from),
         tls: gw.upstream_tls.clone(),
         pool_idle: gw.config.upstream_pool_idle,
+        http2: gw.config.upstream_http2,
     };
     let upstream_idle = gw.config.limits.upstream_idle_timeout;
     let mut peer = Peer { tcp, pipelined: buf, open: true };

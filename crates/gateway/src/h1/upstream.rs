@@ -52,12 +52,55 @@ thread_local! {
 /// A worker's answer, its head read.
 #[derive(Debug)]
 pub(crate) struct Answer {
-    pub(super) tcp: Conn,
+    /// Where the rest of its body comes from.
+    pub(super) from: Source,
     /// Bytes read past the head.
     pub(super) buf: BytesMut,
     /// The pool key.
     pub(super) authority: String,
     pub(super) head: AnswerHead,
+}
+
+/// Where an answer's body comes from: the HTTP/1.1 connection it came on (back to the pool
+/// when the answer was whole), or its HTTP/2 stream (`--upstream-http2`).
+#[derive(Debug)]
+pub(crate) enum Source {
+    H1(Conn),
+    H2(hyper::body::Incoming),
+}
+
+impl Source {
+    /// Reads more of the body into `buf`: how many bytes, 0 at the end of its stream.
+    /// Cancel-safe: a read given up loses nothing.
+    pub(super) async fn read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        match self {
+            Source::H1(tcp) => tcp.read_buf(buf).await,
+            Source::H2(body) => loop {
+                match http_body_util::BodyExt::frame(body).await {
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data()
+                            && !data.is_empty()
+                        {
+                            buf.extend_from_slice(&data);
+                            return Ok(data.len());
+                        }
+                    }
+                    Some(Err(e)) => return Err(io::Error::other(e)),
+                    None => return Ok(0),
+                }
+            },
+        }
+    }
+
+    /// Gives an HTTP/1.1 connection whose answer was read whole back to this thread's pool.
+    pub(super) fn pool(self, authority: String, head: &AnswerHead, buf: &BytesMut) {
+        if let Source::H1(tcp) = self
+            && head.reusable
+            && buf.is_empty()
+        {
+            checkin(authority, tcp);
+        }
+    }
 }
 
 impl crate::send::AnswerHead for Answer {
@@ -97,6 +140,7 @@ pub(crate) fn sweep_idle(now: Instant) {
         return;
     }
     LAST_SWEEP.set(Some(now));
+    super::h2::sweep(now, UPSTREAM_IDLE_TIMEOUT);
     IDLE.with_borrow_mut(|idle| {
         idle.retain(|_, list| {
             expire(list, now);
@@ -157,6 +201,8 @@ pub(crate) struct Extra {
     pub(crate) tls: tokio_rustls::TlsConnector,
     /// A pooled connection idle this long is not reused (`--upstream-pool-idle-timeout-secs`).
     pub(crate) pool_idle: Duration,
+    /// Speak HTTP/2 to the workers that answer it (`--upstream-http2`; cleartext workers).
+    pub(crate) http2: bool,
 }
 
 impl Extra {
@@ -196,6 +242,31 @@ pub(crate) async fn send(
     let https = uri.scheme_str() == Some("https");
     // Pooled by scheme and authority: a TLS connection never carries a plain request.
     let pool_key = if https { format!("https://{authority}") } else { authority.to_string() };
+    if extra.http2 && !https && worker.upstream_http2() != Some(false) {
+        let port = uri.port_u16().unwrap_or(80);
+        let connect = || connect(host, port, None);
+        if worker.upstream_http2().is_none() {
+            let speaks = super::h2::probe(authority.as_str(), UPSTREAM_CONNECT_TIMEOUT, connect).await?;
+            worker.set_upstream_http2(speaks);
+            if speaks {
+                tracing::info!(worker = %worker.url, "the worker speaks HTTP/2: its requests go over one multiplexed connection");
+            } else {
+                tracing::warn!(worker = %worker.url, "the worker does not answer HTTP/2 (--upstream-http2): it stays on HTTP/1.1");
+            }
+        }
+        if worker.upstream_http2() == Some(true) {
+            let rank = match (rank, &extra.rank) {
+                (Some(rank), _) => Some(rank.0.to_string().into_bytes()),
+                (None, Some(client)) => Some(client.to_vec()),
+                (None, None) => None,
+            };
+            let headers = super::h2::request_headers(&extra.headers, rank.as_deref().map(|r| (RANK_HEADER, r)));
+            let asked = (uri.clone(), headers, body);
+            let (head, body) = super::h2::send(authority.as_str(), asked, extra.pool_idle, connect).await?;
+            let from = Source::H2(body);
+            return Ok(Answer { from, buf: BytesMut::new(), authority: authority.to_string(), head });
+        }
+    }
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
     let mut msg = Vec::with_capacity(192 + extra.headers.len());
     let _ = write!(
@@ -237,14 +308,14 @@ pub(crate) async fn send(
                 let mut buf = BytesMut::with_capacity(8192);
                 if let Ok(Ok(mut head)) = tokio::time::timeout(EARLY_ANSWER_WAIT, read_head(&mut tcp, &mut buf)).await {
                     head.reusable = false;
-                    return Ok(Answer { tcp, buf, authority: pool_key, head });
+                    return Ok(Answer { from: Source::H1(tcp), buf, authority: pool_key, head });
                 }
             }
             return Err(SendError { connect: untouched, message: e.to_string() });
         }
         let mut buf = BytesMut::with_capacity(8192);
         return match read_head(&mut tcp, &mut buf).await {
-            Ok(head) => Ok(Answer { tcp, buf, authority: pool_key, head }),
+            Ok(head) => Ok(Answer { from: Source::H1(tcp), buf, authority: pool_key, head }),
             // Written, then no answer: the worker may have started on it, so it is not sent again.
             Err(e) => Err(SendError { connect: false, message: e.to_string() }),
         };
@@ -331,9 +402,7 @@ pub(crate) async fn relay(
     };
     match result {
         Ok(()) => {
-            if answer.head.reusable && answer.buf.is_empty() {
-                checkin(answer.authority, answer.tcp);
-            }
+            answer.from.pool(answer.authority, &answer.head, &answer.buf);
             true
         }
         // The client went away: dropping the upstream connection cancels the request.
@@ -389,7 +458,7 @@ async fn read_more(answer: &mut Answer, peer: &mut Peer<'_>, stall: &mut Stall<'
     loop {
         tokio::select! {
             biased;
-            read = answer.tcp.read_buf(&mut answer.buf) => {
+            read = answer.from.read_buf(&mut answer.buf) => {
                 let n = read.map_err(Failure::Worker)?;
                 stall.silence.heard(tokio::time::Instant::now());
                 return Ok(Read::More(n == 0));

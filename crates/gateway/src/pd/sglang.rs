@@ -323,6 +323,7 @@ mod tests {
             rank: Some(Bytes::from_static(b"3")),
             tls: gw.upstream_tls.clone(),
             pool_idle: gw.config.upstream_pool_idle,
+            http2: false,
         };
         let (prefill, decode) = leg_extras(&extra);
         for leg in [&prefill, &decode] {

@@ -16,6 +16,7 @@ use tracing::{Span, warn};
 use crate::pipeline::account::InFlight;
 use crate::pipeline::admission::Admission;
 use crate::pipeline::body::parse_body;
+use crate::pipeline::cache_trace::{self, Record};
 use crate::pipeline::request::{Meta, Route};
 use crate::pipeline::retry::next_worker;
 use crate::pools::HeaderEdits;
@@ -180,6 +181,8 @@ where
     gw.metrics.decisions.inc_keyed(key, format_args!("policy=\"{policy}\",reason=\"{}\"", plan.decision.reason));
     gw.metrics.matched_tokens.observe(matched as f64);
     gw.metrics.cached.decided(&plan.regret);
+    // The decision record (`x-smg-cache-trace`), when the request asked or the log takes it.
+    let mut record = (meta.cache_trace || gw.config.cache_trace.log).then(|| Record::of(&plan));
     // Tell a data-parallel engine which rank holds the prefix: SGLang's and
     // vLLM's OpenAI routes read the `X-Data-Parallel-Rank` header; SGLang's native
     // `/generate` reads only the body field `routed_dp_rank`. Only an engine known
@@ -205,6 +208,9 @@ where
     guard.predicted = route.has_prompt().then_some(matched);
     // A gRPC worker: the router sends the token ids and makes the answer.
     if let (Some(tokens), Some(v), true) = (ids, v.take(), worker.engine().is_some()) {
+        let dispatched = record
+            .map(|r| r.dispatched(&gw.config.cache_trace, (id, meta.cache_trace), 1, (&[worker.url.as_str()], "grpc")));
+        traced(&mut guard, dispatched.flatten());
         let job = crate::grpc::Job { route, v, tokens, rank, uncached };
         return crate::grpc::serve(gw, guard, (worker, &workers), pool, job, meta).await.map(Forwarded::Made);
     }
@@ -232,6 +238,15 @@ where
                     .flatten();
                 let Some(next) = next else {
                     gw.metrics.ttfb.observe(start.elapsed().as_secs_f64());
+                    let dispatched = record.map(|r| {
+                        r.dispatched(
+                            &gw.config.cache_trace,
+                            (id, meta.cache_trace),
+                            attempt,
+                            (&[worker.url.as_str()], "http"),
+                        )
+                    });
+                    traced(&mut guard, dispatched.flatten());
                     return Ok(Forwarded::Sent(guard, worker, answer));
                 };
                 // Nothing of this answer reached the client: it is dropped (its connection closed).
@@ -266,6 +281,9 @@ where
         pool.policy.commit(&moved, &plan.candidates, &plan.request());
         if !tried.contains(&worker.id) {
             tried.push(worker.id);
+        }
+        if let Some(r) = record.as_mut() {
+            r.retried(&plan, &next);
         }
         worker = next;
         // The rank hint was for the first worker; the next one places it itself (or, with
@@ -311,6 +329,13 @@ where
             Err(GatewayError::Internal("a cascade escalated to a disaggregated pool".into()))
         }
         Forwarded::Made(_) => Err(GatewayError::Unprocessable("a cascade does not escalate to gRPC workers".into())),
+    }
+}
+
+/// Puts a dispatch's decision record (`x-smg-cache-trace`) among the answer's route headers.
+fn traced(guard: &mut InFlight, record: Option<axum::http::HeaderValue>) {
+    if let Some(v) = record {
+        guard.route_headers.get_or_insert_with(Default::default).0.push((cache_trace::HEADER, v));
     }
 }
 
@@ -377,6 +402,7 @@ mod tests {
             subset: None,
             one_attempt: false,
             trace: None,
+            cache_trace: false,
         }
     }
 

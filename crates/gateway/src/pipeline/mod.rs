@@ -29,6 +29,7 @@ pub(crate) mod account;
 pub mod admission;
 pub mod auth;
 pub(crate) mod body;
+pub mod cache_trace;
 pub mod context;
 pub(crate) mod forward;
 pub(crate) mod request;

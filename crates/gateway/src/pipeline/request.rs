@@ -44,6 +44,8 @@ pub(crate) struct Meta {
     pub(crate) one_attempt: bool,
     /// Its span in a trace (`--enable-trace`; `None`: off).
     pub(crate) trace: Option<otlp::TraceContext>,
+    /// Its answer carries the decision record (`x-smg-cache-trace: 1`, or `--cache-trace-header`).
+    pub(crate) cache_trace: bool,
 }
 
 /// An admitted request with its body, as a front end hands it to [`crate::pipeline::run`]:
@@ -105,6 +107,11 @@ impl Meta {
             subset: None,
             one_attempt: false,
             trace: crate::pipeline::trace::context(gw, lines()),
+            cache_trace: gw.config.cache_trace.header
+                || lines().any(|(n, v)| {
+                    n.eq_ignore_ascii_case(crate::pipeline::cache_trace::HEADER)
+                        && crate::pipeline::cache_trace::asks(v)
+                }),
         }
     }
 

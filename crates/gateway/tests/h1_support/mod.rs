@@ -109,6 +109,8 @@ pub(crate) async fn start_fleet(
         jwt: None,
         audit: false,
         upstream_pool_idle: gateway::DEFAULT_UPSTREAM_POOL_IDLE,
+        upstream_http2: false,
+        cache_trace: Default::default(),
         reasoning_parser: None,
         tool_call_parser: None,
         tracer: None,

@@ -20,6 +20,10 @@ struct Args {
     /// in and out), e.g. `127.0.0.1:30002`; the router's `--worker-urls grpc://ADDR`.
     #[arg(long, env = "SGL_MOCK_GRPC_LISTEN", value_name = "ADDR")]
     grpc_listen: Option<SocketAddr>,
+    /// Also answer HTTP/2 by prior knowledge (h2c) on the HTTP port (the router's
+    /// `--upstream-http2`); off: HTTP/1.1 only, as SGLang's and vLLM's servers.
+    #[arg(long, env = "SGL_MOCK_HTTP2")]
+    http2: bool,
     /// Model directory (tokenizer.json + chat template); the built-in byte-level model if absent.
     /// gRPC's `GetTokenizer` hands its tokenizer files over (refused without it).
     #[arg(long, env = "SGL_MOCK_TOKENIZER_PATH")]
@@ -126,6 +130,7 @@ async fn main() -> anyhow::Result<()> {
     let config = MockEngineConfig {
         listen: a.listen,
         grpc_listen: a.grpc_listen,
+        http2: a.http2,
         model_id: a.model_id,
         strict_model: a.strict_model,
         refuse_rank_header: a.refuse_rank_header,

@@ -71,6 +71,11 @@ pub(crate) struct LivenessFlags {
     /// keep-alive timeout (uvicorn's 5 s) so a connection is not reused as the engine closes it; 0: forever.
     #[arg(long, env = "SGL_ROUTER_UPSTREAM_POOL_IDLE_TIMEOUT_SECS", default_value_t = 3, value_name = "S")]
     pub(crate) upstream_pool_idle_timeout_secs: u64,
+    /// Speak HTTP/2 to workers by prior knowledge (h2c; `https://` workers stay on HTTP/1.1),
+    /// every request to a worker multiplexed over one connection per serving thread. Asked per
+    /// worker at its first request: a worker that does not answer HTTP/2 stays on HTTP/1.1.
+    #[arg(long, env = "SGL_ROUTER_UPSTREAM_HTTP2")]
+    pub(crate) upstream_http2: bool,
     /// Seconds a new worker's first probe waits.
     #[arg(long, env = "SGL_ROUTER_WORKER_STARTUP_DELAY", default_value_t = 0, value_name = "S")]
     pub(crate) worker_startup_delay: u64,

@@ -30,7 +30,6 @@ const STICKY: &str = "no sticky-session map: send the x-smg-routing-key header (
 const DPMIN: &str = "use --dp-aware: ranks are balanced by their owed prefill";
 const BUFFER: &str =
     "every proxied request is read whole (bounded by --max-payload-size) so it can be parsed and retried";
-const H2: &str = "HTTP/2 to workers is not built: workers are spoken to over pooled HTTP/1.1 keep-alive connections";
 const ALIAS: &str = "give a --routing-config pool the alias as its model name";
 const JEMALLOC: &str = "the router is not built with jemalloc";
 const BG: &str = "the Responses API's background mode is not served";
@@ -76,7 +75,6 @@ const fn o(
 
 /// Every such option, in `smg launch`'s order.
 const OPTIONS: &[SmgOnly] = &[
-    o("upstream-http2", &[], Flag, None, H2),
     o("encode-policy", &[], Value, None, GRPC),
     o("prefix-token-count", &[], Value, Some("256"), PREFIXHASH),
     o("prefix-hash-load-factor", &[], Value, Some("1.25"), PREFIXHASH),

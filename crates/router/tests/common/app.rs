@@ -88,6 +88,8 @@ pub(crate) fn config(workers: &[&MockEngine], policy: PolicyConfig, kv: bool) ->
         jwt: None,
         audit: false,
         upstream_pool_idle: gateway::DEFAULT_UPSTREAM_POOL_IDLE,
+        upstream_http2: false,
+        cache_trace: Default::default(),
         reasoning_parser: None,
         tool_call_parser: None,
         index_retention: Duration::from_secs(300),

@@ -8,6 +8,7 @@
 mod common;
 
 mod anthropic;
+mod cache_trace;
 mod cascade;
 mod cli;
 mod control_plane;
@@ -41,3 +42,4 @@ mod shutdown;
 mod smg_compat;
 mod tls;
 mod trace;
+mod upstream_http2;

@@ -14,7 +14,7 @@ use mock_engine::{Faults, MockEngine, MockEngineConfig};
 use serde_json::json;
 
 /// Kills the router when the test ends, however it ends.
-struct Router(Child);
+pub(crate) struct Router(Child);
 
 impl Drop for Router {
     fn drop(&mut self) {
@@ -29,13 +29,13 @@ async fn engine(kv_events: bool) -> MockEngine {
 }
 
 /// The value of the series `name{labels}` in a Prometheus text page.
-fn series(page: &str, name_and_labels: &str) -> Option<f64> {
+pub(crate) fn series(page: &str, name_and_labels: &str) -> Option<f64> {
     page.lines().find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok())
 }
 
 /// The real binary with `args`: the router, its URL and its metrics URL (read from its
 /// first three lines of output; `args` must have a `--prometheus-port`).
-fn launch(args: &[&str]) -> (Router, String, String) {
+pub(crate) fn launch(args: &[&str]) -> (Router, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_sgl-router"))
         .args(args)
         .stdout(Stdio::piped())

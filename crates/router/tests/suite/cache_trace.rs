@@ -1,0 +1,89 @@
+//! SMG's `x-smg-cache-trace` through the real binary: a request that asks
+//! gets its dispatch's decision record in the answer (the fast path's and a
+//! stream's head alike), naming the worker that answered, the policy, and
+//! what the KV index said that worker holds; a retry adds its selection; a
+//! request that does not ask gets no record.
+
+use mock_engine::{Faults, MockEngine, MockEngineConfig};
+use serde_json::{Value, json};
+
+use crate::smg_compat::{launch, series};
+
+async fn engine() -> MockEngine {
+    MockEngine::spawn(MockEngineConfig { fast: true, ..MockEngineConfig::default() }).await.unwrap()
+}
+
+/// The decision record an answer carries, parsed; `None` without one.
+fn record(answer: &reqwest::Response) -> Option<Value> {
+    let v = answer.headers().get("x-smg-cache-trace")?;
+    Some(serde_json::from_str(v.to_str().unwrap()).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_asks_gets_its_decision_record_and_what_the_index_predicted() {
+    let (e0, e1) = (engine().await, engine().await);
+    let (u0, u1) = (e0.url(), e1.url());
+    #[rustfmt::skip]
+    let args = [
+        "--worker-urls", &u0, &u1, "--policy", "cache_aware", "--kv-events",
+        "--cache-affinity-min-matched-tokens", "16", "--worker-warmup-share", "0", "--worker-warmup-divert-every", "0",
+        "--retry-max-retries", "3", "--retry-initial-backoff-ms", "1", "--log-level", "warn",
+        "--prometheus-port", "0", "--prometheus-host", "127.0.0.1", "--host", "127.0.0.1", "--port", "0",
+    ];
+    let (_router, url, metrics_url) = launch(&args);
+    let http = reqwest::Client::new();
+    crate::common::eventually("both engines healthy and followed", async || {
+        let page = http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
+        series(&page, "router_workers{state=\"healthy\"}") == Some(2.0)
+    })
+    .await;
+    let prompt = "a shared system prompt long enough to fill several pages of the cache ".repeat(8);
+    let chat = |stream: bool| {
+        json!({"model": "default", "max_tokens": 2, "stream": stream,
+            "messages": [{"role": "user", "content": prompt.clone()}]})
+    };
+    let post = |q: Value, ask: bool| {
+        let r = http.post(format!("{url}/v1/chat/completions")).json(&q);
+        if ask { r.header("x-smg-cache-trace", "1") } else { r }
+    };
+
+    // Not asked: no record.
+    let answer = post(chat(false), false).send().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    assert!(record(&answer).is_none());
+    let first = if e0.engine().requests.load(std::sync::atomic::Ordering::Relaxed) == 1 { &u0 } else { &u1 };
+
+    // Asked, once the first answer's pages are in the index: the same worker, predicted by it.
+    crate::common::eventually("a cache hit predicted by the event index", async || {
+        let answer = post(chat(false), true).send().await.unwrap();
+        assert_eq!(answer.status(), 200);
+        let id = answer.headers()["x-request-id"].to_str().unwrap().to_string();
+        let r = record(&answer).expect("asked: a record");
+        assert_eq!((r["schema"].clone(), r["root_id"].clone(), r["attempt"].clone()), (json!(1), json!(id), json!(1)));
+        assert_eq!(r["engine_ids"], json!([r["selections"][0]["worker"]]), "{r}");
+        assert_eq!(r["selections"][0]["policy"], "cache_aware");
+        assert!(r["selections"][0].get("candidates").is_none(), "no candidates in the header: {r}");
+        let p = &r["selections"][0]["prediction"];
+        p["source"] == "event_index" && p["matched_tokens"].as_u64() > Some(0) && r["engine_ids"][0] == **first
+    })
+    .await;
+
+    // A stream's head carries it too.
+    let answer = post(chat(true), true).send().await.unwrap();
+    let r = record(&answer).expect("a stream's record");
+    assert_eq!(r["engine_ids"][0], **first);
+    assert!(answer.text().await.unwrap().contains("[DONE]"));
+
+    // The worker holding the prompt answers 503: the retry's selection is recorded after the policy's.
+    let holder = if *first == u0 { &e0 } else { &e1 };
+    holder.engine().set_faults(Faults { fail_next: 1, fail_status: 503, ..Faults::default() }).await;
+    let answer = post(chat(false), true).send().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let r = record(&answer).unwrap();
+    let origins: Vec<&Value> = r["selections"].as_array().unwrap().iter().map(|s| &s["origin"]).collect();
+    assert_eq!(origins, [&json!("policy"), &json!("retry")], "{r}");
+    assert_eq!(r["attempt"], 2);
+    assert_eq!(r["selections"][0]["worker"], **first);
+    assert_ne!(r["engine_ids"][0], **first, "answered by the other: {r}");
+    assert_eq!(r["engine_ids"][0], r["selections"][1]["worker"]);
+}
