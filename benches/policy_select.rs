@@ -51,7 +51,7 @@ fn bench(c: &mut Criterion) {
     for p in &policies {
         for n in [4usize, 16, 64, 256] {
             let cs = candidates(n);
-            let req = RequestInfo { input_tokens: 8192, text: None };
+            let req = RequestInfo { input_tokens: 8192, text: None, at_ms: 0 };
             g.bench_with_input(BenchmarkId::new(p.name(), n), &cs, |b, cs| b.iter(|| route(&**p, black_box(cs), &req)));
         }
     }
@@ -61,14 +61,14 @@ fn bench(c: &mut Criterion) {
         let cs = candidates(n);
         for i in 0..n * 4 {
             let text = format!("{system} earlier question {i}");
-            route(&p, &cs, &RequestInfo { input_tokens: 0, text: Some(&text) });
+            route(&p, &cs, &RequestInfo { input_tokens: 0, text: Some(&text), at_ms: 0 });
         }
         let mut i = 0u64;
         g.bench_with_input(BenchmarkId::new("approx_tree", n), &cs, |b, cs| {
             b.iter(|| {
                 i += 1;
                 let text = format!("{system} question {}", i % 512);
-                route(&p, black_box(cs), &RequestInfo { input_tokens: 0, text: Some(&text) })
+                route(&p, black_box(cs), &RequestInfo { input_tokens: 0, text: Some(&text), at_ms: 0 })
             })
         });
     }

@@ -216,6 +216,12 @@ fn unit_random() -> f64 {
 
 /// A fast per-thread pseudo-random number (xorshift64*, seeded from the
 /// clock and the thread): for jitter and request ids, never for secrets.
+/// Milliseconds since the process first asked (at least 1): the planner's clock.
+pub(crate) fn millis_since_start() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64 + 1
+}
+
 pub(crate) fn random_u64() -> u64 {
     use std::cell::Cell;
     thread_local! { static STATE: Cell<u64> = Cell::new(seed()); }
@@ -451,6 +457,7 @@ impl Gateway {
             renders: &self.metrics.renders,
             only: None,
             placements: self.shared.as_deref().map(|s| s as &dyn planner::Placements),
+            at_ms: millis_since_start(),
         }
     }
 

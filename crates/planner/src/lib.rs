@@ -72,6 +72,10 @@ pub struct Planner<'a> {
     /// Told of every placement a plan makes, to share it with other router replicas
     /// (`--shared-state`); `None`: alone.
     pub placements: Option<&'a dyn Placements>,
+    /// When the request is planned, in milliseconds on the router's monotonic clock (the text
+    /// tree ages its placements by it); 0: no time, nothing ages (the benchmark simulator
+    /// passes its simulated time).
+    pub at_ms: u64,
 }
 
 /// What a plan tells the router replicas sharing its state: a request is placed on a worker.

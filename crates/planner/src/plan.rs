@@ -33,6 +33,8 @@ pub struct Plan {
     pub rank: Option<DpRank>,
     /// The prefix the best eligible worker held against the chosen one's.
     pub regret: crate::Regret,
+    /// When it was planned ([`crate::Planner::at_ms`]).
+    pub at_ms: u64,
 }
 
 impl Plan {
@@ -56,7 +58,7 @@ impl Plan {
 
     /// What the policy saw of the request.
     pub fn request(&self) -> RequestInfo<'_> {
-        RequestInfo { input_tokens: self.input_tokens, text: self.text.as_deref() }
+        RequestInfo { input_tokens: self.input_tokens, text: self.text.as_deref(), at_ms: self.at_ms }
     }
 
     /// Tells the pool's policy the request really goes where it decided (never for an explain).
@@ -218,7 +220,7 @@ impl Planner<'_> {
         let decision = match by_key {
             Some(worker) => Decision { worker, reason: policy::Reason::RoutingKey },
             None => policy
-                .select(&candidates, &RequestInfo { input_tokens, text: text.as_deref() })
+                .select(&candidates, &RequestInfo { input_tokens, text: text.as_deref(), at_ms: self.at_ms })
                 .map_err(|_| PlanError::NoWorker)?,
         };
         let chosen = workers.iter().position(|w| w.id == decision.worker).ok_or(PlanError::NoWorker)?;
@@ -234,7 +236,8 @@ impl Planner<'_> {
             let uncached = input_tokens.saturating_sub(candidates[chosen].matched_tokens);
             placements.placed(&workers[chosen], credited, uncached);
         }
-        Ok(Plan { pool: pool.clone(), workers, candidates, decision, chosen, input_tokens, text, rank, regret })
+        let at_ms = self.at_ms;
+        Ok(Plan { pool: pool.clone(), workers, candidates, decision, chosen, input_tokens, text, rank, regret, at_ms })
     }
 
     /// The prompt's page hashes in each of the fleet's hash modes, in the request's namespace

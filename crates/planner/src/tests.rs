@@ -29,7 +29,7 @@ fn planner<'a>(
     credit_pending: bool,
     (credit_lock, renders): (&'a Mutex<()>, &'a AtomicU64),
 ) -> Planner<'a> {
-    Planner { fleet, workers, index, credit_pending, credit_lock, renders, only: None, placements: None }
+    Planner { fleet, workers, index, credit_pending, credit_lock, renders, only: None, placements: None, at_ms: 0 }
 }
 
 async fn fleet(regular: &[&str], pd: &[(&str, Role)]) -> Arc<Fleet> {

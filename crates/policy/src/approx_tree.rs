@@ -7,6 +7,11 @@
 //! bound in bytes (its text and an estimate of each node's own memory):
 //! an insert that takes it over trims it, least recently used leaves first,
 //! to seven eighths of the bound, so it never waits for the periodic trim.
+//! A placement stays routable for `ttl_ms` after the worker was last sent
+//! it (SMG's `--cache-ttl-secs`, approximating how long an engine keeps a
+//! prefix): an older one is not matched, and is forgotten at the next commit
+//! an eighth of the TTL after the last such sweep. Time is the request's
+//! (`RequestInfo::at_ms`, the caller's clock): the policy reads no clock.
 //!
 //! The tree learns on `commit` (a request really sent), never on `select`
 //! (which an explain endpoint may call), and it remembers workers by
@@ -42,7 +47,14 @@ pub struct ApproxTreeConfig {
     /// eight engines with a million-token KV cache each hold; SGLang Model Gateway's
     /// `--max-tree-size` (64 Mi characters) counts per worker and not the nodes.
     pub max_tree_bytes: usize,
+    /// Milliseconds a placement stays routable after its worker was last sent it (SMG's
+    /// `--cache-ttl-secs`, 180 s); 0: until the bound trims it.
+    pub ttl_ms: u64,
 }
+
+/// A use's stamp: the request's milliseconds above the commit's sequence number, so stamps
+/// order uses (the trim's least recently used) and age them (the TTL).
+const SEQ_BITS: u32 = 24;
 
 /// What one node of the tree costs besides its text, as the bound counts it: the node itself
 /// and the first allocations of its two maps (children, workers).
@@ -57,6 +69,8 @@ pub struct ApproxTree {
     bytes: usize,
     /// Nodes in use, the root apart.
     live: usize,
+    /// Placements stamped before this were forgotten by the last sweep.
+    swept_before: u64,
 }
 
 #[derive(Debug, Default)]
@@ -84,7 +98,22 @@ const ROOT: usize = 0;
 
 impl Default for ApproxTreeConfig {
     fn default() -> Self {
-        Self { cache_threshold: 0.3, balance_abs: 64, balance_rel: 1.5, max_tree_bytes: 1 << 25 }
+        Self { cache_threshold: 0.3, balance_abs: 64, balance_rel: 1.5, max_tree_bytes: 1 << 25, ttl_ms: 180_000 }
+    }
+}
+
+impl ApproxTreeConfig {
+    /// The stamp of a use at `at_ms` (0: no time, the sequence alone) with sequence number `seq`.
+    pub fn stamp(at_ms: u64, seq: u64) -> u64 {
+        if at_ms == 0 { seq } else { (at_ms << SEQ_BITS) | (seq & ((1 << SEQ_BITS) - 1)) }
+    }
+
+    /// The oldest stamp still routable at `at_ms` (0: every one).
+    pub fn fresh_since(&self, at_ms: u64) -> u64 {
+        match at_ms.checked_sub(self.ttl_ms) {
+            Some(oldest) if self.ttl_ms > 0 && oldest > 0 => oldest << SEQ_BITS,
+            _ => 0,
+        }
     }
 }
 
@@ -93,7 +122,8 @@ impl Default for ApproxTreeConfig {
 impl ApproxTree {
     /// An empty tree.
     pub fn new() -> Self {
-        Self { nodes: vec![TreeNode { live: true, ..TreeNode::default() }], free: Vec::new(), bytes: 0, live: 0 }
+        let root = TreeNode { live: true, ..TreeNode::default() };
+        Self { nodes: vec![root], free: Vec::new(), bytes: 0, live: 0, swept_before: 0 }
     }
 
     /// Text bytes held.
@@ -115,6 +145,27 @@ impl ApproxTree {
             return 0;
         }
         self.trim(max_bytes - max_bytes / 8)
+    }
+
+    /// Records that `text` was sent to `worker` at `stamp` ([`ApproxTreeConfig::stamp`]): first
+    /// forgets the placements past `config`'s TTL (when an eighth of it has passed since the
+    /// last sweep), then inserts and holds the bound. Returns the leaves evicted by the bound.
+    pub fn learn(&mut self, text: &[u8], worker: WorkerId, stamp: u64, config: &ApproxTreeConfig) -> usize {
+        let fresh_since = config.fresh_since(stamp >> SEQ_BITS);
+        let step = (config.ttl_ms / 8).max(1) << SEQ_BITS;
+        if fresh_since > 0 && fresh_since >= self.swept_before.saturating_add(step) {
+            self.forget_before(fresh_since);
+        }
+        self.insert_bounded(text, worker, stamp, config.max_tree_bytes)
+    }
+
+    /// Forgets every placement stamped before `stamp`, and the leaves left with none.
+    pub fn forget_before(&mut self, stamp: u64) {
+        self.swept_before = stamp;
+        for n in self.nodes.iter_mut().skip(1) {
+            n.workers.retain(|_, used| *used >= stamp);
+        }
+        self.prune_empty();
     }
 
     fn alloc(&mut self, node: TreeNode) -> usize {
@@ -175,24 +226,36 @@ impl ApproxTree {
         mid
     }
 
-    /// The longest prefix of `text` in the tree, and the workers at its end (in id order).
-    pub fn longest_match(&self, text: &[u8]) -> (usize, Vec<WorkerId>) {
-        let mut node = ROOT;
-        let mut matched = 0;
-        let mut rest = text;
+    /// The longest prefix of `text` in the tree sent to a worker at `fresh_since` or later
+    /// (0: ever), and those workers (in id order). A node's workers were all sent what is
+    /// under it, each last no later than at the node: the walk stops at the first node no
+    /// fresh worker holds.
+    pub fn longest_match(&self, text: &[u8], fresh_since: u64) -> (usize, Vec<WorkerId>) {
+        let fresh = |n: usize| self.nodes[n].workers.values().any(|&used| used >= fresh_since);
+        let (mut node, mut matched, mut rest) = (ROOT, 0, text);
+        let mut best = (0, ROOT);
         while let Some(&first) = rest.first() {
             let Some(&child) = self.nodes[node].children.get(&first) else { break };
+            if !fresh(child) {
+                break;
+            }
             let common = common_prefix(&self.nodes[child].label, rest);
             matched += common;
             node = child;
+            best = (matched, node);
             if common < self.nodes[child].label.len() {
                 break;
             }
             rest = &rest[common..];
         }
-        let mut workers: Vec<WorkerId> = self.nodes[node].workers.keys().copied().collect();
+        let (matched, node) = best;
+        if node == ROOT {
+            return (0, Vec::new());
+        }
+        let mut workers: Vec<WorkerId> =
+            self.nodes[node].workers.iter().filter(|(_, used)| **used >= fresh_since).map(|(w, _)| *w).collect();
         workers.sort_unstable();
-        (matched, if node == ROOT { Vec::new() } else { workers })
+        (matched, workers)
     }
 
     /// Forgets a worker everywhere (it left the fleet).
@@ -317,7 +380,7 @@ impl Policy for ApproxTreePolicy {
             return Ok(Decision { worker: least.worker, reason: Reason::Imbalanced });
         }
         let text = request.text.unwrap_or("").as_bytes();
-        let (matched, holders) = self.tree().longest_match(text);
+        let (matched, holders) = self.tree().longest_match(text, self.config.fresh_since(request.at_ms));
         let ratio = if text.is_empty() { 0.0 } else { matched as f64 / text.len() as f64 };
         let followed = candidates.iter().filter(|c| holders.binary_search(&c.worker).is_ok()).min_by_key(by_load);
         Ok(match followed {
@@ -327,10 +390,10 @@ impl Policy for ApproxTreePolicy {
     }
 
     fn commit(&self, decision: &Decision, _candidates: &[Candidate], request: &RequestInfo<'_>) {
-        let now = self.clock.fetch_add(1, Ordering::Relaxed);
+        let stamp = ApproxTreeConfig::stamp(request.at_ms, self.clock.fetch_add(1, Ordering::Relaxed));
         let text = request.text.unwrap_or("").as_bytes();
         if !text.is_empty() {
-            self.tree().insert_bounded(text, decision.worker, now, self.config.max_tree_bytes);
+            self.tree().learn(text, decision.worker, stamp, &self.config);
         }
     }
 
@@ -381,7 +444,7 @@ mod tests {
     }
 
     fn ask(text: &str) -> RequestInfo<'_> {
-        RequestInfo { input_tokens: 0, text: Some(text) }
+        RequestInfo { input_tokens: 0, text: Some(text), at_ms: 0 }
     }
 
     /// A real request: select, then commit.
@@ -400,13 +463,13 @@ mod tests {
         let mut t = ApproxTree::new();
         t.insert(b"hello world", WorkerId(1), 1);
         t.insert(b"hello there", WorkerId(2), 2);
-        assert_eq!(t.longest_match(b"hello world, again"), (11, ids(&[1])));
-        assert_eq!(t.longest_match(b"hello th"), (8, ids(&[2])));
-        assert_eq!(t.longest_match(b"help"), (3, ids(&[1, 2])));
-        assert_eq!(t.longest_match(b"xyz"), (0, vec![]));
+        assert_eq!(t.longest_match(b"hello world, again", 0), (11, ids(&[1])));
+        assert_eq!(t.longest_match(b"hello th", 0), (8, ids(&[2])));
+        assert_eq!(t.longest_match(b"help", 0), (3, ids(&[1, 2])));
+        assert_eq!(t.longest_match(b"xyz", 0), (0, vec![]));
         assert_eq!(t.bytes(), "hello ".len() + "world".len() + "there".len());
         t.remove_worker(WorkerId(1));
-        assert_eq!(t.longest_match(b"hello world"), (6, ids(&[2])));
+        assert_eq!(t.longest_match(b"hello world", 0), (6, ids(&[2])));
         assert_eq!(t.bytes(), "hello ".len() + "there".len());
     }
 
@@ -417,8 +480,8 @@ mod tests {
         t.insert(b"bbbb-new", WorkerId(2), 5);
         assert_eq!(t.held(), 16 + 2 * NODE_BYTES);
         assert_eq!(t.trim(8 + NODE_BYTES), 1);
-        assert_eq!(t.longest_match(b"aaaa-old").0, 0);
-        assert_eq!(t.longest_match(b"bbbb-new").0, 8);
+        assert_eq!(t.longest_match(b"aaaa-old", 0).0, 0);
+        assert_eq!(t.longest_match(b"bbbb-new", 0).0, 8);
     }
 
     #[test]
@@ -435,10 +498,10 @@ mod tests {
         assert!(evicted > 0, "the bound was reached and kept");
         // The latest prompts and the shared prefix stay; the oldest went.
         let last = format!("{shared}{:08} and a unique question about it", 1_999);
-        assert_eq!(t.longest_match(last.as_bytes()).0, last.len());
+        assert_eq!(t.longest_match(last.as_bytes(), 0).0, last.len());
         let first = format!("{shared}{:08} and a unique question about it", 0);
-        assert!(t.longest_match(first.as_bytes()).0 < first.len());
-        assert!(t.longest_match(first.as_bytes()).0 >= shared.len());
+        assert!(t.longest_match(first.as_bytes(), 0).0 < first.len());
+        assert!(t.longest_match(first.as_bytes(), 0).0 >= shared.len());
     }
 
     #[test]
@@ -479,5 +542,40 @@ mod tests {
         assert_eq!(p.tree_bytes(), 0);
         let d = p.select(&[cand(7, 1), cand(9, 0)], &ask(prompt)).unwrap();
         assert_eq!(d, Decision { worker: WorkerId(9), reason: Reason::TreeMiss });
+    }
+
+    #[test]
+    fn a_placement_past_its_ttl_is_not_matched_and_a_later_commit_forgets_it() {
+        let config = ApproxTreeConfig { ttl_ms: 1_000, ..ApproxTreeConfig::default() };
+        let stamp = ApproxTreeConfig::stamp;
+        let mut t = ApproxTree::new();
+        t.learn(b"shared prompt one", WorkerId(1), stamp(1_000, 0), &config);
+        t.learn(b"shared prompt two", WorkerId(2), stamp(1_800, 1), &config);
+        // At 1,900 ms both are fresh; at 2,500 only worker 2's (1,000 ms is past the TTL):
+        // the match stops where no fresh worker was sent the text.
+        assert_eq!(t.longest_match(b"shared prompt one", config.fresh_since(1_900)), (17, ids(&[1])));
+        assert_eq!(t.longest_match(b"shared prompt one", config.fresh_since(2_500)), (14, ids(&[2])));
+        assert_eq!(t.longest_match(b"shared prompt two", config.fresh_since(2_500)), (17, ids(&[2])));
+        assert_eq!(t.longest_match(b"shared prompt two", config.fresh_since(2_900)), (0, vec![]));
+        // A commit an eighth of the TTL after the last sweep forgets what is past it.
+        let before = t.held();
+        t.learn(b"x", WorkerId(3), stamp(2_500, 2), &config);
+        assert_eq!(t.longest_match(b"shared prompt one", 0), (14, ids(&[2])), "worker 1 forgotten everywhere");
+        assert!(t.held() < before, "its leaf pruned: {} against {before}", t.held());
+        // Without a TTL nothing ages.
+        let forever = ApproxTreeConfig { ttl_ms: 0, ..config };
+        assert_eq!(forever.fresh_since(u64::MAX >> SEQ_BITS), 0);
+    }
+
+    #[test]
+    fn the_policy_ages_its_placements_by_the_requests_time() {
+        let p = ApproxTreePolicy::new(ApproxTreeConfig { ttl_ms: 180_000, ..ApproxTreeConfig::default() });
+        let prompt = "You are a helpful assistant. Question one?";
+        let at = |at_ms| RequestInfo { input_tokens: 0, text: Some(prompt), at_ms };
+        let cs = [cand(0, 0), cand(1, 1)];
+        let d = Decision { worker: WorkerId(1), reason: Reason::TreeMiss };
+        p.commit(&d, &cs, &at(10_000));
+        assert_eq!(p.select(&cs, &at(189_000)).unwrap(), Decision { worker: WorkerId(1), reason: Reason::TreeMatch });
+        assert_eq!(p.select(&cs, &at(191_000)).unwrap(), Decision { worker: WorkerId(0), reason: Reason::TreeMiss });
     }
 }

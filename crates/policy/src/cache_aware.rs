@@ -212,7 +212,7 @@ impl CacheAware {
         else {
             return candidates.iter().map(exact).collect();
         };
-        let (matched, holders) = tree.lock().longest_match(text);
+        let (matched, holders) = tree.lock().longest_match(text, tree.config.fresh_since(request.at_ms));
         let ratio = matched as f64 / text.len() as f64;
         let tokens = (ratio * request.input_tokens as f64) as u64;
         candidates
@@ -400,8 +400,8 @@ impl CacheAware {
             && !text.is_empty()
             && candidates.iter().any(|c| c.worker == decision.worker && !c.followed)
         {
-            let now = tree.clock.fetch_add(1, Ordering::Relaxed);
-            tree.lock().insert_bounded(text, decision.worker, now, tree.config.max_tree_bytes);
+            let stamp = ApproxTreeConfig::stamp(request.at_ms, tree.clock.fetch_add(1, Ordering::Relaxed));
+            tree.lock().learn(text, decision.worker, stamp, &tree.config);
         }
     }
 }

@@ -135,6 +135,9 @@ pub struct RequestInfo<'a> {
     pub input_tokens: u64,
     /// The prompt as text, for the approximate tree.
     pub text: Option<&'a str>,
+    /// When it came, in milliseconds on the caller's monotonic clock: the text tree ages its
+    /// placements by it (`ApproxTreeConfig::ttl_ms`). 0: no time known, nothing ages.
+    pub at_ms: u64,
 }
 
 /// A selection rule, internally synchronized: `select` reads, `commit` and

@@ -369,6 +369,11 @@ pub(crate) struct ServeArgs {
     /// approx_tree (and cache_aware's text tree): most bytes the tree holds, its text and its nodes [default: 33554432].
     #[arg(long, visible_alias = "max-tree-size", env = "SGL_ROUTER_APPROX_MAX_TREE_BYTES", value_name = "N")]
     pub(crate) approx_max_tree_bytes: Option<usize>,
+    /// approx_tree and cache_aware's text tree: seconds a placement stays routable after its
+    /// worker was last sent the text, approximating how long an engine keeps a prefix (SMG's
+    /// option); 0: until the tree's bound trims it.
+    #[arg(long, env = "SGL_ROUTER_CACHE_TTL_SECS", default_value_t = 180, value_name = "S")]
+    pub(crate) cache_ttl_secs: u64,
     /// Longest a request may wait for the worker's response headers.
     #[arg(long, env = "SGL_ROUTER_REQUEST_TIMEOUT_SECS", default_value_t = crate::defaults::REQUEST_TIMEOUT_SECS, value_name = "S")]
     pub(crate) request_timeout_secs: u64,

@@ -45,6 +45,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         ("--approx-balance-rel", a.approx_balance_rel.is_some(), TextTree),
         ("--approx-eviction-interval-secs", a.approx_eviction_interval_secs.is_some(), TextTree),
         ("--approx-max-tree-bytes", a.approx_max_tree_bytes.is_some(), TextTree),
+        // SMG's default is accepted under any policy (an `smg` command line may pass it).
+        ("--cache-ttl-secs", a.cache_ttl_secs != 180, TextTree),
         ("--ttft-hit-weight", a.ttft_hit_weight.is_some(), Owner(MinTtft)),
         // SMG's load-model options: its default values are accepted under any policy (an `smg`
         // command line passes them whatever its policy), others only where they act.
@@ -259,6 +261,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         balance_abs: a.approx_balance_abs.unwrap_or(t.balance_abs),
         balance_rel: a.approx_balance_rel.unwrap_or(t.balance_rel),
         max_tree_bytes: a.approx_max_tree_bytes.unwrap_or(t.max_tree_bytes),
+        ttl_ms: a.cache_ttl_secs.saturating_mul(1000),
     };
     let policy_config = |name: PolicyName| match name {
         PolicyName::RoundRobin => PolicyConfig::RoundRobin,

@@ -8,7 +8,7 @@ use crate::test_candidate as cand;
 
 /// A real request: select, then commit.
 fn pick(p: &CacheAware, cs: &[Candidate]) -> Decision {
-    let req = RequestInfo { input_tokens: 8000, text: None };
+    let req = RequestInfo { input_tokens: 8000, text: None, at_ms: 0 };
     let d = p.select(cs, &req).unwrap();
     p.commit(&d, cs, &req);
     d
@@ -89,7 +89,7 @@ fn unfollowed(worker: u32, owed: u64) -> Candidate {
 }
 
 fn send(p: &CacheAware, cs: &[Candidate], text: &str, tokens: u64) -> Decision {
-    let req = RequestInfo { input_tokens: tokens, text: Some(text) };
+    let req = RequestInfo { input_tokens: tokens, text: Some(text), at_ms: 0 };
     let d = p.select(cs, &req).unwrap();
     p.commit(&d, cs, &req);
     d
@@ -108,11 +108,15 @@ fn unfollowed_workers_are_judged_by_the_text_they_were_sent() {
         assert_eq!(d, Decision { worker: first.worker, reason: Reason::TextTreeHit });
     }
     // A match under the threshold is no hit.
-    let d = p.select(&cs, &RequestInfo { input_tokens: 4000, text: Some("th and something else entirely") }).unwrap();
+    let d = p
+        .select(&cs, &RequestInfo { input_tokens: 4000, text: Some("th and something else entirely"), at_ms: 0 })
+        .unwrap();
     assert_eq!(d.reason, Reason::NoCacheCandidate);
     // Forgotten with the worker.
     p.remove_worker(first.worker);
-    let d = p.select(&cs, &RequestInfo { input_tokens: 4000, text: Some("the long shared system prompt") }).unwrap();
+    let d = p
+        .select(&cs, &RequestInfo { input_tokens: 4000, text: Some("the long shared system prompt"), at_ms: 0 })
+        .unwrap();
     assert_eq!(d.reason, Reason::NoCacheCandidate);
 }
 
@@ -124,21 +128,28 @@ fn exact_hits_and_estimates_are_ranked_together() {
     let only_1 = [unfollowed(1, 0)];
     send(&p, &only_1, text, 8000);
     // Worker 0 (followed) holds 2,000 of 8,000 tokens; worker 1 is estimated at about all of them.
-    let d = p.select(&[cand(0, 2000, 0), unfollowed(1, 0)], &RequestInfo { input_tokens: 8000, text: Some(text) });
+    let d = p
+        .select(&[cand(0, 2000, 0), unfollowed(1, 0)], &RequestInfo { input_tokens: 8000, text: Some(text), at_ms: 0 });
     assert_eq!(d.unwrap(), Decision { worker: WorkerId(1), reason: Reason::TextTreeHit });
     // A followed worker holding more wins over the estimate.
     let longer = format!("{text} and more");
-    let d = p.select(&[cand(0, 8000, 0), unfollowed(1, 0)], &RequestInfo { input_tokens: 8000, text: Some(&longer) });
+    let d = p.select(
+        &[cand(0, 8000, 0), unfollowed(1, 0)],
+        &RequestInfo { input_tokens: 8000, text: Some(&longer), at_ms: 0 },
+    );
     assert_eq!(d.unwrap(), Decision { worker: WorkerId(0), reason: Reason::CacheHit });
     // The tree does not learn what goes to followed workers.
     let other = "another conversation entirely, sent to the followed worker only";
     send(&p, &[cand(0, 0, 0)], other, 8000);
-    let d = p.select(&[unfollowed(1, 0), unfollowed(2, 0)], &RequestInfo { input_tokens: 8000, text: Some(other) });
+    let d = p.select(
+        &[unfollowed(1, 0), unfollowed(2, 0)],
+        &RequestInfo { input_tokens: 8000, text: Some(other), at_ms: 0 },
+    );
     assert_eq!(d.unwrap().reason, Reason::NoCacheCandidate);
     // Without a tree, unfollowed workers never hit.
     let plain = CacheAware::new(CacheAwareConfig::default(), 3);
     assert!(!plain.needs_text());
-    let d = plain.select(&only_1, &RequestInfo { input_tokens: 8000, text: Some(text) }).unwrap();
+    let d = plain.select(&only_1, &RequestInfo { input_tokens: 8000, text: Some(text), at_ms: 0 }).unwrap();
     assert_eq!(d.reason, Reason::NoCacheCandidate);
 }
 
@@ -147,11 +158,11 @@ fn a_grossly_imbalanced_fleet_goes_to_its_least_loaded_worker() {
     let p = CacheAware::new(CacheAwareConfig::default(), 3).with_text_tree(ApproxTreeConfig::default());
     let busy = Candidate { load: crate::Load { in_flight: 100, uncached_tokens: 0 }, ..cand(0, 8000, 0) };
     let idle = Candidate { load: crate::Load { in_flight: 10, uncached_tokens: 0 }, ..cand(1, 0, 0) };
-    let d = p.select(&[busy, idle], &RequestInfo { input_tokens: 8000, text: Some("x") }).unwrap();
+    let d = p.select(&[busy, idle], &RequestInfo { input_tokens: 8000, text: Some("x"), at_ms: 0 }).unwrap();
     assert_eq!(d, Decision { worker: WorkerId(1), reason: Reason::Imbalanced });
     // Within the bounds the hit wins.
     let near = Candidate { load: crate::Load { in_flight: 50, uncached_tokens: 0 }, ..cand(1, 0, 0) };
-    let d = p.select(&[busy, near], &RequestInfo { input_tokens: 8000, text: Some("x") }).unwrap();
+    let d = p.select(&[busy, near], &RequestInfo { input_tokens: 8000, text: Some("x"), at_ms: 0 }).unwrap();
     assert_eq!(d.reason, Reason::CacheHit);
 }
 
@@ -210,7 +221,7 @@ fn a_selection_temperature_draws_hits_by_the_softmax_of_their_normalized_scores(
 fn a_drawn_hit_moves_the_stream_only_when_committed() {
     let p = CacheAware::new(CacheAwareConfig { selection_temperature: 1.0, ..Default::default() }, 3);
     let cs = [cand(0, 8000, 0), cand(1, 7000, 0), cand(2, 6000, 0)];
-    let req = RequestInfo { input_tokens: 8000, text: None };
+    let req = RequestInfo { input_tokens: 8000, text: None, at_ms: 0 };
     let first = p.select(&cs, &req).unwrap();
     assert!((0..20).all(|_| p.select(&cs, &req).unwrap() == first), "uncommitted selects draw the same");
     // One hit alone is taken without a draw; the guard's move to a lighter worker is not drawn either.

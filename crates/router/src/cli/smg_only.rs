@@ -25,7 +25,7 @@ const PREFIXHASH: &str = "the prefix_hash policy is not here: use --policy cache
 const INDEX: &str = "one KV index here: exact block hashes per worker and rank";
 const SEL: &str = "cache_aware has the one selection policy here (with --overlap-decay and --selection-temperature)";
 const BUCKET: &str = "the bucket policy is not here";
-const CACHEIDX: &str = "cache_aware matches on the exact KV-event index here (the text tree for workers without events); no head-hash placement map";
+const CACHEIDX: &str = "the tree index only (the exact KV-event index, and the text tree for workers without events; --cache-ttl-secs ages the tree's placements): no head-hash placement map";
 const STICKY: &str = "no sticky-session map: send the x-smg-routing-key header (its worker by rendezvous hashing) or use --routing-config";
 const DPMIN: &str = "use --dp-aware: ranks are balanced by their owed prefill";
 const BUFFER: &str =
@@ -84,7 +84,6 @@ const OPTIONS: &[SmgOnly] = &[
     o("bucket-adjust-interval-secs", &[], Value, Some("5"), BUCKET),
     o("cache-boundaries", &[], Value, None, CACHEIDX),
     o("cache-index", &[], Value, Some("tree"), CACHEIDX),
-    o("cache-ttl-secs", &[], Value, Some("180"), CACHEIDX),
     o("max-idle-secs", &["sticky-key-idle-secs"], Value, Some("14400"), STICKY),
     o("assignment-mode", &[], Value, None, STICKY),
     o("max-buffered-request-bytes", &[], Value, Some("1048576"), BUFFER),
@@ -265,7 +264,7 @@ mod tests {
     #[test]
     fn an_option_given_with_smgs_default_is_accepted_and_any_other_value_refused_with_its_reason() {
         let notes =
-            parse(&["--history-backend", "memory", "--kv-index", "positional", "--cache-ttl-secs", "180.0"]).unwrap();
+            parse(&["--history-backend", "memory", "--kv-index", "positional", "--cache-index", "tree"]).unwrap();
         assert_eq!(notes.len(), 3, "{notes:?}");
         assert!(notes[0].contains("changes nothing here"), "{notes:?}");
         let refused = parse(&["--history-backend", "redis"]).unwrap_err();

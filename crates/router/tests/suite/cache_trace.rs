@@ -2,7 +2,8 @@
 //! gets its dispatch's decision record in the answer (the fast path's and a
 //! stream's head alike), naming the worker that answered, the policy, and
 //! what the KV index said that worker holds; a retry adds its selection; a
-//! request that does not ask gets no record.
+//! request that does not ask gets no record. And SMG's `--cache-ttl-secs`:
+//! the text tree's placements expire.
 
 use mock_engine::{Faults, MockEngine, MockEngineConfig};
 use serde_json::{Value, json};
@@ -86,4 +87,44 @@ async fn a_request_that_asks_gets_its_decision_record_and_what_the_index_predict
     assert_eq!(r["selections"][0]["worker"], **first);
     assert_ne!(r["engine_ids"][0], **first, "answered by the other: {r}");
     assert_eq!(r["engine_ids"][0], r["selections"][1]["worker"]);
+}
+
+/// SMG's `--cache-ttl-secs` through the real binary: the text tree (engines without KV events)
+/// sends a prompt back to the engine it went to, until that placement is older than the TTL;
+/// the explain route (which learns nothing) sees it expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_tree_placement_is_routable_until_its_ttl() {
+    let cold = || MockEngine::spawn(MockEngineConfig { fast: true, kv_events: false, ..MockEngineConfig::default() });
+    let (e0, e1) = (cold().await.unwrap(), cold().await.unwrap());
+    let (u0, u1) = (e0.url(), e1.url());
+    #[rustfmt::skip]
+    let args = [
+        "--worker-urls", &u0, &u1, "--policy", "cache_aware", "--cache-ttl-secs", "1",
+        "--worker-warmup-share", "0", "--worker-warmup-divert-every", "0",
+        "--control-plane-api-keys", "k", "--log-level", "warn",
+        "--prometheus-port", "0", "--prometheus-host", "127.0.0.1", "--host", "127.0.0.1", "--port", "0",
+    ];
+    let (_router, url, metrics_url) = launch(&args);
+    let http = reqwest::Client::new();
+    crate::common::eventually("both engines healthy", async || {
+        let page = http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
+        series(&page, "router_workers{state=\"healthy\"}") == Some(2.0)
+    })
+    .await;
+    let q = json!({"model": "default", "max_tokens": 2,
+        "messages": [{"role": "user", "content": "the one prompt this test sends, long enough to match"}]});
+    let sent = std::time::Instant::now();
+    let first = http.post(format!("{url}/v1/chat/completions")).json(&q).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    let explain = async || -> Value {
+        let r = http.post(format!("{url}/debug/route")).bearer_auth("k").json(&q).send().await.unwrap();
+        r.json().await.unwrap()
+    };
+    let fresh = explain().await;
+    if sent.elapsed() < std::time::Duration::from_millis(900) {
+        assert_eq!(fresh["reason"], "text_tree_hit", "within the TTL: {fresh}");
+    }
+    crate::common::eventually("the placement past its TTL", async || explain().await["reason"] != "text_tree_hit")
+        .await;
+    assert!(sent.elapsed() >= std::time::Duration::from_secs(1), "not before the TTL: {:?}", sent.elapsed());
 }
