@@ -37,6 +37,7 @@ use tracing::{Span, warn};
 use crate::h1::upstream::Extra;
 use crate::pipeline::admission::Admission;
 use crate::pipeline::body::parse_json;
+use crate::pipeline::cache_trace::{self, Record};
 use crate::pipeline::request::{Meta, Route};
 use crate::send::SendError;
 use crate::{Gateway, GatewayError, RetryConfig};
@@ -315,6 +316,12 @@ async fn serve(
     let mut pair = pair;
     let mut tried: Vec<WorkerId> = Vec::new();
     let mut attempt = 1u32;
+    // The decision record (`x-smg-cache-trace`): the pair's prefill and decode choices, a retry's.
+    let mut record = (meta.cache_trace || gw.config.cache_trace.log).then(|| {
+        let mut r = Record::of(&pair.prefill);
+        r.add(&pair.decode, "policy", pair.decode_alone);
+        r
+    });
     loop {
         commit(gw, pd, &pair);
         let Some(adm) = admission.take() else { return Err(GatewayError::Internal("admission lost".into())) };
@@ -329,7 +336,18 @@ async fn serve(
             }
         };
         let (failure, adm) = match outcome {
-            Ok(response) => return Ok(response),
+            Ok(mut response) => {
+                if let Some(r) = record.take() {
+                    let (p, d) = (pair.prefill.chosen().url.as_str(), pair.decode.chosen().url.as_str());
+                    let (engines, mode): (&[&str], _) =
+                        if pair.decode_alone { (&[d], "decode_alone") } else { (&[p, d], "pd") };
+                    let config = &gw.config.cache_trace;
+                    if let Some(v) = r.dispatched(config, (&meta.id, meta.cache_trace), attempt, (engines, mode)) {
+                        response.headers_mut().insert(cache_trace::HEADER, v);
+                    }
+                }
+                return Ok(response);
+            }
             Err(f) => f,
         };
         failure.charge();
@@ -353,6 +371,10 @@ async fn serve(
         tokio::time::sleep(retry.backoff(attempt)).await;
         attempt += 1;
         admission = Some(adm);
+        if let Some(r) = record.as_mut() {
+            r.add(&next.prefill, "retry", true);
+            r.add(&next.decode, "retry", next.decode_alone);
+        }
         pair = next;
     }
 }

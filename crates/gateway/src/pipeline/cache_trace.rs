@@ -90,6 +90,21 @@ impl Record {
         }
     }
 
+    /// Another plan's selection (a disaggregated pair's decode, a retry's new pair), `origin`
+    /// naming why it was made; `prefix`: the plan matched the prompt (a decode leg's does not,
+    /// so it has no prediction).
+    pub(crate) fn add(&mut self, plan: &Plan, origin: &str, prefix: bool) {
+        if self.selections.len() >= MAX_SELECTIONS {
+            self.truncated = true;
+            return;
+        }
+        let reason = plan.decision.reason;
+        let origin = if reason == Reason::RoutingKey { "sticky" } else { origin };
+        let prediction = if prefix { prediction(plan, plan.chosen, reason) } else { Value::Null };
+        self.selections.push(json!({"policy": plan.pool.policy.name(), "origin": origin, "worker": plan.chosen().url,
+            "prediction": prediction}));
+    }
+
     /// A retry's worker (the next after a failed attempt), with what the index said it holds.
     pub(crate) fn retried(&mut self, plan: &Plan, worker: &Worker) {
         if self.selections.len() >= MAX_SELECTIONS {

@@ -128,3 +128,41 @@ async fn a_text_tree_placement_is_routable_until_its_ttl() {
         .await;
     assert!(sent.elapsed() >= std::time::Duration::from_secs(1), "not before the TTL: {:?}", sent.elapsed());
 }
+
+/// A disaggregated request's record: the pair's prefill (with its prediction) and decode
+/// selections, then each retry's new pair; the engines are the pair that answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disaggregated_requests_record_names_both_legs_and_each_retrys_pair() {
+    use crate::common::app::{chat, start};
+    use crate::common::pd::{engines, pd_config};
+    use mock_engine::{Flavor, PdRole};
+    use sgl_router::app::PolicyConfig;
+
+    let prefill = engines(PdRole::Prefill, Flavor::Sglang, 2, 1).await;
+    let decode = engines(PdRole::Decode, Flavor::Sglang, 2, 1).await;
+    let config =
+        pd_config(gateway::pd::PdMode::Sglang, &prefill, &decode, PolicyConfig::RoundRobin, PolicyConfig::RoundRobin);
+    let r = start(config).await;
+    // The first decode leg fails retryably: the request is answered by the second pair.
+    for d in &decode {
+        d.engine().set_faults(Faults { fail_next: 1, fail_status: 503, ..Faults::default() }).await;
+    }
+    let body = chat("You are a careful assistant who answers in full sentences. ", "trace me");
+    let http = reqwest::Client::new();
+    let answer = http.post(format!("{}/v1/chat/completions", r.url)).header("x-smg-cache-trace", "1").json(&body);
+    let answer = answer.send().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let rec = record(&answer).expect("a record");
+    let s = rec["selections"].as_array().unwrap();
+    let origins: Vec<&str> = s.iter().map(|s| s["origin"].as_str().unwrap()).collect();
+    let attempts = rec["attempt"].as_u64().unwrap() as usize;
+    assert!(attempts >= 2, "{rec}");
+    assert_eq!(s.len(), 2 * attempts, "a prefill and a decode per attempt: {rec}");
+    assert_eq!(&origins[..2], ["policy", "policy"]);
+    assert!(origins[2..].iter().all(|o| *o == "retry"), "{rec}");
+    assert!(s[0]["prediction"].is_object() && s[1]["prediction"].is_null(), "the decode leg predicts nothing: {rec}");
+    let last = &s[s.len() - 2..];
+    assert_eq!(rec["engine_ids"], json!([last[0]["worker"], last[1]["worker"]]), "the pair that answered: {rec}");
+    let prefills: Vec<String> = prefill.iter().map(MockEngine::url).collect();
+    assert!(prefills.iter().any(|u| last[0]["worker"] == **u), "{rec}");
+}
