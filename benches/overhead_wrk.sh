@@ -70,6 +70,10 @@
 #                     events on, the tokenizer and chat template in DIR, say tests/fixtures/tokenizers/qwen3)
 #                     instead of nginx; every router gets all four, cache_aware with --kv-events
 #                     --tokenizer-path DIR (SMG with --tokenizer-path DIR); direct goes to the first
+#   H2ENGINE=1        the engine is one simulated engine that also answers HTTP/2 by prior knowledge
+#                     (sgl-mock-engine --fast --http2, no KV events) instead of nginx, and the targets
+#                     sgl_router_round_robin_h2 and smg_round_robin_h2 (with SMG) speak HTTP/2 to it
+#                     (--upstream-http2): the same run's round_robin targets speak HTTP/1.1 to it
 #   ROUTE=generate    with LUA=benches/wrk/prefix_groups.lua: SGLang /generate POSTs with input_ids;
 #   ROUTE=messages    Anthropic /v1/messages POSTs (the shared prompt a system block)
 # Needs wrk (`apt-get install wrk`), nginx (`apt-get install nginx-light`), curl, bc, GNU time
@@ -118,7 +122,12 @@ COMPLETION='{"id":"chatcmpl-bench","object":"chat.completion","created":17000000
 GENERATED='{"text":"ok ok ok ok ok ok ok ok","meta_info":{"id":"gnt-bench","prompt_tokens":16,"completion_tokens":8,"finish_reason":{"type":"length","length":8}}}'
 MESSAGE='{"id":"msg_bench","type":"message","role":"assistant","model":"bench","content":[{"type":"text","text":"ok ok ok ok ok ok ok ok"}],"stop_reason":"max_tokens","stop_sequence":null,"usage":{"input_tokens":16,"output_tokens":8}}'
 WORKERS=("$ENGINE") ENGINE_PIDS=() CA_EXTRA=() PEER_EXTRA=()
-if [ -n "$EXACT" ]; then
+if [ -n "${H2ENGINE:-}" ]; then
+  "$BIN/sgl-mock-engine" --listen "127.0.0.1:$ENGINE_PORT" --fast --http2 --no-kv-events --model-id bench \
+    >"$tmp/engine.log" 2>&1 & ENGINE_PID=$!; pids+=("$ENGINE_PID")
+  ready_pid "$ENGINE/health" "$ENGINE_PID" || { cat "$tmp/engine.log" >&2; exit 1; }
+  ENGINE_PIDS=("$ENGINE_PID")
+elif [ -n "$EXACT" ]; then
   # Four simulated engines with KV events and the real tokenizer; the routers see them all.
   WORKERS=() CA_EXTRA=(--kv-events --tokenizer-path "$EXACT") PEER_EXTRA=(--tokenizer-path "$EXACT")
   for i in 0 1 2 3; do
@@ -156,6 +165,7 @@ LIVENESS_OFF=(--worker-stall-secs 0 --worker-wedge-secs 0 --worker-stale-secs 0 
 all=(direct sgl_router_round_robin sgl_router_routing sgl_router_routing_cached sgl_router_cache_aware)
 [ -n "$BASELINE" ] && all+=(baseline_round_robin baseline_routing baseline_routing_cached baseline_cache_aware)
 [ -n "$SMG" ] && all+=(smg_round_robin smg_cache_aware)
+[ -n "${H2ENGINE:-}" ] && all+=(sgl_router_round_robin_h2) && { [ -z "$SMG" ] || all+=(smg_round_robin_h2); }
 [ -n "$VLLM_ROUTER" ] && all+=(vllm_router_round_robin vllm_router_cache_aware)
 [ -n "$ENVOY" ] && all+=(envoy_round_robin envoy_epp_round_robin envoy_epp_cache_aware)
 [ -n "$REDIS" ] && all+=(sgl_router_round_robin_shared sgl_router_cache_aware_shared)
@@ -185,6 +195,10 @@ start_target() {
     direct) return 0 ;;
     sgl_router_round_robin_shared) launch 31091 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy round_robin --shared-state redis://127.0.0.1:31090 --port 31091 ;;
     sgl_router_cache_aware_shared) launch 31092 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy cache_aware "${CA_EXTRA[@]}" --shared-state redis://127.0.0.1:31090 --port 31092 ;;
+    sgl_router_round_robin_h2) launch 31025 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy round_robin --upstream-http2 --port 31025 ;;
+    smg_round_robin_h2)
+      peer_command smg round_robin 31024 "${WORKERS[@]}"
+      launch 31024 /health 600 "${PEER[@]}" --upstream-http2 ;;
     sgl_router_round_robin) launch 31010 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy round_robin --port 31010 ;;
     sgl_router_routing) launch 31014 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy round_robin --routing-config benches/data/routing_overhead.yaml --port 31014 ;;
     sgl_router_routing_cached) launch 31015 /readiness 300 env RUST_LOG=error "$BIN/sgl-router" --worker-urls "${WORKERS[@]}" --policy round_robin --routing-config benches/data/routing_overhead_cached.yaml --port 31015 ;;

@@ -74,6 +74,9 @@ async fn serve(
     let seen = Seen {
         authorization: authorization.map(HeaderValue::as_bytes),
         route_debug: route_debug.map(HeaderValue::as_bytes),
+        cache_trace: headers
+            .get(h1_codec::CACHE_TRACE_HEADER)
+            .is_some_and(|v| crate::pipeline::cache_trace::asks(v.as_bytes())),
     };
     let key = |name: &str| h1_codec::usable_key(headers.get(name).map(HeaderValue::as_bytes));
     let keys = (key(h1_codec::ROUTING_KEY_HEADER), key(h1_codec::SESSION_HEADER));

@@ -34,6 +34,9 @@ pub const ROUTE_DEBUG_HEADER: &str = "x-route-debug";
 pub const SESSION_HEADER: &str = "x-session-id";
 /// The client's routing key (`smg`'s name): its worker by rendezvous hashing.
 pub const ROUTING_KEY_HEADER: &str = "x-smg-routing-key";
+/// A request asks for its dispatch's decision record with `1` here; the answer carries the
+/// record in it (Shepherd Model Gateway's name).
+pub const CACHE_TRACE_HEADER: &str = "x-smg-cache-trace";
 /// The request id the router sets on the worker's request and on the answer.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 

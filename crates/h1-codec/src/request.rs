@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use crate::{
-    MAX_HEAD_BYTES, MAX_HEADERS, RANK_HEADER, REQUEST_ID_HEADER, ROUTE_DEBUG_HEADER, ROUTING_KEY_HEADER,
-    SESSION_HEADER, content_length, forwarded, push_header,
+    CACHE_TRACE_HEADER, MAX_HEAD_BYTES, MAX_HEADERS, RANK_HEADER, REQUEST_ID_HEADER, ROUTE_DEBUG_HEADER,
+    ROUTING_KEY_HEADER, SESSION_HEADER, content_length, forwarded, push_header,
 };
 
 /// The paths requests are proxied to (every [`Route`]'s), for the fleet to parse once per worker.
@@ -180,6 +180,8 @@ pub struct Head {
     pub route_debug: Option<Vec<u8>>,
     /// The client's conversation id (`x-session-id`).
     pub session: Option<Vec<u8>>,
+    /// The client asked for the decision record (`x-smg-cache-trace: 1`).
+    pub cache_trace: bool,
     /// The client's priority class (`x-smg-priority`), as sent.
     pub priority: Option<Vec<u8>>,
     /// The tenant header's value (the name given to [`parse_head`]), as sent.
@@ -254,7 +256,7 @@ pub fn parse_head(buf: &[u8], id_names: &[String], tenant_header: Option<&str>) 
     let (mut forward, mut rank, mut authorization) = (Vec::new(), None, None);
     let (mut request_ids, mut origin) = (Vec::new(), None);
     let (mut routing_key, mut route_debug, mut session) = (None, None, None);
-    let (mut priority, mut tenant) = (None, None);
+    let (mut priority, mut tenant, mut cache_trace) = (None, None, false);
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case(PRIORITY_HEADER) {
             priority = Some(h.value.to_vec());
@@ -274,6 +276,8 @@ pub fn parse_head(buf: &[u8], id_names: &[String], tenant_header: Option<&str>) 
             route_debug = Some(h.value.to_vec());
         } else if h.name.eq_ignore_ascii_case(SESSION_HEADER) {
             session = usable_key(Some(h.value));
+        } else if h.name.eq_ignore_ascii_case(CACHE_TRACE_HEADER) {
+            cache_trace = h.value.trim_ascii() == b"1";
         }
         if h.name.eq_ignore_ascii_case(RANK_HEADER) {
             rank = Some(h.value.to_vec());
@@ -314,6 +318,7 @@ pub fn parse_head(buf: &[u8], id_names: &[String], tenant_header: Option<&str>) 
         routing_key,
         route_debug,
         session,
+        cache_trace,
         priority,
         tenant,
     }))

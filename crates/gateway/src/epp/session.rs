@@ -142,7 +142,8 @@ impl Stream<'_> {
         };
         let routing = gw.routing();
         let key = |name: &str| h1_codec::usable_key(headers.get(name));
-        let seen = Seen { authorization, route_debug: headers.get(h1_codec::ROUTE_DEBUG_HEADER) };
+        let cache_trace = headers.get(h1_codec::CACHE_TRACE_HEADER).is_some_and(crate::pipeline::cache_trace::asks);
+        let seen = Seen { authorization, route_debug: headers.get(h1_codec::ROUTE_DEBUG_HEADER), cache_trace };
         let lines = || headers.headers.iter().filter(|h| !h.key.starts_with(':')).map(|h| (h.key.as_str(), h.bytes()));
         let keys = (key(h1_codec::ROUTING_KEY_HEADER), key(h1_codec::SESSION_HEADER));
         let mut meta = Meta::new(gw, self.id.clone(), routing.as_deref(), seen, keys, lines);

@@ -397,7 +397,11 @@ async fn serve_fast(
     let lines = || {
         crate::pipeline::request::header_lines(&headers).filter_map(|(n, v)| Some((std::str::from_utf8(n).ok()?, v)))
     };
-    let seen = Seen { authorization: head.authorization.as_deref(), route_debug: head.route_debug.as_deref() };
+    let seen = Seen {
+        authorization: head.authorization.as_deref(),
+        route_debug: head.route_debug.as_deref(),
+        cache_trace: head.cache_trace,
+    };
     let meta = Meta::new(gw, id, routing.as_deref(), seen, (head.routing_key, head.session), lines);
     if let Some(auth) = worker_auth {
         push_header(&mut headers, b"authorization", &auth);

@@ -242,29 +242,11 @@ pub(crate) async fn send(
     let https = uri.scheme_str() == Some("https");
     // Pooled by scheme and authority: a TLS connection never carries a plain request.
     let pool_key = if https { format!("https://{authority}") } else { authority.to_string() };
+    // Boxed: the HTTP/2 path's state would otherwise grow every request's future.
     if extra.http2 && !https && worker.upstream_http2() != Some(false) {
-        let port = uri.port_u16().unwrap_or(80);
-        let connect = || connect(host, port, None);
-        if worker.upstream_http2().is_none() {
-            let speaks = super::h2::probe(authority.as_str(), UPSTREAM_CONNECT_TIMEOUT, connect).await?;
-            worker.set_upstream_http2(speaks);
-            if speaks {
-                tracing::info!(worker = %worker.url, "the worker speaks HTTP/2: its requests go over one multiplexed connection");
-            } else {
-                tracing::warn!(worker = %worker.url, "the worker does not answer HTTP/2 (--upstream-http2): it stays on HTTP/1.1");
-            }
-        }
-        if worker.upstream_http2() == Some(true) {
-            let rank = match (rank, &extra.rank) {
-                (Some(rank), _) => Some(rank.0.to_string().into_bytes()),
-                (None, Some(client)) => Some(client.to_vec()),
-                (None, None) => None,
-            };
-            let headers = super::h2::request_headers(&extra.headers, rank.as_deref().map(|r| (RANK_HEADER, r)));
-            let asked = (uri.clone(), headers, body);
-            let (head, body) = super::h2::send(authority.as_str(), asked, extra.pool_idle, connect).await?;
-            let from = Source::H2(body);
-            return Ok(Answer { from, buf: BytesMut::new(), authority: authority.to_string(), head });
+        let sent = Box::pin(send_h2(&worker, &uri, body.clone(), rank, &extra)).await?;
+        if let Some(answer) = sent {
+            return Ok(answer);
         }
     }
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
@@ -320,6 +302,42 @@ pub(crate) async fn send(
             Err(e) => Err(SendError { connect: false, message: e.to_string() }),
         };
     }
+}
+
+/// Sends over HTTP/2 (`--upstream-http2`) when `worker` speaks it, asking it first if it was never
+/// asked; `None`: it does not, the request goes over HTTP/1.1.
+async fn send_h2(
+    worker: &Worker,
+    uri: &axum::http::Uri,
+    body: Bytes,
+    rank: Option<DpRank>,
+    extra: &Extra,
+) -> Result<Option<Answer>, SendError> {
+    let invalid = || SendError { connect: false, message: "invalid worker URL".into() };
+    let (Some(authority), Some(host)) = (uri.authority(), uri.host()) else { return Err(invalid()) };
+    let port = uri.port_u16().unwrap_or(80);
+    let connect = || connect(host, port, None);
+    if worker.upstream_http2().is_none() {
+        let speaks = super::h2::probe(authority.as_str(), UPSTREAM_CONNECT_TIMEOUT, connect).await?;
+        worker.set_upstream_http2(speaks);
+        if speaks {
+            tracing::info!(worker = %worker.url, "the worker speaks HTTP/2: its requests go over one multiplexed connection");
+        } else {
+            tracing::warn!(worker = %worker.url, "the worker does not answer HTTP/2 (--upstream-http2): it stays on HTTP/1.1");
+        }
+    }
+    if worker.upstream_http2() != Some(true) {
+        return Ok(None);
+    }
+    let rank = match (rank, &extra.rank) {
+        (Some(rank), _) => Some(rank.0.to_string().into_bytes()),
+        (None, Some(client)) => Some(client.to_vec()),
+        (None, None) => None,
+    };
+    let headers = super::h2::request_headers(&extra.headers, rank.as_deref().map(|r| (RANK_HEADER, r)));
+    let (head, body) =
+        super::h2::send(authority.as_str(), (uri.clone(), headers, body), extra.pool_idle, connect).await?;
+    Ok(Some(Answer { from: Source::H2(body), buf: BytesMut::new(), authority: authority.to_string(), head }))
 }
 
 /// Reads a final answer head (skipping 1xx ones); leaves the bytes after it in `buf`.

@@ -21,7 +21,7 @@ use policy::Reason;
 use serde_json::{Value, json};
 
 /// The header a request asks with and its answer carries the record in.
-pub(crate) const HEADER: &str = "x-smg-cache-trace";
+pub(crate) const HEADER: &str = h1_codec::CACHE_TRACE_HEADER;
 /// Longest header kept (SMG's): a longer record goes to the log only.
 const MAX_HEADER_BYTES: usize = 2048;
 /// Selections and candidates kept per request (SMG's bounds).

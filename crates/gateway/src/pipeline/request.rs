@@ -70,6 +70,8 @@ pub(crate) struct Seen<'a> {
     pub(crate) authorization: Option<&'a [u8]>,
     /// `x-route-debug`.
     pub(crate) route_debug: Option<&'a [u8]>,
+    /// `x-smg-cache-trace: 1`.
+    pub(crate) cache_trace: bool,
 }
 
 impl Meta {
@@ -107,11 +109,7 @@ impl Meta {
             subset: None,
             one_attempt: false,
             trace: crate::pipeline::trace::context(gw, lines()),
-            cache_trace: gw.config.cache_trace.header
-                || lines().any(|(n, v)| {
-                    n.eq_ignore_ascii_case(crate::pipeline::cache_trace::HEADER)
-                        && crate::pipeline::cache_trace::asks(v)
-                }),
+            cache_trace: gw.config.cache_trace.header || seen.cache_trace,
         }
     }
 

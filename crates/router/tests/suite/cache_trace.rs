@@ -28,7 +28,8 @@ async fn a_request_that_asks_gets_its_decision_record_and_what_the_index_predict
     let args = [
         "--worker-urls", &u0, &u1, "--policy", "cache_aware", "--kv-events",
         "--cache-affinity-min-matched-tokens", "16", "--worker-warmup-share", "0", "--worker-warmup-divert-every", "0",
-        "--retry-max-retries", "3", "--retry-initial-backoff-ms", "1", "--log-level", "warn",
+        "--retry-max-retries", "3", "--retry-initial-backoff-ms", "1", "--control-plane-api-keys", "k",
+        "--log-level", "warn",
         "--prometheus-port", "0", "--prometheus-host", "127.0.0.1", "--host", "127.0.0.1", "--port", "0",
     ];
     let (_router, url, metrics_url) = launch(&args);
@@ -54,26 +55,44 @@ async fn a_request_that_asks_gets_its_decision_record_and_what_the_index_predict
     assert!(record(&answer).is_none());
     let first = if e0.engine().requests.load(std::sync::atomic::Ordering::Relaxed) == 1 { &u0 } else { &u1 };
 
-    // Asked, once the first answer's pages are in the index: the same worker, predicted by it.
-    crate::common::eventually("a cache hit predicted by the event index", async || {
-        let answer = post(chat(false), true).send().await.unwrap();
-        assert_eq!(answer.status(), 200);
-        let id = answer.headers()["x-request-id"].to_str().unwrap().to_string();
-        let r = record(&answer).expect("asked: a record");
-        assert_eq!((r["schema"].clone(), r["root_id"].clone(), r["attempt"].clone()), (json!(1), json!(id), json!(1)));
-        assert_eq!(r["engine_ids"], json!([r["selections"][0]["worker"]]), "{r}");
-        assert_eq!(r["selections"][0]["policy"], "cache_aware");
-        assert!(r["selections"][0].get("candidates").is_none(), "no candidates in the header: {r}");
-        let p = &r["selections"][0]["prediction"];
-        p["source"] == "event_index" && p["matched_tokens"].as_u64() > Some(0) && r["engine_ids"][0] == **first
+    // Once the first answer's pages are in the index (the explain route sends nothing, so no
+    // other engine gets the prompt meanwhile), an asked request's record: the same worker,
+    // predicted by the index.
+    crate::common::eventually("the first answer's pages in the index", async || {
+        let r = http.post(format!("{url}/debug/route")).bearer_auth("k").json(&chat(false)).send().await.unwrap();
+        let explain: Value = r.json().await.unwrap();
+        explain["reason"] == "cache_hit" && explain["worker"] == **first
     })
     .await;
+    let answer = post(chat(false), true).send().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let id = answer.headers()["x-request-id"].to_str().unwrap().to_string();
+    let r = record(&answer).expect("asked: a record");
+    assert_eq!((r["schema"].clone(), r["root_id"].clone(), r["attempt"].clone()), (json!(1), json!(id), json!(1)));
+    assert_eq!(r["engine_ids"], json!([first]), "{r}");
+    assert_eq!(r["selections"][0]["worker"], **first, "{r}");
+    assert_eq!(r["selections"][0]["policy"], "cache_aware");
+    assert!(r["selections"][0].get("candidates").is_none(), "no candidates in the header: {r}");
+    let p = &r["selections"][0]["prediction"];
+    assert_eq!(p["source"], "event_index", "{r}");
+    assert!(
+        p["matched_tokens"].as_u64() > Some(0) && p["matched_tokens"].as_u64() <= p["input_tokens"].as_u64(),
+        "{r}"
+    );
 
     // A stream's head carries it too.
     let answer = post(chat(true), true).send().await.unwrap();
     let r = record(&answer).expect("a stream's record");
     assert_eq!(r["engine_ids"][0], **first);
     assert!(answer.text().await.unwrap().contains("[DONE]"));
+
+    // A chunked body is served by the hyper front end, which reads the ask from its header map.
+    let bytes = serde_json::to_vec(&chat(false)).unwrap();
+    let chunked = reqwest::Body::wrap_stream(futures_util::stream::iter([Ok::<_, std::io::Error>(bytes)]));
+    let r = http.post(format!("{url}/v1/chat/completions")).header("x-smg-cache-trace", "1");
+    let answer = r.header("content-type", "application/json").body(chunked).send().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(record(&answer).expect("the hyper front end's record")["engine_ids"][0], **first);
 
     // The worker holding the prompt answers 503: the retry's selection is recorded after the policy's.
     let holder = if *first == u0 { &e0 } else { &e1 };
