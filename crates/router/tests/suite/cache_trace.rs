@@ -8,7 +8,7 @@
 use mock_engine::{Faults, MockEngine, MockEngineConfig};
 use serde_json::{Value, json};
 
-use crate::smg_compat::{launch, series};
+use crate::smg_compat::over_two;
 
 async fn engine() -> MockEngine {
     MockEngine::spawn(MockEngineConfig { fast: true, ..MockEngineConfig::default() }).await.unwrap()
@@ -25,20 +25,12 @@ async fn a_request_that_asks_gets_its_decision_record_and_what_the_index_predict
     let (e0, e1) = (engine().await, engine().await);
     let (u0, u1) = (e0.url(), e1.url());
     #[rustfmt::skip]
-    let args = [
-        "--worker-urls", &u0, &u1, "--policy", "cache_aware", "--kv-events",
-        "--cache-affinity-min-matched-tokens", "16", "--worker-warmup-share", "0", "--worker-warmup-divert-every", "0",
-        "--retry-max-retries", "3", "--retry-initial-backoff-ms", "1", "--control-plane-api-keys", "k",
-        "--log-level", "warn",
-        "--prometheus-port", "0", "--prometheus-host", "127.0.0.1", "--host", "127.0.0.1", "--port", "0",
+    let flags = [
+        "--policy", "cache_aware", "--kv-events", "--cache-affinity-min-matched-tokens", "16",
+        "--retry-max-retries", "3", "--retry-initial-backoff-ms", "1",
     ];
-    let (_router, url, metrics_url) = launch(&args);
+    let (_router, url, _) = over_two([&u0, &u1], &flags).await;
     let http = reqwest::Client::new();
-    crate::common::eventually("both engines healthy and followed", async || {
-        let page = http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
-        series(&page, "router_workers{state=\"healthy\"}") == Some(2.0)
-    })
-    .await;
     let prompt = "a shared system prompt long enough to fill several pages of the cache ".repeat(8);
     let chat = |stream: bool| {
         json!({"model": "default", "max_tokens": 2, "stream": stream,
@@ -116,20 +108,8 @@ async fn a_text_tree_placement_is_routable_until_its_ttl() {
     let cold = || MockEngine::spawn(MockEngineConfig { fast: true, kv_events: false, ..MockEngineConfig::default() });
     let (e0, e1) = (cold().await.unwrap(), cold().await.unwrap());
     let (u0, u1) = (e0.url(), e1.url());
-    #[rustfmt::skip]
-    let args = [
-        "--worker-urls", &u0, &u1, "--policy", "cache_aware", "--cache-ttl-secs", "1",
-        "--worker-warmup-share", "0", "--worker-warmup-divert-every", "0",
-        "--control-plane-api-keys", "k", "--log-level", "warn",
-        "--prometheus-port", "0", "--prometheus-host", "127.0.0.1", "--host", "127.0.0.1", "--port", "0",
-    ];
-    let (_router, url, metrics_url) = launch(&args);
+    let (_router, url, _) = over_two([&u0, &u1], &["--policy", "cache_aware", "--cache-ttl-secs", "1"]).await;
     let http = reqwest::Client::new();
-    crate::common::eventually("both engines healthy", async || {
-        let page = http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
-        series(&page, "router_workers{state=\"healthy\"}") == Some(2.0)
-    })
-    .await;
     let q = json!({"model": "default", "max_tokens": 2,
         "messages": [{"role": "user", "content": "the one prompt this test sends, long enough to match"}]});
     let sent = std::time::Instant::now();

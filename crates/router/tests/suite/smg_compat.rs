@@ -29,13 +29,13 @@ async fn engine(kv_events: bool) -> MockEngine {
 }
 
 /// The value of the series `name{labels}` in a Prometheus text page.
-pub(crate) fn series(page: &str, name_and_labels: &str) -> Option<f64> {
+fn series(page: &str, name_and_labels: &str) -> Option<f64> {
     page.lines().find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok())
 }
 
 /// The real binary with `args`: the router, its URL and its metrics URL (read from its
 /// first three lines of output; `args` must have a `--prometheus-port`).
-pub(crate) fn launch(args: &[&str]) -> (Router, String, String) {
+fn launch(args: &[&str]) -> (Router, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_sgl-router"))
         .args(args)
         .stdout(Stdio::piped())
@@ -67,11 +67,20 @@ pub(crate) fn launch(args: &[&str]) -> (Router, String, String) {
 /// prompts are hits, no warm-up slice takes a hit elsewhere, the control plane's key is `k`.
 /// Returned once both engines are healthy.
 async fn cache_aware_cli(engines: [&str; 2], tuning: &[&str]) -> (Router, String, String) {
-    let mut args = vec!["--worker-urls", engines[0], engines[1], "--policy", "cache_aware", "--kv-events"];
-    args.extend_from_slice(tuning);
+    let mut flags = vec!["--policy", "cache_aware", "--kv-events"];
+    flags.extend_from_slice(tuning);
+    flags.extend_from_slice(&["--cache-affinity-min-matched-tokens", "16"]);
+    over_two(engines, &flags).await
+}
+
+/// The real binary over two engines with `flags`, no warm-up slice, the control plane's key
+/// `k`, logging warnings: the router, its URL and its metrics URL, once both engines are healthy.
+pub(crate) async fn over_two(engines: [&str; 2], flags: &[&str]) -> (Router, String, String) {
+    let mut args = vec!["--worker-urls", engines[0], engines[1]];
+    args.extend_from_slice(flags);
     #[rustfmt::skip]
     args.extend_from_slice(&[
-        "--cache-affinity-min-matched-tokens", "16", "--worker-warmup-share", "0", "--worker-warmup-divert-every", "0",
+        "--worker-warmup-share", "0", "--worker-warmup-divert-every", "0",
         "--control-plane-api-keys", "k", "--log-level", "warn",
         "--prometheus-port", "0", "--prometheus-host", "127.0.0.1", "--host", "127.0.0.1", "--port", "0",
     ]);

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use mock_engine::{MockEngine, MockEngineConfig};
 use serde_json::{Value, json};
 
-use crate::smg_compat::{launch, series};
+use crate::smg_compat::over_two;
 
 async fn engine(http2: bool) -> MockEngine {
     let config = MockEngineConfig { kv_events: false, fast: true, http2, ..MockEngineConfig::default() };
@@ -19,19 +19,8 @@ async fn engine(http2: bool) -> MockEngine {
 async fn a_worker_that_answers_http2_gets_it_and_one_that_does_not_stays_on_http1() {
     let (h2, h1) = (engine(true).await, engine(false).await);
     let (u2, u1) = (h2.url(), h1.url());
-    #[rustfmt::skip]
-    let args = [
-        "--worker-urls", &u2, &u1, "--policy", "round_robin", "--upstream-http2",
-        "--control-plane-api-keys", "k", "--log-level", "warn",
-        "--prometheus-port", "0", "--prometheus-host", "127.0.0.1", "--host", "127.0.0.1", "--port", "0",
-    ];
-    let (_router, url, metrics_url) = launch(&args);
+    let (_router, url, _) = over_two([&u2, &u1], &["--policy", "round_robin", "--upstream-http2"]).await;
     let http = reqwest::Client::new();
-    crate::common::eventually("both engines healthy", async || {
-        let page = http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
-        series(&page, "router_workers{state=\"healthy\"}") == Some(2.0)
-    })
-    .await;
     for i in 0..8 {
         let stream = i % 2 == 1;
         let q = json!({"model": "default", "max_tokens": 3, "stream": stream,
