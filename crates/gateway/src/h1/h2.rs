@@ -55,7 +55,7 @@ where
     };
     match tokio::time::timeout(deadline, asked).await {
         Ok(Some(sender)) => {
-            CONNECTIONS.with_borrow_mut(|c| c.insert(authority.to_string(), (sender, Instant::now())));
+            keep(authority, sender);
             Ok(true)
         }
         Ok(None) | Err(_) => Ok(false),
@@ -83,7 +83,7 @@ where
             Some(sender) => sender,
             None => {
                 let sender = handshake(connect().await?).await?;
-                CONNECTIONS.with_borrow_mut(|c| c.insert(authority.to_string(), (sender.clone(), Instant::now())));
+                keep(authority, sender.clone());
                 sender
             }
         };
@@ -139,6 +139,11 @@ pub(super) fn request_headers(lines: &[u8], rank: Option<(&str, &[u8])>) -> Head
 /// Closes this thread's connections unused for `max_idle` at `now` (those of workers that left).
 pub(super) fn sweep(now: Instant, max_idle: Duration) {
     CONNECTIONS.with_borrow_mut(|c| c.retain(|_, (_, used)| now.saturating_duration_since(*used) < max_idle));
+}
+
+/// Keeps `sender` as this thread's connection to `authority` (replacing any other).
+fn keep(authority: &str, sender: Sender) {
+    CONNECTIONS.with_borrow_mut(|c| c.insert(authority.to_string(), (sender, Instant::now())));
 }
 
 /// This thread's open connection to `authority`, if it was used within `max_idle`.

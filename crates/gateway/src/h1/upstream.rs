@@ -244,7 +244,7 @@ pub(crate) async fn send(
     let pool_key = if https { format!("https://{authority}") } else { authority.to_string() };
     // Boxed: the HTTP/2 path's state would otherwise grow every request's future.
     if extra.http2 && !https && worker.upstream_http2() != Some(false) {
-        let sent = Box::pin(send_h2(&worker, &uri, body.clone(), rank, &extra)).await?;
+        let sent = Box::pin(send_h2(&worker, (&uri, authority, host), body.clone(), rank, &extra)).await?;
         if let Some(answer) = sent {
             return Ok(answer);
         }
@@ -257,11 +257,8 @@ pub(crate) async fn send(
         body.len()
     );
     msg.extend_from_slice(&extra.headers);
-    // The router's rank hint wins over one the client sent.
-    match (rank, &extra.rank) {
-        (Some(rank), _) => push_header(&mut msg, RANK_HEADER.as_bytes(), rank.0.to_string().as_bytes()),
-        (None, Some(client)) => push_header(&mut msg, RANK_HEADER.as_bytes(), client),
-        (None, None) => {}
+    if let Some(rank) = rank_hint(rank, extra.rank.as_ref()) {
+        push_header(&mut msg, RANK_HEADER.as_bytes(), &rank);
     }
     msg.extend_from_slice(b"\r\n");
     let mut pooled = checkout(&pool_key, extra.pool_idle);
@@ -308,13 +305,11 @@ pub(crate) async fn send(
 /// asked; `None`: it does not, the request goes over HTTP/1.1.
 async fn send_h2(
     worker: &Worker,
-    uri: &axum::http::Uri,
+    (uri, authority, host): (&axum::http::Uri, &axum::http::uri::Authority, &str),
     body: Bytes,
     rank: Option<DpRank>,
     extra: &Extra,
 ) -> Result<Option<Answer>, SendError> {
-    let invalid = || SendError { connect: false, message: "invalid worker URL".into() };
-    let (Some(authority), Some(host)) = (uri.authority(), uri.host()) else { return Err(invalid()) };
     let port = uri.port_u16().unwrap_or(80);
     let connect = || connect(host, port, None);
     if worker.upstream_http2().is_none() {
@@ -329,15 +324,16 @@ async fn send_h2(
     if worker.upstream_http2() != Some(true) {
         return Ok(None);
     }
-    let rank = match (rank, &extra.rank) {
-        (Some(rank), _) => Some(rank.0.to_string().into_bytes()),
-        (None, Some(client)) => Some(client.to_vec()),
-        (None, None) => None,
-    };
+    let rank = rank_hint(rank, extra.rank.as_ref());
     let headers = super::h2::request_headers(&extra.headers, rank.as_deref().map(|r| (RANK_HEADER, r)));
     let (head, body) =
         super::h2::send(authority.as_str(), (uri.clone(), headers, body), extra.pool_idle, connect).await?;
     Ok(Some(Answer { from: Source::H2(body), buf: BytesMut::new(), authority: authority.to_string(), head }))
+}
+
+/// The rank hint a worker gets: the router's, which wins over one the client sent.
+fn rank_hint(rank: Option<DpRank>, client: Option<&Bytes>) -> Option<Bytes> {
+    rank.map(|r| Bytes::from(r.0.to_string())).or_else(|| client.cloned())
 }
 
 /// Reads a final answer head (skipping 1xx ones); leaves the bytes after it in `buf`.

@@ -317,7 +317,7 @@ async fn serve(
     let mut tried: Vec<WorkerId> = Vec::new();
     let mut attempt = 1u32;
     // The decision record (`x-smg-cache-trace`): the pair's prefill and decode choices, a retry's.
-    let mut record = (meta.cache_trace || gw.config.cache_trace.log).then(|| {
+    let mut record = gw.config.cache_trace.wanted(meta.cache_trace).then(|| {
         let mut r = Record::of(&pair.prefill);
         r.add(&pair.decode, "policy", pair.decode_alone);
         r

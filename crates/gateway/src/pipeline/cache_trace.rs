@@ -41,6 +41,14 @@ pub struct CacheTraceConfig {
     pub max_bytes: Option<usize>,
 }
 
+impl CacheTraceConfig {
+    /// Whether a dispatch keeps a record: the request asked (or every answer carries one), or
+    /// the log takes it.
+    pub(crate) fn wanted(&self, asked: bool) -> bool {
+        asked || self.log
+    }
+}
+
 impl Default for CacheTraceConfig {
     fn default() -> Self {
         Self { header: false, log: false, sample: 1, max_bytes: None }
@@ -66,7 +74,6 @@ pub(crate) struct Record {
 impl Record {
     /// The plan's selection: the policy's choice and what the index said of each candidate.
     pub(crate) fn of(plan: &Plan) -> Self {
-        let policy = plan.pool.policy.name();
         let candidates = plan
             .candidates
             .iter()
@@ -77,44 +84,40 @@ impl Record {
                     "followed": c.followed, "healthy": true})
             })
             .collect();
-        let reason = plan.decision.reason;
-        let origin = if reason == Reason::RoutingKey { "sticky" } else { "policy" };
-        let selection = json!({"policy": policy, "origin": origin, "worker": plan.chosen().url,
-            "prediction": prediction(plan, plan.chosen, reason)});
-        Record {
-            policy,
-            selections: vec![selection],
+        let mut record = Record {
+            policy: plan.pool.policy.name(),
+            selections: Vec::new(),
             candidates,
             candidates_complete: plan.candidates.len() <= MAX_CANDIDATES,
             truncated: false,
-        }
+        };
+        record.add(plan, "policy", true);
+        record
     }
 
     /// Another plan's selection (a disaggregated pair's decode, a retry's new pair), `origin`
     /// naming why it was made; `prefix`: the plan matched the prompt (a decode leg's does not,
     /// so it has no prediction).
     pub(crate) fn add(&mut self, plan: &Plan, origin: &str, prefix: bool) {
-        if self.selections.len() >= MAX_SELECTIONS {
-            self.truncated = true;
-            return;
-        }
-        let reason = plan.decision.reason;
-        let origin = if reason == Reason::RoutingKey { "sticky" } else { origin };
-        let prediction = if prefix { prediction(plan, plan.chosen, reason) } else { Value::Null };
-        self.selections.push(json!({"policy": plan.pool.policy.name(), "origin": origin, "worker": plan.chosen().url,
-            "prediction": prediction}));
+        let origin = if plan.decision.reason == Reason::RoutingKey { "sticky" } else { origin };
+        let prediction = if prefix { prediction(plan, plan.chosen) } else { Value::Null };
+        self.push(plan.pool.policy.name(), origin, plan.chosen(), prediction);
     }
 
     /// A retry's worker (the next after a failed attempt), with what the index said it holds.
     pub(crate) fn retried(&mut self, plan: &Plan, worker: &Worker) {
+        let at = plan.workers.iter().position(|w| w.id == worker.id);
+        self.push(self.policy, "retry", worker, at.map_or(Value::Null, |i| prediction(plan, i)));
+    }
+
+    /// One selection, within [`MAX_SELECTIONS`] (past it the record says it was truncated).
+    fn push(&mut self, policy: &str, origin: &str, worker: &Worker, prediction: Value) {
         if self.selections.len() >= MAX_SELECTIONS {
             self.truncated = true;
             return;
         }
-        let at = plan.workers.iter().position(|w| w.id == worker.id);
-        let prediction = at.map_or(Value::Null, |i| prediction(plan, i, plan.decision.reason));
-        self.selections.push(json!({"policy": self.policy, "origin": "retry", "worker": worker.url,
-            "prediction": prediction}));
+        self.selections
+            .push(json!({"policy": policy, "origin": origin, "worker": worker.url, "prediction": prediction}));
     }
 
     /// The dispatch that answered: attempt `attempt` to `engines` (`mode`: `http`, `grpc`).
@@ -163,8 +166,8 @@ impl Record {
 }
 
 /// What the router predicted candidate `at` holds, and where the prediction came from.
-fn prediction(plan: &Plan, at: usize, reason: Reason) -> Value {
-    let c = &plan.candidates[at];
+fn prediction(plan: &Plan, at: usize) -> Value {
+    let (c, reason) = (&plan.candidates[at], plan.decision.reason);
     let source = match reason {
         _ if c.followed && c.matched_tokens > 0 => "event_index",
         Reason::TextTreeHit | Reason::TreeMatch => "approximate_tree",

@@ -182,7 +182,7 @@ where
     gw.metrics.matched_tokens.observe(matched as f64);
     gw.metrics.cached.decided(&plan.regret);
     // The decision record (`x-smg-cache-trace`), when the request asked or the log takes it.
-    let mut record = (meta.cache_trace || gw.config.cache_trace.log).then(|| Record::of(&plan));
+    let mut record = gw.config.cache_trace.wanted(meta.cache_trace).then(|| Record::of(&plan));
     // Tell a data-parallel engine which rank holds the prefix: SGLang's and
     // vLLM's OpenAI routes read the `X-Data-Parallel-Rank` header; SGLang's native
     // `/generate` reads only the body field `routed_dp_rank`. Only an engine known
@@ -208,9 +208,7 @@ where
     guard.predicted = route.has_prompt().then_some(matched);
     // A gRPC worker: the router sends the token ids and makes the answer.
     if let (Some(tokens), Some(v), true) = (ids, v.take(), worker.engine().is_some()) {
-        let dispatched = record
-            .map(|r| r.dispatched(&gw.config.cache_trace, (id, meta.cache_trace), 1, (&[worker.url.as_str()], "grpc")));
-        traced(&mut guard, dispatched.flatten());
+        traced(gw, &mut guard, record, meta, (1, &worker, "grpc"));
         let job = crate::grpc::Job { route, v, tokens, rank, uncached };
         return crate::grpc::serve(gw, guard, (worker, &workers), pool, job, meta).await.map(Forwarded::Made);
     }
@@ -238,15 +236,7 @@ where
                     .flatten();
                 let Some(next) = next else {
                     gw.metrics.ttfb.observe(start.elapsed().as_secs_f64());
-                    let dispatched = record.map(|r| {
-                        r.dispatched(
-                            &gw.config.cache_trace,
-                            (id, meta.cache_trace),
-                            attempt,
-                            (&[worker.url.as_str()], "http"),
-                        )
-                    });
-                    traced(&mut guard, dispatched.flatten());
+                    traced(gw, &mut guard, record, meta, (attempt, &worker, "http"));
                     return Ok(Forwarded::Sent(guard, worker, answer));
                 };
                 // Nothing of this answer reached the client: it is dropped (its connection closed).
@@ -332,9 +322,13 @@ where
     }
 }
 
-/// Puts a dispatch's decision record (`x-smg-cache-trace`) among the answer's route headers.
-fn traced(guard: &mut InFlight, record: Option<axum::http::HeaderValue>) {
-    if let Some(v) = record {
+/// Ends a dispatch's decision record (`x-smg-cache-trace`): attempt `attempt` answered by
+/// `worker` in `mode`; the header goes among the answer's route headers.
+fn traced(gw: &Gateway, guard: &mut InFlight, record: Option<Record>, meta: &Meta, to: (u32, &Worker, &str)) {
+    let (attempt, worker, mode) = to;
+    let Some(r) = record else { return };
+    let ask = (meta.id.as_str(), meta.cache_trace);
+    if let Some(v) = r.dispatched(&gw.config.cache_trace, ask, attempt, (&[worker.url.as_str()], mode)) {
         guard.route_headers.get_or_insert_with(Default::default).0.push((cache_trace::HEADER, v));
     }
 }
