@@ -402,6 +402,18 @@ impl Fleet {
         fleet
     }
 
+    /// Runs `task` beside the fleet's own tasks until the fleet stops (it is dropped then).
+    pub fn spawn_until_stopped(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let cancel = self.cancel.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => {}
+                () = task => {}
+            }
+        });
+    }
+
     /// Installs a peer replica's snapshot of the index: each stream in it
     /// starts from the snapshot's holdings and replays after its seq once its
     /// worker is followed. A stream is seeded when its worker is first

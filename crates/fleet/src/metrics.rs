@@ -190,6 +190,19 @@ fn render_history(out: &mut String, e: &EventMetrics, f: &FleetMetrics) {
 
 /// Kubernetes discovery's counters.
 fn render_discovery(out: &mut String, d: &crate::k8s::DiscoveryMetrics) {
+    let o = &d.objects;
+    if get(&o.lists) + get(&o.failures) > 0 {
+        counter(
+            out,
+            "router_k8s_objects_total",
+            "Custom objects followed (InferencePool, InferenceObjective, RoutingConfig): lists done, watch events applied, failures (each backs off).",
+            &[
+                ("{what=\"lists\"}", get(&o.lists)),
+                ("{what=\"events\"}", get(&o.events)),
+                ("{what=\"failures\"}", get(&o.failures)),
+            ],
+        );
+    }
     let lists = get(&d.lists);
     if lists == 0 && get(&d.failures) == 0 {
         return; // discovery off

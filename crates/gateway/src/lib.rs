@@ -422,7 +422,7 @@ impl Gateway {
         mut self,
         pools: Vec<pools::Pool>,
         selector: model_select::Selector,
-        source: Option<std::path::PathBuf>,
+        source: Option<pools::RoutingSource>,
         embedder: Option<embed::EmbedPool>,
         learning: Arc<pools::feedback::Learning>,
     ) -> Result<Self, String> {

@@ -1,12 +1,13 @@
-//! The HTTP face of the mock API server: the two pod collection routes,
+//! The HTTP face of the mock API server: the two pod collection routes (the
+//! custom objects' routes are `custom.rs`'s),
 //! their query parameters, list pages and `continue` tokens, bearer
 //! authentication and the request log. Every refusal is a [`Refusal`]
 //! (`refusal.rs`, which maps it to an HTTP status and a `Status` body).
 //! Streaming a watch is `watch.rs`'s; state is `store.rs`'s.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -20,10 +21,12 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tracing::debug;
 
+use crate::Shared;
 use crate::base64;
+use crate::custom;
 use crate::refusal::Refusal;
 use crate::selector::Selector;
-use crate::store::{Key, Scope, Start, Store, VersionError};
+use crate::store::{Key, Scope, Start, VersionError};
 use crate::watch::{self, WatchSpec};
 
 /// Requests remembered for [`crate::MockApiServer::requests`].
@@ -31,16 +34,6 @@ const REQUEST_LOG: usize = 1000;
 
 /// The `v` of a continue token, as the real server writes it.
 const CONTINUE_VERSION: &str = "meta.k8s.io/v1";
-
-/// What the handlers share.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) store: Arc<Store>,
-    pub(crate) token: Option<String>,
-    pub(crate) bookmark_interval: Duration,
-    pub(crate) requests: Mutex<VecDeque<String>>,
-    pub(crate) lists: AtomicUsize,
-}
 
 /// The query parameters of a pod collection request.
 #[derive(Debug, Default)]
@@ -68,6 +61,18 @@ pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
     axum::Router::new()
         .route("/api/v1/pods", get(all_pods).fallback(method_not_allowed))
         .route("/api/v1/namespaces/{namespace}/pods", get(namespaced_pods).fallback(method_not_allowed))
+        .route(
+            "/apis/{group}/{version}/namespaces/{namespace}/{plural}",
+            get(custom::list_or_watch).fallback(method_not_allowed),
+        )
+        .route(
+            "/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}",
+            get(custom::get_one).fallback(method_not_allowed),
+        )
+        .route(
+            "/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status",
+            get(custom::get_one).patch(custom::patch_status).fallback(method_not_allowed),
+        )
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(shared.clone(), record_and_authenticate))
         .with_state(shared)

@@ -29,7 +29,13 @@
 //! - Bearer-token authentication (401 `Unauthorized` Status), HTTPS with a
 //!   CA made at spawn ([`MockApiServer::ca_pem`], [`MockApiServer::kubeconfig`]).
 //!
-//! What it does not do: any resource but pods, any verb but list and watch
+//! Custom objects too (`objects.rs`, `custom.rs`): any namespaced
+//! `/apis/{group}/{version}/namespaces/{ns}/{plural}` resource a test puts
+//! ([`MockApiServer::put_object`]): list and watch (a `metadata.name` field
+//! selector, no bookmarks or pages), get one, and a JSON merge patch of its
+//! `status` subresource, with `generation` bumped by changes but the status's.
+//!
+//! What it does not do: other built-in resources, any verb on pods but list and watch
 //! (no get of one pod, create, update, patch, delete over HTTP, server-side
 //! apply, subresources, `/api` discovery, `/version`), field selectors
 //! (accepted and ignored), protobuf or CBOR, `resourceVersionMatch` for
@@ -49,12 +55,14 @@ use axum::serve::ListenerExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
-use crate::http::Shared;
+use crate::objects::Objects;
 use crate::store::{Key, Store};
 
 mod base64;
+mod custom;
 mod error;
 mod http;
+mod objects;
 mod pod;
 mod refusal;
 mod selector;
@@ -65,6 +73,17 @@ mod watch;
 pub use base64::encode as base64_encode;
 pub use error::MockK8sError;
 pub use pod::{Pod, ResourceVersion};
+
+/// What the handlers share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) store: Arc<Store>,
+    pub(crate) objects: Objects,
+    pub(crate) token: Option<String>,
+    pub(crate) bookmark_interval: Duration,
+    pub(crate) requests: Mutex<VecDeque<String>>,
+    pub(crate) lists: AtomicUsize,
+}
 
 /// How often a watch that allows bookmarks gets one, by default.
 pub const DEFAULT_BOOKMARK_INTERVAL: Duration = Duration::from_secs(1);
@@ -121,6 +140,7 @@ impl MockApiServer {
         let cancel = CancellationToken::new();
         let shared = Arc::new(Shared {
             store: Arc::new(Store::new(config.history_limit, WATCH_BUFFER, cancel.clone())),
+            objects: Objects::new(config.history_limit, cancel.clone()),
             token: config.token.clone(),
             bookmark_interval: config.bookmark_interval,
             requests: Mutex::new(VecDeque::new()),
@@ -249,6 +269,63 @@ impl MockApiServer {
     /// or chunk, as when the API server restarts.
     pub fn drop_watches(&self) {
         self.shared.store.drop_watches();
+        self.shared.objects.drop_watches();
+    }
+
+    /// Creates a custom object (`ADDED`) of `api_version` (`group/version`),
+    /// `plural` and `kind` in `namespace`, or replaces the one of that name but
+    /// its status (`MODIFIED`; `metadata.generation` bumped when it changed).
+    /// `object` holds `spec` (and labels, annotations under `metadata` if any).
+    pub fn put_object(
+        &self,
+        api_version: &str,
+        plural: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        object: serde_json::Value,
+    ) -> ResourceVersion {
+        let c = (api_version.to_owned(), plural.to_owned(), namespace.to_owned());
+        ResourceVersion(self.shared.objects.put(c, kind, name, object))
+    }
+
+    /// Removes a custom object: `DELETED`. `None` when absent.
+    pub fn delete_object(
+        &self,
+        api_version: &str,
+        plural: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Option<ResourceVersion> {
+        let c = (api_version.to_owned(), plural.to_owned(), namespace.to_owned());
+        self.shared.objects.delete(c, name).map(ResourceVersion)
+    }
+
+    /// A custom object as it is now (its status as last patched).
+    pub fn object(&self, api_version: &str, plural: &str, namespace: &str, name: &str) -> Option<serde_json::Value> {
+        let c = (api_version.to_owned(), plural.to_owned(), namespace.to_owned());
+        self.shared.objects.get(&c, name)
+    }
+
+    /// Waits until the custom object satisfies `ready` (checked at each change
+    /// of any custom object); its state then, or `None` at the deadline.
+    pub async fn wait_object(
+        &self,
+        (api_version, plural, namespace, name): (&str, &str, &str, &str),
+        deadline: Duration,
+        ready: impl Fn(&serde_json::Value) -> bool,
+    ) -> Option<serde_json::Value> {
+        let until = tokio::time::Instant::now() + deadline;
+        loop {
+            let rv = self.shared.objects.rv();
+            if let Some(o) = self.object(api_version, plural, namespace, name).filter(|o| ready(o)) {
+                return Some(o);
+            }
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() || !self.shared.objects.changed_after(rv, left).await {
+                return None;
+            }
+        }
     }
 
     /// Forgets the whole history: a watch from an older version then gets

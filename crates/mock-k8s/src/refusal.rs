@@ -20,10 +20,12 @@ pub(crate) enum Refusal {
     Unauthorized,
     /// A malformed parameter: 400.
     BadRequest(String),
-    /// Not one of the two routes: 404.
+    /// Not a route, or no such object: 404.
     NotFound,
-    /// Not a GET: 405.
+    /// Not a GET (nor a status PATCH): 405.
     MethodNotAllowed,
+    /// A status PATCH that is not a JSON merge patch: 415.
+    UnsupportedMediaType(String),
     /// A version compacted away: 410 `Expired`; `continued` when it came in a continue token.
     Expired { requested: u64, oldest: u64, continued: bool },
     /// A version not reached yet: 504 `Timeout`.
@@ -60,6 +62,7 @@ impl Refusal {
             Refusal::BadRequest(_) => (StatusCode::BAD_REQUEST, "BadRequest"),
             Refusal::NotFound => (StatusCode::NOT_FOUND, "NotFound"),
             Refusal::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
+            Refusal::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType"),
             Refusal::Expired { .. } => (StatusCode::GONE, "Expired"),
             Refusal::TooLarge { .. } => (StatusCode::GATEWAY_TIMEOUT, "Timeout"),
         }
@@ -72,6 +75,9 @@ impl Refusal {
             Refusal::BadRequest(why) => why.clone(),
             Refusal::NotFound => "the server could not find the requested resource".to_owned(),
             Refusal::MethodNotAllowed => "the server does not allow this method on the requested resource".to_owned(),
+            Refusal::UnsupportedMediaType(given) => {
+                format!("the body of the request was in an unknown format: {given}")
+            }
             Refusal::Expired { continued: true, .. } => EXPIRED_CONTINUE.to_owned(),
             Refusal::Expired { requested, oldest, .. } => format!("too old resource version: {requested} ({oldest})"),
             Refusal::TooLarge { requested, current } => {

@@ -183,7 +183,12 @@ impl App {
         };
         let gateway = match built {
             Some((pools, selector)) => {
-                let source = config.routing.as_ref().and_then(|r| r.source.clone());
+                let source = config.routing.as_ref().and_then(|r| r.source.as_ref()).map(|s| match s {
+                    crate::config::RoutingOrigin::File(path) => gateway::pools::RoutingSource::File(path.clone()),
+                    crate::config::RoutingOrigin::Resource(f) => {
+                        gateway::pools::RoutingSource::Resource(crate::routing_resource::shown(&f.what))
+                    }
+                });
                 let learning = gateway::pools::feedback::Learning::new(config.feedback.clone())
                     .map_err(|e| anyhow::anyhow!("--route-feedback-state: {e}"))?;
                 gateway
@@ -194,13 +199,20 @@ impl App {
         };
         // The control plane's routes, served by the gateway behind its keys.
         control::install(&gateway);
+        let gateway = Arc::new(gateway);
+        // A routing config read from a resource is followed: its changes are applied as they come.
+        if let Some(crate::config::RoutingOrigin::Resource(followed)) =
+            config.routing.as_ref().and_then(|r| r.source.clone())
+        {
+            crate::routing_resource::spawn(gateway.clone(), &fleet, followed);
+        }
         Ok(Self {
             listener,
             admin,
             metrics,
             probes,
             epp: epp.map(|l| (l, config.epp)),
-            gateway: Arc::new(gateway),
+            gateway,
             cancel,
             grace: config.shutdown_grace,
             serve_threads: config.serve_threads,

@@ -96,6 +96,7 @@ pub(crate) enum LoadMetricName {
 
 /// The router's own flags.
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("routing").args(["routing_config", "routing_config_resource"])))]
 pub(crate) struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "SGL_ROUTER_HOST", default_value = crate::defaults::HOST)]
@@ -178,11 +179,18 @@ pub(crate) struct ServeArgs {
     /// pool serves --model-id from --worker-urls; with it, --worker-urls join the default pool.
     #[arg(long, env = "SGL_ROUTER_ROUTING_CONFIG", value_name = "FILE")]
     pub(crate) routing_config: Option<PathBuf>,
+    /// The routing config from a Kubernetes `RoutingConfig` resource
+    /// (`router.sglang.ai/v1alpha1`, deploy/crds/routingconfig.yaml) instead of a file:
+    /// `[NAMESPACE/]NAME` (the namespace: --service-discovery-namespace, else `default`). Read at
+    /// start, within 30 s (the pools are built from it); later changes are applied as a reload is
+    /// and their outcome written to its status; a deleted resource keeps the config in force.
+    #[arg(long, env = "SGL_ROUTER_ROUTING_CONFIG_RESOURCE", value_name = "[NS/]NAME")]
+    pub(crate) routing_config_resource: Option<String>,
     /// Sentence-embedding model directory (sentence-transformers layout: config.json,
     /// model.safetensors, tokenizer.json; all-MiniLM-L6-v2 in docs/model-routing.md) for the
     /// routing config's embedding, domain, jailbreak, complexity and reask signals. Needs a
     /// build with the `embed` feature (`--features embed`; the image and the wheel have it).
-    #[arg(long, env = "SGL_ROUTER_EMBEDDING_MODEL_PATH", value_name = "DIR", requires = "routing_config")]
+    #[arg(long, env = "SGL_ROUTER_EMBEDDING_MODEL_PATH", value_name = "DIR", requires = "routing")]
     pub(crate) embedding_model_path: Option<PathBuf>,
     /// Threads the embedding model computes on (off the serving threads).
     #[arg(long, env = "SGL_ROUTER_EMBEDDING_THREADS", default_value_t = 1, value_name = "N")]
@@ -201,7 +209,7 @@ pub(crate) struct ServeArgs {
     pub(crate) embedding_timeout_ms: u64,
     /// Feedback: the file what `POST /v1/route/feedback` taught is kept in (loaded at start,
     /// saved while it changes and at shutdown; one per replica) [default: none, kept in memory].
-    #[arg(long, env = "SGL_ROUTER_ROUTE_FEEDBACK_STATE", value_name = "FILE", requires = "routing_config")]
+    #[arg(long, env = "SGL_ROUTER_ROUTE_FEEDBACK_STATE", value_name = "FILE", requires = "routing")]
     pub(crate) route_feedback_state: Option<PathBuf>,
     /// Feedback: seconds between two saves of the state file.
     #[arg(long, env = "SGL_ROUTER_ROUTE_FEEDBACK_SAVE_SECS", default_value_t = 60, value_name = "S")]
@@ -229,7 +237,7 @@ pub(crate) struct ServeArgs {
     /// Inference-gateway mode (SGLang Model Gateway's): one model pool per model the workers
     /// serve, each worker's model read from its `GET /v1/models` at start (for up to 30 s); a
     /// request's `model` picks the pool. No auto names: --routing-config gives pools with decisions.
-    #[arg(long, env = "SGL_ROUTER_ENABLE_IGW", conflicts_with = "routing_config")]
+    #[arg(long, env = "SGL_ROUTER_ENABLE_IGW", conflicts_with = "routing")]
     pub(crate) enable_igw: bool,
     /// Threads serving requests, each with its own single-threaded runtime and upstream connections
     /// (0: share the runtime of the background tasks) [default: the number of CPUs].

@@ -214,13 +214,23 @@ pub struct EmbeddingSetup {
     pub pool: embed::PoolConfig,
 }
 
+/// Where the routing config comes from.
+#[derive(Debug, Clone)]
+pub enum RoutingOrigin {
+    /// A file.
+    File(PathBuf),
+    /// A `RoutingConfig` resource on the Kubernetes API server, as read at start.
+    Resource(crate::routing_resource::Followed),
+}
+
 /// Model pools from a routing config, checked.
 #[derive(Debug, Clone)]
 pub struct RoutingSetup {
     /// The config (compiled into the gateway's selector).
     pub config: model_select::Config,
-    /// The file it was read from: SIGHUP and `POST /routing/reload` read it again.
-    pub source: Option<PathBuf>,
+    /// Where it was read from: a file (SIGHUP and `POST /routing/reload` read it again) or a
+    /// `RoutingConfig` resource (followed: `App` applies its changes).
+    pub source: Option<RoutingOrigin>,
     /// Its pools, in the config's order.
     pub pools: Vec<PoolSetup>,
 }

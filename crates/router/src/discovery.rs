@@ -61,7 +61,7 @@ pub(crate) fn setup(a: &ServeArgs) -> Result<Option<DiscoverySetup>, UsageError>
         ));
     }
     let pool_label = f.service_discovery_pool_label.clone().filter(|l| !l.is_empty());
-    if pool_label.is_some() && a.routing_config.is_none() {
+    if pool_label.is_some() && a.routing_config.is_none() && a.routing_config_resource.is_none() {
         return Err(UsageError("--service-discovery-pool-label names model pools: it needs --routing-config".into()));
     }
     if f.service_discovery_port == 0 {

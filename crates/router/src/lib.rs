@@ -8,4 +8,5 @@ mod igw;
 pub mod members;
 pub mod peers;
 mod remote_tokenizer;
+pub mod routing_resource;
 mod wiring;

@@ -81,12 +81,17 @@ impl FilePool {
 
 /// Reads and checks `path`; every problem is one line `FILE:LINE: message`.
 pub(crate) fn load(path: &Path, default_policy: PolicyName) -> Result<RoutingFile, Vec<String>> {
-    let at = |line: Option<usize>| match line {
-        Some(l) => format!("{}:{l}", path.display()),
-        None => path.display().to_string(),
-    };
     let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{}: cannot read it: {e}", path.display())])?;
-    let config = model_select::parse_yaml(&text).map_err(|problems| {
+    load_text(&text, &path.display().to_string(), default_policy)
+}
+
+/// Checks `text` (YAML or JSON) read from `shown`; every problem is one line `SHOWN:LINE: message`.
+pub(crate) fn load_text(text: &str, shown: &str, default_policy: PolicyName) -> Result<RoutingFile, Vec<String>> {
+    let at = |line: Option<usize>| match line {
+        Some(l) => format!("{shown}:{l}"),
+        None => shown.to_owned(),
+    };
+    let config = model_select::parse_yaml(text).map_err(|problems| {
         problems.iter().map(|p: &Problem| format!("{}: {}", at(p.line), p.message)).collect::<Vec<_>>()
     })?;
     let mut problems = Vec::new();

@@ -15,13 +15,55 @@ use sgl_router::app::{App, AppConfig, PolicyConfig};
 use crate::cli::{LoadMetricName, LogFormat, PolicyName, ServeArgs};
 use crate::usage::UsageError;
 
+/// Reads `--routing-config-resource [NS/]NAME` from the API server (a runtime of its own:
+/// the flags are read before the router's starts): its spec's text and the resource to follow.
+fn routing_resource(
+    a: &ServeArgs,
+    named: &str,
+) -> Result<(String, sgl_router::routing_resource::Followed), UsageError> {
+    use fleet::k8s::api::ApiServer;
+    let (namespace, name) = match named.split_once('/') {
+        Some((ns, name)) => (ns.to_owned(), name),
+        None => (
+            a.discovery.service_discovery_namespace.clone().filter(|n| !n.is_empty()).unwrap_or("default".into()),
+            named,
+        ),
+    };
+    if name.is_empty() || namespace.is_empty() || name.contains('/') {
+        return Err(UsageError(format!("--routing-config-resource {named:?}: expected [NAMESPACE/]NAME")));
+    }
+    let what = sgl_router::routing_resource::resource(&namespace, name);
+    let api = |purpose: &str| {
+        ApiServer::infer().map_err(|e| UsageError(format!("--routing-config-resource ({purpose}): {e}")))
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| UsageError(format!("--routing-config-resource: {e}")))?;
+    let fetched = runtime
+        .block_on(sgl_router::routing_resource::fetch(api("reading it")?, what))
+        .map_err(|e| UsageError(format!("--routing-config-resource: {e}")))?;
+    // The follower's client is made anew: connections do not outlive the runtime they were made on.
+    let followed = sgl_router::routing_resource::Followed { api: api("following it")?, ..fetched.followed };
+    Ok((fetched.text, followed))
+}
+
 /// Turns flags into a config; tuning a policy that is not selected is an error.
 pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
     let usage = |m: String| Err(UsageError(m));
     a.smg_only.check()?;
-    let routing = match &a.routing_config {
-        None => None,
-        Some(path) => Some(crate::routing::load(path, a.policy).map_err(|p| UsageError(p.join("\n")))?),
+    let (routing, origin) = match (&a.routing_config, &a.routing_config_resource) {
+        (Some(path), _) => {
+            let r = crate::routing::load(path, a.policy).map_err(|p| UsageError(p.join("\n")))?;
+            (Some(r), Some(sgl_router::config::RoutingOrigin::File(path.clone())))
+        }
+        (None, Some(named)) => {
+            let (text, followed) = routing_resource(a, named)?;
+            let shown = sgl_router::routing_resource::shown(&followed.what);
+            let r = crate::routing::load_text(&text, &shown, a.policy).map_err(|p| UsageError(p.join("\n")))?;
+            (Some(r), Some(sgl_router::config::RoutingOrigin::Resource(followed)))
+        }
+        (None, None) => (None, None),
     };
     // Each tuning flag belongs to one policy (the text tree's to two: approx_tree, and
     // cache_aware for workers without KV events); setting it under another is a mistake.
@@ -316,7 +358,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             })
             .collect(),
         config: r.config,
-        source: a.routing_config.clone(),
+        source: origin,
     });
     let pd = crate::pd::setup(a, policy_config)?;
     let discovery = crate::discovery::setup(a)?;
@@ -622,7 +664,7 @@ pub(crate) fn serve(mut config: AppConfig, a: &ServeArgs) -> Result<()> {
         for w in app.worker_urls() {
             println!("  worker {w}");
         }
-        let model = if a.routing_config.is_some() { "auto" } else { "default" };
+        let model = if a.routing_config.is_some() || a.routing_config_resource.is_some() { "auto" } else { "default" };
         println!(
             "try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n       -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'"
         );

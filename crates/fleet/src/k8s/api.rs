@@ -88,9 +88,9 @@ pub struct PodList {
 /// An open watch.
 #[derive(Debug)]
 pub struct Watch {
-    response: reqwest::Response,
-    buf: Vec<u8>,
-    idle: Duration,
+    pub(crate) response: reqwest::Response,
+    pub(crate) buf: Vec<u8>,
+    pub(crate) idle: Duration,
 }
 
 impl std::fmt::Debug for ApiServer {
@@ -213,7 +213,16 @@ impl ApiServer {
     }
 
     fn request(&self, url: String) -> Result<reqwest::RequestBuilder, K8sError> {
-        let mut req = self.client.get(url).header(reqwest::header::ACCEPT, "application/json");
+        self.request_with(reqwest::Method::GET, url)
+    }
+
+    /// A request to `url` with the server's credentials.
+    pub(crate) fn request_with(
+        &self,
+        method: reqwest::Method,
+        url: String,
+    ) -> Result<reqwest::RequestBuilder, K8sError> {
+        let mut req = self.client.request(method, url).header(reqwest::header::ACCEPT, "application/json");
         let token = match &self.token {
             Token::None => None,
             Token::Fixed(t) => Some(t.clone()),
@@ -302,6 +311,14 @@ impl ApiServer {
 impl Watch {
     /// The next event; `None` when the server ended the stream.
     pub async fn next(&mut self) -> Result<Option<WatchEvent>, K8sError> {
+        match self.next_line().await? {
+            Some(line) => WatchEvent::parse(&line).map(Some).map_err(K8sError::Decode),
+            None => Ok(None),
+        }
+    }
+
+    /// The next event's line (a JSON object, unparsed); `None` when the server ended the stream.
+    pub async fn next_line(&mut self) -> Result<Option<Vec<u8>>, K8sError> {
         loop {
             if let Some(end) = self.buf.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = self.buf.drain(..=end).collect();
@@ -309,7 +326,7 @@ impl Watch {
                 if line.is_empty() {
                     continue;
                 }
-                return WatchEvent::parse(line).map(Some).map_err(K8sError::Decode);
+                return Ok(Some(line.to_vec()));
             }
             let chunk = match tokio::time::timeout(self.idle, self.response.chunk()).await {
                 Err(_) => return Err(K8sError::Http(format!("watch silent for {:?}", self.idle))),
@@ -317,10 +334,7 @@ impl Watch {
                 Ok(Ok(None)) => {
                     let rest = std::mem::take(&mut self.buf);
                     let rest = rest.trim_ascii();
-                    if rest.is_empty() {
-                        return Ok(None);
-                    }
-                    return WatchEvent::parse(rest).map(Some).map_err(K8sError::Decode);
+                    return Ok((!rest.is_empty()).then(|| rest.to_vec()));
                 }
                 Ok(Ok(Some(c))) => c,
             };
@@ -332,7 +346,7 @@ impl Watch {
     }
 }
 
-async fn read_body(response: reqwest::Response) -> Result<Vec<u8>, K8sError> {
+pub(crate) async fn read_body(response: reqwest::Response) -> Result<Vec<u8>, K8sError> {
     if !response.status().is_success() {
         return Err(status_error(response).await);
     }
@@ -348,7 +362,7 @@ async fn read_body(response: reqwest::Response) -> Result<Vec<u8>, K8sError> {
 }
 
 /// The error of a non-2xx answer, from its `Status` body when it has one.
-async fn status_error(response: reqwest::Response) -> K8sError {
+pub(crate) async fn status_error(response: reqwest::Response) -> K8sError {
     let code = response.status().as_u16();
     let body = crate::read_capped(response).await.unwrap_or_default();
     let status: Status = serde_json::from_slice(&body).unwrap_or_default();
@@ -360,7 +374,7 @@ async fn status_error(response: reqwest::Response) -> K8sError {
 }
 
 /// Percent-encodes a query value (everything but RFC 3986 unreserved characters).
-fn encode(s: &str) -> String {
+pub(crate) fn encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {

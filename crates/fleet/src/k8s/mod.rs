@@ -12,6 +12,7 @@
 //! turning NotReady are acted on, and a watcher error never sleeps 60 s.
 
 pub mod api;
+pub mod object;
 pub mod pod;
 
 use std::collections::HashMap;
@@ -99,6 +100,8 @@ pub struct DiscoveryMetrics {
     pub skipped: AtomicU64,
     /// Workers discovery holds now.
     pub workers: AtomicU64,
+    /// The custom objects followed (`object::follow`).
+    pub objects: object::ObjectMetrics,
 }
 
 /// A pod discovery added to the fleet.

@@ -38,7 +38,7 @@ use crate::{Gateway, GatewayError};
 pub use embedding::Examples;
 pub(crate) use embedding::{PreRouted, pre_route, render as render_embedding};
 pub use planner::Pool;
-pub use reload::{Reloaded, RoutingSlot, reload};
+pub use reload::{Reloaded, RoutingSlot, RoutingSource, apply, reload};
 
 /// The decision label of a request that named a pool's model.
 pub const EXPLICIT: &str = "explicit";

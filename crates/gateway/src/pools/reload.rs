@@ -1,5 +1,6 @@
 //! The routing config in force, and replacing it while serving (SIGHUP, or
-//! `POST /routing/reload` on the control plane): the new file is read and
+//! `POST /routing/reload` on the control plane, or a change of the
+//! `RoutingConfig` resource it came from: [`apply`]): the new text is read and
 //! validated first, and must keep the pools as they are (their workers,
 //! models, policies and tokenizers were built at start); a bad file keeps
 //! the config in force and says why. Requests in flight finish on the config
@@ -24,11 +25,25 @@ const RELOAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// A reload given up on past the timeout never takes effect later, and one
 /// that took effect is reported as such however long it took.
 pub async fn reload(gw: &Arc<Gateway>) -> Result<Reloaded, Vec<String>> {
+    run(gw, |slot, claim| slot.reload_claimed(claim)).await
+}
+
+/// Puts `text` (YAML or JSON: a `RoutingConfig` resource's spec), read from
+/// `shown`, in force as a reload does (the same checks, the same timeout, the
+/// same `outcome` counts): a resource's change.
+pub async fn apply(gw: &Arc<Gateway>, text: String, shown: String) -> Result<Reloaded, Vec<String>> {
+    run(gw, move |slot, claim| slot.counted(slot.install(&text, &shown, claim))).await
+}
+
+async fn run(
+    gw: &Arc<Gateway>,
+    f: impl FnOnce(&RoutingSlot, &Claim) -> Result<Reloaded, Vec<String>> + Send + 'static,
+) -> Result<Reloaded, Vec<String>> {
     let gw2 = gw.clone();
     let claim = Arc::new(Claim::default());
     let claim2 = claim.clone();
     let mut work = tokio::task::spawn_blocking(move || match &gw2.routing {
-        Some(slot) => slot.reload_claimed(&claim2),
+        Some(slot) => f(slot, &claim2),
         None => Err(vec!["no routing config".to_owned()]),
     });
     let joined = match tokio::time::timeout(RELOAD_TIMEOUT, &mut work).await {
@@ -42,6 +57,16 @@ pub async fn reload(gw: &Arc<Gateway>) -> Result<Reloaded, Vec<String>> {
         Err(_) => work.await,
     };
     joined.unwrap_or_else(|e| Err(vec![format!("the reload failed: {e}")]))
+}
+
+/// Where the routing config comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RoutingSource {
+    /// A file (`--routing-config`): reloads read it again.
+    File(PathBuf),
+    /// A `RoutingConfig` resource (shown as its kind and name): its changes are applied as they
+    /// come ([`apply`]), a reload has nothing to read.
+    Resource(String),
 }
 
 /// Who decides a slow reload's fate: the reload installing its config, or the
@@ -69,8 +94,8 @@ impl Claim {
 #[derive(Debug)]
 pub struct RoutingSlot {
     current: RwLock<Arc<Routing>>,
-    /// The file it came from (reloads read it again).
-    source: Option<PathBuf>,
+    /// Where it came from (reloads read a file again).
+    source: Option<RoutingSource>,
     /// Reloads by `outcome` (`ok`, `invalid`, `unreadable`).
     pub reloads: LabeledCounter,
     /// The embedding model, for embedding signals (kept across reloads).
@@ -95,7 +120,7 @@ impl RoutingSlot {
     /// embedding signals computed by `embedder`.
     pub fn new(
         routing: Routing,
-        source: Option<PathBuf>,
+        source: Option<RoutingSource>,
         embedder: Option<embed::EmbedPool>,
         learning: Arc<super::feedback::Learning>,
     ) -> Self {
@@ -126,7 +151,11 @@ impl RoutingSlot {
 
     /// [`reload`](Self::reload), installing only if `claim` was not given up on.
     fn reload_claimed(&self, claim: &Claim) -> Result<Reloaded, Vec<String>> {
-        let result = self.try_reload(claim);
+        self.counted(self.try_reload(claim))
+    }
+
+    /// Counts a reload's outcome; `Err` keeps its problems.
+    fn counted(&self, result: Result<Reloaded, (bool, Vec<String>)>) -> Result<Reloaded, Vec<String>> {
         let outcome = match &result {
             Ok(_) => "ok",
             Err((unreadable, _)) if *unreadable => "unreadable",
@@ -137,12 +166,24 @@ impl RoutingSlot {
     }
 
     fn try_reload(&self, claim: &Claim) -> Result<Reloaded, (bool, Vec<String>)> {
-        let Some(path) = &self.source else {
-            return Err((true, vec!["the routing config was not read from a file: nothing to reload".into()]));
+        let path = match &self.source {
+            Some(RoutingSource::File(path)) => path,
+            Some(RoutingSource::Resource(shown)) => {
+                let why = format!(
+                    "the routing config comes from the {shown} resource: its changes are applied as they come, there is no file to reload"
+                );
+                return Err((true, vec![why]));
+            }
+            None => return Err((true, vec!["the routing config was not read from a file: nothing to reload".into()])),
         };
-        let shown = path.display();
+        let shown = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| (true, vec![format!("{shown}: cannot read it: {e}")]))?;
-        let config = model_select::parse_yaml(&text).map_err(|problems| {
+        self.install(&text, &shown, claim)
+    }
+
+    /// Checks `text` (read from `shown`) and puts it in force if it is valid and keeps the pools.
+    fn install(&self, text: &str, shown: &str, claim: &Claim) -> Result<Reloaded, (bool, Vec<String>)> {
+        let config = model_select::parse_yaml(text).map_err(|problems| {
             let at = |line: Option<usize>| line.map_or_else(|| shown.to_string(), |l| format!("{shown}:{l}"));
             (false, problems.iter().map(|p| format!("{}: {}", at(p.line), p.message)).collect::<Vec<_>>())
         })?;

@@ -209,5 +209,5 @@ pub(crate) async fn pools(file: &str) -> (RoutingSetup, Vec<MockEngine>) {
         });
         engines.push(engine);
     }
-    (RoutingSetup { config, pools, source: Some(repo(file)) }, engines)
+    (RoutingSetup { config, pools, source: Some(sgl_router::config::RoutingOrigin::File(repo(file))) }, engines)
 }

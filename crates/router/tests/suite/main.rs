@@ -22,6 +22,7 @@ mod http_front;
 mod index_peers;
 mod jwt;
 mod k8s_discovery;
+mod k8s_resources;
 mod kv_events_cli;
 mod liveness;
 mod manifests;
