@@ -200,6 +200,13 @@ impl App {
         // The control plane's routes, served by the gateway behind its keys.
         control::install(&gateway);
         let gateway = Arc::new(gateway);
+        // With an InferencePool, the picker gives requests its objectives' priorities.
+        let mut epp_config = config.epp.clone();
+        if let Some(d) = config.discovery.as_ref().filter(|_| epp.is_some())
+            && let Some(pool) = &d.config.inference_pool
+        {
+            epp_config.objectives = Some(fleet::k8s::pool::objectives(&fleet, d.api.clone(), pool));
+        }
         // A routing config read from a resource is followed: its changes are applied as they come.
         if let Some(crate::config::RoutingOrigin::Resource(followed)) =
             config.routing.as_ref().and_then(|r| r.source.clone())
@@ -211,7 +218,7 @@ impl App {
             admin,
             metrics,
             probes,
-            epp: epp.map(|l| (l, config.epp)),
+            epp: epp.map(|l| (l, epp_config)),
             gateway,
             cancel,
             grace: config.shutdown_grace,

@@ -30,6 +30,9 @@ pub(crate) fn setup(a: &ServeArgs) -> Result<Option<DiscoverySetup>, UsageError>
     let f = &a.discovery;
     let (regular, prefill, decode) =
         (selector(&f.selector), selector(&f.prefill_selector), selector(&f.decode_selector));
+    if let Some(name) = f.pool_name.as_deref() {
+        return inference_pool(a, name).map(Some);
+    }
     if !f.service_discovery {
         if !regular.is_empty() || !prefill.is_empty() || !decode.is_empty() {
             return Err(UsageError("--selector/--prefill-selector/--decode-selector need --service-discovery".into()));
@@ -78,8 +81,51 @@ pub(crate) fn setup(a: &ServeArgs) -> Result<Option<DiscoverySetup>, UsageError>
             // Set by the app, which knows the pools.
             default_pool: router_types::PoolId::default_pool(),
             pools: None,
+            inference_pool: None,
         },
     }))
+}
+
+/// Discovery by the `InferencePool` `name` (`--pool-name`).
+fn inference_pool(a: &ServeArgs, name: &str) -> Result<DiscoverySetup, UsageError> {
+    let f = &a.discovery;
+    if a.pd.pd_disaggregation || a.pd.vllm_pd_disaggregation {
+        return Err(UsageError("--pool-name: an InferencePool is one set of endpoints, not prefill and decode".into()));
+    }
+    let group = f.pool_group.trim();
+    if ![fleet::k8s::pool::DEFAULT_POOL_GROUP, fleet::k8s::pool::ALPHA_POOL_GROUP].contains(&group) {
+        return Err(UsageError(format!(
+            "--pool-group {group:?}: {} or {}",
+            fleet::k8s::pool::DEFAULT_POOL_GROUP,
+            fleet::k8s::pool::ALPHA_POOL_GROUP
+        )));
+    }
+    let namespace = f
+        .pool_namespace
+        .clone()
+        .or_else(|| f.service_discovery_namespace.clone())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "default".into());
+    if name.is_empty() {
+        return Err(UsageError("--pool-name: a name".into()));
+    }
+    let pool_label = f.service_discovery_pool_label.clone().filter(|l| !l.is_empty());
+    if pool_label.is_some() && a.routing_config.is_none() && a.routing_config_resource.is_none() {
+        return Err(UsageError("--service-discovery-pool-label names model pools: it needs --routing-config".into()));
+    }
+    Ok(DiscoverySetup {
+        api: api("--pool-name")?,
+        config: DiscoveryConfig {
+            inference_pool: Some(fleet::k8s::pool::pool_ref(group, &namespace, name)),
+            namespace: Some(namespace),
+            port: f.service_discovery_port,
+            watched: Vec::new(),
+            bootstrap_annotation: f.bootstrap_port_annotation.clone(),
+            pool_label,
+            default_pool: router_types::PoolId::default_pool(),
+            pools: None,
+        },
+    })
 }
 
 /// The peers the flags name, if any.

@@ -152,6 +152,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         && !pd_workers
         && !pool_workers
         && !a.discovery.service_discovery
+        && a.discovery.pool_name.is_none()
     {
         return usage("no workers: give --worker-urls URL,... or --mock-workers N (or --service-discovery)".into());
     }
@@ -475,7 +476,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         metrics_listen,
         probe_listen,
         epp_listen,
-        epp: gateway::epp::EppConfig { test_pick_header: a.epp.epp_test_endpoint_header },
+        epp: gateway::epp::EppConfig { test_pick_header: a.epp.epp_test_endpoint_header, objectives: None },
         dp_aware: a.dp_aware,
         rank_header: a.dp_rank_header.into(),
         tls,
@@ -668,7 +669,8 @@ pub(crate) fn serve(mut config: AppConfig, a: &ServeArgs) -> Result<()> {
         println!(
             "try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n       -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'"
         );
-        if !catching_up && app.worker_urls().is_empty() && !a.discovery.service_discovery {
+        let discovered = a.discovery.service_discovery || a.discovery.pool_name.is_some();
+        if !catching_up && app.worker_urls().is_empty() && !discovered {
             bail!("no workers");
         }
         app.run(shutdown_signal()).await

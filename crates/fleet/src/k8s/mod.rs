@@ -14,6 +14,7 @@
 pub mod api;
 pub mod object;
 pub mod pod;
+pub mod pool;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -77,6 +78,9 @@ pub struct DiscoveryConfig {
     /// The pools that exist (`--routing-config`); a pod labelled with another is skipped.
     /// `None`: any.
     pub pools: Option<Vec<PoolId>>,
+    /// A Gateway API Inference Extension `InferencePool` whose selector and target port pick
+    /// the pods (`--pool-name`), followed as it changes; `watched` and `port` are then unused.
+    pub inference_pool: Option<object::ObjectsRef>,
 }
 
 /// What discovery counted.
@@ -121,21 +125,23 @@ struct Watcher {
     /// Pods (by `namespace/name`) this watcher added.
     known: HashMap<String, Member>,
     backoff: Duration,
+    /// Ends the loop: the fleet's stop, or (an InferencePool's) a new selector.
+    stop: tokio_util::sync::CancellationToken,
 }
 
-/// Starts one task per selector under the fleet's tracker; they stop with the fleet.
+/// Starts one task per selector under the fleet's tracker (or, with an
+/// `InferencePool`, one that follows the pool's selector); they stop with the fleet.
 pub fn spawn(fleet: &Arc<Fleet>, api: ApiServer, config: DiscoveryConfig) {
+    if let Some(pool) = config.inference_pool.clone() {
+        let w =
+            Watcher::new(fleet, &api, Arc::new(config), Watched { selector: String::new(), role: PodRole::Regular });
+        fleet.tasks.spawn(pool::follow_pool(w, pool));
+        return;
+    }
     let config = Arc::new(config);
     for watched in config.watched.clone() {
-        let w = Watcher {
-            fleet: fleet.clone(),
-            api: api.clone(),
-            config: config.clone(),
-            watched,
-            known: HashMap::new(),
-            backoff: BACKOFF_INITIAL,
-        };
-        fleet.tasks.spawn(w.run());
+        let mut w = Watcher::new(fleet, &api, config.clone(), watched);
+        fleet.tasks.spawn(async move { w.run().await });
     }
 }
 
@@ -154,6 +160,18 @@ enum WatchEnd {
 // === impl Watcher ===
 
 impl Watcher {
+    fn new(fleet: &Arc<Fleet>, api: &ApiServer, config: Arc<DiscoveryConfig>, watched: Watched) -> Self {
+        Watcher {
+            fleet: fleet.clone(),
+            api: api.clone(),
+            config,
+            watched,
+            known: HashMap::new(),
+            backoff: BACKOFF_INITIAL,
+            stop: fleet.cancel.clone(),
+        }
+    }
+
     fn metrics(&self) -> &DiscoveryMetrics {
         &self.fleet.metrics.discovery
     }
@@ -163,8 +181,8 @@ impl Watcher {
     }
 
     #[tracing::instrument(name = "k8s_discovery", skip_all, fields(selector = %self.watched.selector, role = ?self.watched.role))]
-    async fn run(mut self) {
-        let cancel = self.fleet.cancel.clone();
+    async fn run(&mut self) {
+        let cancel = self.stop.clone();
         'list: loop {
             let list = tokio::select! {
                 biased;
@@ -203,14 +221,14 @@ impl Watcher {
         self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
         tokio::select! {
             biased;
-            _ = self.fleet.cancel.cancelled() => false,
+            _ = self.stop.cancelled() => false,
             _ = tokio::time::sleep(wait) => true,
         }
     }
 
     /// One watch from `rv`, applying its events; `None` when cancelled.
     async fn watch(&mut self, rv: &mut String) -> Option<WatchEnd> {
-        let cancel = self.fleet.cancel.clone();
+        let cancel = self.stop.clone();
         let started = Instant::now();
         let opened = tokio::select! {
             biased;

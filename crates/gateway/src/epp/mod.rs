@@ -42,11 +42,28 @@ pub const FAIRNESS_HEADER: &str = "x-gateway-inference-fairness-id";
 /// (`--epp-test-endpoint-header`, off by default).
 pub const TEST_PICK_HEADER: &str = "test-epp-endpoint-selection";
 
+/// The header naming a request's `InferenceObjective` (its priority).
+pub const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
+
+/// The `InferenceObjective`s of the router's `InferencePool`: name → priority.
+pub type Objectives = tokio::sync::watch::Receiver<Arc<std::collections::HashMap<String, i64>>>;
+
 /// The endpoint picker's settings.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct EppConfig {
     /// Honour [`TEST_PICK_HEADER`] (the GIE conformance suite's test picker does).
     pub test_pick_header: bool,
+    /// The pool's objectives, followed on the API server (`--pool-name`): a request naming one
+    /// in [`OBJECTIVE_HEADER`] takes its priority's class.
+    pub objectives: Option<Objectives>,
+}
+
+/// The class a request's [`OBJECTIVE_HEADER`] gives it: its objective's priority's, when it
+/// names one of the pool's.
+fn objective_class(config: &EppConfig, header: Option<&[u8]>) -> Option<crate::pipeline::scheduler::Class> {
+    let name = std::str::from_utf8(header?).ok()?.trim();
+    let priority = *config.objectives.as_ref()?.borrow().get(name)?;
+    Some(crate::pipeline::scheduler::Class::of_objective_priority(priority))
 }
 
 /// Serves the endpoint picker (`ext_proc` and `grpc.health.v1` over HTTP/2) on
@@ -81,7 +98,7 @@ struct Picker {
 
 impl ext_proc::Service for Picker {
     async fn process(self: Arc<Self>, calls: Messages, replies: Replies) -> Status {
-        let status = session::serve(&self.gw, self.config, calls, replies).await;
+        let status = session::serve(&self.gw, &self.config, calls, replies).await;
         if status.code != Status::OK {
             self.gw.metrics.epp_streams.inc(format_args!("outcome=\"error\""));
             tracing::debug!(code = status.code, message = %status.message, "endpoint picker: stream ended in error");

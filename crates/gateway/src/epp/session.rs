@@ -28,7 +28,7 @@ fn client_credential(headers: &HeaderMap) -> Option<Vec<u8>> {
 }
 
 /// Serves one stream; the status it ends with.
-pub(super) async fn serve(gw: &Arc<Gateway>, config: EppConfig, mut calls: Messages, replies: Replies) -> Status {
+pub(super) async fn serve(gw: &Arc<Gateway>, config: &EppConfig, mut calls: Messages, replies: Replies) -> Status {
     let limits = gw.config.limits;
     let first = match next(&mut calls, limits.header_read_timeout).await {
         Ok(Some(first)) => first,
@@ -75,7 +75,8 @@ pub(super) async fn serve(gw: &Arc<Gateway>, config: EppConfig, mut calls: Messa
         warn!(mode = request_mode, "endpoint picker: the request body mode must be BUFFERED or FULL_DUPLEX_STREAMED");
         return Status::new(Status::INVALID_ARGUMENT, "set request_body_mode to BUFFERED or FULL_DUPLEX_STREAMED");
     }
-    s.planned(route, &headers, (credential.as_deref(), subset)).await
+    let class = super::objective_class(config, headers.get(super::OBJECTIVE_HEADER));
+    s.planned(route, &headers, (credential.as_deref(), subset), class).await
 }
 
 impl Stream<'_> {
@@ -113,6 +114,7 @@ impl Stream<'_> {
         route: Route,
         headers: &HeaderMap,
         (authorization, subset): (Option<&[u8]>, Option<planner::Subset>),
+        class: Option<crate::pipeline::scheduler::Class>,
     ) -> Status {
         let gw = self.gw;
         let declared = headers.get("content-length").and_then(|v| std::str::from_utf8(v).ok()?.parse::<usize>().ok());
@@ -122,7 +124,9 @@ impl Stream<'_> {
         // A trusted tenant header (--trust-tenant-header) names the tenant, else GIE's fairness id.
         let trusted = gw.config.tenants.trusted_header.as_deref();
         let tenant_header = trusted.and_then(|n| headers.get(n).or_else(|| headers.get(FAIRNESS_HEADER)));
-        let who = Who { priority: headers.get(h1_codec::PRIORITY_HEADER), tenant_header, authorization };
+        // The request's InferenceObjective names its class, else its `x-smg-priority`.
+        let priority = class.map(|c| c.as_str().as_bytes()).or_else(|| headers.get(h1_codec::PRIORITY_HEADER));
+        let who = Who { priority, tenant_header, authorization };
         // Admitted before its body is read: a slot, and memory for what it declared (more as it comes).
         let mut admission = match Admission::admit_waiting_for(gw, declared.unwrap_or(0), who).await {
             Ok(a) => a,

@@ -45,6 +45,17 @@ impl Class {
             .unwrap_or(Class::Default)
     }
 
+    /// A Gateway API Inference Extension `InferenceObjective`'s priority as a class: below 0
+    /// (sheddable) `bulk`, 0 (the default) `default`, above 0 `interactive`. `system` stays
+    /// the router's own (`x-smg-priority: system`).
+    pub fn of_objective_priority(priority: i64) -> Class {
+        match priority {
+            ..0 => Class::Bulk,
+            0 => Class::Default,
+            _ => Class::Interactive,
+        }
+    }
+
     /// Its name (a metric label).
     pub fn as_str(self) -> &'static str {
         match self {

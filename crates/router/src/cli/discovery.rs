@@ -38,6 +38,19 @@ pub(crate) struct DiscoveryFlags {
     /// default pool, pods naming a pool the config lacks are skipped (counted).
     #[arg(long, env = "SGL_ROUTER_SERVICE_DISCOVERY_POOL_LABEL", value_name = "KEY")]
     pub(crate) service_discovery_pool_label: Option<String>,
+    /// Find workers by a Gateway API Inference Extension `InferencePool` (as GIE's endpoint
+    /// pickers): its selector and first target port pick the pods, followed as the pool changes
+    /// (instead of --selector and --service-discovery-port; implies --service-discovery). With
+    /// --epp-port, its `InferenceObjective`s give requests their priority class.
+    #[arg(long, env = "SGL_ROUTER_POOL_NAME", value_name = "NAME", conflicts_with_all = ["selector", "prefill_selector", "decode_selector"])]
+    pub(crate) pool_name: Option<String>,
+    /// The InferencePool's namespace [default: --service-discovery-namespace, else `default`].
+    #[arg(long, env = "SGL_ROUTER_POOL_NAMESPACE", value_name = "NS", requires = "pool_name")]
+    pub(crate) pool_namespace: Option<String>,
+    /// The InferencePool's API group: `inference.networking.k8s.io` (v1) or
+    /// `inference.networking.x-k8s.io` (v1alpha2).
+    #[arg(long, env = "SGL_ROUTER_POOL_GROUP", default_value = fleet::k8s::pool::DEFAULT_POOL_GROUP, value_name = "GROUP")]
+    pub(crate) pool_group: String,
 }
 
 /// Catching up from peer replicas.

@@ -17,11 +17,11 @@ use mock_k8s::{MockApiConfig, MockApiServer, Pod};
 use serde_json::Value;
 use sgl_router::app::{DiscoverySetup, PolicyConfig};
 
-const NS: &str = "inference";
-const TOKEN: &str = "sa-token";
+pub(crate) const NS: &str = "inference";
+pub(crate) const TOKEN: &str = "sa-token";
 
 /// Engines on 127.0.0.2, .3, ... sharing one port; returns them and the port.
-async fn engines_on_one_port(n: usize, config: impl Fn() -> MockEngineConfig) -> (Vec<MockEngine>, u16) {
+pub(crate) async fn engines_on_one_port(n: usize, config: impl Fn() -> MockEngineConfig) -> (Vec<MockEngine>, u16) {
     let first =
         MockEngine::spawn(MockEngineConfig { listen: "127.0.0.2:0".parse().unwrap(), ..config() }).await.unwrap();
     let port: u16 = first.url().rsplit(':').next().unwrap().parse().unwrap();
@@ -33,7 +33,7 @@ async fn engines_on_one_port(n: usize, config: impl Fn() -> MockEngineConfig) ->
     (out, port)
 }
 
-fn ip(i: usize) -> String {
+pub(crate) fn ip(i: usize) -> String {
     format!("127.0.0.{}", 2 + i)
 }
 
@@ -48,16 +48,17 @@ fn discovery(api: &MockApiServer, port: u16, watched: Vec<Watched>) -> Discovery
             pool_label: None,
             default_pool: router_types::PoolId::default_pool(),
             pools: None,
+            inference_pool: None,
         },
     }
 }
 
-async fn api() -> MockApiServer {
+pub(crate) async fn api() -> MockApiServer {
     MockApiServer::spawn(MockApiConfig { token: Some(TOKEN.into()), ..MockApiConfig::default() }).await.unwrap()
 }
 
 /// The routable workers' URLs, sorted.
-async fn routable(url: &str) -> Vec<String> {
+pub(crate) async fn routable(url: &str) -> Vec<String> {
     let v: Value = admin_get(&format!("{url}/workers")).await.json().await.unwrap();
     let mut out: Vec<String> = v["workers"]
         .as_array()
@@ -70,7 +71,7 @@ async fn routable(url: &str) -> Vec<String> {
     out
 }
 
-fn worker(i: usize, port: u16) -> String {
+pub(crate) fn worker(i: usize, port: u16) -> String {
     format!("http://{}:{port}", ip(i))
 }
 

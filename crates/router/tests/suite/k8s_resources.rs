@@ -1,6 +1,8 @@
 //! Custom resources the router reads from the Kubernetes API server: its
 //! routing config as a `RoutingConfig` resource (read at start, followed, the
-//! outcome of each version written to its status). Against the project's
+//! outcome of each version written to its status), and the Gateway API
+//! Inference Extension's `InferencePool` (the workers) and `InferenceObjective`s
+//! (the endpoint picker's priority classes). Against the project's
 //! stand-in of the API server (`mock-k8s`), since no cluster runs here; the
 //! real binary finds it through `KUBECONFIG` as a user's would.
 
@@ -143,4 +145,103 @@ async fn a_missing_or_invalid_routing_config_resource_stops_the_start_with_the_r
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("RoutingConfig serving/bad"), "the problems name the resource: {err}");
     let _ = std::fs::remove_file(file);
+}
+
+/// An `InferencePool` picks the workers (its selector and port, followed as they change), and
+/// the endpoint picker gives a request the priority class of the `InferenceObjective` it names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inference_pool_picks_the_workers_and_its_objectives_the_priority_classes() {
+    use crate::k8s_discovery::{self as kd, NS, TOKEN};
+    use ext_proc::PROCESS_PATH;
+    use ext_proc::proto::{
+        HeaderMap, HeaderValue, HttpBody, HttpHeaders, Phase, ProcessingRequest, ProcessingResponse,
+        ProtocolConfiguration, Reply, body_mode,
+    };
+    use fleet::k8s::api::ApiServer;
+    use fleet::k8s::pool::{DEFAULT_POOL_GROUP, pool_ref};
+    use gateway::pipeline::scheduler::{Class, SchedulerConfig};
+    use mock_k8s::Pod;
+    use sgl_router::app::{DiscoverySetup, PolicyConfig};
+
+    let (_engines, port) = kd::engines_on_one_port(2, common::app::engine_config).await;
+    let k8s = kd::api().await;
+    k8s.upsert_pod(Pod::running(NS, "w0", kd::ip(0)).label("app", "a").ready(true));
+    k8s.upsert_pod(Pod::running(NS, "w1", kd::ip(1)).label("app", "b").ready(true));
+    let pool =
+        |app: &str| json!({"spec": {"selector": {"matchLabels": {"app": app}}, "targetPorts": [{"number": port}]}});
+    let (pools, objectives) = ("inference.networking.k8s.io/v1", "inference.networking.x-k8s.io/v1alpha2");
+    k8s.put_object(pools, "inferencepools", "InferencePool", NS, "qwen", pool("a"));
+    let objective = |priority: i64, pool: &str| json!({"spec": {"priority": priority, "poolRef": {"name": pool}}});
+    k8s.put_object(objectives, "inferenceobjectives", "InferenceObjective", NS, "critical", objective(10, "qwen"));
+    k8s.put_object(objectives, "inferenceobjectives", "InferenceObjective", NS, "batch", objective(-1, "qwen"));
+    // Another pool's objective is not this pool's.
+    k8s.put_object(objectives, "inferenceobjectives", "InferenceObjective", NS, "elsewhere", objective(10, "other"));
+
+    let mut app = common::app::config(&[], PolicyConfig::RoundRobin, false);
+    app.discovery = Some(DiscoverySetup {
+        api: ApiServer::with_token(&k8s.url(), Some(TOKEN)).unwrap(),
+        config: fleet::k8s::DiscoveryConfig {
+            namespace: Some(NS.into()),
+            port: 1,
+            watched: Vec::new(),
+            bootstrap_annotation: fleet::k8s::DEFAULT_BOOTSTRAP_ANNOTATION.into(),
+            pool_label: None,
+            default_pool: router_types::PoolId::default_pool(),
+            pools: None,
+            inference_pool: Some(pool_ref(DEFAULT_POOL_GROUP, NS, "qwen")),
+        },
+    });
+    // Every class may be taken (a client's ceiling is otherwise `default`).
+    app.scheduler = Some(SchedulerConfig { default_max_class: Class::System, ..SchedulerConfig::default() });
+    app.epp_listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    let router = common::app::start(app).await;
+    let url = router.url.clone();
+    common::eventually("the pool's pod is the worker", async || kd::routable(&url).await == [kd::worker(0, port)])
+        .await;
+
+    // Picks through the picker's gRPC stream, each naming an objective (or none).
+    let mut channel = grpc_wire::client::Channel::connect(router.epp.unwrap()).await.unwrap();
+    let body = serde_json::to_vec(&common::app::chat("s", "q")).unwrap();
+    for named in [Some("critical"), Some("batch"), Some("elsewhere"), None] {
+        let len = body.len().to_string();
+        let mut head = vec![(":method", "POST"), (":path", "/v1/chat/completions"), ("content-length", len.as_str())];
+        head.extend(named.map(|n| ("x-gateway-inference-objective", n)));
+        let headers = head
+            .iter()
+            .map(|(k, v)| HeaderValue { key: (*k).into(), value: String::new(), raw_value: v.as_bytes().to_vec() })
+            .collect();
+        let phase = Phase::RequestHeaders(HttpHeaders { headers: Some(HeaderMap { headers }), end_of_stream: false });
+        let protocol_config = Some(ProtocolConfiguration {
+            request_body_mode: body_mode::BUFFERED,
+            response_body_mode: body_mode::NONE,
+            send_body_without_waiting_for_header_response: false,
+        });
+        let mut call = channel.call(PROCESS_PATH, 1 << 20).await.unwrap();
+        let first = ProcessingRequest { request: Some(phase), protocol_config, ..Default::default() };
+        call.requests.send(&first).await.unwrap();
+        let said = call.answers.next::<ProcessingResponse>().await.unwrap().unwrap();
+        assert!(matches!(said.response, Some(Reply::RequestHeaders(_))), "{said:?}");
+        let chunk = Phase::RequestBody(HttpBody { body: body.clone().into(), end_of_stream: true });
+        call.requests.send(&ProcessingRequest { request: Some(chunk), ..Default::default() }).await.unwrap();
+        let picked = call.answers.next::<ProcessingResponse>().await.unwrap().unwrap();
+        assert!(matches!(picked.response, Some(Reply::RequestBody(_))), "{named:?} picked: {picked:?}");
+    }
+    let admitted = |class: &'static str| {
+        let url = url.clone();
+        async move { common::app::metric(&url, &format!("router_scheduler_admitted_total{{class=\"{class}\"}}")).await }
+    };
+    assert_eq!(admitted("interactive").await, 1.0, "critical (priority 10)");
+    assert_eq!(admitted("bulk").await, 1.0, "batch (priority -1)");
+    assert_eq!(admitted("default").await, 2.0, "another pool's objective, and none");
+
+    // The pool selects other pods: the workers follow.
+    k8s.put_object(pools, "inferencepools", "InferencePool", NS, "qwen", pool("b"));
+    common::eventually("the new selector's pod only", async || kd::routable(&url).await == [kd::worker(1, port)]).await;
+    // Deleted: the workers found so far stay.
+    let events = || common::app::metric(&url, "router_k8s_objects_total{what=\"events\"}");
+    let before = events().await;
+    k8s.delete_object(pools, "inferencepools", NS, "qwen").unwrap();
+    common::eventually("the deletion seen", async || events().await > before).await;
+    assert_eq!(kd::routable(&url).await, [kd::worker(1, port)]);
+    let _ = router.stop.send(());
 }

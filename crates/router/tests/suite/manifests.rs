@@ -12,7 +12,7 @@ use serde_norway::Value;
 
 /// Every document of the manifests' files.
 fn documents() -> Vec<Value> {
-    documents_of("deploy/epp", &["rbac.yaml", "router.yaml", "inference-pool.yaml"])
+    documents_of("deploy/epp", &["rbac.yaml", "router.yaml", "inference-pool.yaml", "inference-objectives.yaml"])
 }
 
 /// Every document of `files` in `dir`.
@@ -82,20 +82,35 @@ fn the_epp_manifests_agree_with_each_other_and_with_the_router() {
     assert_eq!(picker["port"]["number"], service_port["port"]);
     // The readiness probe asks the picker's health service on its port.
     assert_eq!(container["readinessProbe"]["grpc"]["port"].as_u64(), Some(epp_port));
-    // The pool's engines are the pods the router discovers.
-    let (key, value) = flag(&args, "--selector").unwrap().split_once('=').unwrap();
-    assert_eq!(pool["spec"]["selector"]["matchLabels"][key].as_str(), Some(value));
-    let port = flag(&args, "--service-discovery-port").unwrap();
-    assert_eq!(pool["spec"]["targetPorts"][0]["number"].as_u64().map(|n| n.to_string()).as_deref(), Some(port));
-    // Least privilege: a namespaced Role reading pods, bound to the router's service account.
+    // The pool whose pods the router discovers is this one, in the kustomization's namespace,
+    // and its objectives are the pool's.
+    let kustomization: Value =
+        serde_norway::from_str(&std::fs::read_to_string(repo("deploy/epp/kustomization.yaml")).unwrap()).unwrap();
+    assert_eq!(flag(&args, "--pool-name"), pool["metadata"]["name"].as_str());
+    assert_eq!(flag(&args, "--pool-namespace"), kustomization["namespace"].as_str());
+    let objectives = of_kind(&docs, "InferenceObjective");
+    assert!(!objectives.is_empty());
+    for o in objectives {
+        assert_eq!(o["apiVersion"].as_str(), Some("inference.networking.x-k8s.io/v1alpha2"));
+        assert_eq!(o["spec"]["poolRef"]["name"], pool["metadata"]["name"]);
+    }
+    // Least privilege: a namespaced Role reading pods and the Inference Extension's two kinds.
     assert!(of_kind(&docs, "ClusterRole").is_empty() && of_kind(&docs, "ClusterRoleBinding").is_empty());
     let role = of_kind(&docs, "Role")[0];
+    let mut read = Vec::new();
     for rule in role["rules"].as_sequence().unwrap() {
         let list =
             |k: &str| -> Vec<&str> { rule[k].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap()).collect() };
-        assert_eq!(list("resources"), ["pods"]);
-        assert!(list("verbs").iter().all(|v| ["get", "list", "watch"].contains(v)), "{:?}", list("verbs"));
+        assert_eq!(list("verbs"), ["get", "list", "watch"]);
+        read.extend(list("apiGroups").into_iter().flat_map(|g| list("resources").into_iter().map(move |r| (g, r))));
     }
+    read.sort();
+    let want = [
+        ("", "pods"),
+        ("inference.networking.k8s.io", "inferencepools"),
+        ("inference.networking.x-k8s.io", "inferenceobjectives"),
+    ];
+    assert_eq!(read, want);
     let sa = deployment["spec"]["template"]["spec"]["serviceAccountName"].clone();
     assert_eq!(of_kind(&docs, "RoleBinding")[0]["subjects"][0]["name"], sa);
     assert_eq!(of_kind(&docs, "ServiceAccount")[0]["metadata"]["name"], sa);
