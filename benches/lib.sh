@@ -76,13 +76,16 @@ stop_pid() {
 #   EPP_BODY=FULL_DUPLEX_STREAMED   request_body_mode (or BUFFERED)
 #   EPP_RESPONSE_BODY               response_body_mode (default: FULL_DUPLEX_STREAMED with a full-duplex
 #                                   request, else NONE); trailers are sent in the full-duplex modes
-#   EPP_FAIL_OPEN=false             failure_mode_allow
+#   EPP_FAIL_OPEN=false             failure_mode_allow; true with WORKER_URLs given: a request the picker
+#                                   did not place (it is down) goes round robin to them (a `fallback`
+#                                   cluster routed when x-gateway-destination-endpoint is absent)
 #   EPP_SUBSET="ip:port ..."        the subset hint set on every request (envoy.lb.subset_hint)
 #   EPP_HEALTH_INTERVAL=0.2s        grpc.health.v1 checks of the picker (none by default)
 # The router's tests (crates/router/tests/common/envoy.rs) run this same function.
 envoy_conf() {
   local file=$1 listen=$2 admin=$3 epp=$4 filters cluster endpoints="" w trailers=SKIP response=NONE
-  local body=${EPP_BODY:-FULL_DUPLEX_STREAMED} subset="" health="" e
+  local body=${EPP_BODY:-FULL_DUPLEX_STREAMED} subset="" health="" e fallback="" route_cache=""
+  local routes='[{match: {prefix: "/"}, route: {cluster: pool, timeout: 60s}}]'
   shift 4
   for w in "$@"; do
     w=${w#http://}
@@ -102,6 +105,18 @@ envoy_conf() {
     fi
     [ -z "${EPP_HEALTH_INTERVAL:-}" ] || health="
     health_checks: [{timeout: 1s, interval: $EPP_HEALTH_INTERVAL, unhealthy_threshold: 1, healthy_threshold: 1, grpc_health_check: {service_name: envoy.service.ext_proc.v3.ExternalProcessor}}]"
+    if [ "${EPP_FAIL_OPEN:-false}" = true ] && [ -n "$endpoints" ]; then
+      # Placed by the picker: where it says; not placed (the picker failed open): the pool's endpoints.
+      routes='[{match: {prefix: "/", headers: [{name: x-gateway-destination-endpoint, present_match: true}]}, route: {cluster: pool, timeout: 60s}}, {match: {prefix: "/"}, route: {cluster: fallback, timeout: 60s}}]'
+      route_cache="
+              route_cache_action: CLEAR"
+      fallback="
+  - name: fallback
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    connect_timeout: 2s
+    load_assignment: {cluster_name: fallback, endpoints: [{lb_endpoints: [${endpoints%, }]}]}"
+    fi
     filters="$subset
           - name: envoy.filters.http.ext_proc
             typed_config:
@@ -110,7 +125,7 @@ envoy_conf() {
               failure_mode_allow: ${EPP_FAIL_OPEN:-false}
               message_timeout: 10s
               metadata_options: {forwarding_namespaces: {untyped: [envoy.lb.subset_hint]}}
-              processing_mode: {request_header_mode: SEND, response_header_mode: SEND, request_body_mode: $body, response_body_mode: $response, request_trailer_mode: $trailers, response_trailer_mode: $trailers}"
+              processing_mode: {request_header_mode: SEND, response_header_mode: SEND, request_body_mode: $body, response_body_mode: $response, request_trailer_mode: $trailers, response_trailer_mode: $trailers}$route_cache"
     cluster="
   - name: pool
     type: ORIGINAL_DST
@@ -124,7 +139,7 @@ envoy_conf() {
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
         explicit_http_config: {http2_protocol_options: {}}$health
-    load_assignment: {cluster_name: epp, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $epp}}}}]}]}"
+    load_assignment: {cluster_name: epp, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $epp}}}}]}]}$fallback"
   else
     filters=""
     cluster="
@@ -145,7 +160,7 @@ static_resources:
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: ingress
-          route_config: {virtual_hosts: [{name: all, domains: ["*"], routes: [{match: {prefix: "/"}, route: {cluster: pool, timeout: 60s}}]}]}
+          route_config: {virtual_hosts: [{name: all, domains: ["*"], routes: $routes}]}
           http_filters:$(echo -e "$filters")
           - name: envoy.filters.http.router
             typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}

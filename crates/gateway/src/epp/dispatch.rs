@@ -24,6 +24,7 @@ use tokio::sync::oneshot;
 use super::reply::{self, Edits};
 use super::{Body, Stream, common, next, said};
 use crate::GatewayError;
+use crate::pipeline::account::InFlight;
 use crate::pipeline::account::count_error;
 use crate::pipeline::admission::Admission;
 use crate::pipeline::forward::{Forwarded, forward};
@@ -44,6 +45,25 @@ pub(super) fn fallback(gw: &crate::Gateway, chosen: &Worker, subset: Option<&pla
         gw.fleet.snapshot().iter().filter(|w| subset.is_none_or(|s| s.allows(w))).cloned().collect();
     let next = next_worker(gw, &allowed, pool, chosen, &[]).filter(|w| w.id != chosen.id)?;
     Some(planner::authority(next.url.as_str()).to_owned())
+}
+
+/// What the router's own legs carry besides their bodies (a disaggregated request's prefill):
+/// the workers' credentials as the pick's edits decide them, the request's id.
+fn leg_extra(gw: &crate::Gateway, client: Option<&[u8]>, id: &str) -> crate::h1::upstream::Extra {
+    let mut lines = Vec::with_capacity(128);
+    crate::pipeline::request::push_header(&mut lines, b"content-type", b"application/json");
+    let passed = client.filter(|_| gw.client_keys.is_empty()).map(<[u8]>::to_vec);
+    if let Some(auth) = crate::pipeline::auth::worker_credentials(gw, client).or(passed) {
+        crate::pipeline::request::push_header(&mut lines, b"authorization", &auth);
+    }
+    crate::pipeline::request::push_header(&mut lines, h1_codec::REQUEST_ID_HEADER.as_bytes(), id.as_bytes());
+    crate::h1::upstream::Extra {
+        headers: Bytes::from(lines),
+        rank: None,
+        tls: gw.upstream_tls.clone(),
+        pool_idle: gw.config.upstream_pool_idle,
+        http2: gw.config.upstream_http2,
+    }
 }
 
 /// The largest body chunk sent back in the full-duplex mode.
@@ -69,11 +89,18 @@ struct Pick {
 /// What `forward` comes to.
 type Forwarding = Result<Forwarded<Head>, GatewayError>;
 
-/// A dispatch waiting for its answer's head: the pipeline's future and where the head goes.
+/// A dispatch waiting for its answer's head.
 pub(super) struct Dispatch<'a, F> {
-    fwd: Pin<&'a mut F>,
-    head: oneshot::Sender<u16>,
+    source: Source<'a, F>,
     route: Route,
+}
+
+/// Where the answer's accounting comes from.
+enum Source<'a, F> {
+    /// The pipeline's future, and where the head goes (it returns the request's guard).
+    Pending { fwd: Pin<&'a mut F>, head: oneshot::Sender<u16> },
+    /// Placed already (a disaggregated request's decode leg): its guard and worker.
+    Placed(Box<InFlight>, Arc<Worker>),
 }
 
 /// No dispatch: a request the picker placed without the pipeline.
@@ -133,9 +160,8 @@ impl Stream<'_> {
                 let _ = self.send(&reply::cached(&hit, &self.id)).await;
                 return Status::ok();
             }
-            Planned::Done(Ok(Forwarded::Disaggregated(_))) => {
-                let why = "a disaggregated pool is not served through the endpoint picker; route it to the router's HTTP listener";
-                return self.refuse(&GatewayError::Unprocessable(why.into()), Some(route)).await;
+            Planned::Done(Ok(Forwarded::Disaggregated(d))) => {
+                return self.disaggregated(route, d, (body.trailers, authorization), &meta).await;
             }
             Planned::Done(Ok(Forwarded::Made(_))) => {
                 let why =
@@ -163,7 +189,37 @@ impl Stream<'_> {
             return status;
         }
         self.counted("picked");
-        self.answer_phase(Some(Dispatch { fwd, head: head_tx, route })).await
+        self.answer_phase(Some(Dispatch { source: Source::Pending { fwd, head: head_tx }, route })).await
+    }
+
+    /// A request planned to a disaggregated pool: the router sends its prefill leg, the
+    /// gateway carries its decode leg (`pd::for_picker`).
+    async fn disaggregated(
+        &mut self,
+        route: Route,
+        d: Box<crate::pipeline::forward::Disaggregated>,
+        (trailers, authorization): (bool, Option<&[u8]>),
+        meta: &Meta,
+    ) -> Status {
+        let gw = self.gw;
+        let extra = leg_extra(gw, authorization, &self.id);
+        let leg = match crate::pd::for_picker(gw, d, route, &extra, self.start, meta).await {
+            Ok(leg) => leg,
+            Err(e) => return self.refuse(&e, Some(route)).await,
+        };
+        let endpoint = planner::authority(leg.worker.url.as_str()).to_owned();
+        let edits = Edits {
+            edits: leg.edits.as_deref(),
+            content_length: Some(leg.body.len()),
+            ..Edits::new(gw, authorization, &self.id)
+        };
+        let mutation = reply::pick(&endpoint, edits);
+        if let Err(status) = self.name((&endpoint, None), mutation, leg.body, true, trailers).await {
+            return status;
+        }
+        self.counted("picked");
+        let placed = Source::Placed(Box::new(leg.guard), leg.worker);
+        self.answer_phase(Some(Dispatch::<Pending<Forwarding>> { source: placed, route })).await
     }
 
     /// Tells the gateway where the request goes (and the body to send there).
@@ -255,20 +311,27 @@ impl Stream<'_> {
                     let status: u16 = status.unwrap_or(0);
                     let content_type = headers.get("content-type").and_then(|v| HeaderValue::from_bytes(v).ok());
                     let mut route_headers = HeaderMutation::default();
-                    if let Some(Dispatch { fwd, head, route }) = dispatch.take() {
-                        let _ = head.send(status);
-                        match fwd.await {
-                            Ok(Forwarded::Sent(mut guard, worker, _)) => {
-                                let edits = guard.route_headers.take().map(|h| h.0).unwrap_or_default();
-                                route_headers.set_headers.extend(
-                                    edits
-                                        .iter()
-                                        .map(|(name, value)| HeaderValueOption::overwrite(name, value.as_bytes())),
-                                );
-                                tap = Some(Tap::new(guard, worker, status, content_type));
+                    if let Some(Dispatch { source, route }) = dispatch.take() {
+                        let sent = match source {
+                            Source::Placed(guard, worker) => Some((*guard, worker)),
+                            Source::Pending { fwd, head } => {
+                                let _ = head.send(status);
+                                match fwd.await {
+                                    Ok(Forwarded::Sent(guard, worker, _)) => Some((guard, worker)),
+                                    Ok(_) => None,
+                                    Err(e) => {
+                                        count_error(gw, route, &e, Some(&self.id));
+                                        None
+                                    }
+                                }
                             }
-                            Ok(_) => {}
-                            Err(e) => count_error(gw, route, &e, Some(&self.id)),
+                        };
+                        if let Some((mut guard, worker)) = sent {
+                            let edits = guard.route_headers.take().map(|h| h.0).unwrap_or_default();
+                            route_headers.set_headers.extend(
+                                edits.iter().map(|(name, value)| HeaderValueOption::overwrite(name, value.as_bytes())),
+                            );
+                            tap = Some(Tap::new(guard, worker, status, content_type));
                         }
                     }
                     let edits = (!route_headers.set_headers.is_empty()).then_some(route_headers);

@@ -19,6 +19,7 @@
 
 mod alone;
 mod dual;
+mod picked;
 mod sglang;
 #[cfg(test)]
 mod tests;
@@ -45,6 +46,8 @@ use fleet::Worker;
 use planner::{Pair, Pool};
 
 pub use planner::{KvConnector, PdConfig, PdMode, SkipPrefill};
+
+pub(crate) use picked::for_picker;
 
 /// One of a disaggregated request's two legs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

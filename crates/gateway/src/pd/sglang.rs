@@ -42,14 +42,7 @@ pub(super) async fn attempt(
 ) -> Result<Response, (Failure, Admission)> {
     let gw = ctx.gw;
     let (p, d) = (pair.prefill.chosen().clone(), pair.decode.chosen().clone());
-    let dp = p.dp_size();
-    let client_rank = ctx.v.get("routed_dp_rank").and_then(Value::as_u64).and_then(|r| u32::try_from(r).ok());
-    let rank = client_rank
-        .map(DpRank)
-        .or(pair.prefill.rank)
-        .or_else(|| p.least_loaded_rank())
-        .filter(|r| r.0 < dp)
-        .unwrap_or_else(|| DpRank((crate::random_u64() % u64::from(dp)) as u32));
+    let (rank, dp) = rank_of(ctx, pair, &p);
     let rooms: Vec<u64> = (0..ctx.batch.unwrap_or(1)).map(|_| room_for(rank.0, dp)).collect();
     let (prefill_body, decode_body, rid) = bodies(ctx, &p, &rooms, rank, dp);
     let (p_load, d_load) = pair.charge((dp > 1).then_some(rank));
@@ -71,6 +64,20 @@ pub(super) async fn attempt(
     Ok(watch.relay(guard, ph, dh))
 }
 
+/// The prefill worker's data-parallel rank the request goes to (the client's hint, the
+/// policy's, the least loaded, else one at random) and its `dp_size`.
+pub(super) fn rank_of(ctx: &Ctx<'_>, pair: &Pair, p: &Worker) -> (DpRank, u32) {
+    let dp = p.dp_size();
+    let client_rank = ctx.v.get("routed_dp_rank").and_then(Value::as_u64).and_then(|r| u32::try_from(r).ok());
+    let rank = client_rank
+        .map(DpRank)
+        .or(pair.prefill.rank)
+        .or_else(|| p.least_loaded_rank())
+        .filter(|r| r.0 < dp)
+        .unwrap_or_else(|| DpRank((crate::random_u64() % u64::from(dp)) as u32));
+    (rank, dp)
+}
+
 /// What each leg carries besides its body: the client's headers as the workers get them, and
 /// the client's rank hint for the prefill only (decode's own ranks are its business).
 fn leg_extras(extra: &Extra) -> (Extra, Extra) {
@@ -86,7 +93,13 @@ pub(crate) fn room_for(rank: u32, dp: u32) -> u64 {
 }
 
 /// The two legs' bodies and the attempt's `rid` (the client's, if it set one).
-fn bodies(ctx: &Ctx<'_>, p: &Worker, rooms: &[u64], rank: DpRank, dp: u32) -> (Bytes, Bytes, Option<String>) {
+pub(super) fn bodies(
+    ctx: &Ctx<'_>,
+    p: &Worker,
+    rooms: &[u64],
+    rank: DpRank,
+    dp: u32,
+) -> (Bytes, Bytes, Option<String>) {
     let mut v = ctx.v.clone();
     let host = p.endpoint(ctx.route.path()).and_then(|u| u.host().map(str::to_string)).unwrap_or_default();
     let port = p.bootstrap_port().map_or(Value::Null, |p| json!(p));

@@ -233,7 +233,7 @@ async fn engine_ids(
 }
 
 /// The identity a push-mode decode leg gets for prefill `p`, if `p` was seen in push mode.
-fn push_identity(p: &fleet::Worker) -> Option<Value> {
+pub(super) fn push_identity(p: &fleet::Worker) -> Option<Value> {
     p.pd_facts().push_identity
 }
 
@@ -258,13 +258,13 @@ fn learn_push(p: &fleet::Worker, params: &Value) {
 }
 
 /// NIXL's prefill params: keep the KV for a remote decode.
-fn nixl_pull() -> Value {
+pub(super) fn nixl_pull() -> Value {
     json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
            "remote_block_ids": null, "remote_host": null, "remote_port": null})
 }
 
 /// The prefill leg's body: one token, not streamed, with the connector's `params`.
-fn prefill_body(v: &Value, params: Value) -> Bytes {
+pub(super) fn prefill_body(v: &Value, params: Value) -> Bytes {
     let mut v = v.clone();
     if let Some(o) = v.as_object_mut() {
         o.insert("max_tokens".into(), json!(1));
@@ -282,7 +282,7 @@ fn prefill_body(v: &Value, params: Value) -> Bytes {
 }
 
 /// Prefill's `kv_transfer_params` when a decode can pull with them; else the fields missing.
-fn complete_params(prefill: &Value) -> Result<Value, String> {
+pub(super) fn complete_params(prefill: &Value) -> Result<Value, String> {
     let params = prefill.get("kv_transfer_params").filter(|p| p.is_object()).ok_or("kv_transfer_params")?;
     let size = serde_json::to_vec(params).map_or(usize::MAX, |b| b.len());
     if size > MAX_KV_PARAMS_BYTES {
@@ -303,7 +303,7 @@ fn complete_params(prefill: &Value) -> Result<Value, String> {
 }
 
 /// Whether the client asked for prompt logprobs (`prompt_logprobs`, or completions' `echo` with `logprobs`).
-fn wants_prompt_logprobs(v: &Value) -> bool {
+pub(super) fn wants_prompt_logprobs(v: &Value) -> bool {
     let set = |k: &str| v.get(k).is_some_and(|x| !x.is_null() && x != &json!(false));
     set("prompt_logprobs") || (v.get("echo") == Some(&json!(true)) && set("logprobs"))
 }

@@ -21,11 +21,19 @@ pub(crate) struct EnvoySetup {
     pub(crate) fail_open: bool,
     /// The endpoints the gateway allows (`envoy.lb.subset_hint`), set on every request.
     pub(crate) subset: Option<Vec<String>>,
+    /// With `fail_open`: the pool's workers (URLs), where a request the picker did not place goes.
+    pub(crate) fallback: Vec<String>,
 }
 
 impl Default for EnvoySetup {
     fn default() -> Self {
-        Self { request_body: "BUFFERED", response_body: "STREAMED", fail_open: false, subset: None }
+        Self {
+            request_body: "BUFFERED",
+            response_body: "STREAMED",
+            fail_open: false,
+            subset: None,
+            fallback: Vec::new(),
+        }
     }
 }
 
@@ -131,11 +139,12 @@ fn write_config(path: &std::path::Path, epp: SocketAddr, s: &EnvoySetup) {
     assert!(epp.ip().is_loopback(), "the generator's picker is on 127.0.0.1");
     let out = Command::new("bash")
         .arg("-c")
-        .arg(r#"source "$1" && envoy_conf "$2" 0 0 "$3""#)
+        .arg(r#"source "$1" && envoy_conf "$2" 0 0 "$3" "${@:4}""#)
         .arg("envoy-conf")
         .arg(super::app::repo("benches/lib.sh"))
         .arg(path)
         .arg(epp.port().to_string())
+        .args(&s.fallback)
         .env("EPP_BODY", s.request_body)
         .env("EPP_RESPONSE_BODY", s.response_body)
         .env("EPP_FAIL_OPEN", s.fail_open.to_string())

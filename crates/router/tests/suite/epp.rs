@@ -199,6 +199,105 @@ async fn a_client_that_leaves_releases_its_load_and_a_stopped_picker_fails_close
     assert_eq!(served(&engines), before);
 }
 
+/// Disaggregated through Envoy: the router sends the prefill leg itself, Envoy carries the decode
+/// leg to the engine the picker names, its body written by the picker (SGLang's bootstrap fields,
+/// or vLLM's prefill's `kv_transfer_params`); the legs meet, the client gets decode's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_envoy_a_disaggregated_pool_meets_on_the_pair_the_picker_chose() {
+    use gateway::pd::PdMode;
+    use mock_engine::{Flavor, PdRole};
+    use std::sync::atomic::Ordering::Relaxed;
+    let Some(bin) = binary("the endpoint picker's Envoy tests") else { return };
+    for (mode, flavor) in [(PdMode::Sglang, Flavor::Sglang), (PdMode::Vllm, Flavor::Vllm)] {
+        let prefill = common::pd::engines(PdRole::Prefill, flavor, 1, 1).await;
+        let decode = common::pd::engines(PdRole::Decode, flavor, 1, 1).await;
+        let c = common::pd::pd_config(mode, &prefill, &decode, PolicyConfig::RoundRobin, PolicyConfig::RoundRobin);
+        let router = picker(c).await;
+        let gw = router.gateway.clone();
+        common::eventually("both legs' workers in rotation", async || {
+            gw.fleet.all().iter().filter(|w| w.is_routable()).count() == 2
+        })
+        .await;
+        let envoy = Envoy::start(&bin, router.epp.unwrap(), &EnvoySetup::default()).await;
+        envoy.picker_healthy().await;
+        for stream in [false, true] {
+            let mut body = chat("You are terse.", "What is a KV cache?");
+            body["stream"] = json!(stream);
+            let r = post(&envoy.url, "/v1/chat/completions", &body).await;
+            assert_eq!(r.status(), 200, "{mode:?} stream={stream}");
+            let text = r.text().await.unwrap();
+            if stream {
+                assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+            } else {
+                let v: Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(v["usage"]["completion_tokens"], 4, "decode's answer, not prefill's: {v}");
+            }
+        }
+        let (p, d) = (&prefill[0].engine().pd().unwrap().counters, &decode[0].engine().pd().unwrap().counters);
+        // SGLang's prefill leg is followed in the background: its rendezvous is awaited.
+        common::eventually("both legs met twice", async || p.rendezvous.load(Relaxed) == 2).await;
+        assert_eq!((prefill[0].engine().legs().len(), decode[0].engine().legs().len()), (2, 2), "{mode:?}");
+        let decode_leg = decode[0].engine().legs().pop().unwrap();
+        match mode {
+            PdMode::Sglang => {
+                let prefill_leg = prefill[0].engine().legs().pop().unwrap();
+                assert!(decode_leg.body["bootstrap_room"].is_u64(), "{}", decode_leg.body);
+                assert_eq!(decode_leg.body["bootstrap_room"], prefill_leg.body["bootstrap_room"]);
+                assert_eq!(p.bootstrap_timeouts.load(Relaxed), 0);
+            }
+            PdMode::Vllm => {
+                assert_eq!(decode_leg.body["kv_transfer_params"]["do_remote_prefill"], true, "{}", decode_leg.body);
+                assert_eq!(d.local_prefill_fallbacks.load(Relaxed), 0, "every decode pulled its KV");
+                assert_eq!(d.request_id_mismatch.load(Relaxed), 0, "one X-Request-Id on both legs");
+            }
+        }
+        // Prompt logprobs would need prefill's merged into the answer Envoy carries: refused.
+        let asks = match mode {
+            PdMode::Sglang => {
+                ("/generate", json!({"text": "hi", "return_logprob": true, "sampling_params": {"max_new_tokens": 2}}))
+            }
+            PdMode::Vllm => {
+                ("/v1/completions", json!({"model": "default", "prompt": "hi", "max_tokens": 2, "prompt_logprobs": 1}))
+            }
+        };
+        let r = post(&envoy.url, asks.0, &asks.1).await;
+        assert_eq!(r.status(), 422, "{mode:?}");
+        assert_eq!(prefill[0].engine().legs().len(), 2, "no leg sent for a refused request");
+        let _ = router.stop.send(());
+    }
+}
+
+/// Envoy configured to fail open (`failure_mode_allow`, and a route to the pool's endpoints for
+/// a request no picker placed, as a GIE gateway's `failureMode: FailOpen`): placed by the picker
+/// while it runs, served by the pool's endpoints once it is stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_picker_fails_open_to_the_pools_endpoints_when_envoy_allows_it() {
+    let Some(bin) = binary("the endpoint picker's Envoy tests") else { return };
+    let engines = engines(2).await;
+    let router = picker(config(&[&engines[0], &engines[1]], PolicyConfig::RoundRobin, false)).await;
+    let setup = EnvoySetup {
+        fail_open: true,
+        fallback: engines.iter().map(MockEngine::url).collect(),
+        ..EnvoySetup::default()
+    };
+    let envoy = Envoy::start(&bin, router.epp.unwrap(), &setup).await;
+    envoy.picker_healthy().await;
+    // Placed: the router counts it, an engine serves it.
+    let r = post(&envoy.url, "/v1/chat/completions", &chat("s", "q")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(served(&engines).iter().sum::<usize>(), 1);
+    assert_eq!(metric(&router.url, "router_epp_streams_total{outcome=\"picked\"}").await, 1.0);
+    // The picker stopped: Envoy goes on without it, to the pool's endpoints.
+    router.stop.send(()).unwrap();
+    common::eventually("the picker gone", async || tokio::net::TcpStream::connect(router.epp.unwrap()).await.is_err())
+        .await;
+    for n in 2..=3 {
+        let r = post(&envoy.url, "/v1/chat/completions", &chat("s", "q")).await;
+        assert_eq!(r.status(), 200, "served without the picker");
+        assert_eq!(served(&engines).iter().sum::<usize>(), n);
+    }
+}
+
 /// The gateway's side of one stream, spoken directly (no Envoy): every reply checked.
 mod protocol {
     use super::*;
