@@ -19,10 +19,34 @@ pub const HIDDEN: usize = 16;
 /// The tiny model's positions.
 pub const MAX_POSITIONS: usize = 12;
 
+/// A tiny model's directory, removed when this is dropped (keep it while the model is read).
+#[derive(Debug)]
+pub struct TinyModel(PathBuf);
+
+impl std::ops::Deref for TinyModel {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TinyModel {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TinyModel {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A fresh directory under the temporary directory holding a tiny model
 /// named `name` (`max_seq_length` 8, 16 dimensions, random weights; with
 /// the `candle` feature off, an empty weights file: loading never reads it).
-pub fn tiny_model(name: &str) -> PathBuf {
+pub fn tiny_model(name: &str) -> TinyModel {
     let dir = std::env::temp_dir().join(format!("embed-tiny-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("writing the tiny model");
@@ -43,7 +67,7 @@ pub fn tiny_model(name: &str) -> PathBuf {
     tokenizer.with_post_processor(Some(BertProcessing::new(("[SEP]".into(), 3), ("[CLS]".into(), 2))));
     tokenizer.save(dir.join("tokenizer.json"), false).expect("writing the tiny model");
     write_weights(&dir);
-    dir
+    TinyModel(dir)
 }
 
 #[cfg(feature = "candle")]

@@ -342,7 +342,7 @@ pub struct Gateway {
     /// One slot per open client connection (`--max-connections`), over every serving thread.
     pub(crate) connections: Arc<tokio::sync::Semaphore>,
     /// TLS towards `https://` workers (the fleet's configuration), for the fast path.
-    pub(crate) upstream_tls: tokio_rustls::TlsConnector,
+    pub(crate) upstream_tls: tls::WorkerConnectors,
     /// The control plane's routes, handed over once as the router is wired.
     pub(crate) control: std::sync::OnceLock<ControlRoutes>,
     /// State shared with the other router replicas (`--shared-state`), when on.
@@ -384,7 +384,7 @@ impl Gateway {
             credit_lock: std::sync::Mutex::new(()),
             connections: Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections.max(1))),
             worker_auth: config.worker_api_key.as_deref().and_then(fleet::bearer),
-            upstream_tls: tokio_rustls::TlsConnector::from(fleet.tls().config().clone()),
+            upstream_tls: tls::WorkerConnectors::new(fleet.tls().config()),
             control_keys: auth::Keys::new(&config.control_plane_keys),
             client_keys: auth::Keys::new(&config.client_keys),
             pools: vec![Arc::new(pools::Pool::new(

@@ -86,6 +86,32 @@ pub(crate) enum Conn {
 }
 either_io!(Conn);
 
+impl Conn {
+    /// A TLS connection on which the worker chose HTTP/2 (ALPN `h2`).
+    pub(crate) fn chose_h2(&self) -> bool {
+        matches!(self, Conn::Tls(s) if s.get_ref().1.alpn_protocol() == Some(b"h2"))
+    }
+}
+
+/// The connectors towards `https://` workers, with the fleet's TLS settings: one for
+/// HTTP/1.1 (no ALPN, as before HTTP/2), one offering `h2` then `http/1.1` (`--upstream-http2`).
+#[derive(Clone)]
+pub(crate) struct WorkerConnectors {
+    pub(crate) http1: tokio_rustls::TlsConnector,
+    pub(crate) h2: tokio_rustls::TlsConnector,
+}
+
+impl WorkerConnectors {
+    pub(crate) fn new(config: &Arc<rustls::ClientConfig>) -> Self {
+        let mut h2 = (**config).clone();
+        h2.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Self {
+            http1: tokio_rustls::TlsConnector::from(config.clone()),
+            h2: tokio_rustls::TlsConnector::from(Arc::new(h2)),
+        }
+    }
+}
+
 /// A client's connection.
 #[derive(Debug)]
 pub(crate) enum ClientStream {

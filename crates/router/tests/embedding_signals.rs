@@ -39,7 +39,8 @@ async fn setup(file: &str, model: std::path::PathBuf) -> (sgl_router::app::AppCo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_model_runtime_examples_stop_the_start_and_requests_fail_closed() {
     // Examples to embed: the router does not start, and says why.
-    let (app, _engines) = setup("tests/routing/semantic.yaml", embed::testing::tiny_model("router-nobuild")).await;
+    let model = embed::testing::tiny_model("router-nobuild");
+    let (app, _engines) = setup("tests/routing/semantic.yaml", model.to_path_buf()).await;
     let Err(err) = sgl_router::app::App::build(app).await else { panic!("started without an embedding runtime") };
     let err = err.to_string();
     assert!(err.contains("build with --features embed"), "{err}");
@@ -58,7 +59,8 @@ decisions:
 "#,
     )
     .unwrap();
-    let (app, _engines) = setup(file.to_str().unwrap(), embed::testing::tiny_model("router-reask")).await;
+    let model = embed::testing::tiny_model("router-reask");
+    let (app, _engines) = setup(file.to_str().unwrap(), model.to_path_buf()).await;
     let router = start(app).await;
     let url = &router.url;
     let two_turns = json!({"model": "auto", "messages": [

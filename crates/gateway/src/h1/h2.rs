@@ -1,5 +1,6 @@
 //! HTTP/2 towards the workers (`--upstream-http2`, SMG's semantics): h2c by
-//! prior knowledge on cleartext, every request to a worker multiplexed over
+//! prior knowledge on cleartext, ALPN `h2` in TLS (`https://` workers; one
+//! that chooses `http/1.1` stays on it), every request to a worker multiplexed over
 //! one connection per serving thread (a per-thread map, as the HTTP/1.1 idle
 //! pool is). Whether a worker speaks it is asked once, with a `GET /health`
 //! under the connect deadline; one that does not answer HTTP/2 stays on
@@ -35,18 +36,24 @@ thread_local! {
 const NOT_IN_H2: [&str; 7] =
     ["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "te", "host"];
 
-/// Whether the worker at `authority` answers HTTP/2 by prior knowledge: a `GET /health` on a new
+/// Whether the worker at `base` (`http://authority` or `https://authority`) answers HTTP/2: by
+/// prior knowledge in the clear, chosen by ALPN in TLS; then a `GET /health` on the new
 /// connection, answered with any status within `deadline`. A worker that cannot be reached at all
 /// is an error (nothing learned); one that answers otherwise, or not in time, does not speak it.
-pub(super) async fn probe<C, Fut>(authority: &str, deadline: Duration, connect: C) -> Result<bool, SendError>
+pub(super) async fn probe<C, Fut>(base: &str, deadline: Duration, connect: C) -> Result<bool, SendError>
 where
     C: FnOnce() -> Fut,
     Fut: Future<Output = Result<Conn, SendError>>,
 {
     let tcp = connect().await?;
+    if matches!(tcp, Conn::Tls(_)) && !tcp.chose_h2() {
+        return Ok(false);
+    }
+    let authority = base.split_once("://").map_or(base, |(_, a)| a);
+    let key = if base.starts_with("https://") { base } else { authority };
     let asked = async {
         let mut sender = handshake(tcp).await.ok()?;
-        let uri: Uri = format!("http://{authority}/health").parse().ok()?;
+        let uri: Uri = format!("{base}/health").parse().ok()?;
         let request = Request::get(uri).body(Full::new(Bytes::new())).ok()?;
         sender.ready().await.ok()?;
         let answer = sender.send_request(request).await.ok()?;
@@ -55,7 +62,7 @@ where
     };
     match tokio::time::timeout(deadline, asked).await {
         Ok(Some(sender)) => {
-            keep(authority, sender);
+            keep(key, sender);
             Ok(true)
         }
         Ok(None) | Err(_) => Ok(false),
@@ -82,7 +89,12 @@ where
         let mut sender = match pooled.take() {
             Some(sender) => sender,
             None => {
-                let sender = handshake(connect().await?).await?;
+                let conn = connect().await?;
+                if matches!(conn, Conn::Tls(_)) && !conn.chose_h2() {
+                    let message = "the worker no longer chooses HTTP/2 (ALPN)".to_owned();
+                    return Err(SendError { connect: true, message });
+                }
+                let sender = handshake(conn).await?;
                 keep(authority, sender.clone());
                 sender
             }

@@ -197,11 +197,12 @@ pub(crate) struct Extra {
     pub(crate) headers: Bytes,
     /// The client's data-parallel rank hint, sent when the router has none.
     pub(crate) rank: Option<Bytes>,
-    /// TLS towards `https://` workers.
-    pub(crate) tls: tokio_rustls::TlsConnector,
+    /// TLS towards `https://` workers (HTTP/1.1, and ALPN `h2` for `--upstream-http2`).
+    pub(crate) tls: crate::tls::WorkerConnectors,
     /// A pooled connection idle this long is not reused (`--upstream-pool-idle-timeout-secs`).
     pub(crate) pool_idle: Duration,
-    /// Speak HTTP/2 to the workers that answer it (`--upstream-http2`; cleartext workers).
+    /// Speak HTTP/2 to the workers that answer it (`--upstream-http2`: h2c by prior knowledge in
+    /// the clear, ALPN `h2` in TLS).
     pub(crate) http2: bool,
 }
 
@@ -243,7 +244,7 @@ pub(crate) async fn send(
     // Pooled by scheme and authority: a TLS connection never carries a plain request.
     let pool_key = if https { format!("https://{authority}") } else { authority.to_string() };
     // Boxed: the HTTP/2 path's state would otherwise grow every request's future.
-    if extra.http2 && !https && worker.upstream_http2() != Some(false) {
+    if extra.http2 && worker.upstream_http2() != Some(false) {
         let sent = Box::pin(send_h2(&worker, (&uri, authority, host), body.clone(), rank, &extra)).await?;
         if let Some(answer) = sent {
             return Ok(answer);
@@ -268,7 +269,7 @@ pub(crate) async fn send(
             Some(tcp) => tcp,
             None => {
                 let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-                connect(host, port, https.then_some(&extra.tls)).await?
+                connect(host, port, https.then_some(&extra.tls.http1)).await?
             }
         };
         // Head and body in one vectored write: the body is not copied.
@@ -310,10 +311,12 @@ async fn send_h2(
     rank: Option<DpRank>,
     extra: &Extra,
 ) -> Result<Option<Answer>, SendError> {
-    let port = uri.port_u16().unwrap_or(80);
-    let connect = || connect(host, port, None);
+    let https = uri.scheme_str() == Some("https");
+    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let connect = || connect(host, port, https.then_some(&extra.tls.h2));
     if worker.upstream_http2().is_none() {
-        let speaks = super::h2::probe(authority.as_str(), UPSTREAM_CONNECT_TIMEOUT, connect).await?;
+        let base = format!("{}://{authority}", if https { "https" } else { "http" });
+        let speaks = super::h2::probe(&base, UPSTREAM_CONNECT_TIMEOUT, connect).await?;
         worker.set_upstream_http2(speaks);
         if speaks {
             tracing::info!(worker = %worker.url, "the worker speaks HTTP/2: its requests go over one multiplexed connection");
@@ -326,9 +329,9 @@ async fn send_h2(
     }
     let rank = rank_hint(rank, extra.rank.as_ref());
     let headers = super::h2::request_headers(&extra.headers, rank.as_deref().map(|r| (RANK_HEADER, r)));
-    let (head, body) =
-        super::h2::send(authority.as_str(), (uri.clone(), headers, body), extra.pool_idle, connect).await?;
-    Ok(Some(Answer { from: Source::H2(body), buf: BytesMut::new(), authority: authority.to_string(), head }))
+    let key = if https { format!("https://{authority}") } else { authority.to_string() };
+    let (head, body) = super::h2::send(&key, (uri.clone(), headers, body), extra.pool_idle, connect).await?;
+    Ok(Some(Answer { from: Source::H2(body), buf: BytesMut::new(), authority: key, head }))
 }
 
 /// The rank hint a worker gets: the router's, which wins over one the client sent.

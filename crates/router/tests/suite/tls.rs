@@ -57,8 +57,9 @@ fn certs(path: &Path) -> Vec<rustls::pki_types::CertificateDer<'static>> {
 }
 
 /// An `https://localhost:PORT` worker: TLS that requires a client certificate of the CA's,
-/// in front of `engine`. Counts the handshakes it completed.
-async fn https_worker(pki: &Pki, engine: &MockEngine) -> (String, Arc<AtomicUsize>) {
+/// in front of `engine`, offering the application protocols `alpn` (none: no ALPN). Counts
+/// the handshakes it completed.
+async fn https_worker(pki: &Pki, engine: &MockEngine, alpn: &[&[u8]]) -> (String, Arc<AtomicUsize>) {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(certs(&pki.path("ca.pem"))[0].clone()).unwrap();
     let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots)).build().unwrap();
@@ -66,6 +67,8 @@ async fn https_worker(pki: &Pki, engine: &MockEngine) -> (String, Arc<AtomicUsiz
         .with_client_cert_verifier(verifier)
         .with_single_cert(certs(&pki.path("server.pem")), fleet::private_key(&pki.path("server.key")).unwrap())
         .unwrap();
+    let mut config = config;
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -98,7 +101,7 @@ fn client(pki: &Pki) -> reqwest::Client {
 async fn https_in_front_and_mutual_tls_to_the_workers_on_both_front_ends() {
     let pki = Pki::new("both");
     let engine = MockEngine::spawn(engine_config()).await.unwrap();
-    let (worker, handshakes) = https_worker(&pki, &engine).await;
+    let (worker, handshakes) = https_worker(&pki, &engine, &[]).await;
     // HTTPS in front goes through hyper; plain HTTP in front takes the fast path, which then
     // speaks TLS to the worker itself.
     for (fast, https_front) in [(true, true), (false, true), (true, false), (false, false)] {
@@ -142,7 +145,7 @@ async fn https_in_front_and_mutual_tls_to_the_workers_on_both_front_ends() {
 async fn a_worker_the_router_cannot_verify_or_that_refuses_it_is_not_routed_to() {
     let pki = Pki::new("refused");
     let engine = MockEngine::spawn(engine_config()).await.unwrap();
-    let (worker, handshakes) = https_worker(&pki, &engine).await;
+    let (worker, handshakes) = https_worker(&pki, &engine, &[]).await;
     // Without the CA the worker's certificate is not trusted; without a client certificate
     // the worker refuses the router. Either way: never in rotation, 503 to the client.
     let cases = [
@@ -166,4 +169,41 @@ async fn a_worker_the_router_cannot_verify_or_that_refuses_it_is_not_routed_to()
     }
     assert_eq!(handshakes.load(Ordering::SeqCst), 0, "no handshake completed");
     assert_eq!(engine.engine().requests.load(Ordering::Relaxed), 0);
+}
+
+/// `--upstream-http2` towards `https://` workers (SMG's option): HTTP/2 where the worker's TLS
+/// chooses `h2` by ALPN, every request over it; HTTP/1.1 where it offers only `http/1.1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_http2_is_chosen_by_alpn_towards_https_workers() {
+    let pki = Pki::new("alpn");
+    // Both engines speak HTTP/1.1 and HTTP/2: their TLS decides.
+    let speaks_both = || MockEngine::spawn(mock_engine::MockEngineConfig { http2: true, ..engine_config() });
+    let (e2, e1) = (speaks_both().await.unwrap(), speaks_both().await.unwrap());
+    let (w2, _) = https_worker(&pki, &e2, &[b"h2", b"http/1.1"]).await;
+    let (w1, _) = https_worker(&pki, &e1, &[b"http/1.1"]).await;
+    let mut cfg = config(&[], PolicyConfig::RoundRobin, false);
+    cfg.workers = vec![WorkerUrl::parse(&w2).unwrap(), WorkerUrl::parse(&w1).unwrap()];
+    cfg.upstream_http2 = true;
+    let identity = (pki.path("client.pem"), pki.path("client.key"));
+    cfg.worker_tls =
+        fleet::WorkerTls::new(&[pki.path("ca.pem")], Some((identity.0.as_path(), identity.1.as_path()))).unwrap();
+    let r = start(cfg).await;
+    let http = reqwest::Client::new();
+    for n in 0..8 {
+        let mut q = chat("sys", &format!("q{n}"));
+        q["stream"] = serde_json::json!(n % 2 == 1);
+        let answer = http.post(format!("{}/v1/chat/completions", r.url)).json(&q).send().await.unwrap();
+        assert_eq!(answer.status(), 200);
+        let text = answer.text().await.unwrap();
+        assert!(text.contains("content"), "{text}");
+    }
+    let (n2, n1) = (e2.engine().requests.load(Ordering::Relaxed), e1.engine().requests.load(Ordering::Relaxed));
+    assert_eq!(n2 + n1, 8);
+    assert!(n2 >= 3 && n1 >= 3, "round robin: {n2} and {n1}");
+    // Every request to the h2 worker over HTTP/2, and the one `GET /health` that asked.
+    assert_eq!(e2.engine().http2_requests.load(Ordering::Relaxed), n2 + 1);
+    assert_eq!(e1.engine().http2_requests.load(Ordering::Relaxed), 0, "its TLS chose http/1.1");
+    let said = |u: &str| r.gateway.fleet.all().iter().find(|w| w.url.as_str() == u).unwrap().upstream_http2();
+    assert_eq!((said(&w2), said(&w1)), (Some(true), Some(false)));
+    let _ = r.stop.send(());
 }
