@@ -82,6 +82,13 @@ stop_pid() {
 #   EPP_SUBSET="ip:port ..."        the subset hint set on every request (envoy.lb.subset_hint)
 #   EPP_HEALTH_INTERVAL=0.2s        grpc.health.v1 checks of the picker (none by default)
 # The router's tests (crates/router/tests/common/envoy.rs) run this same function.
+# round_robin_cluster NAME ENDPOINTS: an Envoy STATIC cluster NAME, round robin over ENDPOINTS
+# (`{endpoint: ...}, ` items), as YAML lines to append to `clusters:` (a newline first).
+round_robin_cluster() {
+  printf '\n  - name: %s\n    type: STATIC\n    lb_policy: ROUND_ROBIN\n    connect_timeout: 2s\n    load_assignment: {cluster_name: %s, endpoints: [{lb_endpoints: [%s]}]}' \
+    "$1" "$1" "${2%, }"
+}
+
 envoy_conf() {
   local file=$1 listen=$2 admin=$3 epp=$4 filters cluster endpoints="" w trailers=SKIP response=NONE
   local body=${EPP_BODY:-FULL_DUPLEX_STREAMED} subset="" health="" e fallback="" route_cache=""
@@ -110,12 +117,7 @@ envoy_conf() {
       routes='[{match: {prefix: "/", headers: [{name: x-gateway-destination-endpoint, present_match: true}]}, route: {cluster: pool, timeout: 60s}}, {match: {prefix: "/"}, route: {cluster: fallback, timeout: 60s}}]'
       route_cache="
               route_cache_action: CLEAR"
-      fallback="
-  - name: fallback
-    type: STATIC
-    lb_policy: ROUND_ROBIN
-    connect_timeout: 2s
-    load_assignment: {cluster_name: fallback, endpoints: [{lb_endpoints: [${endpoints%, }]}]}"
+      fallback=$(round_robin_cluster fallback "$endpoints")
     fi
     filters="$subset
           - name: envoy.filters.http.ext_proc
@@ -142,12 +144,7 @@ envoy_conf() {
     load_assignment: {cluster_name: epp, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $epp}}}}]}]}$fallback"
   else
     filters=""
-    cluster="
-  - name: pool
-    type: STATIC
-    lb_policy: ROUND_ROBIN
-    connect_timeout: 2s
-    load_assignment: {cluster_name: pool, endpoints: [{lb_endpoints: [${endpoints%, }]}]}"
+    cluster=$(round_robin_cluster pool "$endpoints")
   fi
   cat >"$file" <<ENVOYCONF
 static_resources:

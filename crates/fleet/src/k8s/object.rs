@@ -155,14 +155,7 @@ impl ApiServer {
 
 impl ObjectEvent {
     fn parse(line: &[u8]) -> Result<Self, String> {
-        #[derive(Deserialize)]
-        struct Envelope {
-            #[serde(rename = "type")]
-            kind: String,
-            #[serde(default)]
-            object: Value,
-        }
-        let e: Envelope = serde_json::from_slice(line).map_err(|e| format!("watch event: {e}"))?;
+        let e = super::pod::Envelope::parse(line)?;
         match e.kind.as_str() {
             "ADDED" | "MODIFIED" => Ok(Self::Applied(e.object)),
             "DELETED" => Ok(Self::Deleted(e.object)),

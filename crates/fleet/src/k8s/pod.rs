@@ -156,17 +156,28 @@ pub const VLLM_BOOTSTRAP_ANNOTATION: &str = "vllm.ai/bootstrap-port";
 
 // === impl WatchEvent ===
 
+/// One line of a watch stream: the event's type and its object, unread.
+#[derive(Deserialize)]
+pub(crate) struct Envelope {
+    /// `ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK`, `ERROR`.
+    #[serde(rename = "type")]
+    pub(crate) kind: String,
+    /// The object (a `Status` for `ERROR`).
+    #[serde(default)]
+    pub(crate) object: Value,
+}
+
+impl Envelope {
+    /// Parses one line of a watch stream.
+    pub(crate) fn parse(line: &[u8]) -> Result<Self, String> {
+        serde_json::from_slice(line).map_err(|e| format!("watch event: {e}"))
+    }
+}
+
 impl WatchEvent {
     /// Parses one line of a watch stream.
     pub fn parse(line: &[u8]) -> Result<Self, String> {
-        #[derive(Deserialize)]
-        struct Envelope {
-            #[serde(rename = "type")]
-            kind: String,
-            #[serde(default)]
-            object: Value,
-        }
-        let e: Envelope = serde_json::from_slice(line).map_err(|e| format!("watch event: {e}"))?;
+        let e = Envelope::parse(line)?;
         let pod = |v: Value| serde_json::from_value::<Pod>(v).map_err(|e| format!("pod in watch event: {e}"));
         match e.kind.as_str() {
             "ADDED" | "MODIFIED" => Ok(Self::Applied(pod(e.object)?)),

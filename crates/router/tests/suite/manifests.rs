@@ -46,23 +46,9 @@ fn the_epp_manifests_agree_with_each_other_and_with_the_router() {
     let docs = documents();
     let deployment = of_kind(&docs, "Deployment")[0];
     let container = &deployment["spec"]["template"]["spec"]["containers"][0];
-    let args: Vec<String> =
-        container["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect();
     // The router takes these arguments: they parse, and it goes on to look for the API server
     // (none here), instead of refusing a flag.
-    let home = std::env::temp_dir().join(format!("sgl-router-manifests-{}", std::process::id()));
-    std::fs::create_dir_all(&home).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sgl-router"))
-        .args(&args)
-        .env_remove("KUBECONFIG")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env("HOME", &home)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&home);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_ne!(out.status.code(), Some(2), "the manifest's arguments are refused: {stderr}");
-    assert!(stderr.contains("kubernetes configuration"), "it went on to find the API server: {stderr}");
+    let args = run_with_no_api_server(container, "epp");
     // The picker's port: the flag, the container port, the Service, the InferencePool.
     let epp_port: u64 = flag(&args, "--epp-port").unwrap().parse().unwrap();
     let ports = container["ports"].as_sequence().unwrap();
@@ -118,10 +104,10 @@ fn the_epp_manifests_agree_with_each_other_and_with_the_router() {
 
 /// The router's arguments in a Deployment, and what it printed when run with them and no
 /// API server: they must parse, and the router must go on to look for the API server.
-fn run_with_no_api_server(container: &Value) -> (Vec<String>, String) {
+fn run_with_no_api_server(container: &Value, name: &str) -> Vec<String> {
     let args: Vec<String> =
         container["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect();
-    let home = std::env::temp_dir().join(format!("sgl-router-manifests-routing-{}", std::process::id()));
+    let home = std::env::temp_dir().join(format!("sgl-router-manifests-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&home).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_sgl-router"))
         .args(&args)
@@ -131,10 +117,10 @@ fn run_with_no_api_server(container: &Value) -> (Vec<String>, String) {
         .output()
         .unwrap();
     let _ = std::fs::remove_dir_all(&home);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(2), "the manifest's arguments are refused: {stderr}");
     assert!(stderr.contains("kubernetes configuration"), "it went on to find the API server: {stderr}");
-    (args, stderr)
+    args
 }
 
 #[test]
@@ -155,7 +141,7 @@ fn the_routing_config_resource_manifests_agree_with_each_other_and_with_the_rout
 
     let docs = documents_of("deploy/routing", &["rbac.yaml", "router.yaml", "routing-config.yaml"]);
     let deployment = of_kind(&docs, "Deployment")[0];
-    let (args, _) = run_with_no_api_server(&deployment["spec"]["template"]["spec"]["containers"][0]);
+    let args = run_with_no_api_server(&deployment["spec"]["template"]["spec"]["containers"][0], "routing");
     // The resource the router follows is the one shipped, in the kustomization's namespace.
     let resource = of_kind(&docs, KIND)[0];
     assert_eq!(resource["apiVersion"].as_str(), Some(API_VERSION));
