@@ -4,8 +4,8 @@
 //! are built from it), then followed: a new generation is applied as a reload
 //! is (the same checks; the pools stay as built), and the outcome written to
 //! the resource's `status` (`observedGeneration` and one `Accepted`
-//! condition: `True`/`Applied`, or `False`/`Invalid` with every problem, the
-//! config in force kept). A deleted resource keeps the config in force.
+//! condition: `True`/`Applied`, or `False`/`Invalid` with every problem (up
+//! to 64 KiB of them), the config in force kept). A deleted resource keeps the config in force.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -25,8 +25,9 @@ pub const PLURAL: &str = "routingconfigs";
 pub const KIND: &str = "RoutingConfig";
 /// Longest the start waits for the resource to be read.
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
-/// Most problems written to the status message (the rest counted).
-const MAX_PROBLEMS_SHOWN: usize = 20;
+/// Most bytes of problems written to the status message (past it, the rest are counted): a
+/// resource's status shares the object's size limit (about 1.5 MB with its spec).
+const MAX_PROBLEM_BYTES: usize = 64 << 10;
 
 /// The resource a router follows, and what it put in force at start.
 #[derive(Debug, Clone)]
@@ -91,13 +92,18 @@ fn status_patch(generation: u64, outcome: &Result<String, Vec<String>>) -> Value
     let (status, reason, message) = match outcome {
         Ok(what) => ("True", "Applied", what.clone()),
         Err(problems) => {
-            let mut shown: Vec<&str> = problems.iter().take(MAX_PROBLEMS_SHOWN).map(String::as_str).collect();
-            let more = problems.len().saturating_sub(MAX_PROBLEMS_SHOWN);
-            let more = format!("and {more} more");
-            if problems.len() > MAX_PROBLEMS_SHOWN {
-                shown.push(&more);
+            let mut message = String::from("refused, the config in force kept: ");
+            for (i, p) in problems.iter().enumerate() {
+                if message.len() + p.len() > MAX_PROBLEM_BYTES {
+                    message.push_str(&format!("; and {} more", problems.len() - i));
+                    break;
+                }
+                if i > 0 {
+                    message.push_str("; ");
+                }
+                message.push_str(p);
             }
-            ("False", "Invalid", format!("refused, the config in force kept: {}", shown.join("; ")))
+            ("False", "Invalid", message)
         }
     };
     let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -164,4 +170,29 @@ pub fn spawn(gw: Arc<Gateway>, fleet: &Arc<Fleet>, followed: Followed) {
             applied = now;
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_lists_every_problem_within_its_bound() {
+        let condition =
+            |outcome: &Result<String, Vec<String>>| status_patch(7, outcome)["status"]["conditions"][0].clone();
+        let ok = condition(&Ok("applied".into()));
+        assert_eq!(
+            (ok["status"].as_str(), ok["reason"].as_str(), ok["observedGeneration"].as_u64()),
+            (Some("True"), Some("Applied"), Some(7))
+        );
+        let problems: Vec<String> = (0..30).map(|i| format!("problem {i}")).collect();
+        let refused = condition(&Err(problems));
+        assert_eq!((refused["status"].as_str(), refused["reason"].as_str()), (Some("False"), Some("Invalid")));
+        let message = refused["message"].as_str().unwrap();
+        assert!(message.contains("problem 0; problem 1") && message.ends_with("problem 29"), "every one: {message}");
+        let long: Vec<String> = (0..100).map(|i| format!("{i}: {}", "x".repeat(1000))).collect();
+        let message = condition(&Err(long))["message"].as_str().unwrap().to_owned();
+        assert!(message.len() <= MAX_PROBLEM_BYTES + 32, "{}", message.len());
+        assert!(message.ends_with(" more"), "the rest counted: {}", &message[message.len() - 40..]);
+    }
 }
