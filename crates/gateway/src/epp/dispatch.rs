@@ -52,18 +52,11 @@ pub(super) fn fallback(gw: &crate::Gateway, chosen: &Worker, subset: Option<&pla
 fn leg_extra(gw: &crate::Gateway, client: Option<&[u8]>, id: &str) -> crate::h1::upstream::Extra {
     let mut lines = Vec::with_capacity(128);
     crate::pipeline::request::push_header(&mut lines, b"content-type", b"application/json");
-    let passed = client.filter(|_| gw.client_keys.is_empty()).map(<[u8]>::to_vec);
-    if let Some(auth) = crate::pipeline::auth::worker_credentials(gw, client).or(passed) {
+    if let Some(auth) = crate::pipeline::auth::worker_credentials(gw, client) {
         crate::pipeline::request::push_header(&mut lines, b"authorization", &auth);
     }
     crate::pipeline::request::push_header(&mut lines, h1_codec::REQUEST_ID_HEADER.as_bytes(), id.as_bytes());
-    crate::h1::upstream::Extra {
-        headers: Bytes::from(lines),
-        rank: None,
-        tls: gw.upstream_tls.clone(),
-        pool_idle: gw.config.upstream_pool_idle,
-        http2: gw.config.upstream_http2,
-    }
+    crate::h1::upstream::Extra::new(gw, Bytes::from(lines), None)
 }
 
 /// The largest body chunk sent back in the full-duplex mode.

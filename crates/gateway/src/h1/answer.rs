@@ -36,13 +36,7 @@ pub(crate) fn extra(gw: &Gateway, headers: &HeaderMap) -> upstream::Extra {
         }
     }
     let rank = headers.get(RANK_HEADER).map(|v| Bytes::copy_from_slice(v.as_bytes()));
-    upstream::Extra {
-        headers: Bytes::from(lines),
-        rank,
-        tls: gw.upstream_tls.clone(),
-        pool_idle: gw.config.upstream_pool_idle,
-        http2: gw.config.upstream_http2,
-    }
+    upstream::Extra::new(gw, Bytes::from(lines), rank)
 }
 
 /// One request to `worker` on `route` with the router's own client (it reads a worker's early

@@ -408,13 +408,7 @@ async fn serve_fast(
     }
     // The worker sees the id as `x-request-id`, whichever header it came in (or made here).
     push_header(&mut headers, crate::pipeline::context::REQUEST_ID_HEADER.as_bytes(), meta.id.as_bytes());
-    let extra = upstream::Extra {
-        headers: Bytes::from(headers),
-        rank: head.rank.map(Bytes::from),
-        tls: gw.upstream_tls.clone(),
-        pool_idle: gw.config.upstream_pool_idle,
-        http2: gw.config.upstream_http2,
-    };
+    let extra = upstream::Extra::new(gw, Bytes::from(headers), head.rank.map(Bytes::from));
     let upstream_idle = gw.config.limits.upstream_idle_timeout;
     let mut peer = Peer { tcp, pipelined: buf, open: true };
     let span = request_span(gw, route);

@@ -207,6 +207,18 @@ pub(crate) struct Extra {
 }
 
 impl Extra {
+    /// `headers` (made the worker's) and the client's rank hint, with the gateway's TLS, idle
+    /// bound and HTTP/2 setting.
+    pub(crate) fn new(gw: &crate::Gateway, headers: Bytes, rank: Option<Bytes>) -> Extra {
+        Extra {
+            headers,
+            rank,
+            tls: gw.upstream_tls.clone(),
+            pool_idle: gw.config.upstream_pool_idle,
+            http2: gw.config.upstream_http2,
+        }
+    }
+
     /// These, with a decision's header changes applied (`None`: as they are).
     pub(crate) fn edited(&self, edits: Option<&crate::pools::HeaderEdits>) -> Extra {
         let mut extra = self.clone();

@@ -179,6 +179,31 @@ impl Failure {
         }
     }
 
+    /// The router's error for this failure, naming the leg (a failed leg's status and the start
+    /// of its body in the message).
+    pub(crate) fn error(self) -> GatewayError {
+        let leg = self.leg().as_str();
+        match self {
+            Failure::Status { worker, status, body, .. } => GatewayError::Upstream {
+                worker: worker.url.to_string(),
+                message: format!(
+                    "{leg} leg answered {status}: {}",
+                    String::from_utf8_lossy(&body[..body.len().min(512)])
+                ),
+                retryable: false,
+            },
+            Failure::Transport { worker, error, .. } => GatewayError::Upstream {
+                worker: worker.url.to_string(),
+                message: format!("{leg} leg: {}", error.message),
+                retryable: error.connect,
+            },
+            Failure::Timeout { worker, .. } => GatewayError::Timeout(worker.url.to_string()),
+            Failure::Params { worker, message } => {
+                GatewayError::Upstream { worker: worker.url.to_string(), message, retryable: false }
+            }
+        }
+    }
+
     /// The client's answer: a failed leg's own status and body (its error is
     /// the precise one), or the router's error naming the leg.
     fn into_response(self, gw: &Gateway, route: Route, id: &str) -> Response {
@@ -194,15 +219,7 @@ impl Failure {
                 r.headers_mut().insert("x-sgl-router-pd-leg", HeaderValue::from_static(leg));
                 return r;
             }
-            Failure::Transport { worker, error, .. } => GatewayError::Upstream {
-                worker: worker.url.to_string(),
-                message: format!("{leg} leg: {}", error.message),
-                retryable: error.connect,
-            },
-            Failure::Timeout { worker, .. } => GatewayError::Timeout(worker.url.to_string()),
-            Failure::Params { worker, message } => {
-                GatewayError::Upstream { worker: worker.url.to_string(), message, retryable: false }
-            }
+            failure => failure.error(),
         };
         crate::pipeline::account::count_error(gw, route, &e, Some(id));
         let mut r = e.into_response();
@@ -506,12 +523,41 @@ pub(crate) async fn leg_head(
     body: Bytes,
     rank: Option<router_types::DpRank>,
 ) -> Result<axum::http::Response<crate::relay::UpstreamBody>, Failure> {
-    let sent = crate::h1::answer::send(ctx.extra.clone(), worker, ctx.route, body, rank);
-    match tokio::time::timeout(ctx.gw.config.request_timeout, sent).await {
+    send_leg(ctx.gw, (ctx.extra.clone(), ctx.route), (leg, worker), body, rank).await
+}
+
+/// [`leg_head`] with what it needs of a request's context given apart (a leg followed by a task
+/// of its own).
+pub(crate) async fn send_leg(
+    gw: &Gateway,
+    (extra, route): (Extra, Route),
+    (leg, worker): (Leg, &Arc<Worker>),
+    body: Bytes,
+    rank: Option<router_types::DpRank>,
+) -> Result<axum::http::Response<crate::relay::UpstreamBody>, Failure> {
+    let sent = crate::h1::answer::send(extra, worker, route, body, rank);
+    match tokio::time::timeout(gw.config.request_timeout, sent).await {
         Err(_) => Err(Failure::Timeout { leg, worker: worker.clone() }),
         Ok(Err(error)) => Err(Failure::Transport { leg, worker: worker.clone(), error }),
         Ok(Ok(resp)) if !resp.status().is_success() => Err(status_failure(leg, worker, resp).await),
         Ok(Ok(resp)) => Ok(resp),
+    }
+}
+
+/// A leg's answer read whole, at most `cap` bytes, within the request timeout.
+pub(crate) async fn leg_body(
+    gw: &Gateway,
+    (leg, worker): (Leg, &Arc<Worker>),
+    resp: axum::http::Response<crate::relay::UpstreamBody>,
+    cap: usize,
+) -> Result<Bytes, Failure> {
+    match tokio::time::timeout(gw.config.request_timeout, read_all(resp.into_body(), cap)).await {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(message)) => {
+            let error = SendError { connect: false, message };
+            Err(Failure::Transport { leg, worker: worker.clone(), error })
+        }
+        Err(_) => Err(Failure::Timeout { leg, worker: worker.clone() }),
     }
 }
 

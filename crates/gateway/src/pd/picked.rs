@@ -24,7 +24,7 @@ use fleet::{LoadGuard, Worker};
 use serde_json::Value;
 use tracing::warn;
 
-use super::{Ctx, Failure, KvConnector, Leg, PdMode, abort, leg_head, read_all, sglang, vllm};
+use super::{Ctx, Failure, KvConnector, Leg, PdMode, abort, leg_body, send_leg, sglang, vllm};
 use crate::h1::upstream::Extra;
 use crate::pipeline::account::InFlight;
 use crate::pipeline::forward::Disaggregated;
@@ -55,25 +55,7 @@ fn refused(what: &str) -> GatewayError {
 fn failed(gw: &Gateway, f: Failure) -> GatewayError {
     f.charge();
     gw.metrics.pd_legs.inc(format_args!("leg=\"{}\",outcome=\"{}\"", f.leg().as_str(), f.outcome()));
-    match f {
-        Failure::Status { worker, status, body, .. } => GatewayError::Upstream {
-            worker: worker.url.to_string(),
-            message: format!(
-                "prefill leg answered {status}: {}",
-                String::from_utf8_lossy(&body[..body.len().min(512)])
-            ),
-            retryable: false,
-        },
-        Failure::Transport { worker, error, .. } => GatewayError::Upstream {
-            worker: worker.url.to_string(),
-            message: format!("prefill leg: {}", error.message),
-            retryable: error.connect,
-        },
-        Failure::Timeout { worker, .. } => GatewayError::Timeout(worker.url.to_string()),
-        Failure::Params { worker, message } => {
-            GatewayError::Upstream { worker: worker.url.to_string(), message, retryable: false }
-        }
-    }
+    f.error()
 }
 
 /// Sends the prefill leg of a planned disaggregated request (or none, for a pair that skips
@@ -136,25 +118,13 @@ fn sglang_prefill(ctx: &Ctx<'_>, pair: &planner::Pair) -> (Bytes, LoadGuard) {
     let (prefill_body, decode_body, rid) = sglang::bodies(ctx, &p, &rooms, rank, dp);
     let (p_load, d_load) = pair.charge((dp > 1).then_some(rank));
     let (gw, route, extra) = (ctx.gw.clone(), ctx.route, ctx.extra.clone());
-    let limit = gw.config.request_timeout;
     let prefill_rank = (dp > 1).then_some(rank);
     tokio::spawn(async move {
         let _load = p_load;
-        let sent = crate::h1::answer::send(extra, &p, route, prefill_body, prefill_rank);
-        let outcome = match tokio::time::timeout(limit, sent).await {
-            Err(_) => Err(Failure::Timeout { leg: Leg::Prefill, worker: p.clone() }),
-            Ok(Err(error)) => Err(Failure::Transport { leg: Leg::Prefill, worker: p.clone(), error }),
-            Ok(Ok(resp)) if !resp.status().is_success() => Err(super::status_failure(Leg::Prefill, &p, resp).await),
-            Ok(Ok(resp)) => {
-                match tokio::time::timeout(limit, read_all(resp.into_body(), super::MAX_LEG_ANSWER)).await {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err(message)) => {
-                        let error = crate::send::SendError { connect: false, message };
-                        Err(Failure::Transport { leg: Leg::Prefill, worker: p.clone(), error })
-                    }
-                    Err(_) => Err(Failure::Timeout { leg: Leg::Prefill, worker: p.clone() }),
-                }
-            }
+        let leg = (Leg::Prefill, &p);
+        let outcome = match send_leg(&gw, (extra, route), leg, prefill_body, prefill_rank).await {
+            Ok(resp) => leg_body(&gw, leg, resp, super::MAX_LEG_ANSWER).await.map(drop),
+            Err(f) => Err(f),
         };
         match outcome {
             Ok(()) => {
@@ -173,28 +143,9 @@ fn sglang_prefill(ctx: &Ctx<'_>, pair: &planner::Pair) -> (Bytes, LoadGuard) {
 
 /// vLLM (NIXL pull): the prefill leg first; decode's body carries its `kv_transfer_params`.
 async fn vllm_prefill(ctx: &Ctx<'_>, pair: &planner::Pair) -> Result<(Bytes, LoadGuard), Failure> {
-    let p = pair.prefill.chosen().clone();
     let rank = pair.vllm_rank();
     let (p_load, d_load) = pair.charge(rank);
-    let limit = ctx.gw.config.request_timeout;
-    let resp = leg_head(ctx, Leg::Prefill, &p, vllm::prefill_body(&ctx.v, vllm::nixl_pull()), rank).await?;
-    let answer = match tokio::time::timeout(limit, read_all(resp.into_body(), vllm::prefill_answer_cap(&ctx.v))).await {
-        Ok(Ok(body)) => body,
-        Ok(Err(message)) => {
-            let error = crate::send::SendError { connect: false, message };
-            return Err(Failure::Transport { leg: Leg::Prefill, worker: p, error });
-        }
-        Err(_) => return Err(Failure::Timeout { leg: Leg::Prefill, worker: p }),
-    };
+    let (_, params) = vllm::pull_params(ctx, pair.prefill.chosen(), rank).await?;
     drop(p_load);
-    let prefill: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
-    let params = vllm::complete_params(&prefill).map_err(|missing| Failure::Params {
-        worker: p.clone(),
-        message: format!(
-            "the prefill worker answered without complete kv_transfer_params (missing {missing}); decode is not sent it (vLLM would prefill locally)"
-        ),
-    })?;
-    p.request_succeeded();
-    ctx.gw.metrics.pd_legs.inc(format_args!("leg=\"prefill\",outcome=\"ok\""));
     Ok((super::with_params(&ctx.v, params), d_load))
 }

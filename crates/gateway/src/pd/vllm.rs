@@ -23,11 +23,10 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::dual::{Watch, both_heads, heads_ok};
-use super::{Ctx, Failure, Leg, MAX_LEG_ANSWER, Pair, json_answer, leg_head, read_all, read_answer, with_params};
+use super::{Ctx, Failure, Leg, MAX_LEG_ANSWER, Pair, json_answer, leg_body, leg_head, read_answer, with_params};
 use crate::pipeline::account::InFlight;
 use crate::pipeline::admission::Admission;
 use crate::relay::{Ending, stream_back};
-use crate::send::SendError;
 
 /// The params decode needs of prefill's answer for a real pull.
 const REQUIRED: [&str; 6] =
@@ -64,36 +63,13 @@ pub(super) async fn attempt(
         return push_attempt(ctx, pair, admission, identity).await;
     }
     let rank = pair.vllm_rank();
-    let limit = gw.config.request_timeout;
-    // Reserved in the memory budget by `pd::serve`.
-    let cap = prefill_answer_cap(&ctx.v);
     let (p_load, d_load) = pair.charge(rank);
     let sent = std::time::Instant::now();
-    let answer = match leg_head(ctx, Leg::Prefill, &p, prefill_body(&ctx.v, nixl_pull()), rank).await {
+    let (prefill, params) = match pull_params(ctx, &p, rank).await {
+        Ok(pulled) => pulled,
         Err(failure) => return Err((failure, admission)),
-        Ok(resp) => match tokio::time::timeout(limit, read_all(resp.into_body(), cap)).await {
-            Ok(Ok(body)) => body,
-            Ok(Err(message)) => {
-                let error = SendError { connect: false, message };
-                return Err((Failure::Transport { leg: Leg::Prefill, worker: p, error }, admission));
-            }
-            Err(_) => return Err((Failure::Timeout { leg: Leg::Prefill, worker: p }, admission)),
-        },
     };
     drop(p_load);
-    let prefill: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
-    let params = match complete_params(&prefill) {
-        Ok(params) => params,
-        Err(missing) => {
-            let message = format!(
-                "the prefill worker answered without complete kv_transfer_params (missing {missing}); decode is not sent it (vLLM would prefill locally)"
-            );
-            return Err((Failure::Params { worker: p, message }, admission));
-        }
-    };
-    p.request_succeeded();
-    gw.metrics.pd_legs.inc(format_args!("leg=\"prefill\",outcome=\"ok\""));
-    learn_push(&p, &params);
     let decode = with_params(&ctx.v, params);
     let resp = match leg_head(ctx, Leg::Decode, &d, decode, None).await {
         Ok(resp) => resp,
@@ -123,6 +99,30 @@ pub(super) async fn attempt(
     };
     merge_prompt_logprobs(&prefill, &mut answer);
     Ok(json_answer(status, &answer))
+}
+
+/// The prefill leg of a pull (one token, `do_remote_decode`): its answer, parsed, and the
+/// `kv_transfer_params` decode needs, complete (else the failure: decode is never sent a leg
+/// it would prefill itself). The answer is read within [`prefill_answer_cap`] (reserved in the
+/// memory budget by the caller).
+pub(super) async fn pull_params(
+    ctx: &Ctx<'_>,
+    p: &std::sync::Arc<fleet::Worker>,
+    rank: Option<router_types::DpRank>,
+) -> Result<(Value, Value), Failure> {
+    let resp = leg_head(ctx, Leg::Prefill, p, prefill_body(&ctx.v, nixl_pull()), rank).await?;
+    let answer = leg_body(ctx.gw, (Leg::Prefill, p), resp, prefill_answer_cap(&ctx.v)).await?;
+    let prefill: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
+    let params = complete_params(&prefill).map_err(|missing| Failure::Params {
+        worker: p.clone(),
+        message: format!(
+            "the prefill worker answered without complete kv_transfer_params (missing {missing}); decode is not sent it (vLLM would prefill locally)"
+        ),
+    })?;
+    p.request_succeeded();
+    ctx.gw.metrics.pd_legs.inc(format_args!("leg=\"prefill\",outcome=\"ok\""));
+    learn_push(p, &params);
+    Ok((prefill, params))
 }
 
 /// Both legs at once to a prefill seen in push mode: decode with the
@@ -258,13 +258,13 @@ fn learn_push(p: &fleet::Worker, params: &Value) {
 }
 
 /// NIXL's prefill params: keep the KV for a remote decode.
-pub(super) fn nixl_pull() -> Value {
+fn nixl_pull() -> Value {
     json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
            "remote_block_ids": null, "remote_host": null, "remote_port": null})
 }
 
 /// The prefill leg's body: one token, not streamed, with the connector's `params`.
-pub(super) fn prefill_body(v: &Value, params: Value) -> Bytes {
+fn prefill_body(v: &Value, params: Value) -> Bytes {
     let mut v = v.clone();
     if let Some(o) = v.as_object_mut() {
         o.insert("max_tokens".into(), json!(1));
@@ -282,7 +282,7 @@ pub(super) fn prefill_body(v: &Value, params: Value) -> Bytes {
 }
 
 /// Prefill's `kv_transfer_params` when a decode can pull with them; else the fields missing.
-pub(super) fn complete_params(prefill: &Value) -> Result<Value, String> {
+fn complete_params(prefill: &Value) -> Result<Value, String> {
     let params = prefill.get("kv_transfer_params").filter(|p| p.is_object()).ok_or("kv_transfer_params")?;
     let size = serde_json::to_vec(params).map_or(usize::MAX, |b| b.len());
     if size > MAX_KV_PARAMS_BYTES {
