@@ -11,6 +11,7 @@
 //! time (docs/reliability.md).
 
 mod direct_pd;
+mod fidelity;
 mod live;
 mod model_routing;
 mod overhead;

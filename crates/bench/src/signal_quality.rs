@@ -12,7 +12,7 @@
 //! `--check` fails unless the embedding beats TF-IDF on domain accuracy and
 //! jailbreak AUC.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -20,6 +20,8 @@ use anyhow::{Context, Result, bail};
 use model_select::{DomainClassifier, DomainMethod, contrastive_score};
 use router_types::SplitMix;
 use serde::Deserialize;
+
+use crate::fidelity::{Figures, Vectors, wilson_bounds};
 
 /// The command's arguments.
 #[derive(Debug, clap::Args)]
@@ -39,33 +41,85 @@ pub(crate) struct SignalQualityArgs {
     /// Bootstrap resamples for the intervals.
     #[arg(long, default_value_t = 2000)]
     resamples: usize,
+    /// How the encoder computes (`auto`, `int8`, `f32`). At int8 the f32 encoder runs too: the
+    /// fidelity table (cosines, every figure against f32's interval).
+    #[arg(long, default_value = "auto")]
+    precision: embed::Precision,
     /// Exit non-zero unless the embedding beats TF-IDF on domain accuracy and jailbreak AUC and
-    /// no two different MT-Bench turns would hit a semantic cache at 0.95.
+    /// no two different MT-Bench turns would hit a semantic cache at 0.95; at int8 also unless
+    /// every cosine to f32 is at least 0.99 and every figure within f32's 95 % interval.
     #[arg(long)]
     check: bool,
 }
 
 #[derive(Deserialize)]
-struct Question {
-    category: String,
-    turns: Vec<String>,
+pub(crate) struct Question {
+    pub(crate) category: String,
+    pub(crate) turns: Vec<String>,
 }
 
 #[derive(Deserialize)]
-struct Row {
+pub(crate) struct Row {
     category: String,
-    label: String,
-    text: String,
+    pub(crate) label: String,
+    pub(crate) text: String,
+}
+
+/// The labelled texts.
+pub(crate) struct Data {
+    pub(crate) questions: Vec<Question>,
+    pub(crate) rows: Vec<Row>,
 }
 
 /// Runs the command.
 pub(crate) fn run(a: &SignalQualityArgs) -> Result<()> {
-    let questions: Vec<Question> = jsonl(&a.mtbench)?;
-    let rows: Vec<Row> = jsonl(&a.bastion)?;
-    let encoder = embed::Encoder::load(&a.model).map_err(anyhow::Error::msg)?;
+    let data = Data { questions: jsonl(&a.mtbench)?, rows: jsonl(&a.bastion)? };
+    let encoder = embed::Encoder::load_with(&a.model, a.precision).map_err(anyhow::Error::msg)?;
+    println!("precision: {}\n", encoder.precision().as_str());
+    let (figures, vectors) = measure(&encoder, &data, a, true)?;
+    let mut failures = Vec::new();
+    if encoder.precision() == embed::Precision::Int8 {
+        let reference = embed::Encoder::load_with(&a.model, embed::Precision::F32).map_err(anyhow::Error::msg)?;
+        let (f32_figures, f32_vectors) = measure(&reference, &data, a, false)?;
+        let n = data.questions.len();
+        failures.extend(crate::fidelity::report(n, &vectors, &f32_vectors, &figures.own, &f32_figures.own));
+    }
+    if a.check {
+        let t = figures.tfidf;
+        let n = data.questions.len();
+        if figures.own.domain[0] < t.0 {
+            failures.push(format!("domain accuracy {}/{n} under TF-IDF's {}/{n}", figures.own.domain[0], t.0));
+        }
+        if figures.own.auc.0 < t.1 {
+            failures.push(format!("jailbreak AUC {:.3} under TF-IDF's {:.3}", figures.own.auc.0, t.1));
+        }
+        if figures.own.false_hits > 0 {
+            failures.push(format!(
+                "{} pairs of different MT-Bench turns would hit a semantic cache at 0.95",
+                figures.own.false_hits
+            ));
+        }
+        if !failures.is_empty() {
+            bail!("the embedding signals fall short: {}", failures.join("; "));
+        }
+        println!("\ncheck: the embedding beats TF-IDF on domain accuracy and jailbreak AUC");
+    }
+    Ok(())
+}
+
+/// An encoder's figures and the TF-IDF baseline's (domain centroid hits, AUC).
+pub(crate) struct Measured {
+    pub(crate) own: Figures,
+    tfidf: (usize, f64),
+}
+
+/// Every figure of `encoder` on `data` (printed with the TF-IDF baseline when `print`).
+fn measure(encoder: &embed::Encoder, data: &Data, a: &SignalQualityArgs, print: bool) -> Result<(Measured, Vectors)> {
+    let (questions, rows) = (&data.questions, &data.rows);
     let start = Instant::now();
     let q_texts: Vec<&str> = questions.iter().map(|q| q.turns.first().map_or("", String::as_str)).collect();
     let r_texts: Vec<&str> = rows.iter().map(|r| r.text.as_str()).collect();
+    let turns: Vec<&str> = questions.iter().flat_map(|q| q.turns.iter().map(String::as_str)).collect();
     let embed_all = |texts: &[&str]| -> Result<Vec<Vec<f32>>> {
         let mut out = Vec::with_capacity(texts.len());
         for chunk in texts.chunks(16) {
@@ -76,93 +130,96 @@ pub(crate) fn run(a: &SignalQualityArgs) -> Result<()> {
     let q_vectors = embed_all(&q_texts)?;
     let r_vectors = embed_all(&r_texts)?;
     let per_text = start.elapsed().as_secs_f64() * 1e3 / (q_texts.len() + r_texts.len()) as f64;
-    println!(
+    let turn_vectors = embed_all(&turns)?;
+    let say = |line: String| {
+        if print {
+            println!("{line}");
+        }
+    };
+    say(format!(
         "{} MT-Bench questions, {} bastioncorpus rows; embedded in {:.1} ms per text (batches of 16)\n",
         questions.len(),
         rows.len(),
         per_text
-    );
+    ));
 
     // Domain.
     let labels: Vec<&str> = questions.iter().map(|q| q.category.as_str()).collect();
-    println!("## Domain: MT-Bench, {} questions in {} categories, leave-one-out\n", labels.len(), distinct(&labels));
-    println!("| classifier | all-MiniLM-L6-v2 | TF-IDF (same classifier) |\n|---|---:|---:|");
-    let mut domain = BTreeMap::new();
-    for (name, method) in [("centroid", DomainMethod::Centroid), ("knn", DomainMethod::Knn)] {
+    say(format!(
+        "## Domain: MT-Bench, {} questions in {} categories, leave-one-out\n",
+        labels.len(),
+        distinct(&labels)
+    ));
+    say("| classifier | all-MiniLM-L6-v2 | TF-IDF (same classifier) |\n|---|---:|---:|".to_owned());
+    let mut domain = [0; 2];
+    let mut tfidf_domain = 0;
+    for (slot, (name, method)) in
+        [("centroid", DomainMethod::Centroid), ("knn", DomainMethod::Knn)].into_iter().enumerate()
+    {
         let e = domain_loo(&labels, |train, test| (pick(&q_vectors, train), q_vectors[test].clone()), method, a.k);
+        domain[slot] = e;
+        if !print {
+            continue;
+        }
         let t = domain_loo(&labels, |train, test| tfidf_fold(&q_texts, train, test), method, a.k);
+        if slot == 0 {
+            tfidf_domain = t;
+        }
         let shown = if method == DomainMethod::Knn { format!("knn (k = {})", a.k) } else { name.to_owned() };
-        println!("| {shown} | {} | {} |", wilson(e, labels.len()), wilson(t, labels.len()));
-        domain.insert(name, (e, t));
+        say(format!("| {shown} | {} | {} |", wilson(e, labels.len()), wilson(t, labels.len())));
     }
-    println!("\nchance: {:.3}\n", 1.0 / distinct(&labels) as f64);
+    say(format!("\nchance: {:.3}\n", 1.0 / distinct(&labels) as f64));
 
     // Jailbreak.
     let malicious: Vec<bool> = rows.iter().map(|r| r.label == "malicious").collect();
     let n_mal = malicious.iter().filter(|m| **m).count();
-    println!(
+    say(format!(
         "## Jailbreak: bastioncorpus, {n_mal} malicious and {} benign, leave-one-out contrastive score (k = {})\n",
         rows.len() - n_mal,
         a.k
-    );
+    ));
     let e_scores = jailbreak_loo(&malicious, |train, test| (pick(&r_vectors, train), r_vectors[test].clone()), a.k);
-    let t_scores = jailbreak_loo(&malicious, |train, test| tfidf_fold(&r_texts, train, test), a.k);
     let mut rng = SplitMix::new(1);
     let (pos_e, neg_e) = split(&e_scores, &malicious, |_| true);
-    let (pos_t, neg_t) = split(&t_scores, &malicious, |_| true);
     let auc_e = with_interval(&pos_e, &neg_e, auc, a.resamples, &mut rng);
-    let auc_t = with_interval(&pos_t, &neg_t, auc, a.resamples, &mut rng);
     let rec_e = with_interval(&pos_e, &neg_e, recall_at_5, a.resamples, &mut rng);
-    let rec_t = with_interval(&pos_t, &neg_t, recall_at_5, a.resamples, &mut rng);
-    println!("| metric | all-MiniLM-L6-v2 | TF-IDF (same score) |\n|---|---:|---:|");
-    println!("| ROC AUC | {} | {} |", auc_e.1, auc_t.1);
-    println!("| recall at ≤ 5 % false positives | {} | {} |", rec_e.1, rec_t.1);
-    println!("\nPer attack category (its malicious rows against every benign row), ROC AUC:\n");
-    println!("| category | rows | all-MiniLM-L6-v2 | TF-IDF |\n|---|---:|---:|---:|");
-    let mut categories: Vec<&str> =
-        rows.iter().filter(|r| r.label == "malicious").map(|r| r.category.as_str()).collect();
-    categories.sort();
-    categories.dedup();
-    for c in categories {
-        let of = |i: usize| rows[i].category == c;
-        let (pe, ne) = split(&e_scores, &malicious, of);
-        let (pt, nt) = split(&t_scores, &malicious, of);
-        let e = with_interval(&pe, &ne, auc, a.resamples, &mut rng);
-        let t = with_interval(&pt, &nt, auc, a.resamples, &mut rng);
-        println!("| {c} | {} | {} | {} |", pe.len(), e.1, t.1);
+    let mut tfidf_auc = 0.0;
+    if print {
+        let t_scores = jailbreak_loo(&malicious, |train, test| tfidf_fold(&r_texts, train, test), a.k);
+        let (pos_t, neg_t) = split(&t_scores, &malicious, |_| true);
+        let auc_t = with_interval(&pos_t, &neg_t, auc, a.resamples, &mut rng);
+        let rec_t = with_interval(&pos_t, &neg_t, recall_at_5, a.resamples, &mut rng);
+        tfidf_auc = auc_t.0;
+        say("| metric | all-MiniLM-L6-v2 | TF-IDF (same score) |\n|---|---:|---:|".to_owned());
+        say(format!("| ROC AUC | {} | {} |", auc_e.3, auc_t.3));
+        say(format!("| recall at ≤ 5 % false positives | {} | {} |", rec_e.3, rec_t.3));
+        say("\nPer attack category (its malicious rows against every benign row), ROC AUC:\n".to_owned());
+        say("| category | rows | all-MiniLM-L6-v2 | TF-IDF |\n|---|---:|---:|---:|".to_owned());
+        let mut categories: Vec<&str> =
+            rows.iter().filter(|r| r.label == "malicious").map(|r| r.category.as_str()).collect();
+        categories.sort();
+        categories.dedup();
+        for c in categories {
+            let of = |i: usize| rows[i].category == c;
+            let (pe, ne) = split(&e_scores, &malicious, of);
+            let (pt, nt) = split(&t_scores, &malicious, of);
+            let e = with_interval(&pe, &ne, auc, a.resamples, &mut rng);
+            let t = with_interval(&pt, &nt, auc, a.resamples, &mut rng);
+            say(format!("| {c} | {} | {} | {} |", pe.len(), e.3, t.3));
+        }
     }
-    let false_hits = cache_false_hits(&questions, &embed_all)?;
-    if a.check {
-        let (e, t) = domain["centroid"];
-        let mut failures = Vec::new();
-        if e < t {
-            failures.push(format!("domain accuracy {e}/80 under TF-IDF's {t}/80"));
-        }
-        if auc_e.0 < auc_t.0 {
-            failures.push(format!("jailbreak AUC {:.3} under TF-IDF's {:.3}", auc_e.0, auc_t.0));
-        }
-        if false_hits > 0 {
-            failures.push(format!("{false_hits} pairs of different MT-Bench turns would hit a semantic cache at 0.95"));
-        }
-        if !failures.is_empty() {
-            bail!("the embedding signals are below the TF-IDF baseline: {}", failures.join("; "));
-        }
-        println!("\ncheck: the embedding beats TF-IDF on domain accuracy and jailbreak AUC");
-    }
-    Ok(())
+    let false_hits = cache_false_hits(&turns, &turn_vectors, print);
+    let own = Figures { domain, auc: (auc_e.0, auc_e.1, auc_e.2), recall: (rec_e.0, rec_e.1, rec_e.2), false_hits };
+    let vectors = Vectors { rows: r_vectors, turns: turn_vectors };
+    Ok((Measured { own, tfidf: (tfidf_domain, tfidf_auc) }, vectors))
 }
-
-/// Embeds texts, in order.
-type EmbedAll<'a> = dyn Fn(&[&str]) -> Result<Vec<Vec<f32>>> + 'a;
 
 /// A semantic response cache's false hits on MT-Bench: every pair of distinct
 /// turns (80 questions, two turns each) is a pair that must not hit; how many
 /// reach each threshold, before and after the cache's rule that a question
-/// holding digits never hits semantically.
+/// holding digits never hits semantically (printed when `print`).
 /// Returns the false hits at the plugin's default threshold (0.95), under the digit rule.
-fn cache_false_hits(questions: &[Question], embed_all: &EmbedAll<'_>) -> Result<usize> {
-    let turns: Vec<&str> = questions.iter().flat_map(|q| q.turns.iter().map(String::as_str)).collect();
-    let vectors = embed_all(&turns)?;
+fn cache_false_hits(turns: &[&str], vectors: &[Vec<f32>], print: bool) -> usize {
     let digits = |t: &str| t.bytes().any(|b| b.is_ascii_digit());
     let mut sims = Vec::new();
     let mut eligible = Vec::new();
@@ -178,20 +235,26 @@ fn cache_false_hits(questions: &[Question], embed_all: &EmbedAll<'_>) -> Result<
             }
         }
     }
-    let max = |v: &[f64]| v.iter().copied().fold(f64::MIN, f64::max);
-    println!(
-        "\n## Semantic cache false hits: MT-Bench, {} turns, {} pairs of different turns ({} without digits)\n",
-        turns.len(),
-        sims.len(),
-        eligible.len()
-    );
-    println!("| threshold | pairs at or above | of them without digits (the cache's rule) |\n|---:|---:|---:|");
-    for t in [0.85, 0.90, 0.95, 0.98] {
-        let over = |v: &[f64]| v.iter().filter(|s| **s >= t).count();
-        println!("| {t:.2} | {} | {} |", over(&sims), over(&eligible));
+    if print {
+        let max = |v: &[f64]| v.iter().copied().fold(f64::MIN, f64::max);
+        println!(
+            "\n## Semantic cache false hits: MT-Bench, {} turns, {} pairs of different turns ({} without digits)\n",
+            turns.len(),
+            sims.len(),
+            eligible.len()
+        );
+        println!("| threshold | pairs at or above | of them without digits (the cache's rule) |\n|---:|---:|---:|");
+        for t in [0.85, 0.90, 0.95, 0.98] {
+            let over = |v: &[f64]| v.iter().filter(|s| **s >= t).count();
+            println!("| {t:.2} | {} | {} |", over(&sims), over(&eligible));
+        }
+        println!(
+            "\nhighest similarity of two different turns: {:.3} (without digits: {:.3})",
+            max(&sims),
+            max(&eligible)
+        );
     }
-    println!("\nhighest similarity of two different turns: {:.3} (without digits: {:.3})", max(&sims), max(&eligible));
-    Ok(eligible.iter().filter(|s| **s >= 0.95).count())
+    eligible.iter().filter(|s| **s >= 0.95).count()
 }
 
 fn jsonl<T: for<'de> Deserialize<'de>>(path: &PathBuf) -> Result<Vec<T>> {
@@ -298,7 +361,7 @@ fn with_interval(
     stat: fn(&[f64], &[f64]) -> f64,
     resamples: usize,
     rng: &mut SplitMix,
-) -> (f64, String) {
+) -> (f64, f64, f64, String) {
     let point = stat(pos, neg);
     let mut draws: Vec<f64> = (0..resamples)
         .map(|_| {
@@ -309,16 +372,14 @@ fn with_interval(
         .collect();
     draws.sort_by(f64::total_cmp);
     let at = |q: f64| draws.get(((draws.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(point);
-    (point, format!("{point:.3} [{:.3}, {:.3}]", at(0.025), at(0.975)))
+    let (lo, hi) = (at(0.025), at(0.975));
+    (point, lo, hi, format!("{point:.3} [{lo:.3}, {hi:.3}]"))
 }
 
 /// `hits` of `n` with its Wilson 95 % interval.
 pub(crate) fn wilson(hits: usize, n: usize) -> String {
-    let (p, n) = (hits as f64 / n as f64, n as f64);
-    let z = 1.959_964f64;
-    let centre = (p + z * z / (2.0 * n)) / (1.0 + z * z / n);
-    let half = z * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt() / (1.0 + z * z / n);
-    format!("{p:.3} [{:.3}, {:.3}]", centre - half, centre + half)
+    let (p, lo, hi) = wilson_bounds(hits, n);
+    format!("{p:.3} [{lo:.3}, {hi:.3}]")
 }
 
 /// TF-IDF fitted on the training texts (sublinear term frequency, smoothed

@@ -37,8 +37,63 @@ pub struct Encoder {
     max_tokens: usize,
     dim: usize,
     dir: PathBuf,
+    precision: Precision,
     #[cfg(feature = "candle")]
-    bert: crate::bert::Bert,
+    model: Model,
+}
+
+/// How the encoder computes (`--embedding-precision`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// `int8` where the CPU has AVX-512 VNNI, else `f32`.
+    #[default]
+    Auto,
+    /// Matrix products in int8 (docs/model-routing.md: the fidelity table);
+    /// without AVX-512 VNNI the same sums in portable code, several times slower.
+    Int8,
+    /// Everything in f32 (candle's CPU backend): the reference.
+    F32,
+}
+
+impl Precision {
+    /// What `Auto` means on this CPU (the others as they are).
+    pub fn resolve(self) -> Precision {
+        match self {
+            #[cfg(feature = "candle")]
+            Precision::Auto if crate::int8::has_vnni() => Precision::Int8,
+            Precision::Auto => Precision::F32,
+            other => other,
+        }
+    }
+
+    /// Its name (`auto`, `int8`, `f32`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Auto => "auto",
+            Precision::Int8 => "int8",
+            Precision::F32 => "f32",
+        }
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Precision, String> {
+        match s {
+            "auto" => Ok(Precision::Auto),
+            "int8" => Ok(Precision::Int8),
+            "f32" => Ok(Precision::F32),
+            other => Err(format!("unknown embedding precision {other:?} (auto, int8, f32)")),
+        }
+    }
+}
+
+#[cfg(feature = "candle")]
+#[derive(Debug)]
+enum Model {
+    F32(crate::bert::Bert),
+    Int8(crate::int8::Bert),
 }
 
 /// A text as the model reads it.
@@ -68,9 +123,16 @@ struct SentenceConfig {
 // === impl Encoder ===
 
 impl Encoder {
-    /// Loads `dir`: `config.json`, `model.safetensors`, `tokenizer.json` and,
-    /// if present, `sentence_bert_config.json`.
+    /// Loads `dir` at [`Precision::Auto`].
     pub fn load(dir: &Path) -> Result<Encoder, EmbedError> {
+        Encoder::load_with(dir, Precision::Auto)
+    }
+
+    /// Loads `dir`: `config.json`, `model.safetensors`, `tokenizer.json` and,
+    /// if present, `sentence_bert_config.json`; the weights quantized when
+    /// `precision` resolves to `Int8`.
+    pub fn load_with(dir: &Path, precision: Precision) -> Result<Encoder, EmbedError> {
+        let precision = precision.resolve();
         let read = |name: &str| {
             let path = dir.join(name);
             std::fs::read(&path).map_err(|e| EmbedError::Load(format!("{}: {e}", path.display())))
@@ -95,7 +157,7 @@ impl Encoder {
             .with_truncation(None)
             .map_err(|e| EmbedError::Load(format!("{}/tokenizer.json: {e}", dir.display())))?;
         #[cfg(feature = "candle")]
-        let bert = {
+        let model = {
             let device = candle_core::Device::Cpu;
             let vb = candle_nn::VarBuilder::from_buffered_safetensors(
                 read("model.safetensors")?,
@@ -105,8 +167,11 @@ impl Encoder {
             .map_err(|e| EmbedError::Load(format!("{}/model.safetensors: {e}", dir.display())))?;
             let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") { vb.pp("bert") } else { vb };
             let bert_config: crate::bert::BertConfig = serde_json::from_slice(&config_bytes).map_err(bad_config)?;
-            crate::bert::Bert::load(vb, &bert_config)
-                .map_err(|e| EmbedError::Load(format!("{}/model.safetensors: {e}", dir.display())))?
+            let model = match precision {
+                Precision::Int8 => crate::int8::Bert::load(vb, &bert_config, crate::int8::has_vnni()).map(Model::Int8),
+                _ => crate::bert::Bert::load(vb, &bert_config).map(Model::F32),
+            };
+            model.map_err(|e| EmbedError::Load(format!("{}/model.safetensors: {e}", dir.display())))?
         };
         #[cfg(not(feature = "candle"))]
         if !dir.join("model.safetensors").is_file() {
@@ -117,8 +182,9 @@ impl Encoder {
             max_tokens,
             dim: config.hidden_size,
             dir: dir.to_owned(),
+            precision,
             #[cfg(feature = "candle")]
-            bert,
+            model,
         })
     }
 
@@ -130,6 +196,11 @@ impl Encoder {
     /// The longest input in tokens ([CLS] and [SEP] included); longer ones are cut.
     pub fn max_tokens(&self) -> usize {
         self.max_tokens
+    }
+
+    /// How it computes (`Int8` or `F32`: `Auto` resolved at load).
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// Where it was loaded from.
@@ -173,6 +244,13 @@ impl Encoder {
 
     #[cfg(feature = "candle")]
     fn run(&self, tokenized: &[Tokenized]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let bert = match &self.model {
+            Model::F32(bert) => bert,
+            Model::Int8(bert) => {
+                let seqs: Vec<&[u32]> = tokenized.iter().map(|t| t.ids.as_slice()).collect();
+                return bert.embed(&seqs).map_err(|e| EmbedError::Model(e.to_string()));
+            }
+        };
         let width = tokenized.iter().map(|t| t.ids.len()).max().unwrap_or(0);
         let lens: Vec<usize> = tokenized.iter().map(|t| t.ids.len()).collect();
         let mut flat = Vec::with_capacity(width * tokenized.len());
@@ -180,7 +258,7 @@ impl Encoder {
             flat.extend_from_slice(&t.ids);
             flat.resize(flat.len() + width - t.ids.len(), 0);
         }
-        self.bert.embed(&flat, &lens, width).map_err(|e| EmbedError::Model(e.to_string()))
+        bert.embed(&flat, &lens, width).map_err(|e| EmbedError::Model(e.to_string()))
     }
 
     #[cfg(not(feature = "candle"))]

@@ -16,12 +16,14 @@
 #[cfg(feature = "candle")]
 mod bert;
 mod encoder;
+#[cfg(feature = "candle")]
+mod int8;
 mod pool;
 pub mod testing;
 
 use std::sync::Arc;
 
-pub use encoder::{DEFAULT_MAX_SEQ_LENGTH, Encoder, MAX_BYTES_PER_TOKEN, Tokenized};
+pub use encoder::{DEFAULT_MAX_SEQ_LENGTH, Encoder, MAX_BYTES_PER_TOKEN, Precision, Tokenized};
 pub use pool::{EmbedPool, Lookup, PoolConfig, Stats};
 
 /// One text's embedding.

@@ -87,3 +87,43 @@ fn write_weights(dir: &Path) {
     // Without the model runtime the weights are never read, only looked for.
     std::fs::write(dir.join("model.safetensors"), b"").expect("writing the tiny model");
 }
+
+/// The int8 kernel's sums for an `m` × `k` by `k` × `n` product of bytes drawn
+/// from `seed`: `(vnni, portable, naive)`, the first `None` on a CPU without
+/// AVX-512 VNNI. All three must be equal (integer arithmetic).
+#[cfg(feature = "candle")]
+#[allow(clippy::type_complexity)]
+pub fn int8_gemm_sums(m: usize, k: usize, n: usize, seed: u64) -> (Option<Vec<i32>>, Vec<i32>, Vec<i32>) {
+    use crate::int8::gemm::{Packed, gemm, has_vnni, round_up};
+    let mut state = seed;
+    let mut next = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) as u8
+    };
+    let lda = round_up(k, 4) + 4;
+    let a: Vec<u8> = (0..m * lda).map(|_| next()).collect();
+    let b: Vec<i8> = (0..k * n).map(|_| next() as i8).collect();
+    // B packed from its rows and from its columns must be the same.
+    let mut by_rows = Packed::default();
+    by_rows.pack_rows(k, n, &b);
+    let cols: Vec<i8> = (0..n).flat_map(|c| (0..k).map(move |r| (r, c))).map(|(r, c)| b[r * n + c]).collect();
+    let by_cols = Packed::from_cols(k, n, &cols);
+    assert_eq!(by_rows.col_sum, by_cols.col_sum, "column sums");
+    let ldc = by_rows.n_padded();
+    let run = |vnni: bool| {
+        let mut c = vec![i32::MIN; m * ldc];
+        gemm(&a, lda, m, &by_rows, &mut c, vnni);
+        let mut again = vec![i32::MAX; m * ldc];
+        gemm(&a, lda, m, &by_cols, &mut again, vnni);
+        assert_eq!(c, again, "B packed by rows and by columns");
+        (0..m).flat_map(|i| c[i * ldc..i * ldc + n].to_vec()).collect::<Vec<i32>>()
+    };
+    let naive = (0..m)
+        .flat_map(|i| (0..n).map(move |j| (i, j)))
+        .map(|(i, j)| (0..k).map(|r| i32::from(a[i * lda + r]) * i32::from(b[r * n + j])).sum())
+        .collect();
+    (has_vnni().then(|| run(true)), run(false), naive)
+}

@@ -117,6 +117,47 @@ mod with_model {
         assert_eq!(hasty.waiting(), 0, "the abandoned jobs were skipped or finished");
     }
 
+    #[test]
+    fn the_int8_kernel_sums_exactly_on_every_shape() {
+        // Rows beyond a multiple of 8, k beyond a multiple of 4, n beyond a panel of 32, and
+        // the encoder's own shapes (384 and 1536 inputs, a head of 32, a sequence of 256).
+        let shapes = [(1, 1, 1), (3, 5, 7), (8, 32, 32), (9, 33, 65), (17, 384, 100), (256, 32, 256), (13, 1536, 40)];
+        for (seed, &(m, k, n)) in shapes.iter().enumerate() {
+            let (vnni, portable, naive) = embed::testing::int8_gemm_sums(m, k, n, seed as u64);
+            assert_eq!(portable, naive, "portable kernel, {m}x{k}x{n}");
+            if let Some(vnni) = vnni {
+                assert_eq!(vnni, naive, "VNNI kernel, {m}x{k}x{n}");
+            }
+        }
+    }
+
+    #[test]
+    fn int8_embeddings_follow_f32_and_do_not_depend_on_the_batch() {
+        let dir = tiny_model("int8");
+        let (f32, int8) =
+            (Encoder::load_with(&dir, Precision::F32).unwrap(), Encoder::load_with(&dir, Precision::Int8).unwrap());
+        assert_eq!((f32.precision(), int8.precision()), (Precision::F32, Precision::Int8));
+        let texts = ["the cat sat", "a dog ran far on the mat", "how do i solve this integral of x ?", ""];
+        let (want, got) = (f32.embed_batch(&texts).unwrap(), int8.embed_batch(&texts).unwrap());
+        for ((w, g), text) in want.iter().zip(&got).zip(texts) {
+            let c = cosine(&w.vector, &g.vector);
+            assert!(c > 0.99, "{text:?}: cosine {c}");
+            assert!((cosine(&g.vector, &g.vector) - 1.0).abs() < 1e-5, "unit length");
+            assert_eq!((w.tokens, w.truncated), (g.tokens, g.truncated));
+        }
+        // No padding: a text's vector is the same, to the bit, alone or in any batch.
+        for (i, text) in texts.iter().enumerate() {
+            assert_eq!(int8.embed_batch(&[text]).unwrap()[0], got[i], "{text:?}");
+        }
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            Precision::Auto.resolve() == Precision::Int8,
+            std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512bw")
+        );
+        assert_eq!("int8".parse::<Precision>(), Ok(Precision::Int8));
+        assert!("fp16".parse::<Precision>().is_err());
+    }
+
     /// The real model against the numpy reference, when its directory is given.
     #[test]
     fn the_real_model_equals_the_independent_reference() {
@@ -126,7 +167,7 @@ mod with_model {
         };
         let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/embed/minilm_reference.json");
         let reference: serde_json::Value = serde_json::from_slice(&std::fs::read(fixture).unwrap()).unwrap();
-        let e = Encoder::load(Path::new(&dir)).unwrap();
+        let e = Encoder::load_with(Path::new(&dir), Precision::F32).unwrap();
         assert_eq!(e.max_tokens(), reference["max_seq_length"].as_u64().unwrap() as usize);
         let cases = reference["cases"].as_array().unwrap();
         let texts: Vec<&str> = cases.iter().map(|c| c["text"].as_str().unwrap()).collect();
@@ -147,5 +188,16 @@ mod with_model {
         }
         eprintln!("{} texts, largest difference from the reference {worst:e}", cases.len());
         assert!(worst < 1e-5, "{worst}");
+        // int8: within the fidelity bound of docs/model-routing.md (cosine 0.99) of the reference
+        // (the empty text, two tokens, is the farthest: 0.9908; the others 0.997 and more).
+        let int8 = Encoder::load_with(Path::new(&dir), Precision::Int8).unwrap().embed_batch(&texts).unwrap();
+        let mut least = 1f32;
+        for (case, g) in cases.iter().zip(&int8) {
+            let want: Vec<f32> =
+                case["embedding"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+            least = least.min(cosine(&g.vector, &want));
+        }
+        eprintln!("int8: least cosine to the reference {least}");
+        assert!(least >= 0.99, "{least}");
     }
 }

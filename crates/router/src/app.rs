@@ -132,8 +132,14 @@ impl App {
         let fleet = Fleet::start(fleet_config, index.clone(), &[], cancel.clone());
         let embedder = match &config.embedding {
             Some(e) => {
-                let encoder = embed::Encoder::load(&e.model)?;
-                tracing::info!(model = %e.model.display(), dim = encoder.dim(), max_tokens = encoder.max_tokens(), "embedding model loaded");
+                let encoder = embed::Encoder::load_with(&e.model, e.precision)?;
+                tracing::info!(
+                    model = %e.model.display(),
+                    dim = encoder.dim(),
+                    max_tokens = encoder.max_tokens(),
+                    precision = encoder.precision().as_str(),
+                    "embedding model loaded"
+                );
                 Some(embed::EmbedPool::new(Arc::new(encoder), e.pool)?)
             }
             None => None,

@@ -212,6 +212,8 @@ pub struct EmbeddingSetup {
     pub model: PathBuf,
     /// Threads, queue, batch, cache, timeout.
     pub pool: embed::PoolConfig,
+    /// How the model computes (`--embedding-precision`).
+    pub precision: embed::Precision,
 }
 
 /// Where the routing config comes from.

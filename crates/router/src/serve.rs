@@ -399,6 +399,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
                 cache_entries: a.embedding_cache_entries,
                 timeout: Duration::from_millis(a.embedding_timeout_ms.max(1)),
             },
+            precision: a.embedding_precision,
         }),
         igw: a.enable_igw,
         kv_events,

@@ -31,7 +31,8 @@ async fn setup(file: &str, model: std::path::PathBuf) -> (sgl_router::app::AppCo
     let (routing, engines) = pools(file).await;
     let mut app = config(&[], PolicyConfig::RoundRobin, false);
     app.routing = Some(routing);
-    app.embedding = Some(EmbeddingSetup { model, pool: embed::PoolConfig::default() });
+    app.embedding =
+        Some(EmbeddingSetup { model, pool: embed::PoolConfig::default(), precision: embed::Precision::Auto });
     (app, engines)
 }
 
