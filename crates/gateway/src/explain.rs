@@ -190,7 +190,28 @@ fn asked<'a>(
     (renders, planner): (&'a planner::Renders, planner::Planner<'a>),
 ) -> crate::pools::Asked<'a> {
     let (headers, session) = (&meta.signal_headers[..], meta.session.as_deref());
-    crate::pools::Asked { debug, headers, session, embeddings, cache_bypass: true, caller: None, renders, planner }
+    crate::pools::Asked {
+        debug,
+        headers,
+        session,
+        embeddings,
+        cache_bypass: true,
+        caller: None,
+        renders,
+        planner,
+        probe: false,
+    }
+}
+
+/// The name [`preview`] takes for `route`, if it explains it (`x-route-mode: preview`).
+pub(crate) fn name_of(route: Route) -> Option<&'static str> {
+    match route {
+        Route::Chat => Some("chat"),
+        Route::Completions => Some("completions"),
+        Route::Generate => Some("generate"),
+        Route::Messages => Some("messages"),
+        _ => None,
+    }
 }
 
 /// The route an explain is about (`?route=`, chat by default).

@@ -8,7 +8,7 @@ use std::time::Instant;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use router_types::DpRank;
 use tracing::Instrument;
 
@@ -18,7 +18,7 @@ use crate::pipeline::Outcome;
 use crate::pipeline::account::{InFlight, count_error, request_span};
 use crate::pipeline::admission::Admission;
 use crate::pipeline::body::read_body;
-use crate::pipeline::request::{Meta, ROUTE_DEBUG_HEADER, Request, Route, Seen};
+use crate::pipeline::request::{Meta, Mode, ROUTE_DEBUG_HEADER, ROUTE_MODE_HEADER, Request, Route, Seen};
 use crate::pools::HeaderEdits;
 use crate::relay::{Ending, UpstreamBody, stream_back};
 use crate::send::upstream_headers;
@@ -57,6 +57,15 @@ async fn serve(
     id: &str,
 ) -> Result<Response, GatewayError> {
     let start = Instant::now();
+    // A plugin mode (`x-route-mode`), checked before anything is admitted or read.
+    let mode = match headers.get(ROUTE_MODE_HEADER) {
+        Some(v) => Some(Mode::asked(
+            &gw.control_keys,
+            v.as_bytes(),
+            headers.get(ROUTE_DEBUG_HEADER).map(HeaderValue::as_bytes),
+        )?),
+        None => None,
+    };
     // Admitted before the body is read: a chunked body of unknown size is charged the largest one.
     // One routing config for the whole request, whatever a reload does meanwhile.
     let routing = gw.routing();
@@ -64,6 +73,9 @@ async fn serve(
     let admission =
         Admission::admit_waiting_for(&gw, crate::pipeline::admission::declared_charge(&gw, &headers), who).await?;
     let bytes = read_body(&gw, body).await?;
+    if mode == Some(Mode::Preview) {
+        return preview(&gw, route, &headers, bytes).await;
+    }
     // Who asks and whether it wants the explain, read before the client's credentials give way
     // to the workers' (and hop-by-hop headers go).
     let (authorization, route_debug) =
@@ -81,7 +93,10 @@ async fn serve(
     let key = |name: &str| h1_codec::usable_key(headers.get(name).map(HeaderValue::as_bytes));
     let keys = (key(h1_codec::ROUTING_KEY_HEADER), key(h1_codec::SESSION_HEADER));
     let lines = || headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes()));
-    let meta = Meta::new(&gw, id.to_string(), routing.as_deref(), seen, keys, lines);
+    let mut meta = Meta::new(&gw, id.to_string(), routing.as_deref(), seen, keys, lines);
+    if mode == Some(Mode::Probe) {
+        (meta.probe, meta.cache_bypass) = (true, true);
+    }
     // Sent with the fast path's own client: it reads a worker's early answer (a 413 before the
     // whole body was written), which hyper's drops.
     let extra = answer::extra(&gw, &headers);
@@ -99,6 +114,23 @@ async fn serve(
     if let Some(verdict) = verdict {
         answer.headers_mut().insert(crate::pools::cascade::CASCADE_HEADER, verdict);
     }
+    if let Some(mode) = mode {
+        answer.headers_mut().insert(ROUTE_MODE_HEADER, HeaderValue::from_static(mode.as_str()));
+    }
+    Ok(answer)
+}
+
+/// `x-route-mode: preview`: what `POST /v1/route/preview` says of this request, no model called.
+async fn preview(gw: &Arc<Gateway>, route: Route, headers: &HeaderMap, bytes: Bytes) -> Result<Response, GatewayError> {
+    let Some(name) = crate::explain::name_of(route) else {
+        return Err(GatewayError::BadRequest(format!(
+            "x-route-mode: preview explains chat, completions, generate and messages requests, not {}",
+            route.path()
+        )));
+    };
+    let out = crate::explain::preview(gw, Some(name), headers, bytes).await?;
+    let mut answer = axum::Json(out).into_response();
+    answer.headers_mut().insert(ROUTE_MODE_HEADER, HeaderValue::from_static(Mode::Preview.as_str()));
     Ok(answer)
 }
 

@@ -2,7 +2,7 @@
 //! (`name: value\r\n` lines) both front ends and the worker client carry
 //! headers in.
 
-use crate::ROUTE_DEBUG_HEADER;
+use crate::{ROUTE_DEBUG_HEADER, ROUTE_MODE_HEADER};
 
 /// Headers that describe one hop of a message, not the message: never passed
 /// on, in either direction. `proxy-authorization` and `proxy-authenticate`
@@ -22,7 +22,8 @@ const HOP_BY_HOP: [&str; 9] = [
 
 /// Request headers the router sets itself on the way to the worker, or reads and keeps
 /// (`x-route-debug` carries a control-plane key).
-const SET_BY_ROUTER: [&str; 5] = ["host", "content-length", "content-type", "expect", ROUTE_DEBUG_HEADER];
+const SET_BY_ROUTER: [&str; 6] =
+    ["host", "content-length", "content-type", "expect", ROUTE_DEBUG_HEADER, ROUTE_MODE_HEADER];
 
 fn listed(name: &str, list: &[&str]) -> bool {
     list.iter().any(|n| name.eq_ignore_ascii_case(n))

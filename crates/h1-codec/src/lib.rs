@@ -30,6 +30,9 @@ pub const MAX_HEADERS: usize = 64;
 pub const RANK_HEADER: &str = "x-data-parallel-rank";
 /// The request header asking for the routing explain (its value a control-plane key).
 pub const ROUTE_DEBUG_HEADER: &str = "x-route-debug";
+/// The plugin mode a control-plane caller asks for (`preview` or `probe`, with
+/// `x-route-debug: KEY`): served by the hyper front end, never forwarded.
+pub const ROUTE_MODE_HEADER: &str = "x-route-mode";
 /// The client's conversation id, for session-sticky pools.
 pub const SESSION_HEADER: &str = "x-session-id";
 /// The client's routing key (`smg`'s name): its worker by rendezvous hashing.

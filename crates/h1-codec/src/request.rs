@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::{
     CACHE_TRACE_HEADER, MAX_HEAD_BYTES, MAX_HEADERS, RANK_HEADER, REQUEST_ID_HEADER, ROUTE_DEBUG_HEADER,
-    ROUTING_KEY_HEADER, SESSION_HEADER, content_length, forwarded, push_header,
+    ROUTE_MODE_HEADER, ROUTING_KEY_HEADER, SESSION_HEADER, content_length, forwarded, push_header,
 };
 
 /// The paths requests are proxied to (every [`Route`]'s), for the fleet to parse once per worker.
@@ -298,7 +298,11 @@ pub fn parse_head(buf: &[u8], id_names: &[String], tenant_header: Option<&str>) 
             }
         } else if h.name.eq_ignore_ascii_case("expect") && value.eq_ignore_ascii_case("100-continue") {
             expect_continue = true;
-        } else if ["transfer-encoding", "expect", "upgrade"].iter().any(|n| h.name.eq_ignore_ascii_case(n)) {
+        } else if ["transfer-encoding", "expect", "upgrade", ROUTE_MODE_HEADER]
+            .iter()
+            .any(|n| h.name.eq_ignore_ascii_case(n))
+        {
+            // A plugin mode (`x-route-mode`) is a control-plane caller's: the hyper front end serves it.
             return Some(Next::Hyper);
         }
     }

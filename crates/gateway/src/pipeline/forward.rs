@@ -92,7 +92,7 @@ where
     let id = meta.id.as_str();
     let (gw2, body, key) = (gw.clone(), bytes.clone(), meta.routing_key.clone());
     let (debug, signal_headers, session) = (meta.route_debug, meta.signal_headers.clone(), meta.session.clone());
-    let (cache_bypass, caller) = (meta.cache_bypass, meta.caller);
+    let (cache_bypass, caller, probe) = (meta.cache_bypass, meta.caller, meta.probe);
     let (forced, subset) = (meta.forced.clone(), meta.subset.clone());
     // The vectors embedding signals read, on the embedding pool's threads (none without such signals).
     let crate::pools::PreRouted { body: parsed, embeddings } =
@@ -113,8 +113,17 @@ where
             (Some(routing), Some(v)) => {
                 let (headers, session, embeddings) = (&signal_headers, session.as_deref(), embeddings.as_ref());
                 let (caller, renders) = (caller.as_ref(), &renders);
-                let ask =
-                    crate::pools::Asked { debug, headers, session, embeddings, cache_bypass, caller, renders, planner };
+                let ask = crate::pools::Asked {
+                    debug,
+                    headers,
+                    session,
+                    embeddings,
+                    cache_bypass,
+                    caller,
+                    renders,
+                    planner,
+                    probe,
+                };
                 Some(crate::pools::route(&gw2, &routing, route, v, &ask, None)?)
             }
             _ => None,
@@ -397,6 +406,7 @@ mod tests {
             one_attempt: false,
             trace: None,
             cache_trace: false,
+            probe: false,
         }
     }
 

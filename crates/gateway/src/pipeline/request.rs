@@ -17,7 +17,9 @@ use crate::pipeline::admission::Admission;
 use crate::pools::Routing;
 
 pub use h1_codec::PROXIED_PATHS;
-pub(crate) use h1_codec::{RANK_HEADER, ROUTE_DEBUG_HEADER, Route, forwarded, header_lines, push_header, relayed};
+pub(crate) use h1_codec::{
+    RANK_HEADER, ROUTE_DEBUG_HEADER, ROUTE_MODE_HEADER, Route, forwarded, header_lines, push_header, relayed,
+};
 
 /// What a request carries besides its route and body.
 #[derive(Debug, Clone, Default)]
@@ -46,6 +48,54 @@ pub(crate) struct Meta {
     pub(crate) trace: Option<otlp::TraceContext>,
     /// Its answer carries the decision record (`x-smg-cache-trace: 1`, or `--cache-trace-header`).
     pub(crate) cache_trace: bool,
+    /// `x-route-mode: probe`: sent, no plugin storage written (see [`Mode`]).
+    pub(crate) probe: bool,
+}
+
+/// A plugin mode (`x-route-mode`, a control-plane caller's, with `x-route-debug: KEY`): try a
+/// routing config on live traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// The decision and its plugins run; no model is called: the answer is what
+    /// `POST /v1/route/preview` says of this request.
+    Preview,
+    /// The model is called; no plugin storage is written: the response cache is neither read
+    /// nor written, no route id is issued (so no feedback), no conversation is remembered.
+    Probe,
+}
+
+impl Mode {
+    /// The mode `value` asks for, if `debug` (the `x-route-debug` value) is a control-plane
+    /// key; a precise error otherwise.
+    pub(crate) fn asked(
+        control_keys: &crate::pipeline::auth::Keys,
+        value: &[u8],
+        debug: Option<&[u8]>,
+    ) -> Result<Mode, crate::GatewayError> {
+        let mode = match value.trim_ascii() {
+            b"preview" => Mode::Preview,
+            b"probe" => Mode::Probe,
+            other => {
+                let shown = String::from_utf8_lossy(&other[..other.len().min(32)]).into_owned();
+                return Err(crate::GatewayError::BadRequest(format!(
+                    "x-route-mode: {shown:?} is not a mode (preview, probe)"
+                )));
+            }
+        };
+        if !Meta::wants_debug(control_keys, debug) {
+            return Err(crate::GatewayError::Forbidden(
+                "x-route-mode needs x-route-debug with a control-plane key".into(),
+            ));
+        }
+        Ok(mode)
+    }
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Mode::Preview => "preview",
+            Mode::Probe => "probe",
+        }
+    }
 }
 
 /// An admitted request with its body, as a front end hands it to [`crate::pipeline::run`]:
@@ -110,6 +160,7 @@ impl Meta {
             one_attempt: false,
             trace: crate::pipeline::trace::context(gw, lines()),
             cache_trace: gw.config.cache_trace.header || seen.cache_trace,
+            probe: false,
         }
     }
 

@@ -330,7 +330,7 @@ pub(crate) fn route(
         // A cache hit gets no route id: feedback on a stored answer would steer the decision
         // without an engine call behind it.
         if routed.cache.as_ref().and_then(|(_, o)| o.answer()).is_none() {
-            routed.route_id = issue_route_id(gw, routing, &routed, ask.caller.copied());
+            routed.route_id = if ask.probe { None } else { issue_route_id(gw, routing, &routed, ask.caller.copied()) };
             routed.cascade = plan_cascade(routing, route, v, &mut routed);
         }
     }
@@ -617,6 +617,9 @@ pub(crate) struct Asked<'a> {
     pub(crate) renders: &'a planner::Renders,
     /// What its plans read: the request's one snapshot of the fleet among them.
     pub(crate) planner: planner::Planner<'a>,
+    /// `x-route-mode: probe`: routed and sent, but no plugin storage written (no route id,
+    /// no conversation remembered; the cache is bypassed through `cache_bypass`).
+    pub(crate) probe: bool,
 }
 
 /// The headers of a request that header rules read: none without such rules

@@ -146,7 +146,7 @@ pub(crate) fn apply(
     key: Option<(u64, KeySource)>,
     preview: Option<&mut Value>,
 ) -> (usize, Outcome) {
-    let sessions = &*routing.sessions;
+    let (sessions, probe) = (&*routing.sessions, ask.probe);
     let Some((key, source)) = key.filter(|_| sessions.config.enabled) else { return (chosen.pool, Outcome::New) };
     // Remembered by id: a pool the config in force no longer lists is not kept to.
     let previous = sessions.previous(key);
@@ -187,6 +187,8 @@ pub(crate) fn apply(
                 "outcome": outcome.as_str(),
             });
         }
+        // A probe (`x-route-mode: probe`) leaves the table as it found it.
+        None if probe => {}
         None => sessions.record(key, routing.pool(pool).id.clone()),
     }
     (pool, outcome)

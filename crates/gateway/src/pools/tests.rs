@@ -48,6 +48,7 @@ fn select(gw: &crate::Gateway, routing: &Routing, v: &mut Value) -> Result<super
         session: None,
         embeddings: None,
         cache_bypass: false,
+        probe: false,
         caller: None,
         renders: &renders,
         planner: gw.planner(&workers),

@@ -5,15 +5,54 @@
 
 use std::num::NonZeroUsize;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::common;
-
-use common::http_answering as http;
 use kv_events::{Publisher, PublisherConfig};
 use renderer::{HashMode, PageHasher};
 use router_types::{EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier};
 use serde_json::Value;
+
+/// A worker answering every request with `body`, except `/server_info`: 503 until `first` says
+/// another worker's `/server_info` was served, then twice more (the router's discovery retries
+/// after 50 then 100 ms), so that worker fixes the pool's page size first. Counts its own
+/// `/server_info` answers in `served`.
+async fn gated(body: String, first: Option<Arc<AtomicUsize>>, served: Arc<AtomicUsize>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let refused_after = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else { return };
+            let (body, first, served, refused_after) =
+                (body.clone(), first.clone(), served.clone(), refused_after.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let n = socket.read(&mut buf).await.unwrap_or(0);
+                let info = buf[..n].starts_with(b"GET /server_info");
+                let wait = info
+                    && first.as_ref().is_some_and(|f| {
+                        f.load(Ordering::SeqCst) == 0 || refused_after.fetch_add(1, Ordering::SeqCst) < 2
+                    });
+                let response = if wait {
+                    "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_owned()
+                } else {
+                    if info {
+                        served.fetch_add(1, Ordering::SeqCst);
+                    }
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                };
+                let _ = socket.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    url
+}
 
 fn port(endpoint: &str) -> u16 {
     endpoint.rsplit(':').next().unwrap().parse().unwrap()
@@ -53,8 +92,11 @@ async fn follows_discovered_and_explicit_workers_and_refuses_a_page_size_mismatc
             port(p.replay_endpoint().unwrap())
         )
     };
-    let a = http(info(4, &sglang)).await;
-    let b = http(info(8, &sglang)).await;
+    // Discovery runs in parallel and the first worker followed fixes the page size: `b` is
+    // made to wait for `a`'s answer, so `a`'s 4 is the pool's and `b`'s 8 the mismatch.
+    let (a_served, b_served) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let a = gated(info(4, &sglang), None, a_served.clone()).await;
+    let b = gated(info(8, &sglang), Some(a_served.clone()), b_served.clone()).await;
     let c = "http://vllm-worker:8000";
     let bin = env!("CARGO_BIN_EXE_sgl-router");
     let child = Command::new(bin)
@@ -83,6 +125,7 @@ async fn follows_discovered_and_explicit_workers_and_refuses_a_page_size_mismatc
     assert_eq!(status(c)["status"], "subscribed");
     assert_eq!(status(&b)["status"], "refused");
     assert!(status(&b)["reason"].as_str().unwrap().contains("page size 8"), "{}", status(&b));
+    assert!(b_served.load(Ordering::SeqCst) >= 1, "b was asked and answered after a");
     let last = lines.last().unwrap();
     // 20 chains of 2 blocks from the SGLang worker, 20 of 3 from the vLLM one.
     assert_eq!(last["nodes"], 100, "{last}");

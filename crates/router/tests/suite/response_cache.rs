@@ -153,3 +153,64 @@ async fn a_caller_never_gets_another_callers_stored_answer() {
     assert_eq!(ask(&router.url, None, chat, &q).await.0, 401);
     let _ = router.stop.send(());
 }
+
+/// `x-route-mode` (a control-plane caller's, with `x-route-debug: KEY`): `preview` runs the
+/// decision and its plugins and calls no model; `probe` calls the model and writes no plugin
+/// storage (the cache is neither read nor written, no route id is issued); anyone else, or
+/// another mode, is refused before anything is read; the header never reaches a worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preview_calls_no_model_and_probe_writes_no_plugin_storage() {
+    let (routing, engines) = pools("tests/routing/cache.yaml").await;
+    let mut app = config(&[], PolicyConfig::RoundRobin, false);
+    app.routing = Some(routing);
+    let router = start(app).await;
+    let url = format!("{}/v1/chat/completions", router.url);
+    let http = reqwest::Client::new();
+    let seen = || engines[0].engine().legs().len();
+    let send = async |mode: Option<&str>, key: Option<&str>| {
+        let mut r = http.post(&url).json(&faq("parking?", false));
+        if let Some(mode) = mode {
+            r = r.header("x-route-mode", mode);
+        }
+        if let Some(key) = key {
+            r = r.header("x-route-debug", key);
+        }
+        let r = r.send().await.unwrap();
+        let header = |n: &str| r.headers().get(n).map(|v| v.to_str().unwrap().to_owned());
+        let heads = (header("x-route-mode"), header("x-route-cache"), header("x-route-id"));
+        (r.status().as_u16(), heads, r.bytes().await.unwrap())
+    };
+    let admin = Some(common::app::ADMIN_KEY);
+
+    // Preview: the decision's answer, as POST /v1/route/preview gives it; no model called.
+    let (status, (mode, cache, id), body) = send(Some("preview"), admin).await;
+    assert_eq!((status, mode.as_deref(), cache, id), (200, Some("preview"), None, None));
+    let out: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((out["decision"].as_str(), out["pool"].as_str()), (Some("faq"), Some("small")), "{out}");
+    assert_eq!(seen(), 0);
+    // Not a control-plane caller, or not a mode: refused, nothing read or sent.
+    for (mode, key, want) in [("preview", None, 403), ("probe", Some("not-the-key"), 403), ("shadow", admin, 400)] {
+        let (status, _, body) = send(Some(mode), key).await;
+        assert_eq!(status, want, "{mode} {key:?}: {}", String::from_utf8_lossy(&body));
+    }
+    assert_eq!(seen(), 0);
+
+    // Probe: the model answers; nothing is stored (the next plain ask misses), nothing read (a
+    // probe after a stored answer still calls the model), no route id (nothing to give feedback on).
+    let (status, (mode, cache, id), _) = send(Some("probe"), admin).await;
+    assert_eq!((status, mode.as_deref(), cache, id), (200, Some("probe"), None, None));
+    assert_eq!(seen(), 1);
+    let (_, (mode, cache, id), _) = send(None, None).await;
+    assert_eq!((mode, cache.as_deref()), (None, Some("miss")), "the probe stored nothing");
+    assert!(id.is_some(), "a plain answer carries its route id");
+    assert_eq!(send(None, None).await.1.1.as_deref(), Some("hit-exact"));
+    assert_eq!(seen(), 2);
+    let (_, (_, cache, _), _) = send(Some("probe"), admin).await;
+    assert_eq!((cache, seen()), (None, 3), "a probe reads no stored answer");
+    // The mode header is the router's: no worker saw it (nor the key that came with it).
+    for leg in engines[0].engine().legs() {
+        assert!(leg.headers.iter().all(|(n, _)| n != "x-route-mode" && n != "x-route-debug"), "{:?}", leg.headers);
+    }
+    assert_eq!(metric(&router.url, "router_response_cache_stores_total{decision=\"faq\"}").await, 1.0);
+    let _ = router.stop.send(());
+}
