@@ -139,14 +139,19 @@ pub(crate) fn has_vnni() -> bool {
     }
 }
 
+/// What the kernels read and write stays inside `a` (`len` values, rows at stride `lda`, each
+/// `row` values read) and `c` (`m` rows at stride `ldc`): the safety of their `unsafe`.
+fn check_bounds((len, lda, row): (usize, usize, usize), m: usize, (c_len, ldc): (usize, usize)) {
+    assert!(lda >= row && (m == 0 || len >= (m - 1) * lda + row), "int8 gemm: A too short");
+    assert!(c_len >= m * ldc, "int8 gemm: C too short");
+}
+
 /// `c[i][j] = Σ_r a[i][r] · b[r][j]` for `m` rows of `a` (stride `lda`, at
 /// least `round_up(b.k(), 4)` bytes readable per row; the padding bytes are
 /// multiplied by zeros) into `c` (`m` × `b.n_padded()`, overwritten).
 pub(crate) fn gemm(a: &[u8], lda: usize, m: usize, b: &Packed, c: &mut [i32], vnni: bool) {
-    let groups = round_up(b.k, 4) / 4;
-    let ldc = b.n_padded();
-    assert!(lda >= groups * 4 && (m == 0 || a.len() >= (m - 1) * lda + groups * 4), "gemm: A too short");
-    assert!(c.len() >= m * ldc, "gemm: C too short");
+    let (groups, ldc) = (round_up(b.k, 4) / 4, b.n_padded());
+    check_bounds((a.len(), lda, groups * 4), m, (c.len(), ldc));
     #[cfg(target_arch = "x86_64")]
     #[allow(unsafe_code)]
     if vnni {
@@ -162,10 +167,8 @@ pub(crate) fn gemm(a: &[u8], lda: usize, m: usize, b: &Packed, c: &mut [i32], vn
 /// As [`gemm`] in 16 bits: `c[i][j] = Σ_r a[i][r] · b[r][j]` for `m` rows of
 /// signed 16-bit `a` (stride `lda` values, at least `round_up(b.k, 2)` readable).
 pub(crate) fn gemm16(a: &[i16], lda: usize, m: usize, b: &Packed16, c: &mut [i32], vnni: bool) {
-    let groups = round_up(b.k, 2) / 2;
-    let ldc = b.n_padded();
-    assert!(lda >= groups * 2 && (m == 0 || a.len() >= (m - 1) * lda + groups * 2), "gemm16: A too short");
-    assert!(c.len() >= m * ldc, "gemm16: C too short");
+    let (groups, ldc) = (round_up(b.k, 2) / 2, b.n_padded());
+    check_bounds((a.len(), lda, groups * 2), m, (c.len(), ldc));
     #[cfg(target_arch = "x86_64")]
     #[allow(unsafe_code)]
     if vnni {

@@ -24,6 +24,8 @@ pub(crate) use self::gemm::has_vnni;
 struct Linear {
     w: Packed,
     scale: Vec<f32>,
+    /// Each output's column sum times its scale: what an input's `low` adds to it.
+    sum_scale: Vec<f32>,
     bias: Vec<f32>,
 }
 
@@ -69,7 +71,9 @@ impl Linear {
         let mut q = vec![0i8; n * k];
         let scale: Vec<f32> =
             (0..n).map(|o| math::quantize_signed(&w[o * k..(o + 1) * k], &mut q[o * k..(o + 1) * k])).collect();
-        Linear { w: Packed::from_cols(k, n, &q), scale, bias }
+        let w = Packed::from_cols(k, n, &q);
+        let sum_scale = w.col_sum.iter().zip(&scale).map(|(&cs, &s)| cs as f32 * s).collect();
+        Linear { w, scale, sum_scale, bias }
     }
 
     fn load(vb: VarBuilder<'_>, n: usize, k: usize) -> Result<Linear> {
@@ -98,9 +102,10 @@ impl Linear {
         for i in 0..x.rows {
             let (a, o) = (&acc[i * ldc..i * ldc + n], &mut out[i * n..(i + 1) * n]);
             let (sx, lo) = (x.scale[i], x.low[i]);
-            let terms = a.iter().zip(&self.w.col_sum).zip(&self.scale).zip(&self.bias);
-            for (o, (((&a, &cs), &sw), &b)) in o.iter_mut().zip(terms) {
-                let y = (a as f32 * sx + cs as f32 * lo) * sw + b;
+            let terms = a.iter().zip(&self.sum_scale).zip(&self.scale).zip(&self.bias);
+            for (o, (((&a, &ss), &sw), &b)) in o.iter_mut().zip(terms) {
+                // (a·sx + Σw·lo)·sw + b, as two fused multiply-adds.
+                let y = (a as f32 * sx).mul_add(sw, lo.mul_add(ss, b));
                 *o = if residual { *o + y } else { y };
             }
         }
@@ -155,6 +160,8 @@ struct Scratch {
     q_low: Vec<f32>,
     k: Vec<i8>,
     k_scale: Vec<f32>,
+    /// Each key's sum times its scale (what a query's `low` adds to its score).
+    k_sum_scale: Vec<f32>,
     keys: Packed,
     v: Vec<i16>,
     v_inv: Vec<f32>,
@@ -309,6 +316,8 @@ impl Bert {
             s.k_scale.push(math::quantize_signed(row(t, 1), &mut s.k[t * d..]));
         }
         s.keys.pack_cols(d, len, &s.k);
+        s.k_sum_scale.clear();
+        s.k_sum_scale.extend(s.keys.col_sum.iter().zip(&s.k_scale).map(|(&cs, &sk)| cs as f32 * sk));
         s.v_scale.clear();
         s.v_scale.resize(d, 0.0);
         for t in 0..len {
@@ -336,9 +345,9 @@ impl Bert {
         for i in 0..len {
             let a = &s.acc[i * ldc..i * ldc + len];
             let (sq, lq) = (s.q_scale[i] * scale, s.q_low[i] * scale);
-            let terms = a.iter().zip(&s.keys.col_sum).zip(&s.k_scale);
-            for (o, ((&a, &cs), &sk)) in s.scores.iter_mut().zip(terms) {
-                *o = (a as f32 * sq + cs as f32 * lq) * sk;
+            let terms = a.iter().zip(&s.k_sum_scale).zip(&s.k_scale);
+            for (o, ((&a, &ks), &sk)) in s.scores.iter_mut().zip(terms) {
+                *o = (a as f32 * sq).mul_add(sk, lq * ks);
             }
             s.p_scale.push(math::softmax_wide(&mut s.scores, &mut s.p[i * len2..]));
         }

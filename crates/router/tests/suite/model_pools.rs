@@ -370,6 +370,12 @@ async fn a_conversation_stays_on_the_pool_that_holds_its_prefix() {
             r.headers()["x-route-pool"].to_str().unwrap().to_string()
         }
     };
+    // A probe (`x-route-mode: probe`) is routed and counted, but its conversation is not
+    // remembered: the table holds two conversations at the end, not three.
+    let probe = http.post(format!("{url}/v1/chat/completions")).header("x-session-id", "conv-probe");
+    let probe = probe.header("x-route-mode", "probe").header("x-route-debug", common::app::ADMIN_KEY);
+    let probe = probe.json(&first).send().await.unwrap();
+    assert_eq!((probe.status().as_u16(), probe.headers()["x-route-mode"].to_str().unwrap()), (200, "probe"));
     // Turn one: small talk, the small pool.
     assert_eq!(send(first.clone(), "conv-1").await, "small");
     // Turn two asks for math ("hard" prefers the large pool), but the small pool holds the
@@ -406,7 +412,7 @@ async fn a_conversation_stays_on_the_pool_that_holds_its_prefix() {
     assert_eq!(send(math, "conv-2").await, "large");
     let page = admin_client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
     for series in [
-        "router_model_sessions_total{outcome=\"new\"} 2",
+        "router_model_sessions_total{outcome=\"new\"} 3",
         "router_model_sessions_total{outcome=\"stayed\"} 1",
         "router_model_sessions_total{outcome=\"switched\"} 1",
         "router_model_sessions 2",

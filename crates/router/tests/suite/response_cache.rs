@@ -16,11 +16,17 @@ fn faq(question: &str, stream: bool) -> Value {
            "messages": [{"role": "user", "content": format!("faq: {question}")}]})
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn repeated_requests_are_answered_from_the_cache_byte_for_byte() {
+/// A router config over `tests/routing/cache.yaml` (round robin), and the pool's engines.
+async fn cache_app() -> (sgl_router::app::AppConfig, Vec<mock_engine::MockEngine>) {
     let (routing, engines) = pools("tests/routing/cache.yaml").await;
     let mut app = config(&[], PolicyConfig::RoundRobin, false);
     app.routing = Some(routing);
+    (app, engines)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_requests_are_answered_from_the_cache_byte_for_byte() {
+    let (app, engines) = cache_app().await;
     let router = start(app).await;
     let url = format!("{}/v1/chat/completions", router.url);
     let http = reqwest::Client::new();
@@ -114,9 +120,7 @@ async fn a_caller_never_gets_another_callers_stored_answer() {
     };
     let hit = |a: (u16, Option<String>)| (a.0, a.1.as_deref() == Some("hit-exact"));
     // Pass-through (no client keys): the client's own credentials go to the engine, so they key the answer.
-    let (routing, _engines) = pools("tests/routing/cache.yaml").await;
-    let mut app = config(&[], PolicyConfig::RoundRobin, false);
-    app.routing = Some(routing);
+    let (app, _engines) = cache_app().await;
     let router = start(app).await;
     let chat = "/v1/chat/completions";
     let q = faq("who may see this?", false);
@@ -141,9 +145,7 @@ async fn a_caller_never_gets_another_callers_stored_answer() {
     let _ = router.stop.send(());
 
     // Client keys: each tenant has its own answers.
-    let (routing, _engines) = pools("tests/routing/cache.yaml").await;
-    let mut app = config(&[], PolicyConfig::RoundRobin, false);
-    app.routing = Some(routing);
+    let (mut app, _engines) = cache_app().await;
     app.client_keys = vec!["tenant-a".into(), "tenant-b".into()];
     let router = start(app).await;
     assert_eq!(hit(ask(&router.url, Some("tenant-a"), chat, &q).await), (200, false));
@@ -160,9 +162,7 @@ async fn a_caller_never_gets_another_callers_stored_answer() {
 /// another mode, is refused before anything is read; the header never reaches a worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preview_calls_no_model_and_probe_writes_no_plugin_storage() {
-    let (routing, engines) = pools("tests/routing/cache.yaml").await;
-    let mut app = config(&[], PolicyConfig::RoundRobin, false);
-    app.routing = Some(routing);
+    let (app, engines) = cache_app().await;
     let router = start(app).await;
     let url = format!("{}/v1/chat/completions", router.url);
     let http = reqwest::Client::new();
