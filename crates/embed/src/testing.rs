@@ -95,14 +95,8 @@ fn write_weights(dir: &Path) {
 #[allow(clippy::type_complexity)]
 pub fn int8_gemm_sums(m: usize, k: usize, n: usize, seed: u64) -> (Option<Vec<i32>>, Vec<i32>, Vec<i32>) {
     use crate::int8::gemm::{Packed, gemm, has_vnni, round_up};
-    let mut state = seed;
-    let mut next = move || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        (z ^ (z >> 31)) as u8
-    };
+    let mut rng = split_mix(seed);
+    let mut next = move || rng() as u8;
     let lda = round_up(k, 4) + 4;
     let a: Vec<u8> = (0..m * lda).map(|_| next()).collect();
     let b: Vec<i8> = (0..k * n).map(|_| next() as i8).collect();
@@ -126,4 +120,45 @@ pub fn int8_gemm_sums(m: usize, k: usize, n: usize, seed: u64) -> (Option<Vec<i3
         .map(|(i, j)| (0..k).map(|r| i32::from(a[i * lda + r]) * i32::from(b[r * n + j])).sum())
         .collect();
     (has_vnni().then(|| run(true)), run(false), naive)
+}
+
+/// As [`int8_gemm_sums`] for the 16-bit kernel (the attention's probabilities by values): signed
+/// 16-bit `A` and `B` drawn from `seed`, `(vnni, portable, naive)`.
+#[cfg(feature = "candle")]
+#[allow(clippy::type_complexity)]
+pub fn int16_gemm_sums(m: usize, k: usize, n: usize, seed: u64) -> (Option<Vec<i32>>, Vec<i32>, Vec<i32>) {
+    use crate::int8::gemm::{Packed16, gemm16, has_vnni, round_up};
+    let mut rng = split_mix(seed);
+    // Bounded so that k products cannot overflow 32 bits (the encoder's probabilities sum to 32767).
+    let bound = (i32::MAX as f64 / k.max(1) as f64).sqrt().min(32767.0) as i32;
+    let mut draw = move || ((rng() % (2 * bound as u64 + 1)) as i32 - bound) as i16;
+    let lda = round_up(k, 2) + 2;
+    let a: Vec<i16> = (0..m * lda).map(|_| draw()).collect();
+    let b: Vec<i16> = (0..k * n).map(|_| draw()).collect();
+    let mut packed = Packed16::default();
+    packed.pack_rows(k, n, &b);
+    let ldc = packed.n_padded();
+    let run = |vnni: bool| {
+        let mut c = vec![i32::MIN; m * ldc];
+        gemm16(&a, lda, m, &packed, &mut c, vnni);
+        (0..m).flat_map(|i| c[i * ldc..i * ldc + n].to_vec()).collect::<Vec<i32>>()
+    };
+    let naive = (0..m)
+        .flat_map(|i| (0..n).map(move |j| (i, j)))
+        .map(|(i, j)| (0..k).map(|r| i32::from(a[i * lda + r]) * i32::from(b[r * n + j])).sum())
+        .collect();
+    (has_vnni().then(|| run(true)), run(false), naive)
+}
+
+/// A SplitMix64 stream from `seed`.
+#[cfg(feature = "candle")]
+fn split_mix(seed: u64) -> impl FnMut() -> u64 {
+    let mut state = seed;
+    move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
 }

@@ -118,15 +118,20 @@ mod with_model {
     }
 
     #[test]
-    fn the_int8_kernel_sums_exactly_on_every_shape() {
+    fn the_int8_and_int16_kernels_sum_exactly_on_every_shape() {
         // Rows beyond a multiple of 8, k beyond a multiple of 4, n beyond a panel of 32, and
         // the encoder's own shapes (384 and 1536 inputs, a head of 32, a sequence of 256).
         let shapes = [(1, 1, 1), (3, 5, 7), (8, 32, 32), (9, 33, 65), (17, 384, 100), (256, 32, 256), (13, 1536, 40)];
         for (seed, &(m, k, n)) in shapes.iter().enumerate() {
-            let (vnni, portable, naive) = embed::testing::int8_gemm_sums(m, k, n, seed as u64);
-            assert_eq!(portable, naive, "portable kernel, {m}x{k}x{n}");
-            if let Some(vnni) = vnni {
-                assert_eq!(vnni, naive, "VNNI kernel, {m}x{k}x{n}");
+            for (bits, sums) in [
+                (8, embed::testing::int8_gemm_sums(m, k, n, seed as u64)),
+                (16, embed::testing::int16_gemm_sums(m, k, n, seed as u64)),
+            ] {
+                let (vnni, portable, naive) = sums;
+                assert_eq!(portable, naive, "{bits}-bit portable kernel, {m}x{k}x{n}");
+                if let Some(vnni) = vnni {
+                    assert_eq!(vnni, naive, "{bits}-bit VNNI kernel, {m}x{k}x{n}");
+                }
             }
         }
     }

@@ -161,7 +161,7 @@ pub(crate) fn gemm(a: &[u8], lda: usize, m: usize, b: &Packed, c: &mut [i32], vn
         return;
     }
     let _ = vnni;
-    portable(a, lda, m, b, groups, c, ldc);
+    portable::<_, _, 4>(a, lda, m, &b.data, groups, c, ldc);
 }
 
 /// As [`gemm`] in 16 bits: `c[i][j] = Σ_r a[i][r] · b[r][j]` for `m` rows of
@@ -177,36 +177,25 @@ pub(crate) fn gemm16(a: &[i16], lda: usize, m: usize, b: &Packed16, c: &mut [i32
         return;
     }
     let _ = vnni;
-    for panel in 0..ldc / PANEL {
-        let bp = &b.data[panel * groups * PANEL * 2..(panel + 1) * groups * PANEL * 2];
-        for i in 0..m {
-            let row = &a[i * lda..i * lda + groups * 2];
-            let out = &mut c[i * ldc + panel * PANEL..i * ldc + (panel + 1) * PANEL];
-            out.fill(0);
-            for g in 0..groups {
-                let bg = &bp[g * PANEL * 2..(g + 1) * PANEL * 2];
-                for (j, o) in out.iter_mut().enumerate() {
-                    *o += i32::from(row[2 * g]) * i32::from(bg[2 * j])
-                        + i32::from(row[2 * g + 1]) * i32::from(bg[2 * j + 1]);
-                }
-            }
-        }
-    }
+    portable::<_, _, 2>(a, lda, m, &b.data, groups, c, ldc);
 }
 
-fn portable(a: &[u8], lda: usize, m: usize, b: &Packed, groups: usize, c: &mut [i32], ldc: usize) {
+/// The kernels' sums in portable code: `K` values of a row of A by `K` of each column of B per
+/// group (4 bytes, or 2 16-bit values).
+fn portable<A, B, const K: usize>(a: &[A], lda: usize, m: usize, b: &[B], groups: usize, c: &mut [i32], ldc: usize)
+where
+    A: Copy + Into<i32>,
+    B: Copy + Into<i32>,
+{
     for panel in 0..ldc / PANEL {
-        let bp = &b.data[panel * groups * PANEL * 4..(panel + 1) * groups * PANEL * 4];
+        let bp = &b[panel * groups * PANEL * K..(panel + 1) * groups * PANEL * K];
         for i in 0..m {
-            let row = &a[i * lda..i * lda + groups * 4];
+            let row = &a[i * lda..i * lda + groups * K];
             let out = &mut c[i * ldc + panel * PANEL..i * ldc + (panel + 1) * PANEL];
             out.fill(0);
-            for g in 0..groups {
-                let av = &row[g * 4..g * 4 + 4];
-                let bg = &bp[g * PANEL * 4..(g + 1) * PANEL * 4];
-                for (j, o) in out.iter_mut().enumerate() {
-                    let bj = &bg[j * 4..j * 4 + 4];
-                    *o += (0..4).map(|t| i32::from(av[t]) * i32::from(bj[t])).sum::<i32>();
+            for (av, bg) in row.chunks_exact(K).zip(bp.chunks_exact(PANEL * K)) {
+                for (o, bj) in out.iter_mut().zip(bg.chunks_exact(K)) {
+                    *o += av.iter().zip(bj).map(|(&x, &y)| x.into() * y.into()).sum::<i32>();
                 }
             }
         }
