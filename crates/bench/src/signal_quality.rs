@@ -53,22 +53,22 @@ pub(crate) struct SignalQualityArgs {
 }
 
 #[derive(Deserialize)]
-pub(crate) struct Question {
-    pub(crate) category: String,
-    pub(crate) turns: Vec<String>,
+struct Question {
+    category: String,
+    turns: Vec<String>,
 }
 
 #[derive(Deserialize)]
-pub(crate) struct Row {
+struct Row {
     category: String,
-    pub(crate) label: String,
-    pub(crate) text: String,
+    label: String,
+    text: String,
 }
 
 /// The labelled texts.
-pub(crate) struct Data {
-    pub(crate) questions: Vec<Question>,
-    pub(crate) rows: Vec<Row>,
+struct Data {
+    questions: Vec<Question>,
+    rows: Vec<Row>,
 }
 
 /// Runs the command.
@@ -77,16 +77,14 @@ pub(crate) fn run(a: &SignalQualityArgs) -> Result<()> {
     let encoder = embed::Encoder::load_with(&a.model, a.precision).map_err(anyhow::Error::msg)?;
     println!("precision: {}\n", encoder.precision().as_str());
     let (figures, vectors) = measure(&encoder, &data, a, true)?;
-    let mut failures = Vec::new();
+    let (n, mut failures) = (data.questions.len(), Vec::new());
     if encoder.precision() == embed::Precision::Int8 {
         let reference = embed::Encoder::load_with(&a.model, embed::Precision::F32).map_err(anyhow::Error::msg)?;
         let (f32_figures, f32_vectors) = measure(&reference, &data, a, false)?;
-        let n = data.questions.len();
         failures.extend(crate::fidelity::report(n, &vectors, &f32_vectors, &figures.own, &f32_figures.own));
     }
     if a.check {
         let t = figures.tfidf;
-        let n = data.questions.len();
         if figures.own.domain[0] < t.0 {
             failures.push(format!("domain accuracy {}/{n} under TF-IDF's {}/{n}", figures.own.domain[0], t.0));
         }
@@ -108,8 +106,8 @@ pub(crate) fn run(a: &SignalQualityArgs) -> Result<()> {
 }
 
 /// An encoder's figures and the TF-IDF baseline's (domain centroid hits, AUC).
-pub(crate) struct Measured {
-    pub(crate) own: Figures,
+struct Measured {
+    own: Figures,
     tfidf: (usize, f64),
 }
 

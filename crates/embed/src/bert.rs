@@ -111,12 +111,19 @@ impl Bert {
         })
     }
 
-    /// One unit-length sentence vector per row of `ids` (rows padded to one
-    /// length; `lens[i]` real tokens in row `i`): the last hidden states
-    /// averaged over the real tokens, then L2-normalised.
-    pub(crate) fn embed(&self, ids: &[u32], lens: &[usize], width: usize) -> Result<Vec<Vec<f32>>> {
+    /// One unit-length sentence vector per sequence of ids (padded here to the
+    /// longest, the padding masked): the last hidden states averaged over the
+    /// real tokens, then L2-normalised.
+    pub(crate) fn embed(&self, seqs: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
+        let width = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
+        let lens: Vec<usize> = seqs.iter().map(|s| s.len()).collect();
+        let mut ids = Vec::with_capacity(width * seqs.len());
+        for s in seqs {
+            ids.extend_from_slice(s);
+            ids.resize(ids.len() + width - s.len(), 0);
+        }
         let batch = lens.len();
-        let ids = Tensor::from_slice(ids, (batch, width), &self.device)?;
+        let ids = Tensor::from_slice(&ids, (batch, width), &self.device)?;
         let mask: Vec<f32> =
             lens.iter().flat_map(|&n| (0..width).map(move |j| if j < n { 1.0 } else { 0.0 })).collect();
         let mask = Tensor::from_vec(mask, (batch, width), &self.device)?;

@@ -244,21 +244,12 @@ impl Encoder {
 
     #[cfg(feature = "candle")]
     fn run(&self, tokenized: &[Tokenized]) -> Result<Vec<Vec<f32>>, EmbedError> {
-        let bert = match &self.model {
-            Model::F32(bert) => bert,
-            Model::Int8(bert) => {
-                let seqs: Vec<&[u32]> = tokenized.iter().map(|t| t.ids.as_slice()).collect();
-                return bert.embed(&seqs).map_err(|e| EmbedError::Model(e.to_string()));
-            }
+        let seqs: Vec<&[u32]> = tokenized.iter().map(|t| t.ids.as_slice()).collect();
+        let vectors = match &self.model {
+            Model::F32(bert) => bert.embed(&seqs),
+            Model::Int8(bert) => bert.embed(&seqs),
         };
-        let width = tokenized.iter().map(|t| t.ids.len()).max().unwrap_or(0);
-        let lens: Vec<usize> = tokenized.iter().map(|t| t.ids.len()).collect();
-        let mut flat = Vec::with_capacity(width * tokenized.len());
-        for t in tokenized {
-            flat.extend_from_slice(&t.ids);
-            flat.resize(flat.len() + width - t.ids.len(), 0);
-        }
-        bert.embed(&flat, &lens, width).map_err(|e| EmbedError::Model(e.to_string()))
+        vectors.map_err(|e| EmbedError::Model(e.to_string()))
     }
 
     #[cfg(not(feature = "candle"))]

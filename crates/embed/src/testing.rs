@@ -88,77 +88,52 @@ fn write_weights(dir: &Path) {
     std::fs::write(dir.join("model.safetensors"), b"").expect("writing the tiny model");
 }
 
-/// The int8 kernel's sums for an `m` × `k` by `k` × `n` product of bytes drawn
-/// from `seed`: `(vnni, portable, naive)`, the first `None` on a CPU without
-/// AVX-512 VNNI. All three must be equal (integer arithmetic).
+/// A kernel check's sums, row-major `m` × `n`: `(vnni, portable, naive)`, the
+/// first `None` on a CPU without AVX-512 VNNI. All three must be equal
+/// (integer arithmetic).
+pub type Sums = (Option<Vec<i32>>, Vec<i32>, Vec<i32>);
+
+/// The int8 kernel's sums of `a` (`m` × `k` unsigned bytes, row-major) by `b`
+/// (`k` × `n` signed bytes, row-major), `b` packed as the encoder packs weights.
 #[cfg(feature = "candle")]
-#[allow(clippy::type_complexity)]
-pub fn int8_gemm_sums(m: usize, k: usize, n: usize, seed: u64) -> (Option<Vec<i32>>, Vec<i32>, Vec<i32>) {
-    use crate::int8::gemm::{Packed, gemm, has_vnni, round_up};
-    let mut rng = split_mix(seed);
-    let mut next = move || rng() as u8;
-    let lda = round_up(k, 4) + 4;
-    let a: Vec<u8> = (0..m * lda).map(|_| next()).collect();
-    let b: Vec<i8> = (0..k * n).map(|_| next() as i8).collect();
-    // B packed from its rows and from its columns must be the same.
-    let mut by_rows = Packed::default();
-    by_rows.pack_rows(k, n, &b);
-    let cols: Vec<i8> = (0..n).flat_map(|c| (0..k).map(move |r| (r, c))).map(|(r, c)| b[r * n + c]).collect();
-    let by_cols = Packed::from_cols(k, n, &cols);
-    assert_eq!(by_rows.col_sum, by_cols.col_sum, "column sums");
-    let ldc = by_rows.n_padded();
-    let run = |vnni: bool| {
-        let mut c = vec![i32::MIN; m * ldc];
-        gemm(&a, lda, m, &by_rows, &mut c, vnni);
-        let mut again = vec![i32::MAX; m * ldc];
-        gemm(&a, lda, m, &by_cols, &mut again, vnni);
-        assert_eq!(c, again, "B packed by rows and by columns");
-        (0..m).flat_map(|i| c[i * ldc..i * ldc + n].to_vec()).collect::<Vec<i32>>()
-    };
-    let naive = (0..m)
-        .flat_map(|i| (0..n).map(move |j| (i, j)))
-        .map(|(i, j)| (0..k).map(|r| i32::from(a[i * lda + r]) * i32::from(b[r * n + j])).sum())
-        .collect();
-    (has_vnni().then(|| run(true)), run(false), naive)
+pub fn int8_gemm_sums(a: &[u8], b: &[i8], (m, k, n): (usize, usize, usize)) -> Sums {
+    let cols: Vec<i8> = (0..n).flat_map(|c| (0..k).map(move |r| b[r * n + c])).collect();
+    sums(a, b, (m, k, n), crate::int8::gemm::Packed::from_cols(k, n, &cols))
 }
 
-/// As [`int8_gemm_sums`] for the 16-bit kernel (the attention's probabilities by values): signed
-/// 16-bit `A` and `B` drawn from `seed`, `(vnni, portable, naive)`.
+/// As [`int8_gemm_sums`] for the 16-bit kernel (the attention's probabilities by
+/// values), `b` packed as the encoder packs values.
 #[cfg(feature = "candle")]
-#[allow(clippy::type_complexity)]
-pub fn int16_gemm_sums(m: usize, k: usize, n: usize, seed: u64) -> (Option<Vec<i32>>, Vec<i32>, Vec<i32>) {
-    use crate::int8::gemm::{Packed16, gemm16, has_vnni, round_up};
-    let mut rng = split_mix(seed);
-    // Bounded so that k products cannot overflow 32 bits (the encoder's probabilities sum to 32767).
-    let bound = (i32::MAX as f64 / k.max(1) as f64).sqrt().min(32767.0) as i32;
-    let mut draw = move || ((rng() % (2 * bound as u64 + 1)) as i32 - bound) as i16;
-    let lda = round_up(k, 2) + 2;
-    let a: Vec<i16> = (0..m * lda).map(|_| draw()).collect();
-    let b: Vec<i16> = (0..k * n).map(|_| draw()).collect();
-    let mut packed = Packed16::default();
-    packed.pack_rows(k, n, &b);
+pub fn int16_gemm_sums(a: &[i16], b: &[i16], (m, k, n): (usize, usize, usize)) -> Sums {
+    let mut packed = crate::int8::gemm::Packed::default();
+    packed.pack_rows(k, n, b);
+    sums(a, b, (m, k, n), packed)
+}
+
+/// `a` by `packed` (which holds `b`) through the kernel, with a row stride longer
+/// than a row, against the naive sums.
+#[cfg(feature = "candle")]
+fn sums<T: crate::int8::gemm::Lane>(
+    a: &[T::A],
+    b: &[T],
+    (m, k, n): (usize, usize, usize),
+    packed: crate::int8::gemm::Packed<T>,
+) -> Sums {
+    use crate::int8::gemm::{gemm, has_vnni, round_up};
+    let lda = round_up(k, T::K) + T::K;
+    let mut strided = vec![T::A::default(); m * lda];
+    for (row, src) in strided.chunks_exact_mut(lda).zip(a.chunks_exact(k.max(1))) {
+        row[..k].copy_from_slice(&src[..k]);
+    }
     let ldc = packed.n_padded();
     let run = |vnni: bool| {
         let mut c = vec![i32::MIN; m * ldc];
-        gemm16(&a, lda, m, &packed, &mut c, vnni);
+        gemm(&strided, lda, m, &packed, &mut c, vnni);
         (0..m).flat_map(|i| c[i * ldc..i * ldc + n].to_vec()).collect::<Vec<i32>>()
     };
     let naive = (0..m)
         .flat_map(|i| (0..n).map(move |j| (i, j)))
-        .map(|(i, j)| (0..k).map(|r| i32::from(a[i * lda + r]) * i32::from(b[r * n + j])).sum())
+        .map(|(i, j)| (0..k).map(|r| a[i * k + r].into() * b[r * n + j].into()).sum())
         .collect();
     (has_vnni().then(|| run(true)), run(false), naive)
-}
-
-/// A SplitMix64 stream from `seed`.
-#[cfg(feature = "candle")]
-fn split_mix(seed: u64) -> impl FnMut() -> u64 {
-    let mut state = seed;
-    move || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
 }

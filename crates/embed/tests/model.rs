@@ -122,10 +122,19 @@ mod with_model {
         // Rows beyond a multiple of 8, k beyond a multiple of 4, n beyond a panel of 32, and
         // the encoder's own shapes (384 and 1536 inputs, a head of 32, a sequence of 256).
         let shapes = [(1, 1, 1), (3, 5, 7), (8, 32, 32), (9, 33, 65), (17, 384, 100), (256, 32, 256), (13, 1536, 40)];
-        for (seed, &(m, k, n)) in shapes.iter().enumerate() {
+        let mut rng = router_types::SplitMix::new(1);
+        for &(m, k, n) in &shapes {
+            let a8: Vec<u8> = (0..m * k).map(|_| rng.next_u64() as u8).collect();
+            let b8: Vec<i8> = (0..k * n).map(|_| rng.next_u64() as i8).collect();
+            // 16 bits bounded so that k products cannot overflow 32 bits (the encoder's
+            // probabilities sum to 32767).
+            let bound = ((i32::MAX as f64 / k as f64).sqrt() as u64).min(32767);
+            let mut wide = || (rng.below(2 * bound + 1) as i64 - bound as i64) as i16;
+            let a16: Vec<i16> = (0..m * k).map(|_| wide()).collect();
+            let b16: Vec<i16> = (0..k * n).map(|_| wide()).collect();
             for (bits, sums) in [
-                (8, embed::testing::int8_gemm_sums(m, k, n, seed as u64)),
-                (16, embed::testing::int16_gemm_sums(m, k, n, seed as u64)),
+                (8, embed::testing::int8_gemm_sums(&a8, &b8, (m, k, n))),
+                (16, embed::testing::int16_gemm_sums(&a16, &b16, (m, k, n))),
             ] {
                 let (vnni, portable, naive) = sums;
                 assert_eq!(portable, naive, "{bits}-bit portable kernel, {m}x{k}x{n}");

@@ -22,6 +22,16 @@ pub async fn preview(
     headers: &HeaderMap,
     bytes: Bytes,
 ) -> Result<Value, GatewayError> {
+    preview_of(gw, route_named(route)?, headers, bytes).await
+}
+
+/// [`preview`] of a request on `route` (one with a prompt: `Route::has_prompt`).
+pub(crate) async fn preview_of(
+    gw: &Arc<Gateway>,
+    route: Route,
+    headers: &HeaderMap,
+    bytes: Bytes,
+) -> Result<Value, GatewayError> {
     let Asking { route, routing, meta, parsed, embeddings } = prologue(gw, route, headers, &bytes).await?;
     let (gw2, len) = (gw.clone(), bytes.len());
     let out = crate::pipeline::admission::render(gw, len, move || {
@@ -101,7 +111,8 @@ pub async fn decide(
 ) -> Result<Value, GatewayError> {
     // Rendered like a request: a large body off the serving thread; with a routing config, in
     // the pool the request would get (nothing counted, remembered or learned).
-    let Asking { route, routing, meta, parsed, embeddings } = prologue(gw, route, headers, &bytes).await?;
+    let Asking { route, routing, meta, parsed, embeddings } =
+        prologue(gw, route_named(route)?, headers, &bytes).await?;
     let (gw2, len) = (gw.clone(), bytes.len());
     let plan = crate::pipeline::admission::render(gw, len, move || {
         let mut v = parse_body(&gw2, route, &bytes, parsed)?;
@@ -163,13 +174,7 @@ struct Asking {
 
 /// The explained request's route (`?route=`), routing snapshot, what it carries and its
 /// embeddings, read from its `headers` and `bytes` as the pipeline reads them.
-async fn prologue(
-    gw: &Arc<Gateway>,
-    route: Option<&str>,
-    headers: &HeaderMap,
-    bytes: &Bytes,
-) -> Result<Asking, GatewayError> {
-    let route = route_named(route)?;
+async fn prologue(gw: &Arc<Gateway>, route: Route, headers: &HeaderMap, bytes: &Bytes) -> Result<Asking, GatewayError> {
     let routing = gw.routing();
     let key = |name: &str| h1_codec::usable_key(headers.get(name).map(HeaderValue::as_bytes));
     let keys = (key(h1_codec::ROUTING_KEY_HEADER), key(h1_codec::SESSION_HEADER));
@@ -200,17 +205,6 @@ fn asked<'a>(
         renders,
         planner,
         probe: false,
-    }
-}
-
-/// The name [`preview`] takes for `route`, if it explains it (`x-route-mode: preview`).
-pub(crate) fn name_of(route: Route) -> Option<&'static str> {
-    match route {
-        Route::Chat => Some("chat"),
-        Route::Completions => Some("completions"),
-        Route::Generate => Some("generate"),
-        Route::Messages => Some("messages"),
-        _ => None,
     }
 }
 

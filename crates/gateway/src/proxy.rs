@@ -122,13 +122,13 @@ async fn serve(
 
 /// `x-route-mode: preview`: what `POST /v1/route/preview` says of this request, no model called.
 async fn preview(gw: &Arc<Gateway>, route: Route, headers: &HeaderMap, bytes: Bytes) -> Result<Response, GatewayError> {
-    let Some(name) = crate::explain::name_of(route) else {
+    if !route.has_prompt() {
         return Err(GatewayError::BadRequest(format!(
             "x-route-mode: preview explains chat, completions, generate and messages requests, not {}",
             route.path()
         )));
-    };
-    let out = crate::explain::preview(gw, Some(name), headers, bytes).await?;
+    }
+    let out = crate::explain::preview_of(gw, route, headers, bytes).await?;
     let mut answer = axum::Json(out).into_response();
     answer.headers_mut().insert(ROUTE_MODE_HEADER, HeaderValue::from_static(Mode::Preview.as_str()));
     Ok(answer)

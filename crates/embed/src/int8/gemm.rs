@@ -9,16 +9,35 @@ pub(crate) const PANEL: usize = 32;
 /// Rows of `A` one kernel call keeps in registers.
 const ROWS: usize = 8;
 
-/// `B` (`k` × `n` signed bytes) in the kernel's order: panels of 32 columns,
-/// each as groups of 4 `k` values per column (`[panel][k / 4][column][4]`),
-/// zero-padded to a multiple of 32 columns and of 4 rows; and each column's sum
-/// (what an unsigned offset in `A` adds to it).
+/// An element of `B` and the element of `A` it is multiplied by: signed bytes by
+/// unsigned ones (`vpdpbusd`, 4 per 32-bit lane), or 16-bit by 16-bit
+/// (`vpdpwssd`, 2 per lane). Either way a group (`K` values) is 4 bytes.
+pub(crate) trait Lane: Copy + Default + Into<i32> {
+    /// `A`'s element.
+    type A: Copy + Default + Into<i32>;
+    /// Values per group.
+    const K: usize;
+}
+
+impl Lane for i8 {
+    type A = u8;
+    const K: usize = 4;
+}
+
+impl Lane for i16 {
+    type A = i16;
+    const K: usize = 2;
+}
+
+/// `B` (`k` × `n`) in the kernel's order: panels of 32 columns, each as groups of
+/// `K` values of `k` per column (`[panel][k / K][column][K]`: a group of a panel is
+/// 128 bytes), zero-padded to whole panels and groups.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Packed {
+pub(crate) struct Packed<T> {
     k: usize,
     n: usize,
-    data: Vec<i8>,
-    /// Σ over `k` of each column (length `n`).
+    data: Vec<T>,
+    /// Σ over `k` of each column (length `n`; bytes only: what an unsigned offset in `A` adds).
     pub(crate) col_sum: Vec<i32>,
 }
 
@@ -27,53 +46,14 @@ pub(crate) fn round_up(x: usize, m: usize) -> usize {
     x.div_ceil(m) * m
 }
 
-impl Packed {
-    /// Packs `n` columns of `k` values each, column after column (`cols[c * k + r]`
-    /// is `B[r][c]`: a weight matrix's rows, or keys by token).
-    pub(crate) fn from_cols(k: usize, n: usize, cols: &[i8]) -> Packed {
-        let mut p = Packed::default();
-        p.pack_cols(k, n, cols);
-        p
-    }
-
+impl<T: Lane> Packed<T> {
+    /// Zeroed buffers for `k` × `n`; returns the groups per panel.
     fn reset(&mut self, k: usize, n: usize) -> usize {
-        let groups = round_up(k, 4) / 4;
-        let panels = round_up(n, PANEL) / PANEL;
-        self.k = k;
-        self.n = n;
+        let groups = round_up(k, T::K) / T::K;
+        (self.k, self.n) = (k, n);
         self.data.clear();
-        self.data.resize(panels * groups * PANEL * 4, 0);
-        self.col_sum.clear();
-        self.col_sum.resize(n, 0);
+        self.data.resize(round_up(n, PANEL) / PANEL * groups * PANEL * T::K, T::default());
         groups
-    }
-
-    /// As [`from_cols`](Self::from_cols), into this one's buffers.
-    #[inline(always)]
-    pub(crate) fn pack_cols(&mut self, k: usize, n: usize, cols: &[i8]) {
-        let groups = self.reset(k, n);
-        for (col, values) in cols.chunks_exact(k).take(n).enumerate() {
-            let base = (col / PANEL) * groups * PANEL * 4 + (col % PANEL) * 4;
-            for (g, four) in values.chunks(4).enumerate() {
-                let at = base + g * PANEL * 4;
-                self.data[at..at + four.len()].copy_from_slice(four);
-            }
-            self.col_sum[col] = values.iter().map(|&v| i32::from(v)).sum();
-        }
-    }
-
-    /// Packs `k` rows of `n` values each, row after row (`rows[r * n + c]` is
-    /// `B[r][c]`: values by token), into this one's buffers.
-    #[inline(always)]
-    pub(crate) fn pack_rows(&mut self, k: usize, n: usize, rows: &[i8]) {
-        let groups = self.reset(k, n);
-        for (r, values) in rows.chunks_exact(n).take(k).enumerate() {
-            let (g, lane) = (r / 4, r % 4);
-            for (col, &v) in values.iter().enumerate() {
-                self.data[((col / PANEL) * groups + g) * PANEL * 4 + (col % PANEL) * 4 + lane] = v;
-                self.col_sum[col] += i32::from(v);
-            }
-        }
     }
 
     pub(crate) fn n(&self) -> usize {
@@ -86,26 +66,37 @@ impl Packed {
     }
 }
 
-/// `B` (`k` × `n` 16-bit values) in the 16-bit kernel's order: as [`Packed`]
-/// with groups of 2 `k` values per column (`[panel][k / 2][column][2]`), so a
-/// group is 128 bytes too.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Packed16 {
-    k: usize,
-    n: usize,
-    data: Vec<i16>,
+impl Packed<i8> {
+    /// Packs `n` columns of `k` values each, column after column (`cols[c * k + r]`
+    /// is `B[r][c]`: a weight matrix's rows, or keys by token).
+    pub(crate) fn from_cols(k: usize, n: usize, cols: &[i8]) -> Packed<i8> {
+        let mut p = Packed::default();
+        p.pack_cols(k, n, cols);
+        p
+    }
+
+    /// As [`from_cols`](Self::from_cols), into this one's buffers.
+    #[inline(always)]
+    pub(crate) fn pack_cols(&mut self, k: usize, n: usize, cols: &[i8]) {
+        let groups = self.reset(k, n);
+        self.col_sum.clear();
+        for (col, values) in cols.chunks_exact(k).take(n).enumerate() {
+            let base = (col / PANEL) * groups * PANEL * 4 + (col % PANEL) * 4;
+            for (g, four) in values.chunks(4).enumerate() {
+                let at = base + g * PANEL * 4;
+                self.data[at..at + four.len()].copy_from_slice(four);
+            }
+            self.col_sum.push(values.iter().map(|&v| i32::from(v)).sum());
+        }
+    }
 }
 
-impl Packed16 {
-    /// Packs `k` rows of `n` values each, row after row (`rows[r * n + c]` is `B[r][c]`).
+impl Packed<i16> {
+    /// Packs `k` rows of `n` values each, row after row (`rows[r * n + c]` is
+    /// `B[r][c]`: values by token), two rows at a time interleaved column by column.
     #[inline(always)]
     pub(crate) fn pack_rows(&mut self, k: usize, n: usize, rows: &[i16]) {
-        let groups = round_up(k, 2) / 2;
-        self.k = k;
-        self.n = n;
-        self.data.clear();
-        self.data.resize(round_up(n, PANEL) / PANEL * groups * PANEL * 2, 0);
-        // Two rows at a time, interleaved column by column into each panel.
+        let groups = self.reset(k, n);
         for (g, pair) in rows[..k * n].chunks(2 * n).enumerate() {
             let (first, second) = pair.split_at(n);
             for (panel, (a, b)) in
@@ -118,10 +109,6 @@ impl Packed16 {
                 }
             }
         }
-    }
-
-    pub(crate) fn n_padded(&self) -> usize {
-        round_up(self.n, PANEL)
     }
 }
 
@@ -139,62 +126,42 @@ pub(crate) fn has_vnni() -> bool {
     }
 }
 
-/// What the kernels read and write stays inside `a` (`len` values, rows at stride `lda`, each
-/// `row` values read) and `c` (`m` rows at stride `ldc`): the safety of their `unsafe`.
-fn check_bounds((len, lda, row): (usize, usize, usize), m: usize, (c_len, ldc): (usize, usize)) {
-    assert!(lda >= row && (m == 0 || len >= (m - 1) * lda + row), "int8 gemm: A too short");
-    assert!(c_len >= m * ldc, "int8 gemm: C too short");
-}
-
 /// `c[i][j] = Σ_r a[i][r] · b[r][j]` for `m` rows of `a` (stride `lda`, at
-/// least `round_up(b.k(), 4)` bytes readable per row; the padding bytes are
-/// multiplied by zeros) into `c` (`m` × `b.n_padded()`, overwritten).
-pub(crate) fn gemm(a: &[u8], lda: usize, m: usize, b: &Packed, c: &mut [i32], vnni: bool) {
-    let (groups, ldc) = (round_up(b.k, 4) / 4, b.n_padded());
-    check_bounds((a.len(), lda, groups * 4), m, (c.len(), ldc));
+/// least `round_up(b.k, K)` values readable per row; the padding is multiplied
+/// by zeros) into `c` (`m` × `b.n_padded()`, overwritten).
+pub(crate) fn gemm<T: Lane>(a: &[T::A], lda: usize, m: usize, b: &Packed<T>, c: &mut [i32], vnni: bool) {
+    let (groups, ldc) = (round_up(b.k, T::K) / T::K, b.n_padded());
+    // What the kernel reads and writes stays inside `a` and `c` (`b` is whole panels by
+    // construction): the safety of its `unsafe`.
+    let row = groups * T::K;
+    assert!(lda >= row && (m == 0 || a.len() >= (m - 1) * lda + row), "int8 gemm: A too short");
+    assert!(c.len() >= m * ldc, "int8 gemm: C too short");
     #[cfg(target_arch = "x86_64")]
     #[allow(unsafe_code)]
     if vnni {
+        let (ap, bp) = (a.as_ptr().cast::<u8>(), b.data.as_ptr().cast::<u8>());
+        let kernel = if T::K == 2 { vnni::gemm::<true> } else { vnni::gemm::<false> };
         // SAFETY: the CPU has AVX-512 F, BW and VNNI (`has_vnni`, checked by the caller's
-        // `vnni`), and the asserts above bound every read of `a` and `b` and write of `c`.
-        unsafe { vnni::gemm::<false>(a.as_ptr(), lda, m, b.data.as_ptr().cast(), groups, c, ldc) };
+        // `vnni`); the asserts above bound every read of `a` (a group is 4 bytes of a row, `lda`
+        // in bytes below) and write of `c`, and `b` holds whole panels of 128-byte groups.
+        unsafe { kernel(ap, lda * size_of::<T::A>(), m, bp, groups, c, ldc) };
         return;
     }
     let _ = vnni;
-    portable::<_, _, 4>(a, lda, m, &b.data, groups, c, ldc);
+    portable(a, lda, m, b, groups, c, ldc);
 }
 
-/// As [`gemm`] in 16 bits: `c[i][j] = Σ_r a[i][r] · b[r][j]` for `m` rows of
-/// signed 16-bit `a` (stride `lda` values, at least `round_up(b.k, 2)` readable).
-pub(crate) fn gemm16(a: &[i16], lda: usize, m: usize, b: &Packed16, c: &mut [i32], vnni: bool) {
-    let (groups, ldc) = (round_up(b.k, 2) / 2, b.n_padded());
-    check_bounds((a.len(), lda, groups * 2), m, (c.len(), ldc));
-    #[cfg(target_arch = "x86_64")]
-    #[allow(unsafe_code)]
-    if vnni {
-        // SAFETY: as in `gemm`; a group is 4 bytes of a row of A and 128 bytes of B here too.
-        unsafe { vnni::gemm::<true>(a.as_ptr().cast(), lda * 2, m, b.data.as_ptr().cast(), groups, c, ldc) };
-        return;
-    }
-    let _ = vnni;
-    portable::<_, _, 2>(a, lda, m, &b.data, groups, c, ldc);
-}
-
-/// The kernels' sums in portable code: `K` values of a row of A by `K` of each column of B per
-/// group (4 bytes, or 2 16-bit values).
-fn portable<A, B, const K: usize>(a: &[A], lda: usize, m: usize, b: &[B], groups: usize, c: &mut [i32], ldc: usize)
-where
-    A: Copy + Into<i32>,
-    B: Copy + Into<i32>,
-{
+/// The kernel's sums in portable code.
+fn portable<T: Lane>(a: &[T::A], lda: usize, m: usize, b: &Packed<T>, groups: usize, c: &mut [i32], ldc: usize) {
+    let k = T::K;
     for panel in 0..ldc / PANEL {
-        let bp = &b[panel * groups * PANEL * K..(panel + 1) * groups * PANEL * K];
+        let bp = &b.data[panel * groups * PANEL * k..(panel + 1) * groups * PANEL * k];
         for i in 0..m {
-            let row = &a[i * lda..i * lda + groups * K];
+            let row = &a[i * lda..i * lda + groups * k];
             let out = &mut c[i * ldc + panel * PANEL..i * ldc + (panel + 1) * PANEL];
             out.fill(0);
-            for (av, bg) in row.chunks_exact(K).zip(bp.chunks_exact(PANEL * K)) {
-                for (o, bj) in out.iter_mut().zip(bg.chunks_exact(K)) {
+            for (av, bg) in row.chunks_exact(k).zip(bp.chunks_exact(PANEL * k)) {
+                for (o, bj) in out.iter_mut().zip(bg.chunks_exact(k)) {
                     *o += av.iter().zip(bj).map(|(&x, &y)| x.into() * y.into()).sum::<i32>();
                 }
             }
@@ -245,9 +212,9 @@ mod vnni {
         p.run()
     }
 
-    /// Unsigned by signed bytes (`WIDE` false: `vpdpbusd`) or signed 16-bit
-    /// pairs (`WIDE`: `vpdpwssd`); either way a group is 4 bytes of a row of A
-    /// (`lda` in bytes) and 128 bytes of a panel of B.
+    /// Every row of A by every panel of B, `ROWS` rows at a time: unsigned by signed bytes
+    /// (`vpdpbusd`) or, `WIDE`, signed 16-bit pairs (`vpdpwssd`); either way a group is 4
+    /// bytes of a row of A (`lda` in bytes) and 128 bytes of a panel of B.
     ///
     /// # Safety
     /// AVX-512 F, BW and VNNI present; `a`, `b`, `c` as `super::gemm` checked them.

@@ -126,7 +126,7 @@ pub(crate) fn layer_norm(x: &mut [f32], gamma: &[f32], beta: &[f32], eps: f32) {
 
 /// `e^x`, relative error under 3e-6 for x in [-87, 88] (clamped there).
 #[inline(always)]
-pub(crate) fn exp(x: f32) -> f32 {
+fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
@@ -160,10 +160,10 @@ pub(crate) fn gelu(x: &mut [f32]) {
 }
 
 /// Softmax of one row, in 16 bits: `out[j] = round(32767 · p_j)`, so that the
-/// 32-bit sums of probabilities by 16-bit values cannot overflow (Σ p = 1);
-/// returns the scale back (1 / 32767). `x` is left holding `exp(x - max x)`.
+/// 32-bit sums of probabilities by 16-bit values cannot overflow (Σ p = 1).
+/// `x` is left holding `exp(x - max x)`.
 #[inline(always)]
-pub(crate) fn softmax_wide(x: &mut [f32], out: &mut [i16]) -> f32 {
+pub(crate) fn softmax_wide(x: &mut [f32], out: &mut [i16]) {
     let top = reduce(x, f32::MIN, max, max);
     let mut total = [0f32; LANES];
     let mut chunks = x.chunks_exact_mut(LANES);
@@ -182,5 +182,4 @@ pub(crate) fn softmax_wide(x: &mut [f32], out: &mut [i16]) -> f32 {
     for (o, v) in out.iter_mut().zip(x.iter()) {
         *o = round_i32(v * to) as i16;
     }
-    1.0 / WIDE_MAX
 }

@@ -1,8 +1,8 @@
 //! The BERT encoder with int8 matrix products (`--embedding-precision int8`):
 //! every linear layer's weights quantized once per output channel, the
-//! activations per token as they come, the attention's two products per head
-//! (queries per token, keys per token, probabilities per row against the row's
-//! largest, values per dimension), sums in 32 bits, everything else (the
+//! activations per token over their own range, the attention's two products
+//! per head (queries by keys in 8 bits, each per token; probabilities by values
+//! in 16 bits, the probabilities to 1/32767, the values per dimension), sums in 32 bits, everything else (the
 //! residual stream, LayerNorm, GELU, softmax, pooling) in f32. The sequences
 //! of a batch are not padded: the linear layers run over all their tokens at
 //! once, the attention per sequence. Owns the quantized weights.
@@ -13,7 +13,7 @@ mod math;
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 
-use self::gemm::{Packed, Packed16, gemm, gemm16, round_up};
+use self::gemm::{Packed, gemm, round_up};
 use self::math::WIDE_MAX;
 use crate::bert::{BertConfig, Result};
 
@@ -22,7 +22,7 @@ pub(crate) use self::gemm::has_vnni;
 /// One linear layer: `y = x · Wᵀ + b`, `W` quantized per output row.
 #[derive(Debug)]
 struct Linear {
-    w: Packed,
+    w: Packed<i8>,
     scale: Vec<f32>,
     /// Each output's column sum times its scale: what an input's `low` adds to it.
     sum_scale: Vec<f32>,
@@ -77,8 +77,8 @@ impl Linear {
     }
 
     fn load(vb: VarBuilder<'_>, n: usize, k: usize) -> Result<Linear> {
-        let w = vec1(vb.get((n, k), "weight")?)?;
-        Ok(Linear::new(&w, vec1(vb.get(n, "bias")?)?, n, k))
+        let (w, bias) = Linear::part(vb, n, k)?;
+        Ok(Linear::new(&w, bias, n, k))
     }
 
     /// Stacks layers with the same inputs (their outputs side by side).
@@ -162,13 +162,12 @@ struct Scratch {
     k_scale: Vec<f32>,
     /// Each key's sum times its scale (what a query's `low` adds to its score).
     k_sum_scale: Vec<f32>,
-    keys: Packed,
+    keys: Packed<i8>,
     v: Vec<i16>,
     v_inv: Vec<f32>,
     v_scale: Vec<f32>,
-    values: Packed16,
+    values: Packed<i16>,
     p: Vec<i16>,
-    p_scale: Vec<f32>,
     scores: Vec<f32>,
     acc: Vec<i32>,
 }
@@ -198,13 +197,12 @@ impl Bert {
         for i in 0..c.num_hidden_layers {
             let l = vb.pp(format!("encoder.layer.{i}"));
             let a = l.pp("attention");
-            let qkv = ["self.query", "self.key", "self.value"].map(|name| Linear::part(a.pp(name), h, h));
-            let [q, k, v] = qkv;
+            let [q, k, v] = ["self.query", "self.key", "self.value"].map(|name| Linear::part(a.pp(name), h, h));
             let attn_norm = Norm::load(a.pp("output.LayerNorm"), h)?;
             layers.push(Layer {
                 qkv: Linear::stack(&[q?, k?, v?], h),
                 attn_out: Linear::load(a.pp("output.dense"), h, h)?,
-                up: Linear::stack(&[Linear::part(l.pp("intermediate.dense"), inner, h)?], h),
+                up: Linear::load(l.pp("intermediate.dense"), inner, h)?,
                 attn_norm,
                 down: Linear::load(l.pp("output.dense"), h, inner)?,
                 out_norm: Norm::load(l.pp("output.LayerNorm"), h)?,
@@ -241,7 +239,7 @@ impl Bert {
         let mut x = Vec::with_capacity(rows * h);
         for s in seqs {
             for (pos, &id) in s.iter().enumerate() {
-                let (id, pos) = (id as usize, pos);
+                let id = id as usize;
                 if (id + 1) * h > self.words.len() || (pos + 1) * h > self.positions.len() {
                     candle_core::bail!("token id {id} at position {pos} is outside the model");
                 }
@@ -294,9 +292,9 @@ impl Bert {
     /// One head of self-attention over the `len` tokens from row `start`, its
     /// context written into `ctx`'s columns of that head. Scores: queries (each
     /// over its own range) by keys (each symmetric) in int8. Probabilities by
-    /// values in 16 bits (the probabilities against the row's largest, the values
-    /// per dimension): an 8-bit probability drops the many small weights beside
-    /// an attention sink, which the embedding feels.
+    /// values in 16 bits (the probabilities to 1/32767, the values per dimension):
+    /// an 8-bit probability drops the many small weights beside an attention sink,
+    /// which the embedding feels.
     #[inline(always)]
     fn attend(&self, qkv: &[f32], ctx: &mut [f32], start: usize, len: usize, head: usize, s: &mut Scratch) {
         let (h, d) = (self.hidden, self.hidden / self.heads);
@@ -340,7 +338,6 @@ impl Bert {
         let scale = 1.0 / (d as f32).sqrt();
         s.p.clear();
         s.p.resize(len * len2, 0);
-        s.p_scale.clear();
         s.scores.resize(len, 0.0);
         for i in 0..len {
             let a = &s.acc[i * ldc..i * ldc + len];
@@ -349,15 +346,15 @@ impl Bert {
             for (o, ((&a, &ks), &sk)) in s.scores.iter_mut().zip(terms) {
                 *o = (a as f32 * sq).mul_add(sk, lq * ks);
             }
-            s.p_scale.push(math::softmax_wide(&mut s.scores, &mut s.p[i * len2..]));
+            math::softmax_wide(&mut s.scores, &mut s.p[i * len2..]);
         }
         let ldv = s.values.n_padded();
-        gemm16(&s.p, len2, len, &s.values, &mut s.acc, self.vnni);
+        gemm(&s.p, len2, len, &s.values, &mut s.acc, self.vnni);
         for i in 0..len {
             let out = &mut ctx[(start + i) * h + head * d..][..d];
-            let sp = s.p_scale[i];
+            // The probabilities are in 1/32767ths (`softmax_wide`), the values in their scales.
             for ((o, &a), &sv) in out.iter_mut().zip(&s.acc[i * ldv..]).zip(&s.v_scale) {
-                *o = a as f32 * sp * sv;
+                *o = a as f32 * (1.0 / WIDE_MAX) * sv;
             }
         }
     }

@@ -65,29 +65,26 @@ pub(crate) enum Mode {
 }
 
 impl Mode {
-    /// The mode `value` asks for, if `debug` (the `x-route-debug` value) is a control-plane
-    /// key; a precise error otherwise.
+    /// The mode `value` asks for, once `debug` (the `x-route-debug` value) is a control-plane
+    /// key (checked first: nothing is said to anyone else); a precise error otherwise.
     pub(crate) fn asked(
         control_keys: &crate::pipeline::auth::Keys,
         value: &[u8],
         debug: Option<&[u8]>,
     ) -> Result<Mode, crate::GatewayError> {
-        let mode = match value.trim_ascii() {
-            b"preview" => Mode::Preview,
-            b"probe" => Mode::Probe,
-            other => {
-                let shown = String::from_utf8_lossy(&other[..other.len().min(32)]).into_owned();
-                return Err(crate::GatewayError::BadRequest(format!(
-                    "x-route-mode: {shown:?} is not a mode (preview, probe)"
-                )));
-            }
-        };
         if !Meta::wants_debug(control_keys, debug) {
             return Err(crate::GatewayError::Forbidden(
                 "x-route-mode needs x-route-debug with a control-plane key".into(),
             ));
         }
-        Ok(mode)
+        match value.trim_ascii() {
+            b"preview" => Ok(Mode::Preview),
+            b"probe" => Ok(Mode::Probe),
+            other => {
+                let shown = String::from_utf8_lossy(&other[..other.len().min(32)]).into_owned();
+                Err(crate::GatewayError::BadRequest(format!("x-route-mode: {shown:?} is not a mode (preview, probe)")))
+            }
+        }
     }
 
     pub(crate) fn as_str(self) -> &'static str {
