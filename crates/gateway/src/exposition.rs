@@ -193,6 +193,16 @@ impl Gateway {
             "router_cascade_total",
             "Requests a cascade plugin judged or let pass, by decision and outcome (kept, escalated, no_logprobs, skip_stream, skip_route, too_large, failed).",
         );
+            m.guarded.render(
+                out,
+                "router_response_guard_total",
+                "2xx answers a response_guard plugin read, by decision and outcome (clean, annotated, redacted, blocked, too_large, failed).",
+            );
+            m.guard_findings.render(
+                out,
+                "router_response_guard_findings_total",
+                "What a response_guard plugin found in answers, by decision and finding (a PII type, or jailbreak:<rule>).",
+            );
             let learning = slot.learning();
             learning.counts.render(
             out,

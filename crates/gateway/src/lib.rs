@@ -9,6 +9,7 @@
 //!                                                                   └─► proxy (stream) ─► client
 //! ```
 
+mod answer_guard;
 pub mod cache;
 pub mod cached;
 pub mod epp;

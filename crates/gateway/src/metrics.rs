@@ -155,6 +155,12 @@ pub struct RoutingMetrics {
     /// Requests a `cascade` plugin judged or let pass, by `decision` and `outcome` (`kept`,
     /// `escalated`, `no_logprobs`, `skip_stream`, `skip_route`, `too_large`, `failed`).
     pub cascades: LabeledCounter,
+    /// 2xx answers a `response_guard` read, by `decision` and `outcome` (`clean`, `annotated`,
+    /// `redacted`, `blocked`, `too_large`, `failed`).
+    pub guarded: LabeledCounter,
+    /// What a `response_guard` found in answers, by `decision` and `finding` (a PII type, or
+    /// `jailbreak:<rule>`).
+    pub guard_findings: LabeledCounter,
 }
 
 impl RoutingMetrics {
@@ -169,6 +175,8 @@ impl RoutingMetrics {
             cache_lookups: LabeledCounter::default(),
             cache_stores: LabeledCounter::default(),
             cascades: LabeledCounter::default(),
+            guarded: LabeledCounter::default(),
+            guard_findings: LabeledCounter::default(),
         }
     }
 

@@ -17,7 +17,7 @@ use renderer::ChatRequest;
 use serde_json::{Value, json};
 
 use crate::engine::{Admission, Engine};
-use crate::reply::{Release, injected_failure, max_tokens, now_secs, rank_hint, word};
+use crate::reply::{Release, Script, injected_failure, max_tokens, now_secs, rank_hint};
 
 /// An error in Anthropic's shape.
 fn error(status: StatusCode, kind: &str, message: &str) -> Response {
@@ -81,7 +81,7 @@ pub(crate) async fn messages(State(e): State<Arc<Engine>>, headers: HeaderMap, b
         for _ in 0..n {
             e.decode_step().await;
         }
-        let text: String = (0..n).map(word).collect();
+        let text = Script::of(&v).text(n);
         return Json(json!({
             "id": id, "type": "message", "role": "assistant", "model": model,
             "content": [{"type": "text", "text": text}],
@@ -93,7 +93,7 @@ pub(crate) async fn messages(State(e): State<Arc<Engine>>, headers: HeaderMap, b
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(events(guard, model, id, n, die)))
+        .body(Body::from_stream(events(guard, model, id, (n, Script::of(&v)), die)))
         .unwrap_or_else(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "api_error", "response build failed"))
 }
 
@@ -118,7 +118,7 @@ fn events(
     guard: Release,
     model: String,
     id: String,
-    n: usize,
+    (n, script): (usize, Script),
     die: bool,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send {
     let start = json!({"type": "message_start", "message": {
@@ -134,30 +134,33 @@ fn events(
         ),
     ];
     let head = futures_util::stream::iter(head.map(Ok));
-    let deltas = futures_util::stream::unfold((0usize, Some(guard)), move |(i, guard)| async move {
-        let guard = guard?;
-        if i == n {
-            let end = [
-                event("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
-                event(
-                    "message_delta",
-                    json!({"type": "message_delta",
+    let deltas = futures_util::stream::unfold((0usize, Some(guard)), move |(i, guard)| {
+        let script = script.clone();
+        async move {
+            let guard = guard?;
+            if i == n {
+                let end = [
+                    event("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+                    event(
+                        "message_delta",
+                        json!({"type": "message_delta",
                     "delta": {"stop_reason": "max_tokens", "stop_sequence": null},
                     "usage": {"output_tokens": n}}),
-                ),
-                event("message_stop", json!({"type": "message_stop"})),
-            ]
-            .concat();
-            return Some((Ok(Bytes::from(end)), (i + 1, None)));
+                    ),
+                    event("message_stop", json!({"type": "message_stop"})),
+                ]
+                .concat();
+                return Some((Ok(Bytes::from(end)), (i + 1, None)));
+            }
+            if die && i == 1 {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                return Some((Err(std::io::Error::other("injected: engine died mid-stream")), (n + 1, None)));
+            }
+            guard.engine.decode_step().await;
+            let delta = json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": script.word(i)}});
+            Some((Ok(event("content_block_delta", delta)), (i + 1, Some(guard))))
         }
-        if die && i == 1 {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            return Some((Err(std::io::Error::other("injected: engine died mid-stream")), (n + 1, None)));
-        }
-        guard.engine.decode_step().await;
-        let delta = json!({"type": "content_block_delta", "index": 0,
-            "delta": {"type": "text_delta", "text": word(i)}});
-        Some((Ok(event("content_block_delta", delta)), (i + 1, Some(guard))))
     });
     futures_util::StreamExt::chain(head, deltas)
 }

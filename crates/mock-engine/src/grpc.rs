@@ -17,7 +17,7 @@ use grpc_wire::{Handler, Messages, Replies, Started, Status};
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::{Engine, RequestFault};
-use crate::reply::{Release, word};
+use crate::reply::{Release, Script};
 
 /// Longest a caller may take to send its one request message.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -47,7 +47,7 @@ impl Drop for Running<'_> {
 
 impl Scheduler {
     pub(crate) fn new(engine: Arc<Engine>, cancel: CancellationToken) -> Self {
-        let text: String = engine.config().reply_text.clone().unwrap_or_else(|| (0..512).map(word).collect());
+        let text: String = engine.config().reply_text.clone().unwrap_or_else(|| Script::default().text(512));
         let output = engine.renderer().tokenizer().encode(&text, false).unwrap_or_default();
         Self { engine, output, cancel, running: Default::default() }
     }

@@ -48,6 +48,9 @@ pub(crate) fn bad_json(err: serde_json::Error) -> Response {
 }
 
 pub(crate) fn max_tokens(v: &Value, default: usize) -> usize {
+    if let Script(Some(pieces)) = Script::of(v) {
+        return pieces.len();
+    }
     ["max_completion_tokens", "max_tokens"]
         .iter()
         .find_map(|k| v.get(*k).and_then(Value::as_u64))
@@ -69,9 +72,41 @@ pub(crate) fn rank_hint(headers: &HeaderMap, v: &Value) -> Option<usize> {
 }
 
 /// The word generated at position `i`.
-pub(crate) fn word(i: usize) -> &'static str {
-    const WORDS: [&str; 8] = [" the", " cache", " is", " warm", " and", " routing", " works", "."];
-    WORDS[i % WORDS.len()]
+/// The answer's tokens: a test's scripted text (the request's `mock_reply`, in pieces of three
+/// bytes on char boundaries: the whole of it, whatever `max_tokens` says), else eight words
+/// over and over.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Script(Option<Arc<[String]>>);
+
+impl Script {
+    pub(crate) fn of(v: &Value) -> Script {
+        let Some(text) = v.get("mock_reply").and_then(Value::as_str) else { return Script(None) };
+        let mut pieces = Vec::new();
+        let mut at = 0;
+        while at < text.len() {
+            let mut end = (at + 3).min(text.len());
+            while !text.is_char_boundary(end) {
+                end += 1;
+            }
+            pieces.push(text[at..end].to_owned());
+            at = end;
+        }
+        Script(Some(pieces.into()))
+    }
+
+    /// Token `i`.
+    pub(crate) fn word(&self, i: usize) -> &str {
+        const WORDS: [&str; 8] = [" the", " cache", " is", " warm", " and", " routing", " works", "."];
+        match &self.0 {
+            Some(pieces) => pieces.get(i).map_or("", String::as_str),
+            None => WORDS[i % WORDS.len()],
+        }
+    }
+
+    /// Tokens `0..n` as one text.
+    pub(crate) fn text(&self, n: usize) -> String {
+        (0..n).map(|i| self.word(i)).collect()
+    }
 }
 
 fn usage(a: &Admission, completion: usize) -> Value {
@@ -118,7 +153,8 @@ pub(crate) async fn answer(e: &Engine, route: Route, v: &Value, guard: &Release,
         for _ in 0..n {
             e.decode_step().await;
         }
-        let text: String = (0..n).map(word).collect();
+        let script = Script::of(v);
+        let text = script.text(n);
         let mut body = match route {
             Route::Chat => json!({
                 "id": id, "object": "chat.completion", "created": now_secs(), "model": model,
@@ -139,7 +175,7 @@ pub(crate) async fn answer(e: &Engine, route: Route, v: &Value, guard: &Release,
         // Logprobs, as vLLM and SGLang report them, when asked for: a chat's `logprobs: true`
         // (`choices[].logprobs.content[]`), a completion's `logprobs: N` (`token_logprobs`).
         let lp = e.token_logprob();
-        let words: Vec<&str> = (0..n).map(word).collect();
+        let words: Vec<&str> = (0..n).map(|i| script.word(i)).collect();
         match route {
             Route::Chat if v.get("logprobs").and_then(Value::as_bool) == Some(true) => {
                 let content: Vec<Value> = words
@@ -215,8 +251,9 @@ pub(crate) fn events(
     let logprobs = v.get("return_logprob").and_then(Value::as_bool) == Some(true) && e.pd().is_some();
     let state = (0usize, Some(guard), e, model, id);
     let meta = std::sync::Arc::new(meta);
+    let script = Script::of(v);
     futures_util::stream::unfold(state, move |(i, guard, e, model, id)| {
-        let meta = meta.clone();
+        let (meta, script) = (meta.clone(), script.clone());
         async move {
             let guard = guard?;
             if i > n {
@@ -252,21 +289,21 @@ pub(crate) fn events(
             let chunk = match route {
                 Route::Chat => {
                     json!({"id": id, "object": "chat.completion.chunk", "created": now_secs(), "model": model,
-                "choices": [{"index": 0, "delta": if i == 0 { json!({"role": "assistant", "content": word(i)}) } else { json!({"content": word(i)}) }, "finish_reason": if i + 1 == n { json!("length") } else { Value::Null }}]})
+                "choices": [{"index": 0, "delta": if i == 0 { json!({"role": "assistant", "content": script.word(i)}) } else { json!({"content": script.word(i)}) }, "finish_reason": if i + 1 == n { json!("length") } else { Value::Null }}]})
                 }
                 Route::Completions => {
                     json!({"id": id, "object": "text_completion", "created": now_secs(), "model": model,
-                "choices": [{"index": 0, "text": word(i), "finish_reason": if i + 1 == n { json!("length") } else { Value::Null }}]})
+                "choices": [{"index": 0, "text": script.word(i), "finish_reason": if i + 1 == n { json!("length") } else { Value::Null }}]})
                 }
                 Route::Generate if logprobs => {
-                    let mut chunk = json!({"text": (0..=i).map(word).collect::<String>(),
+                    let mut chunk = json!({"text": script.text(i + 1),
                     "meta_info": {"prompt_tokens": guard.admission.prompt_tokens, "completion_tokens": i + 1, "cached_tokens": guard.admission.cached_tokens, "input_token_logprobs": []}});
                     if let Some(m) = chunk.get_mut("meta_info").and_then(Value::as_object_mut) {
                         m.extend(meta.as_ref().clone());
                     }
                     chunk
                 }
-                Route::Generate => json!({"text": (0..=i).map(word).collect::<String>(),
+                Route::Generate => json!({"text": script.text(i + 1),
                 "meta_info": {"prompt_tokens": guard.admission.prompt_tokens, "completion_tokens": i + 1, "cached_tokens": guard.admission.cached_tokens}}),
             };
             Some((Ok(Bytes::from(format!("data: {chunk}\n\n"))), (i + 1, Some(guard), e, model, id)))

@@ -14,8 +14,8 @@ mod validate;
 
 pub use load::{Problem, parse_yaml};
 pub use pools::{
-    Cascade, DEFAULT_PREFILL_TOKENS_PER_S, Disaggregation, HeaderMutation, PluginConfig, PoolConfig, PrefillWorker,
-    Price, ResponseCache, SystemPromptMode,
+    Cascade, DEFAULT_PREFILL_TOKENS_PER_S, Disaggregation, GuardAction, HeaderMutation, PluginConfig, PoolConfig,
+    PrefillWorker, Price, ResponseCache, ResponseGuard, SystemPromptMode,
 };
 pub(crate) use semantic::uses_embeddings;
 pub use semantic::{

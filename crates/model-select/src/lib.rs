@@ -20,6 +20,7 @@ mod config;
 mod decision;
 mod error;
 mod feedback;
+mod guard;
 mod language;
 mod normalize;
 mod pii;
@@ -35,18 +36,19 @@ pub use algorithm::{Algorithm, Bandit, Candidate, MultiFactor, OnNoCandidates, S
 pub use config::{
     ALGORITHMS, Aggregation, AlgorithmConfig, Bounds, Cascade, ComplexityRule, Config, ContextRule, ConversationRule,
     DEFAULT_PREFILL_TOKENS_PER_S, DecisionConfig, Disaggregation, DomainConfig, DomainLabel, DomainMethod,
-    EmbeddingRule, HeaderMutation, HeaderRule, JailbreakRule, KeywordOperator, KeywordRule, LanguageRule, LoadRule,
-    PiiRule, PluginConfig, PoolConfig, PrefillWorker, Price, Problem, RESERVED_DECISIONS, ReaskRule, RegexRule,
-    ResponseCache, RuleNode, RuleOperator, SignalCondition, SignalKind, SignalRef, SignalsConfig, Stickiness, Strategy,
-    SystemPromptMode, parse_yaml, validate,
+    EmbeddingRule, GuardAction, HeaderMutation, HeaderRule, JailbreakRule, KeywordOperator, KeywordRule, LanguageRule,
+    LoadRule, PiiRule, PluginConfig, PoolConfig, PrefillWorker, Price, Problem, RESERVED_DECISIONS, ReaskRule,
+    RegexRule, ResponseCache, ResponseGuard, RuleNode, RuleOperator, SignalCondition, SignalKind, SignalRef,
+    SignalsConfig, Stickiness, Strategy, SystemPromptMode, parse_yaml, validate,
 };
 pub use decision::{DecisionTrace, RuleOutcome, Selection, evaluate_rule, needed_signals, select};
 pub use error::ConfigError;
 pub use feedback::{Arm, ELO_K, ELO_START, Evidence, Outcomes, Rng};
+pub use guard::{Lane, StreamGuard};
 pub use language::{Detected, detect as detect_language, normalize as language_code};
 pub use pii::{PiiDetector, PiiFinding, PiiType};
 pub use polarity::polarity;
-pub use redact::{Redactions, redact};
+pub use redact::{Placeholders, Redactions, answer_text, redact, redact_answer};
 pub use request::{guard_text, set_system_prompt, shape, signal_text, user_turns};
 pub use results::{SignalResult, SignalResults};
 pub use selector::{Choice, NO_DECISION, Selector, Target, first_eligible, redact_types};

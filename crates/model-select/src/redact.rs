@@ -24,12 +24,19 @@ pub struct Redactions {
     pub counts: Vec<(PiiType, usize)>,
 }
 
-/// One redaction in progress: the placeholders given so far.
+/// One redaction in progress: the detector, the types, the placeholders given so far.
 struct Redactor<'d> {
     detector: &'d PiiDetector,
     types: &'d [PiiType],
-    /// (type, normalized value) → its number: one value, one placeholder,
-    /// however it was written (`a&#64;b.io` is `a@b.io`).
+    numbers: Placeholders,
+}
+
+/// The placeholders one body or answer gave: one value, one placeholder, however it was
+/// written (`a&#64;b.io` is `a@b.io`), numbered per type in order of appearance; and how
+/// many values of each type were replaced. The values live only as long as it does.
+#[derive(Debug, Clone, Default)]
+pub struct Placeholders {
+    /// (type, normalized value) → its number.
     seen: HashMap<(PiiType, String), usize>,
     next: HashMap<PiiType, usize>,
     replaced: HashMap<PiiType, usize>,
@@ -41,7 +48,7 @@ struct Redactor<'d> {
 /// placeholder across the request. The values stay in this function's
 /// memory only.
 pub fn redact(body: &mut Value, detector: &PiiDetector, types: &[PiiType]) -> Redactions {
-    let mut r = Redactor { detector, types, seen: HashMap::new(), next: HashMap::new(), replaced: HashMap::new() };
+    let mut r = Redactor { detector, types, numbers: Placeholders::default() };
     if body.get("messages").is_some_and(Value::is_array) {
         // Anthropic's Messages API: its system prompt first, beside the messages.
         if let Some(system) = body.get_mut("system") {
@@ -57,9 +64,92 @@ pub fn redact(body: &mut Value, detector: &PiiDetector, types: &[PiiType]) -> Re
             }
         }
     }
-    let mut counts: Vec<(PiiType, usize)> = r.replaced.into_iter().collect();
-    counts.sort();
-    Redactions { counts }
+    r.numbers.redactions()
+}
+
+/// [`redact`] on an answer: a chat's (every choice's message: its content, reasoning and tool
+/// calls), a completion's (every choice's `text`), Anthropic's (its `content` blocks) or
+/// `/generate`'s (its `text`, or each item's in a list).
+pub fn redact_answer(answer: &mut Value, detector: &PiiDetector, types: &[PiiType]) -> Redactions {
+    let mut r = Redactor { detector, types, numbers: Placeholders::default() };
+    let one = |r: &mut Redactor<'_>, item: &mut Value| {
+        if let Some(Value::Array(choices)) = item.get_mut("choices") {
+            for choice in choices {
+                if let Some(m) = choice.get_mut("message") {
+                    r.message(m);
+                }
+                if let Some(Value::String(s)) = choice.get_mut("text") {
+                    r.text(s);
+                }
+            }
+        } else if let Some(content) = item.get_mut("content").filter(|c| c.is_array()) {
+            r.content(content);
+        } else if let Some(Value::String(s)) = item.get_mut("text") {
+            r.text(s);
+        }
+    };
+    match answer {
+        Value::Array(items) => items.iter_mut().for_each(|item| one(&mut r, item)),
+        item => one(&mut r, item),
+    }
+    r.numbers.redactions()
+}
+
+/// The texts [`redact_answer`] reads of an answer (message contents and text blocks,
+/// reasoning, texts), one per line: what a `response_guard` judges by its jailbreak rules.
+pub fn answer_text(answer: &Value) -> String {
+    let mut out = String::new();
+    let mut add = |s: &str| {
+        if !s.is_empty() {
+            if !out.is_empty() {
+                out.push('\n');
+            }
+            out.push_str(s);
+        }
+    };
+    let items = match answer {
+        Value::Array(items) => items.as_slice(),
+        item => std::slice::from_ref(item),
+    };
+    for item in items {
+        for choice in item.get("choices").and_then(Value::as_array).into_iter().flatten() {
+            for key in ["/message/reasoning_content", "/message/content", "/text"] {
+                choice.pointer(key).and_then(Value::as_str).map(&mut add);
+            }
+        }
+        for block in item.get("content").and_then(Value::as_array).into_iter().flatten() {
+            for key in ["thinking", "text"] {
+                block.get(key).and_then(Value::as_str).map(&mut add);
+            }
+        }
+        if item.get("choices").is_none() {
+            item.get("text").and_then(Value::as_str).map(&mut add);
+        }
+    }
+    out
+}
+
+// === impl Placeholders ===
+
+impl Placeholders {
+    /// The placeholder of `value` (as written) of type `kind`, counted as one replacement.
+    pub fn of(&mut self, kind: PiiType, value: &str) -> String {
+        let key = (kind, Normalized::new(value).as_str().to_owned());
+        let n = *self.seen.entry(key).or_insert_with(|| {
+            let n = self.next.entry(kind).or_insert(0);
+            *n += 1;
+            *n
+        });
+        *self.replaced.entry(kind).or_insert(0) += 1;
+        format!("[{}_{n}]", kind.as_str().to_ascii_uppercase())
+    }
+
+    /// The values replaced so far, by type.
+    pub fn redactions(&self) -> Redactions {
+        let mut counts: Vec<(PiiType, usize)> = self.replaced.iter().map(|(k, n)| (*k, *n)).collect();
+        counts.sort();
+        Redactions { counts }
+    }
 }
 
 // === impl Redactions ===
@@ -188,14 +278,7 @@ impl Redactor<'_> {
                 continue; // inside a finding already replaced
             }
             out.push_str(&text[at..f.span.start]);
-            let key = (f.kind, Normalized::new(&text[f.span.clone()]).as_str().to_owned());
-            let n = *self.seen.entry(key).or_insert_with(|| {
-                let n = self.next.entry(f.kind).or_insert(0);
-                *n += 1;
-                *n
-            });
-            *self.replaced.entry(f.kind).or_insert(0) += 1;
-            out.push_str(&format!("[{}_{n}]", f.kind.as_str().to_ascii_uppercase()));
+            out.push_str(&self.numbers.of(f.kind, &text[f.span.clone()]));
             at = f.span.end;
         }
         out.push_str(&text[at..]);

@@ -234,6 +234,12 @@ impl Selector {
         Choice { decision: selection.winner, pools, signals, trace: selection.trace, index, algorithm }
     }
 
+    /// Whether the `jailbreak` rule `name` matches a text whose vector is `v` (a
+    /// `response_guard` judging an answer; `None`: no such rule).
+    pub fn jailbreak(&self, name: &str, v: &[f32]) -> Option<bool> {
+        self.signals.jailbreak(name, v)
+    }
+
     /// The PII detector `pii_redact` uses.
     pub fn detector(&self) -> &PiiDetector {
         &self.detector

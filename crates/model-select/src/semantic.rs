@@ -269,6 +269,15 @@ impl Semantic {
         }
     }
 
+    /// Whether the `jailbreak` rule `name` matches the text of vector `v` (its last-turn score;
+    /// `None`: no such rule).
+    pub(crate) fn jailbreak(&self, name: &str, v: &[f32]) -> Option<bool> {
+        let c = self.contrastive.iter().find(|c| c.signal.kind == SignalKind::Jailbreak && c.signal.name == name)?;
+        let near = nearest_mean(v, &c.positive, c.k).unwrap_or(0.0);
+        let score = near - nearest_mean(v, &c.negative, c.k).unwrap_or(0.0);
+        Some(score >= c.threshold && near >= c.min_similarity)
+    }
+
     /// Computes the `needed` embedding signals into `out`.
     pub(crate) fn evaluate(
         &self,

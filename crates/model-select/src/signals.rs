@@ -245,6 +245,11 @@ impl Signals {
         self.semantic.needs(needed)
     }
 
+    /// Whether the `jailbreak` rule `name` matches the text of vector `v` (`None`: no such rule).
+    pub(crate) fn jailbreak(&self, name: &str, v: &[f32]) -> Option<bool> {
+        self.semantic.jailbreak(name, v)
+    }
+
     /// The conversation, header and load rules.
     fn evaluate_request(&self, input: &SignalInput<'_>, needed: &HashSet<SignalRef>, out: &mut SignalResults) {
         let rule = |matched: bool, value: Option<f64>| SignalResult { matched, confidence: 1.0, value };

@@ -99,7 +99,8 @@ enum Source<'a, F> {
 /// No dispatch: a request the picker placed without the pipeline.
 pub(super) const NO_DISPATCH: Option<Dispatch<'static, Pending<Forwarding>>> = None;
 
-/// What came of the select and plan phases.
+/// What came of the select and plan phases (one per request, moved once: its size does not matter).
+#[allow(clippy::large_enum_variant)]
 enum Planned {
     Picked(Pick),
     Done(Forwarding),

@@ -70,7 +70,7 @@ pub(crate) async fn for_picker(
 ) -> Result<DecodeLeg, GatewayError> {
     let pool = d.planned.pair.prefill.pool.clone();
     let Some(pd) = pool.pd.clone() else { return Err(GatewayError::Internal("not disaggregated".into())) };
-    let Disaggregated { mut admission, planned, route_headers, edits, workers } = *d;
+    let Disaggregated { mut admission, planned, route_headers, edits, workers, .. } = *d;
     let super::Planned { v, batch, pair, .. } = planned;
     let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let logprobs = match pd.mode {

@@ -31,6 +31,8 @@ pub(crate) struct InFlight {
     pub(crate) cache: Option<crate::cache::Ticket>,
     /// The decision's cascade judges the answer: its plan and the body the worker got.
     pub(crate) cascade: Option<Box<(crate::pools::cascade::Plan, Bytes)>>,
+    /// The decision's `response_guard`, which reads the answer before the client does.
+    pub(crate) answer_guard: Option<Box<crate::pools::response_guard::Armed>>,
     /// Prompt tokens the index says the worker holds (a prompt's route on one worker): the
     /// answer's reported cached tokens are compared with it.
     pub(crate) predicted: Option<u64>,
@@ -70,6 +72,7 @@ impl InFlight {
             start,
             cache: None,
             cascade: None,
+            answer_guard: None,
             predicted: None,
             trace: None,
             counted: true,

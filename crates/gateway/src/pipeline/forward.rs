@@ -53,6 +53,8 @@ pub(crate) struct Disaggregated {
     pub(crate) edits: Option<Arc<HeaderEdits>>,
     /// The fleet as the request saw it when planned (a retry's new pair is chosen in it).
     pub(crate) workers: Arc<[Arc<Worker>]>,
+    /// The decision's `response_guard`, which reads the pair's answer.
+    pub(crate) guard: Option<crate::pools::response_guard::Armed>,
 }
 
 /// The outcome of parsing and routing, off the serving thread for a large body
@@ -63,7 +65,12 @@ enum Step {
     Send(Option<Value>, Plan, Option<crate::pools::Routed>, Bytes, Option<Vec<u32>>),
     Cached(crate::cache::Hit),
     /// To a disaggregated pool, with its pair.
-    Disaggregated(crate::pd::Planned, crate::pipeline::request::RouteHeaders, Option<Arc<HeaderEdits>>),
+    Disaggregated(
+        crate::pd::Planned,
+        crate::pipeline::request::RouteHeaders,
+        Option<Arc<HeaderEdits>>,
+        Option<Arc<crate::pools::response_guard::Spec>>,
+    ),
 }
 
 /// Routes an admitted request and delivers it: parse and plan (off the
@@ -95,6 +102,8 @@ where
     let (cache_bypass, caller, probe) = (meta.cache_bypass, meta.caller, meta.probe);
     let (forced, subset) = (meta.forced.clone(), meta.subset.clone());
     // The vectors embedding signals read, on the embedding pool's threads (none without such signals).
+    // The config the request is routed by, for its answer's guard.
+    let config = routing.clone();
     let crate::pools::PreRouted { body: parsed, embeddings } =
         crate::pools::pre_route(gw, routing.as_deref(), route, &bytes).await?;
     // The fleet as this request sees it, from its plan to its last retry: one snapshot.
@@ -144,8 +153,9 @@ where
         if pool.pd.is_some() {
             let planned = crate::pd::plan(planner, pool, route, (&bytes, v), &renders, key.as_deref())?;
             let headers = routed.as_ref().map(crate::pipeline::request::RouteHeaders::of);
+            let guard = routed.as_ref().and_then(|r| r.guard.clone());
             let edits = routed.and_then(|r| r.edits);
-            return Ok(Step::Disaggregated(planned, headers.unwrap_or_default(), edits));
+            return Ok(Step::Disaggregated(planned, headers.unwrap_or_default(), edits, guard));
         }
         // A gRPC worker takes token ids: the plan's render, kept for it.
         let ids = match v.as_ref() {
@@ -162,10 +172,11 @@ where
     admission.rendered();
     let (mut v, plan, mut routed, bytes, ids) = match step {
         Step::Cached(hit) => return Ok(from_cache(gw, route, start, hit)),
-        Step::Disaggregated(planned, route_headers, edits) => {
+        Step::Disaggregated(planned, route_headers, edits, guard) => {
             // Both legs carry the router's span as their parent.
             let edits = crate::pipeline::trace::edits(meta.trace.as_ref(), edits);
-            let d = Disaggregated { admission, planned, route_headers, edits, workers };
+            let guard = armed(guard, config.as_ref());
+            let d = Disaggregated { admission, planned, route_headers, edits, workers, guard };
             return Ok(Forwarded::Disaggregated(Box::new(d)));
         }
         Step::Send(v, plan, mut routed, bytes, ids) => {
@@ -210,16 +221,23 @@ where
     let route_headers = routed.as_ref().map(crate::pipeline::request::RouteHeaders::of);
     let cache = routed.as_mut().and_then(|r| r.cache.take()).map(|(ticket, _)| ticket);
     let cascade = routed.as_mut().and_then(|r| r.cascade.take()).map(|plan| Box::new((plan, bytes.clone())));
+    let answer_guard = armed(routed.as_mut().and_then(|r| r.guard.take()), config.as_ref());
     let edits = crate::pipeline::trace::edits(meta.trace.as_ref(), routed.and_then(|r| r.edits));
     let mut guard = InFlight::new(gw.clone(), admission, load, route, start);
     guard.trace = meta.trace.map(|ctx| crate::pipeline::trace::Traced::decided(ctx, id, &plan));
     (guard.route_headers, guard.cache, guard.cascade) = (route_headers, cache, cascade);
+    guard.answer_guard = answer_guard.map(Box::new);
     guard.predicted = route.has_prompt().then_some(matched);
     // A gRPC worker: the router sends the token ids and makes the answer.
     if let (Some(tokens), Some(v), true) = (ids, v.take(), worker.engine().is_some()) {
         traced(gw, &mut guard, record, meta, (1, &worker, "grpc"));
         let job = crate::grpc::Job { route, v, tokens, rank, uncached };
-        return crate::grpc::serve(gw, guard, (worker, &workers), pool, job, meta).await.map(Forwarded::Made);
+        let armed = guard.answer_guard.take();
+        let answer = crate::grpc::serve(gw, guard, (worker, &workers), pool, job, meta).await?;
+        return Ok(Forwarded::Made(match armed {
+            Some(armed) => crate::answer_guard::made(gw, answer, *armed, route).await,
+            None => answer,
+        }));
     }
     if worker.engine().is_some() {
         return Err(GatewayError::Unprocessable(format!("{} is not served by gRPC workers", route.path())));
@@ -354,6 +372,14 @@ fn with_rank(route: Route, v: Option<&mut Value>, rank: Option<DpRank>, bytes: &
         None => return bytes.clone(),
     };
     Bytes::from(serde_json::to_vec(&*v).unwrap_or_default())
+}
+
+/// A decision's guard armed with the config the request was routed by.
+fn armed(
+    spec: Option<Arc<crate::pools::response_guard::Spec>>,
+    config: Option<&Arc<crate::pools::Routing>>,
+) -> Option<crate::pools::response_guard::Armed> {
+    Some(crate::pools::response_guard::Armed { spec: spec?, routing: config?.clone() })
 }
 
 /// A request answered from a response cache: counted as a worker's answer is, with its latency.

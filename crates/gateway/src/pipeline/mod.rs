@@ -94,21 +94,47 @@ where
         match forward(gw, admission, (route, routing.clone()), body, start, meta, send).await? {
             Forwarded::Sent(guard, worker, answer) => (guard, worker, answer),
             Forwarded::Cached(hit) => return Ok(Outcome::Cached(hit, None)),
-            Forwarded::Disaggregated(d) => {
-                let served = crate::pd::serve_routed(gw, d, (route, extra), start, meta).await;
-                return served.map(Outcome::Made);
+            Forwarded::Disaggregated(mut d) => {
+                let armed = d.guard.take();
+                let served = crate::pd::serve_routed(gw, d, (route, extra), start, meta).await?;
+                return Ok(Outcome::Made(match armed {
+                    Some(armed) => crate::answer_guard::made(gw, served, armed, route).await,
+                    None => served,
+                }));
             }
             Forwarded::Made(answer) => return Ok(Outcome::Made(answer)),
         };
+    // A decision's response guard reads whatever answer the client gets.
+    let armed = guard.answer_guard.take().map(|a| *a);
     // A decision's cascade judges the first pool's answer: relayed, kept, or sent on to its second pool.
     let Some((plan, sent)) = guard.cascade.take().map(|b| *b) else {
-        return Ok(Outcome::Sent(guard, worker, answer, None));
+        return guarded(gw, (guard, worker, answer, None), armed).await;
     };
     let verdict = match crate::judge::first(gw, guard, worker, answer, &plan, route).await? {
-        First::Relay(guard, worker, answer) => return Ok(Outcome::Sent(guard, worker, answer, None)),
-        First::Kept(hit, verdict) => return Ok(Outcome::Cached(hit, Some(verdict))),
+        First::Relay(guard, worker, answer) => return guarded(gw, (guard, worker, answer, None), armed).await,
+        First::Kept(hit, verdict) => {
+            let Some(armed) = armed else { return Ok(Outcome::Cached(hit, Some(verdict))) };
+            let mut answer = crate::answer_guard::made(gw, hit.into_response(), armed, route).await;
+            answer.headers_mut().insert(crate::pools::cascade::CASCADE_HEADER, verdict);
+            return Ok(Outcome::Made(answer));
+        }
         First::Escalate(verdict) => verdict,
     };
     let (guard, worker, answer) = escalate(gw, (&plan, &sent), (route, routing), start, meta, send).await?;
-    Ok(Outcome::Sent(guard, worker, answer, Some(verdict.header())))
+    guarded(gw, (guard, worker, answer, Some(verdict.header())), armed).await
+}
+
+/// A worker's answer, read by the decision's response guard when it has one (then an answer
+/// made here, its route and cascade headers on it), else relayed as it comes.
+async fn guarded<T: Judgeable>(
+    gw: &Arc<Gateway>,
+    (guard, worker, answer, verdict): (InFlight, Arc<Worker>, T, Option<HeaderValue>),
+    armed: Option<crate::pools::response_guard::Armed>,
+) -> Result<Outcome<T>, GatewayError> {
+    let Some(armed) = armed else { return Ok(Outcome::Sent(guard, worker, answer, verdict)) };
+    let mut answer = crate::answer_guard::sent(gw, guard, worker, answer.into_response(), armed).await?;
+    if let Some(verdict) = verdict {
+        answer.headers_mut().insert(crate::pools::cascade::CASCADE_HEADER, verdict);
+    }
+    Ok(Outcome::Made(answer))
 }

@@ -27,6 +27,7 @@ mod embedding;
 pub mod feedback;
 mod fit;
 mod reload;
+pub(crate) mod response_guard;
 mod sticky;
 #[cfg(test)]
 mod tests;
@@ -64,6 +65,8 @@ pub struct Routing {
     pub(crate) caches: Vec<Option<Arc<crate::cache::Store>>>,
     /// Per decision (by index): its `cascade` plugin, its `to` pool resolved.
     cascades: Vec<Option<cascade::Spec>>,
+    /// Per decision (by index): its `response_guard` plugin.
+    guards: Vec<Option<Arc<response_guard::Spec>>>,
 }
 
 /// Headers a decision sets and removes on the request to the worker.
@@ -96,6 +99,8 @@ pub(crate) struct Routed {
     pub(crate) route_id: Option<u64>,
     /// The decision's cascade, when it judges this request's answer.
     pub(crate) cascade: Option<cascade::Plan>,
+    /// The decision's `response_guard`, which reads the answer.
+    pub(crate) guard: Option<Arc<response_guard::Spec>>,
     /// Messages `fit_context` dropped to fit the pool's window (`x-route-context-dropped`).
     pub(crate) context_dropped: Option<usize>,
 }
@@ -161,7 +166,8 @@ impl Routing {
             })
             .collect();
         let cascades: Vec<_> = selector.config().decisions.iter().map(|d| cascade::Spec::of(d, &pools)).collect();
-        Ok(Routing { selector, pools, edits, sessions, metrics, caches, cascades })
+        let guards = selector.config().decisions.iter().map(response_guard::Spec::of).collect();
+        Ok(Routing { selector, pools, edits, sessions, metrics, caches, cascades, guards })
     }
 
     /// The config's pool at `i` (a position its decisions and algorithms use).
@@ -217,6 +223,7 @@ impl Routed {
             cache: None,
             route_id: None,
             cascade: None,
+            guard: None,
             context_dropped: None,
         }
     }
@@ -333,6 +340,7 @@ pub(crate) fn route(
             routed.route_id = if ask.probe { None } else { issue_route_id(gw, routing, &routed, ask.caller.copied()) };
             routed.cascade = plan_cascade(routing, route, v, &mut routed);
         }
+        routed.guard = routed.index.and_then(|i| routing.guards.get(i).cloned().flatten());
     }
     Ok(routed)
 }
@@ -542,6 +550,7 @@ fn auto(
         cache: None,
         route_id: None,
         cascade: None,
+        guard: None,
         context_dropped,
     })
 }
@@ -592,7 +601,8 @@ fn apply_plugins(
             | PluginConfig::HeaderMutation(_)
             | PluginConfig::ResponseCache(_)
             | PluginConfig::Cascade(_)
-            | PluginConfig::FitContext {} => {}
+            | PluginConfig::FitContext {}
+            | PluginConfig::ResponseGuard(_) => {}
         }
     }
     Ok(changed)

@@ -174,6 +174,73 @@ pub enum PluginConfig {
     /// fit. When no candidate pool fits the chat whole, the decision's pools are chosen among
     /// as if it did (the chat is then cut for the chosen one).
     FitContext {},
+    /// Reads the answer (2xx, whole or streamed) for PII and, with `jailbreak` rules,
+    /// jailbreak-style text; blocks, redacts or annotates it.
+    ResponseGuard(ResponseGuard),
+}
+
+/// A `response_guard` plugin: the answer's texts (a chat's content and reasoning, a
+/// completion's text, Anthropic's text blocks, `/generate`'s text) read for PII of `pii_types`
+/// and for the `jailbreak` rules; a finding is acted on by `action`. A whole answer is read
+/// whole; a stream's text is held back `look_behind_chars` (and, with `jailbreak` rules,
+/// until its window was judged), so a value split over tokens is caught before it goes out.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseGuard {
+    /// What a finding does.
+    pub action: GuardAction,
+    /// Look for PII in the answer (default true).
+    #[serde(default = "yes")]
+    pub pii: bool,
+    /// The PII types looked for (empty: every type).
+    #[serde(default)]
+    pub pii_types: Vec<String>,
+    /// Names of `signals.jailbreak` rules the answer's text is judged by (default none).
+    #[serde(default)]
+    pub jailbreak: Vec<String>,
+    /// Bytes of a stream's text held back so that a value split over tokens is found whole
+    /// (default 256).
+    #[serde(default = "look_behind")]
+    pub look_behind_chars: usize,
+    /// The text a jailbreak rule judges at once, in bytes; windows overlap by half (default 1,024).
+    #[serde(default = "guard_window")]
+    pub window_chars: usize,
+    /// A larger whole answer is refused (502) rather than passed on unread (default 1 MiB).
+    #[serde(default = "cache_answer_bytes")]
+    pub max_answer_bytes: usize,
+    /// The status of a blocked whole answer (default 403).
+    #[serde(default = "forbidden")]
+    pub status: u16,
+    /// The message the client reads when an answer is blocked.
+    #[serde(default = "withheld")]
+    pub message: String,
+}
+
+/// What a `response_guard` does with a finding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GuardAction {
+    /// A whole answer is replaced by an error; a stream ends with an error event, the text
+    /// held back never sent.
+    Block,
+    /// PII is replaced by placeholders (`[EMAIL_1]`); a jailbreak finding blocks.
+    Redact,
+    /// The answer passes unchanged; the findings are told (`x-route-response-guard`, or a
+    /// stream's last comment) and counted.
+    Annotate,
+}
+
+fn yes() -> bool {
+    true
+}
+fn look_behind() -> usize {
+    256
+}
+fn guard_window() -> usize {
+    1024
+}
+fn withheld() -> String {
+    "the answer was withheld by the router's response guard".to_owned()
 }
 
 /// A `cascade` plugin: a whole (not streamed) chat or completion is sent to the
@@ -289,6 +356,7 @@ impl PluginConfig {
             PluginConfig::ResponseCache(_) => "response_cache",
             PluginConfig::Cascade(_) => "cascade",
             PluginConfig::FitContext {} => "fit_context",
+            PluginConfig::ResponseGuard(_) => "response_guard",
         }
     }
 }

@@ -46,6 +46,7 @@ pub fn validate(config: &Config) -> Result<(), Vec<ConfigError>> {
     }
     check_disaggregated(config, &mut errors);
     check_fit_context(config, &mut errors);
+    check_guard_rules(config, &mut errors);
     if errors.is_empty() { Ok(()) } else { Err(errors) }
 }
 
@@ -181,6 +182,19 @@ fn check_fit_context(config: &Config, errors: &mut Vec<ConfigError>) {
     }
 }
 
+/// A `response_guard`'s jailbreak rules are the config's.
+fn check_guard_rules(config: &Config, errors: &mut Vec<ConfigError>) {
+    for d in &config.decisions {
+        for p in &d.plugins {
+            let PluginConfig::ResponseGuard(g) = p else { continue };
+            for name in g.jailbreak.iter().filter(|n| !config.signals.jailbreak.iter().any(|r| &r.name == *n)) {
+                let message = format!("response_guard: no `signals.jailbreak` rule is named `{name}`");
+                errors.push(ConfigError::Decision { decision: d.name.clone(), message });
+            }
+        }
+    }
+}
+
 /// A decision's pools, algorithm and plugins.
 fn check_routing(d: &DecisionConfig, pools: &HashSet<&str>, errors: &mut Vec<ConfigError>) {
     let mut bad = |message: String| errors.push(ConfigError::Decision { decision: d.name.clone(), message });
@@ -232,6 +246,23 @@ fn check_routing(d: &DecisionConfig, pools: &HashSet<&str>, errors: &mut Vec<Con
                 }
             }
             PluginConfig::FitContext {} => {}
+            PluginConfig::ResponseGuard(g) => {
+                for ty in g.pii_types.iter().filter(|t| PiiType::parse(t).is_none()) {
+                    bad(format!("response_guard: unknown PII type `{ty}`"));
+                }
+                if !g.pii && g.jailbreak.is_empty() {
+                    bad("response_guard: it looks for nothing (pii: false and no jailbreak rules)".into());
+                }
+                if !(16..=65_536).contains(&g.look_behind_chars) || !(64..=65_536).contains(&g.window_chars) {
+                    bad("response_guard: look_behind_chars must be in 16..=65536, window_chars in 64..=65536".into());
+                }
+                if g.max_answer_bytes == 0 {
+                    bad("response_guard: max_answer_bytes must be above 0".into());
+                }
+                if !(400..=599).contains(&g.status) {
+                    bad(format!("response_guard: status {} is not an error status (400..=599)", g.status));
+                }
+            }
             PluginConfig::Cascade(c) => {
                 if !pools.contains(c.to.as_str()) {
                     bad(format!("cascade: no pool is named `{}`", c.to));

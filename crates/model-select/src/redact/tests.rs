@@ -185,3 +185,28 @@ fn an_anthropic_messages_body_is_redacted_everywhere_its_texts_are() {
     assert_eq!(body["messages"][2]["content"][1]["content"], "owner [EMAIL_1]");
     assert_eq!(r.total(), 6);
 }
+
+#[test]
+fn answers_of_every_route_are_redacted_and_read() {
+    let d = PiiDetector::new();
+    let all = crate::selector::redact_types(&[]);
+    let mut chat = json!({"choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "mail a@example.org", "reasoning_content": "a@example.org is theirs"}},
+        {"index": 1, "message": {"role": "assistant", "content": "call +1 415 555 0100"}}]});
+    assert_eq!(answer_text(&chat), "a@example.org is theirs\nmail a@example.org\ncall +1 415 555 0100");
+    let r = redact_answer(&mut chat, &d, &all);
+    assert_eq!(r.counts, [(PiiType::Email, 2), (PiiType::Phone, 1)]);
+    assert_eq!(chat["choices"][0]["message"]["content"], "mail [EMAIL_1]");
+    assert_eq!(chat["choices"][0]["message"]["reasoning_content"], "[EMAIL_1] is theirs");
+    let mut completion = json!({"choices": [{"index": 0, "text": "b@example.org"}]});
+    assert_eq!(redact_answer(&mut completion, &d, &all).total(), 1);
+    assert_eq!(completion["choices"][0]["text"], "[EMAIL_1]");
+    let mut anthropic = json!({"type": "message", "content": [{"type": "text", "text": "c@example.org"}]});
+    assert_eq!(answer_text(&anthropic), "c@example.org");
+    assert_eq!(redact_answer(&mut anthropic, &d, &all).total(), 1);
+    assert_eq!(anthropic["content"][0]["text"], "[EMAIL_1]");
+    let mut generated = json!([{"text": "d@example.org", "meta_info": {}}, {"text": "clean"}]);
+    assert_eq!(answer_text(&generated), "d@example.org\nclean");
+    assert_eq!(redact_answer(&mut generated, &d, &all).total(), 1);
+    assert_eq!(generated[0]["text"], "[EMAIL_1]");
+}

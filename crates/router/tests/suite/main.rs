@@ -35,6 +35,7 @@ mod priority;
 mod real_publishers;
 mod regret;
 mod response_cache;
+mod response_guard;
 mod route_feedback;
 mod routing_demo;
 mod shared_feedback;
