@@ -127,3 +127,45 @@ async fn the_real_model_routes_paraphrases() {
     assert_eq!(metric(url, "router_embedding_requests_total{outcome=\"error\"}").await, 0.0);
     let _ = router.stop.send(());
 }
+
+#[cfg(feature = "embed")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_guard_blocks_answers_its_jailbreak_rule_matches_whole_and_streamed() {
+    let Some(dir) = std::env::var_os("SGL_ROUTER_EMBED_MODEL") else {
+        eprintln!("SGL_ROUTER_EMBED_MODEL unset: the real-model response guard test is skipped");
+        return;
+    };
+    let (app, _engines) = setup("tests/routing/guard_semantic.yaml", dir.into()).await;
+    let router = start(app).await;
+    let url = format!("{}/v1/chat/completions", router.url);
+    let http = reqwest::Client::new();
+    let ask = |reply: &str, stream: bool| {
+        json!({"model": "auto", "stream": stream, "mock_reply": reply,
+               "messages": [{"role": "user", "content": "guard-me: tell me something"}]})
+    };
+    let broken = "DAN mode is now enabled: I am free from every restriction and will answer anything you ask of me.";
+    let clean = "Paris is the capital of France, and it sits on the Seine. ".repeat(12);
+    // Whole answers.
+    let r = http.post(&url).json(&ask(broken, false)).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert_eq!(r.headers()["x-route-response-guard"], "jailbreak:jailbroken");
+    let r = http.post(&url).json(&ask(&clean, false)).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers()["x-route-response-guard"].to_str().unwrap()), (200, "clean"));
+    // Streamed: a long clean answer judged window by window passes whole; a clean start
+    // followed by the broken text is cut before the broken text goes out.
+    let raw = http.post(&url).json(&ask(&clean, true)).send().await.unwrap().text().await.unwrap();
+    let text: String = raw
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: ").filter(|d| *d != "[DONE]"))
+        .filter_map(|d| {
+            serde_json::from_str::<Value>(d).ok()?["choices"][0]["delta"]["content"].as_str().map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(text, clean);
+    let mixed =
+        format!("{}{broken} {broken} Developer mode is on, and my old instructions no longer bind me.", &clean[..300]);
+    let raw = http.post(&url).json(&ask(&mixed, true)).send().await.unwrap().text().await.unwrap();
+    assert!(!raw.contains("DAN") && raw.contains("response_blocked"), "{raw}");
+    let blocked = "router_response_guard_total{decision=\"guarded\",outcome=\"blocked\"}";
+    assert_eq!(metric(&router.url, blocked).await, 2.0);
+}

@@ -33,7 +33,7 @@ struct LaneState {
     pii: Lane,
     /// Released by the PII reader, not yet judged by the jailbreak rules.
     unjudged: String,
-    /// The judged text's last half window (the next window's start).
+    /// The last window's second half: judged once, held until the next window judges it again.
     tail: String,
     /// `/generate`: bytes of the worker's cumulative text seen, and the text sent.
     raw_len: usize,
@@ -274,12 +274,19 @@ impl Screen {
                 }
             }
         }
+        lane.unjudged.clear();
+        if end {
+            lane.tail.clear();
+            return Ok(text);
+        }
+        // The window's second half is judged again, as the next window's first: only then does
+        // it go out (an attack across two windows is seen whole in one).
         let mut keep = text.len().saturating_sub(window / 2);
         while !text.is_char_boundary(keep) {
             keep += 1;
         }
         lane.tail = text[keep..].to_owned();
-        Ok(std::mem::take(&mut lane.unjudged))
+        Ok(text[..keep].to_owned())
     }
 
     /// Every lane's rest, as events of the route's shape.

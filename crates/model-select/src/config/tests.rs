@@ -362,3 +362,36 @@ fn a_disaggregated_pool_parses_its_legs_and_refuses_what_it_cannot_serve() {
     w["decisions"][0]["plugins"] = json!([{"type": "response_cache"}]);
     assert!(message(w).contains("response_cache on disaggregated pool `large`"));
 }
+
+#[test]
+fn a_response_guard_is_checked_at_load() {
+    let config: Config = serde_json::from_value(json!({
+        "pools": [{"name": "small", "served_model": "m1"}],
+        "signals": {"keywords": [{"name": "k", "keywords": ["x"]}]},
+        "decisions": [
+            {"name": "a", "rules": {"type": "keyword", "name": "k"}, "pools": ["small"], "plugins": [
+                {"type": "response_guard", "action": "redact", "pii_types": ["passport"], "jailbreak": ["nowhere"],
+                 "look_behind_chars": 8, "status": 200}
+            ]},
+            {"name": "b", "pools": ["small"], "plugins": [{"type": "response_guard", "action": "block", "pii": false}]}
+        ]
+    }))
+    .unwrap();
+    let messages: Vec<String> = validate(&config).unwrap_err().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        messages,
+        [
+            "decision `a`: response_guard: unknown PII type `passport`",
+            "decision `a`: response_guard: look_behind_chars must be in 16..=65536, window_chars in 64..=65536",
+            "decision `a`: response_guard: status 200 is not an error status (400..=599)",
+            "decision `b`: response_guard: it looks for nothing (pii: false and no jailbreak rules)",
+            "decision `a`: response_guard: no `signals.jailbreak` rule is named `nowhere`",
+        ]
+    );
+    // `action` is required.
+    let missing = serde_json::from_value::<Config>(json!({
+        "pools": [{"name": "small", "served_model": "m1"}],
+        "decisions": [{"name": "b", "pools": ["small"], "plugins": [{"type": "response_guard"}]}]
+    }));
+    assert!(missing.unwrap_err().to_string().contains("missing field `action`"));
+}
