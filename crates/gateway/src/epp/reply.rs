@@ -57,6 +57,8 @@ pub(super) fn pick(endpoint: &str, edits: Edits<'_>) -> HeaderMutation {
     // Anthropic's `x-api-key` is read as `Authorization` and never passed on as sent (as on the
     // HTTP port); the client's own key never reaches a worker when client keys are configured.
     remove.push(h1_codec::API_KEY_HEADER.to_owned());
+    // The explain's control-plane key and the plugin mode are the router's, never a worker's.
+    remove.extend([h1_codec::ROUTE_DEBUG_HEADER, h1_codec::ROUTE_MODE_HEADER].map(str::to_owned));
     if edits.strip_client_key && edits.authorization.is_none() {
         remove.push("authorization".to_owned());
     }
@@ -182,10 +184,10 @@ mod tests {
             "e:1",
             Edits { strip_client_key: true, authorization: Some(b"Bearer w".to_vec()), ..Default::default() },
         );
-        assert_eq!(keyed.remove_headers, ["x-api-key"]);
+        assert_eq!(keyed.remove_headers, ["x-api-key", "x-route-debug", "x-route-mode"]);
         assert!(keyed.set_headers.iter().any(|o| o.header.as_ref().unwrap().key == "authorization"));
         let anonymous = pick("e:1", Edits { strip_client_key: true, ..Default::default() });
-        assert_eq!(anonymous.remove_headers, ["x-api-key", "authorization"]);
+        assert_eq!(anonymous.remove_headers, ["x-api-key", "x-route-debug", "x-route-mode", "authorization"]);
         let md = lb_metadata("10.0.0.1:8000", None);
         let Some(Kind::Struct(lb)) = &md.fields[LB_NAMESPACE].kind else { panic!("a struct") };
         assert_eq!(lb.fields[DESTINATION_HEADER], Value::string("10.0.0.1:8000"));

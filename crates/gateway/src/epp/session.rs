@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 use super::reply::{self, Edits};
 use super::{Body, EppConfig, FAIRNESS_HEADER, Stream, TEST_PICK_HEADER, common, next, said};
 use crate::pipeline::admission::{Admission, Who};
-use crate::pipeline::request::{Meta, Seen};
+use crate::pipeline::request::{Meta, Mode, Seen};
 use crate::{Gateway, GatewayError};
 
 /// The client's credential as the router reads it: `Authorization`, else Anthropic's
@@ -117,6 +117,14 @@ impl Stream<'_> {
         class: Option<crate::pipeline::scheduler::Class>,
     ) -> Status {
         let gw = self.gw;
+        // A plugin mode (`x-route-mode`), checked before anything is admitted or read.
+        let mode = match headers.get(h1_codec::ROUTE_MODE_HEADER) {
+            None => None,
+            Some(v) => match Mode::asked(&gw.control_keys, v, headers.get(h1_codec::ROUTE_DEBUG_HEADER)) {
+                Ok(mode) => Some(mode),
+                Err(e) => return self.refuse(&e, Some(route)).await,
+            },
+        };
         let declared = headers.get("content-length").and_then(|v| std::str::from_utf8(v).ok()?.parse::<usize>().ok());
         if declared.is_some_and(|n| n > gw.config.max_body_bytes) {
             return self.refuse(&GatewayError::TooLarge(gw.config.max_body_bytes), Some(route)).await;
@@ -144,6 +152,9 @@ impl Stream<'_> {
             Ok(Err(e)) => return self.refuse(&e, Some(route)).await,
             Err(status) => return status,
         };
+        if mode == Some(Mode::Preview) {
+            return self.preview(route, headers, body.bytes).await;
+        }
         let routing = gw.routing();
         let key = |name: &str| h1_codec::usable_key(headers.get(name));
         let cache_trace = headers.get(h1_codec::CACHE_TRACE_HEADER).is_some_and(crate::pipeline::cache_trace::asks);
@@ -152,7 +163,41 @@ impl Stream<'_> {
         let keys = (key(h1_codec::ROUTING_KEY_HEADER), key(h1_codec::SESSION_HEADER));
         let mut meta = Meta::new(gw, self.id.clone(), routing.as_deref(), seen, keys, lines);
         (meta.subset, meta.one_attempt) = (subset.map(Arc::new), true);
+        if mode == Some(Mode::Probe) {
+            (meta.probe, meta.cache_bypass) = (true, true);
+        }
         self.dispatch(route, (routing, admission, meta), body, authorization).await
+    }
+
+    /// `x-route-mode: preview`: what `POST /v1/route/preview` says of the request, answered
+    /// by the picker itself; no worker is named.
+    async fn preview(&mut self, route: Route, headers: &HeaderMap, bytes: bytes::Bytes) -> Status {
+        if !route.has_prompt() {
+            let e = GatewayError::BadRequest(format!(
+                "x-route-mode: preview explains chat, completions, generate and messages requests, not {}",
+                route.path()
+            ));
+            return self.refuse(&e, Some(route)).await;
+        }
+        let mut map = axum::http::HeaderMap::new();
+        for h in headers.headers.iter().filter(|h| !h.key.starts_with(':')) {
+            if let (Ok(n), Ok(v)) =
+                (axum::http::HeaderName::from_bytes(h.key.as_bytes()), axum::http::HeaderValue::from_bytes(h.bytes()))
+            {
+                map.append(n, v);
+            }
+        }
+        match crate::explain::preview_of(self.gw, route, &map, bytes).await {
+            Ok(out) => {
+                self.counted("answered");
+                let headers: [(&str, &[u8]); 2] =
+                    [("content-type", b"application/json"), (h1_codec::ROUTE_MODE_HEADER, b"preview")];
+                let body = bytes::Bytes::from(out.to_string());
+                let _ = self.send(&reply::immediate(200, &headers, (body, &self.id), "route_preview")).await;
+                Status::ok()
+            }
+            Err(e) => self.refuse(&e, Some(route)).await,
+        }
     }
 
     /// The request's body: whole (buffered) or gathered from its chunks (full duplex), within

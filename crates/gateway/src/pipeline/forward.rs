@@ -218,7 +218,12 @@ where
     // Counted only when the router tokenized the prompt.
     let counted = (plan.input_tokens > 0).then_some(uncached);
     let load = worker.charge_on(counted, rank);
-    let route_headers = routed.as_ref().map(crate::pipeline::request::RouteHeaders::of);
+    let mut route_headers = routed.as_ref().map(crate::pipeline::request::RouteHeaders::of);
+    if meta.probe {
+        // Said on the answer by every front end (the endpoint picker's too).
+        let probe = (h1_codec::ROUTE_MODE_HEADER, axum::http::HeaderValue::from_static("probe"));
+        route_headers.get_or_insert_with(Default::default).0.push(probe);
+    }
     let cache = routed.as_mut().and_then(|r| r.cache.take()).map(|(ticket, _)| ticket);
     let cascade = routed.as_mut().and_then(|r| r.cascade.take()).map(|plan| Box::new((plan, bytes.clone())));
     let answer_guard = armed(routed.as_mut().and_then(|r| r.guard.take()), config.as_ref());

@@ -516,3 +516,44 @@ async fn through_envoy_a_repeated_request_is_answered_from_the_response_cache() 
     assert_eq!(served(&engines), [1], "the engine saw the first only");
     assert_eq!(metric(&router.url, "router_epp_streams_total{outcome=\"answered\"}").await, 1.0);
 }
+
+/// `x-route-mode` behind Envoy: `preview` is answered by the picker (no engine called), `probe`
+/// reaches the engine without the response cache and says so; the mode and the explain's key
+/// never reach a worker, and a caller without a control-plane key is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_envoy_preview_and_probe_modes_run_as_on_the_http_port() {
+    let Some(bin) = binary("the endpoint picker's Envoy tests") else { return };
+    let (routing, engines) = pools("tests/routing/cache.yaml").await;
+    let mut app = config(&[], PolicyConfig::RoundRobin, false);
+    app.routing = Some(routing);
+    let router = picker(app).await;
+    let envoy = Envoy::start(&bin, router.epp.unwrap(), &EnvoySetup::default()).await;
+    let faq = json!({"model": "auto", "temperature": 0, "max_tokens": 6,
+                     "messages": [{"role": "user", "content": "faq: opening hours?"}]});
+    let http = reqwest::Client::new();
+    let ask = async |mode: &str, key: Option<&str>| {
+        let mut r = http.post(format!("{}/v1/chat/completions", envoy.url)).json(&faq).header("x-route-mode", mode);
+        if let Some(key) = key {
+            r = r.header("x-route-debug", key);
+        }
+        r.send().await.unwrap()
+    };
+    let preview = ask("preview", Some(common::app::ADMIN_KEY)).await;
+    assert_eq!((preview.status().as_u16(), preview.headers()["x-route-mode"].to_str().unwrap()), (200, "preview"));
+    let v: Value = preview.json().await.unwrap();
+    assert_eq!(v["decision"], "faq", "{v}");
+    assert_eq!(served(&engines), [0], "a preview calls no model");
+    // A probe is served, never from or into the cache.
+    for _ in 0..2 {
+        let probe = ask("probe", Some(common::app::ADMIN_KEY)).await;
+        assert_eq!(probe.status(), 200);
+        assert_eq!(probe.headers()["x-route-mode"], "probe");
+        assert!(probe.headers().get("x-route-cache").is_none(), "{:?}", probe.headers());
+    }
+    assert_eq!(served(&engines), [2]);
+    let leg = engines[0].engine().legs().pop().unwrap();
+    assert!(leg.headers.iter().all(|(n, _)| n != "x-route-mode" && n != "x-route-debug"), "{:?}", leg.headers);
+    assert_eq!(ask("probe", None).await.status(), 403);
+    assert_eq!(ask("replay", Some(common::app::ADMIN_KEY)).await.status(), 400);
+    assert_eq!(served(&engines), [2]);
+}
