@@ -17,12 +17,15 @@ mod model_routing;
 mod overhead;
 mod overload;
 mod plot;
+mod presets_eval;
 mod replica;
 mod router_proc;
 mod signal_quality;
 mod sim;
 mod soak;
+mod stats;
 mod trace;
+mod train_presets;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -60,6 +63,8 @@ enum Command {
     /// The embedding signals' quality (domain accuracy on MT-Bench, jailbreak AUC on
     /// bastioncorpus) against TF-IDF, leave-one-out, with 95 % intervals.
     SignalQuality(signal_quality::SignalQualityArgs),
+    /// Train the shipped detectors (`preset: default`) on `tools/presets/build_data.py`'s texts.
+    TrainPresets(train_presets::TrainPresetsArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -214,6 +219,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Overload(o) => return overload::run(&o),
         Command::Soak(s) => return soak::run(&s),
         Command::SignalQuality(q) => return signal_quality::run(&q),
+        Command::TrainPresets(t) => return train_presets::run(&t),
         Command::ModelRouting(m) => {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             return runtime.block_on(model_routing::run(&m));

@@ -21,7 +21,8 @@ use model_select::{DomainClassifier, DomainMethod, contrastive_score};
 use router_types::SplitMix;
 use serde::Deserialize;
 
-use crate::fidelity::{Figures, Vectors, wilson_bounds};
+use crate::fidelity::{Figures, Vectors};
+use crate::stats::{auc, recall_at_5, split, wilson, with_interval};
 
 /// The command's arguments.
 #[derive(Debug, clap::Args)]
@@ -45,7 +46,8 @@ pub(crate) struct SignalQualityArgs {
     /// fidelity table (cosines, every figure against f32's interval).
     #[arg(long, default_value = "auto")]
     precision: embed::Precision,
-    /// Exit non-zero unless the embedding beats TF-IDF on domain accuracy and jailbreak AUC and
+    /// Exit non-zero unless the embedding beats TF-IDF on domain accuracy and jailbreak AUC, the
+    /// shipped jailbreak detector the end-to-end config's example rule (AUC), and
     /// no two different MT-Bench turns would hit a semantic cache at 0.95; at int8 also unless
     /// every cosine to f32 is at least 0.99 and every figure within f32's 95 % interval.
     #[arg(long)]
@@ -91,6 +93,13 @@ pub(crate) fn run(a: &SignalQualityArgs) -> Result<()> {
         if figures.own.auc.0 < t.1 {
             failures.push(format!("jailbreak AUC {:.3} under TF-IDF's {:.3}", figures.own.auc.0, t.1));
         }
+        if let Some((shipped, example)) = figures.presets
+            && shipped <= example
+        {
+            failures.push(format!(
+                "the shipped jailbreak detector's AUC {shipped:.3} is not above the example rule's {example:.3}"
+            ));
+        }
         if figures.own.false_hits > 0 {
             failures.push(format!(
                 "{} pairs of different MT-Bench turns would hit a semantic cache at 0.95",
@@ -100,7 +109,9 @@ pub(crate) fn run(a: &SignalQualityArgs) -> Result<()> {
         if !failures.is_empty() {
             bail!("the embedding signals fall short: {}", failures.join("; "));
         }
-        println!("\ncheck: the embedding beats TF-IDF on domain accuracy and jailbreak AUC");
+        println!(
+            "\ncheck: the embedding beats TF-IDF on domain accuracy and jailbreak AUC, the shipped detector the example rule"
+        );
     }
     Ok(())
 }
@@ -109,6 +120,8 @@ pub(crate) fn run(a: &SignalQualityArgs) -> Result<()> {
 struct Measured {
     own: Figures,
     tfidf: (usize, f64),
+    /// The shipped jailbreak detector's AUC and today's example rule's (when printed).
+    presets: Option<(f64, f64)>,
 }
 
 /// Every figure of `encoder` on `data` (printed with the TF-IDF baseline when `print`).
@@ -166,7 +179,11 @@ fn measure(encoder: &embed::Encoder, data: &Data, a: &SignalQualityArgs, print: 
         let shown = if method == DomainMethod::Knn { format!("knn (k = {})", a.k) } else { name.to_owned() };
         say(format!("| {shown} | {} | {} |", wilson(e, labels.len()), wilson(t, labels.len())));
     }
-    say(format!("\nchance: {:.3}\n", 1.0 / distinct(&labels) as f64));
+    say(format!("\nchance: {:.3}", 1.0 / distinct(&labels) as f64));
+    if print {
+        crate::presets_eval::domain(&labels, &q_vectors);
+    }
+    say(String::new());
 
     // Jailbreak.
     let malicious: Vec<bool> = rows.iter().map(|r| r.label == "malicious").collect();
@@ -182,6 +199,7 @@ fn measure(encoder: &embed::Encoder, data: &Data, a: &SignalQualityArgs, print: 
     let auc_e = with_interval(&pos_e, &neg_e, auc, a.resamples, &mut rng);
     let rec_e = with_interval(&pos_e, &neg_e, recall_at_5, a.resamples, &mut rng);
     let mut tfidf_auc = 0.0;
+    let mut presets = None;
     if print {
         let t_scores = jailbreak_loo(&malicious, |train, test| tfidf_fold(&r_texts, train, test), a.k);
         let (pos_t, neg_t) = split(&t_scores, &malicious, |_| true);
@@ -205,11 +223,12 @@ fn measure(encoder: &embed::Encoder, data: &Data, a: &SignalQualityArgs, print: 
             let t = with_interval(&pt, &nt, auc, a.resamples, &mut rng);
             say(format!("| {c} | {} | {} | {} |", pe.len(), e.3, t.3));
         }
+        presets = Some(crate::presets_eval::jailbreak(&r_vectors, &malicious, a.resamples, embed_all)?);
     }
     let false_hits = cache_false_hits(&turns, &turn_vectors, print);
     let own = Figures { domain, auc: (auc_e.0, auc_e.1, auc_e.2), recall: (rec_e.0, rec_e.1, rec_e.2), false_hits };
     let vectors = Vectors { rows: r_vectors, turns: turn_vectors };
-    Ok((Measured { own, tfidf: (tfidf_domain, tfidf_auc) }, vectors))
+    Ok((Measured { own, tfidf: (tfidf_domain, tfidf_auc), presets }, vectors))
 }
 
 /// A semantic response cache's false hits on MT-Bench: every pair of distinct
@@ -317,67 +336,6 @@ fn jailbreak_loo(
             contrastive_score(&v, &pos, &neg, k)
         })
         .collect()
-}
-
-/// The positives `keep` accepts and every negative.
-fn split(scores: &[f64], positive: &[bool], keep: impl Fn(usize) -> bool) -> (Vec<f64>, Vec<f64>) {
-    let pos = (0..scores.len()).filter(|&i| positive[i] && keep(i)).map(|i| scores[i]).collect();
-    let neg = (0..scores.len()).filter(|&i| !positive[i]).map(|i| scores[i]).collect();
-    (pos, neg)
-}
-
-/// The probability that a random positive outscores a random negative (ties half).
-pub(crate) fn auc(pos: &[f64], neg: &[f64]) -> f64 {
-    let mut wins = 0.0;
-    for p in pos {
-        for n in neg {
-            wins += if p > n {
-                1.0
-            } else if p == n {
-                0.5
-            } else {
-                0.0
-            };
-        }
-    }
-    wins / (pos.len() * neg.len()).max(1) as f64
-}
-
-/// The share of positives above the threshold that lets at most 5 % of the negatives through.
-pub(crate) fn recall_at_5(pos: &[f64], neg: &[f64]) -> f64 {
-    let mut sorted = neg.to_vec();
-    sorted.sort_by(|a, b| b.total_cmp(a));
-    let allowed = (sorted.len() as f64 * 0.05).floor() as usize;
-    let Some(&threshold) = sorted.get(allowed) else { return 1.0 };
-    pos.iter().filter(|&&p| p > threshold).count() as f64 / pos.len().max(1) as f64
-}
-
-/// The statistic and its stratified-bootstrap 95 % interval, formatted.
-fn with_interval(
-    pos: &[f64],
-    neg: &[f64],
-    stat: fn(&[f64], &[f64]) -> f64,
-    resamples: usize,
-    rng: &mut SplitMix,
-) -> (f64, f64, f64, String) {
-    let point = stat(pos, neg);
-    let mut draws: Vec<f64> = (0..resamples)
-        .map(|_| {
-            let p: Vec<f64> = (0..pos.len()).map(|_| pos[rng.below(pos.len() as u64) as usize]).collect();
-            let n: Vec<f64> = (0..neg.len()).map(|_| neg[rng.below(neg.len() as u64) as usize]).collect();
-            stat(&p, &n)
-        })
-        .collect();
-    draws.sort_by(f64::total_cmp);
-    let at = |q: f64| draws.get(((draws.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(point);
-    let (lo, hi) = (at(0.025), at(0.975));
-    (point, lo, hi, format!("{point:.3} [{lo:.3}, {hi:.3}]"))
-}
-
-/// `hits` of `n` with its Wilson 95 % interval.
-pub(crate) fn wilson(hits: usize, n: usize) -> String {
-    let (p, lo, hi) = wilson_bounds(hits, n);
-    format!("{p:.3} [{lo:.3}, {hi:.3}]")
 }
 
 /// TF-IDF fitted on the training texts (sublinear term frequency, smoothed

@@ -25,6 +25,7 @@ mod language;
 mod normalize;
 mod pii;
 mod polarity;
+pub mod presets;
 mod redact;
 mod request;
 mod results;

@@ -179,7 +179,9 @@ struct Contrastive {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Semantic {
     embedding: Vec<(SignalRef, Vec<Vec<f32>>, f64, Aggregation)>,
-    domain: Option<(DomainClassifier, SignalRef)>,
+    /// The classifier, the fallback's signal, and the label that stands for the fallback (a
+    /// preset's texts of no domain).
+    domain: Option<(DomainClassifier, SignalRef, Option<usize>)>,
     contrastive: Vec<Contrastive>,
     reask: Vec<(SignalRef, f64)>,
 }
@@ -194,6 +196,16 @@ impl Semantic {
             return Ok(Semantic::default());
         }
         let embedder = embedder.ok_or(ConfigError::NoEmbeddingModel)?;
+        let jailbreak_preset = config.jailbreak.iter().any(|r| r.preset.is_some());
+        let domain_preset = config.domain.as_ref().is_some_and(|d| d.preset.is_some());
+        if jailbreak_preset {
+            let p = crate::presets::jailbreak();
+            check_model(embedder, &p.model, p.probe())?;
+        }
+        if domain_preset {
+            let p = crate::presets::domain();
+            check_model(embedder, &p.model, p.probe())?;
+        }
         let mut texts: Vec<&str> = Vec::new();
         let mut seen = HashSet::new();
         let mut add = |list: &'c [String]| {
@@ -213,7 +225,8 @@ impl Semantic {
             add(&r.hard);
             add(&r.easy)
         });
-        let vectors = embedder.embed(&texts).map_err(ConfigError::Embedding)?;
+        let vectors =
+            if texts.is_empty() { Vec::new() } else { embedder.embed(&texts).map_err(ConfigError::Embedding)? };
         if vectors.len() != texts.len() {
             return Err(ConfigError::Embedding(format!("{} vectors for {} texts", vectors.len(), texts.len())));
         }
@@ -227,21 +240,37 @@ impl Semantic {
                 .map(|r| (signal(SignalKind::Embedding, &r.name), of(&r.candidates), r.threshold, r.aggregation))
                 .collect(),
             domain: config.domain.as_ref().map(|d: &DomainConfig| {
-                let labels = d.labels.iter().map(|l| (l.name.clone(), of(&l.examples))).collect();
-                let classifier = DomainClassifier::new(labels, d.method, d.k, d.min_margin, d.min_similarity);
-                (classifier, signal(SignalKind::Domain, &d.fallback))
+                let mut labels: Vec<(String, Vec<Vec<f32>>)> =
+                    if d.preset.is_some() { crate::presets::domain().labels.clone() } else { Vec::new() };
+                for l in &d.labels {
+                    match labels.iter_mut().find(|(n, _)| *n == l.name) {
+                        Some((_, protos)) => protos.extend(of(&l.examples)),
+                        None => labels.push((l.name.clone(), of(&l.examples))),
+                    }
+                }
+                let fallback = labels.iter().position(|(n, _)| *n == d.fallback);
+                let shipped = if d.preset.is_some() { DomainMethod::Knn } else { DomainMethod::Centroid };
+                let method = d.method.unwrap_or(shipped);
+                let classifier = DomainClassifier::new(labels, method, d.k, d.min_margin, d.min_similarity);
+                (classifier, signal(SignalKind::Domain, &d.fallback), fallback)
             }),
             contrastive: config
                 .jailbreak
                 .iter()
-                .map(|r| Contrastive {
-                    signal: signal(SignalKind::Jailbreak, &r.name),
-                    positive: of(&r.malicious),
-                    negative: of(&r.benign),
-                    threshold: r.threshold,
-                    k: r.k,
-                    min_similarity: r.min_similarity,
-                    history: r.history,
+                .map(|r| {
+                    let shipped = r.preset.as_ref().map(|_| crate::presets::jailbreak());
+                    let with = |p: Option<&Vec<Vec<f32>>>, own: &[String]| {
+                        p.into_iter().flatten().cloned().chain(of(own)).collect::<Vec<_>>()
+                    };
+                    Contrastive {
+                        signal: signal(SignalKind::Jailbreak, &r.name),
+                        positive: with(shipped.map(|p| &p.malicious), &r.malicious),
+                        negative: with(shipped.map(|p| &p.benign), &r.benign),
+                        threshold: r.threshold.or(shipped.map(|p| p.threshold)).unwrap_or(0.0),
+                        k: r.k.or(shipped.map(|p| p.k)).unwrap_or(1),
+                        min_similarity: r.min_similarity,
+                        history: r.history,
+                    }
                 })
                 .chain(config.complexity.iter().map(|r| Contrastive {
                     signal: signal(SignalKind::Complexity, &r.name),
@@ -306,10 +335,11 @@ impl Semantic {
                 Err(e) => out.fail(s.clone(), e),
             }
         }
-        if let Some((classifier, fallback)) = &self.domain {
+        if let Some((classifier, fallback, stands_for)) = &self.domain {
             let wanted: Vec<(Option<usize>, SignalRef)> = classifier
                 .labels()
                 .enumerate()
+                .filter(|(i, _)| Some(*i) != *stands_for)
                 .map(|(i, n)| (Some(i), SignalRef::new(SignalKind::Domain, n)))
                 .chain([(None, fallback.clone())])
                 .filter(|(_, s)| needed.contains(s))
@@ -317,7 +347,8 @@ impl Semantic {
             if !wanted.is_empty() {
                 match &last {
                     Ok(v) => {
-                        let o = classifier.classify(v);
+                        let mut o = classifier.classify(v);
+                        o.label = o.label.filter(|l| Some(*l) != *stands_for);
                         let best = o.scores.iter().copied().fold(f64::MIN, f64::max);
                         for (label, s) in wanted {
                             let value = label.map_or(best, |i| o.scores[i]);
@@ -364,6 +395,18 @@ impl Semantic {
             }
         }
     }
+}
+
+/// Whether `embedder` is the model a preset was trained on (`model`, its probe vector `probe`).
+fn check_model(embedder: &dyn Embedder, model: &str, probe: &[f32]) -> Result<(), ConfigError> {
+    let ours = embedder.embed(&[crate::presets::PROBE_TEXT]).map_err(ConfigError::Embedding)?;
+    let sim = ours.first().map_or(-1.0, |v| if v.len() == probe.len() { cosine(v, probe) } else { -1.0 });
+    if sim < crate::presets::SAME_MODEL {
+        return Err(ConfigError::Embedding(format!(
+            "preset `default` was trained on {model}; the embedding model is another (probe cosine {sim:.3})"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -169,3 +169,64 @@ async fn a_response_guard_blocks_answers_its_jailbreak_rule_matches_whole_and_st
     let blocked = "router_response_guard_total{decision=\"guarded\",outcome=\"blocked\"}";
     assert_eq!(metric(&router.url, blocked).await, 2.0);
 }
+
+/// Floors under what `sgl-router-bench signal-quality` measured of the presets on the same data
+/// (attacks refused 0.780, benign hard negatives 0.365; MT-Bench maths and coding questions to the
+/// large pool 19 of 20: docs/benchmarks.md), below its intervals.
+#[cfg(feature = "embed")]
+const MIN_RECALL: f64 = 0.70;
+#[cfg(feature = "embed")]
+const MAX_FALSE_POSITIVES: f64 = 0.45;
+#[cfg(feature = "embed")]
+const MIN_TECHNICAL: f64 = 0.8;
+
+/// The shipped detectors with no example of the operator's: real injections from held-out data
+/// (bastioncorpus, never trained on) refused, its benign hard negatives served; MT-Bench's maths
+/// and coding questions sent to the large pool.
+#[cfg(feature = "embed")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_detectors_refuse_held_out_injections_with_no_examples() {
+    let (Some(dir), Some(bastion), Some(mtbench)) = (
+        std::env::var_os("SGL_ROUTER_EMBED_MODEL"),
+        std::env::var_os("SGL_ROUTER_BASTION"),
+        std::env::var_os("SGL_ROUTER_MTBENCH"),
+    ) else {
+        eprintln!("SGL_ROUTER_EMBED_MODEL, SGL_ROUTER_BASTION or SGL_ROUTER_MTBENCH unset: the preset test is skipped");
+        return;
+    };
+    let (app, _engines) = setup("tests/routing/presets.yaml", dir.into()).await;
+    let router = start(app).await;
+    let rows: Vec<Value> = std::fs::read_to_string(bastion)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let (mut attacks, mut refused, mut benign, mut flagged) = (0, 0, 0, 0);
+    for row in &rows {
+        let decision = preview(&router.url, &chat(row["text"].as_str().unwrap())).await["decision"].clone();
+        let is_refused = decision == "refuse";
+        if row["label"] == "malicious" {
+            (attacks, refused) = (attacks + 1, refused + usize::from(is_refused));
+        } else {
+            (benign, flagged) = (benign + 1, flagged + usize::from(is_refused));
+        }
+    }
+    eprintln!("preset: {refused}/{attacks} injections refused, {flagged}/{benign} benign rows refused");
+    assert!(refused as f64 >= MIN_RECALL * attacks as f64, "{refused}/{attacks} injections refused");
+    assert!(flagged as f64 <= MAX_FALSE_POSITIVES * benign as f64, "{flagged}/{benign} benign rows refused");
+    let questions: Vec<Value> = std::fs::read_to_string(mtbench)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let (mut technical, mut sent) = (0, 0);
+    for q in questions.iter().filter(|q| q["category"] == "math" || q["category"] == "coding") {
+        technical += 1;
+        let decision = preview(&router.url, &chat(q["turns"][0].as_str().unwrap())).await["decision"].clone();
+        sent += usize::from(decision == "technical");
+    }
+    eprintln!("preset: {sent}/{technical} MT-Bench maths and coding questions sent to the large pool");
+    assert!(sent as f64 >= MIN_TECHNICAL * technical as f64, "{sent}/{technical}");
+}

@@ -42,12 +42,19 @@ pub enum Aggregation {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DomainConfig {
-    /// The labels; each is a signal `{type: domain, name: <label>}`.
-    pub labels: Vec<DomainLabel>,
-    /// `centroid` (default: similarity to the mean of each label's
-    /// examples) or `knn` (the mean of each label's `k` most similar examples).
+    /// The shipped classifier (`default`: math, coding, reasoning, writing, extraction, stem,
+    /// humanities, and its texts of no such domain for the fallback), trained here on public
+    /// data; `labels` then add examples to its labels, or labels of their own.
     #[serde(default)]
-    pub method: DomainMethod,
+    pub preset: Option<String>,
+    /// The labels; each is a signal `{type: domain, name: <label>}`.
+    #[serde(default)]
+    pub labels: Vec<DomainLabel>,
+    /// `centroid` (the default without a preset: similarity to the mean of each label's
+    /// examples) or `knn` (the mean of each label's `k` most similar examples; the preset's
+    /// default).
+    #[serde(default)]
+    pub method: Option<DomainMethod>,
     /// Examples per label `knn` averages (default 3).
     #[serde(default = "three")]
     pub k: usize,
@@ -90,19 +97,25 @@ pub enum DomainMethod {
 pub struct JailbreakRule {
     /// The signal's name.
     pub name: String,
-    /// Attacks.
+    /// The shipped detector (`default`), trained here on public attacks and ordinary
+    /// requests; the examples below then tune it (they join its prototypes).
+    #[serde(default)]
+    pub preset: Option<String>,
+    /// Attacks (none needed with a preset).
+    #[serde(default)]
     pub malicious: Vec<String>,
     /// Harmless requests that look alike (hard negatives).
     #[serde(default)]
     pub benign: Vec<String>,
-    /// Matched when the score is at least this (default 0): the mean
-    /// similarity of the `k` nearest malicious examples minus that of the `k`
-    /// nearest benign ones (without benign examples, the first term alone).
+    /// Matched when the score is at least this (default 0, or the preset's: 5 % false
+    /// positives on its held-out benign texts): the mean similarity of the `k` nearest
+    /// malicious examples minus that of the `k` nearest benign ones (without benign
+    /// examples, the first term alone).
     #[serde(default)]
-    pub threshold: f64,
-    /// Examples on each side the score averages (default 1: the nearest).
-    #[serde(default = "one_k")]
-    pub k: usize,
+    pub threshold: Option<f64>,
+    /// Examples on each side the score averages (default 1: the nearest; the preset's 3).
+    #[serde(default)]
+    pub k: Option<usize>,
     /// … and only when the nearest malicious examples are at least this
     /// similar (default -1: no floor); keeps a text unlike both sides (a
     /// maths question) from matching on a small difference.
@@ -190,22 +203,41 @@ pub(super) fn check(s: &SignalsConfig, errors: &mut Vec<ConfigError>, define: &m
             bad(errors, SignalKind::Embedding, &r.name, "threshold must be a similarity in [-1, 1]".into());
         }
     }
+    let preset = |errors: &mut Vec<ConfigError>, kind: SignalKind, name: &str, p: &Option<String>| {
+        if let Some(p) = p.as_deref().filter(|p| !crate::presets::PRESETS.contains(p)) {
+            bad(errors, kind, name, format!("unknown preset `{p}` (known: {})", crate::presets::PRESETS.join(", ")));
+        }
+    };
     if let Some(d) = &s.domain {
         let mut seen = HashSet::new();
+        preset(errors, SignalKind::Domain, &d.fallback, &d.preset);
+        // The preset's labels are signals too (its texts of no domain are the fallback's).
+        let shipped: Vec<&str> = match d.preset {
+            Some(_) => {
+                crate::presets::domain().labels.iter().map(|(n, _)| n.as_str()).filter(|n| *n != d.fallback).collect()
+            }
+            None => Vec::new(),
+        };
+        for (i, name) in shipped.iter().enumerate() {
+            define(SignalKind::Domain, i, name, errors);
+            seen.insert(*name);
+        }
         for (i, l) in d.labels.iter().enumerate() {
-            define(SignalKind::Domain, i, &l.name, errors);
+            if !shipped.contains(&l.name.as_str()) {
+                define(SignalKind::Domain, shipped.len() + i, &l.name, errors);
+            }
             seen.insert(l.name.as_str());
             if l.examples.is_empty() || blank(&l.examples) {
                 bad(errors, SignalKind::Domain, &l.name, "needs examples, none blank".into());
             }
         }
-        if d.labels.len() < 2 {
+        if seen.len() < 2 {
             bad(errors, SignalKind::Domain, &d.fallback, "the classifier needs at least two labels".into());
         }
         if seen.contains(d.fallback.as_str()) {
             bad(errors, SignalKind::Domain, &d.fallback, "the fallback cannot also be a label".into());
         } else {
-            define(SignalKind::Domain, d.labels.len(), &d.fallback, errors);
+            define(SignalKind::Domain, seen.len(), &d.fallback, errors);
         }
         if d.k == 0 {
             bad(errors, SignalKind::Domain, &d.fallback, "k must be at least 1".into());
@@ -216,13 +248,12 @@ pub(super) fn check(s: &SignalsConfig, errors: &mut Vec<ConfigError>, define: &m
     }
     let mut contrastive = |errors: &mut Vec<ConfigError>,
                            kind: SignalKind,
-                           i: usize,
-                           name: &str,
+                           (i, name, shipped): (usize, &str, bool),
                            pos: &[String],
                            neg: &[String],
                            k: usize| {
         define(kind, i, name, errors);
-        if pos.is_empty() || blank(pos) || blank(neg) {
+        if (pos.is_empty() && !shipped) || blank(pos) || blank(neg) {
             bad(errors, kind, name, "needs positive examples, none blank".into());
         }
         if k == 0 {
@@ -230,13 +261,26 @@ pub(super) fn check(s: &SignalsConfig, errors: &mut Vec<ConfigError>, define: &m
         }
     };
     for (i, r) in s.jailbreak.iter().enumerate() {
-        contrastive(errors, SignalKind::Jailbreak, i, &r.name, &r.malicious, &r.benign, r.k);
-        if !similarity(r.min_similarity) {
-            bad(errors, SignalKind::Jailbreak, &r.name, "min_similarity must be a similarity in [-1, 1]".into());
+        contrastive(
+            errors,
+            SignalKind::Jailbreak,
+            (i, &r.name, r.preset.is_some()),
+            &r.malicious,
+            &r.benign,
+            r.k.unwrap_or(1),
+        );
+        preset(errors, SignalKind::Jailbreak, &r.name, &r.preset);
+        if !similarity(r.min_similarity) || r.threshold.is_some_and(|t| !(-2.0..=2.0).contains(&t)) {
+            bad(
+                errors,
+                SignalKind::Jailbreak,
+                &r.name,
+                "min_similarity must be a similarity in [-1, 1], threshold in [-2, 2]".into(),
+            );
         }
     }
     for (i, r) in s.complexity.iter().enumerate() {
-        contrastive(errors, SignalKind::Complexity, i, &r.name, &r.hard, &r.easy, r.k);
+        contrastive(errors, SignalKind::Complexity, (i, &r.name, false), &r.hard, &r.easy, r.k);
     }
     for (i, r) in s.reask.iter().enumerate() {
         define(SignalKind::Reask, i, &r.name, errors);

@@ -187,3 +187,60 @@ fn the_arithmetic() {
     assert_eq!(knn.classify(&words("alpha")).label, Some(0));
     assert_eq!(knn.classify(&words("gamma")).label, Some(1));
 }
+
+/// The presets' own model, as far as a test can be: the probe text gets the presets' probe
+/// vector; another text the vector of the shipped prototype named by its first word.
+struct Shipped;
+
+impl Embedder for Shipped {
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+        let j = crate::presets::jailbreak();
+        let d = crate::presets::domain();
+        Ok(texts
+            .iter()
+            .map(|t| match t.split(' ').next() {
+                _ if *t == crate::presets::PROBE_TEXT => j.probe().to_vec(),
+                Some("attack") => j.malicious[0].clone(),
+                Some(label) => {
+                    d.labels.iter().find(|(n, _)| n == label).map_or(j.benign[0].clone(), |(_, p)| p[0].clone())
+                }
+                None => j.benign[0].clone(),
+            })
+            .collect())
+    }
+}
+
+#[test]
+fn the_shipped_detectors_need_no_examples_and_their_model() {
+    let c = config(
+        json!({"jailbreak": [{"name": "attack", "preset": "default"}], "domain": {"preset": "default"}}),
+        json!([
+            {"name": "refuse", "rules": {"type": "jailbreak", "name": "attack"}, "plugins": [{"type": "block"}]},
+            {"name": "math", "rules": {"type": "domain", "name": "math"}, "pools": ["large"]},
+            {"name": "other", "rules": {"type": "domain", "name": "other"}, "pools": ["small"]},
+            {"name": "default", "pools": ["small"]}
+        ]),
+    );
+    let s = Selector::with_embedder(c.clone(), Some(&Shipped)).unwrap();
+    let at = |v: Vec<f32>| RequestEmbeddings { last: Some(Ok(Arc::from(v))), previous: None, history: None };
+    let j = crate::presets::jailbreak();
+    assert_eq!(decide(&s, &at(j.malicious[0].clone())), "refuse");
+    let math = &crate::presets::domain().labels.iter().find(|(n, _)| n == "math").unwrap().1[0];
+    assert_eq!(decide(&s, &at(math.clone())), "math");
+    // The preset's texts of no domain are the fallback (`domain:other`).
+    let other = &crate::presets::domain().labels.iter().find(|(n, _)| n == "other").unwrap().1[0];
+    assert_eq!(decide(&s, &at(other.clone())), "other");
+    // Another model: refused at load, naming the presets' model.
+    let errors = Selector::with_embedder(c, Some(&Words)).unwrap_err();
+    assert!(errors[0].to_string().contains("trained on all-MiniLM-L6-v2"), "{errors:?}");
+    // An unknown preset, and a rule with neither preset nor examples.
+    let bad = config(
+        json!({"jailbreak": [{"name": "a", "preset": "strict"}, {"name": "b"}]}),
+        json!([{"name": "refuse", "rules": {"operator": "OR", "conditions": [
+            {"type": "jailbreak", "name": "a"}, {"type": "jailbreak", "name": "b"}]}, "plugins": [{"type": "block"}]},
+            {"name": "default", "pools": ["small"]}]),
+    );
+    let messages: Vec<String> = validate(&bad).unwrap_err().iter().map(ToString::to_string).collect();
+    assert!(messages.iter().any(|m| m.contains("unknown preset `strict` (known: default)")), "{messages:?}");
+    assert!(messages.iter().any(|m| m.contains("`b`") && m.contains("needs positive examples")), "{messages:?}");
+}

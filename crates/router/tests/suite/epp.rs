@@ -482,7 +482,7 @@ mod protocol {
         let picked = reply(&mut call).await;
         let Some(Reply::RequestHeaders(h)) = &picked.response else { panic!("{picked:?}") };
         let mutation = h.response.as_ref().unwrap().header_mutation.as_ref().unwrap();
-        assert_eq!(mutation.remove_headers, ["x-api-key", "authorization"]);
+        assert_eq!(mutation.remove_headers, ["x-api-key", "x-route-debug", "x-route-mode", "authorization"]);
         assert!(mutation.set_headers.iter().all(|o| o.header.as_ref().unwrap().key != "authorization"));
         drop(call);
     }
