@@ -274,7 +274,7 @@ fn cache_false_hits(turns: &[&str], vectors: &[Vec<f32>], print: bool) -> usize 
     eligible.iter().filter(|s| **s >= 0.95).count()
 }
 
-fn jsonl<T: for<'de> Deserialize<'de>>(path: &PathBuf) -> Result<Vec<T>> {
+pub(crate) fn jsonl<T: for<'de> Deserialize<'de>>(path: &PathBuf) -> Result<Vec<T>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     text.lines()
         .filter(|l| !l.trim().is_empty())

@@ -11,11 +11,14 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use model_select::presets::{PROBE_TEXT, encode_vector};
 use model_select::{DomainClassifier, DomainMethod, contrastive_score};
 use router_types::SplitMix;
 use serde::Deserialize;
+
+use crate::signal_quality::jsonl;
+use crate::stats::auc;
 
 /// The command's arguments.
 #[derive(Debug, clap::Args)]
@@ -233,26 +236,4 @@ fn prototypes(vectors: &[Vec<f32>], k: usize, seed: u64) -> Vec<Vec<f32>> {
         }
     }
     centers
-}
-
-/// The probability that an attack outscores a benign text (ties half).
-fn auc(attacks: &[f64], benign: &[f64]) -> f64 {
-    let mut wins = 0.0;
-    for a in attacks {
-        for b in benign {
-            wins += if a > b {
-                1.0
-            } else if a == b {
-                0.5
-            } else {
-                0.0
-            };
-        }
-    }
-    wins / (attacks.len() * benign.len()) as f64
-}
-
-fn jsonl<T: for<'de> Deserialize<'de>>(path: &PathBuf) -> Result<Vec<T>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    text.lines().filter(|l| !l.trim().is_empty()).map(|l| Ok(serde_json::from_str(l)?)).collect()
 }

@@ -488,17 +488,24 @@ mod protocol {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn through_envoy_a_repeated_request_is_answered_from_the_response_cache() {
-    let Some(bin) = binary("the endpoint picker's Envoy tests") else { return };
+/// The picker on `tests/routing/cache.yaml` behind Envoy, its pool's engines, and a request its
+/// `faq` decision caches; `None` without Envoy.
+async fn cache_picker() -> Option<(Running, Envoy, Vec<MockEngine>, Value)> {
+    let bin = binary("the endpoint picker's Envoy tests")?;
     let (routing, engines) = pools("tests/routing/cache.yaml").await;
     let mut app = config(&[], PolicyConfig::RoundRobin, false);
     app.routing = Some(routing);
     let router = picker(app).await;
-    // The answer's body passes the picker (STREAMED): a miss is recorded as it goes by.
     let envoy = Envoy::start(&bin, router.epp.unwrap(), &EnvoySetup::default()).await;
     let faq = json!({"model": "auto", "temperature": 0, "max_tokens": 6,
                      "messages": [{"role": "user", "content": "faq: opening hours?"}]});
+    Some((router, envoy, engines, faq))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_envoy_a_repeated_request_is_answered_from_the_response_cache() {
+    // The answer's body passes the picker (STREAMED): a miss is recorded as it goes by.
+    let Some((router, envoy, engines, faq)) = cache_picker().await else { return };
     let send = async || {
         let r = post(&envoy.url, "/v1/chat/completions", &faq).await;
         let cache = r.headers().get("x-route-cache").map(|v| v.to_str().unwrap().to_owned());
@@ -522,14 +529,7 @@ async fn through_envoy_a_repeated_request_is_answered_from_the_response_cache() 
 /// never reach a worker, and a caller without a control-plane key is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_envoy_preview_and_probe_modes_run_as_on_the_http_port() {
-    let Some(bin) = binary("the endpoint picker's Envoy tests") else { return };
-    let (routing, engines) = pools("tests/routing/cache.yaml").await;
-    let mut app = config(&[], PolicyConfig::RoundRobin, false);
-    app.routing = Some(routing);
-    let router = picker(app).await;
-    let envoy = Envoy::start(&bin, router.epp.unwrap(), &EnvoySetup::default()).await;
-    let faq = json!({"model": "auto", "temperature": 0, "max_tokens": 6,
-                     "messages": [{"role": "user", "content": "faq: opening hours?"}]});
+    let Some((_router, envoy, engines, faq)) = cache_picker().await else { return };
     let http = reqwest::Client::new();
     let ask = async |mode: &str, key: Option<&str>| {
         let mut r = http.post(format!("{}/v1/chat/completions", envoy.url)).json(&faq).header("x-route-mode", mode);
