@@ -103,11 +103,17 @@ pub(crate) fn failed_mid_answer(worker: &Worker, e: &dyn std::fmt::Display, sse:
 /// The last event of a stream the router ends on `route`: OpenAI's error event then `[DONE]`,
 /// or Anthropic's `error` event (its streams have no `[DONE]`).
 fn last_event(route: Route, message: &str) -> Bytes {
+    ending_event(route, (502, "upstream_unreachable"), message)
+}
+
+/// The last event of a stream the router ends on `route` with an error of `status` and `kind`
+/// (OpenAI's `type`; Anthropic's is its status's).
+pub(crate) fn ending_event(route: Route, (status, kind): (u16, &str), message: &str) -> Bytes {
     if route.anthropic() {
-        let event = crate::error::anthropic_error(502, message);
+        let event = crate::error::anthropic_error(status, message);
         Bytes::from(format!("event: error\ndata: {event}\n\n"))
     } else {
-        let event = json!({"error": {"message": message, "type": "upstream_unreachable", "code": 502}});
+        let event = json!({"error": {"message": message, "type": kind, "code": status}});
         Bytes::from(format!("data: {event}\n\ndata: [DONE]\n\n"))
     }
 }

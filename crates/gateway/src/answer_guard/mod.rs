@@ -29,6 +29,9 @@ use crate::{Gateway, GatewayError};
 /// The header that tells what the guard found in a whole answer (`clean`, or `email=2,jailbreak:attack`).
 pub(crate) const GUARD_HEADER: &str = "x-route-response-guard";
 
+/// The error type of a blocked answer.
+const BLOCKED: &str = "response_blocked";
+
 /// What the guard made of one answer.
 #[derive(Debug, Default)]
 struct Findings {
@@ -39,67 +42,60 @@ struct Findings {
     failed: bool,
 }
 
-/// A worker's answer to a request whose decision guards its answers, read before the client
-/// gets it; its accounting ends with the answer (a stream's with its relay).
-pub(crate) async fn sent(
+/// A worker's answer to a request whose decision guards its answers: relayed as any answer is
+/// (its accounting, end-to-end headers, idle deadline and mid-answer failure the relay's), then
+/// read by the guard before the client gets it; a response cache keeps what the guard lets out.
+pub(crate) fn sent(
     gw: &Arc<Gateway>,
     mut guard: InFlight,
     worker: Arc<Worker>,
     resp: axum::http::Response<UpstreamBody>,
     armed: Armed,
-) -> Result<Response, GatewayError> {
+) -> impl std::future::Future<Output = Response> + Send + 'static {
     let route = guard.route();
     let route_headers = guard.route_headers.take();
-    let ticket = guard.cache.take();
-    let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
-    let mut answer = if !resp.status().is_success() {
-        stream_back(guard, worker, resp, &gw.config.limits, Ending::default())
-    } else if is_stream(resp.headers()) {
-        let recorder = ticket.and_then(|t| Recorder::new(t, resp.status().as_u16(), content_type));
-        let relayed = stream_back(guard, worker, resp, &gw.config.limits, Ending::default());
-        let (parts, body) = relayed.into_parts();
-        Response::from_parts(parts, sse::screen(gw.clone(), armed, route, body, recorder))
-    } else {
-        let (parts, body) = resp.into_parts();
-        let raw = match read(gw, &armed, body, parts.headers.get(header::CONTENT_LENGTH)).await {
-            Ok(raw) => raw,
-            Err(e) => {
-                if matches!(e, GatewayError::Upstream { .. }) {
-                    worker.answer_failed();
-                }
-                guard.status = e.status().as_u16();
-                return Err(e);
-            }
-        };
-        let (answer, kept) = whole(gw, &armed, route, parts.status, parts.headers, raw).await;
-        guard.status = answer.status().as_u16();
-        if let (Some(ticket), Some(body)) = (ticket, kept)
-            && let Some(mut r) = Recorder::new(ticket, 200, content_type)
-            && r.push(&body)
-        {
-            r.ended();
+    let recorder = guard
+        .cache
+        .take()
+        .and_then(|t| Recorder::new(t, resp.status().as_u16(), resp.headers().get(header::CONTENT_TYPE).cloned()));
+    let relayed = stream_back(guard, worker, resp, &gw.config.limits, Ending::default());
+    let gw = gw.clone();
+    async move {
+        let mut answer = made(&gw, relayed, armed, route, recorder).await;
+        if let Some(RouteHeaders(extra)) = route_headers {
+            answer.headers_mut().extend(extra.into_iter().map(|(n, v)| (axum::http::HeaderName::from_static(n), v)));
         }
         answer
-    };
-    if let Some(RouteHeaders(extra)) = route_headers {
-        answer.headers_mut().extend(extra.into_iter().map(|(n, v)| (axum::http::HeaderName::from_static(n), v)));
     }
-    Ok(answer)
 }
 
-/// An answer the router made (a disaggregated pair's, a gRPC worker's, a cascade's kept
-/// one), read by the guard as a worker's is.
-pub(crate) async fn made(gw: &Arc<Gateway>, answer: Response, armed: Armed, route: Route) -> Response {
+/// An answer read by the guard: a relayed worker's, or one the router made (a disaggregated
+/// pair's, a gRPC worker's, a cascade's kept one). `recorder` keeps what goes out.
+pub(crate) async fn made(
+    gw: &Arc<Gateway>,
+    answer: Response,
+    armed: Armed,
+    route: Route,
+    recorder: Option<Recorder>,
+) -> Response {
     if !answer.status().is_success() {
         return answer;
     }
     let (parts, body) = answer.into_parts();
     if is_stream(&parts.headers) {
-        return Response::from_parts(parts, sse::screen(gw.clone(), armed, route, body, None));
+        return Response::from_parts(parts, sse::screen(gw.clone(), armed, route, body, recorder));
     }
     let body = body.map_err(boxed).boxed_unsync();
     match read(gw, &armed, body, parts.headers.get(header::CONTENT_LENGTH)).await {
-        Ok(raw) => whole(gw, &armed, route, parts.status, parts.headers, raw).await.0,
+        Ok(raw) => {
+            let (answer, kept) = whole(gw, &armed, route, parts.status, parts.headers, raw).await;
+            if let (Some(mut r), Some(body)) = (recorder, kept)
+                && r.push(&body)
+            {
+                r.ended();
+            }
+            answer
+        }
         Err(e) => e.response_for(Some(route)),
     }
 }
@@ -260,12 +256,17 @@ fn blocked(armed: &Armed, route: Route) -> Response {
     let body = if route.anthropic() {
         crate::error::anthropic_error(status, message)
     } else {
-        json!({"error": {"message": message, "type": "response_blocked", "code": status}})
+        json!({"error": {"message": message, "type": BLOCKED, "code": status}})
     };
     let mut r = Response::new(Body::from(body.to_string()));
     *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::FORBIDDEN);
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
+}
+
+/// `/generate`'s per-token logprobs taken out of its `meta_info`.
+fn strip_meta_logprobs(meta: &mut serde_json::Map<String, Value>) {
+    meta.retain(|k, _| !k.starts_with("output_token_logprobs") && !k.starts_with("output_top_logprobs"));
 }
 
 /// Logprobs name every token, redacted or not: a changed answer goes without them.
@@ -281,7 +282,7 @@ fn strip_logprobs(v: &mut Value) {
             }
         }
         if let Some(meta) = item.get_mut("meta_info").and_then(Value::as_object_mut) {
-            meta.retain(|k, _| !k.starts_with("output_token_logprobs") && !k.starts_with("output_top_logprobs"));
+            strip_meta_logprobs(meta);
         }
     }
 }

@@ -24,6 +24,9 @@ use crate::pools::response_guard::Armed;
 /// A stream's text lane: a choice's (or block's) content (0) or reasoning (1).
 type Key = (u64, u8);
 
+/// Text lanes one stream may open (choices × 2, Anthropic blocks × 2); more ends it, failed.
+const MAX_LANES: usize = 256;
+
 /// The stream was blocked (a finding, or a text that could not be judged).
 struct Stop;
 
@@ -155,13 +158,8 @@ impl Screen {
         self.recorder = None;
         let label = if self.found.failed { "failed" } else { "blocked" };
         count(&self.armed, label, &self.found);
-        let (status, message) = (self.armed.spec.status, self.armed.spec.message.as_str());
-        if self.route.anthropic() {
-            format!("event: error\ndata: {}\n\n", crate::error::anthropic_error(status, message)).into_bytes()
-        } else {
-            let event = json!({"error": {"message": message, "type": "response_blocked", "code": status}});
-            format!("data: {event}\n\ndata: [DONE]\n\n").into_bytes()
-        }
+        let spec = &self.armed.spec;
+        crate::relay::ending_event(self.route, (spec.status, super::BLOCKED), &spec.message).to_vec()
     }
 
     /// The findings' comment, once, when there are any.
@@ -234,6 +232,12 @@ impl Screen {
 
     /// `text` on lane `key`: what goes out now.
     async fn feed(&mut self, key: Key, text: &str, end: bool) -> Result<String, Stop> {
+        // A worker's choice indices are its to name: their lanes are bounded, not its memory.
+        if self.lanes.len() >= MAX_LANES && !self.lanes.contains_key(&key) {
+            tracing::warn!(decision = %self.armed.spec.decision, "response guard: a stream with too many texts");
+            self.found.failed = true;
+            return Err(Stop);
+        }
         let mut lane = self.lanes.remove(&key).unwrap_or_default();
         let detector = self.armed.detector();
         let mut released = self.guard.push(detector, &mut lane.pii, text);
@@ -419,7 +423,7 @@ impl Screen {
         if !self.annotating()
             && let Some(meta) = v.get_mut("meta_info").and_then(Value::as_object_mut)
         {
-            meta.retain(|k, _| !k.starts_with("output_token_logprobs") && !k.starts_with("output_top_logprobs"));
+            super::strip_meta_logprobs(meta);
         }
         Ok(Vec::new())
     }

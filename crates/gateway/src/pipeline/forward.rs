@@ -240,7 +240,7 @@ where
         let armed = guard.answer_guard.take();
         let answer = crate::grpc::serve(gw, guard, (worker, &workers), pool, job, meta).await?;
         return Ok(Forwarded::Made(match armed {
-            Some(armed) => crate::answer_guard::made(gw, answer, *armed, route).await,
+            Some(armed) => crate::answer_guard::made(gw, answer, *armed, route, None).await,
             None => answer,
         }));
     }

@@ -98,7 +98,7 @@ where
                 let armed = d.guard.take();
                 let served = crate::pd::serve_routed(gw, d, (route, extra), start, meta).await?;
                 return Ok(Outcome::Made(match armed {
-                    Some(armed) => crate::answer_guard::made(gw, served, armed, route).await,
+                    Some(armed) => crate::answer_guard::made(gw, served, armed, route, None).await,
                     None => served,
                 }));
             }
@@ -114,7 +114,7 @@ where
         First::Relay(guard, worker, answer) => return guarded(gw, (guard, worker, answer, None), armed).await,
         First::Kept(hit, verdict) => {
             let Some(armed) = armed else { return Ok(Outcome::Cached(hit, Some(verdict))) };
-            let mut answer = crate::answer_guard::made(gw, hit.into_response(), armed, route).await;
+            let mut answer = crate::answer_guard::made(gw, hit.into_response(), armed, route, None).await;
             answer.headers_mut().insert(crate::pools::cascade::CASCADE_HEADER, verdict);
             return Ok(Outcome::Made(answer));
         }
@@ -132,7 +132,7 @@ async fn guarded<T: Judgeable>(
     armed: Option<crate::pools::response_guard::Armed>,
 ) -> Result<Outcome<T>, GatewayError> {
     let Some(armed) = armed else { return Ok(Outcome::Sent(guard, worker, answer, verdict)) };
-    let mut answer = crate::answer_guard::sent(gw, guard, worker, answer.into_response(), armed).await?;
+    let mut answer = crate::answer_guard::sent(gw, guard, worker, answer.into_response(), armed).await;
     if let Some(verdict) = verdict {
         answer.headers_mut().insert(crate::pools::cascade::CASCADE_HEADER, verdict);
     }
