@@ -3,7 +3,9 @@
 //! `policy_select::{round_robin,random,power_of_two}/{4,16,64,256}`, plus
 //! `least_load`, `cache_aware` and `min_ttft` (a third of the workers hold
 //! part of the prompt, loads vary) and `approx_tree` (a 2 KiB prompt sharing a system
-//! prompt with earlier requests; includes the tree match and, in `commit`, the insert).
+//! prompt with earlier requests; includes the tree match and, in `commit`, the insert),
+//! and `cache_aware_head_hash_16k` (`--cache-index hash`: a 16,384-token prompt's heads hashed,
+//! matched and placed).
 //!
 //! Run: `cargo bench -p sgl-router-benches --bench policy_select`.
 //! Last result: docs/benchmarks.md.
@@ -12,8 +14,9 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use policy::{
-    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, Candidate, Decision, ExpectedWait, LeastLoad,
-    Load, LoadMetric, MinTtft, MinTtftConfig, Policy, PowerOfTwo, Random, RequestInfo, RoundRobin,
+    ApproxTreeConfig, ApproxTreePolicy, CacheAware, CacheAwareConfig, Candidate, Decision, ExpectedWait,
+    HeadHashConfig, LeastLoad, Load, LoadMetric, MinTtft, MinTtftConfig, Policy, PowerOfTwo, Random, RequestInfo,
+    RoundRobin,
 };
 use router_types::WorkerId;
 
@@ -51,7 +54,7 @@ fn bench(c: &mut Criterion) {
     for p in &policies {
         for n in [4usize, 16, 64, 256] {
             let cs = candidates(n);
-            let req = RequestInfo { input_tokens: 8192, text: None, at_ms: 0 };
+            let req = RequestInfo { input_tokens: 8192, text: None, at_ms: 0, heads: &[] };
             g.bench_with_input(BenchmarkId::new(p.name(), n), &cs, |b, cs| b.iter(|| route(&**p, black_box(cs), &req)));
         }
     }
@@ -61,14 +64,36 @@ fn bench(c: &mut Criterion) {
         let cs = candidates(n);
         for i in 0..n * 4 {
             let text = format!("{system} earlier question {i}");
-            route(&p, &cs, &RequestInfo { input_tokens: 0, text: Some(&text), at_ms: 0 });
+            route(&p, &cs, &RequestInfo { input_tokens: 0, text: Some(&text), at_ms: 0, heads: &[] });
         }
         let mut i = 0u64;
         g.bench_with_input(BenchmarkId::new("approx_tree", n), &cs, |b, cs| {
             b.iter(|| {
                 i += 1;
                 let text = format!("{system} question {}", i % 512);
-                route(&p, black_box(cs), &RequestInfo { input_tokens: 0, text: Some(&text), at_ms: 0 })
+                route(&p, black_box(cs), &RequestInfo { input_tokens: 0, text: Some(&text), at_ms: 0, heads: &[] })
+            })
+        });
+    }
+    // cache_aware's head map (`--cache-index hash`) over workers without KV events: a 16 KiB
+    // prompt of the built-in tokenizer (16,384 tokens, 80 % shared by one of 8 groups), its
+    // heads hashed, then select and commit.
+    for n in [4usize, 16, 64] {
+        let config =
+            HeadHashConfig { boundaries: HeadHashConfig::powers_of_two(16), ttl_ms: 180_000, max_bytes: 32 << 20 };
+        let p = CacheAware::new(CacheAwareConfig::default(), 3).with_head_hashes(config);
+        let cs: Vec<Candidate> = candidates(n).into_iter().map(|c| Candidate { followed: false, ..c }).collect();
+        let prompts: Vec<Vec<u32>> = (0..64u32)
+            .map(|i| {
+                (0..16_384u32).map(|t| if t < 13_107 { (i % 8) * 100_000 + t } else { i * 1_000_000 + t }).collect()
+            })
+            .collect();
+        let mut i = 0usize;
+        g.bench_with_input(BenchmarkId::new("cache_aware_head_hash_16k", n), &cs, |b, cs| {
+            b.iter(|| {
+                i += 1;
+                let heads = p.heads(black_box(&prompts[i % 64]));
+                route(&p, black_box(cs), &RequestInfo { input_tokens: 16_384, text: None, at_ms: 0, heads: &heads })
             })
         });
     }

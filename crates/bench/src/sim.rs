@@ -214,7 +214,7 @@ pub(crate) fn run(trace: &[TraceRequest], policy: &str, cfg: &SimConfig) -> Resu
         let text: Vec<u8> = req.hash_ids.iter().flat_map(|id| (*id as u32).to_le_bytes()).collect();
         // The tree works on text; block ids as bytes keep the prefix structure.
         let text = String::from_utf8_lossy(&text).into_owned();
-        let request = RequestInfo { input_tokens: req.input_length, text: Some(&text), at_ms: 0 };
+        let request = RequestInfo { input_tokens: req.input_length, text: Some(&text), at_ms: 0, heads: &[] };
         let decision = router.policy.select(&candidates, &request)?;
         router.policy.commit(&decision, &candidates, &request);
         // Simulated workers are numbered 0..n and never leave: id i is worker i.

@@ -101,7 +101,7 @@ pub(crate) async fn first_probe(fleet: Arc<Fleet>, w: Arc<Worker>) {
         // Without probes a disaggregated worker is still checked against its role first.
         if w.role.is_pd() {
             let timeout = fleet.config.health.timeout.max(Duration::from_millis(100));
-            introspect_checked(&fleet.client, &w, timeout).await;
+            introspect_checked(&fleet, &w, timeout).await;
         }
         w.set_probe_result(true);
         return;
@@ -121,12 +121,11 @@ pub(crate) async fn first_probe(fleet: Arc<Fleet>, w: Arc<Worker>) {
 }
 
 async fn check(fleet: &Arc<Fleet>, w: &Arc<Worker>, timeout: Duration) {
-    let client = &fleet.client;
     w.probed_now();
     // A gRPC worker's `HealthCheck`; an HTTP worker's health endpoint.
     let probe = match w.engine() {
         Some(engine) => crate::grpc::health(engine, timeout).await,
-        None => match client.get(w.endpoint_url(&fleet.config.health.endpoint)).timeout(timeout).send().await {
+        None => match get(fleet, w, &fleet.config.health.endpoint, timeout).await {
             Ok(r) => Ok(r.status().is_success()),
             Err(e) => Err(e.to_string()),
         },
@@ -141,7 +140,7 @@ async fn check(fleet: &Arc<Fleet>, w: &Arc<Worker>, timeout: Duration) {
         // Asked before it enters rotation: a disaggregated worker's role and bootstrap port
         // are known before its first request.
         if w.info().is_none() {
-            introspect_checked(client, w, timeout).await;
+            introspect_checked(fleet, w, timeout).await;
         }
         // A disaggregated worker enters rotation only once its report was checked against its role.
         let was_down = w.down_for().is_some();
@@ -170,17 +169,43 @@ async fn check(fleet: &Arc<Fleet>, w: &Arc<Worker>, timeout: Duration) {
     }
 }
 
+/// A GET of `path` on `w` with the probes' client: over HTTP/2 to a worker that answers it
+/// (`HealthConfig::http2`). One never asked is asked over HTTP/2 first and, on no answer,
+/// over HTTP/1.1; what it showed is remembered for its probes, polls and requests alike (the
+/// relay asks the same way at a first request).
+async fn get(fleet: &Fleet, w: &Worker, path: &str, timeout: Duration) -> reqwest::Result<reqwest::Response> {
+    let url = w.endpoint_url(path);
+    let (Some(h2), None) = (fleet.h2_client.as_ref(), w.upstream_http2()) else {
+        return fleet.client_for(w).get(url).timeout(timeout).send().await;
+    };
+    match h2.get(url.clone()).timeout(timeout).send().await {
+        Ok(answer) => {
+            w.set_upstream_http2(true);
+            info!(worker = %w.url, "the worker speaks HTTP/2: its probes, polls and requests go over it");
+            Ok(answer)
+        }
+        Err(_) => {
+            let answer = fleet.client.get(url).timeout(timeout).send().await;
+            if answer.is_ok() {
+                w.set_upstream_http2(false);
+                warn!(worker = %w.url, "the worker does not answer HTTP/2 (--upstream-http2): it stays on HTTP/1.1");
+            }
+            answer
+        }
+    }
+}
+
 /// What every worker serves, asked of those not yet introspected (with the
 /// probes off, nothing else asks).
 async fn introspect_all(fleet: &Fleet, all: &[Arc<Worker>], timeout: Duration) {
     let pending = all.iter().filter(|w| w.info().is_none() && w.is_routable());
-    join_all(pending.map(|w| introspect_checked(&fleet.client, w, timeout))).await;
+    join_all(pending.map(|w| introspect_checked(fleet, w, timeout))).await;
 }
 
 /// Asks a worker what it serves, records it, and refuses the worker when its
 /// report contradicts its role.
-async fn introspect_checked(client: &reqwest::Client, w: &Worker, timeout: Duration) {
-    let Some(found) = introspect(client, w, timeout).await else { return };
+async fn introspect_checked(fleet: &Fleet, w: &Worker, timeout: Duration) {
+    let Some(found) = introspect(fleet.client_for(w), w, timeout).await else { return };
     info!(worker = %w.url, model = ?found.model_id, dp_size = ?found.dp_size, page_size = ?found.page_size, mode = ?found.disaggregation_mode, "worker introspected");
     if let Some(why) = contradiction(w.role, found.disaggregation_mode.as_deref()) {
         w.refuse(&why);
@@ -200,7 +225,7 @@ pub(crate) async fn load_loop(fleet: Arc<Fleet>) {
     while ticks.next().await {
         let all = fleet.snapshot();
         let due = all.iter().filter(|w| w.is_routable() && w.reports_load());
-        join_all(due.map(|w| poll_load(w, &fleet.client, timeout, fleet.config.liveness.stall))).await;
+        join_all(due.map(|w| poll_load(w, fleet.client_for(w), timeout, fleet.config.liveness.stall))).await;
     }
 }
 

@@ -144,6 +144,9 @@ pub struct HealthConfig {
     pub remove_unhealthy: bool,
     /// How a worker that has never been healthy is probed (SMG's `--worker-startup-*`).
     pub startup: StartupConfig,
+    /// The probes, introspection and load polls speak HTTP/2 to a worker that answers it
+    /// (`--upstream-http2`: by prior knowledge, then HTTP/1.1 if it does not), as its requests do.
+    pub http2: bool,
 }
 
 /// A new worker's probes until it is first healthy.
@@ -177,6 +180,7 @@ impl Default for HealthConfig {
             success_threshold: 2,
             remove_unhealthy: false,
             startup: StartupConfig::default(),
+            http2: false,
         }
     }
 }
@@ -285,6 +289,8 @@ pub struct Fleet {
     notices: broadcast::Sender<Notice>,
     events: Option<EventsSide>,
     client: reqwest::Client,
+    /// The same over HTTP/2 by prior knowledge (`HealthConfig::http2`).
+    h2_client: Option<reqwest::Client>,
     cancel: CancellationToken,
     tasks: TaskTracker,
     /// Counters.
@@ -329,6 +335,15 @@ impl HashModes {
 // === impl Fleet ===
 
 impl Fleet {
+    /// The client for the router's own requests to `w`: over HTTP/2 when it is known to
+    /// answer it and the probes speak it (`HealthConfig::http2`).
+    pub(crate) fn client_for(&self, w: &Worker) -> &reqwest::Client {
+        match &self.h2_client {
+            Some(h2) if w.upstream_http2() == Some(true) => h2,
+            _ => &self.client,
+        }
+    }
+
     /// Starts the fleet: the pump (when following events into `index`), the
     /// health and load loops, and `workers` from the command line. Returns at
     /// once: discovery runs in the background. Everything stops with `cancel`.
@@ -374,6 +389,13 @@ impl Fleet {
             _ => None,
         };
         let client = worker_client(config.api_key.as_deref(), Some(Duration::from_secs(5)), &config.tls);
+        let h2_client = config.health.http2.then(|| {
+            // In TLS the worker is asked for HTTP/2 by ALPN, as the relay asks it.
+            let mut tls: rustls::ClientConfig = (**config.tls.config()).clone();
+            tls.alpn_protocols = vec![b"h2".to_vec()];
+            let h2 = worker_client_builder(config.api_key.as_deref(), Some(Duration::from_secs(5)), tls);
+            h2.http2_prior_knowledge().build().unwrap_or_default()
+        });
         let fleet = Arc::new(Self {
             config,
             members: RwLock::new(Members::default()),
@@ -382,6 +404,7 @@ impl Fleet {
             notices: broadcast::channel(NOTICE_CAPACITY).0,
             events,
             client,
+            h2_client,
             cancel: cancel.clone(),
             tasks,
             metrics: FleetMetrics::default(),
@@ -709,14 +732,22 @@ pub fn bearer(key: &str) -> Option<reqwest::header::HeaderValue> {
 /// load reports, KV-event discovery): with the workers' bearer token when
 /// they require one, and an overall timeout when given.
 pub fn worker_client(api_key: Option<&str>, timeout: Option<Duration>, tls: &WorkerTls) -> reqwest::Client {
+    worker_client_builder(api_key, timeout, (**tls.config()).clone()).build().unwrap_or_default()
+}
+
+/// [`worker_client`]'s builder, with this TLS configuration.
+fn worker_client_builder(
+    api_key: Option<&str>,
+    timeout: Option<Duration>,
+    tls: rustls::ClientConfig,
+) -> reqwest::ClientBuilder {
     let mut headers = reqwest::header::HeaderMap::new();
     if let Some(v) = api_key.and_then(bearer) {
         headers.insert(reqwest::header::AUTHORIZATION, v);
     }
-    let tls: rustls::ClientConfig = (**tls.config()).clone();
     let mut builder = reqwest::Client::builder().default_headers(headers).tls_backend_preconfigured(tls);
     if let Some(t) = timeout {
         builder = builder.timeout(t);
     }
-    builder.build().unwrap_or_default()
+    builder
 }

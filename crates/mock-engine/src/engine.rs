@@ -164,6 +164,8 @@ pub struct Engine {
     pub flushes: AtomicU64,
     /// Requests that came over HTTP/2 (with [`crate::MockEngineConfig::http2`]).
     pub http2_requests: AtomicU64,
+    /// Requests of any kind (probes, polls, generations) that came over HTTP/1.x.
+    pub http1_requests: AtomicU64,
     /// ...
     pub prompt_tokens: AtomicU64,
     /// ...
@@ -270,6 +272,7 @@ impl Engine {
             requests: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
             http2_requests: AtomicU64::new(0),
+            http1_requests: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
             cached_tokens: AtomicU64::new(0),
             cancelled_streams: AtomicU64::new(0),

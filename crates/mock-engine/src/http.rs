@@ -49,6 +49,8 @@ pub(crate) fn router(engine: Arc<Engine>) -> axum::Router {
     let app = app.layer(axum::middleware::from_fn(move |req: axum::extract::Request, next: axum::middleware::Next| {
         if req.version() == axum::http::Version::HTTP_2 {
             counted.http2_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        } else {
+            counted.http1_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         next.run(req)
     }));

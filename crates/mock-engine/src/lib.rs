@@ -98,6 +98,9 @@ pub struct MockEngineConfig {
     /// Also answer HTTP/2 by prior knowledge (h2c) on the HTTP port, as an engine behind an
     /// h2c-speaking server does; off: HTTP/1.1 only, as SGLang's and vLLM's uvicorn.
     pub http2: bool,
+    /// Answer HTTP/2 only (h2c by prior knowledge), as an engine behind a server that speaks
+    /// nothing else; HTTP/1.1 is refused at the connection.
+    pub http2_only: bool,
     /// The text the gRPC service's answers are made of (its first `max_new_tokens` tokens);
     /// none: the HTTP API's words (" the cache is warm and routing works." over and over).
     pub reply_text: Option<String>,
@@ -140,6 +143,7 @@ impl Default for MockEngineConfig {
             refuse_rank_header: false,
             grpc_listen: None,
             http2: false,
+            http2_only: false,
             tokenizer_dir: None,
             reply_text: None,
         }
@@ -158,9 +162,17 @@ impl MockEngineConfig {
     }
 }
 
+/// The HTTP versions the engine's port answers.
+#[derive(Debug, Clone, Copy)]
+enum Speaks {
+    Http1,
+    Both,
+    Http2,
+}
+
 /// Serves `app` on `listener` in HTTP/1.1, and in HTTP/2 by prior knowledge (h2c) too when
-/// `http2`, until `shutdown`.
-async fn serve(listener: tokio::net::TcpListener, app: axum::Router, shutdown: CancellationToken, http2: bool) {
+/// `http2` (`Only`: in HTTP/2 alone), until `shutdown`.
+async fn serve(listener: tokio::net::TcpListener, app: axum::Router, shutdown: CancellationToken, http2: Speaks) {
     use hyper_util::rt::{TokioExecutor, TokioIo};
     use hyper_util::server::conn::auto::Builder;
     use hyper_util::service::TowerToHyperService;
@@ -184,9 +196,11 @@ async fn serve(listener: tokio::net::TcpListener, app: axum::Router, shutdown: C
         let stop = shutdown.clone();
         tokio::spawn(async move {
             let mut builder = Builder::new(TokioExecutor::new());
-            if !http2 {
-                builder = builder.http1_only();
-            }
+            builder = match http2 {
+                Speaks::Http1 => builder.http1_only(),
+                Speaks::Both => builder,
+                Speaks::Http2 => builder.http2_only(),
+            };
             tokio::select! {
                 _ = builder.serve_connection(TokioIo::new(tcp), service) => {}
                 () = stop.cancelled() => {}
@@ -216,7 +230,12 @@ impl MockEngine {
         let addr = listener.local_addr()?;
         let app = http::router(engine.clone());
         let shutdown = cancel.clone();
-        tokio::spawn(serve(listener, app, shutdown, config.http2));
+        let speaks = match (config.http2, config.http2_only) {
+            (_, true) => Speaks::Http2,
+            (true, false) => Speaks::Both,
+            (false, false) => Speaks::Http1,
+        };
+        tokio::spawn(serve(listener, app, shutdown, speaks));
         let grpc_addr = match config.grpc_listen {
             Some(at) => {
                 let listener = tokio::net::TcpListener::bind(at).await?;

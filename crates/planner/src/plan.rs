@@ -35,6 +35,8 @@ pub struct Plan {
     pub regret: crate::Regret,
     /// When it was planned ([`crate::Planner::at_ms`]).
     pub at_ms: u64,
+    /// The prompt's heads, when the policy matches by them ([`policy::Policy::heads`]).
+    pub heads: Vec<policy::Head>,
 }
 
 impl Plan {
@@ -58,7 +60,12 @@ impl Plan {
 
     /// What the policy saw of the request.
     pub fn request(&self) -> RequestInfo<'_> {
-        RequestInfo { input_tokens: self.input_tokens, text: self.text.as_deref(), at_ms: self.at_ms }
+        RequestInfo {
+            input_tokens: self.input_tokens,
+            text: self.text.as_deref(),
+            at_ms: self.at_ms,
+            heads: &self.heads,
+        }
     }
 
     /// Tells the pool's policy the request really goes where it decided (never for an explain).
@@ -216,11 +223,15 @@ impl Planner<'_> {
                 }
             })
             .collect();
+        let heads = if match_prefix { policy.heads(tokens) } else { Vec::new() };
         let by_key = key.and_then(|k| policy::by_key(k, workers.iter().map(|w| (w.id, w.url.as_str()))));
         let decision = match by_key {
             Some(worker) => Decision { worker, reason: policy::Reason::RoutingKey },
             None => policy
-                .select(&candidates, &RequestInfo { input_tokens, text: text.as_deref(), at_ms: self.at_ms })
+                .select(
+                    &candidates,
+                    &RequestInfo { input_tokens, text: text.as_deref(), at_ms: self.at_ms, heads: &heads },
+                )
                 .map_err(|_| PlanError::NoWorker)?,
         };
         let chosen = workers.iter().position(|w| w.id == decision.worker).ok_or(PlanError::NoWorker)?;
@@ -237,7 +248,19 @@ impl Planner<'_> {
             placements.placed(&workers[chosen], credited, uncached);
         }
         let at_ms = self.at_ms;
-        Ok(Plan { pool: pool.clone(), workers, candidates, decision, chosen, input_tokens, text, rank, regret, at_ms })
+        Ok(Plan {
+            pool: pool.clone(),
+            workers,
+            candidates,
+            decision,
+            chosen,
+            input_tokens,
+            text,
+            rank,
+            regret,
+            at_ms,
+            heads,
+        })
     }
 
     /// The prompt's page hashes in each of the fleet's hash modes, in the request's namespace

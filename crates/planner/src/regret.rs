@@ -45,6 +45,7 @@ impl Cause {
             | Reason::CacheHit
             | Reason::CacheHitSampled
             | Reason::TextTreeHit
+            | Reason::HeadHashHit
             | Reason::TreeMatch
             | Reason::TreeMiss
             | Reason::RoutingKey => Cause::Policy,

@@ -444,7 +444,7 @@ mod tests {
     }
 
     fn ask(text: &str) -> RequestInfo<'_> {
-        RequestInfo { input_tokens: 0, text: Some(text), at_ms: 0 }
+        RequestInfo { input_tokens: 0, text: Some(text), at_ms: 0, heads: &[] }
     }
 
     /// A real request: select, then commit.
@@ -571,7 +571,7 @@ mod tests {
     fn the_policy_ages_its_placements_by_the_requests_time() {
         let p = ApproxTreePolicy::new(ApproxTreeConfig { ttl_ms: 180_000, ..ApproxTreeConfig::default() });
         let prompt = "You are a helpful assistant. Question one?";
-        let at = |at_ms| RequestInfo { input_tokens: 0, text: Some(prompt), at_ms };
+        let at = |at_ms| RequestInfo { input_tokens: 0, text: Some(prompt), at_ms, heads: &[] };
         let cs = [cand(0, 0), cand(1, 1)];
         let d = Decision { worker: WorkerId(1), reason: Reason::TreeMiss };
         p.commit(&d, &cs, &at(10_000));

@@ -25,7 +25,10 @@
 //! it is a hit when its match covers more than the tree's `cache_threshold`
 //! of the prompt, credited with that share of the prompt's tokens, and
 //! ranked with the followed workers' exact hits. The tree learns (on
-//! `commit`) only what goes to such workers.
+//! `commit`) only what goes to such workers. With a head map instead
+//! ([`CacheAware::with_head_hashes`], SMG's `--cache-index hash`), such a
+//! worker is a hit when it holds the placement of one of the request's heads
+//! (`crate::head_hash`), credited with the deepest one's tokens.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use router_types::WorkerId;
 
 use crate::approx_tree::{ApproxTree, ApproxTreeConfig};
+use crate::head_hash::{Head, HeadHashConfig, HeadMap, heads};
 use crate::simple::{Draws, SplitMix, check, commit_power_of_two, power_of_two};
 use crate::{Candidate, Decision, Policy, PolicyError, Reason, RequestInfo, Warmup};
 
@@ -83,6 +87,8 @@ pub struct CacheAware {
     rng: SplitMix,
     /// The text tree for workers whose events are not followed.
     text: Option<TextTree>,
+    /// Or the head map (`--cache-index hash`).
+    heads: Option<HeadLayer>,
     /// Misses and hits committed (the warm-up slice counts them).
     misses: AtomicU64,
     hits: AtomicU64,
@@ -94,6 +100,13 @@ struct TextTree {
     config: ApproxTreeConfig,
     tree: Mutex<ApproxTree>,
     clock: AtomicU64,
+}
+
+/// The head map and its knobs.
+#[derive(Debug)]
+struct HeadLayer {
+    config: HeadHashConfig,
+    map: Mutex<HeadMap>,
 }
 
 /// A candidate as judged: exact (events) or estimated (text tree).
@@ -140,19 +153,36 @@ impl CacheAwareConfig {
 impl CacheAware {
     /// The policy with `config`; `seed` drives the power-of-two fallback.
     pub fn new(config: CacheAwareConfig, seed: u64) -> Self {
-        Self { config, rng: SplitMix::new(seed), text: None, misses: AtomicU64::new(0), hits: AtomicU64::new(0) }
+        Self {
+            config,
+            rng: SplitMix::new(seed),
+            text: None,
+            heads: None,
+            misses: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+        }
     }
 
     /// Judges the workers whose events are not followed by a tree of the
     /// text this router sent them (see the module's documentation).
     pub fn with_text_tree(mut self, config: ApproxTreeConfig) -> Self {
         self.text = Some(TextTree { config, tree: Mutex::new(ApproxTree::new()), clock: AtomicU64::new(0) });
+        self.heads = None;
         self
     }
 
-    /// Bytes held by the tree, as its bound counts them (its text and its nodes).
+    /// Judges the workers whose events are not followed by the placements of the
+    /// request's heads instead of a text tree (see the module's documentation).
+    pub fn with_head_hashes(mut self, config: HeadHashConfig) -> Self {
+        self.heads = Some(HeadLayer { config, map: Mutex::new(HeadMap::default()) });
+        self.text = None;
+        self
+    }
+
+    /// Bytes held by the tree or the head map, as its bound counts them.
     pub fn tree_bytes(&self) -> usize {
-        self.text.as_ref().map_or(0, |t| t.lock().held())
+        let tree = self.text.as_ref().map_or(0, |t| t.lock().held());
+        tree + self.heads.as_ref().map_or(0, |h| h.lock().bytes())
     }
 
     /// The configuration.
@@ -204,9 +234,12 @@ impl CacheAware {
     }
 
     /// Every candidate with its verdict: followed ones by their exact match,
-    /// unfollowed ones by the text tree (when there is one).
+    /// unfollowed ones by the text tree or the head map (when there is one).
     fn judge(&self, candidates: &[Candidate], request: &RequestInfo<'_>) -> Vec<Judged> {
         let exact = |c: &Candidate| Judged { c: *c, hit: self.is_hit(c), estimated: false };
+        if let Some(layer) = &self.heads {
+            return layer.judge(candidates, request, exact);
+        }
         let text = request.text.unwrap_or("").as_bytes();
         let Some(tree) = self.text.as_ref().filter(|_| !text.is_empty() && candidates.iter().any(|c| !c.followed))
         else {
@@ -277,6 +310,14 @@ impl Policy for CacheAware {
         self.text.is_some()
     }
 
+    fn needs_tokens(&self) -> bool {
+        self.heads.is_some()
+    }
+
+    fn heads(&self, tokens: &[u32]) -> Vec<Head> {
+        self.heads.as_ref().map_or_else(Vec::new, |h| heads(tokens, &h.config.boundaries))
+    }
+
     fn select(&self, candidates: &[Candidate], request: &RequestInfo<'_>) -> Result<Decision, PolicyError> {
         check(candidates)?;
         let c = &self.config;
@@ -301,6 +342,9 @@ impl Policy for CacheAware {
     fn remove_worker(&self, worker: WorkerId) {
         if let Some(tree) = &self.text {
             tree.lock().remove_worker(worker);
+        }
+        if let Some(layer) = &self.heads {
+            layer.lock().remove_worker(worker);
         }
     }
 
@@ -352,7 +396,8 @@ impl CacheAware {
         }
         hits.sort_unstable_by(rank);
         let best = hits[0];
-        let reason = |j: &Judged, exact: Reason| if j.estimated { Reason::TextTreeHit } else { exact };
+        let estimated = if self.heads.is_some() { Reason::HeadHashHit } else { Reason::TextTreeHit };
+        let reason = |j: &Judged, exact: Reason| if j.estimated { estimated } else { exact };
         if c.pressure_guard {
             let floor = best.c.matched_tokens.saturating_sub(c.switch_margin_tokens);
             let lightest = hits
@@ -391,6 +436,7 @@ impl CacheAware {
             | Reason::CacheHitLessLoaded
             | Reason::CacheHitSampled
             | Reason::TextTreeHit
+            | Reason::HeadHashHit
             | Reason::WarmupDivert => self.hits.fetch_add(1, Ordering::Relaxed),
             _ => 0,
         };
@@ -403,6 +449,47 @@ impl CacheAware {
             let stamp = ApproxTreeConfig::stamp(request.at_ms, tree.clock.fetch_add(1, Ordering::Relaxed));
             tree.lock().learn(text, decision.worker, stamp, &tree.config);
         }
+        // The head map places what goes to them, as the tree learns it.
+        if let Some(layer) = &self.heads
+            && !request.heads.is_empty()
+            && candidates.iter().any(|c| c.worker == decision.worker && !c.followed)
+        {
+            layer.lock().place(request.heads, decision.worker, &layer.config, request.at_ms);
+        }
+    }
+}
+
+impl HeadLayer {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HeadMap> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The candidates judged: followed ones by `exact`, the others a hit when one holds the
+    /// placement of the request's deepest head that any of them holds.
+    fn judge(
+        &self,
+        candidates: &[Candidate],
+        request: &RequestInfo<'_>,
+        exact: impl Fn(&Candidate) -> Judged,
+    ) -> Vec<Judged> {
+        let unfollowed = |w| candidates.iter().any(|c| c.worker == w && !c.followed);
+        let held = match request.heads {
+            [] => None,
+            heads => self.lock().deepest(heads, &self.config, request.at_ms, unfollowed),
+        };
+        candidates
+            .iter()
+            .map(|c| {
+                if c.followed {
+                    return exact(c);
+                }
+                let matched_tokens = match held {
+                    Some((w, tokens)) if w == c.worker => u64::from(tokens).min(request.input_tokens).max(1),
+                    _ => 0,
+                };
+                Judged { c: Candidate { matched_tokens, ..*c }, hit: matched_tokens > 0, estimated: true }
+            })
+            .collect()
     }
 }
 

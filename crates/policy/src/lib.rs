@@ -16,6 +16,7 @@ use router_types::WorkerId;
 
 mod approx_tree;
 mod cache_aware;
+mod head_hash;
 mod load;
 mod min_ttft;
 mod simple;
@@ -23,6 +24,7 @@ mod sticky;
 
 pub use approx_tree::{ApproxTree, ApproxTreeConfig, ApproxTreePolicy, NODE_BYTES};
 pub use cache_aware::{CacheAware, CacheAwareConfig};
+pub use head_hash::{ENTRY_BYTES as HEAD_ENTRY_BYTES, Head, HeadHashConfig, HeadMap, heads};
 pub use load::{ExpectedWait, LeastLoad, LoadMetric, PowerOfTwo};
 pub use min_ttft::{MinTtft, MinTtftConfig};
 pub use simple::{Draws, Random, RoundRobin, SplitMix};
@@ -91,6 +93,9 @@ pub enum Reason {
     CacheHitSampled,
     /// cache_aware: a worker whose events are not followed, chosen by the text tree's match.
     TextTreeHit,
+    /// cache_aware with `--cache-index hash`: a worker whose events are not followed, holding
+    /// the placement of the request's deepest head.
+    HeadHashHit,
     /// No worker held enough of the prompt: power of two on load.
     NoCacheCandidate,
     /// Approximate tree: the worker whose past requests share the longest text prefix.
@@ -138,6 +143,8 @@ pub struct RequestInfo<'a> {
     /// When it came, in milliseconds on the caller's monotonic clock: the text tree ages its
     /// placements by it (`ApproxTreeConfig::ttl_ms`). 0: no time known, nothing ages.
     pub at_ms: u64,
+    /// The prompt's heads, when the policy hashes them ([`Policy::heads`]).
+    pub heads: &'a [Head],
 }
 
 /// A selection rule, internally synchronized: `select` reads, `commit` and
@@ -157,6 +164,12 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
     /// Whether it needs the prompt's text (`RequestInfo::text`).
     fn needs_text(&self) -> bool {
         false
+    }
+    /// The prompt's heads it matches by (`RequestInfo::heads`), hashed from its `tokens` once
+    /// per request by the caller; none for the policies that keep no head map.
+    fn heads(&self, tokens: &[u32]) -> Vec<Head> {
+        let _ = tokens;
+        Vec::new()
     }
     /// Picks one of `candidates` for `request`, changing nothing: any number
     /// of calls leave the policy as it was (no turn taken, no random draw
@@ -210,6 +223,7 @@ impl Reason {
             Reason::CacheHitLessLoaded => "cache_hit_less_loaded",
             Reason::CacheHitSampled => "cache_hit_sampled",
             Reason::TextTreeHit => "text_tree_hit",
+            Reason::HeadHashHit => "head_hash_hit",
             Reason::NoCacheCandidate => "no_cache_candidate",
             Reason::TreeMatch => "tree_match",
             Reason::TreeMiss => "tree_miss",

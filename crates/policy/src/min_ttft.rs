@@ -96,7 +96,7 @@ mod tests {
 
     /// A real request: select, then commit.
     fn pick(p: &MinTtft, cs: &[Candidate], input: u64) -> Decision {
-        let req = RequestInfo { input_tokens: input, text: None, at_ms: 0 };
+        let req = RequestInfo { input_tokens: input, text: None, at_ms: 0, heads: &[] };
         let d = p.select(cs, &req).unwrap();
         p.commit(&d, cs, &req);
         d

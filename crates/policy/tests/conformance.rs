@@ -39,7 +39,7 @@ impl Rng {
 
 impl Step {
     fn request(&self) -> RequestInfo<'_> {
-        RequestInfo { input_tokens: 4096, text: Some(&self.text), at_ms: 0 }
+        RequestInfo { input_tokens: 4096, text: Some(&self.text), at_ms: 0, heads: &[] }
     }
 }
 

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 pub use crate::config::{
-    AppConfig, DiscoverySetup, EmbeddingSetup, PdSetup, PolicyConfig, PoolPd, PoolSetup, RoutingSetup,
+    AppConfig, DiscoverySetup, EmbeddingSetup, PdSetup, PolicyConfig, PoolPd, PoolSetup, RoutingSetup, Unfollowed,
 };
 
 /// A built router, bound to its port.

@@ -94,6 +94,24 @@ pub(crate) enum LoadMetricName {
     LeastRequests,
 }
 
+/// How cache_aware judges the workers whose KV events it does not follow (`--cache-index`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum CacheIndex {
+    /// A tree of the text sent to each.
+    Tree,
+    /// A TTL'd map of request heads at the cache boundaries.
+    Hash,
+}
+
+/// SMG's layout of its KV-event index (`--kv-index`): both map onto the one index here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum KvIndexLayout {
+    /// One entry per block position.
+    Positional,
+    /// Chains as runs.
+    Chain,
+}
+
 /// The router's own flags.
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("routing").args(["routing_config", "routing_config_resource"])))]
@@ -387,6 +405,20 @@ pub(crate) struct ServeArgs {
     /// option); 0: until the tree's bound trims it.
     #[arg(long, env = "SGL_ROUTER_CACHE_TTL_SECS", default_value_t = 180, value_name = "S")]
     pub(crate) cache_ttl_secs: u64,
+    /// cache_aware: how the workers whose KV events are not followed are judged (SMG's
+    /// option): `tree`, a tree of the text this router sent each; `hash`, a TTL'd map of the
+    /// worker each request head (its first tokens at each --cache-boundaries position) was
+    /// last sent to, bounded by --approx-max-tree-bytes and aged by --cache-ttl-secs.
+    #[arg(long, env = "SGL_ROUTER_CACHE_INDEX", value_enum, default_value_t = CacheIndex::Tree, value_name = "INDEX")]
+    pub(crate) cache_index: CacheIndex,
+    /// `--cache-index hash`: the token positions at which a request's head is hashed,
+    /// comma-separated (SMG's option) [default: every power of two times --block-size, up to 2^20].
+    #[arg(long, env = "SGL_ROUTER_CACHE_BOUNDARIES", value_delimiter = ',', value_name = "N,N,...")]
+    pub(crate) cache_boundaries: Vec<u32>,
+    /// SMG's layout of its KV-event index (`positional` or `chain`): accepted, either way the one
+    /// exact index here (block hashes per worker and rank) answers the same matches.
+    #[arg(long, env = "SGL_ROUTER_KV_INDEX", value_enum, default_value_t = KvIndexLayout::Positional, value_name = "LAYOUT")]
+    pub(crate) kv_index: KvIndexLayout,
     /// Longest a request may wait for the worker's response headers.
     #[arg(long, env = "SGL_ROUTER_REQUEST_TIMEOUT_SECS", default_value_t = crate::defaults::REQUEST_TIMEOUT_SECS, value_name = "S")]
     pub(crate) request_timeout_secs: u64,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use fleet::EventsConfig;
 use gateway::pd::PdMode;
-use policy::{ApproxTreeConfig, CacheAwareConfig, ExpectedWait, LoadMetric, MinTtftConfig};
+use policy::{ApproxTreeConfig, CacheAwareConfig, ExpectedWait, HeadHashConfig, LoadMetric, MinTtftConfig};
 use router_types::{Bootstrap, WorkerUrl};
 
 /// The selection policy and its knobs.
@@ -30,9 +30,9 @@ pub enum PolicyConfig {
     Manual,
     /// Approximate text tree (no KV events), trimmed every interval.
     ApproxTree(ApproxTreeConfig),
-    /// KV-event cache-aware, with a text tree (trimmed every interval) for
-    /// the workers whose events are not followed.
-    CacheAware(CacheAwareConfig, ApproxTreeConfig),
+    /// KV-event cache-aware, with a text tree (trimmed every interval) or a head map
+    /// (`--cache-index hash`) for the workers whose events are not followed.
+    CacheAware(CacheAwareConfig, Unfollowed),
     /// Estimated time to first token (cache hits from KV events when followed).
     MinTtft(MinTtftConfig),
 }
@@ -40,7 +40,7 @@ pub enum PolicyConfig {
 impl PolicyConfig {
     /// cache_aware with every default (its text tree trimmed every minute).
     pub fn cache_aware() -> Self {
-        PolicyConfig::CacheAware(CacheAwareConfig::default(), ApproxTreeConfig::default())
+        PolicyConfig::CacheAware(CacheAwareConfig::default(), Unfollowed::Tree(ApproxTreeConfig::default()))
     }
 
     /// power_of_two with every default (expected waits, SMG's model parameters).
@@ -52,6 +52,15 @@ impl PolicyConfig {
     pub fn least_load() -> Self {
         PolicyConfig::LeastLoad(ExpectedWait::default())
     }
+}
+
+/// How cache_aware judges the workers whose KV events it does not follow (`--cache-index`).
+#[derive(Debug, Clone)]
+pub enum Unfollowed {
+    /// A tree of the text this router sent each (`tree`, the default).
+    Tree(ApproxTreeConfig),
+    /// The placements of the requests' heads at the cache boundaries (`hash`).
+    Heads(HeadHashConfig),
 }
 
 /// Everything the router needs to start.

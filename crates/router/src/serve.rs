@@ -8,11 +8,11 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use fleet::{BreakerConfig, DEFAULT_DISCOVERY_DEADLINE, EventsConfig, HealthConfig};
 use gateway::RetryConfig;
-use policy::{ApproxTreeConfig, CacheAwareConfig, MinTtftConfig};
+use policy::{ApproxTreeConfig, CacheAwareConfig, HeadHashConfig, MinTtftConfig};
 use router_types::WorkerUrl;
-use sgl_router::app::{App, AppConfig, PolicyConfig};
+use sgl_router::app::{App, AppConfig, PolicyConfig, Unfollowed};
 
-use crate::cli::{LoadMetricName, LogFormat, PolicyName, ServeArgs};
+use crate::cli::{CacheIndex, LoadMetricName, LogFormat, PolicyName, ServeArgs};
 use crate::usage::UsageError;
 
 /// Reads `--routing-config-resource [NS/]NAME` from the API server (a runtime of its own:
@@ -89,6 +89,8 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         ("--approx-max-tree-bytes", a.approx_max_tree_bytes.is_some(), TextTree),
         // SMG's default is accepted under any policy (an `smg` command line may pass it).
         ("--cache-ttl-secs", a.cache_ttl_secs != 180, TextTree),
+        ("--cache-index hash", a.cache_index == CacheIndex::Hash, Owner(CacheAware)),
+        ("--cache-boundaries", !a.cache_boundaries.is_empty(), Owner(CacheAware)),
         ("--ttft-hit-weight", a.ttft_hit_weight.is_some(), Owner(MinTtft)),
         // SMG's load-model options: its default values are accepted under any policy (an `smg`
         // command line passes them whatever its policy), others only where they act.
@@ -306,6 +308,25 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
         max_tree_bytes: a.approx_max_tree_bytes.unwrap_or(t.max_tree_bytes),
         ttl_ms: a.cache_ttl_secs.saturating_mul(1000),
     };
+    if !a.cache_boundaries.is_empty() && a.cache_index != CacheIndex::Hash {
+        return usage("--cache-boundaries: read by --cache-index hash only (the text tree matches any prefix)".into());
+    }
+    if a.cache_boundaries.contains(&0) {
+        return usage("--cache-boundaries: a boundary is a token position of at least 1".into());
+    }
+    let unfollowed = match a.cache_index {
+        CacheIndex::Tree => Unfollowed::Tree(tree),
+        CacheIndex::Hash => {
+            let mut boundaries = a.cache_boundaries.clone();
+            boundaries.sort_unstable();
+            boundaries.dedup();
+            if boundaries.is_empty() {
+                let page = u32::try_from(a.events.block_size.get()).unwrap_or(u32::MAX);
+                boundaries = HeadHashConfig::powers_of_two(page);
+            }
+            Unfollowed::Heads(HeadHashConfig { boundaries, ttl_ms: tree.ttl_ms, max_bytes: tree.max_tree_bytes })
+        }
+    };
     let policy_config = |name: PolicyName| match name {
         PolicyName::RoundRobin => PolicyConfig::RoundRobin,
         PolicyName::Random => PolicyConfig::Random,
@@ -329,7 +350,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
                 balance_token_usage: a.balance_token_usage_threshold.unwrap_or(d.balance_token_usage),
                 overload_token_usage: a.overload_token_usage_threshold.unwrap_or(d.overload_token_usage),
             },
-            tree,
+            unfollowed.clone(),
         ),
         PolicyName::MinTtft => PolicyConfig::MinTtft(MinTtftConfig {
             hit_weight: a.ttft_hit_weight.unwrap_or(MinTtftConfig::default().hit_weight).max(0.0),
@@ -448,6 +469,7 @@ pub(crate) fn config(a: &ServeArgs) -> Result<AppConfig, UsageError> {
             success_threshold: a.health.health_success_threshold.max(1),
             remove_unhealthy: a.health.remove_unhealthy_workers,
             startup: a.liveness.startup(),
+            http2: a.liveness.upstream_http2,
         },
         breaker: BreakerConfig {
             enabled: !a.breaker.disable_circuit_breaker,

@@ -14,7 +14,7 @@ use policy::{ApproxTreePolicy, CacheAware, LeastLoad, MinTtft, Policy, PowerOfTw
 use renderer::Renderer;
 use router_types::{PoolId, Role, WorkerUrl};
 
-use crate::config::{AppConfig, PolicyConfig, PoolSetup, RoutingSetup};
+use crate::config::{AppConfig, PolicyConfig, PoolSetup, RoutingSetup, Unfollowed};
 use crate::peers::Joining;
 
 /// A simulated engine started in-process: its role, its pool (none: the default one), the engine.
@@ -135,7 +135,7 @@ pub(crate) fn gateway_config(config: &AppConfig) -> GatewayConfig {
 /// The fleet's configuration.
 pub(crate) fn fleet_config(config: &AppConfig) -> FleetConfig {
     FleetConfig {
-        health: config.health.clone(),
+        health: fleet::HealthConfig { http2: config.upstream_http2, ..config.health.clone() },
         breaker: config.breaker,
         index_retention: config.index_retention,
         load_poll: config.load_poll,
@@ -267,7 +267,12 @@ pub(crate) fn build_policy(config: &PolicyConfig) -> Arc<dyn Policy> {
         PolicyConfig::PowerOfTwo(metric, wait) => Arc::new(PowerOfTwo::new(seed(), *metric, *wait)),
         PolicyConfig::LeastLoad(wait) => Arc::new(LeastLoad::new(*wait)),
         PolicyConfig::Manual => Arc::new(policy::Manual::new(seed())),
-        PolicyConfig::CacheAware(c, tree) => Arc::new(CacheAware::new(*c, seed()).with_text_tree(*tree)),
+        PolicyConfig::CacheAware(c, Unfollowed::Tree(tree)) => {
+            Arc::new(CacheAware::new(*c, seed()).with_text_tree(*tree))
+        }
+        PolicyConfig::CacheAware(c, Unfollowed::Heads(heads)) => {
+            Arc::new(CacheAware::new(*c, seed()).with_head_hashes(heads.clone()))
+        }
         PolicyConfig::MinTtft(c) => Arc::new(MinTtft::new(*c)),
         PolicyConfig::ApproxTree(c) => Arc::new(ApproxTreePolicy::new(*c)),
     }

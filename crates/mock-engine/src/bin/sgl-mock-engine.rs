@@ -24,6 +24,9 @@ struct Args {
     /// `--upstream-http2`); off: HTTP/1.1 only, as SGLang's and vLLM's servers.
     #[arg(long, env = "SGL_MOCK_HTTP2")]
     http2: bool,
+    /// Answer HTTP/2 only (h2c by prior knowledge) on the HTTP port: HTTP/1.1 is refused.
+    #[arg(long, env = "SGL_MOCK_HTTP2_ONLY")]
+    http2_only: bool,
     /// Model directory (tokenizer.json + chat template); the built-in byte-level model if absent.
     /// gRPC's `GetTokenizer` hands its tokenizer files over (refused without it).
     #[arg(long, env = "SGL_MOCK_TOKENIZER_PATH")]
@@ -131,6 +134,7 @@ async fn main() -> anyhow::Result<()> {
         listen: a.listen,
         grpc_listen: a.grpc_listen,
         http2: a.http2,
+        http2_only: a.http2_only,
         model_id: a.model_id,
         strict_model: a.strict_model,
         refuse_rank_header: a.refuse_rank_header,

@@ -2,13 +2,14 @@
 //! the overlap decay and the selection temperature.
 
 use super::*;
+use crate::HeadHashConfig;
 use router_types::WorkerId;
 
 use crate::test_candidate as cand;
 
 /// A real request: select, then commit.
 fn pick(p: &CacheAware, cs: &[Candidate]) -> Decision {
-    let req = RequestInfo { input_tokens: 8000, text: None, at_ms: 0 };
+    let req = RequestInfo { input_tokens: 8000, text: None, at_ms: 0, heads: &[] };
     let d = p.select(cs, &req).unwrap();
     p.commit(&d, cs, &req);
     d
@@ -89,7 +90,7 @@ fn unfollowed(worker: u32, owed: u64) -> Candidate {
 }
 
 fn send(p: &CacheAware, cs: &[Candidate], text: &str, tokens: u64) -> Decision {
-    let req = RequestInfo { input_tokens: tokens, text: Some(text), at_ms: 0 };
+    let req = RequestInfo { input_tokens: tokens, text: Some(text), at_ms: 0, heads: &[] };
     let d = p.select(cs, &req).unwrap();
     p.commit(&d, cs, &req);
     d
@@ -109,13 +110,19 @@ fn unfollowed_workers_are_judged_by_the_text_they_were_sent() {
     }
     // A match under the threshold is no hit.
     let d = p
-        .select(&cs, &RequestInfo { input_tokens: 4000, text: Some("th and something else entirely"), at_ms: 0 })
+        .select(
+            &cs,
+            &RequestInfo { input_tokens: 4000, text: Some("th and something else entirely"), at_ms: 0, heads: &[] },
+        )
         .unwrap();
     assert_eq!(d.reason, Reason::NoCacheCandidate);
     // Forgotten with the worker.
     p.remove_worker(first.worker);
     let d = p
-        .select(&cs, &RequestInfo { input_tokens: 4000, text: Some("the long shared system prompt"), at_ms: 0 })
+        .select(
+            &cs,
+            &RequestInfo { input_tokens: 4000, text: Some("the long shared system prompt"), at_ms: 0, heads: &[] },
+        )
         .unwrap();
     assert_eq!(d.reason, Reason::NoCacheCandidate);
 }
@@ -128,14 +135,16 @@ fn exact_hits_and_estimates_are_ranked_together() {
     let only_1 = [unfollowed(1, 0)];
     send(&p, &only_1, text, 8000);
     // Worker 0 (followed) holds 2,000 of 8,000 tokens; worker 1 is estimated at about all of them.
-    let d = p
-        .select(&[cand(0, 2000, 0), unfollowed(1, 0)], &RequestInfo { input_tokens: 8000, text: Some(text), at_ms: 0 });
+    let d = p.select(
+        &[cand(0, 2000, 0), unfollowed(1, 0)],
+        &RequestInfo { input_tokens: 8000, text: Some(text), at_ms: 0, heads: &[] },
+    );
     assert_eq!(d.unwrap(), Decision { worker: WorkerId(1), reason: Reason::TextTreeHit });
     // A followed worker holding more wins over the estimate.
     let longer = format!("{text} and more");
     let d = p.select(
         &[cand(0, 8000, 0), unfollowed(1, 0)],
-        &RequestInfo { input_tokens: 8000, text: Some(&longer), at_ms: 0 },
+        &RequestInfo { input_tokens: 8000, text: Some(&longer), at_ms: 0, heads: &[] },
     );
     assert_eq!(d.unwrap(), Decision { worker: WorkerId(0), reason: Reason::CacheHit });
     // The tree does not learn what goes to followed workers.
@@ -143,13 +152,13 @@ fn exact_hits_and_estimates_are_ranked_together() {
     send(&p, &[cand(0, 0, 0)], other, 8000);
     let d = p.select(
         &[unfollowed(1, 0), unfollowed(2, 0)],
-        &RequestInfo { input_tokens: 8000, text: Some(other), at_ms: 0 },
+        &RequestInfo { input_tokens: 8000, text: Some(other), at_ms: 0, heads: &[] },
     );
     assert_eq!(d.unwrap().reason, Reason::NoCacheCandidate);
     // Without a tree, unfollowed workers never hit.
     let plain = CacheAware::new(CacheAwareConfig::default(), 3);
     assert!(!plain.needs_text());
-    let d = plain.select(&only_1, &RequestInfo { input_tokens: 8000, text: Some(text), at_ms: 0 }).unwrap();
+    let d = plain.select(&only_1, &RequestInfo { input_tokens: 8000, text: Some(text), at_ms: 0, heads: &[] }).unwrap();
     assert_eq!(d.reason, Reason::NoCacheCandidate);
 }
 
@@ -158,11 +167,13 @@ fn a_grossly_imbalanced_fleet_goes_to_its_least_loaded_worker() {
     let p = CacheAware::new(CacheAwareConfig::default(), 3).with_text_tree(ApproxTreeConfig::default());
     let busy = Candidate { load: crate::Load { in_flight: 100, uncached_tokens: 0 }, ..cand(0, 8000, 0) };
     let idle = Candidate { load: crate::Load { in_flight: 10, uncached_tokens: 0 }, ..cand(1, 0, 0) };
-    let d = p.select(&[busy, idle], &RequestInfo { input_tokens: 8000, text: Some("x"), at_ms: 0 }).unwrap();
+    let d =
+        p.select(&[busy, idle], &RequestInfo { input_tokens: 8000, text: Some("x"), at_ms: 0, heads: &[] }).unwrap();
     assert_eq!(d, Decision { worker: WorkerId(1), reason: Reason::Imbalanced });
     // Within the bounds the hit wins.
     let near = Candidate { load: crate::Load { in_flight: 50, uncached_tokens: 0 }, ..cand(1, 0, 0) };
-    let d = p.select(&[busy, near], &RequestInfo { input_tokens: 8000, text: Some("x"), at_ms: 0 }).unwrap();
+    let d =
+        p.select(&[busy, near], &RequestInfo { input_tokens: 8000, text: Some("x"), at_ms: 0, heads: &[] }).unwrap();
     assert_eq!(d.reason, Reason::CacheHit);
 }
 
@@ -221,7 +232,7 @@ fn a_selection_temperature_draws_hits_by_the_softmax_of_their_normalized_scores(
 fn a_drawn_hit_moves_the_stream_only_when_committed() {
     let p = CacheAware::new(CacheAwareConfig { selection_temperature: 1.0, ..Default::default() }, 3);
     let cs = [cand(0, 8000, 0), cand(1, 7000, 0), cand(2, 6000, 0)];
-    let req = RequestInfo { input_tokens: 8000, text: None, at_ms: 0 };
+    let req = RequestInfo { input_tokens: 8000, text: None, at_ms: 0, heads: &[] };
     let first = p.select(&cs, &req).unwrap();
     assert!((0..20).all(|_| p.select(&cs, &req).unwrap() == first), "uncommitted selects draw the same");
     // One hit alone is taken without a draw; the guard's move to a lighter worker is not drawn either.
@@ -271,4 +282,51 @@ fn the_hottest_engine_over_the_ceiling_is_left_out_of_the_choice() {
     }
     // Alone, it still serves.
     assert_eq!(pick(&p, &only[..1]).worker, WorkerId(0));
+}
+
+/// `--cache-index hash`: unfollowed workers judged by the placements of the request's heads.
+#[test]
+fn unfollowed_workers_are_judged_by_their_heads_placements_with_the_head_map() {
+    let config = HeadHashConfig { boundaries: vec![16, 64], ttl_ms: 1_000, max_bytes: 1 << 20 };
+    let exact_floor = CacheAwareConfig { min_matched_tokens: 16, ..CacheAwareConfig::default() };
+    let p = CacheAware::new(exact_floor, 3).with_head_hashes(config);
+    assert!(p.needs_tokens() && !p.needs_text());
+    let conversation: Vec<u32> = (0..100).collect();
+    let send = |cs: &[Candidate], tokens: &[u32], at_ms: u64| {
+        let heads = p.heads(tokens);
+        let req = RequestInfo { input_tokens: tokens.len() as u64, text: None, at_ms, heads: &heads };
+        let d = p.select(cs, &req).unwrap();
+        p.commit(&d, cs, &req);
+        (d, p.select(cs, &req).unwrap())
+    };
+    let cs = [unfollowed(0, 0), unfollowed(1, 0)];
+    let (first, _) = send(&cs, &conversation, 0);
+    assert_eq!(first.reason, Reason::NoCacheCandidate, "nothing placed yet");
+    // The next turn shares the first 64 tokens: where the first went, whatever the order.
+    let mut next = conversation.clone();
+    next.extend(500..600);
+    for cs in [[unfollowed(0, 0), unfollowed(1, 0)], [unfollowed(1, 0), unfollowed(0, 0)]] {
+        let (d, _) = send(&cs, &next, 100);
+        assert_eq!(d, Decision { worker: first.worker, reason: Reason::HeadHashHit });
+    }
+    // A prompt sharing only its first 16 tokens: still a hit, at the shallower head.
+    let mut branch: Vec<u32> = conversation[..16].to_vec();
+    branch.extend(900..1000);
+    assert_eq!(send(&cs, &branch, 200).0.reason, Reason::HeadHashHit);
+    // Shorter than every boundary: no head, load-balanced.
+    assert_eq!(send(&cs, &conversation[..10], 300).0.reason, Reason::NoCacheCandidate);
+    // A followed worker's exact hit on more of the prompt outranks the 64-token estimate.
+    let exact = cand(2, 96, 0);
+    let (d, _) = send(&[unfollowed(0, 0), unfollowed(1, 0), exact], &next, 400);
+    assert_eq!(d, Decision { worker: WorkerId(2), reason: Reason::CacheHit });
+    // Past the TTL (last placed at 200 for the 16-token head, 100 for the 64-token one): no hit.
+    let heads = p.heads(&next);
+    let late = RequestInfo { input_tokens: 200, text: None, at_ms: 1_300, heads: &heads };
+    assert_eq!(p.select(&cs, &late).unwrap().reason, Reason::NoCacheCandidate);
+    // Forgotten with the worker.
+    let fresh = RequestInfo { at_ms: 250, ..late };
+    assert_eq!(p.select(&cs, &fresh).unwrap().reason, Reason::HeadHashHit);
+    assert!(p.held_bytes() > 0);
+    p.remove_worker(first.worker);
+    assert_eq!(p.select(&cs, &fresh).unwrap().reason, Reason::NoCacheCandidate);
 }

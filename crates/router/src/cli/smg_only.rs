@@ -22,10 +22,8 @@ const PDADM: &str =
     "no prefill admission queue: PD requests are admitted by --max-concurrent-requests and --queue-size";
 const JOBQ: &str = "workers are added and removed at once here (no control-plane job queue)";
 const PREFIXHASH: &str = "the prefix_hash policy is not here: use --policy cache_aware (or approx_tree)";
-const INDEX: &str = "one KV index here: exact block hashes per worker and rank";
 const SEL: &str = "cache_aware has the one selection policy here (with --overlap-decay and --selection-temperature)";
 const BUCKET: &str = "the bucket policy is not here";
-const CACHEIDX: &str = "the tree index only (the exact KV-event index, and the text tree for workers without events; --cache-ttl-secs ages the tree's placements): no head-hash placement map";
 const STICKY: &str = "no sticky-session map: send the x-smg-routing-key header (its worker by rendezvous hashing) or use --routing-config";
 const DPMIN: &str = "use --dp-aware: ranks are balanced by their owed prefill";
 const BUFFER: &str =
@@ -79,11 +77,8 @@ const OPTIONS: &[SmgOnly] = &[
     o("prefix-token-count", &[], Value, Some("256"), PREFIXHASH),
     o("prefix-hash-load-factor", &[], Value, Some("1.25"), PREFIXHASH),
     o("prefix-hash-balance-abs-threshold", &[], Value, Some("10"), PREFIXHASH),
-    o("kv-index", &[], Value, Some("positional"), INDEX),
     o("selection-policy", &[], Value, Some("cache-aware-default"), SEL),
     o("bucket-adjust-interval-secs", &[], Value, Some("5"), BUCKET),
-    o("cache-boundaries", &[], Value, None, CACHEIDX),
-    o("cache-index", &[], Value, Some("tree"), CACHEIDX),
     o("max-idle-secs", &["sticky-key-idle-secs"], Value, Some("14400"), STICKY),
     o("assignment-mode", &[], Value, None, STICKY),
     o("max-buffered-request-bytes", &[], Value, Some("1048576"), BUFFER),
@@ -263,9 +258,8 @@ mod tests {
 
     #[test]
     fn an_option_given_with_smgs_default_is_accepted_and_any_other_value_refused_with_its_reason() {
-        let notes =
-            parse(&["--history-backend", "memory", "--kv-index", "positional", "--cache-index", "tree"]).unwrap();
-        assert_eq!(notes.len(), 3, "{notes:?}");
+        let notes = parse(&["--history-backend", "memory", "--max-buffered-request-bytes", "1048576"]).unwrap();
+        assert_eq!(notes.len(), 2, "{notes:?}");
         assert!(notes[0].contains("changes nothing here"), "{notes:?}");
         let refused = parse(&["--history-backend", "redis"]).unwrap_err();
         assert!(

@@ -128,6 +128,58 @@ async fn a_text_tree_placement_is_routable_until_its_ttl() {
     assert!(sent.elapsed() >= std::time::Duration::from_secs(1), "not before the TTL: {:?}", sent.elapsed());
 }
 
+/// SMG's `--cache-index hash` through the real binary (engines without KV events): a request
+/// is matched by its heads at `--cache-boundaries`, so a prompt sharing the first 64 tokens of
+/// one sent before goes to that worker (`head_hash_hit`), a prompt
+/// sharing none is load-balanced, and a placement older than `--cache-ttl-secs` is not matched.
+/// The map's bytes are reported as the tree's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_hash_placement_sends_a_shared_head_back_until_its_ttl() {
+    let cold = || MockEngine::spawn(MockEngineConfig { fast: true, kv_events: false, ..MockEngineConfig::default() });
+    let (e0, e1) = (cold().await.unwrap(), cold().await.unwrap());
+    let (u0, u1) = (e0.url(), e1.url());
+    #[rustfmt::skip]
+    let flags = [
+        "--policy", "cache_aware", "--cache-index", "hash", "--cache-boundaries", "64,16",
+        "--cache-ttl-secs", "2",
+    ];
+    let (_router, url, metrics_url) = over_two([&u0, &u1], &flags).await;
+    let http = reqwest::Client::new();
+    // No tokenizer: one token per byte of the rendered chat, the system prompt first.
+    let chat = |system: &str, user: &str| {
+        json!({"model": "default", "max_tokens": 2, "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": user}]})
+    };
+    let system = "a system prompt shared by the conversation, longer than sixty-four bytes";
+    let explain = async |q: &Value| -> Value {
+        let r = http.post(format!("{url}/debug/route")).bearer_auth("k").json(q).send().await.unwrap();
+        r.json().await.unwrap()
+    };
+    let before = explain(&chat(system, "the first question")).await;
+    assert_eq!(before["reason"], "no_cache_candidate", "nothing placed yet: {before}");
+    let sent = std::time::Instant::now();
+    let first = http.post(format!("{url}/v1/chat/completions")).json(&chat(system, "the first question"));
+    assert_eq!(first.send().await.unwrap().status(), 200);
+    let placed = crate::smg_compat::series(
+        &http.get(&metrics_url).send().await.unwrap().text().await.unwrap(),
+        "router_policy_tree_bytes{pool=\"default\"}",
+    );
+    assert_eq!(placed, Some(2.0 * policy::HEAD_ENTRY_BYTES as f64), "two heads placed, 16 and 64 tokens");
+    let again = explain(&chat(system, "another question, the same conversation")).await;
+    let other = explain(&chat("a different system prompt from its first byte on, as long as the other", "q")).await;
+    if sent.elapsed() < std::time::Duration::from_millis(1_800) {
+        assert_eq!(again["reason"], "head_hash_hit", "the same first 64 tokens: {again}");
+        let holder = again["worker"].clone();
+        assert!(holder == json!(u0) || holder == json!(u1), "{again}");
+        assert_eq!(other["reason"], "no_cache_candidate", "no shared head: {other}");
+    }
+    crate::common::eventually("the placement past its TTL", async || {
+        explain(&chat(system, "a later question")).await["reason"] != "head_hash_hit"
+    })
+    .await;
+    assert!(sent.elapsed() >= std::time::Duration::from_secs(2), "not before the TTL: {:?}", sent.elapsed());
+}
+
 /// A disaggregated request's record: the pair's prefill (with its prediction) and decode
 /// selections, then each retry's new pair; the engines are the pair that answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

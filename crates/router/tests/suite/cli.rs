@@ -190,6 +190,25 @@ fn the_router_refuses_bad_flags_with_one_line_and_status_64() {
             &["--worker-urls", "http://w:1", "--policy", "cache_aware", "--overlap-decay=-1"][..],
             "--overlap-decay -1: a finite number, 0 or more",
         ),
+        // SMG's head-hash index: cache_aware's, with boundaries it reads.
+        (&["--worker-urls", "http://w:1", "--cache-index", "hash"][..], "tunes the cache_aware policy"),
+        (
+            &["--worker-urls", "http://w:1", "--policy", "cache_aware", "--cache-boundaries", "64"][..],
+            "read by --cache-index hash only",
+        ),
+        (
+            &[
+                "--worker-urls",
+                "http://w:1",
+                "--policy",
+                "cache_aware",
+                "--cache-index",
+                "hash",
+                "--cache-boundaries",
+                "0,8",
+            ][..],
+            "a token position of at least 1",
+        ),
         // Disaggregation's flags.
         (&["--prefill", "http://p:1", "--decode", "http://d:1"][..], "need --pd-disaggregation"),
         (&["--pd-disaggregation", "--prefill", "http://p:1"][..], "at least one --prefill and one --decode"),

@@ -29,7 +29,7 @@ async fn engine(kv_events: bool) -> MockEngine {
 }
 
 /// The value of the series `name{labels}` in a Prometheus text page.
-fn series(page: &str, name_and_labels: &str) -> Option<f64> {
+pub(crate) fn series(page: &str, name_and_labels: &str) -> Option<f64> {
     page.lines().find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok())
 }
 
@@ -102,7 +102,7 @@ async fn an_smg_command_line_runs_unchanged_and_routes_around_a_failing_engine()
     #[rustfmt::skip]
     let args = [
         "--worker-urls", &u0, &u1, &u2,
-        "--policy", "cache_aware",
+        "--policy", "cache_aware", "--kv-index", "chain", "--cache-index", "tree",
         "--cache-threshold", "0.3", "--balance-abs-threshold", "64", "--balance-rel-threshold", "1.5",
         "--eviction-interval-secs", "60", "--max-tree-size", "67108864",
         "--max-payload-size", "1048576",
