@@ -226,6 +226,8 @@ pub(crate) async fn load_loop(fleet: Arc<Fleet>) {
         let all = fleet.snapshot();
         let due = all.iter().filter(|w| w.is_routable() && w.reports_load());
         join_all(due.map(|w| poll_load(w, fleet.client_for(w), timeout, fleet.config.liveness.stall))).await;
+        // Requests waiting for a queue under the cap look again (least_load's waiting cap).
+        fleet.load_polled.notify_waiters();
     }
 }
 

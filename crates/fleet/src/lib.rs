@@ -291,6 +291,8 @@ pub struct Fleet {
     client: reqwest::Client,
     /// The same over HTTP/2 by prior knowledge (`HealthConfig::http2`).
     h2_client: Option<reqwest::Client>,
+    /// Notified after each round of load polls.
+    load_polled: tokio::sync::Notify,
     cancel: CancellationToken,
     tasks: TaskTracker,
     /// Counters.
@@ -335,6 +337,11 @@ impl HashModes {
 // === impl Fleet ===
 
 impl Fleet {
+    /// Resolves after the next round of load polls (`--worker-load-poll-ms`; never while they are off).
+    pub fn load_polled(&self) -> tokio::sync::futures::Notified<'_> {
+        self.load_polled.notified()
+    }
+
     /// The client for the router's own requests to `w`: over HTTP/2 when it is known to
     /// answer it and the probes speak it (`HealthConfig::http2`).
     pub(crate) fn client_for(&self, w: &Worker) -> &reqwest::Client {
@@ -405,6 +412,7 @@ impl Fleet {
             events,
             client,
             h2_client,
+            load_polled: tokio::sync::Notify::new(),
             cancel: cancel.clone(),
             tasks,
             metrics: FleetMetrics::default(),

@@ -44,6 +44,10 @@ pub enum GatewayError {
     /// shed (`--worker-overload-shed`, 503).
     #[error("every worker that could serve the request is overloaded (worker overload protection); retry shortly")]
     WorkersOverloaded,
+    /// Every worker's reported waiting queue stayed at `--least-load-max-waiting-requests` for
+    /// the request's `--queue-timeout-secs` (503).
+    #[error("every worker's waiting queue is at --least-load-max-waiting-requests (waited {0:?}); retry shortly")]
+    AtWaitingCap(std::time::Duration),
     /// A higher priority class took this request's place in the queue before it was sent (503).
     #[error("preempted by a higher priority class before it was sent (its class: {0}); retry shortly")]
     Preempted(&'static str),
@@ -160,6 +164,7 @@ impl GatewayError {
             GatewayError::TooLarge(_) => "request_too_large",
             GatewayError::NoWorker => "no_healthy_worker",
             GatewayError::WorkersOverloaded => "worker_overload_protection_shed",
+            GatewayError::AtWaitingCap(_) => "worker_waiting_queue_cap",
             GatewayError::Preempted(_) => "preempted",
             GatewayError::ClassQueueFull(_) => "queue_full",
             GatewayError::TenantRateLimited(_) => "tenant_rate_limit_exceeded",
@@ -195,6 +200,7 @@ impl GatewayError {
             GatewayError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::NoWorker
             | GatewayError::WorkersOverloaded
+            | GatewayError::AtWaitingCap(_)
             | GatewayError::Preempted(_)
             | GatewayError::Draining
             | GatewayError::NoPool(_)
@@ -238,6 +244,7 @@ impl GatewayError {
             GatewayError::Upstream { .. } | GatewayError::Timeout(_) => Side::Upstream,
             GatewayError::NoWorker
             | GatewayError::WorkersOverloaded
+            | GatewayError::AtWaitingCap(_)
             | GatewayError::Preempted(_)
             | GatewayError::ClassQueueFull(_)
             | GatewayError::Draining
@@ -362,6 +369,7 @@ impl From<planner::PlanError> for GatewayError {
         match e {
             planner::PlanError::NoWorker => GatewayError::NoWorker,
             planner::PlanError::Overloaded => GatewayError::WorkersOverloaded,
+            planner::PlanError::AtWaitingCap => GatewayError::AtWaitingCap(std::time::Duration::ZERO),
             planner::PlanError::Render(e) => e.into(),
         }
     }

@@ -52,12 +52,16 @@ impl Gateway {
             "Requests refused while waiting for a slot, by cause.",
         );
         out.push_str(&format!(
-        "router_http_queue_rejected_total{{cause=\"full\"}} {}\nrouter_http_queue_rejected_total{{cause=\"timeout\"}} {}\n",
+        "router_http_queue_rejected_total{{cause=\"full\"}} {}\nrouter_http_queue_rejected_total{{cause=\"timeout\"}} {}\nrouter_http_queue_rejected_total{{cause=\"waiting_cap\"}} {}\n",
         m.queue_full.load(Ordering::Relaxed),
-        m.queue_timeouts.load(Ordering::Relaxed)
+        m.queue_timeouts.load(Ordering::Relaxed),
+        m.cap_timeouts.load(Ordering::Relaxed)
     ));
         head(out, "router_http_queue_waiting", "gauge", "Requests waiting for a slot now.");
         out.push_str(&format!("router_http_queue_waiting {}\n", gw.queue.waiting.load(Ordering::Relaxed)));
+        let cap = "Requests waiting now for a worker's reported queue under --least-load-max-waiting-requests.";
+        head(out, "router_http_waiting_cap_waiting", "gauge", cap);
+        out.push_str(&format!("router_http_waiting_cap_waiting {}\n", m.cap_waiting.load(Ordering::Relaxed)));
         m.queue_wait.render(out, "router_http_queue_wait_seconds", "How long queued requests waited for a slot.");
         if let Some(sched) = &gw.scheduler {
             render_scheduler(out, sched);

@@ -26,6 +26,10 @@ pub struct GatewayMetrics {
     pub queue_full: AtomicU64,
     /// Requests that waited their whole queue timeout.
     pub queue_timeouts: AtomicU64,
+    /// Requests waiting now for a worker's reported queue under least_load's waiting cap.
+    pub cap_waiting: AtomicU64,
+    /// Requests that waited their whole queue timeout for one.
+    pub cap_timeouts: AtomicU64,
     /// How long queued requests waited for a slot.
     pub queue_wait: Histogram,
     /// Requests refused because the memory budget was spent.
@@ -81,6 +85,8 @@ impl GatewayMetrics {
         Self {
             queue_full: AtomicU64::new(0),
             queue_timeouts: AtomicU64::new(0),
+            cap_waiting: AtomicU64::new(0),
+            cap_timeouts: AtomicU64::new(0),
             queue_wait: Histogram::new(buckets),
             requests: LabeledCounter::default(),
             decisions: LabeledCounter::default(),

@@ -43,6 +43,10 @@ pub enum PlanError {
     /// Every worker it could use is overloaded, and such requests are shed (`--worker-overload-shed`).
     #[error("every worker is overloaded")]
     Overloaded,
+    /// Every candidate's reported queue is at `--least-load-max-waiting-requests`: the request
+    /// waits for a load report that frees one (SMG's admission queue).
+    #[error("every worker's waiting queue is at --least-load-max-waiting-requests")]
+    AtWaitingCap,
     /// The prompt could not be rendered (a malformed body, a template's refusal).
     #[error(transparent)]
     Render(#[from] renderer::RenderError),

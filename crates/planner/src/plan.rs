@@ -232,7 +232,10 @@ impl Planner<'_> {
                     &candidates,
                     &RequestInfo { input_tokens, text: text.as_deref(), at_ms: self.at_ms, heads: &heads },
                 )
-                .map_err(|_| PlanError::NoWorker)?,
+                .map_err(|e| match e {
+                    policy::PolicyError::AllAtWaitingCap => PlanError::AtWaitingCap,
+                    policy::PolicyError::NoCandidates => PlanError::NoWorker,
+                })?,
         };
         let chosen = workers.iter().position(|w| w.id == decision.worker).ok_or(PlanError::NoWorker)?;
         let rank = workers[chosen].index_id.and_then(|id| matched.get(&id)).and_then(|m| m.1);

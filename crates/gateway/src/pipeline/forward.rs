@@ -63,6 +63,9 @@ pub(crate) struct Disaggregated {
 enum Step {
     /// To one worker; with the prompt's token ids when the pool has gRPC workers (they take ids).
     Send(Option<Value>, Plan, Option<crate::pools::Routed>, Bytes, Option<Vec<u32>>),
+    /// Every worker's reported queue at least_load's waiting cap: planned again after a load
+    /// report ([`at_cap`]).
+    AtCap(Option<Value>, Option<crate::pools::Routed>, Bytes, Option<Vec<u32>>),
     Cached(crate::cache::Hit),
     /// To a disaggregated pool, with its pair.
     Disaggregated(
@@ -71,6 +74,55 @@ enum Step {
         Option<Arc<HeaderEdits>>,
         Option<Arc<crate::pools::response_guard::Spec>>,
     ),
+}
+
+/// A request every worker's reported queue had no room for (least_load's
+/// `--least-load-max-waiting-requests`): as SMG's, it waits, here for each round of load
+/// polls, and is planned again (off the serving thread, as its first plan), until one worker's
+/// queue is under the cap or its `--queue-timeout-secs` since it came is spent (503). It holds
+/// its admission slot and memory meanwhile, so the waiting are bounded as the admitted are.
+async fn at_cap(
+    gw: &Arc<Gateway>,
+    (route, meta): (Route, &Meta),
+    workers: &Arc<[Arc<Worker>]>,
+    start: Instant,
+    (v, routed, bytes, ids): (Option<Value>, Option<crate::pools::Routed>, Bytes, Option<Vec<u32>>),
+) -> Result<Step, GatewayError> {
+    let deadline = tokio::time::Instant::from_std(start) + gw.config.queue_timeout;
+    let mut parked = (v, routed, bytes, ids);
+    /// The gauge of the waiting, one while this request waits (whichever way it ends).
+    struct Waiting<'a>(&'a std::sync::atomic::AtomicU64);
+    impl Drop for Waiting<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    gw.metrics.cap_waiting.fetch_add(1, Ordering::Relaxed);
+    let _waiting = Waiting(&gw.metrics.cap_waiting);
+    loop {
+        if tokio::time::timeout_at(deadline, gw.fleet.load_polled()).await.is_err() {
+            gw.metrics.cap_timeouts.fetch_add(1, Ordering::Relaxed);
+            return Err(GatewayError::AtWaitingCap(start.elapsed()));
+        }
+        let (gw2, seen, subset, key) = (gw.clone(), workers.clone(), meta.subset.clone(), meta.routing_key.clone());
+        let (v, routed, bytes, ids) = parked;
+        let len = bytes.len();
+        let step = crate::pipeline::admission::render(gw, len, move || {
+            let planner = planner::Planner { only: subset.as_deref(), ..gw2.planner(&seen) };
+            let pool = routed.as_ref().map_or(&gw2.pools[0], |r| &r.pool);
+            let renders = planner::Renders::default();
+            match planner.plan(pool, route, v.as_ref(), key.as_deref(), &renders, true) {
+                Ok(plan) => Ok::<_, GatewayError>(Step::Send(v, plan, routed, bytes, ids)),
+                Err(planner::PlanError::AtWaitingCap) => Ok(Step::AtCap(v, routed, bytes, ids)),
+                Err(e) => Err(e.into()),
+            }
+        })
+        .await??;
+        match step {
+            Step::AtCap(v, routed, bytes, ids) => parked = (v, routed, bytes, ids),
+            step => return Ok(step),
+        }
+    }
 }
 
 /// Routes an admitted request and delivers it: parse and plan (off the
@@ -164,10 +216,19 @@ where
             }
             _ => None,
         };
-        let plan = planner.plan(pool, route, v.as_ref(), key.as_deref(), &renders, true)?;
-        Ok::<_, GatewayError>(Step::Send(v, plan, routed, bytes, ids))
+        match planner.plan(pool, route, v.as_ref(), key.as_deref(), &renders, true) {
+            Ok(plan) => Ok::<_, GatewayError>(Step::Send(v, plan, routed, bytes, ids)),
+            Err(planner::PlanError::AtWaitingCap) => Ok(Step::AtCap(v, routed, bytes, ids)),
+            Err(e) => Err(e.into()),
+        }
     })
     .await??;
+    let step = match step {
+        Step::AtCap(v, routed, bytes, ids) => {
+            at_cap(gw, (route, meta), &workers, start, (v, routed, bytes, ids)).await?
+        }
+        step => step,
+    };
     // Rendered: the tokenizer's working memory is free again.
     admission.rendered();
     let (mut v, plan, mut routed, bytes, ids) = match step {
@@ -179,6 +240,7 @@ where
             let d = Disaggregated { admission, planned, route_headers, edits, workers, guard };
             return Ok(Forwarded::Disaggregated(Box::new(d)));
         }
+        Step::AtCap(..) => unreachable!("planned again above"),
         Step::Send(v, plan, mut routed, bytes, ids) => {
             // Missed here: another replica may have kept the answer (`--shared-state`).
             if let Some(hit) = shared_hit(routed.as_mut()).await {

@@ -8,6 +8,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use mock_engine::{Faults, MockEngine, MockEngineConfig};
@@ -327,7 +328,8 @@ async fn the_engines_kv_usage_spread_and_ceiling_move_a_hit() {
 
 /// SMG's least_load through the real command line: the engines' reported queues set the
 /// expected wait (not this router's own count), and `--least-load-max-waiting-requests`
-/// leaves out full queues, answering 503 when every queue is full.
+/// leaves out full queues; with every queue full a request waits (SMG's admission queue) for
+/// a report with room, or answers 503 at its `--queue-timeout-secs`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn least_load_waits_least_by_the_engines_reported_queues() {
     let (e0, e1) = (engine(false).await, engine(false).await);
@@ -337,7 +339,7 @@ async fn least_load_waits_least_by_the_engines_reported_queues() {
         "--worker-urls", &u0, &u1, "--policy", "least_load",
         "--least-load-kv-pressure-weight", "0.2", "--least-load-default-throughput", "1000",
         "--least-load-mean-prefill-tokens", "512", "--least-load-max-waiting-requests", "3",
-        "--control-plane-api-keys", "k", "--log-level", "warn",
+        "--queue-timeout-secs", "3", "--control-plane-api-keys", "k", "--log-level", "warn",
         "--prometheus-port", "0", "--prometheus-host", "127.0.0.1", "--host", "127.0.0.1", "--port", "0",
     ];
     let (_router, url, metrics_url) = launch(&args);
@@ -373,10 +375,28 @@ async fn least_load_waits_least_by_the_engines_reported_queues() {
     // A queue at the cap is left out however short the other's wait would be...
     report(3, 0).await;
     assert_eq!(explain().await["worker"], json!(e1.url()));
-    // ...and with every queue at it, no worker takes the request.
+    // ...and with every queue at it, no worker takes the request: it waits its queue timeout.
     report(3, 5).await;
+    let sent = (e0.engine().requests.load(Relaxed), e1.engine().requests.load(Relaxed));
+    let asked = std::time::Instant::now();
     let r = http.post(format!("{url}/v1/chat/completions")).json(&q).send().await.unwrap();
-    assert_eq!(r.status(), 503, "{}", r.text().await.unwrap());
+    assert_eq!(r.status(), 503);
+    assert!(asked.elapsed() >= std::time::Duration::from_secs(3), "{:?}", asked.elapsed());
+    assert!(r.text().await.unwrap().contains("worker_waiting_queue_cap"));
+    let page = http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
+    assert_eq!(series(&page, "router_http_queue_rejected_total{cause=\"waiting_cap\"}"), Some(1.0));
+    assert_eq!((e0.engine().requests.load(Relaxed), e1.engine().requests.load(Relaxed)), sent, "none sent");
+    // A request waiting when a queue gets room is sent then.
+    let waiting = tokio::spawn(http.post(format!("{url}/v1/chat/completions")).json(&q).send());
+    crate::common::eventually("the request waiting", async || {
+        let page = http.get(&metrics_url).send().await.unwrap().text().await.unwrap();
+        series(&page, "router_http_waiting_cap_waiting") == Some(1.0)
+    })
+    .await;
+    report(0, 5).await;
+    let r = waiting.await.unwrap().unwrap();
+    assert_eq!(r.status(), 200, "sent once a queue had room");
+    assert_eq!(e0.engine().requests.load(Relaxed), sent.0 + 1, "to the queue with room");
     report(0, 0).await;
     let r = http.post(format!("{url}/v1/chat/completions")).json(&q).send().await.unwrap();
     assert_eq!(r.status(), 200);
