@@ -24,6 +24,7 @@ mod signal_quality;
 mod sim;
 mod soak;
 mod stats;
+mod tfidf_sparse;
 mod trace;
 mod train_presets;
 

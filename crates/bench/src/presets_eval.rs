@@ -1,15 +1,87 @@
 //! `signal-quality`'s tables for the shipped detectors (`preset: default`),
 //! on the same held-out data as the example rules (MT-Bench, bastioncorpus),
-//! none of which they were trained on (`tools/presets/build_data.py`).
+//! none of which they were trained on (`tools/presets/build_data.py`); with
+//! their training texts (`--preset-data`), beside a TF-IDF trained on the
+//! same texts (the prototypes' four fifths) and scored the same way.
+
+use std::path::Path;
 
 use model_select::{DomainClassifier, DomainMethod, contrastive_score, presets};
 use router_types::SplitMix;
+use serde::Deserialize;
 
 use crate::stats::{auc, recall_at_5, split, wilson, with_interval};
+use crate::tfidf_sparse::{Sparse, Tfidf, nearest_mean};
 
-/// The shipped domain classifier on MT-Bench's questions (`labels`, `vectors`): its hits by
-/// method over all of them and over the categories it has; printed.
-pub(crate) fn domain(labels: &[&str], vectors: &[Vec<f32>]) -> [usize; 2] {
+/// The TF-IDF baseline: fitted on the detectors' training texts, each class's texts as its
+/// vectors (all of them: a stronger baseline than the detectors' prototypes).
+pub(crate) struct Baseline {
+    domain: (Tfidf, Vec<(String, Vec<Sparse>)>),
+    jailbreak: (Tfidf, Vec<Sparse>, Vec<Sparse>),
+}
+
+#[derive(Deserialize)]
+struct Row<L> {
+    text: String,
+    label: L,
+}
+
+impl Baseline {
+    /// Fitted on `dir`'s `domain.jsonl` and `jailbreak.jsonl`, the texts the prototypes were
+    /// made of (the held-out fifth left out, as there).
+    pub(crate) fn load(dir: &Path) -> anyhow::Result<Self> {
+        let trained = |t: &str| !crate::train_presets::held_out(t);
+        let rows: Vec<Row<String>> = crate::signal_quality::jsonl(&dir.join("domain.jsonl"))?;
+        let rows: Vec<Row<String>> = rows.into_iter().filter(|r| trained(&r.text)).collect();
+        let tfidf = Tfidf::fit(&rows.iter().map(|r| r.text.as_str()).collect::<Vec<_>>());
+        let mut labels: Vec<String> = rows.iter().map(|r| r.label.clone()).collect();
+        labels.sort_unstable();
+        labels.dedup();
+        let by_label = labels
+            .into_iter()
+            .map(|l| {
+                let own = rows.iter().filter(|r| r.label == l).map(|r| tfidf.vector(&r.text)).collect();
+                (l, own)
+            })
+            .collect();
+        let rows: Vec<Row<u8>> = crate::signal_quality::jsonl(&dir.join("jailbreak.jsonl"))?;
+        let rows: Vec<Row<u8>> = rows.into_iter().filter(|r| trained(&r.text)).collect();
+        let jt = Tfidf::fit(&rows.iter().map(|r| r.text.as_str()).collect::<Vec<_>>());
+        let side = |label: u8| rows.iter().filter(|r| r.label == label).map(|r| jt.vector(&r.text)).collect();
+        let (bad, good) = (side(1), side(0));
+        Ok(Self { domain: (tfidf, by_label), jailbreak: (jt, bad, good) })
+    }
+
+    /// The domain label of each of `texts` (knn, k = 3, as the preset's).
+    fn domains(&self, texts: &[&str]) -> Vec<String> {
+        let (tfidf, labels) = &self.domain;
+        texts
+            .iter()
+            .map(|t| {
+                let v = tfidf.vector(t);
+                let scored = labels.iter().map(|(l, set)| (l, nearest_mean(&v, set, 3)));
+                scored.max_by(|a, b| a.1.total_cmp(&b.1)).map(|(l, _)| l.clone()).unwrap_or_default()
+            })
+            .collect()
+    }
+
+    /// The contrastive score of each of `texts` (k = 3, as the preset's).
+    pub(crate) fn jailbreak_scores(&self, texts: &[&str]) -> Vec<f64> {
+        let (tfidf, bad, good) = &self.jailbreak;
+        texts
+            .iter()
+            .map(|t| {
+                let v = tfidf.vector(t);
+                nearest_mean(&v, bad, 3) - nearest_mean(&v, good, 3)
+            })
+            .collect()
+    }
+}
+
+/// The shipped domain classifier on MT-Bench's questions (`labels`, `vectors`, `texts`): its
+/// hits by method over all of them and over the categories it has, with the TF-IDF baseline's
+/// when given; printed.
+pub(crate) fn domain(labels: &[&str], vectors: &[Vec<f32>], texts: &[&str], baseline: Option<&Baseline>) -> [usize; 2] {
     let preset = presets::domain();
     let names: Vec<&str> = preset.labels.iter().map(|(n, _)| n.as_str()).collect();
     let known: Vec<usize> = (0..labels.len()).filter(|&i| names.contains(&labels[i])).collect();
@@ -32,6 +104,17 @@ pub(crate) fn domain(labels: &[&str], vectors: &[Vec<f32>]) -> [usize; 2] {
         let on_known = known.iter().filter(|&&i| right[i]).count();
         println!("| {name} | {} | {} |", wilson(hits[slot], labels.len()), wilson(on_known, known.len()));
     }
+    if let Some(b) = baseline {
+        let said = b.domains(texts);
+        let right: Vec<bool> = (0..labels.len()).map(|i| said[i] == labels[i]).collect();
+        let on_known = known.iter().filter(|&&i| right[i]).count();
+        let all = right.iter().filter(|r| **r).count();
+        println!(
+            "| TF-IDF trained on the same texts, knn (k = 3) | {} | {} |",
+            wilson(all, labels.len()),
+            wilson(on_known, known.len())
+        );
+    }
     let missing: Vec<&str> = {
         let mut m: Vec<&str> = labels.iter().copied().filter(|l| !names.contains(l)).collect();
         m.sort_unstable();
@@ -43,14 +126,16 @@ pub(crate) fn domain(labels: &[&str], vectors: &[Vec<f32>]) -> [usize; 2] {
 }
 
 /// The shipped jailbreak detector on bastioncorpus (`vectors`, `malicious`) against today's
-/// example rule (the end-to-end config's, embedded by `embed`): AUC and recall at ≤ 5 % false
-/// positives with bootstrap intervals, and what each refuses at its own threshold; printed.
-/// Returns the preset's AUC and the example rule's.
+/// example rule (the end-to-end config's, embedded by `embed`) and, when given, the TF-IDF
+/// baseline's scores (`tfidf`): AUC and recall at ≤ 5 % false positives with bootstrap
+/// intervals, and what each refuses at its own threshold; printed. Returns the preset's AUC
+/// and the example rule's.
 pub(crate) fn jailbreak(
     vectors: &[Vec<f32>],
     malicious: &[bool],
     resamples: usize,
     embed: impl Fn(&[&str]) -> anyhow::Result<Vec<Vec<f32>>>,
+    tfidf: Option<Vec<f64>>,
 ) -> anyhow::Result<(f64, f64)> {
     let preset = presets::jailbreak();
     let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/routing/semantic.yaml"))?;
@@ -84,6 +169,13 @@ pub(crate) fn jailbreak(
     let r = with_interval(&pos, &neg, recall_at_5, resamples, &mut rng);
     let er = with_interval(&epos, &eneg, recall_at_5, resamples, &mut rng);
     println!("| recall at ≤ 5 % false positives | {} | {} |", r.3, er.3);
+    if let Some(scores) = &tfidf {
+        let (tpos, tneg) = split(scores, malicious, |_| true);
+        let ta = with_interval(&tpos, &tneg, auc, resamples, &mut rng);
+        let tr = with_interval(&tpos, &tneg, recall_at_5, resamples, &mut rng);
+        println!("| TF-IDF trained on the same texts (k = 3): ROC AUC | {} | |", ta.3);
+        println!("| TF-IDF trained on the same texts: recall at ≤ 5 % false positives | {} | |", tr.3);
+    }
     let t = preset.threshold;
     let n_pos = malicious.iter().filter(|m| **m).count();
     let n_neg = malicious.len() - n_pos;

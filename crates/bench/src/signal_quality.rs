@@ -52,6 +52,10 @@ pub(crate) struct SignalQualityArgs {
     /// every cosine to f32 is at least 0.99 and every figure within f32's 95 % interval.
     #[arg(long)]
     check: bool,
+    /// The shipped detectors' training texts (`tools/presets/build_data.py`'s output): a TF-IDF
+    /// trained on the same texts joins their tables as a baseline.
+    #[arg(long)]
+    preset_data: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -142,6 +146,11 @@ fn measure(encoder: &embed::Encoder, data: &Data, a: &SignalQualityArgs, print: 
     let r_vectors = embed_all(&r_texts)?;
     let per_text = start.elapsed().as_secs_f64() * 1e3 / (q_texts.len() + r_texts.len()) as f64;
     let turn_vectors = embed_all(&turns)?;
+    // The TF-IDF baseline of the shipped detectors, on their own training texts.
+    let baseline = match (&a.preset_data, print) {
+        (Some(dir), true) => Some(crate::presets_eval::Baseline::load(dir)?),
+        _ => None,
+    };
     let say = |line: String| {
         if print {
             println!("{line}");
@@ -181,7 +190,7 @@ fn measure(encoder: &embed::Encoder, data: &Data, a: &SignalQualityArgs, print: 
     }
     say(format!("\nchance: {:.3}", 1.0 / distinct(&labels) as f64));
     if print {
-        crate::presets_eval::domain(&labels, &q_vectors);
+        crate::presets_eval::domain(&labels, &q_vectors, &q_texts, baseline.as_ref());
     }
     say(String::new());
 
@@ -223,7 +232,8 @@ fn measure(encoder: &embed::Encoder, data: &Data, a: &SignalQualityArgs, print: 
             let t = with_interval(&pt, &nt, auc, a.resamples, &mut rng);
             say(format!("| {c} | {} | {} | {} |", pe.len(), e.3, t.3));
         }
-        presets = Some(crate::presets_eval::jailbreak(&r_vectors, &malicious, a.resamples, embed_all)?);
+        let tfidf = baseline.as_ref().map(|b| b.jailbreak_scores(&r_texts));
+        presets = Some(crate::presets_eval::jailbreak(&r_vectors, &malicious, a.resamples, embed_all, tfidf)?);
     }
     let false_hits = cache_false_hits(&turns, &turn_vectors, print);
     let own = Figures { domain, auc: (auc_e.0, auc_e.1, auc_e.2), recall: (rec_e.0, rec_e.1, rec_e.2), false_hits };
@@ -378,7 +388,7 @@ fn tfidf_fold(texts: &[&str], train: &[usize], test: usize) -> (Vec<Vec<f32>>, V
 }
 
 /// Lowercased words and adjacent pairs.
-fn terms(text: &str) -> Vec<String> {
+pub(crate) fn terms(text: &str) -> Vec<String> {
     let words: Vec<String> = text
         .to_lowercase()
         .split(|c: char| !c.is_alphanumeric())

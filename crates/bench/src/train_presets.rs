@@ -181,7 +181,7 @@ pub(crate) fn run(a: &TrainPresetsArgs) -> Result<()> {
 const JAILBREAK_K: usize = 3;
 
 /// One text in five, by its hash: the calibration and check set, never a prototype.
-fn held_out(text: &str) -> bool {
+pub(crate) fn held_out(text: &str) -> bool {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     for b in text.bytes() {
         h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
