@@ -10,6 +10,7 @@
 //! `overload` and `soak` measure the router under too much load and over
 //! time (docs/reliability.md).
 
+mod corpus;
 mod direct_pd;
 mod fidelity;
 mod live;

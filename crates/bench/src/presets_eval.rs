@@ -30,8 +30,8 @@ impl Baseline {
     /// Fitted on `dir`'s `domain.jsonl` and `jailbreak.jsonl`, the texts the prototypes were
     /// made of (the held-out fifth left out, as there).
     pub(crate) fn load(dir: &Path) -> anyhow::Result<Self> {
-        let trained = |t: &str| !crate::train_presets::held_out(t);
-        let rows: Vec<Row<String>> = crate::signal_quality::jsonl(&dir.join("domain.jsonl"))?;
+        let trained = |t: &str| !crate::corpus::held_out(t);
+        let rows: Vec<Row<String>> = crate::corpus::jsonl(&dir.join("domain.jsonl"))?;
         let rows: Vec<Row<String>> = rows.into_iter().filter(|r| trained(&r.text)).collect();
         let tfidf = Tfidf::fit(&rows.iter().map(|r| r.text.as_str()).collect::<Vec<_>>());
         let mut labels: Vec<String> = rows.iter().map(|r| r.label.clone()).collect();
@@ -44,7 +44,7 @@ impl Baseline {
                 (l, own)
             })
             .collect();
-        let rows: Vec<Row<u8>> = crate::signal_quality::jsonl(&dir.join("jailbreak.jsonl"))?;
+        let rows: Vec<Row<u8>> = crate::corpus::jsonl(&dir.join("jailbreak.jsonl"))?;
         let rows: Vec<Row<u8>> = rows.into_iter().filter(|r| trained(&r.text)).collect();
         let jt = Tfidf::fit(&rows.iter().map(|r| r.text.as_str()).collect::<Vec<_>>());
         let side = |label: u8| rows.iter().filter(|r| r.label == label).map(|r| jt.vector(&r.text)).collect();

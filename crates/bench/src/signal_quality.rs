@@ -16,11 +16,12 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use model_select::{DomainClassifier, DomainMethod, contrastive_score};
 use router_types::SplitMix;
 use serde::Deserialize;
 
+use crate::corpus::{jsonl, terms};
 use crate::fidelity::{Figures, Vectors};
 use crate::stats::{auc, recall_at_5, split, wilson, with_interval};
 
@@ -284,15 +285,6 @@ fn cache_false_hits(turns: &[&str], vectors: &[Vec<f32>], print: bool) -> usize 
     eligible.iter().filter(|s| **s >= 0.95).count()
 }
 
-pub(crate) fn jsonl<T: for<'de> Deserialize<'de>>(path: &PathBuf) -> Result<Vec<T>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .enumerate()
-        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}:{}", path.display(), i + 1)))
-        .collect()
-}
-
 fn distinct(labels: &[&str]) -> usize {
     labels.iter().collect::<std::collections::BTreeSet<_>>().len()
 }
@@ -385,18 +377,6 @@ fn tfidf_fold(texts: &[&str], train: &[usize], test: usize) -> (Vec<Vec<f32>>, V
         v.iter().map(|x| x / norm).collect()
     };
     (docs.iter().map(|d| vectorize(d)).collect(), vectorize(&terms(texts[test])))
-}
-
-/// Lowercased words and adjacent pairs.
-pub(crate) fn terms(text: &str) -> Vec<String> {
-    let words: Vec<String> = text
-        .to_lowercase()
-        .split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .map(str::to_owned)
-        .collect();
-    let pairs = words.windows(2).map(|w| format!("{} {}", w[0], w[1]));
-    words.iter().cloned().chain(pairs).collect()
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ impl Tfidf {
         let mut vocab: HashMap<String, u32> = HashMap::new();
         let mut df: Vec<u32> = Vec::new();
         for d in docs {
-            let mut terms = crate::signal_quality::terms(d);
+            let mut terms = crate::corpus::terms(d);
             terms.sort_unstable();
             terms.dedup();
             for t in terms {
@@ -40,7 +40,7 @@ impl Tfidf {
     /// `text`'s vector (terms the corpus never had are left out).
     pub(crate) fn vector(&self, text: &str) -> Sparse {
         let mut tf: HashMap<u32, f32> = HashMap::new();
-        for t in crate::signal_quality::terms(text) {
+        for t in crate::corpus::terms(text) {
             if let Some(&id) = self.vocab.get(&t) {
                 *tf.entry(id).or_default() += 1.0;
             }

@@ -17,7 +17,7 @@ use model_select::{DomainClassifier, DomainMethod, contrastive_score};
 use router_types::SplitMix;
 use serde::Deserialize;
 
-use crate::signal_quality::jsonl;
+use crate::corpus::{held_out, jsonl};
 use crate::stats::auc;
 
 /// The command's arguments.
@@ -179,15 +179,6 @@ pub(crate) fn run(a: &TrainPresetsArgs) -> Result<()> {
 
 /// Prototypes on each side the jailbreak score averages.
 const JAILBREAK_K: usize = 3;
-
-/// One text in five, by its hash: the calibration and check set, never a prototype.
-pub(crate) fn held_out(text: &str) -> bool {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for b in text.bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
-    }
-    h.is_multiple_of(5)
-}
 
 /// Rows by (source, label).
 fn sources<'a, L: std::fmt::Display>(rows: impl Iterator<Item = (&'a String, L)>) -> BTreeMap<String, usize> {
