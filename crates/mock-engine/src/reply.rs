@@ -71,7 +71,12 @@ pub(crate) fn rank_hint(headers: &HeaderMap, v: &Value) -> Option<usize> {
     })
 }
 
-/// The word generated at position `i`.
+/// Whether a chat's answer is a call of the tool `mock_tool` whose arguments are its text (the
+/// request's `mock_tool_call: true`, a test's), instead of content.
+fn tool_call(v: &Value) -> bool {
+    v.get("mock_tool_call").and_then(Value::as_bool) == Some(true)
+}
+
 /// The answer's tokens: a test's scripted text (the request's `mock_reply`, in pieces of three
 /// bytes on char boundaries: the whole of it, whatever `max_tokens` says), else eight words
 /// over and over.
@@ -156,6 +161,13 @@ pub(crate) async fn answer(e: &Engine, route: Route, v: &Value, guard: &Release,
         let script = Script::of(v);
         let text = script.text(n);
         let mut body = match route {
+            Route::Chat if tool_call(v) => json!({
+                "id": id, "object": "chat.completion", "created": now_secs(), "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_0", "type": "function", "function": {"name": "mock_tool", "arguments": text}}]},
+                    "finish_reason": "tool_calls"}],
+                "usage": usage(&guard.admission, n),
+            }),
             Route::Chat => json!({
                 "id": id, "object": "chat.completion", "created": now_secs(), "model": model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
@@ -252,6 +264,7 @@ pub(crate) fn events(
     let state = (0usize, Some(guard), e, model, id);
     let meta = std::sync::Arc::new(meta);
     let script = Script::of(v);
+    let tool = tool_call(v);
     futures_util::stream::unfold(state, move |(i, guard, e, model, id)| {
         let (meta, script) = (meta.clone(), script.clone());
         async move {
@@ -287,6 +300,16 @@ pub(crate) fn events(
             }
             e.decode_step().await;
             let chunk = match route {
+                Route::Chat if tool => {
+                    let call = if i == 0 {
+                        json!({"index": 0, "id": "call_0", "type": "function", "function": {"name": "mock_tool", "arguments": script.word(i)}})
+                    } else {
+                        json!({"index": 0, "function": {"arguments": script.word(i)}})
+                    };
+                    let delta = if i == 0 { json!({"role": "assistant", "tool_calls": [call]}) } else { json!({"tool_calls": [call]}) };
+                    json!({"id": id, "object": "chat.completion.chunk", "created": now_secs(), "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": if i + 1 == n { json!("tool_calls") } else { Value::Null }}]})
+                }
                 Route::Chat => {
                     json!({"id": id, "object": "chat.completion.chunk", "created": now_secs(), "model": model,
                 "choices": [{"index": 0, "delta": if i == 0 { json!({"role": "assistant", "content": script.word(i)}) } else { json!({"content": script.word(i)}) }, "finish_reason": if i + 1 == n { json!("length") } else { Value::Null }}]})

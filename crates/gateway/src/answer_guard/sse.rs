@@ -21,8 +21,15 @@ use crate::cache::Recorder;
 use crate::pipeline::request::Route;
 use crate::pools::response_guard::Armed;
 
-/// A stream's text lane: a choice's (or block's) content (0) or reasoning (1).
-type Key = (u64, u8);
+mod shapes;
+
+/// A stream's text lane: a choice's (or block's) index, its content (0), reasoning (1) or a tool
+/// call's arguments (2: [`TOOL`]), and the tool call's index among the choice's (0 for the others).
+type Key = (u64, u8, u64);
+
+/// The lane field of a tool call's arguments: read for PII, not judged by the jailbreak rules
+/// (as a whole answer's are).
+const TOOL: u8 = 2;
 
 /// Text lanes one stream may open (choices × 2, Anthropic blocks × 2); more ends it, failed.
 const MAX_LANES: usize = 256;
@@ -245,7 +252,7 @@ impl Screen {
             released.push_str(&self.guard.finish(detector, &mut lane.pii));
         }
         self.found.pii = self.guard.found();
-        let out = self.judge(&mut lane, released, end).await;
+        let out = if key.1 == TOOL { Ok(released) } else { self.judge(&mut lane, released, end).await };
         self.lanes.insert(key, lane);
         out
     }
@@ -309,7 +316,7 @@ impl Screen {
     }
 
     /// An event carrying lane `key`'s `rest`.
-    fn flushed_event(&mut self, (index, field): Key, rest: String) -> Vec<u8> {
+    fn flushed_event(&mut self, (index, field, call): Key, rest: String) -> Vec<u8> {
         let event = match self.route {
             Route::Messages => {
                 let delta = if field == 0 {
@@ -321,7 +328,7 @@ impl Screen {
                 return format!("event: content_block_delta\ndata: {v}\n\n").into_bytes();
             }
             Route::Generate => {
-                let lane = self.lanes.entry((index, field)).or_default();
+                let lane = self.lanes.entry((index, field, call)).or_default();
                 lane.sent.push_str(&rest);
                 json!({"text": lane.sent, "index": index})
             }
@@ -329,6 +336,9 @@ impl Screen {
                 let mut v = self.template.clone().unwrap_or_else(|| json!({}));
                 let choice = if self.route == Route::Completions {
                     json!({"index": index, "text": rest, "finish_reason": null})
+                } else if field == TOOL {
+                    let calls = json!([{"index": call, "function": {"arguments": rest}}]);
+                    json!({"index": index, "delta": {"tool_calls": calls}, "finish_reason": null})
                 } else {
                     let name = if field == 0 { "content" } else { "reasoning_content" };
                     json!({"index": index, "delta": {name: rest}, "finish_reason": null})
@@ -338,94 +348,6 @@ impl Screen {
             }
         };
         format!("data: {event}\n\n").into_bytes()
-    }
-
-    /// A chat or completion chunk: each choice's texts through their lanes.
-    async fn openai(&mut self, v: &mut Value) -> Result<Vec<u8>, Stop> {
-        let strip = !self.annotating();
-        let fields: &[(&str, u8)] = if self.route == Route::Completions {
-            &[("/text", 0)]
-        } else {
-            &[("/delta/content", 0), ("/delta/reasoning_content", 1)]
-        };
-        let Some(Value::Array(choices)) = v.get_mut("choices") else { return Ok(Vec::new()) };
-        let mut choices = std::mem::take(choices);
-        for (pos, c) in choices.iter_mut().enumerate() {
-            let index = c.get("index").and_then(Value::as_u64).unwrap_or(pos as u64);
-            if strip && let Some(c) = c.as_object_mut() {
-                c.remove("logprobs");
-            }
-            let finished = c.get("finish_reason").is_some_and(|f| !f.is_null());
-            for &(pointer, field) in fields {
-                let text = c.pointer(pointer).and_then(Value::as_str).map(str::to_owned);
-                if text.is_none() && !finished {
-                    continue;
-                }
-                let out = self.feed((index, field), text.as_deref().unwrap_or(""), finished).await?;
-                if text.is_some() || !out.is_empty() {
-                    set(c, pointer, out);
-                }
-            }
-        }
-        v["choices"] = Value::Array(choices);
-        let mut template = v.clone();
-        if let Some(t) = template.as_object_mut() {
-            t.remove("choices");
-            t.remove("usage");
-        }
-        self.template = Some(template);
-        Ok(Vec::new())
-    }
-
-    /// An Anthropic event: a text or thinking delta through its block's lane; a block's stop
-    /// preceded by its lane's rest.
-    async fn anthropic(&mut self, v: &mut Value) -> Result<Vec<u8>, Stop> {
-        let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
-        match v.get("type").and_then(Value::as_str) {
-            Some("content_block_delta") => {
-                for (pointer, field) in [("/delta/text", 0u8), ("/delta/thinking", 1)] {
-                    if let Some(text) = v.pointer(pointer).and_then(Value::as_str).map(str::to_owned) {
-                        let out = self.feed((index, field), &text, false).await?;
-                        set(v, pointer, out);
-                    }
-                }
-                Ok(Vec::new())
-            }
-            Some("content_block_stop") => {
-                let mut before = Vec::new();
-                for field in [0u8, 1] {
-                    if self.lanes.contains_key(&(index, field)) {
-                        let rest = self.feed((index, field), "", true).await?;
-                        if !rest.is_empty() && !self.annotating() {
-                            before.extend(self.flushed_event((index, field), rest));
-                        }
-                    }
-                }
-                Ok(before)
-            }
-            _ => Ok(Vec::new()),
-        }
-    }
-
-    /// A `/generate` chunk: its cumulative text's new part through the lane; the text sent is
-    /// what the lane released so far.
-    async fn generate(&mut self, v: &mut Value) -> Result<Vec<u8>, Stop> {
-        let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
-        let Some(text) = v.get("text").and_then(Value::as_str).map(str::to_owned) else { return Ok(Vec::new()) };
-        let finished = v.pointer("/meta_info/finish_reason").is_some_and(|f| !f.is_null());
-        let seen = self.lanes.get(&(index, 0)).map_or(0, |l| l.raw_len);
-        let new = if text.len() >= seen && text.is_char_boundary(seen) { &text[seen..] } else { text.as_str() };
-        let out = self.feed((index, 0), new, finished).await?;
-        let lane = self.lanes.entry((index, 0)).or_default();
-        lane.raw_len = text.len();
-        lane.sent.push_str(&out);
-        v["text"] = Value::String(lane.sent.clone());
-        if !self.annotating()
-            && let Some(meta) = v.get_mut("meta_info").and_then(Value::as_object_mut)
-        {
-            super::strip_meta_logprobs(meta);
-        }
-        Ok(Vec::new())
     }
 }
 

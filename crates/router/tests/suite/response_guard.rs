@@ -120,6 +120,47 @@ async fn answers_are_redacted_whole_and_streamed_on_every_route() {
     assert_eq!(metric(&router.url, emails).await, 18.0);
 }
 
+/// A chat answer that calls a tool (`mock_tool_call`: the reply is the call's arguments): the
+/// arguments are redacted whole and streamed (each call's arguments a lane of their own, its
+/// rest sent with the choice's last chunk), and a block stops a stream whose call holds PII.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_calls_arguments_are_read_whole_and_streamed() {
+    let (router, _engines) = guard_app().await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", router.url);
+    let arguments = r#"{"to": "jane.doe@example.com", "phone": "+1 415 555 0100", "cc": "jane.doe@example.com"}"#;
+    let redacted = r#"{"to": "[EMAIL_1]", "phone": "[PHONE_1]", "cc": "[EMAIL_1]"}"#;
+    let ask = |word: &str, stream: bool| {
+        let mut v = body("/v1/chat/completions", word, arguments, stream);
+        v["mock_tool_call"] = json!(true);
+        v
+    };
+    let whole: Value = http.post(&url).json(&ask("redact-me", false)).send().await.unwrap().json().await.unwrap();
+    let call = &whole["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "mock_tool");
+    // A whole answer's arguments are redacted as JSON (their values), written back compact.
+    let said: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(said, serde_json::from_str::<Value>(redacted).unwrap());
+    let r = http.post(&url).json(&ask("redact-me", true)).send().await.unwrap();
+    let raw = r.text().await.unwrap();
+    assert!(!raw.contains("jane") && !raw.contains("555"), "{raw}");
+    let mut joined = String::new();
+    let mut names = Vec::new();
+    for data in raw.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|d| *d != "[DONE]") {
+        let v: Value = serde_json::from_str(data).unwrap();
+        for call in v.pointer("/choices/0/delta/tool_calls").and_then(Value::as_array).into_iter().flatten() {
+            assert_eq!(call["index"], 0, "{call}");
+            joined.push_str(call.pointer("/function/arguments").and_then(Value::as_str).unwrap_or(""));
+            names.extend(call.pointer("/function/name").and_then(Value::as_str).map(str::to_owned));
+        }
+    }
+    assert_eq!(joined, redacted, "{raw}");
+    assert_eq!(names, ["mock_tool"], "the call's name once, as the engine sent it");
+    // Blocked: nothing of the arguments out, the stream ended with the guard's error.
+    let raw = http.post(&url).json(&ask("block-me", true)).send().await.unwrap().text().await.unwrap();
+    assert!(!raw.contains("jane") && !raw.contains("555") && raw.contains("response_blocked"), "{raw}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocked_answer_never_reaches_the_client_and_annotation_changes_nothing() {
     let (router, _engines) = guard_app().await;
