@@ -17,7 +17,7 @@ use renderer::ChatRequest;
 use serde_json::{Value, json};
 
 use crate::engine::{Admission, Engine};
-use crate::reply::{Release, Script, injected_failure, max_tokens, now_secs, rank_hint};
+use crate::reply::{Release, Script, injected_failure, max_tokens, now_secs, rank_hint, tool_call};
 
 /// An error in Anthropic's shape.
 fn error(status: StatusCode, kind: &str, message: &str) -> Response {
@@ -82,10 +82,17 @@ pub(crate) async fn messages(State(e): State<Arc<Engine>>, headers: HeaderMap, b
             e.decode_step().await;
         }
         let text = Script::of(&v).text(n);
+        // A tool call (`mock_tool_call`): the text is its input, as JSON.
+        let (content, stop) = if tool_call(&v) {
+            let input: Value = serde_json::from_str(&text).unwrap_or_else(|_| json!({}));
+            (json!([{"type": "tool_use", "id": "toolu_mock", "name": "mock_tool", "input": input}]), "tool_use")
+        } else {
+            (json!([{"type": "text", "text": text}]), "max_tokens")
+        };
         return Json(json!({
             "id": id, "type": "message", "role": "assistant", "model": model,
-            "content": [{"type": "text", "text": text}],
-            "stop_reason": "max_tokens", "stop_sequence": null,
+            "content": content,
+            "stop_reason": stop, "stop_sequence": null,
             "usage": usage(&guard.admission, Some(n)),
         }))
         .into_response();
@@ -93,7 +100,7 @@ pub(crate) async fn messages(State(e): State<Arc<Engine>>, headers: HeaderMap, b
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(events(guard, model, id, (n, Script::of(&v)), die)))
+        .body(Body::from_stream(events(guard, model, id, (n, Script::of(&v), tool_call(&v)), die)))
         .unwrap_or_else(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "api_error", "response build failed"))
 }
 
@@ -112,13 +119,14 @@ fn event(kind: &str, data: Value) -> Bytes {
     Bytes::from(format!("event: {kind}\ndata: {data}\n\n"))
 }
 
-/// A streamed answer: `message_start`, one text block of `n` deltas, `message_delta` with the
-/// stop reason and usage, `message_stop`; `die`: the connection breaks after the first delta.
+/// A streamed answer: `message_start`, one text block of `n` deltas (with `tool`, one
+/// `tool_use` block of `input_json_delta`s), `message_delta` with the stop reason and usage,
+/// `message_stop`; `die`: the connection breaks after the first delta.
 fn events(
     guard: Release,
     model: String,
     id: String,
-    (n, script): (usize, Script),
+    (n, script, tool): (usize, Script, bool),
     die: bool,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send {
     let start = json!({"type": "message_start", "message": {
@@ -129,8 +137,13 @@ fn events(
         event("message_start", start),
         event(
             "content_block_start",
-            json!({"type": "content_block_start", "index": 0,
-            "content_block": {"type": "text", "text": ""}}),
+            if tool {
+                json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "tool_use", "id": "toolu_mock", "name": "mock_tool", "input": {}}})
+            } else {
+                json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}})
+            },
         ),
     ];
     let head = futures_util::stream::iter(head.map(Ok));
@@ -144,7 +157,7 @@ fn events(
                     event(
                         "message_delta",
                         json!({"type": "message_delta",
-                    "delta": {"stop_reason": "max_tokens", "stop_sequence": null},
+                    "delta": {"stop_reason": if tool { "tool_use" } else { "max_tokens" }, "stop_sequence": null},
                     "usage": {"output_tokens": n}}),
                     ),
                     event("message_stop", json!({"type": "message_stop"})),
@@ -157,8 +170,13 @@ fn events(
                 return Some((Err(std::io::Error::other("injected: engine died mid-stream")), (n + 1, None)));
             }
             guard.engine.decode_step().await;
-            let delta = json!({"type": "content_block_delta", "index": 0,
-            "delta": {"type": "text_delta", "text": script.word(i)}});
+            let delta = if tool {
+                json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "input_json_delta", "partial_json": script.word(i)}})
+            } else {
+                json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": script.word(i)}})
+            };
             Some((Ok(event("content_block_delta", delta)), (i + 1, Some(guard))))
         }
     });

@@ -73,7 +73,7 @@ pub(crate) fn rank_hint(headers: &HeaderMap, v: &Value) -> Option<usize> {
 
 /// Whether a chat's answer is a call of the tool `mock_tool` whose arguments are its text (the
 /// request's `mock_tool_call: true`, a test's), instead of content.
-fn tool_call(v: &Value) -> bool {
+pub(crate) fn tool_call(v: &Value) -> bool {
     v.get("mock_tool_call").and_then(Value::as_bool) == Some(true)
 }
 

@@ -319,10 +319,10 @@ impl Screen {
     fn flushed_event(&mut self, (index, field, call): Key, rest: String) -> Vec<u8> {
         let event = match self.route {
             Route::Messages => {
-                let delta = if field == 0 {
-                    json!({"type": "text_delta", "text": rest})
-                } else {
-                    json!({"type": "thinking_delta", "thinking": rest})
+                let delta = match field {
+                    0 => json!({"type": "text_delta", "text": rest}),
+                    TOOL => json!({"type": "input_json_delta", "partial_json": rest}),
+                    _ => json!({"type": "thinking_delta", "thinking": rest}),
                 };
                 let v = json!({"type": "content_block_delta", "index": index, "delta": delta});
                 return format!("event: content_block_delta\ndata: {v}\n\n").into_bytes();

@@ -159,6 +159,25 @@ async fn a_tool_calls_arguments_are_read_whole_and_streamed() {
     // Blocked: nothing of the arguments out, the stream ended with the guard's error.
     let raw = http.post(&url).json(&ask("block-me", true)).send().await.unwrap().text().await.unwrap();
     assert!(!raw.contains("jane") && !raw.contains("555") && raw.contains("response_blocked"), "{raw}");
+    // Anthropic's Messages: a `tool_use` block's input, whole and streamed (`input_json_delta`).
+    let url = format!("{}/v1/messages", router.url);
+    let ask = |stream: bool| {
+        let mut v = body("/v1/messages", "redact-me", arguments, stream);
+        v["mock_tool_call"] = json!(true);
+        v
+    };
+    let whole: Value = http.post(&url).json(&ask(false)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(whole["content"][0]["type"], "tool_use", "{whole}");
+    assert_eq!(whole["content"][0]["input"], serde_json::from_str::<Value>(redacted).unwrap(), "{whole}");
+    let raw = http.post(&url).json(&ask(true)).send().await.unwrap().text().await.unwrap();
+    assert!(!raw.contains("jane") && !raw.contains("555"), "{raw}");
+    let joined: String = raw
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| v.pointer("/delta/partial_json").and_then(Value::as_str).map(str::to_owned))
+        .collect();
+    assert_eq!(joined, redacted, "{raw}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -82,13 +82,13 @@ impl Screen {
         Ok(())
     }
 
-    /// An Anthropic event: a text or thinking delta through its block's lane; a block's stop
-    /// preceded by its lane's rest.
+    /// An Anthropic event: a text, thinking or tool input (`input_json_delta`) delta through
+    /// its block's lane; a block's stop preceded by its lane's rest.
     pub(super) async fn anthropic(&mut self, v: &mut Value) -> Result<Vec<u8>, Stop> {
         let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
         match v.get("type").and_then(Value::as_str) {
             Some("content_block_delta") => {
-                for (pointer, field) in [("/delta/text", 0u8), ("/delta/thinking", 1)] {
+                for (pointer, field) in [("/delta/text", 0u8), ("/delta/thinking", 1), ("/delta/partial_json", TOOL)] {
                     if let Some(text) = v.pointer(pointer).and_then(Value::as_str).map(str::to_owned) {
                         let out = self.feed((index, field, 0), &text, false).await?;
                         set(v, pointer, out);
@@ -98,7 +98,7 @@ impl Screen {
             }
             Some("content_block_stop") => {
                 let mut before = Vec::new();
-                for field in [0u8, 1] {
+                for field in [0u8, 1, TOOL] {
                     if self.lanes.contains_key(&(index, field, 0)) {
                         let rest = self.feed((index, field, 0), "", true).await?;
                         if !rest.is_empty() && !self.annotating() {
