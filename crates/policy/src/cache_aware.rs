@@ -464,8 +464,9 @@ impl HeadLayer {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The candidates judged: followed ones by `exact`, the others a hit when one holds the
-    /// placement of the request's deepest head that any of them holds.
+    /// The candidates judged: followed ones by `exact`, the others a hit when they hold the
+    /// request's deepest head that any of them holds (each holder credited with its boundary,
+    /// so the ranking takes the least loaded of them).
     fn judge(
         &self,
         candidates: &[Candidate],
@@ -483,8 +484,10 @@ impl HeadLayer {
                 if c.followed {
                     return exact(c);
                 }
-                let matched_tokens = match held {
-                    Some((w, tokens)) if w == c.worker => u64::from(tokens).min(request.input_tokens).max(1),
+                let matched_tokens = match &held {
+                    Some((tokens, holders)) if holders.contains(&c.worker) => {
+                        u64::from(*tokens).min(request.input_tokens).max(1)
+                    }
                     _ => 0,
                 };
                 Judged { c: Candidate { matched_tokens, ..*c }, hit: matched_tokens > 0, estimated: true }

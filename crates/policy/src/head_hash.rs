@@ -3,9 +3,11 @@
 //! (Shepherd Model Gateway 1.13's "TTL'd exact-match placement map keyed on
 //! request heads at `--cache-boundaries`"): a request's head is its first
 //! `b` tokens for each boundary `b` it reaches; the map holds, per head, the
-//! worker last sent a request with that head and when. A request is matched
-//! at the deepest of its heads the map holds for a candidate (its boundary is
-//! the worker's matched tokens), and on `commit` every head of it is placed on
+//! workers last sent a request with that head (at most [`HOLDERS`], the
+//! stalest replaced, as SMG keeps three) and when. A request is matched at the
+//! deepest of its heads the map holds for a candidate: each of that head's
+//! holders is credited with its boundary (cache_aware then takes the least
+//! loaded of them, as SMG does), and on `commit` every head of it is placed on
 //! (or refreshed for) the chosen worker. A request without tokens has no head
 //! and is load-balanced.
 //!
@@ -41,15 +43,21 @@ pub struct HeadHashConfig {
     pub max_bytes: usize,
 }
 
-/// What one placement costs as the bound counts it: its key, worker and stamp, and the hash
-/// table's slack.
-pub const ENTRY_BYTES: usize = 40;
+/// What one head costs as the bound counts it: its key, its holders and their stamps, and the
+/// hash table's slack.
+pub const ENTRY_BYTES: usize = 72;
+
+/// Workers a head is kept for (SMG's three holders per key).
+pub(crate) const HOLDERS: usize = 3;
+
+/// A head's holders: (worker, the milliseconds it was last placed at).
+type Holders = [Option<(WorkerId, u64)>; HOLDERS];
 
 /// The placements.
 #[derive(Debug, Default)]
 pub struct HeadMap {
-    /// Head hash → (worker, the milliseconds it was last placed at).
-    placed: HashMap<u64, (WorkerId, u64)>,
+    /// Head hash → its holders.
+    placed: HashMap<u64, Holders>,
 }
 
 // === impl HeadHashConfig ===
@@ -61,7 +69,7 @@ impl HeadHashConfig {
         std::iter::successors(Some(page), |b| b.checked_mul(2)).take_while(|b| *b <= 1 << 20).collect()
     }
 
-    /// The most placements the bound allows (at least one).
+    /// The most heads the bound allows (at least one).
     fn max_entries(&self) -> usize {
         (self.max_bytes / ENTRY_BYTES).max(1)
     }
@@ -115,26 +123,34 @@ fn finish(h: u64) -> u64 {
 // === impl HeadMap ===
 
 impl HeadMap {
-    /// The deepest of `heads` placed, within the TTL at `at_ms`, on a worker `eligible`
-    /// accepts: its worker and its boundary.
+    /// The deepest of `heads` with a holder placed within the TTL at `at_ms` that `eligible`
+    /// accepts: its boundary and every such holder of it (by id).
     pub fn deepest(
         &self,
         heads: &[Head],
         config: &HeadHashConfig,
         at_ms: u64,
         eligible: impl Fn(WorkerId) -> bool,
-    ) -> Option<(WorkerId, u32)> {
+    ) -> Option<(u32, Vec<WorkerId>)> {
+        let fresh = |stamp: u64| config.ttl_ms == 0 || stamp.saturating_add(config.ttl_ms) >= at_ms;
         heads.iter().rev().find_map(|h| {
-            let (worker, stamp) = *self.placed.get(&h.hash)?;
-            let fresh = config.ttl_ms == 0 || stamp.saturating_add(config.ttl_ms) >= at_ms;
-            (fresh && eligible(worker)).then_some((worker, h.tokens))
+            let holders = self.placed.get(&h.hash)?;
+            let mut live: Vec<WorkerId> =
+                holders.iter().flatten().filter(|(w, stamp)| fresh(*stamp) && eligible(*w)).map(|(w, _)| *w).collect();
+            live.sort_unstable();
+            (!live.is_empty()).then_some((h.tokens, live))
         })
     }
 
-    /// Places every one of `heads` on `worker` at `at_ms`, within the bound.
+    /// Places every one of `heads` on `worker` at `at_ms` (refreshed if it holds one already,
+    /// else in a free place or the stalest's), within the bound.
     pub fn place(&mut self, heads: &[Head], worker: WorkerId, config: &HeadHashConfig, at_ms: u64) {
         for h in heads {
-            self.placed.insert(h.hash, (worker, at_ms));
+            let holders = self.placed.entry(h.hash).or_default();
+            let at = holders.iter().position(|x| x.is_some_and(|(w, _)| w == worker));
+            let at = at.or_else(|| holders.iter().position(Option::is_none));
+            let at = at.unwrap_or_else(|| (0..HOLDERS).min_by_key(|&i| holders[i].map_or(0, |(_, s)| s)).unwrap_or(0));
+            holders[at] = Some((worker, at_ms));
         }
         let max = config.max_entries();
         if self.placed.len() > max {
@@ -142,25 +158,33 @@ impl HeadMap {
         }
     }
 
-    /// Drops what aged out, then, while still over `max`, the least recently placed quarter.
+    /// Drops what aged out, then, while still over `max`, the least recently placed quarter of
+    /// the heads (by their latest placement).
     fn shrink(&mut self, config: &HeadHashConfig, at_ms: u64, max: usize) {
         if config.ttl_ms > 0 {
             let oldest = at_ms.saturating_sub(config.ttl_ms);
-            self.placed.retain(|_, (_, stamp)| *stamp >= oldest);
+            self.placed.retain(|_, holders| {
+                holders.iter_mut().for_each(|x| *x = x.filter(|(_, stamp)| *stamp >= oldest));
+                holders.iter().any(Option::is_some)
+            });
         }
         if self.placed.len() > max {
+            let latest = |holders: &Holders| holders.iter().flatten().map(|(_, s)| *s).max().unwrap_or(0);
             let keep = max - max / 4;
-            let mut stamps: Vec<u64> = self.placed.values().map(|(_, s)| *s).collect();
+            let mut stamps: Vec<u64> = self.placed.values().map(latest).collect();
             let cut = stamps.len() - keep;
             let (_, nth, _) = stamps.select_nth_unstable(cut);
             let cut_at = *nth;
-            self.placed.retain(|_, (_, stamp)| *stamp > cut_at);
+            self.placed.retain(|_, holders| latest(holders) > cut_at);
         }
     }
 
     /// Forgets `worker`'s placements.
     pub fn remove_worker(&mut self, worker: WorkerId) {
-        self.placed.retain(|_, (w, _)| *w != worker);
+        self.placed.retain(|_, holders| {
+            holders.iter_mut().for_each(|x| *x = x.filter(|(w, _)| *w != worker));
+            holders.iter().any(Option::is_some)
+        });
     }
 
     /// Bytes held, as the bound counts them.
@@ -215,17 +239,37 @@ mod tests {
         let mut map = HeadMap::default();
         map.place(&hs[..2], WorkerId(1), &c, 0);
         map.place(&hs[2..], WorkerId(2), &c, 500);
-        assert_eq!(map.deepest(&hs, &c, 900, |_| true), Some((WorkerId(2), 16)));
+        let one = |w: u32, tokens: u32| Some((tokens, vec![WorkerId(w)]));
+        assert_eq!(map.deepest(&hs, &c, 900, |_| true), one(2, 16));
         // Worker 2 not a candidate: the deeper of worker 1's heads.
-        assert_eq!(map.deepest(&hs, &c, 900, |w| w != WorkerId(2)), Some((WorkerId(1), 8)));
+        assert_eq!(map.deepest(&hs, &c, 900, |w| w != WorkerId(2)), one(1, 8));
         // Worker 1's placements past the TTL (placed at 0, 1 s): only worker 2's.
         assert_eq!(map.deepest(&hs, &c, 1_200, |w| w != WorkerId(2)), None);
-        assert_eq!(map.deepest(&hs, &c, 1_200, |_| true), Some((WorkerId(2), 16)));
+        assert_eq!(map.deepest(&hs, &c, 1_200, |_| true), one(2, 16));
         // A TTL of 0: forever.
         let forever = HeadHashConfig { ttl_ms: 0, ..c.clone() };
-        assert_eq!(map.deepest(&hs, &forever, u64::MAX, |w| w == WorkerId(1)), Some((WorkerId(1), 8)));
+        assert_eq!(map.deepest(&hs, &forever, u64::MAX, |w| w == WorkerId(1)), one(1, 8));
         map.remove_worker(WorkerId(2));
-        assert_eq!(map.deepest(&hs, &c, 900, |_| true), Some((WorkerId(1), 8)));
+        assert_eq!(map.deepest(&hs, &c, 900, |_| true), one(1, 8));
+    }
+
+    #[test]
+    fn a_head_keeps_three_holders_the_stalest_replaced() {
+        let c = config(&[4], 0, 100);
+        let hs = heads(&[1, 2, 3, 4], &c.boundaries);
+        let mut map = HeadMap::default();
+        for (w, at) in [(1, 10), (2, 20), (3, 30)] {
+            map.place(&hs, WorkerId(w), &c, at);
+        }
+        let all = |map: &HeadMap| map.deepest(&hs, &c, 100, |_| true).map(|(_, h)| h);
+        assert_eq!(all(&map), Some(vec![WorkerId(1), WorkerId(2), WorkerId(3)]));
+        // Worker 1 refreshed, then a fourth: the stalest (2) goes.
+        map.place(&hs, WorkerId(1), &c, 40);
+        map.place(&hs, WorkerId(4), &c, 50);
+        assert_eq!(all(&map), Some(vec![WorkerId(1), WorkerId(3), WorkerId(4)]));
+        assert_eq!(map.bytes(), ENTRY_BYTES, "one head");
+        map.remove_worker(WorkerId(3));
+        assert_eq!(all(&map), Some(vec![WorkerId(1), WorkerId(4)]));
     }
 
     #[test]

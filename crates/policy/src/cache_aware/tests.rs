@@ -330,3 +330,22 @@ fn unfollowed_workers_are_judged_by_their_heads_placements_with_the_head_map() {
     p.remove_worker(first.worker);
     assert_eq!(p.select(&cs, &fresh).unwrap().reason, Reason::NoCacheCandidate);
 }
+
+/// A head placed on several workers (SMG keeps three): the least loaded holder takes it.
+#[test]
+fn the_least_loaded_holder_of_a_head_takes_it() {
+    let config = HeadHashConfig { boundaries: vec![16], ttl_ms: 0, max_bytes: 1 << 20 };
+    let p = CacheAware::new(CacheAwareConfig::default(), 3).with_head_hashes(config);
+    let prompt: Vec<u32> = (0..40).collect();
+    let heads = p.heads(&prompt);
+    let req = RequestInfo { input_tokens: 40, text: None, at_ms: 1, heads: &heads };
+    // Worker 0 and 1 were each sent the head; 2 was not.
+    for w in [0, 1] {
+        let cs = [unfollowed(0, 0), unfollowed(1, 0), unfollowed(2, 0)];
+        p.commit(&Decision { worker: WorkerId(w), reason: Reason::NoCacheCandidate }, &cs, &req);
+    }
+    for (busy, idle) in [(0, 1), (1, 0)] {
+        let cs = [unfollowed(busy, 5_000), unfollowed(idle, 100), unfollowed(2, 0)];
+        assert_eq!(p.select(&cs, &req).unwrap(), Decision { worker: WorkerId(idle), reason: Reason::HeadHashHit });
+    }
+}
