@@ -76,6 +76,24 @@ enum Step {
     ),
 }
 
+/// The request planned in its routed pool (`default` without a routing config) to be sent
+/// (`Step::Send`), or parked at least_load's waiting cap (`Step::AtCap`, planned again by
+/// [`at_cap`]).
+fn planned(
+    planner: planner::Planner<'_>,
+    default: &Arc<planner::Pool>,
+    (route, key): (Route, Option<&[u8]>),
+    renders: &planner::Renders,
+    (v, routed, bytes, ids): (Option<Value>, Option<crate::pools::Routed>, Bytes, Option<Vec<u32>>),
+) -> Result<Step, GatewayError> {
+    let pool = routed.as_ref().map_or(default, |r| &r.pool);
+    match planner.plan(pool, route, v.as_ref(), key, renders, true) {
+        Ok(plan) => Ok(Step::Send(v, plan, routed, bytes, ids)),
+        Err(planner::PlanError::AtWaitingCap) => Ok(Step::AtCap(v, routed, bytes, ids)),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// A request every worker's reported queue had no room for (least_load's
 /// `--least-load-max-waiting-requests`): as SMG's, it waits, here for each round of load
 /// polls, and is planned again (off the serving thread, as its first plan), until one worker's
@@ -109,13 +127,8 @@ async fn at_cap(
         let len = bytes.len();
         let step = crate::pipeline::admission::render(gw, len, move || {
             let planner = planner::Planner { only: subset.as_deref(), ..gw2.planner(&seen) };
-            let pool = routed.as_ref().map_or(&gw2.pools[0], |r| &r.pool);
             let renders = planner::Renders::default();
-            match planner.plan(pool, route, v.as_ref(), key.as_deref(), &renders, true) {
-                Ok(plan) => Ok::<_, GatewayError>(Step::Send(v, plan, routed, bytes, ids)),
-                Err(planner::PlanError::AtWaitingCap) => Ok(Step::AtCap(v, routed, bytes, ids)),
-                Err(e) => Err(e.into()),
-            }
+            planned(planner, &gw2.pools[0], (route, key.as_deref()), &renders, (v, routed, bytes, ids))
         })
         .await??;
         match step {
@@ -216,11 +229,7 @@ where
             }
             _ => None,
         };
-        match planner.plan(pool, route, v.as_ref(), key.as_deref(), &renders, true) {
-            Ok(plan) => Ok::<_, GatewayError>(Step::Send(v, plan, routed, bytes, ids)),
-            Err(planner::PlanError::AtWaitingCap) => Ok(Step::AtCap(v, routed, bytes, ids)),
-            Err(e) => Err(e.into()),
-        }
+        planned(planner, &gw2.pools[0], (route, key.as_deref()), &renders, (v, routed, bytes, ids))
     })
     .await??;
     let step = match step {
