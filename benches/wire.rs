@@ -1,5 +1,6 @@
 //! KV-event ingestion: msgpack decode alone, and decode + apply (router page
-//! hashes of the tokens, parent lookup, index store) through the real pump.
+//! hashes of the tokens, parent lookup, index store) through the real pump;
+//! the index's removal of a chain.
 //!
 //! Run: `cargo bench -p sgl-router-benches --bench wire`. Throughput is in
 //! blocks (16 tokens each); target ≥ 1 M blocks/s on one core.
@@ -11,7 +12,7 @@ use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kv_events::{EventForm, Limits, StreamMessage, StreamUpdate, decode_batch, encode_batch};
-use kv_index::{IndexConfig, KvIndex, SystemClock};
+use kv_index::{IndexConfig, KvIndex, StoredBlock, SystemClock};
 use kv_ingest::{Pump, PumpMetrics, StreamHashing};
 use renderer::{HashMode, PageHasher};
 use router_types::{DpRank, EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier, WorkerKey, WorkerUrl};
@@ -90,6 +91,43 @@ fn bench(c: &mut Criterion) {
         )
     });
     eprintln!("kv_events: index after the run: {:?}", index.stats());
+    g.finish();
+    remove(c);
+}
+
+/// The index's side of an engine evicting a chain: a stream holding a 32-block chain (stored
+/// outside the timed part) removes it whole, as a `BlockRemoved` of those blocks is applied
+/// (each block released and its node pruned, its engine hash forgotten). Another stream holds
+/// a shared chain the whole time, so the index is not empty.
+fn remove(c: &mut Criterion) {
+    let index = KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new()));
+    let stream = index.stream(&WorkerKey::new(WorkerUrl::new("http://w:30000"), DpRank(0))).unwrap();
+    let other = index.stream(&WorkerKey::new(WorkerUrl::new("http://v:30000"), DpRank(0))).unwrap();
+    let chain = |n: u64| -> Vec<StoredBlock> {
+        (0..BLOCKS_PER_BATCH as u64)
+            .map(|i| {
+                let mut digest = [0u8; 32];
+                digest[..8].copy_from_slice(&(n * 1_000 + i + 1).to_be_bytes());
+                StoredBlock { engine: n * 1_000 + i + 1, digest }
+            })
+            .collect()
+    };
+    index.store(other, None, &chain(0), Tier::Device).unwrap();
+    let mut g = c.benchmark_group("kv_index");
+    g.throughput(Throughput::Elements(BLOCKS_PER_BATCH as u64));
+    let mut n = 0u64;
+    g.bench_function("remove_32_blocks", |b| {
+        b.iter_batched(
+            || {
+                n += 1;
+                let blocks = chain(n);
+                index.store(stream, None, &blocks, Tier::Device).unwrap();
+                blocks.iter().map(|b| b.engine).collect::<Vec<u64>>()
+            },
+            |engines| assert_eq!(index.remove(stream, &engines, Tier::Device).unwrap(), BLOCKS_PER_BATCH),
+            criterion::BatchSize::SmallInput,
+        )
+    });
     g.finish();
 }
 

@@ -23,7 +23,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip >&2
 # --no-deps for everything: requirements.txt pins the complete set.
-"$VENV/bin/python" -m pip install -q --no-deps -r "$HERE/requirements.txt" >&2
+"$VENV/bin/python" -m pip install -q --no-compile --no-deps -r "$HERE/requirements.txt" >&2
 # Smoke test: the mocker and the frontend parse their flags.
 "$VENV/bin/python" -m dynamo.mocker --help >/dev/null
 "$VENV/bin/python" -m dynamo.frontend --help >/dev/null

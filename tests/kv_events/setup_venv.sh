@@ -24,7 +24,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip >&2
 # --no-deps for everything: requirements.txt pins the complete set.
-"$VENV/bin/python" -m pip install -q --no-deps -r "$HERE/requirements.txt" >&2
+"$VENV/bin/python" -m pip install -q --no-compile --no-deps -r "$HERE/requirements.txt" >&2
 # Smoke test: both engines' event modules import with the stubs.
 "$VENV/bin/python" - "$HERE" >&2 <<'PYEOF'
 import sys

@@ -21,7 +21,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV" >&2
 fi
 # --no-deps: requirements.txt pins the complete set.
-"$VENV/bin/python" -m pip install -q --no-deps -r "$HERE/requirements.txt" >&2
+"$VENV/bin/python" -m pip install -q --no-compile --no-deps -r "$HERE/requirements.txt" >&2
 # Smoke test: the launcher parses its flags.
 "$VENV/bin/smg" launch --help >/dev/null
 echo "smg $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("smg"))'): launch OK" >&2

@@ -53,8 +53,12 @@ async fn retries_until_the_worker_answers() {
 
 #[tokio::test]
 async fn a_worker_that_never_answers_is_a_clear_error() {
-    // Bind then drop: nothing listens on this port.
-    let port = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+    // A port bound and kept but never listened on: a connection to it is refused. (A port
+    // bound and let go could be handed to a parallel test's server before this one connects:
+    // it then answered this test, and both failed.)
+    let closed = tokio::net::TcpSocket::new_v4().unwrap();
+    closed.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = closed.local_addr().unwrap().port();
     let url = WorkerUrl::new(format!("http://127.0.0.1:{port}"));
     let client = reqwest::Client::new();
     let err = discover(&client, &url, Duration::from_millis(10), Duration::from_millis(300)).await.unwrap_err();

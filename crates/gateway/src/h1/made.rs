@@ -1,18 +1,19 @@
 //! Answers the router made, on the fast path: a disaggregated pool's (the
 //! decode leg's stream, merged where asked, or a failed leg's own answer) and
-//! a gRPC worker's (the router detokenizes and writes it), as an axum
-//! `Response` written on the connection, sized when its length is known and
-//! chunked otherwise, with the upstream idle deadline on every wait. A
-//! worker's own HTTP answer is copied by `upstream::relay` instead.
+//! a gRPC worker's (the router detokenizes and writes it). An axum `Response`
+//! is turned into an answer of the fast path's one writer (`upstream::relay`,
+//! which copies a worker's answer too): its head serialized as a worker's would
+//! be, sized when its length is known and chunked otherwise, its body read frame
+//! by frame with the upstream idle deadline on every wait.
 
 use std::time::Duration;
 
 use axum::response::Response;
-use h1_codec::chunked;
-use http_body_util::BodyExt;
-use tokio::io::AsyncWriteExt;
+use bytes::BytesMut;
+use h1_codec::{AnswerHead, Framing};
 
 use super::Peer;
+use super::upstream::{self, Answer, Relayed, Source};
 use crate::pipeline::request::{push_header, relayed};
 
 /// Writes `answer` on the connection; false when it could not be written whole (the client
@@ -22,69 +23,41 @@ pub(super) async fn write(
     answer: Response,
     (close, extra, idle): (bool, &[u8], Duration),
 ) -> bool {
-    let (parts, mut body) = answer.into_parts();
+    let to = Relayed { close, idle, keepalive: Duration::ZERO, head: extra };
+    upstream::relay(peer, None, made(answer), to).await
+}
+
+/// `answer` as the fast path's writer takes a worker's: its end-to-end headers serialized
+/// (the request id left to the router's own lines), sized when its body's length is known
+/// and re-framed in chunks otherwise.
+fn made(answer: Response) -> Answer {
+    let (parts, body) = answer.into_parts();
     let sized = http_body::Body::size_hint(&body).exact();
-    let mut out = Vec::with_capacity(512);
-    let status = parts.status;
-    out.extend_from_slice(
-        format!("HTTP/1.1 {} {}\r\n", status.as_u16(), status.canonical_reason().unwrap_or("")).as_bytes(),
-    );
     let connection: Vec<&str> = parts.headers.get_all("connection").iter().filter_map(|v| v.to_str().ok()).collect();
     let connection = connection.join(",");
+    let mut headers = Vec::with_capacity(256);
     for (name, value) in &parts.headers {
-        // The request id is in `extra`, with the CORS and route headers.
+        // The request id is in the router's own lines, with the CORS and route headers.
         if relayed(name.as_str(), &connection) && name.as_str() != crate::pipeline::context::REQUEST_ID_HEADER {
-            push_header(&mut out, name.as_str().as_bytes(), value.as_bytes());
+            push_header(&mut headers, name.as_str().as_bytes(), value.as_bytes());
         }
     }
-    match sized {
-        Some(n) => push_header(&mut out, b"content-length", n.to_string().as_bytes()),
-        None => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
-    }
-    if close {
-        out.extend_from_slice(b"connection: close\r\n");
-    }
-    out.extend_from_slice(extra);
-    out.extend_from_slice(b"\r\n");
-    loop {
-        let frame = tokio::select! {
-            frame = tokio::time::timeout(idle, body.frame()) => frame,
-            gone = peer.watch(false) => match gone {
-                Ok(()) => continue,
-                Err(_) => return false,
-            },
-        };
-        match frame {
-            Ok(Some(Ok(frame))) => {
-                let Ok(data) = frame.into_data() else { continue };
-                if sized.is_some() {
-                    out.extend_from_slice(&data);
-                } else {
-                    chunked::encode(&data, &mut out);
-                }
-                if peer.tcp.write_all(&out).await.is_err() {
-                    return false;
-                }
-                out.clear();
-            }
-            Ok(None) => break,
-            // A broken or stalled stream: the client sees the answer cut (no last chunk).
-            Ok(Some(Err(_))) | Err(_) => {
-                let _ = peer.tcp.write_all(&out).await;
-                return false;
-            }
-        }
-    }
-    if sized.is_none() {
-        out.extend_from_slice(chunked::LAST_CHUNK);
-    }
-    out.is_empty() || peer.tcp.write_all(&out).await.is_ok()
+    let head = AnswerHead {
+        status: parts.status.as_u16(),
+        headers,
+        framing: sized.map_or(Framing::Close, Framing::Length),
+        sse: false,
+        codings: String::new(),
+        reusable: false,
+    };
+    Answer { from: Source::Made(body), buf: BytesMut::new(), authority: String::new(), head }
 }
 
 #[cfg(test)]
 mod tests {
     use axum::body::{Body, Bytes};
     use bytes::BytesMut;
+    use futures_util::StreamExt;
     use tokio::io::AsyncReadExt;
     use tokio::net::{TcpListener, TcpStream};
 
@@ -136,6 +109,26 @@ mod tests {
         let body = out.split_once("\r\n\r\n").unwrap().1;
         assert!(out.contains("transfer-encoding: chunked\r\nconnection: close\r\n"), "{out}");
         assert_eq!(body, "9\r\ndata: a\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n");
+    }
+
+    #[tokio::test]
+    async fn a_stream_silent_past_the_idle_deadline_is_cut() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        let (mut pipelined, idle) = (BytesMut::new(), Duration::from_millis(50));
+        let mut peer = Peer { tcp: &mut server, pipelined: &mut pipelined, open: true };
+        let first = futures_util::stream::iter([Ok::<_, std::io::Error>(Bytes::from_static(b"data: a\n\n"))]);
+        let answer = Response::new(Body::from_stream(first.chain(futures_util::stream::pending())));
+        let at = std::time::Instant::now();
+        let written = tokio::time::timeout(Duration::from_secs(10), write(&mut peer, answer, (false, b"", idle)));
+        assert!(!written.await.expect("cut at the idle deadline, not waiting on"), "the connection closes");
+        assert!(at.elapsed() >= idle, "cut at the idle deadline, not before");
+        drop(server);
+        let mut out = Vec::new();
+        client.read_to_end(&mut out).await.unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.ends_with("9\r\ndata: a\n\n\r\n"), "what came went out, then no last chunk: {out:?}");
     }
 
     #[tokio::test]

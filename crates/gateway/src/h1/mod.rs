@@ -447,7 +447,7 @@ async fn serve_fast(
                 }
                 let keepalive = gw.config.limits.sse_keepalive;
                 let to = upstream::Relayed { close, idle: upstream_idle, keepalive, head: &answer_head };
-                upstream::relay(&mut peer, guard, worker, answer, to).await && !close
+                upstream::relay(&mut peer, Some((guard, worker)), answer, to).await && !close
             }
             // Made here: a disaggregated pool's answer (the CLI's disaggregation makes the default
             // pool one), a gRPC worker's.

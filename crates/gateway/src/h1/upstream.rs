@@ -62,11 +62,13 @@ pub(crate) struct Answer {
 }
 
 /// Where an answer's body comes from: the HTTP/1.1 connection it came on (back to the pool
-/// when the answer was whole), or its HTTP/2 stream (`--upstream-http2`).
+/// when the answer was whole), its HTTP/2 stream (`--upstream-http2`), or an answer the router
+/// made (`super::made`: a disaggregated pool's, a gRPC worker's), read frame by frame.
 #[derive(Debug)]
 pub(crate) enum Source {
     H1(Conn),
     H2(hyper::body::Incoming),
+    Made(axum::body::Body),
 }
 
 impl Source {
@@ -75,20 +77,8 @@ impl Source {
     pub(super) async fn read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         match self {
             Source::H1(tcp) => tcp.read_buf(buf).await,
-            Source::H2(body) => loop {
-                match http_body_util::BodyExt::frame(body).await {
-                    Some(Ok(frame)) => {
-                        if let Ok(data) = frame.into_data()
-                            && !data.is_empty()
-                        {
-                            buf.extend_from_slice(&data);
-                            return Ok(data.len());
-                        }
-                    }
-                    Some(Err(e)) => return Err(io::Error::other(e)),
-                    None => return Ok(0),
-                }
-            },
+            Source::H2(body) => read_frame(body, buf).await,
+            Source::Made(body) => read_frame(body, buf).await,
         }
     }
 
@@ -99,6 +89,28 @@ impl Source {
             && buf.is_empty()
         {
             checkin(authority, tcp);
+        }
+    }
+}
+
+/// Reads `body`'s next data frame into `buf` (other frames skipped): its length, 0 at its end.
+async fn read_frame<B>(body: &mut B, buf: &mut BytesMut) -> io::Result<usize>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    loop {
+        match http_body_util::BodyExt::frame(body).await {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data()
+                    && !data.is_empty()
+                {
+                    buf.extend_from_slice(&data);
+                    return Ok(data.len());
+                }
+            }
+            Some(Err(e)) => return Err(io::Error::other(e)),
+            None => return Ok(0),
         }
     }
 }
@@ -378,12 +390,13 @@ pub(crate) struct Relayed<'a> {
     pub(crate) head: &'a [u8],
 }
 
-/// Relays `answer` to the client; true when it went out whole and the client
-/// connection can carry another request.
+/// Writes `answer` to the client: the fast path's one writer, for a worker's answer (passing
+/// the answer filters, [`Tap`], with the request's accounting `from`: its guard and worker)
+/// and for an answer the router made (`from` is `None`: its maker filtered and counted it).
+/// True when it went out whole and the client connection can carry another request.
 pub(crate) async fn relay(
     peer: &mut Peer<'_>,
-    guard: InFlight,
-    worker: Arc<Worker>,
+    from: Option<(InFlight, Arc<Worker>)>,
     mut answer: Answer,
     to: Relayed<'_>,
 ) -> bool {
@@ -391,7 +404,8 @@ pub(crate) async fn relay(
     // The head's parse saw the content type: it is read again only for the response cache.
     let headers = &answer.head.headers;
     let content_type = || header_value(headers, b"content-type");
-    let mut tap = Tap::read(guard, worker, (answer.head.status, answer.head.sse), content_type);
+    let mut tap =
+        from.map(|(guard, worker)| Tap::read(guard, worker, (answer.head.status, answer.head.sse), content_type));
     let reason = StatusCode::from_u16(answer.head.status).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
     let mut out = Vec::with_capacity(256 + answer.head.headers.len() + answer.buf.len());
     let _ = write!(out, "HTTP/1.1 {} {reason}\r\n", answer.head.status);
@@ -409,21 +423,23 @@ pub(crate) async fn relay(
             let _ = write!(out, "transfer-encoding: {}, chunked\r\n", answer.head.codings);
         }
     }
-    out.extend_from_slice(extra);
     if close {
         out.extend_from_slice(b"connection: close\r\n");
     }
+    out.extend_from_slice(extra);
     out.extend_from_slice(b"\r\n");
     // One timer for the whole body, created here and registered only if a read has to wait.
     // Keep-alive frames go only in a body the relay frames in chunks (never into a sized one).
     let chunks = matches!(framing, Framing::Chunked | Framing::Close);
-    let ping = (chunks && tap.keepalive().is_some() && !keepalive.is_zero()).then_some(keepalive);
+    let ping = (chunks && keepalive_frame(&tap).is_some() && !keepalive.is_zero()).then_some(keepalive);
     let silence = Silence::new(tokio::time::Instant::now(), idle, ping);
     let timer = std::pin::pin!(tokio::time::sleep_until(silence.due()));
     let mut stall = Stall { timer, silence };
     let result = match framing {
         Framing::Empty => {
-            tap.ended();
+            if let Some(tap) = tap.as_mut() {
+                tap.ended();
+            }
             peer.tcp.write_all(&out).await.map(|()| out.clear()).map_err(|_| Failure::Client)
         }
         Framing::Length(n) => relay_sized(peer, &mut tap, &mut answer, &mut out, n, &mut stall).await,
@@ -440,6 +456,11 @@ pub(crate) async fn relay(
             // Only a body the relay frames in chunks can still end cleanly; a
             // sized one cannot, and the client sees the connection close.
             let chunked = matches!(framing, Framing::Chunked | Framing::Close);
+            // A made answer that broke: the client sees it cut (no last chunk).
+            let Some(tap) = tap.as_mut() else {
+                let _ = peer.tcp.write_all(&out).await;
+                return false;
+            };
             // Nothing went out yet (the first bytes of the body were invalid): a plain 502.
             if !out.is_empty() {
                 tap.failed_before_head(&e);
@@ -456,6 +477,11 @@ pub(crate) async fn relay(
             peer.tcp.write_all(&end).await.is_ok()
         }
     }
+}
+
+/// The keep-alive frame an event stream may carry now (a worker's answer; a made one has none).
+fn keepalive_frame(tap: &Option<Tap>) -> Option<&'static [u8]> {
+    tap.as_ref().and_then(Tap::keepalive)
 }
 
 /// Why a relay stopped.
@@ -525,7 +551,7 @@ fn cut_short() -> Failure {
 /// emptied as it is written).
 async fn relay_sized(
     peer: &mut Peer<'_>,
-    tap: &mut Tap,
+    tap: &mut Option<Tap>,
     answer: &mut Answer,
     out: &mut Vec<u8>,
     mut left: u64,
@@ -534,14 +560,18 @@ async fn relay_sized(
     loop {
         let take = answer.buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
         if take > 0 {
-            tap.data(&answer.buf[..take]);
+            if let Some(tap) = tap.as_mut() {
+                tap.data(&answer.buf[..take]);
+            }
             out.extend_from_slice(&answer.buf[..take]);
             answer.buf.advance(take);
             left -= take as u64;
         }
         if left == 0 {
             // Whole: kept before its last bytes go out, so the client's next ask finds it.
-            tap.ended();
+            if let Some(tap) = tap.as_mut() {
+                tap.ended();
+            }
         }
         if !out.is_empty() {
             peer.tcp.write_all(out).await.map_err(|_| Failure::Client)?;
@@ -560,7 +590,7 @@ async fn relay_sized(
 /// A chunked or close-delimited body, re-framed into chunks for the client.
 async fn relay_chunked(
     peer: &mut Peer<'_>,
-    tap: &mut Tap,
+    tap: &mut Option<Tap>,
     answer: &mut Answer,
     out: &mut Vec<u8>,
     stall: &mut Stall<'_>,
@@ -577,13 +607,17 @@ async fn relay_chunked(
             eof
         };
         if !payload.is_empty() {
-            tap.data(&payload);
+            if let Some(tap) = tap.as_mut() {
+                tap.data(&payload);
+            }
             chunked::encode(&payload, out);
             payload.clear();
         }
         if done {
             out.extend_from_slice(chunked::LAST_CHUNK);
-            tap.ended();
+            if let Some(tap) = tap.as_mut() {
+                tap.ended();
+            }
         }
         if !out.is_empty() {
             peer.tcp.write_all(out).await.map_err(|_| Failure::Client)?;
@@ -596,7 +630,7 @@ async fn relay_chunked(
             Read::More(eof) => eof,
             // Silent: a keep-alive frame, if between events.
             Read::Quiet => {
-                if let Some(frame) = tap.keepalive() {
+                if let Some(frame) = keepalive_frame(tap) {
                     chunked::encode(frame, out);
                 }
                 false
