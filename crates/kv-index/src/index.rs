@@ -546,32 +546,22 @@ impl KvIndex {
         let slot = self.slot(stream)?;
         let mut map = slot.engine.lock().unwrap_or_else(|p| p.into_inner());
         let mut ended = 0;
-        // A removal names a chain's blocks, which live in one shard: its lock is taken once for
-        // a run of blocks in the same shard, not once a block.
-        let mut held: Option<(u16, std::sync::RwLockWriteGuard<'_, Shard>)> = None;
         for &engine in engines {
-            let Ok(entry) = map.find_entry(engine_hash(engine), |e| e.engine() == engine) else {
+            let Some(entry) = map.find(engine_hash(engine), |e| e.engine() == engine) else {
                 continue;
             };
-            let loc = self.layout.unpack(entry.get());
-            let (_, shard) = match held.take() {
-                Some((ix, shard)) if ix == loc.shard => held.insert((ix, shard)),
-                other => {
-                    // One shard lock at a time: the one held goes before the next is taken.
-                    drop(other);
-                    let shard = self.shards[loc.shard as usize].write().unwrap_or_else(|p| p.into_inner());
-                    held.insert((loc.shard, shard))
-                }
-            };
+            let loc = self.layout.unpack(entry);
+            let mut shard = self.shards[loc.shard as usize].write().unwrap_or_else(|p| p.into_inner());
             let gone =
                 shard.is_live(loc.slot, loc.generation) && shard.release(loc.slot, stream.0 as u16, tier_bit(tier));
             let stale = !shard.is_live(loc.slot, loc.generation) || !shard.held_by(loc.slot, stream.0 as u16);
+            drop(shard);
             if gone {
                 ended += 1;
                 slot.live.fetch_sub(1, Ordering::Relaxed);
             }
-            if stale {
-                entry.remove();
+            if stale && let Ok(e) = map.find_entry(engine_hash(engine), |e| e.engine() == engine) {
+                e.remove();
             }
         }
         Ok(ended)
