@@ -23,12 +23,13 @@ use axum::response::Response;
 use engine_grpc::{EngineError, Generation};
 use fleet::Worker;
 use grpc_wire::Status;
-use router_types::DpRank;
+use router_types::{DpRank, WorkerId};
 use serde_json::Value;
 use tracing::{Span, warn};
 
 use crate::pipeline::account::InFlight;
 use crate::pipeline::request::{Meta, Route};
+use crate::pipeline::retry::Dispatch;
 use crate::{Gateway, GatewayError};
 use answer::Answer;
 
@@ -60,8 +61,8 @@ pub(crate) fn in_pool(workers: &[Arc<Worker>], pool: &planner::Pool) -> bool {
 /// the answer ends.
 pub(crate) async fn serve(
     gw: &Arc<Gateway>,
-    mut guard: InFlight,
-    (mut worker, workers): (Arc<Worker>, &[Arc<Worker>]),
+    guard: InFlight,
+    (worker, workers): (Arc<Worker>, &[Arc<Worker>]),
     pool: &Arc<planner::Pool>,
     job: Job,
     meta: &Meta,
@@ -77,36 +78,11 @@ pub(crate) async fn serve(
     if let Some(parser) = gw.config.tool_call_parser.as_deref().filter(|_| job.route == Route::Chat) {
         asked.tools = tools::Offered::of(parser, &job.v)?;
     }
-    let retry = &gw.config.retry;
-    let mut tried = Vec::new();
-    let mut attempt = 1u32;
-    let mut generation = loop {
-        let Some(engine) = worker.engine() else {
-            return Err(GatewayError::Internal(format!("{} is not a gRPC worker", worker.url)));
-        };
-        match engine.generate(&asked_engine, gw.config.request_timeout).await {
-            Ok(g) => break g,
-            Err(e) => {
-                count(gw, kind_of(&e));
-                worker.request_failed();
-                let may_retry = retry.enabled && !meta.one_attempt && attempt < retry.max_attempts();
-                let next = (may_retry && e.before_sending())
-                    .then(|| crate::pipeline::retry::next_worker(gw, workers, pool, &worker, &tried))
-                    .flatten();
-                let Some(next) = next else { return Err(failed(&worker, e)) };
-                warn!(request_id = meta.id, worker = %worker.url, error = %e, next = %next.url, attempt, "gRPC worker unreachable, retrying");
-                gw.metrics.retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tokio::time::sleep(retry.backoff(attempt)).await;
-                attempt += 1;
-                if !tried.contains(&worker.id) {
-                    tried.push(worker.id);
-                }
-                worker = next;
-                guard.load = worker.charge_on(Some(job.uncached), worker.least_loaded_rank());
-                Span::current().record("worker", worker.url.as_str());
-            }
-        }
-    };
+    let mut d = Calls { gw, asked: &asked_engine, guard, workers, pool, uncached: job.uncached, meta };
+    let retry = (&gw.config.retry, meta.one_attempt);
+    let ended = crate::pipeline::retry::run(&mut d, worker, retry, &gw.metrics.retries).await;
+    let (worker, mut guard) = (ended.target, d.guard);
+    let mut generation = ended.outcome.map_err(|e| failed(&worker, e))?;
     let mut answer = Answer::new(pool.renderer.clone(), asked, &meta.id);
     let deadline = tokio::time::Instant::now() + gw.config.request_timeout;
     // The first message before the head: an engine that refuses the request answers its error.
@@ -322,6 +298,57 @@ fn abort(worker: &Arc<Worker>, id: &str) {
             let _ = engine.abort(&id, "the client left", ABORT_DEADLINE).await;
         }
     });
+}
+
+/// A request's calls to gRPC workers of its pool: another worker while none could be reached.
+struct Calls<'a> {
+    gw: &'a Arc<Gateway>,
+    asked: &'a engine_grpc::proto::GenerateRequest,
+    /// The request's load and accounting, moved from worker to worker.
+    guard: InFlight,
+    /// The fleet as the request saw it when planned.
+    workers: &'a [Arc<Worker>],
+    pool: &'a Arc<planner::Pool>,
+    /// Prompt tokens the worker does not hold (its load charge).
+    uncached: u64,
+    meta: &'a Meta,
+}
+
+impl Dispatch for Calls<'_> {
+    type Target = Arc<Worker>;
+    type Answer = Generation;
+    type Failure = EngineError;
+
+    async fn attempt(&mut self, worker: &Arc<Worker>) -> Result<Generation, EngineError> {
+        // Never met: a gRPC request's retry goes to gRPC workers only (`next_worker`).
+        let Some(engine) = worker.engine() else {
+            return Err(EngineError::Malformed(worker.url.to_string(), "not a gRPC worker".into()));
+        };
+        let called = engine.generate(self.asked, self.gw.config.request_timeout).await;
+        if let Err(e) = &called {
+            count(self.gw, kind_of(e));
+            worker.request_failed();
+        }
+        called
+    }
+
+    fn retryable(&self, e: &EngineError) -> bool {
+        e.before_sending()
+    }
+
+    fn failed_on(&self, worker: &Arc<Worker>, _: &EngineError) -> WorkerId {
+        worker.id
+    }
+
+    fn next(&mut self, worker: &Arc<Worker>, tried: &[WorkerId]) -> Option<Arc<Worker>> {
+        crate::pipeline::retry::next_worker(self.gw, self.workers, self.pool, worker, tried)
+    }
+
+    fn moving(&mut self, e: EngineError, from: &Arc<Worker>, to: &Arc<Worker>, attempt: u32) {
+        warn!(request_id = self.meta.id, worker = %from.url, error = %e, next = %to.url, attempt, "gRPC worker unreachable, retrying");
+        self.guard.load = to.charge_on(Some(self.uncached), to.least_loaded_rank());
+        Span::current().record("worker", to.url.as_str());
+    }
 }
 
 /// Counts a failed call by `kind` (`router_grpc_failures_total`).

@@ -18,6 +18,7 @@
 //! hands over the KV of one sequence.
 
 mod alone;
+mod attempts;
 mod dual;
 mod picked;
 mod sglang;
@@ -33,12 +34,10 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use router_types::WorkerId;
 use serde_json::{Value, json};
-use tracing::{Span, warn};
+use tracing::Span;
 
 use crate::h1::upstream::Extra;
-use crate::pipeline::admission::Admission;
 use crate::pipeline::body::parse_json;
-use crate::pipeline::cache_trace::{self, Record};
 use crate::pipeline::request::{Meta, Route};
 use crate::send::SendError;
 use crate::{Gateway, GatewayError, RetryConfig};
@@ -304,99 +303,10 @@ pub(crate) async fn serve_routed(
     let extra = extra.edited(d.edits.as_deref());
     let d = *d;
     let planned = (d.planned, &d.workers[..]);
-    let mut answer = serve(gw, (&pool, &pd), d.admission, route, planned, extra, start, meta).await?;
+    let mut answer = attempts::serve(gw, (&pool, &pd), d.admission, route, planned, extra, start, meta).await?;
     let route_headers = d.route_headers.0.into_iter().map(|(n, v)| (axum::http::HeaderName::from_static(n), v));
     answer.headers_mut().extend(route_headers);
     Ok(answer)
-}
-
-/// Serves a planned request on its prefill/decode pair of `pool`: dispatch, retry on a new pair.
-#[allow(clippy::too_many_arguments)]
-async fn serve(
-    gw: &Arc<Gateway>,
-    (pool, pd): (&Arc<Pool>, &PdConfig),
-    admission: Admission,
-    route: Route,
-    (planned, workers): (Planned, &[Arc<Worker>]),
-    extra: Extra,
-    start: Instant,
-    meta: &Meta,
-) -> Result<Response, GatewayError> {
-    let Planned { v, batch, prompted, pair } = planned;
-    let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    // vLLM's prefill answer is read whole: bounded, and counted in the memory budget first
-    // (the render's reservation was released when the plan phase ended).
-    let mut admission = admission;
-    if pd.mode == PdMode::Vllm {
-        admission.grow(vllm::prefill_answer_cap(&v))?;
-    }
-    let ctx = Ctx { gw, pool, pd, extra, meta, route, v, batch, stream, start, workers };
-    let retry = &gw.config.retry;
-    let mut admission = Some(admission);
-    let mut pair = pair;
-    let mut tried: Vec<WorkerId> = Vec::new();
-    let mut attempt = 1u32;
-    // The decision record (`x-smg-cache-trace`): the pair's prefill and decode choices, a retry's.
-    let mut record = gw.config.cache_trace.wanted(meta.cache_trace).then(|| {
-        let mut r = Record::of(&pair.prefill);
-        r.add(&pair.decode, "policy", pair.decode_alone);
-        r
-    });
-    loop {
-        commit(gw, pd, &pair);
-        let Some(adm) = admission.take() else { return Err(GatewayError::Internal("admission lost".into())) };
-        let path = if pair.decode_alone { "decode_alone" } else { "disaggregated" };
-        gw.metrics.pd_paths.inc(format_args!("path=\"{path}\""));
-        let outcome = if pair.decode_alone {
-            alone::attempt(&ctx, &pair, adm).await
-        } else {
-            match pd.mode {
-                PdMode::Sglang => sglang::attempt(&ctx, &pair, adm).await,
-                PdMode::Vllm => vllm::attempt(&ctx, &pair, adm).await,
-            }
-        };
-        let (failure, adm) = match outcome {
-            Ok(mut response) => {
-                if let Some(r) = record.take() {
-                    let (p, d) = (pair.prefill.chosen().url.as_str(), pair.decode.chosen().url.as_str());
-                    let (engines, mode): (&[&str], _) =
-                        if pair.decode_alone { (&[d], "decode_alone") } else { (&[p, d], "pd") };
-                    let config = &gw.config.cache_trace;
-                    if let Some(v) = r.dispatched(config, (&meta.id, meta.cache_trace), attempt, (engines, mode)) {
-                        response.headers_mut().insert(cache_trace::HEADER, v);
-                    }
-                }
-                return Ok(response);
-            }
-            Err(f) => f,
-        };
-        failure.charge();
-        gw.metrics.pd_legs.inc(format_args!("leg=\"{}\",outcome=\"{}\"", failure.leg().as_str(), failure.outcome()));
-        let may_retry = retry.enabled && attempt < retry.max_attempts() && failure.retryable();
-        let failed = failure.worker().id;
-        if !tried.contains(&failed) {
-            tried.push(failed);
-        }
-        let next = if may_retry { pair_again(gw, &ctx, (&prompted.0, prompted.1.clone()), &tried) } else { None };
-        let Some(next) = next else { return Ok(failure.into_response(gw, route, &meta.id)) };
-        warn!(
-            request_id = meta.id,
-            leg = failure.leg().as_str(),
-            worker = %failure.worker().url,
-            outcome = failure.outcome(),
-            attempt,
-            "disaggregated attempt failed, retrying on a new pair"
-        );
-        gw.metrics.retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tokio::time::sleep(retry.backoff(attempt)).await;
-        attempt += 1;
-        admission = Some(adm);
-        if let Some(r) = record.as_mut() {
-            r.add(&next.prefill, "retry", true);
-            r.add(&next.decode, "retry", next.decode_alone);
-        }
-        pair = next;
-    }
 }
 
 /// Refuses what cannot be disaggregated; returns the batch size of a batched prompt.

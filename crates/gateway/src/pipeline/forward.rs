@@ -1,27 +1,26 @@
-//! The dispatch phase of a single-worker request: select and plan (off the
-//! serving thread for a large body), charge the worker, then send, with one
-//! retry loop (`--retry-*`) over the workers of the pool while nothing of an
-//! answer reached the client. Front ends pass how to send (`send`).
+//! The select and plan phases of a request (off the serving thread for a large
+//! body): its pool, a response-cache answer, its worker or prefill/decode pair;
+//! the worker charged, it goes to its dispatcher (`dispatch` for one HTTP
+//! worker, `crate::grpc` for a gRPC one, `crate::pd` for a pair). Front ends
+//! pass how to send (`send`).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use axum::body::Bytes;
-use policy::Decision;
 use router_types::DpRank;
-use serde_json::{Value, json};
-use tracing::{Span, warn};
+use serde_json::Value;
+use tracing::Span;
 
 use crate::pipeline::account::InFlight;
 use crate::pipeline::admission::Admission;
 use crate::pipeline::body::parse_body;
-use crate::pipeline::cache_trace::{self, Record};
+use crate::pipeline::cache_trace::Record;
 use crate::pipeline::request::{Meta, Route};
-use crate::pipeline::retry::next_worker;
 use crate::pools::HeaderEdits;
 use crate::send::{AnswerHead, SendError};
-use crate::{Gateway, GatewayError, RetryConfig};
+use crate::{Gateway, GatewayError};
 use fleet::Worker;
 use planner::Plan;
 
@@ -154,7 +153,7 @@ pub(crate) async fn forward<T, F, Fut>(
     bytes: Bytes,
     start: Instant,
     meta: &Meta,
-    mut send: F,
+    send: F,
 ) -> Result<Forwarded<T>, GatewayError>
 where
     T: AnswerHead,
@@ -273,18 +272,19 @@ where
     gw.metrics.matched_tokens.observe(matched as f64);
     gw.metrics.cached.decided(&plan.regret);
     // The decision record (`x-smg-cache-trace`), when the request asked or the log takes it.
-    let mut record = gw.config.cache_trace.wanted(meta.cache_trace).then(|| Record::of(&plan));
+    let record = gw.config.cache_trace.wanted(meta.cache_trace).then(|| Record::of(&plan));
     // Tell a data-parallel engine which rank holds the prefix: SGLang's and
     // vLLM's OpenAI routes read the `X-Data-Parallel-Rank` header; SGLang's native
     // `/generate` reads only the body field `routed_dp_rank`. Only an engine known
     // to have ranks is told (`Worker::rank_hint`): others may refuse the header.
-    let mut worker = chosen.clone();
+    let worker = chosen.clone();
     // No rank holds a prefix of it: with --dp-aware, the least loaded rank.
-    let mut rank = plan.rank.or_else(|| worker.least_loaded_rank());
-    let mut hint = worker.rank_hint(rank);
+    let rank = plan.rank.or_else(|| worker.least_loaded_rank());
+    let hint = worker.rank_hint(rank);
     // A rank the client put in the body is its own; the router's is set (and reset on a retry) only without one.
     let client_rank = v.as_ref().is_some_and(|v| v.get("routed_dp_rank").is_some());
-    let mut body = if client_rank { bytes.clone() } else { with_rank(route, v.as_mut(), hint, &bytes) };
+    let body =
+        if client_rank { bytes.clone() } else { crate::pipeline::dispatch::with_rank(route, v.as_mut(), hint, &bytes) };
     let uncached = plan.input_tokens - matched;
     // Counted only when the router tokenized the prompt.
     let counted = (plan.input_tokens > 0).then_some(uncached);
@@ -306,7 +306,7 @@ where
     guard.predicted = route.has_prompt().then_some(matched);
     // A gRPC worker: the router sends the token ids and makes the answer.
     if let (Some(tokens), Some(v), true) = (ids, v.take(), worker.engine().is_some()) {
-        traced(gw, &mut guard, record, meta, (1, &worker, "grpc"));
+        crate::pipeline::dispatch::traced(gw, &mut guard, record, meta, (1, &worker, "grpc"));
         let job = crate::grpc::Job { route, v, tokens, rank, uncached };
         let armed = guard.answer_guard.take();
         let answer = crate::grpc::serve(gw, guard, (worker, &workers), pool, job, meta).await?;
@@ -318,81 +318,25 @@ where
     if worker.engine().is_some() {
         return Err(GatewayError::Unprocessable(format!("{} is not served by gRPC workers", route.path())));
     }
-    let retry = &gw.config.retry;
-    // The workers tried before the current one (allocated only on a retry).
-    let mut tried = Vec::new();
-    let mut attempt = 1u32;
-    loop {
-        let may_retry = retry.enabled && !meta.one_attempt && attempt < retry.max_attempts();
-        let attempt_sent = send(worker.clone(), body.clone(), hint, edits.clone());
-        let next = match tokio::time::timeout(gw.config.request_timeout, attempt_sent).await {
-            Ok(Ok(answer)) => {
-                let status = answer.status();
-                if status >= 500 {
-                    worker.answer_failed();
-                } else {
-                    worker.request_succeeded();
-                }
-                // A retryable status goes back to the client unless another attempt is due and possible.
-                let next = (may_retry && RetryConfig::retryable(status))
-                    .then(|| next_worker(gw, &workers, pool, &worker, &tried))
-                    .flatten();
-                let Some(next) = next else {
-                    gw.metrics.ttfb.observe(start.elapsed().as_secs_f64());
-                    traced(gw, &mut guard, record, meta, (attempt, &worker, "http"));
-                    return Ok(Forwarded::Sent(guard, worker, answer));
-                };
-                // Nothing of this answer reached the client: it is dropped (its connection closed).
-                drop(answer);
-                warn!(request_id = id, worker = %worker.url, status, next = %next.url, attempt, "worker answered a retryable status, retrying");
-                next
-            }
-            Ok(Err(e)) => {
-                worker.request_failed();
-                let failed =
-                    GatewayError::Upstream { worker: worker.url.to_string(), message: e.message, retryable: e.connect };
-                // Nothing reached the worker: again, on another worker when there is one.
-                let next = (may_retry && failed.retryable_elsewhere())
-                    .then(|| next_worker(gw, &workers, pool, &worker, &tried))
-                    .flatten();
-                let Some(next) = next else { return Err(failed) };
-                warn!(request_id = id, worker = %worker.url, error = %failed, next = %next.url, attempt, "worker unreachable, retrying");
-                next
-            }
-            Err(_) => {
-                // A worker that answers its probes but not its requests must not stay in rotation.
-                // Not retried: the worker may be working on it.
-                worker.request_failed();
-                return Err(GatewayError::Timeout(worker.url.to_string()));
-            }
-        };
-        gw.metrics.retries.fetch_add(1, Ordering::Relaxed);
-        tokio::time::sleep(retry.backoff(attempt)).await;
-        attempt += 1;
-        // The policy learns where the request really went (the text tree, the turn taken).
-        let moved = Decision { worker: next.id, reason: plan.decision.reason };
-        pool.policy.commit(&moved, &plan.candidates, &plan.request());
-        if !tried.contains(&worker.id) {
-            tried.push(worker.id);
-        }
-        if let Some(r) = record.as_mut() {
-            r.retried(&plan, &next);
-        }
-        worker = next;
-        // The rank hint was for the first worker; the next one places it itself (or, with
-        // --dp-aware, its least loaded rank).
-        rank = worker.least_loaded_rank();
-        hint = worker.rank_hint(rank);
-        body = if client_rank { bytes.clone() } else { with_rank(route, v.as_mut(), hint, &bytes) };
-        // The load moves: the first worker's charge is released as it is replaced.
-        guard.load = worker.charge_on(counted, rank);
-        // What the index says the next worker holds; the span names it.
-        let held = plan.workers.iter().position(|w| w.id == worker.id).map(|i| plan.candidates[i].matched_tokens);
-        guard.predicted = guard.predicted.map(|_| held.unwrap_or(0));
-        if let Some(t) = guard.trace.as_mut() {
-            t.retried(worker.url.as_str());
-        }
-    }
+    let d = crate::pipeline::dispatch::OneWorker {
+        gw,
+        send,
+        plan: &plan,
+        workers: &workers,
+        route,
+        v,
+        bytes,
+        body,
+        hint,
+        client_rank,
+        counted,
+        edits,
+        guard,
+        record,
+        meta,
+    };
+    let (guard, worker, answer) = crate::pipeline::dispatch::one_worker(d, worker).await?;
+    Ok(Forwarded::Sent(guard, worker, answer))
 }
 
 /// A cascade's second attempt: the request the first pool got (`sent`), rewritten for the plan's
@@ -423,31 +367,6 @@ where
         }
         Forwarded::Made(_) => Err(GatewayError::Unprocessable("a cascade does not escalate to gRPC workers".into())),
     }
-}
-
-/// Ends a dispatch's decision record (`x-smg-cache-trace`): attempt `attempt` answered by
-/// `worker` in `mode`; the header goes among the answer's route headers.
-fn traced(gw: &Gateway, guard: &mut InFlight, record: Option<Record>, meta: &Meta, to: (u32, &Worker, &str)) {
-    let (attempt, worker, mode) = to;
-    let Some(r) = record else { return };
-    let ask = (meta.id.as_str(), meta.cache_trace);
-    if let Some(v) = r.dispatched(&gw.config.cache_trace, ask, attempt, (&[worker.url.as_str()], mode)) {
-        guard.route_headers.get_or_insert_with(Default::default).0.push((cache_trace::HEADER, v));
-    }
-}
-
-/// The body to send for `rank` on a request whose client set no rank: on
-/// `/generate`, `routed_dp_rank` set in the parsed body (SGLang's native route
-/// reads no header), or taken out again for a retry without one; else as it came.
-fn with_rank(route: Route, v: Option<&mut Value>, rank: Option<DpRank>, bytes: &Bytes) -> Bytes {
-    let Some(v) = v.filter(|_| route == Route::Generate) else { return bytes.clone() };
-    let Some(fields) = v.as_object_mut() else { return bytes.clone() };
-    match rank {
-        Some(rank) => fields.insert("routed_dp_rank".into(), json!(rank.0)),
-        None if fields.remove("routed_dp_rank").is_some() => None,
-        None => return bytes.clone(),
-    };
-    Bytes::from(serde_json::to_vec(&*v).unwrap_or_default())
 }
 
 /// A decision's guard armed with the config the request was routed by.
@@ -484,6 +403,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use crate::RetryConfig;
 
     /// An answer head with this status.
     struct Head(u16);

@@ -31,6 +31,7 @@ pub mod auth;
 pub(crate) mod body;
 pub mod cache_trace;
 pub mod context;
+pub(crate) mod dispatch;
 pub(crate) mod forward;
 pub(crate) mod request;
 pub(crate) mod retry;
