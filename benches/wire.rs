@@ -43,6 +43,7 @@ fn batch(b: usize) -> Vec<u8> {
                 tier: Tier::Device,
                 namespace: Namespace::default(),
                 group_idx: None,
+                group_kind: None,
             });
             encode_batch(&EventBatch { ts: 0.0, events: vec![event], dp_rank: Some(DpRank(0)) }, EventForm::Map)
         })

@@ -75,6 +75,7 @@ pub fn to_router(batch: &KvEventBatch) -> Result<(EventBatch, usize), BadBatch> 
                     tier: tier_of(s.tier, level),
                     namespace: Namespace { lora_name: s.lora_name.clone(), cache_salt: s.cache_salt.clone() },
                     group_idx: s.group_idx,
+                    group_kind: None,
                 }));
             }
             Some(KvEventData::Removed(r)) if r.locality != Some(2) => events.push(KvEvent::Removed {
@@ -159,6 +160,7 @@ mod tests {
                     tier: Tier::Host,
                     namespace: Namespace { lora_name: Some("a".into()), cache_salt: None },
                     group_idx: None,
+                    group_kind: None,
                 }),
                 KvEvent::Removed {
                     block_hashes: vec![EngineBlockHash::I64(3)],

@@ -16,7 +16,7 @@
 //! error, not an allocation), so what one batch allocates is a bounded multiple
 //! of its size (a one-byte token becomes a `u64`); nesting is capped.
 
-use router_types::{DpRank, EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier};
+use router_types::{DpRank, EngineBlockHash, EventBatch, GroupKind, KvEvent, Namespace, StoredBlocks, Tier};
 
 use crate::WireError;
 use crate::msgpack::{Item, Reader, Writer};
@@ -71,6 +71,8 @@ struct Fields {
     lora_name: Option<String>,
     cache_salt: Option<String>,
     group_idx: Option<u32>,
+    spec_kind: Option<String>,
+    sliding_window: Option<u32>,
 }
 
 // === impl Limits ===
@@ -190,6 +192,7 @@ fn decode_event(r: &mut Reader<'_>, limits: &Limits) -> Result<Option<KvEvent>, 
             tier,
             namespace: Namespace { lora_name: fields.lora_name, cache_salt: fields.cache_salt },
             group_idx: fields.group_idx,
+            group_kind: fields.spec_kind.as_deref().and_then(|k| GroupKind::from_vllm(k, fields.sliding_window)),
         })),
         Some("BlockRemoved") => {
             Some(KvEvent::Removed { block_hashes: fields.hashes, tier, group_idx: fields.group_idx })
@@ -234,18 +237,25 @@ fn read_field(r: &mut Reader<'_>, key: &str, f: &mut Fields, limits: &Limits) ->
         "medium" => f.medium = read_str(r, "medium")?,
         "lora_name" => f.lora_name = read_str(r, "lora_name")?,
         "cache_salt" => f.cache_salt = read_str(r, "cache_salt")?,
-        "group_idx" => {
-            f.group_idx = match r.next()? {
-                Item::Nil => None,
-                Item::Uint(u) => Some(
-                    u32::try_from(u).map_err(|_| WireError::Malformed { at: r.pos(), what: "group_idx too large" })?,
-                ),
-                _ => return Err(WireError::Malformed { at: r.pos(), what: "group_idx must be an integer" }),
-            }
-        }
+        "group_idx" => f.group_idx = read_u32(r, "group_idx")?,
+        "kv_cache_spec_kind" => f.spec_kind = read_str(r, "kv_cache_spec_kind")?,
+        "kv_cache_spec_sliding_window" => f.sliding_window = read_u32(r, "kv_cache_spec_sliding_window")?,
         _ => r.skip()?, // lora_id, session_id, extra_keys, and whatever engines add next
     }
     Ok(())
+}
+
+/// A `u32` field or nil (`group_idx`, `kv_cache_spec_sliding_window`).
+fn read_u32(r: &mut Reader<'_>, what: &'static str) -> Result<Option<u32>, WireError> {
+    let (too_large, not_integer) = match what {
+        "group_idx" => ("group_idx too large", "group_idx must be an integer"),
+        _ => ("kv_cache_spec_sliding_window too large", "kv_cache_spec_sliding_window must be an integer"),
+    };
+    match r.next()? {
+        Item::Nil => Ok(None),
+        Item::Uint(u) => Ok(Some(u32::try_from(u).map_err(|_| WireError::Malformed { at: r.pos(), what: too_large })?)),
+        _ => Err(WireError::Malformed { at: r.pos(), what: not_integer }),
+    }
 }
 
 fn read_str(r: &mut Reader<'_>, what: &'static str) -> Result<Option<String>, WireError> {
@@ -261,6 +271,7 @@ fn field_must_be_string(what: &'static str) -> &'static str {
         "type" => "event type must be a string",
         "medium" => "medium must be a string or nil",
         "lora_name" => "lora_name must be a string or nil",
+        "kv_cache_spec_kind" => "kv_cache_spec_kind must be a string or nil",
         _ => "cache_salt must be a string or nil",
     }
 }
@@ -379,7 +390,17 @@ fn write_opt_str(w: &mut Writer, s: Option<&str>) {
 fn encode_event(w: &mut Writer, event: &KvEvent, form: EventForm) {
     match (event, form) {
         (KvEvent::Stored(s), EventForm::Map) => {
-            let extra = [s.namespace.lora_name.is_some(), s.namespace.cache_salt.is_some(), s.group_idx.is_some()];
+            let window = match s.group_kind {
+                Some(GroupKind::SlidingWindow { window }) => Some(window),
+                _ => None,
+            };
+            let extra = [
+                s.namespace.lora_name.is_some(),
+                s.namespace.cache_salt.is_some(),
+                s.group_idx.is_some(),
+                s.group_kind.is_some(),
+                window.is_some(),
+            ];
             w.map(7 + extra.iter().filter(|x| **x).count());
             w.str("type");
             w.str("BlockStored");
@@ -410,6 +431,14 @@ fn encode_event(w: &mut Writer, event: &KvEvent, form: EventForm) {
             if let Some(g) = s.group_idx {
                 w.str("group_idx");
                 w.uint(u64::from(g));
+            }
+            if let Some(kind) = s.group_kind {
+                w.str("kv_cache_spec_kind");
+                w.str(kind.vllm_name());
+            }
+            if let Some(window) = window {
+                w.str("kv_cache_spec_sliding_window");
+                w.uint(u64::from(window));
             }
         }
         (KvEvent::Stored(s), EventForm::Positional) => {

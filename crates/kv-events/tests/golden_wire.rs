@@ -4,7 +4,7 @@
 //! malformed payloads: each decodes to exactly the expected events, or fails.
 
 use kv_events::{Limits, decode_batch};
-use router_types::{EngineBlockHash, KvEvent};
+use router_types::{EngineBlockHash, GroupKind, KvEvent};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -53,6 +53,11 @@ fn event_json(e: &KvEvent) -> Value {
             "lora_name": s.namespace.lora_name,
             "cache_salt": s.namespace.cache_salt,
             "group_idx": s.group_idx,
+            "group_kind": s.group_kind.map(|k| match k {
+                GroupKind::Full => serde_json::json!({"kind": "full"}),
+                GroupKind::SlidingWindow { window } => serde_json::json!({"kind": "sliding_window", "window": window}),
+                GroupKind::State => serde_json::json!({"kind": "state"}),
+            }),
         }),
         KvEvent::Removed { block_hashes, tier, group_idx } => serde_json::json!({
             "type": "BlockRemoved",
@@ -73,7 +78,7 @@ fn expected_json(e: &Value) -> Value {
         let tier = router_types::Tier::from_medium(medium.as_deref()).map(|t| t.as_str().to_string());
         obj.insert("tier".into(), serde_json::json!(tier));
     }
-    for k in ["lora_name", "cache_salt", "group_idx", "parent"] {
+    for k in ["lora_name", "cache_salt", "group_idx", "group_kind", "parent"] {
         if obj.get("type").and_then(Value::as_str) == Some("BlockStored") && !obj.contains_key(k) {
             obj.insert(k.into(), Value::Null);
         }

@@ -18,6 +18,7 @@ fn sample() -> EventBatch {
                 tier: Tier::Device,
                 namespace: Namespace::default(),
                 group_idx: None,
+                group_kind: None,
             }),
             KvEvent::Stored(StoredBlocks {
                 block_hashes: vec![EngineBlockHash::U64(u64::MAX - 7)],
@@ -28,6 +29,7 @@ fn sample() -> EventBatch {
                 tier: Tier::Host,
                 namespace: Namespace { lora_name: Some("sql-lora".into()), cache_salt: Some("tenant".into()) },
                 group_idx: Some(1),
+                group_kind: Some(router_types::GroupKind::SlidingWindow { window: 128 }),
             }),
             KvEvent::Stored(StoredBlocks {
                 block_hashes: vec![EngineBlockHash::Bytes(vec![0xab; 32].into())],
@@ -38,6 +40,7 @@ fn sample() -> EventBatch {
                 tier: Tier::Disk,
                 namespace: Namespace::default(),
                 group_idx: None,
+                group_kind: None,
             }),
             KvEvent::Removed { block_hashes: vec![EngineBlockHash::I64(-5)], tier: Tier::External, group_idx: Some(2) },
             KvEvent::AllCleared,
@@ -56,12 +59,13 @@ fn map_form_round_trips() {
 #[test]
 fn positional_form_round_trips_what_it_carries() {
     let mut batch = sample();
-    // The positional layout has no cache_salt or group_idx.
+    // The positional layout has no cache_salt, group_idx or group kind.
     for e in &mut batch.events {
         match e {
             KvEvent::Stored(s) => {
                 s.namespace.cache_salt = None;
                 s.group_idx = None;
+                s.group_kind = None;
             }
             KvEvent::Removed { group_idx, .. } => *group_idx = None,
             KvEvent::AllCleared => {}

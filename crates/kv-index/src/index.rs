@@ -17,7 +17,9 @@ use crate::pending::Pending;
 use crate::shard::{Evicted, NO_PARENT, Shard, TICK_MASK, TierBits, mix};
 use crate::{Clock, StreamId, WorkerId};
 
+mod groups;
 mod snapshot;
+pub use groups::{GroupBlocks, reusable_prefix};
 pub use snapshot::{ExportedBlock, ImportError};
 
 /// Default number of shards (the reference router's).
@@ -26,6 +28,9 @@ pub const DEFAULT_SHARDS: usize = 32;
 pub const DEFAULT_PENDING_MAX_ENTRIES: usize = 1 << 20;
 /// Longest chain one `store` takes (the event decoder's limit).
 pub const MAX_CHAIN_BLOCKS: usize = 65_536;
+/// Most KV-cache groups one (worker, rank) may publish (a hybrid model has a few; a publisher
+/// naming more cannot take stream ids from the others).
+pub const MAX_GROUPS: usize = 32;
 
 /// How the index is sized and what it remembers.
 #[derive(Debug, Clone)]
@@ -139,6 +144,9 @@ pub enum IndexError {
     /// The parent block is no longer in the index (evicted or cleared).
     #[error("parent block is no longer indexed")]
     ParentGone,
+    /// A (worker, rank) published more KV-cache groups than `MAX_GROUPS`.
+    #[error("more than {} KV-cache groups on one (worker, rank)", MAX_GROUPS)]
+    TooManyGroups,
 }
 
 /// The index.
@@ -153,6 +161,9 @@ pub struct KvIndex {
     tick: AtomicU32,
     evicted: AtomicU64,
     adapters: Adapters,
+    /// Some (worker, rank) publishes several KV-cache groups, or a group that is not full
+    /// attention: matches read its groups together (`groups`).
+    hybrid: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -175,6 +186,12 @@ struct StreamSlot {
     /// (node, stream) holdings of this stream; the engine map may hold more (stale) entries.
     live: AtomicUsize,
     engine: Mutex<HashTable<EngineEntry>>,
+    /// What its KV-cache group keeps (`groups::GroupBlocks`, packed; 0: full attention).
+    kind: AtomicU64,
+    /// Its (worker, rank)'s other groups' streams (a primary stream's).
+    family: Mutex<groups::Family>,
+    /// The primary stream of its (worker, rank), for a group's own stream.
+    primary: Option<StreamId>,
 }
 
 /// A stream still matching during `prefix_depths`.
@@ -321,6 +338,7 @@ impl KvIndex {
             pending,
             clock,
             tick: AtomicU32::new(0),
+            hybrid: AtomicBool::new(false),
             evicted: AtomicU64::new(0),
             adapters: Adapters::default(),
         }
@@ -391,8 +409,18 @@ impl KvIndex {
             retired: AtomicBool::new(false),
             live: AtomicUsize::new(0),
             engine: Mutex::new(HashTable::new()),
+            kind: AtomicU64::new(0),
+            family: Mutex::default(),
+            primary: None,
         });
-        let id = match reg.free.pop() {
+        let id = Self::take_id(&mut reg, slot)?;
+        reg.by_key.insert(key.clone(), id);
+        Ok(id)
+    }
+
+    /// An id for `slot`: a retired stream's if there is one.
+    fn take_id(reg: &mut Registry, slot: Arc<StreamSlot>) -> Result<StreamId, IndexError> {
+        Ok(match reg.free.pop() {
             Some(id) => {
                 reg.streams[id.index()] = slot;
                 id
@@ -402,9 +430,7 @@ impl KvIndex {
                 reg.streams.push(slot);
                 StreamId(reg.streams.len() as u32 - 1)
             }
-        };
-        reg.by_key.insert(key.clone(), id);
-        Ok(id)
+        })
     }
 
     /// Forgets a stream for good and frees its id for a later registration:
@@ -431,12 +457,33 @@ impl KvIndex {
         *slot.engine.lock().unwrap_or_else(|p| p.into_inner()) = HashTable::new();
         slot.retired.store(true, Ordering::Release);
         self.registry.write().unwrap_or_else(|p| p.into_inner()).free.push(stream);
+        // Its groups' streams go with it.
+        let members = std::mem::take(&mut slot.family.lock().unwrap_or_else(|p| p.into_inner()).members);
+        for (_, member) in members {
+            ended += self.retire_stream(member)?;
+        }
         Ok(ended)
     }
 
     /// The block `stream` published as `engine`, for continuing a chain under it.
+    /// A KV-cache group's chain may continue under a block only another group of its
+    /// (worker, rank) still holds (a sliding window let it go): that block is found there.
     pub fn parent(&self, stream: StreamId, engine: u64) -> Option<Parent> {
         let slot = self.slot(stream).ok()?;
+        if let Some(found) = self.parent_in(stream, &slot, engine) {
+            return Some(found);
+        }
+        let primary = slot.primary.unwrap_or(stream);
+        let primary_slot = self.slot(primary).ok()?;
+        let family = std::iter::once(primary).chain(self.members(&primary_slot));
+        family.filter(|&id| id != stream).find_map(|id| {
+            let member = self.slot(id).ok()?;
+            self.parent_in(id, &member, engine)
+        })
+    }
+
+    /// The block `stream` (whose slot is `slot`) published as `engine`, if it still holds it.
+    fn parent_in(&self, stream: StreamId, slot: &StreamSlot, engine: u64) -> Option<Parent> {
         let map = slot.engine.lock().unwrap_or_else(|p| p.into_inner());
         let loc = self.layout.unpack(map.find(engine_hash(engine), |e| e.engine() == engine)?);
         drop(map);
@@ -568,9 +615,16 @@ impl KvIndex {
     }
 
     /// Forgets everything `stream` holds (a publisher restart or `AllBlocksCleared`).
+    /// A primary stream's groups are cleared with it (the engine cleared its whole cache).
     pub fn clear_stream(&self, stream: StreamId) -> Result<usize, IndexError> {
         let slot = self.slot(stream)?;
-        Ok(self.clear_slot(stream, &slot))
+        let mut ended = self.clear_slot(stream, &slot);
+        for member in self.members(&slot) {
+            if let Ok(m) = self.slot(member) {
+                ended += self.clear_slot(member, &m);
+            }
+        }
+        Ok(ended)
     }
 
     fn clear_slot(&self, stream: StreamId, slot: &StreamSlot) -> usize {
@@ -614,7 +668,11 @@ impl KvIndex {
     fn forget_worker(&self, url: &WorkerUrl, unregister: bool) -> usize {
         let (streams, worker) = {
             let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
-            let ids: Vec<StreamId> = reg.by_key.iter().filter(|(k, _)| &k.worker == url).map(|(_, id)| *id).collect();
+            let mut ids: Vec<StreamId> =
+                reg.by_key.iter().filter(|(k, _)| &k.worker == url).map(|(_, id)| *id).collect();
+            // The streams of their KV-cache groups too.
+            let members: Vec<StreamId> = ids.iter().flat_map(|id| self.members(&reg.streams[id.index()])).collect();
+            ids.extend(members);
             if unregister {
                 reg.by_key.retain(|k, _| &k.worker != url);
             }
@@ -649,7 +707,10 @@ impl KvIndex {
         if hashes.is_empty() {
             return Vec::new();
         }
-        let active = self.match_streams(hashes, opts);
+        let mut active = self.match_streams(hashes, opts);
+        if self.hybrid.load(Ordering::Acquire) {
+            active = self.hybrid_depths(hashes, opts, active);
+        }
         let mut out: Vec<WorkerMatch> = Vec::with_capacity(active.len());
         {
             let reg = self.registry();
@@ -767,7 +828,8 @@ impl KvIndex {
     pub fn worker_blocks(&self) -> HashMap<WorkerId, usize> {
         let mut out = HashMap::new();
         for slot in &self.registry().streams {
-            if !slot.removed.load(Ordering::Relaxed) {
+            // A hybrid model's other groups hold the same blocks again: its primary group counts.
+            if !slot.removed.load(Ordering::Relaxed) && slot.primary.is_none() {
                 *out.entry(slot.worker).or_insert(0) += slot.live.load(Ordering::Relaxed);
             }
         }

@@ -11,8 +11,9 @@ mod shard;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use index::{
-    DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_SHARDS, ExportedBlock, ImportError, IndexConfig, IndexError, IndexStats,
-    KvIndex, MAX_CHAIN_BLOCKS, MatchOptions, Parent, StoreOutcome, StoredBlock, WorkerMatch,
+    DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_SHARDS, ExportedBlock, GroupBlocks, ImportError, IndexConfig, IndexError,
+    IndexStats, KvIndex, MAX_CHAIN_BLOCKS, MAX_GROUPS, MatchOptions, Parent, StoreOutcome, StoredBlock, WorkerMatch,
+    reusable_prefix,
 };
 
 /// A registered (worker, dp rank) event stream.

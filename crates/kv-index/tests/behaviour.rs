@@ -1,5 +1,6 @@
 //! Bounded memory with LRU tails first, pending prefixes on an injected clock,
-//! namespaces, ranks, stale engine hashes, and readers under concurrent writers.
+//! namespaces, ranks, stale engine hashes, readers under concurrent writers, and hybrid
+//! models' KV-cache groups (`behaviour/hybrid.rs`: against vLLM's own hit finder).
 
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,6 +11,9 @@ use kv_index::{IndexConfig, IndexError, KvIndex, ManualClock, MatchOptions, Stor
 use renderer::hash::{chain_prior, namespace_seed};
 use renderer::{HashMode, PageHasher};
 use router_types::{BlockHash, DpRank, Tier, WorkerKey, WorkerUrl};
+
+#[path = "behaviour/hybrid.rs"]
+mod hybrid;
 
 fn hasher() -> PageHasher {
     PageHasher::new(NonZeroUsize::new(4).unwrap(), HashMode::Unigram)

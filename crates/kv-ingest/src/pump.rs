@@ -17,7 +17,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use kv_events::{StreamMessage, StreamUpdate};
 
 use crate::snapshot::{IndexSnapshot, StreamSnapshot};
-use kv_index::{KvIndex, StoredBlock, StreamId};
+use kv_index::{GroupBlocks, KvIndex, StoredBlock, StreamId};
 use renderer::hash::namespace_prior;
 use renderer::{HashMode, PageDigest, PageHasher};
 use router_types::{BlockHash, EngineBlockHash, EventBatch, KvEvent, StoredBlocks, WorkerKey};
@@ -299,10 +299,21 @@ impl Pump {
         }
         for event in &batch.events {
             match event {
-                KvEvent::Stored(s) => self.store(key, id, hashing, s),
-                KvEvent::Removed { block_hashes, tier, .. } => {
+                KvEvent::Stored(s) => {
+                    // A hybrid model's KV-cache groups: each its own stream, matched together.
+                    let Some(group) = self.group(key, id, s.group_idx) else { continue };
+                    if let Some(kind) = s.group_kind {
+                        let blocks = GroupBlocks::of(kind, s.block_size.max(1));
+                        if let Err(e) = self.index.set_group_kind(group, blocks) {
+                            debug!(stream = %key, error = %e, "kv pump: group kind not kept");
+                        }
+                    }
+                    self.store(key, group, hashing, s)
+                }
+                KvEvent::Removed { block_hashes, tier, group_idx } => {
+                    let Some(group) = self.group(key, id, *group_idx) else { continue };
                     let keys: Vec<u64> = block_hashes.iter().map(EngineBlockHash::key).collect();
-                    if self.index.remove(id, &keys, *tier).is_ok() {
+                    if self.index.remove(group, &keys, *tier).is_ok() {
                         inc(&self.metrics.removed);
                     }
                 }
@@ -311,6 +322,18 @@ impl Pump {
                         inc(&self.metrics.cleared);
                     }
                 }
+            }
+        }
+    }
+
+    /// The stream of KV-cache group `group` of `key`'s stream `id` (`None`: group 0's, `id`).
+    fn group(&self, key: &WorkerKey, id: StreamId, group: Option<u32>) -> Option<StreamId> {
+        match self.index.group_stream(id, group.unwrap_or(0)) {
+            Ok(stream) => Some(stream),
+            Err(e) => {
+                inc(&self.metrics.rejected_stores);
+                warn!(stream = %key, group, error = %e, "kv pump: no stream for the KV-cache group, event skipped");
+                None
             }
         }
     }

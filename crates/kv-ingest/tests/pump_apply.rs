@@ -54,6 +54,7 @@ fn stored(
         tier: Tier::Device,
         namespace: ns,
         group_idx: None,
+        group_kind: None,
     })
 }
 
@@ -138,4 +139,57 @@ fn namespaces_orphans_duplicates_and_bad_stores_are_handled() {
     let engine: Vec<EngineBlockHash> = plain.iter().map(|h| EngineBlockHash::I64(h.0)).collect();
     pump.apply(message(0, vec![stored(engine, None, &tokens, false, Namespace::default())]));
     assert_eq!(index.prefix_depths(&plain, &MatchOptions::default())[0].blocks, 2);
+}
+
+/// What vLLM publishes for a hybrid model (full attention in group 0, a 16-token window in
+/// group 1, Mamba in group 2): each group stores the prompt's blocks, the window lets the old
+/// ones go, Mamba keeps the last state; the router credits what the engine can reuse, and a
+/// group's removals leave the other groups' blocks. Encoded and decoded as vLLM's msgpack.
+#[test]
+fn a_hybrid_models_groups_are_kept_apart_and_read_together() {
+    let (index, mut pump, metrics) = setup(HashMode::Unigram);
+    let hasher = PageHasher::new(NonZeroUsize::new(PAGE).unwrap(), HashMode::Unigram);
+    let tokens: Vec<u32> = (0..40).collect(); // 10 blocks
+    let hashes = hasher.block_hashes(&tokens, None).unwrap();
+    let engine: Vec<EngineBlockHash> = hashes.iter().map(|h| EngineBlockHash::I64(h.0)).collect();
+    let group = |idx, kind| {
+        let KvEvent::Stored(mut s) = stored(engine.clone(), None, &tokens, false, Namespace::default()) else {
+            unreachable!()
+        };
+        (s.group_idx, s.group_kind) = (Some(idx), Some(kind));
+        KvEvent::Stored(s)
+    };
+    let removed = |idx, range: std::ops::Range<usize>| KvEvent::Removed {
+        block_hashes: engine[range].to_vec(),
+        tier: Tier::Device,
+        group_idx: Some(idx),
+    };
+    let events = vec![
+        group(0, router_types::GroupKind::Full),
+        group(1, router_types::GroupKind::SlidingWindow { window: 16 }),
+        group(2, router_types::GroupKind::State),
+        removed(1, 0..6),
+        removed(2, 0..9),
+    ];
+    // Through vLLM's wire form and back.
+    let batch = EventBatch { ts: 0.0, events, dp_rank: Some(DpRank(0)) };
+    let bytes = kv_events::encode_batch(&batch, kv_events::EventForm::Map);
+    let decoded = kv_events::decode_batch(&bytes, &kv_events::Limits::default()).unwrap();
+    pump.apply(StreamMessage { key: key(), seq: 0, update: StreamUpdate::Batch(decoded) });
+    assert_eq!(get(&metrics.orphan_stores) + get(&metrics.rejected_stores), 0);
+    let depth = |q: &[router_types::BlockHash]| {
+        index.prefix_depths(q, &MatchOptions::default()).first().map_or(0, |m| m.blocks)
+    };
+    // The whole prompt: full attention holds it, the window its last 4 blocks, Mamba its end.
+    assert_eq!(depth(&hashes), 10);
+    // Its first 8 blocks then another text: of the 4 blocks a 16-token window needs before the
+    // end (cdiv(15, 4): blocks 4-7) the window holds 6-7, so only its run from the start counts:
+    // none; Mamba holds no state before block 9 either. Full attention alone would say 8.
+    let mut other = tokens[..32].to_vec();
+    other.extend(500..508);
+    let q = hasher.block_hashes(&other, None).unwrap();
+    assert_eq!(depth(&q), 0);
+    // AllBlocksCleared clears the engine's cache: every group's.
+    pump.apply(message(1, vec![KvEvent::AllCleared]));
+    assert_eq!(depth(&hashes), 0);
 }

@@ -48,6 +48,7 @@ fn stored(
         tier: Tier::Device,
         namespace: Namespace::default(),
         group_idx: None,
+        group_kind: None,
     })
 }
 
@@ -170,6 +171,7 @@ async fn wrong_page_size_shows_as_hash_mismatches() {
         tier: Tier::Device,
         namespace: Namespace::default(),
         group_idx: None,
+        group_kind: None,
     });
     w.publishers[0].publish(&batch(vec![event])).await.unwrap();
     // A second (empty) batch: if the subscription joined too late for the first (ZeroMQ drops

@@ -605,6 +605,7 @@ impl Engine {
                 tier: Tier::Device,
                 namespace: Namespace::default(),
                 group_idx: None,
+                group_kind: None,
             }));
         }
         if events.is_empty() {

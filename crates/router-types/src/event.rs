@@ -59,6 +59,54 @@ pub struct StoredBlocks {
     pub namespace: Namespace,
     /// KV cache group (hybrid models); `None` when the engine sent none.
     pub group_idx: Option<u32>,
+    /// What that group keeps (vLLM's `kv_cache_spec_kind`); `None` when the engine sent none.
+    pub group_kind: Option<GroupKind>,
+}
+
+/// What one KV-cache group of a model keeps of a prompt, as vLLM's events say it
+/// (`kv_cache_spec_kind`, `kv_cache_spec_sliding_window`). A hybrid model has groups of several
+/// kinds; what its engine can reuse of a prompt is the prefix every group can serve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum GroupKind {
+    /// Every block from the prompt's start (full attention; MLA, chunked-local and sink
+    /// attention are looked up the same way).
+    Full,
+    /// The blocks of the last `window` tokens before the reused prefix's end (sliding-window
+    /// attention).
+    SlidingWindow {
+        /// The window, in tokens.
+        window: u32,
+    },
+    /// The recurrent state at the end of the reused prefix only (Mamba and other
+    /// state-space layers).
+    State,
+}
+
+// === impl GroupKind ===
+
+impl GroupKind {
+    /// The kind vLLM names `kind` (`KVCacheSpecKind`'s values), with its sliding window in
+    /// tokens; `None` for a kind no prefix is reused from (cross or encoder-only attention), an
+    /// unknown one, or a sliding window without its size.
+    pub fn from_vllm(kind: &str, sliding_window: Option<u32>) -> Option<GroupKind> {
+        match kind {
+            "full_attention" | "mla_attention" | "sink_full_attention" | "chunked_local_attention" => {
+                Some(GroupKind::Full)
+            }
+            "sliding_window" | "sliding_window_mla" => sliding_window.map(|window| GroupKind::SlidingWindow { window }),
+            "mamba" => Some(GroupKind::State),
+            _ => None,
+        }
+    }
+
+    /// vLLM's name of the kind, as its events carry it.
+    pub fn vllm_name(self) -> &'static str {
+        match self {
+            GroupKind::Full => "full_attention",
+            GroupKind::SlidingWindow { .. } => "sliding_window",
+            GroupKind::State => "mamba",
+        }
+    }
 }
 
 /// One cache event from one (worker, rank).

@@ -9,7 +9,7 @@ mod ids;
 pub mod metrics;
 mod rng;
 
-pub use event::{EngineBlockHash, EventBatch, KvEvent, StoredBlocks};
+pub use event::{EngineBlockHash, EventBatch, GroupKind, KvEvent, StoredBlocks};
 pub use ids::{
     BlockHash, Bootstrap, DpRank, Load, Namespace, PageDigest, PoolId, Role, Tier, TokenCount, UrlError, Warmup,
     WorkerId, WorkerKey, WorkerUrl,

@@ -620,6 +620,7 @@ async fn lora_requests_match_the_adapter_chains_the_events_carry() {
             tier: Tier::Device,
             namespace: Namespace { lora_name: Some("sql".into()), cache_salt: None },
             group_idx: None,
+            group_kind: None,
         })],
     };
     let matched = |d: &Value| d["candidates"][0]["matched_tokens"].as_u64().unwrap();
@@ -689,6 +690,7 @@ async fn a_mixed_fleet_matches_bigram_and_unigram_workers_in_their_own_modes() {
             tier: Tier::Device,
             namespace: Namespace::default(),
             group_idx: None,
+            group_kind: None,
         })],
     };
     let matched = |d: &Value, url: &str| {

@@ -77,6 +77,7 @@ fn store(tokens: &[u32], sglang: bool) -> EventBatch {
             tier: Tier::Device,
             namespace: Namespace::default(),
             group_idx: None,
+            group_kind: None,
         })],
     }
 }
