@@ -44,6 +44,7 @@ fn batch(b: usize) -> Vec<u8> {
                 namespace: Namespace::default(),
                 group_idx: None,
                 group_kind: None,
+                opaque_keys: Vec::new(),
             });
             encode_batch(&EventBatch { ts: 0.0, events: vec![event], dp_rank: Some(DpRank(0)) }, EventForm::Map)
         })

@@ -76,6 +76,7 @@ pub fn to_router(batch: &KvEventBatch) -> Result<(EventBatch, usize), BadBatch> 
                     namespace: Namespace { lora_name: s.lora_name.clone(), cache_salt: s.cache_salt.clone() },
                     group_idx: s.group_idx,
                     group_kind: None,
+                    opaque_keys: Vec::new(),
                 }));
             }
             Some(KvEventData::Removed(r)) if r.locality != Some(2) => events.push(KvEvent::Removed {
@@ -161,6 +162,7 @@ mod tests {
                     namespace: Namespace { lora_name: Some("a".into()), cache_salt: None },
                     group_idx: None,
                     group_kind: None,
+                    opaque_keys: Vec::new(),
                 }),
                 KvEvent::Removed {
                     block_hashes: vec![EngineBlockHash::I64(3)],

@@ -73,6 +73,7 @@ struct Fields {
     group_idx: Option<u32>,
     spec_kind: Option<String>,
     sliding_window: Option<u32>,
+    opaque_keys: Vec<Option<Box<[u8]>>>,
 }
 
 // === impl Limits ===
@@ -193,6 +194,7 @@ fn decode_event(r: &mut Reader<'_>, limits: &Limits) -> Result<Option<KvEvent>, 
             namespace: Namespace { lora_name: fields.lora_name, cache_salt: fields.cache_salt },
             group_idx: fields.group_idx,
             group_kind: fields.spec_kind.as_deref().and_then(|k| GroupKind::from_vllm(k, fields.sliding_window)),
+            opaque_keys: fields.opaque_keys,
         })),
         Some("BlockRemoved") => {
             Some(KvEvent::Removed { block_hashes: fields.hashes, tier, group_idx: fields.group_idx })
@@ -240,9 +242,89 @@ fn read_field(r: &mut Reader<'_>, key: &str, f: &mut Fields, limits: &Limits) ->
         "group_idx" => f.group_idx = read_u32(r, "group_idx")?,
         "kv_cache_spec_kind" => f.spec_kind = read_str(r, "kv_cache_spec_kind")?,
         "kv_cache_spec_sliding_window" => f.sliding_window = read_u32(r, "kv_cache_spec_sliding_window")?,
+        "extra_keys" => f.opaque_keys = read_extra_keys(r, limits)?,
         _ => r.skip()?, // lora_id, session_id, extra_keys, and whatever engines add next
     }
     Ok(())
+}
+
+/// Most keys one block's `extra_keys` entry may carry.
+const MAX_KEYS_PER_BLOCK: usize = 256;
+
+/// vLLM's `extra_keys`: per block nil or the block's untagged keys (`to_event_extra_keys`):
+/// bare strings (the LoRA name and the cache salt: the namespace, read from their own fields),
+/// `(identifier, offset)` pairs of multimodal items and bare prompt-embedding digests. The
+/// pairs and the digests (and bare integers) are kept per block in a canonical form (a `0x01`,
+/// `0x02` or `0x03` tag, then each part length-prefixed), for the router's chain to fold in; `None` for a block with none.
+fn read_extra_keys(r: &mut Reader<'_>, limits: &Limits) -> Result<Vec<Option<Box<[u8]>>>, WireError> {
+    let malformed = |r: &Reader<'_>, what| WireError::Malformed { at: r.pos(), what };
+    let n = match r.next()? {
+        Item::Nil => return Ok(Vec::new()),
+        Item::Array(n) => n,
+        _ => return Err(malformed(r, "extra_keys must be an array or nil")),
+    };
+    if n > limits.max_hashes {
+        return Err(WireError::TooLong { what: "extra_keys", len: n, limit: limits.max_hashes });
+    }
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let keys = match r.next()? {
+            Item::Nil => 0,
+            Item::Array(k) if k <= MAX_KEYS_PER_BLOCK => k,
+            Item::Array(k) => {
+                return Err(WireError::TooLong { what: "extra_keys entry", len: k, limit: MAX_KEYS_PER_BLOCK });
+            }
+            _ => return Err(malformed(r, "an extra_keys entry must be an array or nil")),
+        };
+        let mut canonical: Vec<u8> = Vec::new();
+        for _ in 0..keys {
+            match r.next()? {
+                // The LoRA name or the cache salt: in the namespace already.
+                Item::Str(_) => {}
+                Item::Bin(digest) => {
+                    canonical.push(0x02);
+                    push_part(&mut canonical, digest);
+                }
+                // No shape vLLM sends today; kept, so the block is never credited for it.
+                Item::Uint(v) => {
+                    canonical.push(0x03);
+                    push_part(&mut canonical, &v.to_le_bytes());
+                }
+                Item::Int(v) => {
+                    canonical.push(0x03);
+                    push_part(&mut canonical, &v.to_le_bytes());
+                }
+                Item::Array(parts) if parts <= 8 => {
+                    canonical.push(0x01);
+                    canonical.push(parts as u8);
+                    for _ in 0..parts {
+                        match r.next()? {
+                            Item::Str(v) => push_part(&mut canonical, v.as_bytes()),
+                            Item::Bin(v) => push_part(&mut canonical, v),
+                            Item::Uint(v) => push_part(&mut canonical, &v.to_le_bytes()),
+                            Item::Int(v) => push_part(&mut canonical, &v.to_le_bytes()),
+                            _ => {
+                                return Err(malformed(r, "a multimodal key part must be a string, bytes or an integer"));
+                            }
+                        }
+                    }
+                }
+                _ => return Err(malformed(r, "an extra key must be a string, bytes or a pair")),
+            }
+        }
+        out.push((!canonical.is_empty()).then(|| canonical.into_boxed_slice()));
+    }
+    // No block with keys the router cannot compute: nothing to keep.
+    if out.iter().all(Option::is_none) {
+        out.clear();
+    }
+    Ok(out)
+}
+
+/// `u64le(len) ‖ bytes`.
+fn push_part(out: &mut Vec<u8>, part: &[u8]) {
+    out.extend_from_slice(&(part.len() as u64).to_le_bytes());
+    out.extend_from_slice(part);
 }
 
 /// A `u32` field or nil (`group_idx`, `kv_cache_spec_sliding_window`).

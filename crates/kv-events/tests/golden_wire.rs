@@ -25,6 +25,10 @@ struct Case {
     error: bool,
 }
 
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn unhex(s: &str) -> Vec<u8> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
 }
@@ -58,6 +62,7 @@ fn event_json(e: &KvEvent) -> Value {
                 GroupKind::SlidingWindow { window } => serde_json::json!({"kind": "sliding_window", "window": window}),
                 GroupKind::State => serde_json::json!({"kind": "state"}),
             }),
+            "opaque_keys": s.opaque_keys.iter().map(|k| k.as_deref().map(hex)).collect::<Vec<_>>(),
         }),
         KvEvent::Removed { block_hashes, tier, group_idx } => serde_json::json!({
             "type": "BlockRemoved",
@@ -77,6 +82,9 @@ fn expected_json(e: &Value) -> Value {
         let medium = obj.remove("medium").and_then(|m| m.as_str().map(str::to_string));
         let tier = router_types::Tier::from_medium(medium.as_deref()).map(|t| t.as_str().to_string());
         obj.insert("tier".into(), serde_json::json!(tier));
+    }
+    if obj.get("type").and_then(Value::as_str) == Some("BlockStored") && !obj.contains_key("opaque_keys") {
+        obj.insert("opaque_keys".into(), serde_json::json!([]));
     }
     for k in ["lora_name", "cache_salt", "group_idx", "group_kind", "parent"] {
         if obj.get("type").and_then(Value::as_str) == Some("BlockStored") && !obj.contains_key(k) {

@@ -19,6 +19,7 @@ fn sample() -> EventBatch {
                 namespace: Namespace::default(),
                 group_idx: None,
                 group_kind: None,
+                opaque_keys: Vec::new(),
             }),
             KvEvent::Stored(StoredBlocks {
                 block_hashes: vec![EngineBlockHash::U64(u64::MAX - 7)],
@@ -30,6 +31,7 @@ fn sample() -> EventBatch {
                 namespace: Namespace { lora_name: Some("sql-lora".into()), cache_salt: Some("tenant".into()) },
                 group_idx: Some(1),
                 group_kind: Some(router_types::GroupKind::SlidingWindow { window: 128 }),
+                opaque_keys: Vec::new(),
             }),
             KvEvent::Stored(StoredBlocks {
                 block_hashes: vec![EngineBlockHash::Bytes(vec![0xab; 32].into())],
@@ -41,6 +43,7 @@ fn sample() -> EventBatch {
                 namespace: Namespace::default(),
                 group_idx: None,
                 group_kind: None,
+                opaque_keys: Vec::new(),
             }),
             KvEvent::Removed { block_hashes: vec![EngineBlockHash::I64(-5)], tier: Tier::External, group_idx: Some(2) },
             KvEvent::AllCleared,

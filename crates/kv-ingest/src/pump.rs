@@ -366,7 +366,7 @@ impl Pump {
             None => namespace_prior(s.namespace.lora_name.as_deref(), s.namespace.cache_salt.as_deref()),
         };
         let mut digests = Vec::with_capacity(s.block_hashes.len());
-        if let Err(e) = hasher.digests(&s.token_ids, prior.as_ref(), &mut digests) {
+        if let Err(e) = keyed_digests(&hasher, s, prior, &mut digests) {
             inc(&self.metrics.malformed_stores);
             warn!(stream = %key, error = %e, "kv pump: tokens cannot be hashed, skipped");
             return;
@@ -393,4 +393,35 @@ impl Pump {
             }
         }
     }
+}
+
+/// The router's digests of a store's blocks, chained from `prior`: its tokens' pages, each block
+/// whose engine hash covers keys a request cannot show (`StoredBlocks::opaque_keys`) folded
+/// with them (`renderer::hash::keyed_digest`), so the chain differs from there on.
+fn keyed_digests(
+    hasher: &PageHasher,
+    s: &StoredBlocks,
+    prior: Option<PageDigest>,
+    out: &mut Vec<PageDigest>,
+) -> Result<(), String> {
+    if s.opaque_keys.is_empty() {
+        return hasher.digests(&s.token_ids, prior.as_ref(), out).map_err(|e| e.to_string());
+    }
+    if s.opaque_keys.len() != s.block_hashes.len() || s.bigram {
+        return Err(format!("{} extra keys for {} blocks", s.opaque_keys.len(), s.block_hashes.len()));
+    }
+    let page = hasher.page_size();
+    let mut state = prior;
+    for (i, keys) in s.opaque_keys.iter().enumerate() {
+        let tokens = &s.token_ids[(i * page).min(s.token_ids.len())..((i + 1) * page).min(s.token_ids.len())];
+        let mut one = Vec::with_capacity(1);
+        hasher.digests(tokens, state.as_ref(), &mut one).map_err(|e| e.to_string())?;
+        let Some(mut digest) = one.first().copied() else { return Err("a block without tokens".into()) };
+        if let Some(keys) = keys {
+            digest = renderer::hash::keyed_digest(&digest, keys);
+        }
+        out.push(digest);
+        state = Some(digest);
+    }
+    Ok(())
 }

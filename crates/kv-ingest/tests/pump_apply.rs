@@ -55,6 +55,7 @@ fn stored(
         namespace: ns,
         group_idx: None,
         group_kind: None,
+        opaque_keys: Vec::new(),
     })
 }
 
@@ -192,4 +193,33 @@ fn a_hybrid_models_groups_are_kept_apart_and_read_together() {
     // AllBlocksCleared clears the engine's cache: every group's.
     pump.apply(message(1, vec![KvEvent::AllCleared]));
     assert_eq!(depth(&hashes), 0);
+}
+
+/// Two prompts with the same token ids and different images: vLLM's block hash covers the
+/// image (`extra_keys`), the router cannot compute it from a request, so the blocks from the
+/// image on are never credited to a request by its token ids alone.
+#[test]
+fn blocks_keyed_by_inputs_a_request_cannot_show_are_not_credited_by_tokens() {
+    let (index, mut pump, metrics) = setup(HashMode::Unigram);
+    let hasher = PageHasher::new(NonZeroUsize::new(PAGE).unwrap(), HashMode::Unigram);
+    let tokens: Vec<u32> = (0..12).collect(); // 3 blocks; an image's placeholders in block 1
+    let hashes = hasher.block_hashes(&tokens, None).unwrap();
+    let engine: Vec<EngineBlockHash> = (0..3).map(|i| EngineBlockHash::U64(1 << 63 | i)).collect();
+    let store = |keys: Vec<Option<Box<[u8]>>>| {
+        let KvEvent::Stored(mut s) = stored(engine.clone(), None, &tokens, false, Namespace::default()) else {
+            unreachable!()
+        };
+        s.opaque_keys = keys;
+        KvEvent::Stored(s)
+    };
+    let image: Box<[u8]> = Box::from(&b"\x01\x02image-a"[..]);
+    pump.apply(message(0, vec![store(vec![None, Some(image), None])]));
+    let depth = |q: &[router_types::BlockHash]| {
+        index.prefix_depths(q, &MatchOptions::default()).first().map_or(0, |m| m.blocks)
+    };
+    assert_eq!(depth(&hashes), 1, "the text before the image only");
+    // A store whose keys do not name each block is refused, and counted.
+    let before = get(&metrics.malformed_stores);
+    pump.apply(message(1, vec![store(vec![None, None])]));
+    assert_eq!(get(&metrics.malformed_stores), before + 1);
 }

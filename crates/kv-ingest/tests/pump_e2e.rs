@@ -49,6 +49,7 @@ fn stored(
         namespace: Namespace::default(),
         group_idx: None,
         group_kind: None,
+        opaque_keys: Vec::new(),
     })
 }
 
@@ -172,6 +173,7 @@ async fn wrong_page_size_shows_as_hash_mismatches() {
         namespace: Namespace::default(),
         group_idx: None,
         group_kind: None,
+        opaque_keys: Vec::new(),
     });
     w.publishers[0].publish(&batch(vec![event])).await.unwrap();
     // A second (empty) batch: if the subscription joined too late for the first (ZeroMQ drops

@@ -606,6 +606,7 @@ impl Engine {
                 namespace: Namespace::default(),
                 group_idx: None,
                 group_kind: None,
+                opaque_keys: Vec::new(),
             }));
         }
         if events.is_empty() {

@@ -255,6 +255,22 @@ fn feed_u64(sha: &mut Sha256, words: impl Iterator<Item = u64>) {
     sha.update(&stage[..n]);
 }
 
+/// Tag of [`keyed_digest`].
+const KEYS_TAG: &[u8] = b"sgl-router-block-keys-v1\0";
+
+/// The router's digest of a block whose engine hash also covers `keys` (multimodal items,
+/// prompt embeddings: what the router cannot compute from a request), as the chain continues
+/// from it: `SHA256(tag ‖ digest ‖ u64le(len) ‖ keys)`. No request's chain has it, so no
+/// request is credited with such a block, nor with any block after it.
+pub fn keyed_digest(digest: &PageDigest, keys: &[u8]) -> PageDigest {
+    let mut sha = Sha256::new();
+    sha.update(KEYS_TAG);
+    sha.update(digest);
+    sha.update((keys.len() as u64).to_le_bytes());
+    sha.update(keys);
+    sha.finalize().into()
+}
+
 /// The prior a request's chain starts from: the salt prior for a non-empty
 /// `cache_salt`, nothing otherwise (SGLang's `RadixKey` folds `""` into `None`).
 pub fn chain_prior(cache_salt: Option<&str>) -> Option<PageDigest> {

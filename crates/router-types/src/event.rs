@@ -61,6 +61,12 @@ pub struct StoredBlocks {
     pub group_idx: Option<u32>,
     /// What that group keeps (vLLM's `kv_cache_spec_kind`); `None` when the engine sent none.
     pub group_kind: Option<GroupKind>,
+    /// Per block (empty: none), what its engine hash covers besides its tokens and namespace
+    /// that the router cannot compute from a request: vLLM's `extra_keys` multimodal
+    /// `(identifier, offset)` pairs and prompt-embedding digests, in a canonical form
+    /// (`kv_events` decodes them). The router's chain folds them in, so a prompt without those
+    /// inputs never matches the blocks.
+    pub opaque_keys: Vec<Option<Box<[u8]>>>,
 }
 
 /// What one KV-cache group of a model keeps of a prompt, as vLLM's events say it

@@ -621,6 +621,7 @@ async fn lora_requests_match_the_adapter_chains_the_events_carry() {
             namespace: Namespace { lora_name: Some("sql".into()), cache_salt: None },
             group_idx: None,
             group_kind: None,
+            opaque_keys: Vec::new(),
         })],
     };
     let matched = |d: &Value| d["candidates"][0]["matched_tokens"].as_u64().unwrap();
@@ -691,6 +692,7 @@ async fn a_mixed_fleet_matches_bigram_and_unigram_workers_in_their_own_modes() {
             namespace: Namespace::default(),
             group_idx: None,
             group_kind: None,
+            opaque_keys: Vec::new(),
         })],
     };
     let matched = |d: &Value, url: &str| {

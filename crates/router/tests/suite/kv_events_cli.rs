@@ -78,6 +78,7 @@ fn store(tokens: &[u32], sglang: bool) -> EventBatch {
             namespace: Namespace::default(),
             group_idx: None,
             group_kind: None,
+            opaque_keys: Vec::new(),
         })],
     }
 }
