@@ -304,7 +304,10 @@ fn read_extra_keys(r: &mut Reader<'_>, limits: &Limits) -> Result<Vec<Option<Box
                             Item::Uint(v) => push_part(&mut canonical, &v.to_le_bytes()),
                             Item::Int(v) => push_part(&mut canonical, &v.to_le_bytes()),
                             _ => {
-                                return Err(malformed(r, "a multimodal key part must be a string, bytes or an integer"));
+                                return Err(malformed(
+                                    r,
+                                    "a multimodal key part must be a string, bytes or an integer",
+                                ));
                             }
                         }
                     }
