@@ -1,19 +1,23 @@
-//! A client of one engine's scheduler service: one HTTP/2 connection, made
-//! when first needed and again after it broke; every call bounded by a
-//! deadline and every answer by a size. Owns the connection, nothing else.
+//! A client of one engine's service (SGLang's scheduler or vLLM's engine,
+//! found at the first call: [`Service`]): one HTTP/2 connection, made when
+//! first needed and again after it broke; every call bounded by a deadline and
+//! every answer by a size. Callers speak SGLang's messages; a vLLM engine's
+//! are converted here. Owns the connection and what it learned of the service.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use grpc_wire::{Channel, Messages, Status};
 use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 
-use crate::path;
+use crate::proto::vllm;
 use crate::proto::{
     AbortRequest, AbortResponse, GenerateRequest, GenerateResponse, GetLoadsRequest, GetLoadsResponse,
     GetModelInfoRequest, GetModelInfoResponse, GetServerInfoRequest, GetServerInfoResponse, GetTokenizerChunk,
     GetTokenizerRequest, HealthCheckRequest, HealthCheckResponse, KvEventBatch, SubscribeKvEventsRequest,
 };
+use crate::{Method, Service};
 
 /// The largest answer message taken from an engine (a whole sequence's ids and logprobs fit).
 pub const MAX_ANSWER_BYTES: usize = 16 << 20;
@@ -77,6 +81,8 @@ pub struct Engine {
     authority: String,
     connect_timeout: Duration,
     channel: Mutex<Option<Channel>>,
+    /// The service it serves: 0 not known yet, else `Service as u8 + 1`.
+    service: AtomicU8,
 }
 
 /// A streaming call's answers, in order, then the call's status: a `Generate` call's
@@ -89,8 +95,24 @@ pub struct Answers<M> {
     kind: std::marker::PhantomData<M>,
 }
 
-/// A `Generate` call's answers.
-pub type Generation = Answers<GenerateResponse>;
+/// A `Generate` call's answers, as SGLang's messages whichever service sent them.
+#[derive(Debug)]
+pub enum Generation {
+    /// From SGLang's scheduler.
+    Sglang(Answers<GenerateResponse>),
+    /// From vLLM's engine, for the request of this id (vLLM's answers carry none).
+    Vllm(Answers<vllm::GenerateResponse>, String),
+}
+
+impl Generation {
+    /// The next answer; `None` once the engine ended the call with OK.
+    pub async fn next(&mut self) -> Result<Option<GenerateResponse>, EngineError> {
+        match self {
+            Generation::Sglang(answers) => answers.next().await,
+            Generation::Vllm(answers, id) => Ok(answers.next().await?.map(|m| m.to_sglang(id))),
+        }
+    }
+}
 /// A `SubscribeKvEvents` stream's batches (a subscription never ends with OK of its own).
 pub type KvEvents = Answers<KvEventBatch>;
 
@@ -117,7 +139,46 @@ impl<M: prost::Message + Default> Answers<M> {
 impl Engine {
     /// The engine at `authority` (`host:port`); nothing is connected until the first call.
     pub fn new(authority: impl Into<String>, connect_timeout: Duration) -> Self {
-        Self { authority: authority.into(), connect_timeout, channel: Mutex::new(None) }
+        Self { authority: authority.into(), connect_timeout, channel: Mutex::new(None), service: AtomicU8::new(0) }
+    }
+
+    /// The engine at `authority`, known to serve `service` (nothing asked to find out).
+    pub fn serving(authority: impl Into<String>, connect_timeout: Duration, service: Service) -> Self {
+        let engine = Self::new(authority, connect_timeout);
+        engine.service.store(service as u8 + 1, Ordering::Relaxed);
+        engine
+    }
+
+    /// The service it serves, if known yet.
+    pub fn known_service(&self) -> Option<Service> {
+        match self.service.load(Ordering::Relaxed) {
+            1 => Some(Service::Sglang),
+            2 => Some(Service::Vllm),
+            _ => None,
+        }
+    }
+
+    /// The service it serves: found once, by a `HealthCheck` of SGLang's scheduler and, if
+    /// the engine does not know that service (`UNIMPLEMENTED`), of vLLM's engine. Until an
+    /// engine answers one, SGLang's is assumed (and asked again next time).
+    async fn service(&self, deadline: Duration) -> Service {
+        if let Some(known) = self.known_service() {
+            return known;
+        }
+        let asked = |service: Service| {
+            self.unary_on::<_, HealthCheckResponse>(service.path(Method::HealthCheck), &HealthCheckRequest {}, deadline)
+        };
+        let found = match asked(Service::Sglang).await {
+            Ok(_) => Some(Service::Sglang),
+            Err(EngineError::Status(s)) if s.code == Status::UNIMPLEMENTED => {
+                asked(Service::Vllm).await.ok().map(|_| Service::Vllm)
+            }
+            Err(_) => None,
+        };
+        if let Some(service) = found {
+            self.service.store(service as u8 + 1, Ordering::Relaxed);
+        }
+        found.unwrap_or(Service::Sglang)
     }
 
     /// Its `host:port`.
@@ -160,7 +221,7 @@ impl Engine {
     }
 
     /// A unary call of `path`: its one answer within `deadline`.
-    async fn unary<Q: prost::Message, A: prost::Message + Default>(
+    async fn unary_on<Q: prost::Message, A: prost::Message + Default>(
         &self,
         path: &str,
         message: &Q,
@@ -185,42 +246,90 @@ impl Engine {
             .unwrap_or(Err(EngineError::Deadline(self.authority.clone(), deadline)))
     }
 
+    /// A unary call of `method` on the engine's service (the same message on both).
+    async fn unary<Q: prost::Message, A: prost::Message + Default>(
+        &self,
+        method: Method,
+        message: &Q,
+        deadline: Duration,
+    ) -> Result<A, EngineError> {
+        let service = self.service(deadline).await;
+        self.unary_on(service.path(method), message, deadline).await
+    }
+
     /// `HealthCheck`.
     pub async fn health(&self, deadline: Duration) -> Result<HealthCheckResponse, EngineError> {
-        self.unary(path::HEALTH_CHECK, &HealthCheckRequest {}, deadline).await
+        self.unary(Method::HealthCheck, &HealthCheckRequest {}, deadline).await
     }
 
-    /// `GetModelInfo`.
+    /// `GetModelInfo` (vLLM's as SGLang's).
     pub async fn model_info(&self, deadline: Duration) -> Result<GetModelInfoResponse, EngineError> {
-        self.unary(path::GET_MODEL_INFO, &GetModelInfoRequest {}, deadline).await
+        match self.service(deadline).await {
+            Service::Sglang => self.unary(Method::GetModelInfo, &GetModelInfoRequest {}, deadline).await,
+            Service::Vllm => {
+                let info: vllm::GetModelInfoResponse =
+                    self.unary(Method::GetModelInfo, &GetModelInfoRequest {}, deadline).await?;
+                Ok(info.to_sglang())
+            }
+        }
     }
 
-    /// `GetServerInfo`.
+    /// `GetServerInfo` (vLLM's as SGLang's: its block size as `page_size`, its data-parallel
+    /// size as `dp_size`).
     pub async fn server_info(&self, deadline: Duration) -> Result<GetServerInfoResponse, EngineError> {
-        self.unary(path::GET_SERVER_INFO, &GetServerInfoRequest {}, deadline).await
+        match self.service(deadline).await {
+            Service::Sglang => self.unary(Method::GetServerInfo, &GetServerInfoRequest {}, deadline).await,
+            Service::Vllm => {
+                let info: vllm::GetServerInfoResponse =
+                    self.unary(Method::GetServerInfo, &GetServerInfoRequest {}, deadline).await?;
+                Ok(info.to_sglang())
+            }
+        }
     }
 
     /// `GetLoads` (every rank, the core section).
     pub async fn loads(&self, deadline: Duration) -> Result<GetLoadsResponse, EngineError> {
-        self.unary(path::GET_LOADS, &GetLoadsRequest::default(), deadline).await
+        self.unary(Method::GetLoads, &GetLoadsRequest::default(), deadline).await
     }
 
-    /// `Abort` of `request_id`.
+    /// `Abort` of `request_id` (vLLM's takes ids and answers nothing: `success` then says
+    /// only that it was heard).
     pub async fn abort(
         &self,
         request_id: &str,
         reason: &str,
         deadline: Duration,
     ) -> Result<AbortResponse, EngineError> {
-        let asked = AbortRequest { request_id: request_id.into(), reason: reason.into() };
-        self.unary(path::ABORT, &asked, deadline).await
+        match self.service(deadline).await {
+            Service::Sglang => {
+                let asked = AbortRequest { request_id: request_id.into(), reason: reason.into() };
+                self.unary(Method::Abort, &asked, deadline).await
+            }
+            Service::Vllm => {
+                let asked = vllm::AbortRequest { request_ids: vec![request_id.into()] };
+                let _: vllm::AbortResponse = self.unary(Method::Abort, &asked, deadline).await?;
+                Ok(AbortResponse { success: true, message: String::new() })
+            }
+        }
     }
 
-    /// `Generate`: the call started (its head answered within `deadline`), its answers to read.
+    /// `Generate`: the call started (its head answered within `deadline`), its answers to read
+    /// (a vLLM engine's asked and read in its own messages).
     pub async fn generate(&self, request: &GenerateRequest, deadline: Duration) -> Result<Generation, EngineError> {
-        let started = tokio::time::timeout(deadline, self.start(path::GENERATE, request)).await;
+        let service = self.service(deadline).await;
+        let path = service.path(Method::Generate);
+        let started = match service {
+            Service::Sglang => tokio::time::timeout(deadline, self.start(path, request)).await,
+            Service::Vllm => {
+                let asked = vllm::GenerateRequest::from_sglang(request);
+                tokio::time::timeout(deadline, self.start(path, &asked)).await
+            }
+        };
         let (head, answers) = started.unwrap_or(Err(EngineError::Deadline(self.authority.clone(), deadline)))?;
-        Ok(Answers::new(head, answers, &self.authority))
+        Ok(match service {
+            Service::Sglang => Generation::Sglang(Answers::new(head, answers, &self.authority)),
+            Service::Vllm => Generation::Vllm(Answers::new(head, answers, &self.authority), request.request_id.clone()),
+        })
     }
 
     /// `GetTokenizer`: the tokenizer's files as one zip archive, whole within `deadline`, at most
@@ -228,7 +337,8 @@ impl Engine {
     /// archive and its fingerprint, lowercase hex).
     pub async fn tokenizer(&self, limit: usize, deadline: Duration) -> Result<(Vec<u8>, String), EngineError> {
         let call = async {
-            let (head, answers) = self.start(path::GET_TOKENIZER, &GetTokenizerRequest {}).await?;
+            let path = self.service(deadline).await.path(Method::GetTokenizer);
+            let (head, answers) = self.start(path, &GetTokenizerRequest {}).await?;
             let mut chunks = Answers::<GetTokenizerChunk>::new(head, answers, &self.authority);
             let (mut archive, mut carried) = (Vec::new(), String::new());
             while let Some(chunk) = chunks.next().await? {
@@ -262,7 +372,8 @@ impl Engine {
     /// `SubscribeKvEvents` from `start` (0: the current state): the batches as they come.
     pub async fn subscribe_kv_events(&self, start: u64, deadline: Duration) -> Result<KvEvents, EngineError> {
         let asked = SubscribeKvEventsRequest { start_sequence_number: start, load_records_before_first_batch: true };
-        let started = tokio::time::timeout(deadline, self.start(path::SUBSCRIBE_KV_EVENTS, &asked)).await;
+        let path = self.service(deadline).await.path(Method::SubscribeKvEvents);
+        let started = tokio::time::timeout(deadline, self.start(path, &asked)).await;
         let (head, answers) = started.unwrap_or(Err(EngineError::Deadline(self.authority.clone(), deadline)))?;
         Ok(Answers::new(head, answers, &self.authority))
     }

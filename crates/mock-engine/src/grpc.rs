@@ -1,17 +1,19 @@
 //! The engine's gRPC service (`--grpc-listen`): SGLang's scheduler service as
-//! Shepherd Model Gateway defines it (`engine_grpc`), over the same cache,
-//! timing model and KV events as the HTTP API. A caller sends token ids and
-//! sampling parameters and gets token ids back, streamed or whole.
+//! Shepherd Model Gateway defines it (`engine_grpc`), or vLLM's engine service
+//! (`--grpc-service vllm`: its messages converted to the same engine), over
+//! the same cache, timing model and KV events as the HTTP API. A caller sends
+//! token ids and sampling parameters and gets token ids back, streamed or whole.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine_grpc::path;
+use engine_grpc::proto::vllm;
 use engine_grpc::proto::{
     AbortRequest, AbortResponse, GenerateComplete, GenerateRequest, GenerateResponse, GenerateStreamChunk, Generated,
     GetLoadsResponse, GetModelInfoResponse, GetServerInfoResponse, HealthCheckResponse, MatchedStop, OutputLogProbs,
     SchedulerLoad, SubscribeKvEventsRequest,
 };
+use engine_grpc::{Method, Service};
 use grpc_wire::wkt::{Struct, Value};
 use grpc_wire::{Handler, Messages, Replies, Started, Status};
 use tokio_util::sync::CancellationToken;
@@ -34,6 +36,8 @@ pub(crate) struct Scheduler {
     cancel: CancellationToken,
     /// The requests generating, by id: `Abort` cancels one.
     running: std::sync::Mutex<std::collections::HashMap<String, CancellationToken>>,
+    /// The service it serves (the other's methods are unknown to it).
+    service: Service,
 }
 
 /// Takes a request out of the running set however its call ends.
@@ -49,7 +53,8 @@ impl Scheduler {
     pub(crate) fn new(engine: Arc<Engine>, cancel: CancellationToken) -> Self {
         let text: String = engine.config().reply_text.clone().unwrap_or_else(|| Script::default().text(512));
         let output = engine.renderer().tokenizer().encode(&text, false).unwrap_or_default();
-        Self { engine, output, cancel, running: Default::default() }
+        let service = engine.config().grpc_service;
+        Self { engine, output, cancel, running: Default::default(), service }
     }
 }
 
@@ -79,41 +84,60 @@ pub(crate) fn spawn(listener: tokio::net::TcpListener, scheduler: Arc<Scheduler>
 impl Handler for Scheduler {
     fn call(self: Arc<Self>, p: &str, mut calls: Messages, replies: Replies) -> Option<Started> {
         let e = self.engine.clone();
-        let started: Started = match p {
-            path::GENERATE => Box::pin(async move {
-                match read(&mut calls).await {
-                    Ok(asked) => self.generate(asked, &replies).await,
-                    Err(status) => status,
-                }
-            }),
-            path::HEALTH_CHECK => Box::pin(async move {
-                let healthy = HealthCheckResponse { healthy: true, message: String::new() };
-                answer(&replies, &healthy).await
-            }),
-            path::ABORT => Box::pin(async move {
-                let asked: AbortRequest = match read(&mut calls).await {
-                    Ok(a) => a,
-                    Err(status) => return status,
-                };
-                let running = self.running.lock().unwrap_or_else(|p| p.into_inner()).get(&asked.request_id).cloned();
-                let found = running.inspect(CancellationToken::cancel).is_some();
-                let found = found || e.pd().is_some_and(|pd| pd.abort(Some(&asked.request_id), false) > 0);
-                answer(&replies, &AbortResponse { success: found, message: String::new() }).await
-            }),
-            // The standard health service, as SGLang's servicer registers it: serving, the
-            // server as a whole ("") and the scheduler service.
-            grpc_wire::health::CHECK_PATH => Box::pin(async move {
+        // The standard health service, as the servicers register it: serving, the server as a
+        // whole ("") and the engine's service.
+        if p == grpc_wire::health::CHECK_PATH {
+            return Some(Box::pin(async move {
                 use grpc_wire::health::{HealthCheckRequest, HealthCheckResponse, ServingStatus};
                 let asked: HealthCheckRequest = match read(&mut calls).await {
                     Ok(a) => a,
                     Err(status) => return status,
                 };
-                if !asked.service.is_empty() && asked.service != path::SERVICE {
+                if !asked.service.is_empty() && asked.service != self.service.name() {
                     return Status::new(5, format!("unknown service {}", asked.service));
                 }
                 answer(&replies, &HealthCheckResponse { status: ServingStatus::Serving as i32 }).await
+            }));
+        }
+        // The other service's methods are unknown here (UNIMPLEMENTED), as on a real engine.
+        let (_, method) = Service::method_of(p).filter(|(service, _)| *service == self.service)?;
+        let vllm = self.service == Service::Vllm;
+        let started: Started = match method {
+            Method::Generate => Box::pin(async move {
+                let asked = match vllm {
+                    true => read::<vllm::GenerateRequest>(&mut calls).await.map(|r| r.to_sglang()),
+                    false => read(&mut calls).await,
+                };
+                match asked {
+                    Ok(asked) => self.generate(asked, &replies).await,
+                    Err(status) => status,
+                }
             }),
-            path::SUBSCRIBE_KV_EVENTS => Box::pin(async move {
+            Method::HealthCheck => Box::pin(async move {
+                let healthy = HealthCheckResponse { healthy: true, message: String::new() };
+                answer(&replies, &healthy).await
+            }),
+            Method::Abort => Box::pin(async move {
+                let ids = match vllm {
+                    true => read::<vllm::AbortRequest>(&mut calls).await.map(|a| a.request_ids),
+                    false => read::<AbortRequest>(&mut calls).await.map(|a| vec![a.request_id]),
+                };
+                let ids = match ids {
+                    Ok(ids) => ids,
+                    Err(status) => return status,
+                };
+                let mut found = false;
+                for id in &ids {
+                    let running = self.running.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned();
+                    found |= running.inspect(CancellationToken::cancel).is_some();
+                    found |= e.pd().is_some_and(|pd| pd.abort(Some(id), false) > 0);
+                }
+                match vllm {
+                    true => answer(&replies, &vllm::AbortResponse {}).await,
+                    false => answer(&replies, &AbortResponse { success: found, message: String::new() }).await,
+                }
+            }),
+            Method::SubscribeKvEvents => Box::pin(async move {
                 let asked: SubscribeKvEventsRequest = match read(&mut calls).await {
                     Ok(a) => a,
                     Err(status) => return status,
@@ -123,11 +147,21 @@ impl Handler for Scheduler {
                     () = self.cancel.cancelled() => Status::new(Status::UNAVAILABLE, "the engine stopped"),
                 }
             }),
-            path::GET_MODEL_INFO => Box::pin(async move { answer(&replies, &model_info(&e)).await }),
-            path::GET_SERVER_INFO => Box::pin(async move { answer(&replies, &server_info(&e)).await }),
-            path::GET_LOADS => Box::pin(async move { answer(&replies, &loads(&e)).await }),
-            path::GET_TOKENIZER => Box::pin(async move { tokenizer(&e, &replies).await }),
-            _ => return None,
+            Method::GetModelInfo => Box::pin(async move {
+                match vllm {
+                    true => answer(&replies, &vllm::GetModelInfoResponse::from_sglang(model_info(&e))).await,
+                    false => answer(&replies, &model_info(&e)).await,
+                }
+            }),
+            Method::GetServerInfo => Box::pin(async move {
+                match vllm {
+                    true => answer(&replies, &vllm_server_info(&e)).await,
+                    false => answer(&replies, &server_info(&e)).await,
+                }
+            }),
+            Method::GetLoads => Box::pin(async move { answer(&replies, &loads(&e)).await }),
+            Method::GetTokenizer => Box::pin(async move { tokenizer(&e, &replies).await }),
+            Method::FlushCache => return None,
         };
         Some(started)
     }
@@ -175,6 +209,15 @@ impl Scheduler {
     /// One `Generate` call: the prompt admitted (cache, prefill, KV events), then
     /// `max_new_tokens` tokens for each of its `n` sequences, a chunk per decode
     /// step when streamed, then each sequence's `GenerateComplete`.
+    /// Sends an answer in the caller's service's messages.
+    async fn send(&self, replies: &Replies, m: GenerateResponse) -> Result<(), ()> {
+        let sent = match self.service {
+            Service::Sglang => replies.send(&m).await,
+            Service::Vllm => replies.send(&vllm::GenerateResponse::from_sglang(m)).await,
+        };
+        sent.map_err(|_| ())
+    }
+
     async fn generate(&self, asked: GenerateRequest, replies: &Replies) -> Status {
         let e = &self.engine;
         let tokens = asked.tokenized.as_ref().map(|t| t.input_ids.as_slice()).unwrap_or_default();
@@ -238,7 +281,7 @@ impl Scheduler {
                         request_id: asked.request_id.clone(),
                         response: Some(Generated::Chunk(chunk)),
                     };
-                    if replies.send(&m).await.is_err() {
+                    if self.send(replies, m).await.is_err() {
                         e.cancelled_streams.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         return Status::new(Status::CANCELLED, "the caller left");
                     }
@@ -269,7 +312,7 @@ impl Scheduler {
                 request_id: asked.request_id.clone(),
                 response: Some(Generated::Complete(complete)),
             };
-            if replies.send(&m).await.is_err() {
+            if self.send(replies, m).await.is_err() {
                 return Status::new(Status::CANCELLED, "the caller left");
             }
         }
@@ -325,6 +368,19 @@ fn model_info(e: &Engine) -> GetModelInfoResponse {
         model_type: "mock".into(),
         max_req_input_len: i32::try_from(c.capacity_tokens).unwrap_or(i32::MAX),
         architectures: vec!["MockForCausalLM".into()],
+        ..Default::default()
+    }
+}
+
+/// vLLM's server info: its block size and data-parallel size.
+fn vllm_server_info(e: &Engine) -> vllm::GetServerInfoResponse {
+    let c = e.config();
+    vllm::GetServerInfoResponse {
+        active_requests: e.loads().iter().map(|l| l.num_running_reqs as u32).sum(),
+        server_type: "vllm-grpc".into(),
+        data_parallel_size: i32::try_from(c.dp_size).unwrap_or(1),
+        block_size: i32::try_from(c.page_size).unwrap_or(0),
+        max_num_seqs: 256,
         ..Default::default()
     }
 }

@@ -95,6 +95,8 @@ pub struct MockEngineConfig {
     /// Also serve SGLang's gRPC scheduler service (`Generate`, `HealthCheck`, `GetModelInfo`,
     /// `GetServerInfo`, `GetLoads`, `Abort`) here (`127.0.0.1:0`: any free port).
     pub grpc_listen: Option<SocketAddr>,
+    /// Which service `grpc_listen` serves: SGLang's scheduler or vLLM's engine (`--grpc`).
+    pub grpc_service: engine_grpc::Service,
     /// Also answer HTTP/2 by prior knowledge (h2c) on the HTTP port, as an engine behind an
     /// h2c-speaking server does; off: HTTP/1.1 only, as SGLang's and vLLM's uvicorn.
     pub http2: bool,
@@ -142,6 +144,7 @@ impl Default for MockEngineConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             refuse_rank_header: false,
             grpc_listen: None,
+            grpc_service: engine_grpc::Service::Sglang,
             http2: false,
             http2_only: false,
             tokenizer_dir: None,

@@ -1,5 +1,6 @@
 //! The messages, as prost structs written from smg-grpc-proto 0.4.28's
-//! `sglang_scheduler.proto` ([`scheduler`]) and `common.proto` ([`common`]):
+//! `sglang_scheduler.proto` ([`scheduler`]), `vllm_engine.proto` ([`vllm`]: the messages that
+//! differ from SGLang's, and the conversions) and `common.proto` ([`common`]):
 //! the fields a router sends and reads and a simulated engine answers with.
 //! Fields left out are skipped on decode (protobuf's unknown fields) and
 //! never sent. The field numbers are the wire contract: each is the
@@ -8,6 +9,7 @@
 
 pub mod common;
 pub mod scheduler;
+pub mod vllm;
 
 pub use common::*;
 pub use scheduler::*;

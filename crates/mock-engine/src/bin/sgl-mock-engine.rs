@@ -20,6 +20,10 @@ struct Args {
     /// in and out), e.g. `127.0.0.1:30002`; the router's `--worker-urls grpc://ADDR`.
     #[arg(long, env = "SGL_MOCK_GRPC_LISTEN", value_name = "ADDR")]
     grpc_listen: Option<SocketAddr>,
+    /// The service `--grpc-listen` serves: `sglang` (SGLang's scheduler, `--smg-grpc-mode`) or
+    /// `vllm` (vLLM's engine, `vllm serve --grpc`).
+    #[arg(long, env = "SGL_MOCK_GRPC_SERVICE", value_enum, default_value = "sglang")]
+    grpc_service: GrpcService,
     /// Also answer HTTP/2 by prior knowledge (h2c) on the HTTP port (the router's
     /// `--upstream-http2`); off: HTTP/1.1 only, as SGLang's and vLLM's servers.
     #[arg(long, env = "SGL_MOCK_HTTP2")]
@@ -126,6 +130,13 @@ struct Args {
     fault_die_mid_stream_next: usize,
 }
 
+/// `--grpc-service`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum GrpcService {
+    Sglang,
+    Vllm,
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter("info").init();
@@ -133,6 +144,10 @@ async fn main() -> anyhow::Result<()> {
     let config = MockEngineConfig {
         listen: a.listen,
         grpc_listen: a.grpc_listen,
+        grpc_service: match a.grpc_service {
+            GrpcService::Sglang => engine_grpc::Service::Sglang,
+            GrpcService::Vllm => engine_grpc::Service::Vllm,
+        },
         http2: a.http2,
         http2_only: a.http2_only,
         model_id: a.model_id,

@@ -22,9 +22,15 @@ fn qwen3() -> PathBuf {
 /// A simulated engine with Qwen3's tokenizer serving gRPC (its KV events too), its model id
 /// the tokenizer's directory (what `smg --model-path` names it).
 async fn grpc_engine(dir: &std::path::Path) -> MockEngine {
+    grpc_engine_serving(dir, engine_grpc::Service::Sglang).await
+}
+
+/// The same, serving `service`.
+async fn grpc_engine_serving(dir: &std::path::Path, service: engine_grpc::Service) -> MockEngine {
     let config = MockEngineConfig {
         model_id: dir.display().to_string(),
         grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        grpc_service: service,
         kv_events: true,
         fast: true,
         ..MockEngineConfig::default()
@@ -709,4 +715,99 @@ async fn without_a_tokenizer_path_the_router_takes_its_grpc_workers_own() {
     let router = crate::common::app::start(c).await;
     let builtin = renderer::Renderer::builtin().unwrap().tokenizer().encode(text, false).unwrap();
     assert_eq!(router.gateway.default_pool().renderer.tokenizer().encode(text, false).unwrap(), builtin);
+}
+
+/// vLLM's engine service (`vllm serve --grpc`, `vllm_engine.proto`): the router finds which
+/// service a worker serves (SGLang's is unknown to it), speaks vLLM's messages to it, and
+/// follows its KV events over the same connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllms_grpc_service_answers_and_its_kv_events_steer_cache_aware_routing() {
+    use crate::common::app::admin_post;
+    let config = || MockEngineConfig {
+        grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        grpc_service: engine_grpc::Service::Vllm,
+        kv_events: true,
+        fast: true,
+        ..MockEngineConfig::default()
+    };
+    let (w0, w1) = (MockEngine::spawn(config()).await.unwrap(), MockEngine::spawn(config()).await.unwrap());
+    let router = grpc_router_with(&[&w0, &w1], true).await;
+    let chat = json!({"model": "default", "max_tokens": 64, "n": 2, "stop": ["routing"], "logprobs": true,
+                      "messages": [{"role": "user", "content": "Where do requests go?"}]});
+    // Whole: two sequences, the stop string cut, vLLM's logprobs read.
+    let whole = chat_json(&router, &chat).await;
+    for i in 0..2 {
+        let choice = &whole["choices"][i];
+        assert_eq!(choice["message"]["content"], " the cache is warm and ", "{whole}");
+        assert_eq!(choice["finish_reason"], "stop", "{whole}");
+        assert!(!choice["logprobs"]["content"].as_array().unwrap().is_empty(), "{whole}");
+    }
+    // Streamed: the same text.
+    let (sse, chunks) = chat_streamed(
+        &router,
+        &json!({"model": "default", "max_tokens": 64, "stop": "routing",
+        "messages": [{"role": "user", "content": "Where do requests go?"}]}),
+    )
+    .await;
+    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, " the cache is warm and ", "{sse}");
+    // Its KV events over gRPC: a prompt w1 alone holds goes to w1.
+    let system = "A long shared system prompt about prefix caches. ".repeat(40);
+    let ask = |user: &str| {
+        json!({"model": "default", "max_tokens": 2,
+               "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
+    };
+    let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", w1.url())).json(&ask("warm")).send().await;
+    assert_eq!(r.unwrap().status(), 200);
+    let q = ask("a question");
+    let g1 = w1.grpc_url().unwrap();
+    crate::common::eventually("the index learned w1's cache from vLLM's service", async || {
+        let d: Value = admin_post(&format!("{}/debug/route", router.url), &q).await.json().await.unwrap();
+        d["worker"] == g1.as_str() && d["reason"] == "cache_hit"
+    })
+    .await;
+    let answer = chat_json(&router, &q).await;
+    assert!(answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0, "{answer}");
+    let served = w0.engine().requests.load(Ordering::Relaxed) + w1.engine().requests.load(Ordering::Relaxed);
+    assert_eq!(served, 4, "three over gRPC, and w1's warm-up over HTTP");
+    let _ = router.stop.send(());
+}
+
+/// smg 1.13 with `--backend vllm` (its vLLM gRPC client, built from the same protocol) answers a
+/// chat through the simulated engine's vLLM service: the messages' form, checked by the real peer.
+/// The engine serves vLLM's service only (SGLang's methods are UNIMPLEMENTED there), so an
+/// answer came through vLLM's `Generate`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smg_answers_a_chat_through_the_simulated_engines_vllm_service() {
+    let Some(smg) = smg("the smg vLLM gRPC interop test") else { return };
+    let dir = qwen3();
+    let engine = grpc_engine_serving(&dir, engine_grpc::Service::Vllm).await;
+    let grpc = engine.grpc_url().unwrap();
+    let log = std::env::temp_dir().join(format!("smg-vllm-grpc-{}.log", std::process::id()));
+    let model = dir.display().to_string();
+    let args = ["--backend", "vllm", "--worker-urls", &grpc, "--model-path", &model];
+    let router = Smg::launch(&smg, &args, &log);
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let content = "Tell me about prefix caches in LLM serving, and how a router keeps them warm across replicas.";
+    let body = json!({"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": content}]});
+    // Until smg registered the worker and its tokenizer it answers with an error: asked again.
+    let whole: Value = loop {
+        let answer: Option<Value> =
+            match http.post(format!("{}/v1/chat/completions", router.url)).json(&body).send().await {
+                Ok(r) => r.json().await.ok(),
+                Err(_) => None,
+            };
+        if let Some(a) = answer.as_ref().filter(|a| a["choices"].is_array()) {
+            break a.clone();
+        }
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(Instant::now() < deadline, "smg never answered through {grpc}: {answer:?}\n{log}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(text_of(&whole["choices"][0]["message"]), " the cache is warm and routing works.", "{whole}");
+    assert_eq!(whole["usage"]["completion_tokens"], 8, "{whole}");
+    assert!(engine.engine().requests.load(Ordering::Relaxed) >= 1, "answered by the engine over gRPC");
+    drop(router);
+    let _ = std::fs::remove_file(&log);
 }
