@@ -292,6 +292,48 @@ mod tests {
         }
     }
 
+    /// `tests/fixtures/tool_calls/formats.json`: what SGLang 0.5.23's own detectors of the other
+    /// formats (`Qwen25Detector`, `Llama32Detector`, `MistralDetector`, `DeepSeekV3Detector`) made
+    /// of each answer (`make_pythonic.py` beside it).
+    #[test]
+    fn every_format_is_read_as_sglangs_own_detector_reads_it() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/tool_calls/formats.json");
+        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let names: Vec<String> =
+            fixture["tools"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_owned()).collect();
+        let mut differ = Vec::new();
+        for (name, format) in [
+            ("qwen", Format::Qwen),
+            ("llama", Format::Llama),
+            ("mistral", Format::Mistral),
+            ("deepseek", Format::DeepSeek),
+        ] {
+            let offered = Offered { names: names.clone(), format };
+            let cases = fixture["formats"][name].as_array().unwrap();
+            assert!(cases.len() >= 5, "{name}");
+            for case in cases {
+                let text = case["text"].as_str().unwrap();
+                let (content, calls) = parse(text, &offered);
+                let want: Vec<Call> = case["calls"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|c| Call {
+                        name: c["name"].as_str().unwrap().into(),
+                        arguments: c["arguments"].as_str().unwrap().into(),
+                    })
+                    .collect();
+                let want_content = case["normal_text"].as_str().unwrap();
+                if (content.as_str(), &calls) != (want_content, &want) {
+                    differ.push(format!(
+                        "{name}: {text:?}\n  ours:   {content:?} {calls:?}\n  SGLang: {want_content:?} {want:?}"
+                    ));
+                }
+            }
+        }
+        assert!(differ.is_empty(), "{} answers read otherwise:\n{}", differ.len(), differ.join("\n"));
+    }
+
     #[test]
     fn streamed_in_any_pieces_the_calls_and_content_are_the_whole_answers() {
         let (content, calls) = parse(ANSWER, &offered());
