@@ -164,6 +164,8 @@ pub struct KvIndex {
     /// Some (worker, rank) publishes several KV-cache groups, or a group that is not full
     /// attention: matches read its groups together (`groups`).
     hybrid: AtomicBool,
+    /// Those (worker, rank)s' primary streams.
+    families: RwLock<Vec<StreamId>>,
 }
 
 #[derive(Debug, Default)]
@@ -339,6 +341,7 @@ impl KvIndex {
             clock,
             tick: AtomicU32::new(0),
             hybrid: AtomicBool::new(false),
+            families: RwLock::default(),
             evicted: AtomicU64::new(0),
             adapters: Adapters::default(),
         }
@@ -458,6 +461,7 @@ impl KvIndex {
         slot.retired.store(true, Ordering::Release);
         self.registry.write().unwrap_or_else(|p| p.into_inner()).free.push(stream);
         // Its groups' streams go with it.
+        self.families.write().unwrap_or_else(|p| p.into_inner()).retain(|id| *id != stream);
         let members = std::mem::take(&mut slot.family.lock().unwrap_or_else(|p| p.into_inner()).members);
         for (_, member) in members {
             ended += self.retire_stream(member)?;

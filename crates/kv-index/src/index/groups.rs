@@ -64,7 +64,7 @@ impl GroupBlocks {
 /// looked up together (a block counts when each holds it), full attention first, the others
 /// each cutting the candidate until none does: vLLM's `HybridKVCacheCoordinator` over its
 /// managers' `find_longest_cache_hit` (one block size, no EAGLE drop, no partial blocks;
-/// `crates/kv-index/tests/hybrid_golden.rs` checks it against vLLM's own code).
+/// `crates/kv-index/tests/behaviour/hybrid.rs` checks it against vLLM's own code).
 pub fn reusable_prefix<F: Fn(usize) -> bool>(max: usize, groups: &[(GroupBlocks, F)]) -> usize {
     let mut kinds: Vec<GroupBlocks> = Vec::with_capacity(groups.len());
     for (kind, _) in groups {
@@ -154,15 +154,25 @@ impl KvIndex {
         }
         let id = Self::take_id(&mut reg, member)?;
         family.members.push((group, id));
-        self.hybrid.store(true, Ordering::Release);
+        drop((family, reg));
+        self.note_family(primary);
         Ok(id)
+    }
+
+    /// `primary`'s (worker, rank) is read as a hybrid model's from now on.
+    fn note_family(&self, primary: StreamId) {
+        let mut families = self.families.write().unwrap_or_else(|p| p.into_inner());
+        if !families.contains(&primary) {
+            families.push(primary);
+        }
+        self.hybrid.store(true, Ordering::Release);
     }
 
     /// Says what `stream`'s group keeps (from its engine's events).
     pub fn set_group_kind(&self, stream: StreamId, kind: GroupBlocks) -> Result<(), IndexError> {
         let slot = self.slot(stream)?;
         if slot.kind.swap(kind.pack(), Ordering::Relaxed) != kind.pack() && kind != GroupBlocks::Full {
-            self.hybrid.store(true, Ordering::Release);
+            self.note_family(slot.primary.unwrap_or(stream));
         }
         Ok(())
     }
@@ -194,7 +204,12 @@ impl KvIndex {
             chain.push(slot);
             prev = slot;
         }
-        for (ix, slot) in reg.streams.iter().enumerate() {
+        // Only the (worker, rank)s that publish several groups or a group that is not full
+        // attention (a stream id retired meanwhile is skipped: its family is empty or it is
+        // removed).
+        let families = self.families.read().unwrap_or_else(|p| p.into_inner());
+        for &primary in families.iter() {
+            let Some(slot) = reg.streams.get(primary.index()) else { continue };
             let kind = GroupBlocks::unpack(slot.kind.load(Ordering::Relaxed));
             let members = self.members(slot);
             if slot.primary.is_some()
@@ -203,12 +218,17 @@ impl KvIndex {
             {
                 continue;
             }
-            let primary = StreamId(ix as u32);
             let mut streams = vec![(kind, primary)];
             streams.extend(members.iter().filter_map(|&id| {
                 let m = reg.streams.get(id.index())?;
                 Some((GroupBlocks::unpack(m.kind.load(Ordering::Relaxed)), id))
             }));
+            // With full attention among its groups and none of its streams holding the first
+            // block, it can reuse nothing: no walk.
+            let in_active = |id: StreamId| active.iter().any(|a| a.stream == id);
+            if streams.iter().any(|(k, _)| *k == GroupBlocks::Full) && !streams.iter().any(|(_, id)| in_active(*id)) {
+                continue;
+            }
             // Which of the chain's blocks each group holds (in a tier that counts).
             let holds: Vec<(GroupBlocks, Vec<bool>)> = streams
                 .iter()
