@@ -6,8 +6,11 @@
 #   sgl_http    sgl-router --policy cache_aware --kv-events, HTTP worker (events over ZMQ)
 #   sgl_grpc    sgl-router --policy cache_aware --kv-events, gRPC worker (events over gRPC):
 #               the router renders, tokenizes, detokenizes, cuts stop strings
+#   sgl_grpc_vllm  the same against a second engine (same settings) serving vLLM's engine
+#               service instead (`--grpc-service vllm`): vLLM's messages, converted at the wire
 #   smg_grpc    smg 1.13 --policy cache_aware, gRPC worker (with SMG=path/to/smg:
 #               `bash tests/smg/setup_venv.sh` makes one)
+#   smg_grpc_vllm  smg 1.13 --backend vllm against the vLLM-service engine (with SMG)
 # Two measurements: one-token chats (latency at c=1, req/s at c=64, 200 B and 16 KiB
 # prompts), then streamed chats of STREAM_TOKENS tokens (time to the first token at c=1
 # and c=64) with each router's CPU seconds per 1,000 streamed tokens.
@@ -30,6 +33,9 @@ ln -s "$TOK" "$work/default"
 "$BIN/sgl-mock-engine" --listen 127.0.0.1:31001 --grpc-listen 127.0.0.1:31002 --fast \
   --tokenizer-path "$TOK" --model-id default >/dev/null 2>&1 & pids+=($!)
 ready http://127.0.0.1:31001/health
+"$BIN/sgl-mock-engine" --listen 127.0.0.1:31004 --grpc-listen 127.0.0.1:31003 --grpc-service vllm --fast \
+  --tokenizer-path "$TOK" --model-id default >/dev/null 2>&1 & pids+=($!)
+ready http://127.0.0.1:31004/health
 
 names=(); urls=(); rpids=()
 start() { # NAME PORT READY_PATH COMMAND...
@@ -41,12 +47,20 @@ start() { # NAME PORT READY_PATH COMMAND...
 common=(--policy cache_aware --kv-events --tokenizer-path "$TOK" --model-id default)
 start sgl_http 31010 /readiness "$BIN/sgl-router" --port 31010 --worker-urls http://127.0.0.1:31001 "${common[@]}"
 start sgl_grpc 31011 /readiness "$BIN/sgl-router" --port 31011 --worker-urls grpc://127.0.0.1:31002 "${common[@]}"
+start sgl_grpc_vllm 31013 /readiness "$BIN/sgl-router" --port 31013 --worker-urls grpc://127.0.0.1:31003 "${common[@]}"
 if [ -n "$SMG" ]; then
   start smg_grpc 31012 /health "$SMG" launch --worker-urls grpc://127.0.0.1:31002 --model-path default \
     --policy cache_aware --port 31012 --prometheus-port 31112 --log-level error
   # Its tokenizer registers in the background: wait for a chat to be answered.
   for _ in $(seq 1 300); do
     curl -sf http://127.0.0.1:31012/v1/chat/completions -H 'content-type: application/json' \
+      -d '{"model":"default","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}' >/dev/null && break
+    sleep 0.1
+  done
+  start smg_grpc_vllm 31014 /health "$SMG" launch --backend vllm --worker-urls grpc://127.0.0.1:31003 \
+    --model-path default --policy cache_aware --port 31014 --prometheus-port 31114 --log-level error
+  for _ in $(seq 1 300); do
+    curl -sf http://127.0.0.1:31014/v1/chat/completions -H 'content-type: application/json' \
       -d '{"model":"default","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}' >/dev/null && break
     sleep 0.1
   done
