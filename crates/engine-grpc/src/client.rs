@@ -262,29 +262,36 @@ impl Engine {
         self.unary(Method::HealthCheck, &HealthCheckRequest {}, deadline).await
     }
 
+    /// A unary call of `method` whose answer is SGLang's message, or vLLM's made SGLang's by
+    /// `convert`.
+    async fn unary_converted<Q, A, V>(
+        &self,
+        (method, message): (Method, &Q),
+        deadline: Duration,
+        convert: impl FnOnce(V) -> A,
+    ) -> Result<A, EngineError>
+    where
+        Q: prost::Message,
+        A: prost::Message + Default,
+        V: prost::Message + Default,
+    {
+        match self.service(deadline).await {
+            Service::Sglang => self.unary(method, message, deadline).await,
+            Service::Vllm => Ok(convert(self.unary(method, message, deadline).await?)),
+        }
+    }
+
     /// `GetModelInfo` (vLLM's as SGLang's).
     pub async fn model_info(&self, deadline: Duration) -> Result<GetModelInfoResponse, EngineError> {
-        match self.service(deadline).await {
-            Service::Sglang => self.unary(Method::GetModelInfo, &GetModelInfoRequest {}, deadline).await,
-            Service::Vllm => {
-                let info: vllm::GetModelInfoResponse =
-                    self.unary(Method::GetModelInfo, &GetModelInfoRequest {}, deadline).await?;
-                Ok(info.to_sglang())
-            }
-        }
+        let call = (Method::GetModelInfo, &GetModelInfoRequest {});
+        self.unary_converted(call, deadline, vllm::GetModelInfoResponse::to_sglang).await
     }
 
     /// `GetServerInfo` (vLLM's as SGLang's: its block size as `page_size`, its data-parallel
     /// size as `dp_size`).
     pub async fn server_info(&self, deadline: Duration) -> Result<GetServerInfoResponse, EngineError> {
-        match self.service(deadline).await {
-            Service::Sglang => self.unary(Method::GetServerInfo, &GetServerInfoRequest {}, deadline).await,
-            Service::Vllm => {
-                let info: vllm::GetServerInfoResponse =
-                    self.unary(Method::GetServerInfo, &GetServerInfoRequest {}, deadline).await?;
-                Ok(info.to_sglang())
-            }
-        }
+        let call = (Method::GetServerInfo, &GetServerInfoRequest {});
+        self.unary_converted(call, deadline, vllm::GetServerInfoResponse::to_sglang).await
     }
 
     /// `GetLoads` (every rank, the core section).

@@ -266,17 +266,18 @@ mod tests {
         assert_eq!(parse("x <tool_call>\n{\"name\": \"search\"", &offered()), ("x".into(), Vec::new()));
     }
 
-    /// `tests/fixtures/tool_calls/pythonic.json`: what SGLang 0.5.23's own `PythonicDetector`
-    /// made of each answer (`make_pythonic.py` beside it).
-    #[test]
-    fn pythonic_calls_are_read_as_sglangs_own_detector_reads_them() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/tool_calls/pythonic.json");
-        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    /// A fixture of `tests/fixtures/tool_calls/` (`make_pythonic.py` beside them).
+    fn fixture(name: &str) -> Value {
+        let path = format!("{}/../../tests/fixtures/tool_calls/{name}", env!("CARGO_MANIFEST_DIR"));
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    /// The answers of `cases` our `format` reads otherwise than SGLang's detector did.
+    fn read_otherwise(fixture: &Value, cases: &Value, format: Format) -> Vec<String> {
         let names = fixture["tools"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_owned()).collect();
-        let offered = Offered { names, format: Format::Pythonic };
-        let cases = fixture["cases"].as_array().unwrap();
-        assert!(cases.len() >= 30);
-        for case in cases {
+        let offered = Offered { names, format };
+        let mut differ = Vec::new();
+        for case in cases.as_array().unwrap() {
             let text = case["text"].as_str().unwrap();
             let (content, calls) = parse(text, &offered);
             let want: Vec<Call> = case["calls"]
@@ -288,19 +289,31 @@ mod tests {
                     arguments: c["arguments"].as_str().unwrap().into(),
                 })
                 .collect();
-            assert_eq!((content.as_str(), &calls), (case["normal_text"].as_str().unwrap(), &want), "{text}");
+            let want_content = case["normal_text"].as_str().unwrap();
+            if (content.as_str(), &calls) != (want_content, &want) {
+                differ.push(format!(
+                    "{format:?}: {text:?}\n  ours:   {content:?} {calls:?}\n  SGLang: {want_content:?} {want:?}"
+                ));
+            }
         }
+        differ
     }
 
-    /// `tests/fixtures/tool_calls/formats.json`: what SGLang 0.5.23's own detectors of the other
-    /// formats (`Qwen25Detector`, `Llama32Detector`, `MistralDetector`, `DeepSeekV3Detector`) made
-    /// of each answer (`make_pythonic.py` beside it).
+    /// `pythonic.json`: what SGLang 0.5.23's own `PythonicDetector` made of each answer.
+    #[test]
+    fn pythonic_calls_are_read_as_sglangs_own_detector_reads_them() {
+        let fixture = fixture("pythonic.json");
+        assert!(fixture["cases"].as_array().unwrap().len() >= 30);
+        let differ = read_otherwise(&fixture, &fixture["cases"], Format::Pythonic);
+        assert!(differ.is_empty(), "{}", differ.join("\n"));
+    }
+
+    /// `formats.json`: what SGLang 0.5.23's own detectors of the other formats
+    /// (`Qwen25Detector`, `Llama32Detector`, `MistralDetector`, `DeepSeekV3Detector`) made of
+    /// each answer.
     #[test]
     fn every_format_is_read_as_sglangs_own_detector_reads_it() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/tool_calls/formats.json");
-        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let names: Vec<String> =
-            fixture["tools"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_owned()).collect();
+        let fixture = fixture("formats.json");
         let mut differ = Vec::new();
         for (name, format) in [
             ("qwen", Format::Qwen),
@@ -308,28 +321,9 @@ mod tests {
             ("mistral", Format::Mistral),
             ("deepseek", Format::DeepSeek),
         ] {
-            let offered = Offered { names: names.clone(), format };
-            let cases = fixture["formats"][name].as_array().unwrap();
-            assert!(cases.len() >= 5, "{name}");
-            for case in cases {
-                let text = case["text"].as_str().unwrap();
-                let (content, calls) = parse(text, &offered);
-                let want: Vec<Call> = case["calls"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|c| Call {
-                        name: c["name"].as_str().unwrap().into(),
-                        arguments: c["arguments"].as_str().unwrap().into(),
-                    })
-                    .collect();
-                let want_content = case["normal_text"].as_str().unwrap();
-                if (content.as_str(), &calls) != (want_content, &want) {
-                    differ.push(format!(
-                        "{name}: {text:?}\n  ours:   {content:?} {calls:?}\n  SGLang: {want_content:?} {want:?}"
-                    ));
-                }
-            }
+            let cases = &fixture["formats"][name];
+            assert!(cases.as_array().unwrap().len() >= 5, "{name}");
+            differ.extend(read_otherwise(&fixture, cases, format));
         }
         assert!(differ.is_empty(), "{} answers read otherwise:\n{}", differ.len(), differ.join("\n"));
     }
