@@ -94,31 +94,29 @@ impl Service {
     }
 }
 
-/// The methods' paths.
+/// A service's name and its methods' paths (`/package.Service/Method`).
+macro_rules! service_paths {
+    ($service:literal) => {
+        pub const SERVICE: &str = $service;
+        pub const GENERATE: &str = concat!("/", $service, "/Generate");
+        pub const HEALTH_CHECK: &str = concat!("/", $service, "/HealthCheck");
+        pub const ABORT: &str = concat!("/", $service, "/Abort");
+        pub const GET_MODEL_INFO: &str = concat!("/", $service, "/GetModelInfo");
+        pub const GET_SERVER_INFO: &str = concat!("/", $service, "/GetServerInfo");
+        pub const GET_LOADS: &str = concat!("/", $service, "/GetLoads");
+        pub const FLUSH_CACHE: &str = concat!("/", $service, "/FlushCache");
+        pub const GET_TOKENIZER: &str = concat!("/", $service, "/GetTokenizer");
+        pub const SUBSCRIBE_KV_EVENTS: &str = concat!("/", $service, "/SubscribeKvEvents");
+    };
+}
+
+/// The methods' paths: `sglang.grpc.scheduler.SglangScheduler`'s, and in [`path::vllm`]
+/// `vllm.grpc.engine.VllmEngine`'s.
 pub mod path {
-    /// `sglang.grpc.scheduler.SglangScheduler`'s methods.
-    pub const SERVICE: &str = "sglang.grpc.scheduler.SglangScheduler";
-    pub const GENERATE: &str = "/sglang.grpc.scheduler.SglangScheduler/Generate";
-    pub const HEALTH_CHECK: &str = "/sglang.grpc.scheduler.SglangScheduler/HealthCheck";
-    pub const ABORT: &str = "/sglang.grpc.scheduler.SglangScheduler/Abort";
-    pub const GET_MODEL_INFO: &str = "/sglang.grpc.scheduler.SglangScheduler/GetModelInfo";
-    pub const GET_SERVER_INFO: &str = "/sglang.grpc.scheduler.SglangScheduler/GetServerInfo";
-    pub const GET_LOADS: &str = "/sglang.grpc.scheduler.SglangScheduler/GetLoads";
-    pub const FLUSH_CACHE: &str = "/sglang.grpc.scheduler.SglangScheduler/FlushCache";
-    pub const GET_TOKENIZER: &str = "/sglang.grpc.scheduler.SglangScheduler/GetTokenizer";
-    pub const SUBSCRIBE_KV_EVENTS: &str = "/sglang.grpc.scheduler.SglangScheduler/SubscribeKvEvents";
+    service_paths!("sglang.grpc.scheduler.SglangScheduler");
 
     /// `vllm.grpc.engine.VllmEngine`'s methods.
     pub mod vllm {
-        pub const SERVICE: &str = "vllm.grpc.engine.VllmEngine";
-        pub const GENERATE: &str = "/vllm.grpc.engine.VllmEngine/Generate";
-        pub const HEALTH_CHECK: &str = "/vllm.grpc.engine.VllmEngine/HealthCheck";
-        pub const ABORT: &str = "/vllm.grpc.engine.VllmEngine/Abort";
-        pub const GET_MODEL_INFO: &str = "/vllm.grpc.engine.VllmEngine/GetModelInfo";
-        pub const GET_SERVER_INFO: &str = "/vllm.grpc.engine.VllmEngine/GetServerInfo";
-        pub const GET_LOADS: &str = "/vllm.grpc.engine.VllmEngine/GetLoads";
-        pub const FLUSH_CACHE: &str = "/vllm.grpc.engine.VllmEngine/FlushCache";
-        pub const GET_TOKENIZER: &str = "/vllm.grpc.engine.VllmEngine/GetTokenizer";
-        pub const SUBSCRIBE_KV_EVENTS: &str = "/vllm.grpc.engine.VllmEngine/SubscribeKvEvents";
+        service_paths!("vllm.grpc.engine.VllmEngine");
     }
 }
