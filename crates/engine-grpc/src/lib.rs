@@ -38,6 +38,21 @@ pub enum Method {
     SubscribeKvEvents,
 }
 
+impl Method {
+    /// Every method.
+    pub const ALL: [Method; 9] = [
+        Method::Generate,
+        Method::HealthCheck,
+        Method::Abort,
+        Method::GetModelInfo,
+        Method::GetServerInfo,
+        Method::GetLoads,
+        Method::FlushCache,
+        Method::GetTokenizer,
+        Method::SubscribeKvEvents,
+    ];
+}
+
 impl Service {
     /// The service's full name.
     pub fn name(self) -> &'static str {
@@ -49,48 +64,17 @@ impl Service {
 
     /// `method`'s path on this service.
     pub fn path(self, method: Method) -> &'static str {
-        use Method::*;
-        match (self, method) {
-            (Service::Sglang, Generate) => path::GENERATE,
-            (Service::Sglang, HealthCheck) => path::HEALTH_CHECK,
-            (Service::Sglang, Abort) => path::ABORT,
-            (Service::Sglang, GetModelInfo) => path::GET_MODEL_INFO,
-            (Service::Sglang, GetServerInfo) => path::GET_SERVER_INFO,
-            (Service::Sglang, GetLoads) => path::GET_LOADS,
-            (Service::Sglang, FlushCache) => path::FLUSH_CACHE,
-            (Service::Sglang, GetTokenizer) => path::GET_TOKENIZER,
-            (Service::Sglang, SubscribeKvEvents) => path::SUBSCRIBE_KV_EVENTS,
-            (Service::Vllm, Generate) => path::vllm::GENERATE,
-            (Service::Vllm, HealthCheck) => path::vllm::HEALTH_CHECK,
-            (Service::Vllm, Abort) => path::vllm::ABORT,
-            (Service::Vllm, GetModelInfo) => path::vllm::GET_MODEL_INFO,
-            (Service::Vllm, GetServerInfo) => path::vllm::GET_SERVER_INFO,
-            (Service::Vllm, GetLoads) => path::vllm::GET_LOADS,
-            (Service::Vllm, FlushCache) => path::vllm::FLUSH_CACHE,
-            (Service::Vllm, GetTokenizer) => path::vllm::GET_TOKENIZER,
-            (Service::Vllm, SubscribeKvEvents) => path::vllm::SUBSCRIBE_KV_EVENTS,
+        match self {
+            Service::Sglang => path::of(method),
+            Service::Vllm => path::vllm::of(method),
         }
     }
 
     /// The method `path` names on either service.
     pub fn method_of(path: &str) -> Option<(Service, Method)> {
-        use Method::*;
-        [Service::Sglang, Service::Vllm].into_iter().find_map(|service| {
-            [
-                Generate,
-                HealthCheck,
-                Abort,
-                GetModelInfo,
-                GetServerInfo,
-                GetLoads,
-                FlushCache,
-                GetTokenizer,
-                SubscribeKvEvents,
-            ]
+        [Service::Sglang, Service::Vllm]
             .into_iter()
-            .find(|m| service.path(*m) == path)
-            .map(|m| (service, m))
-        })
+            .find_map(|service| Method::ALL.into_iter().find(|m| service.path(*m) == path).map(|m| (service, m)))
     }
 }
 
@@ -107,6 +91,22 @@ macro_rules! service_paths {
         pub const FLUSH_CACHE: &str = concat!("/", $service, "/FlushCache");
         pub const GET_TOKENIZER: &str = concat!("/", $service, "/GetTokenizer");
         pub const SUBSCRIBE_KV_EVENTS: &str = concat!("/", $service, "/SubscribeKvEvents");
+
+        /// `method`'s path on this service.
+        pub fn of(method: crate::Method) -> &'static str {
+            use crate::Method::*;
+            match method {
+                Generate => GENERATE,
+                HealthCheck => HEALTH_CHECK,
+                Abort => ABORT,
+                GetModelInfo => GET_MODEL_INFO,
+                GetServerInfo => GET_SERVER_INFO,
+                GetLoads => GET_LOADS,
+                FlushCache => FLUSH_CACHE,
+                GetTokenizer => GET_TOKENIZER,
+                SubscribeKvEvents => SUBSCRIBE_KV_EVENTS,
+            }
+        }
     };
 }
 

@@ -115,6 +115,16 @@ struct StreamState {
     hashing: StreamHashing,
     /// Last applied seq; `None` after a reset.
     cursor: Option<u64>,
+    /// Its KV-cache groups as the index was told of them (the index is asked once a group).
+    groups: Vec<Group>,
+}
+
+/// One KV-cache group of a stream: its own stream in the index, and the kind last given it.
+#[derive(Debug, Clone, Copy)]
+struct Group {
+    idx: u32,
+    stream: StreamId,
+    kind: Option<GroupBlocks>,
 }
 
 /// Buckets of the event lag histogram: engines publish every scheduler step
@@ -189,7 +199,7 @@ impl Pump {
                 }
             }
         }
-        self.streams.insert(key, StreamState { id, hashing, cursor });
+        self.streams.insert(key, StreamState { id, hashing, cursor, groups: Vec::new() });
         Ok(cursor)
     }
 
@@ -285,13 +295,21 @@ impl Pump {
                     return;
                 }
                 state.cursor = Some(message.seq);
-                let (id, hashing) = (state.id, state.hashing);
-                self.apply_batch(&message.key, id, hashing, &decoded.batch);
+                let (id, hashing, mut groups) = (state.id, state.hashing, std::mem::take(&mut state.groups));
+                self.apply_batch(&message.key, (id, hashing, &mut groups), &decoded.batch);
+                if let Some(state) = self.streams.get_mut(&message.key) {
+                    state.groups = groups;
+                }
             }
         }
     }
 
-    fn apply_batch(&self, key: &WorkerKey, id: StreamId, hashing: StreamHashing, batch: &EventBatch) {
+    fn apply_batch(
+        &self,
+        key: &WorkerKey,
+        (id, hashing, groups): (StreamId, StreamHashing, &mut Vec<Group>),
+        batch: &EventBatch,
+    ) {
         inc(&self.metrics.batches);
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
         if batch.ts > 0.0 {
@@ -301,19 +319,21 @@ impl Pump {
             match event {
                 KvEvent::Stored(s) => {
                     // A hybrid model's KV-cache groups: each its own stream, matched together.
-                    let Some(group) = self.group(key, id, s.group_idx) else { continue };
-                    if let Some(kind) = s.group_kind {
-                        let blocks = GroupBlocks::of(kind, s.block_size.max(1));
-                        if let Err(e) = self.index.set_group_kind(group, blocks) {
-                            debug!(stream = %key, error = %e, "kv pump: group kind not kept");
+                    let Some(group) = self.group(key, id, groups, s.group_idx) else { continue };
+                    let kind = s.group_kind.map(|k| GroupBlocks::of(k, s.block_size.max(1)));
+                    if let Some(kind) = kind.filter(|k| group.kind != Some(*k)) {
+                        match self.index.set_group_kind(group.stream, kind) {
+                            Ok(()) => group.kind = Some(kind),
+                            Err(e) => debug!(stream = %key, error = %e, "kv pump: group kind not kept"),
                         }
                     }
-                    self.store(key, group, hashing, s)
+                    let stream = group.stream;
+                    self.store(key, stream, hashing, s)
                 }
                 KvEvent::Removed { block_hashes, tier, group_idx } => {
-                    let Some(group) = self.group(key, id, *group_idx) else { continue };
+                    let Some(group) = self.group(key, id, groups, *group_idx) else { continue };
                     let keys: Vec<u64> = block_hashes.iter().map(EngineBlockHash::key).collect();
-                    if self.index.remove(group, &keys, *tier).is_ok() {
+                    if self.index.remove(group.stream, &keys, *tier).is_ok() {
                         inc(&self.metrics.removed);
                     }
                 }
@@ -326,10 +346,24 @@ impl Pump {
         }
     }
 
-    /// The stream of KV-cache group `group` of `key`'s stream `id` (`None`: group 0's, `id`).
-    fn group(&self, key: &WorkerKey, id: StreamId, group: Option<u32>) -> Option<StreamId> {
-        match self.index.group_stream(id, group.unwrap_or(0)) {
-            Ok(stream) => Some(stream),
+    /// KV-cache group `group` of `key`'s stream `id` (`None`: group 0, whose stream is `id`),
+    /// its index stream asked for the first time it is named.
+    fn group<'g>(
+        &self,
+        key: &WorkerKey,
+        id: StreamId,
+        groups: &'g mut Vec<Group>,
+        group: Option<u32>,
+    ) -> Option<&'g mut Group> {
+        let idx = group.unwrap_or(0);
+        if let Some(at) = groups.iter().position(|g| g.idx == idx) {
+            return groups.get_mut(at);
+        }
+        match self.index.group_stream(id, idx) {
+            Ok(stream) => {
+                groups.push(Group { idx, stream, kind: None });
+                groups.last_mut()
+            }
             Err(e) => {
                 inc(&self.metrics.rejected_stores);
                 warn!(stream = %key, group, error = %e, "kv pump: no stream for the KV-cache group, event skipped");
