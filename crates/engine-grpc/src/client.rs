@@ -160,10 +160,11 @@ impl Engine {
 
     /// The service it serves: found once, by a `HealthCheck` of SGLang's scheduler and, if
     /// the engine does not know that service (`UNIMPLEMENTED`), of vLLM's engine. Until an
-    /// engine answers one, SGLang's is assumed (and asked again next time).
-    async fn service(&self, deadline: Duration) -> Service {
+    /// engine answers one, SGLang's is assumed (and asked again next time). An engine that
+    /// cannot be reached, or breaks the call, is that call's error: not asked twice.
+    async fn service(&self, deadline: Duration) -> Result<Service, EngineError> {
         if let Some(known) = self.known_service() {
-            return known;
+            return Ok(known);
         }
         let asked = |service: Service| {
             self.unary_on::<_, HealthCheckResponse>(service.path(Method::HealthCheck), &HealthCheckRequest {}, deadline)
@@ -173,12 +174,17 @@ impl Engine {
             Err(EngineError::Status(s)) if s.code == Status::UNIMPLEMENTED => {
                 asked(Service::Vllm).await.ok().map(|_| Service::Vllm)
             }
+            // Nothing of the caller's call was sent: it may go elsewhere, as a refused connection.
+            Err(e @ (EngineError::Connect(..) | EngineError::Transport(..) | EngineError::Deadline(..))) => {
+                let why = format!("asking which service it serves: {e}");
+                return Err(EngineError::Connect(self.authority.clone(), why));
+            }
             Err(_) => None,
         };
         if let Some(service) = found {
             self.service.store(service as u8 + 1, Ordering::Relaxed);
         }
-        found.unwrap_or(Service::Sglang)
+        Ok(found.unwrap_or(Service::Sglang))
     }
 
     /// Its `host:port`.
@@ -253,7 +259,7 @@ impl Engine {
         message: &Q,
         deadline: Duration,
     ) -> Result<A, EngineError> {
-        let service = self.service(deadline).await;
+        let service = self.service(deadline).await?;
         self.unary_on(service.path(method), message, deadline).await
     }
 
@@ -275,7 +281,7 @@ impl Engine {
         A: prost::Message + Default,
         V: prost::Message + Default,
     {
-        match self.service(deadline).await {
+        match self.service(deadline).await? {
             Service::Sglang => self.unary(method, message, deadline).await,
             Service::Vllm => Ok(convert(self.unary(method, message, deadline).await?)),
         }
@@ -307,7 +313,7 @@ impl Engine {
         reason: &str,
         deadline: Duration,
     ) -> Result<AbortResponse, EngineError> {
-        match self.service(deadline).await {
+        match self.service(deadline).await? {
             Service::Sglang => {
                 let asked = AbortRequest { request_id: request_id.into(), reason: reason.into() };
                 self.unary(Method::Abort, &asked, deadline).await
@@ -323,7 +329,7 @@ impl Engine {
     /// `Generate`: the call started (its head answered within `deadline`), its answers to read
     /// (a vLLM engine's asked and read in its own messages).
     pub async fn generate(&self, request: &GenerateRequest, deadline: Duration) -> Result<Generation, EngineError> {
-        let service = self.service(deadline).await;
+        let service = self.service(deadline).await?;
         let path = service.path(Method::Generate);
         let started = match service {
             Service::Sglang => tokio::time::timeout(deadline, self.start(path, request)).await,
@@ -344,7 +350,7 @@ impl Engine {
     /// archive and its fingerprint, lowercase hex).
     pub async fn tokenizer(&self, limit: usize, deadline: Duration) -> Result<(Vec<u8>, String), EngineError> {
         let call = async {
-            let path = self.service(deadline).await.path(Method::GetTokenizer);
+            let path = self.service(deadline).await?.path(Method::GetTokenizer);
             let (head, answers) = self.start(path, &GetTokenizerRequest {}).await?;
             let mut chunks = Answers::<GetTokenizerChunk>::new(head, answers, &self.authority);
             let (mut archive, mut carried) = (Vec::new(), String::new());
@@ -379,7 +385,7 @@ impl Engine {
     /// `SubscribeKvEvents` from `start` (0: the current state): the batches as they come.
     pub async fn subscribe_kv_events(&self, start: u64, deadline: Duration) -> Result<KvEvents, EngineError> {
         let asked = SubscribeKvEventsRequest { start_sequence_number: start, load_records_before_first_batch: true };
-        let path = self.service(deadline).await.path(Method::SubscribeKvEvents);
+        let path = self.service(deadline).await?.path(Method::SubscribeKvEvents);
         let started = tokio::time::timeout(deadline, self.start(path, &asked)).await;
         let (head, answers) = started.unwrap_or(Err(EngineError::Deadline(self.authority.clone(), deadline)))?;
         Ok(Answers::new(head, answers, &self.authority))
