@@ -62,7 +62,7 @@ pub fn tiny_model(name: &str) -> TinyModel {
         WORDS.iter().enumerate().map(|(i, w)| (w.to_string(), i as u32)).collect();
     let model = WordPiece::builder().vocab(vocab).unk_token("[UNK]".into()).build().expect("writing the tiny model");
     let mut tokenizer = tokenizers::Tokenizer::new(model);
-    tokenizer.with_normalizer(Some(BertNormalizer::new(true, true, None, true)));
+    tokenizer.with_normalizer(Some(BertNormalizer::new(true, true, None, true))).expect("writing the tiny model");
     tokenizer.with_pre_tokenizer(Some(BertPreTokenizer));
     tokenizer.with_post_processor(Some(BertProcessing::new(("[SEP]".into(), 3), ("[CLS]".into(), 2))));
     tokenizer.save(dir.join("tokenizer.json"), false).expect("writing the tiny model");
