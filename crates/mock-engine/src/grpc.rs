@@ -246,8 +246,14 @@ impl Scheduler {
         let n = params.n.clamp(1, MAX_N) as usize;
         let max = params.max_new_tokens.map_or(e.config().default_max_tokens, |m| m as usize);
         let rank = asked.data_parallel_rank.and_then(|r| usize::try_from(r).ok());
-        let admission = e.admit(tokens, rank).await;
-        let guard = Release { engine: e.clone(), admission };
+        // A disaggregated role meets its peer first; its prefill leg answers one token.
+        let (guard, max, _room) = match e.pd() {
+            Some(pd) => match crate::grpc_pd::admit(e, pd, &asked, tokens).await {
+                Ok(leg) => (leg.release, if leg.prefill { 1 } else { max }, leg.room),
+                Err(status) => return status,
+            },
+            None => (Release { engine: e.clone(), admission: e.admit(tokens, rank).await }, max, None),
+        };
         let (prompt, cached) = (guard.admission.prompt_tokens as u32, guard.admission.cached_tokens as u32);
         let die = asked.stream && e.take_fault_mid_stream_pending();
         let logprob = e.token_logprob() as f32;
@@ -403,6 +409,10 @@ fn server_info(e: &Engine) -> GetServerInfoResponse {
         ("context_length", Value::number(c.capacity_tokens as f64)),
     ] {
         args.fields.insert(k.into(), v);
+    }
+    // A prefill's bootstrap listener, where its decode peers meet it (as SGLang's server args say).
+    if let Some(port) = e.pd().and_then(|pd| pd.bootstrap_port()) {
+        args.fields.insert("disaggregation_bootstrap_port".into(), Value::number(f64::from(port)));
     }
     GetServerInfoResponse {
         server_args: Some(args),

@@ -155,7 +155,10 @@ fn rooms(pd: &Pd, v: &Value, batch: Option<usize>) -> Result<Vec<u64>, Box<Respo
 }
 
 /// Runs a leg's rendezvous unless `/abort_request` comes first.
-async fn until_aborted<T>(work: impl std::future::Future<Output = T>, abort: &pd::RidGuard) -> Result<T, LegError> {
+pub(crate) async fn until_aborted<T>(
+    work: impl std::future::Future<Output = T>,
+    abort: &pd::RidGuard,
+) -> Result<T, LegError> {
     let done = tokio::select! {
         done = work => done,
         () = abort.token.cancelled() => return Err((500, "the request was aborted".to_string())),

@@ -14,6 +14,7 @@ mod engine;
 mod events;
 mod grpc;
 mod grpc_events;
+mod grpc_pd;
 mod http;
 mod legs;
 mod pd;

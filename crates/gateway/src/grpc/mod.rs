@@ -20,6 +20,7 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
+use engine_grpc::proto::GenerateResponse;
 use engine_grpc::{EngineError, Generation};
 use fleet::Worker;
 use grpc_wire::Status;
@@ -32,6 +33,7 @@ use crate::pipeline::request::{Meta, Route};
 use crate::pipeline::retry::Dispatch;
 use crate::{Gateway, GatewayError};
 use answer::Answer;
+pub(crate) use request::Asked;
 
 /// Longest an `Abort` for a client that left may take.
 const ABORT_DEADLINE: Duration = Duration::from_secs(2);
@@ -67,39 +69,82 @@ pub(crate) async fn serve(
     job: Job,
     meta: &Meta,
 ) -> Result<Response, GatewayError> {
-    let (asked_engine, mut asked) =
-        request::generate(job.route, &job.v, job.tokens, (&meta.id, &pool.served_model), job.rank.map(|r| r.0))?;
-    // A chat's reasoning, unless the request asks for it in the content (`separate_reasoning: false`).
-    let separate = job.v.get("separate_reasoning").and_then(Value::as_bool) != Some(false);
-    if let Some(name) = gw.config.reasoning_parser.as_deref().filter(|_| job.route == Route::Chat && separate) {
-        asked.reasoning = Some(reasoning::Format::named(name)?);
-    }
-    // A chat that offers tools: its answer read for calls (`--tool-call-parser`).
-    if let Some(parser) = gw.config.tool_call_parser.as_deref().filter(|_| job.route == Route::Chat) {
-        asked.tools = tools::Offered::of(parser, &job.v)?;
-    }
+    let (asked_engine, asked) = prepare(gw, (job.route, &job.v), job.tokens, job.rank, pool, meta)?;
     let mut d = Calls { gw, asked: &asked_engine, guard, workers, pool, uncached: job.uncached, meta };
     let retry = (&gw.config.retry, meta.one_attempt);
     let ended = crate::pipeline::retry::run(&mut d, worker, retry, &gw.metrics.retries).await;
-    let (worker, mut guard) = (ended.target, d.guard);
-    let mut generation = ended.outcome.map_err(|e| failed(&worker, e))?;
+    let (worker, guard) = (ended.target, d.guard);
+    let generation = ended.outcome.map_err(|e| failed(&worker, e))?;
+    answer(gw, (guard, worker, None), (generation, None), (asked, pool), meta).await
+}
+
+/// The engine's request for a body `v` on `route` (its prompt's `tokens`, pinned to `rank`),
+/// and what its answer needs to know: the parsers the router runs on it.
+pub(crate) fn prepare(
+    gw: &Gateway,
+    (route, v): (Route, &Value),
+    tokens: Vec<u32>,
+    rank: Option<DpRank>,
+    pool: &planner::Pool,
+    meta: &Meta,
+) -> Result<(engine_grpc::proto::GenerateRequest, request::Asked), GatewayError> {
+    let (asked_engine, mut asked) =
+        request::generate(route, v, tokens, (&meta.id, &pool.served_model), rank.map(|r| r.0))?;
+    // A chat's reasoning, unless the request asks for it in the content (`separate_reasoning: false`).
+    let separate = v.get("separate_reasoning").and_then(Value::as_bool) != Some(false);
+    if let Some(name) = gw.config.reasoning_parser.as_deref().filter(|_| route == Route::Chat && separate) {
+        asked.reasoning = Some(reasoning::Format::named(name)?);
+    }
+    // A chat that offers tools: its answer read for calls (`--tool-call-parser`).
+    if let Some(parser) = gw.config.tool_call_parser.as_deref().filter(|_| route == Route::Chat) {
+        asked.tools = tools::Offered::of(parser, v)?;
+    }
+    Ok((asked_engine, asked))
+}
+
+/// A call's first message as read within the request timeout.
+pub(crate) type FirstRead = Result<Result<Option<GenerateResponse>, EngineError>, tokio::time::error::Elapsed>;
+
+/// The client's answer made of `generation`, the call `worker` took (`guard`: the request's
+/// load and accounting until it ends): its first message awaited unless read already (an
+/// engine that refuses the request answers its error), then whole or streamed. `partner`: a
+/// disaggregated request's prefill worker, told to abort when the answer ends before its end.
+pub(crate) async fn answer(
+    gw: &Arc<Gateway>,
+    (mut guard, worker, partner): (InFlight, Arc<Worker>, Option<Arc<Worker>>),
+    (mut generation, first): (Generation, Option<FirstRead>),
+    (asked, pool): (request::Asked, &planner::Pool),
+    meta: &Meta,
+) -> Result<Response, GatewayError> {
     let mut answer = Answer::new(pool.renderer.clone(), asked, &meta.id);
     let deadline = tokio::time::Instant::now() + gw.config.request_timeout;
+    let abort_both = |worker: &Arc<Worker>| {
+        abort(worker, &meta.id);
+        if let Some(p) = &partner {
+            abort(p, &meta.id);
+        }
+    };
     // The first message before the head: an engine that refuses the request answers its error.
-    let first = match tokio::time::timeout_at(deadline, generation.next()).await {
+    let first = match first {
+        Some(read) => read,
+        None => tokio::time::timeout_at(deadline, generation.next()).await,
+    };
+    let first = match first {
         Ok(Ok(Some(m))) => m,
         Ok(Ok(None)) => {
             count(gw, "broken");
+            partner.iter().for_each(|p| abort(p, &meta.id));
             return Err(failed(&worker, EngineError::NoAnswer(worker.url.to_string())));
         }
         Ok(Err(e)) => {
             count(gw, kind_of(&e));
+            partner.iter().for_each(|p| abort(p, &meta.id));
             return Err(failed(&worker, e));
         }
         Err(_) => {
             count(gw, "deadline");
             worker.request_failed();
-            abort(&worker, &meta.id);
+            abort_both(&worker);
             return Err(GatewayError::Timeout(worker.url.to_string()));
         }
     };
@@ -112,8 +157,8 @@ pub(crate) async fn serve(
     guard.status = 200;
     let headers = guard.route_headers.take();
     let mut response = if answer.asked.stream {
-        let relay =
-            Relay { answer, generation, guard, worker, id: meta.id.clone(), deadline, ended: false, failed: None };
+        let id = meta.id.clone();
+        let relay = Relay { answer, generation, guard, worker, partner, id, deadline, ended: false, failed: None };
         streamed(relay, events)
     } else {
         let whole = collect(&mut answer, &mut generation, deadline).await;
@@ -122,7 +167,7 @@ pub(crate) async fn serve(
             Err(e) => {
                 count(gw, e.kind());
                 guard.status = 0;
-                abort(&worker, &meta.id);
+                abort_both(&worker);
                 return Err(e.into_gateway(&worker));
             }
         }
@@ -191,6 +236,8 @@ struct Relay {
     generation: Generation,
     guard: InFlight,
     worker: Arc<Worker>,
+    /// A disaggregated request's prefill worker: told to abort with the worker.
+    partner: Option<Arc<Worker>>,
     id: String,
     deadline: tokio::time::Instant,
     /// The answer ended (every sequence finished, or it broke): nothing to abort.
@@ -235,6 +282,9 @@ impl Drop for Relay {
         // The client left before the end: the engine stops generating for no one.
         if !self.ended {
             abort(&self.worker, &self.id);
+            if let Some(p) = &self.partner {
+                abort(p, &self.id);
+            }
         }
     }
 }
@@ -291,7 +341,7 @@ fn streamed(relay: Relay, first: String) -> Response {
 }
 
 /// Asks `worker` to stop generating request `id` (in the background, bounded).
-fn abort(worker: &Arc<Worker>, id: &str) {
+pub(crate) fn abort(worker: &Arc<Worker>, id: &str) {
     let (worker, id) = (worker.clone(), id.to_owned());
     tokio::spawn(async move {
         if let Some(engine) = worker.engine() {
@@ -352,12 +402,12 @@ impl Dispatch for Calls<'_> {
 }
 
 /// Counts a failed call by `kind` (`router_grpc_failures_total`).
-fn count(gw: &Gateway, kind: &str) {
+pub(crate) fn count(gw: &Gateway, kind: &str) {
     gw.metrics.grpc_failures.inc(format_args!("kind=\"{kind}\""));
 }
 
 /// The kind of a failed call, as counted.
-fn kind_of(e: &EngineError) -> &'static str {
+pub(crate) fn kind_of(e: &EngineError) -> &'static str {
     match e {
         EngineError::Connect(..) => "unreachable",
         EngineError::Status(_) => "status",
@@ -367,7 +417,7 @@ fn kind_of(e: &EngineError) -> &'static str {
 }
 
 /// A call that failed, as the client's error; the worker's breaker hears of its own failures.
-fn failed(worker: &Worker, e: EngineError) -> GatewayError {
+pub(crate) fn failed(worker: &Worker, e: EngineError) -> GatewayError {
     let upstream =
         |message: String, retryable| GatewayError::Upstream { worker: worker.url.to_string(), message, retryable };
     match e {

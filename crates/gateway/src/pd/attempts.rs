@@ -31,6 +31,8 @@ struct Pairs<'a> {
     admission: Option<Admission>,
     /// The decision record (`x-smg-cache-trace`): the pair's choices, a retry's.
     record: Option<Record>,
+    /// The request as gRPC workers take it (a pool of gRPC workers).
+    grpc: Option<super::grpc::Prepared>,
 }
 
 impl Dispatch for Pairs<'_> {
@@ -48,7 +50,9 @@ impl Dispatch for Pairs<'_> {
         };
         let path = if pair.decode_alone { "decode_alone" } else { "disaggregated" };
         gw.metrics.pd_paths.inc(format_args!("path=\"{path}\""));
-        let outcome = if pair.decode_alone {
+        let outcome = if let Some(prepared) = &self.grpc {
+            super::grpc::attempt(ctx, pair, adm, prepared).await
+        } else if pair.decode_alone {
             alone::attempt(ctx, pair, adm).await
         } else {
             match ctx.pd.mode {
@@ -120,8 +124,20 @@ pub(super) async fn serve(
         r.add(&pair.decode, "policy", pair.decode_alone);
         r
     });
+    // A pool of gRPC workers takes token ids: the request made once for every attempt.
+    let grpc = match super::grpc::speaks_grpc(&pair) {
+        true if pd.mode != PdMode::Sglang || batch.is_some() => {
+            return Err(GatewayError::Unprocessable(
+                "gRPC workers are disaggregated the SGLang way only (disaggregated_params), one prompt a request; \
+                 vLLM's kv_transfer_params over gRPC is not built"
+                    .into(),
+            ));
+        }
+        true => Some(crate::grpc::prepare(gw, (route, &v), prompted.0.clone(), None, pool, meta)?),
+        false => None,
+    };
     let ctx = Ctx { gw, pool, pd, extra, meta, route, v, batch, stream, start, workers };
-    let mut d = Pairs { ctx, prompted, admission: Some(admission), record };
+    let mut d = Pairs { ctx, prompted, admission: Some(admission), record, grpc };
     let retry = (&gw.config.retry, meta.one_attempt);
     let Ended { outcome, target: pair, attempt } =
         crate::pipeline::retry::run(&mut d, pair, retry, &gw.metrics.retries).await;

@@ -20,6 +20,7 @@
 mod alone;
 mod attempts;
 mod dual;
+mod grpc;
 mod picked;
 mod sglang;
 #[cfg(test)]
@@ -97,6 +98,10 @@ pub(crate) enum Failure {
     Timeout { leg: Leg, worker: Arc<Worker> },
     /// vLLM's prefill answered without usable `kv_transfer_params` (decode is never sent one).
     Params { worker: Arc<Worker>, message: String },
+    /// A gRPC leg's call failed before it started (`crate::pd::grpc`).
+    Engine { leg: Leg, worker: Arc<Worker>, error: engine_grpc::EngineError },
+    /// The pair's workers speak different protocols (one gRPC, one HTTP).
+    Mixed { worker: Arc<Worker>, message: String },
 }
 
 /// What every attempt of a request shares.
@@ -135,8 +140,12 @@ const ABORT_AGAIN_AFTER: Duration = Duration::from_millis(300);
 impl Failure {
     fn leg(&self) -> Leg {
         match self {
-            Failure::Status { leg, .. } | Failure::Transport { leg, .. } | Failure::Timeout { leg, .. } => *leg,
+            Failure::Status { leg, .. }
+            | Failure::Transport { leg, .. }
+            | Failure::Timeout { leg, .. }
+            | Failure::Engine { leg, .. } => *leg,
             Failure::Params { .. } => Leg::Prefill,
+            Failure::Mixed { .. } => Leg::Decode,
         }
     }
 
@@ -145,7 +154,9 @@ impl Failure {
             Failure::Status { worker, .. }
             | Failure::Transport { worker, .. }
             | Failure::Timeout { worker, .. }
-            | Failure::Params { worker, .. } => worker,
+            | Failure::Params { worker, .. }
+            | Failure::Engine { worker, .. }
+            | Failure::Mixed { worker, .. } => worker,
         }
     }
 
@@ -155,7 +166,8 @@ impl Failure {
             Failure::Status { status, .. } => RetryConfig::retryable(*status),
             Failure::Transport { error, .. } => error.connect,
             Failure::Timeout { .. } => false,
-            Failure::Params { .. } => true,
+            Failure::Params { .. } | Failure::Mixed { .. } => true,
+            Failure::Engine { error, .. } => error.before_sending(),
         }
     }
 
@@ -165,6 +177,8 @@ impl Failure {
             Failure::Transport { .. } => "unreachable",
             Failure::Timeout { .. } => "timeout",
             Failure::Params { .. } => "incomplete_params",
+            Failure::Engine { error, .. } => crate::grpc::kind_of(error),
+            Failure::Mixed { .. } => "mixed_protocols",
         }
     }
 
@@ -175,6 +189,13 @@ impl Failure {
             Failure::Status { worker, .. } => worker.request_succeeded(),
             Failure::Transport { worker, .. } | Failure::Timeout { worker, .. } => worker.request_failed(),
             Failure::Params { worker, .. } => worker.answer_failed(),
+            // An answer's failure reaches its breaker when made the client's error (`error`).
+            Failure::Engine {
+                worker,
+                error: engine_grpc::EngineError::Connect(..) | engine_grpc::EngineError::Deadline(..),
+                ..
+            } => worker.request_failed(),
+            Failure::Engine { .. } | Failure::Mixed { .. } => {}
         }
     }
 
@@ -200,6 +221,13 @@ impl Failure {
             Failure::Params { worker, message } => {
                 GatewayError::Upstream { worker: worker.url.to_string(), message, retryable: false }
             }
+            Failure::Engine { worker, error, .. } => match crate::grpc::failed(&worker, error) {
+                GatewayError::Upstream { worker, message, retryable } => {
+                    GatewayError::Upstream { worker, message: format!("{leg} leg: {message}"), retryable }
+                }
+                other => other,
+            },
+            Failure::Mixed { message, .. } => GatewayError::Internal(message),
         }
     }
 
@@ -278,6 +306,8 @@ fn choose(
     // A batch is balanced by load: one prefill worker serves every item.
     let prompted = match batch {
         Some(_) => (Vec::new(), None),
+        // gRPC workers take token ids, whatever the policy reads.
+        None if crate::grpc::in_pool(planner.workers, pool) => renders.tokens(planner, &pool.renderer, route, v)?,
         None => match renders.take(&pool.renderer) {
             Some(r) => r,
             None => planner.prompt(pool, route, v)?,

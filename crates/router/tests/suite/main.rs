@@ -17,6 +17,7 @@ mod dynamo;
 mod epp;
 mod fleet;
 mod gateway_e2e;
+mod grpc_pd;
 mod grpc_workers;
 mod http_front;
 mod index_peers;

@@ -1,0 +1,214 @@
+//! SGLang's disaggregation over gRPC (a disaggregated pool of `grpc://`
+//! workers, SGLang's scheduler service): the router renders and tokenizes, and
+//! sends one `GenerateRequest` to both workers at once, with
+//! `disaggregated_params` (the prefill worker's bootstrap host and port, a
+//! fresh room whose `room % dp_size` is the prefill rank), as Shepherd Model
+//! Gateway does. Decode's token stream is the client's answer, made as a
+//! single gRPC worker's is (`crate::grpc`); prefill's is read to its end in
+//! the background (its load released then). A leg that cannot be called
+//! aborts the other and the attempt fails (retried on a new pair when the
+//! worker could not be reached); a prefill that fails after both started
+//! aborts decode; a decode that fails, or a client that leaves, aborts prefill.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::response::Response;
+use engine_grpc::{EngineError, Generation};
+use fleet::{LoadGuard, Worker};
+use router_types::DpRank;
+
+use super::{Ctx, Failure, Leg, Pair, sglang};
+use crate::Gateway;
+use crate::pipeline::account::InFlight;
+use crate::pipeline::admission::Admission;
+
+/// SGLang's bootstrap port when a prefill worker names none (as smg assumes).
+const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
+
+/// A request as gRPC workers take it, made once for every attempt: the engine's request and
+/// what its answer needs to know.
+pub(super) type Prepared = (engine_grpc::proto::GenerateRequest, crate::grpc::Asked);
+
+/// Whether `pair` is of gRPC workers (either: a pair of one of each is refused by its attempt).
+pub(super) fn speaks_grpc(pair: &Pair) -> bool {
+    pair.prefill.chosen().engine().is_some() || pair.decode.chosen().engine().is_some()
+}
+
+/// One attempt on `pair`, both of gRPC workers, with the request `prepared` once; on failure,
+/// why, and the admission back for the next attempt.
+pub(super) async fn attempt(
+    ctx: &Ctx<'_>,
+    pair: &Pair,
+    admission: Admission,
+    (asked, answer_asked): &Prepared,
+) -> Result<Response, (Failure, Admission)> {
+    let gw = ctx.gw;
+    let (p, d) = (pair.prefill.chosen().clone(), pair.decode.chosen().clone());
+    let (Some(pe), Some(de)) = (p.engine().cloned(), d.engine().cloned()) else {
+        let message = format!(
+            "a disaggregated pair speaks one protocol: prefill {} and decode {} do not (one is gRPC, one HTTP)",
+            p.url, d.url
+        );
+        return Err((Failure::Mixed { worker: d, message }, admission));
+    };
+    let (rank, dp) = sglang::rank_of(ctx, pair, &p);
+    let hinted = (dp > 1).then_some(rank);
+    let mut asked = asked.clone();
+    asked.data_parallel_rank = hinted.map(|r| r.0 as i32);
+    asked.disaggregated_params = Some(engine_grpc::proto::DisaggregatedParams {
+        bootstrap_host: host_of(p.url.as_str()).to_string(),
+        bootstrap_port: i32::from(p.bootstrap_port().unwrap_or(DEFAULT_BOOTSTRAP_PORT)),
+        bootstrap_room: room_for(rank, dp),
+    });
+    // Decode's own ranks are its business: only the prefill leg is pinned.
+    let mut decode_asked = asked.clone();
+    decode_asked.data_parallel_rank = None;
+    let (p_load, d_load) = pair.charge(hinted);
+    let sent = Instant::now();
+    let timeout = gw.config.request_timeout;
+    let started = both_started(pe.generate(&asked, timeout), de.generate(&decode_asked, timeout)).await;
+    let (pg, dg) = match started {
+        Ok(calls) => calls,
+        Err((leg, error)) => {
+            // The other leg may be waiting for its peer: told to stop.
+            let other = if leg == Leg::Prefill { &d } else { &p };
+            crate::grpc::abort(other, &ctx.meta.id);
+            gw.metrics.pd_aborts.inc(format_args!("leg=\"{}\"", other_leg(leg).as_str()));
+            let worker = if leg == Leg::Prefill { p } else { d };
+            crate::grpc::count(gw, crate::grpc::kind_of(&error));
+            return Err((Failure::Engine { leg, worker, error }, admission));
+        }
+    };
+    // Until decode's first message: a prefill that fails first is the attempt's failure (its
+    // error the client's), decode aborted.
+    let deadline = tokio::time::Instant::now() + timeout;
+    let (mut pg, mut dg, mut prefill_ended) = (pg, dg, false);
+    let first = loop {
+        tokio::select! {
+            m = tokio::time::timeout_at(deadline, dg.next()) => break m,
+            m = pg.next(), if !prefill_ended => match m {
+                Ok(Some(_)) => continue,
+                Ok(None) => prefill_ended = true,
+                Err(error) => {
+                    crate::grpc::count(gw, crate::grpc::kind_of(&error));
+                    crate::grpc::abort(&d, &ctx.meta.id);
+                    gw.metrics.pd_aborts.inc(format_args!("leg=\"decode\""));
+                    return Err((Failure::Engine { leg: Leg::Prefill, worker: p, error }, admission));
+                }
+            },
+        }
+    };
+    super::dual::heads_ok(gw, ctx, sent, &p, &d);
+    match prefill_ended {
+        true => drop(p_load),
+        false => drop(tokio::spawn(drained(gw.clone(), (p.clone(), pg, p_load), (d.clone(), ctx.meta.id.clone())))),
+    }
+    // Decode's first message (or why there is none) is the answer's.
+    let guard = InFlight::new(gw.clone(), admission, d_load, ctx.route, ctx.start);
+    let calls = (guard, d, Some(p));
+    let made = crate::grpc::answer(gw, calls, (dg, Some(first)), (answer_asked.clone(), ctx.pool), ctx.meta).await;
+    // Decode failed before its answer's head: the router's error naming the leg, counted here
+    // (the front end counts only the errors it is handed).
+    Ok(made.unwrap_or_else(|e| {
+        crate::pipeline::account::count_error(gw, ctx.route, &e, Some(&ctx.meta.id));
+        let mut r = axum::response::IntoResponse::into_response(e);
+        r.headers_mut().insert("x-sgl-router-pd-leg", axum::http::HeaderValue::from_static(Leg::Decode.as_str()));
+        r
+    }))
+}
+
+fn other_leg(leg: Leg) -> Leg {
+    match leg {
+        Leg::Prefill => Leg::Decode,
+        Leg::Decode => Leg::Prefill,
+    }
+}
+
+/// Starts both calls at once (a prefill answers only once its decode peer met it); the first
+/// failure ends the wait, the other call dropped.
+async fn both_started<P, D>(pf: P, df: D) -> Result<(Generation, Generation), (Leg, EngineError)>
+where
+    P: std::future::Future<Output = Result<Generation, EngineError>>,
+    D: std::future::Future<Output = Result<Generation, EngineError>>,
+{
+    let (mut pf, mut df) = (Box::pin(pf), Box::pin(df));
+    let (mut pg, mut dg) = (None, None);
+    loop {
+        if let (Some(_), Some(_)) = (&pg, &dg) {
+            return Ok((pg.take().expect("set"), dg.take().expect("set")));
+        }
+        tokio::select! {
+            r = &mut pf, if pg.is_none() => pg = Some(r.map_err(|e| (Leg::Prefill, e))?),
+            r = &mut df, if dg.is_none() => dg = Some(r.map_err(|e| (Leg::Decode, e))?),
+        }
+    }
+}
+
+/// Reads the prefill leg's answer to its end (within the request timeout), its load held until
+/// then; a failure aborts the decode leg (its answer then ends with an error).
+async fn drained(
+    gw: Arc<Gateway>,
+    (p, mut generation, load): (Arc<Worker>, Generation, LoadGuard),
+    (d, id): (Arc<Worker>, String),
+) {
+    let deadline = tokio::time::Instant::now() + gw.config.request_timeout;
+    let failure = loop {
+        match tokio::time::timeout_at(deadline, generation.next()).await {
+            Ok(Ok(Some(_))) => continue,
+            Ok(Ok(None)) => break None,
+            Ok(Err(e)) => break Some(crate::grpc::kind_of(&e)),
+            Err(_) => break Some("deadline"),
+        }
+    };
+    drop(load);
+    let Some(kind) = failure else { return };
+    crate::grpc::count(&gw, kind);
+    p.answer_failed();
+    gw.metrics.pd_legs.inc(format_args!("leg=\"prefill\",outcome=\"{kind}\""));
+    tracing::warn!(request_id = id, prefill = %p.url, kind, "the prefill leg failed: decode aborted");
+    gw.metrics.pd_aborts.inc(format_args!("leg=\"decode\""));
+    crate::grpc::abort(&d, &id);
+}
+
+/// The host of a `grpc://host:port` URL (an IPv6 address without its brackets).
+fn host_of(url: &str) -> &str {
+    let authority = url.split_once("://").map_or(url, |(_, rest)| rest).trim_end_matches('/');
+    let host = authority.rsplit_once(':').map_or(authority, |(host, _)| host);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// A room in [0, `i32::MAX`] (the field's range in SGLang's gRPC service) with
+/// `room % dp == rank`.
+fn room_for(rank: DpRank, dp: u32) -> i32 {
+    let dp = u64::from(dp.max(1));
+    let buckets = (i32::MAX as u64 + 1) / dp;
+    // At most buckets * dp - 1 <= i32::MAX.
+    let room = (crate::random_u64() % buckets) * dp + u64::from(rank.0) % dp;
+    i32::try_from(room).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_room_names_its_rank_within_the_fields_range() {
+        for dp in [1, 2, 3, 7, 8] {
+            for rank in 0..dp {
+                for _ in 0..200 {
+                    let room = room_for(DpRank(rank), dp);
+                    assert!(room >= 0, "{room}");
+                    assert_eq!(room as u32 % dp, rank, "dp {dp}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_bootstrap_host_is_the_urls() {
+        assert_eq!(host_of("grpc://10.0.0.7:30001"), "10.0.0.7");
+        assert_eq!(host_of("grpc://prefill-0.svc:30001/"), "prefill-0.svc");
+        assert_eq!(host_of("grpc://[::1]:30001"), "::1");
+    }
+}

@@ -1,0 +1,193 @@
+//! Prefill/decode disaggregation over gRPC, end to end: the router in front
+//! of simulated engines in SGLang's prefill and decode roles serving SGLang's
+//! scheduler service (`grpc://`), the legs meeting over the engines' real
+//! bootstrap rendezvous (TCP). The router renders and tokenizes, sends one
+//! `GenerateRequest` with `disaggregated_params` to both legs at once, and
+//! makes decode's token stream the client's answer.
+
+use crate::common;
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use common::app::{Running, admin_get, chat, post, start};
+use common::pd::{pd_config, role_config};
+use gateway::pd::PdMode;
+use mock_engine::{Faults, Flavor, MockEngine, PdRole};
+use router_types::{Bootstrap, WorkerUrl};
+use serde_json::{Value, json};
+use sgl_router::app::PolicyConfig;
+
+/// `n` engines in `role` (SGLang's flavour) serving gRPC.
+async fn grpc_engines(role: PdRole, n: usize, dp_size: usize) -> Vec<MockEngine> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let c = mock_engine::MockEngineConfig {
+            grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
+            ..role_config(role, Flavor::Sglang, dp_size)
+        };
+        out.push(MockEngine::spawn(c).await.unwrap());
+    }
+    out
+}
+
+fn grpc_url(m: &MockEngine) -> WorkerUrl {
+    WorkerUrl::parse(&m.grpc_url().unwrap()).unwrap()
+}
+
+/// A router over `prefill` and `decode` by their gRPC services (the bootstrap port from each
+/// prefill's `GetServerInfo`), `mode`'s disaggregation, round robin on both legs.
+fn grpc_pd_config(mode: PdMode, prefill: &[MockEngine], decode: &[MockEngine]) -> sgl_router::app::AppConfig {
+    let mut c = pd_config(mode, prefill, decode, PolicyConfig::RoundRobin, PolicyConfig::RoundRobin);
+    let setup = c.pd.as_mut().unwrap();
+    setup.prefill = prefill.iter().map(|m| (grpc_url(m), Bootstrap::Discover)).collect();
+    setup.decode = decode.iter().map(grpc_url).collect();
+    c.kv_events = None;
+    c
+}
+
+fn counters(m: &MockEngine) -> &mock_engine::PdCounters {
+    &m.engine().pd().unwrap().counters
+}
+
+fn total(ms: &[MockEngine], f: impl Fn(&MockEngine) -> u64) -> u64 {
+    ms.iter().map(f).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_legs_meet_over_grpc_and_decode_answers_every_route() {
+    let prefill = grpc_engines(PdRole::Prefill, 2, 2).await;
+    let decode = grpc_engines(PdRole::Decode, 2, 1).await;
+    let r = start(grpc_pd_config(PdMode::Sglang, &prefill, &decode)).await;
+    let bodies = [
+        ("/v1/chat/completions", chat("You are brief. ", "What is a KV cache?")),
+        ("/v1/completions", json!({"model": "default", "prompt": "Once upon a time", "max_tokens": 4})),
+        ("/generate", json!({"text": "Once upon a time", "sampling_params": {"max_new_tokens": 4}})),
+    ];
+    for (path, body) in &bodies {
+        for stream in [false, true] {
+            let mut body = body.clone();
+            body["stream"] = json!(stream);
+            if stream && *path != "/generate" {
+                body["stream_options"] = json!({"include_usage": true});
+            }
+            let resp = post(&format!("{}{path}", r.url), &body).await;
+            assert_eq!(resp.status(), 200, "{path} stream={stream}");
+            let text = resp.text().await.unwrap();
+            if stream {
+                assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+                let last = text.lines().filter_map(|l| l.strip_prefix("data: ")).rfind(|d| *d != "[DONE]");
+                let usage: Value = serde_json::from_str(last.unwrap()).unwrap();
+                let n =
+                    usage.pointer("/usage/completion_tokens").or_else(|| usage.pointer("/meta_info/completion_tokens"));
+                assert_eq!(n, Some(&json!(4)), "{path}: decode's four tokens, not prefill's one: {text}");
+            } else {
+                let v: Value = serde_json::from_str(&text).unwrap();
+                let n = v.pointer("/usage/completion_tokens").or_else(|| v.pointer("/meta_info/completion_tokens"));
+                assert_eq!(n, Some(&json!(4)), "{path}: the answer is decode's, not prefill's: {v}");
+            }
+        }
+    }
+    // Every request met in its own room, on a prefill and a decode worker.
+    assert_eq!(total(&prefill, |m| counters(m).rendezvous.load(Relaxed)), 6);
+    assert_eq!(total(&prefill, |m| m.engine().requests.load(Relaxed)), 6, "prefill legs on prefill workers");
+    assert_eq!(total(&decode, |m| m.engine().requests.load(Relaxed)), 6, "decode legs on decode workers");
+    // With dp_size 2 the room names the prefill rank (SGLang's gRPC params carry no rank of
+    // their own): a room off the rank fails the transfer, counted here.
+    assert_eq!(total(&prefill, |m| counters(m).dp_mismatch.load(Relaxed)), 0);
+    assert_eq!(total(&prefill, |m| counters(m).bootstrap_timeouts.load(Relaxed)), 0);
+    let m = admin_get(&format!("{}/metrics", r.url)).await.text().await.unwrap();
+    assert!(m.contains("router_pd_legs_total{leg=\"prefill\",outcome=\"ok\"} 6"), "{m}");
+    assert!(m.contains("router_pd_legs_total{leg=\"decode\",outcome=\"ok\"} 6"), "{m}");
+    assert!(!m.contains("router_pd_aborts_total{"), "answered requests abort nothing: {m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_grpc_prefill_aborts_decode_at_once() {
+    let prefill = grpc_engines(PdRole::Prefill, 1, 1).await;
+    let decode = grpc_engines(PdRole::Decode, 1, 1).await;
+    let mut c = grpc_pd_config(PdMode::Sglang, &prefill, &decode);
+    c.retry.enabled = false;
+    let r = start(c).await;
+    // The prefill refuses the call; decode would wait its 10 s bootstrap timeout for a peer.
+    prefill[0].engine().set_faults(Faults { fail_next: 1, ..Faults::default() }).await;
+    let t = Instant::now();
+    let resp = post(&format!("{}/v1/chat/completions", r.url), &chat("", "hi")).await;
+    assert_eq!(resp.status(), 502, "the prefill's failure");
+    assert_eq!(resp.headers()["x-sgl-router-pd-leg"], "prefill");
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("prefill leg") && body.contains("injected failure"), "{body}");
+    assert!(t.elapsed() < Duration::from_secs(5), "answered in {:?}", t.elapsed());
+    // The decode leg was aborted by request id, not left waiting for its peer.
+    wait_for(|| counters(&decode[0]).aborted.load(Relaxed) == 1).await;
+    assert_eq!(counters(&decode[0]).rendezvous.load(Relaxed), 0);
+    let m = admin_get(&format!("{}/metrics", r.url)).await.text().await.unwrap();
+    assert!(m.contains("router_pd_aborts_total{leg=\"decode\"} 1"), "{m}");
+    assert!(m.contains("router_pd_legs_total{leg=\"prefill\",outcome=\"status\"} 1"), "{m}");
+    // The pair serves the next request.
+    let resp = post(&format!("{}/v1/chat/completions", r.url), &chat("", "hi again")).await;
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_grpc_decode_aborts_prefill_and_is_counted_once() {
+    let prefill = grpc_engines(PdRole::Prefill, 1, 1).await;
+    let decode = grpc_engines(PdRole::Decode, 1, 1).await;
+    let mut c = grpc_pd_config(PdMode::Sglang, &prefill, &decode);
+    c.retry.enabled = false;
+    let r = start(c).await;
+    decode[0].engine().set_faults(Faults { fail_next: 1, ..Faults::default() }).await;
+    let t = Instant::now();
+    let resp = post(&format!("{}/v1/chat/completions", r.url), &chat("", "hi")).await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(resp.headers()["x-sgl-router-pd-leg"], "decode");
+    assert!(t.elapsed() < Duration::from_secs(5), "answered in {:?}", t.elapsed());
+    // The prefill leg, waiting in its room for a peer that will not come, was aborted.
+    wait_for(|| counters(&prefill[0]).aborted.load(Relaxed) == 1).await;
+    let m = admin_get(&format!("{}/metrics", r.url)).await.text().await.unwrap();
+    assert!(m.contains("router_http_requests_total{route=\"chat\",status=\"502\"} 1"), "counted once: {m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_grpc_prefill_is_retried_on_a_new_pair() {
+    let prefill = grpc_engines(PdRole::Prefill, 2, 1).await;
+    let decode = grpc_engines(PdRole::Decode, 1, 1).await;
+    let r = start(grpc_pd_config(PdMode::Sglang, &prefill, &decode)).await;
+    // One prefill engine stops; the router has not probed it since (hourly probes here), so
+    // round robin still picks it: its call cannot connect, and the request moves to a new pair.
+    prefill[0].shutdown();
+    for i in 0..4 {
+        let resp = post(&format!("{}/v1/chat/completions", r.url), &chat("", &format!("question {i}"))).await;
+        assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    }
+    assert_eq!(counters(&prefill[1]).rendezvous.load(Relaxed), 4, "every request met on the live pair");
+    assert_eq!(counters(&decode[0]).rendezvous.load(Relaxed), 0, "(counted on the prefill side)");
+    let m = admin_get(&format!("{}/metrics", r.url)).await.text().await.unwrap();
+    let retries: u64 = m
+        .lines()
+        .filter(|l| l.starts_with("router_http_retries_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(retries >= 1, "the stopped engine was picked and the request retried: {m}");
+    assert!(m.contains("router_pd_legs_total{leg=\"prefill\",outcome=\"unreachable\"}"), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_disaggregation_over_grpc_is_refused_with_the_reason() {
+    let prefill = grpc_engines(PdRole::Prefill, 1, 1).await;
+    let decode = grpc_engines(PdRole::Decode, 1, 1).await;
+    let r: Running = start(grpc_pd_config(PdMode::Vllm, &prefill, &decode)).await;
+    let resp = post(&format!("{}/v1/chat/completions", r.url), &chat("", "hi")).await;
+    assert_eq!(resp.status(), 422);
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("kv_transfer_params over gRPC is not built"), "{body}");
+    assert_eq!(total(&prefill, |m| m.engine().requests.load(Relaxed)), 0, "nothing was sent");
+}
+
+async fn wait_for(f: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "not within 10 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
