@@ -191,3 +191,59 @@ async fn wait_for(f: impl Fn() -> bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Shepherd Model Gateway 1.13 (`smg launch --pd-disaggregation`, PyPI) as the client of the
+/// simulated engines' gRPC roles: smg reads the prefill's bootstrap port from its
+/// `GetServerInfo`, sends its `disaggregated_params` to both legs, and the legs meet: the
+/// engines' side of the protocol is the one smg speaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smg_disaggregates_over_the_simulated_engines_grpc_roles() {
+    let Some(smg) = crate::common::smg::smg("the smg gRPC disaggregation interop test") else { return };
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tokenizers/qwen3")
+        .canonicalize()
+        .unwrap();
+    let spawn = |role| {
+        let c = mock_engine::MockEngineConfig {
+            model_id: dir.display().to_string(),
+            grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
+            default_max_tokens: 8,
+            ..role_config(role, Flavor::Sglang, 1)
+        };
+        MockEngine::spawn_with(c, renderer::Renderer::from_dir(&dir, None).unwrap())
+    };
+    let (prefill, decode) = (spawn(PdRole::Prefill).await.unwrap(), spawn(PdRole::Decode).await.unwrap());
+    let (p, d) = (prefill.grpc_url().unwrap(), decode.grpc_url().unwrap());
+    let bootstrap = prefill.engine().pd().unwrap().bootstrap_port().unwrap().to_string();
+    let log = std::env::temp_dir().join(format!("smg-grpc-pd-{}.log", std::process::id()));
+    let model = dir.display().to_string();
+    let args = ["--pd-disaggregation", "--prefill", &p, &bootstrap, "--decode", &d, "--model-path", &model];
+    let router = crate::common::smg::Smg::launch(&smg, &args, &log);
+    let http = reqwest::Client::new();
+    let body = json!({"model": model, "max_tokens": 8,
+                      "messages": [{"role": "user", "content": "Tell me about prefix caches in LLM serving."}]});
+    // Until smg registered both workers and its tokenizer it answers 503.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let whole: Value = loop {
+        let answer = match http.post(format!("{}/v1/chat/completions", router.url)).json(&body).send().await {
+            Ok(r) if r.status() == 200 => Some(r.json().await.unwrap()),
+            _ => None,
+        };
+        if let Some(answer) = answer {
+            break answer;
+        }
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(Instant::now() < deadline, "smg never answered through the pair:\n{log}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // smg reads a Qwen3 model's answer as reasoning (the model path names it): either field.
+    let message = &whole["choices"][0]["message"];
+    let text = message["content"].as_str().or(message["reasoning_content"].as_str());
+    assert_eq!(text, Some(" the cache is warm and routing works."), "{whole}");
+    assert_eq!(whole["usage"]["completion_tokens"], 8, "decode's answer, not prefill's one token: {whole}");
+    assert_eq!(counters(&prefill).rendezvous.load(Relaxed), 1, "the legs met in smg's room");
+    assert_eq!(counters(&prefill).missing_room.load(Relaxed), 0);
+    assert_eq!(decode.engine().requests.load(Relaxed), 1);
+    drop(router);
+    let _ = std::fs::remove_file(&log);
+}
