@@ -100,8 +100,9 @@ pub struct Answers<M> {
 pub enum Generation {
     /// From SGLang's scheduler.
     Sglang(Answers<GenerateResponse>),
-    /// From vLLM's engine, for the request of this id (vLLM's answers carry none).
-    Vllm(Answers<vllm::GenerateResponse>, String),
+    /// From vLLM's engine, for the request of this id (vLLM's answers carry none), and the
+    /// `kv_transfer_params_json` its completion handed over (a disaggregated prefill's).
+    Vllm(Answers<vllm::GenerateResponse>, String, Option<String>),
 }
 
 impl Generation {
@@ -109,7 +110,24 @@ impl Generation {
     pub async fn next(&mut self) -> Result<Option<GenerateResponse>, EngineError> {
         match self {
             Generation::Sglang(answers) => answers.next().await,
-            Generation::Vllm(answers, id) => Ok(answers.next().await?.map(|m| m.to_sglang(id))),
+            Generation::Vllm(answers, id, kv) => {
+                let m = answers.next().await?;
+                if let Some(vllm::Generated::Complete(c)) = m.as_ref().and_then(|m| m.response.as_ref())
+                    && c.kv_transfer_params_json.is_some()
+                {
+                    kv.clone_from(&c.kv_transfer_params_json);
+                }
+                Ok(m.map(|m| m.to_sglang(id)))
+            }
+        }
+    }
+
+    /// The KV-transfer parameters (a JSON object) a vLLM engine's completion handed over: a
+    /// disaggregated prefill's handoff to its decode worker; `None` before or without one.
+    pub fn kv_transfer_params(&self) -> Option<&str> {
+        match self {
+            Generation::Vllm(_, _, kv) => kv.as_deref(),
+            Generation::Sglang(_) => None,
         }
     }
 }
@@ -329,19 +347,37 @@ impl Engine {
     /// `Generate`: the call started (its head answered within `deadline`), its answers to read
     /// (a vLLM engine's asked and read in its own messages).
     pub async fn generate(&self, request: &GenerateRequest, deadline: Duration) -> Result<Generation, EngineError> {
+        self.generate_with(request, None, deadline).await
+    }
+
+    /// [`Engine::generate`] with vLLM's `kv_transfer_params_json` (a JSON object, passed
+    /// verbatim to the engine's KV connector: a disaggregated leg's); SGLang's scheduler
+    /// service has no such field (`Malformed`, nothing sent).
+    pub async fn generate_with(
+        &self,
+        request: &GenerateRequest,
+        kv_transfer_params: Option<&str>,
+        deadline: Duration,
+    ) -> Result<Generation, EngineError> {
         let service = self.service(deadline).await?;
         let path = service.path(Method::Generate);
         let started = match service {
+            Service::Sglang if kv_transfer_params.is_some() => {
+                return Err(self.malformed("kv_transfer_params for SGLang's scheduler service, which has none"));
+            }
             Service::Sglang => tokio::time::timeout(deadline, self.start(path, request)).await,
             Service::Vllm => {
-                let asked = vllm::GenerateRequest::from_sglang(request);
+                let mut asked = vllm::GenerateRequest::from_sglang(request);
+                asked.kv_transfer_params_json = kv_transfer_params.map(str::to_owned);
                 tokio::time::timeout(deadline, self.start(path, &asked)).await
             }
         };
         let (head, answers) = started.unwrap_or(Err(EngineError::Deadline(self.authority.clone(), deadline)))?;
         Ok(match service {
             Service::Sglang => Generation::Sglang(Answers::new(head, answers, &self.authority)),
-            Service::Vllm => Generation::Vllm(Answers::new(head, answers, &self.authority), request.request_id.clone()),
+            Service::Vllm => {
+                Generation::Vllm(Answers::new(head, answers, &self.authority), request.request_id.clone(), None)
+            }
         })
     }
 

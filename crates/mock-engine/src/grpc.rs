@@ -104,12 +104,15 @@ impl Handler for Scheduler {
         let vllm = self.service == Service::Vllm;
         let started: Started = match method {
             Method::Generate => Box::pin(async move {
+                // vLLM's KV-transfer parameters (a disaggregated leg's) beside SGLang's shape.
                 let asked = match vllm {
-                    true => read::<vllm::GenerateRequest>(&mut calls).await.map(|r| r.to_sglang()),
-                    false => read(&mut calls).await,
+                    true => read::<vllm::GenerateRequest>(&mut calls)
+                        .await
+                        .map(|r| (r.to_sglang(), r.kv_transfer_params_json)),
+                    false => read(&mut calls).await.map(|r| (r, None)),
                 };
                 match asked {
-                    Ok(asked) => self.generate(asked, &replies).await,
+                    Ok((asked, kv)) => self.generate(asked, kv, &replies).await,
                     Err(status) => status,
                 }
             }),
@@ -210,15 +213,22 @@ impl Scheduler {
     /// `max_new_tokens` tokens for each of its `n` sequences, a chunk per decode
     /// step when streamed, then each sequence's `GenerateComplete`.
     /// Sends an answer in the caller's service's messages.
-    async fn send(&self, replies: &Replies, m: GenerateResponse) -> Result<(), ()> {
+    /// `handoff`: a vLLM prefill's KV-transfer parameters, on its completion.
+    async fn send(&self, replies: &Replies, m: GenerateResponse, handoff: Option<&str>) -> Result<(), ()> {
         let sent = match self.service {
             Service::Sglang => replies.send(&m).await,
-            Service::Vllm => replies.send(&vllm::GenerateResponse::from_sglang(m)).await,
+            Service::Vllm => {
+                let mut m = vllm::GenerateResponse::from_sglang(m);
+                if let Some(vllm::Generated::Complete(c)) = m.response.as_mut() {
+                    c.kv_transfer_params_json = handoff.map(str::to_owned);
+                }
+                replies.send(&m).await
+            }
         };
         sent.map_err(|_| ())
     }
 
-    async fn generate(&self, asked: GenerateRequest, replies: &Replies) -> Status {
+    async fn generate(&self, asked: GenerateRequest, kv: Option<String>, replies: &Replies) -> Status {
         let e = &self.engine;
         let tokens = asked.tokenized.as_ref().map(|t| t.input_ids.as_slice()).unwrap_or_default();
         if tokens.is_empty() {
@@ -247,12 +257,12 @@ impl Scheduler {
         let max = params.max_new_tokens.map_or(e.config().default_max_tokens, |m| m as usize);
         let rank = asked.data_parallel_rank.and_then(|r| usize::try_from(r).ok());
         // A disaggregated role meets its peer first; its prefill leg answers one token.
-        let (guard, max, _room) = match e.pd() {
-            Some(pd) => match crate::grpc_pd::admit(e, pd, &asked, tokens).await {
-                Ok(leg) => (leg.release, if leg.prefill { 1 } else { max }, leg.room),
+        let (guard, max, _room, handoff) = match e.pd() {
+            Some(pd) => match crate::grpc_pd::admit(e, pd, &asked, kv.as_deref(), tokens).await {
+                Ok(leg) => (leg.release, if leg.prefill { 1 } else { max }, leg.room, leg.handoff),
                 Err(status) => return status,
             },
-            None => (Release { engine: e.clone(), admission: e.admit(tokens, rank).await }, max, None),
+            None => (Release { engine: e.clone(), admission: e.admit(tokens, rank).await }, max, None, None),
         };
         let (prompt, cached) = (guard.admission.prompt_tokens as u32, guard.admission.cached_tokens as u32);
         let die = asked.stream && e.take_fault_mid_stream_pending();
@@ -287,7 +297,7 @@ impl Scheduler {
                         request_id: asked.request_id.clone(),
                         response: Some(Generated::Chunk(chunk)),
                     };
-                    if self.send(replies, m).await.is_err() {
+                    if self.send(replies, m, None).await.is_err() {
                         e.cancelled_streams.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         return Status::new(Status::CANCELLED, "the caller left");
                     }
@@ -318,7 +328,7 @@ impl Scheduler {
                 request_id: asked.request_id.clone(),
                 response: Some(Generated::Complete(complete)),
             };
-            if self.send(replies, m).await.is_err() {
+            if self.send(replies, m, handoff.as_deref()).await.is_err() {
                 return Status::new(Status::CANCELLED, "the caller left");
             }
         }

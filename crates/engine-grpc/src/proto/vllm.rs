@@ -84,6 +84,9 @@ pub struct GenerateRequest {
     pub sampling_params: Option<SamplingParams>,
     #[prost(bool, tag = "5")]
     pub stream: bool,
+    /// The KV connector's parameters as a JSON object (a disaggregated leg's), verbatim.
+    #[prost(string, optional, tag = "8")]
+    pub kv_transfer_params_json: Option<String>,
     #[prost(int32, optional, tag = "9")]
     pub data_parallel_rank: Option<i32>,
 }
@@ -141,6 +144,9 @@ pub struct GenerateComplete {
     pub index: u32,
     #[prost(oneof = "MatchedStop", tags = "10, 11")]
     pub matched_stop: Option<MatchedStop>,
+    /// What the engine's KV connector hands over (a prefill's handoff), a JSON object.
+    #[prost(string, optional, tag = "12")]
+    pub kv_transfer_params_json: Option<String>,
 }
 
 /// `GenerateComplete.matched_stop`.
@@ -259,6 +265,7 @@ impl GenerateRequest {
             tokenized: r.tokenized.clone(),
             sampling_params: Some(sampling),
             stream: r.stream,
+            kv_transfer_params_json: None,
             data_parallel_rank: r.data_parallel_rank,
         }
     }
@@ -362,6 +369,7 @@ impl GenerateResponse {
                     scheduler::MatchedStop::TokenId(t) => MatchedStop::TokenId(t),
                     scheduler::MatchedStop::Text(t) => MatchedStop::Text(t),
                 }),
+                kv_transfer_params_json: None,
             }),
         });
         GenerateResponse { response }
@@ -519,6 +527,14 @@ mod tests {
 
         let abort = read::<AbortRequest>(&case("abort_request"));
         assert_eq!(abort.request_ids, vec!["req-1", "req-2"]);
+
+        // A disaggregated prefill leg's KV-transfer parameters, and its completion's handoff.
+        let c = case("prefill_leg");
+        let leg = read::<GenerateRequest>(&c);
+        assert_eq!(leg.kv_transfer_params_json.as_deref(), c["values"]["kv_transfer_params_json"].as_str());
+        let c = case("prefill_handoff");
+        let Some(Generated::Complete(d)) = read::<GenerateResponse>(&c).response else { panic!("a completion") };
+        assert_eq!(d.kv_transfer_params_json.as_deref(), c["values"]["kv_transfer_params_json"].as_str());
     }
 
     use grpc_wire::wkt::Value as Value_;

@@ -126,10 +126,10 @@ pub(super) async fn serve(
     });
     // A pool of gRPC workers takes token ids: the request made once for every attempt.
     let grpc = match super::grpc::speaks_grpc(&pair) {
-        true if pd.mode != PdMode::Sglang || batch.is_some() => {
+        true if pd.connector == super::KvConnector::Mooncake || batch.is_some() => {
             return Err(GatewayError::Unprocessable(
-                "gRPC workers are disaggregated the SGLang way only (disaggregated_params), one prompt a request; \
-                 vLLM's kv_transfer_params over gRPC is not built"
+                "gRPC workers are disaggregated with one prompt a request, SGLang's way or vLLM's NIXL pull; \
+                 vLLM's Mooncake connector over gRPC is not built"
                     .into(),
             ));
         }

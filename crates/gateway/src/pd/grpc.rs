@@ -35,15 +35,14 @@ pub(super) fn speaks_grpc(pair: &Pair) -> bool {
     pair.prefill.chosen().engine().is_some() || pair.decode.chosen().engine().is_some()
 }
 
-/// One attempt on `pair`, both of gRPC workers, with the request `prepared` once; on failure,
-/// why, and the admission back for the next attempt.
+/// One attempt on `pair`, both of gRPC workers, with the request `prepared` once, as the
+/// pool's disaggregation says; on failure, why, and the admission back for the next attempt.
 pub(super) async fn attempt(
     ctx: &Ctx<'_>,
     pair: &Pair,
     admission: Admission,
-    (asked, answer_asked): &Prepared,
+    prepared: &Prepared,
 ) -> Result<Response, (Failure, Admission)> {
-    let gw = ctx.gw;
     let (p, d) = (pair.prefill.chosen().clone(), pair.decode.chosen().clone());
     let (Some(pe), Some(de)) = (p.engine().cloned(), d.engine().cloned()) else {
         let message = format!(
@@ -52,6 +51,22 @@ pub(super) async fn attempt(
         );
         return Err((Failure::Mixed { worker: d, message }, admission));
     };
+    match ctx.pd.mode {
+        super::PdMode::Sglang => dual(ctx, pair, admission, prepared, (pe, de)).await,
+        super::PdMode::Vllm => two_stages(ctx, pair, admission, prepared, (pe, de)).await,
+    }
+}
+
+/// SGLang's: both legs at once, met in a room.
+async fn dual(
+    ctx: &Ctx<'_>,
+    pair: &Pair,
+    admission: Admission,
+    (asked, answer_asked): &Prepared,
+    (pe, de): (Arc<engine_grpc::Engine>, Arc<engine_grpc::Engine>),
+) -> Result<Response, (Failure, Admission)> {
+    let gw = ctx.gw;
+    let (p, d) = (pair.prefill.chosen().clone(), pair.decode.chosen().clone());
     let (rank, dp) = sglang::rank_of(ctx, pair, &p);
     let hinted = (dp > 1).then_some(rank);
     let mut asked = asked.clone();
@@ -108,14 +123,82 @@ pub(super) async fn attempt(
     let guard = InFlight::new(gw.clone(), admission, d_load, ctx.route, ctx.start);
     let calls = (guard, d, Some(p));
     let made = crate::grpc::answer(gw, calls, (dg, Some(first)), (answer_asked.clone(), ctx.pool), ctx.meta).await;
-    // Decode failed before its answer's head: the router's error naming the leg, counted here
-    // (the front end counts only the errors it is handed).
-    Ok(made.unwrap_or_else(|e| {
-        crate::pipeline::account::count_error(gw, ctx.route, &e, Some(&ctx.meta.id));
+    Ok(decode_failed_as_answer(ctx, made))
+}
+
+/// vLLM's (NIXL pull): the prefill leg (one token, not streamed, `do_remote_decode`) read to
+/// its end, then the decode leg with the parameters its completion handed over. A prefill
+/// whose parameters are incomplete fails the attempt (decode would prefill it all itself).
+async fn two_stages(
+    ctx: &Ctx<'_>,
+    pair: &Pair,
+    admission: Admission,
+    (asked, answer_asked): &Prepared,
+    (pe, de): (Arc<engine_grpc::Engine>, Arc<engine_grpc::Engine>),
+) -> Result<Response, (Failure, Admission)> {
+    let gw = ctx.gw;
+    let (p, d) = (pair.prefill.chosen().clone(), pair.decode.chosen().clone());
+    let rank = pair.vllm_rank();
+    let (p_load, d_load) = pair.charge(rank);
+    let mut prefill = asked.clone();
+    prefill.stream = false;
+    prefill.data_parallel_rank = rank.map(|r| r.0 as i32);
+    if let Some(s) = prefill.sampling_params.as_mut() {
+        (s.max_new_tokens, s.n) = (Some(1), 1);
+    }
+    let timeout = gw.config.request_timeout;
+    let sent = Instant::now();
+    let fail = |leg: Leg, worker: &Arc<Worker>, error: EngineError| {
+        crate::grpc::count(gw, crate::grpc::kind_of(&error));
+        Failure::Engine { leg, worker: worker.clone(), error }
+    };
+    let pull = super::vllm::nixl_pull().to_string();
+    let called = async {
+        let mut generation = pe.generate_with(&prefill, Some(&pull), timeout).await?;
+        while generation.next().await?.is_some() {}
+        Ok::<_, EngineError>(generation)
+    };
+    let generation = match tokio::time::timeout(timeout, called).await {
+        Ok(Ok(generation)) => generation,
+        Ok(Err(error)) => return Err((fail(Leg::Prefill, &p, error), admission)),
+        Err(_) => return Err((Failure::Timeout { leg: Leg::Prefill, worker: p }, admission)),
+    };
+    drop(p_load);
+    let handed: Option<serde_json::Value> = generation.kv_transfer_params().and_then(|j| serde_json::from_str(j).ok());
+    let handed = serde_json::json!({ "kv_transfer_params": handed });
+    let params = match super::vllm::complete_params(&handed) {
+        Ok(params) => params.to_string(),
+        Err(missing) => {
+            let message = format!(
+                "the prefill worker handed over incomplete kv_transfer_params_json (missing {missing}); decode is not sent it (vLLM would prefill locally)"
+            );
+            return Err((Failure::Params { worker: p, message }, admission));
+        }
+    };
+    p.request_succeeded();
+    gw.metrics.pd_legs.inc(format_args!("leg=\"prefill\",outcome=\"ok\""));
+    let dg = match de.generate_with(asked, Some(&params), timeout).await {
+        Ok(dg) => dg,
+        Err(error) => return Err((fail(Leg::Decode, &d, error), admission)),
+    };
+    gw.metrics.pd_heads.observe(sent.elapsed().as_secs_f64());
+    d.request_succeeded();
+    gw.metrics.pd_legs.inc(format_args!("leg=\"decode\",outcome=\"ok\""));
+    gw.metrics.ttfb.observe(ctx.start.elapsed().as_secs_f64());
+    let guard = InFlight::new(gw.clone(), admission, d_load, ctx.route, ctx.start);
+    let made = crate::grpc::answer(gw, (guard, d, None), (dg, None), (answer_asked.clone(), ctx.pool), ctx.meta).await;
+    Ok(decode_failed_as_answer(ctx, made))
+}
+
+/// Decode failed before its answer's head: the router's error naming the leg, counted here
+/// (the front end counts only the errors it is handed).
+fn decode_failed_as_answer(ctx: &Ctx<'_>, made: Result<Response, crate::GatewayError>) -> Response {
+    made.unwrap_or_else(|e| {
+        crate::pipeline::account::count_error(ctx.gw, ctx.route, &e, Some(&ctx.meta.id));
         let mut r = axum::response::IntoResponse::into_response(e);
         r.headers_mut().insert("x-sgl-router-pd-leg", axum::http::HeaderValue::from_static(Leg::Decode.as_str()));
         r
-    }))
+    })
 }
 
 fn other_leg(leg: Leg) -> Leg {

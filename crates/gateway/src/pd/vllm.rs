@@ -258,7 +258,7 @@ fn learn_push(p: &fleet::Worker, params: &Value) {
 }
 
 /// NIXL's prefill params: keep the KV for a remote decode.
-fn nixl_pull() -> Value {
+pub(super) fn nixl_pull() -> Value {
     json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
            "remote_block_ids": null, "remote_host": null, "remote_port": null})
 }
@@ -282,7 +282,7 @@ fn prefill_body(v: &Value, params: Value) -> Bytes {
 }
 
 /// Prefill's `kv_transfer_params` when a decode can pull with them; else the fields missing.
-fn complete_params(prefill: &Value) -> Result<Value, String> {
+pub(super) fn complete_params(prefill: &Value) -> Result<Value, String> {
     let params = prefill.get("kv_transfer_params").filter(|p| p.is_object()).ok_or("kv_transfer_params")?;
     let size = serde_json::to_vec(params).map_or(usize::MAX, |b| b.len());
     if size > MAX_KV_PARAMS_BYTES {

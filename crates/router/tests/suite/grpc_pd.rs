@@ -3,7 +3,9 @@
 //! scheduler service (`grpc://`), the legs meeting over the engines' real
 //! bootstrap rendezvous (TCP). The router renders and tokenizes, sends one
 //! `GenerateRequest` with `disaggregated_params` to both legs at once, and
-//! makes decode's token stream the client's answer.
+//! makes decode's token stream the client's answer; and vLLM's two stages
+//! over vLLM's engine service (`kv_transfer_params_json` handed from the
+//! prefill's completion to the decode leg).
 
 use crate::common;
 
@@ -172,15 +174,63 @@ async fn an_unreachable_grpc_prefill_is_retried_on_a_new_pair() {
     assert!(m.contains("router_pd_legs_total{leg=\"prefill\",outcome=\"unreachable\"}"), "{m}");
 }
 
+/// `n` engines in `role`, vLLM's flavour, serving vLLM's engine service.
+async fn vllm_grpc_engines(role: PdRole, n: usize) -> Vec<MockEngine> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let c = mock_engine::MockEngineConfig {
+            grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
+            grpc_service: engine_grpc::Service::Vllm,
+            ..role_config(role, Flavor::Vllm, 1)
+        };
+        out.push(MockEngine::spawn(c).await.unwrap());
+    }
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn vllm_disaggregation_over_grpc_is_refused_with_the_reason() {
-    let prefill = grpc_engines(PdRole::Prefill, 1, 1).await;
-    let decode = grpc_engines(PdRole::Decode, 1, 1).await;
-    let r: Running = start(grpc_pd_config(PdMode::Vllm, &prefill, &decode)).await;
+async fn vllm_two_stages_over_grpc_hand_the_prefills_params_to_decode() {
+    let prefill = vllm_grpc_engines(PdRole::Prefill, 2).await;
+    let decode = vllm_grpc_engines(PdRole::Decode, 2).await;
+    let r = start(grpc_pd_config(PdMode::Vllm, &prefill, &decode)).await;
+    for stream in [false, true] {
+        let mut body = chat("You are brief. ", "What is a KV cache?");
+        body["stream"] = json!(stream);
+        body["stream_options"] = json!({"include_usage": true});
+        let resp = post(&format!("{}/v1/chat/completions", r.url), &body).await;
+        assert_eq!(resp.status(), 200, "stream={stream}");
+        let text = resp.text().await.unwrap();
+        let usage = match stream {
+            false => serde_json::from_str::<Value>(&text).unwrap()["usage"].clone(),
+            true => {
+                let last = text.lines().filter_map(|l| l.strip_prefix("data: ")).rfind(|d| *d != "[DONE]");
+                serde_json::from_str::<Value>(last.unwrap()).unwrap()["usage"].clone()
+            }
+        };
+        assert_eq!(usage["completion_tokens"], 4, "decode's four tokens, not prefill's one: {text}");
+    }
+    // Each decode pulled the blocks its prefill kept (the params its completion handed over):
+    // none prefilled locally, and no prefill call had the wrong shape.
+    assert_eq!(total(&prefill, |m| counters(m).rendezvous.load(Relaxed)), 2);
+    assert_eq!(total(&decode, |m| counters(m).local_prefill_fallbacks.load(Relaxed)), 0);
+    assert_eq!(total(&prefill, |m| counters(m).bad_prefill_shape.load(Relaxed)), 0);
+    assert_eq!(total(&prefill, |m| m.engine().requests.load(Relaxed)), 2);
+    assert_eq!(total(&decode, |m| m.engine().requests.load(Relaxed)), 2);
+    let m = admin_get(&format!("{}/metrics", r.url)).await.text().await.unwrap();
+    assert!(m.contains("router_pd_legs_total{leg=\"prefill\",outcome=\"ok\"} 2"), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_mooncake_over_grpc_is_refused_with_the_reason() {
+    let prefill = vllm_grpc_engines(PdRole::Prefill, 1).await;
+    let decode = vllm_grpc_engines(PdRole::Decode, 1).await;
+    let mut c = grpc_pd_config(PdMode::Vllm, &prefill, &decode);
+    c.pd.as_mut().unwrap().connector = gateway::pd::KvConnector::Mooncake;
+    let r: Running = start(c).await;
     let resp = post(&format!("{}/v1/chat/completions", r.url), &chat("", "hi")).await;
     assert_eq!(resp.status(), 422);
     let body = resp.text().await.unwrap();
-    assert!(body.contains("kv_transfer_params over gRPC is not built"), "{body}");
+    assert!(body.contains("Mooncake connector over gRPC is not built"), "{body}");
     assert_eq!(total(&prefill, |m| m.engine().requests.load(Relaxed)), 0, "nothing was sent");
 }
 
