@@ -7,4 +7,4 @@ pub mod pump;
 pub mod snapshot;
 
 pub use pump::{LAG_BUCKETS, Pump, PumpControl, PumpMetrics, StreamHashing, TakenSnapshot};
-pub use snapshot::{IndexSnapshot, SnapshotError, SnapshotLimits, StreamSnapshot};
+pub use snapshot::{GroupSnapshot, IndexSnapshot, SnapshotError, SnapshotLimits, StreamSnapshot};

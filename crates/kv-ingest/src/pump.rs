@@ -16,7 +16,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use kv_events::{StreamMessage, StreamUpdate};
 
-use crate::snapshot::{IndexSnapshot, StreamSnapshot};
+use crate::snapshot::{GroupSnapshot, IndexSnapshot, StreamSnapshot};
 use kv_index::{GroupBlocks, KvIndex, StoredBlock, StreamId};
 use renderer::hash::namespace_prior;
 use renderer::{HashMode, PageDigest, PageHasher};
@@ -178,19 +178,21 @@ impl Pump {
         seed: Option<StreamSnapshot>,
     ) -> Result<Option<u64>, kv_index::IndexError> {
         let id = self.index.stream(&key)?;
-        let mut cursor = None;
+        let (mut cursor, mut groups) = (None, Vec::new());
         if let Some(seed) = seed {
             let alike =
                 seed.page_size as usize == hashing.page_size.get() && seed.bigram == (hashing.mode == HashMode::Bigram);
             if !alike {
                 warn!(stream = %key, page_size = seed.page_size, bigram = seed.bigram, "kv pump: peer snapshot hashed otherwise, not used");
             } else {
-                // The stream may hold blocks of an earlier life: the snapshot replaces them.
+                // The stream may hold blocks of an earlier life (its groups' too): the snapshot
+                // replaces them.
                 let _ = self.index.clear_stream(id);
-                match self.index.import_stream(id, &seed.blocks) {
-                    Ok(held) => {
-                        info!(stream = %key, seq = seed.seq, blocks = held, "kv pump: stream seeded from a peer's snapshot");
+                match self.import_seed(id, &seed) {
+                    Ok((held, imported)) => {
+                        info!(stream = %key, seq = seed.seq, blocks = held, groups = imported.len(), "kv pump: stream seeded from a peer's snapshot");
                         cursor = Some(seed.seq);
+                        groups = imported;
                     }
                     Err(e) => {
                         warn!(stream = %key, error = %e, "kv pump: peer snapshot not imported");
@@ -199,8 +201,29 @@ impl Pump {
                 }
             }
         }
-        self.streams.insert(key, StreamState { id, hashing, cursor, groups: Vec::new() });
+        self.streams.insert(key, StreamState { id, hashing, cursor, groups });
         Ok(cursor)
+    }
+
+    /// A peer's snapshot of a stream into its index stream `id` (cleared): group 0's holdings
+    /// and kind, then each other KV-cache group's, in a stream of its own. The blocks held, and
+    /// the groups as the pump then knows them.
+    fn import_seed(&self, id: StreamId, seed: &StreamSnapshot) -> Result<(usize, Vec<Group>), String> {
+        let mut held = self.index.import_stream(id, &seed.blocks).map_err(|e| e.to_string())?;
+        let mut groups = Vec::with_capacity(seed.groups.len() + 1);
+        if let Some(kind) = seed.kind {
+            self.index.set_group_kind(id, kind).map_err(|e| e.to_string())?;
+            groups.push(Group { idx: 0, stream: id, kind: Some(kind) });
+        }
+        for g in &seed.groups {
+            let stream = self.index.group_stream(id, g.idx).map_err(|e| format!("group {}: {e}", g.idx))?;
+            if let Some(kind) = g.kind {
+                self.index.set_group_kind(stream, kind).map_err(|e| e.to_string())?;
+            }
+            held += self.index.import_stream(stream, &g.blocks).map_err(|e| format!("group {}: {e}", g.idx))?;
+            groups.push(Group { idx: g.idx, stream, kind: g.kind });
+        }
+        Ok((held, groups))
     }
 
     /// Every stream with applied batches at its cursor, within `max_blocks`.
@@ -213,17 +236,27 @@ impl Pump {
             let state = &self.streams[key];
             let Some(seq) = state.cursor else { continue };
             let Ok(blocks) = self.index.export_stream(state.id) else { continue };
-            if total + blocks.len() > max_blocks {
+            // A hybrid model's other KV-cache groups, each with its kind.
+            let mut groups = Vec::new();
+            for g in state.groups.iter().filter(|g| g.idx != 0) {
+                let Ok(blocks) = self.index.export_stream(g.stream) else { continue };
+                groups.push(GroupSnapshot { idx: g.idx, kind: g.kind, blocks });
+            }
+            let count = blocks.len() + groups.iter().map(|g| g.blocks.len()).sum::<usize>();
+            if total + count > max_blocks {
                 taken.left_out += 1;
                 continue;
             }
-            total += blocks.len();
+            total += count;
+            let kind = state.groups.iter().find(|g| g.idx == 0).and_then(|g| g.kind);
             taken.snapshot.streams.push(StreamSnapshot {
                 key: key.clone(),
                 seq,
                 page_size: state.hashing.page_size.get() as u32,
                 bigram: state.hashing.mode == HashMode::Bigram,
+                kind,
                 blocks,
+                groups,
             });
         }
         taken

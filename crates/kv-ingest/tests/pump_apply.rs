@@ -190,9 +190,48 @@ fn a_hybrid_models_groups_are_kept_apart_and_read_together() {
     other.extend(500..508);
     let q = hasher.block_hashes(&other, None).unwrap();
     assert_eq!(depth(&q), 0);
+    // A replica that starts late takes the stream from a peer's snapshot, groups and kinds with
+    // it (through the wire form): it reads the prompts as this one does.
+    let taken = pump.snapshot(1 << 20).snapshot;
+    assert_eq!(taken.streams[0].groups.len(), 2, "groups 1 and 2 beside group 0");
+    let limits = kv_ingest::SnapshotLimits { max_blocks: 1 << 20, max_bytes: 1 << 24 };
+    let wire = kv_ingest::IndexSnapshot::decode(&taken.encode(), &limits).unwrap();
+    assert_eq!(wire, taken);
+    let (copy, mut seeded, _) = setup_seeded(wire.streams[0].clone());
+    let copied =
+        |q: &[router_types::BlockHash]| copy.prefix_depths(q, &MatchOptions::default()).first().map_or(0, |m| m.blocks);
+    assert_eq!((copied(&hashes), copied(&q)), (10, 0), "the groups read together, as on the peer");
+    // The seeded replica knows the groups as its own: a later removal in group 1 (its stream's,
+    // not group 0's) shortens the window's hit, as on the peer.
+    let tail = vec![removed(1, 6..10)];
+    seeded.apply(StreamMessage {
+        key: key(),
+        seq: 1,
+        update: StreamUpdate::Batch(Decoded {
+            batch: EventBatch { ts: 0.0, events: tail.clone(), dp_rank: None },
+            unknown_events: 0,
+        }),
+    });
+    pump.apply(message(1, tail));
+    assert_eq!(copied(&hashes), depth(&hashes));
+    assert_eq!(depth(&hashes), 0, "no window blocks left before the end");
     // AllBlocksCleared clears the engine's cache: every group's.
-    pump.apply(message(1, vec![KvEvent::AllCleared]));
+    pump.apply(message(2, vec![KvEvent::AllCleared]));
     assert_eq!(depth(&hashes), 0);
+}
+
+/// A second index and pump, the stream seeded from `seed`.
+fn setup_seeded(seed: kv_ingest::StreamSnapshot) -> (Arc<KvIndex>, Pump, Arc<PumpMetrics>) {
+    let index = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new())));
+    let metrics = Arc::new(PumpMetrics::default());
+    let mut pump = Pump::new(index.clone(), metrics.clone());
+    let hashing = StreamHashing {
+        page_size: NonZeroUsize::new(PAGE).unwrap(),
+        mode: HashMode::Unigram,
+        engine_hash_is_router_hash: true,
+    };
+    assert_eq!(pump.add_seeded(key(), hashing, Some(seed)).unwrap(), Some(0), "resumes after the peer's seq");
+    (index, pump, metrics)
 }
 
 /// Two prompts with the same token ids and different images: vLLM's block hash covers the

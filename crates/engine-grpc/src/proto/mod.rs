@@ -9,6 +9,8 @@
 
 pub mod common;
 pub mod scheduler;
+#[cfg(test)]
+mod sglang_wire_tests;
 pub mod vllm;
 
 pub use common::*;
