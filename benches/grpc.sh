@@ -48,8 +48,13 @@ common=(--policy cache_aware --kv-events --tokenizer-path "$TOK" --model-id defa
 start sgl_http 31010 /readiness "$BIN/sgl-router" --port 31010 --worker-urls http://127.0.0.1:31001 "${common[@]}"
 start sgl_grpc 31011 /readiness "$BIN/sgl-router" --port 31011 --worker-urls grpc://127.0.0.1:31002 "${common[@]}"
 start sgl_grpc_vllm 31013 /readiness "$BIN/sgl-router" --port 31013 --worker-urls grpc://127.0.0.1:31003 "${common[@]}"
+# smg 1.13 asks the Hugging Face Hub for the model's multimodal config on every chat (its cache
+# keeps no failure), even with a local --model-path: offline, most asks fail at once and some
+# wait out a 5 s DNS timeout, a stall that is this machine's, not smg's. Its hub is pointed at a
+# closed local port: each ask is refused at once (a loopback connect a request, counted in its CPU).
+smg_env=(env HF_ENDPOINT=http://127.0.0.1:9 HF_HUB_OFFLINE=1)
 if [ -n "$SMG" ]; then
-  start smg_grpc 31012 /health "$SMG" launch --worker-urls grpc://127.0.0.1:31002 --model-path default \
+  start smg_grpc 31012 /health "${smg_env[@]}" "$SMG" launch --worker-urls grpc://127.0.0.1:31002 --model-path default \
     --policy cache_aware --port 31012 --prometheus-port 31112 --log-level error
   # Its tokenizer registers in the background: wait for a chat to be answered.
   for _ in $(seq 1 300); do
@@ -57,7 +62,7 @@ if [ -n "$SMG" ]; then
       -d '{"model":"default","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}' >/dev/null && break
     sleep 0.1
   done
-  start smg_grpc_vllm 31014 /health "$SMG" launch --backend vllm --worker-urls grpc://127.0.0.1:31003 \
+  start smg_grpc_vllm 31014 /health "${smg_env[@]}" "$SMG" launch --backend vllm --worker-urls grpc://127.0.0.1:31003 \
     --model-path default --policy cache_aware --port 31014 --prometheus-port 31114 --log-level error
   for _ in $(seq 1 300); do
     curl -sf http://127.0.0.1:31014/v1/chat/completions -H 'content-type: application/json' \
