@@ -66,6 +66,9 @@ pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
     splitter: Option<Splitter>,
     fast: Option<FastBpe>,
+    /// A byte-level tokenizer's ids as bytes, for detokenizing a token at a time: made when
+    /// first asked (only a gRPC worker's answers are detokenized here).
+    pieces: std::sync::OnceLock<Option<crate::detok::pieces::BytePieces>>,
     cache: Option<Mutex<SegmentCache>>,
     vocab_size: usize,
     hits: AtomicU64,
@@ -172,7 +175,17 @@ impl TextTokenizer {
         }
         let max_bytes = bounds.segment_bytes;
         let cache = NonZeroUsize::new(bounds.segment_entries).map(|cap| Mutex::new(SegmentCache::new(cap, max_bytes)));
-        Ok(Self { inner, splitter, fast, cache, vocab_size, hits: AtomicU64::new(0), misses: AtomicU64::new(0) })
+        let pieces = std::sync::OnceLock::new();
+        Ok(Self {
+            inner,
+            splitter,
+            fast,
+            pieces,
+            cache,
+            vocab_size,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        })
     }
 
     /// Vocabulary size including added tokens: valid ids are below it.
@@ -239,6 +252,11 @@ impl TextTokenizer {
         let enc =
             self.inner.encode_fast(text, add_special_tokens).map_err(|e| RenderError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// A byte-level tokenizer's ids as the bytes `decode` joins (`None`: another decoder).
+    pub(crate) fn byte_pieces(&self) -> Option<&crate::detok::pieces::BytePieces> {
+        self.pieces.get_or_init(|| crate::detok::pieces::BytePieces::of(&self.inner)).as_ref()
     }
 
     /// Turns ids back into text.

@@ -93,3 +93,40 @@ fn random_ids_in_random_chunks_come_back_as_the_whole_decode() {
         }
     }
 }
+
+/// The byte-level path (each id's bytes appended) against the windowed decode it replaced and
+/// the whole `decode`, piece by piece: both tokenizers are byte-level, so `pieces` above ran it;
+/// here the two paths are put side by side on random ids, special ones and ids past the
+/// vocabulary included, and with the text split mid-character.
+#[test]
+fn the_byte_level_path_gives_the_windowed_decodes_pieces() {
+    for name in ["qwen3", "deepseek-v3"] {
+        let tok = tokenizer(name);
+        assert!(tok.byte_pieces().is_some(), "{name} decodes byte-level");
+        let vocab = tok.vocab_size() as u64;
+        let mut rng = SplitMix::new(0xb17e_0042);
+        for _ in 0..400 {
+            let len = 1 + (rng.next_u64() % 48) as usize;
+            let ids: Vec<u32> = (0..len)
+                .map(|_| match rng.next_u64() % 8 {
+                    0 => rng.next_u64() % (vocab + 64),
+                    1 => vocab - 1 - rng.next_u64() % 300, // added and special tokens
+                    _ => rng.next_u64() % 1024,
+                } as u32)
+                .collect();
+            let skip = rng.next_u64().is_multiple_of(2);
+            let (mut fast, mut slow) = (Incremental::new(skip), Incremental::windowed(skip));
+            let (mut a, mut b) = (String::new(), String::new());
+            for id in &ids {
+                a.push_str(&fast.push(&tok, std::slice::from_ref(id)).unwrap());
+                b.push_str(&slow.push(&tok, std::slice::from_ref(id)).unwrap());
+                // Each path gives out only decided text: one's is a prefix of the other's.
+                assert!(a.starts_with(&b) || b.starts_with(&a), "{name}: {ids:?}: {a:?} / {b:?}");
+            }
+            a.push_str(&fast.finish(&tok).unwrap().unwrap());
+            b.push_str(&slow.finish(&tok).unwrap().unwrap());
+            let whole = tok.decode(&ids, skip).unwrap();
+            assert_eq!((a.as_str(), b.as_str()), (whole.as_str(), whole.as_str()), "{name}: {ids:?} skip={skip}");
+        }
+    }
+}
