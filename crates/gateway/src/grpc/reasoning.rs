@@ -4,13 +4,18 @@
 //! reasoning from the first token (its template opened `<think>`), `qwen3`
 //! only once the text opens `<think>` (`qwen3_thinking` from the first
 //! token); the reasoning ends at `</think>`, and what follows is the answer.
-//! Streamed pieces are split as they come, a partial tag held back until it
-//! is whole or proves not to be one.
+//! Qwen's also end at a `<tool_call>` when no `</think>` closes them (Qwen3.5
+//! may open a call without closing its reasoning): the call is the answer's,
+//! for the tool-call parser. Streamed pieces are split as they come, a
+//! partial tag held back until it is whole or proves not to be one.
+//! Checked against SGLang's own detectors (`tests/fixtures/reasoning`).
 
 use crate::GatewayError;
 
 const START: &str = "<think>";
 const END: &str = "</think>";
+/// Qwen's tool-call tag: it ends a reasoning `</think>` did not.
+const TOOL_START: &str = "<tool_call>";
 
 /// The parsers the router knows (smg's names).
 pub(crate) const PARSERS: [&str; 3] = ["deepseek_r1", "qwen3", "qwen3_thinking"];
@@ -20,14 +25,17 @@ pub(crate) const PARSERS: [&str; 3] = ["deepseek_r1", "qwen3", "qwen3_thinking"]
 pub(crate) struct Format {
     /// In its reasoning from the first token, with or without `<think>`.
     forced: bool,
+    /// A tool call ends its reasoning (Qwen's).
+    tool_ends: bool,
 }
 
 impl Format {
     /// The parser named `name` (one of [`PARSERS`]).
     pub(crate) fn named(name: &str) -> Result<Self, GatewayError> {
         match name {
-            "deepseek_r1" | "qwen3_thinking" => Ok(Self { forced: true }),
-            "qwen3" => Ok(Self { forced: false }),
+            "deepseek_r1" => Ok(Self { forced: true, tool_ends: false }),
+            "qwen3_thinking" => Ok(Self { forced: true, tool_ends: true }),
+            "qwen3" => Ok(Self { forced: false, tool_ends: true }),
             other => Err(GatewayError::BadRequest(format!(
                 "unknown reasoning parser {other:?} (known: {})",
                 PARSERS.join(", ")
@@ -46,6 +54,11 @@ impl Format {
         }
         match rest.split_once(END) {
             Some((reasoning, content)) => (Some(reasoning.to_owned()), content.to_owned()),
+            // A tool call before any end: the call is the answer's.
+            None if self.tool_ends && rest.contains(TOOL_START) => {
+                let at = rest.find(TOOL_START).unwrap_or(rest.len());
+                (Some(rest[..at].to_owned()), rest[at..].to_owned())
+            }
             // Cut off before its end: all of it was reasoning.
             None => (Some(rest.to_owned()), String::new()),
         }
@@ -57,13 +70,15 @@ impl Format {
 pub(crate) struct Stream {
     held: String,
     in_reasoning: bool,
+    /// A tool call ends the reasoning (Qwen's).
+    tool_ends: bool,
     /// `<think>` was seen (and taken out) or cannot come any more.
     opened: bool,
 }
 
 impl Stream {
     pub(crate) fn new(format: Format) -> Self {
-        Self { held: String::new(), in_reasoning: format.forced, opened: false }
+        Self { held: String::new(), in_reasoning: format.forced, tool_ends: format.tool_ends, opened: false }
     }
 
     /// The (reasoning, content) a new piece of text makes.
@@ -89,15 +104,24 @@ impl Stream {
             self.in_reasoning = false;
             return out;
         }
-        // Hold the tail that may be the start of `</think>`.
-        let keep = (1..END.len())
-            .rev()
-            .find(|n| {
-                self.held.len() >= *n
-                    && self.held.is_char_boundary(self.held.len() - n)
-                    && END.starts_with(&self.held[self.held.len() - n..])
-            })
-            .unwrap_or(0);
+        // A tool call before the end (the end cannot be seen yet): the call is the answer's.
+        if let Some(at) = self.held.find(TOOL_START).filter(|_| self.tool_ends) {
+            let content = self.held.split_off(at);
+            self.in_reasoning = false;
+            return (std::mem::take(&mut self.held), content);
+        }
+        // Hold the tail that may be the start of `</think>` (or of a tool call).
+        let partial = |tag: &str| {
+            (1..tag.len())
+                .rev()
+                .find(|n| {
+                    self.held.len() >= *n
+                        && self.held.is_char_boundary(self.held.len() - n)
+                        && tag.starts_with(&self.held[self.held.len() - n..])
+                })
+                .unwrap_or(0)
+        };
+        let keep = partial(END).max(if self.tool_ends { partial(TOOL_START) } else { 0 });
         let rest = self.held.split_off(self.held.len() - keep);
         (std::mem::replace(&mut self.held, rest), String::new())
     }
@@ -159,5 +183,54 @@ mod tests {
             }
         }
         assert!(Format::named("nope").is_err());
+    }
+
+    /// Against SGLang 0.5.23's own detectors (`tests/fixtures/reasoning/gen_reasoning.py`): a
+    /// whole answer as `detect_and_parse` splits it, a streamed one as its increments join
+    /// (before the end: SGLang's stream never gives out a partial tag it held at the end; the
+    /// router's `finish` does, as the whole answer shows it).
+    #[test]
+    fn answers_split_as_sglangs_own_detectors_split_them() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/reasoning/reasoning.json");
+        let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut differ = Vec::new();
+        for case in doc["cases"].as_array().unwrap() {
+            let (parser, text) = (case["parser"].as_str().unwrap(), case["text"].as_str().unwrap());
+            let format = Format::named(parser).unwrap();
+            let (reasoning, normal) = format.split(text);
+            let whole = (case["reasoning"].as_str().unwrap(), case["normal"].as_str().unwrap());
+            if (reasoning.as_deref().unwrap_or(""), normal.as_str()) != whole {
+                differ.push(format!("{parser} whole {text:?}: {reasoning:?} {normal:?}, SGLang {whole:?}"));
+            }
+            for s in case["streamed"].as_array().unwrap() {
+                let n = s["n"].as_u64().unwrap() as usize;
+                let mut st = Stream::new(format);
+                let (mut r, mut c) = (String::new(), String::new());
+                let chars: Vec<char> = text.chars().collect();
+                for piece in chars.chunks(n) {
+                    let (pr, pc) = st.push(&piece.iter().collect::<String>());
+                    r.push_str(&pr);
+                    c.push_str(&pc);
+                }
+                let theirs = (s["reasoning"].as_str().unwrap(), s["normal"].as_str().unwrap());
+                // Two of SGLang's streams are left alone, where its stream departs from its own
+                // whole parse: a `<think>` opened mid-text (its stream takes it out wherever it
+                // is; the router's, like its whole parse, only at the start), and a partial tag
+                // its stream holds at the end and never gives out (the router gives out what
+                // its whole parse shows).
+                let mid_start = text.find(START).is_some_and(|at| at > 0);
+                let dropped = theirs.0.len() + theirs.1.len() < whole.0.len() + whole.1.len();
+                if mid_start || dropped {
+                    let (fr, fc) = st.finish();
+                    let (r, c) = (r + &fr, c + &fc);
+                    if !mid_start && (r.as_str(), c.as_str()) != whole {
+                        differ.push(format!("{parser} streamed by {n} {text:?}: {r:?} {c:?}, SGLang whole {whole:?}"));
+                    }
+                } else if (r.as_str(), c.as_str()) != theirs {
+                    differ.push(format!("{parser} streamed by {n} {text:?}: {r:?} {c:?}, SGLang {theirs:?}"));
+                }
+            }
+        }
+        assert!(differ.is_empty(), "{}", differ.join("\n"));
     }
 }
