@@ -492,12 +492,20 @@ pub fn check_worker_url(url: &str) -> Result<WorkerUrl, String> {
     WorkerUrl::parse(url).map_err(|e| e.to_string())
 }
 
-/// A worker URL for a disaggregated pool's leg: HTTP only (prefill/decode pairs are not served
-/// over gRPC).
-pub fn check_pd_worker_url(url: &str) -> Result<WorkerUrl, String> {
-    let url = check_worker_url(url)?;
-    if url.as_str().starts_with("grpc://") {
-        return Err(format!("{url}: prefill/decode workers are HTTP workers (gRPC workers serve aggregated pools)"));
+/// Checks that a disaggregated pool's workers (its `prefill` and `decode` URLs) speak one
+/// protocol: a pair of one gRPC and one HTTP worker cannot meet (each engine's leg is sent
+/// the other's way).
+pub fn check_pd_protocols<'a>(
+    prefill: impl IntoIterator<Item = &'a WorkerUrl>,
+    decode: impl IntoIterator<Item = &'a WorkerUrl>,
+) -> Result<(), String> {
+    let mut all = prefill.into_iter().chain(decode);
+    let Some(first) = all.next() else { return Ok(()) };
+    let grpc = |u: &WorkerUrl| u.as_str().starts_with("grpc://");
+    match all.find(|u| grpc(u) != grpc(first)) {
+        Some(other) => {
+            Err(format!("a disaggregated pool's workers speak one protocol, gRPC or HTTP: {first} and {other} do not"))
+        }
+        None => Ok(()),
     }
-    Ok(url)
 }

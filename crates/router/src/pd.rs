@@ -59,7 +59,7 @@ pub(crate) fn setup(a: &ServeArgs, policy: impl Fn(PolicyName) -> PolicyConfig) 
     };
     let mut prefill: Vec<(WorkerUrl, Bootstrap)> = Vec::new();
     for (url, port) in group_prefill(&f.prefill)? {
-        let url = gateway::check_pd_worker_url(url.trim()).map_err(|e| UsageError(format!("--prefill: {e}")))?;
+        let url = gateway::check_worker_url(url.trim()).map_err(|e| UsageError(format!("--prefill: {e}")))?;
         let bootstrap = match port {
             None => Bootstrap::Discover,
             Some(p) if p.eq_ignore_ascii_case("none") => Bootstrap::Null,
@@ -75,7 +75,7 @@ pub(crate) fn setup(a: &ServeArgs, policy: impl Fn(PolicyName) -> PolicyConfig) 
     }
     let mut decode: Vec<WorkerUrl> = Vec::new();
     for u in f.decode.iter().filter(|u| !u.trim().is_empty()) {
-        let url = gateway::check_pd_worker_url(u.trim()).map_err(|e| UsageError(format!("--decode: {e}")))?;
+        let url = gateway::check_worker_url(u.trim()).map_err(|e| UsageError(format!("--decode: {e}")))?;
         if prefill.iter().any(|(p, _)| *p == url) {
             return usage(format!("{url} is given as both --prefill and --decode"));
         }
@@ -83,6 +83,7 @@ pub(crate) fn setup(a: &ServeArgs, policy: impl Fn(PolicyName) -> PolicyConfig) 
             decode.push(url);
         }
     }
+    gateway::check_pd_protocols(prefill.iter().map(|(u, _)| u), &decode).map_err(UsageError)?;
     let (mock_prefill, mock_decode) = match a.mock_workers.decode {
         Some(d) => (a.mock_workers.n, d),
         None => (a.mock_workers.n, a.mock_workers.n),
@@ -132,5 +133,16 @@ mod tests {
         assert_eq!(g, vec![("http://a:1", Some("8998")), ("http://b:2", None), ("http://c:3", Some("none"))]);
         assert!(group_prefill(&["8998".to_string()]).is_err());
         assert!(group_prefill(&["http://a:1", "1", "2"].map(String::from)).is_err());
+    }
+
+    /// A disaggregated pool of gRPC workers, or of HTTP workers; never one of each.
+    #[test]
+    fn a_pools_legs_speak_one_protocol() {
+        let u = |s: &str| WorkerUrl::parse(s).unwrap();
+        let (gp, gd, hd) = (u("grpc://p:1"), u("grpc://d:1"), u("http://d:1"));
+        assert!(gateway::check_pd_protocols([&gp], [&gd]).is_ok());
+        assert!(gateway::check_pd_protocols([&u("http://p:1")], [&hd]).is_ok());
+        let mixed = gateway::check_pd_protocols([&gp], [&gd, &hd]).unwrap_err();
+        assert!(mixed.contains("grpc://p:1") && mixed.contains("http://d:1"), "{mixed}");
     }
 }

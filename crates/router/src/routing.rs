@@ -110,12 +110,7 @@ pub(crate) fn load_text(text: &str, shown: &str, default_policy: PolicyName) -> 
         };
         let policy = policy_named(p.policy.as_deref(), default_policy);
         let decode_policy = policy_named(p.decode_policy.as_deref(), policy);
-        // A disaggregated pool's legs are HTTP workers.
-        let mut urls = |list: &mut Vec<WorkerUrl>, w: &str, pd: bool| match if pd {
-            gateway::check_pd_worker_url(w.trim())
-        } else {
-            gateway::check_worker_url(w.trim())
-        } {
+        let mut urls = |list: &mut Vec<WorkerUrl>, w: &str| match gateway::check_worker_url(w.trim()) {
             Ok(url) if !list.contains(&url) => {
                 list.push(url);
                 true
@@ -128,22 +123,28 @@ pub(crate) fn load_text(text: &str, shown: &str, default_policy: PolicyName) -> 
         };
         let mut workers = Vec::new();
         for w in &p.workers {
-            urls(&mut workers, w, false);
+            urls(&mut workers, w);
         }
         let pd = p.disaggregation.map(|mode| {
             let (mut prefill_urls, mut decode) = (Vec::new(), Vec::new());
             let mut prefill = Vec::new();
             for w in &p.prefill {
-                if urls(&mut prefill_urls, w.url(), true) {
+                if urls(&mut prefill_urls, w.url()) {
                     let bootstrap = w.bootstrap_port().map_or(Bootstrap::Discover, Bootstrap::Port);
                     prefill.push((prefill_urls[prefill_urls.len() - 1].clone(), bootstrap));
                 }
             }
             for w in &p.decode {
-                urls(&mut decode, w, true);
+                urls(&mut decode, w);
             }
             FilePd { mode, prefill, decode, decode_policy }
         });
+        // A disaggregated pool's legs speak one protocol.
+        if let Some(Err(e)) =
+            pd.as_ref().map(|pd| gateway::check_pd_protocols(pd.prefill.iter().map(|(u, _)| u), &pd.decode))
+        {
+            problems.push(format!("{}: pool `{}`: {e}", at(line), p.name));
+        }
         pools.push(FilePool {
             name: p.name.clone(),
             served_model: p.served_model.clone(),

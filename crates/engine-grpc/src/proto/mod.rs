@@ -12,6 +12,8 @@ pub mod scheduler;
 #[cfg(test)]
 mod sglang_wire_tests;
 pub mod vllm;
+#[cfg(test)]
+mod wire_fixture;
 
 pub use common::*;
 pub use scheduler::*;

@@ -441,36 +441,16 @@ impl GetServerInfoResponse {
 
 #[cfg(test)]
 mod tests {
-    use prost::Message;
-    use serde_json::Value;
-
+    use super::super::wire_fixture::{cases, read, u32s};
     use super::*;
 
     const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/grpc_vllm/vllm_wire.json");
-
-    fn unhex(s: &str) -> Vec<u8> {
-        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
-    }
-
-    /// Decodes `case`'s bytes as `M` and checks the bytes written back are protobuf's own.
-    fn read<M: Message + Default>(case: &Value) -> M {
-        let bytes = unhex(case["hex"].as_str().unwrap());
-        let m = M::decode(bytes.as_slice()).unwrap();
-        assert_eq!(m.encode_to_vec(), bytes, "{}: written back as protobuf wrote it", case["name"]);
-        m
-    }
-
-    fn u32s(v: &Value) -> Vec<u32> {
-        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
-    }
 
     /// Every message against the bytes Google's protobuf runtime wrote from smg-grpc-proto's own
     /// generated classes (`tests/fixtures/grpc_vllm/gen_vllm_wire.py`).
     #[test]
     fn vllms_messages_read_and_write_as_the_protocols_own_code() {
-        let doc: Value = serde_json::from_str(&std::fs::read_to_string(FIXTURE).unwrap()).unwrap();
-        let cases = doc["cases"].as_array().unwrap();
-        let case = |name: &str| cases.iter().find(|c| c["name"] == name).unwrap().clone();
+        let case = cases(FIXTURE);
 
         let c = case("generate_request");
         let (r, v): (GenerateRequest, _) = (read(&c), &c["values"]);

@@ -139,6 +139,13 @@ mod tests {
 
     /// Streams `text` in pieces of `n` characters; the joined (reasoning, content).
     fn streamed(format: Format, text: &str, n: usize) -> (String, String) {
+        let (mut s, r, c) = pushed(format, text, n);
+        let (pr, pc) = s.finish();
+        (r + &pr, c + &pc)
+    }
+
+    /// Pushes `text` in pieces of `n` characters; the stream (not finished) and what it gave.
+    fn pushed(format: Format, text: &str, n: usize) -> (Stream, String, String) {
         let mut s = Stream::new(format);
         let (mut r, mut c) = (String::new(), String::new());
         let chars: Vec<char> = text.chars().collect();
@@ -147,8 +154,7 @@ mod tests {
             r.push_str(&pr);
             c.push_str(&pc);
         }
-        let (pr, pc) = s.finish();
-        (r + &pr, c + &pc)
+        (s, r, c)
     }
 
     #[test]
@@ -204,14 +210,7 @@ mod tests {
             }
             for s in case["streamed"].as_array().unwrap() {
                 let n = s["n"].as_u64().unwrap() as usize;
-                let mut st = Stream::new(format);
-                let (mut r, mut c) = (String::new(), String::new());
-                let chars: Vec<char> = text.chars().collect();
-                for piece in chars.chunks(n) {
-                    let (pr, pc) = st.push(&piece.iter().collect::<String>());
-                    r.push_str(&pr);
-                    c.push_str(&pc);
-                }
+                let (mut st, r, c) = pushed(format, text, n);
                 let theirs = (s["reasoning"].as_str().unwrap(), s["normal"].as_str().unwrap());
                 // Two of SGLang's streams are left alone, where its stream departs from its own
                 // whole parse: a `<think>` opened mid-text (its stream takes it out wherever it

@@ -51,10 +51,19 @@ pub(super) async fn attempt(
         );
         return Err((Failure::Mixed { worker: d, message }, admission));
     };
+    let legs = Legs { p, d, pe, de };
     match ctx.pd.mode {
-        super::PdMode::Sglang => dual(ctx, pair, admission, prepared, (pe, de)).await,
-        super::PdMode::Vllm => two_stages(ctx, pair, admission, prepared, (pe, de)).await,
+        super::PdMode::Sglang => dual(ctx, pair, admission, prepared, legs).await,
+        super::PdMode::Vllm => two_stages(ctx, pair, admission, prepared, legs).await,
     }
+}
+
+/// A pair's workers and their gRPC services.
+struct Legs {
+    p: Arc<Worker>,
+    d: Arc<Worker>,
+    pe: Arc<engine_grpc::Engine>,
+    de: Arc<engine_grpc::Engine>,
 }
 
 /// SGLang's: both legs at once, met in a room.
@@ -63,10 +72,9 @@ async fn dual(
     pair: &Pair,
     admission: Admission,
     (asked, answer_asked): &Prepared,
-    (pe, de): (Arc<engine_grpc::Engine>, Arc<engine_grpc::Engine>),
+    Legs { p, d, pe, de }: Legs,
 ) -> Result<Response, (Failure, Admission)> {
     let gw = ctx.gw;
-    let (p, d) = (pair.prefill.chosen().clone(), pair.decode.chosen().clone());
     let (rank, dp) = sglang::rank_of(ctx, pair, &p);
     let hinted = (dp > 1).then_some(rank);
     let mut asked = asked.clone();
@@ -134,10 +142,9 @@ async fn two_stages(
     pair: &Pair,
     admission: Admission,
     (asked, answer_asked): &Prepared,
-    (pe, de): (Arc<engine_grpc::Engine>, Arc<engine_grpc::Engine>),
+    Legs { p, d, pe, de }: Legs,
 ) -> Result<Response, (Failure, Admission)> {
     let gw = ctx.gw;
-    let (p, d) = (pair.prefill.chosen().clone(), pair.decode.chosen().clone());
     let rank = pair.vllm_rank();
     let (p_load, d_load) = pair.charge(rank);
     let mut prefill = asked.clone();

@@ -162,7 +162,7 @@ fn the_router_refuses_bad_flags_with_one_line_and_status_64() {
         (&["--worker-urls", "grpc://w"][..], "a grpc:// worker URL needs its port"),
         (
             &["--pd-disaggregation", "--prefill", "grpc://p:1", "--decode", "http://d:1"][..],
-            "prefill/decode workers are HTTP workers",
+            "a disaggregated pool's workers speak one protocol, gRPC or HTTP",
         ),
         (
             &[
