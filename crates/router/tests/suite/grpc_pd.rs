@@ -297,3 +297,28 @@ async fn smg_disaggregates_over_the_simulated_engines_grpc_roles() {
     drop(router);
     let _ = std::fs::remove_file(&log);
 }
+
+/// The real binary, started from its flags as docs/grpc.md's quick start says, serves a chat
+/// through a pair of gRPC workers (its command line once refused gRPC legs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_takes_a_grpc_pair_from_its_flags() {
+    let prefill = grpc_engines(PdRole::Prefill, 1, 1).await;
+    let decode = grpc_engines(PdRole::Decode, 1, 1).await;
+    let (p, d) = (prefill[0].grpc_url().unwrap(), decode[0].grpc_url().unwrap());
+    #[rustfmt::skip]
+    let (_router, url, _) = crate::smg_compat::launch(&[
+        "--pd-disaggregation", "--prefill", &p, "--decode", &d, "--log-level", "warn",
+        "--prometheus-port", "0", "--prometheus-host", "127.0.0.1", "--host", "127.0.0.1", "--port", "0",
+    ]);
+    let http = reqwest::Client::new();
+    let body = chat("", "Hello!");
+    // Answered once both workers were found healthy.
+    crate::common::eventually("a chat answered through the pair", async || {
+        let r = http.post(format!("{url}/v1/chat/completions")).json(&body).send().await;
+        r.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    // Met in a room (a chat sent while the workers were still being probed is answered 503
+    // by the router and sends no leg).
+    assert!(counters(&prefill[0]).rendezvous.load(Relaxed) >= 1, "the legs met");
+}

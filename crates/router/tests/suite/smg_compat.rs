@@ -36,7 +36,7 @@ pub(crate) fn series(page: &str, name_and_labels: &str) -> Option<f64> {
 
 /// The real binary with `args`: the router, its URL and its metrics URL (read from its
 /// first three lines of output; `args` must have a `--prometheus-port`).
-fn launch(args: &[&str]) -> (Router, String, String) {
+pub(crate) fn launch(args: &[&str]) -> (Router, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_sgl-router"))
         .args(args)
         .stdout(Stdio::piped())
