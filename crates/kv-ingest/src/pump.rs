@@ -309,34 +309,41 @@ impl Pump {
 
     /// Applies one message (also used directly by tests and the simulator).
     pub fn apply(&mut self, message: StreamMessage) {
-        let Some(state) = self.streams.get_mut(&message.key) else {
-            inc(&self.metrics.unknown_streams);
+        let Pump { index, streams, metrics } = self;
+        let Some(state) = streams.get_mut(&message.key) else {
+            inc(&metrics.unknown_streams);
             return;
         };
         match message.update {
             StreamUpdate::Reset => {
-                inc(&self.metrics.resets);
+                inc(&metrics.resets);
                 state.cursor = None;
-                match self.index.clear_stream(state.id) {
+                match index.clear_stream(state.id) {
                     Ok(n) => debug!(stream = %message.key, cleared = n, "kv pump: stream reset"),
                     Err(e) => warn!(stream = %message.key, error = %e, "kv pump: reset failed"),
                 }
             }
             StreamUpdate::Batch(decoded) => {
                 if state.cursor.is_some_and(|c| message.seq <= c) {
-                    inc(&self.metrics.duplicates);
+                    inc(&metrics.duplicates);
                     return;
                 }
                 state.cursor = Some(message.seq);
-                let (id, hashing, mut groups) = (state.id, state.hashing, std::mem::take(&mut state.groups));
-                self.apply_batch(&message.key, (id, hashing, &mut groups), &decoded.batch);
-                if let Some(state) = self.streams.get_mut(&message.key) {
-                    state.groups = groups;
-                }
+                let applier = Applier { index, metrics };
+                applier.apply_batch(&message.key, (state.id, state.hashing, &mut state.groups), &decoded.batch);
             }
         }
     }
+}
 
+/// What applying a batch writes to: the index and the counters (apart from the streams' own
+/// state, which the batch's stream lends it).
+struct Applier<'a> {
+    index: &'a KvIndex,
+    metrics: &'a PumpMetrics,
+}
+
+impl Applier<'_> {
     fn apply_batch(
         &self,
         key: &WorkerKey,

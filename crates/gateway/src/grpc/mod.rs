@@ -118,11 +118,11 @@ pub(crate) async fn answer(
 ) -> Result<Response, GatewayError> {
     let mut answer = Answer::new(pool.renderer.clone(), asked, &meta.id);
     let deadline = tokio::time::Instant::now() + gw.config.request_timeout;
+    // A disaggregated request's prefill, told to stop with (or after) its decode worker.
+    let abort_partner = || partner.iter().for_each(|p| abort(p, &meta.id));
     let abort_both = |worker: &Arc<Worker>| {
         abort(worker, &meta.id);
-        if let Some(p) = &partner {
-            abort(p, &meta.id);
-        }
+        abort_partner();
     };
     // The first message before the head: an engine that refuses the request answers its error.
     let first = match first {
@@ -133,12 +133,12 @@ pub(crate) async fn answer(
         Ok(Ok(Some(m))) => m,
         Ok(Ok(None)) => {
             count(gw, "broken");
-            partner.iter().for_each(|p| abort(p, &meta.id));
+            abort_partner();
             return Err(failed(&worker, EngineError::NoAnswer(worker.url.to_string())));
         }
         Ok(Err(e)) => {
             count(gw, kind_of(&e));
-            partner.iter().for_each(|p| abort(p, &meta.id));
+            abort_partner();
             return Err(failed(&worker, e));
         }
         Err(_) => {

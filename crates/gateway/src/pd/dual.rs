@@ -73,11 +73,11 @@ where
     let timed_out = deadline.is_elapsed();
     // The other leg first: its connection closes now, and it is told to abort.
     drop((ph, dh));
-    let (worker, other, other_leg) = match leg {
-        Leg::Prefill => (p, d, Leg::Decode),
-        Leg::Decode => (d, p, Leg::Prefill),
+    let (worker, other) = match leg {
+        Leg::Prefill => (p, d),
+        Leg::Decode => (d, p),
     };
-    abort(gw, other_leg, other, rid);
+    abort(gw, leg.other(), other, rid);
     Err(match r {
         _ if timed_out => Failure::Timeout { leg, worker: worker.clone() },
         Ok(resp) => status_failure(leg, worker, resp).await,

@@ -95,10 +95,9 @@ async fn dual(
         Ok(calls) => calls,
         Err((leg, error)) => {
             // The other leg may be waiting for its peer: told to stop.
-            let other = if leg == Leg::Prefill { &d } else { &p };
-            crate::grpc::abort(other, &ctx.meta.id);
-            gw.metrics.pd_aborts.inc(format_args!("leg=\"{}\"", other_leg(leg).as_str()));
-            let worker = if leg == Leg::Prefill { p } else { d };
+            let (worker, other) = if leg == Leg::Prefill { (p, d) } else { (d, p) };
+            crate::grpc::abort(&other, &ctx.meta.id);
+            gw.metrics.pd_aborts.inc(format_args!("leg=\"{}\"", leg.other().as_str()));
             crate::grpc::count(gw, crate::grpc::kind_of(&error));
             return Err((Failure::Engine { leg, worker, error }, admission));
         }
@@ -172,8 +171,7 @@ async fn two_stages(
     };
     drop(p_load);
     let handed: Option<serde_json::Value> = generation.kv_transfer_params().and_then(|j| serde_json::from_str(j).ok());
-    let handed = serde_json::json!({ "kv_transfer_params": handed });
-    let params = match super::vllm::complete_params(&handed) {
+    let params = match super::vllm::complete_params(handed.as_ref()) {
         Ok(params) => params.to_string(),
         Err(missing) => {
             let message = format!(
@@ -197,22 +195,9 @@ async fn two_stages(
     Ok(decode_failed_as_answer(ctx, made))
 }
 
-/// Decode failed before its answer's head: the router's error naming the leg, counted here
-/// (the front end counts only the errors it is handed).
+/// The answer, or decode's failure before its head as the router's error naming the leg.
 fn decode_failed_as_answer(ctx: &Ctx<'_>, made: Result<Response, crate::GatewayError>) -> Response {
-    made.unwrap_or_else(|e| {
-        crate::pipeline::account::count_error(ctx.gw, ctx.route, &e, Some(&ctx.meta.id));
-        let mut r = axum::response::IntoResponse::into_response(e);
-        r.headers_mut().insert("x-sgl-router-pd-leg", axum::http::HeaderValue::from_static(Leg::Decode.as_str()));
-        r
-    })
-}
-
-fn other_leg(leg: Leg) -> Leg {
-    match leg {
-        Leg::Prefill => Leg::Decode,
-        Leg::Decode => Leg::Prefill,
-    }
+    made.unwrap_or_else(|e| super::leg_error(ctx.gw, (ctx.route, &ctx.meta.id), Leg::Decode, e))
 }
 
 /// Starts both calls at once (a prefill answers only once its decode peer met it); the first
@@ -255,7 +240,8 @@ async fn drained(
     let Some(kind) = failure else { return };
     crate::grpc::count(&gw, kind);
     p.answer_failed();
-    gw.metrics.pd_legs.inc(format_args!("leg=\"prefill\",outcome=\"{kind}\""));
+    // As an HTTP prefill's error after both heads (this leg was counted `ok` then).
+    gw.metrics.pd_legs.inc(format_args!("leg=\"prefill\",outcome=\"failed_after_head\""));
     tracing::warn!(request_id = id, prefill = %p.url, kind, "the prefill leg failed: decode aborted");
     gw.metrics.pd_aborts.inc(format_args!("leg=\"decode\""));
     crate::grpc::abort(&d, &id);
@@ -271,11 +257,7 @@ fn host_of(url: &str) -> &str {
 /// A room in [0, `i32::MAX`] (the field's range in SGLang's gRPC service) with
 /// `room % dp == rank`.
 fn room_for(rank: DpRank, dp: u32) -> i32 {
-    let dp = u64::from(dp.max(1));
-    let buckets = (i32::MAX as u64 + 1) / dp;
-    // At most buckets * dp - 1 <= i32::MAX.
-    let room = (crate::random_u64() % buckets) * dp + u64::from(rank.0) % dp;
-    i32::try_from(room).unwrap_or(0)
+    i32::try_from(sglang::room_within(rank.0, dp, i32::MAX as u64)).unwrap_or(0)
 }
 
 #[cfg(test)]

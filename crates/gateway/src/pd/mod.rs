@@ -63,6 +63,23 @@ impl Leg {
             Leg::Decode => "decode",
         }
     }
+
+    /// The pair's other leg.
+    pub(crate) fn other(self) -> Leg {
+        match self {
+            Leg::Prefill => Leg::Decode,
+            Leg::Decode => Leg::Prefill,
+        }
+    }
+}
+
+/// The router's error `e` for a request's `leg` as the client's answer: counted (the front end
+/// counts only the errors it is handed) and named in `x-sgl-router-pd-leg`.
+pub(crate) fn leg_error(gw: &Gateway, (route, id): (Route, &str), leg: Leg, e: GatewayError) -> Response {
+    crate::pipeline::account::count_error(gw, route, &e, Some(id));
+    let mut r = e.into_response();
+    r.headers_mut().insert("x-sgl-router-pd-leg", HeaderValue::from_static(leg.as_str()));
+    r
 }
 
 /// Forgets that `p` pushes (its answer failed, or stopped saying push): its next request goes two-stage.
@@ -234,7 +251,7 @@ impl Failure {
     /// The client's answer: a failed leg's own status and body (its error is
     /// the precise one), or the router's error naming the leg.
     fn into_response(self, gw: &Gateway, route: Route, id: &str) -> Response {
-        let leg = self.leg().as_str();
+        let leg = self.leg();
         let e = match self {
             Failure::Status { status, content_type, body, .. } => {
                 let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -243,15 +260,12 @@ impl Failure {
                 if let Some(ct) = content_type {
                     r.headers_mut().insert(header::CONTENT_TYPE, ct);
                 }
-                r.headers_mut().insert("x-sgl-router-pd-leg", HeaderValue::from_static(leg));
+                r.headers_mut().insert("x-sgl-router-pd-leg", HeaderValue::from_static(leg.as_str()));
                 return r;
             }
             failure => failure.error(),
         };
-        crate::pipeline::account::count_error(gw, route, &e, Some(id));
-        let mut r = e.into_response();
-        r.headers_mut().insert("x-sgl-router-pd-leg", HeaderValue::from_static(leg));
-        r
+        leg_error(gw, (route, id), leg, e)
     }
 }
 

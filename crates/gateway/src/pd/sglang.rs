@@ -84,12 +84,18 @@ fn leg_extras(extra: &Extra) -> (Extra, Extra) {
     (extra.clone(), Extra { rank: None, ..extra.clone() })
 }
 
-/// A room in [0, 2^63 - 1] with `room % dp == rank`.
+/// A room in [0, 2^63 - 1] (SGLang's HTTP field) with `room % dp == rank`.
 pub(crate) fn room_for(rank: u32, dp: u32) -> u64 {
+    room_within(rank, dp, i64::MAX as u64)
+}
+
+/// A room in [0, `max`] with `room % dp == rank`: over HTTP SGLang takes any `i64`, its gRPC
+/// service an `int32`.
+pub(crate) fn room_within(rank: u32, dp: u32, max: u64) -> u64 {
     let dp = u64::from(dp.max(1));
-    let r = crate::random_u64() >> 1;
-    let room = r - r % dp + u64::from(rank) % dp;
-    if room > i64::MAX as u64 { room - dp } else { room }
+    // Whole buckets of `dp` rooms: the last room, (buckets - 1) * dp + dp - 1, is at most `max`.
+    let buckets = (max / dp).saturating_add(u64::from((max % dp) + 1 == dp));
+    (crate::random_u64() % buckets.max(1)) * dp + u64::from(rank) % dp
 }
 
 /// The two legs' bodies and the attempt's `rid` (the client's, if it set one).

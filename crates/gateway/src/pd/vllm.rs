@@ -113,7 +113,7 @@ pub(super) async fn pull_params(
     let resp = leg_head(ctx, Leg::Prefill, p, prefill_body(&ctx.v, nixl_pull()), rank).await?;
     let answer = leg_body(ctx.gw, (Leg::Prefill, p), resp, prefill_answer_cap(&ctx.v)).await?;
     let prefill: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
-    let params = complete_params(&prefill).map_err(|missing| Failure::Params {
+    let params = complete_params(prefill.get("kv_transfer_params")).map_err(|missing| Failure::Params {
         worker: p.clone(),
         message: format!(
             "the prefill worker answered without complete kv_transfer_params (missing {missing}); decode is not sent it (vLLM would prefill locally)"
@@ -281,9 +281,10 @@ fn prefill_body(v: &Value, params: Value) -> Bytes {
     Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
 }
 
-/// Prefill's `kv_transfer_params` when a decode can pull with them; else the fields missing.
-pub(super) fn complete_params(prefill: &Value) -> Result<Value, String> {
-    let params = prefill.get("kv_transfer_params").filter(|p| p.is_object()).ok_or("kv_transfer_params")?;
+/// Prefill's `kv_transfer_params` (its answer's field, or its gRPC completion's) when a decode
+/// can pull with them; else the fields missing.
+pub(super) fn complete_params(params: Option<&Value>) -> Result<Value, String> {
+    let params = params.filter(|p| p.is_object()).ok_or("kv_transfer_params")?;
     let size = serde_json::to_vec(params).map_or(usize::MAX, |b| b.len());
     if size > MAX_KV_PARAMS_BYTES {
         return Err(format!("kv_transfer_params within {MAX_KV_PARAMS_BYTES} bytes (it sent {size})"));
@@ -386,18 +387,21 @@ mod tests {
         let full = json!({"kv_transfer_params": {"do_remote_prefill": true, "do_remote_decode": false,
             "remote_engine_id": "e", "remote_request_id": "cmpl-1-abcd", "remote_host": "10.0.0.1",
             "remote_port": 5600, "remote_block_ids": [1, 2], "tp_size": 1}});
-        assert!(complete_params(&full).is_ok());
-        assert_eq!(complete_params(&json!({})).unwrap_err(), "kv_transfer_params");
+        assert!(complete_params(full.get("kv_transfer_params")).is_ok());
+        assert_eq!(complete_params(json!({}).get("kv_transfer_params")).unwrap_err(), "kv_transfer_params");
         let mut huge = full.clone();
         huge["kv_transfer_params"]["remote_block_ids"] = json!(vec![123_456_789u64; 200_000]);
-        assert!(complete_params(&huge).unwrap_err().contains("within 1048576 bytes"), "over the bound");
+        assert!(
+            complete_params(huge.get("kv_transfer_params")).unwrap_err().contains("within 1048576 bytes"),
+            "over the bound"
+        );
         let mut partial = full.clone();
         partial["kv_transfer_params"]["remote_block_ids"] = json!([]);
         partial["kv_transfer_params"].as_object_mut().unwrap().remove("remote_host");
-        assert_eq!(complete_params(&partial).unwrap_err(), "remote_host, remote_block_ids");
+        assert_eq!(complete_params(partial.get("kv_transfer_params")).unwrap_err(), "remote_host, remote_block_ids");
         partial = full.clone();
         partial["kv_transfer_params"]["do_remote_prefill"] = json!(false);
-        assert_eq!(complete_params(&partial).unwrap_err(), "do_remote_prefill");
+        assert_eq!(complete_params(partial.get("kv_transfer_params")).unwrap_err(), "do_remote_prefill");
     }
 
     #[test]
