@@ -92,6 +92,13 @@ impl Renderer {
         Ok(Self::new(tokenizer, config))
     }
 
+    /// The same tokenizer with the chat template at `path` (`--chat-template` over the built-in
+    /// model, which has no directory to name it).
+    pub fn with_chat_template(mut self, path: &Path) -> Result<Self, RenderError> {
+        self.config.templates = ChatTemplates::single(ChatTemplate::new(&model::read_text(path)?)?);
+        Ok(self)
+    }
+
     /// Builds from parts (the built-in tokenizer, tests).
     pub fn new(tokenizer: TextTokenizer, config: ModelConfig) -> Self {
         Self { tokenizer, config, builtin: false, backend: anthropic::Backend::Sglang }

@@ -119,7 +119,7 @@ fn parse_templates(value: &Json, path: &Path) -> Result<ChatTemplates, RenderErr
     }
 }
 
-fn read_text(path: &Path) -> Result<String, RenderError> {
+pub(crate) fn read_text(path: &Path) -> Result<String, RenderError> {
     std::fs::read_to_string(path).map_err(|e| RenderError::load(path, e))
 }
 

@@ -58,7 +58,7 @@ impl App {
         let renderer = match &config.tokenizer_path {
             Some(dir) => Renderer::from_dir_with(dir, config.chat_template.as_deref(), config.tokenizer_caches)
                 .with_context(|| format!("loading the model at {}", dir.display()))?,
-            None => Renderer::builtin_with(config.tokenizer_caches)?,
+            None => crate::wiring::builtin_renderer(&config)?,
         };
         let renderer = Arc::new(renderer.with_backend(config.backend));
         let mocks = crate::wiring::spawn_mocks(&config).await?;

@@ -65,7 +65,7 @@ pub(crate) async fn spawn_mocks(config: &AppConfig) -> anyhow::Result<Vec<Mock>>
             let engine_renderer = match (engine_renderer, &config.tokenizer_path) {
                 (Some(r), _) => r,
                 (None, Some(dir)) => Renderer::from_dir(dir, config.chat_template.as_deref())?,
-                (None, None) => Renderer::builtin()?,
+                (None, None) => builtin_renderer(config)?,
             }
             .with_backend(config.backend);
             // The simulated engines take what the router admits (--max-body-bytes), and never
@@ -280,4 +280,13 @@ pub(crate) fn build_policy(config: &PolicyConfig) -> Arc<dyn Policy> {
 
 fn seed() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.as_nanos() as u64)
+}
+
+/// The built-in model's renderer (no `--tokenizer-path`), with `--chat-template` if given.
+pub(crate) fn builtin_renderer(config: &AppConfig) -> anyhow::Result<Renderer> {
+    let r = Renderer::builtin_with(config.tokenizer_caches)?;
+    Ok(match &config.chat_template {
+        Some(t) => r.with_chat_template(t).with_context(|| format!("loading the chat template {}", t.display()))?,
+        None => r,
+    })
 }

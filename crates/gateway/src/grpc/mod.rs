@@ -6,6 +6,8 @@
 //! A worker that cannot be reached is retried on another gRPC worker of the
 //! pool, as an HTTP one is; a client that leaves aborts the generation.
 
+#[cfg(test)]
+mod against_engines;
 mod answer;
 mod pythonic;
 mod reasoning;
@@ -93,13 +95,21 @@ pub(crate) fn prepare(
     // A chat's reasoning, unless the request asks for it in the content (`separate_reasoning: false`).
     let separate = v.get("separate_reasoning").and_then(Value::as_bool) != Some(false);
     if let Some(name) = gw.config.reasoning_parser.as_deref().filter(|_| route == Route::Chat && separate) {
-        asked.reasoning = Some(reasoning::Format::named(name)?);
+        asked.reasoning = reasoning::Format::named(name)?.for_prompt(&prompt_tail(&pool.renderer, &asked_engine));
     }
     // A chat that offers tools: its answer read for calls (`--tool-call-parser`).
     if let Some(parser) = gw.config.tool_call_parser.as_deref().filter(|_| route == Route::Chat) {
         asked.tools = tools::Offered::of(parser, v)?;
     }
     Ok((asked_engine, asked))
+}
+
+/// The text of a prompt's last few tokens (where a chat template opens or closes the
+/// reasoning), special tokens kept.
+fn prompt_tail(renderer: &renderer::Renderer, asked: &engine_grpc::proto::GenerateRequest) -> String {
+    let ids = asked.tokenized.as_ref().map_or(&[][..], |t| &t.input_ids[..]);
+    let tail = &ids[ids.len().saturating_sub(16)..];
+    renderer.tokenizer().decode(tail, false).unwrap_or_default()
 }
 
 /// A call's first message as read within the request timeout.

@@ -7,6 +7,12 @@
 //! others kept; a list Python cannot read, or that is not a list of calls,
 //! gives no call. The text around the list is the answer's content.
 //!
+//! Where SGLang drops a call whose argument is a signed number (`-1`, a unary
+//! minus to Python), a tuple or a set, or JSON's `true`/`false`/`null`, the
+//! router reads it as vLLM 0.33's `PythonicToolParser` does (a number, a list
+//! in the order written, the value): `delta=-2` is a common argument, not a
+//! reason to lose the call (`tests/fixtures/vllm_parsers`).
+//!
 //! Where this reading is narrower than Python's: an integer beyond 64 bits,
 //! a `\N{...}` escape and a lone surrogate make their call dropped (Python
 //! keeps it), and an argument Python would refuse as a syntax error but whose
@@ -43,6 +49,17 @@ pub(crate) fn pythonic(text: &str) -> (String, Vec<Value>) {
     let Some(m) = CALLS.find(&text) else { return (text, Vec::new()) };
     let content = format!("{}{}", &text[..m.start()], &text[m.end()..]);
     (content, Reader { s: m.as_str().as_bytes(), at: 0, later: false }.calls().unwrap_or_default())
+}
+
+/// `-n`: an integer's negation (`None` beyond 64 bits), a float's.
+fn negated(n: &Number) -> Option<Value> {
+    if let Some(u) = n.as_u64() {
+        return 0i64.checked_sub_unsigned(u).map(|i| Value::Number(i.into()));
+    }
+    if let Some(i) = n.as_i64() {
+        return Some(Value::Number(i.unsigned_abs().into())); // negative here: `--3`
+    }
+    n.as_f64().and_then(|f| Number::from_f64(-f)).map(Value::Number)
 }
 
 /// Why an expression has no value here.
@@ -257,32 +274,39 @@ impl Reader<'_> {
             b'0'..=b'9' | b'.' => self.number(),
             b'[' => {
                 self.at += 1;
-                let mut items = Vec::new();
-                loop {
-                    self.ws();
-                    if self.eat(b']') {
-                        return Ok(Value::Array(items));
-                    }
-                    items.push(self.literal()?);
-                    if self.next_or_close(b']').ok_or(Fail::Call)? {
-                        return Ok(Value::Array(items));
-                    }
-                }
+                self.items(Vec::new(), b']')
             }
             b'{' => self.dict(),
             b'(' => {
                 self.at += 1;
-                let inner = self.literal()?;
                 self.ws();
-                if self.eat(b')') { Ok(inner) } else { Err(Fail::Call) }
+                if self.eat(b')') {
+                    return Ok(Value::Array(Vec::new())); // `()`, an empty tuple
+                }
+                let inner = self.literal()?;
+                match self.next_or_close(b')').ok_or(Fail::Call)? {
+                    true => Ok(inner),
+                    // A tuple: a list in JSON (vLLM's reading).
+                    false => self.items(vec![inner], b')'),
+                }
+            }
+            // A signed number (vLLM's reading: `-1` is a unary minus over a constant to Python).
+            sign @ (b'-' | b'+') => {
+                self.at += 1;
+                match self.literal()? {
+                    Value::Number(n) if sign == b'+' => Ok(Value::Number(n)),
+                    Value::Number(n) => Ok(negated(&n).unwrap_or_else(|| self.unjsonable())),
+                    _ => Err(Fail::Call),
+                }
             }
             _ => {
                 let name = self.name().ok_or(Fail::Call)?;
                 let lower = name.to_ascii_lowercase();
                 match name.as_str() {
-                    "True" => Ok(Value::Bool(true)),
-                    "False" => Ok(Value::Bool(false)),
-                    "None" => Ok(Value::Null),
+                    // Python's names, and JSON's that models also write (vLLM reads both).
+                    "True" | "true" => Ok(Value::Bool(true)),
+                    "False" | "false" => Ok(Value::Bool(false)),
+                    "None" | "null" => Ok(Value::Null),
                     _ if matches!(self.peek(), Some(b'"' | b'\'')) && PREFIXES.contains(&lower.as_str()) => {
                         self.strings(lower.contains('r'), lower.contains('b') || lower.contains('f'))
                     }
@@ -292,7 +316,22 @@ impl Reader<'_> {
         }
     }
 
-    /// A dict of literals, its keys constants; a set is not a literal.
+    /// The rest of a list, a tuple or a set up to its `close`, after the `items` read.
+    fn items(&mut self, mut items: Vec<Value>, close: u8) -> Result<Value, Fail> {
+        loop {
+            self.ws();
+            if self.eat(close) {
+                return Ok(Value::Array(items));
+            }
+            items.push(self.literal()?);
+            if self.next_or_close(close).ok_or(Fail::Call)? {
+                return Ok(Value::Array(items));
+            }
+        }
+    }
+
+    /// A dict of literals, its keys constants; or a set, a list in JSON in the order written
+    /// (vLLM's reading).
     fn dict(&mut self) -> Result<Value, Fail> {
         self.at += 1;
         let mut map = Map::new();
@@ -306,6 +345,17 @@ impl Reader<'_> {
                 return Err(Fail::Outer);
             }
             let start = self.at;
+            if map.is_empty() {
+                let later = self.later;
+                if let Ok(first) = self.literal() {
+                    self.ws();
+                    if matches!(self.peek(), Some(b',' | b'}')) {
+                        self.eat(b',');
+                        return self.items(vec![first], b'}');
+                    }
+                }
+                (self.at, self.later) = (start, later);
+            }
             let key = match self.literal() {
                 Ok(k @ (Value::String(_) | Value::Number(_) | Value::Bool(_) | Value::Null)) => k,
                 Ok(_) | Err(Fail::Outer) => return Err(Fail::Outer),
@@ -320,7 +370,7 @@ impl Reader<'_> {
             self.ws();
             match self.peek() {
                 Some(b':') => self.at += 1,
-                Some(b',' | b'}') => return Err(Fail::Call), // a set
+                Some(b',' | b'}') => return Err(Fail::Call), // a set of what is no literal
                 _ => return Err(Fail::Outer),                // a key that is an expression
             }
             let value = self.literal()?;
@@ -504,6 +554,37 @@ impl Reader<'_> {
                     out.push(other);
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one call's arguments, or `None` when it is dropped.
+    fn arguments(call: &str) -> Option<Value> {
+        let (_, calls) = pythonic(&format!("[f({call}), g()]"));
+        (calls.len() == 2).then(|| calls[0]["arguments"].clone())
+    }
+
+    #[test]
+    fn signed_numbers_tuples_sets_and_json_names_are_read_as_vllm_reads_them() {
+        let read = |call: &str| arguments(call).map(|a| a.to_string());
+        assert_eq!(
+            read("a=-1, b=+2, c=-1.5, d=--3, e=- 4").as_deref(),
+            Some(r#"{"a":-1,"b":2,"c":-1.5,"d":3,"e":-4}"#)
+        );
+        assert_eq!(read("a=-9223372036854775808").as_deref(), Some(r#"{"a":-9223372036854775808}"#));
+        assert_eq!(
+            read("a=(), b=(1,), c=(1, 'x', [2]), d=(3)").as_deref(),
+            Some(r#"{"a":[],"b":[1],"c":[1,"x",[2]],"d":3}"#)
+        );
+        assert_eq!(read("a={'z', 'y'}, b={}, c={1: {2}}").as_deref(), Some(r#"{"a":["z","y"],"b":{},"c":{"1":[2]}}"#));
+        assert_eq!(read("a=null, b=true, c=false").as_deref(), Some(r#"{"a":null,"b":true,"c":false}"#));
+        // Still not literals: a sign over anything but a number, a number past 64 bits signed.
+        for dropped in ["a=-True", "a=-'x'", "a=-x", "a=-18446744073709551615", "a=-1e999", "a=(x, 1)", "a={x}"] {
+            assert_eq!(read(dropped), None, "{dropped}");
         }
     }
 }

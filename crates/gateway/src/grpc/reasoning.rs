@@ -7,7 +7,10 @@
 //! Qwen's also end at a `<tool_call>` when no `</think>` closes them (Qwen3.5
 //! may open a call without closing its reasoning): the call is the answer's,
 //! for the tool-call parser. Streamed pieces are split as they come, a
-//! partial tag held back until it is whole or proves not to be one.
+//! partial tag held back until it is whole or proves not to be one, and a
+//! tool call in the reasoning held until a `</think>` makes it reasoning or
+//! the answer ends (then it is the answer's), so a stream splits as the whole
+//! answer does.
 //! Checked against SGLang's own detectors (`tests/fixtures/reasoning`).
 
 use crate::GatewayError;
@@ -40,6 +43,22 @@ impl Format {
                 "unknown reasoning parser {other:?} (known: {})",
                 PARSERS.join(", ")
             ))),
+        }
+    }
+
+    /// The format for an answer to a prompt ending in `tail` (its last tokens' text), as the
+    /// engines read the chat template: a prompt that opened `<think>` (a thinking template,
+    /// DeepSeek R1's, Qwen3 thinking models') has an answer in its reasoning from the first
+    /// token; one that closed it (`enable_thinking: false`: `<think>\n\n</think>`) has no
+    /// reasoning to split (`None`); any other is the parser's own.
+    pub(crate) fn for_prompt(self, tail: &str) -> Option<Self> {
+        let tail = tail.trim_end();
+        if tail.ends_with(END) {
+            None
+        } else if tail.ends_with(START) {
+            Some(Self { forced: true, ..self })
+        } else {
+            Some(self)
         }
     }
 
@@ -104,11 +123,11 @@ impl Stream {
             self.in_reasoning = false;
             return out;
         }
-        // A tool call before the end (the end cannot be seen yet): the call is the answer's.
+        // A tool call before any end: held from its tag on until an end makes it reasoning
+        // or the answer ends, when it is the answer's (as a whole answer is split).
         if let Some(at) = self.held.find(TOOL_START).filter(|_| self.tool_ends) {
-            let content = self.held.split_off(at);
-            self.in_reasoning = false;
-            return (std::mem::take(&mut self.held), content);
+            let call = self.held.split_off(at);
+            return (std::mem::replace(&mut self.held, call), String::new());
         }
         // Hold the tail that may be the start of `</think>` (or of a tool call).
         let partial = |tag: &str| {
@@ -126,10 +145,11 @@ impl Stream {
         (std::mem::replace(&mut self.held, rest), String::new())
     }
 
-    /// What is held once the sequence ended.
+    /// What is held once the sequence ended: a tool call no end followed is the answer's.
     pub(crate) fn finish(&mut self) -> (String, String) {
         let held = std::mem::take(&mut self.held);
-        if self.in_reasoning { (held, String::new()) } else { (String::new(), held) }
+        let call = self.tool_ends && held.starts_with(TOOL_START);
+        if self.in_reasoning && !call { (held, String::new()) } else { (String::new(), held) }
     }
 }
 
@@ -155,6 +175,19 @@ mod tests {
             c.push_str(&pc);
         }
         (s, r, c)
+    }
+
+    #[test]
+    fn a_prompt_that_opened_or_closed_the_reasoning_decides_where_the_answer_starts() {
+        let qwen3 = Format::named("qwen3").unwrap();
+        // Opened by the template: the answer, with no `<think>`, is reasoning until `</think>`.
+        let opened = qwen3.for_prompt("<|im_start|>assistant\n<think>\n").unwrap();
+        assert_eq!(opened.split("hmm</think>42"), (Some("hmm".into()), "42".into()));
+        // Closed (`enable_thinking: false`): no reasoning at all, even a literal `<think>`.
+        assert_eq!(qwen3.for_prompt("<|im_start|>assistant\n<think>\n\n</think>\n\n"), None);
+        // Neither: the parser's own (`qwen3` only once the answer opens `<think>`).
+        assert_eq!(qwen3.for_prompt("<|im_start|>assistant\n"), Some(qwen3));
+        assert_eq!(qwen3.split("hmm</think>42"), (None, "hmm</think>42".into()));
     }
 
     #[test]
@@ -212,14 +245,18 @@ mod tests {
                 let n = s["n"].as_u64().unwrap() as usize;
                 let (mut st, r, c) = pushed(format, text, n);
                 let theirs = (s["reasoning"].as_str().unwrap(), s["normal"].as_str().unwrap());
-                // Two of SGLang's streams are left alone, where its stream departs from its own
+                // Three of SGLang's streams are left alone, where its stream departs from its own
                 // whole parse: a `<think>` opened mid-text (its stream takes it out wherever it
-                // is; the router's, like its whole parse, only at the start), and a partial tag
+                // is; the router's, like its whole parse, only at the start), a partial tag
                 // its stream holds at the end and never gives out (the router gives out what
                 // its whole parse shows).
                 let mid_start = text.find(START).is_some_and(|at| at > 0);
                 let dropped = theirs.0.len() + theirs.1.len() < whole.0.len() + whole.1.len();
-                if mid_start || dropped {
+                // And a third: a tool call in the reasoning, which SGLang's stream makes the
+                // answer at once and its whole parse only when no `</think>` follows; the
+                // router's stream holds it until it knows, and splits as the whole parse.
+                let tool_held = format.tool_ends && text.contains(TOOL_START);
+                if mid_start || dropped || tool_held {
                     let (fr, fc) = st.finish();
                     let (r, c) = (r + &fr, c + &fc);
                     if !mid_start && (r.as_str(), c.as_str()) != whole {

@@ -476,6 +476,49 @@ async fn a_reasoning_models_thinking_is_told_apart_from_its_answer() {
     let _ = router.stop.send(());
 }
 
+/// A chat template that opens the reasoning in the prompt (a thinking model's), or closes it
+/// when the request turns thinking off (`chat_template_kwargs.enable_thinking: false`), as
+/// Qwen3's does: the answer's split follows the prompt, as the engines' own servers split it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prompt_decides_whether_the_answer_starts_in_its_reasoning() {
+    let template = std::env::temp_dir().join(format!("sgl-router-thinking-{}.jinja", std::process::id()));
+    std::fs::write(
+        &template,
+        "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|assistant|>\
+         {% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}",
+    )
+    .unwrap();
+    let reply = "Six sevens.</think>42";
+    let (_engine, router) = replying(reply, |c| {
+        c.reasoning_parser = Some("qwen3".into());
+        c.chat_template = Some(template.clone());
+    })
+    .await;
+    let body =
+        json!({"model": "default", "max_tokens": reply.len(), "messages": [{"role": "user", "content": "6 x 7?"}]});
+    // The prompt opened `<think>`: the answer, with none of its own, is reasoning until `</think>`
+    // (`qwen3` on its own would wait for a `<think>` that never comes).
+    let whole = chat_json(&router, &body).await;
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(
+        (message["reasoning_content"].as_str(), message["content"].as_str()),
+        (Some("Six sevens."), Some("42")),
+        "{whole}"
+    );
+    let (sse, chunks) = chat_streamed(&router, &body).await;
+    let joined =
+        |field: &str| -> String { chunks.iter().filter_map(|c| c["choices"][0]["delta"][field].as_str()).collect() };
+    assert_eq!((joined("reasoning_content"), joined("content")), ("Six sevens.".into(), "42".into()), "{sse}");
+    // Thinking off: the prompt closed the reasoning, so the answer is all content.
+    let mut off = body.clone();
+    off["chat_template_kwargs"] = json!({"enable_thinking": false});
+    let whole = chat_json(&router, &off).await;
+    assert_eq!(whole["choices"][0]["message"]["content"], reply, "{whole}");
+    assert!(whole["choices"][0]["message"]["reasoning_content"].is_null(), "{whole}");
+    let _ = router.stop.send(());
+    let _ = std::fs::remove_file(&template);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_calls_are_read_out_of_the_answer_whole_and_streamed() {
     // Ended by a tab, the sequence's stop token here (as an end-of-turn token would end it).
