@@ -197,8 +197,9 @@ enum ReasoningFromVllm {
     /// A `<think>` after the answer's start: vLLM takes it out (`deepseek_r1` drops the text
     /// before it); the router, as SGLang, reads it as text.
     StartMidText,
-    /// A second `</think>`: vLLM's `qwen3` takes it out of the content; the router keeps it.
-    SecondEnd,
+    /// vLLM's `qwen3` takes a `</think>` out of the content (a second one, or any in an answer
+    /// whose prompt closed the thinking); the router keeps it.
+    EndTakenOut,
     /// A `<tool_call>` before `</think>`: vLLM's `qwen3` ends the reasoning there; the router,
     /// as SGLang, only when no `</think>` ends it.
     ToolCallBeforeEnd,
@@ -210,7 +211,7 @@ fn reasoning_from_vllm(text: &str) -> Vec<ReasoningFromVllm> {
         named.push(ReasoningFromVllm::StartMidText);
     }
     if text.matches("</think>").count() > 1 {
-        named.push(ReasoningFromVllm::SecondEnd);
+        named.push(ReasoningFromVllm::EndTakenOut);
     }
     if text.find("<tool_call>").is_some_and(|t| text.find("</think>").is_some_and(|e| t < e)) {
         named.push(ReasoningFromVllm::ToolCallBeforeEnd);
@@ -263,4 +264,37 @@ fn reasoning_is_split_as_sglang_or_vllm_splits_it_whole_and_in_token_deltas() {
     assert!(differ.is_empty(), "{}", differ.join("\n"));
     assert!(both >= 20, "{both} answers split alike");
     assert_eq!(departures.len(), 3, "each named departure still happens: {departures:?}");
+}
+
+/// After a chat prompt: vLLM's `qwen3` (thinking on) reads the prompt's ids first
+/// (`set_prompt_token_ids`); the router's `qwen3_thinking`, adjusted by the prompt's end
+/// ([`reasoning::Format::for_prompt`]), splits the answers alike: reasoning from the first token
+/// after a prompt that opened the thinking or left it to the model, none after one that closed
+/// it (an earlier turn's closing does not count), but where vLLM takes a `</think>` out of an
+/// answer whose prompt closed the thinking.
+#[test]
+fn after_a_prompt_that_opened_or_closed_the_thinking_answers_split_as_vllm_splits_them() {
+    let vllm = fixture("vllm_parsers/vllm_parsers.json");
+    let thinking = reasoning::Format::named("qwen3_thinking").unwrap();
+    let (mut alike, mut taken_out, mut differ) = (0, 0, Vec::new());
+    for case in vllm["prompted"].as_array().unwrap() {
+        let (prompt, text) = (s(&case["prompt_text"]), s(&case["text"]));
+        let ours = match thinking.for_prompt(prompt) {
+            Some(format) => {
+                let (r, c) = format.split(text);
+                (r.unwrap_or_default(), c)
+            }
+            None => (String::new(), text.to_owned()),
+        };
+        let theirs = (case["reasoning"].as_str().unwrap_or_default(), case["content"].as_str().unwrap_or_default());
+        if (ours.0.as_str(), ours.1.as_str()) == theirs {
+            alike += 1;
+        } else if ours.0.is_empty() && theirs.0.is_empty() && ours.1.replace("</think>", "") == theirs.1 {
+            taken_out += 1;
+        } else {
+            differ.push(format!("{} {text:?}: ours {ours:?}, vLLM {theirs:?}", s(&case["prompt"])));
+        }
+    }
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+    assert_eq!((alike, taken_out), (14, 2), "the closed prompt's two answers with a `</think>`");
 }
