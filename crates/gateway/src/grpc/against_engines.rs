@@ -50,14 +50,18 @@ fn ours(offered: &Offered, text: &str) -> Reading {
     (content, calls)
 }
 
-/// SGLang's reading of each answer of a format, by the answer.
-fn sglang_tool_readings(name: &str) -> Vec<(String, Reading)> {
+/// SGLang's reading of each answer of a format, by the answer, and its calls' arguments as
+/// SGLang wrote them (Python's `json.dumps`).
+fn sglang_tool_readings(name: &str) -> Vec<(String, Reading, Vec<String>)> {
     let cases = if name == "pythonic" {
         fixture("tool_calls/pythonic.json")["cases"].clone()
     } else {
         fixture("tool_calls/formats.json")["formats"][name].clone()
     };
-    let read = |c: &Value| (s(&c["text"]).to_owned(), (s(&c["normal_text"]).to_owned(), calls_of(&c["calls"])));
+    let written = |calls: &Value| calls.as_array().unwrap().iter().map(|c| s(&c["arguments"]).to_owned()).collect();
+    let read = |c: &Value| {
+        (s(&c["text"]).to_owned(), (s(&c["normal_text"]).to_owned(), calls_of(&c["calls"])), written(&c["calls"]))
+    };
     cases.as_array().unwrap().iter().map(read).collect()
 }
 
@@ -123,11 +127,16 @@ fn every_answer_is_read_as_sglang_or_vllm_reads_it_and_each_departure_is_named()
         let theirs = vllm["tool_calls"][name].as_array().unwrap();
         let sglang = sglang_tool_readings(name);
         assert_eq!(theirs.len(), sglang.len(), "{name}: the same answers in both fixtures");
-        for (case, (text, sglang)) in theirs.iter().zip(sglang) {
+        for (case, (text, sglang, sglang_written)) in theirs.iter().zip(sglang) {
             assert_eq!(s(&case["text"]), text);
             let whole = &case["whole"];
             let vllm = (whole["content"].as_str().unwrap_or_default().to_owned(), calls_of(&whole["calls"]));
             let ours = ours(&offered, &text);
+            // Where the router reads SGLang's calls, it writes their arguments as SGLang does.
+            let written: Vec<String> = tools::parse(&text, &offered).1.into_iter().map(|c| c.arguments).collect();
+            if ours == sglang && written != sglang_written {
+                differ.push(format!("{name} {text:?}: arguments written {written:?}, SGLang {sglang_written:?}"));
+            }
             match (ours == sglang, ours == vllm) {
                 (true, true) => both += 1,
                 (true, false) => match from_vllm(format, &text, &ours, &vllm, &offered) {
