@@ -30,14 +30,8 @@ fn calls_of(calls: &Value) -> Vec<(String, Value)> {
     calls.as_array().unwrap().iter().map(|c| (s(&c["name"]).to_owned(), arguments(s(&c["arguments"])))).collect()
 }
 
-/// The router's names of the formats, and its reading of `text`.
-const FORMATS: [(&str, Format); 5] = [
-    ("qwen", Format::Qwen),
-    ("llama", Format::Llama),
-    ("mistral", Format::Mistral),
-    ("deepseek", Format::DeepSeek),
-    ("pythonic", Format::Pythonic),
-];
+/// The formats both fixtures hold, by the router's parser names.
+const FORMATS: [&str; 5] = ["qwen", "llama", "mistral", "deepseek", "pythonic"];
 
 fn offered(format: Format) -> Offered {
     let tools = fixture("tool_calls/formats.json")["tools"].clone();
@@ -122,7 +116,8 @@ fn every_answer_is_read_as_sglang_or_vllm_reads_it_and_each_departure_is_named()
     let (mut both, mut differ) = (0, Vec::new());
     let mut departures: BTreeMap<FromVllm, usize> = BTreeMap::new();
     let mut from_sglang = Vec::new();
-    for (name, format) in FORMATS {
+    for name in FORMATS {
+        let format = Format::named(name).unwrap();
         let offered = offered(format);
         let theirs = vllm["tool_calls"][name].as_array().unwrap();
         let sglang = sglang_tool_readings(name);
@@ -172,7 +167,8 @@ fn answers_streamed_in_vllms_token_deltas_read_as_whole_answers() {
     let vllm = fixture("vllm_parsers/vllm_parsers.json");
     let mut differ = Vec::new();
     let mut streams = 0;
-    for (name, format) in FORMATS {
+    for name in FORMATS {
+        let format = Format::named(name).unwrap();
         let offered = offered(format);
         for case in vllm["tool_calls"][name].as_array().unwrap() {
             let Some(deltas) = case.pointer("/streamed/deltas").and_then(Value::as_array) else { continue };

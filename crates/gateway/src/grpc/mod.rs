@@ -112,6 +112,15 @@ fn prompt_tail(renderer: &renderer::Renderer, asked: &engine_grpc::proto::Genera
     renderer.tokenizer().decode(tail, false).unwrap_or_default()
 }
 
+/// How many bytes at the end of `held` may be the start of `tag` (a proper prefix of it), to
+/// be held back until the next piece tells.
+fn partial_tag(held: &str, tag: &str) -> usize {
+    (1..tag.len())
+        .rev()
+        .find(|&n| held.len() >= n && held.is_char_boundary(held.len() - n) && tag.starts_with(&held[held.len() - n..]))
+        .unwrap_or(0)
+}
+
 /// A call's first message as read within the request timeout.
 pub(crate) type FirstRead = Result<Result<Option<GenerateResponse>, EngineError>, tokio::time::error::Elapsed>;
 

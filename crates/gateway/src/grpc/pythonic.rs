@@ -345,18 +345,14 @@ impl Reader<'_> {
                 return Err(Fail::Outer);
             }
             let start = self.at;
-            if map.is_empty() {
-                let later = self.later;
-                if let Ok(first) = self.literal() {
-                    self.ws();
-                    if matches!(self.peek(), Some(b',' | b'}')) {
-                        self.eat(b',');
-                        return self.items(vec![first], b'}');
-                    }
-                }
-                (self.at, self.later) = (start, later);
+            let read = self.literal();
+            self.ws();
+            // A first item that no `:` follows: a set.
+            if map.is_empty() && matches!(self.peek(), Some(b',' | b'}')) && read.is_ok() {
+                self.eat(b',');
+                return self.items(vec![read?], b'}');
             }
-            let key = match self.literal() {
+            let key = match read {
                 Ok(k @ (Value::String(_) | Value::Number(_) | Value::Bool(_) | Value::Null)) => k,
                 Ok(_) | Err(Fail::Outer) => return Err(Fail::Outer),
                 Err(Fail::Whole) => return Err(Fail::Whole),
@@ -367,7 +363,6 @@ impl Reader<'_> {
                 }
                 Err(Fail::Call) => return Err(Fail::Outer),
             };
-            self.ws();
             match self.peek() {
                 Some(b':') => self.at += 1,
                 Some(b',' | b'}') => return Err(Fail::Call), // a set of what is no literal

@@ -130,16 +130,7 @@ impl Stream {
             return (std::mem::replace(&mut self.held, call), String::new());
         }
         // Hold the tail that may be the start of `</think>` (or of a tool call).
-        let partial = |tag: &str| {
-            (1..tag.len())
-                .rev()
-                .find(|n| {
-                    self.held.len() >= *n
-                        && self.held.is_char_boundary(self.held.len() - n)
-                        && tag.starts_with(&self.held[self.held.len() - n..])
-                })
-                .unwrap_or(0)
-        };
+        let partial = |tag| super::partial_tag(&self.held, tag);
         let keep = partial(END).max(if self.tool_ends { partial(TOOL_START) } else { 0 });
         let rest = self.held.split_off(self.held.len() - keep);
         (std::mem::replace(&mut self.held, rest), String::new())

@@ -49,6 +49,11 @@ pub(crate) enum Format {
 }
 
 impl Format {
+    /// The format the parser `name` reads (one of [`PARSERS`]).
+    pub(crate) fn named(name: &str) -> Option<Self> {
+        PARSERS.iter().find(|(n, _)| *n == name).map(|&(_, format)| format)
+    }
+
     /// Where the calls may start (pythonic: Llama 4's `<|python_start|>` or the list).
     fn markers(self) -> &'static [&'static str] {
         match self {
@@ -72,7 +77,7 @@ impl Offered {
     /// The function names `tools` offers, unless `tool_choice` is `none` or there are none;
     /// `parser` must be one of [`PARSERS`].
     pub(crate) fn of(parser: &str, v: &Value) -> Result<Option<Self>, GatewayError> {
-        let Some(&(_, format)) = PARSERS.iter().find(|(name, _)| *name == parser) else {
+        let Some(format) = Format::named(parser) else {
             let known: Vec<&str> = PARSERS.iter().map(|(name, _)| *name).collect();
             let known = known.join(", ");
             return Err(GatewayError::BadRequest(format!("unknown tool-call parser {parser:?} (known: {known})")));
@@ -198,18 +203,7 @@ impl Stream {
                 }
                 None => {
                     // Hold the tail that may be the start of a marker.
-                    let held = &self.held;
-                    let keep = |marker: &str| {
-                        (1..marker.len())
-                            .rev()
-                            .find(|n| {
-                                held.len() >= *n
-                                    && held.is_char_boundary(held.len() - n)
-                                    && marker.starts_with(&held[held.len() - n..])
-                            })
-                            .unwrap_or(0)
-                    };
-                    let keep = markers.iter().map(|m| keep(m)).max().unwrap_or(0);
+                    let keep = markers.iter().map(|m| super::partial_tag(&self.held, m)).max().unwrap_or(0);
                     let rest = self.held.split_off(self.held.len() - keep);
                     return (std::mem::replace(&mut self.held, rest), Vec::new());
                 }
