@@ -95,6 +95,117 @@ fn bench(c: &mut Criterion) {
     eprintln!("kv_events: index after the run: {:?}", index.stats());
     g.finish();
     remove(c);
+    steady(c);
+}
+
+/// Engines at capacity, as in issue 29's exact path (`benches/overhead_wrk.sh` with `EXACT`):
+/// four streams, each holding 8 shared prefixes of 154 blocks and its last 120 requests' own
+/// 206 blocks (some 25,000 blocks); every batch is one request's: its 206 new blocks stored
+/// under its group's prefix, and the stream's oldest request's blocks removed deepest first
+/// (an LRU engine evicting leaves as it stores). Decode, page hashes and index, per batch.
+/// Counted rather than timed: `WIRE_STEADY_ITERS=N valgrind --tool=cachegrind --cache-sim=yes
+/// <wire bench binary> --bench kv_events_steady`, N = 0 and N = 400, the difference over 400.
+fn steady(c: &mut Criterion) {
+    const STREAMS: usize = 4;
+    const GROUPS: usize = 8;
+    const PREFIX: usize = 154;
+    const NEW: usize = 206;
+    const HELD: usize = 120;
+    let hasher = PageHasher::new(NonZeroUsize::new(PAGE).unwrap(), HashMode::Unigram);
+    let limits = Limits::default();
+    let index = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new())));
+    let mut pump = Pump::new(index.clone(), Arc::new(PumpMetrics::default()));
+    let keys: Vec<WorkerKey> =
+        (0..STREAMS).map(|s| WorkerKey::new(WorkerUrl::new(format!("http://w{s}:30000")), DpRank(0))).collect();
+    let hashing = StreamHashing {
+        page_size: NonZeroUsize::new(PAGE).unwrap(),
+        mode: HashMode::Unigram,
+        engine_hash_is_router_hash: true,
+    };
+    for key in &keys {
+        pump.add_stream(key.clone(), hashing).unwrap();
+    }
+    let prefixes: Vec<Vec<u32>> =
+        (0..GROUPS).map(|g| (0..PREFIX * PAGE).map(|i| ((g * 104_729 + i * 13) % 151_000) as u32).collect()).collect();
+    let stored = |tokens: &[u32], hashes: &[router_types::BlockHash], parent: Option<router_types::BlockHash>| {
+        KvEvent::Stored(StoredBlocks {
+            block_hashes: hashes.iter().map(|h| EngineBlockHash::I64(h.0)).collect(),
+            parent: parent.map(|h| EngineBlockHash::I64(h.0)),
+            token_ids: tokens.iter().map(|t| u64::from(*t)).collect(),
+            bigram: false,
+            block_size: PAGE as u32,
+            tier: Tier::Device,
+            namespace: Namespace::default(),
+            group_idx: None,
+            group_kind: None,
+            opaque_keys: Vec::new(),
+        })
+    };
+    let payload =
+        |events: Vec<KvEvent>| encode_batch(&EventBatch { ts: 0.0, events, dp_rank: Some(DpRank(0)) }, EventForm::Map);
+    let mut seqs = vec![0u64; STREAMS];
+    let mut held: Vec<std::collections::VecDeque<Vec<router_types::BlockHash>>> = vec![Default::default(); STREAMS];
+    let apply = |pump: &mut Pump, s: usize, bytes: &[u8], seqs: &mut [u64]| {
+        seqs[s] += 1;
+        let decoded = decode_batch(bytes, &limits).unwrap();
+        pump.apply(StreamMessage { key: keys[s].clone(), seq: seqs[s], update: StreamUpdate::Batch(decoded) });
+    };
+    // One request of group `g` with fresh tokens `n`, and the removal it forces on stream `s`.
+    let request = |s: usize, n: usize, held: &mut Vec<std::collections::VecDeque<Vec<router_types::BlockHash>>>| {
+        let g = n % GROUPS;
+        let mut tokens = prefixes[g].clone();
+        tokens.extend((0..NEW * PAGE).map(|i| ((n * 7919 + i * 31) % 151_000) as u32 ^ ((n as u32 & 0x3fff) << 17)));
+        let hashes = hasher.block_hashes(&tokens, None).unwrap();
+        let mut events = Vec::new();
+        if held[s].len() >= HELD {
+            let old = held[s].pop_front().unwrap();
+            events.push(KvEvent::Removed {
+                block_hashes: old.iter().rev().map(|h| EngineBlockHash::I64(h.0)).collect(),
+                tier: Tier::Device,
+                group_idx: None,
+            });
+        }
+        events.push(stored(&tokens[PREFIX * PAGE..], &hashes[PREFIX..], Some(hashes[PREFIX - 1])));
+        held[s].push_back(hashes[PREFIX..].to_vec());
+        payload(events)
+    };
+    // The prefixes everywhere, then every stream full.
+    for s in 0..STREAMS {
+        for p in &prefixes {
+            let hashes = hasher.block_hashes(p, None).unwrap();
+            apply(&mut pump, s, &payload(vec![stored(p, &hashes, None)]), &mut seqs);
+        }
+    }
+    let mut n = 0usize;
+    for _ in 0..STREAMS * HELD {
+        n += 1;
+        let bytes = request(n % STREAMS, n, &mut held);
+        apply(&mut pump, n % STREAMS, &bytes, &mut seqs);
+    }
+    // `WIRE_STEADY_ITERS=N`: N batches and no timing, for counting instructions and cache
+    // misses (valgrind), which this noisy machine cannot time (criterion's spread is ±20 %).
+    if let Some(iters) = std::env::var("WIRE_STEADY_ITERS").ok().and_then(|v| v.parse::<usize>().ok()) {
+        for _ in 0..iters {
+            n += 1;
+            let bytes = request(n % STREAMS, n, &mut held);
+            apply(&mut pump, n % STREAMS, &bytes, &mut seqs);
+        }
+        return;
+    }
+    let mut g = c.benchmark_group("kv_events_steady");
+    g.throughput(Throughput::Elements(NEW as u64));
+    g.bench_function("request_206_stored_206_removed", |b| {
+        b.iter_batched(
+            || {
+                n += 1;
+                (n % STREAMS, request(n % STREAMS, n, &mut held))
+            },
+            |(s, bytes)| apply(&mut pump, s, &bytes, &mut seqs),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+    eprintln!("kv_events_steady: index after the run: {:?}", index.stats());
 }
 
 /// The index's side of an engine evicting a chain: a stream holding a 32-block chain (stored
