@@ -14,8 +14,16 @@ use router_types::{BlockHash, PageDigest};
 pub(crate) const NO_PARENT: u32 = u32::MAX;
 /// `parent` of a free slot.
 const VACANT: u32 = u32::MAX - 1;
-/// `links` flag: the node is a leaf and the low bits are its place in `leaves`.
+/// `links` flag: the node is a leaf (else the low bits count its children).
 const LEAF: u32 = 1 << 31;
+/// `links` flag of a slot, kept while it is free and reused: `leaves` holds it (once). The
+/// list is not kept exact: a leaf that gets a child or is freed stays listed until the CLOCK
+/// hand passes it and drops it, so neither touches the list or another node (a position kept
+/// per node made every freed leaf rewrite the node moved into its place: a random read and
+/// write each, on the path that applies an engine's removals).
+const LISTED: u32 = 1 << 30;
+/// `links` bits counting children.
+const CHILDREN: u32 = LISTED - 1;
 /// `last_used` bit set by the CLOCK hand as it passes; a touch (store or
 /// match) writes a fresh tick with the bit clear, marking the node referenced.
 const PASSED: u32 = 1 << 31;
@@ -57,7 +65,7 @@ impl Holding {
 pub(crate) struct Node {
     pub(crate) digest: PageDigest,
     pub(crate) parent: u32,
-    /// `LEAF | position in leaves`, or the number of children.
+    /// `LEAF` or the number of children, and `LISTED`.
     links: u32,
     /// Logical time of the last store or match that touched it.
     pub(crate) last_used: AtomicU32,
@@ -182,7 +190,7 @@ impl Node {
     }
 
     fn children(&self) -> u32 {
-        if self.is_leaf() { 0 } else { self.links }
+        if self.is_leaf() { 0 } else { self.links & CHILDREN }
     }
 }
 
@@ -255,11 +263,10 @@ impl Shard {
         if let Some(slot) = self.find(hash) {
             return (slot, false);
         }
-        let leaf_pos = self.leaves.len() as u32;
         let node = Node {
             digest: *digest,
             parent,
-            links: LEAF | leaf_pos,
+            links: LEAF,
             // New blocks start unreferenced: only a later use (a match, a repeated
             // store) earns a second chance, so one-off chains cannot push out hot ones.
             last_used: AtomicU32::new((now & TICK_MASK) | PASSED),
@@ -269,13 +276,14 @@ impl Shard {
         };
         let slot = match self.free.pop() {
             Some(slot) => {
-                let generation = self.nodes[slot].generation.wrapping_add(1);
-                self.nodes[slot] = Node { generation, ..node };
+                let old = &self.nodes[slot];
+                let (generation, listed) = (old.generation.wrapping_add(1), old.links & LISTED);
+                self.nodes[slot] = Node { generation, links: LEAF | listed, ..node };
                 slot
             }
             None => self.nodes.push(node),
         };
-        self.leaves.push(slot);
+        self.list_leaf(slot);
         let nodes = &self.nodes;
         self.table.insert_unique(mix(hash), slot, |&s| mix(nodes[s].hash()));
         if parent != NO_PARENT {
@@ -286,30 +294,42 @@ impl Shard {
     }
 
     fn add_child(&mut self, slot: u32) {
-        let node = &self.nodes[slot];
+        let node = &mut self.nodes[slot];
         if node.is_leaf() {
-            self.unlist_leaf(slot);
-            self.nodes[slot].links = 1;
+            node.links = (node.links & LISTED) | 1;
         } else {
-            self.nodes[slot].links += 1;
+            node.links += 1;
         }
     }
 
     fn remove_child(&mut self, slot: u32) {
         let node = &mut self.nodes[slot];
         node.links -= 1;
-        if node.links == 0 {
-            node.links = LEAF | self.leaves.len() as u32;
+        if node.links & CHILDREN == 0 {
+            node.links = LEAF | (node.links & LISTED);
+            self.list_leaf(slot);
+        }
+    }
+
+    /// Puts a leaf in `leaves` unless it is there already.
+    fn list_leaf(&mut self, slot: u32) {
+        let node = &mut self.nodes[slot];
+        if node.links & LISTED == 0 {
+            node.links |= LISTED;
             self.leaves.push(slot);
         }
     }
 
-    fn unlist_leaf(&mut self, slot: u32) {
-        let pos = (self.nodes[slot].links & !LEAF) as usize;
-        self.leaves.swap_remove(pos);
-        if let Some(&moved) = self.leaves.get(pos) {
-            self.nodes[moved].links = LEAF | pos as u32;
+    /// True if `leaves[at]` is a live leaf; if not, drops it from the list.
+    fn listed_leaf(&mut self, at: usize) -> bool {
+        let slot = self.leaves[at];
+        let node = &mut self.nodes[slot];
+        if node.parent != VACANT && node.is_leaf() {
+            return true;
         }
+        node.links &= !LISTED;
+        self.leaves.swap_remove(at);
+        false
     }
 
     /// Adds `tiers` for `stream` on `slot`; true if the stream did not hold it
@@ -424,7 +444,6 @@ impl Shard {
         if let Ok(entry) = self.table.find_entry(mix(hash), |&s| s == slot) {
             entry.remove();
         }
-        self.unlist_leaf(slot);
         let more = self.nodes[slot].more;
         if more != 0 {
             self.overflow[more as usize] = Vec::new();
@@ -432,7 +451,7 @@ impl Shard {
         }
         let node = &mut self.nodes[slot];
         node.parent = VACANT;
-        node.links = 0;
+        node.links &= LISTED;
         node.first = 0;
         node.more = 0;
         self.free.push(slot);
@@ -449,6 +468,9 @@ impl Shard {
         while self.live > max && !self.leaves.is_empty() {
             if self.hand >= self.leaves.len() {
                 self.hand = 0;
+            }
+            if !self.listed_leaf(self.hand) {
+                continue; // no longer a leaf: dropped from the list, the last entry moved here
             }
             let slot = self.leaves[self.hand];
             let used = self.nodes[slot].last_used.load(Ordering::Relaxed);
@@ -476,7 +498,7 @@ impl Shard {
                 self.free_overflow.push(more);
             }
             let parent = node.parent;
-            // Frees the leaf (swap-removed under the hand: the next leaf moves here).
+            // Frees the leaf (dropped from the list when the hand comes back to this place).
             self.prune(slot);
             // Tails first: a parent exposed as a leaf that was not touched after
             // its evicted child is as cold as it, and goes on the hand's next visit.
@@ -562,6 +584,67 @@ mod tests {
         assert_eq!(std::mem::size_of::<Node>(), 56);
     }
 
+    impl Shard {
+        /// The live leaves, checking the list's invariants: every live leaf is listed, no slot
+        /// twice, and a slot is marked listed exactly when it is in the list.
+        fn live_leaves(&self) -> usize {
+            let mut seen = std::collections::HashSet::new();
+            for &slot in &self.leaves {
+                assert!(seen.insert(slot), "slot {slot} listed twice");
+                assert!(self.nodes[slot].links & LISTED != 0, "slot {slot} listed but not marked");
+            }
+            let mut leaves = 0;
+            for slot in 0..self.nodes.len as u32 {
+                let node = &self.nodes[slot];
+                assert_eq!(node.links & LISTED != 0, seen.contains(&slot), "slot {slot}: mark and list disagree");
+                if node.parent != VACANT && node.is_leaf() {
+                    assert!(seen.contains(&slot), "live leaf {slot} not listed");
+                    leaves += 1;
+                }
+            }
+            leaves
+        }
+    }
+
+    /// The leaf list stays sound through stores, removals, slot reuse and eviction.
+    #[test]
+    fn the_leaf_list_holds_every_leaf_once_through_churn() {
+        let mut s = Shard::default();
+        let mut rng = router_types::SplitMix::new(7);
+        // (slot, generation): a slot freed and reused is another node.
+        let mut chains: Vec<Vec<(u32, u8)>> = Vec::new();
+        for round in 0..400u32 {
+            // A chain of 1-6 blocks under a random earlier chain's node (or a root).
+            let mut prev = match chains.get((rng.next_u64() % (chains.len() as u64 + 1)) as usize) {
+                Some(c) if !c.is_empty() => c[(rng.next_u64() % c.len() as u64) as usize].0,
+                _ => NO_PARENT,
+            };
+            let mut chain = Vec::new();
+            for i in 0..1 + rng.next_u64() % 6 {
+                let (slot, _) = s.get_or_insert(prev, &digest(i64::from(round) * 100 + i as i64), round);
+                s.hold(slot, 1, 1, round, false);
+                chain.push((slot, s.node(slot).generation as u8));
+                prev = slot;
+            }
+            chains.push(chain);
+            // Now and then the oldest chain released deepest first, as an engine evicts it.
+            if round % 3 == 0 {
+                let old = chains.remove(0);
+                for &(slot, generation) in old.iter().rev() {
+                    if s.is_live(slot, generation) {
+                        s.release(slot, 1, 1);
+                    }
+                }
+            }
+            if round % 50 == 49 {
+                let mut out = Evicted::default();
+                s.evict_to(s.len() / 2, round + 1, &mut out);
+            }
+            chains.retain(|c| c.iter().all(|&(slot, generation)| s.is_live(slot, generation)));
+            s.live_leaves();
+        }
+    }
+
     #[test]
     fn leaves_track_children() {
         let mut s = Shard::default();
@@ -569,7 +652,7 @@ mod tests {
         let (b, _) = s.get_or_insert(a, &digest(2), 0);
         let (c, _) = s.get_or_insert(a, &digest(3), 0);
         assert!(!s.node(a).is_leaf() && s.node(b).is_leaf() && s.node(c).is_leaf());
-        assert_eq!(s.leaves.len(), 2);
+        assert_eq!(s.live_leaves(), 2);
         for (slot, stream) in [(b, 1), (c, 2)] {
             s.hold(slot, stream, 1, 0, true);
         }
@@ -580,7 +663,7 @@ mod tests {
         assert!(s.release(b, 7, 2));
         assert_eq!(s.len(), 2, "b pruned, a keeps c");
         assert!(s.release(c, 2, 1));
-        assert_eq!((s.len(), s.leaves.len()), (0, 0), "c, then a pruned");
+        assert_eq!((s.len(), s.live_leaves()), (0, 0), "c, then a pruned");
     }
 }
 #[cfg(test)]

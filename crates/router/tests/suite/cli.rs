@@ -41,10 +41,9 @@ fn fixtures() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures"))
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sgl-router-cli-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A scratch directory, removed when the value is dropped (a failed test's too).
+fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("sgl-router-cli-{name}-")).tempdir().unwrap()
 }
 
 #[test]
@@ -62,7 +61,8 @@ fn hash_prints_the_reference_values() {
 
 #[test]
 fn hash_reads_a_file_and_takes_bigram_and_salt() {
-    let dir = temp_dir("hash");
+    let scratch = temp_dir("hash");
+    let dir = scratch.path();
     let file = dir.join("tokens.json");
     std::fs::write(&file, "[5, 6, 7, 8, 9]").unwrap();
     let f = file.to_str().unwrap();
@@ -108,7 +108,8 @@ fn render_matches_the_golden_case_and_hashes_its_tokens() {
 
 #[test]
 fn render_with_an_explicit_template_file() {
-    let dir = temp_dir("render");
+    let scratch = temp_dir("render");
+    let dir = scratch.path();
     std::fs::write(dir.join("t.jinja"), "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}").unwrap();
     let tok_dir = fixtures().join("tokenizers/qwen3");
     let request = dir.join("req.json");
@@ -136,14 +137,16 @@ fn render_rejects_bad_input_cleanly() {
     assert_clean_error(&run(&["render", "--tokenizer", q], r#"{"messages": "x"}"#), "invalid request");
     assert_clean_error(&run(&["render", "--tokenizer", "/nonexistent"], "{}"), "cannot load");
     // A tokenizer directory without any chat template.
-    let bare = temp_dir("bare");
+    let scratch = temp_dir("bare");
+    let bare = scratch.path();
     std::fs::copy(qwen.join("tokenizer.json"), bare.join("tokenizer.json")).unwrap();
     assert_clean_error(
         &run(&["render", "--tokenizer", bare.to_str().unwrap()], r#"{"messages": [{"role": "user", "content": "x"}]}"#),
         "no chat template",
     );
     // A template that raises names its message and line.
-    let dir = temp_dir("raise");
+    let scratch = temp_dir("raise");
+    let dir = scratch.path();
     std::fs::write(dir.join("t.jinja"), "a\n{{ raise_exception('only user roles') }}").unwrap();
     assert_clean_error(
         &run(

@@ -481,7 +481,9 @@ async fn a_reasoning_models_thinking_is_told_apart_from_its_answer() {
 /// Qwen3's does: the answer's split follows the prompt, as the engines' own servers split it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_prompt_decides_whether_the_answer_starts_in_its_reasoning() {
-    let template = std::env::temp_dir().join(format!("sgl-router-thinking-{}.jinja", std::process::id()));
+    // Removed when dropped, a failed test's too.
+    let file = tempfile::Builder::new().prefix("sgl-router-thinking-").suffix(".jinja").tempfile().unwrap();
+    let template = file.path().to_path_buf();
     std::fs::write(
         &template,
         "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|assistant|>\
@@ -516,7 +518,6 @@ async fn the_prompt_decides_whether_the_answer_starts_in_its_reasoning() {
     assert_eq!(whole["choices"][0]["message"]["content"], reply, "{whole}");
     assert!(whole["choices"][0]["message"]["reasoning_content"].is_null(), "{whole}");
     let _ = router.stop.send(());
-    let _ = std::fs::remove_file(&template);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

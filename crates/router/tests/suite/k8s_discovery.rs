@@ -185,7 +185,11 @@ async fn pd_selectors_give_roles_and_bootstrap_ports() {
 }
 
 /// The `sgl-router` binary, killed when dropped.
-struct Binary(std::process::Child);
+/// The binary and its kubeconfig (removed when this is dropped).
+struct Binary(
+    std::process::Child,
+    #[allow(dead_code, reason = "held for its Drop: the file goes with the binary")] tempfile::NamedTempFile,
+);
 
 impl Drop for Binary {
     fn drop(&mut self) {
@@ -197,19 +201,20 @@ impl Drop for Binary {
 /// Starts the binary with `args` on a free port, the API server found through `KUBECONFIG`
 /// as a user's would be; its URL.
 fn binary(k8s: &MockApiServer, name: &str, args: &[&str]) -> (Binary, String) {
-    let kubeconfig = std::env::temp_dir().join(format!("sgl-router-k8s-{}-{name}.yaml", std::process::id()));
-    std::fs::write(&kubeconfig, k8s.kubeconfig(NS)).unwrap();
+    let kubeconfig =
+        tempfile::Builder::new().prefix(&format!("sgl-router-k8s-{name}-")).suffix(".yaml").tempfile().unwrap();
+    std::fs::write(kubeconfig.path(), k8s.kubeconfig(NS)).unwrap();
     let port = crate::common::free_port().to_string();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_sgl-router"))
         .args(["--host", "127.0.0.1", "--port", &port, "--control-plane-api-keys", common::app::ADMIN_KEY])
         .args(["--service-discovery", "--service-discovery-namespace", NS, "--log-level", "warn"])
         .args(args)
-        .env("KUBECONFIG", &kubeconfig)
+        .env("KUBECONFIG", kubeconfig.path())
         .env_remove("KUBERNETES_SERVICE_HOST")
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    (Binary(child), format!("http://127.0.0.1:{port}"))
+    (Binary(child, kubeconfig), format!("http://127.0.0.1:{port}"))
 }
 
 /// As a user runs it: no worker on the command line, every worker from the pods of the
