@@ -15,7 +15,7 @@ use kv_events::{EventForm, Limits, StreamMessage, StreamUpdate, decode_batch, en
 use kv_index::{IndexConfig, KvIndex, StoredBlock, SystemClock};
 use kv_ingest::{Pump, PumpMetrics, StreamHashing};
 use renderer::{HashMode, PageHasher};
-use router_types::{DpRank, EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier, WorkerKey, WorkerUrl};
+use router_types::{BlockHash, DpRank, EngineBlockHash, EventBatch, KvEvent, StoredBlocks, Tier, WorkerKey, WorkerUrl};
 
 const PAGE: usize = 16;
 const BLOCKS_PER_BATCH: usize = 32;
@@ -23,6 +23,16 @@ const BLOCKS_PER_BATCH: usize = 32;
 /// Batches as SGLang publishes them: one chain of 32 blocks per batch, fresh tokens each.
 fn batches(n: usize) -> Vec<Vec<u8>> {
     (0..n).map(batch).collect()
+}
+
+/// A store of `tokens`' blocks (their `hashes`, as SGLang publishes them) under `parent`.
+fn stored(tokens: &[u32], hashes: &[BlockHash], parent: Option<BlockHash>) -> KvEvent {
+    KvEvent::Stored(StoredBlocks::plain(
+        hashes.iter().map(|h| EngineBlockHash::I64(h.0)).collect(),
+        parent.map(|h| EngineBlockHash::I64(h.0)),
+        tokens.iter().map(|t| u64::from(*t)).collect(),
+        PAGE as u32,
+    ))
 }
 
 /// Batch number `b`: distinct tokens for every `b`.
@@ -34,18 +44,7 @@ fn batch(b: usize) -> Vec<u8> {
                 .map(|i| ((b * 7919 + i * 31) % 151_000) as u32 ^ ((b as u32) << 18))
                 .collect();
             let hashes = hasher.block_hashes(&tokens, None).unwrap();
-            let event = KvEvent::Stored(StoredBlocks {
-                block_hashes: hashes.iter().map(|h| EngineBlockHash::I64(h.0)).collect(),
-                parent: None,
-                token_ids: tokens.iter().map(|t| u64::from(*t)).collect(),
-                bigram: false,
-                block_size: PAGE as u32,
-                tier: Tier::Device,
-                namespace: Namespace::default(),
-                group_idx: None,
-                group_kind: None,
-                opaque_keys: Vec::new(),
-            });
+            let event = stored(&tokens, &hashes, None);
             encode_batch(&EventBatch { ts: 0.0, events: vec![event], dp_rank: Some(DpRank(0)) }, EventForm::Map)
         })
         .next()
@@ -127,31 +126,17 @@ fn steady(c: &mut Criterion) {
     }
     let prefixes: Vec<Vec<u32>> =
         (0..GROUPS).map(|g| (0..PREFIX * PAGE).map(|i| ((g * 104_729 + i * 13) % 151_000) as u32).collect()).collect();
-    let stored = |tokens: &[u32], hashes: &[router_types::BlockHash], parent: Option<router_types::BlockHash>| {
-        KvEvent::Stored(StoredBlocks {
-            block_hashes: hashes.iter().map(|h| EngineBlockHash::I64(h.0)).collect(),
-            parent: parent.map(|h| EngineBlockHash::I64(h.0)),
-            token_ids: tokens.iter().map(|t| u64::from(*t)).collect(),
-            bigram: false,
-            block_size: PAGE as u32,
-            tier: Tier::Device,
-            namespace: Namespace::default(),
-            group_idx: None,
-            group_kind: None,
-            opaque_keys: Vec::new(),
-        })
-    };
     let payload =
         |events: Vec<KvEvent>| encode_batch(&EventBatch { ts: 0.0, events, dp_rank: Some(DpRank(0)) }, EventForm::Map);
     let mut seqs = vec![0u64; STREAMS];
-    let mut held: Vec<std::collections::VecDeque<Vec<router_types::BlockHash>>> = vec![Default::default(); STREAMS];
+    let mut held: Vec<std::collections::VecDeque<Vec<BlockHash>>> = vec![Default::default(); STREAMS];
     let apply = |pump: &mut Pump, s: usize, bytes: &[u8], seqs: &mut [u64]| {
         seqs[s] += 1;
         let decoded = decode_batch(bytes, &limits).unwrap();
         pump.apply(StreamMessage { key: keys[s].clone(), seq: seqs[s], update: StreamUpdate::Batch(decoded) });
     };
     // One request of group `g` with fresh tokens `n`, and the removal it forces on stream `s`.
-    let request = |s: usize, n: usize, held: &mut Vec<std::collections::VecDeque<Vec<router_types::BlockHash>>>| {
+    let request = |s: usize, n: usize, held: &mut Vec<std::collections::VecDeque<Vec<BlockHash>>>| {
         let g = n % GROUPS;
         let mut tokens = prefixes[g].clone();
         tokens.extend((0..NEW * PAGE).map(|i| ((n * 7919 + i * 31) % 151_000) as u32 ^ ((n as u32 & 0x3fff) << 17)));

@@ -39,18 +39,12 @@ fn stored(
     block_hashes: Vec<EngineBlockHash>,
     parent: Option<EngineBlockHash>,
 ) -> KvEvent {
-    KvEvent::Stored(StoredBlocks {
+    KvEvent::Stored(StoredBlocks::plain(
         block_hashes,
         parent,
-        token_ids: tokens[from_block * PAGE..].iter().map(|t| u64::from(*t)).collect(),
-        bigram: false,
-        block_size: PAGE as u32,
-        tier: Tier::Device,
-        namespace: Namespace::default(),
-        group_idx: None,
-        group_kind: None,
-        opaque_keys: Vec::new(),
-    })
+        tokens[from_block * PAGE..].iter().map(|t| u64::from(*t)).collect(),
+        PAGE as u32,
+    ))
 }
 
 /// The same as vLLM would: opaque unsigned hashes above i64::MAX.

@@ -88,6 +88,32 @@ pub enum GroupKind {
     State,
 }
 
+// === impl StoredBlocks ===
+
+impl StoredBlocks {
+    /// Blocks of plain tokens on the device: no KV-cache group, namespace, extra keys or
+    /// lookahead (SGLang's publisher, and vLLM's for a request without LoRA or multimodal inputs).
+    pub fn plain(
+        block_hashes: Vec<EngineBlockHash>,
+        parent: Option<EngineBlockHash>,
+        token_ids: Vec<u64>,
+        block_size: u32,
+    ) -> Self {
+        Self {
+            block_hashes,
+            parent,
+            token_ids,
+            bigram: false,
+            block_size,
+            tier: Tier::Device,
+            namespace: Namespace::default(),
+            group_idx: None,
+            group_kind: None,
+            opaque_keys: Vec::new(),
+        }
+    }
+}
+
 // === impl GroupKind ===
 
 impl GroupKind {
