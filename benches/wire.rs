@@ -102,7 +102,7 @@ fn bench(c: &mut Criterion) {
 /// 206 blocks (some 25,000 blocks); every batch is one request's: its 206 new blocks stored
 /// under its group's prefix, and the stream's oldest request's blocks removed deepest first
 /// (an LRU engine evicting leaves as it stores). Decode, page hashes and index, per batch.
-/// Counted rather than timed: `WIRE_STEADY_ITERS=N valgrind --tool=cachegrind --cache-sim=yes
+/// Timed, or counted: `WIRE_STEADY_ITERS=N valgrind --tool=cachegrind --cache-sim=yes
 /// <wire bench binary> --bench kv_events_steady`, N = 0 and N = 400, the difference over 400.
 fn steady(c: &mut Criterion) {
     const STREAMS: usize = 4;
@@ -161,20 +161,17 @@ fn steady(c: &mut Criterion) {
             apply(&mut pump, s, &payload(vec![stored(p, &hashes, None)]), &mut seqs);
         }
     }
+    // `WIRE_STEADY_ITERS=N`: N batches past the fill and no timing, for counting instructions
+    // and cache misses (valgrind), which this noisy machine cannot time (criterion's spread is
+    // ±20 %).
+    let counted = std::env::var("WIRE_STEADY_ITERS").ok().and_then(|v| v.parse::<usize>().ok());
     let mut n = 0usize;
-    for _ in 0..STREAMS * HELD {
+    for _ in 0..STREAMS * HELD + counted.unwrap_or(0) {
         n += 1;
         let bytes = request(n % STREAMS, n, &mut held);
         apply(&mut pump, n % STREAMS, &bytes, &mut seqs);
     }
-    // `WIRE_STEADY_ITERS=N`: N batches and no timing, for counting instructions and cache
-    // misses (valgrind), which this noisy machine cannot time (criterion's spread is ±20 %).
-    if let Some(iters) = std::env::var("WIRE_STEADY_ITERS").ok().and_then(|v| v.parse::<usize>().ok()) {
-        for _ in 0..iters {
-            n += 1;
-            let bytes = request(n % STREAMS, n, &mut held);
-            apply(&mut pump, n % STREAMS, &bytes, &mut seqs);
-        }
+    if counted.is_some() {
         return;
     }
     let mut g = c.benchmark_group("kv_events_steady");

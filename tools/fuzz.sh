@@ -12,9 +12,8 @@ each="${1:-30}"; shift || true
 # The build `cargo fuzz build -s none` (cargo-fuzz 0.13.2) makes, without installing cargo-fuzz
 # (its build was a fifth of this script's time in CI): its release profile with line tables,
 # its coverage instrumentation and cfg, debug assertions and overflow checks (its default
-# without -O), one codegen unit (the sancov pass blocks ThinLTO's
-# imports across units), for the host target only (so that build scripts and proc macros are
-# not instrumented). `cargo fuzz run -s none <target>` builds the same and still works.
+# without -O), one codegen unit (the sancov pass blocks ThinLTO's imports across units), for
+# the host target only (so that build scripts and proc macros are not instrumented). `cargo fuzz run -s none <target>` builds the same and still works.
 triple="$(rustc -vV | sed -n 's/^host: //p')"
 RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \

@@ -46,16 +46,9 @@ fn stored(
     ns: Namespace,
 ) -> KvEvent {
     KvEvent::Stored(StoredBlocks {
-        block_hashes: hashes,
-        parent,
-        token_ids: tokens.iter().map(|t| u64::from(*t)).collect(),
         bigram,
-        block_size: PAGE as u32,
-        tier: Tier::Device,
         namespace: ns,
-        group_idx: None,
-        group_kind: None,
-        opaque_keys: Vec::new(),
+        ..StoredBlocks::plain(hashes, parent, tokens.iter().map(|t| u64::from(*t)).collect(), PAGE as u32)
     })
 }
 

@@ -13,7 +13,7 @@ use crate::cache::PagedCache;
 use crate::events::EventQueue;
 use kv_events::Publisher;
 use renderer::{HashMode, PageHasher, Renderer};
-use router_types::{BlockHash, EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier};
+use router_types::{BlockHash, EngineBlockHash, EventBatch, KvEvent, StoredBlocks, Tier};
 use serde::{Deserialize, Serialize};
 
 /// Fault knobs, set through `POST /admin/faults` or directly in tests.
@@ -596,18 +596,12 @@ impl Engine {
             });
         }
         if stored > 0 {
-            events.push(KvEvent::Stored(StoredBlocks {
-                block_hashes: chain[from..from + stored].iter().map(|h| EngineBlockHash::I64(h.0)).collect(),
-                parent: from.checked_sub(1).map(|p| EngineBlockHash::I64(chain[p].0)),
-                token_ids: tokens[from * ps..(from + stored) * ps].iter().map(|t| u64::from(*t)).collect(),
-                bigram: false,
-                block_size: ps as u32,
-                tier: Tier::Device,
-                namespace: Namespace::default(),
-                group_idx: None,
-                group_kind: None,
-                opaque_keys: Vec::new(),
-            }));
+            events.push(KvEvent::Stored(StoredBlocks::plain(
+                chain[from..from + stored].iter().map(|h| EngineBlockHash::I64(h.0)).collect(),
+                from.checked_sub(1).map(|p| EngineBlockHash::I64(chain[p].0)),
+                tokens[from * ps..(from + stored) * ps].iter().map(|t| u64::from(*t)).collect(),
+                ps as u32,
+            )));
         }
         if events.is_empty() {
             return;

@@ -184,8 +184,7 @@ async fn pd_selectors_give_roles_and_bootstrap_ports() {
     drop((prefill, decode));
 }
 
-/// The `sgl-router` binary, killed when dropped.
-/// The binary and its kubeconfig (removed when this is dropped).
+/// The `sgl-router` binary, killed when dropped, and its kubeconfig, removed then.
 struct Binary(
     std::process::Child,
     #[allow(dead_code, reason = "held for its Drop: the file goes with the binary")] tempfile::NamedTempFile,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use kv_events::{Publisher, PublisherConfig};
 use renderer::{HashMode, PageHasher};
-use router_types::{EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier};
+use router_types::{EngineBlockHash, EventBatch, KvEvent, StoredBlocks};
 use serde_json::Value;
 
 /// A worker answering every request with `body`, except `/server_info`: 503 until `first` says
@@ -68,18 +68,12 @@ fn store(tokens: &[u32], sglang: bool) -> EventBatch {
     EventBatch {
         ts: 0.0,
         dp_rank: None,
-        events: vec![KvEvent::Stored(StoredBlocks {
+        events: vec![KvEvent::Stored(StoredBlocks::plain(
             block_hashes,
-            parent: None,
-            token_ids: tokens.iter().map(|t| u64::from(*t)).collect(),
-            bigram: false,
-            block_size: 4,
-            tier: Tier::Device,
-            namespace: Namespace::default(),
-            group_idx: None,
-            group_kind: None,
-            opaque_keys: Vec::new(),
-        })],
+            None,
+            tokens.iter().map(|t| u64::from(*t)).collect(),
+            4,
+        ))],
     }
 }
 
