@@ -77,6 +77,7 @@ pub fn to_router(batch: &KvEventBatch) -> Result<(EventBatch, usize), BadBatch> 
                     group_idx: s.group_idx,
                     group_kind: None,
                     opaque_keys: Vec::new(),
+                    lookahead: Vec::new(),
                 }));
             }
             Some(KvEventData::Removed(r)) if r.locality != Some(2) => events.push(KvEvent::Removed {
@@ -163,6 +164,7 @@ mod tests {
                     group_idx: None,
                     group_kind: None,
                     opaque_keys: Vec::new(),
+                    lookahead: Vec::new(),
                 }),
                 KvEvent::Removed {
                     block_hashes: vec![EngineBlockHash::I64(3)],

@@ -74,6 +74,7 @@ struct Fields {
     spec_kind: Option<String>,
     sliding_window: Option<u32>,
     opaque_keys: Vec<Option<Box<[u8]>>>,
+    lookahead: Vec<Box<[u64]>>,
 }
 
 // === impl Limits ===
@@ -195,6 +196,7 @@ fn decode_event(r: &mut Reader<'_>, limits: &Limits) -> Result<Option<KvEvent>, 
             group_idx: fields.group_idx,
             group_kind: fields.spec_kind.as_deref().and_then(|k| GroupKind::from_vllm(k, fields.sliding_window)),
             opaque_keys: fields.opaque_keys,
+            lookahead: fields.lookahead,
         })),
         Some("BlockRemoved") => {
             Some(KvEvent::Removed { block_hashes: fields.hashes, tier, group_idx: fields.group_idx })
@@ -243,7 +245,8 @@ fn read_field(r: &mut Reader<'_>, key: &str, f: &mut Fields, limits: &Limits) ->
         "kv_cache_spec_kind" => f.spec_kind = read_str(r, "kv_cache_spec_kind")?,
         "kv_cache_spec_sliding_window" => f.sliding_window = read_u32(r, "kv_cache_spec_sliding_window")?,
         "extra_keys" => f.opaque_keys = read_extra_keys(r, limits)?,
-        _ => r.skip()?, // lora_id, session_id, extra_keys, and whatever engines add next
+        "lookahead_token_ids" => f.lookahead = read_lookahead(r, limits)?,
+        _ => r.skip()?, // lora_id, session_id, and whatever engines add next
     }
     Ok(())
 }
@@ -320,6 +323,46 @@ fn read_extra_keys(r: &mut Reader<'_>, limits: &Limits) -> Result<Vec<Option<Box
     // No block with keys the router cannot compute: nothing to keep.
     if out.iter().all(Option::is_none) {
         out.clear();
+    }
+    Ok(out)
+}
+
+/// Most lookahead tokens one block's hash may cover (vLLM's `num_hash_lookahead_tokens`: 1
+/// for EAGLE, the draft length for MTP).
+pub const MAX_LOOKAHEAD_TOKENS: usize = 64;
+
+/// vLLM's `lookahead_token_ids`: nil, or per block the tokens after it that its hash covers,
+/// every list of the same length, 1 to [`MAX_LOOKAHEAD_TOKENS`] (the engine's
+/// `num_hash_lookahead_tokens`).
+fn read_lookahead(r: &mut Reader<'_>, limits: &Limits) -> Result<Vec<Box<[u64]>>, WireError> {
+    let malformed = |r: &Reader<'_>, what| WireError::Malformed { at: r.pos(), what };
+    let n = match r.next()? {
+        Item::Nil => return Ok(Vec::new()),
+        Item::Array(n) => n,
+        _ => return Err(malformed(r, "lookahead_token_ids must be an array or nil")),
+    };
+    if n > limits.max_hashes {
+        return Err(WireError::TooLong { what: "lookahead_token_ids", len: n, limit: limits.max_hashes });
+    }
+    let mut out: Vec<Box<[u64]>> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = match r.next()? {
+            Item::Array(k) if k > MAX_LOOKAHEAD_TOKENS => {
+                return Err(WireError::TooLong {
+                    what: "lookahead tokens of a block",
+                    len: k,
+                    limit: MAX_LOOKAHEAD_TOKENS,
+                });
+            }
+            Item::Array(0) => return Err(malformed(r, "a block's lookahead tokens must not be empty")),
+            Item::Array(k) => k,
+            _ => return Err(malformed(r, "a block's lookahead tokens must be an array")),
+        };
+        if out.first().is_some_and(|first| first.len() != len) {
+            return Err(malformed(r, "every block's lookahead must have the same length"));
+        }
+        let tokens = (0..len).map(|_| token(r.next()?, r.pos())).collect::<Result<Box<[u64]>, _>>()?;
+        out.push(tokens);
     }
     Ok(out)
 }
@@ -485,6 +528,7 @@ fn encode_event(w: &mut Writer, event: &KvEvent, form: EventForm) {
                 s.group_idx.is_some(),
                 s.group_kind.is_some(),
                 window.is_some(),
+                !s.lookahead.is_empty(),
             ];
             w.map(7 + extra.iter().filter(|x| **x).count());
             w.str("type");
@@ -524,6 +568,14 @@ fn encode_event(w: &mut Writer, event: &KvEvent, form: EventForm) {
             if let Some(window) = window {
                 w.str("kv_cache_spec_sliding_window");
                 w.uint(u64::from(window));
+            }
+            if !s.lookahead.is_empty() {
+                w.str("lookahead_token_ids");
+                w.array(s.lookahead.len());
+                for tokens in &s.lookahead {
+                    w.array(tokens.len());
+                    tokens.iter().for_each(|t| w.uint(*t));
+                }
             }
         }
         (KvEvent::Stored(s), EventForm::Positional) => {

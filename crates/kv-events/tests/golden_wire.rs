@@ -63,6 +63,7 @@ fn event_json(e: &KvEvent) -> Value {
                 GroupKind::State => serde_json::json!({"kind": "state"}),
             }),
             "opaque_keys": s.opaque_keys.iter().map(|k| k.as_deref().map(hex)).collect::<Vec<_>>(),
+            "lookahead": s.lookahead,
         }),
         KvEvent::Removed { block_hashes, tier, group_idx } => serde_json::json!({
             "type": "BlockRemoved",
@@ -83,8 +84,10 @@ fn expected_json(e: &Value) -> Value {
         let tier = router_types::Tier::from_medium(medium.as_deref()).map(|t| t.as_str().to_string());
         obj.insert("tier".into(), serde_json::json!(tier));
     }
-    if obj.get("type").and_then(Value::as_str) == Some("BlockStored") && !obj.contains_key("opaque_keys") {
-        obj.insert("opaque_keys".into(), serde_json::json!([]));
+    for k in ["opaque_keys", "lookahead"] {
+        if obj.get("type").and_then(Value::as_str) == Some("BlockStored") && !obj.contains_key(k) {
+            obj.insert(k.into(), serde_json::json!([]));
+        }
     }
     for k in ["lora_name", "cache_salt", "group_idx", "group_kind", "parent"] {
         if obj.get("type").and_then(Value::as_str) == Some("BlockStored") && !obj.contains_key(k) {

@@ -20,6 +20,7 @@ fn sample() -> EventBatch {
                 group_idx: None,
                 group_kind: None,
                 opaque_keys: Vec::new(),
+                lookahead: Vec::new(),
             }),
             KvEvent::Stored(StoredBlocks {
                 block_hashes: vec![EngineBlockHash::U64(u64::MAX - 7)],
@@ -32,6 +33,7 @@ fn sample() -> EventBatch {
                 group_idx: Some(1),
                 group_kind: Some(router_types::GroupKind::SlidingWindow { window: 128 }),
                 opaque_keys: Vec::new(),
+                lookahead: Vec::new(),
             }),
             KvEvent::Stored(StoredBlocks {
                 block_hashes: vec![EngineBlockHash::Bytes(vec![0xab; 32].into())],
@@ -44,6 +46,7 @@ fn sample() -> EventBatch {
                 group_idx: None,
                 group_kind: None,
                 opaque_keys: Vec::new(),
+                lookahead: vec![vec![151_001, 7].into()],
             }),
             KvEvent::Removed { block_hashes: vec![EngineBlockHash::I64(-5)], tier: Tier::External, group_idx: Some(2) },
             KvEvent::AllCleared,
@@ -62,13 +65,14 @@ fn map_form_round_trips() {
 #[test]
 fn positional_form_round_trips_what_it_carries() {
     let mut batch = sample();
-    // The positional layout has no cache_salt, group_idx or group kind.
+    // The positional layout has no cache_salt, group_idx, group kind or lookahead.
     for e in &mut batch.events {
         match e {
             KvEvent::Stored(s) => {
                 s.namespace.cache_salt = None;
                 s.group_idx = None;
                 s.group_kind = None;
+                s.lookahead.clear();
             }
             KvEvent::Removed { group_idx, .. } => *group_idx = None,
             KvEvent::AllCleared => {}

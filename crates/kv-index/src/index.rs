@@ -13,6 +13,7 @@ use hashbrown::HashTable;
 use router_types::{BlockHash, DpRank, PageDigest, Tier, WorkerKey, WorkerUrl};
 
 use crate::adapters::Adapters;
+use crate::lookahead::Lookaheads;
 use crate::pending::Pending;
 use crate::shard::{Evicted, NO_PARENT, Shard, TICK_MASK, TierBits, mix};
 use crate::{Clock, StreamId, WorkerId};
@@ -147,6 +148,9 @@ pub enum IndexError {
     /// A (worker, rank) published more KV-cache groups than `MAX_GROUPS`.
     #[error("more than {} KV-cache groups on one (worker, rank)", MAX_GROUPS)]
     TooManyGroups,
+    /// A lookahead longer than `MAX_LOOKAHEAD` tokens.
+    #[error("a lookahead of {0} tokens is longer than {max}", max = crate::MAX_LOOKAHEAD)]
+    LookaheadTooLong(usize),
 }
 
 /// The index.
@@ -161,6 +165,7 @@ pub struct KvIndex {
     tick: AtomicU32,
     evicted: AtomicU64,
     adapters: Adapters,
+    lookaheads: Lookaheads,
     /// Some (worker, rank) publishes several KV-cache groups, or a group that is not full
     /// attention: matches read its groups together (`groups`).
     hybrid: AtomicBool,
@@ -344,6 +349,7 @@ impl KvIndex {
             families: RwLock::default(),
             evicted: AtomicU64::new(0),
             adapters: Adapters::default(),
+            lookaheads: Lookaheads::default(),
         }
     }
 
@@ -371,6 +377,26 @@ impl KvIndex {
     /// Whether some engine's event carried the LoRA adapter name `name`.
     pub fn knows_adapter(&self, name: &str) -> bool {
         self.adapters.contains(name)
+    }
+
+    /// Records the lookahead `stream`'s engine hashes its blocks with (vLLM's
+    /// `num_hash_lookahead_tokens`; 0: none), so requests are chained for it too.
+    pub fn note_lookahead(&self, stream: StreamId, len: usize) -> Result<(), IndexError> {
+        if len == 0 && self.lookaheads.lengths().next().is_none() {
+            return Ok(());
+        }
+        let worker = self.slot(stream)?.worker;
+        if self.lookaheads.note(worker, len) { Ok(()) } else { Err(IndexError::LookaheadTooLong(len)) }
+    }
+
+    /// The lookaheads some worker hashes with, shortest first (none: one atomic load).
+    pub fn lookaheads(&self) -> impl Iterator<Item = usize> + use<> {
+        self.lookaheads.lengths()
+    }
+
+    /// The lookahead `worker`'s engine hashes with (0: none).
+    pub fn lookahead_of(&self, worker: WorkerId) -> usize {
+        self.lookaheads.of(worker)
     }
 
     /// The id of `url`, registering it on first use.
@@ -693,6 +719,9 @@ impl KvIndex {
         }
         if let (Some(pending), Some(worker)) = (&self.pending, worker) {
             pending.write().unwrap_or_else(|p| p.into_inner()).remove_worker(worker);
+        }
+        if let (true, Some(worker)) = (unregister, worker) {
+            self.lookaheads.forget(worker);
         }
         ended
     }

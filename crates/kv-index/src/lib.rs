@@ -6,6 +6,7 @@
 mod adapters;
 mod clock;
 mod index;
+mod lookahead;
 mod pending;
 mod shard;
 
@@ -15,6 +16,7 @@ pub use index::{
     IndexStats, KvIndex, MAX_CHAIN_BLOCKS, MAX_GROUPS, MatchOptions, Parent, StoreOutcome, StoredBlock, WorkerMatch,
     reusable_prefix,
 };
+pub use lookahead::MAX_LOOKAHEAD;
 
 /// A registered (worker, dp rank) event stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

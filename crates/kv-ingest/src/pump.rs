@@ -445,6 +445,12 @@ impl Applier<'_> {
             warn!(stream = %key, error = %e, "kv pump: tokens cannot be hashed, skipped");
             return;
         }
+        // vLLM's lookahead hashing: requests are chained for this worker's lookahead too.
+        if let Err(e) = self.index.note_lookahead(id, s.lookahead_len()) {
+            inc(&self.metrics.rejected_stores);
+            warn!(stream = %key, error = %e, "kv pump: lookahead not followed, store skipped");
+            return;
+        }
         let check = hashing.engine_hash_is_router_hash && s.namespace.lora_name.is_none();
         let blocks: Vec<StoredBlock> = s
             .block_hashes
@@ -471,28 +477,38 @@ impl Applier<'_> {
 
 /// The router's digests of a store's blocks, chained from `prior`: its tokens' pages, each block
 /// whose engine hash covers keys a request cannot show (`StoredBlocks::opaque_keys`) folded
-/// with them (`renderer::hash::keyed_digest`), so the chain differs from there on.
+/// with them (`renderer::hash::keyed_digest`), so the chain differs from there on, and each
+/// block hashed with a lookahead folded with its lookahead tokens
+/// (`renderer::lookahead::lookahead_digest`), as a request's chain for this worker folds them.
 fn keyed_digests(
     hasher: &PageHasher,
     s: &StoredBlocks,
     prior: Option<PageDigest>,
     out: &mut Vec<PageDigest>,
 ) -> Result<(), String> {
-    if s.opaque_keys.is_empty() {
+    if s.opaque_keys.is_empty() && s.lookahead.is_empty() {
         return hasher.digests(&s.token_ids, prior.as_ref(), out).map_err(|e| e.to_string());
     }
-    if s.opaque_keys.len() != s.block_hashes.len() || s.bigram {
-        return Err(format!("{} extra keys for {} blocks", s.opaque_keys.len(), s.block_hashes.len()));
+    let blocks = s.block_hashes.len();
+    if !s.opaque_keys.is_empty() && s.opaque_keys.len() != blocks || s.bigram {
+        return Err(format!("{} extra keys for {blocks} blocks", s.opaque_keys.len()));
+    }
+    if !s.lookahead.is_empty() && s.lookahead.len() != blocks {
+        return Err(format!("{} lookahead lists for {blocks} blocks", s.lookahead.len()));
     }
     let page = hasher.page_size();
     let mut state = prior;
-    for (i, keys) in s.opaque_keys.iter().enumerate() {
+    let mut one = Vec::with_capacity(1);
+    for i in 0..blocks {
         let tokens = &s.token_ids[(i * page).min(s.token_ids.len())..((i + 1) * page).min(s.token_ids.len())];
-        let mut one = Vec::with_capacity(1);
+        one.clear();
         hasher.digests(tokens, state.as_ref(), &mut one).map_err(|e| e.to_string())?;
         let Some(mut digest) = one.first().copied() else { return Err("a block without tokens".into()) };
-        if let Some(keys) = keys {
+        if let Some(Some(keys)) = s.opaque_keys.get(i) {
             digest = renderer::hash::keyed_digest(&digest, keys);
+        }
+        if let Some(lookahead) = s.lookahead.get(i) {
+            digest = renderer::lookahead::lookahead_digest(&digest, lookahead);
         }
         out.push(digest);
         state = Some(digest);

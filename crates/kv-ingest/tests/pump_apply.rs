@@ -1,5 +1,6 @@
 //! The pump without sockets: bigram stores, salted and LoRA namespaces,
-//! orphans, duplicates, unknown streams and malformed stores, each counted.
+//! orphans, duplicates, unknown streams and malformed stores, each counted; vLLM's lookahead
+//! hashing against vLLM's own code (`lookahead_golden`).
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -11,6 +12,9 @@ use kv_ingest::{Pump, PumpMetrics, StreamHashing};
 use renderer::hash::namespace_prior;
 use renderer::{HashMode, PageHasher};
 use router_types::{DpRank, EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier, WorkerKey, WorkerUrl};
+
+#[path = "pump_apply/lookahead_golden.rs"]
+mod lookahead_golden;
 
 const PAGE: usize = 4;
 

@@ -168,6 +168,7 @@ async fn wrong_page_size_shows_as_hash_mismatches() {
         group_idx: None,
         group_kind: None,
         opaque_keys: Vec::new(),
+        lookahead: Vec::new(),
     });
     w.publishers[0].publish(&batch(vec![event])).await.unwrap();
     // A second (empty) batch: if the subscription joined too late for the first (ZeroMQ drops

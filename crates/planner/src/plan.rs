@@ -109,6 +109,26 @@ fn reported(w: &Worker) -> Option<policy::Reported> {
     })
 }
 
+/// A request's page hashes as the fleet's workers key them: one chain per hash mode (unigram
+/// first), then one per lookahead (`lookaheads`, in order). A worker's blocks are in its own
+/// chain only, so its deepest match over all of them is its match.
+#[derive(Debug, Default)]
+struct Chains {
+    all: Vec<Vec<BlockHash>>,
+    lookaheads: Vec<usize>,
+}
+
+impl Chains {
+    /// The chain of a worker hashing with a lookahead of `lookahead` tokens (0: none).
+    fn of(&self, lookahead: usize) -> Option<&[BlockHash]> {
+        let at = match lookahead {
+            0 => 0,
+            l => self.all.len() - self.lookaheads.len() + self.lookaheads.iter().position(|x| *x == l)?,
+        };
+        self.all.get(at).map(Vec::as_slice)
+    }
+}
+
 /// Each index worker's deepest match over `chains` (one per hash mode): blocks and the rank
 /// holding them.
 pub fn match_chains(index: &KvIndex, chains: &[Vec<BlockHash>]) -> HashMap<kv_index::WorkerId, (u32, Option<DpRank>)> {
@@ -195,7 +215,7 @@ impl Planner<'_> {
         let exact = !policy.needs_text() || workers.iter().any(|w| w.is_followed());
         let chains = match v {
             Some(v) if exact => self.chains(pool, &workers, v, tokens, block_size),
-            _ => Vec::new(),
+            _ => Chains::default(),
         };
         // From the match to the credit, one plan at a time (the pages hashed before): a burst
         // sharing a cold prefix would otherwise be matched before any of it is credited, and
@@ -204,7 +224,7 @@ impl Planner<'_> {
         let placing = credit;
         let credit = credit && match_prefix && self.credit_pending;
         let _one_at_a_time = credit.then(|| self.credit_lock.lock().unwrap_or_else(|p| p.into_inner()));
-        let matched = self.index.map(|index| match_chains(index, &chains)).unwrap_or_default();
+        let matched = self.index.map(|index| match_chains(index, &chains.all)).unwrap_or_default();
         let bs = block_size as u64;
         let candidates: Vec<Candidate> = workers
             .iter()
@@ -242,7 +262,10 @@ impl Planner<'_> {
         let regret = self.regret(pool, &workers, &matched, chosen, decision.reason);
         let regret = crate::Regret { block_size: bs.max(1), input_tokens, ..regret };
         let mut credited: &[BlockHash] = &[];
-        if credit && let (Some(index), Some(id), Some(chain)) = (self.index, workers[chosen].index_id, chains.first()) {
+        if credit
+            && let (Some(index), Some(id)) = (self.index, workers[chosen].index_id)
+            && let Some(chain) = chains.of(index.lookahead_of(id))
+        {
             index.credit_pending(id, chain);
             credited = chain;
         }
@@ -266,17 +289,11 @@ impl Planner<'_> {
         })
     }
 
-    /// The prompt's page hashes in each of the fleet's hash modes, in the request's namespace
-    /// (as the engine chains them), with `block_size` tokens a page; none without an index.
-    fn chains(
-        &self,
-        pool: &Pool,
-        workers: &[Arc<Worker>],
-        v: &Value,
-        tokens: &[u32],
-        block_size: usize,
-    ) -> Vec<Vec<BlockHash>> {
-        let Some(index) = self.index else { return Vec::new() };
+    /// The prompt's page hashes in each of the fleet's hash modes and each lookahead some worker
+    /// hashes with, in the request's namespace (as the engine chains them), with `block_size`
+    /// tokens a page; none without an index.
+    fn chains(&self, pool: &Pool, workers: &[Arc<Worker>], v: &Value, tokens: &[u32], block_size: usize) -> Chains {
+        let Some(index) = self.index else { return Chains::default() };
         let page = NonZeroUsize::new(block_size).unwrap_or(NonZeroUsize::MIN);
         // The request's namespace starts its chain, as the engine's does.
         let served = || {
@@ -286,11 +303,18 @@ impl Planner<'_> {
         };
         let ns = crate::namespace::of_request(v, served, Some(index));
         let prior = renderer::hash::namespace_prior(ns.adapter, ns.salt);
-        self.fleet
+        let mut all: Vec<Vec<BlockHash>> = self
+            .fleet
             .hash_modes()
             .modes()
             .map(|m| pool.chain_memo.block_hashes(&PageHasher::new(page, m), tokens, prior.as_ref()))
-            .collect()
+            .collect();
+        // vLLM's lookahead hashing (EAGLE, MTP): its workers key a block by the tokens after it too.
+        let lookaheads: Vec<usize> = index.lookaheads().collect();
+        for &l in &lookaheads {
+            all.push(renderer::lookahead::lookahead_block_hashes(page, tokens, l, prior.as_ref()).unwrap_or_default());
+        }
+        Chains { all, lookaheads }
     }
 
     /// The regret of choosing `workers[chosen]` for `reason`: the deepest match of any

@@ -20,6 +20,7 @@ mod error;
 mod fast_bpe;
 mod gpt_split;
 pub mod hash;
+pub mod lookahead;
 mod model;
 mod prompt;
 mod pyjson;

@@ -67,6 +67,12 @@ pub struct StoredBlocks {
     /// (`kv_events` decodes them). The router's chain folds them in, so a prompt without those
     /// inputs never matches the blocks.
     pub opaque_keys: Vec<Option<Box<[u8]>>>,
+    /// Per block (empty: none), the tokens after it that its engine hash also covers: vLLM's
+    /// lookahead hashing (`lookahead_token_ids`, on with EAGLE or MTP drafting), every block's
+    /// list of the same length (`kv_events` checks). The router's chain folds them in
+    /// (`renderer::hash::lookahead_digest`), as a request's chain for such a worker does.
+    #[serde(default)]
+    pub lookahead: Vec<Box<[u64]>>,
 }
 
 /// What one KV-cache group of a model keeps of a prompt, as vLLM's events say it
@@ -110,7 +116,13 @@ impl StoredBlocks {
             group_idx: None,
             group_kind: None,
             opaque_keys: Vec::new(),
+            lookahead: Vec::new(),
         }
+    }
+
+    /// The lookahead every block's hash covers (vLLM's `num_hash_lookahead_tokens`): 0 without.
+    pub fn lookahead_len(&self) -> usize {
+        self.lookahead.first().map_or(0, |t| t.len())
     }
 }
 

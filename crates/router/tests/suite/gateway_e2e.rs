@@ -622,6 +622,7 @@ async fn lora_requests_match_the_adapter_chains_the_events_carry() {
             group_idx: None,
             group_kind: None,
             opaque_keys: Vec::new(),
+            lookahead: Vec::new(),
         })],
     };
     let matched = |d: &Value| d["candidates"][0]["matched_tokens"].as_u64().unwrap();
@@ -693,6 +694,7 @@ async fn a_mixed_fleet_matches_bigram_and_unigram_workers_in_their_own_modes() {
             group_idx: None,
             group_kind: None,
             opaque_keys: Vec::new(),
+            lookahead: Vec::new(),
         })],
     };
     let matched = |d: &Value, url: &str| {
@@ -709,6 +711,68 @@ async fn a_mixed_fleet_matches_bigram_and_unigram_workers_in_their_own_modes() {
     warm(&w0, &body).await;
     until("w0's unigram pages are indexed too", async || matched(&debug(&r, &body).await, &w0.url()) >= 512).await;
     assert_eq!(matched(&debug(&r, &body).await, &eagle), (pages * 16) as u64, "{}", debug(&r, &body).await);
+    let _ = r.stop.send(());
+}
+
+/// vLLM with EAGLE or MTP drafting hashes each block with the tokens after it
+/// (`lookahead_token_ids`): the router chains a request the same way for that worker, so a
+/// prompt that goes on otherwise right after a cached block is not credited with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookahead_worker_is_credited_only_what_its_engine_would_reuse() {
+    use kv_events::{Publisher, PublisherConfig};
+    use router_types::{EngineBlockHash, EventBatch, KvEvent, StoredBlocks};
+
+    let w = MockEngine::spawn(MockEngineConfig { kv_events: false, ..engine_config() }).await.unwrap();
+    let publisher = Publisher::bind(PublisherConfig::loopback()).await.unwrap();
+    let mut cfg = config(&[&w], PolicyConfig::cache_aware(), true);
+    let kv = cfg.kv_events.as_mut().unwrap();
+    kv.explicit.endpoints.insert(WorkerUrl::new(w.url()), publisher.endpoint().to_owned());
+    cfg.pending_ttl = Duration::from_secs(3_600);
+    let r = start(cfg).await;
+
+    // The engine (lookahead 1) cached four blocks of a 65-token prompt, each hashed with the token after it.
+    let ids: Vec<u64> = (1_000..1_065).collect();
+    let event = EventBatch {
+        ts: 0.0,
+        dp_rank: None,
+        events: vec![KvEvent::Stored(StoredBlocks {
+            lookahead: (1..=4).map(|i| vec![ids[i * 16]].into_boxed_slice()).collect(),
+            ..StoredBlocks::plain(
+                (0..4).map(|i| EngineBlockHash::U64(5_000 + i)).collect(),
+                None,
+                ids[..64].to_vec(),
+                16,
+            )
+        })],
+    };
+    let matched = async |ids: &[u64]| {
+        let body = json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}});
+        let d: Value = admin_post(&format!("{}/debug/route?route=generate", r.url), &body).await.json().await.unwrap();
+        d["candidates"][0]["matched_tokens"].as_u64().unwrap()
+    };
+    until("the lookahead chain is indexed", async || {
+        publisher.publish(&event).await.unwrap();
+        matched(&ids).await == 64
+    })
+    .await;
+    let with = |at: usize, token: u64, len: usize| {
+        let mut v = ids.clone();
+        v.resize(len, 1);
+        v[at] = token;
+        v
+    };
+    assert_eq!(matched(&with(64, 7, 65)).await, 48, "the fourth block was hashed with 1064 after it, not 7");
+    assert_eq!(matched(&ids[..64]).await, 48, "nothing follows the fourth block: vLLM hashes it not");
+    assert_eq!(matched(&with(32, 7, 65)).await, 16, "the second block's lookahead is the third's first token");
+    assert_eq!(matched(&with(64, 1_064, 70)).await, 64, "a longer prompt going on the same way");
+    assert_eq!(matched(&with(31, 7, 65)).await, 16, "a token inside the second block");
+    // A request sent there is credited (pending its events) in the worker's own chain.
+    let fresh: Vec<u64> = (100..140).collect(); // within the simulated engine's vocabulary
+    let sent =
+        post(&format!("{}/generate", r.url), &json!({"input_ids": fresh, "sampling_params": {"max_new_tokens": 1}}))
+            .await;
+    assert_eq!(sent.status(), 200, "{}", sent.text().await.unwrap());
+    assert_eq!(matched(&fresh).await, 32, "blocks ending at 16 and 32, each followed by a token");
     let _ = r.stop.send(());
 }
 

@@ -1,0 +1,65 @@
+//! vLLM's lookahead hashing against vLLM's own code: the batches a vLLM 0.33 block pool published
+//! (`tests/fixtures/kv_lookahead/gen_lookahead_hits.py`: its `get_request_block_hasher` and
+//! `cache_full_blocks`, lookahead 0 to 3, evictions), decoded and applied by the real pump;
+//! every probe prompt's match, chained as the request path chains it for such a worker, is the
+//! prefix vLLM's cache would reuse.
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+
+use kv_events::{Limits, StreamMessage, StreamUpdate, decode_batch};
+use kv_index::{IndexConfig, KvIndex, MatchOptions, SystemClock};
+use kv_ingest::{Pump, PumpMetrics, StreamHashing};
+use renderer::lookahead::lookahead_block_hashes;
+use renderer::{HashMode, PageHasher};
+use serde_json::Value;
+
+use super::{get, key};
+
+const FIXTURE: &str = include_str!("../../../../tests/fixtures/kv_lookahead/lookahead_hits.json");
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+}
+
+#[test]
+fn a_lookahead_workers_match_is_the_prefix_vllm_would_reuse() {
+    let doc: Value = serde_json::from_str(FIXTURE).unwrap();
+    let cases = doc["cases"].as_array().unwrap();
+    assert!(cases.iter().any(|c| c["lookahead"] == 0) && cases.iter().any(|c| c["lookahead"].as_u64() > Some(1)));
+    for case in cases {
+        let lookahead = case["lookahead"].as_u64().unwrap() as usize;
+        let page = NonZeroUsize::new(case["block_size"].as_u64().unwrap() as usize).unwrap();
+        let index = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new())));
+        let metrics = Arc::new(PumpMetrics::default());
+        let mut pump = Pump::new(index.clone(), metrics.clone());
+        let hashing = StreamHashing { page_size: page, mode: HashMode::Unigram, engine_hash_is_router_hash: false };
+        pump.add_stream(key(), hashing).unwrap();
+        for (seq, payload) in case["payloads_hex"].as_array().unwrap().iter().enumerate() {
+            let decoded = decode_batch(&unhex(payload.as_str().unwrap()), &Limits::default()).unwrap();
+            pump.apply(StreamMessage { key: key(), seq: seq as u64, update: StreamUpdate::Batch(decoded) });
+        }
+        let name = format!("lookahead {lookahead}, block size {page}");
+        for c in [&metrics.malformed_stores, &metrics.orphan_stores, &metrics.rejected_stores] {
+            assert_eq!(get(c), 0, "{name}: every store applied");
+        }
+        assert!(get(&metrics.stored) > 20 && get(&metrics.removed) > 5, "{name}: stores and evictions");
+        let expected: Vec<usize> = (lookahead > 0).then_some(lookahead).into_iter().collect();
+        assert_eq!(index.lookaheads().collect::<Vec<_>>(), expected, "{name}: the lookahead learned from the events");
+        let (mut hits, mut probes) = (0, 0);
+        for probe in case["probes"].as_array().unwrap() {
+            let tokens: Vec<u32> =
+                probe["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+            let chain = match lookahead {
+                0 => PageHasher::new(page, HashMode::Unigram).block_hashes(&tokens, None).unwrap(),
+                l => lookahead_block_hashes(page, &tokens, l, None).unwrap(),
+            };
+            let matched = index.prefix_depths(&chain, &MatchOptions::default()).first().map_or(0, |m| m.blocks);
+            let vllm = probe["hit_blocks"].as_u64().unwrap();
+            assert_eq!(u64::from(matched), vllm, "{name}: probe {tokens:?}");
+            hits += usize::from(vllm > 0);
+            probes += 1;
+        }
+        assert!(hits >= 30 && probes - hits >= 30, "{name}: {hits} of {probes} probes hit");
+    }
+}
