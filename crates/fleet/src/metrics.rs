@@ -364,8 +364,20 @@ fn render_events(out: &mut String, e: &EventMetrics, p: &PumpMetrics, f: &FleetM
     counter(
         out,
         "router_kv_events_hash_mismatches_total",
-        "SGLang stored blocks whose engine hash differs from the router's (wrong page size, tokenizer or namespace).",
+        "Stored blocks whose published hash differs from the router's (SGLang) or from vLLM's own of the published tokens and keys (vLLM): wrong page size, tokenizer, namespace or key.",
         &[("", get(&p.hash_mismatches))],
+    );
+    counter(
+        out,
+        "router_kv_events_vllm_hashes_checked_total",
+        "vLLM stored blocks whose published hash was checked against vLLM's own (default sha256) of their tokens and keys.",
+        &[("", get(&p.hashes_checked))],
+    );
+    counter(
+        out,
+        "router_kv_events_vllm_unchecked_streams_total",
+        "vLLM streams whose hashes are not vLLM's default sha256 ones (another algorithm or a PYTHONHASHSEED): not checked.",
+        &[("", get(&p.hash_unchecked_streams))],
     );
     counter(
         out,

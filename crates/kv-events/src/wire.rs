@@ -19,6 +19,7 @@
 use router_types::{DpRank, EngineBlockHash, EventBatch, GroupKind, KvEvent, Namespace, StoredBlocks, Tier};
 
 use crate::WireError;
+use crate::extra_keys::{read_extra_keys, read_lookahead, vllm_salt};
 use crate::msgpack::{Item, Reader, Writer};
 
 /// Largest `block_hashes` list one event may carry by default.
@@ -74,6 +75,8 @@ struct Fields {
     spec_kind: Option<String>,
     sliding_window: Option<u32>,
     opaque_keys: Vec<Option<Box<[u8]>>>,
+    /// The strings of the first block's `extra_keys` (vLLM's LoRA name, then its cache salt).
+    first_block_strings: Vec<String>,
     lookahead: Vec<Box<[u64]>>,
 }
 
@@ -192,7 +195,12 @@ fn decode_event(r: &mut Reader<'_>, limits: &Limits) -> Result<Option<KvEvent>, 
             bigram: fields.bigram,
             block_size: fields.block_size,
             tier,
-            namespace: Namespace { lora_name: fields.lora_name, cache_salt: fields.cache_salt },
+            namespace: Namespace {
+                cache_salt: fields
+                    .cache_salt
+                    .or_else(|| vllm_salt(&fields.first_block_strings, fields.lora_name.is_some())),
+                lora_name: fields.lora_name,
+            },
             group_idx: fields.group_idx,
             group_kind: fields.spec_kind.as_deref().and_then(|k| GroupKind::from_vllm(k, fields.sliding_window)),
             opaque_keys: fields.opaque_keys,
@@ -244,133 +252,11 @@ fn read_field(r: &mut Reader<'_>, key: &str, f: &mut Fields, limits: &Limits) ->
         "group_idx" => f.group_idx = read_u32(r, "group_idx")?,
         "kv_cache_spec_kind" => f.spec_kind = read_str(r, "kv_cache_spec_kind")?,
         "kv_cache_spec_sliding_window" => f.sliding_window = read_u32(r, "kv_cache_spec_sliding_window")?,
-        "extra_keys" => f.opaque_keys = read_extra_keys(r, limits)?,
+        "extra_keys" => f.opaque_keys = read_extra_keys(r, limits, &mut f.first_block_strings)?,
         "lookahead_token_ids" => f.lookahead = read_lookahead(r, limits)?,
         _ => r.skip()?, // lora_id, session_id, and whatever engines add next
     }
     Ok(())
-}
-
-/// Most keys one block's `extra_keys` entry may carry.
-const MAX_KEYS_PER_BLOCK: usize = 256;
-
-/// vLLM's `extra_keys`: per block nil or the block's untagged keys (`to_event_extra_keys`):
-/// bare strings (the LoRA name and the cache salt: the namespace, read from their own fields),
-/// `(identifier, offset)` pairs of multimodal items and bare prompt-embedding digests. The
-/// pairs and the digests (and bare integers) are kept per block in a canonical form (a `0x01`,
-/// `0x02` or `0x03` tag, then each part length-prefixed), for the router's chain to fold in; `None` for a block with none.
-fn read_extra_keys(r: &mut Reader<'_>, limits: &Limits) -> Result<Vec<Option<Box<[u8]>>>, WireError> {
-    let malformed = |r: &Reader<'_>, what| WireError::Malformed { at: r.pos(), what };
-    let n = match r.next()? {
-        Item::Nil => return Ok(Vec::new()),
-        Item::Array(n) => n,
-        _ => return Err(malformed(r, "extra_keys must be an array or nil")),
-    };
-    if n > limits.max_hashes {
-        return Err(WireError::TooLong { what: "extra_keys", len: n, limit: limits.max_hashes });
-    }
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let keys = match r.next()? {
-            Item::Nil => 0,
-            Item::Array(k) if k <= MAX_KEYS_PER_BLOCK => k,
-            Item::Array(k) => {
-                return Err(WireError::TooLong { what: "extra_keys entry", len: k, limit: MAX_KEYS_PER_BLOCK });
-            }
-            _ => return Err(malformed(r, "an extra_keys entry must be an array or nil")),
-        };
-        let mut canonical: Vec<u8> = Vec::new();
-        for _ in 0..keys {
-            match r.next()? {
-                // The LoRA name or the cache salt: in the namespace already.
-                Item::Str(_) => {}
-                Item::Bin(digest) => {
-                    canonical.push(0x02);
-                    push_part(&mut canonical, digest);
-                }
-                // No shape vLLM sends today; kept, so the block is never credited for it.
-                Item::Uint(v) => {
-                    canonical.push(0x03);
-                    push_part(&mut canonical, &v.to_le_bytes());
-                }
-                Item::Int(v) => {
-                    canonical.push(0x03);
-                    push_part(&mut canonical, &v.to_le_bytes());
-                }
-                Item::Array(parts) if parts <= 8 => {
-                    canonical.push(0x01);
-                    canonical.push(parts as u8);
-                    for _ in 0..parts {
-                        match r.next()? {
-                            Item::Str(v) => push_part(&mut canonical, v.as_bytes()),
-                            Item::Bin(v) => push_part(&mut canonical, v),
-                            Item::Uint(v) => push_part(&mut canonical, &v.to_le_bytes()),
-                            Item::Int(v) => push_part(&mut canonical, &v.to_le_bytes()),
-                            _ => {
-                                return Err(malformed(
-                                    r,
-                                    "a multimodal key part must be a string, bytes or an integer",
-                                ));
-                            }
-                        }
-                    }
-                }
-                _ => return Err(malformed(r, "an extra key must be a string, bytes or a pair")),
-            }
-        }
-        out.push((!canonical.is_empty()).then(|| canonical.into_boxed_slice()));
-    }
-    // No block with keys the router cannot compute: nothing to keep.
-    if out.iter().all(Option::is_none) {
-        out.clear();
-    }
-    Ok(out)
-}
-
-/// Most lookahead tokens one block's hash may cover (vLLM's `num_hash_lookahead_tokens`: 1
-/// for EAGLE, the draft length for MTP).
-pub const MAX_LOOKAHEAD_TOKENS: usize = 64;
-
-/// vLLM's `lookahead_token_ids`: nil, or per block the tokens after it that its hash covers,
-/// every list of the same length, 1 to [`MAX_LOOKAHEAD_TOKENS`] (the engine's
-/// `num_hash_lookahead_tokens`).
-fn read_lookahead(r: &mut Reader<'_>, limits: &Limits) -> Result<Vec<Box<[u64]>>, WireError> {
-    let malformed = |r: &Reader<'_>, what| WireError::Malformed { at: r.pos(), what };
-    let n = match r.next()? {
-        Item::Nil => return Ok(Vec::new()),
-        Item::Array(n) => n,
-        _ => return Err(malformed(r, "lookahead_token_ids must be an array or nil")),
-    };
-    if n > limits.max_hashes {
-        return Err(WireError::TooLong { what: "lookahead_token_ids", len: n, limit: limits.max_hashes });
-    }
-    let mut out: Vec<Box<[u64]>> = Vec::with_capacity(n);
-    for _ in 0..n {
-        let len = match r.next()? {
-            Item::Array(k) if k > MAX_LOOKAHEAD_TOKENS => {
-                return Err(WireError::TooLong {
-                    what: "lookahead tokens of a block",
-                    len: k,
-                    limit: MAX_LOOKAHEAD_TOKENS,
-                });
-            }
-            Item::Array(0) => return Err(malformed(r, "a block's lookahead tokens must not be empty")),
-            Item::Array(k) => k,
-            _ => return Err(malformed(r, "a block's lookahead tokens must be an array")),
-        };
-        if out.first().is_some_and(|first| first.len() != len) {
-            return Err(malformed(r, "every block's lookahead must have the same length"));
-        }
-        let tokens = (0..len).map(|_| token(r.next()?, r.pos())).collect::<Result<Box<[u64]>, _>>()?;
-        out.push(tokens);
-    }
-    Ok(out)
-}
-
-/// `u64le(len) ‖ bytes`.
-fn push_part(out: &mut Vec<u8>, part: &[u8]) {
-    out.extend_from_slice(&(part.len() as u64).to_le_bytes());
-    out.extend_from_slice(part);
 }
 
 /// A `u32` field or nil (`group_idx`, `kv_cache_spec_sliding_window`).

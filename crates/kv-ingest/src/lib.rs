@@ -5,6 +5,7 @@
 
 pub mod pump;
 pub mod snapshot;
+mod vllm_check;
 
 pub use pump::{LAG_BUCKETS, Pump, PumpControl, PumpMetrics, StreamHashing, TakenSnapshot};
 pub use snapshot::{GroupSnapshot, IndexSnapshot, SnapshotError, SnapshotLimits, StreamSnapshot};

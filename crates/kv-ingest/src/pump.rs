@@ -17,6 +17,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use kv_events::{StreamMessage, StreamUpdate};
 
 use crate::snapshot::{GroupSnapshot, IndexSnapshot, StreamSnapshot};
+use crate::vllm_check::{self, VllmHashes};
 use kv_index::{GroupBlocks, KvIndex, StoredBlock, StreamId};
 use renderer::hash::namespace_prior;
 use renderer::{HashMode, PageDigest, PageHasher};
@@ -57,9 +58,15 @@ pub struct PumpMetrics {
     pub malformed_stores: AtomicU64,
     /// Stores skipped: the index refused them (evicted parent, too long).
     pub rejected_stores: AtomicU64,
-    /// Stored blocks whose SGLang engine hash differs from the router's:
-    /// a wrong page size, tokenizer or namespace.
+    /// Stored blocks whose SGLang engine hash differs from the router's, or whose vLLM hash
+    /// differs from vLLM's own of the tokens and keys published with it: a wrong page size,
+    /// tokenizer, namespace or key.
     pub hash_mismatches: AtomicU64,
+    /// vLLM blocks whose published hash was checked (a stream's chain-starting stores, or all
+    /// with byte hashes; without a LoRA adapter).
+    pub hashes_checked: AtomicU64,
+    /// Streams whose hashes are not vLLM's default ones (another algorithm or seed): not checked.
+    pub hash_unchecked_streams: AtomicU64,
     /// Streams reset (publisher restarts).
     pub resets: AtomicU64,
     /// Batches from streams the pump was not told about.
@@ -125,6 +132,8 @@ struct Group {
     idx: u32,
     stream: StreamId,
     kind: Option<GroupBlocks>,
+    /// What its stores have shown of vLLM's hashes.
+    vllm: VllmHashes,
 }
 
 /// Buckets of the event lag histogram: engines publish every scheduler step
@@ -145,6 +154,8 @@ impl Default for PumpMetrics {
             malformed_stores: AtomicU64::new(0),
             rejected_stores: AtomicU64::new(0),
             hash_mismatches: AtomicU64::new(0),
+            hashes_checked: AtomicU64::new(0),
+            hash_unchecked_streams: AtomicU64::new(0),
             resets: AtomicU64::new(0),
             unknown_streams: AtomicU64::new(0),
             lag_seconds: Histogram::new(&LAG_BUCKETS),
@@ -213,7 +224,7 @@ impl Pump {
         let mut groups = Vec::with_capacity(seed.groups.len() + 1);
         if let Some(kind) = seed.kind {
             self.index.set_group_kind(id, kind).map_err(|e| e.to_string())?;
-            groups.push(Group { idx: 0, stream: id, kind: Some(kind) });
+            groups.push(Group { idx: 0, stream: id, kind: Some(kind), vllm: VllmHashes::Unknown });
         }
         for g in &seed.groups {
             let stream = self.index.group_stream(id, g.idx).map_err(|e| format!("group {}: {e}", g.idx))?;
@@ -221,7 +232,7 @@ impl Pump {
                 self.index.set_group_kind(stream, kind).map_err(|e| e.to_string())?;
             }
             held += self.index.import_stream(stream, &g.blocks).map_err(|e| format!("group {}: {e}", g.idx))?;
-            groups.push(Group { idx: g.idx, stream, kind: g.kind });
+            groups.push(Group { idx: g.idx, stream, kind: g.kind, vllm: VllmHashes::Unknown });
         }
         Ok((held, groups))
     }
@@ -367,8 +378,7 @@ impl Applier<'_> {
                             Err(e) => debug!(stream = %key, error = %e, "kv pump: group kind not kept"),
                         }
                     }
-                    let stream = group.stream;
-                    self.store(key, stream, hashing, s)
+                    self.store(key, (group.stream, &mut group.vllm), hashing, s)
                 }
                 KvEvent::Removed { block_hashes, tier, group_idx } => {
                     let Some(group) = self.group(key, id, groups, *group_idx) else { continue };
@@ -401,7 +411,7 @@ impl Applier<'_> {
         }
         match self.index.group_stream(id, idx) {
             Ok(stream) => {
-                groups.push(Group { idx, stream, kind: None });
+                groups.push(Group { idx, stream, kind: None, vllm: VllmHashes::Unknown });
                 groups.last_mut()
             }
             Err(e) => {
@@ -412,7 +422,13 @@ impl Applier<'_> {
         }
     }
 
-    fn store(&self, key: &WorkerKey, id: StreamId, hashing: StreamHashing, s: &StoredBlocks) {
+    fn store(
+        &self,
+        key: &WorkerKey,
+        (id, vllm): (StreamId, &mut VllmHashes),
+        hashing: StreamHashing,
+        s: &StoredBlocks,
+    ) {
         let page = NonZeroUsize::new(s.block_size as usize).unwrap_or(hashing.page_size);
         let mode = if s.bigram { HashMode::Bigram } else { hashing.mode };
         let hasher = PageHasher::new(page, mode);
@@ -451,6 +467,9 @@ impl Applier<'_> {
             warn!(stream = %key, error = %e, "kv pump: lookahead not followed, store skipped");
             return;
         }
+        if !hashing.engine_hash_is_router_hash {
+            self.check_vllm(key, vllm, s, page.get());
+        }
         let check = hashing.engine_hash_is_router_hash && s.namespace.lora_name.is_none();
         let blocks: Vec<StoredBlock> = s
             .block_hashes
@@ -472,6 +491,32 @@ impl Applier<'_> {
                 debug!(stream = %key, error = %e, "kv pump: store rejected");
             }
         }
+    }
+}
+
+impl Applier<'_> {
+    /// Checks a vLLM store's published hashes against vLLM's own (`vllm_check`): a stream's
+    /// first checkable store decides whether its hashes are vLLM's default ones; from then on
+    /// every block that differs is a mismatch.
+    fn check_vllm(&self, key: &WorkerKey, vllm: &mut VllmHashes, s: &StoredBlocks, page: usize) {
+        if *vllm == VllmHashes::Other {
+            return;
+        }
+        let Some((matched, blocks)) = vllm_check::check(s, page) else { return };
+        match *vllm {
+            VllmHashes::Unknown if matched == blocks => *vllm = VllmHashes::Default,
+            VllmHashes::Unknown => {
+                *vllm = VllmHashes::Other;
+                inc(&self.metrics.hash_unchecked_streams);
+                info!(stream = %key, "kv pump: block hashes are not vLLM's default sha256 ones (another algorithm or seed): not checked");
+            }
+            _ if matched < blocks => {
+                self.metrics.hash_mismatches.fetch_add((blocks - matched) as u64, Ordering::Relaxed);
+                warn!(stream = %key, blocks, mismatched = blocks - matched, "kv pump: vLLM block hashes differ from vLLM's own of the published tokens and keys");
+            }
+            _ => {}
+        }
+        self.metrics.hashes_checked.fetch_add(blocks as u64, Ordering::Relaxed);
     }
 }
 

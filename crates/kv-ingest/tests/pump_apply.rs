@@ -259,3 +259,70 @@ fn blocks_keyed_by_inputs_a_request_cannot_show_are_not_credited_by_tokens() {
     pump.apply(message(1, vec![store(vec![None, None])]));
     assert_eq!(get(&metrics.malformed_stores), before + 1);
 }
+
+/// A vLLM stream's published hashes are checked against vLLM's own (its default `sha256`): the
+/// first chain-starting store that hashes as vLLM's makes the stream checked, and every later
+/// block that differs is a mismatch; a stream whose first one does not (another algorithm or
+/// seed) is counted unchecked and never counted against.
+#[test]
+fn vllm_hashes_are_checked_once_a_stream_shows_vllms_default_ones() {
+    use renderer::vllm_hash::{block_hash, none_hash, published};
+
+    let index = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new())));
+    let metrics = Arc::new(PumpMetrics::default());
+    let mut pump = Pump::new(index.clone(), metrics.clone());
+    let hashing = StreamHashing {
+        page_size: NonZeroUsize::new(PAGE).unwrap(),
+        mode: HashMode::Unigram,
+        engine_hash_is_router_hash: false,
+    };
+    let (checked, other) = (key(), WorkerKey::new(WorkerUrl::new("http://v2:1"), DpRank(0)));
+    pump.add_stream(checked.clone(), hashing).unwrap();
+    pump.add_stream(other.clone(), hashing).unwrap();
+    // vLLM's hashes of a chain of `tokens`, as published (the last eight bytes).
+    let vllm = |tokens: &[u64]| {
+        let mut parent = none_hash();
+        tokens
+            .chunks(PAGE)
+            .map(|page| {
+                parent = block_hash(&parent, page, &[], &[]);
+                EngineBlockHash::U64(published(&parent))
+            })
+            .collect::<Vec<_>>()
+    };
+    let send = |pump: &mut Pump, key: &WorkerKey, seq, hashes: Vec<EngineBlockHash>, tokens: &[u64]| {
+        let s = StoredBlocks::plain(hashes, None, tokens.to_vec(), PAGE as u32);
+        let update = StreamUpdate::Batch(Decoded {
+            batch: EventBatch { ts: 0.0, events: vec![KvEvent::Stored(s)], dp_rank: None },
+            unknown_events: 0,
+        });
+        pump.apply(StreamMessage { key: key.clone(), seq, update });
+    };
+    let a: Vec<u64> = (1..=12).collect();
+    send(&mut pump, &checked, 0, vllm(&a), &a);
+    assert_eq!((get(&metrics.hashes_checked), get(&metrics.hash_mismatches)), (3, 0));
+    // A later store whose second block's hash is not vLLM's of its tokens.
+    let b: Vec<u64> = (20..28).collect();
+    let mut wrong = vllm(&b);
+    wrong[1] = EngineBlockHash::U64(7);
+    send(&mut pump, &checked, 1, wrong, &b);
+    assert_eq!((get(&metrics.hashes_checked), get(&metrics.hash_mismatches)), (5, 1));
+    // A store under an integer parent cannot be checked (the parent's full hash is not sent).
+    let mut child =
+        StoredBlocks::plain(vec![EngineBlockHash::U64(99)], Some(vllm(&a)[2].clone()), vec![5; PAGE], PAGE as u32);
+    child.block_size = PAGE as u32;
+    let update = StreamUpdate::Batch(Decoded {
+        batch: EventBatch { ts: 0.0, events: vec![KvEvent::Stored(child)], dp_rank: None },
+        unknown_events: 0,
+    });
+    pump.apply(StreamMessage { key: checked.clone(), seq: 2, update });
+    assert_eq!((get(&metrics.hashes_checked), get(&metrics.hash_mismatches)), (5, 1));
+    assert_eq!(get(&metrics.stored), 3, "every store is applied, checked or not");
+
+    // Another worker hashing otherwise: unchecked from its first store on.
+    send(&mut pump, &other, 0, vec![EngineBlockHash::U64(1), EngineBlockHash::U64(2)], &b);
+    send(&mut pump, &other, 1, vec![EngineBlockHash::U64(3), EngineBlockHash::U64(4)], &b);
+    assert_eq!(get(&metrics.hash_unchecked_streams), 1);
+    assert_eq!(get(&metrics.hash_mismatches), 1, "its hashes are not counted against it");
+    assert_eq!(get(&metrics.hashes_checked), 7, "its first store was checked, to tell");
+}

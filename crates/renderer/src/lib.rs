@@ -25,6 +25,7 @@ mod model;
 mod prompt;
 mod pyjson;
 mod strftime;
+pub mod vllm_hash;
 pub use strftime::strftime;
 mod template;
 mod tokenizer;

@@ -197,6 +197,7 @@ pub(crate) fn kv_events(args: &KvEventsArgs) -> Result<()> {
                 "stores": get(&pump.stored),
                 "removals": get(&pump.removed),
                 "hash_mismatches": get(&pump.hash_mismatches),
+                "vllm_hashes_checked": get(&pump.hashes_checked),
                 "nodes": stats.nodes,
                 "holdings": stats.holdings,
                 "memory_bytes": stats.memory_bytes,

@@ -2,7 +2,7 @@
 //! (`tests/fixtures/kv_lookahead/gen_lookahead_hits.py`: its `get_request_block_hasher` and
 //! `cache_full_blocks`, lookahead 0 to 3, evictions), decoded and applied by the real pump;
 //! every probe prompt's match, chained as the request path chains it for such a worker, is the
-//! prefix vLLM's cache would reuse.
+//! prefix vLLM's cache would reuse, and every published hash the pump can check is vLLM's own.
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -44,6 +44,9 @@ fn a_lookahead_workers_match_is_the_prefix_vllm_would_reuse() {
             assert_eq!(get(c), 0, "{name}: every store applied");
         }
         assert!(get(&metrics.stored) > 20 && get(&metrics.removed) > 5, "{name}: stores and evictions");
+        // Every chain-starting store is checked against vLLM's hash (lookahead included): all agree.
+        assert!(get(&metrics.hashes_checked) > 10, "{name}: {} checked", get(&metrics.hashes_checked));
+        assert_eq!((get(&metrics.hash_mismatches), get(&metrics.hash_unchecked_streams)), (0, 0), "{name}");
         let expected: Vec<usize> = (lookahead > 0).then_some(lookahead).into_iter().collect();
         assert_eq!(index.lookaheads().collect::<Vec<_>>(), expected, "{name}: the lookahead learned from the events");
         let (mut hits, mut probes) = (0, 0);

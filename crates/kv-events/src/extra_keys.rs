@@ -1,0 +1,287 @@
+//! What a vLLM `BlockStored` carries besides tokens: owns the decoding of `extra_keys` (into the
+//! canonical per-block form `StoredBlocks::opaque_keys` keeps, and back: [`opaque_keys`]), of
+//! the cache salt vLLM publishes only there, and of `lookahead_token_ids`.
+//!
+//! ```text
+//! canonical block keys = key*
+//! key   = 0x01 u8:n part{n}          a tuple: a multimodal (identifier, offset) pair
+//!       | 0x02 u64le:len bytes       bytes: a prompt-embeddings digest
+//!       | 0x03 u64le:8 u64le         a bare non-negative integer (no shape vLLM sends today)
+//!       | 0x04 u64le:8 i64le         a bare negative integer (idem)
+//! part  = type u64le:len bytes       type 's' UTF-8, 'b' bytes, 'u' u64le, 'i' i64le
+//! ```
+
+use crate::WireError;
+use crate::msgpack::{Item, Reader};
+use crate::wire::Limits;
+
+/// Most keys one block's `extra_keys` entry may carry.
+const MAX_KEYS_PER_BLOCK: usize = 256;
+
+/// Most lookahead tokens one block's hash may cover (vLLM's `num_hash_lookahead_tokens`: 1
+/// for EAGLE, the draft length for MTP).
+pub const MAX_LOOKAHEAD_TOKENS: usize = 64;
+
+/// One key of a block's canonical `extra_keys`, read back ([`opaque_keys`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpaqueKey<'a> {
+    /// A tuple (vLLM: a multimodal item's `(identifier, offset)`).
+    Tuple(Vec<Part<'a>>),
+    /// Bytes (vLLM: a prompt-embeddings digest).
+    Bytes(&'a [u8]),
+    /// A bare integer.
+    Int(i128),
+}
+
+/// One part of an [`OpaqueKey::Tuple`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part<'a> {
+    /// A string.
+    Str(&'a str),
+    /// Bytes.
+    Bytes(&'a [u8]),
+    /// An integer.
+    Int(i128),
+}
+
+/// The keys of a block's canonical form, in order; `None` if the bytes are not that form.
+pub fn opaque_keys(canonical: &[u8]) -> Option<Vec<OpaqueKey<'_>>> {
+    let mut r = canonical;
+    let mut keys = Vec::new();
+    while let Some((&tag, rest)) = r.split_first() {
+        r = rest;
+        keys.push(match tag {
+            0x01 => {
+                let (&n, rest) = r.split_first()?;
+                r = rest;
+                let parts = (0..n)
+                    .map(|_| {
+                        let (&kind, rest) = r.split_first()?;
+                        let (bytes, rest) = take_part(rest)?;
+                        r = rest;
+                        Some(match kind {
+                            b's' => Part::Str(std::str::from_utf8(bytes).ok()?),
+                            b'b' => Part::Bytes(bytes),
+                            b'u' => Part::Int(i128::from(u64::from_le_bytes(bytes.try_into().ok()?))),
+                            b'i' => Part::Int(i128::from(i64::from_le_bytes(bytes.try_into().ok()?))),
+                            _ => return None,
+                        })
+                    })
+                    .collect::<Option<Vec<_>>>()?;
+                OpaqueKey::Tuple(parts)
+            }
+            0x02 => {
+                let (bytes, rest) = take_part(r)?;
+                r = rest;
+                OpaqueKey::Bytes(bytes)
+            }
+            0x03 | 0x04 => {
+                let (bytes, rest) = take_part(r)?;
+                r = rest;
+                let raw: [u8; 8] = bytes.try_into().ok()?;
+                OpaqueKey::Int(if tag == 0x03 {
+                    i128::from(u64::from_le_bytes(raw))
+                } else {
+                    i128::from(i64::from_le_bytes(raw))
+                })
+            }
+            _ => return None,
+        });
+    }
+    Some(keys)
+}
+
+fn take_part(r: &[u8]) -> Option<(&[u8], &[u8])> {
+    let len = usize::try_from(u64::from_le_bytes(r.get(..8)?.try_into().ok()?)).ok()?;
+    let end = 8usize.checked_add(len)?;
+    Some((r.get(8..end)?, r.get(end..)?))
+}
+
+/// vLLM's cache salt, which it publishes only as a bare string in the first block's `extra_keys`
+/// (after the LoRA name, when the blocks have one): `generate_block_hash_extra_keys` keys the
+/// salt on the request's first block only, so only a chain's first store carries it.
+pub(crate) fn vllm_salt(first_block_strings: &[String], lora: bool) -> Option<String> {
+    first_block_strings.get(usize::from(lora)).cloned()
+}
+
+/// vLLM's `extra_keys`: per block nil or the block's untagged keys (`to_event_extra_keys`):
+/// bare strings (the LoRA name and the cache salt: the namespace; the first block's are kept in
+/// `first_block_strings`, [`vllm_salt`] reads the salt from them), `(identifier, offset)`
+/// pairs of multimodal items and bare prompt-embedding digests. The pairs and the digests (and
+/// bare integers) are kept per block in the canonical form (the module's doc), for the router's
+/// chain to fold in; `None` for a block with none.
+pub(crate) fn read_extra_keys(
+    r: &mut Reader<'_>,
+    limits: &Limits,
+    first_block_strings: &mut Vec<String>,
+) -> Result<Vec<Option<Box<[u8]>>>, WireError> {
+    let malformed = |r: &Reader<'_>, what| WireError::Malformed { at: r.pos(), what };
+    let n = match r.next()? {
+        Item::Nil => return Ok(Vec::new()),
+        Item::Array(n) => n,
+        _ => return Err(malformed(r, "extra_keys must be an array or nil")),
+    };
+    if n > limits.max_hashes {
+        return Err(WireError::TooLong { what: "extra_keys", len: n, limit: limits.max_hashes });
+    }
+    let mut out = Vec::with_capacity(n);
+    for block in 0..n {
+        let keys = match r.next()? {
+            Item::Nil => 0,
+            Item::Array(k) if k <= MAX_KEYS_PER_BLOCK => k,
+            Item::Array(k) => {
+                return Err(WireError::TooLong { what: "extra_keys entry", len: k, limit: MAX_KEYS_PER_BLOCK });
+            }
+            _ => return Err(malformed(r, "an extra_keys entry must be an array or nil")),
+        };
+        let mut canonical: Vec<u8> = Vec::new();
+        for _ in 0..keys {
+            match r.next()? {
+                // The LoRA name or the cache salt: the namespace.
+                Item::Str(s) => {
+                    if block == 0 && first_block_strings.len() < 2 {
+                        first_block_strings.push(s.to_owned());
+                    }
+                }
+                Item::Bin(digest) => {
+                    canonical.push(0x02);
+                    push_part(&mut canonical, digest);
+                }
+                // No shape vLLM sends today; kept, so the block is never credited for it.
+                Item::Uint(v) => {
+                    canonical.push(0x03);
+                    push_part(&mut canonical, &v.to_le_bytes());
+                }
+                Item::Int(v) => {
+                    canonical.push(0x04);
+                    push_part(&mut canonical, &v.to_le_bytes());
+                }
+                Item::Array(parts) if parts <= 8 => {
+                    canonical.push(0x01);
+                    canonical.push(parts as u8);
+                    for _ in 0..parts {
+                        let (kind, bytes): (u8, &[u8]) = match r.next()? {
+                            Item::Str(v) => (b's', v.as_bytes()),
+                            Item::Bin(v) => (b'b', v),
+                            Item::Uint(v) => (b'u', &v.to_le_bytes()),
+                            Item::Int(v) => (b'i', &v.to_le_bytes()),
+                            _ => {
+                                return Err(malformed(
+                                    r,
+                                    "a multimodal key part must be a string, bytes or an integer",
+                                ));
+                            }
+                        };
+                        canonical.push(kind);
+                        push_part(&mut canonical, bytes);
+                    }
+                }
+                _ => return Err(malformed(r, "an extra key must be a string, bytes or a pair")),
+            }
+        }
+        out.push((!canonical.is_empty()).then(|| canonical.into_boxed_slice()));
+    }
+    // No block with keys the router cannot compute: nothing to keep.
+    if out.iter().all(Option::is_none) {
+        out.clear();
+    }
+    Ok(out)
+}
+
+/// vLLM's `lookahead_token_ids`: nil, or per block the tokens after it that its hash covers,
+/// every list of the same length, 1 to [`MAX_LOOKAHEAD_TOKENS`] (the engine's
+/// `num_hash_lookahead_tokens`).
+pub(crate) fn read_lookahead(r: &mut Reader<'_>, limits: &Limits) -> Result<Vec<Box<[u64]>>, WireError> {
+    let malformed = |r: &Reader<'_>, what| WireError::Malformed { at: r.pos(), what };
+    let n = match r.next()? {
+        Item::Nil => return Ok(Vec::new()),
+        Item::Array(n) => n,
+        _ => return Err(malformed(r, "lookahead_token_ids must be an array or nil")),
+    };
+    if n > limits.max_hashes {
+        return Err(WireError::TooLong { what: "lookahead_token_ids", len: n, limit: limits.max_hashes });
+    }
+    let mut out: Vec<Box<[u64]>> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = match r.next()? {
+            Item::Array(k) if k > MAX_LOOKAHEAD_TOKENS => {
+                return Err(WireError::TooLong {
+                    what: "lookahead tokens of a block",
+                    len: k,
+                    limit: MAX_LOOKAHEAD_TOKENS,
+                });
+            }
+            Item::Array(0) => return Err(malformed(r, "a block's lookahead tokens must not be empty")),
+            Item::Array(k) => k,
+            _ => return Err(malformed(r, "a block's lookahead tokens must be an array")),
+        };
+        if out.first().is_some_and(|first| first.len() != len) {
+            return Err(malformed(r, "every block's lookahead must have the same length"));
+        }
+        let tokens = (0..len)
+            .map(|_| match r.next()? {
+                Item::Uint(u) => Ok(u),
+                _ => Err(malformed(r, "token ids must be non-negative integers")),
+            })
+            .collect::<Result<Box<[u64]>, _>>()?;
+        out.push(tokens);
+    }
+    Ok(out)
+}
+
+/// `u64le(len) ‖ bytes`.
+fn push_part(out: &mut Vec<u8>, part: &[u8]) {
+    out.extend_from_slice(&(part.len() as u64).to_le_bytes());
+    out.extend_from_slice(part);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msgpack::Writer;
+
+    #[test]
+    fn canonical_keys_read_back_with_their_types() {
+        // [[["mm-abc", 3], <digest>, ["x", -2, b"\x01"]], nil, [7]]
+        let mut w = Writer::default();
+        w.array(3);
+        w.array(3);
+        w.array(2);
+        w.str("mm-abc");
+        w.uint(3);
+        w.bin(&[9; 32]);
+        w.array(3);
+        w.str("x");
+        w.int(-2);
+        w.bin(&[1]);
+        w.nil();
+        w.array(1);
+        w.uint(7);
+        let mut strings = Vec::new();
+        let keys = read_extra_keys(&mut Reader::new(&w.buf), &Limits::default(), &mut strings).unwrap();
+        assert_eq!(keys.len(), 3);
+        assert_eq!(
+            opaque_keys(keys[0].as_deref().unwrap()).unwrap(),
+            [
+                OpaqueKey::Tuple(vec![Part::Str("mm-abc"), Part::Int(3)]),
+                OpaqueKey::Bytes(&[9; 32]),
+                OpaqueKey::Tuple(vec![Part::Str("x"), Part::Int(-2), Part::Bytes(&[1])]),
+            ]
+        );
+        assert!(keys[1].is_none());
+        assert_eq!(opaque_keys(keys[2].as_deref().unwrap()).unwrap(), [OpaqueKey::Int(7)]);
+        assert!(strings.is_empty());
+        for bad in [&[0x01, 1, b'q', 0, 0, 0, 0, 0, 0, 0, 0][..], &[0x02, 9], &[0x05]] {
+            assert_eq!(opaque_keys(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_salt_is_the_first_blocks_string_after_the_lora_name() {
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(vllm_salt(&strings(&["tenant"]), false).as_deref(), Some("tenant"));
+        assert_eq!(vllm_salt(&strings(&["sql", "tenant"]), true).as_deref(), Some("tenant"));
+        assert_eq!(vllm_salt(&strings(&["sql"]), true), None);
+        assert_eq!(vllm_salt(&[], false), None);
+    }
+}
