@@ -326,3 +326,38 @@ fn vllm_hashes_are_checked_once_a_stream_shows_vllms_default_ones() {
     assert_eq!(get(&metrics.hash_mismatches), 1, "its hashes are not counted against it");
     assert_eq!(get(&metrics.hashes_checked), 7, "its first store was checked, to tell");
 }
+
+/// vLLM publishes a request's cache salt only inside its first block's extra keys (its own
+/// `hash_block_tokens` input, `gen_wire_fixtures.py`'s `vllm_salt_alone_in_extra_keys`): the
+/// blocks are credited to requests with that salt, never to unsalted ones.
+#[test]
+fn a_salted_vllm_chain_matches_requests_with_its_salt_only() {
+    let doc: serde_json::Value =
+        serde_json::from_str(include_str!("../../../tests/fixtures/kv_events/wire_cases.json")).unwrap();
+    let case = doc["cases"].as_array().unwrap().iter().find(|c| c["name"] == "vllm_salt_alone_in_extra_keys").unwrap();
+    let hex = case["payload_hex"].as_str().unwrap();
+    let bytes: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+    let index = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new())));
+    let metrics = Arc::new(PumpMetrics::default());
+    let mut pump = Pump::new(index.clone(), metrics.clone());
+    let page = NonZeroUsize::new(16).unwrap();
+    let hashing = StreamHashing { page_size: page, mode: HashMode::Unigram, engine_hash_is_router_hash: false };
+    pump.add_stream(key(), hashing).unwrap();
+    let decoded = kv_events::decode_batch(&bytes, &kv_events::Limits::default()).unwrap();
+    pump.apply(StreamMessage { key: key(), seq: 0, update: StreamUpdate::Batch(decoded) });
+    assert_eq!(get(&metrics.stored), 2);
+    let tokens: Vec<u32> = (840..888).collect();
+    let hasher = PageHasher::new(page, HashMode::Unigram);
+    let depth = |salt: Option<&str>| {
+        let chain = hasher.block_hashes(&tokens, namespace_prior(None, salt).as_ref()).unwrap();
+        index.prefix_depths(&chain, &MatchOptions::default()).first().map_or(0, |m| m.blocks)
+    };
+    assert_eq!(depth(Some("tenant-b")), 3, "the salted chain and the store continuing it");
+    assert_eq!(depth(None), 0);
+    assert_eq!(depth(Some("tenant-a")), 0);
+    assert_eq!(
+        (get(&metrics.hashes_checked), get(&metrics.hash_mismatches)),
+        (2, 0),
+        "the salt is vLLM's hash input too"
+    );
+}
