@@ -89,6 +89,23 @@ fn bench_hash(c: &mut Criterion) {
             })
         });
     }
+    // A request's chain for a worker hashing with a lookahead of one token (vLLM with EAGLE):
+    // what a fleet with such workers adds per request.
+    let page = NonZeroUsize::new(16).unwrap();
+    g.bench_function(BenchmarkId::new("lookahead1_page16", tokens.len()), |b| {
+        b.iter(|| renderer::lookahead::lookahead_block_hashes(page, black_box(&tokens), 1, None).unwrap().len())
+    });
+    // vLLM's own hash of the same pages (pickle, SHA-256), as the pump checks a vLLM store.
+    let wide: Vec<u64> = tokens.iter().map(|t| u64::from(*t)).collect();
+    g.bench_function(BenchmarkId::new("vllm_sha256_page16", tokens.len()), |b| {
+        b.iter(|| {
+            let mut parent = renderer::vllm_hash::none_hash();
+            for chunk in black_box(&wide).chunks_exact(16) {
+                parent = renderer::vllm_hash::block_hash(&parent, chunk, &[], &[]);
+            }
+            parent
+        })
+    });
     g.finish();
 }
 

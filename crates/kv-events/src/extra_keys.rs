@@ -13,7 +13,6 @@
 
 use crate::WireError;
 use crate::msgpack::{Item, Reader};
-use crate::wire::Limits;
 
 /// Most keys one block's `extra_keys` entry may carry.
 const MAX_KEYS_PER_BLOCK: usize = 256;
@@ -107,12 +106,12 @@ pub(crate) fn vllm_salt(first_block_strings: &[String], lora: bool) -> Option<St
 /// vLLM's `extra_keys`: per block nil or the block's untagged keys (`to_event_extra_keys`):
 /// bare strings (the LoRA name and the cache salt: the namespace; the first block's are kept in
 /// `first_block_strings`, [`vllm_salt`] reads the salt from them), `(identifier, offset)`
-/// pairs of multimodal items and bare prompt-embedding digests. The pairs and the digests (and
-/// bare integers) are kept per block in the canonical form (the module's doc), for the router's
-/// chain to fold in; `None` for a block with none.
+/// pairs of multimodal items and bare prompt-embedding digests; at most `max_blocks` entries.
+/// The pairs and the digests (and bare integers) are kept per block in the canonical form (the
+/// module's doc), for the router's chain to fold in; `None` for a block with none.
 pub(crate) fn read_extra_keys(
     r: &mut Reader<'_>,
-    limits: &Limits,
+    max_blocks: usize,
     first_block_strings: &mut Vec<String>,
 ) -> Result<Vec<Option<Box<[u8]>>>, WireError> {
     let malformed = |r: &Reader<'_>, what| WireError::Malformed { at: r.pos(), what };
@@ -121,8 +120,8 @@ pub(crate) fn read_extra_keys(
         Item::Array(n) => n,
         _ => return Err(malformed(r, "extra_keys must be an array or nil")),
     };
-    if n > limits.max_hashes {
-        return Err(WireError::TooLong { what: "extra_keys", len: n, limit: limits.max_hashes });
+    if n > max_blocks {
+        return Err(WireError::TooLong { what: "extra_keys", len: n, limit: max_blocks });
     }
     let mut out = Vec::with_capacity(n);
     for block in 0..n {
@@ -191,15 +190,15 @@ pub(crate) fn read_extra_keys(
 /// vLLM's `lookahead_token_ids`: nil, or per block the tokens after it that its hash covers,
 /// every list of the same length, 1 to [`MAX_LOOKAHEAD_TOKENS`] (the engine's
 /// `num_hash_lookahead_tokens`).
-pub(crate) fn read_lookahead(r: &mut Reader<'_>, limits: &Limits) -> Result<Vec<Box<[u64]>>, WireError> {
+pub(crate) fn read_lookahead(r: &mut Reader<'_>, max_blocks: usize) -> Result<Vec<Box<[u64]>>, WireError> {
     let malformed = |r: &Reader<'_>, what| WireError::Malformed { at: r.pos(), what };
     let n = match r.next()? {
         Item::Nil => return Ok(Vec::new()),
         Item::Array(n) => n,
         _ => return Err(malformed(r, "lookahead_token_ids must be an array or nil")),
     };
-    if n > limits.max_hashes {
-        return Err(WireError::TooLong { what: "lookahead_token_ids", len: n, limit: limits.max_hashes });
+    if n > max_blocks {
+        return Err(WireError::TooLong { what: "lookahead_token_ids", len: n, limit: max_blocks });
     }
     let mut out: Vec<Box<[u64]>> = Vec::with_capacity(n);
     for _ in 0..n {
@@ -258,7 +257,7 @@ mod tests {
         w.array(1);
         w.uint(7);
         let mut strings = Vec::new();
-        let keys = read_extra_keys(&mut Reader::new(&w.buf), &Limits::default(), &mut strings).unwrap();
+        let keys = read_extra_keys(&mut Reader::new(&w.buf), 1_000, &mut strings).unwrap();
         assert_eq!(keys.len(), 3);
         assert_eq!(
             opaque_keys(keys[0].as_deref().unwrap()).unwrap(),

@@ -252,8 +252,8 @@ fn read_field(r: &mut Reader<'_>, key: &str, f: &mut Fields, limits: &Limits) ->
         "group_idx" => f.group_idx = read_u32(r, "group_idx")?,
         "kv_cache_spec_kind" => f.spec_kind = read_str(r, "kv_cache_spec_kind")?,
         "kv_cache_spec_sliding_window" => f.sliding_window = read_u32(r, "kv_cache_spec_sliding_window")?,
-        "extra_keys" => f.opaque_keys = read_extra_keys(r, limits, &mut f.first_block_strings)?,
-        "lookahead_token_ids" => f.lookahead = read_lookahead(r, limits)?,
+        "extra_keys" => f.opaque_keys = read_extra_keys(r, limits.max_hashes, &mut f.first_block_strings)?,
+        "lookahead_token_ids" => f.lookahead = read_lookahead(r, limits.max_hashes)?,
         _ => r.skip()?, // lora_id, session_id, and whatever engines add next
     }
     Ok(())
