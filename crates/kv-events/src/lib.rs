@@ -41,11 +41,11 @@ pub mod seq;
 pub mod subscriber;
 pub mod wire;
 
+#[cfg(feature = "net")]
 pub use discovery::{
     DiscoveryError, ExplicitEndpoints, WorkerEvents, discover, explicit_streams, parse_server_info, parse_worker_flag,
     read_server_info,
 };
-#[cfg(feature = "net")]
 pub use extra_keys::{MAX_LOOKAHEAD_TOKENS, OpaqueKey, Part, opaque_keys};
 #[cfg(feature = "net")]
 pub use metrics::{EventMetrics, ReplayOutcome, StreamHistory};

@@ -56,8 +56,12 @@ impl Lookaheads {
 
     /// The lookaheads in use, shortest first (none: one atomic load).
     pub(crate) fn lengths(&self) -> impl Iterator<Item = usize> + use<> {
-        let any = self.any.load(Ordering::Relaxed);
-        (0..MAX_LOOKAHEAD).filter(move |l| any & (1 << l) != 0).map(|l| l + 1)
+        let mut bits = self.any.load(Ordering::Relaxed);
+        std::iter::from_fn(move || {
+            let l = (bits != 0).then(|| bits.trailing_zeros() as usize + 1)?;
+            bits &= bits - 1;
+            Some(l)
+        })
     }
 
     /// `worker`'s lookahead (0: none).
