@@ -199,7 +199,9 @@ impl Pump {
                 // The stream may hold blocks of an earlier life (its groups' too): the snapshot
                 // replaces them.
                 let _ = self.index.clear_stream(id);
-                match self.import_seed(id, &seed) {
+                // The engine's lookahead: requests are chained for it before its next store.
+                let imported = self.index.note_lookahead(id, usize::from(seed.lookahead)).map_err(|e| e.to_string());
+                match imported.and_then(|()| self.import_seed(id, &seed)) {
                     Ok((held, imported)) => {
                         info!(stream = %key, seq = seed.seq, blocks = held, groups = imported.len(), "kv pump: stream seeded from a peer's snapshot");
                         cursor = Some(seed.seq);
@@ -265,6 +267,7 @@ impl Pump {
                 seq,
                 page_size: state.hashing.page_size.get() as u32,
                 bigram: state.hashing.mode == HashMode::Bigram,
+                lookahead: self.index.lookahead_of(self.index.worker_id(&key.worker)) as u8,
                 kind,
                 blocks,
                 groups,

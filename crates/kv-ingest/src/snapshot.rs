@@ -5,12 +5,12 @@
 //! (each its own holdings and kind). Taken by the pump between two batches, so
 //! each stream's blocks are exactly those of its batches up to that seq.
 //! The wire form is a compact little-endian binary, decoded within limits
-//! (a peer is not trusted more than a worker); the first version (no groups,
-//! `SGLRIDX1`) is still read.
+//! (a peer is not trusted more than a worker); the earlier versions (no groups,
+//! `SGLRIDX1`; no lookahead, `SGLRIDX2`) are still read.
 //!
 //! ```text
-//! "SGLRIDX2" u32:streams
-//!   per stream: u16:url_len url u32:rank u64:seq u32:page_size u8:bigram kind list
+//! "SGLRIDX3" u32:streams
+//!   per stream: u16:url_len url u32:rank u64:seq u32:page_size u8:bigram u8:lookahead kind list
 //!               u8:groups, per group: u32:group_idx kind list
 //!   kind: u8 (0 unknown, 1 full, 2 sliding window, 3 state) u32:window_blocks
 //!   list: u32:blocks, per block: u8:flags(1 parent, 2 engine) [u32:parent] [u64:engine] u8:tiers [32]:digest
@@ -19,7 +19,9 @@
 use kv_index::{ExportedBlock, GroupBlocks, MAX_GROUPS};
 use router_types::{DpRank, WorkerKey, WorkerUrl};
 
-const MAGIC: &[u8; 8] = b"SGLRIDX2";
+const MAGIC: &[u8; 8] = b"SGLRIDX3";
+/// The second version: no lookahead.
+const MAGIC_V2: &[u8; 8] = b"SGLRIDX2";
 /// The first version: no kinds, no groups.
 const MAGIC_V1: &[u8; 8] = b"SGLRIDX1";
 /// Longest worker URL accepted in a snapshot.
@@ -43,6 +45,8 @@ pub struct StreamSnapshot {
     pub page_size: u32,
     /// Bigram (EAGLE) keys.
     pub bigram: bool,
+    /// The lookahead its engine hashes blocks with (vLLM's `lookahead_token_ids`; 0: none).
+    pub lookahead: u8,
     /// The kind of its KV-cache group 0, when its engine said (`None`: full attention).
     pub kind: Option<GroupBlocks>,
     /// Its holdings (group 0's).
@@ -121,6 +125,7 @@ impl IndexSnapshot {
             out.extend_from_slice(&s.seq.to_le_bytes());
             out.extend_from_slice(&s.page_size.to_le_bytes());
             out.push(u8::from(s.bigram));
+            out.push(s.lookahead);
             put_kind(&mut out, s.kind);
             put_blocks(&mut out, &s.blocks);
             out.push(s.groups.len() as u8);
@@ -140,11 +145,13 @@ impl IndexSnapshot {
             return Err(SnapshotError::TooLarge(format!("{} bytes, at most {}", bytes.len(), limits.max_bytes)));
         }
         let mut r = Reader { bytes, at: 0 };
-        let v2 = match r.take(8)? {
-            m if m == MAGIC => true,
-            m if m == MAGIC_V1 => false,
+        let version = match r.take(8)? {
+            m if m == MAGIC => 3,
+            m if m == MAGIC_V2 => 2,
+            m if m == MAGIC_V1 => 1,
             _ => return Err(SnapshotError::Magic),
         };
+        let v2 = version >= 2;
         let n = r.u32()? as usize;
         // Each stream takes at least 23 bytes: a count beyond what the bytes hold is a lie.
         if n > bytes.len() / 23 {
@@ -171,6 +178,10 @@ impl IndexSnapshot {
                 1 => true,
                 b => return Err(invalid(format!("bigram flag {b}"))),
             };
+            let lookahead = if version >= 3 { r.u8()? } else { 0 };
+            if usize::from(lookahead) > kv_index::MAX_LOOKAHEAD {
+                return Err(invalid(format!("lookahead of {lookahead} tokens")));
+            }
             let kind = if v2 { r.kind().map_err(|e| e.of(i))? } else { None };
             let blocks = r.blocks(&mut total, limits).map_err(|e| e.of(i))?;
             let mut groups: Vec<GroupSnapshot> = Vec::new();
@@ -193,7 +204,7 @@ impl IndexSnapshot {
                 }
             }
             let key = WorkerKey::new(worker, rank);
-            streams.push(StreamSnapshot { key, seq, page_size, bigram, kind, blocks, groups });
+            streams.push(StreamSnapshot { key, seq, page_size, bigram, lookahead, kind, blocks, groups });
         }
         if r.at != bytes.len() {
             return Err(SnapshotError::Length(r.at));
@@ -333,6 +344,7 @@ mod tests {
                     seq: 41,
                     page_size: 16,
                     bigram: false,
+                    lookahead: 3,
                     kind: None,
                     blocks: vec![
                         ExportedBlock { digest: d(1), parent: None, engine: None, tiers: 0 },
@@ -346,6 +358,7 @@ mod tests {
                     seq: 0,
                     page_size: 64,
                     bigram: true,
+                    lookahead: 0,
                     kind: Some(GroupBlocks::Full),
                     blocks: vec![],
                     // A hybrid model: a sliding window of 8 blocks and a state group beside group 0.
@@ -400,7 +413,7 @@ mod tests {
         assert!(matches!(IndexSnapshot::decode(&bytes, &small), Err(SnapshotError::TooLarge(_))));
         // A block count the bytes cannot hold is refused before anything is allocated for it.
         let mut lie = bytes.clone();
-        let at = 8 + 4 + 2 + "http://10.0.0.1:8000".len() + 4 + 8 + 4 + 1 + 5;
+        let at = 8 + 4 + 2 + "http://10.0.0.1:8000".len() + 4 + 8 + 4 + 1 + 1 + 5;
         lie[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
         let huge = SnapshotLimits { max_blocks: usize::MAX, ..LIMITS };
         assert!(matches!(IndexSnapshot::decode(&lie, &huge), Err(SnapshotError::Length(_))));
@@ -412,6 +425,7 @@ mod tests {
         let mut s = sample();
         s.streams[1].groups.clear();
         s.streams[1].kind = None;
+        s.streams[0].lookahead = 0;
         // The first version's form: no kind, no groups.
         let mut v1 = b"SGLRIDX1".to_vec();
         v1.extend_from_slice(&2u32.to_le_bytes());
@@ -426,6 +440,40 @@ mod tests {
             put_blocks(&mut v1, &st.blocks);
         }
         assert_eq!(IndexSnapshot::decode(&v1, &LIMITS).unwrap(), s);
+    }
+
+    /// A replica of the version before lookahead hashing: its snapshot is still read (no
+    /// lookahead), and a lookahead no engine could have is refused.
+    #[test]
+    fn the_second_version_is_read_and_the_lookahead_bounded() {
+        let mut s = sample();
+        s.streams[0].lookahead = 0;
+        let mut v2 = b"SGLRIDX2".to_vec();
+        v2.extend_from_slice(&2u32.to_le_bytes());
+        for st in &s.streams {
+            let url = st.key.worker.as_str().as_bytes();
+            v2.extend_from_slice(&(url.len() as u16).to_le_bytes());
+            v2.extend_from_slice(url);
+            v2.extend_from_slice(&st.key.rank.0.to_le_bytes());
+            v2.extend_from_slice(&st.seq.to_le_bytes());
+            v2.extend_from_slice(&st.page_size.to_le_bytes());
+            v2.push(u8::from(st.bigram));
+            put_kind(&mut v2, st.kind);
+            put_blocks(&mut v2, &st.blocks);
+            v2.push(st.groups.len() as u8);
+            for g in &st.groups {
+                v2.extend_from_slice(&g.idx.to_le_bytes());
+                put_kind(&mut v2, g.kind);
+                put_blocks(&mut v2, &g.blocks);
+            }
+        }
+        assert_eq!(IndexSnapshot::decode(&v2, &LIMITS).unwrap(), s);
+        let mut long = sample();
+        long.streams[1].lookahead = kv_index::MAX_LOOKAHEAD as u8 + 1;
+        assert!(matches!(
+            IndexSnapshot::decode(&long.encode(), &LIMITS),
+            Err(SnapshotError::Invalid { stream: 1, .. })
+        ));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! (`tests/fixtures/kv_lookahead/gen_lookahead_hits.py`: its `get_request_block_hasher` and
 //! `cache_full_blocks`, lookahead 0 to 3, evictions), decoded and applied by the real pump;
 //! every probe prompt's match, chained as the request path chains it for such a worker, is the
-//! prefix vLLM's cache would reuse, and every published hash the pump can check is vLLM's own.
+//! prefix vLLM's cache would reuse (on a replica seeded from its snapshot too), and every
+//! published hash the pump can check is vLLM's own.
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -49,6 +50,14 @@ fn a_lookahead_workers_match_is_the_prefix_vllm_would_reuse() {
         assert_eq!((get(&metrics.hash_mismatches), get(&metrics.hash_unchecked_streams)), (0, 0), "{name}");
         let expected: Vec<usize> = (lookahead > 0).then_some(lookahead).into_iter().collect();
         assert_eq!(index.lookaheads().collect::<Vec<_>>(), expected, "{name}: the lookahead learned from the events");
+        // A replica seeded from this one's snapshot (through its wire form) reads alike at once.
+        let taken = pump.snapshot(1 << 20).snapshot;
+        let limits = kv_ingest::SnapshotLimits { max_blocks: 1 << 20, max_bytes: 1 << 24 };
+        let wire = kv_ingest::IndexSnapshot::decode(&taken.encode(), &limits).unwrap();
+        let replica = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new())));
+        let mut seeded = Pump::new(replica.clone(), Arc::new(PumpMetrics::default()));
+        seeded.add_seeded(key(), hashing, wire.streams.into_iter().next()).unwrap();
+        assert_eq!(replica.lookaheads().collect::<Vec<_>>(), expected, "{name}: the replica's");
         let (mut hits, mut probes) = (0, 0);
         for probe in case["probes"].as_array().unwrap() {
             let tokens: Vec<u32> =
@@ -57,9 +66,11 @@ fn a_lookahead_workers_match_is_the_prefix_vllm_would_reuse() {
                 0 => PageHasher::new(page, HashMode::Unigram).block_hashes(&tokens, None).unwrap(),
                 l => lookahead_block_hashes(page, &tokens, l, None).unwrap(),
             };
-            let matched = index.prefix_depths(&chain, &MatchOptions::default()).first().map_or(0, |m| m.blocks);
+            let depth =
+                |index: &KvIndex| index.prefix_depths(&chain, &MatchOptions::default()).first().map_or(0, |m| m.blocks);
             let vllm = probe["hit_blocks"].as_u64().unwrap();
-            assert_eq!(u64::from(matched), vllm, "{name}: probe {tokens:?}");
+            assert_eq!(u64::from(depth(&index)), vllm, "{name}: probe {tokens:?}");
+            assert_eq!(u64::from(depth(&replica)), vllm, "{name}, the replica: probe {tokens:?}");
             hits += usize::from(vllm > 0);
             probes += 1;
         }
