@@ -525,9 +525,9 @@ impl Applier<'_> {
 
 /// The router's digests of a store's blocks, chained from `prior`: its tokens' pages, each block
 /// whose engine hash covers keys a request cannot show (`StoredBlocks::opaque_keys`) folded
-/// with them (`renderer::hash::keyed_digest`), so the chain differs from there on, and each
-/// block hashed with a lookahead folded with its lookahead tokens
-/// (`renderer::lookahead::lookahead_digest`), as a request's chain for this worker folds them.
+/// with them (`renderer::hash::keyed_digest`), so the chain differs from there on; each block
+/// hashed with a lookahead digested with its lookahead tokens
+/// (`renderer::lookahead::lookahead_digest`), as a request's chain for this worker is.
 fn keyed_digests(
     hasher: &PageHasher,
     s: &StoredBlocks,
@@ -549,14 +549,21 @@ fn keyed_digests(
     let mut one = Vec::with_capacity(1);
     for i in 0..blocks {
         let tokens = &s.token_ids[(i * page).min(s.token_ids.len())..((i + 1) * page).min(s.token_ids.len())];
-        one.clear();
-        hasher.digests(tokens, state.as_ref(), &mut one).map_err(|e| e.to_string())?;
-        let Some(mut digest) = one.first().copied() else { return Err("a block without tokens".into()) };
+        if tokens.is_empty() {
+            return Err("a block without tokens".into());
+        }
+        let mut digest = match s.lookahead.get(i) {
+            Some(lookahead) => {
+                renderer::lookahead::lookahead_digest(state.as_ref(), tokens, lookahead).map_err(|e| e.to_string())?
+            }
+            None => {
+                one.clear();
+                hasher.digests(tokens, state.as_ref(), &mut one).map_err(|e| e.to_string())?;
+                one[0]
+            }
+        };
         if let Some(Some(keys)) = s.opaque_keys.get(i) {
             digest = renderer::hash::keyed_digest(&digest, keys);
-        }
-        if let Some(lookahead) = s.lookahead.get(i) {
-            digest = renderer::lookahead::lookahead_digest(&digest, lookahead);
         }
         out.push(digest);
         state = Some(digest);

@@ -215,7 +215,7 @@ fn hash_bigram_page<T: TokenId>(raw: &[T], prior: Option<&PageDigest>, offset: u
 }
 
 /// True if any token needs the wide (u64) page form; errors above `i64::MAX`.
-fn is_wide<T: TokenId>(tokens: &[T], offset: usize) -> Result<bool, HashError> {
+pub(crate) fn is_wide<T: TokenId>(tokens: &[T], offset: usize) -> Result<bool, HashError> {
     let mut wide = false;
     for (i, t) in tokens.iter().enumerate() {
         let v = t.to_u64();
@@ -227,7 +227,7 @@ fn is_wide<T: TokenId>(tokens: &[T], offset: usize) -> Result<bool, HashError> {
     Ok(wide)
 }
 
-fn feed_u32(sha: &mut Sha256, words: impl Iterator<Item = u32>) {
+pub(crate) fn feed_u32(sha: &mut Sha256, words: impl Iterator<Item = u32>) {
     let mut stage = [0u8; STAGE_BYTES];
     let mut n = 0;
     for w in words {
@@ -241,7 +241,7 @@ fn feed_u32(sha: &mut Sha256, words: impl Iterator<Item = u32>) {
     sha.update(&stage[..n]);
 }
 
-fn feed_u64(sha: &mut Sha256, words: impl Iterator<Item = u64>) {
+pub(crate) fn feed_u64(sha: &mut Sha256, words: impl Iterator<Item = u64>) {
     let mut stage = [0u8; STAGE_BYTES];
     let mut n = 0;
     for w in words {

@@ -1,41 +1,58 @@
 //! vLLM's lookahead hashing (`num_hash_lookahead_tokens`, on with EAGLE or MTP drafting), as
-//! the router chains it: owns the fold of a block's lookahead tokens into its digest and a
-//! request's chain for a worker that hashes that way.
+//! the router chains it: owns a block's digest with its lookahead tokens and a request's chain
+//! for a worker that hashes that way.
 //!
 //! With a lookahead of `L` tokens, vLLM 0.33 hashes block `i` with the `L` tokens after it as
 //! extra keys (`get_request_block_hasher`: `(E, *tokens[end:end + L])`), so a block exists only
 //! once `L` tokens follow it, and the same tokens followed by others are another block. The
-//! router cannot compute vLLM's hashes (its seed is the engine's), so it mirrors the chain with
-//! its own: each page's digest (as [`PageHasher`] makes it, chained from the previous folded
-//! digest) folded with its lookahead tokens. The pump folds a stored block's
-//! `lookahead_token_ids`; a request's chain folds the tokens that follow each of its pages.
+//! router's index keys blocks by the router's own digests (vLLM's hashes are checked apart,
+//! `vllm_hash`), so it mirrors that chain: each block's digest covers the previous one, the
+//! tokens after the block and the block's own tokens, in one SHA-256 of two 64-byte blocks for
+//! a 16-token page and a lookahead up to 5 (the plain chain's cost). The pump digests a stored
+//! block with its `lookahead_token_ids`; a request's chain, each page with the tokens that
+//! follow it in the prompt.
 //!
 //! ```text
-//! page_i   = SHA256(folded_{i-1}? ‖ u32le(page_i tokens))   (PageHasher, unigram)
-//! folded_i = SHA256(tag ‖ page_i ‖ u64le(L) ‖ u64le(tokens[end_i .. end_i + L]))
+//! digest_i = SHA256(0xFE ‖ digest_{i-1}? ‖ u8(L) ‖ words(tokens[end_i .. end_i + L] ‖ page_i))
+//! words: u32le of each token, or 0xFF ‖ u64le of each when one is above u32::MAX (as PageHasher)
 //! ```
+//!
+//! No plain page digest has the same input: a plain page's is a multiple of 4 bytes long (or
+//! starts with 0xFF, or with its prior digest, then 4-byte words).
 
 use std::num::NonZeroUsize;
 
 use router_types::BlockHash;
 use sha2::{Digest as _, Sha256};
 
-use crate::hash::{HashError, HashMode, PageDigest, PageHasher, TokenId};
+use crate::hash::{HashError, PageDigest, TokenId, feed_u32, feed_u64, is_wide};
 
-/// Tag of [`lookahead_digest`].
-const LOOKAHEAD_TAG: &[u8] = b"sgl-router-block-lookahead-v1\0";
+/// The first byte of [`lookahead_digest`]'s input.
+const LOOKAHEAD_TAG: u8 = 0xFE;
 
-/// The router's digest of a block whose engine hash also covers the `lookahead` tokens after it,
-/// from the block's own page digest: `SHA256(tag ‖ digest ‖ u64le(L) ‖ u64le(tokens))`.
-pub fn lookahead_digest<T: TokenId>(digest: &PageDigest, lookahead: &[T]) -> PageDigest {
+/// The router's digest of a block (`page`, its tokens) whose engine hash also covers the
+/// `lookahead` tokens after it, chained from `prior` (the previous block's digest). Errors as
+/// [`crate::PageHasher`] does on a token above `i64::MAX`.
+pub fn lookahead_digest<T: TokenId>(
+    prior: Option<&PageDigest>,
+    page: &[T],
+    lookahead: &[T],
+) -> Result<PageDigest, HashError> {
     let mut sha = Sha256::new();
-    sha.update(LOOKAHEAD_TAG);
-    sha.update(digest);
-    sha.update((lookahead.len() as u64).to_le_bytes());
-    for t in lookahead {
-        sha.update(t.to_u64().to_le_bytes());
+    sha.update([LOOKAHEAD_TAG]);
+    if let Some(p) = prior {
+        sha.update(p);
     }
-    sha.finalize().into()
+    // At most 64 (kv-events refuses more): one byte.
+    sha.update([lookahead.len().min(255) as u8]);
+    let words = lookahead.iter().chain(page).map(|t| t.to_u64());
+    if !T::ALWAYS_NARROW && (is_wide(lookahead, 0)? | is_wide(page, 0)?) {
+        sha.update([0xffu8]);
+        feed_u64(&mut sha, words);
+    } else {
+        feed_u32(&mut sha, words.map(|t| t as u32));
+    }
+    Ok(sha.finalize().into())
 }
 
 /// A request's chain as a worker with a lookahead of `lookahead` tokens keys it: the block hash
@@ -47,19 +64,15 @@ pub fn lookahead_block_hashes<T: TokenId>(
     lookahead: usize,
     prior: Option<&PageDigest>,
 ) -> Result<Vec<BlockHash>, HashError> {
-    let hasher = PageHasher::new(page, HashMode::Unigram);
     let size = page.get();
     let blocks = tokens.len().saturating_sub(lookahead) / size;
     let mut out = Vec::with_capacity(blocks);
     let mut state = prior.copied();
-    let mut one = Vec::with_capacity(1);
     for i in 0..blocks {
         let end = (i + 1) * size;
-        one.clear();
-        hasher.digests(&tokens[i * size..end], state.as_ref(), &mut one)?;
-        let folded = lookahead_digest(&one[0], &tokens[end..end + lookahead]);
-        out.push(BlockHash::from_digest(&folded));
-        state = Some(folded);
+        let digest = lookahead_digest(state.as_ref(), &tokens[i * size..end], &tokens[end..end + lookahead])?;
+        out.push(BlockHash::from_digest(&digest));
+        state = Some(digest);
     }
     Ok(out)
 }
@@ -67,6 +80,7 @@ pub fn lookahead_block_hashes<T: TokenId>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hash::{HashMode, PageHasher};
 
     const PAGE: NonZeroUsize = NonZeroUsize::new(4).unwrap();
 
@@ -110,17 +124,24 @@ mod tests {
     #[test]
     fn the_chain_folds_as_the_pump_folds_one_block_at_a_time() {
         // What the pump does with a stored block and its `lookahead_token_ids`.
-        let tokens: Vec<u32> = (100..113).collect();
-        let hasher = PageHasher::new(PAGE, HashMode::Unigram);
+        let tokens: Vec<u64> = (100..113).collect();
         let mut state: Option<PageDigest> = None;
         let mut by_block = Vec::new();
         for i in 0..3 {
-            let mut one = Vec::new();
-            hasher.digests(&tokens[i * 4..i * 4 + 4], state.as_ref(), &mut one).unwrap();
-            let folded = lookahead_digest(&one[0], &tokens[i * 4 + 4..i * 4 + 5]);
-            by_block.push(BlockHash::from_digest(&folded));
-            state = Some(folded);
+            let digest =
+                lookahead_digest(state.as_ref(), &tokens[i * 4..i * 4 + 4], &tokens[i * 4 + 4..i * 4 + 5]).unwrap();
+            by_block.push(BlockHash::from_digest(&digest));
+            state = Some(digest);
         }
-        assert_eq!(chain(&tokens, 1), by_block);
+        let narrow: Vec<u32> = tokens.iter().map(|t| *t as u32).collect();
+        assert_eq!(chain(&narrow, 1), by_block, "ids from events (u64) and from a tokenizer (u32) alike");
+        let wide = [u64::from(u32::MAX) + 1, 1, 2, 3, 4];
+        assert_ne!(
+            lookahead_digest(None, &wide[..4], &wide[4..]).unwrap(),
+            lookahead_digest(None, &[0u64, 1, 2, 3], &wide[4..]).unwrap(),
+            "a wide token is hashed whole"
+        );
+        assert!(lookahead_digest(None, &[u64::MAX, 1, 2, 3], &[4u64]).is_err());
+        assert!(lookahead_digest(None, &[1u64, 2, 3, 4], &[u64::MAX]).is_err());
     }
 }
