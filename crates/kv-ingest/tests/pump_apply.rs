@@ -22,11 +22,23 @@ fn key() -> WorkerKey {
     WorkerKey::new(WorkerUrl::new("http://w:1"), DpRank(0))
 }
 
-fn setup(mode: HashMode) -> (Arc<KvIndex>, Pump, Arc<PumpMetrics>) {
+/// An empty index and a pump over it, no stream registered; how streams of `page`-token blocks
+/// in `mode` are hashed (`sglang`: their engine hash is the router's; else vLLM's).
+fn empty(page: usize, mode: HashMode, sglang: bool) -> (Arc<KvIndex>, Pump, Arc<PumpMetrics>, StreamHashing) {
     let index = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new())));
     let metrics = Arc::new(PumpMetrics::default());
-    let mut pump = Pump::new(index.clone(), metrics.clone());
-    let hashing = StreamHashing { page_size: NonZeroUsize::new(PAGE).unwrap(), mode, engine_hash_is_router_hash: true };
+    let pump = Pump::new(index.clone(), metrics.clone());
+    let hashing =
+        StreamHashing { page_size: NonZeroUsize::new(page).unwrap(), mode, engine_hash_is_router_hash: sglang };
+    (index, pump, metrics, hashing)
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+}
+
+fn setup(mode: HashMode) -> (Arc<KvIndex>, Pump, Arc<PumpMetrics>) {
+    let (index, mut pump, metrics, hashing) = empty(PAGE, mode, true);
     pump.add_stream(key(), hashing).unwrap();
     (index, pump, metrics)
 }
@@ -219,14 +231,7 @@ fn a_hybrid_models_groups_are_kept_apart_and_read_together() {
 
 /// A second index and pump, the stream seeded from `seed`.
 fn setup_seeded(seed: kv_ingest::StreamSnapshot) -> (Arc<KvIndex>, Pump, Arc<PumpMetrics>) {
-    let index = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new())));
-    let metrics = Arc::new(PumpMetrics::default());
-    let mut pump = Pump::new(index.clone(), metrics.clone());
-    let hashing = StreamHashing {
-        page_size: NonZeroUsize::new(PAGE).unwrap(),
-        mode: HashMode::Unigram,
-        engine_hash_is_router_hash: true,
-    };
+    let (index, mut pump, metrics, hashing) = empty(PAGE, HashMode::Unigram, true);
     assert_eq!(pump.add_seeded(key(), hashing, Some(seed)).unwrap(), Some(0), "resumes after the peer's seq");
     (index, pump, metrics)
 }
@@ -268,14 +273,7 @@ fn blocks_keyed_by_inputs_a_request_cannot_show_are_not_credited_by_tokens() {
 fn vllm_hashes_are_checked_once_a_stream_shows_vllms_default_ones() {
     use renderer::vllm_hash::{block_hash, none_hash, published};
 
-    let index = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new())));
-    let metrics = Arc::new(PumpMetrics::default());
-    let mut pump = Pump::new(index.clone(), metrics.clone());
-    let hashing = StreamHashing {
-        page_size: NonZeroUsize::new(PAGE).unwrap(),
-        mode: HashMode::Unigram,
-        engine_hash_is_router_hash: false,
-    };
+    let (_index, mut pump, metrics, hashing) = empty(PAGE, HashMode::Unigram, false);
     let (checked, other) = (key(), WorkerKey::new(WorkerUrl::new("http://v2:1"), DpRank(0)));
     pump.add_stream(checked.clone(), hashing).unwrap();
     pump.add_stream(other.clone(), hashing).unwrap();
@@ -335,19 +333,14 @@ fn a_salted_vllm_chain_matches_requests_with_its_salt_only() {
     let doc: serde_json::Value =
         serde_json::from_str(include_str!("../../../tests/fixtures/kv_events/wire_cases.json")).unwrap();
     let case = doc["cases"].as_array().unwrap().iter().find(|c| c["name"] == "vllm_salt_alone_in_extra_keys").unwrap();
-    let hex = case["payload_hex"].as_str().unwrap();
-    let bytes: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
-    let index = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new())));
-    let metrics = Arc::new(PumpMetrics::default());
-    let mut pump = Pump::new(index.clone(), metrics.clone());
-    let page = NonZeroUsize::new(16).unwrap();
-    let hashing = StreamHashing { page_size: page, mode: HashMode::Unigram, engine_hash_is_router_hash: false };
+    let (index, mut pump, metrics, hashing) = empty(16, HashMode::Unigram, false);
     pump.add_stream(key(), hashing).unwrap();
-    let decoded = kv_events::decode_batch(&bytes, &kv_events::Limits::default()).unwrap();
+    let decoded =
+        kv_events::decode_batch(&unhex(case["payload_hex"].as_str().unwrap()), &kv_events::Limits::default()).unwrap();
     pump.apply(StreamMessage { key: key(), seq: 0, update: StreamUpdate::Batch(decoded) });
     assert_eq!(get(&metrics.stored), 2);
     let tokens: Vec<u32> = (840..888).collect();
-    let hasher = PageHasher::new(page, HashMode::Unigram);
+    let hasher = PageHasher::new(hashing.page_size, HashMode::Unigram);
     let depth = |salt: Option<&str>| {
         let chain = hasher.block_hashes(&tokens, namespace_prior(None, salt).as_ref()).unwrap();
         index.prefix_depths(&chain, &MatchOptions::default()).first().map_or(0, |m| m.blocks)

@@ -312,7 +312,7 @@ impl Planner<'_> {
         // vLLM's lookahead hashing (EAGLE, MTP): its workers key a block by the tokens after it too.
         let lookaheads: Vec<usize> = index.lookaheads().collect();
         for &l in &lookaheads {
-            all.push(renderer::lookahead::lookahead_block_hashes(page, tokens, l, prior.as_ref()).unwrap_or_default());
+            all.push(pool.chain_memo.lookahead_block_hashes(page, tokens, l, prior.as_ref()));
         }
         Chains { all, lookaheads }
     }

@@ -2,9 +2,10 @@
 //! (a shared system prompt, the earlier turns of a conversation) pays SHA-256
 //! only for its new pages.
 //!
-//! Owns: a map from a 128-bit fingerprint of a page boundary (the hasher,
-//! the chain prior and every token up to the end of that page) to the page's
-//! digest, and its page budget (when full it is cleared and refills with
+//! Owns: a map from a 128-bit fingerprint of a page boundary (the hasher or
+//! the lookahead, the chain prior and every token up to the end of that page
+//! and of the tokens its digest also covers) to the page's digest, and its
+//! page budget (when full it is cleared and refills with
 //! the live traffic). The fingerprint is a keyed rolling hash with per-process
 //! random seeds; two prefixes sharing one is a 2^-128 event, and would
 //! cost a misrouted request, never an error.
@@ -22,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use router_types::{BlockHash, PageDigest};
 
 use crate::hash::{HashMode, PageHasher};
+use crate::lookahead::lookahead_digest;
 
 /// Default budget, in pages (about 64 bytes each: some 32 MiB).
 pub const DEFAULT_CHAIN_MEMO_PAGES: usize = 1 << 19;
@@ -43,6 +45,17 @@ pub struct ChainMemoStats {
     pub pages_hashed: u64,
     /// Pages whose digest came from the memo.
     pub pages_reused: u64,
+}
+
+/// How a chain's pages are digested, for the memo: `page` tokens a page, each digest covering
+/// `after` more tokens (bigram: 1; a lookahead: its length), `full` pages complete in the
+/// prompt; `kind` tells chains apart in the fingerprints.
+#[derive(Debug, Clone, Copy)]
+struct Chain {
+    page: usize,
+    after: usize,
+    kind: u64,
+    full: usize,
 }
 
 /// The keys are already uniformly random: hashing them again is wasted work.
@@ -75,9 +88,59 @@ impl ChainMemo {
     /// The published block hashes of `tokens` (as `hasher.block_hashes` gives them), reusing the
     /// digests of the longest remembered prefix, and remembering this prompt's full pages.
     pub fn block_hashes(&self, hasher: &PageHasher, tokens: &[u32], prior: Option<&PageDigest>) -> Vec<BlockHash> {
-        let full = hasher.full_page_count(tokens.len());
-        let keys = self.fingerprints(hasher, prior, tokens, full);
-        let mut digests: Vec<PageDigest> = Vec::with_capacity(hasher.page_count(tokens.len()));
+        let bigram = hasher.mode() == HashMode::Bigram;
+        let chain = Chain {
+            page: hasher.page_size(),
+            after: usize::from(bigram),
+            kind: hasher.page_size() as u64 * 2 + u64::from(bigram),
+            full: hasher.full_page_count(tokens.len()),
+        };
+        self.memoized(chain, tokens, prior, |from, prior, digests| {
+            // u32 ids are never out of range: hashing them cannot fail.
+            let _ = hasher.digests(&tokens[from * hasher.page_size()..], prior, digests);
+        })
+    }
+
+    /// The block hashes of `tokens` as a worker hashing with a lookahead of `lookahead` tokens
+    /// keys them (as [`crate::lookahead::lookahead_block_hashes`] gives them), memoized alike.
+    pub fn lookahead_block_hashes(
+        &self,
+        page: std::num::NonZeroUsize,
+        tokens: &[u32],
+        lookahead: usize,
+        prior: Option<&PageDigest>,
+    ) -> Vec<BlockHash> {
+        let size = page.get();
+        // A kind no hasher has (theirs are even or odd by mode, below 2^63).
+        let kind = 1 << 63 | (size as u64) << 8 | lookahead as u64;
+        let chain = Chain { page: size, after: lookahead, kind, full: tokens.len().saturating_sub(lookahead) / size };
+        self.memoized(chain, tokens, prior, |from, prior, digests| {
+            let mut state = prior.copied();
+            for i in from..chain.full {
+                let end = (i + 1) * size;
+                // u32 ids are never out of range: hashing them cannot fail.
+                let Ok(d) = lookahead_digest(state.as_ref(), &tokens[i * size..end], &tokens[end..end + lookahead])
+                else {
+                    return;
+                };
+                digests.push(d);
+                state = Some(d);
+            }
+        })
+    }
+
+    /// A chain's block hashes: the digests of the longest remembered prefix of its boundaries,
+    /// then `hash_rest(first page not remembered, its prior, digests)`; its full pages remembered.
+    fn memoized(
+        &self,
+        chain: Chain,
+        tokens: &[u32],
+        prior: Option<&PageDigest>,
+        hash_rest: impl FnOnce(usize, Option<&PageDigest>, &mut Vec<PageDigest>),
+    ) -> Vec<BlockHash> {
+        let full = chain.full;
+        let keys = self.fingerprints(chain, prior, tokens);
+        let mut digests: Vec<PageDigest> = Vec::with_capacity(tokens.len() / chain.page.max(1) + 1);
         {
             let pages = self.pages.lock().unwrap_or_else(|p| p.into_inner());
             // Every full page of every prompt is remembered together with all of its
@@ -93,11 +156,10 @@ impl ChainMemo {
         }
         let reused = digests.len();
         let from = digests.last().copied().or(prior.copied());
-        // u32 ids are never out of range: hashing them cannot fail.
-        let _ = hasher.digests(&tokens[reused * hasher.page_size()..], from.as_ref(), &mut digests);
+        hash_rest(reused, from.as_ref(), &mut digests);
         self.pages_reused.fetch_add(reused as u64, Ordering::Relaxed);
         self.pages_hashed.fetch_add((digests.len() - reused) as u64, Ordering::Relaxed);
-        if reused < full {
+        if reused < full && digests.len() >= full {
             let mut pages = self.pages.lock().unwrap_or_else(|p| p.into_inner());
             if pages.len() + (full - reused) > self.max_pages {
                 pages.clear();
@@ -121,22 +183,22 @@ impl ChainMemo {
         self.len() == 0
     }
 
-    /// The fingerprint of each of the first `full` page boundaries of `tokens`: two rolling
-    /// 64-bit lanes with random seeds, over the hasher, the prior and the tokens so far.
-    fn fingerprints(&self, hasher: &PageHasher, prior: Option<&PageDigest>, tokens: &[u32], full: usize) -> Vec<u128> {
+    /// The fingerprint of each of the chain's full page boundaries in `tokens`: two rolling
+    /// 64-bit lanes with random seeds, over the chain's kind, the prior and the tokens so far
+    /// (up to the page's end and the tokens its digest also covers).
+    fn fingerprints(&self, chain: Chain, prior: Option<&PageDigest>, tokens: &[u32]) -> Vec<u128> {
         const K: [u64; 2] = [0x9E37_79B9_7F4A_7C15, 0xC2B2_AE3D_27D4_EB4F];
         let mix = |h: [u64; 2], v: u64| {
             [(h[0].rotate_left(23) ^ v).wrapping_mul(K[0]), (h[1].rotate_left(31) ^ v).wrapping_mul(K[1])]
         };
-        let bigram = hasher.mode() == HashMode::Bigram;
-        let mut h = mix(self.seeds, hasher.page_size() as u64 * 2 + u64::from(bigram));
+        let mut h = mix(self.seeds, chain.kind);
         h = mix(h, u64::from(prior.is_some()));
         for chunk in prior.map_or(&[][..], |p| &p[..]).chunks(8) {
             let mut word = [0u8; 8];
             word[..chunk.len()].copy_from_slice(chunk);
             h = mix(h, u64::from_le_bytes(word));
         }
-        let (size, extra) = (hasher.page_size(), usize::from(bigram));
+        let (size, extra, full) = (chain.page, chain.after, chain.full);
         let mut out = Vec::with_capacity(full);
         let mut at = 0;
         for page in 0..full {
@@ -245,6 +307,43 @@ mod tests {
         let bi = hasher(16, HashMode::Bigram);
         assert_eq!(memo.block_hashes(&bi, &t, None), bi.block_hashes(&t, None).unwrap());
         assert_eq!(memo.stats().pages_reused, 100);
+    }
+
+    #[test]
+    fn lookahead_chains_are_memoized_apart_and_equal_the_unmemoized_chain() {
+        let page = NonZeroUsize::new(16).unwrap();
+        let memo = ChainMemo::new(1 << 20);
+        let system = tokens(1, 800);
+        for i in 0..60u64 {
+            let mut t = system.clone();
+            t.extend(tokens(100 + i % 5, 20 * (i as usize % 7 + 1)));
+            t.truncate(t.len() - (i as usize % 3));
+            for lookahead in [1, 3] {
+                assert_eq!(
+                    memo.lookahead_block_hashes(page, &t, lookahead, None),
+                    crate::lookahead::lookahead_block_hashes(page, &t, lookahead, None).unwrap(),
+                    "i {i} lookahead {lookahead}"
+                );
+            }
+        }
+        let s = memo.stats();
+        assert!(s.pages_reused > 4 * s.pages_hashed, "the shared 800 tokens hashed once per lookahead: {s:?}");
+        // The plain chain of the same tokens shares nothing with them.
+        let before = memo.stats().pages_reused;
+        let h = hasher(16, HashMode::Unigram);
+        assert_eq!(memo.block_hashes(&h, &system, None), h.block_hashes(&system, None).unwrap());
+        assert_eq!(memo.stats().pages_reused, before);
+        // A block whose lookahead differs is not reused: the same 32 tokens, then 7 or 8.
+        let fresh = ChainMemo::new(1 << 20);
+        let mut a = tokens(9, 32);
+        a.push(7);
+        fresh.lookahead_block_hashes(page, &a, 1, None);
+        a[32] = 8;
+        assert_eq!(
+            fresh.lookahead_block_hashes(page, &a, 1, None),
+            crate::lookahead::lookahead_block_hashes(page, &a, 1, None).unwrap()
+        );
+        assert_eq!(fresh.stats(), ChainMemoStats { pages_hashed: 3, pages_reused: 1 });
     }
 
     #[test]

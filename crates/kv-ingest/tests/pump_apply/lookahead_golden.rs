@@ -6,22 +6,16 @@
 //! published hash the pump can check is vLLM's own.
 
 use std::num::NonZeroUsize;
-use std::sync::Arc;
 
 use kv_events::{Limits, StreamMessage, StreamUpdate, decode_batch};
-use kv_index::{IndexConfig, KvIndex, MatchOptions, SystemClock};
-use kv_ingest::{Pump, PumpMetrics, StreamHashing};
+use kv_index::{KvIndex, MatchOptions};
 use renderer::lookahead::lookahead_block_hashes;
 use renderer::{HashMode, PageHasher};
 use serde_json::Value;
 
-use super::{get, key};
+use super::{empty, get, key, unhex};
 
 const FIXTURE: &str = include_str!("../../../../tests/fixtures/kv_lookahead/lookahead_hits.json");
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
-}
 
 #[test]
 fn a_lookahead_workers_match_is_the_prefix_vllm_would_reuse() {
@@ -31,10 +25,7 @@ fn a_lookahead_workers_match_is_the_prefix_vllm_would_reuse() {
     for case in cases {
         let lookahead = case["lookahead"].as_u64().unwrap() as usize;
         let page = NonZeroUsize::new(case["block_size"].as_u64().unwrap() as usize).unwrap();
-        let index = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new())));
-        let metrics = Arc::new(PumpMetrics::default());
-        let mut pump = Pump::new(index.clone(), metrics.clone());
-        let hashing = StreamHashing { page_size: page, mode: HashMode::Unigram, engine_hash_is_router_hash: false };
+        let (index, mut pump, metrics, hashing) = empty(page.get(), HashMode::Unigram, false);
         pump.add_stream(key(), hashing).unwrap();
         for (seq, payload) in case["payloads_hex"].as_array().unwrap().iter().enumerate() {
             let decoded = decode_batch(&unhex(payload.as_str().unwrap()), &Limits::default()).unwrap();
@@ -54,8 +45,7 @@ fn a_lookahead_workers_match_is_the_prefix_vllm_would_reuse() {
         let taken = pump.snapshot(1 << 20).snapshot;
         let limits = kv_ingest::SnapshotLimits { max_blocks: 1 << 20, max_bytes: 1 << 24 };
         let wire = kv_ingest::IndexSnapshot::decode(&taken.encode(), &limits).unwrap();
-        let replica = Arc::new(KvIndex::new(IndexConfig::default(), Arc::new(SystemClock::new())));
-        let mut seeded = Pump::new(replica.clone(), Arc::new(PumpMetrics::default()));
+        let (replica, mut seeded, _, _) = empty(page.get(), HashMode::Unigram, false);
         seeded.add_seeded(key(), hashing, wire.streams.into_iter().next()).unwrap();
         assert_eq!(replica.lookaheads().collect::<Vec<_>>(), expected, "{name}: the replica's");
         let (mut hits, mut probes) = (0, 0);
