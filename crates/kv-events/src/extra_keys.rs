@@ -1,15 +1,8 @@
 //! What a vLLM `BlockStored` carries besides tokens: owns the decoding of `extra_keys` (into the
-//! canonical per-block form `StoredBlocks::opaque_keys` keeps, and back: [`opaque_keys`]), of
-//! the cache salt vLLM publishes only there, and of `lookahead_token_ids`.
-//!
-//! ```text
-//! canonical block keys = key*
-//! key   = 0x01 u8:n part{n}          a tuple: a multimodal (identifier, offset) pair
-//!       | 0x02 u64le:len bytes       bytes: a prompt-embeddings digest
-//!       | 0x03 u64le:8 u64le         a bare non-negative integer (no shape vLLM sends today)
-//!       | 0x04 u64le:8 i64le         a bare negative integer (idem)
-//! part  = type u64le:len bytes       type 's' UTF-8, 'b' bytes, 'u' u64le, 'i' i64le
-//! ```
+//! canonical per-block form `StoredBlocks::opaque_keys` keeps, `router_types::opaque`), of the
+//! cache salt vLLM publishes only there, and of `lookahead_token_ids`.
+
+use router_types::opaque::{OpaqueKeys, Part};
 
 use crate::WireError;
 use crate::msgpack::{Item, Reader};
@@ -20,81 +13,6 @@ const MAX_KEYS_PER_BLOCK: usize = 256;
 /// Most lookahead tokens one block's hash may cover (vLLM's `num_hash_lookahead_tokens`: 1
 /// for EAGLE, the draft length for MTP).
 pub const MAX_LOOKAHEAD_TOKENS: usize = 64;
-
-/// One key of a block's canonical `extra_keys`, read back ([`opaque_keys`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OpaqueKey<'a> {
-    /// A tuple (vLLM: a multimodal item's `(identifier, offset)`).
-    Tuple(Vec<Part<'a>>),
-    /// Bytes (vLLM: a prompt-embeddings digest).
-    Bytes(&'a [u8]),
-    /// A bare integer.
-    Int(i128),
-}
-
-/// One part of an [`OpaqueKey::Tuple`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Part<'a> {
-    /// A string.
-    Str(&'a str),
-    /// Bytes.
-    Bytes(&'a [u8]),
-    /// An integer.
-    Int(i128),
-}
-
-/// The keys of a block's canonical form, in order; `None` if the bytes are not that form.
-pub fn opaque_keys(canonical: &[u8]) -> Option<Vec<OpaqueKey<'_>>> {
-    let mut r = canonical;
-    let mut keys = Vec::new();
-    while let Some((&tag, rest)) = r.split_first() {
-        r = rest;
-        keys.push(match tag {
-            0x01 => {
-                let (&n, rest) = r.split_first()?;
-                r = rest;
-                let parts = (0..n)
-                    .map(|_| {
-                        let (&kind, rest) = r.split_first()?;
-                        let (bytes, rest) = take_part(rest)?;
-                        r = rest;
-                        Some(match kind {
-                            b's' => Part::Str(std::str::from_utf8(bytes).ok()?),
-                            b'b' => Part::Bytes(bytes),
-                            b'u' => Part::Int(i128::from(u64::from_le_bytes(bytes.try_into().ok()?))),
-                            b'i' => Part::Int(i128::from(i64::from_le_bytes(bytes.try_into().ok()?))),
-                            _ => return None,
-                        })
-                    })
-                    .collect::<Option<Vec<_>>>()?;
-                OpaqueKey::Tuple(parts)
-            }
-            0x02 => {
-                let (bytes, rest) = take_part(r)?;
-                r = rest;
-                OpaqueKey::Bytes(bytes)
-            }
-            0x03 | 0x04 => {
-                let (bytes, rest) = take_part(r)?;
-                r = rest;
-                let raw: [u8; 8] = bytes.try_into().ok()?;
-                OpaqueKey::Int(if tag == 0x03 {
-                    i128::from(u64::from_le_bytes(raw))
-                } else {
-                    i128::from(i64::from_le_bytes(raw))
-                })
-            }
-            _ => return None,
-        });
-    }
-    Some(keys)
-}
-
-fn take_part(r: &[u8]) -> Option<(&[u8], &[u8])> {
-    let len = usize::try_from(u64::from_le_bytes(r.get(..8)?.try_into().ok()?)).ok()?;
-    let end = 8usize.checked_add(len)?;
-    Some((r.get(8..end)?, r.get(end..)?))
-}
 
 /// vLLM's cache salt, which it publishes only as a bare string in the first block's `extra_keys`
 /// (after the LoRA name, when the blocks have one): `generate_block_hash_extra_keys` keys the
@@ -133,7 +51,7 @@ pub(crate) fn read_extra_keys(
             }
             _ => return Err(malformed(r, "an extra_keys entry must be an array or nil")),
         };
-        let mut canonical: Vec<u8> = Vec::new();
+        let mut canonical = OpaqueKeys::default();
         for _ in 0..keys {
             match r.next()? {
                 // The LoRA name or the cache salt: the namespace.
@@ -142,43 +60,32 @@ pub(crate) fn read_extra_keys(
                         first_block_strings.push(s.to_owned());
                     }
                 }
-                Item::Bin(digest) => {
-                    canonical.push(0x02);
-                    push_part(&mut canonical, digest);
-                }
+                Item::Bin(digest) => canonical.bytes(digest),
                 // No shape vLLM sends today; kept, so the block is never credited for it.
-                Item::Uint(v) => {
-                    canonical.push(0x03);
-                    push_part(&mut canonical, &v.to_le_bytes());
-                }
-                Item::Int(v) => {
-                    canonical.push(0x04);
-                    push_part(&mut canonical, &v.to_le_bytes());
-                }
-                Item::Array(parts) if parts <= 8 => {
-                    canonical.push(0x01);
-                    canonical.push(parts as u8);
-                    for _ in 0..parts {
-                        let (kind, bytes): (u8, &[u8]) = match r.next()? {
-                            Item::Str(v) => (b's', v.as_bytes()),
-                            Item::Bin(v) => (b'b', v),
-                            Item::Uint(v) => (b'u', &v.to_le_bytes()),
-                            Item::Int(v) => (b'i', &v.to_le_bytes()),
+                Item::Uint(v) => canonical.uint(v),
+                Item::Int(v) => canonical.int(v),
+                Item::Array(n) if n <= 8 => {
+                    let mut parts: Vec<Part<'_>> = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        parts.push(match r.next()? {
+                            Item::Str(v) => Part::Str(v),
+                            Item::Bin(v) => Part::Bytes(v),
+                            Item::Uint(v) => Part::Int(i128::from(v)),
+                            Item::Int(v) => Part::Int(i128::from(v)),
                             _ => {
                                 return Err(malformed(
                                     r,
                                     "a multimodal key part must be a string, bytes or an integer",
                                 ));
                             }
-                        };
-                        canonical.push(kind);
-                        push_part(&mut canonical, bytes);
+                        });
                     }
+                    canonical.tuple(&parts);
                 }
                 _ => return Err(malformed(r, "an extra key must be a string, bytes or a pair")),
             }
         }
-        out.push((!canonical.is_empty()).then(|| canonical.into_boxed_slice()));
+        out.push(canonical.finish());
     }
     // No block with keys the router cannot compute: nothing to keep.
     if out.iter().all(Option::is_none) {
@@ -228,16 +135,11 @@ pub(crate) fn read_lookahead(r: &mut Reader<'_>, max_blocks: usize) -> Result<Ve
     Ok(out)
 }
 
-/// `u64le(len) ‖ bytes`.
-fn push_part(out: &mut Vec<u8>, part: &[u8]) {
-    out.extend_from_slice(&(part.len() as u64).to_le_bytes());
-    out.extend_from_slice(part);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::msgpack::Writer;
+    use router_types::opaque::{OpaqueKey, opaque_keys};
 
     #[test]
     fn canonical_keys_read_back_with_their_types() {
@@ -270,9 +172,6 @@ mod tests {
         assert!(keys[1].is_none());
         assert_eq!(opaque_keys(keys[2].as_deref().unwrap()).unwrap(), [OpaqueKey::Int(7)]);
         assert!(strings.is_empty());
-        for bad in [&[0x01, 1, b'q', 0, 0, 0, 0, 0, 0, 0, 0][..], &[0x02, 9], &[0x05]] {
-            assert_eq!(opaque_keys(bad), None, "{bad:?}");
-        }
     }
 
     #[test]

@@ -5,8 +5,8 @@
 
 use std::sync::OnceLock;
 
-use kv_events::{OpaqueKey, Part, opaque_keys};
 use renderer::vllm_hash::{ExtraKey, VllmHash, block_hash, none_hash, published};
+use router_types::opaque::{OpaqueKey, Part, opaque_keys};
 use router_types::{EngineBlockHash, StoredBlocks};
 
 /// What one stream (one KV-cache group) has shown of its hashes.

@@ -7,6 +7,7 @@
 mod event;
 mod ids;
 pub mod metrics;
+pub mod opaque;
 mod rng;
 
 pub use event::{EngineBlockHash, EventBatch, GroupKind, KvEvent, StoredBlocks};

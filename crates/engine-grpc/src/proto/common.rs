@@ -117,6 +117,12 @@ pub struct KvBlocksStored {
     pub medium: Option<String>,
     #[prost(uint32, optional, tag = "5")]
     pub group_idx: Option<u32>,
+    /// vLLM's `kv_cache_spec_kind` of the group.
+    #[prost(string, optional, tag = "6")]
+    pub kv_cache_spec_kind: Option<String>,
+    /// Its sliding window, in tokens.
+    #[prost(uint32, optional, tag = "7")]
+    pub kv_cache_spec_sliding_window: Option<u32>,
     /// `KvCacheLocality`: 1 local, 2 remote.
     #[prost(int32, optional, tag = "8")]
     pub locality: Option<i32>,
@@ -139,6 +145,39 @@ pub struct KvBlock {
     pub lora_id: Option<i64>,
     #[prost(int32, optional, tag = "5")]
     pub cache_level: Option<i32>,
+    /// vLLM's `extra_keys` of the block, untagged.
+    #[prost(message, repeated, tag = "6")]
+    pub extra_keys: Vec<KvBlockExtraKey>,
+}
+
+/// `KvBlockExtraKey`: one entry of vLLM's per-block `extra_keys` (a LoRA name or cache salt as
+/// text, a multimodal item as (identifier, offset), a digest as bytes).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct KvBlockExtraKey {
+    #[prost(oneof = "ExtraKey", tags = "1, 2, 3, 4")]
+    pub key: Option<ExtraKey>,
+}
+
+/// `KvBlockExtraKey.key`.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum ExtraKey {
+    #[prost(string, tag = "1")]
+    Text(String),
+    #[prost(bytes, tag = "2")]
+    Blob(Vec<u8>),
+    #[prost(int64, tag = "3")]
+    Number(i64),
+    #[prost(message, tag = "4")]
+    Multimodal(KvMultimodalKey),
+}
+
+/// `KvMultimodalKey`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct KvMultimodalKey {
+    #[prost(string, tag = "1")]
+    pub identifier: String,
+    #[prost(int64, tag = "2")]
+    pub offset: i64,
 }
 
 /// `KvBlocksRemoved`.
