@@ -517,5 +517,33 @@ mod tests {
         assert_eq!(d.kv_transfer_params_json.as_deref(), c["values"]["kv_transfer_params_json"].as_str());
     }
 
+    /// KV events as vLLM's servicer streams them (made by the proto's own classes): the bytes
+    /// written back as protobuf wrote them, and every field the router reads: a hybrid group's
+    /// kind, vLLM's extra keys (never credited by tokens alone), the LoRA name and the salt.
+    #[test]
+    fn vllms_kv_events_read_as_the_protocols_own_code() {
+        use router_types::opaque::{OpaqueKey, Part, opaque_keys};
+        use router_types::{GroupKind, KvEvent};
+
+        let c = cases(FIXTURE)("kv_event_batch");
+        let (batch, v) = (read::<crate::proto::KvEventBatch>(&c), &c["values"]);
+        let (router, skipped) = crate::events::to_router(&batch).unwrap();
+        assert_eq!((skipped, router.events.len()), (0, 1));
+        let KvEvent::Stored(s) = &router.events[0] else { panic!("{router:?}") };
+        assert_eq!(s.namespace.lora_name.as_deref(), v["lora_name"].as_str());
+        assert_eq!(s.namespace.cache_salt.as_deref(), v["salt"].as_str(), "the first block's text after the LoRA name");
+        assert_eq!(s.group_idx, Some(1));
+        assert_eq!(s.group_kind, Some(GroupKind::SlidingWindow { window: 64 }));
+        let blob: Vec<u8> = (0..32).collect();
+        assert_eq!(
+            opaque_keys(s.opaque_keys[0].as_deref().unwrap()).unwrap(),
+            [OpaqueKey::Tuple(vec![Part::Str("img-1"), Part::Int(2)])]
+        );
+        assert_eq!(
+            opaque_keys(s.opaque_keys[1].as_deref().unwrap()).unwrap(),
+            [OpaqueKey::Tuple(vec![Part::Str("img-1"), Part::Int(-2)]), OpaqueKey::Bytes(&blob)]
+        );
+    }
+
     use grpc_wire::wkt::Value as Value_;
 }
