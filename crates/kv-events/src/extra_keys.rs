@@ -33,14 +33,7 @@ pub(crate) fn read_extra_keys(
     first_block_strings: &mut Vec<String>,
 ) -> Result<Vec<Option<Box<[u8]>>>, WireError> {
     let malformed = |r: &Reader<'_>, what| WireError::Malformed { at: r.pos(), what };
-    let n = match r.next()? {
-        Item::Nil => return Ok(Vec::new()),
-        Item::Array(n) => n,
-        _ => return Err(malformed(r, "extra_keys must be an array or nil")),
-    };
-    if n > max_blocks {
-        return Err(WireError::TooLong { what: "extra_keys", len: n, limit: max_blocks });
-    }
+    let n = per_block(r, max_blocks, "extra_keys", "extra_keys must be an array or nil")?;
     let mut out = Vec::with_capacity(n);
     for block in 0..n {
         let keys = match r.next()? {
@@ -94,19 +87,30 @@ pub(crate) fn read_extra_keys(
     Ok(out)
 }
 
+/// The length of a per-block list (nil: 0), at most `max_blocks`.
+fn per_block(
+    r: &mut Reader<'_>,
+    max_blocks: usize,
+    what: &'static str,
+    not_a_list: &'static str,
+) -> Result<usize, WireError> {
+    let n = match r.next()? {
+        Item::Nil => 0,
+        Item::Array(n) => n,
+        _ => return Err(WireError::Malformed { at: r.pos(), what: not_a_list }),
+    };
+    if n > max_blocks {
+        return Err(WireError::TooLong { what, len: n, limit: max_blocks });
+    }
+    Ok(n)
+}
+
 /// vLLM's `lookahead_token_ids`: nil, or per block the tokens after it that its hash covers,
 /// every list of the same length, 1 to [`MAX_LOOKAHEAD_TOKENS`] (the engine's
 /// `num_hash_lookahead_tokens`).
 pub(crate) fn read_lookahead(r: &mut Reader<'_>, max_blocks: usize) -> Result<Vec<Box<[u64]>>, WireError> {
     let malformed = |r: &Reader<'_>, what| WireError::Malformed { at: r.pos(), what };
-    let n = match r.next()? {
-        Item::Nil => return Ok(Vec::new()),
-        Item::Array(n) => n,
-        _ => return Err(malformed(r, "lookahead_token_ids must be an array or nil")),
-    };
-    if n > max_blocks {
-        return Err(WireError::TooLong { what: "lookahead_token_ids", len: n, limit: max_blocks });
-    }
+    let n = per_block(r, max_blocks, "lookahead_token_ids", "lookahead_token_ids must be an array or nil")?;
     let mut out: Vec<Box<[u64]>> = Vec::with_capacity(n);
     for _ in 0..n {
         let len = match r.next()? {

@@ -419,6 +419,35 @@ mod tests {
         assert!(matches!(IndexSnapshot::decode(&lie, &huge), Err(SnapshotError::Length(_))));
     }
 
+    /// `s` in an earlier version's form: the first (no kinds, no groups) or the second (no
+    /// lookahead).
+    fn older(s: &IndexSnapshot, version: u8) -> Vec<u8> {
+        let mut out = if version == 1 { b"SGLRIDX1".to_vec() } else { b"SGLRIDX2".to_vec() };
+        out.extend_from_slice(&(s.streams.len() as u32).to_le_bytes());
+        for st in &s.streams {
+            let url = st.key.worker.as_str().as_bytes();
+            out.extend_from_slice(&(url.len() as u16).to_le_bytes());
+            out.extend_from_slice(url);
+            out.extend_from_slice(&st.key.rank.0.to_le_bytes());
+            out.extend_from_slice(&st.seq.to_le_bytes());
+            out.extend_from_slice(&st.page_size.to_le_bytes());
+            out.push(u8::from(st.bigram));
+            if version >= 2 {
+                put_kind(&mut out, st.kind);
+            }
+            put_blocks(&mut out, &st.blocks);
+            if version >= 2 {
+                out.push(st.groups.len() as u8);
+                for g in &st.groups {
+                    out.extend_from_slice(&g.idx.to_le_bytes());
+                    put_kind(&mut out, g.kind);
+                    put_blocks(&mut out, &g.blocks);
+                }
+            }
+        }
+        out
+    }
+
     /// A replica of the version before KV-cache groups: its snapshot is still read.
     #[test]
     fn the_first_version_is_read() {
@@ -426,20 +455,7 @@ mod tests {
         s.streams[1].groups.clear();
         s.streams[1].kind = None;
         s.streams[0].lookahead = 0;
-        // The first version's form: no kind, no groups.
-        let mut v1 = b"SGLRIDX1".to_vec();
-        v1.extend_from_slice(&2u32.to_le_bytes());
-        for st in &s.streams {
-            let url = st.key.worker.as_str().as_bytes();
-            v1.extend_from_slice(&(url.len() as u16).to_le_bytes());
-            v1.extend_from_slice(url);
-            v1.extend_from_slice(&st.key.rank.0.to_le_bytes());
-            v1.extend_from_slice(&st.seq.to_le_bytes());
-            v1.extend_from_slice(&st.page_size.to_le_bytes());
-            v1.push(u8::from(st.bigram));
-            put_blocks(&mut v1, &st.blocks);
-        }
-        assert_eq!(IndexSnapshot::decode(&v1, &LIMITS).unwrap(), s);
+        assert_eq!(IndexSnapshot::decode(&older(&s, 1), &LIMITS).unwrap(), s);
     }
 
     /// A replica of the version before lookahead hashing: its snapshot is still read (no
@@ -448,26 +464,7 @@ mod tests {
     fn the_second_version_is_read_and_the_lookahead_bounded() {
         let mut s = sample();
         s.streams[0].lookahead = 0;
-        let mut v2 = b"SGLRIDX2".to_vec();
-        v2.extend_from_slice(&2u32.to_le_bytes());
-        for st in &s.streams {
-            let url = st.key.worker.as_str().as_bytes();
-            v2.extend_from_slice(&(url.len() as u16).to_le_bytes());
-            v2.extend_from_slice(url);
-            v2.extend_from_slice(&st.key.rank.0.to_le_bytes());
-            v2.extend_from_slice(&st.seq.to_le_bytes());
-            v2.extend_from_slice(&st.page_size.to_le_bytes());
-            v2.push(u8::from(st.bigram));
-            put_kind(&mut v2, st.kind);
-            put_blocks(&mut v2, &st.blocks);
-            v2.push(st.groups.len() as u8);
-            for g in &st.groups {
-                v2.extend_from_slice(&g.idx.to_le_bytes());
-                put_kind(&mut v2, g.kind);
-                put_blocks(&mut v2, &g.blocks);
-            }
-        }
-        assert_eq!(IndexSnapshot::decode(&v2, &LIMITS).unwrap(), s);
+        assert_eq!(IndexSnapshot::decode(&older(&s, 2), &LIMITS).unwrap(), s);
         let mut long = sample();
         long.streams[1].lookahead = kv_index::MAX_LOOKAHEAD as u8 + 1;
         assert!(matches!(
