@@ -3,7 +3,7 @@
 //! a simulated engine writes it from the other. Bounded on read: a batch
 //! with more events or tokens than a step could hold is refused whole.
 
-use router_types::opaque::{OpaqueKey, OpaqueKeys, Part, opaque_keys};
+use router_types::opaque::{OpaqueKey, OpaqueKeys, Part, opaque_keys, vllm_salt};
 use router_types::{DpRank, EngineBlockHash, EventBatch, GroupKind, KvEvent, Namespace, StoredBlocks, Tier};
 
 use crate::proto::{
@@ -108,16 +108,17 @@ type PerBlock = Vec<Option<Box<[u8]>>>;
 /// cannot show in the canonical form (`router_types::opaque`; none: empty), and the cache salt,
 /// the first block's text after the LoRA name (vLLM keys the salt on a request's first block).
 fn extra_keys(blocks: &[KvBlock], lora: bool) -> (PerBlock, Option<String>) {
-    let mut texts = blocks.first().map_or(Vec::new(), |b| {
+    let texts: Vec<String> = blocks.first().map_or(Vec::new(), |b| {
         b.extra_keys
             .iter()
             .filter_map(|k| match &k.key {
                 Some(ExtraKey::Text(t)) => Some(t.clone()),
                 _ => None,
             })
+            .take(2)
             .collect()
     });
-    let salt = (texts.len() > usize::from(lora)).then(|| texts.swap_remove(usize::from(lora)));
+    let salt = vllm_salt(&texts, lora);
     let keys: PerBlock = blocks
         .iter()
         .map(|b| {
@@ -145,9 +146,8 @@ fn wire_keys(canonical: Option<&[u8]>, salt: Option<&str>) -> Vec<KvBlockExtraKe
     let mut out = Vec::new();
     for k in canonical.and_then(opaque_keys).unwrap_or_default() {
         match k {
-            OpaqueKey::Tuple(parts) => {
-                if let [Part::Str(identifier), Part::Int(offset)] = parts[..] {
-                    let offset = i64::try_from(offset).unwrap_or(0);
+            OpaqueKey::Tuple(_) => {
+                if let Some((identifier, offset)) = k.multimodal() {
                     out.push(key(ExtraKey::Multimodal(KvMultimodalKey { identifier: identifier.to_owned(), offset })));
                 }
             }

@@ -1,7 +1,9 @@
-//! What a vLLM `BlockStored` carries besides tokens: owns the decoding of `extra_keys` (into the
-//! canonical per-block form `StoredBlocks::opaque_keys` keeps, `router_types::opaque`), of the
-//! cache salt vLLM publishes only there, and of `lookahead_token_ids`.
+//! What a vLLM `BlockStored` carries besides tokens, over msgpack: owns the decoding of
+//! `extra_keys` (into the canonical per-block form `StoredBlocks::opaque_keys` keeps, and the
+//! first block's texts, where vLLM's cache salt is: `router_types::opaque`) and of
+//! `lookahead_token_ids`.
 
+use router_types::MAX_LOOKAHEAD_TOKENS;
 use router_types::opaque::{OpaqueKeys, Part};
 
 use crate::WireError;
@@ -10,23 +12,12 @@ use crate::msgpack::{Item, Reader};
 /// Most keys one block's `extra_keys` entry may carry.
 const MAX_KEYS_PER_BLOCK: usize = 256;
 
-/// Most lookahead tokens one block's hash may cover (vLLM's `num_hash_lookahead_tokens`: 1
-/// for EAGLE, the draft length for MTP).
-pub const MAX_LOOKAHEAD_TOKENS: usize = 64;
-
-/// vLLM's cache salt, which it publishes only as a bare string in the first block's `extra_keys`
-/// (after the LoRA name, when the blocks have one): `generate_block_hash_extra_keys` keys the
-/// salt on the request's first block only, so only a chain's first store carries it.
-pub(crate) fn vllm_salt(first_block_strings: &[String], lora: bool) -> Option<String> {
-    first_block_strings.get(usize::from(lora)).cloned()
-}
-
 /// vLLM's `extra_keys`: per block nil or the block's untagged keys (`to_event_extra_keys`):
 /// bare strings (the LoRA name and the cache salt: the namespace; the first block's are kept in
-/// `first_block_strings`, [`vllm_salt`] reads the salt from them), `(identifier, offset)`
+/// `first_block_strings`, `router_types::opaque::vllm_salt` reads the salt from them), `(identifier, offset)`
 /// pairs of multimodal items and bare prompt-embedding digests; at most `max_blocks` entries.
-/// The pairs and the digests (and bare integers) are kept per block in the canonical form (the
-/// module's doc), for the router's chain to fold in; `None` for a block with none.
+/// The pairs and the digests (and bare integers) are kept per block in the canonical form
+/// (`router_types::opaque`), for the router's chain to fold in; `None` for a block with none.
 pub(crate) fn read_extra_keys(
     r: &mut Reader<'_>,
     max_blocks: usize,
@@ -176,14 +167,5 @@ mod tests {
         assert!(keys[1].is_none());
         assert_eq!(opaque_keys(keys[2].as_deref().unwrap()).unwrap(), [OpaqueKey::Int(7)]);
         assert!(strings.is_empty());
-    }
-
-    #[test]
-    fn the_salt_is_the_first_blocks_string_after_the_lora_name() {
-        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(vllm_salt(&strings(&["tenant"]), false).as_deref(), Some("tenant"));
-        assert_eq!(vllm_salt(&strings(&["sql", "tenant"]), true).as_deref(), Some("tenant"));
-        assert_eq!(vllm_salt(&strings(&["sql"]), true), None);
-        assert_eq!(vllm_salt(&[], false), None);
     }
 }

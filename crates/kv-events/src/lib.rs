@@ -46,7 +46,6 @@ pub use discovery::{
     DiscoveryError, ExplicitEndpoints, WorkerEvents, discover, explicit_streams, parse_server_info, parse_worker_flag,
     read_server_info,
 };
-pub use extra_keys::MAX_LOOKAHEAD_TOKENS;
 #[cfg(feature = "net")]
 pub use metrics::{EventMetrics, ReplayOutcome, StreamHistory};
 #[cfg(feature = "net")]

@@ -16,10 +16,11 @@
 //! error, not an allocation), so what one batch allocates is a bounded multiple
 //! of its size (a one-byte token becomes a `u64`); nesting is capped.
 
+use router_types::opaque::vllm_salt;
 use router_types::{DpRank, EngineBlockHash, EventBatch, GroupKind, KvEvent, Namespace, StoredBlocks, Tier};
 
 use crate::WireError;
-use crate::extra_keys::{read_extra_keys, read_lookahead, vllm_salt};
+use crate::extra_keys::{read_extra_keys, read_lookahead};
 use crate::msgpack::{Item, Reader, Writer};
 
 /// Largest `block_hashes` list one event may carry by default.

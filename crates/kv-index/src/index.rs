@@ -148,8 +148,8 @@ pub enum IndexError {
     /// A (worker, rank) published more KV-cache groups than `MAX_GROUPS`.
     #[error("more than {} KV-cache groups on one (worker, rank)", MAX_GROUPS)]
     TooManyGroups,
-    /// A lookahead longer than `MAX_LOOKAHEAD` tokens.
-    #[error("a lookahead of {0} tokens is longer than {max}", max = crate::MAX_LOOKAHEAD)]
+    /// A lookahead longer than `MAX_LOOKAHEAD_TOKENS`.
+    #[error("a lookahead of {0} tokens is longer than {max}", max = router_types::MAX_LOOKAHEAD_TOKENS)]
     LookaheadTooLong(usize),
 }
 
@@ -382,7 +382,7 @@ impl KvIndex {
     /// Records the lookahead `stream`'s engine hashes its blocks with (vLLM's
     /// `num_hash_lookahead_tokens`; 0: none), so requests are chained for it too.
     pub fn note_lookahead(&self, stream: StreamId, len: usize) -> Result<(), IndexError> {
-        if len == 0 && self.lookaheads.lengths().next().is_none() {
+        if len == 0 && self.lookaheads.none() {
             return Ok(());
         }
         let worker = self.slot(stream)?.worker;
@@ -397,6 +397,14 @@ impl KvIndex {
     /// The lookahead `worker`'s engine hashes with (0: none).
     pub fn lookahead_of(&self, worker: WorkerId) -> usize {
         self.lookaheads.of(worker)
+    }
+
+    /// The lookahead the engine of `stream`'s worker hashes with (0: none, or an unknown stream).
+    pub fn stream_lookahead(&self, stream: StreamId) -> usize {
+        if self.lookaheads.none() {
+            return 0;
+        }
+        self.slot(stream).map_or(0, |slot| self.lookaheads.of(slot.worker))
     }
 
     /// The id of `url`, registering it on first use.

@@ -16,7 +16,6 @@ pub use index::{
     IndexStats, KvIndex, MAX_CHAIN_BLOCKS, MAX_GROUPS, MatchOptions, Parent, StoreOutcome, StoredBlock, WorkerMatch,
     reusable_prefix,
 };
-pub use lookahead::MAX_LOOKAHEAD;
 
 /// A registered (worker, dp rank) event stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

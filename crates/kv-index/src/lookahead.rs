@@ -6,10 +6,9 @@ use std::collections::HashMap;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::WorkerId;
+use router_types::MAX_LOOKAHEAD_TOKENS as MAX_LOOKAHEAD;
 
-/// The longest lookahead kept (bit `L - 1` of a `u64`); `kv_events` refuses longer ones.
-pub const MAX_LOOKAHEAD: usize = 64;
+use crate::WorkerId;
 
 /// The lookahead of each worker that has one.
 #[derive(Debug, Default)]
@@ -26,7 +25,7 @@ impl Lookaheads {
         if len > MAX_LOOKAHEAD {
             return false;
         }
-        if len == 0 && self.any.load(Ordering::Relaxed) == 0 {
+        if len == 0 && self.none() {
             return true;
         }
         let known = self.by_worker.read().unwrap_or_else(|p| p.into_inner()).get(&worker).copied();
@@ -43,9 +42,14 @@ impl Lookaheads {
         true
     }
 
+    /// No worker hashes with a lookahead (one atomic load).
+    pub(crate) fn none(&self) -> bool {
+        self.any.load(Ordering::Relaxed) == 0
+    }
+
     /// Forgets `worker` (it left).
     pub(crate) fn forget(&self, worker: WorkerId) {
-        if self.any.load(Ordering::Relaxed) == 0 {
+        if self.none() {
             return;
         }
         let mut by_worker = self.by_worker.write().unwrap_or_else(|p| p.into_inner());
@@ -66,7 +70,7 @@ impl Lookaheads {
 
     /// `worker`'s lookahead (0: none).
     pub(crate) fn of(&self, worker: WorkerId) -> usize {
-        if self.any.load(Ordering::Relaxed) == 0 {
+        if self.none() {
             return 0;
         }
         self.by_worker.read().unwrap_or_else(|p| p.into_inner()).get(&worker).map_or(0, |l| usize::from(*l))

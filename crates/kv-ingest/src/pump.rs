@@ -267,7 +267,7 @@ impl Pump {
                 seq,
                 page_size: state.hashing.page_size.get() as u32,
                 bigram: state.hashing.mode == HashMode::Bigram,
-                lookahead: self.index.lookahead_of(self.index.worker_id(&key.worker)) as u8,
+                lookahead: self.index.stream_lookahead(state.id) as u8,
                 kind,
                 blocks,
                 groups,
@@ -495,9 +495,7 @@ impl Applier<'_> {
             }
         }
     }
-}
 
-impl Applier<'_> {
     /// Checks a vLLM store's published hashes against vLLM's own (`vllm_check`): a stream's
     /// first checkable store decides whether its hashes are vLLM's default ones; from then on
     /// every block that differs is a mismatch.

@@ -151,7 +151,6 @@ impl IndexSnapshot {
             m if m == MAGIC_V1 => 1,
             _ => return Err(SnapshotError::Magic),
         };
-        let v2 = version >= 2;
         let n = r.u32()? as usize;
         // Each stream takes at least 23 bytes: a count beyond what the bytes hold is a lie.
         if n > bytes.len() / 23 {
@@ -179,13 +178,13 @@ impl IndexSnapshot {
                 b => return Err(invalid(format!("bigram flag {b}"))),
             };
             let lookahead = if version >= 3 { r.u8()? } else { 0 };
-            if usize::from(lookahead) > kv_index::MAX_LOOKAHEAD {
+            if usize::from(lookahead) > router_types::MAX_LOOKAHEAD_TOKENS {
                 return Err(invalid(format!("lookahead of {lookahead} tokens")));
             }
-            let kind = if v2 { r.kind().map_err(|e| e.of(i))? } else { None };
+            let kind = if version >= 2 { r.kind().map_err(|e| e.of(i))? } else { None };
             let blocks = r.blocks(&mut total, limits).map_err(|e| e.of(i))?;
             let mut groups: Vec<GroupSnapshot> = Vec::new();
-            if v2 {
+            if version >= 2 {
                 let count = r.u8()? as usize;
                 if count >= MAX_GROUPS {
                     return Err(invalid(format!(
@@ -466,7 +465,7 @@ mod tests {
         s.streams[0].lookahead = 0;
         assert_eq!(IndexSnapshot::decode(&older(&s, 2), &LIMITS).unwrap(), s);
         let mut long = sample();
-        long.streams[1].lookahead = kv_index::MAX_LOOKAHEAD as u8 + 1;
+        long.streams[1].lookahead = router_types::MAX_LOOKAHEAD_TOKENS as u8 + 1;
         assert!(matches!(
             IndexSnapshot::decode(&long.encode(), &LIMITS),
             Err(SnapshotError::Invalid { stream: 1, .. })

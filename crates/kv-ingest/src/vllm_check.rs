@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use renderer::vllm_hash::{ExtraKey, VllmHash, block_hash, none_hash, published};
-use router_types::opaque::{OpaqueKey, Part, opaque_keys};
+use router_types::opaque::{OpaqueKey, opaque_keys};
 use router_types::{EngineBlockHash, StoredBlocks};
 
 /// What one stream (one KV-cache group) has shown of its hashes.
@@ -47,14 +47,11 @@ pub(crate) fn check(s: &StoredBlocks, page: usize) -> Option<(usize, usize)> {
         if let Some(Some(canonical)) = s.opaque_keys.get(i) {
             for key in opaque_keys(canonical)? {
                 match key {
-                    OpaqueKey::Tuple(parts) => match parts[..] {
-                        [Part::Str(identifier), Part::Int(offset)] => {
-                            keys.push(ExtraKey::Mm { identifier, offset: i64::try_from(offset).ok()? })
-                        }
-                        _ => return None,
-                    },
                     OpaqueKey::Bytes(digest) => embeds.push(ExtraKey::PromptEmbeds(digest)),
-                    OpaqueKey::Int(_) => return None,
+                    _ => {
+                        let (identifier, offset) = key.multimodal()?;
+                        keys.push(ExtraKey::Mm { identifier, offset });
+                    }
                 }
             }
         }

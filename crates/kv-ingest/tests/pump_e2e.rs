@@ -10,9 +10,7 @@ use kv_events::{EventMetrics, Publisher, PublisherConfig, StreamEndpoints, Subsc
 use kv_index::{IndexConfig, KvIndex, MatchOptions, SystemClock};
 use kv_ingest::{Pump, PumpMetrics, StreamHashing};
 use renderer::{HashMode, PageHasher};
-use router_types::{
-    BlockHash, DpRank, EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier, WorkerKey, WorkerUrl,
-};
+use router_types::{BlockHash, DpRank, EngineBlockHash, EventBatch, KvEvent, StoredBlocks, Tier, WorkerKey, WorkerUrl};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -157,19 +155,12 @@ async fn wrong_page_size_shows_as_hash_mismatches() {
     let prompt: Vec<u32> = (0..16).collect();
     // The engine hashed with page 2, but says block_size 4: hashes cannot match.
     let engine = PageHasher::new(NonZeroUsize::new(2).unwrap(), HashMode::Unigram).block_hashes(&prompt, None).unwrap();
-    let event = KvEvent::Stored(StoredBlocks {
-        block_hashes: engine[..4].iter().map(|h| EngineBlockHash::I64(h.0)).collect(),
-        parent: None,
-        token_ids: prompt.iter().map(|t| u64::from(*t)).collect(),
-        bigram: false,
-        block_size: 4,
-        tier: Tier::Device,
-        namespace: Namespace::default(),
-        group_idx: None,
-        group_kind: None,
-        opaque_keys: Vec::new(),
-        lookahead: Vec::new(),
-    });
+    let event = KvEvent::Stored(StoredBlocks::plain(
+        engine[..4].iter().map(|h| EngineBlockHash::I64(h.0)).collect(),
+        None,
+        prompt.iter().map(|t| u64::from(*t)).collect(),
+        4,
+    ));
     w.publishers[0].publish(&batch(vec![event])).await.unwrap();
     // A second (empty) batch: if the subscription joined too late for the first (ZeroMQ drops
     // what a PUB sends before it has the SUB's subscription), its seq shows the gap and the

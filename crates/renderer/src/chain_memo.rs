@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use router_types::{BlockHash, PageDigest};
 
 use crate::hash::{HashMode, PageHasher};
-use crate::lookahead::lookahead_digest;
+use crate::lookahead::{lookahead_digests, lookahead_page_count};
 
 /// Default budget, in pages (about 64 bytes each: some 32 MiB).
 pub const DEFAULT_CHAIN_MEMO_PAGES: usize = 1 << 19;
@@ -113,19 +113,11 @@ impl ChainMemo {
         let size = page.get();
         // A kind no hasher has (theirs are even or odd by mode, below 2^63).
         let kind = 1 << 63 | (size as u64) << 8 | lookahead as u64;
-        let chain = Chain { page: size, after: lookahead, kind, full: tokens.len().saturating_sub(lookahead) / size };
+        let full = lookahead_page_count(page, tokens.len(), lookahead);
+        let chain = Chain { page: size, after: lookahead, kind, full };
         self.memoized(chain, tokens, prior, |from, prior, digests| {
-            let mut state = prior.copied();
-            for i in from..chain.full {
-                let end = (i + 1) * size;
-                // u32 ids are never out of range: hashing them cannot fail.
-                let Ok(d) = lookahead_digest(state.as_ref(), &tokens[i * size..end], &tokens[end..end + lookahead])
-                else {
-                    return;
-                };
-                digests.push(d);
-                state = Some(d);
-            }
+            // u32 ids are never out of range: hashing them cannot fail.
+            let _ = lookahead_digests(page, tokens, lookahead, (from, prior), digests);
         })
     }
 

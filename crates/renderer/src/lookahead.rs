@@ -43,7 +43,7 @@ pub fn lookahead_digest<T: TokenId>(
     if let Some(p) = prior {
         sha.update(p);
     }
-    // At most 64 (kv-events refuses more): one byte.
+    // At most `MAX_LOOKAHEAD_TOKENS` (64: the decoders refuse more): one byte.
     sha.update([lookahead.len().min(255) as u8]);
     let words = lookahead.iter().chain(page).map(|t| t.to_u64());
     if !T::ALWAYS_NARROW && (is_wide(lookahead, 0)? | is_wide(page, 0)?) {
@@ -57,24 +57,45 @@ pub fn lookahead_digest<T: TokenId>(
 
 /// A request's chain as a worker with a lookahead of `lookahead` tokens keys it: the block hash
 /// of every full page of `page` tokens that at least `lookahead` more tokens follow (vLLM hashes
-/// no other), each page chained from the previous folded digest, the first from `prior`.
+/// no other), each page chained from the previous page's digest, the first from `prior`.
 pub fn lookahead_block_hashes<T: TokenId>(
     page: NonZeroUsize,
     tokens: &[T],
     lookahead: usize,
     prior: Option<&PageDigest>,
 ) -> Result<Vec<BlockHash>, HashError> {
+    let mut digests = Vec::new();
+    lookahead_digests(page, tokens, lookahead, (0, prior), &mut digests)?;
+    Ok(digests.iter().map(BlockHash::from_digest).collect())
+}
+
+/// The pages of `tokens` that `lookahead` tokens follow (`lookahead_page_count`), from page
+/// `from` on, chained from `prior` (page `from - 1`'s digest, or the chain's own prior): their
+/// digests appended to `out`.
+pub fn lookahead_digests<T: TokenId>(
+    page: NonZeroUsize,
+    tokens: &[T],
+    lookahead: usize,
+    (from, prior): (usize, Option<&PageDigest>),
+    out: &mut Vec<PageDigest>,
+) -> Result<(), HashError> {
     let size = page.get();
-    let blocks = tokens.len().saturating_sub(lookahead) / size;
-    let mut out = Vec::with_capacity(blocks);
+    let blocks = lookahead_page_count(page, tokens.len(), lookahead);
+    out.reserve(blocks.saturating_sub(from));
     let mut state = prior.copied();
-    for i in 0..blocks {
+    for i in from..blocks {
         let end = (i + 1) * size;
         let digest = lookahead_digest(state.as_ref(), &tokens[i * size..end], &tokens[end..end + lookahead])?;
-        out.push(BlockHash::from_digest(&digest));
+        out.push(digest);
         state = Some(digest);
     }
-    Ok(out)
+    Ok(())
+}
+
+/// How many pages of `page` tokens of a `len`-token prompt are hashed with a lookahead of
+/// `lookahead` tokens: those it holds whole with `lookahead` tokens after them.
+pub fn lookahead_page_count(page: NonZeroUsize, len: usize, lookahead: usize) -> usize {
+    len.saturating_sub(lookahead) / page.get()
 }
 
 #[cfg(test)]

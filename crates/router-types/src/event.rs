@@ -64,16 +64,22 @@ pub struct StoredBlocks {
     /// Per block (empty: none), what its engine hash covers besides its tokens and namespace
     /// that the router cannot compute from a request: vLLM's `extra_keys` multimodal
     /// `(identifier, offset)` pairs and prompt-embedding digests, in a canonical form
-    /// (`kv_events` decodes them). The router's chain folds them in, so a prompt without those
-    /// inputs never matches the blocks.
+    /// ([`crate::opaque`]; `kv_events` and `engine_grpc` decode them). The router's chain folds
+    /// them in, so a prompt without those inputs never matches the blocks.
     pub opaque_keys: Vec<Option<Box<[u8]>>>,
     /// Per block (empty: none), the tokens after it that its engine hash also covers: vLLM's
     /// lookahead hashing (`lookahead_token_ids`, on with EAGLE or MTP drafting), every block's
-    /// list of the same length (`kv_events` checks). The router's chain folds them in
-    /// (`renderer::hash::lookahead_digest`), as a request's chain for such a worker does.
+    /// list of the same length, at most [`MAX_LOOKAHEAD_TOKENS`] (`kv_events` checks). The
+    /// router's digest of the block covers them (`renderer::lookahead::lookahead_digest`), as a
+    /// request's chain for such a worker does.
     #[serde(default)]
     pub lookahead: Vec<Box<[u64]>>,
 }
+
+/// The longest lookahead a block's hash may cover (vLLM's `num_hash_lookahead_tokens`: 1 for
+/// EAGLE, the draft length for MTP): the decoders refuse longer ones, the index keeps a
+/// worker's in one bit of a `u64`.
+pub const MAX_LOOKAHEAD_TOKENS: usize = 64;
 
 /// What one KV-cache group of a model keeps of a prompt, as vLLM's events say it
 /// (`kv_cache_spec_kind`, `kv_cache_spec_sliding_window`). A hybrid model has groups of several

@@ -10,7 +10,7 @@ pub mod metrics;
 pub mod opaque;
 mod rng;
 
-pub use event::{EngineBlockHash, EventBatch, GroupKind, KvEvent, StoredBlocks};
+pub use event::{EngineBlockHash, EventBatch, GroupKind, KvEvent, MAX_LOOKAHEAD_TOKENS, StoredBlocks};
 pub use ids::{
     BlockHash, Bootstrap, DpRank, Load, Namespace, PageDigest, PoolId, Role, Tier, TokenCount, UrlError, Warmup,
     WorkerId, WorkerKey, WorkerUrl,

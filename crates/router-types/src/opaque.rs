@@ -1,6 +1,7 @@
-//! The canonical form of a block's keys the router cannot compute from a request
-//! (`StoredBlocks::opaque_keys`: vLLM's multimodal items, prompt-embedding digests), whichever
-//! wire they came over: owns its writer ([`OpaqueKeys`]) and its reader ([`opaque_keys`]).
+//! vLLM's per-block extra keys, whichever wire they came over: owns the canonical form of the
+//! keys the router cannot compute from a request (`StoredBlocks::opaque_keys`: multimodal items,
+//! prompt-embedding digests), its writer ([`OpaqueKeys`]) and reader ([`opaque_keys`]), and where
+//! the cache salt is among the keys ([`vllm_salt`]).
 //!
 //! ```text
 //! canonical block keys = key*
@@ -31,6 +32,30 @@ pub enum Part<'a> {
     Bytes(&'a [u8]),
     /// An integer.
     Int(i128),
+}
+
+// === impl OpaqueKey ===
+
+impl<'a> OpaqueKey<'a> {
+    /// A multimodal item's `(identifier, offset from the block's start)`, if this is one.
+    pub fn multimodal(&self) -> Option<(&'a str, i64)> {
+        match self {
+            OpaqueKey::Tuple(parts) => match parts[..] {
+                [Part::Str(identifier), Part::Int(offset)] => Some((identifier, i64::try_from(offset).ok()?)),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+/// vLLM's cache salt among a chain's first block's text keys (`first_block_texts`, in order):
+/// vLLM has no salt field; `generate_block_hash_extra_keys` orders a block's keys LoRA,
+/// multimodal, salt, prompt embeddings and keys the salt on a request's first block only, and
+/// the events publish the LoRA name and the salt as bare text. So the salt is the first text
+/// after the LoRA name (`lora`: the blocks have one).
+pub fn vllm_salt(first_block_texts: &[String], lora: bool) -> Option<String> {
+    first_block_texts.get(usize::from(lora)).cloned()
 }
 
 /// Writes one block's keys in the canonical form.
@@ -173,8 +198,22 @@ mod tests {
             ]
         );
         assert_eq!(OpaqueKeys::default().finish(), None);
+        let keys = opaque_keys(&canonical).unwrap();
+        assert_eq!(
+            keys.iter().map(OpaqueKey::multimodal).collect::<Vec<_>>(),
+            [Some(("mm-abc", 3)), None, None, None, None]
+        );
         for bad in [&[0x01, 1, b'q', 0, 0, 0, 0, 0, 0, 0, 0][..], &[0x02, 9], &[0x05]] {
             assert_eq!(opaque_keys(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_salt_is_the_first_blocks_text_after_the_lora_name() {
+        let texts = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(vllm_salt(&texts(&["tenant"]), false).as_deref(), Some("tenant"));
+        assert_eq!(vllm_salt(&texts(&["sql", "tenant"]), true).as_deref(), Some("tenant"));
+        assert_eq!(vllm_salt(&texts(&["sql"]), true), None);
+        assert_eq!(vllm_salt(&[], false), None);
     }
 }

@@ -588,7 +588,7 @@ async fn the_rank_holding_the_prefix_is_passed_to_a_data_parallel_engine() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lora_requests_match_the_adapter_chains_the_events_carry() {
     use kv_events::{Publisher, PublisherConfig};
-    use router_types::{EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier};
+    use router_types::{EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks};
 
     let w = MockEngine::spawn(MockEngineConfig { model_id: "base".into(), kv_events: false, ..engine_config() })
         .await
@@ -612,17 +612,13 @@ async fn lora_requests_match_the_adapter_chains_the_events_carry() {
         ts: 0.0,
         dp_rank: None,
         events: vec![KvEvent::Stored(StoredBlocks {
-            block_hashes: (0..blocks).map(|i| EngineBlockHash::U64(1_000 + i as u64)).collect(),
-            parent: None,
-            token_ids: tokens[..blocks * 16].iter().map(|t| u64::from(*t)).collect(),
-            bigram: false,
-            block_size: 16,
-            tier: Tier::Device,
             namespace: Namespace { lora_name: Some("sql".into()), cache_salt: None },
-            group_idx: None,
-            group_kind: None,
-            opaque_keys: Vec::new(),
-            lookahead: Vec::new(),
+            ..StoredBlocks::plain(
+                (0..blocks).map(|i| EngineBlockHash::U64(1_000 + i as u64)).collect(),
+                None,
+                tokens[..blocks * 16].iter().map(|t| u64::from(*t)).collect(),
+                16,
+            )
         })],
     };
     let matched = |d: &Value| d["candidates"][0]["matched_tokens"].as_u64().unwrap();
@@ -652,7 +648,7 @@ async fn lora_requests_match_the_adapter_chains_the_events_carry() {
 async fn a_mixed_fleet_matches_bigram_and_unigram_workers_in_their_own_modes() {
     use kv_events::{Publisher, PublisherConfig};
     use renderer::{HashMode, PageHasher};
-    use router_types::{EngineBlockHash, EventBatch, KvEvent, Namespace, StoredBlocks, Tier};
+    use router_types::{EngineBlockHash, EventBatch, KvEvent, StoredBlocks};
 
     // w0: a plain engine (unigram). eagle: an EAGLE3 engine, which keys blocks by bigrams.
     let w0 = MockEngine::spawn(engine_config()).await.unwrap();
@@ -684,17 +680,13 @@ async fn a_mixed_fleet_matches_bigram_and_unigram_workers_in_their_own_modes() {
         ts: 0.0,
         dp_rank: None,
         events: vec![KvEvent::Stored(StoredBlocks {
-            block_hashes: hashes.iter().map(|h| EngineBlockHash::I64(h.0)).collect(),
-            parent: None,
-            token_ids: raw.iter().map(|t| u64::from(*t)).collect(),
             bigram: true,
-            block_size: 16,
-            tier: Tier::Device,
-            namespace: Namespace::default(),
-            group_idx: None,
-            group_kind: None,
-            opaque_keys: Vec::new(),
-            lookahead: Vec::new(),
+            ..StoredBlocks::plain(
+                hashes.iter().map(|h| EngineBlockHash::I64(h.0)).collect(),
+                None,
+                raw.iter().map(|t| u64::from(*t)).collect(),
+                16,
+            )
         })],
     };
     let matched = |d: &Value, url: &str| {
