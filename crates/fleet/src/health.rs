@@ -319,6 +319,7 @@ pub async fn introspect(client: &reqwest::Client, w: &Worker, timeout: Duration)
     debug!(worker = %w.url, found = models.is_some(), "no /server_info; asked /v1/models");
     models.map(|v| WorkerInfo {
         model_id: v.pointer("/data/0/id").and_then(Value::as_str).map(|s| s.chars().take(256).collect()),
+        model_path: v.pointer("/data/0/root").and_then(Value::as_str).map(|s| s.chars().take(1024).collect()),
         ..WorkerInfo::default()
     })
 }
@@ -361,6 +362,7 @@ mod tests {
             i,
             WorkerInfo {
                 model_id: Some("qwen".into()),
+                model_path: Some("/models/qwen".into()),
                 dp_size: Some(4),
                 page_size: Some(64),
                 ..WorkerInfo::default()

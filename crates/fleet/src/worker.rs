@@ -70,6 +70,9 @@ pub enum Events {
 pub struct WorkerInfo {
     /// The model it serves (`served_model_name`, `model_path`, or the first `/v1/models` id).
     pub model_id: Option<String>,
+    /// The model it was started with (`--model`: SGLang's `model_path`, the first `/v1/models`
+    /// entry's `root`): vLLM keys images' identifiers by it.
+    pub model_path: Option<String>,
     /// Its data-parallel size (at most [`crate::MAX_DP_SIZE`]).
     pub dp_size: Option<u32>,
     /// Its KV page (block) size in tokens.
@@ -89,6 +92,7 @@ pub fn from_server_info(v: &serde_json::Value) -> WorkerInfo {
     let num = |k: &str| v.get(k).and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok());
     WorkerInfo {
         model_id: text("served_model_name").or_else(|| text("model_path")),
+        model_path: text("model_path"),
         dp_size: num("dp_size").filter(|n| (1..=crate::MAX_DP_SIZE).contains(n)),
         page_size: num("page_size"),
         disaggregation_mode: text("disaggregation_mode"),

@@ -15,6 +15,8 @@ use router_types::{DpRank, EngineBlockHash, EventBatch, KvEvent, Namespace, Stor
 
 #[path = "pump_apply/lookahead_golden.rs"]
 mod lookahead_golden;
+#[path = "pump_apply/multimodal_golden.rs"]
+mod multimodal_golden;
 
 const PAGE: usize = 4;
 

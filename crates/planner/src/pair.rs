@@ -55,7 +55,7 @@ pub fn pair(
     p: Planner<'_>,
     (pool, pd): (&Arc<Pool>, &PdConfig),
     v: &Value,
-    prompt: (&[u32], Option<String>),
+    prompt: &crate::Rendered,
     key: Option<&[u8]>,
     avoid: &[WorkerId],
     credit: bool,
@@ -70,8 +70,8 @@ pub fn pair(
     if prefills.is_empty() || decodes.is_empty() {
         return Err(PlanError::NoWorker);
     }
-    let (tokens, text) = prompt;
-    let prompted = Prompted { v: Some(v), tokens, text, match_prefix: true, credit };
+    let crate::Rendered { tokens, text, mm } = prompt;
+    let prompted = Prompted { v: Some(v), tokens, text: text.clone(), mm, match_prefix: true, credit };
     let prefill = p.plan_in(pool, &*pool.policy, prefills, prompted, key)?;
     // Conditional disaggregation (vLLM): the decode workers are matched against the index too
     // (what they pulled or prefilled themselves), so the decode policy may choose by prefix,
@@ -79,8 +79,8 @@ pub fn pair(
     let skip = &pd.skip_prefill;
     let conditional = skip.enabled() && pd.mode == PdMode::Vllm;
     let decode_prompt = match conditional {
-        true => Prompted { v: Some(v), tokens, text: None, match_prefix: true, credit: false },
-        false => Prompted { v: None, tokens: &[], text: None, match_prefix: false, credit: false },
+        true => Prompted { v: Some(v), tokens, text: None, mm, match_prefix: true, credit: false },
+        false => Prompted { v: None, tokens: &[], text: None, mm: &[], match_prefix: false, credit: false },
     };
     let decode = p.plan_in(pool, &*pd.decode_policy, decodes, decode_prompt, None)?;
     // Matched only with a rule on: otherwise the decode plan holds nothing.

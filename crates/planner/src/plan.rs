@@ -11,6 +11,7 @@ use fleet::Worker;
 use kv_index::KvIndex;
 use policy::{Candidate, Decision, RequestInfo};
 use renderer::PageHasher;
+use renderer::vision::{MmItem, keyed_block_hashes};
 use router_types::{BlockHash, DpRank};
 use serde_json::{Value, json};
 
@@ -86,6 +87,8 @@ pub struct Prompted<'a> {
     pub v: Option<&'a Value>,
     pub tokens: &'a [u32],
     pub text: Option<String>,
+    /// The prompt's images (their placeholders are in `tokens`).
+    pub mm: &'a [renderer::vision::MmItem],
     /// Match the prompt against the index (false: every candidate holds nothing, as a decode
     /// worker's KV comes from its prefill, never from its own cache).
     pub match_prefix: bool,
@@ -172,7 +175,7 @@ impl Planner<'_> {
     ) -> Result<Plan, PlanError> {
         // Rendered only for what reads it (a body parsed for its model alone is not rendered).
         let reads = self.index.is_some() || pool.policy.needs_tokens() || pool.policy.needs_text();
-        let (tokens, text) = match v {
+        let crate::Rendered { tokens, text, mm } = match v {
             // The request's own plan (`credit`) reads the prompt last: it takes the render, and
             // one made here is not kept (no copy of the tokens on the way).
             Some(v) if reads && route.has_prompt() => match renders.get(&pool.renderer, credit) {
@@ -182,10 +185,10 @@ impl Planner<'_> {
                 }
                 None => self.prompt(pool, route, v)?,
             },
-            _ => (Vec::new(), None),
+            _ => crate::Rendered::default(),
         };
         let workers = self.routable(|w| pool.serves(w))?;
-        let prompted = Prompted { v, tokens: &tokens, text, match_prefix: true, credit };
+        let prompted = Prompted { v, tokens: &tokens, text, mm: &mm, match_prefix: true, credit };
         self.plan_in(pool, &*pool.policy, workers, prompted, key)
     }
 
@@ -199,7 +202,7 @@ impl Planner<'_> {
         prompted: Prompted<'_>,
         key: Option<&[u8]>,
     ) -> Result<Plan, PlanError> {
-        let Prompted { v, tokens, text, match_prefix, credit } = prompted;
+        let Prompted { v, tokens, text, mm, match_prefix, credit } = prompted;
         if workers.is_empty() {
             return Err(PlanError::NoWorker);
         }
@@ -214,7 +217,7 @@ impl Planner<'_> {
         // pages are not hashed at all (a 16 KiB prompt without a tokenizer is 16,384 tokens).
         let exact = !policy.needs_text() || workers.iter().any(|w| w.is_followed());
         let chains = match v {
-            Some(v) if exact => self.chains(pool, &workers, v, tokens, block_size),
+            Some(v) if exact => self.chains(pool, &workers, v, (tokens, mm), block_size),
             _ => Chains::default(),
         };
         // From the match to the credit, one plan at a time (the pages hashed before): a burst
@@ -292,7 +295,14 @@ impl Planner<'_> {
     /// The prompt's page hashes in each of the fleet's hash modes and each lookahead some worker
     /// hashes with, in the request's namespace (as the engine chains them), with `block_size`
     /// tokens a page; none without an index.
-    fn chains(&self, pool: &Pool, workers: &[Arc<Worker>], v: &Value, tokens: &[u32], block_size: usize) -> Chains {
+    fn chains(
+        &self,
+        pool: &Pool,
+        workers: &[Arc<Worker>],
+        v: &Value,
+        (tokens, mm): (&[u32], &[MmItem]),
+        block_size: usize,
+    ) -> Chains {
         let Some(index) = self.index else { return Chains::default() };
         let page = NonZeroUsize::new(block_size).unwrap_or(NonZeroUsize::MIN);
         // The request's namespace starts its chain, as the engine's does.
@@ -303,11 +313,21 @@ impl Planner<'_> {
         };
         let ns = crate::namespace::of_request(v, served, Some(index));
         let prior = renderer::hash::namespace_prior(ns.adapter, ns.salt);
+        // A vision model's images: vLLM keys each block holding an image's placeholders by the
+        // image's identifier too, which depends on the model the engine was started with.
+        let model_id = || {
+            let info = workers.iter().find_map(|w| w.info().filter(|i| i.model_path.is_some() || i.model_id.is_some()));
+            info.and_then(|i| i.model_path.or(i.model_id)).unwrap_or_else(|| pool.served_model.clone())
+        };
+        let model_id = if mm.is_empty() { String::new() } else { model_id() };
         let mut all: Vec<Vec<BlockHash>> = self
             .fleet
             .hash_modes()
             .modes()
-            .map(|m| pool.chain_memo.block_hashes(&PageHasher::new(page, m), tokens, prior.as_ref()))
+            .map(|m| match mm {
+                [] => pool.chain_memo.block_hashes(&PageHasher::new(page, m), tokens, prior.as_ref()),
+                _ => keyed_block_hashes(&PageHasher::new(page, m), tokens, prior.as_ref(), mm, &model_id),
+            })
             .collect();
         // vLLM's lookahead hashing (EAGLE, MTP): its workers key a block by the tokens after it too.
         let lookaheads: Vec<usize> = index.lookaheads().collect();

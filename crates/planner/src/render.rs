@@ -5,13 +5,22 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use renderer::vision::MmItem;
 use renderer::{ChatRequest, Prompt, RenderError, Renderer};
 use serde_json::Value;
 
 use crate::{Planner, Pool, Route};
 
-/// A prompt's tokens (empty when not needed) and text.
-pub type Rendered = (Vec<u32>, Option<String>);
+/// A prompt as a renderer made it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rendered {
+    /// Its tokens (empty when not needed), each image's placeholders expanded.
+    pub tokens: Vec<u32>,
+    /// Its text (`None`: given as tokens).
+    pub text: Option<String>,
+    /// Its images (a vision model's chat), in order.
+    pub mm: Vec<MmItem>,
+}
 
 /// A request's prompt rendered at most once per renderer (template and tokenizer): the
 /// signals, each candidate pool's window, stickiness and the plan read the same render.
@@ -86,13 +95,13 @@ impl Planner<'_> {
                 let req = ChatRequest::from_value(v)?;
                 if need_tokens {
                     let r = renderer.render_chat(&req)?;
-                    Ok((r.token_ids, Some(r.text)))
+                    Ok(Rendered { tokens: r.token_ids, text: Some(r.text), mm: r.mm })
                 } else {
-                    Ok((Vec::new(), Some(renderer.render_text(&req)?)))
+                    Ok(Rendered { text: Some(renderer.render_text(&req)?), ..Rendered::default() })
                 }
             }
             // Never asked: these routes' bodies are not rendered.
-            Route::Embeddings | Route::Rerank | Route::Classify | Route::CountTokens => Ok((Vec::new(), None)),
+            Route::Embeddings | Route::Rerank | Route::Classify | Route::CountTokens => Ok(Rendered::default()),
             Route::Completions | Route::Generate => {
                 let p = if route == Route::Completions {
                     Prompt::from_completions(v.get("prompt").unwrap_or(&Value::Null), vocab)?
@@ -104,7 +113,7 @@ impl Planner<'_> {
                     Prompt::Tokens(_) => None,
                 };
                 let tokens = if need_tokens { renderer.prompt_tokens(&p)? } else { Vec::new() };
-                Ok((tokens, text))
+                Ok(Rendered { tokens, text, mm: Vec::new() })
             }
         }
     }

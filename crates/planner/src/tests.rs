@@ -67,7 +67,7 @@ async fn a_prompt_is_rendered_once_per_renderer_until_a_plugin_rewrites_it() {
     let (a, b) = (Arc::new(Renderer::builtin().unwrap()), Arc::new(Renderer::builtin().unwrap()));
     let memo = Renders::default();
     let first = memo.tokens(p, &a, Route::Chat, &chat()).unwrap();
-    assert!(!first.0.is_empty() && first.1.as_deref().is_some_and(|t| t.contains("hello there")));
+    assert!(!first.tokens.is_empty() && first.text.as_deref().is_some_and(|t| t.contains("hello there")));
     assert_eq!(memo.tokens(p, &a, Route::Chat, &chat()).unwrap(), first, "the same render, from the memo");
     assert_eq!(renders.load(Ordering::Relaxed), 1);
     memo.tokens(p, &b, Route::Chat, &chat()).unwrap();
@@ -143,17 +143,17 @@ async fn a_pair_takes_each_leg_from_its_role_and_avoids_failed_workers_while_oth
     let pool = pool(PoolId("pd".into()), Some(PdMode::Sglang));
     let setup = pool.pd.clone().unwrap();
     let v = chat();
-    let (tokens, text) = p.prompt(&pool, Route::Chat, &v).unwrap();
-    let pair = crate::pair(p, (&pool, &setup), &v, (&tokens, text.clone()), None, &[], true).unwrap();
+    let prompt = p.prompt(&pool, Route::Chat, &v).unwrap();
+    let pair = crate::pair(p, (&pool, &setup), &v, &prompt, None, &[], true).unwrap();
     assert!(matches!(pair.prefill.chosen().role, Role::Prefill { .. }));
     assert_eq!(pair.prefill.workers.len(), 2, "both prefill workers are candidates");
     assert_eq!(pair.decode.chosen().url.to_string(), "http://127.0.0.1:21");
     assert!(pair.decode.candidates.iter().all(|c| c.matched_tokens == 0 && c.followed), "decode holds no prefix");
     let first = pair.prefill.chosen().id;
-    let again = crate::pair(p, (&pool, &setup), &v, (&tokens, text.clone()), None, &[first], true).unwrap();
+    let again = crate::pair(p, (&pool, &setup), &v, &prompt, None, &[first], true).unwrap();
     assert_ne!(again.prefill.chosen().id, first, "the failed prefill worker is avoided");
     let both: Vec<_> = pair.prefill.workers.iter().map(|w| w.id).collect();
-    let last = crate::pair(p, (&pool, &setup), &v, (&tokens, text), None, &both, false).unwrap();
+    let last = crate::pair(p, (&pool, &setup), &v, &prompt, None, &both, false).unwrap();
     assert_eq!(last.prefill.workers.len(), 2, "every one failed: all are candidates again");
     let shown = crate::pair_json(&setup, &pair);
     assert_eq!((shown["pool"].as_str(), shown["mode"].as_str()), (Some("pd"), Some("sglang")));
@@ -194,7 +194,7 @@ async fn without_a_tokenizer_input_ids_are_left_for_the_engine_to_judge() {
     // The built-in byte-level model knows 259 ids; the engine's model (unknown here) many more.
     let builtin = Renderer::builtin().unwrap();
     let ids = json!({"input_ids": [100000, 151642, 7], "sampling_params": {"max_new_tokens": 8}});
-    assert_eq!(p.render(&builtin, Route::Generate, &ids, true).unwrap().0, vec![100000, 151642, 7]);
+    assert_eq!(p.render(&builtin, Route::Generate, &ids, true).unwrap().tokens, vec![100000, 151642, 7]);
     let completion = json!({"prompt": [[100000, 3]], "max_tokens": 8});
     assert!(p.render(&builtin, Route::Completions, &completion, true).is_ok());
     // What can never be a token id is still refused.

@@ -31,6 +31,13 @@ pub struct ChatRequest {
     /// Extra template variables (`enable_thinking`, ...).
     #[serde(default)]
     pub chat_template_kwargs: Option<Map<String, Json>>,
+    /// vLLM's per-request multimodal processor options (they change images' placeholders and
+    /// identifiers).
+    #[serde(default)]
+    pub mm_processor_kwargs: Option<Map<String, Json>>,
+    /// vLLM's per-request media loading options (idem).
+    #[serde(default)]
+    pub media_io_kwargs: Option<Map<String, Json>>,
 }
 
 /// The template's variables and what to do with its output.
@@ -44,6 +51,11 @@ pub(crate) struct TemplateInput {
 // === impl ChatRequest ===
 
 impl ChatRequest {
+    /// The request carries multimodal processor or media options.
+    pub fn has_mm_options(&self) -> bool {
+        [&self.mm_processor_kwargs, &self.media_io_kwargs].iter().any(|o| o.as_ref().is_some_and(|m| !m.is_empty()))
+    }
+
     /// Parses a request body; an error names the field that is wrong.
     pub fn from_json(body: &[u8]) -> Result<Self, RenderError> {
         // serde_json checks UTF-8 only in the strings it keeps: a body with

@@ -25,6 +25,7 @@ mod model;
 mod prompt;
 mod pyjson;
 mod strftime;
+pub mod vision;
 pub mod vllm_hash;
 pub use strftime::strftime;
 mod template;
@@ -57,13 +58,16 @@ pub use tokenizer::{
     TextTokenizer,
 };
 
-/// A rendered chat: the prompt text and its token ids.
+/// A rendered chat: the prompt text, its token ids and its images.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rendered {
     /// The prompt as the template produced it.
     pub text: String,
-    /// The ids the engine will see (`add_special_tokens = false`).
+    /// The ids the engine will see (`add_special_tokens = false`), each image's placeholder
+    /// expanded as the engine expands it (a model with [`vision::VisionConfig`]).
     pub token_ids: Vec<u32>,
+    /// The images, in order (empty without a vision config or images).
+    pub mm: Vec<vision::MmItem>,
 }
 
 /// Tokenizer, chat templates and special tokens of one model.
@@ -76,6 +80,8 @@ pub struct Renderer {
     builtin: bool,
     /// The engine whose conversions it mirrors.
     backend: anthropic::Backend,
+    /// The model's image settings, when it is a vision model the router expands images for.
+    vision: Option<vision::VisionConfig>,
 }
 
 // === impl Renderer ===
@@ -91,7 +97,8 @@ impl Renderer {
     pub fn from_dir_with(dir: &Path, chat_template: Option<&Path>, bounds: CacheBounds) -> Result<Self, RenderError> {
         let tokenizer = TextTokenizer::from_file_with(&dir.join("tokenizer.json"), bounds)?;
         let config = ModelConfig::load(dir, chat_template)?;
-        Ok(Self::new(tokenizer, config))
+        let vision = vision::VisionConfig::load(dir, tokenizer.token_to_id("<|image_pad|>"));
+        Ok(Self { vision, ..Self::new(tokenizer, config) })
     }
 
     /// The same tokenizer with the chat template at `path` (`--chat-template` over the built-in
@@ -103,7 +110,7 @@ impl Renderer {
 
     /// Builds from parts (the built-in tokenizer, tests).
     pub fn new(tokenizer: TextTokenizer, config: ModelConfig) -> Self {
-        Self { tokenizer, config, builtin: false, backend: anthropic::Backend::Sglang }
+        Self { tokenizer, config, builtin: false, backend: anthropic::Backend::Sglang, vision: None }
     }
 
     /// The largest token id a prompt's `input_ids` may hold, plus one: the tokenizer's
@@ -116,6 +123,18 @@ impl Renderer {
     /// The tokenizer.
     pub fn tokenizer(&self) -> &TextTokenizer {
         &self.tokenizer
+    }
+
+    /// The same renderer, expanding images by `vision` (tests; a directory's
+    /// `preprocessor_config.json` gives it otherwise).
+    pub fn with_vision(mut self, vision: Option<vision::VisionConfig>) -> Self {
+        self.vision = vision;
+        self
+    }
+
+    /// The model's image settings, if images are expanded.
+    pub fn vision(&self) -> Option<&vision::VisionConfig> {
+        self.vision.as_ref()
     }
 
     /// The engine whose conversions this renderer mirrors (its Anthropic Messages requests).
@@ -183,8 +202,12 @@ impl Renderer {
     /// Renders and tokenizes a chat request as the engine does.
     pub fn render_chat(&self, req: &ChatRequest) -> Result<Rendered, RenderError> {
         let text = self.render_text(req)?;
-        let token_ids = self.tokenizer.encode(&text, false)?;
-        Ok(Rendered { text, token_ids })
+        let mut token_ids = self.tokenizer.encode(&text, false)?;
+        let mm = match &self.vision {
+            Some(v) => v.expand(&req.messages, req.has_mm_options(), &mut token_ids),
+            None => Vec::new(),
+        };
+        Ok(Rendered { text, token_ids, mm })
     }
 
     /// Token ids of a non-chat prompt (text gets the tokenizer's special tokens, like the engines).

@@ -106,3 +106,6 @@ fn every_sglang_namespace_case_matches() {
         );
     }
 }
+
+#[path = "vision/golden.rs"]
+mod vision_golden;

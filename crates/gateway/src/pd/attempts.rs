@@ -80,7 +80,7 @@ impl Dispatch for Pairs<'_> {
     }
 
     fn next(&mut self, _: &Pair, tried: &[WorkerId]) -> Option<Pair> {
-        pair_again(self.ctx.gw, &self.ctx, (&self.prompted.0, self.prompted.1.clone()), tried)
+        pair_again(self.ctx.gw, &self.ctx, &self.prompted, tried)
     }
 
     fn moving(&mut self, failure: Failure, _: &Pair, next: &Pair, attempt: u32) {
@@ -133,7 +133,7 @@ pub(super) async fn serve(
                     .into(),
             ));
         }
-        true => Some(crate::grpc::prepare(gw, (route, &v), prompted.0.clone(), None, pool, meta)?),
+        true => Some(crate::grpc::prepare(gw, (route, &v), prompted.tokens.clone(), None, pool, meta)?),
         false => None,
     };
     let ctx = Ctx { gw, pool, pd, extra, meta, route, v, batch, stream, start, workers };

@@ -319,7 +319,7 @@ fn choose(
     let batch = check(v, route, pd.mode)?;
     // A batch is balanced by load: one prefill worker serves every item.
     let prompted = match batch {
-        Some(_) => (Vec::new(), None),
+        Some(_) => planner::Rendered::default(),
         // gRPC workers take token ids, whatever the policy reads.
         None if crate::grpc::in_pool(planner.workers, pool) => renders.tokens(planner, &pool.renderer, route, v)?,
         None => match renders.take(&pool.renderer) {
@@ -327,7 +327,7 @@ fn choose(
             None => planner.prompt(pool, route, v)?,
         },
     };
-    let pair = planner::pair(planner, (pool, pd), v, (&prompted.0, prompted.1.clone()), key, &[], credit)?;
+    let pair = planner::pair(planner, (pool, pd), v, &prompted, key, &[], credit)?;
     Ok((batch, prompted, pair))
 }
 
@@ -411,7 +411,7 @@ pub(crate) fn batch_size(v: &Value, route: Route) -> Option<usize> {
 }
 
 /// A new pair for a retry, avoiding the workers that failed.
-fn pair_again(gw: &Gateway, ctx: &Ctx<'_>, prompt: (&[u32], Option<String>), avoid: &[WorkerId]) -> Option<Pair> {
+fn pair_again(gw: &Gateway, ctx: &Ctx<'_>, prompt: &planner::Rendered, avoid: &[WorkerId]) -> Option<Pair> {
     let key = ctx.meta.routing_key.as_deref();
     planner::pair(gw.planner(ctx.workers), (ctx.pool, ctx.pd), &ctx.v, prompt, key, avoid, true).ok()
 }

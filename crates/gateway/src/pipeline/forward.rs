@@ -224,7 +224,7 @@ where
         // A gRPC worker takes token ids: the plan's render, kept for it.
         let ids = match v.as_ref() {
             Some(v) if route.has_prompt() && crate::grpc::in_pool(&seen, pool) => {
-                Some(renders.tokens(planner, &pool.renderer, route, v)?.0)
+                Some(renders.tokens(planner, &pool.renderer, route, v)?.tokens)
             }
             _ => None,
         };

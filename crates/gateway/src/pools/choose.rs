@@ -51,7 +51,7 @@ pub(super) fn pool(
     let mut why_not = Vec::new();
     // Each candidate's prompt tokens by its own tokenizer, rendered once per renderer, only when needed.
     let prompt_of = |p: &Pool| -> Option<u64> {
-        ask.renders.tokens(ask.planner, &p.renderer, route, v).ok().map(|(tokens, _)| tokens.len() as u64)
+        ask.renders.tokens(ask.planner, &p.renderer, route, v).ok().map(|r| r.tokens.len() as u64)
     };
     let mut fits = |i: usize| -> bool {
         let p = routing.pool(i);

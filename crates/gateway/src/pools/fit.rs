@@ -25,10 +25,10 @@ pub(super) fn context(
     let Some(window) = pool.context_window.filter(|_| route == Route::Chat) else { return Ok(None) };
     let max_tokens = super::choose::max_tokens(v);
     let fits = |v: &Value| -> Result<bool, GatewayError> {
-        let (tokens, _) = ask.planner.render(&pool.renderer, route, v, true)?;
+        let tokens = ask.planner.render(&pool.renderer, route, v, true)?.tokens;
         Ok(tokens.len() as u64 + max_tokens <= window)
     };
-    let prompt = ask.renders.tokens(ask.planner, &pool.renderer, route, v)?.0.len() as u64;
+    let prompt = ask.renders.tokens(ask.planner, &pool.renderer, route, v)?.tokens.len() as u64;
     if prompt + max_tokens <= window {
         return Ok(None);
     }

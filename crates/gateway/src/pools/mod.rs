@@ -448,7 +448,7 @@ fn decide<'r>(
     // Exact, by the default pool's tokenizer: for context signals, and for load signals' TTFT.
     let tokens = if selector.needs_tokens() || selector.needs_load() {
         let default = routing.default_pool();
-        ask.renders.tokens(ask.planner, &default.renderer, route, v)?.0.len() as u64
+        ask.renders.tokens(ask.planner, &default.renderer, route, v)?.tokens.len() as u64
     } else {
         0
     };

@@ -144,7 +144,7 @@ async fn fit_context_drops_the_oldest_turns_until_the_chat_fits_its_pools_window
     let workers = gw.fleet.snapshot();
     let tokens = |v: &Value| {
         let pool = &gw.pools[0];
-        gw.planner(&workers).render(&pool.renderer, Route::Chat, v, true).unwrap().0.len() as u64 + 8
+        gw.planner(&workers).render(&pool.renderer, Route::Chat, v, true).unwrap().tokens.len() as u64 + 8
     };
     // It fits: nothing dropped, the body as it came.
     let mut short = long_chat(0, "hi");

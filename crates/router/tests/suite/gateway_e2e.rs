@@ -768,6 +768,77 @@ async fn a_lookahead_worker_is_credited_only_what_its_engine_would_reuse() {
     let _ = r.stop.send(());
 }
 
+/// A vision model's chat with images (data URLs): the router expands each image's placeholder and
+/// keys its blocks by the image's identifier, as a vLLM engine serving Qwen2.5-VL does (the
+/// engine's own events, from `tests/fixtures/kv_multimodal`, published over ZMQ; the model id the
+/// identifiers depend on read from the worker). The same chat is credited every block the engine
+/// holds; the same text with another image of the same size (the same token ids) only the blocks
+/// before the image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_with_an_image_is_credited_only_for_the_image_the_engine_holds() {
+    use kv_events::{Publisher, PublisherConfig};
+
+    let repo = common::app::repo;
+    let doc: Value =
+        serde_json::from_str(&std::fs::read_to_string(repo("tests/fixtures/kv_multimodal/mm_golden.json")).unwrap())
+            .unwrap();
+    let model = doc["model_id"].as_str().unwrap();
+    let w = MockEngine::spawn(MockEngineConfig { kv_events: false, model_id: model.into(), ..engine_config() })
+        .await
+        .unwrap();
+    let publisher = Publisher::bind(PublisherConfig::loopback()).await.unwrap();
+    // The model's directory: its tokenizer (the qwen3 fixture has Qwen-VL's vision tokens) and
+    // image settings; the Qwen2-VL template given with --chat-template.
+    let dir = tempfile::tempdir().unwrap();
+    for f in [
+        "tokenizers/qwen3/tokenizer.json",
+        "tokenizers/qwen3/tokenizer_config.json",
+        "kv_multimodal/preprocessor_config.json",
+    ] {
+        let from = repo(&format!("tests/fixtures/{f}"));
+        std::fs::copy(&from, dir.path().join(from.file_name().unwrap())).unwrap();
+    }
+    let mut cfg = config(&[&w], PolicyConfig::cache_aware(), true);
+    cfg.tokenizer_path = Some(dir.path().to_owned());
+    cfg.chat_template = Some(repo("tests/fixtures/kv_multimodal/qwen2_vl_template.jinja"));
+    let kv = cfg.kv_events.as_mut().unwrap();
+    kv.explicit.endpoints.insert(WorkerUrl::new(w.url()), publisher.endpoint().to_owned());
+    let r = start(cfg).await;
+
+    let probe = |name: &str| {
+        let p = doc["probes"].as_array().unwrap().iter().find(|p| p["name"] == name).unwrap();
+        let mut text = json!({"model": model, "messages": p["messages"], "max_tokens": 1}).to_string();
+        for image in doc["images"].as_array().unwrap() {
+            let url = format!("\"data:image/png;base64,{}\"", image["b64"].as_str().unwrap());
+            text = text.replace(&format!("\"@{}\"", image["name"].as_str().unwrap()), &url);
+        }
+        (serde_json::from_str::<Value>(&text).unwrap(), p["hit_blocks"].as_u64().unwrap() * 16)
+    };
+    let matched = async |body: &Value| {
+        let d: Value = admin_post(&format!("{}/debug/route", r.url), body).await.json().await.unwrap();
+        d["candidates"][0]["matched_tokens"].as_u64().unwrap_or_else(|| panic!("{d}"))
+    };
+    // The engine's batch for the one-image chat (the golden's first), as vLLM published it.
+    let payload: Vec<u8> = {
+        let hex = doc["payloads_hex"][0].as_str().unwrap();
+        (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect()
+    };
+    let (same, all) = probe("same");
+    assert!(all >= 400, "the image's blocks and the text after it");
+    until("the engine's blocks with the image are indexed", async || {
+        publisher.publish_raw(payload.clone().into()).await.unwrap();
+        matched(&same).await == all
+    })
+    .await;
+    let (other, before_image) = probe("other image, same size");
+    assert_eq!(matched(&other).await, before_image, "another image: only the blocks before it");
+    assert!(before_image < all / 10);
+    let (question, upto) = probe("other question");
+    assert_eq!(matched(&question).await, upto, "the same image, another question after it");
+    assert_eq!(metric(&r.url, "router_kv_events_hash_mismatches_total").await, 0.0);
+    let _ = r.stop.send(());
+}
+
 /// `--tokenizer-cache-*`: the bounds reach the router's tokenizer; its caches fill to them and no
 /// further, in entries and in bytes, and /metrics says so. A real vocabulary (the built-in one has
 /// no merges: it maps bytes to ids and never fills the word cache).
