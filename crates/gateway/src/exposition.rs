@@ -96,7 +96,19 @@ impl Gateway {
             "counter",
             "Prompts rendered and tokenized (at most once per request and renderer).",
         );
-        out.push_str(&format!("router_prompt_renders_total {}\n", m.renders.load(Ordering::Relaxed)));
+        out.push_str(&format!("router_prompt_renders_total {}\n", m.prompts.renders.load(Ordering::Relaxed)));
+        head(
+            out,
+            "router_prompt_images_total",
+            "counter",
+            "Images in rendered chats, by identity: computed (vLLM's identifier), given (the client's uuid), unknown (the prompt is credited up to it).",
+        );
+        for (identity, n) in ["computed", "given", "unknown"].iter().zip(&m.prompts.images) {
+            out.push_str(&format!(
+                "router_prompt_images_total{{identity=\"{identity}\"}} {}\n",
+                n.load(Ordering::Relaxed)
+            ));
+        }
         head(
             out,
             "router_accept_errors_total",

@@ -455,7 +455,7 @@ impl Gateway {
             index: self.index.as_deref(),
             credit_pending: self.config.credit_pending,
             credit_lock: &self.credit_lock,
-            renders: &self.metrics.renders,
+            counts: &self.metrics.prompts,
             only: None,
             placements: self.shared.as_deref().map(|s| s as &dyn planner::Placements),
             at_ms: millis_since_start(),

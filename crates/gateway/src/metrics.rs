@@ -57,8 +57,9 @@ pub struct GatewayMetrics {
     /// `broken` (the call broke or ended short), `deadline`, `bad_message` (a message for
     /// another request or sequence, a token outside the vocabulary, an empty answer).
     pub grpc_failures: LabeledCounter,
-    /// Prompts rendered (template and tokenizer): at most one per request and renderer.
-    pub renders: AtomicU64,
+    /// Prompts rendered (template and tokenizer): at most one per request and renderer; their
+    /// images by identity.
+    pub prompts: planner::PromptCounts,
     /// Answers that broke off after their head went out, by `route`.
     pub answers_cut: LabeledCounter,
     /// Failed `accept`s on the client listener (out of descriptors and the like).
@@ -104,7 +105,7 @@ impl GatewayMetrics {
             pd_decisions: LabeledCounter::default(),
             pd_heads: Histogram::new(buckets),
             grpc_failures: LabeledCounter::default(),
-            renders: AtomicU64::new(0),
+            prompts: planner::PromptCounts::default(),
             accept_errors: AtomicU64::new(0),
             answers_cut: LabeledCounter::default(),
             cached: crate::cached::CacheMetrics::default(),

@@ -20,7 +20,6 @@ mod render;
 #[cfg(test)]
 mod tests;
 
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use fleet::{Fleet, Worker};
@@ -32,7 +31,7 @@ pub use pd::{KvConnector, PdConfig, PdMode, SkipPrefill};
 pub use plan::{Plan, Prompted, match_chains};
 pub use pool::Pool;
 pub use regret::{Cause, Regret};
-pub use render::{Rendered, Renders};
+pub use render::{PromptCounts, Rendered, Renders};
 
 /// Why no plan could be made.
 #[derive(Debug, thiserror::Error)]
@@ -69,8 +68,8 @@ pub struct Planner<'a> {
     /// Held by a crediting plan from its match to its credit: a burst sharing a cold prefix
     /// is not matched whole before any of it is credited.
     pub credit_lock: &'a Mutex<()>,
-    /// Renders made (`router_prompt_renders_total`).
-    pub renders: &'a AtomicU64,
+    /// What renders made (`router_prompt_renders_total`, `router_prompt_images_total`).
+    pub counts: &'a PromptCounts,
     /// The only workers this request may go to (an endpoint picker's subset hint); `None`: any.
     pub only: Option<&'a Subset>,
     /// Told of every placement a plan makes, to share it with other router replicas

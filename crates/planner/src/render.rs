@@ -3,13 +3,23 @@
 //! window, stickiness and the plan read one render per renderer.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use renderer::vision::MmItem;
 use renderer::{ChatRequest, Prompt, RenderError, Renderer};
 use serde_json::Value;
 
 use crate::{Planner, Pool, Route};
+
+/// What requests' renders made, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct PromptCounts {
+    /// Prompts rendered and tokenized (`router_prompt_renders_total`).
+    pub renders: AtomicU64,
+    /// Images of rendered chats by identity: computed here, given by the client (`uuid`), not
+    /// known (`router_prompt_images_total`).
+    pub images: [AtomicU64; 3],
+}
 
 /// A prompt as a renderer made it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -80,7 +90,7 @@ impl Planner<'_> {
         v: &Value,
         need_tokens: bool,
     ) -> Result<Rendered, RenderError> {
-        self.renders.fetch_add(1, Ordering::Relaxed);
+        self.counts.renders.fetch_add(1, Ordering::Relaxed);
         let vocab = renderer.prompt_vocab_size();
         match route {
             Route::Chat | Route::Messages => {
@@ -95,6 +105,14 @@ impl Planner<'_> {
                 let req = ChatRequest::from_value(v)?;
                 if need_tokens {
                     let r = renderer.render_chat(&req)?;
+                    for item in &r.mm {
+                        let at = match item.identity {
+                            renderer::vision::Identity::Image(_) => 0,
+                            renderer::vision::Identity::Given(_) => 1,
+                            renderer::vision::Identity::Unknown => 2,
+                        };
+                        self.counts.images[at].fetch_add(1, Ordering::Relaxed);
+                    }
                     Ok(Rendered { tokens: r.token_ids, text: Some(r.text), mm: r.mm })
                 } else {
                     Ok(Rendered { text: Some(renderer.render_text(&req)?), ..Rendered::default() })

@@ -2,7 +2,7 @@
 //! renders memoized per renderer, plans within a pool's routable workers, the
 //! routing key, pairs by role with failed workers avoided.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,9 +27,9 @@ fn planner<'a>(
     (fleet, workers): (&'a Fleet, &'a [Arc<fleet::Worker>]),
     index: Option<&'a KvIndex>,
     credit_pending: bool,
-    (credit_lock, renders): (&'a Mutex<()>, &'a AtomicU64),
+    (credit_lock, counts): (&'a Mutex<()>, &'a crate::PromptCounts),
 ) -> Planner<'a> {
-    Planner { fleet, workers, index, credit_pending, credit_lock, renders, only: None, placements: None, at_ms: 0 }
+    Planner { fleet, workers, index, credit_pending, credit_lock, counts, only: None, placements: None, at_ms: 0 }
 }
 
 async fn fleet(regular: &[&str], pd: &[(&str, Role)]) -> Arc<Fleet> {
@@ -61,7 +61,7 @@ fn chat() -> serde_json::Value {
 #[tokio::test]
 async fn a_prompt_is_rendered_once_per_renderer_until_a_plugin_rewrites_it() {
     let fleet = fleet(&["http://127.0.0.1:1"], &[]).await;
-    let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
+    let (lock, renders) = (Mutex::new(()), crate::PromptCounts::default());
     let workers = fleet.snapshot();
     let p = planner((&fleet, &workers), None, false, (&lock, &renders));
     let (a, b) = (Arc::new(Renderer::builtin().unwrap()), Arc::new(Renderer::builtin().unwrap()));
@@ -69,9 +69,9 @@ async fn a_prompt_is_rendered_once_per_renderer_until_a_plugin_rewrites_it() {
     let first = memo.tokens(p, &a, Route::Chat, &chat()).unwrap();
     assert!(!first.tokens.is_empty() && first.text.as_deref().is_some_and(|t| t.contains("hello there")));
     assert_eq!(memo.tokens(p, &a, Route::Chat, &chat()).unwrap(), first, "the same render, from the memo");
-    assert_eq!(renders.load(Ordering::Relaxed), 1);
+    assert_eq!(renders.renders.load(Ordering::Relaxed), 1);
     memo.tokens(p, &b, Route::Chat, &chat()).unwrap();
-    assert_eq!(renders.load(Ordering::Relaxed), 2, "another renderer renders once more");
+    assert_eq!(renders.renders.load(Ordering::Relaxed), 2, "another renderer renders once more");
     // The request's own plan takes the render out (no copy); then it is gone.
     assert_eq!(memo.get(&a, true), Some(first));
     assert_eq!(memo.get(&a, false), None);
@@ -82,7 +82,7 @@ async fn a_prompt_is_rendered_once_per_renderer_until_a_plugin_rewrites_it() {
 #[tokio::test]
 async fn a_plan_chooses_among_its_pools_routable_workers_and_a_routing_key_names_one() {
     let fleet = fleet(&["http://127.0.0.1:1", "http://127.0.0.1:2"], &[("http://127.0.0.1:3", Role::PREFILL)]).await;
-    let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
+    let (lock, renders) = (Mutex::new(()), crate::PromptCounts::default());
     let workers = fleet.snapshot();
     let p = planner((&fleet, &workers), None, true, (&lock, &renders));
     let default = pool(PoolId::default_pool(), None);
@@ -105,7 +105,7 @@ async fn a_plan_chooses_among_its_pools_routable_workers_and_a_routing_key_names
 #[tokio::test]
 async fn a_request_plans_in_its_own_snapshot_of_the_fleet_whoever_joins_meanwhile() {
     let fleet = fleet(&["http://127.0.0.1:1"], &[]).await;
-    let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
+    let (lock, renders) = (Mutex::new(()), crate::PromptCounts::default());
     let workers = fleet.snapshot();
     let p = planner((&fleet, &workers), None, false, (&lock, &renders));
     // A worker joins (and enters rotation) after the request took its snapshot.
@@ -137,7 +137,7 @@ async fn a_pair_takes_each_leg_from_its_role_and_avoids_failed_workers_while_oth
         ("http://127.0.0.1:21", Role::Decode),
     ];
     let fleet = fleet(&["http://127.0.0.1:1"], &pd).await;
-    let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
+    let (lock, renders) = (Mutex::new(()), crate::PromptCounts::default());
     let workers = fleet.snapshot();
     let p = planner((&fleet, &workers), None, false, (&lock, &renders));
     let pool = pool(PoolId("pd".into()), Some(PdMode::Sglang));
@@ -165,7 +165,7 @@ async fn without_a_followed_worker_a_text_tree_policy_hashes_no_page() {
     let fleet = fleet(&["http://127.0.0.1:1", "http://127.0.0.1:2"], &[]).await;
     assert!(fleet.all().iter().all(|w| !w.is_followed()), "no KV events here");
     let index = KvIndex::new(IndexConfig::default(), Arc::new(ManualClock::default()));
-    let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
+    let (lock, renders) = (Mutex::new(()), crate::PromptCounts::default());
     let workers = fleet.snapshot();
     let p = planner((&fleet, &workers), Some(&index), true, (&lock, &renders));
     let with = |policy: Arc<dyn policy::Policy>| {
@@ -188,7 +188,7 @@ async fn without_a_followed_worker_a_text_tree_policy_hashes_no_page() {
 #[tokio::test]
 async fn without_a_tokenizer_input_ids_are_left_for_the_engine_to_judge() {
     let fleet = fleet(&["http://127.0.0.1:1"], &[]).await;
-    let (lock, renders) = (Mutex::new(()), AtomicU64::new(0));
+    let (lock, renders) = (Mutex::new(()), crate::PromptCounts::default());
     let workers = fleet.snapshot();
     let p = planner((&fleet, &workers), None, false, (&lock, &renders));
     // The built-in byte-level model knows 259 ids; the engine's model (unknown here) many more.

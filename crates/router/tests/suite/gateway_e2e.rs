@@ -835,6 +835,14 @@ async fn a_chat_with_an_image_is_credited_only_for_the_image_the_engine_holds() 
     assert!(before_image < all / 10);
     let (question, upto) = probe("other question");
     assert_eq!(matched(&question).await, upto, "the same image, another question after it");
+    // An image by URL (the router does not fetch it): credited up to the image, and counted.
+    let by_url = same.to_string().replace(
+        &same["messages"][1]["content"][1]["image_url"]["url"].as_str().unwrap().to_string(),
+        "https://example.com/cat.png",
+    );
+    assert_eq!(matched(&serde_json::from_str(&by_url).unwrap()).await, before_image);
+    assert!(metric(&r.url, "router_prompt_images_total{identity=\"computed\"}").await >= 3.0);
+    assert!(metric(&r.url, "router_prompt_images_total{identity=\"unknown\"}").await >= 1.0);
     assert_eq!(metric(&r.url, "router_kv_events_hash_mismatches_total").await, 0.0);
     let _ = r.stop.send(());
 }
