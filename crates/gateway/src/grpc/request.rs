@@ -44,6 +44,26 @@ pub(crate) struct Asked {
 }
 
 /// The request for the engine, and what the answer needs to know.
+/// The first kind of media a request carries (a chat's image, audio or video parts, or
+/// `/generate`'s `image_data`, `audio_data`, `video_data`), which a gRPC worker is not sent.
+fn media(route: Route, v: &Value) -> Option<&'static str> {
+    if route == Route::Generate {
+        let given = |k: &str| v.get(k).is_some_and(|x| !x.is_null());
+        return [("image_data", "image"), ("audio_data", "audio"), ("video_data", "video")]
+            .into_iter()
+            .find_map(|(k, kind)| given(k).then_some(kind));
+    }
+    let messages = v.get("messages")?.as_array()?;
+    messages.iter().filter_map(|m| m.get("content")?.as_array()).flatten().find_map(|part| {
+        match part.get("type").and_then(Value::as_str)? {
+            "image_url" | "input_image" | "image" => Some("image"),
+            "input_audio" | "audio_url" => Some("audio"),
+            "video_url" => Some("video"),
+            _ => None,
+        }
+    })
+}
+
 pub(crate) fn generate(
     route: Route,
     v: &Value,
@@ -53,6 +73,11 @@ pub(crate) fn generate(
 ) -> Result<(GenerateRequest, Asked), GatewayError> {
     if !matches!(route, Route::Chat | Route::Completions | Route::Generate) {
         return Err(GatewayError::Unprocessable(format!("{} is not served by gRPC workers", route.path())));
+    }
+    if let Some(kind) = media(route, v) {
+        return Err(GatewayError::Unprocessable(format!(
+            "{kind} input is not sent to gRPC workers (token ids only): serve this model over HTTP"
+        )));
     }
     // `/generate` keeps its parameters in `sampling_params`; the OpenAI routes at the top.
     let p = if route == Route::Generate { v.get("sampling_params").unwrap_or(&Value::Null) } else { v };
@@ -202,5 +227,30 @@ fn constraint(route: Route, v: &Value, p: &Value) -> Option<Constraint> {
         (_, Some(e), _) => Some(Constraint::EbnfGrammar(e)),
         (_, _, Some(Value::String(s))) => Some(Constraint::JsonSchema(s.clone())),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn media_is_refused_not_dropped() {
+        let chat =
+            |part: Value| json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, part]}]});
+        let image = chat(json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}));
+        assert_eq!(media(Route::Chat, &image), Some("image"));
+        assert_eq!(media(Route::Chat, &chat(json!({"type": "input_audio", "input_audio": {}}))), Some("audio"));
+        assert_eq!(media(Route::Chat, &chat(json!({"type": "text", "text": "no media"}))), None);
+        assert_eq!(media(Route::Chat, &json!({"messages": [{"role": "user", "content": "plain"}]})), None);
+        assert_eq!(media(Route::Generate, &json!({"input_ids": [1], "image_data": "x"})), Some("image"));
+        assert_eq!(media(Route::Generate, &json!({"input_ids": [1], "image_data": null})), None);
+        let refused = generate(Route::Chat, &image, vec![1, 2], ("r", "m"), None).unwrap_err();
+        assert!(matches!(&refused, GatewayError::Unprocessable(m) if m.contains("image input")), "{refused}");
+        assert!(
+            generate(Route::Chat, &chat(json!({"type": "text", "text": "x"})), vec![1, 2], ("r", "m"), None).is_ok()
+        );
     }
 }

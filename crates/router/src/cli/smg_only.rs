@@ -11,7 +11,7 @@ use clap::{Arg, ArgAction, ArgMatches, Command};
 use crate::usage::UsageError;
 
 const GRPC: &str = "encode workers, EPD and ZMQ workers are not built: workers speak HTTP, or gRPC (grpc://, SGLang's scheduler service)";
-const MM: &str = "media is relayed to the engine untouched here: the engine fetches and preprocesses it (multimodal cache keys are issue 34)";
+const MM: &str = "media is relayed to the engine untouched here: the engine fetches and preprocesses it (the router computes vLLM's image identifiers and placeholders for Qwen2-VL models to match cached blocks, docs/configuration.md, \"Images\")";
 const MESH: &str = "no HA mesh here: replicas catch up with --index-peers and share placements, loads, cached answers, route feedback and tenant limits through `--shared-state` (a Valkey or Redis server)";
 const STORAGE: &str = "the Responses and Conversations APIs and their storage are not served by this router";
 const PLUGIN: &str = "MCP tools and WASM plugins are not served by this router";
