@@ -6,7 +6,8 @@
 //! hashing), `render_warm/*` (cache on, the conversation so far already seen,
 //! only the last user message is new, as in a live chat), `hash/*` (the
 //! SHA-256 page chain alone, throughput in bytes of token ids), `tokenize_16k/*`
-//! (issue 29's 16 KiB prompt through the split and the BPE, no segment cache).
+//! (issue 29's 16 KiB prompt through the split and the BPE, no segment cache), `vision/*`
+//! (a chat with an image: its placeholders and vLLM identifier, the keyed chain).
 //! Last result (2-core VM): see docs/benchmarks.md.
 
 use std::hint::black_box;
@@ -159,5 +160,58 @@ fn bench_split(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_render, bench_parts, bench_hash, bench_split);
+/// What an image costs a request: the golden's one-image chat (a 640 by 480 PNG, 24 KB) rendered
+/// with the image expanded and identified, against the same chat without the vision settings
+/// (one pad per image); vLLM's identifier of 1 MiB of image bytes; the keyed chain against the
+/// plain one over the expanded prompt.
+fn bench_vision(c: &mut Criterion) {
+    use renderer::vision::{ImageHash, VisionConfig, keyed_block_hashes};
+    let mut g = c.benchmark_group("vision");
+    let dir = root().join("tests/fixtures/kv_multimodal");
+    let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("mm_golden.json")).unwrap()).unwrap();
+    let mut text = json!({"messages": doc["chats"][0]["messages"]}).to_string();
+    for image in doc["images"].as_array().unwrap() {
+        let url = format!("\"data:image/png;base64,{}\"", image["b64"].as_str().unwrap());
+        text = text.replace(&format!("\"@{}\"", image["name"].as_str().unwrap()), &url);
+    }
+    let req = ChatRequest::from_value(&serde_json::from_str(&text).unwrap()).unwrap();
+    let template = dir.join("qwen2_vl_template.jinja");
+    let plain = Renderer::from_dir(&root().join("tests/fixtures/tokenizers/qwen3"), Some(&template)).unwrap();
+    let vision = VisionConfig::load(&dir, plain.tokenizer().token_to_id("<|image_pad|>"));
+    let vl = Renderer::from_dir(&root().join("tests/fixtures/tokenizers/qwen3"), Some(&template))
+        .unwrap()
+        .with_vision(vision);
+    g.bench_function("chat_one_image/template_only", |b| {
+        b.iter(|| plain.render_chat(black_box(&req)).unwrap().token_ids.len())
+    });
+    g.bench_function("chat_one_image/expanded", |b| {
+        b.iter(|| vl.render_chat(black_box(&req)).unwrap().token_ids.len())
+    });
+    let bytes: Vec<u8> = (0..1u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    g.throughput(Throughput::Bytes(bytes.len() as u64));
+    g.bench_function("identifier_1mib", |b| {
+        b.iter(|| ImageHash::new(black_box(&bytes), true).identifier("Qwen/Qwen2.5-VL-7B-Instruct"))
+    });
+    let rendered = vl.render_chat(&req).unwrap();
+    let hasher = PageHasher::new(NonZeroUsize::new(16).unwrap(), HashMode::Unigram);
+    g.throughput(Throughput::Elements(rendered.token_ids.len() as u64));
+    g.bench_function("chain/plain", |b| {
+        b.iter(|| hasher.block_hashes(black_box(&rendered.token_ids), None).unwrap().len())
+    });
+    g.bench_function("chain/keyed", |b| {
+        b.iter(|| {
+            keyed_block_hashes(
+                &hasher,
+                black_box(&rendered.token_ids),
+                None,
+                &rendered.mm,
+                "Qwen/Qwen2.5-VL-7B-Instruct",
+            )
+            .len()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_render, bench_parts, bench_hash, bench_split, bench_vision);
 criterion_main!(benches);

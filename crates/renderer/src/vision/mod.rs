@@ -22,6 +22,11 @@ pub use identity::{Identity, ImageHash};
 
 use crate::hash::{PageDigest, PageHasher, keyed_digest};
 
+/// Most tokens a prompt is expanded to (no model's context is longer): an image whose
+/// placeholders would take the prompt past it is not expanded, so a request naming many large
+/// images in a few header bytes each cannot make the router allocate without bound.
+pub const MAX_EXPANDED_TOKENS: usize = 1 << 20;
+
 /// The model's image settings (Qwen2-VL's image processor; transformers' defaults for what the
 /// file leaves out).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,7 +97,7 @@ impl VisionConfig {
         let (h, w) = smart_resize(u64::from(height), u64::from(width), factor, self.min_pixels, self.max_pixels)?;
         let patch = u64::from(self.patch_size);
         let merge = u64::from(self.merge_size);
-        usize::try_from((h / patch) * (w / patch) / (merge * merge)).ok()
+        usize::try_from((h / patch).checked_mul(w / patch)? / (merge * merge)).ok()
     }
 
     /// Expands `tokens` (a chat rendered with one `image_pad` per image) as vLLM does, each
@@ -120,15 +125,17 @@ impl VisionConfig {
         let mut out = Vec::with_capacity(tokens.len());
         let mut next = parts.iter();
         let mut known = true;
+        let mut room = MAX_EXPANDED_TOKENS.saturating_sub(tokens.len());
         for &t in tokens.iter() {
             if t != self.image_pad {
                 out.push(t);
                 continue;
             }
             let Some(&part) = next.next() else { break };
-            let image = known.then(|| self.image(part, options)).flatten();
+            let image = known.then(|| self.image(part, options)).flatten().filter(|(n, _)| *n <= room);
             match image {
                 Some((length, identity)) => {
+                    room -= length.saturating_sub(1);
                     items.push(MmItem { offset: out.len(), length, identity });
                     out.extend(std::iter::repeat_n(t, length));
                 }
@@ -182,16 +189,16 @@ pub fn smart_resize(height: u64, width: u64, factor: u64, min_pixels: u64, max_p
     if height == 0 || width == 0 || h.max(w) / h.min(w) > 200.0 {
         return None;
     }
-    let mut h_bar = (h / f).round_ties_even() as u64 * factor;
-    let mut w_bar = (w / f).round_ties_even() as u64 * factor;
-    if h_bar * w_bar > max_pixels {
+    let mut h_bar = ((h / f).round_ties_even() as u64).saturating_mul(factor);
+    let mut w_bar = ((w / f).round_ties_even() as u64).saturating_mul(factor);
+    if h_bar.saturating_mul(w_bar) > max_pixels {
         let beta = ((h * w) / max_pixels as f64).sqrt();
-        h_bar = factor.max((h / beta / f).floor() as u64 * factor);
-        w_bar = factor.max((w / beta / f).floor() as u64 * factor);
-    } else if h_bar * w_bar < min_pixels {
+        h_bar = factor.max(((h / beta / f).floor() as u64).saturating_mul(factor));
+        w_bar = factor.max(((w / beta / f).floor() as u64).saturating_mul(factor));
+    } else if h_bar.saturating_mul(w_bar) < min_pixels {
         let beta = (min_pixels as f64 / (h * w)).sqrt();
-        h_bar = (h * beta / f).ceil() as u64 * factor;
-        w_bar = (w * beta / f).ceil() as u64 * factor;
+        h_bar = ((h * beta / f).ceil() as u64).saturating_mul(factor);
+        w_bar = ((w * beta / f).ceil() as u64).saturating_mul(factor);
     }
     Some((h_bar, w_bar))
 }

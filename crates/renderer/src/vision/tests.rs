@@ -139,3 +139,21 @@ fn only_qwen2_vl_processors_are_read() {
             .is_some()
     );
 }
+
+#[test]
+fn many_large_images_in_a_few_bytes_each_do_not_expand_without_bound() {
+    // Each header claims 3,600 by 3,600 pixels (16,384 placeholders); 100 of them would be 1.6 M.
+    let big = data_url_of(&png(3600, 3600, 2));
+    let parts: Vec<serde_json::Value> =
+        (0..100).map(|_| json!({"type": "image_url", "image_url": {"url": big.clone()}})).collect();
+    let msgs = messages(serde_json::Value::Array(parts));
+    let mut tokens = vec![PAD; 100];
+    let items = qwen().expand(&msgs, false, &mut tokens);
+    assert!(tokens.len() <= MAX_EXPANDED_TOKENS, "{} tokens", tokens.len());
+    let expanded = items.iter().take_while(|i| i.identity != Identity::Unknown).count();
+    assert_eq!(expanded, MAX_EXPANDED_TOKENS / 16_384 - 1, "as many as fit, the rest not expanded");
+    assert!(items[expanded..].iter().all(|i| i.identity == Identity::Unknown && i.length == 0));
+    // Sizes past what a u64 product holds are refused or bounded, never an overflow.
+    assert_eq!(qwen().placeholders(u32::MAX, u32::MAX), Some(16_384));
+    assert!(smart_resize(u64::from(u32::MAX), u64::from(u32::MAX), 28, 0, u64::MAX).is_some());
+}
