@@ -205,18 +205,17 @@ pub fn smart_resize(height: u64, width: u64, factor: u64, min_pixels: u64, max_p
 
 /// The canonical extra keys (`router_types::opaque`) of the page `[start, end)`: each item it
 /// holds a placeholder of, as `(identifier, offset of the item from the page's start)`, as
-/// vLLM's `_gen_mm_extra_hash_keys` keys a block and its events publish the keys: `Some(None)`
-/// when the page holds none, `None` when it holds one whose identifier is not known.
-pub fn page_keys(items: &[MmItem], start: usize, end: usize, model_id: &str) -> Option<Option<Box<[u8]>>> {
+/// vLLM's `_gen_mm_extra_hash_keys` keys a block and its events publish the keys. `items` (in
+/// prompt order) with their identifiers `ids`: `Some(None)` when the page holds none, `None`
+/// when it holds one whose identifier is not known.
+pub fn page_keys(items: &[MmItem], ids: &[Option<String>], start: usize, end: usize) -> Option<Option<Box<[u8]>>> {
     let mut keys = OpaqueKeys::default();
-    for item in items {
-        let item_end = item.offset + item.length.max(1);
-        if item.offset >= end || item_end <= start {
+    for (item, id) in items.iter().zip(ids).take_while(|(i, _)| i.offset < end) {
+        if item.offset + item.length.max(1) <= start {
             continue;
         }
-        let id = item.identity.identifier(model_id)?;
         let offset = item.offset as i128 - start as i128;
-        keys.tuple(&[Part::Str(&id), Part::Int(offset)]);
+        keys.tuple(&[Part::Str(id.as_deref()?), Part::Int(offset)]);
     }
     Some(keys.finish())
 }
@@ -224,7 +223,7 @@ pub fn page_keys(items: &[MmItem], start: usize, end: usize, model_id: &str) -> 
 /// The block hashes of `tokens` chained from `prior` by `hasher`, each page holding an item's
 /// placeholders folded with its keys ([`page_keys`], [`keyed_digest`]) as the router folds a
 /// vLLM block's published keys; it ends before the first page holding an item whose
-/// identifier is not known.
+/// identifier is not known. Each identifier is made once, for an engine serving `model_id`.
 pub fn keyed_block_hashes(
     hasher: &PageHasher,
     tokens: &[u32],
@@ -232,13 +231,19 @@ pub fn keyed_block_hashes(
     items: &[MmItem],
     model_id: &str,
 ) -> Vec<BlockHash> {
+    let ids: Vec<Option<String>> = items.iter().map(|i| i.identity.identifier(model_id)).collect();
     let size = hasher.page_size();
     let mut out = Vec::with_capacity(hasher.page_count(tokens.len()));
     let mut state = prior.copied();
     let mut one = Vec::with_capacity(1);
+    // The first item not wholly before the page.
+    let mut first = 0;
     for page in 0..hasher.page_count(tokens.len()) {
         let (start, end) = (page * size, ((page + 1) * size).min(tokens.len()));
-        let Some(keys) = page_keys(items, start, end, model_id) else { break };
+        while items.get(first).is_some_and(|i| i.offset + i.length.max(1) <= start) {
+            first += 1;
+        }
+        let Some(keys) = page_keys(&items[first..], &ids[first..], start, end) else { break };
         one.clear();
         // u32 ids are never out of range: hashing them cannot fail.
         let upto = (end + usize::from(hasher.mode() == crate::HashMode::Bigram)).min(tokens.len());

@@ -109,7 +109,7 @@ fn the_keyed_chain_folds_each_block_s_items_and_stops_at_an_unknown_one() {
     assert_ne!(a, keyed_block_hashes(&hasher, &tokens, None, &[item(5, 6, "b")], "m"));
     assert_ne!(a[1], keyed_block_hashes(&hasher, &tokens, None, &[item(6, 5, "a")], "m")[1]);
     assert_eq!(
-        page_keys(&[item(5, 6, "a")], 4, 8, "m").unwrap().as_deref(),
+        page_keys(&[item(5, 6, "a")], &[Some("a".into())], 4, 8).unwrap().as_deref(),
         {
             let mut k = OpaqueKeys::default();
             k.tuple(&[Part::Str("a"), Part::Int(1)]);
