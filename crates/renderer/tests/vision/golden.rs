@@ -130,3 +130,25 @@ fn damaged_headers_are_refused_not_trusted() {
     }
     assert!(read > 0, "some cut headers still hold the size");
 }
+
+/// Anthropic's Messages API: an image block (a base64 source) becomes the image part vLLM
+/// converts it to, and is expanded and identified alike.
+#[test]
+fn an_anthropic_image_block_is_the_same_image_to_the_engine() {
+    let doc: Value = serde_json::from_str(FIXTURE).unwrap();
+    let model = doc["model_id"].as_str().unwrap();
+    let image = doc["images"].as_array().unwrap().iter().find(|i| i["name"] == "png-rgb").unwrap();
+    let r = vl_renderer().with_backend(renderer::anthropic::Backend::Vllm);
+    let body = serde_json::json!({
+        "model": "m", "max_tokens": 8,
+        "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": image["b64"]}},
+            {"type": "text", "text": "What is in this picture?"},
+        ]}],
+    });
+    let chat = r.anthropic_chat(&body).unwrap();
+    let rendered = r.render_chat(&ChatRequest::from_value(&chat).unwrap()).unwrap();
+    assert_eq!(rendered.mm.len(), 1);
+    assert_eq!(rendered.mm[0].length as u64, image["placeholders"].as_u64().unwrap());
+    assert_eq!(rendered.mm[0].identity.identifier(model).as_deref(), image["identifier"].as_str());
+}
