@@ -151,6 +151,7 @@ pub async fn decide(
         "input_tokens": plan.input_tokens,
         "regret": plan.regret.to_json(),
         "candidates": candidates,
+        "images": plan.images_json(),
     }))
 }
 

@@ -38,6 +38,8 @@ pub struct Plan {
     pub at_ms: u64,
     /// The prompt's heads, when the policy matches by them ([`policy::Policy::heads`]).
     pub heads: Vec<policy::Head>,
+    /// The prompt's images: offset, placeholders and vLLM identifier (`None`: not known).
+    pub images: Vec<(usize, usize, Option<String>)>,
 }
 
 impl Plan {
@@ -48,6 +50,12 @@ impl Plan {
     /// Prompt tokens the chosen worker holds.
     pub fn matched_tokens(&self) -> u64 {
         self.candidates[self.chosen].matched_tokens
+    }
+
+    /// The prompt's images as an explain shows them.
+    pub fn images_json(&self) -> Vec<Value> {
+        let image = |(offset, length, id): &(usize, usize, Option<String>)| json!({"offset": offset, "placeholders": length, "identifier": id});
+        self.images.iter().map(image).collect()
     }
 
     /// The candidates as an explain shows them.
@@ -216,8 +224,10 @@ impl Planner<'_> {
         // its text tree: with none of them followed (no KV events, or not yet), the prompt's
         // pages are not hashed at all (a 16 KiB prompt without a tokenizer is 16,384 tokens).
         let exact = !policy.needs_text() || workers.iter().any(|w| w.is_followed());
+        // vLLM keys an image by the model its engine was started with.
+        let model_id = if mm.is_empty() { String::new() } else { mm_model_id(pool, &workers) };
         let chains = match v {
-            Some(v) if exact => self.chains(pool, &workers, v, (tokens, mm), block_size),
+            Some(v) if exact => self.chains(pool, &workers, v, (tokens, mm, &model_id), block_size),
             _ => Chains::default(),
         };
         // From the match to the credit, one plan at a time (the pages hashed before): a burst
@@ -289,6 +299,7 @@ impl Planner<'_> {
             regret,
             at_ms,
             heads,
+            images: mm.iter().map(|i| (i.offset, i.length, i.identity.identifier(&model_id))).collect(),
         })
     }
 
@@ -300,7 +311,7 @@ impl Planner<'_> {
         pool: &Pool,
         workers: &[Arc<Worker>],
         v: &Value,
-        (tokens, mm): (&[u32], &[MmItem]),
+        (tokens, mm, model_id): (&[u32], &[MmItem], &str),
         block_size: usize,
     ) -> Chains {
         let Some(index) = self.index else { return Chains::default() };
@@ -314,19 +325,14 @@ impl Planner<'_> {
         let ns = crate::namespace::of_request(v, served, Some(index));
         let prior = renderer::hash::namespace_prior(ns.adapter, ns.salt);
         // A vision model's images: vLLM keys each block holding an image's placeholders by the
-        // image's identifier too, which depends on the model the engine was started with.
-        let model_id = || {
-            let info = workers.iter().find_map(|w| w.info().filter(|i| i.model_path.is_some() || i.model_id.is_some()));
-            info.and_then(|i| i.model_path.or(i.model_id)).unwrap_or_else(|| pool.served_model.clone())
-        };
-        let model_id = if mm.is_empty() { String::new() } else { model_id() };
+        // image's identifier too.
         let mut all: Vec<Vec<BlockHash>> = self
             .fleet
             .hash_modes()
             .modes()
             .map(|m| match mm {
                 [] => pool.chain_memo.block_hashes(&PageHasher::new(page, m), tokens, prior.as_ref()),
-                _ => keyed_block_hashes(&PageHasher::new(page, m), tokens, prior.as_ref(), mm, &model_id),
+                _ => keyed_block_hashes(&PageHasher::new(page, m), tokens, prior.as_ref(), mm, model_id),
             })
             .collect();
         // vLLM's lookahead hashing (EAGLE, MTP): its workers key a block by the tokens after it too.
@@ -361,4 +367,12 @@ impl Planner<'_> {
         };
         crate::Regret::new(reachable, best_candidate, blocks(&workers[chosen]), reason)
     }
+}
+
+/// The model a pool's engines were started with (`--model`), which vLLM keys images' identifiers
+/// by: the first worker reporting it (`/v1/models` `root`, `/server_info` `model_path`), else
+/// its served name, else the pool's served model.
+fn mm_model_id(pool: &Pool, workers: &[Arc<Worker>]) -> String {
+    let info = workers.iter().find_map(|w| w.info().filter(|i| i.model_path.is_some() || i.model_id.is_some()));
+    info.and_then(|i| i.model_path.or(i.model_id)).unwrap_or_else(|| pool.served_model.clone())
 }

@@ -830,6 +830,11 @@ async fn a_chat_with_an_image_is_credited_only_for_the_image_the_engine_holds() 
         matched(&same).await == all
     })
     .await;
+    // The explain names the image as the engine keys it.
+    let d: Value = admin_post(&format!("{}/debug/route", r.url), &same).await.json().await.unwrap();
+    let png = doc["images"].as_array().unwrap().iter().find(|i| i["name"] == "png-rgb").unwrap();
+    assert_eq!(d["images"][0]["identifier"], png["identifier"], "{d}");
+    assert_eq!(d["images"][0]["placeholders"], png["placeholders"]);
     let (other, before_image) = probe("other image, same size");
     assert_eq!(matched(&other).await, before_image, "another image: only the blocks before it");
     assert!(before_image < all / 10);
