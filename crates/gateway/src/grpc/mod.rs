@@ -359,6 +359,14 @@ fn streamed(relay: Relay, first: String) -> Response {
     r
 }
 
+/// Tells `worker` to abort request `id` and waits for its answer (at most [`ABORT_DEADLINE`]):
+/// for a failed attempt whose next attempt reuses the id, so the abort cannot land on it.
+pub(crate) async fn abort_now(worker: &Arc<Worker>, id: &str) {
+    if let Some(engine) = worker.engine() {
+        let _ = engine.abort(id, "the attempt failed", ABORT_DEADLINE).await;
+    }
+}
+
 /// Asks `worker` to stop generating request `id` (in the background, bounded).
 pub(crate) fn abort(worker: &Arc<Worker>, id: &str) {
     let (worker, id) = (worker.clone(), id.to_owned());

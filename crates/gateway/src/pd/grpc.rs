@@ -94,9 +94,10 @@ async fn dual(
     let (pg, dg) = match started {
         Ok(calls) => calls,
         Err((leg, error)) => {
-            // The other leg may be waiting for its peer: told to stop.
+            // The other leg may be waiting for its peer: told to stop, and that done before the
+            // next attempt starts its legs under the same request id.
             let (worker, other) = if leg == Leg::Prefill { (p, d) } else { (d, p) };
-            crate::grpc::abort(&other, &ctx.meta.id);
+            crate::grpc::abort_now(&other, &ctx.meta.id).await;
             gw.metrics.pd_aborts.inc(format_args!("leg=\"{}\"", leg.other().as_str()));
             crate::grpc::count(gw, crate::grpc::kind_of(&error));
             return Err((Failure::Engine { leg, worker, error }, admission));
@@ -114,7 +115,7 @@ async fn dual(
                 Ok(None) => prefill_ended = true,
                 Err(error) => {
                     crate::grpc::count(gw, crate::grpc::kind_of(&error));
-                    crate::grpc::abort(&d, &ctx.meta.id);
+                    crate::grpc::abort_now(&d, &ctx.meta.id).await;
                     gw.metrics.pd_aborts.inc(format_args!("leg=\"decode\""));
                     return Err((Failure::Engine { leg: Leg::Prefill, worker: p, error }, admission));
                 }
