@@ -544,22 +544,16 @@ fn keyed_digests(
     }
     let page = hasher.page_size();
     let mut state = prior;
-    let mut one = Vec::with_capacity(1);
     for i in 0..blocks {
         let tokens = &s.token_ids[(i * page).min(s.token_ids.len())..((i + 1) * page).min(s.token_ids.len())];
         if tokens.is_empty() {
             return Err("a block without tokens".into());
         }
         let mut digest = match s.lookahead.get(i) {
-            Some(lookahead) => {
-                renderer::lookahead::lookahead_digest(state.as_ref(), tokens, lookahead).map_err(|e| e.to_string())?
-            }
-            None => {
-                one.clear();
-                hasher.digests(tokens, state.as_ref(), &mut one).map_err(|e| e.to_string())?;
-                one[0]
-            }
-        };
+            Some(lookahead) => renderer::lookahead::lookahead_digest(state.as_ref(), tokens, lookahead),
+            None => hasher.page_digest(&s.token_ids, i, state.as_ref()),
+        }
+        .map_err(|e| e.to_string())?;
         if let Some(Some(keys)) = s.opaque_keys.get(i) {
             digest = renderer::hash::keyed_digest(&digest, keys);
         }

@@ -127,22 +127,32 @@ impl PageHasher {
         mut each: impl FnMut(usize, &PageDigest),
     ) -> Result<(), HashError> {
         let positions = self.positions(tokens.len());
-        let size = self.page_size.get();
         let mut state: Option<PageDigest> = prior.copied();
-        let mut start = 0;
         let mut page = 0;
-        while start < positions {
-            let units = size.min(positions - start);
-            let digest = match self.mode {
-                HashMode::Unigram => hash_unigram_page(&tokens[start..start + units], state.as_ref(), start)?,
-                HashMode::Bigram => hash_bigram_page(&tokens[start..start + units + 1], state.as_ref(), start)?,
-            };
+        while page * self.page_size.get() < positions {
+            let digest = self.page_digest(tokens, page, state.as_ref())?;
             each(page, &digest);
             state = Some(digest);
-            start += units;
             page += 1;
         }
         Ok(())
+    }
+
+    /// The digest of page `page` of `tokens` (the last may be partial; bigram reads one raw
+    /// token past it), chained from `prior` (the previous page's digest). `page` must start
+    /// within `tokens`' positions.
+    pub fn page_digest<T: TokenId>(
+        &self,
+        tokens: &[T],
+        page: usize,
+        prior: Option<&PageDigest>,
+    ) -> Result<PageDigest, HashError> {
+        let start = page * self.page_size.get();
+        let units = self.page_size.get().min(self.positions(tokens.len()).saturating_sub(start));
+        match self.mode {
+            HashMode::Unigram => hash_unigram_page(&tokens[start..start + units], prior, start),
+            HashMode::Bigram => hash_bigram_page(&tokens[start..start + units + 1], prior, start),
+        }
     }
 
     /// Appends the digest of every page of `tokens` to `out`.

@@ -235,7 +235,6 @@ pub fn keyed_block_hashes(
     let size = hasher.page_size();
     let mut out = Vec::with_capacity(hasher.page_count(tokens.len()));
     let mut state = prior.copied();
-    let mut one = Vec::with_capacity(1);
     // The first item not wholly before the page.
     let mut first = 0;
     for page in 0..hasher.page_count(tokens.len()) {
@@ -244,13 +243,8 @@ pub fn keyed_block_hashes(
             first += 1;
         }
         let Some(keys) = page_keys(&items[first..], &ids[first..], start, end) else { break };
-        one.clear();
         // u32 ids are never out of range: hashing them cannot fail.
-        let upto = (end + usize::from(hasher.mode() == crate::HashMode::Bigram)).min(tokens.len());
-        if hasher.digests(&tokens[start..upto], state.as_ref(), &mut one).is_err() || one.is_empty() {
-            break;
-        }
-        let mut digest = one[0];
+        let Ok(mut digest) = hasher.page_digest(tokens, page, state.as_ref()) else { break };
         if let Some(keys) = keys {
             digest = keyed_digest(&digest, &keys);
         }
