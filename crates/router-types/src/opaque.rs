@@ -92,10 +92,7 @@ impl OpaqueKeys {
     /// A bare integer.
     pub fn int(&mut self, v: i64) {
         match u64::try_from(v) {
-            Ok(u) => {
-                self.0.push(0x03);
-                self.part(&u.to_le_bytes());
-            }
+            Ok(u) => self.uint(u),
             Err(_) => {
                 self.0.push(0x04);
                 self.part(&v.to_le_bytes());
@@ -139,8 +136,7 @@ pub fn opaque_keys(canonical: &[u8]) -> Option<Vec<OpaqueKey<'_>>> {
                         Some(match kind {
                             b's' => Part::Str(std::str::from_utf8(bytes).ok()?),
                             b'b' => Part::Bytes(bytes),
-                            b'u' => Part::Int(i128::from(u64::from_le_bytes(bytes.try_into().ok()?))),
-                            b'i' => Part::Int(i128::from(i64::from_le_bytes(bytes.try_into().ok()?))),
+                            b'u' | b'i' => Part::Int(int_of(kind == b'u', bytes)?),
                             _ => return None,
                         })
                     })
@@ -155,17 +151,18 @@ pub fn opaque_keys(canonical: &[u8]) -> Option<Vec<OpaqueKey<'_>>> {
             0x03 | 0x04 => {
                 let (bytes, rest) = take_part(r)?;
                 r = rest;
-                let raw: [u8; 8] = bytes.try_into().ok()?;
-                OpaqueKey::Int(if tag == 0x03 {
-                    i128::from(u64::from_le_bytes(raw))
-                } else {
-                    i128::from(i64::from_le_bytes(raw))
-                })
+                OpaqueKey::Int(int_of(tag == 0x03, bytes)?)
             }
             _ => return None,
         });
     }
     Some(keys)
+}
+
+/// An 8-byte little-endian integer, unsigned or signed.
+fn int_of(unsigned: bool, bytes: &[u8]) -> Option<i128> {
+    let raw: [u8; 8] = bytes.try_into().ok()?;
+    Some(if unsigned { i128::from(u64::from_le_bytes(raw)) } else { i128::from(i64::from_le_bytes(raw)) })
 }
 
 fn take_part(r: &[u8]) -> Option<(&[u8], &[u8])> {
