@@ -103,7 +103,7 @@ impl Gateway {
             "counter",
             "Images in rendered chats, by identity: computed (vLLM's identifier), given (the client's uuid), unknown (the prompt is credited up to it).",
         );
-        for (identity, n) in ["computed", "given", "unknown"].iter().zip(&m.prompts.images) {
+        for (identity, n) in renderer::vision::Identity::KINDS.iter().zip(&m.prompts.images) {
             out.push_str(&format!(
                 "router_prompt_images_total{{identity=\"{identity}\"}} {}\n",
                 n.load(Ordering::Relaxed)

@@ -16,9 +16,9 @@ use crate::{Planner, Pool, Route};
 pub struct PromptCounts {
     /// Prompts rendered and tokenized (`router_prompt_renders_total`).
     pub renders: AtomicU64,
-    /// Images of rendered chats by identity: computed here, given by the client (`uuid`), not
-    /// known (`router_prompt_images_total`).
-    pub images: [AtomicU64; 3],
+    /// Images of rendered chats by the kind of their identity (`Identity::KINDS`:
+    /// `router_prompt_images_total`).
+    pub images: [AtomicU64; renderer::vision::Identity::KINDS.len()],
 }
 
 /// A prompt as a renderer made it.
@@ -106,12 +106,7 @@ impl Planner<'_> {
                 if need_tokens {
                     let r = renderer.render_chat(&req)?;
                     for item in &r.mm {
-                        let at = match item.identity {
-                            renderer::vision::Identity::Image(_) => 0,
-                            renderer::vision::Identity::Given(_) => 1,
-                            renderer::vision::Identity::Unknown => 2,
-                        };
-                        self.counts.images[at].fetch_add(1, Ordering::Relaxed);
+                        self.counts.images[item.identity.kind()].fetch_add(1, Ordering::Relaxed);
                     }
                     Ok(Rendered { tokens: r.token_ids, text: Some(r.text), mm: r.mm })
                 } else {

@@ -36,6 +36,19 @@ pub enum Identity {
 pub struct ImageHash(blake3::Hasher);
 
 impl Identity {
+    /// The names of the kinds of identity, by [`Identity::kind`] (`router_prompt_images_total`'s
+    /// `identity` label).
+    pub const KINDS: [&'static str; 3] = ["computed", "given", "unknown"];
+
+    /// Its kind, an index of [`Identity::KINDS`].
+    pub fn kind(&self) -> usize {
+        match self {
+            Identity::Image(_) => 0,
+            Identity::Given(_) => 1,
+            Identity::Unknown => 2,
+        }
+    }
+
     /// The identifier vLLM gives the item on an engine serving `model_id` (`--model`).
     pub fn identifier(&self, model_id: &str) -> Option<String> {
         match self {
