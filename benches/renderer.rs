@@ -165,7 +165,7 @@ fn bench_split(c: &mut Criterion) {
 /// (one pad per image); vLLM's identifier of 1 MiB of image bytes; the keyed chain against the
 /// plain one over the expanded prompt.
 fn bench_vision(c: &mut Criterion) {
-    use renderer::vision::{ImageHash, VisionConfig, keyed_block_hashes};
+    use renderer::vision::{ImageHash, VisionConfig, identifiers, keyed_block_hashes};
     let mut g = c.benchmark_group("vision");
     let dir = root().join("tests/fixtures/kv_multimodal");
     let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("mm_golden.json")).unwrap()).unwrap();
@@ -205,7 +205,7 @@ fn bench_vision(c: &mut Criterion) {
                 black_box(&rendered.token_ids),
                 None,
                 &rendered.mm,
-                "Qwen/Qwen2.5-VL-7B-Instruct",
+                &identifiers(&rendered.mm, "Qwen/Qwen2.5-VL-7B-Instruct"),
             )
             .len()
         })

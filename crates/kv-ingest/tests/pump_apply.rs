@@ -39,6 +39,27 @@ fn unhex(s: &str) -> Vec<u8> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
 }
 
+/// A vLLM stream of `page`-token blocks fed `payloads` (hex msgpack batches, in seq order, as
+/// a golden's generator wrote vLLM's) through the real decoder and pump; `name` says which in a
+/// failure. Every store is applied (none malformed, orphaned or rejected).
+fn vllm_applied(
+    page: usize,
+    payloads: &[serde_json::Value],
+    name: &str,
+) -> (Arc<KvIndex>, Pump, Arc<PumpMetrics>, StreamHashing) {
+    let (index, mut pump, metrics, hashing) = empty(page, HashMode::Unigram, false);
+    pump.add_stream(key(), hashing).unwrap();
+    for (seq, payload) in payloads.iter().enumerate() {
+        let bytes = unhex(payload.as_str().unwrap());
+        let decoded = kv_events::decode_batch(&bytes, &kv_events::Limits::default()).unwrap();
+        pump.apply(StreamMessage { key: key(), seq: seq as u64, update: StreamUpdate::Batch(decoded) });
+    }
+    for c in [&metrics.malformed_stores, &metrics.orphan_stores, &metrics.rejected_stores] {
+        assert_eq!(get(c), 0, "{name}: every store applied");
+    }
+    (index, pump, metrics, hashing)
+}
+
 fn setup(mode: HashMode) -> (Arc<KvIndex>, Pump, Arc<PumpMetrics>) {
     let (index, mut pump, metrics, hashing) = empty(PAGE, mode, true);
     pump.add_stream(key(), hashing).unwrap();

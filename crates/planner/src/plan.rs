@@ -11,7 +11,7 @@ use fleet::Worker;
 use kv_index::KvIndex;
 use policy::{Candidate, Decision, RequestInfo};
 use renderer::PageHasher;
-use renderer::vision::{MmItem, keyed_block_hashes};
+use renderer::vision::{MmItem, identifiers, keyed_block_hashes};
 use router_types::{BlockHash, DpRank};
 use serde_json::{Value, json};
 
@@ -224,10 +224,10 @@ impl Planner<'_> {
         // its text tree: with none of them followed (no KV events, or not yet), the prompt's
         // pages are not hashed at all (a 16 KiB prompt without a tokenizer is 16,384 tokens).
         let exact = !policy.needs_text() || workers.iter().any(|w| w.is_followed());
-        // vLLM keys an image by the model its engine was started with.
-        let model_id = if mm.is_empty() { String::new() } else { mm_model_id(pool, &workers) };
+        // vLLM keys an image by the model its engine was started with: each identifier made once.
+        let ids = if mm.is_empty() { Vec::new() } else { identifiers(mm, &mm_model_id(pool, &workers)) };
         let chains = match v {
-            Some(v) if exact => self.chains(pool, &workers, v, (tokens, mm, &model_id), block_size),
+            Some(v) if exact => self.chains(pool, &workers, v, (tokens, mm, &ids), block_size),
             _ => Chains::default(),
         };
         // From the match to the credit, one plan at a time (the pages hashed before): a burst
@@ -299,7 +299,7 @@ impl Planner<'_> {
             regret,
             at_ms,
             heads,
-            images: mm.iter().map(|i| (i.offset, i.length, i.identity.identifier(&model_id))).collect(),
+            images: mm.iter().zip(ids).map(|(i, id)| (i.offset, i.length, id)).collect(),
         })
     }
 
@@ -311,7 +311,7 @@ impl Planner<'_> {
         pool: &Pool,
         workers: &[Arc<Worker>],
         v: &Value,
-        (tokens, mm, model_id): (&[u32], &[MmItem], &str),
+        (tokens, mm, ids): (&[u32], &[MmItem], &[Option<String>]),
         block_size: usize,
     ) -> Chains {
         let Some(index) = self.index else { return Chains::default() };
@@ -332,7 +332,7 @@ impl Planner<'_> {
             .modes()
             .map(|m| match mm {
                 [] => pool.chain_memo.block_hashes(&PageHasher::new(page, m), tokens, prior.as_ref()),
-                _ => keyed_block_hashes(&PageHasher::new(page, m), tokens, prior.as_ref(), mm, model_id),
+                _ => keyed_block_hashes(&PageHasher::new(page, m), tokens, prior.as_ref(), mm, ids),
             })
             .collect();
         // vLLM's lookahead hashing (EAGLE, MTP): its workers key a block by the tokens after it too.

@@ -7,13 +7,12 @@
 
 use std::num::NonZeroUsize;
 
-use kv_events::{Limits, StreamMessage, StreamUpdate, decode_batch};
 use kv_index::{KvIndex, MatchOptions};
 use renderer::lookahead::lookahead_block_hashes;
 use renderer::{HashMode, PageHasher};
 use serde_json::Value;
 
-use super::{empty, get, key, unhex};
+use super::{empty, get, key, vllm_applied};
 
 const FIXTURE: &str = include_str!("../../../../tests/fixtures/kv_lookahead/lookahead_hits.json");
 
@@ -25,16 +24,8 @@ fn a_lookahead_workers_match_is_the_prefix_vllm_would_reuse() {
     for case in cases {
         let lookahead = case["lookahead"].as_u64().unwrap() as usize;
         let page = NonZeroUsize::new(case["block_size"].as_u64().unwrap() as usize).unwrap();
-        let (index, mut pump, metrics, hashing) = empty(page.get(), HashMode::Unigram, false);
-        pump.add_stream(key(), hashing).unwrap();
-        for (seq, payload) in case["payloads_hex"].as_array().unwrap().iter().enumerate() {
-            let decoded = decode_batch(&unhex(payload.as_str().unwrap()), &Limits::default()).unwrap();
-            pump.apply(StreamMessage { key: key(), seq: seq as u64, update: StreamUpdate::Batch(decoded) });
-        }
         let name = format!("lookahead {lookahead}, block size {page}");
-        for c in [&metrics.malformed_stores, &metrics.orphan_stores, &metrics.rejected_stores] {
-            assert_eq!(get(c), 0, "{name}: every store applied");
-        }
+        let (index, pump, metrics, hashing) = vllm_applied(page.get(), case["payloads_hex"].as_array().unwrap(), &name);
         assert!(get(&metrics.stored) > 20 && get(&metrics.removed) > 5, "{name}: stores and evictions");
         // Every chain-starting store is checked against vLLM's hash (lookahead included): all agree.
         assert!(get(&metrics.hashes_checked) > 10, "{name}: {} checked", get(&metrics.hashes_checked));

@@ -9,13 +9,12 @@
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
-use kv_events::{Limits, StreamMessage, StreamUpdate, decode_batch};
 use kv_index::MatchOptions;
-use renderer::vision::{VisionConfig, keyed_block_hashes};
+use renderer::vision::{VisionConfig, identifiers, keyed_block_hashes};
 use renderer::{ChatRequest, HashMode, PageHasher, Renderer};
 use serde_json::Value;
 
-use super::{empty, get, key, unhex};
+use super::{get, vllm_applied};
 
 const FIXTURE: &str = include_str!("../../../../tests/fixtures/kv_multimodal/mm_golden.json");
 
@@ -24,15 +23,7 @@ fn a_chat_with_images_matches_the_blocks_vllm_would_reuse() {
     let doc: Value = serde_json::from_str(FIXTURE).unwrap();
     let model = doc["model_id"].as_str().unwrap();
     let page = NonZeroUsize::new(doc["block_size"].as_u64().unwrap() as usize).unwrap();
-    let (index, mut pump, metrics, hashing) = empty(page.get(), HashMode::Unigram, false);
-    pump.add_stream(key(), hashing).unwrap();
-    for (seq, payload) in doc["payloads_hex"].as_array().unwrap().iter().enumerate() {
-        let decoded = decode_batch(&unhex(payload.as_str().unwrap()), &Limits::default()).unwrap();
-        pump.apply(StreamMessage { key: key(), seq: seq as u64, update: StreamUpdate::Batch(decoded) });
-    }
-    for c in [&metrics.malformed_stores, &metrics.orphan_stores, &metrics.rejected_stores] {
-        assert_eq!(get(c), 0, "every store applied");
-    }
+    let (index, _pump, metrics, _) = vllm_applied(page.get(), doc["payloads_hex"].as_array().unwrap(), "images");
     assert_eq!(get(&metrics.stored), doc["chats"].as_array().unwrap().len() as u64);
     assert_eq!(get(&metrics.hash_mismatches), 0, "vLLM's hashes of blocks with images are checked alike");
     assert!(get(&metrics.hashes_checked) > 20, "{} checked", get(&metrics.hashes_checked));
@@ -54,7 +45,8 @@ fn a_chat_with_images_matches_the_blocks_vllm_would_reuse() {
         }
         let req = ChatRequest::from_value(&serde_json::from_str(&text).unwrap()).unwrap();
         let rendered = r.render_chat(&req).unwrap();
-        let chain = keyed_block_hashes(&hasher, &rendered.token_ids, None, &rendered.mm, model);
+        let chain =
+            keyed_block_hashes(&hasher, &rendered.token_ids, None, &rendered.mm, &identifiers(&rendered.mm, model));
         let depth = index.prefix_depths(&chain, &MatchOptions::default()).first().map_or(0, |m| m.blocks);
         assert_eq!(u64::from(depth), probe["hit_blocks"].as_u64().unwrap(), "{name}");
         // The chain without the images' keys (the router as it was) is never credited past them.

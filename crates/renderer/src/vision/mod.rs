@@ -220,18 +220,22 @@ pub fn page_keys(items: &[MmItem], ids: &[Option<String>], start: usize, end: us
     Some(keys.finish())
 }
 
+/// The identifier of each of `items` on an engine serving `model_id` (`None`: not known).
+pub fn identifiers(items: &[MmItem], model_id: &str) -> Vec<Option<String>> {
+    items.iter().map(|i| i.identity.identifier(model_id)).collect()
+}
+
 /// The block hashes of `tokens` chained from `prior` by `hasher`, each page holding an item's
 /// placeholders folded with its keys ([`page_keys`], [`keyed_digest`]) as the router folds a
 /// vLLM block's published keys; it ends before the first page holding an item whose
-/// identifier is not known. Each identifier is made once, for an engine serving `model_id`.
+/// identifier is not known. `ids`: the items' [`identifiers`].
 pub fn keyed_block_hashes(
     hasher: &PageHasher,
     tokens: &[u32],
     prior: Option<&PageDigest>,
     items: &[MmItem],
-    model_id: &str,
+    ids: &[Option<String>],
 ) -> Vec<BlockHash> {
-    let ids: Vec<Option<String>> = items.iter().map(|i| i.identity.identifier(model_id)).collect();
     let size = hasher.page_size();
     let mut out = Vec::with_capacity(hasher.page_count(tokens.len()));
     let mut state = prior.copied();

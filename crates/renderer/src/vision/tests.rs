@@ -95,19 +95,24 @@ fn an_image_whose_size_is_not_known_stops_the_expansion() {
     );
 }
 
+/// The keyed chain of `items` on an engine serving model "m".
+fn keyed(hasher: &PageHasher, tokens: &[u32], items: &[MmItem]) -> Vec<router_types::BlockHash> {
+    keyed_block_hashes(hasher, tokens, None, items, &identifiers(items, "m"))
+}
+
 #[test]
 fn the_keyed_chain_folds_each_block_s_items_and_stops_at_an_unknown_one() {
     let hasher = PageHasher::new(std::num::NonZeroUsize::new(4).unwrap(), HashMode::Unigram);
     let tokens: Vec<u32> = (0..16).collect();
     let plain = hasher.block_hashes(&tokens, None).unwrap();
-    assert_eq!(keyed_block_hashes(&hasher, &tokens, None, &[], "m"), plain);
+    assert_eq!(keyed(&hasher, &tokens, &[]), plain);
     let item = |offset, length, id: &str| MmItem { offset, length, identity: Identity::Given(id.into()) };
     // An item over positions 5..11: blocks 1 and 2 carry it (offsets 1 and -3); block 0 does not.
-    let a = keyed_block_hashes(&hasher, &tokens, None, &[item(5, 6, "a")], "m");
+    let a = keyed(&hasher, &tokens, &[item(5, 6, "a")]);
     assert_eq!(a[0], plain[0]);
     assert!(a[1..].iter().zip(&plain[1..]).all(|(x, y)| x != y));
-    assert_ne!(a, keyed_block_hashes(&hasher, &tokens, None, &[item(5, 6, "b")], "m"));
-    assert_ne!(a[1], keyed_block_hashes(&hasher, &tokens, None, &[item(6, 5, "a")], "m")[1]);
+    assert_ne!(a, keyed(&hasher, &tokens, &[item(5, 6, "b")]));
+    assert_ne!(a[1], keyed(&hasher, &tokens, &[item(6, 5, "a")])[1]);
     assert_eq!(
         page_keys(&[item(5, 6, "a")], &[Some("a".into())], 4, 8).unwrap().as_deref(),
         {
@@ -118,7 +123,7 @@ fn the_keyed_chain_folds_each_block_s_items_and_stops_at_an_unknown_one() {
         .as_deref()
     );
     let unknown = MmItem { offset: 9, length: 2, identity: Identity::Unknown };
-    assert_eq!(keyed_block_hashes(&hasher, &tokens, None, &[item(5, 2, "a"), unknown], "m").len(), 2);
+    assert_eq!(keyed(&hasher, &tokens, &[item(5, 2, "a"), unknown]).len(), 2);
 }
 
 #[test]
